@@ -1,0 +1,3 @@
+from attn_core.cli import main
+
+main()

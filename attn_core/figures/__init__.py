@@ -1,0 +1,16 @@
+"""Every plotly figure of attn-lab, shared by the dashboard pages and the CLI's export.
+
+Builders return a :class:`Plot` (a figure and the table it shows); one module per area:
+``bilinear`` (scores, spectra, heads), ``training`` (retraining and runs), ``kernels``,
+``grow``, ``toy`` (seed 003) and ``qk`` (merged vs factored, seed 004).
+"""
+from attn_core.figures.base import (
+    EXPORT_FORMATS,
+    ExportError,
+    Plot,
+    bundle_zip,
+    export_bytes,
+    write_plot,
+)
+
+__all__ = ["EXPORT_FORMATS", "ExportError", "Plot", "bundle_zip", "export_bytes", "write_plot"]

@@ -1,0 +1,112 @@
+"""The Plot type and its exports: PNG/SVG through kaleido (one persistent headless browser,
+so every export after the first is fast), HTML through plotly, the data as CSV."""
+from __future__ import annotations
+
+import io
+import json
+import re
+import shutil
+import threading
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import plotly.graph_objects as go
+
+EXPORT_FORMATS = ("png", "svg", "html", "csv")
+_IMAGE_FORMATS = ("png", "svg")
+_BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
+
+
+class ExportError(RuntimeError):
+    """An export could not be made; the message says why and what to do."""
+
+
+@dataclass
+class Plot:
+    """A figure, the data it shows (exported as CSV) and a file-name stem."""
+
+    name: str
+    fig: go.Figure
+    data: pd.DataFrame
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
+            raise ValueError(f"plot name {self.name!r} must be a plain file-name stem")
+
+
+_server_lock = threading.Lock()
+_server_started = False
+
+
+def _image_bytes(fig: go.Figure, fmt: str, width: int | None, height: int | None) -> bytes:
+    global _server_started
+    import kaleido
+
+    if shutil.which("chromium") is None and not any(shutil.which(b) for b in _BROWSERS):
+        import os
+
+        if not os.environ.get("BROWSER_PATH"):
+            raise ExportError(
+                "PNG/SVG export needs a Chromium browser and none was found: install Debian's "
+                "`chromium` (apt-get install chromium) or set BROWSER_PATH. HTML and CSV exports work without it."
+            )
+    opts = {"format": fmt}
+    if width:
+        opts["width"] = width
+    if height:
+        opts["height"] = height
+    with _server_lock:
+        if not _server_started:
+            kaleido.start_sync_server(silence_warnings=True)
+            _server_started = True
+        try:
+            return kaleido.calc_fig_sync(fig, opts=opts)
+        except Exception as e:  # kaleido raises a variety of browser errors
+            raise ExportError(f"{fmt.upper()} export failed: {e}") from e
+
+
+def export_bytes(plot: Plot, fmt: str, width: int | None = None, height: int | None = None) -> bytes:
+    """The plot as ``fmt`` in {png, svg, html, csv}."""
+    if fmt not in EXPORT_FORMATS:
+        raise ExportError(f"unknown export format {fmt!r}; choose one of {', '.join(EXPORT_FORMATS)}")
+    if fmt == "csv":
+        return plot.data.to_csv(index=False).encode()
+    if fmt == "html":
+        return plot.fig.to_html(include_plotlyjs=True, full_html=True).encode()
+    return _image_bytes(plot.fig, fmt, width, height)
+
+
+def write_plot(plot: Plot, path: str | Path, fmt: str | None = None, overwrite: bool = False) -> Path:
+    """Write one export to ``path`` (format from the suffix unless given). Refuses to replace an
+    existing file unless ``overwrite``; writes through a temporary file so a failure leaves none."""
+    path = Path(path)
+    fmt = fmt or path.suffix.lstrip(".").lower()
+    if path.exists() and not overwrite:
+        raise ExportError(f"{path} already exists; choose another path or pass overwrite")
+    if not path.parent.exists():
+        raise ExportError(f"folder {path.parent} does not exist")
+    data = export_bytes(plot, fmt)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+    return path
+
+
+def bundle_zip(plots: list[Plot], manifest: dict, formats: tuple[str, ...] = EXPORT_FORMATS) -> bytes:
+    """One zip of every plot in every format plus ``manifest.json`` (model, head, settings).
+    A format that cannot be made (no browser) is listed under ``skipped`` instead of failing."""
+    buf = io.BytesIO()
+    skipped: list[str] = []
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for plot in plots:
+            for fmt in formats:
+                try:
+                    zf.writestr(f"{plot.name}.{fmt}", export_bytes(plot, fmt))
+                except ExportError as e:
+                    skipped.append(f"{plot.name}.{fmt}: {e}")
+        full = dict(manifest, figures=[p.name for p in plots], formats=list(formats), skipped=skipped)
+        zf.writestr("manifest.json", json.dumps(full, indent=2, default=str))
+    return buf.getvalue()
