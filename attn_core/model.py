@@ -24,7 +24,9 @@ POSITIONALS = ("learned", "none")
 QK_KINDS = ("factored", "merged")
 # Guards against absurd configs (a user's config.json is untrusted input).
 MAX_DIM = 8192
+MAX_VOCAB = 2**18  # GPT-2's 50257 tokens fit
 MAX_LAYERS = 64
+MLP_ACTS = ("gelu", "gelu_tanh")
 
 
 @dataclass
@@ -47,6 +49,7 @@ class ModelConfig:
     d_qk: Optional[list[list[int]]] = None
     # 1.0 = softmax; otherwise alpha-entmax (1.5 = entmax15, 2.0 = sparsemax).
     entmax_alpha: float = 1.0
+    mlp_act: str = "gelu"  # "gelu_tanh" is GPT-2's approximation
 
     def __post_init__(self) -> None:
         self.validate()
@@ -59,12 +62,14 @@ class ModelConfig:
         for name in ("n_layers", "n_heads", "d_model", "d_head", "n_ctx", "d_vocab"):
             v = getattr(self, name)
             check(isinstance(v, int) and not isinstance(v, bool), f"{name} must be an integer, got {v!r}")
-            check(1 <= v <= MAX_DIM, f"{name}={v} is outside 1..{MAX_DIM}")
+            top = MAX_VOCAB if name == "d_vocab" else MAX_DIM
+            check(1 <= v <= top, f"{name}={v} is outside 1..{top}")
         check(self.n_layers <= MAX_LAYERS, f"n_layers={self.n_layers} exceeds {MAX_LAYERS}")
         check(isinstance(self.d_mlp, int) and 0 <= self.d_mlp <= 4 * MAX_DIM, f"d_mlp={self.d_mlp!r} must be 0..{4 * MAX_DIM}")
         check(self.normalization in NORMALIZATIONS, f"normalization must be one of {NORMALIZATIONS}")
         check(self.positional in POSITIONALS, f"positional must be one of {POSITIONALS}")
         check(self.qk in QK_KINDS, f"qk must be one of {QK_KINDS}")
+        check(self.mlp_act in MLP_ACTS, f"mlp_act must be one of {MLP_ACTS}")
         check(isinstance(self.attn_bias, bool), "attn_bias must be true or false")
         check(isinstance(self.ln_eps, (int, float)) and 0 < self.ln_eps < 1, "ln_eps must be in (0, 1)")
         check(isinstance(self.entmax_alpha, (int, float)) and 1.0 <= self.entmax_alpha <= 2.0,
@@ -191,13 +196,14 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        self.approximate = "tanh" if cfg.mlp_act == "gelu_tanh" else "none"
         self.W_in = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
         self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp))
         self.W_out = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model))
         self.b_out = nn.Parameter(torch.zeros(cfg.d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.gelu(x @ self.W_in + self.b_in) @ self.W_out + self.b_out
+        return F.gelu(x @ self.W_in + self.b_in, approximate=self.approximate) @ self.W_out + self.b_out
 
 
 class Block(nn.Module):

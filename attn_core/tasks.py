@@ -100,20 +100,20 @@ def _induction(n_ctx: int = 24, vocab: int = 26, min_period: int = 4, max_period
     return gen
 
 
-def _recall(n_pairs: int = 6, n_keys: int = 12, n_values: int = 12):
-    """k1 v1 ... kn vn ? k_i  ->  v_i. Keys are letters, values digits-like names."""
+def _recall(n_pairs: int = 6, n_queries: int = 4, n_keys: int = 12, n_values: int = 12):
+    """Multi-query associative recall: k1 v1 ... kn vn ? q1 a1 q2 a2 ..., each answer a_j the
+    value paired with key q_j. Keys are letters, values v0..v11; every answer is scored."""
 
     def gen(n, g, split):
         keys = _distinct(n, n_pairs, n_keys, g)
         values = torch.randint(0, n_values, (n, n_pairs), generator=g) + n_keys
         pairs = torch.stack([keys, values], dim=-1).reshape(n, 2 * n_pairs)
-        which = torch.randint(0, n_pairs, (n,), generator=g)
+        which = _distinct(n, n_queries, n_pairs, g)
+        asked = torch.stack([keys.gather(1, which), values.gather(1, which)], dim=-1).reshape(n, 2 * n_queries)
         query = torch.full((n, 1), n_keys + n_values)
-        asked = keys.gather(1, which[:, None])
-        answer = values.gather(1, which[:, None])
-        seq = torch.cat([pairs, query, asked, answer], dim=1)
+        seq = torch.cat([pairs, query, asked], dim=1)
         scored = torch.zeros_like(seq, dtype=torch.bool)
-        scored[:, -1] = True
+        scored[:, 2 * n_pairs + 2::2] = True
         return seq, scored
 
     return gen
@@ -174,8 +174,9 @@ def _build() -> dict[str, Task]:
         Task("induction", "A random period of distinct letters, repeated; predict the next letter "
              "from the earlier repeat (previous-token + induction heads).",
              tuple(LETTERS), 25, _induction()),
-        Task("recall", "Associative recall: six key-value pairs, then '?' and a key; predict its value.",
-             tuple(LETTERS[:12]) + tuple(f"v{i}" for i in range(12)) + ("?",), 15, _recall()),
+        Task("recall", "Associative recall: six key-value pairs, then '?' and four keys, each followed by "
+             "its value, which is predicted.",
+             tuple(LETTERS[:12]) + tuple(f"v{i}" for i in range(12)) + ("?",), 21, _recall()),
         Task("copy", "Copy eight digits after the separator '|'.",
              tuple(_names_digits(10)) + ("|",), 17, _copy_or_reverse(8, 10, reverse=False)),
         Task("reverse", "Write eight digits in reverse order after the separator '|'.",

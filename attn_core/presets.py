@@ -1,0 +1,102 @@
+"""Recipes of the shipped zoo: ``attn-lab train --preset NAME`` reproduces each model in
+``assets/models/NAME`` (same seed, same steps, same code)."""
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from attn_core import zoo
+from attn_core.model import ModelConfig
+from attn_core.tasks import Task, get_task
+from attn_core.train import TrainConfig, evaluate, init_model, train
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    task: str
+    model: dict
+    train: TrainConfig
+    description: str
+
+    def model_config(self) -> ModelConfig:
+        t = get_task(self.task)
+        return ModelConfig(d_vocab=t.d_vocab, n_ctx=t.n_ctx, **self.model)
+
+
+PRESETS: dict[str, Preset] = {p.name: p for p in [
+    Preset("induction-2l", "induction",
+           dict(n_layers=2, n_heads=4, d_model=64, d_head=16),
+           TrainConfig(steps=1500, batch_size=64, lr=3e-3),
+           "2-layer attention-only; has a previous-token head (layer 0) and an induction head (layer 1)."),
+    Preset("recall-2l", "recall",
+           dict(n_layers=2, n_heads=4, d_model=64, d_head=16),
+           TrainConfig(steps=2000, batch_size=128, lr=3e-3),
+           "2-layer attention-only associative recall."),
+    Preset("recall-2l-merged", "recall",
+           dict(n_layers=2, n_heads=4, d_model=64, d_head=16, qk="merged"),
+           TrainConfig(steps=2000, batch_size=128, lr=3e-3),
+           "The recall model with merged QK: one W_QK = B per head (seed 004)."),
+    Preset("reverse-1l", "reverse",
+           dict(n_layers=1, n_heads=2, d_model=48, d_head=24),
+           TrainConfig(steps=800, batch_size=128, lr=3e-3),
+           "1-layer attention-only reversal: purely positional attention."),
+    Preset("sort-2l-mlp", "sort",
+           dict(n_layers=2, n_heads=4, d_model=64, d_head=16, d_mlp=256, attn_bias=True),
+           TrainConfig(steps=2000, batch_size=128, lr=3e-3),
+           "2-layer transformer with MLPs and attention biases that sorts six numbers."),
+    Preset("modadd-1l-mlp", "modadd",
+           dict(n_layers=1, n_heads=4, d_model=128, d_head=32, d_mlp=512),
+           TrainConfig(steps=3000, batch_size=512, lr=1e-3, weight_decay=1.0, warmup_steps=50),
+           "1-layer transformer with an MLP; a + b mod 23, trained on 60% of pairs, "
+           "evaluated on the held-out 40% (grokking)."),
+]}
+
+
+def get_preset(name: str) -> Preset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}") from None
+
+
+def train_preset(name: str, out: Optional[str | Path] = None, steps: Optional[int] = None,
+                 seed: Optional[int] = None, device: Optional[str] = None, progress: bool = False,
+                 overwrite: bool = False, command: str = "") -> dict:
+    """Train a preset, measure it on 512 held-out samples and (if ``out``) save model + card."""
+    preset = get_preset(name)
+    cfg = preset.train
+    overrides = {k: v for k, v in (("steps", steps), ("seed", seed), ("device", device)) if v is not None}
+    cfg = replace(cfg, **overrides)
+    if out is not None and Path(out).exists() and not overwrite:
+        raise ValueError(f"{out} already exists; choose a new --out folder (nothing was overwritten)")
+    task: Task = get_task(preset.task)
+    torch.manual_seed(cfg.seed)
+    model = init_model(preset.model_config(), cfg.seed)
+    model, last = train(model, task, cfg, progress=progress)
+    held_out = evaluate(model, task, samples=512, seed=cfg.seed + 7)
+    card = {
+        "name": preset.name if out is None else Path(out).name,
+        "preset": preset.name,
+        "task": preset.task,
+        "description": preset.description,
+        "metrics": {"accuracy": held_out["accuracy"], "loss": held_out["loss"], "eval_samples": 512,
+                    "split": "test"},
+        "seed": cfg.seed,
+        "steps": cfg.steps,
+        "train": cfg.to_dict(),
+        "wall_time_s": round(last["wall_time_s"], 2),
+        "device": str(next(model.parameters()).device),
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
+        "params": model.n_params(),
+        "command": command or f"attn-lab train --preset {preset.name} --out assets/models/{preset.name}",
+        "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    if out is not None:
+        zoo.save(model.cpu(), out, card, overwrite=overwrite)
+    return card

@@ -1,0 +1,54 @@
+"""The attn-lab command, run as a user runs it (a subprocess), JSON parsed."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from attn_core import zoo
+
+
+def run(*args, ok=True):
+    proc = subprocess.run([sys.executable, "-m", "attn_core", *args], capture_output=True, text=True, timeout=300)
+    if ok:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_zoo_json():
+    rows = json.loads(run("zoo", "--json").stdout)
+    assert {r["name"] for r in rows} == {m["name"] for m in zoo.list_models()}
+    for r in rows:
+        assert set(r) == {"name", "task", "n_layers", "n_heads", "d_model", "d_head", "qk", "d_mlp", "params",
+                          "accuracy"}
+
+
+def test_eval_json():
+    name = zoo.list_models()[0]["name"]
+    out = json.loads(run("eval", name, "--samples", "64", "--seed", "3", "--json").stdout)
+    assert out["name"] == name and 0 <= out["accuracy"] <= 1 and out["loss"] >= 0
+
+
+def test_train_json_saves_a_loadable_model(tmp_path):
+    out = tmp_path / "rev"
+    res = json.loads(run("train", "--preset", "reverse-1l", "--out", str(out), "--steps", "30", "--seed", "1",
+                         "--device", "cpu", "--json").stdout)
+    assert res["steps"] == 30 and res["seed"] == 1 and res["out"] == str(out)
+    assert "attn-lab train --preset reverse-1l" in res["command"]
+    loaded = zoo.load(out)
+    assert loaded.card["metrics"]["accuracy"] == res["metrics"]["accuracy"]
+    again = run("train", "--preset", "reverse-1l", "--out", str(out), "--steps", "5", "--json", ok=False)
+    assert again.returncode == 2 and "already exists" in again.stderr
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["eval", "no-such-model", "--json"], "known models"),
+    (["eval", "x", "--samples", "0"], "--samples"),
+    (["train", "--preset", "nope", "--json"], "unknown preset"),
+    (["train", "--preset", "reverse-1l", "--steps", "0"], "--steps"),
+    (["train", "--preset", "reverse-1l", "--steps", "3", "--device", "tpu"], "device"),
+])
+def test_bad_input_is_one_clear_line(args, msg):
+    proc = run(*args, ok=False)
+    assert proc.returncode == 2
+    assert msg in proc.stderr and "Traceback" not in proc.stderr
