@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Install everything the full test suite needs on a fresh Debian/Ubuntu machine, then run it.
+# Extra arguments go to pytest (e.g. `bash scripts/test.sh -m "not browser"`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v chromium >/dev/null 2>&1; then
+  sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium fonts-dejavu-core >/dev/null
+fi
+python3 -m pip install -q -r requirements-dev.txt -e .
+python3 -m pytest "$@"
