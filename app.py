@@ -1,20 +1,40 @@
 """attn-lab home: what the lab is, the zoo with its cards, and the shared model picker."""
+from pathlib import Path
+
 import pandas as pd
 import streamlit as st
 
 import ui
 from attn_core import zoo
 
+HERE = Path(__file__).parent
+PAGES = [("pages/1_Heatmaps.py", "Heatmaps of f_x(y) per query", ":material/grid_on:"),
+         ("pages/2_Spectrum.py", "Spectrum of B and head detectors", ":material/ssid_chart:"),
+         ("pages/3_Retrain.py", "Regularize and retrain, live", ":material/model_training:"),
+         ("pages/4_Runs.py", "Compare saved runs", ":material/compare:"),
+         ("pages/5_Grow_d_k.py", "Grow d_k of a head (seed 001)", ":material/open_in_full:"),
+         ("pages/6_Kernelized_attention.py", "Kernelized attention (seed 002)", ":material/functions:"),
+         ("pages/7_Attention_explorer.py", "Attention algebra (seed 003)", ":material/calculate:"),
+         ("pages/8_Merged_vs_factored_QK.py", "Merged vs factored QK (seed 004)", ":material/merge:")]
+
 loaded = ui.setup("attn-lab")
 
 st.markdown(
-    "Self-attention scores are a bilinear form $f_x(y) = x^\\top B\\, y$ with "
-    "$B = W_Q W_K^\\top / \\sqrt{d_{head}}$ per head. "
+    "Each attention head scores a query token $x$ against a key token $y$ with a bilinear form "
+    "$f_x(y) = x^\\top B\\, y$, where $B = W_Q W_K^\\top / \\sqrt{d_{head}}$. "
     "attn-lab lets you **see** that form as per-query heatmaps over a sequence, the vocabulary and positions, "
-    "**measure** its spectrum and how concentrated each query's scores are, and **regularize and retrain** "
-    "a toy transformer while you watch the spectrum move. "
-    "Pick a model in the sidebar; every page uses it, and every figure downloads as PNG, SVG, HTML or CSV."
+    "and **measure** its spectrum and how concentrated each query's scores are. "
+    "You can then **regularize and retrain** a toy transformer while watching the spectrum move, "
+    "and download every figure as PNG, SVG, HTML or CSV."
 )
+st.info("Pick a model in the sidebar: every page uses it. Start with **Heatmaps**, then **Spectrum**, "
+        "then **Retrain**.", icon=":material/arrow_back:")
+
+st.subheader("Pages")
+cols = st.columns(4)
+present = [p for p in PAGES if (HERE / p[0]).exists()]
+for i, (page, label, icon) in enumerate(present):
+    cols[i % 4].page_link(page, label=label, icon=icon)
 
 st.subheader("The zoo")
 st.caption("Toy transformers trained by `attn-lab train --preset NAME` and shipped in `assets/models/`. "
@@ -28,6 +48,10 @@ st.dataframe(
         "accuracy": st.column_config.ProgressColumn("accuracy", help="Fraction of scored tokens predicted right "
                                                     "on 512 held-out samples", min_value=0.0, max_value=1.0,
                                                     format="percent"),
+        "n_layers": st.column_config.NumberColumn("n_layers", help="Number of transformer blocks"),
+        "n_heads": st.column_config.NumberColumn("n_heads", help="Attention heads per layer"),
+        "d_model": st.column_config.NumberColumn("d_model", help="Width of the residual stream (size of B is d_model²)"),
+        "d_head": st.column_config.NumberColumn("d_head", help="Query/key width per head: rank(B) ≤ d_head when factored"),
         "params": st.column_config.NumberColumn("params", help="Number of parameters"),
         "d_mlp": st.column_config.NumberColumn("d_mlp", help="MLP width; 0 = attention-only"),
         "qk": st.column_config.TextColumn("qk", help="factored: W_Q, W_K per head (rank(B) ≤ d_head); "
@@ -37,7 +61,7 @@ st.dataframe(
 
 cols = st.columns(3)
 for i, m in enumerate(models):
-    card = zoo.load(m["path"]).card if m["path"] else {}
+    card = ui.load_model(m["name"]).card
     with cols[i % 3].container(border=True):
         st.markdown(f"**{m['name']}** · task `{m['task']}`")
         st.caption(card.get("description", ""))
@@ -48,17 +72,10 @@ for i, m in enumerate(models):
                    f"{card.get('wall_time_s', '?')} s · seed {card.get('seed', '?')}")
         st.code(card.get("command", ""), language="bash")
 
-st.subheader("Pages")
-st.page_link("app.py", label="Home", icon="🏠")
-for page, label in [("pages/1_Heatmaps.py", "Heatmaps of f_x(y) per query"),
-                    ("pages/2_Spectrum.py", "Spectrum of B and head detectors"),
-                    ("pages/3_Retrain.py", "Regularize and retrain, live"),
-                    ("pages/4_Runs.py", "Compare saved runs"),
-                    ("pages/5_Grow_d_k.py", "Grow d_k of a head (seed 001)"),
-                    ("pages/6_Kernelized_attention.py", "Kernelized attention (seed 002)"),
-                    ("pages/7_Attention_explorer.py", "Attention algebra (seed 003)"),
-                    ("pages/8_Merged_vs_factored_QK.py", "Merged vs factored QK (seed 004)")]:
-    from pathlib import Path
-
-    if (Path(__file__).parent / page).exists():
-        st.page_link(page, label=label)
+saved = ui.saved_runs()
+st.subheader("Your runs")
+if saved:
+    st.caption(f"{len(saved)} saved run(s) in `{ui.data_dir()}`; each is also in the sidebar's model list "
+               "as `run:<id>`. Compare them on the Runs page.")
+else:
+    st.caption(f"No saved runs yet in `{ui.data_dir()}`: retrain a model on the Retrain page.")

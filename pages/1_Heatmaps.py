@@ -1,0 +1,161 @@
+"""Heatmaps of the bilinear form f_x(y) = x^T B y of one head (or all heads of a layer): on a real
+input, over the vocabulary and over positions, with one query's row and its concentration."""
+import streamlit as st
+
+import ui
+from attn_core import bilinear, metrics
+from attn_core.figures import bilinear as fb
+
+SOURCES = {"sample": "task sample", "random": "random tokens", "typed": "typed tokens"}
+ALL = "all"
+METRIC_HELP = {
+    "entropy": ("H(A_i) = −Σ_j A_ij log A_ij, in nats: 0 when the query looks at one key, log n_i when it "
+                "spreads evenly over its n_i visible keys"),
+    "normalized_entropy": "H(A_i) / log n_i, from 0 (one key) to 1 (uniform); unitless",
+    "hoyer": "Hoyer sparsity (√n − ‖A_i‖₁/‖A_i‖₂)/(√n − 1): 0 for a uniform row, 1 for a one-hot row",
+    "topk_mass": "Attention mass on the k largest weights: k/n (uniform) .. 1 (all on k keys)",
+    "participation_ratio": "1 / Σ_j A_ij²: the effective number of keys the query looks at (1 .. n_i)",
+    "gini": "Gini coefficient of the row: 0 for uniform, 1 − 1/n for one-hot",
+}
+
+sequence_view = ui.cached(bilinear.sequence_view)
+vocabulary_view = ui.cached(bilinear.vocabulary_view)
+positional_view = ui.cached(bilinear.positional_view)
+
+loaded = ui.setup("Heatmaps of f_x(y)")
+cfg = loaded.config
+st.markdown("For a query token $x$ (a row) and a key token $y$ (a column), head $h$ of layer $l$ scores "
+            "$f_x(y) = x^\\top B\\,y = S_{xy}$ and attends with $A = \\mathrm{softmax}_{row}(S + \\text{causal mask})$. "
+            "Pick a head, an input and a query position; the red outline marks the query's row.")
+
+# --- choices ------------------------------------------------------------------------------------
+c_layer, c_head, c_source, c_input = st.columns([1, 1, 2, 3])
+layers, heads = range(cfg.n_layers), [*range(cfg.n_heads), ALL]
+layer = c_layer.selectbox("Layer", layers, key=ui.remember("layer", 0, layers, param="layer"),
+                          help=f"Layer l, 0..{cfg.n_layers - 1}")
+head = c_head.selectbox("Head", heads, key=ui.remember("head", 0, heads, param="head"),
+                        format_func=lambda h: "all (grid)" if h == ALL else str(h),
+                        help=f"Head h, 0..{cfg.n_heads - 1}, or a grid of every head of the layer")
+sources = [s for s in SOURCES if s != "sample" or loaded.task is not None]
+source = c_source.radio("Input", sources, format_func=SOURCES.get, horizontal=True,
+                        key=ui.remember("input", sources[0], sources, param="input"),
+                        help="A held-out sample of the model's task, uniform random tokens, or your own tokens")
+with c_input:
+    try:
+        if source == "typed":
+            names = bilinear.token_names(loaded)
+            text = st.text_input("Tokens (space-separated)", key=ui.remember("typed", " ".join(names[:min(8, len(names))])),
+                                 help=f"Token names of the vocabulary (or ids), at most {cfg.n_ctx} tokens")
+            tokens = bilinear.encode(loaded, text)
+        else:
+            s_col, l_col = st.columns(2)
+            seed = s_col.number_input("Seed", min_value=0, max_value=2**31 - 1, step=1,
+                                      key=ui.remember("input_seed", 0, range(2**31), param="seed"),
+                                      help="Seed of the sample / the random tokens: the same seed gives the same input")
+            if source == "sample":
+                tokens = bilinear.sample_tokens(loaded, int(seed))
+            else:
+                lengths = range(2, cfg.n_ctx + 1)
+                length = l_col.number_input("Length", min_value=2, max_value=cfg.n_ctx, step=1,
+                                            key=ui.remember("random_length", cfg.n_ctx, lengths),
+                                            help=f"Number of tokens, 2..{cfg.n_ctx}")
+                tokens = bilinear.random_tokens(loaded, int(seed), int(length))
+    except ValueError as e:
+        st.error(f"This input does not work: {e}")
+        st.stop()
+
+view = sequence_view(loaded, tokens, layer)
+queries = range(len(view.queries))
+c_query, c_k = st.columns([5, 1])
+query = c_query.select_slider("Query position i", options=list(queries), key=ui.remember("query", queries[-1], queries,
+                                                                                         param="query"),
+                              format_func=lambda q: view.queries[q],
+                              help="x = X[i], the attention input at position i (position:token); "
+                                   "its row of S and A is outlined")
+k = c_k.number_input("k (top-k)", min_value=1, max_value=len(view.keys), step=1,
+                     key=ui.remember("topk", 1, range(1, len(view.keys) + 1)),
+                     help="k of the top-k mass metric")
+ui.to_url(layer=layer, head=head, input=source, query=query)
+
+# --- the sequence view ----------------------------------------------------------------------------
+plots = []
+st.header("Scores S and pattern A")
+if head == ALL:
+    value = st.radio("Show", fb.VALUES, horizontal=True, key=ui.remember("grid_value", "scores", fb.VALUES),
+                     format_func={"scores": "scores S = f_x(y)", "pattern": "pattern A"}.get)
+    cols = st.columns(2)
+    for h in range(cfg.n_heads):
+        plot = fb.view_plot(view, h, query, value=value)
+        with cols[h % 2]:
+            ui.show_plot(plot, key=f"grid_{h}")
+        plots.append(plot)
+else:
+    left, right = st.columns(2)
+    with left:
+        scores_plot = fb.view_plot(view, head, query, value="scores")
+        ui.show_plot(scores_plot, key="scores")
+    with right:
+        pattern_plot = fb.view_plot(view, head, query, value="pattern")
+        ui.show_plot(pattern_plot, key="pattern")
+    plots += [scores_plot, pattern_plot]
+
+    st.header(f"Query {view.queries[query]}: f_x(y) over its keys")
+    bar_col, metric_col = st.columns([3, 1])
+    with bar_col:
+        row_plot = fb.query_plot(view, head, query)
+        ui.show_plot(row_plot, key="query_row")
+        plots.append(row_plot)
+    with metric_col:
+        per_query = view.concentration(int(k))
+        i = view.head_index(head)
+        n_keys = int(view.mask[query].sum())
+        st.metric("visible keys n_i", n_keys, help="Keys this query can attend to (causal: positions 0..i)")
+        for name, v in per_query.items():
+            label = name.replace("_", " ") + (f" (k={k})" if name == "topk_mass" else "")
+            st.metric(label, f"{float(v[i, query]):.3f}", help=METRIC_HELP[name])
+
+# --- concentration of the head(s) --------------------------------------------------------------------
+st.header("Concentration of the head" if head != ALL else "Concentration of every head")
+table = view.concentration_table(int(k))
+shown = table if head == ALL else table[table["head"] == head]
+st.caption(f"Mean, min and max over the query rows that see at least {metrics.MIN_KEYS} keys, on this input.")
+st.dataframe(shown[["head", "metric", "mean", "min", "max"]], hide_index=True,
+             column_config={"head": st.column_config.NumberColumn(help="Head index h"),
+                            "metric": st.column_config.TextColumn(help="See the tooltips of the per-query metrics above"),
+                            "mean": st.column_config.NumberColumn(help="Mean over query rows", format="%.4f"),
+                            "min": st.column_config.NumberColumn(help="Smallest value over query rows", format="%.4f"),
+                            "max": st.column_config.NumberColumn(help="Largest value over query rows", format="%.4f")})
+conc_plot = fb.concentration_plot(shown)
+with st.expander("This table as a figure (for export)"):
+    ui.show_plot(conc_plot, key="concentration")
+plots.append(conc_plot)
+
+# --- vocabulary and positional views --------------------------------------------------------------------
+shown_heads = list(range(cfg.n_heads)) if head == ALL else [head]
+focus = head if head != ALL else 0
+st.header("Vocabulary view and positional view")
+st.markdown("The same form with $x, y$ ranging over **every token** (its embedding plus the mean position, "
+            "through this layer's LayerNorm) and over **every position** (its embedding plus the mean token). "
+            + ("" if head != ALL else "Shown for head 0; pick a head above to see another."))
+vocab_col, pos_col = st.columns(2)
+with vocab_col:
+    vocab = vocabulary_view(loaded, layer)
+    x_token = tokens[query]
+    vocab_plot = fb.view_plot(vocab, focus, x_token if x_token < len(vocab.queries) else None)
+    ui.show_plot(vocab_plot, key="vocab")
+    plots.append(vocab_plot)
+with pos_col:
+    if cfg.positional == "learned":
+        positions = positional_view(loaded, layer)
+        pos_plot = fb.view_plot(positions, focus, query)
+        ui.show_plot(pos_plot, key="positional")
+        plots.append(pos_plot)
+    else:
+        st.info("This model has no position embeddings, so it has no positional view.")
+
+# --- export ---------------------------------------------------------------------------------------------
+st.divider()
+ui.export_all(plots, {"page": "Heatmaps", "model": loaded.name, "model_key": loaded.key, "layer": layer,
+                      "head": head, "query": query, "query_label": view.queries[query], "input": source,
+                      "tokens": tokens, "token_labels": view.queries, "k": int(k)},
+              key="heatmaps")

@@ -1,0 +1,134 @@
+"""The spectrum of B = W_Q W_K^T / sqrt(d_head) for every head: singular values, eigenvalues in
+the complex plane, eigenvalues of the symmetric part, norms and ranks, and head detectors."""
+import pandas as pd
+import streamlit as st
+
+import ui
+from attn_core import bilinear
+from attn_core.figures import bilinear as fb
+
+ALL = "all"
+NORM_COLUMNS = {
+    "rank_cap": ("rank cap", "Upper bound on rank(B): d_head for a factored head, d_model for a merged one"),
+    "spectral_norm": ("‖B‖₂ = σ₁", "Spectral norm: the largest singular value (unitless gain of x ↦ xB)"),
+    "frobenius_norm": ("‖B‖_F", "Frobenius norm √Σσᵢ²"),
+    "nuclear_norm": ("‖B‖_*", "Nuclear norm Σσᵢ, a convex surrogate of rank"),
+    "stable_rank": ("stable rank", "‖B‖_F² / ‖B‖₂²: how many directions carry the energy (1 .. rank)"),
+    "effective_rank": ("effective rank", "exp(H(σ/Σσ)) (Roy & Vetterli): 1 .. rank"),
+    "lambda_max": ("λ_max(sym)", "Largest eigenvalue of (B + Bᵀ)/2: the most positive x B xᵀ over unit x"),
+    "lambda_min": ("λ_min(sym)", "Smallest eigenvalue of (B + Bᵀ)/2: the most negative x B xᵀ over unit x"),
+    "singular_values": ("σᵢ", "Singular values of B, descending"),
+    "eigenvalues_sym": ("eigenvalues of (B + Bᵀ)/2", "Descending; positive ones mean a token scores itself "
+                        "high along those directions, negative ones low"),
+}
+
+
+@ui.cached
+def spectra(m, augmented: bool) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Singular values (tidy), eigenvalues (tidy) and one row of norms and ranks per head."""
+    rows = bilinear.spectrum(m.model, augmented)
+    table = pd.DataFrame([{"layer": r["layer"], "head": r["head"],
+                           **{c: r[c] for c in NORM_COLUMNS if c not in ("lambda_max", "lambda_min")},
+                           "lambda_max": r["eigenvalues_sym"][0], "lambda_min": r["eigenvalues_sym"][-1]}
+                          for r in rows])
+    return bilinear.spectrum_frame(m.model, augmented), bilinear.eigen_frame(m.model, augmented), table
+
+
+@ui.cached
+def detectors(m, n_samples: int, seed: int, rows: str) -> pd.DataFrame:
+    return bilinear.head_detectors(m, n_samples=n_samples, seed=seed, rows=rows)
+
+
+loaded = ui.setup("Spectrum of B")
+cfg = loaded.config
+st.markdown("Per head, $B = W_Q W_K^\\top/\\sqrt{d_{head}}$ ($d_{model}\\times d_{model}$; a merged head stores it). "
+            "Its singular values say how many directions the head reads, its eigenvalues whether a token "
+            "scores itself high ($x B x^\\top > 0$) and the symmetric part $(B+B^\\top)/2$ is the quadratic form "
+            "$x B x^\\top$ itself. Computed from the factors (QR + a small SVD), never the dense matrix.")
+
+# --- choices ------------------------------------------------------------------------------------
+c_which, c_layer, c_head, c_opts = st.columns([2, 1, 1, 3])
+which = c_which.radio("Heads", ["all", "one"], horizontal=True, key=ui.remember("spectrum_heads", "all", ["all", "one"]),
+                      format_func={"all": "all heads", "one": "one head"}.get)
+layers, heads = range(cfg.n_layers), list(range(cfg.n_heads))
+layer = c_layer.selectbox("Layer", layers, key=ui.remember("layer", 0, layers, param="layer"),
+                          disabled=which == ALL, help=f"Layer l, 0..{cfg.n_layers - 1}")
+head = c_head.selectbox("Head", heads, key=ui.remember("head", 0, heads, param="head"),
+                        disabled=which == ALL, help=f"Head h, 0..{cfg.n_heads - 1}")
+with c_opts:
+    normalized = st.toggle("σᵢ / σ₁", key=ui.remember("spectrum_normalized", False),
+                           help="Divide each head's singular values by its largest, to compare shapes not scales")
+    per_layer = st.toggle("One panel per layer", key=ui.remember("spectrum_per_layer", False))
+    augmented = st.toggle("With biases (B′)", key=ui.remember("spectrum_augmented", False),
+                          disabled=not bilinear.has_bias(loaded.model),
+                          help="The (d_model+1)² form B′ of [x | 1]: exact scores when the head has query/key "
+                               "biases (this model has none)" if not bilinear.has_bias(loaded.model) else
+                               "The (d_model+1)² form B′ of [x | 1]: exact scores with the query/key biases")
+ui.to_url(layer=layer, head=head)
+
+sigma, eigen, table = spectra(loaded, bool(augmented))
+if which == "one":
+    def pick(frame: pd.DataFrame) -> pd.DataFrame:
+        return frame[(frame["layer"] == layer) & (frame["head"] == head)]
+
+    sigma, eigen = pick(sigma), pick(eigen)
+
+# --- singular values and eigenvalues ----------------------------------------------------------------
+st.header("Singular values and eigenvalues")
+left, right = st.columns(2)
+with left:
+    sigma_plot = fb.spectrum_plot(sigma, normalized=normalized, small_multiples=per_layer and which == ALL)
+    ui.show_plot(sigma_plot, key="spectrum")
+with right:
+    eigen_plot = fb.eigen_plot(eigen)
+    ui.show_plot(eigen_plot, key="eigenvalues")
+
+# --- norms, ranks, symmetric part ---------------------------------------------------------------------
+st.header("Norms, ranks and the symmetric part, every head")
+shown = table if which == ALL else table[(table["layer"] == layer) & (table["head"] == head)]
+st.dataframe(
+    shown, hide_index=True,
+    column_config={"layer": st.column_config.NumberColumn(help="Layer l"),
+                   "head": st.column_config.NumberColumn(help="Head h"),
+                   **{c: (st.column_config.BarChartColumn(label, help=tip)
+                          if c in ("singular_values", "eigenvalues_sym")
+                          else st.column_config.NumberColumn(label, help=tip, format="%.4g"))
+                      for c, (label, tip) in NORM_COLUMNS.items()}})
+st.download_button("Table as CSV", shown.to_csv(index=False), file_name="norms_and_ranks.csv", mime="text/csv",
+                   key="dl_norms_csv", on_click="ignore", help="The table above, singular values and eigenvalues "
+                   "of the symmetric part as lists")
+
+# --- head detectors -----------------------------------------------------------------------------------
+st.header("Head detectors")
+st.markdown("The attention mass each head puts where a textbook head would look, on seeded generated sequences: "
+            "previous token ($i \\to i-1$) and self ($i \\to i$) on random tokens, duplicate token and induction "
+            "($i \\to$ the token after an earlier copy of token $i$) on a random half written twice.")
+c_n, c_seed, c_rows = st.columns(3)
+n_samples = c_n.number_input("Sequences", min_value=1, max_value=256, step=8,
+                             key=ui.remember("detector_samples", 32, range(1, 257)),
+                             help="Generated sequences per detector")
+det_seed = c_seed.number_input("Seed", min_value=0, max_value=2**31 - 1, step=1,
+                               key=ui.remember("detector_seed", 0, range(2**31)), help="Seed of the generated sequences")
+rows = c_rows.radio("Average over", ["supported", "all"], horizontal=True,
+                    key=ui.remember("detector_rows", "supported", ["supported", "all"]),
+                    help="supported: only query rows where the pattern has a target (a perfect head scores 1); "
+                         "all: every row, as TransformerLens does")
+with st.spinner(f"Scoring every head on {int(n_samples)} × 2 generated sequences…"):
+    det = detectors(loaded, int(n_samples), int(det_seed), rows)
+best = bilinear.best_heads(det)
+for col, (name, top) in zip(st.columns(len(best)), best.items()):
+    col.metric(f"best {name.replace('_', ' ')} head", f"L{top['layer']}H{top['head']}", f"score {top['score']:.2f}",
+               delta_color="off", help=f"The head with the highest {name.replace('_', '-')} score: its share of "
+                                       "attention on the detection pattern, 0..1")
+heads_plot = fb.heads_plot(det)
+ui.show_plot(heads_plot, key="heads")
+
+# --- export -------------------------------------------------------------------------------------------
+st.divider()
+ui.export_all([sigma_plot, eigen_plot, heads_plot],
+              {"page": "Spectrum", "model": loaded.name, "model_key": loaded.key, "heads": which,
+               "layer": layer if which == "one" else None, "head": head if which == "one" else None,
+               "normalized": normalized, "augmented": augmented,
+               "detectors": {"samples": int(n_samples), "seed": int(det_seed), "rows": rows},
+               "norms_and_ranks": shown.to_dict(orient="records")},
+              key="spectrum")
