@@ -1,0 +1,174 @@
+"""Regularize and retrain the picked model while watching it: losses, each regularizer's term,
+per-head entropy, the watched head's spectrum and its attention, refreshed live. The training runs
+in attn_core's worker thread; this page only starts, stops and draws its snapshots."""
+import streamlit as st
+
+import ui
+from attn_core import regularizers as R
+from attn_core import train
+from attn_core.figures import training as ft
+
+JOB = "retrain_job"  # session key of the running (or last) TrainingJob
+SHOWN = "retrain_reloaded_for"  # run id for which the page was rerun once after the job ended
+REFRESH_S = 0.4
+# Log-scale choices: 1e-5 .. 10 in quarter decades, 1e-5 .. 1e-1 for the learning rate.
+LAMBDAS = [round(10 ** (e / 4), 8) for e in range(-20, 5)]
+RATES = [round(10 ** (e / 4), 8) for e in range(-20, -3)]
+ALPHAS = {None: "the model's own", 1.0: "1 (softmax)", 1.25: "1.25", 1.5: "1.5 (entmax15)", 1.75: "1.75",
+          2.0: "2 (sparsemax)"}
+SCOPES = {"head": "the watched head", "layer": "its layer", "all": "every head"}
+
+loaded = ui.setup("Regularize and retrain")
+cfg = loaded.config
+st.markdown("Add concentration penalties $\\lambda R$ to the task loss and retrain the model picked in the sidebar. "
+            "The run trains in the background: watch its curves, the per-head entropy, the singular values of the "
+            "watched head's $B$ and its attention move; stop it at any time. Every run is saved and appears in "
+            "**Runs** and in the sidebar as `run:<id>`.")
+if loaded.task is None:
+    st.warning(f"{loaded.name} has no known task in its card, so there is nothing to retrain it on.")
+    st.stop()
+
+job = st.session_state.get(JOB)
+running = job is not None and not job.snapshot().done
+
+# --- settings ------------------------------------------------------------------------------------
+reg_col, head_col, opt_col = st.columns([3, 2, 2])
+with reg_col:
+    st.subheader("Regularizers")
+    names = st.multiselect("Penalties", list(R.REGULARIZERS), key=ui.remember("reg_names", ["entropy"]),
+                           format_func=lambda n: n.replace("_", " "),
+                           help="; ".join(f"{n}: {what}" for n, (_, what) in R.REGULARIZERS.items()))
+    specs = []
+    for name in names:
+        lam_col, k_col = st.columns([3, 1])
+        lam = lam_col.select_slider(f"λ of {name.replace('_', ' ')}", LAMBDAS, format_func=lambda v: f"{v:.3g}",
+                                    key=ui.remember(f"reg_lambda_{name}", 0.1, LAMBDAS),
+                                    help=f"Strength of λ·R (log scale); R = {R.REGULARIZERS[name][1]}")
+        k = 1
+        if name.endswith("topk"):
+            k = k_col.number_input("k", min_value=1, max_value=cfg.n_ctx, step=1,
+                                   key=ui.remember(f"reg_k_{name}", 1, range(1, cfg.n_ctx + 1)),
+                                   help="Penalise 1 − (mass of the k largest attention weights)")
+        specs.append(R.RegSpec(name, lam, k=int(k)))
+with head_col:
+    st.subheader("Watched head")
+    layers, heads = range(cfg.n_layers), list(range(cfg.n_heads))
+    layer = st.selectbox("Layer", layers, key=ui.remember("layer", 0, layers, param="layer"),
+                         help=f"Layer l, 0..{cfg.n_layers - 1}")
+    head = st.selectbox("Head", heads, key=ui.remember("head", 0, heads, param="head"),
+                        help=f"Head h, 0..{cfg.n_heads - 1}: its spectrum and attention are drawn live")
+    scope = st.radio("Regularize", list(SCOPES), format_func=SCOPES.get, key=ui.remember("reg_scope", "head", list(SCOPES)),
+                     help="Which heads the penalties act on (the mean over them is penalised)")
+with opt_col:
+    st.subheader("Training")
+    alpha = st.select_slider("entmax α", list(ALPHAS), format_func=ALPHAS.get,
+                             key=ui.remember("entmax_alpha", None, list(ALPHAS)),
+                             help="Attention normalisation: 1 softmax, 1.5 entmax15, 2 sparsemax (exact zeros)")
+    lr = st.select_slider("Learning rate", RATES, format_func=lambda v: f"{v:.2g}",
+                          key=ui.remember("retrain_lr", 1e-3, RATES), help="Peak AdamW learning rate (log scale; "
+                                                                           "warmup, then cosine decay)")
+    s_col, seed_col = st.columns(2)
+    steps = s_col.number_input("Steps", min_value=1, max_value=100_000, step=50,
+                               key=ui.remember("retrain_steps", 300, range(1, 100_001)), help="Optimizer updates")
+    seed = seed_col.number_input("Seed", min_value=0, max_value=2**31 - 1, step=1,
+                                 key=ui.remember("retrain_seed", 0, range(2**31)),
+                                 help="Seed of the training data: the same settings and seed give the same run")
+    devices = train.available_devices()
+    device = st.selectbox("Device", devices, key=ui.remember("retrain_device", devices[-1], devices),
+                          help="Where the model trains; CUDA is listed only when a GPU is present")
+watched = R.head_label(layer, head)
+heads_spec = {"head": watched, "layer": f"L{layer}", "all": None}[scope]
+
+
+def start() -> None:
+    try:
+        job_cfg = train.JobConfig(source=ui.job_source(st.session_state[ui.MODEL_KEY]), regularizers=specs,
+                                  heads=heads_spec, entmax_alpha=alpha, steps=int(steps), lr=float(lr),
+                                  seed=int(seed), device=device)
+        new = train.TrainingJob(job_cfg)
+    except ValueError as e:
+        st.session_state["retrain_error"] = str(e)
+        return
+    st.session_state.pop("retrain_error", None)
+    st.session_state[JOB] = new.start()
+
+
+def stop() -> None:
+    st.session_state[JOB].stop()
+
+
+b_start, b_stop, _ = st.columns([1, 1, 6])
+b_start.button("Start", type="primary", on_click=start, disabled=running, key="retrain_start",
+               icon=":material/play_arrow:", help="Start a new run with these settings")
+b_stop.button("Stop", on_click=stop, disabled=not running, key="retrain_stop", icon=":material/stop:",
+              help="Stop after the current step; the run is saved with the weights so far")
+if "retrain_error" in st.session_state:
+    st.error(f"The run was not started: {st.session_state['retrain_error']}")
+
+
+# --- live view -----------------------------------------------------------------------------------
+@st.fragment(run_every=REFRESH_S if running else None)
+def live() -> None:
+    current = st.session_state.get(JOB)
+    if current is None:
+        st.info("No run yet: choose penalties and press **Start**.")
+        return
+    snap = current.snapshot()
+    st.code(current.cfg.command(), language="bash")
+    st.progress(snap.progress, text=f"{snap.status}: step {snap.step} / {snap.steps}"
+                                    + (f" · {snap.steps_per_s:.1f} steps/s" if snap.step else ""))
+    if snap.status == "diverged":
+        st.error(f"The run diverged: {snap.message}.")
+    elif snap.status == "failed":
+        st.error(f"The run failed: {snap.message}.")
+    elif snap.done:
+        st.success(f"Run `{snap.run_id}` {snap.message}; saved as `run:{snap.run_id}` (pick it in the sidebar, "
+                   "compare it on the Runs page).")
+    elif snap.status == "pending" or snap.step == 0:
+        st.caption("Measuring the model before training…")
+
+    latest = snap.latest
+    terms = [n for n in latest if n.startswith("term:")]
+    cols = st.columns(3 + len(terms))
+    cols[0].metric("task loss", f"{latest['task_loss']:.4g}" if "task_loss" in latest else "–",
+                   help="Cross-entropy of the next-token predictions on the training batch, in nats")
+    cols[1].metric("accuracy", f"{latest['accuracy']:.1%}" if "accuracy" in latest else "–",
+                   help="Fraction of scored tokens predicted right on the training batch")
+    cols[2].metric("entropy (regularized heads)", f"{latest['entropy_data']:.3f}" if "entropy_data" in latest else "–",
+                   help="Mean normalized attention entropy H/log n of the regularized heads on a fixed held-out "
+                        "probe batch: 0 = one key per query, 1 = uniform")
+    for col, name in zip(cols[3:], terms):
+        col.metric(name.removeprefix("term:"), f"{latest[name]:.4g}", help="This regularizer's term λ·R in the loss")
+
+    log = snap.metrics()
+    # While it trains the charts alone are redrawn; downloads appear once the run has ended.
+    plots = [ft.curves_plot(log, title=f"Retraining {current.parent}")]
+    ui.show_plot(plots[-1], key="live_curves", downloads=snap.done)
+    left, right = st.columns(2)
+    with left:
+        plots.append(ft.head_entropy_plot(log, "data", regularized=snap.regularized_heads))
+        ui.show_plot(plots[-1], key="live_entropy", downloads=snap.done)
+    with right:
+        if snap.probe_pattern is not None:
+            plots.append(ft.probe_pattern_plot(snap.probe_pattern, snap.probe_tokens, layer, head, snap.probe_step))
+            ui.show_plot(plots[-1], key="live_pattern", downloads=snap.done)
+    if not log.empty and log["name"].str.startswith(f"sigma:{watched}:").any():
+        plots.append(ft.spectrum_history_plot(log, watched))
+        ui.show_plot(plots[-1], key="live_spectrum", downloads=snap.done)
+    if snap.done:
+        ui.export_all(plots, {"page": "Retrain", "model": loaded.name, "run_id": snap.run_id, "status": snap.status,
+                              "message": snap.message, "watched_head": watched, "job": current.cfg.to_dict(),
+                              "before": _headline(snap.before), "after": _headline(snap.after)},
+                      key=f"retrain_{snap.run_id}")
+        if st.session_state.get(SHOWN) != snap.run_id:
+            # Once per run: rerun the whole page so the sidebar lists the new run and Start is enabled.
+            st.session_state[SHOWN] = snap.run_id
+            st.rerun()
+
+
+def _headline(measured):
+    """Accuracy, loss and concentration means of a before/after measurement (no per-head detail)."""
+    return {k: measured[k] for k in train.MEASURE_KEYS if k in (measured or {})}
+
+
+live()
