@@ -137,6 +137,14 @@ def job_source(name: str) -> str:
     return name
 
 
+def picker_name(source: str) -> str:
+    """The picker entry of a job's source (the inverse of :func:`job_source`)."""
+    path = Path(source)
+    if path.is_absolute() and path.parent == upload_dir():
+        return UPLOAD_PREFIX + path.name
+    return source
+
+
 def saved_runs() -> list[dict]:
     """Runs with weights, newest first (the index is small; read on every rerun so a run that
     just finished shows up at once)."""
