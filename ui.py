@@ -264,11 +264,11 @@ def show_plot(plot: Plot, key: str, help: Optional[str] = None, downloads: bool 
     st.plotly_chart(plot.fig, key=f"chart_{key}", config={"displaylogo": False})
     if not downloads:
         return
-    cols = st.columns([1] * len(EXPORT_FORMATS) + [4], gap="small")
-    for col, fmt in zip(cols, EXPORT_FORMATS):
-        col.download_button(fmt.upper(), data=functools.partial(_export_or_message, plot, fmt),
-                            file_name=f"{plot.name}.{fmt}", mime=MIME[fmt], key=f"dl_{key}_{fmt}",
-                            on_click="ignore", help=help or _FORMAT_HELP[fmt])
+    with st.container(horizontal=True, gap="small"):
+        for fmt in EXPORT_FORMATS:
+            st.download_button(fmt.upper(), data=functools.partial(_export_or_message, plot, fmt),
+                               file_name=f"{plot.name}.{fmt}", mime=MIME[fmt], key=f"dl_{key}_{fmt}",
+                               on_click="ignore", help=help or _FORMAT_HELP[fmt])
 
 
 _FORMAT_HELP = {"png": "This figure as a PNG image", "svg": "This figure as an SVG vector image",

@@ -29,7 +29,7 @@ st.markdown("For a query token $x$ (a row) and a key token $y$ (a column), head 
             "Pick a head, an input and a query position; the red outline marks the query's row.")
 
 # --- choices ------------------------------------------------------------------------------------
-c_layer, c_head, c_source, c_input = st.columns([1, 1, 2, 3])
+c_layer, c_head, c_source, c_input = st.columns([1, 1, 3, 3])
 layers, heads = range(cfg.n_layers), [*range(cfg.n_heads), ALL]
 layer = c_layer.selectbox("Layer", layers, key=ui.remember("layer", 0, layers, param="layer"),
                           help=f"Layer l, 0..{cfg.n_layers - 1}")
@@ -125,10 +125,7 @@ st.dataframe(shown[["head", "metric", "mean", "min", "max"]], hide_index=True,
                             "mean": st.column_config.NumberColumn(help="Mean over query rows", format="%.4f"),
                             "min": st.column_config.NumberColumn(help="Smallest value over query rows", format="%.4f"),
                             "max": st.column_config.NumberColumn(help="Largest value over query rows", format="%.4f")})
-conc_plot = fb.concentration_plot(shown)
-with st.expander("This table as a figure (for export)"):
-    ui.show_plot(conc_plot, key="concentration")
-plots.append(conc_plot)
+plots.append(fb.concentration_plot(shown))  # the table above as a figure, for the zip below
 
 # --- vocabulary and positional views --------------------------------------------------------------------
 shown_heads = list(range(cfg.n_heads)) if head == ALL else [head]

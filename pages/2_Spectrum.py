@@ -118,7 +118,7 @@ with st.spinner(f"Scoring every head on {int(n_samples)} × 2 generated sequence
 best = bilinear.best_heads(det)
 for col, (name, top) in zip(st.columns(len(best)), best.items()):
     col.metric(f"best {name.replace('_', ' ')} head", f"L{top['layer']}H{top['head']}", f"score {top['score']:.2f}",
-               delta_color="off", help=f"The head with the highest {name.replace('_', '-')} score: its share of "
+               delta_color="off", delta_arrow="off", help=f"The head with the highest {name.replace('_', '-')} score: its share of "
                                        "attention on the detection pattern, 0..1")
 heads_plot = fb.heads_plot(det)
 ui.show_plot(heads_plot, key="heads")

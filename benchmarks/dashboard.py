@@ -1,0 +1,198 @@
+"""How fast the dashboard draws, in headless Chromium against a real `streamlit run`.
+
+    python benchmarks/dashboard.py [--repeats 5] [--json]
+
+Two figures, medians of ``--repeats`` (>= 5) samples, both including the browser's drawing:
+
+- first heatmap: from ``goto(/Heatmaps?model=M)`` in a fresh browser session to the first plotly
+  heatmap on screen, where M is a model the server has never loaded (a fresh copy of
+  induction-2l per sample, so each sample reads, validates and caches the model and computes its
+  views: the cost a user pays when picking a model). Target <= 5 s.
+- head change: from picking another head in the Head selectbox to the scores heatmap redrawn
+  with that head's title. Target <= 0.5 s.
+
+The server's very first page (Python imports, Streamlit start) is reported apart as ``cold_s``.
+
+The helpers here (a server on a free port, Chromium with the flags CI uses, waiting for a page to
+settle, full-height screenshots) are shared with tests/test_browser.py.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Iterator, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--no-first-run"]
+HEATMAP = ".js-plotly-plot .heatmaplayer"
+VIEWPORT = {"width": 1400, "height": 1000}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve(runs_dir: Path, models_dir: Optional[Path] = None, timeout: float = 90.0) -> Iterator[str]:
+    """`streamlit run app.py` on 127.0.0.1 and a free port, data in ``runs_dir``; yields its URL.
+    The server's output goes to ``runs_dir/server.log`` (shown if it does not come up)."""
+    port = free_port()
+    env = dict(os.environ, ATTN_LAB_RUNS=str(runs_dir), PYTHONUNBUFFERED="1")
+    env.pop("ATTN_LAB_MODELS", None)
+    if models_dir is not None:
+        env["ATTN_LAB_MODELS"] = str(models_dir)
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    log = open(runs_dir / "server.log", "wb")
+    cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.headless", "true",
+           "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false",
+           "--server.fileWatcherType", "none"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log.flush()
+                raise RuntimeError(f"streamlit did not start on {url}:\n{(runs_dir / 'server.log').read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                    if r.read().strip() == b"ok":
+                        break
+            except OSError:
+                time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def launch(playwright):
+    """Debian's Chromium, headless, with the flags CI uses."""
+    return playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
+
+
+def settle(page, timeout_ms: float = 60_000) -> None:
+    """Wait until the script run has finished (Streamlit's 'running' widget is gone)."""
+    page.wait_for_selector("[data-testid='stApp']", timeout=timeout_ms)
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"
+                           " && document.querySelector('[data-testid=\"stMain\"]')", timeout=timeout_ms)
+
+
+def screenshot(page, path: Path) -> None:
+    """The whole page: the viewport is stretched to the main area's height (Streamlit scrolls
+    inside its own container, so Playwright's full_page alone would stop at the fold)."""
+    height = page.evaluate("() => document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
+    page.set_viewport_size({"width": VIEWPORT["width"], "height": min(int(height) + 40, 16_000)})
+    page.wait_for_timeout(400)  # plotly re-lays out its charts on resize
+    path.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(path))
+    page.set_viewport_size(VIEWPORT)
+
+
+def choose(page, label: str, option: str) -> None:
+    """Pick ``option`` in the selectbox labelled ``label``."""
+    box = page.locator("[data-testid='stSelectbox']").filter(has_text=label).first
+    box.locator("[data-baseweb='select']").click()
+    page.locator("li[role='option']").filter(has_text=option).first.click()
+
+
+def title_has(page, index: int, text: str, timeout_ms: float = 30_000) -> None:
+    """Wait until plotly chart ``index`` shows ``text`` in its title."""
+    page.wait_for_function(
+        "([i, t]) => { const g = document.querySelectorAll('.js-plotly-plot')[i];"
+        " return !!g && !!g.querySelector('.heatmaplayer') && (g.querySelector('.gtitle') || {}).textContent?.includes(t); }",
+        arg=[index, text], timeout=timeout_ms, polling="raf")
+
+
+# --- the benchmark ----------------------------------------------------------------------------------
+
+def first_heatmap(browser, url: str, model: str) -> float:
+    context = browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    start = time.perf_counter()
+    page.goto(f"{url}/Heatmaps?model={model}")
+    page.wait_for_selector(HEATMAP, timeout=120_000)
+    elapsed = time.perf_counter() - start
+    context.close()
+    return elapsed
+
+
+def head_changes(browser, url: str, model: str, repeats: int) -> list[float]:
+    context = browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    page.goto(f"{url}/Heatmaps?model={model}&layer=1&head=0")
+    title_has(page, 0, "layer 1 head 0", timeout_ms=120_000)
+    settle(page)
+    times = []
+    for i in range(repeats):
+        head = (i + 1) % 4
+        box = page.locator("[data-testid='stSelectbox']").filter(has_text="Head").first
+        box.locator("[data-baseweb='select']").click()
+        option = page.locator("li[role='option']").filter(has_text=str(head)).first
+        option.wait_for()
+        start = time.perf_counter()
+        option.click()
+        title_has(page, 0, f"layer 1 head {head}")
+        times.append(time.perf_counter() - start)
+        settle(page)
+    context.close()
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5, help="samples per figure (>= 5)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    args = parser.parse_args()
+    if args.repeats < 5:
+        parser.error("--repeats must be at least 5 (medians of >= 5)")
+    if not CHROMIUM.exists():
+        sys.exit(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory(prefix="attn-lab-bench-") as tmp:
+        tmp = Path(tmp)
+        models = tmp / "models"
+        for i in range(args.repeats + 1):
+            shutil.copytree(ROOT / "assets" / "models" / "induction-2l", models / f"bench-{i}")
+        with serve(tmp / "runs", models) as url, sync_playwright() as p:
+            browser = launch(p)
+            cold = first_heatmap(browser, url, "bench-0")
+            firsts = [first_heatmap(browser, url, f"bench-{i}") for i in range(1, args.repeats + 1)]
+            heads = head_changes(browser, url, "induction-2l", args.repeats)
+            browser.close()
+    result = {"first_heatmap_s": statistics.median(firsts), "head_change_s": statistics.median(heads),
+              "cold_s": cold, "first_heatmap_samples": firsts, "head_change_samples": heads,
+              "targets": {"first_heatmap_s": 5.0, "head_change_s": 0.5}, "cpus": os.cpu_count()}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"first heatmap (new session, model never loaded): median {result['first_heatmap_s']:.2f} s "
+              f"of {args.repeats} (target <= 5 s); samples {', '.join(f'{t:.2f}' for t in firsts)}")
+        print(f"head change -> redrawn heatmap: median {result['head_change_s']:.3f} s of {args.repeats} "
+              f"(target <= 0.5 s); samples {', '.join(f'{t:.3f}' for t in heads)}")
+        print(f"cold start (first page after the server started): {cold:.2f} s")
+
+
+if __name__ == "__main__":
+    main()

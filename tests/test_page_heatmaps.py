@@ -1,0 +1,205 @@
+"""AppTest of pages/1_Heatmaps.py: the heatmaps show the model's own scores and pattern for the
+chosen layer, head, input and query; the per-query metrics are those of that row; bad input and
+bad URL values fall back with a message; choices survive a page switch; the zip has every figure."""
+import base64
+import io
+import json
+import math
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+import ui
+from attn_core import bilinear, zoo
+from attn_core.figures import bundle_zip
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = str(ROOT / "pages" / "1_Heatmaps.py")
+MODEL = "induction-2l"
+SINGLE = ["scores", "pattern", "query_row", "vocab", "positional"]
+
+
+def chart(at: AppTest, key: str) -> dict:
+    """The plotly figure drawn with ui.show_plot(..., key=key), as JSON."""
+    found = [c for c in at.get("plotly_chart") if c.proto.id.endswith(f"-chart_{key}")]
+    assert len(found) == 1, f"no single chart {key!r}"
+    return json.loads(found[0].proto.spec)
+
+
+def metric(at: AppTest, label: str) -> float:
+    return float(next(m for m in at.metric if m.label.startswith(label)).value.rstrip("%"))
+
+
+def model_forward(tokens: list[int]) -> dict:
+    """The model's own cached scores/pattern: an independent path (einsums on Q and K)."""
+    model = zoo.load(MODEL).model
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.tensor([tokens]))
+    return cache
+
+
+def values(x) -> torch.Tensor:
+    """A plotly data array: a list, or plotly's typed-array dict {dtype, bdata(, shape)}."""
+    if isinstance(x, dict):
+        arr = np.frombuffer(base64.b64decode(x["bdata"]), dtype=np.dtype(x["dtype"]))
+        shape = x.get("shape")
+        return torch.from_numpy(arr.reshape([int(n) for n in str(shape).split(",")]) if shape else arr.copy()).float()
+    return torch.tensor(x, dtype=torch.float32)
+
+
+def z_matrix(fig: dict) -> torch.Tensor:
+    return torch.tensor([[math.nan if v is None else v for v in row] for row in fig["data"][0]["z"]])
+
+
+@pytest.fixture
+def page() -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=90)
+    at.run()
+    assert not at.exception
+    return at
+
+
+def test_default_page_draws_every_view_with_downloads(page):
+    assert not page.error and not page.warning
+    assert len(page.get("plotly_chart")) == len(SINGLE)
+    for key in SINGLE:
+        chart(page, key)
+    assert len(page.download_button) == 4 * len(SINGLE) + 1  # PNG/SVG/HTML/CSV each + the zip
+    assert page.selectbox(key="layer").value == 0 and page.selectbox(key="head").value == 0
+    assert page.query_params["model"] == MODEL and page.query_params["head"] == "0"
+
+
+def test_heatmaps_follow_layer_head_and_query(page):
+    page.selectbox(key="layer").select(1)
+    page.selectbox(key="head").select(2)
+    page.run()
+    page.select_slider(key="query").set_value(9).run()
+    assert not page.exception and not page.error
+    tokens = bilinear.sample_tokens(zoo.load(MODEL), 0)
+    cache = model_forward(tokens)
+    S = cache["blocks.1.attn.scores"][0, 2]
+    A = cache["blocks.1.attn.pattern"][0, 2]
+    causal = torch.tril(torch.ones_like(S, dtype=torch.bool))
+
+    scores = chart(page, "scores")
+    assert "layer 1 head 2" in scores["layout"]["title"]["text"]
+    z = z_matrix(scores)
+    assert torch.isnan(z[~causal]).all()  # hidden keys are blank
+    torch.testing.assert_close(z[causal], S[causal], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(z_matrix(chart(page, "pattern"))[causal], A[causal], atol=1e-6, rtol=1e-4)
+    box = scores["layout"]["shapes"][0]
+    assert (box["y0"], box["y1"]) == (8.5, 9.5)  # the outlined row is the query's
+    names = zoo.load(MODEL).task.token_names
+    assert scores["layout"]["yaxis"]["ticktext"][9] == f"9:{names[tokens[9]]}"
+
+    bars = chart(page, "query_row")["data"][0]
+    torch.testing.assert_close(values(bars["y"]), S[9, :10].sort(descending=True).values, atol=1e-5, rtol=1e-4)
+
+    row = A[9, :10]
+    assert metric(page, "visible keys") == 10
+    assert metric(page, "entropy") == pytest.approx(float(-(row * row.log()).sum()), abs=1e-3)
+    assert metric(page, "participation ratio") == pytest.approx(float(1 / (row ** 2).sum()), abs=1e-3)
+    assert metric(page, "topk mass (k=1)") == pytest.approx(float(row.max()), abs=1e-3)
+    table = page.dataframe[0].value
+    assert set(table["head"]) == {2}
+    # the head's mean is over the rows that see >= 2 keys: positions 1..T-1
+    entropies = [float(-(A[i, :i + 1] * A[i, :i + 1].clamp_min(1e-30).log()).sum()) for i in range(1, len(A))]
+    mean = table.set_index("metric").loc["entropy", "mean"]
+    assert mean == pytest.approx(sum(entropies) / len(entropies), abs=1e-4)
+
+
+def test_vocabulary_and_positional_views_highlight_the_query(page):
+    page.select_slider(key="query").set_value(3).run()
+    tokens = bilinear.sample_tokens(zoo.load(MODEL), 0)
+    vocab = chart(page, "vocab")
+    assert (vocab["layout"]["shapes"][0]["y0"] + 0.5) == tokens[3]  # the row of token x
+    assert len(vocab["data"][0]["z"]) == zoo.load(MODEL).config.d_vocab
+    pos = chart(page, "positional")
+    assert pos["layout"]["shapes"][0]["y0"] + 0.5 == 3
+    with torch.no_grad():
+        expected = bilinear.positional_scores(zoo.load(MODEL).model, 0, [0])[0]
+    z = z_matrix(pos)
+    causal = torch.tril(torch.ones_like(expected, dtype=torch.bool))
+    torch.testing.assert_close(z[causal], expected[causal], atol=1e-5, rtol=1e-4)
+
+
+def test_grid_of_every_head(page):
+    page.selectbox(key="head").select("all").run()
+    assert not page.exception
+    n_heads = zoo.load(MODEL).config.n_heads
+    titles = [chart(page, f"grid_{h}")["layout"]["title"]["text"] for h in range(n_heads)]
+    assert [f"head {h}" in t for h, t in enumerate(titles)] == [True] * n_heads
+    page.radio(key="grid_value").set_value("pattern").run()
+    assert "pattern A" in chart(page, "grid_1")["layout"]["title"]["text"]
+    assert set(page.dataframe[0].value["head"]) == set(range(n_heads))
+
+
+def test_typed_and_random_inputs(page):
+    page.radio(key="input").set_value("typed").run()
+    page.text_input(key="typed").input("a b c a b").run()
+    assert not page.exception and not page.error
+    assert len(chart(page, "scores")["data"][0]["z"]) == 5
+    assert page.select_slider(key="query").value == 4  # the query moved to the new last token
+
+    page.text_input(key="typed").input("a b ZZ").run()
+    assert not page.exception
+    assert "unknown tokens" in page.error[0].value and not page.get("plotly_chart")
+
+    page.radio(key="input").set_value("random").run()
+    page.number_input(key="random_length").set_value(7).run()
+    assert not page.error
+    tokens = bilinear.random_tokens(zoo.load(MODEL), 0, 7)
+    S = model_forward(tokens)["blocks.0.attn.scores"][0, 0]
+    causal = torch.tril(torch.ones_like(S, dtype=torch.bool))
+    torch.testing.assert_close(z_matrix(chart(page, "scores"))[causal], S[causal], atol=1e-5, rtol=1e-4)
+
+
+def test_url_parameters_and_bad_values_fall_back():
+    at = AppTest.from_file(PAGE, default_timeout=90)
+    at.query_params.update({"layer": "1", "head": "3", "query": "99", "input": "nonsense"})
+    at.run()
+    assert not at.exception
+    assert at.selectbox(key="layer").value == 1 and at.selectbox(key="head").value == 3
+    warnings = " ".join(w.value for w in at.warning)
+    assert "query='99'" in warnings and "input='nonsense'" in warnings
+    assert at.select_slider(key="query").value == 23 and at.radio(key="input").value == "sample"
+    assert "layer 1 head 3" in chart(at, "scores")["layout"]["title"]["text"]
+
+
+def test_choices_survive_a_page_switch():
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=90)
+    at.run()
+    at.switch_page("pages/1_Heatmaps.py").run()
+    at.selectbox(key="layer").select(1)
+    at.selectbox(key="head").select(3)
+    at.run()
+    at.switch_page("pages/2_Spectrum.py").run()
+    assert not at.exception
+    assert at.selectbox(key="layer").value == 1 and at.selectbox(key="head").value == 3
+    at.switch_page("app.py").run()
+    at.switch_page("pages/1_Heatmaps.py").run()
+    assert at.selectbox(key="layer").value == 1 and at.selectbox(key="head").value == 3
+    assert "layer 1 head 3" in chart(at, "scores")["layout"]["title"]["text"]
+
+
+def test_export_all_gets_every_figure_and_the_settings(monkeypatch):
+    calls = []
+    monkeypatch.setattr(ui, "export_all", lambda plots, manifest, key: calls.append((plots, manifest, key)))
+    at = AppTest.from_file(PAGE, default_timeout=90)
+    at.run()
+    assert not at.exception
+    (plots, manifest, key), = calls
+    assert key == "heatmaps"
+    assert [p.name for p in plots] == ["sequence_scores_L0H0", "sequence_pattern_L0H0", "query_sequence_L0H0_q23",
+                                       "concentration", "vocabulary_scores_L0H0", "positional_scores_L0H0"]
+    blob = bundle_zip(plots, manifest, formats=("csv",))
+    with zipfile.ZipFile(io.BytesIO(blob)) as zf:
+        saved = json.loads(zf.read("manifest.json"))
+        scores_csv = zf.read("sequence_scores_L0H0.csv").decode()
+    assert saved["model"] == MODEL and saved["layer"] == 0 and saved["head"] == 0 and saved["query"] == 23
+    assert saved["tokens"] == bilinear.sample_tokens(zoo.load(MODEL), 0)
+    assert scores_csv.splitlines()[0].startswith("layer,head,query,key")
