@@ -30,12 +30,22 @@ u_i the whitened query coordinates and w_j the whitened key coordinates of the r
     H = sum_b sum_i (u_i^T u_i) (x) K_bi,   K_bi = sum_{j vis} w_j^T w_j - m_bi^T m_bi / n_i,
     m_bi = sum_{j vis} w_j,  n_i = #visible keys of row i,   rhs = vec(sum_b U_b^T G_b W_b),
 
-an (r_q r_k) x (r_q r_k) symmetric positive semi-definite system (``MAX_UNKNOWNS`` bounds it).
-It is solved by Cholesky with a relative ridge lambda = ``RIDGE`` * tr(H) / dim, refined by
-``REFINE_STEPS`` steps of iterated Tikhonov, y <- y + (H + lambda I)^{-1} (rhs - H y): on a
-full-rank H that is the least-squares solution (error ~ (lambda / e_min)^steps), on a singular H
-(e.g. directions of Z whose key side is constant: LayerNorm makes x_j . (1 / w) the same for every
-key) it is within ~1e-6 of the pseudo-inverse (minimum-norm) solution. Both are tested.
+an (r_q r_k) x (r_q r_k) symmetric positive semi-definite system (``MAX_UNKNOWNS`` bounds it;
+exact and dense rather than iterative because conjugate gradients needed thousands of
+iterations on the zoo's ill-conditioned inputs). It is solved by Cholesky with a tiny relative
+ridge lambda = ``RIDGE`` * tr(H) / dim, refined by ``REFINE_STEPS`` steps of iterated Tikhonov,
+y <- y + (H + lambda I)^{-1} (rhs - H y): on a full-rank H that is the least-squares solution
+(error ~ (lambda / e_min)^steps), on a singular H (too few distinct pairs of rows, as when a
+task's inputs are a few tokens times a few positions) it is within ~1e-6 of the pseudo-inverse
+(minimum-norm) solution. Both are tested.
+
+**Damping.** Whitening gives every direction of the data the same weight, so the least-squares D
+grows like 1/s^2 along directions the batch barely reaches and fits the batch's noise there: on
+a converged zoo model the undamped step multiplied ||W_Q|| by 100 for a loss change of 1e-8 and
+fine-tuning from it diverged. ``damping`` delta adds Levenberg-Marquardt's ridge on D itself,
+lambda ||D||_F^2 with lambda = delta * tr(H_raw) / dim (H_raw: the normal matrix in the
+coordinates of Z; ||D||_F^2 = sum Y_ac^2 / (s_qa s_kc)^2 in whitened ones). ``grow`` uses
+``DAMPING``; the exact identities below are for delta = 0.
 
 **Whitened basis.** The stacked rows X_s [N = n T, d'] give the query basis (SVD of X_s / sqrt(N),
 rank r_q) and, because only key differences matter, the key basis from the centred rows
@@ -53,7 +63,8 @@ this metric,
 
     discarded_energy = sum_{i > k} sigma_i^2 = ||Y* - Y_k||_F^2 = (1/N^2) ||X_s (Z* - Z_k) X_c^T||_F^2.
 
-On the visible entries the score residual splits (Pythagoras, Z* being the least-squares optimum)
+On the visible entries the score residual splits (Pythagoras, Z* being the least-squares optimum,
+delta = 0)
 
     residual = fit_residual + truncation_residual,    n_vis * truncation_residual <= N^2 * discarded_energy
 
@@ -70,6 +81,14 @@ model's outputs are unchanged. To first order in eta the truncated step keeps th
 correction inside the old row/column spaces plus the p largest singular directions of the part
 of Y_D outside them: the p new directions are the best rank-p descent directions the head lacks.
 
+**Step size.** eta is in units of eta_ref, the step that moves the centred scores by their own
+norm; the grid eta_ref * 2^j is searched for the least *actual* loss (the model run with the new
+head) on a second batch of the training split, among the steps that pass Armijo's test on the
+fitting batch (measured decrease >= ``ARMIJO`` * first-order predicted decrease -<G, dS>). The
+second batch guards against fitting the first batch's noise (with one batch the chosen step
+lowered the batch loss and raised the held-out loss); Armijo's test keeps eta where the linear
+model that chose the directions still describes the loss.
+
 **Baselines.** The same p columns initialised at zero (old columns rescaled by (k / d_k)^(1/4)
 so the scores are exactly preserved) or at N(0, ``random_std``^2); every method is then
 fine-tuned with the same Trainer, data seed and steps. Zero-initialised columns sit at a saddle
@@ -80,7 +99,7 @@ from __future__ import annotations
 import copy
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Iterator, Optional
 
 import pandas as pd
@@ -94,6 +113,8 @@ from attn_core.train import EVAL_SEED_OFFSET, Diverged, Trainer, TrainConfig, ev
 BASES = ("whitened", "raw")
 METHODS = ("grown", "random", "zero")
 RIDGE = 1e-8
+ARMIJO = 0.5  # sufficient decrease: at least half the first-order prediction
+DAMPING = 1e-4  # Levenberg-Marquardt damping of the fit used by grow()
 REFINE_STEPS = 3
 RANK_RTOL = 1e-10  # singular values of the rows below this fraction of the largest are zero
 MAX_UNKNOWNS = 72 * 72  # r_q * r_k: H is dense, (r_q r_k)^2 float64 numbers
@@ -251,7 +272,7 @@ class ScoreFit:
 
 
 def fit_scores(X: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, centre: bool = True,
-               ridge: float = RIDGE) -> ScoreFit:
+               ridge: float = RIDGE, damping: float = 0.0) -> ScoreFit:
     """Solve the batch normal equations (module doc) for ``X`` [n, T, d'], ``target`` [n, T, T]
     and ``mask`` [T, T]. ``centre=False`` fits the raw visible entries (the seed's problem)."""
     rows = X.reshape(-1, X.shape[-1])
@@ -273,6 +294,10 @@ def fit_scores(X: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, centre
     H = H.permute(0, 2, 1, 3).reshape(rq * rk, rq * rk)  # index (a, c), (a', c') of Y[a, c]
     t = centre_rows(target, mask) if centre else target * vis
     rhs = torch.einsum("bia,bij,bjc->ac", u, t, w).reshape(-1)
+    if damping > 0:
+        inv = (1 / (q.s[:, None] * k.s[None, :]) ** 2).reshape(-1)
+        lam = damping * (H.diagonal() / inv).sum() / inv.numel()
+        H = H + lam * torch.diag(inv)
     return ScoreFit(solve_psd(H, rhs, ridge).reshape(rq, rk), q, k, centre)
 
 
@@ -311,7 +336,7 @@ class Growth:
     eta on the actual loss; ``grown_model(step)`` builds the wider model."""
 
     def __init__(self, model: Transformer, task: Task, batch: Batch, layer: int, head: int, add: int,
-                 basis: str = "whitened", val_batch: Optional[Batch] = None):
+                 basis: str = "whitened", val_batch: Optional[Batch] = None, damping: float = 0.0):
         d_k = check_growable(model, layer, head)
         if basis not in BASES:
             raise ValueError(f"basis must be one of {BASES}, got {basis!r}")
@@ -329,7 +354,7 @@ class Growth:
         # follows the fitting batch's own noise when eta is large
         self.val = head_batch(model, task, val_batch, layer, head) if val_batch is not None else None
         self.B = QKForm.from_layer(hb.model, layer, hb.augmented)[head].dense  # [d', d'], S = X B X^T
-        self.fit = fit_scores(hb.X, hb.G, hb.mask)  # D = fit.Z: the least-squares image of G
+        self.fit = fit_scores(hb.X, hb.G, hb.mask, damping=damping)  # D = fit.Z: the least-squares image of G
         self.B_hat = self.fit.q.metric @ self.B @ self.fit.k.metric.T  # B' in whitened coordinates
         self.n_visible = hb.X.shape[0] * int(hb.mask.sum())
         self.D_scores = scores_of(hb.X, self.fit.Z)
@@ -382,11 +407,14 @@ class Growth:
             return self.loss_at(step)
         return self.val.loss_with(scores_of(self.val.X, step.Z - self.B))
 
-    def line_search(self, grid: int = 19, top: int = 2) -> tuple[Step, pd.DataFrame]:
-        """Exact line search on a grid: eta = eta_ref * 2^j for j = top - grid + 1, ..., top, and
-        eta = 0; returns the step of least actual loss on the line-search batch and the table
-        (eta, eta / eta_ref, loss and measured decrease on the fitting batch beside the
-        first-order predicted one, val_loss on the line-search batch, discarded energy, residual)."""
+    def line_search(self, grid: int = 19, top: int = 0) -> tuple[Step, pd.DataFrame]:
+        """Line search on a grid: eta = 0 and eta = eta_ref * 2^j, j = top - grid + 1, ..., top.
+        A step is admissible when it passes Armijo's test on the fitting batch, measured decrease
+        >= ``ARMIJO`` * first-order predicted decrease (beyond that the linear model that chose the
+        directions no longer describes the loss); of the admissible steps the one of least actual
+        loss on the line-search batch is taken. Returns it and the table (eta, eta / eta_ref,
+        loss, measured and predicted decrease on the fitting batch, armijo, val_loss on the
+        line-search batch, discarded energy, residual)."""
         if not isinstance(grid, int) or grid < 1:
             raise ValueError(f"grid must be a positive integer, got {grid!r}")
         etas = [0.0] + ([self.eta_ref * 2.0 ** (top - j) for j in range(grid)][::-1] if self.eta_ref > 0 else [])
@@ -395,10 +423,12 @@ class Growth:
             step = self.step(eta)
             loss = self.loss_at(step)
             val_loss = self.val_loss_at(step)
+            measured = self.loss - loss
+            armijo = eta == 0 or (step.predicted_decrease > 0 and measured >= ARMIJO * step.predicted_decrease)
             rows.append(dict(eta=eta, eta_rel=eta / self.eta_ref if self.eta_ref else 0.0, loss=loss,
-                             measured_decrease=self.loss - loss, predicted_decrease=step.predicted_decrease,
+                             measured_decrease=measured, predicted_decrease=step.predicted_decrease, armijo=armijo,
                              val_loss=val_loss, discarded_energy=step.discarded_energy, residual=step.residual))
-            if val_loss < best_loss:  # ties keep the smaller step
+            if armijo and val_loss < best_loss:  # ties keep the smaller step
                 best, best_loss = step, val_loss
         return best, pd.DataFrame(rows)
 
@@ -498,6 +528,7 @@ class GrowConfig:
     eval_samples: int = 256
     eval_every: int = 10
     random_std: float = 0.02
+    damping: float = DAMPING
     device: str = "cpu"
 
     def __post_init__(self) -> None:
@@ -507,8 +538,10 @@ class GrowConfig:
                 raise ValueError(f"{name} must be an integer in 1..{top}, got {v!r}")
 
         for name, top in (("batch", 4096), ("grid", 64), ("steps", 100_000), ("finetune_batch", 4096),
-                          ("eval_samples", 65536), ("eval_every", 100_000), ("add", 8192)):
+                          ("eval_samples", 65536), ("eval_every", 100_000)):
             positive(name, top)
+        if not isinstance(self.add, int) or isinstance(self.add, bool):
+            raise ValueError(f"add must be an integer (1..d_model - d_k), got {self.add!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
         if self.basis not in BASES:
@@ -517,6 +550,8 @@ class GrowConfig:
             raise ValueError(f"lr must be in (0, 1], got {self.lr!r}")
         if not (isinstance(self.random_std, (int, float)) and 0 <= self.random_std <= 10):
             raise ValueError(f"random_std must be in [0, 10], got {self.random_std!r}")
+        if not (isinstance(self.damping, (int, float)) and 0 <= self.damping <= 1):
+            raise ValueError(f"damping must be in [0, 1], got {self.damping!r}")
 
     def train_config(self) -> TrainConfig:
         return TrainConfig(steps=self.steps, batch_size=self.finetune_batch, lr=self.lr, weight_decay=0.0,
@@ -557,6 +592,7 @@ class GrowResult:
             "layer": self.config.layer, "head": self.config.head, "add": self.config.add, "d_k": self.d_k,
             "d_k_new": self.kept, "basis": self.config.basis, "augmented": self.augmented,
             "data_rank": list(self.data_rank), "batch": self.config.batch, "seed": self.config.seed,
+            "damping": self.config.damping,
             "singular_values_Z": s.singular_values.tolist(), "kept": self.kept,
             "residual": s.residual, "fit_residual": s.fit_residual, "truncation_residual": s.truncation_residual,
             "discarded_energy": s.discarded_energy,
@@ -601,7 +637,8 @@ def grow(model: Transformer, task: Task, cfg: GrowConfig) -> GrowResult:
     model = copy.deepcopy(model).to(select_device(cfg.device)).float().eval()
     batch = task.sample(cfg.batch, cfg.seed + FIT_SEED_OFFSET, split="train")
     search = task.sample(cfg.batch, cfg.seed + SEARCH_SEED_OFFSET, split="train")
-    growth = Growth(model, task, batch, cfg.layer, cfg.head, cfg.add, cfg.basis, val_batch=search)
+    growth = Growth(model, task, batch, cfg.layer, cfg.head, cfg.add, cfg.basis, val_batch=search,
+                    damping=cfg.damping)
     step, table = growth.line_search(cfg.grid)
     starts = {"grown": growth.grown_model(step),
               "random": widen(model, cfg.layer, cfg.head, cfg.add, "random", cfg.random_std, cfg.seed),
