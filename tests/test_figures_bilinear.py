@@ -1,0 +1,93 @@
+"""Figures of the bilinear form: every builder gives a Plot whose exports are valid files."""
+import io
+import shutil
+import xml.etree.ElementTree as ET
+
+import pandas as pd
+import pytest
+import torch
+
+from attn_core import bilinear as bl
+from attn_core.figures import ExportError, Plot, export_bytes, write_plot
+from attn_core.figures import bilinear as fb
+from attn_core.model import ModelConfig, Transformer
+
+HAS_BROWSER = shutil.which("chromium") is not None
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    m = Transformer(ModelConfig(n_layers=2, n_heads=2, d_model=16, d_head=4, d_vocab=10, n_ctx=8, attn_bias=True)).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, 0.4)
+    return m
+
+
+@pytest.fixture(scope="module")
+def plots(model):
+    seq = bl.sequence_view(model, [1, 2, 3, 1, 2, 3], layer=1)
+    return {
+        "scores": fb.view_plot(seq, 1, query=4),
+        "pattern": fb.view_plot(seq, 0, value="pattern"),
+        "query": fb.query_plot(seq, 1, 4),
+        "vocab": fb.view_plot(bl.vocabulary_view(model, 0), 1, query=2),
+        "positional": fb.view_plot(bl.positional_view(model, 0), 0),
+        "spectrum": fb.spectrum_plot(bl.spectrum_frame(model)),
+        "spectrum_grid": fb.spectrum_plot(bl.spectrum_frame(model), normalized=True, small_multiples=True),
+        "eigenvalues": fb.eigen_plot(bl.eigen_frame(model)),
+        "concentration": fb.concentration_plot(seq.concentration_table()),
+        "heads": fb.heads_plot(bl.head_detectors(model, n_samples=2)),
+    }
+
+
+def test_builders_return_tidy_plots(plots):
+    for key, plot in plots.items():
+        assert isinstance(plot, Plot) and isinstance(plot.data, pd.DataFrame) and len(plot.data) > 0, key
+        assert len(plot.fig.data) > 0, key
+    scores = plots["scores"]
+    assert scores.name == "sequence_scores_L1H1"
+    assert {"query_label", "key_label", "score", "prob", "visible", "highlighted"} <= set(scores.data.columns)
+    assert scores.data.loc[scores.data["highlighted"], "query"].unique().tolist() == [4]
+    assert len(scores.fig.layout.shapes) == 1  # the highlighted query row
+    assert list(scores.fig.layout.yaxis.ticktext) == ["0:1", "1:2", "2:3", "3:1", "4:2", "5:3"]
+    q = plots["query"].data
+    assert q["score"].is_monotonic_decreasing and len(q) == 5  # query 4 sees 5 keys
+    assert plots["spectrum"].fig.layout.yaxis.type == "log"
+    assert set(plots["heads"].data["detector"]) == set(bl.DETECTORS)
+
+
+def test_bad_arguments(model):
+    view = bl.sequence_view(model, [1, 2], 0)
+    with pytest.raises(ValueError, match="value must be"):
+        fb.view_plot(view, 0, value="probabilities")
+    with pytest.raises(ValueError, match="query 9 is outside"):
+        fb.view_plot(view, 0, query=9)
+    with pytest.raises(ValueError, match="head 1 is not in this view"):
+        fb.query_plot(bl.sequence_view(model, [1, 2], 0, heads=[0]), 1, 0)
+
+
+def test_csv_and_html_exports_parse(plots, tmp_path):
+    for plot in plots.values():
+        csv = export_bytes(plot, "csv")
+        back = pd.read_csv(io.BytesIO(csv))
+        assert list(back.columns) == list(plot.data.columns) and len(back) == len(plot.data)
+        html = export_bytes(plot, "html")
+        assert b"<html" in html[:200].lower() and b"</html>" in html[-200:] and b"Plotly.newPlot" in html
+    path = write_plot(plots["spectrum"], tmp_path / "spectrum.csv")
+    assert path.is_file()
+    with pytest.raises(ExportError, match="already exists"):
+        write_plot(plots["spectrum"], tmp_path / "spectrum.csv")
+
+
+@pytest.mark.skipif(not HAS_BROWSER, reason="PNG/SVG export needs Debian's chromium")
+def test_png_and_svg_exports_are_valid(plots, tmp_path):
+    for key in ("scores", "query", "spectrum", "heads"):
+        png = export_bytes(plots[key], "png")
+        assert png[:8] == b"\x89PNG\r\n\x1a\n", key
+        svg = export_bytes(plots[key], "svg")
+        root = ET.fromstring(svg)
+        assert root.tag.endswith("svg"), key
+    out = write_plot(plots["eigenvalues"], tmp_path / "eigen.png")
+    assert out.read_bytes()[:4] == b"\x89PNG"
