@@ -329,6 +329,12 @@ class Step:
     def total_energy(self) -> float:
         return float(self.singular_values.pow(2).sum())
 
+    def captured_share(self, d_k: int) -> float:
+        """Of the energy beyond the old width (sum_{i > d_k} sigma_i^2), the part the p new
+        directions hold: sum_{d_k < i <= k} sigma_i^2 / sum_{i > d_k} sigma_i^2 (1 when none is left)."""
+        beyond = float(self.singular_values[d_k:].pow(2).sum())
+        return 1.0 - self.discarded_energy / beyond if beyond > 0 else 1.0
+
 
 class Growth:
     """Growing head ``head`` of ``layer`` by ``add`` = p query/key dimensions on one batch.
@@ -597,6 +603,7 @@ class GrowResult:
             "residual": s.residual, "fit_residual": s.fit_residual, "truncation_residual": s.truncation_residual,
             "discarded_energy": s.discarded_energy,
             "discarded_share": s.discarded_energy / s.total_energy if s.total_energy > 0 else 0.0,
+            "captured_share": s.captured_share(self.d_k),
             "eta": s.eta, "eta_ref": self.eta_ref,
             "predicted_decrease": s.predicted_decrease, "measured_decrease": self.measured_decrease,
             "batch_loss_before": self.batch_loss_before, "batch_loss_after_step": self.batch_loss_after_step,
