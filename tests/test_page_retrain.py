@@ -1,0 +1,131 @@
+"""AppTest of pages/3_Retrain.py: a short retraining runs to completion by polling and is stored
+(and listed in the sidebar); Stop stops it; a diverged run says so; a model without a task cannot
+be retrained; the live charts show the job's own log."""
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from attn_core import runs, train, zoo
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = str(ROOT / "pages" / "3_Retrain.py")
+MODEL = "reverse-1l"  # the smallest zoo model: 1 layer x 2 heads
+
+
+def chart(at: AppTest, key: str) -> dict:
+    found = [c for c in at.get("plotly_chart") if c.proto.id.endswith(f"-chart_{key}")]
+    assert len(found) == 1, f"no single chart {key!r}"
+    return json.loads(found[0].proto.spec)
+
+
+def poll(at: AppTest, done, timeout: float = 60.0) -> None:
+    """Rerun the page (as the fragment's timer would) until ``done(at)``."""
+    deadline = time.monotonic() + timeout
+    while not done(at):
+        assert time.monotonic() < deadline, "the run did not get there in time"
+        time.sleep(0.3)
+        at.run()
+        assert not at.exception, at.exception
+
+
+def job(at: AppTest) -> train.TrainingJob:
+    return at.session_state["retrain_job"]
+
+
+@pytest.fixture
+def page() -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=90)
+    at.query_params["model"] = MODEL
+    at.run()
+    assert not at.exception and not at.error
+    return at
+
+
+def test_settings_before_any_run(page):
+    assert page.button(key="retrain_start").proto.disabled is False
+    assert page.button(key="retrain_stop").proto.disabled is True
+    assert page.selectbox(key="retrain_device").options == train.available_devices()
+    assert ("cuda" in page.selectbox(key="retrain_device").options) == torch.cuda.is_available()
+    assert page.multiselect(key="reg_names").value == ["entropy"]
+    assert page.select_slider(key="reg_lambda_entropy").value == pytest.approx(0.1)
+    assert "No run yet" in page.info[0].value
+
+
+def test_short_retraining_completes_and_is_stored(page):
+    page.multiselect(key="reg_names").set_value(["entropy", "topk"])
+    page.run()
+    page.select_slider(key="reg_lambda_topk").set_value(0.31622777)
+    page.number_input(key="reg_k_topk").set_value(2)
+    page.radio(key="reg_scope").set_value("layer")
+    page.number_input(key="retrain_steps").set_value(12)
+    page.run()
+    page.button(key="retrain_start").click().run()
+    assert not page.exception and not page.error
+    poll(page, lambda at: job(at).snapshot().done and at.success)
+    page.run()  # the page reran itself once the run ended (st.rerun); a later rerun shows the same
+
+    snap = job(page).snapshot()
+    assert snap.status == "completed" and snap.step == 12
+    assert f"run:{snap.run_id}" in page.success[0].value
+    stored = runs.RunStore().get(snap.run_id)
+    assert stored["status"] == "completed" and stored["has_weights"]
+    assert stored["config"]["source"] == MODEL and stored["config"]["heads"] == "L0"
+    assert stored["config"]["regularizers"] == ["entropy=0.1", "topk:2=0.316228"]
+    assert stored["config"]["steps"] == 12
+    # the new run is in the shared picker at once, and loads as a model
+    assert f"run:{snap.run_id}" in page.sidebar.selectbox(key="model_choice").options
+    assert zoo.load(runs.RunStore().path(snap.run_id)).config.n_heads == 2
+
+    curves = chart(page, "live_curves")
+    names = {t["name"] for t in curves["data"]}
+    assert {"task loss", "entropy", "topk:2"} <= names
+    assert {"entropy", "topk:2"} <= {m.label for m in page.metric}  # each term lambda * R
+    assert "L0H0" in chart(page, "live_pattern")["layout"]["title"]["text"]
+    assert "L0H0" in chart(page, "live_spectrum")["layout"]["title"]["text"]
+    assert len(page.download_button) == 4 * 4 + 1  # downloads only once the run has ended
+    assert not page.button(key="retrain_start").proto.disabled
+
+
+def test_stop_ends_a_long_run_and_keeps_it(page):
+    page.number_input(key="retrain_steps").set_value(5000).run()
+    page.button(key="retrain_start").click().run()
+    poll(page, lambda at: job(at).snapshot().step > 0)
+    assert page.button(key="retrain_stop").proto.disabled is False
+    assert page.button(key="retrain_start").proto.disabled is True
+    assert not page.download_button  # while it trains the charts have no downloads
+    page.button(key="retrain_stop").click().run()
+    poll(page, lambda at: job(at).snapshot().done and at.success)
+    snap = job(page).snapshot()
+    assert snap.status == "stopped" and 0 < snap.step < 5000
+    assert runs.RunStore().get(snap.run_id)["status"] == "stopped"
+
+
+def test_a_diverged_run_says_so(page, monkeypatch):
+    step = train.Trainer.step
+
+    def exploding(self):
+        if self.step_index == 3:
+            raise train.Diverged(self.step_index + 1, "loss is nan")
+        return step(self)
+
+    monkeypatch.setattr(train.Trainer, "step", exploding)
+    page.number_input(key="retrain_steps").set_value(50).run()
+    page.button(key="retrain_start").click().run()
+    poll(page, lambda at: job(at).snapshot().done and at.error)
+    assert "diverged at step 4: loss is nan; kept weights of step" in page.error[0].value
+    assert runs.RunStore().list_runs()[0]["status"] == "diverged"
+
+
+def test_a_model_without_a_task_cannot_be_retrained(tmp_path, monkeypatch):
+    loaded = zoo.load(MODEL)
+    zoo.save(loaded.model, tmp_path / "models" / "no-task", card={"description": "no task"})
+    monkeypatch.setenv("ATTN_LAB_MODELS", str(tmp_path / "models"))
+    at = AppTest.from_file(PAGE, default_timeout=90)
+    at.query_params["model"] = "no-task"
+    at.run()
+    assert not at.exception
+    assert "no known task" in at.warning[0].value and not at.button
