@@ -1,0 +1,108 @@
+"""AppTest of pages/5_Grow_d_k.py: grow a head of a small model from the page, see the spectrum,
+predicted vs measured decrease, the three methods and the heatmaps; bad models are refused."""
+import io
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from attn_core import zoo
+from attn_core.figures import bundle_zip
+from attn_core.model import ModelConfig
+from attn_core.tasks import get_task
+from attn_core.train import init_model
+
+PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "5_Grow_d_k.py")
+FIGURES = 6  # spectrum, decrease, curves, summary, heatmap before, heatmap after
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def models(tmp_path, monkeypatch):
+    """A narrow reverse model (its head has d_k 1), a merged one and one without a task."""
+    task = get_task("reverse")
+    base = dict(n_layers=1, n_heads=1, d_model=12, d_head=1, d_vocab=task.d_vocab, n_ctx=task.n_ctx)
+    zoo.save(init_model(ModelConfig(**base), 0), tmp_path / "narrow", card={"task": "reverse"})
+    zoo.save(init_model(ModelConfig(**dict(base, qk="merged")), 0), tmp_path / "merged", card={"task": "reverse"})
+    zoo.save(init_model(ModelConfig(**base), 0), tmp_path / "no-task", card={})
+    monkeypatch.setenv("ATTN_LAB_MODELS", str(tmp_path))
+    return tmp_path
+
+
+def page(model: str) -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=120)
+    at.query_params["model"] = model
+    return at.run()
+
+
+def widget(elements, label):
+    return next(w for w in elements if w.label == label)
+
+
+def test_grow_from_the_page(models):
+    at = page("narrow")
+    assert not at.exception and not at.error
+    assert "press **Grow**" in at.info[0].value and not at.get("plotly_chart")
+    widget(at.number_input, "p (dimensions to add)").set_value(3)
+    widget(at.number_input, "Batch (sequences)").set_value(8)
+    widget(at.number_input, "Fine-tuning steps").set_value(5)
+    widget(at.button, "Grow").click()
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert [h.value for h in at.header] == ["Why these directions", "Step size: predicted vs measured",
+                                            "Against random and zero growth", "The head before and after"]
+    assert len(at.get("plotly_chart")) == FIGURES
+    assert len(at.download_button) == 4 * FIGURES + 2  # every format of every figure, the zip, the model
+    assert widget(at.metric, "d_k").value == "1 → 4"
+    table = at.dataframe[0].value  # the line search
+    assert table["eta"].iloc[0] == 0.0 and {"predicted_decrease", "measured_decrease", "armijo"} <= set(table)
+    # the heatmap switches are cheap: the growth is cached
+    widget(at.radio, "Show").set_value("scores")
+    widget(at.radio, "Grown model").set_value("finetuned")
+    at.run()
+    assert not at.exception and not at.error
+    assert len(at.get("plotly_chart")) == FIGURES
+    assert any("constant per query row" in c.value for c in at.caption)
+
+
+def test_the_page_figures_bundle_into_one_zip(models):
+    """The page's six figures, from the same library calls, have distinct names and all go into
+    the zip (AppTest cannot press a download button)."""
+    from attn_core import bilinear, grow
+    from attn_core.figures import grow as fg
+
+    loaded = zoo.load(models / "narrow")
+    res = grow.grow(loaded.model, loaded.task, grow.GrowConfig(add=2, batch=6, steps=3))
+    tokens = bilinear.sample_tokens(loaded, 0)
+    after = zoo.LoadedModel("grown", res.models["grown"], res.models["grown"].cfg, loaded.card)
+    plots = [fg.spectrum_plot(res), fg.decrease_plot(res), fg.curves_plot(res), fg.summary_plot(res),
+             *fg.heatmap_pair(bilinear.sequence_view(loaded, tokens, 0, [0]),
+                              bilinear.sequence_view(after, tokens, 0, [0]), 0)]
+    assert len({p.name for p in plots}) == len(plots)
+    spectrum, decrease, curves, summary = (p.data for p in plots[:4])
+    assert spectrum["kept"].sum() == min(res.kept, len(spectrum)) and spectrum["singular_value"].is_monotonic_decreasing
+    assert len(decrease) == len(res.line_search) and (decrease["val_decrease"].iloc[0] == 0)
+    assert set(curves["method"]) == {"grown", "random", "zero"} and len(summary) == 6
+    assert (plots[4].data["score"] == bilinear.sequence_view(loaded, tokens, 0, [0]).frame(0)["score"]).all()
+    with zipfile.ZipFile(io.BytesIO(bundle_zip(plots, {"page": "Grow d_k"}, formats=("csv", "html")))) as zf:
+        names = set(zf.namelist())
+        assert {f"{p.name}.csv" for p in plots} <= names and "manifest.json" in names
+        assert json.loads(zf.read("manifest.json"))["figures"] == [p.name for p in plots]
+
+
+@pytest.mark.parametrize("model, message", [("merged", "merged heads"), ("no-task", "no known task")])
+def test_models_that_cannot_grow_are_explained(models, model, message):
+    at = page(model)
+    assert not at.exception
+    assert any(message in w.value for w in at.warning)
+    assert not at.get("plotly_chart")
