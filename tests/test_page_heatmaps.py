@@ -1,19 +1,17 @@
 """AppTest of pages/1_Heatmaps.py: the heatmaps show the model's own scores and pattern for the
 chosen layer, head, input and query; the per-query metrics are those of that row; bad input and
 bad URL values fall back with a message; choices survive a page switch; the zip has every figure."""
-import base64
 import io
 import json
-import math
 import zipfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
 import ui
+from dashboard_helpers import chart, values, z_matrix
 from attn_core import bilinear, zoo
 from attn_core.figures import bundle_zip
 
@@ -21,13 +19,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGE = str(ROOT / "pages" / "1_Heatmaps.py")
 MODEL = "induction-2l"
 SINGLE = ["scores", "pattern", "query_row", "vocab", "positional"]
-
-
-def chart(at: AppTest, key: str) -> dict:
-    """The plotly figure drawn with ui.show_plot(..., key=key), as JSON."""
-    found = [c for c in at.get("plotly_chart") if c.proto.id.endswith(f"-chart_{key}")]
-    assert len(found) == 1, f"no single chart {key!r}"
-    return json.loads(found[0].proto.spec)
 
 
 def metric(at: AppTest, label: str) -> float:
@@ -40,19 +31,6 @@ def model_forward(tokens: list[int]) -> dict:
     with torch.no_grad():
         _, cache = model.run_with_cache(torch.tensor([tokens]))
     return cache
-
-
-def values(x) -> torch.Tensor:
-    """A plotly data array: a list, or plotly's typed-array dict {dtype, bdata(, shape)}."""
-    if isinstance(x, dict):
-        arr = np.frombuffer(base64.b64decode(x["bdata"]), dtype=np.dtype(x["dtype"]))
-        shape = x.get("shape")
-        return torch.from_numpy(arr.reshape([int(n) for n in str(shape).split(",")]) if shape else arr.copy()).float()
-    return torch.tensor(x, dtype=torch.float32)
-
-
-def z_matrix(fig: dict) -> torch.Tensor:
-    return torch.tensor([[math.nan if v is None else v for v in row] for row in fig["data"][0]["z"]])
 
 
 @pytest.fixture

@@ -1,7 +1,6 @@
 """AppTest of pages/3_Retrain.py: a short retraining runs to completion by polling and is stored
 (and listed in the sidebar); Stop stops it; a diverged run says so; a model without a task cannot
 be retrained; the live charts show the job's own log."""
-import json
 import time
 from pathlib import Path
 
@@ -10,16 +9,11 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 from attn_core import runs, train, zoo
+from dashboard_helpers import chart
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = str(ROOT / "pages" / "3_Retrain.py")
 MODEL = "reverse-1l"  # the smallest zoo model: 1 layer x 2 heads
-
-
-def chart(at: AppTest, key: str) -> dict:
-    found = [c for c in at.get("plotly_chart") if c.proto.id.endswith(f"-chart_{key}")]
-    assert len(found) == 1, f"no single chart {key!r}"
-    return json.loads(found[0].proto.spec)
 
 
 def poll(at: AppTest, done, timeout: float = 60.0) -> None:

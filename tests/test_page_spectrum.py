@@ -1,7 +1,6 @@
 """AppTest of pages/2_Spectrum.py: singular values, eigenvalues, norms and ranks of B checked
 against a dense SVD / eigendecomposition of W_Q W_K^T / sqrt(d_head) in the test; one head or
 all; head detectors; the zip manifest."""
-import base64
 import json
 from pathlib import Path
 
@@ -11,23 +10,11 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 import ui
+from dashboard_helpers import chart, values
 from attn_core import zoo
 
 PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "2_Spectrum.py")
 MODEL = "induction-2l"
-
-
-def chart(at: AppTest, key: str) -> dict:
-    found = [c for c in at.get("plotly_chart") if c.proto.id.endswith(f"-chart_{key}")]
-    assert len(found) == 1, f"no single chart {key!r}"
-    return json.loads(found[0].proto.spec)
-
-
-def values(x) -> np.ndarray:
-    """A plotly data array: a list, or plotly's typed-array dict {dtype, bdata}."""
-    if isinstance(x, dict):
-        return np.frombuffer(base64.b64decode(x["bdata"]), dtype=np.dtype(x["dtype"])).astype(np.float64)
-    return np.asarray(x, dtype=np.float64)
 
 
 def dense_B(layer: int, head: int) -> torch.Tensor:
@@ -51,7 +38,7 @@ def test_all_heads_match_a_dense_decomposition(page):
     for l in range(cfg.n_layers):
         for h in range(cfg.n_heads):
             sigma = torch.linalg.svdvals(dense_B(l, h))[:cfg.d_head].numpy()
-            np.testing.assert_allclose(values(traces[f"L{l}H{h}"]["y"]), sigma, rtol=1e-4, atol=1e-7)
+            np.testing.assert_allclose(values(traces[f"L{l}H{h}"]["y"]).numpy(), sigma, rtol=1e-4, atol=1e-7)
     assert chart(page, "spectrum")["layout"]["yaxis"]["type"] == "log"
 
     table = page.dataframe[0].value.set_index(["layer", "head"])
@@ -75,14 +62,14 @@ def test_one_head_and_its_eigenvalues(page):
     assert [t["name"] for t in chart(page, "spectrum")["data"]] == ["L1H2"]
     eig = chart(page, "eigenvalues")["data"]
     assert [t["name"] for t in eig] == ["L1H2"]
-    shown = np.sort_complex(values(eig[0]["x"]) + 1j * values(eig[0]["y"]))
+    shown = np.sort_complex(values(eig[0]["x"]).numpy() + 1j * values(eig[0]["y"]).numpy())
     dense = torch.linalg.eigvals(dense_B(1, 2)).numpy()
     nonzero = np.sort_complex(dense[np.argsort(-np.abs(dense))][:len(shown)])
     np.testing.assert_allclose(shown, nonzero, atol=1e-5)
     assert len(page.dataframe[0].value) == 1
 
     page.toggle(key="spectrum_normalized").set_value(True).run()
-    y = values(chart(page, "spectrum")["data"][0]["y"])
+    y = values(chart(page, "spectrum")["data"][0]["y"]).numpy()
     assert y[0] == pytest.approx(1.0) and (np.diff(y) <= 1e-9).all()
 
 
