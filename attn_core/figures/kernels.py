@@ -21,18 +21,26 @@ def _color(i: int) -> str:
 
 def error_curves(errors: pd.DataFrame, metric: str = "rel_error", title: Optional[str] = None) -> Plot:
     """Mean over seeds of ``metric`` against the number of features, log-log, one line per
-    method with +-1 std error bars, and a 1/sqrt(m) guide through the first method's first point.
+    method; the bars span the smallest to the largest seed (a +-std bar would cross zero on a log
+    axis), and a dashed 1/sqrt(m) guide runs through the first method's first point.
     ``errors`` is :func:`attn_core.kernels.error_curve`'s table (one row per run)."""
     if metric not in _METRIC_TITLES:
         raise ValueError(f"metric must be one of {', '.join(_METRIC_TITLES)}, got {metric!r}")
     summary = summarize(errors)
+    spread = errors.groupby(["method", "features"], sort=False)[metric].agg(["min", "max"]).reset_index()
+    summary = summary.merge(spread.rename(columns={"min": f"{metric}_min", "max": f"{metric}_max"}),
+                            on=["method", "features"])
+    mean, std, low, high = (summary[f"{metric}_{s}"] for s in ("mean", "std", "min", "max"))
+    summary = summary.assign(_plus=high - mean, _minus=mean - low)
     fig = go.Figure()
     for i, (method, part) in enumerate(summary.groupby("method", sort=False)):
         fig.add_trace(go.Scatter(
             x=part["features"], y=part[f"{metric}_mean"], name=method, mode="lines+markers",
             line={"color": _color(i)},
-            error_y={"type": "data", "array": part[f"{metric}_std"], "visible": True},
-            hovertemplate=f"{method}<br>m=%{{x}}<br>mean=%{{y:.3g}}<extra></extra>"))
+            error_y={"type": "data", "symmetric": False, "array": part["_plus"], "arrayminus": part["_minus"]},
+            customdata=part[[f"{metric}_std", f"{metric}_min", f"{metric}_max"]].to_numpy(),
+            hovertemplate=f"{method}<br>m=%{{x}}<br>mean %{{y:.3g}} ± %{{customdata[0]:.2g}}"
+                          "<br>seeds %{customdata[1]:.3g} .. %{customdata[2]:.3g}<extra></extra>"))
     if len(summary):
         first = summary.iloc[0]
         m = sorted(summary["features"].unique())
@@ -43,13 +51,14 @@ def error_curves(errors: pd.DataFrame, metric: str = "rel_error", title: Optiona
                       xaxis_title="features m", yaxis_title=_METRIC_TITLES[metric])
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log")
-    return Plot(f"kernels_{metric}_curve", fig, summary, meta={"metric": metric})
+    return Plot(f"kernels_{metric}_curve", fig, summary.drop(columns=["_plus", "_minus"]), meta={"metric": metric})
 
 
-def pattern_comparison(exact, approx, labels: Optional[Sequence[str]] = None, title: Optional[str] = None) -> Plot:
+def pattern_comparison(exact, approx, labels: Optional[Sequence[str]] = None, approx_label: str = "approximation",
+                       title: Optional[str] = None) -> Plot:
     """Exact and approximate attention patterns side by side on one colour scale, [n, n] each
     (one batch element of :func:`exact_pattern` / :func:`approx_pattern`); ``labels`` name the
-    positions (token names). The title carries the mean total variation of the rows."""
+    positions (token names), ``approx_label`` the method. The title carries the mean row TV."""
     exact, approx = (t.detach().double().cpu() for t in (exact, approx))
     if exact.dim() != 2 or exact.shape != approx.shape:
         raise ValueError(f"need two patterns of the same [n, n] shape, got {tuple(exact.shape)} and {tuple(approx.shape)}")
@@ -60,7 +69,7 @@ def pattern_comparison(exact, approx, labels: Optional[Sequence[str]] = None, ti
     ticks = [f"{i}:{name}" for i, name in enumerate(labels)]
     tv = (0.5 * (approx - exact).abs().sum(-1)).mean().item()
     top = max(exact.max().item(), approx.max().item())
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("exact softmax", "approximation"), shared_yaxes=True)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("exact softmax", approx_label), shared_yaxes=True)
     for col, mat in ((1, exact), (2, approx)):
         fig.add_trace(go.Heatmap(z=mat.numpy(), x=ticks, y=ticks, zmin=0.0, zmax=top, colorscale="Viridis",
                                  showscale=col == 2, hovertemplate="query %{y}<br>key %{x}<br>%{z:.3f}<extra></extra>"),
