@@ -68,6 +68,9 @@ METHODS = ("favor", "maclaurin", "schoenbat", "nystrom", "nystromformer")
 CAUSAL_METHODS = ("favor", "maclaurin", "schoenbat")  # prefix-sum forms that never look ahead
 FEATURES = (8, 16, 32, 64, 128, 256, 512)
 BENCH_METHODS = ("favor", "maclaurin", "nystrom", "nystromformer")  # schoenbat costs what maclaurin does
+# Keyword options each method takes (schoenbat also takes gamma, beta: its output rescaling).
+OPTIONS = {"favor": ("orthogonal",), "maclaurin": ("max_degree",), "schoenbat": ("max_degree",),
+           "nystrom": ("pinv", "iters", "ridge"), "nystromformer": ("pinv", "iters")}
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -136,14 +139,14 @@ def favor_features(x: torch.Tensor, W: torch.Tensor, stabilizer: str = "none") -
     ``stabilizer`` subtracts a maximum inside the exp: "row" per row (for queries: a per-query
     constant, cancels in the row normalisation), "global" over all rows and features of the
     last two dims (for keys: one constant per head, cancels too), "none" for the raw estimate."""
-    logits = x @ W.T - 0.5 * (x * x).sum(-1, keepdim=True)
-    if stabilizer == "row":
-        logits = logits - logits.amax(dim=-1, keepdim=True)
-    elif stabilizer == "global":
-        logits = logits - logits.amax(dim=(-2, -1), keepdim=True)
-    elif stabilizer != "none":
+    if stabilizer not in ("none", "row", "global"):
         raise ValueError(f"stabilizer must be 'none', 'row' or 'global', got {stabilizer!r}")
-    return torch.exp(logits) * W.shape[0] ** -0.5
+    # In place on the one [..., n, m] buffer (the features are the method's memory peak), with
+    # m^-1/2 folded into the exponent; the max is a constant (detached): it only shifts it.
+    logits = (x @ W.T).sub_(0.5 * (x * x).sum(-1, keepdim=True) + 0.5 * math.log(W.shape[0]))
+    if stabilizer != "none":
+        logits.sub_(logits.detach().amax(dim=-1 if stabilizer == "row" else (-2, -1), keepdim=True))
+    return logits.exp_()
 
 
 # --- random Maclaurin (SchoenbAt) ----------------------------------------------------------------
@@ -301,6 +304,9 @@ def factors(q: torch.Tensor, k: torch.Tensor, method: str = "favor", features: i
     _check_method(method)
     _check_qkv(q, k)
     features = _positive_int(features, "features")
+    unknown = sorted(set(options) - set(OPTIONS[method]))
+    if unknown:
+        raise ValueError(f"{method} takes no option {unknown[0]!r}; its options are {', '.join(OPTIONS[method])}")
     d = q.shape[-1]
     if method == "favor":
         W = orthogonal_gaussian(features, d, seed, dtype=q.dtype, device=q.device, **options)
@@ -372,8 +378,7 @@ def approx_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: 
     ``schoenbat`` also takes ``gamma``/``beta`` for its output rescaling."""
     _check_qkv(q, k, v)
     options, post = _split_postscale(method, dict(options))
-    phi_q, phi_k = factors(q, k, method, features, seed, **options)
-    out = linear_attention(phi_q, phi_k, v, causal)
+    out = linear_attention(*factors(q, k, method, features, seed, **options), v, causal)
     return schoenbat_postscale(out, **post) if method == "schoenbat" else out
 
 
@@ -450,7 +455,9 @@ def rpe_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Te
                   features: int = 256, seed: int = 0, causal: bool = False, **options) -> torch.Tensor:
     """The method's estimate of softmax(q k^T + B) v with B[i, j] = b[j - i + n - 1]."""
     _check_qkv(q, k, v)
-    return rpe_linear_attention(*factors(q, k, method, features, seed, **options), v, b, causal)
+    options, post = _split_postscale(method, dict(options))
+    out = rpe_linear_attention(*factors(q, k, method, features, seed, **options), v, b, causal)
+    return schoenbat_postscale(out, **post) if method == "schoenbat" else out
 
 
 def exact_rpe_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Tensor,
@@ -619,40 +626,31 @@ def _rss_kb(field: str) -> Optional[int]:
     return None
 
 
-def _bench_child() -> None:
-    """Runs in a fresh interpreter per configuration (so no earlier allocation is reused):
-    peak memory of the first call, then the timed repeats; prints one JSON line."""
+def _peak_memory_child() -> None:
+    """Runs in a fresh interpreter per configuration, so that no allocation of an earlier one is
+    reused: one call, then the rise of the resident set over it. Prints one JSON line."""
     cfg = json.loads(sys.stdin.read())
-    torch.manual_seed(0)
     q, k, v = _bench_inputs(cfg["n"], cfg["heads"], cfg["d_head"], cfg["seed"])
-    call = lambda: _bench_call(cfg["method"], q, k, v, cfg["features"], cfg["causal"], cfg["seed"])  # noqa: E731
     gc.collect()
     before = _rss_kb("VmRSS")
     try:  # reset the kernel's high-water mark (VmHWM) to the current RSS
         Path("/proc/self/clear_refs").write_text("5")
-        reset = True
     except OSError:
-        reset = False
+        before = None
     with torch.no_grad():
-        call()
-        peak = _rss_kb("VmHWM") if reset else None
-        times = []
-        for _ in range(cfg["repeats"]):
-            t0 = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - t0)
-    peak_mb = None if peak is None or before is None else max(peak - before, 0) / 1024
-    print(json.dumps({"ms": 1000 * statistics.median(times), "peak_mb": peak_mb}))
+        _bench_call(cfg["method"], q, k, v, cfg["features"], cfg["causal"], cfg["seed"])
+    peak = _rss_kb("VmHWM")
+    print(json.dumps({"peak_mb": None if peak is None or before is None else max(peak - before, 0) / 1024}))
 
 
-def _run_child(config: dict, timeout: float) -> dict:
+def _peak_memory(config: dict, timeout: float) -> Optional[float]:
     root = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, "-c", "from attn_core.kernels import _bench_child; _bench_child()"],
+    proc = subprocess.run([sys.executable, "-c", "from attn_core.kernels import _peak_memory_child; _peak_memory_child()"],
                           input=json.dumps(config), capture_output=True, text=True, timeout=timeout, env=env)
     if proc.returncode != 0:
-        raise RuntimeError(f"benchmark of {config['method']} at n={config['n']} failed: {proc.stderr.strip()[-500:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"memory run of {config['method']} at n={config['n']} failed: {proc.stderr.strip()[-500:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])["peak_mb"]
 
 
 def crossover(rows: list[dict], method: str, baseline: str = "sdpa") -> Optional[int]:
@@ -669,18 +667,20 @@ def crossover(rows: list[dict], method: str, baseline: str = "sdpa") -> Optional
 
 def benchmark(max_n: int = 16384, repeats: int = 5, methods: Sequence[str] = BENCH_METHODS, d_head: int = 64,
               heads: int = 4, *, min_n: int = 256, features: int = 256, causal: bool = False, seed: int = 0,
-              errors: bool = True, timeout: float = 300.0, progress=None) -> dict:
+              memory: bool = True, timeout: float = 300.0, progress=None) -> dict:
     """Time exact attention (``sdpa``: torch's scaled_dot_product_attention) and each method on one
-    batch of ``heads`` float32 heads at n = min_n, 2 min_n, ..., max_n.
+    batch of ``heads`` float32 heads (:func:`_bench_inputs`) at n = min_n, 2 min_n, ..., max_n.
 
-    Each (n, method) runs in a fresh subprocess: ``ms`` is the median of ``repeats`` calls after one
-    warm-up call, and ``peak_mb`` is the rise of the process's resident memory during the warm-up
-    call (Linux VmHWM after resetting it through /proc/self/clear_refs, minus VmRSS before; None
-    where that is unavailable). ``rel_error`` is |out - exact| / |exact| on the same inputs, computed
-    here in the parent. ``progress``, if given, is called with each finished row.
+    ``ms`` is the median of ``repeats`` calls after one warm-up call; the calls of all methods at
+    one n are interleaved (sdpa, favor, ..., sdpa, favor, ...) so that a change in the machine's
+    load hits every method alike and the ratios stay fair. ``peak_mb`` is measured in a fresh
+    subprocess per (n, method): the rise of its resident memory over one call (Linux VmHWM after
+    resetting it through /proc/self/clear_refs, minus VmRSS before; None where unavailable or
+    ``memory=False``). ``rel_error`` is |out - sdpa| / |sdpa| on the same inputs. ``progress``, if
+    given, is called with each finished row.
 
-    Returns {config, rows: [{n, method, ms, peak_mb, ratio, rel_error}], crossover: {method: n or
-    None}, speedup_at_max_n: {method: sdpa ms / ms}}; ``ratio`` is sdpa ms / method ms."""
+    Returns {config, rows: [{n, method, ms, ratio, peak_mb, rel_error}], crossover: {method: n or
+    None}, speedup_at_max_n: {method: ratio}}, with ratio = sdpa ms / method ms at the same n."""
     for method in methods:
         _check_method(method)
     if min_n < 1 or max_n < min_n:
@@ -688,32 +688,35 @@ def benchmark(max_n: int = 16384, repeats: int = 5, methods: Sequence[str] = BEN
     for name, value in (("repeats", repeats), ("d_head", d_head), ("heads", heads), ("features", features)):
         _positive_int(value, name)
     lengths = [min_n * 2 ** i for i in range(int(math.log2(max_n / min_n)) + 1)]
+    names = ("sdpa", *methods)
     rows: list[dict] = []
     for n in lengths:
-        exact = None
-        if errors:
-            q, k, v = _bench_inputs(n, heads, d_head, seed)
-            with torch.no_grad():
-                exact = exact_attention(q, k, v, causal)
-        for method in ("sdpa", *methods):
-            config = {"n": n, "method": method, "heads": heads, "d_head": d_head, "features": features,
-                      "causal": causal, "seed": seed, "repeats": repeats}
-            row = {"n": n, "method": method, **_run_child(config, timeout)}
-            if exact is not None and method != "sdpa":
-                with torch.no_grad():
-                    out = _bench_call(method, q, k, v, features, causal, seed)
-                row["rel_error"] = ((out - exact).norm() / exact.norm()).item()
-            else:
-                row["rel_error"] = 0.0 if method == "sdpa" else None
+        q, k, v = _bench_inputs(n, heads, d_head, seed)
+        times: dict[str, list[float]] = {m: [] for m in names}
+        with torch.no_grad():
+            outputs = {m: _bench_call(m, q, k, v, features, causal, seed) for m in names}  # warm-up
+            for _ in range(repeats):
+                for m in names:
+                    t0 = time.perf_counter()
+                    _bench_call(m, q, k, v, features, causal, seed)
+                    times[m].append(time.perf_counter() - t0)
+        exact = outputs["sdpa"]
+        sdpa_ms = 1000 * statistics.median(times["sdpa"])
+        for m in names:
+            ms = 1000 * statistics.median(times[m])
+            config = {"n": n, "method": m, "heads": heads, "d_head": d_head, "features": features,
+                      "causal": causal, "seed": seed}
+            row = {"n": n, "method": m, "ms": ms, "ratio": sdpa_ms / ms,
+                   "peak_mb": _peak_memory(config, timeout) if memory else None,
+                   "rel_error": ((outputs[m] - exact).norm() / exact.norm()).item()}
             rows.append(row)
             if progress is not None:
                 progress(row)
-    sdpa = {r["n"]: r["ms"] for r in rows if r["method"] == "sdpa"}
-    for r in rows:
-        r["ratio"] = sdpa[r["n"]] / r["ms"]
+        del outputs, exact
     return {
         "config": {"min_n": min_n, "max_n": lengths[-1], "repeats": repeats, "d_head": d_head, "heads": heads,
                    "batch": 1, "features": features, "causal": causal, "dtype": "float32", "seed": seed,
+                   "inputs": "q, k ~ N(0, I) d^-1/4, v ~ N(0, I)",
                    "torch_threads": torch.get_num_threads(), "torch": torch.__version__},
         "rows": rows,
         "crossover": {m: crossover(rows, m) for m in methods},

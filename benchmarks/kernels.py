@@ -32,7 +32,7 @@ def table(result: dict) -> str:
              f"{'n':>6} {'method':<14} {'ms':>10} {'sdpa/ms':>8} {'peak MB':>8} {'rel err':>8}"]
     for r in result["rows"]:
         peak = "-" if r["peak_mb"] is None else f"{r['peak_mb']:.1f}"
-        err = "-" if r["rel_error"] is None else f"{r['rel_error']:.3f}"
+        err = f"{r['rel_error']:.3f}"
         lines.append(f"{r['n']:>6} {r['method']:<14} {r['ms']:>10.2f} {r['ratio']:>8.2f} {peak:>8} {err:>8}")
     lines.append("crossover (shortest n from which the method beats sdpa at every longer n): "
                  + ", ".join(f"{m} {n if n is not None else 'none'}" for m, n in result["crossover"].items()))

@@ -162,6 +162,12 @@ def test_unknown_method_and_options_are_refused():
         K.approx_attention(q, k, v, "linformer", 8)
     with pytest.raises(ValueError, match="only apply"):
         K.approx_attention(q, k, v, "favor", 8, gamma=2.0)
+    with pytest.raises(ValueError, match="its options are pinv, iters, ridge"):
+        K.approx_attention(q, k, v, "nystrom", 8, orthogonal=False)
+    with pytest.raises(ValueError, match="positive integer"):
+        K.approx_attention(q, k, v, "favor", 0)
+    with pytest.raises(ValueError, match="same shape"):
+        K.approx_attention(q, k[..., :3], v, "favor", 8)
     with pytest.raises(ValueError, match="at least 2"):
         K.approx_attention(q, k, v, "maclaurin", 1)
 
@@ -268,12 +274,17 @@ def test_crossover_needs_every_longer_length_to_win():
     assert K.crossover([r for r in rows if r["n"] < 4], "x") is None
 
 
-def test_benchmark_runs_each_configuration_in_a_subprocess():
-    result = K.benchmark(max_n=256, repeats=1, methods=("favor",), d_head=16, heads=1, min_n=256, features=16)
-    assert [(r["n"], r["method"]) for r in result["rows"]] == [(256, "sdpa"), (256, "favor")]
+def test_benchmark_rows_ratios_and_memory_subprocess():
+    result = K.benchmark(max_n=128, repeats=2, methods=("favor", "nystrom"), d_head=16, heads=1, min_n=64,
+                         features=16, memory=False)
+    assert [(r["n"], r["method"]) for r in result["rows"]] == [
+        (64, "sdpa"), (64, "favor"), (64, "nystrom"), (128, "sdpa"), (128, "favor"), (128, "nystrom")]
     for r in result["rows"]:
-        assert r["ms"] > 0 and r["ratio"] > 0
-        assert r["peak_mb"] is None or r["peak_mb"] >= 0
-    assert set(result["crossover"]) == {"favor"}
-    assert 0 < result["rows"][1]["rel_error"] < 10
+        assert r["ms"] > 0 and r["ratio"] > 0 and r["peak_mb"] is None
+        assert r["rel_error"] == 0.0 if r["method"] == "sdpa" else 0 < r["rel_error"] < 10
+    assert set(result["crossover"]) == {"favor", "nystrom"} and set(result["speedup_at_max_n"]) == {"favor", "nystrom"}
     json.dumps(result)
+    # one fresh interpreter measures the rise of resident memory over a call
+    config = {"n": 2048, "method": "sdpa", "heads": 1, "d_head": 16, "features": 8, "causal": False, "seed": 0}
+    peak = K._peak_memory(config, timeout=120)
+    assert peak is None or peak >= 0.1  # the [2048, 16] float32 output alone is 0.125 MB
