@@ -333,7 +333,10 @@ class Step:
         """Of the energy beyond the old width (sum_{i > d_k} sigma_i^2), the part the p new
         directions hold: sum_{d_k < i <= k} sigma_i^2 / sum_{i > d_k} sigma_i^2 (1 when none is left)."""
         beyond = float(self.singular_values[d_k:].pow(2).sum())
-        return 1.0 - self.discarded_energy / beyond if beyond > 0 else 1.0
+        # beyond the old width Z* is zero at eta = 0: rounding there is not energy to share
+        if beyond <= 1e-20 * self.total_energy:
+            return 1.0
+        return 1.0 - self.discarded_energy / beyond
 
 
 class Growth:

@@ -15,7 +15,9 @@ VALUES = {"pattern": "pattern A", "scores": "scores S"}
 RESULT = "grow_settings"  # session key: the settings of the last growth asked for, per model
 
 
-@ui.cached
+# A resource cache, not ui.cached: the result holds models, and pickling them (cache_data) fails
+# whenever Streamlit has reloaded attn_core since. Nothing downstream mutates the result.
+@st.cache_resource(show_spinner=False, max_entries=8, hash_funcs={zoo.LoadedModel: lambda m: m.key})
 def run_growth(m: zoo.LoadedModel, cfg: grow.GrowConfig) -> grow.GrowResult:
     return grow.grow(m.model, m.task, cfg)
 

@@ -116,8 +116,9 @@ def curves_plot(result: GrowResult) -> Plot:
     values = values[values > 0]
     if len(values) and values.max() > 10 * values.min():
         fig.update_yaxes(type="log")
-    fig.update_layout(title=f"Fine-tuning after growth, {_head(result)}: d_k {result.d_k} → {result.kept} "
-                            f"({result.config.steps} steps, same data for every method)",
+    fig.update_layout(title=f"Fine-tuning after growth, {_head(result)}: d_k {result.d_k} → {result.kept}<br>"
+                            f"<sup>held-out loss (markers), training batch (faint); {result.config.steps} steps, "
+                            f"the same data for every method</sup>",
                       xaxis_title="fine-tuning step", yaxis_title="loss")
     return Plot(f"grow_curves_{_head(result)}", fig, curves.copy(), meta=dict(steps=result.config.steps))
 
@@ -146,8 +147,9 @@ def summary_plot(result: GrowResult) -> Plot:
     finite = [v for v in data["loss"] if v > 0 and math.isfinite(v)] + [result.loss_before]
     if min(finite) > 0 and max(finite) > 10 * min(finite):
         fig.update_yaxes(type="log")
-    fig.update_layout(title=f"Held-out loss after growth (○) and after {result.config.steps} fine-tuning steps (●), "
-                            f"{_head(result)}", yaxis_title="held-out loss", showlegend=False,
+    fig.update_layout(title=f"Held-out loss of the three methods, {_head(result)}<br>"
+                            f"<sup>○ right after growth, ● after {result.config.steps} fine-tuning steps</sup>",
+                      yaxis_title="held-out loss", showlegend=False,
                       xaxis=dict(range=[-0.5, len(METHODS) - 0.5]))
     return Plot(f"grow_summary_{_head(result)}", fig, data.assign(loss_before=result.loss_before))
 
