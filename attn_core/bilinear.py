@@ -444,9 +444,9 @@ def sample_tokens(m, seed: int = 0) -> list[int]:
 
 
 def random_tokens(m, seed: int = 0, length: Optional[int] = None) -> list[int]:
-    """Uniform random tokens (seeded), ``length`` defaulting to the context."""
+    """Uniform random tokens (seeded), ``length`` defaulting to the context (at most 64)."""
     cfg = _model_of(m).cfg
-    length = cfg.n_ctx if length is None else length
+    length = min(cfg.n_ctx, 64) if length is None else length
     if not 1 <= length <= cfg.n_ctx:
         raise ValueError(f"length {length} is outside 1..{cfg.n_ctx}")
     g = torch.Generator().manual_seed(int(seed))
@@ -585,17 +585,19 @@ def vocabulary_view(m, layer: int = 0, heads=None, tokens: Optional[Sequence[int
 
 
 def positional_view(m, layer: int = 0, heads=None) -> View:
-    """f_x(y) with x, y every position's embedding; causal, as the model sees positions."""
+    """f_x(y) with x, y every position's embedding; causal, as the model sees positions (at
+    most the first MAX_VIEW_TOKENS positions)."""
     model = _model_of(m)
     check_layer(model, layer)
     heads = check_heads(model, heads)
-    n = model.cfg.n_ctx
-    if n > MAX_VIEW_TOKENS:
-        raise ValueError(f"the positional view shows at most {MAX_VIEW_TOKENS} positions; this model has {n}")
+    n = min(model.cfg.n_ctx, MAX_VIEW_TOKENS)
+    meta = {"n_ctx": model.cfg.n_ctx}
+    if model.cfg.n_ctx > n:
+        meta["note"] = f"first {n} of {model.cfg.n_ctx} positions"
     with torch.no_grad():
-        S = positional_scores(model, layer, heads)
+        S = positional_scores(model, layer, heads)[:, :n, :n]
     labels = [f"p{p}" for p in range(n)]
-    return _finish(model, "positional", layer, heads, S, model.causal[:n, :n], labels, labels, None, {"n_ctx": n})
+    return _finish(model, "positional", layer, heads, S, model.causal[:n, :n], labels, labels, None, meta)
 
 
 def concentration_table(m, tokens: Optional[Sequence[int]] = None, k: int = 1) -> pd.DataFrame:
