@@ -366,8 +366,7 @@ class Growth:
         self.fit = fit_scores(hb.X, hb.G, hb.mask, damping=damping)  # D = fit.Z: the least-squares image of G
         self.B_hat = self.fit.q.metric @ self.B @ self.fit.k.metric.T  # B' in whitened coordinates
         self.n_visible = hb.X.shape[0] * int(hb.mask.sum())
-        self.D_scores = scores_of(hb.X, self.fit.Z)
-        scale = centre_rows(self.D_scores, hb.mask).norm()
+        scale = centre_rows(scores_of(hb.X, self.fit.Z), hb.mask).norm()
         # eta_ref moves the (centred) scores by their own size: a scale-free unit for the line search
         self.eta_ref = float(centre_rows(hb.S, hb.mask).norm() / scale) if scale > 0 else 0.0
 
@@ -380,6 +379,8 @@ class Growth:
         return self.hb.X.shape[0] * self.hb.X.shape[1]
 
     def step(self, eta: float) -> Step:
+        """Z*(eta) = B' - eta D truncated to rank k = d_k + p in the chosen basis, factored into
+        W_Q, W_K for the new scale 1/sqrt(k), with its residuals and predicted decrease."""
         hb, fit, k = self.hb, self.fit, self.kept
         if self.basis == "whitened":
             Y = self.B_hat - eta * fit.Y

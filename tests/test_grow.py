@@ -267,6 +267,7 @@ def test_grown_model_loss_equals_the_probed_loss():
     model = random_model(attn_bias=True)
     batch = TASK.sample(8, 6)
     growth = G.Growth(model, TASK, batch, layer=0, head=1, add=2)
+    assert torch.allclose(G.scores_of(growth.hb.X, growth.B), growth.hb.S, atol=1e-10)  # S = X' B' X'^T
     step = growth.step(0.05 * growth.eta_ref)
     grown = growth.grown_model(step).double()
     with torch.no_grad():
