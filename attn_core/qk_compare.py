@@ -256,6 +256,10 @@ class CompareConfig:
     measure_samples: int = 512
     eval_seed: int = 0
     device: str = "cpu"
+    # torch intra-op threads while training (0: leave the process's setting). These models are too
+    # small for threads to pay, and on a busy machine oversubscribed threads spin: the page's default
+    # comparison took 36 s with 1 thread and 418 s with 2 on the shared 2-core machine.
+    threads: int = 1
 
     def __post_init__(self) -> None:
         self.d_qks = tuple(self.d_qks)
@@ -289,6 +293,7 @@ class CompareConfig:
             v = getattr(self, name)
             check(is_int(v) and v > 0, f"{name} must be a positive integer, got {v!r}")
         check(is_int(self.eval_seed) and self.eval_seed >= 0, "eval_seed must be >= 0")
+        check(is_int(self.threads) and 0 <= self.threads <= 256, f"threads must be 0..256, got {self.threads!r}")
         self.base_model_config()  # n_layers, n_heads, d_head ... (ModelConfig's own checks)
         self.train_config(self.first_seed)  # lr, batch size, device ...
 
@@ -331,7 +336,7 @@ class CompareConfig:
         parts = ["attn-lab", "compare-qk", "--task", self.task, "--steps", str(self.steps), "--seeds", str(self.seeds)]
         for name, flag in (("first_seed", "--first-seed"), ("d_model", "--d-model"), ("qk_weight_decay", "--qk-weight-decay"),
                            ("nuclear", "--nuclear"), ("weight_decay", "--weight-decay"), ("lr", "--lr"),
-                           ("batch_size", "--batch-size"), ("device", "--device")):
+                           ("batch_size", "--batch-size"), ("device", "--device"), ("threads", "--threads")):
             if getattr(self, name) != getattr(default, name):
                 parts += [flag, f"{getattr(self, name):g}" if isinstance(getattr(self, name), float) else str(getattr(self, name))]
         if self.d_qks != default.d_qks:
@@ -713,17 +718,24 @@ def compare(cfg: CompareConfig, store=None, progress: Optional[Progress] = None)
     jobs = [(s, v) for s in cfg.seed_list for v in variants]
     total = len(jobs) * cfg.steps
     runs = []
+    threads = torch.get_num_threads()
     start = time.perf_counter()
-    for i, (seed, variant) in enumerate(jobs):
-        done = i * cfg.steps
-        label = f"{variant.name}, seed {seed} ({i + 1}/{len(jobs)})"
-        if progress is not None:
-            progress(done / total, label)
-        tick = None if progress is None else (lambda step, done=done, label=label: progress((done + step) / total, label))
-        runs.append(train_variant(variant, cfg, seed, store, tick))
+    try:
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        machine = _machine()  # with the threads the steps were timed with
+        for i, (seed, variant) in enumerate(jobs):
+            done = i * cfg.steps
+            label = f"{variant.name}, seed {seed} ({i + 1}/{len(jobs)})"
+            if progress is not None:
+                progress(done / total, label)
+            tick = None if progress is None else (lambda step, done=done, label=label: progress((done + step) / total, label))
+            runs.append(train_variant(variant, cfg, seed, store, tick))
+    finally:
+        torch.set_num_threads(threads)
     if progress is not None:
         progress(1.0, "done")
-    return Comparison(cfg, runs, wall_time_s=time.perf_counter() - start)
+    return Comparison(cfg, runs, machine=machine, wall_time_s=time.perf_counter() - start)
 
 
 def results_path(root: Optional[str | Path] = None) -> Path:

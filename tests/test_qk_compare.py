@@ -15,7 +15,14 @@ from attn_core.runs import RunStore
 from attn_core.tasks import get_task
 from attn_core.train import TrainConfig, Trainer, init_model
 
-torch.set_default_dtype(torch.float32)
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """These models are tiny: one thread is as fast as two, and far faster on a busy machine
+    (oversubscribed intra-op threads spin); restored afterwards for the other test files."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def _model(seed=0, dtype=torch.float64, **kw) -> Transformer:
@@ -233,6 +240,7 @@ def test_qk_weight_decay_is_its_own_group_and_decays_W_QK():
     ({"lr": 0.0}, "lr"),
     ({"device": "tpu"}, "device"),
     ({"n_heads": 0}, "n_heads"),
+    ({"threads": -1}, r"threads must be 0..256"),
 ])
 def test_bad_settings_are_clear_errors(kw, message):
     with pytest.raises(ValueError, match=message):
@@ -305,8 +313,9 @@ def test_each_run_is_in_the_store(tiny):
 
 def test_same_seed_same_numbers(tiny):
     result, _, _ = tiny
-    cfg = Q.CompareConfig(**{**TINY, "seeds": 1, "d_qks": (), "merged_kinds": ("merged + nuclear",)})
+    cfg = Q.CompareConfig(**{**TINY, "seeds": 1, "d_qks": (), "merged_kinds": ("merged + nuclear",), "threads": 2})
     again = Q.compare(cfg, store=False)
+    assert "2 threads" in again.machine and torch.get_num_threads() == 1  # set for the runs, then restored
     for rec in again.runs:
         old = next(r for r in result.runs if r["variant"] == rec["variant"] and r["seed"] == rec["seed"])
         assert rec["final_loss"] == old["final_loss"] and rec["curves"] == old["curves"]
@@ -340,3 +349,39 @@ def test_findings_follow_the_numbers(tiny):
         r["accuracy"] = 0.99
     text = "\n".join(Q.Comparison(result.config, runs).findings())
     assert "Every factored width down to d_qk=1 reaches the best accuracy" in text
+
+
+# --- the command ---------------------------------------------------------------------------------------
+
+def _cli(*args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "attn_core", "compare-qk", *args], capture_output=True, text=True,
+                          timeout=300, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_compare_qk_command_prints_one_json_document(tmp_path):
+    out = tmp_path / "c.json"
+    proc = _cli("--task", "induction", "--steps", "3", "--seeds", "2", "--d-qk", "2", "--merged", "merged",
+                "--d-model", "8", "--out", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert [v["name"] for v in doc["variants"]] == ["factored d_qk=2", "merged"]
+    keys = {"name", "qk", "d_head", "params", "final_loss_mean", "final_loss_std", "accuracy_mean", "stable_rank_mean",
+            "ms_per_step"}
+    assert all(keys <= set(v) for v in doc["variants"])
+    assert doc["variants"][0]["d_head"] == 2 and doc["variants"][1]["d_head"] is None
+    assert doc["seeds"] == [0, 1] and len(RunStore().list_runs()) == 4  # $ATTN_LAB_RUNS (conftest)
+    assert Q.Comparison.load(out).summary()[0]["params"] == doc["variants"][0]["params"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "0"], "steps must be 1.."),
+    (["--d-qk", "2,x"], "comma-separated integers"),
+    (["--merged", "merged, fast", "--steps", "2"], "not one of"),
+])
+def test_compare_qk_bad_input_is_one_line(args, message):
+    proc = _cli(*args, "--no-store", "--json")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert message in proc.stderr and "Traceback" not in proc.stderr

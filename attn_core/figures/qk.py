@@ -93,8 +93,8 @@ def final_plot(comparison: Comparison) -> Plot:
         rows.append(stats.assign(metric=key))
     fig.update_yaxes(type="log", row=1, col=1)
     fig.update_yaxes(range=[0, 1.02], row=1, col=2)
-    fig.update_layout(title=f"Final loss and accuracy on {comparison.config.measure_samples} held-out sequences "
-                            "(bars: mean, whiskers: ±1 std, dots: seeds)")
+    fig.update_layout(title=f"Final loss and accuracy, {comparison.config.measure_samples} held-out sequences "
+                            "(mean ± std, dots: seeds)")
     return Plot("qk_final", fig, pd.concat(rows, ignore_index=True).rename(columns={"count": "seeds"}))
 
 
@@ -173,11 +173,10 @@ def cost_plot(comparison: Comparison) -> Plot:
     colors = [variant_colors(comparison.variant_names())[n] for n in data["name"]]
     fig = make_subplots(rows=1, cols=3, subplot_titles=("QK parameters per head", "model parameters", "ms per step"))
     for col, key, fmt in ((1, "params_qk_per_head", "%{y:,}"), (2, "params", "%{y:,}"), (3, "ms_per_step", "%{y:.2f} ms")):
-        fig.add_trace(go.Bar(x=data["name"], y=data[key], marker_color=colors, showlegend=False, text=data[key],
-                             texttemplate=fmt.replace("%{y", "%{text"), textposition="outside",
+        fig.add_trace(go.Bar(x=data["name"], y=data[key], marker_color=colors, showlegend=False,
                              hovertemplate="%{x}<br>" + fmt + "<extra></extra>"), row=1, col=col)
-    fig.update_layout(title=f"Cost: factored 2·d_model·d_qk vs merged d_model² = {comparison.config.d_model ** 2} "
-                            "QK parameters per head; median step time", uniformtext_minsize=8)
+    fig.update_layout(title=f"Cost: QK parameters per head (2·d_model·d_qk or d_model² = {comparison.config.d_model ** 2}), "
+                            "model size, median step time")
     return Plot("qk_cost", fig, data.reset_index(drop=True), meta={"machine": comparison.machine})
 
 
