@@ -216,9 +216,6 @@ class Variant:
             return replace(base, qk="merged", d_qk=None)
         return replace(base, qk="factored", d_qk=[[self.d_qk] * base.n_heads for _ in range(base.n_layers)])
 
-    def rank_cap(self, d_model: int) -> int:
-        return self.d_qk if self.qk == "factored" else d_model
-
     def regularizers(self) -> list[str]:
         """The penalty as regularizer specs (the run store's ``regularizers``)."""
         return [f"nuclear={self.nuclear:g}"] if self.nuclear > 0 else []
