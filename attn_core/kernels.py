@@ -211,11 +211,10 @@ def schoenbat_postscale(out: torch.Tensor, gamma: float = 1.0, beta=1.0) -> torc
     return gamma * torch.sign(out) * out.abs() ** beta
 
 
-def _scale_stabilize(phi: torch.Tensor, per_row: bool) -> torch.Tensor:
-    """Divide signed features by a max |value| (per row, or per head over all rows): a positive
-    constant that cancels in the normalisation and keeps high-degree products in range."""
-    dims = (-1,) if per_row else (-2, -1)
-    return phi / phi.abs().amax(dim=dims, keepdim=True).clamp_min(torch.finfo(phi.dtype).tiny)
+def _scale_stabilize(phi: torch.Tensor) -> torch.Tensor:
+    """Divide each row of signed query features by its max |value|: a positive per-query constant
+    that cancels in the normalisation and keeps high-degree products in range."""
+    return phi / phi.abs().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(phi.dtype).tiny)
 
 
 # --- Nystrom -------------------------------------------------------------------------------------
@@ -315,8 +314,10 @@ def factors(q: torch.Tensor, k: torch.Tensor, method: str = "favor", features: i
         if method == "schoenbat":
             q, k = schoenbat_prenorm(q), schoenbat_prenorm(k)
         draw = maclaurin_draw(features, d, seed, dtype=q.dtype, device=q.device, **options)
-        return (_scale_stabilize(maclaurin_features(q, draw), per_row=True),
-                _scale_stabilize(maclaurin_features(k, draw), per_row=False))
+        # Only the query side is rescaled (per row, so it cancels): a key-side constant would
+        # have to be global, and with signed features its rounding would reach earlier outputs
+        # through cancelling sums; unscaled keys keep the causal form exactly causal.
+        return _scale_stabilize(maclaurin_features(q, draw)), maclaurin_features(k, draw)
     if method == "nystrom":
         return nystrom_factors(q, k, features, seed, **options)
     return nystromformer_factors(q, k, features, **options)
@@ -345,9 +346,10 @@ def linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
         phi_q, phi_k, v = (F.pad(t, (0, 0, 0, pad)) for t in (phi_q, phi_k, v))
     qc, kc, vc = (t.unflatten(-2, (-1, chunk)) for t in (phi_q, phi_k, v))  # [..., c, chunk, r|d]
     kv = kc.transpose(-1, -2) @ vc  # [..., c, r, d]
-    kv_before = kv.cumsum(-3) - kv
-    z = kc.sum(-2)  # [..., c, r]
-    z_before = (z.cumsum(-2) - z).unsqueeze(-1)  # [..., c, r, 1]
+    z = kc.sum(-2, keepdim=True).transpose(-1, -2)  # [..., c, r, 1]
+    # Exclusive prefix sums by shifting (not cumsum - self, whose rounding would carry the
+    # chunk's own, partly future, keys into its past).
+    kv_before, z_before = (F.pad(t.cumsum(-3), (0, 0, 0, 0, 1, 0))[..., :-1, :, :] for t in (kv, z))
     mask = torch.ones(chunk, chunk, dtype=torch.bool, device=v.device).tril()
     within = (qc @ kc.transpose(-1, -2)).masked_fill(~mask, 0.0)  # [..., c, chunk, chunk]
     num = qc @ kv_before + within @ vc
