@@ -593,6 +593,10 @@ class Comparison:
         speed = [f"{n} {r['steps_to_bar']}" if r["steps_to_bar"] is not None else f"{n} never"
                  for n, r in sorted(rows.items(), key=lambda kv: kv[1]["steps_to_bar"] or math.inf)]
         out.append(f"Steps until the mean held-out accuracy reaches the task's bar {bar:.0%}: " + ", ".join(speed) + ".")
+        if best < bar:
+            out.append(f"No variant reached the task's bar {bar:.0%} in {self.config.steps} steps, so the runs say "
+                       "nothing yet about the rank the task needs: train longer.")
+            return out
         factored = sorted((r for r in rows.values() if r["qk"] == "factored"), key=lambda r: r["d_head"])
         short = [r for r in factored if r["accuracy_mean"] < best - tolerance]
         if short:

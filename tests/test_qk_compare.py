@@ -349,6 +349,10 @@ def test_findings_follow_the_numbers(tiny):
         r["accuracy"] = 0.99
     text = "\n".join(Q.Comparison(result.config, runs).findings())
     assert "Every factored width down to d_qk=1 reaches the best accuracy" in text
+    for r in runs:  # nothing learned: no claim about rank
+        r["accuracy"] = 0.3
+    text = "\n".join(Q.Comparison(result.config, runs).findings())
+    assert "say nothing yet about the rank" in text and "rank cap" not in text
 
 
 # --- the command ---------------------------------------------------------------------------------------
