@@ -55,16 +55,21 @@ have identity second moments, and a form Z = (V_q / s_q) Y (V_k / s_k)^T has
     (1 / N^2) || X_s Z X_c^T ||_F^2 = || Y ||_F^2                       (exact)
 
 so the Frobenius norm of the whitened Y is the mean square of the (key-centred) scores over
-*every* pair of rows of the batch. Directions no row of the batch reaches are dropped from Z.
+*every* pair of rows of the batch. Each basis is completed to all of R^d' with the directions no
+row of the batch reaches, weighted by ``COMPLEMENT_WEIGHT`` * s_1: they cost almost nothing in the
+metric, yet the form keeps what it does there (tokens absent from the batch, LayerNorm's
+constant direction), so nothing the batch did not see is thrown away. The fit itself only has
+unknowns on the batch's span.
 
 **Rank d_k + p (Eckart-Young).** Y*(eta) = R_q B' R_k^T - eta Y_D, R = diag(s) V^T, is truncated by
 its SVD to k = d_k + p singular values: Y_k = P_k diag(sigma_k) Q_k^T, and Remark 2.1 holds in
 this metric,
 
-    discarded_energy = sum_{i > k} sigma_i^2 = ||Y* - Y_k||_F^2 = (1/N^2) ||X_s (Z* - Z_k) X_c^T||_F^2.
+    discarded_energy = sum_{i > k} sigma_i^2 = ||Y* - Y_k||_F^2 >= (1/N^2) ||X_s (Z* - Z_k) X_c^T||_F^2,
 
-On the visible entries the score residual splits (Pythagoras, Z* being the least-squares optimum,
-delta = 0)
+with equality when Z* - Z_k stays on the batch's span (the complement's share is weighted by
+``COMPLEMENT_WEIGHT``^2). On the visible entries the score residual splits (Pythagoras, Z* being
+the least-squares optimum, delta = 0)
 
     residual = fit_residual + truncation_residual,    n_vis * truncation_residual <= N^2 * discarded_energy
 
@@ -74,10 +79,9 @@ the score residual unless X has orthonormal columns) is ``basis="raw"``.
 
 **The grown head.** d_qk becomes k, the model's scale 1/sqrt(k); with Z_k = M_q P_k diag(sigma) (M_k Q_k)^T,
 W_Q' = k^(1/4) M_q P_k sigma^(1/2), W_K' = k^(1/4) M_k Q_k sigma^(1/2) (last row: the biases), so
-W_Q' W_K'^T / sqrt(k) = Z_k. At eta = 0, Y* = R_q B' R_k^T has rank <= d_k <= k and truncation is
-exact: the head's scores change only by per-query constants on the batch's span (on every input,
-when the span's missing directions are LayerNorm's structural ones), so its attention and the
-model's outputs are unchanged. To first order in eta the truncated step keeps the whole
+W_Q' W_K'^T / sqrt(k) = Z_k. At eta = 0, Y* = R_q B' R_k^T has rank <= d_k <= k (R_q, R_k are
+invertible) and truncation is exact: Z_k = B', so the scores, the attention and the model's
+outputs are unchanged on every input. To first order in eta the truncated step keeps the whole
 correction inside the old row/column spaces plus the p largest singular directions of the part
 of Y_D outside them: the p new directions are the best rank-p descent directions the head lacks.
 
@@ -117,6 +121,7 @@ ARMIJO = 0.5  # sufficient decrease: at least half the first-order prediction
 DAMPING = 1e-4  # Levenberg-Marquardt damping of the fit used by grow()
 REFINE_STEPS = 3
 RANK_RTOL = 1e-10  # singular values of the rows below this fraction of the largest are zero
+COMPLEMENT_WEIGHT = 1e-6  # metric weight of directions no row reaches, relative to the largest
 MAX_UNKNOWNS = 72 * 72  # r_q * r_k: H is dense, (r_q r_k)^2 float64 numbers
 # the fitting and line-search batches share no stream with training, evaluation or each other
 FIT_SEED_OFFSET = 3 * EVAL_SEED_OFFSET
@@ -210,33 +215,38 @@ def centre_rows(A: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class Basis:
-    """Orthonormal basis V [d', r] of the span of some rows (centred or not) and their RMS scales
-    s [r]: the coordinates x V / s of the rows have identity second moment."""
+    """A complete orthonormal basis V [d', d'] whose first ``rank`` columns span some rows (centred
+    or not), and scales s [d']: the RMS of the rows along those directions, ``COMPLEMENT_WEIGHT``
+    times the largest along the rest. The coordinates x V / s of the rows have identity second
+    moment on the span."""
 
     V: torch.Tensor
     s: torch.Tensor
+    rank: int
 
     @classmethod
     def of_rows(cls, rows: torch.Tensor, centre: bool, rtol: float = RANK_RTOL) -> "Basis":
         A = rows - rows.mean(0) if centre else rows
-        _, s, Vh = torch.linalg.svd(A / math.sqrt(rows.shape[0]), full_matrices=False)
+        _, s, Vh = torch.linalg.svd(A / math.sqrt(rows.shape[0]), full_matrices=True)
         r = int((s > rtol * s[0]).sum()) if s.numel() and s[0] > 0 else 0
         if r == 0:
             raise ValueError("the attention input of this head is zero on the batch: nothing to fit")
-        return cls(Vh[:r].T, s[:r])
-
-    @property
-    def rank(self) -> int:
-        return self.s.shape[0]
+        rest = s.new_full((Vh.shape[0] - r,), COMPLEMENT_WEIGHT * float(s[0]))
+        return cls(Vh.T, torch.cat([s[:r], rest]), r)
 
     @property
     def lift(self) -> torch.Tensor:
-        """M = V diag(1/s) [d', r]: coordinates are x M, forms are Z = M_q Y M_k^T."""
+        """M = V diag(1/s) [d', d']: coordinates are x M, forms are Z = M_q Y M_k^T."""
         return self.V / self.s
 
     @property
+    def span_lift(self) -> torch.Tensor:
+        """The first ``rank`` columns of M: coordinates on the rows' span [d', rank]."""
+        return self.lift[:, :self.rank]
+
+    @property
     def metric(self) -> torch.Tensor:
-        """R = diag(s) V^T [r, d']: Y = R_q Z R_k^T is Z in whitened coordinates."""
+        """R = M^{-1} = diag(s) V^T [d', d']: Y = R_q Z R_k^T is Z in whitened coordinates."""
         return self.s[:, None] * self.V.T
 
 
@@ -268,7 +278,13 @@ class ScoreFit:
 
     @property
     def Z(self) -> torch.Tensor:
-        return self.q.lift @ self.Y @ self.k.lift.T
+        return self.q.span_lift @ self.Y @ self.k.span_lift.T
+
+    @property
+    def Y_full(self) -> torch.Tensor:
+        """Y in the complete whitened coordinates [d', d'] (zero off the span)."""
+        d = self.q.V.shape[0]
+        return torch.nn.functional.pad(self.Y, (0, d - self.k.rank, 0, d - self.q.rank))
 
 
 def fit_scores(X: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, centre: bool = True,
@@ -282,7 +298,7 @@ def fit_scores(X: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, centre
         raise ValueError(f"the attention input spans {q.rank} dimensions: the exact fit would solve for "
                          f"{q.rank * k.rank} unknowns, more than {MAX_UNKNOWNS} (d_model up to about "
                          f"{math.isqrt(MAX_UNKNOWNS)}); use a smaller model")
-    u, w = X @ q.lift, X @ k.lift  # [n, T, r_q], [n, T, r_k]
+    u, w = X @ q.span_lift, X @ k.span_lift  # [n, T, r_q], [n, T, r_k]
     vis = mask.to(X.dtype)
     K = torch.einsum("ij,bjc,bje->bice", vis, w, w)  # [n, T, r_k, r_k] key Gram of every query row
     if centre:
@@ -295,7 +311,7 @@ def fit_scores(X: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, centre
     t = centre_rows(target, mask) if centre else target * vis
     rhs = torch.einsum("bia,bij,bjc->ac", u, t, w).reshape(-1)
     if damping > 0:
-        inv = (1 / (q.s[:, None] * k.s[None, :]) ** 2).reshape(-1)
+        inv = (1 / (q.s[:q.rank, None] * k.s[None, :k.rank]) ** 2).reshape(-1)
         lam = damping * (H.diagonal() / inv).sum() / inv.numel()
         H = H + lam * torch.diag(inv)
     return ScoreFit(solve_psd(H, rhs, ridge).reshape(rq, rk), q, k, centre)
@@ -383,7 +399,7 @@ class Growth:
         W_Q, W_K for the new scale 1/sqrt(k), with its residuals and predicted decrease."""
         hb, fit, k = self.hb, self.fit, self.kept
         if self.basis == "whitened":
-            Y = self.B_hat - eta * fit.Y
+            Y = self.B_hat - eta * fit.Y_full
             left, sigma, right = low_rank(Y, k)
             left, right = fit.q.lift @ left, fit.k.lift @ right
             Z_star = fit.q.lift @ Y @ fit.k.lift.T
