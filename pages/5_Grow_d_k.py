@@ -172,17 +172,17 @@ tokens = bilinear.sample_tokens(loaded, int(sample))
 after_model = res.models["grown" if stage == "step" else "grown_finetuned"]
 after = zoo.LoadedModel(name=f"{loaded.name} (grown)", model=after_model, config=after_model.cfg, card=loaded.card)
 g_layer, g_head = settings["layer"], settings["head"]
-before_plot, after_plot = fg.heatmap_pair(bilinear.sequence_view(loaded, tokens, g_layer, [g_head]),
-                                          bilinear.sequence_view(after, tokens, g_layer, [g_head]), g_head,
-                                          value=value, after_label=STAGES[stage])
+view_before = bilinear.sequence_view(loaded, tokens, g_layer, [g_head])
+view_after = bilinear.sequence_view(after, tokens, g_layer, [g_head])
+before_plot, after_plot = fg.heatmap_pair(view_before, view_after, g_head, value=value, after_label=STAGES[stage])
 left, right = st.columns(2)
 with left:
     ui.show_plot(before_plot, key="grow_before")
 with right:
     ui.show_plot(after_plot, key="grow_after")
-if value == "scores":
-    st.caption("At η = 0 the scores change only by a constant per query row (softmax ignores it), so compare the "
-               "pattern to see what the head attends to.")
+change = (view_after.pattern - view_before.pattern).abs().max().item()
+st.caption(f"Largest change of an attention weight on this sample: {change:.3g} (the step alone moves the head "
+           "by η*; at η = 0 the grown head attends exactly as the old one).")
 
 # --- export --------------------------------------------------------------------------------------
 st.divider()

@@ -72,7 +72,8 @@ def test_grow_from_the_page(models):
     at.run()
     assert not at.exception and not at.error
     assert len(at.get("plotly_chart")) == FIGURES
-    assert any("constant per query row" in c.value for c in at.caption)
+    change = next(c.value for c in at.caption if c.value.startswith("Largest change of an attention weight"))
+    assert float(change.split(": ")[1].split(" ")[0]) > 0
 
 
 def test_the_page_figures_bundle_into_one_zip(models):
