@@ -589,6 +589,17 @@ def summarize(df):
     return summary.reset_index()
 
 
+@torch.no_grad()
+def head_patterns(model, tokens: torch.Tensor, layer: int, head: int, method: str = "favor", features: int = 64,
+                  seed: int = 0, causal: bool = True, balance: bool = True, **options) -> tuple[torch.Tensor, torch.Tensor]:
+    """(exact, approximate) patterns of one head, [batch, n, n] each, computed as
+    :func:`error_curve` does (balanced q, k in float64), for side-by-side heatmaps."""
+    q, k, _ = (t.double() for t in head_qkv(model, tokens, layer, head))
+    if balance:
+        q, k = balance_qk(q, k)
+    return exact_pattern(q, k, causal), approx_pattern(q, k, method, features, seed, causal, **options)
+
+
 def head_error(model, tokens: torch.Tensor, layer: int, head: int, method: str = "favor", features: int = 64,
                seeds: int = 5, causal: bool = True, balance: bool = True, **options) -> dict:
     """One method at one feature count on one head, as a JSON-ready dict: method, features, seeds,

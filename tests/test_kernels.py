@@ -229,6 +229,10 @@ def test_error_curve_summary_and_head_error():
     assert {"rel_error_mean", "rel_error_std", "tv_mean", "kl_mean", "n_seeds"} <= set(summary.columns)
     assert len(summary) == 4 and (summary["n_seeds"] == 3).all()
     assert (summary["tv_mean"] >= 0).all() and (summary["kl_mean"] >= 0).all()
+    exact, approx = K.head_patterns(model, tokens, 1, 0, "nystromformer", 64)
+    assert exact.shape == approx.shape == (2, 24, 24)
+    assert torch.allclose(exact, K.exact_pattern(q.double(), k.double(), causal=True))
+    assert torch.allclose(approx.sum(-1), torch.ones(2, 24, dtype=f64))
     out = K.head_error(model, tokens, 1, 0, "favor", 16, seeds=2)
     json.dumps(out)
     assert out["method"] == "favor" and out["features"] == 16 and out["rel_error_mean"] > 0
