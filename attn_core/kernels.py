@@ -643,6 +643,7 @@ def _peak_memory_child() -> None:
     """Runs in a fresh interpreter per configuration, so that no allocation of an earlier one is
     reused: one call, then the rise of the resident set over it. Prints one JSON line."""
     cfg = json.loads(sys.stdin.read())
+    torch.set_num_threads(cfg["threads"])
     q, k, v = _bench_inputs(cfg["n"], cfg["heads"], cfg["d_head"], cfg["seed"])
     gc.collect()
     before = _rss_kb("VmRSS")
@@ -680,7 +681,7 @@ def crossover(rows: list[dict], method: str, baseline: str = "sdpa") -> Optional
 
 def benchmark(max_n: int = 16384, repeats: int = 5, methods: Sequence[str] = BENCH_METHODS, d_head: int = 64,
               heads: int = 4, *, min_n: int = 256, features: int = 256, causal: bool = False, seed: int = 0,
-              memory: bool = True, timeout: float = 300.0, progress=None) -> dict:
+              threads: Optional[int] = None, memory: bool = True, timeout: float = 300.0, progress=None) -> dict:
     """Time exact attention (``sdpa``: torch's scaled_dot_product_attention) and each method on one
     batch of ``heads`` float32 heads (:func:`_bench_inputs`) at n = min_n, 2 min_n, ..., max_n.
 
@@ -690,7 +691,10 @@ def benchmark(max_n: int = 16384, repeats: int = 5, methods: Sequence[str] = BEN
     subprocess per (n, method): the rise of its resident memory over one call (Linux VmHWM after
     resetting it through /proc/self/clear_refs, minus VmRSS before; None where unavailable or
     ``memory=False``). ``rel_error`` is |out - sdpa| / |sdpa| on the same inputs. ``progress``, if
-    given, is called with each finished row.
+    given, is called with each finished row. ``threads`` sets torch's intra-op threads for the run
+    (restored afterwards; None keeps the current setting): on a machine busy with other work, one
+    thread avoids the stalls of two threads waiting on each other at every operation's barrier,
+    which hit the many small operations of the approximations far more than sdpa's single kernel.
 
     Returns {config, rows: [{n, method, ms, ratio, peak_mb, rel_error}], crossover: {method: n or
     None}, speedup_at_max_n: {method: ratio}}, with ratio = sdpa ms / method ms at the same n."""
@@ -703,34 +707,39 @@ def benchmark(max_n: int = 16384, repeats: int = 5, methods: Sequence[str] = BEN
     lengths = [min_n * 2 ** i for i in range(int(math.log2(max_n / min_n)) + 1)]
     names = ("sdpa", *methods)
     rows: list[dict] = []
-    for n in lengths:
-        q, k, v = _bench_inputs(n, heads, d_head, seed)
-        times: dict[str, list[float]] = {m: [] for m in names}
-        with torch.no_grad():
-            outputs = {m: _bench_call(m, q, k, v, features, causal, seed) for m in names}  # warm-up
-            for _ in range(repeats):
-                for m in names:
-                    t0 = time.perf_counter()
-                    _bench_call(m, q, k, v, features, causal, seed)
-                    times[m].append(time.perf_counter() - t0)
-        exact = outputs["sdpa"]
-        sdpa_ms = 1000 * statistics.median(times["sdpa"])
-        for m in names:
-            ms = 1000 * statistics.median(times[m])
-            config = {"n": n, "method": m, "heads": heads, "d_head": d_head, "features": features,
-                      "causal": causal, "seed": seed}
-            row = {"n": n, "method": m, "ms": ms, "ratio": sdpa_ms / ms,
-                   "peak_mb": _peak_memory(config, timeout) if memory else None,
-                   "rel_error": ((outputs[m] - exact).norm() / exact.norm()).item()}
-            rows.append(row)
-            if progress is not None:
-                progress(row)
-        del outputs, exact
+    previous_threads = torch.get_num_threads()
+    try:
+        if threads is not None:
+            torch.set_num_threads(_positive_int(threads, "threads"))
+        used_threads = torch.get_num_threads()
+        for n in lengths:
+            q, k, v = _bench_inputs(n, heads, d_head, seed)
+            times: dict[str, list[float]] = {m: [] for m in names}
+            with torch.no_grad():
+                outputs = {m: _bench_call(m, q, k, v, features, causal, seed) for m in names}  # warm-up
+                for _ in range(repeats):
+                    for m in names:
+                        t0 = time.perf_counter()
+                        _bench_call(m, q, k, v, features, causal, seed)
+                        times[m].append(time.perf_counter() - t0)
+            sdpa_ms = 1000 * statistics.median(times["sdpa"])
+            for m in names:
+                ms = 1000 * statistics.median(times[m])
+                config = {"n": n, "method": m, "heads": heads, "d_head": d_head, "features": features,
+                          "causal": causal, "seed": seed, "threads": used_threads}
+                rows.append({"n": n, "method": m, "ms": ms, "ratio": sdpa_ms / ms,
+                             "peak_mb": _peak_memory(config, timeout) if memory else None,
+                             "rel_error": ((outputs[m] - outputs["sdpa"]).norm() / outputs["sdpa"].norm()).item()})
+                if progress is not None:
+                    progress(rows[-1])
+            del outputs
+    finally:
+        torch.set_num_threads(previous_threads)
     return {
         "config": {"min_n": min_n, "max_n": lengths[-1], "repeats": repeats, "d_head": d_head, "heads": heads,
                    "batch": 1, "features": features, "causal": causal, "dtype": "float32", "seed": seed,
-                   "inputs": "q, k ~ N(0, I) d^-1/4, v ~ N(0, I)",
-                   "torch_threads": torch.get_num_threads(), "torch": torch.__version__},
+                   "inputs": "q, k ~ N(0, I) d^-1/4, v ~ N(0, I)", "torch_threads": used_threads,
+                   "torch": torch.__version__},
         "rows": rows,
         "crossover": {m: crossover(rows, m) for m in methods},
         "speedup_at_max_n": {r["method"]: r["ratio"] for r in rows if r["n"] == lengths[-1] and r["method"] != "sdpa"},

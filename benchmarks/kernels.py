@@ -28,7 +28,8 @@ DEFAULT_OUT = ROOT / "benchmarks" / "results" / "kernels.json"
 def table(result: dict) -> str:
     cfg = result["config"]
     lines = [f"{'causal' if cfg['causal'] else 'non-causal'}: {cfg['heads']} heads, d_head {cfg['d_head']}, "
-             f"float32, m = {cfg['features']} features/landmarks, median of {cfg['repeats']}",
+             f"float32, m = {cfg['features']} features/landmarks, median of {cfg['repeats']}, "
+             f"{cfg['torch_threads']} thread(s)",
              f"{'n':>6} {'method':<14} {'ms':>10} {'sdpa/ms':>8} {'peak MB':>8} {'rel err':>8}"]
     for r in result["rows"]:
         peak = "-" if r["peak_mb"] is None else f"{r['peak_mb']:.1f}"
@@ -49,6 +50,8 @@ def main(argv=None) -> int:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--d-head", type=int, default=64)
     parser.add_argument("--features", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (default: torch's own, all cores); 1 on a machine busy with other work")
     parser.add_argument("--methods", nargs="+", default=list(BENCH_METHODS))
     parser.add_argument("--no-causal", action="store_true", help="skip the causal pass")
     parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout (progress goes to stderr)")
@@ -62,7 +65,7 @@ def main(argv=None) -> int:
         print(f"  n={row['n']:>6} {row['method']:<14} {row['ms']:10.2f} ms", file=log, flush=True)
 
     common = dict(max_n=args.max_n, min_n=args.min_n, repeats=args.repeats, d_head=args.d_head, heads=args.heads,
-                  features=args.features, progress=progress)
+                  features=args.features, threads=args.threads, progress=progress)
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     result = benchmark(methods=args.methods, causal=False, **common)
     print(table(result), file=log, flush=True)

@@ -282,8 +282,10 @@ def test_crossover_needs_every_longer_length_to_win():
 
 
 def test_benchmark_rows_ratios_and_memory_subprocess():
+    threads = torch.get_num_threads()
     result = K.benchmark(max_n=128, repeats=2, methods=("favor", "nystrom"), d_head=16, heads=1, min_n=64,
-                         features=16, memory=False)
+                         features=16, memory=False, threads=1)
+    assert result["config"]["torch_threads"] == 1 and torch.get_num_threads() == threads
     assert [(r["n"], r["method"]) for r in result["rows"]] == [
         (64, "sdpa"), (64, "favor"), (64, "nystrom"), (128, "sdpa"), (128, "favor"), (128, "nystrom")]
     for r in result["rows"]:
@@ -292,6 +294,7 @@ def test_benchmark_rows_ratios_and_memory_subprocess():
     assert set(result["crossover"]) == {"favor", "nystrom"} and set(result["speedup_at_max_n"]) == {"favor", "nystrom"}
     json.dumps(result)
     # one fresh interpreter measures the rise of resident memory over a call
-    config = {"n": 2048, "method": "sdpa", "heads": 1, "d_head": 16, "features": 8, "causal": False, "seed": 0}
+    config = {"n": 2048, "method": "sdpa", "heads": 1, "d_head": 16, "features": 8, "causal": False, "seed": 0,
+              "threads": 1}
     peak = K._peak_memory(config, timeout=120)
     assert peak is None or peak >= 0.1  # the [2048, 16] float32 output alone is 0.125 MB
