@@ -329,8 +329,6 @@ def retrain_cmd(name: str = typer.Argument(..., help="Zoo model name or folder, 
                 device: str = typer.Option("auto", help="auto, cpu or cuda."),
                 as_json: bool = JsonOpt):
     """Fine-tune a model with concentration regularizers; the run is saved in the run store."""
-    import time as _time
-
     from attn_core.train import MEASURE_KEYS, JobConfig, TrainingJob
 
     cfg = JobConfig(source=name, regularizers=list(reg), heads=heads, entmax_alpha=entmax_alpha, steps=steps,
@@ -356,7 +354,6 @@ def retrain_cmd(name: str = typer.Argument(..., help="Zoo model name or folder, 
         finally:
             bar.update(job.snapshot().step - bar.n)
             bar.close()
-            _time.sleep(0)
     res = job.result()
 
     def pick(m):
@@ -401,7 +398,7 @@ def runs_show_cmd(run_id: str = typer.Argument(..., help="Run id (as listed by `
     log = store.metrics(run["id"])
     final = {}
     if len(log):
-        scalar = log[~log["name"].str.contains(":")]
+        scalar = log[~log["name"].str.contains(r":L\d+H\d+", regex=True)]  # not the per-head series
         final = scalar.groupby("name", sort=False)["value"].last().to_dict()
     out = {**run, "final": final}
     if metrics:
@@ -421,12 +418,137 @@ def runs_show_cmd(run_id: str = typer.Argument(..., help="Run id (as listed by `
 # --- end retraining and runs --------------------------------------------------------------------
 
 # --- growing d_k (issue 6) ----------------------------------------------------------------------
+
+@app.command("grow")
+@guarded
+def grow_cmd(name: str = NameArg,
+             layer: int = typer.Option(0, help="Layer of the head to grow."),
+             head: int = typer.Option(0, help="Head to grow."),
+             add: int = typer.Option(..., help="p: query/key dimensions to add (1..d_model - d_k)."),
+             batch: int = typer.Option(32, help="Task sequences fitted (and as many more for the line search)."),
+             seed: int = typer.Option(0, help="Seed of the fitting batch, the fine-tuning data and the random baseline."),
+             steps: int = typer.Option(100, help="Fine-tuning steps after growth, the same for the three methods."),
+             lr: float = typer.Option(1e-3, help="Fine-tuning learning rate (AdamW, constant, no weight decay)."),
+             basis: str = typer.Option("whitened", help="Truncate in the 'whitened' basis of the batch (the score "
+                                                        "metric) or the 'raw' basis of Z (the seed's recipe)."),
+             grid: int = typer.Option(19, help="Step sizes tried by the line search (powers of 2)."),
+             damping: float = typer.Option(1e-4, help="Levenberg-Marquardt damping of the least-squares fit (0: exact)."),
+             eval_samples: int = typer.Option(256, help="Held-out sequences for every reported loss."),
+             device: str = typer.Option("cpu", help="auto, cpu or cuda."),
+             out: Optional[Path] = typer.Option(None, help="Save the grown, fine-tuned model in this new folder."),
+             as_json: bool = JsonOpt):
+    """Grow d_k of one head along the functional gradient (seed 001): fit the descent target of the
+    scores by batch least squares, truncate to rank d_k + p, pick the step by line search, then
+    fine-tune and compare with random and zero growth."""
+    from attn_core import grow, zoo
+
+    loaded = zoo.load(name)
+    if loaded.task is None:
+        raise ValueError(f"model {loaded.name!r} has no known task in its card, so there is no loss to grow it on")
+    if out is not None and out.exists():
+        raise ValueError(f"{out} already exists; choose a new --out folder (nothing was overwritten)")
+    cfg = grow.GrowConfig(layer=layer, head=head, add=add, batch=batch, seed=seed, steps=steps, lr=lr, basis=basis,
+                          grid=grid, damping=damping, eval_samples=eval_samples, device=device)
+    res = grow.grow(loaded.model, loaded.task, cfg)
+    summary = {"name": loaded.name, "task": loaded.task.name, **res.summary()}
+    if out is not None:
+        card = {"name": out.name, "task": loaded.task.name, "parent": loaded.name,
+                "description": f"{loaded.name} with head {head} of layer {layer} grown from d_k {res.d_k} to {res.kept} "
+                               f"(seed 001), then fine-tuned {steps} steps",
+                "metrics": {"accuracy": summary["accuracy_after_finetune"], "loss": summary["loss_after_finetune"],
+                            "eval_samples": eval_samples, "split": "test"},
+                "grow": summary, "seed": seed, "command": "attn-lab " + " ".join(shlex.quote(a) for a in sys.argv[1:])}
+        zoo.save(res.models["grown_finetuned"].cpu(), out, card)
+        summary["out"] = str(out)
+
+    def human(r):
+        rows = [{"method": m, "loss after growth": r["loss_after_step"] if m == "grown" else r["baselines"][m]["loss_after_init"],
+                 f"after {steps} steps": r["loss_after_finetune"] if m == "grown" else r["baselines"][m]["loss_after_finetune"]}
+                for m in ("grown", "random", "zero")]
+        sig = ", ".join(f"{s:.3g}" for s in r["singular_values_Z"][:r["kept"] + 3])
+        return (f"{r['name']} L{layer}H{head}: d_k {r['d_k']} -> {r['d_k_new']}, loss before {r['loss_before']:.4g}\n"
+                f"sigma(Z*) {sig}{' ...' if len(r['singular_values_Z']) > r['kept'] + 3 else ''} (cut after {r['kept']})\n"
+                f"discarded energy {r['discarded_energy']:.3g} ({r['discarded_share']:.2%}), residual {r['residual']:.3g}\n"
+                f"step eta {r['eta']:.3g}: predicted decrease {r['predicted_decrease']:.3g}, "
+                f"measured {r['measured_decrease']:.3g} (fitting batch)\n" + _table(rows, list(rows[0]))
+                + (f"\nsaved to {r['out']}" if r.get("out") else ""))
+
+    emit(summary, as_json, human)
+
 # --- end growing d_k ----------------------------------------------------------------------------
 
 # --- kernelized attention (issue 7) -------------------------------------------------------------
 # --- end kernelized attention -------------------------------------------------------------------
 
 # --- merged vs factored QK (issue 8) ------------------------------------------------------------
+
+_QK_COLS = ["name", "rank_cap", "params", "final_loss_mean", "final_loss_std", "accuracy_mean", "accuracy_std",
+            "stable_rank_mean", "rank_needed", "steps_to_bar", "ms_per_step"]
+
+
+def _int_list(text: str, what: str) -> tuple:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    try:
+        return tuple(int(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"{what} must be comma-separated integers, e.g. 1,2,4,16; got {text!r}") from None
+
+
+@app.command("compare-qk")
+@guarded
+def compare_qk_cmd(task: str = typer.Option("induction", help="Task to train on (see `attn-lab presets` for tasks)."),
+                   steps: int = typer.Option(400, help="Training steps per run."),
+                   seeds: int = typer.Option(3, help="Seeds per variant (first-seed, first-seed + 1, ...)."),
+                   first_seed: int = typer.Option(0, help="The first seed."),
+                   d_qk: str = typer.Option("1,2,4,16", "--d-qk", help="Query/key widths of the factored variants "
+                                            "(comma-separated, each 1..d_model; empty for none)."),
+                   merged: str = typer.Option("merged,merged + wd,merged + nuclear", help="Merged variants, "
+                                              "comma-separated: merged, merged + wd, merged + nuclear (or none)."),
+                   d_model: int = typer.Option(32, help="Residual width (every variant)."),
+                   weight_decay: float = typer.Option(0.1, help="AdamW weight decay of every matrix but W_QK "
+                                                      "(W_Q and W_K included)."),
+                   qk_weight_decay: float = typer.Option(3.0, help="AdamW weight decay of W_QK in 'merged + wd'."),
+                   nuclear: float = typer.Option(0.01, help="lambda of the penalty lambda * mean ||B||_* in "
+                                                 "'merged + nuclear'."),
+                   lr: float = typer.Option(3e-3, help="Peak learning rate."),
+                   batch_size: int = typer.Option(64, help="Sequences per step."),
+                   device: str = typer.Option("cpu", help="cpu, cuda or auto (ms/step is measured on it)."),
+                   threads: int = typer.Option(1, help="torch CPU threads while training (0: torch's default); "
+                                               "one is fastest for these small models on a busy machine."),
+                   store: bool = typer.Option(True, "--store/--no-store", help="Save every run in the run store."),
+                   out: Optional[Path] = typer.Option(None, help="Also save the whole comparison as JSON here "
+                                                      "(the page can show it)."),
+                   as_json: bool = JsonOpt):
+    """Seed 004: train one architecture with factored QK (several d_qk) and merged QK (plain, with
+    weight decay, with a nuclear-norm penalty) on the same data and seeds; loss, accuracy, rank of
+    B, parameters and time per step per variant."""
+    from attn_core import qk_compare as Q
+
+    kinds = tuple(k.strip() for k in merged.split(",") if k.strip() and k.strip() != "none")
+    cfg = Q.CompareConfig(task=task, steps=steps, seeds=seeds, first_seed=first_seed, d_qks=_int_list(d_qk, "--d-qk"),
+                          merged_kinds=kinds, d_model=d_model, weight_decay=weight_decay,
+                          qk_weight_decay=qk_weight_decay, nuclear=nuclear, lr=lr, batch_size=batch_size, device=device,
+                          threads=threads)
+    bar = None
+    if not as_json:
+        from tqdm import tqdm
+
+        bar = tqdm(total=1000, desc="compare-qk", bar_format="{l_bar}{bar}| {elapsed}<{remaining} {postfix}")
+
+    def progress(fraction: float, message: str) -> None:
+        bar.update(round(1000 * fraction) - bar.n)
+        bar.set_postfix_str(message, refresh=False)
+
+    result = Q.compare(cfg, store=None if store else False, progress=progress if bar is not None else None)
+    if bar is not None:
+        bar.close()
+    if out is not None:
+        result.save(out)
+    doc = {"task": task, "steps": steps, "seeds": cfg.seed_list, "variants": result.summary(),
+           "findings": result.findings(), "machine": result.machine, "wall_time_s": result.wall_time_s,
+           "command": cfg.command(), "out": str(out) if out else None}
+    emit(doc, as_json, lambda d: _table(d["variants"], _QK_COLS) + "\n\n" + "\n".join(f"- {s}" for s in d["findings"]))
+
 # --- end merged vs factored QK ------------------------------------------------------------------
 
 
