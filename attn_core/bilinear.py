@@ -95,6 +95,9 @@ class QKForm:
     Lazy, cached properties: ``dense``, ``svd``, ``singular_values``, ``eigenvalues``,
     ``eigenvalues_sym``, ``symmetric``/``antisymmetric`` (QKForms), norms, stable and effective
     rank. The factored path (rank cap r < min(m, n)) never forms the m x n matrix for them.
+    Gradients flow through every property, except that the QR's gradient is undefined when a
+    factor is rank-deficient (the zero-padded columns of grown heads): to penalise a grown
+    head, build its form from its own d_qk columns.
     """
 
     def __init__(self, left: Optional[torch.Tensor] = None, right: Optional[torch.Tensor] = None,
