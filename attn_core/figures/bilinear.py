@@ -74,8 +74,10 @@ def query_plot(view: View, head: int, query: int, sort: bool = True, top: Option
     row = view.row(head, query, sort=sort)
     shown = row.head(top) if top else row
     q = view.check_query(query)
+    # a category axis merges equal labels, so repeated names get their key index
+    names = shown["label"] if shown["label"].is_unique else [f"{r.label} ({r.key})" for r in shown.itertuples()]
     fig = go.Figure(go.Bar(
-        x=[f"{r.label} ({r.key})" for r in shown.itertuples()], y=shown["score"],
+        x=list(names), y=shown["score"],
         marker=dict(color=shown["prob"], colorscale="Viridis", cmin=0, cmax=1, colorbar=dict(title="A")),
         customdata=shown[["prob", "rank"]].to_numpy(),
         hovertemplate="%{x}<br>f_x(y) = %{y:.4g}<br>A = %{customdata[0]:.3f}, rank %{customdata[1]}<extra></extra>",
