@@ -27,6 +27,7 @@ issue 4 penalise them); the ``*_view`` functions are for display and run without
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -680,9 +681,10 @@ def head_detector_scores(m, n_samples: int = 32, seed: int = 0, length: Optional
             for name in names:
                 D = patterns[name][:, None, None].float()  # [b, 1, 1, T, T]
                 mass = (A * D).sum(-1)  # [b, L, H, T]
-                if rows == "supported":
+                if rows == "supported":  # NaN where no row has support (contexts too short)
                     sel = (D.sum(-1) > 0).expand_as(mass)
-                    out[name] = (mass * sel).sum((0, 3)) / sel.sum((0, 3)).clamp_min(1)
+                    count = sel.sum((0, 3))
+                    out[name] = torch.where(count > 0, (mass * sel).sum((0, 3)) / count.clamp_min(1), math.nan)
                 else:
                     out[name] = mass.sum((0, 3)) / A.sum((-1, -2)).sum(0)
     return {name: out[name] for name in DETECTORS}
@@ -701,9 +703,14 @@ def head_detectors(m, n_samples: int = 32, seed: int = 0, length: Optional[int] 
 
 
 def best_heads(detectors: pd.DataFrame) -> dict[str, dict]:
-    """For each detector, the head with the highest score: {detector: {layer, head, score}}."""
+    """For each detector, the head with the highest score: {detector: {layer, head, score}},
+    None for a detector that could not be measured (NaN everywhere)."""
     out = {}
     for name, part in detectors.groupby("detector", sort=False):
+        part = part.dropna(subset=["score"])
+        if part.empty:  # not measurable on this model's context
+            out[name] = None
+            continue
         top = part.loc[part["score"].idxmax()]
         out[name] = {"layer": int(top["layer"]), "head": int(top["head"]), "score": float(top["score"])}
     return out

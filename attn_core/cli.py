@@ -234,7 +234,7 @@ def heads_cmd(name: str = NameArg,
     from attn_core import bilinear, zoo
 
     det = bilinear.head_detectors(zoo.load(name), n_samples=samples, seed=seed, length=length, rows=rows)
-    wide = det.pivot_table(index=["layer", "head"], columns="detector", values="score").reset_index()
+    wide = det.pivot(index=["layer", "head"], columns="detector", values="score").reset_index()
     heads = [{"layer": int(r["layer"]), "head": int(r["head"]), **{d: float(r[d]) for d in bilinear.DETECTORS}}
              for _, r in wide.iterrows()]
     result = {"heads": heads, "best": bilinear.best_heads(det), "samples": samples, "seed": seed, "rows": rows}

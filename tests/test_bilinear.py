@@ -353,3 +353,12 @@ def test_detectors_find_the_zoo_induction_circuit():
     assert best["previous_token"]["layer"] == 0 and best["previous_token"]["score"] > 0.3
     assert prev["score"].iloc[0] - prev["score"].iloc[1] > 0.15
     assert best["induction"]["layer"] == 1 and best["induction"]["score"] > 0.6
+
+
+def test_detectors_without_support_are_nan():
+    """A context of 3 repeats one token at most: no row can show induction, which is NaN (not 0)."""
+    model = random_model(n_ctx=3)
+    scores = bl.head_detector_scores(model, n_samples=2)
+    assert torch.isnan(scores["induction"]).all() and not torch.isnan(scores["previous_token"]).any()
+    best = bl.best_heads(bl.head_detectors(model, n_samples=2))
+    assert best["induction"] is None and best["previous_token"]["layer"] in (0, 1)
