@@ -113,3 +113,19 @@ def test_missing_tensor_is_named(saved, tmp_path):
     (tmp_path / "config.json").write_text((folder / "config.json").read_text())
     with pytest.raises(zoo.CheckpointError, match="h.1.attn.c_attn.bias"):
         zoo.load(str(tmp_path))
+
+
+def test_cli_takes_a_gpt2_folder_as_name(saved):
+    from typer.testing import CliRunner
+
+    from attn_core.cli import app
+
+    _, folder = saved
+    runner = CliRunner()
+    spec = runner.invoke(app, ["spectrum", str(folder), "--json"])
+    assert spec.exit_code == 0 and len(json.loads(spec.stdout)) == 8
+    doc = runner.invoke(app, ["scores", str(folder), "--layer", "1", "--head", "2", "--tokens", "tok5 tok6 7", "--json"])
+    assert doc.exit_code == 0, doc.output
+    assert json.loads(doc.stdout)["token_ids"] == [5, 6, 7]
+    bad = runner.invoke(app, ["scores", str(folder), "--head", "4"])
+    assert bad.exit_code == 2 and "head 4 is outside 0..3" in bad.output
