@@ -330,7 +330,7 @@ def _safe_denominator(den: torch.Tensor) -> torch.Tensor:
 
 
 def linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
-                     causal: bool = False, chunk: int = 64) -> torch.Tensor:
+                     causal: bool = False, chunk: int = 128) -> torch.Tensor:
     """sum_j (phi_q[i] . phi_k[j]) v_j / sum_j phi_q[i] . phi_k[j] in O(n r d).
 
     Causal: the sequence is cut into chunks; each chunk sees the exclusive prefix sums of the
@@ -615,12 +615,32 @@ def head_error(model, tokens: torch.Tensor, layer: int, head: int, method: str =
 
 # --- speed and memory ------------------------------------------------------------------------------
 
-def _bench_inputs(n: int, heads: int, d_head: int, seed: int) -> tuple[torch.Tensor, ...]:
-    """Random heads with unit-variance scores: q, k ~ N(0, I) d^-1/4 each (the Performer
-    convention of splitting 1/sqrt(d) evenly between q and k), v ~ N(0, I); [1, heads, n, d]."""
+def _bench_inputs(n: int, heads: int, d_head: int, seed: int, score_std: float = 1.0) -> tuple[torch.Tensor, ...]:
+    """Random heads whose scores q . k have standard deviation ``score_std``: q, k ~ N(0, I)
+    (score_std^2 / d)^(1/4) each (the Performer convention of splitting the scale evenly between
+    q and k), v ~ N(0, I); [1, heads, n, d]."""
     g = _generator(seed)
     q, k, v = (torch.randn(1, heads, n, d_head, generator=g) for _ in range(3))
-    return q * d_head ** -0.25, k * d_head ** -0.25, v
+    scale = (score_std ** 2 / d_head) ** 0.25
+    return q * scale, k * scale, v
+
+
+def accuracy(n: int = 4096, methods: Sequence[str] = BENCH_METHODS, features: int = 256, d_head: int = 64,
+             heads: int = 4, score_stds: Sequence[float] = (0.25, 0.5, 1.0), causal: bool = False,
+             seed: int = 0) -> list[dict]:
+    """Relative output error |out - exact| / |exact| of each method on the benchmark's random
+    heads at one length, for several score spreads: the error at the benchmark's speed depends on
+    the inputs far more than on n (FAVOR+'s variance grows like exp|q + k|^2). Rows: score_std,
+    method, rel_error."""
+    rows = []
+    for score_std in score_stds:
+        q, k, v = _bench_inputs(n, heads, d_head, seed, score_std)
+        with torch.no_grad():
+            exact = exact_attention(q, k, v, causal)
+            for m in methods:
+                out = approx_attention(q, k, v, m, features, seed, causal)
+                rows.append({"score_std": score_std, "method": m, "rel_error": ((out - exact).norm() / exact.norm()).item()})
+    return rows
 
 
 def _bench_call(method: str, q, k, v, features: int, causal: bool, seed: int):
@@ -697,7 +717,8 @@ def benchmark(max_n: int = 16384, repeats: int = 5, methods: Sequence[str] = BEN
     which hit the many small operations of the approximations far more than sdpa's single kernel.
 
     Returns {config, rows: [{n, method, ms, ratio, peak_mb, rel_error}], crossover: {method: n or
-    None}, speedup_at_max_n: {method: ratio}}, with ratio = sdpa ms / method ms at the same n."""
+    None}, speedup_at_max_n: {method: ratio}, accuracy: {n, rows: [{score_std, method, rel_error}]}},
+    with ratio = sdpa ms / method ms at the same n; the timed inputs have score_std 1."""
     for method in methods:
         _check_method(method)
     if min_n < 1 or max_n < min_n:
@@ -743,4 +764,6 @@ def benchmark(max_n: int = 16384, repeats: int = 5, methods: Sequence[str] = BEN
         "rows": rows,
         "crossover": {m: crossover(rows, m) for m in methods},
         "speedup_at_max_n": {r["method"]: r["ratio"] for r in rows if r["n"] == lengths[-1] and r["method"] != "sdpa"},
+        "accuracy": {"n": min(lengths[-1], 4096),
+                     "rows": accuracy(min(lengths[-1], 4096), methods, features, d_head, heads, causal=causal, seed=seed)},
     }

@@ -39,6 +39,11 @@ def table(result: dict) -> str:
                  + ", ".join(f"{m} {n if n is not None else 'none'}" for m, n in result["crossover"].items()))
     lines.append(f"speed-up at n = {cfg['max_n']}: "
                  + ", ".join(f"{m} {x:.1f}x" for m, x in result["speedup_at_max_n"].items()))
+    acc = result["accuracy"]
+    lines.append(f"relative output error at n = {acc['n']} by spread of the scores q.k (timed inputs: std 1):")
+    for std in sorted({r["score_std"] for r in acc["rows"]}):
+        lines.append(f"  std {std:<5} " + ", ".join(f"{r['method']} {r['rel_error']:.3g}"
+                                                    for r in acc["rows"] if r["score_std"] == std))
     return "\n".join(lines)
 
 

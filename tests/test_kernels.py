@@ -292,6 +292,9 @@ def test_benchmark_rows_ratios_and_memory_subprocess():
         assert r["ms"] > 0 and r["ratio"] > 0 and r["peak_mb"] is None
         assert r["rel_error"] == 0.0 if r["method"] == "sdpa" else 0 < r["rel_error"] < 10
     assert set(result["crossover"]) == {"favor", "nystrom"} and set(result["speedup_at_max_n"]) == {"favor", "nystrom"}
+    acc = {(r["score_std"], r["method"]): r["rel_error"] for r in result["accuracy"]["rows"]}
+    assert result["accuracy"]["n"] == 128 and len(acc) == 6
+    assert acc[(0.25, "favor")] < acc[(1.0, "favor")]  # smaller scores, smaller FAVOR+ variance
     json.dumps(result)
     # one fresh interpreter measures the rise of resident memory over a call
     config = {"n": 2048, "method": "sdpa", "heads": 1, "d_head": 16, "features": 8, "causal": False, "seed": 0,
