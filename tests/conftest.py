@@ -1,10 +1,14 @@
 """Shared fixtures. Tests never write into the repository: runs and exports go to tmp paths."""
 import os
 
-import pytest
-import torch
+# The toy models are tiny: one intra-op thread is faster than two, and subprocesses (CLI tests,
+# the dashboard server) inherit the setting through the environment.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
