@@ -1,7 +1,9 @@
 """Regularize and retrain the picked model while watching it: losses, each regularizer's term,
 per-head entropy, the watched head's spectrum and its attention, refreshed live. The training runs
 in attn_core's worker thread; this page only starts, stops and draws its snapshots."""
+import pandas as pd
 import streamlit as st
+import torch
 
 import ui
 from attn_core import regularizers as R
@@ -10,7 +12,10 @@ from attn_core.figures import training as ft
 
 JOB = "retrain_job"  # session key of the running (or last) TrainingJob
 SHOWN = "retrain_reloaded_for"  # run id for which the page was rerun once after the job ended
-REFRESH_S = 0.4
+CHARTS = "retrain_live_charts"  # {name: (job, data version, Plot)} of the live view
+CURVES = ("task_loss", "loss", "eval_loss", "accuracy", "eval_accuracy")  # what curves_plot draws, with term:*
+REFRESH_S = 0.4  # status, metrics and curves
+VIEWS_S = 2.0  # per-head entropy, attention and spectrum (their data changes every 20-50 steps)
 # Log-scale choices: 1e-5 .. 10 in quarter decades, 1e-5 .. 1e-1 for the learning rate.
 LAMBDAS = [round(10 ** (e / 4), 8) for e in range(-20, 5)]
 RATES = [round(10 ** (e / 4), 8) for e in range(-20, -3)]
@@ -90,6 +95,11 @@ def start() -> None:
         st.session_state["retrain_error"] = str(e)
         return
     st.session_state.pop("retrain_error", None)
+    # Streamlit runs each rerun in a fresh thread and the job trains in another: with several
+    # intra-op threads each gets its own OpenMP team and they fight over the cores (measured on
+    # 2 cores: 1.5 instead of 10 steps/s while the page refreshes). Toy models gain nothing from
+    # intra-op parallelism, so the server process keeps one.
+    torch.set_num_threads(1)
     st.session_state[JOB] = new.start()
 
 
@@ -107,8 +117,22 @@ if "retrain_error" in st.session_state:
 
 
 # --- live view -----------------------------------------------------------------------------------
+# Two fragments rerun on their own timers, so a refresh never reruns the settings above: the
+# status, metrics and curves every REFRESH_S; the per-head views, whose data changes only every
+# telemetry/spectrum interval, every VIEWS_S (redrawing them as often only makes them flicker).
+def live_chart(name: str, version, build):
+    """The live chart ``name`` of the current job, rebuilt only when ``version`` (what its data
+    depends on) changed since it was last built."""
+    charts = st.session_state.setdefault(CHARTS, {})
+    job_then, version_then, plot = charts.get(name, (None, None, None))
+    if job_then is not st.session_state[JOB] or version_then != version:
+        plot = build()
+        charts[name] = (st.session_state[JOB], version, plot)
+    return plot
+
+
 @st.fragment(run_every=REFRESH_S if running else None)
-def live() -> None:
+def live_status() -> None:
     current = st.session_state.get(JOB)
     if current is None:
         st.info("No run yet: choose penalties and press **Start**.")
@@ -138,37 +162,56 @@ def live() -> None:
                    help="Mean normalized attention entropy H/log n of the regularized heads on a fixed held-out "
                         "probe batch: 0 = one key per query, 1 = uniform")
     for col, name in zip(cols[3:], terms):
-        col.metric(name.removeprefix("term:"), f"{latest[name]:.4g}", help="This regularizer's term λ·R in the loss")
+        col.metric(f"λ·R {name.removeprefix('term:')}", f"{latest[name]:.4g}",
+                   help="This regularizer's term λ·R in the loss")
 
-    log = snap.metrics()
-    # While it trains the charts alone are redrawn; downloads appear once the run has ended.
-    plots = [ft.curves_plot(log, title=f"Retraining {current.parent}")]
-    ui.show_plot(plots[-1], key="live_curves", downloads=snap.done)
+    plot = live_chart("curves", (snap.step, snap.status), lambda: ft.curves_plot(
+        pd.concat([snap.metrics(names=CURVES), snap.metrics(prefix="term:")], ignore_index=True),
+        title=f"Retraining {current.parent}"))
+    ui.show_plot(plot, key="live_curves", downloads=snap.done)  # downloads once the run has ended
+    if snap.done and st.session_state.get(SHOWN) != snap.run_id:
+        # Once per run: rerun the whole page so the sidebar lists the new run, Start is enabled
+        # and the timers stop.
+        st.session_state[SHOWN] = snap.run_id
+        st.rerun()
+
+
+@st.fragment(run_every=VIEWS_S if running else None)
+def live_views() -> None:
+    current = st.session_state.get(JOB)
+    if current is None:
+        return
+    snap = current.snapshot()
     left, right = st.columns(2)
     with left:
-        plots.append(ft.head_entropy_plot(log, "data", regularized=snap.regularized_heads))
-        ui.show_plot(plots[-1], key="live_entropy", downloads=snap.done)
+        entropy = snap.metrics(prefix="entropy_data")
+        plot = live_chart("entropy", snap.probe_step,
+                          lambda: ft.head_entropy_plot(entropy, "data", regularized=snap.regularized_heads))
+        ui.show_plot(plot, key="live_entropy", downloads=snap.done)
     with right:
         if snap.probe_pattern is not None:
-            plots.append(ft.probe_pattern_plot(snap.probe_pattern, snap.probe_tokens, layer, head, snap.probe_step))
-            ui.show_plot(plots[-1], key="live_pattern", downloads=snap.done)
-    if not log.empty and log["name"].str.startswith(f"sigma:{watched}:").any():
-        plots.append(ft.spectrum_history_plot(log, watched))
-        ui.show_plot(plots[-1], key="live_spectrum", downloads=snap.done)
-    if snap.done:
-        ui.export_all(plots, {"page": "Retrain", "model": loaded.name, "run_id": snap.run_id, "status": snap.status,
-                              "message": snap.message, "watched_head": watched, "job": current.cfg.to_dict(),
-                              "before": _headline(snap.before), "after": _headline(snap.after)},
-                      key=f"retrain_{snap.run_id}")
-        if st.session_state.get(SHOWN) != snap.run_id:
-            # Once per run: rerun the whole page so the sidebar lists the new run and Start is enabled.
-            st.session_state[SHOWN] = snap.run_id
-            st.rerun()
+            plot = live_chart("pattern", (snap.probe_step, layer, head), lambda: ft.probe_pattern_plot(
+                snap.probe_pattern, snap.probe_tokens, layer, head, snap.probe_step))
+            ui.show_plot(plot, key="live_pattern", downloads=snap.done)
+    spectra = snap.metrics(prefix=f"sigma:{watched}:")
+    if len(spectra):
+        spectra = pd.concat([spectra, snap.metrics(names=[f"stable_rank:{watched}"])], ignore_index=True)
+        plot = live_chart("spectrum", (watched, len(spectra)), lambda: ft.spectrum_history_plot(spectra, watched))
+        ui.show_plot(plot, key="live_spectrum", downloads=snap.done)
 
 
-def _headline(measured):
+def headline(measured):
     """Accuracy, loss and concentration means of a before/after measurement (no per-head detail)."""
     return {k: measured[k] for k in train.MEASURE_KEYS if k in (measured or {})}
 
 
-live()
+live_status()
+live_views()
+job = st.session_state.get(JOB)
+if job is not None and job.snapshot().done:
+    snap = job.snapshot()
+    shown = [plot for j, _, plot in st.session_state.get(CHARTS, {}).values() if j is job]
+    ui.export_all(shown, {"page": "Retrain", "model": loaded.name, "run_id": snap.run_id, "status": snap.status,
+                          "message": snap.message, "watched_head": watched, "job": job.cfg.to_dict(),
+                          "before": headline(snap.before), "after": headline(snap.after)},
+                  key=f"retrain_{snap.run_id}")

@@ -1,0 +1,169 @@
+"""The real dashboard in headless Chromium (Debian's /usr/bin/chromium) against `streamlit run`:
+retrain live (start, watch it refresh, stop, find the run), load every page in pages/ and save a
+screenshot of each (light theme, and dark for the figure pages) under tests/artifacts/, move
+the query slider, change the head, download exports.
+
+One server and one browser serve the whole module; the data directory is a temporary folder."""
+import io
+import json
+import re
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from benchmarks.dashboard import CHROMIUM, VIEWPORT, choose, launch, rerun, serve, settle, screenshot, title_has
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "tests" / "artifacts"
+PAGES = ["app.py"] + sorted(p.name for p in (ROOT / "pages").glob("*.py"))
+DARK = ["1_Heatmaps.py", "2_Spectrum.py", "4_Runs.py"]  # the figure-heavy pages, in the dark theme too
+
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is missing (apt-get install chromium)")]
+
+
+def url_path(page_file: str) -> str:
+    """Streamlit's URL of a page: the file name without its number prefix and suffix."""
+    return "" if page_file == "app.py" else re.sub(r"^\d+_", "", Path(page_file).stem)
+
+
+def no_exception(page) -> None:
+    errors = page.locator("[data-testid='stException']")
+    assert errors.count() == 0, errors.first.inner_text()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with serve(tmp_path_factory.mktemp("dashboard-data")) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = launch(p)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser):
+    context = browser.new_context(viewport=VIEWPORT, accept_downloads=True)
+    context.set_default_timeout(60_000)
+    yield context.new_page()
+    context.close()
+
+
+def progress_text(page) -> str:
+    return page.locator("[data-testid='stProgress']").inner_text()
+
+
+def test_retrain_live_start_and_stop(page, server):
+    page.goto(f"{server}/Retrain?model=reverse-1l")
+    settle(page)
+    steps = page.get_by_role("spinbutton", name="Steps")
+    steps.fill("5000")
+    rerun(page, lambda: steps.press("Enter"))
+    main = page.get_by_test_id("stMainBlockContainer")
+    main.get_by_role("button", name="Start").click()
+    page.get_by_text(re.compile(r"running: step [1-9]")).wait_for()
+    page.wait_for_selector("[data-testid='stPlotlyChart'] .main-svg")
+
+    # the live view redraws by itself (no user action) while the run trains
+    texts, start = {progress_text(page)}, time.monotonic()
+    while len(texts) < 3 and time.monotonic() - start < 20:
+        page.wait_for_timeout(100)
+        texts.add(progress_text(page))
+    assert len(texts) >= 3, texts
+    assert main.get_by_role("button", name="Start").is_disabled()
+    settle(page, script_done=False)
+    screenshot(page, ARTIFACTS / "3_Retrain_running.png")
+
+    main.get_by_role("button", name="Stop").click()
+    done = page.get_by_text(re.compile(r"Run [\w-]+ stopped at step \d+ of 5000"))
+    done.wait_for(timeout=90_000)
+    run_id = re.search(r"Run ([\w-]+) stopped", done.inner_text()).group(1)
+    settle(page)
+    no_exception(page)
+    assert main.get_by_role("button", name="Start").is_enabled()
+    assert main.get_by_role("button", name="PNG").count() >= 3  # downloads once the run has ended
+    screenshot(page, ARTIFACTS / "3_Retrain_stopped.png")
+
+    page.goto(f"{server}/Runs")
+    settle(page)
+    assert page.get_by_text(f"{run_id} · entropy=0.1").count() >= 1
+    page.get_by_role("combobox", name="Model").click()
+    assert page.get_by_role("option", name=f"run:{run_id}").count() == 1
+    page.keyboard.press("Escape")
+
+
+@pytest.mark.parametrize("page_file", PAGES)
+def test_every_page_loads(page, server, page_file):
+    page.goto(f"{server}/{url_path(page_file)}")
+    settle(page)
+    no_exception(page)
+    assert page.locator("h1").count() >= 1
+    screenshot(page, ARTIFACTS / f"{Path(page_file).stem}.png")
+
+
+def test_dark_theme(browser, server):
+    context = browser.new_context(viewport=VIEWPORT, color_scheme="dark")
+    dark = context.new_page()
+    for page_file in DARK:
+        dark.goto(f"{server}/{url_path(page_file)}")
+        settle(dark)
+        no_exception(dark)
+        background = dark.evaluate("() => getComputedStyle(document.querySelector('[data-testid=\"stApp\"]'))"
+                                   ".backgroundColor")
+        assert sum(map(int, re.findall(r"\d+", background)[:3])) < 150, background  # a dark page
+        screenshot(dark, ARTIFACTS / f"dark_{Path(page_file).stem}.png")
+    context.close()
+
+
+def test_heatmaps_slider_and_head(page, server):
+    page.goto(f"{server}/Heatmaps?model=induction-2l&layer=1&head=0")
+    title_has(page, 0, "layer 1 head 0")
+    settle(page)
+    slider = page.get_by_role("slider", name="Query position i")
+    rerun(page, lambda: slider.press("Home"))  # query 0
+    page.get_by_role("heading", name=re.compile(r"^Query 0:")).wait_for()
+    for _ in range(3):
+        rerun(page, lambda: slider.press("ArrowRight"))
+    page.get_by_role("heading", name=re.compile(r"^Query 3:")).wait_for()
+    scores = page.locator("[data-testid='stPlotlyChart']").first
+    assert scores.locator("path[style*='rgb(214, 39, 40)']").count() >= 1  # the query's row is outlined
+    choose(page, "Head", "2")
+    title_has(page, 0, "layer 1 head 2")
+    settle(page)
+    no_exception(page)
+    assert "query=3" in page.url and "head=2" in page.url
+
+
+def test_downloads(page, server):
+    page.goto(f"{server}/Heatmaps?model=induction-2l&layer=0&head=1&query=5")
+    settle(page)
+    first_row = page.locator("[data-testid='stDownloadButton']")
+    with page.expect_download() as d:
+        first_row.filter(has_text="CSV").first.click()
+    csv = Path(d.value.path()).read_text()
+    assert d.value.suggested_filename == "sequence_scores_L0H1.csv"
+    assert csv.splitlines()[0].startswith("layer,head,query,key")
+
+    with page.expect_download(timeout=90_000) as d:
+        first_row.filter(has_text="PNG").first.click()
+    assert Path(d.value.path()).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    start = time.monotonic()
+    with page.expect_download(timeout=120_000) as d:
+        page.get_by_role("button", name="Download all figures (zip)").click()
+    print(f"zip of the Heatmaps page after the first export: {time.monotonic() - start:.1f} s")
+    with zipfile.ZipFile(io.BytesIO(Path(d.value.path()).read_bytes())) as zf:
+        manifest = json.loads(zf.read("manifest.json"))
+        names = set(zf.namelist())
+    assert (manifest["model"], manifest["layer"], manifest["head"], manifest["query"]) == ("induction-2l", 0, 1, 5)
+    assert not manifest["skipped"]
+    assert {f"sequence_scores_L0H1.{fmt}" for fmt in ("png", "svg", "html", "csv")} <= names
