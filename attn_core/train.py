@@ -184,10 +184,16 @@ class Trainer:
                                  f"({DIVERGENCE_FACTOR:g} x the loss of a uniform guess)")
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip))
+        grads = [p.grad for p in self.params if p.grad is not None]
+        total = torch.nn.utils.get_total_norm(grads)
+        grad_norm = float(total)
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise Diverged(step, f"gradient norm is {grad_norm}")
+        # clip_grad_norm_'s rescaling (bit for bit), skipped when its factor would be 1
+        coef = self.cfg.grad_clip / (total + 1e-6)
+        if float(coef) < 1.0:
+            torch._foreach_mul_(grads, coef)
         with self.good_lock:  # these weights gave a finite loss and gradient
             torch._foreach_copy_(self.good_state, [p.detach() for p in self.params])
             self.good_step = self.step_index
@@ -292,9 +298,9 @@ class JobConfig:
     warmup_steps: Optional[int] = None
     eval_every: int = 100
     eval_samples: int = 256
-    telemetry_every: int = 10
+    telemetry_every: int = 20
     spectrum_every: int = 50
-    probe_samples: int = 32
+    probe_samples: int = 16
     measure_samples: int = 512
     max_loss: Optional[float] = None
 
@@ -406,6 +412,7 @@ class Snapshot:
     run_id: Optional[str]
     elapsed_s: float
     train_s: float  # seconds inside the training loop (steps, telemetry), without setup/measure/save
+    step_s: float  # of which inside Trainer.step (the rest is the job's telemetry and publishing)
     latest: dict
     regularized_heads: tuple
     n_layers: int
@@ -498,7 +505,7 @@ class TrainingJob:
         self._log: tuple[list, list, list] = ([], [], [])
         self._flushed = 0
         self._state = dict(status="pending", message="", step=0, latest={}, before=None, after=None,
-                           probe_pattern=None, probe_step=0, elapsed_s=0.0, train_s=0.0)
+                           probe_pattern=None, probe_step=0, elapsed_s=0.0, train_s=0.0, step_s=0.0)
         self._t0: Optional[float] = None
         self._last_flush = 0.0
         self._probe_tokens = tuple(task.names(self.probe.tokens[0].tolist()))
@@ -568,7 +575,7 @@ class TrainingJob:
             st["elapsed_s"] = time.perf_counter() - self._t0
         snap = Snapshot(
             status=st["status"], message=st["message"], step=st["step"], steps=self.cfg.steps, run_id=self.run_id,
-            elapsed_s=st["elapsed_s"], train_s=st["train_s"], latest=dict(st["latest"]),
+            elapsed_s=st["elapsed_s"], train_s=st["train_s"], step_s=st["step_s"], latest=dict(st["latest"]),
             regularized_heads=tuple(self._head_names()), n_layers=self.model.cfg.n_layers,
             n_heads=self.model.cfg.n_heads, before=st["before"], after=st["after"],
             probe_tokens=self._probe_tokens, probe_pattern=st["probe_pattern"],
@@ -599,17 +606,18 @@ class TrainingJob:
             data = R.data_concentration(model, cache)
             vocab = R.vocab_concentration(model)
             pattern = torch.stack([cache[f"blocks.{l}.attn.pattern"][0] for l in range(model.cfg.n_layers)])
+        H_data, top1, H_vocab = data["entropy"].tolist(), data["top1"].tolist(), vocab["entropy"].tolist()
         row: dict = {}
         for l in range(model.cfg.n_layers):
             for h in range(model.cfg.n_heads):
                 lab = R.head_label(l, h)
-                row[f"entropy_data:{lab}"] = float(data["entropy"][l, h])
-                row[f"top1_data:{lab}"] = float(data["top1"][l, h])
-                row[f"entropy_vocab:{lab}"] = float(vocab["entropy"][l, h])
+                row[f"entropy_data:{lab}"] = H_data[l][h]
+                row[f"top1_data:{lab}"] = top1[l][h]
+                row[f"entropy_vocab:{lab}"] = H_vocab[l][h]
         sel = self.penalty.regularized_heads
-        row["entropy_data"] = _mean([float(data["entropy"][l, h]) for l, h in sel])
-        row["entropy_vocab"] = _mean([float(vocab["entropy"][l, h]) for l, h in sel])
-        row["top1_data"] = _mean([float(data["top1"][l, h]) for l, h in sel])
+        row["entropy_data"] = _mean([H_data[l][h] for l, h in sel])
+        row["entropy_vocab"] = _mean([H_vocab[l][h] for l, h in sel])
+        row["top1_data"] = _mean([top1[l][h] for l, h in sel])
         self._record(step, row)
         self._state.update(probe_pattern=pattern.float().cpu().numpy(), probe_step=step)
 
@@ -617,13 +625,14 @@ class TrainingJob:
         from attn_core import regularizers as R
 
         spec = R.spectrum(self.model)
+        sigma, stable = spec["singular_values"].tolist(), spec["stable_rank"].tolist()
         row = {}
         for l in range(self.model.cfg.n_layers):
             for h in range(self.model.cfg.n_heads):
                 lab = R.head_label(l, h)
-                for i, s in enumerate(spec["singular_values"][l, h].tolist()):
+                for i, s in enumerate(sigma[l][h]):
                     row[f"sigma:{lab}:{i}"] = s
-                row[f"stable_rank:{lab}"] = float(spec["stable_rank"][l, h])
+                row[f"stable_rank:{lab}"] = stable[l][h]
         self._record(step, row)
 
     def _flush(self, force: bool = False) -> None:
@@ -670,11 +679,13 @@ class TrainingJob:
                 self._publish(status="running", message="")
             if self._stop.is_set():
                 return "stopped", f"stopped at step {trainer.step_index} of {cfg.steps}"
+            t_step = time.perf_counter()
             try:
                 m = trainer.step()
             except Diverged as d:
                 kept = trainer.restore_good()
                 return "diverged", f"{d}; kept weights of step {kept}"
+            self._state["step_s"] += time.perf_counter() - t_step
             step = m.pop("step")
             m = {(f"term:{k}" if k in self.penalty.heads else k): v for k, v in m.items()}
             self._record(step, m)

@@ -1,0 +1,185 @@
+"""Figures of retraining and runs (attn_core.train, attn_core.runs): training curves (loss,
+accuracy, regularizer terms), per-head entropy over steps, a head's singular values over steps,
+spectra before/after, the probe pattern of a head, and the accuracy/entropy trade-off of runs.
+
+The curve builders read the metric log in its one format -- a DataFrame with columns step, name,
+value -- as both ``Snapshot.metrics()`` (a live job) and ``RunStore.metrics(id)`` (a saved run)
+return it; metric names are listed in attn_core/train.py."""
+from __future__ import annotations
+
+import math
+import re
+from typing import Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from attn_core.figures.base import Plot
+
+_PER_HEAD = re.compile(r"^(?P<metric>[a-z_0-9]+):(?P<head>L\d+H\d+)(?::(?P<index>\d+))?$")
+VIEWS = ("data", "vocab")
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+          "#bcbd22", "#17becf")
+
+
+def per_head(metrics: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Rows of ``metric:L<l>H<h>[:i]`` as columns step, head, layer, index, value."""
+    cols = ["step", "head", "layer", "index", "value"]
+    if metrics.empty:
+        return pd.DataFrame(columns=cols)
+    sel = metrics[metrics["name"].str.startswith(metric + ":")]
+    parts = sel["name"].str.extract(_PER_HEAD)
+    out = pd.DataFrame({"step": sel["step"].to_numpy(), "head": parts["head"].to_numpy(),
+                        "index": pd.to_numeric(parts["index"]).to_numpy(), "value": sel["value"].to_numpy()})
+    out = out[parts["metric"].to_numpy() == metric]
+    out.insert(2, "layer", out["head"].str.extract(r"L(\d+)")[0].astype(int) if len(out) else [])
+    return out.reset_index(drop=True)[cols]
+
+
+def _series(metrics: pd.DataFrame, name: str) -> pd.DataFrame:
+    return metrics[metrics["name"] == name][["step", "value"]]
+
+
+def curves_plot(metrics: pd.DataFrame, title: str = "Training") -> Plot:
+    """Three stacked panels over steps: task loss and total loss (log scale); accuracy on the
+    training batch and on held-out samples; each regularizer's weighted term lambda * R."""
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
+                        subplot_titles=("loss", "accuracy", "regularizer terms λ·R"))
+    names = ["task_loss", "loss", "accuracy", "eval_accuracy", "eval_loss"]
+    terms = sorted(n for n in metrics["name"].unique() if n.startswith("term:")) if len(metrics) else []
+    for row, name, label, mode in [(1, "task_loss", "task loss", "lines"), (1, "loss", "total loss", "lines"),
+                                   (1, "eval_loss", "held-out loss", "markers"),
+                                   (2, "accuracy", "training batch", "lines"),
+                                   (2, "eval_accuracy", "held-out", "lines+markers")]:
+        s = _series(metrics, name)
+        if len(s):
+            fig.add_trace(go.Scatter(x=s["step"], y=s["value"], name=label, mode=mode, legendgroup=str(row)),
+                          row=row, col=1)
+    for i, name in enumerate(terms):
+        s = _series(metrics, name)
+        fig.add_trace(go.Scatter(x=s["step"], y=s["value"], name=name.removeprefix("term:"), mode="lines",
+                                 line=dict(color=COLORS[i % len(COLORS)]), legendgroup="3"), row=3, col=1)
+    if not terms:
+        fig.add_annotation(text="no regularizer", showarrow=False, xref="x3 domain", yref="y3 domain", x=0.5, y=0.5)
+    fig.update_yaxes(type="log", row=1, col=1)
+    fig.update_yaxes(range=[-0.02, 1.02], row=2, col=1)
+    fig.update_xaxes(title_text="step", row=3, col=1)
+    fig.update_layout(title=title, height=720, legend=dict(tracegroupgap=160))
+    data = metrics[metrics["name"].isin(names + terms)].reset_index(drop=True)
+    return Plot("training_curves", fig, data, meta=dict(terms=[t.removeprefix("term:") for t in terms]))
+
+
+def head_entropy_plot(metrics: pd.DataFrame, view: str = "data",
+                      regularized: Optional[Sequence[str]] = None) -> Plot:
+    """Normalized attention entropy of every head over steps, on the probe batch (``data``) or
+    the vocabulary view (``vocab``); regularized heads solid, the others dotted; their mean bold."""
+    if view not in VIEWS:
+        raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
+    data = per_head(metrics, f"entropy_{view}")
+    regularized = set(regularized) if regularized is not None else set(data["head"])
+    fig = go.Figure()
+    for i, (head, part) in enumerate(data.groupby("head", sort=True)):
+        fig.add_trace(go.Scatter(x=part["step"], y=part["value"], name=head, mode="lines",
+                                 line=dict(color=COLORS[i % len(COLORS)], dash="solid" if head in regularized else "dot")))
+    mean = _series(metrics, f"entropy_{view}")
+    if len(mean):
+        fig.add_trace(go.Scatter(x=mean["step"], y=mean["value"], name="mean (regularized heads)", mode="lines",
+                                 line=dict(color="black", width=4)))
+    where = "held-out probe batch" if view == "data" else "vocabulary view (every token as query and key)"
+    fig.update_layout(title=f"Normalized attention entropy per head, {where}", xaxis_title="step",
+                      yaxis=dict(title="H / log n", range=[-0.02, 1.02]), height=420)
+    return Plot(f"head_entropy_{view}", fig, data, meta=dict(view=view))
+
+
+def spectrum_history_plot(metrics: pd.DataFrame, head: str, top: Optional[int] = None) -> Plot:
+    """Singular values sigma_i of one head's B (``head`` like "L1H2") over steps, one line per i
+    (the first ``top`` only), with its stable rank on a second axis."""
+    data = per_head(metrics, "sigma")
+    data = data[data["head"] == head]
+    if data.empty:
+        raise ValueError(f"no spectra of head {head!r} in this log (heads look like L0H1)")
+    if top is not None:
+        data = data[data["index"] < top]
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    n = int(data["index"].max()) + 1
+    for i, part in data.groupby("index"):
+        shade = 0.15 + 0.85 * (1 - i / max(1, n - 1))
+        fig.add_trace(go.Scatter(x=part["step"], y=part["value"], name=f"σ{i + 1}", mode="lines",
+                                 line=dict(color=f"rgba(31,119,180,{shade:.2f})")), secondary_y=False)
+    sr = _series(metrics, f"stable_rank:{head}")
+    if len(sr):
+        fig.add_trace(go.Scatter(x=sr["step"], y=sr["value"], name="stable rank", mode="lines+markers",
+                                 line=dict(color="#d62728", dash="dash")), secondary_y=True)
+    fig.update_layout(title=f"Singular values of B over training, {head}", xaxis_title="step", height=420)
+    fig.update_yaxes(title_text="σ_i(B)", secondary_y=False)
+    fig.update_yaxes(title_text="stable rank ‖B‖²_F / ‖B‖²₂", secondary_y=True)
+    return Plot(f"spectrum_history_{head}", fig, data.reset_index(drop=True), meta=dict(head=head))
+
+
+def spectra_before_after_plot(before: Sequence[dict], after: Sequence[dict],
+                              heads: Optional[Sequence[str]] = None) -> Plot:
+    """Singular values of B per head, before and after retraining (``per_head`` lists of
+    :func:`attn_core.train.measure`, as in a run's card), one small panel per head, log scale."""
+    b = {r["head"]: r for r in before}
+    a = {r["head"]: r for r in after}
+    heads = [h for h in (heads or list(b)) if h in b and h in a]
+    if not heads:
+        raise ValueError("no head is measured both before and after")
+    cols = min(4, len(heads))
+    rows = math.ceil(len(heads) / cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=heads, shared_yaxes=True,
+                        horizontal_spacing=0.03, vertical_spacing=0.12)
+    recs = []
+    for k, head in enumerate(heads):
+        r, c = k // cols + 1, k % cols + 1
+        for when, src, color in (("before", b, "#7f7f7f"), ("after", a, "#d62728")):
+            sigma = src[head]["singular_values"]
+            recs += [dict(head=head, when=when, index=i, singular_value=s) for i, s in enumerate(sigma)]
+            fig.add_trace(go.Scatter(x=list(range(1, len(sigma) + 1)), y=sigma, mode="lines+markers", name=when,
+                                     line=dict(color=color), showlegend=k == 0, legendgroup=when), row=r, col=c)
+    fig.update_yaxes(type="log")
+    fig.update_layout(title="Singular values of B, before and after retraining", height=260 * rows + 120)
+    return Plot("spectra_before_after", fig, pd.DataFrame(recs), meta=dict(heads=heads))
+
+
+def probe_pattern_plot(pattern, tokens: Sequence[str], layer: int, head: int, step: Optional[int] = None) -> Plot:
+    """Heatmap of one head's attention on the job's fixed probe input (``Snapshot.probe_pattern``
+    [n_layers, n_heads, T, T] and ``probe_tokens``)."""
+    A = np.asarray(pattern)
+    if not (0 <= layer < A.shape[0] and 0 <= head < A.shape[1]):
+        raise ValueError(f"head L{layer}H{head} is outside this model's {A.shape[0]} layers x {A.shape[1]} heads")
+    z = A[layer, head]
+    T = z.shape[-1]
+    z = np.where(np.tril(np.ones((T, T), dtype=bool)), z, np.nan)
+    labels = [f"{p}:{t}" for p, t in enumerate(tokens[:T])]
+    fig = go.Figure(go.Heatmap(z=z.tolist(), x=labels, y=labels, colorscale="Viridis", zmin=0, zmax=1,
+                               colorbar=dict(title="A"), hovertemplate="%{y} → %{x}<br>%{z:.3f}<extra></extra>"))
+    at = f" at step {step}" if step is not None else ""
+    fig.update_layout(title=f"Attention of L{layer}H{head} on the probe input{at}", xaxis_title="key",
+                      yaxis=dict(title="query", autorange="reversed"), height=520)
+    q, k = np.meshgrid(np.arange(T), np.arange(T), indexing="ij")
+    data = pd.DataFrame(dict(query=q.ravel(), key=k.ravel(), query_label=[labels[i] for i in q.ravel()],
+                             key_label=[labels[i] for i in k.ravel()], weight=z.ravel()))
+    return Plot(f"probe_pattern_L{layer}H{head}", fig, data.dropna().reset_index(drop=True),
+                meta=dict(layer=layer, head=head, step=step))
+
+
+def tradeoff_plot(table: pd.DataFrame, x: str = "entropy_data", y: str = "accuracy",
+                  color: str = "regularizer", title: Optional[str] = None) -> Plot:
+    """Runs as points: ``x`` (default mean normalized entropy on data) against ``y`` (accuracy),
+    one colour per ``color`` value, lines joining increasing lambda when there is a ``lambda``
+    column -- where concentration is bought and what it costs."""
+    for c in (x, y, color):
+        if c not in table.columns:
+            raise ValueError(f"the table has no column {c!r}; it has {', '.join(table.columns)}")
+    fig = go.Figure()
+    for i, (name, part) in enumerate(table.groupby(color, sort=False)):
+        part = part.sort_values("lambda") if "lambda" in part.columns else part
+        text = [f"λ={v:g}" for v in part["lambda"]] if "lambda" in part.columns else None
+        fig.add_trace(go.Scatter(x=part[x], y=part[y], name=str(name), mode="lines+markers", text=text,
+                                 marker=dict(size=9, color=COLORS[i % len(COLORS)]),
+                                 hovertemplate="%{text}<br>" + f"{x} %{{x:.3f}}<br>{y} %{{y:.4f}}<extra>{name}</extra>"))
+    fig.update_layout(title=title or f"{y} against {x}", xaxis_title=x, yaxis_title=y, height=460)
+    return Plot(f"tradeoff_{x}_{y}", fig, table.reset_index(drop=True), meta=dict(x=x, y=y, color=color))

@@ -1,0 +1,175 @@
+"""The run store: index and checkpoints, the data directory, atomic writes and what a killed
+process leaves behind."""
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from attn_core import zoo
+from attn_core.model import ModelConfig
+from attn_core.runs import ENV_RUNS, RunStore, load_run_model
+from attn_core.tasks import get_task
+from attn_core.train import init_model
+
+TASK = get_task("reverse")
+
+
+def tiny_model():
+    cfg = ModelConfig(n_layers=1, n_heads=2, d_model=16, d_head=8, d_vocab=TASK.d_vocab, n_ctx=TASK.n_ctx)
+    return init_model(cfg, 0)
+
+
+def finished_run(store: RunStore, status="completed", parent="reverse-1l") -> str:
+    run_id = store.create(parent, "reverse", {"regularizers": ["entropy=0.1"], "steps": 2})
+    store.log_metrics(run_id, [(1, "loss", 2.5), (2, "loss", 2.0), (2, "entropy_data:L0H1", 0.4)])
+    store.finish(run_id, status, tiny_model(), {"task": "reverse", "parent": parent}, message=f"{status} for a test",
+                 summary={"after": {"accuracy": 0.5}})
+    return run_id
+
+
+def test_empty_store_lists_nothing_and_creates_nothing(tmp_path):
+    store = RunStore(tmp_path / "nowhere")
+    assert store.list_runs() == []
+    assert store.metrics("abc").empty
+    assert not (tmp_path / "nowhere").exists()
+    with pytest.raises(ValueError, match="no run 'abc'.*empty"):
+        store.get("abc")
+
+
+def test_default_root_follows_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV_RUNS, str(tmp_path / "elsewhere"))
+    assert RunStore().root == tmp_path / "elsewhere"
+    monkeypatch.delenv(ENV_RUNS)
+    assert RunStore().root == RunStore("runs").root
+
+
+def test_round_trip(tmp_path):
+    store = RunStore(tmp_path / "runs")
+    run_id = finished_run(store)
+    [row] = store.list_runs()
+    assert row["id"] == run_id and row["parent"] == "reverse-1l" and row["status"] == "completed"
+    assert row["config"]["regularizers"] == ["entropy=0.1"] and row["summary"]["after"]["accuracy"] == 0.5
+    assert row["created"] and row["finished"] and row["has_weights"]
+    df = store.metrics(run_id)
+    assert list(df.columns) == ["step", "name", "value"] and len(df) == 3
+    assert list(store.metrics(run_id, names=["loss"])["value"]) == [2.5, 2.0]
+    loaded = load_run_model(run_id, root=tmp_path / "runs")
+    assert isinstance(loaded, zoo.LoadedModel) and loaded.name == f"run:{run_id}"
+    assert loaded.card["parent"] == "reverse-1l" and loaded.card["status"] == "completed"
+    assert loaded.task is TASK
+    for k, v in tiny_model().state_dict().items():
+        assert torch.equal(loaded.model.state_dict()[k], v)
+    assert store.get(f"run:{run_id}")["id"] == run_id  # "run:<id>" is accepted where an id is
+
+
+def test_newest_first_and_delete(tmp_path):
+    store = RunStore(tmp_path)
+    a = finished_run(store)
+    time.sleep(0.01)
+    b = finished_run(store, status="stopped")
+    assert [r["id"] for r in store.list_runs()] == [b, a]
+    store.delete(a)
+    assert [r["id"] for r in store.list_runs()] == [b]
+    assert not (tmp_path / a).exists() and store.metrics(a).empty
+
+
+@pytest.mark.parametrize("bad", ["../etc", "a/b", "", ".hidden", "x" * 80])
+def test_run_ids_are_checked(tmp_path, bad):
+    with pytest.raises(ValueError, match="is not a run id"):
+        RunStore(tmp_path).get(bad)
+
+
+def test_finish_refuses_a_non_final_status(tmp_path):
+    store = RunStore(tmp_path)
+    run_id = store.create("p", "reverse", {})
+    with pytest.raises(ValueError, match="finished run's status"):
+        store.finish(run_id, "running", None, {})
+
+
+def test_run_without_weights_says_why(tmp_path):
+    store = RunStore(tmp_path)
+    run_id = store.create("p", "reverse", {})
+    store.finish(run_id, "failed", None, {}, message="failed at step 1: boom")
+    with pytest.raises(ValueError, match="has no saved weights: failed at step 1: boom"):
+        store.load_model(run_id)
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _set_pid(store: RunStore, run_id: str, pid: int) -> None:
+    with sqlite3.connect(store.db_path) as con:
+        con.execute("UPDATE runs SET pid = ? WHERE id = ?", (pid, run_id))
+
+
+def test_half_written_run_does_not_break_listing(tmp_path):
+    """A save killed mid-way leaves a hidden temporary folder (zoo.save writes there, then
+    renames) and a row in status 'running' whose process is gone."""
+    store = RunStore(tmp_path)
+    good = finished_run(store)
+    orphan = store.create("reverse-1l", "reverse", {"steps": 100})
+    _set_pid(store, orphan, _dead_pid())
+    half = tmp_path / f".{orphan}.k1ll3d"
+    half.mkdir()
+    (half / zoo.WEIGHTS).write_bytes(zoo.to_safetensors_bytes(tiny_model())[:100])  # truncated
+    (half / zoo.CONFIG).write_text('{"n_layers": 1, ')
+    rows = {r["id"]: r for r in store.list_runs()}
+    assert set(rows) == {good, orphan}
+    assert rows[orphan]["status"] == "failed" and "interrupted" in rows[orphan]["message"]
+    assert not rows[orphan]["has_weights"]
+    assert store.load_model(good).card["status"] == "completed"
+    with pytest.raises(ValueError, match="no saved weights"):
+        store.load_model(orphan)
+    # an old left-over is swept by the next save; a young one might be a save in progress
+    old = time.time() - 2 * 3600
+    os.utime(half, (old, old))
+    young = tmp_path / ".another.tmp123"
+    young.mkdir()
+    finished_run(store)
+    assert not half.exists() and young.exists()
+
+
+def test_killed_after_the_checkpoint_keeps_the_card_status(tmp_path):
+    store = RunStore(tmp_path)
+    run_id = store.create("reverse-1l", "reverse", {})
+    zoo.save(tiny_model(), store.path(run_id), {"status": "stopped", "message": "stopped at step 7"})
+    _set_pid(store, run_id, _dead_pid())
+    [row] = store.list_runs()
+    assert row["status"] == "stopped" and row["message"] == "stopped at step 7" and row["has_weights"]
+
+
+def test_killed_training_process(tmp_path):
+    """A real process killed (SIGKILL) while it trains: the listing still works, the run is
+    reported failed, and nothing half-written is loadable."""
+    folder = zoo.save(tiny_model(), tmp_path / "tiny", {"task": "reverse"})
+    env = {**os.environ, ENV_RUNS: str(tmp_path / "runs")}
+    code = ("from attn_core.train import JobConfig, TrainingJob\n"
+            f"TrainingJob(JobConfig({str(folder)!r}, {{'entropy': 0.1}}, steps=10**7, device='cpu')).run()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    store = RunStore(tmp_path / "runs")
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            runs = store.list_runs()
+            if runs and len(store.metrics(runs[0]["id"])) > 0:
+                break
+            assert proc.poll() is None, proc.stderr.read().decode()
+            time.sleep(0.2)
+        else:
+            pytest.fail("the training process never logged a metric")
+        assert store.list_runs()[0]["status"] == "running"
+    finally:
+        proc.kill()
+        proc.wait()
+    [row] = store.list_runs()
+    assert row["status"] == "failed" and "interrupted" in row["message"]
+    assert len(store.metrics(row["id"])) > 0  # what was flushed is kept
+    with pytest.raises(ValueError, match="no saved weights"):
+        store.load_model(row["id"])
