@@ -27,10 +27,9 @@ NORM_COLUMNS = {
 def spectra(m, augmented: bool) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Singular values (tidy), eigenvalues (tidy) and one row of norms and ranks per head."""
     rows = bilinear.spectrum(m.model, augmented)
-    table = pd.DataFrame([{"layer": r["layer"], "head": r["head"],
-                           **{c: r[c] for c in NORM_COLUMNS if c not in ("lambda_max", "lambda_min")},
-                           "lambda_max": r["eigenvalues_sym"][0], "lambda_min": r["eigenvalues_sym"][-1]}
-                          for r in rows])
+    extremes = [{"lambda_max": r["eigenvalues_sym"][0], "lambda_min": r["eigenvalues_sym"][-1]} for r in rows]
+    table = pd.DataFrame([{"layer": r["layer"], "head": r["head"], **{c: {**r, **e}[c] for c in NORM_COLUMNS}}
+                          for r, e in zip(rows, extremes)])
     return bilinear.spectrum_frame(m.model, augmented), bilinear.eigen_frame(m.model, augmented), table
 
 

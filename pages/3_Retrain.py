@@ -15,6 +15,7 @@ SHOWN = "retrain_reloaded_for"  # run id for which the page was rerun once after
 CHARTS = "retrain_live_charts"  # {name: (job, data version, Plot)} of the live view
 CURVES = ("task_loss", "loss", "eval_loss", "accuracy", "eval_accuracy")  # what curves_plot draws, with term:*
 REFRESH_S = 0.4  # status, metrics and curves
+LIVE_POINTS = 400  # points per curve while the run trains
 VIEWS_S = 2.0  # per-head entropy, attention and spectrum (their data changes every 20-50 steps)
 # Log-scale choices: 1e-5 .. 10 in quarter decades, 1e-5 .. 1e-1 for the learning rate.
 LAMBDAS = [round(10 ** (e / 4), 8) for e in range(-20, 5)]
@@ -131,6 +132,21 @@ def live_chart(name: str, version, build):
     return plot
 
 
+def select(log: pd.DataFrame, names, prefix: str) -> pd.DataFrame:
+    """The rows of the metric log named one of ``names`` or starting with ``prefix``."""
+    name = log["name"].astype(str)
+    return log[name.isin(list(names)) | name.str.startswith(prefix)]
+
+
+def thinned(log: pd.DataFrame) -> pd.DataFrame:
+    """Every k-th step of the per-step curves, so a live chart never sends more than about
+    LIVE_POINTS points per line (held-out evaluations are rare and all kept); the final chart
+    and its downloads have every step."""
+    stride = max(1, -(-int(log["step"].max() if len(log) else 0) // LIVE_POINTS))
+    keep = (log["step"] % stride == 0) | log["name"].astype(str).str.startswith("eval_") | (log["step"] == log["step"].max())
+    return log[keep]
+
+
 @st.fragment(run_every=REFRESH_S if running else None)
 def live_status() -> None:
     current = st.session_state.get(JOB)
@@ -165,9 +181,9 @@ def live_status() -> None:
         col.metric(f"λ·R {name.removeprefix('term:')}", f"{latest[name]:.4g}",
                    help="This regularizer's term λ·R in the loss")
 
+    log = select(snap.metrics(), CURVES, "term:")
     plot = live_chart("curves", (snap.step, snap.status), lambda: ft.curves_plot(
-        pd.concat([snap.metrics(names=CURVES), snap.metrics(prefix="term:")], ignore_index=True),
-        title=f"Retraining {current.parent}"))
+        log if snap.done else thinned(log), title=f"Retraining {current.parent}"))
     ui.show_plot(plot, key="live_curves", downloads=snap.done)  # downloads once the run has ended
     if snap.done and st.session_state.get(SHOWN) != snap.run_id:
         # Once per run: rerun the whole page so the sidebar lists the new run, Start is enabled
@@ -182,9 +198,13 @@ def live_views() -> None:
     if current is None:
         return
     snap = current.snapshot()
+    if layer >= snap.n_layers or head >= snap.n_heads:  # another model was picked since the run began
+        st.info(f"The run retrains {current.parent}, which has no head {watched}: pick a head of it to watch.")
+        return
+    log = snap.metrics()
     left, right = st.columns(2)
     with left:
-        entropy = snap.metrics(prefix="entropy_data")
+        entropy = select(log, (), "entropy_data")
         plot = live_chart("entropy", snap.probe_step,
                           lambda: ft.head_entropy_plot(entropy, "data", regularized=snap.regularized_heads))
         ui.show_plot(plot, key="live_entropy", downloads=snap.done)
@@ -193,9 +213,8 @@ def live_views() -> None:
             plot = live_chart("pattern", (snap.probe_step, layer, head), lambda: ft.probe_pattern_plot(
                 snap.probe_pattern, snap.probe_tokens, layer, head, snap.probe_step))
             ui.show_plot(plot, key="live_pattern", downloads=snap.done)
-    spectra = snap.metrics(prefix=f"sigma:{watched}:")
+    spectra = select(log, [f"stable_rank:{watched}"], f"sigma:{watched}:")
     if len(spectra):
-        spectra = pd.concat([spectra, snap.metrics(names=[f"stable_rank:{watched}"])], ignore_index=True)
         plot = live_chart("spectrum", (watched, len(spectra)), lambda: ft.spectrum_history_plot(spectra, watched))
         ui.show_plot(plot, key="live_spectrum", downloads=snap.done)
 

@@ -97,6 +97,12 @@ def test_stop_ends_a_long_run_and_keeps_it(page):
     assert snap.status == "stopped" and 0 < snap.step < 5000
     assert runs.RunStore().get(snap.run_id)["status"] == "stopped"
 
+    # another model picked afterwards: its heads do not exist in the run's model
+    page.sidebar.selectbox(key="model_choice").select("induction-2l").run()
+    page.selectbox(key="layer").select(1).run()
+    assert not page.exception
+    assert "no head L1H0" in page.info[0].value
+
 
 def test_a_diverged_run_says_so(page, monkeypatch):
     step = train.Trainer.step
