@@ -67,7 +67,9 @@ def list_models() -> list[dict]:
     for root in model_dirs():
         if not root.is_dir():
             continue
-        for folder in sorted(p for p in root.iterdir() if (p / CONFIG).is_file() and (p / WEIGHTS).is_file()):
+        for folder in sorted(p for p in root.iterdir()
+                             if not p.name.startswith(".")  # an unfinished save (see save())
+                             and (p / CONFIG).is_file() and (p / WEIGHTS).is_file()):
             try:
                 cfg = _read_config(folder / CONFIG)
                 card = _read_json(folder / CARD) if (folder / CARD).is_file() else {}
@@ -281,6 +283,7 @@ def save(model: Transformer, folder: str | Path, card: Optional[dict] = None, ov
         raise CheckpointError(f"{folder} already exists; choose a new folder (nothing was overwritten)")
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; a saved model is readable like any folder
     try:
         (tmp / WEIGHTS).write_bytes(to_safetensors_bytes(model, card))
         (tmp / CONFIG).write_text(json.dumps(model.cfg.to_dict(), indent=2) + "\n")

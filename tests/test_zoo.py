@@ -123,3 +123,12 @@ def test_user_model_dirs_from_env(tmp_path, monkeypatch):
     monkeypatch.setenv(zoo.ENV_DIRS, str(tmp_path / "mine"))
     assert "my-model" in [m["name"] for m in zoo.list_models()]
     assert zoo.load("my-model").card["task"] == "copy"
+
+
+def test_unfinished_save_is_not_listed(tmp_path, monkeypatch):
+    zoo.save(tiny(), tmp_path / "mine" / "done", {"task": "copy"})
+    zoo.save(tiny(), tmp_path / "mine" / ".half.abc123", {"task": "copy"})  # what a killed save leaves
+    monkeypatch.setenv(zoo.ENV_DIRS, str(tmp_path / "mine"))
+    names = [m["name"] for m in zoo.list_models()]
+    assert "done" in names and ".half.abc123" not in names
+    assert oct((tmp_path / "mine" / "done").stat().st_mode & 0o777) == "0o755"
