@@ -28,11 +28,13 @@ Methods (``METHODS``):
   outputs, hence the sign-preserving power here), and its linear attention clamps the
   denominator at 1.0, which biases every row whose kernel sum is below 1.
 - ``nystrom``: Skyformer's Nystrom approximation of the Gaussian kernel
-  ``exp(-|q - k|^2 / 2)`` on the joint point set ``[Q; K]`` with uniformly sampled landmarks and
-  a pseudo-inverse (exact, or by Newton iterations as in the papers); ``exp(q . k) = e^{|q|^2/2} G(q, k) e^{|k|^2/2}``
-  turns it back into softmax attention. Exact when the landmarks are all 2n points.
+  ``G(q, k) = exp(-|q - k|^2 / 2)`` on the joint point set ``[Q; K]`` with uniformly sampled
+  landmarks and a pseudo-inverse (exact, or by Newton iterations as in the papers);
+  ``exp(q . k) = e^{|q|^2/2} G(q, k) e^{|k|^2/2}`` turns it back into softmax attention. Exact when
+  the landmarks are all 2n points (in exact arithmetic: for far-apart points G is numerically
+  singular and the pseudo-inverse drops what it cannot resolve).
 - ``nystromformer``: Nystromformer's segment-means landmarks (deterministic) and its product
-  ``softmax(Q K~^T) pinv(softmax(Q~ K~^T)) softmax(Q~ K^T)``. Exact when features >= n.
+  ``softmax(Q K~^T) pinv(softmax(Q~ K~^T)) softmax(Q~ K^T)``. Exact when features >= n (same caveat).
 
 Causal forms: ``favor``, ``maclaurin`` and ``schoenbat`` never look ahead (output i depends on
 keys/values 0..i only). The Nystrom methods build their landmarks from the whole sequence; with
