@@ -116,9 +116,14 @@ with st.spinner(f"Scoring every head on {int(n_samples)} × 2 generated sequence
     det = detectors(loaded, int(n_samples), int(det_seed), rows)
 best = bilinear.best_heads(det)
 for col, (name, top) in zip(st.columns(len(best)), best.items()):
-    col.metric(f"best {name.replace('_', ' ')} head", f"L{top['layer']}H{top['head']}", f"score {top['score']:.2f}",
-               delta_color="off", delta_arrow="off", help=f"The head with the highest {name.replace('_', '-')} score: its share of "
-                                       "attention on the detection pattern, 0..1")
+    what = name.replace("_", " ")
+    if top is None:  # no query row of these sequences can show the pattern (a very short context)
+        col.metric(f"best {what} head", "n/a", help=f"No query row of the generated sequences can show the {what} "
+                                                    f"pattern in this model's context of {cfg.n_ctx} tokens")
+        continue
+    col.metric(f"best {what} head", f"L{top['layer']}H{top['head']}", f"score {top['score']:.2f}",
+               delta_color="off", delta_arrow="off",
+               help=f"The head with the highest {what} score: its share of attention on the detection pattern, 0..1")
 heads_plot = fb.heads_plot(det)
 ui.show_plot(heads_plot, key="heads")
 

@@ -194,3 +194,22 @@ def test_download_callables_make_the_file_or_say_why_not(monkeypatch):
 
     monkeypatch.setattr(ui, "export_bytes", no_browser)
     assert b"needs a Chromium browser" in ui._export_or_message(plot, "png")
+
+
+# --- every zoo model on every model page -----------------------------------------------------------
+
+@pytest.mark.parametrize("name", [m["name"] for m in zoo.list_models()])
+def test_every_zoo_model_draws_on_every_page(name):
+    """Merged QK, MLPs, attention biases, one or two layers: no page may fail on any of them."""
+    for page in ("1_Heatmaps.py", "2_Spectrum.py", "3_Retrain.py"):
+        at = AppTest.from_file(str(ROOT / "pages" / page), default_timeout=90)
+        at.query_params["model"] = name
+        at.run()
+        assert not at.exception and not at.error, (page, at.exception)
+        assert at.sidebar.selectbox(key=ui.MODEL_KEY).value == name
+        if page == "1_Heatmaps.py":
+            at.selectbox(key="head").select("all").run()
+            assert len(at.get("plotly_chart")) == zoo.load(name).config.n_heads + 2  # grid, vocab, positional
+        if page == "2_Spectrum.py" and not at.toggle(key="spectrum_augmented").proto.disabled:
+            at.toggle(key="spectrum_augmented").set_value(True).run()  # B' of a head with biases
+            assert not at.exception
