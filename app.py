@@ -31,10 +31,10 @@ st.info("Pick a model in the sidebar: every page uses it. Start with **Heatmaps*
         "then **Retrain**.", icon=":material/arrow_back:")
 
 st.subheader("Pages")
-cols = st.columns(4)
+cols = st.columns(3)
 present = [p for p in PAGES if (HERE / p[0]).exists()]
 for i, (page, label, icon) in enumerate(present):
-    cols[i % 4].page_link(page, label=label, icon=icon)
+    cols[i % 3].page_link(page, label=label, icon=icon)
 
 st.subheader("The zoo")
 st.caption("Toy transformers trained by `attn-lab train --preset NAME` and shipped in `assets/models/`. "
@@ -70,7 +70,7 @@ for i, m in enumerate(models):
                   help="Fraction of scored tokens predicted right on 512 held-out samples")
         st.caption(f"{m['params']:,} parameters · trained {card.get('steps', '?')} steps in "
                    f"{card.get('wall_time_s', '?')} s · seed {card.get('seed', '?')}")
-        st.code(card.get("command", ""), language="bash")
+        st.code(card.get("command", ""), language="bash", wrap_lines=True)
 
 saved = ui.saved_runs()
 st.subheader("Your runs")
