@@ -100,17 +100,25 @@ def _induction(n_ctx: int = 24, vocab: int = 26, min_period: int = 4, max_period
     return gen
 
 
-def _recall(n_pairs: int = 6, n_queries: int = 4, n_keys: int = 12, n_values: int = 12):
+def _recall(n_pairs: int = 6, n_queries: int = 6, n_symbols: int = 24):
     """Multi-query associative recall: k1 v1 ... kn vn ? q1 a1 q2 a2 ..., each answer a_j the
-    value paired with key q_j. Keys are letters, values v0..v11; every answer is scored."""
+    value stored with key q_j; every answer is scored.
+
+    Keys and values are drawn from one alphabet (the keys distinct, the values never equal to a
+    key of the same sequence), so a token's role shows only in its position, as in the induction
+    task: the model must learn a previous-token head and an induction-style lookup. With disjoint
+    key and value vocabularies a two-layer attention-only model settles for "attend to every
+    value" and stalls near 50% accuracy."""
 
     def gen(n, g, split):
-        keys = _distinct(n, n_pairs, n_keys, g)
-        values = torch.randint(0, n_values, (n, n_pairs), generator=g) + n_keys
+        perm = torch.rand(n, n_symbols, generator=g).argsort(dim=-1)
+        keys = perm[:, :n_pairs]
+        pool = perm[:, n_pairs:]
+        values = pool.gather(1, torch.randint(0, n_symbols - n_pairs, (n, n_pairs), generator=g))
         pairs = torch.stack([keys, values], dim=-1).reshape(n, 2 * n_pairs)
         which = _distinct(n, n_queries, n_pairs, g)
         asked = torch.stack([keys.gather(1, which), values.gather(1, which)], dim=-1).reshape(n, 2 * n_queries)
-        query = torch.full((n, 1), n_keys + n_values)
+        query = torch.full((n, 1), n_symbols)
         seq = torch.cat([pairs, query, asked], dim=1)
         scored = torch.zeros_like(seq, dtype=torch.bool)
         scored[:, 2 * n_pairs + 2::2] = True
@@ -174,17 +182,17 @@ def _build() -> dict[str, Task]:
         Task("induction", "A random period of distinct letters, repeated; predict the next letter "
              "from the earlier repeat (previous-token + induction heads).",
              tuple(LETTERS), 25, _induction()),
-        Task("recall", "Associative recall: six key-value pairs, then '?' and four keys, each followed by "
-             "its value, which is predicted.",
-             tuple(LETTERS[:12]) + tuple(f"v{i}" for i in range(12)) + ("?",), 21, _recall()),
+        Task("recall", "Associative recall: six key-value pairs of letters, then '?' and the six keys in a "
+             "new order, each followed by its value, which is predicted.",
+             tuple(LETTERS[:24]) + ("?",), 25, _recall()),
         Task("copy", "Copy eight digits after the separator '|'.",
              tuple(_names_digits(10)) + ("|",), 17, _copy_or_reverse(8, 10, reverse=False)),
         Task("reverse", "Write eight digits in reverse order after the separator '|'.",
              tuple(_names_digits(10)) + ("|",), 17, _copy_or_reverse(8, 10, reverse=True)),
         Task("sort", "Sort six distinct numbers (0-15) after the separator '|'.",
              tuple(_names_digits(16)) + ("|",), 13, _sort(6, 16)),
-        Task("modadd", "Modular addition a b = (a + b) mod 23, generalising to held-out pairs.",
-             tuple(_names_digits(23)) + ("=",), 4, _modular_addition(23, 0.6), accuracy_bar=0.9),
+        Task("modadd", "Modular addition a b = (a + b) mod 23, trained on 80% of the pairs and scored on "
+             "the held-out 20%.", tuple(_names_digits(23)) + ("=",), 4, _modular_addition(23, 0.8)),
     ]
     return {t.name: t for t in tasks}
 
