@@ -180,12 +180,16 @@ def _build_checked(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> Transf
 
 
 def _refuse_pickle(data: bytes) -> None:
+    if len(data) < 9:
+        raise CheckpointError("file is too short to be a safetensors checkpoint (truncated?)")
+    # A safetensors file is an 8-byte little-endian header length, then a JSON header: that
+    # length's low byte can be anything (0x80 included), so recognise the JSON first.
+    if data[8:9] == b"{":
+        return
     # pickle protocol 2+ starts with 0x80; torch.save files are zip archives ("PK").
     if data[:1] == b"\x80" or data[:2] == b"PK":
         raise CheckpointError("this looks like a pickle or torch.save file; only safetensors "
                               "checkpoints are read (pickles can run code and are never loaded)")
-    if len(data) < 8:
-        raise CheckpointError("file is too short to be a safetensors checkpoint (truncated?)")
 
 
 def _metadata(data: bytes) -> dict:
