@@ -478,6 +478,89 @@ def grow_cmd(name: str = NameArg,
 # --- end growing d_k ----------------------------------------------------------------------------
 
 # --- kernelized attention (issue 7) -------------------------------------------------------------
+
+_KERNEL_COLS = ["method", "features", "seeds", "rel_error_mean", "rel_error_std", "tv_mean", "tv_std", "kl_mean",
+                "stable_rank", "spectral_norm"]
+
+
+def _softmax_model(loaded) -> None:
+    if loaded.config.entmax_alpha != 1.0:
+        raise ValueError(f"model {loaded.name!r} uses alpha-entmax (alpha={loaded.config.entmax_alpha:g}), not softmax: "
+                         "kernel methods approximate softmax(q k^T), so there is no exact pattern to compare with")
+
+
+@app.command("kernels")
+@guarded
+def kernels_cmd(name: str = NameArg,
+                layer: int = typer.Option(0, help="Layer index."),
+                head: int = typer.Option(0, help="Head index."),
+                method: str = typer.Option("favor", help="favor, maclaurin, schoenbat, nystrom or nystromformer."),
+                features: int = typer.Option(64, help="Random features / landmarks m (>= 1)."),
+                seeds: int = typer.Option(5, help="Seeds 0..K-1 of the random draw averaged over (>= 1)."),
+                samples: int = typer.Option(16, help="Held-out task sequences the head is run on (>= 1)."),
+                seed: int = typer.Option(0, help="Seed of the held-out task sequences."),
+                causal: bool = typer.Option(True, "--causal/--no-causal", help="Causal mask, as the model attends."),
+                as_json: bool = JsonOpt):
+    """How well one kernel method approximates one head's softmax attention: relative output
+    error |out_hat - out|_F / |out|_F and mean row total variation of the pattern, mean and std
+    over seeds, with the head's stable rank |B|_F^2 / |B|_2^2 and spectral norm (float64)."""
+    from attn_core import kernels, zoo
+
+    if method not in kernels.METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(kernels.METHODS)}")
+    for what, value in (("--features", features), ("--seeds", seeds), ("--samples", samples)):
+        if value < 1:
+            raise ValueError(f"{what} must be at least 1, got {value}")
+    loaded = zoo.load(name)
+    _head_arg(loaded, layer, head)
+    _softmax_model(loaded)
+    if loaded.task is None:
+        raise ValueError(f"model {loaded.name!r} has no known task in its card, so there are no input sequences to "
+                         "run the head on")
+    tokens = loaded.task.sample(samples, seed, "test").tokens
+    result = {"name": loaded.name, "samples": samples, "sample_seed": seed,
+              **kernels.head_error(loaded.model, tokens, layer, head, method=method, features=features,
+                                   seeds=seeds, causal=causal)}
+    emit(result, as_json, lambda r: f"{r['name']} L{layer}H{head} ({'causal' if causal else 'non-causal'}, "
+                                    f"{samples} sequences)\n" + _table([r], _KERNEL_COLS))
+
+
+@app.command("kernels-bench")
+@guarded
+def kernels_bench_cmd(max_n: int = typer.Option(4096, help="Longest sequence; lengths run 256, 512, ... up to it "
+                                                           "(>= 256). 4096 takes well under a minute on one CPU "
+                                                           "thread; the stored result went to 16384."),
+                      threads: Optional[int] = typer.Option(1, help="torch intra-op threads for the run (>= 1)."),
+                      repeats: int = typer.Option(5, help="Timed calls per (n, method); the median is reported."),
+                      features: int = typer.Option(256, help="Random features / landmarks m."),
+                      causal: bool = typer.Option(False, "--causal/--no-causal", help="Time the causal forms "
+                                                  "(favor, maclaurin only: the others have none)."),
+                      memory: bool = typer.Option(False, "--memory/--no-memory", help="Also measure peak memory, "
+                                                  "in a fresh subprocess per (n, method): adds a few seconds each "
+                                                  "(peak_mb is null without it)."),
+                      as_json: bool = JsonOpt):
+    """Time exact attention (sdpa) and the kernel methods at n = 256 .. max_n (4 heads, d_head 64,
+    float32): milliseconds, speed-up, peak memory and the crossover n from which each method wins."""
+    from attn_core import kernels
+
+    min_n = 256
+    if max_n < min_n:
+        raise ValueError(f"--max-n must be at least {min_n}, got {max_n}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {threads}")
+    for what, value in (("--repeats", repeats), ("--features", features)):
+        if value < 1:
+            raise ValueError(f"{what} must be at least 1, got {value}")
+    methods = kernels.CAUSAL_METHODS[:2] if causal else kernels.BENCH_METHODS
+    result = kernels.benchmark(max_n=max_n, repeats=repeats, methods=methods, min_n=min_n, features=features,
+                               causal=causal, threads=threads, memory=memory)
+
+    def human(r):
+        cross = ", ".join(f"{m} from n={n}" if n else f"{m} never" for m, n in r["crossover"].items())
+        return _table(r["rows"], ["n", "method", "ms", "ratio", "peak_mb", "rel_error"]) + f"\nfaster than sdpa: {cross}"
+
+    emit(result, as_json, human)
+
 # --- end kernelized attention -------------------------------------------------------------------
 
 # --- merged vs factored QK (issue 8) ------------------------------------------------------------
