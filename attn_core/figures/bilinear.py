@@ -134,7 +134,7 @@ def concentration_plot(table: pd.DataFrame) -> Plot:
     per head and metric, mean / min / max over query rows."""
     cols = [c for c in ("view", "layer", "head", "metric", "mean", "min", "max") if c in table]
     cells = [table[c].map(lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)) for c in cols]
-    fig = go.Figure(go.Table(header=dict(values=cols, align="left", fill_color="#e8e8e8"),
+    fig = go.Figure(go.Table(header=dict(values=cols, align="left", fill_color="rgba(128,128,128,0.25)"),
                              cells=dict(values=cells, align="left")))
     fig.update_layout(title="Concentration of f_x per head (rows with ≥ 2 visible keys)",
                       height=min(1200, 120 + 24 * len(table)))

@@ -91,7 +91,7 @@ def speed_chart(result: dict, title: Optional[str] = None) -> Plot:
     for i, (method, part) in enumerate(rows.groupby("method", sort=False)):
         fig.add_trace(go.Scatter(
             x=part["n"], y=part["ms"], name=method, mode="lines+markers",
-            line={"color": "black" if method == "sdpa" else _color(i), "dash": "dash" if method == "sdpa" else None},
+            line={"color": "grey" if method == "sdpa" else _color(i), "dash": "dash" if method == "sdpa" else None},
             customdata=part[["ratio", "peak_mb"]].to_numpy(),
             hovertemplate=f"{method}<br>n=%{{x}}<br>%{{y:.1f}} ms<br>sdpa/this %{{customdata[0]:.2f}}x"
                           f"<br>peak %{{customdata[1]:.0f}} MB<extra></extra>"))

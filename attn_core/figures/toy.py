@@ -71,7 +71,7 @@ def output_plot(exp: Experiment) -> Plot:
     fig.add_trace(go.Scatter(
         x=[1, 0, 0.5], y=[0, 1, 0.5], mode="markers+text", name="targets",
         text=["v_a", "v_b", "(v_a+v_b)/2"], textposition="top center",
-        marker=dict(size=14, symbol="x", color="black"),
+        marker=dict(size=14, symbol="x", color="grey"),
     ))
     sub = "" if len(data) <= MAX_POINTS else f" (first {MAX_POINTS} of {len(data)} shown)"
     fig.update_layout(

@@ -86,7 +86,7 @@ def head_entropy_plot(metrics: pd.DataFrame, view: str = "data",
     mean = _series(metrics, f"entropy_{view}")
     if len(mean):
         fig.add_trace(go.Scatter(x=mean["step"], y=mean["value"], name="mean (regularized heads)", mode="lines",
-                                 line=dict(color="black", width=4)))
+                                 line=dict(color="grey", width=4)))
     where = "held-out probe batch" if view == "data" else "vocabulary view (every token as query and key)"
     fig.update_layout(title=f"Normalized attention entropy per head, {where}", xaxis_title="step",
                       yaxis=dict(title="H / log n", range=[-0.02, 1.02]), height=420)
