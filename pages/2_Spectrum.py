@@ -96,6 +96,8 @@ st.dataframe(
 st.download_button("Table as CSV", shown.to_csv(index=False), file_name="norms_and_ranks.csv", mime="text/csv",
                    key="dl_norms_csv", on_click="ignore", help="The table above, singular values and eigenvalues "
                    "of the symmetric part as lists")
+sym_plot = fb.eigen_sym_plot(shown)
+ui.show_plot(sym_plot, key="eigenvalues_sym")
 
 # --- head detectors -----------------------------------------------------------------------------------
 st.header("Head detectors")
@@ -129,7 +131,7 @@ ui.show_plot(heads_plot, key="heads")
 
 # --- export -------------------------------------------------------------------------------------------
 st.divider()
-ui.export_all([sigma_plot, eigen_plot, heads_plot],
+ui.export_all([sigma_plot, eigen_plot, sym_plot, heads_plot],
               {"page": "Spectrum", "model": loaded.name, "model_key": loaded.key, "heads": which,
                "layer": layer if which == "one" else None, "head": head if which == "one" else None,
                "normalized": normalized, "augmented": augmented,

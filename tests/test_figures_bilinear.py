@@ -91,3 +91,21 @@ def test_png_and_svg_exports_are_valid(plots, tmp_path):
         assert root.tag.endswith("svg"), key
     out = write_plot(plots["eigenvalues"], tmp_path / "eigen.png")
     assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_eigen_sym_plot_shows_the_symmetric_parts_eigenvalues():
+    import pandas as pd
+    import torch
+
+    from attn_core import bilinear, zoo
+    from attn_core.figures.bilinear import eigen_sym_plot
+
+    model = zoo.load("induction-2l").model
+    rows = pd.DataFrame(bilinear.spectrum(model))
+    plot = eigen_sym_plot(rows)
+    assert len(plot.fig.data) == len(rows)
+    B = bilinear.head_B(model, 1, 2).detach().double()
+    dense = torch.linalg.eigvalsh((B + B.T) / 2).flip(0)
+    shown = plot.data[(plot.data["layer"] == 1) & (plot.data["head"] == 2)]["eigenvalue"].to_numpy()
+    # the factored path returns the nonzero part of the spectrum; compare the extremes with the dense one
+    assert abs(shown[0] - dense[0].item()) < 1e-5 and abs(shown[-1] - dense[-1].item()) < 1e-5

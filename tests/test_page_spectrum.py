@@ -94,7 +94,7 @@ def test_export_manifest(monkeypatch):
     at = AppTest.from_file(PAGE, default_timeout=90)
     at.run()
     (plots, manifest, key), = calls
-    assert [p.name for p in plots] == ["spectrum", "eigenvalues", "heads"] and key == "spectrum"
+    assert [p.name for p in plots] == ["spectrum", "eigenvalues", "eigenvalues_sym", "heads"] and key == "spectrum"
     assert manifest["model"] == MODEL and manifest["heads"] == "all"
     assert len(manifest["norms_and_ranks"]) == 8
     json.dumps(manifest, default=str)

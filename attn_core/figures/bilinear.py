@@ -129,6 +129,24 @@ def eigen_plot(frame: pd.DataFrame) -> Plot:
     return Plot("eigenvalues", fig, frame.copy())
 
 
+def eigen_sym_plot(table: pd.DataFrame) -> Plot:
+    """Eigenvalues of the symmetric part (B + B^T)/2 per head, in descending order. They bound
+    x B x^T over unit x (a token's score against itself): positive ones are directions a token
+    attends to its own kind along, negative ones directions it avoids. ``table`` has one row per
+    head with ``layer``, ``head`` and the list ``eigenvalues_sym`` (``bilinear.spectrum``)."""
+    data = pd.DataFrame([{"layer": r.layer, "head": r.head, "index": i, "eigenvalue": float(v)}
+                         for r in table.itertuples() for i, v in enumerate(r.eigenvalues_sym)])
+    fig = go.Figure()
+    for (layer, head), part in data.groupby(["layer", "head"]):
+        fig.add_trace(go.Scatter(x=part["index"], y=part["eigenvalue"], mode="lines+markers",
+                                 name=_head_name(layer, head),
+                                 hovertemplate=f"{_head_name(layer, head)} λ_%{{x}}: %{{y:.4g}}<extra></extra>"))
+    fig.add_hline(y=0, line=dict(color="grey", width=1))
+    fig.update_layout(title="Eigenvalues of the symmetric part (B + Bᵀ)/2 per head",
+                      xaxis_title="index i (descending)", yaxis_title="λ_i of (B + Bᵀ)/2")
+    return Plot("eigenvalues_sym", fig, data)
+
+
 def concentration_plot(table: pd.DataFrame) -> Plot:
     """The concentration table (``View.concentration_table`` or ``bilinear.concentration_table``):
     per head and metric, mean / min / max over query rows."""
