@@ -36,6 +36,7 @@ def model_forward(tokens: list[int]) -> dict:
 @pytest.fixture
 def page() -> AppTest:
     at = AppTest.from_file(PAGE, default_timeout=90)
+    at.query_params["model"] = MODEL  # the page under test, on the induction model
     at.run()
     assert not at.exception
     return at
@@ -138,7 +139,7 @@ def test_typed_and_random_inputs(page):
 
 def test_url_parameters_and_bad_values_fall_back():
     at = AppTest.from_file(PAGE, default_timeout=90)
-    at.query_params.update({"layer": "1", "head": "3", "query": "99", "input": "nonsense"})
+    at.query_params.update({"model": MODEL, "layer": "1", "head": "3", "query": "99", "input": "nonsense"})
     at.run()
     assert not at.exception
     assert at.selectbox(key="layer").value == 1 and at.selectbox(key="head").value == 3
@@ -150,6 +151,7 @@ def test_url_parameters_and_bad_values_fall_back():
 
 def test_choices_survive_a_page_switch():
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=90)
+    at.query_params["model"] = MODEL
     at.run()
     at.switch_page("pages/1_Heatmaps.py").run()
     at.selectbox(key="layer").select(1)
@@ -168,6 +170,7 @@ def test_export_all_gets_every_figure_and_the_settings(monkeypatch):
     calls = []
     monkeypatch.setattr(ui, "export_all", lambda plots, manifest, key: calls.append((plots, manifest, key)))
     at = AppTest.from_file(PAGE, default_timeout=90)
+    at.query_params["model"] = MODEL
     at.run()
     assert not at.exception
     (plots, manifest, key), = calls

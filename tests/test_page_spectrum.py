@@ -26,6 +26,7 @@ def dense_B(layer: int, head: int) -> torch.Tensor:
 @pytest.fixture
 def page() -> AppTest:
     at = AppTest.from_file(PAGE, default_timeout=90)
+    at.query_params["model"] = MODEL
     at.run()
     assert not at.exception and not at.error
     return at
@@ -92,6 +93,7 @@ def test_export_manifest(monkeypatch):
     calls = []
     monkeypatch.setattr(ui, "export_all", lambda plots, manifest, key: calls.append((plots, manifest, key)))
     at = AppTest.from_file(PAGE, default_timeout=90)
+    at.query_params["model"] = MODEL
     at.run()
     (plots, manifest, key), = calls
     assert [p.name for p in plots] == ["spectrum", "eigenvalues", "eigenvalues_sym", "heads"] and key == "spectrum"
