@@ -193,20 +193,27 @@ def head_changes(browser, url: str, model: str, repeats: int) -> list[float]:
     return times
 
 
+def start_live_retrain(page, url: str, steps: int, timeout_ms: float = 30_000):
+    """Open Retrain on reverse-1l, set the number of steps, press Start and wait until the live
+    view reports a training step; returns the page's main block."""
+    page.goto(f"{url}/Retrain?model=reverse-1l")
+    settle(page)
+    box = page.get_by_role("spinbutton", name="Steps")
+    box.fill(str(steps))
+    rerun(page, lambda: box.press("Enter"))
+    main = page.get_by_test_id("stMainBlockContainer")
+    main.get_by_role("button", name="Start").click()
+    page.get_by_text(re.compile(r"running: step [1-9]")).wait_for(timeout=timeout_ms)
+    return main
+
+
 def live_refreshes(browser, url: str, windows: int, window_s: float = 2.0) -> tuple[list[float], float]:
     """Refreshes per second of the live view in ``windows`` windows, and the training steps/s
     the page reported at the end."""
     context = browser.new_context(viewport=VIEWPORT)
     page = context.new_page()
-    page.goto(f"{url}/Retrain?model=reverse-1l")
-    settle(page)
-    steps = page.get_by_role("spinbutton", name="Steps")
-    steps.fill("20000")
-    rerun(page, lambda: steps.press("Enter"))
-    main = page.get_by_test_id("stMainBlockContainer")
-    main.get_by_role("button", name="Start").click()
+    start_live_retrain(page, url, steps=20000, timeout_ms=120_000)
     progress = page.locator("[data-testid='stProgress']")
-    page.get_by_text(re.compile(r"running: step [1-9]")).wait_for(timeout=120_000)
     page.wait_for_timeout(3000)  # past the first draws of every chart
     rates = []
     for _ in range(windows):

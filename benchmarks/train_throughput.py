@@ -58,17 +58,22 @@ PRESET = "induction-2l"
 RESULTS = Path(__file__).resolve().parent / "results" / "train_throughput.json"
 
 
+def bare_step(model, opt, task, cfg: TrainConfig, data, device) -> None:
+    """One plain PyTorch step: sample, forward, loss, backward, optimizer step."""
+    batch = task.sample(cfg.batch_size, data).to(device)
+    loss = task.loss(model(batch.tokens), batch)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+
+
 def bare(model, task, cfg: TrainConfig, device) -> float:
     model = model.to(device).train()
     opt = make_optimizer(model, cfg)
     data = torch.Generator().manual_seed(cfg.seed)
     start = time.perf_counter()
     for _ in range(cfg.steps):
-        batch = task.sample(cfg.batch_size, data).to(device)
-        loss = task.loss(model(batch.tokens), batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        bare_step(model, opt, task, cfg, data, device)
     if device.type == "cuda":
         torch.cuda.synchronize()
     return cfg.steps / (time.perf_counter() - start)
@@ -95,11 +100,7 @@ def alternated(task, cfg: TrainConfig, device, make) -> float:
     t_bare = t_trainer = 0.0
     for _ in range(cfg.steps):
         start = time.perf_counter()
-        batch = task.sample(cfg.batch_size, data).to(device)
-        loss = task.loss(model(batch.tokens), batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        bare_step(model, opt, task, cfg, data, device)
         if device.type == "cuda":
             torch.cuda.synchronize()
         mid = time.perf_counter()

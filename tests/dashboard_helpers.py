@@ -9,6 +9,16 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 
+def open_page(path: str, model: str, timeout: float = 90) -> AppTest:
+    """Run a page on ``model`` (picked through the URL, as a user's link would) and check that it
+    rendered without an exception or an error message."""
+    at = AppTest.from_file(path, default_timeout=timeout)
+    at.query_params["model"] = model
+    at.run()
+    assert not at.exception and not at.error
+    return at
+
+
 def chart(at: AppTest, key: str) -> dict:
     """The plotly figure drawn with ui.show_plot(..., key=key), as JSON."""
     found = [c for c in at.get("plotly_chart") if c.proto.id.endswith(f"-chart_{key}")]

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.dashboard import CHROMIUM, VIEWPORT, choose, launch, rerun, serve, settle, screenshot, title_has
+from benchmarks.dashboard import (CHROMIUM, VIEWPORT, choose, launch, rerun, serve, settle, screenshot,
+                                  start_live_retrain, title_has)
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "tests" / "artifacts"
@@ -63,14 +64,7 @@ def progress_text(page) -> str:
 
 
 def test_retrain_live_start_and_stop(page, server):
-    page.goto(f"{server}/Retrain?model=reverse-1l")
-    settle(page)
-    steps = page.get_by_role("spinbutton", name="Steps")
-    steps.fill("5000")
-    rerun(page, lambda: steps.press("Enter"))
-    main = page.get_by_test_id("stMainBlockContainer")
-    main.get_by_role("button", name="Start").click()
-    page.get_by_text(re.compile(r"running: step [1-9]")).wait_for()
+    main = start_live_retrain(page, server, steps=5000)
     page.wait_for_selector("[data-testid='stPlotlyChart'] .main-svg")
 
     # the live view redraws by itself (no user action) while the run trains

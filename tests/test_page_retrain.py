@@ -9,7 +9,7 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 from attn_core import runs, train, zoo
-from dashboard_helpers import chart
+from dashboard_helpers import open_page, chart
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = str(ROOT / "pages" / "3_Retrain.py")
@@ -32,11 +32,7 @@ def job(at: AppTest) -> train.TrainingJob:
 
 @pytest.fixture
 def page() -> AppTest:
-    at = AppTest.from_file(PAGE, default_timeout=90)
-    at.query_params["model"] = MODEL
-    at.run()
-    assert not at.exception and not at.error
-    return at
+    return open_page(PAGE, MODEL)
 
 
 def test_settings_before_any_run(page):

@@ -8,7 +8,7 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 from attn_core import bilinear, runs, train, zoo
-from dashboard_helpers import chart, has_chart, values, z_matrix
+from dashboard_helpers import open_page, chart, has_chart, values, z_matrix
 
 PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "4_Runs.py")
 MODEL = "reverse-1l"
@@ -29,11 +29,7 @@ def store_root(tmp_path_factory) -> Path:
 @pytest.fixture
 def page(store_root, monkeypatch) -> AppTest:
     monkeypatch.setenv("ATTN_LAB_RUNS", str(store_root))
-    at = AppTest.from_file(PAGE, default_timeout=90)
-    at.query_params["model"] = MODEL
-    at.run()
-    assert not at.exception and not at.error
-    return at
+    return open_page(PAGE, MODEL)
 
 
 def test_empty_store_says_what_to_do():

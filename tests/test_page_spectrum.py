@@ -10,7 +10,7 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 import ui
-from dashboard_helpers import chart, values
+from dashboard_helpers import open_page, chart, values
 from attn_core import zoo
 
 PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "2_Spectrum.py")
@@ -25,11 +25,7 @@ def dense_B(layer: int, head: int) -> torch.Tensor:
 
 @pytest.fixture
 def page() -> AppTest:
-    at = AppTest.from_file(PAGE, default_timeout=90)
-    at.query_params["model"] = MODEL
-    at.run()
-    assert not at.exception and not at.error
-    return at
+    return open_page(PAGE, MODEL)
 
 
 def test_all_heads_match_a_dense_decomposition(page):
