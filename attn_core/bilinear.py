@@ -38,6 +38,7 @@ import torch
 
 from attn_core import metrics
 from attn_core.model import Transformer, attention_weights
+from attn_core.hooks import act_name
 
 # Views of more keys than this are cut to the first MAX_VIEW_TOKENS tokens unless the caller
 # names its tokens (GPT-2's 50257^2 scores per head would not fit in memory).
@@ -536,7 +537,7 @@ class View:
 
 def _layer_input(model: Transformer, tokens: list[int], layer: int) -> torch.Tensor:
     _, cache = model.run_with_cache(torch.tensor([tokens], device=_device(model)))
-    return cache[f"blocks.{layer}.attn.X"][0]  # [T, d_model]
+    return cache[act_name("attn_in", layer)][0]  # [T, d_model]
 
 
 def _device(model: Transformer) -> torch.device:
@@ -658,7 +659,7 @@ def detector_inputs(m, n_samples: int = 32, seed: int = 0, length: Optional[int]
 
 def _patterns(model: Transformer, tokens: torch.Tensor) -> torch.Tensor:
     _, cache = model.run_with_cache(tokens.to(_device(model)))
-    return torch.stack([cache[f"blocks.{l}.attn.pattern"] for l in range(model.cfg.n_layers)], 1).float().cpu()
+    return torch.stack([cache[act_name("pattern", l)] for l in range(model.cfg.n_layers)], 1).float().cpu()
 
 
 def head_detector_scores(m, n_samples: int = 32, seed: int = 0, length: Optional[int] = None,

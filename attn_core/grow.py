@@ -113,6 +113,7 @@ from attn_core.bilinear import QKForm, augment, check_heads, check_layer
 from attn_core.model import Transformer
 from attn_core.tasks import Batch, Task
 from attn_core.train import EVAL_SEED_OFFSET, Diverged, Trainer, TrainConfig, evaluate, select_device
+from attn_core.hooks import act_name
 
 BASES = ("whitened", "raw")
 METHODS = ("grown", "random", "zero")
@@ -197,10 +198,10 @@ def head_batch(model: Transformer, task: Task, batch: Batch, layer: int, head: i
     (G,) = torch.autograd.grad(loss, offset)
     for p in m.parameters():
         p.requires_grad_(False)
-    X = cache[f"blocks.{layer}.attn.X"].detach()
+    X = cache[act_name("attn_in", layer)].detach()
     augmented = model.cfg.attn_bias
     return HeadBatch(m, task, batch, layer, head, augment(X) if augmented else X,
-                     cache[f"blocks.{layer}.attn.scores"][:, head].detach(), G,
+                     cache[act_name("attn_scores", layer)][:, head].detach(), G,
                      m.causal[:T, :T], loss.item(), augmented)
 
 

@@ -65,6 +65,7 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
+from attn_core.hooks import act_name
 
 METHODS = ("favor", "maclaurin", "schoenbat", "nystrom", "nystromformer")
 CAUSAL_METHODS = ("favor", "maclaurin", "schoenbat")  # prefix-sum forms that never look ahead
@@ -479,7 +480,7 @@ def exact_rpe_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: to
 @torch.no_grad()
 def head_qkv(model, tokens: torch.Tensor, layer: int, head: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Q, K, V of one head from the model's own cache, [batch, pos, d] each, with the score scale
-    folded into q so that softmax(q k^T) (causal) is exactly ``cache["blocks.{l}.attn.pattern"][:, h]``
+    folded into q so that softmax(q k^T) (causal) is exactly ``cache[act_name("pattern", l)][:, h]``
     for a softmax model (an entmax model's pattern is not a softmax; q k^T are still its scores).
     Merged heads (W_QK = B): q = X B, k = X."""
     from attn_core.bilinear import check_heads, check_layer
@@ -490,7 +491,7 @@ def head_qkv(model, tokens: torch.Tensor, layer: int, head: int) -> tuple[torch.
     if tokens.dim() == 1:
         tokens = tokens[None]
     _, cache = model.run_with_cache(tokens)
-    X = cache[f"blocks.{layer}.attn.X"]  # [batch, pos, d_model]
+    X = cache[act_name("attn_in", layer)]  # [batch, pos, d_model]
     attn = model.blocks[layer].attn
     v = X @ attn.W_V[head]
     if cfg.attn_bias:

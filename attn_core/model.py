@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from attn_core.hooks import act_name
 
 NORMALIZATIONS = ("layernorm", "none")
 POSITIONALS = ("learned", "none")
@@ -187,9 +188,9 @@ class Attention(nn.Module):
         if self.cfg.attn_bias:
             out = out + self.b_O
         if cache is not None:
-            cache[f"blocks.{self.layer}.attn.X"] = x
-            cache[f"blocks.{self.layer}.attn.scores"] = S
-            cache[f"blocks.{self.layer}.attn.pattern"] = A
+            cache[act_name("attn_in", self.layer)] = x
+            cache[act_name("attn_scores", self.layer)] = S
+            cache[act_name("pattern", self.layer)] = A
         return out
 
 
@@ -281,7 +282,7 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor, cache: Optional[dict] = None) -> torch.Tensor:
         """Logits [batch, pos, d_vocab]. Pass a dict as ``cache`` to record, per layer,
-        ``blocks.{l}.attn.X`` (attention input), ``.scores`` (S) and ``.pattern`` (A)."""
+        the activations named by :func:`attn_core.hooks.act_name` (``attn_in`` = X, ``attn_scores`` = S, ``pattern`` = A)."""
         if tokens.dim() == 1:
             tokens = tokens[None]
         T = tokens.shape[-1]

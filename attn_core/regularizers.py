@@ -40,6 +40,7 @@ import torch
 from attn_core import metrics
 from attn_core.bilinear import QKForm, vocab_scores
 from attn_core.model import ModelConfig, Transformer, attention_weights
+from attn_core.hooks import act_name
 
 # name -> (view, what it penalises); the view decides what the penalty reads.
 REGULARIZERS: dict[str, tuple[str, str]] = {
@@ -247,7 +248,7 @@ def mean_rows(values: torch.Tensor, p_shape: torch.Size, mask: Optional[torch.Te
 
 def data_rows(model: Transformer, cache: dict, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The cached attention pattern of a layer [b, h, T, T] and its causal mask [T, T]."""
-    key = f"blocks.{layer}.attn.pattern"
+    key = act_name("pattern", layer)
     if key not in cache:
         raise ValueError(f"the forward cache has no {key}; run the model with cache={{}} first")
     A = cache[key]

@@ -14,6 +14,7 @@ import torch
 
 from attn_core.model import Transformer
 from attn_core.tasks import Batch, Task
+from attn_core.hooks import act_name
 
 # Extra loss terms (regularizers): called with the model, the batch and the forward's cache;
 # returns named scalar terms that are added to the task loss.
@@ -605,7 +606,7 @@ class TrainingJob:
             model(self.probe.tokens, cache=cache)
             data = R.data_concentration(model, cache)
             vocab = R.vocab_concentration(model)
-            pattern = torch.stack([cache[f"blocks.{l}.attn.pattern"][0] for l in range(model.cfg.n_layers)])
+            pattern = torch.stack([cache[act_name("pattern", l)][0] for l in range(model.cfg.n_layers)])
         H_data, top1, H_vocab = data["entropy"].tolist(), data["top1"].tolist(), vocab["entropy"].tolist()
         row: dict = {}
         for l in range(model.cfg.n_layers):

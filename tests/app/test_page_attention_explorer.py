@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 import ui
 from attn_core.figures import bundle_zip
 
-PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "7_Attention_explorer.py")
+PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "7_Attention_explorer.py")
 FIGURES = ["toy_weights", "toy_output", "toy_alpha_a_hist", "toy_heads", "toy_alpha_a_hist_heads"]
 
 

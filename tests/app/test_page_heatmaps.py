@@ -14,8 +14,9 @@ import ui
 from dashboard_helpers import chart, values, z_matrix
 from attn_core import bilinear, zoo
 from attn_core.figures import bundle_zip
+from attn_core.hooks import act_name
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = str(ROOT / "pages" / "1_Heatmaps.py")
 MODEL = "induction-2l"
 SINGLE = ["scores", "pattern", "query_row", "vocab", "positional"]
@@ -60,8 +61,8 @@ def test_heatmaps_follow_layer_head_and_query(page):
     assert not page.exception and not page.error
     tokens = bilinear.sample_tokens(zoo.load(MODEL), 0)
     cache = model_forward(tokens)
-    S = cache["blocks.1.attn.scores"][0, 2]
-    A = cache["blocks.1.attn.pattern"][0, 2]
+    S = cache[act_name("attn_scores", 1)][0, 2]
+    A = cache[act_name("pattern", 1)][0, 2]
     causal = torch.tril(torch.ones_like(S, dtype=torch.bool))
 
     scores = chart(page, "scores")
@@ -132,7 +133,7 @@ def test_typed_and_random_inputs(page):
     page.number_input(key="random_length").set_value(7).run()
     assert not page.error
     tokens = bilinear.random_tokens(zoo.load(MODEL), 0, 7)
-    S = model_forward(tokens)["blocks.0.attn.scores"][0, 0]
+    S = model_forward(tokens)[act_name("attn_scores", 0)][0, 0]
     causal = torch.tril(torch.ones_like(S, dtype=torch.bool))
     torch.testing.assert_close(z_matrix(chart(page, "scores"))[causal], S[causal], atol=1e-5, rtol=1e-4)
 

@@ -9,8 +9,9 @@ from streamlit.testing.v1 import AppTest
 
 from attn_core import bilinear, runs, train, zoo
 from dashboard_helpers import open_page, chart, has_chart, values, z_matrix
+from attn_core.hooks import act_name
 
-PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "4_Runs.py")
+PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "4_Runs.py")
 MODEL = "reverse-1l"
 
 
@@ -62,7 +63,7 @@ def test_runs_side_by_side_with_the_parent(page, store_root):
         model = zoo.load(MODEL).model if i == 0 else runs.RunStore(store_root).load_model(name).model
         with torch.no_grad():
             _, cache = model.run_with_cache(torch.tensor([tokens]))
-        A = cache["blocks.0.attn.pattern"][0, 0]
+        A = cache[act_name("pattern", 0)][0, 0]
         z = z_matrix(chart(page, f"heat_{i}"))
         causal = torch.tril(torch.ones_like(A, dtype=torch.bool))
         torch.testing.assert_close(z[causal], A[causal], atol=1e-6, rtol=1e-4)

@@ -14,6 +14,7 @@ from attn_core.model import ModelConfig, Transformer
 from attn_core.runs import RunStore
 from attn_core.tasks import get_task
 from attn_core.train import TrainConfig, Trainer, init_model
+from attn_core.hooks import act_name
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
@@ -62,7 +63,7 @@ def test_merged_equals_factored_when_W_QK_is_W_Q_W_K_T_over_sqrt_d_head():
     lm, cm = merged.run_with_cache(x)
     torch.testing.assert_close(lm, lf, rtol=1e-10, atol=1e-10)
     for l in range(2):
-        torch.testing.assert_close(cm[f"blocks.{l}.attn.scores"], cf[f"blocks.{l}.attn.scores"], rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(cm[act_name("attn_scores", l)], cf[act_name("attn_scores", l)], rtol=1e-10, atol=1e-10)
     # and the library's converter gives exactly that model
     torch.testing.assert_close(Q.merged_from_factored(fact)(x), lf, rtol=1e-10, atol=1e-10)
 

@@ -20,7 +20,7 @@ from attn_core import qk_compare as Q
 from attn_core.figures import bundle_zip, export_bytes
 from attn_core.runs import RunStore
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = str(ROOT / "pages" / "8_Merged_vs_factored_QK.py")
 FIGURES = ["qk_curves_eval_loss", "qk_curves_eval_accuracy", "qk_final", "qk_cost", "qk_stable_rank", "qk_spectrum",
            "qk_truncation"]

@@ -15,7 +15,7 @@ from attn_core.model import ModelConfig
 from attn_core.tasks import get_task
 from attn_core.train import init_model
 
-PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "5_Grow_d_k.py")
+PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "5_Grow_d_k.py")
 FIGURES = 6  # spectrum, decrease, curves, summary, heatmap before, heatmap after
 
 

@@ -5,6 +5,7 @@ from hypothesis import strategies as st
 
 from attn_core.model import ModelConfig, Transformer
 from attn_core.train import init_model
+from attn_core.hooks import act_name
 
 
 def small(**kw) -> Transformer:
@@ -21,9 +22,9 @@ def test_shapes_and_cache(kw):
     logits, cache = m.run_with_cache(tokens)
     assert logits.shape == (5, 12, 17)
     for l in range(2):
-        assert cache[f"blocks.{l}.attn.X"].shape == (5, 12, 24)
-        assert cache[f"blocks.{l}.attn.scores"].shape == (5, 3, 12, 12)
-        A = cache[f"blocks.{l}.attn.pattern"]
+        assert cache[act_name("attn_in", l)].shape == (5, 12, 24)
+        assert cache[act_name("attn_scores", l)].shape == (5, 3, 12, 12)
+        A = cache[act_name("pattern", l)]
         torch.testing.assert_close(A.sum(-1), torch.ones(5, 3, 12))
         assert (A.triu(1) == 0).all(), "attention looks ahead"
     torch.testing.assert_close(m(tokens), logits)  # the cache does not change the output

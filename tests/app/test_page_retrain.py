@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 from attn_core import runs, train, zoo
 from dashboard_helpers import open_page, chart
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = str(ROOT / "pages" / "3_Retrain.py")
 MODEL = "reverse-1l"  # the smallest zoo model: 1 layer x 2 heads
 

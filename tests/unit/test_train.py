@@ -21,6 +21,7 @@ from attn_core.train import (
     measure,
     select_device,
 )
+from attn_core.hooks import act_name
 
 TASK = get_task("reverse")
 
@@ -122,7 +123,7 @@ def test_evaluate_keeps_the_forward_in_a_cache():
     model = tiny()
     cache = {}
     res = evaluate(model, TASK, samples=16, seed=0, cache=cache)
-    assert cache["blocks.0.attn.pattern"].shape == (16, 2, TASK.n_ctx, TASK.n_ctx)
+    assert cache[act_name("pattern", 0)].shape == (16, 2, TASK.n_ctx, TASK.n_ctx)
     assert res == evaluate(model, TASK, samples=16, seed=0)
 
 

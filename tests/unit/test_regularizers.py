@@ -9,6 +9,7 @@ from attn_core import metrics
 from attn_core import regularizers as R
 from attn_core.bilinear import QKForm
 from attn_core.model import ModelConfig, Transformer
+from attn_core.hooks import act_name
 
 
 def tiny_model(seed: int = 0, **kw) -> Transformer:
@@ -156,7 +157,7 @@ def test_entmax_model_gives_finite_gradients():
     assert model.cfg.entmax_alpha == 2.0
     cache = {}
     model(TOKENS, cache=cache)
-    assert (cache["blocks.0.attn.pattern"] == 0).any()  # sparsemax gives exact zeros
+    assert (cache[act_name("pattern", 0)] == 0).any()  # sparsemax gives exact zeros
     pen = R.build_penalty({"entropy": 1.0, "hoyer": 1.0, "vocab_entropy": 1.0}, model)
     sum(pen(model, None, cache).values()).backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

@@ -10,7 +10,7 @@ import ui
 from attn_core import runs, train, zoo
 from attn_core.figures import ExportError, Plot
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "app.py")
 MODEL = "reverse-1l"
 

@@ -16,7 +16,7 @@ import pytest
 from benchmarks.dashboard import (CHROMIUM, VIEWPORT, choose, launch, rerun, serve, settle, screenshot,
                                   start_live_retrain, title_has)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts"
 PAGES = ["app.py"] + sorted(p.name for p in (ROOT / "pages").glob("*.py"))
 DARK = ["1_Heatmaps.py", "2_Spectrum.py", "4_Runs.py"]  # the figure-heavy pages, in the dark theme too

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from attn_core import zoo
 from attn_core.cli import app
 from attn_core.model import ModelConfig, Transformer
+from attn_core.hooks import act_name
 
 runner = CliRunner()
 ZOO = Path(__file__).resolve().parent.parent / "assets" / "models"
@@ -56,7 +57,7 @@ def test_scores_on_typed_tokens_and_samples(folder):
     # the scores are the model's own
     loaded = zoo.load(str(folder))
     _, cache = loaded.model.run_with_cache(torch.tensor([doc["token_ids"]]))
-    S = cache["blocks.1.attn.scores"][0, 1]
+    S = cache[act_name("attn_scores", 1)][0, 1]
     assert abs(doc["scores"][4][2] - S[4, 2].item()) < 1e-5
     sample = run_json("scores", folder, "--sample-seed", 3)
     assert len(sample["token_ids"]) == 24

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from attn_core import zoo
 
-APP = Path(__file__).resolve().parents[1] / "app.py"
+APP = Path(__file__).resolve().parents[2] / "app.py"
 
 
 def test_home_lists_the_zoo_with_measured_accuracies():

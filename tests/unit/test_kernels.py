@@ -13,6 +13,7 @@ from attn_core.figures import export_bytes
 from attn_core.figures.kernels import error_curves, pattern_comparison, speed_chart
 from attn_core.model import ModelConfig, Transformer
 from attn_core.tasks import TASKS
+from attn_core.hooks import act_name
 
 f64 = torch.float64
 
@@ -212,7 +213,7 @@ def test_head_qkv_reproduces_the_models_pattern(overrides):
     for layer in range(2):
         for head in range(2):
             q, k, v = K.head_qkv(model, tokens, layer, head)
-            pattern = cache[f"blocks.{layer}.attn.pattern"][:, head]
+            pattern = cache[act_name("pattern", layer)][:, head]
             assert torch.allclose(K.exact_pattern(q, k, causal=True), pattern, atol=1e-6)
             assert pattern.max() > 0.5  # not a trivial, uniform pattern
             assert v.shape == (3, 24, 8)

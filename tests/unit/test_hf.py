@@ -9,6 +9,7 @@ transformers = pytest.importorskip("transformers")
 
 from attn_core import bilinear as bl  # noqa: E402
 from attn_core import hf, zoo  # noqa: E402
+from attn_core.hooks import act_name
 
 
 def _tiny_gpt2(**overrides):
@@ -51,10 +52,10 @@ def test_patterns_and_scores_match_transformers(saved):
     for layer in range(2):
         A_ref = ref.attentions[layer]
         assert A_ref.max() > 0.5  # peaked patterns: a real test
-        assert torch.allclose(cache[f"blocks.{layer}.attn.pattern"], A_ref, atol=1e-5)
+        assert torch.allclose(cache[act_name("pattern", layer)], A_ref, atol=1e-5)
         view = bl.sequence_view(loaded, tokens[0].tolist(), layer)  # scores through B'
         assert torch.allclose(view.pattern, A_ref[0], atol=1e-5)
-        assert torch.allclose(view.scores, cache[f"blocks.{layer}.attn.scores"][0], atol=1e-4, rtol=1e-5)
+        assert torch.allclose(view.scores, cache[act_name("attn_scores", layer)][0], atol=1e-4, rtol=1e-5)
 
 
 def test_views_and_spectrum_work_on_gpt2(saved):
@@ -80,7 +81,7 @@ def test_in_memory_model_and_folded_scales():
     with torch.no_grad():
         logits, cache = loaded.model.run_with_cache(tokens)
     for layer in range(2):
-        assert torch.allclose(cache[f"blocks.{layer}.attn.pattern"], ref.attentions[layer], atol=1e-5)
+        assert torch.allclose(cache[act_name("pattern", layer)], ref.attentions[layer], atol=1e-5)
     assert torch.allclose(logits, ref.logits, atol=1e-4, rtol=1e-4)
 
 

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from attn_core import bilinear as bl
 from attn_core.model import ModelConfig, Transformer
+from attn_core.hooks import act_name
 
 ZOO = Path(__file__).resolve().parent.parent / "assets" / "models"
 TOKENS = [1, 2, 3, 4, 5, 1, 2, 3, 0, 7]
@@ -126,11 +127,11 @@ def test_sequence_view_equals_the_models_scores(kind):
     _, cache = model.run_with_cache(torch.tensor([TOKENS]))
     for layer in range(model.cfg.n_layers):
         view = bl.sequence_view(model, TOKENS, layer)
-        S, A = cache[f"blocks.{layer}.attn.scores"][0], cache[f"blocks.{layer}.attn.pattern"][0]
+        S, A = cache[act_name("attn_scores", layer)][0], cache[act_name("pattern", layer)][0]
         assert torch.allclose(view.scores, S, atol=1e-5, rtol=1e-5), kind
         assert torch.allclose(view.pattern, A, atol=1e-6), kind
         # and through the dense B' of each head, S = X' B' X'^T exactly
-        X = bl.augment(cache[f"blocks.{layer}.attn.X"][0])
+        X = bl.augment(cache[act_name("attn_in", layer)][0])
         for h in range(model.cfg.n_heads):
             Bp = bl.head_B(model, layer, h, augmented=True)
             assert torch.allclose(X @ Bp @ X.T, S[h], atol=1e-5, rtol=1e-5)
@@ -140,9 +141,9 @@ def test_sequence_view_equals_the_models_scores(kind):
 def test_bias_needs_the_augmented_form():
     model = random_model(**KINDS["biased"])
     _, cache = model.run_with_cache(torch.tensor([TOKENS]))
-    X = cache["blocks.0.attn.X"][0]
+    X = cache[act_name("attn_in", 0)][0]
     plain = X @ bl.head_B(model, 0, 0) @ X.T
-    assert not torch.allclose(plain, cache["blocks.0.attn.scores"][0, 0], atol=1e-3)
+    assert not torch.allclose(plain, cache[act_name("attn_scores", 0)][0, 0], atol=1e-3)
     Bp = bl.head_B(model, 0, 0, augmented=True)
     assert Bp.shape == (25, 25) and torch.allclose(Bp[:24, :24], bl.head_B(model, 0, 0))
 

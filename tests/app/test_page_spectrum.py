@@ -13,7 +13,7 @@ import ui
 from dashboard_helpers import open_page, chart, values
 from attn_core import zoo
 
-PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "2_Spectrum.py")
+PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "2_Spectrum.py")
 MODEL = "induction-2l"
 
 

@@ -11,7 +11,7 @@ from attn_core.model import ModelConfig
 from attn_core.tasks import get_task
 from attn_core.train import init_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = str(ROOT / "pages" / "6_Kernelized_attention.py")
 BENCH = ROOT / "benchmarks" / "results" / "kernels.json"
 

@@ -1,0 +1,61 @@
+"""One way to check a setting: config dataclasses, CLI options and widgets all validate here.
+
+JSON and Python both let ``True`` pose as the integer 1; every integer check goes through
+:func:`is_int`, which refuses it. A failed check raises ``ValueError`` whose message is one
+sentence that names the setting and its allowed range.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Optional
+
+
+def is_int(value: object) -> bool:
+    """An integer that is not a bool (numpy integers count)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> bool:
+    """A finite real number that is not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
+
+
+def check(ok: bool, message: str, prefix: str = "") -> None:
+    """Raise ``ValueError(prefix + message)`` unless ``ok``."""
+    if not ok:
+        raise ValueError(f"{prefix}{message}")
+
+
+def check_int(name: str, value: object, lo: Optional[int] = None, hi: Optional[int] = None,
+              prefix: str = "") -> int:
+    """``value`` as an int when it is an integer in ``lo..hi`` (either bound optional)."""
+    span = _span(lo, hi)
+    check(is_int(value) and (lo is None or value >= lo) and (hi is None or value <= hi),
+          f"{name} must be an integer{span}, got {value!r}", prefix)
+    return int(value)
+
+
+def check_float(name: str, value: object, lo: Optional[float] = None, hi: Optional[float] = None,
+                prefix: str = "", lo_open: bool = False, hi_open: bool = False) -> float:
+    """``value`` as a float when it is a finite number in the interval (bounds optional; open
+    where ``lo_open``/``hi_open``)."""
+    ok = is_number(value)
+    if ok and lo is not None:
+        ok = value > lo if lo_open else value >= lo
+    if ok and hi is not None:
+        ok = value < hi if hi_open else value <= hi
+    left, right = "(" if lo_open else "[", ")" if hi_open else "]"
+    span = "" if lo is None and hi is None else f" in {left}{'-inf' if lo is None else f'{lo:g}'}, {'inf' if hi is None else f'{hi:g}'}{right}"
+    check(ok, f"{name} must be a finite number{span}, got {value!r}", prefix)
+    return float(value)
+
+
+def _span(lo: Optional[int], hi: Optional[int]) -> str:
+    if lo is not None and hi is not None:
+        return f" in {lo}..{hi}"
+    if lo is not None:
+        return f" >= {lo}"
+    if hi is not None:
+        return f" <= {hi}"
+    return ""
