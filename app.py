@@ -64,13 +64,13 @@ for i, m in enumerate(models):
     card = ui.load_model(m["name"]).card
     with cols[i % 3].container(border=True):
         st.markdown(f"**{m['name']}** · task `{m['task']}`")
-        st.caption(card.get("description", ""))
+        st.caption(card.description)
         acc = m["accuracy"]
         st.metric("held-out accuracy", f"{acc:.1%}" if acc is not None else "n/a",
                   help="Fraction of scored tokens predicted right on 512 held-out samples")
-        st.caption(f"{m['params']:,} parameters · trained {card.get('steps', '?')} steps in "
-                   f"{card.get('wall_time_s', '?')} s · seed {card.get('seed', '?')}")
-        st.code(card.get("command", ""), language="bash", wrap_lines=True)
+        st.caption(f"{m['params']:,} parameters · trained {card.steps or '?'} steps in "
+                   f"{card.wall_time_s or '?'} s · seed {card.seed if card.seed is not None else '?'}")
+        st.code(card.command, language="bash", wrap_lines=True)
 
 saved = ui.saved_runs()
 st.subheader("Your runs")

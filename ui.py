@@ -12,6 +12,7 @@ from typing import Any, Callable, Collection, Optional
 import streamlit as st
 
 from attn_core import runs, zoo
+from attn_core.card import Card
 from attn_core.figures import EXPORT_FORMATS, ExportError, Plot, bundle_zip, export_bytes
 from attn_core.model import Transformer
 
@@ -189,10 +190,10 @@ def model_picker() -> Optional[zoo.LoadedModel]:
 
 def _model_caption(m: zoo.LoadedModel) -> None:
     c = m.config
-    acc = m.card.get("metrics", {}).get("accuracy")
-    acc_txt = f", held-out accuracy {acc:.1%}" if isinstance(acc, (int, float)) else ""
-    parent = f" Retrained from {m.card['parent']}." if m.card.get("parent") else ""
-    st.sidebar.caption(f"**{m.name}**: task {m.card.get('task', '?')}, {c.n_layers} layer(s) × {c.n_heads} heads, "
+    acc = m.card.accuracy
+    acc_txt = f", held-out accuracy {acc:.1%}" if acc is not None else ""
+    parent = f" Retrained from {m.card.parent}." if m.card.parent else ""
+    st.sidebar.caption(f"**{m.name}**: task {m.card.task or '?'}, {c.n_layers} layer(s) × {c.n_heads} heads, "
                        f"d_model {c.d_model}, d_head {c.d_head}, {c.qk} QK{acc_txt}.{parent}")
 
 
@@ -247,7 +248,7 @@ def save_upload(files: dict[str, bytes]) -> str:
     if len(data) > zoo.MAX_WEIGHTS_BYTES:
         raise zoo.CheckpointError(f"{weights[0]} is larger than {zoo.MAX_WEIGHTS_BYTES // 2**20} MiB")
     cfg = zoo.read_config_bytes(files[zoo.CONFIG]) if zoo.CONFIG in files else None
-    card = zoo.read_json_bytes(files[zoo.CARD]) if zoo.CARD in files else None
+    card = Card.from_dict(zoo.read_json_bytes(files[zoo.CARD])) if zoo.CARD in files else None
     stem = re.sub(r"[^A-Za-z0-9_-]+", "-", Path(weights[0]).stem).strip("-")[:40] or "model"
     digest = hashlib.sha1(data + (files.get(zoo.CONFIG) or b"")).hexdigest()[:8]
     loaded = zoo.load_bytes(data, cfg=cfg, card=card, name=stem)

@@ -407,7 +407,8 @@ def token_names(m) -> list[str]:
     task = getattr(m, "task", None)
     if task is not None and task.d_vocab == model.cfg.d_vocab:
         return list(task.token_names)
-    vocab = getattr(m, "card", {}).get("vocab_file")
+    card = getattr(m, "card", None)
+    vocab = card.vocab_file if card is not None else None
     if vocab and Path(vocab).is_file():
         index = json.loads(Path(vocab).read_text())
         names = [str(i) for i in range(model.cfg.d_vocab)]

@@ -22,6 +22,7 @@ from typing import Optional
 
 import torch
 
+from attn_core.card import Card
 from attn_core.model import ModelConfig, Transformer
 from attn_core.zoo import CheckpointError, LoadedModel, _build_checked, _read_json
 
@@ -103,12 +104,9 @@ def convert_state_dict(sd: dict[str, torch.Tensor], hf: dict) -> tuple[ModelConf
     return cfg, {k: v.contiguous() for k, v in out.items()}
 
 
-def _card(source: str, hf: dict, vocab: Optional[Path]) -> dict:
-    card = {"task": None, "source": source, "architecture": "gpt2",
-            "note": "Imported from a Hugging Face GPT-2 checkpoint; no synthetic task."}
-    if vocab is not None:
-        card["vocab_file"] = str(vocab)
-    return card
+def _card(source: str, hf: dict, vocab: Optional[Path]) -> Card:
+    return Card(source=source, vocab_file=str(vocab) if vocab is not None else None,
+                details={"architecture": "gpt2", "note": "Imported from a Hugging Face GPT-2 checkpoint; no synthetic task."})
 
 
 def load_gpt2(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel:

@@ -15,6 +15,7 @@ reads the index only, so stray folders never break it. Shipped zoo files are nev
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -31,6 +32,7 @@ from typing import Iterable, Iterator, Optional
 import pandas as pd
 
 from attn_core import zoo
+from attn_core.card import Card
 from attn_core.model import Transformer
 
 ENV_RUNS = "ATTN_LAB_RUNS"
@@ -162,14 +164,14 @@ class RunStore:
                 con.executemany("INSERT INTO metrics (run, step, name, value) VALUES (?, ?, ?, ?)", rows)
                 con.execute("UPDATE runs SET updated = ? WHERE id = ?", (time.time(), run_id))
 
-    def finish(self, run_id: str, status: str, model: Optional[Transformer], card: dict,
+    def finish(self, run_id: str, status: str, model: Optional[Transformer], card: Card | dict,
                message: str = "", summary: Optional[dict] = None) -> Optional[Path]:
         """Save the weights (atomically, if given) and then mark the run finished."""
         if status not in FINAL:
             raise ValueError(f"a finished run's status is one of {', '.join(FINAL)}, not {status!r}")
         folder = None
         if model is not None:
-            card = {**card, "run_id": run_id, "status": status, "message": message}
+            card = dataclasses.replace(Card.from_dict(card), run_id=run_id, status=status, message=message)
             folder = zoo.save(model, self.path(run_id), card, overwrite=True)
         now = time.time()
         with self._db(write=True) as con:

@@ -12,6 +12,7 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
+from attn_core.card import Card
 from attn_core.model import Transformer
 from attn_core.tasks import Batch, Task
 from attn_core.hooks import act_name
@@ -469,7 +470,7 @@ class TrainingJob:
 
         self.cfg = cfg
         self.store = None if store is False else (store if store is not None else RunStore())
-        parent_card: dict = {}
+        parent_card = Card()
         if cfg.source.startswith(SCRATCH_PREFIX):
             from attn_core.presets import get_preset
             from attn_core.tasks import get_task
@@ -485,7 +486,7 @@ class TrainingJob:
             if loaded.task is None:
                 raise ValueError(f"model {loaded.name!r} has no known task in its card, so it cannot be retrained")
             model, task, parent_card = loaded.model, loaded.task, loaded.card
-            parent_train = parent_card.get("train", {}) if isinstance(parent_card.get("train"), dict) else {}
+            parent_train = parent_card.train
         self.parent = cfg.source
         self.task = task
         model = R.with_entmax(model, cfg.entmax_alpha)

@@ -23,6 +23,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load_bytes
 from safetensors.torch import save as st_save_bytes
 
+from attn_core.card import Card
 from attn_core.model import ModelConfig, Transformer
 from attn_core.tasks import TASKS, Task
 
@@ -42,13 +43,13 @@ class LoadedModel:
     name: str
     model: Transformer
     config: ModelConfig
-    card: dict = field(default_factory=dict)
+    card: Card = field(default_factory=Card)
     path: Optional[Path] = None
     key: str = ""  # identifies these exact weights (cache key for the dashboard)
 
     @property
     def task(self) -> Optional[Task]:
-        return TASKS.get(self.card.get("task", ""))
+        return TASKS.get(self.card.task or "")
 
 
 # --- discovery ---------------------------------------------------------------------------------
@@ -72,18 +73,17 @@ def list_models() -> list[dict]:
                              and (p / CONFIG).is_file() and (p / WEIGHTS).is_file()):
             try:
                 cfg = _read_config(folder / CONFIG)
-                card = _read_json(folder / CARD) if (folder / CARD).is_file() else {}
+                card = _read_card(folder / CARD)
             except CheckpointError:
                 continue  # a broken user folder must not hide the rest of the zoo
             out.append(summary(folder.name, cfg, card, folder))
     return out
 
 
-def summary(name: str, cfg: ModelConfig, card: dict, path: Optional[Path] = None) -> dict:
-    metrics = card.get("metrics", {})
+def summary(name: str, cfg: ModelConfig, card: Card, path: Optional[Path] = None) -> dict:
     return {
         "name": name,
-        "task": card.get("task"),
+        "task": card.task,
         "n_layers": cfg.n_layers,
         "n_heads": cfg.n_heads,
         "d_model": cfg.d_model,
@@ -91,7 +91,7 @@ def summary(name: str, cfg: ModelConfig, card: dict, path: Optional[Path] = None
         "qk": cfg.qk,
         "d_mlp": cfg.d_mlp,
         "params": _n_params(cfg),
-        "accuracy": metrics.get("accuracy"),
+        "accuracy": card.accuracy,
         "path": str(path) if path else None,
     }
 
@@ -126,17 +126,17 @@ def load(name_or_path: str | Path, device: str | torch.device = "cpu") -> Loaded
         if not weights.is_file():
             raise CheckpointError(f"{path} has no {WEIGHTS}")
         cfg = _read_config(path / CONFIG) if (path / CONFIG).is_file() else None
-        card = _read_json(path / CARD) if (path / CARD).is_file() else {}
+        card = _read_card(path / CARD)
         name = path.name
     else:
-        weights, cfg, card, name = path, None, {}, path.stem
+        weights, cfg, card, name = path, None, None, path.stem
     data = _read_bytes(weights, MAX_WEIGHTS_BYTES)
     loaded = load_bytes(data, cfg=cfg, card=card, name=name, device=device)
     loaded.path = path
     return loaded
 
 
-def load_bytes(data: bytes, cfg: Optional[ModelConfig] = None, card: Optional[dict] = None,
+def load_bytes(data: bytes, cfg: Optional[ModelConfig] = None, card: Optional[Card] = None,
                name: str = "upload", device: str | torch.device = "cpu") -> LoadedModel:
     """Validate and load safetensors bytes (a file's content or an upload)."""
     _refuse_pickle(data)
@@ -146,11 +146,10 @@ def load_bytes(data: bytes, cfg: Optional[ModelConfig] = None, card: Optional[di
         raise CheckpointError(f"not a readable safetensors file ({_first_line(e)}); is it truncated?") from None
     if cfg is None:
         cfg = _config_from_metadata(data)
-    card = dict(card or {})
-    if not card:
+    if card is None:
         meta_card = _metadata(data).get("card")
-        if meta_card:
-            card = _parse_json_text(meta_card, "card in the safetensors metadata")
+        card = Card.from_dict(_parse_json_text(meta_card, "card in the safetensors metadata") if meta_card else None,
+                              "the card in the safetensors metadata")
     model = _build_checked(cfg, tensors)
     key = f"{name}:{hashlib.sha1(data).hexdigest()[:16]}"
     return LoadedModel(name=name, model=model.to(device).eval(), config=cfg, card=card, key=key)
@@ -236,6 +235,16 @@ def _read_json(path: Path) -> dict:
     return obj
 
 
+def _read_card(path: Path) -> Card:
+    """The card beside a model's weights (an empty card when there is none)."""
+    if not path.is_file():
+        return Card()
+    try:
+        return Card.from_dict(_read_json(path), path.name)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+
+
 def read_json_bytes(data: bytes, what: str = "card.json") -> dict:
     """A JSON object given as bytes (an uploaded card.json)."""
     if len(data) > MAX_JSON_BYTES:
@@ -270,19 +279,20 @@ def _first_line(e: Exception) -> str:
 
 # --- saving ------------------------------------------------------------------------------------
 
-def to_safetensors_bytes(model: Transformer, card: Optional[dict] = None) -> bytes:
+def to_safetensors_bytes(model: Transformer, card: Optional[Card | dict] = None) -> bytes:
     tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
     meta = {"config": json.dumps(model.cfg.to_dict())}
     if card:
-        meta["card"] = json.dumps(card, default=str)
+        meta["card"] = json.dumps(Card.from_dict(card).to_dict(), default=str)
     return st_save_bytes(tensors, metadata=meta)
 
 
-def save(model: Transformer, folder: str | Path, card: Optional[dict] = None, overwrite: bool = False) -> Path:
+def save(model: Transformer, folder: str | Path, card: Optional[Card | dict] = None, overwrite: bool = False) -> Path:
     """Write a model folder atomically: files go to a temporary sibling folder that is renamed
     into place, so a crash never leaves a half-written model and nothing existing is replaced
     unless ``overwrite``."""
     folder = Path(folder)
+    card = Card.from_dict(card)  # a plain dict is checked against the schema
     if folder.exists() and not overwrite:
         raise CheckpointError(f"{folder} already exists; choose a new folder (nothing was overwritten)")
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -291,7 +301,7 @@ def save(model: Transformer, folder: str | Path, card: Optional[dict] = None, ov
     try:
         (tmp / WEIGHTS).write_bytes(to_safetensors_bytes(model, card))
         (tmp / CONFIG).write_text(json.dumps(model.cfg.to_dict(), indent=2) + "\n")
-        (tmp / CARD).write_text(json.dumps(card or {}, indent=2, default=_json_default) + "\n")
+        (tmp / CARD).write_text(json.dumps(card.to_dict(), indent=2, default=_json_default) + "\n")
         if folder.exists():
             old = folder.with_name(f".{folder.name}.old")
             folder.rename(old)

@@ -10,6 +10,7 @@ import streamlit as st
 import ui
 from attn_core import bilinear
 from attn_core import runs as rs
+from attn_core.card import Card
 from attn_core.figures import bilinear as fb
 from attn_core.figures import training as ft
 
@@ -119,8 +120,8 @@ st.header("Singular values of B, before and after")
 
 
 def draw_spectra(run_id: str, i: int) -> None:
-    card = store.get(run_id).get("card") or {}
-    per_head = card.get("per_head") or {}
+    card = Card.from_dict(store.get(run_id).get("card"))
+    per_head = card.details.get("per_head") or {}
     st.caption(f"**{run_id}**: {regs(by_id[run_id])}")
     if not per_head.get("before") or not per_head.get("after"):
         st.info(f"Run {run_id} ({by_id[run_id]['status']}) has no before/after measurement.")

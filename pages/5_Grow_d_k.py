@@ -7,6 +7,7 @@ import streamlit as st
 
 import ui
 from attn_core import bilinear, grow, zoo
+from attn_core.card import Card
 from attn_core.figures import grow as fg
 
 BASES = {"whitened": "whitened (the batch's score metric)", "raw": "raw Z (seed 001's recipe)"}
@@ -192,8 +193,8 @@ with c_zip:
                   {"page": "Grow d_k", "seed_text": "001", "model": loaded.name, "settings": settings, "result": s},
                   key=f"grow_{loaded.name}_L{g_layer}H{g_head}")
 with c_model:
-    card = {"task": loaded.task.name, "parent": loaded.name, "grow": s,
-            "description": f"{loaded.name}, head {g_head} of layer {g_layer} grown to d_k {s['d_k_new']} and fine-tuned"}
+    card = Card(task=loaded.task.name, parent=loaded.name, details={"grow": s},
+                description=f"{loaded.name}, head {g_head} of layer {g_layer} grown to d_k {s['d_k_new']} and fine-tuned")
     st.download_button("Grown, fine-tuned model (safetensors)", icon=":material/download:",
                        data=functools.partial(zoo.to_safetensors_bytes, res.models["grown_finetuned"], card),
                        file_name=f"{loaded.name}-L{g_layer}H{g_head}-dk{s['d_k_new']}.safetensors",

@@ -36,7 +36,7 @@ def test_an_upload_is_validated_and_kept_in_the_data_dir(tmp_path):
     loaded, original = zoo.load(folder), zoo.load(MODEL)
     for k, v in original.model.state_dict().items():
         assert (loaded.model.state_dict()[k] == v).all()
-    assert loaded.card["task"] == "reverse"
+    assert loaded.card.task == "reverse"
     assert ui.save_upload(model_files()) == label  # the same upload twice: one folder
     assert len(list(ui.upload_dir().iterdir())) == 1
     assert ui.picker_name(ui.job_source(label)) == label

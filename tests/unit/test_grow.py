@@ -410,7 +410,7 @@ def test_cli_grow_json_and_out(tmp_path):
     assert set(doc["baselines"]) == {"random", "zero"}
     assert set(doc["baselines"]["zero"]) >= {"loss_after_init", "loss_after_finetune"}
     loaded = zoo.load(out)
-    assert loaded.config.d_qk == [[4, 2]] and loaded.card["grow"]["d_k_new"] == 4
+    assert loaded.config.d_qk == [[4, 2]] and loaded.card.details["grow"]["d_k_new"] == 4
     bad = cli(str(tmp_path / "tiny"), "--add", "99", "--json")
     assert bad.exit_code == 2 and "add (p) must be 1..8" in bad.stderr and bad.stdout == ""
     again = cli(str(tmp_path / "tiny"), "--add", "1", "--out", str(out))

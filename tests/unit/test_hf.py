@@ -40,7 +40,7 @@ def _reference(model, tokens):
 def test_patterns_and_scores_match_transformers(saved):
     model, folder = saved
     loaded = zoo.load(str(folder))  # a GPT-2 folder works wherever a model NAME does
-    assert loaded.task is None and loaded.card["task"] is None
+    assert loaded.task is None and loaded.card.task is None
     cfg = loaded.config
     assert (cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.d_head, cfg.d_mlp, cfg.n_ctx, cfg.d_vocab) == (2, 4, 32, 8, 128, 16, 100)
     assert cfg.attn_bias and cfg.mlp_act == "gelu_tanh" and cfg.ln_eps == model.config.layer_norm_epsilon

@@ -62,8 +62,8 @@ def test_job_runs_in_a_thread_and_is_saved(tiny):
     run = store.get(snap.run_id)
     assert run["status"] == "completed" and run["parent"] == tiny and run["summary"]["after"]["accuracy"] == snap.after["accuracy"]
     loaded = store.load_model(snap.run_id)
-    assert loaded.name == f"run:{snap.run_id}" and loaded.card["task"] == "reverse"
-    assert loaded.card["regularizers"][0]["name"] == "entropy" and loaded.card["parent"] == tiny
+    assert loaded.name == f"run:{snap.run_id}" and loaded.card.task == "reverse"
+    assert loaded.card.details["regularizers"][0]["name"] == "entropy" and loaded.card.parent == tiny
     for k, v in loaded.model.state_dict().items():
         assert torch.equal(v, job.weights()[k])
 

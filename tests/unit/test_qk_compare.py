@@ -309,7 +309,7 @@ def test_each_run_is_in_the_store(tiny):
     names = set(store.metrics(rec["run_id"])["name"])
     assert {"task_loss", "eval_accuracy", "term:nuclear", "stable_rank:L1H0"} <= names
     loaded = store.load_model(rec["run_id"])
-    assert loaded.config.qk == "merged" and loaded.card["variant"] == "merged + nuclear"
+    assert loaded.config.qk == "merged" and loaded.card.details["variant"] == "merged + nuclear"
 
 
 def test_same_seed_same_numbers(tiny):

@@ -59,7 +59,7 @@ def test_round_trip(tmp_path):
     assert list(store.metrics(run_id, names=["loss"])["value"]) == [2.5, 2.0]
     loaded = load_run_model(run_id, root=tmp_path / "runs")
     assert isinstance(loaded, zoo.LoadedModel) and loaded.name == f"run:{run_id}"
-    assert loaded.card["parent"] == "reverse-1l" and loaded.card["status"] == "completed"
+    assert loaded.card.parent == "reverse-1l" and loaded.card.status == "completed"
     assert loaded.task is TASK
     for k, v in tiny_model().state_dict().items():
         assert torch.equal(loaded.model.state_dict()[k], v)
@@ -124,7 +124,7 @@ def test_half_written_run_does_not_break_listing(tmp_path):
     assert set(rows) == {good, orphan}
     assert rows[orphan]["status"] == "failed" and "interrupted" in rows[orphan]["message"]
     assert not rows[orphan]["has_weights"]
-    assert store.load_model(good).card["status"] == "completed"
+    assert store.load_model(good).card.status == "completed"
     with pytest.raises(ValueError, match="no saved weights"):
         store.load_model(orphan)
     # an old left-over is swept by the next save; a young one might be a save in progress

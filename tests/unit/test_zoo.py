@@ -33,7 +33,7 @@ def test_zoo_has_the_promised_models():
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_model_meets_its_card_on_fresh_samples(name):
     loaded = zoo.load(name)
-    card = loaded.card
+    card = loaded.card.to_dict()
     for key in ("task", "metrics", "seed", "steps", "wall_time_s", "command"):
         assert key in card, key
     assert card["wall_time_s"] <= 180
@@ -47,7 +47,7 @@ def test_save_load_round_trip_is_bit_exact(tmp_path):
     card = {"task": "copy", "note": "round trip"}
     zoo.save(m, tmp_path / "m", card)
     back = zoo.load(tmp_path / "m")
-    assert back.card == card and back.config == m.cfg
+    assert back.card.to_dict() == card and back.config == m.cfg
     for (k, v), w in zip(m.state_dict().items(), back.model.state_dict().values()):
         assert torch.equal(v, w), k
     lone = zoo.load(tmp_path / "m" / zoo.WEIGHTS)  # config travels in the safetensors metadata
@@ -122,7 +122,7 @@ def test_user_model_dirs_from_env(tmp_path, monkeypatch):
     zoo.save(tiny(), tmp_path / "mine" / "my-model", {"task": "copy"})
     monkeypatch.setenv(zoo.ENV_DIRS, str(tmp_path / "mine"))
     assert "my-model" in [m["name"] for m in zoo.list_models()]
-    assert zoo.load("my-model").card["task"] == "copy"
+    assert zoo.load("my-model").card.task == "copy"
 
 
 def test_unfinished_save_is_not_listed(tmp_path, monkeypatch):
@@ -143,4 +143,4 @@ def test_safetensors_whose_header_length_starts_with_0x80_is_not_taken_for_a_pic
             break
     assert data[0] == 0x80
     back = zoo.load_bytes(data)
-    assert back.card["task"] == "copy"
+    assert back.card.task == "copy"

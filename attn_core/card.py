@@ -1,0 +1,120 @@
+"""The model card: what ``card.json`` holds, as one dataclass read and written everywhere.
+
+A card travels with every checkpoint (zoo model, saved run, import, upload). The common fields
+are typed here; a kind of run may add its own sections (a retrain's ``regularizers``,
+``before``/``after`` and ``job``; a comparison's ``variant``; a growth's ``grow``; an import's
+``architecture``), which are kept in ``details`` and written back at the top level, so the file
+format is unchanged. The card is untrusted input: :meth:`Card.from_dict` checks every common
+field's type and says in one sentence what is wrong (see ``docs/checkpoints.md``).
+"""
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional
+
+from attn_core.validate import is_int, is_number
+
+# The measurements a card's ``metrics`` (and a run's before/after) may hold, in display order.
+MEASURE_KEYS = ("accuracy", "loss", "entropy_data", "entropy_vocab", "top1_mass", "stable_rank")
+
+
+def machine() -> str:
+    """Where a run was made: architecture, torch threads and version (recorded in every card)."""
+    import torch
+
+    return f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def public(measured: Optional[dict]) -> Optional[dict]:
+    """The :data:`MEASURE_KEYS` of a measurement (no per-head detail, no extra keys)."""
+    return None if measured is None else {k: measured[k] for k in MEASURE_KEYS if k in measured}
+
+
+# field name -> (accepted check, what it must be); None is allowed for every optional field
+_CHECKS = {
+    "name": (lambda v: isinstance(v, str), "a string"),
+    "task": (lambda v: isinstance(v, str), "a task name (a string)"),
+    "description": (lambda v: isinstance(v, str), "a string"),
+    "metrics": (lambda v: isinstance(v, dict), "an object of measurements"),
+    "seed": (is_int, "an integer"),
+    "steps": (is_int, "an integer"),
+    "wall_time_s": (is_number, "a number of seconds"),
+    "device": (lambda v: isinstance(v, str), "a string"),
+    "machine": (lambda v: isinstance(v, str), "a string"),
+    "params": (is_int, "an integer"),
+    "command": (lambda v: isinstance(v, str), "a string"),
+    "created": (lambda v: isinstance(v, str), "a date string"),
+    "train": (lambda v: isinstance(v, dict), "an object (the training recipe)"),
+    "preset": (lambda v: isinstance(v, str), "a preset name"),
+    "parent": (lambda v: isinstance(v, str), "a model name"),
+    "run_id": (lambda v: isinstance(v, str), "a run id"),
+    "status": (lambda v: isinstance(v, str), "a run status"),
+    "message": (lambda v: isinstance(v, str), "a string"),
+    "source": (lambda v: isinstance(v, str), "a string"),
+    "vocab_file": (lambda v: isinstance(v, str), "a file name"),
+}
+
+
+@dataclass
+class Card:
+    """What is known about a checkpoint: its task, how it was made and what it measured."""
+
+    name: str = ""
+    task: Optional[str] = None  # a key of attn_core.tasks.TASKS; None for imported models
+    description: str = ""
+    metrics: dict = field(default_factory=dict)  # accuracy, loss (held out), eval_samples, split, ...
+    seed: Optional[int] = None
+    steps: Optional[int] = None
+    wall_time_s: Optional[float] = None
+    device: Optional[str] = None
+    machine: Optional[str] = None
+    params: Optional[int] = None
+    command: str = ""  # the exact command that reproduces it
+    created: Optional[str] = None
+    train: dict = field(default_factory=dict)  # TrainConfig.to_dict() of the recipe
+    preset: Optional[str] = None
+    parent: Optional[str] = None  # retrained, grown or compared runs: what they started from
+    run_id: Optional[str] = None
+    status: Optional[str] = None  # runs: one of attn_core.runs.STATUSES
+    message: str = ""
+    source: Optional[str] = None  # imports: where the weights came from
+    vocab_file: Optional[str] = None  # imports: vocab.json beside the weights
+    details: dict = field(default_factory=dict)  # kind-specific sections, written at the top level
+
+    @property
+    def accuracy(self) -> Optional[float]:
+        acc = self.metrics.get("accuracy")
+        return float(acc) if is_number(acc) else None
+
+    def to_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "details"}
+        out = {k: v for k, v in out.items() if v is not None and v != "" and v != {}}
+        return {**self.details, **out}
+
+    @classmethod
+    def from_dict(cls, raw: Any, what: str = "card.json") -> "Card":
+        """Check a parsed card; raises ValueError naming the first field of the wrong type."""
+        if raw is None:
+            return cls()
+        if isinstance(raw, Card):
+            return raw
+        if not isinstance(raw, dict):
+            raise ValueError(f"{what} must be a JSON object, not {type(raw).__name__}")
+        known = {f.name for f in fields(cls)} - {"details"}
+        values: dict = {}
+        for key in known & set(raw):
+            v = raw[key]
+            if v is None:
+                continue
+            ok, must = _CHECKS[key]
+            if not ok(v):
+                raise ValueError(f"{what}: {key!r} must be {must}, not {type(v).__name__}")
+            values[key] = v
+        details = {k: v for k, v in raw.items() if k not in known}
+        return cls(**values, details=details)
