@@ -11,6 +11,7 @@ from typing import Any, Callable, Collection, Optional
 
 import streamlit as st
 
+from attn_core.sources import LoadedModel
 from attn_core import runs, zoo
 from attn_core.card import Card
 from attn_core.figures import EXPORT_FORMATS, ExportError, Plot, bundle_zip, export_bytes
@@ -25,7 +26,7 @@ UPLOAD_PREFIX = "upload: "
 UPLOAD_DIR = "uploads"  # under the data directory (ATTN_LAB_RUNS), never anywhere else
 
 
-def setup(title: str, needs_model: bool = True) -> Optional[zoo.LoadedModel]:
+def setup(title: str, needs_model: bool = True) -> Optional[LoadedModel]:
     """Page config, remembered widget state, title and, when the page needs one, the shared
     model picker."""
     st.set_page_config(page_title=f"{title} · attn-lab", page_icon="🔍", layout="wide")
@@ -102,7 +103,7 @@ def upload_dir() -> Path:
 
 
 @st.cache_resource(show_spinner="Loading model…", max_entries=16)
-def _load_cached(name: str, stamp: float) -> zoo.LoadedModel:
+def _load_cached(name: str, stamp: float) -> LoadedModel:
     if runs.is_run_ref(name):
         return runs.load_run_model(name)
     if name.startswith(UPLOAD_PREFIX):
@@ -122,7 +123,7 @@ def weights_path(name: str) -> Path:
     return path / zoo.WEIGHTS if path.is_dir() else path
 
 
-def load_model(name: str) -> zoo.LoadedModel:
+def load_model(name: str) -> LoadedModel:
     """A zoo model, a saved run (``run:<id>``) or an upload (``upload: <name>``), cached across
     reruns, pages and sessions until its weights file changes."""
     path = weights_path(name)
@@ -165,7 +166,7 @@ def model_names() -> list[str]:
     return names
 
 
-def model_picker() -> Optional[zoo.LoadedModel]:
+def model_picker() -> Optional[LoadedModel]:
     names = model_names()
     if not names:
         st.error("No models found: the zoo in assets/models is empty and nothing was uploaded or trained.")
@@ -188,7 +189,7 @@ def model_picker() -> Optional[zoo.LoadedModel]:
     return loaded
 
 
-def _model_caption(m: zoo.LoadedModel) -> None:
+def _model_caption(m: LoadedModel) -> None:
     c = m.config
     acc = m.card.accuracy
     acc_txt = f", held-out accuracy {acc:.1%}" if acc is not None else ""
@@ -294,11 +295,11 @@ def export_all(plots: list[Plot], manifest: dict, key: str) -> None:
 
 # --- caching -----------------------------------------------------------------------------------
 
-def _model_hash(m: zoo.LoadedModel) -> str:
+def _model_hash(m: LoadedModel) -> str:
     return m.key
 
 
 def cached(fn: Callable) -> Callable:
     """Memoise a pure attn_core call by its arguments; models hash by their weights' key."""
     return st.cache_data(show_spinner=False, max_entries=256,
-                         hash_funcs={zoo.LoadedModel: _model_hash, Transformer: id})(fn)
+                         hash_funcs={LoadedModel: _model_hash, Transformer: id})(fn)

@@ -24,7 +24,8 @@ import torch
 
 from attn_core.card import Card
 from attn_core.model import ModelConfig, Transformer
-from attn_core.zoo import CheckpointError, LoadedModel, _build_checked, _read_json
+from attn_core.sources import LoadedModel
+from attn_core.zoo import CheckpointError, _build_checked, _read_json
 
 CONFIG, WEIGHTS, VOCAB = "config.json", "model.safetensors", "vocab.json"
 MAX_WEIGHTS_BYTES = 2 * 2**30  # GPT-2 small is ~0.5 GiB

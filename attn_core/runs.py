@@ -31,6 +31,7 @@ from typing import Iterable, Iterator, Optional
 
 import pandas as pd
 
+from attn_core.sources import LoadedModel
 from attn_core import zoo
 from attn_core.card import Card
 from attn_core.model import Transformer
@@ -232,8 +233,8 @@ class RunStore:
             df = df[df["name"].isin(list(names))].reset_index(drop=True)
         return df
 
-    def load_model(self, run_id: str, device: str = "cpu") -> zoo.LoadedModel:
-        """A run's weights as a :class:`zoo.LoadedModel` named ``run:<id>``; its card holds task,
+    def load_model(self, run_id: str, device: str = "cpu") -> LoadedModel:
+        """A run's weights as a :class:`LoadedModel` named ``run:<id>``; its card holds task,
         parent, regularizers, metrics (after), before, status."""
         run = self.get(run_id)
         folder = self.path(run["id"])
@@ -283,7 +284,7 @@ class RunStore:
                 pass
 
 
-def load_run_model(run_id: str, root: Optional[str | Path] = None, device: str = "cpu") -> zoo.LoadedModel:
+def load_run_model(run_id: str, root: Optional[str | Path] = None, device: str = "cpu") -> LoadedModel:
     """Load a run's weights (see :meth:`RunStore.load_model`)."""
     return RunStore(root).load_model(run_id, device)
 

@@ -14,7 +14,6 @@ import json
 import math
 import os
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -24,8 +23,8 @@ from safetensors.torch import load as st_load_bytes
 from safetensors.torch import save as st_save_bytes
 
 from attn_core.card import Card
+from attn_core.sources import LoadedModel
 from attn_core.model import ModelConfig, Transformer
-from attn_core.tasks import TASKS, Task
 
 ZOO_DIR = Path(__file__).resolve().parent.parent / "assets" / "models"
 ENV_DIRS = "ATTN_LAB_MODELS"
@@ -36,20 +35,6 @@ MAX_WEIGHTS_BYTES = 512 * 2**20
 
 class CheckpointError(ValueError):
     """A model that cannot be loaded; the message says what is wrong, in one sentence."""
-
-
-@dataclass
-class LoadedModel:
-    name: str
-    model: Transformer
-    config: ModelConfig
-    card: Card = field(default_factory=Card)
-    path: Optional[Path] = None
-    key: str = ""  # identifies these exact weights (cache key for the dashboard)
-
-    @property
-    def task(self) -> Optional[Task]:
-        return TASKS.get(self.card.task or "")
 
 
 # --- discovery ---------------------------------------------------------------------------------

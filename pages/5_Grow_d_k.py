@@ -6,6 +6,7 @@ import functools
 import streamlit as st
 
 import ui
+from attn_core.sources import LoadedModel
 from attn_core import bilinear, grow, zoo
 from attn_core.card import Card
 from attn_core.figures import grow as fg
@@ -18,8 +19,8 @@ RESULT = "grow_settings"  # session key: the settings of the last growth asked f
 
 # A resource cache, not ui.cached: the result holds models, and pickling them (cache_data) fails
 # whenever Streamlit has reloaded attn_core since. Nothing downstream mutates the result.
-@st.cache_resource(show_spinner=False, max_entries=8, hash_funcs={zoo.LoadedModel: lambda m: m.key})
-def run_growth(m: zoo.LoadedModel, cfg: grow.GrowConfig) -> grow.GrowResult:
+@st.cache_resource(show_spinner=False, max_entries=8, hash_funcs={LoadedModel: lambda m: m.key})
+def run_growth(m: LoadedModel, cfg: grow.GrowConfig) -> grow.GrowResult:
     return grow.grow(m.model, m.task, cfg)
 
 
@@ -171,7 +172,7 @@ sample = c_sample.number_input("Held-out sample", min_value=0, max_value=2**31 -
                                help="Seed of the task sample drawn in both heatmaps")
 tokens = bilinear.sample_tokens(loaded, int(sample))
 after_model = res.models["grown" if stage == "step" else "grown_finetuned"]
-after = zoo.LoadedModel(name=f"{loaded.name} (grown)", model=after_model, config=after_model.cfg, card=loaded.card)
+after = LoadedModel(name=f"{loaded.name} (grown)", model=after_model, config=after_model.cfg, card=loaded.card)
 g_layer, g_head = settings["layer"], settings["head"]
 view_before = bilinear.sequence_view(loaded, tokens, g_layer, [g_head])
 view_after = bilinear.sequence_view(after, tokens, g_layer, [g_head])

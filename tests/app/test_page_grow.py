@@ -9,6 +9,7 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
+from attn_core.sources import LoadedModel
 from attn_core import zoo
 from attn_core.figures import bundle_zip
 from attn_core.model import ModelConfig
@@ -85,7 +86,7 @@ def test_the_page_figures_bundle_into_one_zip(models):
     loaded = zoo.load(models / "narrow")
     res = grow.grow(loaded.model, loaded.task, grow.GrowConfig(add=2, batch=6, steps=3))
     tokens = bilinear.sample_tokens(loaded, 0)
-    after = zoo.LoadedModel("grown", res.models["grown"], res.models["grown"].cfg, loaded.card)
+    after = LoadedModel("grown", res.models["grown"], res.models["grown"].cfg, loaded.card)
     plots = [fg.spectrum_plot(res), fg.decrease_plot(res), fg.curves_plot(res), fg.summary_plot(res),
              *fg.heatmap_pair(bilinear.sequence_view(loaded, tokens, 0, [0]),
                               bilinear.sequence_view(after, tokens, 0, [0]), 0)]

@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from attn_core.sources import LoadedModel
 from attn_core import zoo
 from attn_core.model import ModelConfig
 from attn_core.runs import ENV_RUNS, RunStore, load_run_model
@@ -58,7 +59,7 @@ def test_round_trip(tmp_path):
     assert list(df.columns) == ["step", "name", "value"] and len(df) == 3
     assert list(store.metrics(run_id, names=["loss"])["value"]) == [2.5, 2.0]
     loaded = load_run_model(run_id, root=tmp_path / "runs")
-    assert isinstance(loaded, zoo.LoadedModel) and loaded.name == f"run:{run_id}"
+    assert isinstance(loaded, LoadedModel) and loaded.name == f"run:{run_id}"
     assert loaded.card.parent == "reverse-1l" and loaded.card.status == "completed"
     assert loaded.task is TASK
     for k, v in tiny_model().state_dict().items():
