@@ -1,32 +1,35 @@
-"""Streamlit glue shared by app.py and every page: page setup, the sidebar model picker (zoo
-models, saved runs, uploads), widget state that survives page switches and URL parameters,
-figures with their downloads, and caching. Everything computational lives in attn_core."""
+"""Streamlit glue shared by every page: page setup, the sidebar model picker (zoo models, saved
+runs, uploads), the layer/head picker, the "needs a task" guard, widget state that survives page
+switches and URL parameters, figures with their downloads, and the one caching rule (see
+docs/architecture.md). Everything computational lives in attn_core."""
 from __future__ import annotations
 
 import functools
 import hashlib
 import re
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import Any, Callable, Collection, Optional
+from typing import Any
 
 import streamlit as st
 
-from attn_core.sources import LoadedModel
-from attn_core import runs, zoo
+from attn_core import runs, sources, zoo
 from attn_core.card import Card
 from attn_core.figures import EXPORT_FORMATS, ExportError, Plot, bundle_zip, export_bytes
-from attn_core.model import Transformer
+from attn_core.model import ModelConfig
+from attn_core.sources import LoadedModel
+from attn_core.tasks import Task
 
 MIME = {"png": "image/png", "svg": "image/svg+xml", "html": "text/html", "csv": "text/csv"}
 MODEL_KEY = "model_choice"  # the picker's widget key; kept across pages like every remembered key
+LAYER_KEY, HEAD_KEY = "layer", "head"  # the layer/head picker's widget keys, shared by every page
+ALL_HEADS = "all"  # the head picker's extra choice on pages that can draw every head of a layer
 _KEPT = "_kept_keys"  # session key: widget keys whose values survive page switches
 _UPLOAD_MSG = "_upload_message"
 _URL_WARNED = "_url_warned"
-UPLOAD_PREFIX = "upload: "
-UPLOAD_DIR = "uploads"  # under the data directory (ATTN_LAB_RUNS), never anywhere else
 
 
-def setup(title: str, needs_model: bool = True) -> Optional[LoadedModel]:
+def setup(title: str, needs_model: bool = True) -> LoadedModel | None:
     """Page config, remembered widget state, title and, when the page needs one, the shared
     model picker."""
     st.set_page_config(page_title=f"{title} · attn-lab", page_icon="🔍", layout="wide")
@@ -45,7 +48,7 @@ def _keep_widget_state() -> None:
             st.session_state[key] = st.session_state[key]
 
 
-def remember(key: str, default: Any, valid: Optional[Collection] = None, param: Optional[str] = None) -> str:
+def remember(key: str, default: Any, valid: Collection | None = None, param: str | None = None) -> str:
     """Make ``key`` a widget key whose value survives page switches; returns ``key``.
 
     The first time (per session) the value comes from the URL parameter ``param`` when it is
@@ -60,7 +63,7 @@ def remember(key: str, default: Any, valid: Optional[Collection] = None, param: 
     return key
 
 
-def _from_url(param: str, default: Any, valid: Optional[Collection]) -> Any:
+def _from_url(param: str, default: Any, valid: Collection | None) -> Any:
     raw = st.query_params.get(param)
     if raw is None:
         return default
@@ -98,52 +101,33 @@ def data_dir() -> Path:
     return runs.default_root()
 
 
-def upload_dir() -> Path:
-    return data_dir() / UPLOAD_DIR
-
-
 @st.cache_resource(show_spinner="Loading model…", max_entries=16)
-def _load_cached(name: str, stamp: float) -> LoadedModel:
-    if runs.is_run_ref(name):
-        return runs.load_run_model(name)
-    if name.startswith(UPLOAD_PREFIX):
-        loaded = zoo.load(upload_dir() / name[len(UPLOAD_PREFIX):])
-        loaded.name = name
-        return loaded
-    return zoo.load(name)
+def _load_cached(source: str, mtime: float) -> LoadedModel:
+    return sources.resolve(source)
 
 
-def weights_path(name: str) -> Path:
-    """The safetensors file behind a picker entry (its mtime keys the cache)."""
-    if runs.is_run_ref(name):
-        return runs.RunStore().path(name) / zoo.WEIGHTS
-    if name.startswith(UPLOAD_PREFIX):
-        return upload_dir() / name[len(UPLOAD_PREFIX):] / zoo.WEIGHTS
-    path = zoo.resolve(name)
-    return path / zoo.WEIGHTS if path.is_dir() else path
-
-
-def load_model(name: str) -> LoadedModel:
+def load_model(source: str) -> LoadedModel:
     """A zoo model, a saved run (``run:<id>``) or an upload (``upload: <name>``), cached across
-    reruns, pages and sessions until its weights file changes."""
-    path = weights_path(name)
+    reruns, pages and sessions by its source and the modification time of its weights file: a
+    file written again (a run saved over, a zoo model retrained) is read again."""
+    path = sources.weights_path(source)
     if not path.is_file():
-        raise zoo.CheckpointError(f"{name} has no weights file ({path.name} is missing)")
-    return _load_cached(name, path.stat().st_mtime)
+        raise zoo.CheckpointError(f"{source} has no weights file ({path.name} is missing)")
+    return _load_cached(source, path.stat().st_mtime)
 
 
 def job_source(name: str) -> str:
     """What a retraining job is given for a picker entry: zoo name, run:<id> or a folder."""
-    if name.startswith(UPLOAD_PREFIX):
-        return str(upload_dir() / name[len(UPLOAD_PREFIX):])
+    if sources.is_upload(name):
+        return str(sources.upload_dir() / name[len(sources.UPLOAD_PREFIX):])
     return name
 
 
 def picker_name(source: str) -> str:
     """The picker entry of a job's source (the inverse of :func:`job_source`)."""
     path = Path(source)
-    if path.is_absolute() and path.parent == upload_dir():
-        return UPLOAD_PREFIX + path.name
+    if path.is_absolute() and path.parent == sources.upload_dir():
+        return sources.UPLOAD_PREFIX + path.name
     return source
 
 
@@ -159,14 +143,15 @@ def saved_runs() -> list[dict]:
 
 def model_names() -> list[str]:
     names = [m["name"] for m in zoo.list_models()]
-    names += [runs.RUN_PREFIX + r["id"] for r in saved_runs()]
-    if upload_dir().is_dir():
-        names += [UPLOAD_PREFIX + p.name for p in sorted(upload_dir().iterdir())
+    names += [sources.RUN_PREFIX + r["id"] for r in saved_runs()]
+    uploads = sources.upload_dir()
+    if uploads.is_dir():
+        names += [sources.UPLOAD_PREFIX + p.name for p in sorted(uploads.iterdir())
                   if (p / zoo.WEIGHTS).is_file() and not p.name.startswith(".")]
     return names
 
 
-def model_picker() -> Optional[LoadedModel]:
+def model_picker() -> LoadedModel | None:
     names = model_names()
     if not names:
         st.error("No models found: the zoo in assets/models is empty and nothing was uploaded or trained.")
@@ -198,6 +183,38 @@ def _model_caption(m: LoadedModel) -> None:
                        f"d_model {c.d_model}, d_head {c.d_head}, {c.qk} QK{acc_txt}.{parent}")
 
 
+def layer_head_picker(config: ModelConfig, where: Sequence | None = None, *, all_heads: bool = False,
+                      disabled: bool = False, url: bool = True, head_help: str = "") -> tuple[int, int | str]:
+    """The layer and head selectboxes of every page that looks at one head; returns (layer, head).
+
+    Their keys are the same on every page, so a choice follows the user from page to page (and
+    falls back to 0 on a model with fewer layers or heads); with ``url`` the first choice comes
+    from the URL parameters ``layer`` and ``head``. ``where``: the two containers to draw them in
+    (columns, a form's columns; default: the page). ``all_heads`` adds :data:`ALL_HEADS`, drawn
+    as "all (grid)"; ``head_help`` is added to the head's tooltip."""
+    layer_at, head_at = where if where is not None else (st, st)
+    layers = range(config.n_layers)
+    heads = [*range(config.n_heads), *([ALL_HEADS] if all_heads else [])]
+    layer = layer_at.selectbox("Layer", layers, disabled=disabled,
+                               key=remember(LAYER_KEY, 0, layers, param="layer" if url else None),
+                               help=f"Layer l, 0..{config.n_layers - 1}")
+    grid = ", or a grid of every head of the layer" if all_heads else ""
+    head = head_at.selectbox("Head", heads, disabled=disabled,
+                             key=remember(HEAD_KEY, 0, heads, param="head" if url else None),
+                             format_func=lambda h: "all (grid)" if h == ALL_HEADS else str(h),
+                             help=f"Head h, 0..{config.n_heads - 1}{grid}{head_help}")
+    return layer, head
+
+
+def require_task(loaded: LoadedModel, why: str) -> Task:
+    """The guard of a page that needs the model's task (its data, its loss): without one the page
+    says "<model> has no known task in its card, so <why>." and stops there."""
+    if loaded.task is None:
+        st.warning(f"{loaded.name} has no known task in its card, so {why}.")
+        st.stop()
+    return loaded.task
+
+
 def _upload_widget() -> None:
     with st.sidebar.expander("Upload a model"):
         folder = st.toggle("Whole folder", key="upload_folder",
@@ -207,7 +224,7 @@ def _upload_widget() -> None:
                          type=["safetensors", "json"], accept_multiple_files="directory" if folder else True,
                          key="upload_files", on_change=_on_upload,
                          help="Validated like the zoo: only safetensors and JSON are read, never pickles. "
-                              f"A valid model is kept under {upload_dir()} and appears in the model list.")
+                              f"A valid model is kept under {sources.upload_dir()} and appears in the model list.")
         kind, text = st.session_state.get(_UPLOAD_MSG, (None, ""))
         if kind == "error":
             st.error(text)
@@ -253,15 +270,15 @@ def save_upload(files: dict[str, bytes]) -> str:
     stem = re.sub(r"[^A-Za-z0-9_-]+", "-", Path(weights[0]).stem).strip("-")[:40] or "model"
     digest = hashlib.sha1(data + (files.get(zoo.CONFIG) or b"")).hexdigest()[:8]
     loaded = zoo.load_bytes(data, cfg=cfg, card=card, name=stem)
-    folder = upload_dir() / f"{stem}-{digest}"
+    folder = sources.upload_dir() / f"{stem}-{digest}"
     if not (folder / zoo.WEIGHTS).is_file():
         zoo.save(loaded.model, folder, card=loaded.card, overwrite=True)
-    return UPLOAD_PREFIX + folder.name
+    return sources.UPLOAD_PREFIX + folder.name
 
 
 # --- figures -----------------------------------------------------------------------------------
 
-def show_plot(plot: Plot, key: str, help: Optional[str] = None, downloads: bool = True) -> None:
+def show_plot(plot: Plot, key: str, help: str | None = None, downloads: bool = True) -> None:
     """The chart and one download button per format; files are made only when clicked."""
     st.plotly_chart(plot.fig, key=f"chart_{key}", config={"displaylogo": False})
     if not downloads:
@@ -294,12 +311,48 @@ def export_all(plots: list[Plot], manifest: dict, key: str) -> None:
 
 
 # --- caching -----------------------------------------------------------------------------------
+# One rule (docs/architecture.md): a model is cached by its source and its weights file's
+# modification time (load_model above); anything computed from a model by its plain inputs, the
+# model counting by its weights key, never by object identity (an id() is reused once the
+# object is garbage collected).
 
-def _model_hash(m: LoadedModel) -> str:
-    return m.key
+def _is_model(value: Any) -> bool:
+    # Duck-typed: after Streamlit reloads attn_core, models are instances of a new LoadedModel class.
+    return hasattr(value, "key") and hasattr(value, "model") and hasattr(value, "config")
 
 
-def cached(fn: Callable) -> Callable:
-    """Memoise a pure attn_core call by its arguments; models hash by their weights' key."""
-    return st.cache_data(show_spinner=False, max_entries=256,
-                         hash_funcs={LoadedModel: _model_hash, Transformer: id})(fn)
+def _plain(value: Any) -> Any:
+    """What a cached call is keyed by in place of ``value``: a model's weights key."""
+    if _is_model(value):
+        if not value.key:
+            raise TypeError(f"model {value.name!r} has no weights key, so results computed from it cannot be cached")
+        return ("model", value.key)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    if hasattr(value, "state_dict"):
+        raise TypeError(f"cache by plain inputs: pass the LoadedModel (keyed by its weights), not a bare "
+                        f"{type(value).__name__}")
+    return value
+
+
+def cached(fn: Callable | None = None, *, resource: bool = False, max_entries: int = 256) -> Callable:
+    """Memoise a pure attn_core call by its plain inputs (numbers, strings, tokens, settings; a
+    model by its weights key). The result is copied to each caller, or with ``resource=True``
+    shared as is (for results that hold models, which do not pickle: nothing may mutate them)."""
+    if fn is None:
+        return functools.partial(cached, resource=resource, max_entries=max_entries)
+
+    def call(inputs, _args, _kwargs):  # keyed by ``inputs`` only: Streamlit skips _-named arguments
+        return fn(*_args, **_kwargs)
+
+    # Streamlit names a cache by the module, qualified name and source of its function: those of fn.
+    functools.update_wrapper(call, fn)
+    memo = (st.cache_resource if resource else st.cache_data)(show_spinner=False, max_entries=max_entries)(call)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        inputs = (_plain(args), {k: _plain(v) for k, v in sorted(kwargs.items())})
+        return memo(inputs=inputs, _args=args, _kwargs=kwargs)  # by name: fn's signature is not call's
+
+    wrapper.clear = memo.clear
+    return wrapper

@@ -12,7 +12,7 @@ from __future__ import annotations
 import platform
 import time
 from dataclasses import dataclass, field, fields
-from typing import Any, Optional
+from typing import Any
 
 from attn_core.validate import is_int, is_number
 
@@ -31,7 +31,7 @@ def now() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S")
 
 
-def public(measured: Optional[dict]) -> Optional[dict]:
+def public(measured: dict | None) -> dict | None:
     """The :data:`MEASURE_KEYS` of a measurement (no per-head detail, no extra keys)."""
     return None if measured is None else {k: measured[k] for k in MEASURE_KEYS if k in measured}
 
@@ -66,29 +66,29 @@ class Card:
     """What is known about a checkpoint: its task, how it was made and what it measured."""
 
     name: str = ""
-    task: Optional[str] = None  # a key of attn_core.tasks.TASKS; None for imported models
+    task: str | None = None  # a key of attn_core.tasks.TASKS; None for imported models
     description: str = ""
     metrics: dict = field(default_factory=dict)  # accuracy, loss (held out), eval_samples, split, ...
-    seed: Optional[int] = None
-    steps: Optional[int] = None
-    wall_time_s: Optional[float] = None
-    device: Optional[str] = None
-    machine: Optional[str] = None
-    params: Optional[int] = None
+    seed: int | None = None
+    steps: int | None = None
+    wall_time_s: float | None = None
+    device: str | None = None
+    machine: str | None = None
+    params: int | None = None
     command: str = ""  # the exact command that reproduces it
-    created: Optional[str] = None
+    created: str | None = None
     train: dict = field(default_factory=dict)  # TrainConfig.to_dict() of the recipe
-    preset: Optional[str] = None
-    parent: Optional[str] = None  # retrained, grown or compared runs: what they started from
-    run_id: Optional[str] = None
-    status: Optional[str] = None  # runs: one of attn_core.runs.STATUSES
+    preset: str | None = None
+    parent: str | None = None  # retrained, grown or compared runs: what they started from
+    run_id: str | None = None
+    status: str | None = None  # runs: one of attn_core.runs.STATUSES
     message: str = ""
-    source: Optional[str] = None  # imports: where the weights came from
-    vocab_file: Optional[str] = None  # imports: vocab.json beside the weights
+    source: str | None = None  # imports: where the weights came from
+    vocab_file: str | None = None  # imports: vocab.json beside the weights
     details: dict = field(default_factory=dict)  # kind-specific sections, written at the top level
 
     @property
-    def accuracy(self) -> Optional[float]:
+    def accuracy(self) -> float | None:
         acc = self.metrics.get("accuracy")
         return float(acc) if is_number(acc) else None
 
@@ -98,7 +98,7 @@ class Card:
         return {**self.details, **out}
 
     @classmethod
-    def from_dict(cls, raw: Any, what: str = "card.json") -> "Card":
+    def from_dict(cls, raw: Any, what: str = "card.json") -> Card:
         """Check a parsed card; raises ValueError naming the first field of the wrong type."""
         if raw is None:
             return cls()

@@ -18,16 +18,15 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Optional
 
 import torch
+from safetensors import safe_open
 
 from attn_core.card import Card
-from attn_core.model import ModelConfig, Transformer
-from attn_core.sources import LoadedModel
-from attn_core.zoo import CheckpointError, _build_checked, _read_json
+from attn_core.checkpoint import CONFIG, WEIGHTS, CheckpointError, LoadedModel, build_checked, read_json
+from attn_core.model import ModelConfig
 
-CONFIG, WEIGHTS, VOCAB = "config.json", "model.safetensors", "vocab.json"
+VOCAB = "vocab.json"
 MAX_WEIGHTS_BYTES = 2 * 2**30  # GPT-2 small is ~0.5 GiB
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
 
@@ -38,7 +37,7 @@ def is_gpt2_folder(path: str | Path) -> bool:
     if not (p.is_dir() and (p / CONFIG).is_file()):
         return False
     try:
-        return _read_json(p / CONFIG).get("model_type") == "gpt2"
+        return read_json(p / CONFIG).get("model_type") == "gpt2"
     except CheckpointError:
         return False
 
@@ -105,19 +104,17 @@ def convert_state_dict(sd: dict[str, torch.Tensor], hf: dict) -> tuple[ModelConf
     return cfg, {k: v.contiguous() for k, v in out.items()}
 
 
-def _card(source: str, hf: dict, vocab: Optional[Path]) -> Card:
+def _card(source: str, hf: dict, vocab: Path | None) -> Card:
     return Card(source=source, vocab_file=str(vocab) if vocab is not None else None,
                 details={"architecture": "gpt2", "note": "Imported from a Hugging Face GPT-2 checkpoint; no synthetic task."})
 
 
 def load_gpt2(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel:
     """A local GPT-2 folder (config.json + model.safetensors [+ vocab.json for token names])."""
-    from safetensors import safe_open
-
     path = Path(path)
     if not is_gpt2_folder(path):
         raise CheckpointError(f"{path} is not a Hugging Face GPT-2 folder (config.json with model_type gpt2)")
-    hf = _read_json(path / CONFIG)
+    hf = read_json(path / CONFIG)
     weights = path / WEIGHTS
     if not weights.is_file():
         extra = " (pytorch_model.bin is a pickle and is never read; re-save with safe_serialization=True)" \
@@ -132,7 +129,7 @@ def load_gpt2(path: str | Path, device: str | torch.device = "cpu") -> LoadedMod
     except Exception as e:  # the Rust loader raises several error types
         raise CheckpointError(f"{WEIGHTS} is not a readable safetensors file ({str(e).splitlines()[0][:200]})") from None
     cfg, tensors = convert_state_dict(sd, hf)
-    model = _build_checked(cfg, tensors)
+    model = build_checked(cfg, tensors)
     vocab = path / VOCAB if (path / VOCAB).is_file() else None
     stamp = f"{path.resolve()}:{size}:{weights.stat().st_mtime_ns}:{json.dumps(hf, sort_keys=True)}"
     key = f"{path.name}:{hashlib.sha1(stamp.encode()).hexdigest()[:16]}"
@@ -147,6 +144,6 @@ def from_transformers(hf_model, name: str = "gpt2", device: str | torch.device =
         raise CheckpointError(f"expected a GPT-2 model, got model_type {hf.get('model_type')!r}")
     sd = {k: v.detach().cpu() for k, v in hf_model.state_dict().items()}
     cfg, tensors = convert_state_dict(sd, hf)
-    model = _build_checked(cfg, tensors)
+    model = build_checked(cfg, tensors)
     return LoadedModel(name=name, model=model.to(device).eval(), config=cfg, card=_card("transformers", hf, None),
                        key=f"{name}:{id(hf_model):x}")

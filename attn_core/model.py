@@ -1,24 +1,30 @@
 """The toy transformer: decoder-only, pre-LayerNorm, in the spirit of nanoGPT's model.py.
 
-Conventions (shared/DESIGN.md): row vectors; for layer l the attention input is
+Conventions (docs/maths.md): row vectors; for layer l the attention input is
 ``X = ln1(residual)`` (or the residual itself when ``normalization == "none"``) and, per head,
 
     Q = X W_Q + b_Q,  K = X W_K + b_K,  S = Q K^T / sqrt(d_qk),  A = softmax_row(S + mask)
 
 A *merged* head stores ``W_QK = B`` (d_model x d_model) directly, so ``S = X W_QK X^T``.
 
-Parameter names follow TransformerLens' state dict, so ``state_dict()`` is the checkpoint.
+Every activation passes through a named hook point (:mod:`attn_core.hooks`, TransformerLens
+names): ``run_with_cache`` records them, ``run_with_hooks`` may replace them. A plain
+``model(tokens)`` carries no hook state and does no work at the hook points.
+
+Parameter names follow TransformerLens' state dict, so ``state_dict()`` is the checkpoint
+(docs/checkpoints.md); hook points hold no parameters or buffers.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
-from typing import Optional
+from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from attn_core.hooks import act_name
+
+from attn_core.hooks import Hook, HookRun, NamesFilter, block_names, check_names, name_filter
+from attn_core.validate import is_int
 
 NORMALIZATIONS = ("layernorm", "none")
 POSITIONALS = ("learned", "none")
@@ -47,7 +53,7 @@ class ModelConfig:
     # Query/key width per layer and head; None means d_head everywhere. Heads grown by
     # attn_core.grow get more columns; W_Q/W_K are stored padded to the layer's widest head
     # with zero columns, which contribute nothing to the scores and stay zero under training.
-    d_qk: Optional[list[list[int]]] = None
+    d_qk: list[list[int]] | None = None
     # 1.0 = softmax; otherwise alpha-entmax (1.5 = entmax15, 2.0 = sparsemax).
     entmax_alpha: float = 1.0
     mlp_act: str = "gelu"  # "gelu_tanh" is GPT-2's approximation
@@ -62,11 +68,11 @@ class ModelConfig:
 
         for name in ("n_layers", "n_heads", "d_model", "d_head", "n_ctx", "d_vocab"):
             v = getattr(self, name)
-            check(isinstance(v, int) and not isinstance(v, bool), f"{name} must be an integer, got {v!r}")
+            check(is_int(v), f"{name} must be an integer, got {v!r}")
             top = MAX_VOCAB if name == "d_vocab" else MAX_DIM
             check(1 <= v <= top, f"{name}={v} is outside 1..{top}")
         check(self.n_layers <= MAX_LAYERS, f"n_layers={self.n_layers} exceeds {MAX_LAYERS}")
-        check(isinstance(self.d_mlp, int) and 0 <= self.d_mlp <= 4 * MAX_DIM, f"d_mlp={self.d_mlp!r} must be 0..{4 * MAX_DIM}")
+        check(is_int(self.d_mlp) and 0 <= self.d_mlp <= 4 * MAX_DIM, f"d_mlp={self.d_mlp!r} must be 0..{4 * MAX_DIM}")
         check(self.normalization in NORMALIZATIONS, f"normalization must be one of {NORMALIZATIONS}")
         check(self.positional in POSITIONALS, f"positional must be one of {POSITIONALS}")
         check(self.qk in QK_KINDS, f"qk must be one of {QK_KINDS}")
@@ -82,9 +88,9 @@ class ModelConfig:
             for row in self.d_qk:
                 check(isinstance(row, list) and len(row) == self.n_heads, "d_qk must hold one width per head")
                 for w in row:
-                    check(isinstance(w, int) and 1 <= w <= MAX_DIM, f"d_qk width {w!r} is outside 1..{MAX_DIM}")
-        n_params = self.n_params_estimate()
-        check(n_params <= 200_000_000, f"about {n_params:,} parameters is too large for a toy model")
+                    check(is_int(w) and 1 <= w <= MAX_DIM, f"d_qk width {w!r} is outside 1..{MAX_DIM}")
+        n_params = self.n_params()
+        check(n_params <= 200_000_000, f"{n_params:,} parameters is too large for a toy model")
 
     def qk_width(self, layer: int) -> int:
         """Stored width of W_Q/W_K in this layer (the widest head)."""
@@ -93,17 +99,37 @@ class ModelConfig:
     def head_d_qk(self, layer: int, head: int) -> int:
         return self.d_qk[layer][head] if self.d_qk is not None else self.d_head
 
-    def n_params_estimate(self) -> int:
+    def n_params(self) -> int:
+        """The exact number of parameters of ``Transformer(self)`` (a test checks it against the
+        built model). With d, V, T, h, d_head, d_mlp as in the config and w the layer's stored
+        query/key width (the widest head's d_qk; narrower heads are zero-padded):
+
+            embeddings   V d (+ T d learned positions);  unembedding  d V + V;  final LayerNorm 2d
+            per layer    ln1 2d + W_Q, W_K 2 h d w (merged: W_QK h d^2) + W_V, W_O 2 h d d_head
+                         (+ b_Q, b_K 2 h w if factored, + b_V, b_O h d_head + d, with biases)
+                         (+ ln2 2d + W_in, W_out 2 d d_mlp + b_in, b_out d_mlp + d with an MLP)
+
+        LayerNorms count 0 with ``normalization = "none"``."""
         d, h = self.d_model, self.n_heads
-        qk = h * d * d if self.qk == "merged" else 2 * h * d * self.d_head
-        per_layer = qk + 2 * h * d * self.d_head + 2 * self.d_mlp * d + 4 * d
-        return self.n_layers * per_layer + 2 * self.d_vocab * d + self.n_ctx * d
+        ln = 2 * d if self.normalization == "layernorm" else 0
+        total = self.d_vocab * d + (self.n_ctx * d if self.positional == "learned" else 0)
+        total += d * self.d_vocab + self.d_vocab + ln
+        for layer in range(self.n_layers):
+            if self.qk == "merged":
+                qk = h * d * d
+            else:
+                w = self.qk_width(layer)
+                qk = 2 * h * d * w + (2 * h * w if self.attn_bias else 0)
+            total += ln + qk + 2 * h * d * self.d_head + (h * self.d_head + d if self.attn_bias else 0)
+            if self.d_mlp > 0:
+                total += ln + 2 * d * self.d_mlp + self.d_mlp + d
+        return total
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, raw: dict) -> "ModelConfig":
+    def from_dict(cls, raw: dict) -> ModelConfig:
         if not isinstance(raw, dict):
             raise ValueError("invalid model config: expected a JSON object")
         known = {f.name for f in fields(cls)}
@@ -147,6 +173,7 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.cfg, self.layer = cfg, layer
+        self.names = block_names(layer, cfg.d_mlp > 0)
         h, d, dh = cfg.n_heads, cfg.d_model, cfg.d_head
         if cfg.qk == "factored":
             w = cfg.qk_width(layer)
@@ -166,31 +193,51 @@ class Attention(nn.Module):
             self.b_V = nn.Parameter(torch.zeros(h, dh))
             self.b_O = nn.Parameter(torch.zeros(d))
 
-    def scores(self, x: torch.Tensor) -> torch.Tensor:
-        """Pre-softmax scores S, [batch, head, query, key]; x is [batch, pos, d_model]."""
+    def qk(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Q, K) of every head for x = X [b, T, d_model], so that S = Q K^T / sqrt(d_qk).
+        Factored: Q = X W_Q + b_Q, K = X W_K + b_K, [b, h, T, w] with w the stored (padded) width.
+        Merged: Q = X W_QK [b, h, T, d_model] and K = X for every head (a view), no scale."""
         if self.cfg.qk == "merged":
-            return torch.einsum("bqd,hde,bke->bhqk", x, self.W_QK, x)
-        q = torch.einsum("bpd,hde->bhpe", x, self.W_Q)  # [b, h, pos, d_qk]
+            q = torch.einsum("bpd,hde->bhpe", x, self.W_QK)
+            return q, x[:, None].expand_as(q)
+        q = torch.einsum("bpd,hde->bhpe", x, self.W_Q)  # [b, h, T, w]
         k = torch.einsum("bpd,hde->bhpe", x, self.W_K)
         if self.cfg.attn_bias:
             q = q + self.b_Q[None, :, None, :]
             k = k + self.b_K[None, :, None, :]
-        return (q @ k.transpose(-1, -2)) * self.qk_scale
+        return q, k
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, cache: Optional[dict] = None) -> torch.Tensor:
-        S = self.scores(x)  # [b, h, q, k]
-        A = attention_weights(S, mask, self.cfg.entmax_alpha)
-        v = torch.einsum("bpd,hde->bhpe", x, self.W_V)  # [b, h, pos, d_head]
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, hk: HookRun | None = None) -> torch.Tensor:
+        """x = X [b, T, d_model] (the attention input), mask [T, T] True where a key is visible;
+        the attention output [b, T, d_model]. ``hk`` sees q, k, v, S, A and z by name."""
+        v = torch.einsum("bpd,hde->bhpe", x, self.W_V)  # [b, h, T, d_head]
         if self.cfg.attn_bias:
             v = v + self.b_V[None, :, None, :]
-        z = A @ v  # [b, h, q, d_head]
+        if hk is None and self.cfg.qk == "merged":  # S = X W_QK X^T in one contraction
+            S = torch.einsum("bqd,hde,bke->bhqk", x, self.W_QK, x)
+        else:
+            q, k = self.qk(x)
+            k_given = k
+            if hk is not None:
+                n = self.names
+                q, k, v = hk(n["q"], q), hk(n["k"], k), hk(n["v"], v)
+            if self.cfg.qk == "factored":
+                S = (q @ k.transpose(-1, -2)) * self.qk_scale  # [b, h, T, T]
+            elif k is k_given:  # merged, K = X for every head (not replaced): one product per batch
+                S = torch.einsum("bhqe,bke->bhqk", q, x)
+            else:
+                S = q @ k.transpose(-1, -2)
+        if hk is not None:
+            S = hk(self.names["attn_scores"], S)
+        A = attention_weights(S, mask, self.cfg.entmax_alpha)
+        if hk is not None:
+            A = hk(self.names["pattern"], A)
+        z = A @ v  # [b, h, T, d_head]
+        if hk is not None:
+            z = hk(self.names["z"], z)
         out = torch.einsum("bhqe,hed->bqd", z, self.W_O)
         if self.cfg.attn_bias:
             out = out + self.b_O
-        if cache is not None:
-            cache[act_name("attn_in", self.layer)] = x
-            cache[act_name("attn_scores", self.layer)] = S
-            cache[act_name("pattern", self.layer)] = A
         return out
 
 
@@ -210,17 +257,27 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
+        self.names = block_names(layer, cfg.d_mlp > 0)
         self.ln1 = _norm(cfg)
         self.attn = Attention(cfg, layer)
         if cfg.d_mlp > 0:
             self.ln2 = _norm(cfg)
             self.mlp = MLP(cfg)
 
-    def forward(self, resid: torch.Tensor, mask: torch.Tensor, cache: Optional[dict]) -> torch.Tensor:
-        resid = resid + self.attn(self.ln1(resid), mask, cache)
+    def forward(self, resid: torch.Tensor, mask: torch.Tensor, hk: HookRun | None = None) -> torch.Tensor:
+        if hk is None:  # the plain path: no hook state, nothing extra to do
+            resid = resid + self.attn(self.ln1(resid), mask)
+            if hasattr(self, "mlp"):
+                resid = resid + self.mlp(self.ln2(resid))
+            return resid
+        n = self.names
+        resid = hk(n["resid_pre"], resid)
+        x = hk(n["attn_in"], self.ln1(resid))
+        resid = resid + hk(n["attn_out"], self.attn(x, mask, hk))
         if hasattr(self, "mlp"):
-            resid = resid + self.mlp(self.ln2(resid))
-        return resid
+            resid = hk(n["resid_mid"], resid)
+            resid = resid + hk(n["mlp_out"], self.mlp(self.ln2(resid)))
+        return hk(n["resid_post"], resid)
 
 
 class Transformer(nn.Module):
@@ -242,7 +299,7 @@ class Transformer(nn.Module):
         self.reset_parameters()
 
     @torch.no_grad()
-    def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
         """GPT-2 style init: N(0, 0.02), output projections scaled by 1/sqrt(2 n_layers)."""
         out_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
         for name, p in self.named_parameters():
@@ -280,22 +337,44 @@ class Transformer(nn.Module):
             x = x + self.pos_embed.W_pos[:T]
         return x
 
-    def forward(self, tokens: torch.Tensor, cache: Optional[dict] = None) -> torch.Tensor:
-        """Logits [batch, pos, d_vocab]. Pass a dict as ``cache`` to record, per layer,
-        the activations named by :func:`attn_core.hooks.act_name` (``attn_in`` = X, ``attn_scores`` = S, ``pattern`` = A)."""
+    def forward(self, tokens: torch.Tensor, cache: dict | None = None, hk: HookRun | None = None) -> torch.Tensor:
+        """Logits [batch, pos, d_vocab] of tokens [batch, pos] (or [pos]). Pass a dict as ``cache``
+        to record every activation under its name (``model(tokens, cache=cache)`` is
+        ``run_with_cache`` writing into your dict; gradients flow through the cached tensors)."""
         if tokens.dim() == 1:
             tokens = tokens[None]
+        if cache is not None and hk is None:
+            hk = HookRun(cache=cache)
         T = tokens.shape[-1]
         resid = self.residual_input(tokens)
         mask = self.causal[:T, :T]
         for block in self.blocks:
-            resid = block(resid, mask, cache)
+            resid = block(resid, mask, hk)
         return self.ln_final(resid) @ self.unembed.W_U + self.unembed.b_U
 
-    def run_with_cache(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    def hook_names(self) -> list[str]:
+        """Every hook point's name, in the order the forward reaches them."""
+        return [name for block in self.blocks for name in block.names.values()]
+
+    def run_with_cache(self, tokens: torch.Tensor, names_filter: NamesFilter = None) -> tuple[torch.Tensor, dict]:
+        """(logits, cache): ``cache[name]`` is the activation the forward used at each hook point
+        kept by ``names_filter`` (None: all; a name, a list of names, or a predicate on names).
+        Not detached: call under ``torch.no_grad()`` when no gradient is needed."""
         cache: dict = {}
-        logits = self(tokens, cache=cache)
+        logits = self(tokens, hk=HookRun(cache=cache, keep=name_filter(names_filter, self.hook_names())))
         return logits, cache
 
+    def run_with_hooks(self, tokens: torch.Tensor, fwd_hooks: list[tuple[str, Hook]] = (),
+                       cache: dict | None = None) -> torch.Tensor:
+        """Logits with ``fn(tensor, name)`` run at each named hook point of ``fwd_hooks``, in order;
+        a returned tensor (same shape) replaces the activation for the rest of the forward, None
+        keeps it. With ``cache`` (a dict), every activation is recorded after its hooks ran."""
+        hooks: dict[str, list[Hook]] = {}
+        for name, fn in fwd_hooks:
+            hooks.setdefault(name, []).append(fn)
+        check_names(hooks, self.hook_names())
+        return self(tokens, hk=HookRun(hooks=hooks, cache=cache))
+
     def n_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
+        """The number of parameters, :meth:`ModelConfig.n_params`."""
+        return self.cfg.n_params()

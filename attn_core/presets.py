@@ -2,18 +2,18 @@
 ``assets/models/NAME`` (same seed, same steps, same code)."""
 from __future__ import annotations
 
-import platform
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional
 
 import torch
 
-from attn_core import zoo
+from attn_core import checkpoint
+from attn_core.card import Card, machine, now
 from attn_core.model import ModelConfig
 from attn_core.tasks import Task, get_task
-from attn_core.train import TrainConfig, evaluate, init_model, train
+from attn_core.training.trainer import TrainConfig, evaluate, init_model, train
+
+HELD_OUT_SAMPLES = 512  # the card's metrics: accuracy and loss on this many held-out sequences
 
 
 @dataclass(frozen=True)
@@ -74,10 +74,11 @@ def get_preset(name: str) -> Preset:
         raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}") from None
 
 
-def train_preset(name: str, out: Optional[str | Path] = None, steps: Optional[int] = None,
-                 seed: Optional[int] = None, device: Optional[str] = None, progress: bool = False,
+def train_preset(name: str, out: str | Path | None = None, steps: int | None = None,
+                 seed: int | None = None, device: str | None = None, progress: bool = False,
                  overwrite: bool = False, command: str = "") -> dict:
-    """Train a preset, measure it on 512 held-out samples and (if ``out``) save model + card."""
+    """Train a preset, measure it on 512 held-out samples and (if ``out``) save model + card;
+    returns the card as written (``Card.to_dict``)."""
     preset = get_preset(name)
     cfg = preset.train
     overrides = {k: v for k, v in (("steps", steps), ("seed", seed), ("device", device)) if v is not None}
@@ -88,24 +89,16 @@ def train_preset(name: str, out: Optional[str | Path] = None, steps: Optional[in
     torch.manual_seed(cfg.seed)
     model = init_model(preset.model_config(), cfg.seed)
     model, last = train(model, task, cfg, progress=progress)
-    held_out = evaluate(model, task, samples=512, seed=cfg.seed + 7)
-    card = {
-        "name": preset.name if out is None else Path(out).name,
-        "preset": preset.name,
-        "task": preset.task,
-        "description": preset.description,
-        "metrics": {"accuracy": held_out["accuracy"], "loss": held_out["loss"], "eval_samples": 512,
-                    "split": "test"},
-        "seed": cfg.seed,
-        "steps": cfg.steps,
-        "train": cfg.to_dict(),
-        "wall_time_s": round(last["wall_time_s"], 2),
-        "device": str(next(model.parameters()).device),
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
-        "params": model.n_params(),
-        "command": command or f"attn-lab train --preset {preset.name} --out assets/models/{preset.name}",
-        "created": time.strftime("%Y-%m-%d %H:%M:%S"),
-    }
+    held_out = evaluate(model, task, samples=HELD_OUT_SAMPLES, seed=cfg.seed + 7)
+    card = Card(
+        name=preset.name if out is None else Path(out).name, preset=preset.name, task=preset.task,
+        description=preset.description,
+        metrics={"accuracy": held_out["accuracy"], "loss": held_out["loss"], "eval_samples": HELD_OUT_SAMPLES,
+                 "split": "test"},
+        seed=cfg.seed, steps=cfg.steps, train=cfg.to_dict(), wall_time_s=round(last["wall_time_s"], 2),
+        device=str(next(model.parameters()).device), machine=machine(), params=model.n_params(),
+        command=command or f"attn-lab train --preset {preset.name} --out assets/models/{preset.name}",
+        created=now())
     if out is not None:
-        zoo.save(model.cpu(), out, card, overwrite=overwrite)
-    return card
+        checkpoint.save(model.cpu(), out, card, overwrite=overwrite)
+    return card.to_dict()

@@ -32,15 +32,16 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Iterable, Mapping, Optional, Sequence, Union
 
 import torch
 
 from attn_core import metrics
 from attn_core.bilinear import QKForm, vocab_scores
-from attn_core.model import ModelConfig, Transformer, attention_weights
 from attn_core.hooks import act_name
+from attn_core.model import ModelConfig, Transformer, attention_weights
+from attn_core.validate import is_int, is_number
 
 # name -> (view, what it penalises); the view decides what the penalty reads.
 REGULARIZERS: dict[str, tuple[str, str]] = {
@@ -66,7 +67,7 @@ def all_heads(cfg: ModelConfig) -> Heads:
     return tuple((l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads))
 
 
-def parse_heads(text: Union[None, str, Iterable], cfg: ModelConfig) -> Heads:
+def parse_heads(text: None | str | Iterable, cfg: ModelConfig) -> Heads:
     """Resolve a head selection against a model: None/"" = every head; a string of ``L<l>`` and
     ``L<l>H<h>`` items separated by commas; or an iterable of ``(layer, head)`` pairs / layer ints.
     Raises ValueError naming the item that is malformed or out of range."""
@@ -84,7 +85,7 @@ def parse_heads(text: Union[None, str, Iterable], cfg: ModelConfig) -> Heads:
         items = list(text)
     out: list[tuple[int, int]] = []
     for item in items:
-        if isinstance(item, int) and not isinstance(item, bool):
+        if is_int(item):
             _check_layer(cfg, item)
             out += [(item, h) for h in range(cfg.n_heads)]
         elif isinstance(item, (tuple, list)) and len(item) == 2:
@@ -107,7 +108,7 @@ def _check_layer(cfg: ModelConfig, l: int) -> None:
                          f"{'s' * (cfg.n_layers != 1)} (L0..L{cfg.n_layers - 1})")
 
 
-def format_heads(heads: Heads, cfg: Optional[ModelConfig] = None) -> str:
+def format_heads(heads: Heads, cfg: ModelConfig | None = None) -> str:
     """The selection as a spec string, whole layers collapsed to ``L<l>``."""
     if cfg is not None and tuple(heads) == all_heads(cfg):
         return "all"
@@ -136,7 +137,7 @@ class RegSpec:
     name: str
     strength: float
     k: int = 1
-    heads: Optional[str] = None  # a selection string; resolved against a model by `resolve`
+    heads: str | None = None  # a selection string; resolved against a model by `resolve`
 
     def __post_init__(self) -> None:
         if self.name not in REGULARIZERS:
@@ -148,7 +149,7 @@ class RegSpec:
         if not math.isfinite(strength) or strength < 0:
             raise ValueError(f"strength (lambda) of {self.name!r} must be a finite number >= 0, got {self.strength!r}")
         object.__setattr__(self, "strength", strength)
-        if not (isinstance(self.k, int) and not isinstance(self.k, bool) and self.k >= 1):
+        if not (is_int(self.k) and self.k >= 1):
             raise ValueError(f"k of {self.name!r} must be an integer >= 1, got {self.k!r}")
         if self.k != 1 and not self.name.endswith("topk"):
             raise ValueError(f"k only applies to topk and vocab_topk, not to {self.name!r}")
@@ -191,7 +192,7 @@ def parse_spec(text: str) -> RegSpec:
     return RegSpec(m.group("name"), strength, k=k, heads=m.group("heads").upper() if m.group("heads") else None)
 
 
-SpecsLike = Union[None, Mapping[str, float], Iterable[Union[str, RegSpec, Mapping]]]
+SpecsLike = Mapping[str, float] | Iterable[str | RegSpec | Mapping] | None
 
 
 def parse_specs(specs: SpecsLike) -> list[RegSpec]:
@@ -200,7 +201,8 @@ def parse_specs(specs: SpecsLike) -> list[RegSpec]:
     if specs is None:
         return []
     if isinstance(specs, Mapping):
-        out = [parse_spec(f"{name}={lam}") if isinstance(lam, (int, float)) and not isinstance(lam, bool)
+        # a float that is not finite is a number too: RegSpec says it must be finite
+        out = [parse_spec(f"{name}={lam}") if is_number(lam) or isinstance(lam, float)
                else _bad_strength(name, lam) for name, lam in specs.items()]
     else:
         out = []
@@ -226,7 +228,7 @@ def _bad_strength(name, lam):
 
 # --- the penalties themselves ----------------------------------------------------------------------
 
-def row_penalty(kind: str, p: torch.Tensor, mask: Optional[torch.Tensor], k: int = 1) -> torch.Tensor:
+def row_penalty(kind: str, p: torch.Tensor, mask: torch.Tensor | None, k: int = 1) -> torch.Tensor:
     """Per-row penalty of attention rows ``p`` [..., n] (lower = more concentrated)."""
     if kind == "entropy":
         return metrics.normalized_entropy(p, mask)
@@ -237,7 +239,7 @@ def row_penalty(kind: str, p: torch.Tensor, mask: Optional[torch.Tensor], k: int
     raise ValueError(f"unknown row penalty {kind!r}; choose from {', '.join(ROW_KINDS)}")
 
 
-def mean_rows(values: torch.Tensor, p_shape: torch.Size, mask: Optional[torch.Tensor]) -> torch.Tensor:
+def mean_rows(values: torch.Tensor, p_shape: torch.Size, mask: torch.Tensor | None) -> torch.Tensor:
     """Mean over the informative rows (>= 2 visible keys) of ``values`` [b, h, q] or [h, q],
     one value per head [h] (differentiable)."""
     valid = metrics.informative_rows(mask, p_shape).expand_as(values).to(values.dtype)
@@ -256,7 +258,7 @@ def data_rows(model: Transformer, cache: dict, layer: int) -> tuple[torch.Tensor
     return A, model.causal[:T, :T]
 
 
-def vocab_rows(model: Transformer, layer: int, heads: Optional[Sequence[int]] = None) -> torch.Tensor:
+def vocab_rows(model: Transformer, layer: int, heads: Sequence[int] | None = None) -> torch.Tensor:
     """Rows of the vocabulary view, [h, V, V]: attention of every token over every token, with
     the model's own row normalisation (softmax, or alpha-entmax). Differentiable."""
     S = vocab_scores(model, layer, list(heads) if heads is not None else None)
@@ -287,8 +289,8 @@ def _by_layer(heads: Heads) -> dict[int, list[int]]:
     return out
 
 
-def regularizer_value(spec: RegSpec, model: Transformer, heads: Heads, cache: Optional[dict] = None,
-                      memo: Optional[dict] = None) -> torch.Tensor:
+def regularizer_value(spec: RegSpec, model: Transformer, heads: Heads, cache: dict | None = None,
+                      memo: dict | None = None) -> torch.Tensor:
     """The unweighted regularizer R (a scalar, mean over ``heads``); ``cache`` holds the
     forward's patterns for the data view. ``memo`` shares vocabulary rows and spectra between
     specs within one step."""
@@ -331,12 +333,12 @@ class ConcentrationPenalty:
         union = sorted({lh for s in self.specs for lh in heads[s.label]})
         self.regularized_heads: Heads = tuple(union) if union else all_heads(cfg)
 
-    def __call__(self, model: Transformer, batch=None, cache: Optional[dict] = None) -> dict[str, torch.Tensor]:
+    def __call__(self, model: Transformer, batch=None, cache: dict | None = None) -> dict[str, torch.Tensor]:
         memo: dict = {}
         return {s.label: s.strength * regularizer_value(s, model, self.heads[s.label], cache, memo)
                 for s in self.specs}
 
-    def values(self, model: Transformer, cache: Optional[dict] = None) -> dict[str, float]:
+    def values(self, model: Transformer, cache: dict | None = None) -> dict[str, float]:
         """Unweighted R of every spec (also those with lambda = 0), without gradients."""
         memo: dict = {}
         with torch.no_grad():
@@ -351,7 +353,7 @@ class ConcentrationPenalty:
                 for s in self.all_specs]
 
 
-def build_penalty(specs: SpecsLike, cfg: Union[ModelConfig, Transformer], heads=None) -> ConcentrationPenalty:
+def build_penalty(specs: SpecsLike, cfg: ModelConfig | Transformer, heads=None) -> ConcentrationPenalty:
     """Validate specs against a model and build its penalty. ``heads`` is the default selection
     (see :func:`parse_heads`) for specs that name none. Raises ValueError on a negative lambda, an
     unknown name or a layer/head out of range."""
@@ -368,7 +370,7 @@ def build_penalty(specs: SpecsLike, cfg: Union[ModelConfig, Transformer], heads=
 # --- per-head summaries (telemetry and before/after) ------------------------------------------------
 
 @torch.no_grad()
-def data_concentration(model: Transformer, cache: dict, heads: Optional[Heads] = None) -> dict[str, torch.Tensor]:
+def data_concentration(model: Transformer, cache: dict, heads: Heads | None = None) -> dict[str, torch.Tensor]:
     """Per head on the cached forward: ``entropy`` (mean normalized entropy) and ``top1`` (mean
     top-1 mass) over informative rows, each [n_layers, n_heads] (NaN where not selected)."""
     cfg = model.cfg
@@ -382,7 +384,7 @@ def data_concentration(model: Transformer, cache: dict, heads: Optional[Heads] =
 
 
 @torch.no_grad()
-def vocab_concentration(model: Transformer, heads: Optional[Heads] = None) -> dict[str, torch.Tensor]:
+def vocab_concentration(model: Transformer, heads: Heads | None = None) -> dict[str, torch.Tensor]:
     """Per head on the vocabulary view: ``entropy`` and ``top1``, [n_layers, n_heads]."""
     cfg = model.cfg
     out = {k: torch.full((cfg.n_layers, cfg.n_heads), math.nan) for k in ("entropy", "top1")}
@@ -401,7 +403,7 @@ def spectrum(model: Transformer) -> dict[str, torch.Tensor]:
     return {"singular_values": form.singular_values.float().cpu(), "stable_rank": form.stable_rank.float().cpu()}
 
 
-def with_entmax(model: Transformer, alpha: Optional[float]) -> Transformer:
+def with_entmax(model: Transformer, alpha: float | None) -> Transformer:
     """The model with alpha-entmax attention (1 = softmax, 1.5 = entmax15, 2 = sparsemax): a new
     model with the same weights, or the model itself when alpha is None or unchanged."""
     if alpha is None or float(alpha) == model.cfg.entmax_alpha:

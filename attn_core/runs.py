@@ -4,14 +4,18 @@ Layout of the data directory (default ``./runs``, or ``$ATTN_LAB_RUNS``)::
 
     index.sqlite          runs(id, parent, task, status, message, config, summary, created,
                                updated, finished, pid, host)  metrics(run, step, name, value)
-    <run id>/             model.safetensors, config.json, card.json (zoo.save's folder)
+    <run id>/             model.safetensors, config.json, card.json (a checkpoint.save folder)
 
 Atomicity: the checkpoint folder is written to a hidden temporary sibling and renamed into place
-(``zoo.save``), and only then is the run's row marked finished, in one SQLite transaction. A
+(``checkpoint.save``), and only then is the run's row marked finished, in one SQLite transaction. A
 killed process therefore leaves a row in status ``running`` (and perhaps a hidden temporary
 folder), never a half-written run; such rows are found on the next open (their process is gone)
 and marked ``failed`` -- or given the status their card recorded, if the folder made it. Listing
 reads the index only, so stray folders never break it. Shipped zoo files are never written.
+
+The run statuses are listed here only (:data:`STATUSES`, :data:`FINAL`), and so is how a run is
+named where a model is expected (:data:`RUN_PREFIX`); ``attn_core.sources.resolve("run:<id>")``
+loads a run's weights.
 """
 from __future__ import annotations
 
@@ -25,15 +29,15 @@ import socket
 import sqlite3
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator, Optional
 
 import pandas as pd
 
-from attn_core.sources import LoadedModel
-from attn_core import zoo
+from attn_core import checkpoint
 from attn_core.card import Card
+from attn_core.checkpoint import CARD, WEIGHTS, CheckpointError, LoadedModel
 from attn_core.model import Transformer
 
 ENV_RUNS = "ATTN_LAB_RUNS"
@@ -59,7 +63,7 @@ def default_root() -> Path:
     return Path(os.environ.get(ENV_RUNS) or "runs").expanduser()
 
 
-def _iso(t: Optional[float]) -> Optional[str]:
+def _iso(t: float | None) -> str | None:
     return None if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
@@ -74,7 +78,7 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-def _pid_alive(pid: Optional[int]) -> bool:
+def _pid_alive(pid: int | None) -> bool:
     if not pid:
         return False
     try:
@@ -94,7 +98,7 @@ class RunStore:
 
     _init_lock = threading.Lock()
 
-    def __init__(self, root: Optional[str | Path] = None):
+    def __init__(self, root: str | Path | None = None):
         self.root = Path(root).expanduser() if root is not None else default_root()
         self.db_path = self.root / INDEX
         self._ready = False
@@ -146,7 +150,7 @@ class RunStore:
         return self.root / check_run_id(run_id)
 
     # --- writing (the training job) ---------------------------------------------------------------
-    def create(self, parent: str, task: Optional[str], config: dict, run_id: Optional[str] = None) -> str:
+    def create(self, parent: str, task: str | None, config: dict, run_id: str | None = None) -> str:
         """A new run in status ``running``, owned by this process; returns its id."""
         run_id = check_run_id(run_id or new_run_id())
         now = time.time()
@@ -165,15 +169,15 @@ class RunStore:
                 con.executemany("INSERT INTO metrics (run, step, name, value) VALUES (?, ?, ?, ?)", rows)
                 con.execute("UPDATE runs SET updated = ? WHERE id = ?", (time.time(), run_id))
 
-    def finish(self, run_id: str, status: str, model: Optional[Transformer], card: Card | dict,
-               message: str = "", summary: Optional[dict] = None) -> Optional[Path]:
+    def finish(self, run_id: str, status: str, model: Transformer | None, card: Card | dict,
+               message: str = "", summary: dict | None = None) -> Path | None:
         """Save the weights (atomically, if given) and then mark the run finished."""
         if status not in FINAL:
             raise ValueError(f"a finished run's status is one of {', '.join(FINAL)}, not {status!r}")
         folder = None
         if model is not None:
             card = dataclasses.replace(Card.from_dict(card), run_id=run_id, status=status, message=message)
-            folder = zoo.save(model, self.path(run_id), card, overwrite=True)
+            folder = checkpoint.save(model, self.path(run_id), card, overwrite=True)
         now = time.time()
         with self._db(write=True) as con:
             con.execute("UPDATE runs SET status = ?, message = ?, summary = ?, updated = ?, finished = ? WHERE id = ?",
@@ -216,12 +220,12 @@ class RunStore:
             raise ValueError(f"no run {run_id!r} in {self.root}" + (f"; recent runs: {', '.join(known)}" if known else
                                                                      " (the store is empty)"))
         out = self._row(row)
-        card_path = self.path(run_id) / zoo.CARD
+        card_path = self.path(run_id) / CARD
         out["card"] = json.loads(card_path.read_text()) if card_path.is_file() else None
         return out
 
-    def metrics(self, run_id: str, names: Optional[Iterable[str]] = None) -> pd.DataFrame:
-        """The run's logged metrics: columns step, name, value (names: see train.py)."""
+    def metrics(self, run_id: str, names: Iterable[str] | None = None) -> pd.DataFrame:
+        """The run's logged metrics: columns step, name, value (names: attn_core.training.telemetry.MetricKey)."""
         run_id = check_run_id(run_id)
         cols = ["step", "name", "value"]
         if not self._exists():
@@ -235,13 +239,14 @@ class RunStore:
 
     def load_model(self, run_id: str, device: str = "cpu") -> LoadedModel:
         """A run's weights as a :class:`LoadedModel` named ``run:<id>``; its card holds task,
-        parent, regularizers, metrics (after), before, status."""
+        parent, regularizers, metrics (after), before, status. (Callers use
+        ``attn_core.sources.resolve("run:<id>", store=...)``, which comes here.)"""
         run = self.get(run_id)
         folder = self.path(run["id"])
-        if not (folder / zoo.WEIGHTS).is_file():
-            raise ValueError(f"run {run['id']} ({run['status']}) has no saved weights"
-                             + (f": {run['message']}" if run["message"] else ""))
-        loaded = zoo.load(folder, device=device)
+        if not (folder / WEIGHTS).is_file():
+            raise CheckpointError(f"run {run['id']} ({run['status']}) has no saved weights"
+                                  + (f": {run['message']}" if run["message"] else ""))
+        loaded = checkpoint.load_path(folder, device=device)
         loaded.name = RUN_PREFIX + run["id"]
         return loaded
 
@@ -250,7 +255,7 @@ class RunStore:
         return {"id": r["id"], "parent": r["parent"], "task": r["task"], "status": r["status"],
                 "message": r["message"] or "", "created": _iso(r["created"]), "finished": _iso(r["finished"]),
                 "config": json.loads(r["config"] or "{}"), "summary": json.loads(r["summary"] or "{}"),
-                "has_weights": (self.root / r["id"] / zoo.WEIGHTS).is_file()}
+                "has_weights": (self.root / r["id"] / WEIGHTS).is_file()}
 
     def _reap(self) -> None:
         """Runs left 'running' by a process of this host that is gone: take the status from the
@@ -260,7 +265,7 @@ class RunStore:
             orphans = [r for r in con.execute("SELECT id, pid, host FROM runs WHERE status = 'running'")
                        if r["host"] == host and not _pid_alive(r["pid"])]
         for r in orphans:
-            card_path = self.root / r["id"] / zoo.CARD
+            card_path = self.root / r["id"] / CARD
             status, message = "failed", f"interrupted: process {r['pid']} ended before the run finished"
             if card_path.is_file():
                 try:
@@ -284,10 +289,12 @@ class RunStore:
                 pass
 
 
-def load_run_model(run_id: str, root: Optional[str | Path] = None, device: str = "cpu") -> LoadedModel:
-    """Load a run's weights (see :meth:`RunStore.load_model`)."""
+# --- TRANSITIONAL: ui.py and train.py still call these; removed at integration ---------------------
+def load_run_model(run_id: str, root: str | Path | None = None, device: str = "cpu") -> LoadedModel:
+    """TRANSITIONAL: use ``attn_core.sources.resolve("run:<id>", store=RunStore(root))``."""
     return RunStore(root).load_model(run_id, device)
 
 
 def is_run_ref(name: str) -> bool:
+    """TRANSITIONAL: use ``attn_core.sources.is_run``."""
     return str(name).startswith(RUN_PREFIX)

@@ -1,83 +1,100 @@
-"""Where a model comes from, and the one object every view, job and page takes: LoadedModel."""
+"""Where a model comes from: the one way to turn what a user typed or picked into a
+:class:`LoadedModel`, the object every view, job and page takes.
+
+A source is one of (``docs/checkpoints.md``):
+
+    "induction-2l"        a zoo model (assets/models, or a folder listed in ATTN_LAB_MODELS)
+    "/path/to/folder"     a model folder (ours, or a Hugging Face GPT-2 folder) or a .safetensors file
+    "run:<id>"            a saved run in the run store
+    "upload: <name>"      a model the dashboard's upload widget kept under <data dir>/uploads
+
+:func:`resolve` loads and validates it; :func:`weights_path` names the file behind it, whose
+modification time keys the dashboard's model cache. A source that names nothing, or a model
+that cannot be read, is one :class:`CheckpointError` sentence (an unknown name lists the known
+ones). A new model family (another Hugging Face architecture, say) is a converter beside
+``attn_core/hf.py`` and one branch in :func:`_load`.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
 
-from attn_core.card import Card
-from attn_core.model import ModelConfig, Transformer
-from attn_core.tasks import TASKS, Task
+from attn_core import checkpoint, hf, zoo
+from attn_core.checkpoint import WEIGHTS, CheckpointError, LoadedModel
+from attn_core.runs import RUN_PREFIX, RunStore, default_root
 
+__all__ = ["LoadedModel", "CheckpointError", "RUN_PREFIX", "UPLOAD_PREFIX", "UPLOAD_DIR", "is_run", "is_upload",
+           "upload_dir", "weights_path", "resolve"]
 
-@dataclass
-class LoadedModel:
-    """A model with what is known about it: its config, its card (and so its task) and where it
-    was read from. ``key`` identifies these exact weights."""
-
-    name: str
-    model: Transformer
-    config: ModelConfig
-    card: Card = field(default_factory=Card)
-    path: Optional[Path] = None
-    key: str = ""
-
-    @property
-    def task(self) -> Optional[Task]:
-        return TASKS.get(self.card.task or "")
-
-
-# --- resolving a source ------------------------------------------------------------------------
-# The one way to turn what a user typed or picked into a model. A source is one of:
-#   "induction-2l"              a zoo model (assets/models, or a folder listed in ATTN_LAB_MODELS)
-#   "/path/to/folder"           a model folder (ours, or a Hugging Face folder) or a .safetensors file
-#   "run:<id>"                  a saved run in the run store
-#   "upload: <name>"            a model the dashboard's upload widget kept under <data dir>/uploads
-RUN_PREFIX = "run:"
 UPLOAD_PREFIX = "upload: "
 UPLOAD_DIR = "uploads"  # under the data directory (ATTN_LAB_RUNS), never anywhere else
 
 
-def is_run(source: str) -> bool:
+def is_run(source: str | Path) -> bool:
     return str(source).startswith(RUN_PREFIX)
 
 
-def is_upload(source: str) -> bool:
+def is_upload(source: str | Path) -> bool:
     return str(source).startswith(UPLOAD_PREFIX)
 
 
-def upload_dir(root: Optional[Path] = None) -> Path:
-    from attn_core.runs import default_root
-
+def upload_dir(root: Path | None = None) -> Path:
+    """Where uploads are kept: ``<root>/uploads``, root being the run store's data directory."""
     return Path(root if root is not None else default_root()) / UPLOAD_DIR
 
 
-def weights_path(source: str, store=None) -> Path:
-    """The weights file behind ``source`` (its modification time keys caches)."""
-    from attn_core import zoo
-    from attn_core.runs import RunStore
-
-    if is_run(source):
-        return (store or RunStore()).path(str(source)) / zoo.WEIGHTS
-    if is_upload(source):
-        root = store.root if store is not None else None
-        return upload_dir(root) / str(source)[len(UPLOAD_PREFIX):] / zoo.WEIGHTS
-    path = zoo.resolve(source)
-    return path / zoo.WEIGHTS if path.is_dir() else path
+def _upload_folder(source: str, store: RunStore | None) -> Path:
+    name = source[len(UPLOAD_PREFIX):]
+    if not name or name.startswith(".") or Path(name).name != name:
+        raise CheckpointError(f"{name!r} is not an upload name (a folder name under the uploads directory)")
+    return upload_dir(store.root if store is not None else None) / name
 
 
-def resolve(source: str | Path, device: str = "cpu", store=None) -> LoadedModel:
-    """The model named by ``source`` (see above), loaded and validated; ``store`` is the run
-    store for ``run:`` and ``upload:`` sources (default: the one in ATTN_LAB_RUNS)."""
-    from attn_core import zoo
-    from attn_core.runs import RunStore
-
+def weights_path(source: str | Path, store: RunStore | None = None) -> Path:
+    """The weights file behind ``source`` (its modification time keys caches); it need not
+    exist yet (a run without weights, a deleted upload)."""
     source = str(source)
     if is_run(source):
-        return (store or RunStore()).load_model(source, device)
+        with _as_checkpoint_error():
+            return (store or RunStore()).path(source) / WEIGHTS
     if is_upload(source):
-        root = store.root if store is not None else None
-        loaded = zoo.load(upload_dir(root) / source[len(UPLOAD_PREFIX):], device)
+        return _upload_folder(source, store) / WEIGHTS
+    path = zoo.locate(source)
+    return path / WEIGHTS if path.is_dir() else path
+
+
+def resolve(source: str | Path, device: str = "cpu", store: RunStore | None = None) -> LoadedModel:
+    """The model named by ``source`` (see above), loaded and validated; ``store`` is the run
+    store for ``run:`` and ``upload:`` sources (default: the one in ATTN_LAB_RUNS)."""
+    source = str(source)
+    if is_run(source):
+        with _as_checkpoint_error():  # no such run, a bad id, an unreadable store
+            return (store or RunStore()).load_model(source, device)
+    if is_upload(source):
+        folder = _upload_folder(source, store)
+        if not folder.is_dir():
+            known = sorted(p.name for p in folder.parent.glob("*") if p.is_dir() and not p.name.startswith(".")) \
+                if folder.parent.is_dir() else []
+            raise CheckpointError(f"no upload named {folder.name!r}; known uploads: {', '.join(known) or 'none'}")
+        loaded = _load(folder, device)
         loaded.name = source
         return loaded
-    return zoo.load(source, device)
+    return _load(zoo.locate(source), device)
+
+
+@contextmanager
+def _as_checkpoint_error():
+    """The run store's ValueErrors (one sentence each) as the CheckpointError every bad source raises."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+
+
+def _load(path: Path, device: str) -> LoadedModel:
+    """A folder or file in one of the formats read here: a Hugging Face GPT-2 folder, or ours."""
+    if hf.is_gpt2_folder(path):
+        return hf.load_gpt2(path, device)
+    return checkpoint.load_path(path, device)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Optional
 
 
 def is_int(value: object) -> bool:
@@ -27,7 +26,7 @@ def check(ok: bool, message: str, prefix: str = "") -> None:
         raise ValueError(f"{prefix}{message}")
 
 
-def check_int(name: str, value: object, lo: Optional[int] = None, hi: Optional[int] = None,
+def check_int(name: str, value: object, lo: int | None = None, hi: int | None = None,
               prefix: str = "") -> int:
     """``value`` as an int when it is an integer in ``lo..hi`` (either bound optional)."""
     span = _span(lo, hi)
@@ -36,7 +35,7 @@ def check_int(name: str, value: object, lo: Optional[int] = None, hi: Optional[i
     return int(value)
 
 
-def check_float(name: str, value: object, lo: Optional[float] = None, hi: Optional[float] = None,
+def check_float(name: str, value: object, lo: float | None = None, hi: float | None = None,
                 prefix: str = "", lo_open: bool = False, hi_open: bool = False) -> float:
     """``value`` as a float when it is a finite number in the interval (bounds optional; open
     where ``lo_open``/``hi_open``)."""
@@ -51,7 +50,7 @@ def check_float(name: str, value: object, lo: Optional[float] = None, hi: Option
     return float(value)
 
 
-def _span(lo: Optional[int], hi: Optional[int]) -> str:
+def _span(lo: int | None, hi: int | None) -> str:
     if lo is not None and hi is not None:
         return f" in {lo}..{hi}"
     if lo is not None:

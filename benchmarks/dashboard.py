@@ -18,7 +18,7 @@ Two figures, medians of ``--repeats`` (>= 5) samples, both including the browser
 The server's very first page (Python imports, Streamlit start) is reported apart as ``cold_s``.
 
 The helpers here (a server on a free port, Chromium with the flags CI uses, waiting for a page to
-settle, full-height screenshots) are shared with tests/test_browser.py.
+settle, full-height screenshots) are shared with tests/e2e/test_browser.py.
 """
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -53,7 +53,7 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve(runs_dir: Path, models_dir: Optional[Path] = None, timeout: float = 90.0) -> Iterator[str]:
+def serve(runs_dir: Path, models_dir: Path | None = None, timeout: float = 90.0) -> Iterator[str]:
     """`streamlit run app.py` on 127.0.0.1 and a free port, data in ``runs_dir``; yields its URL.
     The server's output goes to ``runs_dir/server.log`` (shown if it does not come up)."""
     port = free_port()

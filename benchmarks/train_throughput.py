@@ -4,9 +4,9 @@ Three loops train the same model (the induction-2l architecture, seeded init) on
 with the same batch size and the same AdamW, for ``--steps`` steps each:
 
 - bare:    sample a batch, forward, loss, zero_grad, backward, optimizer step -- nothing else;
-- trainer: attn_core.train.Trainer with a metrics callback, its warmup/cosine schedule, gradient
+- trainer: attn_core.training.trainer.Trainer with a metrics callback, its warmup/cosine schedule, gradient
            clipping, NaN guard with last-good weights, and held-out evaluation (eval_every=250);
-- job:     attn_core.train.TrainingJob (no regularizer, so the work per step is the same) with
+- job:     attn_core.training.job.TrainingJob (no regularizer, so the work per step is the same) with
            its defaults: a snapshot published every step, telemetry (per-head entropy on data and
            vocabulary, probe pattern) every 10 steps, spectra every 50, evaluation every 100, and
            the metric log flushed to a run store (a temporary folder) every 2 s. Its rate is taken
@@ -24,12 +24,12 @@ its thread, the main thread reads ``job.snapshot()`` repeatedly: median and 99th
 one read (target < 1 ms).
 
     python benchmarks/train_throughput.py [--steps 250 --repeats 5 --threads 1 --device auto]
+    python benchmarks/train_throughput.py --quick     # a smoke run: 30 steps, 1 repeat, not saved
 """
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import tempfile
@@ -41,18 +41,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from attn_core import zoo  # noqa: E402
+from attn_core.card import machine  # noqa: E402
 from attn_core.presets import get_preset  # noqa: E402
 from attn_core.runs import RunStore  # noqa: E402
 from attn_core.tasks import get_task  # noqa: E402
-from attn_core.train import (  # noqa: E402
-    JobConfig,
-    TrainConfig,
-    Trainer,
-    TrainingJob,
-    init_model,
-    make_optimizer,
-    select_device,
-)
+from attn_core.training.job import JobConfig, TrainingJob  # noqa: E402
+from attn_core.training.trainer import TrainConfig, Trainer, init_model, make_optimizer, select_device  # noqa: E402
 
 PRESET = "induction-2l"
 RESULTS = Path(__file__).resolve().parent / "results" / "train_throughput.json"
@@ -148,7 +142,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (the same for every loop)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--quick", action="store_true", help="smoke run: 30 steps, 1 repeat, results not saved")
     args = ap.parse_args()
+    if args.quick:
+        args.steps, args.repeats = 30, 1
     if args.steps <= 0 or args.repeats < 1:
         ap.error("--steps and --repeats must be positive")
     torch.set_num_threads(args.threads)
@@ -188,7 +185,7 @@ def main() -> None:
         "model": f"{PRESET} architecture ({init_model(preset.model_config(), 0).n_params():,} parameters)",
         "task": preset.task, "batch_size": args.batch_size, "steps": args.steps, "repeats": args.repeats,
         "device": str(device), "threads": args.threads,
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
+        "machine": machine(),
         "steps_per_s": {k: {"median": med[k], "all": v} for k, v in rates.items()},
         "ratio_trainer_vs_bare": med["trainer"] / med["bare"],
         "ratio_job_vs_bare": med["job"] / med["bare"],
@@ -214,6 +211,9 @@ def main() -> None:
     print(f"job setup + before/after measurement + save: {result['job_setup_measure_save_s_median']:.2f} s per run")
     print(f"snapshot read: median {result['snapshot_read_us']['median']:.1f} us, "
           f"p99 {result['snapshot_read_us']['p99']:.1f} us over {len(reads)} reads")
+    if args.quick:
+        print("quick run: results not saved")
+        return
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_name(args.out.name + ".tmp")
     tmp.write_text(json.dumps(result, indent=2) + "\n")

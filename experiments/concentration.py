@@ -6,7 +6,7 @@ once without a regularizer (lambda = 0, the reference) and once per regularizer 
 lambda in ``--lambdas`` (default 0.01, 0.1, 1), every head regularized, same steps, seed, data and
 learning rate; then alpha-entmax attention (1.5 and 2 = sparsemax) as the architectural
 alternative, fine-tuned without a penalty. Each fine-tuned model is measured on 512 held-out
-samples (attn_core.train.measure): task accuracy, mean normalized attention entropy on those
+samples (attn_core.training.telemetry.measure): task accuracy, mean normalized attention entropy on those
 samples (data) and on the vocabulary view (every token as query and key), mean top-1 attention
 mass on data, mean stable rank of B.
 
@@ -35,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from attn_core.card import MEASURE_KEYS  # noqa: E402
 from attn_core.regularizers import REGULARIZERS  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -44,7 +45,7 @@ ENTMAX = (1.5, 2.0)
 MAX_ACC_DROP_PTS = 1.0
 MIN_ENTROPY_CUT = 0.5
 TIE = 0.05  # regularizers within 5 points of the best vocabulary cut are called tied
-COLS = ("accuracy", "loss", "entropy_data", "entropy_vocab", "top1_mass", "stable_rank")
+COLS = MEASURE_KEYS  # what a run measures before and after (attn_core.card)
 
 
 def _init_worker(threads: int) -> None:
@@ -57,7 +58,7 @@ def run_setting(setting: dict) -> dict:
     """Fine-tune one model with one setting and measure it (runs in a worker process)."""
     import torch
 
-    from attn_core.train import JobConfig, TrainingJob
+    from attn_core.training.job import JobConfig, TrainingJob
 
     start = time.perf_counter()
     s = setting
@@ -162,7 +163,7 @@ def markdown(rows: list[dict], summary: dict, meta: dict) -> str:
         "by at most 1 point.",
         "",
     ]
-    for model, ref in summary["references"].items():
+    for model in summary["references"]:
         parent = next(r for r in rows if r["model"] == model)
         lines += [f"## {model}", "",
                   f"Shipped model before fine-tuning: accuracy {parent['parent_accuracy']:.4f}, "

@@ -5,6 +5,7 @@ and what it says), and every run in the run store (parent compare-qk:induction).
 
     python experiments/merged_vs_factored.py               # the full run (5 seeds x 7 variants)
     python experiments/merged_vs_factored.py --seeds 1 --steps 50 --out /tmp/smoke.json
+    python experiments/merged_vs_factored.py --quick       # a smoke run: 10 steps, 1 seed, nothing saved
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from attn_core import qk_compare as Q  # noqa: E402
+from attn_core import qk as Q  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -26,7 +27,10 @@ def main(argv=None) -> int:
                         "measured with them; 0 keeps torch's default)")
     parser.add_argument("--out", type=Path, default=Q.results_path(), help="JSON result; the .md goes beside it")
     parser.add_argument("--no-store", action="store_true", help="do not save the runs in the run store")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 10 steps, 1 seed, nothing saved")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.seeds, args.no_store = 10, 1, True
     try:
         cfg = Q.CompareConfig(task=args.task, steps=args.steps, seeds=args.seeds, threads=args.threads)
     except ValueError as e:
@@ -42,6 +46,9 @@ def main(argv=None) -> int:
 
     result = Q.compare(cfg, store=False if args.no_store else None, progress=progress)
     bar.close()
+    if args.quick:
+        print(result.markdown())
+        return 0
     path = result.save(args.out)
     report = path.with_suffix(".md")
     report.write_text(result.markdown())

@@ -7,7 +7,7 @@ from attn_core import bilinear, metrics
 from attn_core.figures import bilinear as fb
 
 SOURCES = {"sample": "task sample", "random": "random tokens", "typed": "typed tokens"}
-ALL = "all"
+ALL = ui.ALL_HEADS
 METRIC_HELP = {
     "entropy": ("H(A_i) = −Σ_j A_ij log A_ij, in nats: 0 when the query looks at one key, log n_i when it "
                 "spreads evenly over its n_i visible keys"),
@@ -30,12 +30,7 @@ st.markdown("For a query token $x$ (a row) and a key token $y$ (a column), head 
 
 # --- choices ------------------------------------------------------------------------------------
 c_layer, c_head, c_source, c_input = st.columns([1, 1, 3, 3])
-layers, heads = range(cfg.n_layers), [*range(cfg.n_heads), ALL]
-layer = c_layer.selectbox("Layer", layers, key=ui.remember("layer", 0, layers, param="layer"),
-                          help=f"Layer l, 0..{cfg.n_layers - 1}")
-head = c_head.selectbox("Head", heads, key=ui.remember("head", 0, heads, param="head"),
-                        format_func=lambda h: "all (grid)" if h == ALL else str(h),
-                        help=f"Head h, 0..{cfg.n_heads - 1}, or a grid of every head of the layer")
+layer, head = ui.layer_head_picker(cfg, (c_layer, c_head), all_heads=True)
 sources = [s for s in SOURCES if s != "sample" or loaded.task is not None]
 source = c_source.radio("Input", sources, format_func=SOURCES.get, horizontal=True,
                         key=ui.remember("input", sources[0], sources, param="input"),

@@ -49,11 +49,7 @@ st.markdown("Per head, $B = W_Q W_K^\\top/\\sqrt{d_{head}}$ ($d_{model}\\times d
 c_which, c_layer, c_head, c_opts = st.columns([2, 1, 1, 3])
 which = c_which.radio("Heads", ["all", "one"], horizontal=True, key=ui.remember("spectrum_heads", "all", ["all", "one"]),
                       format_func={"all": "all heads", "one": "one head"}.get)
-layers, heads = range(cfg.n_layers), list(range(cfg.n_heads))
-layer = c_layer.selectbox("Layer", layers, key=ui.remember("layer", 0, layers, param="layer"),
-                          disabled=which == ALL, help=f"Layer l, 0..{cfg.n_layers - 1}")
-head = c_head.selectbox("Head", heads, key=ui.remember("head", 0, heads, param="head"),
-                        disabled=which == ALL, help=f"Head h, 0..{cfg.n_heads - 1}")
+layer, head = ui.layer_head_picker(cfg, (c_layer, c_head), disabled=which == ALL)
 with c_opts:
     normalized = st.toggle("σᵢ / σ₁", key=ui.remember("spectrum_normalized", False),
                            help="Divide each head's singular values by its largest, to compare shapes not scales")

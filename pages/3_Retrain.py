@@ -6,9 +6,10 @@ import streamlit as st
 import torch
 
 import ui
+from attn_core import card, train
 from attn_core import regularizers as R
-from attn_core import train
 from attn_core.figures import training as ft
+from attn_core.training.telemetry import MetricKey
 
 JOB = "retrain_job"  # session key of the running (or last) TrainingJob
 SHOWN = "retrain_reloaded_for"  # run id for which the page was rerun once after the job ended
@@ -30,9 +31,7 @@ st.markdown("Add concentration penalties $\\lambda R$ to the task loss and retra
             "The run trains in the background: watch its curves, the per-head entropy, the singular values of the "
             "watched head's $B$ and its attention move; stop it at any time. Every run is saved and appears in "
             "**Runs** and in the sidebar as `run:<id>`.")
-if loaded.task is None:
-    st.warning(f"{loaded.name} has no known task in its card, so there is nothing to retrain it on.")
-    st.stop()
+ui.require_task(loaded, "there is nothing to retrain it on")
 
 job = st.session_state.get(JOB)
 running = job is not None and not job.snapshot().done
@@ -58,11 +57,7 @@ with reg_col:
         specs.append(R.RegSpec(name, lam, k=int(k)))
 with head_col:
     st.subheader("Watched head")
-    layers, heads = range(cfg.n_layers), list(range(cfg.n_heads))
-    layer = st.selectbox("Layer", layers, key=ui.remember("layer", 0, layers, param="layer"),
-                         help=f"Layer l, 0..{cfg.n_layers - 1}")
-    head = st.selectbox("Head", heads, key=ui.remember("head", 0, heads, param="head"),
-                        help=f"Head h, 0..{cfg.n_heads - 1}: its spectrum and attention are drawn live")
+    layer, head = ui.layer_head_picker(cfg, head_help=": its spectrum and attention are drawn live")
     scope = st.radio("Regularize", list(SCOPES), format_func=SCOPES.get, key=ui.remember("reg_scope", "head", list(SCOPES)),
                      help="Which heads the penalties act on (the mean over them is penalised)")
 with opt_col:
@@ -138,6 +133,16 @@ def select(log: pd.DataFrame, names, prefix: str) -> pd.DataFrame:
     return log[name.isin(list(names)) | name.str.startswith(prefix)]
 
 
+def select_keys(log: pd.DataFrame, metrics, layer=None, head=None) -> pd.DataFrame:
+    """The rows of the metric log whose name is a MetricKey of one of ``metrics`` (of head
+    ``layer``, ``head`` when given)."""
+    name = log["name"].astype(str)
+    keys = {n: MetricKey.try_parse(n) for n in name.unique()}
+    wanted = [n for n, k in keys.items() if k is not None and k.metric in metrics
+              and (layer is None or (k.layer, k.head) == (layer, head))]
+    return log[name.isin(wanted)]
+
+
 def thinned(log: pd.DataFrame) -> pd.DataFrame:
     """Every k-th step of the per-step curves, so a live chart never sends more than about
     LIVE_POINTS points per line (held-out evaluations are rare and all kept); the final chart
@@ -204,7 +209,7 @@ def live_views() -> None:
     log = snap.metrics()
     left, right = st.columns(2)
     with left:
-        entropy = select(log, (), "entropy_data")
+        entropy = select_keys(log, ("entropy_data",))
         plot = live_chart("entropy", snap.probe_step,
                           lambda: ft.head_entropy_plot(entropy, "data", regularized=snap.regularized_heads))
         ui.show_plot(plot, key="live_entropy", downloads=snap.done)
@@ -213,15 +218,10 @@ def live_views() -> None:
             plot = live_chart("pattern", (snap.probe_step, layer, head), lambda: ft.probe_pattern_plot(
                 snap.probe_pattern, snap.probe_tokens, layer, head, snap.probe_step))
             ui.show_plot(plot, key="live_pattern", downloads=snap.done)
-    spectra = select(log, [f"stable_rank:{watched}"], f"sigma:{watched}:")
+    spectra = select_keys(log, ("sigma", "stable_rank"), layer, head)
     if len(spectra):
         plot = live_chart("spectrum", (watched, len(spectra)), lambda: ft.spectrum_history_plot(spectra, watched))
         ui.show_plot(plot, key="live_spectrum", downloads=snap.done)
-
-
-def headline(measured):
-    """Accuracy, loss and concentration means of a before/after measurement (no per-head detail)."""
-    return {k: measured[k] for k in train.MEASURE_KEYS if k in (measured or {})}
 
 
 live_status()
@@ -232,5 +232,5 @@ if job is not None and job.snapshot().done:
     shown = [plot for j, _, plot in st.session_state.get(CHARTS, {}).values() if j is job]
     ui.export_all(shown, {"page": "Retrain", "model": loaded.name, "run_id": snap.run_id, "status": snap.status,
                           "message": snap.message, "watched_head": watched, "job": job.cfg.to_dict(),
-                          "before": headline(snap.before), "after": headline(snap.after)},
+                          "before": card.public(snap.before) or {}, "after": card.public(snap.after) or {}},
                   key=f"retrain_{snap.run_id}")

@@ -46,14 +46,17 @@ def regs(r: dict) -> str:
     return ", ".join(r["config"].get("regularizers", [])) or "no regularizer"
 
 
+def measured(r: dict, when: str, name: str):
+    """The run's ``when`` ("before" or "after") measurement ``name`` from the run index, or None."""
+    return (r["summary"].get(when) or {}).get(name)
+
+
 # --- the runs --------------------------------------------------------------------------------------
 table = pd.DataFrame([{
     "id": r["id"], "parent": r["parent"], "status": r["status"], "regularizers": regs(r),
     "steps": r["config"].get("steps"), "entmax α": r["config"].get("entmax_alpha"),
-    "accuracy before": (r["summary"].get("before") or {}).get("accuracy"),
-    "accuracy after": (r["summary"].get("after") or {}).get("accuracy"),
-    "entropy before": (r["summary"].get("before") or {}).get("entropy_data"),
-    "entropy after": (r["summary"].get("after") or {}).get("entropy_data"),
+    "accuracy before": measured(r, "before", "accuracy"), "accuracy after": measured(r, "after", "accuracy"),
+    "entropy before": measured(r, "before", "entropy_data"), "entropy after": measured(r, "after", "entropy_data"),
     "created": r["created"], "message": r["message"]} for r in every_run])
 pct = dict(min_value=0.0, max_value=1.0, format="percent")
 st.dataframe(table, hide_index=True, column_config={
@@ -104,8 +107,8 @@ def draw_curves(run_id: str, i: int) -> None:
 side_by_side(chosen, draw_curves)
 
 st.header("Accuracy against concentration")
-points = [{"model": i, "regularizer": regs(by_id[i]), "accuracy": (by_id[i]["summary"].get(when) or {}).get("accuracy"),
-           "entropy_data": (by_id[i]["summary"].get(when) or {}).get("entropy_data"), "when": when}
+points = [{"model": i, "regularizer": regs(by_id[i]), "accuracy": measured(by_id[i], when, "accuracy"),
+           "entropy_data": measured(by_id[i], when, "entropy_data"), "when": when}
           for i in chosen for when in ("before", "after")]
 points = pd.DataFrame(points).dropna(subset=["accuracy", "entropy_data"])
 if len(points):
@@ -140,9 +143,7 @@ models = parents + [rs.RUN_PREFIX + i for i in chosen if by_id[i]["has_weights"]
 first = ui.load_model(models[0])
 cfg = first.config
 c_layer, c_head, c_value, c_seed = st.columns(4)
-layers, heads = range(cfg.n_layers), list(range(cfg.n_heads))
-layer = c_layer.selectbox("Layer", layers, key=ui.remember("layer", 0, layers), help=f"Layer l, 0..{cfg.n_layers - 1}")
-head = c_head.selectbox("Head", heads, key=ui.remember("head", 0, heads), help=f"Head h, 0..{cfg.n_heads - 1}")
+layer, head = ui.layer_head_picker(cfg, (c_layer, c_head), url=False)
 value = c_value.radio("Show", fb.VALUES, horizontal=True, key=ui.remember("runs_value", "pattern", fb.VALUES),
                       format_func={"scores": "scores S", "pattern": "pattern A"}.get)
 seed = c_seed.number_input("Task sample", min_value=0, max_value=2**31 - 1, step=1,

@@ -6,10 +6,10 @@ import functools
 import streamlit as st
 
 import ui
-from attn_core.sources import LoadedModel
 from attn_core import bilinear, grow, zoo
 from attn_core.card import Card
 from attn_core.figures import grow as fg
+from attn_core.sources import LoadedModel
 
 BASES = {"whitened": "whitened (the batch's score metric)", "raw": "raw Z (seed 001's recipe)"}
 STAGES = {"step": "after the growth step", "finetuned": "after fine-tuning"}
@@ -17,9 +17,9 @@ VALUES = {"pattern": "pattern A", "scores": "scores S"}
 RESULT = "grow_settings"  # session key: the settings of the last growth asked for, per model
 
 
-# A resource cache, not ui.cached: the result holds models, and pickling them (cache_data) fails
-# whenever Streamlit has reloaded attn_core since. Nothing downstream mutates the result.
-@st.cache_resource(show_spinner=False, max_entries=8, hash_funcs={LoadedModel: lambda m: m.key})
+# Shared, not copied: the result holds models, and pickling them fails whenever Streamlit has
+# reloaded attn_core since. Nothing downstream mutates the result.
+@ui.cached(resource=True, max_entries=8)
 def run_growth(m: LoadedModel, cfg: grow.GrowConfig) -> grow.GrowResult:
     return grow.grow(m.model, m.task, cfg)
 
@@ -38,22 +38,16 @@ st.latex(r"Z^*(\eta)=\arg\min_Z \sum_b \big\|C\big(S_b-\eta\,\nabla_{S_b}L - X_b
 st.caption("C keeps the visible (causal) entries and centres each query row: softmax ignores a constant added to a "
            "row. The norm is the whitened one of the batch, in which ‖Z* − Z_k‖² is the mean squared change of the "
            "scores over every pair of rows; the raw basis is the seed's own recipe.")
-if loaded.task is None:
-    st.warning(f"{loaded.name} has no known task in its card, so there is no loss to grow it on.")
-    st.stop()
+ui.require_task(loaded, "there is no loss to grow it on")
 if cfg.qk != "factored":
     st.warning(f"{loaded.name} has merged heads (one W_QK = B per head, any rank): there is no d_k to grow.")
     st.stop()
 
 # --- settings ------------------------------------------------------------------------------------
 d_aug = cfg.d_model + cfg.attn_bias
-layers, heads = range(cfg.n_layers), list(range(cfg.n_heads))
 with st.form("grow_form"):
     c_layer, c_head, c_add, c_batch, c_steps, c_seed = st.columns(6)
-    layer = c_layer.selectbox("Layer", layers, key=ui.remember("layer", 0, layers, param="layer"),
-                              help=f"Layer l, 0..{cfg.n_layers - 1}")
-    head = c_head.selectbox("Head", heads, key=ui.remember("head", 0, heads, param="head"),
-                            help=f"Head h, 0..{cfg.n_heads - 1}")
+    layer, head = ui.layer_head_picker(cfg, (c_layer, c_head))
     add = c_add.number_input("p (dimensions to add)", min_value=1, max_value=max(1, d_aug - 1), step=1,
                              key=ui.remember("grow_add", 2, range(1, d_aug)),
                              help=f"d_k + p must stay at most the input width {d_aug}")

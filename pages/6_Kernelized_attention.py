@@ -19,12 +19,10 @@ def _tokens(loaded, samples: int):
     return loaded.task.sample(samples, 0, "test").tokens
 
 
-# Keyed by the model's weights key (a string), not the model: st.cache_data pickles its return
-# value only, and hashing a LoadedModel breaks after Streamlit reloads attn_core.
-@st.cache_data(show_spinner=False, max_entries=64)
-def error_table(model_key: str, _loaded, layer: int, head: int, methods: tuple, features: tuple, seeds: int,
-                causal: bool, samples: int):
-    qkv = kernels.head_qkv(_loaded.model, _tokens(_loaded, samples), layer, head)
+@ui.cached(max_entries=64)
+def error_table(loaded, layer: int, head: int, methods: tuple, features: tuple, seeds: int, causal: bool,
+                samples: int):
+    qkv = kernels.head_qkv(loaded.model, _tokens(loaded, samples), layer, head)
     return kernels.error_curve(*qkv, methods, features, range(seeds), causal)
 
 
@@ -44,17 +42,11 @@ if cfg.entmax_alpha != 1.0:
     st.warning(f"{loaded.name} uses α-entmax (α = {cfg.entmax_alpha:g}), not softmax: the kernel methods approximate "
                "softmax, so there is no exact pattern here to compare them with.")
     st.stop()
-if loaded.task is None:
-    st.warning(f"{loaded.name} has no known task in its card, so there are no input sequences to run its heads on.")
-    st.stop()
+ui.require_task(loaded, "there are no input sequences to run its heads on")
 
 # --- settings ------------------------------------------------------------------------------------
-layers, heads = list(range(cfg.n_layers)), list(range(cfg.n_heads))
 c_layer, c_head, c_seeds, c_samples, c_causal = st.columns([1, 1, 2, 2, 1])
-layer = c_layer.selectbox("Layer", layers, key=ui.remember("layer", 0, layers, param="layer"),
-                          help=f"Layer l, 0..{cfg.n_layers - 1}")
-head = c_head.selectbox("Head", heads, key=ui.remember("head", 0, heads, param="head"),
-                        help=f"Head h, 0..{cfg.n_heads - 1}")
+layer, head = ui.layer_head_picker(cfg, (c_layer, c_head))
 seeds = c_seeds.slider("Seeds", 1, 10, key=ui.remember("kernels_seeds", 3, range(1, 11)),
                        help="Independent random draws (seeds 0..K-1) per method and m; bars span their range")
 samples = c_samples.number_input("Input samples", min_value=1, max_value=256, step=1,
@@ -94,8 +86,7 @@ st.header("Error against the number of features")
 try:
     with st.spinner(f"Approximating head {head} of layer {layer} with {len(methods)} method(s) × {len(features)} "
                     f"feature count(s) × {seeds} seed(s)…"):
-        errors = error_table(loaded.key, loaded, int(layer), int(head), methods, features, int(seeds), bool(causal),
-                             int(samples))
+        errors = error_table(loaded, int(layer), int(head), methods, features, int(seeds), bool(causal), int(samples))
 except ValueError as e:
     st.error(f"These settings do not work: {e}")
     st.stop()

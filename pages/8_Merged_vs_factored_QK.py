@@ -13,7 +13,7 @@ D_QK_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 FRESH = "qk_fresh_comparison"  # session key of the last fresh comparison
 
 
-@st.cache_data(show_spinner=False, max_entries=4)
+@ui.cached(max_entries=4)
 def load_saved(path: str, mtime: float) -> dict:
     """The saved comparison as JSON-ready data (``mtime`` keys the cache: a rerun of the
     experiment replaces the file)."""

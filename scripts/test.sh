@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install everything the full test suite needs on a fresh Debian/Ubuntu machine, then run it.
+# Install everything the full test suite needs on a fresh Debian/Ubuntu machine, lint (ruff), then run it.
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh -m "not browser"`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,4 +9,6 @@ if ! command -v chromium >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium fonts-dejavu-core >/dev/null
 fi
 python3 -m pip install -q -r requirements-dev.txt -e .
+python3 -m ruff check .
+python3 -m ruff format --check .
 python3 -m pytest "$@"

@@ -1,4 +1,10 @@
-"""Shared fixtures. Tests never write into the repository: runs and exports go to tmp paths."""
+"""Shared fixtures. Tests never write into the repository: runs and exports go to tmp paths.
+
+Model factories live here, one each: ``tiny_model`` (a freshly initialised toy Transformer
+shaped for a task), ``save_model`` (such a model saved as a named user model, found by the zoo
+through ATTN_LAB_MODELS) and ``tiny_gpt2`` (a random GPT-2 folder written by transformers, a
+model with no task)."""
+import json
 import os
 
 # The toy models are tiny: one intra-op thread is faster than two, and subprocesses (CLI tests,
@@ -15,3 +21,70 @@ torch.set_num_threads(1)
 def _isolated_data_dirs(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTN_LAB_RUNS", str(tmp_path / "runs"))
     monkeypatch.delenv("ATTN_LAB_MODELS", raising=False)
+
+
+# --- model factories ------------------------------------------------------------------------------
+
+def make_tiny_model(task: str = "reverse", seed: int = 0, **config):
+    """A freshly initialised toy Transformer with the vocabulary and context of ``task``: one layer,
+    two heads, d_model 16, d_head 8 unless ``config`` says otherwise."""
+    from attn_core.model import ModelConfig
+    from attn_core.tasks import get_task
+    from attn_core.train import init_model
+
+    t = get_task(task)
+    shape = dict(n_layers=1, n_heads=2, d_model=16, d_head=8, d_vocab=t.d_vocab, n_ctx=t.n_ctx)
+    return init_model(ModelConfig(**{**shape, **config}), seed)
+
+
+@pytest.fixture
+def tiny_model():
+    """``tiny_model(task="reverse", seed=0, **config)``: see :func:`make_tiny_model`."""
+    return make_tiny_model
+
+
+@pytest.fixture
+def save_model(tmp_path, monkeypatch):
+    """``save_model(name, task="reverse", card=None, seed=0, **config)`` saves a tiny model as the
+    user model ``name`` (its card ``{"task": task}`` unless ``card`` is given; ``card={}`` makes a
+    model without a task) in a folder listed in ATTN_LAB_MODELS, and returns its folder."""
+    from attn_core import zoo
+
+    root = tmp_path / "models"
+    root.mkdir(exist_ok=True)
+    monkeypatch.setenv("ATTN_LAB_MODELS", str(root))
+
+    def save(name: str, task: str = "reverse", card=None, seed: int = 0, **config):
+        zoo.save(make_tiny_model(task, seed, **config), root / name, card={"task": task} if card is None else card)
+        return root / name
+
+    return save
+
+
+def write_tiny_gpt2(folder, **overrides):
+    """A random GPT-2 (2 layers, 4 heads, d_model 32, 100 tokens, context 16) saved by
+    transformers into ``folder`` with a vocab.json; returns the transformers model. Its weights
+    are drawn far from uniform attention, so comparisons with it mean something."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=100, n_positions=16,
+                                  bos_token_id=0, eos_token_id=0, attn_implementation="eager", **overrides)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3 if p.dim() > 1 else 0.1)
+    model.save_pretrained(folder, safe_serialization=True)
+    (folder / "vocab.json").write_text(json.dumps({f"tok{i}": i for i in range(100)}))
+    return model
+
+
+@pytest.fixture
+def tiny_gpt2(tmp_path, monkeypatch):
+    """A random GPT-2 folder named ``gpt2-tiny`` in a folder listed in ATTN_LAB_MODELS (a model
+    with no task); returns its folder."""
+    root = tmp_path / "hf-models"
+    folder = root / "gpt2-tiny"
+    folder.mkdir(parents=True)
+    write_tiny_gpt2(folder)
+    monkeypatch.setenv("ATTN_LAB_MODELS", str(root))
+    return folder

@@ -35,8 +35,8 @@ def spectrum_plot(result: GrowResult) -> Plot:
     data["old_width"] = data["index"] <= d_k
     shown = data[data["singular_value"] > 0]
     fig = go.Figure()
-    for kept, part, color, label in [(True, shown[shown["kept"]], METHOD_COLORS["grown"], f"kept (i ≤ d_k + p = {k})"),
-                                     (False, shown[~shown["kept"]], METHOD_COLORS["zero"], "discarded")]:
+    for part, color, label in [(shown[shown["kept"]], METHOD_COLORS["grown"], f"kept (i ≤ d_k + p = {k})"),
+                               (shown[~shown["kept"]], METHOD_COLORS["zero"], "discarded")]:
         fig.add_trace(go.Scatter(x=part["index"], y=part["singular_value"], mode="markers+lines", name=label,
                                  marker=dict(color=color, size=8), line=dict(color=color, width=1),
                                  hovertemplate="σ_%{x} = %{y:.4g}<extra></extra>"))

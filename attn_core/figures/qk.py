@@ -1,7 +1,7 @@
-"""Figures of the merged vs factored QK comparison (seed 004, attn_core.qk_compare): learning
+"""Figures of the merged vs factored QK comparison (seed 004, attn_core.qk): learning
 curves with their spread over seeds, final loss and accuracy, stable rank of B by layer, the
 normalized spectrum of B, accuracy when B is cut to rank r, and the cost (parameters, time per
-step). Each takes a :class:`~attn_core.qk_compare.Comparison`; one colour per variant throughout,
+step). Each takes a :class:`~attn_core.qk.result.Comparison`; one colour per variant throughout,
 dashed lines for merged heads."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from plotly.colors import hex_to_rgb, qualitative
 from plotly.subplots import make_subplots
 
 from attn_core.figures.base import Plot
-from attn_core.qk_compare import Comparison
+from attn_core.qk.result import Comparison
 
 CURVE_METRICS = {"eval_loss": "held-out loss", "eval_accuracy": "held-out accuracy",
                  "loss": "training loss (mean over the last eval_every steps)",

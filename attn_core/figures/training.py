@@ -1,15 +1,15 @@
-"""Figures of retraining and runs (attn_core.train, attn_core.runs): training curves (loss,
+"""Figures of retraining and runs (attn_core.training, attn_core.runs): training curves (loss,
 accuracy, regularizer terms), per-head entropy over steps, a head's singular values over steps,
 spectra before/after, the probe pattern of a head, and the accuracy/entropy trade-off of runs.
 
 The curve builders read the metric log in its one format -- a DataFrame with columns step, name,
 value -- as both ``Snapshot.metrics()`` (a live job) and ``RunStore.metrics(id)`` (a saved run)
-return it; metric names are listed in attn_core/train.py."""
+return it; metric names are listed, built and parsed in attn_core/training/telemetry.py
+(``MetricKey``)."""
 from __future__ import annotations
 
 import math
-import re
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -17,8 +17,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attn_core.figures.base import Plot
+from attn_core.training.telemetry import TERM_PREFIX, MetricKey
 
-_PER_HEAD = re.compile(r"^(?P<metric>[a-z_0-9]+):(?P<head>L\d+H\d+)(?::(?P<index>\d+))?$")
 VIEWS = ("data", "vocab")
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
           "#bcbd22", "#17becf")
@@ -30,11 +30,14 @@ def per_head(metrics: pd.DataFrame, metric: str) -> pd.DataFrame:
     if metrics.empty:
         return pd.DataFrame(columns=cols)
     sel = metrics[metrics["name"].str.startswith(metric + ":")]
-    parts = sel["name"].str.extract(_PER_HEAD)
-    out = pd.DataFrame({"step": sel["step"].to_numpy(), "head": parts["head"].to_numpy(),
-                        "index": pd.to_numeric(parts["index"]).to_numpy(), "value": sel["value"].to_numpy()})
-    out = out[parts["metric"].to_numpy() == metric]
-    out.insert(2, "layer", out["head"].str.extract(r"L(\d+)")[0].astype(int) if len(out) else [])
+    keys = {name: MetricKey.try_parse(name) for name in sel["name"].unique()}
+    keys = {name: k for name, k in keys.items() if k is not None and k.metric == metric and k.per_head}
+    sel = sel[sel["name"].isin(list(keys))]
+    parsed = [keys[name] for name in sel["name"]]
+    out = pd.DataFrame({"step": sel["step"].to_numpy(), "head": [k.head_label for k in parsed],
+                        "layer": [k.layer for k in parsed],
+                        "index": pd.to_numeric(pd.Series([k.index for k in parsed], dtype=object)).to_numpy(),
+                        "value": sel["value"].to_numpy()})
     return out.reset_index(drop=True)[cols]
 
 
@@ -48,7 +51,7 @@ def curves_plot(metrics: pd.DataFrame, title: str = "Training") -> Plot:
     fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
                         subplot_titles=("loss", "accuracy", "regularizer terms λ·R"))
     names = ["task_loss", "loss", "accuracy", "eval_accuracy", "eval_loss"]
-    terms = sorted(n for n in metrics["name"].unique() if n.startswith("term:")) if len(metrics) else []
+    terms = sorted(n for n in metrics["name"].unique() if n.startswith(TERM_PREFIX)) if len(metrics) else []
     for row, name, label, mode in [(1, "task_loss", "task loss", "lines"), (1, "loss", "total loss", "lines"),
                                    (1, "eval_loss", "held-out loss", "markers"),
                                    (2, "accuracy", "training batch", "lines"),
@@ -59,7 +62,7 @@ def curves_plot(metrics: pd.DataFrame, title: str = "Training") -> Plot:
                           row=row, col=1)
     for i, name in enumerate(terms):
         s = _series(metrics, name)
-        fig.add_trace(go.Scatter(x=s["step"], y=s["value"], name=name.removeprefix("term:"), mode="lines",
+        fig.add_trace(go.Scatter(x=s["step"], y=s["value"], name=name.removeprefix(TERM_PREFIX), mode="lines",
                                  line=dict(color=COLORS[i % len(COLORS)]), legendgroup="3"), row=3, col=1)
     if not terms:
         fig.add_annotation(text="no regularizer", showarrow=False, xref="x3 domain", yref="y3 domain", x=0.5, y=0.5)
@@ -68,11 +71,11 @@ def curves_plot(metrics: pd.DataFrame, title: str = "Training") -> Plot:
     fig.update_xaxes(title_text="step", row=3, col=1)
     fig.update_layout(title=title, height=720, legend=dict(tracegroupgap=160))
     data = metrics[metrics["name"].isin(names + terms)].reset_index(drop=True)
-    return Plot("training_curves", fig, data, meta=dict(terms=[t.removeprefix("term:") for t in terms]))
+    return Plot("training_curves", fig, data, meta=dict(terms=[t.removeprefix(TERM_PREFIX) for t in terms]))
 
 
 def head_entropy_plot(metrics: pd.DataFrame, view: str = "data",
-                      regularized: Optional[Sequence[str]] = None) -> Plot:
+                      regularized: Sequence[str] | None = None) -> Plot:
     """Normalized attention entropy of every head over steps, on the probe batch (``data``) or
     the vocabulary view (``vocab``); regularized heads solid, the others dotted; their mean bold."""
     if view not in VIEWS:
@@ -93,7 +96,7 @@ def head_entropy_plot(metrics: pd.DataFrame, view: str = "data",
     return Plot(f"head_entropy_{view}", fig, data, meta=dict(view=view))
 
 
-def spectrum_history_plot(metrics: pd.DataFrame, head: str, top: Optional[int] = None) -> Plot:
+def spectrum_history_plot(metrics: pd.DataFrame, head: str, top: int | None = None) -> Plot:
     """Singular values sigma_i of one head's B (``head`` like "L1H2") over steps, one line per i
     (the first ``top`` only), with its stable rank on a second axis."""
     data = per_head(metrics, "sigma")
@@ -108,7 +111,7 @@ def spectrum_history_plot(metrics: pd.DataFrame, head: str, top: Optional[int] =
         shade = 0.15 + 0.85 * (1 - i / max(1, n - 1))
         fig.add_trace(go.Scatter(x=part["step"], y=part["value"], name=f"σ{i + 1}", mode="lines",
                                  line=dict(color=f"rgba(31,119,180,{shade:.2f})")), secondary_y=False)
-    sr = _series(metrics, f"stable_rank:{head}")
+    sr = _series(metrics, str(MetricKey.of_head("stable_rank", head)))
     if len(sr):
         fig.add_trace(go.Scatter(x=sr["step"], y=sr["value"], name="stable rank", mode="lines+markers",
                                  line=dict(color="#d62728", dash="dash")), secondary_y=True)
@@ -119,9 +122,9 @@ def spectrum_history_plot(metrics: pd.DataFrame, head: str, top: Optional[int] =
 
 
 def spectra_before_after_plot(before: Sequence[dict], after: Sequence[dict],
-                              heads: Optional[Sequence[str]] = None) -> Plot:
+                              heads: Sequence[str] | None = None) -> Plot:
     """Singular values of B per head, before and after retraining (``per_head`` lists of
-    :func:`attn_core.train.measure`, as in a run's card), one small panel per head, log scale."""
+    :func:`attn_core.training.telemetry.measure`, as in a run's card), one small panel per head, log scale."""
     b = {r["head"]: r for r in before}
     a = {r["head"]: r for r in after}
     heads = [h for h in (heads or list(b)) if h in b and h in a]
@@ -144,7 +147,7 @@ def spectra_before_after_plot(before: Sequence[dict], after: Sequence[dict],
     return Plot("spectra_before_after", fig, pd.DataFrame(recs), meta=dict(heads=heads))
 
 
-def probe_pattern_plot(pattern, tokens: Sequence[str], layer: int, head: int, step: Optional[int] = None) -> Plot:
+def probe_pattern_plot(pattern, tokens: Sequence[str], layer: int, head: int, step: int | None = None) -> Plot:
     """Heatmap of one head's attention on the job's fixed probe input (``Snapshot.probe_pattern``
     [n_layers, n_heads, T, T] and ``probe_tokens``)."""
     A = np.asarray(pattern)
@@ -167,7 +170,7 @@ def probe_pattern_plot(pattern, tokens: Sequence[str], layer: int, head: int, st
 
 
 def tradeoff_plot(table: pd.DataFrame, x: str = "entropy_data", y: str = "accuracy",
-                  color: str = "regularizer", title: Optional[str] = None) -> Plot:
+                  color: str = "regularizer", title: str | None = None) -> Plot:
     """Runs as points: ``x`` (default mean normalized entropy on data) against ``y`` (accuracy),
     one colour per ``color`` value, lines joining increasing lambda when there is a ``lambda``
     column -- where concentration is bought and what it costs."""

@@ -5,14 +5,33 @@ name ``<metric>:L<layer>H<head>`` with an optional index (``sigma:L0H1:3`` is th
 singular value of B for layer 0, head 1). :class:`MetricKey` is the one way to build and read
 such names: ``str(MetricKey("sigma", 0, 1, 3)) == "sigma:L0H1:3"`` and
 ``MetricKey.parse("sigma:L0H1:3") == MetricKey("sigma", 0, 1, 3)``.
+
+:func:`measure` is the before/after measurement of a run (its :data:`MEASURE_KEYS` go into the
+card through ``card.public``); :func:`telemetry_row` and :func:`spectra_row` are the per-head rows a
+live job logs while it trains (the list of names is below).
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
-from typing import Optional
 
-_NAME = re.compile(r"^(?P<metric>[a-z_0-9]+)(?::L(?P<layer>\d+)H(?P<head>\d+)(?::(?P<index>\d+))?)?$")
+import torch
+
+from attn_core import regularizers as R
+from attn_core.card import MEASURE_KEYS
+from attn_core.hooks import act_name
+from attn_core.model import Transformer
+from attn_core.tasks import Task
+from attn_core.training.trainer import evaluate
+from attn_core.validate import is_int
+
+__all__ = ["MEASURE_KEYS", "STEP_KEYS", "TERM_PREFIX", "MetricKey", "measure", "spectra_row", "step_row",
+           "telemetry_row", "term_name"]
+
+_METRIC = re.compile(r"^[a-z_0-9]+$")
+_INT = r"(?:0|[1-9]\d*)"  # no leading zeros: one name per key
+_NAME = re.compile(rf"^(?P<metric>[a-z_0-9]+)(?::L(?P<layer>{_INT})H(?P<head>{_INT})(?::(?P<index>{_INT}))?)?$")
 
 
 @dataclass(frozen=True, order=True)
@@ -21,17 +40,22 @@ class MetricKey:
     (and ``index``, e.g. which singular value)."""
 
     metric: str
-    layer: Optional[int] = None
-    head: Optional[int] = None
-    index: Optional[int] = None
+    layer: int | None = None
+    head: int | None = None
+    index: int | None = None
 
     def __post_init__(self) -> None:
         if (self.layer is None) != (self.head is None) or (self.index is not None and self.head is None):
             raise ValueError(f"a metric key names a layer and a head together (and an index only with them), "
                              f"got {self!r}")
+        if not (isinstance(self.metric, str) and _METRIC.match(self.metric)):
+            raise ValueError(f"a metric is named with lower-case letters, digits and _, got {self.metric!r}")
+        for part in (self.layer, self.head, self.index):
+            if part is not None and not (is_int(part) and part >= 0):
+                raise ValueError(f"a metric key's layer, head and index are integers >= 0, got {self!r}")
 
     @property
-    def head_label(self) -> Optional[str]:
+    def head_label(self) -> str | None:
         """``L<layer>H<head>``, or None for a model-wide metric."""
         return None if self.layer is None else f"L{self.layer}H{self.head}"
 
@@ -44,7 +68,7 @@ class MetricKey:
         return name if self.index is None else f"{name}:{self.index}"
 
     @classmethod
-    def parse(cls, name: str) -> "MetricKey":
+    def parse(cls, name: str) -> MetricKey:
         """The key a metric name spells; ``ValueError`` for a name no key spells."""
         m = _NAME.match(str(name))
         if m is None:
@@ -53,9 +77,115 @@ class MetricKey:
         return cls(m["metric"], **ints)
 
     @classmethod
-    def try_parse(cls, name: str) -> Optional["MetricKey"]:
+    def of_head(cls, metric: str, head_label: str, index: int | None = None) -> MetricKey:
+        """The key of ``metric`` for a head named by its label (``"L1H2"``); ``ValueError`` for a
+        label that names no head."""
+        key = cls.try_parse(f"{metric}:{head_label}")
+        if key is None or key.index is not None:
+            raise ValueError(f"{head_label!r} does not name a head (heads look like L0H1)")
+        return cls(metric, key.layer, key.head, index)
+
+    @classmethod
+    def try_parse(cls, name: str) -> MetricKey | None:
         """:meth:`parse`, or None where ``name`` is not a metric name."""
         try:
             return cls.parse(name)
         except ValueError:
             return None
+
+
+# --- what a run measures --------------------------------------------------------------------------
+#
+# The metric log of a run (Snapshot.metrics() and RunStore.metrics(): columns step, name, value):
+#   every step        loss, task_loss, accuracy (training batch), grad_norm, lr, term:<label>
+#                     (lambda * R of each regularizer, see regularizers.RegSpec.label)
+#   every eval_every  eval_accuracy, eval_loss (held-out samples)
+#   every telemetry_every (on a fixed held-out probe batch and on the vocabulary view)
+#                     entropy_data:L<l>H<h>, top1_data:L<l>H<h>, entropy_vocab:L<l>H<h> per head,
+#                     entropy_data, entropy_vocab, top1_data: means over the regularized heads
+#   every spectrum_every
+#                     sigma:L<l>H<h>:<i> (singular values of B), stable_rank:L<l>H<h>
+# Telemetry and spectra are also taken at step 0 (before the first update).
+
+# What Trainer.step reports besides its penalty terms; every other key is a term, logged as term:<label>.
+STEP_KEYS = frozenset({"step", "loss", "task_loss", "accuracy", "grad_norm", "lr", "eval_accuracy", "eval_loss"})
+TERM_PREFIX = "term:"
+
+
+def term_name(label: str) -> str:
+    """The logged name of a penalty term (``term:entropy@L1H2``; labels are not metric keys)."""
+    return TERM_PREFIX + label
+
+
+def step_row(metrics: dict) -> dict:
+    """A Trainer step's metrics under their logged names (without ``step``)."""
+    return {(k if k in STEP_KEYS else TERM_PREFIX + k): v for k, v in metrics.items() if k != "step"}
+
+
+def _mean(values: list[float]) -> float:
+    good = [v for v in values if math.isfinite(v)]
+    return sum(good) / len(good) if good else math.nan
+
+
+@torch.no_grad()
+def measure(model: Transformer, task: Task, heads=None, samples: int = 512, seed: int = 0) -> dict:
+    """Accuracy and loss on held-out samples, and concentration means over ``heads`` (a
+    selection, see ``regularizers.parse_heads``; None = every head): ``entropy_data`` (normalized
+    entropy of attention rows on those samples), ``entropy_vocab`` (same on the vocabulary view),
+    ``top1_mass`` (mean largest attention weight on data), ``stable_rank`` of B; ``per_head``
+    holds each head's values and singular values."""
+    heads = R.parse_heads(heads, model.cfg)
+    cache: dict = {}
+    ev = evaluate(model, task, samples, seed, cache=cache)
+    data = R.data_concentration(model, cache, heads)
+    vocab = R.vocab_concentration(model, heads)
+    spec = R.spectrum(model)
+    per_head = [{"head": R.head_label(l, h), "layer": l, "index": h,
+                 "entropy_data": float(data["entropy"][l, h]), "top1_data": float(data["top1"][l, h]),
+                 "entropy_vocab": float(vocab["entropy"][l, h]), "top1_vocab": float(vocab["top1"][l, h]),
+                 "stable_rank": float(spec["stable_rank"][l, h]),
+                 "singular_values": spec["singular_values"][l, h].tolist()} for l, h in heads]
+    return {"accuracy": ev["accuracy"], "loss": ev["loss"],
+            "entropy_data": _mean([r["entropy_data"] for r in per_head]),
+            "entropy_vocab": _mean([r["entropy_vocab"] for r in per_head]),
+            "top1_mass": _mean([r["top1_data"] for r in per_head]),
+            "stable_rank": _mean([r["stable_rank"] for r in per_head]),
+            "samples": samples, "per_head": per_head}
+
+
+@torch.no_grad()
+def telemetry_row(model: Transformer, probe_tokens: torch.Tensor, heads) -> tuple[dict, torch.Tensor]:
+    """Attention concentration of every head on the probe batch and on the vocabulary view
+    (``entropy_data:L<l>H<h>``, ``top1_data:...``, ``entropy_vocab:...``) and the means over
+    ``heads`` (the regularized ones); also the probe's first sequence's pattern of every head,
+    [n_layers, n_heads, T, T]."""
+    cfg = model.cfg
+    cache: dict = {}
+    model(probe_tokens, cache=cache)
+    data = R.data_concentration(model, cache)
+    vocab = R.vocab_concentration(model)
+    pattern = torch.stack([cache[act_name("pattern", l)][0] for l in range(cfg.n_layers)])
+    H_data, top1, H_vocab = data["entropy"].tolist(), data["top1"].tolist(), vocab["entropy"].tolist()
+    row: dict = {}
+    for l in range(cfg.n_layers):
+        for h in range(cfg.n_heads):
+            row[str(MetricKey("entropy_data", l, h))] = H_data[l][h]
+            row[str(MetricKey("top1_data", l, h))] = top1[l][h]
+            row[str(MetricKey("entropy_vocab", l, h))] = H_vocab[l][h]
+    row["entropy_data"] = _mean([H_data[l][h] for l, h in heads])
+    row["entropy_vocab"] = _mean([H_vocab[l][h] for l, h in heads])
+    row["top1_data"] = _mean([top1[l][h] for l, h in heads])
+    return row, pattern
+
+
+def spectra_row(spectrum: dict) -> dict:
+    """``sigma:L<l>H<h>:<i>`` and ``stable_rank:L<l>H<h>`` of every head, from
+    :func:`attn_core.regularizers.spectrum` (tensors [n_layers, n_heads, r] and [n_layers, n_heads])."""
+    sigma, stable = spectrum["singular_values"].tolist(), spectrum["stable_rank"].tolist()
+    row: dict = {}
+    for l, per_layer in enumerate(sigma):
+        for h, values in enumerate(per_layer):
+            for i, s in enumerate(values):
+                row[str(MetricKey("sigma", l, h, i))] = s
+            row[str(MetricKey("stable_rank", l, h))] = stable[l][h]
+    return row

@@ -1,6 +1,6 @@
-from streamlit.testing.v1 import AppTest
-
 from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
 
 from attn_core import zoo
 

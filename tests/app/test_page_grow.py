@@ -9,12 +9,9 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from attn_core.sources import LoadedModel
 from attn_core import zoo
 from attn_core.figures import bundle_zip
-from attn_core.model import ModelConfig
-from attn_core.tasks import get_task
-from attn_core.train import init_model
+from attn_core.sources import LoadedModel
 
 PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "5_Grow_d_k.py")
 FIGURES = 6  # spectrum, decrease, curves, summary, heatmap before, heatmap after
@@ -29,15 +26,12 @@ def _one_thread():
 
 
 @pytest.fixture
-def models(tmp_path, monkeypatch):
+def models(save_model):
     """A narrow reverse model (its head has d_k 1), a merged one and one without a task."""
-    task = get_task("reverse")
-    base = dict(n_layers=1, n_heads=1, d_model=12, d_head=1, d_vocab=task.d_vocab, n_ctx=task.n_ctx)
-    zoo.save(init_model(ModelConfig(**base), 0), tmp_path / "narrow", card={"task": "reverse"})
-    zoo.save(init_model(ModelConfig(**dict(base, qk="merged")), 0), tmp_path / "merged", card={"task": "reverse"})
-    zoo.save(init_model(ModelConfig(**base), 0), tmp_path / "no-task", card={})
-    monkeypatch.setenv("ATTN_LAB_MODELS", str(tmp_path))
-    return tmp_path
+    base = dict(n_layers=1, n_heads=1, d_model=12, d_head=1)
+    save_model("narrow", **base)
+    save_model("merged", qk="merged", **base)
+    return save_model("no-task", card={}, **base).parent
 
 
 def page(model: str) -> AppTest:

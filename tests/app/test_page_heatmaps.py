@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from dashboard_helpers import chart, values, z_matrix
 from streamlit.testing.v1 import AppTest
 
 import ui
-from dashboard_helpers import chart, values, z_matrix
 from attn_core import bilinear, zoo
 from attn_core.figures import bundle_zip
 from attn_core.hooks import act_name
@@ -161,7 +161,7 @@ def test_choices_survive_a_page_switch():
     at.switch_page("pages/2_Spectrum.py").run()
     assert not at.exception
     assert at.selectbox(key="layer").value == 1 and at.selectbox(key="head").value == 3
-    at.switch_page("app.py").run()
+    at.switch_page("pages/0_Home.py").run()
     at.switch_page("pages/1_Heatmaps.py").run()
     assert at.selectbox(key="layer").value == 1 and at.selectbox(key="head").value == 3
     assert "layer 1 head 3" in chart(at, "scores")["layout"]["title"]["text"]

@@ -7,9 +7,6 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from attn_core import kernels, zoo
-from attn_core.model import ModelConfig
-from attn_core.tasks import get_task
-from attn_core.train import init_model
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = str(ROOT / "pages" / "6_Kernelized_attention.py")
@@ -88,12 +85,8 @@ def test_merged_model_runs():
 
 
 @pytest.mark.parametrize("card, alpha, message", [({"task": "reverse"}, 1.5, "α-entmax"), ({}, 1.0, "no known task")])
-def test_models_without_a_softmax_pattern_or_inputs_are_refused(tmp_path, monkeypatch, card, alpha, message):
-    task = get_task("reverse")
-    cfg = ModelConfig(n_layers=1, n_heads=1, d_model=8, d_head=4, d_vocab=task.d_vocab, n_ctx=task.n_ctx,
-                      entmax_alpha=alpha)
-    zoo.save(init_model(cfg, 0), tmp_path / "odd", card=card)
-    monkeypatch.setenv("ATTN_LAB_MODELS", str(tmp_path))
+def test_models_without_a_softmax_pattern_or_inputs_are_refused(save_model, card, alpha, message):
+    save_model("odd", card=card, n_layers=1, n_heads=1, d_model=8, d_head=4, entmax_alpha=alpha)
     at = page("odd")
     assert not at.exception
     assert any(message in w.value for w in at.warning)

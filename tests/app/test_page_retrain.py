@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from dashboard_helpers import chart, open_page
 from streamlit.testing.v1 import AppTest
 
 from attn_core import runs, train, zoo
-from dashboard_helpers import open_page, chart
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = str(ROOT / "pages" / "3_Retrain.py")

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from dashboard_helpers import chart, has_chart, open_page, values, z_matrix
 from streamlit.testing.v1 import AppTest
 
 from attn_core import bilinear, runs, train, zoo
-from dashboard_helpers import open_page, chart, has_chart, values, z_matrix
 from attn_core.hooks import act_name
 
 PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "4_Runs.py")

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from dashboard_helpers import chart, open_page, values
 from streamlit.testing.v1 import AppTest
 
 import ui
-from dashboard_helpers import open_page, chart, values
 from attn_core import zoo
 
 PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "2_Spectrum.py")

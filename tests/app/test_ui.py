@@ -7,7 +7,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import ui
-from attn_core import runs, train, zoo
+from attn_core import runs, sources, train, zoo
 from attn_core.figures import ExportError, Plot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,8 +29,8 @@ def files_under(root: Path) -> set[Path]:
 def test_an_upload_is_validated_and_kept_in_the_data_dir(tmp_path):
     before = files_under(tmp_path)
     label = ui.save_upload(model_files())
-    assert label.startswith(ui.UPLOAD_PREFIX + "model-")
-    folder = ui.upload_dir() / label.removeprefix(ui.UPLOAD_PREFIX)
+    assert label.startswith(sources.UPLOAD_PREFIX + "model-")
+    folder = sources.upload_dir() / label.removeprefix(sources.UPLOAD_PREFIX)
     assert folder.parent == tmp_path / "runs" / "uploads"
     assert all(p.is_relative_to(tmp_path / "runs") for p in files_under(tmp_path) - before)
     loaded, original = zoo.load(folder), zoo.load(MODEL)
@@ -38,7 +38,7 @@ def test_an_upload_is_validated_and_kept_in_the_data_dir(tmp_path):
         assert (loaded.model.state_dict()[k] == v).all()
     assert loaded.card.task == "reverse"
     assert ui.save_upload(model_files()) == label  # the same upload twice: one folder
-    assert len(list(ui.upload_dir().iterdir())) == 1
+    assert len(list(sources.upload_dir().iterdir())) == 1
     assert ui.picker_name(ui.job_source(label)) == label
 
 
@@ -46,8 +46,8 @@ def test_a_lone_safetensors_file_carries_its_config(tmp_path):
     loaded = zoo.load(MODEL)
     data = zoo.to_safetensors_bytes(loaded.model, card=loaded.card)
     label = ui.save_upload({"my model.safetensors": data})
-    assert label.startswith(ui.UPLOAD_PREFIX + "my-model-")
-    assert zoo.load(ui.upload_dir() / label.removeprefix(ui.UPLOAD_PREFIX)).config == loaded.config
+    assert label.startswith(sources.UPLOAD_PREFIX + "my-model-")
+    assert zoo.load(sources.upload_dir() / label.removeprefix(sources.UPLOAD_PREFIX)).config == loaded.config
 
 
 @pytest.mark.parametrize("files, message", [
@@ -71,17 +71,17 @@ def test_a_mismatched_config_is_refused(tmp_path):
     files[zoo.CONFIG] = model_files("induction-2l")[zoo.CONFIG]
     with pytest.raises(zoo.CheckpointError, match="missing tensors|shape"):
         ui.save_upload(files)
-    assert not ui.upload_dir().exists()
+    assert not sources.upload_dir().exists()
 
 
 def test_a_path_in_the_file_name_stays_inside_the_data_dir(tmp_path):
     files = model_files()
     files["../../../evil/model.safetensors"] = files.pop(zoo.WEIGHTS)
     label = ui.save_upload({Path(n).name if n.endswith(".safetensors") else n: b for n, b in files.items()})
-    assert (ui.upload_dir() / label.removeprefix(ui.UPLOAD_PREFIX)).is_dir()
+    assert (sources.upload_dir() / label.removeprefix(sources.UPLOAD_PREFIX)).is_dir()
     assert not (tmp_path / "evil").exists()
     odd = ui.save_upload({"..%2F..%2Fx.safetensors": model_files()[zoo.WEIGHTS]})
-    assert "/" not in odd and ".." not in odd and (ui.upload_dir() / odd.removeprefix(ui.UPLOAD_PREFIX)).is_dir()
+    assert "/" not in odd and ".." not in odd and (sources.upload_dir() / odd.removeprefix(sources.UPLOAD_PREFIX)).is_dir()
 
 
 def test_upload_widget_selects_the_new_model_and_reports_errors():
@@ -90,7 +90,7 @@ def test_upload_widget_selects_the_new_model_and_reports_errors():
     uploader.set_value([(n, b, "application/octet-stream") for n, b in model_files().items()]).run()
     assert not at.exception
     choice = at.sidebar.selectbox(key=ui.MODEL_KEY)
-    assert choice.value.startswith(ui.UPLOAD_PREFIX) and choice.value in choice.options
+    assert choice.value.startswith(sources.UPLOAD_PREFIX) and choice.value in choice.options
     assert "Loaded and selected" in at.sidebar.success[0].value
 
     at.sidebar.get("file_uploader")[0].set_value(("model.safetensors", b"\x80\x04 pickle", "application/octet-stream"))

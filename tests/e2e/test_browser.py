@@ -1,7 +1,8 @@
 """The real dashboard in headless Chromium (Debian's /usr/bin/chromium) against `streamlit run`:
-retrain live (start, watch it refresh, stop, find the run), load every page in pages/ and save a
-screenshot of each (light theme, and dark for the figure pages) under tests/artifacts/, move
-the query slider, change the head, download exports.
+retrain live (start, watch it refresh, stop, find the run), load every page of the page table
+(navigation.py) and save a screenshot of each (light theme, and dark for the figure pages) under
+tests/artifacts/, read the sidebar's navigation, move the query slider, change the head, download
+exports.
 
 One server and one browser serve the whole module; the data directory is a temporary folder."""
 import io
@@ -13,21 +14,27 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.dashboard import (CHROMIUM, VIEWPORT, choose, launch, rerun, serve, settle, screenshot,
-                                  start_live_retrain, title_has)
+import navigation
+from benchmarks.dashboard import (
+    CHROMIUM,
+    VIEWPORT,
+    choose,
+    launch,
+    rerun,
+    screenshot,
+    serve,
+    settle,
+    start_live_retrain,
+    title_has,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts"
-PAGES = ["app.py"] + sorted(p.name for p in (ROOT / "pages").glob("*.py"))
-DARK = ["1_Heatmaps.py", "2_Spectrum.py", "4_Runs.py"]  # the figure-heavy pages, in the dark theme too
+PAGES = {Path(p.file).stem: p.url_path for p in navigation.PAGES}  # screenshot name -> URL path
+DARK = ["1_Heatmaps", "2_Spectrum", "4_Runs"]  # the figure-heavy pages, in the dark theme too
 
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is missing (apt-get install chromium)")]
-
-
-def url_path(page_file: str) -> str:
-    """Streamlit's URL of a page: the file name without its number prefix and suffix."""
-    return "" if page_file == "app.py" else re.sub(r"^\d+_", "", Path(page_file).stem)
 
 
 def no_exception(page) -> None:
@@ -95,26 +102,34 @@ def test_retrain_live_start_and_stop(page, server):
     page.keyboard.press("Escape")
 
 
-@pytest.mark.parametrize("page_file", PAGES)
-def test_every_page_loads(page, server, page_file):
-    page.goto(f"{server}/{url_path(page_file)}")
+@pytest.mark.parametrize("name", PAGES)
+def test_every_page_loads(page, server, name):
+    page.goto(f"{server}/{PAGES[name]}")
     settle(page)
     no_exception(page)
     assert page.locator("h1").count() >= 1
-    screenshot(page, ARTIFACTS / f"{Path(page_file).stem}.png")
+    screenshot(page, ARTIFACTS / f"{name}.png")
+
+
+def test_the_sidebar_navigation_lists_every_page_once(page, server):
+    page.goto(server)
+    settle(page)
+    links = page.locator("[data-testid='stSidebarNav'] a")
+    assert [t.strip() for t in links.all_inner_texts()] == [p.title for p in navigation.PAGES]
+    assert links.first.get_attribute("href").rstrip("/") == server
 
 
 def test_dark_theme(browser, server):
     context = browser.new_context(viewport=VIEWPORT, color_scheme="dark")
     dark = context.new_page()
-    for page_file in DARK:
-        dark.goto(f"{server}/{url_path(page_file)}")
+    for name in DARK:
+        dark.goto(f"{server}/{PAGES[name]}")
         settle(dark)
         no_exception(dark)
         background = dark.evaluate("() => getComputedStyle(document.querySelector('[data-testid=\"stApp\"]'))"
                                    ".backgroundColor")
         assert sum(map(int, re.findall(r"\d+", background)[:3])) < 150, background  # a dark page
-        screenshot(dark, ARTIFACTS / f"dark_{Path(page_file).stem}.png")
+        screenshot(dark, ARTIFACTS / f"dark_{name}.png")
     context.close()
 
 

@@ -9,10 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attn_core import bilinear as bl
-from attn_core.model import ModelConfig, Transformer
 from attn_core.hooks import act_name
+from attn_core.model import ModelConfig, Transformer
+from attn_core.sources import LoadedModel
 
-ZOO = Path(__file__).resolve().parent.parent / "assets" / "models"
+ZOO = Path(__file__).resolve().parents[2] / "assets" / "models"
 TOKENS = [1, 2, 3, 4, 5, 1, 2, 3, 0, 7]
 
 
@@ -28,6 +29,11 @@ def random_model(std: float = 0.4, seed: int = 0, **kw) -> Transformer:
         if cfg.d_qk is not None:
             model.zero_qk_padding()
     return model
+
+
+def loaded(model: Transformer) -> LoadedModel:
+    """The model as views and token helpers take it (no card, so no task)."""
+    return LoadedModel("test", model, model.cfg)
 
 
 KINDS = {
@@ -114,9 +120,33 @@ def test_qkform_validates_and_indexes():
         bl.QKForm()
     with pytest.raises(ValueError, match="square"):
         _ = bl.QKForm(torch.randn(5, 2), torch.randn(4, 2)).eigenvalues
-    form = bl.QKForm.from_model(random_model())
+    form = bl.model_form(random_model())
     assert form.batch_shape == (2, 3) and form[1, 2].shape == (24, 24)
     assert torch.allclose(form[1][2].dense, form.dense[1, 2])
+
+
+@settings(max_examples=15, deadline=None)
+@given(m=st.integers(2, 10), r1=st.integers(1, 5), r2=st.integers(1, 5), seed=st.integers(0, 10_000))
+def test_transpose_and_products_stay_factored_and_equal_dense(m, r1, r2, seed):
+    g = torch.Generator().manual_seed(seed)
+    a = bl.QKForm(torch.randn(m, r1, generator=g, dtype=torch.float64), torch.randn(m, r1, generator=g, dtype=torch.float64))
+    b = bl.QKForm(torch.randn(m, r2, generator=g, dtype=torch.float64), torch.randn(m, r2, generator=g, dtype=torch.float64))
+    M = torch.randn(m, m, generator=g, dtype=torch.float64)
+    dense = bl.QKForm(dense=b.dense)
+    assert torch.allclose(a.T.dense, a.dense.T)
+    for got, want in ((a @ b, a.dense @ b.dense), (a @ M, a.dense @ M), (M @ a, M @ a.dense),
+                      (a @ dense, a.dense @ b.dense), (dense @ a, b.dense @ a.dense)):
+        assert torch.allclose(got.dense, want, atol=1e-10)
+    assert not (a @ b).is_dense and (a @ b).left.shape[-1] == min(r1, r2)
+    assert torch.allclose((a @ b).singular_values, torch.linalg.svdvals(a.dense @ b.dense)[:min(r1, r2, m)], atol=1e-8)
+
+
+def test_views_and_detectors_name_the_model_object_they_take():
+    model = random_model()
+    with pytest.raises(TypeError, match="takes a LoadedModel"):
+        bl.sequence_view(model, [1, 2])
+    with pytest.raises(TypeError, match="takes a Transformer"):
+        bl.head_detectors(loaded(model), n_samples=2)
 
 
 # --- B from a model ------------------------------------------------------------------------------
@@ -126,7 +156,7 @@ def test_sequence_view_equals_the_models_scores(kind):
     model = random_model(**KINDS[kind])
     _, cache = model.run_with_cache(torch.tensor([TOKENS]))
     for layer in range(model.cfg.n_layers):
-        view = bl.sequence_view(model, TOKENS, layer)
+        view = bl.sequence_view(loaded(model), TOKENS, layer)
         S, A = cache[act_name("attn_scores", layer)][0], cache[act_name("pattern", layer)][0]
         assert torch.allclose(view.scores, S, atol=1e-5, rtol=1e-5), kind
         assert torch.allclose(view.pattern, A, atol=1e-6), kind
@@ -151,7 +181,7 @@ def test_bias_needs_the_augmented_form():
 def test_from_model_spectrum_matches_dense_for_every_kind():
     for kind, kw in KINDS.items():
         model = random_model(**kw)
-        form = bl.QKForm.from_model(model)
+        form = bl.model_form(model)
         assert form.uses_core == (kind != "merged")
         dense = torch.linalg.svdvals(torch.stack([bl.layer_B(model, l) for l in range(2)]))
         k = form.singular_values.shape[-1]
@@ -207,7 +237,7 @@ def test_vocab_inputs_without_positions_or_norm():
 
 def test_positional_view_is_causal():
     model = random_model()
-    view = bl.positional_view(model, 0, [1])
+    view = bl.positional_view(loaded(model), 0, [1])
     assert view.scores.shape == (1, 12, 12) and view.queries[3] == "p3"
     assert torch.equal(view.mask, torch.tril(torch.ones(12, 12, dtype=torch.bool)))
     assert torch.allclose(view.pattern.sum(-1), torch.ones(1, 12))
@@ -218,7 +248,7 @@ def test_positional_view_is_causal():
 
 def test_vocabulary_view_rows_and_table():
     model = random_model()
-    view = bl.vocabulary_view(model, 1)
+    view = bl.vocabulary_view(loaded(model), 1)
     assert view.scores.shape == (3, 12, 12) and view.mask.all()
     row = view.row(head=2, query=4, sort=True)
     assert list(row.columns) == ["key", "label", "score", "prob", "rank"]
@@ -230,7 +260,7 @@ def test_vocabulary_view_rows_and_table():
     table = view.concentration_table(k=2)
     assert len(table) == 3 * 6 and {"mean", "min", "max"} <= set(table.columns)
     assert (table["min"] <= table["mean"] + 1e-9).all() and (table["mean"] <= table["max"] + 1e-9).all()
-    sub = bl.vocabulary_view(model, 0, heads=[0], tokens=[3, 5, 7])
+    sub = bl.vocabulary_view(loaded(model), 0, heads=[0], tokens=[3, 5, 7])
     assert sub.keys == ["3", "5", "7"] and sub.scores.shape == (1, 3, 3)
     assert torch.allclose(sub.scores[0], view_scores(model, [3, 5, 7]))
 
@@ -242,7 +272,7 @@ def view_scores(model, tokens):
 
 def test_sequence_view_labels_rows_and_frame():
     model = random_model()
-    view = bl.sequence_view(model, [3, 1, 3], layer=1, heads=[0, 2])
+    view = bl.sequence_view(loaded(model), [3, 1, 3], layer=1, heads=[0, 2])
     assert view.queries == ["0:3", "1:1", "2:3"]
     row = view.row(2, 2)
     assert row["key"].tolist() == [0, 1, 2]
@@ -256,21 +286,21 @@ def test_sequence_view_labels_rows_and_frame():
 
 def test_concentration_table_on_data_and_vocabulary():
     model = random_model()
-    table = bl.concentration_table(model, TOKENS)
+    table = bl.concentration_table(loaded(model), TOKENS)
     assert set(table["view"]) == {"sequence", "vocabulary"}
     assert len(table) == 2 * 2 * 3 * 6
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda m: bl.sequence_view(m, [1, 2], layer=2), r"layer 2 is outside 0\.\.1"),
-    (lambda m: bl.sequence_view(m, [1, 2], layer=0, heads=[3]), r"head 3 is outside 0\.\.2"),
-    (lambda m: bl.sequence_view(m, [1, 12], layer=0), r"token id 12 is outside 0\.\.11"),
-    (lambda m: bl.sequence_view(m, list(range(12)) + [0], layer=0), "exceed the model context of 12"),
-    (lambda m: bl.sequence_view(m, [], layer=0), "no tokens"),
-    (lambda m: bl.sequence_view(m, [1, 2]).row(0, 5), r"query 5 is outside 0\.\.1"),
-    (lambda m: bl.sequence_view(m, [1, 2], heads=[1]).row(0, 0), "head 0 is not in this view"),
+    (lambda m: bl.sequence_view(loaded(m), [1, 2], layer=2), r"layer 2 is outside 0\.\.1"),
+    (lambda m: bl.sequence_view(loaded(m), [1, 2], layer=0, heads=[3]), r"head 3 is outside 0\.\.2"),
+    (lambda m: bl.sequence_view(loaded(m), [1, 12], layer=0), r"token id 12 is outside 0\.\.11"),
+    (lambda m: bl.sequence_view(loaded(m), list(range(12)) + [0], layer=0), "exceed the model context of 12"),
+    (lambda m: bl.sequence_view(loaded(m), [], layer=0), "no tokens"),
+    (lambda m: bl.sequence_view(loaded(m), [1, 2]).row(0, 5), r"query 5 is outside 0\.\.1"),
+    (lambda m: bl.sequence_view(loaded(m), [1, 2], heads=[1]).row(0, 0), "head 0 is not in this view"),
     (lambda m: bl.head_B(m, 0, 7), r"head 7 is outside"),
-    (lambda m: bl.random_tokens(m, length=99), r"outside 1\.\.12"),
+    (lambda m: bl.random_tokens(loaded(m), length=99), r"outside 1\.\.12"),
 ])
 def test_bad_indices_name_the_valid_range(call, match):
     with pytest.raises(ValueError, match=match):
@@ -279,14 +309,14 @@ def test_bad_indices_name_the_valid_range(call, match):
 
 def test_tokens_helpers():
     model = random_model()
-    assert bl.random_tokens(model, seed=3) == bl.random_tokens(model, seed=3)
-    assert len(bl.random_tokens(model, length=5)) == 5
-    assert bl.encode(model, "1 5 11") == [1, 5, 11]
+    assert bl.random_tokens(loaded(model), seed=3) == bl.random_tokens(loaded(model), seed=3)
+    assert len(bl.random_tokens(loaded(model), length=5)) == 5
+    assert bl.encode(loaded(model), "1 5 11") == [1, 5, 11]
     with pytest.raises(ValueError, match="unknown token"):
-        bl.encode(model, "1 x")
+        bl.encode(loaded(model), "1 x")
     with pytest.raises(ValueError, match="no task"):
-        bl.sample_tokens(model)
-    assert bl.token_names(model)[:3] == ["0", "1", "2"]
+        bl.sample_tokens(loaded(model))
+    assert bl.token_names(loaded(model))[:3] == ["0", "1", "2"]
 
 
 # --- head detectors ------------------------------------------------------------------------------
@@ -309,7 +339,8 @@ def test_detector_scores_a_perfect_previous_token_head():
         model.embed.W_E.zero_()
         model.pos_embed.W_pos.copy_(torch.eye(12, 16) * 1.0)  # one-hot positions
         attn = model.blocks[0].attn
-        attn.W_Q.zero_(); attn.W_K.zero_()
+        attn.W_Q.zero_()
+        attn.W_K.zero_()
         # head 0: query p looks for key p-1 (positions 0..7 through 8 dims)
         for p in range(1, 9):
             attn.W_Q[0, p, p - 1] = 40.0
@@ -346,7 +377,7 @@ def test_detectors_find_the_zoo_induction_circuit():
     from attn_core import zoo
 
     loaded = zoo.load("induction-2l")
-    frame = bl.head_detectors(loaded, n_samples=32)
+    frame = bl.head_detectors(loaded.model, n_samples=32)
     best = bl.best_heads(frame)
     prev = frame[frame["detector"] == "previous_token"].sort_values("score", ascending=False)
     # One layer-0 head attends to the previous token (in the first period, where the induction

@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from attn_core import zoo
+from attn_core.sources import resolve
 
 
 def run(*args, ok=True):
@@ -35,7 +36,7 @@ def test_train_json_saves_a_loadable_model(tmp_path):
                          "--device", "cpu", "--json").stdout)
     assert res["steps"] == 30 and res["seed"] == 1 and res["out"] == str(out)
     assert "attn-lab train --preset reverse-1l" in res["command"]
-    loaded = zoo.load(out)
+    loaded = resolve(out)
     assert loaded.card.metrics["accuracy"] == res["metrics"]["accuracy"]
     again = run("train", "--preset", "reverse-1l", "--out", str(out), "--steps", "5", "--json", ok=False)
     assert again.returncode == 2 and "already exists" in again.stderr

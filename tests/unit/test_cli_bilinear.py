@@ -1,19 +1,20 @@
 """attn-lab spectrum / scores / heads / export: one JSON document each, clear errors."""
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
-from attn_core import zoo
+from attn_core import checkpoint
 from attn_core.cli import app
-from attn_core.model import ModelConfig, Transformer
 from attn_core.hooks import act_name
+from attn_core.model import ModelConfig, Transformer
+from attn_core.sources import resolve
+from attn_core.zoo import ZOO_DIR
 
 runner = CliRunner()
-ZOO = Path(__file__).resolve().parent.parent / "assets" / "models"
+ZOO = ZOO_DIR  # assets/models
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +24,7 @@ def folder(tmp_path_factory):
     with torch.no_grad():
         for p in m.parameters():
             p.normal_(0, 0.4)
-    return zoo.save(m, tmp_path_factory.mktemp("models") / "tiny", card={"task": "induction"})
+    return checkpoint.save(m, tmp_path_factory.mktemp("models") / "tiny", card={"task": "induction"})
 
 
 def run(*args):
@@ -55,7 +56,7 @@ def test_scores_on_typed_tokens_and_samples(folder):
     assert set(conc["summary"]) == {"entropy", "normalized_entropy", "hoyer", "topk_mass", "participation_ratio", "gini"}
     assert len(conc["per_query"]["entropy"]) == 5
     # the scores are the model's own
-    loaded = zoo.load(str(folder))
+    loaded = resolve(folder)
     _, cache = loaded.model.run_with_cache(torch.tensor([doc["token_ids"]]))
     S = cache[act_name("attn_scores", 1)][0, 1]
     assert abs(doc["scores"][4][2] - S[4, 2].item()) < 1e-5

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from attn_core import kernels, zoo
+from attn_core import kernels
+from attn_core.sources import resolve
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -21,7 +22,7 @@ def test_kernels_json_matches_the_library():
     assert {"method", "features", "seeds", "rel_error_mean", "rel_error_std", "tv_mean", "tv_std", "stable_rank",
             "spectral_norm"} <= set(doc)
     assert (doc["method"], doc["features"], doc["seeds"], doc["causal"]) == ("favor", 16, 2, True)
-    loaded = zoo.load("induction-2l")
+    loaded = resolve("induction-2l")
     direct = kernels.head_error(loaded.model, loaded.task.sample(4, 0, "test").tokens, 1, 0, "favor", 16, 2)
     assert doc["rel_error_mean"] == pytest.approx(direct["rel_error_mean"], rel=1e-9)
     assert doc["tv_mean"] == pytest.approx(direct["tv_mean"], rel=1e-9)

@@ -7,7 +7,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from attn_core import zoo
+from attn_core import checkpoint
 from attn_core.cli import app
 from attn_core.model import ModelConfig
 from attn_core.tasks import get_task
@@ -28,7 +28,7 @@ def run(*args, ok=True):
 def tiny(tmp_path):
     task = get_task("reverse")
     cfg = ModelConfig(n_layers=2, n_heads=2, d_model=16, d_head=8, d_vocab=task.d_vocab, n_ctx=task.n_ctx)
-    return str(zoo.save(init_model(cfg, 0), tmp_path / "tiny", {"task": "reverse"}))
+    return str(checkpoint.save(init_model(cfg, 0), tmp_path / "tiny", {"task": "reverse"}))
 
 
 def test_retrain_then_list_and_show(tiny):

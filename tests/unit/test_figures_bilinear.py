@@ -11,6 +11,7 @@ from attn_core import bilinear as bl
 from attn_core.figures import ExportError, Plot, export_bytes, write_plot
 from attn_core.figures import bilinear as fb
 from attn_core.model import ModelConfig, Transformer
+from attn_core.sources import LoadedModel
 
 HAS_BROWSER = shutil.which("chromium") is not None
 
@@ -26,14 +27,19 @@ def model():
 
 
 @pytest.fixture(scope="module")
-def plots(model):
-    seq = bl.sequence_view(model, [1, 2, 3, 1, 2, 3], layer=1)
+def loaded(model):
+    return LoadedModel("test", model, model.cfg)
+
+
+@pytest.fixture(scope="module")
+def plots(model, loaded):
+    seq = bl.sequence_view(loaded, [1, 2, 3, 1, 2, 3], layer=1)
     return {
         "scores": fb.view_plot(seq, 1, query=4),
         "pattern": fb.view_plot(seq, 0, value="pattern"),
         "query": fb.query_plot(seq, 1, 4),
-        "vocab": fb.view_plot(bl.vocabulary_view(model, 0), 1, query=2),
-        "positional": fb.view_plot(bl.positional_view(model, 0), 0),
+        "vocab": fb.view_plot(bl.vocabulary_view(loaded, 0), 1, query=2),
+        "positional": fb.view_plot(bl.positional_view(loaded, 0), 0),
         "spectrum": fb.spectrum_plot(bl.spectrum_frame(model)),
         "spectrum_grid": fb.spectrum_plot(bl.spectrum_frame(model), normalized=True, small_multiples=True),
         "eigenvalues": fb.eigen_plot(bl.eigen_frame(model)),
@@ -58,14 +64,14 @@ def test_builders_return_tidy_plots(plots):
     assert set(plots["heads"].data["detector"]) == set(bl.DETECTORS)
 
 
-def test_bad_arguments(model):
-    view = bl.sequence_view(model, [1, 2], 0)
+def test_bad_arguments(loaded):
+    view = bl.sequence_view(loaded, [1, 2], 0)
     with pytest.raises(ValueError, match="value must be"):
         fb.view_plot(view, 0, value="probabilities")
     with pytest.raises(ValueError, match="query 9 is outside"):
         fb.view_plot(view, 0, query=9)
     with pytest.raises(ValueError, match="head 1 is not in this view"):
-        fb.query_plot(bl.sequence_view(model, [1, 2], 0, heads=[0]), 1, 0)
+        fb.query_plot(bl.sequence_view(loaded, [1, 2], 0, heads=[0]), 1, 0)
 
 
 def test_csv_and_html_exports_parse(plots, tmp_path):

@@ -10,11 +10,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attn_core import checkpoint
 from attn_core import grow as G
-from attn_core import zoo
 from attn_core.model import ModelConfig, Transformer
+from attn_core.sources import resolve
 from attn_core.tasks import Batch, get_task
-from attn_core.train import TrainConfig, evaluate, init_model, train
+from attn_core.training.trainer import TrainConfig, init_model, train
 
 TASK = get_task("reverse")
 DT = torch.float64
@@ -239,8 +240,8 @@ def test_step_zero_keeps_the_function_and_survives_save_load(attn_bias, basis, t
     for tokens in (held_out, random_tokens):
         with torch.no_grad():
             assert torch.allclose(grown(tokens), model(tokens), atol=2e-5), "the function changed at step 0"
-    zoo.save(grown, tmp_path / "grown", card={"task": "reverse"})
-    loaded = zoo.load(tmp_path / "grown")
+    checkpoint.save(grown, tmp_path / "grown", card={"task": "reverse"})
+    loaded = resolve(tmp_path / "grown")
     assert loaded.config.d_qk == grown.cfg.d_qk
     with torch.no_grad():
         assert torch.equal(loaded.model(held_out), grown(held_out))
@@ -398,7 +399,7 @@ def cli(*args):
 
 def test_cli_grow_json_and_out(tmp_path):
     model = random_model(n_layers=1)
-    zoo.save(model, tmp_path / "tiny", card={"task": "reverse"})
+    checkpoint.save(model, tmp_path / "tiny", card={"task": "reverse"})
     out = tmp_path / "grown"
     proc = cli(str(tmp_path / "tiny"), "--add", "2", "--batch", "6", "--steps", "4", "--eval-samples", "32",
                "--out", str(out), "--json")
@@ -409,7 +410,7 @@ def test_cli_grow_json_and_out(tmp_path):
         assert isinstance(doc[key], (float, list)), key
     assert set(doc["baselines"]) == {"random", "zero"}
     assert set(doc["baselines"]["zero"]) >= {"loss_after_init", "loss_after_finetune"}
-    loaded = zoo.load(out)
+    loaded = resolve(out)
     assert loaded.config.d_qk == [[4, 2]] and loaded.card.details["grow"]["d_k_new"] == 4
     bad = cli(str(tmp_path / "tiny"), "--add", "99", "--json")
     assert bad.exit_code == 2 and "add (p) must be 1..8" in bad.stderr and bad.stdout == ""

@@ -1,5 +1,5 @@
-"""GPT-2 import: a random tiny GPT-2 saved by transformers, loaded through attn_core.hf (and the
-zoo's NAME resolution), must give the same attention patterns and logits."""
+"""GPT-2 import: a random tiny GPT-2 saved by transformers, loaded through attn_core.hf (and
+sources.resolve, as any model NAME), must give the same attention patterns and logits."""
 import json
 
 import pytest
@@ -8,8 +8,10 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from attn_core import bilinear as bl  # noqa: E402
-from attn_core import hf, zoo  # noqa: E402
-from attn_core.hooks import act_name
+from attn_core import hf  # noqa: E402
+from attn_core.checkpoint import CheckpointError  # noqa: E402
+from attn_core.hooks import act_name  # noqa: E402
+from attn_core.sources import resolve  # noqa: E402
 
 
 def _tiny_gpt2(**overrides):
@@ -18,7 +20,7 @@ def _tiny_gpt2(**overrides):
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(cfg).eval()
     with torch.no_grad():  # far from uniform attention, so the comparison means something
-        for name, p in model.named_parameters():
+        for _name, p in model.named_parameters():
             p.normal_(0.0, 0.3 if p.dim() > 1 else 0.1)
     return model
 
@@ -39,7 +41,7 @@ def _reference(model, tokens):
 
 def test_patterns_and_scores_match_transformers(saved):
     model, folder = saved
-    loaded = zoo.load(str(folder))  # a GPT-2 folder works wherever a model NAME does
+    loaded = resolve(folder)  # a GPT-2 folder works wherever a model NAME does
     assert loaded.task is None and loaded.card.task is None
     cfg = loaded.config
     assert (cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.d_head, cfg.d_mlp, cfg.n_ctx, cfg.d_vocab) == (2, 4, 32, 8, 128, 16, 100)
@@ -60,7 +62,7 @@ def test_patterns_and_scores_match_transformers(saved):
 
 def test_views_and_spectrum_work_on_gpt2(saved):
     _, folder = saved
-    loaded = zoo.load(str(folder))
+    loaded = resolve(folder)
     assert bl.token_names(loaded)[:2] == ["tok0", "tok1"]
     assert bl.encode(loaded, "tok3 7") == [3, 7]
     recs = bl.spectrum(loaded.model, augmented=True)
@@ -90,16 +92,16 @@ def test_refusals(tmp_path):
                                                        "n_positions": 8, "vocab_size": 10}))
     assert hf.is_gpt2_folder(tmp_path)
     (tmp_path / "pytorch_model.bin").write_bytes(b"PK\x03\x04")
-    with pytest.raises(zoo.CheckpointError, match="never read"):
-        zoo.load(str(tmp_path))
+    with pytest.raises(CheckpointError, match="never read"):
+        resolve(tmp_path)
     (tmp_path / "model.safetensors").write_bytes(b"not safetensors at all")
-    with pytest.raises(zoo.CheckpointError, match="not a readable safetensors"):
-        zoo.load(str(tmp_path))
-    with pytest.raises(zoo.CheckpointError, match="activation"):
+    with pytest.raises(CheckpointError, match="not a readable safetensors"):
+        resolve(tmp_path)
+    with pytest.raises(CheckpointError, match="activation"):
         hf.model_config({"model_type": "gpt2", "activation_function": "relu6"})
-    with pytest.raises(zoo.CheckpointError, match="divisible"):
+    with pytest.raises(CheckpointError, match="divisible"):
         hf.model_config({"n_embd": 30, "n_head": 4, "n_layer": 1, "n_positions": 8, "vocab_size": 10})
-    with pytest.raises(zoo.CheckpointError, match="lacks 'n_layer'"):
+    with pytest.raises(CheckpointError, match="lacks 'n_layer'"):
         hf.model_config({"n_embd": 32, "n_head": 4})
     assert not hf.is_gpt2_folder(tmp_path / "missing")
 
@@ -112,8 +114,8 @@ def test_missing_tensor_is_named(saved, tmp_path):
     sd.pop("transformer.h.1.attn.c_attn.bias")
     save_file(sd, str(tmp_path / "model.safetensors"))
     (tmp_path / "config.json").write_text((folder / "config.json").read_text())
-    with pytest.raises(zoo.CheckpointError, match="h.1.attn.c_attn.bias"):
-        zoo.load(str(tmp_path))
+    with pytest.raises(CheckpointError, match="h.1.attn.c_attn.bias"):
+        resolve(tmp_path)
 
 
 def test_cli_takes_a_gpt2_folder_as_name(saved):

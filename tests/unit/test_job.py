@@ -8,11 +8,12 @@ import time
 import pytest
 import torch
 
-from attn_core import zoo
+from attn_core import checkpoint, zoo
 from attn_core.model import ModelConfig
 from attn_core.runs import RunStore
 from attn_core.tasks import get_task
-from attn_core.train import JobConfig, TrainingJob, init_model
+from attn_core.training.job import JobConfig, TrainingJob
+from attn_core.training.trainer import init_model
 
 TASK = get_task("reverse")
 
@@ -20,7 +21,7 @@ TASK = get_task("reverse")
 @pytest.fixture
 def tiny(tmp_path):
     cfg = ModelConfig(n_layers=2, n_heads=2, d_model=16, d_head=8, d_vocab=TASK.d_vocab, n_ctx=TASK.n_ctx)
-    return str(zoo.save(init_model(cfg, 0), tmp_path / "tiny", {"task": "reverse", "train": {"batch_size": 16}}))
+    return str(checkpoint.save(init_model(cfg, 0), tmp_path / "tiny", {"task": "reverse", "train": {"batch_size": 16}}))
 
 
 def job_cfg(source, **kw) -> JobConfig:
@@ -175,7 +176,7 @@ def test_model_copy_is_independent(tiny):
 
 
 def test_shipped_zoo_files_are_never_modified():
-    folder = zoo.resolve("reverse-1l")
+    folder = zoo.locate("reverse-1l")
 
     def digest():
         return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}

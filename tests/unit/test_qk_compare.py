@@ -1,4 +1,4 @@
-"""attn_core.qk_compare (seed 004): merged and factored heads compute the same thing when they
+"""attn_core.qk (seed 004): merged and factored heads compute the same thing when they
 should, the parameter formulas, the nuclear-norm identity behind "weight decay on both factors",
 rank truncation, the per-group weight decay, and a short seeded comparison end to end."""
 import json
@@ -9,12 +9,36 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attn_core import qk_compare as Q
+from attn_core import qk as Q
+from attn_core.hooks import act_name
 from attn_core.model import ModelConfig, Transformer
+from attn_core.qk.result import _finite
 from attn_core.runs import RunStore
 from attn_core.tasks import get_task
-from attn_core.train import TrainConfig, Trainer, init_model
-from attn_core.hooks import act_name
+from attn_core.training.trainer import TrainConfig, Trainer, init_model
+
+
+def n_params_formula(cfg: ModelConfig) -> int:
+    """The parameter count of a model from its config alone, written out from first principles
+    (an independent check of the model's own count). With d, V, T, h, d_head, d_mlp as in the config:
+
+        embeddings   V d (+ T d learned positions);  unembedding  d V + V;  final LayerNorm 2d
+        per layer    ln1 2d + h qk_params_per_head + h 2 d d_head (W_V, W_O) (+ h d_head + d biases)
+                     (+ ln2 2d + 2 d d_mlp + d_mlp + d with an MLP)
+
+    LayerNorms count 0 with ``normalization = "none"``. Factored layers store W_Q/W_K at the layer's
+    widest d_qk (narrower heads are zero-padded), so that width is what is counted."""
+    d, h = cfg.d_model, cfg.n_heads
+    ln = 2 * d if cfg.normalization == "layernorm" else 0
+    total = cfg.d_vocab * d + (cfg.n_ctx * d if cfg.positional == "learned" else 0) + d * cfg.d_vocab + cfg.d_vocab + ln
+    for layer in range(cfg.n_layers):
+        width = cfg.qk_width(layer) if cfg.qk == "factored" else None
+        total += ln + h * Q.qk_params_per_head(d, cfg.qk, width, cfg.attn_bias) + 2 * h * d * cfg.d_head
+        if cfg.attn_bias:
+            total += h * cfg.d_head + d
+        if cfg.d_mlp > 0:
+            total += ln + 2 * d * cfg.d_mlp + cfg.d_mlp + d
+    return total
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
@@ -179,7 +203,7 @@ def test_parameter_formula_matches_the_model(kw, bias, qk, data):
     if qk == "d_qk":
         extra["d_qk"] = [[data.draw(st.integers(1, 6)) for _ in range(kw["n_heads"])] for _ in range(kw["n_layers"])]
     cfg = ModelConfig(d_vocab=7, n_ctx=5, **kw, **extra)
-    assert Q.n_params_formula(cfg) == Transformer(cfg).n_params()
+    assert n_params_formula(cfg) == Transformer(cfg).n_params()
 
 
 @pytest.mark.parametrize("d_qk", [1, 2, 4, 16, 32])
@@ -282,7 +306,7 @@ def test_short_comparison_runs_end_to_end(tiny):
     cfg = Q.CompareConfig(**TINY)
     for r, v in zip(rows, cfg.variants()):
         assert r["seeds"] == 2 and r["diverged"] == 0 and len(r["run_ids"]) == 2
-        assert r["params"] == Q.n_params_formula(v.model_config(cfg.base_model_config()))
+        assert r["params"] == n_params_formula(v.model_config(cfg.base_model_config()))
         assert r["rank_cap"] == (v.d_qk if v.qk == "factored" else 8) and r["d_head"] == v.d_qk
         assert 0 <= r["accuracy_mean"] <= 1 and r["final_loss_mean"] > 0 and r["ms_per_step"] > 0
         assert 1 <= r["stable_rank_mean"] <= r["rank_cap"] + 1e-6
@@ -327,7 +351,7 @@ def test_saved_comparison_round_trips(tiny, tmp_path):
     result, _, _ = tiny
     path = result.save(tmp_path / "c.json")
     raw = json.loads(path.read_text())
-    assert raw["variants"] == json.loads(json.dumps(Q._finite(result.summary())))
+    assert raw["variants"] == json.loads(json.dumps(_finite(result.summary())))
     back = Q.Comparison.load(path)
     assert back.summary() == result.summary() and back.markdown() == result.markdown()
     assert "| merged + nuclear |" in back.markdown() and "## What the numbers say" in back.markdown()

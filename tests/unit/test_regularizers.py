@@ -8,8 +8,8 @@ import torch
 from attn_core import metrics
 from attn_core import regularizers as R
 from attn_core.bilinear import QKForm
-from attn_core.model import ModelConfig, Transformer
 from attn_core.hooks import act_name
+from attn_core.model import ModelConfig, Transformer
 
 
 def tiny_model(seed: int = 0, **kw) -> Transformer:

@@ -9,10 +9,10 @@ import time
 import pytest
 import torch
 
-from attn_core.sources import LoadedModel
-from attn_core import zoo
+from attn_core import checkpoint
 from attn_core.model import ModelConfig
-from attn_core.runs import ENV_RUNS, RunStore, load_run_model
+from attn_core.runs import ENV_RUNS, RunStore
+from attn_core.sources import LoadedModel, resolve
 from attn_core.tasks import get_task
 from attn_core.train import init_model
 
@@ -58,7 +58,7 @@ def test_round_trip(tmp_path):
     df = store.metrics(run_id)
     assert list(df.columns) == ["step", "name", "value"] and len(df) == 3
     assert list(store.metrics(run_id, names=["loss"])["value"]) == [2.5, 2.0]
-    loaded = load_run_model(run_id, root=tmp_path / "runs")
+    loaded = resolve(f"run:{run_id}", store=RunStore(tmp_path / "runs"))
     assert isinstance(loaded, LoadedModel) and loaded.name == f"run:{run_id}"
     assert loaded.card.parent == "reverse-1l" and loaded.card.status == "completed"
     assert loaded.task is TASK
@@ -96,7 +96,7 @@ def test_run_without_weights_says_why(tmp_path):
     run_id = store.create("p", "reverse", {})
     store.finish(run_id, "failed", None, {}, message="failed at step 1: boom")
     with pytest.raises(ValueError, match="has no saved weights: failed at step 1: boom"):
-        store.load_model(run_id)
+        resolve(f"run:{run_id}", store=store)
 
 
 def _dead_pid() -> int:
@@ -111,23 +111,23 @@ def _set_pid(store: RunStore, run_id: str, pid: int) -> None:
 
 
 def test_half_written_run_does_not_break_listing(tmp_path):
-    """A save killed mid-way leaves a hidden temporary folder (zoo.save writes there, then
-    renames) and a row in status 'running' whose process is gone."""
+    """A save killed mid-way leaves a hidden temporary folder (checkpoint.save writes there,
+    then renames) and a row in status 'running' whose process is gone."""
     store = RunStore(tmp_path)
     good = finished_run(store)
     orphan = store.create("reverse-1l", "reverse", {"steps": 100})
     _set_pid(store, orphan, _dead_pid())
     half = tmp_path / f".{orphan}.k1ll3d"
     half.mkdir()
-    (half / zoo.WEIGHTS).write_bytes(zoo.to_safetensors_bytes(tiny_model())[:100])  # truncated
-    (half / zoo.CONFIG).write_text('{"n_layers": 1, ')
+    (half / checkpoint.WEIGHTS).write_bytes(checkpoint.to_safetensors_bytes(tiny_model())[:100])  # truncated
+    (half / checkpoint.CONFIG).write_text('{"n_layers": 1, ')
     rows = {r["id"]: r for r in store.list_runs()}
     assert set(rows) == {good, orphan}
     assert rows[orphan]["status"] == "failed" and "interrupted" in rows[orphan]["message"]
     assert not rows[orphan]["has_weights"]
-    assert store.load_model(good).card.status == "completed"
+    assert resolve(f"run:{good}", store=store).card.status == "completed"
     with pytest.raises(ValueError, match="no saved weights"):
-        store.load_model(orphan)
+        resolve(f"run:{orphan}", store=store)
     # an old left-over is swept by the next save; a young one might be a save in progress
     old = time.time() - 2 * 3600
     os.utime(half, (old, old))
@@ -140,7 +140,7 @@ def test_half_written_run_does_not_break_listing(tmp_path):
 def test_killed_after_the_checkpoint_keeps_the_card_status(tmp_path):
     store = RunStore(tmp_path)
     run_id = store.create("reverse-1l", "reverse", {})
-    zoo.save(tiny_model(), store.path(run_id), {"status": "stopped", "message": "stopped at step 7"})
+    checkpoint.save(tiny_model(), store.path(run_id), {"status": "stopped", "message": "stopped at step 7"})
     _set_pid(store, run_id, _dead_pid())
     [row] = store.list_runs()
     assert row["status"] == "stopped" and row["message"] == "stopped at step 7" and row["has_weights"]
@@ -149,7 +149,7 @@ def test_killed_after_the_checkpoint_keeps_the_card_status(tmp_path):
 def test_killed_training_process(tmp_path):
     """A real process killed (SIGKILL) while it trains: the listing still works, the run is
     reported failed, and nothing half-written is loadable."""
-    folder = zoo.save(tiny_model(), tmp_path / "tiny", {"task": "reverse"})
+    folder = checkpoint.save(tiny_model(), tmp_path / "tiny", {"task": "reverse"})
     env = {**os.environ, ENV_RUNS: str(tmp_path / "runs")}
     code = ("from attn_core.train import JobConfig, TrainingJob\n"
             f"TrainingJob(JobConfig({str(folder)!r}, {{'entropy': 0.1}}, steps=10**7, device='cpu')).run()\n")
@@ -173,4 +173,4 @@ def test_killed_training_process(tmp_path):
     assert row["status"] == "failed" and "interrupted" in row["message"]
     assert len(store.metrics(row["id"])) > 0  # what was flushed is kept
     with pytest.raises(ValueError, match="no saved weights"):
-        store.load_model(row["id"])
+        resolve(f"run:{row['id']}", store=store)

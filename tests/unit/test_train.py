@@ -6,22 +6,21 @@ import threading
 import pytest
 import torch
 
-from attn_core import zoo
+from attn_core import checkpoint
+from attn_core.hooks import act_name
 from attn_core.model import ModelConfig
 from attn_core.tasks import get_task
-from attn_core.train import (
+from attn_core.training.job import JobConfig, TrainingJob
+from attn_core.training.telemetry import measure
+from attn_core.training.trainer import (
     Diverged,
-    JobConfig,
     TrainConfig,
     Trainer,
-    TrainingJob,
     evaluate,
     init_model,
     lr_factor,
-    measure,
     select_device,
 )
-from attn_core.hooks import act_name
 
 TASK = get_task("reverse")
 
@@ -161,7 +160,7 @@ def test_job_config_checks(kw, message):
 
 
 def test_job_checks_heads_and_source_against_the_model(tmp_path):
-    folder = zoo.save(tiny(), tmp_path / "tiny", {"task": "reverse"})
+    folder = checkpoint.save(tiny(), tmp_path / "tiny", {"task": "reverse"})
     with pytest.raises(ValueError, match="layer L1 is out of range"):
         TrainingJob(JobConfig(str(folder), {"entropy": 0.1}, heads="L1"), store=False)
     with pytest.raises(ValueError, match="head L0H2 is out of range"):
@@ -170,7 +169,7 @@ def test_job_checks_heads_and_source_against_the_model(tmp_path):
         TrainingJob(JobConfig("no-such-model"), store=False)
     with pytest.raises(ValueError, match="unknown preset"):
         TrainingJob(JobConfig("scratch:nope"), store=False)
-    bare = zoo.save(tiny(), tmp_path / "bare", {})
+    bare = checkpoint.save(tiny(), tmp_path / "bare", {})
     with pytest.raises(ValueError, match="no known task"):
         TrainingJob(JobConfig(str(bare)), store=False)
 

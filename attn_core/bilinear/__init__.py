@@ -1,0 +1,54 @@
+"""The QK bilinear form of every head: B, its spectrum, the views of f_x(y), head detectors.
+
+Split by concern (docs/architecture.md, the maths in docs/maths.md):
+
+- ``form``: :class:`QKForm`, B as factors or dense; pure linear algebra with a cached spectrum;
+- ``heads``: the form of a model's heads (``layer_form``, ``model_form``, ``layer_B``,
+  ``head_B``) and the augmented bias form (``augment``, ``has_bias``);
+- ``spectrum``: spectrum records and tidy frames;
+- ``tokens``: token names, typed text, sample and random inputs (take a ``LoadedModel``);
+- ``views``: :class:`View`, the sequence / vocabulary / positional views (take a
+  ``LoadedModel``), their differentiable inputs and scores (take a ``Transformer``),
+  concentration tables;
+- ``detectors``: detection patterns and head detector scores (take a ``Transformer``);
+- ``checks``: the input checks (layer, heads, tokens, the model object).
+"""
+from attn_core.bilinear.checks import check_heads, check_layer, check_loaded, check_model, check_tokens
+from attn_core.bilinear.detectors import (
+    DETECTORS,
+    best_heads,
+    detection_patterns,
+    detector_inputs,
+    head_detector_scores,
+    head_detectors,
+)
+from attn_core.bilinear.form import QKForm
+from attn_core.bilinear.heads import augment, has_bias, head_B, layer_B, layer_form, model_form
+from attn_core.bilinear.spectrum import eigen_frame, spectrum, spectrum_frame
+from attn_core.bilinear.tokens import encode, random_tokens, sample_tokens, token_names
+from attn_core.bilinear.views import (
+    MAX_VIEW_TOKENS,
+    View,
+    concentration_table,
+    positional_inputs,
+    positional_scores,
+    positional_view,
+    sequence_view,
+    vocab_inputs,
+    vocab_scores,
+    vocabulary_view,
+)
+
+# TRANSITIONAL re-export: removed at integration (callers use heads.layer_form / model_form;
+# QKForm itself knows nothing of models).
+QKForm.from_layer = staticmethod(layer_form)
+QKForm.from_model = staticmethod(model_form)
+
+__all__ = [
+    "DETECTORS", "MAX_VIEW_TOKENS", "QKForm", "View", "augment", "best_heads", "check_heads", "check_layer",
+    "check_loaded", "check_model", "check_tokens", "concentration_table", "detection_patterns", "detector_inputs",
+    "eigen_frame", "encode", "has_bias", "head_B", "head_detector_scores", "head_detectors", "layer_B",
+    "layer_form", "model_form", "positional_inputs", "positional_scores", "positional_view", "random_tokens",
+    "sample_tokens", "sequence_view", "spectrum", "spectrum_frame", "token_names", "vocab_inputs", "vocab_scores",
+    "vocabulary_view",
+]

@@ -1,0 +1,58 @@
+"""The input checks of the bilinear engine, in one place: a layer, heads, token ids, and the
+model object a function takes. Each failure is a ValueError (TypeError for a wrong object) of
+one sentence that names the valid range."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from attn_core.model import Transformer
+from attn_core.sources import LoadedModel
+from attn_core.validate import is_int
+
+
+def check_layer(model: Transformer, layer: int) -> int:
+    n = model.cfg.n_layers
+    if not is_int(layer) or not 0 <= layer < n:
+        raise ValueError(f"layer {layer!r} is outside 0..{n - 1} (this model has {n} layer{'s' * (n != 1)})")
+    return int(layer)
+
+
+def check_heads(model: Transformer, heads: None | int | Sequence[int]) -> list[int]:
+    """Every head for None, else the given head(s) as a list."""
+    n = model.cfg.n_heads
+    if heads is None:
+        return list(range(n))
+    heads = [heads] if is_int(heads) else list(heads)
+    bad = [h for h in heads if not is_int(h) or not 0 <= h < n]
+    if bad or not heads:
+        raise ValueError(f"head {bad[0] if bad else heads!r} is outside 0..{n - 1} (this model has {n} heads per layer)")
+    return [int(h) for h in heads]
+
+
+def check_tokens(model: Transformer, token_ids: Sequence[int], max_len: int | None = None) -> list[int]:
+    """Token ids in the vocabulary, at most ``max_len`` (default: the context) of them."""
+    V = model.cfg.d_vocab
+    ids = [int(t) for t in token_ids]
+    if not ids:
+        raise ValueError("no tokens given")
+    bad = [t for t in ids if not 0 <= t < V]
+    if bad:
+        raise ValueError(f"token id {bad[0]} is outside 0..{V - 1} (the vocabulary has {V} tokens)")
+    top = model.cfg.n_ctx if max_len is None else max_len
+    if len(ids) > top:
+        raise ValueError(f"{len(ids)} tokens exceed the model context of {top}")
+    return ids
+
+
+def check_loaded(loaded: LoadedModel, what: str) -> LoadedModel:
+    """``loaded`` when it is a LoadedModel: functions that name tokens or read the card take one."""
+    if not isinstance(loaded, LoadedModel):
+        raise TypeError(f"{what} takes a LoadedModel (attn_core.sources.resolve), not {type(loaded).__name__}")
+    return loaded
+
+
+def check_model(model: Transformer, what: str) -> Transformer:
+    """``model`` when it is a Transformer: pure model maths takes the module itself."""
+    if not isinstance(model, Transformer):
+        raise TypeError(f"{what} takes a Transformer (a LoadedModel's .model), not {type(model).__name__}")
+    return model

@@ -1,0 +1,74 @@
+"""The QK form of a model's heads (docs/maths.md): B per head, and B' for heads with biases.
+
+For one head of layer l, with X the attention input (row vectors):
+
+    B  = W_Q W_K^T / sqrt(d_qk)                  factored head, d_model x d_model, rank <= d_qk
+    B  = W_QK                                     merged head (seed 004), any rank
+    B' = W_Q' W_K'^T / sqrt(d_qk),  W_Q' = [W_Q; b_Q^T]   the augmented form (query/key biases)
+    S  = X' B' X'^T,  X' = [X | 1]                exactly the model's pre-softmax scores
+
+Everything here is differentiable (the regularizers penalise it).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from attn_core.bilinear.checks import check_heads, check_layer
+from attn_core.bilinear.form import QKForm
+from attn_core.model import Transformer
+
+
+def augment(x: torch.Tensor) -> torch.Tensor:
+    """[x | 1] along the last dim: the token rows of the augmented form."""
+    return torch.cat([x, torch.ones_like(x[..., :1])], dim=-1)
+
+
+def has_bias(model: Transformer) -> bool:
+    """True when the heads have query/key biases, so that S needs the augmented form B'."""
+    return model.cfg.attn_bias and model.cfg.qk == "factored"
+
+
+def layer_form(model: Transformer, layer: int, augmented: bool = False) -> QKForm:
+    """Every head of one layer, batch shape [n_heads]; ``augmented`` gives B' ((d_model + 1)^2).
+    Grown heads keep the layer's stored width; their zero columns add nothing to B."""
+    attn = model.blocks[check_layer(model, layer)].attn
+    if model.cfg.qk == "merged":
+        W = attn.W_QK  # [h, d, d]
+        if augmented:  # merged heads have no query/key bias: B' = [[B, 0], [0, 0]]
+            W = F.pad(W, (0, 1, 0, 1))
+        return QKForm(dense=W)
+    scale = attn.qk_scale.view(-1, 1, 1)  # [h, 1, 1], 1/sqrt(d_qk) of each head
+    W_Q, W_K = attn.W_Q, attn.W_K  # [h, d, w]
+    if augmented:
+        if model.cfg.attn_bias:
+            W_Q = torch.cat([W_Q, attn.b_Q[:, None, :]], dim=1)
+            W_K = torch.cat([W_K, attn.b_K[:, None, :]], dim=1)
+        else:
+            W_Q, W_K = (F.pad(W, (0, 0, 0, 1)) for W in (W_Q, W_K))
+    return QKForm(left=W_Q * scale, right=W_K)
+
+
+def model_form(model: Transformer, augmented: bool = False) -> QKForm:
+    """Every head of every layer, batch shape [n_layers, n_heads]. Layers whose grown heads are
+    wider are matched by zero columns, which change nothing."""
+    forms = [layer_form(model, l, augmented) for l in range(model.cfg.n_layers)]
+    if forms[0].is_dense:
+        return QKForm(dense=torch.stack([f.dense for f in forms]))
+    w = max(f.left.shape[-1] for f in forms)
+
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        return F.pad(t, (0, w - t.shape[-1]))
+
+    return QKForm(left=torch.stack([pad(f.left) for f in forms]), right=torch.stack([pad(f.right) for f in forms]))
+
+
+def layer_B(model: Transformer, layer: int, augmented: bool = False) -> torch.Tensor:
+    """Dense B (or B') of every head of a layer, [n_heads, d, d] (differentiable)."""
+    return layer_form(model, layer, augmented).dense
+
+
+def head_B(model: Transformer, layer: int, head: int, augmented: bool = False) -> torch.Tensor:
+    """Dense B ([d_model, d_model]) or B' ([d_model + 1]^2) of one head (differentiable)."""
+    check_heads(model, head)
+    return layer_form(model, layer, augmented)[head].dense

@@ -1,0 +1,56 @@
+"""Spectrum tables of every head's QK form: one record per head, and tidy frames for figures.
+
+Singular values of B, eigenvalues of B and of its symmetric part (B + B^T)/2, norms, stable and
+effective rank, computed by :class:`attn_core.bilinear.form.QKForm` (docs/maths.md).
+"""
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from attn_core.bilinear.heads import model_form
+from attn_core.model import Transformer
+
+
+def spectrum(model: Transformer, augmented: bool = False) -> list[dict]:
+    """One record per head: singular values, eigenvalues of the symmetric part, norms, ranks."""
+    with torch.no_grad():
+        form = model_form(model, augmented)
+        out = dict(singular_values=form.singular_values, eigenvalues_sym=form.eigenvalues_sym,
+                   stable_rank=form.stable_rank, effective_rank=form.effective_rank,
+                   spectral_norm=form.spectral_norm, nuclear_norm=form.nuclear_norm,
+                   frobenius_norm=form.frobenius_norm, eigenvalues=form.eigenvalues)
+    rows = []
+    for l in range(model.cfg.n_layers):
+        for h in range(model.cfg.n_heads):
+            row = {"layer": l, "head": h}
+            for k, v in out.items():
+                v = v[l, h]
+                if k == "eigenvalues":
+                    row["eigenvalues_real"] = v.real.tolist()
+                    row["eigenvalues_imag"] = v.imag.tolist()
+                else:
+                    row[k] = v.tolist() if v.dim() else float(v)
+            row["rank_cap"] = model.cfg.head_d_qk(l, h) if model.cfg.qk == "factored" else model.cfg.d_model
+            rows.append(row)
+    return rows
+
+
+def spectrum_frame(model: Transformer, augmented: bool = False) -> pd.DataFrame:
+    """Tidy singular values: layer, head, index, singular_value, normalized (sigma / sigma_1)."""
+    rows = []
+    for rec in spectrum(model, augmented):
+        top = rec["singular_values"][0] or 1.0
+        for i, s in enumerate(rec["singular_values"]):
+            rows.append(dict(layer=rec["layer"], head=rec["head"], index=i, singular_value=s, normalized=s / top))
+    return pd.DataFrame(rows)
+
+
+def eigen_frame(model: Transformer, augmented: bool = False) -> pd.DataFrame:
+    """Tidy eigenvalues of B: layer, head, index, real, imag, modulus."""
+    rows = []
+    for rec in spectrum(model, augmented):
+        for i, (re, im) in enumerate(zip(rec["eigenvalues_real"], rec["eigenvalues_imag"])):
+            rows.append(dict(layer=rec["layer"], head=rec["head"], index=i, real=re, imag=im,
+                             modulus=(re * re + im * im) ** 0.5))
+    return pd.DataFrame(rows)

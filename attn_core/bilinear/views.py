@@ -1,0 +1,227 @@
+"""Views of f_x(y): heatmaps of a head's scores and the attention they yield (docs/maths.md).
+
+Each view is a :class:`View` with a per-query slice ``View.row``:
+
+- sequence: x, y are the rows of X for a real input; S and A are read from the model's own
+  hook points (``act_name("attn_scores", l)``, ``act_name("pattern", l)``) by ``run_with_cache``,
+  so they are the model's pre-softmax scores and pattern by construction;
+- vocabulary ("for every x", seed 000): x_t = ln1_l(W_E[t] + mean_p W_pos[p]) for every token t,
+  the token as layer l's LayerNorm would see it if nothing else were in the residual stream.
+  For layer 0 this is exactly the first layer's input without its position; for l > 0 it is the
+  direct (embedding) path through that layer's own LayerNorm and B, not the real residual;
+- positional: x_p = ln1_l(W_pos[p] + mean_t W_E[t]) for every position p (causal mask applies).
+
+``vocab_scores`` / ``positional_scores`` take the :class:`Transformer` and are differentiable (the
+regularizers penalise them); the ``*_view`` functions take the
+:class:`~attn_core.sources.LoadedModel` (they name tokens), are for display and run without
+gradients.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+
+from attn_core import metrics
+from attn_core.bilinear.checks import check_heads, check_layer, check_loaded, check_tokens
+from attn_core.bilinear.heads import augment, has_bias, layer_form
+from attn_core.bilinear.tokens import token_names
+from attn_core.hooks import act_name
+from attn_core.model import Transformer, attention_weights
+from attn_core.sources import LoadedModel
+from attn_core.validate import is_int
+
+# Views of more keys than this are cut to the first MAX_VIEW_TOKENS tokens unless the caller
+# names its tokens (GPT-2's 50257^2 scores per head would not fit in memory).
+MAX_VIEW_TOKENS = 512
+
+
+# --- the inputs and scores of the vocabulary and positional views (differentiable) ---------------
+
+def vocab_inputs(model: Transformer, layer: int = 0, tokens: Sequence[int] | None = None) -> torch.Tensor:
+    """x_t = ln1_layer(W_E[t] + mean_p W_pos[p]) for every token (or ``tokens``), [V, d_model]."""
+    E = model.embed.W_E if tokens is None else model.embed.W_E[torch.as_tensor(list(tokens), dtype=torch.long)]
+    if model.cfg.positional == "learned":
+        E = E + model.pos_embed.W_pos.mean(0)
+    return model.blocks[check_layer(model, layer)].ln1(E)
+
+
+def positional_inputs(model: Transformer, layer: int = 0) -> torch.Tensor:
+    """x_p = ln1_layer(W_pos[p] + mean_t W_E[t]) for every position, [n_ctx, d_model]."""
+    if model.cfg.positional != "learned":
+        raise ValueError("this model has no position embeddings (positional = 'none'), so it has no positional view")
+    return model.blocks[check_layer(model, layer)].ln1(model.pos_embed.W_pos + model.embed.W_E.mean(0))
+
+
+def _scores(model: Transformer, layer: int, heads, x: torch.Tensor, augmented: bool | None) -> torch.Tensor:
+    heads = check_heads(model, heads)
+    aug = has_bias(model) if augmented is None else augmented
+    form = layer_form(model, layer, aug)[heads]
+    return form.bilinear(augment(x) if aug else x)
+
+
+def vocab_scores(model: Transformer, layer: int = 0, heads=None, augmented: bool | None = None,
+                 tokens: Sequence[int] | None = None) -> torch.Tensor:
+    """f_x(y) for every pair of tokens, [heads, V, V] (differentiable). With biases (the
+    default when the model has them) the scores are x' B' y'^T, what the head itself computes."""
+    return _scores(model, layer, heads, vocab_inputs(model, layer, tokens), augmented)
+
+
+def positional_scores(model: Transformer, layer: int = 0, heads=None, augmented: bool | None = None) -> torch.Tensor:
+    """f_x(y) for every pair of positions, [heads, n_ctx, n_ctx] (differentiable, no mask)."""
+    return _scores(model, layer, heads, positional_inputs(model, layer), augmented)
+
+
+# --- views ---------------------------------------------------------------------------------------
+
+@dataclass
+class View:
+    """Scores S[h, q, k] = f_{x_q}(y_k) and the pattern A of some heads of one layer.
+
+    ``queries``/``keys`` label the rows/columns, ``token_ids`` their tokens (the vocabulary
+    view's keys are its queries), ``mask`` says which keys a query sees."""
+
+    kind: str  # "sequence" | "vocabulary" | "positional"
+    layer: int
+    heads: list[int]
+    queries: list[str]
+    keys: list[str]
+    scores: torch.Tensor  # [len(heads), nq, nk]
+    pattern: torch.Tensor  # [len(heads), nq, nk]
+    mask: torch.Tensor  # [nq, nk] bool
+    token_ids: list[int] | None = None
+    meta: dict = field(default_factory=dict)
+
+    def head_index(self, head: int) -> int:
+        if head not in self.heads:
+            raise ValueError(f"head {head} is not in this view (heads {self.heads})")
+        return self.heads.index(head)
+
+    def check_query(self, query: int) -> int:
+        n = len(self.queries)
+        if not is_int(query) or not -n <= query < n:
+            raise ValueError(f"query {query!r} is outside 0..{n - 1} ({n} queries in this {self.kind} view)")
+        return query % n
+
+    def row(self, head: int, query: int, sort: bool = False) -> pd.DataFrame:
+        """The per-query slice f_x(.) for x = query: one line per visible key (key, label,
+        score, prob, rank by score), in key order or sorted by decreasing score."""
+        i, q = self.head_index(head), self.check_query(query)
+        vis = self.mask[q]
+        keys = torch.arange(len(self.keys))[vis]
+        s, p = self.scores[i, q][vis], self.pattern[i, q][vis]
+        rank = torch.empty_like(keys)
+        rank[s.argsort(descending=True)] = torch.arange(len(keys))
+        df = pd.DataFrame(dict(key=keys.tolist(), label=[self.keys[k] for k in keys.tolist()],
+                               score=s.tolist(), prob=p.tolist(), rank=(rank + 1).tolist()))
+        return df.sort_values("rank", kind="stable").reset_index(drop=True) if sort else df
+
+    def frame(self, head: int | None = None) -> pd.DataFrame:
+        """Tidy: head, query, key, their labels, score, prob, visible (one line per cell)."""
+        heads = self.heads if head is None else [head]
+        nq, nk = len(self.queries), len(self.keys)
+        parts = []
+        for h in heads:
+            i = self.head_index(h)
+            q, k = torch.meshgrid(torch.arange(nq), torch.arange(nk), indexing="ij")
+            parts.append(pd.DataFrame(dict(
+                layer=self.layer, head=h, query=q.flatten().tolist(), key=k.flatten().tolist(),
+                query_label=[self.queries[j] for j in q.flatten().tolist()],
+                key_label=[self.keys[j] for j in k.flatten().tolist()],
+                score=self.scores[i].flatten().tolist(), prob=self.pattern[i].flatten().tolist(),
+                visible=self.mask.flatten().tolist())))
+        return pd.concat(parts, ignore_index=True)
+
+    def concentration(self, k: int = 1) -> dict[str, torch.Tensor]:
+        """Every metric of every query row of the pattern, ``{name: [len(heads), nq]}``."""
+        return metrics.concentration(self.pattern, self.mask, k=k)
+
+    def concentration_table(self, k: int = 1) -> pd.DataFrame:
+        """Per head and metric: mean, min, max over the query rows that see at least two keys."""
+        values = self.concentration(k)
+        valid = metrics.informative_rows(self.mask, self.pattern.shape)
+        rows = []
+        for name, v in values.items():
+            summary = metrics.summarize(v, valid)
+            for i, h in enumerate(self.heads):
+                rows.append(dict(layer=self.layer, head=h, metric=name, view=self.kind,
+                                 **{s: float(t[i]) for s, t in summary.items()}))
+        return pd.DataFrame(rows)
+
+
+def _view(kind: str, layer: int, heads: list[int], S: torch.Tensor, A: torch.Tensor, mask: torch.Tensor,
+          labels: list[str], token_ids: list[int] | None, meta: dict) -> View:
+    return View(kind, layer, heads, labels, labels, S.detach().float().cpu(), A.detach().float().cpu(),
+                mask.cpu(), token_ids, meta)
+
+
+def sequence_view(loaded: LoadedModel, tokens: Sequence[int], layer: int = 0, heads=None) -> View:
+    """S and A of a real input, read from the model's hook points (``run_with_cache``): the
+    model's own scores (equal to X' B' X'^T, X the layer's attention input). Queries/keys are
+    labelled "pos:name"."""
+    model = check_loaded(loaded, "sequence_view").model
+    check_layer(model, layer)
+    heads = check_heads(model, heads)
+    ids = check_tokens(model, tokens)
+    names = [act_name("attn_scores", layer), act_name("pattern", layer)]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.tensor([ids], device=model.embed.W_E.device), names_filter=names)
+    S, A = (cache[n][0, heads] for n in names)  # [len(heads), T, T]
+    token = token_names(loaded)
+    labels = [f"{p}:{token[t]}" for p, t in enumerate(ids)]
+    mask = model.causal[:len(ids), :len(ids)]
+    return _view("sequence", layer, heads, S, A, mask, labels, ids, {"n_tokens": len(ids)})
+
+
+def vocabulary_view(loaded: LoadedModel, layer: int = 0, heads=None, tokens: Sequence[int] | None = None) -> View:
+    """f_x(y) with x, y every token's embedding (see the module doc); the pattern is the
+    softmax of each row over every key. More than MAX_VIEW_TOKENS tokens are cut to the first
+    ones unless ``tokens`` names them."""
+    model = check_loaded(loaded, "vocabulary_view").model
+    check_layer(model, layer)
+    heads = check_heads(model, heads)
+    V = model.cfg.d_vocab
+    meta = {"d_vocab": V}
+    if tokens is None:
+        tokens = list(range(min(V, MAX_VIEW_TOKENS)))
+        if V > MAX_VIEW_TOKENS:
+            meta["note"] = f"first {MAX_VIEW_TOKENS} of {V} tokens"
+    else:
+        tokens = check_tokens(model, tokens, max_len=V)
+    with torch.no_grad():
+        S = vocab_scores(model, layer, heads, tokens=tokens)
+        mask = torch.ones(len(tokens), len(tokens), dtype=torch.bool, device=S.device)
+        A = attention_weights(S, mask, model.cfg.entmax_alpha)
+    names = token_names(loaded)
+    return _view("vocabulary", layer, heads, S, A, mask, [names[t] for t in tokens], list(tokens), meta)
+
+
+def positional_view(loaded: LoadedModel, layer: int = 0, heads=None) -> View:
+    """f_x(y) with x, y every position's embedding; causal, as the model sees positions (at
+    most the first MAX_VIEW_TOKENS positions)."""
+    model = check_loaded(loaded, "positional_view").model
+    check_layer(model, layer)
+    heads = check_heads(model, heads)
+    n = min(model.cfg.n_ctx, MAX_VIEW_TOKENS)
+    meta = {"n_ctx": model.cfg.n_ctx}
+    if model.cfg.n_ctx > n:
+        meta["note"] = f"first {n} of {model.cfg.n_ctx} positions"
+    mask = model.causal[:n, :n]
+    with torch.no_grad():
+        S = positional_scores(model, layer, heads)[:, :n, :n]
+        A = attention_weights(S, mask, model.cfg.entmax_alpha)
+    return _view("positional", layer, heads, S, A, mask, [f"p{p}" for p in range(n)], None, meta)
+
+
+def concentration_table(loaded: LoadedModel, tokens: Sequence[int] | None = None, k: int = 1) -> pd.DataFrame:
+    """Concentration of every head of every layer, on ``tokens`` (a sequence view) and on the
+    vocabulary view: layer, head, metric, view, mean, min, max."""
+    model = check_loaded(loaded, "concentration_table").model
+    parts = []
+    for layer in range(model.cfg.n_layers):
+        if tokens is not None:
+            parts.append(sequence_view(loaded, tokens, layer).concentration_table(k))
+        parts.append(vocabulary_view(loaded, layer).concentration_table(k))
+    return pd.concat(parts, ignore_index=True)

@@ -1,0 +1,49 @@
+"""Circuits of the QK bilinear form: why a query attends where it does (attribution of
+f_x(y) over the singular directions of B), what a head moves (its OV circuit and the full
+circuits over the vocabulary) and which earlier heads feed it (Q-, K-, V-composition).
+
+Modules: ``ov`` (W_OV, full OV/QK circuits, copying score, QK positivity, value-weighted
+attention), ``composition`` (composition scores and their random-matrix baseline),
+``attribution`` (rank-1 terms of one score, runner-up, token/position split at layer 0),
+``report`` (the CLI's JSON documents). The maths is in each module's docstring and in
+docs/maths.md.
+"""
+from attn_core.circuits.attribution import (
+    BIAS_PARTS,
+    SPLIT_PARTS,
+    Attribution,
+    attribute,
+    head_form,
+    token_position_split,
+)
+from attn_core.circuits.composition import (
+    KINDS,
+    Composition,
+    baseline_score,
+    composition,
+    composition_score,
+    k_composed_positivity,
+)
+from attn_core.circuits.ov import (
+    copying_scores,
+    full_ov_circuit,
+    full_ov_form,
+    full_qk_form,
+    head_circuits,
+    ov_form,
+    ov_singular_values,
+    ov_spectrum_frame,
+    positivity,
+    qk_positivities,
+    unembed_matrix,
+    value_weighted,
+)
+from attn_core.circuits.report import attribute_report, circuits_report
+
+__all__ = [
+    "BIAS_PARTS", "KINDS", "SPLIT_PARTS", "Attribution", "Composition", "attribute", "attribute_report",
+    "baseline_score", "circuits_report", "composition", "composition_score", "copying_scores", "full_ov_circuit",
+    "full_ov_form", "full_qk_form", "head_circuits", "head_form", "k_composed_positivity", "ov_form",
+    "ov_singular_values", "ov_spectrum_frame", "positivity", "qk_positivities", "token_position_split",
+    "unembed_matrix", "value_weighted",
+]

@@ -1,0 +1,233 @@
+"""Why a query attends where it does: one score f_x(y) split into the rank-1 terms of B, and
+at layer 0 into its token and position parts.
+
+Row vectors (docs/maths.md). For a head with ``B = U diag(sigma) V^T`` (``QKForm.svd``: u_i the
+columns of U, v_i the rows of Vh), and x, y rows of the layer's attention input X,
+
+    x B y^T = sum_i sigma_i (x . u_i)(y . v_i)                                   (1)
+
+term i is how much key y wins for query x along the singular pair i. A factored head has
+``rank(B) <= d_qk`` terms, taken from the head's own d_qk columns (grown heads are stored padded
+to the widest head); a merged head has d_model. With query/key biases the model computes
+``S = (x W_Q + b_Q) . (y W_K + b_K) / sqrt(d_qk) = x' B' y'^T`` (the augmented form), i.e. (1) plus
+
+    bias = (x W_Q . b_K + b_Q . y W_K + b_Q . b_K) / sqrt(d_qk)                 (2)
+
+kept as its own term (its three parts in ``bias_parts``). (1) + (2) is the model's own
+pre-softmax score ``S[q, k]`` (``act_name("attn_scores", layer)``); a test checks it to 1e-5.
+The sums are taken in float64.
+
+**Runner-up.** For the winning key y1 and the runner-up y2 of a query, term by term
+``sigma_i (x . u_i)((y1 - y2) . v_i)`` (and the bias difference) add up to the score margin: the
+directions with the largest positive differences are those that make y1 win.
+
+**Token and position parts (layer 0, learned positions).** The residual of token j is
+``r_j = e_j + p_j`` (``e_j = W_E[t_j]``, ``p_j = W_pos[j]``) and
+``X_j = ln1(r_j) = (r_j - mean(r_j)) * w / s_j + b`` with ``s_j = sqrt(var(r_j) + eps)``. Freezing
+each token's scale s_j at its value on this input (the usual linearisation of a folded
+LayerNorm) makes ``X_j = tok_j + pos_j + b`` exact, with ``tok_j = (e_j - mean e_j) * w / s_j`` and
+``pos_j = (p_j - mean p_j) * w / s_j`` (without a LayerNorm, ``tok_j = e_j``, ``pos_j = p_j``, b = 0).
+Then, by bilinearity of ``x' B' y'^T`` over ``x' = [x | 1]``,
+
+    S[q, k] = tok_q B tok_k^T + tok_q B pos_k^T + pos_q B tok_k^T + pos_q B pos_k^T + bias
+
+(token-token, token-position, position-token, position-position; the first word is the query's
+side), where ``bias`` gathers every term with the LayerNorm bias b or the attention biases.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+
+from attn_core.bilinear import QKForm, check_heads, check_layer, check_tokens, token_names
+from attn_core.circuits.ov import model_of
+from attn_core.hooks import act_name
+from attn_core.model import Transformer
+from attn_core.validate import check_int
+
+BIAS_PARTS = ("x·b_K", "b_Q·y", "b_Q·b_K")
+SPLIT_PARTS = ("token-token", "token-position", "position-token", "position-position", "bias")
+
+
+@dataclass
+class Attribution:
+    """The scores of one query against every key it sees, split as in (1) and (2).
+
+    ``keys`` [n] key positions (0..query), ``sigma`` [k] the singular values of B,
+    ``x_coords`` [k] = x . u_i, ``y_coords`` [n, k] = y . v_i, ``terms`` [n, k] the rank-1
+    contributions, ``bias_parts`` [n, 3], ``scores`` [n] = terms.sum(-1) + bias."""
+
+    layer: int
+    head: int
+    query: int
+    keys: list[int]
+    token_ids: list[int]
+    token_labels: list[str]
+    sigma: torch.Tensor
+    x_coords: torch.Tensor
+    y_coords: torch.Tensor
+    terms: torch.Tensor
+    bias_parts: torch.Tensor
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def bias(self) -> torch.Tensor:
+        return self.bias_parts.sum(-1)
+
+    @property
+    def scores(self) -> torch.Tensor:
+        return self.terms.sum(-1) + self.bias
+
+    def ranking(self) -> list[int]:
+        """Indices into ``keys`` by decreasing score."""
+        return self.scores.argsort(descending=True).tolist()
+
+    def top(self, n: int | None = None) -> list[int]:
+        """Key positions of the ``n`` highest scores (all by default), best first."""
+        order = self.ranking()
+        return [self.keys[i] for i in (order if n is None else order[:n])]
+
+    def frame(self, top: int | None = None) -> pd.DataFrame:
+        """Tidy: key, label, rank, score, term ("σ1".., or "bias"), direction (-1 for the
+        bias), sigma, contribution; keys best first."""
+        rows = []
+        for rank, i in enumerate(self.ranking()[:top] if top else self.ranking(), start=1):
+            base = dict(layer=self.layer, head=self.head, query=self.query, key=self.keys[i],
+                        label=self.token_labels[i], rank=rank, score=float(self.scores[i]))
+            for d in range(self.terms.shape[1]):
+                rows.append(dict(base, term=f"σ{d + 1}", direction=d, sigma=float(self.sigma[d]),
+                                 contribution=float(self.terms[i, d])))
+            rows.append(dict(base, term="bias", direction=-1, sigma=float("nan"), contribution=float(self.bias[i])))
+        return pd.DataFrame(rows)
+
+    def runner_up(self) -> pd.DataFrame:
+        """Term by term, winner minus runner-up (direction, sigma, winner, runner_up, difference),
+        by decreasing |difference|; the differences add up to the score margin. Empty when the
+        query sees one key."""
+        order = self.ranking()
+        if len(order) < 2:
+            return pd.DataFrame(columns=["direction", "term", "sigma", "winner", "runner_up", "difference"])
+        w, r = order[0], order[1]
+        rows = [dict(direction=d, term=f"σ{d + 1}", sigma=float(self.sigma[d]), winner=float(self.terms[w, d]),
+                     runner_up=float(self.terms[r, d])) for d in range(self.terms.shape[1])]
+        rows.append(dict(direction=-1, term="bias", sigma=float("nan"), winner=float(self.bias[w]),
+                         runner_up=float(self.bias[r])))
+        df = pd.DataFrame(rows)
+        df["difference"] = df["winner"] - df["runner_up"]
+        df = df.reindex(df["difference"].abs().sort_values(ascending=False).index).reset_index(drop=True)
+        df.attrs.update(winner=self.keys[w], runner_up=self.keys[r])
+        return df
+
+
+# --- the head's form ----------------------------------------------------------------------------
+
+def head_form(model: Transformer, layer: int, head: int) -> QKForm:
+    """B of one head from its own d_qk columns (factored) or W_QK (merged), in float64."""
+    form = QKForm.from_layer(model, check_layer(model, layer))[check_heads(model, head)[0]]
+    if form.is_dense:
+        return QKForm(dense=form.dense.double())
+    w = model.cfg.head_d_qk(layer, head)
+    return QKForm(left=form.left[:, :w].double(), right=form.right[:, :w].double())
+
+
+def bias_terms(model: Transformer, layer: int, head: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """(2) split in its parts, [n, 3] for one query row x [d] and key rows y [n, d] (zeros
+    without query/key biases)."""
+    if not (model.cfg.attn_bias and model.cfg.qk == "factored"):
+        return torch.zeros(y.shape[0], 3, dtype=torch.float64)
+    attn = model.blocks[layer].attn
+    w = model.cfg.head_d_qk(layer, head)
+    W_Q, W_K = attn.W_Q[head, :, :w].double(), attn.W_K[head, :, :w].double()  # [d, w]
+    b_Q, b_K = attn.b_Q[head, :w].double(), attn.b_K[head, :w].double()  # [w]
+    scale = w ** -0.5
+    xb = (x @ W_Q @ b_K).expand(y.shape[0])  # [n]
+    by = y @ W_K @ b_Q  # [n]
+    bb = (b_Q @ b_K).expand(y.shape[0])
+    return torch.stack([xb, by, bb], dim=-1) * scale  # [n, 3]
+
+
+def _layer_input(model: Transformer, ids: list[int], layer: int) -> torch.Tensor:
+    _, cache = model.run_with_cache(torch.tensor([ids], device=model.embed.W_E.device))
+    return cache[act_name("attn_in", layer)][0]  # [T, d]
+
+
+def _check_query(query: int, n: int) -> int:
+    return check_int("query", query, 0, n - 1)
+
+
+def attribute(m, tokens: Sequence[int], layer: int, head: int, query: int) -> Attribution:
+    """Split the scores of query position ``query`` against keys 0..query of a real input
+    (``tokens``) into the rank-1 terms of B and the bias, per (1) and (2)."""
+    model = model_of(m)
+    ids = check_tokens(model, tokens)
+    q = _check_query(query, len(ids))
+    with torch.no_grad():
+        form = head_form(model, layer, head)
+        U, S, Vh = form.svd  # [d, k], [k], [k, d]
+        X = _layer_input(model, ids, layer).double()  # [T, d]
+        x, y = X[q], X[:q + 1]  # [d], [n, d]
+        xc = x @ U  # [k]
+        yc = y @ Vh.T  # [n, k]
+        terms = S * xc * yc  # [n, k]
+        bias = bias_terms(model, layer, head, x, y)  # [n, 3]
+    names = token_names(m)
+    keys = list(range(q + 1))
+    return Attribution(layer, head, q, keys, [ids[k] for k in keys], [names[ids[k]] for k in keys],
+                       S.cpu(), xc.cpu(), yc.cpu(), terms.cpu(), bias.cpu(),
+                       meta=dict(query_token=names[ids[q]], rank_cap=len(S)))
+
+
+# --- token / position split at layer 0 ----------------------------------------------------------
+
+def residual_parts(model: Transformer, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tok [T, d], pos [T, d], const [d]) with X = tok + pos + const the layer-0 attention
+    input exactly, each token's LayerNorm scale frozen (see the module doc); float64."""
+    if model.cfg.positional != "learned":
+        raise ValueError("the token/position split needs learned position embeddings; this model has none")
+    t = torch.as_tensor(ids, dtype=torch.long, device=model.embed.W_E.device)
+    e = model.embed.W_E[t].double()  # [T, d]
+    p = model.pos_embed.W_pos[:len(ids)].double()  # [T, d]
+    ln = model.blocks[0].ln1
+    if not hasattr(ln, "w"):
+        return e, p, torch.zeros_like(e[0])
+    r = e + p
+    s = (r.var(-1, unbiased=False, keepdim=True) + ln.eps).sqrt()  # [T, 1], frozen scales
+    w = ln.w.double()
+
+    def centred(v: torch.Tensor) -> torch.Tensor:
+        return (v - v.mean(-1, keepdim=True)) * w / s
+
+    return centred(e), centred(p), ln.b.double()
+
+
+def token_position_split(m, tokens: Sequence[int], head: int, query: int) -> pd.DataFrame:
+    """At layer 0: per key 0..query, the score and its token-token, token-position,
+    position-token, position-position and bias parts (columns named by SPLIT_PARTS), which add up
+    to the model's own score."""
+    model = model_of(m)
+    ids = check_tokens(model, tokens)
+    q = _check_query(query, len(ids))
+    check_heads(model, head)
+    with torch.no_grad():
+        tok, pos, const = residual_parts(model, ids)
+        form = QKForm.from_layer(model, 0, augmented=True)[head]
+        Bp = form.dense.double()  # [d + 1, d + 1], B' (zero last row/column without biases)
+
+        def aug(v: torch.Tensor, one: float) -> torch.Tensor:
+            return torch.cat([v, torch.full_like(v[..., :1], one)], dim=-1)
+
+        xs = {"token": aug(tok[q], 0.0), "position": aug(pos[q], 0.0), "const": aug(const, 1.0)}  # [d + 1]
+        ys = {"token": aug(tok[:q + 1], 0.0), "position": aug(pos[:q + 1], 0.0),
+              "const": aug(const, 1.0).expand(q + 1, -1)}  # [n, d + 1]
+        parts = {f"{a}-{b}": ys[b] @ (xs[a] @ Bp) for a in xs for b in ys}  # [n] each
+    out = {name: parts[name] for name in SPLIT_PARTS[:4]}
+    out["bias"] = sum(v for k, v in parts.items() if "const" in k)
+    names = token_names(m)
+    df = pd.DataFrame({k: v.tolist() for k, v in out.items()})
+    df.insert(0, "label", [names[ids[k]] for k in range(q + 1)])
+    df.insert(0, "key", list(range(q + 1)))
+    df.insert(2, "score", df[list(SPLIT_PARTS)].sum(axis=1))
+    return df.assign(layer=0, head=head, query=q)

@@ -1,0 +1,69 @@
+"""The JSON documents of ``attn-lab circuits NAME --json`` and ``attn-lab attribute NAME --json``.
+
+Plain data (dicts, lists, floats, None for "no value"), so ``json.dumps`` writes them as they are.
+
+``circuits_report``::
+
+    {heads: [{layer, head, copying_score, qk_positivity, ov_singular_values}],
+     order: ["L0H0", ...],
+     composition: {q: [[...]], k: [[...]], v: [[...]]},
+     composition_baseline: {q, k, v}}
+
+``composition[kind][i][j]`` is the score from head ``order[i]`` (the writer) into head
+``order[j]`` (the reader), null unless i's layer comes before j's; ``composition_baseline`` holds
+the random-matrix baseline of the same entries (subtract it for the baseline-corrected score).
+See :mod:`attn_core.circuits.ov` and :mod:`attn_core.circuits.composition` for the maths.
+
+``attribute_report``::
+
+    {query, keys: [{key, token, score, terms: [{direction, sigma, contribution}], bias}]}
+
+one entry per key the query sees, by decreasing score; ``sum(contribution) + bias == score``
+(see :mod:`attn_core.circuits.attribution`).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from attn_core.circuits.attribution import attribute
+from attn_core.circuits.composition import KINDS, N_SAMPLES, composition
+from attn_core.circuits.ov import head_circuits, model_of
+
+
+def _number(v: float):
+    v = float(v)
+    return None if math.isnan(v) else v
+
+
+def _matrix(t: torch.Tensor) -> list[list]:
+    return [[_number(v) for v in row] for row in t.tolist()]
+
+
+def circuits_report(model, n_samples: int = N_SAMPLES, seed: int = 0) -> dict:
+    """Per-head OV spectra, copying scores and QK positivity, and the composition scores with
+    their baselines, for a Transformer or a LoadedModel."""
+    model = model_of(model)
+    table = head_circuits(model)
+    comp = composition(model, n_samples=n_samples, seed=seed)
+    heads = [dict(layer=int(r.layer), head=int(r.head), copying_score=float(r.copying_score),
+                  qk_positivity=float(r.qk_positivity), ov_singular_values=[float(s) for s in r.ov_singular_values])
+             for r in table.itertuples()]
+    return dict(heads=heads, order=list(comp.order),
+                composition={k: _matrix(comp.scores[k]) for k in KINDS},
+                composition_baseline={k: _matrix(comp.baseline[k]) for k in KINDS})
+
+
+def attribute_report(loaded, layer: int, head: int, query: int, tokens: Sequence[int]) -> dict:
+    """The scores of query position ``query`` against every key it sees, each split into the
+    rank-1 terms of B (direction i, sigma_i, contribution) and the bias."""
+    attr = attribute(loaded, tokens, layer, head, query)
+    keys = []
+    for i in attr.ranking():
+        terms = [dict(direction=d, sigma=float(attr.sigma[d]), contribution=float(attr.terms[i, d]))
+                 for d in range(attr.terms.shape[1])]
+        keys.append(dict(key=attr.keys[i], token=attr.token_labels[i], score=float(attr.scores[i]),
+                         terms=terms, bias=float(attr.bias[i])))
+    return dict(query=attr.query, keys=keys)

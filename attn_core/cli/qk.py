@@ -1,0 +1,88 @@
+"""``compare-qk``: merged vs factored QK (seed 004), trained side by side on the same data."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from attn_core.cli.common import JsonOpt, default, emit, guarded, table
+from attn_core.qk_compare import CompareConfig
+
+app = typer.Typer()
+
+_QK_COLS = ["name", "rank_cap", "params", "final_loss_mean", "final_loss_std", "accuracy_mean", "accuracy_std",
+            "stable_rank_mean", "rank_needed", "steps_to_bar", "ms_per_step"]
+
+
+def _int_list(text: str, what: str) -> tuple:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    try:
+        return tuple(int(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"{what} must be comma-separated integers, e.g. 1,2,4,16; got {text!r}") from None
+
+
+def _joined(name: str) -> str:
+    """A tuple default of CompareConfig as the comma-separated text the option takes."""
+    return ",".join(str(v) for v in default(CompareConfig, name))
+
+
+@app.command("compare-qk")
+@guarded
+def compare_qk_cmd(task: str = typer.Option(default(CompareConfig, "task"), help="Task to train on (see "
+                                            "`attn-lab presets` for tasks)."),
+                   steps: int = typer.Option(default(CompareConfig, "steps"), help="Training steps per run."),
+                   seeds: int = typer.Option(default(CompareConfig, "seeds"), help="Seeds per variant (first-seed, "
+                                             "first-seed + 1, ...)."),
+                   first_seed: int = typer.Option(default(CompareConfig, "first_seed"), help="The first seed."),
+                   d_qk: str = typer.Option(_joined("d_qks"), "--d-qk", help="Query/key widths of the factored "
+                                            "variants (comma-separated, each 1..d_model; empty for none)."),
+                   merged: str = typer.Option(_joined("merged_kinds"), help="Merged variants, comma-separated: "
+                                              "merged, merged + wd, merged + nuclear (or none)."),
+                   d_model: int = typer.Option(default(CompareConfig, "d_model"), help="Residual width (every variant)."),
+                   weight_decay: float = typer.Option(default(CompareConfig, "weight_decay"), help="AdamW weight "
+                                                      "decay of every matrix but W_QK (W_Q and W_K included)."),
+                   qk_weight_decay: float = typer.Option(default(CompareConfig, "qk_weight_decay"), help="AdamW "
+                                                         "weight decay of W_QK in 'merged + wd'."),
+                   nuclear: float = typer.Option(default(CompareConfig, "nuclear"), help="lambda of the penalty "
+                                                 "lambda * mean ||B||_* in 'merged + nuclear'."),
+                   lr: float = typer.Option(default(CompareConfig, "lr"), help="Peak learning rate."),
+                   batch_size: int = typer.Option(default(CompareConfig, "batch_size"), help="Sequences per step."),
+                   device: str = typer.Option(default(CompareConfig, "device"), help="cpu, cuda or auto (ms/step "
+                                              "is measured on it)."),
+                   threads: int = typer.Option(default(CompareConfig, "threads"), help="torch CPU threads while "
+                                               "training (0: torch's default); one is fastest for these small "
+                                               "models on a busy machine."),
+                   store: bool = typer.Option(True, "--store/--no-store", help="Save every run in the run store."),
+                   out: Path | None = typer.Option(None, help="Also save the whole comparison as JSON here "
+                                                   "(the page can show it)."),
+                   as_json: bool = JsonOpt):
+    """Seed 004: train one architecture with factored QK (several d_qk) and merged QK (plain, with
+    weight decay, with a nuclear-norm penalty) on the same data and seeds; loss, accuracy, rank of
+    B, parameters and time per step per variant."""
+    from attn_core import qk_compare as Q
+
+    kinds = tuple(k.strip() for k in merged.split(",") if k.strip() and k.strip() != "none")
+    cfg = CompareConfig(task=task, steps=steps, seeds=seeds, first_seed=first_seed, d_qks=_int_list(d_qk, "--d-qk"),
+                        merged_kinds=kinds, d_model=d_model, weight_decay=weight_decay,
+                        qk_weight_decay=qk_weight_decay, nuclear=nuclear, lr=lr, batch_size=batch_size, device=device,
+                        threads=threads)
+    bar = None
+    if not as_json:
+        from tqdm import tqdm
+
+        bar = tqdm(total=1000, desc="compare-qk", bar_format="{l_bar}{bar}| {elapsed}<{remaining} {postfix}")
+
+    def progress(fraction: float, message: str) -> None:
+        bar.update(round(1000 * fraction) - bar.n)
+        bar.set_postfix_str(message, refresh=False)
+
+    result = Q.compare(cfg, store=None if store else False, progress=progress if bar is not None else None)
+    if bar is not None:
+        bar.close()
+    if out is not None:
+        result.save(out)
+    doc = {"task": task, "steps": steps, "seeds": cfg.seed_list, "variants": result.summary(),
+           "findings": result.findings(), "machine": result.machine, "wall_time_s": result.wall_time_s,
+           "command": cfg.command(), "out": str(out) if out else None}
+    emit(doc, as_json, lambda d: table(d["variants"], _QK_COLS) + "\n\n" + "\n".join(f"- {s}" for s in d["findings"]))

@@ -1,0 +1,266 @@
+"""Figures of the circuits (attn_core.circuits): the rank-1 terms of the top keys' scores and
+what separates the winner from the runner-up, the token/position split at layer 0, OV spectra,
+the full OV circuit, the QK-versus-OV positivity scatter, composition heatmaps and the head
+graph, and value-weighted attention. Every builder returns a :class:`Plot` whose ``data`` is
+the tidy table it draws."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from attn_core.circuits.attribution import SPLIT_PARTS, Attribution
+from attn_core.circuits.composition import KINDS, Composition
+from attn_core.figures.base import Plot
+
+MAX_TICKS = 64
+MAX_CELL_TEXT = 400
+KIND_NAME = {"q": "Q-composition", "k": "K-composition", "v": "V-composition"}
+OTHER = "other directions"
+
+
+def _head_name(layer: int, head: int) -> str:
+    return f"L{layer}H{head}"
+
+
+def _ticks(labels: list[str]) -> dict:
+    if len(labels) > MAX_TICKS:
+        return {}
+    return dict(tickmode="array", tickvals=list(range(len(labels))), ticktext=labels)
+
+
+def _key_names(frame: pd.DataFrame) -> list[str]:
+    return [f"{r.label} ({r.key})" for r in frame.itertuples()]
+
+
+# --- attribution --------------------------------------------------------------------------------
+
+def attribution_plot(attr: Attribution, top: int = 8, n_terms: int = 8) -> Plot:
+    """Stacked bars of the scores of the query's ``top`` keys, split into their rank-1 terms
+    sigma_i (x . u_i)(y . v_i): the ``n_terms`` directions that matter most for these keys each
+    get a colour, the rest are one "other directions" bar, the bias its own; a diamond marks
+    each key's score (the sum)."""
+    data = attr.frame(top)
+    keys = data.drop_duplicates("key")[["key", "label", "score"]]
+    names = _key_names(keys)
+    by_dir = data[data["direction"] >= 0].groupby("direction")["contribution"].apply(lambda s: s.abs().max())
+    chosen = set(by_dir.sort_values(ascending=False).index[:n_terms].tolist())
+    fig = go.Figure()
+    for d in sorted(chosen):
+        part = data[data["direction"] == d]
+        fig.add_trace(go.Bar(x=names, y=part["contribution"], name=f"σ{d + 1} = {part['sigma'].iloc[0]:.3g}",
+                             hovertemplate=f"σ{d + 1}: %{{y:.4g}}<extra>%{{x}}</extra>"))
+    rest = data[(data["direction"] >= 0) & ~data["direction"].isin(chosen)]
+    if not rest.empty:
+        summed = rest.groupby("key", sort=False)["contribution"].sum().reindex(keys["key"])
+        fig.add_trace(go.Bar(x=names, y=summed.tolist(), name=OTHER, marker_color="lightgrey",
+                             hovertemplate=f"{OTHER}: %{{y:.4g}}<extra>%{{x}}</extra>"))
+    bias = data[data["direction"] < 0]
+    if bias["contribution"].abs().max() > 0:
+        fig.add_trace(go.Bar(x=names, y=bias["contribution"], name="bias", marker_color="black",
+                             hovertemplate="bias: %{y:.4g}<extra>%{x}</extra>"))
+    fig.add_trace(go.Scatter(x=names, y=keys["score"], mode="markers", name="score f_x(y)",
+                             marker=dict(symbol="diamond", size=11, color="white", line=dict(color="black", width=2)),
+                             hovertemplate="f_x(y) = %{y:.4g}<extra>%{x}</extra>"))
+    fig.update_layout(barmode="relative", xaxis_title="key y (best first)", yaxis_title="contribution to f_x(y)",
+                      title=f"Why these keys: rank-1 terms of B, layer {attr.layer} head {attr.head}, "
+                            f"query {attr.query} ({attr.meta.get('query_token', '')})")
+    fig.update_xaxes(type="category")
+    return Plot(f"attribution_{_head_name(attr.layer, attr.head)}_q{attr.query}", fig, data,
+                meta=dict(layer=attr.layer, head=attr.head, query=attr.query, top=top))
+
+
+def runner_up_plot(attr: Attribution, top: int = 12) -> Plot:
+    """Per term, the winning key's contribution minus the runner-up's (the bars add up to the
+    score margin): the directions that make the winner win point right."""
+    data = attr.runner_up()
+    shown = data.head(top).iloc[::-1]
+    w, r = data.attrs.get("winner"), data.attrs.get("runner_up")
+    fig = go.Figure(go.Bar(x=shown["difference"], y=shown["term"], orientation="h",
+                           marker_color=["#2ca02c" if v > 0 else "#d62728" for v in shown["difference"]],
+                           customdata=shown[["winner", "runner_up"]].to_numpy(),
+                           hovertemplate="%{y}: %{x:.4g}<br>winner %{customdata[0]:.4g}, "
+                                         "runner-up %{customdata[1]:.4g}<extra></extra>"))
+    margin = float(data["difference"].sum()) if len(data) else math.nan
+    fig.update_layout(title=f"Winner (key {w}) vs runner-up (key {r}): margin {margin:.4g}, "
+                            f"layer {attr.layer} head {attr.head}, query {attr.query}",
+                      xaxis_title="winner − runner-up", yaxis_title="term")
+    fig.update_yaxes(type="category")
+    return Plot(f"runner_up_{_head_name(attr.layer, attr.head)}_q{attr.query}", fig, data.reset_index(drop=True),
+                meta=dict(layer=attr.layer, head=attr.head, query=attr.query, winner=w, runner_up=r))
+
+
+def token_position_plot(split: pd.DataFrame, top: int | None = 12) -> Plot:
+    """Stacked bars of each key's layer-0 score split into token-token, token-position,
+    position-token, position-position and bias parts (``circuits.token_position_split``), the
+    ``top`` keys by score; a diamond marks the score."""
+    shown = split.sort_values("score", ascending=False, kind="stable")
+    shown = shown.head(top) if top else shown
+    names = _key_names(shown)
+    fig = go.Figure()
+    for part in SPLIT_PARTS:
+        fig.add_trace(go.Bar(x=names, y=shown[part], name=part, hovertemplate=f"{part}: %{{y:.4g}}<extra>%{{x}}</extra>"))
+    fig.add_trace(go.Scatter(x=names, y=shown["score"], mode="markers", name="score",
+                             marker=dict(symbol="diamond", size=11, color="white", line=dict(color="black", width=2))))
+    head, query = int(split["head"].iloc[0]), int(split["query"].iloc[0])
+    fig.update_layout(barmode="relative", title=f"Token and position parts of f_x(y), layer 0 head {head}, query {query}",
+                      xaxis_title="key y (best first)", yaxis_title="contribution")
+    fig.update_xaxes(type="category")
+    return Plot(f"token_position_L0H{head}_q{query}", fig, split.copy(), meta=dict(layer=0, head=head, query=query))
+
+
+# --- OV -----------------------------------------------------------------------------------------
+
+def ov_spectrum_plot(frame: pd.DataFrame, normalized: bool = False) -> Plot:
+    """Singular values of W_OV = W_V W_O per head on a log scale (``circuits.ov_spectrum_frame``)."""
+    col = "normalized" if normalized else "singular_value"
+    fig = go.Figure()
+    for (layer, head), part in frame[frame[col] > 0].groupby(["layer", "head"]):
+        fig.add_trace(go.Scatter(x=part["index"] + 1, y=part[col], mode="lines+markers", name=_head_name(layer, head),
+                                 hovertemplate=f"{_head_name(layer, head)}: σ_%{{x}} = %{{y:.4g}}<extra></extra>"))
+    fig.update_yaxes(type="log")
+    fig.update_layout(title="Singular values of W_OV = W_V W_O per head" + (" (σ_i / σ_1)" if normalized else ""),
+                      xaxis_title="index i", yaxis_title="σ_i / σ_1" if normalized else "σ_i")
+    return Plot("ov_spectrum", fig, frame.copy(), meta=dict(normalized=normalized))
+
+
+def ov_circuit_plot(matrix, labels: list[str], layer: int, head: int, copying_score: float | None = None) -> Plot:
+    """Heatmap of the full OV circuit E W_V W_O U (rows: the token attended to, columns: the
+    logit it raises), diverging around 0; a copying head has a bright diagonal."""
+    z = [list(map(float, row)) for row in (matrix.tolist() if hasattr(matrix, "tolist") else matrix)]
+    n = len(z)
+    fig = go.Figure(go.Heatmap(z=z, x=list(range(n)), y=list(range(n)), colorscale="RdBu", zmid=0.0,
+                               colorbar=dict(title="logit"),
+                               hovertemplate="attend %{y} → logit %{x}: %{z:.4g}<extra></extra>"))
+    if n * n <= MAX_CELL_TEXT:
+        fig.data[0].update(texttemplate="%{z:.2f}", textfont=dict(size=9))
+    score = f", copying score {copying_score:.3f}" if copying_score is not None else ""
+    fig.update_layout(title=f"Full OV circuit E W_OV U, layer {layer} head {head}{score}",
+                      xaxis=dict(title="output logit", **_ticks(labels)),
+                      yaxis=dict(title="token attended to", autorange="reversed", **_ticks(labels)),
+                      height=max(420, min(900, 18 * n + 160)))
+    data = pd.DataFrame([dict(layer=layer, head=head, source=i, source_label=labels[i], target=j,
+                              target_label=labels[j], value=z[i][j]) for i in range(n) for j in range(n)])
+    return Plot(f"ov_circuit_{_head_name(layer, head)}", fig, data,
+                meta=dict(layer=layer, head=head, copying_score=copying_score))
+
+
+def positivity_plot(table: pd.DataFrame, qk_column: str = "qk_positivity") -> Plot:
+    """Every head's QK positivity (x) against its OV copying score (y), both in [-1, 1]
+    (``circuits.head_circuits``); heads that attend to and copy the same token sit top right.
+    ``qk_column`` may name another positivity column (e.g. read through a previous-token head)."""
+    data = table.drop(columns=[c for c in ("ov_singular_values",) if c in table]).copy()
+    fig = go.Figure()
+    for layer, part in data.groupby("layer"):
+        fig.add_trace(go.Scatter(x=part[qk_column], y=part["copying_score"], mode="markers+text",
+                                 text=[_head_name(layer, h) for h in part["head"]], textposition="top center",
+                                 name=f"layer {layer}", marker=dict(size=11),
+                                 hovertemplate="%{text}: QK %{x:.3f}, OV %{y:.3f}<extra></extra>"))
+    for v in (0,):
+        fig.add_hline(y=v, line=dict(color="grey", width=1))
+        fig.add_vline(x=v, line=dict(color="grey", width=1))
+    fig.add_shape(type="rect", x0=0.5, x1=1.05, y0=0.5, y1=1.05, line=dict(color="grey", dash="dot"),
+                  fillcolor="rgba(0,0,0,0)")
+    fig.update_layout(title="Eigenvalue positivity: QK circuit vs OV circuit (copying score)",
+                      xaxis=dict(title="QK positivity Σλ/Σ|λ|", range=[-1.05, 1.05]),
+                      yaxis=dict(title="OV copying score Σλ/Σ|λ|", range=[-1.05, 1.05]))
+    return Plot("positivity", fig, data, meta=dict(qk_column=qk_column))
+
+
+# --- composition --------------------------------------------------------------------------------
+
+def composition_frame(comp: Composition) -> pd.DataFrame:
+    """Tidy: kind, source, target, score, baseline, corrected, for every writer -> reader pair."""
+    rows = []
+    n = len(comp.order)
+    for k in KINDS:
+        s, b = comp.scores[k], comp.baseline[k]
+        for i in range(n):
+            for j in range(n):
+                if not math.isnan(float(s[i, j])):
+                    rows.append(dict(kind=k, source=comp.order[i], target=comp.order[j], score=float(s[i, j]),
+                                     baseline=float(b[i, j]), corrected=float(s[i, j] - b[i, j])))
+    return pd.DataFrame(rows, columns=["kind", "source", "target", "score", "baseline", "corrected"])
+
+
+def composition_plot(comp: Composition, corrected: bool = False) -> Plot:
+    """Q-, K- and V-composition heatmaps side by side: rows the writer (earlier head), columns
+    the reader (later head); raw scores in [0, 1] or baseline-corrected (diverging at 0).
+    Only pairs from an earlier layer into a later one have a value."""
+    fig = make_subplots(rows=1, cols=3, subplot_titles=[KIND_NAME[k] for k in KINDS], horizontal_spacing=0.08)
+    values = {k: comp.values(k, corrected) for k in KINDS}
+    finite = [abs(v) for t in values.values() for v in t.flatten().tolist() if not math.isnan(v)]
+    top = max(finite, default=1.0) or 1.0
+    heat = dict(colorscale="RdBu", zmid=0.0, zmin=-top, zmax=top) if corrected else \
+        dict(colorscale="Viridis", zmin=0.0, zmax=top)
+    for c, k in enumerate(KINDS, start=1):
+        z = [[None if math.isnan(v) else v for v in row] for row in values[k].tolist()]
+        fig.add_trace(go.Heatmap(z=z, x=comp.order, y=comp.order, showscale=c == 3, texttemplate="%{z:.2f}"
+                                 if len(comp.order) ** 2 <= MAX_CELL_TEXT else None,
+                                 hovertemplate=f"{k.upper()}: %{{y}} → %{{x}} = %{{z:.3f}}<extra></extra>", **heat),
+                      row=1, col=c)
+        fig.update_yaxes(autorange="reversed", row=1, col=c)
+        fig.update_xaxes(title_text="reader (later head)", row=1, col=c)
+    fig.update_yaxes(title_text="writer (earlier head)", row=1, col=1)
+    what = "score − random-matrix baseline" if corrected else "||W_A W_B||_F / (||W_A||_F ||W_B||_F)"
+    fig.update_layout(title=f"Composition between heads: {what}", height=max(420, 140 + 22 * len(comp.order)))
+    return Plot("composition_corrected" if corrected else "composition", fig, composition_frame(comp),
+                meta=dict(corrected=corrected, **comp.meta))
+
+
+def head_graph_plot(comp: Composition, kinds: tuple[str, ...] = KINDS, corrected: bool = True, top: int = 12) -> Plot:
+    """Heads as nodes (x = layer, y = head) and the ``top`` strongest composition edges of the
+    chosen kinds as lines whose width grows with the (baseline-corrected) score."""
+    edges = sorted((e for k in kinds for e in comp.edges(k, corrected, top)),
+                   key=lambda e: e["corrected" if corrected else "score"], reverse=True)[:top]
+    pos = {lab: (comp.layers[i], int(lab.split("H")[1])) for i, lab in enumerate(comp.order)}
+    colors = {"q": "#1f77b4", "k": "#d62728", "v": "#2ca02c"}
+    key = "corrected" if corrected else "score"
+    top_value = max((abs(e[key]) for e in edges), default=1.0) or 1.0
+    fig = go.Figure()
+    shown_kinds = set()
+    for e in edges:
+        (x0, y0), (x1, y1) = pos[e["source"]], pos[e["target"]]
+        # K and Q edges bend apart so parallel edges between the same heads stay visible
+        bend = {"q": 0.15, "k": -0.15, "v": 0.0}[e["kind"]]
+        xm, ym = (x0 + x1) / 2, (y0 + y1) / 2 + bend
+        fig.add_trace(go.Scatter(
+            x=[x0, xm, x1], y=[y0, ym, y1], mode="lines", line=dict(color=colors[e["kind"]], width=1 + 7 * max(0.0, e[key]) / top_value),
+            name=KIND_NAME[e["kind"]], legendgroup=e["kind"], showlegend=e["kind"] not in shown_kinds,
+            hovertemplate=f"{e['kind'].upper()}: {e['source']} → {e['target']}<br>score {e['score']:.3f}, "
+                          f"baseline {e['baseline']:.3f}<extra></extra>"))
+        shown_kinds.add(e["kind"])
+    fig.add_trace(go.Scatter(x=[p[0] for p in pos.values()], y=[p[1] for p in pos.values()], mode="markers+text",
+                             text=list(pos), textposition="middle right", marker=dict(size=16, color="white",
+                             line=dict(color="black", width=2)), name="heads", hoverinfo="text"))
+    fig.update_layout(title=f"Strongest composition edges (top {len(edges)}, {'baseline-corrected' if corrected else 'raw'})",
+                      xaxis=dict(title="layer", tickmode="array", tickvals=sorted(set(comp.layers))),
+                      yaxis=dict(title="head", autorange="reversed"), height=max(360, 120 + 50 * (max(comp.layers, default=0) + 1)))
+    data = pd.DataFrame(edges, columns=["kind", "source", "target", "score", "baseline", "corrected"])
+    return Plot("head_graph", fig, data, meta=dict(kinds=list(kinds), corrected=corrected, top=top))
+
+
+# --- value-weighted attention -------------------------------------------------------------------
+
+def value_weighted_plot(vw: dict, labels: list[str], layer: int, heads: list[int], head: int) -> Plot:
+    """The pattern A beside the value-weighted attention A_ij ||v_j W_O|| of one head
+    (``circuits.value_weighted``, computed for ``heads``); masked cells are blank."""
+    i = heads.index(head)
+    A, W = vw["pattern"][i], vw["weighted"][i]
+    T = A.shape[0]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["pattern A", "value-weighted A_ij ||v_j W_O||"],
+                        horizontal_spacing=0.1)
+    for c, (z, scale) in enumerate(((A, dict(zmin=0.0, zmax=1.0)), (W, {})), start=1):
+        cells = [[float(z[q, k]) if k <= q else None for k in range(T)] for q in range(T)]
+        fig.add_trace(go.Heatmap(z=cells, x=list(range(T)), y=list(range(T)), colorscale="Viridis",
+                                 colorbar=dict(x=0.45 if c == 1 else 1.0), **scale,
+                                 hovertemplate="q %{y}, k %{x}: %{z:.4g}<extra></extra>"), row=1, col=c)
+        fig.update_yaxes(autorange="reversed", row=1, col=c, title_text="query" if c == 1 else None, **_ticks(labels))
+        fig.update_xaxes(title_text="key", row=1, col=c, **_ticks(labels))
+    fig.update_layout(title=f"Value-weighted attention, layer {layer} head {head}", height=max(420, min(900, 22 * T + 160)))
+    data = pd.DataFrame([dict(layer=layer, head=head, query=q, key=k, query_label=labels[q], key_label=labels[k],
+                              prob=float(A[q, k]), value_norm=float(vw["value_norms"][i, k]), weighted=float(W[q, k]))
+                         for q in range(T) for k in range(q + 1)])
+    return Plot(f"value_weighted_{_head_name(layer, head)}", fig, data, meta=dict(layer=layer, head=head))

@@ -1,0 +1,163 @@
+"""The settings of a merged vs factored comparison (seed 004): its :class:`Variant` s and the
+:class:`CompareConfig` that defines them, the architecture and the recipe (see docs/maths.md)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+from attn_core.model import ModelConfig
+from attn_core.tasks import TASKS, get_task
+from attn_core.training.trainer import TrainConfig
+from attn_core.validate import check, is_int, is_number
+
+PARENT_PREFIX = "compare-qk:"  # runs of a comparison have parent "compare-qk:<task>"
+VARIANT_KINDS = ("factored", "merged", "merged + wd", "merged + nuclear")
+TRUNCATION_RANKS = (1, 2, 4, 8, 16, 32, 64)  # those <= d_model are used
+MAX_STEPS = 100_000
+MAX_SEEDS = 64
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One QK parametrisation of the comparison. ``qk_weight_decay`` None means W_Q/W_K/W_QK are
+    decayed like every other matrix (the recipe's weight_decay); ``nuclear`` is lambda of
+    lambda * mean_h ||B_h||_*."""
+
+    name: str
+    qk: str
+    d_qk: int | None = None
+    qk_weight_decay: float | None = None
+    nuclear: float = 0.0
+
+    @property
+    def kind(self) -> str:
+        if self.qk == "factored":
+            return "factored"
+        return "merged + nuclear" if self.nuclear > 0 else ("merged + wd" if self.qk_weight_decay else "merged")
+
+    def model_config(self, base: ModelConfig) -> ModelConfig:
+        if self.qk == "merged":
+            return replace(base, qk="merged", d_qk=None)
+        return replace(base, qk="factored", d_qk=[[self.d_qk] * base.n_heads for _ in range(base.n_layers)])
+
+    def regularizers(self) -> list[str]:
+        """The penalty as regularizer specs (the run store's ``regularizers``)."""
+        return [f"nuclear={self.nuclear:g}"] if self.nuclear > 0 else []
+
+
+@dataclass
+class CompareConfig:
+    """Everything that defines a comparison. The architecture (``n_layers`` x ``n_heads``,
+    ``d_model``, value/output width ``d_head``, no MLP) and the recipe are shared; the variants
+    are factored heads with each of ``d_qks`` and the three merged ones (``merged_kinds``).
+    ``weight_decay`` decays every matrix (W_Q and W_K included) except W_QK, which gets 0
+    (``merged``), ``qk_weight_decay`` (``merged + wd``) or 0 and the penalty ``nuclear``
+    (``merged + nuclear``). Seeds are ``first_seed .. first_seed + seeds - 1``; a seed fixes the
+    initialisation and the training batches. Final metrics use ``measure_samples`` held-out
+    sequences drawn with ``eval_seed``, the same for every run."""
+
+    task: str = "induction"
+    steps: int = 400
+    seeds: int = 3
+    first_seed: int = 0
+    d_qks: tuple = (1, 2, 4, 16)
+    merged_kinds: tuple = ("merged", "merged + wd", "merged + nuclear")
+    n_layers: int = 2
+    n_heads: int = 2
+    d_model: int = 32
+    d_head: int = 16
+    batch_size: int = 64
+    lr: float = 3e-3
+    weight_decay: float = 0.1
+    qk_weight_decay: float = 3.0
+    nuclear: float = 0.01
+    warmup_steps: int | None = None  # default min(100, steps // 10)
+    eval_every: int = 25
+    eval_samples: int = 256
+    measure_samples: int = 512
+    eval_seed: int = 0
+    device: str = "cpu"
+    # torch intra-op threads while training (0: leave the process's setting). These models are too
+    # small for threads to pay, and on a busy machine oversubscribed threads spin: the page's default
+    # comparison took 36 s with 1 thread and 418 s with 2 on the shared 2-core machine.
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        self.d_qks = tuple(self.d_qks)
+        self.merged_kinds = tuple(self.merged_kinds)
+
+        def ok(cond: bool, msg: str) -> None:
+            check(cond, msg, prefix="invalid comparison setting: ")
+
+        ok(self.task in TASKS, f"unknown task {self.task!r}; known tasks: {', '.join(TASKS)}")
+        ok(is_int(self.steps) and 1 <= self.steps <= MAX_STEPS, f"steps must be 1..{MAX_STEPS}, got {self.steps!r}")
+        ok(is_int(self.seeds) and 1 <= self.seeds <= MAX_SEEDS, f"seeds must be 1..{MAX_SEEDS}, got {self.seeds!r}")
+        ok(is_int(self.first_seed) and self.first_seed >= 0, f"first_seed must be >= 0, got {self.first_seed!r}")
+        ok(is_int(self.d_model) and 1 <= self.d_model <= 512, f"d_model must be 1..512, got {self.d_model!r}")
+        for w in self.d_qks:
+            ok(is_int(w) and 1 <= w <= self.d_model, f"d_qk {w!r} is outside 1..{self.d_model} (d_model)")
+        ok(len(set(self.d_qks)) == len(self.d_qks), f"d_qks {list(self.d_qks)} repeat a width")
+        bad = [k for k in self.merged_kinds if k not in VARIANT_KINDS[1:]]
+        ok(not bad, f"merged kind {bad[0] if bad else ''!r} is not one of {', '.join(VARIANT_KINDS[1:])}")
+        ok(len(set(self.merged_kinds)) == len(self.merged_kinds), "merged_kinds repeat a kind")
+        ok(len(self.d_qks) + len(self.merged_kinds) >= 1, "there is no variant to train")
+        ok(is_number(self.lr) and 0 < self.lr <= 10, f"lr must be in (0, 10], got {self.lr!r}")
+        for name in ("weight_decay", "qk_weight_decay", "nuclear"):
+            v = getattr(self, name)
+            ok(is_number(v) and 0 <= v <= 100, f"{name} must be in [0, 100], got {v!r}")
+        ok("merged + wd" not in self.merged_kinds or self.qk_weight_decay > 0, "qk_weight_decay must be > 0 for 'merged + wd'")
+        ok("merged + nuclear" not in self.merged_kinds or self.nuclear > 0, "nuclear must be > 0 for 'merged + nuclear'")
+        for name in ("eval_every", "eval_samples", "measure_samples"):
+            v = getattr(self, name)
+            ok(is_int(v) and v > 0, f"{name} must be a positive integer, got {v!r}")
+        ok(is_int(self.eval_seed) and self.eval_seed >= 0, "eval_seed must be >= 0")
+        ok(is_int(self.threads) and 0 <= self.threads <= 256, f"threads must be 0..256, got {self.threads!r}")
+        self.base_model_config()  # n_layers, n_heads, d_head ... (ModelConfig's own checks)
+        self.train_config(self.first_seed)  # lr, batch size, device ...
+
+    @property
+    def seed_list(self) -> list[int]:
+        return list(range(self.first_seed, self.first_seed + self.seeds))
+
+    def base_model_config(self) -> ModelConfig:
+        t = get_task(self.task)
+        return ModelConfig(n_layers=self.n_layers, n_heads=self.n_heads, d_model=self.d_model, d_head=self.d_head,
+                           d_vocab=t.d_vocab, n_ctx=t.n_ctx)
+
+    def train_config(self, seed: int) -> TrainConfig:
+        warmup = self.warmup_steps if self.warmup_steps is not None else min(100, self.steps // 10)
+        return TrainConfig(steps=self.steps, batch_size=self.batch_size, lr=float(self.lr),
+                           weight_decay=float(self.weight_decay), warmup_steps=warmup, eval_every=self.eval_every,
+                           eval_samples=self.eval_samples, seed=seed, device=self.device)
+
+    def variants(self) -> list[Variant]:
+        out = [Variant(f"factored d_qk={w}", "factored", d_qk=w) for w in sorted(self.d_qks)]
+        make = {"merged": Variant("merged", "merged", qk_weight_decay=0.0),
+                "merged + wd": Variant("merged + wd", "merged", qk_weight_decay=float(self.qk_weight_decay)),
+                "merged + nuclear": Variant("merged + nuclear", "merged", qk_weight_decay=0.0,
+                                            nuclear=float(self.nuclear))}
+        return out + [make[k] for k in VARIANT_KINDS[1:] if k in self.merged_kinds]
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["d_qks"], out["merged_kinds"] = list(self.d_qks), list(self.merged_kinds)
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> CompareConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})
+
+    def command(self) -> str:
+        """The ``attn-lab compare-qk`` command that reproduces this comparison."""
+        default = CompareConfig()
+        parts = ["attn-lab", "compare-qk", "--task", self.task, "--steps", str(self.steps), "--seeds", str(self.seeds)]
+        for name, flag in (("first_seed", "--first-seed"), ("d_model", "--d-model"), ("qk_weight_decay", "--qk-weight-decay"),
+                           ("nuclear", "--nuclear"), ("weight_decay", "--weight-decay"), ("lr", "--lr"),
+                           ("batch_size", "--batch-size"), ("device", "--device"), ("threads", "--threads")):
+            if getattr(self, name) != getattr(default, name):
+                parts += [flag, f"{getattr(self, name):g}" if isinstance(getattr(self, name), float) else str(getattr(self, name))]
+        if self.d_qks != default.d_qks:
+            parts += ["--d-qk", ",".join(str(w) for w in self.d_qks)]
+        if self.merged_kinds != default.merged_kinds:
+            parts += ["--merged", ",".join(self.merged_kinds) or "none"]
+        return " ".join(parts)

@@ -1,0 +1,386 @@
+"""The live retraining job: a :class:`TrainingJob` trains in a worker thread that never touches
+Streamlit and publishes immutable :class:`Snapshot` s (step, losses, metrics, spectra, a probe
+pattern) under a lock; the Retrain page and ``attn-lab retrain`` poll them. Stop and pause are
+events checked between steps; the step loop and the saving of the run are
+:mod:`attn_core.training.record`'s; what is measured and logged is
+:mod:`attn_core.training.telemetry`'s (see docs/architecture.md, "Live retraining")."""
+from __future__ import annotations
+
+import shlex
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+
+import pandas as pd
+import torch
+
+from attn_core import regularizers as R
+from attn_core.card import Card
+from attn_core.model import Transformer
+from attn_core.presets import get_preset
+from attn_core.runs import FINAL, STATUSES, RunStore
+from attn_core.sources import resolve
+from attn_core.tasks import get_task
+from attn_core.training import telemetry
+from attn_core.training.record import Outcome, RunRecorder, measure_final, record_run, run_card
+from attn_core.training.trainer import EVAL_SEED_OFFSET, TrainConfig, Trainer, init_model
+from attn_core.validate import check, is_int, is_number
+
+# A job is pending, running or paused, then ends like every run (runs.FINAL).
+JOB_STATUSES = ("pending", STATUSES[0], "paused", *FINAL)
+FINAL_STATUSES = FINAL
+SCRATCH_PREFIX = "scratch:"  # source "scratch:<preset>" trains the preset's model from its init
+
+
+@dataclass
+class JobConfig:
+    """Everything that defines a retraining run (all of it is recorded with the run).
+
+    ``source``: a zoo model name or folder, ``run:<id>`` (fine-tune a previous run) or
+    ``scratch:<preset>`` (train the preset's architecture from a fresh seeded init).
+    ``regularizers``: specs as :func:`attn_core.regularizers.parse_specs` reads them, e.g.
+    ``{"entropy": 0.1, "topk:2": 0.5}`` or ``["vocab_entropy@L1=0.05"]``; ``heads`` the default
+    head selection of specs that name none (``"L1"``, ``"L0H1,L1H2"``; None = every head).
+    ``entmax_alpha``: None keeps the parent's attention; 1 softmax, 1.5 entmax15, 2 sparsemax.
+    ``batch_size``/``weight_decay`` default to the parent's training recipe (else 64 / 0.1);
+    ``warmup_steps`` to min(100, steps // 10)."""
+
+    source: str
+    regularizers: object = field(default_factory=dict)
+    heads: str | None = None
+    entmax_alpha: float | None = None
+    steps: int = 300
+    lr: float = 1e-3
+    seed: int = 0
+    device: str = "auto"
+    batch_size: int | None = None
+    weight_decay: float | None = None
+    warmup_steps: int | None = None
+    eval_every: int = 100
+    eval_samples: int = 256
+    telemetry_every: int = 20
+    spectrum_every: int = 50
+    probe_samples: int = 16
+    measure_samples: int = 512
+    max_loss: float | None = None
+
+    def __post_init__(self) -> None:
+        def ok(cond: bool, msg: str) -> None:
+            check(cond, msg, prefix="invalid retraining setting: ")
+
+        ok(isinstance(self.source, str) and self.source.strip() != "", "source must name a model, run:<id> "
+           "or scratch:<preset>")
+        ok(is_int(self.steps) and self.steps > 0, f"steps must be a positive integer, got {self.steps!r}")
+        for name in ("eval_every", "eval_samples", "telemetry_every", "spectrum_every", "probe_samples",
+                     "measure_samples"):
+            v = getattr(self, name)
+            ok(is_int(v) and v > 0, f"{name} must be a positive integer, got {v!r}")
+        if self.entmax_alpha is not None:
+            ok(is_number(self.entmax_alpha) and 1.0 <= self.entmax_alpha <= 2.0,
+               f"entmax_alpha must be in [1, 2] (1 softmax, 1.5 entmax15, 2 sparsemax), got {self.entmax_alpha!r}")
+        ok(self.max_loss is None or (is_number(self.max_loss) and self.max_loss > 0), "max_loss must be positive")
+        ok(is_int(self.seed), f"seed must be an integer, got {self.seed!r}")
+        ok(is_number(self.lr) and 0 < self.lr <= 10, f"lr must be in (0, 10], got {self.lr!r}")
+        for name in ("batch_size", "warmup_steps"):
+            v = getattr(self, name)
+            ok(v is None or is_int(v), f"{name} must be an integer, got {v!r}")
+        ok(self.weight_decay is None or (is_number(self.weight_decay) and self.weight_decay >= 0),
+           "weight_decay must be >= 0")
+        R.parse_specs(self.regularizers)  # names, lambdas and k are checked here; heads once the model is known
+        self.train_config({})  # lr, batch size, device ...
+
+    def train_config(self, parent_train: dict) -> TrainConfig:
+        """The TrainConfig of this run, taking what is unset from the parent's recipe."""
+        return TrainConfig(
+            steps=self.steps, lr=float(self.lr), seed=int(self.seed), device=self.device,
+            batch_size=self.batch_size or int(parent_train.get("batch_size", 64)),
+            weight_decay=float(self.weight_decay if self.weight_decay is not None else parent_train.get("weight_decay", 0.1)),
+            warmup_steps=self.warmup_steps if self.warmup_steps is not None else min(100, self.steps // 10),
+            eval_every=self.eval_every, eval_samples=self.eval_samples)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["regularizers"] = [str(s) for s in R.parse_specs(self.regularizers)]
+        return out
+
+    def command(self) -> str:
+        """The ``attn-lab retrain`` command that makes this run."""
+        parts = ["attn-lab", "retrain", shlex.quote(self.source)]
+        for spec in self.to_dict()["regularizers"]:
+            parts += ["--reg", shlex.quote(spec)]
+        if self.heads:
+            parts += ["--heads", shlex.quote(self.heads)]
+        parts += ["--steps", str(self.steps), "--seed", str(self.seed), "--lr", f"{self.lr:g}"]
+        if self.entmax_alpha is not None:
+            parts += ["--entmax-alpha", f"{self.entmax_alpha:g}"]
+        if self.batch_size:
+            parts += ["--batch-size", str(self.batch_size)]
+        if self.device != "auto":
+            parts += ["--device", self.device]
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a training job has published, as of one moment; cheap to take (no copying: the
+    metric log is append-only and the snapshot remembers its length).
+
+    ``status`` is one of :data:`JOB_STATUSES`, ``message`` says why a run ended (or is paused);
+    ``latest`` has the newest value of every metric; ``probe_pattern`` is the attention
+    [n_layers, n_heads, T, T] of every head on one fixed held-out input (``probe_tokens``) with
+    the weights of step ``probe_step``; ``before``/``after`` come from :func:`measure`."""
+
+    status: str
+    message: str
+    step: int
+    steps: int
+    run_id: str | None
+    elapsed_s: float
+    train_s: float  # seconds inside the training loop (steps, telemetry), without setup/measure/save
+    step_s: float  # of which inside Trainer.step (the rest is the job's telemetry and publishing)
+    latest: dict
+    regularized_heads: tuple
+    n_layers: int
+    n_heads: int
+    before: dict | None
+    after: dict | None
+    probe_tokens: tuple
+    probe_pattern: object | None  # numpy array, never written after publication
+    probe_step: int
+    _log: tuple = field(repr=False, default=((), (), ()))
+    _n: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.status in FINAL_STATUSES
+
+    @property
+    def progress(self) -> float:
+        return self.step / self.steps if self.steps else 0.0
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.step / self.train_s if self.train_s > 0 else 0.0
+
+    def metrics(self, names: Iterable[str] | None = None, prefix: str | None = None):
+        """The metric log up to this snapshot as a DataFrame (step, name, value), the same
+        format as ``RunStore.metrics``; optionally only some ``names`` or a name ``prefix``."""
+        steps, names_, values = (col[:self._n] for col in self._log)
+        df = pd.DataFrame({"step": steps, "name": names_, "value": values})
+        if names is not None:
+            df = df[df["name"].isin(list(names))]
+        if prefix is not None:
+            df = df[df["name"].str.startswith(prefix)]
+        return df.reset_index(drop=True)
+
+
+class TrainingJob:
+    """A retraining run in a worker thread that never touches Streamlit.
+
+    Build it (every setting is checked here, so a bad one fails before anything starts), then
+    ``start()`` it and poll ``snapshot()``; ``pause()``, ``resume()`` and ``stop()`` act between
+    steps. ``run()`` does the same work in the calling thread. When the run ends it is saved in the
+    run store (unless ``store=False``): completed, stopped (at the user's request), diverged
+    (NaN/Inf or exploding loss; the last good weights are kept) or failed (an error).
+    Two jobs never share state: each loads its own copy of the parent."""
+
+    def __init__(self, cfg: JobConfig, store=None):
+        self.cfg = cfg
+        self.store = None if store is False else (store if store is not None else RunStore())
+        model, task, parent_card = self._parent(cfg)
+        self.parent = cfg.source
+        self.task = task
+        model = R.with_entmax(model, cfg.entmax_alpha)
+        self.penalty = R.build_penalty(cfg.regularizers, model, cfg.heads)
+        self.train_cfg = cfg.train_config(parent_card.train)
+        self.trainer = Trainer(model, task, self.train_cfg, penalty=self.penalty or None, max_loss=cfg.max_loss)
+        self.model = self.trainer.model
+        self.device = self.trainer.device
+        self.parent_card = parent_card
+        self.probe = task.sample(cfg.probe_samples, cfg.seed + 2 * EVAL_SEED_OFFSET, split="test").to(self.device)
+        self.recorder = RunRecorder(self.store)
+
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._go = threading.Event()
+        self._go.set()
+        self._thread: threading.Thread | None = None
+        self._log = self.recorder.columns
+        self._state = dict(status="pending", message="", step=0, latest={}, before=None, after=None,
+                           probe_pattern=None, probe_step=0, elapsed_s=0.0, train_s=0.0, step_s=0.0)
+        self._t0: float | None = None
+        self._t_loop = 0.0
+        self._probe_tokens = tuple(task.names(self.probe.tokens[0].tolist()))
+        self._snap: Snapshot | None = None
+        self._publish()
+
+    def _parent(self, cfg: JobConfig):
+        """(model, task, card) of the source: a fresh init of a preset, or any model
+        :func:`attn_core.sources.resolve` finds (zoo, folder, ``run:<id>``, upload)."""
+        if cfg.source.startswith(SCRATCH_PREFIX):
+            preset = get_preset(cfg.source[len(SCRATCH_PREFIX):])
+            return init_model(preset.model_config(), cfg.seed), get_task(preset.task), Card(train=preset.train.to_dict())
+        loaded = resolve(cfg.source, store=self.store)
+        if loaded.task is None:
+            raise ValueError(f"model {loaded.name!r} has no known task in its card, so it cannot be retrained")
+        return loaded.model, loaded.task, loaded.card
+
+    @property
+    def run_id(self) -> str | None:
+        return self.recorder.run_id
+
+    # --- control (any thread) -------------------------------------------------------------------
+    def start(self) -> TrainingJob:
+        if self._thread is not None or self._state["status"] != "pending":
+            raise RuntimeError("this job has already been started; build a new one to train again")
+        self._thread = threading.Thread(target=self._run_safely, name=f"attn-lab job {self.parent}", daemon=True)
+        self._thread.start()
+        return self
+
+    def run(self) -> dict:
+        """Train in this thread until the run ends; returns :meth:`result`."""
+        if self._state["status"] != "pending":
+            raise RuntimeError("this job has already been started; build a new one to train again")
+        self._run_safely()
+        return self.result()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._go.set()
+
+    def pause(self) -> None:
+        self._go.clear()
+
+    def resume(self) -> None:
+        self._go.set()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the worker; True when the run has ended."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self.snapshot().done
+
+    @property
+    def status(self) -> str:
+        return self.snapshot().status
+
+    def snapshot(self) -> Snapshot:
+        """The latest published state (a reference swap under a lock: microseconds)."""
+        with self._lock:
+            return self._snap
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """A CPU copy of the last good weights (a state dict)."""
+        return self.trainer.good_state_dict()
+
+    def model_copy(self) -> Transformer:
+        """A CPU model with the last good weights, for the page to draw from."""
+        m = Transformer(self.model.cfg)
+        m.load_state_dict(self.weights())
+        return m.eval()
+
+    def result(self) -> dict:
+        s = self.snapshot()
+        return {"run_id": s.run_id, "status": s.status, "message": s.message, "steps": s.step,
+                "before": s.before, "after": s.after, "steps_per_s": s.steps_per_s}
+
+    # --- the worker ---------------------------------------------------------------------------------
+    def _publish(self, **changes) -> None:
+        st = self._state
+        st.update(changes)
+        if self._t0 is not None:
+            st["elapsed_s"] = time.perf_counter() - self._t0
+        snap = Snapshot(
+            status=st["status"], message=st["message"], step=st["step"], steps=self.cfg.steps, run_id=self.run_id,
+            elapsed_s=st["elapsed_s"], train_s=st["train_s"], step_s=st["step_s"], latest=dict(st["latest"]),
+            regularized_heads=tuple(self._head_names()), n_layers=self.model.cfg.n_layers,
+            n_heads=self.model.cfg.n_heads, before=st["before"], after=st["after"],
+            probe_tokens=self._probe_tokens, probe_pattern=st["probe_pattern"],
+            probe_step=st["probe_step"], _log=self._log, _n=len(self._log[0]))
+        with self._lock:
+            self._snap = snap
+
+    def _head_names(self) -> list[str]:
+        return [R.head_label(l, h) for l, h in self.penalty.regularized_heads]
+
+    def _record(self, step: int, values: dict) -> None:
+        self.recorder.log(step, values)
+        self._state["latest"].update(values)
+
+    def _telemetry(self, step: int) -> None:
+        row, pattern = telemetry.telemetry_row(self.model, self.probe.tokens, self.penalty.regularized_heads)
+        self._record(step, row)
+        self._state.update(probe_pattern=pattern.float().cpu().numpy(), probe_step=step)
+
+    def _spectra(self, step: int) -> None:
+        self._record(step, telemetry.spectra_row(R.spectrum(self.model)))
+
+    def _measure(self) -> dict:
+        return telemetry.measure(self.model, self.task, self.penalty.regularized_heads, self.cfg.measure_samples,
+                                 self.cfg.seed)
+
+    def _run_safely(self) -> None:
+        self._t0 = time.perf_counter()
+        outcome = Outcome("failed", "")
+        try:
+            self.recorder.start(self.parent, self.task.name, self.cfg.to_dict())
+            self._publish(status="running", before=self._measure())
+            outcome = self._loop()
+        except Exception as e:  # an error inside training: the run fails with its reason
+            outcome = Outcome("failed", f"failed at step {self.trainer.step_index + 1}: {type(e).__name__}: {e}")
+        self._finish(outcome)
+
+    def _interrupt(self) -> str | None:
+        """Between steps: wait while paused (pauses do not count as training time); a stop ends the run."""
+        if not self._go.is_set():
+            self._publish(status="paused", message=f"paused at step {self.trainer.step_index}",
+                          train_s=self._state["train_s"])
+            paused_at = time.perf_counter()
+            self._go.wait()
+            self._t_loop += time.perf_counter() - paused_at
+            self._publish(status="running", message="")
+        if self._stop.is_set():
+            return f"stopped at step {self.trainer.step_index} of {self.cfg.steps}"
+        return None
+
+    def _on_step(self, step: int, row: dict, seconds: float) -> None:
+        cfg = self.cfg
+        self._state["step_s"] += seconds
+        self._state["latest"].update(row)
+        if step % cfg.telemetry_every == 0 or step == cfg.steps:
+            self._telemetry(step)
+        if step % cfg.spectrum_every == 0 or step == cfg.steps:
+            self._spectra(step)
+        self._publish(step=step, train_s=time.perf_counter() - self._t_loop)
+
+    def _loop(self) -> Outcome:
+        self._t_loop = time.perf_counter()
+        self._telemetry(0)
+        self._spectra(0)
+        self._publish(train_s=time.perf_counter() - self._t_loop)
+        return record_run(self.trainer, self.recorder, on_step=self._on_step, interrupt=self._interrupt)
+
+    def _finish(self, outcome: Outcome) -> None:
+        after = None
+        try:
+            outcome, after = measure_final(self.trainer, outcome, self._measure)
+        except Exception as e:
+            if not outcome.message:
+                outcome = Outcome(outcome.status, f"could not measure the final weights: {e}")
+        if self.run_id is not None:
+            # the final status is published only once the run is in the store
+            self._publish(after=after, message=f"{outcome.message}; saving the run")
+            card = self._card(outcome, after)
+            outcome = self.recorder.finish(outcome, self.model_copy(), card, self._state["before"], after)
+        self._publish(status=outcome.status, message=outcome.message, after=after)
+
+    def _card(self, outcome: Outcome, after: dict | None) -> Card:
+        regs = ", ".join(self.cfg.to_dict()["regularizers"]) or "no regularizer"
+        alpha = f", entmax alpha {self.cfg.entmax_alpha:g}" if self.cfg.entmax_alpha is not None else ""
+        return run_card(
+            self.run_id, self.trainer, outcome, parent=self.parent, description=f"{self.parent} retrained: {regs}{alpha}",
+            before=self._state["before"], after=after, samples=self.cfg.measure_samples,
+            wall_time_s=self._state["elapsed_s"], command=self.cfg.command(),
+            regularizers=self.penalty.describe(), regularized_heads=self._head_names(),
+            entmax_alpha=self.model.cfg.entmax_alpha, job=self.cfg.to_dict())

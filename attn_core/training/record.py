@@ -1,0 +1,167 @@
+"""Recording a run: the one step loop, with its divergence guard, and the one way a run is saved.
+
+:func:`record_run` steps a :class:`~attn_core.training.trainer.Trainer` to the end of its
+schedule. A step whose loss or gradient is NaN/Inf, or whose loss explodes, raises ``Diverged``
+before any update; the loop then puts the last good weights back and ends ``diverged``. Each
+step's metrics are logged under their names (``telemetry.step_row``) in a :class:`RunRecorder`,
+which keeps the metric log in memory and, with a run store, writes it there (at least every
+``FLUSH_EVERY_S``) and finally saves the weights with their :class:`~attn_core.card.Card`
+(:func:`run_card`). Retraining (``TrainingJob``), the QK comparison (``qk.train_variant``) and
+growth (``grow.finetune``) all train through here. See docs/architecture.md.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from attn_core.card import Card, machine, now, public
+from attn_core.model import Transformer
+from attn_core.runs import FINAL
+from attn_core.sources import RUN_PREFIX
+from attn_core.training.telemetry import step_row
+from attn_core.training.trainer import Diverged, Trainer
+
+FLUSH_EVERY_S = 2.0  # metrics reach the run store at least this often
+
+# on_step(step, row, seconds): row is the step's metrics under their logged names, seconds the
+# time inside Trainer.step
+OnStep = Callable[[int, dict, float], None]
+# interrupt() before every step: a message ends the run as "stopped", None goes on
+Interrupt = Callable[[], str | None]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a run ended: ``status`` (one of ``runs.FINAL``), the one-sentence ``message``, and for
+    a divergence ``reason``, what the guard found (``diverged at step 7: loss is nan``)."""
+
+    status: str
+    message: str
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in FINAL:
+            raise ValueError(f"a run ends {', '.join(FINAL)}, not {self.status!r}")
+
+
+def record_run(trainer: Trainer, recorder: RunRecorder | None = None, on_step: OnStep | None = None,
+               interrupt: Interrupt | None = None) -> Outcome:
+    """Step ``trainer`` until ``trainer.cfg.steps``: log every step in ``recorder`` (flushed to its
+    store every ``FLUSH_EVERY_S``), then call ``on_step``. On divergence the last good weights are
+    restored and the outcome is ``diverged``; ``interrupt`` can stop the run between steps."""
+    steps = trainer.cfg.steps
+    while trainer.step_index < steps:
+        if interrupt is not None:
+            stop = interrupt()
+            if stop:
+                return Outcome("stopped", stop)
+        start = time.perf_counter()
+        try:
+            metrics = trainer.step()
+        except Diverged as d:
+            kept = trainer.restore_good()
+            return Outcome("diverged", f"{d}; kept weights of step {kept}", str(d))
+        seconds = time.perf_counter() - start
+        step = metrics["step"]
+        row = step_row(metrics)
+        if recorder is not None:
+            recorder.log(step, row)
+        if on_step is not None:
+            on_step(step, row, seconds)
+        if recorder is not None:
+            recorder.flush()
+    return Outcome("completed", f"completed {steps} steps")
+
+
+def measure_final(trainer: Trainer, outcome: Outcome, measure: Callable[[], dict]) -> tuple[Outcome, dict]:
+    """``measure()`` of the final weights; a completed run whose held-out loss is not finite
+    (the last update broke it) gets its last good weights back and ends ``diverged``."""
+    after = measure()
+    if outcome.status == "completed" and not math.isfinite(after["loss"]):
+        kept = trainer.restore_good()
+        outcome = Outcome("diverged", f"diverged after the last step: held-out loss is NaN; kept weights of step {kept}",
+                          "held-out loss is NaN")
+        after = measure()
+    return outcome, after
+
+
+class RunRecorder:
+    """A run's metric log (columns ``steps``, ``names``, ``values``: append-only lists, so a
+    reader may keep their length as a snapshot) and, with a ``store`` (a ``runs.RunStore``), its
+    row in the run store from :meth:`start` to :meth:`finish`."""
+
+    def __init__(self, store=None, flush_every: float = FLUSH_EVERY_S):
+        self.store = store
+        self.run_id: str | None = None
+        self.columns: tuple[list, list, list] = ([], [], [])
+        self.flush_every = flush_every
+        self._flushed = 0
+        self._last_flush = 0.0
+
+    def start(self, parent: str, task: str, config: dict) -> str | None:
+        """A new run in status ``running`` (nothing without a store); returns its id."""
+        if self.store is not None:
+            self.run_id = self.store.create(parent, task, config)
+        return self.run_id
+
+    def log(self, step: int, row: dict) -> None:
+        steps, names, values = self.columns
+        for name, v in row.items():
+            steps.append(step)
+            names.append(name)
+            values.append(float(v))
+
+    def log_rows(self, rows: Iterable[tuple[int, str, float]]) -> None:
+        for step, name, v in rows:
+            self.log(step, {name: v})
+
+    def __len__(self) -> int:
+        return len(self.columns[0])
+
+    def flush(self, force: bool = False) -> None:
+        """Write the new rows to the store (unless the last write is younger than ``flush_every``)."""
+        if self.store is None or self.run_id is None:
+            return
+        now_s = time.perf_counter()
+        if not force and now_s - self._last_flush < self.flush_every:
+            return
+        self._last_flush = now_s
+        steps, names, values = self.columns
+        n = len(steps)
+        if n > self._flushed:
+            self.store.log_metrics(self.run_id, zip(steps[self._flushed:n], names[self._flushed:n], values[self._flushed:n]))
+            self._flushed = n
+
+    def finish(self, outcome: Outcome, model: Transformer | None, card: Card, before: dict | None,
+               after: dict | None) -> Outcome:
+        """Write the rest of the log, save ``model`` (a CPU copy) with ``card`` and mark the run
+        finished. A store that fails (disk full, permissions) makes the outcome ``failed``."""
+        if self.store is None or self.run_id is None:
+            return outcome
+        try:
+            self.flush(force=True)
+            self.store.finish(self.run_id, outcome.status, model, card, message=outcome.message,
+                              summary={"before": public(before), "after": public(after)})
+        except Exception as e:
+            return Outcome("failed", f"{outcome.message}; saving the run failed: {type(e).__name__}: {e}")
+        return outcome
+
+
+def run_card(run_id: str | None, trainer: Trainer, outcome: Outcome, *, parent: str, description: str,
+             before: dict | None, after: dict | None, samples: int, wall_time_s: float, command: str,
+             **details) -> Card:
+    """The card of a recorded run: what it started from, its recipe (the trainer's), how it ended,
+    its held-out ``after`` measurement on ``samples`` test sequences as ``metrics``, the public
+    before/after keys and per-head detail; ``details`` are the kind's own sections (a retrain's
+    ``regularizers`` and ``job``, a comparison's ``variant`` ...)."""
+    before, after = before or {}, after or {}
+    return Card(
+        name=f"{RUN_PREFIX}{run_id}", task=trainer.task.name, parent=parent, description=description,
+        metrics={**public(after), "eval_samples": samples, "split": "test"},
+        seed=trainer.cfg.seed, steps=trainer.step_index, train=trainer.cfg.to_dict(), run_id=run_id,
+        status=outcome.status, message=outcome.message, wall_time_s=round(wall_time_s, 2), device=str(trainer.device),
+        machine=machine(), params=trainer.model.n_params(), command=command, created=now(),
+        details={**details, "before": public(before), "after": public(after),
+                 "per_head": {"before": before.get("per_head"), "after": after.get("per_head")}})

@@ -1,0 +1,162 @@
+"""The shape of the library, checked from its source (docs/architecture.md):
+
+- the import graph of ``attn_core`` has no cycle (imports inside functions count too: a lazy
+  import that closes a cycle is still a cycle);
+- the library never imports Streamlit;
+- no library module is much over 400 lines;
+- one place per concept: activation names are spelled only by ``attn_core.hooks``, metric names
+  only by ``attn_core.training.telemetry``, the run statuses only in ``attn_core.runs``.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LIB = ROOT / "attn_core"
+MAX_LINES = 420  # "about 400"
+PRODUCT = [LIB, ROOT / "pages", ROOT / "app.py", ROOT / "ui.py", ROOT / "navigation.py"]
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(LIB.rglob("*.py"))}
+
+
+def _target(name: str, modules: dict[str, Path]) -> str | None:
+    """The attn_core module that ``name`` (a dotted import target) lives in, if any."""
+    while name:
+        if name in modules:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the attn_core modules it imports (anywhere in its source)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for mod, path in modules.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")
+                    anchor = anchor[: len(anchor) - (node.level - 1)]
+                    base = ".".join(anchor + ([base] if base else []))
+                # `from pkg import sub` imports the submodule when one exists, else a name of pkg
+                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            for name in names:
+                target = _target(name, modules)
+                if target and target != mod and target != "attn_core":
+                    graph[mod].add(target)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_import_graph_sees_lazy_imports(tmp_path):
+    graph = import_graph()
+    assert graph, "no attn_core modules found"
+    # the CLI imports the library lazily inside its commands: those edges must be seen
+    cli = [m for m in graph if m.startswith("attn_core.cli")]
+    assert any(graph[m] for m in cli)
+
+
+def test_no_import_cycle_in_attn_core():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_library_never_imports_streamlit():
+    for path in LIB.rglob("*.py"):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not any(m.split(".")[0] == "streamlit" for m in mods), f"{path} imports streamlit"
+
+
+@pytest.mark.parametrize("path", sorted(LIB.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_library_modules_stay_readable(path):
+    n = len(path.read_text().splitlines())
+    assert n <= MAX_LINES, f"{path.relative_to(ROOT)} has {n} lines; split it by concern (about 400 at most)"
+
+
+def _product_files() -> list[Path]:
+    out: list[Path] = []
+    for p in PRODUCT:
+        out += sorted(p.rglob("*.py")) if p.is_dir() else ([p] if p.exists() else [])
+    return out
+
+
+def _hits(pattern: str, allowed: set[str]) -> list[str]:
+    rx = re.compile(pattern)
+    found = []
+    for path in _product_files():
+        rel = str(path.relative_to(ROOT))
+        if rel in allowed:
+            continue
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if rx.search(line):
+                found.append(f"{rel}:{i}: {line.strip()}")
+    return found
+
+
+def test_activation_names_are_spelled_in_one_place():
+    # parameter names (blocks.0.attn.W_Q) are the checkpoint's; activation names carry "hook_"
+    assert _hits(r"""["']blocks\.[^"']*hook_|["']hook_(q|k|v|z|pattern|attn_scores|attn_in|attn_out|mlp_out|resid_\w+)["']""",
+                 {"attn_core/hooks.py"}) == []
+
+
+def test_metric_names_are_built_and_parsed_in_one_place():
+    assert _hits(r"""f["'](sigma|stable_rank|entropy_data|entropy_vocab|top1_data):\{""",
+                 {"attn_core/training/telemetry.py"}) == []
+    assert _hits(r"L\\d\+H\\d\+|L\(\\d\+\)H", {"attn_core/training/telemetry.py", "attn_core/regularizers.py"}) == []
+
+
+def test_run_statuses_are_listed_in_one_place():
+    assert _hits(r"""\(["']running["'],\s*["']completed["']""", {"attn_core/runs.py"}) == []
