@@ -4,8 +4,8 @@ Every function takes **probabilities** ``p`` of shape ``[..., n]`` (rows of an a
 pattern, or ``row_probs(scores)`` for rows of pre-softmax scores) and an optional boolean
 ``mask`` of the same shape, True where a key is visible. Masked entries are ignored and each
 row is measured on its own visible keys: a causal row i has n_i = i + 1 keys, so entropy / log n
-uses log n_i. Every function is differentiable where the maths allows (the regularizers of
-issue 4 reuse them); all return ``[...]``, one value per row.
+uses log n_i. Every function is differentiable where the maths allows (attn_core.regularizers
+reuses them; docs/maths.md has the list); all return ``[...]``, one value per row.
 
     entropy            H(p) = -sum p log p                  0 (one-hot) .. log n (uniform)
     normalized_entropy H(p) / log n                          0 .. 1        (n = 1: 0)
@@ -17,7 +17,6 @@ issue 4 reuse them); all return ``[...]``, one value per row.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 
@@ -27,43 +26,43 @@ METRICS = ("entropy", "normalized_entropy", "hoyer", "topk_mass", "participation
 MIN_KEYS = 2
 
 
-def _mask(p: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+def _mask(p: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     if mask is None:
         return torch.ones_like(p, dtype=torch.bool)
     return mask.to(torch.bool).expand_as(p)
 
 
-def _zeroed(p: torch.Tensor, mask: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def _zeroed(p: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     m = _mask(p, mask)
     return p.masked_fill(~m, 0.0), m
 
 
-def n_visible(p: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+def n_visible(p: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Number of visible keys per row, as p's dtype."""
     return _mask(p, mask).sum(-1).to(p.dtype)
 
 
-def row_probs(scores: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+def row_probs(scores: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Softmax of score rows over their visible keys (masked keys get probability 0)."""
     m = _mask(scores, mask)
     return torch.softmax(scores.masked_fill(~m, float("-inf")), dim=-1).masked_fill(~m, 0.0)
 
 
-def entropy(p: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+def entropy(p: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Shannon entropy in nats, with 0 log 0 = 0 (and a finite gradient there)."""
     p, _ = _zeroed(p, mask)
     safe = torch.where(p > 0, p, torch.ones_like(p))
     return -(p * safe.log()).sum(-1)
 
 
-def normalized_entropy(p: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+def normalized_entropy(p: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Entropy / log(n_visible); a row with one visible key counts as fully concentrated (0)."""
     n = n_visible(p, mask)
     log_n = n.clamp_min(2).log()
     return torch.where(n > 1, entropy(p, mask) / log_n, torch.zeros_like(n))
 
 
-def hoyer(p: torch.Tensor, mask: Optional[torch.Tensor] = None, eps: float = 1e-12) -> torch.Tensor:
+def hoyer(p: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-12) -> torch.Tensor:
     """Hoyer's sparsity (sqrt n - |p|_1 / |p|_2) / (sqrt n - 1): scale-free, 0 for a uniform row,
     1 for a one-hot row (and for a row with one visible key)."""
     p, _ = _zeroed(p, mask)
@@ -74,7 +73,7 @@ def hoyer(p: torch.Tensor, mask: Optional[torch.Tensor] = None, eps: float = 1e-
     return torch.where(n > 1, (root - l1 / l2) / (root - 1).clamp_min(eps), torch.ones_like(n))
 
 
-def topk_mass(p: torch.Tensor, k: int = 1, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+def topk_mass(p: torch.Tensor, k: int = 1, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Mass of the k largest visible entries (all of it when a row has <= k visible keys)."""
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
@@ -83,13 +82,13 @@ def topk_mass(p: torch.Tensor, k: int = 1, mask: Optional[torch.Tensor] = None) 
     return p.topk(k, dim=-1).values.sum(-1)
 
 
-def participation_ratio(p: torch.Tensor, mask: Optional[torch.Tensor] = None, eps: float = 1e-12) -> torch.Tensor:
+def participation_ratio(p: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-12) -> torch.Tensor:
     """(sum p)^2 / sum p^2, i.e. 1 / sum p^2 for probabilities: the effective number of keys."""
     p, _ = _zeroed(p, mask)
     return p.sum(-1).pow(2) / p.pow(2).sum(-1).clamp_min(eps)
 
 
-def gini(p: torch.Tensor, mask: Optional[torch.Tensor] = None, eps: float = 1e-12) -> torch.Tensor:
+def gini(p: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-12) -> torch.Tensor:
     """Gini coefficient over the visible keys, sum_i (2i - n - 1) p_(i) / (n sum p) with p_(i)
     ascending: 0 for a uniform row, 1 - 1/n for a one-hot row."""
     p, m = _zeroed(p, mask)
@@ -102,7 +101,7 @@ def gini(p: torch.Tensor, mask: Optional[torch.Tensor] = None, eps: float = 1e-1
     return num / (n.squeeze(-1) * p.sum(-1)).clamp_min(eps)
 
 
-def concentration(x: torch.Tensor, mask: Optional[torch.Tensor] = None, k: int = 1,
+def concentration(x: torch.Tensor, mask: torch.Tensor | None = None, k: int = 1,
                   from_scores: bool = False) -> dict[str, torch.Tensor]:
     """Every metric of every row: ``{name: [...]}``. ``x`` holds probabilities, or pre-softmax
     scores when ``from_scores`` (a masked softmax is taken first)."""
@@ -117,7 +116,7 @@ def concentration(x: torch.Tensor, mask: Optional[torch.Tensor] = None, k: int =
     }
 
 
-def summarize(values: torch.Tensor, valid: Optional[torch.Tensor] = None, dim: int = -1) -> dict[str, torch.Tensor]:
+def summarize(values: torch.Tensor, valid: torch.Tensor | None = None, dim: int = -1) -> dict[str, torch.Tensor]:
     """Mean, min and max over ``dim`` of per-row values, counting only rows where ``valid``.
     A slice with no valid row gives NaN."""
     if valid is None:
@@ -132,7 +131,7 @@ def summarize(values: torch.Tensor, valid: Optional[torch.Tensor] = None, dim: i
     return {"mean": mean, "min": torch.where(count > 0, lo, nan), "max": torch.where(count > 0, hi, nan)}
 
 
-def informative_rows(mask: Optional[torch.Tensor], shape: torch.Size, min_keys: int = MIN_KEYS) -> torch.Tensor:
+def informative_rows(mask: torch.Tensor | None, shape: torch.Size, min_keys: int = MIN_KEYS) -> torch.Tensor:
     """Rows with at least ``min_keys`` visible keys, ``[...]`` for a mask of ``shape``."""
     if mask is None:
         return torch.full(shape[:-1], shape[-1] >= min_keys, dtype=torch.bool)

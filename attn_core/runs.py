@@ -287,14 +287,3 @@ class RunStore:
                     shutil.rmtree(p, ignore_errors=True)
             except OSError:
                 pass
-
-
-# --- TRANSITIONAL: ui.py and train.py still call these; removed at integration ---------------------
-def load_run_model(run_id: str, root: str | Path | None = None, device: str = "cpu") -> LoadedModel:
-    """TRANSITIONAL: use ``attn_core.sources.resolve("run:<id>", store=RunStore(root))``."""
-    return RunStore(root).load_model(run_id, device)
-
-
-def is_run_ref(name: str) -> bool:
-    """TRANSITIONAL: use ``attn_core.sources.is_run``."""
-    return str(name).startswith(RUN_PREFIX)

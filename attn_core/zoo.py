@@ -8,28 +8,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# TRANSITIONAL re-exports (the checkpoint names other files still read as zoo.X): removed at
-# integration, when they import attn_core.checkpoint.
-from attn_core import hf  # noqa: F401  (TRANSITIONAL: for load() below)
+from attn_core import hf  # TRANSITIONAL: for load() below
 from attn_core.card import Card
-from attn_core.checkpoint import (  # noqa: F401
-    CARD,
-    CONFIG,
-    MAX_JSON_BYTES,
+from attn_core.checkpoint import CARD, CONFIG, WEIGHTS, CheckpointError, LoadedModel, load_path, read_card, read_config
+
+# TRANSITIONAL re-exports: checkpoint names other files still read as zoo.X (removed at
+# integration, when they import attn_core.checkpoint).
+from attn_core.checkpoint import (  # noqa: F401, E402  isort: skip
     MAX_WEIGHTS_BYTES,
-    WEIGHTS,
-    CheckpointError,
-    LoadedModel,
-    build_checked,
     load_bytes,
-    load_path,
-    read_bytes,
-    read_card,
-    read_config,
     read_config_bytes,
-    read_json,
     read_json_bytes,
-    refuse_pickle,
     save,
     to_safetensors_bytes,
 )
@@ -95,12 +84,7 @@ def locate(name_or_path: str | Path) -> Path:
     raise CheckpointError(f"no model named {str(name_or_path)!r}; known models: {known}")
 
 
-# --- TRANSITIONAL: old names still used by files outside the models layer; removed at integration
-resolve = locate  # now zoo.locate (a path) or attn_core.sources.resolve (a model)
-_build_checked, _read_json, _read_card, _read_config = build_checked, read_json, read_card, read_config
-_refuse_pickle, _read_bytes = refuse_pickle, read_bytes
-
-
+# --- TRANSITIONAL: callers move to attn_core.sources.resolve; removed at integration ---------------------
 def load(name_or_path: str | Path, device: str = "cpu") -> LoadedModel:
     """TRANSITIONAL: use ``attn_core.sources.resolve`` (this is its zoo-name/path branch)."""
     path = locate(name_or_path)

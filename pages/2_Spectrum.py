@@ -35,7 +35,7 @@ def spectra(m, augmented: bool) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
 
 @ui.cached
 def detectors(m, n_samples: int, seed: int, rows: str) -> pd.DataFrame:
-    return bilinear.head_detectors(m, n_samples=n_samples, seed=seed, rows=rows)
+    return bilinear.head_detectors(m.model, n_samples=n_samples, seed=seed, rows=rows)
 
 
 loaded = ui.setup("Spectrum of B")

@@ -86,7 +86,7 @@ def heads_cmd(name: str = NameArg,
     from attn_core import bilinear
     from attn_core.sources import resolve
 
-    det = bilinear.head_detectors(resolve(name), n_samples=samples, seed=seed, length=length, rows=rows)
+    det = bilinear.head_detectors(resolve(name).model, n_samples=samples, seed=seed, length=length, rows=rows)
     wide = det.pivot(index=["layer", "head"], columns="detector", values="score").reset_index()
     heads = [{"layer": int(r["layer"]), "head": int(r["head"]), **{d: float(r[d]) for d in bilinear.DETECTORS}}
              for _, r in wide.iterrows()]
@@ -141,7 +141,7 @@ def export_cmd(name: str = NameArg,
         seq = input_tokens(loaded, tokens, sample_seed, random_seed)
         plot = fb.concentration_plot(bilinear.concentration_table(loaded, seq))
     else:
-        plot = fb.heads_plot(bilinear.head_detectors(loaded))
+        plot = fb.heads_plot(bilinear.head_detectors(model))
     try:
         path = write_plot(plot, out, fmt)
     except ExportError as e:

@@ -32,7 +32,7 @@ def eval_cmd(name: str = typer.Argument(..., help="Zoo model name or path to a m
              as_json: bool = JsonOpt):
     """Accuracy and loss of a model on fresh held-out samples of its task."""
     from attn_core.sources import resolve
-    from attn_core.train import evaluate
+    from attn_core.training.trainer import evaluate
 
     if samples <= 0:
         raise ValueError(f"--samples must be positive, got {samples}")

@@ -6,7 +6,7 @@ from pathlib import Path
 import typer
 
 from attn_core.cli.common import JsonOpt, default, emit, guarded, table
-from attn_core.qk_compare import CompareConfig
+from attn_core.qk import CompareConfig
 
 app = typer.Typer()
 
@@ -60,7 +60,7 @@ def compare_qk_cmd(task: str = typer.Option(default(CompareConfig, "task"), help
     """Seed 004: train one architecture with factored QK (several d_qk) and merged QK (plain, with
     weight decay, with a nuclear-norm penalty) on the same data and seeds; loss, accuracy, rank of
     B, parameters and time per step per variant."""
-    from attn_core import qk_compare as Q
+    from attn_core.qk import compare
 
     kinds = tuple(k.strip() for k in merged.split(",") if k.strip() and k.strip() != "none")
     cfg = CompareConfig(task=task, steps=steps, seeds=seeds, first_seed=first_seed, d_qks=_int_list(d_qk, "--d-qk"),
@@ -77,7 +77,7 @@ def compare_qk_cmd(task: str = typer.Option(default(CompareConfig, "task"), help
         bar.update(round(1000 * fraction) - bar.n)
         bar.set_postfix_str(message, refresh=False)
 
-    result = Q.compare(cfg, store=None if store else False, progress=progress if bar is not None else None)
+    result = compare(cfg, store=None if store else False, progress=progress if bar is not None else None)
     if bar is not None:
         bar.close()
     if out is not None:

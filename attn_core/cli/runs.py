@@ -8,7 +8,7 @@ import typer
 
 from attn_core.card import MEASURE_KEYS, public
 from attn_core.cli.common import JsonOpt, default, emit, guarded, table
-from attn_core.train import JobConfig
+from attn_core.training.job import JobConfig
 
 app = typer.Typer()
 runs_app = typer.Typer(add_completion=False, help="List and inspect saved runs (the run store, $ATTN_LAB_RUNS or ./runs).")
@@ -51,7 +51,7 @@ def retrain_cmd(name: str = typer.Argument(..., help="Zoo model name or folder, 
                 device: str = typer.Option(default(JobConfig, "device"), help="auto, cpu or cuda."),
                 as_json: bool = JsonOpt):
     """Fine-tune a model with concentration regularizers; the run is saved in the run store."""
-    from attn_core.train import TrainingJob
+    from attn_core.training.job import TrainingJob
 
     cfg = JobConfig(source=name, regularizers=list(reg), heads=heads, entmax_alpha=entmax_alpha, steps=steps,
                     seed=seed, lr=lr, batch_size=batch_size, device=device)

@@ -5,7 +5,6 @@ Every builder returns a :class:`Plot` whose ``data`` is the tidy table it draws.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -33,7 +32,7 @@ def _ticks(labels: list[str]) -> dict:
     return dict(tickmode="array", tickvals=list(range(len(labels))), ticktext=labels)
 
 
-def view_plot(view: View, head: int, query: Optional[int] = None, value: str = "scores") -> Plot:
+def view_plot(view: View, head: int, query: int | None = None, value: str = "scores") -> Plot:
     """Heatmap of S (``value="scores"``, diverging around 0) or A (``"pattern"``) of one head of
     any view; hidden (masked) cells are blank; ``query`` outlines that row."""
     if value not in VALUES:
@@ -68,7 +67,7 @@ def view_plot(view: View, head: int, query: Optional[int] = None, value: str = "
                 meta=dict(view=view.kind, layer=view.layer, head=head, query=query, value=value, **view.meta))
 
 
-def query_plot(view: View, head: int, query: int, sort: bool = True, top: Optional[int] = 64) -> Plot:
+def query_plot(view: View, head: int, query: int, sort: bool = True, top: int | None = 64) -> Plot:
     """Bar chart of the per-query slice f_x(y) over the keys x sees (sorted by score unless
     ``sort`` is False; at most ``top`` bars, the CSV has them all), coloured by A."""
     row = view.row(head, query, sort=sort)

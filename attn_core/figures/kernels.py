@@ -2,7 +2,7 @@
 exact against approximate patterns, and speed against sequence length."""
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -19,7 +19,7 @@ def _color(i: int) -> str:
     return qualitative.Plotly[i % len(qualitative.Plotly)]
 
 
-def error_curves(errors: pd.DataFrame, metric: str = "rel_error", title: Optional[str] = None) -> Plot:
+def error_curves(errors: pd.DataFrame, metric: str = "rel_error", title: str | None = None) -> Plot:
     """Mean over seeds of ``metric`` against the number of features, log-log, one line per
     method; the bars span the smallest to the largest seed (a +-std bar would cross zero on a log
     axis), and a dashed 1/sqrt(m) guide runs through the first method's first point.
@@ -54,8 +54,8 @@ def error_curves(errors: pd.DataFrame, metric: str = "rel_error", title: Optiona
     return Plot(f"kernels_{metric}_curve", fig, summary.drop(columns=["_plus", "_minus"]), meta={"metric": metric})
 
 
-def pattern_comparison(exact, approx, labels: Optional[Sequence[str]] = None, approx_label: str = "approximation",
-                       title: Optional[str] = None) -> Plot:
+def pattern_comparison(exact, approx, labels: Sequence[str] | None = None, approx_label: str = "approximation",
+                       title: str | None = None) -> Plot:
     """Exact and approximate attention patterns side by side on one colour scale, [n, n] each
     (one batch element of :func:`exact_pattern` / :func:`approx_pattern`); ``labels`` name the
     positions (token names), ``approx_label`` the method. The title carries the mean row TV."""
@@ -83,9 +83,9 @@ def pattern_comparison(exact, approx, labels: Optional[Sequence[str]] = None, ap
     return Plot("kernels_patterns", fig, data, meta={"mean_row_tv": tv})
 
 
-def speed_chart(result: dict, title: Optional[str] = None) -> Plot:
+def speed_chart(result: dict, title: str | None = None) -> Plot:
     """Milliseconds against sequence length, log-log, one line per method, from
-    :func:`attn_core.kernels.benchmark`'s result; hover gives the speed-up over sdpa and peak memory."""
+    the result of `benchmarks/kernels.py`'s `run`; hover gives the speed-up over sdpa and peak memory."""
     rows = pd.DataFrame(result["rows"])
     fig = go.Figure()
     for i, (method, part) in enumerate(rows.groupby("method", sort=False)):

@@ -67,10 +67,10 @@ def test_views_and_spectrum_work_on_gpt2(saved):
     assert bl.encode(loaded, "tok3 7") == [3, 7]
     recs = bl.spectrum(loaded.model, augmented=True)
     assert len(recs) == 8 and len(recs[0]["singular_values"]) == 8  # B' is 33 x 33, still rank <= d_head
-    assert bl.QKForm.from_model(loaded.model, augmented=True).shape == (2, 4, 33, 33)
+    assert bl.model_form(loaded.model, augmented=True).shape == (2, 4, 33, 33)
     assert bl.vocabulary_view(loaded, 1, heads=[2]).scores.shape == (1, 100, 100)
     assert bl.positional_view(loaded, 0).scores.shape == (4, 16, 16)
-    assert set(bl.head_detectors(loaded, n_samples=2)["detector"]) == set(bl.DETECTORS)
+    assert set(bl.head_detectors(loaded.model, n_samples=2)["detector"]) == set(bl.DETECTORS)
 
 
 def test_in_memory_model_and_folded_scales():

@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 from attn_core import kernels as K
 from attn_core.figures import export_bytes
 from attn_core.figures.kernels import error_curves, pattern_comparison, speed_chart
+from attn_core.hooks import act_name
 from attn_core.model import ModelConfig, Transformer
 from attn_core.tasks import TASKS
-from attn_core.hooks import act_name
+from benchmarks import kernels as bench
 
 f64 = torch.float64
 
@@ -278,14 +279,14 @@ def test_figures_build_and_export():
 def test_crossover_needs_every_longer_length_to_win():
     rows = [{"n": n, "method": m, "ms": ms} for n, m, ms in [
         (1, "sdpa", 1), (1, "x", 0.5), (2, "sdpa", 2), (2, "x", 3), (4, "sdpa", 4), (4, "x", 3), (8, "sdpa", 9), (8, "x", 4)]]
-    assert K.crossover(rows, "x") == 4
-    assert K.crossover([r for r in rows if r["n"] < 4], "x") is None
+    assert bench.crossover(rows, "x") == 4
+    assert bench.crossover([r for r in rows if r["n"] < 4], "x") is None
 
 
 def test_benchmark_rows_ratios_and_memory_subprocess():
     threads = torch.get_num_threads()
-    result = K.benchmark(max_n=128, repeats=2, methods=("favor", "nystrom"), d_head=16, heads=1, min_n=64,
-                         features=16, memory=False, threads=1)
+    result = bench.run(max_n=128, repeats=2, methods=("favor", "nystrom"), d_head=16, heads=1, min_n=64,
+                       features=16, memory=False, threads=1)
     assert result["config"]["torch_threads"] == 1 and torch.get_num_threads() == threads
     assert [(r["n"], r["method"]) for r in result["rows"]] == [
         (64, "sdpa"), (64, "favor"), (64, "nystrom"), (128, "sdpa"), (128, "favor"), (128, "nystrom")]
@@ -300,5 +301,5 @@ def test_benchmark_rows_ratios_and_memory_subprocess():
     # one fresh interpreter measures the rise of resident memory over a call
     config = {"n": 2048, "method": "sdpa", "heads": 1, "d_head": 16, "features": 8, "causal": False, "seed": 0,
               "threads": 1}
-    peak = K._peak_memory(config, timeout=120)
+    peak = bench._peak_memory(config, timeout=120)
     assert peak is None or peak >= 0.1  # the [2048, 16] float32 output alone is 0.125 MB
