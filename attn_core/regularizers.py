@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from attn_core import metrics
-from attn_core.bilinear import QKForm, vocab_scores
+from attn_core.bilinear import QKForm, layer_form, model_form, vocab_scores
 from attn_core.hooks import act_name
 from attn_core.model import ModelConfig, Transformer, attention_weights
 from attn_core.validate import is_int, is_number
@@ -272,7 +272,7 @@ def layer_singular_values(model: Transformer, layer: int) -> torch.Tensor:
     zero padding columns would make the QR's gradient NaN."""
     cfg = model.cfg
     if cfg.qk == "merged" or cfg.d_qk is None:
-        return QKForm.from_layer(model, layer).singular_values
+        return layer_form(model, layer).singular_values
     attn = model.blocks[layer].attn
     scale = attn.qk_scale.view(-1)
     widths = [cfg.head_d_qk(layer, h) for h in range(cfg.n_heads)]
@@ -399,7 +399,7 @@ def vocab_concentration(model: Transformer, heads: Heads | None = None) -> dict[
 def spectrum(model: Transformer) -> dict[str, torch.Tensor]:
     """Singular values of B of every head [n_layers, n_heads, r] (descending) and its stable rank
     [n_layers, n_heads], on the CPU."""
-    form = QKForm.from_model(model)
+    form = model_form(model)
     return {"singular_values": form.singular_values.float().cpu(), "stable_rank": form.stable_rank.float().cpu()}
 
 

@@ -27,7 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from attn_core import bilinear, zoo  # noqa: E402
+from attn_core import bilinear  # noqa: E402
+from attn_core.sources import resolve  # noqa: E402
 
 SHAPES = [(64, 16, 4, 2), (512, 64, 8, 4)]  # (d_model, d_head, heads, layers)
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "spectrum.json"
@@ -73,7 +74,7 @@ def spectrum_case(d_model: int, d_head: int, heads: int, layers: int, repeats: i
 
 
 def click_case(name: str, repeats: int) -> dict:
-    loaded = zoo.load(name)
+    loaded = resolve(name)
     tokens = bilinear.sample_tokens(loaded, 0) if loaded.task else bilinear.random_tokens(loaded, 0)
     layer = loaded.config.n_layers - 1
 

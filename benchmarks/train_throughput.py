@@ -40,7 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from attn_core import zoo  # noqa: E402
+from attn_core import checkpoint  # noqa: E402
 from attn_core.card import machine  # noqa: E402
 from attn_core.presets import get_preset  # noqa: E402
 from attn_core.runs import RunStore  # noqa: E402
@@ -156,7 +156,7 @@ def main() -> None:
                       warmup_steps=min(100, args.steps // 10))
 
     with tempfile.TemporaryDirectory() as tmp:
-        source = str(zoo.save(init_model(preset.model_config(), 0), Path(tmp) / "model", {"task": preset.task}))
+        source = str(checkpoint.save(init_model(preset.model_config(), 0), Path(tmp) / "model", {"task": preset.task}))
         store = RunStore(Path(tmp) / "runs")
         fresh = lambda: init_model(preset.model_config(), 0)  # noqa: E731
         rates = {"bare": [], "trainer": [], "job": []}

@@ -39,11 +39,6 @@ from attn_core.bilinear.views import (
     vocabulary_view,
 )
 
-# TRANSITIONAL re-export: removed at integration (callers use heads.layer_form / model_form;
-# QKForm itself knows nothing of models).
-QKForm.from_layer = staticmethod(layer_form)
-QKForm.from_model = staticmethod(model_form)
-
 __all__ = [
     "DETECTORS", "MAX_VIEW_TOKENS", "QKForm", "View", "augment", "best_heads", "check_heads", "check_layer",
     "check_loaded", "check_model", "check_tokens", "concentration_table", "detection_patterns", "detector_inputs",

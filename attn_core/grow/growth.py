@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import pandas as pd
 import torch
 
-from attn_core.bilinear import QKForm, augment, check_heads, check_layer
+from attn_core.bilinear import augment, check_heads, check_layer, layer_form
 from attn_core.grow.fit import centre_rows, fit_scores, low_rank, scores_of
 from attn_core.hooks import act_name
 from attn_core.model import Transformer
@@ -154,7 +154,7 @@ class Growth:
         # the line search judges steps on a second batch: the fit has up to d'^2 parameters and
         # follows the fitting batch's own noise when eta is large
         self.val = head_batch(model, task, val_batch, layer, head) if val_batch is not None else None
-        self.B = QKForm.from_layer(hb.model, layer, hb.augmented)[head].dense  # [d', d'], S = X B X^T
+        self.B = layer_form(hb.model, layer, hb.augmented)[head].dense  # [d', d'], S = X B X^T
         self.fit = fit_scores(hb.X, hb.G, hb.mask, damping=damping)  # D = fit.Z: the least-squares image of G
         self.B_hat = self.fit.q.metric @ self.B @ self.fit.k.metric.T  # B' in whitened coordinates
         self.n_visible = hb.X.shape[0] * int(hb.mask.sum())

@@ -107,26 +107,3 @@ __all__ = [
     "rpe_attention", "rpe_linear_attention", "rpe_toeplitz", "schoenbat_postscale", "schoenbat_prenorm",
     "segment_means", "summarize", "toeplitz_dense", "toeplitz_matmul",
 ]
-
-# TRANSITIONAL re-export: removed at integration. The timing harness moved to benchmarks/kernels.py
-# (``run``, ``accuracy``, ``crossover``, ``BENCH_METHODS``); these names reach it until the CLI loads
-# that file itself.
-_HARNESS = {"benchmark": "run", "accuracy": "accuracy", "crossover": "crossover", "BENCH_METHODS": "BENCH_METHODS",
-            "_peak_memory": "_peak_memory", "_bench_inputs": "_bench_inputs"}
-
-
-def __getattr__(name: str):
-    if name not in _HARNESS:
-        raise AttributeError(f"module 'attn_core.kernels' has no attribute {name!r}")
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels.py"
-    module = sys.modules.get("attn_lab_benchmarks_kernels")
-    if module is None:
-        spec = importlib.util.spec_from_file_location("attn_lab_benchmarks_kernels", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return getattr(module, _HARNESS[name])

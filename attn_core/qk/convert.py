@@ -28,7 +28,7 @@ from dataclasses import replace
 
 import torch
 
-from attn_core.bilinear import QKForm
+from attn_core.bilinear import layer_form
 from attn_core.model import ModelConfig, Transformer
 from attn_core.validate import is_int
 
@@ -91,7 +91,7 @@ def merged_from_factored(model: Transformer) -> Transformer:
     out = _like(model, replace(model.cfg, qk="merged", d_qk=None))
     _copy_except_qk(model, out)
     for l in range(model.cfg.n_layers):
-        out.blocks[l].attn.W_QK.copy_(QKForm.from_layer(model, l).dense)
+        out.blocks[l].attn.W_QK.copy_(layer_form(model, l).dense)
     return out
 
 

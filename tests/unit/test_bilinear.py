@@ -374,9 +374,9 @@ def test_detector_inputs_are_seeded_and_repeated():
 
 @pytest.mark.skipif(not (ZOO / "induction-2l" / "config.json").is_file(), reason="zoo model induction-2l not shipped yet")
 def test_detectors_find_the_zoo_induction_circuit():
-    from attn_core import zoo
+    from attn_core.sources import resolve
 
-    loaded = zoo.load("induction-2l")
+    loaded = resolve("induction-2l")
     frame = bl.head_detectors(loaded.model, n_samples=32)
     best = bl.best_heads(frame)
     prev = frame[frame["detector"] == "previous_token"].sort_values("score", ascending=False)

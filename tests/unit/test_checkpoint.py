@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 from attn_core import checkpoint
 from attn_core.checkpoint import CheckpointError
 from attn_core.model import ModelConfig
-from attn_core.train import init_model
+from attn_core.training.trainer import init_model
 
 
 def tiny():

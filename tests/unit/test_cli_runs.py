@@ -11,7 +11,7 @@ from attn_core import checkpoint
 from attn_core.cli import app
 from attn_core.model import ModelConfig
 from attn_core.tasks import get_task
-from attn_core.train import init_model
+from attn_core.training.trainer import init_model
 
 KEYS = {"accuracy", "loss", "entropy_data", "entropy_vocab", "top1_mass", "stable_rank"}
 

@@ -103,10 +103,11 @@ def test_eigen_sym_plot_shows_the_symmetric_parts_eigenvalues():
     import pandas as pd
     import torch
 
-    from attn_core import bilinear, zoo
+    from attn_core import bilinear
+    from attn_core.sources import resolve
     from attn_core.figures.bilinear import eigen_sym_plot
 
-    model = zoo.load("induction-2l").model
+    model = resolve("induction-2l").model
     rows = pd.DataFrame(bilinear.spectrum(model))
     plot = eigen_sym_plot(rows)
     assert len(plot.fig.data) == len(rows)

@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 from attn_core.hooks import act_name
 from attn_core.model import ModelConfig, Transformer
-from attn_core.train import init_model
+from attn_core.training.trainer import init_model
 
 
 def small(**kw) -> Transformer:

@@ -7,7 +7,7 @@ import torch
 
 from attn_core import metrics
 from attn_core import regularizers as R
-from attn_core.bilinear import QKForm
+from attn_core.bilinear import layer_form, model_form
 from attn_core.hooks import act_name
 from attn_core.model import ModelConfig, Transformer
 
@@ -48,7 +48,7 @@ def vocab_metric(model: Transformer, fn) -> float:
 
 def spectrum_metric(model: Transformer, which: str) -> float:
     with torch.no_grad():
-        form = QKForm.from_model(model)
+        form = model_form(model)
         return float((form.spectral_norm if which == "spectral" else form.nuclear_norm).mean())
 
 
@@ -240,4 +240,4 @@ def test_grown_heads_have_finite_spectral_gradients():
         assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None), name
     with torch.no_grad():
         sigma = R.layer_singular_values(model, 0)
-        assert torch.allclose(sigma, QKForm.from_layer(model, 0).singular_values, atol=1e-5)
+        assert torch.allclose(sigma, layer_form(model, 0).singular_values, atol=1e-5)

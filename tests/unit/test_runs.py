@@ -14,7 +14,7 @@ from attn_core.model import ModelConfig
 from attn_core.runs import ENV_RUNS, RunStore
 from attn_core.sources import LoadedModel, resolve
 from attn_core.tasks import get_task
-from attn_core.train import init_model
+from attn_core.training.trainer import init_model
 
 TASK = get_task("reverse")
 
@@ -151,7 +151,7 @@ def test_killed_training_process(tmp_path):
     reported failed, and nothing half-written is loadable."""
     folder = checkpoint.save(tiny_model(), tmp_path / "tiny", {"task": "reverse"})
     env = {**os.environ, ENV_RUNS: str(tmp_path / "runs")}
-    code = ("from attn_core.train import JobConfig, TrainingJob\n"
+    code = ("from attn_core.training.job import JobConfig, TrainingJob\n"
             f"TrainingJob(JobConfig({str(folder)!r}, {{'entropy': 0.1}}, steps=10**7, device='cpu')).run()\n")
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     store = RunStore(tmp_path / "runs")

@@ -12,7 +12,7 @@ from attn_core.checkpoint import CheckpointError, LoadedModel
 from attn_core.model import ModelConfig
 from attn_core.runs import RunStore
 from attn_core.tasks import get_task
-from attn_core.train import init_model
+from attn_core.training.trainer import init_model
 
 TASK = get_task("reverse")
 

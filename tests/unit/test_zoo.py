@@ -6,7 +6,7 @@ from attn_core import checkpoint, zoo
 from attn_core.checkpoint import CheckpointError
 from attn_core.model import ModelConfig
 from attn_core.sources import resolve
-from attn_core.train import evaluate, init_model
+from attn_core.training.trainer import evaluate, init_model
 
 SHIPPED = [m["name"] for m in zoo.list_models()]
 
