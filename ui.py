@@ -13,7 +13,7 @@ from typing import Any
 
 import streamlit as st
 
-from attn_core import runs, sources, zoo
+from attn_core import checkpoint, runs, sources, zoo
 from attn_core.card import Card
 from attn_core.figures import EXPORT_FORMATS, ExportError, Plot, bundle_zip, export_bytes
 from attn_core.model import ModelConfig
@@ -112,7 +112,7 @@ def load_model(source: str) -> LoadedModel:
     file written again (a run saved over, a zoo model retrained) is read again."""
     path = sources.weights_path(source)
     if not path.is_file():
-        raise zoo.CheckpointError(f"{source} has no weights file ({path.name} is missing)")
+        raise checkpoint.CheckpointError(f"{source} has no weights file ({path.name} is missing)")
     return _load_cached(source, path.stat().st_mtime)
 
 
@@ -147,7 +147,7 @@ def model_names() -> list[str]:
     uploads = sources.upload_dir()
     if uploads.is_dir():
         names += [sources.UPLOAD_PREFIX + p.name for p in sorted(uploads.iterdir())
-                  if (p / zoo.WEIGHTS).is_file() and not p.name.startswith(".")]
+                  if (p / checkpoint.WEIGHTS).is_file() and not p.name.startswith(".")]
     return names
 
 
@@ -167,7 +167,7 @@ def model_picker() -> LoadedModel | None:
     _upload_widget()
     try:
         loaded = load_model(choice)
-    except (zoo.CheckpointError, ValueError, KeyError, OSError) as e:
+    except (checkpoint.CheckpointError, ValueError, KeyError, OSError) as e:
         st.error(f"Model {choice!r} could not be loaded: {e}")
         st.stop()
     _model_caption(loaded)
@@ -240,7 +240,7 @@ def _on_upload() -> None:
         return
     try:
         label = save_upload({Path(f.name).name: f.getvalue() for f in files})
-    except zoo.CheckpointError as e:
+    except checkpoint.CheckpointError as e:
         st.session_state[_UPLOAD_MSG] = ("error", f"Not loaded: {e}")
         return
     st.session_state[MODEL_KEY] = label
@@ -255,24 +255,24 @@ def save_upload(files: dict[str, bytes]) -> str:
     path the user sent, so nothing can be written outside the data directory; the same upload
     twice lands in the same folder."""
     weights = [n for n in files if n.endswith(".safetensors")]
-    unknown = sorted(n for n in files if not n.endswith(".safetensors") and n not in (zoo.CONFIG, zoo.CARD))
+    unknown = sorted(n for n in files if not n.endswith(".safetensors") and n not in (checkpoint.CONFIG, checkpoint.CARD))
     if len(weights) != 1:
-        raise zoo.CheckpointError(f"upload exactly one .safetensors file (got {len(weights)}), with its "
+        raise checkpoint.CheckpointError(f"upload exactly one .safetensors file (got {len(weights)}), with its "
                                   "config.json unless the file carries its config")
     if unknown:
-        raise zoo.CheckpointError(f"unexpected file {unknown[0]!r}: a model is model.safetensors, "
+        raise checkpoint.CheckpointError(f"unexpected file {unknown[0]!r}: a model is model.safetensors, "
                                   "config.json and card.json")
     data = files[weights[0]]
-    if len(data) > zoo.MAX_WEIGHTS_BYTES:
-        raise zoo.CheckpointError(f"{weights[0]} is larger than {zoo.MAX_WEIGHTS_BYTES // 2**20} MiB")
-    cfg = zoo.read_config_bytes(files[zoo.CONFIG]) if zoo.CONFIG in files else None
-    card = Card.from_dict(zoo.read_json_bytes(files[zoo.CARD])) if zoo.CARD in files else None
+    if len(data) > checkpoint.MAX_WEIGHTS_BYTES:
+        raise checkpoint.CheckpointError(f"{weights[0]} is larger than {checkpoint.MAX_WEIGHTS_BYTES // 2**20} MiB")
+    cfg = checkpoint.read_config_bytes(files[checkpoint.CONFIG]) if checkpoint.CONFIG in files else None
+    card = Card.from_dict(checkpoint.read_json_bytes(files[checkpoint.CARD])) if checkpoint.CARD in files else None
     stem = re.sub(r"[^A-Za-z0-9_-]+", "-", Path(weights[0]).stem).strip("-")[:40] or "model"
-    digest = hashlib.sha1(data + (files.get(zoo.CONFIG) or b"")).hexdigest()[:8]
-    loaded = zoo.load_bytes(data, cfg=cfg, card=card, name=stem)
+    digest = hashlib.sha1(data + (files.get(checkpoint.CONFIG) or b"")).hexdigest()[:8]
+    loaded = checkpoint.load_bytes(data, cfg=cfg, card=card, name=stem)
     folder = sources.upload_dir() / f"{stem}-{digest}"
-    if not (folder / zoo.WEIGHTS).is_file():
-        zoo.save(loaded.model, folder, card=loaded.card, overwrite=True)
+    if not (folder / checkpoint.WEIGHTS).is_file():
+        checkpoint.save(loaded.model, folder, card=loaded.card, overwrite=True)
     return sources.UPLOAD_PREFIX + folder.name
 
 

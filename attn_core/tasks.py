@@ -7,8 +7,8 @@ Accuracy is the fraction of scored tokens whose argmax is right.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +22,7 @@ class Batch:
     targets: torch.Tensor  # [b, T] next tokens
     mask: torch.Tensor  # [b, T] bool, positions that are scored
 
-    def to(self, device) -> "Batch":
+    def to(self, device) -> Batch:
         return Batch(self.tokens.to(device), self.targets.to(device), self.mask.to(device))
 
 

@@ -8,20 +8,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from attn_core import hf  # TRANSITIONAL: for load() below
 from attn_core.card import Card
-from attn_core.checkpoint import CARD, CONFIG, WEIGHTS, CheckpointError, LoadedModel, load_path, read_card, read_config
-
-# TRANSITIONAL re-exports: checkpoint names other files still read as zoo.X (removed at
-# integration, when they import attn_core.checkpoint).
-from attn_core.checkpoint import (  # noqa: F401, E402  isort: skip
-    MAX_WEIGHTS_BYTES,
-    load_bytes,
-    read_config_bytes,
-    read_json_bytes,
-    save,
-    to_safetensors_bytes,
-)
+from attn_core.checkpoint import CARD, CONFIG, WEIGHTS, CheckpointError, read_card, read_config
 from attn_core.model import ModelConfig
 
 ZOO_DIR = Path(__file__).resolve().parent.parent / "assets" / "models"
@@ -82,10 +70,3 @@ def locate(name_or_path: str | Path) -> Path:
             return root / str(name_or_path)
     known = ", ".join(m["name"] for m in list_models()) or "none"
     raise CheckpointError(f"no model named {str(name_or_path)!r}; known models: {known}")
-
-
-# --- TRANSITIONAL: callers move to attn_core.sources.resolve; removed at integration ---------------------
-def load(name_or_path: str | Path, device: str = "cpu") -> LoadedModel:
-    """TRANSITIONAL: use ``attn_core.sources.resolve`` (this is its zoo-name/path branch)."""
-    path = locate(name_or_path)
-    return hf.load_gpt2(path, device) if hf.is_gpt2_folder(path) else load_path(path, device)

@@ -6,9 +6,11 @@ import streamlit as st
 import torch
 
 import ui
-from attn_core import card, train
+from attn_core import card
 from attn_core import regularizers as R
 from attn_core.figures import training as ft
+from attn_core.training import trainer
+from attn_core.training.job import JobConfig, TrainingJob
 from attn_core.training.telemetry import MetricKey
 
 JOB = "retrain_job"  # session key of the running (or last) TrainingJob
@@ -74,7 +76,7 @@ with opt_col:
     seed = seed_col.number_input("Seed", min_value=0, max_value=2**31 - 1, step=1,
                                  key=ui.remember("retrain_seed", 0, range(2**31)),
                                  help="Seed of the training data: the same settings and seed give the same run")
-    devices = train.available_devices()
+    devices = trainer.available_devices()
     device = st.selectbox("Device", devices, key=ui.remember("retrain_device", devices[-1], devices),
                           help="Where the model trains; CUDA is listed only when a GPU is present")
 watched = R.head_label(layer, head)
@@ -83,10 +85,10 @@ heads_spec = {"head": watched, "layer": f"L{layer}", "all": None}[scope]
 
 def start() -> None:
     try:
-        job_cfg = train.JobConfig(source=ui.job_source(st.session_state[ui.MODEL_KEY]), regularizers=specs,
+        job_cfg = JobConfig(source=ui.job_source(st.session_state[ui.MODEL_KEY]), regularizers=specs,
                                   heads=heads_spec, entmax_alpha=alpha, steps=int(steps), lr=float(lr),
                                   seed=int(seed), device=device)
-        new = train.TrainingJob(job_cfg)
+        new = TrainingJob(job_cfg)
     except ValueError as e:
         st.session_state["retrain_error"] = str(e)
         return

@@ -6,7 +6,7 @@ import functools
 import streamlit as st
 
 import ui
-from attn_core import bilinear, grow, zoo
+from attn_core import bilinear, checkpoint, grow
 from attn_core.card import Card
 from attn_core.figures import grow as fg
 from attn_core.sources import LoadedModel
@@ -191,7 +191,7 @@ with c_model:
     card = Card(task=loaded.task.name, parent=loaded.name, details={"grow": s},
                 description=f"{loaded.name}, head {g_head} of layer {g_layer} grown to d_k {s['d_k_new']} and fine-tuned")
     st.download_button("Grown, fine-tuned model (safetensors)", icon=":material/download:",
-                       data=functools.partial(zoo.to_safetensors_bytes, res.models["grown_finetuned"], card),
+                       data=functools.partial(checkpoint.to_safetensors_bytes, res.models["grown_finetuned"], card),
                        file_name=f"{loaded.name}-L{g_layer}H{g_head}-dk{s['d_k_new']}.safetensors",
                        mime="application/octet-stream", key="grow_model_download", on_click="ignore",
                        help="Config and card travel in the file's metadata: upload it in the sidebar to inspect it.")

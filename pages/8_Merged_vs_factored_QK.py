@@ -3,7 +3,7 @@ QK (several d_qk) and merged QK (plain, with weight decay, with a nuclear-norm p
 import streamlit as st
 
 import ui
-from attn_core import qk_compare as Q
+from attn_core import qk as Q
 from attn_core.figures import qk as fq
 from attn_core.tasks import TASKS
 

@@ -1,4 +1,5 @@
 """Shared fixtures. Tests never write into the repository: runs and exports go to tmp paths.
+from attn_core import checkpoint
 
 Model factories live here, one each: ``tiny_model`` (a freshly initialised toy Transformer
 shaped for a task), ``save_model`` (such a model saved as a named user model, found by the zoo
@@ -30,7 +31,7 @@ def make_tiny_model(task: str = "reverse", seed: int = 0, **config):
     two heads, d_model 16, d_head 8 unless ``config`` says otherwise."""
     from attn_core.model import ModelConfig
     from attn_core.tasks import get_task
-    from attn_core.train import init_model
+    from attn_core.training.trainer import init_model
 
     t = get_task(task)
     shape = dict(n_layers=1, n_heads=2, d_model=16, d_head=8, d_vocab=t.d_vocab, n_ctx=t.n_ctx)
@@ -48,14 +49,15 @@ def save_model(tmp_path, monkeypatch):
     """``save_model(name, task="reverse", card=None, seed=0, **config)`` saves a tiny model as the
     user model ``name`` (its card ``{"task": task}`` unless ``card`` is given; ``card={}`` makes a
     model without a task) in a folder listed in ATTN_LAB_MODELS, and returns its folder."""
-    from attn_core import zoo
+
+    from attn_core import checkpoint
 
     root = tmp_path / "models"
     root.mkdir(exist_ok=True)
     monkeypatch.setenv("ATTN_LAB_MODELS", str(root))
 
     def save(name: str, task: str = "reverse", card=None, seed: int = 0, **config):
-        zoo.save(make_tiny_model(task, seed, **config), root / name, card={"task": task} if card is None else card)
+        checkpoint.save(make_tiny_model(task, seed, **config), root / name, card={"task": task} if card is None else card)
         return root / name
 
     return save

@@ -9,9 +9,8 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from attn_core import zoo
 from attn_core.figures import bundle_zip
-from attn_core.sources import LoadedModel
+from attn_core.sources import LoadedModel, resolve
 
 PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "5_Grow_d_k.py")
 FIGURES = 6  # spectrum, decrease, curves, summary, heatmap before, heatmap after
@@ -77,7 +76,7 @@ def test_the_page_figures_bundle_into_one_zip(models):
     from attn_core import bilinear, grow
     from attn_core.figures import grow as fg
 
-    loaded = zoo.load(models / "narrow")
+    loaded = resolve(models / "narrow")
     res = grow.grow(loaded.model, loaded.task, grow.GrowConfig(add=2, batch=6, steps=3))
     tokens = bilinear.sample_tokens(loaded, 0)
     after = LoadedModel("grown", res.models["grown"], res.models["grown"].cfg, loaded.card)

@@ -12,9 +12,10 @@ from dashboard_helpers import chart, values, z_matrix
 from streamlit.testing.v1 import AppTest
 
 import ui
-from attn_core import bilinear, zoo
+from attn_core import bilinear
 from attn_core.figures import bundle_zip
 from attn_core.hooks import act_name
+from attn_core.sources import resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = str(ROOT / "pages" / "1_Heatmaps.py")
@@ -28,7 +29,7 @@ def metric(at: AppTest, label: str) -> float:
 
 def model_forward(tokens: list[int]) -> dict:
     """The model's own cached scores/pattern: an independent path (einsums on Q and K)."""
-    model = zoo.load(MODEL).model
+    model = resolve(MODEL).model
     with torch.no_grad():
         _, cache = model.run_with_cache(torch.tensor([tokens]))
     return cache
@@ -59,7 +60,7 @@ def test_heatmaps_follow_layer_head_and_query(page):
     page.run()
     page.select_slider(key="query").set_value(9).run()
     assert not page.exception and not page.error
-    tokens = bilinear.sample_tokens(zoo.load(MODEL), 0)
+    tokens = bilinear.sample_tokens(resolve(MODEL), 0)
     cache = model_forward(tokens)
     S = cache[act_name("attn_scores", 1)][0, 2]
     A = cache[act_name("pattern", 1)][0, 2]
@@ -73,7 +74,7 @@ def test_heatmaps_follow_layer_head_and_query(page):
     torch.testing.assert_close(z_matrix(chart(page, "pattern"))[causal], A[causal], atol=1e-6, rtol=1e-4)
     box = scores["layout"]["shapes"][0]
     assert (box["y0"], box["y1"]) == (8.5, 9.5)  # the outlined row is the query's
-    names = zoo.load(MODEL).task.token_names
+    names = resolve(MODEL).task.token_names
     assert scores["layout"]["yaxis"]["ticktext"][9] == f"9:{names[tokens[9]]}"
 
     bars = chart(page, "query_row")["data"][0]
@@ -94,14 +95,14 @@ def test_heatmaps_follow_layer_head_and_query(page):
 
 def test_vocabulary_and_positional_views_highlight_the_query(page):
     page.select_slider(key="query").set_value(3).run()
-    tokens = bilinear.sample_tokens(zoo.load(MODEL), 0)
+    tokens = bilinear.sample_tokens(resolve(MODEL), 0)
     vocab = chart(page, "vocab")
     assert (vocab["layout"]["shapes"][0]["y0"] + 0.5) == tokens[3]  # the row of token x
-    assert len(vocab["data"][0]["z"]) == zoo.load(MODEL).config.d_vocab
+    assert len(vocab["data"][0]["z"]) == resolve(MODEL).config.d_vocab
     pos = chart(page, "positional")
     assert pos["layout"]["shapes"][0]["y0"] + 0.5 == 3
     with torch.no_grad():
-        expected = bilinear.positional_scores(zoo.load(MODEL).model, 0, [0])[0]
+        expected = bilinear.positional_scores(resolve(MODEL).model, 0, [0])[0]
     z = z_matrix(pos)
     causal = torch.tril(torch.ones_like(expected, dtype=torch.bool))
     torch.testing.assert_close(z[causal], expected[causal], atol=1e-5, rtol=1e-4)
@@ -110,7 +111,7 @@ def test_vocabulary_and_positional_views_highlight_the_query(page):
 def test_grid_of_every_head(page):
     page.selectbox(key="head").select("all").run()
     assert not page.exception
-    n_heads = zoo.load(MODEL).config.n_heads
+    n_heads = resolve(MODEL).config.n_heads
     titles = [chart(page, f"grid_{h}")["layout"]["title"]["text"] for h in range(n_heads)]
     assert [f"head {h}" in t for h, t in enumerate(titles)] == [True] * n_heads
     page.radio(key="grid_value").set_value("pattern").run()
@@ -132,7 +133,7 @@ def test_typed_and_random_inputs(page):
     page.radio(key="input").set_value("random").run()
     page.number_input(key="random_length").set_value(7).run()
     assert not page.error
-    tokens = bilinear.random_tokens(zoo.load(MODEL), 0, 7)
+    tokens = bilinear.random_tokens(resolve(MODEL), 0, 7)
     S = model_forward(tokens)[act_name("attn_scores", 0)][0, 0]
     causal = torch.tril(torch.ones_like(S, dtype=torch.bool))
     torch.testing.assert_close(z_matrix(chart(page, "scores"))[causal], S[causal], atol=1e-5, rtol=1e-4)
@@ -183,5 +184,5 @@ def test_export_all_gets_every_figure_and_the_settings(monkeypatch):
         saved = json.loads(zf.read("manifest.json"))
         scores_csv = zf.read("sequence_scores_L0H0.csv").decode()
     assert saved["model"] == MODEL and saved["layer"] == 0 and saved["head"] == 0 and saved["query"] == 23
-    assert saved["tokens"] == bilinear.sample_tokens(zoo.load(MODEL), 0)
+    assert saved["tokens"] == bilinear.sample_tokens(resolve(MODEL), 0)
     assert scores_csv.splitlines()[0].startswith("layer,head,query,key")

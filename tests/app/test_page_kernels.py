@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from attn_core import kernels, zoo
+from attn_core import kernels
+from attn_core.sources import resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = str(ROOT / "pages" / "6_Kernelized_attention.py")
@@ -46,7 +47,7 @@ def test_error_curves_of_the_chosen_methods():
     table = at.dataframe[0].value
     assert set(table["method"]) == {"favor", "maclaurin"} and set(table["features"]) == {8, 32}
     assert (table["n_seeds"] == 2).all()
-    spec = kernels.head_spectrum(zoo.load("induction-2l").model, 0, 0)
+    spec = kernels.head_spectrum(resolve("induction-2l").model, 0, 0)
     assert widget(at.metric, "stable rank of B").value == f"{spec['stable_rank']:.2f}"
     if BENCH.is_file():
         assert any("faster than torch's exact sdpa" in c.value and "1 torch thread" in c.value for c in at.caption)
@@ -62,7 +63,7 @@ def test_layer_head_and_method_changes():
     assert not at.exception and not at.error, [e.value for e in at.error]
     assert curve_methods(at, 0) == {"favor", "nystromformer"}
     assert not first["rel_error_mean"].equals(at.dataframe[0].value["rel_error_mean"])
-    spec = kernels.head_spectrum(zoo.load("induction-2l").model, 1, 3)
+    spec = kernels.head_spectrum(resolve("induction-2l").model, 1, 3)
     assert widget(at.metric, "spectral norm ‖B‖₂").value == f"{spec['spectral_norm']:.3g}"
     # the side-by-side pattern follows the chosen method
     widget(at.selectbox, "Method").set_value("nystromformer")

@@ -16,7 +16,7 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 import ui
-from attn_core import qk_compare as Q
+from attn_core import qk as Q
 from attn_core.figures import bundle_zip, export_bytes
 from attn_core.runs import RunStore
 

@@ -9,7 +9,10 @@ import torch
 from dashboard_helpers import chart, open_page
 from streamlit.testing.v1 import AppTest
 
-from attn_core import runs, train, zoo
+from attn_core import checkpoint, runs
+from attn_core.sources import resolve
+from attn_core.training import trainer
+from attn_core.training.job import TrainingJob
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = str(ROOT / "pages" / "3_Retrain.py")
@@ -26,7 +29,7 @@ def poll(at: AppTest, done, timeout: float = 60.0) -> None:
         assert not at.exception, at.exception
 
 
-def job(at: AppTest) -> train.TrainingJob:
+def job(at: AppTest) -> TrainingJob:
     return at.session_state["retrain_job"]
 
 
@@ -38,7 +41,7 @@ def page() -> AppTest:
 def test_settings_before_any_run(page):
     assert page.button(key="retrain_start").proto.disabled is False
     assert page.button(key="retrain_stop").proto.disabled is True
-    assert page.selectbox(key="retrain_device").options == train.available_devices()
+    assert page.selectbox(key="retrain_device").options == trainer.available_devices()
     assert ("cuda" in page.selectbox(key="retrain_device").options) == torch.cuda.is_available()
     assert page.multiselect(key="reg_names").value == ["entropy"]
     assert page.select_slider(key="reg_lambda_entropy").value == pytest.approx(0.1)
@@ -68,7 +71,7 @@ def test_short_retraining_completes_and_is_stored(page):
     assert stored["config"]["steps"] == 12
     # the new run is in the shared picker at once, and loads as a model
     assert f"run:{snap.run_id}" in page.sidebar.selectbox(key="model_choice").options
-    assert zoo.load(runs.RunStore().path(snap.run_id)).config.n_heads == 2
+    assert resolve(runs.RunStore().path(snap.run_id)).config.n_heads == 2
 
     curves = chart(page, "live_curves")
     names = {t["name"] for t in curves["data"]}
@@ -101,14 +104,14 @@ def test_stop_ends_a_long_run_and_keeps_it(page):
 
 
 def test_a_diverged_run_says_so(page, monkeypatch):
-    step = train.Trainer.step
+    step = trainer.Trainer.step
 
     def exploding(self):
         if self.step_index == 3:
-            raise train.Diverged(self.step_index + 1, "loss is nan")
+            raise trainer.Diverged(self.step_index + 1, "loss is nan")
         return step(self)
 
-    monkeypatch.setattr(train.Trainer, "step", exploding)
+    monkeypatch.setattr(trainer.Trainer, "step", exploding)
     page.number_input(key="retrain_steps").set_value(50).run()
     page.button(key="retrain_start").click().run()
     poll(page, lambda at: job(at).snapshot().done and at.error)
@@ -117,8 +120,8 @@ def test_a_diverged_run_says_so(page, monkeypatch):
 
 
 def test_a_model_without_a_task_cannot_be_retrained(tmp_path, monkeypatch):
-    loaded = zoo.load(MODEL)
-    zoo.save(loaded.model, tmp_path / "models" / "no-task", card={"description": "no task"})
+    loaded = resolve(MODEL)
+    checkpoint.save(loaded.model, tmp_path / "models" / "no-task", card={"description": "no task"})
     monkeypatch.setenv("ATTN_LAB_MODELS", str(tmp_path / "models"))
     at = AppTest.from_file(PAGE, default_timeout=90)
     at.query_params["model"] = "no-task"

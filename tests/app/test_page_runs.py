@@ -8,8 +8,10 @@ import torch
 from dashboard_helpers import chart, has_chart, open_page, values, z_matrix
 from streamlit.testing.v1 import AppTest
 
-from attn_core import bilinear, runs, train, zoo
+from attn_core import bilinear, runs
 from attn_core.hooks import act_name
+from attn_core.sources import resolve
+from attn_core.training.job import JobConfig, TrainingJob
 
 PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "4_Runs.py")
 MODEL = "reverse-1l"
@@ -21,9 +23,9 @@ def store_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("runs")
     store = runs.RunStore(root)
     for regs in ({"entropy": 0.5}, {"spectral": 0.1}):
-        cfg = train.JobConfig(source=MODEL, regularizers=regs, steps=4, eval_samples=32, measure_samples=64,
+        cfg = JobConfig(source=MODEL, regularizers=regs, steps=4, eval_samples=32, measure_samples=64,
                               telemetry_every=2, spectrum_every=2)
-        assert train.TrainingJob(cfg, store=store).run()["status"] == "completed"
+        assert TrainingJob(cfg, store=store).run()["status"] == "completed"
     return root
 
 
@@ -58,9 +60,9 @@ def test_runs_side_by_side_with_the_parent(page, store_root):
     # heatmaps: the parent, then each run, every one the model's own pattern on the same sample
     assert [c.value for c in page.main.caption if c.value.startswith("**")][-3:] == [
         f"**{MODEL}** (parent)", f"**run:{ids[0]}**", f"**run:{ids[1]}**"]
-    tokens = bilinear.sample_tokens(zoo.load(MODEL), 0)
+    tokens = bilinear.sample_tokens(resolve(MODEL), 0)
     for i, name in enumerate([MODEL] + [f"run:{r}" for r in ids]):
-        model = zoo.load(MODEL).model if i == 0 else runs.RunStore(store_root).load_model(name).model
+        model = resolve(MODEL).model if i == 0 else runs.RunStore(store_root).load_model(name).model
         with torch.no_grad():
             _, cache = model.run_with_cache(torch.tensor([tokens]))
         A = cache[act_name("pattern", 0)][0, 0]

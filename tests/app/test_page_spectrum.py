@@ -11,14 +11,14 @@ from dashboard_helpers import chart, open_page, values
 from streamlit.testing.v1 import AppTest
 
 import ui
-from attn_core import zoo
+from attn_core.sources import resolve
 
 PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "2_Spectrum.py")
 MODEL = "induction-2l"
 
 
 def dense_B(layer: int, head: int) -> torch.Tensor:
-    attn = zoo.load(MODEL).model.blocks[layer].attn
+    attn = resolve(MODEL).model.blocks[layer].attn
     d_head = attn.W_Q.shape[-1]
     return (attn.W_Q[head] @ attn.W_K[head].T).detach().double() / d_head ** 0.5
 
@@ -29,7 +29,7 @@ def page() -> AppTest:
 
 
 def test_all_heads_match_a_dense_decomposition(page):
-    cfg = zoo.load(MODEL).config
+    cfg = resolve(MODEL).config
     traces = {t["name"]: t for t in chart(page, "spectrum")["data"]}
     assert sorted(traces) == sorted(f"L{l}H{h}" for l in range(cfg.n_layers) for h in range(cfg.n_heads))
     for l in range(cfg.n_layers):

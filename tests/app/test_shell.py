@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 
 import navigation
 import ui
-from attn_core import sources, zoo
+from attn_core import checkpoint, sources
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "app.py")
@@ -169,7 +169,7 @@ def test_a_model_is_read_again_when_its_weights_file_changes(save_model, tiny_mo
     first = ui.load_model("mine")
     assert ui.load_model("mine") is first  # cached
     weights = sources.weights_path("mine")
-    zoo.save(tiny_model(seed=1), folder, card={"task": "reverse"}, overwrite=True)
+    checkpoint.save(tiny_model(seed=1), folder, card={"task": "reverse"}, overwrite=True)
     stat = weights.stat()
     os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # a coarse clock: make the change visible
     again = ui.load_model("mine")

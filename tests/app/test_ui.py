@@ -7,8 +7,10 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import ui
-from attn_core import runs, sources, train, zoo
+from attn_core import checkpoint, runs, sources, zoo
 from attn_core.figures import ExportError, Plot
+from attn_core.sources import resolve
+from attn_core.training.job import JobConfig, TrainingJob
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "app.py")
@@ -17,7 +19,7 @@ MODEL = "reverse-1l"
 
 def model_files(name: str = MODEL) -> dict[str, bytes]:
     folder = ROOT / "assets" / "models" / name
-    return {f: (folder / f).read_bytes() for f in (zoo.WEIGHTS, zoo.CONFIG, zoo.CARD)}
+    return {f: (folder / f).read_bytes() for f in (checkpoint.WEIGHTS, checkpoint.CONFIG, checkpoint.CARD)}
 
 
 def files_under(root: Path) -> set[Path]:
@@ -33,7 +35,7 @@ def test_an_upload_is_validated_and_kept_in_the_data_dir(tmp_path):
     folder = sources.upload_dir() / label.removeprefix(sources.UPLOAD_PREFIX)
     assert folder.parent == tmp_path / "runs" / "uploads"
     assert all(p.is_relative_to(tmp_path / "runs") for p in files_under(tmp_path) - before)
-    loaded, original = zoo.load(folder), zoo.load(MODEL)
+    loaded, original = resolve(folder), resolve(MODEL)
     for k, v in original.model.state_dict().items():
         assert (loaded.model.state_dict()[k] == v).all()
     assert loaded.card.task == "reverse"
@@ -43,11 +45,11 @@ def test_an_upload_is_validated_and_kept_in_the_data_dir(tmp_path):
 
 
 def test_a_lone_safetensors_file_carries_its_config(tmp_path):
-    loaded = zoo.load(MODEL)
-    data = zoo.to_safetensors_bytes(loaded.model, card=loaded.card)
+    loaded = resolve(MODEL)
+    data = checkpoint.to_safetensors_bytes(loaded.model, card=loaded.card)
     label = ui.save_upload({"my model.safetensors": data})
     assert label.startswith(sources.UPLOAD_PREFIX + "my-model-")
-    assert zoo.load(sources.upload_dir() / label.removeprefix(sources.UPLOAD_PREFIX)).config == loaded.config
+    assert resolve(sources.upload_dir() / label.removeprefix(sources.UPLOAD_PREFIX)).config == loaded.config
 
 
 @pytest.mark.parametrize("files, message", [
@@ -61,26 +63,26 @@ def test_a_lone_safetensors_file_carries_its_config(tmp_path):
 ])
 def test_bad_uploads_are_refused_and_write_nothing(tmp_path, files, message):
     before = files_under(tmp_path)
-    with pytest.raises(zoo.CheckpointError, match=message):
+    with pytest.raises(checkpoint.CheckpointError, match=message):
         ui.save_upload(files)
     assert files_under(tmp_path) == before
 
 
 def test_a_mismatched_config_is_refused(tmp_path):
     files = model_files()
-    files[zoo.CONFIG] = model_files("induction-2l")[zoo.CONFIG]
-    with pytest.raises(zoo.CheckpointError, match="missing tensors|shape"):
+    files[checkpoint.CONFIG] = model_files("induction-2l")[checkpoint.CONFIG]
+    with pytest.raises(checkpoint.CheckpointError, match="missing tensors|shape"):
         ui.save_upload(files)
     assert not sources.upload_dir().exists()
 
 
 def test_a_path_in_the_file_name_stays_inside_the_data_dir(tmp_path):
     files = model_files()
-    files["../../../evil/model.safetensors"] = files.pop(zoo.WEIGHTS)
+    files["../../../evil/model.safetensors"] = files.pop(checkpoint.WEIGHTS)
     label = ui.save_upload({Path(n).name if n.endswith(".safetensors") else n: b for n, b in files.items()})
     assert (sources.upload_dir() / label.removeprefix(sources.UPLOAD_PREFIX)).is_dir()
     assert not (tmp_path / "evil").exists()
-    odd = ui.save_upload({"..%2F..%2Fx.safetensors": model_files()[zoo.WEIGHTS]})
+    odd = ui.save_upload({"..%2F..%2Fx.safetensors": model_files()[checkpoint.WEIGHTS]})
     assert "/" not in odd and ".." not in odd and (sources.upload_dir() / odd.removeprefix(sources.UPLOAD_PREFIX)).is_dir()
 
 
@@ -102,8 +104,8 @@ def test_upload_widget_selects_the_new_model_and_reports_errors():
 # --- the picker ------------------------------------------------------------------------------------
 
 def test_picker_lists_zoo_runs_and_uploads_and_follows_the_url():
-    cfg = train.JobConfig(source=MODEL, regularizers={"entropy": 0.1}, steps=2, eval_samples=16, measure_samples=32)
-    run_id = train.TrainingJob(cfg).run()["run_id"]
+    cfg = JobConfig(source=MODEL, regularizers={"entropy": 0.1}, steps=2, eval_samples=16, measure_samples=32)
+    run_id = TrainingJob(cfg).run()["run_id"]
     label = ui.save_upload(model_files())
     at = AppTest.from_file(APP, default_timeout=90)
     at.query_params["model"] = f"run:{run_id}"
@@ -209,7 +211,7 @@ def test_every_zoo_model_draws_on_every_page(name):
         assert at.sidebar.selectbox(key=ui.MODEL_KEY).value == name
         if page == "1_Heatmaps.py":
             at.selectbox(key="head").select("all").run()
-            assert len(at.get("plotly_chart")) == zoo.load(name).config.n_heads + 2  # grid, vocab, positional
+            assert len(at.get("plotly_chart")) == resolve(name).config.n_heads + 2  # grid, vocab, positional
         if page == "2_Spectrum.py" and not at.toggle(key="spectrum_augmented").proto.disabled:
             at.toggle(key="spectrum_augmented").set_value(True).run()  # B' of a head with biases
             assert not at.exception

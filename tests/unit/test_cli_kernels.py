@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from attn_core import kernels
-from benchmarks import kernels as bench
 from attn_core.sources import resolve
+from benchmarks import kernels as bench
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -104,8 +104,8 @@ def test_eigen_sym_plot_shows_the_symmetric_parts_eigenvalues():
     import torch
 
     from attn_core import bilinear
-    from attn_core.sources import resolve
     from attn_core.figures.bilinear import eigen_sym_plot
+    from attn_core.sources import resolve
 
     model = resolve("induction-2l").model
     rows = pd.DataFrame(bilinear.spectrum(model))
