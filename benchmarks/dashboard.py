@@ -1,6 +1,7 @@
 """How fast the dashboard draws, in headless Chromium against a real `streamlit run`.
 
     python benchmarks/dashboard.py [--repeats 5] [--json]
+    python benchmarks/dashboard.py --quick     # a smoke run: one sample of each figure
 
 Two figures, medians of ``--repeats`` (>= 5) samples, both including the browser's drawing:
 
@@ -212,7 +213,7 @@ def live_refreshes(browser, url: str, windows: int, window_s: float = 2.0) -> tu
     the page reported at the end."""
     context = browser.new_context(viewport=VIEWPORT)
     page = context.new_page()
-    start_live_retrain(page, url, steps=20000, timeout_ms=120_000)
+    block = start_live_retrain(page, url, steps=20000, timeout_ms=120_000)
     progress = page.locator("[data-testid='stProgress']")
     page.wait_for_timeout(3000)  # past the first draws of every chart
     rates = []
@@ -225,18 +226,21 @@ def live_refreshes(browser, url: str, windows: int, window_s: float = 2.0) -> tu
                 texts.append(text)
         rates.append((len(texts) - 1) / window_s)
     speed = float(re.search(r"([\d.]+) steps/s", texts[-1]).group(1))
-    main.get_by_role("button", name="Stop").click()
+    block.get_by_role("button", name="Stop").click()
     page.get_by_text(re.compile(r"stopped at step")).first.wait_for(timeout=120_000)
     context.close()
     return rates, speed
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5, help="samples per figure (>= 5)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
-    args = parser.parse_args()
-    if args.repeats < 5:
+    parser.add_argument("--quick", action="store_true", help="smoke run: one sample of each figure")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.repeats = 1
+    elif args.repeats < 5:
         parser.error("--repeats must be at least 5 (medians of >= 5)")
     if not CHROMIUM.exists():
         sys.exit(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium)")

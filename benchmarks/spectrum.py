@@ -4,6 +4,7 @@ with its concentration table) on a zoo model.
 
     python benchmarks/spectrum.py            # both shapes of the issue + the zoo click, ~1-3 min on 2 cores
     python benchmarks/spectrum.py --json     # the result as JSON on stdout
+    python benchmarks/spectrum.py --quick    # a smoke run: the small shape, 2 repeats, not saved
 
 Each time is the median of --repeats runs after one warm-up. The dense side is given B already
 formed (svdvals only), the factored side starts from W_Q, W_K: the comparison favours dense.
@@ -97,17 +98,21 @@ def main(argv=None) -> int:
     parser.add_argument("--parts", nargs="+", choices=("spectrum", "click"), default=["spectrum", "click"])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to save the JSON ('-' to not save)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: the small shape, 2 repeats, not saved")
     args = parser.parse_args(argv)
-    if args.repeats < 5:
+    shapes = SHAPES
+    if args.quick:
+        shapes, args.repeats, args.out = SHAPES[:1], 2, Path("-")
+    elif args.repeats < 5:
         parser.error("--repeats must be at least 5")
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    rows = [spectrum_case(*shape, repeats=args.repeats) for shape in SHAPES] if "spectrum" in args.parts else []
+    rows = [spectrum_case(*shape, repeats=args.repeats) for shape in shapes] if "spectrum" in args.parts else []
     click = {"model": args.model, "error": "not asked for"}
     if "click" in args.parts:
         try:
-            click = click_case(args.model, max(20, args.repeats))
+            click = click_case(args.model, args.repeats if args.quick else max(20, args.repeats))
         except ValueError as e:  # the zoo model is not there
             click = {"model": args.model, "error": str(e)}
     result = dict(spectrum=rows, click=click, repeats=args.repeats, torch=torch.__version__,
@@ -127,7 +132,7 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['d_model']:>7} {r['d_head']:>6} {r['heads']:>5} {r['layers']:>6} {r['factored_ms']:>12.3f} "
               f"{r['dense_ms']:>9.3f} {r['speedup']:>6.1f}x {r['max_abs_diff']:>10.2e} {r['full_factored_ms']:>16.3f}")
-    if rows:
+    if rows and not args.quick:  # the target is judged at the larger shape, which --quick skips
         big = rows[-1]["speedup"]
         print(f"target >= {TARGET_SPEEDUP:.0f}x at the larger shape: {'met' if big >= TARGET_SPEEDUP else 'MISSED'} ({big:.1f}x)")
     if "ms" in click:

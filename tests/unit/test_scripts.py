@@ -1,0 +1,41 @@
+"""Every benchmark and experiment script runs in its --quick mode, so none can rot unnoticed.
+
+The quick modes print the same figures as the full runs on smaller sizes and save nothing; the
+full runs (whose numbers the README quotes) are the same code with larger settings.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = sorted((ROOT / "benchmarks").glob("*.py")) + sorted((ROOT / "experiments").glob("*.py"))
+BROWSER = {"dashboard.py"}  # drives headless Chromium
+
+
+def _params():
+    for path in SCRIPTS:
+        marks = [pytest.mark.browser] if path.name in BROWSER else []
+        yield pytest.param(path, marks=marks, id=f"{path.parent.name}/{path.name}")
+
+
+def test_every_script_has_a_quick_mode():
+    assert SCRIPTS
+    missing = [p.name for p in SCRIPTS if "--quick" not in p.read_text()]
+    assert missing == []
+
+
+@pytest.mark.parametrize("path", _params())
+def test_script_runs_in_quick_mode(path, tmp_path):
+    results = {p: p.stat().st_mtime for p in ROOT.glob("*/results/*") if p.is_file()}
+    env = {**os.environ, "ATTN_LAB_RUNS": str(tmp_path / "runs"), "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, str(path), "--quick"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.stdout.strip(), "a quick run prints its figures"
+    # a smoke run never overwrites the committed results the README quotes
+    assert {p: p.stat().st_mtime for p in results} == results
