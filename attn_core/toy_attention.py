@@ -21,9 +21,12 @@ Everything is numpy and seeded: the same arguments always draw the same keys.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from attn_core.validate import check_int, is_int
 
 CASES = ("copy", "average")
 HEAD_COUNTS = (1, 2)
@@ -54,11 +57,10 @@ def _check_real(x, name: str, minimum: float | None = None) -> float:
 
 
 def _check_int(x, name: str, lo: int, hi: int | None = None) -> int:
-    ok = isinstance(x, (int, np.integer, float, np.floating)) and not isinstance(x, bool) and float(x).is_integer()
-    if not ok or x < lo or (hi is not None and x > hi):
-        bounds = f"in {lo}..{hi}" if hi is not None else f">= {lo}"
-        raise ValueError(f"{name} must be an integer {bounds}, got {x!r}")
-    return int(x)
+    """An integer setting; a whole float (a slider's 3.0) counts as that integer."""
+    if isinstance(x, (float, np.floating)) and math.isfinite(x) and float(x).is_integer():
+        x = int(x)
+    return check_int(name, x, lo, hi)
 
 
 def _check_index(i, n: int, name: str) -> int:
@@ -130,7 +132,7 @@ def head_queries(means, case: str, a: int, b: int, beta: float, n_heads: int) ->
     (q = beta (mu_a + mu_b)) or average with two heads (q_1 = beta mu_a, q_2 = beta mu_b)."""
     if case not in CASES:
         raise ValueError(f"case must be one of {CASES}, got {case!r}")
-    if n_heads not in HEAD_COUNTS or isinstance(n_heads, bool):
+    if not is_int(n_heads) or n_heads not in HEAD_COUNTS:
         raise ValueError(f"head count must be 1 or 2, got {n_heads!r}")
     if case == "copy":
         if n_heads != 1:

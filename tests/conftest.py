@@ -1,10 +1,10 @@
 """Shared fixtures. Tests never write into the repository: runs and exports go to tmp paths.
-from attn_core import checkpoint
 
 Model factories live here, one each: ``tiny_model`` (a freshly initialised toy Transformer
 shaped for a task), ``save_model`` (such a model saved as a named user model, found by the zoo
 through ATTN_LAB_MODELS) and ``tiny_gpt2`` (a random GPT-2 folder written by transformers, a
-model with no task)."""
+model with no task). Helpers and module-scoped fixtures that cannot take a fixture import the
+functions behind them: ``from tests.conftest import make_tiny_model, write_tiny_gpt2``."""
 import json
 import os
 
@@ -26,21 +26,35 @@ def _isolated_data_dirs(tmp_path, monkeypatch):
 
 # --- model factories ------------------------------------------------------------------------------
 
-def make_tiny_model(task: str = "reverse", seed: int = 0, **config):
+def make_tiny_model(task: str = "reverse", seed: int = 0, *, std: float | None = None, **config):
     """A freshly initialised toy Transformer with the vocabulary and context of ``task``: one layer,
-    two heads, d_model 16, d_head 8 unless ``config`` says otherwise."""
-    from attn_core.model import ModelConfig
+    two heads, d_model 16, d_head 8 unless ``config`` says otherwise.
+
+    Without ``std`` it is initialised as training initialises it (``init_model(cfg, seed)``). With
+    ``std`` every weight is drawn from N(0, std) after ``torch.manual_seed(seed)`` (the global
+    generator), so attention is far from uniform, and the model is returned in eval mode."""
+    from attn_core.model import ModelConfig, Transformer
     from attn_core.tasks import get_task
     from attn_core.training.trainer import init_model
 
     t = get_task(task)
     shape = dict(n_layers=1, n_heads=2, d_model=16, d_head=8, d_vocab=t.d_vocab, n_ctx=t.n_ctx)
-    return init_model(ModelConfig(**{**shape, **config}), seed)
+    cfg = ModelConfig(**{**shape, **config})
+    if std is None:
+        return init_model(cfg, seed)
+    torch.manual_seed(seed)
+    model = Transformer(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, std)
+        if cfg.d_qk is not None:
+            model.zero_qk_padding()
+    return model
 
 
 @pytest.fixture
 def tiny_model():
-    """``tiny_model(task="reverse", seed=0, **config)``: see :func:`make_tiny_model`."""
+    """``tiny_model(task="reverse", seed=0, std=None, **config)``: see :func:`make_tiny_model`."""
     return make_tiny_model
 
 

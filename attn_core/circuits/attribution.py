@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
-from attn_core.bilinear import QKForm, check_heads, check_layer, check_tokens, token_names
-from attn_core.circuits.ov import model_of
+from attn_core.bilinear import QKForm, check_heads, check_layer, check_tokens, layer_form
+from attn_core.circuits.ov import model_of, names_of
 from attn_core.hooks import act_name
 from attn_core.model import Transformer
 from attn_core.validate import check_int
@@ -126,7 +126,7 @@ class Attribution:
 
 def head_form(model: Transformer, layer: int, head: int) -> QKForm:
     """B of one head from its own d_qk columns (factored) or W_QK (merged), in float64."""
-    form = QKForm.from_layer(model, check_layer(model, layer))[check_heads(model, head)[0]]
+    form = layer_form(model, check_layer(model, layer))[check_heads(model, head)[0]]
     if form.is_dense:
         return QKForm(dense=form.dense.double())
     w = model.cfg.head_d_qk(layer, head)
@@ -173,7 +173,7 @@ def attribute(m, tokens: Sequence[int], layer: int, head: int, query: int) -> At
         yc = y @ Vh.T  # [n, k]
         terms = S * xc * yc  # [n, k]
         bias = bias_terms(model, layer, head, x, y)  # [n, 3]
-    names = token_names(m)
+    names = names_of(m)
     keys = list(range(q + 1))
     return Attribution(layer, head, q, keys, [ids[k] for k in keys], [names[ids[k]] for k in keys],
                        S.cpu(), xc.cpu(), yc.cpu(), terms.cpu(), bias.cpu(),
@@ -213,7 +213,7 @@ def token_position_split(m, tokens: Sequence[int], head: int, query: int) -> pd.
     check_heads(model, head)
     with torch.no_grad():
         tok, pos, const = residual_parts(model, ids)
-        form = QKForm.from_layer(model, 0, augmented=True)[head]
+        form = layer_form(model, 0, augmented=True)[head]
         Bp = form.dense.double()  # [d + 1, d + 1], B' (zero last row/column without biases)
 
         def aug(v: torch.Tensor, one: float) -> torch.Tensor:
@@ -225,7 +225,7 @@ def token_position_split(m, tokens: Sequence[int], head: int, query: int) -> pd.
         parts = {f"{a}-{b}": ys[b] @ (xs[a] @ Bp) for a in xs for b in ys}  # [n] each
     out = {name: parts[name] for name in SPLIT_PARTS[:4]}
     out["bias"] = sum(v for k, v in parts.items() if "const" in k)
-    names = token_names(m)
+    names = names_of(m)
     df = pd.DataFrame({k: v.tolist() for k, v in out.items()})
     df.insert(0, "label", [names[ids[k]] for k in range(q + 1)])
     df.insert(0, "key", list(range(q + 1)))

@@ -29,8 +29,9 @@ Gram matrices ``G(X) = X^T X``,
 
 so only r x r matrices are multiplied (r = d_head or d_qk), never d_model x d_model ones.
 
-**Baseline.** Even unrelated matrices have a positive score, larger the higher their ranks are
-relative to d_model. The baseline of a pair is the mean score over ``n_samples`` pairs of random
+**Baseline.** Even unrelated matrices have a positive score: when one of them is random and
+rotation invariant, ``E ||M1 M2||_F^2 = ||M1||_F^2 ||M2||_F^2 / d_model``, so about
+``1 / sqrt(d_model)`` whatever the ranks (0.125 for d_model = 64). The baseline of a pair is the mean score over ``n_samples`` pairs of random
 matrices of the same shapes: their factors are independent standard Gaussian matrices of the
 factors' shapes (a dense merged B: a Gaussian d_model x d_model matrix). It depends only on the
 shapes, so it is drawn once per shape, from a generator seeded with ``seed`` (deterministic). The
@@ -42,7 +43,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attn_core.circuits.ov import head_label, model_of
+from attn_core.bilinear import QKForm, check_layer, vocab_inputs
+from attn_core.circuits.ov import head_label, model_of, positivity
 from attn_core.model import Transformer
 from attn_core.validate import check_int
 
@@ -223,9 +225,6 @@ def k_composed_positivity(m, writer: tuple[int, int], layer: int, fold_ln: bool 
     biases are left out. For an induction head reading a previous-token head it is near 1: the
     query attends to the key whose *previous* token is its own (Elhage et al. 2021, the
     K-composition term of the induction head's QK circuit)."""
-    from attn_core.bilinear import QKForm, check_layer, vocab_inputs
-    from attn_core.circuits.ov import positivity
-
     model = model_of(m)
     a, ha = writer
     check_layer(model, a)

@@ -45,7 +45,16 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
-from attn_core.bilinear import QKForm, check_heads, check_layer, check_tokens, has_bias, vocab_inputs
+from attn_core.bilinear import (
+    QKForm,
+    check_heads,
+    check_layer,
+    check_tokens,
+    has_bias,
+    layer_form,
+    token_names,
+    vocab_inputs,
+)
 from attn_core.hooks import act_name
 from attn_core.model import Transformer
 
@@ -53,6 +62,13 @@ from attn_core.model import Transformer
 def model_of(m) -> Transformer:
     """The Transformer of a LoadedModel (or the model itself)."""
     return m if isinstance(m, Transformer) else m.model
+
+
+def names_of(m) -> list[str]:
+    """Token names of a LoadedModel (``bilinear.token_names``); a bare Transformer's are its ids."""
+    if isinstance(m, Transformer):
+        return [str(i) for i in range(m.cfg.d_vocab)]
+    return token_names(m)
 
 
 def head_label(layer: int, head: int) -> str:
@@ -127,7 +143,7 @@ def full_qk_form(model: Transformer, layer: int, tokens: Sequence[int] | None = 
     E = _token_rows(model, layer, tokens)  # [n, d]
     if aug:
         E = torch.cat([E, torch.ones_like(E[:, :1])], dim=-1)  # [n, d + 1]
-    form = QKForm.from_layer(model, layer, augmented=aug)
+    form = layer_form(model, layer, augmented=aug)
     if form.is_dense:
         return QKForm(left=E @ form.dense, right=E.expand(form.dense.shape[0], *E.shape))
     return QKForm(left=E @ form.left, right=E @ form.right)  # [h, n, w] each

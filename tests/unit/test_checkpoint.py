@@ -11,13 +11,11 @@ from safetensors.torch import save_file
 
 from attn_core import checkpoint
 from attn_core.checkpoint import CheckpointError
-from attn_core.model import ModelConfig
-from attn_core.training.trainer import init_model
+from tests.conftest import make_tiny_model
 
 
 def tiny():
-    return init_model(ModelConfig(n_layers=1, n_heads=2, d_model=16, d_head=8, d_mlp=8, n_ctx=8, d_vocab=11,
-                                  attn_bias=True), seed=3)
+    return make_tiny_model(seed=3, d_mlp=8, n_ctx=8, d_vocab=11, attn_bias=True)
 
 
 def test_save_load_round_trip_is_bit_exact(tmp_path):

@@ -9,9 +9,9 @@ from typer.testing import CliRunner
 from attn_core import checkpoint
 from attn_core.cli import app
 from attn_core.hooks import act_name
-from attn_core.model import ModelConfig, Transformer
 from attn_core.sources import resolve
 from attn_core.zoo import ZOO_DIR
+from tests.conftest import make_tiny_model
 
 runner = CliRunner()
 ZOO = ZOO_DIR  # assets/models
@@ -19,11 +19,7 @@ ZOO = ZOO_DIR  # assets/models
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    torch.manual_seed(0)
-    m = Transformer(ModelConfig(n_layers=2, n_heads=2, d_model=16, d_head=4, d_vocab=26, n_ctx=24))
-    with torch.no_grad():
-        for p in m.parameters():
-            p.normal_(0, 0.4)
+    m = make_tiny_model("induction", std=0.4, n_layers=2, n_heads=2, d_model=16, d_head=4)
     return checkpoint.save(m, tmp_path_factory.mktemp("models") / "tiny", card={"task": "induction"})
 
 

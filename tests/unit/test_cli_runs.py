@@ -9,9 +9,7 @@ from typer.testing import CliRunner
 
 from attn_core import checkpoint
 from attn_core.cli import app
-from attn_core.model import ModelConfig
-from attn_core.tasks import get_task
-from attn_core.training.trainer import init_model
+from tests.conftest import make_tiny_model
 
 KEYS = {"accuracy", "loss", "entropy_data", "entropy_vocab", "top1_mass", "stable_rank"}
 
@@ -26,9 +24,7 @@ def run(*args, ok=True):
 
 @pytest.fixture
 def tiny(tmp_path):
-    task = get_task("reverse")
-    cfg = ModelConfig(n_layers=2, n_heads=2, d_model=16, d_head=8, d_vocab=task.d_vocab, n_ctx=task.n_ctx)
-    return str(checkpoint.save(init_model(cfg, 0), tmp_path / "tiny", {"task": "reverse"}))
+    return str(checkpoint.save(make_tiny_model(n_layers=2), tmp_path / "tiny", {"task": "reverse"}))
 
 
 def test_retrain_then_list_and_show(tiny):

@@ -10,20 +10,15 @@ import torch
 from attn_core import bilinear as bl
 from attn_core.figures import ExportError, Plot, export_bytes, write_plot
 from attn_core.figures import bilinear as fb
-from attn_core.model import ModelConfig, Transformer
 from attn_core.sources import LoadedModel
+from tests.conftest import make_tiny_model
 
 HAS_BROWSER = shutil.which("chromium") is not None
 
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    m = Transformer(ModelConfig(n_layers=2, n_heads=2, d_model=16, d_head=4, d_vocab=10, n_ctx=8, attn_bias=True)).eval()
-    with torch.no_grad():
-        for p in m.parameters():
-            p.normal_(0, 0.4)
-    return m
+    return make_tiny_model(std=0.4, n_layers=2, n_heads=2, d_model=16, d_head=4, d_vocab=10, n_ctx=8, attn_bias=True)
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +96,6 @@ def test_png_and_svg_exports_are_valid(plots, tmp_path):
 
 def test_eigen_sym_plot_shows_the_symmetric_parts_eigenvalues():
     import pandas as pd
-    import torch
 
     from attn_core import bilinear
     from attn_core.figures.bilinear import eigen_sym_plot

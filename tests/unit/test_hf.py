@@ -5,33 +5,20 @@ import json
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 
 from attn_core import bilinear as bl  # noqa: E402
 from attn_core import hf  # noqa: E402
 from attn_core.checkpoint import CheckpointError  # noqa: E402
 from attn_core.hooks import act_name  # noqa: E402
 from attn_core.sources import resolve  # noqa: E402
-
-
-def _tiny_gpt2(**overrides):
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=100, n_positions=16,
-                                  bos_token_id=0, eos_token_id=0, attn_implementation="eager", **overrides)
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(cfg).eval()
-    with torch.no_grad():  # far from uniform attention, so the comparison means something
-        for _name, p in model.named_parameters():
-            p.normal_(0.0, 0.3 if p.dim() > 1 else 0.1)
-    return model
+from tests.conftest import write_tiny_gpt2  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     folder = tmp_path_factory.mktemp("gpt2-tiny")
-    model = _tiny_gpt2()
-    model.save_pretrained(folder, safe_serialization=True)
-    (folder / "vocab.json").write_text(json.dumps({f"tok{i}": i for i in range(100)}))
-    return model, folder
+    return write_tiny_gpt2(folder), folder
 
 
 def _reference(model, tokens):
@@ -73,10 +60,11 @@ def test_views_and_spectrum_work_on_gpt2(saved):
     assert set(bl.head_detectors(loaded.model, n_samples=2)["detector"]) == set(bl.DETECTORS)
 
 
-def test_in_memory_model_and_folded_scales():
+def test_in_memory_model_and_folded_scales(tmp_path):
     """scale_attn_by_inverse_layer_idx and scale_attn_weights=False change the scores' scale;
     it is folded into W_Q, b_Q, so the patterns still match."""
-    model = _tiny_gpt2(scale_attn_by_inverse_layer_idx=True, scale_attn_weights=False, tie_word_embeddings=False)
+    model = write_tiny_gpt2(tmp_path, scale_attn_by_inverse_layer_idx=True, scale_attn_weights=False,
+                            tie_word_embeddings=False)  # loaded from memory below, not from tmp_path
     loaded = hf.from_transformers(model)
     tokens = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(2))
     ref = _reference(model, tokens)

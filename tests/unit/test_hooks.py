@@ -26,6 +26,7 @@ configs = st.fixed_dictionaries({
 })
 
 
+# Not conftest's make_tiny_model: a float64 model, its weights drawn in float64 from N(0, 0.5).
 def build(spec: dict, seed: int = 0) -> Transformer:
     spec = dict(spec)
     grown = spec.pop("grown", False)

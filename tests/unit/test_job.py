@@ -9,19 +9,18 @@ import pytest
 import torch
 
 from attn_core import checkpoint, zoo
-from attn_core.model import ModelConfig
 from attn_core.runs import RunStore
 from attn_core.tasks import get_task
 from attn_core.training.job import JobConfig, TrainingJob
-from attn_core.training.trainer import init_model
+from tests.conftest import make_tiny_model
 
 TASK = get_task("reverse")
 
 
 @pytest.fixture
 def tiny(tmp_path):
-    cfg = ModelConfig(n_layers=2, n_heads=2, d_model=16, d_head=8, d_vocab=TASK.d_vocab, n_ctx=TASK.n_ctx)
-    return str(checkpoint.save(init_model(cfg, 0), tmp_path / "tiny", {"task": "reverse", "train": {"batch_size": 16}}))
+    card = {"task": "reverse", "train": {"batch_size": 16}}
+    return str(checkpoint.save(make_tiny_model(n_layers=2), tmp_path / "tiny", card))
 
 
 def job_cfg(source, **kw) -> JobConfig:

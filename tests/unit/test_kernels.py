@@ -187,6 +187,7 @@ def test_schoenbat_prenorm_and_postscale():
     assert torch.allclose(a, 3.0 * K.approx_attention(q, k, v, "schoenbat", 16))
 
 
+# Not conftest's make_tiny_model: the default init with its Q/K weights scaled up 40x (W_QK 400x).
 def _model(**overrides):
     cfg = ModelConfig(**{"n_layers": 2, "n_heads": 2, "d_model": 32, "d_head": 8, "n_ctx": 24, "d_vocab": 26, **overrides})
     torch.manual_seed(0)

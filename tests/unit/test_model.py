@@ -6,12 +6,13 @@ from hypothesis import strategies as st
 from attn_core.hooks import act_name
 from attn_core.model import ModelConfig, Transformer
 from attn_core.training.trainer import init_model
+from tests.conftest import make_tiny_model
+
+SMALL = dict(n_layers=2, n_heads=3, d_model=24, d_head=8, d_mlp=0, n_ctx=12, d_vocab=17)
 
 
 def small(**kw) -> Transformer:
-    base = dict(n_layers=2, n_heads=3, d_model=24, d_head=8, d_mlp=0, n_ctx=12, d_vocab=17)
-    base.update(kw)
-    return init_model(ModelConfig(**base), seed=0)
+    return make_tiny_model(**{**SMALL, **kw})
 
 
 @pytest.mark.parametrize("kw", [{}, {"d_mlp": 32}, {"qk": "merged"}, {"attn_bias": True},

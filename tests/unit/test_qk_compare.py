@@ -15,7 +15,8 @@ from attn_core.model import ModelConfig, Transformer
 from attn_core.qk.result import _finite
 from attn_core.runs import RunStore
 from attn_core.tasks import get_task
-from attn_core.training.trainer import TrainConfig, Trainer, init_model
+from attn_core.training.trainer import TrainConfig, Trainer
+from tests.conftest import make_tiny_model
 
 
 def n_params_formula(cfg: ModelConfig) -> int:
@@ -50,6 +51,7 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
+# Not conftest's make_tiny_model: weights drawn in ``dtype`` (float64) from their own generator.
 def _model(seed=0, dtype=torch.float64, **kw) -> Transformer:
     base = dict(n_layers=2, n_heads=2, d_model=12, d_head=4, d_vocab=11, n_ctx=9)
     model = Transformer(ModelConfig(**{**base, **kw})).to(dtype)
@@ -225,11 +227,10 @@ def test_qk_parameters_per_head(d_qk, bias):
 
 def test_qk_weight_decay_is_its_own_group_and_decays_W_QK():
     task = get_task("induction")
-    cfg = ModelConfig(n_layers=1, n_heads=2, d_model=8, d_head=4, d_vocab=task.d_vocab, n_ctx=task.n_ctx, qk="merged")
     recipe = TrainConfig(steps=3, batch_size=4, lr=0.01, weight_decay=0.1, warmup_steps=0, min_lr_ratio=1.0, device="cpu")
     trainers = {}
     for wd in (0.0, 5.0):
-        trainers[wd] = Trainer(init_model(cfg, 0), task, recipe)
+        trainers[wd] = Trainer(make_tiny_model("induction", d_model=8, d_head=4, qk="merged"), task, recipe)
         Q.set_qk_weight_decay(trainers[wd], wd)
     groups = trainers[5.0].optimizer.param_groups
     assert [g["weight_decay"] for g in groups] == [0.1, 5.0, 0.0]

@@ -7,21 +7,20 @@ import pytest
 import torch
 
 from attn_core.card import Card
-from attn_core.model import ModelConfig
 from attn_core.runs import RunStore
 from attn_core.tasks import get_task
 from attn_core.training.record import Outcome, RunRecorder, measure_final, record_run, run_card
 from attn_core.training.telemetry import measure
-from attn_core.training.trainer import TrainConfig, Trainer, init_model
+from attn_core.training.trainer import TrainConfig, Trainer
+from tests.conftest import make_tiny_model
 
 TASK = get_task("reverse")
 
 
 def trainer(steps: int = 6, **kw) -> Trainer:
-    cfg = ModelConfig(n_layers=1, n_heads=2, d_model=16, d_head=8, d_vocab=TASK.d_vocab, n_ctx=TASK.n_ctx)
     recipe = TrainConfig(**{**dict(steps=steps, batch_size=16, lr=3e-3, eval_every=3, eval_samples=32,
                                    device="cpu"), **kw})
-    return Trainer(init_model(cfg, 0), TASK, recipe)
+    return Trainer(make_tiny_model(), TASK, recipe)
 
 
 def test_divergence_keeps_the_last_good_weights():

@@ -12,6 +12,7 @@ from attn_core.hooks import act_name
 from attn_core.model import ModelConfig, Transformer
 
 
+# Not conftest's make_tiny_model: W_Q/W_K/W_QK are redrawn from the init's own generator afterwards.
 def tiny_model(seed: int = 0, **kw) -> Transformer:
     cfg = ModelConfig(**{**dict(n_layers=2, n_heads=2, d_model=16, d_head=4, n_ctx=8, d_vocab=10), **kw})
     model = Transformer(cfg)

@@ -10,24 +10,18 @@ import pytest
 import torch
 
 from attn_core import checkpoint
-from attn_core.model import ModelConfig
 from attn_core.runs import ENV_RUNS, RunStore
 from attn_core.sources import LoadedModel, resolve
 from attn_core.tasks import get_task
-from attn_core.training.trainer import init_model
+from tests.conftest import make_tiny_model
 
 TASK = get_task("reverse")
-
-
-def tiny_model():
-    cfg = ModelConfig(n_layers=1, n_heads=2, d_model=16, d_head=8, d_vocab=TASK.d_vocab, n_ctx=TASK.n_ctx)
-    return init_model(cfg, 0)
 
 
 def finished_run(store: RunStore, status="completed", parent="reverse-1l") -> str:
     run_id = store.create(parent, "reverse", {"regularizers": ["entropy=0.1"], "steps": 2})
     store.log_metrics(run_id, [(1, "loss", 2.5), (2, "loss", 2.0), (2, "entropy_data:L0H1", 0.4)])
-    store.finish(run_id, status, tiny_model(), {"task": "reverse", "parent": parent}, message=f"{status} for a test",
+    store.finish(run_id, status, make_tiny_model(), {"task": "reverse", "parent": parent}, message=f"{status} for a test",
                  summary={"after": {"accuracy": 0.5}})
     return run_id
 
@@ -62,7 +56,7 @@ def test_round_trip(tmp_path):
     assert isinstance(loaded, LoadedModel) and loaded.name == f"run:{run_id}"
     assert loaded.card.parent == "reverse-1l" and loaded.card.status == "completed"
     assert loaded.task is TASK
-    for k, v in tiny_model().state_dict().items():
+    for k, v in make_tiny_model().state_dict().items():
         assert torch.equal(loaded.model.state_dict()[k], v)
     assert store.get(f"run:{run_id}")["id"] == run_id  # "run:<id>" is accepted where an id is
 
@@ -119,7 +113,7 @@ def test_half_written_run_does_not_break_listing(tmp_path):
     _set_pid(store, orphan, _dead_pid())
     half = tmp_path / f".{orphan}.k1ll3d"
     half.mkdir()
-    (half / checkpoint.WEIGHTS).write_bytes(checkpoint.to_safetensors_bytes(tiny_model())[:100])  # truncated
+    (half / checkpoint.WEIGHTS).write_bytes(checkpoint.to_safetensors_bytes(make_tiny_model())[:100])  # truncated
     (half / checkpoint.CONFIG).write_text('{"n_layers": 1, ')
     rows = {r["id"]: r for r in store.list_runs()}
     assert set(rows) == {good, orphan}
@@ -140,7 +134,7 @@ def test_half_written_run_does_not_break_listing(tmp_path):
 def test_killed_after_the_checkpoint_keeps_the_card_status(tmp_path):
     store = RunStore(tmp_path)
     run_id = store.create("reverse-1l", "reverse", {})
-    checkpoint.save(tiny_model(), store.path(run_id), {"status": "stopped", "message": "stopped at step 7"})
+    checkpoint.save(make_tiny_model(), store.path(run_id), {"status": "stopped", "message": "stopped at step 7"})
     _set_pid(store, run_id, _dead_pid())
     [row] = store.list_runs()
     assert row["status"] == "stopped" and row["message"] == "stopped at step 7" and row["has_weights"]
@@ -149,7 +143,7 @@ def test_killed_after_the_checkpoint_keeps_the_card_status(tmp_path):
 def test_killed_training_process(tmp_path):
     """A real process killed (SIGKILL) while it trains: the listing still works, the run is
     reported failed, and nothing half-written is loadable."""
-    folder = checkpoint.save(tiny_model(), tmp_path / "tiny", {"task": "reverse"})
+    folder = checkpoint.save(make_tiny_model(), tmp_path / "tiny", {"task": "reverse"})
     env = {**os.environ, ENV_RUNS: str(tmp_path / "runs")}
     code = ("from attn_core.training.job import JobConfig, TrainingJob\n"
             f"TrainingJob(JobConfig({str(folder)!r}, {{'entropy': 0.1}}, steps=10**7, device='cpu')).run()\n")

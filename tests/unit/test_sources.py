@@ -9,17 +9,11 @@ import torch
 
 from attn_core import checkpoint, sources, zoo
 from attn_core.checkpoint import CheckpointError, LoadedModel
-from attn_core.model import ModelConfig
 from attn_core.runs import RunStore
 from attn_core.tasks import get_task
-from attn_core.training.trainer import init_model
+from tests.conftest import make_tiny_model
 
 TASK = get_task("reverse")
-
-
-def tiny(seed: int = 0):
-    cfg = ModelConfig(n_layers=1, n_heads=2, d_model=16, d_head=8, d_vocab=TASK.d_vocab, n_ctx=TASK.n_ctx)
-    return init_model(cfg, seed)
 
 
 def same_weights(a, b) -> bool:
@@ -35,7 +29,7 @@ def test_zoo_name():
 
 
 def test_folder_and_lone_safetensors_file(tmp_path):
-    model = tiny()
+    model = make_tiny_model()
     folder = checkpoint.save(model, tmp_path / "mine", {"task": "reverse"})
     for source in (folder, str(folder), folder / checkpoint.WEIGHTS):
         loaded = sources.resolve(source)
@@ -47,6 +41,7 @@ def test_folder_and_lone_safetensors_file(tmp_path):
 
 def test_gpt2_folder(tmp_path):
     transformers = pytest.importorskip("transformers")
+    # not conftest's write_tiny_gpt2: a smaller GPT-2 (asserted below) with transformers' own init
     cfg = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=20, n_positions=8,
                                   bos_token_id=0, eos_token_id=0)
     torch.manual_seed(0)
@@ -60,7 +55,7 @@ def test_gpt2_folder(tmp_path):
 def test_run(tmp_path):
     store = RunStore(tmp_path / "store")
     run_id = store.create("reverse-1l", "reverse", {})
-    model = tiny(1)
+    model = make_tiny_model(seed=1)
     store.finish(run_id, "completed", model, {"task": "reverse", "parent": "reverse-1l"})
     loaded = sources.resolve(f"run:{run_id}", store=store)
     assert loaded.name == f"run:{run_id}" and loaded.card.status == "completed" and same_weights(model, loaded.model)
@@ -74,7 +69,7 @@ def test_run(tmp_path):
 
 def test_upload(tmp_path):
     store = RunStore(tmp_path / "store")
-    model = tiny(2)
+    model = make_tiny_model(seed=2)
     checkpoint.save(model, sources.upload_dir(store.root) / "my-model-ab12", {"task": "reverse"})
     source = sources.UPLOAD_PREFIX + "my-model-ab12"
     loaded = sources.resolve(source, store=store)
@@ -108,11 +103,11 @@ def test_run_without_weights_says_why(tmp_path):
 
 
 def test_weights_path_mtime_changes_when_the_model_is_saved_again(tmp_path):
-    folder = checkpoint.save(tiny(0), tmp_path / "m", {"task": "reverse"})
+    folder = checkpoint.save(make_tiny_model(seed=0), tmp_path / "m", {"task": "reverse"})
     path = sources.weights_path(folder)
     before, key = path.stat().st_mtime_ns, sources.resolve(folder).key
     time.sleep(0.05)  # past the file system's timestamp granularity
-    checkpoint.save(tiny(5), folder, {"task": "reverse"}, overwrite=True)
+    checkpoint.save(make_tiny_model(seed=5), folder, {"task": "reverse"}, overwrite=True)
     assert sources.weights_path(folder) == path and path.stat().st_mtime_ns != before
     assert sources.resolve(folder).key != key  # the key names these exact weights
     assert json.loads((folder / checkpoint.CARD).read_text())["task"] == "reverse"

@@ -6,10 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attn_core import regularizers as R
-from attn_core.model import ModelConfig
 from attn_core.tasks import get_task
 from attn_core.training.telemetry import MetricKey, spectra_row, step_row, telemetry_row
-from attn_core.training.trainer import init_model
+from tests.conftest import make_tiny_model
 
 TASK = get_task("reverse")
 
@@ -72,8 +71,8 @@ def test_a_key_names_a_layer_and_a_head_together():
 
 
 def test_logged_rows_parse_back():
-    cfg = ModelConfig(n_layers=2, n_heads=2, d_model=16, d_head=8, d_vocab=TASK.d_vocab, n_ctx=TASK.n_ctx)
-    model = init_model(cfg, 0)
+    model = make_tiny_model(n_layers=2)
+    cfg = model.cfg
     probe = TASK.sample(4, 0).tokens
     row, pattern = telemetry_row(model, probe, R.all_heads(cfg))
     assert pattern.shape == (2, 2, TASK.n_ctx, TASK.n_ctx)

@@ -8,7 +8,6 @@ import torch
 
 from attn_core import checkpoint
 from attn_core.hooks import act_name
-from attn_core.model import ModelConfig
 from attn_core.tasks import get_task
 from attn_core.training.job import JobConfig, TrainingJob
 from attn_core.training.telemetry import measure
@@ -17,17 +16,12 @@ from attn_core.training.trainer import (
     TrainConfig,
     Trainer,
     evaluate,
-    init_model,
     lr_factor,
     select_device,
 )
+from tests.conftest import make_tiny_model
 
 TASK = get_task("reverse")
-
-
-def tiny(seed: int = 0):
-    cfg = ModelConfig(n_layers=1, n_heads=2, d_model=16, d_head=8, d_vocab=TASK.d_vocab, n_ctx=TASK.n_ctx)
-    return init_model(cfg, seed)
 
 
 def cfg(**kw) -> TrainConfig:
@@ -35,7 +29,7 @@ def cfg(**kw) -> TrainConfig:
 
 
 def losses(seed: int, model_seed: int = 0, steps: int = 6) -> list[float]:
-    trainer = Trainer(tiny(model_seed), TASK, cfg(steps=steps, seed=seed))
+    trainer = Trainer(make_tiny_model(seed=model_seed), TASK, cfg(steps=steps, seed=seed))
     return [trainer.step()["loss"] for _ in range(steps)]
 
 
@@ -46,7 +40,7 @@ def test_deterministic_under_a_seed():
 
 def test_step_metrics_and_callbacks():
     seen = []
-    trainer = Trainer(tiny(), TASK, cfg(), callbacks=[seen.append])
+    trainer = Trainer(make_tiny_model(), TASK, cfg(), callbacks=[seen.append])
     trainer.run()
     assert len(seen) == 8 and seen[-1]["step"] == 8
     assert {"loss", "task_loss", "accuracy", "grad_norm", "lr"} <= set(seen[0])
@@ -62,7 +56,7 @@ def test_lr_schedule_unchanged():
 
 
 def test_nan_loss_stops_before_any_update():
-    trainer = Trainer(tiny(), TASK, cfg())
+    trainer = Trainer(make_tiny_model(), TASK, cfg())
     initial = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     trainer.step()
     trainer.step()
@@ -82,7 +76,7 @@ def test_nan_gradient_stops_before_any_update():
         x = model.embed.W_E.sum()
         return {"bad": torch.sqrt(x - x)}  # value 0, gradient NaN
 
-    trainer = Trainer(tiny(), TASK, cfg(), penalty=bad_penalty)
+    trainer = Trainer(make_tiny_model(), TASK, cfg(), penalty=bad_penalty)
     before = trainer.model.embed.W_E.detach().clone()
     with pytest.raises(Diverged, match="gradient norm is nan"):
         trainer.step()
@@ -90,7 +84,7 @@ def test_nan_gradient_stops_before_any_update():
 
 
 def test_exploding_loss_counts_as_divergence():
-    trainer = Trainer(tiny(), TASK, cfg(steps=50, lr=10.0, warmup_steps=0, grad_clip=1e9))
+    trainer = Trainer(make_tiny_model(), TASK, cfg(steps=50, lr=10.0, warmup_steps=0, grad_clip=1e9))
     with pytest.raises(Diverged, match="exceeds"):
         for _ in range(50):
             trainer.step()
@@ -100,7 +94,7 @@ def test_exploding_loss_counts_as_divergence():
 
 
 def test_good_state_can_be_read_from_another_thread():
-    trainer = Trainer(tiny(), TASK, cfg(steps=40))
+    trainer = Trainer(make_tiny_model(), TASK, cfg(steps=40))
     stop = threading.Event()
     copies = []
 
@@ -119,7 +113,7 @@ def test_good_state_can_be_read_from_another_thread():
 
 
 def test_evaluate_keeps_the_forward_in_a_cache():
-    model = tiny()
+    model = make_tiny_model()
     cache = {}
     res = evaluate(model, TASK, samples=16, seed=0, cache=cache)
     assert cache[act_name("pattern", 0)].shape == (16, 2, TASK.n_ctx, TASK.n_ctx)
@@ -127,7 +121,7 @@ def test_evaluate_keeps_the_forward_in_a_cache():
 
 
 def test_measure_reports_the_before_after_keys():
-    m = measure(tiny(), TASK, heads="L0H1", samples=32)
+    m = measure(make_tiny_model(), TASK, heads="L0H1", samples=32)
     assert {"accuracy", "loss", "entropy_data", "entropy_vocab", "top1_mass", "stable_rank"} <= set(m)
     assert 0 <= m["entropy_data"] <= 1 and 0 <= m["entropy_vocab"] <= 1 and 0 < m["top1_mass"] <= 1
     assert [r["head"] for r in m["per_head"]] == ["L0H1"]
@@ -160,7 +154,7 @@ def test_job_config_checks(kw, message):
 
 
 def test_job_checks_heads_and_source_against_the_model(tmp_path):
-    folder = checkpoint.save(tiny(), tmp_path / "tiny", {"task": "reverse"})
+    folder = checkpoint.save(make_tiny_model(), tmp_path / "tiny", {"task": "reverse"})
     with pytest.raises(ValueError, match="layer L1 is out of range"):
         TrainingJob(JobConfig(str(folder), {"entropy": 0.1}, heads="L1"), store=False)
     with pytest.raises(ValueError, match="head L0H2 is out of range"):
@@ -169,7 +163,7 @@ def test_job_checks_heads_and_source_against_the_model(tmp_path):
         TrainingJob(JobConfig("no-such-model"), store=False)
     with pytest.raises(ValueError, match="unknown preset"):
         TrainingJob(JobConfig("scratch:nope"), store=False)
-    bare = checkpoint.save(tiny(), tmp_path / "bare", {})
+    bare = checkpoint.save(make_tiny_model(), tmp_path / "bare", {})
     with pytest.raises(ValueError, match="no known task"):
         TrainingJob(JobConfig(str(bare)), store=False)
 

@@ -4,16 +4,15 @@ import pytest
 
 from attn_core import checkpoint, zoo
 from attn_core.checkpoint import CheckpointError
-from attn_core.model import ModelConfig
 from attn_core.sources import resolve
-from attn_core.training.trainer import evaluate, init_model
+from attn_core.training.trainer import evaluate
+from tests.conftest import make_tiny_model
 
 SHIPPED = [m["name"] for m in zoo.list_models()]
 
 
 def tiny():
-    return init_model(ModelConfig(n_layers=1, n_heads=2, d_model=16, d_head=8, d_mlp=8, n_ctx=8, d_vocab=11,
-                                  attn_bias=True), seed=3)
+    return make_tiny_model(seed=3, d_mlp=8, n_ctx=8, d_vocab=11, attn_bias=True)
 
 
 def test_zoo_has_the_promised_models():
