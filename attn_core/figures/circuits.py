@@ -164,8 +164,8 @@ def positivity_plot(table: pd.DataFrame, qk_column: str = "qk_positivity") -> Pl
     fig.add_shape(type="rect", x0=0.5, x1=1.05, y0=0.5, y1=1.05, line=dict(color="grey", dash="dot"),
                   fillcolor="rgba(0,0,0,0)")
     fig.update_layout(title="Eigenvalue positivity: QK circuit vs OV circuit (copying score)",
-                      xaxis=dict(title="QK positivity Σλ/Σ|λ|", range=[-1.05, 1.05]),
-                      yaxis=dict(title="OV copying score Σλ/Σ|λ|", range=[-1.05, 1.05]))
+                      xaxis=dict(title="QK positivity Σλ/Σ|λ|", range=[-1.1, 1.1]),
+                      yaxis=dict(title="OV copying score Σλ/Σ|λ|", range=[-1.1, 1.2]))
     return Plot("positivity", fig, data, meta=dict(qk_column=qk_column))
 
 
@@ -195,17 +195,21 @@ def composition_plot(comp: Composition, corrected: bool = False) -> Plot:
     top = max(finite, default=1.0) or 1.0
     heat = dict(colorscale="RdBu", zmid=0.0, zmin=-top, zmax=top) if corrected else \
         dict(colorscale="Viridis", zmin=0.0, zmax=top)
+    # rows: heads that can write (not in the last layer); columns: heads that can read (not in the first)
+    last, first = max(comp.layers, default=0), min(comp.layers, default=0)
+    rows = [i for i, l in enumerate(comp.layers) if l < last] or list(range(len(comp.order)))
+    cols = [j for j, l in enumerate(comp.layers) if l > first] or list(range(len(comp.order)))
     for c, k in enumerate(KINDS, start=1):
-        z = [[None if math.isnan(v) else v for v in row] for row in values[k].tolist()]
-        fig.add_trace(go.Heatmap(z=z, x=comp.order, y=comp.order, showscale=c == 3, texttemplate="%{z:.2f}"
-                                 if len(comp.order) ** 2 <= MAX_CELL_TEXT else None,
+        z = [[None if math.isnan(v) else v for v in row] for row in values[k][rows][:, cols].tolist()]
+        fig.add_trace(go.Heatmap(z=z, x=[comp.order[j] for j in cols], y=[comp.order[i] for i in rows],
+                                 showscale=c == 3, texttemplate="%{z:.2f}" if len(rows) * len(cols) <= MAX_CELL_TEXT else None,
                                  hovertemplate=f"{k.upper()}: %{{y}} → %{{x}} = %{{z:.3f}}<extra></extra>", **heat),
                       row=1, col=c)
         fig.update_yaxes(autorange="reversed", row=1, col=c)
         fig.update_xaxes(title_text="reader (later head)", row=1, col=c)
     fig.update_yaxes(title_text="writer (earlier head)", row=1, col=1)
     what = "score − random-matrix baseline" if corrected else "||W_A W_B||_F / (||W_A||_F ||W_B||_F)"
-    fig.update_layout(title=f"Composition between heads: {what}", height=max(420, 140 + 22 * len(comp.order)))
+    fig.update_layout(title=f"Composition between heads: {what}", height=max(420, 160 + 22 * len(rows)))
     return Plot("composition_corrected" if corrected else "composition", fig, composition_frame(comp),
                 meta=dict(corrected=corrected, **comp.meta))
 
@@ -233,11 +237,13 @@ def head_graph_plot(comp: Composition, kinds: tuple[str, ...] = KINDS, corrected
                           f"baseline {e['baseline']:.3f}<extra></extra>"))
         shown_kinds.add(e["kind"])
     fig.add_trace(go.Scatter(x=[p[0] for p in pos.values()], y=[p[1] for p in pos.values()], mode="markers+text",
-                             text=list(pos), textposition="middle right", marker=dict(size=16, color="white",
+                             text=list(pos), textposition="top center", marker=dict(size=16, color="white",
                              line=dict(color="black", width=2)), name="heads", hoverinfo="text"))
     fig.update_layout(title=f"Strongest composition edges (top {len(edges)}, {'baseline-corrected' if corrected else 'raw'})",
-                      xaxis=dict(title="layer", tickmode="array", tickvals=sorted(set(comp.layers))),
-                      yaxis=dict(title="head", autorange="reversed"), height=max(360, 120 + 50 * (max(comp.layers, default=0) + 1)))
+                      xaxis=dict(title="layer", tickmode="array", tickvals=sorted(set(comp.layers)),
+                                 range=[-0.4, max(comp.layers, default=0) + 0.4]),
+                      yaxis=dict(title="head", range=[max((p[1] for p in pos.values()), default=0) + 0.5, -0.8]),
+                      height=max(380, 160 + 60 * (len(comp.order) // max(1, len(set(comp.layers))))))
     data = pd.DataFrame(edges, columns=["kind", "source", "target", "score", "baseline", "corrected"])
     return Plot("head_graph", fig, data, meta=dict(kinds=list(kinds), corrected=corrected, top=top))
 
