@@ -6,6 +6,7 @@ sentence that names the setting and its allowed range.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 
@@ -58,3 +59,16 @@ def _span(lo: int | None, hi: int | None) -> str:
     if hi is not None:
         return f" <= {hi}"
     return ""
+
+
+def default(config: type, name: str) -> object:
+    """The default of field ``name`` of the dataclass ``config``: a CLI option or a widget whose
+    setting lives in a config reads its default from there instead of restating it."""
+    for f in dataclasses.fields(config):
+        if f.name == name:
+            if f.default is not dataclasses.MISSING:
+                return f.default
+            if f.default_factory is not dataclasses.MISSING:
+                return f.default_factory()
+            raise ValueError(f"{config.__name__}.{name} has no default")
+    raise ValueError(f"{config.__name__} has no field {name!r}")

@@ -12,6 +12,7 @@ from attn_core.figures import training as ft
 from attn_core.training import trainer
 from attn_core.training.job import JobConfig, TrainingJob
 from attn_core.training.telemetry import MetricKey
+from attn_core.validate import default
 
 JOB = "retrain_job"  # session key of the running (or last) TrainingJob
 SHOWN = "retrain_reloaded_for"  # run id for which the page was rerun once after the job ended
@@ -68,13 +69,13 @@ with opt_col:
                              key=ui.remember("entmax_alpha", None, list(ALPHAS)),
                              help="Attention normalisation: 1 softmax, 1.5 entmax15, 2 sparsemax (exact zeros)")
     lr = st.select_slider("Learning rate", RATES, format_func=lambda v: f"{v:.2g}",
-                          key=ui.remember("retrain_lr", 1e-3, RATES), help="Peak AdamW learning rate (log scale; "
+                          key=ui.remember("retrain_lr", default(JobConfig, "lr"), RATES), help="Peak AdamW learning rate (log scale; "
                                                                            "warmup, then cosine decay)")
     s_col, seed_col = st.columns(2)
     steps = s_col.number_input("Steps", min_value=1, max_value=100_000, step=50,
-                               key=ui.remember("retrain_steps", 300, range(1, 100_001)), help="Optimizer updates")
+                               key=ui.remember("retrain_steps", default(JobConfig, "steps"), range(1, 100_001)), help="Optimizer updates")
     seed = seed_col.number_input("Seed", min_value=0, max_value=2**31 - 1, step=1,
-                                 key=ui.remember("retrain_seed", 0, range(2**31)),
+                                 key=ui.remember("retrain_seed", default(JobConfig, "seed"), range(2**31)),
                                  help="Seed of the training data: the same settings and seed give the same run")
     devices = trainer.available_devices()
     device = st.selectbox("Device", devices, key=ui.remember("retrain_device", devices[-1], devices),

@@ -6,10 +6,14 @@ import ui
 from attn_core import qk as Q
 from attn_core.figures import qk as fq
 from attn_core.tasks import TASKS
+from attn_core.validate import default
 
 SOURCES = ("saved", "fresh")
 SOURCE_LABELS = {"saved": "Saved full comparison (experiments/results)", "fresh": "Run a fresh comparison"}
 D_QK_CHOICES = (1, 2, 4, 8, 16, 32, 64)
+# A fresh comparison in the browser is smaller than CompareConfig's full run (400 steps x 3 seeds,
+# the saved result) so that it finishes while the user waits.
+STEPS, SEEDS = 200, 1
 FRESH = "qk_fresh_comparison"  # session key of the last fresh comparison
 
 
@@ -61,8 +65,8 @@ else:
     with c1:
         task = st.selectbox("Task", list(TASKS), key=ui.remember("qk_task", "induction", list(TASKS)),
                             help="Induction needs a content-matching B (26 letters), so its rank matters.")
-        steps = st.number_input("Steps", 10, 5000, key=ui.remember("qk_steps", 200), step=50)
-        seeds = st.number_input("Seeds", 1, 10, key=ui.remember("qk_seeds", 1),
+        steps = st.number_input("Steps", 10, 5000, key=ui.remember("qk_steps", STEPS), step=50)
+        seeds = st.number_input("Seeds", 1, 10, key=ui.remember("qk_seeds", SEEDS),
                                 help="Every variant is trained with seeds 0..K-1: mean and spread over them.")
     with c2:
         d_model = st.selectbox("d_model", (16, 32, 64), key=ui.remember("qk_d_model", 32, (16, 32, 64)))
@@ -70,10 +74,10 @@ else:
                                help="Query/key width of each factored variant (at most d_model).")
         kinds = st.multiselect("Merged variants", Q.VARIANT_KINDS[1:], key=ui.remember("qk_kinds", list(Q.VARIANT_KINDS[1:])))
     with c3:
-        qk_wd = st.number_input("Weight decay on W_QK (merged + wd)", 0.0, 100.0, key=ui.remember("qk_wd", 3.0), step=0.5,
+        qk_wd = st.number_input("Weight decay on W_QK (merged + wd)", 0.0, 100.0, key=ui.remember("qk_wd", default(Q.CompareConfig, "qk_weight_decay")), step=0.5,
                                 help="AdamW's decoupled decay; every other matrix (W_Q, W_K too) gets 0.1.")
         nuclear = st.number_input("λ of the nuclear norm (merged + nuclear)", 0.0, 100.0,
-                                  key=ui.remember("qk_nuclear", 0.01), step=0.005, format="%.4f")
+                                  key=ui.remember("qk_nuclear", default(Q.CompareConfig, "nuclear")), step=0.005, format="%.4f")
         save = st.checkbox("Save every run in the run store", key=ui.remember("qk_save", True),
                            help="Runs get parent compare-qk:<task>; the Runs page compares them.")
     if st.button("Run comparison", type="primary", key="qk_run"):

@@ -20,6 +20,7 @@ from attn_core.circuits.composition import (
     KINDS,
     Composition,
     baseline_score,
+    composed_qk_positivities,
     composition,
     composition_score,
     k_composed_positivity,
@@ -42,7 +43,7 @@ from attn_core.circuits.report import attribute_report, circuits_report
 
 __all__ = [
     "BIAS_PARTS", "KINDS", "SPLIT_PARTS", "Attribution", "Composition", "attribute", "attribute_report",
-    "baseline_score", "circuits_report", "composition", "composition_score", "copying_scores", "full_ov_circuit",
+    "baseline_score", "circuits_report", "composed_qk_positivities", "composition", "composition_score", "copying_scores", "full_ov_circuit",
     "full_ov_form", "full_qk_form", "head_circuits", "head_form", "k_composed_positivity", "ov_form",
     "ov_singular_values", "ov_spectrum_frame", "positivity", "qk_positivities", "token_position_split",
     "unembed_matrix", "value_weighted",

@@ -42,10 +42,10 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
-from attn_core.bilinear import QKForm, check_heads, check_layer, check_tokens, layer_form
-from attn_core.circuits.ov import model_of, names_of
+from attn_core.bilinear import QKForm, check_heads, check_layer, check_loaded, check_tokens, layer_form, token_names
 from attn_core.hooks import act_name
 from attn_core.model import Transformer
+from attn_core.sources import LoadedModel
 from attn_core.validate import check_int
 
 BIAS_PARTS = ("x·b_K", "b_Q·y", "b_Q·b_K")
@@ -158,10 +158,11 @@ def _check_query(query: int, n: int) -> int:
     return check_int("query", query, 0, n - 1)
 
 
-def attribute(m, tokens: Sequence[int], layer: int, head: int, query: int) -> Attribution:
+def attribute(loaded: LoadedModel, tokens: Sequence[int], layer: int, head: int, query: int) -> Attribution:
     """Split the scores of query position ``query`` against keys 0..query of a real input
-    (``tokens``) into the rank-1 terms of B and the bias, per (1) and (2)."""
-    model = model_of(m)
+    (``tokens``) into the rank-1 terms of B and the bias, per (1) and (2); keys are named by
+    ``bilinear.token_names``."""
+    model = check_loaded(loaded, "attribute").model
     ids = check_tokens(model, tokens)
     q = _check_query(query, len(ids))
     with torch.no_grad():
@@ -173,7 +174,7 @@ def attribute(m, tokens: Sequence[int], layer: int, head: int, query: int) -> At
         yc = y @ Vh.T  # [n, k]
         terms = S * xc * yc  # [n, k]
         bias = bias_terms(model, layer, head, x, y)  # [n, 3]
-    names = names_of(m)
+    names = token_names(loaded)
     keys = list(range(q + 1))
     return Attribution(layer, head, q, keys, [ids[k] for k in keys], [names[ids[k]] for k in keys],
                        S.cpu(), xc.cpu(), yc.cpu(), terms.cpu(), bias.cpu(),
@@ -203,11 +204,11 @@ def residual_parts(model: Transformer, ids: list[int]) -> tuple[torch.Tensor, to
     return centred(e), centred(p), ln.b.double()
 
 
-def token_position_split(m, tokens: Sequence[int], head: int, query: int) -> pd.DataFrame:
+def token_position_split(loaded: LoadedModel, tokens: Sequence[int], head: int, query: int) -> pd.DataFrame:
     """At layer 0: per key 0..query, the score and its token-token, token-position,
     position-token, position-position and bias parts (columns named by SPLIT_PARTS), which add up
     to the model's own score."""
-    model = model_of(m)
+    model = check_loaded(loaded, "token_position_split").model
     ids = check_tokens(model, tokens)
     q = _check_query(query, len(ids))
     check_heads(model, head)
@@ -225,7 +226,7 @@ def token_position_split(m, tokens: Sequence[int], head: int, query: int) -> pd.
         parts = {f"{a}-{b}": ys[b] @ (xs[a] @ Bp) for a in xs for b in ys}  # [n] each
     out = {name: parts[name] for name in SPLIT_PARTS[:4]}
     out["bias"] = sum(v for k, v in parts.items() if "const" in k)
-    names = names_of(m)
+    names = token_names(loaded)
     df = pd.DataFrame({k: v.tolist() for k, v in out.items()})
     df.insert(0, "label", [names[ids[k]] for k in range(q + 1)])
     df.insert(0, "key", list(range(q + 1)))

@@ -43,9 +43,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attn_core.bilinear import QKForm, check_layer, vocab_inputs
-from attn_core.circuits.ov import head_label, model_of, positivity
+from attn_core.bilinear import QKForm, check_layer, check_model, vocab_inputs
+from attn_core.circuits.ov import positivity
 from attn_core.model import Transformer
+from attn_core.regularizers import head_label
 from attn_core.validate import check_int
 
 KINDS = ("q", "k", "v")
@@ -109,7 +110,7 @@ def frobenius_sq(L: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
     return (gram(L) * gram(R)).sum((-1, -2))
 
 
-def composition_score(L1, R1, L2, R2) -> torch.Tensor:
+def composition_score(L1: torch.Tensor, R1: torch.Tensor, L2: torch.Tensor, R2: torch.Tensor) -> torch.Tensor:
     """||M1 M2||_F / (||M1||_F ||M2||_F) for M1 = L1 R1^T [a.., d, r1] and M2 = L2 R2^T
     [b.., d, r2], broadcast as [a.., b..] when given ``L1[:, None]`` etc. (0 when one is 0)."""
     K = R1.transpose(-1, -2) @ L2  # [..., r1, r2]
@@ -175,10 +176,10 @@ def baseline_score(kind: str, writer: tuple, reader: tuple, n_samples: int = N_S
     return float(composition_score(L1, R1, L2, R2).mean())
 
 
-def composition(m, fold_ln: bool = True, n_samples: int = N_SAMPLES, seed: int = 0) -> Composition:
+def composition(model: Transformer, fold_ln: bool = True, n_samples: int = N_SAMPLES, seed: int = 0) -> Composition:
     """Q-, K- and V-composition scores from every head into every head of a later layer, with
     their random-matrix baselines (see the module doc)."""
-    model = model_of(m)
+    check_model(model, "composition")
     n_samples = check_int("n_samples", n_samples, 1, 100_000)
     seed = check_int("seed", seed)
     cfg = model.cfg
@@ -214,7 +215,7 @@ def composition(m, fold_ln: bool = True, n_samples: int = N_SAMPLES, seed: int =
                        meta=dict(fold_ln=fold_ln, n_samples=n_samples, seed=seed))
 
 
-def k_composed_positivity(m, writer: tuple[int, int], layer: int, fold_ln: bool = True) -> torch.Tensor:
+def k_composed_positivity(model: Transformer, writer: tuple[int, int], layer: int, fold_ln: bool = True) -> torch.Tensor:
     """QK positivity of every head of ``layer`` with its keys read through the writer head's
     OV map, [n_heads]: the eigenvalue positivity (``circuits.ov.positivity``) of
 
@@ -225,7 +226,7 @@ def k_composed_positivity(m, writer: tuple[int, int], layer: int, fold_ln: bool 
     biases are left out. For an induction head reading a previous-token head it is near 1: the
     query attends to the key whose *previous* token is its own (Elhage et al. 2021, the
     K-composition term of the induction head's QK circuit)."""
-    model = model_of(m)
+    check_model(model, "k_composed_positivity")
     a, ha = writer
     check_layer(model, a)
     check_layer(model, layer)
@@ -247,3 +248,21 @@ def k_composed_positivity(m, writer: tuple[int, int], layer: int, fold_ln: bool 
             right = moved @ (out_map @ attn.W_K)  # [h, V, w]
             form = QKForm(left=left, right=right)
         return positivity(form.eigenvalues).float()
+
+
+def composed_qk_positivities(model: Transformer, comp: Composition | None = None) -> list[dict]:
+    """For every head of a layer > 0: its QK positivity read through the earlier head with the
+    strongest baseline-corrected K-composition into it (``k_composed_positivity``), one record
+    per head (layer, head, writer label, qk_positivity_composed). Induction heads land near 1."""
+    check_model(model, "composed_qk_positivities")
+    comp = comp if comp is not None else composition(model)
+    H = model.cfg.n_heads
+    K = comp.corrected("k")
+    out = []
+    for layer in range(1, model.cfg.n_layers):
+        cols = K[:layer * H, layer * H:(layer + 1) * H]  # [writers, H]
+        for h in range(H):
+            w = int(cols[:, h].nan_to_num(-float("inf")).argmax())
+            pos = k_composed_positivity(model, divmod(w, H), layer)
+            out.append(dict(layer=layer, head=h, writer=comp.order[w], qk_positivity_composed=float(pos[h])))
+    return out

@@ -49,30 +49,15 @@ from attn_core.bilinear import (
     QKForm,
     check_heads,
     check_layer,
+    check_model,
     check_tokens,
     has_bias,
     layer_form,
-    token_names,
     vocab_inputs,
 )
 from attn_core.hooks import act_name
 from attn_core.model import Transformer
-
-
-def model_of(m) -> Transformer:
-    """The Transformer of a LoadedModel (or the model itself)."""
-    return m if isinstance(m, Transformer) else m.model
-
-
-def names_of(m) -> list[str]:
-    """Token names of a LoadedModel (``bilinear.token_names``); a bare Transformer's are its ids."""
-    if isinstance(m, Transformer):
-        return [str(i) for i in range(m.cfg.d_vocab)]
-    return token_names(m)
-
-
-def head_label(layer: int, head: int) -> str:
-    return f"L{layer}H{head}"
+from attn_core.regularizers import head_label
 
 
 # --- OV per head --------------------------------------------------------------------------------
@@ -90,9 +75,9 @@ def ov_singular_values(model: Transformer) -> torch.Tensor:
         return torch.stack([ov_form(model, l).singular_values for l in range(model.cfg.n_layers)])
 
 
-def ov_spectrum_frame(m) -> pd.DataFrame:
+def ov_spectrum_frame(model: Transformer) -> pd.DataFrame:
     """Tidy singular values of W_OV: layer, head, index, singular_value, normalized (σ/σ_1)."""
-    s = ov_singular_values(model_of(m))  # [L, H, d_head]
+    s = ov_singular_values(check_model(model, "ov_spectrum_frame"))  # [L, H, d_head]
     rows = []
     for l in range(s.shape[0]):
         for h in range(s.shape[1]):
@@ -149,11 +134,11 @@ def full_qk_form(model: Transformer, layer: int, tokens: Sequence[int] | None = 
     return QKForm(left=E @ form.left, right=E @ form.right)  # [h, n, w] each
 
 
-def full_ov_circuit(m, layer: int, head: int, tokens: Sequence[int] | None = None) -> torch.Tensor:
+def full_ov_circuit(model: Transformer, layer: int, head: int, tokens: Sequence[int] | None = None) -> torch.Tensor:
     """The dense M_OV of one head, [n, n] (rows: the attended token, columns: the logits);
     ``tokens`` (default: every token) names the rows and columns, so keep it small for a big
     vocabulary."""
-    model = model_of(m)
+    check_model(model, "full_ov_circuit")
     check_heads(model, head)
     with torch.no_grad():
         return full_ov_form(model, layer, tokens)[head].dense.float().cpu()
@@ -166,24 +151,24 @@ def positivity(eigenvalues: torch.Tensor) -> torch.Tensor:
     return torch.where(den > 0, num / den.clamp_min(torch.finfo(den.dtype).tiny), torch.zeros_like(den))
 
 
-def copying_scores(m) -> torch.Tensor:
+def copying_scores(model: Transformer) -> torch.Tensor:
     """The copying score of every head (positivity of M_OV over the whole vocabulary), [L, H]."""
-    model = model_of(m)
+    check_model(model, "copying_scores")
     with torch.no_grad():
         return torch.stack([positivity(full_ov_form(model, l).eigenvalues) for l in range(model.cfg.n_layers)])
 
 
-def qk_positivities(m) -> torch.Tensor:
+def qk_positivities(model: Transformer) -> torch.Tensor:
     """The QK positivity of every head (positivity of M_QK over the whole vocabulary), [L, H]."""
-    model = model_of(m)
+    check_model(model, "qk_positivities")
     with torch.no_grad():
         return torch.stack([positivity(full_qk_form(model, l).eigenvalues) for l in range(model.cfg.n_layers)])
 
 
-def head_circuits(m) -> pd.DataFrame:
+def head_circuits(model: Transformer) -> pd.DataFrame:
     """One row per head: layer, head, label, copying_score, qk_positivity, ov_singular_values
     (a list, descending), ov_norm (||W_OV||_F)."""
-    model = model_of(m)
+    check_model(model, "head_circuits")
     copy, qk = copying_scores(model), qk_positivities(model)
     sv = ov_singular_values(model)
     rows = []
@@ -197,10 +182,10 @@ def head_circuits(m) -> pd.DataFrame:
 
 # --- value-weighted attention -------------------------------------------------------------------
 
-def value_weighted(m, tokens: Sequence[int], layer: int, heads=None) -> dict[str, torch.Tensor]:
+def value_weighted(model: Transformer, tokens: Sequence[int], layer: int, heads: int | Sequence[int] | None = None) -> dict[str, torch.Tensor]:
     """On a real input: ``pattern`` A [h, T, T], ``value_norms`` ||v_j W_O|| [h, T] with
     v_j = X_j W_V + b_V, and ``weighted`` A_ij ||v_j W_O|| [h, T, T], for the chosen heads."""
-    model = model_of(m)
+    check_model(model, "value_weighted")
     check_layer(model, layer)
     heads = check_heads(model, heads)
     ids = check_tokens(model, tokens)

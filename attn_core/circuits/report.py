@@ -18,7 +18,7 @@ See :mod:`attn_core.circuits.ov` and :mod:`attn_core.circuits.composition` for t
 
     {query, keys: [{key, token, score, terms: [{direction, sigma, contribution}], bias}]}
 
-one entry per key the query sees, by decreasing score; ``sum(contribution) + bias == score``
+one entry per key the query sees (or the ``top`` best), by decreasing score; ``sum(contribution) + bias == score``
 (see :mod:`attn_core.circuits.attribution`).
 """
 from __future__ import annotations
@@ -28,12 +28,16 @@ from collections.abc import Sequence
 
 import torch
 
+from attn_core.bilinear import check_loaded, check_model
 from attn_core.circuits.attribution import attribute
 from attn_core.circuits.composition import KINDS, N_SAMPLES, composition
-from attn_core.circuits.ov import head_circuits, model_of
+from attn_core.circuits.ov import head_circuits
+from attn_core.model import Transformer
+from attn_core.sources import LoadedModel
+from attn_core.validate import check_int
 
 
-def _number(v: float):
+def _number(v: float) -> float | None:
     v = float(v)
     return None if math.isnan(v) else v
 
@@ -42,10 +46,10 @@ def _matrix(t: torch.Tensor) -> list[list]:
     return [[_number(v) for v in row] for row in t.tolist()]
 
 
-def circuits_report(model, n_samples: int = N_SAMPLES, seed: int = 0) -> dict:
+def circuits_report(model: Transformer, n_samples: int = N_SAMPLES, seed: int = 0) -> dict:
     """Per-head OV spectra, copying scores and QK positivity, and the composition scores with
-    their baselines, for a Transformer or a LoadedModel."""
-    model = model_of(model)
+    their baselines (``n_samples`` random pairs per shape, drawn from ``seed``)."""
+    check_model(model, "circuits_report")
     table = head_circuits(model)
     comp = composition(model, n_samples=n_samples, seed=seed)
     heads = [dict(layer=int(r.layer), head=int(r.head), copying_score=float(r.copying_score),
@@ -56,12 +60,16 @@ def circuits_report(model, n_samples: int = N_SAMPLES, seed: int = 0) -> dict:
                 composition_baseline={k: _matrix(comp.baseline[k]) for k in KINDS})
 
 
-def attribute_report(loaded, layer: int, head: int, query: int, tokens: Sequence[int]) -> dict:
-    """The scores of query position ``query`` against every key it sees, each split into the
-    rank-1 terms of B (direction i, sigma_i, contribution) and the bias."""
-    attr = attribute(loaded, tokens, layer, head, query)
+def attribute_report(loaded: LoadedModel, layer: int, head: int, query: int, tokens: Sequence[int],
+                     top: int | None = None) -> dict:
+    """The scores of query position ``query`` against every key it sees (the ``top`` best when
+    given), each split into the rank-1 terms of B (direction i, sigma_i, contribution) and the bias."""
+    attr = attribute(check_loaded(loaded, "attribute_report"), tokens, layer, head, query)
+    order = attr.ranking()
+    if top is not None:
+        order = order[:check_int("top", top, 1)]
     keys = []
-    for i in attr.ranking():
+    for i in order:
         terms = [dict(direction=d, sigma=float(attr.sigma[d]), contribution=float(attr.terms[i, d]))
                  for d in range(attr.terms.shape[1])]
         keys.append(dict(key=attr.keys[i], token=attr.token_labels[i], score=float(attr.scores[i]),

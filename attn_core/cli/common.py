@@ -1,9 +1,8 @@
 """What every command group shares: the ``--json`` option, printing (:func:`emit`, :func:`table`),
-the one-line error path (:func:`fail`, :func:`guarded`), option defaults read from the config
-dataclasses (:func:`default`), and the input helpers of the head-level commands."""
+the one-line error path (:func:`fail`, :func:`guarded`) and the input helpers of the head-level
+commands. Option defaults are read from the config dataclasses with ``attn_core.validate.default``."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import math
@@ -17,19 +16,6 @@ import typer
 
 JsonOpt = typer.Option(False, "--json", help="Print one JSON document on stdout.")
 NameArg = typer.Argument(..., help="Zoo model name, path to a model folder, or a local Hugging Face GPT-2 folder.")
-
-
-def default(config: type, name: str) -> Any:
-    """The default of field ``name`` of the dataclass ``config``: an option whose setting lives
-    in a config reads its default from there instead of restating it."""
-    for f in dataclasses.fields(config):
-        if f.name == name:
-            if f.default is not dataclasses.MISSING:
-                return f.default
-            if f.default_factory is not dataclasses.MISSING:
-                return f.default_factory()
-            raise ValueError(f"{config.__name__}.{name} has no default")
-    raise ValueError(f"{config.__name__} has no field {name!r}")
 
 
 def command_line() -> str:

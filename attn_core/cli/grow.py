@@ -6,8 +6,9 @@ from pathlib import Path
 
 import typer
 
-from attn_core.cli.common import JsonOpt, NameArg, command_line, default, emit, guarded, needs_task, table
+from attn_core.cli.common import JsonOpt, NameArg, command_line, emit, guarded, needs_task, table
 from attn_core.grow import GrowConfig
+from attn_core.validate import default
 
 app = typer.Typer()
 

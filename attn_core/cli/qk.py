@@ -5,8 +5,9 @@ from pathlib import Path
 
 import typer
 
-from attn_core.cli.common import JsonOpt, default, emit, guarded, table
+from attn_core.cli.common import JsonOpt, emit, guarded, table
 from attn_core.qk import CompareConfig
+from attn_core.validate import default
 
 app = typer.Typer()
 

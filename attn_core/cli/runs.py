@@ -7,8 +7,9 @@ import json
 import typer
 
 from attn_core.card import MEASURE_KEYS, public
-from attn_core.cli.common import JsonOpt, default, emit, guarded, table
+from attn_core.cli.common import JsonOpt, emit, guarded, table
 from attn_core.training.job import JobConfig
+from attn_core.validate import default
 
 app = typer.Typer()
 runs_app = typer.Typer(add_completion=False, help="List and inspect saved runs (the run store, $ATTN_LAB_RUNS or ./runs).")

@@ -14,15 +14,12 @@ from plotly.subplots import make_subplots
 from attn_core.circuits.attribution import SPLIT_PARTS, Attribution
 from attn_core.circuits.composition import KINDS, Composition
 from attn_core.figures.base import Plot
+from attn_core.regularizers import head_label
 
 MAX_TICKS = 64
 MAX_CELL_TEXT = 400
 KIND_NAME = {"q": "Q-composition", "k": "K-composition", "v": "V-composition"}
 OTHER = "other directions"
-
-
-def _head_name(layer: int, head: int) -> str:
-    return f"L{layer}H{head}"
 
 
 def _ticks(labels: list[str]) -> dict:
@@ -68,7 +65,7 @@ def attribution_plot(attr: Attribution, top: int = 8, n_terms: int = 8) -> Plot:
                       title=f"Why these keys: rank-1 terms of B, layer {attr.layer} head {attr.head}, "
                             f"query {attr.query} ({attr.meta.get('query_token', '')})")
     fig.update_xaxes(type="category")
-    return Plot(f"attribution_{_head_name(attr.layer, attr.head)}_q{attr.query}", fig, data,
+    return Plot(f"attribution_{head_label(attr.layer, attr.head)}_q{attr.query}", fig, data,
                 meta=dict(layer=attr.layer, head=attr.head, query=attr.query, top=top))
 
 
@@ -88,7 +85,7 @@ def runner_up_plot(attr: Attribution, top: int = 12) -> Plot:
                             f"layer {attr.layer} head {attr.head}, query {attr.query}",
                       xaxis_title="winner − runner-up", yaxis_title="term")
     fig.update_yaxes(type="category")
-    return Plot(f"runner_up_{_head_name(attr.layer, attr.head)}_q{attr.query}", fig, data.reset_index(drop=True),
+    return Plot(f"runner_up_{head_label(attr.layer, attr.head)}_q{attr.query}", fig, data.reset_index(drop=True),
                 meta=dict(layer=attr.layer, head=attr.head, query=attr.query, winner=w, runner_up=r))
 
 
@@ -118,8 +115,8 @@ def ov_spectrum_plot(frame: pd.DataFrame, normalized: bool = False) -> Plot:
     col = "normalized" if normalized else "singular_value"
     fig = go.Figure()
     for (layer, head), part in frame[frame[col] > 0].groupby(["layer", "head"]):
-        fig.add_trace(go.Scatter(x=part["index"] + 1, y=part[col], mode="lines+markers", name=_head_name(layer, head),
-                                 hovertemplate=f"{_head_name(layer, head)}: σ_%{{x}} = %{{y:.4g}}<extra></extra>"))
+        fig.add_trace(go.Scatter(x=part["index"] + 1, y=part[col], mode="lines+markers", name=head_label(layer, head),
+                                 hovertemplate=f"{head_label(layer, head)}: σ_%{{x}} = %{{y:.4g}}<extra></extra>"))
     fig.update_yaxes(type="log")
     fig.update_layout(title="Singular values of W_OV = W_V W_O per head" + (" (σ_i / σ_1)" if normalized else ""),
                       xaxis_title="index i", yaxis_title="σ_i / σ_1" if normalized else "σ_i")
@@ -143,24 +140,34 @@ def ov_circuit_plot(matrix, labels: list[str], layer: int, head: int, copying_sc
                       height=max(420, min(900, 18 * n + 160)))
     data = pd.DataFrame([dict(layer=layer, head=head, source=i, source_label=labels[i], target=j,
                               target_label=labels[j], value=z[i][j]) for i in range(n) for j in range(n)])
-    return Plot(f"ov_circuit_{_head_name(layer, head)}", fig, data,
+    return Plot(f"ov_circuit_{head_label(layer, head)}", fig, data,
                 meta=dict(layer=layer, head=head, copying_score=copying_score))
 
 
 def positivity_plot(table: pd.DataFrame, qk_column: str = "qk_positivity") -> Plot:
     """Every head's QK positivity (x) against its OV copying score (y), both in [-1, 1]
     (``circuits.head_circuits``); heads that attend to and copy the same token sit top right.
-    ``qk_column`` may name another positivity column (e.g. read through a previous-token head)."""
+    ``qk_column`` may name another positivity column. When the table has
+    ``qk_positivity_composed`` (and ``writer``: ``circuits.composed_qk_positivities`` merged in),
+    those points are drawn too, as open circles: induction heads move to the corner there."""
     data = table.drop(columns=[c for c in ("ov_singular_values",) if c in table]).copy()
     fig = go.Figure()
     for layer, part in data.groupby("layer"):
         fig.add_trace(go.Scatter(x=part[qk_column], y=part["copying_score"], mode="markers+text",
-                                 text=[_head_name(layer, h) for h in part["head"]], textposition="top center",
+                                 text=[head_label(layer, h) for h in part["head"]], textposition="top center",
                                  name=f"layer {layer}", marker=dict(size=11),
                                  hovertemplate="%{text}: QK %{x:.3f}, OV %{y:.3f}<extra></extra>"))
-    for v in (0,):
-        fig.add_hline(y=v, line=dict(color="grey", width=1))
-        fig.add_vline(x=v, line=dict(color="grey", width=1))
+    if "qk_positivity_composed" in data and data["qk_positivity_composed"].notna().any():
+        # the same heads' QK positivity read through their strongest K-composition writer
+        part = data[data["qk_positivity_composed"].notna()]
+        label = [f"{head_label(r.layer, r.head)} via {r.writer}" if "writer" in part else head_label(r.layer, r.head)
+                 for r in part.itertuples()]
+        fig.add_trace(go.Scatter(x=part["qk_positivity_composed"], y=part["copying_score"], mode="markers",
+                                 marker=dict(size=11, symbol="circle-open", line=dict(width=2)), text=label,
+                                 name="QK through the K-composition writer",
+                                 hovertemplate="%{text}: QK %{x:.3f}, OV %{y:.3f}<extra></extra>"))
+    fig.add_hline(y=0, line=dict(color="grey", width=1))
+    fig.add_vline(x=0, line=dict(color="grey", width=1))
     fig.add_shape(type="rect", x0=0.5, x1=1.05, y0=0.5, y1=1.05, line=dict(color="grey", dash="dot"),
                   fillcolor="rgba(0,0,0,0)")
     fig.update_layout(title="Eigenvalue positivity: QK circuit vs OV circuit (copying score)",
@@ -269,4 +276,4 @@ def value_weighted_plot(vw: dict, labels: list[str], layer: int, heads: list[int
     data = pd.DataFrame([dict(layer=layer, head=head, query=q, key=k, query_label=labels[q], key_label=labels[k],
                               prob=float(A[q, k]), value_norm=float(vw["value_norms"][i, k]), weighted=float(W[q, k]))
                          for q in range(T) for k in range(q + 1)])
-    return Plot(f"value_weighted_{_head_name(layer, head)}", fig, data, meta=dict(layer=layer, head=head))
+    return Plot(f"value_weighted_{head_label(layer, head)}", fig, data, meta=dict(layer=layer, head=head))

@@ -5,6 +5,7 @@ import json
 import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -42,6 +43,11 @@ def random_model(std: float = 0.3, seed: int = 0, **kw) -> Transformer:
     return model
 
 
+def loaded_of(model: Transformer) -> LoadedModel:
+    """A bare model as a LoadedModel without a card (token names are the ids)."""
+    return LoadedModel("t", model, model.cfg)
+
+
 def own_scores(model: Transformer, tokens: list[int]) -> list[torch.Tensor]:
     """The model's own pre-softmax scores per layer, [heads, T, T] each."""
     _, cache = model.run_with_cache(torch.tensor([tokens]))
@@ -57,12 +63,12 @@ def test_attribution_terms_and_bias_sum_to_the_models_own_scores(kind):
     for layer in range(model.cfg.n_layers):
         for head in range(model.cfg.n_heads):
             for query in (0, 4, len(TOKENS) - 1):
-                attr = ci.attribute(model, TOKENS, layer, head, query)
+                attr = ci.attribute(loaded_of(model), TOKENS, layer, head, query)
                 total = attr.terms.sum(-1) + attr.bias
                 torch.testing.assert_close(total, S[layer][head, query, :query + 1], atol=1e-5, rtol=0)
                 assert attr.keys == list(range(query + 1))
     # the number of rank-1 terms is the head's own rank cap: d_qk (grown: per head) or d_model (merged)
-    attr = ci.attribute(model, TOKENS, 0, 2, 3)
+    attr = ci.attribute(loaded_of(model), TOKENS, 0, 2, 3)
     expected = {"merged": 24, "grown": 4}.get(kind, 6)
     assert attr.terms.shape == (4, expected) and attr.sigma.shape == (expected,)
     assert (attr.sigma[:-1] >= attr.sigma[1:]).all()
@@ -72,7 +78,7 @@ def test_attribution_terms_and_bias_sum_to_the_models_own_scores(kind):
 
 def test_each_term_is_sigma_times_the_coordinates_along_the_singular_pair():
     model = random_model()
-    attr = ci.attribute(model, TOKENS, 1, 0, 6)
+    attr = ci.attribute(loaded_of(model), TOKENS, 1, 0, 6)
     torch.testing.assert_close(attr.terms, attr.sigma * attr.x_coords * attr.y_coords)
     B = layer_form(model, 1)[0].dense.double()
     _, cache = model.run_with_cache(torch.tensor([TOKENS]))
@@ -82,13 +88,13 @@ def test_each_term_is_sigma_times_the_coordinates_along_the_singular_pair():
 
 def test_runner_up_differences_add_up_to_the_margin():
     model = random_model(attn_bias=True)
-    attr = ci.attribute(model, TOKENS, 1, 1, 9)
+    attr = ci.attribute(loaded_of(model), TOKENS, 1, 1, 9)
     diff = attr.runner_up()
     s = attr.scores.sort(descending=True).values
     assert diff["difference"].sum() == pytest.approx(float(s[0] - s[1]), abs=1e-9)
     assert diff.attrs["winner"] == attr.top(1)[0] and diff.attrs["runner_up"] == attr.top(2)[1]
     assert list(diff["difference"].abs()) == sorted(diff["difference"].abs(), reverse=True)
-    assert ci.attribute(model, TOKENS, 1, 1, 0).runner_up().empty  # one key: no runner-up
+    assert ci.attribute(loaded_of(model), TOKENS, 1, 1, 0).runner_up().empty  # one key: no runner-up
 
 
 @pytest.mark.parametrize("kind", ["factored", "biased", "merged", "grown", "no_norm"])
@@ -97,7 +103,7 @@ def test_token_position_split_adds_up_at_layer_0(kind):
     model = random_model(**kw)
     S = own_scores(model, TOKENS)[0]
     for head in range(model.cfg.n_heads):
-        split = ci.token_position_split(model, TOKENS, head, 8)
+        split = ci.token_position_split(loaded_of(model), TOKENS, head, 8)
         parts = split[list(ci.SPLIT_PARTS)].sum(axis=1)
         torch.testing.assert_close(torch.tensor(parts.values), S[head, 8, :9], atol=1e-5, rtol=0)
         torch.testing.assert_close(torch.tensor(split["score"].values), S[head, 8, :9], atol=1e-5, rtol=0)
@@ -107,17 +113,17 @@ def test_token_position_split_adds_up_at_layer_0(kind):
 
 def test_token_position_split_needs_learned_positions():
     with pytest.raises(ValueError, match="learned position"):
-        ci.token_position_split(random_model(positional="none"), TOKENS, 0, 3)
+        ci.token_position_split(loaded_of(random_model(positional="none")), TOKENS, 0, 3)
 
 
 def test_attribution_rejects_bad_inputs():
     model = random_model()
     with pytest.raises(ValueError, match="query must be an integer in 0..9"):
-        ci.attribute(model, TOKENS, 0, 0, 10)
+        ci.attribute(loaded_of(model), TOKENS, 0, 0, 10)
     with pytest.raises(ValueError, match="layer 2 is outside"):
-        ci.attribute(model, TOKENS, 2, 0, 1)
+        ci.attribute(loaded_of(model), TOKENS, 2, 0, 1)
     with pytest.raises(ValueError, match="head 3 is outside"):
-        ci.attribute(model, TOKENS, 0, 3, 1)
+        ci.attribute(loaded_of(model), TOKENS, 0, 3, 1)
 
 
 # --- composition --------------------------------------------------------------------------------
@@ -288,7 +294,7 @@ def test_value_weighted_attention_is_pattern_times_value_norms():
 
 def test_attribute_report_terms_and_bias_sum_to_the_score():
     model = random_model(**KINDS["grown"])
-    doc = ci.attribute_report(LoadedModel("t", model, model.cfg), 1, 0, 7, TOKENS)
+    doc = ci.attribute_report(loaded_of(model), 1, 0, 7, TOKENS)
     json.dumps(doc, allow_nan=False)
     assert doc["query"] == 7 and len(doc["keys"]) == 8
     S = own_scores(model, TOKENS)[1][0, 7]  # a head grown to d_qk = 7
@@ -336,7 +342,7 @@ def test_property_attribution_and_composition_on_random_configs(c, data):
     layer = data.draw(st.integers(0, c["n_layers"] - 1))
     head = data.draw(st.integers(0, c["n_heads"] - 1))
     query = data.draw(st.integers(0, len(tokens) - 1))
-    attr = ci.attribute(model, tokens, layer, head, query)
+    attr = ci.attribute(loaded_of(model), tokens, layer, head, query)
     S = own_scores(model, tokens)[layer][head, query, :query + 1]
     torch.testing.assert_close(attr.scores, S, atol=1e-5, rtol=1e-5)
     comp = ci.composition(model, n_samples=2)
@@ -356,7 +362,7 @@ def test_induction_2l_k_composition_from_the_previous_token_head_stands_out():
     loaded = resolve("induction-2l")
     prev = best_heads(head_detectors(loaded.model, n_samples=16))["previous_token"]
     assert (prev["layer"], prev["head"]) == (0, 3)
-    comp = ci.composition(loaded)
+    comp = ci.composition(loaded.model)
     H = loaded.config.n_heads
     K = comp.scores["k"]
     for j in range(H, 2 * H):  # every layer-1 head (all four are induction heads)
@@ -368,9 +374,11 @@ def test_induction_2l_k_composition_from_the_previous_token_head_stands_out():
         assert float(col[3]) > float(comp.scores["q"][:H, j].max()) and float(col[3]) > float(comp.scores["v"][:H, j].max())
     assert {e["source"] for e in comp.edges("k", top=4)} == {"L0H3"}
     # read through the previous-token head, the induction heads' QK circuit is nearly positive definite
-    assert (ci.k_composed_positivity(loaded, (0, 3), 1) > 0.95).all()
+    assert (ci.k_composed_positivity(loaded.model, (0, 3), 1) > 0.95).all()
+    composed = ci.composed_qk_positivities(loaded.model, comp)
+    assert {r["writer"] for r in composed} == {"L0H3"} and min(r["qk_positivity_composed"] for r in composed) > 0.95
     # and they copy what they attend to
-    assert (ci.copying_scores(loaded)[1] > 0.95).all()
+    assert (ci.copying_scores(loaded.model)[1] > 0.95).all()
 
 
 # --- figures ------------------------------------------------------------------------------------
@@ -379,16 +387,18 @@ def test_figures_build_with_their_data():
     from attn_core.figures import circuits as fc
 
     model = random_model(**KINDS["biased"])
-    lm = LoadedModel("t", model, model.cfg)
+    lm = loaded_of(model)
     attr = ci.attribute(lm, TOKENS, 1, 0, 9)
     comp = ci.composition(model, n_samples=4)
     vw = ci.value_weighted(model, TOKENS, 1)
     plots = [
         fc.attribution_plot(attr, top=4, n_terms=3), fc.runner_up_plot(attr),
-        fc.token_position_plot(ci.token_position_split(model, TOKENS, 1, 9)),
+        fc.token_position_plot(ci.token_position_split(loaded_of(model), TOKENS, 1, 9)),
         fc.ov_spectrum_plot(ci.ov_spectrum_frame(model)),
         fc.ov_circuit_plot(ci.full_ov_circuit(model, 1, 0), [str(i) for i in range(12)], 1, 0, 0.5),
-        fc.positivity_plot(ci.head_circuits(model)), fc.composition_plot(comp), fc.composition_plot(comp, corrected=True),
+        fc.positivity_plot(ci.head_circuits(model).merge(
+            pd.DataFrame(ci.composed_qk_positivities(model, comp)), on=["layer", "head"], how="left")),
+        fc.composition_plot(comp), fc.composition_plot(comp, corrected=True),
         fc.head_graph_plot(comp, top=5), fc.value_weighted_plot(vw, [str(t) for t in TOKENS], 1, [0, 1, 2], 1),
     ]
     assert len({p.name for p in plots}) == len(plots)
@@ -401,3 +411,20 @@ def test_figures_build_with_their_data():
     for key, score in data.groupby("key")["score"].first().items():
         assert sums[key] == pytest.approx(score, abs=1e-9)
     assert len(plots[8].data) == 5
+    assert len(plots[5].fig.data) == 3  # two layers and the composed points
+
+
+# --- the model objects ----------------------------------------------------------------------------
+
+def test_functions_refuse_the_wrong_model_object_in_one_sentence():
+    model = random_model()
+    with pytest.raises(TypeError, match="attribute takes a LoadedModel"):
+        ci.attribute(model, TOKENS, 0, 0, 1)
+    with pytest.raises(TypeError, match="token_position_split takes a LoadedModel"):
+        ci.token_position_split(model, TOKENS, 0, 1)
+    with pytest.raises(TypeError, match="copying_scores takes a Transformer"):
+        ci.copying_scores(loaded_of(model))
+    with pytest.raises(TypeError, match="composition takes a Transformer"):
+        ci.composition(loaded_of(model))
+    with pytest.raises(TypeError, match="circuits_report takes a Transformer"):
+        ci.circuits_report(loaded_of(model))
