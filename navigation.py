@@ -39,6 +39,8 @@ PAGES: tuple[PageEntry, ...] = (
               "Attention algebra (seed 003)"),
     PageEntry("pages/8_Merged_vs_factored_QK.py", "Merged vs factored QK", "Merged_vs_factored_QK",
               ":material/merge:", "Merged vs factored QK (seed 004)"),
+    PageEntry("pages/9_Circuits.py", "Circuits", "Circuits", ":material/account_tree:",
+              "Circuits: OV, copying and composition between heads"),
 )
 
 

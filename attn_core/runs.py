@@ -3,7 +3,9 @@
 Layout of the data directory (default ``./runs``, or ``$ATTN_LAB_RUNS``)::
 
     index.sqlite          runs(id, parent, task, status, message, config, summary, created,
-                               updated, finished, pid, host)  metrics(run, step, name, value)
+                               updated, finished, pid, host, sweep, trial)  metrics(run, step, name, value)
+                          sweeps(id, name, status, message, config, info, created, updated,
+                                 finished, pid, host)
     <run id>/             model.safetensors, config.json, card.json (a checkpoint.save folder)
 
 Atomicity: the checkpoint folder is written to a hidden temporary sibling and renamed into place
@@ -56,7 +58,15 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 CREATE TABLE IF NOT EXISTS metrics (run TEXT NOT NULL, step INTEGER NOT NULL, name TEXT NOT NULL, value REAL);
 CREATE INDEX IF NOT EXISTS metrics_run ON metrics (run, step);
+CREATE TABLE IF NOT EXISTS sweeps (
+    id TEXT PRIMARY KEY, name TEXT NOT NULL, status TEXT NOT NULL, message TEXT DEFAULT '',
+    config TEXT NOT NULL, info TEXT DEFAULT '{}', created REAL NOT NULL, updated REAL NOT NULL,
+    finished REAL, pid INTEGER, host TEXT
+);
 """
+# Columns added to runs after the first release: older index files get them on open (ALTER TABLE).
+_RUN_COLUMNS = {"sweep": "TEXT", "trial": "TEXT"}
+SWEEP_STATUSES = ("running", "completed", "interrupted")  # a sweep ends completed or interrupted
 
 
 def default_root() -> Path:
@@ -140,6 +150,12 @@ class RunStore:
             with closing(sqlite3.connect(self.db_path, timeout=30)) as con:
                 con.execute("PRAGMA journal_mode=WAL")
                 con.executescript(_SCHEMA)
+                have = {r[1] for r in con.execute("PRAGMA table_info(runs)")}
+                for name, kind in _RUN_COLUMNS.items():
+                    if name not in have:
+                        con.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
+                con.execute("CREATE INDEX IF NOT EXISTS runs_sweep ON runs (sweep)")
+                con.commit()
             self._ready = True
 
     def _exists(self) -> bool:
@@ -184,6 +200,107 @@ class RunStore:
                         (status, message, json.dumps(summary or {}, default=str), now, now, run_id))
         self._sweep_tmp()
         return folder
+
+    def add_run(self, parent: str | None, task: str | None, config: dict, status: str, message: str = "",
+                model: Transformer | None = None, card: Card | dict | None = None, summary: dict | None = None,
+                metrics: Iterable[tuple[int, str, float]] = (), sweep: str | None = None,
+                trial: str | None = None) -> str:
+        """A run made elsewhere (a sweep's trial on a Ray worker), written in one go: the weights
+        folder first (atomically), then its row, already finished, and its metrics in one
+        transaction; returns the new run id."""
+        if status not in FINAL:
+            raise ValueError(f"a finished run's status is one of {', '.join(FINAL)}, not {status!r}")
+        run_id = new_run_id()
+        if model is not None:
+            card = dataclasses.replace(Card.from_dict(card), name=RUN_PREFIX + run_id, run_id=run_id, status=status,
+                                       message=message)
+            checkpoint.save(model, self.path(run_id), card, overwrite=True)
+        now = time.time()
+        rows = [(run_id, int(s), str(n), float(v)) for s, n, v in metrics]
+        with self._db(write=True) as con:
+            con.execute("INSERT INTO runs (id, parent, task, status, message, config, summary, created, updated, "
+                        "finished, pid, host, sweep, trial) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (run_id, parent, task, status, message, json.dumps(config, default=str),
+                         json.dumps(summary or {}, default=str), now, now, now, os.getpid(), socket.gethostname(),
+                         sweep, trial))
+            con.executemany("INSERT INTO metrics (run, step, name, value) VALUES (?, ?, ?, ?)", rows)
+        return run_id
+
+    # --- sweeps (groups of runs; attn_core.sweep writes them from the driver) -----------------------
+    def create_sweep(self, name: str, config: dict, info: dict | None = None) -> str:
+        """A new sweep in status ``running``, owned by this process; returns its id."""
+        sweep_id = "sweep-" + new_run_id()
+        now = time.time()
+        with self._db(write=True) as con:
+            con.execute("INSERT INTO sweeps (id, name, status, config, info, created, updated, pid, host) "
+                        "VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?)",
+                        (sweep_id, name, json.dumps(config, default=str), json.dumps(info or {}, default=str), now,
+                         now, os.getpid(), socket.gethostname()))
+        return sweep_id
+
+    def update_sweep(self, sweep_id: str, status: str, message: str = "", info: dict | None = None) -> None:
+        """Mark a sweep ``running`` again (a resume) or finished (``completed``/``interrupted``)."""
+        if status not in SWEEP_STATUSES:
+            raise ValueError(f"a sweep's status is one of {', '.join(SWEEP_STATUSES)}, not {status!r}")
+        sweep = self.get_sweep(sweep_id)
+        now = time.time()
+        with self._db(write=True) as con:
+            con.execute("UPDATE sweeps SET status = ?, message = ?, info = ?, updated = ?, finished = ?, pid = ?, "
+                        "host = ? WHERE id = ?",
+                        (status, message, json.dumps({**sweep["info"], **(info or {})}, default=str), now,
+                         None if status == "running" else now, os.getpid(), socket.gethostname(), sweep["id"]))
+
+    def list_sweeps(self) -> list[dict]:
+        """Every sweep, newest first: id, name, status, message, created, finished, info, and
+        ``trials`` (how many the plan has) and ``counts`` (recorded runs per status)."""
+        if not self._exists():
+            return []
+        self._reap_sweeps()
+        with self._db() as con:
+            rows = con.execute("SELECT * FROM sweeps ORDER BY created DESC, id DESC").fetchall()
+            counts: dict[str, dict] = {}
+            for r in con.execute("SELECT sweep, status, COUNT(*) FROM runs WHERE sweep IS NOT NULL "
+                                 "GROUP BY sweep, status"):
+                counts.setdefault(r[0], {})[r[1]] = r[2]
+        return [{**self._sweep_row(r), "counts": counts.get(r["id"], {})} for r in rows]
+
+    def get_sweep(self, sweep_id: str) -> dict:
+        """One sweep (as in :meth:`list_sweeps`) with its ``config`` (the plan) and ``runs`` (its
+        recorded runs, oldest first, each with its ``trial`` key)."""
+        sweep_id = check_run_id(sweep_id)
+        row = None
+        if self._exists():
+            self._reap_sweeps()
+            with self._db() as con:
+                row = con.execute("SELECT * FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
+                runs = con.execute("SELECT * FROM runs WHERE sweep = ? ORDER BY created, id", (sweep_id,)).fetchall()
+        if row is None:
+            known = [s["id"] for s in self.list_sweeps()[:5]]
+            raise ValueError(f"no sweep {sweep_id!r} in {self.root}" + (f"; recent sweeps: {', '.join(known)}"
+                                                                         if known else " (no sweeps yet)"))
+        out = self._sweep_row(row)
+        out["config"] = json.loads(row["config"] or "{}")
+        out["runs"] = [self._row(r) for r in runs]
+        out["counts"] = {}
+        for r in out["runs"]:
+            out["counts"][r["status"]] = out["counts"].get(r["status"], 0) + 1
+        return out
+
+    def _sweep_row(self, r: sqlite3.Row) -> dict:
+        config = json.loads(r["config"] or "{}")
+        return {"id": r["id"], "name": r["name"], "status": r["status"], "message": r["message"] or "",
+                "created": _iso(r["created"]), "finished": _iso(r["finished"]), "info": json.loads(r["info"] or "{}"),
+                "trials": len(config.get("trials", ()))}
+
+    def _reap_sweeps(self) -> None:
+        """Sweeps left 'running' by a process of this host that is gone are ``interrupted``."""
+        host = socket.gethostname()
+        with self._db() as con:
+            gone = [r["id"] for r in con.execute("SELECT id, pid, host FROM sweeps WHERE status = 'running'")
+                    if r["host"] == host and not _pid_alive(r["pid"])]
+            for sweep_id in gone:
+                con.execute("UPDATE sweeps SET status = 'interrupted', message = ? WHERE id = ? AND status = 'running'",
+                            ("interrupted: the driver ended before every trial was recorded", sweep_id))
 
     def delete(self, run_id: str) -> None:
         """Remove a finished run (index rows and folder). A running run cannot be deleted."""
@@ -255,7 +372,8 @@ class RunStore:
         return {"id": r["id"], "parent": r["parent"], "task": r["task"], "status": r["status"],
                 "message": r["message"] or "", "created": _iso(r["created"]), "finished": _iso(r["finished"]),
                 "config": json.loads(r["config"] or "{}"), "summary": json.loads(r["summary"] or "{}"),
-                "has_weights": (self.root / r["id"] / WEIGHTS).is_file()}
+                "has_weights": (self.root / r["id"] / WEIGHTS).is_file(),
+                "sweep": r["sweep"], "trial": r["trial"]}
 
     def _reap(self) -> None:
         """Runs left 'running' by a process of this host that is gone: take the status from the

@@ -17,9 +17,12 @@ answers it best is the one with the largest cut of vocabulary entropy within tha
 
     python experiments/concentration.py                  # the full sweep, saved under results/
     python experiments/concentration.py --quick          # a smoke run (few steps, one lambda)
+    python experiments/concentration.py --ray            # the same settings as one sweep on Ray
 
 Writes experiments/results/concentration.{md,json}. Settings run in ``--jobs`` processes (one
-torch thread each), so the sweep fits in minutes on a 2-core machine.
+torch thread each), so the sweep fits in minutes on a 2-core machine. With ``--ray`` the same
+settings run as one sweep (``attn_core.sweep``: Ray Tune trials, a local Ray with ``--jobs`` CPUs
+or the cluster of ``--address``), recorded as runs of a sweep named "concentration" in the run store.
 """
 from __future__ import annotations
 
@@ -73,6 +76,59 @@ def run_setting(setting: dict) -> dict:
     out.update({f"parent_{k}": res["before"][k] for k in COLS})
     out.update({k: (res["after"] or {}).get(k, math.nan) for k in COLS})
     return out
+
+
+def _trial(s: dict):
+    from attn_core.sweep import BASELINE, Trial
+
+    if s["kind"] == "entmax":
+        return Trial(s["model"], BASELINE, 0.0, s["seed"], entmax_alpha=s["entmax_alpha"])
+    if s["regularizer"] == "none" or s["lambda"] == 0:
+        return Trial(s["model"], BASELINE, 0.0, s["seed"])
+    return Trial(s["model"], s["regularizer"], float(s["lambda"]), s["seed"])
+
+
+def run_on_ray(todo: list[dict], jobs: int, threads: int, address: str | None) -> list[dict]:
+    """The settings as one sweep on Ray (attn_core.sweep); rows as :func:`run_setting` makes them."""
+    from attn_core.sweep import SweepPlan, run_sweep
+
+    s0 = todo[0]
+    job = dict(steps=s0["steps"], lr=s0["lr"], batch_size=s0["batch_size"], device="cpu", eval_every=s0["steps"],
+               telemetry_every=s0["steps"], spectrum_every=s0["steps"], measure_samples=s0["samples"])
+    by_key = {_trial(s).key: s for s in todo}
+    seconds: dict[str, float] = {}
+
+    def on_trial(run_id: str, payload: dict) -> None:
+        seconds[payload["key"]] = payload.get("seconds", math.nan)
+        s = by_key[payload["key"]]
+        after = payload.get("after") or {}
+        print(f"{s['model']:14s} {s['regularizer']:14s} λ={s['lambda']:<5g} acc {after.get('accuracy', math.nan):.4f} "
+              f"H_data {after.get('entropy_data', math.nan):.3f}  {payload['status']}  run {run_id}  "
+              f"{seconds[payload['key']]:.1f}s", flush=True)
+
+    if address is None and jobs:
+        import ray
+
+        if not ray.is_initialized():  # a local Ray with --jobs CPUs (run_sweep then uses it as it is)
+            ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    try:
+        res = run_sweep(SweepPlan("concentration", [_trial(s) for s in todo], job), address=address,
+                        cpus_per_trial=threads, on_trial=on_trial)
+    finally:
+        if address is None and jobs:
+            ray.shutdown()
+    print(f"sweep {res['sweep_id']}: {res['status']} on Ray {res['ray_version']} ({res['address']}), "
+          f"{res['wall_s']:.1f} s", flush=True)
+    rows = []
+    for t in res["trials"]:
+        s = by_key[t["key"]]
+        before, after = t["before"] or {}, t["after"] or {}
+        row = {**s, "status": t["status"], "message": t["message"], "seconds": seconds.get(t["key"], math.nan),
+               "threads": threads, "run_id": t["run_id"], "sweep_id": res["sweep_id"]}
+        row.update({f"parent_{k}": before.get(k, math.nan) for k in COLS})
+        row.update({k: after.get(k, math.nan) for k in COLS})
+        rows.append(row)
+    return rows
 
 
 def settings(models, lambdas, steps, batch_size, lr, seed, samples, entmax) -> list[dict]:
@@ -224,6 +280,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--ray", action="store_true", help="run the settings as one sweep on Ray (attn_core.sweep)")
+    ap.add_argument("--address", help="with --ray: the Ray cluster to join (default: a local Ray with --jobs CPUs)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 20 steps, lambda 0.1, no entmax, not saved")
     ap.add_argument("--render", type=Path, help="only rewrite the markdown from a saved concentration.json")
     args = ap.parse_args()
@@ -240,8 +298,10 @@ def main() -> None:
     todo = settings(args.models, args.lambdas, args.steps, args.batch_size, args.lr, args.seed, args.samples, args.entmax)
     start = time.perf_counter()
     rows = []
+    if args.ray:
+        rows = run_on_ray(todo, args.jobs, args.threads, args.address)
     with ProcessPoolExecutor(max_workers=args.jobs, initializer=_init_worker, initargs=(args.threads,)) as pool:
-        for r in pool.map(run_setting, todo):
+        for r in ([] if args.ray else pool.map(run_setting, todo)):
             rows.append(r)
             print(f"{r['model']:14s} {r['regularizer']:14s} λ={r['lambda']:<5g} acc {r['accuracy']:.4f} "
                   f"H_data {r['entropy_data']:.3f} H_vocab {r['entropy_vocab']:.3f} top1 {r['top1_mass']:.3f} "
@@ -252,7 +312,7 @@ def main() -> None:
 
     meta = {"created": time.strftime("%Y-%m-%d %H:%M"), "steps": args.steps, "batch_size": args.batch_size,
             "lr": args.lr, "seed": args.seed, "samples": args.samples, "lambdas": args.lambdas, "entmax": args.entmax,
-            "jobs": args.jobs, "threads": args.threads, "wall_s": wall,
+            "jobs": args.jobs, "threads": args.threads, "wall_s": wall, "backend": "ray" if args.ray else "processes",
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
             "command": " ".join(["python experiments/concentration.py", *sys.argv[1:]])}
     md = markdown(rows, summary, meta)

@@ -3,8 +3,10 @@ input, over the vocabulary and over positions, with one query's row and its conc
 import streamlit as st
 
 import ui
-from attn_core import bilinear, metrics
+from attn_core import bilinear, circuits, metrics
 from attn_core.figures import bilinear as fb
+from attn_core.figures import circuits as fc
+from attn_core.sources import LoadedModel
 
 SOURCES = {"sample": "task sample", "random": "random tokens", "typed": "typed tokens"}
 ALL = ui.ALL_HEADS
@@ -21,6 +23,14 @@ METRIC_HELP = {
 sequence_view = ui.cached(bilinear.sequence_view)
 vocabulary_view = ui.cached(bilinear.vocabulary_view)
 positional_view = ui.cached(bilinear.positional_view)
+attribution = ui.cached(circuits.attribute)
+token_position_split = ui.cached(circuits.token_position_split)
+
+
+@ui.cached
+def value_weighted(loaded: LoadedModel, tokens: list[int], layer: int, head: int) -> dict:
+    return circuits.value_weighted(loaded.model, tokens, layer, [head])
+
 
 loaded = ui.setup("Heatmaps of f_x(y)")
 cfg = loaded.config
@@ -109,6 +119,37 @@ else:
             label = name.replace("_", " ") + (f" (k={k})" if name == "topk_mass" else "")
             st.metric(label, f"{float(v[i, query]):.3f}", help=METRIC_HELP[name])
 
+    # --- why this key: the score split over the singular directions of B ---------------------------------
+    if st.toggle("Why this key", key=ui.remember("why_key", False),
+                 help="Split the query's scores into the rank-1 terms σᵢ (x·uᵢ)(y·vᵢ) of B, see which directions "
+                      "make the top key beat the runner-up, and what each key actually sends (value-weighted)"):
+        st.header(f"Why this key: query {view.queries[query]}")
+        st.markdown("With $B = \\sum_i \\sigma_i u_i v_i^\\top$, $f_x(y) = \\sum_i \\sigma_i (x\\cdot u_i)(y\\cdot v_i)$ "
+                    "+ bias: each bar is one singular direction's contribution to a key's score (same units as S).")
+        attr = attribution(loaded, tokens, layer, head, query)
+        why_plots = [fc.attribution_plot(attr, top=min(8, len(attr.keys)))]
+        why_left, why_right = st.columns(2)
+        with why_left:
+            ui.show_plot(why_plots[0], key="why_attribution")
+        with why_right:
+            if len(attr.keys) > 1:
+                why_plots.append(fc.runner_up_plot(attr))
+                ui.show_plot(why_plots[-1], key="why_runner_up")
+            else:
+                st.info("The first query sees one key only: there is no runner-up.")
+        if layer == 0 and cfg.positional == "learned":
+            st.markdown("At layer 0, with each token's LayerNorm scale frozen, $x = tok + pos + b$ exactly, so each "
+                        "score splits into token-token, token-position, position-token and position-position parts "
+                        "(query side first).")
+            why_plots.append(fc.token_position_plot(token_position_split(loaded, tokens, head, query)))
+            ui.show_plot(why_plots[-1], key="why_token_position")
+        st.markdown("Value-weighted attention $A_{ij}\\,\\|v_j W_O\\|$ beside the pattern: what query $i$ actually "
+                    "receives from key $j$ (residual-stream norm), not only where it looks.")
+        why_plots.append(fc.value_weighted_plot(value_weighted(loaded, tokens, layer, head), view.queries, layer,
+                                                [head], head))
+        ui.show_plot(why_plots[-1], key="why_value_weighted")
+        plots += why_plots
+
 # --- concentration of the head(s) --------------------------------------------------------------------
 st.header("Concentration of the head" if head != ALL else "Concentration of every head")
 table = view.concentration_table(int(k))
@@ -149,5 +190,6 @@ with pos_col:
 st.divider()
 ui.export_all(plots, {"page": "Heatmaps", "model": loaded.name, "model_key": loaded.key, "layer": layer,
                       "head": head, "query": query, "query_label": view.queries[query], "input": source,
-                      "tokens": tokens, "token_labels": view.queries, "k": int(k)},
+                      "tokens": tokens, "token_labels": view.queries, "k": int(k),
+                      "why_this_key": bool(st.session_state.get("why_key")) and head != ALL},
               key="heatmaps")

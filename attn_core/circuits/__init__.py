@@ -7,6 +7,11 @@ attention), ``composition`` (composition scores and their random-matrix baseline
 ``attribution`` (rank-1 terms of one score, runner-up, token/position split at layer 0),
 ``report`` (the CLI's JSON documents). The maths is in each module's docstring and in
 docs/maths.md.
+
+The model object, as in ``attn_core.bilinear``: what names tokens takes a ``LoadedModel``
+(``attribute``, ``token_position_split``, ``attribute_report``); the rest is model maths and
+takes the ``Transformer`` (a LoadedModel's ``.model``). The wrong one is refused with a
+TypeError of one sentence.
 """
 from attn_core.circuits.attribution import (
     BIAS_PARTS,
@@ -43,8 +48,8 @@ from attn_core.circuits.report import attribute_report, circuits_report
 
 __all__ = [
     "BIAS_PARTS", "KINDS", "SPLIT_PARTS", "Attribution", "Composition", "attribute", "attribute_report",
-    "baseline_score", "circuits_report", "composed_qk_positivities", "composition", "composition_score", "copying_scores", "full_ov_circuit",
-    "full_ov_form", "full_qk_form", "head_circuits", "head_form", "k_composed_positivity", "ov_form",
+    "baseline_score", "circuits_report", "composed_qk_positivities", "composition", "composition_score",
+    "copying_scores", "full_ov_circuit", "full_ov_form", "full_qk_form", "head_circuits", "head_form", "k_composed_positivity", "ov_form",
     "ov_singular_values", "ov_spectrum_frame", "positivity", "qk_positivities", "token_position_split",
     "unembed_matrix", "value_weighted",
 ]

@@ -59,7 +59,6 @@ from attn_core.hooks import act_name
 from attn_core.model import Transformer
 from attn_core.regularizers import head_label
 
-
 # --- OV per head --------------------------------------------------------------------------------
 
 def ov_form(model: Transformer, layer: int) -> QKForm:

@@ -8,8 +8,8 @@ import math
 
 import typer
 
-from attn_core.cli.common import JsonOpt, NameArg, check_head, emit, guarded, input_tokens, table
 from attn_core.circuits.composition import KINDS, N_SAMPLES
+from attn_core.cli.common import JsonOpt, NameArg, check_head, emit, guarded, input_tokens, table
 
 app = typer.Typer()
 

@@ -36,6 +36,8 @@ def grow_cmd(name: str = NameArg,
              eval_samples: int = typer.Option(default(GrowConfig, "eval_samples"), help="Held-out sequences for "
                                               "every reported loss."),
              device: str = typer.Option(default(GrowConfig, "device"), help="auto, cpu or cuda."),
+             precision: str = typer.Option(default(GrowConfig, "precision"), help="Fine-tuning in fp32, or bf16 "
+                                           "(autocast; the fit and the line search stay fp32)."),
              out: Path | None = typer.Option(None, help="Save the grown, fine-tuned model in this new folder."),
              as_json: bool = JsonOpt):
     """Grow d_k of one head along the functional gradient (seed 001): fit the descent target of the
@@ -50,7 +52,8 @@ def grow_cmd(name: str = NameArg,
     if out is not None and out.exists():
         raise ValueError(f"{out} already exists; choose a new --out folder (nothing was overwritten)")
     cfg = GrowConfig(layer=layer, head=head, add=add, batch=batch, seed=seed, steps=steps, lr=lr, basis=basis,
-                     grid=grid, damping=damping, eval_samples=eval_samples, device=device)
+                     grid=grid, damping=damping, eval_samples=eval_samples, device=device,
+                     precision=precision)
     res = grow.grow(loaded.model, loaded.task, cfg)
     summary = {"name": loaded.name, "task": loaded.task.name, **res.summary()}
     if out is not None:

@@ -2,13 +2,36 @@
 scratch) and ``presets`` (the recipes)."""
 from __future__ import annotations
 
+import contextlib
+from dataclasses import replace
 from pathlib import Path
 
 import typer
 
 from attn_core.cli.common import JsonOpt, command_line, emit, guarded, needs_task, table
+from attn_core.training.trainer import TrainConfig, check_precision
+from attn_core.validate import default
 
 app = typer.Typer()
+
+
+@contextlib.contextmanager
+def _precision(name: str, precision: str):
+    """The preset's recipe with ``precision`` while this command trains it. ``train_preset`` takes
+    steps, seed and device but no precision, so the recipe is swapped for the call and put back
+    (the CLI trains one preset per process)."""
+    from attn_core import presets
+
+    check_precision(precision, prefix="--precision: ")
+    preset = presets.get_preset(name)
+    if precision == preset.train.precision:
+        yield
+        return
+    presets.PRESETS[name] = replace(preset, train=replace(preset.train, precision=precision))
+    try:
+        yield
+    finally:
+        presets.PRESETS[name] = preset
 
 
 @app.command("zoo")
@@ -49,15 +72,18 @@ def train_cmd(preset: str = typer.Option(..., help="Preset name (see `attn-lab p
               out: Path | None = typer.Option(None, help="Folder to save the model in (must not exist)."),
               steps: int | None = typer.Option(None, help="Override the preset's number of steps."),
               seed: int | None = typer.Option(None, help="Override the preset's seed."),
-              device: str | None = typer.Option(None, help="auto, cpu or cuda."),
+              device: str | None = typer.Option(None, help="auto, cpu or cuda (default: the preset's, auto)."),
+              precision: str = typer.Option(default(TrainConfig, "precision"), help="fp32, or bf16 (autocast: "
+                                            "forward and loss in bfloat16, weights and AdamW in fp32)."),
               as_json: bool = JsonOpt):
     """Train a preset from scratch; with --out, save model.safetensors, config.json and card.json."""
     from attn_core.presets import train_preset
 
     if steps is not None and steps <= 0:
         raise ValueError(f"--steps must be positive, got {steps}")
-    card = train_preset(preset, out=out, steps=steps, seed=seed, device=device, progress=not as_json,
-                        command=command_line())
+    with _precision(preset, precision):
+        card = train_preset(preset, out=out, steps=steps, seed=seed, device=device, progress=not as_json,
+                            command=command_line())
     result = {"preset": preset, "out": str(out) if out else None, **card}
     emit(result, as_json, lambda r: f"{r['preset']}: accuracy {r['metrics']['accuracy']:.4f} on 512 held-out "
                                     f"samples, {r['wall_time_s']:.1f} s" + (f", saved to {r['out']}" if r["out"] else ""))

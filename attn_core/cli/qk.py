@@ -51,6 +51,8 @@ def compare_qk_cmd(task: str = typer.Option(default(CompareConfig, "task"), help
                    batch_size: int = typer.Option(default(CompareConfig, "batch_size"), help="Sequences per step."),
                    device: str = typer.Option(default(CompareConfig, "device"), help="cpu, cuda or auto (ms/step "
                                               "is measured on it)."),
+                   precision: str = typer.Option(default(CompareConfig, "precision"), help="fp32, or bf16 "
+                                                 "(autocast of the forward and loss; weights stay fp32)."),
                    threads: int = typer.Option(default(CompareConfig, "threads"), help="torch CPU threads while "
                                                "training (0: torch's default); one is fastest for these small "
                                                "models on a busy machine."),
@@ -67,7 +69,7 @@ def compare_qk_cmd(task: str = typer.Option(default(CompareConfig, "task"), help
     cfg = CompareConfig(task=task, steps=steps, seeds=seeds, first_seed=first_seed, d_qks=_int_list(d_qk, "--d-qk"),
                         merged_kinds=kinds, d_model=d_model, weight_decay=weight_decay,
                         qk_weight_decay=qk_weight_decay, nuclear=nuclear, lr=lr, batch_size=batch_size, device=device,
-                        threads=threads)
+                        precision=precision, threads=threads)
     bar = None
     if not as_json:
         from tqdm import tqdm

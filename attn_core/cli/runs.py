@@ -50,12 +50,18 @@ def retrain_cmd(name: str = typer.Argument(..., help="Zoo model name or folder, 
                 batch_size: int | None = typer.Option(default(JobConfig, "batch_size"),
                                                       help="Default: the parent's training batch size."),
                 device: str = typer.Option(default(JobConfig, "device"), help="auto, cpu or cuda."),
+                precision: str = typer.Option(default(JobConfig, "precision"), help="fp32, or bf16 (autocast: "
+                                              "forward and loss in bfloat16, weights and AdamW in fp32)."),
+                sync_every: int | None = typer.Option(default(JobConfig, "sync_every"), "--sync-every",
+                                                      help="Steps between two reads of the losses from the device "
+                                                           "(default: 1 on CPU, 25 on CUDA); the NaN guard checks "
+                                                           "them there and keeps the last good weights."),
                 as_json: bool = JsonOpt):
     """Fine-tune a model with concentration regularizers; the run is saved in the run store."""
     from attn_core.training.job import TrainingJob
 
     cfg = JobConfig(source=name, regularizers=list(reg), heads=heads, entmax_alpha=entmax_alpha, steps=steps,
-                    seed=seed, lr=lr, batch_size=batch_size, device=device)
+                    seed=seed, lr=lr, batch_size=batch_size, device=device, precision=precision, sync_every=sync_every)
     job = TrainingJob(cfg)
     if as_json:
         job.run()

@@ -21,7 +21,7 @@ from attn_core.grow.growth import (
 from attn_core.model import Transformer
 from attn_core.tasks import Task
 from attn_core.training.record import record_run
-from attn_core.training.trainer import TrainConfig, Trainer, evaluate, select_device
+from attn_core.training.trainer import TrainConfig, Trainer, check_precision, evaluate, select_device
 from attn_core.validate import check, check_int, is_int, is_number
 
 METHODS = ("grown", "random", "zero")
@@ -50,6 +50,7 @@ class GrowConfig:
     random_std: float = 0.02
     damping: float = DAMPING
     device: str = "cpu"
+    precision: str = "fp32"  # of the fine-tuning (autocast bf16 or fp32); the fit and the line search are fp32
 
     def __post_init__(self) -> None:
         for name, top in (("batch", 4096), ("grid", 64), ("steps", 100_000), ("finetune_batch", 4096),
@@ -62,11 +63,14 @@ class GrowConfig:
         check(is_number(self.random_std) and 0 <= self.random_std <= 10,
               f"random_std must be in [0, 10], got {self.random_std!r}")
         check(is_number(self.damping) and 0 <= self.damping <= 1, f"damping must be in [0, 1], got {self.damping!r}")
+        check_precision(self.precision)
+        select_device(self.device)  # raises on an unknown or unavailable device
 
     def train_config(self) -> TrainConfig:
         return TrainConfig(steps=self.steps, batch_size=self.finetune_batch, lr=self.lr, weight_decay=0.0,
                            warmup_steps=0, min_lr_ratio=1.0, eval_every=self.eval_every,
-                           eval_samples=self.eval_samples, seed=self.seed, device=self.device)
+                           eval_samples=self.eval_samples, seed=self.seed, device=self.device,
+                           precision=self.precision)
 
 
 @dataclass

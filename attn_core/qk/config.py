@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from attn_core.model import ModelConfig
 from attn_core.tasks import TASKS, get_task
-from attn_core.training.trainer import TrainConfig
+from attn_core.training.trainer import TrainConfig, check_precision
 from attn_core.validate import check, is_int, is_number
 
 PARENT_PREFIX = "compare-qk:"  # runs of a comparison have parent "compare-qk:<task>"
@@ -76,6 +76,7 @@ class CompareConfig:
     measure_samples: int = 512
     eval_seed: int = 0
     device: str = "cpu"
+    precision: str = "fp32"  # or bf16 (autocast)
     # torch intra-op threads while training (0: leave the process's setting). These models are too
     # small for threads to pay, and on a busy machine oversubscribed threads spin: the page's default
     # comparison took 36 s with 1 thread and 418 s with 2 on the shared 2-core machine.
@@ -110,6 +111,7 @@ class CompareConfig:
             v = getattr(self, name)
             ok(is_int(v) and v > 0, f"{name} must be a positive integer, got {v!r}")
         ok(is_int(self.eval_seed) and self.eval_seed >= 0, "eval_seed must be >= 0")
+        check_precision(self.precision, prefix="invalid comparison setting: ")
         ok(is_int(self.threads) and 0 <= self.threads <= 256, f"threads must be 0..256, got {self.threads!r}")
         self.base_model_config()  # n_layers, n_heads, d_head ... (ModelConfig's own checks)
         self.train_config(self.first_seed)  # lr, batch size, device ...
@@ -127,7 +129,7 @@ class CompareConfig:
         warmup = self.warmup_steps if self.warmup_steps is not None else min(100, self.steps // 10)
         return TrainConfig(steps=self.steps, batch_size=self.batch_size, lr=float(self.lr),
                            weight_decay=float(self.weight_decay), warmup_steps=warmup, eval_every=self.eval_every,
-                           eval_samples=self.eval_samples, seed=seed, device=self.device)
+                           eval_samples=self.eval_samples, seed=seed, device=self.device, precision=self.precision)
 
     def variants(self) -> list[Variant]:
         out = [Variant(f"factored d_qk={w}", "factored", d_qk=w) for w in sorted(self.d_qks)]
@@ -153,7 +155,8 @@ class CompareConfig:
         parts = ["attn-lab", "compare-qk", "--task", self.task, "--steps", str(self.steps), "--seeds", str(self.seeds)]
         for name, flag in (("first_seed", "--first-seed"), ("d_model", "--d-model"), ("qk_weight_decay", "--qk-weight-decay"),
                            ("nuclear", "--nuclear"), ("weight_decay", "--weight-decay"), ("lr", "--lr"),
-                           ("batch_size", "--batch-size"), ("device", "--device"), ("threads", "--threads")):
+                           ("batch_size", "--batch-size"), ("device", "--device"), ("precision", "--precision"),
+                           ("threads", "--threads")):
             if getattr(self, name) != getattr(default, name):
                 parts += [flag, f"{getattr(self, name):g}" if isinstance(getattr(self, name), float) else str(getattr(self, name))]
         if self.d_qks != default.d_qks:

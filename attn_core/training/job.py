@@ -44,7 +44,9 @@ class JobConfig:
     head selection of specs that name none (``"L1"``, ``"L0H1,L1H2"``; None = every head).
     ``entmax_alpha``: None keeps the parent's attention; 1 softmax, 1.5 entmax15, 2 sparsemax.
     ``batch_size``/``weight_decay`` default to the parent's training recipe (else 64 / 0.1);
-    ``warmup_steps`` to min(100, steps // 10)."""
+    ``warmup_steps`` to min(100, steps // 10). ``precision`` fp32 or bf16 (autocast);
+    ``sync_every`` steps between reads of the device (None: the device's default, see
+    ``trainer.sync_interval``; telemetry and spectrum steps are read at once)."""
 
     source: str
     regularizers: object = field(default_factory=dict)
@@ -54,6 +56,8 @@ class JobConfig:
     lr: float = 1e-3
     seed: int = 0
     device: str = "auto"
+    precision: str = "fp32"
+    sync_every: int | None = None
     batch_size: int | None = None
     weight_decay: float | None = None
     warmup_steps: int | None = None
@@ -88,12 +92,13 @@ class JobConfig:
         ok(self.weight_decay is None or (is_number(self.weight_decay) and self.weight_decay >= 0),
            "weight_decay must be >= 0")
         R.parse_specs(self.regularizers)  # names, lambdas and k are checked here; heads once the model is known
-        self.train_config({})  # lr, batch size, device ...
+        self.train_config({})  # lr, batch size, device, precision, sync_every ...
 
     def train_config(self, parent_train: dict) -> TrainConfig:
         """The TrainConfig of this run, taking what is unset from the parent's recipe."""
         return TrainConfig(
             steps=self.steps, lr=float(self.lr), seed=int(self.seed), device=self.device,
+            precision=self.precision, sync_every=self.sync_every,
             batch_size=self.batch_size or int(parent_train.get("batch_size", 64)),
             weight_decay=float(self.weight_decay if self.weight_decay is not None else parent_train.get("weight_decay", 0.1)),
             warmup_steps=self.warmup_steps if self.warmup_steps is not None else min(100, self.steps // 10),
@@ -118,6 +123,10 @@ class JobConfig:
             parts += ["--batch-size", str(self.batch_size)]
         if self.device != "auto":
             parts += ["--device", self.device]
+        if self.precision != "fp32":
+            parts += ["--precision", self.precision]
+        if self.sync_every is not None:
+            parts += ["--sync-every", str(self.sync_every)]
         return " ".join(parts)
 
 
@@ -194,7 +203,8 @@ class TrainingJob:
         model = R.with_entmax(model, cfg.entmax_alpha)
         self.penalty = R.build_penalty(cfg.regularizers, model, cfg.heads)
         self.train_cfg = cfg.train_config(parent_card.train)
-        self.trainer = Trainer(model, task, self.train_cfg, penalty=self.penalty or None, max_loss=cfg.max_loss)
+        self.trainer = Trainer(model, task, self.train_cfg, penalty=self.penalty or None, max_loss=cfg.max_loss,
+                               sync_at=self._measured_at)
         self.model = self.trainer.model
         self.device = self.trainer.device
         self.parent_card = parent_card
@@ -334,6 +344,7 @@ class TrainingJob:
     def _interrupt(self) -> str | None:
         """Between steps: wait while paused (pauses do not count as training time); a stop ends the run."""
         if not self._go.is_set():
+            self.trainer.sync()  # the steps run so far are shown while paused
             self._publish(status="paused", message=f"paused at step {self.trainer.step_index}",
                           train_s=self._state["train_s"])
             paused_at = time.perf_counter()
@@ -344,10 +355,17 @@ class TrainingJob:
             return f"stopped at step {self.trainer.step_index} of {self.cfg.steps}"
         return None
 
+    def _measured_at(self, step: int) -> bool:
+        """Telemetry and spectrum steps are sync points of the trainer: their rows arrive while
+        the model still has that step's weights."""
+        return step % self.cfg.telemetry_every == 0 or step % self.cfg.spectrum_every == 0
+
     def _on_step(self, step: int, row: dict, seconds: float) -> None:
         cfg = self.cfg
         self._state["step_s"] += seconds
         self._state["latest"].update(row)
+        if step != self.trainer.step_index:  # an earlier step of a window read at once: logged only
+            return
         if step % cfg.telemetry_every == 0 or step == cfg.steps:
             self._telemetry(step)
         if step % cfg.spectrum_every == 0 or step == cfg.steps:
@@ -384,3 +402,13 @@ class TrainingJob:
             wall_time_s=self._state["elapsed_s"], command=self.cfg.command(),
             regularizers=self.penalty.describe(), regularized_heads=self._head_names(),
             entmax_alpha=self.model.cfg.entmax_alpha, job=self.cfg.to_dict())
+
+
+def preview(cfg: JobConfig) -> Snapshot:
+    """What a job with ``cfg`` logs at step 0, before any update (per-head telemetry on its probe
+    batch, spectra), as a pending snapshot: the model as it is. Nothing is trained or stored."""
+    job = TrainingJob(cfg, store=False)
+    job._telemetry(0)
+    job._spectra(0)
+    job._publish()
+    return job.snapshot()

@@ -2,7 +2,8 @@
 
 :func:`record_run` steps a :class:`~attn_core.training.trainer.Trainer` to the end of its
 schedule. A step whose loss or gradient is NaN/Inf, or whose loss explodes, raises ``Diverged``
-before any update; the loop then puts the last good weights back and ends ``diverged``. Each
+at the trainer's next sync point (at once with ``sync_every`` 1, before the bad step's update); the
+loop then puts the last good weights back and ends ``diverged``. Each
 step's metrics are logged under their names (``telemetry.step_row``) in a :class:`RunRecorder`,
 which keeps the metric log in memory and, with a run store, writes it there (at least every
 ``FLUSH_EVERY_S``) and finally saves the weights with their :class:`~attn_core.card.Card`
@@ -26,7 +27,7 @@ from attn_core.training.trainer import Diverged, Trainer
 FLUSH_EVERY_S = 2.0  # metrics reach the run store at least this often
 
 # on_step(step, row, seconds): row is the step's metrics under their logged names, seconds the
-# time inside Trainer.step
+# time inside Trainer.step (a window of steps read at one sync point shares its time evenly)
 OnStep = Callable[[int, dict, float], None]
 # interrupt() before every step: a message ends the run as "stopped", None goes on
 Interrupt = Callable[[], str | None]
@@ -49,41 +50,54 @@ class Outcome:
 def record_run(trainer: Trainer, recorder: RunRecorder | None = None, on_step: OnStep | None = None,
                interrupt: Interrupt | None = None) -> Outcome:
     """Step ``trainer`` until ``trainer.cfg.steps``: log every step in ``recorder`` (flushed to its
-    store every ``FLUSH_EVERY_S``), then call ``on_step``. On divergence the last good weights are
-    restored and the outcome is ``diverged``; ``interrupt`` can stop the run between steps."""
+    store every ``FLUSH_EVERY_S``), then call ``on_step``. Steps arrive in order once the trainer
+    has read them from the device (at its sync points, see :class:`Trainer`), so with
+    ``sync_every`` N they may come up to N - 1 steps late, several at once. On divergence the last
+    good weights are restored and the outcome is ``diverged``; ``interrupt`` can stop the run
+    between steps (the pending steps are read first)."""
     steps = trainer.cfg.steps
-    while trainer.step_index < steps:
-        if interrupt is not None:
-            stop = interrupt()
-            if stop:
-                return Outcome("stopped", stop)
-        start = time.perf_counter()
-        try:
-            metrics = trainer.step()
-        except Diverged as d:
-            kept = trainer.restore_good()
-            return Outcome("diverged", f"{d}; kept weights of step {kept}", str(d))
-        seconds = time.perf_counter() - start
+
+    def deliver(metrics: dict) -> None:
         step = metrics["step"]
         row = step_row(metrics)
         if recorder is not None:
             recorder.log(step, row)
         if on_step is not None:
-            on_step(step, row, seconds)
-        if recorder is not None:
-            recorder.flush()
-    return Outcome("completed", f"completed {steps} steps")
+            on_step(step, row, trainer.seconds.get(step, 0.0))
+
+    trainer.callbacks.append(deliver)
+    try:
+        while trainer.step_index < steps:
+            try:
+                if interrupt is not None:
+                    stop = interrupt()
+                    if stop:
+                        trainer.sync()
+                        return Outcome("stopped", stop)
+                trainer.step()
+            except Diverged as d:
+                kept = trainer.restore_good()
+                return Outcome("diverged", f"{d}; kept weights of step {kept}", str(d))
+            if recorder is not None:
+                recorder.flush()
+        return Outcome("completed", f"completed {steps} steps")
+    finally:
+        trainer.callbacks.remove(deliver)
 
 
 def measure_final(trainer: Trainer, outcome: Outcome, measure: Callable[[], dict]) -> tuple[Outcome, dict]:
     """``measure()`` of the final weights; a completed run whose held-out loss is not finite
-    (the last update broke it) gets its last good weights back and ends ``diverged``."""
+    (the last update broke it) gets its last good weights back and ends ``diverged``. Final
+    weights with a finite held-out loss become the trainer's last good weights (``keep_current``),
+    so the weights a run saves are the ones measured, whatever its ``sync_every``."""
     after = measure()
     if outcome.status == "completed" and not math.isfinite(after["loss"]):
         kept = trainer.restore_good()
         outcome = Outcome("diverged", f"diverged after the last step: held-out loss is NaN; kept weights of step {kept}",
                           "held-out loss is NaN")
         after = measure()
+    elif outcome.status in ("completed", "stopped") and math.isfinite(after["loss"]):
+        trainer.keep_current()  # the measured weights are the run's: saved and reported alike
     return outcome, after
 
 

@@ -1,6 +1,11 @@
 """The bare trainer: AdamW with warmup + cosine decay, gradient clipping, periodic held-out
 evaluation, metric callbacks, a NaN/Inf guard that keeps the last good weights, deterministic under
-a seed, CUDA when available (overridable).
+a seed, CUDA when available (overridable), fp32 or bf16 autocast.
+
+The step loop never waits for the device between sync points: losses, terms, accuracy and the
+gradient norm stay on the device and are read (one non-blocking copy) every ``sync_every`` steps,
+at held-out evaluations and at the last step; the guard checks the steps read there (see
+:class:`Trainer`).
 
 It knows the model and the task only: presets, the run store and the live job build on it (see
 docs/architecture.md). The step loop that ends a run on divergence and records it is
@@ -18,7 +23,7 @@ import torch
 
 from attn_core.model import Transformer
 from attn_core.tasks import Batch, Task
-from attn_core.validate import check, is_int, is_number
+from attn_core.validate import check, check_int, is_int, is_number
 
 # Extra loss terms (regularizers): called with the model, the batch and the forward's cache;
 # returns named scalar terms that are added to the task loss.
@@ -29,6 +34,12 @@ EVAL_SEED_OFFSET = 1_000_003  # held-out batches never share a generator stream 
 # A task loss above DIVERGENCE_FACTOR * ln(d_vocab) (a uniform guess costs ln(d_vocab)) means
 # the run is confidently wrong everywhere: training has diverged even if no NaN appeared yet.
 DIVERGENCE_FACTOR = 4.0
+PRECISIONS = ("fp32", "bf16")  # bf16: forward and loss under torch.autocast; weights and AdamW stay fp32
+# sync_every=None: read the device every step on CPU, where reading costs nothing (CPU kernels run
+# synchronously) and the guard then stops a bad step before its update; on CUDA a read waits for
+# the queue to drain, so the loop reads every SYNC_EVERY_CUDA steps.
+SYNC_EVERY_CUDA = 25
+MAX_SYNC_EVERY = 10_000
 
 
 class Diverged(RuntimeError):
@@ -56,6 +67,8 @@ class TrainConfig:
     eval_samples: int = 512
     seed: int = 0
     device: str = "auto"
+    precision: str = "fp32"
+    sync_every: int | None = None  # None: 1 on CPU, SYNC_EVERY_CUDA on CUDA
 
     def __post_init__(self) -> None:
         def ok(cond: bool, msg: str) -> None:
@@ -76,6 +89,8 @@ class TrainConfig:
         ok(count(self.eval_every), "eval_every must be a positive integer")
         ok(count(self.eval_samples), "eval_samples must be positive")
         ok(is_int(self.seed), f"seed must be an integer, got {self.seed!r}")
+        check_precision(self.precision, prefix="invalid training setting: ")
+        check_sync_every(self.sync_every, prefix="invalid training setting: ")
         select_device(self.device)  # raises on an unknown or unavailable device
 
     def to_dict(self) -> dict:
@@ -100,6 +115,21 @@ def select_device(name: str = "auto") -> torch.device:
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"unsupported device {name!r}; use auto, cpu or cuda")
     return dev
+
+
+def check_precision(precision: object, prefix: str = "") -> str:
+    check(precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}", prefix)
+    return str(precision)
+
+
+def check_sync_every(sync_every: object, prefix: str = "") -> int | None:
+    """None (the device's default) or an integer 1..MAX_SYNC_EVERY."""
+    return None if sync_every is None else check_int("sync_every", sync_every, 1, MAX_SYNC_EVERY, prefix)
+
+
+def sync_interval(cfg: TrainConfig, device: torch.device) -> int:
+    """Steps between two reads of the device: ``cfg.sync_every``, else 1 on CPU and SYNC_EVERY_CUDA on CUDA."""
+    return cfg.sync_every or (SYNC_EVERY_CUDA if device.type == "cuda" else 1)
 
 
 def available_devices() -> list[str]:
@@ -148,18 +178,25 @@ def evaluate(model: Transformer, task: Task, samples: int = 512, seed: int = 0,
 class Trainer:
     """Optimises a model on a task; ``step()`` is one update, ``run()`` the whole schedule.
 
-    Callbacks receive a metrics dict after every step (``step``, ``loss``, ``task_loss``,
-    ``accuracy`` on the training batch, each penalty term, ``grad_norm``, ``lr``, and after
-    evaluations ``eval_accuracy``/``eval_loss``).
+    Callbacks receive a metrics dict for every step, in step order (``step``, ``loss``,
+    ``task_loss``, ``accuracy`` on the training batch, each penalty term, ``grad_norm``, ``lr``,
+    and after evaluations ``eval_accuracy``/``eval_loss``), once the step's values have been read
+    from the device: at the step itself with ``sync_every`` 1 (CPU's default), else at the sync
+    point that ends its window (at most ``sync_every - 1`` steps later). Sync points are every
+    ``sync_every``-th step, evaluation steps, the last step, the steps ``sync_at(step)`` names, and
+    :meth:`sync`.
 
     Guard: a step whose loss or gradient is NaN/Inf, or whose task loss exceeds ``max_loss``
-    (default ``DIVERGENCE_FACTOR * ln(d_vocab)``), raises :class:`Diverged` before any update.
-    The weights of the last step whose loss and gradient were finite are kept in
-    ``good_state`` (``good_step`` updates applied); :meth:`restore_good` puts them back."""
+    (default ``DIVERGENCE_FACTOR * ln(d_vocab)``), raises :class:`Diverged` at the sync point that
+    reads it, before that sync step's update: with ``sync_every`` 1 before any update of the bad
+    step; otherwise the updates after the bad step are undone by :meth:`restore_good`. At each sync
+    point whose steps were all good, the weights before its update (they gave a finite loss and
+    gradient) are copied, on the device, into ``good_state`` (``good_step`` updates applied);
+    :meth:`restore_good` puts them back."""
 
     def __init__(self, model: Transformer, task: Task, cfg: TrainConfig,
                  callbacks: Iterable[Callback] = (), penalty: Penalty | None = None,
-                 max_loss: float | None = None):
+                 max_loss: float | None = None, sync_at: Callable[[int], bool] | None = None):
         if model.cfg.d_vocab != task.d_vocab or model.cfg.n_ctx < task.n_ctx:
             raise ValueError(f"model (d_vocab={model.cfg.d_vocab}, n_ctx={model.cfg.n_ctx}) does not fit task "
                              f"{task.name!r} (d_vocab={task.d_vocab}, n_ctx={task.n_ctx})")
@@ -172,54 +209,138 @@ class Trainer:
         self.data = torch.Generator().manual_seed(cfg.seed)
         self.step_index = 0
         self.max_loss = DIVERGENCE_FACTOR * math.log(max(task.d_vocab, 2)) if max_loss is None else max_loss
+        self.sync_every = sync_interval(cfg, self.device)
+        self.sync_at = sync_at
+        self.autocast = torch.bfloat16 if cfg.precision == "bf16" else None
         self.params = [p for p in self.model.parameters()]
         self.good_state = [p.detach().clone() for p in self.params]
         self.good_step = 0
         self.good_lock = threading.Lock()  # readers of good_state in other threads take it
+        # steps run but not read yet: (step, lr, term names, device values [loss, task, acc, grad, *terms])
+        self._pending: list[tuple[int, float, tuple, torch.Tensor]] = []
+        self._pending_s = 0.0  # seconds inside step() of the pending steps
+        self.seconds: dict[int, float] = {}  # seconds inside step() of the steps being delivered
+
+    # --- one step -------------------------------------------------------------------------------------
+    def _batch(self) -> tuple[Batch, Batch]:
+        """A training batch on the device, and its scored positions as a flat index (taken on the
+        host: boolean indexing on the device would wait for it). ``task.loss`` of the flattened
+        logits with the second batch is the task's loss, bit for bit, without a sync."""
+        cpu = self.task.sample(self.cfg.batch_size, self.data)
+        index = cpu.mask.flatten().nonzero().squeeze(1)
+        if self.device.type == "cuda":  # pinned + non-blocking: a pageable copy waits for the stream
+            tokens, targets, mask, index = (t.pin_memory().to(self.device, non_blocking=True)
+                                            for t in (cpu.tokens, cpu.targets, cpu.mask, index))
+        else:
+            tokens, targets, mask = cpu.tokens, cpu.targets, cpu.mask
+        return Batch(tokens, targets, mask), Batch(tokens, targets.flatten(), index)
 
     def step(self) -> dict:
-        batch = self.task.sample(self.cfg.batch_size, self.data).to(self.device)
+        """One update. Returns this step's metrics when it is a sync point (always with
+        ``sync_every`` 1), else only its ``step`` and ``lr``; every step's full metrics go to the
+        callbacks (see the class)."""
+        started = time.perf_counter()
+        batch, scored = self._batch()
         cache: dict | None = {} if self.penalty is not None else None
-        logits = self.model(batch.tokens, cache=cache)
-        task_loss = self.task.loss(logits, batch)
-        terms = self.penalty(self.model, batch, cache) if self.penalty is not None else {}
-        loss = task_loss + sum(terms.values()) if terms else task_loss
-        loss_value, task_value = loss.item(), task_loss.item()
-        step = self.step_index + 1
-        if not math.isfinite(loss_value):
-            bad = next((n for n, t in terms.items() if not math.isfinite(t.item())), None)
-            raise Diverged(step, f"loss is {loss_value}" + (f" (term {bad!r})" if bad else ""))
-        if task_value > self.max_loss:
-            raise Diverged(step, f"task loss {task_value:.4g} exceeds {self.max_loss:.3g} "
-                                 f"({DIVERGENCE_FACTOR:g} x the loss of a uniform guess)")
+        with torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
+            logits = self.model(batch.tokens, cache=cache).flatten(0, 1)
+            task_loss = self.task.loss(logits, scored)
+            terms = self.penalty(self.model, batch, cache) if self.penalty is not None else {}
+            loss = task_loss + sum(terms.values()) if terms else task_loss
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grads = [p.grad for p in self.params if p.grad is not None]
         total = torch.nn.utils.get_total_norm(grads)
-        grad_norm = float(total)
-        if not math.isfinite(grad_norm):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise Diverged(step, f"gradient norm is {grad_norm}")
-        # clip_grad_norm_'s rescaling (bit for bit), skipped when its factor would be 1
-        coef = self.cfg.grad_clip / (total + 1e-6)
-        if float(coef) < 1.0:
-            torch._foreach_mul_(grads, coef)
-        with self.good_lock:  # these weights gave a finite loss and gradient
-            torch._foreach_copy_(self.good_state, [p.detach() for p in self.params])
-            self.good_step = self.step_index
+        # clip_grad_norm_'s rescaling, bit for bit (a factor clamped to 1 leaves the gradient as is)
+        torch._foreach_mul_(grads, (self.cfg.grad_clip / (total + 1e-6)).clamp(max=1.0))
+        with torch.no_grad():
+            right = logits.argmax(-1)[scored.mask] == scored.targets[scored.mask]
+            values = torch.stack([loss.float(), task_loss.float(), right.float().mean(), total.float(),
+                                  *(t.float() for t in terms.values())]).detach()
+        step = self.step_index + 1
+        evaluating = step % self.cfg.eval_every == 0 or step == self.cfg.steps
+        sync = (evaluating or step % self.sync_every == 0
+                or (self.sync_at is not None and self.sync_at(step)))
+        self._pending.append((step, math.nan, tuple(terms), values))
+        rows: list[dict] = []
+        if sync:
+            rows = self._read()  # raises Diverged before this step's update
+            with self.good_lock:  # these weights gave a finite loss and gradient
+                torch._foreach_copy_(self.good_state, [p.detach() for p in self.params])
+                self.good_step = self.step_index
         self.optimizer.step()
         self.scheduler.step()
-        metrics = {"step": step, "loss": loss_value, "task_loss": task_value,
-                   "accuracy": self.task.accuracy(logits.detach(), batch),
-                   "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0]}
-        metrics.update({name: t.item() for name, t in terms.items()})
+        lr = self.scheduler.get_last_lr()[0]
         self.step_index += 1
-        if self.step_index % self.cfg.eval_every == 0 or self.step_index == self.cfg.steps:
+        if not sync:
+            self._pending[-1] = (step, lr, *self._pending[-1][2:])
+            self._pending_s += time.perf_counter() - started
+            return {"step": step, "lr": lr}
+        rows[-1]["lr"] = lr
+        self._time(rows, time.perf_counter() - started)
+        if evaluating:
+            t_eval = time.perf_counter()
             ev = evaluate(self.model, self.task, self.cfg.eval_samples, self.cfg.seed, device=self.device)
-            metrics.update(eval_accuracy=ev["accuracy"], eval_loss=ev["loss"])
-        for cb in self.callbacks:
-            cb(metrics)
-        return metrics
+            rows[-1].update(eval_accuracy=ev["accuracy"], eval_loss=ev["loss"])
+            self.seconds[step] += time.perf_counter() - t_eval
+        self._deliver(rows)
+        return rows[-1]
+
+    def sync(self) -> list[dict]:
+        """Read the pending steps now (without an update): the callbacks get their metrics, which
+        are returned; a bad one raises :class:`Diverged` (``good_state`` is not advanced here)."""
+        if not self._pending:
+            return []
+        rows = self._read()
+        self._time(rows, 0.0)
+        self._deliver(rows)
+        return rows
+
+    def _time(self, rows: list[dict], current_s: float) -> None:
+        """``seconds``: the time inside step() of the steps read at this sync point (the pending
+        ones and ``current_s`` of the running one), shared evenly: the device ran them as one
+        queue, so only their sum is measured."""
+        window_s, self._pending_s = self._pending_s + current_s, 0.0
+        self.seconds = {m["step"]: window_s / len(rows) for m in rows} if rows else {}
+
+    def _read(self) -> list[dict]:
+        """The pending steps' values in one copy from the device; checks them in step order. The
+        good steps before a bad one are delivered, then :class:`Diverged` is raised (``step_index``
+        is left at the last good step)."""
+        pending, self._pending = self._pending, []
+        values = torch.stack([v for *_, v in pending])
+        if values.device.type == "cuda":
+            host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            host.copy_(values, non_blocking=True)
+            torch.cuda.current_stream(values.device).synchronize()
+            values = host
+        table = values.tolist()
+        rows = []
+        for (step, lr, names, _), vals in zip(pending, table):
+            loss, task_loss, accuracy, grad_norm, *terms = vals
+            reason = None
+            if not math.isfinite(loss):
+                bad = next((n for n, t in zip(names, terms) if not math.isfinite(t)), None)
+                reason = f"loss is {loss}" + (f" (term {bad!r})" if bad else "")
+            elif task_loss > self.max_loss:
+                reason = (f"task loss {task_loss:.4g} exceeds {self.max_loss:.3g} "
+                          f"({DIVERGENCE_FACTOR:g} x the loss of a uniform guess)")
+            elif not math.isfinite(grad_norm):
+                reason = f"gradient norm is {grad_norm}"
+            if reason is not None:
+                self.optimizer.zero_grad(set_to_none=True)
+                self.step_index = step - 1
+                self._time(rows, 0.0)
+                self._deliver(rows)
+                raise Diverged(step, reason)
+            rows.append({"step": step, "loss": loss, "task_loss": task_loss, "accuracy": accuracy,
+                         "grad_norm": grad_norm, "lr": lr, **dict(zip(names, terms))})
+        return rows
+
+    def _deliver(self, rows: list[dict]) -> None:
+        for metrics in rows:
+            for cb in self.callbacks:
+                cb(metrics)
 
     def run(self, progress: bool = False) -> dict:
         bar = None
@@ -245,6 +366,14 @@ class Trainer:
         with self.good_lock:
             torch._foreach_copy_([p.data for p in self.params], self.good_state)
             return self.good_step
+
+    @torch.no_grad()
+    def keep_current(self) -> None:
+        """Take the model's current weights as the last good ones (a caller that has checked them,
+        e.g. a finite held-out loss after the last step)."""
+        with self.good_lock:
+            torch._foreach_copy_(self.good_state, [p.detach() for p in self.params])
+            self.good_step = self.step_index
 
     def good_state_dict(self) -> dict[str, torch.Tensor]:
         """A CPU copy of the last good weights, as a state dict (any thread)."""

@@ -186,3 +186,27 @@ def test_export_all_gets_every_figure_and_the_settings(monkeypatch):
     assert saved["model"] == MODEL and saved["layer"] == 0 and saved["head"] == 0 and saved["query"] == 23
     assert saved["tokens"] == bilinear.sample_tokens(resolve(MODEL), 0)
     assert scores_csv.splitlines()[0].startswith("layer,head,query,key")
+
+
+def test_why_this_key_explains_the_sequence_views_top_key(page):
+    assert not any(c.proto.id.endswith("-chart_why_attribution") for c in page.get("plotly_chart"))  # off by default
+    page.toggle(key="why_key").set_value(True).run()
+    page.select_slider(key="query").set_value(17).run()
+    assert not page.exception and not page.error
+    assert any(h.value.startswith("Why this key") for h in page.header)
+    pattern = z_matrix(chart(page, "pattern"))[17, :18]  # the sequence view's row of the chosen query
+    top = int(pattern.argmax())
+    bars = chart(page, "why_attribution")
+    assert bars["data"][0]["x"][0].endswith(f"({top})")  # keys best first: the first is the argmax
+    assert f"Winner (key {top})" in chart(page, "why_runner_up")["layout"]["title"]["text"]
+    split = chart(page, "why_token_position")  # layer 0, learned positions: the token/position parts
+    assert {t["name"] for t in split["data"]} >= {"token-token", "position-position", "bias"}
+    chart(page, "why_value_weighted")
+    # layer 1: the same for another head, and no token/position split there
+    page.selectbox(key="layer").select(1)
+    page.selectbox(key="head").select(2)
+    page.run()
+    assert not page.exception
+    pattern = z_matrix(chart(page, "pattern"))[17, :18]
+    assert chart(page, "why_attribution")["data"][0]["x"][0].endswith(f"({int(pattern.argmax())})")
+    assert not any(c.proto.id.endswith("-chart_why_token_position") for c in page.get("plotly_chart"))

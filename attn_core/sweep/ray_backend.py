@@ -1,0 +1,229 @@
+"""Running trials on Ray Tune: a local Ray started in this process (one worker per core, one torch
+thread per trial) and shut down afterwards, or an existing cluster (``address``: ``auto``,
+``host:port`` or ``ray://host:port``). Each trial is a function trainable run through
+``tune.Tuner`` with ``tune.with_resources`` (CPUs and possibly fractional GPUs per trial) and an
+optional ASHA scheduler. A :class:`~ray.tune.Callback` on the driver hands every trial's payload
+(weights bytes + metrics, :mod:`attn_core.sweep.trial`) to ``on_payload`` as it arrives, so the
+driver records results while the sweep runs."""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import shutil
+import socket
+import tempfile
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from urllib.parse import urlparse
+
+from attn_core.sweep.plan import SweepError
+
+try:  # the module imports without Ray; running a sweep says how to install it (ray_module)
+    from ray.tune import Callback as _Callback
+except ImportError:  # pragma: no cover
+    _Callback = object
+from attn_core.sweep.trial import run_trial
+
+SCHEDULERS = ("none", "asha")
+REPORT_FRACTION = 10  # with ASHA a trial reports its loss about 10 times
+CONNECT_TIMEOUT_S = 5.0
+STORAGE_ENV = "ATTN_LAB_TUNE_STORAGE"  # Tune's experiment folder (default: a temporary folder, removed)
+
+
+def ray_module():
+    """The ``ray`` module, or the one-line error saying how to install it."""
+    try:
+        import ray
+        from ray import tune  # noqa: F401
+    except ImportError:
+        raise SweepError("Ray is not installed: pip install 'ray[tune]' (the version is pinned in "
+                         "requirements.txt)") from None
+    return ray
+
+
+def _check_reachable(address: str) -> None:
+    """A quick TCP check of ``host:port`` / ``ray://host:port`` (``auto`` is Ray's to find)."""
+    if address == "auto":
+        return
+    parsed = urlparse(address if "://" in address else f"tcp://{address}")
+    if not parsed.hostname or not parsed.port:
+        raise SweepError(f"--address {address!r} is not auto, HOST:PORT or ray://HOST:PORT")
+    try:
+        with socket.create_connection((parsed.hostname, parsed.port), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as e:
+        raise SweepError(f"cannot reach the Ray cluster at {address}: {e.strerror or e}") from None
+
+
+def check_trial_settings(cpus_per_trial: float, gpus_per_trial: float, scheduler: str) -> None:
+    """The one-sentence error of a bad resource or scheduler setting."""
+    if scheduler not in SCHEDULERS:
+        raise SweepError(f"--scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
+    if not (isinstance(cpus_per_trial, (int, float)) and cpus_per_trial > 0):
+        raise SweepError(f"--cpus-per-trial must be > 0, got {cpus_per_trial!r}")
+    if not (isinstance(gpus_per_trial, (int, float)) and gpus_per_trial >= 0):
+        raise SweepError(f"--gpus-per-trial must be >= 0, got {gpus_per_trial!r}")
+
+
+def preflight(address: str | None = None) -> None:
+    """Raise the one-line :class:`SweepError` now if Ray is missing or the cluster is unreachable."""
+    ray = ray_module()
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address and not ray.is_initialized():
+        _check_reachable(address)
+
+
+@contextmanager
+def ray_session(address: str | None = None, num_cpus: int | None = None):
+    """Ray for the length of a sweep; yields a dict (ray_version, address, started).
+
+    Ray already initialised in this process is used as it is. Otherwise, without ``address``
+    (or ``$RAY_ADDRESS``) a local Ray is started with ``num_cpus`` (default every core) and shut down
+    at the end; with one, the cluster is joined (and left at the end)."""
+    ray = ray_module()
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    started = False
+    if not ray.is_initialized():
+        if address:
+            _check_reachable(address)
+        kwargs = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
+                      configure_logging=True)
+        try:
+            if address:
+                ray.init(address=address, **kwargs)
+            else:
+                ray.init(num_cpus=num_cpus or os.cpu_count() or 1, **kwargs)
+        except Exception as e:  # ConnectionError, a ray:// handshake that fails, a version mismatch ...
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise SweepError(f"cannot start or join Ray{f' at {address}' if address else ''}: {first}") from None
+        started = True
+    try:
+        ctx = ray.get_runtime_context()
+        where = address or ("local" if started else getattr(ctx, "gcs_address", "") or "local")
+        yield {"ray_version": ray.__version__, "address": where, "started": started,
+               "cluster_cpus": ray.cluster_resources().get("CPU", 0.0),
+               "cluster_gpus": ray.cluster_resources().get("GPU", 0.0)}
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _trainable(config: dict) -> None:
+    """The Tune function trainable: one trial; its payload goes back in the last report."""
+    from ray import tune
+
+    every = int(config.get("report_every") or 0)
+
+    def report(step: int, latest: dict) -> None:
+        tune.report({"step": step, "loss": float(latest.get("task_loss", float("nan"))), "final": False})
+
+    payload = run_trial(config["trial"], config["job"], threads=config.get("threads") or 1,
+                        report=report if every else None, report_every=every)
+    loss = ((payload.get("after") or {}).get("loss"))
+    tune.report({"step": int(payload.get("steps") or 0), "loss": float("nan") if loss is None else float(loss),
+                 "final": True, "payload": payload})
+
+
+def run_tune(trials: Sequence[dict], job: dict, on_payload: Callable[[dict], None], *, steps: int,
+             cpus_per_trial: float = 1.0, gpus_per_trial: float = 0.0, scheduler: str = "none",
+             name: str = "attn-lab-sweep") -> None:
+    """Run ``trials`` (dicts of :class:`~attn_core.sweep.plan.Trial`) on the Ray of this process
+    (see :func:`ray_session`); ``on_payload(payload)`` is called on the driver once per trial,
+    including the ones that fail on a worker or are stopped early by ASHA."""
+    from ray import tune
+
+    check_trial_settings(cpus_per_trial, gpus_per_trial, scheduler)
+    if not trials:
+        return
+    job = dict(job)
+    if gpus_per_trial > 0 and job.get("device", "auto") == "auto":
+        job["device"] = "cuda"
+    every = max(1, steps // REPORT_FRACTION) if scheduler == "asha" else 0
+    sched = None
+    if scheduler == "asha":
+        from ray.tune.schedulers import ASHAScheduler
+
+        sched = ASHAScheduler(time_attr="step", metric="loss", mode="min", max_t=steps,
+                              grace_period=max(1, steps // 4), reduction_factor=2)
+
+    token = next(_TOKENS)
+    _SINKS[token] = on_payload
+    collect = Collect(token, steps)
+    shared = os.environ.get(STORAGE_ENV)  # a multi-node cluster may need a shared folder (or s3://...)
+    storage = shared or tempfile.mkdtemp(prefix="attn-lab-tune-")
+    env = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1", "RAY_AIR_NEW_OUTPUT": "0"}  # no result files: the driver records
+    saved_env = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    quiet = logging.getLogger("ray.tune")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # Tune warns that the result files it was told not to write are missing
+    try:
+        resources = {"cpu": cpus_per_trial, "gpu": gpus_per_trial}
+        tuner = tune.Tuner(
+            tune.with_resources(_trainable, resources),
+            param_space={"trial": tune.grid_search(list(trials)), "job": job, "report_every": every,
+                         "threads": max(1, int(cpus_per_trial))},
+            tune_config=tune.TuneConfig(scheduler=sched, num_samples=1, trial_dirname_creator=_dirname),
+            run_config=tune.RunConfig(name=name, storage_path=storage, callbacks=[collect], verbose=0,
+                                      failure_config=tune.FailureConfig(max_failures=0, fail_fast=False)),
+        )
+        tuner.fit()
+    finally:
+        _SINKS.pop(token, None)
+        quiet.setLevel(level)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if not shared:
+            shutil.rmtree(storage, ignore_errors=True)
+
+
+# Tune pickles its run config, callbacks included: a callback keeps a token, and the driver's
+# on_payload (which holds the run store and a lock) stays here.
+_SINKS: dict[int, Callable[[dict], None]] = {}
+_TOKENS = itertools.count()
+
+
+class Collect(_Callback):
+    """On the driver: each trial's payload, handed over once."""
+
+    def __init__(self, token: int, steps: int):
+        self.token, self.steps = token, steps
+        self.done: set[str] = set()
+        self.last_step: dict[str, int] = {}
+
+    def _give(self, trial, payload: dict) -> None:
+        if trial.trial_id in self.done:
+            return
+        self.done.add(trial.trial_id)
+        _SINKS[self.token](payload)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        self.last_step[trial.trial_id] = int(result.get("step") or 0)
+        if result.get("final"):
+            self._give(trial, result.pop("payload", None))  # the bytes stay out of Tune's logs and state
+
+    def on_trial_complete(self, iteration, trials, trial, **info):  # ended without a final report: ASHA
+        if trial.trial_id not in self.done:
+            self._give(trial, _lost(trial.config["trial"], "stopped",
+                                    f"stopped early by the ASHA scheduler at step "
+                                    f"{self.last_step.get(trial.trial_id, 0)} of {self.steps}"))
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        err = getattr(trial, "error_message", None) or "the trial's worker failed"
+        self._give(trial, _lost(trial.config["trial"], "failed", str(err).strip().splitlines()[-1][:500]))
+
+
+def _dirname(trial) -> str:
+    return f"trial-{trial.trial_id}"
+
+
+def _lost(trial: dict, status: str, message: str) -> dict:
+    from attn_core.sweep.plan import Trial
+
+    t = Trial.from_dict(trial)
+    return {"key": t.key, "trial": t.to_dict(), "parent": t.source, "status": status, "message": message,
+            "weights": None}

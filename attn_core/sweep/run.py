@@ -1,0 +1,124 @@
+"""A sweep from start to end: the plan is stored as a sweep in the run store, its unfinished trials
+run on Ray (:mod:`attn_core.sweep.ray_backend`), and each payload that comes back is written by
+this process (the driver, SQLite's single writer) as a run of the sweep. ``resume`` reruns only
+the trials that have no finished run yet. :func:`sweep_result` is the CLI's and the page's view."""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from attn_core.card import public
+from attn_core.runs import FINAL, RunStore
+from attn_core.sweep.plan import SweepError, SweepPlan, pareto
+from attn_core.sweep.trial import record_trial
+
+BACKEND = "ray-tune"
+
+
+def finished_keys(sweep: dict) -> set[str]:
+    """Trial keys of a stored sweep that already have a finished run."""
+    return {r["trial"] for r in sweep["runs"] if r["status"] in FINAL and r["trial"]}
+
+
+def start_sweep(plan: SweepPlan, store: RunStore | None = None, *, resume: str | None = None) -> tuple[str, SweepPlan]:
+    """The sweep's id and plan: a new sweep for ``plan``, or (``resume``) the stored one, whose
+    plan is the stored plan (``plan`` may then be None)."""
+    store = store or RunStore()
+    if resume:
+        sweep = store.get_sweep(resume)
+        return sweep["id"], SweepPlan.from_dict(sweep["config"])
+    if plan is None:
+        raise SweepError("give a sweep plan or the id of a sweep to resume")
+    return store.create_sweep(plan.name, plan.to_dict(), {"backend": BACKEND}), plan
+
+
+def run_sweep(plan: SweepPlan | None, store: RunStore | None = None, *, resume: str | None = None,
+              address: str | None = None, cpus_per_trial: float = 1.0, gpus_per_trial: float = 0.0,
+              scheduler: str = "none", on_trial: Callable[[str, dict], None] | None = None,
+              sweep_id: str | None = None) -> dict:
+    """Run a sweep (or ``resume`` one) on Ray and return :func:`sweep_result`.
+
+    ``address`` None starts a local Ray (every core, shut down afterwards) unless Ray already runs
+    in this process or ``$RAY_ADDRESS`` names a cluster; ``on_trial(run_id, payload)`` is called on
+    the driver after each trial is recorded. ``sweep_id``: an id :func:`start_sweep` already made
+    (the Sweeps page shows the sweep before Ray is up). A trial that fails or diverges is recorded
+    with its status and the sweep goes on; an interrupted sweep is marked ``interrupted``."""
+    from attn_core.sweep.ray_backend import check_trial_settings, preflight, ray_session, run_tune
+
+    store = store or RunStore()
+    check_trial_settings(cpus_per_trial, gpus_per_trial, scheduler)
+    preflight(address)  # Ray missing, a cluster unreachable: one line, before anything is written
+    if sweep_id is None:
+        sweep_id, plan = start_sweep(plan, store, resume=resume)
+    else:
+        plan = SweepPlan.from_dict(store.get_sweep(sweep_id)["config"])
+    done = finished_keys(store.get_sweep(sweep_id))
+    todo = [t.to_dict() for t in plan.trials if t.key not in done]
+    lock = threading.Lock()
+    errors: list[str] = []
+
+    def on_payload(payload: dict) -> None:
+        with lock:
+            try:
+                run_id = record_trial(store, sweep_id, payload)
+            except Exception as e:  # the store refused one payload: say so, go on with the others
+                errors.append(f"{payload.get('key')}: {type(e).__name__}: {e}")
+                return
+        if on_trial is not None:
+            on_trial(run_id, payload)
+
+    start = time.perf_counter()
+    status, message, info = "interrupted", "", {}
+    try:
+        with ray_session(address) as session:
+            info = {"backend": BACKEND, "ray_version": session["ray_version"], "address": session["address"],
+                    "cluster_cpus": session["cluster_cpus"], "cluster_gpus": session["cluster_gpus"],
+                    "cpus_per_trial": cpus_per_trial, "gpus_per_trial": gpus_per_trial, "scheduler": scheduler}
+            store.update_sweep(sweep_id, "running", info=info)
+            run_tune(todo, plan.job, on_payload, steps=int(plan.job.get("steps", 300)), cpus_per_trial=cpus_per_trial,
+                     gpus_per_trial=gpus_per_trial, scheduler=scheduler, name=sweep_id)
+        left = len(plan.trials) - len(finished_keys(store.get_sweep(sweep_id)))
+        status = "completed" if left == 0 else "interrupted"
+        message = f"{left} trial(s) not recorded" if left else ""
+        if errors:
+            message = "; ".join([message, *errors] if message else errors)[:2000]
+    except SweepError as e:
+        message = str(e)
+        raise
+    except BaseException as e:  # KeyboardInterrupt included: the sweep can be resumed
+        message = f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        wall = time.perf_counter() - start
+        store.update_sweep(sweep_id, status, message, info={**info, "wall_s": round(wall, 3),
+                                                            "last_run_trials": len(todo)})
+    return sweep_result(store, sweep_id)
+
+
+def sweep_result(store: RunStore, sweep_id: str) -> dict:
+    """{sweep_id, name, status, message, backend, ray_version, address, wall_s, trials: [{run_id,
+    key, reg, lambda, seed, status, message, before, after}], pareto: [run_id, ...]} (trials in plan
+    order; a trial that has not run yet has status ``pending`` and no run id)."""
+    sweep = store.get_sweep(sweep_id)
+    plan = SweepPlan.from_dict(sweep["config"])
+    by_key: dict[str, dict] = {}
+    for r in sweep["runs"]:  # the newest finished run of a trial wins
+        if r["trial"] and (r["status"] in FINAL or r["trial"] not in by_key):
+            by_key[r["trial"]] = r
+    trials = []
+    for t in plan.trials:
+        r = by_key.get(t.key)
+        summary = (r or {}).get("summary") or {}
+        trials.append({"run_id": r["id"] if r else None, "key": t.key, "source": t.source, "reg": t.reg,
+                       "lambda": t.lam, "seed": t.seed, "entmax_alpha": t.entmax_alpha,
+                       "status": r["status"] if r else "pending", "message": r["message"] if r else "",
+                       "has_weights": bool(r and r["has_weights"]),
+                       "before": public(summary.get("before")), "after": public(summary.get("after"))})
+    info = sweep["info"]
+    front = pareto((t["run_id"], (t["after"] or {}).get("accuracy"), (t["after"] or {}).get("entropy_data"))
+                   for t in trials if t["status"] == "completed" and t["after"])
+    return {"sweep_id": sweep["id"], "name": sweep["name"], "status": sweep["status"], "message": sweep["message"],
+            "created": sweep["created"], "backend": info.get("backend", BACKEND), "ray_version": info.get("ray_version"),
+            "address": info.get("address"), "wall_s": info.get("wall_s"), "job": plan.job, "trials": trials,
+            "pareto": front}

@@ -1,0 +1,105 @@
+"""One trial, on a worker and back on the driver.
+
+:func:`run_trial` is what a Ray worker runs: the trial's :class:`TrainingJob` with ``store=False``
+(workers never write SQLite), the same job ``attn-lab retrain`` runs, and returns a *payload*: the
+final weights as safetensors bytes, the metric log, before/after, the card and the status. An error
+becomes a ``failed`` payload, never an exception, so the sweep goes on. :func:`record_trial` runs on
+the driver and writes one payload into the run store as a run of the sweep (the single writer)."""
+from __future__ import annotations
+
+import os
+import socket
+import time
+import traceback
+from collections.abc import Callable, Mapping
+
+from attn_core.card import public
+from attn_core.sweep.plan import Trial
+
+# report(step, latest_metrics) during training (ASHA reads it); returns nothing
+Report = Callable[[int, dict], None]
+
+
+def run_trial(trial: Mapping, job: Mapping | None = None, threads: int | None = 1, report: Report | None = None,
+              report_every: int = 0) -> dict:
+    """Train one trial (a dict of :class:`Trial`) with the shared ``job`` settings in this process
+    (``threads`` torch threads; None leaves the setting alone) and return its payload.
+
+    With ``report`` and ``report_every`` > 0 the job trains in its worker thread and ``report`` is
+    called here about every ``report_every`` steps with the latest metrics."""
+    import torch
+
+    t = Trial.from_dict(trial)
+    if threads:
+        torch.set_num_threads(int(threads))
+    start = time.perf_counter()
+    base = {"key": t.key, "trial": t.to_dict(), "parent": t.source, "host": socket.gethostname(), "pid": os.getpid()}
+    try:
+        from attn_core.training.job import TrainingJob
+
+        cfg = t.job_config(job)
+        j = TrainingJob(cfg, store=False)
+        if report is not None and report_every > 0:
+            j.start()
+            next_step = report_every
+            while not j.join(0.05):
+                snap = j.snapshot()
+                if snap.step >= next_step and "task_loss" in snap.latest:
+                    report(snap.step, dict(snap.latest))
+                    next_step = (snap.step // report_every + 1) * report_every
+        else:
+            j.run()
+        return {**base, **_payload(j), "seconds": time.perf_counter() - start}
+    except Exception as e:  # a trial that raises is recorded as failed; the sweep goes on
+        tb = traceback.format_exc(limit=3)
+        return {**base, "status": "failed", "message": f"{type(e).__name__}: {e}", "traceback": tb,
+                "seconds": time.perf_counter() - start, "weights": None}
+
+
+def _payload(j) -> dict:
+    """What travels back to the driver: weights bytes, the metric log, the card and the measurements."""
+    from safetensors.torch import save as st_save
+
+    from attn_core.training.record import Outcome
+
+    res = j.result()
+    outcome = Outcome(res["status"], res["message"])
+    # the card the retrain job writes for its run (the store gives it the run id when it saves)
+    card = j._card(outcome, res["after"])  # noqa: SLF001 (TrainingJob builds its card only for a store)
+    model = j.model_copy()
+    steps, names, values = (list(c) for c in j.recorder.columns)
+    return {"status": res["status"], "message": res["message"], "steps": res["steps"], "task": j.task.name,
+            "config": j.cfg.to_dict(), "before": res["before"], "after": res["after"], "card": card.to_dict(),
+            "model_config": model.cfg.to_dict(),
+            "weights": st_save({k: v.contiguous() for k, v in model.state_dict().items()}),
+            "metrics": {"step": steps, "name": names, "value": values}}
+
+
+def payload_size(payload: Mapping) -> int:
+    """Bytes a payload holds (weights + metric log, roughly what crosses the network to the driver)."""
+    import pickle
+
+    return len(pickle.dumps(dict(payload), protocol=5))
+
+
+def record_trial(store, sweep_id: str, payload: Mapping) -> str:
+    """Write one trial's payload as a run of sweep ``sweep_id``; returns the run id."""
+    from attn_core.card import Card
+
+    model = None
+    card = Card.from_dict(payload.get("card")) if payload.get("card") else None
+    if payload.get("weights"):
+        from attn_core import checkpoint
+        from attn_core.model import ModelConfig
+
+        model = checkpoint.load_bytes(payload["weights"], cfg=ModelConfig.from_dict(payload["model_config"]),
+                                      card=card).model
+    m = payload.get("metrics") or {}
+    rows = list(zip(m.get("step", ()), m.get("name", ()), m.get("value", ())))
+    trial = payload["trial"]
+    config = payload.get("config") or {"source": trial["source"], "seed": trial["seed"],
+                                       "regularizers": Trial.from_dict(trial).spec}
+    return store.add_run(parent=payload.get("parent"), task=payload.get("task"), config=config,
+                         status=payload["status"], message=payload.get("message", ""), model=model, card=card,
+                         summary={"before": public(payload.get("before")), "after": public(payload.get("after"))},
+                         metrics=rows, sweep=sweep_id, trial=payload["key"])
