@@ -139,7 +139,7 @@ if n_tokens is not None:
 names = bilinear.token_names(loaded)[:n_tokens or cfg.d_vocab]
 score = float(heads[(heads["layer"] == layer) & (heads["head"] == head)]["copying_score"].iloc[0])
 ov_plot = fc.ov_circuit_plot(ov_circuit(loaded, layer, head, n_tokens), names, layer, head, score)
-ui.show_plot(ov_plot, key="ov_circuit", help=None)
+ui.show_plot(ov_plot, key="ov_circuit")
 plots.append(ov_plot)
 
 # --- export ---------------------------------------------------------------------------------------------

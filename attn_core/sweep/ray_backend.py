@@ -164,7 +164,8 @@ def run_tune(trials: Sequence[dict], job: dict, on_payload: Callable[[dict], Non
             tune.with_resources(_trainable, resources),
             param_space={"trial": tune.grid_search(list(trials)), "job": job, "report_every": every,
                          "threads": max(1, int(cpus_per_trial))},
-            tune_config=tune.TuneConfig(scheduler=sched, num_samples=1, trial_dirname_creator=_dirname),
+            tune_config=tune.TuneConfig(scheduler=sched, num_samples=1, trial_dirname_creator=_dirname,
+                                        reuse_actors=True),  # a worker imports torch once, not per trial
             run_config=tune.RunConfig(name=name, storage_path=storage, callbacks=[collect], verbose=0,
                                       failure_config=tune.FailureConfig(max_failures=0, fail_fast=False)),
         )
