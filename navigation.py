@@ -41,6 +41,7 @@ PAGES: tuple[PageEntry, ...] = (
               ":material/merge:", "Merged vs factored QK (seed 004)"),
     PageEntry("pages/9_Circuits.py", "Circuits", "Circuits", ":material/account_tree:",
               "Circuits: OV, copying and composition between heads"),
+    PageEntry("pages/10_Sweeps.py", "Sweeps", "Sweeps", ":material/grid_view:", "Sweep regularizers × λ × seeds on Ray"),
 )
 
 

@@ -106,13 +106,14 @@ def alternated(task, cfg: TrainConfig, device, make) -> float:
     return t_bare / t_trainer
 
 
-def job(source: str, cfg: TrainConfig, store: RunStore) -> tuple[float, float, float]:
+def job(source: str, cfg: TrainConfig, store: RunStore, **settings) -> tuple[float, float, float]:
     """(steps/s over the training loop, seconds of the rest: setup, before/after, save, and the
-    fraction of the loop spent inside Trainer.step)."""
+    fraction of the loop spent inside Trainer.step); ``settings`` are further JobConfig fields."""
     start = time.perf_counter()
     j = TrainingJob(JobConfig(source, steps=cfg.steps, lr=cfg.lr, seed=cfg.seed, device=cfg.device,
                               batch_size=cfg.batch_size, weight_decay=cfg.weight_decay,
-                              warmup_steps=cfg.warmup_steps), store=store)
+                              warmup_steps=cfg.warmup_steps, precision=cfg.precision, sync_every=cfg.sync_every,
+                              **settings), store=store)
     res = j.run()
     total = time.perf_counter() - start
     snap = j.snapshot()

@@ -1,6 +1,8 @@
 """Regularize and retrain the picked model while watching it: losses, each regularizer's term,
 per-head entropy, the watched head's spectrum and its attention, refreshed live. The training runs
-in attn_core's worker thread; this page only starts, stops and draws its snapshots."""
+in attn_core's worker thread; this page only starts, stops and draws its snapshots. Before a run
+the per-head views show the model as it is (what a job logs at step 0, ``job.preview``), and the
+live charts continue from there."""
 import pandas as pd
 import streamlit as st
 import torch
@@ -10,7 +12,7 @@ from attn_core import card
 from attn_core import regularizers as R
 from attn_core.figures import training as ft
 from attn_core.training import trainer
-from attn_core.training.job import JobConfig, TrainingJob
+from attn_core.training.job import JobConfig, Snapshot, TrainingJob, preview
 from attn_core.training.telemetry import MetricKey
 from attn_core.validate import default
 
@@ -78,8 +80,12 @@ with opt_col:
                                  key=ui.remember("retrain_seed", default(JobConfig, "seed"), range(2**31)),
                                  help="Seed of the training data: the same settings and seed give the same run")
     devices = trainer.available_devices()
-    device = st.selectbox("Device", devices, key=ui.remember("retrain_device", devices[-1], devices),
-                          help="Where the model trains; CUDA is listed only when a GPU is present")
+    d_col, p_col = st.columns(2)
+    device = d_col.selectbox("Device", devices, key=ui.remember("retrain_device", devices[-1], devices),
+                             help="Where the model trains; CUDA is listed only when a GPU is present")
+    precision = p_col.selectbox("Precision", trainer.PRECISIONS, key=ui.remember(
+        "retrain_precision", default(JobConfig, "precision"), trainer.PRECISIONS),
+        help="fp32, or bf16 autocast (forward and loss in bfloat16, weights and AdamW in fp32)")
 watched = R.head_label(layer, head)
 heads_spec = {"head": watched, "layer": f"L{layer}", "all": None}[scope]
 
@@ -88,7 +94,7 @@ def start() -> None:
     try:
         job_cfg = JobConfig(source=ui.job_source(st.session_state[ui.MODEL_KEY]), regularizers=specs,
                                   heads=heads_spec, entmax_alpha=alpha, steps=int(steps), lr=float(lr),
-                                  seed=int(seed), device=device)
+                                  seed=int(seed), device=device, precision=precision)
         new = TrainingJob(job_cfg)
     except ValueError as e:
         st.session_state["retrain_error"] = str(e)
@@ -120,14 +126,23 @@ if "retrain_error" in st.session_state:
 # status, metrics and curves every REFRESH_S; the per-head views, whose data changes only every
 # telemetry/spectrum interval, every VIEWS_S (redrawing them as often only makes them flicker).
 def live_chart(name: str, version, build):
-    """The live chart ``name`` of the current job, rebuilt only when ``version`` (what its data
-    depends on) changed since it was last built."""
+    """The live chart ``name`` of the current job (or of the preview, with no job), rebuilt only
+    when ``version`` (what its data depends on) changed since it was last built."""
     charts = st.session_state.setdefault(CHARTS, {})
     job_then, version_then, plot = charts.get(name, (None, None, None))
-    if job_then is not st.session_state[JOB] or version_then != version:
+    current = st.session_state.get(JOB)
+    if plot is None or job_then is not current or version_then != version:
         plot = build()
-        charts[name] = (st.session_state[JOB], version, plot)
+        charts[name] = (current, version, plot)
     return plot
+
+
+@ui.cached
+def parent_view(model, source: str, regularizers: list, heads, entmax_alpha, seed: int) -> Snapshot:
+    """What a job with these settings logs at step 0 (the model as it is), measured on the CPU;
+    ``model`` (the LoadedModel of ``source``) keys the cache by its weights."""
+    return preview(JobConfig(source=source, regularizers=regularizers, heads=heads, entmax_alpha=entmax_alpha,
+                             seed=seed, device="cpu"))
 
 
 def select(log: pd.DataFrame, names, prefix: str) -> pd.DataFrame:
@@ -203,27 +218,38 @@ def live_status() -> None:
 @st.fragment(run_every=VIEWS_S if running else None)
 def live_views() -> None:
     current = st.session_state.get(JOB)
-    if current is None:
-        return
-    snap = current.snapshot()
-    if layer >= snap.n_layers or head >= snap.n_heads:  # another model was picked since the run began
-        st.info(f"The run retrains {current.parent}, which has no head {watched}: pick a head of it to watch.")
-        return
+    if current is None:  # before any run: the model as it is, where a run's charts start
+        try:
+            snap = parent_view(loaded, ui.job_source(st.session_state[ui.MODEL_KEY]), [str(s) for s in specs],
+                               heads_spec, alpha, int(seed))
+        except ValueError as e:
+            st.warning(f"The model could not be measured with these settings: {e}")
+            return
+        st.caption(f"Step 0: {loaded.name} as it is, measured as a run measures it; a run's charts continue "
+                   "from here.")
+        version = ("preview", loaded.key, tuple(str(s) for s in specs), heads_spec, alpha, int(seed))
+    else:
+        snap = current.snapshot()
+        if layer >= snap.n_layers or head >= snap.n_heads:  # another model was picked since the run began
+            st.info(f"The run retrains {current.parent}, which has no head {watched}: pick a head of it to watch.")
+            return
+        version = ()
     log = snap.metrics()
     left, right = st.columns(2)
     with left:
         entropy = select_keys(log, ("entropy_data",))
-        plot = live_chart("entropy", snap.probe_step,
+        plot = live_chart("entropy", (version, snap.probe_step),
                           lambda: ft.head_entropy_plot(entropy, "data", regularized=snap.regularized_heads))
         ui.show_plot(plot, key="live_entropy", downloads=snap.done)
     with right:
         if snap.probe_pattern is not None:
-            plot = live_chart("pattern", (snap.probe_step, layer, head), lambda: ft.probe_pattern_plot(
+            plot = live_chart("pattern", (version, snap.probe_step, layer, head), lambda: ft.probe_pattern_plot(
                 snap.probe_pattern, snap.probe_tokens, layer, head, snap.probe_step))
             ui.show_plot(plot, key="live_pattern", downloads=snap.done)
     spectra = select_keys(log, ("sigma", "stable_rank"), layer, head)
     if len(spectra):
-        plot = live_chart("spectrum", (watched, len(spectra)), lambda: ft.spectrum_history_plot(spectra, watched))
+        plot = live_chart("spectrum", (version, watched, len(spectra)),
+                          lambda: ft.spectrum_history_plot(spectra, watched))
         ui.show_plot(plot, key="live_spectrum", downloads=snap.done)
 
 

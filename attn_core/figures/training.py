@@ -74,6 +74,12 @@ def curves_plot(metrics: pd.DataFrame, title: str = "Training") -> Plot:
     return Plot("training_curves", fig, data, meta=dict(terms=[t.removeprefix(TERM_PREFIX) for t in terms]))
 
 
+def _mode(data: pd.DataFrame) -> str:
+    """Lines over steps; markers while there is one step only (a line of one point is invisible),
+    as before a run starts, when only step 0 is known."""
+    return "lines" if data["step"].nunique() > 1 else "markers"
+
+
 def head_entropy_plot(metrics: pd.DataFrame, view: str = "data",
                       regularized: Sequence[str] | None = None) -> Plot:
     """Normalized attention entropy of every head over steps, on the probe batch (``data``) or
@@ -82,14 +88,15 @@ def head_entropy_plot(metrics: pd.DataFrame, view: str = "data",
         raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
     data = per_head(metrics, f"entropy_{view}")
     regularized = set(regularized) if regularized is not None else set(data["head"])
+    mode = _mode(data)
     fig = go.Figure()
     for i, (head, part) in enumerate(data.groupby("head", sort=True)):
-        fig.add_trace(go.Scatter(x=part["step"], y=part["value"], name=head, mode="lines",
+        fig.add_trace(go.Scatter(x=part["step"], y=part["value"], name=head, mode=mode,
                                  line=dict(color=COLORS[i % len(COLORS)], dash="solid" if head in regularized else "dot")))
     mean = _series(metrics, f"entropy_{view}")
     if len(mean):
-        fig.add_trace(go.Scatter(x=mean["step"], y=mean["value"], name="mean (regularized heads)", mode="lines",
-                                 line=dict(color="grey", width=4)))
+        fig.add_trace(go.Scatter(x=mean["step"], y=mean["value"], name="mean (regularized heads)", mode=mode,
+                                 line=dict(color="grey", width=4), marker=dict(color="grey", size=12)))
     where = "held-out probe batch" if view == "data" else "vocabulary view (every token as query and key)"
     fig.update_layout(title=f"Normalized attention entropy per head, {where}", xaxis_title="step",
                       yaxis=dict(title="H / log n", range=[-0.02, 1.02]), height=420)
@@ -107,9 +114,10 @@ def spectrum_history_plot(metrics: pd.DataFrame, head: str, top: int | None = No
         data = data[data["index"] < top]
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     n = int(data["index"].max()) + 1
+    mode = _mode(data)
     for i, part in data.groupby("index"):
         shade = 0.15 + 0.85 * (1 - i / max(1, n - 1))
-        fig.add_trace(go.Scatter(x=part["step"], y=part["value"], name=f"σ{i + 1}", mode="lines",
+        fig.add_trace(go.Scatter(x=part["step"], y=part["value"], name=f"σ{i + 1}", mode=mode,
                                  line=dict(color=f"rgba(31,119,180,{shade:.2f})")), secondary_y=False)
     sr = _series(metrics, str(MetricKey.of_head("stable_rank", head)))
     if len(sr):

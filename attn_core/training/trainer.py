@@ -245,8 +245,9 @@ class Trainer:
         with torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
             logits = self.model(batch.tokens, cache=cache).flatten(0, 1)
             task_loss = self.task.loss(logits, scored)
-            terms = self.penalty(self.model, batch, cache) if self.penalty is not None else {}
-            loss = task_loss + sum(terms.values()) if terms else task_loss
+        # penalties in fp32 (QR/SVD of B have no bf16 kernels; the cached patterns are fp32 already)
+        terms = self.penalty(self.model, batch, cache) if self.penalty is not None else {}
+        loss = task_loss + sum(terms.values()) if terms else task_loss
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grads = [p.grad for p in self.params if p.grad is not None]

@@ -128,3 +128,52 @@ def test_a_model_without_a_task_cannot_be_retrained(tmp_path, monkeypatch):
     at.run()
     assert not at.exception
     assert "no known task" in at.warning[0].value and not at.button
+
+
+def test_before_start_the_model_is_shown_as_it_is(page):
+    """No empty form: before Start the per-head entropy, the attention and the watched head's
+    spectrum of the model as it is are drawn, with telemetry's numbers (what a job logs at step 0),
+    and a run's charts continue from those values."""
+    from dashboard_helpers import values
+
+    from attn_core import regularizers as R
+    from attn_core.training import telemetry
+    from attn_core.training.job import JobConfig
+
+    model = resolve(MODEL).model
+    probe = TrainingJob(JobConfig(MODEL, device="cpu"), store=False).probe.tokens  # the job's probe batch
+    row, pattern = telemetry.telemetry_row(model, probe, [(0, 0)])  # default scope: the watched head L0H0
+    sigma = telemetry.spectra_row(R.spectrum(model))
+    assert "No run yet" in page.info[0].value and any("Step 0" in c.value for c in page.caption)
+
+    entropy = chart(page, "live_entropy")
+    by_name = {t["name"]: t for t in entropy["data"]}
+    for h in ("L0H0", "L0H1"):
+        assert values(by_name[h]["x"]).tolist() == [0]
+        assert values(by_name[h]["y"]).tolist() == pytest.approx([row[f"entropy_data:{h}"]], rel=1e-6)
+    assert values(by_name["mean (regularized heads)"]["y"]).tolist() == pytest.approx([row["entropy_data"]], rel=1e-6)
+    spectrum = chart(page, "live_spectrum")
+    shown = {t["name"]: values(t["y"]).tolist() for t in spectrum["data"]}
+    n = sum(1 for k in sigma if k.startswith("sigma:L0H0:"))
+    assert [shown[f"σ{i + 1}"][0] for i in range(n)] == pytest.approx([sigma[f"sigma:L0H0:{i}"] for i in range(n)],
+                                                                     rel=1e-6)
+    assert shown["stable rank"] == pytest.approx([sigma["stable_rank:L0H0"]], rel=1e-6)
+    assert "step 0" in chart(page, "live_pattern")["layout"]["title"]["text"]
+    assert not page.download_button  # downloads come with a finished run
+
+    # a run starts where the preview stands: its step 0 is the parent model
+    page.number_input(key="retrain_steps").set_value(5)
+    page.selectbox(key="retrain_device").set_value("cpu")
+    page.run()
+    page.button(key="retrain_start").click().run()
+    poll(page, lambda at: job(at).snapshot().done and at.success)
+    log = job(page).snapshot().metrics()
+    at0 = log[log["step"] == 0].set_index("name")["value"]
+    assert at0["entropy_data:L0H0"] == pytest.approx(row["entropy_data:L0H0"], rel=1e-6)
+    assert at0["sigma:L0H0:0"] == pytest.approx(sigma["sigma:L0H0:0"], rel=1e-6)
+    assert values(chart(page, "live_entropy")["data"][0]["x"]).tolist()[0] == 0
+
+
+def test_precision_picker(page):
+    assert page.selectbox(key="retrain_precision").value == "fp32"
+    assert page.selectbox(key="retrain_precision").options == list(trainer.PRECISIONS)

@@ -2,7 +2,6 @@
 table and Pareto scatter (colour = regularizer, hover = run id) and opens a trial as the model of
 every page; the form launches a sweep on a local Ray (2 CPUs) in a background thread and the page
 follows it to the end."""
-import time
 from pathlib import Path
 
 import pytest

@@ -17,9 +17,9 @@ from attn_core import checkpoint, sources
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "app.py")
 LABELS = ["Home", "Heatmaps", "Spectrum", "Retrain", "Runs", "Grow d_k", "Kernelized attention",
-          "Attention explorer", "Merged vs factored QK", "Circuits"]
+          "Attention explorer", "Merged vs factored QK", "Circuits", "Sweeps"]
 URLS = ["", "Heatmaps", "Spectrum", "Retrain", "Runs", "Grow_d_k", "Kernelized_attention", "Attention_explorer",
-        "Merged_vs_factored_QK", "Circuits"]  # the URLs of the legacy pages/ discovery: old links keep working
+        "Merged_vs_factored_QK", "Circuits", "Sweeps"]  # the URLs of the legacy pages/ discovery: old links keep working
 
 
 # --- navigation ------------------------------------------------------------------------------------

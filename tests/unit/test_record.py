@@ -122,3 +122,43 @@ def test_a_store_that_fails_makes_the_run_failed(tmp_path):
     assert out.status == "failed" and out.message == "completed 2 steps; saving the run failed: OSError: disk full"
     # without a store nothing is saved and the outcome stands
     assert RunRecorder().finish(outcome, t.model, card, None, None) == outcome
+
+
+def nan_penalty_at(k: int):
+    calls = [0]
+
+    def penalty(model, batch, cache):
+        calls[0] += 1
+        return {"bad": model.embed.W_E.sum() * 0 + (math.nan if calls[0] == k else 0.0)}
+
+    return penalty
+
+
+def test_with_sync_every_a_nan_ends_the_run_diverged_with_the_last_synced_weights():
+    """sync_every 4, NaN at step 6: caught at the sync point of step 8, at most 3 steps late; the
+    run ends diverged with the weights of the sync point at step 4 (3 updates, taken before its
+    update) and every good step logged, in order."""
+    recipe = dict(steps=20, batch_size=16, lr=3e-3, eval_every=10, eval_samples=32, device="cpu")
+    t = Trainer(make_tiny_model(), TASK, TrainConfig(**recipe, sync_every=4), penalty=nan_penalty_at(6))
+    reference = Trainer(make_tiny_model(), TASK, TrainConfig(**recipe), penalty=nan_penalty_at(10**9))
+    for _ in range(3):
+        reference.step()
+    recorder, seen = RunRecorder(), []
+    out = record_run(t, recorder, on_step=lambda step, row, seconds: seen.append((step, seconds)))
+    assert out.status == "diverged" and out.reason == "diverged at step 6: loss is nan (term 'bad')"
+    assert out.message.endswith("kept weights of step 3")
+    assert [s for s, _ in seen] == [1, 2, 3, 4, 5] and all(sec > 0 for _, sec in seen)
+    assert sorted(set(recorder.columns[0])) == [1, 2, 3, 4, 5] and t.step_index == 5
+    for p, q in zip(t.params, reference.params):
+        assert torch.equal(p, q)
+
+
+def test_with_sync_every_a_stop_reads_the_pending_steps_and_saves_the_final_weights():
+    t = trainer(steps=20, sync_every=8)
+    seen = []
+    out = record_run(t, on_step=lambda step, row, seconds: seen.append(step),
+                     interrupt=lambda: "stopped" if t.step_index == 5 else None)
+    assert out.status == "stopped" and seen == [1, 2, 3, 4, 5]
+    outcome, after = measure_final(t, out, lambda: measure(t.model, TASK, None, 16, 0))
+    assert outcome == out and t.good_step == 5  # the measured weights are the ones kept
+    assert all(torch.equal(a, b) for a, b in zip(t.good_state, t.params))

@@ -168,3 +168,34 @@ def test_killed_training_process(tmp_path):
     assert len(store.metrics(row["id"])) > 0  # what was flushed is kept
     with pytest.raises(ValueError, match="no saved weights"):
         resolve(f"run:{row['id']}", store=store)
+
+
+def test_an_index_from_before_sweeps_still_opens(tmp_path):
+    """An index.sqlite written before sweeps existed (no sweeps table, no sweep/trial columns) opens:
+    the columns and table are added on open, old runs list with sweep None."""
+    import sqlite3
+
+    from attn_core.runs import RunStore
+
+    root = tmp_path / "old"
+    root.mkdir()
+    con = sqlite3.connect(root / "index.sqlite")
+    con.executescript("""
+    CREATE TABLE runs (id TEXT PRIMARY KEY, parent TEXT, task TEXT, status TEXT NOT NULL, message TEXT DEFAULT '',
+        config TEXT NOT NULL, summary TEXT DEFAULT '{}', created REAL NOT NULL, updated REAL NOT NULL,
+        finished REAL, pid INTEGER, host TEXT);
+    CREATE TABLE metrics (run TEXT NOT NULL, step INTEGER NOT NULL, name TEXT NOT NULL, value REAL);
+    INSERT INTO runs (id, parent, task, status, config, created, updated, finished)
+        VALUES ('old-run', 'reverse-1l', 'reverse', 'completed', '{}', 1, 1, 1);
+    """)
+    con.commit()
+    con.close()
+    store = RunStore(root)
+    (run,) = store.list_runs()
+    assert run["id"] == "old-run" and run["sweep"] is None and store.list_sweeps() == []
+    sweep_id = store.create_sweep("reverse-1l", {"trials": [{}]})
+    rid = store.add_run("reverse-1l", "reverse", {}, "failed", "boom", sweep=sweep_id, trial="t0")
+    got = store.get_sweep(sweep_id)
+    assert [r["id"] for r in got["runs"]] == [rid] and got["counts"] == {"failed": 1} and got["status"] == "running"
+    store.update_sweep(sweep_id, "completed", info={"wall_s": 1.0})
+    assert store.list_sweeps()[0]["status"] == "completed" and store.get(rid)["trial"] == "t0"

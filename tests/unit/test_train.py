@@ -173,3 +173,90 @@ def test_job_command_reproduces_the_settings():
     assert c.command() == ("attn-lab retrain recall-2l --reg topk:2@L1=0.5 --reg entropy=0.1 --heads L0 "
                            "--steps 50 --seed 3 --lr 0.001 --entmax-alpha 1.5")
     assert c.to_dict()["regularizers"] == ["topk:2@L1=0.5", "entropy=0.1"]
+
+
+# --- reading the device every sync_every steps --------------------------------------------------------
+
+def nan_at(k: int):
+    """A penalty whose value is NaN at its k-th call (the k-th step) and 0 otherwise."""
+    calls = [0]
+
+    def penalty(model, batch, cache):
+        calls[0] += 1
+        zero = model.embed.W_E.sum() * 0
+        return {"bad": zero + (math.nan if calls[0] == k else 0.0)}
+
+    return penalty
+
+
+def test_sync_every_gives_the_same_run_bit_for_bit():
+    seen = {1: [], 5: []}
+    runs = {}
+    for n in seen:
+        t = Trainer(make_tiny_model(), TASK, cfg(steps=12, sync_every=n), callbacks=[seen[n].append])
+        t.run()
+        runs[n] = t
+    assert all(torch.equal(a, b) for a, b in zip(runs[1].params, runs[5].params))
+    assert [m["step"] for m in seen[5]] == list(range(1, 13)) and seen[5] == seen[1]
+
+
+def test_between_sync_points_step_returns_only_step_and_lr():
+    trainer = Trainer(make_tiny_model(), TASK, cfg(steps=12, eval_every=12, sync_every=4))
+    out = [trainer.step() for _ in range(4)]
+    assert [set(m) for m in out[:3]] == [{"step", "lr"}] * 3
+    assert {"loss", "task_loss", "accuracy", "grad_norm", "lr"} <= set(out[3]) and out[3]["step"] == 4
+    assert trainer.sync_every == 4 and Trainer(make_tiny_model(), TASK, cfg()).sync_every == 1  # CPU default
+
+
+@pytest.mark.parametrize("n, k, caught_at, kept", [(4, 6, 8, 3), (4, 4, 4, 0), (5, 7, 8, 4), (3, 1, 3, 0)])
+def test_a_nan_is_caught_by_the_next_sync_point(n, k, caught_at, kept):
+    """NaN at step k with sync_every n (eval at step 8): caught at the next sync point, at most
+    n - 1 steps later; the weights kept are those of the last sync point before k."""
+    trainer = Trainer(make_tiny_model(), TASK, cfg(steps=20, eval_every=8, sync_every=n), penalty=nan_at(k))
+    reference = Trainer(make_tiny_model(), TASK, cfg(steps=20, eval_every=8, sync_every=1), penalty=nan_at(10**9))
+    for _ in range(kept):
+        reference.step()
+    seen = []
+    trainer.callbacks.append(seen.append)
+    calls = 0
+    with pytest.raises(Diverged, match=f"diverged at step {k}: loss is nan \\(term 'bad'\\)"):
+        while True:
+            calls += 1
+            trainer.step()
+    assert calls == caught_at and calls - k <= n - 1
+    assert [m["step"] for m in seen] == list(range(1, k))  # every good step was delivered
+    assert trainer.step_index == k - 1 and trainer.restore_good() == kept
+    for p, q in zip(trainer.params, reference.params):  # bit for bit the weights after `kept` updates
+        assert torch.equal(p, q)
+
+
+def test_sync_flushes_the_pending_steps():
+    trainer = Trainer(make_tiny_model(), TASK, cfg(steps=12, eval_every=12, sync_every=10))
+    for _ in range(3):
+        trainer.step()
+    rows = trainer.sync()
+    assert [m["step"] for m in rows] == [1, 2, 3] and all(math.isfinite(m["loss"]) for m in rows)
+    assert trainer.sync() == [] and set(trainer.seconds) == {1, 2, 3}
+
+
+def test_precision_and_sync_every_settings():
+    with pytest.raises(ValueError, match="precision must be one of fp32, bf16"):
+        TrainConfig(precision="fp16")
+    with pytest.raises(ValueError, match="sync_every must be an integer in 1..10000"):
+        TrainConfig(sync_every=0)
+    with pytest.raises(ValueError, match="sync_every must be an integer"):
+        JobConfig("x", sync_every=True)
+    with pytest.raises(ValueError, match="precision"):
+        JobConfig("x", precision="half")
+
+
+def test_bf16_autocast_runs_on_cpu_near_fp32():
+    """bf16 autocast (forward and loss) on CPU: finite, and within 2% of the fp32 loss after 30 steps."""
+    out = {}
+    for precision in ("fp32", "bf16"):
+        t = Trainer(make_tiny_model(), TASK, cfg(steps=30, eval_every=30, precision=precision))
+        out[precision] = t.run()
+        assert all(p.dtype == torch.float32 for p in t.params)  # weights stay fp32
+    assert math.isfinite(out["bf16"]["loss"]) and math.isfinite(out["bf16"]["eval_loss"])
+    assert out["bf16"]["task_loss"] == pytest.approx(out["fp32"]["task_loss"], rel=0.02)
+    assert out["bf16"]["eval_loss"] == pytest.approx(out["fp32"]["eval_loss"], rel=0.02)

@@ -1,0 +1,223 @@
+"""GPU benchmark (issue 15): training steps/s on CPU and on CUDA, bare loop vs Trainer vs live job.
+
+Two models, each trained from its seeded init on real task batches:
+
+- (a) ``induction-2l``: the preset's architecture (2 layers x 4 heads, d_model 64, attention-only)
+  on the induction task (n_ctx 24) at batch 64;
+- (b) ``wide-4l``: d_model 256, 4 layers x 8 heads (d_head 32), MLP 1024, n_ctx 128, at batch 256
+  on the induction task's own generator stretched to n_ctx 128 (registered in this process only
+  as task ``induction-128``, so that the live job can load it from a model folder's card).
+
+On each device three loops train the same model for the same steps, as in
+benchmarks/train_throughput.py (whose loops are imported, not copied): ``bare`` (sample, forward,
+loss, backward, AdamW step), ``trainer`` (attn_core's Trainer: schedule, clipping, the NaN guard
+with last good weights read every ``sync_every`` steps, a held-out evaluation at the end) and
+``job`` (TrainingJob with its telemetry every 20 steps and spectra every 50; its rate is taken
+over the training loop, Snapshot.train_s). Held-out evaluations use 64 sequences, so that a short
+CPU run is not dominated by them. One warm-up round, then ``--repeats`` rounds; medians are
+reported, with the peak GPU memory of each loop (torch.cuda.max_memory_allocated). Targets:
+(b) on CUDA >= 20x its CPU steps/s; job/bare >= 0.9 on CUDA.
+
+Without a CUDA GPU the CUDA half is skipped with one line saying so, and the JSON records it.
+
+    python benchmarks/gpu.py [--repeats 2 --devices cpu,cuda --precisions fp32,bf16 --out FILE]
+    python benchmarks/gpu.py --quick     # a smoke run: tiny steps and batches, not saved unless --out
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import train_throughput as tt  # noqa: E402  (benchmarks/ is this script's own folder)
+
+from attn_core import checkpoint, tasks  # noqa: E402
+from attn_core.card import machine  # noqa: E402
+from attn_core.model import ModelConfig  # noqa: E402
+from attn_core.presets import get_preset  # noqa: E402
+from attn_core.runs import RunStore  # noqa: E402
+from attn_core.training.trainer import TrainConfig, init_model, sync_interval  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "gpu.json"
+LOOPS = ("bare", "trainer", "job")
+EVAL_SAMPLES = 64
+
+
+@dataclass(frozen=True)
+class Setup:
+    name: str
+    description: str
+    task: str
+    model: ModelConfig
+    batch_size: int
+    steps: dict  # device type -> steps per loop
+
+    def scaled(self, batch_size: int, steps: dict) -> Setup:
+        return Setup(self.name, self.description + f" (quick: batch {batch_size})", self.task, self.model,
+                     batch_size, steps)
+
+
+def wide_task() -> tasks.Task:
+    """The induction task at n_ctx 128: the same generator and vocabulary, a longer context."""
+    if "induction-128" not in tasks.TASKS:
+        base = tasks.get_task("induction")
+        tasks.TASKS["induction-128"] = tasks.Task(
+            "induction-128", base.description + " (n_ctx 128, benchmarks only)", base.token_names, 129,
+            tasks._induction(n_ctx=128))
+    return tasks.TASKS["induction-128"]
+
+
+def setups() -> dict[str, Setup]:
+    preset = get_preset("induction-2l")
+    wide = wide_task()
+    return {
+        "induction-2l": Setup("induction-2l", "induction-2l architecture, induction task (n_ctx 24), batch 64",
+                              preset.task, preset.model_config(), 64, {"cpu": 100, "cuda": 500}),
+        "wide-4l": Setup("wide-4l", "d_model 256, 4 layers x 8 heads, d_mlp 1024, n_ctx 128, batch 256",
+                         wide.name, ModelConfig(n_layers=4, n_heads=8, d_model=256, d_head=32, d_mlp=1024,
+                                                n_ctx=128, d_vocab=wide.d_vocab), 256, {"cpu": 2, "cuda": 200}),
+    }
+
+
+@contextlib.contextmanager
+def peak_memory(device: torch.device, out: dict, key: str):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+    yield
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        out[key] = torch.cuda.max_memory_allocated(device) / 2**20
+
+
+def measure(setup: Setup, device: torch.device, precision: str, repeats: int, warmup: bool, source: str,
+            store: RunStore, job_samples: int) -> dict:
+    """Median steps/s and peak memory of the three loops of ``setup`` on ``device``."""
+    task = tasks.get_task(setup.task)
+    steps = setup.steps[device.type]
+    cfg = TrainConfig(steps=steps, batch_size=setup.batch_size, lr=1e-3, seed=0, device=str(device),
+                      warmup_steps=min(100, steps // 10), eval_samples=EVAL_SAMPLES, precision=precision)
+    fresh = lambda: init_model(setup.model, 0)  # noqa: E731
+    def bf16():  # the bare loop under the autocast the Trainer applies
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+    rates: dict[str, list[float]] = {k: [] for k in LOOPS}
+    memory: dict[str, float] = {}
+    for r in range(repeats + int(warmup)):
+        with peak_memory(device, memory, "bare"), bf16():
+            b = tt.bare(fresh(), task, cfg, device)
+        with peak_memory(device, memory, "trainer"):
+            t = tt.trainer(fresh(), task, cfg, device)
+        with peak_memory(device, memory, "job"):
+            j, _, _ = tt.job(source, cfg, store, eval_samples=EVAL_SAMPLES, measure_samples=job_samples,
+                             probe_samples=min(16, job_samples))
+        if warmup and r == 0:
+            continue
+        for k, v in zip(LOOPS, (b, t, j)):
+            rates[k].append(v)
+        print(f"  {setup.name} {device.type} {precision} round {r}: bare {b:.2f}  trainer {t:.2f}  job {j:.2f} steps/s",
+              flush=True)
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    return {"setup": setup.name, "device": device.type, "precision": precision, "steps": steps,
+            "batch_size": setup.batch_size, "repeats": repeats, "sync_every": sync_interval(cfg, device),
+            "steps_per_s": {k: {"median": med[k], "all": rates[k]} for k in LOOPS},
+            "ratio_trainer_vs_bare": med["trainer"] / med["bare"], "ratio_job_vs_bare": med["job"] / med["bare"],
+            "peak_memory_mib": memory or None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=2, help="measured rounds after one warm-up round")
+    ap.add_argument("--devices", default="cpu,cuda", help="comma-separated: cpu, cuda")
+    ap.add_argument("--setups", default="induction-2l,wide-4l", help="comma-separated: induction-2l, wide-4l")
+    ap.add_argument("--precisions", default="fp32,bf16", help="precisions measured on CUDA (CPU: fp32 only)")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--out", type=Path, default=None, help=f"where to save the JSON (default {RESULTS})")
+    ap.add_argument("--quick", action="store_true", help="smoke run: tiny steps and batches, not saved unless --out")
+    args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error("--repeats must be positive")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    all_setups = setups()
+    chosen = [s.strip() for s in args.setups.split(",") if s.strip()]
+    unknown = [s for s in chosen if s not in all_setups]
+    if unknown:
+        ap.error(f"unknown setup {unknown[0]!r}; setups: {', '.join(all_setups)}")
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    devices = [d.strip() for d in args.devices.split(",") if d.strip()]
+    if args.quick:
+        all_setups = {"induction-2l": all_setups["induction-2l"].scaled(8, {"cpu": 4, "cuda": 20}),
+                      "wide-4l": all_setups["wide-4l"].scaled(2, {"cpu": 1, "cuda": 5})}
+        args.repeats = 1
+    cuda = torch.cuda.is_available()
+    skipped = None
+    if "cuda" in devices and not cuda:
+        skipped = "no CUDA GPU on this machine (torch.cuda.is_available() is False): the CUDA half is skipped"
+        print(f"CUDA: skipped -- {skipped}", flush=True)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        store = RunStore(Path(tmp) / "runs")
+        for name in chosen:
+            setup = all_setups[name]
+            source = str(checkpoint.save(init_model(setup.model, 0), Path(tmp) / name, {"task": setup.task}))
+            for dev in devices:
+                if dev == "cuda" and not cuda:
+                    continue
+                device = torch.device(dev)
+                for precision in (precisions if dev == "cuda" else ["fp32"]):
+                    print(f"{name} on {dev} ({precision}): {setup.steps[dev]} steps per loop", flush=True)
+                    results.append(measure(setup, device, precision, args.repeats, not args.quick, source, store,
+                                           job_samples=8 if args.quick else 64))
+    speedup = {}
+    for name in chosen:
+        cpu = next((r for r in results if r["setup"] == name and r["device"] == "cpu"), None)
+        gpu = next((r for r in results if r["setup"] == name and r["device"] == "cuda" and r["precision"] == "fp32"), None)
+        if cpu and gpu:
+            speedup[name] = {k: gpu["steps_per_s"][k]["median"] / cpu["steps_per_s"][k]["median"] for k in LOOPS}
+    doc = {
+        "benchmark": "gpu", "quick": args.quick, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "torch": torch.__version__, "cuda": torch.version.cuda, "cuda_available": cuda,
+        "device_name": torch.cuda.get_device_name(0) if cuda else None, "cuda_skipped": skipped,
+        "cpu": machine(), "cpu_threads": torch.get_num_threads(),
+        "setups": {n: {"description": all_setups[n].description, "task": all_setups[n].task,
+                       "params": init_model(all_setups[n].model, 0).n_params(), "batch_size": all_setups[n].batch_size,
+                       "n_ctx": all_setups[n].model.n_ctx} for n in chosen},
+        "results": results, "speedup_cuda_vs_cpu_fp32": speedup,
+        "targets": {"wide-4l cuda/cpu": ">= 20", "job/bare on cuda": ">= 0.9"},
+    }
+    print()
+    for r in results:
+        sps = r["steps_per_s"]
+        mem = r["peak_memory_mib"]
+        print(f"{r['setup']:>12} {r['device']:>4} {r['precision']}: bare {sps['bare']['median']:.2f}  trainer "
+              f"{sps['trainer']['median']:.2f}  job {sps['job']['median']:.2f} steps/s; trainer/bare "
+              f"{r['ratio_trainer_vs_bare']:.3f}  job/bare {r['ratio_job_vs_bare']:.3f}"
+              + (f"; peak GPU memory {max(mem.values()):.0f} MiB" if mem else ""))
+    for name, s in speedup.items():
+        print(f"{name}: CUDA / CPU steps/s: " + ", ".join(f"{k} {v:.1f}x" for k, v in s.items()))
+    if skipped:
+        print(f"CUDA: skipped ({skipped})")
+    out = args.out if args.out is not None else (None if args.quick else RESULTS)
+    if out is None:
+        print("quick run: results not saved")
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    tmp.replace(out)
+    print(f"saved {out}")
+
+
+if __name__ == "__main__":
+    main()
