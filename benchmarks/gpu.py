@@ -13,8 +13,8 @@ benchmarks/train_throughput.py (whose loops are imported, not copied): ``bare`` 
 loss, backward, AdamW step), ``trainer`` (attn_core's Trainer: schedule, clipping, the NaN guard
 with last good weights read every ``sync_every`` steps, a held-out evaluation at the end) and
 ``job`` (TrainingJob with its telemetry every 20 steps and spectra every 50; its rate is taken
-over the training loop, Snapshot.train_s). Held-out evaluations use 64 sequences, so that a short
-CPU run is not dominated by them. One warm-up round, then ``--repeats`` rounds; medians are
+over the training loop, Snapshot.train_s). Held-out evaluations use 64 sequences (at most a
+batch), so that a short CPU run is not dominated by them. One warm-up round, then ``--repeats`` rounds; medians are
 reported, with the peak GPU memory of each loop (torch.cuda.max_memory_allocated). Targets:
 (b) on CUDA >= 20x its CPU steps/s; job/bare >= 0.9 on CUDA.
 
@@ -106,7 +106,8 @@ def measure(setup: Setup, device: torch.device, precision: str, repeats: int, wa
     task = tasks.get_task(setup.task)
     steps = setup.steps[device.type]
     cfg = TrainConfig(steps=steps, batch_size=setup.batch_size, lr=1e-3, seed=0, device=str(device),
-                      warmup_steps=min(100, steps // 10), eval_samples=EVAL_SAMPLES, precision=precision)
+                      warmup_steps=min(100, steps // 10), eval_samples=min(EVAL_SAMPLES, setup.batch_size),
+                      precision=precision)
     fresh = lambda: init_model(setup.model, 0)  # noqa: E731
     def bf16():  # the bare loop under the autocast the Trainer applies
         return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
@@ -119,7 +120,7 @@ def measure(setup: Setup, device: torch.device, precision: str, repeats: int, wa
         with peak_memory(device, memory, "trainer"):
             t = tt.trainer(fresh(), task, cfg, device)
         with peak_memory(device, memory, "job"):
-            j, _, _ = tt.job(source, cfg, store, eval_samples=EVAL_SAMPLES, measure_samples=job_samples,
+            j, _, _ = tt.job(source, cfg, store, eval_samples=cfg.eval_samples, measure_samples=job_samples,
                              probe_samples=min(16, job_samples))
         if warmup and r == 0:
             continue
