@@ -76,12 +76,13 @@ def get_preset(name: str) -> Preset:
 
 def train_preset(name: str, out: str | Path | None = None, steps: int | None = None,
                  seed: int | None = None, device: str | None = None, progress: bool = False,
-                 overwrite: bool = False, command: str = "") -> dict:
+                 overwrite: bool = False, command: str = "", precision: str | None = None) -> dict:
     """Train a preset, measure it on 512 held-out samples and (if ``out``) save model + card;
     returns the card as written (``Card.to_dict``)."""
     preset = get_preset(name)
     cfg = preset.train
-    overrides = {k: v for k, v in (("steps", steps), ("seed", seed), ("device", device)) if v is not None}
+    overrides = {k: v for k, v in (("steps", steps), ("seed", seed), ("device", device), ("precision", precision))
+                 if v is not None}
     cfg = replace(cfg, **overrides)
     if out is not None and Path(out).exists() and not overwrite:
         raise ValueError(f"{out} already exists; choose a new --out folder (nothing was overwritten)")

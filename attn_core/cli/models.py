@@ -2,8 +2,6 @@
 scratch) and ``presets`` (the recipes)."""
 from __future__ import annotations
 
-import contextlib
-from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -13,25 +11,6 @@ from attn_core.training.trainer import TrainConfig, check_precision
 from attn_core.validate import default
 
 app = typer.Typer()
-
-
-@contextlib.contextmanager
-def _precision(name: str, precision: str):
-    """The preset's recipe with ``precision`` while this command trains it. ``train_preset`` takes
-    steps, seed and device but no precision, so the recipe is swapped for the call and put back
-    (the CLI trains one preset per process)."""
-    from attn_core import presets
-
-    check_precision(precision, prefix="--precision: ")
-    preset = presets.get_preset(name)
-    if precision == preset.train.precision:
-        yield
-        return
-    presets.PRESETS[name] = replace(preset, train=replace(preset.train, precision=precision))
-    try:
-        yield
-    finally:
-        presets.PRESETS[name] = preset
 
 
 @app.command("zoo")
@@ -81,9 +60,9 @@ def train_cmd(preset: str = typer.Option(..., help="Preset name (see `attn-lab p
 
     if steps is not None and steps <= 0:
         raise ValueError(f"--steps must be positive, got {steps}")
-    with _precision(preset, precision):
-        card = train_preset(preset, out=out, steps=steps, seed=seed, device=device, progress=not as_json,
-                            command=command_line())
+    check_precision(precision, prefix="--precision: ")
+    card = train_preset(preset, out=out, steps=steps, seed=seed, device=device, progress=not as_json,
+                        command=command_line(), precision=precision)
     result = {"preset": preset, "out": str(out) if out else None, **card}
     emit(result, as_json, lambda r: f"{r['preset']}: accuracy {r['metrics']['accuracy']:.4f} on 512 held-out "
                                     f"samples, {r['wall_time_s']:.1f} s" + (f", saved to {r['out']}" if r["out"] else ""))
