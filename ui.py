@@ -2,6 +2,7 @@
 runs, uploads), the layer/head picker, the "needs a task" guard, widget state that survives page
 switches and URL parameters, figures with their downloads, and the one caching rule (see
 docs/architecture.md). Everything computational lives in attn_core."""
+
 from __future__ import annotations
 
 import functools
@@ -39,6 +40,7 @@ def setup(title: str, needs_model: bool = True) -> LoadedModel | None:
 
 
 # --- widget state across pages and URLs --------------------------------------------------------
+
 
 def _keep_widget_state() -> None:
     # Streamlit forgets the value of a widget that is not drawn on the current page; writing the
@@ -96,6 +98,7 @@ def to_url(**params: Any) -> None:
 
 # --- models ------------------------------------------------------------------------------------
 
+
 def data_dir() -> Path:
     """Where the dashboard writes (runs and uploads): $ATTN_LAB_RUNS or ./runs."""
     return runs.default_root()
@@ -119,7 +122,7 @@ def load_model(source: str) -> LoadedModel:
 def job_source(name: str) -> str:
     """What a retraining job is given for a picker entry: zoo name, run:<id> or a folder."""
     if sources.is_upload(name):
-        return str(sources.upload_dir() / name[len(sources.UPLOAD_PREFIX):])
+        return str(sources.upload_dir() / name[len(sources.UPLOAD_PREFIX) :])
     return name
 
 
@@ -146,8 +149,11 @@ def model_names() -> list[str]:
     names += [sources.RUN_PREFIX + r["id"] for r in saved_runs()]
     uploads = sources.upload_dir()
     if uploads.is_dir():
-        names += [sources.UPLOAD_PREFIX + p.name for p in sorted(uploads.iterdir())
-                  if (p / checkpoint.WEIGHTS).is_file() and not p.name.startswith(".")]
+        names += [
+            sources.UPLOAD_PREFIX + p.name
+            for p in sorted(uploads.iterdir())
+            if (p / checkpoint.WEIGHTS).is_file() and not p.name.startswith(".")
+        ]
     return names
 
 
@@ -160,9 +166,13 @@ def model_picker() -> LoadedModel | None:
     if MODEL_KEY not in st.session_state and wanted is not None and wanted not in names:
         st.sidebar.warning(f"Model {wanted!r} from the URL is unknown; showing {names[0]!r} instead.")
     remember(MODEL_KEY, wanted if wanted in names else names[0], names)
-    choice = st.sidebar.selectbox("Model", names, key=MODEL_KEY,
-                                  help="Zoo models (assets/models), your saved runs (run:…) and your uploads "
-                                       "(upload: …). Every page uses this model.")
+    choice = st.sidebar.selectbox(
+        "Model",
+        names,
+        key=MODEL_KEY,
+        help="Zoo models (assets/models), your saved runs (run:…) and your uploads "
+        "(upload: …). Every page uses this model.",
+    )
     to_url(model=choice)
     _upload_widget()
     try:
@@ -179,12 +189,21 @@ def _model_caption(m: LoadedModel) -> None:
     acc = m.card.accuracy
     acc_txt = f", held-out accuracy {acc:.1%}" if acc is not None else ""
     parent = f" Retrained from {m.card.parent}." if m.card.parent else ""
-    st.sidebar.caption(f"**{m.name}**: task {m.card.task or '?'}, {c.n_layers} layer(s) × {c.n_heads} heads, "
-                       f"d_model {c.d_model}, d_head {c.d_head}, {c.qk} QK{acc_txt}.{parent}")
+    st.sidebar.caption(
+        f"**{m.name}**: task {m.card.task or '?'}, {c.n_layers} layer(s) × {c.n_heads} heads, "
+        f"d_model {c.d_model}, d_head {c.d_head}, {c.qk} QK{acc_txt}.{parent}"
+    )
 
 
-def layer_head_picker(config: ModelConfig, where: Sequence | None = None, *, all_heads: bool = False,
-                      disabled: bool = False, url: bool = True, head_help: str = "") -> tuple[int, int | str]:
+def layer_head_picker(
+    config: ModelConfig,
+    where: Sequence | None = None,
+    *,
+    all_heads: bool = False,
+    disabled: bool = False,
+    url: bool = True,
+    head_help: str = "",
+) -> tuple[int, int | str]:
     """The layer and head selectboxes of every page that looks at one head; returns (layer, head).
 
     Their keys are the same on every page, so a choice follows the user from page to page (and
@@ -195,14 +214,22 @@ def layer_head_picker(config: ModelConfig, where: Sequence | None = None, *, all
     layer_at, head_at = where if where is not None else (st, st)
     layers = range(config.n_layers)
     heads = [*range(config.n_heads), *([ALL_HEADS] if all_heads else [])]
-    layer = layer_at.selectbox("Layer", layers, disabled=disabled,
-                               key=remember(LAYER_KEY, 0, layers, param="layer" if url else None),
-                               help=f"Layer l, 0..{config.n_layers - 1}")
+    layer = layer_at.selectbox(
+        "Layer",
+        layers,
+        disabled=disabled,
+        key=remember(LAYER_KEY, 0, layers, param="layer" if url else None),
+        help=f"Layer l, 0..{config.n_layers - 1}",
+    )
     grid = ", or a grid of every head of the layer" if all_heads else ""
-    head = head_at.selectbox("Head", heads, disabled=disabled,
-                             key=remember(HEAD_KEY, 0, heads, param="head" if url else None),
-                             format_func=lambda h: "all (grid)" if h == ALL_HEADS else str(h),
-                             help=f"Head h, 0..{config.n_heads - 1}{grid}{head_help}")
+    head = head_at.selectbox(
+        "Head",
+        heads,
+        disabled=disabled,
+        key=remember(HEAD_KEY, 0, heads, param="head" if url else None),
+        format_func=lambda h: "all (grid)" if h == ALL_HEADS else str(h),
+        help=f"Head h, 0..{config.n_heads - 1}{grid}{head_help}",
+    )
     return layer, head
 
 
@@ -217,14 +244,20 @@ def require_task(loaded: LoadedModel, why: str) -> Task:
 
 def _upload_widget() -> None:
     with st.sidebar.expander("Upload a model"):
-        folder = st.toggle("Whole folder", key="upload_folder",
-                           help="Pick a model folder (model.safetensors, config.json, card.json) "
-                                "instead of single files.")
-        st.file_uploader("Model folder" if folder else "model.safetensors (+ config.json, card.json)",
-                         type=["safetensors", "json"], accept_multiple_files="directory" if folder else True,
-                         key="upload_files", on_change=_on_upload,
-                         help="Validated like the zoo: only safetensors and JSON are read, never pickles. "
-                              f"A valid model is kept under {sources.upload_dir()} and appears in the model list.")
+        folder = st.toggle(
+            "Whole folder",
+            key="upload_folder",
+            help="Pick a model folder (model.safetensors, config.json, card.json) instead of single files.",
+        )
+        st.file_uploader(
+            "Model folder" if folder else "model.safetensors (+ config.json, card.json)",
+            type=["safetensors", "json"],
+            accept_multiple_files="directory" if folder else True,
+            key="upload_files",
+            on_change=_on_upload,
+            help="Validated like the zoo: only safetensors and JSON are read, never pickles. "
+            f"A valid model is kept under {sources.upload_dir()} and appears in the model list.",
+        )
         kind, text = st.session_state.get(_UPLOAD_MSG, (None, ""))
         if kind == "error":
             st.error(text)
@@ -255,13 +288,18 @@ def save_upload(files: dict[str, bytes]) -> str:
     path the user sent, so nothing can be written outside the data directory; the same upload
     twice lands in the same folder."""
     weights = [n for n in files if n.endswith(".safetensors")]
-    unknown = sorted(n for n in files if not n.endswith(".safetensors") and n not in (checkpoint.CONFIG, checkpoint.CARD))
+    unknown = sorted(
+        n for n in files if not n.endswith(".safetensors") and n not in (checkpoint.CONFIG, checkpoint.CARD)
+    )
     if len(weights) != 1:
-        raise checkpoint.CheckpointError(f"upload exactly one .safetensors file (got {len(weights)}), with its "
-                                  "config.json unless the file carries its config")
+        raise checkpoint.CheckpointError(
+            f"upload exactly one .safetensors file (got {len(weights)}), with its "
+            "config.json unless the file carries its config"
+        )
     if unknown:
-        raise checkpoint.CheckpointError(f"unexpected file {unknown[0]!r}: a model is model.safetensors, "
-                                  "config.json and card.json")
+        raise checkpoint.CheckpointError(
+            f"unexpected file {unknown[0]!r}: a model is model.safetensors, config.json and card.json"
+        )
     data = files[weights[0]]
     if len(data) > checkpoint.MAX_WEIGHTS_BYTES:
         raise checkpoint.CheckpointError(f"{weights[0]} is larger than {checkpoint.MAX_WEIGHTS_BYTES // 2**20} MiB")
@@ -278,6 +316,7 @@ def save_upload(files: dict[str, bytes]) -> str:
 
 # --- figures -----------------------------------------------------------------------------------
 
+
 def show_plot(plot: Plot, key: str, help: str | None = None, downloads: bool = True) -> None:
     """The chart and one download button per format; files are made only when clicked."""
     st.plotly_chart(plot.fig, key=f"chart_{key}", config={"displaylogo": False})
@@ -285,13 +324,23 @@ def show_plot(plot: Plot, key: str, help: str | None = None, downloads: bool = T
         return
     with st.container(horizontal=True, gap="small"):
         for fmt in EXPORT_FORMATS:
-            st.download_button(fmt.upper(), data=functools.partial(_export_or_message, plot, fmt),
-                               file_name=f"{plot.name}.{fmt}", mime=MIME[fmt], key=f"dl_{key}_{fmt}",
-                               on_click="ignore", help=help or _FORMAT_HELP[fmt])
+            st.download_button(
+                fmt.upper(),
+                data=functools.partial(_export_or_message, plot, fmt),
+                file_name=f"{plot.name}.{fmt}",
+                mime=MIME[fmt],
+                key=f"dl_{key}_{fmt}",
+                on_click="ignore",
+                help=help or _FORMAT_HELP[fmt],
+            )
 
 
-_FORMAT_HELP = {"png": "This figure as a PNG image", "svg": "This figure as an SVG vector image",
-                "html": "This figure as an interactive HTML page", "csv": "The data drawn in this figure, as CSV"}
+_FORMAT_HELP = {
+    "png": "This figure as a PNG image",
+    "svg": "This figure as an SVG vector image",
+    "html": "This figure as an interactive HTML page",
+    "csv": "The data drawn in this figure, as CSV",
+}
 
 
 def _export_or_message(plot: Plot, fmt: str) -> bytes:
@@ -303,11 +352,16 @@ def _export_or_message(plot: Plot, fmt: str) -> bytes:
 
 def export_all(plots: list[Plot], manifest: dict, key: str) -> None:
     """One zip with every figure of the page in every format and a JSON manifest."""
-    st.download_button("Download all figures (zip)", data=functools.partial(bundle_zip, plots, manifest),
-                       file_name=f"{key}.zip", mime="application/zip", key=f"zip_{key}", on_click="ignore",
-                       icon=":material/download:",
-                       help="PNG, SVG, HTML and CSV of every figure on this page, plus manifest.json "
-                            "(model, layer/head, settings).")
+    st.download_button(
+        "Download all figures (zip)",
+        data=functools.partial(bundle_zip, plots, manifest),
+        file_name=f"{key}.zip",
+        mime="application/zip",
+        key=f"zip_{key}",
+        on_click="ignore",
+        icon=":material/download:",
+        help="PNG, SVG, HTML and CSV of every figure on this page, plus manifest.json (model, layer/head, settings).",
+    )
 
 
 # --- caching -----------------------------------------------------------------------------------
@@ -315,6 +369,7 @@ def export_all(plots: list[Plot], manifest: dict, key: str) -> None:
 # modification time (load_model above); anything computed from a model by its plain inputs, the
 # model counting by its weights key, never by object identity (an id() is reused once the
 # object is garbage collected).
+
 
 def _is_model(value: Any) -> bool:
     # Duck-typed: after Streamlit reloads attn_core, models are instances of a new LoadedModel class.
@@ -330,8 +385,9 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(_plain(v) for v in value)
     if hasattr(value, "state_dict"):
-        raise TypeError(f"cache by plain inputs: pass the LoadedModel (keyed by its weights), not a bare "
-                        f"{type(value).__name__}")
+        raise TypeError(
+            f"cache by plain inputs: pass the LoadedModel (keyed by its weights), not a bare {type(value).__name__}"
+        )
     return value
 
 

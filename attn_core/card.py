@@ -7,6 +7,7 @@ are typed here; a kind of run may add its own sections (a retrain's ``regularize
 format is unchanged. The card is untrusted input: :meth:`Card.from_dict` checks every common
 field's type and says in one sentence what is wrong (see ``docs/checkpoints.md``).
 """
+
 from __future__ import annotations
 
 import platform

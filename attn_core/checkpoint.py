@@ -11,6 +11,7 @@ failure is one :class:`CheckpointError` sentence. Writes are atomic. See ``docs/
 :class:`LoadedModel` is what every loader returns (and what ``attn_core.sources.resolve`` hands
 to views, jobs and pages).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -57,6 +58,7 @@ class LoadedModel:
 
 # --- reading -----------------------------------------------------------------------------------
 
+
 def load_path(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel:
     """A model folder (``model.safetensors`` + ``config.json`` [+ ``card.json``]) or a lone
     ``.safetensors`` file whose metadata carries the config."""
@@ -76,8 +78,13 @@ def load_path(path: str | Path, device: str | torch.device = "cpu") -> LoadedMod
     return loaded
 
 
-def load_bytes(data: bytes, cfg: ModelConfig | None = None, card: Card | None = None,
-               name: str = "upload", device: str | torch.device = "cpu") -> LoadedModel:
+def load_bytes(
+    data: bytes,
+    cfg: ModelConfig | None = None,
+    card: Card | None = None,
+    name: str = "upload",
+    device: str | torch.device = "cpu",
+) -> LoadedModel:
     """Validate and load safetensors bytes (a file's content or an upload)."""
     refuse_pickle(data)
     try:
@@ -88,8 +95,10 @@ def load_bytes(data: bytes, cfg: ModelConfig | None = None, card: Card | None = 
         cfg = _config_from_metadata(data)
     if card is None:
         meta_card = _metadata(data).get("card")
-        card = Card.from_dict(_parse_json_text(meta_card, "card in the safetensors metadata") if meta_card else None,
-                              "the card in the safetensors metadata")
+        card = Card.from_dict(
+            _parse_json_text(meta_card, "card in the safetensors metadata") if meta_card else None,
+            "the card in the safetensors metadata",
+        )
     model = build_checked(cfg, tensors)
     key = f"{name}:{hashlib.sha1(data).hexdigest()[:16]}"
     return LoadedModel(name=name, model=model.to(device).eval(), config=cfg, card=card, key=key)
@@ -102,8 +111,10 @@ def build_checked(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> Transfo
     missing = sorted(set(expected) - set(tensors))
     extra = sorted(set(tensors) - set(expected))
     if missing:
-        raise CheckpointError(f"missing tensors for this config: {', '.join(missing[:5])}"
-                              + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+        raise CheckpointError(
+            f"missing tensors for this config: {', '.join(missing[:5])}"
+            + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        )
     if extra:
         raise CheckpointError(f"unexpected tensors for this config: {', '.join(extra[:5])}")
     for k, shape in expected.items():
@@ -129,8 +140,10 @@ def refuse_pickle(data: bytes) -> None:
         return
     # pickle protocol 2+ starts with 0x80; torch.save files are zip archives ("PK").
     if data[:1] == b"\x80" or data[:2] == b"PK":
-        raise CheckpointError("this looks like a pickle or torch.save file; only safetensors "
-                              "checkpoints are read (pickles can run code and are never loaded)")
+        raise CheckpointError(
+            "this looks like a pickle or torch.save file; only safetensors "
+            "checkpoints are read (pickles can run code and are never loaded)"
+        )
 
 
 def read_bytes(path: Path, limit: int) -> bytes:
@@ -197,7 +210,7 @@ def _metadata(data: bytes) -> dict:
     if n <= 0 or 8 + n > len(data):
         return {}
     try:
-        header = json.loads(data[8:8 + n])
+        header = json.loads(data[8 : 8 + n])
     except ValueError:
         return {}
     meta = header.get("__metadata__") if isinstance(header, dict) else None
@@ -223,6 +236,7 @@ def _first_line(e: Exception) -> str:
 
 
 # --- writing -----------------------------------------------------------------------------------
+
 
 def to_safetensors_bytes(model: Transformer, card: Card | dict | None = None) -> bytes:
     """The weights as safetensors bytes, the config (and card) in the metadata."""

@@ -25,6 +25,7 @@ head, so that S = Q K^T there too (with no scale: W_QK is B itself).
 A hook is ``fn(tensor, name)``; it may return a replacement tensor (None keeps the tensor), which
 is what the rest of the forward then sees. :class:`HookRun` is the state of one forward.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
@@ -72,8 +73,10 @@ def check_names(names: Iterable[str], known: Iterable[str]) -> None:
     known = set(known)
     for name in names:
         if name not in known:
-            raise ValueError(f"unknown activation name {name!r}: this model's names are made by "
-                             f"act_name(kind, layer), e.g. {act_name('pattern', 0)!r}")
+            raise ValueError(
+                f"unknown activation name {name!r}: this model's names are made by "
+                f"act_name(kind, layer), e.g. {act_name('pattern', 0)!r}"
+            )
 
 
 class HookRun:
@@ -84,8 +87,12 @@ class HookRun:
 
     __slots__ = ("hooks", "cache", "keep")
 
-    def __init__(self, hooks: dict[str, list[Hook]] | None = None, cache: dict | None = None,
-                 keep: Callable[[str], bool] | None = None):
+    def __init__(
+        self,
+        hooks: dict[str, list[Hook]] | None = None,
+        cache: dict | None = None,
+        keep: Callable[[str], bool] | None = None,
+    ):
         self.hooks = hooks or {}
         self.cache = cache
         self.keep = keep
@@ -96,8 +103,10 @@ class HookRun:
             if out is not None:
                 if not isinstance(out, torch.Tensor) or out.shape != tensor.shape:
                     got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-                    raise ValueError(f"the hook on {name} returned {got} where a tensor of shape "
-                                     f"{list(tensor.shape)} (or None) was expected")
+                    raise ValueError(
+                        f"the hook on {name} returned {got} where a tensor of shape "
+                        f"{list(tensor.shape)} (or None) was expected"
+                    )
                 tensor = out
         if self.cache is not None and (self.keep is None or self.keep(name)):
             self.cache[name] = tensor

@@ -14,6 +14,7 @@ reuses them; docs/maths.md has the list); all return ``[...]``, one value per ro
     participation_ratio (sum p)^2 / sum p^2                  1 (one-hot) .. n (uniform)
     gini               Gini coefficient of p                 0 (uniform) .. 1 - 1/n (one-hot)
 """
+
 from __future__ import annotations
 
 import math
@@ -101,8 +102,9 @@ def gini(p: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-12) 
     return num / (n.squeeze(-1) * p.sum(-1)).clamp_min(eps)
 
 
-def concentration(x: torch.Tensor, mask: torch.Tensor | None = None, k: int = 1,
-                  from_scores: bool = False) -> dict[str, torch.Tensor]:
+def concentration(
+    x: torch.Tensor, mask: torch.Tensor | None = None, k: int = 1, from_scores: bool = False
+) -> dict[str, torch.Tensor]:
     """Every metric of every row: ``{name: [...]}``. ``x`` holds probabilities, or pre-softmax
     scores when ``from_scores`` (a masked softmax is taken first)."""
     p = row_probs(x, mask) if from_scores else x

@@ -14,6 +14,7 @@ names): ``run_with_cache`` records them, ``run_with_hooks`` may replace them. A 
 Parameter names follow TransformerLens' state dict, so ``state_dict()`` is the checkpoint
 (docs/checkpoints.md); hook points hold no parameters or buffers.
 """
+
 from __future__ import annotations
 
 import math
@@ -79,12 +80,13 @@ class ModelConfig:
         check(self.mlp_act in MLP_ACTS, f"mlp_act must be one of {MLP_ACTS}")
         check(isinstance(self.attn_bias, bool), "attn_bias must be true or false")
         check(isinstance(self.ln_eps, (int, float)) and 0 < self.ln_eps < 1, "ln_eps must be in (0, 1)")
-        check(isinstance(self.entmax_alpha, (int, float)) and 1.0 <= self.entmax_alpha <= 2.0,
-              f"entmax_alpha={self.entmax_alpha!r} must be in [1, 2]")
+        check(
+            isinstance(self.entmax_alpha, (int, float)) and 1.0 <= self.entmax_alpha <= 2.0,
+            f"entmax_alpha={self.entmax_alpha!r} must be in [1, 2]",
+        )
         if self.d_qk is not None:
             check(self.qk == "factored", "d_qk only applies to factored heads")
-            check(isinstance(self.d_qk, list) and len(self.d_qk) == self.n_layers,
-                  "d_qk must hold one list per layer")
+            check(isinstance(self.d_qk, list) and len(self.d_qk) == self.n_layers, "d_qk must hold one list per layer")
             for row in self.d_qk:
                 check(isinstance(row, list) and len(row) == self.n_heads, "d_qk must hold one width per head")
                 for w in row:
@@ -294,8 +296,7 @@ class Transformer(nn.Module):
         self.unembed = nn.Module()
         self.unembed.W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab))
         self.unembed.b_U = nn.Parameter(torch.zeros(cfg.d_vocab))
-        self.register_buffer("causal", torch.tril(torch.ones(cfg.n_ctx, cfg.n_ctx, dtype=torch.bool)),
-                             persistent=False)
+        self.register_buffer("causal", torch.tril(torch.ones(cfg.n_ctx, cfg.n_ctx, dtype=torch.bool)), persistent=False)
         self.reset_parameters()
 
     @torch.no_grad()
@@ -364,8 +365,9 @@ class Transformer(nn.Module):
         logits = self(tokens, hk=HookRun(cache=cache, keep=name_filter(names_filter, self.hook_names())))
         return logits, cache
 
-    def run_with_hooks(self, tokens: torch.Tensor, fwd_hooks: list[tuple[str, Hook]] = (),
-                       cache: dict | None = None) -> torch.Tensor:
+    def run_with_hooks(
+        self, tokens: torch.Tensor, fwd_hooks: list[tuple[str, Hook]] = (), cache: dict | None = None
+    ) -> torch.Tensor:
         """Logits with ``fn(tensor, name)`` run at each named hook point of ``fwd_hooks``, in order;
         a returned tensor (same shape) replaces the activation for the rest of the forward, None
         keeps it. With ``cache`` (a dict), every activation is recorded after its hooks ran."""

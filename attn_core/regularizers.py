@@ -28,6 +28,7 @@ A spec names a regularizer, its strength and optionally its heads and k::
 
 HEADS is a comma-separated list of ``L<l>`` (every head of layer l) and ``L<l>H<h>`` items.
 """
+
 from __future__ import annotations
 
 import math
@@ -92,8 +93,10 @@ def parse_heads(text: None | str | Iterable, cfg: ModelConfig) -> Heads:
             l, h = int(item[0]), int(item[1])
             _check_layer(cfg, l)
             if not 0 <= h < cfg.n_heads:
-                raise ValueError(f"head L{l}H{h} is out of range: this model has {cfg.n_heads} heads per layer "
-                                 f"(H0..H{cfg.n_heads - 1})")
+                raise ValueError(
+                    f"head L{l}H{h} is out of range: this model has {cfg.n_heads} heads per layer "
+                    f"(H0..H{cfg.n_heads - 1})"
+                )
             out.append((l, h))
         else:
             raise ValueError(f"head selection item {item!r} is not a layer or a (layer, head) pair")
@@ -104,8 +107,10 @@ def parse_heads(text: None | str | Iterable, cfg: ModelConfig) -> Heads:
 
 def _check_layer(cfg: ModelConfig, l: int) -> None:
     if not 0 <= l < cfg.n_layers:
-        raise ValueError(f"layer L{l} is out of range: this model has {cfg.n_layers} layer"
-                         f"{'s' * (cfg.n_layers != 1)} (L0..L{cfg.n_layers - 1})")
+        raise ValueError(
+            f"layer L{l} is out of range: this model has {cfg.n_layers} layer"
+            f"{'s' * (cfg.n_layers != 1)} (L0..L{cfg.n_layers - 1})"
+        )
 
 
 def format_heads(heads: Heads, cfg: ModelConfig | None = None) -> str:
@@ -128,6 +133,7 @@ def head_label(layer: int, head: int) -> str:
 
 
 # --- specs ---------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class RegSpec:
@@ -178,8 +184,10 @@ def parse_spec(text: str) -> RegSpec:
     """``NAME[:K][@HEADS]=LAMBDA`` (see the module doc)."""
     m = _SPEC.match(text.strip().lower().replace(" ", ""))
     if not m:
-        raise ValueError(f"regularizer spec {text!r} is not NAME[:K][@HEADS]=LAMBDA, e.g. entropy=0.1, "
-                         f"topk:2=0.5, vocab_entropy@L1H2=0.05; names: {', '.join(REGULARIZERS)}")
+        raise ValueError(
+            f"regularizer spec {text!r} is not NAME[:K][@HEADS]=LAMBDA, e.g. entropy=0.1, "
+            f"topk:2=0.5, vocab_entropy@L1H2=0.05; names: {', '.join(REGULARIZERS)}"
+        )
     k = 1
     if m.group("k") is not None:
         if not m.group("k").isdigit():
@@ -202,8 +210,10 @@ def parse_specs(specs: SpecsLike) -> list[RegSpec]:
         return []
     if isinstance(specs, Mapping):
         # a float that is not finite is a number too: RegSpec says it must be finite
-        out = [parse_spec(f"{name}={lam}") if is_number(lam) or isinstance(lam, float)
-               else _bad_strength(name, lam) for name, lam in specs.items()]
+        out = [
+            parse_spec(f"{name}={lam}") if is_number(lam) or isinstance(lam, float) else _bad_strength(name, lam)
+            for name, lam in specs.items()
+        ]
     else:
         out = []
         for s in specs:
@@ -227,6 +237,7 @@ def _bad_strength(name, lam):
 
 
 # --- the penalties themselves ----------------------------------------------------------------------
+
 
 def row_penalty(kind: str, p: torch.Tensor, mask: torch.Tensor | None, k: int = 1) -> torch.Tensor:
     """Per-row penalty of attention rows ``p`` [..., n] (lower = more concentrated)."""
@@ -276,8 +287,10 @@ def layer_singular_values(model: Transformer, layer: int) -> torch.Tensor:
     attn = model.blocks[layer].attn
     scale = attn.qk_scale.view(-1)
     widths = [cfg.head_d_qk(layer, h) for h in range(cfg.n_heads)]
-    rows = [QKForm(left=attn.W_Q[h, :, :w] * scale[h], right=attn.W_K[h, :, :w]).singular_values
-            for h, w in enumerate(widths)]
+    rows = [
+        QKForm(left=attn.W_Q[h, :, :w] * scale[h], right=attn.W_K[h, :, :w]).singular_values
+        for h, w in enumerate(widths)
+    ]
     r = max(widths)
     return torch.stack([torch.nn.functional.pad(s, (0, r - s.shape[-1])) for s in rows])
 
@@ -289,8 +302,9 @@ def _by_layer(heads: Heads) -> dict[int, list[int]]:
     return out
 
 
-def regularizer_value(spec: RegSpec, model: Transformer, heads: Heads, cache: dict | None = None,
-                      memo: dict | None = None) -> torch.Tensor:
+def regularizer_value(
+    spec: RegSpec, model: Transformer, heads: Heads, cache: dict | None = None, memo: dict | None = None
+) -> torch.Tensor:
     """The unweighted regularizer R (a scalar, mean over ``heads``); ``cache`` holds the
     forward's patterns for the data view. ``memo`` shares vocabulary rows and spectra between
     specs within one step."""
@@ -335,22 +349,24 @@ class ConcentrationPenalty:
 
     def __call__(self, model: Transformer, batch=None, cache: dict | None = None) -> dict[str, torch.Tensor]:
         memo: dict = {}
-        return {s.label: s.strength * regularizer_value(s, model, self.heads[s.label], cache, memo)
-                for s in self.specs}
+        return {s.label: s.strength * regularizer_value(s, model, self.heads[s.label], cache, memo) for s in self.specs}
 
     def values(self, model: Transformer, cache: dict | None = None) -> dict[str, float]:
         """Unweighted R of every spec (also those with lambda = 0), without gradients."""
         memo: dict = {}
         with torch.no_grad():
-            return {s.label: float(regularizer_value(s, model, self.heads[s.label], cache, memo))
-                    for s in self.all_specs}
+            return {
+                s.label: float(regularizer_value(s, model, self.heads[s.label], cache, memo)) for s in self.all_specs
+            }
 
     def __bool__(self) -> bool:
         return bool(self.specs)
 
     def describe(self) -> list[dict]:
-        return [{**s.to_dict(), "label": s.label, "resolved_heads": [head_label(*lh) for lh in self.heads[s.label]]}
-                for s in self.all_specs]
+        return [
+            {**s.to_dict(), "label": s.label, "resolved_heads": [head_label(*lh) for lh in self.heads[s.label]]}
+            for s in self.all_specs
+        ]
 
 
 def build_penalty(specs: SpecsLike, cfg: ModelConfig | Transformer, heads=None) -> ConcentrationPenalty:
@@ -368,6 +384,7 @@ def build_penalty(specs: SpecsLike, cfg: ModelConfig | Transformer, heads=None) 
 
 
 # --- per-head summaries (telemetry and before/after) ------------------------------------------------
+
 
 @torch.no_grad()
 def data_concentration(model: Transformer, cache: dict, heads: Heads | None = None) -> dict[str, torch.Tensor]:

@@ -19,6 +19,7 @@ The run statuses are listed here only (:data:`STATUSES`, :data:`FINAL`), and so 
 named where a model is expected (:data:`RUN_PREFIX`); ``attn_core.sources.resolve("run:<id>")``
 loads a run's weights.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -171,10 +172,11 @@ class RunStore:
         run_id = check_run_id(run_id or new_run_id())
         now = time.time()
         with self._db(write=True) as con:
-            con.execute("INSERT INTO runs (id, parent, task, status, config, created, updated, pid, host) "
-                        "VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?)",
-                        (run_id, parent, task, json.dumps(config, default=str), now, now, os.getpid(),
-                         socket.gethostname()))
+            con.execute(
+                "INSERT INTO runs (id, parent, task, status, config, created, updated, pid, host) "
+                "VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?)",
+                (run_id, parent, task, json.dumps(config, default=str), now, now, os.getpid(), socket.gethostname()),
+            )
         return run_id
 
     def log_metrics(self, run_id: str, rows: Iterable[tuple[int, str, float]]) -> None:
@@ -185,8 +187,15 @@ class RunStore:
                 con.executemany("INSERT INTO metrics (run, step, name, value) VALUES (?, ?, ?, ?)", rows)
                 con.execute("UPDATE runs SET updated = ? WHERE id = ?", (time.time(), run_id))
 
-    def finish(self, run_id: str, status: str, model: Transformer | None, card: Card | dict,
-               message: str = "", summary: dict | None = None) -> Path | None:
+    def finish(
+        self,
+        run_id: str,
+        status: str,
+        model: Transformer | None,
+        card: Card | dict,
+        message: str = "",
+        summary: dict | None = None,
+    ) -> Path | None:
         """Save the weights (atomically, if given) and then mark the run finished."""
         if status not in FINAL:
             raise ValueError(f"a finished run's status is one of {', '.join(FINAL)}, not {status!r}")
@@ -196,15 +205,27 @@ class RunStore:
             folder = checkpoint.save(model, self.path(run_id), card, overwrite=True)
         now = time.time()
         with self._db(write=True) as con:
-            con.execute("UPDATE runs SET status = ?, message = ?, summary = ?, updated = ?, finished = ? WHERE id = ?",
-                        (status, message, json.dumps(summary or {}, default=str), now, now, run_id))
+            con.execute(
+                "UPDATE runs SET status = ?, message = ?, summary = ?, updated = ?, finished = ? WHERE id = ?",
+                (status, message, json.dumps(summary or {}, default=str), now, now, run_id),
+            )
         self._sweep_tmp()
         return folder
 
-    def add_run(self, parent: str | None, task: str | None, config: dict, status: str, message: str = "",
-                model: Transformer | None = None, card: Card | dict | None = None, summary: dict | None = None,
-                metrics: Iterable[tuple[int, str, float]] = (), sweep: str | None = None,
-                trial: str | None = None) -> str:
+    def add_run(
+        self,
+        parent: str | None,
+        task: str | None,
+        config: dict,
+        status: str,
+        message: str = "",
+        model: Transformer | None = None,
+        card: Card | dict | None = None,
+        summary: dict | None = None,
+        metrics: Iterable[tuple[int, str, float]] = (),
+        sweep: str | None = None,
+        trial: str | None = None,
+    ) -> str:
         """A run made elsewhere (a sweep's trial on a Ray worker), written in one go: the weights
         folder first (atomically), then its row, already finished, and its metrics in one
         transaction; returns the new run id."""
@@ -212,17 +233,33 @@ class RunStore:
             raise ValueError(f"a finished run's status is one of {', '.join(FINAL)}, not {status!r}")
         run_id = new_run_id()
         if model is not None:
-            card = dataclasses.replace(Card.from_dict(card), name=RUN_PREFIX + run_id, run_id=run_id, status=status,
-                                       message=message)
+            card = dataclasses.replace(
+                Card.from_dict(card), name=RUN_PREFIX + run_id, run_id=run_id, status=status, message=message
+            )
             checkpoint.save(model, self.path(run_id), card, overwrite=True)
         now = time.time()
         rows = [(run_id, int(s), str(n), float(v)) for s, n, v in metrics]
         with self._db(write=True) as con:
-            con.execute("INSERT INTO runs (id, parent, task, status, message, config, summary, created, updated, "
-                        "finished, pid, host, sweep, trial) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (run_id, parent, task, status, message, json.dumps(config, default=str),
-                         json.dumps(summary or {}, default=str), now, now, now, os.getpid(), socket.gethostname(),
-                         sweep, trial))
+            con.execute(
+                "INSERT INTO runs (id, parent, task, status, message, config, summary, created, updated, "
+                "finished, pid, host, sweep, trial) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run_id,
+                    parent,
+                    task,
+                    status,
+                    message,
+                    json.dumps(config, default=str),
+                    json.dumps(summary or {}, default=str),
+                    now,
+                    now,
+                    now,
+                    os.getpid(),
+                    socket.gethostname(),
+                    sweep,
+                    trial,
+                ),
+            )
             con.executemany("INSERT INTO metrics (run, step, name, value) VALUES (?, ?, ?, ?)", rows)
         return run_id
 
@@ -232,10 +269,20 @@ class RunStore:
         sweep_id = "sweep-" + new_run_id()
         now = time.time()
         with self._db(write=True) as con:
-            con.execute("INSERT INTO sweeps (id, name, status, config, info, created, updated, pid, host) "
-                        "VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?)",
-                        (sweep_id, name, json.dumps(config, default=str), json.dumps(info or {}, default=str), now,
-                         now, os.getpid(), socket.gethostname()))
+            con.execute(
+                "INSERT INTO sweeps (id, name, status, config, info, created, updated, pid, host) "
+                "VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?)",
+                (
+                    sweep_id,
+                    name,
+                    json.dumps(config, default=str),
+                    json.dumps(info or {}, default=str),
+                    now,
+                    now,
+                    os.getpid(),
+                    socket.gethostname(),
+                ),
+            )
         return sweep_id
 
     def update_sweep(self, sweep_id: str, status: str, message: str = "", info: dict | None = None) -> None:
@@ -245,10 +292,20 @@ class RunStore:
         sweep = self.get_sweep(sweep_id)
         now = time.time()
         with self._db(write=True) as con:
-            con.execute("UPDATE sweeps SET status = ?, message = ?, info = ?, updated = ?, finished = ?, pid = ?, "
-                        "host = ? WHERE id = ?",
-                        (status, message, json.dumps({**sweep["info"], **(info or {})}, default=str), now,
-                         None if status == "running" else now, os.getpid(), socket.gethostname(), sweep["id"]))
+            con.execute(
+                "UPDATE sweeps SET status = ?, message = ?, info = ?, updated = ?, finished = ?, pid = ?, "
+                "host = ? WHERE id = ?",
+                (
+                    status,
+                    message,
+                    json.dumps({**sweep["info"], **(info or {})}, default=str),
+                    now,
+                    None if status == "running" else now,
+                    os.getpid(),
+                    socket.gethostname(),
+                    sweep["id"],
+                ),
+            )
 
     def list_sweeps(self) -> list[dict]:
         """Every sweep, newest first: id, name, status, message, created, finished, info, and
@@ -259,8 +316,9 @@ class RunStore:
         with self._db() as con:
             rows = con.execute("SELECT * FROM sweeps ORDER BY created DESC, id DESC").fetchall()
             counts: dict[str, dict] = {}
-            for r in con.execute("SELECT sweep, status, COUNT(*) FROM runs WHERE sweep IS NOT NULL "
-                                 "GROUP BY sweep, status"):
+            for r in con.execute(
+                "SELECT sweep, status, COUNT(*) FROM runs WHERE sweep IS NOT NULL GROUP BY sweep, status"
+            ):
                 counts.setdefault(r[0], {})[r[1]] = r[2]
         return [{**self._sweep_row(r), "counts": counts.get(r["id"], {})} for r in rows]
 
@@ -276,8 +334,10 @@ class RunStore:
                 runs = con.execute("SELECT * FROM runs WHERE sweep = ? ORDER BY created, id", (sweep_id,)).fetchall()
         if row is None:
             known = [s["id"] for s in self.list_sweeps()[:5]]
-            raise ValueError(f"no sweep {sweep_id!r} in {self.root}" + (f"; recent sweeps: {', '.join(known)}"
-                                                                         if known else " (no sweeps yet)"))
+            raise ValueError(
+                f"no sweep {sweep_id!r} in {self.root}"
+                + (f"; recent sweeps: {', '.join(known)}" if known else " (no sweeps yet)")
+            )
         out = self._sweep_row(row)
         out["config"] = json.loads(row["config"] or "{}")
         out["runs"] = [self._row(r) for r in runs]
@@ -288,19 +348,31 @@ class RunStore:
 
     def _sweep_row(self, r: sqlite3.Row) -> dict:
         config = json.loads(r["config"] or "{}")
-        return {"id": r["id"], "name": r["name"], "status": r["status"], "message": r["message"] or "",
-                "created": _iso(r["created"]), "finished": _iso(r["finished"]), "info": json.loads(r["info"] or "{}"),
-                "trials": len(config.get("trials", ()))}
+        return {
+            "id": r["id"],
+            "name": r["name"],
+            "status": r["status"],
+            "message": r["message"] or "",
+            "created": _iso(r["created"]),
+            "finished": _iso(r["finished"]),
+            "info": json.loads(r["info"] or "{}"),
+            "trials": len(config.get("trials", ())),
+        }
 
     def _reap_sweeps(self) -> None:
         """Sweeps left 'running' by a process of this host that is gone are ``interrupted``."""
         host = socket.gethostname()
         with self._db() as con:
-            gone = [r["id"] for r in con.execute("SELECT id, pid, host FROM sweeps WHERE status = 'running'")
-                    if r["host"] == host and not _pid_alive(r["pid"])]
+            gone = [
+                r["id"]
+                for r in con.execute("SELECT id, pid, host FROM sweeps WHERE status = 'running'")
+                if r["host"] == host and not _pid_alive(r["pid"])
+            ]
             for sweep_id in gone:
-                con.execute("UPDATE sweeps SET status = 'interrupted', message = ? WHERE id = ? AND status = 'running'",
-                            ("interrupted: the driver ended before every trial was recorded", sweep_id))
+                con.execute(
+                    "UPDATE sweeps SET status = 'interrupted', message = ? WHERE id = ? AND status = 'running'",
+                    ("interrupted: the driver ended before every trial was recorded", sweep_id),
+                )
 
     def delete(self, run_id: str) -> None:
         """Remove a finished run (index rows and folder). A running run cannot be deleted."""
@@ -334,8 +406,10 @@ class RunStore:
             row = None
         if row is None:
             known = [r["id"] for r in self.list_runs()[:5]]
-            raise ValueError(f"no run {run_id!r} in {self.root}" + (f"; recent runs: {', '.join(known)}" if known else
-                                                                     " (the store is empty)"))
+            raise ValueError(
+                f"no run {run_id!r} in {self.root}"
+                + (f"; recent runs: {', '.join(known)}" if known else " (the store is empty)")
+            )
         out = self._row(row)
         card_path = self.path(run_id) / CARD
         out["card"] = json.loads(card_path.read_text()) if card_path.is_file() else None
@@ -348,7 +422,9 @@ class RunStore:
         if not self._exists():
             return pd.DataFrame(columns=cols)
         with self._db() as con:
-            rows = con.execute("SELECT step, name, value FROM metrics WHERE run = ? ORDER BY rowid", (run_id,)).fetchall()
+            rows = con.execute(
+                "SELECT step, name, value FROM metrics WHERE run = ? ORDER BY rowid", (run_id,)
+            ).fetchall()
         df = pd.DataFrame([tuple(r) for r in rows], columns=cols)
         if names is not None:
             df = df[df["name"].isin(list(names))].reset_index(drop=True)
@@ -361,27 +437,41 @@ class RunStore:
         run = self.get(run_id)
         folder = self.path(run["id"])
         if not (folder / WEIGHTS).is_file():
-            raise CheckpointError(f"run {run['id']} ({run['status']}) has no saved weights"
-                                  + (f": {run['message']}" if run["message"] else ""))
+            raise CheckpointError(
+                f"run {run['id']} ({run['status']}) has no saved weights"
+                + (f": {run['message']}" if run["message"] else "")
+            )
         loaded = checkpoint.load_path(folder, device=device)
         loaded.name = RUN_PREFIX + run["id"]
         return loaded
 
     # --- internals ----------------------------------------------------------------------------------
     def _row(self, r: sqlite3.Row) -> dict:
-        return {"id": r["id"], "parent": r["parent"], "task": r["task"], "status": r["status"],
-                "message": r["message"] or "", "created": _iso(r["created"]), "finished": _iso(r["finished"]),
-                "config": json.loads(r["config"] or "{}"), "summary": json.loads(r["summary"] or "{}"),
-                "has_weights": (self.root / r["id"] / WEIGHTS).is_file(),
-                "sweep": r["sweep"], "trial": r["trial"]}
+        return {
+            "id": r["id"],
+            "parent": r["parent"],
+            "task": r["task"],
+            "status": r["status"],
+            "message": r["message"] or "",
+            "created": _iso(r["created"]),
+            "finished": _iso(r["finished"]),
+            "config": json.loads(r["config"] or "{}"),
+            "summary": json.loads(r["summary"] or "{}"),
+            "has_weights": (self.root / r["id"] / WEIGHTS).is_file(),
+            "sweep": r["sweep"],
+            "trial": r["trial"],
+        }
 
     def _reap(self) -> None:
         """Runs left 'running' by a process of this host that is gone: take the status from the
         card if the checkpoint was written, else mark them failed."""
         host = socket.gethostname()
         with self._db() as con:
-            orphans = [r for r in con.execute("SELECT id, pid, host FROM runs WHERE status = 'running'")
-                       if r["host"] == host and not _pid_alive(r["pid"])]
+            orphans = [
+                r
+                for r in con.execute("SELECT id, pid, host FROM runs WHERE status = 'running'")
+                if r["host"] == host and not _pid_alive(r["pid"])
+            ]
         for r in orphans:
             card_path = self.root / r["id"] / CARD
             status, message = "failed", f"interrupted: process {r['pid']} ended before the run finished"
@@ -392,8 +482,10 @@ class RunStore:
                 except ValueError:
                     pass
             with self._db(write=True) as con:
-                con.execute("UPDATE runs SET status = ?, message = ?, updated = ? WHERE id = ? AND status = 'running'",
-                            (status if status in FINAL else "failed", message, time.time(), r["id"]))
+                con.execute(
+                    "UPDATE runs SET status = ?, message = ?, updated = ? WHERE id = ? AND status = 'running'",
+                    (status if status in FINAL else "failed", message, time.time(), r["id"]),
+                )
 
     def _sweep_tmp(self) -> None:
         """Remove hidden temporary folders that a killed save left behind (old ones only: a young

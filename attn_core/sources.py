@@ -14,6 +14,7 @@ that cannot be read, is one :class:`CheckpointError` sentence (an unknown name l
 ones). A new model family (another Hugging Face architecture, say) is a converter beside
 ``attn_core/hf.py`` and one branch in :func:`_load`.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -23,8 +24,18 @@ from attn_core import checkpoint, hf, zoo
 from attn_core.checkpoint import WEIGHTS, CheckpointError, LoadedModel
 from attn_core.runs import RUN_PREFIX, RunStore, default_root
 
-__all__ = ["LoadedModel", "CheckpointError", "RUN_PREFIX", "UPLOAD_PREFIX", "UPLOAD_DIR", "is_run", "is_upload",
-           "upload_dir", "weights_path", "resolve"]
+__all__ = [
+    "LoadedModel",
+    "CheckpointError",
+    "RUN_PREFIX",
+    "UPLOAD_PREFIX",
+    "UPLOAD_DIR",
+    "is_run",
+    "is_upload",
+    "upload_dir",
+    "weights_path",
+    "resolve",
+]
 
 UPLOAD_PREFIX = "upload: "
 UPLOAD_DIR = "uploads"  # under the data directory (ATTN_LAB_RUNS), never anywhere else
@@ -44,7 +55,7 @@ def upload_dir(root: Path | None = None) -> Path:
 
 
 def _upload_folder(source: str, store: RunStore | None) -> Path:
-    name = source[len(UPLOAD_PREFIX):]
+    name = source[len(UPLOAD_PREFIX) :]
     if not name or name.startswith(".") or Path(name).name != name:
         raise CheckpointError(f"{name!r} is not an upload name (a folder name under the uploads directory)")
     return upload_dir(store.root if store is not None else None) / name
@@ -73,8 +84,11 @@ def resolve(source: str | Path, device: str = "cpu", store: RunStore | None = No
     if is_upload(source):
         folder = _upload_folder(source, store)
         if not folder.is_dir():
-            known = sorted(p.name for p in folder.parent.glob("*") if p.is_dir() and not p.name.startswith(".")) \
-                if folder.parent.is_dir() else []
+            known = (
+                sorted(p.name for p in folder.parent.glob("*") if p.is_dir() and not p.name.startswith("."))
+                if folder.parent.is_dir()
+                else []
+            )
             raise CheckpointError(f"no upload named {folder.name!r}; known uploads: {', '.join(known) or 'none'}")
         loaded = _load(folder, device)
         loaded.name = source

@@ -5,6 +5,7 @@ shape marking which tokens the model must predict. The model reads ``tokens = se
 is scored on ``targets = seq[:, 1:]`` where ``mask = scored[:, 1:]`` (next-token prediction).
 Accuracy is the fraction of scored tokens whose argmax is right.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -84,6 +85,7 @@ class Task:
 
 # --- generators ------------------------------------------------------------------------------
 
+
 def _induction(n_ctx: int = 24, vocab: int = 26, min_period: int = 4, max_period: int = 10):
     """A random period of distinct letters repeated to fill the context; the period length varies
     per sample, so only content (previous-token + induction heads), not position, predicts it."""
@@ -121,7 +123,7 @@ def _recall(n_pairs: int = 6, n_queries: int = 6, n_symbols: int = 24):
         query = torch.full((n, 1), n_symbols)
         seq = torch.cat([pairs, query, asked], dim=1)
         scored = torch.zeros_like(seq, dtype=torch.bool)
-        scored[:, 2 * n_pairs + 2::2] = True
+        scored[:, 2 * n_pairs + 2 :: 2] = True
         return seq, scored
 
     return gen
@@ -134,7 +136,7 @@ def _copy_or_reverse(length: int, n_digits: int, reverse: bool):
         sep = torch.full((n, 1), n_digits)
         seq = torch.cat([src, sep, out], dim=1)
         scored = torch.zeros_like(seq, dtype=torch.bool)
-        scored[:, length + 1:] = True
+        scored[:, length + 1 :] = True
         return seq, scored
 
     return gen
@@ -146,7 +148,7 @@ def _sort(length: int, n_values: int):
         sep = torch.full((n, 1), n_values)
         seq = torch.cat([src, sep, src.sort(dim=1).values], dim=1)
         scored = torch.zeros_like(seq, dtype=torch.bool)
-        scored[:, length + 1:] = True
+        scored[:, length + 1 :] = True
         return seq, scored
 
     return gen
@@ -179,20 +181,50 @@ def _names_digits(n: int) -> list[str]:
 
 def _build() -> dict[str, Task]:
     tasks = [
-        Task("induction", "A random period of distinct letters, repeated; predict the next letter "
-             "from the earlier repeat (previous-token + induction heads).",
-             tuple(LETTERS), 25, _induction()),
-        Task("recall", "Associative recall: six key-value pairs of letters, then '?' and the six keys in a "
-             "new order, each followed by its value, which is predicted.",
-             tuple(LETTERS[:24]) + ("?",), 25, _recall()),
-        Task("copy", "Copy eight digits after the separator '|'.",
-             tuple(_names_digits(10)) + ("|",), 17, _copy_or_reverse(8, 10, reverse=False)),
-        Task("reverse", "Write eight digits in reverse order after the separator '|'.",
-             tuple(_names_digits(10)) + ("|",), 17, _copy_or_reverse(8, 10, reverse=True)),
-        Task("sort", "Sort six distinct numbers (0-15) after the separator '|'.",
-             tuple(_names_digits(16)) + ("|",), 13, _sort(6, 16)),
-        Task("modadd", "Modular addition a b = (a + b) mod 23, trained on 80% of the pairs and scored on "
-             "the held-out 20%.", tuple(_names_digits(23)) + ("=",), 4, _modular_addition(23, 0.8)),
+        Task(
+            "induction",
+            "A random period of distinct letters, repeated; predict the next letter "
+            "from the earlier repeat (previous-token + induction heads).",
+            tuple(LETTERS),
+            25,
+            _induction(),
+        ),
+        Task(
+            "recall",
+            "Associative recall: six key-value pairs of letters, then '?' and the six keys in a "
+            "new order, each followed by its value, which is predicted.",
+            tuple(LETTERS[:24]) + ("?",),
+            25,
+            _recall(),
+        ),
+        Task(
+            "copy",
+            "Copy eight digits after the separator '|'.",
+            tuple(_names_digits(10)) + ("|",),
+            17,
+            _copy_or_reverse(8, 10, reverse=False),
+        ),
+        Task(
+            "reverse",
+            "Write eight digits in reverse order after the separator '|'.",
+            tuple(_names_digits(10)) + ("|",),
+            17,
+            _copy_or_reverse(8, 10, reverse=True),
+        ),
+        Task(
+            "sort",
+            "Sort six distinct numbers (0-15) after the separator '|'.",
+            tuple(_names_digits(16)) + ("|",),
+            13,
+            _sort(6, 16),
+        ),
+        Task(
+            "modadd",
+            "Modular addition a b = (a + b) mod 23, trained on 80% of the pairs and scored on the held-out 20%.",
+            tuple(_names_digits(23)) + ("=",),
+            4,
+            _modular_addition(23, 0.8),
+        ),
     ]
     return {t.name: t for t in tasks}
 

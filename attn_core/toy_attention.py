@@ -19,6 +19,7 @@ orthonormal means mu_i and values v_i = mu_i unless given:
 
 Everything is numpy and seeded: the same arguments always draw the same keys.
 """
+
 from __future__ import annotations
 
 import math
@@ -136,8 +137,9 @@ def head_queries(means, case: str, a: int, b: int, beta: float, n_heads: int) ->
         raise ValueError(f"head count must be 1 or 2, got {n_heads!r}")
     if case == "copy":
         if n_heads != 1:
-            raise ValueError("two heads split the average query (q_1 = beta mu_a, q_2 = beta mu_b); "
-                             "the copy case has one head")
+            raise ValueError(
+                "two heads split the average query (q_1 = beta mu_a, q_2 = beta mu_b); the copy case has one head"
+            )
         return copy_query(means, a, beta)[None]
     if n_heads == 1:
         return average_query(means, a, b, beta)[None]
@@ -146,8 +148,9 @@ def head_queries(means, case: str, a: int, b: int, beta: float, n_heads: int) ->
     return np.stack([copy_query(means, a, beta), copy_query(means, b, beta)])
 
 
-def sample_keys(means, alpha: float = 0.0, big_var_index: int | None = None, big_var: float = 0.0,
-                n_samples: int = 1, seed: int = 0) -> np.ndarray:
+def sample_keys(
+    means, alpha: float = 0.0, big_var_index: int | None = None, big_var: float = 0.0, n_samples: int = 1, seed: int = 0
+) -> np.ndarray:
     """``n_samples`` draws of the key set, shape (n_samples, n, d): k_i ~ N(mu_i, alpha I), and
     for i = big_var_index, k_i ~ N(mu_i, alpha I + big_var mu_i mu_i^T).
 
@@ -160,8 +163,10 @@ def sample_keys(means, alpha: float = 0.0, big_var_index: int | None = None, big
     big_var = _check_real(big_var, "big_var (variance of the chosen key)", 0.0)
     n_samples = _check_int(n_samples, "number of samples", 1, MAX_SAMPLES)
     if n_samples * n * d > MAX_KEY_ELEMENTS:
-        raise ValueError(f"{n_samples} samples of {n} x {d} keys is too large "
-                         f"(limit {MAX_KEY_ELEMENTS:,} numbers); lower the samples, n or d")
+        raise ValueError(
+            f"{n_samples} samples of {n} x {d} keys is too large "
+            f"(limit {MAX_KEY_ELEMENTS:,} numbers); lower the samples, n or d"
+        )
     seed = _check_int(seed, "seed", 0)
     g = np.random.default_rng(seed)
     noise = g.standard_normal((n_samples, n, d))
@@ -282,10 +287,22 @@ class Experiment:
         }
 
 
-def experiment(means, values=None, *, case: str = "average", a: int = 0, b: int = 1,
-               alpha: float = 0.0, beta: float = 10.0, big_var_index: int | None = None,
-               big_var: float = 0.0, n_heads: int = 1, n_samples: int = 1000, seed: int = 0,
-               near_tol: float = 0.1) -> Experiment:
+def experiment(
+    means,
+    values=None,
+    *,
+    case: str = "average",
+    a: int = 0,
+    b: int = 1,
+    alpha: float = 0.0,
+    beta: float = 10.0,
+    big_var_index: int | None = None,
+    big_var: float = 0.0,
+    n_heads: int = 1,
+    n_samples: int = 1000,
+    seed: int = 0,
+    near_tol: float = 0.1,
+) -> Experiment:
     """Draw ``n_samples`` key sets (``sample_keys``) and attend to each with the case's queries.
 
     ``values`` defaults to the means (v_i = mu_i). ``big_var_index`` defaults to a, the seed's
@@ -306,11 +323,23 @@ def experiment(means, values=None, *, case: str = "average", a: int = 0, b: int 
     keys = sample_keys(mu, alpha, j, big_var, n_samples, seed)  # [S, n, d]
     # [S, 1, n, d] against [h, d]: every head reads the same keys.
     head_weights, head_outputs = attention(queries, keys[:, None], V)
-    settings = dict(n=n, d=mu.shape[1], case=case, a=a, b=b, alpha=float(alpha), beta=float(beta),
-                    big_var_index=j, big_var=float(big_var), n_heads=int(n_heads),
-                    n_samples=int(n_samples), seed=int(seed))
-    return Experiment(settings, mu, queries, keys, head_weights, head_outputs, V, key_scales(keys, mu, j),
-                      near_tol=near_tol)
+    settings = dict(
+        n=n,
+        d=mu.shape[1],
+        case=case,
+        a=a,
+        b=b,
+        alpha=float(alpha),
+        beta=float(beta),
+        big_var_index=j,
+        big_var=float(big_var),
+        n_heads=int(n_heads),
+        n_samples=int(n_samples),
+        seed=int(seed),
+    )
+    return Experiment(
+        settings, mu, queries, keys, head_weights, head_outputs, V, key_scales(keys, mu, j), near_tol=near_tol
+    )
 
 
 def predicted_alpha_a(exp: Experiment, gamma) -> np.ndarray:
@@ -325,4 +354,3 @@ def predicted_alpha_a(exp: Experiment, gamma) -> np.ndarray:
     keys[..., j, :] = gamma[..., None] * mu[j]
     w, _ = attention(exp.queries, keys[..., None, :, :], exp.values)  # [G, h, n]
     return w.mean(axis=-2)[..., exp.a]
-

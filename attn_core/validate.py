@@ -4,6 +4,7 @@ JSON and Python both let ``True`` pose as the integer 1; every integer check goe
 :func:`is_int`, which refuses it. A failed check raises ``ValueError`` whose message is one
 sentence that names the setting and its allowed range.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,17 +28,26 @@ def check(ok: bool, message: str, prefix: str = "") -> None:
         raise ValueError(f"{prefix}{message}")
 
 
-def check_int(name: str, value: object, lo: int | None = None, hi: int | None = None,
-              prefix: str = "") -> int:
+def check_int(name: str, value: object, lo: int | None = None, hi: int | None = None, prefix: str = "") -> int:
     """``value`` as an int when it is an integer in ``lo..hi`` (either bound optional)."""
     span = _span(lo, hi)
-    check(is_int(value) and (lo is None or value >= lo) and (hi is None or value <= hi),
-          f"{name} must be an integer{span}, got {value!r}", prefix)
+    check(
+        is_int(value) and (lo is None or value >= lo) and (hi is None or value <= hi),
+        f"{name} must be an integer{span}, got {value!r}",
+        prefix,
+    )
     return int(value)
 
 
-def check_float(name: str, value: object, lo: float | None = None, hi: float | None = None,
-                prefix: str = "", lo_open: bool = False, hi_open: bool = False) -> float:
+def check_float(
+    name: str,
+    value: object,
+    lo: float | None = None,
+    hi: float | None = None,
+    prefix: str = "",
+    lo_open: bool = False,
+    hi_open: bool = False,
+) -> float:
     """``value`` as a float when it is a finite number in the interval (bounds optional; open
     where ``lo_open``/``hi_open``)."""
     ok = is_number(value)
@@ -46,7 +56,11 @@ def check_float(name: str, value: object, lo: float | None = None, hi: float | N
     if ok and hi is not None:
         ok = value < hi if hi_open else value <= hi
     left, right = "(" if lo_open else "[", ")" if hi_open else "]"
-    span = "" if lo is None and hi is None else f" in {left}{'-inf' if lo is None else f'{lo:g}'}, {'inf' if hi is None else f'{hi:g}'}{right}"
+    span = (
+        ""
+        if lo is None and hi is None
+        else f" in {left}{'-inf' if lo is None else f'{lo:g}'}, {'inf' if hi is None else f'{hi:g}'}{right}"
+    )
     check(ok, f"{name} must be a finite number{span}, got {value!r}", prefix)
     return float(value)
 

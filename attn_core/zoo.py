@@ -3,6 +3,7 @@ in the ``ATTN_LAB_MODELS`` environment variable (``os.pathsep``-separated). Each
 folder in the checkpoint format (``attn_core/checkpoint.py``, ``docs/checkpoints.md``) and its
 name is the folder's name. Loading by name is ``attn_core.sources.resolve``.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,9 +32,13 @@ def list_models() -> list[dict]:
     for root in model_dirs():
         if not root.is_dir():
             continue
-        for folder in sorted(p for p in root.iterdir()
-                             if not p.name.startswith(".")  # an unfinished save (see checkpoint.save)
-                             and (p / CONFIG).is_file() and (p / WEIGHTS).is_file()):
+        for folder in sorted(
+            p
+            for p in root.iterdir()
+            if not p.name.startswith(".")  # an unfinished save (see checkpoint.save)
+            and (p / CONFIG).is_file()
+            and (p / WEIGHTS).is_file()
+        ):
             try:
                 cfg = read_config(folder / CONFIG)
                 card = read_card(folder / CARD)

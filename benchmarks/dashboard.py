@@ -21,6 +21,7 @@ The server's very first page (Python imports, Streamlit start) is reported apart
 The helpers here (a server on a free port, Chromium with the flags CI uses, waiting for a page to
 settle, full-height screenshots) are shared with tests/e2e/test_browser.py.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--no-first-run"]
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 HEATMAP = ".js-plotly-plot .heatmaplayer"
 VIEWPORT = {"width": 1400, "height": 1000}
 
@@ -64,9 +71,23 @@ def serve(runs_dir: Path, models_dir: Path | None = None, timeout: float = 90.0)
         env["ATTN_LAB_MODELS"] = str(models_dir)
     runs_dir.mkdir(parents=True, exist_ok=True)
     log = open(runs_dir / "server.log", "wb")
-    cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.headless", "true",
-           "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false",
-           "--server.fileWatcherType", "none"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(ROOT / "app.py"),
+        "--server.headless",
+        "true",
+        "--server.address",
+        "127.0.0.1",
+        "--server.port",
+        str(port),
+        "--browser.gatherUsageStats",
+        "false",
+        "--server.fileWatcherType",
+        "none",
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -74,7 +95,9 @@ def serve(runs_dir: Path, models_dir: Path | None = None, timeout: float = 90.0)
         while True:
             if proc.poll() is not None or time.monotonic() > deadline:
                 log.flush()
-                raise RuntimeError(f"streamlit did not start on {url}:\n{(runs_dir / 'server.log').read_text()[-3000:]}")
+                raise RuntimeError(
+                    f"streamlit did not start on {url}:\n{(runs_dir / 'server.log').read_text()[-3000:]}"
+                )
             try:
                 with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
                     if r.read().strip() == b"ok":
@@ -101,11 +124,17 @@ def settle(page, timeout_ms: float = 60_000, script_done: bool = True) -> None:
     """Wait until the script run has finished (unless ``script_done`` is False: a live fragment
     keeps rerunning), no element is a loading skeleton and every plotly chart is drawn."""
     if script_done:
-        page.wait_for_function("() => document.querySelector('[data-testid=\"stApp\"]')"
-                               "?.getAttribute('data-test-script-state') === 'notRunning'", timeout=timeout_ms)
-    page.wait_for_function("() => !document.querySelector('[data-testid=\"stSkeleton\"]')"
-                           " && Array.from(document.querySelectorAll('[data-testid=\"stPlotlyChart\"]'))"
-                           ".every(c => c.querySelector('.main-svg'))", timeout=timeout_ms)
+        page.wait_for_function(
+            "() => document.querySelector('[data-testid=\"stApp\"]')"
+            "?.getAttribute('data-test-script-state') === 'notRunning'",
+            timeout=timeout_ms,
+        )
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stSkeleton\"]')"
+        " && Array.from(document.querySelectorAll('[data-testid=\"stPlotlyChart\"]'))"
+        ".every(c => c.querySelector('.main-svg'))",
+        timeout=timeout_ms,
+    )
 
 
 _COUNT_RUNS = """() => {
@@ -151,10 +180,14 @@ def title_has(page, index: int, text: str, timeout_ms: float = 30_000) -> None:
     page.wait_for_function(
         "([i, t]) => { const g = document.querySelectorAll('.js-plotly-plot')[i];"
         " return !!g && !!g.querySelector('.heatmaplayer') && (g.querySelector('.gtitle') || {}).textContent?.includes(t); }",
-        arg=[index, text], timeout=timeout_ms, polling="raf")
+        arg=[index, text],
+        timeout=timeout_ms,
+        polling="raf",
+    )
 
 
 # --- the benchmark ----------------------------------------------------------------------------------
+
 
 def first_heatmap(browser, url: str, model: str, context=None) -> float:
     """Seconds from goto to the first heatmap, in a new session. With ``context`` (a browser that
@@ -256,33 +289,52 @@ def main(argv=None) -> None:
             cold = first_heatmap(browser, url, "bench-0")
             fresh = [first_heatmap(browser, url, f"bench-{i}") for i in range(1, args.repeats + 1)]
             returning = browser.new_context(viewport=VIEWPORT)
-            firsts = [first_heatmap(browser, url, f"bench-{i}", returning)
-                      for i in range(args.repeats + 1, 2 * args.repeats + 1)]
+            firsts = [
+                first_heatmap(browser, url, f"bench-{i}", returning)
+                for i in range(args.repeats + 1, 2 * args.repeats + 1)
+            ]
             returning.close()
             heads = head_changes(browser, url, "induction-2l", args.repeats)
             rates, speed = live_refreshes(browser, url, args.repeats)
             browser.close()
-    result = {"first_heatmap_s": statistics.median(firsts), "first_heatmap_fresh_browser_s": statistics.median(fresh),
-              "head_change_s": statistics.median(heads),
-              "live_refreshes_per_s": statistics.median(rates), "cold_s": cold,
-              "first_heatmap_samples": firsts, "first_heatmap_fresh_browser_samples": fresh,
-              "head_change_samples": heads, "live_refresh_samples": rates,
-              "training_steps_per_s_while_watched": speed,
-              "targets": {"first_heatmap_s": 5.0, "head_change_s": 0.5, "live_refreshes_per_s": 2.0},
-              "cpus": os.cpu_count(), "load_average": os.getloadavg()}
+    result = {
+        "first_heatmap_s": statistics.median(firsts),
+        "first_heatmap_fresh_browser_s": statistics.median(fresh),
+        "head_change_s": statistics.median(heads),
+        "live_refreshes_per_s": statistics.median(rates),
+        "cold_s": cold,
+        "first_heatmap_samples": firsts,
+        "first_heatmap_fresh_browser_samples": fresh,
+        "head_change_samples": heads,
+        "live_refresh_samples": rates,
+        "training_steps_per_s_while_watched": speed,
+        "targets": {"first_heatmap_s": 5.0, "head_change_s": 0.5, "live_refreshes_per_s": 2.0},
+        "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(),
+    }
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"first heatmap (new session, model never loaded): median {result['first_heatmap_s']:.2f} s "
-              f"of {args.repeats} (target <= 5 s); samples {', '.join(f'{t:.2f}' for t in firsts)}")
-        print(f"  the same in a fresh browser (downloads and compiles plotly.js too): median "
-              f"{result['first_heatmap_fresh_browser_s']:.2f} s; samples {', '.join(f'{t:.2f}' for t in fresh)}")
-        print(f"head change -> redrawn heatmap: median {result['head_change_s']:.3f} s of {args.repeats} "
-              f"(target <= 0.5 s); samples {', '.join(f'{t:.3f}' for t in heads)}")
-        print(f"live view while retraining: median {result['live_refreshes_per_s']:.2f} refreshes/s of {args.repeats} "
-              f"windows (target >= 2); training ran at {speed:.1f} steps/s meanwhile")
-        print(f"cold start (first page after the server started): {cold:.2f} s; "
-              f"load average {', '.join(f'{x:.1f}' for x in result['load_average'])} on {os.cpu_count()} CPUs")
+        print(
+            f"first heatmap (new session, model never loaded): median {result['first_heatmap_s']:.2f} s "
+            f"of {args.repeats} (target <= 5 s); samples {', '.join(f'{t:.2f}' for t in firsts)}"
+        )
+        print(
+            f"  the same in a fresh browser (downloads and compiles plotly.js too): median "
+            f"{result['first_heatmap_fresh_browser_s']:.2f} s; samples {', '.join(f'{t:.2f}' for t in fresh)}"
+        )
+        print(
+            f"head change -> redrawn heatmap: median {result['head_change_s']:.3f} s of {args.repeats} "
+            f"(target <= 0.5 s); samples {', '.join(f'{t:.3f}' for t in heads)}"
+        )
+        print(
+            f"live view while retraining: median {result['live_refreshes_per_s']:.2f} refreshes/s of {args.repeats} "
+            f"windows (target >= 2); training ran at {speed:.1f} steps/s meanwhile"
+        )
+        print(
+            f"cold start (first page after the server started): {cold:.2f} s; "
+            f"load average {', '.join(f'{x:.1f}' for x in result['load_average'])} on {os.cpu_count()} CPUs"
+        )
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ Without a CUDA GPU the CUDA half is skipped with one line saying so, and the JSO
     python benchmarks/gpu.py [--repeats 2 --devices cpu,cuda --precisions fp32,bf16 --out FILE]
     python benchmarks/gpu.py --quick     # a smoke run: tiny steps and batches, not saved unless --out
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,8 +64,9 @@ class Setup:
     steps: dict  # device type -> steps per loop
 
     def scaled(self, batch_size: int, steps: dict) -> Setup:
-        return Setup(self.name, self.description + f" (quick: batch {batch_size})", self.task, self.model,
-                     batch_size, steps)
+        return Setup(
+            self.name, self.description + f" (quick: batch {batch_size})", self.task, self.model, batch_size, steps
+        )
 
 
 def wide_task() -> tasks.Task:
@@ -72,8 +74,12 @@ def wide_task() -> tasks.Task:
     if "induction-128" not in tasks.TASKS:
         base = tasks.get_task("induction")
         tasks.TASKS["induction-128"] = tasks.Task(
-            "induction-128", base.description + " (n_ctx 128, benchmarks only)", base.token_names, 129,
-            tasks._induction(n_ctx=128))
+            "induction-128",
+            base.description + " (n_ctx 128, benchmarks only)",
+            base.token_names,
+            129,
+            tasks._induction(n_ctx=128),
+        )
     return tasks.TASKS["induction-128"]
 
 
@@ -81,11 +87,22 @@ def setups() -> dict[str, Setup]:
     preset = get_preset("induction-2l")
     wide = wide_task()
     return {
-        "induction-2l": Setup("induction-2l", "induction-2l architecture, induction task (n_ctx 24), batch 64",
-                              preset.task, preset.model_config(), 64, {"cpu": 100, "cuda": 500}),
-        "wide-4l": Setup("wide-4l", "d_model 256, 4 layers x 8 heads, d_mlp 1024, n_ctx 128, batch 256",
-                         wide.name, ModelConfig(n_layers=4, n_heads=8, d_model=256, d_head=32, d_mlp=1024,
-                                                n_ctx=128, d_vocab=wide.d_vocab), 256, {"cpu": 2, "cuda": 200}),
+        "induction-2l": Setup(
+            "induction-2l",
+            "induction-2l architecture, induction task (n_ctx 24), batch 64",
+            preset.task,
+            preset.model_config(),
+            64,
+            {"cpu": 100, "cuda": 500},
+        ),
+        "wide-4l": Setup(
+            "wide-4l",
+            "d_model 256, 4 layers x 8 heads, d_mlp 1024, n_ctx 128, batch 256",
+            wide.name,
+            ModelConfig(n_layers=4, n_heads=8, d_model=256, d_head=32, d_mlp=1024, n_ctx=128, d_vocab=wide.d_vocab),
+            256,
+            {"cpu": 2, "cuda": 200},
+        ),
     }
 
 
@@ -100,15 +117,31 @@ def peak_memory(device: torch.device, out: dict, key: str):
         out[key] = torch.cuda.max_memory_allocated(device) / 2**20
 
 
-def measure(setup: Setup, device: torch.device, precision: str, repeats: int, warmup: bool, source: str,
-            store: RunStore, job_samples: int) -> dict:
+def measure(
+    setup: Setup,
+    device: torch.device,
+    precision: str,
+    repeats: int,
+    warmup: bool,
+    source: str,
+    store: RunStore,
+    job_samples: int,
+) -> dict:
     """Median steps/s and peak memory of the three loops of ``setup`` on ``device``."""
     task = tasks.get_task(setup.task)
     steps = setup.steps[device.type]
-    cfg = TrainConfig(steps=steps, batch_size=setup.batch_size, lr=1e-3, seed=0, device=str(device),
-                      warmup_steps=min(100, steps // 10), eval_samples=min(EVAL_SAMPLES, setup.batch_size),
-                      precision=precision)
+    cfg = TrainConfig(
+        steps=steps,
+        batch_size=setup.batch_size,
+        lr=1e-3,
+        seed=0,
+        device=str(device),
+        warmup_steps=min(100, steps // 10),
+        eval_samples=min(EVAL_SAMPLES, setup.batch_size),
+        precision=precision,
+    )
     fresh = lambda: init_model(setup.model, 0)  # noqa: E731
+
     def bf16():  # the bare loop under the autocast the Trainer applies
         return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
@@ -120,20 +153,36 @@ def measure(setup: Setup, device: torch.device, precision: str, repeats: int, wa
         with peak_memory(device, memory, "trainer"):
             t = tt.trainer(fresh(), task, cfg, device)
         with peak_memory(device, memory, "job"):
-            j, _, _ = tt.job(source, cfg, store, eval_samples=cfg.eval_samples, measure_samples=job_samples,
-                             probe_samples=min(16, job_samples))
+            j, _, _ = tt.job(
+                source,
+                cfg,
+                store,
+                eval_samples=cfg.eval_samples,
+                measure_samples=job_samples,
+                probe_samples=min(16, job_samples),
+            )
         if warmup and r == 0:
             continue
         for k, v in zip(LOOPS, (b, t, j)):
             rates[k].append(v)
-        print(f"  {setup.name} {device.type} {precision} round {r}: bare {b:.2f}  trainer {t:.2f}  job {j:.2f} steps/s",
-              flush=True)
+        print(
+            f"  {setup.name} {device.type} {precision} round {r}: bare {b:.2f}  trainer {t:.2f}  job {j:.2f} steps/s",
+            flush=True,
+        )
     med = {k: statistics.median(v) for k, v in rates.items()}
-    return {"setup": setup.name, "device": device.type, "precision": precision, "steps": steps,
-            "batch_size": setup.batch_size, "repeats": repeats, "sync_every": sync_interval(cfg, device),
-            "steps_per_s": {k: {"median": med[k], "all": rates[k]} for k in LOOPS},
-            "ratio_trainer_vs_bare": med["trainer"] / med["bare"], "ratio_job_vs_bare": med["job"] / med["bare"],
-            "peak_memory_mib": memory or None}
+    return {
+        "setup": setup.name,
+        "device": device.type,
+        "precision": precision,
+        "steps": steps,
+        "batch_size": setup.batch_size,
+        "repeats": repeats,
+        "sync_every": sync_interval(cfg, device),
+        "steps_per_s": {k: {"median": med[k], "all": rates[k]} for k in LOOPS},
+        "ratio_trainer_vs_bare": med["trainer"] / med["bare"],
+        "ratio_job_vs_bare": med["job"] / med["bare"],
+        "peak_memory_mib": memory or None,
+    }
 
 
 def main() -> None:
@@ -158,8 +207,10 @@ def main() -> None:
     precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
     devices = [d.strip() for d in args.devices.split(",") if d.strip()]
     if args.quick:
-        all_setups = {"induction-2l": all_setups["induction-2l"].scaled(8, {"cpu": 4, "cuda": 20}),
-                      "wide-4l": all_setups["wide-4l"].scaled(2, {"cpu": 1, "cuda": 5})}
+        all_setups = {
+            "induction-2l": all_setups["induction-2l"].scaled(8, {"cpu": 4, "cuda": 20}),
+            "wide-4l": all_setups["wide-4l"].scaled(2, {"cpu": 1, "cuda": 5}),
+        }
         args.repeats = 1
     cuda = torch.cuda.is_available()
     skipped = None
@@ -176,35 +227,63 @@ def main() -> None:
                 if dev == "cuda" and not cuda:
                     continue
                 device = torch.device(dev)
-                for precision in (precisions if dev == "cuda" else ["fp32"]):
+                for precision in precisions if dev == "cuda" else ["fp32"]:
                     print(f"{name} on {dev} ({precision}): {setup.steps[dev]} steps per loop", flush=True)
-                    results.append(measure(setup, device, precision, args.repeats, not args.quick, source, store,
-                                           job_samples=8 if args.quick else 64))
+                    results.append(
+                        measure(
+                            setup,
+                            device,
+                            precision,
+                            args.repeats,
+                            not args.quick,
+                            source,
+                            store,
+                            job_samples=8 if args.quick else 64,
+                        )
+                    )
     speedup = {}
     for name in chosen:
         cpu = next((r for r in results if r["setup"] == name and r["device"] == "cpu"), None)
-        gpu = next((r for r in results if r["setup"] == name and r["device"] == "cuda" and r["precision"] == "fp32"), None)
+        gpu = next(
+            (r for r in results if r["setup"] == name and r["device"] == "cuda" and r["precision"] == "fp32"), None
+        )
         if cpu and gpu:
             speedup[name] = {k: gpu["steps_per_s"][k]["median"] / cpu["steps_per_s"][k]["median"] for k in LOOPS}
     doc = {
-        "benchmark": "gpu", "quick": args.quick, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "torch": torch.__version__, "cuda": torch.version.cuda, "cuda_available": cuda,
-        "device_name": torch.cuda.get_device_name(0) if cuda else None, "cuda_skipped": skipped,
-        "cpu": machine(), "cpu_threads": torch.get_num_threads(),
-        "setups": {n: {"description": all_setups[n].description, "task": all_setups[n].task,
-                       "params": init_model(all_setups[n].model, 0).n_params(), "batch_size": all_setups[n].batch_size,
-                       "n_ctx": all_setups[n].model.n_ctx} for n in chosen},
-        "results": results, "speedup_cuda_vs_cpu_fp32": speedup,
+        "benchmark": "gpu",
+        "quick": args.quick,
+        "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cuda_available": cuda,
+        "device_name": torch.cuda.get_device_name(0) if cuda else None,
+        "cuda_skipped": skipped,
+        "cpu": machine(),
+        "cpu_threads": torch.get_num_threads(),
+        "setups": {
+            n: {
+                "description": all_setups[n].description,
+                "task": all_setups[n].task,
+                "params": init_model(all_setups[n].model, 0).n_params(),
+                "batch_size": all_setups[n].batch_size,
+                "n_ctx": all_setups[n].model.n_ctx,
+            }
+            for n in chosen
+        },
+        "results": results,
+        "speedup_cuda_vs_cpu_fp32": speedup,
         "targets": {"wide-4l cuda/cpu": ">= 20", "job/bare on cuda": ">= 0.9"},
     }
     print()
     for r in results:
         sps = r["steps_per_s"]
         mem = r["peak_memory_mib"]
-        print(f"{r['setup']:>12} {r['device']:>4} {r['precision']}: bare {sps['bare']['median']:.2f}  trainer "
-              f"{sps['trainer']['median']:.2f}  job {sps['job']['median']:.2f} steps/s; trainer/bare "
-              f"{r['ratio_trainer_vs_bare']:.3f}  job/bare {r['ratio_job_vs_bare']:.3f}"
-              + (f"; peak GPU memory {max(mem.values()):.0f} MiB" if mem else ""))
+        print(
+            f"{r['setup']:>12} {r['device']:>4} {r['precision']}: bare {sps['bare']['median']:.2f}  trainer "
+            f"{sps['trainer']['median']:.2f}  job {sps['job']['median']:.2f} steps/s; trainer/bare "
+            f"{r['ratio_trainer_vs_bare']:.3f}  job/bare {r['ratio_job_vs_bare']:.3f}"
+            + (f"; peak GPU memory {max(mem.values()):.0f} MiB" if mem else "")
+        )
     for name, s in speedup.items():
         print(f"{name}: CUDA / CPU steps/s: " + ", ".join(f"{k} {v:.1f}x" for k, v in s.items()))
     if skipped:

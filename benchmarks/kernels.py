@@ -13,6 +13,7 @@ file and calls :func:`run` (it returns the same dict the CLI prints).
 Peak memory is measured in a fresh interpreter per (n, method): this file run with
 ``--memory-child``, reading one configuration as JSON on stdin.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,13 +47,20 @@ def _bench_inputs(n: int, heads: int, d_head: int, seed: int, score_std: float =
     q and k), v ~ N(0, I); [1, heads, n, d]."""
     g = _generator(seed)
     q, k, v = (torch.randn(1, heads, n, d_head, generator=g) for _ in range(3))
-    scale = (score_std ** 2 / d_head) ** 0.25
+    scale = (score_std**2 / d_head) ** 0.25
     return q * scale, k * scale, v
 
 
-def accuracy(n: int = 4096, methods: Sequence[str] = BENCH_METHODS, features: int = 256, d_head: int = 64,
-             heads: int = 4, score_stds: Sequence[float] = (0.25, 0.5, 1.0), causal: bool = False,
-             seed: int = 0) -> list[dict]:
+def accuracy(
+    n: int = 4096,
+    methods: Sequence[str] = BENCH_METHODS,
+    features: int = 256,
+    d_head: int = 64,
+    heads: int = 4,
+    score_stds: Sequence[float] = (0.25, 0.5, 1.0),
+    causal: bool = False,
+    seed: int = 0,
+) -> list[dict]:
     """Relative output error |out - exact| / |exact| of each method on the benchmark's random
     heads at one length, for several score spreads: the error at the benchmark's speed depends on
     the inputs far more than on n (FAVOR+'s variance grows like exp|q + k|^2). Rows: score_std,
@@ -64,7 +72,9 @@ def accuracy(n: int = 4096, methods: Sequence[str] = BENCH_METHODS, features: in
             exact = exact_attention(q, k, v, causal)
             for m in methods:
                 out = approx_attention(q, k, v, m, features, seed, causal)
-                rows.append({"score_std": score_std, "method": m, "rel_error": ((out - exact).norm() / exact.norm()).item()})
+                rows.append(
+                    {"score_std": score_std, "method": m, "rel_error": ((out - exact).norm() / exact.norm()).item()}
+                )
     return rows
 
 
@@ -104,8 +114,14 @@ def _peak_memory_child() -> None:
 
 def _peak_memory(config: dict, timeout: float) -> float | None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), MEMORY_CHILD],
-                          input=json.dumps(config), capture_output=True, text=True, timeout=timeout, env=env)
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), MEMORY_CHILD],
+        input=json.dumps(config),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"memory run of {config['method']} at n={config['n']} failed: {proc.stderr.strip()[-500:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])["peak_mb"]
@@ -123,9 +139,22 @@ def crossover(rows: list[dict], method: str, baseline: str = "sdpa") -> int | No
     return found
 
 
-def run(max_n: int = 16384, repeats: int = 5, methods: Sequence[str] = BENCH_METHODS, d_head: int = 64,
-              heads: int = 4, *, min_n: int = 256, features: int = 256, causal: bool = False, seed: int = 0,
-              threads: int | None = None, memory: bool = True, timeout: float = 300.0, progress=None) -> dict:
+def run(
+    max_n: int = 16384,
+    repeats: int = 5,
+    methods: Sequence[str] = BENCH_METHODS,
+    d_head: int = 64,
+    heads: int = 4,
+    *,
+    min_n: int = 256,
+    features: int = 256,
+    causal: bool = False,
+    seed: int = 0,
+    threads: int | None = None,
+    memory: bool = True,
+    timeout: float = 300.0,
+    progress=None,
+) -> dict:
     """Time exact attention (``sdpa``: torch's scaled_dot_product_attention) and each method on one
     batch of ``heads`` float32 heads (:func:`_bench_inputs`) at n = min_n, 2 min_n, ..., max_n.
 
@@ -149,7 +178,7 @@ def run(max_n: int = 16384, repeats: int = 5, methods: Sequence[str] = BENCH_MET
         raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
     for name, value in (("repeats", repeats), ("d_head", d_head), ("heads", heads), ("features", features)):
         _positive_int(value, name)
-    lengths = [min_n * 2 ** i for i in range(int(math.log2(max_n / min_n)) + 1)]
+    lengths = [min_n * 2**i for i in range(int(math.log2(max_n / min_n)) + 1)]
     names = ("sdpa", *methods)
     rows: list[dict] = []
     previous_threads = torch.get_num_threads()
@@ -170,48 +199,83 @@ def run(max_n: int = 16384, repeats: int = 5, methods: Sequence[str] = BENCH_MET
             sdpa_ms = 1000 * statistics.median(times["sdpa"])
             for m in names:
                 ms = 1000 * statistics.median(times[m])
-                config = {"n": n, "method": m, "heads": heads, "d_head": d_head, "features": features,
-                          "causal": causal, "seed": seed, "threads": used_threads}
-                rows.append({"n": n, "method": m, "ms": ms, "ratio": sdpa_ms / ms,
-                             "peak_mb": _peak_memory(config, timeout) if memory else None,
-                             "rel_error": ((outputs[m] - outputs["sdpa"]).norm() / outputs["sdpa"].norm()).item()})
+                config = {
+                    "n": n,
+                    "method": m,
+                    "heads": heads,
+                    "d_head": d_head,
+                    "features": features,
+                    "causal": causal,
+                    "seed": seed,
+                    "threads": used_threads,
+                }
+                rows.append(
+                    {
+                        "n": n,
+                        "method": m,
+                        "ms": ms,
+                        "ratio": sdpa_ms / ms,
+                        "peak_mb": _peak_memory(config, timeout) if memory else None,
+                        "rel_error": ((outputs[m] - outputs["sdpa"]).norm() / outputs["sdpa"].norm()).item(),
+                    }
+                )
                 if progress is not None:
                     progress(rows[-1])
             del outputs
     finally:
         torch.set_num_threads(previous_threads)
     return {
-        "config": {"min_n": min_n, "max_n": lengths[-1], "repeats": repeats, "d_head": d_head, "heads": heads,
-                   "batch": 1, "features": features, "causal": causal, "dtype": "float32", "seed": seed,
-                   "inputs": "q, k ~ N(0, I) d^-1/4, v ~ N(0, I)", "torch_threads": used_threads,
-                   "torch": torch.__version__},
+        "config": {
+            "min_n": min_n,
+            "max_n": lengths[-1],
+            "repeats": repeats,
+            "d_head": d_head,
+            "heads": heads,
+            "batch": 1,
+            "features": features,
+            "causal": causal,
+            "dtype": "float32",
+            "seed": seed,
+            "inputs": "q, k ~ N(0, I) d^-1/4, v ~ N(0, I)",
+            "torch_threads": used_threads,
+            "torch": torch.__version__,
+        },
         "rows": rows,
         "crossover": {m: crossover(rows, m) for m in methods},
         "speedup_at_max_n": {r["method"]: r["ratio"] for r in rows if r["n"] == lengths[-1] and r["method"] != "sdpa"},
-        "accuracy": {"n": min(lengths[-1], 4096),
-                     "rows": accuracy(min(lengths[-1], 4096), methods, features, d_head, heads, causal=causal, seed=seed)},
+        "accuracy": {
+            "n": min(lengths[-1], 4096),
+            "rows": accuracy(min(lengths[-1], 4096), methods, features, d_head, heads, causal=causal, seed=seed),
+        },
     }
 
 
 def table(result: dict) -> str:
     cfg = result["config"]
-    lines = [f"{'causal' if cfg['causal'] else 'non-causal'}: {cfg['heads']} heads, d_head {cfg['d_head']}, "
-             f"float32, m = {cfg['features']} features/landmarks, median of {cfg['repeats']}, "
-             f"{cfg['torch_threads']} thread(s)",
-             f"{'n':>6} {'method':<14} {'ms':>10} {'sdpa/ms':>8} {'peak MB':>8} {'rel err':>8}"]
+    lines = [
+        f"{'causal' if cfg['causal'] else 'non-causal'}: {cfg['heads']} heads, d_head {cfg['d_head']}, "
+        f"float32, m = {cfg['features']} features/landmarks, median of {cfg['repeats']}, "
+        f"{cfg['torch_threads']} thread(s)",
+        f"{'n':>6} {'method':<14} {'ms':>10} {'sdpa/ms':>8} {'peak MB':>8} {'rel err':>8}",
+    ]
     for r in result["rows"]:
         peak = "-" if r["peak_mb"] is None else f"{r['peak_mb']:.1f}"
         err = f"{r['rel_error']:.3f}"
         lines.append(f"{r['n']:>6} {r['method']:<14} {r['ms']:>10.2f} {r['ratio']:>8.2f} {peak:>8} {err:>8}")
-    lines.append("crossover (shortest n from which the method beats sdpa at every longer n): "
-                 + ", ".join(f"{m} {n if n is not None else 'none'}" for m, n in result["crossover"].items()))
-    lines.append(f"speed-up at n = {cfg['max_n']}: "
-                 + ", ".join(f"{m} {x:.1f}x" for m, x in result["speedup_at_max_n"].items()))
+    lines.append(
+        "crossover (shortest n from which the method beats sdpa at every longer n): "
+        + ", ".join(f"{m} {n if n is not None else 'none'}" for m, n in result["crossover"].items())
+    )
+    lines.append(
+        f"speed-up at n = {cfg['max_n']}: " + ", ".join(f"{m} {x:.1f}x" for m, x in result["speedup_at_max_n"].items())
+    )
     acc = result["accuracy"]
     lines.append(f"relative output error at n = {acc['n']} by spread of the scores q.k (timed inputs: std 1):")
     for std in sorted({r["score_std"] for r in acc["rows"]}):
-        lines.append(f"  std {std:<5} " + ", ".join(f"{r['method']} {r['rel_error']:.3g}"
-                                                    for r in acc["rows"] if r["score_std"] == std))
+        lines.append(
+            f"  std {std:<5} "
+            + ", ".join(f"{r['method']} {r['rel_error']:.3g}" for r in acc["rows"] if r["score_std"] == std)
+        )
     return "\n".join(lines)
 
 
@@ -223,14 +287,23 @@ def main(argv=None) -> int:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--d-head", type=int, default=64)
     parser.add_argument("--features", type=int, default=256)
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch intra-op threads (default: torch's own, all cores); 1 on a machine busy with other work")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default: torch's own, all cores); 1 on a machine busy with other work",
+    )
     parser.add_argument("--methods", nargs="+", default=list(BENCH_METHODS))
     parser.add_argument("--no-causal", action="store_true", help="skip the causal pass")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout (progress goes to stderr)")
+    parser.add_argument(
+        "--json", action="store_true", help="print the result as JSON on stdout (progress goes to stderr)"
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to save the JSON ('-' to not save)")
-    parser.add_argument("--quick", action="store_true",
-                        help="n = 256 .. 1024, 2 repeats, non-causal only; saved only with an explicit --out")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="n = 256 .. 1024, 2 repeats, non-causal only; saved only with an explicit --out",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.max_n, args.repeats, args.no_causal = min(args.max_n, 1024), min(args.repeats, 2), True
@@ -243,8 +316,16 @@ def main(argv=None) -> int:
     def progress(row):
         print(f"  n={row['n']:>6} {row['method']:<14} {row['ms']:10.2f} ms", file=log, flush=True)
 
-    common = dict(max_n=args.max_n, min_n=args.min_n, repeats=args.repeats, d_head=args.d_head, heads=args.heads,
-                  features=args.features, threads=args.threads, progress=progress)
+    common = dict(
+        max_n=args.max_n,
+        min_n=args.min_n,
+        repeats=args.repeats,
+        d_head=args.d_head,
+        heads=args.heads,
+        features=args.features,
+        threads=args.threads,
+        progress=progress,
+    )
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     result = run(methods=args.methods, causal=False, **common)
     print(table(result), file=log, flush=True)

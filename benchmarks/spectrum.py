@@ -12,6 +12,7 @@ formed (svdvals only), the factored side starts from W_Q, W_K: the comparison fa
 eigenvalues of B and of its symmetric part, stable and effective rank).
 Saves benchmarks/results/spectrum.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,8 +71,17 @@ def spectrum_case(d_model: int, d_head: int, heads: int, layers: int, repeats: i
         return f.singular_values, f.eigenvalues_sym, f.eigenvalues, f.stable_rank, f.effective_rank
 
     full_ms = median_ms(factored_full, repeats)
-    return dict(d_model=d_model, d_head=d_head, heads=heads, layers=layers, factored_ms=f_ms, dense_ms=d_ms,
-                speedup=d_ms / f_ms, max_abs_diff=err, full_factored_ms=full_ms)
+    return dict(
+        d_model=d_model,
+        d_head=d_head,
+        heads=heads,
+        layers=layers,
+        factored_ms=f_ms,
+        dense_ms=d_ms,
+        speedup=d_ms / f_ms,
+        max_abs_diff=err,
+        full_factored_ms=full_ms,
+    )
 
 
 def click_case(name: str, repeats: int) -> dict:
@@ -84,17 +94,27 @@ def click_case(name: str, repeats: int) -> dict:
         return view.concentration_table()
 
     times = timings_ms(click, repeats)
-    return dict(model=name, layer=layer, n_tokens=len(tokens), heads=loaded.config.n_heads,
-                ms=statistics.median(times), min_ms=min(times))
+    return dict(
+        model=name,
+        layer=layer,
+        n_tokens=len(tokens),
+        heads=loaded.config.n_heads,
+        ms=statistics.median(times),
+        min_ms=min(times),
+    )
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--model", default="induction-2l", help="zoo model for the click timing")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch intra-op threads (default: torch's). On a busy machine 1 thread is far "
-                             "faster for the small ops of a click: no waiting on a descheduled worker thread")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default: torch's). On a busy machine 1 thread is far "
+        "faster for the small ops of a click: no waiting on a descheduled worker thread",
+    )
     parser.add_argument("--parts", nargs="+", choices=("spectrum", "click"), default=["spectrum", "click"])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to save the JSON ('-' to not save)")
@@ -115,30 +135,46 @@ def main(argv=None) -> int:
             click = click_case(args.model, args.repeats if args.quick else max(20, args.repeats))
         except ValueError as e:  # the zoo model is not there
             click = {"model": args.model, "error": str(e)}
-    result = dict(spectrum=rows, click=click, repeats=args.repeats, torch=torch.__version__,
-                  load_average=os.getloadavg(),
-                  threads=torch.get_num_threads(), machine=f"{platform.machine()}, {platform.processor() or '?'}")
+    result = dict(
+        spectrum=rows,
+        click=click,
+        repeats=args.repeats,
+        torch=torch.__version__,
+        load_average=os.getloadavg(),
+        threads=torch.get_num_threads(),
+        machine=f"{platform.machine()}, {platform.processor() or '?'}",
+    )
     if args.out != Path("-"):
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")
     if args.json:
         print(json.dumps(result))
         return 0
-    print(f"median of {args.repeats} (torch {torch.__version__}, {result['threads']} threads, "
-          f"load average {result['load_average'][0]:.1f} when done)")
+    print(
+        f"median of {args.repeats} (torch {torch.__version__}, {result['threads']} threads, "
+        f"load average {result['load_average'][0]:.1f} when done)"
+    )
     if rows:
-        print(f"all-heads singular values\n{'d_model':>7} {'d_head':>6} {'heads':>5} {'layers':>6} {'factored ms':>12} "
-              f"{'dense ms':>9} {'ratio':>7} {'max |diff|':>10} {'full spectrum ms':>16}")
+        print(
+            f"all-heads singular values\n{'d_model':>7} {'d_head':>6} {'heads':>5} {'layers':>6} {'factored ms':>12} "
+            f"{'dense ms':>9} {'ratio':>7} {'max |diff|':>10} {'full spectrum ms':>16}"
+        )
     for r in rows:
-        print(f"{r['d_model']:>7} {r['d_head']:>6} {r['heads']:>5} {r['layers']:>6} {r['factored_ms']:>12.3f} "
-              f"{r['dense_ms']:>9.3f} {r['speedup']:>6.1f}x {r['max_abs_diff']:>10.2e} {r['full_factored_ms']:>16.3f}")
+        print(
+            f"{r['d_model']:>7} {r['d_head']:>6} {r['heads']:>5} {r['layers']:>6} {r['factored_ms']:>12.3f} "
+            f"{r['dense_ms']:>9.3f} {r['speedup']:>6.1f}x {r['max_abs_diff']:>10.2e} {r['full_factored_ms']:>16.3f}"
+        )
     if rows and not args.quick:  # the target is judged at the larger shape, which --quick skips
         big = rows[-1]["speedup"]
-        print(f"target >= {TARGET_SPEEDUP:.0f}x at the larger shape: {'met' if big >= TARGET_SPEEDUP else 'MISSED'} ({big:.1f}x)")
+        print(
+            f"target >= {TARGET_SPEEDUP:.0f}x at the larger shape: {'met' if big >= TARGET_SPEEDUP else 'MISSED'} ({big:.1f}x)"
+        )
     if "ms" in click:
-        print(f"sequence view + concentration table, {click['model']} layer {click['layer']}, {click['n_tokens']} tokens, "
-              f"all {click['heads']} heads: median {click['ms']:.2f} ms, best {click['min_ms']:.2f} ms (target < {TARGET_CLICK_MS:.0f} ms: "
-              f"{'met' if click['ms'] < TARGET_CLICK_MS else 'MISSED'})")
+        print(
+            f"sequence view + concentration table, {click['model']} layer {click['layer']}, {click['n_tokens']} tokens, "
+            f"all {click['heads']} heads: median {click['ms']:.2f} ms, best {click['min_ms']:.2f} ms (target < {TARGET_CLICK_MS:.0f} ms: "
+            f"{'met' if click['ms'] < TARGET_CLICK_MS else 'MISSED'})"
+        )
     else:
         print(f"click timing skipped: {click['error']}")
     return 0

@@ -26,6 +26,7 @@ one read (target < 1 ms).
     python benchmarks/train_throughput.py [--steps 250 --repeats 5 --threads 1 --device auto]
     python benchmarks/train_throughput.py --quick     # a smoke run: 30 steps, 1 repeat, not saved
 """
+
 from __future__ import annotations
 
 import argparse
@@ -110,10 +111,22 @@ def job(source: str, cfg: TrainConfig, store: RunStore, **settings) -> tuple[flo
     """(steps/s over the training loop, seconds of the rest: setup, before/after, save, and the
     fraction of the loop spent inside Trainer.step); ``settings`` are further JobConfig fields."""
     start = time.perf_counter()
-    j = TrainingJob(JobConfig(source, steps=cfg.steps, lr=cfg.lr, seed=cfg.seed, device=cfg.device,
-                              batch_size=cfg.batch_size, weight_decay=cfg.weight_decay,
-                              warmup_steps=cfg.warmup_steps, precision=cfg.precision, sync_every=cfg.sync_every,
-                              **settings), store=store)
+    j = TrainingJob(
+        JobConfig(
+            source,
+            steps=cfg.steps,
+            lr=cfg.lr,
+            seed=cfg.seed,
+            device=cfg.device,
+            batch_size=cfg.batch_size,
+            weight_decay=cfg.weight_decay,
+            warmup_steps=cfg.warmup_steps,
+            precision=cfg.precision,
+            sync_every=cfg.sync_every,
+            **settings,
+        ),
+        store=store,
+    )
     res = j.run()
     total = time.perf_counter() - start
     snap = j.snapshot()
@@ -122,8 +135,9 @@ def job(source: str, cfg: TrainConfig, store: RunStore, **settings) -> tuple[flo
 
 
 def snapshot_reads(source: str, cfg: TrainConfig, store: RunStore) -> list[float]:
-    j = TrainingJob(JobConfig(source, steps=cfg.steps, lr=cfg.lr, device=cfg.device, batch_size=cfg.batch_size),
-                    store=store).start()
+    j = TrainingJob(
+        JobConfig(source, steps=cfg.steps, lr=cfg.lr, device=cfg.device, batch_size=cfg.batch_size), store=store
+    ).start()
     times = []
     while not j.snapshot().done:
         t = time.perf_counter()
@@ -153,8 +167,14 @@ def main() -> None:
     device = select_device(args.device)
     preset = get_preset(PRESET)
     task = get_task(preset.task)
-    cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=1e-3, seed=0, device=str(device),
-                      warmup_steps=min(100, args.steps // 10))
+    cfg = TrainConfig(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=1e-3,
+        seed=0,
+        device=str(device),
+        warmup_steps=min(100, args.steps // 10),
+    )
 
     with tempfile.TemporaryDirectory() as tmp:
         source = str(checkpoint.save(init_model(preset.model_config(), 0), Path(tmp) / "model", {"task": preset.task}))
@@ -175,8 +195,11 @@ def main() -> None:
             overhead.append(extra)
             step_share.append(share)
             alt.append(a)
-            print(f"repeat {r}: bare {b:.1f}  trainer {t:.1f}  job {jr:.1f} steps/s; alternated trainer/bare {a:.3f}, "
-                  f"job loop in Trainer.step {share:.3f}", flush=True)
+            print(
+                f"repeat {r}: bare {b:.1f}  trainer {t:.1f}  job {jr:.1f} steps/s; alternated trainer/bare {a:.3f}, "
+                f"job loop in Trainer.step {share:.3f}",
+                flush=True,
+            )
         reads = snapshot_reads(source, cfg, store)
 
     med = {k: statistics.median(v) for k, v in rates.items()}
@@ -184,34 +207,49 @@ def main() -> None:
     result = {
         "benchmark": "train_throughput",
         "model": f"{PRESET} architecture ({init_model(preset.model_config(), 0).n_params():,} parameters)",
-        "task": preset.task, "batch_size": args.batch_size, "steps": args.steps, "repeats": args.repeats,
-        "device": str(device), "threads": args.threads,
+        "task": preset.task,
+        "batch_size": args.batch_size,
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "device": str(device),
+        "threads": args.threads,
         "machine": machine(),
         "steps_per_s": {k: {"median": med[k], "all": v} for k, v in rates.items()},
         "ratio_trainer_vs_bare": med["trainer"] / med["bare"],
         "ratio_job_vs_bare": med["job"] / med["bare"],
-        "ratio_trainer_vs_bare_per_repeat_median": statistics.median(t / b for t, b in zip(rates["trainer"], rates["bare"])),
+        "ratio_trainer_vs_bare_per_repeat_median": statistics.median(
+            t / b for t, b in zip(rates["trainer"], rates["bare"])
+        ),
         "ratio_job_vs_bare_per_repeat_median": statistics.median(j / b for j, b in zip(rates["job"], rates["bare"])),
         "alternated_trainer_vs_bare_median": statistics.median(alt),
         "alternated_trainer_vs_bare_all": alt,
         "job_loop_share_in_trainer_step_median": statistics.median(step_share),
         "ratio_job_vs_bare_estimate": statistics.median(alt) * statistics.median(step_share),
         "job_setup_measure_save_s_median": statistics.median(overhead),
-        "snapshot_read_us": {"median": 1e6 * statistics.median(reads), "p99": 1e6 * reads_sorted[int(0.99 * (len(reads) - 1))],
-                             "reads": len(reads)},
+        "snapshot_read_us": {
+            "median": 1e6 * statistics.median(reads),
+            "p99": 1e6 * reads_sorted[int(0.99 * (len(reads) - 1))],
+            "reads": len(reads),
+        },
         "targets": {"ratio_trainer_vs_bare": ">= 0.9", "ratio_job_vs_bare": ">= 0.9", "snapshot_read": "< 1 ms"},
         "created": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     print(f"median steps/s: bare {med['bare']:.1f}, trainer {med['trainer']:.1f}, job {med['job']:.1f}")
-    print(f"trainer/bare {result['ratio_trainer_vs_bare']:.3f}   job/bare {result['ratio_job_vs_bare']:.3f}   "
-          f"(per-repeat medians {result['ratio_trainer_vs_bare_per_repeat_median']:.3f}, "
-          f"{result['ratio_job_vs_bare_per_repeat_median']:.3f})")
-    print(f"load-robust: alternated trainer/bare {result['alternated_trainer_vs_bare_median']:.3f}; the job spends "
-          f"{result['job_loop_share_in_trainer_step_median']:.3f} of its loop in Trainer.step, so job/bare ~= "
-          f"{result['ratio_job_vs_bare_estimate']:.3f}")
+    print(
+        f"trainer/bare {result['ratio_trainer_vs_bare']:.3f}   job/bare {result['ratio_job_vs_bare']:.3f}   "
+        f"(per-repeat medians {result['ratio_trainer_vs_bare_per_repeat_median']:.3f}, "
+        f"{result['ratio_job_vs_bare_per_repeat_median']:.3f})"
+    )
+    print(
+        f"load-robust: alternated trainer/bare {result['alternated_trainer_vs_bare_median']:.3f}; the job spends "
+        f"{result['job_loop_share_in_trainer_step_median']:.3f} of its loop in Trainer.step, so job/bare ~= "
+        f"{result['ratio_job_vs_bare_estimate']:.3f}"
+    )
     print(f"job setup + before/after measurement + save: {result['job_setup_measure_save_s_median']:.2f} s per run")
-    print(f"snapshot read: median {result['snapshot_read_us']['median']:.1f} us, "
-          f"p99 {result['snapshot_read_us']['p99']:.1f} us over {len(reads)} reads")
+    print(
+        f"snapshot read: median {result['snapshot_read_us']['median']:.1f} us, "
+        f"p99 {result['snapshot_read_us']['p99']:.1f} us over {len(reads)} reads"
+    )
     if args.quick:
         print("quick run: results not saved")
         return

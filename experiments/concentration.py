@@ -24,6 +24,7 @@ torch thread each), so the sweep fits in minutes on a 2-core machine. With ``--r
 settings run as one sweep (``attn_core.sweep``: Ray Tune trials, a local Ray with ``--jobs`` CPUs
 or the cluster of ``--address``), recorded as runs of a sweep named "concentration" in the run store.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,13 +67,29 @@ def run_setting(setting: dict) -> dict:
     start = time.perf_counter()
     s = setting
     regs = {s["regularizer"]: s["lambda"]} if s["kind"] == "penalty" and s["lambda"] > 0 else {}
-    cfg = JobConfig(s["model"], regs, entmax_alpha=s.get("entmax_alpha"), steps=s["steps"], lr=s["lr"],
-                    seed=s["seed"], batch_size=s["batch_size"], device="cpu", eval_every=s["steps"],
-                    telemetry_every=s["steps"], spectrum_every=s["steps"], measure_samples=s["samples"])
+    cfg = JobConfig(
+        s["model"],
+        regs,
+        entmax_alpha=s.get("entmax_alpha"),
+        steps=s["steps"],
+        lr=s["lr"],
+        seed=s["seed"],
+        batch_size=s["batch_size"],
+        device="cpu",
+        eval_every=s["steps"],
+        telemetry_every=s["steps"],
+        spectrum_every=s["steps"],
+        measure_samples=s["samples"],
+    )
     job = TrainingJob(cfg, store=False)
     res = job.run()
-    out = {**s, "status": res["status"], "message": res["message"], "seconds": time.perf_counter() - start,
-           "threads": torch.get_num_threads()}
+    out = {
+        **s,
+        "status": res["status"],
+        "message": res["message"],
+        "seconds": time.perf_counter() - start,
+        "threads": torch.get_num_threads(),
+    }
     out.update({f"parent_{k}": res["before"][k] for k in COLS})
     out.update({k: (res["after"] or {}).get(k, math.nan) for k in COLS})
     return out
@@ -93,8 +110,16 @@ def run_on_ray(todo: list[dict], jobs: int, threads: int, address: str | None) -
     from attn_core.sweep import SweepPlan, run_sweep
 
     s0 = todo[0]
-    job = dict(steps=s0["steps"], lr=s0["lr"], batch_size=s0["batch_size"], device="cpu", eval_every=s0["steps"],
-               telemetry_every=s0["steps"], spectrum_every=s0["steps"], measure_samples=s0["samples"])
+    job = dict(
+        steps=s0["steps"],
+        lr=s0["lr"],
+        batch_size=s0["batch_size"],
+        device="cpu",
+        eval_every=s0["steps"],
+        telemetry_every=s0["steps"],
+        spectrum_every=s0["steps"],
+        measure_samples=s0["samples"],
+    )
     by_key = {_trial(s).key: s for s in todo}
     seconds: dict[str, float] = {}
 
@@ -102,9 +127,12 @@ def run_on_ray(todo: list[dict], jobs: int, threads: int, address: str | None) -
         seconds[payload["key"]] = payload.get("seconds", math.nan)
         s = by_key[payload["key"]]
         after = payload.get("after") or {}
-        print(f"{s['model']:14s} {s['regularizer']:14s} λ={s['lambda']:<5g} acc {after.get('accuracy', math.nan):.4f} "
-              f"H_data {after.get('entropy_data', math.nan):.3f}  {payload['status']}  run {run_id}  "
-              f"{seconds[payload['key']]:.1f}s", flush=True)
+        print(
+            f"{s['model']:14s} {s['regularizer']:14s} λ={s['lambda']:<5g} acc {after.get('accuracy', math.nan):.4f} "
+            f"H_data {after.get('entropy_data', math.nan):.3f}  {payload['status']}  run {run_id}  "
+            f"{seconds[payload['key']]:.1f}s",
+            flush=True,
+        )
 
     if address is None and jobs:
         import ray
@@ -112,19 +140,33 @@ def run_on_ray(todo: list[dict], jobs: int, threads: int, address: str | None) -
         if not ray.is_initialized():  # a local Ray with --jobs CPUs (run_sweep then uses it as it is)
             ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     try:
-        res = run_sweep(SweepPlan("concentration", [_trial(s) for s in todo], job), address=address,
-                        cpus_per_trial=threads, on_trial=on_trial)
+        res = run_sweep(
+            SweepPlan("concentration", [_trial(s) for s in todo], job),
+            address=address,
+            cpus_per_trial=threads,
+            on_trial=on_trial,
+        )
     finally:
         if address is None and jobs:
             ray.shutdown()
-    print(f"sweep {res['sweep_id']}: {res['status']} on Ray {res['ray_version']} ({res['address']}), "
-          f"{res['wall_s']:.1f} s", flush=True)
+    print(
+        f"sweep {res['sweep_id']}: {res['status']} on Ray {res['ray_version']} ({res['address']}), "
+        f"{res['wall_s']:.1f} s",
+        flush=True,
+    )
     rows = []
     for t in res["trials"]:
         s = by_key[t["key"]]
         before, after = t["before"] or {}, t["after"] or {}
-        row = {**s, "status": t["status"], "message": t["message"], "seconds": seconds.get(t["key"], math.nan),
-               "threads": threads, "run_id": t["run_id"], "sweep_id": res["sweep_id"]}
+        row = {
+            **s,
+            "status": t["status"],
+            "message": t["message"],
+            "seconds": seconds.get(t["key"], math.nan),
+            "threads": threads,
+            "run_id": t["run_id"],
+            "sweep_id": res["sweep_id"],
+        }
         row.update({f"parent_{k}": before.get(k, math.nan) for k in COLS})
         row.update({k: after.get(k, math.nan) for k in COLS})
         rows.append(row)
@@ -140,8 +182,16 @@ def settings(models, lambdas, steps, batch_size, lr, seed, samples, entmax) -> l
             for lam in lambdas:
                 out.append(dict(base, model=model, kind="penalty", regularizer=reg, **{"lambda": lam}))
         for alpha in entmax:
-            out.append(dict(base, model=model, kind="entmax", regularizer=f"entmax α={alpha:g}",
-                            entmax_alpha=alpha, **{"lambda": 0.0}))
+            out.append(
+                dict(
+                    base,
+                    model=model,
+                    kind="entmax",
+                    regularizer=f"entmax α={alpha:g}",
+                    entmax_alpha=alpha,
+                    **{"lambda": 0.0},
+                )
+            )
     return out
 
 
@@ -170,24 +220,43 @@ def analyse(rows: list[dict]) -> dict:
         for model in refs:
             ok = [r for r in rows if r["model"] == model and r["regularizer"] == reg and r["within_budget"]]
             top = max(ok, key=lambda r: r["entropy_vocab_cut"]) if ok else None
-            best[reg][model] = ({"lambda": top["lambda"], "entropy_vocab_cut": top["entropy_vocab_cut"], "helps": True}
-                                if top is not None and top["entropy_vocab_cut"] > 0 else
-                                {"lambda": 0.0, "entropy_vocab_cut": 0.0, "helps": False})
+            best[reg][model] = (
+                {"lambda": top["lambda"], "entropy_vocab_cut": top["entropy_vocab_cut"], "helps": True}
+                if top is not None and top["entropy_vocab_cut"] > 0
+                else {"lambda": 0.0, "entropy_vocab_cut": 0.0, "helps": False}
+            )
     score = {reg: sum(b["entropy_vocab_cut"] for b in per.values()) / len(per) for reg, per in best.items()}
     ranking = sorted(score, key=score.get, reverse=True)
-    return {"references": {m: {k: refs[m][k] for k in COLS} for m in refs},
-            "meets_target": [_key(r) for r in rows if r["meets_target"]],
-            "best_vocab_cut": {m: _key(r) for m, r in best_vocab.items()},
-            "best_data_cut": {m: _key(r) for m, r in best_data.items()},
-            "seed000_ranking": [{"regularizer": reg, "mean_best_vocab_cut": score[reg], "per_model": best[reg]}
-                                for reg in ranking],
-            "seed000_answer": ranking[0] if ranking else None,
-            "seed000_tied_with": [reg for reg in ranking[1:] if score[ranking[0]] - score[reg] <= TIE]}
+    return {
+        "references": {m: {k: refs[m][k] for k in COLS} for m in refs},
+        "meets_target": [_key(r) for r in rows if r["meets_target"]],
+        "best_vocab_cut": {m: _key(r) for m, r in best_vocab.items()},
+        "best_data_cut": {m: _key(r) for m, r in best_data.items()},
+        "seed000_ranking": [
+            {"regularizer": reg, "mean_best_vocab_cut": score[reg], "per_model": best[reg]} for reg in ranking
+        ],
+        "seed000_answer": ranking[0] if ranking else None,
+        "seed000_tied_with": [reg for reg in ranking[1:] if score[ranking[0]] - score[reg] <= TIE],
+    }
 
 
 def _key(r: dict) -> dict:
-    return {k: r[k] for k in ("model", "regularizer", "lambda", "accuracy", "acc_drop_pts", "entropy_data",
-                              "entropy_data_cut", "entropy_vocab", "entropy_vocab_cut", "top1_mass", "stable_rank")}
+    return {
+        k: r[k]
+        for k in (
+            "model",
+            "regularizer",
+            "lambda",
+            "accuracy",
+            "acc_drop_pts",
+            "entropy_data",
+            "entropy_data_cut",
+            "entropy_vocab",
+            "entropy_vocab_cut",
+            "top1_mass",
+            "stable_rank",
+        )
+    }
 
 
 def _cell(reg: str, b: dict) -> str:
@@ -221,49 +290,72 @@ def markdown(rows: list[dict], summary: dict, meta: dict) -> str:
     ]
     for model in summary["references"]:
         parent = next(r for r in rows if r["model"] == model)
-        lines += [f"## {model}", "",
-                  f"Shipped model before fine-tuning: accuracy {parent['parent_accuracy']:.4f}, "
-                  f"H_data {parent['parent_entropy_data']:.3f}, H_vocab {parent['parent_entropy_vocab']:.3f}, "
-                  f"top-1 {parent['parent_top1_mass']:.3f}, stable rank {parent['parent_stable_rank']:.2f}.", "",
-                  "| regularizer | λ | accuracy | Δacc (pts) | H_data | ΔH_data | H_vocab | ΔH_vocab | top-1 mass | stable rank |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            f"## {model}",
+            "",
+            f"Shipped model before fine-tuning: accuracy {parent['parent_accuracy']:.4f}, "
+            f"H_data {parent['parent_entropy_data']:.3f}, H_vocab {parent['parent_entropy_vocab']:.3f}, "
+            f"top-1 {parent['parent_top1_mass']:.3f}, stable rank {parent['parent_stable_rank']:.2f}.",
+            "",
+            "| regularizer | λ | accuracy | Δacc (pts) | H_data | ΔH_data | H_vocab | ΔH_vocab | top-1 mass | stable rank |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for r in (r for r in rows if r["model"] == model):
             mark = " ✔" if r["meets_target"] else ""
             status = "" if r["status"] == "completed" else f" ({r['status']})"
             lines.append(
                 f"| {r['regularizer']}{status} | {r['lambda']:g} | {r['accuracy']:.4f} | {_pts(r)} | "
                 f"{r['entropy_data']:.3f} | {-100 * r['entropy_data_cut'] + 0.0:+.0f}%{mark} | {r['entropy_vocab']:.3f} | "
-                f"{-100 * r['entropy_vocab_cut'] + 0.0:+.0f}% | {r['top1_mass']:.3f} | {r['stable_rank']:.2f} |")
+                f"{-100 * r['entropy_vocab_cut'] + 0.0:+.0f}% | {r['top1_mass']:.3f} | {r['stable_rank']:.2f} |"
+            )
         lines.append("")
     lines += ["## Verdict", ""]
     hits = summary["meets_target"]
     if hits:
-        lines.append(f"Target (H_data cut ≥ {100 * MIN_ENTROPY_CUT:.0f}% with ≤ {MAX_ACC_DROP_PTS:g} point accuracy drop) "
-                     f"met by {len(hits)} settings (✔), e.g. " + "; ".join(
-                         f"{h['model']} {h['regularizer']} λ={h['lambda']:g}: H_data {100 * h['entropy_data_cut']:.0f}% lower, "
-                         f"accuracy {_pts(h)} pts" for h in sorted(hits, key=lambda h: h['acc_drop_pts'])[:3]) + ".")
+        lines.append(
+            f"Target (H_data cut ≥ {100 * MIN_ENTROPY_CUT:.0f}% with ≤ {MAX_ACC_DROP_PTS:g} point accuracy drop) "
+            f"met by {len(hits)} settings (✔), e.g. "
+            + "; ".join(
+                f"{h['model']} {h['regularizer']} λ={h['lambda']:g}: H_data {100 * h['entropy_data_cut']:.0f}% lower, "
+                f"accuracy {_pts(h)} pts"
+                for h in sorted(hits, key=lambda h: h["acc_drop_pts"])[:3]
+            )
+            + "."
+        )
     else:
         lines.append("No setting met the target in this sweep.")
     lines.append("")
     ranking = summary["seed000_ranking"]
     if ranking:
         models = list(summary["references"])
-        lines += ["Seed 000 asks for f_x(y) concentrated for every x, which the vocabulary view measures. Each "
-                  "regularizer's best change of H_vocab within the accuracy budget (its λ in brackets; 0 where no "
-                  "strength cuts H_vocab without costing more than a point), ranked by the mean over the models:", "",
-                  "| regularizer | " + " | ".join(models) + " | mean |", "|---|" + "---:|" * (len(models) + 1)]
+        lines += [
+            "Seed 000 asks for f_x(y) concentrated for every x, which the vocabulary view measures. Each "
+            "regularizer's best change of H_vocab within the accuracy budget (its λ in brackets; 0 where no "
+            "strength cuts H_vocab without costing more than a point), ranked by the mean over the models:",
+            "",
+            "| regularizer | " + " | ".join(models) + " | mean |",
+            "|---|" + "---:|" * (len(models) + 1),
+        ]
         for item in ranking:
             cells = [_cell(item["regularizer"], item["per_model"][m]) for m in models]
-            lines.append(f"| {item['regularizer']} | " + " | ".join(cells) + f" | {-100 * item['mean_best_vocab_cut'] + 0.0:+.0f}% |")
+            lines.append(
+                f"| {item['regularizer']} | "
+                + " | ".join(cells)
+                + f" | {-100 * item['mean_best_vocab_cut'] + 0.0:+.0f}% |"
+            )
         lines.append("")
         for model, b in summary["best_vocab_cut"].items():
-            lines.append(f"Best for every x on {model}: {b['regularizer']} λ={b['lambda']:g} (H_vocab "
-                         f"{100 * b['entropy_vocab_cut']:.0f}% lower, H_data {100 * b['entropy_data_cut']:.0f}% lower, "
-                         f"accuracy {_pts(b)} pts).")
+            lines.append(
+                f"Best for every x on {model}: {b['regularizer']} λ={b['lambda']:g} (H_vocab "
+                f"{100 * b['entropy_vocab_cut']:.0f}% lower, H_data {100 * b['entropy_data_cut']:.0f}% lower, "
+                f"accuracy {_pts(b)} pts)."
+            )
         lines.append("")
         tied = summary.get("seed000_tied_with") or []
-        lines.append(f"**Answer to seed 000: {summary['seed000_answer']}**"
-                     + (f" (tied within {100 * TIE:.0f} points with {', '.join(tied)})." if tied else "."))
+        lines.append(
+            f"**Answer to seed 000: {summary['seed000_answer']}**"
+            + (f" (tied within {100 * TIE:.0f} points with {', '.join(tied)})." if tied else ".")
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -295,34 +387,55 @@ def main() -> None:
         args.steps, args.lambdas, args.entmax, args.samples = 20, [0.1], [], 128
     if args.steps <= 0 or any(l < 0 for l in args.lambdas):
         ap.error("--steps must be positive and every lambda >= 0")
-    todo = settings(args.models, args.lambdas, args.steps, args.batch_size, args.lr, args.seed, args.samples, args.entmax)
+    todo = settings(
+        args.models, args.lambdas, args.steps, args.batch_size, args.lr, args.seed, args.samples, args.entmax
+    )
     start = time.perf_counter()
     rows = []
     if args.ray:
         rows = run_on_ray(todo, args.jobs, args.threads, args.address)
     with ProcessPoolExecutor(max_workers=args.jobs, initializer=_init_worker, initargs=(args.threads,)) as pool:
-        for r in ([] if args.ray else pool.map(run_setting, todo)):
+        for r in [] if args.ray else pool.map(run_setting, todo):
             rows.append(r)
-            print(f"{r['model']:14s} {r['regularizer']:14s} λ={r['lambda']:<5g} acc {r['accuracy']:.4f} "
-                  f"H_data {r['entropy_data']:.3f} H_vocab {r['entropy_vocab']:.3f} top1 {r['top1_mass']:.3f} "
-                  f"sr {r['stable_rank']:.2f}  {r['status']}  {r['seconds']:.1f}s", flush=True)
+            print(
+                f"{r['model']:14s} {r['regularizer']:14s} λ={r['lambda']:<5g} acc {r['accuracy']:.4f} "
+                f"H_data {r['entropy_data']:.3f} H_vocab {r['entropy_vocab']:.3f} top1 {r['top1_mass']:.3f} "
+                f"sr {r['stable_rank']:.2f}  {r['status']}  {r['seconds']:.1f}s",
+                flush=True,
+            )
     wall = time.perf_counter() - start
     summary = analyse(rows)
     import torch
 
-    meta = {"created": time.strftime("%Y-%m-%d %H:%M"), "steps": args.steps, "batch_size": args.batch_size,
-            "lr": args.lr, "seed": args.seed, "samples": args.samples, "lambdas": args.lambdas, "entmax": args.entmax,
-            "jobs": args.jobs, "threads": args.threads, "wall_s": wall, "backend": "ray" if args.ray else "processes",
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
-            "command": " ".join(["python experiments/concentration.py", *sys.argv[1:]])}
+    meta = {
+        "created": time.strftime("%Y-%m-%d %H:%M"),
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "seed": args.seed,
+        "samples": args.samples,
+        "lambdas": args.lambdas,
+        "entmax": args.entmax,
+        "jobs": args.jobs,
+        "threads": args.threads,
+        "wall_s": wall,
+        "backend": "ray" if args.ray else "processes",
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
+        "command": " ".join(["python experiments/concentration.py", *sys.argv[1:]]),
+    }
     md = markdown(rows, summary, meta)
     print()
     print(md)
     if args.quick:
         return
     args.out.mkdir(parents=True, exist_ok=True)
-    for name, text in (("concentration.json", json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=2,
-                                                          default=str) + "\n"), ("concentration.md", md)):
+    for name, text in (
+        (
+            "concentration.json",
+            json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=2, default=str) + "\n",
+        ),
+        ("concentration.md", md),
+    ):
         tmp = args.out / f".{name}.tmp"
         tmp.write_text(text)
         tmp.replace(args.out / name)

@@ -7,6 +7,7 @@ and what it says), and every run in the run store (parent compare-qk:induction).
     python experiments/merged_vs_factored.py --seeds 1 --steps 50 --out /tmp/smoke.json
     python experiments/merged_vs_factored.py --quick       # a smoke run: 10 steps, 1 seed, nothing saved
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,12 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=400, help="training steps per run")
     parser.add_argument("--seeds", type=int, default=5, help="seeds per variant")
     parser.add_argument("--task", default="induction")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads while training (ms/step is "
-                        "measured with them; 0 keeps torch's default)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads while training (ms/step is measured with them; 0 keeps torch's default)",
+    )
     parser.add_argument("--out", type=Path, default=Q.results_path(), help="JSON result; the .md goes beside it")
     parser.add_argument("--no-store", action="store_true", help="do not save the runs in the run store")
     parser.add_argument("--quick", action="store_true", help="smoke run: 10 steps, 1 seed, nothing saved")

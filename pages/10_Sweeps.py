@@ -2,6 +2,7 @@
 named by RAY_ADDRESS), launched in a background thread that never calls Streamlit; the trials
 arrive live in a table and a Pareto scatter (accuracy vs data or vocabulary entropy), and any
 trial opens as the model of every other page."""
+
 import math
 import os
 import threading
@@ -46,18 +47,34 @@ with st.form("sweep_setup"):
     names = [n for n in ui.model_names() if not sources.is_upload(n)]
     current = st.session_state.get(ui.MODEL_KEY)
     c1, c2 = st.columns([2, 3])
-    source = c1.selectbox("Model to sweep", names, index=names.index(current) if current in names else 0,
-                          key="sweep_source", help="A zoo model or a saved run; every trial fine-tunes it.")
-    regs = c2.multiselect("Regularizers", list(R.REGULARIZERS), default=["entropy", "hoyer"], key="sweep_regs",
-                          help="; ".join(f"{k}: {v[1]}" for k, v in R.REGULARIZERS.items()))
+    source = c1.selectbox(
+        "Model to sweep",
+        names,
+        index=names.index(current) if current in names else 0,
+        key="sweep_source",
+        help="A zoo model or a saved run; every trial fine-tunes it.",
+    )
+    regs = c2.multiselect(
+        "Regularizers",
+        list(R.REGULARIZERS),
+        default=["entropy", "hoyer"],
+        key="sweep_regs",
+        help="; ".join(f"{k}: {v[1]}" for k, v in R.REGULARIZERS.items()),
+    )
     c1, c2, c3, c4, c5 = st.columns(5)
     lo = c1.number_input("λ from", min_value=1e-6, value=0.01, format="%g", key="sweep_lo")
     hi = c2.number_input("λ to", min_value=1e-6, value=1.0, format="%g", key="sweep_hi")
     n_lam = c3.number_input("λ values (log-spaced)", min_value=1, max_value=12, value=3, key="sweep_nlam")
     seeds = c4.number_input("Seeds", min_value=1, max_value=10, value=1, key="sweep_seeds")
     steps = c5.number_input("Steps per trial", min_value=1, max_value=20000, value=100, step=50, key="sweep_steps")
-    cpus = st.number_input("CPUs per trial", min_value=0.25, value=1.0, step=0.25, key="sweep_cpus",
-                           help="Ray runs as many trials at once as the cores allow.")
+    cpus = st.number_input(
+        "CPUs per trial",
+        min_value=0.25,
+        value=1.0,
+        step=0.25,
+        key="sweep_cpus",
+        help="Ray runs as many trials at once as the cores allow.",
+    )
     where = os.environ.get("RAY_ADDRESS") or f"a local Ray with {os.cpu_count()} CPUs"
     go = st.form_submit_button(f"Launch on {where}", type="primary", icon=":material/rocket_launch:")
 
@@ -70,8 +87,9 @@ if go:
         st.error(f"The sweep was not started: {e}")
     else:
         state = {"error": None}
-        state["thread"] = threading.Thread(target=_work, args=(sweep_id, state, float(cpus)), daemon=True,
-                                           name=f"attn-lab sweep {sweep_id}")
+        state["thread"] = threading.Thread(
+            target=_work, args=(sweep_id, state, float(cpus)), daemon=True, name=f"attn-lab sweep {sweep_id}"
+        )
         state["thread"].start()
         launched[sweep_id] = state
         st.session_state[PICKED] = sweep_id
@@ -80,15 +98,24 @@ if go:
 # --- watching one ----------------------------------------------------------------------------------
 sweeps = store.list_sweeps()
 if not sweeps:
-    st.info(f"No sweeps in `{store.root}` yet: set one up above, or run "
-            "`attn-lab sweep MODEL --grid entropy=0.01,0.1,1 --seeds 2`.")
+    st.info(
+        f"No sweeps in `{store.root}` yet: set one up above, or run "
+        "`attn-lab sweep MODEL --grid entropy=0.01,0.1,1 --seeds 2`."
+    )
     st.stop()
 ids = [s["id"] for s in sweeps]
 if st.session_state.get(PICKED) not in ids:
     st.session_state[PICKED] = ids[0]
-picked = st.selectbox("Sweep", ids, key=PICKED, format_func=lambda i: next(
-    f"{s['id']} · {s['name']} · {s['status']} · {sum(s['counts'].values())}/{s['trials']} trials" for s in sweeps
-    if s["id"] == i))
+picked = st.selectbox(
+    "Sweep",
+    ids,
+    key=PICKED,
+    format_func=lambda i: next(
+        f"{s['id']} · {s['name']} · {s['status']} · {sum(s['counts'].values())}/{s['trials']} trials"
+        for s in sweeps
+        if s["id"] == i
+    ),
+)
 state = launched.get(picked)
 alive = bool(state and state["thread"].is_alive())
 
@@ -106,35 +133,61 @@ def live() -> None:
     res = sweep_result(store, picked)
     running = bool(state and state["thread"].is_alive())
     n_done = sum(t["status"] != "pending" for t in res["trials"])
-    st.progress(n_done / len(res["trials"]) if res["trials"] else 0.0,
-                text=f"{res['status']}{' (live)' if running else ''}: {n_done} of {len(res['trials'])} trials "
-                     f"recorded" + (f" · Ray {res['ray_version']} at {res['address']}" if res["ray_version"] else "")
-                     + (f" · {res['wall_s']:.1f} s" if res["wall_s"] else ""))
+    st.progress(
+        n_done / len(res["trials"]) if res["trials"] else 0.0,
+        text=f"{res['status']}{' (live)' if running else ''}: {n_done} of {len(res['trials'])} trials "
+        f"recorded"
+        + (f" · Ray {res['ray_version']} at {res['address']}" if res["ray_version"] else "")
+        + (f" · {res['wall_s']:.1f} s" if res["wall_s"] else ""),
+    )
     if state and state.get("error"):
         st.error(f"The sweep stopped: {state['error']}")
     elif res["message"]:
         st.caption(res["message"])
     front = set(res["pareto"])
-    table = pd.DataFrame([{
-        "run": t["run_id"], "regularizer": t["reg"], "λ": t["lambda"], "seed": t["seed"], "status": t["status"],
-        "accuracy": (t["after"] or {}).get("accuracy", math.nan),
-        "H data": (t["after"] or {}).get("entropy_data", math.nan),
-        "H vocab": (t["after"] or {}).get("entropy_vocab", math.nan), "Pareto": t["run_id"] in front,
-        "message": t["message"]} for t in res["trials"]])
+    table = pd.DataFrame(
+        [
+            {
+                "run": t["run_id"],
+                "regularizer": t["reg"],
+                "λ": t["lambda"],
+                "seed": t["seed"],
+                "status": t["status"],
+                "accuracy": (t["after"] or {}).get("accuracy", math.nan),
+                "H data": (t["after"] or {}).get("entropy_data", math.nan),
+                "H vocab": (t["after"] or {}).get("entropy_vocab", math.nan),
+                "Pareto": t["run_id"] in front,
+                "message": t["message"],
+            }
+            for t in res["trials"]
+        ]
+    )
     st.dataframe(table, hide_index=True, width="stretch")
-    view = st.radio("Entropy", list(fs.ENTROPY_VIEWS), horizontal=True, key="sweep_view",
-                    format_func=lambda v: {"data": "on data", "vocab": "vocabulary view"}[v])
-    ui.show_plot(fs.pareto_plot(res, view), key="sweep_pareto",
-                 help=None)
+    view = st.radio(
+        "Entropy",
+        list(fs.ENTROPY_VIEWS),
+        horizontal=True,
+        key="sweep_view",
+        format_func=lambda v: {"data": "on data", "vocab": "vocabulary view"}[v],
+    )
+    ui.show_plot(fs.pareto_plot(res, view), key="sweep_pareto", help=None)
     openable = [t["run_id"] for t in res["trials"] if t["has_weights"]]
     if openable:
         c1, c2 = st.columns([3, 2], vertical_alignment="bottom")
-        rid = c1.selectbox("Trial", openable, key="sweep_open_choice",
-                           index=openable.index(res["pareto"][0]) if res["pareto"] and res["pareto"][0] in openable
-                           else 0, format_func=lambda r: next(f"run:{r} · {t['key']}" for t in res["trials"]
-                                                              if t["run_id"] == r))
-        c2.button("Open as the model of every page", key="sweep_open", on_click=open_run, args=(rid,),
-                  icon=":material/open_in_new:")
+        rid = c1.selectbox(
+            "Trial",
+            openable,
+            key="sweep_open_choice",
+            index=openable.index(res["pareto"][0]) if res["pareto"] and res["pareto"][0] in openable else 0,
+            format_func=lambda r: next(f"run:{r} · {t['key']}" for t in res["trials"] if t["run_id"] == r),
+        )
+        c2.button(
+            "Open as the model of every page",
+            key="sweep_open",
+            on_click=open_run,
+            args=(rid,),
+            icon=":material/open_in_new:",
+        )
     if st.session_state.get("sweeps_opened"):
         st.success(f"{st.session_state['sweeps_opened']} is now the model on every page (Heatmaps, Spectrum, ...).")
 

@@ -1,5 +1,6 @@
 """Heatmaps of the bilinear form f_x(y) = x^T B y of one head (or all heads of a layer): on a real
 input, over the vocabulary and over positions, with one query's row and its concentration."""
+
 import streamlit as st
 
 import ui
@@ -11,8 +12,10 @@ from attn_core.sources import LoadedModel
 SOURCES = {"sample": "task sample", "random": "random tokens", "typed": "typed tokens"}
 ALL = ui.ALL_HEADS
 METRIC_HELP = {
-    "entropy": ("H(A_i) = −Σ_j A_ij log A_ij, in nats: 0 when the query looks at one key, log n_i when it "
-                "spreads evenly over its n_i visible keys"),
+    "entropy": (
+        "H(A_i) = −Σ_j A_ij log A_ij, in nats: 0 when the query looks at one key, log n_i when it "
+        "spreads evenly over its n_i visible keys"
+    ),
     "normalized_entropy": "H(A_i) / log n_i, from 0 (one key) to 1 (uniform); unitless",
     "hoyer": "Hoyer sparsity (√n − ‖A_i‖₁/‖A_i‖₂)/(√n − 1): 0 for a uniform row, 1 for a one-hot row",
     "topk_mass": "Attention mass on the k largest weights: k/n (uniform) .. 1 (all on k keys)",
@@ -34,36 +37,56 @@ def value_weighted(loaded: LoadedModel, tokens: list[int], layer: int, head: int
 
 loaded = ui.setup("Heatmaps of f_x(y)")
 cfg = loaded.config
-st.markdown("For a query token $x$ (a row) and a key token $y$ (a column), head $h$ of layer $l$ scores "
-            "$f_x(y) = x^\\top B\\,y = S_{xy}$ and attends with $A = \\mathrm{softmax}_{row}(S + \\text{causal mask})$. "
-            "Pick a head, an input and a query position; the red outline marks the query's row.")
+st.markdown(
+    "For a query token $x$ (a row) and a key token $y$ (a column), head $h$ of layer $l$ scores "
+    "$f_x(y) = x^\\top B\\,y = S_{xy}$ and attends with $A = \\mathrm{softmax}_{row}(S + \\text{causal mask})$. "
+    "Pick a head, an input and a query position; the red outline marks the query's row."
+)
 
 # --- choices ------------------------------------------------------------------------------------
 c_layer, c_head, c_source, c_input = st.columns([1, 1, 3, 3])
 layer, head = ui.layer_head_picker(cfg, (c_layer, c_head), all_heads=True)
 sources = [s for s in SOURCES if s != "sample" or loaded.task is not None]
-source = c_source.radio("Input", sources, format_func=SOURCES.get, horizontal=True,
-                        key=ui.remember("input", sources[0], sources, param="input"),
-                        help="A held-out sample of the model's task, uniform random tokens, or your own tokens")
+source = c_source.radio(
+    "Input",
+    sources,
+    format_func=SOURCES.get,
+    horizontal=True,
+    key=ui.remember("input", sources[0], sources, param="input"),
+    help="A held-out sample of the model's task, uniform random tokens, or your own tokens",
+)
 with c_input:
     try:
         if source == "typed":
             names = bilinear.token_names(loaded)
-            text = st.text_input("Tokens (space-separated)", key=ui.remember("typed", " ".join(names[:min(8, len(names))])),
-                                 help=f"Token names of the vocabulary (or ids), at most {cfg.n_ctx} tokens")
+            text = st.text_input(
+                "Tokens (space-separated)",
+                key=ui.remember("typed", " ".join(names[: min(8, len(names))])),
+                help=f"Token names of the vocabulary (or ids), at most {cfg.n_ctx} tokens",
+            )
             tokens = bilinear.encode(loaded, text)
         else:
             s_col, l_col = st.columns(2)
-            seed = s_col.number_input("Seed", min_value=0, max_value=2**31 - 1, step=1,
-                                      key=ui.remember("input_seed", 0, range(2**31), param="seed"),
-                                      help="Seed of the sample / the random tokens: the same seed gives the same input")
+            seed = s_col.number_input(
+                "Seed",
+                min_value=0,
+                max_value=2**31 - 1,
+                step=1,
+                key=ui.remember("input_seed", 0, range(2**31), param="seed"),
+                help="Seed of the sample / the random tokens: the same seed gives the same input",
+            )
             if source == "sample":
                 tokens = bilinear.sample_tokens(loaded, int(seed))
             else:
                 lengths = range(2, cfg.n_ctx + 1)
-                length = l_col.number_input("Length", min_value=2, max_value=cfg.n_ctx, step=1,
-                                            key=ui.remember("random_length", cfg.n_ctx, lengths),
-                                            help=f"Number of tokens, 2..{cfg.n_ctx}")
+                length = l_col.number_input(
+                    "Length",
+                    min_value=2,
+                    max_value=cfg.n_ctx,
+                    step=1,
+                    key=ui.remember("random_length", cfg.n_ctx, lengths),
+                    help=f"Number of tokens, 2..{cfg.n_ctx}",
+                )
                 tokens = bilinear.random_tokens(loaded, int(seed), int(length))
     except ValueError as e:
         st.error(f"This input does not work: {e}")
@@ -72,22 +95,34 @@ with c_input:
 view = sequence_view(loaded, tokens, layer)
 queries = range(len(view.queries))
 c_query, c_k = st.columns([5, 1])
-query = c_query.select_slider("Query position i", options=list(queries), key=ui.remember("query", queries[-1], queries,
-                                                                                         param="query"),
-                              format_func=lambda q: view.queries[q],
-                              help="x = X[i], the attention input at position i (position:token); "
-                                   "its row of S and A is outlined")
-k = c_k.number_input("k (top-k)", min_value=1, max_value=len(view.keys), step=1,
-                     key=ui.remember("topk", 1, range(1, len(view.keys) + 1)),
-                     help="k of the top-k mass metric")
+query = c_query.select_slider(
+    "Query position i",
+    options=list(queries),
+    key=ui.remember("query", queries[-1], queries, param="query"),
+    format_func=lambda q: view.queries[q],
+    help="x = X[i], the attention input at position i (position:token); its row of S and A is outlined",
+)
+k = c_k.number_input(
+    "k (top-k)",
+    min_value=1,
+    max_value=len(view.keys),
+    step=1,
+    key=ui.remember("topk", 1, range(1, len(view.keys) + 1)),
+    help="k of the top-k mass metric",
+)
 ui.to_url(layer=layer, head=head, input=source, query=query)
 
 # --- the sequence view ----------------------------------------------------------------------------
 plots = []
 st.header("Scores S and pattern A")
 if head == ALL:
-    value = st.radio("Show", fb.VALUES, horizontal=True, key=ui.remember("grid_value", "scores", fb.VALUES),
-                     format_func={"scores": "scores S = f_x(y)", "pattern": "pattern A"}.get)
+    value = st.radio(
+        "Show",
+        fb.VALUES,
+        horizontal=True,
+        key=ui.remember("grid_value", "scores", fb.VALUES),
+        format_func={"scores": "scores S = f_x(y)", "pattern": "pattern A"}.get,
+    )
     cols = st.columns(2)
     for h in range(cfg.n_heads):
         plot = fb.view_plot(view, h, query, value=value)
@@ -120,12 +155,17 @@ else:
             st.metric(label, f"{float(v[i, query]):.3f}", help=METRIC_HELP[name])
 
     # --- why this key: the score split over the singular directions of B ---------------------------------
-    if st.toggle("Why this key", key=ui.remember("why_key", False),
-                 help="Split the query's scores into the rank-1 terms σᵢ (x·uᵢ)(y·vᵢ) of B, see which directions "
-                      "make the top key beat the runner-up, and what each key actually sends (value-weighted)"):
+    if st.toggle(
+        "Why this key",
+        key=ui.remember("why_key", False),
+        help="Split the query's scores into the rank-1 terms σᵢ (x·uᵢ)(y·vᵢ) of B, see which directions "
+        "make the top key beat the runner-up, and what each key actually sends (value-weighted)",
+    ):
         st.header(f"Why this key: query {view.queries[query]}")
-        st.markdown("With $B = \\sum_i \\sigma_i u_i v_i^\\top$, $f_x(y) = \\sum_i \\sigma_i (x\\cdot u_i)(y\\cdot v_i)$ "
-                    "+ bias: each bar is one singular direction's contribution to a key's score (same units as S).")
+        st.markdown(
+            "With $B = \\sum_i \\sigma_i u_i v_i^\\top$, $f_x(y) = \\sum_i \\sigma_i (x\\cdot u_i)(y\\cdot v_i)$ "
+            "+ bias: each bar is one singular direction's contribution to a key's score (same units as S)."
+        )
         attr = attribution(loaded, tokens, layer, head, query)
         why_plots = [fc.attribution_plot(attr, top=min(8, len(attr.keys)))]
         why_left, why_right = st.columns(2)
@@ -138,15 +178,20 @@ else:
             else:
                 st.info("The first query sees one key only: there is no runner-up.")
         if layer == 0 and cfg.positional == "learned":
-            st.markdown("At layer 0, with each token's LayerNorm scale frozen, $x = tok + pos + b$ exactly, so each "
-                        "score splits into token-token, token-position, position-token and position-position parts "
-                        "(query side first).")
+            st.markdown(
+                "At layer 0, with each token's LayerNorm scale frozen, $x = tok + pos + b$ exactly, so each "
+                "score splits into token-token, token-position, position-token and position-position parts "
+                "(query side first)."
+            )
             why_plots.append(fc.token_position_plot(token_position_split(loaded, tokens, head, query)))
             ui.show_plot(why_plots[-1], key="why_token_position")
-        st.markdown("Value-weighted attention $A_{ij}\\,\\|v_j W_O\\|$ beside the pattern: what query $i$ actually "
-                    "receives from key $j$ (residual-stream norm), not only where it looks.")
-        why_plots.append(fc.value_weighted_plot(value_weighted(loaded, tokens, layer, head), view.queries, layer,
-                                                [head], head))
+        st.markdown(
+            "Value-weighted attention $A_{ij}\\,\\|v_j W_O\\|$ beside the pattern: what query $i$ actually "
+            "receives from key $j$ (residual-stream norm), not only where it looks."
+        )
+        why_plots.append(
+            fc.value_weighted_plot(value_weighted(loaded, tokens, layer, head), view.queries, layer, [head], head)
+        )
         ui.show_plot(why_plots[-1], key="why_value_weighted")
         plots += why_plots
 
@@ -155,21 +200,28 @@ st.header("Concentration of the head" if head != ALL else "Concentration of ever
 table = view.concentration_table(int(k))
 shown = table if head == ALL else table[table["head"] == head]
 st.caption(f"Mean, min and max over the query rows that see at least {metrics.MIN_KEYS} keys, on this input.")
-st.dataframe(shown[["head", "metric", "mean", "min", "max"]], hide_index=True,
-             column_config={"head": st.column_config.NumberColumn(help="Head index h"),
-                            "metric": st.column_config.TextColumn(help="See the tooltips of the per-query metrics above"),
-                            "mean": st.column_config.NumberColumn(help="Mean over query rows", format="%.4f"),
-                            "min": st.column_config.NumberColumn(help="Smallest value over query rows", format="%.4f"),
-                            "max": st.column_config.NumberColumn(help="Largest value over query rows", format="%.4f")})
+st.dataframe(
+    shown[["head", "metric", "mean", "min", "max"]],
+    hide_index=True,
+    column_config={
+        "head": st.column_config.NumberColumn(help="Head index h"),
+        "metric": st.column_config.TextColumn(help="See the tooltips of the per-query metrics above"),
+        "mean": st.column_config.NumberColumn(help="Mean over query rows", format="%.4f"),
+        "min": st.column_config.NumberColumn(help="Smallest value over query rows", format="%.4f"),
+        "max": st.column_config.NumberColumn(help="Largest value over query rows", format="%.4f"),
+    },
+)
 plots.append(fb.concentration_plot(shown))  # the table above as a figure, for the zip below
 
 # --- vocabulary and positional views --------------------------------------------------------------------
 shown_heads = list(range(cfg.n_heads)) if head == ALL else [head]
 focus = head if head != ALL else 0
 st.header("Vocabulary view and positional view")
-st.markdown("The same form with $x, y$ ranging over **every token** (its embedding plus the mean position, "
-            "through this layer's LayerNorm) and over **every position** (its embedding plus the mean token). "
-            + ("" if head != ALL else "Shown for head 0; pick a head above to see another."))
+st.markdown(
+    "The same form with $x, y$ ranging over **every token** (its embedding plus the mean position, "
+    "through this layer's LayerNorm) and over **every position** (its embedding plus the mean token). "
+    + ("" if head != ALL else "Shown for head 0; pick a head above to see another.")
+)
 vocab_col, pos_col = st.columns(2)
 with vocab_col:
     vocab = vocabulary_view(loaded, layer)
@@ -188,8 +240,21 @@ with pos_col:
 
 # --- export ---------------------------------------------------------------------------------------------
 st.divider()
-ui.export_all(plots, {"page": "Heatmaps", "model": loaded.name, "model_key": loaded.key, "layer": layer,
-                      "head": head, "query": query, "query_label": view.queries[query], "input": source,
-                      "tokens": tokens, "token_labels": view.queries, "k": int(k),
-                      "why_this_key": bool(st.session_state.get("why_key")) and head != ALL},
-              key="heatmaps")
+ui.export_all(
+    plots,
+    {
+        "page": "Heatmaps",
+        "model": loaded.name,
+        "model_key": loaded.key,
+        "layer": layer,
+        "head": head,
+        "query": query,
+        "query_label": view.queries[query],
+        "input": source,
+        "tokens": tokens,
+        "token_labels": view.queries,
+        "k": int(k),
+        "why_this_key": bool(st.session_state.get("why_key")) and head != ALL,
+    },
+    key="heatmaps",
+)

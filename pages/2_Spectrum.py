@@ -1,5 +1,6 @@
 """The spectrum of B = W_Q W_K^T / sqrt(d_head) for every head: singular values, eigenvalues in
 the complex plane, eigenvalues of the symmetric part, norms and ranks, and head detectors."""
+
 import pandas as pd
 import streamlit as st
 
@@ -18,8 +19,10 @@ NORM_COLUMNS = {
     "lambda_max": ("λ_max(sym)", "Largest eigenvalue of (B + Bᵀ)/2: the most positive x B xᵀ over unit x"),
     "lambda_min": ("λ_min(sym)", "Smallest eigenvalue of (B + Bᵀ)/2: the most negative x B xᵀ over unit x"),
     "singular_values": ("σᵢ", "Singular values of B, descending"),
-    "eigenvalues_sym": ("eigenvalues of (B + Bᵀ)/2", "Descending; positive ones mean a token scores itself "
-                        "high along those directions, negative ones low"),
+    "eigenvalues_sym": (
+        "eigenvalues of (B + Bᵀ)/2",
+        "Descending; positive ones mean a token scores itself high along those directions, negative ones low",
+    ),
 }
 
 
@@ -28,8 +31,12 @@ def spectra(m, augmented: bool) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
     """Singular values (tidy), eigenvalues (tidy) and one row of norms and ranks per head."""
     rows = bilinear.spectrum(m.model, augmented)
     extremes = [{"lambda_max": r["eigenvalues_sym"][0], "lambda_min": r["eigenvalues_sym"][-1]} for r in rows]
-    table = pd.DataFrame([{"layer": r["layer"], "head": r["head"], **{c: {**r, **e}[c] for c in NORM_COLUMNS}}
-                          for r, e in zip(rows, extremes)])
+    table = pd.DataFrame(
+        [
+            {"layer": r["layer"], "head": r["head"], **{c: {**r, **e}[c] for c in NORM_COLUMNS}}
+            for r, e in zip(rows, extremes)
+        ]
+    )
     return bilinear.spectrum_frame(m.model, augmented), bilinear.eigen_frame(m.model, augmented), table
 
 
@@ -40,29 +47,44 @@ def detectors(m, n_samples: int, seed: int, rows: str) -> pd.DataFrame:
 
 loaded = ui.setup("Spectrum of B")
 cfg = loaded.config
-st.markdown("Per head, $B = W_Q W_K^\\top/\\sqrt{d_{head}}$ ($d_{model}\\times d_{model}$; a merged head stores it). "
-            "Its singular values say how many directions the head reads, its eigenvalues whether a token "
-            "scores itself high ($x B x^\\top > 0$) and the symmetric part $(B+B^\\top)/2$ is the quadratic form "
-            "$x B x^\\top$ itself. Computed from the factors (QR + a small SVD), never the dense matrix.")
+st.markdown(
+    "Per head, $B = W_Q W_K^\\top/\\sqrt{d_{head}}$ ($d_{model}\\times d_{model}$; a merged head stores it). "
+    "Its singular values say how many directions the head reads, its eigenvalues whether a token "
+    "scores itself high ($x B x^\\top > 0$) and the symmetric part $(B+B^\\top)/2$ is the quadratic form "
+    "$x B x^\\top$ itself. Computed from the factors (QR + a small SVD), never the dense matrix."
+)
 
 # --- choices ------------------------------------------------------------------------------------
 c_which, c_layer, c_head, c_opts = st.columns([2, 1, 1, 3])
-which = c_which.radio("Heads", ["all", "one"], horizontal=True, key=ui.remember("spectrum_heads", "all", ["all", "one"]),
-                      format_func={"all": "all heads", "one": "one head"}.get)
+which = c_which.radio(
+    "Heads",
+    ["all", "one"],
+    horizontal=True,
+    key=ui.remember("spectrum_heads", "all", ["all", "one"]),
+    format_func={"all": "all heads", "one": "one head"}.get,
+)
 layer, head = ui.layer_head_picker(cfg, (c_layer, c_head), disabled=which == ALL)
 with c_opts:
-    normalized = st.toggle("σᵢ / σ₁", key=ui.remember("spectrum_normalized", False),
-                           help="Divide each head's singular values by its largest, to compare shapes not scales")
+    normalized = st.toggle(
+        "σᵢ / σ₁",
+        key=ui.remember("spectrum_normalized", False),
+        help="Divide each head's singular values by its largest, to compare shapes not scales",
+    )
     per_layer = st.toggle("One panel per layer", key=ui.remember("spectrum_per_layer", False))
-    augmented = st.toggle("With biases (B′)", key=ui.remember("spectrum_augmented", False),
-                          disabled=not bilinear.has_bias(loaded.model),
-                          help="The (d_model+1)² form B′ of [x | 1]: exact scores when the head has query/key "
-                               "biases (this model has none)" if not bilinear.has_bias(loaded.model) else
-                               "The (d_model+1)² form B′ of [x | 1]: exact scores with the query/key biases")
+    augmented = st.toggle(
+        "With biases (B′)",
+        key=ui.remember("spectrum_augmented", False),
+        disabled=not bilinear.has_bias(loaded.model),
+        help="The (d_model+1)² form B′ of [x | 1]: exact scores when the head has query/key "
+        "biases (this model has none)"
+        if not bilinear.has_bias(loaded.model)
+        else "The (d_model+1)² form B′ of [x | 1]: exact scores with the query/key biases",
+    )
 ui.to_url(layer=layer, head=head)
 
 sigma, eigen, table = spectra(loaded, bool(augmented))
 if which == "one":
+
     def pick(frame: pd.DataFrame) -> pd.DataFrame:
         return frame[(frame["layer"] == layer) & (frame["head"] == head)]
 
@@ -82,55 +104,104 @@ with right:
 st.header("Norms, ranks and the symmetric part, every head")
 shown = table if which == ALL else table[(table["layer"] == layer) & (table["head"] == head)]
 st.dataframe(
-    shown, hide_index=True,
-    column_config={"layer": st.column_config.NumberColumn(help="Layer l"),
-                   "head": st.column_config.NumberColumn(help="Head h"),
-                   **{c: (st.column_config.BarChartColumn(label, help=tip)
-                          if c in ("singular_values", "eigenvalues_sym")
-                          else st.column_config.NumberColumn(label, help=tip, format="%.4g"))
-                      for c, (label, tip) in NORM_COLUMNS.items()}})
-st.download_button("Table as CSV", shown.to_csv(index=False), file_name="norms_and_ranks.csv", mime="text/csv",
-                   key="dl_norms_csv", on_click="ignore", help="The table above, singular values and eigenvalues "
-                   "of the symmetric part as lists")
+    shown,
+    hide_index=True,
+    column_config={
+        "layer": st.column_config.NumberColumn(help="Layer l"),
+        "head": st.column_config.NumberColumn(help="Head h"),
+        **{
+            c: (
+                st.column_config.BarChartColumn(label, help=tip)
+                if c in ("singular_values", "eigenvalues_sym")
+                else st.column_config.NumberColumn(label, help=tip, format="%.4g")
+            )
+            for c, (label, tip) in NORM_COLUMNS.items()
+        },
+    },
+)
+st.download_button(
+    "Table as CSV",
+    shown.to_csv(index=False),
+    file_name="norms_and_ranks.csv",
+    mime="text/csv",
+    key="dl_norms_csv",
+    on_click="ignore",
+    help="The table above, singular values and eigenvalues of the symmetric part as lists",
+)
 sym_plot = fb.eigen_sym_plot(shown)
 ui.show_plot(sym_plot, key="eigenvalues_sym")
 
 # --- head detectors -----------------------------------------------------------------------------------
 st.header("Head detectors")
-st.markdown("The attention mass each head puts where a textbook head would look, on seeded generated sequences: "
-            "previous token ($i \\to i-1$) and self ($i \\to i$) on random tokens, duplicate token and induction "
-            "($i \\to$ the token after an earlier copy of token $i$) on a random half written twice.")
+st.markdown(
+    "The attention mass each head puts where a textbook head would look, on seeded generated sequences: "
+    "previous token ($i \\to i-1$) and self ($i \\to i$) on random tokens, duplicate token and induction "
+    "($i \\to$ the token after an earlier copy of token $i$) on a random half written twice."
+)
 c_n, c_seed, c_rows = st.columns(3)
-n_samples = c_n.number_input("Sequences", min_value=1, max_value=256, step=8,
-                             key=ui.remember("detector_samples", 32, range(1, 257)),
-                             help="Generated sequences per detector")
-det_seed = c_seed.number_input("Seed", min_value=0, max_value=2**31 - 1, step=1,
-                               key=ui.remember("detector_seed", 0, range(2**31)), help="Seed of the generated sequences")
-rows = c_rows.radio("Average over", ["supported", "all"], horizontal=True,
-                    key=ui.remember("detector_rows", "supported", ["supported", "all"]),
-                    help="supported: only query rows where the pattern has a target (a perfect head scores 1); "
-                         "all: every row, as TransformerLens does")
+n_samples = c_n.number_input(
+    "Sequences",
+    min_value=1,
+    max_value=256,
+    step=8,
+    key=ui.remember("detector_samples", 32, range(1, 257)),
+    help="Generated sequences per detector",
+)
+det_seed = c_seed.number_input(
+    "Seed",
+    min_value=0,
+    max_value=2**31 - 1,
+    step=1,
+    key=ui.remember("detector_seed", 0, range(2**31)),
+    help="Seed of the generated sequences",
+)
+rows = c_rows.radio(
+    "Average over",
+    ["supported", "all"],
+    horizontal=True,
+    key=ui.remember("detector_rows", "supported", ["supported", "all"]),
+    help="supported: only query rows where the pattern has a target (a perfect head scores 1); "
+    "all: every row, as TransformerLens does",
+)
 with st.spinner(f"Scoring every head on {int(n_samples)} × 2 generated sequences…"):
     det = detectors(loaded, int(n_samples), int(det_seed), rows)
 best = bilinear.best_heads(det)
 for col, (name, top) in zip(st.columns(len(best)), best.items()):
     what = name.replace("_", " ")
     if top is None:  # no query row of these sequences can show the pattern (a very short context)
-        col.metric(f"best {what} head", "n/a", help=f"No query row of the generated sequences can show the {what} "
-                                                    f"pattern in this model's context of {cfg.n_ctx} tokens")
+        col.metric(
+            f"best {what} head",
+            "n/a",
+            help=f"No query row of the generated sequences can show the {what} "
+            f"pattern in this model's context of {cfg.n_ctx} tokens",
+        )
         continue
-    col.metric(f"best {what} head", f"L{top['layer']}H{top['head']}", f"score {top['score']:.2f}",
-               delta_color="off", delta_arrow="off",
-               help=f"The head with the highest {what} score: its share of attention on the detection pattern, 0..1")
+    col.metric(
+        f"best {what} head",
+        f"L{top['layer']}H{top['head']}",
+        f"score {top['score']:.2f}",
+        delta_color="off",
+        delta_arrow="off",
+        help=f"The head with the highest {what} score: its share of attention on the detection pattern, 0..1",
+    )
 heads_plot = fb.heads_plot(det)
 ui.show_plot(heads_plot, key="heads")
 
 # --- export -------------------------------------------------------------------------------------------
 st.divider()
-ui.export_all([sigma_plot, eigen_plot, sym_plot, heads_plot],
-              {"page": "Spectrum", "model": loaded.name, "model_key": loaded.key, "heads": which,
-               "layer": layer if which == "one" else None, "head": head if which == "one" else None,
-               "normalized": normalized, "augmented": augmented,
-               "detectors": {"samples": int(n_samples), "seed": int(det_seed), "rows": rows},
-               "norms_and_ranks": shown.to_dict(orient="records")},
-              key="spectrum")
+ui.export_all(
+    [sigma_plot, eigen_plot, sym_plot, heads_plot],
+    {
+        "page": "Spectrum",
+        "model": loaded.name,
+        "model_key": loaded.key,
+        "heads": which,
+        "layer": layer if which == "one" else None,
+        "head": head if which == "one" else None,
+        "normalized": normalized,
+        "augmented": augmented,
+        "detectors": {"samples": int(n_samples), "seed": int(det_seed), "rows": rows},
+        "norms_and_ranks": shown.to_dict(orient="records"),
+    },
+    key="spectrum",
+)

@@ -3,6 +3,7 @@ per-head entropy, the watched head's spectrum and its attention, refreshed live.
 in attn_core's worker thread; this page only starts, stops and draws its snapshots. Before a run
 the per-head views show the model as it is (what a job logs at step 0, ``job.preview``), and the
 live charts continue from there."""
+
 import pandas as pd
 import streamlit as st
 import torch
@@ -26,16 +27,24 @@ VIEWS_S = 2.0  # per-head entropy, attention and spectrum (their data changes ev
 # Log-scale choices: 1e-5 .. 10 in quarter decades, 1e-5 .. 1e-1 for the learning rate.
 LAMBDAS = [round(10 ** (e / 4), 8) for e in range(-20, 5)]
 RATES = [round(10 ** (e / 4), 8) for e in range(-20, -3)]
-ALPHAS = {None: "the model's own", 1.0: "1 (softmax)", 1.25: "1.25", 1.5: "1.5 (entmax15)", 1.75: "1.75",
-          2.0: "2 (sparsemax)"}
+ALPHAS = {
+    None: "the model's own",
+    1.0: "1 (softmax)",
+    1.25: "1.25",
+    1.5: "1.5 (entmax15)",
+    1.75: "1.75",
+    2.0: "2 (sparsemax)",
+}
 SCOPES = {"head": "the watched head", "layer": "its layer", "all": "every head"}
 
 loaded = ui.setup("Regularize and retrain")
 cfg = loaded.config
-st.markdown("Add concentration penalties $\\lambda R$ to the task loss and retrain the model picked in the sidebar. "
-            "The run trains in the background: watch its curves, the per-head entropy, the singular values of the "
-            "watched head's $B$ and its attention move; stop it at any time. Every run is saved and appears in "
-            "**Runs** and in the sidebar as `run:<id>`.")
+st.markdown(
+    "Add concentration penalties $\\lambda R$ to the task loss and retrain the model picked in the sidebar. "
+    "The run trains in the background: watch its curves, the per-head entropy, the singular values of the "
+    "watched head's $B$ and its attention move; stop it at any time. Every run is saved and appears in "
+    "**Runs** and in the sidebar as `run:<id>`."
+)
 ui.require_task(loaded, "there is nothing to retrain it on")
 
 job = st.session_state.get(JOB)
@@ -45,56 +54,108 @@ running = job is not None and not job.snapshot().done
 reg_col, head_col, opt_col = st.columns([3, 2, 2])
 with reg_col:
     st.subheader("Regularizers")
-    names = st.multiselect("Penalties", list(R.REGULARIZERS), key=ui.remember("reg_names", ["entropy"]),
-                           format_func=lambda n: n.replace("_", " "),
-                           help="; ".join(f"{n}: {what}" for n, (_, what) in R.REGULARIZERS.items()))
+    names = st.multiselect(
+        "Penalties",
+        list(R.REGULARIZERS),
+        key=ui.remember("reg_names", ["entropy"]),
+        format_func=lambda n: n.replace("_", " "),
+        help="; ".join(f"{n}: {what}" for n, (_, what) in R.REGULARIZERS.items()),
+    )
     specs = []
     for name in names:
         lam_col, k_col = st.columns([3, 1])
-        lam = lam_col.select_slider(f"λ of {name.replace('_', ' ')}", LAMBDAS, format_func=lambda v: f"{v:.3g}",
-                                    key=ui.remember(f"reg_lambda_{name}", 0.1, LAMBDAS),
-                                    help=f"Strength of λ·R (log scale); R = {R.REGULARIZERS[name][1]}")
+        lam = lam_col.select_slider(
+            f"λ of {name.replace('_', ' ')}",
+            LAMBDAS,
+            format_func=lambda v: f"{v:.3g}",
+            key=ui.remember(f"reg_lambda_{name}", 0.1, LAMBDAS),
+            help=f"Strength of λ·R (log scale); R = {R.REGULARIZERS[name][1]}",
+        )
         k = 1
         if name.endswith("topk"):
-            k = k_col.number_input("k", min_value=1, max_value=cfg.n_ctx, step=1,
-                                   key=ui.remember(f"reg_k_{name}", 1, range(1, cfg.n_ctx + 1)),
-                                   help="Penalise 1 − (mass of the k largest attention weights)")
+            k = k_col.number_input(
+                "k",
+                min_value=1,
+                max_value=cfg.n_ctx,
+                step=1,
+                key=ui.remember(f"reg_k_{name}", 1, range(1, cfg.n_ctx + 1)),
+                help="Penalise 1 − (mass of the k largest attention weights)",
+            )
         specs.append(R.RegSpec(name, lam, k=int(k)))
 with head_col:
     st.subheader("Watched head")
     layer, head = ui.layer_head_picker(cfg, head_help=": its spectrum and attention are drawn live")
-    scope = st.radio("Regularize", list(SCOPES), format_func=SCOPES.get, key=ui.remember("reg_scope", "head", list(SCOPES)),
-                     help="Which heads the penalties act on (the mean over them is penalised)")
+    scope = st.radio(
+        "Regularize",
+        list(SCOPES),
+        format_func=SCOPES.get,
+        key=ui.remember("reg_scope", "head", list(SCOPES)),
+        help="Which heads the penalties act on (the mean over them is penalised)",
+    )
 with opt_col:
     st.subheader("Training")
-    alpha = st.select_slider("entmax α", list(ALPHAS), format_func=ALPHAS.get,
-                             key=ui.remember("entmax_alpha", None, list(ALPHAS)),
-                             help="Attention normalisation: 1 softmax, 1.5 entmax15, 2 sparsemax (exact zeros)")
-    lr = st.select_slider("Learning rate", RATES, format_func=lambda v: f"{v:.2g}",
-                          key=ui.remember("retrain_lr", default(JobConfig, "lr"), RATES), help="Peak AdamW learning rate (log scale; "
-                                                                           "warmup, then cosine decay)")
+    alpha = st.select_slider(
+        "entmax α",
+        list(ALPHAS),
+        format_func=ALPHAS.get,
+        key=ui.remember("entmax_alpha", None, list(ALPHAS)),
+        help="Attention normalisation: 1 softmax, 1.5 entmax15, 2 sparsemax (exact zeros)",
+    )
+    lr = st.select_slider(
+        "Learning rate",
+        RATES,
+        format_func=lambda v: f"{v:.2g}",
+        key=ui.remember("retrain_lr", default(JobConfig, "lr"), RATES),
+        help="Peak AdamW learning rate (log scale; warmup, then cosine decay)",
+    )
     s_col, seed_col = st.columns(2)
-    steps = s_col.number_input("Steps", min_value=1, max_value=100_000, step=50,
-                               key=ui.remember("retrain_steps", default(JobConfig, "steps"), range(1, 100_001)), help="Optimizer updates")
-    seed = seed_col.number_input("Seed", min_value=0, max_value=2**31 - 1, step=1,
-                                 key=ui.remember("retrain_seed", default(JobConfig, "seed"), range(2**31)),
-                                 help="Seed of the training data: the same settings and seed give the same run")
+    steps = s_col.number_input(
+        "Steps",
+        min_value=1,
+        max_value=100_000,
+        step=50,
+        key=ui.remember("retrain_steps", default(JobConfig, "steps"), range(1, 100_001)),
+        help="Optimizer updates",
+    )
+    seed = seed_col.number_input(
+        "Seed",
+        min_value=0,
+        max_value=2**31 - 1,
+        step=1,
+        key=ui.remember("retrain_seed", default(JobConfig, "seed"), range(2**31)),
+        help="Seed of the training data: the same settings and seed give the same run",
+    )
     devices = trainer.available_devices()
     d_col, p_col = st.columns(2)
-    device = d_col.selectbox("Device", devices, key=ui.remember("retrain_device", devices[-1], devices),
-                             help="Where the model trains; CUDA is listed only when a GPU is present")
-    precision = p_col.selectbox("Precision", trainer.PRECISIONS, key=ui.remember(
-        "retrain_precision", default(JobConfig, "precision"), trainer.PRECISIONS),
-        help="fp32, or bf16 autocast (forward and loss in bfloat16, weights and AdamW in fp32)")
+    device = d_col.selectbox(
+        "Device",
+        devices,
+        key=ui.remember("retrain_device", devices[-1], devices),
+        help="Where the model trains; CUDA is listed only when a GPU is present",
+    )
+    precision = p_col.selectbox(
+        "Precision",
+        trainer.PRECISIONS,
+        key=ui.remember("retrain_precision", default(JobConfig, "precision"), trainer.PRECISIONS),
+        help="fp32, or bf16 autocast (forward and loss in bfloat16, weights and AdamW in fp32)",
+    )
 watched = R.head_label(layer, head)
 heads_spec = {"head": watched, "layer": f"L{layer}", "all": None}[scope]
 
 
 def start() -> None:
     try:
-        job_cfg = JobConfig(source=ui.job_source(st.session_state[ui.MODEL_KEY]), regularizers=specs,
-                                  heads=heads_spec, entmax_alpha=alpha, steps=int(steps), lr=float(lr),
-                                  seed=int(seed), device=device, precision=precision)
+        job_cfg = JobConfig(
+            source=ui.job_source(st.session_state[ui.MODEL_KEY]),
+            regularizers=specs,
+            heads=heads_spec,
+            entmax_alpha=alpha,
+            steps=int(steps),
+            lr=float(lr),
+            seed=int(seed),
+            device=device,
+            precision=precision,
+        )
         new = TrainingJob(job_cfg)
     except ValueError as e:
         st.session_state["retrain_error"] = str(e)
@@ -113,10 +174,23 @@ def stop() -> None:
 
 
 b_start, b_stop, _ = st.columns([1, 1, 6])
-b_start.button("Start", type="primary", on_click=start, disabled=running, key="retrain_start",
-               icon=":material/play_arrow:", help="Start a new run with these settings")
-b_stop.button("Stop", on_click=stop, disabled=not running, key="retrain_stop", icon=":material/stop:",
-              help="Stop after the current step; the run is saved with the weights so far")
+b_start.button(
+    "Start",
+    type="primary",
+    on_click=start,
+    disabled=running,
+    key="retrain_start",
+    icon=":material/play_arrow:",
+    help="Start a new run with these settings",
+)
+b_stop.button(
+    "Stop",
+    on_click=stop,
+    disabled=not running,
+    key="retrain_stop",
+    icon=":material/stop:",
+    help="Stop after the current step; the run is saved with the weights so far",
+)
 if "retrain_error" in st.session_state:
     st.error(f"The run was not started: {st.session_state['retrain_error']}")
 
@@ -141,8 +215,11 @@ def live_chart(name: str, version, build):
 def parent_view(model, source: str, regularizers: list, heads, entmax_alpha, seed: int) -> Snapshot:
     """What a job with these settings logs at step 0 (the model as it is), measured on the CPU;
     ``model`` (the LoadedModel of ``source``) keys the cache by its weights."""
-    return preview(JobConfig(source=source, regularizers=regularizers, heads=heads, entmax_alpha=entmax_alpha,
-                             seed=seed, device="cpu"))
+    return preview(
+        JobConfig(
+            source=source, regularizers=regularizers, heads=heads, entmax_alpha=entmax_alpha, seed=seed, device="cpu"
+        )
+    )
 
 
 def select(log: pd.DataFrame, names, prefix: str) -> pd.DataFrame:
@@ -156,8 +233,11 @@ def select_keys(log: pd.DataFrame, metrics, layer=None, head=None) -> pd.DataFra
     ``layer``, ``head`` when given)."""
     name = log["name"].astype(str)
     keys = {n: MetricKey.try_parse(n) for n in name.unique()}
-    wanted = [n for n, k in keys.items() if k is not None and k.metric in metrics
-              and (layer is None or (k.layer, k.head) == (layer, head))]
+    wanted = [
+        n
+        for n, k in keys.items()
+        if k is not None and k.metric in metrics and (layer is None or (k.layer, k.head) == (layer, head))
+    ]
     return log[name.isin(wanted)]
 
 
@@ -166,7 +246,11 @@ def thinned(log: pd.DataFrame) -> pd.DataFrame:
     LIVE_POINTS points per line (held-out evaluations are rare and all kept); the final chart
     and its downloads have every step."""
     stride = max(1, -(-int(log["step"].max() if len(log) else 0) // LIVE_POINTS))
-    keep = (log["step"] % stride == 0) | log["name"].astype(str).str.startswith("eval_") | (log["step"] == log["step"].max())
+    keep = (
+        (log["step"] % stride == 0)
+        | log["name"].astype(str).str.startswith("eval_")
+        | (log["step"] == log["step"].max())
+    )
     return log[keep]
 
 
@@ -178,35 +262,53 @@ def live_status() -> None:
         return
     snap = current.snapshot()
     st.code(current.cfg.command(), language="bash")
-    st.progress(snap.progress, text=f"{snap.status}: step {snap.step} / {snap.steps}"
-                                    + (f" · {snap.steps_per_s:.1f} steps/s" if snap.step else ""))
+    st.progress(
+        snap.progress,
+        text=f"{snap.status}: step {snap.step} / {snap.steps}"
+        + (f" · {snap.steps_per_s:.1f} steps/s" if snap.step else ""),
+    )
     if snap.status == "diverged":
         st.error(f"The run diverged: {snap.message}.")
     elif snap.status == "failed":
         st.error(f"The run failed: {snap.message}.")
     elif snap.done:
-        st.success(f"Run `{snap.run_id}` {snap.message}; saved as `run:{snap.run_id}` (pick it in the sidebar, "
-                   "compare it on the Runs page).")
+        st.success(
+            f"Run `{snap.run_id}` {snap.message}; saved as `run:{snap.run_id}` (pick it in the sidebar, "
+            "compare it on the Runs page)."
+        )
     elif snap.status == "pending" or snap.step == 0:
         st.caption("Measuring the model before training…")
 
     latest = snap.latest
     terms = [n for n in latest if n.startswith("term:")]
     cols = st.columns(3 + len(terms))
-    cols[0].metric("task loss", f"{latest['task_loss']:.4g}" if "task_loss" in latest else "–",
-                   help="Cross-entropy of the next-token predictions on the training batch, in nats")
-    cols[1].metric("accuracy", f"{latest['accuracy']:.1%}" if "accuracy" in latest else "–",
-                   help="Fraction of scored tokens predicted right on the training batch")
-    cols[2].metric("entropy (regularized heads)", f"{latest['entropy_data']:.3f}" if "entropy_data" in latest else "–",
-                   help="Mean normalized attention entropy H/log n of the regularized heads on a fixed held-out "
-                        "probe batch: 0 = one key per query, 1 = uniform")
+    cols[0].metric(
+        "task loss",
+        f"{latest['task_loss']:.4g}" if "task_loss" in latest else "–",
+        help="Cross-entropy of the next-token predictions on the training batch, in nats",
+    )
+    cols[1].metric(
+        "accuracy",
+        f"{latest['accuracy']:.1%}" if "accuracy" in latest else "–",
+        help="Fraction of scored tokens predicted right on the training batch",
+    )
+    cols[2].metric(
+        "entropy (regularized heads)",
+        f"{latest['entropy_data']:.3f}" if "entropy_data" in latest else "–",
+        help="Mean normalized attention entropy H/log n of the regularized heads on a fixed held-out "
+        "probe batch: 0 = one key per query, 1 = uniform",
+    )
     for col, name in zip(cols[3:], terms):
-        col.metric(f"λ·R {name.removeprefix('term:')}", f"{latest[name]:.4g}",
-                   help="This regularizer's term λ·R in the loss")
+        col.metric(
+            f"λ·R {name.removeprefix('term:')}", f"{latest[name]:.4g}", help="This regularizer's term λ·R in the loss"
+        )
 
     log = select(snap.metrics(), CURVES, "term:")
-    plot = live_chart("curves", (snap.step, snap.status), lambda: ft.curves_plot(
-        log if snap.done else thinned(log), title=f"Retraining {current.parent}"))
+    plot = live_chart(
+        "curves",
+        (snap.step, snap.status),
+        lambda: ft.curves_plot(log if snap.done else thinned(log), title=f"Retraining {current.parent}"),
+    )
     ui.show_plot(plot, key="live_curves", downloads=snap.done)  # downloads once the run has ended
     if snap.done and st.session_state.get(SHOWN) != snap.run_id:
         # Once per run: rerun the whole page so the sidebar lists the new run, Start is enabled
@@ -220,13 +322,18 @@ def live_views() -> None:
     current = st.session_state.get(JOB)
     if current is None:  # before any run: the model as it is, where a run's charts start
         try:
-            snap = parent_view(loaded, ui.job_source(st.session_state[ui.MODEL_KEY]), [str(s) for s in specs],
-                               heads_spec, alpha, int(seed))
+            snap = parent_view(
+                loaded,
+                ui.job_source(st.session_state[ui.MODEL_KEY]),
+                [str(s) for s in specs],
+                heads_spec,
+                alpha,
+                int(seed),
+            )
         except ValueError as e:
             st.warning(f"The model could not be measured with these settings: {e}")
             return
-        st.caption(f"Step 0: {loaded.name} as it is, measured as a run measures it; a run's charts continue "
-                   "from here.")
+        st.caption(f"Step 0: {loaded.name} as it is, measured as a run measures it; a run's charts continue from here.")
         version = ("preview", loaded.key, tuple(str(s) for s in specs), heads_spec, alpha, int(seed))
     else:
         snap = current.snapshot()
@@ -238,18 +345,25 @@ def live_views() -> None:
     left, right = st.columns(2)
     with left:
         entropy = select_keys(log, ("entropy_data",))
-        plot = live_chart("entropy", (version, snap.probe_step),
-                          lambda: ft.head_entropy_plot(entropy, "data", regularized=snap.regularized_heads))
+        plot = live_chart(
+            "entropy",
+            (version, snap.probe_step),
+            lambda: ft.head_entropy_plot(entropy, "data", regularized=snap.regularized_heads),
+        )
         ui.show_plot(plot, key="live_entropy", downloads=snap.done)
     with right:
         if snap.probe_pattern is not None:
-            plot = live_chart("pattern", (version, snap.probe_step, layer, head), lambda: ft.probe_pattern_plot(
-                snap.probe_pattern, snap.probe_tokens, layer, head, snap.probe_step))
+            plot = live_chart(
+                "pattern",
+                (version, snap.probe_step, layer, head),
+                lambda: ft.probe_pattern_plot(snap.probe_pattern, snap.probe_tokens, layer, head, snap.probe_step),
+            )
             ui.show_plot(plot, key="live_pattern", downloads=snap.done)
     spectra = select_keys(log, ("sigma", "stable_rank"), layer, head)
     if len(spectra):
-        plot = live_chart("spectrum", (version, watched, len(spectra)),
-                          lambda: ft.spectrum_history_plot(spectra, watched))
+        plot = live_chart(
+            "spectrum", (version, watched, len(spectra)), lambda: ft.spectrum_history_plot(spectra, watched)
+        )
         ui.show_plot(plot, key="live_spectrum", downloads=snap.done)
 
 
@@ -259,7 +373,18 @@ job = st.session_state.get(JOB)
 if job is not None and job.snapshot().done:
     snap = job.snapshot()
     shown = [plot for j, _, plot in st.session_state.get(CHARTS, {}).values() if j is job]
-    ui.export_all(shown, {"page": "Retrain", "model": loaded.name, "run_id": snap.run_id, "status": snap.status,
-                          "message": snap.message, "watched_head": watched, "job": job.cfg.to_dict(),
-                          "before": card.public(snap.before) or {}, "after": card.public(snap.after) or {}},
-                  key=f"retrain_{snap.run_id}")
+    ui.export_all(
+        shown,
+        {
+            "page": "Retrain",
+            "model": loaded.name,
+            "run_id": snap.run_id,
+            "status": snap.status,
+            "message": snap.message,
+            "watched_head": watched,
+            "job": job.cfg.to_dict(),
+            "before": card.public(snap.before) or {},
+            "after": card.public(snap.after) or {},
+        },
+        key=f"retrain_{snap.run_id}",
+    )

@@ -1,6 +1,7 @@
 """Saved retraining runs side by side: their curves, where they land in accuracy against
 concentration, the spectra of B before and after, and one head's heatmap in each (and in the
 parent)."""
+
 import re
 from dataclasses import replace
 
@@ -28,7 +29,7 @@ def side_by_side(items: list, draw) -> None:
     """Call ``draw(item, i)`` for each item in rows of at most MAX_SIDE columns."""
     for start in range(0, len(items), MAX_SIDE):
         cols = st.columns(min(MAX_SIDE, len(items)))
-        for i, (col, item) in enumerate(zip(cols, items[start:start + MAX_SIDE]), start=start):
+        for i, (col, item) in enumerate(zip(cols, items[start : start + MAX_SIDE]), start=start):
             with col:
                 draw(item, i)
 
@@ -37,8 +38,10 @@ loaded = ui.setup("Compare runs")
 store = rs.RunStore()
 every_run = [r for r in store.list_runs() if r["status"] != "running"]
 if not every_run:
-    st.info(f"No finished runs in `{store.root}` yet: retrain a model on the Retrain page, or with "
-            "`attn-lab retrain MODEL --reg entropy=0.1`.")
+    st.info(
+        f"No finished runs in `{store.root}` yet: retrain a model on the Retrain page, or with "
+        "`attn-lab retrain MODEL --reg entropy=0.1`."
+    )
     st.stop()
 
 
@@ -52,28 +55,48 @@ def measured(r: dict, when: str, name: str):
 
 
 # --- the runs --------------------------------------------------------------------------------------
-table = pd.DataFrame([{
-    "id": r["id"], "parent": r["parent"], "status": r["status"], "regularizers": regs(r),
-    "steps": r["config"].get("steps"), "entmax α": r["config"].get("entmax_alpha"),
-    "accuracy before": measured(r, "before", "accuracy"), "accuracy after": measured(r, "after", "accuracy"),
-    "entropy before": measured(r, "before", "entropy_data"), "entropy after": measured(r, "after", "entropy_data"),
-    "created": r["created"], "message": r["message"]} for r in every_run])
+table = pd.DataFrame(
+    [
+        {
+            "id": r["id"],
+            "parent": r["parent"],
+            "status": r["status"],
+            "regularizers": regs(r),
+            "steps": r["config"].get("steps"),
+            "entmax α": r["config"].get("entmax_alpha"),
+            "accuracy before": measured(r, "before", "accuracy"),
+            "accuracy after": measured(r, "after", "accuracy"),
+            "entropy before": measured(r, "before", "entropy_data"),
+            "entropy after": measured(r, "after", "entropy_data"),
+            "created": r["created"],
+            "message": r["message"],
+        }
+        for r in every_run
+    ]
+)
 pct = dict(min_value=0.0, max_value=1.0, format="percent")
-st.dataframe(table, hide_index=True, column_config={
-    "id": st.column_config.TextColumn(help="Run id; the model is run:<id> in the sidebar"),
-    "parent": st.column_config.TextColumn(help="The model the run started from"),
-    "status": st.column_config.TextColumn(help="completed, stopped (by you), diverged (last good weights kept) "
-                                               "or failed"),
-    "regularizers": st.column_config.TextColumn(help="name[:k][@heads]=λ of each penalty"),
-    "steps": st.column_config.NumberColumn(help="Training steps asked for"),
-    "entmax α": st.column_config.NumberColumn(help="1 softmax, 1.5 entmax15, 2 sparsemax; empty = the parent's"),
-    "accuracy before": st.column_config.ProgressColumn(help="Held-out accuracy of the parent (512 samples)", **pct),
-    "accuracy after": st.column_config.ProgressColumn(help="Held-out accuracy of the run (512 samples)", **pct),
-    "entropy before": st.column_config.NumberColumn(help="Mean normalized attention entropy H/log n of the "
-                                                        "regularized heads, parent (0 = one key, 1 = uniform)",
-                                                   format="%.3f"),
-    "entropy after": st.column_config.NumberColumn(help="The same after retraining", format="%.3f"),
-})
+st.dataframe(
+    table,
+    hide_index=True,
+    column_config={
+        "id": st.column_config.TextColumn(help="Run id; the model is run:<id> in the sidebar"),
+        "parent": st.column_config.TextColumn(help="The model the run started from"),
+        "status": st.column_config.TextColumn(
+            help="completed, stopped (by you), diverged (last good weights kept) or failed"
+        ),
+        "regularizers": st.column_config.TextColumn(help="name[:k][@heads]=λ of each penalty"),
+        "steps": st.column_config.NumberColumn(help="Training steps asked for"),
+        "entmax α": st.column_config.NumberColumn(help="1 softmax, 1.5 entmax15, 2 sparsemax; empty = the parent's"),
+        "accuracy before": st.column_config.ProgressColumn(help="Held-out accuracy of the parent (512 samples)", **pct),
+        "accuracy after": st.column_config.ProgressColumn(help="Held-out accuracy of the run (512 samples)", **pct),
+        "entropy before": st.column_config.NumberColumn(
+            help="Mean normalized attention entropy H/log n of the "
+            "regularized heads, parent (0 = one key, 1 = uniform)",
+            format="%.3f",
+        ),
+        "entropy after": st.column_config.NumberColumn(help="The same after retraining", format="%.3f"),
+    },
+)
 
 ids = [r["id"] for r in every_run]
 by_id = {r["id"]: r for r in every_run}
@@ -81,13 +104,21 @@ current = st.session_state.get(ui.MODEL_KEY, "")
 default = [current.removeprefix(rs.RUN_PREFIX)] if current.removeprefix(rs.RUN_PREFIX) in ids else ids[:2]
 key = ui.remember("runs_selected", default)
 st.session_state[key] = [i for i in st.session_state[key] if i in ids] or default  # deleted runs drop out
-chosen = st.multiselect("Runs to compare", ids, key=key, format_func=lambda i: f"{i} · {regs(by_id[i])}",
-                        help="Newest first; each run's curves, spectra and heatmaps are drawn side by side")
+chosen = st.multiselect(
+    "Runs to compare",
+    ids,
+    key=key,
+    format_func=lambda i: f"{i} · {regs(by_id[i])}",
+    help="Newest first; each run's curves, spectra and heatmaps are drawn side by side",
+)
 if not chosen:
     st.info("Pick at least one run.")
     st.stop()
-with_parent = st.toggle("Include the parent model", key=ui.remember("runs_with_parent", True),
-                        help="Draw the model each run started from next to the runs")
+with_parent = st.toggle(
+    "Include the parent model",
+    key=ui.remember("runs_with_parent", True),
+    help="Draw the model each run started from next to the runs",
+)
 picker = ui.model_names()
 parents = list(dict.fromkeys(ui.picker_name(by_id[i]["parent"]) for i in chosen))
 parents = [p for p in parents if p in picker] if with_parent else []
@@ -98,7 +129,9 @@ st.header("Training curves")
 
 
 def draw_curves(run_id: str, i: int) -> None:
-    plot = ft.curves_plot(run_metrics(run_id, by_id[run_id]["finished"] or ""), title=f"{run_id}: {regs(by_id[run_id])}")
+    plot = ft.curves_plot(
+        run_metrics(run_id, by_id[run_id]["finished"] or ""), title=f"{run_id}: {regs(by_id[run_id])}"
+    )
     plot = replace(plot, name=f"training_curves_{run_id}")
     ui.show_plot(plot, key=f"curves_{i}")
     plots.append(plot)
@@ -107,14 +140,27 @@ def draw_curves(run_id: str, i: int) -> None:
 side_by_side(chosen, draw_curves)
 
 st.header("Accuracy against concentration")
-points = [{"model": i, "regularizer": regs(by_id[i]), "accuracy": measured(by_id[i], when, "accuracy"),
-           "entropy_data": measured(by_id[i], when, "entropy_data"), "when": when}
-          for i in chosen for when in ("before", "after")]
+points = [
+    {
+        "model": i,
+        "regularizer": regs(by_id[i]),
+        "accuracy": measured(by_id[i], when, "accuracy"),
+        "entropy_data": measured(by_id[i], when, "entropy_data"),
+        "when": when,
+    }
+    for i in chosen
+    for when in ("before", "after")
+]
 points = pd.DataFrame(points).dropna(subset=["accuracy", "entropy_data"])
 if len(points):
-    trade = ft.tradeoff_plot(points, x="entropy_data", y="accuracy", color="model",
-                             title="Held-out accuracy against mean normalized entropy (regularized heads): "
-                                   "each run's line goes from before to after")
+    trade = ft.tradeoff_plot(
+        points,
+        x="entropy_data",
+        y="accuracy",
+        color="model",
+        title="Held-out accuracy against mean normalized entropy (regularized heads): "
+        "each run's line goes from before to after",
+    )
     ui.show_plot(trade, key="tradeoff")
     plots.append(trade)
 
@@ -129,8 +175,9 @@ def draw_spectra(run_id: str, i: int) -> None:
     if not per_head.get("before") or not per_head.get("after"):
         st.info(f"Run {run_id} ({by_id[run_id]['status']}) has no before/after measurement.")
         return
-    plot = replace(ft.spectra_before_after_plot(per_head["before"], per_head["after"]),
-                   name=f"spectra_before_after_{run_id}")
+    plot = replace(
+        ft.spectra_before_after_plot(per_head["before"], per_head["after"]), name=f"spectra_before_after_{run_id}"
+    )
     ui.show_plot(plot, key=f"spectra_{i}")
     plots.append(plot)
 
@@ -144,11 +191,21 @@ first = ui.load_model(models[0])
 cfg = first.config
 c_layer, c_head, c_value, c_seed = st.columns(4)
 layer, head = ui.layer_head_picker(cfg, (c_layer, c_head), url=False)
-value = c_value.radio("Show", fb.VALUES, horizontal=True, key=ui.remember("runs_value", "pattern", fb.VALUES),
-                      format_func={"scores": "scores S", "pattern": "pattern A"}.get)
-seed = c_seed.number_input("Task sample", min_value=0, max_value=2**31 - 1, step=1,
-                           key=ui.remember("runs_sample", 0, range(2**31)),
-                           help="Seed of the held-out task sample every model reads")
+value = c_value.radio(
+    "Show",
+    fb.VALUES,
+    horizontal=True,
+    key=ui.remember("runs_value", "pattern", fb.VALUES),
+    format_func={"scores": "scores S", "pattern": "pattern A"}.get,
+)
+seed = c_seed.number_input(
+    "Task sample",
+    min_value=0,
+    max_value=2**31 - 1,
+    step=1,
+    key=ui.remember("runs_sample", 0, range(2**31)),
+    help="Seed of the held-out task sample every model reads",
+)
 try:
     tokens = bilinear.sample_tokens(first, int(seed))
 except ValueError as e:
@@ -172,7 +229,17 @@ side_by_side(models, draw_heatmap)
 
 # --- export -------------------------------------------------------------------------------------------
 st.divider()
-ui.export_all(plots, {"page": "Runs", "runs": chosen, "parents": parents, "layer": layer, "head": head,
-                      "value": value, "sample_seed": int(seed),
-                      "configs": {i: by_id[i]["config"] for i in chosen}},
-              key="runs")
+ui.export_all(
+    plots,
+    {
+        "page": "Runs",
+        "runs": chosen,
+        "parents": parents,
+        "layer": layer,
+        "head": head,
+        "value": value,
+        "sample_seed": int(seed),
+        "configs": {i: by_id[i]["config"] for i in chosen},
+    },
+    key="runs",
+)

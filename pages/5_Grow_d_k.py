@@ -1,6 +1,7 @@
 """Grow the query/key width d_k of one head along the functional gradient (seed 001): the spectrum
 of the fitted form with its cut at d_k + p, predicted vs measured loss decrease, and fine-tuning
 against random and zero growth; the head's heatmap before and after."""
+
 import functools
 
 import streamlit as st
@@ -35,11 +36,15 @@ st.markdown(
     "the new $W_Q, W_K$. At $\\eta = 0$ the grown model computes exactly what the old one did; the step size is "
     "chosen on the actual loss, then every method is fine-tuned the same way."
 )
-st.latex(r"Z^*(\eta)=\arg\min_Z \sum_b \big\|C\big(S_b-\eta\,\nabla_{S_b}L - X_b Z X_b^\top\big)\big\|_F^2,"
-         r"\qquad Z_k=\text{best rank-}(d_k+p)\ \text{approximation},\qquad \|Z^*-Z_k\|^2=\sum_{i>d_k+p}\sigma_i^2")
-st.caption("C keeps the visible (causal) entries and centres each query row: softmax ignores a constant added to a "
-           "row. The norm is the whitened one of the batch, in which ‖Z* − Z_k‖² is the mean squared change of the "
-           "scores over every pair of rows; the raw basis is the seed's own recipe.")
+st.latex(
+    r"Z^*(\eta)=\arg\min_Z \sum_b \big\|C\big(S_b-\eta\,\nabla_{S_b}L - X_b Z X_b^\top\big)\big\|_F^2,"
+    r"\qquad Z_k=\text{best rank-}(d_k+p)\ \text{approximation},\qquad \|Z^*-Z_k\|^2=\sum_{i>d_k+p}\sigma_i^2"
+)
+st.caption(
+    "C keeps the visible (causal) entries and centres each query row: softmax ignores a constant added to a "
+    "row. The norm is the whitened one of the batch, in which ‖Z* − Z_k‖² is the mean squared change of the "
+    "scores over every pair of rows; the raw basis is the seed's own recipe."
+)
 ui.require_task(loaded, "there is no loss to grow it on")
 if cfg.qk != "factored":
     st.warning(f"{loaded.name} has merged heads (one W_QK = B per head, any rank): there is no d_k to grow.")
@@ -50,49 +55,93 @@ d_aug = cfg.d_model + cfg.attn_bias
 with st.form("grow_form"):
     c_layer, c_head, c_add, c_batch, c_steps, c_seed = st.columns(6)
     layer, head = ui.layer_head_picker(cfg, (c_layer, c_head))
-    add = c_add.number_input("p (dimensions to add)", min_value=1, max_value=max(1, d_aug - 1), step=1,
-                             key=ui.remember("grow_add", ADD, range(1, d_aug)),
-                             help=f"d_k + p must stay at most the input width {d_aug}")
-    batch = c_batch.number_input("Batch (sequences)", min_value=2, max_value=256, step=8,
-                                 key=ui.remember("grow_batch", default(grow.GrowConfig, "batch"), range(2, 257)),
-                                 help="Task sequences fitted; as many more choose the step size")
-    steps = c_steps.number_input("Fine-tuning steps", min_value=1, max_value=2000, step=10,
-                                 key=ui.remember("grow_steps", default(grow.GrowConfig, "steps"), range(1, 2001)),
-                                 help="The same for the three methods, on the same data")
-    seed = c_seed.number_input("Seed", min_value=0, max_value=2**31 - 1, step=1,
-                               key=ui.remember("grow_seed", default(grow.GrowConfig, "seed"), range(2**31)),
-                               help="Seed of the fitting batch, the fine-tuning data and the random baseline")
+    add = c_add.number_input(
+        "p (dimensions to add)",
+        min_value=1,
+        max_value=max(1, d_aug - 1),
+        step=1,
+        key=ui.remember("grow_add", ADD, range(1, d_aug)),
+        help=f"d_k + p must stay at most the input width {d_aug}",
+    )
+    batch = c_batch.number_input(
+        "Batch (sequences)",
+        min_value=2,
+        max_value=256,
+        step=8,
+        key=ui.remember("grow_batch", default(grow.GrowConfig, "batch"), range(2, 257)),
+        help="Task sequences fitted; as many more choose the step size",
+    )
+    steps = c_steps.number_input(
+        "Fine-tuning steps",
+        min_value=1,
+        max_value=2000,
+        step=10,
+        key=ui.remember("grow_steps", default(grow.GrowConfig, "steps"), range(1, 2001)),
+        help="The same for the three methods, on the same data",
+    )
+    seed = c_seed.number_input(
+        "Seed",
+        min_value=0,
+        max_value=2**31 - 1,
+        step=1,
+        key=ui.remember("grow_seed", default(grow.GrowConfig, "seed"), range(2**31)),
+        help="Seed of the fitting batch, the fine-tuning data and the random baseline",
+    )
     with st.expander("More settings"):
         c_basis, c_damp, c_lr = st.columns(3)
-        basis = c_basis.radio("Truncate in the basis", list(BASES), format_func=BASES.get,
-                              key=ui.remember("grow_basis", default(grow.GrowConfig, "basis"), list(BASES)),
-                              help="Whitened: Eckart–Young in the metric of the scores on the batch (default). "
-                                   "Raw: Eckart–Young on the matrix Z itself, as seed 001 writes it.")
-        damping = c_damp.select_slider("Damping δ", [0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1],
-                                       key=ui.remember("grow_damping", default(grow.GrowConfig, "damping")),
-                                       format_func=lambda v: f"{v:g}",
-                                       help="Levenberg–Marquardt ridge on the fitted correction; 0 is the exact "
-                                            "least squares (it overfits directions the batch barely reaches)")
-        lr = c_lr.select_slider("Fine-tuning learning rate", [1e-4, 3e-4, 1e-3, 3e-3, 1e-2],
-                                key=ui.remember("grow_lr", default(grow.GrowConfig, "lr")), format_func=lambda v: f"{v:g}",
-                                help="AdamW, constant, no weight decay")
+        basis = c_basis.radio(
+            "Truncate in the basis",
+            list(BASES),
+            format_func=BASES.get,
+            key=ui.remember("grow_basis", default(grow.GrowConfig, "basis"), list(BASES)),
+            help="Whitened: Eckart–Young in the metric of the scores on the batch (default). "
+            "Raw: Eckart–Young on the matrix Z itself, as seed 001 writes it.",
+        )
+        damping = c_damp.select_slider(
+            "Damping δ",
+            [0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1],
+            key=ui.remember("grow_damping", default(grow.GrowConfig, "damping")),
+            format_func=lambda v: f"{v:g}",
+            help="Levenberg–Marquardt ridge on the fitted correction; 0 is the exact "
+            "least squares (it overfits directions the batch barely reaches)",
+        )
+        lr = c_lr.select_slider(
+            "Fine-tuning learning rate",
+            [1e-4, 3e-4, 1e-3, 3e-3, 1e-2],
+            key=ui.remember("grow_lr", default(grow.GrowConfig, "lr")),
+            format_func=lambda v: f"{v:g}",
+            help="AdamW, constant, no weight decay",
+        )
     submitted = st.form_submit_button("Grow", type="primary", icon=":material/open_in_full:")
 ui.to_url(layer=layer, head=head)
 
-settings = dict(layer=int(layer), head=int(head), add=int(add), batch=int(batch), steps=int(steps), seed=int(seed),
-                basis=basis, damping=float(damping), lr=float(lr))
+settings = dict(
+    layer=int(layer),
+    head=int(head),
+    add=int(add),
+    batch=int(batch),
+    steps=int(steps),
+    seed=int(seed),
+    basis=basis,
+    damping=float(damping),
+    lr=float(lr),
+)
 requests = st.session_state.setdefault(RESULT, {})
 if submitted:
     requests[loaded.key] = settings
 if loaded.key not in requests:
-    st.info("Choose a head and p, then press **Grow** (a zoo model takes about half a minute on a CPU).",
-            icon=":material/arrow_upward:")
+    st.info(
+        "Choose a head and p, then press **Grow** (a zoo model takes about half a minute on a CPU).",
+        icon=":material/arrow_upward:",
+    )
     st.stop()
 settings = requests[loaded.key]
 try:
     gcfg = grow.GrowConfig(**settings)
-    with st.spinner(f"Growing head {settings['head']} of layer {settings['layer']} by {settings['add']} and "
-                    f"fine-tuning three models for {settings['steps']} steps…"):
+    with st.spinner(
+        f"Growing head {settings['head']} of layer {settings['layer']} by {settings['add']} and "
+        f"fine-tuning three models for {settings['steps']} steps…"
+    ):
         res = run_growth(loaded, gcfg)
 except ValueError as e:
     st.error(f"These settings do not work: {e}")
@@ -104,11 +153,20 @@ best_base = min(("random", "zero"), key=lambda m: s["baselines"][m]["loss_after_
 m1, m2, m3, m4 = st.columns(4)
 m1.metric("d_k", f"{s['d_k']} → {s['d_k_new']}", help="Query/key width of the head before → after")
 m2.metric("held-out loss before", f"{s['loss_before']:.4g}")
-m3.metric("after the growth step", f"{s['loss_after_step']:.4g}", delta=f"{s['loss_after_step'] - s['loss_before']:.3g}",
-          delta_color="inverse", help="Before any fine-tuning")
-m4.metric(f"after {settings['steps']} steps", f"{s['loss_after_finetune']:.4g}",
-          delta=f"{s['loss_after_finetune'] - s['baselines'][best_base]['loss_after_finetune']:.3g} vs {best_base}",
-          delta_color="inverse", help="Grown model fine-tuned; the delta compares with the better baseline")
+m3.metric(
+    "after the growth step",
+    f"{s['loss_after_step']:.4g}",
+    delta=f"{s['loss_after_step'] - s['loss_before']:.3g}",
+    delta_color="inverse",
+    help="Before any fine-tuning",
+)
+m4.metric(
+    f"after {settings['steps']} steps",
+    f"{s['loss_after_finetune']:.4g}",
+    delta=f"{s['loss_after_finetune'] - s['baselines'][best_base]['loss_after_finetune']:.3g} vs {best_base}",
+    delta_color="inverse",
+    help="Grown model fine-tuned; the delta compares with the better baseline",
+)
 
 # --- why these directions ------------------------------------------------------------------------
 st.header("Why these directions")
@@ -120,14 +178,16 @@ with right:
     st.markdown(
         f"The fitted form $Z^*(\\eta^*)$ has the singular values on the left. Keeping the largest "
         f"**{s['d_k_new']}** is the best rank-{s['d_k_new']} form (Eckart–Young): no other choice of the "
-        f"{s['add']} new directions loses less than the discarded energy.")
+        f"{s['add']} new directions loses less than the discarded energy."
+    )
     st.latex(r"\textstyle\sum_{i>d_k+p}\sigma_i^2" + f"={s['discarded_energy']:.4g}")
     st.markdown(
         f"- the {s['add']} new directions hold **{s['captured_share']:.1%}** of the energy beyond the old $d_k$;\n"
         f"- score residual of the grown head on the batch: **{s['residual']:.4g}** (mean over visible entries) = "
         f"fit residual {s['fit_residual']:.4g} (no rank limit) + truncation {s['truncation_residual']:.4g};\n"
         f"- the batch's attention input spans {s['data_rank'][0]} query / {s['data_rank'][1]} key directions "
-        f"of {d_aug}.")
+        f"of {d_aug}."
+    )
 
 # --- step size -----------------------------------------------------------------------------------
 st.header("Step size: predicted vs measured")
@@ -139,7 +199,8 @@ with right:
     st.markdown(
         f"First order, $L(S+\\Delta S)\\approx L(S)+\\langle\\nabla_S L,\\Delta S\\rangle$: for small steps the "
         f"measured decrease matches the prediction. The chosen step $\\eta^* = {s['eta'] / s['eta_ref'] if s['eta_ref'] else 0:.3g}\\,\\eta_{{ref}}$ "
-        f"has the least loss on a second batch among the steps keeping at least half the predicted decrease (Armijo).")
+        f"has the least loss on a second batch among the steps keeping at least half the predicted decrease (Armijo)."
+    )
     st.metric("predicted decrease at η*", f"{s['predicted_decrease']:.4g}")
     st.metric("measured decrease at η* (fitting batch)", f"{s['measured_decrease']:.4g}")
     with st.expander("Line search table"):
@@ -153,19 +214,36 @@ with left:
     ui.show_plot(curves, key="grow_curves")
 with right:
     ui.show_plot(summary, key="grow_summary")
-st.caption("Zero-initialised dimensions never move under fine-tuning: both of their factors are zero, so both "
-           "gradients vanish (a saddle). Random ones start at N(0, 0.02²) like the model's own init.")
+st.caption(
+    "Zero-initialised dimensions never move under fine-tuning: both of their factors are zero, so both "
+    "gradients vanish (a saddle). Random ones start at N(0, 0.02²) like the model's own init."
+)
 
 # --- the head before and after -------------------------------------------------------------------
 st.header("The head before and after")
 c_value, c_stage, c_sample = st.columns(3)
-value = c_value.radio("Show", list(VALUES), format_func=VALUES.get, horizontal=True,
-                      key=ui.remember("grow_value", "pattern", list(VALUES)))
-stage = c_stage.radio("Grown model", list(STAGES), format_func=STAGES.get, horizontal=True,
-                      key=ui.remember("grow_stage", "step", list(STAGES)))
-sample = c_sample.number_input("Held-out sample", min_value=0, max_value=2**31 - 1, step=1,
-                               key=ui.remember("grow_sample", 0, range(2**31)),
-                               help="Seed of the task sample drawn in both heatmaps")
+value = c_value.radio(
+    "Show",
+    list(VALUES),
+    format_func=VALUES.get,
+    horizontal=True,
+    key=ui.remember("grow_value", "pattern", list(VALUES)),
+)
+stage = c_stage.radio(
+    "Grown model",
+    list(STAGES),
+    format_func=STAGES.get,
+    horizontal=True,
+    key=ui.remember("grow_stage", "step", list(STAGES)),
+)
+sample = c_sample.number_input(
+    "Held-out sample",
+    min_value=0,
+    max_value=2**31 - 1,
+    step=1,
+    key=ui.remember("grow_sample", 0, range(2**31)),
+    help="Seed of the task sample drawn in both heatmaps",
+)
 tokens = bilinear.sample_tokens(loaded, int(sample))
 after_model = res.models["grown" if stage == "step" else "grown_finetuned"]
 after = LoadedModel(name=f"{loaded.name} (grown)", model=after_model, config=after_model.cfg, card=loaded.card)
@@ -179,21 +257,34 @@ with left:
 with right:
     ui.show_plot(after_plot, key="grow_after")
 change = (view_after.pattern - view_before.pattern).abs().max().item()
-st.caption(f"Largest change of an attention weight on this sample: {change:.3g} (the step alone moves the head "
-           "by η*; at η = 0 the grown head attends exactly as the old one).")
+st.caption(
+    f"Largest change of an attention weight on this sample: {change:.3g} (the step alone moves the head "
+    "by η*; at η = 0 the grown head attends exactly as the old one)."
+)
 
 # --- export --------------------------------------------------------------------------------------
 st.divider()
 c_zip, c_model = st.columns(2)
 with c_zip:
-    ui.export_all([spectrum, decrease, curves, summary, before_plot, after_plot],
-                  {"page": "Grow d_k", "seed_text": "001", "model": loaded.name, "settings": settings, "result": s},
-                  key=f"grow_{loaded.name}_L{g_layer}H{g_head}")
+    ui.export_all(
+        [spectrum, decrease, curves, summary, before_plot, after_plot],
+        {"page": "Grow d_k", "seed_text": "001", "model": loaded.name, "settings": settings, "result": s},
+        key=f"grow_{loaded.name}_L{g_layer}H{g_head}",
+    )
 with c_model:
-    card = Card(task=loaded.task.name, parent=loaded.name, details={"grow": s},
-                description=f"{loaded.name}, head {g_head} of layer {g_layer} grown to d_k {s['d_k_new']} and fine-tuned")
-    st.download_button("Grown, fine-tuned model (safetensors)", icon=":material/download:",
-                       data=functools.partial(checkpoint.to_safetensors_bytes, res.models["grown_finetuned"], card),
-                       file_name=f"{loaded.name}-L{g_layer}H{g_head}-dk{s['d_k_new']}.safetensors",
-                       mime="application/octet-stream", key="grow_model_download", on_click="ignore",
-                       help="Config and card travel in the file's metadata: upload it in the sidebar to inspect it.")
+    card = Card(
+        task=loaded.task.name,
+        parent=loaded.name,
+        details={"grow": s},
+        description=f"{loaded.name}, head {g_head} of layer {g_layer} grown to d_k {s['d_k_new']} and fine-tuned",
+    )
+    st.download_button(
+        "Grown, fine-tuned model (safetensors)",
+        icon=":material/download:",
+        data=functools.partial(checkpoint.to_safetensors_bytes, res.models["grown_finetuned"], card),
+        file_name=f"{loaded.name}-L{g_layer}H{g_head}-dk{s['d_k_new']}.safetensors",
+        mime="application/octet-stream",
+        key="grow_model_download",
+        on_click="ignore",
+        help="Config and card travel in the file's metadata: upload it in the sidebar to inspect it.",
+    )

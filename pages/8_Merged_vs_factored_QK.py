@@ -1,5 +1,6 @@
 """Seed 004: can W_Q W_K^T be one d_model x d_model matrix? The same model trained with factored
 QK (several d_qk) and merged QK (plain, with weight decay, with a nuclear-norm penalty)."""
+
 import streamlit as st
 
 import ui
@@ -32,26 +33,41 @@ st.markdown(
     "on the same data and seeds with each parametrisation; only the query/key part changes (values and outputs "
     "keep $d_{head}$)."
 )
-st.latex(r"\text{factored: } S=\frac{(XW_Q)(XW_K)^\top}{\sqrt{d_{qk}}},\quad B=\frac{W_QW_K^\top}{\sqrt{d_{qk}}},"
-         r"\quad\operatorname{rank}B\le d_{qk},\quad 2\,d_{model}\,d_{qk}\ \text{parameters per head}")
-st.latex(r"\text{merged: } S=XW_{QK}X^\top,\quad B=W_{QK},\quad\operatorname{rank}B\le d_{model},"
-         r"\quad d_{model}^2\ \text{parameters per head}")
-st.markdown("With $W_{QK}=W_QW_K^\\top/\\sqrt{d_{qk}}$ the two give identical scores (tested). What differs is "
-            "the implicit bias of training. For any matrix $M$:")
+st.latex(
+    r"\text{factored: } S=\frac{(XW_Q)(XW_K)^\top}{\sqrt{d_{qk}}},\quad B=\frac{W_QW_K^\top}{\sqrt{d_{qk}}},"
+    r"\quad\operatorname{rank}B\le d_{qk},\quad 2\,d_{model}\,d_{qk}\ \text{parameters per head}"
+)
+st.latex(
+    r"\text{merged: } S=XW_{QK}X^\top,\quad B=W_{QK},\quad\operatorname{rank}B\le d_{model},"
+    r"\quad d_{model}^2\ \text{parameters per head}"
+)
+st.markdown(
+    "With $W_{QK}=W_QW_K^\\top/\\sqrt{d_{qk}}$ the two give identical scores (tested). What differs is "
+    "the implicit bias of training. For any matrix $M$:"
+)
 st.latex(r"\min_{W_QW_K^\top=M}\ \tfrac12\left(\|W_Q\|_F^2+\|W_K\|_F^2\right)=\|M\|_*=\sum_i\sigma_i(M)")
-st.markdown("attained by the balanced factors $W_Q=U\\Sigma^{1/2}$, $W_K=V\\Sigma^{1/2}$ of the SVD "
-            "$M=U\\Sigma V^\\top$ (tested numerically).")
-st.markdown("So **weight decay on both factors penalises the nuclear norm of $B$**, a convex surrogate of rank "
-            "(with $B=M/\\sqrt{d_{qk}}$ the minimum is $\\sqrt{d_{qk}}\\,\\|B\\|_*$; exact for an L2 penalty at the "
-            "balanced factorization, only in spirit for AdamW's decoupled decay), while "
-            "weight decay on $W_{QK}$ penalises $\\|B\\|_F^2$, which does not favour low rank. The variant "
-            "*merged + nuclear* adds $\\lambda\\,\\operatorname{mean}_h\\|B_h\\|_*$ explicitly.")
+st.markdown(
+    "attained by the balanced factors $W_Q=U\\Sigma^{1/2}$, $W_K=V\\Sigma^{1/2}$ of the SVD "
+    "$M=U\\Sigma V^\\top$ (tested numerically)."
+)
+st.markdown(
+    "So **weight decay on both factors penalises the nuclear norm of $B$**, a convex surrogate of rank "
+    "(with $B=M/\\sqrt{d_{qk}}$ the minimum is $\\sqrt{d_{qk}}\\,\\|B\\|_*$; exact for an L2 penalty at the "
+    "balanced factorization, only in spirit for AdamW's decoupled decay), while "
+    "weight decay on $W_{QK}$ penalises $\\|B\\|_F^2$, which does not favour low rank. The variant "
+    "*merged + nuclear* adds $\\lambda\\,\\operatorname{mean}_h\\|B_h\\|_*$ explicitly."
+)
 
 # --- which comparison ---------------------------------------------------------------------------------
-source = st.radio("Comparison", SOURCES, key=ui.remember("qk_source", "saved", SOURCES), horizontal=True,
-                  format_func=SOURCE_LABELS.get,
-                  help="The saved one is the full experiment (several seeds, experiments/merged_vs_factored.py); "
-                       "a fresh one trains here, in about half a minute with the defaults.")
+source = st.radio(
+    "Comparison",
+    SOURCES,
+    key=ui.remember("qk_source", "saved", SOURCES),
+    horizontal=True,
+    format_func=SOURCE_LABELS.get,
+    help="The saved one is the full experiment (several seeds, experiments/merged_vs_factored.py); "
+    "a fresh one trains here, in about half a minute with the defaults.",
+)
 comparison = None
 if source == "saved":
     path = Q.results_path()
@@ -63,34 +79,72 @@ else:
     st.subheader("Settings")
     c1, c2, c3 = st.columns(3)
     with c1:
-        task = st.selectbox("Task", list(TASKS), key=ui.remember("qk_task", "induction", list(TASKS)),
-                            help="Induction needs a content-matching B (26 letters), so its rank matters.")
+        task = st.selectbox(
+            "Task",
+            list(TASKS),
+            key=ui.remember("qk_task", "induction", list(TASKS)),
+            help="Induction needs a content-matching B (26 letters), so its rank matters.",
+        )
         steps = st.number_input("Steps", 10, 5000, key=ui.remember("qk_steps", STEPS), step=50)
-        seeds = st.number_input("Seeds", 1, 10, key=ui.remember("qk_seeds", SEEDS),
-                                help="Every variant is trained with seeds 0..K-1: mean and spread over them.")
+        seeds = st.number_input(
+            "Seeds",
+            1,
+            10,
+            key=ui.remember("qk_seeds", SEEDS),
+            help="Every variant is trained with seeds 0..K-1: mean and spread over them.",
+        )
     with c2:
         d_model = st.selectbox("d_model", (16, 32, 64), key=ui.remember("qk_d_model", 32, (16, 32, 64)))
-        d_qks = st.multiselect("Factored d_qk", D_QK_CHOICES, key=ui.remember("qk_d_qks", [2, 16]),
-                               help="Query/key width of each factored variant (at most d_model).")
-        kinds = st.multiselect("Merged variants", Q.VARIANT_KINDS[1:], key=ui.remember("qk_kinds", list(Q.VARIANT_KINDS[1:])))
+        d_qks = st.multiselect(
+            "Factored d_qk",
+            D_QK_CHOICES,
+            key=ui.remember("qk_d_qks", [2, 16]),
+            help="Query/key width of each factored variant (at most d_model).",
+        )
+        kinds = st.multiselect(
+            "Merged variants", Q.VARIANT_KINDS[1:], key=ui.remember("qk_kinds", list(Q.VARIANT_KINDS[1:]))
+        )
     with c3:
-        qk_wd = st.number_input("Weight decay on W_QK (merged + wd)", 0.0, 100.0, key=ui.remember("qk_wd", default(Q.CompareConfig, "qk_weight_decay")), step=0.5,
-                                help="AdamW's decoupled decay; every other matrix (W_Q, W_K too) gets 0.1.")
-        nuclear = st.number_input("λ of the nuclear norm (merged + nuclear)", 0.0, 100.0,
-                                  key=ui.remember("qk_nuclear", default(Q.CompareConfig, "nuclear")), step=0.005, format="%.4f")
-        save = st.checkbox("Save every run in the run store", key=ui.remember("qk_save", True),
-                           help="Runs get parent compare-qk:<task>; the Runs page compares them.")
+        qk_wd = st.number_input(
+            "Weight decay on W_QK (merged + wd)",
+            0.0,
+            100.0,
+            key=ui.remember("qk_wd", default(Q.CompareConfig, "qk_weight_decay")),
+            step=0.5,
+            help="AdamW's decoupled decay; every other matrix (W_Q, W_K too) gets 0.1.",
+        )
+        nuclear = st.number_input(
+            "λ of the nuclear norm (merged + nuclear)",
+            0.0,
+            100.0,
+            key=ui.remember("qk_nuclear", default(Q.CompareConfig, "nuclear")),
+            step=0.005,
+            format="%.4f",
+        )
+        save = st.checkbox(
+            "Save every run in the run store",
+            key=ui.remember("qk_save", True),
+            help="Runs get parent compare-qk:<task>; the Runs page compares them.",
+        )
     if st.button("Run comparison", type="primary", key="qk_run"):
         try:
-            cfg = Q.CompareConfig(task=task, steps=int(steps), seeds=int(seeds), d_qks=tuple(d_qks),
-                                  merged_kinds=tuple(kinds), d_model=int(d_model), qk_weight_decay=float(qk_wd),
-                                  nuclear=float(nuclear))
+            cfg = Q.CompareConfig(
+                task=task,
+                steps=int(steps),
+                seeds=int(seeds),
+                d_qks=tuple(d_qks),
+                merged_kinds=tuple(kinds),
+                d_model=int(d_model),
+                qk_weight_decay=float(qk_wd),
+                nuclear=float(nuclear),
+            )
         except ValueError as e:
             st.error(f"These settings do not work: {e}")
             st.stop()
         bar = st.progress(0.0, text="starting")
-        st.session_state[FRESH] = Q.compare(cfg, store=None if save else False,
-                                            progress=lambda f, msg: bar.progress(min(1.0, f), text=msg))
+        st.session_state[FRESH] = Q.compare(
+            cfg, store=None if save else False, progress=lambda f, msg: bar.progress(min(1.0, f), text=msg)
+        )
         bar.empty()
     comparison = st.session_state.get(FRESH)
     if comparison is None:
@@ -100,9 +154,11 @@ if comparison is None:
     st.stop()
 
 cfg = comparison.config
-st.caption(f"Task **{cfg.task}**, {cfg.n_layers} layers × {cfg.n_heads} heads, d_model {cfg.d_model}, d_head (V/O) "
-           f"{cfg.d_head}, {cfg.steps} steps, seeds {cfg.seed_list}; {comparison.machine}; created {comparison.created}, "
-           f"{comparison.wall_time_s:.0f} s in all. Reproduce with `{cfg.command()}`.")
+st.caption(
+    f"Task **{cfg.task}**, {cfg.n_layers} layers × {cfg.n_heads} heads, d_model {cfg.d_model}, d_head (V/O) "
+    f"{cfg.d_head}, {cfg.steps} steps, seeds {cfg.seed_list}; {comparison.machine}; created {comparison.created}, "
+    f"{comparison.wall_time_s:.0f} s in all. Reproduce with `{cfg.command()}`."
+)
 plots = fq.all_plots(comparison)
 by_name = {p.name: p for p in plots}
 
@@ -110,26 +166,49 @@ by_name = {p.name: p for p in plots}
 st.header("Summary")
 table = comparison.summary_frame()
 table["final_loss"] = [f"{m:.4f} ± {sd:.4f}" for m, sd in zip(table["final_loss_mean"], table["final_loss_std"])]
-table = table[["name", "rank_cap", "params_qk_per_head", "params", "final_loss", "accuracy_mean", "accuracy_std",
-               "stable_rank_mean", "rank_needed", "steps_to_bar", "ms_per_step"]]
-st.dataframe(table, hide_index=True, column_config={
-    "name": st.column_config.TextColumn("variant"),
-    "rank_cap": st.column_config.NumberColumn("rank cap", help="d_qk for factored heads, d_model for merged ones"),
-    "params_qk_per_head": st.column_config.NumberColumn("QK/head", help="2·d_model·d_qk or d_model²"),
-    "params": st.column_config.NumberColumn("params", help="Whole model"),
-    "final_loss": st.column_config.TextColumn("final loss", help="Held-out, mean ± std over seeds"),
-    "accuracy_mean": st.column_config.ProgressColumn("accuracy", min_value=0.0, max_value=1.0, format="percent",
-                                                     help="Held-out, mean over seeds"),
-    "accuracy_std": st.column_config.NumberColumn("± std", format="%.4f"),
-    "stable_rank_mean": st.column_config.NumberColumn("stable rank", format="%.2f",
-                                                      help="‖B‖²_F/‖B‖²₂, mean over heads and seeds (by layer: below)"),
-    "rank_needed": st.column_config.NumberColumn("rank needed", help="Least tested r such that cutting every B to "
-                                                 "rank r keeps the accuracy within 1%"),
-    "steps_to_bar": st.column_config.NumberColumn("steps to bar", help="First evaluation step at which the mean "
-                                                  "held-out accuracy reaches the task's bar; empty: never"),
-    "ms_per_step": st.column_config.NumberColumn("ms/step", format="%.2f", help="Median over training steps "
-                                                 "(evaluations excluded), measured in one process"),
-})
+table = table[
+    [
+        "name",
+        "rank_cap",
+        "params_qk_per_head",
+        "params",
+        "final_loss",
+        "accuracy_mean",
+        "accuracy_std",
+        "stable_rank_mean",
+        "rank_needed",
+        "steps_to_bar",
+        "ms_per_step",
+    ]
+]
+st.dataframe(
+    table,
+    hide_index=True,
+    column_config={
+        "name": st.column_config.TextColumn("variant"),
+        "rank_cap": st.column_config.NumberColumn("rank cap", help="d_qk for factored heads, d_model for merged ones"),
+        "params_qk_per_head": st.column_config.NumberColumn("QK/head", help="2·d_model·d_qk or d_model²"),
+        "params": st.column_config.NumberColumn("params", help="Whole model"),
+        "final_loss": st.column_config.TextColumn("final loss", help="Held-out, mean ± std over seeds"),
+        "accuracy_mean": st.column_config.ProgressColumn(
+            "accuracy", min_value=0.0, max_value=1.0, format="percent", help="Held-out, mean over seeds"
+        ),
+        "accuracy_std": st.column_config.NumberColumn("± std", format="%.4f"),
+        "stable_rank_mean": st.column_config.NumberColumn(
+            "stable rank", format="%.2f", help="‖B‖²_F/‖B‖²₂, mean over heads and seeds (by layer: below)"
+        ),
+        "rank_needed": st.column_config.NumberColumn(
+            "rank needed", help="Least tested r such that cutting every B to rank r keeps the accuracy within 1%"
+        ),
+        "steps_to_bar": st.column_config.NumberColumn(
+            "steps to bar",
+            help="First evaluation step at which the mean held-out accuracy reaches the task's bar; empty: never",
+        ),
+        "ms_per_step": st.column_config.NumberColumn(
+            "ms/step", format="%.2f", help="Median over training steps (evaluations excluded), measured in one process"
+        ),
+    },
+)
 
 st.header("What the numbers say")
 st.markdown("\n".join(f"- {s}" for s in comparison.findings()))
@@ -143,8 +222,10 @@ st.markdown(
     "parameters per head against $2\\,d_{model}d_{qk}$, fewer whenever $d_{qk} > d_{model}/2$."
 )
 if comparison.config.device == "cpu":
-    st.caption("ms/step comes from one process on this machine's CPU; on a shared machine it varies from run to run, "
-               "so compare variants within one comparison only.")
+    st.caption(
+        "ms/step comes from one process on this machine's CPU; on a shared machine it varies from run to run, "
+        "so compare variants within one comparison only."
+    )
 
 # --- figures -------------------------------------------------------------------------------------------
 st.header("Learning curves")
@@ -162,10 +243,22 @@ ui.show_plot(by_name["qk_truncation"], key="qk_truncation")
 # --- runs and export --------------------------------------------------------------------------------------
 ids = [i for r in comparison.summary() for i in r["run_ids"]]
 if ids:
-    st.caption(f"{len(ids)} runs are in the run store with parent `compare-qk:{cfg.task}`: compare them on the "
-               f"[Runs page](Runs) or with `attn-lab runs`.")
+    st.caption(
+        f"{len(ids)} runs are in the run store with parent `compare-qk:{cfg.task}`: compare them on the "
+        f"[Runs page](Runs) or with `attn-lab runs`."
+    )
 st.divider()
-ui.export_all(plots, {"page": "Merged vs factored QK", "seed_text": "004", "source": source,
-                      "config": cfg.to_dict(), "command": cfg.command(), "machine": comparison.machine,
-                      "variants": comparison.summary(), "findings": comparison.findings()},
-              key="merged_vs_factored_qk")
+ui.export_all(
+    plots,
+    {
+        "page": "Merged vs factored QK",
+        "seed_text": "004",
+        "source": source,
+        "config": cfg.to_dict(),
+        "command": cfg.command(),
+        "machine": comparison.machine,
+        "variants": comparison.summary(),
+        "findings": comparison.findings(),
+    },
+    key="merged_vs_factored_qk",
+)

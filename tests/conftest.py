@@ -5,6 +5,7 @@ shaped for a task), ``save_model`` (such a model saved as a named user model, fo
 through ATTN_LAB_MODELS) and ``tiny_gpt2`` (a random GPT-2 folder written by transformers, a
 model with no task). Helpers and module-scoped fixtures that cannot take a fixture import the
 functions behind them: ``from tests.conftest import make_tiny_model, write_tiny_gpt2``."""
+
 import json
 import os
 
@@ -25,6 +26,7 @@ def _isolated_data_dirs(tmp_path, monkeypatch):
 
 
 # --- model factories ------------------------------------------------------------------------------
+
 
 def make_tiny_model(task: str = "reverse", seed: int = 0, *, std: float | None = None, **config):
     """A freshly initialised toy Transformer with the vocabulary and context of ``task``: one layer,
@@ -71,7 +73,9 @@ def save_model(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTN_LAB_MODELS", str(root))
 
     def save(name: str, task: str = "reverse", card=None, seed: int = 0, **config):
-        checkpoint.save(make_tiny_model(task, seed, **config), root / name, card={"task": task} if card is None else card)
+        checkpoint.save(
+            make_tiny_model(task, seed, **config), root / name, card={"task": task} if card is None else card
+        )
         return root / name
 
     return save
@@ -82,8 +86,17 @@ def write_tiny_gpt2(folder, **overrides):
     transformers into ``folder`` with a vocab.json; returns the transformers model. Its weights
     are drawn far from uniform attention, so comparisons with it mean something."""
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=100, n_positions=16,
-                                  bos_token_id=0, eos_token_id=0, attn_implementation="eager", **overrides)
+    cfg = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=32,
+        n_head=4,
+        vocab_size=100,
+        n_positions=16,
+        bos_token_id=0,
+        eos_token_id=0,
+        attn_implementation="eager",
+        **overrides,
+    )
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(cfg).eval()
     with torch.no_grad():

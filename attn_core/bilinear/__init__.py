@@ -13,6 +13,7 @@ Split by concern (docs/architecture.md, the maths in docs/maths.md):
 - ``detectors``: detection patterns and head detector scores (take a ``Transformer``);
 - ``checks``: the input checks (layer, heads, tokens, the model object).
 """
+
 from attn_core.bilinear.checks import check_heads, check_layer, check_loaded, check_model, check_tokens
 from attn_core.bilinear.detectors import (
     DETECTORS,
@@ -40,10 +41,39 @@ from attn_core.bilinear.views import (
 )
 
 __all__ = [
-    "DETECTORS", "MAX_VIEW_TOKENS", "QKForm", "View", "augment", "best_heads", "check_heads", "check_layer",
-    "check_loaded", "check_model", "check_tokens", "concentration_table", "detection_patterns", "detector_inputs",
-    "eigen_frame", "encode", "has_bias", "head_B", "head_detector_scores", "head_detectors", "layer_B",
-    "layer_form", "model_form", "positional_inputs", "positional_scores", "positional_view", "random_tokens",
-    "sample_tokens", "sequence_view", "spectrum", "spectrum_frame", "token_names", "vocab_inputs", "vocab_scores",
+    "DETECTORS",
+    "MAX_VIEW_TOKENS",
+    "QKForm",
+    "View",
+    "augment",
+    "best_heads",
+    "check_heads",
+    "check_layer",
+    "check_loaded",
+    "check_model",
+    "check_tokens",
+    "concentration_table",
+    "detection_patterns",
+    "detector_inputs",
+    "eigen_frame",
+    "encode",
+    "has_bias",
+    "head_B",
+    "head_detector_scores",
+    "head_detectors",
+    "layer_B",
+    "layer_form",
+    "model_form",
+    "positional_inputs",
+    "positional_scores",
+    "positional_view",
+    "random_tokens",
+    "sample_tokens",
+    "sequence_view",
+    "spectrum",
+    "spectrum_frame",
+    "token_names",
+    "vocab_inputs",
+    "vocab_scores",
     "vocabulary_view",
 ]

@@ -1,6 +1,7 @@
 """The input checks of the bilinear engine, in one place: a layer, heads, token ids, and the
 model object a function takes. Each failure is a ValueError (TypeError for a wrong object) of
 one sentence that names the valid range."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -25,7 +26,9 @@ def check_heads(model: Transformer, heads: None | int | Sequence[int]) -> list[i
     heads = [heads] if is_int(heads) else list(heads)
     bad = [h for h in heads if not is_int(h) or not 0 <= h < n]
     if bad or not heads:
-        raise ValueError(f"head {bad[0] if bad else heads!r} is outside 0..{n - 1} (this model has {n} heads per layer)")
+        raise ValueError(
+            f"head {bad[0] if bad else heads!r} is outside 0..{n - 1} (this model has {n} heads per layer)"
+        )
     return [int(h) for h in heads]
 
 

@@ -3,6 +3,7 @@ detection patterns: previous token, duplicate token, induction, self), on genera
 Pure model maths: every function takes the :class:`Transformer`; the patterns are read from its
 ``act_name("pattern", l)`` hook points.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,11 +32,17 @@ def detection_patterns(tokens: torch.Tensor) -> dict[str, torch.Tensor]:
     induction &= strictly_lower
     previous = torch.zeros(T, T, dtype=torch.bool)
     previous[1:, :-1] = torch.eye(T - 1, dtype=torch.bool)
-    return {"previous_token": previous.expand(b, T, T), "induction": induction,
-            "duplicate_token": duplicate, "self": eye.expand(b, T, T)}
+    return {
+        "previous_token": previous.expand(b, T, T),
+        "induction": induction,
+        "duplicate_token": duplicate,
+        "self": eye.expand(b, T, T),
+    }
 
 
-def detector_inputs(model: Transformer, n_samples: int = 32, seed: int = 0, length: int | None = None) -> dict[str, torch.Tensor]:
+def detector_inputs(
+    model: Transformer, n_samples: int = 32, seed: int = 0, length: int | None = None
+) -> dict[str, torch.Tensor]:
     """Seeded generated inputs from the model's own vocabulary: ``random`` [n, length] uniform
     tokens, ``repeated`` [n, 2 * (length // 2)] a random half (distinct tokens when the
     vocabulary allows) written twice."""
@@ -62,8 +69,9 @@ def _patterns(model: Transformer, tokens: torch.Tensor) -> torch.Tensor:
     return torch.stack([cache[n] for n in names], 1).float().cpu()
 
 
-def head_detector_scores(model: Transformer, n_samples: int = 32, seed: int = 0, length: int | None = None,
-                         rows: str = "supported") -> dict[str, torch.Tensor]:
+def head_detector_scores(
+    model: Transformer, n_samples: int = 32, seed: int = 0, length: int | None = None, rows: str = "supported"
+) -> dict[str, torch.Tensor]:
     """``{detector: [n_layers, n_heads]}``: the attention mass a head puts where the detection
     pattern is 1 (TransformerLens' "mul" score), averaged over samples and query rows.
     ``rows="supported"`` averages over the rows where the pattern has any 1 (so a perfect head
@@ -90,8 +98,9 @@ def head_detector_scores(model: Transformer, n_samples: int = 32, seed: int = 0,
     return {name: out[name] for name in DETECTORS}
 
 
-def head_detectors(model: Transformer, n_samples: int = 32, seed: int = 0, length: int | None = None,
-                   rows: str = "supported") -> pd.DataFrame:
+def head_detectors(
+    model: Transformer, n_samples: int = 32, seed: int = 0, length: int | None = None, rows: str = "supported"
+) -> pd.DataFrame:
     """Tidy detector scores: layer, head, detector, score."""
     scores = head_detector_scores(model, n_samples, seed, length, rows)
     recs = []

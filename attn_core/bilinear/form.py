@@ -7,6 +7,7 @@ its spectrum lazily, once, from a thin QR of each factor and an SVD of the small
 ``R_left R_right^T``, whose singular values are those of B. It knows nothing of models: a
 head's form comes from :mod:`attn_core.bilinear.heads`.
 """
+
 from __future__ import annotations
 
 from functools import cached_property
@@ -27,8 +28,9 @@ class QKForm:
     head, build its form from its own d_qk columns.
     """
 
-    def __init__(self, left: torch.Tensor | None = None, right: torch.Tensor | None = None,
-                 dense: torch.Tensor | None = None):
+    def __init__(
+        self, left: torch.Tensor | None = None, right: torch.Tensor | None = None, dense: torch.Tensor | None = None
+    ):
         if (dense is None) == (left is None or right is None):
             raise ValueError("give either dense or both left and right")
         if dense is None and (left.shape[:-2] != right.shape[:-2] or left.shape[-1] != right.shape[-1]):

@@ -9,6 +9,7 @@ For one head of layer l, with X the attention input (row vectors):
 
 Everything here is differentiable (the regularizers penalise it).
 """
+
 from __future__ import annotations
 
 import torch

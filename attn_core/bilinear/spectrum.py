@@ -3,6 +3,7 @@
 Singular values of B, eigenvalues of B and of its symmetric part (B + B^T)/2, norms, stable and
 effective rank, computed by :class:`attn_core.bilinear.form.QKForm` (docs/maths.md).
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -16,10 +17,16 @@ def spectrum(model: Transformer, augmented: bool = False) -> list[dict]:
     """One record per head: singular values, eigenvalues of the symmetric part, norms, ranks."""
     with torch.no_grad():
         form = model_form(model, augmented)
-        out = dict(singular_values=form.singular_values, eigenvalues_sym=form.eigenvalues_sym,
-                   stable_rank=form.stable_rank, effective_rank=form.effective_rank,
-                   spectral_norm=form.spectral_norm, nuclear_norm=form.nuclear_norm,
-                   frobenius_norm=form.frobenius_norm, eigenvalues=form.eigenvalues)
+        out = dict(
+            singular_values=form.singular_values,
+            eigenvalues_sym=form.eigenvalues_sym,
+            stable_rank=form.stable_rank,
+            effective_rank=form.effective_rank,
+            spectral_norm=form.spectral_norm,
+            nuclear_norm=form.nuclear_norm,
+            frobenius_norm=form.frobenius_norm,
+            eigenvalues=form.eigenvalues,
+        )
     rows = []
     for l in range(model.cfg.n_layers):
         for h in range(model.cfg.n_heads):
@@ -51,6 +58,9 @@ def eigen_frame(model: Transformer, augmented: bool = False) -> pd.DataFrame:
     rows = []
     for rec in spectrum(model, augmented):
         for i, (re, im) in enumerate(zip(rec["eigenvalues_real"], rec["eigenvalues_imag"])):
-            rows.append(dict(layer=rec["layer"], head=rec["head"], index=i, real=re, imag=im,
-                             modulus=(re * re + im * im) ** 0.5))
+            rows.append(
+                dict(
+                    layer=rec["layer"], head=rec["head"], index=i, real=re, imag=im, modulus=(re * re + im * im) ** 0.5
+                )
+            )
     return pd.DataFrame(rows)

@@ -3,6 +3,7 @@
 Every function takes the :class:`~attn_core.sources.LoadedModel` (what ``sources.resolve``
 returns): the names come from its task, or its card's Hugging Face ``vocab.json``, else the ids.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,7 +54,9 @@ def encode(loaded: LoadedModel, text: str) -> list[int]:
         elif w.lstrip("-").isdigit():
             ids.append(int(w))
         else:
-            raise ValueError(f"unknown token {w!r}: give token ids 0..{model.cfg.d_vocab - 1} or names of the vocabulary")
+            raise ValueError(
+                f"unknown token {w!r}: give token ids 0..{model.cfg.d_vocab - 1} or names of the vocabulary"
+            )
     return check_tokens(model, ids)
 
 

@@ -16,6 +16,7 @@ regularizers penalise them); the ``*_view`` functions take the
 :class:`~attn_core.sources.LoadedModel` (they name tokens), are for display and run without
 gradients.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -40,6 +41,7 @@ MAX_VIEW_TOKENS = 512
 
 # --- the inputs and scores of the vocabulary and positional views (differentiable) ---------------
 
+
 def vocab_inputs(model: Transformer, layer: int = 0, tokens: Sequence[int] | None = None) -> torch.Tensor:
     """x_t = ln1_layer(W_E[t] + mean_p W_pos[p]) for every token (or ``tokens``), [V, d_model]."""
     E = model.embed.W_E if tokens is None else model.embed.W_E[torch.as_tensor(list(tokens), dtype=torch.long)]
@@ -62,8 +64,9 @@ def _scores(model: Transformer, layer: int, heads, x: torch.Tensor, augmented: b
     return form.bilinear(augment(x) if aug else x)
 
 
-def vocab_scores(model: Transformer, layer: int = 0, heads=None, augmented: bool | None = None,
-                 tokens: Sequence[int] | None = None) -> torch.Tensor:
+def vocab_scores(
+    model: Transformer, layer: int = 0, heads=None, augmented: bool | None = None, tokens: Sequence[int] | None = None
+) -> torch.Tensor:
     """f_x(y) for every pair of tokens, [heads, V, V] (differentiable). With biases (the
     default when the model has them) the scores are x' B' y'^T, what the head itself computes."""
     return _scores(model, layer, heads, vocab_inputs(model, layer, tokens), augmented)
@@ -75,6 +78,7 @@ def positional_scores(model: Transformer, layer: int = 0, heads=None, augmented:
 
 
 # --- views ---------------------------------------------------------------------------------------
+
 
 @dataclass
 class View:
@@ -114,8 +118,15 @@ class View:
         s, p = self.scores[i, q][vis], self.pattern[i, q][vis]
         rank = torch.empty_like(keys)
         rank[s.argsort(descending=True)] = torch.arange(len(keys))
-        df = pd.DataFrame(dict(key=keys.tolist(), label=[self.keys[k] for k in keys.tolist()],
-                               score=s.tolist(), prob=p.tolist(), rank=(rank + 1).tolist()))
+        df = pd.DataFrame(
+            dict(
+                key=keys.tolist(),
+                label=[self.keys[k] for k in keys.tolist()],
+                score=s.tolist(),
+                prob=p.tolist(),
+                rank=(rank + 1).tolist(),
+            )
+        )
         return df.sort_values("rank", kind="stable").reset_index(drop=True) if sort else df
 
     def frame(self, head: int | None = None) -> pd.DataFrame:
@@ -126,12 +137,21 @@ class View:
         for h in heads:
             i = self.head_index(h)
             q, k = torch.meshgrid(torch.arange(nq), torch.arange(nk), indexing="ij")
-            parts.append(pd.DataFrame(dict(
-                layer=self.layer, head=h, query=q.flatten().tolist(), key=k.flatten().tolist(),
-                query_label=[self.queries[j] for j in q.flatten().tolist()],
-                key_label=[self.keys[j] for j in k.flatten().tolist()],
-                score=self.scores[i].flatten().tolist(), prob=self.pattern[i].flatten().tolist(),
-                visible=self.mask.flatten().tolist())))
+            parts.append(
+                pd.DataFrame(
+                    dict(
+                        layer=self.layer,
+                        head=h,
+                        query=q.flatten().tolist(),
+                        key=k.flatten().tolist(),
+                        query_label=[self.queries[j] for j in q.flatten().tolist()],
+                        key_label=[self.keys[j] for j in k.flatten().tolist()],
+                        score=self.scores[i].flatten().tolist(),
+                        prob=self.pattern[i].flatten().tolist(),
+                        visible=self.mask.flatten().tolist(),
+                    )
+                )
+            )
         return pd.concat(parts, ignore_index=True)
 
     def concentration(self, k: int = 1) -> dict[str, torch.Tensor]:
@@ -146,15 +166,41 @@ class View:
         for name, v in values.items():
             summary = metrics.summarize(v, valid)
             for i, h in enumerate(self.heads):
-                rows.append(dict(layer=self.layer, head=h, metric=name, view=self.kind,
-                                 **{s: float(t[i]) for s, t in summary.items()}))
+                rows.append(
+                    dict(
+                        layer=self.layer,
+                        head=h,
+                        metric=name,
+                        view=self.kind,
+                        **{s: float(t[i]) for s, t in summary.items()},
+                    )
+                )
         return pd.DataFrame(rows)
 
 
-def _view(kind: str, layer: int, heads: list[int], S: torch.Tensor, A: torch.Tensor, mask: torch.Tensor,
-          labels: list[str], token_ids: list[int] | None, meta: dict) -> View:
-    return View(kind, layer, heads, labels, labels, S.detach().float().cpu(), A.detach().float().cpu(),
-                mask.cpu(), token_ids, meta)
+def _view(
+    kind: str,
+    layer: int,
+    heads: list[int],
+    S: torch.Tensor,
+    A: torch.Tensor,
+    mask: torch.Tensor,
+    labels: list[str],
+    token_ids: list[int] | None,
+    meta: dict,
+) -> View:
+    return View(
+        kind,
+        layer,
+        heads,
+        labels,
+        labels,
+        S.detach().float().cpu(),
+        A.detach().float().cpu(),
+        mask.cpu(),
+        token_ids,
+        meta,
+    )
 
 
 def sequence_view(loaded: LoadedModel, tokens: Sequence[int], layer: int = 0, heads=None) -> View:
@@ -171,7 +217,7 @@ def sequence_view(loaded: LoadedModel, tokens: Sequence[int], layer: int = 0, he
     S, A = (cache[n][0, heads] for n in names)  # [len(heads), T, T]
     token = token_names(loaded)
     labels = [f"{p}:{token[t]}" for p, t in enumerate(ids)]
-    mask = model.causal[:len(ids), :len(ids)]
+    mask = model.causal[: len(ids), : len(ids)]
     return _view("sequence", layer, heads, S, A, mask, labels, ids, {"n_tokens": len(ids)})
 
 

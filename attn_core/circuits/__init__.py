@@ -13,6 +13,7 @@ The model object, as in ``attn_core.bilinear``: what names tokens takes a ``Load
 takes the ``Transformer`` (a LoadedModel's ``.model``). The wrong one is refused with a
 TypeError of one sentence.
 """
+
 from attn_core.circuits.attribution import (
     BIAS_PARTS,
     SPLIT_PARTS,
@@ -47,9 +48,31 @@ from attn_core.circuits.ov import (
 from attn_core.circuits.report import attribute_report, circuits_report
 
 __all__ = [
-    "BIAS_PARTS", "KINDS", "SPLIT_PARTS", "Attribution", "Composition", "attribute", "attribute_report",
-    "baseline_score", "circuits_report", "composed_qk_positivities", "composition", "composition_score",
-    "copying_scores", "full_ov_circuit", "full_ov_form", "full_qk_form", "head_circuits", "head_form", "k_composed_positivity", "ov_form",
-    "ov_singular_values", "ov_spectrum_frame", "positivity", "qk_positivities", "token_position_split",
-    "unembed_matrix", "value_weighted",
+    "BIAS_PARTS",
+    "KINDS",
+    "SPLIT_PARTS",
+    "Attribution",
+    "Composition",
+    "attribute",
+    "attribute_report",
+    "baseline_score",
+    "circuits_report",
+    "composed_qk_positivities",
+    "composition",
+    "composition_score",
+    "copying_scores",
+    "full_ov_circuit",
+    "full_ov_form",
+    "full_qk_form",
+    "head_circuits",
+    "head_form",
+    "k_composed_positivity",
+    "ov_form",
+    "ov_singular_values",
+    "ov_spectrum_frame",
+    "positivity",
+    "qk_positivities",
+    "token_position_split",
+    "unembed_matrix",
+    "value_weighted",
 ]

@@ -34,6 +34,7 @@ Then, by bilinearity of ``x' B' y'^T`` over ``x' = [x | 1]``,
 (token-token, token-position, position-token, position-position; the first word is the query's
 side), where ``bias`` gathers every term with the LayerNorm bias b or the attention biases.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -95,11 +96,25 @@ class Attribution:
         bias), sigma, contribution; keys best first."""
         rows = []
         for rank, i in enumerate(self.ranking()[:top] if top else self.ranking(), start=1):
-            base = dict(layer=self.layer, head=self.head, query=self.query, key=self.keys[i],
-                        label=self.token_labels[i], rank=rank, score=float(self.scores[i]))
+            base = dict(
+                layer=self.layer,
+                head=self.head,
+                query=self.query,
+                key=self.keys[i],
+                label=self.token_labels[i],
+                rank=rank,
+                score=float(self.scores[i]),
+            )
             for d in range(self.terms.shape[1]):
-                rows.append(dict(base, term=f"σ{d + 1}", direction=d, sigma=float(self.sigma[d]),
-                                 contribution=float(self.terms[i, d])))
+                rows.append(
+                    dict(
+                        base,
+                        term=f"σ{d + 1}",
+                        direction=d,
+                        sigma=float(self.sigma[d]),
+                        contribution=float(self.terms[i, d]),
+                    )
+                )
             rows.append(dict(base, term="bias", direction=-1, sigma=float("nan"), contribution=float(self.bias[i])))
         return pd.DataFrame(rows)
 
@@ -111,10 +126,21 @@ class Attribution:
         if len(order) < 2:
             return pd.DataFrame(columns=["direction", "term", "sigma", "winner", "runner_up", "difference"])
         w, r = order[0], order[1]
-        rows = [dict(direction=d, term=f"σ{d + 1}", sigma=float(self.sigma[d]), winner=float(self.terms[w, d]),
-                     runner_up=float(self.terms[r, d])) for d in range(self.terms.shape[1])]
-        rows.append(dict(direction=-1, term="bias", sigma=float("nan"), winner=float(self.bias[w]),
-                         runner_up=float(self.bias[r])))
+        rows = [
+            dict(
+                direction=d,
+                term=f"σ{d + 1}",
+                sigma=float(self.sigma[d]),
+                winner=float(self.terms[w, d]),
+                runner_up=float(self.terms[r, d]),
+            )
+            for d in range(self.terms.shape[1])
+        ]
+        rows.append(
+            dict(
+                direction=-1, term="bias", sigma=float("nan"), winner=float(self.bias[w]), runner_up=float(self.bias[r])
+            )
+        )
         df = pd.DataFrame(rows)
         df["difference"] = df["winner"] - df["runner_up"]
         df = df.reindex(df["difference"].abs().sort_values(ascending=False).index).reset_index(drop=True)
@@ -123,6 +149,7 @@ class Attribution:
 
 
 # --- the head's form ----------------------------------------------------------------------------
+
 
 def head_form(model: Transformer, layer: int, head: int) -> QKForm:
     """B of one head from its own d_qk columns (factored) or W_QK (merged), in float64."""
@@ -142,7 +169,7 @@ def bias_terms(model: Transformer, layer: int, head: int, x: torch.Tensor, y: to
     w = model.cfg.head_d_qk(layer, head)
     W_Q, W_K = attn.W_Q[head, :, :w].double(), attn.W_K[head, :, :w].double()  # [d, w]
     b_Q, b_K = attn.b_Q[head, :w].double(), attn.b_K[head, :w].double()  # [w]
-    scale = w ** -0.5
+    scale = w**-0.5
     xb = (x @ W_Q @ b_K).expand(y.shape[0])  # [n]
     by = y @ W_K @ b_Q  # [n]
     bb = (b_Q @ b_K).expand(y.shape[0])
@@ -169,19 +196,31 @@ def attribute(loaded: LoadedModel, tokens: Sequence[int], layer: int, head: int,
         form = head_form(model, layer, head)
         U, S, Vh = form.svd  # [d, k], [k], [k, d]
         X = _layer_input(model, ids, layer).double()  # [T, d]
-        x, y = X[q], X[:q + 1]  # [d], [n, d]
+        x, y = X[q], X[: q + 1]  # [d], [n, d]
         xc = x @ U  # [k]
         yc = y @ Vh.T  # [n, k]
         terms = S * xc * yc  # [n, k]
         bias = bias_terms(model, layer, head, x, y)  # [n, 3]
     names = token_names(loaded)
     keys = list(range(q + 1))
-    return Attribution(layer, head, q, keys, [ids[k] for k in keys], [names[ids[k]] for k in keys],
-                       S.cpu(), xc.cpu(), yc.cpu(), terms.cpu(), bias.cpu(),
-                       meta=dict(query_token=names[ids[q]], rank_cap=len(S)))
+    return Attribution(
+        layer,
+        head,
+        q,
+        keys,
+        [ids[k] for k in keys],
+        [names[ids[k]] for k in keys],
+        S.cpu(),
+        xc.cpu(),
+        yc.cpu(),
+        terms.cpu(),
+        bias.cpu(),
+        meta=dict(query_token=names[ids[q]], rank_cap=len(S)),
+    )
 
 
 # --- token / position split at layer 0 ----------------------------------------------------------
+
 
 def residual_parts(model: Transformer, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(tok [T, d], pos [T, d], const [d]) with X = tok + pos + const the layer-0 attention
@@ -190,7 +229,7 @@ def residual_parts(model: Transformer, ids: list[int]) -> tuple[torch.Tensor, to
         raise ValueError("the token/position split needs learned position embeddings; this model has none")
     t = torch.as_tensor(ids, dtype=torch.long, device=model.embed.W_E.device)
     e = model.embed.W_E[t].double()  # [T, d]
-    p = model.pos_embed.W_pos[:len(ids)].double()  # [T, d]
+    p = model.pos_embed.W_pos[: len(ids)].double()  # [T, d]
     ln = model.blocks[0].ln1
     if not hasattr(ln, "w"):
         return e, p, torch.zeros_like(e[0])
@@ -221,8 +260,11 @@ def token_position_split(loaded: LoadedModel, tokens: Sequence[int], head: int, 
             return torch.cat([v, torch.full_like(v[..., :1], one)], dim=-1)
 
         xs = {"token": aug(tok[q], 0.0), "position": aug(pos[q], 0.0), "const": aug(const, 1.0)}  # [d + 1]
-        ys = {"token": aug(tok[:q + 1], 0.0), "position": aug(pos[:q + 1], 0.0),
-              "const": aug(const, 1.0).expand(q + 1, -1)}  # [n, d + 1]
+        ys = {
+            "token": aug(tok[: q + 1], 0.0),
+            "position": aug(pos[: q + 1], 0.0),
+            "const": aug(const, 1.0).expand(q + 1, -1),
+        }  # [n, d + 1]
         parts = {f"{a}-{b}": ys[b] @ (xs[a] @ Bp) for a in xs for b in ys}  # [n] each
     out = {name: parts[name] for name in SPLIT_PARTS[:4]}
     out["bias"] = sum(v for k, v in parts.items() if "const" in k)

@@ -37,6 +37,7 @@ factors' shapes (a dense merged B: a Gaussian d_model x d_model matrix). It depe
 shapes, so it is drawn once per shape, from a generator seeded with ``seed`` (deterministic). The
 **baseline-corrected** score is the score minus its baseline: above 0, more than chance.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -85,9 +86,16 @@ class Composition:
             i, j = divmod(idx, n)
             if torch.isnan(key[i, j]):
                 break
-            out.append(dict(kind=kind, source=self.order[i], target=self.order[j],
-                            score=float(self.scores[kind][i, j]), baseline=float(self.baseline[kind][i, j]),
-                            corrected=float(c[i, j])))
+            out.append(
+                dict(
+                    kind=kind,
+                    source=self.order[i],
+                    target=self.order[j],
+                    score=float(self.scores[kind][i, j]),
+                    baseline=float(self.baseline[kind][i, j]),
+                    corrected=float(c[i, j]),
+                )
+            )
         return out
 
 
@@ -99,6 +107,7 @@ def _kind(kind: str) -> str:
 
 
 # --- factored Frobenius norms -------------------------------------------------------------------
+
 
 def gram(X: torch.Tensor) -> torch.Tensor:
     """X^T X over the last two dims, [..., r, r]."""
@@ -120,6 +129,7 @@ def composition_score(L1: torch.Tensor, R1: torch.Tensor, L2: torch.Tensor, R2: 
 
 
 # --- the factors of each head -------------------------------------------------------------------
+
 
 def _reading_map(model: Transformer, layer: int, fold_ln: bool) -> torch.Tensor:
     """N = P diag(w) of ln1 at ``layer``, [d, d] (the identity without a LayerNorm)."""
@@ -160,7 +170,9 @@ def _random_factors(shape: tuple, n: int, g: torch.Generator) -> tuple[torch.Ten
     d, r, dense = shape
     if dense:
         return torch.randn(n, d, d, generator=g, dtype=torch.float64), torch.eye(d, dtype=torch.float64).expand(n, d, d)
-    return torch.randn(n, d, r, generator=g, dtype=torch.float64), torch.randn(n, d, r, generator=g, dtype=torch.float64)
+    return torch.randn(n, d, r, generator=g, dtype=torch.float64), torch.randn(
+        n, d, r, generator=g, dtype=torch.float64
+    )
 
 
 def baseline_score(kind: str, writer: tuple, reader: tuple, n_samples: int = N_SAMPLES, seed: int = 0) -> float:
@@ -189,17 +201,21 @@ def composition(model: Transformer, fold_ln: bool = True, n_samples: int = N_SAM
     scores = {k: torch.full((n, n), float("nan")) for k in KINDS}
     base = {k: torch.full((n, n), float("nan")) for k in KINDS}
     with torch.no_grad():
-        factors = [{k: tuple(t.double() for t in v) for k, v in head_factors(model, l, fold_ln).items()}
-                   for l in range(L)]
+        factors = [
+            {k: tuple(t.double() for t in v) for k, v in head_factors(model, l, fold_ln).items()} for l in range(L)
+        ]
         for a in range(L):
             L1, R1 = (t[:, None] for t in factors[a]["ov"])  # [H, 1, d, d_head]
             for b in range(a + 1, L):
                 QL, QR = (t[None] for t in factors[b]["qk"])  # [1, H, d, r]
                 VL, VR = (t[None] for t in factors[b]["ov_read"])
-                block = {"q": composition_score(L1, R1, QL, QR), "k": composition_score(L1, R1, QR, QL),
-                         "v": composition_score(L1, R1, VL, VR)}  # [H, H] each
+                block = {
+                    "q": composition_score(L1, R1, QL, QR),
+                    "k": composition_score(L1, R1, QR, QL),
+                    "v": composition_score(L1, R1, VL, VR),
+                }  # [H, H] each
                 for k in KINDS:
-                    scores[k][a * H:(a + 1) * H, b * H:(b + 1) * H] = block[k].float()
+                    scores[k][a * H : (a + 1) * H, b * H : (b + 1) * H] = block[k].float()
         cache: dict = {}
         for i in range(n):
             a, ha = divmod(i, H)
@@ -211,11 +227,18 @@ def composition(model: Transformer, fold_ln: bool = True, n_samples: int = N_SAM
                     if key not in cache:
                         cache[key] = baseline_score(k, key[1], key[2], n_samples, seed)
                     base[k][i, j] = cache[key]
-    return Composition(order, [l for l in range(L) for _ in range(H)], scores, base,
-                       meta=dict(fold_ln=fold_ln, n_samples=n_samples, seed=seed))
+    return Composition(
+        order,
+        [l for l in range(L) for _ in range(H)],
+        scores,
+        base,
+        meta=dict(fold_ln=fold_ln, n_samples=n_samples, seed=seed),
+    )
 
 
-def k_composed_positivity(model: Transformer, writer: tuple[int, int], layer: int, fold_ln: bool = True) -> torch.Tensor:
+def k_composed_positivity(
+    model: Transformer, writer: tuple[int, int], layer: int, fold_ln: bool = True
+) -> torch.Tensor:
     """QK positivity of every head of ``layer`` with its keys read through the writer head's
     OV map, [n_heads]: the eigenvalue positivity (``circuits.ov.positivity``) of
 
@@ -260,7 +283,7 @@ def composed_qk_positivities(model: Transformer, comp: Composition | None = None
     K = comp.corrected("k")
     out = []
     for layer in range(1, model.cfg.n_layers):
-        cols = K[:layer * H, layer * H:(layer + 1) * H]  # [writers, H]
+        cols = K[: layer * H, layer * H : (layer + 1) * H]  # [writers, H]
         for h in range(H):
             w = int(cols[:, h].nan_to_num(-float("inf")).argmax())
             pos = k_composed_positivity(model, divmod(w, H), layer)

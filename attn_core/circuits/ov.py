@@ -38,6 +38,7 @@ token attends to copies of itself. Induction and copying heads sit near (1, 1) t
 Value-weighted attention (Kobayashi et al. 2020): ``A_ij ||(X_j W_V + b_V) W_O||``, the size of
 what query i actually receives from key j, beside the pattern A.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -61,6 +62,7 @@ from attn_core.regularizers import head_label
 
 # --- OV per head --------------------------------------------------------------------------------
 
+
 def ov_form(model: Transformer, layer: int) -> QKForm:
     """W_OV = W_V W_O of every head of a layer as a factored form, batch shape [n_heads]:
     ``left = W_V`` [h, d_model, d_head], ``right = W_O^T`` [h, d_model, d_head]."""
@@ -81,12 +83,15 @@ def ov_spectrum_frame(model: Transformer) -> pd.DataFrame:
     for l in range(s.shape[0]):
         for h in range(s.shape[1]):
             top = float(s[l, h, 0]) or 1.0
-            rows += [dict(layer=l, head=h, index=i, singular_value=float(v), normalized=float(v) / top)
-                     for i, v in enumerate(s[l, h].tolist())]
+            rows += [
+                dict(layer=l, head=h, index=i, singular_value=float(v), normalized=float(v) / top)
+                for i, v in enumerate(s[l, h].tolist())
+            ]
     return pd.DataFrame(rows)
 
 
 # --- full circuits ------------------------------------------------------------------------------
+
 
 def unembed_matrix(model: Transformer) -> torch.Tensor:
     """U = P diag(w_f) W_U, [d_model, d_vocab]: the unembedding as the residual stream sees it
@@ -173,15 +178,26 @@ def head_circuits(model: Transformer) -> pd.DataFrame:
     rows = []
     for l in range(model.cfg.n_layers):
         for h in range(model.cfg.n_heads):
-            rows.append(dict(layer=l, head=h, label=head_label(l, h), copying_score=float(copy[l, h]),
-                             qk_positivity=float(qk[l, h]), ov_singular_values=sv[l, h].tolist(),
-                             ov_norm=float(sv[l, h].pow(2).sum().sqrt())))
+            rows.append(
+                dict(
+                    layer=l,
+                    head=h,
+                    label=head_label(l, h),
+                    copying_score=float(copy[l, h]),
+                    qk_positivity=float(qk[l, h]),
+                    ov_singular_values=sv[l, h].tolist(),
+                    ov_norm=float(sv[l, h].pow(2).sum().sqrt()),
+                )
+            )
     return pd.DataFrame(rows)
 
 
 # --- value-weighted attention -------------------------------------------------------------------
 
-def value_weighted(model: Transformer, tokens: Sequence[int], layer: int, heads: int | Sequence[int] | None = None) -> dict[str, torch.Tensor]:
+
+def value_weighted(
+    model: Transformer, tokens: Sequence[int], layer: int, heads: int | Sequence[int] | None = None
+) -> dict[str, torch.Tensor]:
     """On a real input: ``pattern`` A [h, T, T], ``value_norms`` ||v_j W_O|| [h, T] with
     v_j = X_j W_V + b_V, and ``weighted`` A_ij ||v_j W_O|| [h, T, T], for the chosen heads."""
     check_model(model, "value_weighted")

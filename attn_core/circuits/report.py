@@ -21,6 +21,7 @@ See :mod:`attn_core.circuits.ov` and :mod:`attn_core.circuits.composition` for t
 one entry per key the query sees (or the ``top`` best), by decreasing score; ``sum(contribution) + bias == score``
 (see :mod:`attn_core.circuits.attribution`).
 """
+
 from __future__ import annotations
 
 import math
@@ -52,26 +53,46 @@ def circuits_report(model: Transformer, n_samples: int = N_SAMPLES, seed: int = 
     check_model(model, "circuits_report")
     table = head_circuits(model)
     comp = composition(model, n_samples=n_samples, seed=seed)
-    heads = [dict(layer=int(r.layer), head=int(r.head), copying_score=float(r.copying_score),
-                  qk_positivity=float(r.qk_positivity), ov_singular_values=[float(s) for s in r.ov_singular_values])
-             for r in table.itertuples()]
-    return dict(heads=heads, order=list(comp.order),
-                composition={k: _matrix(comp.scores[k]) for k in KINDS},
-                composition_baseline={k: _matrix(comp.baseline[k]) for k in KINDS})
+    heads = [
+        dict(
+            layer=int(r.layer),
+            head=int(r.head),
+            copying_score=float(r.copying_score),
+            qk_positivity=float(r.qk_positivity),
+            ov_singular_values=[float(s) for s in r.ov_singular_values],
+        )
+        for r in table.itertuples()
+    ]
+    return dict(
+        heads=heads,
+        order=list(comp.order),
+        composition={k: _matrix(comp.scores[k]) for k in KINDS},
+        composition_baseline={k: _matrix(comp.baseline[k]) for k in KINDS},
+    )
 
 
-def attribute_report(loaded: LoadedModel, layer: int, head: int, query: int, tokens: Sequence[int],
-                     top: int | None = None) -> dict:
+def attribute_report(
+    loaded: LoadedModel, layer: int, head: int, query: int, tokens: Sequence[int], top: int | None = None
+) -> dict:
     """The scores of query position ``query`` against every key it sees (the ``top`` best when
     given), each split into the rank-1 terms of B (direction i, sigma_i, contribution) and the bias."""
     attr = attribute(check_loaded(loaded, "attribute_report"), tokens, layer, head, query)
     order = attr.ranking()
     if top is not None:
-        order = order[:check_int("top", top, 1)]
+        order = order[: check_int("top", top, 1)]
     keys = []
     for i in order:
-        terms = [dict(direction=d, sigma=float(attr.sigma[d]), contribution=float(attr.terms[i, d]))
-                 for d in range(attr.terms.shape[1])]
-        keys.append(dict(key=attr.keys[i], token=attr.token_labels[i], score=float(attr.scores[i]),
-                         terms=terms, bias=float(attr.bias[i])))
+        terms = [
+            dict(direction=d, sigma=float(attr.sigma[d]), contribution=float(attr.terms[i, d]))
+            for d in range(attr.terms.shape[1])
+        ]
+        keys.append(
+            dict(
+                key=attr.keys[i],
+                token=attr.token_labels[i],
+                score=float(attr.scores[i]),
+                terms=terms,
+                bias=float(attr.bias[i]),
+            )
+        )
     return dict(query=attr.query, keys=keys)

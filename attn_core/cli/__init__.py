@@ -8,14 +8,19 @@ sweeps, sweeps show), ``grow``, ``kernels``
 (kernels, kernels-bench) and ``qk`` (compare-qk); ``common`` holds what they share. Every model NAME goes through
 ``attn_core.sources.resolve``; option defaults whose setting lives in a config dataclass are read
 from it (``attn_core.validate.default``)."""
+
 from __future__ import annotations
 
 import typer
 
 from attn_core.cli import bilinear, circuits, grow, kernels, models, qk, runs, sweep
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="attn-lab: see, measure, regularize and retrain the QK bilinear form of attention.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="attn-lab: see, measure, regularize and retrain the QK bilinear form of attention.",
+)
 for group in (models, bilinear, circuits, runs, sweep, grow, kernels, qk):  # the order of `attn-lab --help`
     app.add_typer(group.app)
 app.add_typer(runs.runs_app, name="runs")

@@ -1,5 +1,6 @@
 """Bilinear-form commands on one model: ``spectrum`` (of B per head), ``scores`` (S and A of one
 head on one input), ``heads`` (the head detectors) and ``export`` (any of their figures)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,15 +11,27 @@ from attn_core.cli.common import JsonOpt, NameArg, check_head, emit, guarded, in
 
 app = typer.Typer()
 
-FIGURES = ("scores", "pattern", "query", "vocab", "vocab-pattern", "positional", "spectrum", "eigenvalues",
-           "concentration", "heads")
+FIGURES = (
+    "scores",
+    "pattern",
+    "query",
+    "vocab",
+    "vocab-pattern",
+    "positional",
+    "spectrum",
+    "eigenvalues",
+    "concentration",
+    "heads",
+)
 
 
 @app.command("spectrum")
 @guarded
-def spectrum_cmd(name: str = NameArg,
-                 augmented: bool = typer.Option(False, help="Spectrum of the bias-augmented B' (d_model + 1)."),
-                 as_json: bool = JsonOpt):
+def spectrum_cmd(
+    name: str = NameArg,
+    augmented: bool = typer.Option(False, help="Spectrum of the bias-augmented B' (d_model + 1)."),
+    as_json: bool = JsonOpt,
+):
     """Singular values, eigenvalues of the symmetric part, norms and ranks of B for every head."""
     from attn_core import bilinear
     from attn_core.sources import resolve
@@ -27,22 +40,38 @@ def spectrum_cmd(name: str = NameArg,
 
     def human(rs):
         rows = [dict(r, sigma_1=r["singular_values"][0], lambda_sym_1=r["eigenvalues_sym"][0]) for r in rs]
-        return table(rows, ["layer", "head", "rank_cap", "sigma_1", "lambda_sym_1", "stable_rank", "effective_rank",
-                            "frobenius_norm", "nuclear_norm"])
+        return table(
+            rows,
+            [
+                "layer",
+                "head",
+                "rank_cap",
+                "sigma_1",
+                "lambda_sym_1",
+                "stable_rank",
+                "effective_rank",
+                "frobenius_norm",
+                "nuclear_norm",
+            ],
+        )
 
     emit(rows, as_json, human)
 
 
 @app.command("scores")
 @guarded
-def scores_cmd(name: str = NameArg,
-               layer: int = typer.Option(0, help="Layer index."),
-               head: int = typer.Option(0, help="Head index."),
-               tokens: str | None = typer.Option(None, help='Space-separated tokens, e.g. "a b c" (ids for models without a task).'),
-               sample_seed: int | None = typer.Option(None, help="Use the held-out task sample with this seed."),
-               random_seed: int | None = typer.Option(None, help="Use uniform random tokens with this seed."),
-               k: int = typer.Option(1, help="k of the top-k mass."),
-               as_json: bool = JsonOpt):
+def scores_cmd(
+    name: str = NameArg,
+    layer: int = typer.Option(0, help="Layer index."),
+    head: int = typer.Option(0, help="Head index."),
+    tokens: str | None = typer.Option(
+        None, help='Space-separated tokens, e.g. "a b c" (ids for models without a task).'
+    ),
+    sample_seed: int | None = typer.Option(None, help="Use the held-out task sample with this seed."),
+    random_seed: int | None = typer.Option(None, help="Use uniform random tokens with this seed."),
+    k: int = typer.Option(1, help="k of the top-k mass."),
+    as_json: bool = JsonOpt,
+):
     """Scores S = X'B'X'^T (the model's own pre-softmax scores), pattern A and the concentration
     of every query row for one head on one input."""
     from attn_core import bilinear, metrics
@@ -56,16 +85,31 @@ def scores_cmd(name: str = NameArg,
     valid = metrics.informative_rows(view.mask, view.pattern[0].shape)
     summary = {m: {s: float(t) for s, t in metrics.summarize(v, valid).items()} for m, v in per_row.items()}
     names = bilinear.token_names(loaded)
-    result = {"name": loaded.name, "layer": layer, "head": head, "tokens": [names[t] for t in ids], "token_ids": ids,
-              "scores": view.scores[0].masked_fill(~view.mask, float("nan")), "pattern": view.pattern[0],
-              "concentration": {"per_query": per_row, "summary": summary, "k": k}}
+    result = {
+        "name": loaded.name,
+        "layer": layer,
+        "head": head,
+        "tokens": [names[t] for t in ids],
+        "token_ids": ids,
+        "scores": view.scores[0].masked_fill(~view.mask, float("nan")),
+        "pattern": view.pattern[0],
+        "concentration": {"per_query": per_row, "summary": summary, "k": k},
+    }
 
     def human(r):
         rows = []
         for q, tok in enumerate(r["tokens"]):
             top = int(view.pattern[0, q].argmax())
-            rows.append(dict(query=q, token=tok, top_key=f"{top}:{r['tokens'][top]}", top_prob=float(view.pattern[0, q, top]),
-                             norm_entropy=float(per_row["normalized_entropy"][q]), hoyer=float(per_row["hoyer"][q])))
+            rows.append(
+                dict(
+                    query=q,
+                    token=tok,
+                    top_key=f"{top}:{r['tokens'][top]}",
+                    top_prob=float(view.pattern[0, q, top]),
+                    norm_entropy=float(per_row["normalized_entropy"][q]),
+                    hoyer=float(per_row["hoyer"][q]),
+                )
+            )
         tail = "  ".join(f"{m} {v['mean']:.3g}" for m, v in summary.items())
         return table(rows, list(rows[0])) + f"\nmean over rows with >= 2 keys: {tail}"
 
@@ -74,13 +118,17 @@ def scores_cmd(name: str = NameArg,
 
 @app.command("heads")
 @guarded
-def heads_cmd(name: str = NameArg,
-              samples: int = typer.Option(32, help="Generated sequences per detector."),
-              seed: int = typer.Option(0, help="Seed of the generated sequences."),
-              length: int | None = typer.Option(None, help="Sequence length (default: the context, at most 64)."),
-              rows: str = typer.Option("supported", help="Average over 'supported' rows (a perfect head scores 1) "
-                                                          "or 'all' rows (TransformerLens' normalisation)."),
-              as_json: bool = JsonOpt):
+def heads_cmd(
+    name: str = NameArg,
+    samples: int = typer.Option(32, help="Generated sequences per detector."),
+    seed: int = typer.Option(0, help="Seed of the generated sequences."),
+    length: int | None = typer.Option(None, help="Sequence length (default: the context, at most 64)."),
+    rows: str = typer.Option(
+        "supported",
+        help="Average over 'supported' rows (a perfect head scores 1) or 'all' rows (TransformerLens' normalisation).",
+    ),
+    as_json: bool = JsonOpt,
+):
     """Previous-token, induction, duplicate-token and self scores of every head, on seeded
     random and repeated random sequences from the model's vocabulary."""
     from attn_core import bilinear
@@ -88,25 +136,29 @@ def heads_cmd(name: str = NameArg,
 
     det = bilinear.head_detectors(resolve(name).model, n_samples=samples, seed=seed, length=length, rows=rows)
     wide = det.pivot(index=["layer", "head"], columns="detector", values="score").reset_index()
-    heads = [{"layer": int(r["layer"]), "head": int(r["head"]), **{d: float(r[d]) for d in bilinear.DETECTORS}}
-             for _, r in wide.iterrows()]
+    heads = [
+        {"layer": int(r["layer"]), "head": int(r["head"]), **{d: float(r[d]) for d in bilinear.DETECTORS}}
+        for _, r in wide.iterrows()
+    ]
     result = {"heads": heads, "best": bilinear.best_heads(det), "samples": samples, "seed": seed, "rows": rows}
     emit(result, as_json, lambda r: table(r["heads"], ["layer", "head", *bilinear.DETECTORS]))
 
 
 @app.command("export")
 @guarded
-def export_cmd(name: str = NameArg,
-               figure: str = typer.Option(..., help=f"One of: {', '.join(FIGURES)}."),
-               out: Path = typer.Option(..., help="File to write (never overwritten)."),
-               fmt: str | None = typer.Option(None, "--format", help="png, svg, html or csv (default: from --out)."),
-               layer: int = typer.Option(0, help="Layer (views)."),
-               head: int = typer.Option(0, help="Head (views)."),
-               query: int | None = typer.Option(None, help="Query row to highlight (the 'query' figure needs one; default last)."),
-               tokens: str | None = typer.Option(None, help="Typed tokens for the sequence view."),
-               sample_seed: int | None = typer.Option(None, help="Task sample for the sequence view."),
-               random_seed: int | None = typer.Option(None, help="Random tokens for the sequence view."),
-               as_json: bool = JsonOpt):
+def export_cmd(
+    name: str = NameArg,
+    figure: str = typer.Option(..., help=f"One of: {', '.join(FIGURES)}."),
+    out: Path = typer.Option(..., help="File to write (never overwritten)."),
+    fmt: str | None = typer.Option(None, "--format", help="png, svg, html or csv (default: from --out)."),
+    layer: int = typer.Option(0, help="Layer (views)."),
+    head: int = typer.Option(0, help="Head (views)."),
+    query: int | None = typer.Option(None, help="Query row to highlight (the 'query' figure needs one; default last)."),
+    tokens: str | None = typer.Option(None, help="Typed tokens for the sequence view."),
+    sample_seed: int | None = typer.Option(None, help="Task sample for the sequence view."),
+    random_seed: int | None = typer.Option(None, help="Random tokens for the sequence view."),
+    as_json: bool = JsonOpt,
+):
     """Write one figure as PNG, SVG, HTML or its data as CSV."""
     from attn_core import bilinear
     from attn_core.figures import EXPORT_FORMATS, ExportError, write_plot
@@ -117,7 +169,9 @@ def export_cmd(name: str = NameArg,
         raise ValueError(f"unknown figure {figure!r}; choose one of {', '.join(FIGURES)}")
     fmt = (fmt or out.suffix.lstrip(".")).lower()
     if fmt not in EXPORT_FORMATS:
-        raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(EXPORT_FORMATS)} (--format or the --out suffix)")
+        raise ValueError(
+            f"unknown format {fmt!r}; choose one of {', '.join(EXPORT_FORMATS)} (--format or the --out suffix)"
+        )
     loaded = resolve(name)
     model = loaded.model
     if figure in ("scores", "pattern", "query", "vocab", "vocab-pattern", "positional"):
@@ -129,8 +183,12 @@ def export_cmd(name: str = NameArg,
         else:
             plot = fb.view_plot(view, head, query, value="scores" if figure == "scores" else "pattern")
     elif figure in ("vocab", "vocab-pattern"):
-        plot = fb.view_plot(bilinear.vocabulary_view(loaded, layer, [head]), head, query,
-                            value="scores" if figure == "vocab" else "pattern")
+        plot = fb.view_plot(
+            bilinear.vocabulary_view(loaded, layer, [head]),
+            head,
+            query,
+            value="scores" if figure == "vocab" else "pattern",
+        )
     elif figure == "positional":
         plot = fb.view_plot(bilinear.positional_view(loaded, layer, [head]), head, query)
     elif figure == "spectrum":
@@ -146,5 +204,8 @@ def export_cmd(name: str = NameArg,
         path = write_plot(plot, out, fmt)
     except ExportError as e:
         raise ValueError(str(e)) from None
-    emit({"figure": figure, "plot": plot.name, "format": fmt, "out": str(path), "bytes": path.stat().st_size},
-         as_json, lambda r: f"wrote {r['out']} ({r['format']}, {r['bytes']} bytes)")
+    emit(
+        {"figure": figure, "plot": plot.name, "format": fmt, "out": str(path), "bytes": path.stat().st_size},
+        as_json,
+        lambda r: f"wrote {r['out']} ({r['format']}, {r['bytes']} bytes)",
+    )

@@ -2,6 +2,7 @@
 positivity and the composition scores with their random-matrix baseline) and ``attribute`` (one
 query's scores split into the rank-1 terms of B). The documents are
 ``attn_core.circuits.circuits_report`` and ``attribute_report``."""
+
 from __future__ import annotations
 
 import math
@@ -28,23 +29,35 @@ def strongest_edges(doc: dict, top: int = N_EDGES) -> list[dict]:
             for j, v in enumerate(row):
                 b = doc["composition_baseline"][k][i][j]
                 if v is not None and b is not None:
-                    edges.append(dict(kind=k.upper(), source=order[i], target=order[j], score=v, baseline=b,
-                                      corrected=v - b))
+                    edges.append(
+                        dict(kind=k.upper(), source=order[i], target=order[j], score=v, baseline=b, corrected=v - b)
+                    )
     return sorted(edges, key=lambda e: e["corrected"], reverse=True)[:top]
 
 
 def _circuits_text(doc: dict) -> str:
-    heads = [dict(head=f"L{h['layer']}H{h['head']}", copying_score=h["copying_score"], qk_positivity=h["qk_positivity"],
-                  ov_sigma=", ".join(f"{s:.3g}" for s in h["ov_singular_values"][:N_SIGMA]))
-             for h in doc["heads"]]
-    lines = ["Per head: OV copying score and QK positivity (sum of eigenvalues / sum of their moduli, -1..1) "
-             f"and the top {N_SIGMA} singular values of W_OV = W_V W_O",
-             table(heads, ["head", "copying_score", "qk_positivity", "ov_sigma"])]
+    heads = [
+        dict(
+            head=f"L{h['layer']}H{h['head']}",
+            copying_score=h["copying_score"],
+            qk_positivity=h["qk_positivity"],
+            ov_sigma=", ".join(f"{s:.3g}" for s in h["ov_singular_values"][:N_SIGMA]),
+        )
+        for h in doc["heads"]
+    ]
+    lines = [
+        "Per head: OV copying score and QK positivity (sum of eigenvalues / sum of their moduli, -1..1) "
+        f"and the top {N_SIGMA} singular values of W_OV = W_V W_O",
+        table(heads, ["head", "copying_score", "qk_positivity", "ov_sigma"]),
+    ]
     edges = strongest_edges(doc)
     if edges:
-        lines += ["", "Strongest composition edges (writer -> reader; score ||W_A W_B||_F / (||W_A||_F ||W_B||_F), "
-                      "baseline: its mean over random matrices of the same shapes)",
-                  table(edges, ["kind", "source", "target", "score", "baseline", "corrected"])]
+        lines += [
+            "",
+            "Strongest composition edges (writer -> reader; score ||W_A W_B||_F / (||W_A||_F ||W_B||_F), "
+            "baseline: its mean over random matrices of the same shapes)",
+            table(edges, ["kind", "source", "target", "score", "baseline", "corrected"]),
+        ]
     else:
         lines += ["", "One layer: no composition between heads."]
     return "\n".join(lines)
@@ -52,11 +65,12 @@ def _circuits_text(doc: dict) -> str:
 
 @app.command("circuits")
 @guarded
-def circuits_cmd(name: str = NameArg,
-                 samples: int = typer.Option(N_SAMPLES, help="Random matrix pairs per shape for the composition "
-                                             "baseline."),
-                 seed: int = typer.Option(0, help="Seed of the random matrices of the baseline."),
-                 as_json: bool = JsonOpt):
+def circuits_cmd(
+    name: str = NameArg,
+    samples: int = typer.Option(N_SAMPLES, help="Random matrix pairs per shape for the composition baseline."),
+    seed: int = typer.Option(0, help="Seed of the random matrices of the baseline."),
+    as_json: bool = JsonOpt,
+):
     """OV spectra, copying scores and QK positivity of every head, and Q-, K-, V-composition
     scores from every earlier head into every later one, with their random-matrix baseline."""
     from attn_core.circuits import circuits_report
@@ -69,34 +83,51 @@ def _attribute_text(doc: dict) -> str:
     rows = []
     for rank, k in enumerate(doc["keys"], start=1):
         terms = sorted(k["terms"], key=lambda t: abs(t["contribution"]), reverse=True)[:N_TERMS]
-        rows.append(dict(rank=rank, key=k["key"], token=k["token"], score=k["score"], bias=k["bias"],
-                         top_terms="  ".join(f"σ{t['direction'] + 1}:{t['contribution']:+.3g}" for t in terms)))
-    head = (f"Query {doc['query']}: f_x(y) of each key it sees = sum over i of σ_i (x·u_i)(y·v_i) + bias "
-            f"(largest {N_TERMS} terms by |contribution|)")
+        rows.append(
+            dict(
+                rank=rank,
+                key=k["key"],
+                token=k["token"],
+                score=k["score"],
+                bias=k["bias"],
+                top_terms="  ".join(f"σ{t['direction'] + 1}:{t['contribution']:+.3g}" for t in terms),
+            )
+        )
+    head = (
+        f"Query {doc['query']}: f_x(y) of each key it sees = sum over i of σ_i (x·u_i)(y·v_i) + bias "
+        f"(largest {N_TERMS} terms by |contribution|)"
+    )
     out = [head, table(rows, ["rank", "key", "token", "score", "bias", "top_terms"])]
     if len(doc["keys"]) >= 2:
         w, r = doc["keys"][0], doc["keys"][1]
-        diff = sorted(((t1["direction"], t1["contribution"] - t2["contribution"]) for t1, t2 in zip(w["terms"], r["terms"])),
-                      key=lambda x: -abs(x[1]))[:N_TERMS]
+        diff = sorted(
+            ((t1["direction"], t1["contribution"] - t2["contribution"]) for t1, t2 in zip(w["terms"], r["terms"])),
+            key=lambda x: -abs(x[1]),
+        )[:N_TERMS]
         margin = w["score"] - r["score"]
-        out.append(f"key {w['key']} beats key {r['key']} by {margin:.4g}; largest differences: "
-                   + ", ".join(f"σ{d + 1} {v:+.3g}" for d, v in diff)
-                   + (f", bias {w['bias'] - r['bias']:+.3g}" if not math.isclose(w["bias"], r["bias"]) else ""))
+        out.append(
+            f"key {w['key']} beats key {r['key']} by {margin:.4g}; largest differences: "
+            + ", ".join(f"σ{d + 1} {v:+.3g}" for d, v in diff)
+            + (f", bias {w['bias'] - r['bias']:+.3g}" if not math.isclose(w["bias"], r["bias"]) else "")
+        )
     return "\n".join(out)
 
 
 @app.command("attribute")
 @guarded
-def attribute_cmd(name: str = NameArg,
-                  layer: int = typer.Option(0, help="Layer index."),
-                  head: int = typer.Option(0, help="Head index."),
-                  query: int | None = typer.Option(None, help="Query position (default: the last token)."),
-                  tokens: str | None = typer.Option(None, help='Space-separated tokens, e.g. "a b c" (ids for models '
-                                                    "without a task)."),
-                  sample_seed: int | None = typer.Option(None, help="Use the held-out task sample with this seed."),
-                  random_seed: int | None = typer.Option(None, help="Use uniform random tokens with this seed."),
-                  top: int | None = typer.Option(None, help="Only the K best keys (default: every key the query sees)."),
-                  as_json: bool = JsonOpt):
+def attribute_cmd(
+    name: str = NameArg,
+    layer: int = typer.Option(0, help="Layer index."),
+    head: int = typer.Option(0, help="Head index."),
+    query: int | None = typer.Option(None, help="Query position (default: the last token)."),
+    tokens: str | None = typer.Option(
+        None, help='Space-separated tokens, e.g. "a b c" (ids for models without a task).'
+    ),
+    sample_seed: int | None = typer.Option(None, help="Use the held-out task sample with this seed."),
+    random_seed: int | None = typer.Option(None, help="Use uniform random tokens with this seed."),
+    top: int | None = typer.Option(None, help="Only the K best keys (default: every key the query sees)."),
+    as_json: bool = JsonOpt,
+):
     """Why a query attends where it does: its score f_x(y) against every key it sees, split into
     the rank-1 terms σ_i (x·u_i)(y·v_i) of the head's B plus the bias; terms and bias add up
     to the model's own score."""

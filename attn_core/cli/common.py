@@ -1,6 +1,7 @@
 """What every command group shares: the ``--json`` option, printing (:func:`emit`, :func:`table`),
 the one-line error path (:func:`fail`, :func:`guarded`) and the input helpers of the head-level
 commands. Option defaults are read from the config dataclasses with ``attn_core.validate.default``."""
+
 from __future__ import annotations
 
 import functools
@@ -24,6 +25,7 @@ def command_line() -> str:
 
 
 # --- output --------------------------------------------------------------------------------------
+
 
 def _clean(obj: Any) -> Any:
     """JSON-safe: tensors/arrays to lists, non-finite floats to null."""
@@ -50,6 +52,7 @@ def emit(obj: Any, as_json: bool, human: Callable[[Any], str] | None = None) -> 
 
 def table(rows: list[dict], cols: list[str]) -> str:
     """A plain-text table of ``rows`` (dicts) in columns ``cols``; floats with 4 digits."""
+
     def fmt(v):
         return f"{v:.4g}" if isinstance(v, float) else ("" if v is None else str(v))
 
@@ -60,6 +63,7 @@ def table(rows: list[dict], cols: list[str]) -> str:
 
 
 # --- errors --------------------------------------------------------------------------------------
+
 
 def fail(message: str) -> None:
     typer.echo(f"error: {message}", err=True)
@@ -93,6 +97,7 @@ def needs_task(loaded, why: str) -> None:
 
 
 # --- the input of head-level commands -------------------------------------------------------------
+
 
 def input_tokens(loaded, tokens: str | None, sample_seed: int | None, random_seed: int | None) -> list[int]:
     """Typed tokens, a task sample or random tokens (at most one given; default: sample 0 when

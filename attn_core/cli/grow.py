@@ -1,5 +1,6 @@
 """``grow``: widen d_k of one head along the functional gradient (seed 001), then compare with
 random and zero growth after the same fine-tuning."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,31 +16,43 @@ app = typer.Typer()
 
 @app.command("grow")
 @guarded
-def grow_cmd(name: str = NameArg,
-             layer: int = typer.Option(default(GrowConfig, "layer"), help="Layer of the head to grow."),
-             head: int = typer.Option(default(GrowConfig, "head"), help="Head to grow."),
-             add: int = typer.Option(..., help="p: query/key dimensions to add (1..d_model - d_k)."),
-             batch: int = typer.Option(default(GrowConfig, "batch"), help="Task sequences fitted (and as many more "
-                                       "for the line search)."),
-             seed: int = typer.Option(default(GrowConfig, "seed"), help="Seed of the fitting batch, the fine-tuning "
-                                      "data and the random baseline."),
-             steps: int = typer.Option(default(GrowConfig, "steps"), help="Fine-tuning steps after growth, the same "
-                                       "for the three methods."),
-             lr: float = typer.Option(default(GrowConfig, "lr"), help="Fine-tuning learning rate (AdamW, constant, "
-                                      "no weight decay)."),
-             basis: str = typer.Option(default(GrowConfig, "basis"), help="Truncate in the 'whitened' basis of the "
-                                       "batch (the score metric) or the 'raw' basis of Z (the seed's recipe)."),
-             grid: int = typer.Option(default(GrowConfig, "grid"), help="Step sizes tried by the line search "
-                                      "(powers of 2)."),
-             damping: float = typer.Option(default(GrowConfig, "damping"), help="Levenberg-Marquardt damping of "
-                                           "the least-squares fit (0: exact)."),
-             eval_samples: int = typer.Option(default(GrowConfig, "eval_samples"), help="Held-out sequences for "
-                                              "every reported loss."),
-             device: str = typer.Option(default(GrowConfig, "device"), help="auto, cpu or cuda."),
-             precision: str = typer.Option(default(GrowConfig, "precision"), help="Fine-tuning in fp32, or bf16 "
-                                           "(autocast; the fit and the line search stay fp32)."),
-             out: Path | None = typer.Option(None, help="Save the grown, fine-tuned model in this new folder."),
-             as_json: bool = JsonOpt):
+def grow_cmd(
+    name: str = NameArg,
+    layer: int = typer.Option(default(GrowConfig, "layer"), help="Layer of the head to grow."),
+    head: int = typer.Option(default(GrowConfig, "head"), help="Head to grow."),
+    add: int = typer.Option(..., help="p: query/key dimensions to add (1..d_model - d_k)."),
+    batch: int = typer.Option(
+        default(GrowConfig, "batch"), help="Task sequences fitted (and as many more for the line search)."
+    ),
+    seed: int = typer.Option(
+        default(GrowConfig, "seed"), help="Seed of the fitting batch, the fine-tuning data and the random baseline."
+    ),
+    steps: int = typer.Option(
+        default(GrowConfig, "steps"), help="Fine-tuning steps after growth, the same for the three methods."
+    ),
+    lr: float = typer.Option(
+        default(GrowConfig, "lr"), help="Fine-tuning learning rate (AdamW, constant, no weight decay)."
+    ),
+    basis: str = typer.Option(
+        default(GrowConfig, "basis"),
+        help="Truncate in the 'whitened' basis of the "
+        "batch (the score metric) or the 'raw' basis of Z (the seed's recipe).",
+    ),
+    grid: int = typer.Option(default(GrowConfig, "grid"), help="Step sizes tried by the line search (powers of 2)."),
+    damping: float = typer.Option(
+        default(GrowConfig, "damping"), help="Levenberg-Marquardt damping of the least-squares fit (0: exact)."
+    ),
+    eval_samples: int = typer.Option(
+        default(GrowConfig, "eval_samples"), help="Held-out sequences for every reported loss."
+    ),
+    device: str = typer.Option(default(GrowConfig, "device"), help="auto, cpu or cuda."),
+    precision: str = typer.Option(
+        default(GrowConfig, "precision"),
+        help="Fine-tuning in fp32, or bf16 (autocast; the fit and the line search stay fp32).",
+    ),
+    out: Path | None = typer.Option(None, help="Save the grown, fine-tuned model in this new folder."),
+    as_json: bool = JsonOpt,
+):
     """Grow d_k of one head along the functional gradient (seed 001): fit the descent target of the
     scores by batch least squares, truncate to rank d_k + p, pick the step by line search, then
     fine-tune and compare with random and zero growth."""
@@ -51,31 +64,63 @@ def grow_cmd(name: str = NameArg,
     needs_task(loaded, "there is no loss to grow it on")
     if out is not None and out.exists():
         raise ValueError(f"{out} already exists; choose a new --out folder (nothing was overwritten)")
-    cfg = GrowConfig(layer=layer, head=head, add=add, batch=batch, seed=seed, steps=steps, lr=lr, basis=basis,
-                     grid=grid, damping=damping, eval_samples=eval_samples, device=device,
-                     precision=precision)
+    cfg = GrowConfig(
+        layer=layer,
+        head=head,
+        add=add,
+        batch=batch,
+        seed=seed,
+        steps=steps,
+        lr=lr,
+        basis=basis,
+        grid=grid,
+        damping=damping,
+        eval_samples=eval_samples,
+        device=device,
+        precision=precision,
+    )
     res = grow.grow(loaded.model, loaded.task, cfg)
     summary = {"name": loaded.name, "task": loaded.task.name, **res.summary()}
     if out is not None:
-        card = Card(name=out.name, task=loaded.task.name, parent=loaded.name,
-                    description=f"{loaded.name} with head {head} of layer {layer} grown from d_k {res.d_k} to "
-                                f"{res.kept} (seed 001), then fine-tuned {steps} steps",
-                    metrics={"accuracy": summary["accuracy_after_finetune"], "loss": summary["loss_after_finetune"],
-                             "eval_samples": eval_samples, "split": "test"},
-                    seed=seed, command=command_line(), details={"grow": summary})
+        card = Card(
+            name=out.name,
+            task=loaded.task.name,
+            parent=loaded.name,
+            description=f"{loaded.name} with head {head} of layer {layer} grown from d_k {res.d_k} to "
+            f"{res.kept} (seed 001), then fine-tuned {steps} steps",
+            metrics={
+                "accuracy": summary["accuracy_after_finetune"],
+                "loss": summary["loss_after_finetune"],
+                "eval_samples": eval_samples,
+                "split": "test",
+            },
+            seed=seed,
+            command=command_line(),
+            details={"grow": summary},
+        )
         checkpoint.save(res.models["grown_finetuned"].cpu(), out, card)
         summary["out"] = str(out)
 
     def human(r):
-        rows = [{"method": m, "loss after growth": r["loss_after_step"] if m == "grown" else r["baselines"][m]["loss_after_init"],
-                 f"after {steps} steps": r["loss_after_finetune"] if m == "grown" else r["baselines"][m]["loss_after_finetune"]}
-                for m in ("grown", "random", "zero")]
-        sig = ", ".join(f"{s:.3g}" for s in r["singular_values_Z"][:r["kept"] + 3])
-        return (f"{r['name']} L{layer}H{head}: d_k {r['d_k']} -> {r['d_k_new']}, loss before {r['loss_before']:.4g}\n"
-                f"sigma(Z*) {sig}{' ...' if len(r['singular_values_Z']) > r['kept'] + 3 else ''} (cut after {r['kept']})\n"
-                f"discarded energy {r['discarded_energy']:.3g} ({r['discarded_share']:.2%}), residual {r['residual']:.3g}\n"
-                f"step eta {r['eta']:.3g}: predicted decrease {r['predicted_decrease']:.3g}, "
-                f"measured {r['measured_decrease']:.3g} (fitting batch)\n" + table(rows, list(rows[0]))
-                + (f"\nsaved to {r['out']}" if r.get("out") else ""))
+        rows = [
+            {
+                "method": m,
+                "loss after growth": r["loss_after_step"] if m == "grown" else r["baselines"][m]["loss_after_init"],
+                f"after {steps} steps": r["loss_after_finetune"]
+                if m == "grown"
+                else r["baselines"][m]["loss_after_finetune"],
+            }
+            for m in ("grown", "random", "zero")
+        ]
+        sig = ", ".join(f"{s:.3g}" for s in r["singular_values_Z"][: r["kept"] + 3])
+        return (
+            f"{r['name']} L{layer}H{head}: d_k {r['d_k']} -> {r['d_k_new']}, loss before {r['loss_before']:.4g}\n"
+            f"sigma(Z*) {sig}{' ...' if len(r['singular_values_Z']) > r['kept'] + 3 else ''} (cut after {r['kept']})\n"
+            f"discarded energy {r['discarded_energy']:.3g} ({r['discarded_share']:.2%}), residual {r['residual']:.3g}\n"
+            f"step eta {r['eta']:.3g}: predicted decrease {r['predicted_decrease']:.3g}, "
+            f"measured {r['measured_decrease']:.3g} (fitting batch)\n"
+            + table(rows, list(rows[0]))
+            + (f"\nsaved to {r['out']}" if r.get("out") else "")
+        )
 
     emit(summary, as_json, human)

@@ -1,6 +1,7 @@
 """Kernelized attention: ``kernels`` (how well one method approximates one head's softmax
 attention) and ``kernels-bench`` (time and memory against exact attention as n grows; the timing
 harness is ``benchmarks/kernels.py`` of the repository, loaded from there)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -13,8 +14,18 @@ from attn_core.cli.common import JsonOpt, NameArg, at_least, check_head, emit, g
 
 app = typer.Typer()
 
-_KERNEL_COLS = ["method", "features", "seeds", "rel_error_mean", "rel_error_std", "tv_mean", "tv_std", "kl_mean",
-                "stable_rank", "spectral_norm"]
+_KERNEL_COLS = [
+    "method",
+    "features",
+    "seeds",
+    "rel_error_mean",
+    "rel_error_std",
+    "tv_mean",
+    "tv_std",
+    "kl_mean",
+    "stable_rank",
+    "spectral_norm",
+]
 
 
 BENCH_FILE = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels.py"
@@ -35,22 +46,26 @@ def _bench():
 
 def _softmax_model(loaded) -> None:
     if loaded.config.entmax_alpha != 1.0:
-        raise ValueError(f"model {loaded.name!r} uses alpha-entmax (alpha={loaded.config.entmax_alpha:g}), not softmax: "
-                         "kernel methods approximate softmax(q k^T), so there is no exact pattern to compare with")
+        raise ValueError(
+            f"model {loaded.name!r} uses alpha-entmax (alpha={loaded.config.entmax_alpha:g}), not softmax: "
+            "kernel methods approximate softmax(q k^T), so there is no exact pattern to compare with"
+        )
 
 
 @app.command("kernels")
 @guarded
-def kernels_cmd(name: str = NameArg,
-                layer: int = typer.Option(0, help="Layer index."),
-                head: int = typer.Option(0, help="Head index."),
-                method: str = typer.Option("favor", help="favor, maclaurin, schoenbat, nystrom or nystromformer."),
-                features: int = typer.Option(64, help="Random features / landmarks m (>= 1)."),
-                seeds: int = typer.Option(5, help="Seeds 0..K-1 of the random draw averaged over (>= 1)."),
-                samples: int = typer.Option(16, help="Held-out task sequences the head is run on (>= 1)."),
-                seed: int = typer.Option(0, help="Seed of the held-out task sequences."),
-                causal: bool = typer.Option(True, "--causal/--no-causal", help="Causal mask, as the model attends."),
-                as_json: bool = JsonOpt):
+def kernels_cmd(
+    name: str = NameArg,
+    layer: int = typer.Option(0, help="Layer index."),
+    head: int = typer.Option(0, help="Head index."),
+    method: str = typer.Option("favor", help="favor, maclaurin, schoenbat, nystrom or nystromformer."),
+    features: int = typer.Option(64, help="Random features / landmarks m (>= 1)."),
+    seeds: int = typer.Option(5, help="Seeds 0..K-1 of the random draw averaged over (>= 1)."),
+    samples: int = typer.Option(16, help="Held-out task sequences the head is run on (>= 1)."),
+    seed: int = typer.Option(0, help="Seed of the held-out task sequences."),
+    causal: bool = typer.Option(True, "--causal/--no-causal", help="Causal mask, as the model attends."),
+    as_json: bool = JsonOpt,
+):
     """How well one kernel method approximates one head's softmax attention: relative output
     error |out_hat - out|_F / |out|_F and mean row total variation of the pattern, mean and std
     over seeds, with the head's stable rank |B|_F^2 / |B|_2^2 and spectral norm (float64)."""
@@ -66,27 +81,48 @@ def kernels_cmd(name: str = NameArg,
     _softmax_model(loaded)
     needs_task(loaded, "there are no input sequences to run the head on")
     tokens = loaded.task.sample(samples, seed, "test").tokens
-    result = {"name": loaded.name, "samples": samples, "sample_seed": seed,
-              **kernels.head_error(loaded.model, tokens, layer, head, method=method, features=features,
-                                   seeds=seeds, causal=causal)}
-    emit(result, as_json, lambda r: f"{r['name']} L{layer}H{head} ({'causal' if causal else 'non-causal'}, "
-                                    f"{samples} sequences)\n" + table([r], _KERNEL_COLS))
+    result = {
+        "name": loaded.name,
+        "samples": samples,
+        "sample_seed": seed,
+        **kernels.head_error(
+            loaded.model, tokens, layer, head, method=method, features=features, seeds=seeds, causal=causal
+        ),
+    }
+    emit(
+        result,
+        as_json,
+        lambda r: (
+            f"{r['name']} L{layer}H{head} ({'causal' if causal else 'non-causal'}, "
+            f"{samples} sequences)\n" + table([r], _KERNEL_COLS)
+        ),
+    )
 
 
 @app.command("kernels-bench")
 @guarded
-def kernels_bench_cmd(max_n: int = typer.Option(4096, help="Longest sequence; lengths run 256, 512, ... up to it "
-                                                           "(>= 256). 4096 takes well under a minute on one CPU "
-                                                           "thread; the stored result went to 16384."),
-                      threads: int | None = typer.Option(1, help="torch intra-op threads for the run (>= 1)."),
-                      repeats: int = typer.Option(5, help="Timed calls per (n, method); the median is reported."),
-                      features: int = typer.Option(256, help="Random features / landmarks m."),
-                      causal: bool = typer.Option(False, "--causal/--no-causal", help="Time the causal forms "
-                                                  "(favor, maclaurin only: the others have none)."),
-                      memory: bool = typer.Option(False, "--memory/--no-memory", help="Also measure peak memory, "
-                                                  "in a fresh subprocess per (n, method): adds a few seconds each "
-                                                  "(peak_mb is null without it)."),
-                      as_json: bool = JsonOpt):
+def kernels_bench_cmd(
+    max_n: int = typer.Option(
+        4096,
+        help="Longest sequence; lengths run 256, 512, ... up to it "
+        "(>= 256). 4096 takes well under a minute on one CPU "
+        "thread; the stored result went to 16384.",
+    ),
+    threads: int | None = typer.Option(1, help="torch intra-op threads for the run (>= 1)."),
+    repeats: int = typer.Option(5, help="Timed calls per (n, method); the median is reported."),
+    features: int = typer.Option(256, help="Random features / landmarks m."),
+    causal: bool = typer.Option(
+        False, "--causal/--no-causal", help="Time the causal forms (favor, maclaurin only: the others have none)."
+    ),
+    memory: bool = typer.Option(
+        False,
+        "--memory/--no-memory",
+        help="Also measure peak memory, "
+        "in a fresh subprocess per (n, method): adds a few seconds each "
+        "(peak_mb is null without it).",
+    ),
+    as_json: bool = JsonOpt,
+):
     """Time exact attention (sdpa) and the kernel methods at n = 256 .. max_n (4 heads, d_head 64,
     float32): milliseconds, speed-up, peak memory and the crossover n from which each method wins."""
     from attn_core import kernels
@@ -99,8 +135,16 @@ def kernels_bench_cmd(max_n: int = typer.Option(4096, help="Longest sequence; le
     for what, value in (("--repeats", repeats), ("--features", features)):
         at_least(what, value, 1)
     methods = kernels.CAUSAL_METHODS[:2] if causal else bench.BENCH_METHODS
-    result = bench.run(max_n=max_n, repeats=repeats, methods=methods, min_n=min_n, features=features,
-                               causal=causal, threads=threads, memory=memory)
+    result = bench.run(
+        max_n=max_n,
+        repeats=repeats,
+        methods=methods,
+        min_n=min_n,
+        features=features,
+        causal=causal,
+        threads=threads,
+        memory=memory,
+    )
 
     def human(r):
         cross = ", ".join(f"{m} from n={n}" if n else f"{m} never" for m, n in r["crossover"].items())

@@ -1,5 +1,6 @@
 """Model commands: ``zoo`` (list), ``eval`` (held-out accuracy), ``train`` (a preset from
 scratch) and ``presets`` (the recipes)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,16 +23,23 @@ def zoo_cmd(as_json: bool = JsonOpt):
     rows = zoo.list_models()
     for r in rows:
         r.pop("path", None)
-    emit(rows, as_json, lambda rs: table(rs, ["name", "task", "n_layers", "n_heads", "d_model", "d_head",
-                                              "qk", "d_mlp", "params", "accuracy"]))
+    emit(
+        rows,
+        as_json,
+        lambda rs: table(
+            rs, ["name", "task", "n_layers", "n_heads", "d_model", "d_head", "qk", "d_mlp", "params", "accuracy"]
+        ),
+    )
 
 
 @app.command("eval")
 @guarded
-def eval_cmd(name: str = typer.Argument(..., help="Zoo model name or path to a model folder."),
-             samples: int = typer.Option(512, help="Number of held-out sequences."),
-             seed: int = typer.Option(0, help="Seed of the held-out samples."),
-             as_json: bool = JsonOpt):
+def eval_cmd(
+    name: str = typer.Argument(..., help="Zoo model name or path to a model folder."),
+    samples: int = typer.Option(512, help="Number of held-out sequences."),
+    seed: int = typer.Option(0, help="Seed of the held-out samples."),
+    as_json: bool = JsonOpt,
+):
     """Accuracy and loss of a model on fresh held-out samples of its task."""
     from attn_core.sources import resolve
     from attn_core.training.trainer import evaluate
@@ -41,31 +49,58 @@ def eval_cmd(name: str = typer.Argument(..., help="Zoo model name or path to a m
     loaded = resolve(name)
     needs_task(loaded, "it cannot be evaluated")
     res = evaluate(loaded.model, loaded.task, samples=samples, seed=seed)
-    emit({"name": loaded.name, "task": loaded.task.name, "accuracy": res["accuracy"], "loss": res["loss"],
-          "samples": samples, "seed": seed}, as_json)
+    emit(
+        {
+            "name": loaded.name,
+            "task": loaded.task.name,
+            "accuracy": res["accuracy"],
+            "loss": res["loss"],
+            "samples": samples,
+            "seed": seed,
+        },
+        as_json,
+    )
 
 
 @app.command("train")
 @guarded
-def train_cmd(preset: str = typer.Option(..., help="Preset name (see `attn-lab presets`)."),
-              out: Path | None = typer.Option(None, help="Folder to save the model in (must not exist)."),
-              steps: int | None = typer.Option(None, help="Override the preset's number of steps."),
-              seed: int | None = typer.Option(None, help="Override the preset's seed."),
-              device: str | None = typer.Option(None, help="auto, cpu or cuda (default: the preset's, auto)."),
-              precision: str = typer.Option(default(TrainConfig, "precision"), help="fp32, or bf16 (autocast: "
-                                            "forward and loss in bfloat16, weights and AdamW in fp32)."),
-              as_json: bool = JsonOpt):
+def train_cmd(
+    preset: str = typer.Option(..., help="Preset name (see `attn-lab presets`)."),
+    out: Path | None = typer.Option(None, help="Folder to save the model in (must not exist)."),
+    steps: int | None = typer.Option(None, help="Override the preset's number of steps."),
+    seed: int | None = typer.Option(None, help="Override the preset's seed."),
+    device: str | None = typer.Option(None, help="auto, cpu or cuda (default: the preset's, auto)."),
+    precision: str = typer.Option(
+        default(TrainConfig, "precision"),
+        help="fp32, or bf16 (autocast: forward and loss in bfloat16, weights and AdamW in fp32).",
+    ),
+    as_json: bool = JsonOpt,
+):
     """Train a preset from scratch; with --out, save model.safetensors, config.json and card.json."""
     from attn_core.presets import train_preset
 
     if steps is not None and steps <= 0:
         raise ValueError(f"--steps must be positive, got {steps}")
     check_precision(precision, prefix="--precision: ")
-    card = train_preset(preset, out=out, steps=steps, seed=seed, device=device, progress=not as_json,
-                        command=command_line(), precision=precision)
+    card = train_preset(
+        preset,
+        out=out,
+        steps=steps,
+        seed=seed,
+        device=device,
+        progress=not as_json,
+        command=command_line(),
+        precision=precision,
+    )
     result = {"preset": preset, "out": str(out) if out else None, **card}
-    emit(result, as_json, lambda r: f"{r['preset']}: accuracy {r['metrics']['accuracy']:.4f} on 512 held-out "
-                                    f"samples, {r['wall_time_s']:.1f} s" + (f", saved to {r['out']}" if r["out"] else ""))
+    emit(
+        result,
+        as_json,
+        lambda r: (
+            f"{r['preset']}: accuracy {r['metrics']['accuracy']:.4f} on 512 held-out "
+            f"samples, {r['wall_time_s']:.1f} s" + (f", saved to {r['out']}" if r["out"] else "")
+        ),
+    )
 
 
 @app.command("presets")
@@ -74,6 +109,8 @@ def presets_cmd(as_json: bool = JsonOpt):
     """The training recipes of the zoo."""
     from attn_core.presets import PRESETS
 
-    rows = [{"name": p.name, "task": p.task, **p.model, "steps": p.train.steps, "description": p.description}
-            for p in PRESETS.values()]
+    rows = [
+        {"name": p.name, "task": p.task, **p.model, "steps": p.train.steps, "description": p.description}
+        for p in PRESETS.values()
+    ]
     emit(rows, as_json, lambda rs: table(rs, ["name", "task", "n_layers", "n_heads", "d_model", "steps"]))

@@ -1,5 +1,6 @@
 """Retraining and the run store: ``retrain`` (fine-tune with regularizers; the run is saved),
 ``runs`` (list) and ``runs show`` (one run)."""
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,9 @@ from attn_core.training.job import JobConfig
 from attn_core.validate import default
 
 app = typer.Typer()
-runs_app = typer.Typer(add_completion=False, help="List and inspect saved runs (the run store, $ATTN_LAB_RUNS or ./runs).")
+runs_app = typer.Typer(
+    add_completion=False, help="List and inspect saved runs (the run store, $ATTN_LAB_RUNS or ./runs)."
+)
 
 _RUN_COLS = ["id", "parent", "task", "status", "created", "regularizers", "steps", "accuracy", "entropy_data"]
 
@@ -20,10 +23,15 @@ _RUN_COLS = ["id", "parent", "task", "status", "created", "regularizers", "steps
 def _run_row(r: dict) -> dict:
     after = (r.get("summary") or {}).get("after") or {}
     cfg = r.get("config") or {}
-    return {**{k: r[k] for k in ("id", "parent", "task", "status", "message", "created", "finished")},
-            "regularizers": ", ".join(cfg.get("regularizers", [])) or "-", "steps": cfg.get("steps"),
-            "entmax_alpha": cfg.get("entmax_alpha"), "accuracy": after.get("accuracy"),
-            "entropy_data": after.get("entropy_data"), "has_weights": r.get("has_weights")}
+    return {
+        **{k: r[k] for k in ("id", "parent", "task", "status", "message", "created", "finished")},
+        "regularizers": ", ".join(cfg.get("regularizers", [])) or "-",
+        "steps": cfg.get("steps"),
+        "entmax_alpha": cfg.get("entmax_alpha"),
+        "accuracy": after.get("accuracy"),
+        "entropy_data": after.get("entropy_data"),
+        "has_weights": r.get("has_weights"),
+    }
 
 
 def _before_after(before: dict | None, after: dict | None) -> str:
@@ -33,35 +41,64 @@ def _before_after(before: dict | None, after: dict | None) -> str:
 
 @app.command("retrain")
 @guarded
-def retrain_cmd(name: str = typer.Argument(..., help="Zoo model name or folder, run:<id> (fine-tune a run) "
-                                                     "or scratch:<preset> (fresh init)."),
-                reg: list[str] = typer.Option([], "--reg", help="Regularizer NAME[:K][@HEADS]=LAMBDA, repeatable. "
-                                              "Names: entropy, hoyer, topk, vocab_entropy, vocab_hoyer, vocab_topk, "
-                                              "spectral, nuclear; K for top-k (topk:2=0.1); HEADS like L1 or L0H1,L1H2."),
-                heads: str | None = typer.Option(default(JobConfig, "heads"), help="Heads of every --reg without its "
-                                                 "own @HEADS (L1, L0H1,L1H2; default every head)."),
-                steps: int = typer.Option(default(JobConfig, "steps"), help="Training steps."),
-                seed: int = typer.Option(default(JobConfig, "seed"), help="Seed of the training data (the run is "
-                                         "deterministic under it)."),
-                lr: float = typer.Option(default(JobConfig, "lr"), help="Peak learning rate (warmup, then cosine decay)."),
-                entmax_alpha: float | None = typer.Option(default(JobConfig, "entmax_alpha"), "--entmax-alpha",
-                                                          help="Attention: 1 softmax, 1.5 entmax15, 2 sparsemax "
-                                                               "(default: the parent's)."),
-                batch_size: int | None = typer.Option(default(JobConfig, "batch_size"),
-                                                      help="Default: the parent's training batch size."),
-                device: str = typer.Option(default(JobConfig, "device"), help="auto, cpu or cuda."),
-                precision: str = typer.Option(default(JobConfig, "precision"), help="fp32, or bf16 (autocast: "
-                                              "forward and loss in bfloat16, weights and AdamW in fp32)."),
-                sync_every: int | None = typer.Option(default(JobConfig, "sync_every"), "--sync-every",
-                                                      help="Steps between two reads of the losses from the device "
-                                                           "(default: 1 on CPU, 25 on CUDA); the NaN guard checks "
-                                                           "them there and keeps the last good weights."),
-                as_json: bool = JsonOpt):
+def retrain_cmd(
+    name: str = typer.Argument(
+        ..., help="Zoo model name or folder, run:<id> (fine-tune a run) or scratch:<preset> (fresh init)."
+    ),
+    reg: list[str] = typer.Option(
+        [],
+        "--reg",
+        help="Regularizer NAME[:K][@HEADS]=LAMBDA, repeatable. "
+        "Names: entropy, hoyer, topk, vocab_entropy, vocab_hoyer, vocab_topk, "
+        "spectral, nuclear; K for top-k (topk:2=0.1); HEADS like L1 or L0H1,L1H2.",
+    ),
+    heads: str | None = typer.Option(
+        default(JobConfig, "heads"),
+        help="Heads of every --reg without its own @HEADS (L1, L0H1,L1H2; default every head).",
+    ),
+    steps: int = typer.Option(default(JobConfig, "steps"), help="Training steps."),
+    seed: int = typer.Option(
+        default(JobConfig, "seed"), help="Seed of the training data (the run is deterministic under it)."
+    ),
+    lr: float = typer.Option(default(JobConfig, "lr"), help="Peak learning rate (warmup, then cosine decay)."),
+    entmax_alpha: float | None = typer.Option(
+        default(JobConfig, "entmax_alpha"),
+        "--entmax-alpha",
+        help="Attention: 1 softmax, 1.5 entmax15, 2 sparsemax (default: the parent's).",
+    ),
+    batch_size: int | None = typer.Option(
+        default(JobConfig, "batch_size"), help="Default: the parent's training batch size."
+    ),
+    device: str = typer.Option(default(JobConfig, "device"), help="auto, cpu or cuda."),
+    precision: str = typer.Option(
+        default(JobConfig, "precision"),
+        help="fp32, or bf16 (autocast: forward and loss in bfloat16, weights and AdamW in fp32).",
+    ),
+    sync_every: int | None = typer.Option(
+        default(JobConfig, "sync_every"),
+        "--sync-every",
+        help="Steps between two reads of the losses from the device "
+        "(default: 1 on CPU, 25 on CUDA); the NaN guard checks "
+        "them there and keeps the last good weights.",
+    ),
+    as_json: bool = JsonOpt,
+):
     """Fine-tune a model with concentration regularizers; the run is saved in the run store."""
     from attn_core.training.job import TrainingJob
 
-    cfg = JobConfig(source=name, regularizers=list(reg), heads=heads, entmax_alpha=entmax_alpha, steps=steps,
-                    seed=seed, lr=lr, batch_size=batch_size, device=device, precision=precision, sync_every=sync_every)
+    cfg = JobConfig(
+        source=name,
+        regularizers=list(reg),
+        heads=heads,
+        entmax_alpha=entmax_alpha,
+        steps=steps,
+        seed=seed,
+        lr=lr,
+        batch_size=batch_size,
+        device=device,
+        precision=precision,
+        sync_every=sync_every,
+    )
     job = TrainingJob(cfg)
     if as_json:
         job.run()
@@ -75,8 +112,9 @@ def retrain_cmd(name: str = typer.Argument(..., help="Zoo model name or folder, 
                 snap = job.snapshot()
                 bar.update(snap.step - bar.n)
                 if "task_loss" in snap.latest:
-                    bar.set_postfix(loss=f"{snap.latest['task_loss']:.3g}",
-                                    H=f"{snap.latest.get('entropy_data', float('nan')):.3f}")
+                    bar.set_postfix(
+                        loss=f"{snap.latest['task_loss']:.3g}", H=f"{snap.latest.get('entropy_data', float('nan')):.3f}"
+                    )
         except KeyboardInterrupt:
             job.stop()
             job.join()
@@ -84,10 +122,19 @@ def retrain_cmd(name: str = typer.Argument(..., help="Zoo model name or folder, 
             bar.update(job.snapshot().step - bar.n)
             bar.close()
     res = job.result()
-    out = {"run_id": res["run_id"], "status": res["status"], "message": res["message"], "steps": res["steps"],
-           "before": public(res["before"]), "after": public(res["after"])}
-    emit(out, as_json, lambda r: f"run {r['run_id']}: {r['status']} ({r['message']})\n"
-                                 + _before_after(r["before"], r["after"]))
+    out = {
+        "run_id": res["run_id"],
+        "status": res["status"],
+        "message": res["message"],
+        "steps": res["steps"],
+        "before": public(res["before"]),
+        "after": public(res["after"]),
+    }
+    emit(
+        out,
+        as_json,
+        lambda r: f"run {r['run_id']}: {r['status']} ({r['message']})\n" + _before_after(r["before"], r["after"]),
+    )
 
 
 @runs_app.callback(invoke_without_command=True)
@@ -104,9 +151,11 @@ def runs_cmd(ctx: typer.Context, as_json: bool = JsonOpt):
 
 @runs_app.command("show")
 @guarded
-def runs_show_cmd(run_id: str = typer.Argument(..., help="Run id (as listed by `attn-lab runs`)."),
-                  metrics: bool = typer.Option(False, "--metrics", help="Include the whole metric log (step, name, value)."),
-                  as_json: bool = JsonOpt):
+def runs_show_cmd(
+    run_id: str = typer.Argument(..., help="Run id (as listed by `attn-lab runs`)."),
+    metrics: bool = typer.Option(False, "--metrics", help="Include the whole metric log (step, name, value)."),
+    as_json: bool = JsonOpt,
+):
     """One run: its settings, status, before/after measurements, card and final metrics."""
     from attn_core.runs import RunStore
     from attn_core.training.telemetry import MetricKey
@@ -125,9 +174,11 @@ def runs_show_cmd(run_id: str = typer.Argument(..., help="Run id (as listed by `
 
     def human(r):
         summ = r.get("summary") or {}
-        head = (f"run {r['id']} ({r['status']}{': ' + r['message'] if r['message'] else ''})\n"
-                f"parent {r['parent']}, task {r['task']}, created {r['created']}\n"
-                f"settings: {json.dumps(r['config'])}\n")
+        head = (
+            f"run {r['id']} ({r['status']}{': ' + r['message'] if r['message'] else ''})\n"
+            f"parent {r['parent']}, task {r['task']}, created {r['created']}\n"
+            f"settings: {json.dumps(r['config'])}\n"
+        )
         return head + _before_after(summ.get("before"), summ.get("after"))
 
     emit(out, as_json, human)

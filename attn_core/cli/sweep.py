@@ -1,6 +1,7 @@
 """Sweeps on Ray: ``sweep`` (regularizer x lambda x seed retrains of one model, plus a lambda = 0
 baseline per seed, run as Ray Tune trials and recorded as runs of one sweep), ``sweeps`` (list)
 and ``sweeps show`` (one sweep, its trials and Pareto frontier)."""
+
 from __future__ import annotations
 
 import typer
@@ -18,47 +19,71 @@ _SWEEP_COLS = ["id", "name", "status", "created", "trials", "recorded", "address
 
 def _trial_rows(res: dict) -> list[dict]:
     front = set(res["pareto"])
-    return [{**t, "accuracy": (t["after"] or {}).get("accuracy"), "entropy_data": (t["after"] or {}).get("entropy_data"),
-             "pareto": "*" if t["run_id"] in front else ""} for t in res["trials"]]
+    return [
+        {
+            **t,
+            "accuracy": (t["after"] or {}).get("accuracy"),
+            "entropy_data": (t["after"] or {}).get("entropy_data"),
+            "pareto": "*" if t["run_id"] in front else "",
+        }
+        for t in res["trials"]
+    ]
 
 
 def _human(res: dict) -> str:
-    head = (f"sweep {res['sweep_id']} ({res['status']}{': ' + res['message'] if res['message'] else ''}) on "
-            f"{res['backend']} {res['ray_version'] or ''} at {res['address'] or '-'}, "
-            f"{res['wall_s'] if res['wall_s'] is not None else '-'} s\n")
+    head = (
+        f"sweep {res['sweep_id']} ({res['status']}{': ' + res['message'] if res['message'] else ''}) on "
+        f"{res['backend']} {res['ray_version'] or ''} at {res['address'] or '-'}, "
+        f"{res['wall_s'] if res['wall_s'] is not None else '-'} s\n"
+    )
     return head + table(_trial_rows(res), _TRIAL_COLS) + "\n* = on the Pareto frontier (accuracy up, data entropy down)"
 
 
 def _output(res: dict) -> dict:
     keys = ("run_id", "key", "reg", "lambda", "seed", "status", "message", "before", "after")
-    return {k: res[k] for k in ("sweep_id", "name", "status", "message", "backend", "ray_version", "address", "wall_s")} \
-        | {"trials": [{k: t[k] for k in keys} for t in res["trials"]], "pareto": res["pareto"]}
+    return {
+        k: res[k] for k in ("sweep_id", "name", "status", "message", "backend", "ray_version", "address", "wall_s")
+    } | {"trials": [{k: t[k] for k in keys} for t in res["trials"]], "pareto": res["pareto"]}
 
 
 @app.command("sweep")
 @guarded
-def sweep_cmd(name: str = typer.Argument(..., help="The model to sweep: zoo name or folder, run:<id> or "
-                                                   "scratch:<preset> (as attn-lab retrain takes it)."),
-              grid: list[str] = typer.Option([], "--grid", help="NAME=LAMBDA[,LAMBDA...], repeatable "
-                                             "(--grid entropy=0.01,0.1,1 --grid hoyer=0.1,1); NAME as in --reg of "
-                                             "retrain (entropy, hoyer, topk:2, vocab_entropy@L1 ...)."),
-              seeds: int = typer.Option(1, help="Seeds 0..N-1 per setting (each with its lambda = 0 baseline)."),
-              steps: int = typer.Option(default(JobConfig, "steps"), help="Training steps per trial."),
-              lr: float = typer.Option(default(JobConfig, "lr"), help="Peak learning rate of every trial."),
-              heads: str | None = typer.Option(default(JobConfig, "heads"), help="Regularized heads (L1, "
-                                               "L0H1,L1H2; default every head)."),
-              batch_size: int | None = typer.Option(default(JobConfig, "batch_size"),
-                                                    help="Default: the parent's training batch size."),
-              address: str | None = typer.Option(None, help="Ray cluster to join: auto, HOST:PORT or "
-                                                 "ray://HOST:PORT (default: $RAY_ADDRESS, else a local Ray "
-                                                 "with one worker per core, shut down afterwards)."),
-              cpus_per_trial: float = typer.Option(1.0, help="CPUs per trial (torch threads = its integer part)."),
-              gpus_per_trial: float = typer.Option(0.0, help="GPUs per trial; fractions share a GPU (0.25 = "
-                                                   "four trials per GPU); > 0 trains on cuda."),
-              scheduler: str = typer.Option("none", help="none, or asha (stops poor trials early on their loss)."),
-              resume: str | None = typer.Option(None, help="Resume sweep ID: run only its unfinished trials "
-                                                "(NAME and the grid are then taken from the sweep)."),
-              as_json: bool = JsonOpt):
+def sweep_cmd(
+    name: str = typer.Argument(
+        ..., help="The model to sweep: zoo name or folder, run:<id> or scratch:<preset> (as attn-lab retrain takes it)."
+    ),
+    grid: list[str] = typer.Option(
+        [],
+        "--grid",
+        help="NAME=LAMBDA[,LAMBDA...], repeatable "
+        "(--grid entropy=0.01,0.1,1 --grid hoyer=0.1,1); NAME as in --reg of "
+        "retrain (entropy, hoyer, topk:2, vocab_entropy@L1 ...).",
+    ),
+    seeds: int = typer.Option(1, help="Seeds 0..N-1 per setting (each with its lambda = 0 baseline)."),
+    steps: int = typer.Option(default(JobConfig, "steps"), help="Training steps per trial."),
+    lr: float = typer.Option(default(JobConfig, "lr"), help="Peak learning rate of every trial."),
+    heads: str | None = typer.Option(
+        default(JobConfig, "heads"), help="Regularized heads (L1, L0H1,L1H2; default every head)."
+    ),
+    batch_size: int | None = typer.Option(
+        default(JobConfig, "batch_size"), help="Default: the parent's training batch size."
+    ),
+    address: str | None = typer.Option(
+        None,
+        help="Ray cluster to join: auto, HOST:PORT or "
+        "ray://HOST:PORT (default: $RAY_ADDRESS, else a local Ray "
+        "with one worker per core, shut down afterwards).",
+    ),
+    cpus_per_trial: float = typer.Option(1.0, help="CPUs per trial (torch threads = its integer part)."),
+    gpus_per_trial: float = typer.Option(
+        0.0, help="GPUs per trial; fractions share a GPU (0.25 = four trials per GPU); > 0 trains on cuda."
+    ),
+    scheduler: str = typer.Option("none", help="none, or asha (stops poor trials early on their loss)."),
+    resume: str | None = typer.Option(
+        None, help="Resume sweep ID: run only its unfinished trials (NAME and the grid are then taken from the sweep)."
+    ),
+    as_json: bool = JsonOpt,
+):
     """Sweep regularizers x lambdas x seeds on Ray; every trial is a retrain recorded as a run."""
     from attn_core.sweep import grid_plan, run_sweep
 
@@ -67,13 +92,28 @@ def sweep_cmd(name: str = typer.Argument(..., help="The model to sweep: zoo name
         plan = grid_plan(name, grid, seeds, steps=steps, lr=lr, heads=heads, batch_size=batch_size)
     on_trial = None
     if not as_json:
+
         def on_trial(run_id: str, payload: dict) -> None:
             after = payload.get("after") or {}
-            typer.echo(f"  {payload['key']}: {payload['status']} -> run {run_id}"
-                       + (f" (accuracy {after['accuracy']:.4f}, H_data {after['entropy_data']:.3f})"
-                          if "accuracy" in after else f" ({payload.get('message', '')})"), err=True)
-    res = run_sweep(plan, resume=resume, address=address, cpus_per_trial=cpus_per_trial,
-                    gpus_per_trial=gpus_per_trial, scheduler=scheduler, on_trial=on_trial)
+            typer.echo(
+                f"  {payload['key']}: {payload['status']} -> run {run_id}"
+                + (
+                    f" (accuracy {after['accuracy']:.4f}, H_data {after['entropy_data']:.3f})"
+                    if "accuracy" in after
+                    else f" ({payload.get('message', '')})"
+                ),
+                err=True,
+            )
+
+    res = run_sweep(
+        plan,
+        resume=resume,
+        address=address,
+        cpus_per_trial=cpus_per_trial,
+        gpus_per_trial=gpus_per_trial,
+        scheduler=scheduler,
+        on_trial=on_trial,
+    )
     emit(_output(res), as_json, lambda _: _human(res))
 
 
@@ -85,18 +125,31 @@ def sweeps_cmd(ctx: typer.Context, as_json: bool = JsonOpt):
         return
     from attn_core.runs import RunStore
 
-    rows = [{"id": s["id"], "name": s["name"], "status": s["status"], "message": s["message"],
-             "created": s["created"], "finished": s["finished"], "trials": s["trials"],
-             "recorded": sum(s["counts"].values()), "counts": s["counts"], "address": s["info"].get("address"),
-             "ray_version": s["info"].get("ray_version"), "wall_s": s["info"].get("wall_s")}
-            for s in RunStore().list_sweeps()]
+    rows = [
+        {
+            "id": s["id"],
+            "name": s["name"],
+            "status": s["status"],
+            "message": s["message"],
+            "created": s["created"],
+            "finished": s["finished"],
+            "trials": s["trials"],
+            "recorded": sum(s["counts"].values()),
+            "counts": s["counts"],
+            "address": s["info"].get("address"),
+            "ray_version": s["info"].get("ray_version"),
+            "wall_s": s["info"].get("wall_s"),
+        }
+        for s in RunStore().list_sweeps()
+    ]
     emit(rows, as_json, lambda rs: table(rs, _SWEEP_COLS) if rs else "no sweeps yet (attn-lab sweep NAME --grid ...)")
 
 
 @sweeps_app.command("show")
 @guarded
-def sweeps_show_cmd(sweep_id: str = typer.Argument(..., help="Sweep id (as listed by `attn-lab sweeps`)."),
-                    as_json: bool = JsonOpt):
+def sweeps_show_cmd(
+    sweep_id: str = typer.Argument(..., help="Sweep id (as listed by `attn-lab sweeps`)."), as_json: bool = JsonOpt
+):
     """One sweep: its trials (run id, regularizer, lambda, seed, status, before/after) and Pareto frontier."""
     from attn_core.runs import RunStore
     from attn_core.sweep import sweep_result

@@ -4,6 +4,7 @@ Builders return a :class:`Plot` (a figure and the table it shows); one module pe
 ``bilinear`` (scores, spectra, heads), ``training`` (retraining and runs), ``kernels``,
 ``grow``, ``toy`` (seed 003) and ``qk`` (merged vs factored, seed 004).
 """
+
 from attn_core.figures.base import (
     EXPORT_FORMATS,
     ExportError,

@@ -1,5 +1,6 @@
 """The Plot type and its exports: PNG/SVG through kaleido (one persistent headless browser,
 so every export after the first is fast), HTML through plotly, the data as CSV."""
+
 from __future__ import annotations
 
 import io

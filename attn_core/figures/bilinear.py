@@ -2,6 +2,7 @@
 vocabulary and positional views with a highlighted query, the per-query slice, singular-value
 spectra, eigenvalues in the complex plane, concentration tables and head-detector grids.
 Every builder returns a :class:`Plot` whose ``data`` is the tidy table it draws."""
+
 from __future__ import annotations
 
 import math
@@ -40,19 +41,39 @@ def view_plot(view: View, head: int, query: int | None = None, value: str = "sco
     i = view.head_index(head)
     z = (view.scores if value == "scores" else view.pattern)[i].masked_fill(~view.mask, math.nan)
     nq, nk = z.shape
-    heat = dict(colorscale="RdBu", zmid=0.0, colorbar=dict(title="f_x(y)")) if value == "scores" else \
-        dict(colorscale="Viridis", zmin=0.0, zmax=1.0, colorbar=dict(title="A"))
-    hover = [[f"{view.queries[q]} → {view.keys[k]}" for k in range(nk)] for q in range(nq)] \
-        if nq * nk <= MAX_HOVER_CELLS else None
-    fig = go.Figure(go.Heatmap(
-        z=z.tolist(), x=list(range(nk)), y=list(range(nq)), hovertext=hover,
-        hovertemplate=("%{hovertext}" if hover else "q %{y}, k %{x}") + "<br>%{z:.4g}<extra></extra>", **heat))
+    heat = (
+        dict(colorscale="RdBu", zmid=0.0, colorbar=dict(title="f_x(y)"))
+        if value == "scores"
+        else dict(colorscale="Viridis", zmin=0.0, zmax=1.0, colorbar=dict(title="A"))
+    )
+    hover = (
+        [[f"{view.queries[q]} → {view.keys[k]}" for k in range(nk)] for q in range(nq)]
+        if nq * nk <= MAX_HOVER_CELLS
+        else None
+    )
+    fig = go.Figure(
+        go.Heatmap(
+            z=z.tolist(),
+            x=list(range(nk)),
+            y=list(range(nq)),
+            hovertext=hover,
+            hovertemplate=("%{hovertext}" if hover else "q %{y}, k %{x}") + "<br>%{z:.4g}<extra></extra>",
+            **heat,
+        )
+    )
     if nq * nk <= MAX_CELL_TEXT:
         fig.data[0].update(texttemplate="%{z:.2f}", textfont=dict(size=9))
     if query is not None:
         q = view.check_query(query)
-        fig.add_shape(type="rect", x0=-0.5, x1=nk - 0.5, y0=q - 0.5, y1=q + 0.5,
-                      line=dict(color=HIGHLIGHT, width=3), fillcolor="rgba(0,0,0,0)")
+        fig.add_shape(
+            type="rect",
+            x0=-0.5,
+            x1=nk - 0.5,
+            y0=q - 0.5,
+            y1=q + 0.5,
+            line=dict(color=HIGHLIGHT, width=3),
+            fillcolor="rgba(0,0,0,0)",
+        )
     what = "scores f_x(y) = x B yᵀ" if value == "scores" else "pattern A"
     note = f" ({view.meta['note']})" if view.meta.get("note") else ""
     fig.update_layout(
@@ -63,8 +84,12 @@ def view_plot(view: View, head: int, query: int | None = None, value: str = "sco
     )
     data = view.frame(head)
     data["highlighted"] = data["query"] == (view.check_query(query) if query is not None else -1)
-    return Plot(f"{view.kind}_{value}_{_head_name(view.layer, head)}", fig, data,
-                meta=dict(view=view.kind, layer=view.layer, head=head, query=query, value=value, **view.meta))
+    return Plot(
+        f"{view.kind}_{value}_{_head_name(view.layer, head)}",
+        fig,
+        data,
+        meta=dict(view=view.kind, layer=view.layer, head=head, query=query, value=value, **view.meta),
+    )
 
 
 def query_plot(view: View, head: int, query: int, sort: bool = True, top: int | None = 64) -> Plot:
@@ -75,19 +100,29 @@ def query_plot(view: View, head: int, query: int, sort: bool = True, top: int | 
     q = view.check_query(query)
     # a category axis merges equal labels, so repeated names get their key index
     names = shown["label"] if shown["label"].is_unique else [f"{r.label} ({r.key})" for r in shown.itertuples()]
-    fig = go.Figure(go.Bar(
-        x=list(names), y=shown["score"],
-        marker=dict(color=shown["prob"], colorscale="Viridis", cmin=0, cmax=1, colorbar=dict(title="A")),
-        customdata=shown[["prob", "rank"]].to_numpy(),
-        hovertemplate="%{x}<br>f_x(y) = %{y:.4g}<br>A = %{customdata[0]:.3f}, rank %{customdata[1]}<extra></extra>",
-    ))
+    fig = go.Figure(
+        go.Bar(
+            x=list(names),
+            y=shown["score"],
+            marker=dict(color=shown["prob"], colorscale="Viridis", cmin=0, cmax=1, colorbar=dict(title="A")),
+            customdata=shown[["prob", "rank"]].to_numpy(),
+            hovertemplate="%{x}<br>f_x(y) = %{y:.4g}<br>A = %{customdata[0]:.3f}, rank %{customdata[1]}<extra></extra>",
+        )
+    )
     cut = f", top {top} of {len(row)}" if top and len(row) > top else ""
-    fig.update_layout(title=f"f_x(y) for x = {view.queries[q]} ({view.kind} view, layer {view.layer} head {head}{cut})",
-                      xaxis_title="key y" + (" (sorted by score)" if sort else ""), yaxis_title="f_x(y)")
+    fig.update_layout(
+        title=f"f_x(y) for x = {view.queries[q]} ({view.kind} view, layer {view.layer} head {head}{cut})",
+        xaxis_title="key y" + (" (sorted by score)" if sort else ""),
+        yaxis_title="f_x(y)",
+    )
     fig.update_xaxes(type="category")
     data = row.assign(layer=view.layer, head=head, query=q, query_label=view.queries[q])
-    return Plot(f"query_{view.kind}_{_head_name(view.layer, head)}_q{q}", fig, data,
-                meta=dict(view=view.kind, layer=view.layer, head=head, query=q, sort=sort))
+    return Plot(
+        f"query_{view.kind}_{_head_name(view.layer, head)}_q{q}",
+        fig,
+        data,
+        meta=dict(view=view.kind, layer=view.layer, head=head, query=q, sort=sort),
+    )
 
 
 def spectrum_plot(frame: pd.DataFrame, normalized: bool = False, small_multiples: bool = False) -> Plot:
@@ -95,21 +130,31 @@ def spectrum_plot(frame: pd.DataFrame, normalized: bool = False, small_multiples
     all heads overlaid or one panel per layer; ``normalized`` divides by sigma_1."""
     col = "normalized" if normalized else "singular_value"
     layers = sorted(frame["layer"].unique())
-    fig = make_subplots(rows=1, cols=len(layers), shared_yaxes=True,
-                        subplot_titles=[f"layer {l}" for l in layers]) if small_multiples else go.Figure()
+    fig = (
+        make_subplots(rows=1, cols=len(layers), shared_yaxes=True, subplot_titles=[f"layer {l}" for l in layers])
+        if small_multiples
+        else go.Figure()
+    )
     # Zeros (beyond a factored head's rank) have no logarithm; they are left out of the plot.
     positive = frame[frame[col] > 0]
     for (layer, head), part in positive.groupby(["layer", "head"]):
-        trace = go.Scatter(x=part["index"] + 1, y=part[col], mode="lines+markers", name=_head_name(layer, head),
-                           hovertemplate=f"{_head_name(layer, head)}: σ_%{{x}} = %{{y:.4g}}<extra></extra>")
+        trace = go.Scatter(
+            x=part["index"] + 1,
+            y=part[col],
+            mode="lines+markers",
+            name=_head_name(layer, head),
+            hovertemplate=f"{_head_name(layer, head)}: σ_%{{x}} = %{{y:.4g}}<extra></extra>",
+        )
         if small_multiples:
             fig.add_trace(trace, row=1, col=layers.index(layer) + 1)
         else:
             fig.add_trace(trace)
     fig.update_yaxes(type="log")
     fig.update_xaxes(title_text="index i")
-    fig.update_layout(title="Singular values of B per head" + (" (σ_i / σ_1)" if normalized else ""),
-                      yaxis_title="σ_i / σ_1" if normalized else "σ_i")
+    fig.update_layout(
+        title="Singular values of B per head" + (" (σ_i / σ_1)" if normalized else ""),
+        yaxis_title="σ_i / σ_1" if normalized else "σ_i",
+    )
     return Plot("spectrum", fig, frame.copy(), meta=dict(normalized=normalized))
 
 
@@ -119,12 +164,18 @@ def eigen_plot(frame: pd.DataFrame) -> Plot:
     fig = go.Figure()
     for (layer, head), part in frame.groupby(["layer", "head"]):
         part = part[part["modulus"] > 0]
-        fig.add_trace(go.Scatter(x=part["real"], y=part["imag"], mode="markers", name=_head_name(layer, head),
-                                 hovertemplate=f"{_head_name(layer, head)}: %{{x:.3g}} %{{y:+.3g}}i<extra></extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=part["real"],
+                y=part["imag"],
+                mode="markers",
+                name=_head_name(layer, head),
+                hovertemplate=f"{_head_name(layer, head)}: %{{x:.3g}} %{{y:+.3g}}i<extra></extra>",
+            )
+        )
     fig.add_hline(y=0, line=dict(color="grey", width=1))
     fig.add_vline(x=0, line=dict(color="grey", width=1))
-    fig.update_layout(title="Eigenvalues of B per head", xaxis_title="Re λ", yaxis_title="Im λ",
-                      yaxis_scaleanchor="x")
+    fig.update_layout(title="Eigenvalues of B per head", xaxis_title="Re λ", yaxis_title="Im λ", yaxis_scaleanchor="x")
     return Plot("eigenvalues", fig, frame.copy())
 
 
@@ -133,16 +184,30 @@ def eigen_sym_plot(table: pd.DataFrame) -> Plot:
     x B x^T over unit x (a token's score against itself): positive ones are directions a token
     attends to its own kind along, negative ones directions it avoids. ``table`` has one row per
     head with ``layer``, ``head`` and the list ``eigenvalues_sym`` (``bilinear.spectrum``)."""
-    data = pd.DataFrame([{"layer": r.layer, "head": r.head, "index": i, "eigenvalue": float(v)}
-                         for r in table.itertuples() for i, v in enumerate(r.eigenvalues_sym)])
+    data = pd.DataFrame(
+        [
+            {"layer": r.layer, "head": r.head, "index": i, "eigenvalue": float(v)}
+            for r in table.itertuples()
+            for i, v in enumerate(r.eigenvalues_sym)
+        ]
+    )
     fig = go.Figure()
     for (layer, head), part in data.groupby(["layer", "head"]):
-        fig.add_trace(go.Scatter(x=part["index"], y=part["eigenvalue"], mode="lines+markers",
-                                 name=_head_name(layer, head),
-                                 hovertemplate=f"{_head_name(layer, head)} λ_%{{x}}: %{{y:.4g}}<extra></extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=part["index"],
+                y=part["eigenvalue"],
+                mode="lines+markers",
+                name=_head_name(layer, head),
+                hovertemplate=f"{_head_name(layer, head)} λ_%{{x}}: %{{y:.4g}}<extra></extra>",
+            )
+        )
     fig.add_hline(y=0, line=dict(color="grey", width=1))
-    fig.update_layout(title="Eigenvalues of the symmetric part (B + Bᵀ)/2 per head",
-                      xaxis_title="index i (descending)", yaxis_title="λ_i of (B + Bᵀ)/2")
+    fig.update_layout(
+        title="Eigenvalues of the symmetric part (B + Bᵀ)/2 per head",
+        xaxis_title="index i (descending)",
+        yaxis_title="λ_i of (B + Bᵀ)/2",
+    )
     return Plot("eigenvalues_sym", fig, data)
 
 
@@ -151,10 +216,15 @@ def concentration_plot(table: pd.DataFrame) -> Plot:
     per head and metric, mean / min / max over query rows."""
     cols = [c for c in ("view", "layer", "head", "metric", "mean", "min", "max") if c in table]
     cells = [table[c].map(lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)) for c in cols]
-    fig = go.Figure(go.Table(header=dict(values=cols, align="left", fill_color="rgba(128,128,128,0.25)"),
-                             cells=dict(values=cells, align="left")))
-    fig.update_layout(title="Concentration of f_x per head (rows with ≥ 2 visible keys)",
-                      height=min(1200, 120 + 24 * len(table)))
+    fig = go.Figure(
+        go.Table(
+            header=dict(values=cols, align="left", fill_color="rgba(128,128,128,0.25)"),
+            cells=dict(values=cells, align="left"),
+        )
+    )
+    fig.update_layout(
+        title="Concentration of f_x per head (rows with ≥ 2 visible keys)", height=min(1200, 120 + 24 * len(table))
+    )
     return Plot("concentration", fig, table[cols].copy())
 
 
@@ -162,15 +232,29 @@ def heads_plot(detectors: pd.DataFrame) -> Plot:
     """One layer x head grid per detector (``attn_core.bilinear.head_detectors``), each cell the
     head's score in [0, 1]."""
     names = [d for d in DETECTORS if d in set(detectors["detector"])]
-    fig = make_subplots(rows=1, cols=len(names), subplot_titles=[n.replace("_", " ") for n in names],
-                        horizontal_spacing=0.06)
+    fig = make_subplots(
+        rows=1, cols=len(names), subplot_titles=[n.replace("_", " ") for n in names], horizontal_spacing=0.06
+    )
     for c, name in enumerate(names, start=1):
         grid = detectors[detectors["detector"] == name].pivot(index="layer", columns="head", values="score")
-        fig.add_trace(go.Heatmap(
-            z=grid.to_numpy().tolist(), x=[f"H{h}" for h in grid.columns], y=[f"L{l}" for l in grid.index],
-            zmin=0, zmax=1, colorscale="Viridis", showscale=c == len(names), texttemplate="%{z:.2f}",
-            hovertemplate=f"{name}: %{{y}} %{{x}} = %{{z:.3f}}<extra></extra>"), row=1, col=c)
+        fig.add_trace(
+            go.Heatmap(
+                z=grid.to_numpy().tolist(),
+                x=[f"H{h}" for h in grid.columns],
+                y=[f"L{l}" for l in grid.index],
+                zmin=0,
+                zmax=1,
+                colorscale="Viridis",
+                showscale=c == len(names),
+                texttemplate="%{z:.2f}",
+                hovertemplate=f"{name}: %{{y}} %{{x}} = %{{z:.3f}}<extra></extra>",
+            ),
+            row=1,
+            col=c,
+        )
         fig.update_yaxes(autorange="reversed", row=1, col=c)
-    fig.update_layout(title="Head detectors (attention mass on the detection pattern)",
-                      height=max(300, 120 + 50 * detectors["layer"].nunique()))
+    fig.update_layout(
+        title="Head detectors (attention mass on the detection pattern)",
+        height=max(300, 120 + 50 * detectors["layer"].nunique()),
+    )
     return Plot("heads", fig, detectors.copy())

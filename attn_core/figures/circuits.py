@@ -3,6 +3,7 @@ what separates the winner from the runner-up, the token/position split at layer 
 the full OV circuit, the QK-versus-OV positivity scatter, composition heatmaps and the head
 graph, and value-weighted attention. Every builder returns a :class:`Plot` whose ``data`` is
 the tidy table it draws."""
+
 from __future__ import annotations
 
 import math
@@ -34,6 +35,7 @@ def _key_names(frame: pd.DataFrame) -> list[str]:
 
 # --- attribution --------------------------------------------------------------------------------
 
+
 def attribution_plot(attr: Attribution, top: int = 8, n_terms: int = 8) -> Plot:
     """Stacked bars of the scores of the query's ``top`` keys, split into their rank-1 terms
     sigma_i (x . u_i)(y . v_i): the ``n_terms`` directions that matter most for these keys each
@@ -47,26 +49,61 @@ def attribution_plot(attr: Attribution, top: int = 8, n_terms: int = 8) -> Plot:
     fig = go.Figure()
     for d in sorted(chosen):
         part = data[data["direction"] == d]
-        fig.add_trace(go.Bar(x=names, y=part["contribution"], name=f"σ{d + 1} = {part['sigma'].iloc[0]:.3g}",
-                             hovertemplate=f"σ{d + 1}: %{{y:.4g}}<extra>%{{x}}</extra>"))
+        fig.add_trace(
+            go.Bar(
+                x=names,
+                y=part["contribution"],
+                name=f"σ{d + 1} = {part['sigma'].iloc[0]:.3g}",
+                hovertemplate=f"σ{d + 1}: %{{y:.4g}}<extra>%{{x}}</extra>",
+            )
+        )
     rest = data[(data["direction"] >= 0) & ~data["direction"].isin(chosen)]
     if not rest.empty:
         summed = rest.groupby("key", sort=False)["contribution"].sum().reindex(keys["key"])
-        fig.add_trace(go.Bar(x=names, y=summed.tolist(), name=OTHER, marker_color="lightgrey",
-                             hovertemplate=f"{OTHER}: %{{y:.4g}}<extra>%{{x}}</extra>"))
+        fig.add_trace(
+            go.Bar(
+                x=names,
+                y=summed.tolist(),
+                name=OTHER,
+                marker_color="lightgrey",
+                hovertemplate=f"{OTHER}: %{{y:.4g}}<extra>%{{x}}</extra>",
+            )
+        )
     bias = data[data["direction"] < 0]
     if bias["contribution"].abs().max() > 0:
-        fig.add_trace(go.Bar(x=names, y=bias["contribution"], name="bias", marker_color="black",
-                             hovertemplate="bias: %{y:.4g}<extra>%{x}</extra>"))
-    fig.add_trace(go.Scatter(x=names, y=keys["score"], mode="markers", name="score f_x(y)",
-                             marker=dict(symbol="diamond", size=11, color="white", line=dict(color="black", width=2)),
-                             hovertemplate="f_x(y) = %{y:.4g}<extra>%{x}</extra>"))
-    fig.update_layout(barmode="relative", xaxis_title="key y (best first)", yaxis_title="contribution to f_x(y)",
-                      title=f"Why these keys: rank-1 terms of B, layer {attr.layer} head {attr.head}, "
-                            f"query {attr.query} ({attr.meta.get('query_token', '')})")
+        fig.add_trace(
+            go.Bar(
+                x=names,
+                y=bias["contribution"],
+                name="bias",
+                marker_color="black",
+                hovertemplate="bias: %{y:.4g}<extra>%{x}</extra>",
+            )
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=names,
+            y=keys["score"],
+            mode="markers",
+            name="score f_x(y)",
+            marker=dict(symbol="diamond", size=11, color="white", line=dict(color="black", width=2)),
+            hovertemplate="f_x(y) = %{y:.4g}<extra>%{x}</extra>",
+        )
+    )
+    fig.update_layout(
+        barmode="relative",
+        xaxis_title="key y (best first)",
+        yaxis_title="contribution to f_x(y)",
+        title=f"Why these keys: rank-1 terms of B, layer {attr.layer} head {attr.head}, "
+        f"query {attr.query} ({attr.meta.get('query_token', '')})",
+    )
     fig.update_xaxes(type="category")
-    return Plot(f"attribution_{head_label(attr.layer, attr.head)}_q{attr.query}", fig, data,
-                meta=dict(layer=attr.layer, head=attr.head, query=attr.query, top=top))
+    return Plot(
+        f"attribution_{head_label(attr.layer, attr.head)}_q{attr.query}",
+        fig,
+        data,
+        meta=dict(layer=attr.layer, head=attr.head, query=attr.query, top=top),
+    )
 
 
 def runner_up_plot(attr: Attribution, top: int = 12) -> Plot:
@@ -75,18 +112,31 @@ def runner_up_plot(attr: Attribution, top: int = 12) -> Plot:
     data = attr.runner_up()
     shown = data.head(top).iloc[::-1]
     w, r = data.attrs.get("winner"), data.attrs.get("runner_up")
-    fig = go.Figure(go.Bar(x=shown["difference"], y=shown["term"], orientation="h",
-                           marker_color=["#2ca02c" if v > 0 else "#d62728" for v in shown["difference"]],
-                           customdata=shown[["winner", "runner_up"]].to_numpy(),
-                           hovertemplate="%{y}: %{x:.4g}<br>winner %{customdata[0]:.4g}, "
-                                         "runner-up %{customdata[1]:.4g}<extra></extra>"))
+    fig = go.Figure(
+        go.Bar(
+            x=shown["difference"],
+            y=shown["term"],
+            orientation="h",
+            marker_color=["#2ca02c" if v > 0 else "#d62728" for v in shown["difference"]],
+            customdata=shown[["winner", "runner_up"]].to_numpy(),
+            hovertemplate="%{y}: %{x:.4g}<br>winner %{customdata[0]:.4g}, "
+            "runner-up %{customdata[1]:.4g}<extra></extra>",
+        )
+    )
     margin = float(data["difference"].sum()) if len(data) else math.nan
-    fig.update_layout(title=f"Winner (key {w}) vs runner-up (key {r}): margin {margin:.4g}, "
-                            f"layer {attr.layer} head {attr.head}, query {attr.query}",
-                      xaxis_title="winner − runner-up", yaxis_title="term")
+    fig.update_layout(
+        title=f"Winner (key {w}) vs runner-up (key {r}): margin {margin:.4g}, "
+        f"layer {attr.layer} head {attr.head}, query {attr.query}",
+        xaxis_title="winner − runner-up",
+        yaxis_title="term",
+    )
     fig.update_yaxes(type="category")
-    return Plot(f"runner_up_{head_label(attr.layer, attr.head)}_q{attr.query}", fig, data.reset_index(drop=True),
-                meta=dict(layer=attr.layer, head=attr.head, query=attr.query, winner=w, runner_up=r))
+    return Plot(
+        f"runner_up_{head_label(attr.layer, attr.head)}_q{attr.query}",
+        fig,
+        data.reset_index(drop=True),
+        meta=dict(layer=attr.layer, head=attr.head, query=attr.query, winner=w, runner_up=r),
+    )
 
 
 def token_position_plot(split: pd.DataFrame, top: int | None = 12) -> Plot:
@@ -98,28 +148,52 @@ def token_position_plot(split: pd.DataFrame, top: int | None = 12) -> Plot:
     names = _key_names(shown)
     fig = go.Figure()
     for part in SPLIT_PARTS:
-        fig.add_trace(go.Bar(x=names, y=shown[part], name=part, hovertemplate=f"{part}: %{{y:.4g}}<extra>%{{x}}</extra>"))
-    fig.add_trace(go.Scatter(x=names, y=shown["score"], mode="markers", name="score",
-                             marker=dict(symbol="diamond", size=11, color="white", line=dict(color="black", width=2))))
+        fig.add_trace(
+            go.Bar(x=names, y=shown[part], name=part, hovertemplate=f"{part}: %{{y:.4g}}<extra>%{{x}}</extra>")
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=names,
+            y=shown["score"],
+            mode="markers",
+            name="score",
+            marker=dict(symbol="diamond", size=11, color="white", line=dict(color="black", width=2)),
+        )
+    )
     head, query = int(split["head"].iloc[0]), int(split["query"].iloc[0])
-    fig.update_layout(barmode="relative", title=f"Token and position parts of f_x(y), layer 0 head {head}, query {query}",
-                      xaxis_title="key y (best first)", yaxis_title="contribution")
+    fig.update_layout(
+        barmode="relative",
+        title=f"Token and position parts of f_x(y), layer 0 head {head}, query {query}",
+        xaxis_title="key y (best first)",
+        yaxis_title="contribution",
+    )
     fig.update_xaxes(type="category")
     return Plot(f"token_position_L0H{head}_q{query}", fig, split.copy(), meta=dict(layer=0, head=head, query=query))
 
 
 # --- OV -----------------------------------------------------------------------------------------
 
+
 def ov_spectrum_plot(frame: pd.DataFrame, normalized: bool = False) -> Plot:
     """Singular values of W_OV = W_V W_O per head on a log scale (``circuits.ov_spectrum_frame``)."""
     col = "normalized" if normalized else "singular_value"
     fig = go.Figure()
     for (layer, head), part in frame[frame[col] > 0].groupby(["layer", "head"]):
-        fig.add_trace(go.Scatter(x=part["index"] + 1, y=part[col], mode="lines+markers", name=head_label(layer, head),
-                                 hovertemplate=f"{head_label(layer, head)}: σ_%{{x}} = %{{y:.4g}}<extra></extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=part["index"] + 1,
+                y=part[col],
+                mode="lines+markers",
+                name=head_label(layer, head),
+                hovertemplate=f"{head_label(layer, head)}: σ_%{{x}} = %{{y:.4g}}<extra></extra>",
+            )
+        )
     fig.update_yaxes(type="log")
-    fig.update_layout(title="Singular values of W_OV = W_V W_O per head" + (" (σ_i / σ_1)" if normalized else ""),
-                      xaxis_title="index i", yaxis_title="σ_i / σ_1" if normalized else "σ_i")
+    fig.update_layout(
+        title="Singular values of W_OV = W_V W_O per head" + (" (σ_i / σ_1)" if normalized else ""),
+        xaxis_title="index i",
+        yaxis_title="σ_i / σ_1" if normalized else "σ_i",
+    )
     return Plot("ov_spectrum", fig, frame.copy(), meta=dict(normalized=normalized))
 
 
@@ -128,20 +202,47 @@ def ov_circuit_plot(matrix, labels: list[str], layer: int, head: int, copying_sc
     logit it raises), diverging around 0; a copying head has a bright diagonal."""
     z = [list(map(float, row)) for row in (matrix.tolist() if hasattr(matrix, "tolist") else matrix)]
     n = len(z)
-    fig = go.Figure(go.Heatmap(z=z, x=list(range(n)), y=list(range(n)), colorscale="RdBu", zmid=0.0,
-                               colorbar=dict(title="logit"),
-                               hovertemplate="attend %{y} → logit %{x}: %{z:.4g}<extra></extra>"))
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=list(range(n)),
+            y=list(range(n)),
+            colorscale="RdBu",
+            zmid=0.0,
+            colorbar=dict(title="logit"),
+            hovertemplate="attend %{y} → logit %{x}: %{z:.4g}<extra></extra>",
+        )
+    )
     if n * n <= MAX_CELL_TEXT:
         fig.data[0].update(texttemplate="%{z:.2f}", textfont=dict(size=9))
     score = f", copying score {copying_score:.3f}" if copying_score is not None else ""
-    fig.update_layout(title=f"Full OV circuit E W_OV U, layer {layer} head {head}{score}",
-                      xaxis=dict(title="output logit", **_ticks(labels)),
-                      yaxis=dict(title="token attended to", autorange="reversed", **_ticks(labels)),
-                      height=max(420, min(900, 18 * n + 160)))
-    data = pd.DataFrame([dict(layer=layer, head=head, source=i, source_label=labels[i], target=j,
-                              target_label=labels[j], value=z[i][j]) for i in range(n) for j in range(n)])
-    return Plot(f"ov_circuit_{head_label(layer, head)}", fig, data,
-                meta=dict(layer=layer, head=head, copying_score=copying_score))
+    fig.update_layout(
+        title=f"Full OV circuit E W_OV U, layer {layer} head {head}{score}",
+        xaxis=dict(title="output logit", **_ticks(labels)),
+        yaxis=dict(title="token attended to", autorange="reversed", **_ticks(labels)),
+        height=max(420, min(900, 18 * n + 160)),
+    )
+    data = pd.DataFrame(
+        [
+            dict(
+                layer=layer,
+                head=head,
+                source=i,
+                source_label=labels[i],
+                target=j,
+                target_label=labels[j],
+                value=z[i][j],
+            )
+            for i in range(n)
+            for j in range(n)
+        ]
+    )
+    return Plot(
+        f"ov_circuit_{head_label(layer, head)}",
+        fig,
+        data,
+        meta=dict(layer=layer, head=head, copying_score=copying_score),
+    )
 
 
 def positivity_plot(table: pd.DataFrame, qk_column: str = "qk_positivity") -> Plot:
@@ -153,30 +254,51 @@ def positivity_plot(table: pd.DataFrame, qk_column: str = "qk_positivity") -> Pl
     data = table.drop(columns=[c for c in ("ov_singular_values",) if c in table]).copy()
     fig = go.Figure()
     for layer, part in data.groupby("layer"):
-        fig.add_trace(go.Scatter(x=part[qk_column], y=part["copying_score"], mode="markers+text",
-                                 text=[head_label(layer, h) for h in part["head"]], textposition="top center",
-                                 name=f"layer {layer}", marker=dict(size=11),
-                                 hovertemplate="%{text}: QK %{x:.3f}, OV %{y:.3f}<extra></extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=part[qk_column],
+                y=part["copying_score"],
+                mode="markers+text",
+                text=[head_label(layer, h) for h in part["head"]],
+                textposition="top center",
+                name=f"layer {layer}",
+                marker=dict(size=11),
+                hovertemplate="%{text}: QK %{x:.3f}, OV %{y:.3f}<extra></extra>",
+            )
+        )
     if "qk_positivity_composed" in data and data["qk_positivity_composed"].notna().any():
         # the same heads' QK positivity read through their strongest K-composition writer
         part = data[data["qk_positivity_composed"].notna()]
-        label = [f"{head_label(r.layer, r.head)} via {r.writer}" if "writer" in part else head_label(r.layer, r.head)
-                 for r in part.itertuples()]
-        fig.add_trace(go.Scatter(x=part["qk_positivity_composed"], y=part["copying_score"], mode="markers",
-                                 marker=dict(size=11, symbol="circle-open", line=dict(width=2)), text=label,
-                                 name="QK through the K-composition writer",
-                                 hovertemplate="%{text}: QK %{x:.3f}, OV %{y:.3f}<extra></extra>"))
+        label = [
+            f"{head_label(r.layer, r.head)} via {r.writer}" if "writer" in part else head_label(r.layer, r.head)
+            for r in part.itertuples()
+        ]
+        fig.add_trace(
+            go.Scatter(
+                x=part["qk_positivity_composed"],
+                y=part["copying_score"],
+                mode="markers",
+                marker=dict(size=11, symbol="circle-open", line=dict(width=2)),
+                text=label,
+                name="QK through the K-composition writer",
+                hovertemplate="%{text}: QK %{x:.3f}, OV %{y:.3f}<extra></extra>",
+            )
+        )
     fig.add_hline(y=0, line=dict(color="grey", width=1))
     fig.add_vline(x=0, line=dict(color="grey", width=1))
-    fig.add_shape(type="rect", x0=0.5, x1=1.05, y0=0.5, y1=1.05, line=dict(color="grey", dash="dot"),
-                  fillcolor="rgba(0,0,0,0)")
-    fig.update_layout(title="Eigenvalue positivity: QK circuit vs OV circuit (copying score)",
-                      xaxis=dict(title="QK positivity Σλ/Σ|λ|", range=[-1.1, 1.1]),
-                      yaxis=dict(title="OV copying score Σλ/Σ|λ|", range=[-1.1, 1.2]))
+    fig.add_shape(
+        type="rect", x0=0.5, x1=1.05, y0=0.5, y1=1.05, line=dict(color="grey", dash="dot"), fillcolor="rgba(0,0,0,0)"
+    )
+    fig.update_layout(
+        title="Eigenvalue positivity: QK circuit vs OV circuit (copying score)",
+        xaxis=dict(title="QK positivity Σλ/Σ|λ|", range=[-1.1, 1.1]),
+        yaxis=dict(title="OV copying score Σλ/Σ|λ|", range=[-1.1, 1.2]),
+    )
     return Plot("positivity", fig, data, meta=dict(qk_column=qk_column))
 
 
 # --- composition --------------------------------------------------------------------------------
+
 
 def composition_frame(comp: Composition) -> pd.DataFrame:
     """Tidy: kind, source, target, score, baseline, corrected, for every writer -> reader pair."""
@@ -187,8 +309,16 @@ def composition_frame(comp: Composition) -> pd.DataFrame:
         for i in range(n):
             for j in range(n):
                 if not math.isnan(float(s[i, j])):
-                    rows.append(dict(kind=k, source=comp.order[i], target=comp.order[j], score=float(s[i, j]),
-                                     baseline=float(b[i, j]), corrected=float(s[i, j] - b[i, j])))
+                    rows.append(
+                        dict(
+                            kind=k,
+                            source=comp.order[i],
+                            target=comp.order[j],
+                            score=float(s[i, j]),
+                            baseline=float(b[i, j]),
+                            corrected=float(s[i, j] - b[i, j]),
+                        )
+                    )
     return pd.DataFrame(rows, columns=["kind", "source", "target", "score", "baseline", "corrected"])
 
 
@@ -200,32 +330,51 @@ def composition_plot(comp: Composition, corrected: bool = False) -> Plot:
     values = {k: comp.values(k, corrected) for k in KINDS}
     finite = [abs(v) for t in values.values() for v in t.flatten().tolist() if not math.isnan(v)]
     top = max(finite, default=1.0) or 1.0
-    heat = dict(colorscale="RdBu", zmid=0.0, zmin=-top, zmax=top) if corrected else \
-        dict(colorscale="Viridis", zmin=0.0, zmax=top)
+    heat = (
+        dict(colorscale="RdBu", zmid=0.0, zmin=-top, zmax=top)
+        if corrected
+        else dict(colorscale="Viridis", zmin=0.0, zmax=top)
+    )
     # rows: heads that can write (not in the last layer); columns: heads that can read (not in the first)
     last, first = max(comp.layers, default=0), min(comp.layers, default=0)
     rows = [i for i, l in enumerate(comp.layers) if l < last] or list(range(len(comp.order)))
     cols = [j for j, l in enumerate(comp.layers) if l > first] or list(range(len(comp.order)))
     for c, k in enumerate(KINDS, start=1):
         z = [[None if math.isnan(v) else v for v in row] for row in values[k][rows][:, cols].tolist()]
-        fig.add_trace(go.Heatmap(z=z, x=[comp.order[j] for j in cols], y=[comp.order[i] for i in rows],
-                                 showscale=c == 3, texttemplate="%{z:.2f}" if len(rows) * len(cols) <= MAX_CELL_TEXT else None,
-                                 hovertemplate=f"{k.upper()}: %{{y}} → %{{x}} = %{{z:.3f}}<extra></extra>", **heat),
-                      row=1, col=c)
+        fig.add_trace(
+            go.Heatmap(
+                z=z,
+                x=[comp.order[j] for j in cols],
+                y=[comp.order[i] for i in rows],
+                showscale=c == 3,
+                texttemplate="%{z:.2f}" if len(rows) * len(cols) <= MAX_CELL_TEXT else None,
+                hovertemplate=f"{k.upper()}: %{{y}} → %{{x}} = %{{z:.3f}}<extra></extra>",
+                **heat,
+            ),
+            row=1,
+            col=c,
+        )
         fig.update_yaxes(autorange="reversed", row=1, col=c)
         fig.update_xaxes(title_text="reader (later head)", row=1, col=c)
     fig.update_yaxes(title_text="writer (earlier head)", row=1, col=1)
     what = "score − random-matrix baseline" if corrected else "||W_A W_B||_F / (||W_A||_F ||W_B||_F)"
     fig.update_layout(title=f"Composition between heads: {what}", height=max(420, 160 + 22 * len(rows)))
-    return Plot("composition_corrected" if corrected else "composition", fig, composition_frame(comp),
-                meta=dict(corrected=corrected, **comp.meta))
+    return Plot(
+        "composition_corrected" if corrected else "composition",
+        fig,
+        composition_frame(comp),
+        meta=dict(corrected=corrected, **comp.meta),
+    )
 
 
 def head_graph_plot(comp: Composition, kinds: tuple[str, ...] = KINDS, corrected: bool = True, top: int = 12) -> Plot:
     """Heads as nodes (x = layer, y = head) and the ``top`` strongest composition edges of the
     chosen kinds as lines whose width grows with the (baseline-corrected) score."""
-    edges = sorted((e for k in kinds for e in comp.edges(k, corrected, top)),
-                   key=lambda e: e["corrected" if corrected else "score"], reverse=True)[:top]
+    edges = sorted(
+        (e for k in kinds for e in comp.edges(k, corrected, top)),
+        key=lambda e: e["corrected" if corrected else "score"],
+        reverse=True,
+    )[:top]
     pos = {lab: (comp.layers[i], int(lab.split("H")[1])) for i, lab in enumerate(comp.order)}
     colors = {"q": "#1f77b4", "k": "#d62728", "v": "#2ca02c"}
     key = "corrected" if corrected else "score"
@@ -237,25 +386,49 @@ def head_graph_plot(comp: Composition, kinds: tuple[str, ...] = KINDS, corrected
         # K and Q edges bend apart so parallel edges between the same heads stay visible
         bend = {"q": 0.15, "k": -0.15, "v": 0.0}[e["kind"]]
         xm, ym = (x0 + x1) / 2, (y0 + y1) / 2 + bend
-        fig.add_trace(go.Scatter(
-            x=[x0, xm, x1], y=[y0, ym, y1], mode="lines", line=dict(color=colors[e["kind"]], width=1 + 7 * max(0.0, e[key]) / top_value),
-            name=KIND_NAME[e["kind"]], legendgroup=e["kind"], showlegend=e["kind"] not in shown_kinds,
-            hovertemplate=f"{e['kind'].upper()}: {e['source']} → {e['target']}<br>score {e['score']:.3f}, "
-                          f"baseline {e['baseline']:.3f}<extra></extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=[x0, xm, x1],
+                y=[y0, ym, y1],
+                mode="lines",
+                line=dict(color=colors[e["kind"]], width=1 + 7 * max(0.0, e[key]) / top_value),
+                name=KIND_NAME[e["kind"]],
+                legendgroup=e["kind"],
+                showlegend=e["kind"] not in shown_kinds,
+                hovertemplate=f"{e['kind'].upper()}: {e['source']} → {e['target']}<br>score {e['score']:.3f}, "
+                f"baseline {e['baseline']:.3f}<extra></extra>",
+            )
+        )
         shown_kinds.add(e["kind"])
-    fig.add_trace(go.Scatter(x=[p[0] for p in pos.values()], y=[p[1] for p in pos.values()], mode="markers+text",
-                             text=list(pos), textposition="top center", marker=dict(size=16, color="white",
-                             line=dict(color="black", width=2)), name="heads", hoverinfo="text"))
-    fig.update_layout(title=f"Strongest composition edges (top {len(edges)}, {'baseline-corrected' if corrected else 'raw'})",
-                      xaxis=dict(title="layer", tickmode="array", tickvals=sorted(set(comp.layers)),
-                                 range=[-0.4, max(comp.layers, default=0) + 0.4]),
-                      yaxis=dict(title="head", range=[max((p[1] for p in pos.values()), default=0) + 0.5, -0.8]),
-                      height=max(380, 160 + 60 * (len(comp.order) // max(1, len(set(comp.layers))))))
+    fig.add_trace(
+        go.Scatter(
+            x=[p[0] for p in pos.values()],
+            y=[p[1] for p in pos.values()],
+            mode="markers+text",
+            text=list(pos),
+            textposition="top center",
+            marker=dict(size=16, color="white", line=dict(color="black", width=2)),
+            name="heads",
+            hoverinfo="text",
+        )
+    )
+    fig.update_layout(
+        title=f"Strongest composition edges (top {len(edges)}, {'baseline-corrected' if corrected else 'raw'})",
+        xaxis=dict(
+            title="layer",
+            tickmode="array",
+            tickvals=sorted(set(comp.layers)),
+            range=[-0.4, max(comp.layers, default=0) + 0.4],
+        ),
+        yaxis=dict(title="head", range=[max((p[1] for p in pos.values()), default=0) + 0.5, -0.8]),
+        height=max(380, 160 + 60 * (len(comp.order) // max(1, len(set(comp.layers))))),
+    )
     data = pd.DataFrame(edges, columns=["kind", "source", "target", "score", "baseline", "corrected"])
     return Plot("head_graph", fig, data, meta=dict(kinds=list(kinds), corrected=corrected, top=top))
 
 
 # --- value-weighted attention -------------------------------------------------------------------
+
 
 def value_weighted_plot(vw: dict, labels: list[str], layer: int, heads: list[int], head: int) -> Plot:
     """The pattern A beside the value-weighted attention A_ij ||v_j W_O|| of one head
@@ -263,17 +436,44 @@ def value_weighted_plot(vw: dict, labels: list[str], layer: int, heads: list[int
     i = heads.index(head)
     A, W = vw["pattern"][i], vw["weighted"][i]
     T = A.shape[0]
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["pattern A", "value-weighted A_ij ||v_j W_O||"],
-                        horizontal_spacing=0.1)
+    fig = make_subplots(
+        rows=1, cols=2, subplot_titles=["pattern A", "value-weighted A_ij ||v_j W_O||"], horizontal_spacing=0.1
+    )
     for c, (z, scale) in enumerate(((A, dict(zmin=0.0, zmax=1.0)), (W, {})), start=1):
         cells = [[float(z[q, k]) if k <= q else None for k in range(T)] for q in range(T)]
-        fig.add_trace(go.Heatmap(z=cells, x=list(range(T)), y=list(range(T)), colorscale="Viridis",
-                                 colorbar=dict(x=0.45 if c == 1 else 1.0), **scale,
-                                 hovertemplate="q %{y}, k %{x}: %{z:.4g}<extra></extra>"), row=1, col=c)
+        fig.add_trace(
+            go.Heatmap(
+                z=cells,
+                x=list(range(T)),
+                y=list(range(T)),
+                colorscale="Viridis",
+                colorbar=dict(x=0.45 if c == 1 else 1.0),
+                **scale,
+                hovertemplate="q %{y}, k %{x}: %{z:.4g}<extra></extra>",
+            ),
+            row=1,
+            col=c,
+        )
         fig.update_yaxes(autorange="reversed", row=1, col=c, title_text="query" if c == 1 else None, **_ticks(labels))
         fig.update_xaxes(title_text="key", row=1, col=c, **_ticks(labels))
-    fig.update_layout(title=f"Value-weighted attention, layer {layer} head {head}", height=max(420, min(900, 22 * T + 160)))
-    data = pd.DataFrame([dict(layer=layer, head=head, query=q, key=k, query_label=labels[q], key_label=labels[k],
-                              prob=float(A[q, k]), value_norm=float(vw["value_norms"][i, k]), weighted=float(W[q, k]))
-                         for q in range(T) for k in range(q + 1)])
+    fig.update_layout(
+        title=f"Value-weighted attention, layer {layer} head {head}", height=max(420, min(900, 22 * T + 160))
+    )
+    data = pd.DataFrame(
+        [
+            dict(
+                layer=layer,
+                head=head,
+                query=q,
+                key=k,
+                query_label=labels[q],
+                key_label=labels[k],
+                prob=float(A[q, k]),
+                value_norm=float(vw["value_norms"][i, k]),
+                weighted=float(W[q, k]),
+            )
+            for q in range(T)
+            for k in range(q + 1)
+        ]
+    )
     return Plot(f"value_weighted_{head_label(layer, head)}", fig, data, meta=dict(layer=layer, head=head))

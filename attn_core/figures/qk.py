@@ -3,6 +3,7 @@ curves with their spread over seeds, final loss and accuracy, stable rank of B b
 normalized spectrum of B, accuracy when B is cut to rank r, and the cost (parameters, time per
 step). Each takes a :class:`~attn_core.qk.result.Comparison`; one colour per variant throughout,
 dashed lines for merged heads."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -13,9 +14,12 @@ from plotly.subplots import make_subplots
 from attn_core.figures.base import Plot
 from attn_core.qk.result import Comparison
 
-CURVE_METRICS = {"eval_loss": "held-out loss", "eval_accuracy": "held-out accuracy",
-                 "loss": "training loss (mean over the last eval_every steps)",
-                 "accuracy": "training accuracy (mean over the last eval_every steps)"}
+CURVE_METRICS = {
+    "eval_loss": "held-out loss",
+    "eval_accuracy": "held-out accuracy",
+    "loss": "training loss (mean over the last eval_every steps)",
+    "accuracy": "training accuracy (mean over the last eval_every steps)",
+}
 
 
 def variant_colors(names: list[str]) -> dict[str, str]:
@@ -56,18 +60,39 @@ def curves_plot(comparison: Comparison, metric: str = "eval_loss") -> Plot:
         upper, lower = part["mean"] + part["std"], part["mean"] - part["std"]
         if "loss" in metric:
             lower = lower.clip(lower=part["mean"].min() * 1e-3)  # a log axis cannot show <= 0
-        fig.add_trace(go.Scatter(x=list(part["step"]) + list(part["step"])[::-1], y=list(upper) + list(lower)[::-1],
-                                 fill="toself", fillcolor=_rgba(colors[name], 0.18), line=dict(width=0),
-                                 hoverinfo="skip", showlegend=False, legendgroup=name))
-        fig.add_trace(go.Scatter(x=part["step"], y=part["mean"], name=name, legendgroup=name, mode="lines",
-                                 line=dict(color=colors[name], dash=_dash(comparison, name)),
-                                 customdata=part[["std", "count"]].to_numpy(),
-                                 hovertemplate=f"{name}<br>step %{{x}}<br>mean %{{y:.4g}} ± %{{customdata[0]:.3g}} "
-                                               f"(%{{customdata[1]}} seeds)<extra></extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=list(part["step"]) + list(part["step"])[::-1],
+                y=list(upper) + list(lower)[::-1],
+                fill="toself",
+                fillcolor=_rgba(colors[name], 0.18),
+                line=dict(width=0),
+                hoverinfo="skip",
+                showlegend=False,
+                legendgroup=name,
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=part["step"],
+                y=part["mean"],
+                name=name,
+                legendgroup=name,
+                mode="lines",
+                line=dict(color=colors[name], dash=_dash(comparison, name)),
+                customdata=part[["std", "count"]].to_numpy(),
+                hovertemplate=f"{name}<br>step %{{x}}<br>mean %{{y:.4g}} ± %{{customdata[0]:.3g}} "
+                f"(%{{customdata[1]}} seeds)<extra></extra>",
+            )
+        )
     seeds = comparison.config.seeds
-    fig.update_layout(title=f"{CURVE_METRICS[metric].capitalize()} on {comparison.config.task}: mean over "
-                            f"{seeds} seed{'s' * (seeds != 1)}, band ±1 std",
-                      xaxis_title="step", yaxis_title=CURVE_METRICS[metric], legend_title="variant")
+    fig.update_layout(
+        title=f"{CURVE_METRICS[metric].capitalize()} on {comparison.config.task}: mean over "
+        f"{seeds} seed{'s' * (seeds != 1)}, band ±1 std",
+        xaxis_title="step",
+        yaxis_title=CURVE_METRICS[metric],
+        legend_title="variant",
+    )
     if "loss" in metric:
         fig.update_yaxes(type="log")
     else:
@@ -84,40 +109,85 @@ def final_plot(comparison: Comparison) -> Plot:
     rows = []
     for col, key in ((1, "final_loss"), (2, "accuracy")):
         stats = _seed_stats(per_seed, ["variant"], key)
-        fig.add_trace(go.Bar(x=stats["variant"], y=stats["mean"], marker_color=[colors[v] for v in stats["variant"]],
-                             error_y=dict(type="data", array=stats["std"], visible=True), showlegend=False,
-                             hovertemplate="%{x}<br>mean %{y:.4g}<extra></extra>"), row=1, col=col)
-        fig.add_trace(go.Scatter(x=per_seed["variant"], y=per_seed[key], mode="markers", showlegend=False,
-                                 marker=dict(size=6, symbol="circle-open", color="gray"), customdata=per_seed["seed"],
-                                 hovertemplate="%{x}<br>seed %{customdata}: %{y:.4g}<extra></extra>"), row=1, col=col)
+        fig.add_trace(
+            go.Bar(
+                x=stats["variant"],
+                y=stats["mean"],
+                marker_color=[colors[v] for v in stats["variant"]],
+                error_y=dict(type="data", array=stats["std"], visible=True),
+                showlegend=False,
+                hovertemplate="%{x}<br>mean %{y:.4g}<extra></extra>",
+            ),
+            row=1,
+            col=col,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=per_seed["variant"],
+                y=per_seed[key],
+                mode="markers",
+                showlegend=False,
+                marker=dict(size=6, symbol="circle-open", color="gray"),
+                customdata=per_seed["seed"],
+                hovertemplate="%{x}<br>seed %{customdata}: %{y:.4g}<extra></extra>",
+            ),
+            row=1,
+            col=col,
+        )
         rows.append(stats.assign(metric=key))
     fig.update_yaxes(type="log", row=1, col=1)
     fig.update_yaxes(range=[0, 1.02], row=1, col=2)
-    fig.update_layout(title=f"Final loss and accuracy, {comparison.config.measure_samples} held-out sequences "
-                            "(mean ± std, dots: seeds)")
+    fig.update_layout(
+        title=f"Final loss and accuracy, {comparison.config.measure_samples} held-out sequences "
+        "(mean ± std, dots: seeds)"
+    )
     return Plot("qk_final", fig, pd.concat(rows, ignore_index=True).rename(columns={"count": "seeds"}))
 
 
 def rank_plot(comparison: Comparison) -> Plot:
     """Stable rank ||B||_F^2 / ||B||_2^2 of the learned B, by variant and layer (mean over heads
     and seeds, whiskers +-1 std over seeds of the per-seed head means)."""
-    rows = [{"variant": r["variant"], "seed": r["seed"], "layer": h["layer"], "head": h["head"],
-             "stable_rank": h["stable_rank"], "rank_cap": h["rank_cap"]} for r in comparison.runs for h in r["spectrum"]]
+    rows = [
+        {
+            "variant": r["variant"],
+            "seed": r["seed"],
+            "layer": h["layer"],
+            "head": h["head"],
+            "stable_rank": h["stable_rank"],
+            "rank_cap": h["rank_cap"],
+        }
+        for r in comparison.runs
+        for h in r["spectrum"]
+    ]
     heads = pd.DataFrame(rows, columns=["variant", "seed", "layer", "head", "stable_rank", "rank_cap"])
-    per_seed = heads.groupby(["variant", "layer", "seed"], sort=False).agg(
-        stable_rank=("stable_rank", "mean"), rank_cap=("rank_cap", "max")).reset_index()
+    per_seed = (
+        heads.groupby(["variant", "layer", "seed"], sort=False)
+        .agg(stable_rank=("stable_rank", "mean"), rank_cap=("rank_cap", "max"))
+        .reset_index()
+    )
     stats = _seed_stats(per_seed, ["variant", "layer"], "stable_rank")
     stats["rank_cap"] = per_seed.groupby(["variant", "layer"], sort=False)["rank_cap"].max().to_numpy()
     fig = go.Figure()
     for layer in sorted(stats["layer"].unique()):
         part = stats[stats["layer"] == layer]
-        fig.add_trace(go.Bar(x=part["variant"], y=part["mean"], name=f"layer {layer}",
-                             error_y=dict(type="data", array=part["std"], visible=True),
-                             customdata=part[["std", "rank_cap"]].to_numpy(),
-                             hovertemplate="%{x}, layer " + str(layer) + "<br>stable rank %{y:.3g} ± %{customdata[0]:.2g}"
-                                           "<br>rank cap %{customdata[1]}<extra></extra>"))
-    fig.update_layout(barmode="group", title="Stable rank of the learned B (mean over heads and seeds, ±1 std over seeds)",
-                      xaxis_title="variant", yaxis_title="‖B‖²_F / ‖B‖²₂", legend_title="layer")
+        fig.add_trace(
+            go.Bar(
+                x=part["variant"],
+                y=part["mean"],
+                name=f"layer {layer}",
+                error_y=dict(type="data", array=part["std"], visible=True),
+                customdata=part[["std", "rank_cap"]].to_numpy(),
+                hovertemplate="%{x}, layer " + str(layer) + "<br>stable rank %{y:.3g} ± %{customdata[0]:.2g}"
+                "<br>rank cap %{customdata[1]}<extra></extra>",
+            )
+        )
+    fig.update_layout(
+        barmode="group",
+        title="Stable rank of the learned B (mean over heads and seeds, ±1 std over seeds)",
+        xaxis_title="variant",
+        yaxis_title="‖B‖²_F / ‖B‖²₂",
+        legend_title="layer",
+    )
     return Plot("qk_stable_rank", fig, stats.rename(columns={"count": "seeds"}))
 
 
@@ -134,11 +204,21 @@ def spectrum_plot(comparison: Comparison) -> Plot:
     for col, layer in enumerate(layers, start=1):
         for name in comparison.variant_names():
             part = stats[(stats["variant"] == name) & (stats["layer"] == layer)]
-            fig.add_trace(go.Scatter(x=part["i"], y=part["mean"], name=name, legendgroup=name, showlegend=col == 1,
-                                     mode="lines+markers", marker=dict(size=4),
-                                     line=dict(color=colors[name], dash=_dash(comparison, name)),
-                                     hovertemplate=f"{name}<br>σ_%{{x}} / σ_1 = %{{y:.3g}}<extra></extra>"),
-                          row=1, col=col)
+            fig.add_trace(
+                go.Scatter(
+                    x=part["i"],
+                    y=part["mean"],
+                    name=name,
+                    legendgroup=name,
+                    showlegend=col == 1,
+                    mode="lines+markers",
+                    marker=dict(size=4),
+                    line=dict(color=colors[name], dash=_dash(comparison, name)),
+                    hovertemplate=f"{name}<br>σ_%{{x}} / σ_1 = %{{y:.3g}}<extra></extra>",
+                ),
+                row=1,
+                col=col,
+            )
         fig.update_xaxes(title_text="i", row=1, col=col)
     fig.update_yaxes(type="log", title_text="σ_i / σ_1", row=1, col=1)
     fig.update_layout(title="Spectrum of the learned B (σ_i / σ_1, mean over heads and seeds)", legend_title="variant")
@@ -153,15 +233,26 @@ def truncation_plot(comparison: Comparison) -> Plot:
     fig = go.Figure()
     for name in comparison.variant_names():
         part = stats[stats["variant"] == name]
-        fig.add_trace(go.Scatter(x=part["rank"], y=part["mean"], name=name, mode="lines+markers",
-                                 line=dict(color=colors[name], dash=_dash(comparison, name)),
-                                 error_y=dict(type="data", array=part["std"], visible=True),
-                                 hovertemplate=f"{name}<br>rank %{{x}}: accuracy %{{y:.3f}}<extra></extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=part["rank"],
+                y=part["mean"],
+                name=name,
+                mode="lines+markers",
+                line=dict(color=colors[name], dash=_dash(comparison, name)),
+                error_y=dict(type="data", array=part["std"], visible=True),
+                hovertemplate=f"{name}<br>rank %{{x}}: accuracy %{{y:.3f}}<extra></extra>",
+            )
+        )
     ranks = sorted(stats["rank"].unique())
     fig.update_xaxes(type="log", tickvals=ranks, ticktext=[str(r) for r in ranks])
-    fig.update_layout(title="Accuracy with every B cut to rank r (Eckart–Young truncation)",
-                      xaxis_title="rank r", yaxis_title="held-out accuracy", yaxis_range=[0, 1.02],
-                      legend_title="variant")
+    fig.update_layout(
+        title="Accuracy with every B cut to rank r (Eckart–Young truncation)",
+        xaxis_title="rank r",
+        yaxis_title="held-out accuracy",
+        yaxis_range=[0, 1.02],
+        legend_title="variant",
+    )
     return Plot("qk_truncation", fig, stats.rename(columns={"count": "seeds"}))
 
 
@@ -172,15 +263,37 @@ def cost_plot(comparison: Comparison) -> Plot:
     data = summary[["name", "qk", "rank_cap", "params_qk_per_head", "params", "ms_per_step"]]
     colors = [variant_colors(comparison.variant_names())[n] for n in data["name"]]
     fig = make_subplots(rows=1, cols=3, subplot_titles=("QK parameters per head", "model parameters", "ms per step"))
-    for col, key, fmt in ((1, "params_qk_per_head", "%{y:,}"), (2, "params", "%{y:,}"), (3, "ms_per_step", "%{y:.2f} ms")):
-        fig.add_trace(go.Bar(x=data["name"], y=data[key], marker_color=colors, showlegend=False,
-                             hovertemplate="%{x}<br>" + fmt + "<extra></extra>"), row=1, col=col)
-    fig.update_layout(title=f"Cost: QK parameters per head (2·d_model·d_qk or d_model² = {comparison.config.d_model ** 2}), "
-                            "model size, median step time")
+    for col, key, fmt in (
+        (1, "params_qk_per_head", "%{y:,}"),
+        (2, "params", "%{y:,}"),
+        (3, "ms_per_step", "%{y:.2f} ms"),
+    ):
+        fig.add_trace(
+            go.Bar(
+                x=data["name"],
+                y=data[key],
+                marker_color=colors,
+                showlegend=False,
+                hovertemplate="%{x}<br>" + fmt + "<extra></extra>",
+            ),
+            row=1,
+            col=col,
+        )
+    fig.update_layout(
+        title=f"Cost: QK parameters per head (2·d_model·d_qk or d_model² = {comparison.config.d_model**2}), "
+        "model size, median step time"
+    )
     return Plot("qk_cost", fig, data.reset_index(drop=True), meta={"machine": comparison.machine})
 
 
 def all_plots(comparison: Comparison) -> list[Plot]:
     """Every figure of the comparison, in the page's order."""
-    return [curves_plot(comparison, "eval_loss"), curves_plot(comparison, "eval_accuracy"), final_plot(comparison),
-            cost_plot(comparison), rank_plot(comparison), spectrum_plot(comparison), truncation_plot(comparison)]
+    return [
+        curves_plot(comparison, "eval_loss"),
+        curves_plot(comparison, "eval_accuracy"),
+        final_plot(comparison),
+        cost_plot(comparison),
+        rank_plot(comparison),
+        spectrum_plot(comparison),
+        truncation_plot(comparison),
+    ]

@@ -1,5 +1,6 @@
 """Figures of a sweep (:func:`attn_core.sweep.sweep_result`): the trade-off of every trial,
 accuracy against attention entropy, with its Pareto frontier."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -18,10 +19,34 @@ def trials_frame(result: dict) -> pd.DataFrame:
     rows = []
     for t in result.get("trials", ()):
         if t.get("after"):
-            rows.append({"run_id": t["run_id"], "key": t["key"], "reg": t["reg"], "lambda": t["lambda"],
-                         "seed": t["seed"], "status": t["status"], **t["after"]})
-    return pd.DataFrame(rows, columns=["run_id", "key", "reg", "lambda", "seed", "status", "accuracy", "loss",
-                                       "entropy_data", "entropy_vocab", "top1_mass", "stable_rank"])
+            rows.append(
+                {
+                    "run_id": t["run_id"],
+                    "key": t["key"],
+                    "reg": t["reg"],
+                    "lambda": t["lambda"],
+                    "seed": t["seed"],
+                    "status": t["status"],
+                    **t["after"],
+                }
+            )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "run_id",
+            "key",
+            "reg",
+            "lambda",
+            "seed",
+            "status",
+            "accuracy",
+            "loss",
+            "entropy_data",
+            "entropy_vocab",
+            "top1_mass",
+            "stable_rank",
+        ],
+    )
 
 
 def pareto_plot(result: dict, view: str = "data") -> Plot:
@@ -38,16 +63,48 @@ def pareto_plot(result: dict, view: str = "data") -> Plot:
     df["size"] = 8 + 22 * (df["lambda"] / df["lambda"].max() if len(df) and df["lambda"].max() > 0 else 0)
     title = f"Sweep {result.get('sweep_id', '')}: accuracy vs {view} entropy ({len(df)} trials)"
     if len(df):
-        fig = px.scatter(df, x=col, y="accuracy", color="reg", size="size", size_max=24,
-                         hover_name="run_id", hover_data={"key": True, "lambda": True, "seed": True, "status": True,
-                                                          "size": False, col: ":.4f", "accuracy": ":.4f"})
+        fig = px.scatter(
+            df,
+            x=col,
+            y="accuracy",
+            color="reg",
+            size="size",
+            size_max=24,
+            hover_name="run_id",
+            hover_data={
+                "key": True,
+                "lambda": True,
+                "seed": True,
+                "status": True,
+                "size": False,
+                col: ":.4f",
+                "accuracy": ":.4f",
+            },
+        )
     else:
         fig = go.Figure()
     if front:
         pts = df.set_index("run_id").loc[front]
-        fig.add_trace(go.Scatter(x=pts[col], y=pts["accuracy"], mode="lines", name="Pareto frontier",
-                                 line=dict(color="black", dash="dot"), hoverinfo="skip"))
-    fig.update_layout(title=title, xaxis_title=f"mean normalized attention entropy ({view}); lower = more concentrated",
-                      yaxis_title="held-out accuracy", legend_title="regularizer", height=460)
-    return Plot(f"sweep_pareto_{view}", fig, df.drop(columns=["size"]),
-                meta=dict(sweep_id=result.get("sweep_id"), view=view, pareto=front))
+        fig.add_trace(
+            go.Scatter(
+                x=pts[col],
+                y=pts["accuracy"],
+                mode="lines",
+                name="Pareto frontier",
+                line=dict(color="black", dash="dot"),
+                hoverinfo="skip",
+            )
+        )
+    fig.update_layout(
+        title=title,
+        xaxis_title=f"mean normalized attention entropy ({view}); lower = more concentrated",
+        yaxis_title="held-out accuracy",
+        legend_title="regularizer",
+        height=460,
+    )
+    return Plot(
+        f"sweep_pareto_{view}",
+        fig,
+        df.drop(columns=["size"]),
+        meta=dict(sweep_id=result.get("sweep_id"), view=view, pareto=front),
+    )

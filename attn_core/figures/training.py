@@ -6,6 +6,7 @@ The curve builders read the metric log in its one format -- a DataFrame with col
 value -- as both ``Snapshot.metrics()`` (a live job) and ``RunStore.metrics(id)`` (a saved run)
 return it; metric names are listed, built and parsed in attn_core/training/telemetry.py
 (``MetricKey``)."""
+
 from __future__ import annotations
 
 import math
@@ -20,8 +21,7 @@ from attn_core.figures.base import Plot
 from attn_core.training.telemetry import TERM_PREFIX, MetricKey
 
 VIEWS = ("data", "vocab")
-COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-          "#bcbd22", "#17becf")
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 
 
 def per_head(metrics: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -34,10 +34,15 @@ def per_head(metrics: pd.DataFrame, metric: str) -> pd.DataFrame:
     keys = {name: k for name, k in keys.items() if k is not None and k.metric == metric and k.per_head}
     sel = sel[sel["name"].isin(list(keys))]
     parsed = [keys[name] for name in sel["name"]]
-    out = pd.DataFrame({"step": sel["step"].to_numpy(), "head": [k.head_label for k in parsed],
-                        "layer": [k.layer for k in parsed],
-                        "index": pd.to_numeric(pd.Series([k.index for k in parsed], dtype=object)).to_numpy(),
-                        "value": sel["value"].to_numpy()})
+    out = pd.DataFrame(
+        {
+            "step": sel["step"].to_numpy(),
+            "head": [k.head_label for k in parsed],
+            "layer": [k.layer for k in parsed],
+            "index": pd.to_numeric(pd.Series([k.index for k in parsed], dtype=object)).to_numpy(),
+            "value": sel["value"].to_numpy(),
+        }
+    )
     return out.reset_index(drop=True)[cols]
 
 
@@ -48,22 +53,41 @@ def _series(metrics: pd.DataFrame, name: str) -> pd.DataFrame:
 def curves_plot(metrics: pd.DataFrame, title: str = "Training") -> Plot:
     """Three stacked panels over steps: task loss and total loss (log scale); accuracy on the
     training batch and on held-out samples; each regularizer's weighted term lambda * R."""
-    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                        subplot_titles=("loss", "accuracy", "regularizer terms λ·R"))
+    fig = make_subplots(
+        rows=3,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.06,
+        subplot_titles=("loss", "accuracy", "regularizer terms λ·R"),
+    )
     names = ["task_loss", "loss", "accuracy", "eval_accuracy", "eval_loss"]
     terms = sorted(n for n in metrics["name"].unique() if n.startswith(TERM_PREFIX)) if len(metrics) else []
-    for row, name, label, mode in [(1, "task_loss", "task loss", "lines"), (1, "loss", "total loss", "lines"),
-                                   (1, "eval_loss", "held-out loss", "markers"),
-                                   (2, "accuracy", "training batch", "lines"),
-                                   (2, "eval_accuracy", "held-out", "lines+markers")]:
+    for row, name, label, mode in [
+        (1, "task_loss", "task loss", "lines"),
+        (1, "loss", "total loss", "lines"),
+        (1, "eval_loss", "held-out loss", "markers"),
+        (2, "accuracy", "training batch", "lines"),
+        (2, "eval_accuracy", "held-out", "lines+markers"),
+    ]:
         s = _series(metrics, name)
         if len(s):
-            fig.add_trace(go.Scatter(x=s["step"], y=s["value"], name=label, mode=mode, legendgroup=str(row)),
-                          row=row, col=1)
+            fig.add_trace(
+                go.Scatter(x=s["step"], y=s["value"], name=label, mode=mode, legendgroup=str(row)), row=row, col=1
+            )
     for i, name in enumerate(terms):
         s = _series(metrics, name)
-        fig.add_trace(go.Scatter(x=s["step"], y=s["value"], name=name.removeprefix(TERM_PREFIX), mode="lines",
-                                 line=dict(color=COLORS[i % len(COLORS)]), legendgroup="3"), row=3, col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=s["step"],
+                y=s["value"],
+                name=name.removeprefix(TERM_PREFIX),
+                mode="lines",
+                line=dict(color=COLORS[i % len(COLORS)]),
+                legendgroup="3",
+            ),
+            row=3,
+            col=1,
+        )
     if not terms:
         fig.add_annotation(text="no regularizer", showarrow=False, xref="x3 domain", yref="y3 domain", x=0.5, y=0.5)
     fig.update_yaxes(type="log", row=1, col=1)
@@ -80,8 +104,7 @@ def _mode(data: pd.DataFrame) -> str:
     return "lines" if data["step"].nunique() > 1 else "markers"
 
 
-def head_entropy_plot(metrics: pd.DataFrame, view: str = "data",
-                      regularized: Sequence[str] | None = None) -> Plot:
+def head_entropy_plot(metrics: pd.DataFrame, view: str = "data", regularized: Sequence[str] | None = None) -> Plot:
     """Normalized attention entropy of every head over steps, on the probe batch (``data``) or
     the vocabulary view (``vocab``); regularized heads solid, the others dotted; their mean bold."""
     if view not in VIEWS:
@@ -91,15 +114,34 @@ def head_entropy_plot(metrics: pd.DataFrame, view: str = "data",
     mode = _mode(data)
     fig = go.Figure()
     for i, (head, part) in enumerate(data.groupby("head", sort=True)):
-        fig.add_trace(go.Scatter(x=part["step"], y=part["value"], name=head, mode=mode,
-                                 line=dict(color=COLORS[i % len(COLORS)], dash="solid" if head in regularized else "dot")))
+        fig.add_trace(
+            go.Scatter(
+                x=part["step"],
+                y=part["value"],
+                name=head,
+                mode=mode,
+                line=dict(color=COLORS[i % len(COLORS)], dash="solid" if head in regularized else "dot"),
+            )
+        )
     mean = _series(metrics, f"entropy_{view}")
     if len(mean):
-        fig.add_trace(go.Scatter(x=mean["step"], y=mean["value"], name="mean (regularized heads)", mode=mode,
-                                 line=dict(color="grey", width=4), marker=dict(color="grey", size=12)))
+        fig.add_trace(
+            go.Scatter(
+                x=mean["step"],
+                y=mean["value"],
+                name="mean (regularized heads)",
+                mode=mode,
+                line=dict(color="grey", width=4),
+                marker=dict(color="grey", size=12),
+            )
+        )
     where = "held-out probe batch" if view == "data" else "vocabulary view (every token as query and key)"
-    fig.update_layout(title=f"Normalized attention entropy per head, {where}", xaxis_title="step",
-                      yaxis=dict(title="H / log n", range=[-0.02, 1.02]), height=420)
+    fig.update_layout(
+        title=f"Normalized attention entropy per head, {where}",
+        xaxis_title="step",
+        yaxis=dict(title="H / log n", range=[-0.02, 1.02]),
+        height=420,
+    )
     return Plot(f"head_entropy_{view}", fig, data, meta=dict(view=view))
 
 
@@ -117,20 +159,37 @@ def spectrum_history_plot(metrics: pd.DataFrame, head: str, top: int | None = No
     mode = _mode(data)
     for i, part in data.groupby("index"):
         shade = 0.15 + 0.85 * (1 - i / max(1, n - 1))
-        fig.add_trace(go.Scatter(x=part["step"], y=part["value"], name=f"σ{i + 1}", mode=mode,
-                                 line=dict(color=f"rgba(31,119,180,{shade:.2f})")), secondary_y=False)
+        fig.add_trace(
+            go.Scatter(
+                x=part["step"],
+                y=part["value"],
+                name=f"σ{i + 1}",
+                mode=mode,
+                line=dict(color=f"rgba(31,119,180,{shade:.2f})"),
+            ),
+            secondary_y=False,
+        )
     sr = _series(metrics, str(MetricKey.of_head("stable_rank", head)))
     if len(sr):
-        fig.add_trace(go.Scatter(x=sr["step"], y=sr["value"], name="stable rank", mode="lines+markers",
-                                 line=dict(color="#d62728", dash="dash")), secondary_y=True)
+        fig.add_trace(
+            go.Scatter(
+                x=sr["step"],
+                y=sr["value"],
+                name="stable rank",
+                mode="lines+markers",
+                line=dict(color="#d62728", dash="dash"),
+            ),
+            secondary_y=True,
+        )
     fig.update_layout(title=f"Singular values of B over training, {head}", xaxis_title="step", height=420)
     fig.update_yaxes(title_text="σ_i(B)", secondary_y=False)
     fig.update_yaxes(title_text="stable rank ‖B‖²_F / ‖B‖²₂", secondary_y=True)
     return Plot(f"spectrum_history_{head}", fig, data.reset_index(drop=True), meta=dict(head=head))
 
 
-def spectra_before_after_plot(before: Sequence[dict], after: Sequence[dict],
-                              heads: Sequence[str] | None = None) -> Plot:
+def spectra_before_after_plot(
+    before: Sequence[dict], after: Sequence[dict], heads: Sequence[str] | None = None
+) -> Plot:
     """Singular values of B per head, before and after retraining (``per_head`` lists of
     :func:`attn_core.training.telemetry.measure`, as in a run's card), one small panel per head, log scale."""
     b = {r["head"]: r for r in before}
@@ -140,16 +199,28 @@ def spectra_before_after_plot(before: Sequence[dict], after: Sequence[dict],
         raise ValueError("no head is measured both before and after")
     cols = min(4, len(heads))
     rows = math.ceil(len(heads) / cols)
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=heads, shared_yaxes=True,
-                        horizontal_spacing=0.03, vertical_spacing=0.12)
+    fig = make_subplots(
+        rows=rows, cols=cols, subplot_titles=heads, shared_yaxes=True, horizontal_spacing=0.03, vertical_spacing=0.12
+    )
     recs = []
     for k, head in enumerate(heads):
         r, c = k // cols + 1, k % cols + 1
         for when, src, color in (("before", b, "#7f7f7f"), ("after", a, "#d62728")):
             sigma = src[head]["singular_values"]
             recs += [dict(head=head, when=when, index=i, singular_value=s) for i, s in enumerate(sigma)]
-            fig.add_trace(go.Scatter(x=list(range(1, len(sigma) + 1)), y=sigma, mode="lines+markers", name=when,
-                                     line=dict(color=color), showlegend=k == 0, legendgroup=when), row=r, col=c)
+            fig.add_trace(
+                go.Scatter(
+                    x=list(range(1, len(sigma) + 1)),
+                    y=sigma,
+                    mode="lines+markers",
+                    name=when,
+                    line=dict(color=color),
+                    showlegend=k == 0,
+                    legendgroup=when,
+                ),
+                row=r,
+                col=c,
+            )
     fig.update_yaxes(type="log")
     fig.update_layout(title="Singular values of B, before and after retraining", height=260 * rows + 120)
     return Plot("spectra_before_after", fig, pd.DataFrame(recs), meta=dict(heads=heads))
@@ -165,20 +236,50 @@ def probe_pattern_plot(pattern, tokens: Sequence[str], layer: int, head: int, st
     T = z.shape[-1]
     z = np.where(np.tril(np.ones((T, T), dtype=bool)), z, np.nan)
     labels = [f"{p}:{t}" for p, t in enumerate(tokens[:T])]
-    fig = go.Figure(go.Heatmap(z=z.tolist(), x=labels, y=labels, colorscale="Viridis", zmin=0, zmax=1,
-                               colorbar=dict(title="A"), hovertemplate="%{y} → %{x}<br>%{z:.3f}<extra></extra>"))
+    fig = go.Figure(
+        go.Heatmap(
+            z=z.tolist(),
+            x=labels,
+            y=labels,
+            colorscale="Viridis",
+            zmin=0,
+            zmax=1,
+            colorbar=dict(title="A"),
+            hovertemplate="%{y} → %{x}<br>%{z:.3f}<extra></extra>",
+        )
+    )
     at = f" at step {step}" if step is not None else ""
-    fig.update_layout(title=f"Attention of L{layer}H{head} on the probe input{at}", xaxis_title="key",
-                      yaxis=dict(title="query", autorange="reversed"), height=520)
+    fig.update_layout(
+        title=f"Attention of L{layer}H{head} on the probe input{at}",
+        xaxis_title="key",
+        yaxis=dict(title="query", autorange="reversed"),
+        height=520,
+    )
     q, k = np.meshgrid(np.arange(T), np.arange(T), indexing="ij")
-    data = pd.DataFrame(dict(query=q.ravel(), key=k.ravel(), query_label=[labels[i] for i in q.ravel()],
-                             key_label=[labels[i] for i in k.ravel()], weight=z.ravel()))
-    return Plot(f"probe_pattern_L{layer}H{head}", fig, data.dropna().reset_index(drop=True),
-                meta=dict(layer=layer, head=head, step=step))
+    data = pd.DataFrame(
+        dict(
+            query=q.ravel(),
+            key=k.ravel(),
+            query_label=[labels[i] for i in q.ravel()],
+            key_label=[labels[i] for i in k.ravel()],
+            weight=z.ravel(),
+        )
+    )
+    return Plot(
+        f"probe_pattern_L{layer}H{head}",
+        fig,
+        data.dropna().reset_index(drop=True),
+        meta=dict(layer=layer, head=head, step=step),
+    )
 
 
-def tradeoff_plot(table: pd.DataFrame, x: str = "entropy_data", y: str = "accuracy",
-                  color: str = "regularizer", title: str | None = None) -> Plot:
+def tradeoff_plot(
+    table: pd.DataFrame,
+    x: str = "entropy_data",
+    y: str = "accuracy",
+    color: str = "regularizer",
+    title: str | None = None,
+) -> Plot:
     """Runs as points: ``x`` (default mean normalized entropy on data) against ``y`` (accuracy),
     one colour per ``color`` value, lines joining increasing lambda when there is a ``lambda``
     column -- where concentration is bought and what it costs."""
@@ -189,8 +290,16 @@ def tradeoff_plot(table: pd.DataFrame, x: str = "entropy_data", y: str = "accura
     for i, (name, part) in enumerate(table.groupby(color, sort=False)):
         part = part.sort_values("lambda") if "lambda" in part.columns else part
         text = [f"λ={v:g}" for v in part["lambda"]] if "lambda" in part.columns else None
-        fig.add_trace(go.Scatter(x=part[x], y=part[y], name=str(name), mode="lines+markers", text=text,
-                                 marker=dict(size=9, color=COLORS[i % len(COLORS)]),
-                                 hovertemplate="%{text}<br>" + f"{x} %{{x:.3f}}<br>{y} %{{y:.4f}}<extra>{name}</extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=part[x],
+                y=part[y],
+                name=str(name),
+                mode="lines+markers",
+                text=text,
+                marker=dict(size=9, color=COLORS[i % len(COLORS)]),
+                hovertemplate="%{text}<br>" + f"{x} %{{x:.3f}}<br>{y} %{{y:.4f}}<extra>{name}</extra>",
+            )
+        )
     fig.update_layout(title=title or f"{y} against {x}", xaxis_title=x, yaxis_title=y, height=460)
     return Plot(f"tradeoff_{x}_{y}", fig, table.reset_index(drop=True), meta=dict(x=x, y=y, color=color))

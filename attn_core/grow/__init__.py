@@ -103,6 +103,7 @@ head's scores and their gradient, the growth step, its line search, wider models
 baselines), ``run`` (GrowConfig, fine-tuning through ``attn_core.training.record`` and
 :func:`grow`, the whole comparison).
 """
+
 from attn_core.grow.fit import (
     COMPLEMENT_WEIGHT,
     MAX_UNKNOWNS,
@@ -134,7 +135,35 @@ from attn_core.grow.growth import (
 )
 from attn_core.grow.run import METHODS, GrowConfig, GrowResult, finetune, grow
 
-__all__ = ["ARMIJO", "BASES", "COMPLEMENT_WEIGHT", "DAMPING", "FIT_SEED_OFFSET", "MAX_UNKNOWNS", "METHODS",
-           "RANK_RTOL", "REFINE_STEPS", "RIDGE", "SEARCH_SEED_OFFSET", "Basis", "GrowConfig", "GrowResult", "Growth",
-           "HeadBatch", "ScoreFit", "Step", "centre_rows", "check_growable", "finetune", "fit_scores", "grow",
-           "head_batch", "low_rank", "score_offset", "scores_of", "solve_psd", "widen", "with_head"]
+__all__ = [
+    "ARMIJO",
+    "BASES",
+    "COMPLEMENT_WEIGHT",
+    "DAMPING",
+    "FIT_SEED_OFFSET",
+    "MAX_UNKNOWNS",
+    "METHODS",
+    "RANK_RTOL",
+    "REFINE_STEPS",
+    "RIDGE",
+    "SEARCH_SEED_OFFSET",
+    "Basis",
+    "GrowConfig",
+    "GrowResult",
+    "Growth",
+    "HeadBatch",
+    "ScoreFit",
+    "Step",
+    "centre_rows",
+    "check_growable",
+    "finetune",
+    "fit_scores",
+    "grow",
+    "head_batch",
+    "low_rank",
+    "score_offset",
+    "scores_of",
+    "solve_psd",
+    "widen",
+    "with_head",
+]

@@ -1,6 +1,7 @@
 """Batch least squares of a score target in the whitened basis of the batch, and Eckart-Young
 truncation (seed 001): the "Batch least squares", "Damping", "Whitened basis" and "Rank d_k + p"
 sections of :mod:`attn_core.grow`'s docstring derive what these functions compute."""
+
 from __future__ import annotations
 
 import math
@@ -16,6 +17,7 @@ MAX_UNKNOWNS = 72 * 72  # r_q * r_k: H is dense, (r_q r_k)^2 float64 numbers
 
 
 # --- batch least squares in the whitened basis -------------------------------------------------------
+
 
 def centre_rows(A: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """C(A): each row minus its mean over the visible entries; masked entries 0."""
@@ -53,7 +55,7 @@ class Basis:
     @property
     def span_lift(self) -> torch.Tensor:
         """The first ``rank`` columns of M: coordinates on the rows' span [d', rank]."""
-        return self.lift[:, :self.rank]
+        return self.lift[:, : self.rank]
 
     @property
     def metric(self) -> torch.Tensor:
@@ -98,17 +100,25 @@ class ScoreFit:
         return torch.nn.functional.pad(self.Y, (0, d - self.k.rank, 0, d - self.q.rank))
 
 
-def fit_scores(X: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, centre: bool = True,
-               ridge: float = RIDGE, damping: float = 0.0) -> ScoreFit:
+def fit_scores(
+    X: torch.Tensor,
+    target: torch.Tensor,
+    mask: torch.Tensor,
+    centre: bool = True,
+    ridge: float = RIDGE,
+    damping: float = 0.0,
+) -> ScoreFit:
     """Solve the batch normal equations (module doc) for ``X`` [n, T, d'], ``target`` [n, T, T]
     and ``mask`` [T, T]. ``centre=False`` fits the raw visible entries (the seed's problem)."""
     rows = X.reshape(-1, X.shape[-1])
     q = Basis.of_rows(rows, centre=False)
     k = Basis.of_rows(rows, centre=centre) if centre else q
     if q.rank * k.rank > MAX_UNKNOWNS:
-        raise ValueError(f"the attention input spans {q.rank} dimensions: the exact fit would solve for "
-                         f"{q.rank * k.rank} unknowns, more than {MAX_UNKNOWNS} (d_model up to about "
-                         f"{math.isqrt(MAX_UNKNOWNS)}); use a smaller model")
+        raise ValueError(
+            f"the attention input spans {q.rank} dimensions: the exact fit would solve for "
+            f"{q.rank * k.rank} unknowns, more than {MAX_UNKNOWNS} (d_model up to about "
+            f"{math.isqrt(MAX_UNKNOWNS)}); use a smaller model"
+        )
     u, w = X @ q.span_lift, X @ k.span_lift  # [n, T, r_q], [n, T, r_k]
     vis = mask.to(X.dtype)
     K = torch.einsum("ij,bjc,bje->bice", vis, w, w)  # [n, T, r_k, r_k] key Gram of every query row
@@ -122,7 +132,7 @@ def fit_scores(X: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, centre
     t = centre_rows(target, mask) if centre else target * vis
     rhs = torch.einsum("bia,bij,bjc->ac", u, t, w).reshape(-1)
     if damping > 0:
-        inv = (1 / (q.s[:q.rank, None] * k.s[None, :k.rank]) ** 2).reshape(-1)
+        inv = (1 / (q.s[: q.rank, None] * k.s[None, : k.rank]) ** 2).reshape(-1)
         lam = damping * (H.diagonal() / inv).sum() / inv.numel()
         H = H + lam * torch.diag(inv)
     return ScoreFit(solve_psd(H, rhs, ridge).reshape(rq, rk), q, k, centre)
@@ -131,7 +141,6 @@ def fit_scores(X: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, centre
 def scores_of(X: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:
     """X_b Z X_b^T for every sequence, [n, T, T]."""
     return X @ Z @ X.transpose(-1, -2)
-
 
 
 def low_rank(Y: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -144,4 +153,3 @@ def low_rank(Y: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch
     left = torch.nn.functional.pad(P[:, :k] * root, (0, pad))
     right = torch.nn.functional.pad(Qh[:k].T * root, (0, pad))
     return left, sigma, right
-

@@ -2,6 +2,7 @@
 the rank-(d_k + p) fit of the descent target S - eta G, the line search on eta, and the wider
 models (the grown head and the zero/random baselines). The "Descent target", "The grown head",
 "Step size" and "Baselines" sections of :mod:`attn_core.grow`'s docstring derive them."""
+
 from __future__ import annotations
 
 import copy
@@ -29,6 +30,7 @@ SEARCH_SEED_OFFSET = 4 * EVAL_SEED_OFFSET
 
 
 # --- the head's scores and their gradient ----------------------------------------------------------
+
 
 def check_growable(model: Transformer, layer: int, head: int) -> int:
     """Validate layer/head; returns the head's current d_k."""
@@ -92,13 +94,23 @@ def head_batch(model: Transformer, task: Task, batch: Batch, layer: int, head: i
         p.requires_grad_(False)
     X = cache[act_name("attn_in", layer)].detach()
     augmented = model.cfg.attn_bias
-    return HeadBatch(m, task, batch, layer, head, augment(X) if augmented else X,
-                     cache[act_name("attn_scores", layer)][:, head].detach(), G,
-                     m.causal[:T, :T], loss.item(), augmented)
-
+    return HeadBatch(
+        m,
+        task,
+        batch,
+        layer,
+        head,
+        augment(X) if augmented else X,
+        cache[act_name("attn_scores", layer)][:, head].detach(),
+        G,
+        m.causal[:T, :T],
+        loss.item(),
+        augmented,
+    )
 
 
 # --- one growth step ---------------------------------------------------------------------------------
+
 
 @dataclass
 class Step:
@@ -136,16 +148,27 @@ class Growth:
     ``step(eta)`` is the rank-(d_k + p) fit of the descent target S - eta G; ``line_search`` picks
     eta on the actual loss; ``grown_model(step)`` builds the wider model."""
 
-    def __init__(self, model: Transformer, task: Task, batch: Batch, layer: int, head: int, add: int,
-                 basis: str = "whitened", val_batch: Batch | None = None, damping: float = 0.0):
+    def __init__(
+        self,
+        model: Transformer,
+        task: Task,
+        batch: Batch,
+        layer: int,
+        head: int,
+        add: int,
+        basis: str = "whitened",
+        val_batch: Batch | None = None,
+        damping: float = 0.0,
+    ):
         d_k = check_growable(model, layer, head)
         if basis not in BASES:
             raise ValueError(f"basis must be one of {BASES}, got {basis!r}")
         d_aug = model.cfg.d_model + model.cfg.attn_bias
         top = d_aug - d_k
         if top < 1:
-            raise ValueError(f"head {head} of layer {layer} is already {d_k} wide, as wide as its input ({d_aug}): "
-                             "nothing to grow")
+            raise ValueError(
+                f"head {head} of layer {layer} is already {d_k} wide, as wide as its input ({d_aug}): nothing to grow"
+            )
         if not is_int(add) or not 1 <= add <= top:
             raise ValueError(f"add (p) must be 1..{top} (d_k = {d_k}, input width {d_aug}), got {add!r}")
         self.source, self.layer, self.head, self.add, self.d_k, self.basis = model, layer, head, add, d_k, basis
@@ -183,7 +206,7 @@ class Growth:
             Z_star = self.B - eta * fit.Z
             left, sigma, right = low_rank(Z_star, k)
         # the model divides by sqrt(k): k^(1/4) on each factor keeps W_Q W_K^T / sqrt(k) = Z
-        W_Q, W_K = left * k ** 0.25, right * k ** 0.25
+        W_Q, W_K = left * k**0.25, right * k**0.25
         Z = W_Q @ W_K.T / math.sqrt(k)
         target = hb.S - eta * hb.G
         delta = scores_of(hb.X, Z - self.B)
@@ -192,12 +215,19 @@ class Growth:
             return float(centre_rows(A, hb.mask).pow(2).sum() / self.n_visible)
 
         return Step(
-            eta=eta, singular_values=sigma, kept=k, Z=Z, W_Q=W_Q, W_K=W_K, delta_scores=delta,
+            eta=eta,
+            singular_values=sigma,
+            kept=k,
+            Z=Z,
+            W_Q=W_Q,
+            W_K=W_K,
+            delta_scores=delta,
             predicted_decrease=float(-(hb.G * delta).sum()),
             discarded_energy=float(sigma[k:].pow(2).sum()),
             fit_residual=mean_sq(target - scores_of(hb.X, Z_star)),
             residual=mean_sq(target - scores_of(hb.X, Z)),
-            truncation_residual=mean_sq(scores_of(hb.X, Z_star - Z)))
+            truncation_residual=mean_sq(scores_of(hb.X, Z_star - Z)),
+        )
 
     def loss_at(self, step: Step) -> float:
         """The actual loss on the fitting batch with the head's scores replaced by X Z X^T."""
@@ -227,9 +257,19 @@ class Growth:
             val_loss = self.val_loss_at(step)
             measured = self.loss - loss
             armijo = eta == 0 or (step.predicted_decrease > 0 and measured >= ARMIJO * step.predicted_decrease)
-            rows.append(dict(eta=eta, eta_rel=eta / self.eta_ref if self.eta_ref else 0.0, loss=loss,
-                             measured_decrease=measured, predicted_decrease=step.predicted_decrease, armijo=armijo,
-                             val_loss=val_loss, discarded_energy=step.discarded_energy, residual=step.residual))
+            rows.append(
+                dict(
+                    eta=eta,
+                    eta_rel=eta / self.eta_ref if self.eta_ref else 0.0,
+                    loss=loss,
+                    measured_decrease=measured,
+                    predicted_decrease=step.predicted_decrease,
+                    armijo=armijo,
+                    val_loss=val_loss,
+                    discarded_energy=step.discarded_energy,
+                    residual=step.residual,
+                )
+            )
             if armijo and val_loss < best_loss:  # ties keep the smaller step
                 best, best_loss = step, val_loss
         return best, pd.DataFrame(rows)
@@ -239,8 +279,8 @@ class Growth:
         return with_head(self.source, self.layer, self.head, step.W_Q, step.W_K)
 
 
-
 # --- wider models -------------------------------------------------------------------------------------
+
 
 def with_head(model: Transformer, layer: int, head: int, W_Q: torch.Tensor, W_K: torch.Tensor) -> Transformer:
     """A copy of ``model`` whose head has d_qk = W_Q.shape[1] and factors W_Q, W_K ([d', k], the
@@ -270,8 +310,9 @@ def with_head(model: Transformer, layer: int, head: int, W_Q: torch.Tensor, W_K:
     return new.eval()
 
 
-def widen(model: Transformer, layer: int, head: int, add: int, init: str = "zero", std: float = 0.02,
-          seed: int = 0) -> Transformer:
+def widen(
+    model: Transformer, layer: int, head: int, add: int, init: str = "zero", std: float = 0.02, seed: int = 0
+) -> Transformer:
     """The baselines: the head's old columns rescaled by ((d_k + p) / d_k)^(1/4) (so the old scores are
     exactly kept under the new 1/sqrt(d_k + p)) and p new columns of W_Q, W_K (and biases) at zero or
     N(0, std^2) (seeded)."""
@@ -294,4 +335,3 @@ def widen(model: Transformer, layer: int, head: int, add: int, init: str = "zero
             new.normal_(0.0, std, generator=g)
         W[name] = torch.cat([old * rescale, new], dim=1)
     return with_head(model, layer, head, W["Q"], W["K"])
-

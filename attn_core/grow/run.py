@@ -1,6 +1,7 @@
 """The whole growth comparison (seed 001): grow one head along the functional gradient, widen it
 with zero and random columns, fine-tune all three the same way (through the step loop of
 :mod:`attn_core.training.record`) and measure them on the same held-out set."""
+
 from __future__ import annotations
 
 import copy
@@ -53,24 +54,41 @@ class GrowConfig:
     precision: str = "fp32"  # of the fine-tuning (autocast bf16 or fp32); the fit and the line search are fp32
 
     def __post_init__(self) -> None:
-        for name, top in (("batch", 4096), ("grid", 64), ("steps", 100_000), ("finetune_batch", 4096),
-                          ("eval_samples", 65536), ("eval_every", 100_000)):
+        for name, top in (
+            ("batch", 4096),
+            ("grid", 64),
+            ("steps", 100_000),
+            ("finetune_batch", 4096),
+            ("eval_samples", 65536),
+            ("eval_every", 100_000),
+        ):
             check_int(name, getattr(self, name), 1, top)
         check(is_int(self.add), f"add must be an integer (1..d_model - d_k), got {self.add!r}")
         check_int("seed", self.seed, 0)
         check(self.basis in BASES, f"basis must be one of {BASES}, got {self.basis!r}")
         check(is_number(self.lr) and 0 < self.lr <= 1, f"lr must be in (0, 1], got {self.lr!r}")
-        check(is_number(self.random_std) and 0 <= self.random_std <= 10,
-              f"random_std must be in [0, 10], got {self.random_std!r}")
+        check(
+            is_number(self.random_std) and 0 <= self.random_std <= 10,
+            f"random_std must be in [0, 10], got {self.random_std!r}",
+        )
         check(is_number(self.damping) and 0 <= self.damping <= 1, f"damping must be in [0, 1], got {self.damping!r}")
         check_precision(self.precision)
         select_device(self.device)  # raises on an unknown or unavailable device
 
     def train_config(self) -> TrainConfig:
-        return TrainConfig(steps=self.steps, batch_size=self.finetune_batch, lr=self.lr, weight_decay=0.0,
-                           warmup_steps=0, min_lr_ratio=1.0, eval_every=self.eval_every,
-                           eval_samples=self.eval_samples, seed=self.seed, device=self.device,
-                           precision=self.precision)
+        return TrainConfig(
+            steps=self.steps,
+            batch_size=self.finetune_batch,
+            lr=self.lr,
+            weight_decay=0.0,
+            warmup_steps=0,
+            min_lr_ratio=1.0,
+            eval_every=self.eval_every,
+            eval_samples=self.eval_samples,
+            seed=self.seed,
+            device=self.device,
+            precision=self.precision,
+        )
 
 
 @dataclass
@@ -103,19 +121,33 @@ class GrowResult:
         """The JSON document of ``attn-lab grow``."""
         s, g = self.step, self.methods["grown"]
         return {
-            "layer": self.config.layer, "head": self.config.head, "add": self.config.add, "d_k": self.d_k,
-            "d_k_new": self.kept, "basis": self.config.basis, "augmented": self.augmented,
-            "data_rank": list(self.data_rank), "batch": self.config.batch, "seed": self.config.seed,
+            "layer": self.config.layer,
+            "head": self.config.head,
+            "add": self.config.add,
+            "d_k": self.d_k,
+            "d_k_new": self.kept,
+            "basis": self.config.basis,
+            "augmented": self.augmented,
+            "data_rank": list(self.data_rank),
+            "batch": self.config.batch,
+            "seed": self.config.seed,
             "damping": self.config.damping,
-            "singular_values_Z": s.singular_values.tolist(), "kept": self.kept,
-            "residual": s.residual, "fit_residual": s.fit_residual, "truncation_residual": s.truncation_residual,
+            "singular_values_Z": s.singular_values.tolist(),
+            "kept": self.kept,
+            "residual": s.residual,
+            "fit_residual": s.fit_residual,
+            "truncation_residual": s.truncation_residual,
             "discarded_energy": s.discarded_energy,
             "discarded_share": s.discarded_energy / s.total_energy if s.total_energy > 0 else 0.0,
             "captured_share": s.captured_share(self.d_k),
-            "eta": s.eta, "eta_ref": self.eta_ref,
-            "predicted_decrease": s.predicted_decrease, "measured_decrease": self.measured_decrease,
-            "batch_loss_before": self.batch_loss_before, "batch_loss_after_step": self.batch_loss_after_step,
-            "loss_before": self.loss_before, "loss_after_step": g["loss_after_init"],
+            "eta": s.eta,
+            "eta_ref": self.eta_ref,
+            "predicted_decrease": s.predicted_decrease,
+            "measured_decrease": self.measured_decrease,
+            "batch_loss_before": self.batch_loss_before,
+            "batch_loss_after_step": self.batch_loss_after_step,
+            "loss_before": self.loss_before,
+            "loss_after_step": g["loss_after_init"],
             "loss_after_finetune": g["loss_after_finetune"],
             "accuracy_after_finetune": g["accuracy_after_finetune"],
             "baselines": {m: dict(self.methods[m]) for m in ("random", "zero")},
@@ -128,12 +160,22 @@ class GrowResult:
         parent's name and task."""
         summary = {"name": parent, "task": task, **self.summary()}
         c = self.config
-        return Card(name=name, task=task, parent=parent,
-                    description=f"{parent} with head {c.head} of layer {c.layer} grown from d_k {self.d_k} to "
-                                f"{self.kept} (seed 001), then fine-tuned {c.steps} steps",
-                    metrics={"accuracy": summary["accuracy_after_finetune"], "loss": summary["loss_after_finetune"],
-                             "eval_samples": c.eval_samples, "split": "test"},
-                    seed=c.seed, command=command, details={"grow": summary})
+        return Card(
+            name=name,
+            task=task,
+            parent=parent,
+            description=f"{parent} with head {c.head} of layer {c.layer} grown from d_k {self.d_k} to "
+            f"{self.kept} (seed 001), then fine-tuned {c.steps} steps",
+            metrics={
+                "accuracy": summary["accuracy_after_finetune"],
+                "loss": summary["loss_after_finetune"],
+                "eval_samples": c.eval_samples,
+                "split": "test",
+            },
+            seed=c.seed,
+            command=command,
+            details={"grow": summary},
+        )
 
 
 def finetune(model: Transformer, task: Task, cfg: TrainConfig) -> tuple[Transformer, pd.DataFrame, str]:
@@ -144,8 +186,17 @@ def finetune(model: Transformer, task: Task, cfg: TrainConfig) -> tuple[Transfor
     start = evaluate(trainer.model, task, cfg.eval_samples, cfg.seed)
     rows: list[dict] = [{"step": 0, "eval_loss": start["loss"], "eval_accuracy": start["accuracy"]}]
     outcome = record_run(trainer, on_step=lambda step, row, seconds: rows.append({"step": step, **row}))
-    curve = pd.DataFrame([{"step": r["step"], "train_loss": r.get("task_loss"), "eval_loss": r.get("eval_loss"),
-                           "eval_accuracy": r.get("eval_accuracy")} for r in rows])
+    curve = pd.DataFrame(
+        [
+            {
+                "step": r["step"],
+                "train_loss": r.get("task_loss"),
+                "eval_loss": r.get("eval_loss"),
+                "eval_accuracy": r.get("eval_accuracy"),
+            }
+            for r in rows
+        ]
+    )
     return trainer.model.eval(), curve, outcome.reason
 
 
@@ -153,31 +204,49 @@ def grow(model: Transformer, task: Task, cfg: GrowConfig) -> GrowResult:
     """Grow head (cfg.layer, cfg.head) by cfg.add dimensions along the functional gradient, pick the
     step by line search, then compare with zero and random growth under the same fine-tuning."""
     if model.cfg.d_vocab != task.d_vocab or model.cfg.n_ctx < task.n_ctx:
-        raise ValueError(f"model (d_vocab={model.cfg.d_vocab}, n_ctx={model.cfg.n_ctx}) does not fit task "
-                         f"{task.name!r} (d_vocab={task.d_vocab}, n_ctx={task.n_ctx})")
+        raise ValueError(
+            f"model (d_vocab={model.cfg.d_vocab}, n_ctx={model.cfg.n_ctx}) does not fit task "
+            f"{task.name!r} (d_vocab={task.d_vocab}, n_ctx={task.n_ctx})"
+        )
     train_cfg = cfg.train_config()
     model = copy.deepcopy(model).to(select_device(cfg.device)).float().eval()
     batch = task.sample(cfg.batch, cfg.seed + FIT_SEED_OFFSET, split="train")
     search = task.sample(cfg.batch, cfg.seed + SEARCH_SEED_OFFSET, split="train")
-    growth = Growth(model, task, batch, cfg.layer, cfg.head, cfg.add, cfg.basis, val_batch=search,
-                    damping=cfg.damping)
+    growth = Growth(model, task, batch, cfg.layer, cfg.head, cfg.add, cfg.basis, val_batch=search, damping=cfg.damping)
     step, table = growth.line_search(cfg.grid)
-    starts = {"grown": growth.grown_model(step),
-              "random": widen(model, cfg.layer, cfg.head, cfg.add, "random", cfg.random_std, cfg.seed),
-              "zero": widen(model, cfg.layer, cfg.head, cfg.add, "zero")}
+    starts = {
+        "grown": growth.grown_model(step),
+        "random": widen(model, cfg.layer, cfg.head, cfg.add, "random", cfg.random_std, cfg.seed),
+        "zero": widen(model, cfg.layer, cfg.head, cfg.add, "zero"),
+    }
     before = evaluate(model, task, cfg.eval_samples, cfg.seed)
     methods, curves, models = {}, [], {"grown": starts["grown"]}
     for name in METHODS:
         tuned, curve, note = finetune(starts[name], task, train_cfg)
         evals = curve.dropna(subset=["eval_loss"])
-        methods[name] = {"loss_after_init": float(evals["eval_loss"].iloc[0]),
-                         "loss_after_finetune": float(evals["eval_loss"].iloc[-1]),
-                         "accuracy_after_init": float(evals["eval_accuracy"].iloc[0]),
-                         "accuracy_after_finetune": float(evals["eval_accuracy"].iloc[-1]), "note": note}
+        methods[name] = {
+            "loss_after_init": float(evals["eval_loss"].iloc[0]),
+            "loss_after_finetune": float(evals["eval_loss"].iloc[-1]),
+            "accuracy_after_init": float(evals["eval_accuracy"].iloc[0]),
+            "accuracy_after_finetune": float(evals["eval_accuracy"].iloc[-1]),
+            "note": note,
+        }
         curves.append(curve.assign(method=name))
         models[f"{name}_finetuned"] = tuned
     return GrowResult(
-        config=cfg, d_k=growth.d_k, kept=growth.kept, augmented=growth.hb.augmented,
-        data_rank=(growth.fit.q.rank, growth.fit.k.rank), step=step, eta_ref=growth.eta_ref, line_search=table,
-        batch_loss_before=growth.loss, batch_loss_after_step=growth.loss_at(step), loss_before=before["loss"],
-        methods=methods, curves=pd.concat(curves, ignore_index=True), models=models, original=model)
+        config=cfg,
+        d_k=growth.d_k,
+        kept=growth.kept,
+        augmented=growth.hb.augmented,
+        data_rank=(growth.fit.q.rank, growth.fit.k.rank),
+        step=step,
+        eta_ref=growth.eta_ref,
+        line_search=table,
+        batch_loss_before=growth.loss,
+        batch_loss_after_step=growth.loss_at(step),
+        loss_before=before["loss"],
+        methods=methods,
+        curves=pd.concat(curves, ignore_index=True),
+        models=models,
+        original=model,
+    )

@@ -1,6 +1,7 @@
 """One interface for every method (factors, linear attention, approximate patterns) and relative
 positional encoding by FFT (Luo et al. 2021); see the package docstring (:mod:`attn_core.kernels`).
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,8 +25,10 @@ from attn_core.kernels.features import (
 
 # --- one interface for every method --------------------------------------------------------------
 
-def factors(q: torch.Tensor, k: torch.Tensor, method: str = "favor", features: int = 256,
-            seed: int = 0, **options) -> tuple[torch.Tensor, torch.Tensor]:
+
+def factors(
+    q: torch.Tensor, k: torch.Tensor, method: str = "favor", features: int = 256, seed: int = 0, **options
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(phi_q, phi_k), [..., n, r] each, with K_hat[i, j] = c_i phi_q[i] . phi_k[j] ~ exp(q_i . k_j).
 
     Options: favor ``orthogonal=True``; maclaurin/schoenbat ``max_degree=20``;
@@ -61,8 +64,9 @@ def _safe_denominator(den: torch.Tensor) -> torch.Tensor:
     return torch.where(den.abs() < tiny, torch.full_like(den, tiny), den)
 
 
-def linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
-                     causal: bool = False, chunk: int = 128) -> torch.Tensor:
+def linear_attention(
+    phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, causal: bool = False, chunk: int = 128
+) -> torch.Tensor:
     """sum_j (phi_q[i] . phi_k[j]) v_j / sum_j phi_q[i] . phi_k[j] in O(n r d).
 
     Causal: the sequence is cut into chunks; each chunk sees the exclusive prefix sums of the
@@ -106,8 +110,16 @@ def _split_postscale(method: str, options: dict) -> tuple[dict, dict]:
     return options, post
 
 
-def approx_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: str = "favor",
-                     features: int = 256, seed: int = 0, causal: bool = False, **options) -> torch.Tensor:
+def approx_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    method: str = "favor",
+    features: int = 256,
+    seed: int = 0,
+    causal: bool = False,
+    **options,
+) -> torch.Tensor:
     """The method's estimate of softmax(q k^T) v, [..., n, d_v], in O(n r d).
     ``schoenbat`` also takes ``gamma``/``beta`` for its output rescaling."""
     _check_qkv(q, k, v)
@@ -116,16 +128,24 @@ def approx_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: 
     return schoenbat_postscale(out, **post) if method == "schoenbat" else out
 
 
-def approx_pattern(q: torch.Tensor, k: torch.Tensor, method: str = "favor", features: int = 256,
-                   seed: int = 0, causal: bool = False, **options) -> torch.Tensor:
+def approx_pattern(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    method: str = "favor",
+    features: int = 256,
+    seed: int = 0,
+    causal: bool = False,
+    **options,
+) -> torch.Tensor:
     """The method's estimate of softmax(q k^T), [..., n, n] (rows sum to 1, entries may be
     negative for the signed methods)."""
     options, _ = _split_postscale(method, dict(options))
     return factor_pattern(*factors(q, k, method, features, seed, **options), causal=causal)
 
 
-def kernel_estimate(q: torch.Tensor, k: torch.Tensor, method: str = "favor", features: int = 256,
-                    seed: int = 0, **options) -> torch.Tensor:
+def kernel_estimate(
+    q: torch.Tensor, k: torch.Tensor, method: str = "favor", features: int = 256, seed: int = 0, **options
+) -> torch.Tensor:
     """The raw (unstabilised, unnormalised) random-feature estimate of exp(q k^T), [..., n_q, n_k],
     for ``favor`` and ``maclaurin``, whose expectation over seeds is the kernel."""
     d = q.shape[-1]
@@ -141,6 +161,7 @@ def kernel_estimate(q: torch.Tensor, k: torch.Tensor, method: str = "favor", fea
 
 
 # --- relative positional encoding by FFT ---------------------------------------------------------
+
 
 def toeplitz_dense(t: torch.Tensor) -> torch.Tensor:
     """The Toeplitz matrix T[i, j] = t[j - i + n - 1] from its 2n - 1 diagonals, [..., n, n]."""
@@ -172,8 +193,9 @@ def rpe_toeplitz(b: torch.Tensor, causal: bool = False) -> torch.Tensor:
     return torch.exp(b - b.amax(dim=-1, keepdim=True))
 
 
-def rpe_linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, b: torch.Tensor,
-                         causal: bool = False) -> torch.Tensor:
+def rpe_linear_attention(
+    phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, causal: bool = False
+) -> torch.Tensor:
     """sum_j T[i, j] (phi_q[i] . phi_k[j]) v_j / sum_j T[i, j] phi_q[i] . phi_k[j] with
     T = exp(B): the Toeplitz product of [phi_k (x) v | phi_k] by FFT, then one contraction with
     phi_q. O(n log n r d) time, O(n r d) memory."""
@@ -181,12 +203,21 @@ def rpe_linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tens
     keyed = torch.cat([(phi_k.unsqueeze(-1) * v.unsqueeze(-2)).flatten(-2), phi_k], dim=-1)
     mixed = toeplitz_matmul(rpe_toeplitz(b, causal), keyed)  # [..., n, r (dv + 1)]
     num = (phi_q.unsqueeze(-1) * mixed[..., : r * dv].unflatten(-1, (r, dv))).sum(-2)
-    den = (phi_q * mixed[..., r * dv:]).sum(-1, keepdim=True)
+    den = (phi_q * mixed[..., r * dv :]).sum(-1, keepdim=True)
     return num / _safe_denominator(den)
 
 
-def rpe_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, method: str = "favor",
-                  features: int = 256, seed: int = 0, causal: bool = False, **options) -> torch.Tensor:
+def rpe_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    b: torch.Tensor,
+    method: str = "favor",
+    features: int = 256,
+    seed: int = 0,
+    causal: bool = False,
+    **options,
+) -> torch.Tensor:
     """The method's estimate of softmax(q k^T + B) v with B[i, j] = b[j - i + n - 1]."""
     _check_qkv(q, k, v)
     options, post = _split_postscale(method, dict(options))
@@ -194,8 +225,9 @@ def rpe_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Te
     return schoenbat_postscale(out, **post) if method == "schoenbat" else out
 
 
-def exact_rpe_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Tensor,
-                        causal: bool = False) -> torch.Tensor:
+def exact_rpe_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, causal: bool = False
+) -> torch.Tensor:
     """softmax(q k^T + B) v, dense."""
     scores = q @ k.transpose(-1, -2) + toeplitz_dense(b)
     if causal:

@@ -1,6 +1,7 @@
 """Error analysis on a model's heads: a head's q, k, v from its hook points, errors of every
 method against exact softmax as the number of features grows, and their summaries.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -16,8 +17,11 @@ from attn_core.model import Transformer
 
 # --- error analysis on a model's heads -------------------------------------------------------------
 
+
 @torch.no_grad()
-def head_qkv(model: Transformer, tokens: torch.Tensor, layer: int, head: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def head_qkv(
+    model: Transformer, tokens: torch.Tensor, layer: int, head: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Q, K, V of one head read from the model's hook points (``act_name("q", l)``, ...), [batch, pos, d]
     each, with the score scale folded into q so that softmax(q k^T) (causal) is exactly
     ``act_name("pattern", l)`` for a softmax model (an entmax model's pattern is not a softmax;
@@ -33,7 +37,7 @@ def head_qkv(model: Transformer, tokens: torch.Tensor, layer: int, head: int) ->
     if model.cfg.qk == "merged":
         return q, k.contiguous(), v
     d_qk = model.cfg.head_d_qk(layer, head)  # W_Q/W_K are stored padded to the layer's widest head
-    return q[..., :d_qk] * d_qk ** -0.5, k[..., :d_qk], v
+    return q[..., :d_qk] * d_qk**-0.5, k[..., :d_qk], v
 
 
 def head_spectrum(model: Transformer, layer: int, head: int) -> dict:
@@ -42,8 +46,11 @@ def head_spectrum(model: Transformer, layer: int, head: int) -> dict:
     check_heads(model, head)
     with torch.no_grad():
         form = layer_form(model, layer)[head]
-        return {"spectral_norm": float(form.spectral_norm), "frobenius_norm": float(form.frobenius_norm),
-                "stable_rank": float(form.stable_rank)}
+        return {
+            "spectral_norm": float(form.spectral_norm),
+            "frobenius_norm": float(form.frobenius_norm),
+            "stable_rank": float(form.stable_rank),
+        }
 
 
 def balance_qk(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,8 +64,9 @@ def balance_qk(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return q * s[..., None, None], k / s[..., None, None]
 
 
-def attention_errors(out: torch.Tensor, out_hat: torch.Tensor, p: torch.Tensor, p_hat: torch.Tensor,
-                     eps: float = 1e-12) -> dict:
+def attention_errors(
+    out: torch.Tensor, out_hat: torch.Tensor, p: torch.Tensor, p_hat: torch.Tensor, eps: float = 1e-12
+) -> dict:
     """rel_error = |out_hat - out|_F / |out|_F over everything; tv = mean over rows of
     1/2 sum_j |p_hat - p|; kl = mean over rows of KL(p || p_hat), with p_hat clipped at ``eps``
     (signed estimators give negative entries) and renormalised."""
@@ -74,9 +82,18 @@ ERROR_COLUMNS = ["method", "features", "seed", "rel_error", "tv", "kl"]
 
 
 @torch.no_grad()
-def error_curve(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, methods: Sequence[str] = METHODS,
-                features: Sequence[int] = FEATURES, seeds: Iterable[int] = range(5), causal: bool = True,
-                balance: bool = True, dtype: torch.dtype | None = torch.float64, **options):
+def error_curve(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    methods: Sequence[str] = METHODS,
+    features: Sequence[int] = FEATURES,
+    seeds: Iterable[int] = range(5),
+    causal: bool = True,
+    balance: bool = True,
+    dtype: torch.dtype | None = torch.float64,
+    **options,
+):
     """Errors of each method against exact softmax as the number of features grows:
     a DataFrame with columns method, features, seed, rel_error, tv, kl (one row per run).
     q, k are first rebalanced by :func:`balance_qk` (unless ``balance=False``), as a Performer's
@@ -105,8 +122,14 @@ def error_curve(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, methods: Sequ
             for seed in seeds:
                 out_hat = approx_attention(q, k, v, method, m, seed, causal, **options)
                 p_hat = approx_pattern(q, k, method, m, seed, causal, **options)
-                rows.append({"method": method, "features": int(m), "seed": int(seed),
-                             **attention_errors(out, out_hat, p, p_hat)})
+                rows.append(
+                    {
+                        "method": method,
+                        "features": int(m),
+                        "seed": int(seed),
+                        **attention_errors(out, out_hat, p, p_hat),
+                    }
+                )
     return pd.DataFrame(rows, columns=ERROR_COLUMNS)
 
 
@@ -122,8 +145,18 @@ def summarize(df):
 
 
 @torch.no_grad()
-def head_patterns(model: Transformer, tokens: torch.Tensor, layer: int, head: int, method: str = "favor", features: int = 64,
-                  seed: int = 0, causal: bool = True, balance: bool = True, **options) -> tuple[torch.Tensor, torch.Tensor]:
+def head_patterns(
+    model: Transformer,
+    tokens: torch.Tensor,
+    layer: int,
+    head: int,
+    method: str = "favor",
+    features: int = 64,
+    seed: int = 0,
+    causal: bool = True,
+    balance: bool = True,
+    **options,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(exact, approximate) patterns of one head, [batch, n, n] each, computed as
     :func:`error_curve` does (balanced q, k in float64), for side-by-side heatmaps."""
     q, k, _ = (t.double() for t in head_qkv(model, tokens, layer, head))
@@ -132,14 +165,33 @@ def head_patterns(model: Transformer, tokens: torch.Tensor, layer: int, head: in
     return exact_pattern(q, k, causal), approx_pattern(q, k, method, features, seed, causal, **options)
 
 
-def head_error(model: Transformer, tokens: torch.Tensor, layer: int, head: int, method: str = "favor", features: int = 64,
-               seeds: int = 5, causal: bool = True, balance: bool = True, **options) -> dict:
+def head_error(
+    model: Transformer,
+    tokens: torch.Tensor,
+    layer: int,
+    head: int,
+    method: str = "favor",
+    features: int = 64,
+    seeds: int = 5,
+    causal: bool = True,
+    balance: bool = True,
+    **options,
+) -> dict:
     """One method at one feature count on one head, as a JSON-ready dict: method, features, seeds,
     rel_error_mean/std, tv_mean/std, kl_mean/std, and the head's spectrum and q/k norms (FAVOR+'s
     variance grows like exp(|q + k|^2), Maclaurin's with |q| |k|)."""
     q, k, v = head_qkv(model, tokens, layer, head)
     row = summarize(error_curve(q, k, v, (method,), (features,), range(seeds), causal, balance, **options)).iloc[0]
     stats = {key: float(row[key]) for key in row.index if key.endswith(("_mean", "_std"))}
-    return {"method": method, "features": int(features), "seeds": int(seeds), "layer": layer, "head": head,
-            "causal": causal, **stats, **head_spectrum(model, layer, head),
-            "q_norm_max": q.norm(dim=-1).max().item(), "k_norm_max": k.norm(dim=-1).max().item()}
+    return {
+        "method": method,
+        "features": int(features),
+        "seeds": int(seeds),
+        "layer": layer,
+        "head": head,
+        "causal": causal,
+        **stats,
+        **head_spectrum(model, layer, head),
+        "q_norm_max": q.norm(dim=-1).max().item(),
+        "k_norm_max": k.norm(dim=-1).max().item(),
+    }

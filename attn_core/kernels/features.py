@@ -2,6 +2,7 @@
 (SchoenbAt), Nystrom and Nystromformer. The conventions and the maths of every method are in the
 package docstring (:mod:`attn_core.kernels`).
 """
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,13 @@ METHODS = ("favor", "maclaurin", "schoenbat", "nystrom", "nystromformer")
 CAUSAL_METHODS = ("favor", "maclaurin", "schoenbat")  # prefix-sum forms that never look ahead
 FEATURES = (8, 16, 32, 64, 128, 256, 512)
 # Keyword options each method takes (schoenbat also takes gamma, beta: its output rescaling).
-OPTIONS = {"favor": ("orthogonal",), "maclaurin": ("max_degree",), "schoenbat": ("max_degree",),
-           "nystrom": ("pinv", "iters", "ridge"), "nystromformer": ("pinv", "iters")}
+OPTIONS = {
+    "favor": ("orthogonal",),
+    "maclaurin": ("max_degree",),
+    "schoenbat": ("max_degree",),
+    "nystrom": ("pinv", "iters", "ridge"),
+    "nystromformer": ("pinv", "iters"),
+}
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -37,14 +43,19 @@ def _positive_int(value, name: str) -> int:
 
 def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
     if q.dim() < 2 or q.shape[-1] != k.shape[-1] or q.shape[-2] != k.shape[-2] or q.shape[:-2] != k.shape[:-2]:
-        raise ValueError(f"q and k must both be [..., n, d] with the same shape, got {list(q.shape)} and {list(k.shape)}")
+        raise ValueError(
+            f"q and k must both be [..., n, d] with the same shape, got {list(q.shape)} and {list(k.shape)}"
+        )
     if v is not None and (v.shape[:-1] != k.shape[:-1]):
-        raise ValueError(f"v must be [..., n, d_v] with the n and leading dims of k, got {list(v.shape)} for k {list(k.shape)}")
+        raise ValueError(
+            f"v must be [..., n, d_v] with the n and leading dims of k, got {list(v.shape)} for k {list(k.shape)}"
+        )
     if q.shape[-2] < 1 or q.shape[-1] < 1:
         raise ValueError(f"empty q: {list(q.shape)}")
 
 
 # --- exact attention ---------------------------------------------------------------------------
+
 
 def exact_pattern(q: torch.Tensor, k: torch.Tensor, causal: bool = False) -> torch.Tensor:
     """softmax(q k^T) with an optional causal mask, [..., n, n]."""
@@ -63,8 +74,10 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
 # --- FAVOR+ ------------------------------------------------------------------------------------
 
-def orthogonal_gaussian(m: int, d: int, seed: int = 0, *, orthogonal: bool = True,
-                        dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+
+def orthogonal_gaussian(
+    m: int, d: int, seed: int = 0, *, orthogonal: bool = True, dtype: torch.dtype = torch.float32, device=None
+) -> torch.Tensor:
     """``m`` rows w_i, each marginally N(0, I_d), [m, d]. With ``orthogonal`` the rows come in
     blocks of ``d`` mutually orthogonal directions (Haar: QR with the sign of diag(R) fixed),
     each scaled by an independent chi_d norm, so the estimator stays unbiased."""
@@ -98,6 +111,7 @@ def favor_features(x: torch.Tensor, W: torch.Tensor, stabilizer: str = "none") -
 
 # --- random Maclaurin (SchoenbAt) ----------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class MaclaurinDraw:
     """One draw of random Maclaurin features for exp: feature 0 is the constant term a_0 = 1,
@@ -109,8 +123,9 @@ class MaclaurinDraw:
     weights: torch.Tensor
 
 
-def maclaurin_draw(m: int, d: int, seed: int = 0, *, max_degree: int = 20,
-                   dtype: torch.dtype = torch.float32, device=None) -> MaclaurinDraw:
+def maclaurin_draw(
+    m: int, d: int, seed: int = 0, *, max_degree: int = 20, dtype: torch.dtype = torch.float32, device=None
+) -> MaclaurinDraw:
     if m < 2:
         raise ValueError(f"random Maclaurin features need at least 2 features (one is the constant), got {m}")
     g = _generator(seed)
@@ -124,8 +139,9 @@ def maclaurin_draw(m: int, d: int, seed: int = 0, *, max_degree: int = 20,
     omega = torch.randint(0, 2, (int(degrees.sum()), d), generator=g).to(torch.float64) * 2 - 1
     a = 1.0 / torch.exp(torch.lgamma(degrees.to(torch.float64) + 1))  # 1/N!
     weights = torch.sqrt(a / p[degrees - 1] / (m - 1))
-    return MaclaurinDraw(tuple(degrees.tolist()), omega.to(dtype=dtype, device=device),
-                         weights.to(dtype=dtype, device=device))
+    return MaclaurinDraw(
+        tuple(degrees.tolist()), omega.to(dtype=dtype, device=device), weights.to(dtype=dtype, device=device)
+    )
 
 
 def maclaurin_features(x: torch.Tensor, draw: MaclaurinDraw) -> torch.Tensor:
@@ -136,7 +152,7 @@ def maclaurin_features(x: torch.Tensor, draw: MaclaurinDraw) -> torch.Tensor:
     degrees = torch.tensor(draw.degrees)
     for degree in torch.unique(degrees).tolist():
         count = int((degrees == degree).sum())
-        block = proj[..., start:start + count * degree]
+        block = proj[..., start : start + count * degree]
         blocks.append(block.unflatten(-1, (count, degree)).prod(-1))
         start += count * degree
     phi = torch.cat(blocks, dim=-1)
@@ -166,6 +182,7 @@ def _scale_stabilize(phi: torch.Tensor) -> torch.Tensor:
 
 # --- Nystrom -------------------------------------------------------------------------------------
 
+
 def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """exp(-|x - y|^2 / 2) = exp(x . y - |x|^2/2 - |y|^2/2), [..., n_x, n_y]."""
     sq_x = 0.5 * (x * x).sum(-1, keepdim=True)
@@ -193,8 +210,16 @@ def _pinv(a: torch.Tensor, pinv: str, iters: int) -> torch.Tensor:
     raise ValueError(f"pinv must be 'newton' or 'exact', got {pinv!r}")
 
 
-def nystrom_factors(q: torch.Tensor, k: torch.Tensor, landmarks: int, seed: int = 0, *,
-                    pinv: str = "exact", iters: int = 6, ridge: float = 0.0):
+def nystrom_factors(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    landmarks: int,
+    seed: int = 0,
+    *,
+    pinv: str = "exact",
+    iters: int = 6,
+    ridge: float = 0.0,
+):
     """Skyformer: Nystrom for the Gaussian kernel on the 2n points [Q; K], ``landmarks`` of them
     drawn uniformly (all 2n when landmarks >= 2n, where the approximation is exact).
     Returns (phi_q, phi_k) with exp(q_i . k_j) ~ e^{|q_i|^2/2} phi_q[i] . phi_k[j]."""
@@ -226,8 +251,7 @@ def segment_means(x: torch.Tensor, m: int) -> torch.Tensor:
     return sums / counts[:, None]
 
 
-def nystromformer_factors(q: torch.Tensor, k: torch.Tensor, landmarks: int, *,
-                          pinv: str = "exact", iters: int = 6):
+def nystromformer_factors(q: torch.Tensor, k: torch.Tensor, landmarks: int, *, pinv: str = "exact", iters: int = 6):
     """Nystromformer: segment-means landmarks Q~, K~ and
     softmax(Q K~^T) pinv(softmax(Q~ K~^T)) softmax(Q~ K^T); exact when landmarks >= n."""
     q_l, k_l = segment_means(q, landmarks), segment_means(k, landmarks)

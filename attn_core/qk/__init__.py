@@ -8,6 +8,7 @@ one d_model x d_model matrix W_QK do? See docs/maths.md.
   :func:`compare`;
 - ``result``: :class:`Comparison`, its tables, findings and report.
 """
+
 from attn_core.qk.config import (
     MAX_SEEDS,
     MAX_STEPS,
@@ -35,7 +36,25 @@ from attn_core.qk.run import (
     truncation_table,
 )
 
-__all__ = ["MAX_SEEDS", "MAX_STEPS", "PARENT_PREFIX", "TRUNCATION_RANKS", "VARIANT_KINDS", "CompareConfig",
-           "Comparison", "Progress", "Variant", "balanced_factors", "compare", "factored_from_merged", "ln1_gain",
-           "merged_from_factored", "qk_params_per_head", "results_path", "set_qk_weight_decay", "train_variant",
-           "truncated", "truncation_table"]
+__all__ = [
+    "MAX_SEEDS",
+    "MAX_STEPS",
+    "PARENT_PREFIX",
+    "TRUNCATION_RANKS",
+    "VARIANT_KINDS",
+    "CompareConfig",
+    "Comparison",
+    "Progress",
+    "Variant",
+    "balanced_factors",
+    "compare",
+    "factored_from_merged",
+    "ln1_gain",
+    "merged_from_factored",
+    "qk_params_per_head",
+    "results_path",
+    "set_qk_weight_decay",
+    "train_variant",
+    "truncated",
+    "truncation_table",
+]

@@ -1,5 +1,6 @@
 """The settings of a merged vs factored comparison (seed 004): its :class:`Variant` s and the
 :class:`CompareConfig` that defines them, the architecture and the recipe (see docs/maths.md)."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
@@ -105,8 +106,14 @@ class CompareConfig:
         for name in ("weight_decay", "qk_weight_decay", "nuclear"):
             v = getattr(self, name)
             ok(is_number(v) and 0 <= v <= 100, f"{name} must be in [0, 100], got {v!r}")
-        ok("merged + wd" not in self.merged_kinds or self.qk_weight_decay > 0, "qk_weight_decay must be > 0 for 'merged + wd'")
-        ok("merged + nuclear" not in self.merged_kinds or self.nuclear > 0, "nuclear must be > 0 for 'merged + nuclear'")
+        ok(
+            "merged + wd" not in self.merged_kinds or self.qk_weight_decay > 0,
+            "qk_weight_decay must be > 0 for 'merged + wd'",
+        )
+        ok(
+            "merged + nuclear" not in self.merged_kinds or self.nuclear > 0,
+            "nuclear must be > 0 for 'merged + nuclear'",
+        )
         for name in ("eval_every", "eval_samples", "measure_samples"):
             v = getattr(self, name)
             ok(is_int(v) and v > 0, f"{name} must be a positive integer, got {v!r}")
@@ -122,21 +129,37 @@ class CompareConfig:
 
     def base_model_config(self) -> ModelConfig:
         t = get_task(self.task)
-        return ModelConfig(n_layers=self.n_layers, n_heads=self.n_heads, d_model=self.d_model, d_head=self.d_head,
-                           d_vocab=t.d_vocab, n_ctx=t.n_ctx)
+        return ModelConfig(
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            d_model=self.d_model,
+            d_head=self.d_head,
+            d_vocab=t.d_vocab,
+            n_ctx=t.n_ctx,
+        )
 
     def train_config(self, seed: int) -> TrainConfig:
         warmup = self.warmup_steps if self.warmup_steps is not None else min(100, self.steps // 10)
-        return TrainConfig(steps=self.steps, batch_size=self.batch_size, lr=float(self.lr),
-                           weight_decay=float(self.weight_decay), warmup_steps=warmup, eval_every=self.eval_every,
-                           eval_samples=self.eval_samples, seed=seed, device=self.device, precision=self.precision)
+        return TrainConfig(
+            steps=self.steps,
+            batch_size=self.batch_size,
+            lr=float(self.lr),
+            weight_decay=float(self.weight_decay),
+            warmup_steps=warmup,
+            eval_every=self.eval_every,
+            eval_samples=self.eval_samples,
+            seed=seed,
+            device=self.device,
+            precision=self.precision,
+        )
 
     def variants(self) -> list[Variant]:
         out = [Variant(f"factored d_qk={w}", "factored", d_qk=w) for w in sorted(self.d_qks)]
-        make = {"merged": Variant("merged", "merged", qk_weight_decay=0.0),
-                "merged + wd": Variant("merged + wd", "merged", qk_weight_decay=float(self.qk_weight_decay)),
-                "merged + nuclear": Variant("merged + nuclear", "merged", qk_weight_decay=0.0,
-                                            nuclear=float(self.nuclear))}
+        make = {
+            "merged": Variant("merged", "merged", qk_weight_decay=0.0),
+            "merged + wd": Variant("merged + wd", "merged", qk_weight_decay=float(self.qk_weight_decay)),
+            "merged + nuclear": Variant("merged + nuclear", "merged", qk_weight_decay=0.0, nuclear=float(self.nuclear)),
+        }
         return out + [make[k] for k in VARIANT_KINDS[1:] if k in self.merged_kinds]
 
     def to_dict(self) -> dict:
@@ -153,12 +176,23 @@ class CompareConfig:
         """The ``attn-lab compare-qk`` command that reproduces this comparison."""
         default = CompareConfig()
         parts = ["attn-lab", "compare-qk", "--task", self.task, "--steps", str(self.steps), "--seeds", str(self.seeds)]
-        for name, flag in (("first_seed", "--first-seed"), ("d_model", "--d-model"), ("qk_weight_decay", "--qk-weight-decay"),
-                           ("nuclear", "--nuclear"), ("weight_decay", "--weight-decay"), ("lr", "--lr"),
-                           ("batch_size", "--batch-size"), ("device", "--device"), ("precision", "--precision"),
-                           ("threads", "--threads")):
+        for name, flag in (
+            ("first_seed", "--first-seed"),
+            ("d_model", "--d-model"),
+            ("qk_weight_decay", "--qk-weight-decay"),
+            ("nuclear", "--nuclear"),
+            ("weight_decay", "--weight-decay"),
+            ("lr", "--lr"),
+            ("batch_size", "--batch-size"),
+            ("device", "--device"),
+            ("precision", "--precision"),
+            ("threads", "--threads"),
+        ):
             if getattr(self, name) != getattr(default, name):
-                parts += [flag, f"{getattr(self, name):g}" if isinstance(getattr(self, name), float) else str(getattr(self, name))]
+                parts += [
+                    flag,
+                    f"{getattr(self, name):g}" if isinstance(getattr(self, name), float) else str(getattr(self, name)),
+                ]
         if self.d_qks != default.d_qks:
             parts += ["--d-qk", ",".join(str(w) for w in self.d_qks)]
         if self.merged_kinds != default.merged_kinds:

@@ -22,6 +22,7 @@ norm of B (a convex surrogate of rank), whereas weight decay on W_QK penalises |
 does not favour low rank. AdamW decays decoupled from the gradient, so for it the equivalence
 holds for the decay term's fixed points, not step by step.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -43,8 +44,8 @@ def qk_params_per_head(d_model: int, qk: str, d_qk: int | None = None, bias: boo
     return 2 * d_model * d_qk + (2 * d_qk if bias else 0)
 
 
-
 # --- the two parametrisations, exactly --------------------------------------------------------------
+
 
 def balanced_factors(M: torch.Tensor, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """W_Q = U_r diag(s_r)^{1/2}, W_K = V_r diag(s_r)^{1/2} from the SVD M = U diag(s) V^T, batched
@@ -54,8 +55,9 @@ def balanced_factors(M: torch.Tensor, width: int | None = None) -> tuple[torch.T
     U, s, Vh = torch.linalg.svd(M, full_matrices=False)
     r = s.shape[-1] if width is None else width
     if not 1 <= r <= s.shape[-1]:
-        raise ValueError(f"width {width!r} is outside 1..{s.shape[-1]} (the rank cap of a "
-                         f"{M.shape[-2]} x {M.shape[-1]} matrix)")
+        raise ValueError(
+            f"width {width!r} is outside 1..{s.shape[-1]} (the rank cap of a {M.shape[-2]} x {M.shape[-1]} matrix)"
+        )
     root = s[..., :r].sqrt().unsqueeze(-2)  # [..., 1, r]
     return U[..., :r] * root, Vh[..., :r, :].transpose(-1, -2) * root
 
@@ -77,8 +79,10 @@ def _check_no_qk_bias(model: Transformer) -> None:
     if model.cfg.attn_bias and model.cfg.qk == "factored":
         # S = X B X^T + 1 (b_Q W_K^T X^T) / sqrt(d_qk) + terms constant along a row: the key-bias
         # term depends on the key and no W_QK reproduces it.
-        raise ValueError("this model has query/key biases, which a merged head (S = X W_QK X^T) cannot "
-                         "represent; merge only models with attn_bias = false")
+        raise ValueError(
+            "this model has query/key biases, which a merged head (S = X W_QK X^T) cannot "
+            "represent; merge only models with attn_bias = false"
+        )
 
 
 @torch.no_grad()
@@ -110,8 +114,8 @@ def factored_from_merged(model: Transformer, d_qk: int) -> Transformer:
     _copy_except_qk(model, out)
     for l, block in enumerate(model.blocks):
         W_Q, W_K = balanced_factors(block.attn.W_QK, d_qk)
-        out.blocks[l].attn.W_Q.copy_(W_Q * d_qk ** 0.25)
-        out.blocks[l].attn.W_K.copy_(W_K * d_qk ** 0.25)
+        out.blocks[l].attn.W_Q.copy_(W_Q * d_qk**0.25)
+        out.blocks[l].attn.W_K.copy_(W_K * d_qk**0.25)
     return out
 
 
@@ -133,4 +137,3 @@ def _clone(model: Transformer) -> Transformer:
     out = _like(model, model.cfg)
     out.load_state_dict(model.state_dict())
     return out
-

@@ -14,6 +14,7 @@ measured on one fixed held-out set, its B's spectrum is taken per head, and its 
 rank r (Eckart-Young, :func:`truncated`) to see how much of the rank the model uses. Runs are saved
 in the run store (parent ``compare-qk:<task>``).
 """
+
 from __future__ import annotations
 
 import math
@@ -55,11 +56,15 @@ def set_qk_weight_decay(trainer: Trainer, qk_weight_decay: float) -> None:
     for name, p in trainer.model.named_parameters():
         groups["qk" if name in qk else ("decay" if p.dim() >= 2 else "none")].append(p)
     trainer.optimizer = torch.optim.AdamW(
-        [{"params": groups["decay"], "weight_decay": cfg.weight_decay},
-         {"params": groups["qk"], "weight_decay": float(qk_weight_decay)},
-         {"params": groups["none"], "weight_decay": 0.0}], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+        [
+            {"params": groups["decay"], "weight_decay": cfg.weight_decay},
+            {"params": groups["qk"], "weight_decay": float(qk_weight_decay)},
+            {"params": groups["none"], "weight_decay": 0.0},
+        ],
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+    )
     trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, lambda s: lr_factor(s, cfg))
-
 
 
 def truncation_table(model: Transformer, task: Task, ranks: Sequence[int], samples: int, seed: int) -> list[dict]:
@@ -71,9 +76,9 @@ def truncation_table(model: Transformer, task: Task, ranks: Sequence[int], sampl
     return out
 
 
-
-def train_variant(variant: Variant, cfg: CompareConfig, seed: int, store=None,
-                  progress: Callable[[int], None] | None = None) -> dict:
+def train_variant(
+    variant: Variant, cfg: CompareConfig, seed: int, store=None, progress: Callable[[int], None] | None = None
+) -> dict:
     """Train one variant with one seed; returns its record (final metrics, spectrum, curves,
     step times, truncation table, run id). ``progress(step)`` is called after every step."""
     task = get_task(cfg.task)
@@ -86,9 +91,19 @@ def train_variant(variant: Variant, cfg: CompareConfig, seed: int, store=None,
     if qk_decay != cfg.weight_decay:
         set_qk_weight_decay(trainer, qk_decay)
     model = trainer.model
-    config = {"variant": variant.name, "kind": variant.kind, "qk": variant.qk, "d_qk": variant.d_qk,
-              "qk_weight_decay": qk_decay, "regularizers": variant.regularizers(), "steps": cfg.steps, "seed": seed,
-              "comparison": cfg.to_dict(), "model": model_cfg.to_dict(), "train": train_cfg.to_dict()}
+    config = {
+        "variant": variant.name,
+        "kind": variant.kind,
+        "qk": variant.qk,
+        "d_qk": variant.d_qk,
+        "qk_weight_decay": qk_decay,
+        "regularizers": variant.regularizers(),
+        "steps": cfg.steps,
+        "seed": seed,
+        "comparison": cfg.to_dict(),
+        "model": model_cfg.to_dict(),
+        "train": train_cfg.to_dict(),
+    }
     parent = PARENT_PREFIX + cfg.task
     recorder = RunRecorder(store)
     run_id = recorder.start(parent, task.name, config)
@@ -104,9 +119,15 @@ def train_variant(variant: Variant, cfg: CompareConfig, seed: int, store=None,
         window["loss"].append(m["task_loss"])
         window["accuracy"].append(m["accuracy"])
         if "eval_loss" in m:
-            curves.append({"step": step, "loss": statistics.fmean(window["loss"]),
-                           "accuracy": statistics.fmean(window["accuracy"]),
-                           "eval_loss": m["eval_loss"], "eval_accuracy": m["eval_accuracy"]})
+            curves.append(
+                {
+                    "step": step,
+                    "loss": statistics.fmean(window["loss"]),
+                    "accuracy": statistics.fmean(window["accuracy"]),
+                    "eval_loss": m["eval_loss"],
+                    "eval_accuracy": m["eval_accuracy"],
+                }
+            )
             window = {"loss": [], "accuracy": []}
         if progress is not None:
             progress(step)
@@ -115,35 +136,72 @@ def train_variant(variant: Variant, cfg: CompareConfig, seed: int, store=None,
     outcome = record_run(trainer, recorder, on_step=on_step)
     wall = time.perf_counter() - start
     model.eval()
-    outcome, after = measure_final(trainer, outcome, lambda: measure(model, task, None, cfg.measure_samples,
-                                                                      cfg.eval_seed))
+    outcome, after = measure_final(
+        trainer, outcome, lambda: measure(model, task, None, cfg.measure_samples, cfg.eval_seed)
+    )
     spec = spectrum(model)
     for rec in spec:
         l, h = rec["layer"], rec["head"]
         recorder.log(trainer.step_index, {str(MetricKey("stable_rank", l, h)): rec["stable_rank"]})
-        recorder.log(trainer.step_index, {str(MetricKey("sigma", l, h, i)): s
-                                          for i, s in enumerate(rec["singular_values"])})
+        recorder.log(
+            trainer.step_index, {str(MetricKey("sigma", l, h, i)): s for i, s in enumerate(rec["singular_values"])}
+        )
     ranks = [r for r in TRUNCATION_RANKS if r <= cfg.d_model]
     trunc = truncation_table(model, task, ranks, cfg.measure_samples, cfg.eval_seed)
     ms = 1000 * statistics.median(step_s) if step_s else math.nan
     if run_id is not None:
-        card = run_card(run_id, trainer, outcome, parent=parent,
-                        description=f"{variant.name} QK on {task.name} (seed 004 comparison), seed {seed}",
-                        before=before, after=after, samples=cfg.measure_samples, wall_time_s=wall,
-                        command=cfg.command(), variant=variant.name, regularizers=variant.regularizers(),
-                        truncation=trunc, comparison=cfg.to_dict(), ms_per_step=ms)
+        card = run_card(
+            run_id,
+            trainer,
+            outcome,
+            parent=parent,
+            description=f"{variant.name} QK on {task.name} (seed 004 comparison), seed {seed}",
+            before=before,
+            after=after,
+            samples=cfg.measure_samples,
+            wall_time_s=wall,
+            command=cfg.command(),
+            variant=variant.name,
+            regularizers=variant.regularizers(),
+            truncation=trunc,
+            comparison=cfg.to_dict(),
+            ms_per_step=ms,
+        )
         outcome = recorder.finish(outcome, model.cpu(), card, before, after)
     return {
-        "variant": variant.name, "kind": variant.kind, "qk": variant.qk, "d_qk": variant.d_qk, "seed": seed,
-        "status": outcome.status, "message": outcome.message, "steps": trainer.step_index, "params": model.n_params(),
-        "final_loss": after["loss"], "accuracy": after["accuracy"], "stable_rank": after["stable_rank"],
+        "variant": variant.name,
+        "kind": variant.kind,
+        "qk": variant.qk,
+        "d_qk": variant.d_qk,
+        "seed": seed,
+        "status": outcome.status,
+        "message": outcome.message,
+        "steps": trainer.step_index,
+        "params": model.n_params(),
+        "final_loss": after["loss"],
+        "accuracy": after["accuracy"],
+        "stable_rank": after["stable_rank"],
         "effective_rank": statistics.fmean(r["effective_rank"] for r in spec),
         "nuclear_norm": statistics.fmean(r["nuclear_norm"] for r in spec),
         "frobenius_norm": statistics.fmean(r["frobenius_norm"] for r in spec),
-        "ln1_gain": ln1_gain(model), "ms_per_step": ms, "step_ms": [round(1000 * s, 4) for s in step_s], "wall_s": wall,
-        "spectrum": [{"layer": r["layer"], "head": r["head"], "rank_cap": r["rank_cap"], "stable_rank": r["stable_rank"],
-                      "effective_rank": r["effective_rank"], "singular_values": r["singular_values"]} for r in spec],
-        "curves": curves, "truncation": trunc, "run_id": run_id,
+        "ln1_gain": ln1_gain(model),
+        "ms_per_step": ms,
+        "step_ms": [round(1000 * s, 4) for s in step_s],
+        "wall_s": wall,
+        "spectrum": [
+            {
+                "layer": r["layer"],
+                "head": r["head"],
+                "rank_cap": r["rank_cap"],
+                "stable_rank": r["stable_rank"],
+                "effective_rank": r["effective_rank"],
+                "singular_values": r["singular_values"],
+            }
+            for r in spec
+        ],
+        "curves": curves,
+        "truncation": trunc,
+        "run_id": run_id,
     }
 
 
@@ -153,7 +211,6 @@ def ln1_gain(model: Transformer) -> float:
     decay, nuclear norm) can be paid for by a larger, undecayed gain; this shows whether it was."""
     gains = [b.ln1.w.detach().abs().mean().item() for b in model.blocks if hasattr(b.ln1, "w")]
     return statistics.fmean(gains) if gains else math.nan
-
 
 
 def compare(cfg: CompareConfig, store=None, progress: Progress | None = None) -> Comparison:
@@ -178,7 +235,11 @@ def compare(cfg: CompareConfig, store=None, progress: Progress | None = None) ->
             label = f"{variant.name}, seed {seed} ({i + 1}/{len(jobs)})"
             if progress is not None:
                 progress(done / total, label)
-            tick = None if progress is None else (lambda step, done=done, label=label: progress((done + step) / total, label))
+            tick = (
+                None
+                if progress is None
+                else (lambda step, done=done, label=label: progress((done + step) / total, label))
+            )
             runs.append(train_variant(variant, cfg, seed, store, tick))
     finally:
         torch.set_num_threads(threads)

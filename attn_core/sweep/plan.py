@@ -2,6 +2,7 @@
 per seed, each trial as the :class:`~attn_core.training.job.JobConfig` that ``attn-lab retrain``
 builds for the same spec, seed and steps; and the accuracy-vs-entropy Pareto frontier of the
 results. Pure Python: nothing here imports Ray."""
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,22 @@ from attn_core.validate import is_int, is_number
 
 BASELINE = "none"  # the regularizer name of a lambda = 0 trial
 # JobConfig fields a sweep may set for every trial (the rest are the trial's: source, regularizers, seed)
-JOB_FIELDS = ("steps", "lr", "heads", "batch_size", "device", "weight_decay", "warmup_steps", "eval_every",
-              "eval_samples", "telemetry_every", "spectrum_every", "probe_samples", "measure_samples", "max_loss")
+JOB_FIELDS = (
+    "steps",
+    "lr",
+    "heads",
+    "batch_size",
+    "device",
+    "weight_decay",
+    "warmup_steps",
+    "eval_every",
+    "eval_samples",
+    "telemetry_every",
+    "spectrum_every",
+    "probe_samples",
+    "measure_samples",
+    "max_loss",
+)
 
 
 class SweepError(ValueError):
@@ -49,16 +64,26 @@ class Trial:
 
     @classmethod
     def from_dict(cls, raw: Mapping) -> Trial:
-        return cls(source=str(raw["source"]), reg=str(raw["reg"]), lam=float(raw["lam"]), seed=int(raw["seed"]),
-                   entmax_alpha=None if raw.get("entmax_alpha") is None else float(raw["entmax_alpha"]))
+        return cls(
+            source=str(raw["source"]),
+            reg=str(raw["reg"]),
+            lam=float(raw["lam"]),
+            seed=int(raw["seed"]),
+            entmax_alpha=None if raw.get("entmax_alpha") is None else float(raw["entmax_alpha"]),
+        )
 
     def job_config(self, job: Mapping | None = None):
         """The JobConfig of this trial: what ``attn-lab retrain SOURCE --reg SPEC --seed S`` builds,
         with the sweep's common ``job`` settings (steps, lr, ...)."""
         from attn_core.training.job import JobConfig
 
-        return JobConfig(source=self.source, regularizers=self.spec, entmax_alpha=self.entmax_alpha, seed=self.seed,
-                         **dict(job or {}))
+        return JobConfig(
+            source=self.source,
+            regularizers=self.spec,
+            entmax_alpha=self.entmax_alpha,
+            seed=self.seed,
+            **dict(job or {}),
+        )
 
 
 @dataclass
@@ -111,8 +136,9 @@ def parse_grid(items: Sequence[str] | Mapping[str, Iterable[float]]) -> dict[str
     grid: dict[str, list[float]] = {}
     for name, lams in pairs:
         if _base_name(name) not in R.REGULARIZERS:
-            raise SweepError(f"unknown regularizer {_base_name(name)!r} in the grid; known: "
-                             f"{', '.join(R.REGULARIZERS)}")
+            raise SweepError(
+                f"unknown regularizer {_base_name(name)!r} in the grid; known: {', '.join(R.REGULARIZERS)}"
+            )
         values = [_lambda(name, x) for x in lams]
         if not values:
             raise SweepError(f"--grid {name}= lists no lambda")
@@ -123,8 +149,9 @@ def parse_grid(items: Sequence[str] | Mapping[str, Iterable[float]]) -> dict[str
         grid.setdefault(name, [])
         grid[name] += [v for v in values if v not in grid[name]]
     if not grid:
-        raise SweepError("the grid is empty: give at least one --grid NAME=LAMBDA[,LAMBDA...] "
-                         "(e.g. --grid entropy=0.01,0.1,1)")
+        raise SweepError(
+            "the grid is empty: give at least one --grid NAME=LAMBDA[,LAMBDA...] (e.g. --grid entropy=0.01,0.1,1)"
+        )
     return grid
 
 
@@ -134,13 +161,15 @@ def _lambda(name: str, raw) -> float:
     except (TypeError, ValueError):
         value = math.nan
     if not (is_number(value) and math.isfinite(value) and value > 0):
-        raise SweepError(f"lambda {raw!r} of {name} in the grid is not a number > 0 "
-                         "(the lambda = 0 baseline is added per seed)")
+        raise SweepError(
+            f"lambda {raw!r} of {name} in the grid is not a number > 0 (the lambda = 0 baseline is added per seed)"
+        )
     return value
 
 
-def grid_plan(source: str, grid: Sequence[str] | Mapping, seeds: int = 1, *, baseline: bool = True,
-              name: str | None = None, **job) -> SweepPlan:
+def grid_plan(
+    source: str, grid: Sequence[str] | Mapping, seeds: int = 1, *, baseline: bool = True, name: str | None = None, **job
+) -> SweepPlan:
     """Every (regularizer, lambda, seed) of ``grid`` on ``source``, seeds 0..seeds-1, plus a
     lambda = 0 baseline per seed; ``job`` are the shared JobConfig settings (steps, lr, ...)."""
     if not (is_int(seeds) and seeds >= 1):

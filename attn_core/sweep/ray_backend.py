@@ -5,6 +5,7 @@ thread per trial) and shut down afterwards, or an existing cluster (``address``:
 optional ASHA scheduler. A :class:`~ray.tune.Callback` on the driver hands every trial's payload
 (weights bytes + metrics, :mod:`attn_core.sweep.trial`) to ``on_payload`` as it arrives, so the
 driver records results while the sweep runs."""
+
 from __future__ import annotations
 
 import itertools
@@ -37,8 +38,9 @@ def ray_module():
         import ray
         from ray import tune  # noqa: F401
     except ImportError:
-        raise SweepError("Ray is not installed: pip install 'ray[tune]' (the version is pinned in "
-                         "requirements.txt)") from None
+        raise SweepError(
+            "Ray is not installed: pip install 'ray[tune]' (the version is pinned in requirements.txt)"
+        ) from None
     return ray
 
 
@@ -87,8 +89,9 @@ def ray_session(address: str | None = None, num_cpus: int | None = None):
     if not ray.is_initialized():
         if address:
             _check_reachable(address)
-        kwargs = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
-                      configure_logging=True)
+        kwargs = dict(
+            include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False, configure_logging=True
+        )
         try:
             if address:
                 ray.init(address=address, **kwargs)
@@ -101,9 +104,13 @@ def ray_session(address: str | None = None, num_cpus: int | None = None):
     try:
         ctx = ray.get_runtime_context()
         where = address or ("local" if started else getattr(ctx, "gcs_address", "") or "local")
-        yield {"ray_version": ray.__version__, "address": where, "started": started,
-               "cluster_cpus": ray.cluster_resources().get("CPU", 0.0),
-               "cluster_gpus": ray.cluster_resources().get("GPU", 0.0)}
+        yield {
+            "ray_version": ray.__version__,
+            "address": where,
+            "started": started,
+            "cluster_cpus": ray.cluster_resources().get("CPU", 0.0),
+            "cluster_gpus": ray.cluster_resources().get("GPU", 0.0),
+        }
     finally:
         if started:
             ray.shutdown()
@@ -118,16 +125,35 @@ def _trainable(config: dict) -> None:
     def report(step: int, latest: dict) -> None:
         tune.report({"step": step, "loss": float(latest.get("task_loss", float("nan"))), "final": False})
 
-    payload = run_trial(config["trial"], config["job"], threads=config.get("threads") or 1,
-                        report=report if every else None, report_every=every)
-    loss = ((payload.get("after") or {}).get("loss"))
-    tune.report({"step": int(payload.get("steps") or 0), "loss": float("nan") if loss is None else float(loss),
-                 "final": True, "payload": payload})
+    payload = run_trial(
+        config["trial"],
+        config["job"],
+        threads=config.get("threads") or 1,
+        report=report if every else None,
+        report_every=every,
+    )
+    loss = (payload.get("after") or {}).get("loss")
+    tune.report(
+        {
+            "step": int(payload.get("steps") or 0),
+            "loss": float("nan") if loss is None else float(loss),
+            "final": True,
+            "payload": payload,
+        }
+    )
 
 
-def run_tune(trials: Sequence[dict], job: dict, on_payload: Callable[[dict], None], *, steps: int,
-             cpus_per_trial: float = 1.0, gpus_per_trial: float = 0.0, scheduler: str = "none",
-             name: str = "attn-lab-sweep") -> None:
+def run_tune(
+    trials: Sequence[dict],
+    job: dict,
+    on_payload: Callable[[dict], None],
+    *,
+    steps: int,
+    cpus_per_trial: float = 1.0,
+    gpus_per_trial: float = 0.0,
+    scheduler: str = "none",
+    name: str = "attn-lab-sweep",
+) -> None:
     """Run ``trials`` (dicts of :class:`~attn_core.sweep.plan.Trial`) on the Ray of this process
     (see :func:`ray_session`); ``on_payload(payload)`` is called on the driver once per trial,
     including the ones that fail on a worker or are stopped early by ASHA."""
@@ -144,8 +170,14 @@ def run_tune(trials: Sequence[dict], job: dict, on_payload: Callable[[dict], Non
     if scheduler == "asha":
         from ray.tune.schedulers import ASHAScheduler
 
-        sched = ASHAScheduler(time_attr="step", metric="loss", mode="min", max_t=steps,
-                              grace_period=max(1, steps // 4), reduction_factor=2)
+        sched = ASHAScheduler(
+            time_attr="step",
+            metric="loss",
+            mode="min",
+            max_t=steps,
+            grace_period=max(1, steps // 4),
+            reduction_factor=2,
+        )
 
     token = next(_TOKENS)
     _SINKS[token] = on_payload
@@ -162,12 +194,22 @@ def run_tune(trials: Sequence[dict], job: dict, on_payload: Callable[[dict], Non
         resources = {"cpu": cpus_per_trial, "gpu": gpus_per_trial}
         tuner = tune.Tuner(
             tune.with_resources(_trainable, resources),
-            param_space={"trial": tune.grid_search(list(trials)), "job": job, "report_every": every,
-                         "threads": max(1, int(cpus_per_trial))},
-            tune_config=tune.TuneConfig(scheduler=sched, num_samples=1, trial_dirname_creator=_dirname,
-                                        reuse_actors=True),  # a worker imports torch once, not per trial
-            run_config=tune.RunConfig(name=name, storage_path=storage, callbacks=[collect], verbose=0,
-                                      failure_config=tune.FailureConfig(max_failures=0, fail_fast=False)),
+            param_space={
+                "trial": tune.grid_search(list(trials)),
+                "job": job,
+                "report_every": every,
+                "threads": max(1, int(cpus_per_trial)),
+            },
+            tune_config=tune.TuneConfig(
+                scheduler=sched, num_samples=1, trial_dirname_creator=_dirname, reuse_actors=True
+            ),  # a worker imports torch once, not per trial
+            run_config=tune.RunConfig(
+                name=name,
+                storage_path=storage,
+                callbacks=[collect],
+                verbose=0,
+                failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
+            ),
         )
         tuner.fit()
     finally:
@@ -209,9 +251,15 @@ class Collect(_Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info):  # ended without a final report: ASHA
         if trial.trial_id not in self.done:
-            self._give(trial, _lost(trial.config["trial"], "stopped",
-                                    f"stopped early by the ASHA scheduler at step "
-                                    f"{self.last_step.get(trial.trial_id, 0)} of {self.steps}"))
+            self._give(
+                trial,
+                _lost(
+                    trial.config["trial"],
+                    "stopped",
+                    f"stopped early by the ASHA scheduler at step "
+                    f"{self.last_step.get(trial.trial_id, 0)} of {self.steps}",
+                ),
+            )
 
     def on_trial_error(self, iteration, trials, trial, **info):
         err = getattr(trial, "error_message", None) or "the trial's worker failed"
@@ -226,5 +274,11 @@ def _lost(trial: dict, status: str, message: str) -> dict:
     from attn_core.sweep.plan import Trial
 
     t = Trial.from_dict(trial)
-    return {"key": t.key, "trial": t.to_dict(), "parent": t.source, "status": status, "message": message,
-            "weights": None}
+    return {
+        "key": t.key,
+        "trial": t.to_dict(),
+        "parent": t.source,
+        "status": status,
+        "message": message,
+        "weights": None,
+    }

@@ -2,6 +2,7 @@
 run on Ray (:mod:`attn_core.sweep.ray_backend`), and each payload that comes back is written by
 this process (the driver, SQLite's single writer) as a run of the sweep. ``resume`` reruns only
 the trials that have no finished run yet. :func:`sweep_result` is the CLI's and the page's view."""
+
 from __future__ import annotations
 
 import threading
@@ -33,10 +34,18 @@ def start_sweep(plan: SweepPlan, store: RunStore | None = None, *, resume: str |
     return store.create_sweep(plan.name, plan.to_dict(), {"backend": BACKEND}), plan
 
 
-def run_sweep(plan: SweepPlan | None, store: RunStore | None = None, *, resume: str | None = None,
-              address: str | None = None, cpus_per_trial: float = 1.0, gpus_per_trial: float = 0.0,
-              scheduler: str = "none", on_trial: Callable[[str, dict], None] | None = None,
-              sweep_id: str | None = None) -> dict:
+def run_sweep(
+    plan: SweepPlan | None,
+    store: RunStore | None = None,
+    *,
+    resume: str | None = None,
+    address: str | None = None,
+    cpus_per_trial: float = 1.0,
+    gpus_per_trial: float = 0.0,
+    scheduler: str = "none",
+    on_trial: Callable[[str, dict], None] | None = None,
+    sweep_id: str | None = None,
+) -> dict:
     """Run a sweep (or ``resume`` one) on Ray and return :func:`sweep_result`.
 
     ``address`` None starts a local Ray (every core, shut down afterwards) unless Ray already runs
@@ -72,12 +81,27 @@ def run_sweep(plan: SweepPlan | None, store: RunStore | None = None, *, resume: 
     status, message, info = "interrupted", "", {}
     try:
         with ray_session(address) as session:
-            info = {"backend": BACKEND, "ray_version": session["ray_version"], "address": session["address"],
-                    "cluster_cpus": session["cluster_cpus"], "cluster_gpus": session["cluster_gpus"],
-                    "cpus_per_trial": cpus_per_trial, "gpus_per_trial": gpus_per_trial, "scheduler": scheduler}
+            info = {
+                "backend": BACKEND,
+                "ray_version": session["ray_version"],
+                "address": session["address"],
+                "cluster_cpus": session["cluster_cpus"],
+                "cluster_gpus": session["cluster_gpus"],
+                "cpus_per_trial": cpus_per_trial,
+                "gpus_per_trial": gpus_per_trial,
+                "scheduler": scheduler,
+            }
             store.update_sweep(sweep_id, "running", info=info)
-            run_tune(todo, plan.job, on_payload, steps=int(plan.job.get("steps", 300)), cpus_per_trial=cpus_per_trial,
-                     gpus_per_trial=gpus_per_trial, scheduler=scheduler, name=sweep_id)
+            run_tune(
+                todo,
+                plan.job,
+                on_payload,
+                steps=int(plan.job.get("steps", 300)),
+                cpus_per_trial=cpus_per_trial,
+                gpus_per_trial=gpus_per_trial,
+                scheduler=scheduler,
+                name=sweep_id,
+            )
         left = len(plan.trials) - len(finished_keys(store.get_sweep(sweep_id)))
         status = "completed" if left == 0 else "interrupted"
         message = f"{left} trial(s) not recorded" if left else ""
@@ -91,8 +115,9 @@ def run_sweep(plan: SweepPlan | None, store: RunStore | None = None, *, resume: 
         raise
     finally:
         wall = time.perf_counter() - start
-        store.update_sweep(sweep_id, status, message, info={**info, "wall_s": round(wall, 3),
-                                                            "last_run_trials": len(todo)})
+        store.update_sweep(
+            sweep_id, status, message, info={**info, "wall_s": round(wall, 3), "last_run_trials": len(todo)}
+        )
     return sweep_result(store, sweep_id)
 
 
@@ -110,15 +135,39 @@ def sweep_result(store: RunStore, sweep_id: str) -> dict:
     for t in plan.trials:
         r = by_key.get(t.key)
         summary = (r or {}).get("summary") or {}
-        trials.append({"run_id": r["id"] if r else None, "key": t.key, "source": t.source, "reg": t.reg,
-                       "lambda": t.lam, "seed": t.seed, "entmax_alpha": t.entmax_alpha,
-                       "status": r["status"] if r else "pending", "message": r["message"] if r else "",
-                       "has_weights": bool(r and r["has_weights"]),
-                       "before": public(summary.get("before")), "after": public(summary.get("after"))})
+        trials.append(
+            {
+                "run_id": r["id"] if r else None,
+                "key": t.key,
+                "source": t.source,
+                "reg": t.reg,
+                "lambda": t.lam,
+                "seed": t.seed,
+                "entmax_alpha": t.entmax_alpha,
+                "status": r["status"] if r else "pending",
+                "message": r["message"] if r else "",
+                "has_weights": bool(r and r["has_weights"]),
+                "before": public(summary.get("before")),
+                "after": public(summary.get("after")),
+            }
+        )
     info = sweep["info"]
-    front = pareto((t["run_id"], (t["after"] or {}).get("accuracy"), (t["after"] or {}).get("entropy_data"))
-                   for t in trials if t["status"] == "completed" and t["after"])
-    return {"sweep_id": sweep["id"], "name": sweep["name"], "status": sweep["status"], "message": sweep["message"],
-            "created": sweep["created"], "backend": info.get("backend", BACKEND), "ray_version": info.get("ray_version"),
-            "address": info.get("address"), "wall_s": info.get("wall_s"), "job": plan.job, "trials": trials,
-            "pareto": front}
+    front = pareto(
+        (t["run_id"], (t["after"] or {}).get("accuracy"), (t["after"] or {}).get("entropy_data"))
+        for t in trials
+        if t["status"] == "completed" and t["after"]
+    )
+    return {
+        "sweep_id": sweep["id"],
+        "name": sweep["name"],
+        "status": sweep["status"],
+        "message": sweep["message"],
+        "created": sweep["created"],
+        "backend": info.get("backend", BACKEND),
+        "ray_version": info.get("ray_version"),
+        "address": info.get("address"),
+        "wall_s": info.get("wall_s"),
+        "job": plan.job,
+        "trials": trials,
+        "pareto": front,
+    }

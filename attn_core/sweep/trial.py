@@ -5,6 +5,7 @@
 final weights as safetensors bytes, the metric log, before/after, the card and the status. An error
 becomes a ``failed`` payload, never an exception, so the sweep goes on. :func:`record_trial` runs on
 the driver and writes one payload into the run store as a run of the sweep (the single writer)."""
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,13 @@ from attn_core.sweep.plan import Trial
 Report = Callable[[int, dict], None]
 
 
-def run_trial(trial: Mapping, job: Mapping | None = None, threads: int | None = 1, report: Report | None = None,
-              report_every: int = 0) -> dict:
+def run_trial(
+    trial: Mapping,
+    job: Mapping | None = None,
+    threads: int | None = 1,
+    report: Report | None = None,
+    report_every: int = 0,
+) -> dict:
     """Train one trial (a dict of :class:`Trial`) with the shared ``job`` settings in this process
     (``threads`` torch threads; None leaves the setting alone) and return its payload.
 
@@ -52,8 +58,14 @@ def run_trial(trial: Mapping, job: Mapping | None = None, threads: int | None = 
         return {**base, **_payload(j), "seconds": time.perf_counter() - start}
     except Exception as e:  # a trial that raises is recorded as failed; the sweep goes on
         tb = traceback.format_exc(limit=3)
-        return {**base, "status": "failed", "message": f"{type(e).__name__}: {e}", "traceback": tb,
-                "seconds": time.perf_counter() - start, "weights": None}
+        return {
+            **base,
+            "status": "failed",
+            "message": f"{type(e).__name__}: {e}",
+            "traceback": tb,
+            "seconds": time.perf_counter() - start,
+            "weights": None,
+        }
 
 
 def _payload(j) -> dict:
@@ -68,11 +80,19 @@ def _payload(j) -> dict:
     card = j._card(outcome, res["after"])  # noqa: SLF001 (TrainingJob builds its card only for a store)
     model = j.model_copy()
     steps, names, values = (list(c) for c in j.recorder.columns)
-    return {"status": res["status"], "message": res["message"], "steps": res["steps"], "task": j.task.name,
-            "config": j.cfg.to_dict(), "before": res["before"], "after": res["after"], "card": card.to_dict(),
-            "model_config": model.cfg.to_dict(),
-            "weights": st_save({k: v.contiguous() for k, v in model.state_dict().items()}),
-            "metrics": {"step": steps, "name": names, "value": values}}
+    return {
+        "status": res["status"],
+        "message": res["message"],
+        "steps": res["steps"],
+        "task": j.task.name,
+        "config": j.cfg.to_dict(),
+        "before": res["before"],
+        "after": res["after"],
+        "card": card.to_dict(),
+        "model_config": model.cfg.to_dict(),
+        "weights": st_save({k: v.contiguous() for k, v in model.state_dict().items()}),
+        "metrics": {"step": steps, "name": names, "value": values},
+    }
 
 
 def payload_size(payload: Mapping) -> int:
@@ -92,14 +112,27 @@ def record_trial(store, sweep_id: str, payload: Mapping) -> str:
         from attn_core import checkpoint
         from attn_core.model import ModelConfig
 
-        model = checkpoint.load_bytes(payload["weights"], cfg=ModelConfig.from_dict(payload["model_config"]),
-                                      card=card).model
+        model = checkpoint.load_bytes(
+            payload["weights"], cfg=ModelConfig.from_dict(payload["model_config"]), card=card
+        ).model
     m = payload.get("metrics") or {}
     rows = list(zip(m.get("step", ()), m.get("name", ()), m.get("value", ())))
     trial = payload["trial"]
-    config = payload.get("config") or {"source": trial["source"], "seed": trial["seed"],
-                                       "regularizers": Trial.from_dict(trial).spec}
-    return store.add_run(parent=payload.get("parent"), task=payload.get("task"), config=config,
-                         status=payload["status"], message=payload.get("message", ""), model=model, card=card,
-                         summary={"before": public(payload.get("before")), "after": public(payload.get("after"))},
-                         metrics=rows, sweep=sweep_id, trial=payload["key"])
+    config = payload.get("config") or {
+        "source": trial["source"],
+        "seed": trial["seed"],
+        "regularizers": Trial.from_dict(trial).spec,
+    }
+    return store.add_run(
+        parent=payload.get("parent"),
+        task=payload.get("task"),
+        config=config,
+        status=payload["status"],
+        message=payload.get("message", ""),
+        model=model,
+        card=card,
+        summary={"before": public(payload.get("before")), "after": public(payload.get("after"))},
+        metrics=rows,
+        sweep=sweep_id,
+        trial=payload["key"],
+    )

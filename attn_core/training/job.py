@@ -4,6 +4,7 @@ pattern) under a lock; the Retrain page and ``attn-lab retrain`` poll them. Stop
 events checked between steps; the step loop and the saving of the run are
 :mod:`attn_core.training.record`'s; what is measured and logged is
 :mod:`attn_core.training.telemetry`'s (see docs/architecture.md, "Live retraining")."""
+
 from __future__ import annotations
 
 import shlex
@@ -73,36 +74,56 @@ class JobConfig:
         def ok(cond: bool, msg: str) -> None:
             check(cond, msg, prefix="invalid retraining setting: ")
 
-        ok(isinstance(self.source, str) and self.source.strip() != "", "source must name a model, run:<id> "
-           "or scratch:<preset>")
+        ok(
+            isinstance(self.source, str) and self.source.strip() != "",
+            "source must name a model, run:<id> or scratch:<preset>",
+        )
         ok(is_int(self.steps) and self.steps > 0, f"steps must be a positive integer, got {self.steps!r}")
-        for name in ("eval_every", "eval_samples", "telemetry_every", "spectrum_every", "probe_samples",
-                     "measure_samples"):
+        for name in (
+            "eval_every",
+            "eval_samples",
+            "telemetry_every",
+            "spectrum_every",
+            "probe_samples",
+            "measure_samples",
+        ):
             v = getattr(self, name)
             ok(is_int(v) and v > 0, f"{name} must be a positive integer, got {v!r}")
         if self.entmax_alpha is not None:
-            ok(is_number(self.entmax_alpha) and 1.0 <= self.entmax_alpha <= 2.0,
-               f"entmax_alpha must be in [1, 2] (1 softmax, 1.5 entmax15, 2 sparsemax), got {self.entmax_alpha!r}")
+            ok(
+                is_number(self.entmax_alpha) and 1.0 <= self.entmax_alpha <= 2.0,
+                f"entmax_alpha must be in [1, 2] (1 softmax, 1.5 entmax15, 2 sparsemax), got {self.entmax_alpha!r}",
+            )
         ok(self.max_loss is None or (is_number(self.max_loss) and self.max_loss > 0), "max_loss must be positive")
         ok(is_int(self.seed), f"seed must be an integer, got {self.seed!r}")
         ok(is_number(self.lr) and 0 < self.lr <= 10, f"lr must be in (0, 10], got {self.lr!r}")
         for name in ("batch_size", "warmup_steps"):
             v = getattr(self, name)
             ok(v is None or is_int(v), f"{name} must be an integer, got {v!r}")
-        ok(self.weight_decay is None or (is_number(self.weight_decay) and self.weight_decay >= 0),
-           "weight_decay must be >= 0")
+        ok(
+            self.weight_decay is None or (is_number(self.weight_decay) and self.weight_decay >= 0),
+            "weight_decay must be >= 0",
+        )
         R.parse_specs(self.regularizers)  # names, lambdas and k are checked here; heads once the model is known
         self.train_config({})  # lr, batch size, device, precision, sync_every ...
 
     def train_config(self, parent_train: dict) -> TrainConfig:
         """The TrainConfig of this run, taking what is unset from the parent's recipe."""
         return TrainConfig(
-            steps=self.steps, lr=float(self.lr), seed=int(self.seed), device=self.device,
-            precision=self.precision, sync_every=self.sync_every,
+            steps=self.steps,
+            lr=float(self.lr),
+            seed=int(self.seed),
+            device=self.device,
+            precision=self.precision,
+            sync_every=self.sync_every,
             batch_size=self.batch_size or int(parent_train.get("batch_size", 64)),
-            weight_decay=float(self.weight_decay if self.weight_decay is not None else parent_train.get("weight_decay", 0.1)),
+            weight_decay=float(
+                self.weight_decay if self.weight_decay is not None else parent_train.get("weight_decay", 0.1)
+            ),
             warmup_steps=self.warmup_steps if self.warmup_steps is not None else min(100, self.steps // 10),
-            eval_every=self.eval_every, eval_samples=self.eval_samples)
+            eval_every=self.eval_every,
+            eval_samples=self.eval_samples,
+        )
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -175,7 +196,7 @@ class Snapshot:
     def metrics(self, names: Iterable[str] | None = None, prefix: str | None = None):
         """The metric log up to this snapshot as a DataFrame (step, name, value), the same
         format as ``RunStore.metrics``; optionally only some ``names`` or a name ``prefix``."""
-        steps, names_, values = (col[:self._n] for col in self._log)
+        steps, names_, values = (col[: self._n] for col in self._log)
         df = pd.DataFrame({"step": steps, "name": names_, "value": values})
         if names is not None:
             df = df[df["name"].isin(list(names))]
@@ -203,8 +224,9 @@ class TrainingJob:
         model = R.with_entmax(model, cfg.entmax_alpha)
         self.penalty = R.build_penalty(cfg.regularizers, model, cfg.heads)
         self.train_cfg = cfg.train_config(parent_card.train)
-        self.trainer = Trainer(model, task, self.train_cfg, penalty=self.penalty or None, max_loss=cfg.max_loss,
-                               sync_at=self._measured_at)
+        self.trainer = Trainer(
+            model, task, self.train_cfg, penalty=self.penalty or None, max_loss=cfg.max_loss, sync_at=self._measured_at
+        )
         self.model = self.trainer.model
         self.device = self.trainer.device
         self.parent_card = parent_card
@@ -217,8 +239,19 @@ class TrainingJob:
         self._go.set()
         self._thread: threading.Thread | None = None
         self._log = self.recorder.columns
-        self._state = dict(status="pending", message="", step=0, latest={}, before=None, after=None,
-                           probe_pattern=None, probe_step=0, elapsed_s=0.0, train_s=0.0, step_s=0.0)
+        self._state = dict(
+            status="pending",
+            message="",
+            step=0,
+            latest={},
+            before=None,
+            after=None,
+            probe_pattern=None,
+            probe_step=0,
+            elapsed_s=0.0,
+            train_s=0.0,
+            step_s=0.0,
+        )
         self._t0: float | None = None
         self._t_loop = 0.0
         self._probe_tokens = tuple(task.names(self.probe.tokens[0].tolist()))
@@ -229,8 +262,12 @@ class TrainingJob:
         """(model, task, card) of the source: a fresh init of a preset, or any model
         :func:`attn_core.sources.resolve` finds (zoo, folder, ``run:<id>``, upload)."""
         if cfg.source.startswith(SCRATCH_PREFIX):
-            preset = get_preset(cfg.source[len(SCRATCH_PREFIX):])
-            return init_model(preset.model_config(), cfg.seed), get_task(preset.task), Card(train=preset.train.to_dict())
+            preset = get_preset(cfg.source[len(SCRATCH_PREFIX) :])
+            return (
+                init_model(preset.model_config(), cfg.seed),
+                get_task(preset.task),
+                Card(train=preset.train.to_dict()),
+            )
         loaded = resolve(cfg.source, store=self.store)
         if loaded.task is None:
             raise ValueError(f"model {loaded.name!r} has no known task in its card, so it cannot be retrained")
@@ -292,8 +329,15 @@ class TrainingJob:
 
     def result(self) -> dict:
         s = self.snapshot()
-        return {"run_id": s.run_id, "status": s.status, "message": s.message, "steps": s.step,
-                "before": s.before, "after": s.after, "steps_per_s": s.steps_per_s}
+        return {
+            "run_id": s.run_id,
+            "status": s.status,
+            "message": s.message,
+            "steps": s.step,
+            "before": s.before,
+            "after": s.after,
+            "steps_per_s": s.steps_per_s,
+        }
 
     # --- the worker ---------------------------------------------------------------------------------
     def _publish(self, **changes) -> None:
@@ -302,12 +346,26 @@ class TrainingJob:
         if self._t0 is not None:
             st["elapsed_s"] = time.perf_counter() - self._t0
         snap = Snapshot(
-            status=st["status"], message=st["message"], step=st["step"], steps=self.cfg.steps, run_id=self.run_id,
-            elapsed_s=st["elapsed_s"], train_s=st["train_s"], step_s=st["step_s"], latest=dict(st["latest"]),
-            regularized_heads=tuple(self._head_names()), n_layers=self.model.cfg.n_layers,
-            n_heads=self.model.cfg.n_heads, before=st["before"], after=st["after"],
-            probe_tokens=self._probe_tokens, probe_pattern=st["probe_pattern"],
-            probe_step=st["probe_step"], _log=self._log, _n=len(self._log[0]))
+            status=st["status"],
+            message=st["message"],
+            step=st["step"],
+            steps=self.cfg.steps,
+            run_id=self.run_id,
+            elapsed_s=st["elapsed_s"],
+            train_s=st["train_s"],
+            step_s=st["step_s"],
+            latest=dict(st["latest"]),
+            regularized_heads=tuple(self._head_names()),
+            n_layers=self.model.cfg.n_layers,
+            n_heads=self.model.cfg.n_heads,
+            before=st["before"],
+            after=st["after"],
+            probe_tokens=self._probe_tokens,
+            probe_pattern=st["probe_pattern"],
+            probe_step=st["probe_step"],
+            _log=self._log,
+            _n=len(self._log[0]),
+        )
         with self._lock:
             self._snap = snap
 
@@ -327,8 +385,9 @@ class TrainingJob:
         self._record(step, telemetry.spectra_row(R.spectrum(self.model)))
 
     def _measure(self) -> dict:
-        return telemetry.measure(self.model, self.task, self.penalty.regularized_heads, self.cfg.measure_samples,
-                                 self.cfg.seed)
+        return telemetry.measure(
+            self.model, self.task, self.penalty.regularized_heads, self.cfg.measure_samples, self.cfg.seed
+        )
 
     def _run_safely(self) -> None:
         self._t0 = time.perf_counter()
@@ -345,8 +404,9 @@ class TrainingJob:
         """Between steps: wait while paused (pauses do not count as training time); a stop ends the run."""
         if not self._go.is_set():
             self.trainer.sync()  # the steps run so far are shown while paused
-            self._publish(status="paused", message=f"paused at step {self.trainer.step_index}",
-                          train_s=self._state["train_s"])
+            self._publish(
+                status="paused", message=f"paused at step {self.trainer.step_index}", train_s=self._state["train_s"]
+            )
             paused_at = time.perf_counter()
             self._go.wait()
             self._t_loop += time.perf_counter() - paused_at
@@ -397,11 +457,21 @@ class TrainingJob:
         regs = ", ".join(self.cfg.to_dict()["regularizers"]) or "no regularizer"
         alpha = f", entmax alpha {self.cfg.entmax_alpha:g}" if self.cfg.entmax_alpha is not None else ""
         return run_card(
-            self.run_id, self.trainer, outcome, parent=self.parent, description=f"{self.parent} retrained: {regs}{alpha}",
-            before=self._state["before"], after=after, samples=self.cfg.measure_samples,
-            wall_time_s=self._state["elapsed_s"], command=self.cfg.command(),
-            regularizers=self.penalty.describe(), regularized_heads=self._head_names(),
-            entmax_alpha=self.model.cfg.entmax_alpha, job=self.cfg.to_dict())
+            self.run_id,
+            self.trainer,
+            outcome,
+            parent=self.parent,
+            description=f"{self.parent} retrained: {regs}{alpha}",
+            before=self._state["before"],
+            after=after,
+            samples=self.cfg.measure_samples,
+            wall_time_s=self._state["elapsed_s"],
+            command=self.cfg.command(),
+            regularizers=self.penalty.describe(),
+            regularized_heads=self._head_names(),
+            entmax_alpha=self.model.cfg.entmax_alpha,
+            job=self.cfg.to_dict(),
+        )
 
 
 def preview(cfg: JobConfig) -> Snapshot:

@@ -10,6 +10,7 @@ which keeps the metric log in memory and, with a run store, writes it there (at 
 (:func:`run_card`). Retraining (``TrainingJob``), the QK comparison (``qk.train_variant``) and
 growth (``grow.finetune``) all train through here. See docs/architecture.md.
 """
+
 from __future__ import annotations
 
 import math
@@ -47,8 +48,12 @@ class Outcome:
             raise ValueError(f"a run ends {', '.join(FINAL)}, not {self.status!r}")
 
 
-def record_run(trainer: Trainer, recorder: RunRecorder | None = None, on_step: OnStep | None = None,
-               interrupt: Interrupt | None = None) -> Outcome:
+def record_run(
+    trainer: Trainer,
+    recorder: RunRecorder | None = None,
+    on_step: OnStep | None = None,
+    interrupt: Interrupt | None = None,
+) -> Outcome:
     """Step ``trainer`` until ``trainer.cfg.steps``: log every step in ``recorder`` (flushed to its
     store every ``FLUSH_EVERY_S``), then call ``on_step``. Steps arrive in order once the trainer
     has read them from the device (at its sync points, see :class:`Trainer`), so with
@@ -93,8 +98,11 @@ def measure_final(trainer: Trainer, outcome: Outcome, measure: Callable[[], dict
     after = measure()
     if outcome.status == "completed" and not math.isfinite(after["loss"]):
         kept = trainer.restore_good()
-        outcome = Outcome("diverged", f"diverged after the last step: held-out loss is NaN; kept weights of step {kept}",
-                          "held-out loss is NaN")
+        outcome = Outcome(
+            "diverged",
+            f"diverged after the last step: held-out loss is NaN; kept weights of step {kept}",
+            "held-out loss is NaN",
+        )
         after = measure()
     elif outcome.status in ("completed", "stopped") and math.isfinite(after["loss"]):
         trainer.keep_current()  # the measured weights are the run's: saved and reported alike
@@ -145,37 +153,74 @@ class RunRecorder:
         steps, names, values = self.columns
         n = len(steps)
         if n > self._flushed:
-            self.store.log_metrics(self.run_id, zip(steps[self._flushed:n], names[self._flushed:n], values[self._flushed:n]))
+            self.store.log_metrics(
+                self.run_id, zip(steps[self._flushed : n], names[self._flushed : n], values[self._flushed : n])
+            )
             self._flushed = n
 
-    def finish(self, outcome: Outcome, model: Transformer | None, card: Card, before: dict | None,
-               after: dict | None) -> Outcome:
+    def finish(
+        self, outcome: Outcome, model: Transformer | None, card: Card, before: dict | None, after: dict | None
+    ) -> Outcome:
         """Write the rest of the log, save ``model`` (a CPU copy) with ``card`` and mark the run
         finished. A store that fails (disk full, permissions) makes the outcome ``failed``."""
         if self.store is None or self.run_id is None:
             return outcome
         try:
             self.flush(force=True)
-            self.store.finish(self.run_id, outcome.status, model, card, message=outcome.message,
-                              summary={"before": public(before), "after": public(after)})
+            self.store.finish(
+                self.run_id,
+                outcome.status,
+                model,
+                card,
+                message=outcome.message,
+                summary={"before": public(before), "after": public(after)},
+            )
         except Exception as e:
             return Outcome("failed", f"{outcome.message}; saving the run failed: {type(e).__name__}: {e}")
         return outcome
 
 
-def run_card(run_id: str | None, trainer: Trainer, outcome: Outcome, *, parent: str, description: str,
-             before: dict | None, after: dict | None, samples: int, wall_time_s: float, command: str,
-             **details) -> Card:
+def run_card(
+    run_id: str | None,
+    trainer: Trainer,
+    outcome: Outcome,
+    *,
+    parent: str,
+    description: str,
+    before: dict | None,
+    after: dict | None,
+    samples: int,
+    wall_time_s: float,
+    command: str,
+    **details,
+) -> Card:
     """The card of a recorded run: what it started from, its recipe (the trainer's), how it ended,
     its held-out ``after`` measurement on ``samples`` test sequences as ``metrics``, the public
     before/after keys and per-head detail; ``details`` are the kind's own sections (a retrain's
     ``regularizers`` and ``job``, a comparison's ``variant`` ...)."""
     before, after = before or {}, after or {}
     return Card(
-        name=f"{RUN_PREFIX}{run_id}", task=trainer.task.name, parent=parent, description=description,
+        name=f"{RUN_PREFIX}{run_id}",
+        task=trainer.task.name,
+        parent=parent,
+        description=description,
         metrics={**public(after), "eval_samples": samples, "split": "test"},
-        seed=trainer.cfg.seed, steps=trainer.step_index, train=trainer.cfg.to_dict(), run_id=run_id,
-        status=outcome.status, message=outcome.message, wall_time_s=round(wall_time_s, 2), device=str(trainer.device),
-        machine=machine(), params=trainer.model.n_params(), command=command, created=now(),
-        details={**details, "before": public(before), "after": public(after),
-                 "per_head": {"before": before.get("per_head"), "after": after.get("per_head")}})
+        seed=trainer.cfg.seed,
+        steps=trainer.step_index,
+        train=trainer.cfg.to_dict(),
+        run_id=run_id,
+        status=outcome.status,
+        message=outcome.message,
+        wall_time_s=round(wall_time_s, 2),
+        device=str(trainer.device),
+        machine=machine(),
+        params=trainer.model.n_params(),
+        command=command,
+        created=now(),
+        details={
+            **details,
+            "before": public(before),
+            "after": public(after),
+            "per_head": {"before": before.get("per_head"), "after": after.get("per_head")},
+        },
+    )

@@ -10,6 +10,7 @@ such names: ``str(MetricKey("sigma", 0, 1, 3)) == "sigma:L0H1:3"`` and
 card through ``card.public``); :func:`telemetry_row` and :func:`spectra_row` are the per-head rows a
 live job logs while it trains (the list of names is below).
 """
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,17 @@ from attn_core.tasks import Task
 from attn_core.training.trainer import evaluate
 from attn_core.validate import is_int
 
-__all__ = ["MEASURE_KEYS", "STEP_KEYS", "TERM_PREFIX", "MetricKey", "measure", "spectra_row", "step_row",
-           "telemetry_row", "term_name"]
+__all__ = [
+    "MEASURE_KEYS",
+    "STEP_KEYS",
+    "TERM_PREFIX",
+    "MetricKey",
+    "measure",
+    "spectra_row",
+    "step_row",
+    "telemetry_row",
+    "term_name",
+]
 
 _METRIC = re.compile(r"^[a-z_0-9]+$")
 _INT = r"(?:0|[1-9]\d*)"  # no leading zeros: one name per key
@@ -46,8 +56,9 @@ class MetricKey:
 
     def __post_init__(self) -> None:
         if (self.layer is None) != (self.head is None) or (self.index is not None and self.head is None):
-            raise ValueError(f"a metric key names a layer and a head together (and an index only with them), "
-                             f"got {self!r}")
+            raise ValueError(
+                f"a metric key names a layer and a head together (and an index only with them), got {self!r}"
+            )
         if not (isinstance(self.metric, str) and _METRIC.match(self.metric)):
             raise ValueError(f"a metric is named with lower-case letters, digits and _, got {self.metric!r}")
         for part in (self.layer, self.head, self.index):
@@ -140,17 +151,30 @@ def measure(model: Transformer, task: Task, heads=None, samples: int = 512, seed
     data = R.data_concentration(model, cache, heads)
     vocab = R.vocab_concentration(model, heads)
     spec = R.spectrum(model)
-    per_head = [{"head": R.head_label(l, h), "layer": l, "index": h,
-                 "entropy_data": float(data["entropy"][l, h]), "top1_data": float(data["top1"][l, h]),
-                 "entropy_vocab": float(vocab["entropy"][l, h]), "top1_vocab": float(vocab["top1"][l, h]),
-                 "stable_rank": float(spec["stable_rank"][l, h]),
-                 "singular_values": spec["singular_values"][l, h].tolist()} for l, h in heads]
-    return {"accuracy": ev["accuracy"], "loss": ev["loss"],
-            "entropy_data": _mean([r["entropy_data"] for r in per_head]),
-            "entropy_vocab": _mean([r["entropy_vocab"] for r in per_head]),
-            "top1_mass": _mean([r["top1_data"] for r in per_head]),
-            "stable_rank": _mean([r["stable_rank"] for r in per_head]),
-            "samples": samples, "per_head": per_head}
+    per_head = [
+        {
+            "head": R.head_label(l, h),
+            "layer": l,
+            "index": h,
+            "entropy_data": float(data["entropy"][l, h]),
+            "top1_data": float(data["top1"][l, h]),
+            "entropy_vocab": float(vocab["entropy"][l, h]),
+            "top1_vocab": float(vocab["top1"][l, h]),
+            "stable_rank": float(spec["stable_rank"][l, h]),
+            "singular_values": spec["singular_values"][l, h].tolist(),
+        }
+        for l, h in heads
+    ]
+    return {
+        "accuracy": ev["accuracy"],
+        "loss": ev["loss"],
+        "entropy_data": _mean([r["entropy_data"] for r in per_head]),
+        "entropy_vocab": _mean([r["entropy_vocab"] for r in per_head]),
+        "top1_mass": _mean([r["top1_data"] for r in per_head]),
+        "stable_rank": _mean([r["stable_rank"] for r in per_head]),
+        "samples": samples,
+        "per_head": per_head,
+    }
 
 
 @torch.no_grad()

@@ -11,6 +11,7 @@ It knows the model and the task only: presets, the run store and the live job bu
 docs/architecture.md). The step loop that ends a run on divergence and records it is
 :func:`attn_core.training.record.record_run`.
 """
+
 from __future__ import annotations
 
 import math
@@ -81,8 +82,10 @@ class TrainConfig:
         ok(count(self.batch_size) and self.batch_size <= 65536, f"batch_size must be 1..65536, got {self.batch_size!r}")
         ok(is_number(self.lr) and 0 < self.lr <= 10, f"lr must be in (0, 10], got {self.lr!r}")
         ok(is_number(self.weight_decay) and self.weight_decay >= 0, "weight_decay must be >= 0")
-        ok(is_number(self.beta1) and is_number(self.beta2) and 0 <= self.beta1 < 1 and 0 <= self.beta2 < 1,
-           "betas must be in [0, 1)")
+        ok(
+            is_number(self.beta1) and is_number(self.beta2) and 0 <= self.beta1 < 1 and 0 <= self.beta2 < 1,
+            "betas must be in [0, 1)",
+        )
         ok(count(self.warmup_steps, 0), "warmup_steps must be >= 0")
         ok(is_number(self.min_lr_ratio) and 0 <= self.min_lr_ratio <= 1, "min_lr_ratio must be in [0, 1]")
         ok(is_number(self.grad_clip) and self.grad_clip > 0, "grad_clip must be positive")
@@ -161,8 +164,15 @@ def make_optimizer(model: Transformer, cfg: TrainConfig) -> torch.optim.AdamW:
 
 
 @torch.no_grad()
-def evaluate(model: Transformer, task: Task, samples: int = 512, seed: int = 0,
-             split: str = "test", device: torch.device | None = None, cache: dict | None = None) -> dict:
+def evaluate(
+    model: Transformer,
+    task: Task,
+    samples: int = 512,
+    seed: int = 0,
+    split: str = "test",
+    device: torch.device | None = None,
+    cache: dict | None = None,
+) -> dict:
     """Accuracy and loss on ``samples`` held-out sequences drawn with their own seed; pass a
     dict as ``cache`` to keep the forward's attention (``Transformer.forward``)."""
     device = device or next(model.parameters()).device
@@ -194,12 +204,21 @@ class Trainer:
     gradient) are copied, on the device, into ``good_state`` (``good_step`` updates applied);
     :meth:`restore_good` puts them back."""
 
-    def __init__(self, model: Transformer, task: Task, cfg: TrainConfig,
-                 callbacks: Iterable[Callback] = (), penalty: Penalty | None = None,
-                 max_loss: float | None = None, sync_at: Callable[[int], bool] | None = None):
+    def __init__(
+        self,
+        model: Transformer,
+        task: Task,
+        cfg: TrainConfig,
+        callbacks: Iterable[Callback] = (),
+        penalty: Penalty | None = None,
+        max_loss: float | None = None,
+        sync_at: Callable[[int], bool] | None = None,
+    ):
         if model.cfg.d_vocab != task.d_vocab or model.cfg.n_ctx < task.n_ctx:
-            raise ValueError(f"model (d_vocab={model.cfg.d_vocab}, n_ctx={model.cfg.n_ctx}) does not fit task "
-                             f"{task.name!r} (d_vocab={task.d_vocab}, n_ctx={task.n_ctx})")
+            raise ValueError(
+                f"model (d_vocab={model.cfg.d_vocab}, n_ctx={model.cfg.n_ctx}) does not fit task "
+                f"{task.name!r} (d_vocab={task.d_vocab}, n_ctx={task.n_ctx})"
+            )
         self.cfg, self.task, self.penalty = cfg, task, penalty
         self.device = select_device(cfg.device)
         self.model = model.to(self.device).train()
@@ -229,8 +248,9 @@ class Trainer:
         cpu = self.task.sample(self.cfg.batch_size, self.data)
         index = cpu.mask.flatten().nonzero().squeeze(1)
         if self.device.type == "cuda":  # pinned + non-blocking: a pageable copy waits for the stream
-            tokens, targets, mask, index = (t.pin_memory().to(self.device, non_blocking=True)
-                                            for t in (cpu.tokens, cpu.targets, cpu.mask, index))
+            tokens, targets, mask, index = (
+                t.pin_memory().to(self.device, non_blocking=True) for t in (cpu.tokens, cpu.targets, cpu.mask, index)
+            )
         else:
             tokens, targets, mask = cpu.tokens, cpu.targets, cpu.mask
         return Batch(tokens, targets, mask), Batch(tokens, targets.flatten(), index)
@@ -256,12 +276,18 @@ class Trainer:
         torch._foreach_mul_(grads, (self.cfg.grad_clip / (total + 1e-6)).clamp(max=1.0))
         with torch.no_grad():
             right = logits.argmax(-1)[scored.mask] == scored.targets[scored.mask]
-            values = torch.stack([loss.float(), task_loss.float(), right.float().mean(), total.float(),
-                                  *(t.float() for t in terms.values())]).detach()
+            values = torch.stack(
+                [
+                    loss.float(),
+                    task_loss.float(),
+                    right.float().mean(),
+                    total.float(),
+                    *(t.float() for t in terms.values()),
+                ]
+            ).detach()
         step = self.step_index + 1
         evaluating = step % self.cfg.eval_every == 0 or step == self.cfg.steps
-        sync = (evaluating or step % self.sync_every == 0
-                or (self.sync_at is not None and self.sync_at(step)))
+        sync = evaluating or step % self.sync_every == 0 or (self.sync_at is not None and self.sync_at(step))
         self._pending.append((step, math.nan, tuple(terms), values))
         rows: list[dict] = []
         if sync:
@@ -324,8 +350,10 @@ class Trainer:
                 bad = next((n for n, t in zip(names, terms) if not math.isfinite(t)), None)
                 reason = f"loss is {loss}" + (f" (term {bad!r})" if bad else "")
             elif task_loss > self.max_loss:
-                reason = (f"task loss {task_loss:.4g} exceeds {self.max_loss:.3g} "
-                          f"({DIVERGENCE_FACTOR:g} x the loss of a uniform guess)")
+                reason = (
+                    f"task loss {task_loss:.4g} exceeds {self.max_loss:.3g} "
+                    f"({DIVERGENCE_FACTOR:g} x the loss of a uniform guess)"
+                )
             elif not math.isfinite(grad_norm):
                 reason = f"gradient norm is {grad_norm}"
             if reason is not None:
@@ -334,8 +362,17 @@ class Trainer:
                 self._time(rows, 0.0)
                 self._deliver(rows)
                 raise Diverged(step, reason)
-            rows.append({"step": step, "loss": loss, "task_loss": task_loss, "accuracy": accuracy,
-                         "grad_norm": grad_norm, "lr": lr, **dict(zip(names, terms))})
+            rows.append(
+                {
+                    "step": step,
+                    "loss": loss,
+                    "task_loss": task_loss,
+                    "accuracy": accuracy,
+                    "grad_norm": grad_norm,
+                    "lr": lr,
+                    **dict(zip(names, terms)),
+                }
+            )
         return rows
 
     def _deliver(self, rows: list[dict]) -> None:
@@ -383,8 +420,14 @@ class Trainer:
             return {n: t.detach().to("cpu", copy=True) for n, t in zip(names, self.good_state)}
 
 
-def train(model: Transformer, task: Task, cfg: TrainConfig, callbacks: Iterable[Callback] = (),
-          penalty: Penalty | None = None, progress: bool = False) -> tuple[Transformer, dict]:
+def train(
+    model: Transformer,
+    task: Task,
+    cfg: TrainConfig,
+    callbacks: Iterable[Callback] = (),
+    penalty: Penalty | None = None,
+    progress: bool = False,
+) -> tuple[Transformer, dict]:
     trainer = Trainer(model, task, cfg, callbacks, penalty)
     start = time.perf_counter()
     last = trainer.run(progress=progress)

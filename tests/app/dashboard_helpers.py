@@ -1,5 +1,6 @@
 """Reading the dashboard in AppTest: a chart's plotly JSON by its ui.show_plot key, and plotly's
 data arrays (lists or base64 typed arrays) as tensors."""
+
 import base64
 import json
 import math

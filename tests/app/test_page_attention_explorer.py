@@ -1,5 +1,6 @@
 """AppTest of pages/7_Attention_explorer.py: seed 003's cases on screen, bad settings as
 st.error, every figure exportable."""
+
 import io
 import json
 import zipfile
@@ -32,8 +33,12 @@ def page():
 
 def test_default_page_shows_the_one_head_swing_and_the_two_head_fix(page):
     assert not page.exception and not page.error
-    assert [h.value for h in page.header] == ["Attention weights", "The output c", "α_a over the samples",
-                                              "One head vs two"]
+    assert [h.value for h in page.header] == [
+        "Attention weights",
+        "The output c",
+        "α_a over the samples",
+        "One head vs two",
+    ]
     assert len(page.get("plotly_chart")) == len(FIGURES)
     assert len(page.download_button) == 4 * len(FIGURES) + 1  # PNG/SVG/HTML/CSV each + the zip
     assert len(page.latex) >= 5
@@ -73,11 +78,14 @@ def test_small_isotropic_noise_keeps_the_average(page):
     assert float(_metric(page, "std of α_a").value) < 0.05
 
 
-@pytest.mark.parametrize("means_kind, message", [
-    ("standard basis", "d >= n"),
-    ("random orthonormal", "d >= n"),
-    ("custom", "non-zero"),  # the starting table eye(n, d) has zero rows when d < n
-])
+@pytest.mark.parametrize(
+    "means_kind, message",
+    [
+        ("standard basis", "d >= n"),
+        ("random orthonormal", "d >= n"),
+        ("custom", "non-zero"),  # the starting table eye(n, d) has zero rows when d < n
+    ],
+)
 def test_bad_settings_show_an_error_not_a_crash(page, means_kind, message):
     _widget(page.radio, "Means μ_i").set_value(means_kind)
     _widget(page.number_input, "n (keys)").set_value(6)
@@ -112,7 +120,7 @@ def test_export_all_gets_every_figure_and_the_settings(monkeypatch):
     at = AppTest.from_file(PAGE, default_timeout=60)
     at.run()
     assert not at.exception
-    (plots, manifest, key), = calls
+    ((plots, manifest, key),) = calls
     assert [p.name for p in plots] == FIGURES and key == "attention_explorer"
     blob = bundle_zip(plots, manifest, formats=("csv",))
     with zipfile.ZipFile(io.BytesIO(blob)) as zf:

@@ -1,6 +1,7 @@
 """AppTest of pages/9_Circuits.py: it renders on a factored and a merged model; the copying
 scores it shows are the library's; the layer/head picker moves the full OV circuit; a big
 vocabulary is capped with a note; every figure can be exported."""
+
 import io
 import json
 import zipfile
@@ -29,12 +30,20 @@ def test_renders_and_shows_the_librarys_copying_scores(model):
     loaded = resolve(model)
     table = at.dataframe[0].value
     expected = circuits.copying_scores(loaded.model)  # [L, H]
-    shown = torch.tensor([[float(table[(table["label"] == f"L{l}H{h}")]["copying_score"].iloc[0])
-                           for h in range(loaded.config.n_heads)] for l in range(loaded.config.n_layers)])
+    shown = torch.tensor(
+        [
+            [
+                float(table[(table["label"] == f"L{l}H{h}")]["copying_score"].iloc[0])
+                for h in range(loaded.config.n_heads)
+            ]
+            for l in range(loaded.config.n_layers)
+        ]
+    )
     torch.testing.assert_close(shown, expected.float(), atol=1e-6, rtol=0)
     qk = circuits.qk_positivities(loaded.model)
-    torch.testing.assert_close(torch.tensor(table["qk_positivity"].to_numpy()).float(), qk.flatten().float(),
-                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor(table["qk_positivity"].to_numpy()).float(), qk.flatten().float(), atol=1e-6, rtol=0
+    )
     # the scatter puts each head at (QK positivity, copying score)
     points = {t["name"]: t for t in chart(at, "positivity")["data"] if t["name"].startswith("layer")}
     torch.testing.assert_close(values(points["layer 1"]["x"]), qk[1].float(), atol=1e-6, rtol=0)
@@ -71,18 +80,25 @@ def test_a_big_vocabulary_is_capped_with_a_note_and_one_layer_has_no_composition
     assert z.shape == (64, 64)
     assert any("300 tokens" in c.value and "first 64" in c.value for c in at.caption)
     assert any("no composition" in i.value for i in at.info)
-    torch.testing.assert_close(z, circuits.full_ov_circuit(resolve("wide-vocab").model, 0, 0, list(range(64))),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        z, circuits.full_ov_circuit(resolve("wide-vocab").model, 0, 0, list(range(64))), atol=1e-5, rtol=1e-5
+    )
 
 
 def test_export_all_gets_every_figure(monkeypatch):
     calls = []
     monkeypatch.setattr(ui, "export_all", lambda plots, manifest, key: calls.append((plots, manifest, key)))
     open_page(PAGE, "induction-2l")
-    (plots, manifest, key), = calls
+    ((plots, manifest, key),) = calls
     assert key == "circuits"
-    assert [p.name for p in plots] == ["ov_spectrum", "composition", "composition_corrected", "head_graph",
-                                       "positivity", "ov_circuit_L0H0"]
+    assert [p.name for p in plots] == [
+        "ov_spectrum",
+        "composition",
+        "composition_corrected",
+        "head_graph",
+        "positivity",
+        "ov_circuit_L0H0",
+    ]
     blob = bundle_zip(plots, manifest, formats=("csv",))
     with zipfile.ZipFile(io.BytesIO(blob)) as zf:
         saved = json.loads(zf.read("manifest.json"))

@@ -1,5 +1,6 @@
 """AppTest of pages/5_Grow_d_k.py: grow a head of a small model from the page, see the spectrum,
 predicted vs measured decrease, the three methods and the heatmaps; bad models are refused."""
+
 import io
 import json
 import zipfile
@@ -53,8 +54,12 @@ def test_grow_from_the_page(models):
     widget(at.button, "Grow").click()
     at.run()
     assert not at.exception and not at.error, [e.value for e in at.error]
-    assert [h.value for h in at.header] == ["Why these directions", "Step size: predicted vs measured",
-                                            "Against random and zero growth", "The head before and after"]
+    assert [h.value for h in at.header] == [
+        "Why these directions",
+        "Step size: predicted vs measured",
+        "Against random and zero growth",
+        "The head before and after",
+    ]
     assert len(at.get("plotly_chart")) == FIGURES
     assert len(at.download_button) == 4 * FIGURES + 2  # every format of every figure, the zip, the model
     assert widget(at.metric, "d_k").value == "1 → 4"
@@ -80,9 +85,15 @@ def test_the_page_figures_bundle_into_one_zip(models):
     res = grow.grow(loaded.model, loaded.task, grow.GrowConfig(add=2, batch=6, steps=3))
     tokens = bilinear.sample_tokens(loaded, 0)
     after = LoadedModel("grown", res.models["grown"], res.models["grown"].cfg, loaded.card)
-    plots = [fg.spectrum_plot(res), fg.decrease_plot(res), fg.curves_plot(res), fg.summary_plot(res),
-             *fg.heatmap_pair(bilinear.sequence_view(loaded, tokens, 0, [0]),
-                              bilinear.sequence_view(after, tokens, 0, [0]), 0)]
+    plots = [
+        fg.spectrum_plot(res),
+        fg.decrease_plot(res),
+        fg.curves_plot(res),
+        fg.summary_plot(res),
+        *fg.heatmap_pair(
+            bilinear.sequence_view(loaded, tokens, 0, [0]), bilinear.sequence_view(after, tokens, 0, [0]), 0
+        ),
+    ]
     assert len({p.name for p in plots}) == len(plots)
     spectrum, decrease, curves, summary = (p.data for p in plots[:4])
     assert spectrum["kept"].sum() == min(res.kept, len(spectrum)) and spectrum["singular_value"].is_monotonic_decreasing

@@ -1,6 +1,7 @@
 """AppTest of pages/1_Heatmaps.py: the heatmaps show the model's own scores and pattern for the
 chosen layer, head, input and query; the per-query metrics are those of that row; bad input and
 bad URL values fall back with a message; choices survive a page switch; the zip has every figure."""
+
 import io
 import json
 import zipfile
@@ -83,12 +84,12 @@ def test_heatmaps_follow_layer_head_and_query(page):
     row = A[9, :10]
     assert metric(page, "visible keys") == 10
     assert metric(page, "entropy") == pytest.approx(float(-(row * row.log()).sum()), abs=1e-3)
-    assert metric(page, "participation ratio") == pytest.approx(float(1 / (row ** 2).sum()), abs=1e-3)
+    assert metric(page, "participation ratio") == pytest.approx(float(1 / (row**2).sum()), abs=1e-3)
     assert metric(page, "topk mass (k=1)") == pytest.approx(float(row.max()), abs=1e-3)
     table = page.dataframe[0].value
     assert set(table["head"]) == {2}
     # the head's mean is over the rows that see >= 2 keys: positions 1..T-1
-    entropies = [float(-(A[i, :i + 1] * A[i, :i + 1].clamp_min(1e-30).log()).sum()) for i in range(1, len(A))]
+    entropies = [float(-(A[i, : i + 1] * A[i, : i + 1].clamp_min(1e-30).log()).sum()) for i in range(1, len(A))]
     mean = table.set_index("metric").loc["entropy", "mean"]
     assert mean == pytest.approx(sum(entropies) / len(entropies), abs=1e-4)
 
@@ -175,10 +176,16 @@ def test_export_all_gets_every_figure_and_the_settings(monkeypatch):
     at.query_params["model"] = MODEL
     at.run()
     assert not at.exception
-    (plots, manifest, key), = calls
+    ((plots, manifest, key),) = calls
     assert key == "heatmaps"
-    assert [p.name for p in plots] == ["sequence_scores_L0H0", "sequence_pattern_L0H0", "query_sequence_L0H0_q23",
-                                       "concentration", "vocabulary_scores_L0H0", "positional_scores_L0H0"]
+    assert [p.name for p in plots] == [
+        "sequence_scores_L0H0",
+        "sequence_pattern_L0H0",
+        "query_sequence_L0H0_q23",
+        "concentration",
+        "vocabulary_scores_L0H0",
+        "positional_scores_L0H0",
+    ]
     blob = bundle_zip(plots, manifest, formats=("csv",))
     with zipfile.ZipFile(io.BytesIO(blob)) as zf:
         saved = json.loads(zf.read("manifest.json"))

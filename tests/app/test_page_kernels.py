@@ -1,5 +1,6 @@
 """AppTest of pages/6_Kernelized_attention.py: error curves of the chosen methods on a zoo head,
 the head's spectrum, the pattern comparison and the stored speed charts; entmax models are refused."""
+
 import json
 from pathlib import Path
 

@@ -1,6 +1,7 @@
 """pages/8_Merged_vs_factored_QK.py: the saved comparison on screen, a fresh one on demand (with
 its runs in the store), bad settings as st.error, every figure exportable; and the same page in a
 real browser."""
+
 import io
 import json
 import os
@@ -22,12 +23,35 @@ from attn_core.runs import RunStore
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = str(ROOT / "pages" / "8_Merged_vs_factored_QK.py")
-FIGURES = ["qk_curves_eval_loss", "qk_curves_eval_accuracy", "qk_final", "qk_cost", "qk_stable_rank", "qk_spectrum",
-           "qk_truncation"]
-HEADERS = ["Summary", "What the numbers say", "Learning curves", "Final loss and accuracy",
-           "Parameters and time per step", "Rank of the learned B"]
-SMALL = dict(task="induction", steps=6, seeds=2, d_qks=(1,), d_model=8, d_head=4, batch_size=8, eval_every=3,
-             eval_samples=16, measure_samples=16)
+FIGURES = [
+    "qk_curves_eval_loss",
+    "qk_curves_eval_accuracy",
+    "qk_final",
+    "qk_cost",
+    "qk_stable_rank",
+    "qk_spectrum",
+    "qk_truncation",
+]
+HEADERS = [
+    "Summary",
+    "What the numbers say",
+    "Learning curves",
+    "Final loss and accuracy",
+    "Parameters and time per step",
+    "Rank of the learned B",
+]
+SMALL = dict(
+    task="induction",
+    steps=6,
+    seeds=2,
+    d_qks=(1,),
+    d_model=8,
+    d_head=4,
+    batch_size=8,
+    eval_every=3,
+    eval_samples=16,
+    measure_samples=16,
+)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -72,8 +96,10 @@ def test_saved_comparison_is_shown_instantly(page_with, saved):
     assert len(at.latex) >= 2  # the two parametrisations and the nuclear-norm identity
 
 
-@pytest.mark.parametrize("content, message", [(None, "no saved comparison"), ("{", "not valid JSON"),
-                                              ('{"config": {}, "runs": 3}', "not a saved comparison")])
+@pytest.mark.parametrize(
+    "content, message",
+    [(None, "no saved comparison"), ("{", "not valid JSON"), ('{"config": {}, "runs": 3}', "not a saved comparison")],
+)
 def test_missing_or_broken_saved_file_is_a_message(page_with, tmp_path, content, message):
     path = tmp_path / "c.json"
     if content is not None:
@@ -108,10 +134,13 @@ def test_fresh_comparison_trains_and_saves_runs(page_with, tmp_path):
     assert not at.exception and len(at.get("plotly_chart")) == len(FIGURES)
 
 
-@pytest.mark.parametrize("widget, value, message", [
-    ("qk_d_qks", [64], r"outside 1..32"),
-    ("qk_kinds", [], "no variant"),
-])
+@pytest.mark.parametrize(
+    "widget, value, message",
+    [
+        ("qk_d_qks", [64], r"outside 1..32"),
+        ("qk_kinds", [], "no variant"),
+    ],
+)
 def test_bad_fresh_settings_show_an_error(page_with, tmp_path, widget, value, message):
     at = _fresh(page_with(tmp_path / "none.json"))
     if widget == "qk_kinds":
@@ -128,7 +157,7 @@ def test_export_all_gets_every_figure_and_the_settings(page_with, saved, monkeyp
     monkeypatch.setattr(ui, "export_all", lambda plots, manifest, key: calls.append((plots, manifest, key)))
     at = page_with(saved)
     assert not at.exception
-    (plots, manifest, key), = calls
+    ((plots, manifest, key),) = calls
     assert [p.name for p in plots] == FIGURES and key == "merged_vs_factored_qk"
     blob = bundle_zip(plots, manifest, formats=("csv",))
     with zipfile.ZipFile(io.BytesIO(blob)) as zf:
@@ -143,13 +172,21 @@ def test_export_all_gets_every_figure_and_the_settings(page_with, saved, monkeyp
 def test_the_shipped_results_are_a_full_comparison():
     result = Q.Comparison.load(Q.results_path())
     names = [r["name"] for r in result.summary()]
-    assert names == ["factored d_qk=1", "factored d_qk=2", "factored d_qk=4", "factored d_qk=16", "merged",
-                     "merged + wd", "merged + nuclear"]
+    assert names == [
+        "factored d_qk=1",
+        "factored d_qk=2",
+        "factored d_qk=4",
+        "factored d_qk=16",
+        "merged",
+        "merged + wd",
+        "merged + nuclear",
+    ]
     assert result.config.seeds >= 3 and all(r["seeds"] == result.config.seeds for r in result.summary())
     assert Q.results_path().with_suffix(".md").read_text() == result.markdown()
 
 
 # --- in a real browser --------------------------------------------------------------------------------
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -164,9 +201,22 @@ def test_page_renders_in_chromium(tmp_path):
         pytest.skip("needs Debian's chromium at /usr/bin/chromium")
     port = _free_port()
     env = {**os.environ, "ATTN_LAB_RUNS": str(tmp_path / "runs")}
-    server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.headless=true",
-                               f"--server.port={port}", "--browser.gatherUsageStats=false"],
-                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            str(ROOT / "app.py"),
+            "--server.headless=true",
+            f"--server.port={port}",
+            "--browser.gatherUsageStats=false",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         with playwright.sync_playwright() as p:
             browser = p.chromium.launch(executable_path="/usr/bin/chromium")

@@ -1,6 +1,7 @@
 """AppTest of pages/3_Retrain.py: a short retraining runs to completion by polling and is stored
 (and listed in the sidebar); Stop stops it; a diverged run says so; a model without a task cannot
 be retrained; the live charts show the job's own log."""
+
 import time
 from pathlib import Path
 
@@ -155,8 +156,9 @@ def test_before_start_the_model_is_shown_as_it_is(page):
     spectrum = chart(page, "live_spectrum")
     shown = {t["name"]: values(t["y"]).tolist() for t in spectrum["data"]}
     n = sum(1 for k in sigma if k.startswith("sigma:L0H0:"))
-    assert [shown[f"σ{i + 1}"][0] for i in range(n)] == pytest.approx([sigma[f"sigma:L0H0:{i}"] for i in range(n)],
-                                                                     rel=1e-6)
+    assert [shown[f"σ{i + 1}"][0] for i in range(n)] == pytest.approx(
+        [sigma[f"sigma:L0H0:{i}"] for i in range(n)], rel=1e-6
+    )
     assert shown["stable rank"] == pytest.approx([sigma["stable_rank:L0H0"]], rel=1e-6)
     assert "step 0" in chart(page, "live_pattern")["layout"]["title"]["text"]
     assert not page.download_button  # downloads come with a finished run

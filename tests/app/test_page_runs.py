@@ -1,6 +1,7 @@
 """AppTest of pages/4_Runs.py: saved runs side by side with their parent: curves from the run
 store, spectra before/after from the cards, heatmaps of each model's own scores; an empty store
 says what to do."""
+
 from pathlib import Path
 
 import pytest
@@ -23,8 +24,15 @@ def store_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("runs")
     store = runs.RunStore(root)
     for regs in ({"entropy": 0.5}, {"spectral": 0.1}):
-        cfg = JobConfig(source=MODEL, regularizers=regs, steps=4, eval_samples=32, measure_samples=64,
-                              telemetry_every=2, spectrum_every=2)
+        cfg = JobConfig(
+            source=MODEL,
+            regularizers=regs,
+            steps=4,
+            eval_samples=32,
+            measure_samples=64,
+            telemetry_every=2,
+            spectrum_every=2,
+        )
         assert TrainingJob(cfg, store=store).run()["status"] == "completed"
     return root
 
@@ -59,7 +67,10 @@ def test_runs_side_by_side_with_the_parent(page, store_root):
     assert {t["name"] for t in trade["data"]} == set(ids)
     # heatmaps: the parent, then each run, every one the model's own pattern on the same sample
     assert [c.value for c in page.main.caption if c.value.startswith("**")][-3:] == [
-        f"**{MODEL}** (parent)", f"**run:{ids[0]}**", f"**run:{ids[1]}**"]
+        f"**{MODEL}** (parent)",
+        f"**run:{ids[0]}**",
+        f"**run:{ids[1]}**",
+    ]
     tokens = bilinear.sample_tokens(resolve(MODEL), 0)
     for i, name in enumerate([MODEL] + [f"run:{r}" for r in ids]):
         model = resolve(MODEL).model if i == 0 else runs.RunStore(store_root).load_model(name).model

@@ -1,6 +1,7 @@
 """AppTest of pages/2_Spectrum.py: singular values, eigenvalues, norms and ranks of B checked
 against a dense SVD / eigendecomposition of W_Q W_K^T / sqrt(d_head) in the test; one head or
 all; head detectors; the zip manifest."""
+
 import json
 from pathlib import Path
 
@@ -20,7 +21,7 @@ MODEL = "induction-2l"
 def dense_B(layer: int, head: int) -> torch.Tensor:
     attn = resolve(MODEL).model.blocks[layer].attn
     d_head = attn.W_Q.shape[-1]
-    return (attn.W_Q[head] @ attn.W_K[head].T).detach().double() / d_head ** 0.5
+    return (attn.W_Q[head] @ attn.W_K[head].T).detach().double() / d_head**0.5
 
 
 @pytest.fixture
@@ -34,7 +35,7 @@ def test_all_heads_match_a_dense_decomposition(page):
     assert sorted(traces) == sorted(f"L{l}H{h}" for l in range(cfg.n_layers) for h in range(cfg.n_heads))
     for l in range(cfg.n_layers):
         for h in range(cfg.n_heads):
-            sigma = torch.linalg.svdvals(dense_B(l, h))[:cfg.d_head].numpy()
+            sigma = torch.linalg.svdvals(dense_B(l, h))[: cfg.d_head].numpy()
             np.testing.assert_allclose(values(traces[f"L{l}H{h}"]["y"]).numpy(), sigma, rtol=1e-4, atol=1e-7)
     assert chart(page, "spectrum")["layout"]["yaxis"]["type"] == "log"
 
@@ -43,7 +44,7 @@ def test_all_heads_match_a_dense_decomposition(page):
     sigma = torch.linalg.svdvals(B)
     assert table.loc[(1, 2), "spectral_norm"] == pytest.approx(float(sigma[0]), rel=1e-4)
     assert table.loc[(1, 2), "nuclear_norm"] == pytest.approx(float(sigma.sum()), rel=1e-4)
-    assert table.loc[(1, 2), "stable_rank"] == pytest.approx(float((sigma ** 2).sum() / sigma[0] ** 2), rel=1e-4)
+    assert table.loc[(1, 2), "stable_rank"] == pytest.approx(float((sigma**2).sum() / sigma[0] ** 2), rel=1e-4)
     sym = torch.linalg.eigvalsh((B + B.T) / 2)
     assert table.loc[(1, 2), "lambda_max"] == pytest.approx(float(sym[-1]), rel=1e-4)
     assert table.loc[(1, 2), "lambda_min"] == pytest.approx(float(sym[0]), rel=1e-4)
@@ -61,7 +62,7 @@ def test_one_head_and_its_eigenvalues(page):
     assert [t["name"] for t in eig] == ["L1H2"]
     shown = np.sort_complex(values(eig[0]["x"]).numpy() + 1j * values(eig[0]["y"]).numpy())
     dense = torch.linalg.eigvals(dense_B(1, 2)).numpy()
-    nonzero = np.sort_complex(dense[np.argsort(-np.abs(dense))][:len(shown)])
+    nonzero = np.sort_complex(dense[np.argsort(-np.abs(dense))][: len(shown)])
     np.testing.assert_allclose(shown, nonzero, atol=1e-5)
     assert len(page.dataframe[0].value) == 1
 
@@ -91,7 +92,7 @@ def test_export_manifest(monkeypatch):
     at = AppTest.from_file(PAGE, default_timeout=90)
     at.query_params["model"] = MODEL
     at.run()
-    (plots, manifest, key), = calls
+    ((plots, manifest, key),) = calls
     assert [p.name for p in plots] == ["spectrum", "eigenvalues", "eigenvalues_sym", "heads"] and key == "spectrum"
     assert manifest["model"] == MODEL and manifest["heads"] == "all"
     assert len(manifest["norms_and_ranks"]) == 8

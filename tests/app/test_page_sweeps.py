@@ -2,6 +2,7 @@
 table and Pareto scatter (colour = regularizer, hover = run id) and opens a trial as the model of
 every page; the form launches a sweep on a local Ray (2 CPUs) in a background thread and the page
 follows it to the end."""
+
 from pathlib import Path
 
 import pytest

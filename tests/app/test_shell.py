@@ -1,6 +1,7 @@
 """The dashboard shell: the router's navigation (labels, URLs, files), the one layer/head picker,
 the one "needs a task" guard and the one caching rule (models by source and weights mtime,
 computed results by plain inputs)."""
+
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,13 +17,36 @@ from attn_core import checkpoint, sources
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "app.py")
-LABELS = ["Home", "Heatmaps", "Spectrum", "Retrain", "Runs", "Grow d_k", "Kernelized attention",
-          "Attention explorer", "Merged vs factored QK", "Circuits", "Sweeps"]
-URLS = ["", "Heatmaps", "Spectrum", "Retrain", "Runs", "Grow_d_k", "Kernelized_attention", "Attention_explorer",
-        "Merged_vs_factored_QK", "Circuits", "Sweeps"]  # the URLs of the legacy pages/ discovery: old links keep working
+LABELS = [
+    "Home",
+    "Heatmaps",
+    "Spectrum",
+    "Retrain",
+    "Runs",
+    "Grow d_k",
+    "Kernelized attention",
+    "Attention explorer",
+    "Merged vs factored QK",
+    "Circuits",
+    "Sweeps",
+]
+URLS = [
+    "",
+    "Heatmaps",
+    "Spectrum",
+    "Retrain",
+    "Runs",
+    "Grow_d_k",
+    "Kernelized_attention",
+    "Attention_explorer",
+    "Merged_vs_factored_QK",
+    "Circuits",
+    "Sweeps",
+]  # the URLs of the legacy pages/ discovery: old links keep working
 
 
 # --- navigation ------------------------------------------------------------------------------------
+
 
 def test_the_router_reads_home_to_merged_vs_factored_qk(monkeypatch):
     shown = []
@@ -69,6 +93,7 @@ def test_every_page_is_reached_through_the_router():
 
 # --- the layer/head picker -----------------------------------------------------------------------------
 
+
 def _picker_script():
     from types import SimpleNamespace
 
@@ -80,8 +105,13 @@ def _picker_script():
     heads = st.session_state.get("n_heads", 4)
     cfg = SimpleNamespace(n_layers=2, n_heads=heads)
     left, right = st.columns(2)
-    layer, head = ui.layer_head_picker(cfg, (left, right), all_heads=st.session_state.get("all_heads", False),
-                                       url=st.session_state.get("url", True), head_help=": a note")
+    layer, head = ui.layer_head_picker(
+        cfg,
+        (left, right),
+        all_heads=st.session_state.get("all_heads", False),
+        url=st.session_state.get("url", True),
+        head_help=": a note",
+    )
     st.write(f"layer={layer} head={head}")
 
 
@@ -124,9 +154,11 @@ def test_the_picker_follows_the_url_unless_told_not_to():
 
 # --- the task guard ----------------------------------------------------------------------------------
 
-TASK_PAGES = {"3_Retrain.py": "there is nothing to retrain it on",
-              "5_Grow_d_k.py": "there is no loss to grow it on",
-              "6_Kernelized_attention.py": "there are no input sequences to run its heads on"}
+TASK_PAGES = {
+    "3_Retrain.py": "there is nothing to retrain it on",
+    "5_Grow_d_k.py": "there is no loss to grow it on",
+    "6_Kernelized_attention.py": "there are no input sequences to run its heads on",
+}
 
 
 @pytest.mark.parametrize("page, why", TASK_PAGES.items())
@@ -163,6 +195,7 @@ def test_a_model_with_a_task_passes_the_guard():
 
 
 # --- caching -------------------------------------------------------------------------------------------
+
 
 def test_a_model_is_read_again_when_its_weights_file_changes(save_model, tiny_model):
     folder = save_model("mine", seed=0)

@@ -1,6 +1,7 @@
 """ui.py: uploads validated like the zoo and kept only inside the data directory, the picker's
 entries (zoo, runs, uploads), remembered widget values and URL parameters that fall back with a
 message, and the download callables."""
+
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ def files_under(root: Path) -> set[Path]:
 
 # --- uploads -------------------------------------------------------------------------------------
 
+
 def test_an_upload_is_validated_and_kept_in_the_data_dir(tmp_path):
     before = files_under(tmp_path)
     label = ui.save_upload(model_files())
@@ -52,15 +54,18 @@ def test_a_lone_safetensors_file_carries_its_config(tmp_path):
     assert resolve(sources.upload_dir() / label.removeprefix(sources.UPLOAD_PREFIX)).config == loaded.config
 
 
-@pytest.mark.parametrize("files, message", [
-    ({"model.safetensors": b"\x80\x04\x95 pickled"}, "pickle"),
-    ({"model.safetensors": b"PK\x03\x04 torch.save zip"}, "pickle"),
-    ({"model.safetensors": b"\x10\x00\x00\x00\x00\x00\x00\x00{not json"}, "safetensors"),
-    ({"a.safetensors": b"x" * 16, "b.safetensors": b"x" * 16}, "exactly one"),
-    ({"config.json": b"{}"}, "exactly one"),
-    ({"model.safetensors": b"x" * 16, "notes.json": b"{}"}, "unexpected file"),
-    ({"model.safetensors": b"x" * 16, "config.json": b"[1, 2"}, "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "files, message",
+    [
+        ({"model.safetensors": b"\x80\x04\x95 pickled"}, "pickle"),
+        ({"model.safetensors": b"PK\x03\x04 torch.save zip"}, "pickle"),
+        ({"model.safetensors": b"\x10\x00\x00\x00\x00\x00\x00\x00{not json"}, "safetensors"),
+        ({"a.safetensors": b"x" * 16, "b.safetensors": b"x" * 16}, "exactly one"),
+        ({"config.json": b"{}"}, "exactly one"),
+        ({"model.safetensors": b"x" * 16, "notes.json": b"{}"}, "unexpected file"),
+        ({"model.safetensors": b"x" * 16, "config.json": b"[1, 2"}, "not valid JSON"),
+    ],
+)
 def test_bad_uploads_are_refused_and_write_nothing(tmp_path, files, message):
     before = files_under(tmp_path)
     with pytest.raises(checkpoint.CheckpointError, match=message):
@@ -83,7 +88,9 @@ def test_a_path_in_the_file_name_stays_inside_the_data_dir(tmp_path):
     assert (sources.upload_dir() / label.removeprefix(sources.UPLOAD_PREFIX)).is_dir()
     assert not (tmp_path / "evil").exists()
     odd = ui.save_upload({"..%2F..%2Fx.safetensors": model_files()[checkpoint.WEIGHTS]})
-    assert "/" not in odd and ".." not in odd and (sources.upload_dir() / odd.removeprefix(sources.UPLOAD_PREFIX)).is_dir()
+    assert (
+        "/" not in odd and ".." not in odd and (sources.upload_dir() / odd.removeprefix(sources.UPLOAD_PREFIX)).is_dir()
+    )
 
 
 def test_upload_widget_selects_the_new_model_and_reports_errors():
@@ -102,6 +109,7 @@ def test_upload_widget_selects_the_new_model_and_reports_errors():
 
 
 # --- the picker ------------------------------------------------------------------------------------
+
 
 def test_picker_lists_zoo_runs_and_uploads_and_follows_the_url():
     cfg = JobConfig(source=MODEL, regularizers={"entropy": 0.1}, steps=2, eval_samples=16, measure_samples=32)
@@ -126,6 +134,7 @@ def test_a_run_without_weights_is_not_offered():
 
 
 # --- remembered values and URL parameters ----------------------------------------------------------------
+
 
 def _remember_script():
     import streamlit as st
@@ -183,6 +192,7 @@ def test_a_remembered_value_that_is_no_longer_valid_goes_back_to_the_default():
 
 # --- downloads ---------------------------------------------------------------------------------------
 
+
 def test_download_callables_make_the_file_or_say_why_not(monkeypatch):
     import pandas as pd
     import plotly.graph_objects as go
@@ -199,6 +209,7 @@ def test_download_callables_make_the_file_or_say_why_not(monkeypatch):
 
 
 # --- every zoo model on every model page -----------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", [m["name"] for m in zoo.list_models()])
 def test_every_zoo_model_draws_on_every_page(name):

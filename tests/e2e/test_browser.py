@@ -5,6 +5,7 @@ tests/artifacts/, read the sidebar's navigation, move the query slider, change t
 exports.
 
 One server and one browser serve the whole module; the data directory is a temporary folder."""
+
 import io
 import json
 import re
@@ -33,8 +34,10 @@ ARTIFACTS = ROOT / "tests" / "artifacts"
 PAGES = {Path(p.file).stem: p.url_path for p in navigation.PAGES}  # screenshot name -> URL path
 DARK = ["1_Heatmaps", "2_Spectrum", "4_Runs"]  # the figure-heavy pages, in the dark theme too
 
-pytestmark = [pytest.mark.browser,
-              pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is missing (apt-get install chromium)")]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is missing (apt-get install chromium)"),
+]
 
 
 def no_exception(page) -> None:
@@ -127,8 +130,9 @@ def test_dark_theme(browser, server):
         dark.goto(f"{server}/{PAGES[name]}")
         settle(dark)
         no_exception(dark)
-        background = dark.evaluate("() => getComputedStyle(document.querySelector('[data-testid=\"stApp\"]'))"
-                                   ".backgroundColor")
+        background = dark.evaluate(
+            "() => getComputedStyle(document.querySelector('[data-testid=\"stApp\"]')).backgroundColor"
+        )
         assert sum(map(int, re.findall(r"\d+", background)[:3])) < 150, background  # a dark page
         screenshot(dark, ARTIFACTS / f"dark_{name}.png")
     context.close()

@@ -9,6 +9,7 @@
   caught by the next sync point (sync_every 25 on CUDA) with the weights of the last one;
 - every training command runs with --device cuda, and bf16 autocast trains.
 """
+
 import json
 import math
 import os
@@ -27,16 +28,20 @@ from attn_core.training.record import record_run
 from attn_core.training.trainer import SYNC_EVERY_CUDA, TrainConfig, Trainer
 from tests.conftest import make_tiny_model
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"),
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "reverse-1l"
 
 
 def retrain(device: str) -> TrainingJob:
-    job = TrainingJob(JobConfig(MODEL, {"entropy": 0.1}, steps=30, seed=2, device=device, measure_samples=256,
-                                eval_samples=64), store=False)
+    job = TrainingJob(
+        JobConfig(MODEL, {"entropy": 0.1}, steps=30, seed=2, device=device, measure_samples=256, eval_samples=64),
+        store=False,
+    )
     job.run()
     return job
 
@@ -73,8 +78,9 @@ def test_the_live_job_publishes_snapshots_on_cuda():
 
 
 def test_a_diverging_run_on_cuda_ends_diverged():
-    res = TrainingJob(JobConfig(MODEL, steps=200, lr=10.0, warmup_steps=0, device="cuda", measure_samples=64),
-                      store=RunStore()).run()
+    res = TrainingJob(
+        JobConfig(MODEL, steps=200, lr=10.0, warmup_steps=0, device="cuda", measure_samples=64), store=RunStore()
+    ).run()
     assert res["status"] == "diverged" and "kept weights of step" in res["message"]
     model = RunStore().load_model(res["run_id"]).model
     assert all(torch.isfinite(p).all() for p in model.parameters())
@@ -89,8 +95,9 @@ def test_a_nan_on_cuda_is_caught_by_the_next_sync_point():
         return {"bad": model.embed.W_E.sum() * 0 + (math.nan if calls[0] == 30 else 0.0)}
 
     task = get_task("reverse")
-    t = Trainer(make_tiny_model(), task, TrainConfig(steps=200, batch_size=16, eval_every=100, device="cuda"),
-                penalty=nan_at_30)
+    t = Trainer(
+        make_tiny_model(), task, TrainConfig(steps=200, batch_size=16, eval_every=100, device="cuda"), penalty=nan_at_30
+    )
     out = record_run(t)
     assert out.status == "diverged" and out.reason.startswith("diverged at step 30: loss is nan")
     assert out.message.endswith(f"kept weights of step {SYNC_EVERY_CUDA - 1}")  # the sync point at step 25
@@ -102,24 +109,37 @@ def test_bf16_on_cuda_trains():
     task = get_task("reverse")
     out = {}
     for precision in ("fp32", "bf16"):
-        t = Trainer(make_tiny_model(), task, TrainConfig(steps=60, batch_size=32, eval_every=60, eval_samples=64,
-                                                          device="cuda", precision=precision))
+        t = Trainer(
+            make_tiny_model(),
+            task,
+            TrainConfig(steps=60, batch_size=32, eval_every=60, eval_samples=64, device="cuda", precision=precision),
+        )
         out[precision] = t.run()
     assert math.isfinite(out["bf16"]["eval_loss"])
     assert out["bf16"]["eval_loss"] == pytest.approx(out["fp32"]["eval_loss"], rel=0.05)
 
 
-@pytest.mark.parametrize("args", [
-    ["train", "--preset", "reverse-1l", "--steps", "20"],
-    ["retrain", MODEL, "--reg", "entropy=0.1", "--steps", "20"],
-    ["retrain", MODEL, "--steps", "20", "--precision", "bf16"],
-    ["compare-qk", "--steps", "20", "--seeds", "1", "--d-qk", "2", "--merged", "merged", "--no-store"],
-    ["grow", "induction-2l", "--add", "1", "--steps", "5"],
-], ids=["train", "retrain", "retrain-bf16", "compare-qk", "grow"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["train", "--preset", "reverse-1l", "--steps", "20"],
+        ["retrain", MODEL, "--reg", "entropy=0.1", "--steps", "20"],
+        ["retrain", MODEL, "--steps", "20", "--precision", "bf16"],
+        ["compare-qk", "--steps", "20", "--seeds", "1", "--d-qk", "2", "--merged", "merged", "--no-store"],
+        ["grow", "induction-2l", "--add", "1", "--steps", "5"],
+    ],
+    ids=["train", "retrain", "retrain-bf16", "compare-qk", "grow"],
+)
 def test_every_training_command_runs_on_cuda(args, tmp_path):
     env = {**os.environ, "ATTN_LAB_RUNS": str(tmp_path / "runs"), "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-m", "attn_core", *args, "--device", "cuda", "--json"], cwd=tmp_path,
-                       env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "attn_core", *args, "--device", "cuda", "--json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads(r.stdout)
     if args[0] == "retrain":

@@ -7,6 +7,7 @@
 - one place per concept: activation names are spelled only by ``attn_core.hooks``, metric names
   only by ``attn_core.training.telemetry``, the run statuses only in ``attn_core.runs``.
 """
+
 from __future__ import annotations
 
 import ast
@@ -76,7 +77,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state:
                 found = visit(nxt)
                 if found:
@@ -115,8 +116,13 @@ def test_library_never_imports_streamlit():
     for path in LIB.rglob("*.py"):
         tree = ast.parse(path.read_text(), str(path))
         for node in ast.walk(tree):
-            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            mods = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             assert not any(m.split(".")[0] == "streamlit" for m in mods), f"{path} imports streamlit"
 
 
@@ -148,13 +154,22 @@ def _hits(pattern: str, allowed: set[str]) -> list[str]:
 
 def test_activation_names_are_spelled_in_one_place():
     # parameter names (blocks.0.attn.W_Q) are the checkpoint's; activation names carry "hook_"
-    assert _hits(r"""["']blocks\.[^"']*hook_|["']hook_(q|k|v|z|pattern|attn_scores|attn_in|attn_out|mlp_out|resid_\w+)["']""",
-                 {"attn_core/hooks.py"}) == []
+    assert (
+        _hits(
+            r"""["']blocks\.[^"']*hook_|["']hook_(q|k|v|z|pattern|attn_scores|attn_in|attn_out|mlp_out|resid_\w+)["']""",
+            {"attn_core/hooks.py"},
+        )
+        == []
+    )
 
 
 def test_metric_names_are_built_and_parsed_in_one_place():
-    assert _hits(r"""f["'](sigma|stable_rank|entropy_data|entropy_vocab|top1_data):\{""",
-                 {"attn_core/training/telemetry.py"}) == []
+    assert (
+        _hits(
+            r"""f["'](sigma|stable_rank|entropy_data|entropy_vocab|top1_data):\{""", {"attn_core/training/telemetry.py"}
+        )
+        == []
+    )
     assert _hits(r"L\\d\+H\\d\+|L\(\\d\+\)H", {"attn_core/training/telemetry.py", "attn_core/regularizers.py"}) == []
 
 

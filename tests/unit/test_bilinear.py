@@ -1,5 +1,6 @@
 """The bilinear-form engine: B and B', the factored spectrum against dense linear algebra,
 views of f_x(y) against the model's own scores, head detectors."""
+
 import math
 from pathlib import Path
 
@@ -42,9 +43,15 @@ KINDS = {
 
 # --- QKForm: factored spectrum == dense linear algebra ------------------------------------------
 
+
 @settings(max_examples=25, deadline=None)
-@given(m=st.integers(2, 24), r=st.integers(1, 12), batch=st.integers(1, 3), rank=st.integers(0, 12),
-       seed=st.integers(0, 10_000))
+@given(
+    m=st.integers(2, 24),
+    r=st.integers(1, 12),
+    batch=st.integers(1, 3),
+    rank=st.integers(0, 12),
+    seed=st.integers(0, 10_000),
+)
 def test_factored_singular_values_equal_dense_svdvals(m, r, batch, rank, seed):
     g = torch.Generator().manual_seed(seed)
     L = torch.randn(batch, m, r, generator=g, dtype=torch.float64)
@@ -124,16 +131,25 @@ def test_qkform_validates_and_indexes():
 @given(m=st.integers(2, 10), r1=st.integers(1, 5), r2=st.integers(1, 5), seed=st.integers(0, 10_000))
 def test_transpose_and_products_stay_factored_and_equal_dense(m, r1, r2, seed):
     g = torch.Generator().manual_seed(seed)
-    a = bl.QKForm(torch.randn(m, r1, generator=g, dtype=torch.float64), torch.randn(m, r1, generator=g, dtype=torch.float64))
-    b = bl.QKForm(torch.randn(m, r2, generator=g, dtype=torch.float64), torch.randn(m, r2, generator=g, dtype=torch.float64))
+    a = bl.QKForm(
+        torch.randn(m, r1, generator=g, dtype=torch.float64), torch.randn(m, r1, generator=g, dtype=torch.float64)
+    )
+    b = bl.QKForm(
+        torch.randn(m, r2, generator=g, dtype=torch.float64), torch.randn(m, r2, generator=g, dtype=torch.float64)
+    )
     M = torch.randn(m, m, generator=g, dtype=torch.float64)
     dense = bl.QKForm(dense=b.dense)
     assert torch.allclose(a.T.dense, a.dense.T)
-    for got, want in ((a @ b, a.dense @ b.dense), (a @ M, a.dense @ M), (M @ a, M @ a.dense),
-                      (a @ dense, a.dense @ b.dense), (dense @ a, b.dense @ a.dense)):
+    for got, want in (
+        (a @ b, a.dense @ b.dense),
+        (a @ M, a.dense @ M),
+        (M @ a, M @ a.dense),
+        (a @ dense, a.dense @ b.dense),
+        (dense @ a, b.dense @ a.dense),
+    ):
         assert torch.allclose(got.dense, want, atol=1e-10)
     assert not (a @ b).is_dense and (a @ b).left.shape[-1] == min(r1, r2)
-    assert torch.allclose((a @ b).singular_values, torch.linalg.svdvals(a.dense @ b.dense)[:min(r1, r2, m)], atol=1e-8)
+    assert torch.allclose((a @ b).singular_values, torch.linalg.svdvals(a.dense @ b.dense)[: min(r1, r2, m)], atol=1e-8)
 
 
 def test_views_and_detectors_name_the_model_object_they_take():
@@ -145,6 +161,7 @@ def test_views_and_detectors_name_the_model_object_they_take():
 
 
 # --- B from a model ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_sequence_view_equals_the_models_scores(kind):
@@ -196,8 +213,17 @@ def test_grown_heads_have_their_own_rank():
 def test_spectrum_records():
     recs = bl.spectrum(random_model())
     assert len(recs) == 6
-    need = {"layer", "head", "singular_values", "eigenvalues_sym", "stable_rank", "effective_rank",
-            "spectral_norm", "nuclear_norm", "frobenius_norm"}
+    need = {
+        "layer",
+        "head",
+        "singular_values",
+        "eigenvalues_sym",
+        "stable_rank",
+        "effective_rank",
+        "spectral_norm",
+        "nuclear_norm",
+        "frobenius_norm",
+    }
     assert need <= set(recs[0])
     r = recs[0]
     assert r["spectral_norm"] == pytest.approx(r["singular_values"][0])
@@ -208,6 +234,7 @@ def test_spectrum_records():
 
 
 # --- vocabulary and positional views -------------------------------------------------------------
+
 
 def test_vocab_scores_by_hand_and_differentiable():
     model = random_model(**KINDS["biased"])
@@ -286,17 +313,20 @@ def test_concentration_table_on_data_and_vocabulary():
     assert len(table) == 2 * 2 * 3 * 6
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda m: bl.sequence_view(loaded(m), [1, 2], layer=2), r"layer 2 is outside 0\.\.1"),
-    (lambda m: bl.sequence_view(loaded(m), [1, 2], layer=0, heads=[3]), r"head 3 is outside 0\.\.2"),
-    (lambda m: bl.sequence_view(loaded(m), [1, 12], layer=0), r"token id 12 is outside 0\.\.11"),
-    (lambda m: bl.sequence_view(loaded(m), list(range(12)) + [0], layer=0), "exceed the model context of 12"),
-    (lambda m: bl.sequence_view(loaded(m), [], layer=0), "no tokens"),
-    (lambda m: bl.sequence_view(loaded(m), [1, 2]).row(0, 5), r"query 5 is outside 0\.\.1"),
-    (lambda m: bl.sequence_view(loaded(m), [1, 2], heads=[1]).row(0, 0), "head 0 is not in this view"),
-    (lambda m: bl.head_B(m, 0, 7), r"head 7 is outside"),
-    (lambda m: bl.random_tokens(loaded(m), length=99), r"outside 1\.\.12"),
-])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda m: bl.sequence_view(loaded(m), [1, 2], layer=2), r"layer 2 is outside 0\.\.1"),
+        (lambda m: bl.sequence_view(loaded(m), [1, 2], layer=0, heads=[3]), r"head 3 is outside 0\.\.2"),
+        (lambda m: bl.sequence_view(loaded(m), [1, 12], layer=0), r"token id 12 is outside 0\.\.11"),
+        (lambda m: bl.sequence_view(loaded(m), list(range(12)) + [0], layer=0), "exceed the model context of 12"),
+        (lambda m: bl.sequence_view(loaded(m), [], layer=0), "no tokens"),
+        (lambda m: bl.sequence_view(loaded(m), [1, 2]).row(0, 5), r"query 5 is outside 0\.\.1"),
+        (lambda m: bl.sequence_view(loaded(m), [1, 2], heads=[1]).row(0, 0), "head 0 is not in this view"),
+        (lambda m: bl.head_B(m, 0, 7), r"head 7 is outside"),
+        (lambda m: bl.random_tokens(loaded(m), length=99), r"outside 1\.\.12"),
+    ],
+)
 def test_bad_indices_name_the_valid_range(call, match):
     with pytest.raises(ValueError, match=match):
         call(random_model())
@@ -316,6 +346,7 @@ def test_tokens_helpers():
 
 # --- head detectors ------------------------------------------------------------------------------
 
+
 def test_detection_patterns_by_hand():
     t = torch.tensor([[5, 6, 7, 5, 6, 7]])
     p = bl.detection_patterns(t)
@@ -324,7 +355,6 @@ def test_detection_patterns_by_hand():
     assert p["induction"][0, 4].nonzero().flatten().tolist() == [2]  # 6 after 5 -> the token after the earlier 6
     assert p["induction"][0, :3].sum() == 0 and p["duplicate_token"][0, :3].sum() == 0
     assert torch.equal(p["self"][0], torch.eye(6, dtype=torch.bool))
-
 
 
 def test_detector_scores_a_perfect_previous_token_head():
@@ -350,8 +380,11 @@ def test_detector_scores_a_perfect_previous_token_head():
     assert scores["self"][0, 0] == pytest.approx(1 / 9, abs=0.01)  # only row 0, which sees itself alone
     assert scores["previous_token"][0, 1] < 0.01
     frame = bl.head_detectors(model, n_samples=4, length=9)
-    assert bl.best_heads(frame)["previous_token"] == {"layer": 0, "head": 0,
-                                                      "score": pytest.approx(float(scores["previous_token"][0, 0]))}
+    assert bl.best_heads(frame)["previous_token"] == {
+        "layer": 0,
+        "head": 0,
+        "score": pytest.approx(float(scores["previous_token"][0, 0])),
+    }
     tl = bl.head_detector_scores(model, n_samples=4, length=9, rows="all")
     assert tl["previous_token"][0, 0] == pytest.approx(8 / 9, abs=0.01)  # row 0 has no previous token
 
@@ -367,7 +400,9 @@ def test_detector_inputs_are_seeded_and_repeated():
         bl.head_detector_scores(model, rows="some")
 
 
-@pytest.mark.skipif(not (ZOO / "induction-2l" / "config.json").is_file(), reason="zoo model induction-2l not shipped yet")
+@pytest.mark.skipif(
+    not (ZOO / "induction-2l" / "config.json").is_file(), reason="zoo model induction-2l not shipped yet"
+)
 def test_detectors_find_the_zoo_induction_circuit():
     from attn_core.sources import resolve
 

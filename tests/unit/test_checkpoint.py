@@ -1,6 +1,7 @@
 """The checkpoint format (docs/checkpoints.md): a save/load round trip is bit exact, through a
 folder, a lone .safetensors file and bytes; saves never overwrite; every bad checkpoint (a pickle
 above all) is refused with its reason in one line."""
+
 import json
 import pickle
 import shutil
@@ -46,13 +47,16 @@ def _folder(tmp_path, tensors=None, config=None, raw=None):
     if raw is not None:
         (d / checkpoint.WEIGHTS).write_bytes(raw)
     else:
-        save_file(tensors if tensors is not None else {k: v.contiguous() for k, v in m.state_dict().items()},
-                  str(d / checkpoint.WEIGHTS))
+        save_file(
+            tensors if tensors is not None else {k: v.contiguous() for k, v in m.state_dict().items()},
+            str(d / checkpoint.WEIGHTS),
+        )
     return d
 
 
-@pytest.mark.parametrize("case", ["shape", "missing", "nan", "truncated", "pickle", "torch_save", "absurd",
-                                  "unknown_key", "not_json"])
+@pytest.mark.parametrize(
+    "case", ["shape", "missing", "nan", "truncated", "pickle", "torch_save", "absurd", "unknown_key", "not_json"]
+)
 def test_each_bad_checkpoint_is_refused_with_its_reason(tmp_path, case):
     m = tiny()
     good = {k: v.contiguous() for k, v in m.state_dict().items()}

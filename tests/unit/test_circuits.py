@@ -1,6 +1,7 @@
 """Circuits (attn_core.circuits): attribution of f_x(y) against the model's own scores,
 composition scores against an explicit dense computation, copying scores of heads built to copy
 and to anti-copy, the induction-2l composition finding, the JSON reports and the figures."""
+
 import json
 import math
 from pathlib import Path
@@ -56,6 +57,7 @@ def own_scores(model: Transformer, tokens: list[int]) -> list[torch.Tensor]:
 
 # --- attribution --------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_attribution_terms_and_bias_sum_to_the_models_own_scores(kind):
     model = random_model(**KINDS[kind])
@@ -65,7 +67,7 @@ def test_attribution_terms_and_bias_sum_to_the_models_own_scores(kind):
             for query in (0, 4, len(TOKENS) - 1):
                 attr = ci.attribute(loaded_of(model), TOKENS, layer, head, query)
                 total = attr.terms.sum(-1) + attr.bias
-                torch.testing.assert_close(total, S[layer][head, query, :query + 1], atol=1e-5, rtol=0)
+                torch.testing.assert_close(total, S[layer][head, query, : query + 1], atol=1e-5, rtol=0)
                 assert attr.keys == list(range(query + 1))
     # the number of rank-1 terms is the head's own rank cap: d_qk (grown: per head) or d_model (merged)
     attr = ci.attribute(loaded_of(model), TOKENS, 0, 2, 3)
@@ -128,6 +130,7 @@ def test_attribution_rejects_bad_inputs():
 
 # --- composition --------------------------------------------------------------------------------
 
+
 def dense_composition(model: Transformer, fold_ln: bool = True) -> dict[str, torch.Tensor]:
     """Elhage et al.'s scores from dense d_model x d_model matrices, pair by pair."""
     cfg = model.cfg
@@ -164,8 +167,11 @@ def dense_composition(model: Transformer, fold_ln: bool = True) -> dict[str, tor
 @pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("fold_ln", [True, False])
 def test_composition_scores_match_an_explicit_dense_computation(kind, fold_ln):
-    model = random_model(n_layers=3, **KINDS[kind]) if kind != "grown" else \
-        random_model(n_layers=3, d_qk=[[6, 9, 4], [7, 6, 6], [3, 6, 8]])
+    model = (
+        random_model(n_layers=3, **KINDS[kind])
+        if kind != "grown"
+        else random_model(n_layers=3, d_qk=[[6, 9, 4], [7, 6, 6], [3, 6, 8]])
+    )
     comp = ci.composition(model, fold_ln=fold_ln, n_samples=4)
     dense = dense_composition(model, fold_ln)
     assert comp.order[:4] == ["L0H0", "L0H1", "L0H2", "L1H0"] and len(comp.order) == 9
@@ -198,8 +204,8 @@ def test_composition_baseline_is_the_mean_over_random_matrices_and_deterministic
     assert float(a.baseline["q"][0, 3]) == pytest.approx(mc, abs=0.02)
     # one of the two rotation invariant: E||M1 M2||^2 = ||M1||^2 ||M2||^2 / d, so about 1/sqrt(d)
     # whatever the ranks (a dense merged B included)
-    assert mc == pytest.approx(24 ** -0.5, abs=0.01)
-    assert ci.baseline_score("k", (24, 6, False), (24, 24, True), n_samples=200) == pytest.approx(24 ** -0.5, abs=0.01)
+    assert mc == pytest.approx(24**-0.5, abs=0.01)
+    assert ci.baseline_score("k", (24, 6, False), (24, 24, True), n_samples=200) == pytest.approx(24**-0.5, abs=0.01)
     with pytest.raises(ValueError, match="composition kind"):
         a.corrected("x")
 
@@ -214,16 +220,17 @@ def test_composition_of_a_head_that_writes_into_the_keys_of_another():
         basis = torch.linalg.qr(torch.randn(d, d))[0]
         a.W_O[0] = basis[:, :dh].T  # writes into span(basis[:, :6])
         b.W_K[1] = basis[:, :dh] * 3  # keys read that span
-        b.W_Q[1] = basis[:, dh:2 * dh] * 3  # queries read an orthogonal one
+        b.W_Q[1] = basis[:, dh : 2 * dh] * 3  # queries read an orthogonal one
     comp = ci.composition(model)
     k, q = comp.scores["k"], comp.scores["q"]
-    assert float(k[0, 4]) == pytest.approx(6 ** -0.5, abs=1e-5)
+    assert float(k[0, 4]) == pytest.approx(6**-0.5, abs=1e-5)
     assert k[0, 4] == k[:, 4].nan_to_num(-1).max()
     assert q[0, 4] < 1e-5
     assert comp.edges("k", top=1)[0]["source"] == "L0H0" and comp.edges("k", top=1)[0]["target"] == "L1H1"
 
 
 # --- OV circuits and copying ---------------------------------------------------------------------
+
 
 def copy_model(sign: float, std: float = 0.05) -> Transformer:
     """One layer, no LayerNorm or positions, W_U = W_E^T: head 0 has W_OV = sign * (the
@@ -292,6 +299,7 @@ def test_value_weighted_attention_is_pattern_times_value_norms():
 
 # --- reports ------------------------------------------------------------------------------------
 
+
 def test_attribute_report_terms_and_bias_sum_to_the_score():
     model = random_model(**KINDS["grown"])
     doc = ci.attribute_report(loaded_of(model), 1, 0, 7, TOKENS)
@@ -326,11 +334,19 @@ def test_circuits_report_document():
 
 # --- property tests -----------------------------------------------------------------------------
 
-configs = st.fixed_dictionaries(dict(
-    n_layers=st.integers(1, 3), n_heads=st.integers(1, 3), d_model=st.sampled_from([8, 12, 16]),
-    d_head=st.integers(1, 6), qk=st.sampled_from(["factored", "merged"]), attn_bias=st.booleans(),
-    normalization=st.sampled_from(["layernorm", "none"]), positional=st.sampled_from(["learned", "none"]),
-    seed=st.integers(0, 10_000)))
+configs = st.fixed_dictionaries(
+    dict(
+        n_layers=st.integers(1, 3),
+        n_heads=st.integers(1, 3),
+        d_model=st.sampled_from([8, 12, 16]),
+        d_head=st.integers(1, 6),
+        qk=st.sampled_from(["factored", "merged"]),
+        attn_bias=st.booleans(),
+        normalization=st.sampled_from(["layernorm", "none"]),
+        positional=st.sampled_from(["learned", "none"]),
+        seed=st.integers(0, 10_000),
+    )
+)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -343,7 +359,7 @@ def test_property_attribution_and_composition_on_random_configs(c, data):
     head = data.draw(st.integers(0, c["n_heads"] - 1))
     query = data.draw(st.integers(0, len(tokens) - 1))
     attr = ci.attribute(loaded_of(model), tokens, layer, head, query)
-    S = own_scores(model, tokens)[layer][head, query, :query + 1]
+    S = own_scores(model, tokens)[layer][head, query, : query + 1]
     torch.testing.assert_close(attr.scores, S, atol=1e-5, rtol=1e-5)
     comp = ci.composition(model, n_samples=2)
     for k in "qkv":
@@ -354,6 +370,7 @@ def test_property_attribution_and_composition_on_random_configs(c, data):
 
 
 # --- the zoo --------------------------------------------------------------------------------------
+
 
 @pytest.mark.skipif(not (ZOO / "induction-2l" / "config.json").is_file(), reason="zoo model induction-2l not shipped")
 def test_induction_2l_k_composition_from_the_previous_token_head_stands_out():
@@ -371,7 +388,9 @@ def test_induction_2l_k_composition_from_the_previous_token_head_stands_out():
         assert float(comp.corrected("k")[3, j]) > 0.15  # measured 0.20..0.21 over a baseline of 0.124
         assert float(col[3]) > 1.4 * float(col.sort(descending=True).values[1])  # measured 1.69..1.77x
         # larger than any Q- or V-composition into that head
-        assert float(col[3]) > float(comp.scores["q"][:H, j].max()) and float(col[3]) > float(comp.scores["v"][:H, j].max())
+        assert float(col[3]) > float(comp.scores["q"][:H, j].max()) and float(col[3]) > float(
+            comp.scores["v"][:H, j].max()
+        )
     assert {e["source"] for e in comp.edges("k", top=4)} == {"L0H3"}
     # read through the previous-token head, the induction heads' QK circuit is nearly positive definite
     assert (ci.k_composed_positivity(loaded.model, (0, 3), 1) > 0.95).all()
@@ -383,6 +402,7 @@ def test_induction_2l_k_composition_from_the_previous_token_head_stands_out():
 
 # --- figures ------------------------------------------------------------------------------------
 
+
 def test_figures_build_with_their_data():
     from attn_core.figures import circuits as fc
 
@@ -392,14 +412,20 @@ def test_figures_build_with_their_data():
     comp = ci.composition(model, n_samples=4)
     vw = ci.value_weighted(model, TOKENS, 1)
     plots = [
-        fc.attribution_plot(attr, top=4, n_terms=3), fc.runner_up_plot(attr),
+        fc.attribution_plot(attr, top=4, n_terms=3),
+        fc.runner_up_plot(attr),
         fc.token_position_plot(ci.token_position_split(loaded_of(model), TOKENS, 1, 9)),
         fc.ov_spectrum_plot(ci.ov_spectrum_frame(model)),
         fc.ov_circuit_plot(ci.full_ov_circuit(model, 1, 0), [str(i) for i in range(12)], 1, 0, 0.5),
-        fc.positivity_plot(ci.head_circuits(model).merge(
-            pd.DataFrame(ci.composed_qk_positivities(model, comp)), on=["layer", "head"], how="left")),
-        fc.composition_plot(comp), fc.composition_plot(comp, corrected=True),
-        fc.head_graph_plot(comp, top=5), fc.value_weighted_plot(vw, [str(t) for t in TOKENS], 1, [0, 1, 2], 1),
+        fc.positivity_plot(
+            ci.head_circuits(model).merge(
+                pd.DataFrame(ci.composed_qk_positivities(model, comp)), on=["layer", "head"], how="left"
+            )
+        ),
+        fc.composition_plot(comp),
+        fc.composition_plot(comp, corrected=True),
+        fc.head_graph_plot(comp, top=5),
+        fc.value_weighted_plot(vw, [str(t) for t in TOKENS], 1, [0, 1, 2], 1),
     ]
     assert len({p.name for p in plots}) == len(plots)
     for p in plots:
@@ -415,6 +441,7 @@ def test_figures_build_with_their_data():
 
 
 # --- the model objects ----------------------------------------------------------------------------
+
 
 def test_functions_refuse_the_wrong_model_object_in_one_sentence():
     model = random_model()

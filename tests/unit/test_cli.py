@@ -1,4 +1,5 @@
 """The attn-lab command, run as a user runs it (a subprocess), JSON parsed."""
+
 import json
 import subprocess
 import sys
@@ -20,8 +21,18 @@ def test_zoo_json():
     rows = json.loads(run("zoo", "--json").stdout)
     assert {r["name"] for r in rows} == {m["name"] for m in zoo.list_models()}
     for r in rows:
-        assert set(r) == {"name", "task", "n_layers", "n_heads", "d_model", "d_head", "qk", "d_mlp", "params",
-                          "accuracy"}
+        assert set(r) == {
+            "name",
+            "task",
+            "n_layers",
+            "n_heads",
+            "d_model",
+            "d_head",
+            "qk",
+            "d_mlp",
+            "params",
+            "accuracy",
+        }
 
 
 def test_eval_json():
@@ -32,8 +43,22 @@ def test_eval_json():
 
 def test_train_json_saves_a_loadable_model(tmp_path):
     out = tmp_path / "rev"
-    res = json.loads(run("train", "--preset", "reverse-1l", "--out", str(out), "--steps", "30", "--seed", "1",
-                         "--device", "cpu", "--json").stdout)
+    res = json.loads(
+        run(
+            "train",
+            "--preset",
+            "reverse-1l",
+            "--out",
+            str(out),
+            "--steps",
+            "30",
+            "--seed",
+            "1",
+            "--device",
+            "cpu",
+            "--json",
+        ).stdout
+    )
     assert res["steps"] == 30 and res["seed"] == 1 and res["out"] == str(out)
     assert "attn-lab train --preset reverse-1l" in res["command"]
     loaded = resolve(out)
@@ -42,13 +67,16 @@ def test_train_json_saves_a_loadable_model(tmp_path):
     assert again.returncode == 2 and "already exists" in again.stderr
 
 
-@pytest.mark.parametrize("args, msg", [
-    (["eval", "no-such-model", "--json"], "known models"),
-    (["eval", "x", "--samples", "0"], "--samples"),
-    (["train", "--preset", "nope", "--json"], "unknown preset"),
-    (["train", "--preset", "reverse-1l", "--steps", "0"], "--steps"),
-    (["train", "--preset", "reverse-1l", "--steps", "3", "--device", "tpu"], "device"),
-])
+@pytest.mark.parametrize(
+    "args, msg",
+    [
+        (["eval", "no-such-model", "--json"], "known models"),
+        (["eval", "x", "--samples", "0"], "--samples"),
+        (["train", "--preset", "nope", "--json"], "unknown preset"),
+        (["train", "--preset", "reverse-1l", "--steps", "0"], "--steps"),
+        (["train", "--preset", "reverse-1l", "--steps", "3", "--device", "tpu"], "device"),
+    ],
+)
 def test_bad_input_is_one_clear_line(args, msg):
     proc = run(*args, ok=False)
     assert proc.returncode == 2

@@ -1,4 +1,5 @@
 """attn-lab spectrum / scores / heads / export: one JSON document each, clear errors."""
+
 import json
 import shutil
 
@@ -37,8 +38,17 @@ def run_json(*args):
 def test_spectrum(folder):
     rows = run_json("spectrum", folder)
     assert len(rows) == 4
-    need = {"layer", "head", "singular_values", "eigenvalues_sym", "stable_rank", "effective_rank",
-            "spectral_norm", "nuclear_norm", "frobenius_norm"}
+    need = {
+        "layer",
+        "head",
+        "singular_values",
+        "eigenvalues_sym",
+        "stable_rank",
+        "effective_rank",
+        "spectral_norm",
+        "nuclear_norm",
+        "frobenius_norm",
+    }
     assert need <= set(rows[0]) and len(rows[0]["singular_values"]) == 4
     assert "stable_rank" in run("spectrum", folder).stdout  # the human table
 
@@ -49,7 +59,14 @@ def test_scores_on_typed_tokens_and_samples(folder):
     assert len(doc["scores"]) == 5 and doc["scores"][0][1] is None  # hidden (future) keys are null
     assert all(abs(sum(r) - 1) < 1e-5 for r in doc["pattern"])
     conc = doc["concentration"]
-    assert set(conc["summary"]) == {"entropy", "normalized_entropy", "hoyer", "topk_mass", "participation_ratio", "gini"}
+    assert set(conc["summary"]) == {
+        "entropy",
+        "normalized_entropy",
+        "hoyer",
+        "topk_mass",
+        "participation_ratio",
+        "gini",
+    }
     assert len(conc["per_query"]["entropy"]) == 5
     # the scores are the model's own
     loaded = resolve(folder)
@@ -61,12 +78,15 @@ def test_scores_on_typed_tokens_and_samples(folder):
     assert run_json("scores", folder, "--random-seed", 1)["token_ids"] != sample["token_ids"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--layer", 2), "layer 2 is outside 0..1"),
-    (("--head", 5), "head 5 is outside 0..1"),
-    (("--tokens", "a zz"), "unknown tokens ['zz']"),
-    (("--tokens", "a", "--sample-seed", 1), "at most one of"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--layer", 2), "layer 2 is outside 0..1"),
+        (("--head", 5), "head 5 is outside 0..1"),
+        (("--tokens", "a zz"), "unknown tokens ['zz']"),
+        (("--tokens", "a", "--sample-seed", 1), "at most one of"),
+    ],
+)
 def test_scores_errors_name_the_valid_range(folder, args, message):
     result = run("scores", folder, *args)
     assert result.exit_code == 2 and message in result.output
@@ -85,15 +105,29 @@ def test_heads(folder):
     assert run("heads", folder, "--rows", "bad").exit_code == 2
 
 
-@pytest.mark.skipif(not (ZOO / "induction-2l" / "config.json").is_file(), reason="zoo model induction-2l not shipped yet")
+@pytest.mark.skipif(
+    not (ZOO / "induction-2l" / "config.json").is_file(), reason="zoo model induction-2l not shipped yet"
+)
 def test_heads_on_the_zoo_induction_model():
     best = run_json("heads", "induction-2l")["best"]
     assert best["induction"]["layer"] == 1 and best["previous_token"]["layer"] == 0
 
 
-@pytest.mark.parametrize("figure, fmt", [("scores", "csv"), ("spectrum", "html"), ("heads", "csv"), ("query", "csv"),
-                                         ("vocab", "html"), ("positional", "csv"), ("eigenvalues", "csv"),
-                                         ("concentration", "csv"), ("pattern", "csv"), ("vocab-pattern", "csv")])
+@pytest.mark.parametrize(
+    "figure, fmt",
+    [
+        ("scores", "csv"),
+        ("spectrum", "html"),
+        ("heads", "csv"),
+        ("query", "csv"),
+        ("vocab", "html"),
+        ("positional", "csv"),
+        ("eigenvalues", "csv"),
+        ("concentration", "csv"),
+        ("pattern", "csv"),
+        ("vocab-pattern", "csv"),
+    ],
+)
 def test_export_writes_and_refuses_to_overwrite(folder, tmp_path, figure, fmt):
     out = tmp_path / f"fig.{fmt}"
     doc = run_json("export", folder, "--figure", figure, "--out", out, "--layer", 1, "--head", 1)
@@ -112,4 +146,7 @@ def test_export_png(folder, tmp_path):
 def test_export_errors(folder, tmp_path):
     assert "unknown figure" in run("export", folder, "--figure", "nope", "--out", tmp_path / "a.csv").output
     assert "unknown format" in run("export", folder, "--figure", "heads", "--out", tmp_path / "a.txt").output
-    assert "head 9 is outside" in run("export", folder, "--figure", "scores", "--head", 9, "--out", tmp_path / "b.csv").output
+    assert (
+        "head 9 is outside"
+        in run("export", folder, "--figure", "scores", "--head", 9, "--out", tmp_path / "b.csv").output
+    )

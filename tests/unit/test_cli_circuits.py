@@ -1,5 +1,6 @@
 """attn-lab circuits / attribute, run as a user runs them (a subprocess): the JSON documents of
 issue 14, the library's own numbers, terms that add up to the model's score, one-line errors."""
+
 import json
 import subprocess
 import sys
@@ -15,8 +16,9 @@ from tests.conftest import make_tiny_model
 
 
 def run(*args, ok=True):
-    proc = subprocess.run([sys.executable, "-m", "attn_core", *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "attn_core", *map(str, args)], capture_output=True, text=True, timeout=300
+    )
     if ok:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -98,13 +100,16 @@ def test_attribute_on_a_sample_with_top_and_the_human_table():
     assert "top_terms" in text and "beats key" in text
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--head", 9), "head 9 is outside 0..3"),
-    (("--layer", 2), "layer 2 is outside 0..1"),
-    (("--query", 99), "query must be an integer in 0..23"),
-    (("--tokens", "a zz"), "unknown tokens ['zz']"),
-    (("--tokens", "a", "--sample-seed", 1), "at most one of"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--head", 9), "head 9 is outside 0..3"),
+        (("--layer", 2), "layer 2 is outside 0..1"),
+        (("--query", 99), "query must be an integer in 0..23"),
+        (("--tokens", "a zz"), "unknown tokens ['zz']"),
+        (("--tokens", "a", "--sample-seed", 1), "at most one of"),
+    ],
+)
 def test_attribute_errors_are_one_line_with_exit_code_2(args, message):
     proc = run("attribute", "induction-2l", *args, "--json", ok=False)
     assert proc.returncode == 2 and proc.stdout == ""

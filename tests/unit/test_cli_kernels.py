@@ -1,5 +1,6 @@
 """`attn-lab kernels` and `attn-lab kernels-bench` through a real subprocess: one JSON document,
 numbers that match the library, and one-line errors with exit code 2."""
+
 import json
 import subprocess
 import sys
@@ -16,12 +17,36 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_kernels_json_matches_the_library():
-    r = cli("kernels", "induction-2l", "--layer", "1", "--head", "0", "--method", "favor", "--features", "16",
-            "--seeds", "2", "--samples", "4", "--json")
+    r = cli(
+        "kernels",
+        "induction-2l",
+        "--layer",
+        "1",
+        "--head",
+        "0",
+        "--method",
+        "favor",
+        "--features",
+        "16",
+        "--seeds",
+        "2",
+        "--samples",
+        "4",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert {"method", "features", "seeds", "rel_error_mean", "rel_error_std", "tv_mean", "tv_std", "stable_rank",
-            "spectral_norm"} <= set(doc)
+    assert {
+        "method",
+        "features",
+        "seeds",
+        "rel_error_mean",
+        "rel_error_std",
+        "tv_mean",
+        "tv_std",
+        "stable_rank",
+        "spectral_norm",
+    } <= set(doc)
     assert (doc["method"], doc["features"], doc["seeds"], doc["causal"]) == ("favor", 16, 2, True)
     loaded = resolve("induction-2l")
     direct = kernels.head_error(loaded.model, loaded.task.sample(4, 0, "test").tokens, 1, 0, "favor", 16, 2)
@@ -36,13 +61,16 @@ def test_no_causal_changes_the_result():
     assert causal["tv_mean"] != full["tv_mean"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--head", "9"), "0..3"),
-    (("--layer", "5"), "layer"),
-    (("--method", "performer"), "favor, maclaurin, schoenbat, nystrom, nystromformer"),
-    (("--features", "0"), "--features must be at least 1"),
-    (("--seeds", "0"), "--seeds must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--head", "9"), "0..3"),
+        (("--layer", "5"), "layer"),
+        (("--method", "performer"), "favor, maclaurin, schoenbat, nystrom, nystromformer"),
+        (("--features", "0"), "--features must be at least 1"),
+        (("--seeds", "0"), "--seeds must be at least 1"),
+    ],
+)
 def test_bad_arguments_exit_2_with_one_line(args, message):
     r = cli("kernels", "induction-2l", *args, "--json")
     assert r.returncode == 2 and r.stdout == ""
@@ -53,8 +81,9 @@ def test_bench_json_has_rows_and_crossover():
     r = cli("kernels-bench", "--max-n", "512", "--repeats", "1", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert {(row["n"], row["method"]) for row in doc["rows"]} == {(n, m) for n in (256, 512)
-                                                                 for m in ("sdpa", *bench.BENCH_METHODS)}
+    assert {(row["n"], row["method"]) for row in doc["rows"]} == {
+        (n, m) for n in (256, 512) for m in ("sdpa", *bench.BENCH_METHODS)
+    }
     assert all(row["ms"] > 0 for row in doc["rows"]) and set(doc["crossover"]) == set(bench.BENCH_METHODS)
     assert doc["config"]["torch_threads"] == 1 and doc["config"]["max_n"] == 512
 

@@ -1,4 +1,5 @@
 """`attn-lab retrain`, `attn-lab runs` and `attn-lab runs show`, run as a user runs them."""
+
 import json
 import os
 import subprocess
@@ -15,8 +16,9 @@ KEYS = {"accuracy", "loss", "entropy_data", "entropy_vocab", "top1_mass", "stabl
 
 
 def run(*args, ok=True):
-    proc = subprocess.run([sys.executable, "-m", "attn_core", *args], capture_output=True, text=True, timeout=300,
-                          env=os.environ.copy())
+    proc = subprocess.run(
+        [sys.executable, "-m", "attn_core", *args], capture_output=True, text=True, timeout=300, env=os.environ.copy()
+    )
     if ok:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -28,8 +30,27 @@ def tiny(tmp_path):
 
 
 def test_retrain_then_list_and_show(tiny):
-    out = json.loads(run("retrain", tiny, "--reg", "entropy=0.1", "--reg", "vocab_entropy@L1=0.05", "--steps", "6",
-                         "--seed", "2", "--lr", "0.002", "--entmax-alpha", "1.5", "--device", "cpu", "--json").stdout)
+    out = json.loads(
+        run(
+            "retrain",
+            tiny,
+            "--reg",
+            "entropy=0.1",
+            "--reg",
+            "vocab_entropy@L1=0.05",
+            "--steps",
+            "6",
+            "--seed",
+            "2",
+            "--lr",
+            "0.002",
+            "--entmax-alpha",
+            "1.5",
+            "--device",
+            "cpu",
+            "--json",
+        ).stdout
+    )
     assert out["status"] == "completed" and out["steps"] == 6
     assert set(out["before"]) == KEYS and set(out["after"]) == KEYS
     assert all(0 <= out[w]["entropy_data"] <= 1 for w in ("before", "after"))
@@ -54,22 +75,26 @@ def test_retrain_then_list_and_show(tiny):
 
 
 def test_diverging_lr_ends_as_diverged(tiny):
-    out = json.loads(run("retrain", tiny, "--reg", "entropy=1", "--steps", "200", "--lr", "10", "--device", "cpu",
-                         "--json").stdout)
+    out = json.loads(
+        run("retrain", tiny, "--reg", "entropy=1", "--steps", "200", "--lr", "10", "--device", "cpu", "--json").stdout
+    )
     assert out["status"] == "diverged"
     assert out["message"].startswith("diverged at step") and "kept weights of step" in out["message"]
     shown = json.loads(run("runs", "show", out["run_id"], "--json").stdout)
     assert shown["status"] == "diverged" and shown["has_weights"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--reg", "entropy=-0.1"], "strength (lambda) of 'entropy' must be a finite number >= 0"),
-    (["--reg", "entropi=0.1"], "unknown regularizer 'entropi'"),
-    (["--reg", "entropy@L4=0.1"], "layer L4 is out of range"),
-    (["--reg", "entropy=0.1", "--heads", "L0H9"], "head L0H9 is out of range"),
-    (["--steps", "0"], "steps must be a positive integer"),
-    (["--entmax-alpha", "0.5"], "entmax_alpha must be in [1, 2]"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--reg", "entropy=-0.1"], "strength (lambda) of 'entropy' must be a finite number >= 0"),
+        (["--reg", "entropi=0.1"], "unknown regularizer 'entropi'"),
+        (["--reg", "entropy@L4=0.1"], "layer L4 is out of range"),
+        (["--reg", "entropy=0.1", "--heads", "L0H9"], "head L0H9 is out of range"),
+        (["--steps", "0"], "steps must be a positive integer"),
+        (["--entmax-alpha", "0.5"], "entmax_alpha must be in [1, 2]"),
+    ],
+)
 def test_bad_input_gives_one_clear_line(tiny, args, message):
     # in-process (the command's own parsing and error path; one subprocess above covers the entry point)
     res = CliRunner().invoke(app, ["retrain", tiny, *args, "--json"])

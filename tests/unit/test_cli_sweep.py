@@ -1,5 +1,6 @@
 """`attn-lab sweep`, `sweeps` and `sweeps show`: bad input is one line on stderr and exit code 2,
 before Ray starts or anything is written."""
+
 import json
 
 import pytest
@@ -22,17 +23,22 @@ def invoke(*args):
     return CliRunner().invoke(sweep_cli(), list(args))
 
 
-@pytest.mark.parametrize("args, msg", [
-    (["--grid", "nope=0.1"], "error: unknown regularizer 'nope' in the grid; known: entropy"),
-    ([], "error: the grid is empty"),
-    (["--grid", "entropy=0.1,x"], "error: lambda 'x' of entropy in the grid is not a number > 0"),
-    (["--grid", "entropy=0.1", "--seeds", "0"], "error: --seeds must be a positive integer"),
-    (["--grid", "entropy=0.1", "--address", "ray://127.0.0.1:1"],
-     "error: cannot reach the Ray cluster at ray://127.0.0.1:1"),
-    (["--grid", "entropy=0.1", "--address", "not-an-address"], "error: --address 'not-an-address' is not auto"),
-    (["--grid", "entropy=0.1", "--scheduler", "magic"], "error: --scheduler must be one of none, asha"),
-    (["--grid", "entropy=0.1", "--gpus-per-trial", "-1"], "error: --gpus-per-trial must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "args, msg",
+    [
+        (["--grid", "nope=0.1"], "error: unknown regularizer 'nope' in the grid; known: entropy"),
+        ([], "error: the grid is empty"),
+        (["--grid", "entropy=0.1,x"], "error: lambda 'x' of entropy in the grid is not a number > 0"),
+        (["--grid", "entropy=0.1", "--seeds", "0"], "error: --seeds must be a positive integer"),
+        (
+            ["--grid", "entropy=0.1", "--address", "ray://127.0.0.1:1"],
+            "error: cannot reach the Ray cluster at ray://127.0.0.1:1",
+        ),
+        (["--grid", "entropy=0.1", "--address", "not-an-address"], "error: --address 'not-an-address' is not auto"),
+        (["--grid", "entropy=0.1", "--scheduler", "magic"], "error: --scheduler must be one of none, asha"),
+        (["--grid", "entropy=0.1", "--gpus-per-trial", "-1"], "error: --gpus-per-trial must be >= 0"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(args, msg):
     out = invoke("sweep", "reverse-1l", *args, "--json")
     assert out.exit_code == 2, out.output

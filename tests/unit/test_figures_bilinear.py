@@ -1,4 +1,5 @@
 """Figures of the bilinear form: every builder gives a Plot whose exports are valid files."""
+
 import io
 import shutil
 import xml.etree.ElementTree as ET

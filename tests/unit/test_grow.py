@@ -2,6 +2,7 @@
 bases, the batch least squares against an explicit Kronecker lstsq, dL/dS against finite
 differences and the weight gradient, the function kept at step 0 (and through save/load), the
 first-order prediction, and growth beating random and zero growth on a head too narrow for its task."""
+
 import json
 import math
 
@@ -33,8 +34,16 @@ def _one_thread():
 # Not conftest's make_tiny_model: every weight from N(0, 0.4) by a generator, LayerNorm gains near 1.
 def random_model(attn_bias: bool = False, n_layers: int = 2, d_head: int = 2, seed: int = 0, qk: str = "factored"):
     """A small model with O(1) weights, so that scores and gradients are far from zero."""
-    cfg = ModelConfig(n_layers=n_layers, n_heads=2, d_model=10, d_head=d_head, d_vocab=TASK.d_vocab,
-                      n_ctx=TASK.n_ctx, attn_bias=attn_bias, qk=qk)
+    cfg = ModelConfig(
+        n_layers=n_layers,
+        n_heads=2,
+        d_model=10,
+        d_head=d_head,
+        d_vocab=TASK.d_vocab,
+        n_ctx=TASK.n_ctx,
+        attn_bias=attn_bias,
+        qk=qk,
+    )
     model = Transformer(cfg)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -56,6 +65,7 @@ def rows_in_subspace(n, T, d, rank, seed):
 
 # --- Eckart-Young -------------------------------------------------------------------------------------
 
+
 @settings(max_examples=40, deadline=None)
 @given(m=st.integers(1, 7), n=st.integers(1, 7), k=st.integers(1, 9), seed=st.integers(0, 10_000))
 def test_low_rank_residual_is_the_discarded_energy(m, n, k, seed):
@@ -73,8 +83,14 @@ def test_low_rank_residual_is_the_discarded_energy(m, n, k, seed):
 
 
 @settings(max_examples=30, deadline=None)
-@given(n=st.integers(1, 4), T=st.integers(2, 6), d=st.integers(2, 6), deficit=st.integers(0, 2),
-       k=st.integers(1, 4), seed=st.integers(0, 10_000))
+@given(
+    n=st.integers(1, 4),
+    T=st.integers(2, 6),
+    d=st.integers(2, 6),
+    deficit=st.integers(0, 2),
+    k=st.integers(1, 4),
+    seed=st.integers(0, 10_000),
+)
 def test_whitened_discarded_energy_is_the_all_pairs_score_residual(n, T, d, deficit, k, seed):
     """For Y on the batch's span, (1/N^2) ||X_s (Z* - Z_k) X_c^T||_F^2 = sum of the discarded
     sigma_i^2 of Y = R_q Z* R_k^T; with a part off the span it is a lower bound."""
@@ -85,7 +101,7 @@ def test_whitened_discarded_energy_is_the_all_pairs_score_residual(n, T, d, defi
     assert torch.allclose(q.metric @ q.lift, torch.eye(d, dtype=DT), atol=1e-6)
     g = torch.Generator().manual_seed(seed + 7)
     on_span = torch.zeros(d, d, dtype=DT)
-    on_span[:q.rank, :kb.rank] = torch.randn(q.rank, kb.rank, generator=g, dtype=DT)
+    on_span[: q.rank, : kb.rank] = torch.randn(q.rank, kb.rank, generator=g, dtype=DT)
     anywhere = q.metric @ torch.randn(d, d, generator=g, dtype=DT) @ kb.metric.T  # a form's coordinates
     for Y, exact in ((on_span, True), (anywhere, False)):
         Z_star = q.lift @ Y @ kb.lift.T
@@ -110,6 +126,7 @@ def test_raw_basis_residual_is_the_z_space_residual():
 
 
 # --- the batch least squares -------------------------------------------------------------------------
+
 
 def test_single_sequence_fit_is_the_seed_closed_form():
     """Unmasked, uncentred, X of full column rank: Z* = X^+ T (X^+)^T (seed 001)."""
@@ -191,11 +208,13 @@ def test_fit_ignores_masked_entries_and_per_query_constants():
     a, b = G.fit_scores(X, target, mask), G.fit_scores(X, shifted, mask)
     assert torch.allclose(a.Z, b.Z, atol=1e-9)
     # without centring the per-query constants do matter
-    assert not torch.allclose(G.fit_scores(X, target, mask, centre=False).Z,
-                              G.fit_scores(X, shifted, mask, centre=False).Z, atol=1e-3)
+    assert not torch.allclose(
+        G.fit_scores(X, target, mask, centre=False).Z, G.fit_scores(X, shifted, mask, centre=False).Z, atol=1e-3
+    )
 
 
 # --- the gradient w.r.t. the scores --------------------------------------------------------------------
+
 
 def test_score_gradient_matches_finite_differences():
     model = random_model()
@@ -222,11 +241,14 @@ def test_score_gradient_has_the_scale_of_the_weight_gradient():
     attn.W_Q.requires_grad_(True)
     loss = TASK.loss(m(hb.batch.tokens), hb.batch)
     (grad,) = torch.autograd.grad(loss, attn.W_Q)
-    expected = torch.einsum("bid,bij,bje->de", hb.X, hb.G, hb.X) @ attn.W_K[head].detach() * attn.qk_scale[0, head, 0, 0]
+    expected = (
+        torch.einsum("bid,bij,bje->de", hb.X, hb.G, hb.X) @ attn.W_K[head].detach() * attn.qk_scale[0, head, 0, 0]
+    )
     assert torch.allclose(grad[head], expected, rtol=1e-8, atol=1e-12)
 
 
 # --- growth steps ------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("attn_bias, basis", [(False, "whitened"), (True, "whitened"), (False, "raw")])
 def test_step_zero_keeps_the_function_and_survives_save_load(attn_bias, basis, tmp_path):
@@ -307,10 +329,11 @@ def test_residual_splits_and_is_bounded_by_the_discarded_energy():
     step = growth.step(0.2 * growth.eta_ref)
     assert step.discarded_energy > 1e-6  # the truncation is active
     assert math.isclose(step.residual, step.fit_residual + step.truncation_residual, rel_tol=1e-6)
-    assert growth.n_visible * step.truncation_residual <= growth.n_rows ** 2 * step.discarded_energy * (1 + 1e-9)
+    assert growth.n_visible * step.truncation_residual <= growth.n_rows**2 * step.discarded_energy * (1 + 1e-9)
     Y_star = growth.B_hat - step.eta * growth.fit.Y_full
-    assert math.isclose(step.discarded_energy, torch.linalg.svdvals(Y_star)[growth.kept:].pow(2).sum().item(),
-                        rel_tol=1e-9)
+    assert math.isclose(
+        step.discarded_energy, torch.linalg.svdvals(Y_star)[growth.kept :].pow(2).sum().item(), rel_tol=1e-9
+    )
     assert torch.allclose(step.singular_values, torch.linalg.svdvals(Y_star))
 
 
@@ -327,13 +350,17 @@ def test_line_search_takes_the_best_admissible_step():
 
 # --- the whole comparison on a head too narrow for its task ------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def narrow_result():
     """Reverse needs a positional attention pattern that a rank-1 head cannot draw: one layer,
     one head, d_head 1, trained until it stalls, then grown by p = 3."""
     cfg = ModelConfig(n_layers=1, n_heads=1, d_model=24, d_head=1, d_vocab=TASK.d_vocab, n_ctx=TASK.n_ctx)
-    model, _ = train(init_model(cfg, 0), TASK, TrainConfig(steps=250, batch_size=64, lr=3e-3, warmup_steps=20,
-                                                           eval_every=250, eval_samples=64, device="cpu"))
+    model, _ = train(
+        init_model(cfg, 0),
+        TASK,
+        TrainConfig(steps=250, batch_size=64, lr=3e-3, warmup_steps=20, eval_every=250, eval_samples=64, device="cpu"),
+    )
     return G.grow(model, TASK, G.GrowConfig(add=3, steps=40, eval_samples=256, eval_every=20, seed=0))
 
 
@@ -361,13 +388,17 @@ def test_zero_growth_sits_at_a_saddle(narrow_result):
 
 # --- bad input --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs, msg", [
-    (dict(layer=2), "layer 2 is outside 0..1"),
-    (dict(head=5), "outside 0..1"),
-    (dict(add=0), "add (p) must be 1..8"),
-    (dict(add=9), "add (p) must be 1..8"),
-    (dict(basis="diag"), "basis must be one of"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs, msg",
+    [
+        (dict(layer=2), "layer 2 is outside 0..1"),
+        (dict(head=5), "outside 0..1"),
+        (dict(add=0), "add (p) must be 1..8"),
+        (dict(add=9), "add (p) must be 1..8"),
+        (dict(basis="diag"), "basis must be one of"),
+    ],
+)
 def test_growth_rejects_bad_input(kwargs, msg):
     args = dict(layer=0, head=0, add=1, basis="whitened") | kwargs
     with pytest.raises(ValueError, match=msg.replace("(", r"\(").replace(")", r"\)")):
@@ -377,9 +408,13 @@ def test_growth_rejects_bad_input(kwargs, msg):
 def test_merged_heads_and_bad_settings_are_refused():
     with pytest.raises(ValueError, match="merged heads"):
         G.Growth(random_model(qk="merged"), TASK, TASK.sample(2, 0), 0, 0, 1)
-    for kwargs, msg in [(dict(batch=0), "batch must be"), (dict(steps=-1), "steps must be"),
-                        (dict(lr=0.0), "lr must be"), (dict(damping=2.0), "damping must be"),
-                        (dict(add=1.5), "add must be an integer")]:
+    for kwargs, msg in [
+        (dict(batch=0), "batch must be"),
+        (dict(steps=-1), "steps must be"),
+        (dict(lr=0.0), "lr must be"),
+        (dict(damping=2.0), "damping must be"),
+        (dict(add=1.5), "add must be an integer"),
+    ]:
         with pytest.raises(ValueError, match=msg):
             G.GrowConfig(**kwargs)
     with pytest.raises(ValueError, match="does not fit task"):
@@ -387,6 +422,7 @@ def test_merged_heads_and_bad_settings_are_refused():
 
 
 # --- the CLI ------------------------------------------------------------------------------------------------
+
 
 def cli(*args):
     """In-process (tests/test_cli.py runs the command as a subprocess; a second interpreter here
@@ -402,12 +438,31 @@ def test_cli_grow_json_and_out(tmp_path):
     model = random_model(n_layers=1)
     checkpoint.save(model, tmp_path / "tiny", card={"task": "reverse"})
     out = tmp_path / "grown"
-    proc = cli(str(tmp_path / "tiny"), "--add", "2", "--batch", "6", "--steps", "4", "--eval-samples", "32",
-               "--out", str(out), "--json")
+    proc = cli(
+        str(tmp_path / "tiny"),
+        "--add",
+        "2",
+        "--batch",
+        "6",
+        "--steps",
+        "4",
+        "--eval-samples",
+        "32",
+        "--out",
+        str(out),
+        "--json",
+    )
     assert proc.exit_code == 0, proc.output
     doc = json.loads(proc.stdout)
-    for key in ("singular_values_Z", "residual", "discarded_energy", "predicted_decrease", "loss_before",
-                "loss_after_step", "loss_after_finetune"):
+    for key in (
+        "singular_values_Z",
+        "residual",
+        "discarded_energy",
+        "predicted_decrease",
+        "loss_before",
+        "loss_after_step",
+        "loss_after_finetune",
+    ):
         assert isinstance(doc[key], (float, list)), key
     assert set(doc["baselines"]) == {"random", "zero"}
     assert set(doc["baselines"]["zero"]) >= {"loss_after_init", "loss_after_finetune"}

@@ -1,5 +1,6 @@
 """GPT-2 import: a random tiny GPT-2 saved by transformers, loaded through attn_core.hf (and
 sources.resolve, as any model NAME), must give the same attention patterns and logits."""
+
 import json
 
 import pytest
@@ -31,7 +32,15 @@ def test_patterns_and_scores_match_transformers(saved):
     loaded = resolve(folder)  # a GPT-2 folder works wherever a model NAME does
     assert loaded.task is None and loaded.card.task is None
     cfg = loaded.config
-    assert (cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.d_head, cfg.d_mlp, cfg.n_ctx, cfg.d_vocab) == (2, 4, 32, 8, 128, 16, 100)
+    assert (cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.d_head, cfg.d_mlp, cfg.n_ctx, cfg.d_vocab) == (
+        2,
+        4,
+        32,
+        8,
+        128,
+        16,
+        100,
+    )
     assert cfg.attn_bias and cfg.mlp_act == "gelu_tanh" and cfg.ln_eps == model.config.layer_norm_epsilon
     tokens = torch.randint(0, 100, (3, 16), generator=torch.Generator().manual_seed(1))
     ref = _reference(model, tokens)
@@ -63,8 +72,9 @@ def test_views_and_spectrum_work_on_gpt2(saved):
 def test_in_memory_model_and_folded_scales(tmp_path):
     """scale_attn_by_inverse_layer_idx and scale_attn_weights=False change the scores' scale;
     it is folded into W_Q, b_Q, so the patterns still match."""
-    model = write_tiny_gpt2(tmp_path, scale_attn_by_inverse_layer_idx=True, scale_attn_weights=False,
-                            tie_word_embeddings=False)  # loaded from memory below, not from tmp_path
+    model = write_tiny_gpt2(
+        tmp_path, scale_attn_by_inverse_layer_idx=True, scale_attn_weights=False, tie_word_embeddings=False
+    )  # loaded from memory below, not from tmp_path
     loaded = hf.from_transformers(model)
     tokens = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(2))
     ref = _reference(model, tokens)
@@ -76,8 +86,9 @@ def test_in_memory_model_and_folded_scales(tmp_path):
 
 
 def test_refusals(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 32, "n_head": 4, "n_layer": 1,
-                                                       "n_positions": 8, "vocab_size": 10}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "gpt2", "n_embd": 32, "n_head": 4, "n_layer": 1, "n_positions": 8, "vocab_size": 10})
+    )
     assert hf.is_gpt2_folder(tmp_path)
     (tmp_path / "pytorch_model.bin").write_bytes(b"PK\x03\x04")
     with pytest.raises(CheckpointError, match="never read"):
@@ -115,7 +126,9 @@ def test_cli_takes_a_gpt2_folder_as_name(saved):
     runner = CliRunner()
     spec = runner.invoke(app, ["spectrum", str(folder), "--json"])
     assert spec.exit_code == 0 and len(json.loads(spec.stdout)) == 8
-    doc = runner.invoke(app, ["scores", str(folder), "--layer", "1", "--head", "2", "--tokens", "tok5 tok6 7", "--json"])
+    doc = runner.invoke(
+        app, ["scores", str(folder), "--layer", "1", "--head", "2", "--tokens", "tok5 tok6 7", "--json"]
+    )
     assert doc.exit_code == 0, doc.output
     assert json.loads(doc.stdout)["token_ids"] == [5, 6, 7]
     bad = runner.invoke(app, ["scores", str(folder), "--head", "4"])

@@ -1,6 +1,7 @@
 """Hook points: run_with_cache records every named activation, the scores equal a dense computation
 from the weights, replacing the scores changes the pattern as an offset before the softmax would,
 unknown names are refused; and the one parameter count equals the real one."""
+
 import math
 
 import pytest
@@ -12,18 +13,20 @@ from hypothesis import strategies as st
 from attn_core.hooks import ACTIVATIONS, MLP_ACTIVATIONS, act_name
 from attn_core.model import ModelConfig, Transformer
 
-configs = st.fixed_dictionaries({
-    "n_layers": st.integers(1, 2),
-    "n_heads": st.integers(1, 3),
-    "d_model": st.sampled_from([8, 12]),
-    "d_head": st.integers(2, 5),
-    "d_mlp": st.sampled_from([0, 8]),
-    "qk": st.sampled_from(["factored", "merged"]),
-    "attn_bias": st.booleans(),
-    "normalization": st.sampled_from(["layernorm", "none"]),
-    "positional": st.sampled_from(["learned", "none"]),
-    "grown": st.booleans(),
-})
+configs = st.fixed_dictionaries(
+    {
+        "n_layers": st.integers(1, 2),
+        "n_heads": st.integers(1, 3),
+        "d_model": st.sampled_from([8, 12]),
+        "d_head": st.integers(2, 5),
+        "d_mlp": st.sampled_from([0, 8]),
+        "qk": st.sampled_from(["factored", "merged"]),
+        "attn_bias": st.booleans(),
+        "normalization": st.sampled_from(["layernorm", "none"]),
+        "positional": st.sampled_from(["learned", "none"]),
+        "grown": st.booleans(),
+    }
+)
 
 
 # Not conftest's make_tiny_model: a float64 model, its weights drawn in float64 from N(0, 0.5).
@@ -77,9 +80,14 @@ def test_run_with_cache_records_every_activation_with_its_shape(spec, seed):
     assert list(cache) == [act_name(k, l) for l in range(cfg.n_layers) for k in kinds] == model.hook_names()
     for l in range(cfg.n_layers):
         w = cfg.d_model if cfg.qk == "merged" else cfg.qk_width(l)
-        shapes = {"q": (b, cfg.n_heads, T, w), "k": (b, cfg.n_heads, T, w), "v": (b, cfg.n_heads, T, cfg.d_head),
-                  "attn_scores": (b, cfg.n_heads, T, T), "pattern": (b, cfg.n_heads, T, T),
-                  "z": (b, cfg.n_heads, T, cfg.d_head)}
+        shapes = {
+            "q": (b, cfg.n_heads, T, w),
+            "k": (b, cfg.n_heads, T, w),
+            "v": (b, cfg.n_heads, T, cfg.d_head),
+            "attn_scores": (b, cfg.n_heads, T, T),
+            "pattern": (b, cfg.n_heads, T, T),
+            "z": (b, cfg.n_heads, T, cfg.d_head),
+        }
         for kind in kinds:
             assert cache[act_name(kind, l)].shape == shapes.get(kind, (b, T, cfg.d_model)), (kind, l)
         # the residual stream adds up: resid_post = resid_pre + attn_out (+ mlp_out)
@@ -120,8 +128,12 @@ def test_replacing_the_scores_is_an_offset_before_the_softmax(spec, seed, layer,
     model = build(spec, seed)
     layer, head = layer % model.cfg.n_layers, head % model.cfg.n_heads
     x = tokens(seed=seed)
-    offset = torch.randn(x.shape[0], x.shape[1], x.shape[1], generator=torch.Generator().manual_seed(seed),
-                         dtype=torch.float64) * 3
+    offset = (
+        torch.randn(
+            x.shape[0], x.shape[1], x.shape[1], generator=torch.Generator().manual_seed(seed), dtype=torch.float64
+        )
+        * 3
+    )
     seen = []
 
     def shift(S, name):
@@ -148,8 +160,19 @@ def test_replacing_the_scores_is_an_offset_before_the_softmax(spec, seed, layer,
 
 
 def test_hooks_that_return_none_keep_the_activation_and_run_in_order():
-    model = build({"n_layers": 2, "n_heads": 2, "d_model": 8, "d_head": 4, "d_mlp": 8, "qk": "factored",
-                   "attn_bias": True, "normalization": "layernorm", "positional": "learned"})
+    model = build(
+        {
+            "n_layers": 2,
+            "n_heads": 2,
+            "d_model": 8,
+            "d_head": 4,
+            "d_mlp": 8,
+            "qk": "factored",
+            "attn_bias": True,
+            "normalization": "layernorm",
+            "positional": "learned",
+        }
+    )
     x = tokens()
     order = []
     hooks = [(name, lambda t, n: order.append(n)) for name in reversed(model.hook_names())]
@@ -164,8 +187,19 @@ def test_hooks_that_return_none_keep_the_activation_and_run_in_order():
 
 
 def test_unknown_names_and_bad_replacements_fail_in_one_sentence():
-    attn_only = build({"n_layers": 1, "n_heads": 2, "d_model": 8, "d_head": 4, "d_mlp": 0, "qk": "factored",
-                       "attn_bias": False, "normalization": "layernorm", "positional": "learned"})
+    attn_only = build(
+        {
+            "n_layers": 1,
+            "n_heads": 2,
+            "d_model": 8,
+            "d_head": 4,
+            "d_mlp": 0,
+            "qk": "factored",
+            "attn_bias": False,
+            "normalization": "layernorm",
+            "positional": "learned",
+        }
+    )
     x = tokens()
     for name in ("blocks.3.attn.hook_pattern", "blocks.0.attn.hook_result", act_name("mlp_out", 0)):
         with pytest.raises(ValueError, match=r"unknown activation name .*act_name\(kind, layer\)"):
@@ -179,8 +213,19 @@ def test_unknown_names_and_bad_replacements_fail_in_one_sentence():
 
 
 def test_hook_points_add_nothing_to_the_checkpoint():
-    model = build({"n_layers": 2, "n_heads": 2, "d_model": 8, "d_head": 4, "d_mlp": 8, "qk": "factored",
-                   "attn_bias": True, "normalization": "layernorm", "positional": "learned"})
+    model = build(
+        {
+            "n_layers": 2,
+            "n_heads": 2,
+            "d_model": 8,
+            "d_head": 4,
+            "d_mlp": 8,
+            "qk": "factored",
+            "attn_bias": True,
+            "normalization": "layernorm",
+            "positional": "learned",
+        }
+    )
     keys = set(model.state_dict())
     assert not any("hook" in k for k in keys)
     assert {"blocks.0.attn.W_Q", "blocks.1.attn.b_K", "blocks.1.mlp.W_in", "embed.W_E", "unembed.b_U"} <= keys

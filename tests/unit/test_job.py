@@ -1,5 +1,6 @@
 """The live retraining job: snapshots, pause/resume/stop, the NaN guard, determinism, isolation of
 two jobs at once, and what ends up in the run store."""
+
 import hashlib
 import math
 import statistics
@@ -24,8 +25,18 @@ def tiny(tmp_path):
 
 
 def job_cfg(source, **kw) -> JobConfig:
-    base = dict(regularizers={"entropy": 0.1, "vocab_topk": 0.1}, steps=20, lr=3e-3, device="cpu", telemetry_every=5,
-                spectrum_every=10, eval_every=10, eval_samples=32, probe_samples=8, measure_samples=64)
+    base = dict(
+        regularizers={"entropy": 0.1, "vocab_topk": 0.1},
+        steps=20,
+        lr=3e-3,
+        device="cpu",
+        telemetry_every=5,
+        spectrum_every=10,
+        eval_every=10,
+        eval_samples=32,
+        probe_samples=8,
+        measure_samples=64,
+    )
     return JobConfig(source, **{**base, **kw})
 
 
@@ -48,9 +59,23 @@ def test_job_runs_in_a_thread_and_is_saved(tiny):
     assert snap.status == "completed" and snap.step == 20 and snap.done and snap.message == "completed 20 steps"
     log = snap.metrics()
     names = set(log["name"])
-    assert {"loss", "task_loss", "accuracy", "lr", "grad_norm", "term:entropy", "term:vocab_topk", "eval_accuracy",
-            "entropy_data", "entropy_vocab", "top1_data", "entropy_data:L1H0", "entropy_vocab:L0H1",
-            "sigma:L0H0:0", "stable_rank:L1H1"} <= names
+    assert {
+        "loss",
+        "task_loss",
+        "accuracy",
+        "lr",
+        "grad_norm",
+        "term:entropy",
+        "term:vocab_topk",
+        "eval_accuracy",
+        "entropy_data",
+        "entropy_vocab",
+        "top1_data",
+        "entropy_data:L1H0",
+        "entropy_vocab:L0H1",
+        "sigma:L0H0:0",
+        "stable_rank:L1H1",
+    } <= names
     assert sorted(log[log["name"] == "entropy_data"]["step"]) == [0, 5, 10, 15, 20]
     assert sorted(log[log["name"] == "sigma:L0H0:0"]["step"]) == [0, 10, 20]
     assert snap.probe_pattern.shape == (2, 2, TASK.n_ctx, TASK.n_ctx) and len(snap.probe_tokens) == TASK.n_ctx
@@ -60,7 +85,11 @@ def test_job_runs_in_a_thread_and_is_saved(tiny):
     stored = store.metrics(snap.run_id)
     assert len(stored) == len(log)
     run = store.get(snap.run_id)
-    assert run["status"] == "completed" and run["parent"] == tiny and run["summary"]["after"]["accuracy"] == snap.after["accuracy"]
+    assert (
+        run["status"] == "completed"
+        and run["parent"] == tiny
+        and run["summary"]["after"]["accuracy"] == snap.after["accuracy"]
+    )
     loaded = store.load_model(snap.run_id)
     assert loaded.name == f"run:{snap.run_id}" and loaded.card.task == "reverse"
     assert loaded.card.details["regularizers"][0]["name"] == "entropy" and loaded.card.parent == tiny
@@ -181,8 +210,10 @@ def test_shipped_zoo_files_are_never_modified():
         return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
 
     before = digest()
-    res = TrainingJob(JobConfig("reverse-1l", {"entropy": 0.1}, steps=3, device="cpu", measure_samples=32,
-                                eval_samples=32), store=RunStore()).run()
+    res = TrainingJob(
+        JobConfig("reverse-1l", {"entropy": 0.1}, steps=3, device="cpu", measure_samples=32, eval_samples=32),
+        store=RunStore(),
+    ).run()
     assert res["status"] == "completed"
     assert digest() == before
     assert RunStore().path(res["run_id"]).is_dir()

@@ -1,5 +1,6 @@
 """Kernelized attention (seed 002): estimators, exactness limits, causality, FFT Toeplitz,
 the model hook, figures and the benchmark's shape."""
+
 import json
 import math
 
@@ -119,24 +120,26 @@ def test_causal_forms_never_look_ahead(method):
     q, k, v = qkv(n=150, scale=0.4)  # more than two chunks of 64
     t = 90
     k2, v2 = k.clone(), v.clone()
-    k2[..., t + 1:, :] = 3 * torch.randn(k2[..., t + 1:, :].shape, generator=torch.Generator().manual_seed(9), dtype=f64)
-    v2[..., t + 1:, :] = 100.0
+    k2[..., t + 1 :, :] = 3 * torch.randn(
+        k2[..., t + 1 :, :].shape, generator=torch.Generator().manual_seed(9), dtype=f64
+    )
+    v2[..., t + 1 :, :] = 100.0
     a = K.approx_attention(q, k, v, method, 32, seed=4, causal=True)
     b = K.approx_attention(q, k2, v2, method, 32, seed=4, causal=True)
     # FAVOR+'s key stabilizer is a max over all keys, a constant that cancels up to rounding
     assert torch.allclose(a[..., : t + 1, :], b[..., : t + 1, :], rtol=1e-9, atol=1e-12)
     if method != "favor":
         assert torch.equal(a[..., : t + 1, :], b[..., : t + 1, :])
-    assert not torch.allclose(a[..., t + 1:, :], b[..., t + 1:, :])
+    assert not torch.allclose(a[..., t + 1 :, :], b[..., t + 1 :, :])
     # The FFT mixes every position at rounding level (eps x the largest entry), so the RPE form is
     # checked with a future of the same scale as the past.
     k3, v3 = k.clone(), v.clone()
-    k3[..., t + 1:, :], v3[..., t + 1:, :] = k.flip(-2)[..., t + 1:, :], v.flip(-2)[..., t + 1:, :]
+    k3[..., t + 1 :, :], v3[..., t + 1 :, :] = k.flip(-2)[..., t + 1 :, :], v.flip(-2)[..., t + 1 :, :]
     b = torch.randn(2 * 150 - 1, generator=torch.Generator().manual_seed(0), dtype=f64)
     r1 = K.rpe_attention(q, k, v, b, method, 32, seed=4, causal=True)
     r2 = K.rpe_attention(q, k3, v3, b, method, 32, seed=4, causal=True)
     assert torch.allclose(r1[..., : t + 1, :], r2[..., : t + 1, :], atol=1e-10)
-    assert not torch.allclose(r1[..., t + 1:, :], r2[..., t + 1:, :])
+    assert not torch.allclose(r1[..., t + 1 :, :], r2[..., t + 1 :, :])
 
 
 @pytest.mark.parametrize("method", K.METHODS)
@@ -180,16 +183,18 @@ def test_unknown_method_and_options_are_refused():
 def test_schoenbat_prenorm_and_postscale():
     q, k, v = qkv(n=12, d=16)
     x = K.schoenbat_prenorm(q)
-    assert torch.allclose(x.norm(dim=-1), torch.full(x.shape[:-1], 16 ** -0.25, dtype=f64))
+    assert torch.allclose(x.norm(dim=-1), torch.full(x.shape[:-1], 16**-0.25, dtype=f64))
     out = torch.tensor([-8.0, 0.0, 4.0], dtype=f64)
-    assert torch.allclose(K.schoenbat_postscale(out, 2.0, 0.5), torch.tensor([-2 * 8 ** 0.5, 0.0, 4.0], dtype=f64))
+    assert torch.allclose(K.schoenbat_postscale(out, 2.0, 0.5), torch.tensor([-2 * 8**0.5, 0.0, 4.0], dtype=f64))
     a = K.approx_attention(q, k, v, "schoenbat", 16, gamma=3.0)
     assert torch.allclose(a, 3.0 * K.approx_attention(q, k, v, "schoenbat", 16))
 
 
 # Not conftest's make_tiny_model: the default init with its Q/K weights scaled up 40x (W_QK 400x).
 def _model(**overrides):
-    cfg = ModelConfig(**{"n_layers": 2, "n_heads": 2, "d_model": 32, "d_head": 8, "n_ctx": 24, "d_vocab": 26, **overrides})
+    cfg = ModelConfig(
+        **{"n_layers": 2, "n_heads": 2, "d_model": 32, "d_head": 8, "n_ctx": 24, "d_vocab": 26, **overrides}
+    )
     torch.manual_seed(0)
     model = Transformer(cfg)
     with torch.no_grad():  # sharpen the random init so patterns are far from uniform
@@ -200,9 +205,16 @@ def _model(**overrides):
     return model.eval()
 
 
-@pytest.mark.parametrize("overrides", [
-    {}, {"attn_bias": True}, {"qk": "merged"}, {"d_qk": [[8, 4], [3, 8]]}, {"normalization": "none"},
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"attn_bias": True},
+        {"qk": "merged"},
+        {"d_qk": [[8, 4], [3, 8]]},
+        {"normalization": "none"},
+    ],
+)
 def test_head_qkv_reproduces_the_models_pattern(overrides):
     model = _model(**overrides)
     if model.cfg.attn_bias:
@@ -256,20 +268,32 @@ def test_head_spectrum_matches_dense_B():
     s = torch.linalg.svdvals(B)
     spec = K.head_spectrum(model, 0, 1)
     assert spec["spectral_norm"] == pytest.approx(s[0].item())
-    assert spec["stable_rank"] == pytest.approx((s ** 2).sum().item() / s[0].item() ** 2)
+    assert spec["stable_rank"] == pytest.approx((s**2).sum().item() / s[0].item() ** 2)
 
 
 def test_figures_build_and_export():
     q, k, v = qkv(n=16)
     df = K.error_curve(q, k, v, methods=("favor", "maclaurin"), features=(8, 32), seeds=range(2), causal=False)
-    plots = [error_curves(df), error_curves(df, "tv"),
-             pattern_comparison(K.exact_pattern(q, k)[0], K.approx_pattern(q, k, "favor", 8)[0],
-                                labels=list("abcdefghijklmnop"))]
-    result = {"config": {"heads": 1, "d_head": 8, "features": 8, "causal": False},
-              "rows": [{"n": n, "method": m, "ms": ms, "peak_mb": 1.0, "ratio": r, "rel_error": 0.1}
-                       for n, m, ms, r in [(256, "sdpa", 1.0, 1.0), (256, "favor", 2.0, 0.5),
-                                           (512, "sdpa", 4.0, 1.0), (512, "favor", 2.0, 2.0)]],
-              "crossover": {"favor": 512}}
+    plots = [
+        error_curves(df),
+        error_curves(df, "tv"),
+        pattern_comparison(
+            K.exact_pattern(q, k)[0], K.approx_pattern(q, k, "favor", 8)[0], labels=list("abcdefghijklmnop")
+        ),
+    ]
+    result = {
+        "config": {"heads": 1, "d_head": 8, "features": 8, "causal": False},
+        "rows": [
+            {"n": n, "method": m, "ms": ms, "peak_mb": 1.0, "ratio": r, "rel_error": 0.1}
+            for n, m, ms, r in [
+                (256, "sdpa", 1.0, 1.0),
+                (256, "favor", 2.0, 0.5),
+                (512, "sdpa", 4.0, 1.0),
+                (512, "favor", 2.0, 2.0),
+            ]
+        ],
+        "crossover": {"favor": 512},
+    }
     plots.append(speed_chart(result))
     for plot in plots:
         assert b"<html" in export_bytes(plot, "html")[:500].lower()
@@ -278,19 +302,45 @@ def test_figures_build_and_export():
 
 
 def test_crossover_needs_every_longer_length_to_win():
-    rows = [{"n": n, "method": m, "ms": ms} for n, m, ms in [
-        (1, "sdpa", 1), (1, "x", 0.5), (2, "sdpa", 2), (2, "x", 3), (4, "sdpa", 4), (4, "x", 3), (8, "sdpa", 9), (8, "x", 4)]]
+    rows = [
+        {"n": n, "method": m, "ms": ms}
+        for n, m, ms in [
+            (1, "sdpa", 1),
+            (1, "x", 0.5),
+            (2, "sdpa", 2),
+            (2, "x", 3),
+            (4, "sdpa", 4),
+            (4, "x", 3),
+            (8, "sdpa", 9),
+            (8, "x", 4),
+        ]
+    ]
     assert bench.crossover(rows, "x") == 4
     assert bench.crossover([r for r in rows if r["n"] < 4], "x") is None
 
 
 def test_benchmark_rows_ratios_and_memory_subprocess():
     threads = torch.get_num_threads()
-    result = bench.run(max_n=128, repeats=2, methods=("favor", "nystrom"), d_head=16, heads=1, min_n=64,
-                       features=16, memory=False, threads=1)
+    result = bench.run(
+        max_n=128,
+        repeats=2,
+        methods=("favor", "nystrom"),
+        d_head=16,
+        heads=1,
+        min_n=64,
+        features=16,
+        memory=False,
+        threads=1,
+    )
     assert result["config"]["torch_threads"] == 1 and torch.get_num_threads() == threads
     assert [(r["n"], r["method"]) for r in result["rows"]] == [
-        (64, "sdpa"), (64, "favor"), (64, "nystrom"), (128, "sdpa"), (128, "favor"), (128, "nystrom")]
+        (64, "sdpa"),
+        (64, "favor"),
+        (64, "nystrom"),
+        (128, "sdpa"),
+        (128, "favor"),
+        (128, "nystrom"),
+    ]
     for r in result["rows"]:
         assert r["ms"] > 0 and r["ratio"] > 0 and r["peak_mb"] is None
         assert r["rel_error"] == 0.0 if r["method"] == "sdpa" else 0 < r["rel_error"] < 10
@@ -300,7 +350,15 @@ def test_benchmark_rows_ratios_and_memory_subprocess():
     assert acc[(0.25, "favor")] < acc[(1.0, "favor")]  # smaller scores, smaller FAVOR+ variance
     json.dumps(result)
     # one fresh interpreter measures the rise of resident memory over a call
-    config = {"n": 2048, "method": "sdpa", "heads": 1, "d_head": 16, "features": 8, "causal": False, "seed": 0,
-              "threads": 1}
+    config = {
+        "n": 2048,
+        "method": "sdpa",
+        "heads": 1,
+        "d_head": 16,
+        "features": 8,
+        "causal": False,
+        "seed": 0,
+        "threads": 1,
+    }
     peak = bench._peak_memory(config, timeout=120)
     assert peak is None or peak >= 0.1  # the [2048, 16] float32 output alone is 0.125 MB

@@ -1,4 +1,5 @@
 """Concentration metrics against hand-computed rows, masks, summaries and gradients."""
+
 import math
 
 import pytest

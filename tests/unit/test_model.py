@@ -15,8 +15,17 @@ def small(**kw) -> Transformer:
     return make_tiny_model(**{**SMALL, **kw})
 
 
-@pytest.mark.parametrize("kw", [{}, {"d_mlp": 32}, {"qk": "merged"}, {"attn_bias": True},
-                                {"normalization": "none", "positional": "none"}, {"entmax_alpha": 1.5}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"d_mlp": 32},
+        {"qk": "merged"},
+        {"attn_bias": True},
+        {"normalization": "none", "positional": "none"},
+        {"entmax_alpha": 1.5},
+    ],
+)
 def test_shapes_and_cache(kw):
     m = small(**kw)
     tokens = torch.randint(0, 17, (5, 12))
@@ -55,7 +64,7 @@ def test_merged_equals_factored_when_W_QK_is_W_Q_W_K_over_sqrt_d_head(bias):
     merged = Transformer(ModelConfig(**{**fac.cfg.to_dict(), "qk": "merged"}))
     state = {k: v for k, v in fac.state_dict().items() if ".W_Q" not in k and ".W_K" not in k}
     for l, block in enumerate(fac.blocks):
-        state[f"blocks.{l}.attn.W_QK"] = block.attn.W_Q @ block.attn.W_K.transpose(-1, -2) / fac.cfg.d_head ** 0.5
+        state[f"blocks.{l}.attn.W_QK"] = block.attn.W_Q @ block.attn.W_K.transpose(-1, -2) / fac.cfg.d_head**0.5
     merged.load_state_dict(state)
     tokens = torch.randint(0, 17, (4, 12))
     with torch.no_grad():
@@ -81,11 +90,18 @@ def test_grown_head_padding_contributes_nothing():
         torch.testing.assert_close(wide(tokens), base(tokens), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("bad, msg", [
-    ({"d_model": 0}, "d_model"), ({"n_heads": 10**6}, "n_heads"), ({"qk": "fused"}, "qk"),
-    ({"normalization": "rms"}, "normalization"), ({"d_mlp": -1}, "d_mlp"), ({"entmax_alpha": 3.0}, "entmax_alpha"),
-    ({"d_model": 8192, "n_layers": 64, "n_heads": 64}, "too large"),
-])
+@pytest.mark.parametrize(
+    "bad, msg",
+    [
+        ({"d_model": 0}, "d_model"),
+        ({"n_heads": 10**6}, "n_heads"),
+        ({"qk": "fused"}, "qk"),
+        ({"normalization": "rms"}, "normalization"),
+        ({"d_mlp": -1}, "d_mlp"),
+        ({"entmax_alpha": 3.0}, "entmax_alpha"),
+        ({"d_model": 8192, "n_layers": 64, "n_heads": 64}, "too large"),
+    ],
+)
 def test_config_validation(bad, msg):
     with pytest.raises(ValueError, match=msg):
         ModelConfig(**bad)

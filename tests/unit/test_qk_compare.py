@@ -1,6 +1,7 @@
 """attn_core.qk (seed 004): merged and factored heads compute the same thing when they
 should, the parameter formulas, the nuclear-norm identity behind "weight decay on both factors",
 rank truncation, the per-group weight decay, and a short seeded comparison end to end."""
+
 import json
 import math
 
@@ -41,6 +42,7 @@ def n_params_formula(cfg: ModelConfig) -> int:
             total += ln + 2 * d * cfg.d_mlp + cfg.d_mlp + d
     return total
 
+
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
     """These models are tiny: one thread is as fast as two, and far faster on a busy machine
@@ -68,14 +70,21 @@ def _tokens(cfg, seed=1, batch=3):
     return torch.randint(0, cfg.d_vocab, (batch, cfg.n_ctx), generator=torch.Generator().manual_seed(seed))
 
 
-configs = st.fixed_dictionaries({
-    "n_layers": st.integers(1, 2), "n_heads": st.integers(1, 3), "d_model": st.integers(2, 10),
-    "d_head": st.integers(1, 5), "d_mlp": st.sampled_from([0, 7]),
-    "normalization": st.sampled_from(["layernorm", "none"]), "positional": st.sampled_from(["learned", "none"]),
-})
+configs = st.fixed_dictionaries(
+    {
+        "n_layers": st.integers(1, 2),
+        "n_heads": st.integers(1, 3),
+        "d_model": st.integers(2, 10),
+        "d_head": st.integers(1, 5),
+        "d_mlp": st.sampled_from([0, 7]),
+        "normalization": st.sampled_from(["layernorm", "none"]),
+        "positional": st.sampled_from(["learned", "none"]),
+    }
+)
 
 
 # --- merged == factored ----------------------------------------------------------------------------
+
 
 def test_merged_equals_factored_when_W_QK_is_W_Q_W_K_T_over_sqrt_d_head():
     fact = _model(d_head=4)
@@ -89,7 +98,9 @@ def test_merged_equals_factored_when_W_QK_is_W_Q_W_K_T_over_sqrt_d_head():
     lm, cm = merged.run_with_cache(x)
     torch.testing.assert_close(lm, lf, rtol=1e-10, atol=1e-10)
     for l in range(2):
-        torch.testing.assert_close(cm[act_name("attn_scores", l)], cf[act_name("attn_scores", l)], rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(
+            cm[act_name("attn_scores", l)], cf[act_name("attn_scores", l)], rtol=1e-10, atol=1e-10
+        )
     # and the library's converter gives exactly that model
     torch.testing.assert_close(Q.merged_from_factored(fact)(x), lf, rtol=1e-10, atol=1e-10)
 
@@ -160,7 +171,10 @@ def test_balanced_factors_attain_the_nuclear_norm(shape):
 def test_no_factorization_has_smaller_weight_norm(shape, width):
     m, n, seed = shape
     g = torch.Generator().manual_seed(seed)
-    A, C = torch.randn(m, width, generator=g, dtype=torch.float64), torch.randn(n, width, generator=g, dtype=torch.float64)
+    A, C = (
+        torch.randn(m, width, generator=g, dtype=torch.float64),
+        torch.randn(n, width, generator=g, dtype=torch.float64),
+    )
     M = A @ C.T
     nuc = torch.linalg.matrix_norm(M, ord="nuc")
     # every factorization M = A C^T, rebalanced by any invertible G, costs at least ||M||_*
@@ -198,6 +212,7 @@ def test_truncated_caps_the_rank_of_every_head(qk):
 
 # --- parameter counts --------------------------------------------------------------------------------
 
+
 @settings(max_examples=40, deadline=None)
 @given(configs, st.booleans(), st.sampled_from(["factored", "merged", "d_qk"]), st.data())
 def test_parameter_formula_matches_the_model(kw, bias, qk, data):
@@ -225,9 +240,12 @@ def test_qk_parameters_per_head(d_qk, bias):
 
 # --- weight decay per group ---------------------------------------------------------------------------
 
+
 def test_qk_weight_decay_is_its_own_group_and_decays_W_QK():
     task = get_task("induction")
-    recipe = TrainConfig(steps=3, batch_size=4, lr=0.01, weight_decay=0.1, warmup_steps=0, min_lr_ratio=1.0, device="cpu")
+    recipe = TrainConfig(
+        steps=3, batch_size=4, lr=0.01, weight_decay=0.1, warmup_steps=0, min_lr_ratio=1.0, device="cpu"
+    )
     trainers = {}
     for wd in (0.0, 5.0):
         trainers[wd] = Trainer(make_tiny_model("induction", d_model=8, d_head=4, qk="merged"), task, recipe)
@@ -252,22 +270,26 @@ def test_qk_weight_decay_is_its_own_group_and_decays_W_QK():
 
 # --- settings ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kw, message", [
-    ({"task": "nope"}, "unknown task"),
-    ({"steps": 0}, "steps must be 1.."),
-    ({"seeds": 0}, "seeds must be 1.."),
-    ({"d_qks": (0,)}, r"outside 1\.\.32"),
-    ({"d_qks": (2, 2)}, "repeat"),
-    ({"merged_kinds": ("merged + dropout",)}, "not one of"),
-    ({"d_qks": (), "merged_kinds": ()}, "no variant"),
-    ({"nuclear": -1.0}, r"nuclear must be in \[0, 100\]"),
-    ({"nuclear": 0.0}, "must be > 0"),
-    ({"qk_weight_decay": float("nan")}, "qk_weight_decay"),
-    ({"lr": 0.0}, "lr"),
-    ({"device": "tpu"}, "device"),
-    ({"n_heads": 0}, "n_heads"),
-    ({"threads": -1}, r"threads must be 0..256"),
-])
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"task": "nope"}, "unknown task"),
+        ({"steps": 0}, "steps must be 1.."),
+        ({"seeds": 0}, "seeds must be 1.."),
+        ({"d_qks": (0,)}, r"outside 1\.\.32"),
+        ({"d_qks": (2, 2)}, "repeat"),
+        ({"merged_kinds": ("merged + dropout",)}, "not one of"),
+        ({"d_qks": (), "merged_kinds": ()}, "no variant"),
+        ({"nuclear": -1.0}, r"nuclear must be in \[0, 100\]"),
+        ({"nuclear": 0.0}, "must be > 0"),
+        ({"qk_weight_decay": float("nan")}, "qk_weight_decay"),
+        ({"lr": 0.0}, "lr"),
+        ({"device": "tpu"}, "device"),
+        ({"n_heads": 0}, "n_heads"),
+        ({"threads": -1}, r"threads must be 0..256"),
+    ],
+)
 def test_bad_settings_are_clear_errors(kw, message):
     with pytest.raises(ValueError, match=message):
         Q.CompareConfig(**kw)
@@ -287,8 +309,19 @@ def test_variants_and_command():
 
 # --- a short seeded comparison, end to end -------------------------------------------------------------
 
-TINY = dict(task="induction", steps=6, seeds=2, d_qks=(1,), d_model=8, d_head=4, n_heads=2, batch_size=8,
-            eval_every=3, eval_samples=16, measure_samples=16)
+TINY = dict(
+    task="induction",
+    steps=6,
+    seeds=2,
+    d_qks=(1,),
+    d_model=8,
+    d_head=4,
+    n_heads=2,
+    batch_size=8,
+    eval_every=3,
+    eval_samples=16,
+    measure_samples=16,
+)
 
 
 @pytest.fixture(scope="module")
@@ -358,7 +391,7 @@ def test_saved_comparison_round_trips(tiny, tmp_path):
     assert "| merged + nuclear |" in back.markdown() and "## What the numbers say" in back.markdown()
     with pytest.raises(ValueError, match="no saved comparison"):
         Q.Comparison.load(tmp_path / "missing.json")
-    (tmp_path / "bad.json").write_text("{\"runs\": 3}")
+    (tmp_path / "bad.json").write_text('{"runs": 3}')
     with pytest.raises(ValueError, match="not a saved comparison"):
         Q.Comparison.load(tmp_path / "bad.json")
 
@@ -383,34 +416,67 @@ def test_findings_follow_the_numbers(tiny):
 
 # --- the command ---------------------------------------------------------------------------------------
 
+
 def _cli(*args):
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "attn_core", "compare-qk", *args], capture_output=True, text=True,
-                          timeout=300, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "attn_core", "compare-qk", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 def test_compare_qk_command_prints_one_json_document(tmp_path):
     out = tmp_path / "c.json"
-    proc = _cli("--task", "induction", "--steps", "3", "--seeds", "2", "--d-qk", "2", "--merged", "merged",
-                "--d-model", "8", "--out", str(out), "--json")
+    proc = _cli(
+        "--task",
+        "induction",
+        "--steps",
+        "3",
+        "--seeds",
+        "2",
+        "--d-qk",
+        "2",
+        "--merged",
+        "merged",
+        "--d-model",
+        "8",
+        "--out",
+        str(out),
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert [v["name"] for v in doc["variants"]] == ["factored d_qk=2", "merged"]
-    keys = {"name", "qk", "d_head", "params", "final_loss_mean", "final_loss_std", "accuracy_mean", "stable_rank_mean",
-            "ms_per_step"}
+    keys = {
+        "name",
+        "qk",
+        "d_head",
+        "params",
+        "final_loss_mean",
+        "final_loss_std",
+        "accuracy_mean",
+        "stable_rank_mean",
+        "ms_per_step",
+    }
     assert all(keys <= set(v) for v in doc["variants"])
     assert doc["variants"][0]["d_head"] == 2 and doc["variants"][1]["d_head"] is None
     assert doc["seeds"] == [0, 1] and len(RunStore().list_runs()) == 4  # $ATTN_LAB_RUNS (conftest)
     assert Q.Comparison.load(out).summary()[0]["params"] == doc["variants"][0]["params"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--steps", "0"], "steps must be 1.."),
-    (["--d-qk", "2,x"], "comma-separated integers"),
-    (["--merged", "merged, fast", "--steps", "2"], "not one of"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--steps", "0"], "steps must be 1.."),
+        (["--d-qk", "2,x"], "comma-separated integers"),
+        (["--merged", "merged, fast", "--steps", "2"], "not one of"),
+    ],
+)
 def test_compare_qk_bad_input_is_one_line(args, message):
     proc = _cli(*args, "--no-store", "--json")
     assert proc.returncode == 2 and proc.stdout == ""

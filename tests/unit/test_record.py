@@ -1,5 +1,6 @@
 """Recording a run: the one step loop keeps the last good weights when a step diverges, stops when
 asked, and a recorded run's card and metric log read back from the run store."""
+
 import json
 import math
 
@@ -18,8 +19,9 @@ TASK = get_task("reverse")
 
 
 def trainer(steps: int = 6, **kw) -> Trainer:
-    recipe = TrainConfig(**{**dict(steps=steps, batch_size=16, lr=3e-3, eval_every=3, eval_samples=32,
-                                   device="cpu"), **kw})
+    recipe = TrainConfig(
+        **{**dict(steps=steps, batch_size=16, lr=3e-3, eval_every=3, eval_samples=32, device="cpu"), **kw}
+    )
     return Trainer(make_tiny_model(), TASK, recipe)
 
 
@@ -75,8 +77,19 @@ def test_a_recorded_run_reads_back_from_the_store(tmp_path):
     before = measured()
     outcome = record_run(t, recorder)
     outcome, after = measure_final(t, outcome, measured)
-    card = run_card(run_id, t, outcome, parent="parent-model", description="a test run", before=before,
-                    after=after, samples=32, wall_time_s=1.234, command="attn-lab test", kind="test")
+    card = run_card(
+        run_id,
+        t,
+        outcome,
+        parent="parent-model",
+        description="a test run",
+        before=before,
+        after=after,
+        samples=32,
+        wall_time_s=1.234,
+        command="attn-lab test",
+        kind="test",
+    )
     assert recorder.finish(outcome, t.model, card, before, after) == outcome
 
     run = store.get(run_id)
@@ -101,8 +114,9 @@ def test_a_broken_last_step_is_a_divergence():
     record_run(t)
     with torch.no_grad():
         t.model.unembed.W_U.fill_(math.nan)
-    outcome, after = measure_final(t, Outcome("completed", "completed 2 steps"),
-                                   lambda: measure(t.model, TASK, None, 16, 0))
+    outcome, after = measure_final(
+        t, Outcome("completed", "completed 2 steps"), lambda: measure(t.model, TASK, None, 16, 0)
+    )
     assert outcome.status == "diverged" and "kept weights of step 1" in outcome.message
     assert math.isfinite(after["loss"])
 
@@ -116,8 +130,9 @@ def test_a_store_that_fails_makes_the_run_failed(tmp_path):
     recorder = RunRecorder(Broken(tmp_path / "runs"))
     run_id = recorder.start("p", TASK.name, {})
     outcome = record_run(t, recorder)
-    card = run_card(run_id, t, outcome, parent="p", description="", before=None, after=None, samples=1,
-                    wall_time_s=0.0, command="")
+    card = run_card(
+        run_id, t, outcome, parent="p", description="", before=None, after=None, samples=1, wall_time_s=0.0, command=""
+    )
     out = recorder.finish(outcome, t.model, card, None, None)
     assert out.status == "failed" and out.message == "completed 2 steps; saving the run failed: OSError: disk full"
     # without a store nothing is saved and the outcome stands
@@ -156,8 +171,11 @@ def test_with_sync_every_a_nan_ends_the_run_diverged_with_the_last_synced_weight
 def test_with_sync_every_a_stop_reads_the_pending_steps_and_saves_the_final_weights():
     t = trainer(steps=20, sync_every=8)
     seen = []
-    out = record_run(t, on_step=lambda step, row, seconds: seen.append(step),
-                     interrupt=lambda: "stopped" if t.step_index == 5 else None)
+    out = record_run(
+        t,
+        on_step=lambda step, row, seconds: seen.append(step),
+        interrupt=lambda: "stopped" if t.step_index == 5 else None,
+    )
     assert out.status == "stopped" and seen == [1, 2, 3, 4, 5]
     outcome, after = measure_final(t, out, lambda: measure(t.model, TASK, None, 16, 0))
     assert outcome == out and t.good_step == 5  # the measured weights are the ones kept

@@ -1,5 +1,6 @@
 """Concentration regularizers: specs and validation, and that each gradient pushes its metric the
 right way on a small fixed problem."""
+
 import math
 
 import pytest
@@ -43,7 +44,9 @@ def data_metric(model: Transformer, fn) -> float:
 
 def vocab_metric(model: Transformer, fn) -> float:
     with torch.no_grad():
-        vals = [R.mean_rows(fn(P, None), P.shape, None) for P in (R.vocab_rows(model, l) for l in range(model.cfg.n_layers))]
+        vals = [
+            R.mean_rows(fn(P, None), P.shape, None) for P in (R.vocab_rows(model, l) for l in range(model.cfg.n_layers))
+        ]
     return float(torch.cat(vals).mean())
 
 
@@ -173,34 +176,40 @@ def test_merged_heads_are_supported():
     assert metric(model) < before
 
 
-@pytest.mark.parametrize("text, spec", [
-    ("entropy=0.1", R.RegSpec("entropy", 0.1)),
-    ("topk:2=0.5", R.RegSpec("topk", 0.5, k=2)),
-    ("vocab_entropy@L1H2,L0=0.05", R.RegSpec("vocab_entropy", 0.05, heads="L1H2,L0")),
-    (" Spectral = 1e-2 ", R.RegSpec("spectral", 0.01)),
-])
+@pytest.mark.parametrize(
+    "text, spec",
+    [
+        ("entropy=0.1", R.RegSpec("entropy", 0.1)),
+        ("topk:2=0.5", R.RegSpec("topk", 0.5, k=2)),
+        ("vocab_entropy@L1H2,L0=0.05", R.RegSpec("vocab_entropy", 0.05, heads="L1H2,L0")),
+        (" Spectral = 1e-2 ", R.RegSpec("spectral", 0.01)),
+    ],
+)
 def test_parse_spec(text, spec):
     assert R.parse_spec(text) == spec
     assert R.parse_spec(str(spec)) == spec
 
 
-@pytest.mark.parametrize("specs, message", [
-    (["entropy=-0.1"], "must be a finite number >= 0"),
-    ({"entropy": -1}, "must be a finite number >= 0"),
-    (["entropy=inf"], "must be a finite number >= 0"),
-    (["entropy=abc"], "must be a number"),
-    (["entropyy=0.1"], "unknown regularizer 'entropyy'; choose from entropy, hoyer"),
-    ({"sparsity": 1}, "unknown regularizer"),
-    (["entropy"], "NAME[:K][@HEADS]=LAMBDA"),
-    (["hoyer:2=1"], "k only applies to topk"),
-    (["topk:0=1"], "k of 'topk' must be an integer >= 1"),
-    (["topk:x=1"], "must be a positive integer"),
-    (["entropy@L2=1"], "layer L2 is out of range: this model has 2 layers"),
-    (["entropy@L0H5=1"], "head L0H5 is out of range: this model has 2 heads per layer"),
-    (["entropy@layer0=1"], "is not L<layer> or L<layer>H<head>"),
-    (["entropy=1", "entropy=2"], "given twice"),
-    ({"entropy": "a lot"}, "must be a number"),
-])
+@pytest.mark.parametrize(
+    "specs, message",
+    [
+        (["entropy=-0.1"], "must be a finite number >= 0"),
+        ({"entropy": -1}, "must be a finite number >= 0"),
+        (["entropy=inf"], "must be a finite number >= 0"),
+        (["entropy=abc"], "must be a number"),
+        (["entropyy=0.1"], "unknown regularizer 'entropyy'; choose from entropy, hoyer"),
+        ({"sparsity": 1}, "unknown regularizer"),
+        (["entropy"], "NAME[:K][@HEADS]=LAMBDA"),
+        (["hoyer:2=1"], "k only applies to topk"),
+        (["topk:0=1"], "k of 'topk' must be an integer >= 1"),
+        (["topk:x=1"], "must be a positive integer"),
+        (["entropy@L2=1"], "layer L2 is out of range: this model has 2 layers"),
+        (["entropy@L0H5=1"], "head L0H5 is out of range: this model has 2 heads per layer"),
+        (["entropy@layer0=1"], "is not L<layer> or L<layer>H<head>"),
+        (["entropy=1", "entropy=2"], "given twice"),
+        ({"entropy": "a lot"}, "must be a number"),
+    ],
+)
 def test_bad_specs_say_what_is_wrong(specs, message):
     with pytest.raises(ValueError) as e:
         R.build_penalty(specs, tiny_model())

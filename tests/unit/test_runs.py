@@ -1,5 +1,6 @@
 """The run store: index and checkpoints, the data directory, atomic writes and what a killed
 process leaves behind."""
+
 import os
 import sqlite3
 import subprocess
@@ -21,8 +22,14 @@ TASK = get_task("reverse")
 def finished_run(store: RunStore, status="completed", parent="reverse-1l") -> str:
     run_id = store.create(parent, "reverse", {"regularizers": ["entropy=0.1"], "steps": 2})
     store.log_metrics(run_id, [(1, "loss", 2.5), (2, "loss", 2.0), (2, "entropy_data:L0H1", 0.4)])
-    store.finish(run_id, status, make_tiny_model(), {"task": "reverse", "parent": parent}, message=f"{status} for a test",
-                 summary={"after": {"accuracy": 0.5}})
+    store.finish(
+        run_id,
+        status,
+        make_tiny_model(),
+        {"task": "reverse", "parent": parent},
+        message=f"{status} for a test",
+        summary={"after": {"accuracy": 0.5}},
+    )
     return run_id
 
 
@@ -145,8 +152,10 @@ def test_killed_training_process(tmp_path):
     reported failed, and nothing half-written is loadable."""
     folder = checkpoint.save(make_tiny_model(), tmp_path / "tiny", {"task": "reverse"})
     env = {**os.environ, ENV_RUNS: str(tmp_path / "runs")}
-    code = ("from attn_core.training.job import JobConfig, TrainingJob\n"
-            f"TrainingJob(JobConfig({str(folder)!r}, {{'entropy': 0.1}}, steps=10**7, device='cpu')).run()\n")
+    code = (
+        "from attn_core.training.job import JobConfig, TrainingJob\n"
+        f"TrainingJob(JobConfig({str(folder)!r}, {{'entropy': 0.1}}, steps=10**7, device='cpu')).run()\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     store = RunStore(tmp_path / "runs")
     try:

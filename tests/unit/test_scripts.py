@@ -3,6 +3,7 @@
 The quick modes print the same figures as the full runs on smaller sizes and save nothing; the
 full runs (whose numbers the README quotes) are the same code with larger settings.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,9 @@ def test_every_script_has_a_quick_mode():
 def test_script_runs_in_quick_mode(path, tmp_path):
     results = {p: p.stat().st_mtime for p in ROOT.glob("*/results/*") if p.is_file()}
     env = {**os.environ, "ATTN_LAB_RUNS": str(tmp_path / "runs"), "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, str(path), "--quick"], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, str(path), "--quick"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert r.stdout.strip(), "a quick run prints its figures"
     # a smoke run never overwrites the committed results the README quotes

@@ -1,6 +1,7 @@
 """sources.resolve: every kind of source (zoo name, folder, lone .safetensors file, Hugging Face
 GPT-2 folder, run:<id>, upload: <name>) becomes a LoadedModel; a source that names nothing is one
 sentence; weights_path is the file whose modification time keys the dashboard's cache."""
+
 import json
 import time
 
@@ -42,8 +43,9 @@ def test_folder_and_lone_safetensors_file(tmp_path):
 def test_gpt2_folder(tmp_path):
     transformers = pytest.importorskip("transformers")
     # not conftest's write_tiny_gpt2: a smaller GPT-2 (asserted below) with transformers' own init
-    cfg = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=20, n_positions=8,
-                                  bos_token_id=0, eos_token_id=0)
+    cfg = transformers.GPT2Config(
+        n_layer=1, n_embd=16, n_head=2, vocab_size=20, n_positions=8, bos_token_id=0, eos_token_id=0
+    )
     torch.manual_seed(0)
     transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "gpt2", safe_serialization=True)
     loaded = sources.resolve(tmp_path / "gpt2")
@@ -79,13 +81,16 @@ def test_upload(tmp_path):
     assert sources.resolve(sources.UPLOAD_PREFIX + "elsewhere").name == "upload: elsewhere"
 
 
-@pytest.mark.parametrize("source, message", [
-    ("no-such-model", "no model named 'no-such-model'; known models: "),
-    ("run:nope", "no run 'nope'"),
-    ("run:../etc", "is not a run id"),
-    ("upload: nope", "no upload named 'nope'; known uploads: none"),
-    ("upload: ../../etc", "is not an upload name"),
-])
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("no-such-model", "no model named 'no-such-model'; known models: "),
+        ("run:nope", "no run 'nope'"),
+        ("run:../etc", "is not a run id"),
+        ("upload: nope", "no upload named 'nope'; known uploads: none"),
+        ("upload: ../../etc", "is not an upload name"),
+    ],
+)
 def test_unknown_sources_are_one_sentence(source, message):
     with pytest.raises(CheckpointError) as info:
         sources.resolve(source)

@@ -2,6 +2,7 @@
 for the module and shut down after it): a 4-trial sweep end to end through the CLI, a trial equal
 to `attn-lab retrain` (1e-6, one torch thread), a failing trial recorded while the sweep goes on,
 and a resume that reruns only the unfinished trials."""
+
 import json
 import math
 
@@ -51,9 +52,12 @@ def local_ray():
 
 # --- no Ray needed --------------------------------------------------------------------------------
 
+
 def test_grid_and_plan():
-    assert parse_grid(["entropy=0.01,0.1,1", "hoyer=0.1,1", "entropy=1"]) == {"entropy": [0.01, 0.1, 1.0],
-                                                                             "hoyer": [0.1, 1.0]}
+    assert parse_grid(["entropy=0.01,0.1,1", "hoyer=0.1,1", "entropy=1"]) == {
+        "entropy": [0.01, 0.1, 1.0],
+        "hoyer": [0.1, 1.0],
+    }
     plan = grid_plan(MODEL, ["entropy=0.1,1", "topk:2@L0=0.5"], seeds=3, steps=7)
     assert len(plan.trials) == 3 * (1 + 3)
     assert sum(t.reg == BASELINE for t in plan.trials) == 3 and {t.seed for t in plan.trials} == {0, 1, 2}
@@ -64,10 +68,18 @@ def test_grid_and_plan():
     assert Trial.from_dict(t.to_dict()).key == t.key
 
 
-@pytest.mark.parametrize("grid, msg", [([], "the grid is empty"), (["foo=0.1"], "unknown regularizer 'foo'"),
-                                       (["entropy=abc"], "not a number > 0"), (["entropy=-1"], "not a number > 0"),
-                                       (["entropy=nan"], "not a number > 0"), (["entropy"], "NAME=LAMBDA"),
-                                       (["topk:x=1"], "topk")])
+@pytest.mark.parametrize(
+    "grid, msg",
+    [
+        ([], "the grid is empty"),
+        (["foo=0.1"], "unknown regularizer 'foo'"),
+        (["entropy=abc"], "not a number > 0"),
+        (["entropy=-1"], "not a number > 0"),
+        (["entropy=nan"], "not a number > 0"),
+        (["entropy"], "NAME=LAMBDA"),
+        (["topk:x=1"], "topk"),
+    ],
+)
 def test_bad_grid_is_one_sentence(grid, msg):
     with pytest.raises(SweepError, match=msg) as e:
         grid_plan(MODEL, grid)
@@ -81,22 +93,29 @@ def test_pareto():
 
 # --- on Ray ---------------------------------------------------------------------------------------
 
+
 def test_four_trial_sweep_end_to_end_and_trial_equals_retrain(local_ray, tmp_path):
     runner = CliRunner()
-    out = runner.invoke(sweep_cli(), ["sweep", MODEL, "--grid", "entropy=0.1,1", "--grid", "hoyer=1", "--steps", "12",
-                                      "--json"])
+    out = runner.invoke(
+        sweep_cli(), ["sweep", MODEL, "--grid", "entropy=0.1,1", "--grid", "hoyer=1", "--steps", "12", "--json"]
+    )
     assert out.exit_code == 0, out.output
     res = json.loads(out.stdout)
     assert res["backend"] == "ray-tune" and res["ray_version"] == ray.__version__ and res["wall_s"] > 0
     assert [(t["reg"], t["lambda"], t["seed"]) for t in res["trials"]] == [
-        (BASELINE, 0.0, 0), ("entropy", 0.1, 0), ("entropy", 1.0, 0), ("hoyer", 1.0, 0)]
+        (BASELINE, 0.0, 0),
+        ("entropy", 0.1, 0),
+        ("entropy", 1.0, 0),
+        ("hoyer", 1.0, 0),
+    ]
     assert all(t["status"] == "completed" and t["after"]["accuracy"] >= 0 for t in res["trials"])
     assert res["pareto"] and set(res["pareto"]) <= {t["run_id"] for t in res["trials"]}
 
     store = RunStore()
     listed = {r["id"]: r for r in store.list_runs()}  # every trial is a run like any other (Runs page, picker)
-    assert all(listed[t["run_id"]]["has_weights"] and listed[t["run_id"]]["sweep"] == res["sweep_id"]
-               for t in res["trials"])
+    assert all(
+        listed[t["run_id"]]["has_weights"] and listed[t["run_id"]]["sweep"] == res["sweep_id"] for t in res["trials"]
+    )
     sweeps = json.loads(runner.invoke(sweep_cli(), ["sweeps", "--json"]).stdout)
     assert [(s["id"], s["status"], s["recorded"]) for s in sweeps] == [(res["sweep_id"], "completed", 4)]
     shown = json.loads(runner.invoke(sweep_cli(), ["sweeps", "show", res["sweep_id"], "--json"]).stdout)
@@ -105,8 +124,11 @@ def test_four_trial_sweep_end_to_end_and_trial_equals_retrain(local_ray, tmp_pat
     # the entropy=0.1 trial (trained on a Ray worker, one torch thread) equals attn-lab retrain
     trial = res["trials"][1]
     torch.set_num_threads(1)
-    ref = json.loads(runner.invoke(sweep_cli(), ["retrain", MODEL, "--reg", "entropy=0.1", "--steps", "12",
-                                                 "--seed", "0", "--json"]).stdout)
+    ref = json.loads(
+        runner.invoke(
+            sweep_cli(), ["retrain", MODEL, "--reg", "entropy=0.1", "--steps", "12", "--seed", "0", "--json"]
+        ).stdout
+    )
     for k, v in ref["after"].items():
         assert trial["after"][k] == pytest.approx(v, abs=1e-6), k
     a = load_file(store.path(trial["run_id"]) / "model.safetensors")

@@ -1,5 +1,6 @@
 """Metric names: MetricKey builds and parses every one (sigma:L0H1:3), round-trips, and refuses
 garbage; the telemetry rows a job logs are named through it."""
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -40,9 +41,26 @@ def test_the_names_of_the_metric_log():
     assert MetricKey.of_head("sigma", "L2H3", 4) == MetricKey("sigma", 2, 3, 4)
 
 
-@pytest.mark.parametrize("name", ["", "Sigma:L0H1", "sigma:L0", "sigma:H1", "sigma:L0H1:", "sigma:L0H1:2:3",
-                                  "sigma:l0h1", "sigma:L-1H0", "term:entropy@L1", "sigma L0H1", "sigma:L0H1:x",
-                                  ":L0H1", "sigma::L0H1", "sigma:L01H1", "sigma:L0H1:007"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "Sigma:L0H1",
+        "sigma:L0",
+        "sigma:H1",
+        "sigma:L0H1:",
+        "sigma:L0H1:2:3",
+        "sigma:l0h1",
+        "sigma:L-1H0",
+        "term:entropy@L1",
+        "sigma L0H1",
+        "sigma:L0H1:x",
+        ":L0H1",
+        "sigma::L0H1",
+        "sigma:L01H1",
+        "sigma:L0H1:007",
+    ],
+)
 def test_parse_refuses_garbage(name):
     with pytest.raises(ValueError, match="is not a metric name"):
         MetricKey.parse(name)
@@ -86,4 +104,7 @@ def test_logged_rows_parse_back():
     assert all(torch.isfinite(torch.tensor(list(spectra.values()))))
     # a step's penalty terms are logged as term:<label>, the trainer's own keys as they are
     assert step_row({"step": 3, "loss": 1.0, "task_loss": 0.9, "entropy@L1": 0.1}) == {
-        "loss": 1.0, "task_loss": 0.9, "term:entropy@L1": 0.1}
+        "loss": 1.0,
+        "task_loss": 0.9,
+        "term:entropy@L1": 0.1,
+    }

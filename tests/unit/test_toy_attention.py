@@ -1,5 +1,6 @@
 """Seed 003's attention algebra: the limits of copy and average, the random-key cases, and the
 figures built on them."""
+
 import io
 import json
 import zipfile
@@ -64,6 +65,7 @@ def test_attention_broadcasts_and_survives_huge_scores():
 
 # --- (a), (b): copy and average reach the seed's limits as beta grows ----------------------
 
+
 def test_copy_reaches_its_limit():
     weights, dists = [], []
     for beta in BETAS:
@@ -112,6 +114,7 @@ def test_limits_hold_for_any_orthonormal_means():
 
 # --- (c) i: small isotropic noise keeps the average ----------------------------------------
 
+
 def test_small_key_variance_keeps_the_average():
     e = experiment(MU, alpha=1e-6, beta=20.0, n_samples=2000, seed=1)
     assert np.abs(e.alpha_a - 0.5).max() < 0.1
@@ -121,13 +124,13 @@ def test_small_key_variance_keeps_the_average():
 
 def test_isotropic_noise_spreads_alpha_a_once_beta_sqrt_alpha_is_not_small():
     """The score gap k_a^T q - k_b^T q has std 2 beta sqrt(alpha): the seed's 'alpha small'."""
-    spreads = [_iqr(experiment(MU, alpha=alpha, beta=10.0, n_samples=2000).alpha_a)
-               for alpha in (1e-6, 1e-4, 1e-2)]
+    spreads = [_iqr(experiment(MU, alpha=alpha, beta=10.0, n_samples=2000).alpha_a) for alpha in (1e-6, 1e-4, 1e-2)]
     assert spreads[0] < spreads[1] < spreads[2]
     assert spreads[2] > 0.3
 
 
 # --- (c) ii and (d): one large-variance key; two heads --------------------------------------
+
 
 @pytest.fixture(scope="module")
 def big_var_pair():
@@ -170,11 +173,11 @@ def test_prediction_is_exact_without_isotropic_noise():
         np.testing.assert_allclose(predicted_alpha_a(e, e.gamma), e.alpha_a, rtol=1e-12)
     g = np.linspace(-1, 3, 9)
     one = experiment(MU, beta=beta, n_heads=1, n_samples=1)
-    np.testing.assert_allclose(predicted_alpha_a(one, g),
-                               np.exp(g * beta) / (np.exp(g * beta) + np.exp(beta) + n - 2))
+    np.testing.assert_allclose(predicted_alpha_a(one, g), np.exp(g * beta) / (np.exp(g * beta) + np.exp(beta) + n - 2))
     two = experiment(MU, beta=beta, n_heads=2, n_samples=1)
-    np.testing.assert_allclose(predicted_alpha_a(two, g),
-                               (np.exp(g * beta) / (np.exp(g * beta) + n - 1) + 1 / (np.exp(beta) + n - 1)) / 2)
+    np.testing.assert_allclose(
+        predicted_alpha_a(two, g), (np.exp(g * beta) / (np.exp(g * beta) + n - 1) + 1 / (np.exp(beta) + n - 1)) / 2
+    )
 
 
 def test_big_variance_on_an_unrelated_key_changes_nothing():
@@ -185,6 +188,7 @@ def test_big_variance_on_an_unrelated_key_changes_nothing():
 
 
 # --- sampling ----------------------------------------------------------------------------
+
 
 def test_sample_keys_is_seeded_and_has_the_stated_covariance():
     mu = orthonormal_means(3, 5, seed=0)
@@ -223,31 +227,35 @@ def test_custom_values_and_non_orthonormal_means_run():
 
 # --- validation -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: orthonormal_means(1, 4), "n .* >= 2"),
-    (lambda: orthonormal_means("3", 4), "n .* integer"),
-    (lambda: orthonormal_means(5, 3), "d >= n"),
-    (lambda: experiment(MU[:1]), "at least n = 2"),
-    (lambda: experiment(np.zeros((3, 3))), "non-zero"),
-    (lambda: experiment([[1, np.nan], [0, 1]]), "NaN"),
-    (lambda: experiment(MU, alpha=-0.1), "alpha .* >= 0"),
-    (lambda: experiment(MU, big_var=-1.0), "big_var .* >= 0"),
-    (lambda: experiment(MU, beta=float("inf")), "beta must be finite"),
-    (lambda: experiment(MU, beta="big"), "beta must be a number"),
-    (lambda: experiment(MU, a=1, b=1), "different"),
-    (lambda: experiment(MU, a=4), r"a \(a key index\) must be an integer in 0..3"),
-    (lambda: experiment(MU, b="x"), "b .* integer"),
-    (lambda: experiment(MU, big_var_index=-1), "big_var_index"),
-    (lambda: experiment(MU, n_heads=3), "head count"),
-    (lambda: experiment(MU, case="copy", n_heads=2), "copy case has one head"),
-    (lambda: experiment(MU, case="blend"), "case must be one of"),
-    (lambda: experiment(MU, n_samples=0), "number of samples"),
-    (lambda: experiment(MU, n_samples=2.5), "number of samples"),
-    (lambda: experiment(MU, seed=-1), "seed"),
-    (lambda: experiment(MU, np.eye(3)), "one row per key"),
-    (lambda: sample_keys(np.eye(400), n_samples=MAX_KEY_ELEMENTS // 160_000 + 1), "too large"),
-    (lambda: head_queries(MU, "average", 2, 2, 1.0, 2), "different"),
-])
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: orthonormal_means(1, 4), "n .* >= 2"),
+        (lambda: orthonormal_means("3", 4), "n .* integer"),
+        (lambda: orthonormal_means(5, 3), "d >= n"),
+        (lambda: experiment(MU[:1]), "at least n = 2"),
+        (lambda: experiment(np.zeros((3, 3))), "non-zero"),
+        (lambda: experiment([[1, np.nan], [0, 1]]), "NaN"),
+        (lambda: experiment(MU, alpha=-0.1), "alpha .* >= 0"),
+        (lambda: experiment(MU, big_var=-1.0), "big_var .* >= 0"),
+        (lambda: experiment(MU, beta=float("inf")), "beta must be finite"),
+        (lambda: experiment(MU, beta="big"), "beta must be a number"),
+        (lambda: experiment(MU, a=1, b=1), "different"),
+        (lambda: experiment(MU, a=4), r"a \(a key index\) must be an integer in 0..3"),
+        (lambda: experiment(MU, b="x"), "b .* integer"),
+        (lambda: experiment(MU, big_var_index=-1), "big_var_index"),
+        (lambda: experiment(MU, n_heads=3), "head count"),
+        (lambda: experiment(MU, case="copy", n_heads=2), "copy case has one head"),
+        (lambda: experiment(MU, case="blend"), "case must be one of"),
+        (lambda: experiment(MU, n_samples=0), "number of samples"),
+        (lambda: experiment(MU, n_samples=2.5), "number of samples"),
+        (lambda: experiment(MU, seed=-1), "seed"),
+        (lambda: experiment(MU, np.eye(3)), "one row per key"),
+        (lambda: sample_keys(np.eye(400), n_samples=MAX_KEY_ELEMENTS // 160_000 + 1), "too large"),
+        (lambda: head_queries(MU, "average", 2, 2, 1.0, 2), "different"),
+    ],
+)
 def test_bad_inputs_raise_clear_errors(call, message):
     with pytest.raises(ValueError, match=message):
         call()
@@ -255,10 +263,15 @@ def test_bad_inputs_raise_clear_errors(call, message):
 
 # --- figures --------------------------------------------------------------------------------
 
+
 def test_figures_show_the_experiments(big_var_pair):
     one, two = big_var_pair
-    plots = [toy.weights_plot(two), toy.output_plot(one), toy.alpha_histogram([one, two]),
-             toy.head_comparison_plot([one, two])]
+    plots = [
+        toy.weights_plot(two),
+        toy.output_plot(one),
+        toy.alpha_histogram([one, two]),
+        toy.head_comparison_plot([one, two]),
+    ]
     assert [p.name for p in plots] == ["toy_weights", "toy_output", "toy_alpha_a_hist", "toy_heads"]
     weights = plots[0].data
     assert len(weights) == 2 * 4 and set(weights["head"]) == {1, 2}
@@ -280,8 +293,11 @@ def test_figures_show_the_experiments(big_var_pair):
 
 def test_figures_bundle_with_a_manifest(big_var_pair):
     one, two = big_var_pair
-    blob = bundle_zip([toy.alpha_histogram([one, two]), toy.weights_plot(one)],
-                      {"page": "Attention explorer", "settings": one.settings}, formats=("csv",))
+    blob = bundle_zip(
+        [toy.alpha_histogram([one, two]), toy.weights_plot(one)],
+        {"page": "Attention explorer", "settings": one.settings},
+        formats=("csv",),
+    )
     with zipfile.ZipFile(io.BytesIO(blob)) as zf:
         assert set(zf.namelist()) == {"toy_alpha_a_hist.csv", "toy_weights.csv", "manifest.json"}
         manifest = json.loads(zf.read("manifest.json"))

@@ -1,5 +1,6 @@
 """The Trainer: determinism, the NaN/Inf guard and last good weights, evaluation with a cache,
 the before/after measurement and the retraining job's settings."""
+
 import math
 import threading
 
@@ -136,17 +137,20 @@ def test_train_config_checks():
         select_device("tpu")
 
 
-@pytest.mark.parametrize("kw, message", [
-    (dict(steps=0), "steps must be a positive integer, got 0"),
-    (dict(steps=-5), "steps must be a positive integer"),
-    (dict(regularizers={"entropy": -0.1}), "must be a finite number >= 0"),
-    (dict(regularizers=["nope=1"]), "unknown regularizer 'nope'"),
-    (dict(entmax_alpha=2.5), "entmax_alpha must be in [1, 2]"),
-    (dict(lr=0.0), "lr must be in (0, 10]"),
-    (dict(lr=float("nan")), "lr must be in (0, 10]"),
-    (dict(device="tpu"), "device"),
-    (dict(source=""), "source must name a model"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(steps=0), "steps must be a positive integer, got 0"),
+        (dict(steps=-5), "steps must be a positive integer"),
+        (dict(regularizers={"entropy": -0.1}), "must be a finite number >= 0"),
+        (dict(regularizers=["nope=1"]), "unknown regularizer 'nope'"),
+        (dict(entmax_alpha=2.5), "entmax_alpha must be in [1, 2]"),
+        (dict(lr=0.0), "lr must be in (0, 10]"),
+        (dict(lr=float("nan")), "lr must be in (0, 10]"),
+        (dict(device="tpu"), "device"),
+        (dict(source=""), "source must name a model"),
+    ],
+)
 def test_job_config_checks(kw, message):
     with pytest.raises(ValueError) as e:
         JobConfig(**{"source": "x", **kw})
@@ -170,12 +174,15 @@ def test_job_checks_heads_and_source_against_the_model(tmp_path):
 
 def test_job_command_reproduces_the_settings():
     c = JobConfig("recall-2l", ["topk:2@L1=0.5", "entropy=0.1"], heads="L0", entmax_alpha=1.5, steps=50, seed=3)
-    assert c.command() == ("attn-lab retrain recall-2l --reg topk:2@L1=0.5 --reg entropy=0.1 --heads L0 "
-                           "--steps 50 --seed 3 --lr 0.001 --entmax-alpha 1.5")
+    assert c.command() == (
+        "attn-lab retrain recall-2l --reg topk:2@L1=0.5 --reg entropy=0.1 --heads L0 "
+        "--steps 50 --seed 3 --lr 0.001 --entmax-alpha 1.5"
+    )
     assert c.to_dict()["regularizers"] == ["topk:2@L1=0.5", "entropy=0.1"]
 
 
 # --- reading the device every sync_every steps --------------------------------------------------------
+
 
 def nan_at(k: int):
     """A penalty whose value is NaN at its k-th call (the k-th step) and 0 otherwise."""

@@ -1,5 +1,6 @@
 """The zoo: the shipped models meet their cards, unknown names list the known ones, user folders
 from ATTN_LAB_MODELS, unfinished saves stay hidden. (The checkpoint format: test_checkpoint.py.)"""
+
 import pytest
 
 from attn_core import checkpoint, zoo
