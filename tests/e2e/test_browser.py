@@ -181,3 +181,23 @@ def test_downloads(page, server):
     assert (manifest["model"], manifest["layer"], manifest["head"], manifest["query"]) == ("induction-2l", 0, 1, 5)
     assert not manifest["skipped"]
     assert {f"sequence_scores_L0H1.{fmt}" for fmt in ("png", "svg", "html", "csv")} <= names
+
+
+def test_sweeps_launch_watch_and_open_a_trial(page, server):
+    """Launch a small sweep from the page on local Ray, watch it finish without touching the page,
+    and open one trial as the model of every page."""
+    page.goto(f"{server}/Sweeps?model=copy-1l")
+    settle(page)
+    form = page.locator("[data-testid='stForm']")
+    form.get_by_role("spinbutton", name="λ values (log-spaced)").fill("1")
+    form.get_by_role("spinbutton", name="Steps per trial").fill("5")
+    form.get_by_role("button", name=re.compile(r"^Launch on")).click()
+    page.get_by_text(re.compile(r"Sweep [\w-]+ launched: 3 trials")).wait_for(timeout=60_000)
+    # the live fragment refreshes by itself until every trial is recorded (Ray starts inside the server)
+    page.get_by_text(re.compile(r"3 of 3 trials recorded")).first.wait_for(timeout=240_000)
+    settle(page)
+    no_exception(page)
+    assert page.get_by_role("button", name="CSV").count() >= 1  # the Pareto scatter exports like every figure
+    screenshot(page, ARTIFACTS / "10_Sweeps_done.png")
+    page.get_by_role("button", name="Open as the model of every page").click()
+    page.get_by_text(re.compile(r"run:[\w-]+ is now the model on every page")).wait_for()
