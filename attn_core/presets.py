@@ -12,7 +12,8 @@ from attn_core import checkpoint
 from attn_core.card import Card, machine, now
 from attn_core.model import ModelConfig
 from attn_core.tasks import Task, get_task
-from attn_core.training.trainer import TrainConfig, evaluate, init_model, train
+from attn_core.training.config import TrainConfig
+from attn_core.training.trainer import evaluate, init_model, train
 
 HELD_OUT_SAMPLES = 512  # the card's metrics: accuracy and loss on this many held-out sequences
 

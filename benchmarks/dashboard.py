@@ -233,7 +233,8 @@ def start_live_retrain(page, url: str, steps: int, timeout_ms: float = 30_000):
     page.goto(f"{url}/Retrain?model=reverse-1l")
     settle(page)
     box = page.get_by_role("spinbutton", name="Steps")
-    box.fill(str(steps))
+    box.wait_for(timeout=timeout_ms)  # the page measures the model before it shows the form's last widgets
+    box.fill(str(steps), timeout=timeout_ms)
     rerun(page, lambda: box.press("Enter"))
     main = page.get_by_test_id("stMainBlockContainer")
     main.get_by_role("button", name="Start").click()

@@ -47,7 +47,9 @@ from attn_core.card import machine  # noqa: E402
 from attn_core.model import ModelConfig  # noqa: E402
 from attn_core.presets import get_preset  # noqa: E402
 from attn_core.runs import RunStore  # noqa: E402
-from attn_core.training.trainer import TrainConfig, init_model, sync_interval  # noqa: E402
+from attn_core.training.config import TrainConfig  # noqa: E402
+from attn_core.training.device import sync_interval  # noqa: E402
+from attn_core.training.trainer import init_model  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu.json"
 LOOPS = ("bare", "trainer", "job")

@@ -46,8 +46,10 @@ from attn_core.card import machine  # noqa: E402
 from attn_core.presets import get_preset  # noqa: E402
 from attn_core.runs import RunStore  # noqa: E402
 from attn_core.tasks import get_task  # noqa: E402
-from attn_core.training.job import JobConfig, TrainingJob  # noqa: E402
-from attn_core.training.trainer import TrainConfig, Trainer, init_model, make_optimizer, select_device  # noqa: E402
+from attn_core.training.config import JobConfig, TrainConfig  # noqa: E402
+from attn_core.training.device import select_device  # noqa: E402
+from attn_core.training.job import TrainingJob  # noqa: E402
+from attn_core.training.trainer import Trainer, init_model, make_optimizer  # noqa: E402
 
 PRESET = "induction-2l"
 RESULTS = Path(__file__).resolve().parent / "results" / "train_throughput.json"

@@ -5,8 +5,8 @@ import streamlit as st
 
 import ui
 from attn_core import bilinear, circuits, metrics
+from attn_core.figures import attribution as fa
 from attn_core.figures import bilinear as fb
-from attn_core.figures import circuits as fc
 from attn_core.sources import LoadedModel
 
 SOURCES = {"sample": "task sample", "random": "random tokens", "typed": "typed tokens"}
@@ -167,13 +167,13 @@ else:
             "+ bias: each bar is one singular direction's contribution to a key's score (same units as S)."
         )
         attr = attribution(loaded, tokens, layer, head, query)
-        why_plots = [fc.attribution_plot(attr, top=min(8, len(attr.keys)))]
+        why_plots = [fa.attribution_plot(attr, top=min(8, len(attr.keys)))]
         why_left, why_right = st.columns(2)
         with why_left:
             ui.show_plot(why_plots[0], key="why_attribution")
         with why_right:
             if len(attr.keys) > 1:
-                why_plots.append(fc.runner_up_plot(attr))
+                why_plots.append(fa.runner_up_plot(attr))
                 ui.show_plot(why_plots[-1], key="why_runner_up")
             else:
                 st.info("The first query sees one key only: there is no runner-up.")
@@ -183,14 +183,14 @@ else:
                 "score splits into token-token, token-position, position-token and position-position parts "
                 "(query side first)."
             )
-            why_plots.append(fc.token_position_plot(token_position_split(loaded, tokens, head, query)))
+            why_plots.append(fa.token_position_plot(token_position_split(loaded, tokens, head, query)))
             ui.show_plot(why_plots[-1], key="why_token_position")
         st.markdown(
             "Value-weighted attention $A_{ij}\\,\\|v_j W_O\\|$ beside the pattern: what query $i$ actually "
             "receives from key $j$ (residual-stream norm), not only where it looks."
         )
         why_plots.append(
-            fc.value_weighted_plot(value_weighted(loaded, tokens, layer, head), view.queries, layer, [head], head)
+            fa.value_weighted_plot(value_weighted(loaded, tokens, layer, head), view.queries, layer, [head], head)
         )
         ui.show_plot(why_plots[-1], key="why_value_weighted")
         plots += why_plots

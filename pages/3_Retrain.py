@@ -12,8 +12,10 @@ import ui
 from attn_core import card
 from attn_core import regularizers as R
 from attn_core.figures import training as ft
-from attn_core.training import trainer
-from attn_core.training.job import JobConfig, Snapshot, TrainingJob, preview
+from attn_core.training.config import JobConfig
+from attn_core.training.device import PRECISIONS, available_devices
+from attn_core.training.job import TrainingJob, preview
+from attn_core.training.snapshot import Snapshot
 from attn_core.training.telemetry import MetricKey
 from attn_core.validate import default
 
@@ -125,7 +127,7 @@ with opt_col:
         key=ui.remember("retrain_seed", default(JobConfig, "seed"), range(2**31)),
         help="Seed of the training data: the same settings and seed give the same run",
     )
-    devices = trainer.available_devices()
+    devices = available_devices()
     d_col, p_col = st.columns(2)
     device = d_col.selectbox(
         "Device",
@@ -135,8 +137,8 @@ with opt_col:
     )
     precision = p_col.selectbox(
         "Precision",
-        trainer.PRECISIONS,
-        key=ui.remember("retrain_precision", default(JobConfig, "precision"), trainer.PRECISIONS),
+        PRECISIONS,
+        key=ui.remember("retrain_precision", default(JobConfig, "precision"), PRECISIONS),
         help="fp32, or bf16 autocast (forward and loss in bfloat16, weights and AdamW in fp32)",
     )
 watched = R.head_label(layer, head)

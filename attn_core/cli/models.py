@@ -8,7 +8,8 @@ from pathlib import Path
 import typer
 
 from attn_core.cli.common import JsonOpt, command_line, emit, guarded, needs_task, table
-from attn_core.training.trainer import TrainConfig, check_precision
+from attn_core.training.config import TrainConfig
+from attn_core.training.device import check_precision
 from attn_core.validate import default
 
 app = typer.Typer()

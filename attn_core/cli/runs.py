@@ -9,7 +9,7 @@ import typer
 
 from attn_core.card import MEASURE_KEYS, public
 from attn_core.cli.common import JsonOpt, emit, guarded, table
-from attn_core.training.job import JobConfig
+from attn_core.training.config import JobConfig
 from attn_core.validate import default
 
 app = typer.Typer()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import typer
 
 from attn_core.cli.common import JsonOpt, emit, guarded, table
-from attn_core.training.job import JobConfig
+from attn_core.training.config import JobConfig
 from attn_core.validate import default
 
 app = typer.Typer()

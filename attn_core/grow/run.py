@@ -21,8 +21,10 @@ from attn_core.grow.growth import (
 )
 from attn_core.model import Transformer
 from attn_core.tasks import Task
+from attn_core.training.config import TrainConfig
+from attn_core.training.device import check_precision, select_device
 from attn_core.training.record import record_run
-from attn_core.training.trainer import TrainConfig, Trainer, check_precision, evaluate, select_device
+from attn_core.training.trainer import Trainer, evaluate
 from attn_core.validate import check, check_int, is_int, is_number
 
 METHODS = ("grown", "random", "zero")

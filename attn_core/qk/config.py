@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from attn_core.model import ModelConfig
 from attn_core.tasks import TASKS, get_task
-from attn_core.training.trainer import TrainConfig, check_precision
+from attn_core.training.config import TrainConfig
+from attn_core.training.device import check_precision
 from attn_core.validate import check, is_int, is_number
 
 PARENT_PREFIX = "compare-qk:"  # runs of a comparison have parent "compare-qk:<task>"

@@ -1,5 +1,5 @@
 """What a sweep runs: the grid of (regularizer, lambda) pairs, the seeds, the lambda = 0 baseline
-per seed, each trial as the :class:`~attn_core.training.job.JobConfig` that ``attn-lab retrain``
+per seed, each trial as the :class:`~attn_core.training.config.JobConfig` that ``attn-lab retrain``
 builds for the same spec, seed and steps; and the accuracy-vs-entropy Pareto frontier of the
 results. Pure Python: nothing here imports Ray."""
 
@@ -75,7 +75,7 @@ class Trial:
     def job_config(self, job: Mapping | None = None):
         """The JobConfig of this trial: what ``attn-lab retrain SOURCE --reg SPEC --seed S`` builds,
         with the sweep's common ``job`` settings (steps, lr, ...)."""
-        from attn_core.training.job import JobConfig
+        from attn_core.training.config import JobConfig
 
         return JobConfig(
             source=self.source,

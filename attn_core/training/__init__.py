@@ -1,12 +1,17 @@
-"""Training, in four modules (see docs/architecture.md):
+"""Training, in seven modules (see docs/architecture.md):
 
-- ``trainer``: TrainConfig, Trainer (one optimisation step, the NaN/Inf guard, last good
-  weights), evaluate; it knows only the model and the task;
+- ``config``: the recipes, TrainConfig (one training run) and JobConfig (a retraining run), each
+  checked when built;
+- ``device``: the device (select_device, available_devices), the precision (PRECISIONS, bf16
+  autocast) and how often the step loop reads the device (sync_interval);
+- ``trainer``: Trainer (one optimisation step, the NaN/Inf guard, last good weights), evaluate;
+  it knows only the model and the task;
 - ``telemetry``: what a run measures (``measure``, the per-step telemetry and spectra rows) and
   how metrics are named (``MetricKey``);
 - ``record``: the one step loop with its divergence guard (``record_run``) and the one way a run
   is saved in the run store (``RunRecorder``, ``run_card``);
-- ``job``: the live retraining job (JobConfig, Snapshot, TrainingJob).
+- ``snapshot``: what a live job publishes (Snapshot) and the statuses it goes through;
+- ``job``: the live retraining job (TrainingJob, preview).
 
 Import from the modules themselves: this package imports nothing, so ``presets`` (which the job's
 ``scratch:<preset>`` source needs) can use the trainer without a cycle.

@@ -7,202 +7,25 @@ events checked between steps; the step loop and the saving of the run are
 
 from __future__ import annotations
 
-import shlex
 import threading
 import time
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
 
-import pandas as pd
 import torch
 
 from attn_core import regularizers as R
 from attn_core.card import Card
 from attn_core.model import Transformer
 from attn_core.presets import get_preset
-from attn_core.runs import FINAL, STATUSES, RunStore
+from attn_core.runs import RunStore
 from attn_core.sources import resolve
 from attn_core.tasks import get_task
 from attn_core.training import telemetry
+from attn_core.training.config import JobConfig
 from attn_core.training.record import Outcome, RunRecorder, measure_final, record_run, run_card
-from attn_core.training.trainer import EVAL_SEED_OFFSET, TrainConfig, Trainer, init_model
-from attn_core.validate import check, is_int, is_number
+from attn_core.training.snapshot import Snapshot
+from attn_core.training.trainer import EVAL_SEED_OFFSET, Trainer, init_model
 
-# A job is pending, running or paused, then ends like every run (runs.FINAL).
-JOB_STATUSES = ("pending", STATUSES[0], "paused", *FINAL)
-FINAL_STATUSES = FINAL
 SCRATCH_PREFIX = "scratch:"  # source "scratch:<preset>" trains the preset's model from its init
-
-
-@dataclass
-class JobConfig:
-    """Everything that defines a retraining run (all of it is recorded with the run).
-
-    ``source``: a zoo model name or folder, ``run:<id>`` (fine-tune a previous run) or
-    ``scratch:<preset>`` (train the preset's architecture from a fresh seeded init).
-    ``regularizers``: specs as :func:`attn_core.regularizers.parse_specs` reads them, e.g.
-    ``{"entropy": 0.1, "topk:2": 0.5}`` or ``["vocab_entropy@L1=0.05"]``; ``heads`` the default
-    head selection of specs that name none (``"L1"``, ``"L0H1,L1H2"``; None = every head).
-    ``entmax_alpha``: None keeps the parent's attention; 1 softmax, 1.5 entmax15, 2 sparsemax.
-    ``batch_size``/``weight_decay`` default to the parent's training recipe (else 64 / 0.1);
-    ``warmup_steps`` to min(100, steps // 10). ``precision`` fp32 or bf16 (autocast);
-    ``sync_every`` steps between reads of the device (None: the device's default, see
-    ``trainer.sync_interval``; telemetry and spectrum steps are read at once)."""
-
-    source: str
-    regularizers: object = field(default_factory=dict)
-    heads: str | None = None
-    entmax_alpha: float | None = None
-    steps: int = 300
-    lr: float = 1e-3
-    seed: int = 0
-    device: str = "auto"
-    precision: str = "fp32"
-    sync_every: int | None = None
-    batch_size: int | None = None
-    weight_decay: float | None = None
-    warmup_steps: int | None = None
-    eval_every: int = 100
-    eval_samples: int = 256
-    telemetry_every: int = 20
-    spectrum_every: int = 50
-    probe_samples: int = 16
-    measure_samples: int = 512
-    max_loss: float | None = None
-
-    def __post_init__(self) -> None:
-        def ok(cond: bool, msg: str) -> None:
-            check(cond, msg, prefix="invalid retraining setting: ")
-
-        ok(
-            isinstance(self.source, str) and self.source.strip() != "",
-            "source must name a model, run:<id> or scratch:<preset>",
-        )
-        ok(is_int(self.steps) and self.steps > 0, f"steps must be a positive integer, got {self.steps!r}")
-        for name in (
-            "eval_every",
-            "eval_samples",
-            "telemetry_every",
-            "spectrum_every",
-            "probe_samples",
-            "measure_samples",
-        ):
-            v = getattr(self, name)
-            ok(is_int(v) and v > 0, f"{name} must be a positive integer, got {v!r}")
-        if self.entmax_alpha is not None:
-            ok(
-                is_number(self.entmax_alpha) and 1.0 <= self.entmax_alpha <= 2.0,
-                f"entmax_alpha must be in [1, 2] (1 softmax, 1.5 entmax15, 2 sparsemax), got {self.entmax_alpha!r}",
-            )
-        ok(self.max_loss is None or (is_number(self.max_loss) and self.max_loss > 0), "max_loss must be positive")
-        ok(is_int(self.seed), f"seed must be an integer, got {self.seed!r}")
-        ok(is_number(self.lr) and 0 < self.lr <= 10, f"lr must be in (0, 10], got {self.lr!r}")
-        for name in ("batch_size", "warmup_steps"):
-            v = getattr(self, name)
-            ok(v is None or is_int(v), f"{name} must be an integer, got {v!r}")
-        ok(
-            self.weight_decay is None or (is_number(self.weight_decay) and self.weight_decay >= 0),
-            "weight_decay must be >= 0",
-        )
-        R.parse_specs(self.regularizers)  # names, lambdas and k are checked here; heads once the model is known
-        self.train_config({})  # lr, batch size, device, precision, sync_every ...
-
-    def train_config(self, parent_train: dict) -> TrainConfig:
-        """The TrainConfig of this run, taking what is unset from the parent's recipe."""
-        return TrainConfig(
-            steps=self.steps,
-            lr=float(self.lr),
-            seed=int(self.seed),
-            device=self.device,
-            precision=self.precision,
-            sync_every=self.sync_every,
-            batch_size=self.batch_size or int(parent_train.get("batch_size", 64)),
-            weight_decay=float(
-                self.weight_decay if self.weight_decay is not None else parent_train.get("weight_decay", 0.1)
-            ),
-            warmup_steps=self.warmup_steps if self.warmup_steps is not None else min(100, self.steps // 10),
-            eval_every=self.eval_every,
-            eval_samples=self.eval_samples,
-        )
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        out["regularizers"] = [str(s) for s in R.parse_specs(self.regularizers)]
-        return out
-
-    def command(self) -> str:
-        """The ``attn-lab retrain`` command that makes this run."""
-        parts = ["attn-lab", "retrain", shlex.quote(self.source)]
-        for spec in self.to_dict()["regularizers"]:
-            parts += ["--reg", shlex.quote(spec)]
-        if self.heads:
-            parts += ["--heads", shlex.quote(self.heads)]
-        parts += ["--steps", str(self.steps), "--seed", str(self.seed), "--lr", f"{self.lr:g}"]
-        if self.entmax_alpha is not None:
-            parts += ["--entmax-alpha", f"{self.entmax_alpha:g}"]
-        if self.batch_size:
-            parts += ["--batch-size", str(self.batch_size)]
-        if self.device != "auto":
-            parts += ["--device", self.device]
-        if self.precision != "fp32":
-            parts += ["--precision", self.precision]
-        if self.sync_every is not None:
-            parts += ["--sync-every", str(self.sync_every)]
-        return " ".join(parts)
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What a training job has published, as of one moment; cheap to take (no copying: the
-    metric log is append-only and the snapshot remembers its length).
-
-    ``status`` is one of :data:`JOB_STATUSES`, ``message`` says why a run ended (or is paused);
-    ``latest`` has the newest value of every metric; ``probe_pattern`` is the attention
-    [n_layers, n_heads, T, T] of every head on one fixed held-out input (``probe_tokens``) with
-    the weights of step ``probe_step``; ``before``/``after`` come from :func:`measure`."""
-
-    status: str
-    message: str
-    step: int
-    steps: int
-    run_id: str | None
-    elapsed_s: float
-    train_s: float  # seconds inside the training loop (steps, telemetry), without setup/measure/save
-    step_s: float  # of which inside Trainer.step (the rest is the job's telemetry and publishing)
-    latest: dict
-    regularized_heads: tuple
-    n_layers: int
-    n_heads: int
-    before: dict | None
-    after: dict | None
-    probe_tokens: tuple
-    probe_pattern: object | None  # numpy array, never written after publication
-    probe_step: int
-    _log: tuple = field(repr=False, default=((), (), ()))
-    _n: int = 0
-
-    @property
-    def done(self) -> bool:
-        return self.status in FINAL_STATUSES
-
-    @property
-    def progress(self) -> float:
-        return self.step / self.steps if self.steps else 0.0
-
-    @property
-    def steps_per_s(self) -> float:
-        return self.step / self.train_s if self.train_s > 0 else 0.0
-
-    def metrics(self, names: Iterable[str] | None = None, prefix: str | None = None):
-        """The metric log up to this snapshot as a DataFrame (step, name, value), the same
-        format as ``RunStore.metrics``; optionally only some ``names`` or a name ``prefix``."""
-        steps, names_, values = (col[: self._n] for col in self._log)
-        df = pd.DataFrame({"step": steps, "name": names_, "value": values})
-        if names is not None:
-            df = df[df["name"].isin(list(names))]
-        if prefix is not None:
-            df = df[df["name"].str.startswith(prefix)]
-        return df.reset_index(drop=True)
 
 
 class TrainingJob:

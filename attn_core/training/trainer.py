@@ -8,7 +8,9 @@ at held-out evaluations and at the last step; the guard checks the steps read th
 :class:`Trainer`).
 
 It knows the model and the task only: presets, the run store and the live job build on it (see
-docs/architecture.md). The step loop that ends a run on divergence and records it is
+docs/architecture.md). Its recipe, :class:`~attn_core.training.config.TrainConfig`, is
+:mod:`attn_core.training.config`'s; the device, precision and sync cadence are
+:mod:`attn_core.training.device`'s. The step loop that ends a run on divergence and records it is
 :func:`attn_core.training.record.record_run`.
 """
 
@@ -18,13 +20,13 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, fields
 
 import torch
 
 from attn_core.model import Transformer
 from attn_core.tasks import Batch, Task
-from attn_core.validate import check, check_int, is_int, is_number
+from attn_core.training.config import TrainConfig
+from attn_core.training.device import autocast, autocast_dtype, select_device, sync_interval
 
 # Extra loss terms (regularizers): called with the model, the batch and the forward's cache;
 # returns named scalar terms that are added to the task loss.
@@ -35,12 +37,6 @@ EVAL_SEED_OFFSET = 1_000_003  # held-out batches never share a generator stream 
 # A task loss above DIVERGENCE_FACTOR * ln(d_vocab) (a uniform guess costs ln(d_vocab)) means
 # the run is confidently wrong everywhere: training has diverged even if no NaN appeared yet.
 DIVERGENCE_FACTOR = 4.0
-PRECISIONS = ("fp32", "bf16")  # bf16: forward and loss under torch.autocast; weights and AdamW stay fp32
-# sync_every=None: read the device every step on CPU, where reading costs nothing (CPU kernels run
-# synchronously) and the guard then stops a bad step before its update; on CUDA a read waits for
-# the queue to drain, so the loop reads every SYNC_EVERY_CUDA steps.
-SYNC_EVERY_CUDA = 25
-MAX_SYNC_EVERY = 10_000
 
 
 class Diverged(RuntimeError):
@@ -49,94 +45,6 @@ class Diverged(RuntimeError):
     def __init__(self, step: int, reason: str):
         super().__init__(f"diverged at step {step}: {reason}")
         self.step, self.reason = step, reason
-
-
-@dataclass
-class TrainConfig:
-    """The recipe of one training run (recorded in every card as ``train``)."""
-
-    steps: int = 2000
-    batch_size: int = 128
-    lr: float = 3e-3
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.98
-    warmup_steps: int = 100
-    min_lr_ratio: float = 0.1
-    grad_clip: float = 1.0
-    eval_every: int = 250
-    eval_samples: int = 512
-    seed: int = 0
-    device: str = "auto"
-    precision: str = "fp32"
-    sync_every: int | None = None  # None: 1 on CPU, SYNC_EVERY_CUDA on CUDA
-
-    def __post_init__(self) -> None:
-        def ok(cond: bool, msg: str) -> None:
-            check(cond, msg, prefix="invalid training setting: ")
-
-        def count(v, lo: int = 1) -> bool:
-            return is_int(v) and v >= lo
-
-        ok(count(self.steps), f"steps must be a positive integer, got {self.steps!r}")
-        ok(count(self.batch_size) and self.batch_size <= 65536, f"batch_size must be 1..65536, got {self.batch_size!r}")
-        ok(is_number(self.lr) and 0 < self.lr <= 10, f"lr must be in (0, 10], got {self.lr!r}")
-        ok(is_number(self.weight_decay) and self.weight_decay >= 0, "weight_decay must be >= 0")
-        ok(
-            is_number(self.beta1) and is_number(self.beta2) and 0 <= self.beta1 < 1 and 0 <= self.beta2 < 1,
-            "betas must be in [0, 1)",
-        )
-        ok(count(self.warmup_steps, 0), "warmup_steps must be >= 0")
-        ok(is_number(self.min_lr_ratio) and 0 <= self.min_lr_ratio <= 1, "min_lr_ratio must be in [0, 1]")
-        ok(is_number(self.grad_clip) and self.grad_clip > 0, "grad_clip must be positive")
-        ok(count(self.eval_every), "eval_every must be a positive integer")
-        ok(count(self.eval_samples), "eval_samples must be positive")
-        ok(is_int(self.seed), f"seed must be an integer, got {self.seed!r}")
-        check_precision(self.precision, prefix="invalid training setting: ")
-        check_sync_every(self.sync_every, prefix="invalid training setting: ")
-        select_device(self.device)  # raises on an unknown or unavailable device
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, raw: dict) -> TrainConfig:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in raw.items() if k in known})
-
-
-def select_device(name: str = "auto") -> torch.device:
-    """'auto' is CUDA when present, else CPU; 'cpu' and 'cuda[:i]' are honoured if available."""
-    if name in (None, "", "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"unknown device {name!r}; use auto, cpu or cuda") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was asked for but no CUDA GPU is available; use cpu or auto")
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"unsupported device {name!r}; use auto, cpu or cuda")
-    return dev
-
-
-def check_precision(precision: object, prefix: str = "") -> str:
-    check(precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}", prefix)
-    return str(precision)
-
-
-def check_sync_every(sync_every: object, prefix: str = "") -> int | None:
-    """None (the device's default) or an integer 1..MAX_SYNC_EVERY."""
-    return None if sync_every is None else check_int("sync_every", sync_every, 1, MAX_SYNC_EVERY, prefix)
-
-
-def sync_interval(cfg: TrainConfig, device: torch.device) -> int:
-    """Steps between two reads of the device: ``cfg.sync_every``, else 1 on CPU and SYNC_EVERY_CUDA on CUDA."""
-    return cfg.sync_every or (SYNC_EVERY_CUDA if device.type == "cuda" else 1)
-
-
-def available_devices() -> list[str]:
-    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -230,7 +138,7 @@ class Trainer:
         self.max_loss = DIVERGENCE_FACTOR * math.log(max(task.d_vocab, 2)) if max_loss is None else max_loss
         self.sync_every = sync_interval(cfg, self.device)
         self.sync_at = sync_at
-        self.autocast = torch.bfloat16 if cfg.precision == "bf16" else None
+        self.autocast = autocast_dtype(cfg.precision)
         self.params = [p for p in self.model.parameters()]
         self.good_state = [p.detach().clone() for p in self.params]
         self.good_step = 0
@@ -262,7 +170,7 @@ class Trainer:
         started = time.perf_counter()
         batch, scored = self._batch()
         cache: dict | None = {} if self.penalty is not None else None
-        with torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
+        with autocast(self.device, self.autocast):
             logits = self.model(batch.tokens, cache=cache).flatten(0, 1)
             task_loss = self.task.loss(logits, scored)
         # penalties in fp32 (QR/SVD of B have no bf16 kernels; the cached patterns are fp32 already)

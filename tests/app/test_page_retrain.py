@@ -13,6 +13,7 @@ from streamlit.testing.v1 import AppTest
 from attn_core import checkpoint, runs
 from attn_core.sources import resolve
 from attn_core.training import trainer
+from attn_core.training.device import PRECISIONS, available_devices
 from attn_core.training.job import TrainingJob
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +43,7 @@ def page() -> AppTest:
 def test_settings_before_any_run(page):
     assert page.button(key="retrain_start").proto.disabled is False
     assert page.button(key="retrain_stop").proto.disabled is True
-    assert page.selectbox(key="retrain_device").options == trainer.available_devices()
+    assert page.selectbox(key="retrain_device").options == available_devices()
     assert ("cuda" in page.selectbox(key="retrain_device").options) == torch.cuda.is_available()
     assert page.multiselect(key="reg_names").value == ["entropy"]
     assert page.select_slider(key="reg_lambda_entropy").value == pytest.approx(0.1)
@@ -139,7 +140,7 @@ def test_before_start_the_model_is_shown_as_it_is(page):
 
     from attn_core import regularizers as R
     from attn_core.training import telemetry
-    from attn_core.training.job import JobConfig
+    from attn_core.training.config import JobConfig
 
     model = resolve(MODEL).model
     probe = TrainingJob(JobConfig(MODEL, device="cpu"), store=False).probe.tokens  # the job's probe batch
@@ -178,4 +179,4 @@ def test_before_start_the_model_is_shown_as_it_is(page):
 
 def test_precision_picker(page):
     assert page.selectbox(key="retrain_precision").value == "fp32"
-    assert page.selectbox(key="retrain_precision").options == list(trainer.PRECISIONS)
+    assert page.selectbox(key="retrain_precision").options == list(PRECISIONS)

@@ -11,7 +11,8 @@ import ui
 from attn_core import checkpoint, runs, sources, zoo
 from attn_core.figures import ExportError, Plot
 from attn_core.sources import resolve
-from attn_core.training.job import JobConfig, TrainingJob
+from attn_core.training.config import JobConfig
+from attn_core.training.job import TrainingJob
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "app.py")

@@ -14,6 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import expect
 
 import navigation
 from benchmarks.dashboard import (
@@ -93,7 +94,7 @@ def test_retrain_live_start_and_stop(page, server):
     run_id = re.search(r"Run ([\w-]+) stopped", done.inner_text()).group(1)
     settle(page)
     no_exception(page)
-    assert main.get_by_role("button", name="Start").is_enabled()
+    expect(main.get_by_role("button", name="Start")).to_be_enabled(timeout=60_000)  # once the page reran
     assert main.get_by_role("button", name="PNG").count() >= 3  # downloads once the run has ended
     screenshot(page, ARTIFACTS / "3_Retrain_stopped.png")
 

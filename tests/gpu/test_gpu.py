@@ -23,9 +23,11 @@ import torch
 from attn_core.runs import RunStore
 from attn_core.sources import resolve
 from attn_core.tasks import get_task
-from attn_core.training.job import JobConfig, TrainingJob
+from attn_core.training.config import JobConfig, TrainConfig
+from attn_core.training.device import SYNC_EVERY_CUDA
+from attn_core.training.job import TrainingJob
 from attn_core.training.record import record_run
-from attn_core.training.trainer import SYNC_EVERY_CUDA, TrainConfig, Trainer
+from attn_core.training.trainer import Trainer
 from tests.conftest import make_tiny_model
 
 pytestmark = [

@@ -170,8 +170,10 @@ def test_metric_names_are_built_and_parsed_in_one_place():
         )
         == []
     )
-    assert _hits(r"L\\d\+H\\d\+|L\(\\d\+\)H", {"attn_core/training/telemetry.py", "attn_core/regularizers.py"}) == []
+    assert (
+        _hits(r"L\\d\+H\\d\+|L\(\\d\+\)H", {"attn_core/training/telemetry.py", "attn_core/regularizers/heads.py"}) == []
+    )
 
 
 def test_run_statuses_are_listed_in_one_place():
-    assert _hits(r"""\(["']running["'],\s*["']completed["']""", {"attn_core/runs.py"}) == []
+    assert _hits(r"""\(["']running["'],\s*["']completed["']""", {"attn_core/runs/names.py"}) == []

@@ -404,6 +404,7 @@ def test_induction_2l_k_composition_from_the_previous_token_head_stands_out():
 
 
 def test_figures_build_with_their_data():
+    from attn_core.figures import attribution as fa
     from attn_core.figures import circuits as fc
 
     model = random_model(**KINDS["biased"])
@@ -412,9 +413,9 @@ def test_figures_build_with_their_data():
     comp = ci.composition(model, n_samples=4)
     vw = ci.value_weighted(model, TOKENS, 1)
     plots = [
-        fc.attribution_plot(attr, top=4, n_terms=3),
-        fc.runner_up_plot(attr),
-        fc.token_position_plot(ci.token_position_split(loaded_of(model), TOKENS, 1, 9)),
+        fa.attribution_plot(attr, top=4, n_terms=3),
+        fa.runner_up_plot(attr),
+        fa.token_position_plot(ci.token_position_split(loaded_of(model), TOKENS, 1, 9)),
         fc.ov_spectrum_plot(ci.ov_spectrum_frame(model)),
         fc.ov_circuit_plot(ci.full_ov_circuit(model, 1, 0), [str(i) for i in range(12)], 1, 0, 0.5),
         fc.positivity_plot(
@@ -425,7 +426,7 @@ def test_figures_build_with_their_data():
         fc.composition_plot(comp),
         fc.composition_plot(comp, corrected=True),
         fc.head_graph_plot(comp, top=5),
-        fc.value_weighted_plot(vw, [str(t) for t in TOKENS], 1, [0, 1, 2], 1),
+        fa.value_weighted_plot(vw, [str(t) for t in TOKENS], 1, [0, 1, 2], 1),
     ]
     assert len({p.name for p in plots}) == len(plots)
     for p in plots:

@@ -16,7 +16,8 @@ from attn_core import grow as G
 from attn_core.model import ModelConfig, Transformer
 from attn_core.sources import resolve
 from attn_core.tasks import Batch, get_task
-from attn_core.training.trainer import TrainConfig, init_model, train
+from attn_core.training.config import TrainConfig
+from attn_core.training.trainer import init_model, train
 
 TASK = get_task("reverse")
 DT = torch.float64

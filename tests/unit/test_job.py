@@ -12,7 +12,8 @@ import torch
 from attn_core import checkpoint, zoo
 from attn_core.runs import RunStore
 from attn_core.tasks import get_task
-from attn_core.training.job import JobConfig, TrainingJob
+from attn_core.training.config import JobConfig
+from attn_core.training.job import TrainingJob
 from tests.conftest import make_tiny_model
 
 TASK = get_task("reverse")

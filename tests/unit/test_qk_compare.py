@@ -16,7 +16,8 @@ from attn_core.model import ModelConfig, Transformer
 from attn_core.qk.result import _finite
 from attn_core.runs import RunStore
 from attn_core.tasks import get_task
-from attn_core.training.trainer import TrainConfig, Trainer
+from attn_core.training.config import TrainConfig
+from attn_core.training.trainer import Trainer
 from tests.conftest import make_tiny_model
 
 

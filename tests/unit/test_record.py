@@ -10,9 +10,10 @@ import torch
 from attn_core.card import Card
 from attn_core.runs import RunStore
 from attn_core.tasks import get_task
+from attn_core.training.config import TrainConfig
 from attn_core.training.record import Outcome, RunRecorder, measure_final, record_run, run_card
 from attn_core.training.telemetry import measure
-from attn_core.training.trainer import TrainConfig, Trainer
+from attn_core.training.trainer import Trainer
 from tests.conftest import make_tiny_model
 
 TASK = get_task("reverse")

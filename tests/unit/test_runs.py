@@ -153,7 +153,8 @@ def test_killed_training_process(tmp_path):
     folder = checkpoint.save(make_tiny_model(), tmp_path / "tiny", {"task": "reverse"})
     env = {**os.environ, ENV_RUNS: str(tmp_path / "runs")}
     code = (
-        "from attn_core.training.job import JobConfig, TrainingJob\n"
+        "from attn_core.training.config import JobConfig\n"
+        "from attn_core.training.job import TrainingJob\n"
         f"TrainingJob(JobConfig({str(folder)!r}, {{'entropy': 0.1}}, steps=10**7, device='cpu')).run()\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

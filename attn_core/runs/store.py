@@ -1,32 +1,12 @@
-"""The run store: every retraining is a run, indexed in SQLite, its weights a model folder.
-
-Layout of the data directory (default ``./runs``, or ``$ATTN_LAB_RUNS``)::
-
-    index.sqlite          runs(id, parent, task, status, message, config, summary, created,
-                               updated, finished, pid, host, sweep, trial)  metrics(run, step, name, value)
-                          sweeps(id, name, status, message, config, info, created, updated,
-                                 finished, pid, host)
-    <run id>/             model.safetensors, config.json, card.json (a checkpoint.save folder)
-
-Atomicity: the checkpoint folder is written to a hidden temporary sibling and renamed into place
-(``checkpoint.save``), and only then is the run's row marked finished, in one SQLite transaction. A
-killed process therefore leaves a row in status ``running`` (and perhaps a hidden temporary
-folder), never a half-written run; such rows are found on the next open (their process is gone)
-and marked ``failed`` -- or given the status their card recorded, if the folder made it. Listing
-reads the index only, so stray folders never break it. Shipped zoo files are never written.
-
-The run statuses are listed here only (:data:`STATUSES`, :data:`FINAL`), and so is how a run is
-named where a model is expected (:data:`RUN_PREFIX`); ``attn_core.sources.resolve("run:<id>")``
-loads a run's weights.
-"""
+"""The run store's core: :class:`RunStore`, the SQLite index and the checkpoint folders of runs
+(writing, reading, reaping the runs of killed processes). The layout and atomicity rules are in
+``attn_core.runs``; the sweep methods come from ``attn_core.runs.sweeps``."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-import re
-import secrets
 import shutil
 import socket
 import sqlite3
@@ -42,13 +22,10 @@ from attn_core import checkpoint
 from attn_core.card import Card
 from attn_core.checkpoint import CARD, WEIGHTS, CheckpointError, LoadedModel
 from attn_core.model import Transformer
+from attn_core.runs.names import FINAL, RUN_PREFIX, check_run_id, default_root, iso, new_run_id, pid_alive
+from attn_core.runs.sweeps import SWEEP_SCHEMA, SweepsMixin
 
-ENV_RUNS = "ATTN_LAB_RUNS"
 INDEX = "index.sqlite"
-STATUSES = ("running", "completed", "stopped", "diverged", "failed")
-FINAL = STATUSES[1:]
-RUN_PREFIX = "run:"  # how a run is named where a model name is expected ("run:20250101-120000-ab12")
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 STALE_TMP_S = 3600  # hidden temporary folders older than this are left-overs of a killed save
 
 _SCHEMA = """
@@ -59,49 +36,12 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 CREATE TABLE IF NOT EXISTS metrics (run TEXT NOT NULL, step INTEGER NOT NULL, name TEXT NOT NULL, value REAL);
 CREATE INDEX IF NOT EXISTS metrics_run ON metrics (run, step);
-CREATE TABLE IF NOT EXISTS sweeps (
-    id TEXT PRIMARY KEY, name TEXT NOT NULL, status TEXT NOT NULL, message TEXT DEFAULT '',
-    config TEXT NOT NULL, info TEXT DEFAULT '{}', created REAL NOT NULL, updated REAL NOT NULL,
-    finished REAL, pid INTEGER, host TEXT
-);
 """
 # Columns added to runs after the first release: older index files get them on open (ALTER TABLE).
 _RUN_COLUMNS = {"sweep": "TEXT", "trial": "TEXT"}
-SWEEP_STATUSES = ("running", "completed", "interrupted")  # a sweep ends completed or interrupted
 
 
-def default_root() -> Path:
-    return Path(os.environ.get(ENV_RUNS) or "runs").expanduser()
-
-
-def _iso(t: float | None) -> str | None:
-    return None if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
-
-
-def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
-
-
-def check_run_id(run_id: str) -> str:
-    run_id = str(run_id).removeprefix(RUN_PREFIX)
-    if not _ID.match(run_id):
-        raise ValueError(f"{run_id!r} is not a run id (letters, digits, - and _)")
-    return run_id
-
-
-def _pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-class RunStore:
+class RunStore(SweepsMixin):
     """The index and checkpoints of runs under ``root`` (default ``$ATTN_LAB_RUNS`` or ./runs).
 
     Safe to use from several threads and processes: every call opens its own SQLite connection
@@ -150,7 +90,7 @@ class RunStore:
                 raise ValueError(f"cannot create the run store {self.root}: {e.strerror}") from None
             with closing(sqlite3.connect(self.db_path, timeout=30)) as con:
                 con.execute("PRAGMA journal_mode=WAL")
-                con.executescript(_SCHEMA)
+                con.executescript(_SCHEMA + SWEEP_SCHEMA)
                 have = {r[1] for r in con.execute("PRAGMA table_info(runs)")}
                 for name, kind in _RUN_COLUMNS.items():
                     if name not in have:
@@ -263,117 +203,6 @@ class RunStore:
             con.executemany("INSERT INTO metrics (run, step, name, value) VALUES (?, ?, ?, ?)", rows)
         return run_id
 
-    # --- sweeps (groups of runs; attn_core.sweep writes them from the driver) -----------------------
-    def create_sweep(self, name: str, config: dict, info: dict | None = None) -> str:
-        """A new sweep in status ``running``, owned by this process; returns its id."""
-        sweep_id = "sweep-" + new_run_id()
-        now = time.time()
-        with self._db(write=True) as con:
-            con.execute(
-                "INSERT INTO sweeps (id, name, status, config, info, created, updated, pid, host) "
-                "VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?)",
-                (
-                    sweep_id,
-                    name,
-                    json.dumps(config, default=str),
-                    json.dumps(info or {}, default=str),
-                    now,
-                    now,
-                    os.getpid(),
-                    socket.gethostname(),
-                ),
-            )
-        return sweep_id
-
-    def update_sweep(self, sweep_id: str, status: str, message: str = "", info: dict | None = None) -> None:
-        """Mark a sweep ``running`` again (a resume) or finished (``completed``/``interrupted``)."""
-        if status not in SWEEP_STATUSES:
-            raise ValueError(f"a sweep's status is one of {', '.join(SWEEP_STATUSES)}, not {status!r}")
-        sweep = self.get_sweep(sweep_id)
-        now = time.time()
-        with self._db(write=True) as con:
-            con.execute(
-                "UPDATE sweeps SET status = ?, message = ?, info = ?, updated = ?, finished = ?, pid = ?, "
-                "host = ? WHERE id = ?",
-                (
-                    status,
-                    message,
-                    json.dumps({**sweep["info"], **(info or {})}, default=str),
-                    now,
-                    None if status == "running" else now,
-                    os.getpid(),
-                    socket.gethostname(),
-                    sweep["id"],
-                ),
-            )
-
-    def list_sweeps(self) -> list[dict]:
-        """Every sweep, newest first: id, name, status, message, created, finished, info, and
-        ``trials`` (how many the plan has) and ``counts`` (recorded runs per status)."""
-        if not self._exists():
-            return []
-        self._reap_sweeps()
-        with self._db() as con:
-            rows = con.execute("SELECT * FROM sweeps ORDER BY created DESC, id DESC").fetchall()
-            counts: dict[str, dict] = {}
-            for r in con.execute(
-                "SELECT sweep, status, COUNT(*) FROM runs WHERE sweep IS NOT NULL GROUP BY sweep, status"
-            ):
-                counts.setdefault(r[0], {})[r[1]] = r[2]
-        return [{**self._sweep_row(r), "counts": counts.get(r["id"], {})} for r in rows]
-
-    def get_sweep(self, sweep_id: str) -> dict:
-        """One sweep (as in :meth:`list_sweeps`) with its ``config`` (the plan) and ``runs`` (its
-        recorded runs, oldest first, each with its ``trial`` key)."""
-        sweep_id = check_run_id(sweep_id)
-        row = None
-        if self._exists():
-            self._reap_sweeps()
-            with self._db() as con:
-                row = con.execute("SELECT * FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
-                runs = con.execute("SELECT * FROM runs WHERE sweep = ? ORDER BY created, id", (sweep_id,)).fetchall()
-        if row is None:
-            known = [s["id"] for s in self.list_sweeps()[:5]]
-            raise ValueError(
-                f"no sweep {sweep_id!r} in {self.root}"
-                + (f"; recent sweeps: {', '.join(known)}" if known else " (no sweeps yet)")
-            )
-        out = self._sweep_row(row)
-        out["config"] = json.loads(row["config"] or "{}")
-        out["runs"] = [self._row(r) for r in runs]
-        out["counts"] = {}
-        for r in out["runs"]:
-            out["counts"][r["status"]] = out["counts"].get(r["status"], 0) + 1
-        return out
-
-    def _sweep_row(self, r: sqlite3.Row) -> dict:
-        config = json.loads(r["config"] or "{}")
-        return {
-            "id": r["id"],
-            "name": r["name"],
-            "status": r["status"],
-            "message": r["message"] or "",
-            "created": _iso(r["created"]),
-            "finished": _iso(r["finished"]),
-            "info": json.loads(r["info"] or "{}"),
-            "trials": len(config.get("trials", ())),
-        }
-
-    def _reap_sweeps(self) -> None:
-        """Sweeps left 'running' by a process of this host that is gone are ``interrupted``."""
-        host = socket.gethostname()
-        with self._db() as con:
-            gone = [
-                r["id"]
-                for r in con.execute("SELECT id, pid, host FROM sweeps WHERE status = 'running'")
-                if r["host"] == host and not _pid_alive(r["pid"])
-            ]
-            for sweep_id in gone:
-                con.execute(
-                    "UPDATE sweeps SET status = 'interrupted', message = ? WHERE id = ? AND status = 'running'",
-                    ("interrupted: the driver ended before every trial was recorded", sweep_id),
-                )
-
     def delete(self, run_id: str) -> None:
         """Remove a finished run (index rows and folder). A running run cannot be deleted."""
         run = self.get(run_id)
@@ -453,8 +282,8 @@ class RunStore:
             "task": r["task"],
             "status": r["status"],
             "message": r["message"] or "",
-            "created": _iso(r["created"]),
-            "finished": _iso(r["finished"]),
+            "created": iso(r["created"]),
+            "finished": iso(r["finished"]),
             "config": json.loads(r["config"] or "{}"),
             "summary": json.loads(r["summary"] or "{}"),
             "has_weights": (self.root / r["id"] / WEIGHTS).is_file(),
@@ -470,7 +299,7 @@ class RunStore:
             orphans = [
                 r
                 for r in con.execute("SELECT id, pid, host FROM runs WHERE status = 'running'")
-                if r["host"] == host and not _pid_alive(r["pid"])
+                if r["host"] == host and not pid_alive(r["pid"])
             ]
         for r in orphans:
             card_path = self.root / r["id"] / CARD

@@ -1,0 +1,84 @@
+"""Differentiable concentration and spectral penalties on the QK bilinear form (issue 4).
+
+A regularizer R with strength lambda >= 0 adds ``lambda * R`` to the task loss. Each R is a mean
+over its selected heads (so lambda does not depend on how many heads are chosen) and, for the
+row penalties, over the rows that see at least two keys (``metrics.MIN_KEYS``):
+
+    entropy        H(A_i) / log n_i                 A_i an attention row of the training batch,
+                                                    n_i its visible keys (causal rows compare)
+    hoyer          1 - Hoyer(A_i)                   negative Hoyer sparsity, shifted by 1 so the
+                                                    term is >= 0; Hoyer = (sqrt n - |p|_1/|p|_2)/(sqrt n - 1)
+    topk           1 - sum of the k largest A_ij    top-k mass deficit (k = 1 unless ``topk:K``)
+    vocab_entropy  the same three on the vocabulary view: row x is the attention of token x
+    vocab_hoyer    over every token y, A_x = attn(f_x(.)) with f_x(y) = x^T B y and x, y every
+    vocab_topk     token as the layer sees it (bilinear.vocab_scores) -- "for every x" (seed 000)
+    spectral       ||B||_2 = sigma_1(B)             sigma-Reparam's view: a small ||B||_2 bounds
+                                                    how far attention entropy can collapse, so this
+                                                    one works *against* concentration
+    nuclear        ||B||_* = sum_i sigma_i(B)       convex surrogate of rank; from the factors
+                                                    (QR of W_Q, W_K and the small core's SVD)
+
+The row metrics are ``attn_core.metrics`` (one definition for measuring and penalising); B and
+its spectrum are ``attn_core.bilinear``. Alpha-entmax attention, the architectural alternative
+to a penalty, is a model setting (``ModelConfig.entmax_alpha``), chosen at retrain time.
+
+A spec names a regularizer, its strength and optionally its heads and k::
+
+    NAME[:K][@HEADS]=LAMBDA      entropy=0.1   topk:2=0.5   vocab_entropy@L1H2,L0=0.05
+
+HEADS is a comma-separated list of ``L<l>`` (every head of layer l) and ``L<l>H<h>`` items.
+
+Split by concern (docs/architecture.md):
+
+- ``heads``: head selections (``parse_heads``, ``format_heads``, ``all_heads``) and a head's
+  label (``head_label``);
+- ``specs``: the regularizer table (:data:`REGULARIZERS`), :class:`RegSpec` and the spec parsers
+  (``parse_spec``, ``parse_specs``);
+- ``penalty``: the differentiable values (``regularizer_value`` and its row and spectrum parts),
+  :class:`ConcentrationPenalty` and ``build_penalty``, the per-head concentration summaries
+  (``data_concentration``, ``vocab_concentration``, ``spectrum``) and ``with_entmax``.
+"""
+
+from attn_core.regularizers.heads import Heads, all_heads, format_heads, head_label, parse_heads
+from attn_core.regularizers.penalty import (
+    ROW_KINDS,
+    ConcentrationPenalty,
+    build_penalty,
+    data_concentration,
+    data_rows,
+    layer_singular_values,
+    mean_rows,
+    regularizer_value,
+    row_penalty,
+    spectrum,
+    vocab_concentration,
+    vocab_rows,
+    with_entmax,
+)
+from attn_core.regularizers.specs import REGULARIZERS, RegSpec, SpecsLike, parse_spec, parse_specs
+
+__all__ = [
+    "REGULARIZERS",
+    "ROW_KINDS",
+    "ConcentrationPenalty",
+    "Heads",
+    "RegSpec",
+    "SpecsLike",
+    "all_heads",
+    "build_penalty",
+    "data_concentration",
+    "data_rows",
+    "format_heads",
+    "head_label",
+    "layer_singular_values",
+    "mean_rows",
+    "parse_heads",
+    "parse_spec",
+    "parse_specs",
+    "regularizer_value",
+    "row_penalty",
+    "spectrum",
+    "vocab_concentration",
+    "vocab_rows",
+    "with_entmax",
+]

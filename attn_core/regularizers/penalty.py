@@ -1,0 +1,205 @@
+"""The penalties themselves: each regularizer's differentiable value, :class:`ConcentrationPenalty`
+(the Trainer's extra loss terms) and :func:`build_penalty`, the per-head concentration summaries
+of telemetry and before/after, and alpha-entmax attention (see ``attn_core.regularizers``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+import torch
+
+from attn_core import metrics
+from attn_core.bilinear import QKForm, layer_form, model_form, vocab_scores
+from attn_core.hooks import act_name
+from attn_core.model import ModelConfig, Transformer, attention_weights
+from attn_core.regularizers.heads import Heads, all_heads, by_layer, head_label, parse_heads
+from attn_core.regularizers.specs import RegSpec, SpecsLike, parse_specs
+
+ROW_KINDS = ("entropy", "hoyer", "topk")  # the row penalty behind data and vocab regularizers
+
+
+def row_penalty(kind: str, p: torch.Tensor, mask: torch.Tensor | None, k: int = 1) -> torch.Tensor:
+    """Per-row penalty of attention rows ``p`` [..., n] (lower = more concentrated)."""
+    if kind == "entropy":
+        return metrics.normalized_entropy(p, mask)
+    if kind == "hoyer":
+        return 1 - metrics.hoyer(p, mask)
+    if kind == "topk":
+        return 1 - metrics.topk_mass(p, k, mask)
+    raise ValueError(f"unknown row penalty {kind!r}; choose from {', '.join(ROW_KINDS)}")
+
+
+def mean_rows(values: torch.Tensor, p_shape: torch.Size, mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean over the informative rows (>= 2 visible keys) of ``values`` [b, h, q] or [h, q],
+    one value per head [h] (differentiable)."""
+    valid = metrics.informative_rows(mask, p_shape).expand_as(values).to(values.dtype)
+    if values.dim() == 3:
+        return (values * valid).sum((0, 2)) / valid.sum((0, 2)).clamp_min(1)
+    return (values * valid).sum(-1) / valid.sum(-1).clamp_min(1)
+
+
+def data_rows(model: Transformer, cache: dict, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cached attention pattern of a layer [b, h, T, T] and its causal mask [T, T]."""
+    key = act_name("pattern", layer)
+    if key not in cache:
+        raise ValueError(f"the forward cache has no {key}; run the model with cache={{}} first")
+    A = cache[key]
+    T = A.shape[-1]
+    return A, model.causal[:T, :T]
+
+
+def vocab_rows(model: Transformer, layer: int, heads: Sequence[int] | None = None) -> torch.Tensor:
+    """Rows of the vocabulary view, [h, V, V]: attention of every token over every token, with
+    the model's own row normalisation (softmax, or alpha-entmax). Differentiable."""
+    S = vocab_scores(model, layer, list(heads) if heads is not None else None)
+    full = torch.ones(S.shape[-2:], dtype=torch.bool, device=S.device)
+    return attention_weights(S, full, model.cfg.entmax_alpha)
+
+
+def layer_singular_values(model: Transformer, layer: int) -> torch.Tensor:
+    """Singular values of B of every head of a layer, [n_heads, r], differentiable. Heads grown
+    narrower than the layer's stored width (``cfg.d_qk``) are cut to their own width first: the
+    zero padding columns would make the QR's gradient NaN."""
+    cfg = model.cfg
+    if cfg.qk == "merged" or cfg.d_qk is None:
+        return layer_form(model, layer).singular_values
+    attn = model.blocks[layer].attn
+    scale = attn.qk_scale.view(-1)
+    widths = [cfg.head_d_qk(layer, h) for h in range(cfg.n_heads)]
+    rows = [
+        QKForm(left=attn.W_Q[h, :, :w] * scale[h], right=attn.W_K[h, :, :w]).singular_values
+        for h, w in enumerate(widths)
+    ]
+    r = max(widths)
+    return torch.stack([torch.nn.functional.pad(s, (0, r - s.shape[-1])) for s in rows])
+
+
+def regularizer_value(
+    spec: RegSpec, model: Transformer, heads: Heads, cache: dict | None = None, memo: dict | None = None
+) -> torch.Tensor:
+    """The unweighted regularizer R (a scalar, mean over ``heads``); ``cache`` holds the
+    forward's patterns for the data view. ``memo`` shares vocabulary rows and spectra between
+    specs within one step."""
+    memo = {} if memo is None else memo
+    kind = spec.name.removeprefix("vocab_")
+    per_head = []
+    for layer, hs in by_layer(heads).items():
+        if spec.view == "data":
+            if cache is None:
+                raise ValueError(f"{spec.name!r} reads the training batch's attention; pass the forward cache")
+            A, mask = data_rows(model, cache, layer)
+            A = A[:, hs]
+            per_head.append(mean_rows(row_penalty(kind, A, mask, spec.k), A.shape, mask))
+        elif spec.view == "vocab":
+            key = ("vocab", layer)
+            if key not in memo:
+                memo[key] = vocab_rows(model, layer)
+            P = memo[key][hs]
+            per_head.append(mean_rows(row_penalty(kind, P, None, spec.k), P.shape, None))
+        else:
+            key = ("sigma", layer)
+            if key not in memo:
+                memo[key] = layer_singular_values(model, layer)
+            sigma = memo[key][hs]
+            per_head.append(sigma[..., 0] if kind == "spectral" else sigma.sum(-1))
+    return torch.cat(per_head).mean()
+
+
+class ConcentrationPenalty:
+    """A Trainer ``Penalty``: ``penalty(model, batch, cache) -> {label: lambda * R}``.
+
+    Built by :func:`build_penalty`; ``specs`` are those with lambda > 0 (a zero strength turns
+    a regularizer off), ``heads[label]`` the resolved heads of each, ``regularized_heads`` their
+    union (every head when no spec is active)."""
+
+    def __init__(self, specs: list[RegSpec], heads: dict[str, Heads], cfg: ModelConfig):
+        self.specs = [s for s in specs if s.strength > 0]
+        self.all_specs = specs
+        self.heads = heads
+        union = sorted({lh for s in self.specs for lh in heads[s.label]})
+        self.regularized_heads: Heads = tuple(union) if union else all_heads(cfg)
+
+    def __call__(self, model: Transformer, batch=None, cache: dict | None = None) -> dict[str, torch.Tensor]:
+        memo: dict = {}
+        return {s.label: s.strength * regularizer_value(s, model, self.heads[s.label], cache, memo) for s in self.specs}
+
+    def values(self, model: Transformer, cache: dict | None = None) -> dict[str, float]:
+        """Unweighted R of every spec (also those with lambda = 0), without gradients."""
+        memo: dict = {}
+        with torch.no_grad():
+            return {
+                s.label: float(regularizer_value(s, model, self.heads[s.label], cache, memo)) for s in self.all_specs
+            }
+
+    def __bool__(self) -> bool:
+        return bool(self.specs)
+
+    def describe(self) -> list[dict]:
+        return [
+            {**s.to_dict(), "label": s.label, "resolved_heads": [head_label(*lh) for lh in self.heads[s.label]]}
+            for s in self.all_specs
+        ]
+
+
+def build_penalty(specs: SpecsLike, cfg: ModelConfig | Transformer, heads=None) -> ConcentrationPenalty:
+    """Validate specs against a model and build its penalty. ``heads`` is the default selection
+    (see :func:`parse_heads`) for specs that name none. Raises ValueError on a negative lambda, an
+    unknown name or a layer/head out of range."""
+    cfg = cfg.cfg if isinstance(cfg, Transformer) else cfg
+    specs = parse_specs(specs)
+    default = parse_heads(heads, cfg)
+    resolved = {s.label: parse_heads(s.heads, cfg) if s.heads else default for s in specs}
+    for s in specs:
+        if s.view == "vocab" and cfg.d_vocab > 4096:
+            raise ValueError(f"{s.name!r} forms a d_vocab x d_vocab view per head; {cfg.d_vocab} tokens is too many")
+    return ConcentrationPenalty(specs, resolved, cfg)
+
+
+# --- per-head summaries (telemetry and before/after) ------------------------------------------------
+
+
+@torch.no_grad()
+def data_concentration(model: Transformer, cache: dict, heads: Heads | None = None) -> dict[str, torch.Tensor]:
+    """Per head on the cached forward: ``entropy`` (mean normalized entropy) and ``top1`` (mean
+    top-1 mass) over informative rows, each [n_layers, n_heads] (NaN where not selected)."""
+    cfg = model.cfg
+    out = {k: torch.full((cfg.n_layers, cfg.n_heads), math.nan) for k in ("entropy", "top1")}
+    for layer, hs in by_layer(heads or all_heads(cfg)).items():
+        A, mask = data_rows(model, cache, layer)
+        A = A[:, hs].float()
+        out["entropy"][layer, hs] = mean_rows(metrics.normalized_entropy(A, mask), A.shape, mask).cpu()
+        out["top1"][layer, hs] = mean_rows(metrics.topk_mass(A, 1, mask), A.shape, mask).cpu()
+    return out
+
+
+@torch.no_grad()
+def vocab_concentration(model: Transformer, heads: Heads | None = None) -> dict[str, torch.Tensor]:
+    """Per head on the vocabulary view: ``entropy`` and ``top1``, [n_layers, n_heads]."""
+    cfg = model.cfg
+    out = {k: torch.full((cfg.n_layers, cfg.n_heads), math.nan) for k in ("entropy", "top1")}
+    for layer, hs in by_layer(heads or all_heads(cfg)).items():
+        P = vocab_rows(model, layer, hs).float()
+        out["entropy"][layer, hs] = mean_rows(metrics.normalized_entropy(P), P.shape, None).cpu()
+        out["top1"][layer, hs] = mean_rows(metrics.topk_mass(P, 1), P.shape, None).cpu()
+    return out
+
+
+@torch.no_grad()
+def spectrum(model: Transformer) -> dict[str, torch.Tensor]:
+    """Singular values of B of every head [n_layers, n_heads, r] (descending) and its stable rank
+    [n_layers, n_heads], on the CPU."""
+    form = model_form(model)
+    return {"singular_values": form.singular_values.float().cpu(), "stable_rank": form.stable_rank.float().cpu()}
+
+
+def with_entmax(model: Transformer, alpha: float | None) -> Transformer:
+    """The model with alpha-entmax attention (1 = softmax, 1.5 = entmax15, 2 = sparsemax): a new
+    model with the same weights, or the model itself when alpha is None or unchanged."""
+    if alpha is None or float(alpha) == model.cfg.entmax_alpha:
+        return model
+    cfg = replace(model.cfg, entmax_alpha=float(alpha))  # validates 1 <= alpha <= 2
+    out = Transformer(cfg).to(next(model.parameters()).device)
+    out.load_state_dict(model.state_dict())
+    return out

@@ -1,0 +1,54 @@
+"""The run store: every retraining is a run, indexed in SQLite, its weights a model folder.
+
+Layout of the data directory (default ``./runs``, or ``$ATTN_LAB_RUNS``)::
+
+    index.sqlite          runs(id, parent, task, status, message, config, summary, created,
+                               updated, finished, pid, host, sweep, trial)  metrics(run, step, name, value)
+                          sweeps(id, name, status, message, config, info, created, updated,
+                                 finished, pid, host)
+    <run id>/             model.safetensors, config.json, card.json (a checkpoint.save folder)
+
+Atomicity: the checkpoint folder is written to a hidden temporary sibling and renamed into place
+(``checkpoint.save``), and only then is the run's row marked finished, in one SQLite transaction. A
+killed process therefore leaves a row in status ``running`` (and perhaps a hidden temporary
+folder), never a half-written run; such rows are found on the next open (their process is gone)
+and marked ``failed`` -- or given the status their card recorded, if the folder made it. Listing
+reads the index only, so stray folders never break it. Shipped zoo files are never written.
+
+The run statuses are listed in one place (:data:`STATUSES`, :data:`FINAL`, in ``names``), and so
+is how a run is named where a model is expected (:data:`RUN_PREFIX`);
+``attn_core.sources.resolve("run:<id>")`` loads a run's weights.
+
+Split by concern (docs/architecture.md):
+
+- ``names``: where the store lives (``default_root``), run ids (``new_run_id``,
+  ``check_run_id``, :data:`RUN_PREFIX`) and the run and sweep statuses;
+- ``store``: :class:`RunStore`, the index and checkpoints of runs (writing, reading, reaping);
+- ``sweeps``: the sweep table and the :class:`RunStore` methods that group runs into sweeps.
+"""
+
+from attn_core.runs.names import (
+    ENV_RUNS,
+    FINAL,
+    RUN_PREFIX,
+    STATUSES,
+    SWEEP_STATUSES,
+    check_run_id,
+    default_root,
+    new_run_id,
+)
+from attn_core.runs.store import INDEX, STALE_TMP_S, RunStore
+
+__all__ = [
+    "ENV_RUNS",
+    "FINAL",
+    "INDEX",
+    "RUN_PREFIX",
+    "STALE_TMP_S",
+    "STATUSES",
+    "SWEEP_STATUSES",
+    "RunStore",
+    "check_run_id",
+    "default_root",
+    "new_run_id",
+]

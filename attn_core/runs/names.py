@@ -1,0 +1,48 @@
+"""How runs are named and where they live: the store's root, run ids, and the run and sweep
+statuses (listed here only; see ``attn_core.runs`` and docs/architecture.md)."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import time
+from pathlib import Path
+
+ENV_RUNS = "ATTN_LAB_RUNS"
+STATUSES = ("running", "completed", "stopped", "diverged", "failed")
+FINAL = STATUSES[1:]
+RUN_PREFIX = "run:"  # how a run is named where a model name is expected ("run:20250101-120000-ab12")
+SWEEP_STATUSES = ("running", "completed", "interrupted")  # a sweep ends completed or interrupted
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
+def default_root() -> Path:
+    return Path(os.environ.get(ENV_RUNS) or "runs").expanduser()
+
+
+def iso(t: float | None) -> str | None:
+    return None if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def check_run_id(run_id: str) -> str:
+    run_id = str(run_id).removeprefix(RUN_PREFIX)
+    if not _ID.match(run_id):
+        raise ValueError(f"{run_id!r} is not a run id (letters, digits, - and _)")
+    return run_id
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,184 @@
+"""The recipes of training: :class:`TrainConfig` (one training run, recorded in every card as
+``train``) and :class:`JobConfig` (a live retraining run, recorded with the run). Both check every
+setting when built, so a bad one fails before anything starts; the CLI reads its option defaults
+from them (see docs/architecture.md)."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import asdict, dataclass, field, fields
+
+from attn_core import regularizers as R
+from attn_core.training.device import check_precision, check_sync_every, select_device
+from attn_core.validate import check, is_int, is_number
+
+
+@dataclass
+class TrainConfig:
+    """The recipe of one training run (recorded in every card as ``train``)."""
+
+    steps: int = 2000
+    batch_size: int = 128
+    lr: float = 3e-3
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.98
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+    eval_every: int = 250
+    eval_samples: int = 512
+    seed: int = 0
+    device: str = "auto"
+    precision: str = "fp32"
+    sync_every: int | None = None  # None: 1 on CPU, SYNC_EVERY_CUDA on CUDA
+
+    def __post_init__(self) -> None:
+        def ok(cond: bool, msg: str) -> None:
+            check(cond, msg, prefix="invalid training setting: ")
+
+        def count(v, lo: int = 1) -> bool:
+            return is_int(v) and v >= lo
+
+        ok(count(self.steps), f"steps must be a positive integer, got {self.steps!r}")
+        ok(count(self.batch_size) and self.batch_size <= 65536, f"batch_size must be 1..65536, got {self.batch_size!r}")
+        ok(is_number(self.lr) and 0 < self.lr <= 10, f"lr must be in (0, 10], got {self.lr!r}")
+        ok(is_number(self.weight_decay) and self.weight_decay >= 0, "weight_decay must be >= 0")
+        ok(
+            is_number(self.beta1) and is_number(self.beta2) and 0 <= self.beta1 < 1 and 0 <= self.beta2 < 1,
+            "betas must be in [0, 1)",
+        )
+        ok(count(self.warmup_steps, 0), "warmup_steps must be >= 0")
+        ok(is_number(self.min_lr_ratio) and 0 <= self.min_lr_ratio <= 1, "min_lr_ratio must be in [0, 1]")
+        ok(is_number(self.grad_clip) and self.grad_clip > 0, "grad_clip must be positive")
+        ok(count(self.eval_every), "eval_every must be a positive integer")
+        ok(count(self.eval_samples), "eval_samples must be positive")
+        ok(is_int(self.seed), f"seed must be an integer, got {self.seed!r}")
+        check_precision(self.precision, prefix="invalid training setting: ")
+        check_sync_every(self.sync_every, prefix="invalid training setting: ")
+        select_device(self.device)  # raises on an unknown or unavailable device
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})
+
+
+@dataclass
+class JobConfig:
+    """Everything that defines a retraining run (all of it is recorded with the run).
+
+    ``source``: a zoo model name or folder, ``run:<id>`` (fine-tune a previous run) or
+    ``scratch:<preset>`` (train the preset's architecture from a fresh seeded init).
+    ``regularizers``: specs as :func:`attn_core.regularizers.parse_specs` reads them, e.g.
+    ``{"entropy": 0.1, "topk:2": 0.5}`` or ``["vocab_entropy@L1=0.05"]``; ``heads`` the default
+    head selection of specs that name none (``"L1"``, ``"L0H1,L1H2"``; None = every head).
+    ``entmax_alpha``: None keeps the parent's attention; 1 softmax, 1.5 entmax15, 2 sparsemax.
+    ``batch_size``/``weight_decay`` default to the parent's training recipe (else 64 / 0.1);
+    ``warmup_steps`` to min(100, steps // 10). ``precision`` fp32 or bf16 (autocast);
+    ``sync_every`` steps between reads of the device (None: the device's default, see
+    ``device.sync_interval``; telemetry and spectrum steps are read at once)."""
+
+    source: str
+    regularizers: object = field(default_factory=dict)
+    heads: str | None = None
+    entmax_alpha: float | None = None
+    steps: int = 300
+    lr: float = 1e-3
+    seed: int = 0
+    device: str = "auto"
+    precision: str = "fp32"
+    sync_every: int | None = None
+    batch_size: int | None = None
+    weight_decay: float | None = None
+    warmup_steps: int | None = None
+    eval_every: int = 100
+    eval_samples: int = 256
+    telemetry_every: int = 20
+    spectrum_every: int = 50
+    probe_samples: int = 16
+    measure_samples: int = 512
+    max_loss: float | None = None
+
+    def __post_init__(self) -> None:
+        def ok(cond: bool, msg: str) -> None:
+            check(cond, msg, prefix="invalid retraining setting: ")
+
+        ok(
+            isinstance(self.source, str) and self.source.strip() != "",
+            "source must name a model, run:<id> or scratch:<preset>",
+        )
+        ok(is_int(self.steps) and self.steps > 0, f"steps must be a positive integer, got {self.steps!r}")
+        for name in (
+            "eval_every",
+            "eval_samples",
+            "telemetry_every",
+            "spectrum_every",
+            "probe_samples",
+            "measure_samples",
+        ):
+            v = getattr(self, name)
+            ok(is_int(v) and v > 0, f"{name} must be a positive integer, got {v!r}")
+        if self.entmax_alpha is not None:
+            ok(
+                is_number(self.entmax_alpha) and 1.0 <= self.entmax_alpha <= 2.0,
+                f"entmax_alpha must be in [1, 2] (1 softmax, 1.5 entmax15, 2 sparsemax), got {self.entmax_alpha!r}",
+            )
+        ok(self.max_loss is None or (is_number(self.max_loss) and self.max_loss > 0), "max_loss must be positive")
+        ok(is_int(self.seed), f"seed must be an integer, got {self.seed!r}")
+        ok(is_number(self.lr) and 0 < self.lr <= 10, f"lr must be in (0, 10], got {self.lr!r}")
+        for name in ("batch_size", "warmup_steps"):
+            v = getattr(self, name)
+            ok(v is None or is_int(v), f"{name} must be an integer, got {v!r}")
+        ok(
+            self.weight_decay is None or (is_number(self.weight_decay) and self.weight_decay >= 0),
+            "weight_decay must be >= 0",
+        )
+        R.parse_specs(self.regularizers)  # names, lambdas and k are checked here; heads once the model is known
+        self.train_config({})  # lr, batch size, device, precision, sync_every ...
+
+    def train_config(self, parent_train: dict) -> TrainConfig:
+        """The TrainConfig of this run, taking what is unset from the parent's recipe."""
+        return TrainConfig(
+            steps=self.steps,
+            lr=float(self.lr),
+            seed=int(self.seed),
+            device=self.device,
+            precision=self.precision,
+            sync_every=self.sync_every,
+            batch_size=self.batch_size or int(parent_train.get("batch_size", 64)),
+            weight_decay=float(
+                self.weight_decay if self.weight_decay is not None else parent_train.get("weight_decay", 0.1)
+            ),
+            warmup_steps=self.warmup_steps if self.warmup_steps is not None else min(100, self.steps // 10),
+            eval_every=self.eval_every,
+            eval_samples=self.eval_samples,
+        )
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["regularizers"] = [str(s) for s in R.parse_specs(self.regularizers)]
+        return out
+
+    def command(self) -> str:
+        """The ``attn-lab retrain`` command that makes this run."""
+        parts = ["attn-lab", "retrain", shlex.quote(self.source)]
+        for spec in self.to_dict()["regularizers"]:
+            parts += ["--reg", shlex.quote(spec)]
+        if self.heads:
+            parts += ["--heads", shlex.quote(self.heads)]
+        parts += ["--steps", str(self.steps), "--seed", str(self.seed), "--lr", f"{self.lr:g}"]
+        if self.entmax_alpha is not None:
+            parts += ["--entmax-alpha", f"{self.entmax_alpha:g}"]
+        if self.batch_size:
+            parts += ["--batch-size", str(self.batch_size)]
+        if self.device != "auto":
+            parts += ["--device", self.device]
+        if self.precision != "fp32":
+            parts += ["--precision", self.precision]
+        if self.sync_every is not None:
+            parts += ["--sync-every", str(self.sync_every)]
+        return " ".join(parts)

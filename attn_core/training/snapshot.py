@@ -1,0 +1,70 @@
+"""What a live retraining job publishes: immutable :class:`Snapshot` s, taken under the job's
+lock and polled by the Retrain page and ``attn-lab retrain``, and the statuses a job goes through
+(see docs/architecture.md, "Live retraining")."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from attn_core.runs import FINAL, STATUSES
+
+# A job is pending, running or paused, then ends like every run (runs.FINAL).
+JOB_STATUSES = ("pending", STATUSES[0], "paused", *FINAL)
+FINAL_STATUSES = FINAL
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a training job has published, as of one moment; cheap to take (no copying: the
+    metric log is append-only and the snapshot remembers its length).
+
+    ``status`` is one of :data:`JOB_STATUSES`, ``message`` says why a run ended (or is paused);
+    ``latest`` has the newest value of every metric; ``probe_pattern`` is the attention
+    [n_layers, n_heads, T, T] of every head on one fixed held-out input (``probe_tokens``) with
+    the weights of step ``probe_step``; ``before``/``after`` come from :func:`measure`."""
+
+    status: str
+    message: str
+    step: int
+    steps: int
+    run_id: str | None
+    elapsed_s: float
+    train_s: float  # seconds inside the training loop (steps, telemetry), without setup/measure/save
+    step_s: float  # of which inside Trainer.step (the rest is the job's telemetry and publishing)
+    latest: dict
+    regularized_heads: tuple
+    n_layers: int
+    n_heads: int
+    before: dict | None
+    after: dict | None
+    probe_tokens: tuple
+    probe_pattern: object | None  # numpy array, never written after publication
+    probe_step: int
+    _log: tuple = field(repr=False, default=((), (), ()))
+    _n: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.status in FINAL_STATUSES
+
+    @property
+    def progress(self) -> float:
+        return self.step / self.steps if self.steps else 0.0
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.step / self.train_s if self.train_s > 0 else 0.0
+
+    def metrics(self, names: Iterable[str] | None = None, prefix: str | None = None):
+        """The metric log up to this snapshot as a DataFrame (step, name, value), the same
+        format as ``RunStore.metrics``; optionally only some ``names`` or a name ``prefix``."""
+        steps, names_, values = (col[: self._n] for col in self._log)
+        df = pd.DataFrame({"step": steps, "name": names_, "value": values})
+        if names is not None:
+            df = df[df["name"].isin(list(names))]
+        if prefix is not None:
+            df = df[df["name"].str.startswith(prefix)]
+        return df.reset_index(drop=True)
