@@ -317,6 +317,19 @@ def save_upload(files: dict[str, bytes]) -> str:
 # --- figures -----------------------------------------------------------------------------------
 
 
+def download_table(frame: Any, file_stem: str, key: str, help: str) -> None:
+    """A "Table as CSV" button for a table the page shows (made only when clicked)."""
+    st.download_button(
+        "Table as CSV",
+        functools.partial(frame.to_csv, index=False),
+        file_name=f"{file_stem}.csv",
+        mime=MIME["csv"],
+        key=key,
+        on_click="ignore",
+        help=help,
+    )
+
+
 def show_plot(plot: Plot, key: str, help: str | None = None, downloads: bool = True) -> None:
     """The chart and one download button per format; files are made only when clicked."""
     st.plotly_chart(plot.fig, key=f"chart_{key}", config={"displaylogo": False})

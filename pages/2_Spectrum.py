@@ -119,13 +119,10 @@ st.dataframe(
         },
     },
 )
-st.download_button(
-    "Table as CSV",
-    shown.to_csv(index=False),
-    file_name="norms_and_ranks.csv",
-    mime="text/csv",
+ui.download_table(
+    shown,
+    "norms_and_ranks",
     key="dl_norms_csv",
-    on_click="ignore",
     help="The table above, singular values and eigenvalues of the symmetric part as lists",
 )
 sym_plot = fb.eigen_sym_plot(shown)

@@ -98,15 +98,7 @@ ui.show_plot(spectrum_plot, key="ov_spectrum")
 plots.append(spectrum_plot)
 shown = heads[[c for c in TABLE_COLUMNS if c in heads]]
 st.dataframe(shown, hide_index=True, column_config=TABLE_COLUMNS)
-st.download_button(
-    "Table as CSV",
-    shown.to_csv(index=False),
-    file_name="head_circuits.csv",
-    mime="text/csv",
-    key="dl_circuits_csv",
-    on_click="ignore",
-    help="The table above, singular values as lists",
-)
+ui.download_table(shown, "head_circuits", key="dl_circuits_csv", help="The table above, singular values as lists")
 
 # --- composition ---------------------------------------------------------------------------------------
 st.header("Which heads feed which: composition")
