@@ -9,6 +9,7 @@ import typer
 
 from attn_core.card import MEASURE_KEYS, public
 from attn_core.cli.common import JsonOpt, emit, guarded, table
+from attn_core.regularizers import REGULARIZERS
 from attn_core.training.config import JobConfig
 from attn_core.validate import default
 
@@ -48,9 +49,8 @@ def retrain_cmd(
     reg: list[str] = typer.Option(
         [],
         "--reg",
-        help="Regularizer NAME[:K][@HEADS]=LAMBDA, repeatable. "
-        "Names: entropy, hoyer, topk, vocab_entropy, vocab_hoyer, vocab_topk, "
-        "spectral, nuclear; K for top-k (topk:2=0.1); HEADS like L1 or L0H1,L1H2.",
+        help=f"Regularizer NAME[:K][@HEADS]=LAMBDA, repeatable. Names: {', '.join(REGULARIZERS)}; "
+        "K for top-k (topk:2=0.1); HEADS like L1 or L0H1,L1H2.",
     ),
     heads: str | None = typer.Option(
         default(JobConfig, "heads"),

@@ -12,17 +12,10 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attn_core.circuits.attribution import SPLIT_PARTS, Attribution
-from attn_core.figures.base import Plot
+from attn_core.figures.base import Plot, token_ticks
 from attn_core.regularizers import head_label
 
-MAX_TICKS = 64
 OTHER = "other directions"
-
-
-def _ticks(labels: list[str]) -> dict:
-    if len(labels) > MAX_TICKS:
-        return {}
-    return dict(tickmode="array", tickvals=list(range(len(labels))), ticktext=labels)
 
 
 def _key_names(frame: pd.DataFrame) -> list[str]:
@@ -194,8 +187,10 @@ def value_weighted_plot(vw: dict, labels: list[str], layer: int, heads: list[int
             row=1,
             col=c,
         )
-        fig.update_yaxes(autorange="reversed", row=1, col=c, title_text="query" if c == 1 else None, **_ticks(labels))
-        fig.update_xaxes(title_text="key", row=1, col=c, **_ticks(labels))
+        fig.update_yaxes(
+            autorange="reversed", row=1, col=c, title_text="query" if c == 1 else None, **token_ticks(labels)
+        )
+        fig.update_xaxes(title_text="key", row=1, col=c, **token_ticks(labels))
     fig.update_layout(
         title=f"Value-weighted attention, layer {layer} head {head}", height=max(420, min(900, 22 * T + 160))
     )

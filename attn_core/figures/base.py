@@ -18,6 +18,14 @@ import plotly.graph_objects as go
 EXPORT_FORMATS = ("png", "svg", "html", "csv")
 _IMAGE_FORMATS = ("png", "svg")
 _BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
+MAX_TICKS = 64  # label every token on an axis up to this many; beyond, plotly picks the ticks
+
+
+def token_ticks(labels: list[str]) -> dict:
+    """Axis settings that label position i with ``labels[i]`` (none past :data:`MAX_TICKS`)."""
+    if len(labels) > MAX_TICKS:
+        return {}
+    return dict(tickmode="array", tickvals=list(range(len(labels))), ticktext=labels)
 
 
 class ExportError(RuntimeError):

@@ -12,25 +12,15 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attn_core.bilinear import DETECTORS, View
-from attn_core.figures.base import Plot
+from attn_core.figures.base import Plot, token_ticks
+from attn_core.regularizers import head_label
 
 VALUES = ("scores", "pattern")
 # Axis tick labels are drawn for at most this many rows/columns; cell text for at most this many cells.
-MAX_TICKS = 64
 MAX_CELL_TEXT = 400
 MAX_HOVER_CELLS = 40_000
 KIND_TITLE = {"sequence": "Sequence view", "vocabulary": "Vocabulary view", "positional": "Positional view"}
 HIGHLIGHT = "#d62728"
-
-
-def _head_name(layer: int, head: int) -> str:
-    return f"L{layer}H{head}"
-
-
-def _ticks(labels: list[str]) -> dict:
-    if len(labels) > MAX_TICKS:
-        return {}
-    return dict(tickmode="array", tickvals=list(range(len(labels))), ticktext=labels)
 
 
 def view_plot(view: View, head: int, query: int | None = None, value: str = "scores") -> Plot:
@@ -78,14 +68,14 @@ def view_plot(view: View, head: int, query: int | None = None, value: str = "sco
     note = f" ({view.meta['note']})" if view.meta.get("note") else ""
     fig.update_layout(
         title=f"{KIND_TITLE[view.kind]}: {what}, layer {view.layer} head {head}{note}",
-        xaxis=dict(title="key y", side="bottom", **_ticks(view.keys)),
-        yaxis=dict(title="query x", autorange="reversed", **_ticks(view.queries)),
+        xaxis=dict(title="key y", side="bottom", **token_ticks(view.keys)),
+        yaxis=dict(title="query x", autorange="reversed", **token_ticks(view.queries)),
         height=max(420, min(900, 24 * nq + 160)),
     )
     data = view.frame(head)
     data["highlighted"] = data["query"] == (view.check_query(query) if query is not None else -1)
     return Plot(
-        f"{view.kind}_{value}_{_head_name(view.layer, head)}",
+        f"{view.kind}_{value}_{head_label(view.layer, head)}",
         fig,
         data,
         meta=dict(view=view.kind, layer=view.layer, head=head, query=query, value=value, **view.meta),
@@ -118,7 +108,7 @@ def query_plot(view: View, head: int, query: int, sort: bool = True, top: int | 
     fig.update_xaxes(type="category")
     data = row.assign(layer=view.layer, head=head, query=q, query_label=view.queries[q])
     return Plot(
-        f"query_{view.kind}_{_head_name(view.layer, head)}_q{q}",
+        f"query_{view.kind}_{head_label(view.layer, head)}_q{q}",
         fig,
         data,
         meta=dict(view=view.kind, layer=view.layer, head=head, query=q, sort=sort),
@@ -142,8 +132,8 @@ def spectrum_plot(frame: pd.DataFrame, normalized: bool = False, small_multiples
             x=part["index"] + 1,
             y=part[col],
             mode="lines+markers",
-            name=_head_name(layer, head),
-            hovertemplate=f"{_head_name(layer, head)}: σ_%{{x}} = %{{y:.4g}}<extra></extra>",
+            name=head_label(layer, head),
+            hovertemplate=f"{head_label(layer, head)}: σ_%{{x}} = %{{y:.4g}}<extra></extra>",
         )
         if small_multiples:
             fig.add_trace(trace, row=1, col=layers.index(layer) + 1)
@@ -169,8 +159,8 @@ def eigen_plot(frame: pd.DataFrame) -> Plot:
                 x=part["real"],
                 y=part["imag"],
                 mode="markers",
-                name=_head_name(layer, head),
-                hovertemplate=f"{_head_name(layer, head)}: %{{x:.3g}} %{{y:+.3g}}i<extra></extra>",
+                name=head_label(layer, head),
+                hovertemplate=f"{head_label(layer, head)}: %{{x:.3g}} %{{y:+.3g}}i<extra></extra>",
             )
         )
     fig.add_hline(y=0, line=dict(color="grey", width=1))
@@ -198,8 +188,8 @@ def eigen_sym_plot(table: pd.DataFrame) -> Plot:
                 x=part["index"],
                 y=part["eigenvalue"],
                 mode="lines+markers",
-                name=_head_name(layer, head),
-                hovertemplate=f"{_head_name(layer, head)} λ_%{{x}}: %{{y:.4g}}<extra></extra>",
+                name=head_label(layer, head),
+                hovertemplate=f"{head_label(layer, head)} λ_%{{x}}: %{{y:.4g}}<extra></extra>",
             )
         )
     fig.add_hline(y=0, line=dict(color="grey", width=1))

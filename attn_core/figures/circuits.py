@@ -13,18 +13,11 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attn_core.circuits.composition import KINDS, Composition
-from attn_core.figures.base import Plot
+from attn_core.figures.base import Plot, token_ticks
 from attn_core.regularizers import head_label
 
-MAX_TICKS = 64
 MAX_CELL_TEXT = 400
 KIND_NAME = {"q": "Q-composition", "k": "K-composition", "v": "V-composition"}
-
-
-def _ticks(labels: list[str]) -> dict:
-    if len(labels) > MAX_TICKS:
-        return {}
-    return dict(tickmode="array", tickvals=list(range(len(labels))), ticktext=labels)
 
 
 # --- OV -----------------------------------------------------------------------------------------
@@ -74,8 +67,8 @@ def ov_circuit_plot(matrix, labels: list[str], layer: int, head: int, copying_sc
     score = f", copying score {copying_score:.3f}" if copying_score is not None else ""
     fig.update_layout(
         title=f"Full OV circuit E W_OV U, layer {layer} head {head}{score}",
-        xaxis=dict(title="output logit", **_ticks(labels)),
-        yaxis=dict(title="token attended to", autorange="reversed", **_ticks(labels)),
+        xaxis=dict(title="output logit", **token_ticks(labels)),
+        yaxis=dict(title="token attended to", autorange="reversed", **token_ticks(labels)),
         height=max(420, min(900, 18 * n + 160)),
     )
     data = pd.DataFrame(

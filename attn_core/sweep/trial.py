@@ -77,7 +77,7 @@ def _payload(j) -> dict:
     res = j.result()
     outcome = Outcome(res["status"], res["message"])
     # the card the retrain job writes for its run (the store gives it the run id when it saves)
-    card = j._card(outcome, res["after"])  # noqa: SLF001 (TrainingJob builds its card only for a store)
+    card = j.card(outcome, res["after"])
     model = j.model_copy()
     steps, names, values = (list(c) for c in j.recorder.columns)
     return {
@@ -96,10 +96,12 @@ def _payload(j) -> dict:
 
 
 def payload_size(payload: Mapping) -> int:
-    """Bytes a payload holds (weights + metric log, roughly what crosses the network to the driver)."""
-    import pickle
+    """Bytes a payload holds: its safetensors weights plus everything else as JSON (roughly what
+    crosses the network to the driver)."""
+    import json
 
-    return len(pickle.dumps(dict(payload), protocol=5))
+    rest = {k: v for k, v in payload.items() if k != "weights"}
+    return len(payload.get("weights") or b"") + len(json.dumps(rest, default=str).encode())
 
 
 def record_trial(store, sweep_id: str, payload: Mapping) -> str:

@@ -272,11 +272,13 @@ class TrainingJob:
         if self.run_id is not None:
             # the final status is published only once the run is in the store
             self._publish(after=after, message=f"{outcome.message}; saving the run")
-            card = self._card(outcome, after)
+            card = self.card(outcome, after)
             outcome = self.recorder.finish(outcome, self.model_copy(), card, self._state["before"], after)
         self._publish(status=outcome.status, message=outcome.message, after=after)
 
-    def _card(self, outcome: Outcome, after: dict | None) -> Card:
+    def card(self, outcome: Outcome, after: dict | None) -> Card:
+        """The run's card for ``outcome`` (what the store saves; a sweep trial, which has no
+        store, sends it back to the driver)."""
         regs = ", ".join(self.cfg.to_dict()["regularizers"]) or "no regularizer"
         alpha = f", entmax alpha {self.cfg.entmax_alpha:g}" if self.cfg.entmax_alpha is not None else ""
         return run_card(
