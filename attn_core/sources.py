@@ -12,7 +12,7 @@ A source is one of (``docs/checkpoints.md``):
 modification time keys the dashboard's model cache. A source that names nothing, or a model
 that cannot be read, is one :class:`CheckpointError` sentence (an unknown name lists the known
 ones). A new model family (another Hugging Face architecture, say) is a converter beside
-``attn_core/hf.py`` and one branch in :func:`_load`.
+the package ``attn_core/hf/`` and one branch in :func:`_load`.
 """
 
 from __future__ import annotations
