@@ -6,8 +6,8 @@ block ``l``, in the order the forward computes them:
 
     blocks.{l}.hook_resid_pre         the residual stream entering the block   [batch, pos, d_model]
     blocks.{l}.hook_attn_in           X = ln1(resid_pre) (resid_pre itself without LayerNorm)
-    blocks.{l}.attn.hook_q            Q = X W_Q + b_Q per head                 [batch, head, pos, w]
-    blocks.{l}.attn.hook_k            K = X W_K + b_K per head                 [batch, head, pos, w]
+    blocks.{l}.attn.hook_q            Q = X W_Q + b_Q per head (rotated)       [batch, head, pos, w]
+    blocks.{l}.attn.hook_k            K = X W_K + b_K per head (rotated)       [batch, head, pos, w]
     blocks.{l}.attn.hook_v            V = X W_V + b_V per head                 [batch, head, pos, d_head]
     blocks.{l}.attn.hook_attn_scores  S = Q K^T / sqrt(d_qk), before the mask  [batch, head, query, key]
     blocks.{l}.attn.hook_pattern      A = softmax_row(S + causal mask)         [batch, head, query, key]
@@ -17,6 +17,9 @@ block ``l``, in the order the forward computes them:
     blocks.{l}.hook_mlp_out           mlp(ln2(resid_mid))        (blocks with an MLP only)
     blocks.{l}.hook_resid_post        the residual stream leaving the block    [batch, pos, d_model]
 
+With rotary positions ``hook_q`` and ``hook_k`` hold Q and K after the rotation, and with
+grouped-query attention K and V are repeated for every query head that shares them, so that
+S = Q K^T / sqrt(d_qk) holds head by head. A parallel block (GPT-NeoX) has no ``hook_resid_mid``.
 ``w`` is the layer's stored query/key width: ``d_head``, or for grown heads (``cfg.d_qk``) the
 layer's widest head, narrower heads' extra columns being zero. A *merged* head has no W_Q/W_K:
 its ``hook_q`` is ``X W_QK`` ([batch, head, pos, d_model]) and its ``hook_k`` is X repeated per
@@ -63,9 +66,14 @@ def act_name(kind: str, layer: int) -> str:
         raise ValueError(f"unknown activation {kind!r}; one of {', '.join(ACTIVATIONS)}") from None
 
 
-def block_names(layer: int, mlp: bool) -> dict[str, str]:
-    """``{kind: full name}`` of every hook point of one block, in the order they are computed."""
-    return {kind: act_name(kind, layer) for kind in ACTIVATIONS if mlp or kind not in MLP_ACTIVATIONS}
+def block_names(layer: int, mlp: bool, parallel: bool = False) -> dict[str, str]:
+    """``{kind: full name}`` of every hook point of one block, in the order they are computed.
+    A parallel block (attention and MLP read the same residual) has no ``resid_mid``."""
+    return {
+        kind: act_name(kind, layer)
+        for kind in ACTIVATIONS
+        if (mlp or kind not in MLP_ACTIVATIONS) and not (parallel and kind == "resid_mid")
+    }
 
 
 def check_names(names: Iterable[str], known: Iterable[str]) -> None:

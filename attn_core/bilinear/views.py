@@ -217,7 +217,7 @@ def sequence_view(loaded: LoadedModel, tokens: Sequence[int], layer: int = 0, he
     S, A = (cache[n][0, heads] for n in names)  # [len(heads), T, T]
     token = token_names(loaded)
     labels = [f"{p}:{token[t]}" for p, t in enumerate(ids)]
-    mask = model.causal[: len(ids), : len(ids)]
+    mask = model.mask(len(ids), model.cfg.window(layer))
     return _view("sequence", layer, heads, S, A, mask, labels, ids, {"n_tokens": len(ids)})
 
 
@@ -254,7 +254,7 @@ def positional_view(loaded: LoadedModel, layer: int = 0, heads=None) -> View:
     meta = {"n_ctx": model.cfg.n_ctx}
     if model.cfg.n_ctx > n:
         meta["note"] = f"first {n} of {model.cfg.n_ctx} positions"
-    mask = model.causal[:n, :n]
+    mask = model.mask(n)
     with torch.no_grad():
         S = positional_scores(model, layer, heads)[:, :n, :n]
         A = attention_weights(S, mask, model.cfg.entmax_alpha)

@@ -103,7 +103,7 @@ def head_batch(model: Transformer, task: Task, batch: Batch, layer: int, head: i
         augment(X) if augmented else X,
         cache[act_name("attn_scores", layer)][:, head].detach(),
         G,
-        m.causal[:T, :T],
+        m.mask(T, m.cfg.window(layer)),
         loss.item(),
         augmented,
     )

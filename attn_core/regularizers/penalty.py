@@ -47,7 +47,7 @@ def data_rows(model: Transformer, cache: dict, layer: int) -> tuple[torch.Tensor
         raise ValueError(f"the forward cache has no {key}; run the model with cache={{}} first")
     A = cache[key]
     T = A.shape[-1]
-    return A, model.causal[:T, :T]
+    return A, model.mask(T, model.cfg.window(layer))
 
 
 def vocab_rows(model: Transformer, layer: int, heads: Sequence[int] | None = None) -> torch.Tensor:

@@ -99,7 +99,7 @@ def test_grown_head_padding_contributes_nothing():
         ({"normalization": "rms"}, "normalization"),
         ({"d_mlp": -1}, "d_mlp"),
         ({"entmax_alpha": 3.0}, "entmax_alpha"),
-        ({"d_model": 8192, "n_layers": 64, "n_heads": 64}, "too large"),
+        ({"d_model": 16384, "n_layers": 128, "d_mlp": 65536}, "parameters is more than"),
     ],
 )
 def test_config_validation(bad, msg):

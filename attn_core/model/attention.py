@@ -1,0 +1,128 @@
+"""Multi-head attention (docs/maths.md). For layer l, with X the attention input (row vectors),
+per query head h and its key/value head g = kv_head(h) (g = h without grouped-query attention):
+
+    Q = X W_Q[h] + b_Q[h],  K = X W_K[g] + b_K[g],  V = X W_V[g] + b_V[g]
+    with rotary positions: Q_i <- Q_i M(i), K_j <- K_j M(j) (attn_core/model/rotary.py)
+    S = Q K^T / sqrt(d_qk),  A = softmax_row(S + causal (and sliding-window) mask)
+
+A *merged* head stores ``W_QK = B`` (d_model x d_model) directly, so ``S = X W_QK X^T``.
+Keys and values are stored once per key/value head ([n_kv_heads, ...]); ``per_head`` gives a
+weight repeated per query head, which is what the hook points ``q``, ``k``, ``v`` carry too (after
+the rotation), so that S = Q K^T / sqrt(d_qk) holds head by head.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from attn_core.hooks import HookRun, block_names
+from attn_core.model import rotary
+from attn_core.model.config import ModelConfig
+
+SHARED = ("W_K", "b_K", "W_V", "b_V")  # stored per key/value head
+
+
+def attention_weights(scores: torch.Tensor, mask: torch.Tensor, entmax_alpha: float = 1.0) -> torch.Tensor:
+    """Row-normalise masked scores. ``mask`` is True where a key is visible."""
+    if entmax_alpha == 1.0:
+        return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    import entmax  # optional architecture (issue: alpha-entmax at retrain time)
+
+    # entmax needs finite inputs; a very negative score gets exactly zero weight.
+    filled = scores.masked_fill(~mask, torch.finfo(scores.dtype).min / 4)
+    if entmax_alpha == 2.0:
+        return entmax.sparsemax(filled, dim=-1)
+    if entmax_alpha == 1.5:
+        return entmax.entmax15(filled, dim=-1)
+    return entmax.entmax_bisect(filled, alpha=entmax_alpha, dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.cfg, self.layer = cfg, layer
+        self.names = block_names(layer, cfg.d_mlp > 0, cfg.parallel_attn)
+        h, g, d, dh = cfg.n_heads, cfg.kv_heads, cfg.d_model, cfg.d_head
+        self.group = h // g
+        if cfg.qk == "factored":
+            w = cfg.qk_width(layer)
+            self.W_Q = nn.Parameter(torch.empty(h, d, w))
+            self.W_K = nn.Parameter(torch.empty(g, d, w))
+            if cfg.attn_bias:
+                self.b_Q = nn.Parameter(torch.zeros(h, w))
+                self.b_K = nn.Parameter(torch.zeros(g, w))
+            # 1/sqrt(d_qk) per head, a buffer so it follows .to(device)
+            scale = torch.tensor([cfg.head_d_qk(layer, i) ** -0.5 for i in range(h)])
+            self.register_buffer("qk_scale", scale.view(1, h, 1, 1), persistent=False)
+        else:
+            self.W_QK = nn.Parameter(torch.empty(h, d, d))
+        self.W_V = nn.Parameter(torch.empty(g, d, dh))
+        self.W_O = nn.Parameter(torch.empty(h, dh, d))
+        if cfg.attn_bias:
+            self.b_V = nn.Parameter(torch.zeros(g, dh))
+            self.b_O = nn.Parameter(torch.zeros(d))
+        if cfg.positional == "rotary":
+            self.register_buffer("inv_freq", rotary.inverse_frequencies(cfg), persistent=False)
+
+    def per_head(self, name: str) -> torch.Tensor:
+        """Parameter ``name`` with one entry per query head: W_K, b_K, W_V and b_V are repeated
+        over the query heads that share them (differentiable); others are returned as stored."""
+        p = getattr(self, name)
+        return p.repeat_interleave(self.group, dim=0) if name in SHARED and self.group > 1 else p
+
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:
+        """[b, kv_heads, T, e] -> [b, n_heads, T, e]."""
+        return t.repeat_interleave(self.group, dim=1) if self.group > 1 else t
+
+    def qk(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Q, K) of every query head for x = X [b, T, d_model], so that S = Q K^T / sqrt(d_qk).
+        Factored: Q = X W_Q + b_Q, K = X W_K + b_K, [b, h, T, w] with w the stored (padded) width,
+        rotated by position with rotary positions. Merged: Q = X W_QK [b, h, T, d_model] and K = X
+        for every head (a view), no scale."""
+        if self.cfg.qk == "merged":
+            q = torch.einsum("bpd,hde->bhpe", x, self.W_QK)
+            return q, x[:, None].expand_as(q)
+        q = torch.einsum("bpd,hde->bhpe", x, self.W_Q)  # [b, h, T, w]
+        k = torch.einsum("bpd,gde->bgpe", x, self.W_K)  # [b, g, T, w]
+        if self.cfg.attn_bias:
+            q = q + self.b_Q[None, :, None, :]
+            k = k + self.b_K[None, :, None, :]
+        if self.cfg.positional == "rotary":
+            cos, sin = rotary.cos_sin(self.inv_freq, torch.arange(x.shape[1], device=x.device))
+            q, k = rotary.rotate(q, cos, sin), rotary.rotate(k, cos, sin)
+        return q, self._heads(k)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, hk: HookRun | None = None) -> torch.Tensor:
+        """x = X [b, T, d_model] (the attention input), mask [T, T] True where a key is visible;
+        the attention output [b, T, d_model]. ``hk`` sees q, k, v, S, A and z by name."""
+        v = torch.einsum("bpd,gde->bgpe", x, self.W_V)  # [b, g, T, d_head]
+        if self.cfg.attn_bias:
+            v = v + self.b_V[None, :, None, :]
+        v = self._heads(v)
+        if hk is None and self.cfg.qk == "merged":  # S = X W_QK X^T in one contraction
+            S = torch.einsum("bqd,hde,bke->bhqk", x, self.W_QK, x)
+        else:
+            q, k = self.qk(x)
+            k_given = k
+            if hk is not None:
+                n = self.names
+                q, k, v = hk(n["q"], q), hk(n["k"], k), hk(n["v"], v)
+            if self.cfg.qk == "factored":
+                S = (q @ k.transpose(-1, -2)) * self.qk_scale  # [b, h, T, T]
+            elif k is k_given:  # merged, K = X for every head (not replaced): one product per batch
+                S = torch.einsum("bhqe,bke->bhqk", q, x)
+            else:
+                S = q @ k.transpose(-1, -2)
+        if hk is not None:
+            S = hk(self.names["attn_scores"], S)
+        A = attention_weights(S, mask, self.cfg.entmax_alpha)
+        if hk is not None:
+            A = hk(self.names["pattern"], A)
+        z = A @ v  # [b, h, T, d_head]
+        if hk is not None:
+            z = hk(self.names["z"], z)
+        out = torch.einsum("bhqe,hed->bqd", z, self.W_O)
+        if self.cfg.attn_bias:
+            out = out + self.b_O
+        return out

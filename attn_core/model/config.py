@@ -1,0 +1,205 @@
+"""The architecture of a model: :class:`ModelConfig`, validated on construction (a user's
+config.json is untrusted input), with its exact parameter count.
+
+One config covers the toys we train and the Hugging Face families we import
+(``attn_core/hf/``): LayerNorm or RMSNorm, learned or rotary positions (full or partial,
+``rope_theta``, linear and llama3 scaling), grouped-query attention (``n_kv_heads``), q/k/v
+biases, sequential or parallel attention and MLP, plain or gated (SwiGLU) MLPs, and sliding
+windows per layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from attn_core.validate import is_int
+
+NORMALIZATIONS = ("layernorm", "rmsnorm", "none")
+POSITIONALS = ("learned", "rotary", "none")
+QK_KINDS = ("factored", "merged")
+MLP_ACTS = ("gelu", "gelu_tanh", "silu", "relu")
+ROPE_SCALINGS = ("linear", "llama3")
+LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+# Guards against absurd configs (a user's config.json is untrusted input). Whether a model of
+# a valid shape fits in memory is checked by the loader (attn_core/hf/), before it is built.
+MAX_DIM = 16384
+MAX_CTX = 2**20  # rotary models name long contexts; only learned positions cost parameters
+MAX_VOCAB = 2**18  # GPT-2's 50257 and Qwen2's 151936 tokens fit
+MAX_LAYERS = 128
+MAX_PARAMS = 20_000_000_000
+
+
+@dataclass
+class ModelConfig:
+    n_layers: int = 1
+    n_heads: int = 4
+    d_model: int = 64
+    d_head: int = 16
+    d_mlp: int = 0  # 0 = attention-only
+    n_ctx: int = 32
+    d_vocab: int = 32
+    normalization: str = "layernorm"
+    positional: str = "learned"
+    qk: str = "factored"
+    attn_bias: bool = False
+    ln_eps: float = 1e-5
+    # Query/key width per layer and head; None means d_head everywhere. Heads grown by
+    # attn_core.grow get more columns; W_Q/W_K are stored padded to the layer's widest head
+    # with zero columns, which contribute nothing to the scores and stay zero under training.
+    d_qk: list[list[int]] | None = None
+    # 1.0 = softmax; otherwise alpha-entmax (1.5 = entmax15, 2.0 = sparsemax).
+    entmax_alpha: float = 1.0
+    mlp_act: str = "gelu"  # "gelu_tanh" is GPT-2's approximation, "silu" Llama's
+    # Grouped-query attention: query head h reads key/value head h // (n_heads // n_kv_heads).
+    n_kv_heads: int | None = None
+    # Rotary positions (positional == "rotary"): the first rotary_dim dims of each query/key
+    # head are rotated (None: all of d_head), in the rotate-half layout of GPT-NeoX and Llama.
+    rotary_dim: int | None = None
+    rope_theta: float = 10000.0
+    # None, {"type": "linear", "factor": f} or {"type": "llama3", "factor", "low_freq_factor",
+    # "high_freq_factor", "original_max_position_embeddings"}.
+    rope_scaling: dict | None = None
+    gated_mlp: bool = False  # act(X W_gate + b_gate) * (X W_in + b_in), then W_out (SwiGLU)
+    parallel_attn: bool = False  # GPT-NeoX: resid + attn(ln1(resid)) + mlp(ln2(resid))
+    # Per layer, keys further back than this many positions are masked (0 = the whole context).
+    sliding_window: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        def check(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(f"invalid model config: {msg}")
+
+        for name, top in (
+            ("n_layers", MAX_LAYERS),
+            ("n_heads", MAX_DIM),
+            ("d_model", MAX_DIM),
+            ("d_head", MAX_DIM),
+            ("n_ctx", MAX_CTX),
+            ("d_vocab", MAX_VOCAB),
+        ):
+            v = getattr(self, name)
+            check(is_int(v), f"{name} must be an integer, got {v!r}")
+            check(1 <= v <= top, f"{name}={v} is outside 1..{top}")
+        check(is_int(self.d_mlp) and 0 <= self.d_mlp <= 8 * MAX_DIM, f"d_mlp={self.d_mlp!r} must be 0..{8 * MAX_DIM}")
+        check(self.normalization in NORMALIZATIONS, f"normalization must be one of {NORMALIZATIONS}")
+        check(self.positional in POSITIONALS, f"positional must be one of {POSITIONALS}")
+        check(self.qk in QK_KINDS, f"qk must be one of {QK_KINDS}")
+        check(self.mlp_act in MLP_ACTS, f"mlp_act must be one of {MLP_ACTS}")
+        for flag in ("attn_bias", "gated_mlp", "parallel_attn"):
+            check(isinstance(getattr(self, flag), bool), f"{flag} must be true or false")
+        check(isinstance(self.ln_eps, (int, float)) and 0 < self.ln_eps < 1, "ln_eps must be in (0, 1)")
+        check(
+            isinstance(self.entmax_alpha, (int, float)) and 1.0 <= self.entmax_alpha <= 2.0,
+            f"entmax_alpha={self.entmax_alpha!r} must be in [1, 2]",
+        )
+        if self.n_kv_heads is not None:
+            kv = self.n_kv_heads
+            check(is_int(kv) and 1 <= kv <= self.n_heads, f"n_kv_heads={kv!r} must be 1..n_heads")
+            check(self.n_heads % kv == 0, f"n_heads={self.n_heads} is not a multiple of n_kv_heads={kv}")
+            check(self.qk == "factored", "grouped-query attention needs factored heads")
+        self._validate_rotary(check)
+        if self.sliding_window is not None:
+            w = self.sliding_window
+            check(isinstance(w, list) and len(w) == self.n_layers, "sliding_window must hold one window per layer")
+            check(all(is_int(x) and 0 <= x <= MAX_CTX for x in w), f"sliding windows must be 0..{MAX_CTX}")
+        if self.d_qk is not None:
+            check(self.qk == "factored", "d_qk only applies to factored heads")
+            check(self.n_kv_heads is None and self.positional != "rotary", "d_qk (grown heads) needs plain heads")
+            check(isinstance(self.d_qk, list) and len(self.d_qk) == self.n_layers, "d_qk must hold one list per layer")
+            for row in self.d_qk:
+                check(isinstance(row, list) and len(row) == self.n_heads, "d_qk must hold one width per head")
+                for w in row:
+                    check(is_int(w) and 1 <= w <= MAX_DIM, f"d_qk width {w!r} is outside 1..{MAX_DIM}")
+        n_params = self.n_params()
+        check(n_params <= MAX_PARAMS, f"{n_params:,} parameters is more than {MAX_PARAMS:,}")
+
+    def _validate_rotary(self, check) -> None:
+        if self.positional != "rotary":
+            check(self.rotary_dim is None and self.rope_scaling is None, "rotary_dim/rope_scaling need rotary positions")
+            return
+        check(self.qk == "factored", "rotary positions need factored heads")
+        r = self.rotary_dims
+        check(is_int(r) and 2 <= r <= self.d_head and r % 2 == 0, f"rotary_dim={r!r} must be even and 2..d_head")
+        theta = self.rope_theta
+        check(isinstance(theta, (int, float)) and 1 < theta < 1e12, f"rope_theta={theta!r} must be in (1, 1e12)")
+        s = self.rope_scaling
+        if s is None:
+            return
+        check(isinstance(s, dict) and s.get("type") in ROPE_SCALINGS, f"rope_scaling type must be one of {ROPE_SCALINGS}")
+        keys = ("factor",) if s["type"] == "linear" else LLAMA3_KEYS
+        check(set(s) == {"type", *keys}, f"{s['type']} rope_scaling takes exactly {', '.join(keys)}")
+        for k in keys:
+            check(isinstance(s[k], (int, float)) and 0 < s[k] < 1e9, f"rope_scaling {k}={s[k]!r} must be positive")
+        if s["type"] == "llama3":
+            check(s["high_freq_factor"] > s["low_freq_factor"], "llama3 high_freq_factor must exceed low_freq_factor")
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads per layer (n_heads without grouped-query attention)."""
+        return self.n_kv_heads or self.n_heads
+
+    def kv_head(self, head: int) -> int:
+        """The key/value head that query head ``head`` reads."""
+        return head // (self.n_heads // self.kv_heads)
+
+    @property
+    def rotary_dims(self) -> int:
+        """Rotated dims per query/key head (0 without rotary positions)."""
+        if self.positional != "rotary":
+            return 0
+        return self.d_head if self.rotary_dim is None else self.rotary_dim
+
+    def window(self, layer: int) -> int:
+        """Layer ``layer``'s sliding window (0: every earlier key is visible)."""
+        return self.sliding_window[layer] if self.sliding_window is not None else 0
+
+    def qk_width(self, layer: int) -> int:
+        """Stored width of W_Q/W_K in this layer (the widest head)."""
+        return max(self.d_qk[layer]) if self.d_qk is not None else self.d_head
+
+    def head_d_qk(self, layer: int, head: int) -> int:
+        return self.d_qk[layer][head] if self.d_qk is not None else self.d_head
+
+    def n_params(self) -> int:
+        """The exact number of parameters of ``Transformer(self)`` (a test checks it against the
+        built model). With d, V, T, h, d_head, d_mlp as in the config, g = kv_heads and w the
+        layer's stored query/key width (the widest head's d_qk; narrower heads are zero-padded):
+
+            embeddings   V d (+ T d learned positions);  unembedding  d V + V;  final norm n
+            per layer    norm n + W_Q h d w, W_K g d w (merged: W_QK h d^2) + W_V g d d_head,
+                         W_O h d_head d (+ b_Q h w, b_K g w if factored, + b_V g d_head, b_O d,
+                         with biases) (+ norm n + W_in, W_out 2 d d_mlp + b_in, b_out d_mlp + d,
+                         + W_gate, b_gate d d_mlp + d_mlp when gated, with an MLP)
+
+        A norm n is 2d for LayerNorm, d for RMSNorm and 0 with ``normalization = "none"``."""
+        d, h, g = self.d_model, self.n_heads, self.kv_heads
+        ln = {"layernorm": 2 * d, "rmsnorm": d, "none": 0}[self.normalization]
+        total = self.d_vocab * d + (self.n_ctx * d if self.positional == "learned" else 0)
+        total += d * self.d_vocab + self.d_vocab + ln
+        for layer in range(self.n_layers):
+            if self.qk == "merged":
+                qk = h * d * d
+            else:
+                w = self.qk_width(layer)
+                qk = (h + g) * d * w + ((h + g) * w if self.attn_bias else 0)
+            total += ln + qk + (g + h) * d * self.d_head + (g * self.d_head + d if self.attn_bias else 0)
+            if self.d_mlp > 0:
+                total += ln + 2 * d * self.d_mlp + self.d_mlp + d
+                total += (d * self.d_mlp + self.d_mlp) if self.gated_mlp else 0
+        return total
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> ModelConfig:
+        if not isinstance(raw, dict):
+            raise ValueError("invalid model config: expected a JSON object")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"invalid model config: unknown keys {unknown}")
+        return cls(**raw)

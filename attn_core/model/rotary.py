@@ -1,0 +1,75 @@
+"""Rotary position embeddings (RoPE), in the rotate-half layout of GPT-NeoX and Llama.
+
+Per query/key head, the first r = ``rotary_dims`` of its dims are rotated by the position p:
+pair (c, c + r/2) turns by the angle p * omega_c, with omega_c = theta^(-2c/r) (before scaling),
+and the other dims pass unchanged. As a map on row vectors, q -> q M(p) with M(p) orthogonal and
+M(p) M(p')^T = M(p - p'). So the score of query i and key j is
+
+    S_ij = x_i W_Q M(i) M(j)^T W_K^T x_j^T / sqrt(d) = x_i W_Q R(j - i) W_K^T x_j^T / sqrt(d),
+
+with R(delta) = M(-delta) = M(delta)^T: the bilinear form depends on the offset delta = j - i
+(<= 0 under the causal mask), B(delta) = W_Q R(delta) W_K^T / sqrt(d) (docs/maths.md).
+
+Scaling (``ModelConfig.rope_scaling``): "linear" divides every frequency by ``factor``; "llama3"
+divides the low frequencies by ``factor``, keeps the high ones and interpolates between, as
+Llama 3.1 does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from attn_core.model.config import ModelConfig
+
+
+def inverse_frequencies(cfg: ModelConfig) -> torch.Tensor:
+    """omega_c for c < r/2, float32 [r/2] (after scaling)."""
+    r = cfg.rotary_dims
+    if r == 0:
+        raise ValueError("this model has no rotary positions")
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, r, 2, dtype=torch.int64).float() / r))
+    s = cfg.rope_scaling
+    if s is None:
+        return inv
+    if s["type"] == "linear":
+        return inv / s["factor"]
+    factor, old = s["factor"], s["original_max_position_embeddings"]
+    low, high = s["low_freq_factor"], s["high_freq_factor"]
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > old / low, inv / factor, inv)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old / high) & (wavelen <= old / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+def cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of p * omega, [len(positions), r] (each angle twice, rotate-half layout)."""
+    angles = positions.float()[:, None] * inv_freq.to(positions.device)[None, :]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x M(p) for x [..., pos, width]: the first r = cos.shape[-1] dims rotated, the rest kept."""
+    r = cos.shape[-1]
+    rot, rest = x[..., :r], x[..., r:]
+    half = r // 2
+    turned = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
+    out = rot * cos.to(x.dtype) + turned * sin.to(x.dtype)
+    return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
+
+
+def offset_rotation(cfg: ModelConfig, delta: int | torch.Tensor, width: int | None = None) -> torch.Tensor:
+    """R(delta) = M(delta)^T, [width, width] (or [n, width, width] for n offsets), so that the
+    score of a query at i and a key at i + delta is q R(delta) k^T (module doc). ``width``
+    defaults to d_head; dims past the rotary ones are the identity."""
+    width = cfg.d_head if width is None else width
+    deltas = torch.as_tensor(delta, dtype=torch.float64).reshape(-1)
+    cos, sin = cos_sin(inverse_frequencies(cfg).double(), deltas)  # [n, r]
+    eye = torch.eye(width, dtype=torch.float64).expand(len(deltas), width, width)
+    M = rotate(eye, cos[:, None, :], sin[:, None, :])  # rows e_c M(delta): [n, width, width]
+    R = M.transpose(-1, -2).float()
+    return R if torch.as_tensor(delta).dim() else R[0]

@@ -1,0 +1,167 @@
+"""The transformer: decoder-only, pre-norm, in the spirit of nanoGPT's model.py; the toys we
+train and the Hugging Face families we import (``attn_core/hf/``) are all this one module.
+
+Conventions (docs/maths.md): row vectors; for layer l the attention input is
+``X = ln1(residual)`` (or the residual itself when ``normalization == "none"``); attention is
+:mod:`attn_core.model.attention`. With ``parallel_attn`` (GPT-NeoX) the MLP reads
+``ln2(residual)`` of the same residual and both outputs are added at once.
+
+Every activation passes through a named hook point (:mod:`attn_core.hooks`, TransformerLens
+names): ``run_with_cache`` records them, ``run_with_hooks`` may replace them. A plain
+``model(tokens)`` carries no hook state and does no work at the hook points.
+
+Parameter names follow TransformerLens' state dict, so ``state_dict()`` is the checkpoint
+(docs/checkpoints.md); hook points hold no parameters or buffers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+from attn_core.hooks import Hook, HookRun, NamesFilter, block_names, check_names, name_filter
+from attn_core.model.attention import Attention
+from attn_core.model.config import ModelConfig
+from attn_core.model.layers import MLP, norm
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.names = block_names(layer, cfg.d_mlp > 0, cfg.parallel_attn)
+        self.parallel = cfg.parallel_attn
+        self.ln1 = norm(cfg)
+        self.attn = Attention(cfg, layer)
+        if cfg.d_mlp > 0:
+            self.ln2 = norm(cfg)
+            self.mlp = MLP(cfg)
+
+    def forward(self, resid: torch.Tensor, mask: torch.Tensor, hk: HookRun | None = None) -> torch.Tensor:
+        if hk is None:  # the plain path: no hook state, nothing extra to do
+            if self.parallel:
+                return resid + self.attn(self.ln1(resid), mask) + self.mlp(self.ln2(resid))
+            resid = resid + self.attn(self.ln1(resid), mask)
+            if hasattr(self, "mlp"):
+                resid = resid + self.mlp(self.ln2(resid))
+            return resid
+        n = self.names
+        resid = hk(n["resid_pre"], resid)
+        x = hk(n["attn_in"], self.ln1(resid))
+        attn_out = hk(n["attn_out"], self.attn(x, mask, hk))
+        if self.parallel:  # the MLP reads the block's input, not resid + attn_out
+            return hk(n["resid_post"], resid + attn_out + hk(n["mlp_out"], self.mlp(self.ln2(resid))))
+        resid = resid + attn_out
+        if hasattr(self, "mlp"):
+            resid = hk(n["resid_mid"], resid)
+            resid = resid + hk(n["mlp_out"], self.mlp(self.ln2(resid)))
+        return hk(n["resid_post"], resid)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Module()
+        self.embed.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))
+        if cfg.positional == "learned":
+            self.pos_embed = nn.Module()
+            self.pos_embed.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model))
+        self.blocks = nn.ModuleList(Block(cfg, l) for l in range(cfg.n_layers))
+        self.ln_final = norm(cfg)
+        self.unembed = nn.Module()
+        self.unembed.W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab))
+        self.unembed.b_U = nn.Parameter(torch.zeros(cfg.d_vocab))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """GPT-2 style init: N(0, 0.02), output projections scaled by 1/sqrt(2 n_layers)."""
+        out_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
+        for name, p in self.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf.startswith("b_") or leaf == "b":
+                p.zero_()
+            elif leaf == "w":
+                p.fill_(1.0)
+            elif leaf in ("W_O", "W_out"):
+                p.normal_(0.0, out_std, generator=generator)
+            else:
+                p.normal_(0.0, 0.02, generator=generator)
+        if self.cfg.d_qk is not None:
+            self.zero_qk_padding()
+
+    @torch.no_grad()
+    def zero_qk_padding(self) -> None:
+        """Zero the stored-but-unused W_Q/W_K columns of narrower heads."""
+        for l, block in enumerate(self.blocks):
+            for h in range(self.cfg.n_heads):
+                w = self.cfg.head_d_qk(l, h)
+                for name in ("W_Q", "W_K"):
+                    getattr(block.attn, name)[h, :, w:] = 0
+                if self.cfg.attn_bias:
+                    block.attn.b_Q[h, w:] = 0
+                    block.attn.b_K[h, w:] = 0
+
+    def mask(self, T: int, window: int = 0) -> torch.Tensor:
+        """[T, T], True where key j is visible from query i: j <= i, and i - j < ``window``
+        for a sliding window (0: no window; ``cfg.window(layer)`` is a layer's)."""
+        i = torch.arange(T, device=self.embed.W_E.device)
+        visible = i[None, :] <= i[:, None]
+        if window:
+            visible &= i[:, None] - i[None, :] < window
+        return visible
+
+    def residual_input(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Embedding plus positions, [batch, pos, d_model]."""
+        T = tokens.shape[-1]
+        if T > self.cfg.n_ctx:
+            raise ValueError(f"sequence of {T} tokens exceeds n_ctx={self.cfg.n_ctx}")
+        x = self.embed.W_E[tokens]
+        if self.cfg.positional == "learned":
+            x = x + self.pos_embed.W_pos[:T]
+        return x
+
+    def forward(self, tokens: torch.Tensor, cache: dict | None = None, hk: HookRun | None = None) -> torch.Tensor:
+        """Logits [batch, pos, d_vocab] of tokens [batch, pos] (or [pos]). Pass a dict as ``cache``
+        to record every activation under its name (``model(tokens, cache=cache)`` is
+        ``run_with_cache`` writing into your dict; gradients flow through the cached tensors)."""
+        if tokens.dim() == 1:
+            tokens = tokens[None]
+        if cache is not None and hk is None:
+            hk = HookRun(cache=cache)
+        T = tokens.shape[-1]
+        resid = self.residual_input(tokens)
+        masks = {w: self.mask(T, w) for w in {self.cfg.window(l) for l in range(self.cfg.n_layers)}}
+        for l, block in enumerate(self.blocks):
+            resid = block(resid, masks[self.cfg.window(l)], hk)
+        return self.ln_final(resid) @ self.unembed.W_U + self.unembed.b_U
+
+    def hook_names(self) -> list[str]:
+        """Every hook point's name, in the order the forward reaches them."""
+        return [name for block in self.blocks for name in block.names.values()]
+
+    def run_with_cache(self, tokens: torch.Tensor, names_filter: NamesFilter = None) -> tuple[torch.Tensor, dict]:
+        """(logits, cache): ``cache[name]`` is the activation the forward used at each hook point
+        kept by ``names_filter`` (None: all; a name, a list of names, or a predicate on names).
+        Not detached: call under ``torch.no_grad()`` when no gradient is needed."""
+        cache: dict = {}
+        logits = self(tokens, hk=HookRun(cache=cache, keep=name_filter(names_filter, self.hook_names())))
+        return logits, cache
+
+    def run_with_hooks(
+        self, tokens: torch.Tensor, fwd_hooks: list[tuple[str, Hook]] = (), cache: dict | None = None
+    ) -> torch.Tensor:
+        """Logits with ``fn(tensor, name)`` run at each named hook point of ``fwd_hooks``, in order;
+        a returned tensor (same shape) replaces the activation for the rest of the forward, None
+        keeps it. With ``cache`` (a dict), every activation is recorded after its hooks ran."""
+        hooks: dict[str, list[Hook]] = {}
+        for name, fn in fwd_hooks:
+            hooks.setdefault(name, []).append(fn)
+        check_names(hooks, self.hook_names())
+        return self(tokens, hk=HookRun(hooks=hooks, cache=cache))
+
+    def n_params(self) -> int:
+        """The number of parameters, :meth:`ModelConfig.n_params`."""
+        return self.cfg.n_params()
