@@ -125,9 +125,7 @@ def build_checked(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> Transfo
             raise CheckpointError(f"tensor {k} has dtype {t.dtype}; weights must be floating point")
         if not torch.isfinite(t).all():
             raise CheckpointError(f"tensor {k} contains NaN or Inf values")
-    model = Transformer(cfg)
-    model.load_state_dict({k: v.float() for k, v in tensors.items()})
-    return model
+    return Transformer.from_tensors(cfg, tensors)
 
 
 def refuse_pickle(data: bytes) -> None:

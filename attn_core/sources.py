@@ -4,15 +4,14 @@
 A source is one of (``docs/checkpoints.md``):
 
     "induction-2l"        a zoo model (assets/models, or a folder listed in ATTN_LAB_MODELS)
-    "/path/to/folder"     a model folder (ours, or a Hugging Face GPT-2 folder) or a .safetensors file
+    "/path/to/folder"     a model folder (ours, or a Hugging Face folder: hf.FAMILIES) or a .safetensors file
     "run:<id>"            a saved run in the run store
     "upload: <name>"      a model the dashboard's upload widget kept under <data dir>/uploads
 
 :func:`resolve` loads and validates it; :func:`weights_path` names the file behind it, whose
 modification time keys the dashboard's model cache. A source that names nothing, or a model
 that cannot be read, is one :class:`CheckpointError` sentence (an unknown name lists the known
-ones). A new model family (another Hugging Face architecture, say) is a converter beside
-the package ``attn_core/hf/`` and one branch in :func:`_load`.
+ones). A new Hugging Face family is a config mapping and a tensor layout in ``attn_core/hf/``.
 """
 
 from __future__ import annotations
@@ -71,6 +70,8 @@ def weights_path(source: str | Path, store: RunStore | None = None) -> Path:
     if is_upload(source):
         return _upload_folder(source, store) / WEIGHTS
     path = zoo.locate(source)
+    if path.is_dir() and not (path / WEIGHTS).exists() and (path / hf.INDEX).is_file():
+        return path / hf.INDEX  # a sharded Hugging Face checkpoint
     return path / WEIGHTS if path.is_dir() else path
 
 
@@ -108,7 +109,7 @@ def _as_checkpoint_error():
 
 
 def _load(path: Path, device: str) -> LoadedModel:
-    """A folder or file in one of the formats read here: a Hugging Face GPT-2 folder, or ours."""
-    if hf.is_gpt2_folder(path):
-        return hf.load_gpt2(path, device)
+    """A folder or file in one of the formats read here: a Hugging Face folder, or ours."""
+    if hf.is_hf_folder(path):
+        return hf.load_hf(path, device)
     return checkpoint.load_path(path, device)

@@ -6,6 +6,12 @@ For one head of layer l, with X the attention input (row vectors):
     B  = W_QK                                     merged head (seed 004), any rank
     B' = W_Q' W_K'^T / sqrt(d_qk),  W_Q' = [W_Q; b_Q^T]   the augmented form (query/key biases)
     S  = X' B' X'^T,  X' = [X | 1]                exactly the model's pre-softmax scores
+    B(delta) = W_Q R(delta) W_K^T / sqrt(d_qk)     rotary positions: the form of a query and a
+                                                   key delta = j - i positions apart
+
+With rotary positions the form depends on the offset (``attn_core/model/rotary.py``); ``offset``
+picks it, and offset 0 is the un-rotated W_Q W_K^T / sqrt(d_qk). Other models ignore ``offset``.
+With grouped-query attention each query head's form uses the key head it shares.
 
 Everything here is differentiable (the regularizers penalise it).
 """
@@ -18,6 +24,8 @@ import torch.nn.functional as F
 from attn_core.bilinear.checks import check_heads, check_layer
 from attn_core.bilinear.form import QKForm
 from attn_core.model import Transformer
+from attn_core.model.rotary import offset_rotation
+from attn_core.validate import is_int
 
 
 def augment(x: torch.Tensor) -> torch.Tensor:
@@ -30,9 +38,12 @@ def has_bias(model: Transformer) -> bool:
     return model.cfg.attn_bias and model.cfg.qk == "factored"
 
 
-def layer_form(model: Transformer, layer: int, augmented: bool = False) -> QKForm:
-    """Every head of one layer, batch shape [n_heads]; ``augmented`` gives B' ((d_model + 1)^2).
-    Grown heads keep the layer's stored width; their zero columns add nothing to B."""
+def layer_form(model: Transformer, layer: int, augmented: bool = False, offset: int = 0) -> QKForm:
+    """Every head of one layer, batch shape [n_heads]; ``augmented`` gives B' ((d_model + 1)^2),
+    ``offset`` B(offset) for rotary models (module doc). Grown heads keep the layer's stored
+    width; their zero columns add nothing to B."""
+    if not is_int(offset) or abs(offset) > model.cfg.n_ctx:
+        raise ValueError(f"offset={offset!r} must be an integer in -{model.cfg.n_ctx}..{model.cfg.n_ctx}")
     attn = model.blocks[check_layer(model, layer)].attn
     if model.cfg.qk == "merged":
         W = attn.W_QK  # [h, d, d]
@@ -40,13 +51,15 @@ def layer_form(model: Transformer, layer: int, augmented: bool = False) -> QKFor
             W = F.pad(W, (0, 1, 0, 1))
         return QKForm(dense=W)
     scale = attn.qk_scale.view(-1, 1, 1)  # [h, 1, 1], 1/sqrt(d_qk) of each head
-    W_Q, W_K = attn.W_Q, attn.W_K  # [h, d, w]
+    W_Q, W_K = attn.W_Q, attn.per_head("W_K")  # [h, d, w]
     if augmented:
         if model.cfg.attn_bias:
             W_Q = torch.cat([W_Q, attn.b_Q[:, None, :]], dim=1)
-            W_K = torch.cat([W_K, attn.b_K[:, None, :]], dim=1)
+            W_K = torch.cat([W_K, attn.per_head("b_K")[:, None, :]], dim=1)
         else:
             W_Q, W_K = (F.pad(W, (0, 0, 0, 1)) for W in (W_Q, W_K))
+    if model.cfg.positional == "rotary" and offset != 0:
+        W_Q = W_Q @ offset_rotation(model.cfg, offset, W_Q.shape[-1]).to(W_Q)
     return QKForm(left=W_Q * scale, right=W_K)
 
 

@@ -167,8 +167,8 @@ def bias_terms(model: Transformer, layer: int, head: int, x: torch.Tensor, y: to
         return torch.zeros(y.shape[0], 3, dtype=torch.float64)
     attn = model.blocks[layer].attn
     w = model.cfg.head_d_qk(layer, head)
-    W_Q, W_K = attn.W_Q[head, :, :w].double(), attn.W_K[head, :, :w].double()  # [d, w]
-    b_Q, b_K = attn.b_Q[head, :w].double(), attn.b_K[head, :w].double()  # [w]
+    W_Q, W_K = attn.W_Q[head, :, :w].double(), attn.per_head("W_K")[head, :, :w].double()  # [d, w]
+    b_Q, b_K = attn.b_Q[head, :w].double(), attn.per_head("b_K")[head, :w].double()  # [w]
     scale = w**-0.5
     xb = (x @ W_Q @ b_K).expand(y.shape[0])  # [n]
     by = y @ W_K @ b_Q  # [n]
@@ -190,6 +190,11 @@ def attribute(loaded: LoadedModel, tokens: Sequence[int], layer: int, head: int,
     (``tokens``) into the rank-1 terms of B and the bias, per (1) and (2); keys are named by
     ``bilinear.token_names``."""
     model = check_loaded(loaded, "attribute").model
+    if model.cfg.positional == "rotary":
+        raise ValueError(
+            "attribution splits one form B over every key; with rotary positions each key has its own "
+            "B(delta), which this attribution does not handle yet (the Heatmaps and Spectrum pages do)"
+        )
     ids = check_tokens(model, tokens)
     q = _check_query(query, len(ids))
     with torch.no_grad():

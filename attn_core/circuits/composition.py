@@ -260,7 +260,7 @@ def k_composed_positivity(
         Eq, Ek = vocab_inputs(model, layer), vocab_inputs(model, a)  # [V, d] each
         W = model.blocks[a].attn
         N = _reading_map(model, layer, fold_ln)  # [d, d]
-        moved = Ek @ W.W_V[ha]  # [V, d_head]
+        moved = Ek @ W.per_head("W_V")[ha]  # [V, d_head]
         out_map = W.W_O[ha] @ N  # [d_head, d]: e W_V W_O N = moved @ out_map
         attn = model.blocks[layer].attn
         if model.cfg.qk == "merged":

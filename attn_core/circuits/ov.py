@@ -67,7 +67,7 @@ def ov_form(model: Transformer, layer: int) -> QKForm:
     """W_OV = W_V W_O of every head of a layer as a factored form, batch shape [n_heads]:
     ``left = W_V`` [h, d_model, d_head], ``right = W_O^T`` [h, d_model, d_head]."""
     attn = model.blocks[check_layer(model, layer)].attn
-    return QKForm(left=attn.W_V, right=attn.W_O.transpose(-1, -2))
+    return QKForm(left=attn.per_head("W_V"), right=attn.W_O.transpose(-1, -2))
 
 
 def ov_singular_values(model: Transformer) -> torch.Tensor:
@@ -119,7 +119,7 @@ def full_ov_form(model: Transformer, layer: int, tokens: Sequence[int] | None = 
     if tokens is not None:
         U = U[:, torch.as_tensor(list(tokens), dtype=torch.long)]
     attn = model.blocks[layer].attn
-    left = torch.einsum("nd,hde->hne", E, attn.W_V)  # [h, n, d_head]
+    left = torch.einsum("nd,hde->hne", E, attn.per_head("W_V"))  # [h, n, d_head]
     right = torch.einsum("hed,dn->hne", attn.W_O, U)  # [h, n, d_head]
     return QKForm(left=left, right=right)
 
@@ -209,9 +209,9 @@ def value_weighted(
         _, cache = model.run_with_cache(torch.tensor([ids], device=model.embed.W_E.device))
         X = cache[act_name("attn_in", layer)][0]  # [T, d]
         A = cache[act_name("pattern", layer)][0, heads]  # [h, T, T]
-        v = torch.einsum("td,hde->hte", X, attn.W_V[heads])  # [h, T, d_head]
+        v = torch.einsum("td,hde->hte", X, attn.per_head("W_V")[heads])  # [h, T, d_head]
         if model.cfg.attn_bias:
-            v = v + attn.b_V[heads][:, None, :]
+            v = v + attn.per_head("b_V")[heads][:, None, :]
         norms = torch.einsum("hte,hed->htd", v, attn.W_O[heads]).norm(dim=-1)  # [h, T]
         weighted = A * norms[:, None, :]  # [h, T, T]
     return {"pattern": A.float().cpu(), "value_norms": norms.float().cpu(), "weighted": weighted.float().cpu()}

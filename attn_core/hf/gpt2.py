@@ -1,9 +1,5 @@
-"""Import a local Hugging Face GPT-2 checkpoint folder into attn-lab's Transformer.
-
-A folder qualifies when its ``config.json`` says ``"model_type": "gpt2"``; its weights must be
-``model.safetensors`` (only safetensors and JSON are read, never a pickled
-``pytorch_model.bin``). The conversion reads the file directly, so ``transformers`` is not
-needed to import a model; :func:`from_transformers` converts a model object already in memory.
+"""GPT-2's config and tensor layout, mapped onto ours (the folder itself is read by
+``hf/load.py``); :func:`from_transformers` converts a GPT-2 model object already in memory.
 
 GPT-2 is pre-LayerNorm with learned positions, query/key/value biases (``attn_bias``) and
 gelu_new (``mlp_act="gelu_tanh"``). Its Conv1D weights are ``[in, out]``, our row-vector
@@ -15,32 +11,16 @@ the scores' scale, which is folded into W_Q and b_Q, so S (and B) stay exactly t
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from attn_core.card import Card
-from attn_core.checkpoint import CONFIG, WEIGHTS, CheckpointError, LoadedModel, build_checked, read_json
+from attn_core.checkpoint import CheckpointError, LoadedModel, build_checked
 from attn_core.model import ModelConfig
 
-VOCAB = "vocab.json"
-MAX_WEIGHTS_BYTES = 2 * 2**30  # GPT-2 small is ~0.5 GiB
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
-
-
-def is_gpt2_folder(path: str | Path) -> bool:
-    """True for a folder whose config.json declares ``"model_type": "gpt2"``."""
-    p = Path(path)
-    if not (p.is_dir() and (p / CONFIG).is_file()):
-        return False
-    try:
-        return read_json(p / CONFIG).get("model_type") == "gpt2"
-    except CheckpointError:
-        return False
+IMPORTED = "Imported from a Hugging Face checkpoint; no synthetic task."
 
 
 def model_config(hf: dict) -> ModelConfig:
@@ -85,6 +65,12 @@ def convert_state_dict(sd: dict[str, torch.Tensor], hf: dict) -> tuple[ModelConf
             raise CheckpointError(f"the GPT-2 checkpoint lacks tensor {name!r}")
         return sd[name].float()
 
+    return cfg, convert(cfg, hf, get, sd.__contains__)
+
+
+def convert(cfg: ModelConfig, hf: dict, get, has) -> dict[str, torch.Tensor]:
+    """Our tensors from GPT-2's, read by name (without the ``transformer.`` prefix) with
+    ``get(name)`` (float32); ``has(name)`` says whether the file holds a tensor."""
     d, h, dh = cfg.d_model, cfg.n_heads, cfg.d_head
     out = {"embed.W_E": get("wte.weight"), "pos_embed.W_pos": get("wpe.weight")}
     for l in range(cfg.n_layers):
@@ -119,52 +105,10 @@ def convert_state_dict(sd: dict[str, torch.Tensor], hf: dict) -> tuple[ModelConf
             }
         )
     out["ln_final.w"], out["ln_final.b"] = get("ln_f.weight"), get("ln_f.bias")
-    W_U = sd.get("lm_head.weight", sd["wte.weight"])  # tied unless the file has its own
-    out["unembed.W_U"] = W_U.float().T.contiguous()
+    W_U = get("lm_head.weight") if has("lm_head.weight") else out["embed.W_E"]  # tied unless the file has its own
+    out["unembed.W_U"] = W_U.T.contiguous()
     out["unembed.b_U"] = torch.zeros(cfg.d_vocab)
-    return cfg, {k: v.contiguous() for k, v in out.items()}
-
-
-def _card(source: str, hf: dict, vocab: Path | None) -> Card:
-    return Card(
-        source=source,
-        vocab_file=str(vocab) if vocab is not None else None,
-        details={"architecture": "gpt2", "note": "Imported from a Hugging Face GPT-2 checkpoint; no synthetic task."},
-    )
-
-
-def load_gpt2(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel:
-    """A local GPT-2 folder (config.json + model.safetensors [+ vocab.json for token names])."""
-    path = Path(path)
-    if not is_gpt2_folder(path):
-        raise CheckpointError(f"{path} is not a Hugging Face GPT-2 folder (config.json with model_type gpt2)")
-    hf = read_json(path / CONFIG)
-    weights = path / WEIGHTS
-    if not weights.is_file():
-        extra = (
-            " (pytorch_model.bin is a pickle and is never read; re-save with safe_serialization=True)"
-            if (path / "pytorch_model.bin").exists()
-            else ""
-        )
-        raise CheckpointError(f"{path} has no {WEIGHTS}{extra}")
-    size = weights.stat().st_size
-    if size > MAX_WEIGHTS_BYTES:
-        raise CheckpointError(f"{WEIGHTS} is {size / 2**20:.0f} MiB; the limit is {MAX_WEIGHTS_BYTES / 2**20:.0f} MiB")
-    try:
-        with safe_open(str(weights), framework="pt") as f:
-            sd = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as e:  # the Rust loader raises several error types
-        raise CheckpointError(
-            f"{WEIGHTS} is not a readable safetensors file ({str(e).splitlines()[0][:200]})"
-        ) from None
-    cfg, tensors = convert_state_dict(sd, hf)
-    model = build_checked(cfg, tensors)
-    vocab = path / VOCAB if (path / VOCAB).is_file() else None
-    stamp = f"{path.resolve()}:{size}:{weights.stat().st_mtime_ns}:{json.dumps(hf, sort_keys=True)}"
-    key = f"{path.name}:{hashlib.sha1(stamp.encode()).hexdigest()[:16]}"
-    return LoadedModel(
-        name=path.name, model=model.to(device).eval(), config=cfg, card=_card(str(path), hf, vocab), path=path, key=key
-    )
+    return {k: v.contiguous() for k, v in out.items()}
 
 
 def from_transformers(hf_model, name: str = "gpt2", device: str | torch.device = "cpu") -> LoadedModel:
@@ -179,6 +123,6 @@ def from_transformers(hf_model, name: str = "gpt2", device: str | torch.device =
         name=name,
         model=model.to(device).eval(),
         config=cfg,
-        card=_card("transformers", hf, None),
+        card=Card(source="transformers", details={"architecture": "gpt2", "note": IMPORTED}),
         key=f"{name}:{id(hf_model):x}",
     )

@@ -52,9 +52,6 @@ class Attention(nn.Module):
             if cfg.attn_bias:
                 self.b_Q = nn.Parameter(torch.zeros(h, w))
                 self.b_K = nn.Parameter(torch.zeros(g, w))
-            # 1/sqrt(d_qk) per head, a buffer so it follows .to(device)
-            scale = torch.tensor([cfg.head_d_qk(layer, i) ** -0.5 for i in range(h)])
-            self.register_buffer("qk_scale", scale.view(1, h, 1, 1), persistent=False)
         else:
             self.W_QK = nn.Parameter(torch.empty(h, d, d))
         self.W_V = nn.Parameter(torch.empty(g, d, dh))
@@ -62,6 +59,16 @@ class Attention(nn.Module):
         if cfg.attn_bias:
             self.b_V = nn.Parameter(torch.zeros(g, dh))
             self.b_O = nn.Parameter(torch.zeros(d))
+        self.reset_buffers()
+
+    def reset_buffers(self) -> None:
+        """(Re)make the buffers computed from the config (a model built on the meta device needs
+        them made for real): 1/sqrt(d_qk) per head and the rotary frequencies. Non-persistent, so
+        no checkpoint holds them, and they follow ``.to(device)``."""
+        cfg = self.cfg
+        if cfg.qk == "factored":
+            scale = torch.tensor([cfg.head_d_qk(self.layer, i) ** -0.5 for i in range(cfg.n_heads)])
+            self.register_buffer("qk_scale", scale.view(1, cfg.n_heads, 1, 1), persistent=False)
         if cfg.positional == "rotary":
             self.register_buffer("inv_freq", rotary.inverse_frequencies(cfg), persistent=False)
 

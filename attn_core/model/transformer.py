@@ -75,6 +75,19 @@ class Transformer(nn.Module):
         self.unembed.b_U = nn.Parameter(torch.zeros(cfg.d_vocab))
         self.reset_parameters()
 
+    @classmethod
+    def from_tensors(cls, cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> Transformer:
+        """A model of ``cfg`` holding exactly ``tensors`` (our names, all of them), built without a
+        second copy of the weights: the modules are made on the meta device and take the given
+        tensors (as float32) as their parameters. Check names and shapes first
+        (``checkpoint.build_checked``)."""
+        with torch.device("meta"):
+            model = cls(cfg)
+        model.load_state_dict({k: v.float() for k, v in tensors.items()}, assign=True)
+        for block in model.blocks:
+            block.attn.reset_buffers()
+        return model
+
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
         """GPT-2 style init: N(0, 0.02), output projections scaled by 1/sqrt(2 n_layers)."""

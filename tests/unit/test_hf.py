@@ -89,7 +89,7 @@ def test_refusals(tmp_path):
     (tmp_path / "config.json").write_text(
         json.dumps({"model_type": "gpt2", "n_embd": 32, "n_head": 4, "n_layer": 1, "n_positions": 8, "vocab_size": 10})
     )
-    assert hf.is_gpt2_folder(tmp_path)
+    assert hf.is_hf_folder(tmp_path)
     (tmp_path / "pytorch_model.bin").write_bytes(b"PK\x03\x04")
     with pytest.raises(CheckpointError, match="never read"):
         resolve(tmp_path)
@@ -99,10 +99,10 @@ def test_refusals(tmp_path):
     with pytest.raises(CheckpointError, match="activation"):
         hf.model_config({"model_type": "gpt2", "activation_function": "relu6"})
     with pytest.raises(CheckpointError, match="divisible"):
-        hf.model_config({"n_embd": 30, "n_head": 4, "n_layer": 1, "n_positions": 8, "vocab_size": 10})
+        hf.model_config({"model_type": "gpt2", "n_embd": 30, "n_head": 4, "n_layer": 1, "n_positions": 8, "vocab_size": 10})
     with pytest.raises(CheckpointError, match="lacks 'n_layer'"):
-        hf.model_config({"n_embd": 32, "n_head": 4})
-    assert not hf.is_gpt2_folder(tmp_path / "missing")
+        hf.model_config({"model_type": "gpt2", "n_embd": 32, "n_head": 4})
+    assert not hf.is_hf_folder(tmp_path / "missing")
 
 
 def test_missing_tensor_is_named(saved, tmp_path):

@@ -1,0 +1,92 @@
+"""The QK form of rotary heads as a function of the offset (docs/maths.md): with rotary
+positions a query at i and a key at j = i + delta meet through
+
+    B(delta) = W_Q R(delta) W_K^T / sqrt(d_qk) = B_free + B_rot(delta),
+
+B_free = W_Q[:, r:] W_K[:, r:]^T / sqrt(d_qk) being the part of a partially rotary head that no
+offset changes (the dims past ``rotary_dims``) and B_rot(delta) the rotated dims'. Under the
+causal mask delta <= 0. B(0) is the un-rotated W_Q W_K^T / sqrt(d_qk).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from attn_core.bilinear.checks import check_heads, check_layer
+from attn_core.bilinear.form import QKForm
+from attn_core.bilinear.heads import augment, has_bias, layer_form
+from attn_core.model import Transformer
+from attn_core.model.rotary import offset_rotation
+
+MAX_OFFSETS = 4096
+
+
+def check_rotary(model: Transformer, what: str) -> None:
+    if model.cfg.positional != "rotary":
+        raise ValueError(f"{what} needs a model with rotary positions; this one's positions are {model.cfg.positional!r}")
+
+
+def default_offsets(model: Transformer, n: int = 64) -> list[int]:
+    """0, -1, ..., -(n - 1), then powers of two up to the context: where rotary forms change."""
+    far = [-(2**k) for k in range(n.bit_length(), 32) if 2**k < model.cfg.n_ctx]
+    return list(range(0, -min(n, model.cfg.n_ctx), -1)) + far
+
+
+def _check_offsets(model: Transformer, offsets) -> list[int]:
+    offsets = [int(o) for o in offsets]
+    if not offsets or len(offsets) > MAX_OFFSETS:
+        raise ValueError(f"give 1..{MAX_OFFSETS} offsets")
+    if any(abs(o) >= model.cfg.n_ctx for o in offsets):
+        raise ValueError(f"offsets must lie within the context, |delta| < {model.cfg.n_ctx}")
+    return offsets
+
+
+def offset_form(model: Transformer, layer: int, head: int, offsets, augmented: bool = False) -> QKForm:
+    """B(delta) of one head for every delta in ``offsets``, batch shape [len(offsets)]."""
+    check_rotary(model, "offset_form")
+    offsets = _check_offsets(model, offsets)
+    base = layer_form(model, check_layer(model, layer), augmented)[check_heads(model, head)[0]]
+    R = offset_rotation(model.cfg, torch.tensor(offsets), base.left.shape[-1]).to(base.left)  # [n, w, w]
+    left = base.left[None] @ R
+    return QKForm(left=left, right=base.right.expand(len(offsets), *base.right.shape))
+
+
+def free_form(model: Transformer, layer: int, head: int, augmented: bool = False) -> QKForm | None:
+    """B_free of a partially rotary head (None when every dim rotates)."""
+    check_rotary(model, "free_form")
+    r = model.cfg.rotary_dims
+    if r >= model.cfg.d_head:
+        return None
+    base = layer_form(model, check_layer(model, layer), augmented)[check_heads(model, head)[0]]
+    return QKForm(left=base.left[..., r:], right=base.right[..., r:])
+
+
+def offset_spectrum(model: Transformer, layer: int, head: int, offsets=None, k: int = 8) -> pd.DataFrame:
+    """The top ``k`` singular values of B(delta) against delta: columns delta, index,
+    singular_value, part ("B(delta)", or "offset-free" for B_free of a partially rotary head,
+    listed once at each delta so that it plots as a flat reference)."""
+    offsets = default_offsets(model) if offsets is None else offsets
+    with torch.no_grad():
+        sv = offset_form(model, layer, head, offsets).singular_values[:, :k]  # [n, k]
+        free = free_form(model, layer, head)
+        free_sv = free.singular_values[:k].tolist() if free is not None else []
+    rows = []
+    for j, delta in enumerate(_check_offsets(model, offsets)):
+        for i, s in enumerate(sv[j].tolist()):
+            rows.append(dict(delta=delta, index=i, singular_value=s, part="B(delta)"))
+        for i, s in enumerate(free_sv):
+            rows.append(dict(delta=delta, index=i, singular_value=s, part="offset-free"))
+    return pd.DataFrame(rows)
+
+
+def pair_scores(model: Transformer, layer: int, head: int, x: torch.Tensor, y: torch.Tensor, offsets=None) -> pd.DataFrame:
+    """f(delta) = x' B'(delta) y'^T for a fixed query vector x and key vector y (rows of the
+    layer's attention input, e.g. ``vocab_inputs``) against the offset: columns delta, score."""
+    offsets = default_offsets(model, n=128) if offsets is None else offsets
+    aug = has_bias(model)
+    with torch.no_grad():
+        form = offset_form(model, layer, head, offsets, augmented=aug)
+        xx, yy = (augment(v) if aug else v for v in (x.reshape(1, -1), y.reshape(1, -1)))
+        scores = form.bilinear(xx.expand(len(offsets), 1, -1), yy.expand(len(offsets), 1, -1))[:, 0, 0]
+    return pd.DataFrame({"delta": _check_offsets(model, offsets), "score": scores.tolist()})

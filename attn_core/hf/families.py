@@ -1,0 +1,91 @@
+"""Tensor layouts of the families read here, mapped onto our parameter names (row vectors:
+``W_Q[h]`` is [d_model, d_head], ``W_O[h]`` is [d_head, d_model]). ``nn.Linear`` stores
+[out, in], so its weight is transposed; GPT-2's Conv1D is [in, out] already (``hf/gpt2.py``).
+
+- GPT-NeoX (Pythia): ``attention.query_key_value`` is per head [q | k | v] along its output,
+  i.e. [h, 3, d_head, d_model]; ``dense`` is W_O; the MLP is ``dense_h_to_4h`` / ``dense_4h_to_h``;
+  the unembedding ``embed_out`` (untied unless tie_word_embeddings).
+- Llama, Mistral, Qwen2: ``q_proj`` [h d_head, d], ``k_proj``/``v_proj`` [g d_head, d] (grouped),
+  ``o_proj`` [d, h d_head]; biases on q/k/v when the family has them (Qwen2 always, Llama with
+  attention_bias, which also biases o_proj); the MLP is gate/up/down; ``lm_head`` or the tied
+  embedding. The unembedding has no bias: b_U = 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from attn_core.model import ModelConfig
+
+Get = Callable[[str], torch.Tensor]
+
+
+def _linear_heads(W: torch.Tensor, n: int, dh: int) -> torch.Tensor:
+    """A Linear weight [n dh, d] as per-head row-vector weights [n, d, dh]."""
+    return W.reshape(n, dh, -1).transpose(1, 2)
+
+
+def gpt_neox(cfg: ModelConfig, get: Get, has: Callable[[str], bool]) -> dict[str, torch.Tensor]:
+    h, d, dh = cfg.n_heads, cfg.d_model, cfg.d_head
+    p = "gpt_neox."
+    out = {"embed.W_E": get(p + "embed_in.weight")}
+    for l in range(cfg.n_layers):
+        s, q = f"{p}layers.{l}.", f"blocks.{l}."
+        qkv = get(s + "attention.query_key_value.weight").reshape(h, 3, dh, d)
+        out[q + "attn.W_Q"], out[q + "attn.W_K"], out[q + "attn.W_V"] = (
+            qkv[:, i].transpose(1, 2).contiguous() for i in range(3)
+        )
+        out[q + "attn.W_O"] = get(s + "attention.dense.weight").T.reshape(h, dh, d).contiguous()
+        if cfg.attn_bias:
+            b = get(s + "attention.query_key_value.bias").reshape(h, 3, dh)
+            out[q + "attn.b_Q"], out[q + "attn.b_K"], out[q + "attn.b_V"] = (b[:, i].contiguous() for i in range(3))
+            out[q + "attn.b_O"] = get(s + "attention.dense.bias")
+        for ours, theirs in (("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm")):
+            out[q + ours + ".w"] = get(s + theirs + ".weight")
+            out[q + ours + ".b"] = get(s + theirs + ".bias")
+        out[q + "mlp.W_in"] = get(s + "mlp.dense_h_to_4h.weight").T.contiguous()
+        out[q + "mlp.b_in"] = get(s + "mlp.dense_h_to_4h.bias")
+        out[q + "mlp.W_out"] = get(s + "mlp.dense_4h_to_h.weight").T.contiguous()
+        out[q + "mlp.b_out"] = get(s + "mlp.dense_4h_to_h.bias")
+    out["ln_final.w"] = get(p + "final_layer_norm.weight")
+    out["ln_final.b"] = get(p + "final_layer_norm.bias")
+    head = "embed_out.weight" if has("embed_out.weight") else p + "embed_in.weight"
+    out["unembed.W_U"] = get(head).T.contiguous()
+    out["unembed.b_U"] = torch.zeros(cfg.d_vocab)
+    return out
+
+
+def llama(cfg: ModelConfig, get: Get, has: Callable[[str], bool]) -> dict[str, torch.Tensor]:
+    """Llama, Mistral and Qwen2 share this layout."""
+    h, g, d, dh, f = cfg.n_heads, cfg.kv_heads, cfg.d_model, cfg.d_head, cfg.d_mlp
+    p = "model."
+    out = {"embed.W_E": get(p + "embed_tokens.weight")}
+    for l in range(cfg.n_layers):
+        s, q = f"{p}layers.{l}.", f"blocks.{l}."
+        a = s + "self_attn."
+        out[q + "attn.W_Q"] = _linear_heads(get(a + "q_proj.weight"), h, dh).contiguous()
+        out[q + "attn.W_K"] = _linear_heads(get(a + "k_proj.weight"), g, dh).contiguous()
+        out[q + "attn.W_V"] = _linear_heads(get(a + "v_proj.weight"), g, dh).contiguous()
+        out[q + "attn.W_O"] = get(a + "o_proj.weight").T.reshape(h, dh, d).contiguous()
+        if cfg.attn_bias:
+            out[q + "attn.b_Q"] = get(a + "q_proj.bias").reshape(h, dh)
+            out[q + "attn.b_K"] = get(a + "k_proj.bias").reshape(g, dh)
+            out[q + "attn.b_V"] = get(a + "v_proj.bias").reshape(g, dh)
+            out[q + "attn.b_O"] = get(a + "o_proj.bias") if has(a + "o_proj.bias") else torch.zeros(d)
+        out[q + "ln1.w"] = get(s + "input_layernorm.weight")
+        out[q + "ln2.w"] = get(s + "post_attention_layernorm.weight")
+        m = s + "mlp."
+        for ours, theirs, width in (("gate", "gate_proj", f), ("in", "up_proj", f), ("out", "down_proj", d)):
+            out[f"{q}mlp.W_{ours}"] = get(m + theirs + ".weight").T.contiguous()
+            bias = m + theirs + ".bias"
+            out[f"{q}mlp.b_{ours}"] = get(bias) if has(bias) else torch.zeros(width)
+    out["ln_final.w"] = get(p + "norm.weight")
+    head = "lm_head.weight" if has("lm_head.weight") else p + "embed_tokens.weight"
+    out["unembed.W_U"] = get(head).T.contiguous()
+    out["unembed.b_U"] = torch.zeros(cfg.d_vocab)
+    return out
+
+
+CONVERTERS = {"gpt_neox": gpt_neox, "llama": llama, "mistral": llama, "qwen2": llama}

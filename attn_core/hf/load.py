@@ -1,0 +1,79 @@
+"""Load a local Hugging Face folder (families in ``hf/config.py``) as a :class:`LoadedModel`.
+
+The config is mapped first and the model's size checked against the memory available; then
+each tensor is read from the memory-mapped safetensors file(s), converted to float32 and
+re-laid out (``hf/gpt2.py``, ``hf/families.py``), and the model takes those tensors as its
+parameters (``Transformer.from_tensors``): one float copy of the weights, no more.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from attn_core.card import Card
+from attn_core.checkpoint import CONFIG, CheckpointError, LoadedModel, build_checked
+from attn_core.hf import gpt2
+from attn_core.hf.config import family, model_config
+from attn_core.hf.families import CONVERTERS
+from attn_core.hf.folder import Tensors, check_fits, hf_config
+from attn_core.hf.tokenizer import TOKENIZER, VOCAB
+
+PREFIXES = {"gpt2": "transformer.", "gpt_neox": "gpt_neox.", "llama": "model.", "mistral": "model.", "qwen2": "model."}
+
+
+def is_hf_folder(path: str | Path) -> bool:
+    """True for a folder whose config.json names a ``model_type`` (any; unsupported ones are
+    refused with their name by :func:`load_hf`)."""
+    return hf_config(Path(path)) is not None
+
+
+def load_hf(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel:
+    """The model in a local Hugging Face folder, with its tokenizer's names when it has one."""
+    path = Path(path)
+    raw = hf_config(path)
+    if raw is None:
+        raise CheckpointError(f"{path} is not a Hugging Face folder (config.json with a model_type)")
+    kind = family(raw)
+    cfg = model_config(raw)
+    check_fits(cfg, path.name)
+    tensors = Tensors(path)
+    tied = bool(raw.get("tie_word_embeddings", kind == "gpt2"))
+    prefix = PREFIXES[kind]
+
+    def name(n: str) -> str:  # the file's own spelling: with or without the family's prefix
+        if n in tensors:
+            return n
+        return n.removeprefix(prefix) if n.removeprefix(prefix) in tensors else prefix + n
+
+    def has(n: str) -> bool:
+        return name(n) in tensors
+
+    def get(n: str) -> torch.Tensor:
+        return tensors.get(name(n))
+
+    head = {"gpt2": "lm_head.weight", "gpt_neox": "embed_out.weight"}.get(kind, "lm_head.weight")
+    if not tied and not has(head):
+        raise CheckpointError(f"the checkpoint lacks {head!r} and its config does not tie it to the embedding")
+    try:
+        ours = gpt2.convert(cfg, raw, get, has) if kind == "gpt2" else CONVERTERS[kind](cfg, get, has)
+    except RuntimeError as e:  # a reshape of a tensor whose shape does not match the config
+        raise CheckpointError(f"a tensor does not match config.json ({str(e).splitlines()[0][:160]})") from None
+    finally:
+        tensors.close()
+    model = build_checked(cfg, ours)
+    del ours
+    stamp = json.dumps(
+        [str(path.resolve()), raw, [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in tensors.files]],
+        sort_keys=True,
+    )
+    key = f"{path.name}:{hashlib.sha1(stamp.encode()).hexdigest()[:16]}"
+    card = Card(
+        source=str(path),
+        vocab_file=str(path / VOCAB) if (path / VOCAB).is_file() and not (path / TOKENIZER).is_file() else None,
+        details={"architecture": kind, "note": gpt2.IMPORTED},
+    )
+    return LoadedModel(name=path.name, model=model.to(device).eval(), config=cfg, card=card, path=path, key=key)
