@@ -81,6 +81,41 @@ def save_model(tmp_path, monkeypatch):
     return save
 
 
+TINY_HF = dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=48, vocab_size=100)
+
+
+def write_tiny_hf(folder, family: str, dtype=None, max_shard_size=None, **overrides):
+    """A random tiny model of a Hugging Face ``family`` (gpt_neox, llama, mistral, qwen2) built by
+    transformers with eager attention and saved into ``folder`` (sharded with
+    ``max_shard_size``, in ``dtype`` when given); returns the transformers model as saved, in
+    float32 (read back from the folder when saved in another dtype). Weights are drawn far from uniform attention, so comparisons mean something."""
+    transformers = pytest.importorskip("transformers")
+    config_cls, model_cls = {
+        "gpt_neox": (transformers.GPTNeoXConfig, transformers.GPTNeoXForCausalLM),
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+    }[family]
+    cfg = config_cls(
+        **{**TINY_HF, "max_position_embeddings": 64, "attn_implementation": "eager", **overrides},
+    )
+    torch.manual_seed(0)
+    model = model_cls(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name and p.dim() == 1:
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0.0, 0.3 if p.dim() > 1 else 0.1)
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    if dtype is None:
+        model.save_pretrained(folder, safe_serialization=True, **kwargs)
+        return model
+    model.to(dtype).save_pretrained(folder, safe_serialization=True, **kwargs)
+    # The reference reads the rounded weights back into float32 (its rotary buffers stay float32).
+    return model_cls.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+
+
 def write_tiny_gpt2(folder, **overrides):
     """A random GPT-2 (2 layers, 4 heads, d_model 32, 100 tokens, context 16) saved by
     transformers into ``folder`` with a vocab.json; returns the transformers model. Its weights

@@ -1,18 +1,45 @@
 """A model's tokens as a user sees them: their names, typed text, and inputs to look at.
 
 Every function takes the :class:`~attn_core.sources.LoadedModel` (what ``sources.resolve``
-returns): the names come from its task, or its card's Hugging Face ``vocab.json``, else the ids.
+returns): the names come from its task, or its folder's ``tokenizer.json`` (typed text is then
+tokenized by it), or its card's Hugging Face ``vocab.json``, else the ids.
 """
 
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer
 
 from attn_core.bilinear.checks import check_loaded, check_tokens
+from attn_core.hf import tokenizer as hf_tokenizer
 from attn_core.sources import LoadedModel
+
+
+@lru_cache(maxsize=8)
+def _tokenizer_and_names(folder: str, mtime_ns: int, d_vocab: int) -> tuple[Tokenizer, tuple[str, ...]] | None:
+    tok = hf_tokenizer.load_tokenizer(Path(folder))
+    return None if tok is None else (tok, tuple(hf_tokenizer.token_strings(tok, d_vocab)))
+
+
+def tokenizer(loaded: LoadedModel) -> Tokenizer | None:
+    """The model folder's own tokenizer.json (read once per file version), or None."""
+    found = _tokenizer_entry(loaded)
+    return found[0] if found else None
+
+
+def _tokenizer_entry(loaded: LoadedModel):
+    path = loaded.path
+    if path is None or not path.is_dir():
+        return None
+    try:
+        mtime = (path / hf_tokenizer.TOKENIZER).stat().st_mtime_ns
+    except OSError:
+        return None
+    return _tokenizer_and_names(str(path), mtime, loaded.model.cfg.d_vocab)
 
 
 def _task(loaded: LoadedModel):
@@ -27,6 +54,9 @@ def token_names(loaded: LoadedModel) -> list[str]:
     task = _task(loaded)
     if task is not None:
         return list(task.token_names)
+    found = _tokenizer_entry(loaded)
+    if found is not None:
+        return list(found[1])
     vocab = loaded.card.vocab_file
     names = [str(i) for i in range(V)]
     if vocab and Path(vocab).is_file():
@@ -38,11 +68,15 @@ def token_names(loaded: LoadedModel) -> list[str]:
 
 def encode(loaded: LoadedModel, text: str) -> list[int]:
     """Space-separated tokens: names of the task's vocabulary, or ids / vocabulary entries for a
-    model without a task. Raises ValueError naming what is wrong."""
+    model without a task; with a tokenizer.json, the text as that tokenizer splits it. Raises
+    ValueError naming what is wrong."""
     model = check_loaded(loaded, "encode").model
     task = _task(loaded)
     if task is not None:
         return task.encode(text)
+    tok = tokenizer(loaded)
+    if tok is not None:
+        return check_tokens(model, hf_tokenizer.encode(tok, text))
     words = text.split()
     if not words:
         raise ValueError("no tokens given")

@@ -5,7 +5,8 @@ Each view is a :class:`View` with a per-query slice ``View.row``:
 - sequence: x, y are the rows of X for a real input; S and A are read from the model's own
   hook points (``act_name("attn_scores", l)``, ``act_name("pattern", l)``) by ``run_with_cache``,
   so they are the model's pre-softmax scores and pattern by construction;
-- vocabulary ("for every x", seed 000): x_t = ln1_l(W_E[t] + mean_p W_pos[p]) for every token t,
+- vocabulary ("for every x", seed 000): x_t = ln1_l(W_E[t] + mean_p W_pos[p]) for every token t
+  (ln1_l(W_E[t]) with rotary positions, whose form B(offset) takes the offset between the two),
   the token as layer l's LayerNorm would see it if nothing else were in the residual stream.
   For layer 0 this is exactly the first layer's input without its position; for l > 0 it is the
   direct (embedding) path through that layer's own LayerNorm and B, not the real residual;
@@ -57,19 +58,27 @@ def positional_inputs(model: Transformer, layer: int = 0) -> torch.Tensor:
     return model.blocks[check_layer(model, layer)].ln1(model.pos_embed.W_pos + model.embed.W_E.mean(0))
 
 
-def _scores(model: Transformer, layer: int, heads, x: torch.Tensor, augmented: bool | None) -> torch.Tensor:
+def _scores(
+    model: Transformer, layer: int, heads, x: torch.Tensor, augmented: bool | None, offset: int = 0
+) -> torch.Tensor:
     heads = check_heads(model, heads)
     aug = has_bias(model) if augmented is None else augmented
-    form = layer_form(model, layer, aug)[heads]
+    form = layer_form(model, layer, aug, offset)[heads]
     return form.bilinear(augment(x) if aug else x)
 
 
 def vocab_scores(
-    model: Transformer, layer: int = 0, heads=None, augmented: bool | None = None, tokens: Sequence[int] | None = None
+    model: Transformer,
+    layer: int = 0,
+    heads=None,
+    augmented: bool | None = None,
+    tokens: Sequence[int] | None = None,
+    offset: int = 0,
 ) -> torch.Tensor:
     """f_x(y) for every pair of tokens, [heads, V, V] (differentiable). With biases (the
-    default when the model has them) the scores are x' B' y'^T, what the head itself computes."""
-    return _scores(model, layer, heads, vocab_inputs(model, layer, tokens), augmented)
+    default when the model has them) the scores are x' B' y'^T, what the head itself computes;
+    with rotary positions, of a key ``offset`` positions from the query (B(offset))."""
+    return _scores(model, layer, heads, vocab_inputs(model, layer, tokens), augmented, offset)
 
 
 def positional_scores(model: Transformer, layer: int = 0, heads=None, augmented: bool | None = None) -> torch.Tensor:
@@ -221,15 +230,20 @@ def sequence_view(loaded: LoadedModel, tokens: Sequence[int], layer: int = 0, he
     return _view("sequence", layer, heads, S, A, mask, labels, ids, {"n_tokens": len(ids)})
 
 
-def vocabulary_view(loaded: LoadedModel, layer: int = 0, heads=None, tokens: Sequence[int] | None = None) -> View:
+def vocabulary_view(
+    loaded: LoadedModel, layer: int = 0, heads=None, tokens: Sequence[int] | None = None, offset: int = 0
+) -> View:
     """f_x(y) with x, y every token's embedding (see the module doc); the pattern is the
     softmax of each row over every key. More than MAX_VIEW_TOKENS tokens are cut to the first
-    ones unless ``tokens`` names them."""
+    ones unless ``tokens`` names them. With rotary positions, ``offset`` is the key's position
+    minus the query's (B(offset); 0: the un-rotated form)."""
     model = check_loaded(loaded, "vocabulary_view").model
     check_layer(model, layer)
     heads = check_heads(model, heads)
     V = model.cfg.d_vocab
     meta = {"d_vocab": V}
+    if model.cfg.positional == "rotary":
+        meta["offset"] = offset
     if tokens is None:
         tokens = list(range(min(V, MAX_VIEW_TOKENS)))
         if V > MAX_VIEW_TOKENS:
@@ -237,7 +251,7 @@ def vocabulary_view(loaded: LoadedModel, layer: int = 0, heads=None, tokens: Seq
     else:
         tokens = check_tokens(model, tokens, max_len=V)
     with torch.no_grad():
-        S = vocab_scores(model, layer, heads, tokens=tokens)
+        S = vocab_scores(model, layer, heads, tokens=tokens, offset=offset)
         mask = torch.ones(len(tokens), len(tokens), dtype=torch.bool, device=S.device)
         A = attention_weights(S, mask, model.cfg.entmax_alpha)
     names = token_names(loaded)

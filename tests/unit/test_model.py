@@ -99,7 +99,7 @@ def test_grown_head_padding_contributes_nothing():
         ({"normalization": "rms"}, "normalization"),
         ({"d_mlp": -1}, "d_mlp"),
         ({"entmax_alpha": 3.0}, "entmax_alpha"),
-        ({"d_model": 16384, "n_layers": 128, "d_mlp": 65536}, "parameters is more than"),
+        ({"d_model": 16384, "n_layers": 128, "n_heads": 4096, "d_head": 64}, "parameters is more than"),
     ],
 )
 def test_config_validation(bad, msg):
@@ -110,3 +110,70 @@ def test_config_validation(bad, msg):
 def test_too_long_input_is_refused():
     with pytest.raises(ValueError, match="n_ctx"):
         small()(torch.zeros(1, 13, dtype=torch.long))
+
+
+modern = st.fixed_dictionaries(
+    {
+        "n_layers": st.integers(1, 2),
+        "kv": st.sampled_from([(4, 4), (4, 2), (4, 1), (3, 3)]),
+        "d_head": st.sampled_from([4, 6, 8]),
+        "rotary_half": st.booleans(),
+        "normalization": st.sampled_from(["layernorm", "rmsnorm"]),
+        "gated_mlp": st.booleans(),
+        "parallel_attn": st.booleans(),
+        "window": st.sampled_from([0, 1, 3]),
+        "mlp_act": st.sampled_from(["gelu", "silu", "relu", "gelu_tanh"]),
+        "attn_bias": st.booleans(),
+    }
+)
+
+
+@settings(max_examples=30, deadline=None)
+@given(spec=modern)
+def test_modern_options_count_cache_and_mask(spec):
+    """Rotary, grouped-query, RMSNorm, gated and parallel blocks, sliding windows: the parameter
+    count is exact, the cache does not change the output, S = Q K^T / sqrt(d) from the hooked
+    (rotated, repeated) Q and K, and no key outside the window gets weight."""
+    h, g = spec["kv"]
+    d_head = spec["d_head"]
+    cfg = ModelConfig(
+        n_layers=spec["n_layers"],
+        n_heads=h,
+        n_kv_heads=g,
+        d_model=12,
+        d_head=d_head,
+        d_mlp=10,
+        n_ctx=9,
+        d_vocab=13,
+        positional="rotary",
+        rotary_dim=(d_head // 2 // 2 * 2 or 2) if spec["rotary_half"] else None,
+        normalization=spec["normalization"],
+        gated_mlp=spec["gated_mlp"],
+        parallel_attn=spec["parallel_attn"],
+        sliding_window=[spec["window"]] * spec["n_layers"],
+        mlp_act=spec["mlp_act"],
+        attn_bias=spec["attn_bias"],
+    )
+    torch.manual_seed(0)
+    model = Transformer(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+    assert cfg.n_params() == sum(p.numel() for p in model.parameters())
+    tokens = torch.randint(0, 13, (2, 9))
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(tokens)
+        assert torch.allclose(model(tokens), logits, atol=1e-6)
+        for l in range(cfg.n_layers):
+            q, k = cache[act_name("q", l)], cache[act_name("k", l)]
+            assert q.shape == k.shape == (2, h, 9, d_head)
+            S = cache[act_name("attn_scores", l)]
+            assert torch.allclose(S, q @ k.transpose(-1, -2) / d_head**0.5, atol=1e-5)
+            A = cache[act_name("pattern", l)]
+            i = torch.arange(9)
+            hidden = i[None, :] > i[:, None]
+            if spec["window"]:
+                hidden |= i[:, None] - i[None, :] >= spec["window"]
+            assert (A[..., hidden] == 0).all()
+    names = model.hook_names()
+    assert (act_name("resid_mid", 0) in names) != spec["parallel_attn"]
