@@ -189,9 +189,16 @@ def _model_caption(m: LoadedModel) -> None:
     acc = m.card.accuracy
     acc_txt = f", held-out accuracy {acc:.1%}" if acc is not None else ""
     parent = f" Retrained from {m.card.parent}." if m.card.parent else ""
+    arch = m.card.details.get("architecture")
+    kind = f"{arch} (imported, no task)" if arch else f"task {m.card.task or '?'}"
+    extra = ""
+    if c.kv_heads < c.n_heads:
+        extra += f", {c.kv_heads} key/value heads"
+    if c.positional == "rotary":
+        extra += f", rotary on {c.rotary_dims} of {c.d_head} dims (θ = {c.rope_theta:g})"
     st.sidebar.caption(
-        f"**{m.name}**: task {m.card.task or '?'}, {c.n_layers} layer(s) × {c.n_heads} heads, "
-        f"d_model {c.d_model}, d_head {c.d_head}, {c.qk} QK{acc_txt}.{parent}"
+        f"**{m.name}**: {kind}, {c.n_layers} layer(s) × {c.n_heads} heads, "
+        f"d_model {c.d_model}, d_head {c.d_head}, {c.qk} QK{extra}{acc_txt}.{parent}"
     )
 
 
@@ -227,10 +234,21 @@ def layer_head_picker(
         heads,
         disabled=disabled,
         key=remember(HEAD_KEY, 0, heads, param="head" if url else None),
-        format_func=lambda h: "all (grid)" if h == ALL_HEADS else str(h),
-        help=f"Head h, 0..{config.n_heads - 1}{grid}{head_help}",
+        format_func=lambda h: "all (grid)" if h == ALL_HEADS else head_name(config, h),
+        help=f"Head h, 0..{config.n_heads - 1}{grid}{head_help}"
+        + (
+            f". Grouped-query attention: {config.n_heads // config.kv_heads} query heads share each of "
+            f"the {config.kv_heads} key/value heads (kv g)"
+            if config.kv_heads < config.n_heads
+            else ""
+        ),
     )
     return layer, head
+
+
+def head_name(config: ModelConfig, head: int) -> str:
+    """A query head's label in pickers: "3", or "3 (kv 1)" with grouped-query attention."""
+    return f"{head} (kv {config.kv_head(head)})" if config.kv_heads < config.n_heads else str(head)
 
 
 def require_task(loaded: LoadedModel, why: str) -> Task:

@@ -1,7 +1,7 @@
 """The zoo: named models. The shipped ones are in ``assets/models/``; more folders can be listed
 in the ``ATTN_LAB_MODELS`` environment variable (``os.pathsep``-separated). Each model is a
-folder in the checkpoint format (``attn_core/checkpoint.py``, ``docs/checkpoints.md``) and its
-name is the folder's name. Loading by name is ``attn_core.sources.resolve``.
+folder in the checkpoint format (``attn_core/checkpoint.py``, ``docs/checkpoints.md``) or a
+Hugging Face folder of a supported family (``attn_core/hf/``), and its name is the folder's name. Loading by name is ``attn_core.sources.resolve``.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from attn_core import hf
 from attn_core.card import Card
 from attn_core.checkpoint import CARD, CONFIG, WEIGHTS, CheckpointError, read_card, read_config
 from attn_core.model import ModelConfig
@@ -37,11 +38,14 @@ def list_models() -> list[dict]:
             for p in root.iterdir()
             if not p.name.startswith(".")  # an unfinished save (see checkpoint.save)
             and (p / CONFIG).is_file()
-            and (p / WEIGHTS).is_file()
+            and ((p / WEIGHTS).is_file() or (p / hf.INDEX).is_file())
         ):
             try:
-                cfg = read_config(folder / CONFIG)
-                card = read_card(folder / CARD)
+                raw = hf.hf_config(folder)
+                if raw is not None:  # a Hugging Face folder: its config mapped, no card
+                    cfg, card = hf.model_config(raw), Card(details={"architecture": raw["model_type"]})
+                else:
+                    cfg, card = read_config(folder / CONFIG), read_card(folder / CARD)
             except CheckpointError:
                 continue  # a broken user folder must not hide the rest of the zoo
             out.append(summary(folder.name, cfg, card, folder))

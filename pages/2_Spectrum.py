@@ -6,7 +6,9 @@ import streamlit as st
 
 import ui
 from attn_core import bilinear
+from attn_core.bilinear import offsets
 from attn_core.figures import bilinear as fb
+from attn_core.figures import rotary as fr
 
 ALL = "all"
 NORM_COLUMNS = {
@@ -41,6 +43,15 @@ def spectra(m, augmented: bool) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
 
 
 @ui.cached
+def offset_spectra(m, layer: int, head: int, span: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """sigma_i(B(delta)) for delta = 0, -step, ..., -(span - 1) (at most 256 offsets), and the
+    spectra no offset changes."""
+    step = max(1, span // 256)
+    deltas = list(range(0, -span, -step))
+    return offsets.offset_spectrum(m.model, layer, head, deltas), offsets.reference_spectra(m.model, layer, head)
+
+
+@ui.cached
 def detectors(m, n_samples: int, seed: int, rows: str) -> pd.DataFrame:
     return bilinear.head_detectors(m.model, n_samples=n_samples, seed=seed, rows=rows)
 
@@ -63,7 +74,8 @@ which = c_which.radio(
     key=ui.remember("spectrum_heads", "all", ["all", "one"]),
     format_func={"all": "all heads", "one": "one head"}.get,
 )
-layer, head = ui.layer_head_picker(cfg, (c_layer, c_head), disabled=which == ALL)
+# With rotary positions the picked head is also the one whose B(delta) is shown below.
+layer, head = ui.layer_head_picker(cfg, (c_layer, c_head), disabled=which == ALL and cfg.positional != "rotary")
 with c_opts:
     normalized = st.toggle(
         "σᵢ / σ₁",
@@ -99,6 +111,35 @@ with left:
 with right:
     eigen_plot = fb.eigen_plot(eigen)
     ui.show_plot(eigen_plot, key="eigenvalues")
+
+# --- rotary heads: B(delta) -------------------------------------------------------------------------
+offset_plot = None
+if cfg.positional == "rotary":
+    st.header("Rotary positions: the form against the offset")
+    st.markdown(
+        "With rotary positions a query at $i$ and a key at $j$ meet through "
+        "$B(\\delta) = W_Q R(\\delta) W_K^\\top/\\sqrt{d}$, $\\delta = j - i \\le 0$: one form per offset. "
+        "The spectra above are of the un-rotated $W_Q W_K^\\top/\\sqrt{d} = B(0)$"
+        + (
+            f"; only {cfg.rotary_dims} of the head's {cfg.d_head} dims rotate, and the rest form an "
+            "offset-free part shown on the right."
+            if cfg.rotary_dims < cfg.d_head
+            else "."
+        )
+    )
+    r_layer, r_head = layer, head  # the head picked at the top of the page
+    top = min(cfg.n_ctx, 4096)
+    span = st.slider(
+        "Offsets back from the query",
+        min_value=2,
+        max_value=top,
+        key=ui.remember("offset_span", min(64, top), range(2, top + 1)),
+        help="δ from 0 down to −(this − 1) positions; past 256 offsets they are sampled evenly",
+    )
+    with st.spinner(f"Singular values of B(δ) at up to 256 offsets for L{r_layer}H{r_head}…"):
+        by_offset, reference = offset_spectra(loaded, int(r_layer), int(r_head), int(span))
+    offset_plot = fr.offset_spectrum_plot(by_offset, reference, int(r_layer), int(r_head))
+    ui.show_plot(offset_plot, key="offset_spectrum")
 
 # --- norms, ranks, symmetric part ---------------------------------------------------------------------
 st.header("Norms, ranks and the symmetric part, every head")
@@ -187,7 +228,7 @@ ui.show_plot(heads_plot, key="heads")
 # --- export -------------------------------------------------------------------------------------------
 st.divider()
 ui.export_all(
-    [sigma_plot, eigen_plot, sym_plot, heads_plot],
+    [p for p in (sigma_plot, eigen_plot, offset_plot, sym_plot, heads_plot) if p is not None],
     {
         "page": "Spectrum",
         "model": loaded.name,

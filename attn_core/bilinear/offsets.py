@@ -24,7 +24,9 @@ MAX_OFFSETS = 4096
 
 def check_rotary(model: Transformer, what: str) -> None:
     if model.cfg.positional != "rotary":
-        raise ValueError(f"{what} needs a model with rotary positions; this one's positions are {model.cfg.positional!r}")
+        raise ValueError(
+            f"{what} needs a model with rotary positions; this one's positions are {model.cfg.positional!r}"
+        )
 
 
 def default_offsets(model: Transformer, n: int = 64) -> list[int]:
@@ -63,24 +65,38 @@ def free_form(model: Transformer, layer: int, head: int, augmented: bool = False
 
 
 def offset_spectrum(model: Transformer, layer: int, head: int, offsets=None, k: int = 8) -> pd.DataFrame:
-    """The top ``k`` singular values of B(delta) against delta: columns delta, index,
-    singular_value, part ("B(delta)", or "offset-free" for B_free of a partially rotary head,
-    listed once at each delta so that it plots as a flat reference)."""
-    offsets = default_offsets(model) if offsets is None else offsets
+    """The top ``k`` singular values of B(delta) against delta: columns delta, index, singular_value."""
+    offsets = _check_offsets(model, default_offsets(model) if offsets is None else offsets)
     with torch.no_grad():
         sv = offset_form(model, layer, head, offsets).singular_values[:, :k]  # [n, k]
-        free = free_form(model, layer, head)
-        free_sv = free.singular_values[:k].tolist() if free is not None else []
-    rows = []
-    for j, delta in enumerate(_check_offsets(model, offsets)):
-        for i, s in enumerate(sv[j].tolist()):
-            rows.append(dict(delta=delta, index=i, singular_value=s, part="B(delta)"))
-        for i, s in enumerate(free_sv):
-            rows.append(dict(delta=delta, index=i, singular_value=s, part="offset-free"))
+    rows = [
+        dict(delta=delta, index=i, singular_value=s)
+        for j, delta in enumerate(offsets)
+        for i, s in enumerate(sv[j].tolist())
+    ]
     return pd.DataFrame(rows)
 
 
-def pair_scores(model: Transformer, layer: int, head: int, x: torch.Tensor, y: torch.Tensor, offsets=None) -> pd.DataFrame:
+def reference_spectra(model: Transformer, layer: int, head: int, k: int = 8) -> pd.DataFrame:
+    """The spectra an offset does not change, to read B(delta)'s against: the un-rotated
+    W_Q W_K^T / sqrt(d_qk) (= B(0)) and, for a partially rotary head, the offset-free part
+    B_free. Columns part, index, singular_value."""
+    with torch.no_grad():
+        parts = {"un-rotated W_Q W_K^T": offset_form(model, layer, head, [0])[0]}
+        free = free_form(model, layer, head)
+        if free is not None:
+            parts[f"offset-free (dims {model.cfg.rotary_dims}..{model.cfg.d_head - 1})"] = free
+        rows = [
+            dict(part=name, index=i, singular_value=s)
+            for name, form in parts.items()
+            for i, s in enumerate(form.singular_values[:k].tolist())
+        ]
+    return pd.DataFrame(rows)
+
+
+def pair_scores(
+    model: Transformer, layer: int, head: int, x: torch.Tensor, y: torch.Tensor, offsets=None
+) -> pd.DataFrame:
     """f(delta) = x' B'(delta) y'^T for a fixed query vector x and key vector y (rows of the
     layer's attention input, e.g. ``vocab_inputs``) against the offset: columns delta, score."""
     offsets = default_offsets(model, n=128) if offsets is None else offsets

@@ -6,8 +6,17 @@ a model.
 """
 
 from attn_core.hf.config import FAMILIES, model_config
-from attn_core.hf.folder import INDEX
+from attn_core.hf.folder import INDEX, hf_config
 from attn_core.hf.gpt2 import convert_state_dict, from_transformers
 from attn_core.hf.load import is_hf_folder, load_hf
 
-__all__ = ["FAMILIES", "INDEX", "convert_state_dict", "from_transformers", "is_hf_folder", "load_hf", "model_config"]
+__all__ = [
+    "FAMILIES",
+    "INDEX",
+    "hf_config",
+    "convert_state_dict",
+    "from_transformers",
+    "is_hf_folder",
+    "load_hf",
+    "model_config",
+]

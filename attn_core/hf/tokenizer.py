@@ -28,7 +28,9 @@ def load_tokenizer(folder: Path) -> Tokenizer | None:
     if not stat.S_ISREG(info.st_mode):
         raise CheckpointError(f"{TOKENIZER} in {folder.name} is not a regular file")
     if info.st_size > MAX_TOKENIZER_BYTES:
-        raise CheckpointError(f"{TOKENIZER} is {info.st_size / 2**20:.0f} MiB; the limit is {MAX_TOKENIZER_BYTES // 2**20} MiB")
+        raise CheckpointError(
+            f"{TOKENIZER} is {info.st_size / 2**20:.0f} MiB; the limit is {MAX_TOKENIZER_BYTES // 2**20} MiB"
+        )
     try:
         return Tokenizer.from_file(str(path))
     except Exception as e:  # the Rust parser raises its own exception type

@@ -118,7 +118,9 @@ class ModelConfig:
 
     def _validate_rotary(self, check) -> None:
         if self.positional != "rotary":
-            check(self.rotary_dim is None and self.rope_scaling is None, "rotary_dim/rope_scaling need rotary positions")
+            check(
+                self.rotary_dim is None and self.rope_scaling is None, "rotary_dim/rope_scaling need rotary positions"
+            )
             return
         check(self.qk == "factored", "rotary positions need factored heads")
         r = self.rotary_dims
@@ -128,7 +130,9 @@ class ModelConfig:
         s = self.rope_scaling
         if s is None:
             return
-        check(isinstance(s, dict) and s.get("type") in ROPE_SCALINGS, f"rope_scaling type must be one of {ROPE_SCALINGS}")
+        check(
+            isinstance(s, dict) and s.get("type") in ROPE_SCALINGS, f"rope_scaling type must be one of {ROPE_SCALINGS}"
+        )
         keys = ("factor",) if s["type"] == "linear" else LLAMA3_KEYS
         check(set(s) == {"type", *keys}, f"{s['type']} rope_scaling takes exactly {', '.join(keys)}")
         for k in keys:

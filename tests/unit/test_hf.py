@@ -99,7 +99,9 @@ def test_refusals(tmp_path):
     with pytest.raises(CheckpointError, match="activation"):
         hf.model_config({"model_type": "gpt2", "activation_function": "relu6"})
     with pytest.raises(CheckpointError, match="divisible"):
-        hf.model_config({"model_type": "gpt2", "n_embd": 30, "n_head": 4, "n_layer": 1, "n_positions": 8, "vocab_size": 10})
+        hf.model_config(
+            {"model_type": "gpt2", "n_embd": 30, "n_head": 4, "n_layer": 1, "n_positions": 8, "vocab_size": 10}
+        )
     with pytest.raises(CheckpointError, match="lacks 'n_layer'"):
         hf.model_config({"model_type": "gpt2", "n_embd": 32, "n_head": 4})
     assert not hf.is_hf_folder(tmp_path / "missing")
