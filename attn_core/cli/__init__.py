@@ -3,6 +3,7 @@ then prints exactly one JSON document on stdout; errors go to stderr as one line
 
 One module per command group, each a ``typer.Typer`` merged into :data:`app` here:
 ``models`` (zoo, eval, train, presets), ``bilinear`` (spectrum, scores, heads, export),
+``rotary`` (offsets, pair),
 ``circuits`` (circuits, attribute), ``runs`` (retrain, runs, runs show), ``sweep`` (sweep,
 sweeps, sweeps show), ``grow``, ``kernels``
 (kernels, kernels-bench) and ``qk`` (compare-qk); ``common`` holds what they share. Every model NAME goes through
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import typer
 
-from attn_core.cli import bilinear, circuits, grow, kernels, models, qk, runs, sweep
+from attn_core.cli import bilinear, circuits, grow, kernels, models, qk, rotary, runs, sweep
 
 app = typer.Typer(
     add_completion=False,
@@ -21,7 +22,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="attn-lab: see, measure, regularize and retrain the QK bilinear form of attention.",
 )
-for group in (models, bilinear, circuits, runs, sweep, grow, kernels, qk):  # the order of `attn-lab --help`
+for group in (models, bilinear, rotary, circuits, runs, sweep, grow, kernels, qk):  # the order of `attn-lab --help`
     app.add_typer(group.app)
 app.add_typer(runs.runs_app, name="runs")
 app.add_typer(sweep.sweeps_app, name="sweeps")

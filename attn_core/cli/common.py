@@ -16,7 +16,10 @@ from typing import Any
 import typer
 
 JsonOpt = typer.Option(False, "--json", help="Print one JSON document on stdout.")
-NameArg = typer.Argument(..., help="Zoo model name, path to a model folder, or a local Hugging Face GPT-2 folder.")
+NameArg = typer.Argument(
+    ...,
+    help="Zoo model name, path to a model folder, or a local Hugging Face folder (gpt2, gpt_neox, llama, mistral, qwen2).",
+)
 
 
 def command_line() -> str:

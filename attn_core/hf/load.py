@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from attn_core.card import Card
-from attn_core.checkpoint import CONFIG, CheckpointError, LoadedModel, build_checked
+from attn_core.checkpoint import CheckpointError, LoadedModel, build_checked
 from attn_core.hf import gpt2
 from attn_core.hf.config import family, model_config
 from attn_core.hf.families import CONVERTERS
