@@ -153,9 +153,10 @@ def head_factors(model: Transformer, layer: int, fold_ln: bool = True) -> dict[s
         eye = torch.eye(model.cfg.d_model, dtype=N.dtype, device=N.device)
         qk = (N @ attn.W_QK @ N.T, eye.expand(h, -1, -1))  # [h, d, d] each
     else:
-        qk = (N @ (attn.W_Q * attn.qk_scale.view(-1, 1, 1)), N @ attn.W_K)  # [h, d, w] each
+        qk = (N @ (attn.W_Q * attn.qk_scale.view(-1, 1, 1)), N @ attn.per_head("W_K"))  # [h, d, w] each
     W_Ot = attn.W_O.transpose(-1, -2)  # [h, d, d_head]
-    return {"ov": (attn.W_V, W_Ot), "qk": qk, "ov_read": (N @ attn.W_V, W_Ot)}
+    W_V = attn.per_head("W_V")
+    return {"ov": (W_V, W_Ot), "qk": qk, "ov_read": (N @ W_V, W_Ot)}
 
 
 def _shapes(model: Transformer, layer: int, head: int) -> dict[str, tuple]:
@@ -268,7 +269,7 @@ def k_composed_positivity(
             form = QKForm(left=left, right=moved.expand(left.shape[0], *moved.shape))
         else:
             left = Eq @ (attn.W_Q * attn.qk_scale.view(-1, 1, 1))  # [h, V, w]
-            right = moved @ (out_map @ attn.W_K)  # [h, V, w]
+            right = moved @ (out_map @ attn.per_head("W_K"))  # [h, V, w]
             form = QKForm(left=left, right=right)
         return positivity(form.eigenvalues).float()
 

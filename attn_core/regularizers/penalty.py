@@ -69,7 +69,7 @@ def layer_singular_values(model: Transformer, layer: int) -> torch.Tensor:
     scale = attn.qk_scale.view(-1)
     widths = [cfg.head_d_qk(layer, h) for h in range(cfg.n_heads)]
     rows = [
-        QKForm(left=attn.W_Q[h, :, :w] * scale[h], right=attn.W_K[h, :, :w]).singular_values
+        QKForm(left=attn.W_Q[h, :, :w] * scale[h], right=attn.per_head("W_K")[h, :, :w]).singular_values
         for h, w in enumerate(widths)
     ]
     r = max(widths)

@@ -65,3 +65,13 @@ def test_spectrum_shows_B_of_the_offset(env, name, family):
 def test_pages_that_need_a_task_say_so(env, page):
     at = open_page(str(ROOT / "pages" / page), "tiny-llama")
     assert any("has no known task" in w.value for w in at.warning)
+
+
+PAGES = sorted(p.name for p in (ROOT / "pages").glob("*.py") if not p.name.startswith("0_"))
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_renders_an_imported_model(env, page):
+    """No exception or error on any page for a grouped-query rotary model (Home is a router
+    page, rendered through app.py by test_shell)."""
+    open_page(str(ROOT / "pages" / page), "tiny-llama", timeout=180)
