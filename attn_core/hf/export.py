@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -192,22 +193,31 @@ def gpt2_tensors(model) -> tuple[dict[str, torch.Tensor], list[str]]:
 
 
 def tokenizer_files(token_names: list[str], n_ctx: int) -> dict[str, str]:
-    """``vocab.json`` (name -> id, as the importer reads it), a word-level ``tokenizer.json``
-    (tokens split on whitespace, as our tasks type them) and ``tokenizer_config.json``, so that
-    ``AutoTokenizer.from_pretrained`` works; empty when names repeat or contain whitespace."""
+    """``vocab.json`` (name -> id, as the importer reads it), a word-level ``tokenizer.json`` and
+    ``tokenizer_config.json``, so that ``AutoTokenizer.from_pretrained`` works; empty when names
+    repeat or contain whitespace. Text is split on whitespace, as our tasks type tokens; a word
+    that is no token name is dropped whole (the vocabulary has no unknown token, and tools probe
+    the tokenizer with arbitrary text: TransformerLens encodes "a")."""
     if len(set(token_names)) != len(token_names) or any(not n or n.split() != [n] for n in token_names):
         return {}
     vocab = {n: i for i, n in enumerate(token_names)}
+    known = "^(?:" + "|".join(re.escape(n) for n in sorted(token_names, key=len, reverse=True)) + ")$"
     tokenizer = {
         "version": "1.0",
         "truncation": None,
         "padding": None,
         "added_tokens": [],
         "normalizer": None,
-        "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "pre_tokenizer": {  # words, then only the words that are token names (invert: keep the matches)
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "WhitespaceSplit"},
+                {"type": "Split", "pattern": {"Regex": known}, "behavior": "Removed", "invert": True},
+            ],
+        },
         "post_processor": None,
-        "decoder": None,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"},
+        "decoder": None,  # tokens joined with spaces
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"},  # never reached: unknown words are gone
     }
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",

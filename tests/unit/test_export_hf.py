@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 from attn_core import bilinear as bl  # noqa: E402
 from attn_core.checkpoint import CheckpointError, LoadedModel  # noqa: E402
 from attn_core.hf import load_gpt2  # noqa: E402
-from attn_core.hf.export import export_gpt2, gpt2_config, gpt2_tensors  # noqa: E402
+from attn_core.hf.export import export_gpt2, gpt2_config, gpt2_tensors, tokenizer_files  # noqa: E402
 from attn_core.hooks import act_name  # noqa: E402
 from attn_core.model import ModelConfig, Transformer  # noqa: E402
 from attn_core.runs import RunStore  # noqa: E402
@@ -98,6 +98,35 @@ def test_tokenizer_encodes_like_the_task(tmp_path):
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "s")
     assert tok(text)["input_ids"] == bl.encode(loaded, text) == [15, 3, 10, 0, 16]
     assert tok.decode(bl.encode(loaded, text)) == text
+    assert tok("15 a 3 1x 153")["input_ids"] == [15, 3]  # words that are no token name are dropped whole
+    assert tok("a")["input_ids"] == []  # TransformerLens probes with "a": no error
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    names=st.lists(
+        st.text(st.characters(blacklist_categories=("Cs", "Zs", "Zl", "Zp", "Cc")), min_size=1, max_size=4),
+        min_size=1,
+        max_size=30,
+        unique=True,
+    ),
+    data=st.data(),
+)
+def test_tokenizer_round_trips_any_token_names(names, data):
+    from tokenizers import Tokenizer
+
+    files = tokenizer_files(names, n_ctx=8)
+    if any(n.split() != [n] for n in names):  # whitespace inside a name: no word-level tokenizer
+        assert files == {}
+        return
+    tok = Tokenizer.from_str(files["tokenizer.json"])
+    ids = data.draw(st.lists(st.integers(0, len(names) - 1), max_size=10))
+    assert tok.encode(" ".join(names[i] for i in ids)).ids == ids
+    assert json.loads(files["vocab.json"]) == {n: i for i, n in enumerate(names)}
+
+
+def test_no_tokenizer_for_names_that_repeat_or_hold_spaces():
+    assert tokenizer_files(["a", "a"], 4) == {} and tokenizer_files(["a b", "c"], 4) == {}
 
 
 def test_attention_only_model_gets_mlps_that_add_nothing(tmp_path):
@@ -223,6 +252,23 @@ def test_destination_is_never_overwritten(tmp_path):
     assert "model.safetensors" in export_gpt2(loaded, empty)["files"]  # an empty folder is filled
     assert "model.safetensors" in export_gpt2(loaded, tmp_path / "a" / "b")["files"]  # parents are made
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "empty", "file", "full"]
+
+
+def test_opens_in_transformer_lens(tmp_path):
+    """TransformerLens (4.x, TransformerBridge) boots the folder: same logits and patterns, and
+    the task's token names. TransformerLens is no dependency of attn-lab: skipped without it."""
+    tl = pytest.importorskip("transformer_lens.model_bridge")
+    loaded = resolve("modadd-1l-mlp")
+    export_gpt2(loaded, tmp_path / "m", bl.token_names(loaded))
+    bridge = tl.TransformerBridge.boot_transformers(str(tmp_path / "m"), device="cpu")
+    tokens = tokens_for(loaded.config)
+    with torch.no_grad():
+        logits, cache = loaded.model.run_with_cache(tokens)
+        ref, ref_cache = bridge.run_with_cache(tokens)
+    assert (logits - ref).abs().max() <= 1e-5 * max(1.0, float(logits.abs().max()))
+    name = act_name("pattern", 0)  # TransformerLens' own hook names
+    assert torch.allclose(cache[name], ref_cache[name], atol=1e-5)
+    assert bridge.to_str_tokens(tokens[0]) == [bl.token_names(loaded)[i] for i in tokens[0]]
 
 
 def test_cli_exports_a_zoo_model_and_a_run(tmp_path):
