@@ -20,16 +20,16 @@ def export_hf_cmd(
     as_json: bool = JsonOpt,
 ):
     """Write a zoo model or a saved run (run:<id>) as a transformers GPT-2 folder: config.json,
-    model.safetensors, a tokenizer of the task's token names and a README. Models that do not
+    model.safetensors, a tokenizer of the task's token names (an imported model's vocab.json) and a README. Models that do not
     map onto GPT-2 (merged QK, no LayerNorm, entmax) are refused with the reason."""
     from attn_core.bilinear import token_names
     from attn_core.hf.export import export_gpt2
     from attn_core.sources import resolve
 
     loaded = resolve(name)
-    names = token_names(loaded)
-    has_names = names != [str(i) for i in range(len(names))]  # ids only: no tokenizer to write
-    summary = export_gpt2(loaded, out, names if has_names else None)
+    names = token_names(loaded)  # the task's, an imported model's vocab.json, else the ids
+    has_names = names != [str(i) for i in range(len(names))]
+    summary = export_gpt2(loaded, out, names if has_names else None, word_tokenizer=loaded.task is not None)
     emit(
         summary,
         as_json,

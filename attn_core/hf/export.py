@@ -290,10 +290,13 @@ def _check_destination(out: Path) -> Path:
     return base
 
 
-def export_gpt2(loaded: LoadedModel, out: str | Path, token_names: list[str] | None = None) -> dict:
+def export_gpt2(
+    loaded: LoadedModel, out: str | Path, token_names: list[str] | None = None, word_tokenizer: bool = True
+) -> dict:
     """Write ``loaded`` as a transformers GPT-2 folder at ``out`` (absent or empty; nothing is
     ever overwritten) and return a summary. ``token_names`` (one per token id) become the
-    tokenizer. The folder is written into a temporary sibling and renamed into place, so a
+    tokenizer (:func:`tokenizer_files`), or only ``vocab.json`` without ``word_tokenizer`` (an
+    imported model's names are its own tokenizer's pieces, not words). The folder is written into a temporary sibling and renamed into place, so a
     failure leaves nothing behind."""
     out = Path(out).expanduser()
     problem = gpt2_problem(loaded.config)
@@ -314,9 +317,11 @@ def export_gpt2(loaded: LoadedModel, out: str | Path, token_names: list[str] | N
         (tmp / WEIGHTS).chmod(0o644)
         (tmp / CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n")
         tok = tokenizer_files(token_names, loaded.config.n_ctx) if token_names else {}
+        if not word_tokenizer:
+            tok = {k: v for k, v in tok.items() if k == VOCAB}
         for name, text in tok.items():
             (tmp / name).write_text(text)
-        (tmp / README).write_text(_readme(loaded, hf_config, notes, bool(tok)))
+        (tmp / README).write_text(_readme(loaded, hf_config, notes, TOKENIZER in tok))
         try:
             tmp.rename(out)  # replaces an empty folder; one that filled up meanwhile makes it fail
         except OSError:
@@ -335,7 +340,7 @@ def export_gpt2(loaded: LoadedModel, out: str | Path, token_names: list[str] | N
         "n_inner": hf_config["n_inner"] or 4 * hf_config["n_embd"],
         "vocab_size": hf_config["vocab_size"],
         "n_positions": hf_config["n_positions"],
-        "tokenizer": bool(tok),
+        "tokenizer": TOKENIZER in tok,
         "notes": notes,
         "files": files,
         "bytes": sum((out / f).stat().st_size for f in files),

@@ -254,6 +254,22 @@ def test_destination_is_never_overwritten(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "empty", "file", "full"]
 
 
+def test_an_imported_gpt2_goes_back_to_transformers(tiny_gpt2, tmp_path):
+    """transformers -> attn-lab (load_gpt2) -> export-hf -> transformers: the same logits as the
+    original; its vocab.json comes along (no word-level tokenizer: its names are not words)."""
+    original = open_hf(tiny_gpt2)
+    proc = cli("export-hf", "gpt2-tiny", "--out", str(tmp_path / "again"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["tokenizer"] is False and summary["notes"] == []  # GPT-2 maps tensor for tensor
+    assert summary["files"] == ["README.md", "config.json", "model.safetensors", "vocab.json"]
+    again = open_hf(tmp_path / "again")
+    tokens = torch.randint(0, 100, (3, 16), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert torch.allclose(again(tokens).logits, original(tokens).logits, atol=1e-5, rtol=1e-5)
+    assert bl.token_names(load_gpt2(tmp_path / "again"))[:2] == ["tok0", "tok1"]
+
+
 def test_opens_in_transformer_lens(tmp_path):
     """TransformerLens (4.x, TransformerBridge) boots the folder: same logits and patterns, and
     the task's token names. TransformerLens is no dependency of attn-lab: skipped without it."""
