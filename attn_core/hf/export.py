@@ -192,15 +192,17 @@ def gpt2_tensors(model) -> tuple[dict[str, torch.Tensor], list[str]]:
     return {k: v.contiguous() for k, v in out.items()}, notes
 
 
-def tokenizer_files(token_names: list[str], n_ctx: int) -> dict[str, str]:
-    """``vocab.json`` (name -> id, as the importer reads it), a word-level ``tokenizer.json`` and
-    ``tokenizer_config.json``, so that ``AutoTokenizer.from_pretrained`` works; empty when names
-    repeat or contain whitespace. Text is split on whitespace, as our tasks type tokens; a word
+def tokenizer_files(token_names: list[str], n_ctx: int, words: bool = True) -> dict[str, str]:
+    """``vocab.json`` (name -> id, as the importer reads it) and, with ``words``, a word-level
+    ``tokenizer.json`` and ``tokenizer_config.json``, so that ``AutoTokenizer.from_pretrained``
+    works; empty when names repeat or contain whitespace. Text is split on whitespace, as our tasks type tokens; a word
     that is no token name is dropped whole (the vocabulary has no unknown token, and tools probe
     the tokenizer with arbitrary text: TransformerLens encodes "a")."""
     if len(set(token_names)) != len(token_names) or any(not n or n.split() != [n] for n in token_names):
         return {}
     vocab = {n: i for i, n in enumerate(token_names)}
+    if not words:
+        return {VOCAB: json.dumps(vocab, indent=1) + "\n"}
     known = "^(?:" + "|".join(re.escape(n) for n in sorted(token_names, key=len, reverse=True)) + ")$"
     tokenizer = {
         "version": "1.0",
@@ -296,13 +298,15 @@ def export_gpt2(
     """Write ``loaded`` as a transformers GPT-2 folder at ``out`` (absent or empty; nothing is
     ever overwritten) and return a summary. ``token_names`` (one per token id) become the
     tokenizer (:func:`tokenizer_files`), or only ``vocab.json`` without ``word_tokenizer`` (an
-    imported model's names are its own tokenizer's pieces, not words). The folder is written into a temporary sibling and renamed into place, so a
-    failure leaves nothing behind."""
+    imported model's names are its own tokenizer's pieces, not words). The destination is
+    checked before converting; the folder is written into a temporary sibling and renamed into
+    place, so a failure leaves nothing behind."""
     out = Path(out).expanduser()
     problem = gpt2_problem(loaded.config)
     if problem:
         raise CheckpointError(f"{loaded.name} does not map onto GPT-2: {problem}")
     _check_destination(out)
+    tensors, notes = gpt2_tensors(loaded.model)  # may still refuse (b_U): before anything is created
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -310,18 +314,15 @@ def export_gpt2(
         raise CheckpointError(f"cannot write into {out.parent} ({e.strerror or e})") from None
     tmp.chmod(0o755)  # mkdtemp makes it private; an export is readable like any folder
     try:
-        tensors, notes = gpt2_tensors(loaded.model)
         hf_config = gpt2_config(loaded.config)
         hf_config["attn_lab"] = {"source": loaded.name, "task": loaded.card.task, "notes": notes}
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
         (tmp / WEIGHTS).chmod(0o644)
-        (tmp / CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n")
-        tok = tokenizer_files(token_names, loaded.config.n_ctx) if token_names else {}
-        if not word_tokenizer:
-            tok = {k: v for k, v in tok.items() if k == VOCAB}
+        (tmp / CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
+        tok = tokenizer_files(token_names, loaded.config.n_ctx, word_tokenizer) if token_names else {}
         for name, text in tok.items():
-            (tmp / name).write_text(text)
-        (tmp / README).write_text(_readme(loaded, hf_config, notes, TOKENIZER in tok))
+            (tmp / name).write_text(text, encoding="utf-8")
+        (tmp / README).write_text(_readme(loaded, hf_config, notes, TOKENIZER in tok), encoding="utf-8")
         try:
             tmp.rename(out)  # replaces an empty folder; one that filled up meanwhile makes it fail
         except OSError:

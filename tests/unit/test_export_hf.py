@@ -127,6 +127,8 @@ def test_tokenizer_round_trips_any_token_names(names, data):
 
 def test_no_tokenizer_for_names_that_repeat_or_hold_spaces():
     assert tokenizer_files(["a", "a"], 4) == {} and tokenizer_files(["a b", "c"], 4) == {}
+    only_vocab = tokenizer_files(["Ġthe", "x"], 4, words=False)
+    assert list(only_vocab) == ["vocab.json"] and json.loads(only_vocab["vocab.json"]) == {"Ġthe": 0, "x": 1}
 
 
 def test_attention_only_model_gets_mlps_that_add_nothing(tmp_path):
@@ -225,8 +227,8 @@ def test_a_bias_outside_the_row_space_of_W_U_is_refused(tmp_path):
     model = make_tiny_model("induction", std=0.3)
     loaded = LoadedModel(name="tiny", model=model, config=model.cfg)
     with pytest.raises(CheckpointError, match=r"unembedding bias b_U .* not in the row space of W_U.*no bias"):
-        export_gpt2(loaded, tmp_path / "t")
-    assert list(tmp_path.iterdir()) == []  # the temporary folder is gone too
+        export_gpt2(loaded, tmp_path / "new" / "t")
+    assert list(tmp_path.iterdir()) == []  # refused before any folder is made
     with torch.no_grad():
         model.unembed.b_U.zero_()  # a zero b_U needs no fold
     summary = export_gpt2(loaded, tmp_path / "t")
