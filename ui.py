@@ -391,7 +391,8 @@ def export_all(plots: list[Plot], manifest: dict, key: str) -> None:
         key=f"zip_{key}",
         on_click="ignore",
         icon=":material/download:",
-        help="PNG, SVG, HTML and CSV of every figure on this page, plus manifest.json (model, layer/head, settings).",
+        help="PNG, SVG, HTML and CSV of every figure on this page, plus manifest.json (model, layer/head, "
+        "settings). The HTML files share one plotly.min.js in the zip: unpack them together.",
     )
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import typer
 
-from attn_core.cli import bilinear, circuits, grow, kernels, models, qk, rotary, runs, sweep
+from attn_core.cli import bilinear, circuits, export, grow, kernels, models, qk, rotary, runs, sweep
 
 app = typer.Typer(
     add_completion=False,
@@ -22,7 +22,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="attn-lab: see, measure, regularize and retrain the QK bilinear form of attention.",
 )
-for group in (models, bilinear, rotary, circuits, runs, sweep, grow, kernels, qk):  # the order of `attn-lab --help`
+for group in (models, bilinear, rotary, circuits, runs, sweep, grow, kernels, qk, export):  # `attn-lab --help` order
     app.add_typer(group.app)
 app.add_typer(runs.runs_app, name="runs")
 app.add_typer(sweep.sweeps_app, name="sweeps")

@@ -1,5 +1,10 @@
 """The Plot type and its exports: PNG/SVG through kaleido (one persistent headless browser,
-so every export after the first is fast), HTML through plotly, the data as CSV."""
+so every export after the first is fast), HTML through plotly, the data as CSV.
+
+A lone HTML file (one figure's download, ``attn-lab export``) carries plotly.js inside it
+(4.8 MB) and opens anywhere. A bundle of several figures (a page's zip) carries plotly.js once,
+as :data:`PLOTLY_JS` beside the HTML files, which load it with ``<script src="plotly.min.js">``
+(plotly's ``include_plotlyjs="directory"``): keep the files together when unpacking."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 EXPORT_FORMATS = ("png", "svg", "html", "csv")
+PLOTLY_JS = "plotly.min.js"  # the file name plotly's include_plotlyjs="directory" refers to
 _IMAGE_FORMATS = ("png", "svg")
 _BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
 MAX_TICKS = 64  # label every token on an axis up to this many; beyond, plotly picks the ticks
@@ -77,15 +83,25 @@ def _image_bytes(fig: go.Figure, fmt: str, width: int | None, height: int | None
             raise ExportError(f"{fmt.upper()} export failed: {e}") from e
 
 
-def export_bytes(plot: Plot, fmt: str, width: int | None = None, height: int | None = None) -> bytes:
-    """The plot as ``fmt`` in {png, svg, html, csv}."""
+def export_bytes(
+    plot: Plot, fmt: str, width: int | None = None, height: int | None = None, shared_js: bool = False
+) -> bytes:
+    """The plot as ``fmt`` in {png, svg, html, csv}. HTML is self-contained unless ``shared_js``:
+    then it loads :data:`PLOTLY_JS` from its own folder (see :func:`plotly_js`)."""
     if fmt not in EXPORT_FORMATS:
         raise ExportError(f"unknown export format {fmt!r}; choose one of {', '.join(EXPORT_FORMATS)}")
     if fmt == "csv":
         return plot.data.to_csv(index=False).encode()
     if fmt == "html":
-        return plot.fig.to_html(include_plotlyjs=True, full_html=True).encode()
+        return plot.fig.to_html(include_plotlyjs="directory" if shared_js else True, full_html=True).encode()
     return _image_bytes(plot.fig, fmt, width, height)
+
+
+def plotly_js() -> bytes:
+    """plotly.js as bundled with the plotly package (what ``shared_js`` HTML loads)."""
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs().encode()
 
 
 def write_plot(plot: Plot, path: str | Path, fmt: str | None = None, overwrite: bool = False) -> Path:
@@ -106,16 +122,22 @@ def write_plot(plot: Plot, path: str | Path, fmt: str | None = None, overwrite: 
 
 def bundle_zip(plots: list[Plot], manifest: dict, formats: tuple[str, ...] = EXPORT_FORMATS) -> bytes:
     """One zip of every plot in every format plus ``manifest.json`` (model, head, settings).
-    A format that cannot be made (no browser) is listed under ``skipped`` instead of failing."""
+    The HTML files share one :data:`PLOTLY_JS` at the top of the zip. A format that cannot be
+    made (no browser) is listed under ``skipped`` instead of failing."""
     buf = io.BytesIO()
     skipped: list[str] = []
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
         for plot in plots:
             for fmt in formats:
                 try:
-                    zf.writestr(f"{plot.name}.{fmt}", export_bytes(plot, fmt))
+                    zf.writestr(f"{plot.name}.{fmt}", export_bytes(plot, fmt, shared_js=True))
                 except ExportError as e:
                     skipped.append(f"{plot.name}.{fmt}: {e}")
+        shared = bool(plots) and "html" in formats
+        if shared:
+            zf.writestr(PLOTLY_JS, plotly_js())
         full = dict(manifest, figures=[p.name for p in plots], formats=list(formats), skipped=skipped)
+        if shared:
+            full["plotly_js"] = PLOTLY_JS  # what every HTML file of the zip loads
         zf.writestr("manifest.json", json.dumps(full, indent=2, default=str))
     return buf.getvalue()
