@@ -17,6 +17,11 @@ kept as its own term (its three parts in ``bias_parts``). (1) + (2) is the model
 pre-softmax score ``S[q, k]`` (``act_name("attn_scores", layer)``); a test checks it to 1e-5.
 The sums are taken in float64.
 
+**Rotary heads.** Each key sits at its own offset, so there is no one B to split; the score is
+split instead by rotation plane (``_rotary_attribution``): the term of plane c is what the pair
+of dims (c, c + r/2), turning at omega_c per position, adds to S, plus one term of the dims that
+do not turn. The terms add up to S exactly.
+
 **Runner-up.** For the winning key y1 and the runner-up y2 of a query, term by term
 ``sigma_i (x . u_i)((y1 - y2) . v_i)`` (and the bias difference) add up to the score margin: the
 directions with the largest positive differences are those that make y1 win.
@@ -73,6 +78,12 @@ class Attribution:
     terms: torch.Tensor
     bias_parts: torch.Tensor
     meta: dict = field(default_factory=dict)
+    # Rotary heads: one term per rotation plane (see the module doc), named here; ``sigma`` then
+    # holds each plane's angular frequency omega_c (0 for the offset-free dims).
+    term_names: list[str] | None = None
+
+    def term(self, d: int) -> str:
+        return self.term_names[d] if self.term_names else f"σ{d + 1}"
 
     @property
     def bias(self) -> torch.Tensor:
@@ -109,7 +120,7 @@ class Attribution:
                 rows.append(
                     dict(
                         base,
-                        term=f"σ{d + 1}",
+                        term=self.term(d),
                         direction=d,
                         sigma=float(self.sigma[d]),
                         contribution=float(self.terms[i, d]),
@@ -129,7 +140,7 @@ class Attribution:
         rows = [
             dict(
                 direction=d,
-                term=f"σ{d + 1}",
+                term=self.term(d),
                 sigma=float(self.sigma[d]),
                 winner=float(self.terms[w, d]),
                 runner_up=float(self.terms[r, d]),
@@ -190,13 +201,10 @@ def attribute(loaded: LoadedModel, tokens: Sequence[int], layer: int, head: int,
     (``tokens``) into the rank-1 terms of B and the bias, per (1) and (2); keys are named by
     ``bilinear.token_names``."""
     model = check_loaded(loaded, "attribute").model
-    if model.cfg.positional == "rotary":
-        raise ValueError(
-            "attribution splits one form B over every key; with rotary positions each key has its own "
-            "B(delta), which this attribution does not handle yet (the Heatmaps and Spectrum pages do)"
-        )
     ids = check_tokens(model, tokens)
     q = _check_query(query, len(ids))
+    if model.cfg.positional == "rotary":
+        return _rotary_attribution(loaded, ids, check_layer(model, layer), check_heads(model, head)[0], q)
     with torch.no_grad():
         form = head_form(model, layer, head)
         U, S, Vh = form.svd  # [d, k], [k], [k, d]
@@ -222,6 +230,52 @@ def attribute(loaded: LoadedModel, tokens: Sequence[int], layer: int, head: int,
         bias.cpu(),
         meta=dict(query_token=names[ids[q]], rank_cap=len(S)),
     )
+
+
+def _rotary_attribution(loaded: LoadedModel, ids: list[int], layer: int, head: int, q: int) -> Attribution:
+    """Rotary heads: each key has its own B(delta), so the score is split by rotation plane.
+    With Q~ and K~ the rotated query and keys (biases included, as the hook points hold them),
+    S = sum_c (Q~_c K~_c + Q~_{c+r/2} K~_{c+r/2}) / sqrt(d) + Q~[r:] . K~[r:] / sqrt(d): plane
+    c turns by omega_c per position (low c: fast, positional; high c: slow, semantic), and the
+    offset-free dims past r are one more term. Exact (float64)."""
+    model = loaded.model
+    cfg = model.cfg
+    names_kept = [act_name("q", layer), act_name("k", layer)]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.tensor([ids], device=model.embed.W_E.device), names_filter=names_kept)
+        Qt = cache[names_kept[0]][0, head, q].double()  # [w]
+        Kt = cache[names_kept[1]][0, head, : q + 1].double()  # [n, w]
+    r, half = cfg.rotary_dims, cfg.rotary_dims // 2
+    scale = cfg.head_d_qk(layer, head) ** -0.5
+    planes = [[c, c + half] for c in range(half)] + ([list(range(r, cfg.d_head))] if r < cfg.d_head else [])
+    terms = torch.stack([(Qt[p] * Kt[:, p]).sum(-1) * scale for p in planes], dim=-1)  # [n, k]
+    omega = attn_inv_freq(model, layer)
+    freqs = torch.cat([omega, torch.zeros(1, dtype=torch.float64)])[: len(planes)]
+    term_names = [f"plane {c} (ω {omega[c]:.3g})" for c in range(half)] + (
+        ["offset-free dims"] if r < cfg.d_head else []
+    )
+    names = token_names(loaded)
+    keys = list(range(q + 1))
+    return Attribution(
+        layer,
+        head,
+        q,
+        keys,
+        [ids[k] for k in keys],
+        [names[ids[k]] for k in keys],
+        freqs,
+        torch.stack([Qt[p].norm() for p in planes]),
+        torch.stack([Kt[:, p].norm(dim=-1) for p in planes], dim=-1),
+        terms,
+        torch.zeros(len(keys), 3, dtype=torch.float64),
+        meta=dict(query_token=names[ids[q]], rank_cap=len(planes), split="rotation planes"),
+        term_names=term_names,
+    )
+
+
+def attn_inv_freq(model: Transformer, layer: int) -> torch.Tensor:
+    """omega_c of a rotary layer (its buffer), float64."""
+    return model.blocks[layer].attn.inv_freq.double().cpu()
 
 
 # --- token / position split at layer 0 ----------------------------------------------------------

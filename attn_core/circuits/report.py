@@ -16,7 +16,7 @@ See :mod:`attn_core.circuits.ov` and :mod:`attn_core.circuits.composition` for t
 
 ``attribute_report``::
 
-    {query, keys: [{key, token, score, terms: [{direction, sigma, contribution}], bias}]}
+    {query, split, keys: [{key, token, score, terms: [{direction, term, sigma, contribution}], bias}]}
 
 one entry per key the query sees (or the ``top`` best), by decreasing score; ``sum(contribution) + bias == score``
 (see :mod:`attn_core.circuits.attribution`).
@@ -83,7 +83,7 @@ def attribute_report(
     keys = []
     for i in order:
         terms = [
-            dict(direction=d, sigma=float(attr.sigma[d]), contribution=float(attr.terms[i, d]))
+            dict(direction=d, term=attr.term(d), sigma=float(attr.sigma[d]), contribution=float(attr.terms[i, d]))
             for d in range(attr.terms.shape[1])
         ]
         keys.append(
@@ -95,4 +95,5 @@ def attribute_report(
                 bias=float(attr.bias[i]),
             )
         )
-    return dict(query=attr.query, keys=keys)
+    split = attr.meta.get("split", "rank-1 terms of B")
+    return dict(query=attr.query, split=split, keys=keys)

@@ -90,24 +90,26 @@ def _attribute_text(doc: dict) -> str:
                 token=k["token"],
                 score=k["score"],
                 bias=k["bias"],
-                top_terms="  ".join(f"σ{t['direction'] + 1}:{t['contribution']:+.3g}" for t in terms),
+                top_terms="  ".join(f"{t['term']}:{t['contribution']:+.3g}" for t in terms),
             )
         )
-    head = (
-        f"Query {doc['query']}: f_x(y) of each key it sees = sum over i of σ_i (x·u_i)(y·v_i) + bias "
-        f"(largest {N_TERMS} terms by |contribution|)"
+    what = (
+        "sum over rotation planes c of (Q~_c . K~_c) / sqrt(d)"
+        if doc.get("split") == "rotation planes"
+        else "sum over i of σ_i (x·u_i)(y·v_i) + bias"
     )
+    head = f"Query {doc['query']}: f_x(y) of each key it sees = {what} (largest {N_TERMS} terms by |contribution|)"
     out = [head, table(rows, ["rank", "key", "token", "score", "bias", "top_terms"])]
     if len(doc["keys"]) >= 2:
         w, r = doc["keys"][0], doc["keys"][1]
         diff = sorted(
-            ((t1["direction"], t1["contribution"] - t2["contribution"]) for t1, t2 in zip(w["terms"], r["terms"])),
+            ((t1["term"], t1["contribution"] - t2["contribution"]) for t1, t2 in zip(w["terms"], r["terms"])),
             key=lambda x: -abs(x[1]),
         )[:N_TERMS]
         margin = w["score"] - r["score"]
         out.append(
             f"key {w['key']} beats key {r['key']} by {margin:.4g}; largest differences: "
-            + ", ".join(f"σ{d + 1} {v:+.3g}" for d, v in diff)
+            + ", ".join(f"{d} {v:+.3g}" for d, v in diff)
             + (f", bias {w['bias'] - r['bias']:+.3g}" if not math.isclose(w["bias"], r["bias"]) else "")
         )
     return "\n".join(out)
@@ -129,8 +131,8 @@ def attribute_cmd(
     as_json: bool = JsonOpt,
 ):
     """Why a query attends where it does: its score f_x(y) against every key it sees, split into
-    the rank-1 terms σ_i (x·u_i)(y·v_i) of the head's B plus the bias; terms and bias add up
-    to the model's own score."""
+    the rank-1 terms σ_i (x·u_i)(y·v_i) of the head's B plus the bias (rotary heads: by rotation
+    plane); terms and bias add up to the model's own score."""
     from attn_core.circuits import attribute_report
     from attn_core.sources import resolve
 

@@ -42,8 +42,8 @@ def attribution_plot(attr: Attribution, top: int = 8, n_terms: int = 8) -> Plot:
             go.Bar(
                 x=names,
                 y=part["contribution"],
-                name=f"σ{d + 1} = {part['sigma'].iloc[0]:.3g}",
-                hovertemplate=f"σ{d + 1}: %{{y:.4g}}<extra>%{{x}}</extra>",
+                name=part["term"].iloc[0] if attr.term_names else f"σ{d + 1} = {part['sigma'].iloc[0]:.3g}",
+                hovertemplate=f"{part['term'].iloc[0]}: %{{y:.4g}}<extra>%{{x}}</extra>",
             )
         )
     rest = data[(data["direction"] >= 0) & ~data["direction"].isin(chosen)]

@@ -70,7 +70,7 @@ def test_circuits_json_is_the_library_report():
 
 def test_attribute_terms_and_bias_add_up_to_the_models_own_score(biased):
     doc = run_json("attribute", biased, "--layer", 1, "--head", 1, "--query", 5, "--tokens", "a b c a b c d")
-    assert set(doc) == {"query", "keys"} and doc["query"] == 5
+    assert set(doc) == {"query", "split", "keys"} and doc["query"] == 5 and doc["split"] == "rank-1 terms of B"
     assert sorted(k["key"] for k in doc["keys"]) == list(range(6))  # every key the query sees
     scores = [k["score"] for k in doc["keys"]]
     assert scores == sorted(scores, reverse=True)
@@ -82,7 +82,7 @@ def test_attribute_terms_and_bias_add_up_to_the_models_own_score(biased):
     assert any(abs(k["bias"]) > 1e-3 for k in doc["keys"])  # the biases take part
     for k in doc["keys"]:
         assert set(k) == {"key", "token", "score", "terms", "bias"}
-        assert all(set(t) == {"direction", "sigma", "contribution"} for t in k["terms"])
+        assert all(set(t) == {"direction", "term", "sigma", "contribution"} for t in k["terms"])
         assert sum(t["contribution"] for t in k["terms"]) + k["bias"] == pytest.approx(k["score"], abs=1e-5)
         assert k["score"] == pytest.approx(float(S[k["key"]]), abs=1e-5)
         assert k["token"] == "abcabcd"[k["key"]]

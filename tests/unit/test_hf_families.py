@@ -275,3 +275,22 @@ def test_missing_tensor_is_named(tmp_path):
     save_file(sd, str(folder / "model.safetensors"))
     with pytest.raises(CheckpointError, match="layers.1.self_attn.k_proj.weight"):
         resolve(folder)
+
+
+def test_attribution_splits_rotary_scores_by_plane(case):
+    from attn_core import circuits
+
+    name, _, folder = case
+    loaded = resolve(folder)
+    ids = _tokens(14, 1)[0].tolist()
+    attr = circuits.attribute(loaded, ids, layer=1, head=2, query=11)
+    with torch.no_grad():
+        _, cache = loaded.model.run_with_cache(torch.tensor([ids]))
+    want = cache[act_name("attn_scores", 1)][0, 2, 11, :12].double()
+    assert torch.allclose(attr.scores, want, atol=1e-5)  # the planes add up to the model's score
+    cfg = loaded.config
+    assert attr.terms.shape == (12, cfg.rotary_dims // 2 + (cfg.rotary_dims < cfg.d_head))
+    assert attr.frame(top=2)["term"].iloc[0].startswith("plane 0")
+    margin = attr.runner_up()
+    order = attr.ranking()
+    assert margin["difference"].sum() == pytest.approx(float(attr.scores[order[0]] - attr.scores[order[1]]), abs=1e-6)
