@@ -21,7 +21,7 @@ from attn_core.sources import resolve
 from attn_core.tasks import get_task
 from attn_core.training import telemetry
 from attn_core.training.config import JobConfig
-from attn_core.training.record import Outcome, RunRecorder, measure_final, record_run, run_card
+from attn_core.training.record import Outcome, RunRecorder, error_text, measure_final, record_run, run_card
 from attn_core.training.snapshot import Snapshot
 from attn_core.training.trainer import EVAL_SEED_OFFSET, Trainer, init_model
 
@@ -60,6 +60,7 @@ class TrainingJob:
         self._stop = threading.Event()
         self._go = threading.Event()
         self._go.set()
+        self._done = threading.Event()  # set once the run has ended and is saved
         self._thread: threading.Thread | None = None
         self._log = self.recorder.columns
         self._state = dict(
@@ -126,10 +127,12 @@ class TrainingJob:
         self._go.set()
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait for the worker; True when the run has ended."""
-        if self._thread is not None:
-            self._thread.join(timeout)
-        return self.snapshot().done
+        """Wait for the run to end (and be saved); True when it has. Waits on an event, not on
+        ``Thread.join``: a ``KeyboardInterrupt`` inside ``Thread.join`` can mark a live thread as
+        finished (Python 3.11), after which the process would exit under a training thread."""
+        if self._thread is None and self._state["status"] == "pending":
+            return False
+        return self._done.wait(timeout)
 
     @property
     def status(self) -> str:
@@ -215,13 +218,27 @@ class TrainingJob:
     def _run_safely(self) -> None:
         self._t0 = time.perf_counter()
         outcome = Outcome("failed", "")
+        interrupted = None
         try:
             self.recorder.start(self.parent, self.task.name, self.cfg.to_dict())
             self._publish(status="running", before=self._measure())
             outcome = self._loop()
+        except KeyboardInterrupt as e:  # run() in the main thread without sigint_stops: keep the run
+            interrupted = e
+            outcome = Outcome("stopped", f"interrupted at step {self.trainer.step_index} of {self.cfg.steps}")
         except Exception as e:  # an error inside training: the run fails with its reason
-            outcome = Outcome("failed", f"failed at step {self.trainer.step_index + 1}: {type(e).__name__}: {e}")
-        self._finish(outcome)
+            where = (
+                "could not start"
+                if self.store is not None and self.run_id is None
+                else f"failed at step {self.trainer.step_index + 1}"
+            )
+            outcome = Outcome("failed", f"{where}: {error_text(e)}")
+        try:
+            self._finish(outcome)
+        finally:
+            self._done.set()
+        if interrupted is not None:
+            raise interrupted
 
     def _interrupt(self) -> str | None:
         """Between steps: wait while paused (pauses do not count as training time); a stop ends the run."""
