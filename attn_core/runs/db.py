@@ -2,13 +2,12 @@
 reading only, and the one error every failure of the index becomes (:class:`RunStoreError`).
 
 Reading never writes: no journal pragma, no schema, no clean-up; the index is opened with
-``mode=ro`` (and, when its folder cannot be written, ``immutable=1``: SQLite could not create
-the WAL's shared-memory file there, and no one can be writing it), so listing works on a
-read-only or full disk. Writing opens it normally, once per thread."""
+``mode=ro`` (and, when that fails for want of the WAL's shared-memory file in a folder that
+cannot take one, with ``immutable=1``, provided no WAL file holds pending commits), so listing
+works on a read-only or full disk. Writing opens it normally, once per thread."""
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import threading
 from pathlib import Path
@@ -73,17 +72,27 @@ class Index:
     def reader(self) -> sqlite3.Connection:
         con = getattr(self._local, "ro", None)
         if con is None:
-            uri = self.path.resolve().as_uri() + "?mode=ro"
-            if not os.access(self.root, os.W_OK) or not os.access(self.path, os.W_OK):
-                uri += "&immutable=1"
-            con = sqlite3.connect(uri, uri=True, timeout=30)
-            con.row_factory = sqlite3.Row
             try:
-                con.execute("SELECT count(*) FROM sqlite_master").fetchone()  # a garbage file fails here
+                con = self._open_ro(immutable=False)
             except sqlite3.Error:
-                con.close()
-                raise
+                # a WAL index without its -shm file, in a folder that cannot take one: readable as
+                # immutable, provided no -wal file holds commits not yet in the index itself
+                wal = self.path.with_name(self.path.name + "-wal")
+                if wal.exists() and wal.stat().st_size > 0:
+                    raise
+                con = self._open_ro(immutable=True)
             self._local.ro = con
+        return con
+
+    def _open_ro(self, immutable: bool) -> sqlite3.Connection:
+        uri = self.path.resolve().as_uri() + "?mode=ro" + ("&immutable=1" if immutable else "")
+        con = sqlite3.connect(uri, uri=True, timeout=30)
+        con.row_factory = sqlite3.Row
+        try:
+            con.execute("SELECT count(*) FROM sqlite_master").fetchone()  # a garbage file fails here
+        except sqlite3.Error:
+            con.close()
+            raise
         return con
 
     def tables(self, con: sqlite3.Connection) -> set[str]:

@@ -66,6 +66,17 @@ class RunStore(SweepsMixin):
         migrating, or an empty file, lacks it)."""
         return table in self.index.tables(con)
 
+    def check_writable(self) -> None:
+        """Raise :class:`RunStoreError` unless the store takes a write now (one tiny commit: the
+        index's header), so a job refuses to start instead of training for nothing on a
+        read-only, full or corrupt store."""
+        self._reap()
+        with self._db(write=True) as con:
+            version = con.execute("PRAGMA user_version").fetchone()[0]
+            con.execute(f"PRAGMA user_version = {int(version)}")
+        if not os.access(self.root, os.W_OK):
+            raise store_error(self.root, PermissionError(13, "Permission denied", str(self.root)), write=True)
+
     def path(self, run_id: str) -> Path:
         """The run's checkpoint folder (it exists once the run has finished)."""
         return self.root / check_run_id(run_id)

@@ -21,6 +21,7 @@ from attn_core.sources import resolve
 from attn_core.tasks import get_task
 from attn_core.training import telemetry
 from attn_core.training.config import JobConfig
+from attn_core.training.queue import SLOTS, JobSlots, queued_message
 from attn_core.training.record import Outcome, RunRecorder, error_text, measure_final, record_run, run_card
 from attn_core.training.snapshot import Snapshot
 from attn_core.training.trainer import EVAL_SEED_OFFSET, Trainer, init_model
@@ -38,9 +39,13 @@ class TrainingJob:
     (NaN/Inf or exploding loss; the last good weights are kept) or failed (an error).
     Two jobs never share state: each loads its own copy of the parent."""
 
-    def __init__(self, cfg: JobConfig, store=None):
+    def __init__(self, cfg: JobConfig, store=None, slots: JobSlots | None = None):
         self.cfg = cfg
+        self.slots = slots if slots is not None else SLOTS
+        self._ticket: int | None = None
         self.store = None if store is False else (store if store is not None else RunStore())
+        if self.store is not None:
+            self.store.check_writable()  # a store that takes no write refuses the job before it trains
         model, task, parent_card = self._parent(cfg)
         self.parent = cfg.source
         self.task = task
@@ -103,8 +108,14 @@ class TrainingJob:
 
     # --- control (any thread) -------------------------------------------------------------------
     def start(self) -> TrainingJob:
+        """Train in a worker thread, once this process's line of jobs (``training.queue``) lets
+        it: until then its status is ``queued`` and its message says how many jobs are ahead."""
         if self._thread is not None or self._state["status"] != "pending":
             raise RuntimeError("this job has already been started; build a new one to train again")
+        self._ticket = self.slots.ticket()
+        ahead = self.slots.ahead(self._ticket)
+        if ahead:
+            self._publish(status="queued", message=queued_message(ahead))
         self._thread = threading.Thread(target=self._run_safely, name=f"attn-lab job {self.parent}", daemon=True)
         self._thread.start()
         return self
@@ -216,6 +227,18 @@ class TrainingJob:
         )
 
     def _run_safely(self) -> None:
+        if self._ticket is None:
+            return self._train()
+        try:
+            queued = lambda ahead: self._publish(status="queued", message=queued_message(ahead))  # noqa: E731
+            if self.slots.wait(self._ticket, self._stop.is_set, queued):
+                return self._train()
+            self._publish(status="stopped", message="stopped while queued; nothing was trained or saved")
+            self._done.set()
+        finally:
+            self.slots.release(self._ticket)
+
+    def _train(self) -> None:
         self._t0 = time.perf_counter()
         outcome = Outcome("failed", "")
         interrupted = None

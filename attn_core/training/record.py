@@ -192,7 +192,10 @@ class RunRecorder:
             self.flush(force=True)
             self.store.finish(self.run_id, outcome.status, model, card, message=outcome.message, summary=summary)
         except Exception as e:
-            message = f"{outcome.message}; saving the run failed: {error_text(e)}"
+            why = error_text(e)
+            message = f"{outcome.message}; saving the run failed" + (
+                " for the same reason" if why in outcome.message else f": {why}"
+            )
             if model is not None:
                 message += "; " + self._rescue(model, card, message)
             try:
