@@ -84,13 +84,18 @@ def compare_qk_cmd(
         "models on a busy machine.",
     ),
     store: bool = typer.Option(True, "--store/--no-store", help="Save every run in the run store."),
-    out: Path | None = typer.Option(None, help="Also save the whole comparison as JSON here (the page can show it)."),
+    out: Path | None = typer.Option(
+        None, help="Also save the whole comparison as JSON in this new file (the page can show it)."
+    ),
     as_json: bool = JsonOpt,
 ):
     """Seed 004: train one architecture with factored QK (several d_qk) and merged QK (plain, with
     weight decay, with a nuclear-norm penalty) on the same data and seeds; loss, accuracy, rank of
-    B, parameters and time per step per variant."""
+    B, parameters and time per step per variant. Ctrl-C stops the run under way (kept as
+    stopped) and reports the runs made so far (exit status 130)."""
+    from attn_core.checkpoint import check_destination
     from attn_core.qk import compare
+    from attn_core.training.interrupt import SIGINT_EXIT, sigint_stops
 
     kinds = tuple(k.strip() for k in merged.split(",") if k.strip() and k.strip() != "none")
     cfg = CompareConfig(
@@ -110,6 +115,8 @@ def compare_qk_cmd(
         precision=precision,
         threads=threads,
     )
+    if out is not None:
+        check_destination(out)  # before training: a folder, an existing file or no write access
     bar = None
     if not as_json:
         from tqdm import tqdm
@@ -120,7 +127,13 @@ def compare_qk_cmd(
         bar.update(round(1000 * fraction) - bar.n)
         bar.set_postfix_str(message, refresh=False)
 
-    result = compare(cfg, store=None if store else False, progress=progress if bar is not None else None)
+    with sigint_stops() as ctrl_c:
+        result = compare(
+            cfg,
+            store=None if store else False,
+            progress=progress if bar is not None else None,
+            interrupt=ctrl_c.message,
+        )
     if bar is not None:
         bar.close()
     if out is not None:
@@ -135,5 +148,18 @@ def compare_qk_cmd(
         "wall_time_s": result.wall_time_s,
         "command": cfg.command(),
         "out": str(out) if out else None,
+        "stopped": ctrl_c.message(),
     }
-    emit(doc, as_json, lambda d: table(d["variants"], _QK_COLS) + "\n\n" + "\n".join(f"- {s}" for s in d["findings"]))
+    stopped = f"{ctrl_c.message()}: {len(result.runs)} of {len(cfg.seed_list) * len(cfg.variants())} runs made\n\n"
+    emit(
+        doc,
+        as_json,
+        lambda d: (
+            (stopped if d["stopped"] else "")
+            + table(d["variants"], _QK_COLS)
+            + "\n\n"
+            + "\n".join(f"- {s}" for s in d["findings"])
+        ),
+    )
+    if ctrl_c.is_set():
+        raise typer.Exit(SIGINT_EXIT)

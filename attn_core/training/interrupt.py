@@ -69,3 +69,15 @@ def sigint_stops(notice: Callable[[str], None] | None = None) -> Iterator[StopRe
         yield request
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def exit_on_ctrl_c(note: str) -> Iterator[None]:
+    """For a command whose work cannot stop half-way (training a preset, growing a head): Ctrl-C
+    ends it with one line on stderr (``note``: what was kept) and the status 130, no traceback.
+    A save under way cleans up after itself (``checkpoint.save`` writes to a temporary folder)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        print(f"\ninterrupted by Ctrl-C; {note}", file=sys.stderr, flush=True)
+        raise SystemExit(SIGINT_EXIT) from None
