@@ -54,8 +54,8 @@ def sigint_stops(notice: Callable[[str], None] | None = None) -> Iterator[StopRe
     delivers no signal) it only yields the request."""
     request = StopRequest()
     say = notice or (lambda text: print(text, file=sys.stderr, flush=True))
-    if threading.current_thread() is not threading.main_thread():
-        yield request
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        yield request  # no signal here, or SIGINT ignored on purpose (nohup, a background job)
         return
 
     def on_sigint(signum, frame) -> None:
