@@ -86,6 +86,7 @@ class RunStore(SweepsMixin):
         """A new run in status ``running``, owned by this process; returns its id."""
         run_id = check_run_id(run_id or new_run_id())
         self._reap()  # a writer marks the runs of dead processes (listing only shows them so)
+        self._sweep_tmp()  # and removes what their killed saves left
         now = time.time()
         with self._db(write=True) as con:
             con.execute(
