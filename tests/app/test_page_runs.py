@@ -123,3 +123,8 @@ def test_a_corrupt_store_is_said_once_and_the_other_pages_still_work(tmp_path, m
     assert not heat.exception and not heat.error
     assert MODEL in heat.sidebar.selectbox(key="model_choice").options
     assert any("could not be read" in w.value for w in heat.sidebar.warning)
+    # the Sweeps page says it in one line too, and stays up
+    sweeps = AppTest.from_file(str(Path(PAGE).with_name("10_Sweeps.py")), default_timeout=90).run()
+    assert not sweeps.exception
+    [line] = [e.value for e in sweeps.error if "is not a SQLite database" in e.value]
+    assert said[0].startswith(line)
