@@ -127,39 +127,41 @@ def compare_qk_cmd(
         bar.update(round(1000 * fraction) - bar.n)
         bar.set_postfix_str(message, refresh=False)
 
-    with sigint_stops() as ctrl_c:
+    with sigint_stops(exiting=True) as ctrl_c:  # held until the command ends
         result = compare(
             cfg,
             store=None if store else False,
             progress=progress if bar is not None else None,
             interrupt=ctrl_c.message,
         )
-    if bar is not None:
-        bar.close()
-    if out is not None:
-        result.save(out)
-    doc = {
-        "task": task,
-        "steps": steps,
-        "seeds": cfg.seed_list,
-        "variants": result.summary(),
-        "findings": result.findings(),
-        "machine": result.machine,
-        "wall_time_s": result.wall_time_s,
-        "command": cfg.command(),
-        "out": str(out) if out else None,
-        "stopped": ctrl_c.message(),
-    }
-    stopped = f"{ctrl_c.message()}: {len(result.runs)} of {len(cfg.seed_list) * len(cfg.variants())} runs made\n\n"
-    emit(
-        doc,
-        as_json,
-        lambda d: (
-            (stopped if d["stopped"] else "")
-            + table(d["variants"], _QK_COLS)
-            + "\n\n"
-            + "\n".join(f"- {s}" for s in d["findings"])
-        ),
-    )
-    if ctrl_c.is_set():
-        raise typer.Exit(SIGINT_EXIT)
+        if bar is not None:
+            bar.close()
+        if out is not None:
+            result.save(out)
+        total = len(cfg.seed_list) * len(cfg.variants())
+        cut = ctrl_c.is_set() and (len(result.runs) < total or any(r["status"] == "stopped" for r in result.runs))
+        doc = {
+            "task": task,
+            "steps": steps,
+            "seeds": cfg.seed_list,
+            "variants": result.summary(),
+            "findings": result.findings(),
+            "machine": result.machine,
+            "wall_time_s": result.wall_time_s,
+            "command": cfg.command(),
+            "out": str(out) if out else None,
+            "stopped": ctrl_c.message() if cut else None,
+        }
+        stopped = f"{ctrl_c.message()}: {len(result.runs)} of {total} runs made\n\n"
+        emit(
+            doc,
+            as_json,
+            lambda d: (
+                (stopped if d["stopped"] else "")
+                + table(d["variants"], _QK_COLS)
+                + "\n\n"
+                + "\n".join(f"- {s}" for s in d["findings"])
+            ),
+        )
+        if cut:
+            raise typer.Exit(SIGINT_EXIT)

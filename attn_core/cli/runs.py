@@ -103,7 +103,7 @@ def retrain_cmd(
         precision=precision,
         sync_every=sync_every,
     )
-    with sigint_stops() as ctrl_c:
+    with sigint_stops(exiting=True) as ctrl_c:  # held until the command ends: a late Ctrl-C cannot cut the report
         job = TrainingJob(cfg)
         if ctrl_c.is_set():
             typer.echo("interrupted before training began; nothing was saved", err=True)
@@ -113,7 +113,14 @@ def retrain_cmd(
             job.run()
         else:
             _run_with_bar(job, name, steps)
-    res = job.result()
+        res = job.result()
+        _report(res, as_json)
+        if ctrl_c.is_set() and res["status"] == "stopped":
+            raise typer.Exit(SIGINT_EXIT)
+
+
+def _report(res: dict, as_json: bool) -> None:
+    """Print a retrain's result; a failed run exits 1 with its reason on stderr."""
     out = {
         "run_id": res["run_id"],
         "status": res["status"],
@@ -130,8 +137,6 @@ def retrain_cmd(
     if res["status"] == "failed":
         typer.echo(f"error: run {res['run_id'] or '(not recorded)'} failed: {res['message']}", err=True)
         raise typer.Exit(1)
-    if ctrl_c.is_set():
-        raise typer.Exit(SIGINT_EXIT)
 
 
 def _run_with_bar(job, name: str, steps: int) -> None:

@@ -47,11 +47,13 @@ class StopRequest:
 
 
 @contextmanager
-def sigint_stops(notice: Callable[[str], None] | None = None) -> Iterator[StopRequest]:
+def sigint_stops(notice: Callable[[str], None] | None = None, exiting: bool = False) -> Iterator[StopRequest]:
     """Inside the block, SIGINT sets the yielded :class:`StopRequest` (which calls what was
     registered with ``then``); ``notice`` gets a one-line message (default: stderr) the first
-    time. The previous handler is restored on exit. Outside the main thread (where Python
-    delivers no signal) it only yields the request."""
+    time. The previous handler is restored on exit, except with ``exiting`` (a command that
+    ends after the block) once Ctrl-C was pressed: further presses are then ignored, so they
+    cannot cut the interpreter's clean-up short. Outside the main thread (where Python delivers
+    no signal) it only yields the request."""
     request = StopRequest()
     say = notice or (lambda text: print(text, file=sys.stderr, flush=True))
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
@@ -68,7 +70,7 @@ def sigint_stops(notice: Callable[[str], None] | None = None) -> Iterator[StopRe
     try:
         yield request
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGINT, signal.SIG_IGN if exiting and request.is_set() else previous)
 
 
 @contextmanager
