@@ -85,14 +85,18 @@ def wait_until_stepping(store: RunStore, proc: subprocess.Popen, timeout: float 
 # --- Ctrl-C ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("as_json", [False, True], ids=["progress bar", "json"])
-def test_ctrl_c_stops_a_retrain_and_keeps_what_it_trained(tiny, tmp_path, as_json):
+@pytest.mark.parametrize(
+    "as_json, presses", [(False, 1), (True, 1), (False, 5)], ids=["progress bar", "json", "pressed 5 times"]
+)
+def test_ctrl_c_stops_a_retrain_and_keeps_what_it_trained(tiny, tmp_path, as_json, presses):
     store = RunStore(tmp_path / "runs")
     proc = cli("retrain", tiny, "--steps", 500_000, *(["--json"] if as_json else []), env={ENV_RUNS: str(store.root)})
     try:
         running = wait_until_stepping(store, proc)
         assert running["status"] == "running"
-        proc.send_signal(signal.SIGINT)
+        for _ in range(presses):  # later presses may land while it saves, reports or exits
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.02)
         code, out, err = finish(proc)
     finally:
         proc.kill()
