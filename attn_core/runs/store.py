@@ -22,7 +22,17 @@ from attn_core.card import Card
 from attn_core.checkpoint import CARD, WEIGHTS, CheckpointError, LoadedModel
 from attn_core.model import Transformer
 from attn_core.runs.db import Index, store_error
-from attn_core.runs.names import FINAL, RUN_PREFIX, check_run_id, default_root, iso, new_run_id, pid_alive
+from attn_core.runs.names import (
+    ENV_RUNS,
+    FINAL,
+    RUN_PREFIX,
+    RunStoreError,
+    check_run_id,
+    default_root,
+    iso,
+    new_run_id,
+    pid_alive,
+)
 from attn_core.runs.sweeps import SweepsMixin
 
 INDEX = "index.sqlite"
@@ -59,6 +69,11 @@ class RunStore(SweepsMixin):
         self.index.close()
 
     def _exists(self) -> bool:
+        """Whether the index exists (a store never written to has none: nothing to read)."""
+        if self.root.exists() and not self.root.is_dir():
+            raise RunStoreError(f"the run store {self.root} is not a folder (set ${ENV_RUNS} to a folder)")
+        if self.db_path.exists() and not self.db_path.is_file():
+            raise RunStoreError(f"the run store {self.root} cannot be read: {self.db_path} is not a file")
         return self.db_path.is_file()
 
     def _has(self, con: sqlite3.Connection, table: str) -> bool:

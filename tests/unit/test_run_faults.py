@@ -313,3 +313,17 @@ def test_check_destination_leaves_nothing_behind(tmp_path):
     target = tmp_path / "a" / "b" / "model"
     assert checkpoint.check_destination(target) == target
     assert list(tmp_path.iterdir()) == []  # not even the parents
+
+
+@pytest.mark.parametrize("shape", ["store is a file", "index is a folder"])
+def test_a_store_of_the_wrong_kind_is_one_clear_line(tmp_path, shape):
+    root = tmp_path / "runs"
+    if shape == "store is a file":
+        root.write_text("")
+        message = "is not a folder"
+    else:
+        (root / "index.sqlite").mkdir(parents=True)
+        message = "index.sqlite is not a file"
+    for args in (["runs"], ["runs", "--json"], ["retrain", "reverse-1l", "--steps", "2"]):
+        res = CliRunner().invoke(app, args, env={ENV_RUNS: str(root)})
+        assert res.exit_code == 2 and message in last_line(res.stderr), (args, res.output)
