@@ -14,11 +14,16 @@ to views, jobs and pages).
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import math
+import os
+import re
 import shutil
+import socket
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -248,20 +253,23 @@ def to_safetensors_bytes(model: Transformer, card: Card | dict | None = None) ->
 def save(model: Transformer, folder: str | Path, card: Card | dict | None = None, overwrite: bool = False) -> Path:
     """Write a model folder atomically: files go to a temporary sibling folder that is renamed
     into place, so a crash never leaves a half-written model and nothing existing is replaced
-    unless ``overwrite``."""
+    unless ``overwrite``. The temporary folder's name carries this host and process
+    (:func:`tmp_owner`), so the left-over of a killed save is known as such and removed by the
+    next save of the same folder (and by the run store) as soon as its process is gone."""
     folder = Path(folder)
     card = Card.from_dict(card)  # a plain dict is checked against the schema
     if folder.exists() and not overwrite:
         raise CheckpointError(f"{folder} already exists; choose a new folder (nothing was overwritten)")
     folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    remove_stale_tmp(folder.parent, folder.name)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}{TMP_MARK}{_HOST}-{os.getpid()}-", dir=folder.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; a saved model is readable like any folder
     try:
         (tmp / WEIGHTS).write_bytes(to_safetensors_bytes(model, card))
         (tmp / CONFIG).write_text(json.dumps(model.cfg.to_dict(), indent=2) + "\n")
         (tmp / CARD).write_text(json.dumps(card.to_dict(), indent=2, default=_json_default) + "\n")
         if folder.exists():
-            old = folder.with_name(f".{folder.name}.old")
+            old = tmp.with_name(tmp.name + "-old")
             folder.rename(old)
             tmp.rename(folder)
             shutil.rmtree(old, ignore_errors=True)
@@ -271,6 +279,75 @@ def save(model: Transformer, folder: str | Path, card: Card | dict | None = None
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return folder
+
+
+TMP_MARK = ".tmp-"  # .<folder>.tmp-<host tag>-<pid>-<random>[-old]: a save in progress (or killed)
+_HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
+_TMP = re.compile(r"\.tmp-([0-9a-f]{8})-(\d+)-[A-Za-z0-9_]+(?:-old)?$")
+_OLD_TMP = re.compile(r"^\.[^.]+\.(?:[a-z0-9_]{8}|old)$")  # mkdtemp's names before TMP_MARK
+
+
+def check_destination(path: str | Path, what: str = "--out") -> Path:
+    """Refuse, before any work, a destination that exists or cannot be created: the nearest
+    existing folder above it must take a new (hidden, removed at once) folder."""
+    path = Path(path).expanduser()
+    if path.exists() or path.is_symlink():
+        raise ValueError(f"{what} {path} already exists; choose a new path (nothing was overwritten)")
+    parent = path.absolute().parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{what} {path}: {parent} is not a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=f".{path.name}{TMP_MARK}{_HOST}-{os.getpid()}-", dir=parent))
+    except OSError as e:
+        raise ValueError(f"{what} {path} cannot be written ({e.strerror or e} in {parent})") from None
+    return path
+
+
+def pid_alive(pid: int | None) -> bool:
+    """Whether process ``pid`` of this host exists."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def tmp_owner(path: Path) -> tuple[bool, int] | None:
+    """(made on this host, pid) of a temporary save folder of :func:`save`, None for any other name."""
+    m = _TMP.search(path.name)
+    return None if m is None or not path.name.startswith(".") else (m.group(1) == _HOST, int(m.group(2)))
+
+
+def remove_stale_tmp(directory: Path, name: str | None = None, max_age_s: float | None = None) -> list[Path]:
+    """Remove the temporary save folders in ``directory`` (of folder ``name`` only, if given) whose
+    process on this host is gone; with ``max_age_s``, also those older than that (a save on
+    another host, or one named by an older version: ``.<name>.<8 characters>``). Nothing else
+    is touched. Returns what was removed."""
+    removed, now = [], time.time()
+    try:
+        entries = list(directory.glob(f".{glob.escape(name)}.*" if name else ".*"))
+    except OSError:
+        return removed
+    for p in entries:
+        try:
+            if not p.is_dir() or p.is_symlink():
+                continue
+            owner = tmp_owner(p)
+            mine_and_dead = owner is not None and owner[0] and not pid_alive(owner[1]) and owner[1] != os.getpid()
+            ours = owner is not None or _OLD_TMP.match(p.name) is not None
+            too_old = ours and max_age_s is not None and now - p.stat().st_mtime > max_age_s
+            if mine_and_dead or too_old:
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(p)
+        except OSError:
+            pass
+    return removed
 
 
 def _json_default(o):

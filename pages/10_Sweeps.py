@@ -96,7 +96,11 @@ if go:
         st.success(f"Sweep {sweep_id} launched: {len(plan.trials)} trials (a λ = 0 baseline per seed).")
 
 # --- watching one ----------------------------------------------------------------------------------
-sweeps = store.list_sweeps()
+try:
+    sweeps = store.list_sweeps()
+except rs.RunStoreError as e:  # a corrupt or unreadable store: one line, the page stays up
+    st.error(str(e))
+    st.stop()
 if not sweeps:
     st.info(
         f"No sweeps in `{store.root}` yet: set one up above, or run "

@@ -159,16 +159,17 @@ def start() -> None:
             precision=precision,
         )
         new = TrainingJob(job_cfg)
+        # Streamlit runs each rerun in a fresh thread and the job trains in another: with several
+        # intra-op threads each gets its own OpenMP team and they fight over the cores (measured on
+        # 2 cores: 1.5 instead of 10 steps/s while the page refreshes). Toy models gain nothing from
+        # intra-op parallelism, so the server process keeps one.
+        torch.set_num_threads(1)
+        # at most $ATTN_LAB_MAX_JOBS jobs of this server train at once; the others wait in line
+        st.session_state[JOB] = new.start()
     except ValueError as e:
         st.session_state["retrain_error"] = str(e)
         return
     st.session_state.pop("retrain_error", None)
-    # Streamlit runs each rerun in a fresh thread and the job trains in another: with several
-    # intra-op threads each gets its own OpenMP team and they fight over the cores (measured on
-    # 2 cores: 1.5 instead of 10 steps/s while the page refreshes). Toy models gain nothing from
-    # intra-op parallelism, so the server process keeps one.
-    torch.set_num_threads(1)
-    st.session_state[JOB] = new.start()
 
 
 def stop() -> None:
@@ -191,7 +192,7 @@ b_stop.button(
     disabled=not running,
     key="retrain_stop",
     icon=":material/stop:",
-    help="Stop after the current step; the run is saved with the weights so far",
+    help="Stop after the current step; the run is saved with the weights so far (a queued run leaves the line)",
 )
 if "retrain_error" in st.session_state:
     st.error(f"The run was not started: {st.session_state['retrain_error']}")
@@ -273,11 +274,15 @@ def live_status() -> None:
         st.error(f"The run diverged: {snap.message}.")
     elif snap.status == "failed":
         st.error(f"The run failed: {snap.message}.")
+    elif snap.done and snap.run_id is None:
+        st.info(f"The run {snap.message}.")
     elif snap.done:
         st.success(
             f"Run `{snap.run_id}` {snap.message}; saved as `run:{snap.run_id}` (pick it in the sidebar, "
             "compare it on the Runs page)."
         )
+    elif snap.status == "queued":
+        st.info(f"Waiting to train, {snap.message}: it starts by itself when a job ahead ends (Stop leaves the line).")
     elif snap.status == "pending" or snap.step == 0:
         st.caption("Measuring the model before training…")
 

@@ -36,7 +36,11 @@ def side_by_side(items: list, draw) -> None:
 
 loaded = ui.setup("Compare runs")
 store = rs.RunStore()
-every_run = [r for r in store.list_runs() if r["status"] != "running"]
+try:
+    every_run = [r for r in store.list_runs() if r["status"] != "running"]
+except rs.RunStoreError as e:  # corrupt, unreadable: said once, here; the zoo stays usable elsewhere
+    st.error(f"{e}. The other pages still work with the zoo models.")
+    st.stop()
 if not every_run:
     st.info(
         f"No finished runs in `{store.root}` yet: retrain a model on the Retrain page, or with "

@@ -59,11 +59,12 @@ def grow_cmd(
     from attn_core import checkpoint, grow
     from attn_core.card import Card
     from attn_core.sources import resolve
+    from attn_core.training.interrupt import exit_on_ctrl_c
 
     loaded = resolve(name)
     needs_task(loaded, "there is no loss to grow it on")
-    if out is not None and out.exists():
-        raise ValueError(f"{out} already exists; choose a new --out folder (nothing was overwritten)")
+    if out is not None:
+        checkpoint.check_destination(out)  # exists, or cannot be written: said before the work
     cfg = GrowConfig(
         layer=layer,
         head=head,
@@ -79,7 +80,8 @@ def grow_cmd(
         device=device,
         precision=precision,
     )
-    res = grow.grow(loaded.model, loaded.task, cfg)
+    with exit_on_ctrl_c("nothing was saved" + (f" ({out} was not written)" if out else "")):
+        res = grow.grow(loaded.model, loaded.task, cfg)
     summary = {"name": loaded.name, "task": loaded.task.name, **res.summary()}
     if out is not None:
         card = Card(
@@ -98,7 +100,8 @@ def grow_cmd(
             command=command_line(),
             details={"grow": summary},
         )
-        checkpoint.save(res.models["grown_finetuned"].cpu(), out, card)
+        with exit_on_ctrl_c(f"{out} was not written"):
+            checkpoint.save(res.models["grown_finetuned"].cpu(), out, card)
         summary["out"] = str(out)
 
     def human(r):

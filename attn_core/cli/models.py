@@ -77,22 +77,28 @@ def train_cmd(
     ),
     as_json: bool = JsonOpt,
 ):
-    """Train a preset from scratch; with --out, save model.safetensors, config.json and card.json."""
+    """Train a preset from scratch; with --out, save model.safetensors, config.json and card.json.
+    Ctrl-C ends it (exit status 130) without writing --out."""
+    from attn_core.checkpoint import check_destination
     from attn_core.presets import train_preset
+    from attn_core.training.interrupt import exit_on_ctrl_c
 
     if steps is not None and steps <= 0:
         raise ValueError(f"--steps must be positive, got {steps}")
     check_precision(precision, prefix="--precision: ")
-    card = train_preset(
-        preset,
-        out=out,
-        steps=steps,
-        seed=seed,
-        device=device,
-        progress=not as_json,
-        command=command_line(),
-        precision=precision,
-    )
+    if out is not None:
+        check_destination(out)  # before training, not after it
+    with exit_on_ctrl_c("nothing was saved" + (f" ({out} was not written)" if out else "")):
+        card = train_preset(
+            preset,
+            out=out,
+            steps=steps,
+            seed=seed,
+            device=device,
+            progress=not as_json,
+            command=command_line(),
+            precision=precision,
+        )
     result = {"preset": preset, "out": str(out) if out else None, **card}
     emit(
         result,

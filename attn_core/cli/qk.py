@@ -84,13 +84,18 @@ def compare_qk_cmd(
         "models on a busy machine.",
     ),
     store: bool = typer.Option(True, "--store/--no-store", help="Save every run in the run store."),
-    out: Path | None = typer.Option(None, help="Also save the whole comparison as JSON here (the page can show it)."),
+    out: Path | None = typer.Option(
+        None, help="Also save the whole comparison as JSON in this new file (the page can show it)."
+    ),
     as_json: bool = JsonOpt,
 ):
     """Seed 004: train one architecture with factored QK (several d_qk) and merged QK (plain, with
     weight decay, with a nuclear-norm penalty) on the same data and seeds; loss, accuracy, rank of
-    B, parameters and time per step per variant."""
+    B, parameters and time per step per variant. Ctrl-C stops the run under way (kept as
+    stopped) and reports the runs made so far (exit status 130)."""
+    from attn_core.checkpoint import check_destination
     from attn_core.qk import compare
+    from attn_core.training.interrupt import SIGINT_EXIT, sigint_stops
 
     kinds = tuple(k.strip() for k in merged.split(",") if k.strip() and k.strip() != "none")
     cfg = CompareConfig(
@@ -110,6 +115,8 @@ def compare_qk_cmd(
         precision=precision,
         threads=threads,
     )
+    if out is not None:
+        check_destination(out)  # before training: a folder, an existing file or no write access
     bar = None
     if not as_json:
         from tqdm import tqdm
@@ -120,20 +127,41 @@ def compare_qk_cmd(
         bar.update(round(1000 * fraction) - bar.n)
         bar.set_postfix_str(message, refresh=False)
 
-    result = compare(cfg, store=None if store else False, progress=progress if bar is not None else None)
-    if bar is not None:
-        bar.close()
-    if out is not None:
-        result.save(out)
-    doc = {
-        "task": task,
-        "steps": steps,
-        "seeds": cfg.seed_list,
-        "variants": result.summary(),
-        "findings": result.findings(),
-        "machine": result.machine,
-        "wall_time_s": result.wall_time_s,
-        "command": cfg.command(),
-        "out": str(out) if out else None,
-    }
-    emit(doc, as_json, lambda d: table(d["variants"], _QK_COLS) + "\n\n" + "\n".join(f"- {s}" for s in d["findings"]))
+    with sigint_stops(exiting=True) as ctrl_c:  # held until the command ends
+        result = compare(
+            cfg,
+            store=None if store else False,
+            progress=progress if bar is not None else None,
+            interrupt=ctrl_c.message,
+        )
+        if bar is not None:
+            bar.close()
+        if out is not None:
+            result.save(out)
+        total = len(cfg.seed_list) * len(cfg.variants())
+        cut = ctrl_c.is_set() and (len(result.runs) < total or any(r["status"] == "stopped" for r in result.runs))
+        doc = {
+            "task": task,
+            "steps": steps,
+            "seeds": cfg.seed_list,
+            "variants": result.summary(),
+            "findings": result.findings(),
+            "machine": result.machine,
+            "wall_time_s": result.wall_time_s,
+            "command": cfg.command(),
+            "out": str(out) if out else None,
+            "stopped": ctrl_c.message() if cut else None,
+        }
+        stopped = f"{ctrl_c.message()}: {len(result.runs)} of {total} runs made\n\n"
+        emit(
+            doc,
+            as_json,
+            lambda d: (
+                (stopped if d["stopped"] else "")
+                + table(d["variants"], _QK_COLS)
+                + "\n\n"
+                + "\n".join(f"- {s}" for s in d["findings"])
+            ),
+        )
+        if cut:
+            raise typer.Exit(SIGINT_EXIT)

@@ -11,6 +11,7 @@ from attn_core.card import MEASURE_KEYS, public
 from attn_core.cli.common import JsonOpt, emit, guarded, table
 from attn_core.regularizers import REGULARIZERS
 from attn_core.training.config import JobConfig
+from attn_core.training.interrupt import SIGINT_EXIT
 from attn_core.validate import default
 
 app = typer.Typer()
@@ -83,7 +84,10 @@ def retrain_cmd(
     ),
     as_json: bool = JsonOpt,
 ):
-    """Fine-tune a model with concentration regularizers; the run is saved in the run store."""
+    """Fine-tune a model with concentration regularizers; the run is saved in the run store.
+    Ctrl-C stops it after the current step and saves it (status stopped, exit status 130); a
+    run that failed exits 1 with its reason."""
+    from attn_core.training.interrupt import sigint_stops
     from attn_core.training.job import TrainingJob
 
     cfg = JobConfig(
@@ -99,29 +103,24 @@ def retrain_cmd(
         precision=precision,
         sync_every=sync_every,
     )
-    job = TrainingJob(cfg)
-    if as_json:
-        job.run()
-    else:
-        from tqdm import tqdm
+    with sigint_stops(exiting=True) as ctrl_c:  # held until the command ends: a late Ctrl-C cannot cut the report
+        job = TrainingJob(cfg)
+        if ctrl_c.is_set():
+            typer.echo("interrupted before training began; nothing was saved", err=True)
+            raise typer.Exit(SIGINT_EXIT)
+        ctrl_c.then(job.stop)
+        if as_json:
+            job.run()
+        else:
+            _run_with_bar(job, name, steps)
+        res = job.result()
+        _report(res, as_json)
+        if ctrl_c.is_set() and res["status"] == "stopped":
+            raise typer.Exit(SIGINT_EXIT)
 
-        job.start()
-        bar = tqdm(total=steps, desc=f"retrain {name}", unit="step")
-        try:
-            while not job.join(0.25):
-                snap = job.snapshot()
-                bar.update(snap.step - bar.n)
-                if "task_loss" in snap.latest:
-                    bar.set_postfix(
-                        loss=f"{snap.latest['task_loss']:.3g}", H=f"{snap.latest.get('entropy_data', float('nan')):.3f}"
-                    )
-        except KeyboardInterrupt:
-            job.stop()
-            job.join()
-        finally:
-            bar.update(job.snapshot().step - bar.n)
-            bar.close()
-    res = job.result()
+
+def _report(res: dict, as_json: bool) -> None:
+    """Print a retrain's result; a failed run exits 1 with its reason on stderr."""
     out = {
         "run_id": res["run_id"],
         "status": res["status"],
@@ -135,6 +134,28 @@ def retrain_cmd(
         as_json,
         lambda r: f"run {r['run_id']}: {r['status']} ({r['message']})\n" + _before_after(r["before"], r["after"]),
     )
+    if res["status"] == "failed":
+        typer.echo(f"error: run {res['run_id'] or '(not recorded)'} failed: {res['message']}", err=True)
+        raise typer.Exit(1)
+
+
+def _run_with_bar(job, name: str, steps: int) -> None:
+    """Train in the job's thread while a progress bar follows its snapshots."""
+    from tqdm import tqdm
+
+    job.start()
+    bar = tqdm(total=steps, desc=f"retrain {name}", unit="step")
+    try:
+        while not job.join(0.25):
+            snap = job.snapshot()
+            bar.update(snap.step - bar.n)
+            if "task_loss" in snap.latest:
+                bar.set_postfix(
+                    loss=f"{snap.latest['task_loss']:.3g}", H=f"{snap.latest.get('entropy_data', float('nan')):.3f}"
+                )
+    finally:
+        bar.update(job.snapshot().step - bar.n)
+        bar.close()
 
 
 @runs_app.callback(invoke_without_command=True)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -248,11 +250,21 @@ class Comparison:
             raise ValueError(f"not a saved comparison: {e}") from None
 
     def save(self, path: str | Path) -> Path:
+        """Write the comparison as JSON, atomically (a temporary sibling renamed into place,
+        removed if anything fails); an existing file is replaced, a folder is refused."""
         path = Path(path)
+        if path.is_dir():
+            raise ValueError(f"{path} is a folder; give the path of a .json file to write")
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(_finite(self.to_dict()), indent=1) + "\n")
-        tmp.replace(path)
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(_finite(self.to_dict()), indent=1) + "\n")
+            os.chmod(name, 0o644)  # mkstemp makes it private; a result is readable like any file
+            os.replace(name, path)
+        except BaseException:
+            Path(name).unlink(missing_ok=True)
+            raise
         return path
 
     @classmethod

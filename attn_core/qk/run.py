@@ -33,7 +33,7 @@ from attn_core.qk.config import PARENT_PREFIX, TRUNCATION_RANKS, CompareConfig, 
 from attn_core.qk.convert import truncated
 from attn_core.qk.result import Comparison
 from attn_core.tasks import Task, get_task
-from attn_core.training.record import RunRecorder, measure_final, record_run, run_card
+from attn_core.training.record import Interrupt, RunRecorder, measure_final, record_run, run_card
 from attn_core.training.telemetry import MetricKey, measure
 from attn_core.training.trainer import Trainer, evaluate, init_model, lr_factor
 
@@ -77,10 +77,16 @@ def truncation_table(model: Transformer, task: Task, ranks: Sequence[int], sampl
 
 
 def train_variant(
-    variant: Variant, cfg: CompareConfig, seed: int, store=None, progress: Callable[[int], None] | None = None
+    variant: Variant,
+    cfg: CompareConfig,
+    seed: int,
+    store=None,
+    progress: Callable[[int], None] | None = None,
+    interrupt: Interrupt | None = None,
 ) -> dict:
     """Train one variant with one seed; returns its record (final metrics, spectrum, curves,
-    step times, truncation table, run id). ``progress(step)`` is called after every step."""
+    step times, truncation table, run id). ``progress(step)`` is called after every step;
+    ``interrupt()`` before every step can stop the run (it is then saved ``stopped``)."""
     task = get_task(cfg.task)
     model_cfg = variant.model_config(cfg.base_model_config())
     train_cfg = cfg.train_config(seed)
@@ -133,7 +139,7 @@ def train_variant(
             progress(step)
 
     start = time.perf_counter()
-    outcome = record_run(trainer, recorder, on_step=on_step)
+    outcome = record_run(trainer, recorder, on_step=on_step, interrupt=interrupt)
     wall = time.perf_counter() - start
     model.eval()
     outcome, after = measure_final(
@@ -213,13 +219,19 @@ def ln1_gain(model: Transformer) -> float:
     return statistics.fmean(gains) if gains else math.nan
 
 
-def compare(cfg: CompareConfig, store=None, progress: Progress | None = None) -> Comparison:
+def compare(
+    cfg: CompareConfig, store=None, progress: Progress | None = None, interrupt: Interrupt | None = None
+) -> Comparison:
     """Train every variant with every seed (seed-major, so a partial picture covers every variant)
     and collect the records. ``store``: a ``runs.RunStore`` (each run is saved there), None (the
-    default store) or False (nothing saved). ``progress(fraction, message)`` after every step."""
+    default store) or False (nothing saved). ``progress(fraction, message)`` after every step.
+    ``interrupt()`` (e.g. Ctrl-C, ``training.interrupt``) stops the run under way, which is kept
+    as ``stopped``, and the runs not begun: the comparison then holds the runs made so far."""
     from attn_core.runs import RunStore
 
     store = None if store is False else (store if store is not None else RunStore())
+    if store is not None:
+        store.check_writable()  # before any training, not after the first run
     variants = cfg.variants()
     jobs = [(s, v) for s in cfg.seed_list for v in variants]
     total = len(jobs) * cfg.steps
@@ -240,10 +252,12 @@ def compare(cfg: CompareConfig, store=None, progress: Progress | None = None) ->
                 if progress is None
                 else (lambda step, done=done, label=label: progress((done + step) / total, label))
             )
-            runs.append(train_variant(variant, cfg, seed, store, tick))
+            runs.append(train_variant(variant, cfg, seed, store, tick, interrupt))
+            if interrupt is not None and interrupt():
+                break
     finally:
         torch.set_num_threads(threads)
-    if progress is not None:
+    if progress is not None and len(runs) == len(jobs):
         progress(1.0, "done")
     return Comparison(cfg, runs, machine=where, wall_time_s=time.perf_counter() - start)
 

@@ -11,9 +11,11 @@ Layout of the data directory (default ``./runs``, or ``$ATTN_LAB_RUNS``)::
 Atomicity: the checkpoint folder is written to a hidden temporary sibling and renamed into place
 (``checkpoint.save``), and only then is the run's row marked finished, in one SQLite transaction. A
 killed process therefore leaves a row in status ``running`` (and perhaps a hidden temporary
-folder), never a half-written run; such rows are found on the next open (their process is gone)
-and marked ``failed`` -- or given the status their card recorded, if the folder made it. Listing
-reads the index only, so stray folders never break it. Shipped zoo files are never written.
+folder, named after its process and removed as soon as that process is gone), never a
+half-written run; such rows are shown ``failed`` (or with the status their card recorded, if the
+folder made it) and written so by the next writer. Listing reads the index only and never writes
+(it works on a read-only or full disk); a store that cannot be read or written raises
+:class:`RunStoreError`, one line. Shipped zoo files are never written.
 
 The run statuses are listed in one place (:data:`STATUSES`, :data:`FINAL`, in ``names``), and so
 is how a run is named where a model is expected (:data:`RUN_PREFIX`);
@@ -23,6 +25,8 @@ Split by concern (docs/architecture.md):
 
 - ``names``: where the store lives (``default_root``), run ids (``new_run_id``,
   ``check_run_id``, :data:`RUN_PREFIX`) and the run and sweep statuses;
+- ``db``: the SQLite index, opened for writing (schema, migrations) or read-only, and
+  :class:`RunStoreError`, what any failure of the store becomes (one line);
 - ``store``: :class:`RunStore`, the index and checkpoints of runs (writing, reading, reaping);
 - ``sweeps``: the sweep table and the :class:`RunStore` methods that group runs into sweeps.
 """
@@ -33,6 +37,7 @@ from attn_core.runs.names import (
     RUN_PREFIX,
     STATUSES,
     SWEEP_STATUSES,
+    RunStoreError,
     check_run_id,
     default_root,
     new_run_id,
@@ -48,6 +53,7 @@ __all__ = [
     "STATUSES",
     "SWEEP_STATUSES",
     "RunStore",
+    "RunStoreError",
     "check_run_id",
     "default_root",
     "new_run_id",

@@ -9,12 +9,20 @@ import secrets
 import time
 from pathlib import Path
 
+from attn_core.checkpoint import pid_alive  # noqa: F401  (re-exported: runs of dead processes)
+
 ENV_RUNS = "ATTN_LAB_RUNS"
 STATUSES = ("running", "completed", "stopped", "diverged", "failed")
 FINAL = STATUSES[1:]
 RUN_PREFIX = "run:"  # how a run is named where a model name is expected ("run:20250101-120000-ab12")
 SWEEP_STATUSES = ("running", "completed", "interrupted")  # a sweep ends completed or interrupted
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
+class RunStoreError(ValueError):
+    """The run store cannot be read or written (a corrupt index, a full or read-only disk): one
+    line that names the store and the reason. A ``ValueError``, so the CLI prints it as one line
+    and the dashboard's model picker still lists the zoo."""
 
 
 def default_root() -> Path:
@@ -34,15 +42,3 @@ def check_run_id(run_id: str) -> str:
     if not _ID.match(run_id):
         raise ValueError(f"{run_id!r} is not a run id (letters, digits, - and _)")
     return run_id
-
-
-def pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

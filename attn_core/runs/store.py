@@ -10,10 +10,9 @@ import os
 import shutil
 import socket
 import sqlite3
-import threading
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -22,23 +21,24 @@ from attn_core import checkpoint
 from attn_core.card import Card
 from attn_core.checkpoint import CARD, WEIGHTS, CheckpointError, LoadedModel
 from attn_core.model import Transformer
-from attn_core.runs.names import FINAL, RUN_PREFIX, check_run_id, default_root, iso, new_run_id, pid_alive
-from attn_core.runs.sweeps import SWEEP_SCHEMA, SweepsMixin
+from attn_core.runs.db import Index, store_error
+from attn_core.runs.names import (
+    ENV_RUNS,
+    FINAL,
+    RUN_PREFIX,
+    RunStoreError,
+    check_run_id,
+    default_root,
+    iso,
+    new_run_id,
+    pid_alive,
+)
+from attn_core.runs.sweeps import SweepsMixin
 
 INDEX = "index.sqlite"
-STALE_TMP_S = 3600  # hidden temporary folders older than this are left-overs of a killed save
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    id TEXT PRIMARY KEY, parent TEXT, task TEXT, status TEXT NOT NULL, message TEXT DEFAULT '',
-    config TEXT NOT NULL, summary TEXT DEFAULT '{}', created REAL NOT NULL, updated REAL NOT NULL,
-    finished REAL, pid INTEGER, host TEXT
-);
-CREATE TABLE IF NOT EXISTS metrics (run TEXT NOT NULL, step INTEGER NOT NULL, name TEXT NOT NULL, value REAL);
-CREATE INDEX IF NOT EXISTS metrics_run ON metrics (run, step);
-"""
-# Columns added to runs after the first release: older index files get them on open (ALTER TABLE).
-_RUN_COLUMNS = {"sweep": "TEXT", "trial": "TEXT"}
+# hidden folders older than this are left-overs of a killed save even when their process cannot
+# be checked (another host, an older version); those of a dead process of this host go at once
+STALE_TMP_S = 3600
 
 
 class RunStore(SweepsMixin):
@@ -47,60 +47,50 @@ class RunStore(SweepsMixin):
     Safe to use from several threads and processes: every call opens its own SQLite connection
     (WAL journal, so readers never wait for a writing job)."""
 
-    _init_lock = threading.Lock()
-
     def __init__(self, root: str | Path | None = None):
         self.root = Path(root).expanduser() if root is not None else default_root()
         self.db_path = self.root / INDEX
-        self._ready = False
-        self._local = threading.local()
+        self.index = Index(self.root)
 
     # --- plumbing -------------------------------------------------------------------------------
     @contextmanager
     def _db(self, write: bool = False) -> Iterator[sqlite3.Connection]:
-        if write or self._exists():
-            self._ensure()
-        con = getattr(self._local, "con", None)
-        if con is None:
-            # One connection per thread, kept open: closing the last connection checkpoints the
-            # WAL with an fsync, which would cost a training job tens of ms per flush.
-            con = sqlite3.connect(self.db_path, timeout=30)
-            con.row_factory = sqlite3.Row
-            # WAL + synchronous=NORMAL: each commit is atomic and survives a killed process (only
-            # a power cut may lose the last commits, never corrupt the index)
-            con.execute("PRAGMA synchronous=NORMAL")
-            self._local.con = con
-        with con:  # one transaction: committed on success, rolled back on error
-            yield con
+        """One transaction (committed on success, rolled back on error) on this thread's
+        connection: read-only unless ``write``. Any SQLite error becomes a :class:`RunStoreError`."""
+        try:
+            con = self.index.writer() if write else self.index.reader()
+            with con:
+                yield con
+        except sqlite3.Error as e:
+            raise store_error(self.root, e, write) from None
 
     def close(self) -> None:
-        """Close this thread's connection (others close when the store is collected)."""
-        con = getattr(self._local, "con", None)
-        if con is not None:
-            con.close()
-            self._local.con = None
-
-    def _ensure(self) -> None:
-        if self._ready:
-            return
-        with self._init_lock:
-            try:
-                self.root.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise ValueError(f"cannot create the run store {self.root}: {e.strerror}") from None
-            with closing(sqlite3.connect(self.db_path, timeout=30)) as con:
-                con.execute("PRAGMA journal_mode=WAL")
-                con.executescript(_SCHEMA + SWEEP_SCHEMA)
-                have = {r[1] for r in con.execute("PRAGMA table_info(runs)")}
-                for name, kind in _RUN_COLUMNS.items():
-                    if name not in have:
-                        con.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
-                con.execute("CREATE INDEX IF NOT EXISTS runs_sweep ON runs (sweep)")
-                con.commit()
-            self._ready = True
+        """Close this thread's connections (others close when the store is collected)."""
+        self.index.close()
 
     def _exists(self) -> bool:
+        """Whether the index exists (a store never written to has none: nothing to read)."""
+        if self.root.exists() and not self.root.is_dir():
+            raise RunStoreError(f"the run store {self.root} is not a folder (set ${ENV_RUNS} to a folder)")
+        if self.db_path.exists() and not self.db_path.is_file():
+            raise RunStoreError(f"the run store {self.root} cannot be read: {self.db_path} is not a file")
         return self.db_path.is_file()
+
+    def _has(self, con: sqlite3.Connection, table: str) -> bool:
+        """Whether the index has ``table`` (an index written before it existed, read without
+        migrating, or an empty file, lacks it)."""
+        return table in self.index.tables(con)
+
+    def check_writable(self) -> None:
+        """Raise :class:`RunStoreError` unless the store takes a write now (one tiny commit: the
+        index's header), so a job refuses to start instead of training for nothing on a
+        read-only, full or corrupt store."""
+        self._reap()
+        with self._db(write=True) as con:
+            version = con.execute("PRAGMA user_version").fetchone()[0]
+            con.execute(f"PRAGMA user_version = {int(version)}")
+        if not os.access(self.root, os.W_OK):
+            raise store_error(self.root, PermissionError(13, "Permission denied", str(self.root)), write=True)
 
     def path(self, run_id: str) -> Path:
         """The run's checkpoint folder (it exists once the run has finished)."""
@@ -110,6 +100,8 @@ class RunStore(SweepsMixin):
     def create(self, parent: str, task: str | None, config: dict, run_id: str | None = None) -> str:
         """A new run in status ``running``, owned by this process; returns its id."""
         run_id = check_run_id(run_id or new_run_id())
+        self._reap()  # a writer marks the runs of dead processes (listing only shows them so)
+        self._sweep_tmp()  # and removes what their killed saves left
         now = time.time()
         with self._db(write=True) as con:
             con.execute(
@@ -142,7 +134,7 @@ class RunStore(SweepsMixin):
         folder = None
         if model is not None:
             card = dataclasses.replace(Card.from_dict(card), run_id=run_id, status=status, message=message)
-            folder = checkpoint.save(model, self.path(run_id), card, overwrite=True)
+            folder = self._save(model, run_id, card)
         now = time.time()
         with self._db(write=True) as con:
             con.execute(
@@ -176,7 +168,7 @@ class RunStore(SweepsMixin):
             card = dataclasses.replace(
                 Card.from_dict(card), name=RUN_PREFIX + run_id, run_id=run_id, status=status, message=message
             )
-            checkpoint.save(model, self.path(run_id), card, overwrite=True)
+            self._save(model, run_id, card)
         now = time.time()
         rows = [(run_id, int(s), str(n), float(v)) for s, n, v in metrics]
         with self._db(write=True) as con:
@@ -219,20 +211,20 @@ class RunStore(SweepsMixin):
         times), config (dict), summary (dict: before/after metrics), has_weights."""
         if not self._exists():
             return []
-        self._reap()
         with self._db() as con:
+            if not self._has(con, "runs"):
+                return []
             rows = con.execute("SELECT * FROM runs ORDER BY created DESC, id DESC").fetchall()
         return [self._row(r) for r in rows]
 
     def get(self, run_id: str) -> dict:
         """One run's record (as in :meth:`list_runs`) plus its ``card`` when it has weights."""
         run_id = check_run_id(run_id)
+        row = None
         if self._exists():
-            self._reap()
             with self._db() as con:
-                row = con.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
-        else:
-            row = None
+                if self._has(con, "runs"):
+                    row = con.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
             known = [r["id"] for r in self.list_runs()[:5]]
             raise ValueError(
@@ -240,8 +232,7 @@ class RunStore(SweepsMixin):
                 + (f"; recent runs: {', '.join(known)}" if known else " (the store is empty)")
             )
         out = self._row(row)
-        card_path = self.path(run_id) / CARD
-        out["card"] = json.loads(card_path.read_text()) if card_path.is_file() else None
+        out["card"] = self._card(run_id)
         return out
 
     def metrics(self, run_id: str, names: Iterable[str] | None = None) -> pd.DataFrame:
@@ -251,6 +242,8 @@ class RunStore(SweepsMixin):
         if not self._exists():
             return pd.DataFrame(columns=cols)
         with self._db() as con:
+            if not self._has(con, "metrics"):
+                return pd.DataFrame(columns=cols)
             rows = con.execute(
                 "SELECT step, name, value FROM metrics WHERE run = ? ORDER BY rowid", (run_id,)
             ).fetchall()
@@ -275,54 +268,75 @@ class RunStore(SweepsMixin):
         return loaded
 
     # --- internals ----------------------------------------------------------------------------------
+    def _save(self, model: Transformer, run_id: str, card: Card) -> Path:
+        try:
+            return checkpoint.save(model, self.path(run_id), card, overwrite=True)
+        except OSError as e:
+            raise store_error(self.root, e, write=True) from None
+
+    def _card(self, run_id: str) -> dict | None:
+        """The run's card.json as saved, None when there is none (or it cannot be read)."""
+        try:
+            return checkpoint.read_json(self.path(run_id) / CARD)
+        except (OSError, ValueError):
+            return None
+
     def _row(self, r: sqlite3.Row) -> dict:
+        keys = r.keys()
+        status, message = r["status"], r["message"] or ""
+        if status == "running" and self._orphan(r):
+            status, message = self._orphan_outcome(r)
         return {
             "id": r["id"],
             "parent": r["parent"],
             "task": r["task"],
-            "status": r["status"],
-            "message": r["message"] or "",
+            "status": status,
+            "message": message,
             "created": iso(r["created"]),
             "finished": iso(r["finished"]),
             "config": json.loads(r["config"] or "{}"),
             "summary": json.loads(r["summary"] or "{}"),
             "has_weights": (self.root / r["id"] / WEIGHTS).is_file(),
-            "sweep": r["sweep"],
-            "trial": r["trial"],
+            "sweep": r["sweep"] if "sweep" in keys else None,
+            "trial": r["trial"] if "trial" in keys else None,
         }
 
+    @staticmethod
+    def _orphan(r: sqlite3.Row) -> bool:
+        """A row left 'running' by a process of this host that is gone."""
+        return r["status"] == "running" and r["host"] == socket.gethostname() and not pid_alive(r["pid"])
+
+    def _orphan_outcome(self, r: sqlite3.Row) -> tuple[str, str]:
+        """How an orphaned run ended: the status in its card if the checkpoint was written, else
+        failed (its process could not record why: killed, or the store could not be written)."""
+        card = self._card(r["id"]) or {}
+        status = card.get("status")
+        if status in FINAL and isinstance(card.get("message", ""), str):
+            return status, card.get("message", "")
+        return "failed", (
+            f"interrupted: process {r['pid']} ended before the run finished "
+            "(killed, or it could not write its outcome to the run store)"
+        )
+
     def _reap(self) -> None:
-        """Runs left 'running' by a process of this host that is gone: take the status from the
-        card if the checkpoint was written, else mark them failed."""
-        host = socket.gethostname()
+        """Write the outcome of orphaned runs (see :meth:`_orphan_outcome`) into the index; only
+        writers call this (listing shows orphans so without writing)."""
+        if not self._exists():
+            return
         with self._db() as con:
-            orphans = [
-                r
-                for r in con.execute("SELECT id, pid, host FROM runs WHERE status = 'running'")
-                if r["host"] == host and not pid_alive(r["pid"])
-            ]
+            if not self._has(con, "runs"):
+                return
+            orphans = [r for r in con.execute("SELECT * FROM runs WHERE status = 'running'") if self._orphan(r)]
         for r in orphans:
-            card_path = self.root / r["id"] / CARD
-            status, message = "failed", f"interrupted: process {r['pid']} ended before the run finished"
-            if card_path.is_file():
-                try:
-                    card = json.loads(card_path.read_text())
-                    status, message = card.get("status", status), card.get("message", message)
-                except ValueError:
-                    pass
+            status, message = self._orphan_outcome(r)
             with self._db(write=True) as con:
                 con.execute(
                     "UPDATE runs SET status = ?, message = ?, updated = ? WHERE id = ? AND status = 'running'",
-                    (status if status in FINAL else "failed", message, time.time(), r["id"]),
+                    (status, message, time.time(), r["id"]),
                 )
 
     def _sweep_tmp(self) -> None:
-        """Remove hidden temporary folders that a killed save left behind (old ones only: a young
-        one may belong to a save in progress in another process)."""
-        now = time.time()
-        for p in self.root.glob(".*"):
-            try:
-                if p.is_dir() and now - p.stat().st_mtime > STALE_TMP_S:
-                    shutil.rmtree(p, ignore_errors=True)
-            except OSError:
-                pass
+        """Remove the temporary folders that killed saves left behind: at once when their process
+        (on this host) is gone, after STALE_TMP_S otherwise (a young one may be a save in progress
+        on another host)."""
+        checkpoint.remove_stale_tmp(self.root, max_age_s=STALE_TMP_S)

@@ -11,22 +11,17 @@ import time
 
 from attn_core.runs.names import SWEEP_STATUSES, check_run_id, iso, new_run_id, pid_alive
 
-SWEEP_SCHEMA = """
-CREATE TABLE IF NOT EXISTS sweeps (
-    id TEXT PRIMARY KEY, name TEXT NOT NULL, status TEXT NOT NULL, message TEXT DEFAULT '',
-    config TEXT NOT NULL, info TEXT DEFAULT '{}', created REAL NOT NULL, updated REAL NOT NULL,
-    finished REAL, pid INTEGER, host TEXT
-);
-"""
+_GONE = "interrupted: the driver ended before every trial was recorded"
 
 
 class SweepsMixin:
     """The sweep methods of :class:`attn_core.runs.RunStore` (which provides ``root``, ``_db``,
-    ``_exists`` and ``_row``); a run joins a sweep through its ``sweep`` and ``trial`` columns."""
+    ``_exists``, ``_has`` and ``_row``); a run joins a sweep through its ``sweep`` and ``trial`` columns."""
 
     def create_sweep(self, name: str, config: dict, info: dict | None = None) -> str:
         """A new sweep in status ``running``, owned by this process; returns its id."""
         sweep_id = "sweep-" + new_run_id()
+        self._reap_sweeps()
         now = time.time()
         with self._db(write=True) as con:
             con.execute(
@@ -50,6 +45,7 @@ class SweepsMixin:
         if status not in SWEEP_STATUSES:
             raise ValueError(f"a sweep's status is one of {', '.join(SWEEP_STATUSES)}, not {status!r}")
         sweep = self.get_sweep(sweep_id)
+        self._reap_sweeps()
         now = time.time()
         with self._db(write=True) as con:
             con.execute(
@@ -72,8 +68,9 @@ class SweepsMixin:
         ``trials`` (how many the plan has) and ``counts`` (recorded runs per status)."""
         if not self._exists():
             return []
-        self._reap_sweeps()
         with self._db() as con:
+            if not self._has(con, "sweeps"):
+                return []
             rows = con.execute("SELECT * FROM sweeps ORDER BY created DESC, id DESC").fetchall()
             counts: dict[str, dict] = {}
             for r in con.execute(
@@ -88,16 +85,13 @@ class SweepsMixin:
         sweep_id = check_run_id(sweep_id)
         row = None
         if self._exists():
-            self._reap_sweeps()
             with self._db() as con:
+                if not self._has(con, "sweeps"):
+                    return self._no_sweep(sweep_id)
                 row = con.execute("SELECT * FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
                 runs = con.execute("SELECT * FROM runs WHERE sweep = ? ORDER BY created, id", (sweep_id,)).fetchall()
         if row is None:
-            known = [s["id"] for s in self.list_sweeps()[:5]]
-            raise ValueError(
-                f"no sweep {sweep_id!r} in {self.root}"
-                + (f"; recent sweeps: {', '.join(known)}" if known else " (no sweeps yet)")
-            )
+            return self._no_sweep(sweep_id)
         out = self._sweep_row(row)
         out["config"] = json.loads(row["config"] or "{}")
         out["runs"] = [self._row(r) for r in runs]
@@ -106,30 +100,41 @@ class SweepsMixin:
             out["counts"][r["status"]] = out["counts"].get(r["status"], 0) + 1
         return out
 
+    def _no_sweep(self, sweep_id: str):
+        known = [s["id"] for s in self.list_sweeps()[:5]]
+        raise ValueError(
+            f"no sweep {sweep_id!r} in {self.root}"
+            + (f"; recent sweeps: {', '.join(known)}" if known else " (no sweeps yet)")
+        )
+
     def _sweep_row(self, r: sqlite3.Row) -> dict:
         config = json.loads(r["config"] or "{}")
+        gone = self._sweep_gone(r)
         return {
             "id": r["id"],
             "name": r["name"],
-            "status": r["status"],
-            "message": r["message"] or "",
+            "status": "interrupted" if gone else r["status"],
+            "message": _GONE if gone else (r["message"] or ""),
             "created": iso(r["created"]),
             "finished": iso(r["finished"]),
             "info": json.loads(r["info"] or "{}"),
             "trials": len(config.get("trials", ())),
         }
 
+    @staticmethod
+    def _sweep_gone(r: sqlite3.Row) -> bool:
+        """A sweep left 'running' by a process of this host that is gone (listing shows it
+        interrupted; a writer records it so, :meth:`_reap_sweeps`)."""
+        return r["status"] == "running" and r["host"] == socket.gethostname() and not pid_alive(r["pid"])
+
     def _reap_sweeps(self) -> None:
         """Sweeps left 'running' by a process of this host that is gone are ``interrupted``."""
-        host = socket.gethostname()
-        with self._db() as con:
+        with self._db(write=True) as con:
             gone = [
-                r["id"]
-                for r in con.execute("SELECT id, pid, host FROM sweeps WHERE status = 'running'")
-                if r["host"] == host and not pid_alive(r["pid"])
+                r["id"] for r in con.execute("SELECT * FROM sweeps WHERE status = 'running'") if self._sweep_gone(r)
             ]
             for sweep_id in gone:
                 con.execute(
                     "UPDATE sweeps SET status = 'interrupted', message = ? WHERE id = ? AND status = 'running'",
-                    ("interrupted: the driver ended before every trial was recorded", sweep_id),
+                    (_GONE, sweep_id),
                 )

@@ -1,4 +1,4 @@
-"""Training, in seven modules (see docs/architecture.md):
+"""Training, in nine modules (see docs/architecture.md):
 
 - ``config``: the recipes, TrainConfig (one training run) and JobConfig (a retraining run), each
   checked when built;
@@ -11,6 +11,9 @@
 - ``record``: the one step loop with its divergence guard (``record_run``) and the one way a run
   is saved in the run store (``RunRecorder``, ``run_card``);
 - ``snapshot``: what a live job publishes (Snapshot) and the statuses it goes through;
+- ``queue``: how many jobs train at once in a process (``$ATTN_LAB_MAX_JOBS``) and the line the
+  others wait in;
+- ``interrupt``: Ctrl-C as a stop request of the step loop (``sigint_stops``);
 - ``job``: the live retraining job (TrainingJob, preview).
 
 Import from the modules themselves: this package imports nothing, so ``presets`` (which the job's

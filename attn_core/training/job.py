@@ -21,7 +21,8 @@ from attn_core.sources import resolve
 from attn_core.tasks import get_task
 from attn_core.training import telemetry
 from attn_core.training.config import JobConfig
-from attn_core.training.record import Outcome, RunRecorder, measure_final, record_run, run_card
+from attn_core.training.queue import SLOTS, JobSlots, queued_message
+from attn_core.training.record import Outcome, RunRecorder, error_text, measure_final, record_run, run_card
 from attn_core.training.snapshot import Snapshot
 from attn_core.training.trainer import EVAL_SEED_OFFSET, Trainer, init_model
 
@@ -38,9 +39,13 @@ class TrainingJob:
     (NaN/Inf or exploding loss; the last good weights are kept) or failed (an error).
     Two jobs never share state: each loads its own copy of the parent."""
 
-    def __init__(self, cfg: JobConfig, store=None):
+    def __init__(self, cfg: JobConfig, store=None, slots: JobSlots | None = None):
         self.cfg = cfg
+        self.slots = slots if slots is not None else SLOTS
+        self._ticket: int | None = None
         self.store = None if store is False else (store if store is not None else RunStore())
+        if self.store is not None:
+            self.store.check_writable()  # a store that takes no write refuses the job before it trains
         model, task, parent_card = self._parent(cfg)
         self.parent = cfg.source
         self.task = task
@@ -60,6 +65,7 @@ class TrainingJob:
         self._stop = threading.Event()
         self._go = threading.Event()
         self._go.set()
+        self._done = threading.Event()  # set once the run has ended and is saved
         self._thread: threading.Thread | None = None
         self._log = self.recorder.columns
         self._state = dict(
@@ -102,8 +108,14 @@ class TrainingJob:
 
     # --- control (any thread) -------------------------------------------------------------------
     def start(self) -> TrainingJob:
+        """Train in a worker thread, once this process's line of jobs (``training.queue``) lets
+        it: until then its status is ``queued`` and its message says how many jobs are ahead."""
         if self._thread is not None or self._state["status"] != "pending":
             raise RuntimeError("this job has already been started; build a new one to train again")
+        self._ticket = self.slots.ticket()
+        ahead = self.slots.ahead(self._ticket)
+        if ahead:
+            self._publish(status="queued", message=queued_message(ahead))
         self._thread = threading.Thread(target=self._run_safely, name=f"attn-lab job {self.parent}", daemon=True)
         self._thread.start()
         return self
@@ -126,10 +138,12 @@ class TrainingJob:
         self._go.set()
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait for the worker; True when the run has ended."""
-        if self._thread is not None:
-            self._thread.join(timeout)
-        return self.snapshot().done
+        """Wait for the run to end (and be saved); True when it has. Waits on an event, not on
+        ``Thread.join``: a ``KeyboardInterrupt`` inside ``Thread.join`` can mark a live thread as
+        finished (Python 3.11), after which the process would exit under a training thread."""
+        if self._thread is None and self._state["status"] == "pending":
+            return False
+        return self._done.wait(timeout)
 
     @property
     def status(self) -> str:
@@ -213,15 +227,41 @@ class TrainingJob:
         )
 
     def _run_safely(self) -> None:
+        if self._ticket is None:
+            return self._train()
+        try:
+            queued = lambda ahead: self._publish(status="queued", message=queued_message(ahead))  # noqa: E731
+            if self.slots.wait(self._ticket, self._stop.is_set, queued):
+                return self._train()
+            self._publish(status="stopped", message="stopped while queued; nothing was trained or saved")
+            self._done.set()
+        finally:
+            self.slots.release(self._ticket)
+
+    def _train(self) -> None:
         self._t0 = time.perf_counter()
         outcome = Outcome("failed", "")
+        interrupted = None
         try:
             self.recorder.start(self.parent, self.task.name, self.cfg.to_dict())
             self._publish(status="running", before=self._measure())
             outcome = self._loop()
+        except KeyboardInterrupt as e:  # run() in the main thread without sigint_stops: keep the run
+            interrupted = e
+            outcome = Outcome("stopped", f"interrupted at step {self.trainer.step_index} of {self.cfg.steps}")
         except Exception as e:  # an error inside training: the run fails with its reason
-            outcome = Outcome("failed", f"failed at step {self.trainer.step_index + 1}: {type(e).__name__}: {e}")
-        self._finish(outcome)
+            where = (
+                "could not start"
+                if self.store is not None and self.run_id is None
+                else f"failed at step {self.trainer.step_index + 1}"
+            )
+            outcome = Outcome("failed", f"{where}: {error_text(e)}")
+        try:
+            self._finish(outcome)
+        finally:
+            self._done.set()
+        if interrupted is not None:
+            raise interrupted
 
     def _interrupt(self) -> str | None:
         """Between steps: wait while paused (pauses do not count as training time); a stop ends the run."""

@@ -13,19 +13,24 @@ growth (``grow.finetune``) all train through here. See docs/architecture.md.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
+from attn_core import checkpoint
 from attn_core.card import Card, machine, now, public
 from attn_core.model import Transformer
-from attn_core.runs import FINAL
+from attn_core.runs import FINAL, RunStoreError
 from attn_core.sources import RUN_PREFIX
 from attn_core.training.telemetry import step_row
 from attn_core.training.trainer import Diverged, Trainer
 
 FLUSH_EVERY_S = 2.0  # metrics reach the run store at least this often
+UNSAVED = "attn-lab-unsaved"  # folder (in the temp dir, else ~/.cache) of runs the store refused
 
 # on_step(step, row, seconds): row is the step's metrics under their logged names, seconds the
 # time inside Trainer.step (a window of steps read at one sync point shares its time evenly)
@@ -88,6 +93,20 @@ def record_run(
         return Outcome("completed", f"completed {steps} steps")
     finally:
         trainer.callbacks.remove(deliver)
+
+
+def error_text(e: BaseException) -> str:
+    """An error as one line: a :class:`RunStoreError` says itself (which store, why), any other
+    is ``Type: first line``."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    if isinstance(e, RunStoreError):
+        return text
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def rescue_folders(run_id: str) -> list[Path]:
+    """Where the weights of a run the store could not save go, in order of preference."""
+    return [Path(tempfile.gettempdir()) / UNSAVED / run_id, Path.home() / ".cache" / UNSAVED / run_id]
 
 
 def measure_final(trainer: Trainer, outcome: Outcome, measure: Callable[[], dict]) -> tuple[Outcome, dict]:
@@ -162,22 +181,41 @@ class RunRecorder:
         self, outcome: Outcome, model: Transformer | None, card: Card, before: dict | None, after: dict | None
     ) -> Outcome:
         """Write the rest of the log, save ``model`` (a CPU copy) with ``card`` and mark the run
-        finished. A store that fails (disk full, permissions) makes the outcome ``failed``."""
+        finished. A store that fails (disk full, read-only, corrupt) makes the outcome ``failed``
+        with its reason; the weights then go to the first of :func:`rescue_folders` that takes
+        them, named in the message, and the run's row is marked failed with that message if
+        the index still takes a write."""
         if self.store is None or self.run_id is None:
             return outcome
+        summary = {"before": public(before), "after": public(after)}
         try:
             self.flush(force=True)
-            self.store.finish(
-                self.run_id,
-                outcome.status,
-                model,
-                card,
-                message=outcome.message,
-                summary={"before": public(before), "after": public(after)},
-            )
+            self.store.finish(self.run_id, outcome.status, model, card, message=outcome.message, summary=summary)
         except Exception as e:
-            return Outcome("failed", f"{outcome.message}; saving the run failed: {type(e).__name__}: {e}")
+            why = error_text(e)
+            message = f"{outcome.message}; saving the run failed" + (
+                " for the same reason" if why in outcome.message else f": {why}"
+            )
+            if model is not None:
+                message += "; " + self._rescue(model, card, message)
+            try:
+                self.store.finish(self.run_id, "failed", None, card, message=message, summary=summary)
+            except Exception:
+                pass  # the index takes no write: listing shows the run failed once this process is gone
+            return Outcome("failed", message)
         return outcome
+
+    def _rescue(self, model: Transformer, card: Card, message: str) -> str:
+        """Save the weights outside the store; says where (or why nowhere)."""
+        card = dataclasses.replace(Card.from_dict(card), status="failed", message=message)
+        errors = []
+        for folder in rescue_folders(self.run_id):
+            try:
+                checkpoint.save(model, folder, card, overwrite=True)
+                return f"its weights were kept in {folder}"
+            except (OSError, ValueError) as e:
+                errors.append(f"{folder.parent}: {getattr(e, 'strerror', None) or e}")
+        return "its weights could not be kept anywhere (" + "; ".join(errors) + ")"
 
 
 def run_card(

@@ -11,8 +11,9 @@ import pandas as pd
 
 from attn_core.runs import FINAL, STATUSES
 
-# A job is pending, running or paused, then ends like every run (runs.FINAL).
-JOB_STATUSES = ("pending", STATUSES[0], "paused", *FINAL)
+# A job is pending, queued (waiting for a slot, training.queue), running or paused, then ends
+# like every run (runs.FINAL).
+JOB_STATUSES = ("pending", "queued", STATUSES[0], "paused", *FINAL)
 FINAL_STATUSES = FINAL
 
 

@@ -180,3 +180,45 @@ def test_before_start_the_model_is_shown_as_it_is(page):
 def test_precision_picker(page):
     assert page.selectbox(key="retrain_precision").value == "fp32"
     assert page.selectbox(key="retrain_precision").options == list(PRECISIONS)
+
+
+def test_a_second_session_waits_in_line_and_says_so(monkeypatch):
+    """One job trains at a time per server (ATTN_LAB_MAX_JOBS=1): a second browser session's run
+    is queued, says how many jobs are ahead, and trains once the first ends."""
+    monkeypatch.setenv("ATTN_LAB_MAX_JOBS", "1")
+    first, second = open_page(PAGE, MODEL), open_page(PAGE, MODEL)
+    first.number_input(key="retrain_steps").set_value(100_000).run()
+    first.button(key="retrain_start").click().run()
+    try:
+        poll(first, lambda at: job(at).snapshot().step > 0)
+        second.number_input(key="retrain_steps").set_value(5).run()
+        second.button(key="retrain_start").click().run()
+        assert not second.exception and not second.error
+        assert job(second).snapshot().status == "queued"
+        assert any("queued: 1 job ahead" in i.value for i in second.info)
+        assert second.button(key="retrain_stop").proto.disabled is False  # it can leave the line
+        assert job(second).snapshot().step == 0
+    finally:
+        first.button(key="retrain_stop").click().run()
+    poll(first, lambda at: job(at).snapshot().done)
+    poll(second, lambda at: job(at).snapshot().done and at.success)
+    assert job(second).snapshot().status == "completed" and job(second).snapshot().step == 5
+    assert runs.RunStore().get(job(second).snapshot().run_id)["status"] == "completed"
+
+
+def test_a_mis_set_job_limit_is_said_and_nothing_starts(page, monkeypatch):
+    monkeypatch.setenv("ATTN_LAB_MAX_JOBS", "many")
+    page.button(key="retrain_start").click().run()
+    assert "ATTN_LAB_MAX_JOBS must be a whole number" in page.error[0].value
+    assert "retrain_job" not in page.session_state and runs.RunStore().list_runs() == []
+
+
+def test_a_broken_run_store_is_said_before_anything_trains(page, monkeypatch, tmp_path):
+    root = tmp_path / "broken"
+    root.mkdir()
+    (root / "index.sqlite").write_bytes(b"not a database at all" * 100)
+    monkeypatch.setenv("ATTN_LAB_RUNS", str(root))
+    page.button(key="retrain_start").click().run()
+    assert not page.exception
+    assert any("is not a SQLite database" in e.value and "not started" in e.value for e in page.error)
+    assert "retrain_job" not in page.session_state

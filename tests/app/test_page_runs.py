@@ -105,3 +105,26 @@ def test_a_run_picked_in_the_sidebar_is_compared_by_default(store_root, monkeypa
     assert not at.exception
     assert at.multiselect(key="runs_selected").value == [older]
     assert at.sidebar.selectbox(key="model_choice").value == f"run:{older}"
+
+
+def test_a_corrupt_store_is_said_once_and_the_other_pages_still_work(tmp_path, monkeypatch):
+    root = tmp_path / "broken"
+    root.mkdir()
+    (root / "index.sqlite").write_bytes(bytes(range(256)) * 16)  # garbage bytes as the index
+    monkeypatch.setenv("ATTN_LAB_RUNS", str(root))
+    at = AppTest.from_file(PAGE, default_timeout=90).run()
+    assert not at.exception
+    said = [e.value for e in at.error if "is not a SQLite database" in e.value]
+    assert len(said) == 1 and str(root) in said[0] and "\n" not in said[0]
+    # a page with the model picker still lists the zoo, and says why no runs are listed
+    heat = AppTest.from_file(str(Path(PAGE).with_name("1_Heatmaps.py")), default_timeout=90)
+    heat.query_params["model"] = MODEL
+    heat.run()
+    assert not heat.exception and not heat.error
+    assert MODEL in heat.sidebar.selectbox(key="model_choice").options
+    assert any("could not be read" in w.value for w in heat.sidebar.warning)
+    # the Sweeps page says it in one line too, and stays up
+    sweeps = AppTest.from_file(str(Path(PAGE).with_name("10_Sweeps.py")), default_timeout=90).run()
+    assert not sweeps.exception
+    [line] = [e.value for e in sweeps.error if "is not a SQLite database" in e.value]
+    assert said[0].startswith(line)

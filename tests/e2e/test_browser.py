@@ -80,7 +80,7 @@ def test_retrain_live_start_and_stop(page, server):
 
     # the live view redraws by itself (no user action) while the run trains
     texts, start = {progress_text(page)}, time.monotonic()
-    while len(texts) < 3 and time.monotonic() - start < 20:
+    while len(texts) < 3 and time.monotonic() - start < 90:  # a loaded machine redraws slowly, not never
         page.wait_for_timeout(100)
         texts.add(progress_text(page))
     assert len(texts) >= 3, texts

@@ -14,6 +14,7 @@ from attn_core.runs import RunStore
 from attn_core.tasks import get_task
 from attn_core.training.config import JobConfig
 from attn_core.training.job import TrainingJob
+from attn_core.training.queue import JobSlots
 from tests.conftest import make_tiny_model
 
 TASK = get_task("reverse")
@@ -161,7 +162,8 @@ def test_deterministic_under_a_seed(tiny):
 
 def test_two_jobs_at_once_never_share_state(tiny):
     store = RunStore()
-    jobs = [TrainingJob(job_cfg(tiny, seed=s, steps=30), store=store) for s in (1, 1, 2)]
+    slots = JobSlots(limit=lambda: 3)  # all three train at once (a server's line would queue them)
+    jobs = [TrainingJob(job_cfg(tiny, seed=s, steps=30), store=store, slots=slots) for s in (1, 1, 2)]
     params = [{p.data_ptr() for p in j.model.parameters()} for j in jobs]
     assert not (params[0] & params[1]) and not (params[0] & params[2])
     for j in jobs:

@@ -371,15 +371,30 @@ def test_each_run_is_in_the_store(tiny):
     assert loaded.config.qk == "merged" and loaded.card.details["variant"] == "merged + nuclear"
 
 
+# Another thread count sums the same products in another order (and another CPU may pick other
+# kernels): float32 rounding differs in the last bits and grows a little over the steps, so
+# across thread counts the numbers agree to this relative tolerance only; same threads: exactly.
+ACROSS_THREADS_RTOL = 1e-4
+
+
 def test_same_seed_same_numbers(tiny):
     result, _, _ = tiny
-    cfg = Q.CompareConfig(**{**TINY, "seeds": 1, "d_qks": (), "merged_kinds": ("merged + nuclear",), "threads": 2})
-    again = Q.compare(cfg, store=False)
-    assert "2 threads" in again.machine and torch.get_num_threads() == 1  # set for the runs, then restored
-    for rec in again.runs:
-        old = next(r for r in result.runs if r["variant"] == rec["variant"] and r["seed"] == rec["seed"])
-        assert rec["final_loss"] == old["final_loss"] and rec["curves"] == old["curves"]
-        assert rec["run_id"] is None
+    base = {**TINY, "seeds": 1, "d_qks": (), "merged_kinds": ("merged + nuclear",)}
+    same = Q.compare(Q.CompareConfig(**base, threads=1), store=False)  # the threads tiny ran with
+    two = Q.compare(Q.CompareConfig(**base, threads=2), store=False)
+    assert "2 threads" in two.machine and torch.get_num_threads() == 1  # set for the runs, then restored
+    for again, exact in ((same, True), (two, False)):
+        for rec in again.runs:
+            old = next(r for r in result.runs if r["variant"] == rec["variant"] and r["seed"] == rec["seed"])
+            assert rec["run_id"] is None
+            if exact:
+                assert rec["final_loss"] == old["final_loss"] and rec["curves"] == old["curves"]
+                continue
+            assert rec["final_loss"] == pytest.approx(old["final_loss"], rel=ACROSS_THREADS_RTOL)
+            assert [c["step"] for c in rec["curves"]] == [c["step"] for c in old["curves"]]
+            for c, o in zip(rec["curves"], old["curves"]):
+                for key in ("loss", "eval_loss"):
+                    assert c[key] == pytest.approx(o[key], rel=ACROSS_THREADS_RTOL)
 
 
 def test_saved_comparison_round_trips(tiny, tmp_path):

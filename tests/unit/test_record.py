@@ -3,15 +3,17 @@ asked, and a recorded run's card and metric log read back from the run store."""
 
 import json
 import math
+import tempfile
 
 import pytest
 import torch
 
+from attn_core import checkpoint
 from attn_core.card import Card
 from attn_core.runs import RunStore
 from attn_core.tasks import get_task
 from attn_core.training.config import TrainConfig
-from attn_core.training.record import Outcome, RunRecorder, measure_final, record_run, run_card
+from attn_core.training.record import Outcome, RunRecorder, measure_final, record_run, rescue_folders, run_card
 from attn_core.training.telemetry import measure
 from attn_core.training.trainer import Trainer
 from tests.conftest import make_tiny_model
@@ -122,7 +124,12 @@ def test_a_broken_last_step_is_a_divergence():
     assert math.isfinite(after["loss"])
 
 
-def test_a_store_that_fails_makes_the_run_failed(tmp_path):
+def test_a_store_that_fails_makes_the_run_failed(tmp_path, monkeypatch):
+    """A store that refuses the save: the run fails with the true reason, and the trained weights
+    go to a rescue folder that the message names (here under a temp dir of the test's own)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+
     class Broken(RunStore):
         def finish(self, *a, **kw):
             raise OSError("disk full")
@@ -135,7 +142,15 @@ def test_a_store_that_fails_makes_the_run_failed(tmp_path):
         run_id, t, outcome, parent="p", description="", before=None, after=None, samples=1, wall_time_s=0.0, command=""
     )
     out = recorder.finish(outcome, t.model, card, None, None)
-    assert out.status == "failed" and out.message == "completed 2 steps; saving the run failed: OSError: disk full"
+    kept = rescue_folders(run_id)[0]
+    assert kept.is_relative_to(tmp_path)
+    assert out.status == "failed" and out.message == (
+        f"completed 2 steps; saving the run failed: OSError: disk full; its weights were kept in {kept}"
+    )
+    saved = checkpoint.load_path(kept)
+    assert saved.card.status == "failed" and saved.card.message.endswith("saving the run failed: OSError: disk full")
+    for name, w in t.model.state_dict().items():
+        assert torch.equal(saved.model.state_dict()[name], w)
     # without a store nothing is saved and the outcome stands
     assert RunRecorder().finish(outcome, t.model, card, None, None) == outcome
 

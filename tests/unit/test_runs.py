@@ -117,8 +117,10 @@ def test_half_written_run_does_not_break_listing(tmp_path):
     store = RunStore(tmp_path)
     good = finished_run(store)
     orphan = store.create("reverse-1l", "reverse", {"steps": 100})
-    _set_pid(store, orphan, _dead_pid())
-    half = tmp_path / f".{orphan}.k1ll3d"
+    dead = _dead_pid()
+    _set_pid(store, orphan, dead)
+    tag = checkpoint._HOST
+    half = tmp_path / f".{orphan}{checkpoint.TMP_MARK}{tag}-{dead}-k1ll3d"  # what save names it
     half.mkdir()
     (half / checkpoint.WEIGHTS).write_bytes(checkpoint.to_safetensors_bytes(make_tiny_model())[:100])  # truncated
     (half / checkpoint.CONFIG).write_text('{"n_layers": 1, ')
@@ -129,13 +131,32 @@ def test_half_written_run_does_not_break_listing(tmp_path):
     assert resolve(f"run:{good}", store=store).card.status == "completed"
     with pytest.raises(ValueError, match="no saved weights"):
         resolve(f"run:{orphan}", store=store)
-    # an old left-over is swept by the next save; a young one might be a save in progress
+    # the next save removes: at once the folder of a dead process of this host; after an hour
+    # one named the old way (its process unknown). It keeps a young one of unknown origin (maybe
+    # a save in progress elsewhere), one of a live process, and hidden folders that are not ours.
+    legacy = tmp_path / f".{orphan}.a1b2c3d4"
+    legacy.mkdir()
+    notes = tmp_path / ".notes"
+    notes.mkdir()
     old = time.time() - 2 * 3600
-    os.utime(half, (old, old))
+    for p in (legacy, notes):
+        os.utime(p, (old, old))
     young = tmp_path / ".another.tmp123"
     young.mkdir()
+    live = tmp_path / f".x{checkpoint.TMP_MARK}{tag}-{os.getppid()}-abc"
+    live.mkdir()
     finished_run(store)
-    assert not half.exists() and young.exists()
+    assert not half.exists() and not legacy.exists()
+    assert young.exists() and live.exists() and notes.exists()
+
+
+def test_a_killed_save_is_cleaned_by_the_next_save_of_that_folder(tmp_path):
+    """``train --out X`` killed during its save, then run again: the left-over goes at once."""
+    dead = _dead_pid()
+    left = tmp_path / f".model{checkpoint.TMP_MARK}{checkpoint._HOST}-{dead}-zz"
+    left.mkdir()
+    checkpoint.save(make_tiny_model(), tmp_path / "model", {"task": "reverse"})
+    assert not left.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["model"]
 
 
 def test_killed_after_the_checkpoint_keeps_the_card_status(tmp_path):
