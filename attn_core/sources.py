@@ -61,10 +61,17 @@ def _upload_folder(source: str, store: RunStore | None) -> Path:
     return upload_dir(store.root if store is not None else None) / name
 
 
+def _check_source(source: str | Path) -> str:
+    """``source`` as a string, refused when it names nothing (``""`` would be the current folder)."""
+    if not isinstance(source, (str, Path)) or not str(source).strip() or "\x00" in str(source):
+        raise CheckpointError("no model given: name a zoo model, a folder, run:<id> or upload: <name>")
+    return str(source)
+
+
 def weights_path(source: str | Path, store: RunStore | None = None) -> Path:
     """The weights file behind ``source`` (its modification time keys caches); it need not
     exist yet (a run without weights, a deleted upload)."""
-    source = str(source)
+    source = _check_source(source)
     if is_run(source):
         with _as_checkpoint_error():
             return (store or RunStore()).path(source) / WEIGHTS
@@ -77,7 +84,7 @@ def weights_path(source: str | Path, store: RunStore | None = None) -> Path:
 def resolve(source: str | Path, device: str = "cpu", store: RunStore | None = None) -> LoadedModel:
     """The model named by ``source`` (see above), loaded and validated; ``store`` is the run
     store for ``run:`` and ``upload:`` sources (default: the one in ATTN_LAB_RUNS)."""
-    source = str(source)
+    source = _check_source(source)
     if is_run(source):
         with _as_checkpoint_error():  # no such run, a bad id, an unreadable store
             return (store or RunStore()).load_model(source, device)
@@ -108,7 +115,9 @@ def _as_checkpoint_error():
 
 
 def _load(path: Path, device: str) -> LoadedModel:
-    """A folder or file in one of the formats read here: a Hugging Face GPT-2 folder, or ours."""
-    if hf.is_gpt2_folder(path):
-        return hf.load_gpt2(path, device)
-    return checkpoint.load_path(path, device)
+    """A folder or file in one of the formats read here: a Hugging Face GPT-2 folder, or ours.
+    The vocabulary file a card names is checked here, so a card that names a file outside its
+    folder (or a bad one) is refused when the model is loaded."""
+    loaded = hf.load_gpt2(path, device) if hf.is_gpt2_folder(path) else checkpoint.load_path(path, device)
+    checkpoint.read_vocab(loaded.path, loaded.card.vocab_file, loaded.config.d_vocab)
+    return loaded

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from attn_core import limits
 from attn_core.cli.common import JsonOpt, command_line, emit, guarded, needs_task, table
 from attn_core.training.config import TrainConfig
 from attn_core.training.device import check_precision
@@ -45,9 +46,9 @@ def eval_cmd(
     from attn_core.sources import resolve
     from attn_core.training.trainer import evaluate
 
-    if samples <= 0:
-        raise ValueError(f"--samples must be positive, got {samples}")
+    limits.check_count("--samples", samples, limits.MAX_SAMPLES)
     loaded = resolve(name)
+    limits.check_forward("--samples", samples, loaded.config)  # the memory it needs
     needs_task(loaded, "it cannot be evaluated")
     res = evaluate(loaded.model, loaded.task, samples=samples, seed=seed)
     emit(

@@ -112,10 +112,14 @@ def test_attribute_on_a_sample_with_top_and_the_human_table():
 )
 def test_attribute_errors_are_one_line_with_exit_code_2(args, message):
     proc = run("attribute", "induction-2l", *args, "--json", ok=False)
-    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.returncode == 2 and json.loads(proc.stdout)["error"] in proc.stderr
     assert proc.stderr.strip().count("\n") == 0 and message in proc.stderr
 
 
 def test_circuits_errors_are_one_line_with_exit_code_2():
     proc = run("circuits", "induction-2l", "--samples", 0, "--json", ok=False)
-    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "n_samples" in proc.stderr
+    assert (
+        proc.returncode == 2
+        and proc.stderr.strip().count("\n") == 0
+        and "--samples must be an integer in 1.." in proc.stderr
+    )
