@@ -36,6 +36,7 @@ WEIGHTS, CONFIG, CARD = "model.safetensors", "config.json", "card.json"
 MAX_JSON_BYTES = 1_000_000
 MAX_JSON_DEPTH = 64  # nesting levels of a config or card (ours use 4)
 MAX_WEIGHTS_BYTES = 512 * 2**20
+MAX_ABS_WEIGHT = 1e6  # trained weights are O(1) to O(10); beyond this, scores overflow float32
 MAX_VOCAB_BYTES = 64 * 2**20  # a vocabulary file (GPT-2's vocab.json is 1 MiB)
 
 
@@ -129,6 +130,12 @@ def build_checked(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> Transfo
             raise CheckpointError(f"tensor {k} has dtype {t.dtype}; weights must be floating point")
         if not torch.isfinite(t).all():
             raise CheckpointError(f"tensor {k} contains NaN or Inf values")
+        top = float(t.abs().max()) if t.numel() else 0.0
+        if top > MAX_ABS_WEIGHT:
+            raise CheckpointError(
+                f"tensor {k} holds values up to {top:.3g}; weights beyond {MAX_ABS_WEIGHT:g} overflow "
+                "float32 attention scores, so nothing computed from them would be finite"
+            )
     model = Transformer(cfg)
     model.load_state_dict({k: v.float() for k, v in tensors.items()})
     return model
@@ -154,7 +161,7 @@ def read_bytes(path: Path, limit: int) -> bytes:
     """A file's content when it is a regular file of at most ``limit`` bytes (a FIFO, a device
     or a folder is refused without being read: ``attn_core.limits.read_file``)."""
     try:
-        return limits.read_file(path, limit, Path(path).name)
+        return limits.read_file(path, limit, str(path))
     except OSError as e:
         raise CheckpointError(str(e)) from None
     except ValueError as e:
@@ -172,7 +179,10 @@ def read_model_file(folder: str | Path, name: str, limit: int) -> bytes:
     root = Path(folder).resolve()
     target = (root / name).resolve()  # an absolute name replaces root here, and is then refused
     if not target.is_relative_to(root) or target == root:
-        raise CheckpointError(f"{name!r} is outside the model folder {root.name}; only files inside it are read")
+        raise CheckpointError(
+            f"{name!r} leads outside the model folder {root.name} (an absolute path, '..' or a link); "
+            "only files inside the model folder are read"
+        )
     return read_bytes(target, limit)
 
 

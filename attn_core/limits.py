@@ -80,13 +80,13 @@ def check_memory(what: str, n_bytes: float) -> None:
         )
 
 
-def check_count(name: str, value: object, hi: int, lo: int = 1, unit: str = "") -> int:
+def check_count(name: str, value: object, hi: int, lo: int = 1, why: str = "the limit of this lab") -> int:
     """``value`` as an int when it is an integer in ``lo..hi``; else a LimitError (above ``hi``)
     or a ValueError (not an integer, below ``lo``) that states the range."""
     if not is_int(value) or value < lo:
-        raise ValueError(f"{name} must be an integer in {lo}..{hi}{unit}, got {value!r}")
+        raise ValueError(f"{name} must be an integer in {lo}..{hi}, got {value!r}")
     if value > hi:
-        raise LimitError(f"{name} must be at most {hi:,}{unit} (the limit of this lab), got {value:,}")
+        raise LimitError(f"{name} must be at most {hi:,} ({why}), got {value:,}")
     return int(value)
 
 
@@ -104,7 +104,7 @@ def check_forward(name: str, n_sequences: object, cfg, length: int | None = None
 
 def check_threads(name: str, value: object) -> int:
     """A thread count: 1..the CPUs of this machine."""
-    return check_count(name, value, cpu_count(), unit=" (the CPUs of this machine)")
+    return check_count(name, value, cpu_count(), why="the CPUs this process may use")
 
 
 # --- files ---------------------------------------------------------------------------------------

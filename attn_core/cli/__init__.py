@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 import click
 import typer
@@ -39,6 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     on stderr (and with ``--json`` a JSON error object on stdout), never a traceback (set
     ATTN_LAB_DEBUG=1 to see the traceback of an unexpected error)."""
     args = sys.argv[1:] if argv is None else list(argv)
+    warnings.formatwarning = _warning_line
     as_json = "--json" in args
     try:
         code = app(args=args, prog_name="attn-lab", standalone_mode=False)
@@ -64,6 +66,11 @@ def main(argv: list[str] | None = None) -> None:
 # typer >= 0.20 carries its own copy of click: its exceptions and click's are caught alike
 _USAGE_ERRORS = (typer.TyperException, click.ClickException)
 _ABORTS = (typer.Abort, click.exceptions.Abort)
+
+
+def _warning_line(message, category, filename, lineno, line=None) -> str:
+    """A warning as one line on stderr (``warning: ...``), not Python's two lines with source."""
+    return f"warning: {' '.join(str(message).split())}\n"
 
 
 def _usage_line(e: Exception) -> str:

@@ -119,6 +119,10 @@ def guarded(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         except (ValueError, KeyError, OSError, RecursionError) as e:
             fail(message_of(e), bool(kwargs.get("as_json")), error_kind(e))
+        except RuntimeError as e:  # torch's linear algebra on weights it cannot handle
+            if type(e).__name__ != "LinAlgError":
+                raise
+            fail(f"the linear algebra failed on this model's weights ({message_of(e)})", bool(kwargs.get("as_json")))
 
     return wrapper
 
