@@ -215,12 +215,13 @@ def _model_caption(m: LoadedModel) -> None:
     )
 
 
-_MARKDOWN = re.compile(r"([\\`*_{}\[\]()<>#+\-.!|~$:=^&@\"'])")
+# what makes markdown out of text: emphasis, code, links and images ([...]), HTML, headings, LaTeX
+_MARKDOWN = re.compile(r"([\\`*_\[\]<>#$~])")
 
 
 def plain(text: object, limit: int = 500) -> str:
-    """Card text (names, descriptions, a parent) made inert for Streamlit markdown: every
-    markdown character escaped, one line, at most ``limit`` characters. A card is untrusted:
+    """Card text (names, descriptions, a parent) made inert for Streamlit markdown: the markup
+    characters escaped, one line, at most ``limit`` characters. A card is untrusted:
     shown as markdown, ``![x](http://...)`` would load a remote image in the viewer's browser."""
     line = " ".join(str(text).split())
     if len(line) > limit:
