@@ -85,6 +85,14 @@ def resolve(source: str | Path, device: str = "cpu", store: RunStore | None = No
     """The model named by ``source`` (see above), loaded and validated; ``store`` is the run
     store for ``run:`` and ``upload:`` sources (default: the one in ATTN_LAB_RUNS)."""
     source = _check_source(source)
+    loaded = _resolve(source, device, store)
+    # the vocabulary file a card names is checked here, for every kind of source: a card that
+    # names a file outside its folder (or a bad one) is refused when the model is loaded
+    checkpoint.read_vocab(loaded.path, loaded.card.vocab_file, loaded.config.d_vocab)
+    return loaded
+
+
+def _resolve(source: str, device: str, store: RunStore | None) -> LoadedModel:
     if is_run(source):
         with _as_checkpoint_error():  # no such run, a bad id, an unreadable store
             return (store or RunStore()).load_model(source, device)
@@ -115,9 +123,7 @@ def _as_checkpoint_error():
 
 
 def _load(path: Path, device: str) -> LoadedModel:
-    """A folder or file in one of the formats read here: a Hugging Face GPT-2 folder, or ours.
-    The vocabulary file a card names is checked here, so a card that names a file outside its
-    folder (or a bad one) is refused when the model is loaded."""
-    loaded = hf.load_gpt2(path, device) if hf.is_gpt2_folder(path) else checkpoint.load_path(path, device)
-    checkpoint.read_vocab(loaded.path, loaded.card.vocab_file, loaded.config.d_vocab)
-    return loaded
+    """A folder or file in one of the formats read here: a Hugging Face GPT-2 folder, or ours."""
+    if hf.is_gpt2_folder(path):
+        return hf.load_gpt2(path, device)
+    return checkpoint.load_path(path, device)
