@@ -343,6 +343,14 @@ def test_a_forward_pass_beyond_the_memory_limit_is_refused():
         limits.check_forward("--samples", 900_000, cfg.__class__(**{**cfg.to_dict(), "d_vocab": 50_000}))
 
 
+def test_a_vocabulary_view_larger_than_memory_is_refused(monkeypatch):
+    loaded = resolve("reverse-1l")
+    assert bilinear.vocabulary_view(loaded, 0, [0], tokens=[1, 2, 3]).scores.shape[-1] == 3
+    monkeypatch.setattr(limits, "available_memory", lambda: 2 * 2 * 3 * 3 * 4 * 2 - 2)  # just under 3 x 3
+    with pytest.raises(limits.LimitError, match="a view of 3 x 3 scores for 2 heads needs about"):
+        bilinear.vocabulary_view(loaded, 0, [0], tokens=[1, 2, 3])
+
+
 def test_a_long_list_is_summarised():
     assert summarize(["a", "b"]) == "'a', 'b'"
     assert summarize([f"w{i}" for i in range(43_000)]) == "'w0', 'w1', 'w2', 'w3', 'w4' and 42995 more"
