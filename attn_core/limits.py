@@ -62,10 +62,11 @@ def cpu_count() -> int:
 
 
 def size_text(n_bytes: float) -> str:
-    """``1.5 GiB``, ``12 MiB``, ``300 KiB``, ``12 bytes``."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    """``1.5 GiB``, ``12 MiB``, ``300 KiB``, ``12 bytes`` (``4,096 TiB`` beyond a thousand TiB)."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n_bytes >= scale:
-            return f"{n_bytes / scale:.3g} {unit}"
+            x = n_bytes / scale
+            return f"{x:.3g} {unit}" if x < 1000 else f"{x:,.0f} {unit}"
     return f"{int(n_bytes)} bytes"
 
 

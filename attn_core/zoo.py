@@ -39,7 +39,7 @@ def list_models(problems: list[str] | None = None) -> list[dict]:
             if not root.exists():
                 continue
             if not root.is_dir():
-                raise NotADirectoryError(f"{ENV_DIRS} lists {root}, which is not a folder")
+                raise NotADirectoryError(f"it is not a folder (listed in {ENV_DIRS})")
             folders = sorted(p for p in root.iterdir() if not p.name.startswith("."))  # .x: an unfinished save
         except OSError as e:
             found.append(f"skipped {root}: {_reason(e)}")

@@ -140,7 +140,8 @@ def heads_cmd(
 
     check_seed("--seed", seed)
     model = resolve(name).model
-    limits.check_forward("--samples", samples, model.cfg, min(model.cfg.n_ctx, 64) if length is None else length)
+    T = min(model.cfg.n_ctx, 64 if length is None else length)  # a longer --length is refused by head_detectors
+    limits.check_forward("--samples", samples, model.cfg, T)
     det = bilinear.head_detectors(model, n_samples=samples, seed=seed, length=length, rows=rows)
     wide = det.pivot(index=["layer", "head"], columns="detector", values="score").reset_index()
     heads = [
