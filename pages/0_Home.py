@@ -5,7 +5,6 @@ import pandas as pd
 import streamlit as st
 
 import ui
-from attn_core.checkpoint import CheckpointError
 from navigation import PAGES
 
 ui.setup("attn-lab")  # the page config, the title and the sidebar model picker
@@ -76,7 +75,7 @@ for i, m in enumerate(models):
         st.markdown(f"**{ui.plain(m['name'])}** · task {ui.plain(m['task'] or '?')}")  # card text: never markdown
         try:
             card = ui.load_model(m["name"]).card
-        except (CheckpointError, OSError) as e:  # one broken model must not take the page down
+        except (ValueError, OSError) as e:  # one broken model (CheckpointError included) must not take the page down
             st.error(f"Could not be loaded: {ui.plain(e)}")
             continue
         st.caption(ui.plain(card.description))
