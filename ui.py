@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import re
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ ALL_HEADS = "all"  # the head picker's extra choice on pages that can draw every
 _KEPT = "_kept_keys"  # session key: widget keys whose values survive page switches
 _UPLOAD_MSG = "_upload_message"
 _URL_WARNED = "_url_warned"
+_ZOO_WARNED = "_zoo_warned"
 
 
 def setup(title: str, needs_model: bool = True) -> LoadedModel | None:
@@ -85,7 +87,10 @@ def _from_url(param: str, default: Any, valid: Collection | None) -> Any:
     warned = st.session_state.setdefault(_URL_WARNED, set())
     if (param, raw) not in warned:
         warned.add((param, raw))
-        st.warning(f"URL parameter {param}={raw!r} is not valid (allowed: {allowed}); using {default!r} instead.")
+        st.warning(
+            f"URL parameter {param}={plain(repr(raw), 80)} is not valid (allowed: {plain(allowed)}); "
+            f"using {plain(repr(default))} instead."
+        )
     return default
 
 
@@ -140,12 +145,25 @@ def saved_runs() -> list[dict]:
     try:
         return [r for r in runs.RunStore().list_runs() if r["has_weights"]]
     except (ValueError, OSError) as e:  # an unreadable store must not take the zoo down with it
-        st.sidebar.warning(f"The run store in {data_dir()} could not be read: {e}")
+        st.sidebar.warning(f"The run store in {plain(data_dir())} could not be read: {plain(e)}")
         return []
 
 
+def zoo_models() -> list[dict]:
+    """The zoo's models; folders that cannot be read are skipped and named once per session in
+    a sidebar warning (``zoo.list_models`` says why)."""
+    problems: list[str] = []
+    models = zoo.list_models(problems)
+    shown = st.session_state.setdefault(_ZOO_WARNED, set())
+    for text in problems:
+        if text not in shown:
+            shown.add(text)
+            st.sidebar.warning(plain(text), icon=":material/folder_off:")
+    return models
+
+
 def model_names() -> list[str]:
-    names = [m["name"] for m in zoo.list_models()]
+    names = [m["name"] for m in zoo_models()]
     names += [sources.RUN_PREFIX + r["id"] for r in saved_runs()]
     uploads = sources.upload_dir()
     if uploads.is_dir():
@@ -164,7 +182,9 @@ def model_picker() -> LoadedModel | None:
         st.stop()
     wanted = st.query_params.get("model")
     if MODEL_KEY not in st.session_state and wanted is not None and wanted not in names:
-        st.sidebar.warning(f"Model {wanted!r} from the URL is unknown; showing {names[0]!r} instead.")
+        st.sidebar.warning(
+            f"Model {plain(repr(wanted), 80)} from the URL is unknown; showing {plain(repr(names[0]))} instead."
+        )
     remember(MODEL_KEY, wanted if wanted in names else names[0], names)
     choice = st.sidebar.selectbox(
         "Model",
@@ -178,7 +198,7 @@ def model_picker() -> LoadedModel | None:
     try:
         loaded = load_model(choice)
     except (checkpoint.CheckpointError, ValueError, KeyError, OSError) as e:
-        st.error(f"Model {choice!r} could not be loaded: {e}")
+        st.error(f"Model {plain(repr(choice))} could not be loaded: {plain(e)}")
         st.stop()
     _model_caption(loaded)
     return loaded
@@ -188,18 +208,32 @@ def _model_caption(m: LoadedModel) -> None:
     c = m.config
     acc = m.card.accuracy
     acc_txt = f", held-out accuracy {acc:.1%}" if acc is not None else ""
-    parent = f" Retrained from {m.card.parent}." if m.card.parent else ""
+    parent = f" Retrained from {plain(m.card.parent)}." if m.card.parent else ""
     arch = m.card.details.get("architecture")
-    kind = f"{arch} (imported, no task)" if arch else f"task {m.card.task or '?'}"
+    kind = f"{plain(str(arch))} (imported, no task)" if arch else f"task {plain(m.card.task or '?')}"
     extra = ""
     if c.kv_heads < c.n_heads:
         extra += f", {c.kv_heads} key/value heads"
     if c.positional == "rotary":
         extra += f", rotary on {c.rotary_dims} of {c.d_head} dims (θ = {c.rope_theta:g})"
     st.sidebar.caption(
-        f"**{m.name}**: {kind}, {c.n_layers} layer(s) × {c.n_heads} heads, "
+        f"**{plain(m.name)}**: {kind}, {c.n_layers} layer(s) × {c.n_heads} heads, "
         f"d_model {c.d_model}, d_head {c.d_head}, {c.qk} QK{extra}{acc_txt}.{parent}"
     )
+
+
+# what makes markdown out of text: emphasis, code, links and images ([...]), HTML, headings, LaTeX
+_MARKDOWN = re.compile(r"([\\`*_\[\]<>#$~])")
+
+
+def plain(text: object, limit: int = 500) -> str:
+    """Card text (names, descriptions, a parent) made inert for Streamlit markdown: the markup
+    characters escaped, one line, at most ``limit`` characters. A card is untrusted:
+    shown as markdown, ``![x](http://...)`` would load a remote image in the viewer's browser."""
+    line = " ".join(str(text).split())
+    if len(line) > limit:
+        line = line[:limit] + "…"
+    return _MARKDOWN.sub(r"\\\1", line)
 
 
 def layer_head_picker(
@@ -255,7 +289,7 @@ def require_task(loaded: LoadedModel, why: str) -> Task:
     """The guard of a page that needs the model's task (its data, its loss): without one the page
     says "<model> has no known task in its card, so <why>." and stops there."""
     if loaded.task is None:
-        st.warning(f"{loaded.name} has no known task in its card, so {why}.")
+        st.warning(f"{plain(loaded.name)} has no known task in its card, so {why}.")
         st.stop()
     return loaded.task
 
@@ -292,7 +326,7 @@ def _on_upload() -> None:
     try:
         label = save_upload({Path(f.name).name: f.getvalue() for f in files})
     except checkpoint.CheckpointError as e:
-        st.session_state[_UPLOAD_MSG] = ("error", f"Not loaded: {e}")
+        st.session_state[_UPLOAD_MSG] = ("error", f"Not loaded: {plain(e)}")
         return
     st.session_state[MODEL_KEY] = label
     st.session_state[_UPLOAD_MSG] = ("success", f"Loaded and selected “{label}”.")
@@ -302,9 +336,10 @@ def save_upload(files: dict[str, bytes]) -> str:
     """Validate uploaded files (``{file name: content}``) as the zoo loader does and keep the
     model under ``<data dir>/uploads/<name>-<hash>/``; returns its picker label.
 
-    The folder name is built from a sanitised file stem and the content hash, never from a
-    path the user sent, so nothing can be written outside the data directory; the same upload
-    twice lands in the same folder."""
+    The folder name is built from a sanitised file stem and a hash of every uploaded byte
+    (weights, config and card), never from a path the user sent, so nothing can be written
+    outside the data directory. The same upload twice lands in the same folder; an existing
+    folder is reused only when it holds the same model and card, and nothing is overwritten."""
     weights = [n for n in files if n.endswith(".safetensors")]
     unknown = sorted(
         n for n in files if not n.endswith(".safetensors") and n not in (checkpoint.CONFIG, checkpoint.CARD)
@@ -324,12 +359,53 @@ def save_upload(files: dict[str, bytes]) -> str:
     cfg = checkpoint.read_config_bytes(files[checkpoint.CONFIG]) if checkpoint.CONFIG in files else None
     card = Card.from_dict(checkpoint.read_json_bytes(files[checkpoint.CARD])) if checkpoint.CARD in files else None
     stem = re.sub(r"[^A-Za-z0-9_-]+", "-", Path(weights[0]).stem).strip("-")[:40] or "model"
-    digest = hashlib.sha1(data + (files.get(checkpoint.CONFIG) or b"")).hexdigest()[:8]
     loaded = checkpoint.load_bytes(data, cfg=cfg, card=card, name=stem)
-    folder = sources.upload_dir() / f"{stem}-{digest}"
-    if not (folder / checkpoint.WEIGHTS).is_file():
-        checkpoint.save(loaded.model, folder, card=loaded.card, overwrite=True)
-    return sources.UPLOAD_PREFIX + folder.name
+    if loaded.card.vocab_file is not None:  # an upload is three files: a vocabulary would be read from elsewhere
+        raise checkpoint.CheckpointError(
+            f"the card names a vocabulary file ({plain(loaded.card.vocab_file, 80)}), which an upload cannot "
+            "carry; remove vocab_file from card.json"
+        )
+    digest = upload_digest(data, files.get(checkpoint.CONFIG), files.get(checkpoint.CARD))
+    for attempt in range(100):  # a different model under the same name: the next free name, never overwrite
+        folder = sources.upload_dir() / (f"{stem}-{digest}" + (f"-{attempt + 1}" if attempt else ""))
+        if folder.exists():
+            if _same_upload(folder, loaded):
+                return sources.UPLOAD_PREFIX + folder.name
+            continue
+        try:
+            checkpoint.save(loaded.model, folder, card=loaded.card)
+        except checkpoint.CheckpointError:
+            if folder.exists():  # another session saved it first: compare on the next pass
+                continue
+            raise
+        return sources.UPLOAD_PREFIX + folder.name
+    raise checkpoint.CheckpointError(f"too many different uploads named {stem}-{digest}; rename the file")
+
+
+def upload_digest(*parts: bytes | None) -> str:
+    """The name-part of an upload folder: a hash of ALL its bytes (weights, config and card),
+    each part length-prefixed so that moving bytes between parts changes the hash."""
+    h = hashlib.sha256()
+    for part in parts:
+        part = part or b""
+        h.update(len(part).to_bytes(8, "little") + part)
+    return h.hexdigest()[:12]
+
+
+def _card_text(card: Card) -> str:
+    return json.dumps(card.to_dict(), sort_keys=True, default=str)  # NaN == NaN here, unlike in a dict
+
+
+def _same_upload(folder: Path, loaded: LoadedModel) -> bool:
+    """Whether the upload kept in ``folder`` is ``loaded``: the same config, card and weights."""
+    try:
+        kept = sources.resolve(sources.UPLOAD_PREFIX + folder.name)
+    except (checkpoint.CheckpointError, OSError):
+        return False
+    if kept.config != loaded.config or _card_text(kept.card) != _card_text(loaded.card):
+        return False
+    mine, theirs = loaded.model.state_dict(), kept.model.state_dict()
+    return mine.keys() == theirs.keys() and all(mine[k].equal(theirs[k]) for k in mine)
 
 
 # --- figures -----------------------------------------------------------------------------------

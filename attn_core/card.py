@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from attn_core.validate import is_int, is_number
+from attn_core.validate import is_int, is_number, is_real
 
 # The measurements a card's ``metrics`` (and a run's before/after) may hold, in display order.
 MEASURE_KEYS = ("accuracy", "loss", "entropy_data", "entropy_vocab", "top1_mass", "stable_rank")
@@ -37,12 +37,25 @@ def public(measured: dict | None) -> dict | None:
     return None if measured is None else {k: measured[k] for k in MEASURE_KEYS if k in measured}
 
 
+def _is_measurement(v: object) -> bool:
+    """An object whose :data:`MEASURE_KEYS` (those present) are numbers (NaN allowed) or null."""
+    return isinstance(v, dict) and all(v.get(k) is None or is_real(v[k]) for k in MEASURE_KEYS)
+
+
+def _is_str(v: object) -> bool:
+    return isinstance(v, str)
+
+
+def _is_dict(v: object) -> bool:
+    return isinstance(v, dict)
+
+
 # field name -> (accepted check, what it must be); None is allowed for every optional field
 _CHECKS = {
     "name": (lambda v: isinstance(v, str), "a string"),
     "task": (lambda v: isinstance(v, str), "a task name (a string)"),
     "description": (lambda v: isinstance(v, str), "a string"),
-    "metrics": (lambda v: isinstance(v, dict), "an object of measurements"),
+    "metrics": (_is_measurement, "an object of measurements (numbers)"),
     "seed": (is_int, "an integer"),
     "steps": (is_int, "an integer"),
     "wall_time_s": (is_number, "a number of seconds"),
@@ -59,6 +72,21 @@ _CHECKS = {
     "message": (lambda v: isinstance(v, str), "a string"),
     "source": (lambda v: isinstance(v, str), "a string"),
     "vocab_file": (lambda v: isinstance(v, str), "a file name"),
+}
+
+# the sections a kind of run adds (kept in Card.details): checked when present, like the fields
+DETAIL_CHECKS = {
+    "before": (_is_measurement, "an object of measurements (numbers)"),
+    "after": (_is_measurement, "an object of measurements (numbers)"),
+    "per_head": (_is_dict, "an object"),
+    "job": (_is_dict, "an object (the job's settings)"),
+    "grow": (_is_dict, "an object (the growth summary)"),
+    "regularizers": (lambda v: isinstance(v, (list, dict)), "a list of regularizer specs"),
+    "regularized_heads": (lambda v: isinstance(v, (list, str)), "a list of heads"),
+    "variant": (_is_str, "a variant name"),
+    "truncation": (lambda v: isinstance(v, list), "a list"),
+    "architecture": (_is_str, "an architecture name"),
+    "note": (_is_str, "a string"),
 }
 
 
@@ -109,13 +137,21 @@ class Card:
             raise ValueError(f"{what} must be a JSON object, not {type(raw).__name__}")
         known = {f.name for f in fields(cls)} - {"details"}
         values: dict = {}
-        for key in known & set(raw):
-            v = raw[key]
-            if v is None:
-                continue
-            ok, must = _CHECKS[key]
-            if not ok(v):
-                raise ValueError(f"{what}: {key!r} must be {must}, not {type(v).__name__}")
-            values[key] = v
+        for key, v in raw.items():
+            ok, must = _CHECKS.get(key) or DETAIL_CHECKS.get(key) or (None, "")
+            if v is not None and ok is not None and not ok(v):
+                bad = [k for k in MEASURE_KEYS if isinstance(v, dict) and not (v.get(k) is None or is_real(v[k]))]
+                if bad:  # a measurement object with a wrong value: name the value
+                    key, v, must = f"{key}.{bad[0]}", v[bad[0]], "a number"
+                raise ValueError(f"{what}: {key!r} must be {must}, not {_type_name(v)}")
+            if key in known and v is not None:
+                values[key] = v
         details = {k: v for k, v in raw.items() if k not in known}
         return cls(**values, details=details)
+
+
+def _type_name(v: object) -> str:
+    """What a JSON value is, for a message."""
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(type(v)) or (
+        "a number" if isinstance(v, (int, float)) else type(v).__name__
+    )

@@ -14,16 +14,11 @@ to views, jobs and pages).
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import math
-import os
-import re
 import shutil
-import socket
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,13 +26,19 @@ import torch
 from safetensors.torch import load as st_load_bytes
 from safetensors.torch import save as st_save_bytes
 
+from attn_core import limits
 from attn_core.card import Card
+from attn_core.destinations import remove_stale_tmp, tmp_prefix
 from attn_core.model import ModelConfig, Transformer
 from attn_core.tasks import TASKS, Task
+from attn_core.validate import is_int
 
 WEIGHTS, CONFIG, CARD = "model.safetensors", "config.json", "card.json"
 MAX_JSON_BYTES = 1_000_000
+MAX_JSON_DEPTH = 64  # nesting levels of a config or card (ours use 4)
 MAX_WEIGHTS_BYTES = 512 * 2**20
+MAX_ABS_WEIGHT = 1e6  # trained weights are O(1) to O(10); beyond this, scores overflow float32
+MAX_VOCAB_BYTES = 64 * 2**20  # a vocabulary file (GPT-2's vocab.json is 1 MiB)
 
 
 class CheckpointError(ValueError):
@@ -101,7 +102,7 @@ def load_bytes(
     if card is None:
         meta_card = _metadata(data).get("card")
         card = Card.from_dict(
-            _parse_json_text(meta_card, "card in the safetensors metadata") if meta_card else None,
+            parse_json(meta_card, "card in the safetensors metadata") if meta_card else None,
             "the card in the safetensors metadata",
         )
     model = build_checked(cfg, tensors)
@@ -130,6 +131,12 @@ def build_checked(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> Transfo
             raise CheckpointError(f"tensor {k} has dtype {t.dtype}; weights must be floating point")
         if not torch.isfinite(t).all():
             raise CheckpointError(f"tensor {k} contains NaN or Inf values")
+        top = float(t.abs().max()) if t.numel() else 0.0
+        if top > MAX_ABS_WEIGHT:
+            raise CheckpointError(
+                f"tensor {k} holds values up to {top:.3g}; weights beyond {MAX_ABS_WEIGHT:g} overflow "
+                "float32 attention scores, so nothing computed from them would be finite"
+            )
     return Transformer.from_tensors(cfg, tensors)
 
 
@@ -150,33 +157,108 @@ def refuse_pickle(data: bytes) -> None:
 
 
 def read_bytes(path: Path, limit: int) -> bytes:
-    """A file's content, refused when it is larger than ``limit`` bytes."""
-    size = path.stat().st_size
-    if size > limit:
-        raise CheckpointError(f"{path.name} is {size / 2**20:.1f} MiB; the limit is {limit / 2**20:.0f} MiB")
-    return path.read_bytes()
-
-
-def read_json(path: Path) -> dict:
-    """A JSON object from a file (size-limited)."""
-    raw = read_bytes(path, MAX_JSON_BYTES)
+    """A file's content when it is a regular file of at most ``limit`` bytes (a FIFO, a device
+    or a folder is refused without being read: ``attn_core.limits.read_file``)."""
     try:
-        obj = json.loads(raw)
+        return limits.read_file(path, limit, str(path))
+    except OSError as e:
+        raise CheckpointError(str(e)) from None
     except ValueError as e:
-        raise CheckpointError(f"{path.name} is not valid JSON ({e})") from None
-    if not isinstance(obj, dict):
-        raise CheckpointError(f"{path.name} must hold a JSON object")
-    return obj
+        raise CheckpointError(str(e)) from None
+
+
+def read_model_file(folder: str | Path, name: str, limit: int) -> bytes:
+    """The file ``name`` inside the model folder ``folder``, for a name that a card or a config
+    gives (a vocabulary, a tokenizer): resolved relative to the folder (symlinks followed), it
+    must stay inside the folder, be a regular file and hold at most ``limit`` bytes. Anything
+    else, an absolute path or ``..`` leading out included, is a :class:`CheckpointError` and
+    nothing outside the folder is opened."""
+    if not isinstance(name, str) or not name.strip() or "\x00" in name:
+        raise CheckpointError(f"{name!r} is not a file name inside the model folder")
+    root = Path(folder).resolve()
+    target = (root / name).resolve()  # an absolute name replaces root here, and is then refused
+    if not target.is_relative_to(root) or target == root:
+        raise CheckpointError(
+            f"{name!r} leads outside the model folder {root.name} (an absolute path, '..' or a link); "
+            "only files inside the model folder are read"
+        )
+    return read_bytes(target, limit)
+
+
+def parse_json(text: str | bytes, what: str, limit: int = MAX_JSON_BYTES):
+    """Parse untrusted JSON text: at most ``limit`` bytes and :data:`MAX_JSON_DEPTH` levels of
+    nesting (deeper JSON would exhaust the recursion of every reader after this one). Every JSON
+    a user gives (configs, cards, uploads, vocabularies) is read through here."""
+    if len(text) > limit:
+        raise CheckpointError(f"{what} is {limits.size_text(len(text))}; the limit is {limits.size_text(limit)}")
+    try:
+        obj = json.loads(text)
+    except RecursionError:
+        obj = None
+    except (ValueError, TypeError) as e:  # UnicodeDecodeError, oversized integers included
+        raise CheckpointError(f"{what} is not valid JSON ({_first_line(e)})") from None
+    else:
+        if _depth(obj) <= MAX_JSON_DEPTH:
+            return obj
+    raise CheckpointError(f"{what} is nested more than {MAX_JSON_DEPTH} levels deep")
+
+
+def _depth(obj) -> int:
+    """Nesting depth of parsed JSON (0 for a scalar), without recursion."""
+    deepest, stack = 0, [(obj, 0)]
+    while stack:
+        node, d = stack.pop()
+        if isinstance(node, (dict, list)):
+            d += 1
+            deepest = max(deepest, d)
+            if d > MAX_JSON_DEPTH:
+                break
+            stack.extend((v, d) for v in (node.values() if isinstance(node, dict) else node))
+    return deepest
+
+
+def read_json(path: Path, what: str | None = None) -> dict:
+    """A JSON object from a file: a regular file, size- and depth-limited (:func:`parse_json`)."""
+    return _object(parse_json(read_bytes(Path(path), MAX_JSON_BYTES), what or Path(path).name), what or Path(path).name)
 
 
 def read_json_bytes(data: bytes, what: str = "card.json") -> dict:
     """A JSON object given as bytes (an uploaded card.json)."""
-    if len(data) > MAX_JSON_BYTES:
-        raise CheckpointError(f"{what} is too large")
-    obj = _parse_json_text(data, what)
+    return _object(parse_json(data, what), what)
+
+
+def read_vocab(folder: Path | None, name: str | None, d_vocab: int) -> list[str] | None:
+    """Token names from the vocabulary file ``name`` that a card names (``vocab_file``), read
+    with :func:`read_model_file` (inside the model folder only) and checked: a JSON object of
+    token -> id (ids outside the vocabulary are ignored) or a list of token strings, at most
+    ``limits.MAX_TOKENS_FILE`` entries. None when the card names none or the model has no folder
+    (a lone weights file, an in-memory model)."""
+    if name is None or folder is None or not Path(folder).is_dir():
+        return None
+    what = f"the vocabulary file {name!r}"
+    raw = parse_json(read_model_file(folder, name, MAX_VOCAB_BYTES), what, MAX_VOCAB_BYTES)
+    if not isinstance(raw, (dict, list)) or len(raw) > limits.MAX_TOKENS_FILE:
+        raise CheckpointError(
+            f"{what} must be a JSON object of token -> id or a list of tokens (at most {limits.MAX_TOKENS_FILE:,})"
+        )
+    names = [str(i) for i in range(d_vocab)]
+    pairs = raw.items() if isinstance(raw, dict) else ((word, i) for i, word in enumerate(raw))
+    for word, i in pairs:
+        if not isinstance(word, str) or not is_int(i):
+            raise CheckpointError(f"{what}: entry {word!r}: {i!r} is not a token string with an integer id")
+        if 0 <= i < d_vocab:
+            names[i] = word
+    return names
+
+
+def _object(obj, what: str) -> dict:
     if not isinstance(obj, dict):
-        raise CheckpointError(f"{what} must hold a JSON object")
+        raise CheckpointError(f"{what} must hold a JSON object, not {_json_type(obj)}")
     return obj
+
+
+def _json_type(obj) -> str:
+    return {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(obj), "a number")
 
 
 def read_card(path: Path) -> Card:
@@ -196,9 +278,7 @@ def read_config(path: Path) -> ModelConfig:
 
 def read_config_bytes(data: bytes) -> ModelConfig:
     """A config.json given as bytes (an upload)."""
-    if len(data) > MAX_JSON_BYTES:
-        raise CheckpointError("config.json is too large")
-    return _config_from_dict(_parse_json_text(data, "config.json"))
+    return _config_from_dict(parse_json(data, "config.json"))
 
 
 def _config_from_dict(raw) -> ModelConfig:
@@ -213,8 +293,8 @@ def _metadata(data: bytes) -> dict:
     if n <= 0 or 8 + n > len(data):
         return {}
     try:
-        header = json.loads(data[8 : 8 + n])
-    except ValueError:
+        header = parse_json(data[8 : 8 + n], "the safetensors header")
+    except CheckpointError:
         return {}
     meta = header.get("__metadata__") if isinstance(header, dict) else None
     return meta if isinstance(meta, dict) else {}
@@ -224,14 +304,7 @@ def _config_from_metadata(data: bytes) -> ModelConfig:
     text = _metadata(data).get("config")
     if not text:
         raise CheckpointError("the safetensors file carries no config; provide its config.json")
-    return _config_from_dict(_parse_json_text(text, "config in the safetensors metadata"))
-
-
-def _parse_json_text(text, what: str):
-    try:
-        return json.loads(text)
-    except (ValueError, TypeError) as e:
-        raise CheckpointError(f"{what} is not valid JSON ({e})") from None
+    return _config_from_dict(parse_json(text, "config in the safetensors metadata"))
 
 
 def _first_line(e: Exception) -> str:
@@ -262,7 +335,7 @@ def save(model: Transformer, folder: str | Path, card: Card | dict | None = None
         raise CheckpointError(f"{folder} already exists; choose a new folder (nothing was overwritten)")
     folder.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_tmp(folder.parent, folder.name)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}{TMP_MARK}{_HOST}-{os.getpid()}-", dir=folder.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=tmp_prefix(folder.name), dir=folder.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; a saved model is readable like any folder
     try:
         (tmp / WEIGHTS).write_bytes(to_safetensors_bytes(model, card))
@@ -279,75 +352,6 @@ def save(model: Transformer, folder: str | Path, card: Card | dict | None = None
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return folder
-
-
-TMP_MARK = ".tmp-"  # .<folder>.tmp-<host tag>-<pid>-<random>[-old]: a save in progress (or killed)
-_HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
-_TMP = re.compile(r"\.tmp-([0-9a-f]{8})-(\d+)-[A-Za-z0-9_]+(?:-old)?$")
-_OLD_TMP = re.compile(r"^\.[^.]+\.(?:[a-z0-9_]{8}|old)$")  # mkdtemp's names before TMP_MARK
-
-
-def check_destination(path: str | Path, what: str = "--out") -> Path:
-    """Refuse, before any work, a destination that exists or cannot be created: the nearest
-    existing folder above it must take a new (hidden, removed at once) folder."""
-    path = Path(path).expanduser()
-    if path.exists() or path.is_symlink():
-        raise ValueError(f"{what} {path} already exists; choose a new path (nothing was overwritten)")
-    parent = path.absolute().parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ValueError(f"{what} {path}: {parent} is not a folder")
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=f".{path.name}{TMP_MARK}{_HOST}-{os.getpid()}-", dir=parent))
-    except OSError as e:
-        raise ValueError(f"{what} {path} cannot be written ({e.strerror or e} in {parent})") from None
-    return path
-
-
-def pid_alive(pid: int | None) -> bool:
-    """Whether process ``pid`` of this host exists."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    return True
-
-
-def tmp_owner(path: Path) -> tuple[bool, int] | None:
-    """(made on this host, pid) of a temporary save folder of :func:`save`, None for any other name."""
-    m = _TMP.search(path.name)
-    return None if m is None or not path.name.startswith(".") else (m.group(1) == _HOST, int(m.group(2)))
-
-
-def remove_stale_tmp(directory: Path, name: str | None = None, max_age_s: float | None = None) -> list[Path]:
-    """Remove the temporary save folders in ``directory`` (of folder ``name`` only, if given) whose
-    process on this host is gone; with ``max_age_s``, also those older than that (a save on
-    another host, or one named by an older version: ``.<name>.<8 characters>``). Nothing else
-    is touched. Returns what was removed."""
-    removed, now = [], time.time()
-    try:
-        entries = list(directory.glob(f".{glob.escape(name)}.*" if name else ".*"))
-    except OSError:
-        return removed
-    for p in entries:
-        try:
-            if not p.is_dir() or p.is_symlink():
-                continue
-            owner = tmp_owner(p)
-            mine_and_dead = owner is not None and owner[0] and not pid_alive(owner[1]) and owner[1] != os.getpid()
-            ours = owner is not None or _OLD_TMP.match(p.name) is not None
-            too_old = ours and max_age_s is not None and now - p.stat().st_mtime > max_age_s
-            if mine_and_dead or too_old:
-                shutil.rmtree(p, ignore_errors=True)
-                removed.append(p)
-        except OSError:
-            pass
-    return removed
 
 
 def _json_default(o):

@@ -60,10 +60,17 @@ def _upload_folder(source: str, store: RunStore | None) -> Path:
     return upload_dir(store.root if store is not None else None) / name
 
 
+def _check_source(source: str | Path) -> str:
+    """``source`` as a string, refused when it names nothing (``""`` would be the current folder)."""
+    if not isinstance(source, (str, Path)) or not str(source).strip() or "\x00" in str(source):
+        raise CheckpointError("no model given: name a zoo model, a folder, run:<id> or upload: <name>")
+    return str(source)
+
+
 def weights_path(source: str | Path, store: RunStore | None = None) -> Path:
     """The weights file behind ``source`` (its modification time keys caches); it need not
     exist yet (a run without weights, a deleted upload)."""
-    source = str(source)
+    source = _check_source(source)
     if is_run(source):
         with _as_checkpoint_error():
             return (store or RunStore()).path(source) / WEIGHTS
@@ -78,7 +85,15 @@ def weights_path(source: str | Path, store: RunStore | None = None) -> Path:
 def resolve(source: str | Path, device: str = "cpu", store: RunStore | None = None) -> LoadedModel:
     """The model named by ``source`` (see above), loaded and validated; ``store`` is the run
     store for ``run:`` and ``upload:`` sources (default: the one in ATTN_LAB_RUNS)."""
-    source = str(source)
+    source = _check_source(source)
+    loaded = _resolve(source, device, store)
+    # the vocabulary file a card names is checked here, for every kind of source: a card that
+    # names a file outside its folder (or a bad one) is refused when the model is loaded
+    checkpoint.read_vocab(loaded.path, loaded.card.vocab_file, loaded.config.d_vocab)
+    return loaded
+
+
+def _resolve(source: str, device: str, store: RunStore | None) -> LoadedModel:
     if is_run(source):
         with _as_checkpoint_error():  # no such run, a bad id, an unreadable store
             return (store or RunStore()).load_model(source, device)

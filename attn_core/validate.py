@@ -10,6 +10,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from collections.abc import Iterable
+
+MAX_SEED = 2**63 - 1  # torch's generators take signed 64-bit seeds
 
 
 def is_int(value: object) -> bool:
@@ -20,6 +23,11 @@ def is_int(value: object) -> bool:
 def is_number(value: object) -> bool:
     """A finite real number that is not a bool."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
+
+
+def is_real(value: object) -> bool:
+    """A real number that is not a bool; NaN and infinities count (a measurement may be NaN)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def check(ok: bool, message: str, prefix: str = "") -> None:
@@ -37,6 +45,20 @@ def check_int(name: str, value: object, lo: int | None = None, hi: int | None = 
         prefix,
     )
     return int(value)
+
+
+def check_seed(name: str, value: object, prefix: str = "") -> int:
+    """A seed: an integer in 0..2^63-1, what torch's generators take (a larger one would fail
+    deep inside torch with "Overflow when unpacking long long")."""
+    return check_int(name, value, 0, MAX_SEED, prefix)
+
+
+def summarize(items: Iterable, first: int = 5) -> str:
+    """A list for a one-line message: every item when there are few, else the count and the
+    first few (``'x', 'y', 'z' and 42997 more``)."""
+    items = list(items)
+    shown = ", ".join(repr(v)[:40] for v in items[:first])
+    return shown if len(items) <= first else f"{shown} and {len(items) - first} more"
 
 
 def check_float(

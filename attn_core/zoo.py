@@ -7,6 +7,7 @@ Hugging Face folder of a supported family (``attn_core/hf/``), and its name is t
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 from attn_core import hf
@@ -27,29 +28,55 @@ def model_dirs() -> list[Path]:
     return dirs
 
 
-def list_models() -> list[dict]:
-    """One summary per model folder found in the zoo and the user's folders."""
-    out = []
+def list_models(problems: list[str] | None = None) -> list[dict]:
+    """One summary per model folder found in the zoo and the user's folders.
+
+    A folder that cannot be read (bad JSON, a wrong type in its card, no permission, a file
+    where a folder should be, ...) is skipped, never fatal: each is one sentence that names it,
+    appended to ``problems`` when a list is given, else issued as a :class:`ModelFolderWarning`."""
+    out, found = [], []
     for root in model_dirs():
-        if not root.is_dir():
+        try:
+            if not root.exists():
+                continue
+            if not root.is_dir():
+                raise NotADirectoryError(f"it is not a folder (listed in {ENV_DIRS})")
+            folders = sorted(p for p in root.iterdir() if not p.name.startswith("."))  # .x: an unfinished save
+        except OSError as e:
+            found.append(f"skipped {root}: {_reason(e)}")
             continue
-        for folder in sorted(
-            p
-            for p in root.iterdir()
-            if not p.name.startswith(".")  # an unfinished save (see checkpoint.save)
-            and (p / CONFIG).is_file()
-            and ((p / WEIGHTS).is_file() or (p / hf.INDEX).is_file())
-        ):
+        for folder in folders:
             try:
+                if not (
+                    (folder / CONFIG).is_file() and ((folder / WEIGHTS).is_file() or (folder / hf.INDEX).is_file())
+                ):
+                    continue  # not a model folder
                 raw = hf.hf_config(folder)
                 if raw is not None:  # a Hugging Face folder: its config mapped, no card
                     cfg, card = hf.model_config(raw), Card(details={"architecture": raw["model_type"]})
                 else:
                     cfg, card = read_config(folder / CONFIG), read_card(folder / CARD)
-            except CheckpointError:
-                continue  # a broken user folder must not hide the rest of the zoo
-            out.append(summary(folder.name, cfg, card, folder))
+                out.append(summary(folder.name, cfg, card, folder))
+            except Exception as e:  # noqa: BLE001 -- one bad folder must not hide the rest of the zoo
+                found.append(f"skipped model folder {folder}: {_reason(e)}")
+    if problems is not None:
+        problems.extend(found)
+    else:
+        for text in found:
+            warnings.warn(text, ModelFolderWarning, stacklevel=2)
     return out
+
+
+class ModelFolderWarning(UserWarning):
+    """A model folder that :func:`list_models` skipped (the message names it and says why)."""
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, RecursionError):
+        return "its JSON is nested too deeply"
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return " ".join(str(e).split())[:300] or type(e).__name__
 
 
 def summary(name: str, cfg: ModelConfig, card: Card, path: Path | None = None) -> dict:
@@ -71,11 +98,16 @@ def summary(name: str, cfg: ModelConfig, card: Card, path: Path | None = None) -
 def locate(name_or_path: str | Path) -> Path:
     """The folder (or file) of a zoo/user model name, or a path to a model folder or
     .safetensors file; an unknown name is a :class:`CheckpointError` listing the known ones."""
+    if not str(name_or_path).strip():
+        raise CheckpointError("no model given: name a zoo model, a model folder or a .safetensors file")
     p = Path(name_or_path).expanduser()
     if p.exists():
         return p
     for root in model_dirs():
-        if (root / str(name_or_path) / CONFIG).is_file():
-            return root / str(name_or_path)
-    known = ", ".join(m["name"] for m in list_models()) or "none"
+        try:
+            if (root / str(name_or_path) / CONFIG).is_file():
+                return root / str(name_or_path)
+        except (OSError, ValueError):  # a name the file system cannot hold: not a model here
+            continue
+    known = ", ".join(m["name"] for m in list_models(problems=[])) or "none"
     raise CheckpointError(f"no model named {str(name_or_path)!r}; known models: {known}")

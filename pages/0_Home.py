@@ -5,7 +5,6 @@ import pandas as pd
 import streamlit as st
 
 import ui
-from attn_core import zoo
 from navigation import PAGES
 
 ui.setup("attn-lab")  # the page config, the title and the sidebar model picker
@@ -33,7 +32,7 @@ st.caption(
     "Toy transformers trained by `attn-lab train --preset NAME` and shipped in `assets/models/`. "
     "Accuracy is measured on 512 held-out samples of the model's task."
 )
-models = zoo.list_models()
+models = ui.zoo_models()
 table = pd.DataFrame(
     [
         {
@@ -72,10 +71,14 @@ st.dataframe(
 
 cols = st.columns(3)
 for i, m in enumerate(models):
-    card = ui.load_model(m["name"]).card
     with cols[i % 3].container(border=True):
-        st.markdown(f"**{m['name']}** · task `{m['task']}`")
-        st.caption(card.description)
+        st.markdown(f"**{ui.plain(m['name'])}** · task {ui.plain(m['task'] or '?')}")  # card text: never markdown
+        try:
+            card = ui.load_model(m["name"]).card
+        except (ValueError, OSError) as e:  # one broken model (CheckpointError included) must not take the page down
+            st.error(f"Could not be loaded: {ui.plain(e)}")
+            continue
+        st.caption(ui.plain(card.description))
         acc = m["accuracy"]
         st.metric(
             "held-out accuracy",

@@ -89,7 +89,7 @@ with c_input:
                 )
                 tokens = bilinear.random_tokens(loaded, int(seed), int(length))
     except ValueError as e:
-        st.error(f"This input does not work: {e}")
+        st.error(f"This input does not work: {ui.plain(e)}")
         st.stop()
 
 view = sequence_view(loaded, tokens, layer)

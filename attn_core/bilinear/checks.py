@@ -1,11 +1,13 @@
 """The input checks of the bilinear engine, in one place: a layer, heads, token ids, and the
 model object a function takes. Each failure is a ValueError (TypeError for a wrong object) of
-one sentence that names the valid range."""
+one sentence that names the valid range (a ``limits.LimitError`` for a view larger than the
+memory limit)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from attn_core import limits
 from attn_core.model import Transformer
 from attn_core.sources import LoadedModel
 from attn_core.validate import is_int
@@ -44,6 +46,8 @@ def check_tokens(model: Transformer, token_ids: Sequence[int], max_len: int | No
     top = model.cfg.n_ctx if max_len is None else max_len
     if len(ids) > top:
         raise ValueError(f"{len(ids)} tokens exceed the model context of {top}")
+    n, h = len(ids), model.cfg.n_heads  # a view holds scores and pattern, [heads, n, n] each
+    limits.check_memory(f"a view of {n} x {n} scores for {h} heads", 2 * h * n * n * limits.FLOAT_BYTES)
     return ids
 
 

@@ -2,24 +2,27 @@
 
 Every function takes the :class:`~attn_core.sources.LoadedModel` (what ``sources.resolve``
 returns): the names come from its task, or its folder's ``tokenizer.json`` (typed text is then
-tokenized by it), or its card's Hugging Face ``vocab.json``, else the ids.
+tokenized by it), or the vocabulary file its card names (a Hugging Face ``vocab.json``, read
+only inside the model's folder), else the ids.
 """
 
 from __future__ import annotations
 
-import json
-from functools import lru_cache
+import functools
+import os
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
 
+from attn_core import checkpoint
 from attn_core.bilinear.checks import check_loaded, check_tokens
 from attn_core.hf import tokenizer as hf_tokenizer
 from attn_core.sources import LoadedModel
+from attn_core.validate import check_seed, summarize
 
 
-@lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=8)
 def _tokenizer_and_names(folder: str, mtime_ns: int, d_vocab: int) -> tuple[Tokenizer, tuple[str, ...]] | None:
     tok = hf_tokenizer.load_tokenizer(Path(folder))
     return None if tok is None else (tok, tuple(hf_tokenizer.token_strings(tok, d_vocab)))
@@ -49,7 +52,8 @@ def _task(loaded: LoadedModel):
 
 
 def token_names(loaded: LoadedModel) -> list[str]:
-    """Names of every token: the task's, the Hugging Face vocab.json's, else the ids."""
+    """Names of every token: the task's, those of the vocabulary file the card names (read only
+    inside the model's folder, bounded and checked: ``checkpoint.read_vocab``), else the ids."""
     V = check_loaded(loaded, "token_names").model.cfg.d_vocab
     task = _task(loaded)
     if task is not None:
@@ -57,13 +61,22 @@ def token_names(loaded: LoadedModel) -> list[str]:
     found = _tokenizer_entry(loaded)
     if found is not None:
         return list(found[1])
-    vocab = loaded.card.vocab_file
-    names = [str(i) for i in range(V)]
-    if vocab and Path(vocab).is_file():
-        for word, i in json.loads(Path(vocab).read_text()).items():
-            if isinstance(i, int) and 0 <= i < V:
-                names[i] = word
-    return names
+    folder = loaded.path if loaded.path is not None and Path(loaded.path).is_dir() else None
+    name = loaded.card.vocab_file
+    if folder is None or name is None:
+        return [str(i) for i in range(V)]
+    try:
+        st = os.stat(Path(folder) / name)
+        stamp = (st.st_mtime_ns, st.st_size)
+    except (OSError, ValueError):  # read_vocab says what is wrong
+        stamp = None
+    return list(_vocab(str(folder), name, V, stamp))
+
+
+@functools.lru_cache(maxsize=8)
+def _vocab(folder: str, name: str, V: int, stamp) -> tuple[str, ...]:
+    """The checked vocabulary, read once per file version (``stamp``: its mtime and size)."""
+    return tuple(checkpoint.read_vocab(Path(folder), name, V))
 
 
 def encode(loaded: LoadedModel, text: str) -> list[int]:
@@ -73,6 +86,9 @@ def encode(loaded: LoadedModel, text: str) -> list[int]:
     model = check_loaded(loaded, "encode").model
     task = _task(loaded)
     if task is not None:
+        n = len(text.split())
+        if n > task.n_ctx:  # before the task lists every unknown name
+            raise ValueError(f"{n} tokens exceed the model context of {task.n_ctx}")
         return task.encode(text)
     tok = tokenizer(loaded)
     if tok is not None:
@@ -80,18 +96,16 @@ def encode(loaded: LoadedModel, text: str) -> list[int]:
     words = text.split()
     if not words:
         raise ValueError("no tokens given")
+    if len(words) > model.cfg.n_ctx:
+        raise ValueError(f"{len(words)} tokens exceed the model context of {model.cfg.n_ctx}")
     index = {n: i for i, n in enumerate(token_names(loaded))}
-    ids = []
-    for w in words:
-        if w in index:
-            ids.append(index[w])
-        elif w.lstrip("-").isdigit():
-            ids.append(int(w))
-        else:
-            raise ValueError(
-                f"unknown token {w!r}: give token ids 0..{model.cfg.d_vocab - 1} or names of the vocabulary"
-            )
-    return check_tokens(model, ids)
+    unknown = [w for w in words if w not in index and not w.lstrip("-").isdigit()]
+    if unknown:
+        raise ValueError(
+            f"{len(unknown)} unknown token{'s' * (len(unknown) != 1)} ({summarize(unknown)}): "
+            f"give token ids 0..{model.cfg.d_vocab - 1} or names of the vocabulary"
+        )
+    return check_tokens(model, [index[w] if w in index else int(w) for w in words])
 
 
 def sample_tokens(loaded: LoadedModel, seed: int = 0) -> list[int]:
@@ -99,7 +113,7 @@ def sample_tokens(loaded: LoadedModel, seed: int = 0) -> list[int]:
     task = check_loaded(loaded, "sample_tokens").task
     if task is None:
         raise ValueError("this model has no task in its card; type tokens or use random tokens instead")
-    return task.sample(1, seed=seed, split="test").tokens[0].tolist()
+    return task.sample(1, seed=check_seed("the sample seed", seed), split="test").tokens[0].tolist()
 
 
 def random_tokens(loaded: LoadedModel, seed: int = 0, length: int | None = None) -> list[int]:
@@ -108,5 +122,5 @@ def random_tokens(loaded: LoadedModel, seed: int = 0, length: int | None = None)
     length = min(cfg.n_ctx, 64) if length is None else length
     if not 1 <= length <= cfg.n_ctx:
         raise ValueError(f"length {length} is outside 1..{cfg.n_ctx}")
-    g = torch.Generator().manual_seed(int(seed))
+    g = torch.Generator().manual_seed(check_seed("the random seed", seed))
     return torch.randint(0, cfg.d_vocab, (length,), generator=g).tolist()

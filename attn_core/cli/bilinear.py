@@ -7,7 +7,9 @@ from pathlib import Path
 
 import typer
 
-from attn_core.cli.common import JsonOpt, NameArg, check_head, emit, guarded, input_tokens, table
+from attn_core import limits
+from attn_core.cli.common import JsonOpt, NameArg, check_finite, check_head, emit, guarded, input_tokens, table
+from attn_core.validate import check_seed
 
 app = typer.Typer()
 
@@ -37,6 +39,7 @@ def spectrum_cmd(
     from attn_core.sources import resolve
 
     rows = bilinear.spectrum(resolve(name).model, augmented=augmented)
+    check_finite("the spectrum of B", *(r["singular_values"] for r in rows))
 
     def human(rs):
         rows = [dict(r, sigma_1=r["singular_values"][0], lambda_sym_1=r["eigenvalues_sym"][0]) for r in rs]
@@ -81,6 +84,7 @@ def scores_cmd(
     check_head(loaded, layer, head)
     ids = input_tokens(loaded, tokens, sample_seed, random_seed)
     view = bilinear.sequence_view(loaded, ids, layer, [head])
+    check_finite(f"the scores of L{layer}H{head}", view.scores[0][view.mask], view.pattern[0][view.mask])
     per_row = {m: v[0] for m, v in view.concentration(k).items()}
     valid = metrics.informative_rows(view.mask, view.pattern[0].shape)
     summary = {m: {s: float(t) for s, t in metrics.summarize(v, valid).items()} for m, v in per_row.items()}
@@ -134,7 +138,11 @@ def heads_cmd(
     from attn_core import bilinear
     from attn_core.sources import resolve
 
-    det = bilinear.head_detectors(resolve(name).model, n_samples=samples, seed=seed, length=length, rows=rows)
+    check_seed("--seed", seed)
+    model = resolve(name).model
+    T = min(model.cfg.n_ctx, 64 if length is None else length)  # a longer --length is refused by head_detectors
+    limits.check_forward("--samples", samples, model.cfg, T)
+    det = bilinear.head_detectors(model, n_samples=samples, seed=seed, length=length, rows=rows)
     wide = det.pivot(index=["layer", "head"], columns="detector", values="score").reset_index()
     heads = [
         {"layer": int(r["layer"]), "head": int(r["head"]), **{d: float(r[d]) for d in bilinear.DETECTORS}}

@@ -9,14 +9,17 @@ import math
 
 import typer
 
+from attn_core import limits
 from attn_core.circuits.composition import KINDS, N_SAMPLES
 from attn_core.cli.common import JsonOpt, NameArg, check_head, emit, guarded, input_tokens, table
+from attn_core.validate import check_seed
 
 app = typer.Typer()
 
 N_SIGMA = 3  # singular values of W_OV in the human table
 N_EDGES = 8  # composition edges in the human summary
 N_TERMS = 3  # rank-1 terms per key in the human table
+MAX_BASELINE_SAMPLES = 10_000  # random matrix pairs per shape of the composition baseline
 
 
 def strongest_edges(doc: dict, top: int = N_EDGES) -> list[dict]:
@@ -76,6 +79,8 @@ def circuits_cmd(
     from attn_core.circuits import circuits_report
     from attn_core.sources import resolve
 
+    limits.check_count("--samples", samples, MAX_BASELINE_SAMPLES)
+    check_seed("--seed", seed)
     emit(circuits_report(resolve(name).model, n_samples=samples, seed=seed), as_json, _circuits_text)
 
 

@@ -68,21 +68,64 @@ def table(rows: list[dict], cols: list[str]) -> str:
 # --- errors --------------------------------------------------------------------------------------
 
 
-def fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
+MAX_MESSAGE = 400  # characters of an error line; longer messages are cut, with a count
+
+
+def fail(message: str, as_json: bool = False, kind: str = "invalid") -> None:
+    """Report an error and exit 2: one line ``error: ...`` on stderr and, with ``--json``, the
+    object ``{"error": ..., "kind": ...}`` on stdout, so a script reading stdout learns why."""
+    raise typer.Exit(report(message, as_json, kind, 2))
+
+
+def report(message: str, as_json: bool, kind: str, code: int) -> int:
+    """Print an error as :func:`fail` does; returns ``code`` (the exit status to use)."""
+    line = " ".join(str(message).split()) or kind  # one line, whatever the message held
+    if len(line) > MAX_MESSAGE:
+        line = f"{line[:MAX_MESSAGE]}... ({len(line) - MAX_MESSAGE} more characters)"
+    if as_json:
+        typer.echo(json.dumps({"error": line, "kind": kind}))
+    typer.echo(f"error: {line}", err=True)
+    return code
+
+
+def error_kind(e: BaseException) -> str:
+    """What kind of error ``e`` is, for the ``kind`` of a JSON error: ``limit`` (a size beyond
+    the limits), ``model`` (a model that cannot be read), ``file`` (a file or folder), ``invalid``
+    (a bad setting), ``internal`` (anything else: a bug)."""
+    from attn_core.checkpoint import CheckpointError
+    from attn_core.limits import LimitError
+
+    for cls, kind in ((LimitError, "limit"), (CheckpointError, "model"), (OSError, "file")):
+        if isinstance(e, cls):
+            return kind
+    return "invalid" if isinstance(e, (ValueError, KeyError, TypeError, RecursionError)) else "internal"
+
+
+def message_of(e: BaseException) -> str:
+    """The one-line message of an expected error."""
+    if isinstance(e, KeyError) and e.args:
+        return str(e.args[0])
+    if isinstance(e, RecursionError):
+        return "the input is nested too deeply to read"
+    if isinstance(e, OSError) and e.strerror and e.filename:
+        return f"{e.filename}: {e.strerror}"
+    return str(e) or type(e).__name__
 
 
 def guarded(fn: Callable) -> Callable:
-    """Turn expected errors (bad input, bad files) into one clear line and exit code 2."""
+    """Turn expected errors (bad input, bad files, sizes beyond the limits) into one clear line
+    and exit code 2 (and a JSON error object on stdout with ``--json``)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (ValueError, KeyError, FileNotFoundError, IsADirectoryError, PermissionError) as e:
-            msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-            fail(str(msg))
+        except (ValueError, KeyError, OSError, RecursionError) as e:
+            fail(message_of(e), bool(kwargs.get("as_json")), error_kind(e))
+        except RuntimeError as e:  # torch's linear algebra on weights it cannot handle
+            if type(e).__name__ != "LinAlgError":
+                raise
+            fail(f"the linear algebra failed on this model's weights ({message_of(e)})", bool(kwargs.get("as_json")))
 
     return wrapper
 
@@ -91,6 +134,20 @@ def at_least(option: str, value: int, lo: int) -> None:
     """``ValueError("--option must be at least lo, got value")`` when ``value < lo``."""
     if value < lo:
         raise ValueError(f"{option} must be at least {lo}, got {value}")
+
+
+def check_finite(what: str, *values) -> None:
+    """Refuse a result that is not finite (weights so large that the scores overflow float32
+    print as null otherwise, and would look like a result)."""
+    import torch
+
+    for v in values:
+        t = torch.as_tensor(v, dtype=torch.float64) if not isinstance(v, torch.Tensor) else v
+        if t.numel() and not bool(torch.isfinite(t).all()):
+            raise ValueError(
+                f"{what} are not finite (NaN or Inf): the model's weights are too large for float32 "
+                "arithmetic, so there is no result to show"
+            )
 
 
 def needs_task(loaded, why: str) -> None:
@@ -106,9 +163,13 @@ def input_tokens(loaded, tokens: str | None, sample_seed: int | None, random_see
     """Typed tokens, a task sample or random tokens (at most one given; default: sample 0 when
     the model has a task, else random tokens with seed 0)."""
     from attn_core import bilinear
+    from attn_core.validate import check_seed
 
     if sum(x is not None for x in (tokens, sample_seed, random_seed)) > 1:
         raise ValueError("give at most one of --tokens, --sample-seed and --random-seed")
+    for option, seed in (("--sample-seed", sample_seed), ("--random-seed", random_seed)):
+        if seed is not None:
+            check_seed(option, seed)
     if tokens is not None:
         return bilinear.encode(loaded, tokens)
     if random_seed is not None or (sample_seed is None and loaded.task is None):

@@ -56,7 +56,7 @@ def grow_cmd(
     """Grow d_k of one head along the functional gradient (seed 001): fit the descent target of the
     scores by batch least squares, truncate to rank d_k + p, pick the step by line search, then
     fine-tune and compare with random and zero growth."""
-    from attn_core import checkpoint, grow
+    from attn_core import checkpoint, destinations, grow
     from attn_core.card import Card
     from attn_core.sources import resolve
     from attn_core.training.interrupt import exit_on_ctrl_c
@@ -64,7 +64,7 @@ def grow_cmd(
     loaded = resolve(name)
     needs_task(loaded, "there is no loss to grow it on")
     if out is not None:
-        checkpoint.check_destination(out)  # exists, or cannot be written: said before the work
+        destinations.check_destination(out)  # exists, or cannot be written: said before the work
     cfg = GrowConfig(
         layer=layer,
         head=head,

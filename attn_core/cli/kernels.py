@@ -10,7 +10,9 @@ from pathlib import Path
 
 import typer
 
-from attn_core.cli.common import JsonOpt, NameArg, at_least, check_head, emit, guarded, needs_task, table
+from attn_core import limits
+from attn_core.cli.common import JsonOpt, NameArg, check_head, emit, guarded, needs_task, table
+from attn_core.validate import check_seed
 
 app = typer.Typer()
 
@@ -27,6 +29,9 @@ _KERNEL_COLS = [
     "spectral_norm",
 ]
 
+
+MAX_KERNEL_SEEDS = 1000  # random draws averaged over
+MAX_REPEATS = 1000  # timed calls per (n, method)
 
 BENCH_FILE = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels.py"
 
@@ -74,8 +79,10 @@ def kernels_cmd(
 
     if method not in kernels.METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(kernels.METHODS)}")
-    for what, value in (("--features", features), ("--seeds", seeds), ("--samples", samples)):
-        at_least(what, value, 1)
+    limits.check_count("--features", features, limits.MAX_FEATURES)
+    limits.check_count("--seeds", seeds, MAX_KERNEL_SEEDS)
+    limits.check_count("--samples", samples, limits.MAX_SAMPLES)
+    check_seed("--seed", seed)
     loaded = resolve(name)
     check_head(loaded, layer, head)
     _softmax_model(loaded)
@@ -127,13 +134,15 @@ def kernels_bench_cmd(
     float32): milliseconds, speed-up, peak memory and the crossover n from which each method wins."""
     from attn_core import kernels
 
-    bench = _bench()
     min_n = 256
-    at_least("--max-n", max_n, min_n)
+    limits.check_count("--max-n", max_n, limits.MAX_SEQUENCE, lo=min_n)
     if threads is not None:
-        at_least("--threads", threads, 1)
-    for what, value in (("--repeats", repeats), ("--features", features)):
-        at_least(what, value, 1)
+        limits.check_threads("--threads", threads)
+    limits.check_count("--repeats", repeats, MAX_REPEATS)
+    limits.check_count("--features", features, limits.MAX_FEATURES)
+    # exact attention materialises [heads, n, n] scores and pattern at the longest n
+    limits.check_memory(f"--max-n {max_n} (exact attention of 4 heads at n = {max_n})", 2 * 4 * max_n**2 * 4)
+    bench = _bench()
     methods = kernels.CAUSAL_METHODS[:2] if causal else bench.BENCH_METHODS
     result = bench.run(
         max_n=max_n,

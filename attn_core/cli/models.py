@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from attn_core import limits
 from attn_core.cli.common import JsonOpt, command_line, emit, guarded, needs_task, table
 from attn_core.training.config import TrainConfig
 from attn_core.training.device import check_precision
@@ -45,9 +46,9 @@ def eval_cmd(
     from attn_core.sources import resolve
     from attn_core.training.trainer import evaluate
 
-    if samples <= 0:
-        raise ValueError(f"--samples must be positive, got {samples}")
+    limits.check_count("--samples", samples, limits.MAX_SAMPLES)
     loaded = resolve(name)
+    limits.check_forward("--samples", samples, loaded.config)  # the memory it needs
     needs_task(loaded, "it cannot be evaluated")
     res = evaluate(loaded.model, loaded.task, samples=samples, seed=seed)
     emit(
@@ -79,7 +80,7 @@ def train_cmd(
 ):
     """Train a preset from scratch; with --out, save model.safetensors, config.json and card.json.
     Ctrl-C ends it (exit status 130) without writing --out."""
-    from attn_core.checkpoint import check_destination
+    from attn_core.destinations import check_destination
     from attn_core.presets import train_preset
     from attn_core.training.interrupt import exit_on_ctrl_c
 

@@ -93,7 +93,7 @@ def compare_qk_cmd(
     weight decay, with a nuclear-norm penalty) on the same data and seeds; loss, accuracy, rank of
     B, parameters and time per step per variant. Ctrl-C stops the run under way (kept as
     stopped) and reports the runs made so far (exit status 130)."""
-    from attn_core.checkpoint import check_destination
+    from attn_core.destinations import check_destination
     from attn_core.qk import compare
     from attn_core.training.interrupt import SIGINT_EXIT, sigint_stops
 

@@ -73,7 +73,7 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel
     key = f"{path.name}:{hashlib.sha1(stamp.encode()).hexdigest()[:16]}"
     card = Card(
         source=str(path),
-        vocab_file=str(path / VOCAB) if (path / VOCAB).is_file() and not (path / TOKENIZER).is_file() else None,
+        vocab_file=VOCAB if (path / VOCAB).is_file() and not (path / TOKENIZER).is_file() else None,
         details={"architecture": kind, "note": gpt2.IMPORTED},
     )
     return LoadedModel(name=path.name, model=model.to(device).eval(), config=cfg, card=card, path=path, key=key)

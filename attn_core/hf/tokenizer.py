@@ -5,12 +5,12 @@ pickle, no hub), so a user types text and sees token strings as labels. Without 
 
 from __future__ import annotations
 
-import stat
+import os
 from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from attn_core.checkpoint import CheckpointError
+from attn_core.checkpoint import CheckpointError, read_model_file
 
 TOKENIZER = "tokenizer.json"
 VOCAB = "vocab.json"
@@ -19,21 +19,14 @@ MAX_TEXT_CHARS = 200_000
 
 
 def load_tokenizer(folder: Path) -> Tokenizer | None:
-    """The folder's own tokenizer.json (a regular file inside it, of bounded size), or None."""
-    path = folder / TOKENIZER
-    try:
-        info = path.lstat()
-    except OSError:
+    """The folder's own tokenizer.json (a regular file inside it, of bounded size, read by
+    ``checkpoint.read_model_file``), or None when there is none."""
+    if not os.path.lexists(folder / TOKENIZER):
         return None
-    if not stat.S_ISREG(info.st_mode):
-        raise CheckpointError(f"{TOKENIZER} in {folder.name} is not a regular file")
-    if info.st_size > MAX_TOKENIZER_BYTES:
-        raise CheckpointError(
-            f"{TOKENIZER} is {info.st_size / 2**20:.0f} MiB; the limit is {MAX_TOKENIZER_BYTES // 2**20} MiB"
-        )
+    data = read_model_file(folder, TOKENIZER, MAX_TOKENIZER_BYTES)
     try:
-        return Tokenizer.from_file(str(path))
-    except Exception as e:  # the Rust parser raises its own exception type
+        return Tokenizer.from_str(data.decode("utf-8"))
+    except Exception as e:  # the Rust parser raises its own exception type; bad UTF-8 too
         raise CheckpointError(f"{TOKENIZER} could not be read ({str(e).splitlines()[0][:160]})") from None
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from attn_core import limits
 from attn_core.kernels.features import (
     OPTIONS,
     _check_method,
     _check_qkv,
-    _positive_int,
     _scale_stabilize,
     favor_features,
     maclaurin_draw,
@@ -37,7 +37,12 @@ def factors(
     six iterations are far from converged on the ill-conditioned kernels of trained heads."""
     _check_method(method)
     _check_qkv(q, k)
-    features = _positive_int(features, "features")
+    features = limits.check_count("features", features, limits.MAX_FEATURES)
+    rows = q.numel() // max(q.shape[-1], 1) + k.numel() // max(k.shape[-1], 1)
+    limits.check_memory(
+        f"{method} with {features} features on {q.shape[-2]} tokens",
+        limits.FLOAT_BYTES * (2 * rows * features + features * (q.shape[-1] + features)),
+    )
     unknown = sorted(set(options) - set(OPTIONS[method]))
     if unknown:
         raise ValueError(f"{method} takes no option {unknown[0]!r}; its options are {', '.join(OPTIONS[method])}")

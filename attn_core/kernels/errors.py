@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from attn_core import limits
 from attn_core.bilinear.checks import check_heads, check_layer
 from attn_core.bilinear.heads import layer_form
 from attn_core.hooks import act_name
@@ -180,6 +181,12 @@ def head_error(
     """One method at one feature count on one head, as a JSON-ready dict: method, features, seeds,
     rel_error_mean/std, tv_mean/std, kl_mean/std, and the head's spectrum and q/k norms (FAVOR+'s
     variance grows like exp(|q + k|^2), Maclaurin's with |q| |k|)."""
+    limits.check_count("features", features, limits.MAX_FEATURES)
+    n_seq, n = tokens.shape[0], tokens.shape[-1]
+    limits.check_memory(
+        f"{method} with {features} features on {n_seq} sequences of {n} tokens",
+        limits.FLOAT_BYTES * (n_seq * n * (4 * features + 4 * n) + 4 * features**2),
+    )
     q, k, v = head_qkv(model, tokens, layer, head)
     row = summarize(error_curve(q, k, v, (method,), (features,), range(seeds), causal, balance, **options)).iloc[0]
     stats = {key: float(row[key]) for key in row.index if key.endswith(("_mean", "_std"))}

@@ -9,7 +9,7 @@ import secrets
 import time
 from pathlib import Path
 
-from attn_core.checkpoint import pid_alive  # noqa: F401  (re-exported: runs of dead processes)
+from attn_core.destinations import pid_alive  # noqa: F401  (re-exported: runs of dead processes)
 
 ENV_RUNS = "ATTN_LAB_RUNS"
 STATUSES = ("running", "completed", "stopped", "diverged", "failed")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from attn_core import checkpoint
+from attn_core import checkpoint, destinations
 from attn_core.card import Card
 from attn_core.checkpoint import CARD, WEIGHTS, CheckpointError, LoadedModel
 from attn_core.model import Transformer
@@ -339,4 +339,4 @@ class RunStore(SweepsMixin):
         """Remove the temporary folders that killed saves left behind: at once when their process
         (on this host) is gone, after STALE_TMP_S otherwise (a young one may be a save in progress
         on another host)."""
-        checkpoint.remove_stale_tmp(self.root, max_age_s=STALE_TMP_S)
+        destinations.remove_stale_tmp(self.root, max_age_s=STALE_TMP_S)

@@ -9,8 +9,11 @@ import shlex
 from dataclasses import asdict, dataclass, field, fields
 
 from attn_core import regularizers as R
+from attn_core.limits import MAX_SAMPLES, MAX_STEPS
 from attn_core.training.device import check_precision, check_sync_every, select_device
-from attn_core.validate import check, is_int, is_number
+from attn_core.validate import MAX_SEED, check, is_int, is_number
+
+MAX_BATCH = 65_536  # sequences per training batch
 
 
 @dataclass
@@ -37,23 +40,27 @@ class TrainConfig:
         def ok(cond: bool, msg: str) -> None:
             check(cond, msg, prefix="invalid training setting: ")
 
-        def count(v, lo: int = 1) -> bool:
-            return is_int(v) and v >= lo
+        def count(v, lo: int = 1, hi: int | None = MAX_STEPS) -> bool:
+            return is_int(v) and lo <= v and (hi is None or v <= hi)
 
-        ok(count(self.steps), f"steps must be a positive integer, got {self.steps!r}")
-        ok(count(self.batch_size) and self.batch_size <= 65536, f"batch_size must be 1..65536, got {self.batch_size!r}")
+        ok(count(self.steps, hi=None), f"steps must be a positive integer, got {self.steps!r}")
+        ok(self.steps <= MAX_STEPS, f"steps must be at most {MAX_STEPS:,} (the limit of this lab), got {self.steps:,}")
+        ok(count(self.batch_size, hi=MAX_BATCH), f"batch_size must be 1..{MAX_BATCH}, got {self.batch_size!r}")
         ok(is_number(self.lr) and 0 < self.lr <= 10, f"lr must be in (0, 10], got {self.lr!r}")
         ok(is_number(self.weight_decay) and self.weight_decay >= 0, "weight_decay must be >= 0")
         ok(
             is_number(self.beta1) and is_number(self.beta2) and 0 <= self.beta1 < 1 and 0 <= self.beta2 < 1,
             "betas must be in [0, 1)",
         )
-        ok(count(self.warmup_steps, 0), "warmup_steps must be >= 0")
+        ok(count(self.warmup_steps, 0), f"warmup_steps must be 0..{MAX_STEPS:,}, got {self.warmup_steps!r}")
         ok(is_number(self.min_lr_ratio) and 0 <= self.min_lr_ratio <= 1, "min_lr_ratio must be in [0, 1]")
         ok(is_number(self.grad_clip) and self.grad_clip > 0, "grad_clip must be positive")
-        ok(count(self.eval_every), "eval_every must be a positive integer")
-        ok(count(self.eval_samples), "eval_samples must be positive")
-        ok(is_int(self.seed), f"seed must be an integer, got {self.seed!r}")
+        ok(count(self.eval_every), f"eval_every must be 1..{MAX_STEPS:,}, got {self.eval_every!r}")
+        ok(
+            count(self.eval_samples, hi=MAX_SAMPLES),
+            f"eval_samples must be 1..{MAX_SAMPLES:,}, got {self.eval_samples!r}",
+        )
+        ok(count(self.seed, 0, MAX_SEED), f"seed must be an integer in 0..2^63-1, got {self.seed!r}")
         check_precision(self.precision, prefix="invalid training setting: ")
         check_sync_every(self.sync_every, prefix="invalid training setting: ")
         select_device(self.device)  # raises on an unknown or unavailable device
@@ -111,28 +118,39 @@ class JobConfig:
             isinstance(self.source, str) and self.source.strip() != "",
             "source must name a model, run:<id> or scratch:<preset>",
         )
-        ok(is_int(self.steps) and self.steps > 0, f"steps must be a positive integer, got {self.steps!r}")
-        for name in (
-            "eval_every",
-            "eval_samples",
-            "telemetry_every",
-            "spectrum_every",
-            "probe_samples",
-            "measure_samples",
+
+        def count(v, lo: int = 1, hi: int | None = MAX_STEPS) -> bool:
+            return is_int(v) and lo <= v and (hi is None or v <= hi)
+
+        ok(count(self.steps, hi=None), f"steps must be a positive integer, got {self.steps!r}")
+        ok(self.steps <= MAX_STEPS, f"steps must be at most {MAX_STEPS:,} (the limit of this lab), got {self.steps:,}")
+        for name, hi in (
+            ("eval_every", MAX_STEPS),
+            ("telemetry_every", MAX_STEPS),
+            ("spectrum_every", MAX_STEPS),
+            ("eval_samples", MAX_SAMPLES),
+            ("probe_samples", MAX_SAMPLES),
+            ("measure_samples", MAX_SAMPLES),
         ):
             v = getattr(self, name)
-            ok(is_int(v) and v > 0, f"{name} must be a positive integer, got {v!r}")
+            ok(count(v, hi=hi), f"{name} must be an integer in 1..{hi:,}, got {v!r}")
         if self.entmax_alpha is not None:
             ok(
                 is_number(self.entmax_alpha) and 1.0 <= self.entmax_alpha <= 2.0,
                 f"entmax_alpha must be in [1, 2] (1 softmax, 1.5 entmax15, 2 sparsemax), got {self.entmax_alpha!r}",
             )
         ok(self.max_loss is None or (is_number(self.max_loss) and self.max_loss > 0), "max_loss must be positive")
-        ok(is_int(self.seed), f"seed must be an integer, got {self.seed!r}")
+        ok(count(self.seed, 0, MAX_SEED), f"seed must be an integer in 0..2^63-1, got {self.seed!r}")
         ok(is_number(self.lr) and 0 < self.lr <= 10, f"lr must be in (0, 10], got {self.lr!r}")
-        for name in ("batch_size", "warmup_steps"):
-            v = getattr(self, name)
-            ok(v is None or is_int(v), f"{name} must be an integer, got {v!r}")
+        # None: the parent's recipe decides (train_config); a given value is checked like the recipe's
+        ok(
+            self.batch_size is None or count(self.batch_size, hi=MAX_BATCH),
+            f"batch_size must be 1..{MAX_BATCH} (or unset: the parent's), got {self.batch_size!r}",
+        )
+        ok(
+            self.warmup_steps is None or count(self.warmup_steps, 0),
+            f"warmup_steps must be 0..{MAX_STEPS:,} (or unset), got {self.warmup_steps!r}",
+        )
         ok(
             self.weight_decay is None or (is_number(self.weight_decay) and self.weight_decay >= 0),
             "weight_decay must be >= 0",
@@ -149,7 +167,7 @@ class JobConfig:
             device=self.device,
             precision=self.precision,
             sync_every=self.sync_every,
-            batch_size=self.batch_size or int(parent_train.get("batch_size", 64)),
+            batch_size=self.batch_size if self.batch_size is not None else int(parent_train.get("batch_size", 64)),
             weight_decay=float(
                 self.weight_decay if self.weight_decay is not None else parent_train.get("weight_decay", 0.1)
             ),
@@ -173,7 +191,7 @@ class JobConfig:
         parts += ["--steps", str(self.steps), "--seed", str(self.seed), "--lr", f"{self.lr:g}"]
         if self.entmax_alpha is not None:
             parts += ["--entmax-alpha", f"{self.entmax_alpha:g}"]
-        if self.batch_size:
+        if self.batch_size is not None:
             parts += ["--batch-size", str(self.batch_size)]
         if self.device != "auto":
             parts += ["--device", self.device]

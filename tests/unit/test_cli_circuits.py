@@ -112,14 +112,15 @@ def test_attribute_on_a_sample_with_top_and_the_human_table():
 )
 def test_attribute_errors_are_one_line_with_exit_code_2(args, message):
     proc = run("attribute", "induction-2l", *args, "--json", ok=False)
-    assert proc.returncode == 2 and proc.stdout == ""
-    assert (
-        message in proc.stderr.strip().splitlines()[-1] and "Traceback" not in proc.stderr
-    )  # a warning may precede it
+    assert proc.returncode == 2 and json.loads(proc.stdout)["error"] in proc.stderr  # --json: the error as JSON too
+    # the one-line message is the last line (a library warning may come before it), no traceback
+    assert message in proc.stderr.strip().splitlines()[-1] and "Traceback" not in proc.stderr
 
 
 def test_circuits_errors_are_one_line_with_exit_code_2():
     proc = run("circuits", "induction-2l", "--samples", 0, "--json", ok=False)
     assert (
-        proc.returncode == 2 and "n_samples" in proc.stderr.strip().splitlines()[-1] and "Traceback" not in proc.stderr
+        proc.returncode == 2
+        and "--samples must be an integer in 1.." in proc.stderr.strip().splitlines()[-1]
+        and "Traceback" not in proc.stderr
     )

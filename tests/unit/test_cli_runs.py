@@ -98,7 +98,7 @@ def test_diverging_lr_ends_as_diverged(tiny):
 def test_bad_input_gives_one_clear_line(tiny, args, message):
     # in-process (the command's own parsing and error path; one subprocess above covers the entry point)
     res = CliRunner().invoke(app, ["retrain", tiny, *args, "--json"])
-    assert res.exit_code == 2 and (res.stdout == "" or "error" in json.loads(res.stdout))  # no result document
+    assert res.exit_code == 2 and json.loads(res.stdout)["error"] in res.stderr  # --json: the error as JSON too
     # the message is the last line (a library may warn before it), and it is one line
     assert message in res.stderr.strip().splitlines()[-1] and "Traceback" not in res.stderr
 

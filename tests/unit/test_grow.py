@@ -470,6 +470,6 @@ def test_cli_grow_json_and_out(tmp_path):
     loaded = resolve(out)
     assert loaded.config.d_qk == [[4, 2]] and loaded.card.details["grow"]["d_k_new"] == 4
     bad = cli(str(tmp_path / "tiny"), "--add", "99", "--json")
-    assert bad.exit_code == 2 and "add (p) must be 1..8" in bad.stderr and bad.stdout == ""
+    assert bad.exit_code == 2 and "add (p) must be 1..8" in bad.stderr and json.loads(bad.stdout)["kind"] == "invalid"
     again = cli(str(tmp_path / "tiny"), "--add", "1", "--out", str(out))
     assert again.exit_code == 2 and "already exists" in again.stderr

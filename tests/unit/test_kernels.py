@@ -172,8 +172,10 @@ def test_unknown_method_and_options_are_refused():
         K.approx_attention(q, k, v, "favor", 8, gamma=2.0)
     with pytest.raises(ValueError, match="its options are pinv, iters, ridge"):
         K.approx_attention(q, k, v, "nystrom", 8, orthogonal=False)
-    with pytest.raises(ValueError, match="positive integer"):
+    with pytest.raises(ValueError, match=r"features must be an integer in 1\.\.65536, got 0"):
         K.approx_attention(q, k, v, "favor", 0)
+    with pytest.raises(ValueError, match="features must be at most 65,536"):  # a limit, before any work
+        K.approx_attention(q, k, v, "favor", 10**7)
     with pytest.raises(ValueError, match="same shape"):
         K.approx_attention(q, k[..., :3], v, "favor", 8)
     with pytest.raises(ValueError, match="at least 2"):

@@ -495,5 +495,5 @@ def test_compare_qk_command_prints_one_json_document(tmp_path):
 )
 def test_compare_qk_bad_input_is_one_line(args, message):
     proc = _cli(*args, "--no-store", "--json")
-    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.returncode == 2 and json.loads(proc.stdout)["error"] in proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from attn_core import checkpoint
+from attn_core import checkpoint, destinations
 from attn_core.cli import app
 from attn_core.runs import ENV_RUNS, RunStore
 from attn_core.sources import resolve
@@ -311,7 +311,7 @@ def test_out_destinations_are_checked_before_training(tmp_path, monkeypatch):
 
 def test_check_destination_leaves_nothing_behind(tmp_path):
     target = tmp_path / "a" / "b" / "model"
-    assert checkpoint.check_destination(target) == target
+    assert destinations.check_destination(target) == target
     assert list(tmp_path.iterdir()) == []  # not even the parents
 
 

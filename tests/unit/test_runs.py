@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from attn_core import checkpoint
+from attn_core import checkpoint, destinations
 from attn_core.runs import ENV_RUNS, RunStore
 from attn_core.sources import LoadedModel, resolve
 from attn_core.tasks import get_task
@@ -119,8 +119,8 @@ def test_half_written_run_does_not_break_listing(tmp_path):
     orphan = store.create("reverse-1l", "reverse", {"steps": 100})
     dead = _dead_pid()
     _set_pid(store, orphan, dead)
-    tag = checkpoint._HOST
-    half = tmp_path / f".{orphan}{checkpoint.TMP_MARK}{tag}-{dead}-k1ll3d"  # what save names it
+    tag = destinations._HOST
+    half = tmp_path / f".{orphan}{destinations.TMP_MARK}{tag}-{dead}-k1ll3d"  # what save names it
     half.mkdir()
     (half / checkpoint.WEIGHTS).write_bytes(checkpoint.to_safetensors_bytes(make_tiny_model())[:100])  # truncated
     (half / checkpoint.CONFIG).write_text('{"n_layers": 1, ')
@@ -143,7 +143,7 @@ def test_half_written_run_does_not_break_listing(tmp_path):
         os.utime(p, (old, old))
     young = tmp_path / ".another.tmp123"
     young.mkdir()
-    live = tmp_path / f".x{checkpoint.TMP_MARK}{tag}-{os.getppid()}-abc"
+    live = tmp_path / f".x{destinations.TMP_MARK}{tag}-{os.getppid()}-abc"
     live.mkdir()
     finished_run(store)
     assert not half.exists() and not legacy.exists()
@@ -153,7 +153,7 @@ def test_half_written_run_does_not_break_listing(tmp_path):
 def test_a_killed_save_is_cleaned_by_the_next_save_of_that_folder(tmp_path):
     """``train --out X`` killed during its save, then run again: the left-over goes at once."""
     dead = _dead_pid()
-    left = tmp_path / f".model{checkpoint.TMP_MARK}{checkpoint._HOST}-{dead}-zz"
+    left = tmp_path / f".model{destinations.TMP_MARK}{destinations._HOST}-{dead}-zz"
     left.mkdir()
     checkpoint.save(make_tiny_model(), tmp_path / "model", {"task": "reverse"})
     assert not left.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["model"]

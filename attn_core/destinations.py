@@ -1,0 +1,89 @@
+"""Where things are written: a destination checked before any work (``check_destination``), and
+the temporary folders of an atomic save (``checkpoint.save``), named after this host and process
+so that the left-over of a killed save is known as such and removed once its process is gone.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import re
+import shutil
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+TMP_MARK = ".tmp-"  # .<folder>.tmp-<host tag>-<pid>-<random>[-old]: a save in progress (or killed)
+_HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
+_TMP = re.compile(r"\.tmp-([0-9a-f]{8})-(\d+)-[A-Za-z0-9_]+(?:-old)?$")
+_OLD_TMP = re.compile(r"^\.[^.]+\.(?:[a-z0-9_]{8}|old)$")  # mkdtemp's names before TMP_MARK
+
+
+def check_destination(path: str | Path, what: str = "--out") -> Path:
+    """Refuse, before any work, a destination that exists or cannot be created: the nearest
+    existing folder above it must take a new (hidden, removed at once) folder."""
+    path = Path(path).expanduser()
+    if path.exists() or path.is_symlink():
+        raise ValueError(f"{what} {path} already exists; choose a new path (nothing was overwritten)")
+    parent = path.absolute().parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{what} {path}: {parent} is not a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=tmp_prefix(path.name), dir=parent))
+    except OSError as e:
+        raise ValueError(f"{what} {path} cannot be written ({e.strerror or e} in {parent})") from None
+    return path
+
+
+def pid_alive(pid: int | None) -> bool:
+    """Whether process ``pid`` of this host exists."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def tmp_owner(path: Path) -> tuple[bool, int] | None:
+    """(made on this host, pid) of a temporary save folder of :func:`save`, None for any other name."""
+    m = _TMP.search(path.name)
+    return None if m is None or not path.name.startswith(".") else (m.group(1) == _HOST, int(m.group(2)))
+
+
+def remove_stale_tmp(directory: Path, name: str | None = None, max_age_s: float | None = None) -> list[Path]:
+    """Remove the temporary save folders in ``directory`` (of folder ``name`` only, if given) whose
+    process on this host is gone; with ``max_age_s``, also those older than that (a save on
+    another host, or one named by an older version: ``.<name>.<8 characters>``). Nothing else
+    is touched. Returns what was removed."""
+    removed, now = [], time.time()
+    try:
+        entries = list(directory.glob(f".{glob.escape(name)}.*" if name else ".*"))
+    except OSError:
+        return removed
+    for p in entries:
+        try:
+            if not p.is_dir() or p.is_symlink():
+                continue
+            owner = tmp_owner(p)
+            mine_and_dead = owner is not None and owner[0] and not pid_alive(owner[1]) and owner[1] != os.getpid()
+            ours = owner is not None or _OLD_TMP.match(p.name) is not None
+            too_old = ours and max_age_s is not None and now - p.stat().st_mtime > max_age_s
+            if mine_and_dead or too_old:
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(p)
+        except OSError:
+            pass
+    return removed
+
+
+def tmp_prefix(name: str) -> str:
+    """The prefix of a temporary folder beside ``name``: ``.<name>.tmp-<host tag>-<pid>-``."""
+    return f".{name}{TMP_MARK}{_HOST}-{os.getpid()}-"

@@ -1,0 +1,151 @@
+"""Limits on the size of work and of files read: every size a user can ask for is checked here
+before work starts, and every file named by a user is checked to be a regular file of bounded
+size before it is opened for reading.
+
+Memory limits are derived from this machine: :func:`memory_limit` is half of the memory
+available now (``MemAvailable`` of ``/proc/meminfo``, else ``os.sysconf``). Counts whose cost is
+time (training steps, generated samples, random features, sequence length of a benchmark) have
+fixed ceilings (:data:`MAX_STEPS` and the like) well above anything the lab needs, so a typo
+(``--steps 1000000000000``) fails at once instead of running for ever. A refusal is a
+:class:`LimitError`, one sentence that names the setting and states the limit.
+See ``docs/checkpoints.md`` ("Untrusted input and limits").
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from attn_core.validate import is_int
+
+MEMORY_FRACTION = 0.5  # of the memory available now
+FALLBACK_MEMORY = 4 * 2**30  # when the machine does not say
+MAX_STEPS = 10_000_000  # training steps of one run
+MAX_SAMPLES = 1_000_000  # generated or held-out sequences of one measurement
+MAX_FEATURES = 65_536  # random features / landmarks of a kernel method
+MAX_SEQUENCE = 65_536  # sequence length of a timing run
+MAX_TOKENS_FILE = 4_000_000  # entries of a vocabulary file
+FLOAT_BYTES = 4
+
+
+class LimitError(ValueError):
+    """A size beyond what this machine allows; the message states the limit."""
+
+
+def available_memory() -> int:
+    """Bytes of memory available now: ``MemAvailable`` (Linux), else free pages, else 4 GiB."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return FALLBACK_MEMORY
+
+
+def memory_limit() -> int:
+    """The most memory one computation may ask for: :data:`MEMORY_FRACTION` of what is available."""
+    return int(available_memory() * MEMORY_FRACTION)
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def size_text(n_bytes: float) -> str:
+    """``1.5 GiB``, ``12 MiB``, ``300 KiB``, ``12 bytes`` (``4,096 TiB`` beyond a thousand TiB)."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n_bytes >= scale:
+            x = n_bytes / scale
+            return f"{x:.3g} {unit}" if x < 1000 else f"{x:,.0f} {unit}"
+    return f"{int(n_bytes)} bytes"
+
+
+def check_memory(what: str, n_bytes: float) -> None:
+    """Refuse work that needs more than :func:`memory_limit` bytes (``what``: the work, said so
+    that "``what`` needs 3 GiB" reads as a sentence)."""
+    limit = memory_limit()
+    if n_bytes > limit:
+        raise LimitError(
+            f"{what} needs about {size_text(n_bytes)} of memory; the limit is {size_text(limit)} "
+            "(half the memory available now)"
+        )
+
+
+def check_count(name: str, value: object, hi: int, lo: int = 1, why: str = "the limit of this lab") -> int:
+    """``value`` as an int when it is an integer in ``lo..hi``; else a LimitError (above ``hi``)
+    or a ValueError (not an integer, below ``lo``) that states the range."""
+    if not is_int(value) or value < lo:
+        raise ValueError(f"{name} must be an integer in {lo}..{hi}, got {value!r}")
+    if value > hi:
+        raise LimitError(f"{name} must be at most {hi:,} ({why}), got {value:,}")
+    return int(value)
+
+
+def check_forward(name: str, n_sequences: object, cfg, length: int | None = None) -> int:
+    """``n_sequences`` (the setting ``name``) when it is 1..:data:`MAX_SAMPLES` and a forward pass
+    of the model ``cfg`` (a ModelConfig) on that many sequences of ``length`` tokens (default
+    its context) fits in :func:`memory_limit`: logits, and per layer the residual stream, the
+    MLP and every head's scores and pattern."""
+    n = check_count(name, n_sequences, MAX_SAMPLES)
+    T = cfg.n_ctx if length is None else length
+    per_token = cfg.d_vocab + cfg.n_layers * (2 * cfg.n_heads * T + 8 * cfg.d_model + 2 * cfg.d_mlp)
+    check_memory(f"{name} {n} (a forward pass on {n} sequences of {T} tokens)", n * T * per_token * FLOAT_BYTES)
+    return n
+
+
+def check_threads(name: str, value: object) -> int:
+    """A thread count: 1..the CPUs of this machine."""
+    return check_count(name, value, cpu_count(), why="the CPUs this process may use")
+
+
+# --- files ---------------------------------------------------------------------------------------
+
+
+def regular_file_size(path: str | Path, what: str | None = None) -> int:
+    """The size of ``path`` when it is a regular file (symlinks followed); a FIFO, a device, a
+    socket or a folder is refused without being opened (opening a FIFO blocks, a device reads
+    for ever)."""
+    what = what or Path(path).name or str(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} does not exist") from None
+    except OSError as e:
+        raise OSError(f"{what} cannot be read ({e.strerror or e})") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file (a pipe, a device or a socket)"
+        raise ValueError(f"{what} is {kind}; only regular files are read")
+    return st.st_size
+
+
+def read_file(path: str | Path, limit: int, what: str | None = None) -> bytes:
+    """The content of the regular file ``path``, refused when it is larger than ``limit`` bytes.
+
+    The file is checked before it is opened, opened without blocking and checked again on the
+    open descriptor (it may have been swapped meanwhile); at most ``limit`` bytes are read."""
+    what = what or Path(path).name or str(path)
+    size = regular_file_size(path, what)
+    if size > limit:
+        raise LimitError(f"{what} is {size_text(size)}; the limit is {size_text(limit)}")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except OSError as e:
+        raise OSError(f"{what} cannot be read ({e.strerror or e})") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{what} is not a regular file; only regular files are read")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise LimitError(f"{what} is larger than {size_text(limit)}, the limit")
+    return data
