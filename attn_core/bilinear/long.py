@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
+from attn_core import metrics
 from attn_core.bilinear.checks import check_heads, check_layer, check_loaded, check_tokens
 from attn_core.bilinear.tokens import token_names
 from attn_core.bilinear.views import View
@@ -80,6 +81,7 @@ class LongView:
     overview_scores: torch.Tensor  # [nb, nb]
     row_scores: torch.Tensor  # [n], the query's full row (kept on the server, for its metrics)
     row_pattern: torch.Tensor  # [n]
+    row_mask: torch.Tensor  # [n] bool, the keys the query sees
     meta: dict = field(default_factory=dict)
 
     @property
@@ -93,6 +95,11 @@ class LongView:
     def block_range(self, b: int) -> tuple[int, int]:
         """Positions (first, last) of overview block ``b``."""
         return b * self.block, min(self.n, (b + 1) * self.block) - 1
+
+    def concentration(self, k: int = 1) -> dict[str, float]:
+        """Every concentration metric of the query's whole row (attn_core.metrics)."""
+        values = metrics.concentration(self.row_pattern[None], self.row_mask[None], k=k)
+        return {name: float(v[0]) for name, v in values.items()}
 
     def window_frame(self) -> pd.DataFrame:
         """Tidy window: query, key (absolute positions), labels, score, prob, visible."""
@@ -195,6 +202,12 @@ class LayerScores:
         meta = {"n_tokens": self.n}
         return View("sequence", self.layer, heads, self.labels, self.labels, S, A, self.mask, self.token_ids, meta)
 
+    def concentration_table(self, k: int = 1, heads: Sequence[int] | None = None) -> pd.DataFrame:
+        """``View.concentration_table`` of every head (or ``heads``) over all n query rows, one
+        head at a time (so at most one head's A is held)."""
+        heads = range(self.n_heads) if heads is None else heads
+        return pd.concat([self.dense([h]).concentration_table(k) for h in heads], ignore_index=True)
+
     def view(
         self,
         head: int,
@@ -251,6 +264,7 @@ class LayerScores:
             overview_scores=pool_blocks(S, self.mask, b, pool),
             row_scores=row_s.clone(),
             row_pattern=row_a.clone(),
+            row_mask=visible.clone(),
             meta={"n_tokens": n, "window": w, "k": k},
         )
 
