@@ -96,7 +96,7 @@ with c_input:
                     min_value=2,
                     max_value=cfg.n_ctx,
                     step=1,
-                    key=ui.remember("random_length", cfg.n_ctx, lengths),
+                    key=ui.remember("random_length", cfg.n_ctx, lengths, param="length"),
                     help=f"Number of tokens, 2..{cfg.n_ctx}",
                 )
                 tokens = bilinear.random_tokens(loaded, int(seed), int(length))
@@ -129,7 +129,7 @@ k = c_k.number_input(
     key=ui.remember("topk", 1, range(1, len(labels) + 1)),
     help="k of the top-k mass metric",
 )
-ui.to_url(layer=layer, head=head, input=source, query=query)
+ui.to_url(layer=layer, head=head, input=source, query=query, **({"length": len(tokens)} if source == "random" else {}))
 
 
 # --- long inputs: an exact window, the top keys, a pooled overview ----------------------------------
