@@ -275,20 +275,36 @@ def live_refreshes(browser, url: str, windows: int, window_s: float = 2.0) -> tu
 
 def prepare_models(models: Path, source: Path | None, copies: int) -> str:
     """``copies`` models named bench-0.. in ``models`` (each loads as a model the server has never
-    seen): copies of induction-2l, or links to ``source`` converted once into our format (so the
-    sidebar lists a Hugging Face folder too). Returns the model the head changes are measured on."""
+    seen): copies of induction-2l, or links to ``source``, converted once into our format when the
+    sidebar does not list it as it is. Returns the model the head changes are measured on."""
     if source is None:
         for i in range(copies):
             shutil.copytree(ROOT / "assets" / "models" / "induction-2l", models / f"bench-{i}")
         return "induction-2l"
     sys.path.insert(0, str(ROOT))
-    from attn_core import checkpoint, sources
+    from attn_core import checkpoint, sources, zoo
 
-    loaded = sources.resolve(source)
-    converted = checkpoint.save(loaded.model, models.parent / "source", card=loaded.card)
     models.mkdir(parents=True)
+    target = source.resolve()
+    (models / "probe").symlink_to(target, target_is_directory=True)
+    saved = os.environ.get(zoo.ENV_DIRS)
+    os.environ[zoo.ENV_DIRS] = str(models)
+    try:
+        listed = any(m["name"] == "probe" for m in zoo.list_models())
+    finally:
+        if saved is None:
+            del os.environ[zoo.ENV_DIRS]
+        else:
+            os.environ[zoo.ENV_DIRS] = saved
+    (models / "probe").unlink()
+    if not listed:
+        target = checkpoint.save(sources.resolve(source).model, models.parent / "source")
+        try:
+            checkpoint.load_path(target)
+        except checkpoint.CheckpointError as e:
+            sys.exit(f"{source} is not listed by the model picker and its converted copy does not load: {e}")
     for i in range(copies):
-        (models / f"bench-{i}").symlink_to(converted, target_is_directory=True)
+        (models / f"bench-{i}").symlink_to(target, target_is_directory=True)
     return "bench-0"
 
 

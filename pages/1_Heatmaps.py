@@ -315,15 +315,15 @@ st.markdown(
 )
 vocab_col, pos_col = st.columns(2)
 with vocab_col:
-    vocab = vocabulary_view(loaded, layer)
+    vocab = vocabulary_view(loaded, layer, [focus])  # per head: a small copy out of the cache
     x_token = tokens[query]
     vocab_plot = fb.view_plot(vocab, focus, x_token if x_token < len(vocab.queries) else None)
     ui.show_plot(vocab_plot, key="vocab")
     plots.append(vocab_plot)
 with pos_col:
     if cfg.positional == "learned":
-        positions = positional_view(loaded, layer)
-        pos_plot = fb.view_plot(positions, focus, query)
+        positions = positional_view(loaded, layer, [focus])
+        pos_plot = fb.view_plot(positions, focus, query if query < len(positions.queries) else None)
         ui.show_plot(pos_plot, key="positional")
         plots.append(pos_plot)
     else:

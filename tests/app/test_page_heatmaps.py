@@ -342,6 +342,16 @@ def test_long_input_why_this_key_and_exports(long_model, monkeypatch):
     assert len(overview_csv) == 1 + 200 * 200
 
 
+def test_long_input_with_a_query_past_the_positional_views_cut(long_model):
+    at = AppTest.from_file(PAGE, default_timeout=120)
+    at.query_params["model"] = long_model
+    at.run()  # random tokens filling the context, the query on the last one (past the positional view's 512)
+    assert not at.exception and not at.error
+    assert at.select_slider(key="query").value == 1023
+    assert "Window 960..1023 of 1024 tokens" in chart(at, "window_scores")["layout"]["title"]["text"]
+    assert chart(at, "positional")["layout"].get("shapes") is None  # no row to outline there
+
+
 def test_short_inputs_of_a_long_model_stay_dense(long_model):
     at = long_page(long_model, length=bilinear.LONG_INPUT)
     assert not any("more than" in i.value for i in at.info)
