@@ -194,3 +194,32 @@ def test_bad_inputs_get_one_line_errors():
             call()
         assert "\n" not in str(e.value)
     assert ls.view(0, -1).query == 36  # negative queries count from the end
+
+
+def test_long_view_figures_export(tmp_path):
+    import io
+    import shutil
+    import xml.etree.ElementTree as ET
+
+    import pandas as pd
+
+    from attn_core.figures import bilinear as fb
+    from attn_core.figures import export_bytes
+
+    v = bl.layer_scores(loaded(), TOKENS, 1).view(2, 30, window=8, k=5, blocks=10)
+    plots = [fb.window_plot(v, "scores"), fb.window_plot(v, "pattern"), fb.top_keys_plot(v), fb.overview_plot(v)]
+    assert [p.name for p in plots] == [
+        "window_scores_L1H2_q30",
+        "window_pattern_L1H2_q30",
+        "topk_L1H2_q30",
+        "overview_pattern_L1H2",
+    ]
+    for plot in plots:
+        back = pd.read_csv(io.BytesIO(export_bytes(plot, "csv")))
+        assert list(back.columns) == list(plot.data.columns) and len(back) == len(plot.data)
+        assert b"Plotly.newPlot" in export_bytes(plot, "html")
+    assert plots[0].data.loc[plots[0].data["highlighted"], "query"].unique().tolist() == [30]
+    assert len(plots[3].fig.data[0].z) == v.n_blocks == 10  # 37 positions in 4 x 4 blocks
+    if shutil.which("chromium"):
+        assert export_bytes(plots[3], "png")[:8] == b"\x89PNG\r\n\x1a\n"
+        assert ET.fromstring(export_bytes(plots[0], "svg")).tag.endswith("svg")
