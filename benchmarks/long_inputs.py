@@ -18,7 +18,7 @@ folder (model.safetensors) in a temporary directory. Then, medians of --repeats:
 - spectrum of all 144 heads: ``bilinear.spectrum(model)`` (singular values, eigenvalues of B and of
   (B + B^T)/2, norms and ranks of every head);
 - peak memory: the process's peak resident set size (``resource.getrusage(RUSAGE_SELF).ru_maxrss``:
-  Python, torch and the weights together), read after the loads and at the end.
+  Python, torch and the weights together), read before loading, after the first load and at the end.
 
 Saves benchmarks/results/long_inputs.json (not with --quick).
 """
@@ -100,9 +100,10 @@ def measure(folder: Path, n_tokens: int, repeats: int) -> dict:
         gc.collect()
         t, loaded = timed(sources.resolve, folder)
         loads.append(t)
+        if len(loads) == 1:
+            rss_after_load = peak_rss_mib()  # later loads may add garbage not yet returned to the system
         if len(loads) < repeats:
             del loaded
-    rss_after_load = peak_rss_mib()
     cfg = loaded.config
     query = n_tokens - 1
     out = dict(load_s=loads)
@@ -215,7 +216,7 @@ def main(argv=None) -> int:
         print(f"{label:<44} {v:>8.3f}s {lo:>7.3f}-{hi:<7.3f}s  {verdict}")
     print(
         f"peak memory (ru_maxrss, the whole process): {result['peak_rss_mib']:.0f} MiB "
-        f"(before loading {rss_start:.0f} MiB, after {args.repeats} loads {result['peak_rss_after_load_mib']:.0f} MiB; "
+        f"(before loading {rss_start:.0f} MiB, after the first load {result['peak_rss_after_load_mib']:.0f} MiB; "
         f"weights file {weights_mib:.0f} MiB, one layer's scores {result['layer_scores_mib']:.0f} MiB); "
         f"first heatmap sends {result['first_heatmap_json_bytes'] / 1024:.0f} KiB of JSON"
     )
