@@ -2,6 +2,8 @@
 
     python benchmarks/dashboard.py [--repeats 5] [--json]
     python benchmarks/dashboard.py --quick     # a smoke run: one sample of each figure
+    python benchmarks/dashboard.py --model DIR [--length 1024]   # first heatmap and head change on DIR
+
 
 Two figures, medians of ``--repeats`` (>= 5) samples, both including the browser's drawing:
 
@@ -17,6 +19,11 @@ Two figures, medians of ``--repeats`` (>= 5) samples, both including the browser
   view shows a new step (sampled every 30 ms over 2 s windows). Target >= 2 per second on CPU.
 
 The server's very first page (Python imports, Streamlit start) is reported apart as ``cold_s``.
+
+With ``--model DIR`` (a model folder: ours, or a Hugging Face GPT-2 folder, converted once into
+ours so that the sidebar lists it), first heatmap and head change are measured on that model
+with ``--length`` random tokens (default: its context; above 512 tokens the page shows the
+long-input window, top keys and overview), and the zoo's live retraining is skipped.
 
 The helpers here (a server on a free port, Chromium with the flags CI uses, waiting for a page to
 settle, full-height screenshots) are shared with tests/e2e/test_browser.py.
@@ -189,7 +196,7 @@ def title_has(page, index: int, text: str, timeout_ms: float = 30_000) -> None:
 # --- the benchmark ----------------------------------------------------------------------------------
 
 
-def first_heatmap(browser, url: str, model: str, context=None) -> float:
+def first_heatmap(browser, url: str, model: str, context=None, extra: str = "") -> float:
     """Seconds from goto to the first heatmap, in a new session. With ``context`` (a browser that
     has seen the dashboard before) the page's scripts come from its HTTP cache; without one a
     fresh browser also downloads and compiles them (plotly.js alone is several MB)."""
@@ -197,7 +204,7 @@ def first_heatmap(browser, url: str, model: str, context=None) -> float:
     context = browser.new_context(viewport=VIEWPORT) if own else context
     page = context.new_page()
     start = time.perf_counter()
-    page.goto(f"{url}/Heatmaps?model={model}")
+    page.goto(f"{url}/Heatmaps?model={model}{extra}")
     page.wait_for_selector(HEATMAP, timeout=120_000)
     elapsed = time.perf_counter() - start
     page.close()
@@ -206,10 +213,10 @@ def first_heatmap(browser, url: str, model: str, context=None) -> float:
     return elapsed
 
 
-def head_changes(browser, url: str, model: str, repeats: int) -> list[float]:
+def head_changes(browser, url: str, model: str, repeats: int, extra: str = "") -> list[float]:
     context = browser.new_context(viewport=VIEWPORT)
     page = context.new_page()
-    page.goto(f"{url}/Heatmaps?model={model}&layer=1&head=0")
+    page.goto(f"{url}/Heatmaps?model={model}&layer=1&head=0{extra}")
     title_has(page, 0, "layer 1 head 0", timeout_ms=120_000)
     settle(page)
     times = []
@@ -266,43 +273,86 @@ def live_refreshes(browser, url: str, windows: int, window_s: float = 2.0) -> tu
     return rates, speed
 
 
+def prepare_models(models: Path, source: Path | None, copies: int) -> str:
+    """``copies`` models named bench-0.. in ``models`` (each loads as a model the server has never
+    seen): copies of induction-2l, or links to ``source``, converted once into our format when the
+    sidebar does not list it as it is. Returns the model the head changes are measured on."""
+    if source is None:
+        for i in range(copies):
+            shutil.copytree(ROOT / "assets" / "models" / "induction-2l", models / f"bench-{i}")
+        return "induction-2l"
+    sys.path.insert(0, str(ROOT))
+    from attn_core import checkpoint, sources, zoo
+
+    models.mkdir(parents=True)
+    target = source.resolve()
+    (models / "probe").symlink_to(target, target_is_directory=True)
+    saved = os.environ.get(zoo.ENV_DIRS)
+    os.environ[zoo.ENV_DIRS] = str(models)
+    try:
+        listed = any(m["name"] == "probe" for m in zoo.list_models())
+    finally:
+        if saved is None:
+            del os.environ[zoo.ENV_DIRS]
+        else:
+            os.environ[zoo.ENV_DIRS] = saved
+    (models / "probe").unlink()
+    if not listed:
+        target = checkpoint.save(sources.resolve(source).model, models.parent / "source")
+        try:
+            checkpoint.load_path(target)
+        except checkpoint.CheckpointError as e:
+            sys.exit(f"{source} is not listed by the model picker and its converted copy does not load: {e}")
+    for i in range(copies):
+        (models / f"bench-{i}").symlink_to(target, target_is_directory=True)
+    return "bench-0"
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5, help="samples per figure (>= 5)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--quick", action="store_true", help="smoke run: one sample of each figure")
+    parser.add_argument("--model", type=Path, help="a model folder to measure instead of induction-2l")
+    parser.add_argument("--length", type=int, help="with --model: random tokens of this length (default: its context)")
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats = 1
     elif args.repeats < 5:
         parser.error("--repeats must be at least 5 (medians of >= 5)")
+    if args.length is not None and args.model is None:
+        parser.error("--length goes with --model")
+    if args.model is not None and not args.model.is_dir():
+        parser.error(f"--model {args.model} is not a folder")
     if not CHROMIUM.exists():
         sys.exit(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
 
+    extra = "" if args.model is None else "&input=random" + (f"&length={args.length}" if args.length else "")
     with tempfile.TemporaryDirectory(prefix="attn-lab-bench-") as tmp:
         tmp = Path(tmp)
         models = tmp / "models"
-        for i in range(2 * args.repeats + 1):
-            shutil.copytree(ROOT / "assets" / "models" / "induction-2l", models / f"bench-{i}")
+        watched = prepare_models(models, args.model, 2 * args.repeats + 1)
         with serve(tmp / "runs", models) as url, sync_playwright() as p:
             browser = launch(p)
-            cold = first_heatmap(browser, url, "bench-0")
-            fresh = [first_heatmap(browser, url, f"bench-{i}") for i in range(1, args.repeats + 1)]
+            cold = first_heatmap(browser, url, "bench-0", extra=extra)
+            fresh = [first_heatmap(browser, url, f"bench-{i}", extra=extra) for i in range(1, args.repeats + 1)]
             returning = browser.new_context(viewport=VIEWPORT)
             firsts = [
-                first_heatmap(browser, url, f"bench-{i}", returning)
+                first_heatmap(browser, url, f"bench-{i}", returning, extra=extra)
                 for i in range(args.repeats + 1, 2 * args.repeats + 1)
             ]
             returning.close()
-            heads = head_changes(browser, url, "induction-2l", args.repeats)
-            rates, speed = live_refreshes(browser, url, args.repeats)
+            heads = head_changes(browser, url, watched, args.repeats, extra=extra)
+            rates, speed = live_refreshes(browser, url, args.repeats) if args.model is None else ([], None)
             browser.close()
     result = {
+        "model": str(args.model or "induction-2l"),
+        "length": args.length,
         "first_heatmap_s": statistics.median(firsts),
         "first_heatmap_fresh_browser_s": statistics.median(fresh),
         "head_change_s": statistics.median(heads),
-        "live_refreshes_per_s": statistics.median(rates),
+        "live_refreshes_per_s": statistics.median(rates) if rates else None,
         "cold_s": cold,
         "first_heatmap_samples": firsts,
         "first_heatmap_fresh_browser_samples": fresh,
@@ -315,27 +365,30 @@ def main(argv=None) -> None:
     }
     if args.json:
         print(json.dumps(result, indent=2))
-    else:
-        print(
-            f"first heatmap (new session, model never loaded): median {result['first_heatmap_s']:.2f} s "
-            f"of {args.repeats} (target <= 5 s); samples {', '.join(f'{t:.2f}' for t in firsts)}"
-        )
-        print(
-            f"  the same in a fresh browser (downloads and compiles plotly.js too): median "
-            f"{result['first_heatmap_fresh_browser_s']:.2f} s; samples {', '.join(f'{t:.2f}' for t in fresh)}"
-        )
-        print(
-            f"head change -> redrawn heatmap: median {result['head_change_s']:.3f} s of {args.repeats} "
-            f"(target <= 0.5 s); samples {', '.join(f'{t:.3f}' for t in heads)}"
-        )
+        return
+    if args.model is not None:
+        print(f"model {args.model}, random tokens of length {args.length or 'its context'}")
+    print(
+        f"first heatmap (new session, model never loaded): median {result['first_heatmap_s']:.2f} s "
+        f"of {args.repeats} (target <= 5 s); samples {', '.join(f'{t:.2f}' for t in firsts)}"
+    )
+    print(
+        f"  the same in a fresh browser (downloads and compiles plotly.js too): median "
+        f"{result['first_heatmap_fresh_browser_s']:.2f} s; samples {', '.join(f'{t:.2f}' for t in fresh)}"
+    )
+    print(
+        f"head change -> redrawn heatmap: median {result['head_change_s']:.3f} s of {args.repeats} "
+        f"(target <= 0.5 s); samples {', '.join(f'{t:.3f}' for t in heads)}"
+    )
+    if rates:
         print(
             f"live view while retraining: median {result['live_refreshes_per_s']:.2f} refreshes/s of {args.repeats} "
             f"windows (target >= 2); training ran at {speed:.1f} steps/s meanwhile"
         )
-        print(
-            f"cold start (first page after the server started): {cold:.2f} s; "
-            f"load average {', '.join(f'{x:.1f}' for x in result['load_average'])} on {os.cpu_count()} CPUs"
-        )
+    print(
+        f"cold start (first page after the server started): {cold:.2f} s; "
+        f"load average {', '.join(f'{x:.1f}' for x in result['load_average'])} on {os.cpu_count()} CPUs"
+    )
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ METRIC_HELP = {
 }
 
 sequence_view = ui.cached(bilinear.sequence_view)
+# S of every head of one layer (long inputs): shared, not copied, and few (n^2 floats per head each)
+layer_scores = ui.cached(bilinear.layer_scores, resource=True, max_entries=4)
 vocabulary_view = ui.cached(bilinear.vocabulary_view)
 positional_view = ui.cached(bilinear.positional_view)
 attribution = ui.cached(circuits.attribute)
@@ -33,6 +35,16 @@ token_position_split = ui.cached(circuits.token_position_split)
 @ui.cached
 def value_weighted(loaded: LoadedModel, tokens: list[int], layer: int, head: int) -> dict:
     return circuits.value_weighted(loaded.model, tokens, layer, [head])
+
+
+@ui.cached
+def long_concentration(loaded: LoadedModel, tokens: list[int], layer: int, k: int):
+    return layer_scores(loaded, tokens, layer).concentration_table(k)
+
+
+def window_of(vw: dict, lo: int, hi: int) -> dict:
+    """The value-weighted attention of the exact window only (long inputs)."""
+    return {name: t[..., lo : hi + 1, lo : hi + 1] if t.dim() == 3 else t[..., lo : hi + 1] for name, t in vw.items()}
 
 
 loaded = ui.setup("Heatmaps of f_x(y)")
@@ -84,7 +96,7 @@ with c_input:
                     min_value=2,
                     max_value=cfg.n_ctx,
                     step=1,
-                    key=ui.remember("random_length", cfg.n_ctx, lengths),
+                    key=ui.remember("random_length", cfg.n_ctx, lengths, param="length"),
                     help=f"Number of tokens, 2..{cfg.n_ctx}",
                 )
                 tokens = bilinear.random_tokens(loaded, int(seed), int(length))
@@ -92,28 +104,75 @@ with c_input:
         st.error(f"This input does not work: {ui.plain(e)}")
         st.stop()
 
-view = sequence_view(loaded, tokens, layer)
-queries = range(len(view.queries))
+# Long inputs: the scores stay on the server; the browser gets a window, the top keys and an overview.
+long_input = len(tokens) > bilinear.LONG_INPUT
+if long_input:
+    scores = layer_scores(loaded, tokens, layer)
+    labels = scores.labels
+else:
+    view = sequence_view(loaded, tokens, layer)
+    labels = view.queries
+queries = range(len(labels))
 c_query, c_k = st.columns([5, 1])
 query = c_query.select_slider(
     "Query position i",
     options=list(queries),
     key=ui.remember("query", queries[-1], queries, param="query"),
-    format_func=lambda q: view.queries[q],
+    format_func=lambda q: labels[q],
     help="x = X[i], the attention input at position i (position:token); its row of S and A is outlined",
 )
 k = c_k.number_input(
     "k (top-k)",
     min_value=1,
-    max_value=len(view.keys),
+    max_value=len(labels),
     step=1,
-    key=ui.remember("topk", 1, range(1, len(view.keys) + 1)),
+    key=ui.remember("topk", 1, range(1, len(labels) + 1)),
     help="k of the top-k mass metric",
 )
-ui.to_url(layer=layer, head=head, input=source, query=query)
+ui.to_url(layer=layer, head=head, input=source, query=query, **({"length": len(tokens)} if source == "random" else {}))
 
-# --- the sequence view ----------------------------------------------------------------------------
+
+# --- long inputs: an exact window, the top keys, a pooled overview ----------------------------------
+def long_controls() -> tuple[int, int, str]:
+    w_col, t_col, p_col = st.columns([1, 1, 2])
+    window = w_col.number_input(
+        "Window w",
+        min_value=8,
+        max_value=256,
+        step=8,
+        key=ui.remember("window", bilinear.long.WINDOW, range(8, 257)),
+        help="Exact scores of the w positions that end at the query (queries and keys)",
+    )
+    top = t_col.number_input(
+        "Top keys",
+        min_value=1,
+        max_value=64,
+        step=1,
+        key=ui.remember("top_keys", bilinear.long.TOP_K, range(1, 65)),
+        help="The keys the query attends to most, anywhere in the input",
+    )
+    pool = p_col.radio(
+        "Overview pooling",
+        bilinear.long.POOLS,
+        horizontal=True,
+        key=ui.remember("pool", "max", bilinear.long.POOLS),
+        help="max keeps a head that looks at one key visible; mean is the block's average",
+    )
+    return int(window), int(top), pool
+
+
 plots = []
+if long_input:
+    window, top, pool = long_controls()
+    lv = scores.view(head if head != ALL else 0, query, window=window, k=top, pool=pool)
+    st.info(
+        f"{len(tokens)} tokens (more than {bilinear.LONG_INPUT}): the scores are computed on the server, and "
+        f"the page shows the exact scores of a {lv.hi - lv.lo + 1}-position window around the query, the "
+        f"query's top {len(lv.top)} keys and a {pool}-pooled overview ({lv.n_blocks}×{lv.n_blocks} blocks of "
+        f"{lv.block}×{lv.block} positions), never all {len(tokens)}² cells."
+    )
+
+# --- the sequence view: every cell, or (long inputs) a window, the top keys and an overview ---------
 st.header("Scores S and pattern A")
 if head == ALL:
     value = st.radio(
@@ -125,10 +184,39 @@ if head == ALL:
     )
     cols = st.columns(2)
     for h in range(cfg.n_heads):
-        plot = fb.view_plot(view, h, query, value=value)
+        if long_input:  # one overview per head, coarser
+            plot = fb.overview_plot(scores.view(h, query, window=window, k=top, blocks=128, pool=pool), value)
+        else:
+            plot = fb.view_plot(view, h, query, value=value)
         with cols[h % 2]:
             ui.show_plot(plot, key=f"grid_{h}")
         plots.append(plot)
+elif long_input:
+    left, right = st.columns(2)
+    for col, value in ((left, "scores"), (right, "pattern")):
+        with col:
+            plots.append(fb.window_plot(lv, value))
+            ui.show_plot(plots[-1], key=f"window_{value}")
+    st.header(f"Query {labels[query]}: its top keys")
+    bar_col, metric_col = st.columns([3, 1])
+    with bar_col:
+        plots.append(fb.top_keys_plot(lv))
+        ui.show_plot(plots[-1], key="top_keys")
+    with metric_col:
+        st.metric("visible keys n_i", int(lv.row_mask.sum()), help="Keys this query can attend to")
+        for name, v in lv.concentration(int(k)).items():
+            label = name.replace("_", " ") + (f" (k={k})" if name == "topk_mass" else "")
+            st.metric(label, f"{v:.3f}", help=METRIC_HELP[name])
+    st.header("The whole head, pooled")
+    overview_value = st.radio(
+        "Overview of",
+        fb.VALUES,
+        horizontal=True,
+        key=ui.remember("overview_value", "pattern", fb.VALUES),
+        format_func={"scores": "scores S", "pattern": "pattern A"}.get,
+    )
+    plots.append(fb.overview_plot(lv, overview_value))
+    ui.show_plot(plots[-1], key="overview")
 else:
     left, right = st.columns(2)
     with left:
@@ -154,50 +242,53 @@ else:
             label = name.replace("_", " ") + (f" (k={k})" if name == "topk_mass" else "")
             st.metric(label, f"{float(v[i, query]):.3f}", help=METRIC_HELP[name])
 
-    # --- why this key: the score split over the singular directions of B ---------------------------------
-    if st.toggle(
-        "Why this key",
-        key=ui.remember("why_key", False),
-        help="Split the query's scores into the rank-1 terms σᵢ (x·uᵢ)(y·vᵢ) of B, see which directions "
-        "make the top key beat the runner-up, and what each key actually sends (value-weighted)",
-    ):
-        st.header(f"Why this key: query {view.queries[query]}")
+# --- why this key: the score split over the singular directions of B ---------------------------------
+if head != ALL and st.toggle(
+    "Why this key",
+    key=ui.remember("why_key", False),
+    help="Split the query's scores into the rank-1 terms σᵢ (x·uᵢ)(y·vᵢ) of B, see which directions "
+    "make the top key beat the runner-up, and what each key actually sends (value-weighted)",
+):
+    st.header(f"Why this key: query {labels[query]}")
+    st.markdown(
+        "With $B = \\sum_i \\sigma_i u_i v_i^\\top$, $f_x(y) = \\sum_i \\sigma_i (x\\cdot u_i)(y\\cdot v_i)$ "
+        "+ bias: each bar is one singular direction's contribution to a key's score (same units as S)."
+    )
+    attr = attribution(loaded, tokens, layer, head, query)
+    why_plots = [fa.attribution_plot(attr, top=min(8, len(attr.keys)))]
+    why_left, why_right = st.columns(2)
+    with why_left:
+        ui.show_plot(why_plots[0], key="why_attribution")
+    with why_right:
+        if len(attr.keys) > 1:
+            why_plots.append(fa.runner_up_plot(attr))
+            ui.show_plot(why_plots[-1], key="why_runner_up")
+        else:
+            st.info("The first query sees one key only: there is no runner-up.")
+    if layer == 0 and cfg.positional == "learned":
         st.markdown(
-            "With $B = \\sum_i \\sigma_i u_i v_i^\\top$, $f_x(y) = \\sum_i \\sigma_i (x\\cdot u_i)(y\\cdot v_i)$ "
-            "+ bias: each bar is one singular direction's contribution to a key's score (same units as S)."
+            "At layer 0, with each token's LayerNorm scale frozen, $x = tok + pos + b$ exactly, so each "
+            "score splits into token-token, token-position, position-token and position-position parts "
+            "(query side first)."
         )
-        attr = attribution(loaded, tokens, layer, head, query)
-        why_plots = [fa.attribution_plot(attr, top=min(8, len(attr.keys)))]
-        why_left, why_right = st.columns(2)
-        with why_left:
-            ui.show_plot(why_plots[0], key="why_attribution")
-        with why_right:
-            if len(attr.keys) > 1:
-                why_plots.append(fa.runner_up_plot(attr))
-                ui.show_plot(why_plots[-1], key="why_runner_up")
-            else:
-                st.info("The first query sees one key only: there is no runner-up.")
-        if layer == 0 and cfg.positional == "learned":
-            st.markdown(
-                "At layer 0, with each token's LayerNorm scale frozen, $x = tok + pos + b$ exactly, so each "
-                "score splits into token-token, token-position, position-token and position-position parts "
-                "(query side first)."
-            )
-            why_plots.append(fa.token_position_plot(token_position_split(loaded, tokens, head, query)))
-            ui.show_plot(why_plots[-1], key="why_token_position")
-        st.markdown(
-            "Value-weighted attention $A_{ij}\\,\\|v_j W_O\\|$ beside the pattern: what query $i$ actually "
-            "receives from key $j$ (residual-stream norm), not only where it looks."
-        )
-        why_plots.append(
-            fa.value_weighted_plot(value_weighted(loaded, tokens, layer, head), view.queries, layer, [head], head)
-        )
-        ui.show_plot(why_plots[-1], key="why_value_weighted")
-        plots += why_plots
+        why_plots.append(fa.token_position_plot(token_position_split(loaded, tokens, head, query)))
+        ui.show_plot(why_plots[-1], key="why_token_position")
+    st.markdown(
+        "Value-weighted attention $A_{ij}\\,\\|v_j W_O\\|$ beside the pattern: what query $i$ actually "
+        "receives from key $j$ (residual-stream norm), not only where it looks."
+        + (f" Shown for the window {lv.lo}..{lv.hi} only (a long input)." if long_input else "")
+    )
+    vw = value_weighted(loaded, tokens, layer, head)
+    vw_labels = labels
+    if long_input:
+        vw, vw_labels = window_of(vw, lv.lo, lv.hi), lv.window_labels
+    why_plots.append(fa.value_weighted_plot(vw, vw_labels, layer, [head], head))
+    ui.show_plot(why_plots[-1], key="why_value_weighted")
+    plots += why_plots
 
 # --- concentration of the head(s) --------------------------------------------------------------------
 st.header("Concentration of the head" if head != ALL else "Concentration of every head")
-table = view.concentration_table(int(k))
+table = long_concentration(loaded, tokens, layer, int(k)) if long_input else view.concentration_table(int(k))
 shown = table if head == ALL else table[table["head"] == head]
 st.caption(f"Mean, min and max over the query rows that see at least {metrics.MIN_KEYS} keys, on this input.")
 st.dataframe(
@@ -224,15 +315,15 @@ st.markdown(
 )
 vocab_col, pos_col = st.columns(2)
 with vocab_col:
-    vocab = vocabulary_view(loaded, layer)
+    vocab = vocabulary_view(loaded, layer, [focus])  # per head: a small copy out of the cache
     x_token = tokens[query]
     vocab_plot = fb.view_plot(vocab, focus, x_token if x_token < len(vocab.queries) else None)
     ui.show_plot(vocab_plot, key="vocab")
     plots.append(vocab_plot)
 with pos_col:
     if cfg.positional == "learned":
-        positions = positional_view(loaded, layer)
-        pos_plot = fb.view_plot(positions, focus, query)
+        positions = positional_view(loaded, layer, [focus])
+        pos_plot = fb.view_plot(positions, focus, query if query < len(positions.queries) else None)
         ui.show_plot(pos_plot, key="positional")
         plots.append(pos_plot)
     else:
@@ -249,10 +340,11 @@ ui.export_all(
         "layer": layer,
         "head": head,
         "query": query,
-        "query_label": view.queries[query],
+        "query_label": labels[query],
         "input": source,
         "tokens": tokens,
-        "token_labels": view.queries,
+        "token_labels": labels,
+        **(dict(long_input=True, window=[lv.lo, lv.hi], top_keys=len(lv.top), pool=pool) if long_input else {}),
         "k": int(k),
         "why_this_key": bool(st.session_state.get("why_key")) and head != ALL,
     },

@@ -10,6 +10,9 @@ Split by concern (docs/architecture.md, the maths in docs/maths.md):
 - ``views``: :class:`View`, the sequence / vocabulary / positional views (take a
   ``LoadedModel``), their differentiable inputs and scores (take a ``Transformer``),
   concentration tables;
+- ``long``: long inputs (more than ``LONG_INPUT`` tokens): :func:`layer_scores` (S of one layer,
+  the forward stopped there) and a head's :class:`LongView` (exact window, top-k keys, pooled
+  overview), so that no n^2 cells go to a browser;
 - ``detectors``: detection patterns and head detector scores (take a ``Transformer``);
 - ``checks``: the input checks (layer, heads, tokens, the model object).
 """
@@ -25,6 +28,7 @@ from attn_core.bilinear.detectors import (
 )
 from attn_core.bilinear.form import QKForm
 from attn_core.bilinear.heads import augment, has_bias, head_B, layer_B, layer_form, model_form
+from attn_core.bilinear.long import LONG_INPUT, LayerScores, LongView, layer_scores, pool_blocks
 from attn_core.bilinear.spectrum import eigen_frame, spectrum, spectrum_frame
 from attn_core.bilinear.tokens import encode, random_tokens, sample_tokens, token_names
 from attn_core.bilinear.views import (
@@ -42,7 +46,10 @@ from attn_core.bilinear.views import (
 
 __all__ = [
     "DETECTORS",
+    "LONG_INPUT",
     "MAX_VIEW_TOKENS",
+    "LayerScores",
+    "LongView",
     "QKForm",
     "View",
     "augment",
@@ -63,7 +70,9 @@ __all__ = [
     "head_detectors",
     "layer_B",
     "layer_form",
+    "layer_scores",
     "model_form",
+    "pool_blocks",
     "positional_inputs",
     "positional_scores",
     "positional_view",

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -142,22 +143,23 @@ class View:
         """Tidy: head, query, key, their labels, score, prob, visible (one line per cell)."""
         heads = self.heads if head is None else [head]
         nq, nk = len(self.queries), len(self.keys)
+        q, k = np.repeat(np.arange(nq), nk), np.tile(np.arange(nk), nq)  # vectorised: 512^2 cells stay fast
+        query_label, key_label = np.asarray(self.queries, dtype=object)[q], np.asarray(self.keys, dtype=object)[k]
         parts = []
         for h in heads:
             i = self.head_index(h)
-            q, k = torch.meshgrid(torch.arange(nq), torch.arange(nk), indexing="ij")
             parts.append(
                 pd.DataFrame(
                     dict(
                         layer=self.layer,
                         head=h,
-                        query=q.flatten().tolist(),
-                        key=k.flatten().tolist(),
-                        query_label=[self.queries[j] for j in q.flatten().tolist()],
-                        key_label=[self.keys[j] for j in k.flatten().tolist()],
-                        score=self.scores[i].flatten().tolist(),
-                        prob=self.pattern[i].flatten().tolist(),
-                        visible=self.mask.flatten().tolist(),
+                        query=q,
+                        key=k,
+                        query_label=query_label,
+                        key_label=key_label,
+                        score=self.scores[i].flatten().double().numpy(),
+                        prob=self.pattern[i].flatten().double().numpy(),
+                        visible=self.mask.flatten().numpy(),
                     )
                 )
             )

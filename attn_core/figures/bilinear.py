@@ -1,18 +1,20 @@
 """Figures of the bilinear form (attn_core.bilinear): heatmaps of f_x(y) in the sequence,
-vocabulary and positional views with a highlighted query, the per-query slice, singular-value
-spectra, eigenvalues in the complex plane, concentration tables and head-detector grids.
+vocabulary and positional views with a highlighted query, the per-query slice, the long-input
+view (exact window, top-k keys, pooled overview), singular-value spectra, eigenvalues in the complex plane, concentration tables and head-detector grids.
 Every builder returns a :class:`Plot` whose ``data`` is the tidy table it draws."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+import torch
 from plotly.subplots import make_subplots
 
-from attn_core.bilinear import DETECTORS, View
-from attn_core.figures.base import Plot, token_ticks
+from attn_core.bilinear import DETECTORS, LongView, View
+from attn_core.figures.base import MAX_TICKS, Plot, token_ticks
 from attn_core.regularizers import head_label
 
 VALUES = ("scores", "pattern")
@@ -23,47 +25,58 @@ KIND_TITLE = {"sequence": "Sequence view", "vocabulary": "Vocabulary view", "pos
 HIGHLIGHT = "#d62728"
 
 
+def _heat_style(value: str) -> dict:
+    if value not in VALUES:
+        raise ValueError(f"value must be one of {VALUES}, got {value!r}")
+    if value == "scores":
+        return dict(colorscale="RdBu", zmid=0.0, colorbar=dict(title="f_x(y)"))
+    return dict(colorscale="Viridis", zmin=0.0, zmax=1.0, colorbar=dict(title="A"))
+
+
+def _heatmap(z: torch.Tensor, value: str, queries: list[str], keys: list[str], first: int = 0) -> go.Heatmap:
+    """A heatmap of z [nq, nk] (NaN cells blank) at positions first.., hover naming both tokens
+    while the cells are few. numpy arrays throughout: plotly validates and sends them as typed
+    arrays, where lists cost a Python call per cell (the head-change budget of the dashboard)."""
+    nq, nk = z.shape
+    hover = None
+    if nq * nk <= MAX_HOVER_CELLS:
+        hover = np.char.add(np.char.add(np.array(queries)[:, None], " → "), np.array(keys)[None, :])
+    heat = go.Heatmap(
+        z=z.numpy(),
+        x=np.arange(first, first + nk),
+        y=np.arange(first, first + nq),
+        hovertext=hover,
+        hovertemplate=("%{hovertext}" if hover is not None else "q %{y}, k %{x}") + "<br>%{z:.4g}<extra></extra>",
+        **_heat_style(value),
+    )
+    if nq * nk <= MAX_CELL_TEXT:
+        heat.update(texttemplate="%{z:.2f}", textfont=dict(size=9))
+    return heat
+
+
+def _outline(fig: go.Figure, x0: float, x1: float, y0: float, y1: float, dash: str | None = None) -> None:
+    fig.add_shape(
+        type="rect",
+        x0=x0,
+        x1=x1,
+        y0=y0,
+        y1=y1,
+        line=dict(color=HIGHLIGHT, width=3 if dash is None else 2, dash=dash),
+        fillcolor="rgba(0,0,0,0)",
+    )
+
+
 def view_plot(view: View, head: int, query: int | None = None, value: str = "scores") -> Plot:
     """Heatmap of S (``value="scores"``, diverging around 0) or A (``"pattern"``) of one head of
     any view; hidden (masked) cells are blank; ``query`` outlines that row."""
-    if value not in VALUES:
-        raise ValueError(f"value must be one of {VALUES}, got {value!r}")
+    _heat_style(value)
     i = view.head_index(head)
     z = (view.scores if value == "scores" else view.pattern)[i].masked_fill(~view.mask, math.nan)
     nq, nk = z.shape
-    heat = (
-        dict(colorscale="RdBu", zmid=0.0, colorbar=dict(title="f_x(y)"))
-        if value == "scores"
-        else dict(colorscale="Viridis", zmin=0.0, zmax=1.0, colorbar=dict(title="A"))
-    )
-    hover = (
-        [[f"{view.queries[q]} → {view.keys[k]}" for k in range(nk)] for q in range(nq)]
-        if nq * nk <= MAX_HOVER_CELLS
-        else None
-    )
-    fig = go.Figure(
-        go.Heatmap(
-            z=z.tolist(),
-            x=list(range(nk)),
-            y=list(range(nq)),
-            hovertext=hover,
-            hovertemplate=("%{hovertext}" if hover else "q %{y}, k %{x}") + "<br>%{z:.4g}<extra></extra>",
-            **heat,
-        )
-    )
-    if nq * nk <= MAX_CELL_TEXT:
-        fig.data[0].update(texttemplate="%{z:.2f}", textfont=dict(size=9))
+    fig = go.Figure(_heatmap(z, value, view.queries, view.keys))
     if query is not None:
         q = view.check_query(query)
-        fig.add_shape(
-            type="rect",
-            x0=-0.5,
-            x1=nk - 0.5,
-            y0=q - 0.5,
-            y1=q + 0.5,
-            line=dict(color=HIGHLIGHT, width=3),
-            fillcolor="rgba(0,0,0,0)",
-        )
+        _outline(fig, -0.5, nk - 0.5, q - 0.5, q + 0.5)
     what = "scores f_x(y) = x B yᵀ" if value == "scores" else "pattern A"
     note = f" ({view.meta['note']})" if view.meta.get("note") else ""
     fig.update_layout(
@@ -112,6 +125,104 @@ def query_plot(view: View, head: int, query: int, sort: bool = True, top: int | 
         fig,
         data,
         meta=dict(view=view.kind, layer=view.layer, head=head, query=q, sort=sort),
+    )
+
+
+# --- long inputs (attn_core.bilinear.long): never n^2 cells ------------------------------------
+
+
+def _position_ticks(labels: list[str], first: int) -> dict:
+    if len(labels) > MAX_TICKS:
+        return {}
+    return dict(tickmode="array", tickvals=list(range(first, first + len(labels))), ticktext=labels)
+
+
+def window_plot(lv: LongView, value: str = "scores") -> Plot:
+    """Heatmap of the exact S or A of the window lo..hi around the query of a long input (axes
+    in absolute positions, hidden cells blank, the query's row outlined)."""
+    _heat_style(value)
+    z = (lv.window_scores if value == "scores" else lv.window_pattern).masked_fill(~lv.window_mask, math.nan)
+    labels = lv.window_labels
+    fig = go.Figure(_heatmap(z, value, labels, labels, first=lv.lo))
+    _outline(fig, lv.lo - 0.5, lv.hi + 0.5, lv.query - 0.5, lv.query + 0.5)
+    what = "scores f_x(y)" if value == "scores" else "pattern A"
+    fig.update_layout(
+        title=f"Window {lv.lo}..{lv.hi} of {lv.n} tokens: {what}, layer {lv.layer} head {lv.head}",
+        xaxis=dict(title="key y", **_position_ticks(labels, lv.lo)),
+        yaxis=dict(title="query x", autorange="reversed", **_position_ticks(labels, lv.lo)),
+        height=max(420, min(900, 12 * len(labels) + 200)),
+    )
+    data = lv.window_frame()
+    data["highlighted"] = data["query"] == lv.query
+    return Plot(
+        f"window_{value}_{head_label(lv.layer, lv.head)}_q{lv.query}",
+        fig,
+        data,
+        meta=dict(view="window", layer=lv.layer, head=lv.head, query=lv.query, lo=lv.lo, hi=lv.hi, value=value),
+    )
+
+
+def overview_plot(lv: LongView, value: str = "pattern") -> Plot:
+    """The whole n x n matrix pooled into lv.n_blocks^2 cells of lv.block x lv.block positions
+    (max-pooling by default: a sharp head stays visible); the query's block row is outlined and
+    the exact window dashed."""
+    _heat_style(value)
+    z = lv.overview_pattern if value == "pattern" else lv.overview_scores
+    nb, b = lv.n_blocks, lv.block
+    centre = np.arange(nb) * b + (b - 1) / 2
+    heat = go.Heatmap(
+        z=z.numpy(),
+        x=centre,
+        y=centre,
+        hovertemplate=f"queries ≈ %{{y}}, keys ≈ %{{x}} ({b}×{b} block)<br>{lv.pool} %{{z:.4g}}<extra></extra>",
+        **_heat_style(value),
+    )
+    fig = go.Figure(heat)
+    top = (lv.query // b) * b
+    _outline(fig, -0.5, lv.n - 0.5, top - 0.5, min(lv.n, top + b) - 0.5)
+    _outline(fig, lv.lo - 0.5, lv.hi + 0.5, lv.lo - 0.5, lv.hi + 0.5, dash="dot")
+    what = "scores S" if value == "scores" else "pattern A"
+    fig.update_layout(
+        title=f"Overview: {what} {lv.pool}-pooled over {b}×{b} blocks ({nb}×{nb} of {lv.n}×{lv.n}), "
+        f"layer {lv.layer} head {lv.head}",
+        xaxis=dict(title="key position", range=[-0.5, lv.n - 0.5]),
+        yaxis=dict(title="query position", range=[lv.n - 0.5, -0.5]),
+        height=600,
+    )
+    return Plot(
+        f"overview_{value}_{head_label(lv.layer, lv.head)}",
+        fig,
+        lv.overview_frame(),
+        meta=dict(view="overview", layer=lv.layer, head=lv.head, query=lv.query, block=b, pool=lv.pool, value=value),
+    )
+
+
+def top_keys_plot(lv: LongView) -> Plot:
+    """Bars of f_x(y) for the k keys the query attends to most, anywhere in the input, best
+    first, coloured by A."""
+    top = lv.top
+    fig = go.Figure(
+        go.Bar(
+            x=list(top["label"]),
+            y=top["score"].to_numpy(),
+            marker=dict(color=top["prob"].to_numpy(), colorscale="Viridis", cmin=0, cmax=1, colorbar=dict(title="A")),
+            customdata=top[["prob", "rank"]].to_numpy(),
+            hovertemplate="%{x}<br>f_x(y) = %{y:.4g}<br>A = %{customdata[0]:.3f}, rank %{customdata[1]}<extra></extra>",
+        )
+    )
+    label = lv.labels[lv.query]
+    fig.update_layout(
+        title=f"Top {len(top)} keys of x = {label} by attention ({lv.query + 1} visible), layer {lv.layer} head {lv.head}",
+        xaxis_title="key y (position:token)",
+        yaxis_title="f_x(y)",
+    )
+    fig.update_xaxes(type="category")
+    data = top.assign(layer=lv.layer, head=lv.head, query=lv.query, query_label=label)
+    return Plot(
+        f"topk_{head_label(lv.layer, lv.head)}_q{lv.query}",
+        fig,
+        data,
+        meta=dict(view="top_keys", layer=lv.layer, head=lv.head, query=lv.query, k=len(top)),
     )
 
 

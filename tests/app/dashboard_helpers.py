@@ -36,7 +36,7 @@ def values(x) -> torch.Tensor:
     if isinstance(x, dict):
         arr = np.frombuffer(base64.b64decode(x["bdata"]), dtype=np.dtype(x["dtype"]))
         shape = x.get("shape")
-        return torch.from_numpy(arr.reshape([int(n) for n in str(shape).split(",")]) if shape else arr.copy()).float()
+        return torch.from_numpy((arr.reshape([int(n) for n in str(shape).split(",")]) if shape else arr).copy()).float()
     return torch.tensor(x, dtype=torch.float32)
 
 

@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from dashboard_helpers import chart, values, z_matrix
+from dashboard_helpers import chart, has_chart, values, z_matrix
 from streamlit.testing.v1 import AppTest
 
 import ui
-from attn_core import bilinear
+from attn_core import bilinear, checkpoint
 from attn_core.figures import bundle_zip
 from attn_core.hooks import act_name
 from attn_core.sources import resolve
+from tests.conftest import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = str(ROOT / "pages" / "1_Heatmaps.py")
@@ -99,7 +100,7 @@ def test_vocabulary_and_positional_views_highlight_the_query(page):
     tokens = bilinear.sample_tokens(resolve(MODEL), 0)
     vocab = chart(page, "vocab")
     assert (vocab["layout"]["shapes"][0]["y0"] + 0.5) == tokens[3]  # the row of token x
-    assert len(vocab["data"][0]["z"]) == resolve(MODEL).config.d_vocab
+    assert len(z_matrix(vocab)) == resolve(MODEL).config.d_vocab
     pos = chart(page, "positional")
     assert pos["layout"]["shapes"][0]["y0"] + 0.5 == 3
     with torch.no_grad():
@@ -124,7 +125,7 @@ def test_typed_and_random_inputs(page):
     page.radio(key="input").set_value("typed").run()
     page.text_input(key="typed").input("a b c a b").run()
     assert not page.exception and not page.error
-    assert len(chart(page, "scores")["data"][0]["z"]) == 5
+    assert len(z_matrix(chart(page, "scores"))) == 5
     assert page.select_slider(key="query").value == 4  # the query moved to the new last token
 
     page.text_input(key="typed").input("a b ZZ").run()
@@ -217,3 +218,141 @@ def test_why_this_key_explains_the_sequence_views_top_key(page):
     pattern = z_matrix(chart(page, "pattern"))[17, :18]
     assert chart(page, "why_attribution")["data"][0]["x"][0].endswith(f"({int(pattern.argmax())})")
     assert not any(c.proto.id.endswith("-chart_why_token_position") for c in page.get("plotly_chart"))
+
+
+# --- long inputs: a window, the top keys and an overview, never n^2 cells ---------------------------------
+
+LONG_N = 600  # more than bilinear.LONG_INPUT
+
+
+@pytest.fixture
+def long_model(tmp_path, monkeypatch) -> str:
+    """A random model with a 1024-token context (2 layers, 4 heads, d_model 32, biases, an MLP),
+    saved in ATTN_LAB_MODELS under the name ``long-2l``; it has no task."""
+    model = make_tiny_model(
+        std=0.3, n_layers=2, n_heads=4, d_model=32, d_head=8, d_vocab=100, n_ctx=1024, attn_bias=True, d_mlp=64
+    )
+    checkpoint.save(model, tmp_path / "models" / "long-2l")
+    monkeypatch.setenv("ATTN_LAB_MODELS", str(tmp_path / "models"))
+    return "long-2l"
+
+
+def long_page(model: str, length: int = LONG_N) -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=120)
+    at.query_params.update({"model": model, "layer": "1", "head": "2", "query": "500"})
+    at.run()
+    assert not at.exception and at.number_input(key="random_length").value == 1024  # the context by default
+    at.number_input(key="random_length").set_value(length).run()
+    assert not at.exception and not at.error
+    return at
+
+
+def cells(fig: dict) -> int:
+    return sum(z_matrix(fig, i).numel() for i, t in enumerate(fig["data"]) if t.get("type") == "heatmap")
+
+
+def test_long_input_shows_window_top_keys_and_overview(long_model):
+    at = long_page(long_model)
+    lm = resolve(long_model)
+    tokens = bilinear.random_tokens(lm, 0, LONG_N)
+    assert any(f"{LONG_N} tokens (more than {bilinear.LONG_INPUT})" in i.value for i in at.info)
+    for key in ("scores", "pattern", "query_row"):  # the dense figures are not drawn
+        assert not has_chart(at, key)
+    for key in ("window_scores", "window_pattern", "top_keys", "overview"):  # no figure of the input carries n^2 cells
+        assert cells(chart(at, key)) <= 256 * 256 < LONG_N**2
+    for c in at.get("plotly_chart"):  # the vocabulary and positional views stay cut at MAX_VIEW_TOKENS
+        assert cells(json.loads(c.proto.spec)) <= bilinear.MAX_VIEW_TOKENS**2
+    with torch.no_grad():
+        _, cache = lm.model.run_with_cache(torch.tensor([tokens]))
+    S, A = cache[act_name("attn_scores", 1)][0, 2], cache[act_name("pattern", 1)][0, 2]
+
+    # the window: the exact scores of positions 437..500 (w = 64 ending at the query), causal
+    window = chart(at, "window_scores")
+    assert "layer 1 head 2" in window["layout"]["title"]["text"] and "437..500" in window["layout"]["title"]["text"]
+    z, ref = z_matrix(window), S[437:501, 437:501]
+    causal = torch.ones(64, 64, dtype=torch.bool).tril()
+    assert torch.isnan(z[~causal]).all()
+    torch.testing.assert_close(z[causal], ref[causal], atol=1e-5, rtol=1e-4)
+    assert values(window["data"][0]["y"])[0] == 437
+    torch.testing.assert_close(
+        z_matrix(chart(at, "window_pattern"))[causal], A[437:501, 437:501][causal], atol=1e-6, rtol=1e-4
+    )
+
+    # the top keys: torch.topk of the query's whole row
+    bars = chart(at, "top_keys")["data"][0]
+    best = torch.topk(A[500, :501], bilinear.long.TOP_K)
+    assert list(bars["x"]) == [f"{j}:{tokens[j]}" for j in best.indices.tolist()]
+    torch.testing.assert_close(values(bars["y"]), S[500, best.indices], atol=1e-5, rtol=1e-4)
+    assert metric(at, "visible keys") == 501
+    assert metric(at, "entropy") == pytest.approx(float(-(A[500, :501] * A[500, :501].log()).sum()), abs=1e-3)
+
+    # the overview: A max-pooled over 3 x 3 blocks (600 / 256 -> 3), 200 x 200 cells
+    over = z_matrix(chart(at, "overview"))
+    assert over.shape == (200, 200)
+    blocks = A.masked_fill(~torch.ones(600, 600, dtype=torch.bool).tril(), -1).reshape(200, 3, 200, 3).amax((1, 3))
+    torch.testing.assert_close(over.nan_to_num(-1), blocks, atol=1e-6, rtol=0)
+
+
+def test_long_input_follows_head_query_and_settings(long_model):
+    at = long_page(long_model)
+    at.selectbox(key="head").select(0).run()
+    at.select_slider(key="query").set_value(10).run()
+    at.number_input(key="window").set_value(16).run()
+    at.number_input(key="top_keys").set_value(3).run()
+    at.radio(key="pool").set_value("mean").run()
+    assert not at.exception and not at.error
+    window = chart(at, "window_scores")
+    assert "Window 0..15" in window["layout"]["title"]["text"] and "layer 1 head 0" in window["layout"]["title"]["text"]
+    assert len(chart(at, "top_keys")["data"][0]["x"]) == 3
+    assert "mean-pooled" in chart(at, "overview")["layout"]["title"]["text"]
+    at.radio(key="overview_value").set_value("scores").run()
+    assert "scores S mean-pooled" in chart(at, "overview")["layout"]["title"]["text"]
+    # every head: one coarser overview each
+    at.selectbox(key="head").select("all").run()
+    assert not at.exception
+    for h in range(4):
+        fig = chart(at, f"grid_{h}")
+        assert f"head {h}" in fig["layout"]["title"]["text"] and z_matrix(fig).shape == (120, 120)  # 600 / 128 -> 5
+    assert set(at.dataframe[0].value["head"]) == set(range(4))
+
+
+def test_long_input_why_this_key_and_exports(long_model, monkeypatch):
+    calls = []
+    monkeypatch.setattr(ui, "export_all", lambda plots, manifest, key: calls.append((plots, manifest)))
+    at = long_page(long_model)
+    at.toggle(key="why_key").set_value(True).run()
+    assert not at.exception and not at.error
+    vw = chart(at, "why_value_weighted")
+    assert cells(vw) == 2 * 64 * 64  # the window only
+    plots, manifest = calls[-1]
+    names = [p.name for p in plots]
+    assert names[:4] == [
+        "window_scores_L1H2_q500",
+        "window_pattern_L1H2_q500",
+        "topk_L1H2_q500",
+        "overview_pattern_L1H2",
+    ]
+    assert manifest["long_input"] is True and manifest["window"] == [437, 500] and len(manifest["tokens"]) == LONG_N
+    blob = bundle_zip(plots[:4], manifest, formats=("csv", "html"))
+    with zipfile.ZipFile(io.BytesIO(blob)) as zf:
+        window_csv = zf.read("window_scores_L1H2_q500.csv").decode().splitlines()
+        overview_csv = zf.read("overview_pattern_L1H2.csv").decode().splitlines()
+        assert b"Plotly.newPlot" in zf.read("topk_L1H2_q500.html")
+    assert len(window_csv) == 1 + 64 * 64 and window_csv[0].startswith("layer,head,query,key")
+    assert len(overview_csv) == 1 + 200 * 200
+
+
+def test_long_input_with_a_query_past_the_positional_views_cut(long_model):
+    at = AppTest.from_file(PAGE, default_timeout=120)
+    at.query_params["model"] = long_model
+    at.run()  # random tokens filling the context, the query on the last one (past the positional view's 512)
+    assert not at.exception and not at.error
+    assert at.select_slider(key="query").value == 1023
+    assert "Window 960..1023 of 1024 tokens" in chart(at, "window_scores")["layout"]["title"]["text"]
+    assert chart(at, "positional")["layout"].get("shapes") is None  # no row to outline there
+
+
+def test_short_inputs_of_a_long_model_stay_dense(long_model):
+    at = long_page(long_model, length=bilinear.LONG_INPUT)
+    assert not any("more than" in i.value for i in at.info)
+    assert z_matrix(chart(at, "scores")).shape == (bilinear.LONG_INPUT, bilinear.LONG_INPUT)

@@ -1,0 +1,227 @@
+"""Long inputs on a GPT-2-small-sized model: load, first heatmap, head change, spectrum, memory.
+
+    python benchmarks/long_inputs.py               # GPT-2 small shape, 1024 tokens, medians of 5
+    python benchmarks/long_inputs.py --json        # the result as JSON on stdout
+    python benchmarks/long_inputs.py --quick       # a smoke run: a tiny GPT-2, 128 tokens, not saved
+
+A random-initialised GPT-2 (transformers' GPT2Config(n_layer=12, n_head=12, n_embd=768): d_head
+64, vocabulary 50257, context 1024, 124M parameters) is saved by transformers as a Hugging Face
+folder (model.safetensors) in a temporary directory. Then, medians of --repeats:
+
+- load: ``attn_core.sources.resolve(folder)``, read, converted and validated (a fresh load each time);
+- first heatmap after load, at 1024 random tokens, for layer 0 and for the last layer: what the
+  Heatmaps page does before its first chart, ``bilinear.layer_scores`` (the forward stopped at
+  that layer), ``LayerScores.view`` (window, top-k, overview) and ``figures.bilinear.window_plot``
+  serialised to the JSON Streamlit sends; "all figures" adds the pattern window, the top keys and
+  the overview;
+- head change: the same figures for another head from the cached ``LayerScores`` (no forward);
+- spectrum of all 144 heads: ``bilinear.spectrum(model)`` (singular values, eigenvalues of B and of
+  (B + B^T)/2, norms and ranks of every head);
+- peak memory: the process's peak resident set size (``resource.getrusage(RUSAGE_SELF).ru_maxrss``:
+  Python, torch and the weights together), read before loading, after the first load and at the end.
+
+Saves benchmarks/results/long_inputs.json (not with --quick).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import plotly.io as pio  # noqa: E402
+import torch  # noqa: E402
+
+from attn_core import bilinear, sources  # noqa: E402
+from attn_core.figures import bilinear as fb  # noqa: E402
+
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "long_inputs.json"
+FULL = dict(n_layer=12, n_head=12, n_embd=768, n_positions=1024, vocab_size=50257, tokens=1024)
+QUICK = dict(
+    n_layer=2, n_head=4, n_embd=64, n_positions=128, vocab_size=1000, bos_token_id=0, eos_token_id=0, tokens=128
+)
+TARGETS_S = dict(load=10.0, first_heatmap=3.0, head_change=0.5, spectrum=2.0)
+
+
+WRITER = """
+import json, sys, torch, transformers
+shape, folder = json.loads(sys.argv[1]), sys.argv[2]
+torch.manual_seed(0)
+transformers.GPT2LMHeadModel(transformers.GPT2Config(**shape)).save_pretrained(folder, safe_serialization=True)
+"""
+
+
+def write_gpt2(folder: Path, shape: dict) -> float:
+    """A random-initialised GPT-2 of ``shape`` saved by transformers, in a child process (so that
+    transformers' copy of the weights never counts in this process's peak memory); returns the
+    seconds it took."""
+    start = time.perf_counter()
+    config = {k: v for k, v in shape.items() if k != "tokens"}
+    r = subprocess.run([sys.executable, "-c", WRITER, json.dumps(config), str(folder)], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"writing the GPT-2 folder with transformers failed:\n{r.stderr[-2000:]}")
+    return time.perf_counter() - start
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
+
+
+def timed(fn, *args, **kwargs) -> tuple[float, object]:
+    start = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return time.perf_counter() - start, out
+
+
+def figures(lv, first_only: bool) -> int:
+    """Build the page's figures of a LongView and serialise them as st.plotly_chart does; returns
+    the bytes of JSON sent."""
+    plots = [fb.window_plot(lv, "scores")]
+    if not first_only:
+        plots += [fb.window_plot(lv, "pattern"), fb.top_keys_plot(lv), fb.overview_plot(lv, "pattern")]
+    return sum(len(pio.to_json(p.fig, validate=False)) for p in plots)
+
+
+def measure(folder: Path, n_tokens: int, repeats: int) -> dict:
+    loads = []
+    for _ in range(repeats):
+        gc.collect()
+        t, loaded = timed(sources.resolve, folder)
+        loads.append(t)
+        if len(loads) == 1:
+            rss_after_load = peak_rss_mib()  # later loads may add garbage not yet returned to the system
+        if len(loads) < repeats:
+            del loaded
+    cfg = loaded.config
+    query = n_tokens - 1
+    out = dict(load_s=loads)
+    for name, layer in (("layer0", 0), ("last_layer", cfg.n_layers - 1)):
+        first, full, sent = [], [], 0
+        for r in range(repeats):
+            tokens = bilinear.random_tokens(loaded, r, n_tokens)  # a new input: nothing cached
+            t, scores = timed(bilinear.layer_scores, loaded, tokens, layer)
+            t2, lv = timed(scores.view, 0, query)
+            t3, sent = timed(figures, lv, first_only=True)
+            t4, _ = timed(figures, lv, first_only=False)
+            first.append(t + t2 + t3)
+            full.append(t + t2 + t4)
+        out[f"first_heatmap_{name}_s"] = first
+        out[f"all_figures_{name}_s"] = full
+        out["first_heatmap_json_bytes"] = sent
+    heads = []
+    for r in range(repeats):
+        head = 1 + r % (cfg.n_heads - 1)
+        t, lv = timed(scores.view, head, query)
+        t2, _ = timed(figures, lv, first_only=False)
+        heads.append(t + t2)
+    out["head_change_s"] = heads
+    spectra = []
+    for _ in range(repeats):
+        t, rows = timed(bilinear.spectrum, loaded.model)
+        spectra.append(t)
+    out["spectrum_s"] = spectra
+    out["spectrum_heads"] = len(rows)
+    out["peak_rss_after_load_mib"] = rss_after_load
+    out["peak_rss_mib"] = peak_rss_mib()
+    out["layer_scores_mib"] = scores.scores.numel() * 4 / 2**20
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5, help="samples per figure (>= 5)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to save the JSON ('-' to not save)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: a tiny GPT-2, 2 repeats, not saved")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error("--threads must be at least 1")
+        torch.set_num_threads(args.threads)
+    shape = FULL
+    if args.quick:
+        shape, args.repeats, args.out = QUICK, 2, Path("-")
+    elif args.repeats < 5:
+        parser.error("--repeats must be at least 5 (medians of >= 5)")
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        sys.exit("this benchmark writes its GPT-2 folder with transformers: pip install -r requirements-dev.txt")
+
+    with tempfile.TemporaryDirectory(prefix="attn-lab-long-") as tmp:
+        folder = Path(tmp) / "gpt2-random"
+        write_s = write_gpt2(folder, shape)
+        rss_start = peak_rss_mib()
+        samples = measure(folder, shape["tokens"], args.repeats)
+        weights_mib = (folder / "model.safetensors").stat().st_size / 2**20
+    medians = {k[:-2]: statistics.median(v) for k, v in samples.items() if k.endswith("_s")}
+    result = dict(
+        shape=shape,
+        medians_s=medians,
+        samples_s={k[:-2]: v for k, v in samples.items() if k.endswith("_s")},
+        targets_s=TARGETS_S,
+        peak_rss_mib=samples["peak_rss_mib"],
+        peak_rss_after_load_mib=samples["peak_rss_after_load_mib"],
+        peak_rss_before_load_mib=rss_start,
+        weights_mib=weights_mib,
+        layer_scores_mib=samples["layer_scores_mib"],
+        first_heatmap_json_bytes=samples["first_heatmap_json_bytes"],
+        spectrum_heads=samples["spectrum_heads"],
+        write_folder_s=write_s,
+        repeats=args.repeats,
+        threads=torch.get_num_threads(),
+        torch=torch.__version__,
+        cpus=os.cpu_count(),
+        load_average=os.getloadavg(),
+        machine=f"{platform.machine()}, {platform.processor() or '?'}",
+    )
+    if args.out != Path("-"):
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    s = shape
+    print(
+        f"GPT-2 shape: {s['n_layer']} layers x {s['n_head']} heads, d_model {s['n_embd']}, vocabulary "
+        f"{s['vocab_size']}, {s['tokens']} tokens; medians of {args.repeats}, torch {torch.__version__} with "
+        f"{result['threads']} threads, load average {result['load_average'][0]:.1f} on {os.cpu_count()} CPUs"
+    )
+    rows = [
+        ("load (sources.resolve)", "load", TARGETS_S["load"]),
+        ("first heatmap after load, layer 0", "first_heatmap_layer0", TARGETS_S["first_heatmap"]),
+        (f"first heatmap after load, layer {s['n_layer'] - 1}", "first_heatmap_last_layer", TARGETS_S["first_heatmap"]),
+        ("  all four figures, layer 0", "all_figures_layer0", None),
+        (f"  all four figures, layer {s['n_layer'] - 1}", "all_figures_last_layer", None),
+        ("head change (cached scores, four figures)", "head_change", TARGETS_S["head_change"]),
+        (f"spectrum of all {result['spectrum_heads']} heads", "spectrum", TARGETS_S["spectrum"]),
+    ]
+    print(f"{'measure':<44} {'median':>9} {'range':>17} {'target':>9}")
+    for label, key, target in rows:
+        v, lo, hi = medians[key], min(result["samples_s"][key]), max(result["samples_s"][key])
+        verdict = "" if target is None else f"<= {target:g} s {'met' if v <= target else 'MISSED'}"
+        print(f"{label:<44} {v:>8.3f}s {lo:>7.3f}-{hi:<7.3f}s  {verdict}")
+    print(
+        f"peak memory (ru_maxrss, the whole process): {result['peak_rss_mib']:.0f} MiB "
+        f"(before loading {rss_start:.0f} MiB, after the first load {result['peak_rss_after_load_mib']:.0f} MiB; "
+        f"weights file {weights_mib:.0f} MiB, one layer's scores {result['layer_scores_mib']:.0f} MiB); "
+        f"first heatmap sends {result['first_heatmap_json_bytes'] / 1024:.0f} KiB of JSON"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
