@@ -299,5 +299,5 @@ def layer_scores(
             pass
     names = token_names(loaded)
     labels = [f"{p}:{names[t]}" for p, t in enumerate(ids)]
-    mask = model.causal[:n, :n].cpu()
+    mask = model.mask(n, model.cfg.window(layer)).cpu()
     return LayerScores(layer, ids, labels, kept["S"], mask, float(model.cfg.entmax_alpha))

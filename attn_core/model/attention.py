@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from attn_core.hooks import HookRun, block_names
 from attn_core.model import rotary
 from attn_core.model.config import ModelConfig
 
 SHARED = ("W_K", "b_K", "W_V", "b_V")  # stored per key/value head
+INNER = ("q", "k", "v", "attn_scores", "pattern", "z")  # the hook points inside attention
 
 
 def attention_weights(scores: torch.Tensor, mask: torch.Tensor, entmax_alpha: float = 1.0) -> torch.Tensor:
@@ -107,6 +109,32 @@ class Attention(nn.Module):
         if self.cfg.attn_bias:
             v = v + self.b_V[None, :, None, :]
         v = self._heads(v)
+        if self._fast and (hk is None or not hk.touches(self.names[n] for n in INNER)):
+            z = self._fused(x, v, mask)
+        else:
+            z = self._explicit(x, v, mask, hk)
+        out = torch.einsum("bhqe,hed->bqd", z, self.W_O)
+        if self.cfg.attn_bias:
+            out = out + self.b_O
+        return out
+
+    @property
+    def _fast(self) -> bool:
+        """Softmax heads of one scale: their Z can come from the fused attention kernel."""
+        return self.cfg.entmax_alpha == 1.0 and self.cfg.d_qk is None
+
+    def _fused(self, x: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Z = softmax(S + mask) V by ``scaled_dot_product_attention``, S never materialised (the
+        same maths as :meth:`_explicit`, equal to float rounding)."""
+        q, k = self.qk(x)
+        scale = 1.0 if self.cfg.qk == "merged" else self.cfg.d_head**-0.5
+        T = x.shape[1]
+        if self.cfg.window(self.layer) == 0 and mask.shape == (T, T):  # the causal mask itself
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+    def _explicit(self, x: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, hk: HookRun | None) -> torch.Tensor:
+        """Z with S and A computed (and shown to ``hk`` by name)."""
         if hk is None and self.cfg.qk == "merged":  # S = X W_QK X^T in one contraction
             S = torch.einsum("bqd,hde,bke->bhqk", x, self.W_QK, x)
         else:
@@ -129,7 +157,4 @@ class Attention(nn.Module):
         z = A @ v  # [b, h, T, d_head]
         if hk is not None:
             z = hk(self.names["z"], z)
-        out = torch.einsum("bhqe,hed->bqd", z, self.W_O)
-        if self.cfg.attn_bias:
-            out = out + self.b_O
-        return out
+        return z
