@@ -108,9 +108,7 @@ class HookRun:
     def touches(self, names) -> bool:
         """Whether a hook runs on, or the cache keeps, any of ``names`` (a block that this run
         neither reads nor changes may take its fast path)."""
-        return any(
-            n in self.hooks or (self.cache is not None and (self.keep is None or self.keep(n))) for n in names
-        )
+        return any(n in self.hooks or (self.cache is not None and (self.keep is None or self.keep(n))) for n in names)
 
     def __call__(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         for fn in self.hooks.get(name, ()):

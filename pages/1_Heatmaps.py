@@ -5,8 +5,10 @@ import streamlit as st
 
 import ui
 from attn_core import bilinear, circuits, metrics
+from attn_core.bilinear import offsets
 from attn_core.figures import attribution as fa
 from attn_core.figures import bilinear as fb
+from attn_core.figures import rotary as fr
 from attn_core.sources import LoadedModel
 
 SOURCES = {"sample": "task sample", "random": "random tokens", "typed": "typed tokens"}
@@ -30,6 +32,11 @@ vocabulary_view = ui.cached(bilinear.vocabulary_view)
 positional_view = ui.cached(bilinear.positional_view)
 attribution = ui.cached(circuits.attribute)
 token_position_split = ui.cached(circuits.token_position_split)
+
+
+@ui.cached
+def pair_curve(loaded: LoadedModel, layer: int, head: int, query_token: int, key_token: int, span: int):
+    return offsets.token_pair_scores(loaded.model, layer, head, query_token, key_token, list(range(0, -span, -1)))
 
 
 @ui.cached
@@ -69,7 +76,14 @@ source = c_source.radio(
 )
 with c_input:
     try:
-        if source == "typed":
+        if source == "typed" and bilinear.tokenizer(loaded) is not None:
+            text = st.text_input(
+                "Text",
+                key=ui.remember("typed_text", "The cat sat on the mat. The cat sat"),
+                help=f"Any text, split into tokens by the model's tokenizer.json (at most {cfg.n_ctx} tokens)",
+            )
+            tokens = bilinear.encode(loaded, text)
+        elif source == "typed":
             names = bilinear.token_names(loaded)
             text = st.text_input(
                 "Tokens (space-separated)",
@@ -309,13 +323,30 @@ shown_heads = list(range(cfg.n_heads)) if head == ALL else [head]
 focus = head if head != ALL else 0
 st.header("Vocabulary view and positional view")
 st.markdown(
-    "The same form with $x, y$ ranging over **every token** (its embedding plus the mean position, "
-    "through this layer's LayerNorm) and over **every position** (its embedding plus the mean token). "
+    (
+        "The same form with $x, y$ ranging over **every token** (its embedding through this layer's "
+        "norm) at the offset picked below, and, on the right, the score of this query's token and one "
+        "key's token against their offset: with rotary positions, position enters only through δ. "
+        if cfg.positional == "rotary"
+        else "The same form with $x, y$ ranging over **every token** (its embedding plus the mean position, "
+        "through this layer's LayerNorm) and over **every position** (its embedding plus the mean token). "
+    )
     + ("" if head != ALL else "Shown for head 0; pick a head above to see another.")
 )
+offset = 0
+if cfg.positional == "rotary":
+    reach = min(cfg.n_ctx - 1, 4096)
+    offset = st.slider(
+        "Offset δ = key position − query position (rotary)",
+        min_value=-reach,
+        max_value=0,
+        key=ui.remember("vocab_offset", 0, range(-reach, 1), param="offset"),
+        help="With rotary positions the form is B(δ) = W_Q R(δ) W_Kᵀ/√d: the vocabulary view shows "
+        "every token pair meeting δ positions apart (0: the un-rotated form)",
+    )
 vocab_col, pos_col = st.columns(2)
 with vocab_col:
-    vocab = vocabulary_view(loaded, layer, [focus])  # per head: a small copy out of the cache
+    vocab = vocabulary_view(loaded, layer, [focus], offset=int(offset))  # per head: a small copy out of the cache
     x_token = tokens[query]
     vocab_plot = fb.view_plot(vocab, focus, x_token if x_token < len(vocab.queries) else None)
     ui.show_plot(vocab_plot, key="vocab")
@@ -326,6 +357,21 @@ with pos_col:
         pos_plot = fb.view_plot(positions, focus, query if query < len(positions.queries) else None)
         ui.show_plot(pos_plot, key="positional")
         plots.append(pos_plot)
+    elif cfg.positional == "rotary":  # no position embeddings: a token pair's score against the offset
+        before = list(range(query + 1))
+        key_pos = st.selectbox(
+            "Key (its token meets the query's at every offset)",
+            before,
+            index=max(0, query - 1),
+            format_func=lambda p: labels[p],
+            key=f"pair_key_{query}",
+            help="The query's token is fixed; its score with this key's token is plotted against "
+            "the offset between them (a dashed line marks the offset in this input)",
+        )
+        curve = pair_curve(loaded, layer, focus, tokens[query], tokens[key_pos], min(cfg.n_ctx, 512))
+        pair_plot = fr.pair_offset_plot(curve, layer, focus, labels[query], labels[key_pos], actual=key_pos - query)
+        ui.show_plot(pair_plot, key="positional")
+        plots.append(pair_plot)
     else:
         st.info("This model has no position embeddings, so it has no positional view.")
 

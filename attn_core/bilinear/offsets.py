@@ -106,3 +106,16 @@ def pair_scores(
         xx, yy = (augment(v) if aug else v for v in (x.reshape(1, -1), y.reshape(1, -1)))
         scores = form.bilinear(xx.expand(len(offsets), 1, -1), yy.expand(len(offsets), 1, -1))[:, 0, 0]
     return pd.DataFrame({"delta": _check_offsets(model, offsets), "score": scores.tolist()})
+
+
+def token_pair_scores(
+    model: Transformer, layer: int, head: int, query_token: int, key_token: int, offsets=None
+) -> pd.DataFrame:
+    """:func:`pair_scores` of two tokens as the layer's norm sees their embeddings
+    (``vocab_inputs``): how the score of this query token and key token varies with their offset."""
+    from attn_core.bilinear.views import vocab_inputs
+
+    check_rotary(model, "token_pair_scores")
+    with torch.no_grad():
+        x, y = vocab_inputs(model, check_layer(model, layer), [int(query_token), int(key_token)])
+    return pair_scores(model, layer, head, x, y, offsets)

@@ -55,8 +55,11 @@ def offset_spectrum_plot(frame: pd.DataFrame, reference: pd.DataFrame, layer: in
     return Plot(f"offset_spectrum_L{layer}H{head}", fig, data, meta=dict(layer=layer, head=head))
 
 
-def pair_offset_plot(frame: pd.DataFrame, layer: int, head: int, query: str, key: str) -> Plot:
-    """f(delta) = x B(delta) y^T of one query token and one key token against the offset."""
+def pair_offset_plot(
+    frame: pd.DataFrame, layer: int, head: int, query: str, key: str, actual: int | None = None
+) -> Plot:
+    """f(delta) = x B(delta) y^T of one query token and one key token against the offset; a
+    dashed line marks ``actual``, the offset at which they meet in the input shown."""
     label = head_label(layer, head)
     fig = go.Figure(
         go.Scatter(
@@ -67,6 +70,8 @@ def pair_offset_plot(frame: pd.DataFrame, layer: int, head: int, query: str, key
             hovertemplate="δ = %{x}: score %{y:.4g}<extra></extra>",
         )
     )
+    if actual is not None:
+        fig.add_vline(x=actual, line_dash="dash", line_color="grey", annotation_text=f"in the input: δ = {actual}")
     fig.update_layout(
         title=f"{label}: score of query {query!r} and key {key!r} against their offset",
         xaxis_title="δ = key position − query position",

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from dashboard_helpers import chart, open_page, values
+from dashboard_helpers import chart, open_page, values, z_matrix
 
 from tests.conftest import write_tiny_hf
 
@@ -20,7 +20,18 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf-models")
     llama = write_tiny_hf(root / "tiny-llama", "llama", num_key_value_heads=2)
     neox = write_tiny_hf(root / "tiny-neox", "gpt_neox", rotary_pct=0.5)
+    _write_tokenizer(root / "tiny-neox")
     return root, {"tiny-llama": llama, "tiny-neox": neox}
+
+
+def _write_tokenizer(folder):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {w: i for i, w in enumerate(["[UNK]", "the", "cat", "sat", "on", "mat", "."])}
+    vocab.update({f"w{i}": i for i in range(len(vocab), 100)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(folder / "tokenizer.json"))
 
 
 @pytest.fixture
@@ -75,3 +86,30 @@ def test_every_page_renders_an_imported_model(env, page):
     """No exception or error on any page for a grouped-query rotary model (Home is a router
     page, rendered through app.py by test_shell)."""
     open_page(str(ROOT / "pages" / page), "tiny-llama", timeout=180)
+
+
+def test_heatmaps_take_text_an_offset_and_a_token_pair(env):
+    """Typed text goes through the folder's tokenizer.json; the vocabulary view at offset -3 and
+    the pair-against-offset curve are the library's B(delta) (independently: token_pair_scores)."""
+    from attn_core import bilinear
+    from attn_core.bilinear import offsets
+    from attn_core.sources import resolve
+
+    at = open_page(str(ROOT / "pages" / "1_Heatmaps.py"), "tiny-neox")
+    at.radio(key="input").set_value("typed").run()
+    box = next(t for t in at.text_input if t.label == "Text")
+    box.set_value("the cat sat on the mat .").run()
+    assert not at.exception and not at.error
+    slider = next(s for s in at.slider if s.label.startswith("Offset"))
+    slider.set_value(-3).run()
+    assert not at.exception and not at.error
+    loaded = resolve("tiny-neox")
+    layer, head = 0, 0
+    want = bilinear.vocabulary_view(loaded, layer, [head], offset=-3).scores[0]
+    z = z_matrix(chart(at, "vocab"))
+    assert torch.allclose(z[: want.shape[0], : want.shape[1]], want, atol=1e-4, equal_nan=True)
+    pair = chart(at, "positional")
+    ids = bilinear.encode(loaded, "the cat sat on the mat .")
+    query = len(ids) - 1  # the page's default query is the last token
+    curve = offsets.token_pair_scores(loaded.model, layer, head, ids[query], ids[query - 1], list(range(0, -64, -1)))
+    np.testing.assert_allclose(values(pair["data"][0]["y"]).numpy(), curve.score.to_numpy(), rtol=1e-4, atol=1e-5)
