@@ -215,14 +215,8 @@ def attribute(loaded: LoadedModel, tokens: Sequence[int], layer: int, head: int,
         terms = S * xc * yc  # [n, k]
         bias = bias_terms(model, layer, head, x, y)  # [n, 3]
     names = token_names(loaded)
-    keys = list(range(q + 1))
     return Attribution(
-        layer,
-        head,
-        q,
-        keys,
-        [ids[k] for k in keys],
-        [names[ids[k]] for k in keys],
+        *_who(layer, head, q, ids, names),
         S.cpu(),
         xc.cpu(),
         yc.cpu(),
@@ -230,6 +224,12 @@ def attribute(loaded: LoadedModel, tokens: Sequence[int], layer: int, head: int,
         bias.cpu(),
         meta=dict(query_token=names[ids[q]], rank_cap=len(S)),
     )
+
+
+def _who(layer: int, head: int, q: int, ids: list[int], names: list[str]) -> tuple:
+    """The first fields of an :class:`Attribution`: layer, head, query, keys 0..q, their ids and labels."""
+    keys = list(range(q + 1))
+    return layer, head, q, keys, [ids[k] for k in keys], [names[ids[k]] for k in keys]
 
 
 def _rotary_attribution(loaded: LoadedModel, ids: list[int], layer: int, head: int, q: int) -> Attribution:
@@ -255,19 +255,13 @@ def _rotary_attribution(loaded: LoadedModel, ids: list[int], layer: int, head: i
         ["offset-free dims"] if r < cfg.d_head else []
     )
     names = token_names(loaded)
-    keys = list(range(q + 1))
     return Attribution(
-        layer,
-        head,
-        q,
-        keys,
-        [ids[k] for k in keys],
-        [names[ids[k]] for k in keys],
+        *_who(layer, head, q, ids, names),
         freqs,
         torch.stack([Qt[p].norm() for p in planes]),
         torch.stack([Kt[:, p].norm(dim=-1) for p in planes], dim=-1),
         terms,
-        torch.zeros(len(keys), 3, dtype=torch.float64),
+        torch.zeros(q + 1, 3, dtype=torch.float64),
         meta=dict(query_token=names[ids[q]], rank_cap=len(planes), split="rotation planes"),
         term_names=term_names,
     )

@@ -95,15 +95,14 @@ def test_every_page_is_reached_through_the_router():
 
 
 def _picker_script():
-    from types import SimpleNamespace
-
     import streamlit as st
 
     import ui
+    from attn_core.model import ModelConfig
 
     ui.setup("picker", needs_model=False)
     heads = st.session_state.get("n_heads", 4)
-    cfg = SimpleNamespace(n_layers=2, n_heads=heads)
+    cfg = ModelConfig(n_layers=2, n_heads=heads)
     left, right = st.columns(2)
     layer, head = ui.layer_head_picker(
         cfg,
