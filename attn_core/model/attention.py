@@ -69,10 +69,25 @@ class Attention(nn.Module):
         no checkpoint holds them, and they follow ``.to(device)``."""
         cfg = self.cfg
         if cfg.qk == "factored":
-            scale = torch.tensor([cfg.head_d_qk(self.layer, i) ** -0.5 for i in range(cfg.n_heads)])
-            self.register_buffer("qk_scale", scale.view(1, cfg.n_heads, 1, 1), persistent=False)
+            self.register_buffer("qk_scale", self._scales(torch.get_default_dtype()), persistent=False)
         if cfg.positional == "rotary":
             self.register_buffer("inv_freq", rotary.inverse_frequencies(cfg), persistent=False)
+
+    def _scales(self, dtype: torch.dtype, device=None) -> torch.Tensor:
+        """1/sqrt(d_qk) per head, [1, h, 1, 1], rounded once into ``dtype`` from float64."""
+        exact = torch.tensor(
+            [self.cfg.head_d_qk(self.layer, i) ** -0.5 for i in range(self.cfg.n_heads)], dtype=torch.float64
+        )
+        return exact.to(device=device, dtype=dtype).view(1, self.cfg.n_heads, 1, 1)
+
+    def _apply(self, fn, recurse: bool = True):
+        """After ``.to`` / ``.double()`` / ``.float()``, the scales are made again in the new dtype
+        (a float32 1/sqrt(d) cast to float64 would stay float32-rounded)."""
+        out = super()._apply(fn, recurse)
+        scale = getattr(self, "qk_scale", None)
+        if scale is not None and scale.device.type != "meta":
+            self.qk_scale = self._scales(scale.dtype, scale.device)
+        return out
 
     def per_head(self, name: str) -> torch.Tensor:
         """Parameter ``name`` with one entry per query head: W_K, b_K, W_V and b_V are repeated

@@ -313,7 +313,7 @@ def test_attribute_report_terms_and_bias_sum_to_the_score():
         assert sum(t["contribution"] for t in k["terms"]) + k["bias"] == pytest.approx(k["score"], abs=1e-9)
         assert k["score"] == pytest.approx(float(S[k["key"]]), abs=1e-5)
         assert k["token"] == str(TOKENS[k["key"]]) and len(k["terms"]) == 7
-        assert set(k["terms"][0]) == {"direction", "sigma", "contribution"}
+        assert set(k["terms"][0]) == {"direction", "term", "sigma", "contribution"}
 
 
 def test_circuits_report_document():
