@@ -129,9 +129,11 @@ def build_checked(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> Transfo
             raise CheckpointError(f"tensor {k} has shape {list(t.shape)}, the config needs {list(shape)}")
         if not t.is_floating_point():
             raise CheckpointError(f"tensor {k} has dtype {t.dtype}; weights must be floating point")
-        if not torch.isfinite(t).all():
+        # min and max in one pass, no temporary the size of the tensor (NaN or Inf shows in them)
+        lo, hi = (float(v) for v in torch.aminmax(t.detach())) if t.numel() else (0.0, 0.0)
+        if not (math.isfinite(lo) and math.isfinite(hi)):
             raise CheckpointError(f"tensor {k} contains NaN or Inf values")
-        top = float(t.abs().max()) if t.numel() else 0.0
+        top = max(-lo, hi)
         if top > MAX_ABS_WEIGHT:
             raise CheckpointError(
                 f"tensor {k} holds values up to {top:.3g}; weights beyond {MAX_ABS_WEIGHT:g} overflow "

@@ -5,7 +5,7 @@ models people download), each load in a fresh process so that its peak memory is
     python benchmarks/hf_load.py             # 125 M parameters, 3 shards, 5 loads
     python benchmarks/hf_load.py --quick     # a tiny model, 2 loads, nothing saved
 
-Prints the median load time and the growth of the process's peak RSS (``ru_maxrss``) over what
+Prints the median load time and the growth of the process's peak RSS (``VmHWM``) over what
 the imports took, against the size of the float32 weights: one float copy is held, plus the
 memory-mapped bf16 file pages while they are read (counted in RSS, not a copy).
 """
@@ -27,15 +27,18 @@ FULL = dict(hidden_size=768, intermediate_size=2048, num_attention_heads=12, num
 QUICK = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
              num_hidden_layers=2, vocab_size=1000, shard="100KB")  # fmt: skip
 
+# VmHWM, the peak RSS of this process image (ru_maxrss would carry the parent's peak across exec)
 CHILD = """
-import json, resource, sys, time
+import json, sys, time
 sys.path.insert(0, {root!r})
 from attn_core.sources import resolve
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def hwm():
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+base = hwm()
 t = time.perf_counter()
 loaded = resolve({folder!r})
 seconds = time.perf_counter() - t
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+peak = hwm()
 print(json.dumps(dict(seconds=seconds, base_kib=base, peak_kib=peak, params=loaded.config.n_params())))
 """
 
