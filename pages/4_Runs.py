@@ -173,7 +173,11 @@ st.header("Singular values of B, before and after")
 
 
 def draw_spectra(run_id: str, i: int) -> None:
-    card = Card.from_dict(store.get(run_id).get("card"))
+    try:
+        card = Card.from_dict(store.get(run_id).get("card"))
+    except ValueError as e:  # a card edited by hand or damaged: said, and the other runs still drawn
+        st.warning(f"Run {run_id}: its card cannot be read ({ui.plain(str(e))}).")
+        return
     per_head = card.details.get("per_head") or {}
     st.caption(f"**{run_id}**: {regs(by_id[run_id])}")
     if not per_head.get("before") or not per_head.get("after"):
@@ -218,7 +222,11 @@ except ValueError as e:
 
 
 def draw_heatmap(name: str, i: int) -> None:
-    m = ui.load_model(name)
+    try:
+        m = ui.load_model(name)
+    except ValueError as e:  # CheckpointError included: a damaged run is said, the others drawn
+        st.warning(f"{name} cannot be loaded: {ui.plain(str(e))}")
+        return
     if (m.config.n_layers, m.config.n_heads) != (cfg.n_layers, cfg.n_heads):
         st.info(f"{name} has another shape ({m.config.n_layers} layers × {m.config.n_heads} heads).")
         return

@@ -128,3 +128,26 @@ def test_a_corrupt_store_is_said_once_and_the_other_pages_still_work(tmp_path, m
     assert not sweeps.exception
     [line] = [e.value for e in sweeps.error if "is not a SQLite database" in e.value]
     assert said[0].startswith(line)
+
+
+def test_a_damaged_card_is_said_and_the_other_run_still_drawn(store_root, tmp_path, monkeypatch):
+    """A run whose card.json was edited into a bad type (task as a list) gets one warning; the
+    page goes on and draws the other run's spectra."""
+    import json
+    import shutil
+
+    root = tmp_path / "runs"
+    shutil.copytree(store_root, root)
+    store = runs.RunStore(root)
+    bad, good = [r["id"] for r in store.list_runs()]
+    card_path = store.path(bad) / "card.json"
+    card = json.loads(card_path.read_text())
+    card["task"] = ["not", "a", "task"]
+    card_path.write_text(json.dumps(card))
+    monkeypatch.setenv("ATTN_LAB_RUNS", str(root))
+    at = AppTest.from_file(PAGE, default_timeout=90)
+    at.query_params["model"] = MODEL
+    at.run()
+    assert not at.exception
+    assert any(bad in w.value and "card cannot be read" in w.value for w in at.warning)
+    assert has_chart(at, "spectra_1") or has_chart(at, "spectra_0")
