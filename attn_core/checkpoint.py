@@ -175,6 +175,12 @@ def read_model_file(folder: str | Path, name: str, limit: int) -> bytes:
     must stay inside the folder, be a regular file and hold at most ``limit`` bytes. Anything
     else, an absolute path or ``..`` leading out included, is a :class:`CheckpointError` and
     nothing outside the folder is opened."""
+    return read_bytes(model_file(folder, name), limit)
+
+
+def model_file(folder: str | Path, name: str) -> Path:
+    """Where ``name`` (given by a card, a config or an index) leads inside the model folder:
+    refused, before anything is opened, when it leads outside (see :func:`read_model_file`)."""
     if not isinstance(name, str) or not name.strip() or "\x00" in name:
         raise CheckpointError(f"{name!r} is not a file name inside the model folder")
     root = Path(folder).resolve()
@@ -184,7 +190,7 @@ def read_model_file(folder: str | Path, name: str, limit: int) -> bytes:
             f"{name!r} leads outside the model folder {root.name} (an absolute path, '..' or a link); "
             "only files inside the model folder are read"
         )
-    return read_bytes(target, limit)
+    return target
 
 
 def parse_json(text: str | bytes, what: str, limit: int = MAX_JSON_BYTES):

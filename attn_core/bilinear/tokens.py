@@ -11,15 +11,18 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from tokenizers import Tokenizer
 
 from attn_core import checkpoint
 from attn_core.bilinear.checks import check_loaded, check_tokens
 from attn_core.hf import tokenizer as hf_tokenizer
 from attn_core.sources import LoadedModel
 from attn_core.validate import check_seed, summarize
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 
 @functools.lru_cache(maxsize=8)

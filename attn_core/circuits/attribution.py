@@ -249,7 +249,7 @@ def _rotary_attribution(loaded: LoadedModel, ids: list[int], layer: int, head: i
     scale = cfg.head_d_qk(layer, head) ** -0.5
     planes = [[c, c + half] for c in range(half)] + ([list(range(r, cfg.d_head))] if r < cfg.d_head else [])
     terms = torch.stack([(Qt[p] * Kt[:, p]).sum(-1) * scale for p in planes], dim=-1)  # [n, k]
-    omega = attn_inv_freq(model, layer)
+    omega = model.blocks[layer].attn.inv_freq.double().cpu()  # omega_c of each plane
     freqs = torch.cat([omega, torch.zeros(1, dtype=torch.float64)])[: len(planes)]
     term_names = [f"plane {c} (ω {omega[c]:.3g})" for c in range(half)] + (
         ["offset-free dims"] if r < cfg.d_head else []
@@ -265,11 +265,6 @@ def _rotary_attribution(loaded: LoadedModel, ids: list[int], layer: int, head: i
         meta=dict(query_token=names[ids[q]], rank_cap=len(planes), split="rotation planes"),
         term_names=term_names,
     )
-
-
-def attn_inv_freq(model: Transformer, layer: int) -> torch.Tensor:
-    """omega_c of a rotary layer (its buffer), float64."""
-    return model.blocks[layer].attn.inv_freq.double().cpu()
 
 
 # --- token / position split at layer 0 ----------------------------------------------------------

@@ -5,10 +5,10 @@ layouts in ``gpt2.py`` and ``families.py``, the folder in ``folder.py``, the tok
 a model.
 """
 
-from attn_core.hf.config import FAMILIES, model_config
+from attn_core.hf.config import FAMILIES
 from attn_core.hf.folder import INDEX, hf_config
 from attn_core.hf.gpt2 import convert_state_dict, from_transformers
-from attn_core.hf.load import is_hf_folder, load_hf
+from attn_core.hf.load import is_hf_folder, load_hf, model_config
 
 __all__ = [
     "FAMILIES",

@@ -44,7 +44,8 @@ def _int(hf: dict, *keys: str, default=None) -> int:
     return default
 
 
-def _activation(hf: dict, key: str, default: str) -> str:
+def activation(hf: dict, key: str, default: str) -> str:
+    """Our ``mlp_act`` for the activation a config names under ``key`` (one table for every family)."""
     act = hf.get(key, default)
     if act not in ACTIVATIONS:
         raise CheckpointError(f"activation {act!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
@@ -96,13 +97,10 @@ def _windows(hf: dict, kind: str, n_layers: int) -> list[int] | None:
     return [window] * n_layers
 
 
-def model_config(hf: dict) -> ModelConfig:
-    """Our config for a config.json of a supported family (GPT-2's is in ``hf/gpt2.py``)."""
+def rotary_model_config(hf: dict) -> ModelConfig:
+    """Our config for a config.json of a rotary family (GPT-NeoX, Llama, Mistral, Qwen2; GPT-2's
+    is ``hf/gpt2.py``, and ``hf/load.model_config`` picks between them)."""
     kind = family(hf)
-    if kind == "gpt2":
-        from attn_core.hf import gpt2
-
-        return gpt2.model_config(hf)
     if hf.get("is_encoder_decoder") or hf.get("add_cross_attention"):
         raise CheckpointError("encoder-decoder and cross-attention models are not supported")
     d, h = _int(hf, "hidden_size"), _int(hf, "num_attention_heads")
@@ -130,7 +128,7 @@ def model_config(hf: dict) -> ModelConfig:
                 normalization="layernorm",
                 attn_bias=bool(hf.get("attention_bias", True)),
                 ln_eps=float(hf.get("layer_norm_eps", 1e-5)),
-                mlp_act=_activation(hf, "hidden_act", "gelu"),
+                mlp_act=activation(hf, "hidden_act", "gelu"),
                 parallel_attn=bool(hf.get("use_parallel_residual", True)),
                 **_rope(hf, d_head, 10000.0, 0.25),
             )
@@ -140,7 +138,7 @@ def model_config(hf: dict) -> ModelConfig:
             normalization="rmsnorm",
             attn_bias=bias,
             ln_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            mlp_act=_activation(hf, "hidden_act", "silu"),
+            mlp_act=activation(hf, "hidden_act", "silu"),
             gated_mlp=True,
             n_kv_heads=_int(hf, "num_key_value_heads", default=h),
             sliding_window=_windows(hf, kind, n_layers),

@@ -40,6 +40,7 @@ import torch
 from safetensors.torch import save_file
 
 from attn_core.checkpoint import CONFIG, WEIGHTS, CheckpointError, LoadedModel
+from attn_core.destinations import tmp_prefix
 from attn_core.hf.tokenizer import VOCAB
 from attn_core.model import ModelConfig
 
@@ -309,7 +310,7 @@ def export_gpt2(
     tensors, notes = gpt2_tensors(loaded.model)  # may still refuse (b_U): before anything is created
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=tmp_prefix(out.name), dir=out.parent))  # known to remove_stale_tmp
     except OSError as e:
         raise CheckpointError(f"cannot write into {out.parent} ({e.strerror or e})") from None
     tmp.chmod(0o755)  # mkdtemp makes it private; an export is readable like any folder

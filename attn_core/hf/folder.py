@@ -7,14 +7,14 @@ made before anything is built. Only JSON and safetensors are read; a pickled
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
-from attn_core.checkpoint import CONFIG, WEIGHTS, CheckpointError, read_json
+from attn_core import limits
+from attn_core.checkpoint import CONFIG, WEIGHTS, CheckpointError, model_file, read_json
 from attn_core.model import ModelConfig
 
 INDEX = "model.safetensors.index.json"
@@ -34,21 +34,10 @@ def hf_config(folder: Path) -> dict | None:
     return raw if isinstance(raw.get("model_type"), str) else None
 
 
-def available_memory() -> int:
-    """Bytes of memory available now (MemAvailable, else the physical memory)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def check_fits(cfg: ModelConfig, name: str) -> None:
     """Refuse a model whose float32 weights would not fit in the memory available now."""
     need = cfg.n_params() * 4
-    have = available_memory()
+    have = limits.available_memory()
     if need > MEMORY_SHARE * have:
         raise CheckpointError(
             f"{name} has {cfg.n_params():,} parameters, {need / 2**30:.1f} GiB as float32; "
@@ -71,9 +60,10 @@ def weight_files(folder: Path) -> list[Path]:
         for n in names:
             if Path(n).name != n or not n.endswith(".safetensors"):
                 raise CheckpointError(f"{INDEX} names {n!r}, not a .safetensors file in the folder")
-            if not (folder / n).is_file():
+            path = model_file(folder, n)  # a link leading out of the folder is refused too
+            if not path.is_file():
                 raise CheckpointError(f"{INDEX} names the shard {n}, which is missing")
-            files.append(folder / n)
+            files.append(path)
         return files
     pickled = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pt")]
     extra = (
@@ -118,14 +108,6 @@ class Tensors:
         if t.dtype not in FLOAT_DTYPES:
             raise CheckpointError(f"tensor {name!r} has dtype {t.dtype}; weights must be fp32, fp16 or bf16")
         return t.float()
-
-    def dtypes(self) -> set[str]:
-        out = set()
-        for f in self.files:
-            with safe_open(str(f), framework="pt") as handle:
-                for k in list(handle.keys())[:3]:
-                    out.add(str(handle.get_slice(k).get_dtype()))
-        return out
 
     def close(self) -> None:
         self._handles.clear()

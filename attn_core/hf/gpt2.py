@@ -17,17 +17,15 @@ import torch
 
 from attn_core.card import Card
 from attn_core.checkpoint import CheckpointError, LoadedModel, build_checked
+from attn_core.hf.config import activation
 from attn_core.model import ModelConfig
 
-ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
 IMPORTED = "Imported from a Hugging Face checkpoint; no synthetic task."
 
 
 def model_config(hf: dict) -> ModelConfig:
     """Our ModelConfig for a GPT-2 config dict (config.json or ``GPT2Config.to_dict()``)."""
-    act = hf.get("activation_function", "gelu_new")
-    if act not in ACTIVATIONS:
-        raise CheckpointError(f"GPT-2 activation {act!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
+    act = activation(hf, "activation_function", "gelu_new")
     if hf.get("add_cross_attention"):
         raise CheckpointError("GPT-2 models with cross-attention are not supported")
     try:
@@ -47,7 +45,7 @@ def model_config(hf: dict) -> ModelConfig:
             qk="factored",
             attn_bias=True,
             ln_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
-            mlp_act=ACTIVATIONS[act],
+            mlp_act=act,
         )
     except KeyError as e:
         raise CheckpointError(f"the GPT-2 config.json lacks {e.args[0]!r}") from None

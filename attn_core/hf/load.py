@@ -17,12 +17,18 @@ import torch
 from attn_core.card import Card
 from attn_core.checkpoint import CheckpointError, LoadedModel, build_checked
 from attn_core.hf import gpt2
-from attn_core.hf.config import family, model_config
+from attn_core.hf.config import family, rotary_model_config
 from attn_core.hf.families import CONVERTERS
 from attn_core.hf.folder import Tensors, check_fits, hf_config
 from attn_core.hf.tokenizer import TOKENIZER, VOCAB
+from attn_core.model import ModelConfig
 
 PREFIXES = {"gpt2": "transformer.", "gpt_neox": "gpt_neox.", "llama": "model.", "mistral": "model.", "qwen2": "model."}
+
+
+def model_config(hf: dict) -> ModelConfig:
+    """Our :class:`ModelConfig` for a config.json of any supported family."""
+    return gpt2.model_config(hf) if family(hf) == "gpt2" else rotary_model_config(hf)
 
 
 def is_hf_folder(path: str | Path) -> bool:

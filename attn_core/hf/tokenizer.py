@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-
-from tokenizers import Tokenizer
+from typing import TYPE_CHECKING
 
 from attn_core.checkpoint import CheckpointError, read_model_file
+
+if TYPE_CHECKING:  # the Rust library loads only when a folder has a tokenizer.json
+    from tokenizers import Tokenizer
 
 TOKENIZER = "tokenizer.json"
 VOCAB = "vocab.json"
@@ -23,6 +25,8 @@ def load_tokenizer(folder: Path) -> Tokenizer | None:
     ``checkpoint.read_model_file``), or None when there is none."""
     if not os.path.lexists(folder / TOKENIZER):
         return None
+    from tokenizers import Tokenizer
+
     data = read_model_file(folder, TOKENIZER, MAX_TOKENIZER_BYTES)
     try:
         return Tokenizer.from_str(data.decode("utf-8"))

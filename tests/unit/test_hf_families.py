@@ -243,7 +243,7 @@ def test_bad_folders_get_one_line(tmp_path, changes, message):
 
 
 def test_a_model_too_large_for_memory_is_refused_before_reading(tmp_path):
-    from attn_core.hf.folder import available_memory
+    from attn_core.limits import available_memory
 
     per_layer = 4 * 8192**2 + 3 * 8192 * 32768  # float32 parameters of one layer at this width
     layers = min(128, available_memory() // (4 * per_layer) + 2)
@@ -294,3 +294,16 @@ def test_attribution_splits_rotary_scores_by_plane(case):
     margin = attr.runner_up()
     order = attr.ranking()
     assert margin["difference"].sum() == pytest.approx(float(attr.scores[order[0]] - attr.scores[order[1]]), abs=1e-6)
+
+
+def test_a_shard_linked_from_outside_the_folder_is_refused(tmp_path):
+    """The index names the shards: a name that is a link leading out of the folder is not read."""
+    folder = tmp_path / "model"
+    write_tiny_hf(folder, "qwen2", max_shard_size="40KB", num_key_value_heads=2)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    shard = sorted(set(index["weight_map"].values()))[0]
+    outside = tmp_path / "elsewhere.safetensors"
+    (folder / shard).rename(outside)
+    (folder / shard).symlink_to(outside)
+    with pytest.raises(CheckpointError, match="leads outside the model folder"):
+        resolve(folder)
