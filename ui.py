@@ -425,11 +425,14 @@ def download_table(frame: Any, file_stem: str, key: str, help: str) -> None:
 
 
 def show_plot(plot: Plot, key: str, help: str | None = None, downloads: bool = True) -> None:
-    """The chart and one download button per format; files are made only when clicked."""
+    """The chart and, under it, a Download menu with one button per format; files are made only
+    when clicked. The menu's buttons are drawn only when it is opened, so a rerun that redraws
+    the page's charts does not also redraw four buttons per chart."""
     st.plotly_chart(plot.fig, key=f"chart_{key}", config={"displaylogo": False})
     if not downloads:
         return
-    with st.container(horizontal=True, gap="small"):
+    menu = st.popover("Download", icon=":material/download:", help=f"{plot.name}: PNG, SVG, HTML or CSV")
+    with menu, st.container(horizontal=True, gap="small"):
         for fmt in EXPORT_FORMATS:
             st.download_button(
                 fmt.upper(),
@@ -499,15 +502,26 @@ def _plain(value: Any) -> Any:
     return value
 
 
+# Pages run top to bottom on every rerun, so ``ui.cached(f)`` is called again each time; Streamlit
+# reads f's source to name its cache, so the wrappers are made once per function and kept here.
+_WRAPPERS: dict[tuple, Callable] = {}
+
+
 def cached(fn: Callable | None = None, *, resource: bool = False, max_entries: int = 256) -> Callable:
     """Memoise a pure attn_core call by its plain inputs (numbers, strings, tokens, settings; a
     model by its weights key). The result is copied to each caller, or with ``resource=True``
     shared as is (for results that hold models, which do not pickle: nothing may mutate them)."""
     if fn is None:
         return functools.partial(cached, resource=resource, max_entries=max_entries)
+    code = fn.__code__
+    ident = (fn.__module__, fn.__qualname__, code.co_filename, code.co_code, resource, max_entries)
+    current = [fn]  # a page's function is a new object each rerun: the wrapper calls the latest
+    if ident in _WRAPPERS:
+        _WRAPPERS[ident].current[0] = fn
+        return _WRAPPERS[ident]
 
     def call(inputs, _args, _kwargs):  # keyed by ``inputs`` only: Streamlit skips _-named arguments
-        return fn(*_args, **_kwargs)
+        return current[0](*_args, **_kwargs)
 
     # Streamlit names a cache by the module, qualified name and source of its function: those of fn.
     functools.update_wrapper(call, fn)
@@ -519,4 +533,6 @@ def cached(fn: Callable | None = None, *, resource: bool = False, max_entries: i
         return memo(inputs=inputs, _args=args, _kwargs=kwargs)  # by name: fn's signature is not call's
 
     wrapper.clear = memo.clear
+    wrapper.current = current
+    _WRAPPERS[ident] = wrapper
     return wrapper

@@ -14,7 +14,9 @@ Two figures, medians of ``--repeats`` (>= 5) samples, both including the browser
   dashboard before (its HTTP cache holds the page's scripts) and, apart, in a fresh browser that
   also downloads and compiles them. Target <= 5 s.
 - head change: from picking another head in the Head selectbox to the scores heatmap redrawn
-  with that head's title. Target <= 0.5 s.
+  with that head's title, timed from Playwright's click call and, apart, from the pointer going
+  down in the page (the page's own clock, without Playwright's pre-click checks). Target <= 0.25 s
+  on the zoo, <= 0.5 s with ``--model`` at 1024 tokens.
 - live refreshes: while reverse-1l retrains on the Retrain page, how often per second the live
   view shows a new step (sampled every 30 ms over 2 s windows). Target >= 2 per second on CPU.
 
@@ -213,25 +215,39 @@ def first_heatmap(browser, url: str, model: str, context=None, extra: str = "") 
     return elapsed
 
 
-def head_changes(browser, url: str, model: str, repeats: int, extra: str = "") -> list[float]:
+_ARM_CLICK = """() => { window.__attnPointer = null;
+    document.addEventListener('pointerdown', () => { window.__attnPointer = performance.now(); },
+                              {capture: true, once: true}); }"""
+_TITLE_AT = """([i, t]) => { const g = document.querySelectorAll('.js-plotly-plot')[i];
+    const ok = !!g && !!g.querySelector('.heatmaplayer') && (g.querySelector('.gtitle') || {}).textContent?.includes(t);
+    return ok ? performance.now() : false; }"""
+
+
+def head_changes(browser, url: str, model: str, repeats: int, extra: str = "") -> tuple[list[float], list[float]]:
+    """Seconds from picking another head to the scores heatmap redrawn with its title, twice
+    over: from Playwright's click call (which first waits ~40 ms for the option to be stable and
+    hit-testable), and from the pointer going down on the option in the page to the animation
+    frame that shows the new title, both read from the page's own clock."""
     context = browser.new_context(viewport=VIEWPORT)
     page = context.new_page()
     page.goto(f"{url}/Heatmaps?model={model}&layer=1&head=0{extra}")
     title_has(page, 0, "layer 1 head 0", timeout_ms=120_000)
     settle(page)
-    times = []
+    calls, in_page = [], []
     for i in range(repeats):
         head = (i + 1) % 4
         page.get_by_role("combobox", name="Head", exact=True).click()
         option = page.get_by_role("option", name=str(head), exact=True)
         option.wait_for()
+        page.evaluate(_ARM_CLICK)
         start = time.perf_counter()
         option.click()
-        title_has(page, 0, f"layer 1 head {head}")
-        times.append(time.perf_counter() - start)
+        seen = page.wait_for_function(_TITLE_AT, arg=[0, f"layer 1 head {head}"], timeout=30_000, polling="raf")
+        calls.append(time.perf_counter() - start)
+        in_page.append((seen.json_value() - page.evaluate("() => window.__attnPointer")) / 1000)
         settle(page)
     context.close()
-    return times
+    return calls, in_page
 
 
 def start_live_retrain(page, url: str, steps: int, timeout_ms: float = 30_000):
@@ -343,7 +359,7 @@ def main(argv=None) -> None:
                 for i in range(args.repeats + 1, 2 * args.repeats + 1)
             ]
             returning.close()
-            heads = head_changes(browser, url, watched, args.repeats, extra=extra)
+            heads, heads_in_page = head_changes(browser, url, watched, args.repeats, extra=extra)
             rates, speed = live_refreshes(browser, url, args.repeats) if args.model is None else ([], None)
             browser.close()
     result = {
@@ -352,14 +368,20 @@ def main(argv=None) -> None:
         "first_heatmap_s": statistics.median(firsts),
         "first_heatmap_fresh_browser_s": statistics.median(fresh),
         "head_change_s": statistics.median(heads),
+        "head_change_in_page_s": statistics.median(heads_in_page),
         "live_refreshes_per_s": statistics.median(rates) if rates else None,
         "cold_s": cold,
         "first_heatmap_samples": firsts,
         "first_heatmap_fresh_browser_samples": fresh,
         "head_change_samples": heads,
+        "head_change_in_page_samples": heads_in_page,
         "live_refresh_samples": rates,
         "training_steps_per_s_while_watched": speed,
-        "targets": {"first_heatmap_s": 5.0, "head_change_s": 0.5, "live_refreshes_per_s": 2.0},
+        "targets": {
+            "first_heatmap_s": 5.0,
+            "head_change_s": 0.25 if args.model is None else 0.5,
+            "live_refreshes_per_s": 2.0,
+        },
         "cpus": os.cpu_count(),
         "load_average": os.getloadavg(),
     }
@@ -378,7 +400,11 @@ def main(argv=None) -> None:
     )
     print(
         f"head change -> redrawn heatmap: median {result['head_change_s']:.3f} s of {args.repeats} "
-        f"(target <= 0.5 s); samples {', '.join(f'{t:.3f}' for t in heads)}"
+        f"(from Playwright's click call); samples {', '.join(f'{t:.3f}' for t in heads)}"
+    )
+    print(
+        f"  the same from the pointer going down in the page to the frame that shows the new title: median "
+        f"{result['head_change_in_page_s']:.3f} s; samples {', '.join(f'{t:.3f}' for t in heads_in_page)}"
     )
     if rates:
         print(

@@ -3,7 +3,6 @@ concentration, the spectra of B before and after, and one head's heatmap in each
 parent)."""
 
 import re
-from dataclasses import replace
 
 import pandas as pd
 import streamlit as st
@@ -136,7 +135,7 @@ def draw_curves(run_id: str, i: int) -> None:
     plot = ft.curves_plot(
         run_metrics(run_id, by_id[run_id]["finished"] or ""), title=f"{run_id}: {regs(by_id[run_id])}"
     )
-    plot = replace(plot, name=f"training_curves_{run_id}")
+    plot = plot.renamed(f"training_curves_{run_id}")
     ui.show_plot(plot, key=f"curves_{i}")
     plots.append(plot)
 
@@ -183,9 +182,7 @@ def draw_spectra(run_id: str, i: int) -> None:
     if not per_head.get("before") or not per_head.get("after"):
         st.info(f"Run {run_id} ({by_id[run_id]['status']}) has no before/after measurement.")
         return
-    plot = replace(
-        ft.spectra_before_after_plot(per_head["before"], per_head["after"]), name=f"spectra_before_after_{run_id}"
-    )
+    plot = ft.spectra_before_after_plot(per_head["before"], per_head["after"]).renamed(f"spectra_before_after_{run_id}")
     ui.show_plot(plot, key=f"spectra_{i}")
     plots.append(plot)
 
@@ -231,7 +228,7 @@ def draw_heatmap(name: str, i: int) -> None:
         st.info(f"{name} has another shape ({m.config.n_layers} layers × {m.config.n_heads} heads).")
         return
     plot = fb.view_plot(sequence_view(m, tokens, layer), head, value=value)
-    plot = replace(plot, name=f"{plot.name}_{re.sub(r'[^A-Za-z0-9_.-]+', '-', name)}")
+    plot = plot.renamed(f"{plot.name}_{re.sub(r'[^A-Za-z0-9_.-]+', '-', name)}")
     st.caption(f"**{name}**" + (" (parent)" if name in parents else ""))
     ui.show_plot(plot, key=f"heat_{i}")
     plots.append(plot)

@@ -30,7 +30,7 @@ from attn_core.bilinear.form import QKForm
 from attn_core.bilinear.heads import augment, has_bias, head_B, layer_B, layer_form, model_form
 from attn_core.bilinear.long import LONG_INPUT, LayerScores, LongView, layer_scores, pool_blocks
 from attn_core.bilinear.spectrum import eigen_frame, spectrum, spectrum_frame
-from attn_core.bilinear.tokens import encode, random_tokens, sample_tokens, token_names, tokenizer
+from attn_core.bilinear.tokens import encode, position_labels, random_tokens, sample_tokens, token_names, tokenizer
 from attn_core.bilinear.views import (
     MAX_VIEW_TOKENS,
     View,
@@ -81,6 +81,7 @@ __all__ = [
     "sequence_view",
     "spectrum",
     "spectrum_frame",
+    "position_labels",
     "token_names",
     "tokenizer",
     "vocab_inputs",

@@ -33,7 +33,7 @@ import torch
 
 from attn_core import metrics
 from attn_core.bilinear.checks import check_heads, check_layer, check_loaded, check_tokens
-from attn_core.bilinear.tokens import token_names
+from attn_core.bilinear.tokens import position_labels
 from attn_core.bilinear.views import View
 from attn_core.hooks import act_name
 from attn_core.model import attention_weights
@@ -297,7 +297,6 @@ def layer_scores(
             model.run_with_hooks(torch.tensor([ids], device=device), [(act_name("attn_scores", layer), keep_and_stop)])
         except _Stop:
             pass
-    names = token_names(loaded)
-    labels = [f"{p}:{names[t]}" for p, t in enumerate(ids)]
+    labels = position_labels(loaded, ids)
     mask = model.mask(n, model.cfg.window(layer)).cpu()
     return LayerScores(layer, ids, labels, kept["S"], mask, float(model.cfg.entmax_alpha))

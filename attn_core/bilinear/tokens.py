@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -74,6 +75,12 @@ def token_names(loaded: LoadedModel) -> list[str]:
     except (OSError, ValueError):  # read_vocab says what is wrong
         stamp = None
     return list(_vocab(str(folder), name, V, stamp))
+
+
+def position_labels(loaded: LoadedModel, tokens: Sequence[int]) -> list[str]:
+    """The label "position:name" of each token of an input, as every view's axes show it."""
+    names = token_names(loaded)
+    return [f"{p}:{names[t]}" for p, t in enumerate(check_tokens(loaded.model, tokens))]
 
 
 @functools.lru_cache(maxsize=8)

@@ -30,7 +30,7 @@ import torch
 from attn_core import metrics
 from attn_core.bilinear.checks import check_heads, check_layer, check_loaded, check_tokens
 from attn_core.bilinear.heads import augment, has_bias, layer_form
-from attn_core.bilinear.tokens import token_names
+from attn_core.bilinear.tokens import position_labels, token_names
 from attn_core.hooks import act_name
 from attn_core.model import Transformer, attention_weights
 from attn_core.sources import LoadedModel
@@ -226,8 +226,7 @@ def sequence_view(loaded: LoadedModel, tokens: Sequence[int], layer: int = 0, he
     with torch.no_grad():
         _, cache = model.run_with_cache(torch.tensor([ids], device=model.embed.W_E.device), names_filter=names)
     S, A = (cache[n][0, heads] for n in names)  # [len(heads), T, T]
-    token = token_names(loaded)
-    labels = [f"{p}:{token[t]}" for p, t in enumerate(ids)]
+    labels = position_labels(loaded, ids)
     mask = model.mask(len(ids), model.cfg.window(layer))
     return _view("sequence", layer, heads, S, A, mask, labels, ids, {"n_tokens": len(ids)})
 

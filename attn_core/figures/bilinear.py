@@ -14,7 +14,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from attn_core.bilinear import DETECTORS, LongView, View
-from attn_core.figures.base import MAX_TICKS, Plot, token_ticks
+from attn_core.figures.base import MAX_TICKS, Plot, fixed_margins, token_ticks
 from attn_core.regularizers import head_label
 
 VALUES = ("scores", "pattern")
@@ -85,8 +85,14 @@ def view_plot(view: View, head: int, query: int | None = None, value: str = "sco
         yaxis=dict(title="query x", autorange="reversed", **token_ticks(view.queries)),
         height=max(420, min(900, 24 * nq + 160)),
     )
-    data = view.frame(head)
-    data["highlighted"] = data["query"] == (view.check_query(query) if query is not None else -1)
+    fixed_margins(fig, _shown(view.keys), _shown(view.queries))
+    highlighted = view.check_query(query) if query is not None else -1
+
+    def data() -> pd.DataFrame:
+        frame = view.frame(head)
+        frame["highlighted"] = frame["query"] == highlighted
+        return frame
+
     return Plot(
         f"{view.kind}_{value}_{head_label(view.layer, head)}",
         fig,
@@ -119,6 +125,7 @@ def query_plot(view: View, head: int, query: int, sort: bool = True, top: int | 
         yaxis_title="f_x(y)",
     )
     fig.update_xaxes(type="category")
+    fixed_margins(fig, list(names), None)
     data = row.assign(layer=view.layer, head=head, query=q, query_label=view.queries[q])
     return Plot(
         f"query_{view.kind}_{head_label(view.layer, head)}_q{q}",
@@ -129,6 +136,11 @@ def query_plot(view: View, head: int, query: int, sort: bool = True, top: int | 
 
 
 # --- long inputs (attn_core.bilinear.long): never n^2 cells ------------------------------------
+
+
+def _shown(labels: list[str]) -> list[str] | None:
+    """The tick labels an axis draws: every label up to MAX_TICKS, else plotly's numbers."""
+    return labels if len(labels) <= MAX_TICKS else None
 
 
 def _position_ticks(labels: list[str], first: int) -> dict:
@@ -152,8 +164,13 @@ def window_plot(lv: LongView, value: str = "scores") -> Plot:
         yaxis=dict(title="query x", autorange="reversed", **_position_ticks(labels, lv.lo)),
         height=max(420, min(900, 12 * len(labels) + 200)),
     )
-    data = lv.window_frame()
-    data["highlighted"] = data["query"] == lv.query
+    fixed_margins(fig, _shown(labels), _shown(labels))
+
+    def data() -> pd.DataFrame:
+        frame = lv.window_frame()
+        frame["highlighted"] = frame["query"] == lv.query
+        return frame
+
     return Plot(
         f"window_{value}_{head_label(lv.layer, lv.head)}_q{lv.query}",
         fig,
@@ -189,10 +206,11 @@ def overview_plot(lv: LongView, value: str = "pattern") -> Plot:
         yaxis=dict(title="query position", range=[lv.n - 0.5, -0.5]),
         height=600,
     )
+    fixed_margins(fig)
     return Plot(
         f"overview_{value}_{head_label(lv.layer, lv.head)}",
         fig,
-        lv.overview_frame(),
+        lv.overview_frame,
         meta=dict(view="overview", layer=lv.layer, head=lv.head, query=lv.query, block=b, pool=lv.pool, value=value),
     )
 
@@ -217,6 +235,7 @@ def top_keys_plot(lv: LongView) -> Plot:
         yaxis_title="f_x(y)",
     )
     fig.update_xaxes(type="category")
+    fixed_margins(fig, list(top["label"]), None)
     data = top.assign(layer=lv.layer, head=lv.head, query=lv.query, query_label=label)
     return Plot(
         f"topk_{head_label(lv.layer, lv.head)}_q{lv.query}",

@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from attn_core.figures.base import Plot
+from attn_core.figures.base import Plot, fixed_margins
 from attn_core.regularizers import head_label
 
 
@@ -77,6 +77,7 @@ def pair_offset_plot(
         xaxis_title="δ = key position − query position",
         yaxis_title="f_x(y) = x B(δ) yᵀ (pre-softmax score)",
     )
+    fixed_margins(fig, colorbar=False)
     return Plot(
         f"pair_offset_L{layer}H{head}", fig, frame.copy(), meta=dict(layer=layer, head=head, query=query, key=key)
     )

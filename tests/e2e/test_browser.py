@@ -95,7 +95,7 @@ def test_retrain_live_start_and_stop(page, server):
     settle(page)
     no_exception(page)
     expect(main.get_by_role("button", name="Start")).to_be_enabled(timeout=60_000)  # once the page reran
-    assert main.get_by_role("button", name="PNG").count() >= 3  # downloads once the run has ended
+    assert main.get_by_test_id("stPopover").filter(has_text="Download").count() >= 3  # downloads once the run has ended
     screenshot(page, ARTIFACTS / "3_Retrain_stopped.png")
 
     page.goto(f"{server}/Runs")
@@ -161,16 +161,20 @@ def test_heatmaps_slider_and_head(page, server):
 def test_downloads(page, server):
     page.goto(f"{server}/Heatmaps?model=induction-2l&layer=0&head=1&query=5")
     settle(page)
-    first_row = page.locator("[data-testid='stDownloadButton']")
+    menu = page.get_by_test_id("stPopover").filter(has_text="Download").first  # the first figure's menu
+    menu.get_by_role("button").click()
+    body = page.get_by_test_id("stPopoverBody")
     with page.expect_download() as d:
-        first_row.filter(has_text="CSV").first.click()
+        body.get_by_role("button", name="CSV").click()
     csv = Path(d.value.path()).read_text()
     assert d.value.suggested_filename == "sequence_scores_L0H1.csv"
     assert csv.splitlines()[0].startswith("layer,head,query,key")
 
     with page.expect_download(timeout=90_000) as d:
-        first_row.filter(has_text="PNG").first.click()
+        body.get_by_role("button", name="PNG").click()
+    assert d.value.suggested_filename == "sequence_scores_L0H1.png"
     assert Path(d.value.path()).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page.keyboard.press("Escape")
 
     start = time.monotonic()
     with page.expect_download(timeout=120_000) as d:
@@ -198,7 +202,7 @@ def test_sweeps_launch_watch_and_open_a_trial(page, server):
     page.get_by_text(re.compile(r"3 of 3 trials recorded")).first.wait_for(timeout=240_000)
     settle(page)
     no_exception(page)
-    assert page.get_by_role("button", name="CSV").count() >= 1  # the Pareto scatter exports like every figure
+    assert page.get_by_test_id("stPopover").filter(has_text="Download").count() >= 1  # the Pareto scatter exports
     screenshot(page, ARTIFACTS / "10_Sweeps_done.png")
     page.get_by_role("button", name="Open as the model of every page").click()
     page.get_by_text(re.compile(r"run:[\w-]+ is now the model on every page")).wait_for()
