@@ -8,7 +8,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import ui
-from attn_core import checkpoint, runs, sources, zoo
+from attn_core import bilinear, checkpoint, runs, sources, zoo
 from attn_core.figures import ExportError, Plot
 from attn_core.sources import resolve
 from attn_core.training.config import JobConfig
@@ -227,3 +227,25 @@ def test_every_zoo_model_draws_on_every_page(name):
         if page == "2_Spectrum.py" and not at.toggle(key="spectrum_augmented").proto.disabled:
             at.toggle(key="spectrum_augmented").set_value(True).run()  # B' of a head with biases
             assert not at.exception
+
+
+# --- cached ------------------------------------------------------------------------------------------
+
+
+def test_cached_makes_one_wrapper_per_function_and_calls_the_latest():
+    """Pages call ui.cached on every rerun: the wrapper (and Streamlit's cache behind it) is made
+    once per function, and a page's function redefined by the rerun is the one that runs."""
+
+    def page_run(offset):
+        def shifted(x: int) -> int:  # the same code each rerun, a new function object
+            return x + offset
+
+        return shifted
+
+    first = ui.cached(page_run(1))
+    again = ui.cached(page_run(1))
+    assert again is first and first(1) == 2
+    first.clear()
+    assert ui.cached(page_run(10))(1) == 11  # the latest definition runs (once the cache is cleared)
+    assert ui.cached(page_run(10), resource=True) is not first  # another kind of cache, another wrapper
+    assert ui.cached(bilinear.sequence_view) is ui.cached(bilinear.sequence_view)

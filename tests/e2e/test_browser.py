@@ -158,6 +158,31 @@ def test_heatmaps_slider_and_head(page, server):
     assert "query=3" in page.url and "head=2" in page.url
 
 
+_WATCH_STALE = """(label) => { window.__attnStale = [];
+    const el = Array.from(document.querySelectorAll('[data-testid=stElementContainer]'))
+        .find(e => e.innerText.includes(label));
+    new MutationObserver(ms => ms.forEach(m => window.__attnStale.push(m.target.getAttribute('data-stale'))))
+        .observe(el, {attributes: true, subtree: true, attributeFilter: ['data-stale']});
+    return !!el; }"""
+
+
+def test_a_head_change_reruns_only_the_head_views(page, server):
+    """The Heatmaps page's head-dependent views are a fragment: picking a head redraws them while
+    the input above is never marked stale (a full rerun, such as a new input, marks it)."""
+    page.goto(f"{server}/Heatmaps?model=induction-2l&layer=1&head=0")
+    settle(page)
+    assert page.evaluate(_WATCH_STALE, "Input")
+    rerun(page, lambda: choose(page, "Head", "2"))
+    title_has(page, 0, "layer 1 head 2")
+    assert page.evaluate("() => window.__attnStale") == []
+    assert "head=2" in page.url
+    assert page.evaluate(_WATCH_STALE, "Input")
+    rerun(page, lambda: page.get_by_text("random tokens").click())
+    assert "true" in page.evaluate("() => window.__attnStale")  # the control: a full rerun
+    title_has(page, 0, "layer 1 head 2")
+    no_exception(page)
+
+
 def test_downloads(page, server):
     page.goto(f"{server}/Heatmaps?model=induction-2l&layer=0&head=1&query=5")
     settle(page)

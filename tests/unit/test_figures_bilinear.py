@@ -5,8 +5,11 @@ import shutil
 import xml.etree.ElementTree as ET
 
 import pandas as pd
+import plotly.graph_objects as go
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attn_core import bilinear as bl
 from attn_core.figures import ExportError, Plot, export_bytes, write_plot
@@ -111,3 +114,58 @@ def test_eigen_sym_plot_shows_the_symmetric_parts_eigenvalues():
     shown = plot.data[(plot.data["layer"] == 1) & (plot.data["head"] == 2)]["eigenvalue"].to_numpy()
     # the factored path returns the nonzero part of the spectrum; compare the extremes with the dense one
     assert abs(shown[0] - dense[0].item()) < 1e-5 and abs(shown[-1] - dense[-1].item()) < 1e-5
+
+
+# --- fixed margins and lazy data ------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    x=st.one_of(st.none(), st.lists(st.text(min_size=1, max_size=40), min_size=1, max_size=80)),
+    y=st.one_of(st.none(), st.lists(st.text(min_size=1, max_size=40), min_size=1, max_size=80)),
+    colorbar=st.booleans(),
+)
+def test_fixed_margins_fit_the_labels_and_turn_crowded_ones_upright(x, y, colorbar):
+    from attn_core.figures import base
+
+    fig = base.fixed_margins(go.Figure(), x, y, colorbar=colorbar)
+    m = fig.layout.margin
+    assert m.autoexpand is False  # plotly draws once: nothing is measured and redrawn
+    widest = {k: max(len(s) for s in v) if v else base.NUMBER_CHARS for k, v in (("x", x), ("y", y))}
+    assert m.l == min(base.CHAR_PX * widest["y"], base.MAX_LABEL_PX) + base.TITLE_PX
+    upright = fig.layout.xaxis.tickangle == -90
+    room = min(base.CHAR_PX * widest["x"], base.MAX_LABEL_PX)
+    assert upright == (x is not None and len(x) * (room + 8) > base.ROTATE_PX)
+    assert m.b == (room if upright else base.LINE_PX) + base.TITLE_PX
+    assert m.r == (110 if colorbar else 30) and fig.layout.yaxis.tickangle == 0
+
+
+def test_view_figures_carry_margins_from_their_own_labels(plots):
+    scores = plots["scores"].fig
+    assert scores.layout.margin.autoexpand is False
+    labels = list(scores.layout.yaxis.ticktext)
+    assert scores.layout.margin.l >= 8 * max(map(len, labels))
+
+
+def test_plot_data_given_as_a_function_is_built_once_when_first_read():
+    calls = []
+
+    def table():
+        calls.append(1)
+        return pd.DataFrame({"x": [1, 2]})
+
+    plot = Plot("lazy", go.Figure(go.Bar(x=[1, 2], y=[3, 4])), table)
+    assert calls == []  # drawing needs only the figure
+    assert export_bytes(plot, "csv") == b"x\n1\n2\n" and calls == [1]
+    assert plot.data.equals(pd.DataFrame({"x": [1, 2]})) and calls == [1]
+    renamed = plot.renamed("other")
+    assert renamed.name == "other" and renamed.fig is plot.fig and renamed.data is plot.data
+    with pytest.raises(ValueError, match="plain file-name stem"):
+        plot.renamed("../x")
+
+
+def test_position_labels_are_the_views_labels(loaded):
+    tokens = [1, 2, 3, 1, 2, 3]
+    assert bl.position_labels(loaded, tokens) == bl.sequence_view(loaded, tokens, 0).queries
+    with pytest.raises(ValueError):
+        bl.position_labels(loaded, [99])
