@@ -236,6 +236,16 @@ def plain(text: object, limit: int = 500) -> str:
     return _MARKDOWN.sub(r"\\\1", line)
 
 
+# The value a heatmap shows: the scores S = f_x(y) or the pattern A (figures.bilinear.VALUES).
+HEAT_VALUES = {"scores": "scores S = f_x(y)", "pattern": "pattern A"}
+
+
+def value_choice(label: str, key: str, default: str, where: Any = st) -> str:
+    """The scores-or-pattern radio of a heatmap, remembered under ``key``."""
+    values = list(HEAT_VALUES)
+    return where.radio(label, values, horizontal=True, key=remember(key, default, values), format_func=HEAT_VALUES.get)
+
+
 def layer_head_picker(
     config: ModelConfig,
     where: Sequence | None = None,

@@ -194,13 +194,7 @@ def head_views() -> None:
     # --- the sequence view: every cell, or (long inputs) a window, the top keys and an overview ---------
     st.header("Scores S and pattern A")
     if head == ALL:
-        value = st.radio(
-            "Show",
-            fb.VALUES,
-            horizontal=True,
-            key=ui.remember("grid_value", "scores", fb.VALUES),
-            format_func={"scores": "scores S = f_x(y)", "pattern": "pattern A"}.get,
-        )
+        value = ui.value_choice("Show", "grid_value", "scores")
         cols = st.columns(2)
         for h in range(cfg.n_heads):
             if long_input:  # one overview per head, coarser
@@ -227,13 +221,7 @@ def head_views() -> None:
                 label = name.replace("_", " ") + (f" (k={k})" if name == "topk_mass" else "")
                 st.metric(label, f"{v:.3f}", help=METRIC_HELP[name])
         st.header("The whole head, pooled")
-        overview_value = st.radio(
-            "Overview of",
-            fb.VALUES,
-            horizontal=True,
-            key=ui.remember("overview_value", "pattern", fb.VALUES),
-            format_func={"scores": "scores S", "pattern": "pattern A"}.get,
-        )
+        overview_value = ui.value_choice("Overview of", "overview_value", "pattern")
         plots.append(fb.overview_plot(lv, overview_value))
         ui.show_plot(plots[-1], key="overview")
     else:

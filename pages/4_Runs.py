@@ -196,13 +196,7 @@ first = ui.load_model(models[0])
 cfg = first.config
 c_layer, c_head, c_value, c_seed = st.columns(4)
 layer, head = ui.layer_head_picker(cfg, (c_layer, c_head), url=False)
-value = c_value.radio(
-    "Show",
-    fb.VALUES,
-    horizontal=True,
-    key=ui.remember("runs_value", "pattern", fb.VALUES),
-    format_func={"scores": "scores S", "pattern": "pattern A"}.get,
-)
+value = ui.value_choice("Show", "runs_value", "pattern", c_value)
 seed = c_seed.number_input(
     "Task sample",
     min_value=0,
