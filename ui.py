@@ -18,6 +18,7 @@ import streamlit as st
 from attn_core import checkpoint, runs, sources, zoo
 from attn_core.card import Card
 from attn_core.figures import EXPORT_FORMATS, ExportError, Plot, bundle_zip, export_bytes
+from attn_core.figures.bilinear import VALUE_LABELS
 from attn_core.model import ModelConfig
 from attn_core.sources import LoadedModel
 from attn_core.tasks import Task
@@ -236,14 +237,10 @@ def plain(text: object, limit: int = 500) -> str:
     return _MARKDOWN.sub(r"\\\1", line)
 
 
-# The value a heatmap shows: the scores S = f_x(y) or the pattern A (figures.bilinear.VALUES).
-HEAT_VALUES = {"scores": "scores S = f_x(y)", "pattern": "pattern A"}
-
-
 def value_choice(label: str, key: str, default: str, where: Any = st) -> str:
-    """The scores-or-pattern radio of a heatmap, remembered under ``key``."""
-    values = list(HEAT_VALUES)
-    return where.radio(label, values, horizontal=True, key=remember(key, default, values), format_func=HEAT_VALUES.get)
+    """The scores-or-pattern radio of a heatmap (``figures.bilinear.VALUES``), remembered under ``key``."""
+    values = list(VALUE_LABELS)
+    return where.radio(label, values, horizontal=True, key=remember(key, default, values), format_func=VALUE_LABELS.get)
 
 
 def layer_head_picker(

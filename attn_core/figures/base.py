@@ -27,11 +27,12 @@ _BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
 MAX_TICKS = 64  # label every token on an axis up to this many; beyond, plotly picks the ticks
 
 
-def token_ticks(labels: list[str]) -> dict:
-    """Axis settings that label position i with ``labels[i]`` (none past :data:`MAX_TICKS`)."""
+def token_ticks(labels: list[str], first: int = 0) -> dict:
+    """Axis settings that label position ``first + i`` with ``labels[i]`` (none past
+    :data:`MAX_TICKS`: plotly's numbers then)."""
     if len(labels) > MAX_TICKS:
         return {}
-    return dict(tickmode="array", tickvals=list(range(len(labels))), ticktext=labels)
+    return dict(tickmode="array", tickvals=list(range(first, first + len(labels))), ticktext=labels)
 
 
 # Tick-label character width at plotly's 12 px font and the Streamlit theme's, rounded up; the
@@ -47,8 +48,9 @@ NUMBER_CHARS = 6  # an automatic numeric tick such as "−1.5k" or "1000"
 
 
 def fixed_margins(fig: go.Figure, x_labels=None, y_labels=None, colorbar: bool = True) -> go.Figure:
-    """Set the margins and tick angles from the tick labels (``None``: plotly's numeric ticks)
-    instead of letting plotly measure them. Measured margins and angles make plotly draw a
+    """Set the margins and tick angles from the tick labels instead of letting plotly measure
+    them. The labels are the axes' own ``ticktext`` (:func:`token_ticks`) unless given (a
+    category axis's names); none means plotly's numeric ticks. Measured margins and angles make plotly draw a
     figure, measure every label and the colour bar, then draw it again: twice the work of each
     redraw in the dashboard. Fixed ones draw it once. Labels wider than :data:`MAX_LABEL_PX` are
     clipped."""
@@ -57,6 +59,8 @@ def fixed_margins(fig: go.Figure, x_labels=None, y_labels=None, colorbar: bool =
         chars = NUMBER_CHARS if not labels else max(len(str(s)) for s in labels)
         return min(CHAR_PX * chars, MAX_LABEL_PX)
 
+    x_labels = fig.layout.xaxis.ticktext if x_labels is None else x_labels
+    y_labels = fig.layout.yaxis.ticktext if y_labels is None else y_labels
     upright = bool(x_labels) and len(x_labels) * (extent(x_labels) + 8) > ROTATE_PX
     fig.update_layout(
         margin=dict(

@@ -14,10 +14,12 @@ import torch
 from plotly.subplots import make_subplots
 
 from attn_core.bilinear import DETECTORS, LongView, View
-from attn_core.figures.base import MAX_TICKS, Plot, fixed_margins, token_ticks
+from attn_core.figures.base import Plot, fixed_margins, token_ticks
 from attn_core.regularizers import head_label
 
-VALUES = ("scores", "pattern")
+# What a heatmap shows, and its name in a choice: the scores S = f_x(y) or the pattern A.
+VALUE_LABELS = {"scores": "scores S = f_x(y)", "pattern": "pattern A"}
+VALUES = tuple(VALUE_LABELS)
 # Axis tick labels are drawn for at most this many rows/columns; cell text for at most this many cells.
 MAX_CELL_TEXT = 400
 MAX_HOVER_CELLS = 40_000
@@ -85,7 +87,7 @@ def view_plot(view: View, head: int, query: int | None = None, value: str = "sco
         yaxis=dict(title="query x", autorange="reversed", **token_ticks(view.queries)),
         height=max(420, min(900, 24 * nq + 160)),
     )
-    fixed_margins(fig, _shown(view.keys), _shown(view.queries))
+    fixed_margins(fig)
     highlighted = view.check_query(query) if query is not None else -1
 
     def data() -> pd.DataFrame:
@@ -125,7 +127,7 @@ def query_plot(view: View, head: int, query: int, sort: bool = True, top: int | 
         yaxis_title="f_x(y)",
     )
     fig.update_xaxes(type="category")
-    fixed_margins(fig, list(names), None)
+    fixed_margins(fig, x_labels=list(names))
     data = row.assign(layer=view.layer, head=head, query=q, query_label=view.queries[q])
     return Plot(
         f"query_{view.kind}_{head_label(view.layer, head)}_q{q}",
@@ -136,17 +138,6 @@ def query_plot(view: View, head: int, query: int, sort: bool = True, top: int | 
 
 
 # --- long inputs (attn_core.bilinear.long): never n^2 cells ------------------------------------
-
-
-def _shown(labels: list[str]) -> list[str] | None:
-    """The tick labels an axis draws: every label up to MAX_TICKS, else plotly's numbers."""
-    return labels if len(labels) <= MAX_TICKS else None
-
-
-def _position_ticks(labels: list[str], first: int) -> dict:
-    if len(labels) > MAX_TICKS:
-        return {}
-    return dict(tickmode="array", tickvals=list(range(first, first + len(labels))), ticktext=labels)
 
 
 def window_plot(lv: LongView, value: str = "scores") -> Plot:
@@ -160,11 +151,11 @@ def window_plot(lv: LongView, value: str = "scores") -> Plot:
     what = "scores f_x(y)" if value == "scores" else "pattern A"
     fig.update_layout(
         title=f"Window {lv.lo}..{lv.hi} of {lv.n} tokens: {what}, layer {lv.layer} head {lv.head}",
-        xaxis=dict(title="key y", **_position_ticks(labels, lv.lo)),
-        yaxis=dict(title="query x", autorange="reversed", **_position_ticks(labels, lv.lo)),
+        xaxis=dict(title="key y", **token_ticks(labels, lv.lo)),
+        yaxis=dict(title="query x", autorange="reversed", **token_ticks(labels, lv.lo)),
         height=max(420, min(900, 12 * len(labels) + 200)),
     )
-    fixed_margins(fig, _shown(labels), _shown(labels))
+    fixed_margins(fig)
 
     def data() -> pd.DataFrame:
         frame = lv.window_frame()
@@ -235,7 +226,7 @@ def top_keys_plot(lv: LongView) -> Plot:
         yaxis_title="f_x(y)",
     )
     fig.update_xaxes(type="category")
-    fixed_margins(fig, list(top["label"]), None)
+    fixed_margins(fig, x_labels=list(top["label"]))
     data = top.assign(layer=lv.layer, head=lv.head, query=lv.query, query_label=label)
     return Plot(
         f"topk_{head_label(lv.layer, lv.head)}_q{lv.query}",

@@ -249,9 +249,3 @@ def test_cached_makes_one_wrapper_per_function_and_calls_the_latest():
     assert ui.cached(page_run(10))(1) == 11  # the latest definition runs (once the cache is cleared)
     assert ui.cached(page_run(10), resource=True) is not first  # another kind of cache, another wrapper
     assert ui.cached(bilinear.sequence_view) is ui.cached(bilinear.sequence_view)
-
-
-def test_the_heatmap_value_choice_offers_exactly_the_figures_values():
-    from attn_core.figures import bilinear as fb
-
-    assert tuple(ui.HEAT_VALUES) == fb.VALUES
