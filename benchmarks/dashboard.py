@@ -1,6 +1,6 @@
 """How fast the dashboard draws, in headless Chromium against a real `streamlit run`.
 
-    python benchmarks/dashboard.py [--repeats 5] [--json]
+    python benchmarks/dashboard.py [--repeats 5] [--json] [--out benchmarks/results/dashboard.json]
     python benchmarks/dashboard.py --quick     # a smoke run: one sample of each figure
     python benchmarks/dashboard.py --model DIR [--length 1024]   # first heatmap and head change on DIR
 
@@ -50,6 +50,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks import record  # noqa: E402
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = [
     "--no-sandbox",
@@ -297,7 +300,6 @@ def prepare_models(models: Path, source: Path | None, copies: int) -> str:
         for i in range(copies):
             shutil.copytree(ROOT / "assets" / "models" / "induction-2l", models / f"bench-{i}")
         return "induction-2l"
-    sys.path.insert(0, str(ROOT))
     from attn_core import checkpoint, sources, zoo
 
     models.mkdir(parents=True)
@@ -330,6 +332,9 @@ def main(argv=None) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--quick", action="store_true", help="smoke run: one sample of each figure")
     parser.add_argument("--model", type=Path, help="a model folder to measure instead of induction-2l")
+    parser.add_argument(
+        "--out", type=Path, help="also save the result as JSON here (e.g. benchmarks/results/dashboard.json)"
+    )
     parser.add_argument("--length", type=int, help="with --model: random tokens of this length (default: its context)")
     args = parser.parse_args(argv)
     if args.quick:
@@ -382,9 +387,10 @@ def main(argv=None) -> None:
             "head_change_s": 0.25 if args.model is None else 0.5,
             "live_refreshes_per_s": 2.0,
         },
-        "cpus": os.cpu_count(),
-        "load_average": os.getloadavg(),
+        **record.environment(),
     }
+    if args.out is not None:
+        record.save(result, args.out)
     if args.json:
         print(json.dumps(result, indent=2))
         return

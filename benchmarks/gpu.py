@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import statistics
 import sys
 import tempfile
@@ -50,6 +49,7 @@ from attn_core.runs import RunStore  # noqa: E402
 from attn_core.training.config import TrainConfig  # noqa: E402
 from attn_core.training.device import sync_interval  # noqa: E402
 from attn_core.training.trainer import init_model  # noqa: E402
+from benchmarks import record  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu.json"
 LOOPS = ("bare", "trainer", "job")
@@ -294,10 +294,7 @@ def main() -> None:
     if out is None:
         print("quick run: results not saved")
         return
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    tmp.replace(out)
+    record.save(doc, out)
     print(f"saved {out}")
 
 

@@ -21,6 +21,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks import record  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results" / "hf_load.json"
 FULL = dict(hidden_size=768, intermediate_size=2048, num_attention_heads=12, num_key_value_heads=4,
             num_hidden_layers=12, vocab_size=32000, shard="100MB")  # fmt: skip
@@ -88,7 +91,7 @@ def main() -> None:
     if not args.quick:
         doc = dict(params=params, shards=shards, file_mib=file_mib, weights_mib=weights, load_s=seconds,
                    peak_growth_mib=growth, runs=runs)  # fmt: skip
-        RESULTS.write_text(json.dumps(doc, indent=2) + "\n")
+        record.save(doc, RESULTS)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ import torch  # noqa: E402
 
 from attn_core.kernels import CAUSAL_METHODS, approx_attention, exact_attention  # noqa: E402
 from attn_core.kernels.features import _check_method, _generator, _positive_int  # noqa: E402
+from benchmarks import record  # noqa: E402
 
 BENCH_METHODS = ("favor", "maclaurin", "nystrom", "nystromformer")  # schoenbat costs what maclaurin does
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "kernels.json"
@@ -338,10 +339,7 @@ def main(argv=None) -> int:
     result["config"]["load_average_before"] = load
     print(f"total {result['config']['wall_s']} s", file=log)
     if str(args.out) != "-":
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_name(args.out.name + ".tmp")
-        tmp.write_text(json.dumps(result, indent=2) + "\n")
-        tmp.replace(args.out)
+        record.save(result, args.out)
         print(f"saved {args.out}", file=log)
     if args.json:
         print(json.dumps(result, indent=2))

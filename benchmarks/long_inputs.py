@@ -29,7 +29,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -46,6 +45,7 @@ import torch  # noqa: E402
 
 from attn_core import bilinear, sources  # noqa: E402
 from attn_core.figures import bilinear as fb  # noqa: E402
+from benchmarks import record  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "long_inputs.json"
 FULL = dict(n_layer=12, n_head=12, n_embd=768, n_positions=1024, vocab_size=50257, tokens=1024)
@@ -182,15 +182,10 @@ def main(argv=None) -> int:
         spectrum_heads=samples["spectrum_heads"],
         write_folder_s=write_s,
         repeats=args.repeats,
-        threads=torch.get_num_threads(),
-        torch=torch.__version__,
-        cpus=os.cpu_count(),
-        load_average=os.getloadavg(),
-        machine=f"{platform.machine()}, {platform.processor() or '?'}",
+        **record.environment(),
     )
     if args.out != Path("-"):
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        record.save(result, args.out)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0

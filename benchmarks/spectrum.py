@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -31,6 +29,7 @@ import torch  # noqa: E402
 
 from attn_core import bilinear  # noqa: E402
 from attn_core.sources import resolve  # noqa: E402
+from benchmarks import record  # noqa: E402
 
 SHAPES = [(64, 16, 4, 2), (512, 64, 8, 4)]  # (d_model, d_head, heads, layers)
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "spectrum.json"
@@ -139,14 +138,10 @@ def main(argv=None) -> int:
         spectrum=rows,
         click=click,
         repeats=args.repeats,
-        torch=torch.__version__,
-        load_average=os.getloadavg(),
-        threads=torch.get_num_threads(),
-        machine=f"{platform.machine()}, {platform.processor() or '?'}",
+        **record.environment(),
     )
     if args.out != Path("-"):
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        record.save(result, args.out)
     if args.json:
         print(json.dumps(result))
         return 0

@@ -30,7 +30,6 @@ one read (target < 1 ms).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -50,6 +49,7 @@ from attn_core.training.config import JobConfig, TrainConfig  # noqa: E402
 from attn_core.training.device import select_device  # noqa: E402
 from attn_core.training.job import TrainingJob  # noqa: E402
 from attn_core.training.trainer import Trainer, init_model, make_optimizer  # noqa: E402
+from benchmarks import record  # noqa: E402
 
 PRESET = "induction-2l"
 RESULTS = Path(__file__).resolve().parent / "results" / "train_throughput.json"
@@ -255,10 +255,7 @@ def main() -> None:
     if args.quick:
         print("quick run: results not saved")
         return
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(args.out.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(args.out)
+    record.save(result, args.out)
     print(f"saved {args.out}")
 
 
