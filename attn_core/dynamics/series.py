@@ -132,6 +132,7 @@ def series(names: list[str], steps: list[int] | None = None, store: RunStore | N
         raise ValueError(f"{len(names)} models is more than {MAX_MEMBERS} in one series")
     members = []
     for i, name in enumerate(names):
+        file = sources.weights_path(name, store)  # an unknown name fails here, with the known ones
         step = steps[i] if steps is not None else step_of_name(_plain_name(name))
         if step is None:
             raise ValueError(
@@ -140,7 +141,7 @@ def series(names: list[str], steps: list[int] | None = None, store: RunStore | N
             )
         if not (isinstance(step, int) and step >= 0):
             raise ValueError(f"a step is a whole number >= 0, got {step!r} for {name!r}")
-        members.append(Member(step, name, sources.weights_path(name, store)))
+        members.append(Member(step, name, file))
     config = _same_config([(m, _source_config(m.source, store)) for m in members])
     label = Path(_plain_name(names[0])).name
     return Series(f"{label} (+{len(names) - 1})", _by_step(members), config)
