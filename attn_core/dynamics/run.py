@@ -59,13 +59,14 @@ class MetricCache:
 class Dynamics:
     """Metrics of a series: ``steps``, ``metrics`` (name -> one value per step, None where not
     measurable), the ``phase_change`` (or None), per step the K-composition matrix between heads
-    in ``order``, and the cache's ``hits``/``misses``."""
+    in ``order`` (their ``layers``), and the cache's ``hits``/``misses``."""
 
     steps: list[int]
     metrics: dict[str, list[float | None]]
     phase_change: dict | None
     k_composition: list[list[list[float | None]]]
     order: list[str]
+    layers: list[int]
     inputs: str = ""
     partial: list[bool] = field(default_factory=list)
     hits: int = 0
@@ -154,6 +155,7 @@ def dynamics(
         phase_change=phase_change(steps, metrics[by], by=by),
         k_composition=[r.k_composition for r in rows],
         order=order,
+        layers=[l for l in range(cfg.n_layers) for _ in range(cfg.n_heads)],
         inputs=inputs.describe() if inputs is not None else "no inputs: only the weight metrics",
         partial=partial,
         hits=cache.hits if cache is not None else 0,
