@@ -7,7 +7,7 @@ One module per command group, each a ``typer.Typer`` merged into :data:`app` her
 ``models`` (zoo, eval, train, presets), ``bilinear`` (spectrum, scores, heads, export),
 ``rotary`` (offsets, pair),
 ``circuits`` (circuits, attribute), ``runs`` (retrain, runs, runs show), ``sweep`` (sweep,
-sweeps, sweeps show), ``grow``, ``kernels``
+sweeps, sweeps show), ``dynamics`` (metrics across checkpoints), ``grow``, ``kernels``
 (kernels, kernels-bench) and ``qk`` (compare-qk); ``common`` holds what they share. Every model NAME goes through
 ``attn_core.sources.resolve``; option defaults whose setting lives in a config dataclass are read
 from it (``attn_core.validate.default``)."""
@@ -21,7 +21,7 @@ import warnings
 import click
 import typer
 
-from attn_core.cli import bilinear, circuits, export, grow, kernels, models, qk, rotary, runs, sweep
+from attn_core.cli import bilinear, circuits, dynamics, export, grow, kernels, models, qk, rotary, runs, sweep
 from attn_core.cli.common import message_of, report
 
 app = typer.Typer(
@@ -30,7 +30,19 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="attn-lab: see, measure, regularize and retrain the QK bilinear form of attention.",
 )
-for group in (models, bilinear, rotary, circuits, runs, sweep, grow, kernels, qk, export):  # `attn-lab --help` order
+for group in (
+    models,
+    bilinear,
+    rotary,
+    circuits,
+    runs,
+    sweep,
+    dynamics,
+    grow,
+    kernels,
+    qk,
+    export,
+):  # `attn-lab --help` order
     app.add_typer(group.app)
 app.add_typer(runs.runs_app, name="runs")
 app.add_typer(sweep.sweeps_app, name="sweeps")

@@ -25,7 +25,7 @@ from attn_core.dynamics.metrics import (
     text_inputs,
 )
 from attn_core.dynamics.phase import phase_change
-from attn_core.dynamics.run import Dynamics, MetricCache, default_inputs, dynamics
+from attn_core.dynamics.run import Dynamics, MetricCache, default_inputs, dynamics, step_views, text_ids
 from attn_core.dynamics.series import Member, Series, series, step_of_name
 
 __all__ = [
@@ -48,6 +48,8 @@ __all__ = [
     "series",
     "spectral_norm",
     "step_of_name",
+    "step_views",
     "task_inputs",
+    "text_ids",
     "text_inputs",
 ]

@@ -94,18 +94,20 @@ def cache_key(member_key: str, inputs: Inputs | None, detector_samples: int, see
 
 def default_inputs(
     series: Series, store: RunStore | None = None, samples: int = 256, seed: int = 0, early=None, late=None
-):
-    """Held-out inputs of the series' task (from the first member that names one), or None."""
+) -> Inputs | None:
+    """Held-out inputs of the series' task, or None when it has none. The task is read from the
+    reference model's card.json (no weights loaded), else from the first member."""
+    from attn_core.checkpoint import CARD, read_card
+    from attn_core.sources import weights_path
     from attn_core.tasks import TASKS
 
-    ref = series.reference_model(store) if series.reference else None
-    task = ref.task if ref is not None else None
-    if task is None:
-        first = series.load(series.members[0], store)
-        task = first.task
-    if task is None:
-        return None
-    if task.d_vocab != series.config.d_vocab or task.name not in TASKS:
+    name = None
+    if series.reference is not None:
+        name = read_card(weights_path(series.reference, store).parent / CARD).task
+    if name is None:
+        name = series.load(series.members[0], store).card.task
+    task = TASKS.get(name or "")
+    if task is None or task.d_vocab != series.config.d_vocab or task.n_ctx > series.config.n_ctx:
         return None
     return task_inputs(task, samples, seed, early, late)
 
@@ -168,3 +170,36 @@ def _partial_file(path: Path) -> bool:
         return header_params(path) != "all"
     except (OSError, CheckpointError):
         return False
+
+
+def text_ids(loaded, text: str) -> list[int]:
+    """Token ids of a text for a member of the series: through its folder's tokenizer.json, else
+    (a model with a task) the text's space-separated token names; one sentence otherwise."""
+    from attn_core.bilinear import tokenizer
+    from attn_core.hf import tokenizer as hf_tokenizer
+
+    tok = tokenizer(loaded)
+    if tok is not None:
+        return hf_tokenizer.encode(tok, text)
+    if loaded.task is not None:
+        index = {n: i for i, n in enumerate(loaded.task.token_names)}
+        words = text.split()
+        unknown = [w for w in words if w not in index]
+        if unknown:
+            raise ValueError(f"{len(unknown)} words of the text are not tokens of the task (first: {unknown[0]!r})")
+        return [index[w] for w in words]
+    raise ValueError(f"{loaded.name} has no tokenizer.json and no task: its text cannot be tokenized")
+
+
+def step_views(series: Series, tokens: list[int], layer: int, head: int, store: RunStore | None = None):
+    """Per member: the sequence view of ``tokens`` at ``layer`` and the singular values of the
+    head's B (``bilinear.spectrum_frame`` rows), what the animation shows."""
+    from attn_core.bilinear import sequence_view, spectrum_frame
+
+    views, spectra = [], []
+    for member in series.members:
+        loaded = series.load(member, store)
+        views.append(sequence_view(loaded, tokens, layer))
+        frame = spectrum_frame(loaded.model)
+        spectra.append(frame[(frame["layer"] == layer) & (frame["head"] == head)])
+    return views, spectra
