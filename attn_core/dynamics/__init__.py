@@ -26,10 +26,11 @@ from attn_core.dynamics.metrics import (
 )
 from attn_core.dynamics.phase import phase_change
 from attn_core.dynamics.run import Dynamics, MetricCache, default_inputs, dynamics, step_views, text_ids
-from attn_core.dynamics.series import Member, Series, series, step_of_name
+from attn_core.dynamics.series import Member, Series, available, series, step_of_name
 
 __all__ = [
     "PER_HEAD",
+    "available",
     "Dynamics",
     "Inputs",
     "Measured",

@@ -95,14 +95,15 @@ def cache_key(member_key: str, inputs: Inputs | None, detector_samples: int, see
 def default_inputs(
     series: Series, store: RunStore | None = None, samples: int = 256, seed: int = 0, early=None, late=None
 ) -> Inputs | None:
-    """Held-out inputs of the series' task, or None when it has none. The task is read from the
-    reference model's card.json (no weights loaded), else from the first member."""
+    """Held-out inputs of the series' task, or None when it has none. The task is the series' own
+    (its run's or folder's), else the reference model's card.json (no weights loaded), else the
+    first member's."""
     from attn_core.checkpoint import CARD, read_card
     from attn_core.sources import weights_path
     from attn_core.tasks import TASKS
 
-    name = None
-    if series.reference is not None:
+    name = series.task
+    if name is None and series.reference is not None:
         name = read_card(weights_path(series.reference, store).parent / CARD).task
     if name is None:
         name = series.load(series.members[0], store).card.task

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attn_core import checkpoint, hf, sources, zoo
-from attn_core.checkpoint import CHECKPOINTS, CONFIG, WEIGHTS, CheckpointError, LoadedModel
+from attn_core.checkpoint import CARD, CHECKPOINTS, CONFIG, WEIGHTS, CheckpointError, LoadedModel
 from attn_core.model import ModelConfig
 from attn_core.runs import RunStore
 from attn_core.training import checkpoints as ckpt
@@ -78,6 +78,7 @@ class Series:
     config: ModelConfig
     reference: str | None = None
     partial: bool = False
+    task: str | None = None  # the task the series was trained on, when its run or folder says
     _loaded_reference: LoadedModel | None = field(default=None, repr=False)
 
     @property
@@ -112,6 +113,8 @@ class Series:
             loaded.key = m.key
         if loaded.config != self.config:
             raise CheckpointError(f"step {m.step} ({m.source}) is not the series' architecture")
+        if loaded.card.task is None and self.task is not None:  # a checkpoint file: the run's task
+            loaded.card.task = self.task
         loaded.name = f"{self.name} @ step {m.step}"
         return loaded
 
@@ -154,6 +157,10 @@ def _plain_name(name: str) -> str:
 def _checkpoint_series(name: str, store: RunStore | None) -> Series:
     """The checkpoints one source holds (a run, a folder with checkpoints/, a checkpoints folder)."""
     folder, reference = _series_folder(name, store)
+    if sources.is_run(name):  # the run's row knows its task, also while it trains
+        task = (store or RunStore()).get(_plain_name(name)).get("task")
+    else:
+        task = checkpoint.read_card(folder.parent / CARD).task if folder.name == CHECKPOINTS else None
     found = ckpt.read_series(folder)
     if not found:
         raise ValueError(f"{name} has no checkpoint files in {folder}")
@@ -167,7 +174,7 @@ def _checkpoint_series(name: str, store: RunStore | None) -> Series:
         raise ValueError(
             f"{name} keeps only attention and LayerNorm weights and has no final model to take the rest from"
         )
-    return Series(Path(_plain_name(name)).name or name, _by_step(members), config, reference, partial)
+    return Series(Path(_plain_name(name)).name or name, _by_step(members), config, reference, partial, task)
 
 
 def _series_folder(name: str, store: RunStore | None) -> tuple[Path, str | None]:
@@ -252,3 +259,28 @@ def _source_config(source: str, store: RunStore | None) -> ModelConfig:
     if path.is_file():
         return _header_config(path)
     raise CheckpointError(f"{source} has no weights ({path} is missing)")
+
+
+def available(store: RunStore | None = None) -> list[dict]:
+    """Sources that hold checkpoints, newest runs first, then named models: {source, label,
+    checkpoints} (a running run included: its checkpoints so far)."""
+    out = []
+    store = store or RunStore()
+    try:
+        runs = store.list_runs()
+    except ValueError:  # an unreadable store: the named models are still listed
+        runs = []
+    for r in runs:
+        folder = store.path(r["id"]) / CHECKPOINTS
+        if folder.is_dir():
+            n = len(ckpt.read_series(folder))
+            if n:
+                label = f"run:{r['id']} ({r['parent']}, {r['status']}, {n} checkpoints)"
+                out.append({"source": f"{sources.RUN_PREFIX}{r['id']}", "label": label, "checkpoints": n})
+    for m in zoo.list_models(problems=[]):
+        folder = Path(m["path"]) / CHECKPOINTS if m.get("path") else None
+        if folder is not None and folder.is_dir():
+            n = len(ckpt.read_series(folder))
+            if n:
+                out.append({"source": m["name"], "label": f"{m['name']} ({n} checkpoints)", "checkpoints": n})
+    return out
