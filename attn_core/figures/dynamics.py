@@ -128,7 +128,7 @@ def spectrum_entropy_plot(dyn: Dynamics, layer: int, head: int, step: int | None
         title=f"σ₁(B) and attention entropy of {label}", xaxis_title="training step", hovermode="x unified"
     )
     fig.update_yaxes(title_text="σ₁(B)", secondary_y=False)
-    fig.update_yaxes(title_text="normalized entropy (0..1)", range=[0, 1.05], secondary_y=True)
+    fig.update_yaxes(title_text="normalized entropy (0..1)", range=[0, 1.05], dtick=0.2, secondary_y=True)
     data = _frame(dyn, {k: v if v is not None else nan for k, v in get.items()})
     return Plot(f"dynamics_spectrum_entropy_{label}", fig, data, meta=dict(step=step, head=label))
 
