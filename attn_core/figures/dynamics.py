@@ -219,3 +219,49 @@ def animation_plot(
         data,
         meta=dict(steps=list(steps), layer=layer, head=head, value=value),
     )
+
+
+# --- several runs ---------------------------------------------------------------------------------
+
+
+def runs_plot(runs: Sequence[dict], panels: dict[str, str], title: str, log_x: bool = True) -> Plot:
+    """Metrics of several runs against the step, one panel per metric (``panels``: key -> y
+    title), one colour per ``group``; each run (``label``, ``group``, ``steps``, a list per panel
+    key, ``phase`` or None) has its phase-change step marked with a diamond. With ``log_x`` step 0
+    is left out (no logarithm)."""
+    groups = list(dict.fromkeys(r["group"] for r in runs))
+    color = {g: COLORS[i % len(COLORS)] for i, g in enumerate(groups)}
+    keys = list(panels)
+    fig = make_subplots(rows=len(keys), cols=1, shared_xaxes=True, vertical_spacing=0.05,
+                        subplot_titles=[panels[k] for k in keys])  # fmt: skip
+    rows = []
+    for run in runs:
+        keep = [i for i, s in enumerate(run["steps"]) if s > 0 or not log_x]
+        x = [run["steps"][i] for i in keep]
+        for r, key in enumerate(keys, start=1):
+            y = [math.nan if run[key][i] is None else run[key][i] for i in keep]
+            first = r == 1 and run is next(q for q in runs if q["group"] == run["group"])
+            fig.add_trace(
+                go.Scatter(x=x, y=y, mode="lines", name=run["group"], legendgroup=run["group"], showlegend=first,
+                           line=dict(color=color[run["group"]], width=1.3), opacity=0.8,
+                           hovertemplate=f"{run['label']}: %{{y:.3g}} at step %{{x}}<extra></extra>"),
+                row=r, col=1,
+            )  # fmt: skip
+            phase = run.get("phase")
+            if phase is not None:
+                at = min(range(len(x)), key=lambda i: abs(x[i] - phase["step"]))
+                fig.add_trace(
+                    go.Scatter(x=[x[at]], y=[y[at]], mode="markers", showlegend=False, legendgroup=run["group"],
+                               marker=dict(symbol="diamond", size=9, color=color[run["group"]], line=dict(width=1)),
+                               hovertemplate=f"{run['label']}: phase change at step {phase['step']}<extra></extra>"),
+                    row=r, col=1,
+                )  # fmt: skip
+        for i in keep:
+            rows.append(
+                {"run": run["label"], "group": run["group"], "step": run["steps"][i], **{k: run[k][i] for k in keys}}
+            )
+    if log_x:
+        fig.update_xaxes(type="log")
+    fig.update_xaxes(title_text="training step", row=len(keys), col=1)
+    fig.update_layout(title=title, height=260 * len(keys) + 120, legend=dict(orientation="h", y=-0.08))
+    return Plot("dynamics_runs", fig, pd.DataFrame(rows), meta=dict(groups=groups))
