@@ -141,6 +141,15 @@ with opt_col:
         key=ui.remember("retrain_precision", default(JobConfig, "precision"), PRECISIONS),
         help="fp32, or bf16 autocast (forward and loss in bfloat16, weights and AdamW in fp32)",
     )
+    checkpoints = st.number_input(
+        "Checkpoints (log-spaced)",
+        min_value=0,
+        max_value=500,
+        step=10,
+        key=ui.remember("retrain_checkpoints", 0, range(501)),
+        help="Keep the weights at this many steps spaced evenly in log(step), plus step 0 and the last, in the "
+        "run's folder (listed in its card): scrub them on the Dynamics page. 0 keeps none",
+    )
 watched = R.head_label(layer, head)
 heads_spec = {"head": watched, "layer": f"L{layer}", "all": None}[scope]
 
@@ -157,6 +166,7 @@ def start() -> None:
             seed=int(seed),
             device=device,
             precision=precision,
+            checkpoint_log=int(checkpoints) or None,
         )
         new = TrainingJob(job_cfg)
         # Streamlit runs each rerun in a fresh thread and the job trains in another: with several

@@ -107,3 +107,29 @@ def test_no_series_and_bad_folders_are_one_message(tmp_path):
     assert not at.exception and any("cannot be read" in e.value for e in at.error)
     at.text_input(key="dyn_steps").input("1,x").run()
     assert not at.exception and any("whole numbers" in e.value for e in at.error)
+
+
+def test_the_retrain_page_keeps_checkpoints_for_this_page():
+    import time
+
+    from attn_core.runs import RunStore
+
+    retrain = AppTest.from_file(str(Path(PAGE).with_name("3_Retrain.py")), default_timeout=120)
+    retrain.query_params["model"] = "reverse-1l"
+    retrain.run()
+    retrain.number_input(key="retrain_steps").set_value(10)
+    retrain.number_input(key="retrain_checkpoints").set_value(4)
+    retrain.run()
+    retrain.button(key="retrain_start").click().run()
+    assert not retrain.exception and not retrain.error
+    job = retrain.session_state["retrain_job"]
+    assert job.join(120)
+    run_id = job.snapshot().run_id
+    card = RunStore().get(run_id)["card"]
+    assert card["checkpoints"]["steps"] == [0, 1, 2, 5, 10]
+    deadline = time.monotonic() + 30
+    while not D.available() and time.monotonic() < deadline:  # the run's folder is written as it ends
+        time.sleep(0.1)
+    at = open_dynamics()
+    assert at.selectbox(key="dyn_source").value == f"run:{run_id}"
+    assert list(at.select_slider(key="dyn_step").options) == ["0", "1", "2", "5", "10"]
