@@ -91,16 +91,15 @@ def test_the_floor_holds_on_trained_and_random_heads():
         assert bool((floor <= H + 1e-5).all())
         if std is None:
             assert float(floor[..., 8:].min()) > 0.5  # near log n at init: not vacuous
-    # the weights' bound (Zhai et al.): ||L||_2 <= sigma_1(B) ||X||_2^2, so its floor is lower still
+    # the weights' bound (Zhai et al.): ||S||_2 <= sigma_1(B) ||X||_2^2 (S = X B X^T), so its floor is lower still
     with torch.no_grad():
-        _, cache = sharp.run_with_cache(
-            tokens[:1, :16] % 11, names_filter=[act_name("attn_in", 0), act_name("attn_scores", 0)]
-        )
-    X = cache[act_name("attn_in", 0)][0].double()
-    S = cache[act_name("attn_scores", 0)][0]
-    with torch.no_grad():
+        names = [act_name("attn_in", 0), act_name("attn_scores", 0)]
+        _, cache = sharp.run_with_cache(get_task("reverse").sample(4, 2).tokens, names_filter=names)
+        X = cache[act_name("attn_in", 0)].double()  # [b, T, d]
+        S = cache[act_name("attn_scores", 0)][:, 0]  # head 0, [b, T, T]
         weights = torch.linalg.matrix_norm(head_B(sharp, 0, 0).double(), 2) * torch.linalg.matrix_norm(X, 2) ** 2
-    assert float(D.spectral_norm(S[0], sharp.mask(16))) <= float(weights) + 1e-6
+    assert bool((D.spectral_norm(S, sharp.mask(S.shape[-1])) <= weights + 1e-6).all())
+    assert torch.allclose(S.double(), X @ head_B(sharp, 0, 0).detach().double() @ X.transpose(-1, -2), atol=1e-4)
 
 
 # --- the metrics against direct computations ------------------------------------------------------------
