@@ -66,6 +66,12 @@ def test_row_floors_never_exceed_the_rows_entropy(T, scale, seed):
     assert bool((D.row_floors(S, mask) <= H + 1e-9).all())
 
 
+def test_the_floor_takes_the_device_of_its_scores():
+    S = torch.randn(2, 3, 5, 5, device="meta")
+    mask = torch.tril(torch.ones(5, 5, dtype=torch.bool, device="meta"))
+    assert D.row_floors(S, mask).device.type == "meta" and D.normalized_row_floors(S, mask).shape == (2, 3, 5)
+
+
 def _measured_vs_floor(model: Transformer, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     names = [act_name(k, l) for l in range(model.cfg.n_layers) for k in ("attn_scores", "pattern")]
     with torch.no_grad():
