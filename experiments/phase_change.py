@@ -19,7 +19,7 @@ attention entropy of layer 1's heads on the batch) at two strengths (default 0.1
 phase change come earlier or later?
 
     python experiments/phase_change.py            # the full run: results/phase_change.{json,md}, assets/phase_change.png
-    python experiments/phase_change.py --quick    # a smoke run (1 seed, 120 steps, one strength), nothing saved
+    python experiments/phase_change.py --quick    # a smoke run (1 seed, 60 steps, one strength), nothing saved
 
 Runs go to ``--jobs`` processes with one torch thread each (2 on this 2-core machine).
 """
@@ -55,7 +55,9 @@ def _init_worker(threads: int) -> None:
 def schedule(steps: int) -> dict:
     """Log-spaced checkpoints, dense (every 10 steps) from 20 to 400, every 100 after."""
     dense = list(range(20, min(400, steps) + 1, 10))
-    return dict(checkpoint_log=40, checkpoint_steps=dense, checkpoint_every=100 if steps >= 200 else None)
+    return dict(
+        checkpoint_log=min(40, steps // 4), checkpoint_steps=dense, checkpoint_every=100 if steps >= 200 else None
+    )
 
 
 def run_one(setting: dict) -> dict:
@@ -241,10 +243,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--samples", type=int, default=256, help="held-out sequences every checkpoint is measured on")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
-    ap.add_argument("--quick", action="store_true", help="1 seed, 120 steps, one strength; nothing saved")
+    ap.add_argument("--quick", action="store_true", help="1 seed, 60 steps, one strength; nothing saved")
     args = ap.parse_args()
     if args.quick:
-        args.seeds, args.lambdas, args.steps, args.samples = 1, [1.0], 120, 64
+        args.seeds, args.lambdas, args.steps, args.samples = 1, [1.0], 60, 32
     if args.seeds < 1 or args.steps < 20 or any(l <= 0 for l in args.lambdas):
         ap.error("--seeds >= 1, --steps >= 20 and every lambda > 0")
     todo = [

@@ -142,7 +142,7 @@ def dynamics_cmd(
     text: Path | None = typer.Option(
         None, "--text", help="Measure on windows of this UTF-8 text file (models without a task)."
     ),
-    length: int = typer.Option(128, help="Tokens per text window (at most the context)."),
+    length: int | None = typer.Option(None, help="Tokens per text window (default: the context, at most 128)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Measure every checkpoint again, ignoring the cache."),
     animate: Path | None = typer.Option(
         None,
@@ -220,6 +220,7 @@ def _dynamics(
         check_layer(first.model, layer)
         check_heads(first.model, head)
     if text is not None:
+        length = min(cfg.n_ctx, 128) if length is None else length
         if not 2 <= length <= cfg.n_ctx:
             raise ValueError(f"--length must be 2..{cfg.n_ctx} (the context), got {length}")
         raw = limits.read_file(text, MAX_TEXT_BYTES, str(text))

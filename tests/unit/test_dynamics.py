@@ -391,3 +391,90 @@ def test_a_found_window_lies_inside_the_steps_and_holds_the_step(values, gap):
     if found is not None:
         a, b = found["window"]
         assert steps[0] < a < b <= steps[-1] and a <= found["step"] <= b
+
+
+# --- attn-lab dynamics ------------------------------------------------------------------------------------
+
+
+def _cli(capsys, *args) -> tuple[int, str, str]:
+    from attn_core.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(list(args))
+    out = capsys.readouterr()
+    return done.value.code, out.out, out.err
+
+
+def test_the_command_prints_the_json_and_reads_the_cache_the_second_time(run_with_checkpoints, capsys):
+    code, out, err = _cli(
+        capsys, "dynamics", run_with_checkpoints, "--samples", "16", "--detector-samples", "4", "--json"
+    )
+    assert code == 0, err
+    first = json.loads(out)
+    assert set(first) == {"steps", "metrics", "phase_change"} and first["steps"] == [0, 4, 8]
+    assert "cache: 0 of 3 checkpoints" in err
+    code, out, err = _cli(
+        capsys, "dynamics", run_with_checkpoints, "--samples", "16", "--detector-samples", "4", "--json"
+    )
+    assert code == 0 and json.loads(out) == first and "cache: 3 of 3 checkpoints" in err
+
+
+def test_the_command_writes_the_animation(run_with_checkpoints, tmp_path, capsys):
+    out_file = tmp_path / "anim.html"
+    args = (
+        "dynamics",
+        run_with_checkpoints,
+        "--samples",
+        "8",
+        "--detector-samples",
+        "4",
+        "--layer",
+        "1",
+        "--head",
+        "1",
+    )
+    code, _, err = _cli(capsys, *args, "--animate", str(out_file), "--value", "pattern")
+    assert code == 0, err
+    html = out_file.read_text()
+    assert "addFrames" in html and all(f'"name":"{s}"' in html for s in (0, 4, 8)) and "L1H1" in html
+    code, _, err = _cli(capsys, *args, "--animate", str(out_file))
+    assert code == 2 and "already exists" in err
+
+
+def test_text_windows_for_the_icl_score(tmp_path, capsys):
+    paths = _folders(tmp_path, ["step1", "step2", "step3"])
+    text = tmp_path / "digits.txt"
+    text.write_text(" ".join(str(i % 10) for i in range(400)))
+    code, out, err = _cli(capsys, "dynamics", *paths, "--text", str(text), "--length", "16", "--samples", "8", "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["steps"] == [1, 2, 3] and all(v is not None for v in res["metrics"]["icl_score"])
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (("--early", "3"), "--early takes positions A:B"),
+        (("--late", "20:30"), "must be ranges inside 0:16"),
+        (("--value", "logits"), "--value must be one of"),
+        (("--animate", "x.png"), "writes an HTML file"),
+        (("--samples", "0"), "--samples"),
+        (("--steps", "1,2"), "2 steps given for 3 models"),
+        (("--steps", "1,a,3"), "--steps takes whole numbers"),
+        (("--text", "missing.txt"), "missing.txt"),
+    ],
+)
+def test_bad_command_input_is_one_line(tmp_path, capsys, monkeypatch, extra, words):
+    monkeypatch.chdir(tmp_path)
+    paths = _folders(tmp_path, ["step1", "step2", "step3"])
+    code, out, err = _cli(capsys, "dynamics", *paths, *extra, "--json")
+    assert code == 2 and words in err and err.count("\n") == 1, err
+    assert json.loads(out)["error"]
+
+
+def test_a_series_without_a_task_needs_a_text(tmp_path, capsys):
+    paths = []
+    for i, name in enumerate(["step1", "step2"]):
+        paths.append(str(checkpoint.save(make_tiny_model(seed=i), tmp_path / name, {})))
+    code, _, err = _cli(capsys, "dynamics", *paths)
+    assert code == 2 and "give --text FILE" in err
