@@ -20,6 +20,7 @@ phase change come earlier or later?
 
     python experiments/phase_change.py            # the full run: results/phase_change.{json,md}, assets/phase_change.png
     python experiments/phase_change.py --quick    # a smoke run (1 seed, 60 steps, one strength), nothing saved
+    python experiments/phase_change.py --render experiments/results/phase_change.json   # tables and figure again
 
 Runs go to ``--jobs`` processes with one torch thread each (2 on this 2-core machine).
 """
@@ -44,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "experiments" / "results"
 FIGURE = ROOT / "assets" / "phase_change.png"
 RISE_SHARE = 0.5  # "rises inside the window": at least this share of its whole rise happens there
+MIN_RISE = 0.05  # a metric whose maximum is less than this above its first value has not risen at all
 
 
 def _init_worker(threads: int) -> None:
@@ -127,11 +129,12 @@ def _at(steps: list[int], values: list[float], step: float) -> float:
     return values[min(range(len(steps)), key=lambda i: abs(steps[i] - step))]
 
 
-def rise_share(steps: list[int], values: list[float], window: list[int]) -> float:
-    """The share of a metric's whole rise (its maximum minus its first value) made inside the window."""
+def rise_share(steps: list[int], values: list[float], window: list[int]) -> float | None:
+    """The share of a metric's whole rise (its maximum minus its first value) made inside the
+    window (negative: it fell there); None when it never rose by :data:`MIN_RISE`."""
     total = max(values) - values[0]
     inside = _at(steps, values, window[1]) - _at(steps, values, window[0])
-    return inside / total if total > 0 else math.nan
+    return inside / total if total >= MIN_RISE else None
 
 
 def judge(r: dict) -> dict:
@@ -139,18 +142,21 @@ def judge(r: dict) -> dict:
     pc = r["phase"]
     if pc is None:
         return {"phase_step": None, "window": None, "pm_share": None, "kc_share": None, "icl_fall": None,
-                "pm_rises": False, "kc_rises": False}  # fmt: skip
+                "pm_rises": False, "kc_rises": False, "pm_ends": None, "kc_ends": None}  # fmt: skip
     steps, w = r["steps_measured"], pc["window"]
     pm, kc = rise_share(steps, r["prefix_matching_l1"], w), rise_share(steps, r["k_composition_prev"], w)
     fall = _at(steps, r["icl"], w[0]) - _at(steps, r["icl"], w[1])
+    ends = {k: [_at(steps, r[k], w[0]), _at(steps, r[k], w[1])] for k in ("prefix_matching_l1", "k_composition_prev")}
     return {
         "phase_step": pc["step"],
         "window": w,
         "pm_share": pm,
         "kc_share": kc,
         "icl_fall": fall,
-        "pm_rises": bool(pm >= RISE_SHARE),
-        "kc_rises": bool(kc >= RISE_SHARE),
+        "pm_rises": pm is not None and pm >= RISE_SHARE,
+        "kc_rises": kc is not None and kc >= RISE_SHARE,
+        "pm_ends": ends["prefix_matching_l1"],
+        "kc_ends": ends["k_composition_prev"],
     }
 
 
@@ -158,18 +164,26 @@ def _fmt(v, spec: str = ".2f") -> str:
     return "—" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)
 
 
+def _move(ends, share) -> str:
+    """``0.06 → 0.78 (0.93 of its rise)`` for a metric across the window."""
+    if ends is None:
+        return "—"
+    part = "never rose" if share is None else f"{share:.2f} of its rise"
+    return f"{ends[0]:.2f} → {ends[1]:.2f} ({part})"
+
+
 def table(rows: list[dict]) -> str:
     lines = [
-        "| λ (entropy@L1) | seed | phase change step | window | ICL fall in window (nats) | L1 prefix matching: share of its rise in window | K-comp from prev-token head: share in window | final accuracy |",
-        "|---:|---:|---:|---|---:|---:|---:|---:|",
+        "| λ (entropy@L1) | seed | phase change step | window | ICL fall in window (nats) | layer-1 prefix matching across the window | K-composition from the previous-token head across the window | final accuracy |",
+        "|---:|---:|---:|---|---:|---|---|---:|",
     ]
     for r in rows:
         mark = lambda ok: " ✔" if ok else ""  # noqa: E731
         window = "—" if r["window"] is None else f"{r['window'][0]}–{r['window'][1]}"
         lines.append(
             f"| {r['lambda']:g} | {r['seed']} | {_fmt(r['phase_step'], 'd')} | {window} | {_fmt(r['icl_fall'])} | "
-            f"{_fmt(r['pm_share'])}{mark(r['pm_rises'])} | {_fmt(r['kc_share'])}{mark(r['kc_rises'])} "
-            f"({r['previous_token_head']}) | {r['accuracy']:.4f} |"
+            f"{_move(r['pm_ends'], r['pm_share'])}{mark(r['pm_rises'])} | "
+            f"{r['previous_token_head']}: {_move(r['kc_ends'], r['kc_share'])}{mark(r['kc_rises'])} | {r['accuracy']:.4f} |"
         )
     return "\n".join(lines)
 
@@ -244,7 +258,13 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=256, help="held-out sequences every checkpoint is measured on")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--quick", action="store_true", help="1 seed, 60 steps, one strength; nothing saved")
+    ap.add_argument("--render", type=Path, help="only redo the tables and the figure from a saved phase_change.json")
     args = ap.parse_args()
+    if args.render:
+        saved = json.loads(args.render.read_text())
+        rows = [{**r, **judge(r)} for r in saved["rows"]]
+        save(rows, saved["meta"])
+        return
     if args.quick:
         args.seeds, args.lambdas, args.steps, args.samples = 1, [1.0], 60, 32
     if args.seeds < 1 or args.steps < 20 or any(l <= 0 for l in args.lambdas):
@@ -282,17 +302,28 @@ def main() -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, 1 thread per process",
         "command": " ".join(["python experiments/phase_change.py", *sys.argv[1:]]),
     }
-    md = "\n\n".join([
+    save(rows, meta, quick=args.quick)
+
+
+def markdown(rows: list[dict], meta: dict) -> str:
+    return "\n\n".join([
         "# The induction-head phase change on induction-2l (issue 23)",
-        f"Measured {meta['created']} on {meta['machine']}, {args.jobs} processes; {wall / 60:.1f} min in all "
-        f"(load average {load_before[0]:.1f} before, {meta['load_average_after'][0]:.1f} after). "
+        f"Measured {meta['created']} on {meta['machine']}, {meta['jobs']} processes; {meta['wall_s'] / 60:.1f} min in "
+        f"all (load average {meta['load_average_before'][0]:.1f} before, {meta['load_average_after'][0]:.1f} after). "
         f"Reproduce: `{meta['command']}`.",
+        f"A metric *rises in the window* (✔) when at least {RISE_SHARE:g} of its whole rise over training (its "
+        f"maximum minus its first value) happens between the window's first and last step; a negative share "
+        f"means it fell there; *never rose*: its maximum is less than {MIN_RISE:g} above its first value.",
         summary_table(rows),
         table(rows),
     ])  # fmt: skip
+
+
+def save(rows: list[dict], meta: dict, quick: bool = False) -> None:
+    md = markdown(rows, meta)
     print()
     print(md)
-    if args.quick:
+    if quick:
         return
     RESULTS.mkdir(parents=True, exist_ok=True)
     for name, text in (
@@ -306,7 +337,7 @@ def main() -> None:
 
     FIGURE.parent.mkdir(parents=True, exist_ok=True)
     FIGURE.write_bytes(export_bytes(figure(rows), "png", width=1100, height=900))
-    print(f"saved {RESULTS / 'phase_change.md'}, {RESULTS / 'phase_change.json'} and {FIGURE} ({wall / 60:.1f} min)")
+    print(f"saved {RESULTS / 'phase_change.md'}, {RESULTS / 'phase_change.json'} and {FIGURE}")
 
 
 if __name__ == "__main__":
