@@ -30,6 +30,7 @@ from attn_core import limits
 from attn_core.card import Card
 from attn_core.destinations import remove_stale_tmp, tmp_prefix
 from attn_core.model import ModelConfig, Transformer
+from attn_core.model.rotary import inverse_frequencies
 from attn_core.tasks import TASKS, Task
 from attn_core.validate import is_int
 
@@ -308,7 +309,10 @@ def read_config_bytes(data: bytes) -> ModelConfig:
 
 def _config_from_dict(raw) -> ModelConfig:
     try:
-        return ModelConfig.from_dict(raw)
+        cfg = ModelConfig.from_dict(raw)
+        if cfg.positional == "rotary":
+            inverse_frequencies(cfg)  # finite and positive, or refused before any weight is read
+        return cfg
     except (TypeError, ValueError) as e:
         raise CheckpointError(str(e)) from None
 
