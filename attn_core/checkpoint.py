@@ -28,7 +28,7 @@ from safetensors.torch import save as st_save_bytes
 
 from attn_core import limits
 from attn_core.card import Card
-from attn_core.destinations import remove_stale_tmp, tmp_prefix
+from attn_core.destinations import check_not_shipped, remove_stale_tmp, tmp_prefix
 from attn_core.model import ModelConfig, Transformer
 from attn_core.model.rotary import inverse_frequencies
 from attn_core.tasks import TASKS, Task
@@ -365,6 +365,10 @@ def save(model: Transformer, folder: str | Path, card: Card | dict | None = None
     next save of the same folder (and by the run store) as soon as its process is gone."""
     folder = Path(folder)
     card = Card.from_dict(card)  # a plain dict is checked against the schema
+    try:
+        check_not_shipped(folder, "the destination")  # never into the shipped zoo or inside a model
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
     if folder.exists() and not overwrite:
         raise CheckpointError(f"{folder} already exists; choose a new folder (nothing was overwritten)")
     folder.parent.mkdir(parents=True, exist_ok=True)
