@@ -138,3 +138,26 @@ def test_heatmaps_default_length_fits_the_limits_for_a_huge_context(save_model):
     at.query_params["length"] = str(2**20)
     at.run()
     assert not at.exception and not at.error  # the URL's length is out of range: the default is used
+
+
+@pytest.mark.parametrize("which", ["panics", "backtracks"])
+def test_heatmaps_typed_text_through_a_hostile_tokenizer_is_one_message(tmp_path, monkeypatch, which):
+    from tests.unit.test_hostile_models import PANIC_PATTERN, PANIC_TEXT, SLOW_PATTERN, SLOW_TEXT, _with_tokenizer
+
+    pattern, text, message = {
+        "panics": (PANIC_PATTERN, PANIC_TEXT, "tokenizing the text failed"),
+        "backtracks": (SLOW_PATTERN, SLOW_TEXT, "took longer than 5 s, the limit"),
+    }[which]
+    src = tmp_path / "src"
+    write_tiny_hf(src, "llama", num_key_value_heads=2)
+    _with_tokenizer(src, tmp_path / "models" / "evil", pattern)
+    monkeypatch.setenv("ATTN_LAB_MODELS", str(tmp_path / "models"))
+    at = AppTest.from_file(HEATMAPS, default_timeout=90)
+    at.query_params["model"] = "evil"
+    at.query_params["input"] = "typed"
+    at.run()
+    assert not at.exception
+    at.text_input(key="typed_text").set_value(text).run()
+    assert not at.exception
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and message in errors[0], errors

@@ -363,3 +363,66 @@ def test_a_rope_factor_of_1e_300_is_refused_at_load_in_either_format(mistral, tm
     (ours / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="not finite and positive"):
         resolve(ours)
+
+
+# --- tokenizers: bounded in time, panics as one line -------------------------------------------------
+
+# (a|aa)+ backtracks on each run of a's before it fails; 32 a's stay under Oniguruma's retry limit
+# (no panic), so the text below costs seconds per segment, minutes in all: only the time bound ends it
+SLOW_PATTERN, SLOW_TEXT = r"(?:(?:a|aa)+c)|b", ("a" * 32 + "b") * 600
+PANIC_PATTERN, PANIC_TEXT = r"(a+)+$", "a" * 41 + "!"  # beyond the retry limit: the library panics
+
+
+def _with_tokenizer(src: Path, dst: Path, pattern: str) -> Path:
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+    folder = _copy(src, dst)
+    vocab = {w: i for i, w in enumerate(["[UNK]", "a", "b", "aa", "c"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
+    (folder / "tokenizer.json").write_text(tok.to_str())
+    return folder
+
+
+def test_tokenizing_is_bounded_in_time_and_a_panic_is_one_sentence(mistral, tmp_path):
+    from attn_core.hf.tokenizer import encode, load_tokenizer
+    from attn_core.limits import LimitError
+
+    slow = load_tokenizer(_with_tokenizer(mistral, tmp_path / "slow", SLOW_PATTERN))
+    with pytest.raises(LimitError, match="tokenizing the text took longer than 0.5 s, the limit") as e:
+        encode(slow, SLOW_TEXT, timeout_s=0.5)
+    assert "pre-tokenizer" in one_line(e)
+    sane = slow.encode("ab aab", add_special_tokens=False).ids
+    assert encode(slow, "ab aab") == sane and 2 in sane  # a sane text through the same tokenizer, in time
+    panics = load_tokenizer(_with_tokenizer(mistral, tmp_path / "panic", PANIC_PATTERN))
+    with pytest.raises(CheckpointError, match="tokenizer.json: tokenizing the text failed .*retry-limit") as e:
+        encode(panics, PANIC_TEXT)
+    one_line(e)
+
+
+@pytest.mark.parametrize(
+    "pattern, text, message, kind",
+    [
+        (SLOW_PATTERN, SLOW_TEXT, "tokenizing the text took longer than 5 s, the limit", "limit"),
+        (PANIC_PATTERN, PANIC_TEXT, "tokenizer.json: tokenizing the text failed (Onig: Regex search error", "model"),
+    ],
+    ids=["backtracks", "panics"],
+)
+def test_cli_tokenizing_hostile_text_is_one_line(mistral, tmp_path, pattern, text, message, kind):
+    import subprocess
+    import sys
+
+    folder = _with_tokenizer(mistral, tmp_path / "m", pattern)
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-m", "attn_core", "scores", str(folder), "--tokens", text, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root), "RUST_BACKTRACE": "1"},
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "panicked" not in proc.stderr and "Traceback" not in proc.stderr
+    assert message in proc.stderr
+    assert json.loads(proc.stdout)["kind"] == kind
