@@ -426,3 +426,73 @@ def test_cli_tokenizing_hostile_text_is_one_line(mistral, tmp_path, pattern, tex
     assert proc.stderr.count("\n") == 1 and "panicked" not in proc.stderr and "Traceback" not in proc.stderr
     assert message in proc.stderr
     assert json.loads(proc.stdout)["kind"] == kind
+
+
+# --- refusals, not internal errors ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "field, text, message",
+    [
+        ("n_embd", "1e400", "n_embd must be an integer, got inf (not a finite number)"),
+        ("activation_function", '["gelu"]', "activation ['gelu'] is not supported"),
+    ],
+)
+def test_cli_config_of_the_wrong_type_is_a_refusal(tmp_path, field, text, message):
+    from typer.testing import CliRunner
+
+    from attn_core.cli import app
+
+    write_tiny_gpt2(tmp_path)
+    config = tmp_path / "config.json"
+    raw = json.loads(config.read_text())
+    raw[field] = "@@"
+    config.write_text(json.dumps(raw).replace('"@@"', text))  # JSON's 1e400, not Python's
+    res = CliRunner().invoke(app, ["scores", str(tmp_path), "--json"])
+    assert res.exit_code == 2, res.output
+    assert json.loads(res.stdout) == {"error": res.stderr.strip().removeprefix("error: "), "kind": "model"}
+    assert message in res.stderr
+
+
+def test_heads_on_a_large_vocabulary_under_a_memory_cap_is_a_refusal(tmp_path):
+    """A vocabulary of 2^18 tokens: 32 x 64 logits need 2 GiB. Under ``ulimit -v`` (RLIMIT_AS) the
+    machine's free memory is not what the process can have: refused by the memory check (it was
+    "can't allocate 2147483648 bytes", exit 1)."""
+    import resource
+    import subprocess
+    import sys
+
+    from attn_core import checkpoint
+
+    checkpoint.save(make_tiny_model(d_vocab=2**18, n_ctx=64), tmp_path / "big-vocab", card={})
+    root = Path(__file__).resolve().parents[2]
+    cap = 3 * 2**30
+
+    def capped():
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "attn_core", "heads", str(tmp_path / "big-vocab"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"},
+        preexec_fn=capped,
+    )
+    assert proc.returncode == 2, proc.stderr
+    err = json.loads(proc.stdout)
+    assert err["kind"] == "limit" and "needs about 2 GiB of memory; the limit is" in err["error"], err
+
+
+def test_an_allocation_that_fails_anyway_is_one_limit_line():
+    from attn_core.cli.common import out_of_memory
+
+    torch_says = RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+        "you tried to allocate 2147483648 bytes. Error code 12 (Cannot allocate memory)"
+    )
+    assert (
+        out_of_memory(torch_says)
+        == "not enough memory: an allocation of 2 GiB failed (a memory cap?); use smaller sizes"
+    )
