@@ -155,9 +155,11 @@ class Trainer:
         logits with the second batch is the task's loss, bit for bit, without a sync."""
         cpu = self.task.sample(self.cfg.batch_size, self.data)
         index = cpu.mask.flatten().nonzero().squeeze(1)
-        if self.device.type == "cuda":  # pinned + non-blocking: a pageable copy waits for the stream
+        if self.device.type != "cpu":  # CUDA: pinned + non-blocking, a pageable copy waits for the stream
+            cuda = self.device.type == "cuda"
             tokens, targets, mask, index = (
-                t.pin_memory().to(self.device, non_blocking=True) for t in (cpu.tokens, cpu.targets, cpu.mask, index)
+                (t.pin_memory() if cuda else t).to(self.device, non_blocking=cuda)
+                for t in (cpu.tokens, cpu.targets, cpu.mask, index)
             )
         else:
             tokens, targets, mask = cpu.tokens, cpu.targets, cpu.mask
