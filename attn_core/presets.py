@@ -110,6 +110,7 @@ def train_preset(
     overwrite: bool = False,
     command: str = "",
     precision: str | None = None,
+    compile: bool | None = None,
 ) -> dict:
     """Train a preset, measure it on 512 held-out samples and (if ``out``) save model + card;
     returns the card as written (``Card.to_dict``)."""
@@ -117,7 +118,13 @@ def train_preset(
     cfg = preset.train
     overrides = {
         k: v
-        for k, v in (("steps", steps), ("seed", seed), ("device", device), ("precision", precision))
+        for k, v in (
+            ("steps", steps),
+            ("seed", seed),
+            ("device", device),
+            ("precision", precision),
+            ("compile", compile),
+        )
         if v is not None
     }
     cfg = replace(cfg, **overrides)

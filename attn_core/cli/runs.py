@@ -82,6 +82,12 @@ def retrain_cmd(
         "(default: 1 on CPU, 25 on CUDA); the NaN guard checks "
         "them there and keeps the last good weights.",
     ),
+    compile: bool = typer.Option(
+        default(JobConfig, "compile"),
+        "--compile/--no-compile",
+        help="torch.compile the training step (CUDA graphs on CUDA; compiling takes a while, "
+        "then each step is faster). Falls back to the eager step if it cannot compile.",
+    ),
     as_json: bool = JsonOpt,
 ):
     """Fine-tune a model with concentration regularizers; the run is saved in the run store.
@@ -102,6 +108,7 @@ def retrain_cmd(
         device=device,
         precision=precision,
         sync_every=sync_every,
+        compile=compile,
     )
     with sigint_stops(exiting=True) as ctrl_c:  # held until the command ends: a late Ctrl-C cannot cut the report
         job = TrainingJob(cfg)
