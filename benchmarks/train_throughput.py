@@ -48,6 +48,7 @@ from attn_core.tasks import get_task  # noqa: E402
 from attn_core.training.config import JobConfig, TrainConfig  # noqa: E402
 from attn_core.training.device import select_device  # noqa: E402
 from attn_core.training.job import TrainingJob  # noqa: E402
+from attn_core.training.step import compile_mode  # noqa: E402
 from attn_core.training.trainer import Trainer, init_model, make_optimizer  # noqa: E402
 from benchmarks import record  # noqa: E402
 
@@ -65,12 +66,20 @@ def bare_step(model, opt, task, cfg: TrainConfig, data, device) -> None:
 
 
 def bare(model, task, cfg: TrainConfig, device) -> float:
+    """Steps/s of the plain loop; with ``cfg.compile`` the model goes through torch.compile
+    (CUDA graphs on CUDA, as the Trainer's compiled step), the rest stays as it is."""
     model = model.to(device).train()
     opt = make_optimizer(model, cfg)
     data = torch.Generator().manual_seed(cfg.seed)
+    forward = model
+    if cfg.compile:
+        forward = torch.compile(model, mode=compile_mode(device), dynamic=False)
+    graphs = cfg.compile and compile_mode(device) == "reduce-overhead"
     start = time.perf_counter()
     for _ in range(cfg.steps):
-        bare_step(model, opt, task, cfg, data, device)
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        bare_step(forward, opt, task, cfg, data, device)
     if device.type == "cuda":
         torch.cuda.synchronize()
     return cfg.steps / (time.perf_counter() - start)
@@ -125,6 +134,7 @@ def job(source: str, cfg: TrainConfig, store: RunStore, **settings) -> tuple[flo
             warmup_steps=cfg.warmup_steps,
             precision=cfg.precision,
             sync_every=cfg.sync_every,
+            compile=cfg.compile,
             **settings,
         ),
         store=store,
