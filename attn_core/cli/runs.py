@@ -133,6 +133,7 @@ def _report(res: dict, as_json: bool) -> None:
         "status": res["status"],
         "message": res["message"],
         "steps": res["steps"],
+        "steps_per_s": res["steps_per_s"],
         "before": public(res["before"]),
         "after": public(res["after"]),
     }
