@@ -39,6 +39,7 @@ MAX_JSON_DEPTH = 64  # nesting levels of a config or card (ours use 4)
 MAX_WEIGHTS_BYTES = 512 * 2**20
 MAX_ABS_WEIGHT = 1e6  # trained weights are O(1) to O(10); beyond this, scores overflow float32
 MAX_VOCAB_BYTES = 64 * 2**20  # a vocabulary file (GPT-2's vocab.json is 1 MiB)
+MAX_HEADER_BYTES = 100 * 2**20  # a safetensors header (the library's own limit)
 
 
 class CheckpointError(ValueError):
@@ -69,12 +70,12 @@ def load_path(path: str | Path, device: str | torch.device = "cpu") -> LoadedMod
     """A model folder (``model.safetensors`` + ``config.json`` [+ ``card.json``]) or a lone
     ``.safetensors`` file whose metadata carries the config."""
     path = Path(path)
-    if path.is_dir():
-        weights = path / WEIGHTS
+    if path.is_dir():  # every file of the folder through model_file: a link leading out is refused
+        weights, config, card_file = (model_file(path, n) for n in (WEIGHTS, CONFIG, CARD))
         if not weights.is_file():
             raise CheckpointError(f"{path} has no {WEIGHTS}")
-        cfg = read_config(path / CONFIG) if (path / CONFIG).is_file() else None
-        card = read_card(path / CARD)
+        cfg = read_config(config) if config.is_file() else None
+        card = read_card(card_file)
         name = path.name
     else:
         weights, cfg, card, name = path, None, None, path.stem
@@ -93,12 +94,17 @@ def load_bytes(
 ) -> LoadedModel:
     """Validate and load safetensors bytes (a file's content or an upload)."""
     refuse_pickle(data)
+    if cfg is None:
+        cfg = _config_from_metadata(data)
+    header = _header(data)
+    if header is not None:  # names and declared shapes checked before any tensor is read
+        check_names_and_shapes(
+            cfg, {k: v.get("shape") for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+        )
     try:
         tensors = st_load_bytes(data)
     except Exception as e:  # the Rust loader raises several error types
         raise CheckpointError(f"not a readable safetensors file ({_first_line(e)}); is it truncated?") from None
-    if cfg is None:
-        cfg = _config_from_metadata(data)
     if card is None:
         meta_card = _metadata(data).get("card")
         card = Card.from_dict(
@@ -110,12 +116,13 @@ def load_bytes(
     return LoadedModel(name=name, model=model.to(device).eval(), config=cfg, card=card, key=key)
 
 
-def build_checked(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> Transformer:
-    """A model of ``cfg`` holding ``tensors``, once every name, shape and value is checked."""
+def check_names_and_shapes(cfg: ModelConfig, shapes: dict[str, object]) -> dict[str, tuple[int, ...]]:
+    """Refuse unless ``shapes`` ({tensor name: shape}, read or declared by a header) are exactly
+    the tensors of a model of ``cfg``; returns the expected shapes."""
     with torch.device("meta"):
         expected = {k: tuple(v.shape) for k, v in Transformer(cfg).state_dict().items()}
-    missing = sorted(set(expected) - set(tensors))
-    extra = sorted(set(tensors) - set(expected))
+    missing = sorted(set(expected) - set(shapes))
+    extra = sorted(set(shapes) - set(expected))
     if missing:
         raise CheckpointError(
             f"missing tensors for this config: {', '.join(missing[:5])}"
@@ -124,9 +131,18 @@ def build_checked(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> Transfo
     if extra:
         raise CheckpointError(f"unexpected tensors for this config: {', '.join(extra[:5])}")
     for k, shape in expected.items():
+        got = shapes[k]
+        if not isinstance(got, (list, tuple)) or tuple(got) != shape:
+            shown = list(got) if isinstance(got, (list, tuple)) else got
+            raise CheckpointError(f"tensor {k} has shape {shown}, the config needs {list(shape)}")
+    return expected
+
+
+def build_checked(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> Transformer:
+    """A model of ``cfg`` holding ``tensors``, once every name, shape and value is checked."""
+    expected = check_names_and_shapes(cfg, {k: tuple(t.shape) for k, t in tensors.items()})
+    for k in expected:
         t = tensors[k]
-        if tuple(t.shape) != shape:
-            raise CheckpointError(f"tensor {k} has shape {list(t.shape)}, the config needs {list(shape)}")
         if not t.is_floating_point():
             raise CheckpointError(f"tensor {k} has dtype {t.dtype}; weights must be floating point")
         # min and max in one pass, no temporary the size of the tensor (NaN or Inf shows in them)
@@ -179,8 +195,9 @@ def read_model_file(folder: str | Path, name: str, limit: int) -> bytes:
 
 
 def model_file(folder: str | Path, name: str) -> Path:
-    """Where ``name`` (given by a card, a config or an index) leads inside the model folder:
-    refused, before anything is opened, when it leads outside (see :func:`read_model_file`)."""
+    """Where ``name`` leads inside the model folder: refused, before anything is opened, when it
+    leads outside (see :func:`read_model_file`). The one rule for every file of a model folder:
+    its own config.json, card.json and weights, and the names a card, a config or an index gives."""
     if not isinstance(name, str) or not name.strip() or "\x00" in name:
         raise CheckpointError(f"{name!r} is not a file name inside the model folder")
     root = Path(folder).resolve()
@@ -296,15 +313,20 @@ def _config_from_dict(raw) -> ModelConfig:
         raise CheckpointError(str(e)) from None
 
 
-def _metadata(data: bytes) -> dict:
+def _header(data: bytes) -> dict | None:
+    """The JSON header of safetensors bytes (None when it cannot be read: the loader then says why)."""
     n = int.from_bytes(data[:8], "little")
     if n <= 0 or 8 + n > len(data):
-        return {}
+        return None
     try:
-        header = parse_json(data[8 : 8 + n], "the safetensors header")
+        header = parse_json(data[8 : 8 + n], "the safetensors header", limit=MAX_HEADER_BYTES)
     except CheckpointError:
-        return {}
-    meta = header.get("__metadata__") if isinstance(header, dict) else None
+        return None
+    return header if isinstance(header, dict) else None
+
+
+def _metadata(data: bytes) -> dict:
+    meta = (_header(data) or {}).get("__metadata__")
     return meta if isinstance(meta, dict) else {}
 
 

@@ -18,6 +18,7 @@ import torch
 from attn_core.card import Card
 from attn_core.checkpoint import CheckpointError, LoadedModel, build_checked
 from attn_core.hf.config import activation
+from attn_core.hf.folder import check_shape
 from attn_core.model import ModelConfig
 
 IMPORTED = "Imported from a Hugging Face checkpoint; no synthetic task."
@@ -58,9 +59,10 @@ def convert_state_dict(sd: dict[str, torch.Tensor], hf: dict) -> tuple[ModelConf
     cfg = model_config(hf)
     sd = {k.removeprefix("transformer."): v for k, v in sd.items()}
 
-    def get(name: str) -> torch.Tensor:
+    def get(name: str, shape: tuple[int, ...]) -> torch.Tensor:
         if name not in sd:
             raise CheckpointError(f"the GPT-2 checkpoint lacks tensor {name!r}")
+        check_shape(name, sd[name].shape, shape)
         return sd[name].float()
 
     return cfg, convert(cfg, hf, get, sd.__contains__)
@@ -68,9 +70,10 @@ def convert_state_dict(sd: dict[str, torch.Tensor], hf: dict) -> tuple[ModelConf
 
 def convert(cfg: ModelConfig, hf: dict, get, has) -> dict[str, torch.Tensor]:
     """Our tensors from GPT-2's, read by name (without the ``transformer.`` prefix) with
-    ``get(name)`` (float32); ``has(name)`` says whether the file holds a tensor."""
-    d, h, dh = cfg.d_model, cfg.n_heads, cfg.d_head
-    out = {"embed.W_E": get("wte.weight"), "pos_embed.W_pos": get("wpe.weight")}
+    ``get(name, shape)`` (float32, its shape checked against the config's); ``has(name)`` says
+    whether the file holds a tensor."""
+    d, h, dh, f, V = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_mlp, cfg.d_vocab
+    out = {"embed.W_E": get("wte.weight", (V, d)), "pos_embed.W_pos": get("wpe.weight", (cfg.n_ctx, d))}
     for l in range(cfg.n_layers):
         p, q = f"h.{l}.", f"blocks.{l}."
         # Scores are q k^T * c: c = 1/sqrt(dh) normally; our model applies 1/sqrt(dh) itself,
@@ -79,33 +82,34 @@ def convert(cfg: ModelConfig, hf: dict, get, has) -> dict[str, torch.Tensor]:
         if hf.get("scale_attn_by_inverse_layer_idx"):
             c /= l + 1
         fold = c * math.sqrt(dh)
-        W, b = get(p + "attn.c_attn.weight"), get(p + "attn.c_attn.bias")  # [d, 3d], [3d]
+        W, b = get(p + "attn.c_attn.weight", (d, 3 * d)), get(p + "attn.c_attn.bias", (3 * d,))
         W_Q, W_K, W_V = (w.reshape(d, h, dh).permute(1, 0, 2) for w in W.split(d, dim=1))  # [h, d, dh]
         b_Q, b_K, b_V = (v.reshape(h, dh) for v in b.split(d))
         out.update(
             {
-                q + "ln1.w": get(p + "ln_1.weight"),
-                q + "ln1.b": get(p + "ln_1.bias"),
+                q + "ln1.w": get(p + "ln_1.weight", (d,)),
+                q + "ln1.b": get(p + "ln_1.bias", (d,)),
                 q + "attn.W_Q": W_Q * fold,
                 q + "attn.W_K": W_K,
                 q + "attn.W_V": W_V,
                 q + "attn.b_Q": b_Q * fold,
                 q + "attn.b_K": b_K,
                 q + "attn.b_V": b_V,
-                q + "attn.W_O": get(p + "attn.c_proj.weight").reshape(h, dh, d),
-                q + "attn.b_O": get(p + "attn.c_proj.bias"),
-                q + "ln2.w": get(p + "ln_2.weight"),
-                q + "ln2.b": get(p + "ln_2.bias"),
-                q + "mlp.W_in": get(p + "mlp.c_fc.weight"),
-                q + "mlp.b_in": get(p + "mlp.c_fc.bias"),
-                q + "mlp.W_out": get(p + "mlp.c_proj.weight"),
-                q + "mlp.b_out": get(p + "mlp.c_proj.bias"),
+                q + "attn.W_O": get(p + "attn.c_proj.weight", (d, d)).reshape(h, dh, d),
+                q + "attn.b_O": get(p + "attn.c_proj.bias", (d,)),
+                q + "ln2.w": get(p + "ln_2.weight", (d,)),
+                q + "ln2.b": get(p + "ln_2.bias", (d,)),
+                q + "mlp.W_in": get(p + "mlp.c_fc.weight", (d, f)),
+                q + "mlp.b_in": get(p + "mlp.c_fc.bias", (f,)),
+                q + "mlp.W_out": get(p + "mlp.c_proj.weight", (f, d)),
+                q + "mlp.b_out": get(p + "mlp.c_proj.bias", (d,)),
             }
         )
-    out["ln_final.w"], out["ln_final.b"] = get("ln_f.weight"), get("ln_f.bias")
-    W_U = get("lm_head.weight") if has("lm_head.weight") else out["embed.W_E"]  # tied unless the file has its own
+    out["ln_final.w"], out["ln_final.b"] = get("ln_f.weight", (d,)), get("ln_f.bias", (d,))
+    # tied unless the file has its own
+    W_U = get("lm_head.weight", (V, d)) if has("lm_head.weight") else out["embed.W_E"]
     out["unembed.W_U"] = W_U.T.contiguous()
-    out["unembed.b_U"] = torch.zeros(cfg.d_vocab)
+    out["unembed.b_U"] = torch.zeros(V)
     return {k: v.contiguous() for k, v in out.items()}
 
 
