@@ -171,7 +171,8 @@ class Trainer:
         callbacks (see the class)."""
         started = time.perf_counter()
         batch, scored = self._batch()
-        cache: dict | None = {} if self.penalty is not None else None
+        # the activations the penalty reads (a ConcentrationPenalty's cache() keeps only its Q and K)
+        cache: dict | None = getattr(self.penalty, "cache", dict)() if self.penalty is not None else None
         with autocast(self.device, self.autocast):
             logits = self.model(batch.tokens, cache=cache).flatten(0, 1)
             task_loss = self.task.loss(logits, scored)
