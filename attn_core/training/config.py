@@ -35,6 +35,7 @@ class TrainConfig:
     device: str = "auto"
     precision: str = "fp32"
     sync_every: int | None = None  # None: 1 on CPU, SYNC_EVERY_CUDA on CUDA
+    compile: bool = False  # torch.compile the step (CUDA graphs on CUDA), see training.step
 
     def __post_init__(self) -> None:
         def ok(cond: bool, msg: str) -> None:
@@ -63,6 +64,7 @@ class TrainConfig:
         ok(count(self.seed, 0, MAX_SEED), f"seed must be an integer in 0..2^63-1, got {self.seed!r}")
         check_precision(self.precision, prefix="invalid training setting: ")
         check_sync_every(self.sync_every, prefix="invalid training setting: ")
+        ok(isinstance(self.compile, bool), f"compile must be true or false, got {self.compile!r}")
         select_device(self.device)  # raises on an unknown or unavailable device
 
     def to_dict(self) -> dict:
@@ -87,7 +89,8 @@ class JobConfig:
     ``batch_size``/``weight_decay`` default to the parent's training recipe (else 64 / 0.1);
     ``warmup_steps`` to min(100, steps // 10). ``precision`` fp32 or bf16 (autocast);
     ``sync_every`` steps between reads of the device (None: the device's default, see
-    ``device.sync_interval``; telemetry and spectrum steps are read at once)."""
+    ``device.sync_interval``; telemetry and spectrum steps are read at once); ``compile``
+    compiles the step (``training.step``)."""
 
     source: str
     regularizers: object = field(default_factory=dict)
@@ -99,6 +102,7 @@ class JobConfig:
     device: str = "auto"
     precision: str = "fp32"
     sync_every: int | None = None
+    compile: bool = False
     batch_size: int | None = None
     weight_decay: float | None = None
     warmup_steps: int | None = None
@@ -167,6 +171,7 @@ class JobConfig:
             device=self.device,
             precision=self.precision,
             sync_every=self.sync_every,
+            compile=self.compile,
             batch_size=self.batch_size if self.batch_size is not None else int(parent_train.get("batch_size", 64)),
             weight_decay=float(
                 self.weight_decay if self.weight_decay is not None else parent_train.get("weight_decay", 0.1)
@@ -199,4 +204,6 @@ class JobConfig:
             parts += ["--precision", self.precision]
         if self.sync_every is not None:
             parts += ["--sync-every", str(self.sync_every)]
+        if self.compile:
+            parts += ["--compile"]
         return " ".join(parts)
