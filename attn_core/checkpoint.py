@@ -28,8 +28,9 @@ from safetensors.torch import save as st_save_bytes
 
 from attn_core import limits
 from attn_core.card import Card
-from attn_core.destinations import remove_stale_tmp, tmp_prefix
+from attn_core.destinations import check_not_shipped, remove_stale_tmp, tmp_prefix
 from attn_core.model import ModelConfig, Transformer
+from attn_core.model.rotary import inverse_frequencies
 from attn_core.tasks import TASKS, Task
 from attn_core.validate import is_int
 
@@ -308,7 +309,10 @@ def read_config_bytes(data: bytes) -> ModelConfig:
 
 def _config_from_dict(raw) -> ModelConfig:
     try:
-        return ModelConfig.from_dict(raw)
+        cfg = ModelConfig.from_dict(raw)
+        if cfg.positional == "rotary":
+            inverse_frequencies(cfg)  # finite and positive, or refused before any weight is read
+        return cfg
     except (TypeError, ValueError) as e:
         raise CheckpointError(str(e)) from None
 
@@ -361,6 +365,10 @@ def save(model: Transformer, folder: str | Path, card: Card | dict | None = None
     next save of the same folder (and by the run store) as soon as its process is gone."""
     folder = Path(folder)
     card = Card.from_dict(card)  # a plain dict is checked against the schema
+    try:
+        check_not_shipped(folder, "the destination")  # never into the shipped zoo or inside a model
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
     if folder.exists() and not overwrite:
         raise CheckpointError(f"{folder} already exists; choose a new folder (nothing was overwritten)")
     folder.parent.mkdir(parents=True, exist_ok=True)

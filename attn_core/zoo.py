@@ -13,9 +13,10 @@ from pathlib import Path
 from attn_core import hf
 from attn_core.card import Card
 from attn_core.checkpoint import CARD, CONFIG, WEIGHTS, CheckpointError, model_file, read_card, read_config
+from attn_core.destinations import SHIPPED
 from attn_core.model import ModelConfig
 
-ZOO_DIR = Path(__file__).resolve().parent.parent / "assets" / "models"
+ZOO_DIR = SHIPPED / "models"
 ENV_DIRS = "ATTN_LAB_MODELS"
 
 

@@ -17,7 +17,7 @@ import torch
 
 from attn_core.card import Card
 from attn_core.checkpoint import CheckpointError, LoadedModel, build_checked
-from attn_core.hf.config import activation
+from attn_core.hf.config import activation, flag, integer, number
 from attn_core.hf.folder import check_shape
 from attn_core.model import ModelConfig
 
@@ -25,32 +25,35 @@ IMPORTED = "Imported from a Hugging Face checkpoint; no synthetic task."
 
 
 def model_config(hf: dict) -> ModelConfig:
-    """Our ModelConfig for a GPT-2 config dict (config.json or ``GPT2Config.to_dict()``)."""
+    """Our ModelConfig for a GPT-2 config dict (config.json or ``GPT2Config.to_dict()``); every
+    field read by type (``hf/config.py``: 32.7, "32" or 1e400 for n_embd are refused)."""
     act = activation(hf, "activation_function", "gelu_new")
     if hf.get("add_cross_attention"):
         raise CheckpointError("GPT-2 models with cross-attention are not supported")
+    d, h = integer(hf, "n_embd"), integer(hf, "n_head")
+    if h <= 0 or d % h:
+        raise CheckpointError(f"n_embd={d} is not divisible by n_head={h}")
+    for key in ("scale_attn_weights", "scale_attn_by_inverse_layer_idx"):
+        flag(hf, key, False)  # read by convert; a wrong type is refused here, before any tensor
     try:
-        d, h = int(hf["n_embd"]), int(hf["n_head"])
-        if h <= 0 or d % h:
-            raise CheckpointError(f"n_embd={d} is not divisible by n_head={h}")
         return ModelConfig(
-            n_layers=int(hf["n_layer"]),
+            n_layers=integer(hf, "n_layer"),
             n_heads=h,
             d_model=d,
             d_head=d // h,
-            d_mlp=int(hf.get("n_inner") or 4 * d),
-            n_ctx=int(hf["n_positions"]),
-            d_vocab=int(hf["vocab_size"]),
+            d_mlp=integer(hf, "n_inner", default=4 * d),
+            n_ctx=integer(hf, "n_positions"),
+            d_vocab=integer(hf, "vocab_size"),
             normalization="layernorm",
             positional="learned",
             qk="factored",
             attn_bias=True,
-            ln_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+            ln_eps=number(hf, "layer_norm_epsilon", 1e-5, hi=1.0),
             mlp_act=act,
         )
-    except KeyError as e:
-        raise CheckpointError(f"the GPT-2 config.json lacks {e.args[0]!r}") from None
     except (TypeError, ValueError) as e:
+        if isinstance(e, CheckpointError):
+            raise
         raise CheckpointError(str(e)) from None
 
 
@@ -78,8 +81,8 @@ def convert(cfg: ModelConfig, hf: dict, get, has) -> dict[str, torch.Tensor]:
         p, q = f"h.{l}.", f"blocks.{l}."
         # Scores are q k^T * c: c = 1/sqrt(dh) normally; our model applies 1/sqrt(dh) itself,
         # so any other factor goes into the query weights and bias.
-        c = 1 / math.sqrt(dh) if hf.get("scale_attn_weights", True) else 1.0
-        if hf.get("scale_attn_by_inverse_layer_idx"):
+        c = 1 / math.sqrt(dh) if flag(hf, "scale_attn_weights", True) else 1.0
+        if flag(hf, "scale_attn_by_inverse_layer_idx", False):
             c /= l + 1
         fold = c * math.sqrt(dh)
         W, b = get(p + "attn.c_attn.weight", (d, 3 * d)), get(p + "attn.c_attn.bias", (3 * d,))

@@ -17,7 +17,7 @@ import torch
 from attn_core.card import Card
 from attn_core.checkpoint import CheckpointError, LoadedModel, build_checked
 from attn_core.hf import gpt2
-from attn_core.hf.config import family, rotary_model_config
+from attn_core.hf.config import family, flag, rotary_model_config
 from attn_core.hf.families import CONVERTERS
 from attn_core.hf.folder import Tensors, check_fits, hf_config
 from attn_core.hf.tokenizer import TOKENIZER, VOCAB
@@ -47,7 +47,7 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel
     cfg = model_config(raw)
     check_fits(cfg, path.name)
     tensors = Tensors(path)
-    tied = bool(raw.get("tie_word_embeddings", kind == "gpt2"))
+    tied = flag(raw, "tie_word_embeddings", kind == "gpt2")
     prefix = PREFIXES[kind]
 
     def name(n: str) -> str:  # the file's own spelling: with or without the family's prefix

@@ -257,3 +257,109 @@ def test_our_format_checks_declared_shapes_before_reading(tmp_path):
     with pytest.raises(CheckpointError, match=r"tensor embed.W_E has shape \[50000000, 16\], the config needs") as e:
         checkpoint.load_bytes(lying)
     one_line(e)
+
+
+# --- config fields: types, both spellings, rotary frequencies ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gpt2_config(tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("gpt2")
+    write_tiny_gpt2(folder)
+    return json.loads((folder / "config.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def mistral_config(mistral) -> dict:
+    return json.loads((mistral / "config.json").read_text())
+
+
+GPT2_BAD = [
+    ({"n_embd": 32.7}, "n_embd must be an integer, got 32.7"),
+    ({"n_embd": "32"}, "n_embd must be an integer, got '32'"),
+    ({"n_embd": float("inf")}, "n_embd must be an integer, got inf (not a finite number)"),  # JSON 1e400
+    ({"n_layer": True}, "n_layer must be an integer, got True"),
+    ({"activation_function": ["gelu"]}, "activation ['gelu'] is not supported"),
+    ({"layer_norm_epsilon": "1e-5"}, "layer_norm_epsilon must be a finite number"),
+    ({"scale_attn_weights": "no"}, "scale_attn_weights must be true or false, got 'no'"),
+]
+ROTARY_BAD = [
+    ({"layer_types": ["sliding_attention", {"x": 1}]}, "layer_types holds {'x': 1}"),
+    ({"layer_types": ["sliding_attention"]}, "layer_types must list one of"),
+    ({"sliding_window": True}, "sliding_window must be an integer, got True"),
+    ({"rope_parameters": ["linear", 2.0]}, "rope_parameters must be a JSON object (or null), got list"),
+    ({"rope_parameters": "linear"}, "rope_parameters must be a JSON object (or null), got str"),
+    ({"rope_scaling": [1, 2]}, "rope_scaling must be a JSON object (or null), got list"),
+    ({"rope_scaling": "linear"}, "rope_scaling must be a JSON object (or null), got str"),
+    ({"attention_bias": "false"}, "attention_bias must be true or false"),
+    ({"num_key_value_heads": 1.0}, "num_key_value_heads must be an integer, got 1.0"),
+    (
+        {"rope_theta": 5e5},
+        "gives the rope base twice and they disagree: rope_parameters.rope_theta = 10000.0 and rope_theta = 500000.0",
+    ),
+    (
+        {"rope_scaling": {"type": "linear", "factor": 2.0}},
+        "gives the rope scaling twice and they disagree: rope_parameters = None and rope_scaling = {'type': 'linear'",
+    ),
+    (
+        {"rope_parameters": {"rope_type": "linear", "factor": 1e-300, "rope_theta": 10000.0}},
+        "gives rotary frequencies that are not finite and positive",
+    ),
+    (
+        {"rope_parameters": None, "rope_scaling": {"type": "linear", "factor": 1e-300}},
+        "gives rotary frequencies that are not finite and positive",
+    ),
+    (
+        {"rope_parameters": {"rope_type": "linear", "factor": "2"}},
+        "rope_parameters factor must be a finite number",
+    ),
+]
+
+
+@pytest.mark.parametrize("change, message", GPT2_BAD, ids=[next(iter(c)) + str(i) for i, (c, _) in enumerate(GPT2_BAD)])
+def test_gpt2_config_fields_of_the_wrong_type_are_refused(gpt2_config, change, message):
+    from attn_core.hf import model_config
+
+    with pytest.raises(CheckpointError) as e:
+        model_config({**gpt2_config, **change})
+    assert message in one_line(e)
+
+
+@pytest.mark.parametrize(
+    "change, message", ROTARY_BAD, ids=[next(iter(c)) + str(i) for i, (c, _) in enumerate(ROTARY_BAD)]
+)
+def test_rotary_config_fields_are_refused_not_coerced_or_dropped(mistral_config, change, message):
+    from attn_core.hf import model_config
+
+    with pytest.raises(CheckpointError) as e:
+        model_config({**mistral_config, **change})
+    assert message in one_line(e)
+
+
+def test_both_spellings_that_agree_are_one_model(mistral_config):
+    from attn_core.hf import model_config
+
+    both = {**mistral_config, "rope_theta": 10000, "rope_scaling": None, "layer_types": ["sliding_attention"] * 2}
+    assert model_config(both) == model_config(mistral_config)
+    one_full = {**mistral_config, "layer_types": ["full_attention", "sliding_attention"]}
+    assert model_config(one_full).sliding_window == [0, WINDOW]
+
+
+def test_a_rope_factor_of_1e_300_is_refused_at_load_in_either_format(mistral, tmp_path):
+    """No null scores, no 'plane 0 (omega inf)', no svd crash on the Spectrum page: the model does not load."""
+    folder = _copy(mistral, tmp_path / "hf")
+    raw = json.loads((folder / "config.json").read_text())
+    raw["rope_parameters"] = {"rope_type": "linear", "factor": 1e-300, "rope_theta": 10000.0}
+    (folder / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(CheckpointError, match="not finite and positive") as e:
+        resolve(folder)
+    one_line(e)
+    from attn_core import checkpoint
+
+    ours = tmp_path / "ours"
+    checkpoint.save(make_tiny_model(positional="rotary", rope_scaling={"type": "linear", "factor": 2.0}), ours)
+    cfg = json.loads((ours / "config.json").read_text())
+    cfg["rope_scaling"]["factor"] = 1e-300
+    (ours / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="not finite and positive"):
+        resolve(ours)
