@@ -140,21 +140,21 @@ def _report(res: dict, as_json: bool) -> None:
 
 
 def _run_with_bar(job, name: str, steps: int) -> None:
-    """Train in the job's thread while a progress bar follows its snapshots."""
-    from tqdm import tqdm
+    """Train in the job's thread while a progress bar (lines when stderr is not a terminal)
+    follows its snapshots."""
+    from attn_core.progress import Progress
 
     job.start()
-    bar = tqdm(total=steps, desc=f"retrain {name}", unit="step")
+    bar = Progress(steps, f"retrain {name}", unit="step")
     try:
         while not job.join(0.25):
             snap = job.snapshot()
-            bar.update(snap.step - bar.n)
+            note = None
             if "task_loss" in snap.latest:
-                bar.set_postfix(
-                    loss=f"{snap.latest['task_loss']:.3g}", H=f"{snap.latest.get('entropy_data', float('nan')):.3f}"
-                )
+                note = f"loss={snap.latest['task_loss']:.3g} H={snap.latest.get('entropy_data', float('nan')):.3f}"
+            bar.set(snap.step, note)
     finally:
-        bar.update(job.snapshot().step - bar.n)
+        bar.set(job.snapshot().step)
         bar.close()
 
 
