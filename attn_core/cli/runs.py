@@ -8,6 +8,7 @@ import json
 import typer
 
 from attn_core.card import MEASURE_KEYS, public
+from attn_core.cli import dynamics as dyn
 from attn_core.cli.common import JsonOpt, emit, guarded, table
 from attn_core.regularizers import REGULARIZERS
 from attn_core.training.config import JobConfig
@@ -82,6 +83,11 @@ def retrain_cmd(
         "(default: 1 on CPU, 25 on CUDA); the NaN guard checks "
         "them there and keeps the last good weights.",
     ),
+    checkpoint_every: int | None = dyn.EveryOpt,
+    checkpoint_log: int | None = dyn.LogOpt,
+    checkpoint_steps: str | None = dyn.StepsOpt,
+    checkpoint_params: str = dyn.ParamsOpt,
+    checkpoint_max_mb: float | None = dyn.MaxMbOpt,
     as_json: bool = JsonOpt,
 ):
     """Fine-tune a model with concentration regularizers; the run is saved in the run store.
@@ -102,9 +108,14 @@ def retrain_cmd(
         device=device,
         precision=precision,
         sync_every=sync_every,
+        **dyn.checkpoint_settings(
+            checkpoint_every, checkpoint_log, checkpoint_steps, checkpoint_params, checkpoint_max_mb
+        ),
     )
     with sigint_stops(exiting=True) as ctrl_c:  # held until the command ends: a late Ctrl-C cannot cut the report
         job = TrainingJob(cfg)
+        if job.checkpoints is not None:  # the disk they take, before training
+            dyn.say(job.checkpoints.statement(job.model) + "; in the run's folder")
         if ctrl_c.is_set():
             typer.echo("interrupted before training began; nothing was saved", err=True)
             raise typer.Exit(SIGINT_EXIT)
