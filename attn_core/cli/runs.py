@@ -8,6 +8,7 @@ import json
 import typer
 
 from attn_core.card import MEASURE_KEYS, public
+from attn_core.cli import dynamics as dyn
 from attn_core.cli.common import JsonOpt, emit, guarded, table
 from attn_core.regularizers import REGULARIZERS
 from attn_core.training.config import JobConfig
@@ -88,6 +89,11 @@ def retrain_cmd(
         help="torch.compile the training step (CUDA graphs on CUDA; compiling takes a while, "
         "then each step is faster). Falls back to the eager step if it cannot compile.",
     ),
+    checkpoint_every: int | None = dyn.EveryOpt,
+    checkpoint_log: int | None = dyn.LogOpt,
+    checkpoint_steps: str | None = dyn.StepsOpt,
+    checkpoint_params: str = dyn.ParamsOpt,
+    checkpoint_max_mb: float | None = dyn.MaxMbOpt,
     as_json: bool = JsonOpt,
 ):
     """Fine-tune a model with concentration regularizers; the run is saved in the run store.
@@ -109,9 +115,14 @@ def retrain_cmd(
         precision=precision,
         sync_every=sync_every,
         compile=compile,
+        **dyn.checkpoint_settings(
+            checkpoint_every, checkpoint_log, checkpoint_steps, checkpoint_params, checkpoint_max_mb
+        ),
     )
     with sigint_stops(exiting=True) as ctrl_c:  # held until the command ends: a late Ctrl-C cannot cut the report
         job = TrainingJob(cfg)
+        if job.checkpoints is not None:  # the disk they take, before training
+            dyn.say(job.checkpoints.statement(job.model) + "; in the run's folder")
         if ctrl_c.is_set():
             typer.echo("interrupted before training began; nothing was saved", err=True)
             raise typer.Exit(SIGINT_EXIT)
@@ -148,21 +159,21 @@ def _report(res: dict, as_json: bool) -> None:
 
 
 def _run_with_bar(job, name: str, steps: int) -> None:
-    """Train in the job's thread while a progress bar follows its snapshots."""
-    from tqdm import tqdm
+    """Train in the job's thread while a progress bar (lines when stderr is not a terminal)
+    follows its snapshots."""
+    from attn_core.progress import Progress
 
     job.start()
-    bar = tqdm(total=steps, desc=f"retrain {name}", unit="step")
+    bar = Progress(steps, f"retrain {name}", unit="step")
     try:
         while not job.join(0.25):
             snap = job.snapshot()
-            bar.update(snap.step - bar.n)
+            note = None
             if "task_loss" in snap.latest:
-                bar.set_postfix(
-                    loss=f"{snap.latest['task_loss']:.3g}", H=f"{snap.latest.get('entropy_data', float('nan')):.3f}"
-                )
+                note = f"loss={snap.latest['task_loss']:.3g} H={snap.latest.get('entropy_data', float('nan')):.3f}"
+            bar.set(snap.step, note)
     finally:
-        bar.update(job.snapshot().step - bar.n)
+        bar.set(job.snapshot().step)
         bar.close()
 
 

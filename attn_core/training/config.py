@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from attn_core import regularizers as R
 from attn_core.limits import MAX_SAMPLES, MAX_STEPS
+from attn_core.training.checkpoints import CheckpointPlan
 from attn_core.training.device import check_precision, check_sync_every, select_device
 from attn_core.validate import MAX_SEED, check, is_int, is_number
 
@@ -90,7 +91,10 @@ class JobConfig:
     ``warmup_steps`` to min(100, steps // 10). ``precision`` fp32 or bf16 (autocast);
     ``sync_every`` steps between reads of the device (None: the device's default, see
     ``device.sync_interval``; telemetry and spectrum steps are read at once); ``compile``
-    compiles the step (``training.step``)."""
+    compiles the step (``training.step``).
+    ``checkpoint_*``: the weights kept across training (``training.checkpoints.CheckpointPlan``:
+    every N steps, N log-spaced steps, given steps, ``all`` or ``attn`` tensors, a bound in MiB);
+    nothing is kept when none of every/log/steps is set."""
 
     source: str
     regularizers: object = field(default_factory=dict)
@@ -113,6 +117,11 @@ class JobConfig:
     probe_samples: int = 16
     measure_samples: int = 512
     max_loss: float | None = None
+    checkpoint_every: int | None = None
+    checkpoint_log: int | None = None
+    checkpoint_steps: list[int] | None = None
+    checkpoint_params: str = "all"
+    checkpoint_max_mb: float | None = None
 
     def __post_init__(self) -> None:
         def ok(cond: bool, msg: str) -> None:
@@ -161,6 +170,19 @@ class JobConfig:
         )
         R.parse_specs(self.regularizers)  # names, lambdas and k are checked here; heads once the model is known
         self.train_config({})  # lr, batch size, device, precision, sync_every ...
+        plan = self.checkpoint_plan()  # every, log, steps, params, bound
+        if plan is not None:
+            plan.schedule(self.steps)
+
+    def checkpoint_plan(self) -> CheckpointPlan | None:
+        """The checkpoints this run keeps (None: none)."""
+        return CheckpointPlan.of(
+            self.checkpoint_every,
+            self.checkpoint_log,
+            self.checkpoint_steps or (),
+            self.checkpoint_params,
+            self.checkpoint_max_mb,
+        )
 
     def train_config(self, parent_train: dict) -> TrainConfig:
         """The TrainConfig of this run, taking what is unset from the parent's recipe."""
@@ -206,4 +228,14 @@ class JobConfig:
             parts += ["--sync-every", str(self.sync_every)]
         if self.compile:
             parts += ["--compile"]
+        if self.checkpoint_every is not None:
+            parts += ["--checkpoint-every", str(self.checkpoint_every)]
+        if self.checkpoint_log is not None:
+            parts += ["--checkpoint-log", str(self.checkpoint_log)]
+        if self.checkpoint_steps:
+            parts += ["--checkpoint-steps", ",".join(map(str, self.checkpoint_steps))]
+        if self.checkpoint_plan() is not None and self.checkpoint_params != "all":
+            parts += ["--checkpoint-params", self.checkpoint_params]
+        if self.checkpoint_max_mb is not None:
+            parts += ["--checkpoint-max-mb", f"{self.checkpoint_max_mb:g}"]
         return " ".join(parts)

@@ -81,7 +81,7 @@ class StepGraph:
         return self._compiled is not None
 
     def _static_values(self, tokens: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> Values:
-        cache: dict | None = {} if self.penalty is not None else None
+        cache: dict | None = self._cache()
         with autocast(self.device, self.autocast):
             logits = self.model(tokens, cache=cache).flatten(0, 1)
             flat_targets, flat_mask = targets.flatten(), mask.flatten()
@@ -90,7 +90,7 @@ class StepGraph:
         return self._with_terms(task_loss, accuracy, Batch(tokens, targets, mask), cache)
 
     def _exact_values(self, batch: Batch, scored: Batch) -> Values:
-        cache: dict | None = {} if self.penalty is not None else None
+        cache: dict | None = self._cache()
         with autocast(self.device, self.autocast):
             logits = self.model(batch.tokens, cache=cache).flatten(0, 1)
             task_loss = self.task.loss(logits, scored)
@@ -98,6 +98,13 @@ class StepGraph:
             right = logits.argmax(-1)[scored.mask] == scored.targets[scored.mask]
             accuracy = right.float().mean()
         return self._with_terms(task_loss, accuracy, batch, cache)
+
+    def _cache(self) -> dict | None:
+        """The dict the forward fills for the penalty: a penalty's own ``cache()`` keeps only the
+        activations it reads (a ConcentrationPenalty keeps its Q and K), so other layers stay fused."""
+        if self.penalty is None:
+            return None
+        return getattr(self.penalty, "cache", dict)()
 
     def _with_terms(self, task_loss: torch.Tensor, accuracy: torch.Tensor, batch: Batch, cache) -> Values:
         # penalties in fp32 (QR/SVD of B have no bf16 kernels; the cached patterns are fp32 already)

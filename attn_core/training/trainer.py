@@ -287,16 +287,18 @@ class Trainer:
     def run(self, progress: bool = False) -> dict:
         bar = None
         if progress:
-            from tqdm import tqdm
+            from attn_core.progress import Progress
 
-            bar = tqdm(total=self.cfg.steps - self.step_index, desc=f"train {self.task.name}", unit="step")
+            bar = Progress(self.cfg.steps, f"train {self.task.name}", unit="step")
+            bar.set(self.step_index)
         metrics: dict = {}
         while self.step_index < self.cfg.steps:
             metrics = self.step()
             if bar is not None:
-                bar.update(1)
+                note = None
                 if "eval_accuracy" in metrics:
-                    bar.set_postfix(loss=f"{metrics['task_loss']:.3f}", acc=f"{metrics['eval_accuracy']:.3f}")
+                    note = f"loss={metrics['task_loss']:.3f} acc={metrics['eval_accuracy']:.3f}"
+                bar.set(self.step_index, note)
         if bar is not None:
             bar.close()
         self.model.eval()
