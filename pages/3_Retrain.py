@@ -150,6 +150,15 @@ with opt_col:
         "tens of seconds before the first step, then each step is faster. Falls back to the "
         "plain step if it cannot compile (the run's message says so).",
     )
+    checkpoints = st.number_input(
+        "Checkpoints (log-spaced)",
+        min_value=0,
+        max_value=500,
+        step=10,
+        key=ui.remember("retrain_checkpoints", 0, range(501)),
+        help="Keep the weights at this many steps spaced evenly in log(step), plus step 0 and the last, in the "
+        "run's folder (listed in its card): scrub them on the Dynamics page. 0 keeps none",
+    )
 watched = R.head_label(layer, head)
 heads_spec = {"head": watched, "layer": f"L{layer}", "all": None}[scope]
 
@@ -167,6 +176,7 @@ def start() -> None:
             device=device,
             precision=precision,
             compile=compiled,
+            checkpoint_log=int(checkpoints) or None,
         )
         new = TrainingJob(job_cfg)
         # The page's own torch work (previews, views) keeps one intra-op thread: toy models gain
