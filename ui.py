@@ -20,6 +20,7 @@ from attn_core.card import Card
 from attn_core.figures import EXPORT_FORMATS, ExportError, Plot, bundle_zip, export_bytes
 from attn_core.figures.bilinear import VALUE_LABELS
 from attn_core.model import ModelConfig
+from attn_core.runs import migrate
 from attn_core.sources import LoadedModel
 from attn_core.tasks import Task
 
@@ -106,8 +107,48 @@ def to_url(**params: Any) -> None:
 
 
 def data_dir() -> Path:
-    """Where the dashboard writes (runs and uploads): $ATTN_LAB_RUNS or ./runs."""
+    """Where the dashboard writes (runs and uploads): $ATTN_LAB_RUNS, else this user's data
+    folder (``attn_core.runs.default_root``), the store the CLI uses too."""
     return runs.default_root()
+
+
+_IMPORTED = "_store_imported"
+
+
+def run_store_panel(store: runs.RunStore) -> None:
+    """Where the run store is and why; for each ``runs/`` folder of an older release whose runs
+    it lacks, an offer to copy them in (``attn_core.runs.migrate``; the old folder is only read)."""
+    st.caption(f"Run store: {code(store.root)} ({plain(runs.root_origin())}); the CLI's `attn-lab runs` reads it too.")
+    kind, text = st.session_state.pop(_IMPORTED, (None, ""))
+    if kind:
+        (st.success if kind == "success" else st.error)(text)
+    for old in migrate.legacy_stores(store):
+        info, button = st.columns([4, 1], vertical_alignment="center")
+        info.info(
+            f"{old['runs']} run(s) in {code(old['path'])}, the store an older release used when started from "
+            "that folder, are not in this one. Importing copies them (and their sweeps and uploads) here; the old "
+            "folder is left as it is.",
+            icon=":material/move_to_inbox:",
+        )
+        button.button(
+            "Import them",
+            key=f"import_store_{old['path']}",
+            on_click=_import_store,
+            args=(str(old["path"]), str(store.root)),
+            icon=":material/download:",
+        )
+
+
+def _import_store(source: str, root: str) -> None:
+    try:
+        c = migrate.import_store(source, runs.RunStore(root))
+    except (ValueError, OSError) as e:  # RunStoreError included
+        st.session_state[_IMPORTED] = ("error", f"Not imported: {plain(e)}")
+        return
+    st.session_state[_IMPORTED] = (
+        "success",
+        f"Imported {c['runs']} run(s), {c['sweeps']} sweep(s) and {c['uploads']} upload(s) from {plain(source)}.",
+    )
 
 
 @st.cache_resource(show_spinner="Loading model…", max_entries=16)
@@ -235,6 +276,11 @@ def plain(text: object, limit: int = 500) -> str:
     if len(line) > limit:
         line = line[:limit] + "…"
     return _MARKDOWN.sub(r"\\\1", line)
+
+
+def code(text: object) -> str:
+    """A path or name as inline code (shown literally; a backtick in it cannot end the span)."""
+    return "`" + " ".join(str(text).split()).replace("`", "'") + "`"
 
 
 def value_choice(label: str, key: str, default: str, where: Any = st) -> str:

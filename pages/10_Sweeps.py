@@ -96,6 +96,7 @@ if go:
         st.success(f"Sweep {sweep_id} launched: {len(plan.trials)} trials (a λ = 0 baseline per seed).")
 
 # --- watching one ----------------------------------------------------------------------------------
+ui.run_store_panel(store)
 try:
     sweeps = store.list_sweeps()
 except rs.RunStoreError as e:  # a corrupt or unreadable store: one line, the page stays up

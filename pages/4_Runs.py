@@ -35,6 +35,7 @@ def side_by_side(items: list, draw) -> None:
 
 loaded = ui.setup("Compare runs")
 store = rs.RunStore()
+ui.run_store_panel(store)
 try:
     every_run = [r for r in store.list_runs() if r["status"] != "running"]
 except rs.RunStoreError as e:  # corrupt, unreadable: said once, here; the zoo stays usable elsewhere
