@@ -97,10 +97,30 @@ def _from_url(param: str, default: Any, valid: Collection | None) -> Any:
 
 
 def to_url(**params: Any) -> None:
-    """Write the current choices into the URL, so a copied link opens the same view."""
+    """Write the current choices into the URL, so a copied link opens the same view; a parameter
+    given as None is removed (a choice that does not apply to this view, e.g. ``length`` of a
+    typed input). Only changed parameters are written: each write is a browser history step."""
     for name, value in params.items():
-        if st.query_params.get(name) != str(value):
+        if value is None:
+            if name in st.query_params:
+                del st.query_params[name]
+        elif st.query_params.get(name) != str(value):
             st.query_params[name] = str(value)
+
+
+_INPUTS = "_inputs_seen"
+
+
+def follow_input(key: str, current: Any, value: Any) -> None:
+    """Set the remembered widget ``key`` to ``value`` when ``current`` (what the page's input is
+    made of: model, source, tokens) differs from the last run's, so that a new input resets a
+    choice that belongs to it (the Heatmaps query moves to the new last token). A page switch, a
+    head change or the first run (a URL's choice) leave it alone."""
+    digest = hashlib.sha256(repr(current).encode()).hexdigest()
+    seen = st.session_state.setdefault(_INPUTS, {})
+    if seen.get(key) not in (None, digest):
+        st.session_state[key] = value
+    seen[key] = digest
 
 
 # --- models ------------------------------------------------------------------------------------
