@@ -358,6 +358,18 @@ def head_name(config: ModelConfig, head: int) -> str:
     return f"{head} (kv {config.kv_head(head)})" if config.kv_heads < config.n_heads else str(head)
 
 
+def reproduce_command(card: Card) -> str | None:
+    """The command that retrains a zoo model from its preset, as a user can run it anywhere (the
+    card's own ``command`` wrote into assets/models/, which exists): trains the recipe and seed
+    again and prints the held-out accuracy; ``--out`` with a new folder keeps the weights. None
+    when the card names no known preset."""
+    from attn_core.presets import PRESETS
+
+    if card.preset not in PRESETS:
+        return None
+    return f"attn-lab train --preset {card.preset}  # add --out NEW_FOLDER to keep the weights"
+
+
 def require_task(loaded: LoadedModel, why: str) -> Task:
     """The guard of a page that needs the model's task (its data, its loss): without one the page
     says "<model> has no known task in its card, so <why>." and stops there."""

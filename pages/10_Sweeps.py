@@ -132,8 +132,8 @@ except rs.RunStoreError as e:  # a corrupt or unreadable store: one line, the pa
     st.stop()
 if not started_with:
     st.info(
-        f"No sweeps in `{store.root}` yet: set one up above, or run "
-        "`attn-lab sweep MODEL --grid entropy=0.01,0.1,1 --seeds 2`."
+        f"No sweeps in {ui.code(store.root)} yet: set one up above, or run "
+        f"{ui.code(f'attn-lab sweep {ui.job_source(picked_model)} --grid entropy=0.01,0.1,1 --seeds 2')}."
     )
     st.stop()
 live_at_start = running(started_with)

@@ -43,8 +43,8 @@ except rs.RunStoreError as e:  # corrupt, unreadable: said once, here; the zoo s
     st.stop()
 if not every_run:
     st.info(
-        f"No finished runs in `{store.root}` yet: retrain a model on the Retrain page, or with "
-        "`attn-lab retrain MODEL --reg entropy=0.1`."
+        f"No finished runs in {ui.code(store.root)} yet: retrain a model on the Retrain page, or with "
+        f"{ui.code(f'attn-lab retrain {ui.job_source(st.session_state[ui.MODEL_KEY])} --reg entropy=0.1')}."
     )
     st.stop()
 
