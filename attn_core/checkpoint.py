@@ -35,6 +35,7 @@ from attn_core.tasks import TASKS, Task
 from attn_core.validate import is_int
 
 WEIGHTS, CONFIG, CARD = "model.safetensors", "config.json", "card.json"
+CHECKPOINTS = "checkpoints"  # a run's weights across training (attn_core.training.checkpoints)
 MAX_JSON_BYTES = 1_000_000
 MAX_JSON_DEPTH = 64  # nesting levels of a config or card (ours use 4)
 MAX_WEIGHTS_BYTES = 512 * 2**20
@@ -344,6 +345,16 @@ def _metadata(data: bytes) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
+def metadata(data: bytes) -> dict:
+    """The ``__metadata__`` of safetensors bytes ({} when there is none or it cannot be read)."""
+    return _metadata(data)
+
+
+def config_from_metadata(data: bytes) -> ModelConfig:
+    """The config a safetensors file carries in its metadata (a one-sentence error without one)."""
+    return _config_from_metadata(data)
+
+
 def _config_from_metadata(data: bytes) -> ModelConfig:
     text = _metadata(data).get("config")
     if not text:
@@ -367,12 +378,20 @@ def to_safetensors_bytes(model: Transformer, card: Card | dict | None = None) ->
     return st_save_bytes(tensors, metadata=meta)
 
 
-def save(model: Transformer, folder: str | Path, card: Card | dict | None = None, overwrite: bool = False) -> Path:
+def save(
+    model: Transformer,
+    folder: str | Path,
+    card: Card | dict | None = None,
+    overwrite: bool = False,
+    include: dict[str, Path] | None = None,
+) -> Path:
     """Write a model folder atomically: files go to a temporary sibling folder that is renamed
     into place, so a crash never leaves a half-written model and nothing existing is replaced
     unless ``overwrite``. The temporary folder's name carries this host and process
     (:func:`tmp_owner`), so the left-over of a killed save is known as such and removed by the
-    next save of the same folder (and by the run store) as soon as its process is gone."""
+    next save of the same folder (and by the run store) as soon as its process is gone.
+    ``include`` ({name: existing folder on the same disk}) moves those folders into the new one
+    under ``name`` (a run's :data:`CHECKPOINTS`), back again if the save fails."""
     folder = Path(folder)
     card = Card.from_dict(card)  # a plain dict is checked against the schema
     try:
@@ -385,10 +404,14 @@ def save(model: Transformer, folder: str | Path, card: Card | dict | None = None
     remove_stale_tmp(folder.parent, folder.name)
     tmp = Path(tempfile.mkdtemp(prefix=tmp_prefix(folder.name), dir=folder.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; a saved model is readable like any folder
+    moved: list[tuple[Path, Path]] = []
     try:
         (tmp / WEIGHTS).write_bytes(to_safetensors_bytes(model, card))
         (tmp / CONFIG).write_text(json.dumps(model.cfg.to_dict(), indent=2) + "\n")
         (tmp / CARD).write_text(json.dumps(card.to_dict(), indent=2, default=_json_default) + "\n")
+        for name, source in (include or {}).items():
+            Path(source).rename(tmp / name)
+            moved.append((Path(source), tmp / name))
         if folder.exists():
             old = tmp.with_name(tmp.name + "-old")
             folder.rename(old)
@@ -397,7 +420,14 @@ def save(model: Transformer, folder: str | Path, card: Card | dict | None = None
         else:
             tmp.rename(folder)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        kept = False
+        for source, there in moved:  # what was moved in goes back where it was
+            try:
+                there.rename(source)
+            except OSError:
+                kept = True  # it cannot: the temporary folder stays, with it inside
+        if not kept:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     return folder
 

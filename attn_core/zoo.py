@@ -141,6 +141,7 @@ def summary(name: str, cfg: ModelConfig, card: Card, path: Path | None = None) -
         "wall_time_s": card.wall_time_s,
         "seed": card.seed,
         "command": card.command,
+        "preset": card.preset,
     }
 
 

@@ -5,6 +5,7 @@ import pandas as pd
 import streamlit as st
 
 import ui
+from attn_core.card import Card
 from navigation import PAGES
 
 ui.setup("attn-lab")  # the page config, the title and the sidebar model picker
@@ -84,7 +85,8 @@ for i, m in enumerate(models):  # from each model's config and card (zoo.list_mo
             f"{m['params']:,} parameters · trained {m['steps'] or '?'} steps in "
             f"{m['wall_time_s'] or '?'} s · seed {m['seed'] if m['seed'] is not None else '?'}"
         )
-        st.code(m["command"], language="bash", wrap_lines=True)
+        if command := ui.reproduce_command(Card(preset=m["preset"])):
+            st.code(command, language="bash", wrap_lines=True)
 
 saved = ui.saved_runs()
 st.subheader("Your runs")

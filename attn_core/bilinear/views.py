@@ -46,7 +46,8 @@ MAX_VIEW_TOKENS = 512
 
 def vocab_inputs(model: Transformer, layer: int = 0, tokens: Sequence[int] | None = None) -> torch.Tensor:
     """x_t = ln1_layer(W_E[t] + mean_p W_pos[p]) for every token (or ``tokens``), [V, d_model]."""
-    E = model.embed.W_E if tokens is None else model.embed.W_E[torch.as_tensor(list(tokens), dtype=torch.long)]
+    W_E = model.embed.W_E
+    E = W_E if tokens is None else W_E[torch.as_tensor(list(tokens), dtype=torch.long, device=W_E.device)]
     if model.cfg.positional == "learned":
         E = E + model.pos_embed.W_pos.mean(0)
     return model.blocks[check_layer(model, layer)].ln1(E)

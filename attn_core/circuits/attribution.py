@@ -185,7 +185,7 @@ def bias_terms(model: Transformer, layer: int, head: int, x: torch.Tensor, y: to
     """(2) split in its parts, [n, 3] for one query row x [d] and key rows y [n, d] (zeros
     without query/key biases)."""
     if not (model.cfg.attn_bias and model.cfg.qk == "factored"):
-        return torch.zeros(y.shape[0], 3, dtype=torch.float64)
+        return torch.zeros(y.shape[0], 3, dtype=torch.float64, device=y.device)
     attn = model.blocks[layer].attn
     w = model.cfg.head_d_qk(layer, head)
     W_Q, W_K = attn.W_Q[head, :, :w].double(), attn.per_head("W_K")[head, :, :w].double()  # [d, w]
@@ -261,19 +261,19 @@ def _rotary_attribution(
     scale = cfg.head_d_qk(layer, head) ** -0.5
     planes = [[c, c + half] for c in range(half)] + ([list(range(r, cfg.d_head))] if r < cfg.d_head else [])
     terms = torch.stack([(Qt[p] * Kt[:, p]).sum(-1) * scale for p in planes], dim=-1)  # [n, k]
-    omega = model.blocks[layer].attn.inv_freq.double().cpu()  # omega_c of each plane
-    freqs = torch.cat([omega, torch.zeros(1, dtype=torch.float64)])[: len(planes)]
-    term_names = [f"plane {c} (ω {omega[c]:.3g})" for c in range(half)] + (
+    omega = model.blocks[layer].attn.inv_freq.double()  # omega_c of each plane
+    freqs = torch.cat([omega, torch.zeros_like(omega[:1])])[: len(planes)]
+    term_names = [f"plane {c} (ω {w:.3g})" for c, w in enumerate(omega[:half].tolist())] + (
         ["offset-free dims"] if r < cfg.d_head else []
     )
     names = token_names(loaded)
     return Attribution(
         *_who(layer, head, q, keys, ids, names),
-        freqs,
-        torch.stack([Qt[p].norm() for p in planes]),
-        torch.stack([Kt[:, p].norm(dim=-1) for p in planes], dim=-1),
-        terms,
-        torch.zeros(len(keys), 3, dtype=torch.float64),
+        freqs.cpu(),
+        torch.stack([Qt[p].norm() for p in planes]).cpu(),
+        torch.stack([Kt[:, p].norm(dim=-1) for p in planes], dim=-1).cpu(),
+        terms.cpu(),
+        torch.zeros(len(keys), 3, dtype=torch.float64),  # on the CPU, like the rest
         meta=dict(query_token=names[ids[q]], rank_cap=len(planes), split="rotation planes"),
         term_names=term_names,
     )

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import typer
 
 from attn_core.card import MEASURE_KEYS, public
+from attn_core.cli import dynamics as dyn
 from attn_core.cli.common import JsonOpt, emit, guarded, table
 from attn_core.regularizers import REGULARIZERS
 from attn_core.training.config import JobConfig
@@ -16,7 +18,9 @@ from attn_core.validate import default
 
 app = typer.Typer()
 runs_app = typer.Typer(
-    add_completion=False, help="List and inspect saved runs (the run store, $ATTN_LAB_RUNS or ./runs)."
+    add_completion=False,
+    help="List, inspect and import saved runs (the run store: $ATTN_LAB_RUNS, else one per user in the "
+    "platform's user data folder).",
 )
 
 _RUN_COLS = ["id", "parent", "task", "status", "created", "regularizers", "steps", "accuracy", "entropy_data"]
@@ -82,6 +86,17 @@ def retrain_cmd(
         "(default: 1 on CPU, 25 on CUDA); the NaN guard checks "
         "them there and keeps the last good weights.",
     ),
+    compile: bool = typer.Option(
+        default(JobConfig, "compile"),
+        "--compile/--no-compile",
+        help="torch.compile the training step (CUDA graphs on CUDA; compiling takes a while, "
+        "then each step is faster). Falls back to the eager step if it cannot compile.",
+    ),
+    checkpoint_every: int | None = dyn.EveryOpt,
+    checkpoint_log: int | None = dyn.LogOpt,
+    checkpoint_steps: str | None = dyn.StepsOpt,
+    checkpoint_params: str = dyn.ParamsOpt,
+    checkpoint_max_mb: float | None = dyn.MaxMbOpt,
     as_json: bool = JsonOpt,
 ):
     """Fine-tune a model with concentration regularizers; the run is saved in the run store.
@@ -102,9 +117,15 @@ def retrain_cmd(
         device=device,
         precision=precision,
         sync_every=sync_every,
+        compile=compile,
+        **dyn.checkpoint_settings(
+            checkpoint_every, checkpoint_log, checkpoint_steps, checkpoint_params, checkpoint_max_mb
+        ),
     )
     with sigint_stops(exiting=True) as ctrl_c:  # held until the command ends: a late Ctrl-C cannot cut the report
         job = TrainingJob(cfg)
+        if job.checkpoints is not None:  # the disk they take, before training
+            dyn.say(job.checkpoints.statement(job.model) + "; in the run's folder")
         if ctrl_c.is_set():
             typer.echo("interrupted before training began; nothing was saved", err=True)
             raise typer.Exit(SIGINT_EXIT)
@@ -126,6 +147,7 @@ def _report(res: dict, as_json: bool) -> None:
         "status": res["status"],
         "message": res["message"],
         "steps": res["steps"],
+        "steps_per_s": res["steps_per_s"],
         "before": public(res["before"]),
         "after": public(res["after"]),
     }
@@ -140,21 +162,21 @@ def _report(res: dict, as_json: bool) -> None:
 
 
 def _run_with_bar(job, name: str, steps: int) -> None:
-    """Train in the job's thread while a progress bar follows its snapshots."""
-    from tqdm import tqdm
+    """Train in the job's thread while a progress bar (lines when stderr is not a terminal)
+    follows its snapshots."""
+    from attn_core.progress import Progress
 
     job.start()
-    bar = tqdm(total=steps, desc=f"retrain {name}", unit="step")
+    bar = Progress(steps, f"retrain {name}", unit="step")
     try:
         while not job.join(0.25):
             snap = job.snapshot()
-            bar.update(snap.step - bar.n)
+            note = None
             if "task_loss" in snap.latest:
-                bar.set_postfix(
-                    loss=f"{snap.latest['task_loss']:.3g}", H=f"{snap.latest.get('entropy_data', float('nan')):.3f}"
-                )
+                note = f"loss={snap.latest['task_loss']:.3g} H={snap.latest.get('entropy_data', float('nan')):.3f}"
+            bar.set(snap.step, note)
     finally:
-        bar.update(job.snapshot().step - bar.n)
+        bar.set(job.snapshot().step)
         bar.close()
 
 
@@ -166,8 +188,50 @@ def runs_cmd(ctx: typer.Context, as_json: bool = JsonOpt):
         return
     from attn_core.runs import RunStore
 
-    rows = [_run_row(r) for r in RunStore().list_runs()]
-    emit(rows, as_json, lambda rs: table(rs, _RUN_COLS) if rs else "no runs yet (attn-lab retrain NAME ... makes one)")
+    store = RunStore()
+    rows = [_run_row(r) for r in store.list_runs()]
+    emit(
+        rows,
+        as_json,
+        lambda rs: (
+            _store_lines(store) + (table(rs, _RUN_COLS) if rs else "no runs yet (attn-lab retrain NAME ... makes one)")
+        ),
+    )
+
+
+def _store_lines(store) -> str:
+    """Where the store is and why, and the old ``runs/`` folders whose runs it lacks."""
+    from attn_core.runs import migrate, root_origin
+
+    lines = [f"run store: {store.root} ({root_origin()})"]
+    for old in migrate.legacy_stores(store):
+        lines.append(
+            f"note: {old['runs']} run(s) in {old['path']} (an older release's store) are not in it; "
+            f"`attn-lab runs import {old['path']}` copies them in (the old folder is left as it is)"
+        )
+    return "\n".join(lines) + "\n"
+
+
+@runs_app.command("import")
+@guarded
+def runs_import_cmd(
+    source: Path = typer.Argument(..., help="An older run store: a folder with index.sqlite (e.g. ./runs)."),
+    as_json: bool = JsonOpt,
+):
+    """Copy the runs, sweeps and uploads of another run store into this one: runs it already has are skipped, and the source is only read."""
+    from attn_core.runs import RunStore, migrate
+
+    store = RunStore()
+    counts = migrate.import_store(source, store)
+    emit(
+        {**counts, "store": str(store.root)},
+        as_json,
+        lambda c: (
+            f"imported {c['runs']} run(s), {c['sweeps']} sweep(s) and {c['uploads']} upload(s) from "
+            f"{c['source']} into {c['store']}"
+            + (f"; {c['skipped']} skipped (already here, or still running)" if c["skipped"] else "")
+        ),
+    )
 
 
 @runs_app.command("show")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import typer
 
+from attn_core.cli import dynamics as dyn
 from attn_core.cli.common import JsonOpt, emit, guarded, report, table
 from attn_core.training.config import JobConfig
 from attn_core.validate import default
@@ -82,6 +83,11 @@ def sweep_cmd(
     resume: str | None = typer.Option(
         None, help="Resume sweep ID: run only its unfinished trials (NAME and the grid are then taken from the sweep)."
     ),
+    checkpoint_every: int | None = dyn.EveryOpt,
+    checkpoint_log: int | None = dyn.LogOpt,
+    checkpoint_steps: str | None = dyn.StepsOpt,
+    checkpoint_params: str = dyn.ParamsOpt,
+    checkpoint_max_mb: float | None = dyn.MaxMbOpt,
     as_json: bool = JsonOpt,
 ):
     """Sweep regularizers x lambdas x seeds on Ray; every trial is a retrain recorded as a run.
@@ -95,7 +101,12 @@ def sweep_cmd(
         typer.echo("\nCtrl-C: stopping the running trials and recording them (the sweep can be resumed)", err=True)
 
     with sigint_stops(notice=notice, exiting=True) as ctrl_c:
-        plan = None if resume is not None else sweep_plan(name, grid, seeds, steps, lr, heads, batch_size)
+        plan = None
+        if resume is None:
+            ckpt = dyn.checkpoint_settings(
+                checkpoint_every, checkpoint_log, checkpoint_steps, checkpoint_params, checkpoint_max_mb
+            )
+            plan = sweep_plan(name, grid, seeds, steps, lr, heads, batch_size, **ckpt)
         try:
             res = run_sweep(
                 plan,
@@ -122,12 +133,12 @@ def sweep_cmd(
             raise typer.Exit(1)
 
 
-def sweep_plan(name: str, grid: list[str], seeds: int, steps: int, lr: float, heads, batch_size):
+def sweep_plan(name: str, grid: list[str], seeds: int, steps: int, lr: float, heads, batch_size, **options):
     """The plan of ``attn-lab sweep`` from its options (checked by ``run_sweep`` before anything
     starts: ``attn_core.sweep.check_sweep``); the place to add a trial option."""
     from attn_core.sweep import grid_plan
 
-    return grid_plan(name, grid, seeds, steps=steps, lr=lr, heads=heads, batch_size=batch_size)
+    return grid_plan(name, grid, seeds, steps=steps, lr=lr, heads=heads, batch_size=batch_size, **options)
 
 
 def _say_trial(run_id: str, payload: dict) -> None:

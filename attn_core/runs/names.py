@@ -26,7 +26,24 @@ class RunStoreError(ValueError):
 
 
 def default_root() -> Path:
-    return Path(os.environ.get(ENV_RUNS) or "runs").expanduser()
+    """The run store (and uploads) of this user: ``$ATTN_LAB_RUNS`` when set, else
+    :func:`user_root`, whatever folder a command or the dashboard runs from."""
+    return Path(os.environ.get(ENV_RUNS) or user_root()).expanduser()
+
+
+def user_root() -> Path:
+    """The platform's per-user data folder for attn-lab, ``runs`` in it (Linux:
+    ``$XDG_DATA_HOME/attn-lab/runs``, by default ``~/.local/share/attn-lab/runs``)."""
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("attn-lab", appauthor=False)) / "runs"
+
+
+def root_origin() -> str:
+    """Why the store is where it is, in words (for ``attn-lab runs`` and the Runs page)."""
+    if os.environ.get(ENV_RUNS):
+        return f"set by ${ENV_RUNS}"
+    return f"this user's default; ${ENV_RUNS} chooses another"
 
 
 def iso(t: float | None) -> str | None:
