@@ -338,3 +338,26 @@ def test_inductor_compiled_rows_equal_eager():
     torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-5)
     for a, b in zip(torch.autograd.grad(compiled.sum(), (q, k)), torch.autograd.grad(eager.sum(), (q, k))):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_compiled_rows_keep_no_scores_for_backward():
+    """Compiled, the backward still forms each block's scores again: what the forward keeps for
+    it is Q, K and a few numbers per row, as in eager (a compiler's partitioner would otherwise
+    move the recomputed scores into the forward and keep every block of them)."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 2, 64, 8, generator=g).requires_grad_()
+    k = torch.randn(2, 2, 64, 8, generator=g).requires_grad_()
+
+    def f(q, k):
+        return head_means(q, k, "entropy", window=0, block=16)
+
+    def kept(fn) -> int:
+        sizes = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
+            fn(q, k).sum().backward()
+        return sum(sizes)
+
+    torch._dynamo.reset()
+    eager = kept(f)
+    assert eager < 2 * q.numel() + 64 * 2 * 2 * 8  # Q, K (and the rows' numbers): no 64 x 64 block
+    assert kept(torch.compile(f, backend="aot_eager", fullgraph=True)) == eager
