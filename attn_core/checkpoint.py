@@ -331,13 +331,24 @@ def to_safetensors_bytes(model: Transformer, card: Card | dict | None = None) ->
     return st_save_bytes(tensors, metadata=meta)
 
 
-def save(model: Transformer, folder: str | Path, card: Card | dict | None = None, overwrite: bool = False) -> Path:
+def save(
+    model: Transformer,
+    folder: str | Path,
+    card: Card | dict | None = None,
+    overwrite: bool = False,
+    files: dict[str, bytes] | None = None,
+) -> Path:
     """Write a model folder atomically: files go to a temporary sibling folder that is renamed
     into place, so a crash never leaves a half-written model and nothing existing is replaced
     unless ``overwrite``. The temporary folder's name carries this host and process
     (:func:`tmp_owner`), so the left-over of a killed save is known as such and removed by the
-    next save of the same folder (and by the run store) as soon as its process is gone."""
+    next save of the same folder (and by the run store) as soon as its process is gone. ``files``
+    (name -> bytes: a tokenizer, say) are written beside the weights, in the same rename."""
     folder = Path(folder)
+    files = files or {}
+    for name in files:
+        if Path(name).name != name or name in (WEIGHTS, CONFIG, CARD) or name.startswith("."):
+            raise ValueError(f"{name!r} cannot be saved beside a model's weights (a plain file name is needed)")
     card = Card.from_dict(card)  # a plain dict is checked against the schema
     if folder.exists() and not overwrite:
         raise CheckpointError(f"{folder} already exists; choose a new folder (nothing was overwritten)")
@@ -349,6 +360,8 @@ def save(model: Transformer, folder: str | Path, card: Card | dict | None = None
         (tmp / WEIGHTS).write_bytes(to_safetensors_bytes(model, card))
         (tmp / CONFIG).write_text(json.dumps(model.cfg.to_dict(), indent=2) + "\n")
         (tmp / CARD).write_text(json.dumps(card.to_dict(), indent=2, default=_json_default) + "\n")
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
         if folder.exists():
             old = tmp.with_name(tmp.name + "-old")
             folder.rename(old)

@@ -127,14 +127,15 @@ class RunStore(SweepsMixin):
         card: Card | dict,
         message: str = "",
         summary: dict | None = None,
+        files: dict[str, bytes] | None = None,
     ) -> Path | None:
-        """Save the weights (atomically, if given) and then mark the run finished."""
+        """Save the weights (atomically, if given, with ``files`` beside them) and then mark the run finished."""
         if status not in FINAL:
             raise ValueError(f"a finished run's status is one of {', '.join(FINAL)}, not {status!r}")
         folder = None
         if model is not None:
             card = dataclasses.replace(Card.from_dict(card), run_id=run_id, status=status, message=message)
-            folder = self._save(model, run_id, card)
+            folder = self._save(model, run_id, card, files)
         now = time.time()
         with self._db(write=True) as con:
             con.execute(
@@ -157,6 +158,7 @@ class RunStore(SweepsMixin):
         metrics: Iterable[tuple[int, str, float]] = (),
         sweep: str | None = None,
         trial: str | None = None,
+        files: dict[str, bytes] | None = None,
     ) -> str:
         """A run made elsewhere (a sweep's trial on a Ray worker), written in one go: the weights
         folder first (atomically), then its row, already finished, and its metrics in one
@@ -168,7 +170,7 @@ class RunStore(SweepsMixin):
             card = dataclasses.replace(
                 Card.from_dict(card), name=RUN_PREFIX + run_id, run_id=run_id, status=status, message=message
             )
-            self._save(model, run_id, card)
+            self._save(model, run_id, card, files)
         now = time.time()
         rows = [(run_id, int(s), str(n), float(v)) for s, n, v in metrics]
         with self._db(write=True) as con:
@@ -268,9 +270,9 @@ class RunStore(SweepsMixin):
         return loaded
 
     # --- internals ----------------------------------------------------------------------------------
-    def _save(self, model: Transformer, run_id: str, card: Card) -> Path:
+    def _save(self, model: Transformer, run_id: str, card: Card, files: dict[str, bytes] | None = None) -> Path:
         try:
-            return checkpoint.save(model, self.path(run_id), card, overwrite=True)
+            return checkpoint.save(model, self.path(run_id), card, overwrite=True, files=files)
         except OSError as e:
             raise store_error(self.root, e, write=True) from None
 

@@ -119,6 +119,9 @@ class MetricKey:
 # Telemetry and spectra are also taken at step 0 (before the first update).
 
 # What Trainer.step reports besides its penalty terms; every other key is a term, logged as term:<label>.
+# Vocabulary-view telemetry (a V x V view per head) is taken up to this many tokens (as the vocab_*
+# regularizers, ``regularizers.build_penalty``); an imported model's 50k-token vocabulary is left out.
+VOCAB_VIEW_MAX = 4096
 STEP_KEYS = frozenset({"step", "loss", "task_loss", "accuracy", "grad_norm", "lr", "eval_accuracy", "eval_loss"})
 TERM_PREFIX = "term:"
 
@@ -144,7 +147,10 @@ def measure(model: Transformer, task: Task, heads=None, samples: int = 512, seed
     selection, see ``regularizers.parse_heads``; None = every head): ``entropy_data`` (normalized
     entropy of attention rows on those samples), ``entropy_vocab`` (same on the vocabulary view),
     ``top1_mass`` (mean largest attention weight on data), ``stable_rank`` of B; ``per_head``
-    holds each head's values and singular values."""
+    holds each head's values and singular values. A task with its own ``measure`` (text:
+    ``attn_core.text.TextTask``, held-out text in chunks) measures itself."""
+    if getattr(task, "measure", None) is not None:
+        return task.measure(model, heads, samples, seed)
     heads = R.parse_heads(heads, model.cfg)
     cache: dict = {}
     ev = evaluate(model, task, samples, seed, cache=cache)
@@ -187,7 +193,10 @@ def telemetry_row(model: Transformer, probe_tokens: torch.Tensor, heads) -> tupl
     cache: dict = {}
     model(probe_tokens, cache=cache)
     data = R.data_concentration(model, cache)
-    vocab = R.vocab_concentration(model)
+    if cfg.d_vocab <= VOCAB_VIEW_MAX:
+        vocab = R.vocab_concentration(model)
+    else:  # not measured: a V x V view per head
+        vocab = {"entropy": torch.full((cfg.n_layers, cfg.n_heads), math.nan)}
     pattern = torch.stack([cache[act_name("pattern", l)][0] for l in range(cfg.n_layers)])
     H_data, top1, H_vocab = data["entropy"].tolist(), data["top1"].tolist(), vocab["entropy"].tolist()
     row: dict = {}
