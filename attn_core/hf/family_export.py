@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from attn_core.checkpoint import CheckpointError, LoadedModel, read_model_file
+from attn_core.checkpoint import CARD, CheckpointError, LoadedModel, read_card, read_model_file
 from attn_core.hf.config import FAMILIES, LLAMA_LIKE
 from attn_core.hf.export import README, gpt2_config, gpt2_tensors, write_folder
 from attn_core.hf.folder import hf_config
@@ -42,16 +42,31 @@ TOKENIZER_FILES = (
 )
 
 
-def hf_origin(loaded: LoadedModel) -> dict | None:
-    """``{"model_type", "config"}`` of the Hugging Face folder the model came from: its own
-    folder's config.json, or the section a run's card carries; None for our own models."""
-    detail = loaded.card.details.get(HF_DETAIL)
+def _origin(detail) -> dict | None:
     if isinstance(detail, dict) and detail.get("model_type") in FAMILIES and isinstance(detail.get("config"), dict):
         return {"model_type": detail["model_type"], "config": detail["config"]}
-    if loaded.path is not None and Path(loaded.path).is_dir():
-        raw = hf_config(Path(loaded.path))
-        if raw is not None and raw.get("model_type") in FAMILIES:
-            return {"model_type": raw["model_type"], "config": raw}
+    return None
+
+
+def hf_origin(loaded: LoadedModel) -> dict | None:
+    """``{"model_type", "config"}`` of the Hugging Face folder the model came from: the section
+    a run's card carries, or its own folder's config.json; None for our own models."""
+    return _origin(loaded.card.details.get(HF_DETAIL)) or folder_origin(loaded.path, card=False)
+
+
+def folder_origin(folder: Path | None, card: bool = True) -> dict | None:
+    """:func:`hf_origin` of a model folder without loading the model: its config.json (a
+    Hugging Face folder) or, with ``card``, its card.json's section (a run's folder)."""
+    if folder is None or not Path(folder).is_dir():
+        return None
+    raw = hf_config(Path(folder))
+    if raw is not None:
+        return _origin({"model_type": raw.get("model_type"), "config": raw})
+    if card:
+        try:
+            return _origin(read_card(Path(folder) / CARD).details.get(HF_DETAIL))
+        except CheckpointError:
+            return None
     return None
 
 

@@ -3,7 +3,7 @@ Parquet with a text column (what ``datasets`` exports), read as a stream of docu
 
 :func:`open_corpus` checks the path before anything is read (regular files only, sizes within
 :data:`MAX_CORPUS_BYTES`, a folder that holds a readable file); :meth:`Corpus.pieces` then yields
-its text in pieces of at most :data:`PIECE_CHARS` characters, cut at line ends, each marked when
+its text in pieces of at most :data:`PIECE_CHARS` characters, cut between words, each marked when
 it ends a document (a file, a JSON line, a Parquet row), never holding more than a piece (or one
 JSON line, at most :data:`MAX_LINE_BYTES`) in memory. Bad text is found while it streams and
 is one :class:`TextError` sentence naming the file and where: not UTF-8, binary (a NUL byte), a
@@ -29,7 +29,7 @@ MAX_CORPUS_BYTES = 16 * 2**30  # all the files of one corpus together
 MAX_FILES = 100_000  # files in a folder
 MAX_LINE_BYTES = 64 * 2**20  # one JSON line
 READ_BYTES = 2**20  # bytes read from a plain-text file at a time
-PIECE_CHARS = 256 * 2**10  # characters handed to the tokenizer at a time (cut at a line end when one is near)
+PIECE_CHARS = 64 * 2**10  # characters handed to the tokenizer at a time (cut at a line end when one is near)
 SUFFIXES = {".txt": "text", ".jsonl": "jsonl", ".parquet": "parquet"}
 DEFAULT_FIELD = "text"
 
@@ -182,9 +182,28 @@ def _binary(path: Path, offset: int) -> TextError:
     return TextError(f"{path} looks like a binary file, not text (a NUL byte at byte {offset:,})")
 
 
+def _cut(text: str) -> int:
+    """Where to end a piece of ``text`` (longer than PIECE_CHARS): before the last space of its
+    second half (the next piece starts " word", as the word would be tokenized inside the whole
+    text), else after its last line end, else at PIECE_CHARS (a line without spaces)."""
+    space = text.rfind(" ", PIECE_CHARS // 2, PIECE_CHARS)
+    if space > 0:
+        return space
+    return text.rfind("\n", PIECE_CHARS // 2, PIECE_CHARS) + 1 or PIECE_CHARS
+
+
+def _split(text: str) -> Iterator[tuple[str, bool]]:
+    """A document's text as pieces of at most PIECE_CHARS (cut by :func:`_cut`), the last marked."""
+    while len(text) > PIECE_CHARS:
+        cut = _cut(text)
+        yield text[:cut], False
+        text = text[cut:]
+    yield text, True
+
+
 def _text_pieces(path: Path, field: str) -> Iterator[tuple[str, bool, int]]:
-    """A plain-text file as pieces of about :data:`PIECE_CHARS` characters cut at line ends; the
-    whole file is one document."""
+    """A plain-text file as pieces of at most :data:`PIECE_CHARS` characters cut between words
+    (:func:`_cut`); the whole file is one document."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
     buffer, offset, pending_bytes = "", 0, 0
     with _open_regular(path) as fh:
@@ -202,7 +221,7 @@ def _text_pieces(path: Path, field: str) -> Iterator[tuple[str, bool, int]]:
             offset += len(raw)
             pending_bytes += len(raw)
             while len(buffer) >= PIECE_CHARS:
-                cut = buffer.rfind("\n", PIECE_CHARS // 2, PIECE_CHARS) + 1 or PIECE_CHARS
+                cut = _cut(buffer)
                 yield buffer[:cut], False, pending_bytes
                 buffer, pending_bytes = buffer[cut:], 0
             if final:
@@ -248,8 +267,10 @@ def _jsonl_pieces(path: Path, field: str) -> Iterator[tuple[str, bool, int]]:
                 continue
             if not isinstance(value, str):
                 raise TextError(f"{path} line {number:,}: field {field!r} holds {type(value).__name__}, not text")
-            for start in range(0, max(len(value), 1), PIECE_CHARS):
-                yield value[start : start + PIECE_CHARS], start + PIECE_CHARS >= len(value), len(line) * (start == 0)
+            read = len(line)
+            for piece, last in _split(value):
+                yield piece, last, read
+                read = 0
 
 
 def _parquet_pieces(path: Path, field: str) -> Iterator[tuple[str, bool, int]]:
@@ -284,8 +305,8 @@ def _parquet_pieces(path: Path, field: str) -> Iterator[tuple[str, bool, int]]:
                     for value in batch.column(0).to_pylist():
                         if value is None:
                             continue
-                        for start in range(0, max(len(value), 1), PIECE_CHARS):
-                            yield value[start : start + PIECE_CHARS], start + PIECE_CHARS >= len(value), read
+                        for piece, last in _split(value):
+                            yield piece, last, read
                             read = 0
         except (pa.ArrowException, OSError) as e:
             first = (str(e).splitlines() or [type(e).__name__])[0][:160]

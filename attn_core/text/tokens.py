@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 FORMAT = 1  # of the cache entries; a new format makes new keys
 CACHE = "text-cache"  # the cache's folder in the run store's data directory
 TOKENS, META = "tokens.bin", "meta.json"
-BATCH_CHARS = 2 * 2**20  # characters tokenized in one encode_batch call
+BATCH_CHARS = 2**19  # characters tokenized in one encode_batch call (8 pieces: both cores busy)
 
 # progress(phase, done, total): phase "hashing" or "tokenizing", bytes of the corpus
 Progress = Callable[[str, int, int], None]
