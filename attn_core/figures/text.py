@@ -22,7 +22,11 @@ def perplexity_plot(metrics: pd.DataFrame, title: str = "Perplexity") -> Plot:
     fig = go.Figure()
     rows = []
     for name, label, mode in (("task_loss", "training batch", "lines"), ("eval_loss", "held-out", "lines+markers")):
-        s = metrics[metrics["name"] == name][["step", "value"]] if len(metrics) else pd.DataFrame(columns=["step", "value"])
+        s = (
+            metrics[metrics["name"] == name][["step", "value"]]
+            if len(metrics)
+            else pd.DataFrame(columns=["step", "value"])
+        )
         ppl = np.exp(np.minimum(s["value"].to_numpy(dtype=float), 700.0))
         if len(s):
             fig.add_trace(go.Scatter(x=s["step"].to_numpy(), y=ppl, name=label, mode=mode))
