@@ -39,9 +39,12 @@ def perplexity_plot(metrics: pd.DataFrame, title: str = "Perplexity") -> Plot:
     return Plot("perplexity", fig, pd.concat(rows, ignore_index=True))
 
 
-def before_after_plots(before: View, after: View, head: int, query: int | None, value: str, names=("before", "after")):
+def before_after_plots(
+    before: View, after: View, head: int, query: int | None, value: str, titles=("before", "after")
+) -> list[Plot]:
     """The same head of two models on the same tokens (``before``, ``after``: sequence views),
-    as two heatmaps with one colour scale (scores: symmetric around 0 over both)."""
+    as two heatmaps with one colour scale (scores: symmetric around 0 over both), their titles
+    starting with ``titles``."""
     plots = [view_plot(v, head, query, value) for v in (before, after)]
     if value == "scores":
         tops = [float(np.nanmax(np.abs(p.fig.data[0].z))) for p in plots]
@@ -49,7 +52,7 @@ def before_after_plots(before: View, after: View, head: int, query: int | None, 
         for p in plots:
             p.fig.data[0].update(zmin=-top, zmax=top)
     out = []
-    for p, label in zip(plots, names):
+    for p, stem, label in zip(plots, ("before", "after"), titles):
         p.fig.update_layout(title=f"{label}: {p.fig.layout.title.text}")
-        out.append(p.renamed(f"{label.split()[0]}_{value}_{head_label(after.layer, head)}"))
+        out.append(p.renamed(f"{stem}_{value}_{head_label(after.layer, head)}"))
     return out
