@@ -426,7 +426,11 @@ def live_status() -> None:
         ppl = live_chart(
             "perplexity",
             (snap.step, snap.status),
-            lambda: ftext.perplexity_plot(log if snap.done else thinned(log), title=f"Perplexity of {current.parent}"),
+            lambda: ftext.perplexity_plot(
+                log if snap.done else thinned(log),
+                title=f"Perplexity of {current.parent}",
+                before=(snap.before or {}).get("perplexity"),
+            ),
         )
         ui.show_plot(ppl, key="live_perplexity", downloads=snap.done)
     if snap.done and st.session_state.get(SHOWN) != snap.run_id:

@@ -16,17 +16,17 @@ from attn_core.figures.bilinear import view_plot
 from attn_core.regularizers import head_label
 
 
-def perplexity_plot(metrics: pd.DataFrame, title: str = "Perplexity") -> Plot:
-    """exp(loss) over steps from the metric log: held-out perplexity (``eval_loss``, markers)
-    and the training batch's (``task_loss``), log scale."""
+def perplexity_plot(metrics: pd.DataFrame, title: str = "Perplexity", before: float | None = None) -> Plot:
+    """exp(loss) over steps from the metric log: held-out perplexity (``eval_loss``, markers;
+    ``before``, the held-out perplexity measured before training, at step 0) and the training
+    batch's (``task_loss``), log scale."""
     fig = go.Figure()
     rows = []
+    empty = pd.DataFrame(columns=["step", "value"])
     for name, label, mode in (("task_loss", "training batch", "lines"), ("eval_loss", "held-out", "lines+markers")):
-        s = (
-            metrics[metrics["name"] == name][["step", "value"]]
-            if len(metrics)
-            else pd.DataFrame(columns=["step", "value"])
-        )
+        s = metrics[metrics["name"] == name][["step", "value"]] if len(metrics) else empty
+        if name == "eval_loss" and before is not None and math.isfinite(before) and before > 0:
+            s = pd.concat([pd.DataFrame({"step": [0], "value": [math.log(before)]}), s], ignore_index=True)
         ppl = np.exp(np.minimum(s["value"].to_numpy(dtype=float), 700.0))
         if len(s):
             fig.add_trace(go.Scatter(x=s["step"].to_numpy(), y=ppl, name=label, mode=mode))
@@ -53,6 +53,7 @@ def before_after_plots(
             p.fig.data[0].update(zmin=-top, zmax=top)
     out = []
     for p, stem, label in zip(plots, ("before", "after"), titles):
-        p.fig.update_layout(title=f"{label}: {p.fig.layout.title.text}")
+        what = p.fig.layout.title.text.split(": ", 1)[-1]  # "pattern A, layer 1 head 0" without the view's name
+        p.fig.update_layout(title=f"{label}: {what}")
         out.append(p.renamed(f"{stem}_{value}_{head_label(after.layer, head)}"))
     return out

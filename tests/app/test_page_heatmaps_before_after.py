@@ -41,7 +41,7 @@ def test_the_same_head_before_and_after_on_a_typed_sentence(run_id):
     at.toggle(key="before_after").set_value(True).run()
     assert not at.exception and not at.error
     before, after = chart(at, "before"), chart(at, "after")
-    assert before["layout"]["title"]["text"].startswith("before (tiny-llama)")
+    assert before["layout"]["title"]["text"].startswith("before (tiny-llama): pattern A, layer 1 head")
     assert after["layout"]["title"]["text"].startswith(f"after (run:{run_id})")
     tokens = torch.tensor([[5, 6, 7, 8, 5, 6, 7]])
     head = at.selectbox(key="head").value

@@ -331,3 +331,22 @@ def test_tokenizing_a_large_file_does_not_hold_it_in_memory(folder, tmp_path):
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["bytes"] >= 48 * 2**20 and r["tokens"] > 10**7
     assert r["growth_kib"] / 1024 < MEMORY_BOUND_MIB, r
+
+
+def test_perplexity_plot_is_exp_of_the_logged_losses():
+    import pandas as pd
+
+    from attn_core.figures.text import perplexity_plot
+
+    log = pd.DataFrame(
+        {
+            "step": [1, 2, 2, 4],
+            "name": ["task_loss", "task_loss", "eval_loss", "eval_loss"],
+            "value": [3.0, 2.0, 2.5, 1.5],
+        }
+    )
+    plot = perplexity_plot(log, before=float(np.exp(3.2)))
+    train, held = plot.fig.data
+    assert list(train.y) == pytest.approx(np.exp([3.0, 2.0]).tolist())
+    assert list(held.x) == [0, 2, 4] and list(held.y) == pytest.approx(np.exp([3.2, 2.5, 1.5]).tolist())
+    assert set(plot.data["name"]) == {"perplexity (training batch)", "perplexity (held-out)"}
