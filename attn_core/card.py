@@ -91,6 +91,7 @@ DETAIL_CHECKS = {
     "truncation": (lambda v: isinstance(v, list), "a list"),
     "architecture": (_is_str, "an architecture name"),
     "note": (_is_str, "a string"),
+    "checkpoints": (_is_dict, "an object (the checkpoints kept across training)"),
 }
 
 

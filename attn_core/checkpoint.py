@@ -28,17 +28,20 @@ from safetensors.torch import save as st_save_bytes
 
 from attn_core import limits
 from attn_core.card import Card
-from attn_core.destinations import remove_stale_tmp, tmp_prefix
+from attn_core.destinations import check_not_shipped, remove_stale_tmp, tmp_prefix
 from attn_core.model import ModelConfig, Transformer
+from attn_core.model.rotary import inverse_frequencies
 from attn_core.tasks import TASKS, Task
 from attn_core.validate import is_int
 
 WEIGHTS, CONFIG, CARD = "model.safetensors", "config.json", "card.json"
+CHECKPOINTS = "checkpoints"  # a run's weights across training (attn_core.training.checkpoints)
 MAX_JSON_BYTES = 1_000_000
 MAX_JSON_DEPTH = 64  # nesting levels of a config or card (ours use 4)
 MAX_WEIGHTS_BYTES = 512 * 2**20
 MAX_ABS_WEIGHT = 1e6  # trained weights are O(1) to O(10); beyond this, scores overflow float32
 MAX_VOCAB_BYTES = 64 * 2**20  # a vocabulary file (GPT-2's vocab.json is 1 MiB)
+MAX_HEADER_BYTES = 100 * 2**20  # a safetensors header (the library's own limit)
 
 
 class CheckpointError(ValueError):
@@ -69,12 +72,12 @@ def load_path(path: str | Path, device: str | torch.device = "cpu") -> LoadedMod
     """A model folder (``model.safetensors`` + ``config.json`` [+ ``card.json``]) or a lone
     ``.safetensors`` file whose metadata carries the config."""
     path = Path(path)
-    if path.is_dir():
-        weights = path / WEIGHTS
+    if path.is_dir():  # every file of the folder through model_file: a link leading out is refused
+        weights, config, card_file = (model_file(path, n) for n in (WEIGHTS, CONFIG, CARD))
         if not weights.is_file():
             raise CheckpointError(f"{path} has no {WEIGHTS}")
-        cfg = read_config(path / CONFIG) if (path / CONFIG).is_file() else None
-        card = read_card(path / CARD)
+        cfg = read_config(config) if config.is_file() else None
+        card = read_card(card_file)
         name = path.name
     else:
         weights, cfg, card, name = path, None, None, path.stem
@@ -93,12 +96,17 @@ def load_bytes(
 ) -> LoadedModel:
     """Validate and load safetensors bytes (a file's content or an upload)."""
     refuse_pickle(data)
+    if cfg is None:
+        cfg = _config_from_metadata(data)
+    header = _header(data)
+    if header is not None:  # names and declared shapes checked before any tensor is read
+        check_names_and_shapes(
+            cfg, {k: v.get("shape") for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+        )
     try:
         tensors = st_load_bytes(data)
     except Exception as e:  # the Rust loader raises several error types
         raise CheckpointError(f"not a readable safetensors file ({_first_line(e)}); is it truncated?") from None
-    if cfg is None:
-        cfg = _config_from_metadata(data)
     if card is None:
         meta_card = _metadata(data).get("card")
         card = Card.from_dict(
@@ -110,12 +118,13 @@ def load_bytes(
     return LoadedModel(name=name, model=model.to(device).eval(), config=cfg, card=card, key=key)
 
 
-def build_checked(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> Transformer:
-    """A model of ``cfg`` holding ``tensors``, once every name, shape and value is checked."""
+def check_names_and_shapes(cfg: ModelConfig, shapes: dict[str, object]) -> dict[str, tuple[int, ...]]:
+    """Refuse unless ``shapes`` ({tensor name: shape}, read or declared by a header) are exactly
+    the tensors of a model of ``cfg``; returns the expected shapes."""
     with torch.device("meta"):
         expected = {k: tuple(v.shape) for k, v in Transformer(cfg).state_dict().items()}
-    missing = sorted(set(expected) - set(tensors))
-    extra = sorted(set(tensors) - set(expected))
+    missing = sorted(set(expected) - set(shapes))
+    extra = sorted(set(shapes) - set(expected))
     if missing:
         raise CheckpointError(
             f"missing tensors for this config: {', '.join(missing[:5])}"
@@ -124,9 +133,18 @@ def build_checked(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> Transfo
     if extra:
         raise CheckpointError(f"unexpected tensors for this config: {', '.join(extra[:5])}")
     for k, shape in expected.items():
+        got = shapes[k]
+        if not isinstance(got, (list, tuple)) or tuple(got) != shape:
+            shown = list(got) if isinstance(got, (list, tuple)) else got
+            raise CheckpointError(f"tensor {k} has shape {shown}, the config needs {list(shape)}")
+    return expected
+
+
+def build_checked(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> Transformer:
+    """A model of ``cfg`` holding ``tensors``, once every name, shape and value is checked."""
+    expected = check_names_and_shapes(cfg, {k: tuple(t.shape) for k, t in tensors.items()})
+    for k in expected:
         t = tensors[k]
-        if tuple(t.shape) != shape:
-            raise CheckpointError(f"tensor {k} has shape {list(t.shape)}, the config needs {list(shape)}")
         if not t.is_floating_point():
             raise CheckpointError(f"tensor {k} has dtype {t.dtype}; weights must be floating point")
         # min and max in one pass, no temporary the size of the tensor (NaN or Inf shows in them)
@@ -179,8 +197,9 @@ def read_model_file(folder: str | Path, name: str, limit: int) -> bytes:
 
 
 def model_file(folder: str | Path, name: str) -> Path:
-    """Where ``name`` (given by a card, a config or an index) leads inside the model folder:
-    refused, before anything is opened, when it leads outside (see :func:`read_model_file`)."""
+    """Where ``name`` leads inside the model folder: refused, before anything is opened, when it
+    leads outside (see :func:`read_model_file`). The one rule for every file of a model folder:
+    its own config.json, card.json and weights, and the names a card, a config or an index gives."""
     if not isinstance(name, str) or not name.strip() or "\x00" in name:
         raise CheckpointError(f"{name!r} is not a file name inside the model folder")
     root = Path(folder).resolve()
@@ -291,21 +310,39 @@ def read_config_bytes(data: bytes) -> ModelConfig:
 
 def _config_from_dict(raw) -> ModelConfig:
     try:
-        return ModelConfig.from_dict(raw)
+        cfg = ModelConfig.from_dict(raw)
+        if cfg.positional == "rotary":
+            inverse_frequencies(cfg)  # finite and positive, or refused before any weight is read
+        return cfg
     except (TypeError, ValueError) as e:
         raise CheckpointError(str(e)) from None
 
 
-def _metadata(data: bytes) -> dict:
+def _header(data: bytes) -> dict | None:
+    """The JSON header of safetensors bytes (None when it cannot be read: the loader then says why)."""
     n = int.from_bytes(data[:8], "little")
     if n <= 0 or 8 + n > len(data):
-        return {}
+        return None
     try:
-        header = parse_json(data[8 : 8 + n], "the safetensors header")
+        header = parse_json(data[8 : 8 + n], "the safetensors header", limit=MAX_HEADER_BYTES)
     except CheckpointError:
-        return {}
-    meta = header.get("__metadata__") if isinstance(header, dict) else None
+        return None
+    return header if isinstance(header, dict) else None
+
+
+def _metadata(data: bytes) -> dict:
+    meta = (_header(data) or {}).get("__metadata__")
     return meta if isinstance(meta, dict) else {}
+
+
+def metadata(data: bytes) -> dict:
+    """The ``__metadata__`` of safetensors bytes ({} when there is none or it cannot be read)."""
+    return _metadata(data)
+
+
+def config_from_metadata(data: bytes) -> ModelConfig:
+    """The config a safetensors file carries in its metadata (a one-sentence error without one)."""
+    return _config_from_metadata(data)
 
 
 def _config_from_metadata(data: bytes) -> ModelConfig:
@@ -336,32 +373,41 @@ def save(
     folder: str | Path,
     card: Card | dict | None = None,
     overwrite: bool = False,
+    include: dict[str, Path] | None = None,
     files: dict[str, bytes] | None = None,
 ) -> Path:
     """Write a model folder atomically: files go to a temporary sibling folder that is renamed
     into place, so a crash never leaves a half-written model and nothing existing is replaced
     unless ``overwrite``. The temporary folder's name carries this host and process
     (:func:`tmp_owner`), so the left-over of a killed save is known as such and removed by the
-    next save of the same folder (and by the run store) as soon as its process is gone. ``files``
+    next save of the same folder (and by the run store) as soon as its process is gone.
+    ``include`` ({name: existing folder on the same disk}) moves those folders into the new one
+    under ``name`` (a run's :data:`CHECKPOINTS`), back again if the save fails. ``files``
     (name -> bytes: a tokenizer, say) are written beside the weights, in the same rename."""
     folder = Path(folder)
-    files = files or {}
-    for name in files:
-        if Path(name).name != name or name in (WEIGHTS, CONFIG, CARD) or name.startswith("."):
-            raise ValueError(f"{name!r} cannot be saved beside a model's weights (a plain file name is needed)")
+    if any(Path(n).name != n or n in (WEIGHTS, CONFIG, CARD) or n.startswith(".") for n in files or {}):
+        raise ValueError(f"files beside a model's weights need plain names of their own, not {sorted(files)}")
     card = Card.from_dict(card)  # a plain dict is checked against the schema
+    try:
+        check_not_shipped(folder, "the destination")  # never into the shipped zoo or inside a model
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
     if folder.exists() and not overwrite:
         raise CheckpointError(f"{folder} already exists; choose a new folder (nothing was overwritten)")
     folder.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_tmp(folder.parent, folder.name)
     tmp = Path(tempfile.mkdtemp(prefix=tmp_prefix(folder.name), dir=folder.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; a saved model is readable like any folder
+    moved: list[tuple[Path, Path]] = []
     try:
         (tmp / WEIGHTS).write_bytes(to_safetensors_bytes(model, card))
         (tmp / CONFIG).write_text(json.dumps(model.cfg.to_dict(), indent=2) + "\n")
         (tmp / CARD).write_text(json.dumps(card.to_dict(), indent=2, default=_json_default) + "\n")
-        for name, data in files.items():
+        for name, data in (files or {}).items():
             (tmp / name).write_bytes(data)
+        for name, source in (include or {}).items():
+            Path(source).rename(tmp / name)
+            moved.append((Path(source), tmp / name))
         if folder.exists():
             old = tmp.with_name(tmp.name + "-old")
             folder.rename(old)
@@ -370,7 +416,14 @@ def save(
         else:
             tmp.rename(folder)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        kept = False
+        for source, there in moved:  # what was moved in goes back where it was
+            try:
+                there.rename(source)
+            except OSError:
+                kept = True  # it cannot: the temporary folder stays, with it inside
+        if not kept:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     return folder
 

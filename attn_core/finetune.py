@@ -28,7 +28,7 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
-from attn_core.hooks import act_name
+from attn_core.hooks import Cache, act_name
 from attn_core.model import Transformer
 from attn_core.training.device import autocast, autocast_dtype
 
@@ -93,23 +93,30 @@ def frozen_copy(model: Transformer, entmax_alpha: float | None = None) -> Transf
 class KLPenalty:
     """A Trainer penalty: ``{"kl": strength * KL(p_start || p_model)}``, the KL divergence per
     token (nats) from the starting model's next-token distribution to the model's, on the
-    training batch. The starting model is taken at the first call, which the trainer makes before
-    its first update (it is then on the training device)."""
+    training batch. It reads the model's last residual stream from the forward's cache
+    (:meth:`cache` asks for it alone, so every layer keeps its fused attention). The starting
+    model is taken by :meth:`start` once the model is on its training device (the job calls it),
+    else at the first call, which the trainer makes before its first update."""
 
-    def __init__(self, strength: float, precision: str = "fp32", entmax_alpha: float | None = None):
+    def __init__(self, strength: float, cfg, precision: str = "fp32", entmax_alpha: float | None = None):
         self.strength = float(strength)
         self.autocast = autocast_dtype(precision)
         self.entmax_alpha = entmax_alpha
+        self.reads = (act_name("resid_post", cfg.n_layers - 1),)
         self.reference: Transformer | None = None
 
-    def reads(self, cfg) -> list[str]:
-        """The activations it takes from the forward's cache: the last residual stream."""
-        return [act_name("resid_post", cfg.n_layers - 1)]
+    def cache(self) -> Cache:
+        """The forward cache it reads: the last block's residual stream."""
+        return Cache(self.reads)
+
+    def start(self, model: Transformer) -> None:
+        """Take ``model``'s weights now as the starting model (frozen ones shared, not copied)."""
+        self.reference = frozen_copy(model, self.entmax_alpha)
 
     def __call__(self, model: Transformer, batch, cache: dict | None) -> dict[str, torch.Tensor]:
         if self.reference is None:
-            self.reference = frozen_copy(model, self.entmax_alpha)
-        (name,) = self.reads(model.cfg)
+            self.start(model)
+        (name,) = self.reads
         if cache is None or name not in cache:
             raise ValueError(f"the KL term reads {name} from the forward's cache; the trainer passed none")
         logits = model.ln_final(cache[name]) @ model.unembed.W_U + model.unembed.b_U
@@ -122,13 +129,32 @@ class KLPenalty:
 
 
 class Penalties:
-    """Several Trainer penalties as one: their terms side by side (labels must differ)."""
+    """Several Trainer penalties as one: their terms side by side (labels must differ), and one
+    forward cache holding what each reads (:meth:`cache`)."""
 
     def __init__(self, *parts):
         self.parts = [p for p in parts if p]
 
     def __bool__(self) -> bool:
         return bool(self.parts)
+
+    def cache(self) -> dict | None:
+        """The union of the parts' caches (a part without ``cache()`` reads everything: a plain dict)."""
+        names: set[str] = set()
+        for part in self.parts:
+            make = getattr(part, "cache", None)
+            made = make() if make is not None else {}
+            if made is None:
+                continue
+            if not isinstance(made, Cache):
+                return {}
+            names |= made.names
+        return Cache(names) if names else None
+
+    def start(self, model: Transformer) -> None:
+        for part in self.parts:
+            if hasattr(part, "start"):
+                part.start(model)
 
     def __call__(self, model, batch, cache) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
@@ -140,8 +166,10 @@ class Penalties:
 def setup(model: Transformer, train: str, kl: float, penalty, precision: str = "fp32", fixed=(), entmax_alpha=None):
     """Freeze what ``train`` leaves out (:func:`select_trainable`) and return the Trainer's penalty:
     ``penalty`` (the regularizers) with the KL term when ``kl`` > 0, or None when there is no
-    term at all; also the names of the trained parameters."""
+    term at all; also the names of the trained parameters. Call the penalty's ``start(model)``
+    (when it has one) once the model is on its training device."""
     trained = select_trainable(model, train, regularized_layers(penalty), fixed)
-    kl_term = KLPenalty(kl, precision, entmax_alpha) if kl > 0 else None
-    combined = Penalties(penalty, kl_term)
-    return (combined if combined else None), trained
+    if kl <= 0:
+        return (penalty if penalty else None), trained
+    kl_term = KLPenalty(kl, model.cfg, precision, entmax_alpha)
+    return (Penalties(penalty, kl_term) if penalty else kl_term), trained

@@ -12,10 +12,11 @@ from pathlib import Path
 
 from attn_core import hf
 from attn_core.card import Card
-from attn_core.checkpoint import CARD, CONFIG, WEIGHTS, CheckpointError, read_card, read_config
+from attn_core.checkpoint import CARD, CONFIG, WEIGHTS, CheckpointError, model_file, read_card, read_config
+from attn_core.destinations import SHIPPED
 from attn_core.model import ModelConfig
 
-ZOO_DIR = Path(__file__).resolve().parent.parent / "assets" / "models"
+ZOO_DIR = SHIPPED / "models"
 ENV_DIRS = "ATTN_LAB_MODELS"
 
 
@@ -54,8 +55,9 @@ def list_models(problems: list[str] | None = None) -> list[dict]:
                 raw = hf.hf_config(folder)
                 if raw is not None:  # a Hugging Face folder: its config mapped, no card
                     cfg, card = hf.model_config(raw), Card(details={"architecture": raw["model_type"]})
-                else:
-                    cfg, card = read_config(folder / CONFIG), read_card(folder / CARD)
+                else:  # every file through model_file: a link leading out of the folder is refused
+                    cfg, card = read_config(model_file(folder, CONFIG)), read_card(model_file(folder, CARD))
+                model_file(folder, WEIGHTS)
                 out.append(summary(folder.name, cfg, card, folder))
             except Exception as e:  # noqa: BLE001 -- one bad folder must not hide the rest of the zoo
                 found.append(f"skipped model folder {folder}: {_reason(e)}")

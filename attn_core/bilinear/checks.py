@@ -1,11 +1,13 @@
 """The input checks of the bilinear engine, in one place: a layer, heads, token ids, and the
 model object a function takes. Each failure is a ValueError (TypeError for a wrong object) of
 one sentence that names the valid range (a ``limits.LimitError`` for a view larger than the
-memory limit)."""
+memory limit); and the one mask a view takes its visible keys from (``layer_mask``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import torch
 
 from attn_core import limits
 from attn_core.model import Transformer
@@ -49,6 +51,18 @@ def check_tokens(model: Transformer, token_ids: Sequence[int], max_len: int | No
     n, h = len(ids), model.cfg.n_heads  # a view holds scores and pattern, [heads, n, n] each
     limits.check_memory(f"a view of {n} x {n} scores for {h} heads", 2 * h * n * n * limits.FLOAT_BYTES)
     return ids
+
+
+def layer_mask(model: Transformer, layer: int, n: int) -> torch.Tensor:
+    """The model's own mask of ``layer`` on ``n`` tokens, [n, n] bool, True where query i sees key
+    j: causal, and within the layer's sliding window when it has one (``cfg.window``). Every
+    view, attribution and long view takes the keys a query sees from here."""
+    return model.mask(n, model.cfg.window(check_layer(model, layer)))
+
+
+def visible_keys(model: Transformer, layer: int, n: int, query: int) -> list[int]:
+    """The key positions query ``query`` sees at ``layer`` in an input of ``n`` tokens, in order."""
+    return torch.nonzero(layer_mask(model, layer, n)[query]).flatten().tolist()
 
 
 def check_loaded(loaded: LoadedModel, what: str) -> LoadedModel:

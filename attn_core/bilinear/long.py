@@ -32,7 +32,7 @@ import pandas as pd
 import torch
 
 from attn_core import metrics
-from attn_core.bilinear.checks import check_heads, check_layer, check_loaded, check_tokens
+from attn_core.bilinear.checks import check_heads, check_layer, check_loaded, check_tokens, layer_mask
 from attn_core.bilinear.tokens import position_labels
 from attn_core.bilinear.views import View
 from attn_core.hooks import act_name
@@ -298,5 +298,5 @@ def layer_scores(
         except _Stop:
             pass
     labels = position_labels(loaded, ids)
-    mask = model.mask(n, model.cfg.window(layer)).cpu()
+    mask = layer_mask(model, layer, n).cpu()
     return LayerScores(layer, ids, labels, kept["S"], mask, float(model.cfg.entmax_alpha))

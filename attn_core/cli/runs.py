@@ -8,6 +8,7 @@ import json
 import typer
 
 from attn_core.card import MEASURE_KEYS, TEXT_MEASURE_KEYS, public
+from attn_core.cli import dynamics as dyn
 from attn_core.cli.common import JsonOpt, emit, guarded, table
 from attn_core.finetune import TRAIN_HELP
 from attn_core.regularizers import REGULARIZERS
@@ -86,6 +87,11 @@ def retrain_cmd(
         "(default: 1 on CPU, 25 on CUDA); the NaN guard checks "
         "them there and keeps the last good weights.",
     ),
+    checkpoint_every: int | None = dyn.EveryOpt,
+    checkpoint_log: int | None = dyn.LogOpt,
+    checkpoint_steps: str | None = dyn.StepsOpt,
+    checkpoint_params: str = dyn.ParamsOpt,
+    checkpoint_max_mb: float | None = dyn.MaxMbOpt,
     text: str | None = typer.Option(
         default(JobConfig, "text"),
         "--text",
@@ -131,6 +137,9 @@ def retrain_cmd(
         device=device,
         precision=precision,
         sync_every=sync_every,
+        **dyn.checkpoint_settings(
+            checkpoint_every, checkpoint_log, checkpoint_steps, checkpoint_params, checkpoint_max_mb
+        ),
         text=text,
         text_field=text_field,
         eval_text=eval_text,
@@ -142,6 +151,8 @@ def retrain_cmd(
         _tokenize_with_bar(cfg, quiet=as_json)
     with sigint_stops(exiting=True) as ctrl_c:  # held until the command ends: a late Ctrl-C cannot cut the report
         job = TrainingJob(cfg)
+        if job.checkpoints is not None:  # the disk they take, before training
+            dyn.say(job.checkpoints.statement(job.model) + "; in the run's folder")
         if ctrl_c.is_set():
             typer.echo("interrupted before training began; nothing was saved", err=True)
             raise typer.Exit(SIGINT_EXIT)
@@ -157,20 +168,22 @@ def retrain_cmd(
 
 
 def _tokenize_with_bar(cfg: JobConfig, quiet: bool) -> None:
-    """Hash and tokenize the job's text into the cache, a tqdm bar (bytes) per phase on stderr."""
-    from tqdm import tqdm
-
+    """Hash and tokenize the job's text into the cache, with a progress bar (MiB) per phase on
+    stderr (``attn_core.progress``: lines when stderr is not a terminal; none with ``--json``)."""
+    from attn_core.progress import Progress
     from attn_core.runs import RunStore
     from attn_core.text.source import prepare_text
 
-    bars: dict[str, tqdm] = {}
+    bars: dict[str, Progress] = {}
 
     def progress(phase: str, done: int, total: int) -> None:
+        if quiet:
+            return
         if phase not in bars:
             for bar in bars.values():
                 bar.close()
-            bars[phase] = tqdm(total=total, desc=phase, unit="B", unit_scale=True, disable=quiet)
-        bars[phase].update(done - bars[phase].n)
+            bars[phase] = Progress(max(total, 1), phase, unit="")
+        bars[phase].set(done, note=f"{done / 2**20:.1f} of {total / 2**20:.1f} MiB")
 
     try:
         prepare_text(cfg.source, cfg.text, cfg.text_field, cfg.eval_text, RunStore(), progress)
@@ -232,21 +245,21 @@ def _report(res: dict, as_json: bool, job=None) -> None:
 
 
 def _run_with_bar(job, name: str, steps: int) -> None:
-    """Train in the job's thread while a progress bar follows its snapshots."""
-    from tqdm import tqdm
+    """Train in the job's thread while a progress bar (lines when stderr is not a terminal)
+    follows its snapshots."""
+    from attn_core.progress import Progress
 
     job.start()
-    bar = tqdm(total=steps, desc=f"retrain {name}", unit="step")
+    bar = Progress(steps, f"retrain {name}", unit="step")
     try:
         while not job.join(0.25):
             snap = job.snapshot()
-            bar.update(snap.step - bar.n)
+            note = None
             if "task_loss" in snap.latest:
-                bar.set_postfix(
-                    loss=f"{snap.latest['task_loss']:.3g}", H=f"{snap.latest.get('entropy_data', float('nan')):.3f}"
-                )
+                note = f"loss={snap.latest['task_loss']:.3g} H={snap.latest.get('entropy_data', float('nan')):.3f}"
+            bar.set(snap.step, note)
     finally:
-        bar.update(job.snapshot().step - bar.n)
+        bar.set(job.snapshot().step)
         bar.close()
 
 

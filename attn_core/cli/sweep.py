@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import typer
 
+from attn_core.cli import dynamics as dyn
 from attn_core.cli.common import JsonOpt, emit, guarded, table
 from attn_core.training.config import JobConfig
 from attn_core.validate import default
@@ -82,6 +83,11 @@ def sweep_cmd(
     resume: str | None = typer.Option(
         None, help="Resume sweep ID: run only its unfinished trials (NAME and the grid are then taken from the sweep)."
     ),
+    checkpoint_every: int | None = dyn.EveryOpt,
+    checkpoint_log: int | None = dyn.LogOpt,
+    checkpoint_steps: str | None = dyn.StepsOpt,
+    checkpoint_params: str = dyn.ParamsOpt,
+    checkpoint_max_mb: float | None = dyn.MaxMbOpt,
     as_json: bool = JsonOpt,
 ):
     """Sweep regularizers x lambdas x seeds on Ray; every trial is a retrain recorded as a run."""
@@ -89,7 +95,10 @@ def sweep_cmd(
 
     plan = None
     if resume is None:
-        plan = grid_plan(name, grid, seeds, steps=steps, lr=lr, heads=heads, batch_size=batch_size)
+        ckpt = dyn.checkpoint_settings(
+            checkpoint_every, checkpoint_log, checkpoint_steps, checkpoint_params, checkpoint_max_mb
+        )
+        plan = grid_plan(name, grid, seeds, steps=steps, lr=lr, heads=heads, batch_size=batch_size, **ckpt)
     on_trial = None
     if not as_json:
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import shutil
 import tempfile
@@ -40,7 +39,7 @@ import torch
 from safetensors.torch import save_file
 
 from attn_core.checkpoint import CONFIG, WEIGHTS, CheckpointError, LoadedModel
-from attn_core.destinations import tmp_prefix
+from attn_core.destinations import check_destination, tmp_prefix
 from attn_core.hf.tokenizer import VOCAB
 from attn_core.model import ModelConfig
 
@@ -277,20 +276,12 @@ def _readme(loaded: LoadedModel, hf_config: dict, notes: list[str], tokenizer: b
 
 
 def _check_destination(out: Path) -> Path:
-    """The nearest existing folder at or above ``out`` once it is clear that the export may be
-    written there: ``out`` is absent or an empty folder, and its parent is writable."""
-    if out.exists() and not out.is_dir():
-        raise CheckpointError(f"{out} is a file; choose a new folder (nothing was overwritten)")
-    if out.is_dir() and any(out.iterdir()):
-        raise CheckpointError(f"{out} already exists and is not empty; choose a new folder (nothing was overwritten)")
-    base = out.parent
-    while not base.exists():
-        base = base.parent
-    if not base.is_dir():
-        raise CheckpointError(f"cannot create {out}: {base} is a file, not a folder")
-    if not os.access(base, os.W_OK | os.X_OK):
-        raise CheckpointError(f"cannot write into {base} (permission denied)")
-    return base
+    """``out`` once it is clear that the export may be written there: absent or an empty folder
+    (``destinations.check_destination``, which gives the true reason otherwise)."""
+    try:
+        return check_destination(out, empty_ok=True)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def write_folder(out: Path, tensors: dict[str, torch.Tensor], hf_config: dict, files: dict[str, bytes]) -> None:

@@ -29,6 +29,11 @@ JOB_FIELDS = (
     "probe_samples",
     "measure_samples",
     "max_loss",
+    "checkpoint_every",
+    "checkpoint_log",
+    "checkpoint_steps",
+    "checkpoint_params",
+    "checkpoint_max_mb",
 )
 
 

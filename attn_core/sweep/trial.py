@@ -92,7 +92,22 @@ def _payload(j) -> dict:
         "model_config": model.cfg.to_dict(),
         "weights": st_save({k: v.contiguous() for k, v in model.state_dict().items()}),
         "metrics": {"step": steps, "name": names, "value": values},
+        "checkpoints": _checkpoint_files(j),
     }
+
+
+def _checkpoint_files(j) -> dict[str, bytes] | None:
+    """The trial's checkpoint files (name -> bytes, the index included), read from the job's
+    temporary folder, which is then removed; None when it kept none."""
+    import shutil
+
+    writer = getattr(j, "checkpoints", None)
+    if writer is None or writer.folder is None:
+        return None
+    try:
+        return {p.name: p.read_bytes() for p in sorted(writer.folder.iterdir()) if p.is_file()}
+    finally:
+        shutil.rmtree(writer.folder, ignore_errors=True)
 
 
 def payload_size(payload: Mapping) -> int:
@@ -101,7 +116,9 @@ def payload_size(payload: Mapping) -> int:
     import json
 
     rest = {k: v for k, v in payload.items() if k != "weights"}
-    return len(payload.get("weights") or b"") + len(json.dumps(rest, default=str).encode())
+    rest = {k: v for k, v in rest.items() if k != "checkpoints"}
+    files = sum(len(b) for b in (payload.get("checkpoints") or {}).values())
+    return len(payload.get("weights") or b"") + files + len(json.dumps(rest, default=str).encode())
 
 
 def record_trial(store, sweep_id: str, payload: Mapping) -> str:
@@ -125,7 +142,41 @@ def record_trial(store, sweep_id: str, payload: Mapping) -> str:
         "seed": trial["seed"],
         "regularizers": Trial.from_dict(trial).spec,
     }
+    staging = _stage_checkpoints(store, payload.get("checkpoints"))
+    try:
+        return _add_run(store, sweep_id, payload, model, card, rows, config, staging)
+    finally:
+        if staging is not None and staging.exists():  # not moved into the run: its save failed
+            import shutil
+
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _stage_checkpoints(store, files: Mapping | None):
+    """A trial's checkpoint files written into a hidden folder of the store (moved into the run's
+    folder when it is saved); None without files. Only plain names are written."""
+    if not files:
+        return None
+    import re
+    import tempfile
+    from pathlib import Path
+
+    from attn_core.destinations import tmp_prefix
+
+    store.root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=tmp_prefix("checkpoints"), dir=store.root))
+    for name, data in files.items():
+        if not re.fullmatch(r"(step-\d{9}\.safetensors|index\.json)", str(name)):
+            continue  # a payload names files, never paths
+        (staging / name).write_bytes(data)
+    return staging
+
+
+def _add_run(store, sweep_id: str, payload: Mapping, model, card, rows, config, staging) -> str:
+    from attn_core.checkpoint import CHECKPOINTS
+
     return store.add_run(
+        include={CHECKPOINTS: staging} if staging is not None else None,
         parent=payload.get("parent"),
         task=payload.get("task"),
         config=config,

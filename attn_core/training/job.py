@@ -22,7 +22,7 @@ from attn_core.runs import RunStore
 from attn_core.sources import resolve
 from attn_core.tasks import get_task
 from attn_core.text.source import text_task_for
-from attn_core.training import telemetry
+from attn_core.training import checkpoints, telemetry
 from attn_core.training.config import JobConfig
 from attn_core.training.queue import SLOTS, JobSlots, queued_message
 from attn_core.training.record import Outcome, RunRecorder, error_text, measure_final, record_run, run_card
@@ -73,6 +73,9 @@ class TrainingJob:
         )
         self.model = self.trainer.model
         self.device = self.trainer.device
+        if hasattr(penalty, "start"):  # the KL term's starting model, on the training device
+            penalty.start(self.model)
+        self.checkpoints = checkpoints.for_job(self.trainer, cfg.checkpoint_plan(), self.store)
         self.parent_card = parent_card
         self.probe = task.sample(cfg.probe_samples, cfg.seed + 2 * EVAL_SEED_OFFSET, split="test").to(self.device)
         self.recorder = RunRecorder(self.store)
@@ -321,6 +324,8 @@ class TrainingJob:
         self._publish(step=step, train_s=time.perf_counter() - self._t_loop)
 
     def _loop(self) -> Outcome:
+        if self.checkpoints is not None:  # step 0, into the run's folder (a temporary one without a store)
+            self.checkpoints.start(checkpoints.job_folder(self.store, self.run_id), self.model)
         self._t_loop = time.perf_counter()
         self._telemetry(0)
         self._spectra(0)
@@ -363,6 +368,7 @@ class TrainingJob:
             regularized_heads=self._head_names(),
             entmax_alpha=self.model.cfg.entmax_alpha,
             job=self.cfg.to_dict(),
+            **({"checkpoints": self.checkpoints.listing()} if self.checkpoints is not None else {}),
             **self.details(),
         )
 

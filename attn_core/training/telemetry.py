@@ -36,6 +36,7 @@ __all__ = [
     "spectra_row",
     "step_row",
     "telemetry_row",
+    "telemetry_tensors",
     "term_name",
 ]
 
@@ -154,8 +155,8 @@ def measure(model: Transformer, task: Task, heads=None, samples: int = 512, seed
     heads = R.parse_heads(heads, model.cfg)
     cache: dict = {}
     ev = evaluate(model, task, samples, seed, cache=cache)
-    data = R.data_concentration(model, cache, heads)
-    vocab = R.vocab_concentration(model, heads)
+    data = _host(R.data_concentration(model, cache, heads))
+    vocab = _host(R.vocab_concentration(model, heads))
     spec = R.spectrum(model)
     per_head = [
         {
@@ -183,22 +184,35 @@ def measure(model: Transformer, task: Task, heads=None, samples: int = 512, seed
     }
 
 
+def _host(values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per-head summaries on the CPU, each in one copy (item by item would wait on the GPU for each)."""
+    return {k: v.cpu() for k, v in values.items()}
+
+
 @torch.no_grad()
+def telemetry_tensors(model: Transformer, probe_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tensor part of :func:`telemetry_row`, on the model's device: ``entropy_data``,
+    ``top1_data`` and ``entropy_vocab`` of every head stacked, [3, n_layers, n_heads], and the probe's first sequence's
+    pattern of every head, [n_layers, n_heads, T, T]."""
+    cache: dict = {}
+    model(probe_tokens, cache=cache)
+    data = R.data_concentration(model, cache)
+    if model.cfg.d_vocab <= VOCAB_VIEW_MAX:
+        vocab = R.vocab_concentration(model)
+    else:  # not measured: a V x V view per head
+        vocab = {"entropy": torch.full_like(data["entropy"], math.nan)}
+    pattern = torch.stack([cache[act_name("pattern", l)][0] for l in range(model.cfg.n_layers)])
+    return torch.stack([data["entropy"], data["top1"], vocab["entropy"]]), pattern
+
+
 def telemetry_row(model: Transformer, probe_tokens: torch.Tensor, heads) -> tuple[dict, torch.Tensor]:
     """Attention concentration of every head on the probe batch and on the vocabulary view
     (``entropy_data:L<l>H<h>``, ``top1_data:...``, ``entropy_vocab:...``) and the means over
     ``heads`` (the regularized ones); also the probe's first sequence's pattern of every head,
-    [n_layers, n_heads, T, T]."""
+    [n_layers, n_heads, T, T], on the model's device. The values are read in one copy."""
     cfg = model.cfg
-    cache: dict = {}
-    model(probe_tokens, cache=cache)
-    data = R.data_concentration(model, cache)
-    if cfg.d_vocab <= VOCAB_VIEW_MAX:
-        vocab = R.vocab_concentration(model)
-    else:  # not measured: a V x V view per head
-        vocab = {"entropy": torch.full((cfg.n_layers, cfg.n_heads), math.nan)}
-    pattern = torch.stack([cache[act_name("pattern", l)][0] for l in range(cfg.n_layers)])
-    H_data, top1, H_vocab = data["entropy"].tolist(), data["top1"].tolist(), vocab["entropy"].tolist()
+    values, pattern = telemetry_tensors(model, probe_tokens)
+    H_data, top1, H_vocab = values.cpu().tolist()
     row: dict = {}
     for l in range(cfg.n_layers):
         for h in range(cfg.n_heads):

@@ -56,7 +56,7 @@ def test_kl_term_equals_a_dense_computation(tiny_model):
     a relative 1e-3 of a KL of order 1e-2)."""
     model = tiny_model("reverse", std=0.3, n_layers=2, d_mlp=16)
     finetune.select_trainable(model, "qk", {1})
-    kl = finetune.KLPenalty(2.0)
+    kl = finetune.KLPenalty(2.0, model.cfg)
     batch = get_task("reverse").sample(4, seed=0)
     cache: dict = {}
     model(batch.tokens, cache=cache)
@@ -90,7 +90,7 @@ def test_kl_term_equals_a_dense_computation(tiny_model):
 def test_kl_needs_the_forward_cache(tiny_model):
     model = tiny_model("reverse")
     with pytest.raises(ValueError, match="reads blocks.0.hook_resid_post"):
-        finetune.KLPenalty(1.0)(model, get_task("reverse").sample(2), {})
+        finetune.KLPenalty(1.0, model.cfg)(model, get_task("reverse").sample(2), {})
 
 
 def test_kl_keeps_a_retrain_closer_to_its_start():
@@ -135,3 +135,18 @@ def test_the_command_names_the_new_flags():
     cfg = JobConfig(source="m", text="my text.txt", text_field="body", block=64, train="qk", kl=0.5)
     assert cfg.command().endswith("--text 'my text.txt' --text-field body --block 64 --train qk --kl 0.5")
     assert JobConfig(**{k: v for k, v in cfg.to_dict().items() if k != "regularizers"}).command() == cfg.command()
+
+
+def test_the_kl_term_asks_only_for_the_last_residual_stream(tiny_model):
+    """A penalty's cache() names what the forward keeps: with the KL term the regularizers'
+    Q and K plus the last residual stream, so the other layers keep their fused attention."""
+    model = tiny_model("induction", n_layers=2)
+    regs = R.build_penalty(["entropy@L1=0.1"], model)
+    combined, _ = finetune.setup(model, "all", 0.5, regs)
+    names = combined.cache().names
+    assert names == set(regs.cache().names) | {"blocks.1.hook_resid_post"}
+    alone, _ = finetune.setup(model, "all", 0.5, R.build_penalty([], model))
+    assert isinstance(alone, finetune.KLPenalty) and alone.cache().names == {"blocks.1.hook_resid_post"}
+    plain, _ = finetune.setup(model, "all", 0.0, regs)
+    assert plain is regs  # no KL: the regularizers' own penalty, unwrapped
+    assert finetune.setup(model, "all", 0.0, R.build_penalty([], model))[0] is None

@@ -1,0 +1,291 @@
+"""Row penalties of attention computed from Q and K in query blocks (docs/maths.md, "Row
+penalties in query blocks"), so that no ``[batch, heads, T, T]`` pattern is kept for backward.
+
+For the rows ``A_i = softmax(s_i)`` (or alpha-entmax) of ``s_i = q_i K^T`` masked to the keys
+that query position ``i`` sees, :func:`row_values` returns the per-row penalty of
+``attn_core.metrics`` (normalized entropy, 1 - Hoyer, 1 - top-k mass) for every row, computed
+``block`` query rows at a time. A custom autograd function keeps only Q, K (the model holds them
+for its own attention backward anyway) and a few numbers per row; its backward forms each
+block's scores again and applies the row's gradient in closed form (softmax), or through
+autograd on that one block (alpha-entmax). Memory is O(batch x heads x block x T) at any moment,
+never O(T^2) per layer kept from forward to backward. Under a causal mask a block only forms the
+keys its queries can see.
+
+:func:`head_means` averages the rows of each head over the informative ones (at least
+``metrics.MIN_KEYS`` visible keys), exactly or as the unbiased sampled-rows estimate.
+
+Masks: ``window`` None sees every key; 0 is the causal mask; w > 0 a causal sliding window of w
+keys (``i - j < w``); ``key_mask`` [batch, T] (True = a real token) hides padding keys, and a
+padding query's row is not counted. Every tensor made here takes the device of ``q``; scores are
+formed in q's dtype (bf16 under bf16 autocast, like the model's own attention) and reduced in
+float32 (float64 stays float64).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attn_core import metrics
+from attn_core.model.attention import attention_weights
+
+ROW_KINDS = ("entropy", "hoyer", "topk")  # the row penalty behind data and vocab regularizers
+# Scores formed at once per block (batch x heads x rows x keys): float32 temporaries of 16 MiB
+# on the CPU, 128 MiB on an accelerator (where fewer, larger blocks save kernel launches).
+BLOCK_SCORES = {"cpu": 2**22, "meta": 2**22}
+BLOCK_SCORES_DEFAULT = 2**25
+EPS = 1e-12  # metrics.hoyer's
+
+
+def reduce_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the rows are reduced in: float64 stays, everything else is float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def block_rows(q: torch.Tensor, T: int, block: int | None = None) -> int:
+    """Query rows per block: ``block``, or as many as keep batch x heads x rows x T scores under
+    the device's budget (:data:`BLOCK_SCORES`), at least 16."""
+    if block is not None:
+        if block < 1:
+            raise ValueError(f"block must be at least 1 row, got {block}")
+        return block
+    budget = BLOCK_SCORES.get(q.device.type, BLOCK_SCORES_DEFAULT)
+    return max(16, budget // max(1, q.shape[0] * q.shape[1] * T))
+
+
+def visible(
+    positions: torch.Tensor, lo: int, hi: int, window: int | None, key_mask: torch.Tensor | None
+) -> torch.Tensor | None:
+    """Which keys ``lo..hi-1`` each query at ``positions`` [R] sees: [R, K] (or [b, 1, R, K] with
+    ``key_mask``); None when every key is visible."""
+    if window is None and key_mask is None:
+        return None
+    j = torch.arange(lo, hi, device=positions.device)
+    out = None
+    if window is not None:
+        i = positions[:, None]
+        out = j[None, :] <= i
+        if window > 0:
+            out = out & (i - j[None, :] < window)
+    if key_mask is not None:
+        keys = key_mask[:, None, None, lo:hi]
+        out = keys if out is None else out & keys
+    return out
+
+
+def visible_counts(positions: torch.Tensor, T: int, window: int | None, key_mask: torch.Tensor | None) -> torch.Tensor:
+    """Visible keys of each query row, [1, R] (or [b, R] with ``key_mask``), on positions' device,
+    from prefix sums (no T x T mask is formed)."""
+    b = 1 if key_mask is None else key_mask.shape[0]
+    keys = torch.ones(b, T, device=positions.device) if key_mask is None else key_mask.to(torch.float32)
+    if window is None:
+        return keys.sum(-1, keepdim=True).expand(b, positions.shape[0])
+    prefix = torch.nn.functional.pad(keys.cumsum(-1), (1, 0))  # prefix[:, n] = keys before n
+    first = (positions - window + 1).clamp_min(0) if window > 0 else torch.zeros_like(positions)
+    return prefix[:, positions + 1] - prefix[:, first]
+
+
+def _scores(q, k, a, e, lo, hi, positions, window, key_mask):
+    """The block's scores in the reduction dtype, masked keys set to a very negative finite
+    number (exp gives exactly 0; a row with no visible key stays finite), and its mask."""
+    s = (q[:, :, a:e] @ k[:, :, lo:hi].transpose(-1, -2)).to(reduce_dtype(q.dtype))
+    vis = visible(positions[a:e], lo, hi, window, key_mask)
+    if vis is not None:
+        s = s.masked_fill(~vis, torch.finfo(s.dtype).min / 4)
+    return s, vis
+
+
+def _n(vis, s) -> torch.Tensor:
+    """Visible keys per row of a block, broadcastable to s[..., 0]."""
+    if vis is None:
+        return torch.full((), s.shape[-1], dtype=s.dtype, device=s.device)
+    return vis.sum(-1).to(s.dtype)
+
+
+def _inv_log_n(n: torch.Tensor) -> torch.Tensor:
+    """1 / log n, and 0 for a row with one visible key (its normalized entropy is 0)."""
+    return torch.where(n > 1, 1 / n.clamp_min(2).log(), torch.zeros_like(n))
+
+
+def _softmax_rows(kind: str, s, n, topk: int):
+    """Per-row values of softmax rows and the row numbers their gradient needs (closed forms,
+    docs/maths.md)."""
+    logp = s.log_softmax(-1)
+    p = logp.exp()
+    if kind == "entropy":
+        H = -(p * logp).sum(-1)
+        return H * _inv_log_n(n), (H,)
+    if kind == "hoyer":
+        l1, q2 = p.sum(-1), (p * p).sum(-1).clamp_min(EPS * EPS)
+        root = n.sqrt()
+        value = torch.where(n > 1, 1 - (root - l1 / q2.sqrt()) / (root - 1).clamp_min(EPS), torch.zeros_like(q2))
+        return value, (l1, q2)
+    top = p.topk(min(topk, s.shape[-1]), dim=-1)
+    mass = top.values.sum(-1)
+    return torch.where(n > 0, 1 - mass, torch.zeros_like(mass)), (mass, top.indices)
+
+
+def _softmax_grad(kind: str, s, n, g, stats):
+    """d(value)/d(scores) of a block times the incoming gradient g [..., rows]."""
+    logp = s.log_softmax(-1)
+    p = logp.exp()
+    if kind == "entropy":  # dH/ds = -p (log p + H)
+        (H,) = stats
+        return (-g * _inv_log_n(n))[..., None] * p * (logp + H[..., None])
+    if kind == "hoyer":  # d|p|_2^2/ds = 2 p (p - |p|_2^2); |p|_1 = 1 has no gradient
+        l1, q2 = stats
+        root = n.sqrt()
+        coef = torch.where(n > 1, -g * l1 * q2.pow(-1.5) / (root - 1).clamp_min(EPS), torch.zeros_like(q2))
+        return coef[..., None] * p * (p - q2[..., None])
+    mass, idx = stats  # d(top-k mass)/ds = p (1[top] - mass)
+    top = torch.zeros_like(p).scatter_(-1, idx, 1.0)
+    return torch.where(n > 0, -g, torch.zeros_like(g))[..., None] * p * (top - mass[..., None])
+
+
+def _entmax_rows(kind: str, s, vis, topk: int, alpha: float):
+    """Per-row values of alpha-entmax rows (through ``metrics``, differentiable by autograd)."""
+    full = torch.ones_like(s, dtype=torch.bool) if vis is None else vis
+    return row_penalty(kind, attention_weights(s, full, alpha), vis, topk)
+
+
+def row_penalty(kind: str, p: torch.Tensor, mask: torch.Tensor | None, k: int = 1) -> torch.Tensor:
+    """Per-row penalty of attention rows ``p`` [..., n] (lower = more concentrated), from
+    ``attn_core.metrics``: the dense form, and the definition the blocked one is tested against."""
+    if kind == "entropy":
+        return metrics.normalized_entropy(p, mask)
+    if kind == "hoyer":
+        return 1 - metrics.hoyer(p, mask)
+    if kind == "topk":
+        return 1 - metrics.topk_mass(p, k, mask)
+    raise ValueError(f"unknown row penalty {kind!r}; choose from {', '.join(ROW_KINDS)}")
+
+
+class _BlockedRows(torch.autograd.Function):
+    """values [b, h, R] of the rows of (q, k); see :func:`row_values`."""
+
+    @staticmethod
+    def forward(ctx, q, k, positions, key_mask, plan):
+        kind, topk, alpha, window, B, contiguous = plan
+        T = k.shape[2]
+        outs, stats = [], []
+        for a in range(0, q.shape[2], B):
+            e = min(a + B, q.shape[2])
+            lo, hi = _keys(a, e, T, window, contiguous)
+            s, vis = _scores(q, k, a, e, lo, hi, positions, window, key_mask)
+            if alpha == 1.0:
+                value, numbers = _softmax_rows(kind, s, _n(vis, s), topk)
+                stats += numbers
+            else:
+                value = _entmax_rows(kind, s, vis, topk, alpha)
+            outs.append(value)
+        ctx.plan = plan
+        ctx.save_for_backward(q, k, positions, key_mask, *stats)
+        return torch.cat(outs, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, positions, key_mask, *stats = ctx.saved_tensors
+        kind, topk, alpha, window, B, contiguous = ctx.plan
+        per_block = len(stats) // -(-q.shape[2] // B)  # row numbers saved per block
+        T = k.shape[2]
+        dq, dk = torch.zeros_like(q), torch.zeros_like(k)
+        for index, a in enumerate(range(0, q.shape[2], B)):
+            e = min(a + B, q.shape[2])
+            lo, hi = _keys(a, e, T, window, contiguous)
+            s, vis = _scores(q, k, a, e, lo, hi, positions, window, key_mask)
+            g = grad[:, :, a:e].to(s.dtype)
+            if alpha == 1.0:
+                numbers = stats[index * per_block : (index + 1) * per_block]
+                dS = _softmax_grad(kind, s, _n(vis, s), g, numbers)
+            else:
+                with torch.enable_grad():
+                    s = s.detach().requires_grad_(True)
+                    (dS,) = torch.autograd.grad(_entmax_rows(kind, s, vis, topk, alpha), s, g)
+            dS = dS.to(q.dtype)
+            dq[:, :, a:e] = dS @ k[:, :, lo:hi]
+            dk[:, :, lo:hi] += dS.transpose(-1, -2) @ q[:, :, a:e]
+        return dq, dk, None, None, None
+
+
+def _keys(a: int, e: int, T: int, window: int | None, contiguous: bool) -> tuple[int, int]:
+    """The keys a block of query rows a..e-1 can see: with contiguous rows under a causal mask
+    only keys up to its last row (and from its first row's window on); else all T."""
+    if not contiguous or window is None:
+        return 0, T
+    return (max(0, a - window + 1) if window > 0 else 0), e
+
+
+def row_values(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    kind: str,
+    *,
+    window: int | None = 0,
+    key_mask: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+    topk: int = 1,
+    alpha: float = 1.0,
+    block: int | None = None,
+) -> torch.Tensor:
+    """The row penalty ``kind`` of every query row, [b, h, R], differentiable in q and k.
+
+    q [b, h, R, w] holds the query rows *with the score scale folded in* (s = q k^T), at
+    ``positions`` [R] (None: R = T, rows 0..T-1); k [b, h, T, w] the keys of the same heads.
+    Equal to ``metrics`` on the dense rows ``attention_weights(q k^T, mask, alpha)`` (tests)."""
+    if kind not in ROW_KINDS:
+        raise ValueError(f"unknown row penalty {kind!r}; choose from {', '.join(ROW_KINDS)}")
+    T = k.shape[2]
+    contiguous = positions is None
+    if contiguous:
+        positions = torch.arange(q.shape[2], device=q.device)
+    plan = (kind, int(topk), float(alpha), window, block_rows(q, T, block), contiguous)
+    return _BlockedRows.apply(q, k, positions, key_mask, plan)
+
+
+@torch.compiler.disable
+def sample_positions(T: int, first: int, rows: int, generator: torch.Generator | None) -> torch.Tensor:
+    """``rows`` distinct query positions drawn uniformly from first..T-1 (on the host, from
+    ``generator``), sorted. Outside compiled graphs: a seeded host draw."""
+    return (torch.randperm(T - first, generator=generator)[:rows] + first).sort().values
+
+
+def head_means(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    kind: str,
+    *,
+    window: int | None = 0,
+    key_mask: torch.Tensor | None = None,
+    topk: int = 1,
+    alpha: float = 1.0,
+    block: int | None = None,
+    rows: int | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Mean of the row penalty over each head's informative rows (every batch element), [h].
+
+    ``rows`` = m samples m query positions uniformly without replacement (the same for every
+    batch element and head) and returns the unbiased estimate (|C|/m) sum_sampled / N, where C
+    holds the positions that can be informative and N counts every informative row: its
+    expectation over the draw is the exact mean, and so is its gradient's (docs/maths.md)."""
+    b, T = q.shape[0], k.shape[2]
+    full = torch.arange(T, device=q.device)
+    valid = visible_counts(full, T, window, key_mask) >= metrics.MIN_KEYS  # [1 or b, T]
+    if key_mask is not None:
+        valid = valid & key_mask  # a padding query's row does not count
+    count = valid.sum() * (b // valid.shape[0])
+    first = 1 if (window is not None and key_mask is None) else 0  # a causal row 0 sees one key
+    if rows is None or rows >= T - first:
+        values = row_values(q, k, kind, window=window, key_mask=key_mask, topk=topk, alpha=alpha, block=block)
+        weight = valid.to(values.dtype)
+        scale = 1.0
+    else:
+        if rows < 1:
+            raise ValueError(f"rows must be at least 1, got {rows}")
+        pos = sample_positions(T, first, rows, generator).to(q.device)
+        values = row_values(
+            q[:, :, pos], k, kind, window=window, key_mask=key_mask, positions=pos, topk=topk, alpha=alpha, block=block
+        )
+        weight = valid[:, pos].to(values.dtype)
+        scale = (T - first) / rows
+    total = (values * weight[:, None, :]).sum((0, 2))
+    return total * scale / count.clamp_min(1).to(total.dtype)
