@@ -20,6 +20,7 @@ from attn_core.card import Card
 from attn_core.figures import EXPORT_FORMATS, ExportError, Plot, bundle_zip, export_bytes
 from attn_core.figures.bilinear import VALUE_LABELS
 from attn_core.model import ModelConfig
+from attn_core.runs import migrate
 from attn_core.sources import LoadedModel
 from attn_core.tasks import Task
 
@@ -96,18 +97,78 @@ def _from_url(param: str, default: Any, valid: Collection | None) -> Any:
 
 
 def to_url(**params: Any) -> None:
-    """Write the current choices into the URL, so a copied link opens the same view."""
+    """Write the current choices into the URL, so a copied link opens the same view; a parameter
+    given as None is removed (a choice that does not apply to this view, e.g. ``length`` of a
+    typed input). Only changed parameters are written: each write is a browser history step."""
     for name, value in params.items():
-        if st.query_params.get(name) != str(value):
+        if value is None:
+            if name in st.query_params:
+                del st.query_params[name]
+        elif st.query_params.get(name) != str(value):
             st.query_params[name] = str(value)
+
+
+_INPUTS = "_inputs_seen"
+
+
+def follow_input(key: str, current: Any, value: Any) -> None:
+    """Set the remembered widget ``key`` to ``value`` when ``current`` (what the page's input is
+    made of: model, source, tokens) differs from the last run's, so that a new input resets a
+    choice that belongs to it (the Heatmaps query moves to the new last token). A page switch, a
+    head change or the first run (a URL's choice) leave it alone."""
+    digest = hashlib.sha256(repr(current).encode()).hexdigest()
+    seen = st.session_state.setdefault(_INPUTS, {})
+    if seen.get(key) not in (None, digest):
+        st.session_state[key] = value
+    seen[key] = digest
 
 
 # --- models ------------------------------------------------------------------------------------
 
 
 def data_dir() -> Path:
-    """Where the dashboard writes (runs and uploads): $ATTN_LAB_RUNS or ./runs."""
+    """Where the dashboard writes (runs and uploads): $ATTN_LAB_RUNS, else this user's data
+    folder (``attn_core.runs.default_root``), the store the CLI uses too."""
     return runs.default_root()
+
+
+_IMPORTED = "_store_imported"
+
+
+def run_store_panel(store: runs.RunStore) -> None:
+    """Where the run store is and why; for each ``runs/`` folder of an older release whose runs
+    it lacks, an offer to copy them in (``attn_core.runs.migrate``; the old folder is only read)."""
+    st.caption(f"Run store: {code(store.root)} ({plain(runs.root_origin())}); the CLI's `attn-lab runs` reads it too.")
+    kind, text = st.session_state.pop(_IMPORTED, (None, ""))
+    if kind:
+        (st.success if kind == "success" else st.error)(text)
+    for old in migrate.legacy_stores(store):
+        info, button = st.columns([4, 1], vertical_alignment="center")
+        info.info(
+            f"{old['runs']} run(s) in {code(old['path'])}, the store an older release used when started from "
+            "that folder, are not in this one. Importing copies them (and their sweeps and uploads) here; the old "
+            "folder is left as it is.",
+            icon=":material/move_to_inbox:",
+        )
+        button.button(
+            "Import them",
+            key=f"import_store_{old['path']}",
+            on_click=_import_store,
+            args=(str(old["path"]), str(store.root)),
+            icon=":material/download:",
+        )
+
+
+def _import_store(source: str, root: str) -> None:
+    try:
+        c = migrate.import_store(source, runs.RunStore(root))
+    except (ValueError, OSError) as e:  # RunStoreError included
+        st.session_state[_IMPORTED] = ("error", f"Not imported: {plain(e)}")
+        return
+    st.session_state[_IMPORTED] = (
+        "success",
+        f"Imported {c['runs']} run(s), {c['sweeps']} sweep(s) and {c['uploads']} upload(s) from {plain(source)}.",
+    )
 
 
 @st.cache_resource(show_spinner="Loading model…", max_entries=16)
@@ -237,6 +298,11 @@ def plain(text: object, limit: int = 500) -> str:
     return _MARKDOWN.sub(r"\\\1", line)
 
 
+def code(text: object) -> str:
+    """A path or name as inline code (shown literally; a backtick in it cannot end the span)."""
+    return "`" + " ".join(str(text).split()).replace("`", "'") + "`"
+
+
 def value_choice(label: str, key: str, default: str, where: Any = st) -> str:
     """The scores-or-pattern radio of a heatmap (``figures.bilinear.VALUES``), remembered under ``key``."""
     values = list(VALUE_LABELS)
@@ -290,6 +356,18 @@ def layer_head_picker(
 def head_name(config: ModelConfig, head: int) -> str:
     """A query head's label in pickers: "3", or "3 (kv 1)" with grouped-query attention."""
     return f"{head} (kv {config.kv_head(head)})" if config.kv_heads < config.n_heads else str(head)
+
+
+def reproduce_command(card: Card) -> str | None:
+    """The command that retrains a zoo model from its preset, as a user can run it anywhere (the
+    card's own ``command`` wrote into assets/models/, which exists): trains the recipe and seed
+    again and prints the held-out accuracy; ``--out`` with a new folder keeps the weights. None
+    when the card names no known preset."""
+    from attn_core.presets import PRESETS
+
+    if card.preset not in PRESETS:
+        return None
+    return f"attn-lab train --preset {card.preset}  # add --out NEW_FOLDER to keep the weights"
 
 
 def require_task(loaded: LoadedModel, why: str) -> Task:

@@ -89,7 +89,8 @@ for i, m in enumerate(models):
             f"{m['params']:,} parameters · trained {card.steps or '?'} steps in "
             f"{card.wall_time_s or '?'} s · seed {card.seed if card.seed is not None else '?'}"
         )
-        st.code(card.command, language="bash", wrap_lines=True)
+        if command := ui.reproduce_command(card):
+            st.code(command, language="bash", wrap_lines=True)
 
 saved = ui.saved_runs()
 st.subheader("Your runs")

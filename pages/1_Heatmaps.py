@@ -122,6 +122,9 @@ with c_input:
 long_input = len(tokens) > bilinear.LONG_INPUT
 labels = position_labels(loaded, tokens)
 queries = range(len(labels))
+# New typed text, another length or another model moves the query to the last token (where the next
+# token is predicted); another seed of the same length keeps it (the same position, compared across samples).
+ui.follow_input("query", (loaded.key, source, tokens if source == "typed" else len(tokens)), queries[-1])
 c_query, c_k = st.columns([5, 1])
 query = c_query.select_slider(
     "Query position i",
@@ -138,7 +141,12 @@ k = c_k.number_input(
     key=ui.remember("topk", 1, range(1, len(labels) + 1)),
     help="k of the top-k mass metric",
 )
-ui.to_url(input=source, query=query, **({"length": len(tokens)} if source == "random" else {}))
+ui.to_url(
+    input=source,
+    query=query,
+    seed=int(seed) if source != "typed" else None,
+    length=len(tokens) if source == "random" else None,
+)
 
 
 # --- long inputs: an exact window, the top keys, a pooled overview ----------------------------------

@@ -1,6 +1,7 @@
 """Regularize and retrain the picked model while watching it: losses, each regularizer's term,
 per-head entropy, the watched head's spectrum and its attention, refreshed live. The training runs
-in attn_core's worker thread; this page only starts, stops and draws its snapshots. Before a run
+in a worker process of its own (attn_core.training.worker), never in the server's interpreter;
+this page only starts, stops and draws its snapshots. Before a run
 the per-head views show the model as it is (what a job logs at step 0, ``job.preview``), and the
 live charts continue from there."""
 
@@ -30,7 +31,8 @@ JOB = "retrain_job"  # session key of the running (or last) TrainingJob
 SHOWN = "retrain_reloaded_for"  # run id for which the page was rerun once after the job ended
 CHARTS = "retrain_live_charts"  # {name: (job, data version, Plot)} of the live view
 CURVES = ("task_loss", "loss", "eval_loss", "accuracy", "eval_accuracy")  # what curves_plot draws, with term:*
-REFRESH_S = 0.4  # status, metrics and curves
+REFRESH_S = 0.2  # status and metrics (the job trains in its own process: the server has time to spare)
+CURVES_S = 1.0  # the curves (a redraw costs the browser far more than the status line)
 LIVE_POINTS = 400  # points per curve while the run trains
 VIEWS_S = 2.0  # per-head entropy, attention and spectrum (their data changes every 20-50 steps)
 # Log-scale choices: 1e-5 .. 10 in quarter decades, 1e-5 .. 1e-1 for the learning rate.
@@ -151,6 +153,22 @@ with opt_col:
         key=ui.remember("retrain_precision", default(JobConfig, "precision"), PRECISIONS),
         help="fp32, or bf16 autocast (forward and loss in bfloat16, weights and AdamW in fp32)",
     )
+    compiled = st.checkbox(
+        "Compile the training step",
+        key=ui.remember("retrain_compile", default(JobConfig, "compile"), [False, True]),
+        help="torch.compile of forward, loss and penalties (CUDA graphs on a GPU): compiling takes "
+        "tens of seconds before the first step, then each step is faster. Falls back to the "
+        "plain step if it cannot compile (the run's message says so).",
+    )
+    checkpoints = st.number_input(
+        "Checkpoints (log-spaced)",
+        min_value=0,
+        max_value=500,
+        step=10,
+        key=ui.remember("retrain_checkpoints", 0, range(501)),
+        help="Keep the weights at this many steps spaced evenly in log(step), plus step 0 and the last, in the "
+        "run's folder (listed in its card): scrub them on the Dynamics page. 0 keeps none",
+    )
 watched = R.head_label(layer, head)
 heads_spec = {"head": watched, "layer": f"L{layer}", "all": None}[scope]
 
@@ -247,16 +265,17 @@ def start() -> None:
             seed=int(seed),
             device=device,
             precision=precision,
+            compile=compiled,
+            checkpoint_log=int(checkpoints) or None,
             **(text_cfg or {}),
         )
         new = TrainingJob(job_cfg)
-        # Streamlit runs each rerun in a fresh thread and the job trains in another: with several
-        # intra-op threads each gets its own OpenMP team and they fight over the cores (measured on
-        # 2 cores: 1.5 instead of 10 steps/s while the page refreshes). Toy models gain nothing from
-        # intra-op parallelism, so the server process keeps one.
+        # The page's own torch work (previews, views) keeps one intra-op thread: toy models gain
+        # nothing from more, and the job's worker process has the other core.
         torch.set_num_threads(1)
-        # at most $ATTN_LAB_MAX_JOBS jobs of this server train at once; the others wait in line
-        st.session_state[JOB] = new.start()
+        # at most $ATTN_LAB_MAX_JOBS jobs of this server train at once, each in a worker process
+        # (one torch thread); the others wait in line
+        st.session_state[JOB] = new.start(process=True)
     except ValueError as e:
         st.session_state["retrain_error"] = str(e)
         return
@@ -414,7 +433,19 @@ def live_status() -> None:
         col.metric(
             f"λ·R {name.removeprefix('term:')}", f"{latest[name]:.4g}", help="This regularizer's term λ·R in the loss"
         )
+    if snap.done and st.session_state.get(SHOWN) != snap.run_id:
+        # Once per run: rerun the whole page so the sidebar lists the new run, Start is enabled
+        # and the timers stop.
+        st.session_state[SHOWN] = snap.run_id
+        st.rerun()
 
+
+@st.fragment(run_every=CURVES_S if running else None)
+def live_curves() -> None:
+    current = st.session_state.get(JOB)
+    if current is None:
+        return
+    snap = current.snapshot()
     log = select(snap.metrics(), CURVES, "term:")
     plot = live_chart(
         "curves",
@@ -422,7 +453,7 @@ def live_status() -> None:
         lambda: ft.curves_plot(log if snap.done else thinned(log), title=f"Retraining {current.parent}"),
     )
     ui.show_plot(plot, key="live_curves", downloads=snap.done)  # downloads once the run has ended
-    if on_text:  # perplexity, exp(loss)
+    if getattr(current.task, "facts", None) is not None:  # a run on text: perplexity, exp(loss)
         ppl = live_chart(
             "perplexity",
             (snap.step, snap.status),
@@ -433,11 +464,6 @@ def live_status() -> None:
             ),
         )
         ui.show_plot(ppl, key="live_perplexity", downloads=snap.done)
-    if snap.done and st.session_state.get(SHOWN) != snap.run_id:
-        # Once per run: rerun the whole page so the sidebar lists the new run, Start is enabled
-        # and the timers stop.
-        st.session_state[SHOWN] = snap.run_id
-        st.rerun()
 
 
 @st.fragment(run_every=VIEWS_S if running else None)
@@ -496,6 +522,7 @@ def live_views() -> None:
 
 
 live_status()
+live_curves()
 live_views()
 job = st.session_state.get(JOB)
 if job is not None and job.snapshot().done:

@@ -35,6 +35,7 @@ def side_by_side(items: list, draw) -> None:
 
 loaded = ui.setup("Compare runs")
 store = rs.RunStore()
+ui.run_store_panel(store)
 try:
     every_run = [r for r in store.list_runs() if r["status"] != "running"]
 except rs.RunStoreError as e:  # corrupt, unreadable: said once, here; the zoo stays usable elsewhere
@@ -42,8 +43,8 @@ except rs.RunStoreError as e:  # corrupt, unreadable: said once, here; the zoo s
     st.stop()
 if not every_run:
     st.info(
-        f"No finished runs in `{store.root}` yet: retrain a model on the Retrain page, or with "
-        "`attn-lab retrain MODEL --reg entropy=0.1`."
+        f"No finished runs in {ui.code(store.root)} yet: retrain a model on the Retrain page, or with "
+        f"{ui.code(f'attn-lab retrain {ui.job_source(st.session_state[ui.MODEL_KEY])} --reg entropy=0.1')}."
     )
     st.stop()
 

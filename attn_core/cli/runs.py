@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import typer
 
@@ -18,7 +19,9 @@ from attn_core.validate import default
 
 app = typer.Typer()
 runs_app = typer.Typer(
-    add_completion=False, help="List and inspect saved runs (the run store, $ATTN_LAB_RUNS or ./runs)."
+    add_completion=False,
+    help="List, inspect and import saved runs (the run store: $ATTN_LAB_RUNS, else one per user in the "
+    "platform's user data folder).",
 )
 
 _RUN_COLS = ["id", "parent", "task", "status", "created", "regularizers", "steps", "accuracy", "entropy_data"]
@@ -87,6 +90,12 @@ def retrain_cmd(
         "(default: 1 on CPU, 25 on CUDA); the NaN guard checks "
         "them there and keeps the last good weights.",
     ),
+    compile: bool = typer.Option(
+        default(JobConfig, "compile"),
+        "--compile/--no-compile",
+        help="torch.compile the training step (CUDA graphs on CUDA; compiling takes a while, "
+        "then each step is faster). Falls back to the eager step if it cannot compile.",
+    ),
     checkpoint_every: int | None = dyn.EveryOpt,
     checkpoint_log: int | None = dyn.LogOpt,
     checkpoint_steps: str | None = dyn.StepsOpt,
@@ -137,6 +146,7 @@ def retrain_cmd(
         device=device,
         precision=precision,
         sync_every=sync_every,
+        compile=compile,
         **dyn.checkpoint_settings(
             checkpoint_every, checkpoint_log, checkpoint_steps, checkpoint_params, checkpoint_max_mb
         ),
@@ -211,6 +221,7 @@ def _report(res: dict, as_json: bool, job=None) -> None:
         "status": res["status"],
         "message": res["message"],
         "steps": res["steps"],
+        "steps_per_s": res["steps_per_s"],
         "before": public(res["before"]),
         "after": public(res["after"]),
     }
@@ -271,8 +282,50 @@ def runs_cmd(ctx: typer.Context, as_json: bool = JsonOpt):
         return
     from attn_core.runs import RunStore
 
-    rows = [_run_row(r) for r in RunStore().list_runs()]
-    emit(rows, as_json, lambda rs: table(rs, _RUN_COLS) if rs else "no runs yet (attn-lab retrain NAME ... makes one)")
+    store = RunStore()
+    rows = [_run_row(r) for r in store.list_runs()]
+    emit(
+        rows,
+        as_json,
+        lambda rs: (
+            _store_lines(store) + (table(rs, _RUN_COLS) if rs else "no runs yet (attn-lab retrain NAME ... makes one)")
+        ),
+    )
+
+
+def _store_lines(store) -> str:
+    """Where the store is and why, and the old ``runs/`` folders whose runs it lacks."""
+    from attn_core.runs import migrate, root_origin
+
+    lines = [f"run store: {store.root} ({root_origin()})"]
+    for old in migrate.legacy_stores(store):
+        lines.append(
+            f"note: {old['runs']} run(s) in {old['path']} (an older release's store) are not in it; "
+            f"`attn-lab runs import {old['path']}` copies them in (the old folder is left as it is)"
+        )
+    return "\n".join(lines) + "\n"
+
+
+@runs_app.command("import")
+@guarded
+def runs_import_cmd(
+    source: Path = typer.Argument(..., help="An older run store: a folder with index.sqlite (e.g. ./runs)."),
+    as_json: bool = JsonOpt,
+):
+    """Copy the runs, sweeps and uploads of another run store into this one: runs it already has are skipped, and the source is only read."""
+    from attn_core.runs import RunStore, migrate
+
+    store = RunStore()
+    counts = migrate.import_store(source, store)
+    emit(
+        {**counts, "store": str(store.root)},
+        as_json,
+        lambda c: (
+            f"imported {c['runs']} run(s), {c['sweeps']} sweep(s) and {c['uploads']} upload(s) from "
+            f"{c['source']} into {c['store']}"
+            + (f"; {c['skipped']} skipped (already here, or still running)" if c["skipped"] else "")
+        ),
+    )
 
 
 @runs_app.command("show")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import typer
 
 from attn_core.cli import dynamics as dyn
-from attn_core.cli.common import JsonOpt, emit, guarded, table
+from attn_core.cli.common import JsonOpt, emit, guarded, report, table
 from attn_core.training.config import JobConfig
 from attn_core.validate import default
 
@@ -90,40 +90,68 @@ def sweep_cmd(
     checkpoint_max_mb: float | None = dyn.MaxMbOpt,
     as_json: bool = JsonOpt,
 ):
-    """Sweep regularizers x lambdas x seeds on Ray; every trial is a retrain recorded as a run."""
-    from attn_core.sweep import grid_plan, run_sweep
+    """Sweep regularizers x lambdas x seeds on Ray; every trial is a retrain recorded as a run.
+    Everything a trial would refuse is refused first (exit 2). Ctrl-C stops the running trials,
+    records them and prints the sweep (exit 130; --resume ID finishes it); a sweep whose every
+    trial failed exits 1 and says why."""
+    from attn_core.sweep import SweepInterrupted, run_sweep
+    from attn_core.training.interrupt import SIGINT_EXIT, sigint_stops
 
-    plan = None
-    if resume is None:
-        ckpt = dyn.checkpoint_settings(
-            checkpoint_every, checkpoint_log, checkpoint_steps, checkpoint_params, checkpoint_max_mb
-        )
-        plan = grid_plan(name, grid, seeds, steps=steps, lr=lr, heads=heads, batch_size=batch_size, **ckpt)
-    on_trial = None
-    if not as_json:
+    def notice(text: str) -> None:
+        typer.echo("\nCtrl-C: stopping the running trials and recording them (the sweep can be resumed)", err=True)
 
-        def on_trial(run_id: str, payload: dict) -> None:
-            after = payload.get("after") or {}
+    with sigint_stops(notice=notice, exiting=True) as ctrl_c:
+        plan = None
+        if resume is None:
+            ckpt = dyn.checkpoint_settings(
+                checkpoint_every, checkpoint_log, checkpoint_steps, checkpoint_params, checkpoint_max_mb
+            )
+            plan = sweep_plan(name, grid, seeds, steps, lr, heads, batch_size, **ckpt)
+        try:
+            res = run_sweep(
+                plan,
+                resume=resume,
+                address=address,
+                cpus_per_trial=cpus_per_trial,
+                gpus_per_trial=gpus_per_trial,
+                scheduler=scheduler,
+                on_trial=None if as_json else _say_trial,
+                stop=ctrl_c.is_set,
+            )
+        except SweepInterrupted as e:
+            raise typer.Exit(report(str(e), as_json, "interrupted", SIGINT_EXIT)) from None
+        emit(_output(res), as_json, lambda _: _human(res))
+        if ctrl_c.is_set():
             typer.echo(
-                f"  {payload['key']}: {payload['status']} -> run {run_id}"
-                + (
-                    f" (accuracy {after['accuracy']:.4f}, H_data {after['entropy_data']:.3f})"
-                    if "accuracy" in after
-                    else f" ({payload.get('message', '')})"
-                ),
+                f"interrupted by Ctrl-C ({res['message']}); "
+                f"attn-lab sweep {res['name']} --resume {res['sweep_id']} finishes it",
                 err=True,
             )
+            raise typer.Exit(SIGINT_EXIT)
+        if res["status"] == "failed":
+            typer.echo(f"error: sweep {res['sweep_id']} failed: {res['message']}", err=True)
+            raise typer.Exit(1)
 
-    res = run_sweep(
-        plan,
-        resume=resume,
-        address=address,
-        cpus_per_trial=cpus_per_trial,
-        gpus_per_trial=gpus_per_trial,
-        scheduler=scheduler,
-        on_trial=on_trial,
+
+def sweep_plan(name: str, grid: list[str], seeds: int, steps: int, lr: float, heads, batch_size, **options):
+    """The plan of ``attn-lab sweep`` from its options (checked by ``run_sweep`` before anything
+    starts: ``attn_core.sweep.check_sweep``); the place to add a trial option."""
+    from attn_core.sweep import grid_plan
+
+    return grid_plan(name, grid, seeds, steps=steps, lr=lr, heads=heads, batch_size=batch_size, **options)
+
+
+def _say_trial(run_id: str, payload: dict) -> None:
+    after = payload.get("after") or {}
+    typer.echo(
+        f"  {payload['key']}: {payload['status']} -> run {run_id}"
+        + (
+            f" (accuracy {after['accuracy']:.4f}, H_data {after['entropy_data']:.3f})"
+            if "accuracy" in after
+            else f" ({payload.get('message', '')})"
+        ),
+        err=True,
     )
-    emit(_output(res), as_json, lambda _: _human(res))
 
 
 @sweeps_app.callback(invoke_without_command=True)

@@ -42,7 +42,8 @@ STALE_TMP_S = 3600
 
 
 class RunStore(SweepsMixin):
-    """The index and checkpoints of runs under ``root`` (default ``$ATTN_LAB_RUNS`` or ./runs).
+    """The index and checkpoints of runs under ``root`` (default ``$ATTN_LAB_RUNS``, else this
+    user's data folder: ``attn_core.runs.default_root``).
 
     Safe to use from several threads and processes: every call opens its own SQLite connection
     (WAL journal, so readers never wait for a writing job)."""

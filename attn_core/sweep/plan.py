@@ -13,6 +13,9 @@ from attn_core import regularizers as R
 from attn_core.validate import is_int, is_number
 
 BASELINE = "none"  # the regularizer name of a lambda = 0 trial
+# Trials of one sweep (seeds x (lambdas + a baseline)): each is a retrain, seconds to minutes, so a
+# sweep beyond this is a typo (a 5,000-point grid, --seeds 1000000000), refused before it starts.
+MAX_TRIALS = 1_000
 # JobConfig fields a sweep may set for every trial (the rest are the trial's: source, regularizers, seed)
 JOB_FIELDS = (
     "steps",
@@ -39,6 +42,10 @@ JOB_FIELDS = (
 
 class SweepError(ValueError):
     """A sweep that cannot run (bad grid, Ray missing, cluster unreachable): one sentence."""
+
+
+class SweepInterrupted(SweepError):
+    """Ctrl-C before the sweep began: nothing was run or recorded."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +113,8 @@ class SweepPlan:
             raise SweepError(f"unknown trial setting(s) {', '.join(unknown)}; known: {', '.join(JOB_FIELDS)}")
         if not self.trials:
             raise SweepError("the sweep has no trials")
+        if len(self.trials) > MAX_TRIALS:
+            raise SweepError(f"the sweep has {len(self.trials):,} trials; the limit is {MAX_TRIALS:,}")
         keys = [t.key for t in self.trials]
         if len(set(keys)) != len(keys):
             raise SweepError("the sweep lists a trial twice")
@@ -151,8 +160,7 @@ def parse_grid(items: Sequence[str] | Mapping[str, Iterable[float]]) -> dict[str
             R.parse_spec(f"{name}={values[0]!r}")  # K and heads are checked here
         except ValueError as e:
             raise SweepError(f"--grid {name}: {e}") from None
-        grid.setdefault(name, [])
-        grid[name] += [v for v in values if v not in grid[name]]
+        grid[name] = list(dict.fromkeys([*grid.get(name, []), *values]))  # in order, each once
     if not grid:
         raise SweepError(
             "the grid is empty: give at least one --grid NAME=LAMBDA[,LAMBDA...] (e.g. --grid entropy=0.01,0.1,1)"
@@ -179,9 +187,16 @@ def grid_plan(
     lambda = 0 baseline per seed; ``job`` are the shared JobConfig settings (steps, lr, ...)."""
     if not (is_int(seeds) and seeds >= 1):
         raise SweepError(f"--seeds must be a positive integer, got {seeds!r}")
+    if seeds > MAX_TRIALS:
+        raise SweepError(f"--seeds must be at most {MAX_TRIALS:,} (the limit on a sweep's trials), got {seeds:,}")
     if not (isinstance(source, str) and source.strip()):
         raise SweepError("the sweep needs a model: a zoo name, a folder, run:<id> or scratch:<preset>")
     parsed = parse_grid(grid)
+    n = seeds * (int(baseline) + sum(len(lams) for lams in parsed.values()))
+    if n > MAX_TRIALS:
+        raise SweepError(
+            f"the sweep would have {n:,} trials (seeds x (lambdas + a baseline)); the limit is {MAX_TRIALS:,}"
+        )
     trials = []
     for seed in range(seeds):
         if baseline:

@@ -75,6 +75,10 @@ def record_run(
         if on_step is not None:
             on_step(step, row, trainer.seconds.get(step, 0.0))
 
+    def noted(outcome: Outcome) -> Outcome:  # a compiled step that fell back to eager says so
+        note = trainer.graph.note
+        return dataclasses.replace(outcome, message=f"{outcome.message}; {note}") if note else outcome
+
     trainer.callbacks.append(deliver)
     try:
         while trainer.step_index < steps:
@@ -83,14 +87,14 @@ def record_run(
                     stop = interrupt()
                     if stop:
                         trainer.sync()
-                        return Outcome("stopped", stop)
+                        return noted(Outcome("stopped", stop))
                 trainer.step()
             except Diverged as d:
                 kept = trainer.restore_good()
-                return Outcome("diverged", f"{d}; kept weights of step {kept}", str(d))
+                return noted(Outcome("diverged", f"{d}; kept weights of step {kept}", str(d)))
             if recorder is not None:
                 recorder.flush()
-        return Outcome("completed", f"completed {steps} steps")
+        return noted(Outcome("completed", f"completed {steps} steps"))
     finally:
         trainer.callbacks.remove(deliver)
 
