@@ -382,10 +382,13 @@ def live_status() -> None:
         return
     snap = current.snapshot()
     st.code(current.cfg.command(), language="bash")
+    facts = getattr(current.task, "facts", None)  # a run on text: its throughput in tokens too
+    per_step = current.train_cfg.batch_size * facts["block"] if facts else 0
     st.progress(
         snap.progress,
         text=f"{snap.status}: step {snap.step} / {snap.steps}"
-        + (f" · {snap.steps_per_s:.1f} steps/s" if snap.step else ""),
+        + (f" · {snap.steps_per_s:.1f} steps/s" if snap.step else "")
+        + (f" · {snap.steps_per_s * per_step:,.0f} tokens/s" if snap.step and per_step else ""),
     )
     if snap.status == "diverged":
         st.error(f"The run diverged: {snap.message}.")

@@ -350,3 +350,36 @@ def test_perplexity_plot_is_exp_of_the_logged_losses():
     assert list(train.y) == pytest.approx(np.exp([3.0, 2.0]).tolist())
     assert list(held.x) == [0, 2, 4] and list(held.y) == pytest.approx(np.exp([3.2, 2.5, 1.5]).tolist())
     assert set(plot.data["name"]) == {"perplexity (training batch)", "perplexity (held-out)"}
+
+
+def test_dashboard_text_comes_from_uploads_or_the_data_folder_only(tmp_path, monkeypatch):
+    from attn_core.limits import LimitError
+    from attn_core.text import files
+
+    data = tmp_path / "data"
+    (data / "books").mkdir(parents=True)
+    (data / "books" / "a.txt").write_text("w1")
+    (data / "b.jsonl").write_text('{"text": "w2"}\n')
+    (data / "notes.md").write_text("not listed")
+    (tmp_path / "secret.txt").write_text("outside")
+    (data / "link.txt").symlink_to(tmp_path / "secret.txt")  # a link leading out is not listed
+    monkeypatch.setenv(files.ENV_DATA, str(data))
+    assert files.data_files() == ["b.jsonl", "books/", "books/a.txt"]
+    assert files.data_path("books/a.txt") == data / "books" / "a.txt"
+    for bad in ("../secret.txt", str(tmp_path / "secret.txt"), "link.txt", "books/../../secret.txt"):
+        with pytest.raises(TextError, match="outside the data folder|not a name inside"):
+            files.data_path(bad)
+    with pytest.raises(TextError, match="is not in the data folder"):
+        files.data_path("nope.txt")
+    monkeypatch.delenv(files.ENV_DATA)
+    assert files.data_files() == [] and files.data_root() is None
+    with pytest.raises(TextError, match=r"set \$ATTN_LAB_DATA"):
+        files.data_path("books/a.txt")
+    kept = files.save_upload("My Notes.TXT", b"w1 w2", tmp_path / "runs")
+    assert kept.name == "upload.txt" and kept.read_bytes() == b"w1 w2"
+    assert files.save_upload("again.txt", b"w1 w2", tmp_path / "runs") == kept  # the same bytes kept once
+    with pytest.raises(TextError, match="upload a .txt, .jsonl, .parquet file"):
+        files.save_upload("model.safetensors", b"x", tmp_path / "runs")
+    monkeypatch.setattr(files, "MAX_UPLOAD_MB", 1e-6)
+    with pytest.raises(LimitError, match="the limit is 1e-06 MB"):
+        files.save_upload("big.txt", b"w1 w2 w3", tmp_path / "runs")
