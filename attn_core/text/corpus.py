@@ -120,13 +120,9 @@ def open_corpus(path: str | Path, field: str | None = None, what: str = "--text"
     if field is not None and (not isinstance(field, str) or not field.strip()):
         raise TextError("--text-field must name a field (a JSON key or a Parquet column)")
     path = Path(path).expanduser()
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise TextError(f"{what} {path} does not exist") from None
-    except OSError as e:
-        raise TextError(f"{what} {path} cannot be read ({e.strerror or e})") from None
-    if stat.S_ISDIR(st.st_mode):
+    if not os.path.exists(path):
+        raise TextError(f"{what} {path} does not exist")
+    if path.is_dir():  # else a file, checked below: a FIFO or a device is refused unopened
         files = _folder_files(path)
         if not files:
             raise TextError(f"{what} {path} holds no .txt, .jsonl or .parquet file to read")

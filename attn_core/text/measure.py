@@ -22,11 +22,10 @@ from attn_core import regularizers as R
 from attn_core.bilinear.offsets import default_offsets, offset_form
 from attn_core.hooks import act_name
 from attn_core.regularizers.heads import by_layer
-from attn_core.training.telemetry import VOCAB_VIEW_MAX
+from attn_core.training.telemetry import VOCAB_VIEW_MAX, summarize
 from attn_core.training.trainer import EVAL_SEED_OFFSET
 
 CHUNK_BYTES = 2**28  # logits (and kept patterns) of one chunk of held-out blocks, as float32
-N_SINGULAR = 16  # singular values of B kept per head in a measurement
 
 
 def chunk_blocks(block: int, d_vocab: int, pattern_floats_per_block: int = 0) -> int:
@@ -66,7 +65,7 @@ def _run(model, task, samples, seed, split, device, heads):
             logits, cache = model.run_with_cache(tokens, names_filter=names)
             conc = R.data_concentration(model, cache, heads)
             for k in sums:
-                sums[k] += conc[k].double() * len(tokens)
+                sums[k] += conc[k].double().cpu() * len(tokens)
             del cache
         else:
             logits = model(tokens)
@@ -85,7 +84,7 @@ def _run(model, task, samples, seed, split, device, heads):
         "tokens": count,
     }
     n = len(batch.tokens)
-    return out, {k: (v / n).float() for k, v in sums.items()}
+    return out, {k: (v / n).float() for k, v in sums.items()}  # NaN where no head was asked for
 
 
 def offset_summary(model, layer: int, head: int) -> dict:
@@ -103,11 +102,6 @@ def offset_summary(model, layer: int, head: int) -> dict:
     }
 
 
-def _mean(values: list[float]) -> float:
-    good = [v for v in values if math.isfinite(v)]
-    return sum(good) / len(good) if good else math.nan
-
-
 @torch.no_grad()
 def measure(model, task, heads=None, samples: int = 512, seed: int = 0) -> dict:
     """The run's measurement on held-out text (module doc); ``heads`` a selection as
@@ -115,33 +109,8 @@ def measure(model, task, heads=None, samples: int = 512, seed: int = 0) -> dict:
     heads = R.parse_heads(heads, model.cfg)
     ev, data = _run(model, task, samples, seed, "test", None, heads)
     vocab = R.vocab_concentration(model, heads) if model.cfg.d_vocab <= VOCAB_VIEW_MAX else None
-    spec = R.spectrum(model)
-    rotary = model.cfg.positional == "rotary" and model.cfg.qk == "factored"
-    per_head = []
-    for l, h in heads:
-        row = {
-            "head": R.head_label(l, h),
-            "layer": l,
-            "index": h,
-            "entropy_data": float(data["entropy"][l, h]),
-            "top1_data": float(data["top1"][l, h]),
-            "stable_rank": float(spec["stable_rank"][l, h]),
-            "singular_values": spec["singular_values"][l, h, :N_SINGULAR].tolist(),
-        }
-        if vocab is not None:
-            row.update(entropy_vocab=float(vocab["entropy"][l, h]), top1_vocab=float(vocab["top1"][l, h]))
-        if rotary:
-            row["offset_sigma1"] = offset_summary(model, l, h)
-        per_head.append(row)
-    out = {
-        **{k: ev[k] for k in ("accuracy", "loss", "perplexity")},
-        "entropy_data": _mean([r["entropy_data"] for r in per_head]),
-        "top1_mass": _mean([r["top1_data"] for r in per_head]),
-        "stable_rank": _mean([r["stable_rank"] for r in per_head]),
-        "samples": ev["samples"],
-        "tokens": ev["tokens"],
-        "per_head": per_head,
-    }
-    if vocab is not None:
-        out["entropy_vocab"] = _mean([r["entropy_vocab"] for r in per_head])
-    return out
+    out = summarize(model, heads, ev, data, None if vocab is None else {k: v.cpu() for k, v in vocab.items()})
+    if model.cfg.positional == "rotary" and model.cfg.qk == "factored":
+        for row in out["per_head"]:
+            row["offset_sigma1"] = offset_summary(model, row["layer"], row["index"])
+    return {**out, "perplexity": ev["perplexity"], "tokens": ev["tokens"]}

@@ -157,6 +157,14 @@ def measure(model: Transformer, task: Task, heads=None, samples: int = 512, seed
     ev = evaluate(model, task, samples, seed, cache=cache)
     data = _host(R.data_concentration(model, cache, heads))
     vocab = _host(R.vocab_concentration(model, heads))
+    return summarize(model, heads, {**ev, "samples": samples}, data, vocab)
+
+
+def summarize(model: Transformer, heads, ev: dict, data: dict, vocab: dict | None) -> dict:
+    """A measurement from its parts: ``ev`` (accuracy, loss, samples), the per-head data
+    concentration ``data`` and vocabulary-view ``vocab`` (``entropy``/``top1``, [n_layers,
+    n_heads] on the CPU; ``vocab`` None leaves the vocabulary view out) of the resolved ``heads``,
+    and the spectrum of B, read here."""
     spec = R.spectrum(model)
     per_head = [
         {
@@ -165,21 +173,27 @@ def measure(model: Transformer, task: Task, heads=None, samples: int = 512, seed
             "index": h,
             "entropy_data": float(data["entropy"][l, h]),
             "top1_data": float(data["top1"][l, h]),
-            "entropy_vocab": float(vocab["entropy"][l, h]),
-            "top1_vocab": float(vocab["top1"][l, h]),
+            **(
+                {"entropy_vocab": float(vocab["entropy"][l, h]), "top1_vocab": float(vocab["top1"][l, h])}
+                if vocab is not None
+                else {}
+            ),
             "stable_rank": float(spec["stable_rank"][l, h]),
             "singular_values": spec["singular_values"][l, h].tolist(),
         }
         for l, h in heads
     ]
+    means = {
+        "entropy_data": _mean([r["entropy_data"] for r in per_head]),
+        "entropy_vocab": _mean([r["entropy_vocab"] for r in per_head]) if vocab is not None else None,
+        "top1_mass": _mean([r["top1_data"] for r in per_head]),
+        "stable_rank": _mean([r["stable_rank"] for r in per_head]),
+    }
     return {
         "accuracy": ev["accuracy"],
         "loss": ev["loss"],
-        "entropy_data": _mean([r["entropy_data"] for r in per_head]),
-        "entropy_vocab": _mean([r["entropy_vocab"] for r in per_head]),
-        "top1_mass": _mean([r["top1_data"] for r in per_head]),
-        "stable_rank": _mean([r["stable_rank"] for r in per_head]),
-        "samples": samples,
+        **{k: v for k, v in means.items() if v is not None},
+        "samples": ev["samples"],
         "per_head": per_head,
     }
 

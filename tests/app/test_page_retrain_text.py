@@ -4,12 +4,12 @@ picked under $ATTN_LAB_DATA; the page tokenizes it with a progress bar, shows th
 perplexity with the live curves, and the run is stored with its text and family."""
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 from dashboard_helpers import chart, open_page
 from streamlit.testing.v1 import AppTest
+from test_page_retrain import poll
 
 from attn_core import runs
 from tests.conftest import write_tiny_hf
@@ -37,15 +37,6 @@ def data(models, tmp_path, monkeypatch):
     monkeypatch.setenv("ATTN_LAB_MODELS", str(models))
     monkeypatch.setenv("ATTN_LAB_DATA", str(folder))
     return folder
-
-
-def poll(at: AppTest, done, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not done(at):
-        assert time.monotonic() < deadline, "the run did not get there in time"
-        time.sleep(0.3)
-        at.run()
-        assert not at.exception, at.exception
 
 
 def test_a_text_from_the_data_folder_retrains_the_model_with_perplexity(data):

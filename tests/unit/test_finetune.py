@@ -150,3 +150,19 @@ def test_the_kl_term_asks_only_for_the_last_residual_stream(tiny_model):
     plain, _ = finetune.setup(model, "all", 0.0, regs)
     assert plain is regs  # no KL: the regularizers' own penalty, unwrapped
     assert finetune.setup(model, "all", 0.0, R.build_penalty([], model))[0] is None
+
+
+def test_the_kl_term_stays_on_the_models_device(tiny_model):
+    """On the meta device (CUDA's stand-in): the starting model, its forward and the term are
+    all made where the model is."""
+    model = tiny_model("reverse", n_layers=2).to("meta")
+    finetune.select_trainable(model, "qk", {1})
+    kl = finetune.KLPenalty(1.0, model.cfg)
+    kl.start(model)
+    assert {p.device.type for p in kl.reference.parameters()} == {"meta"}
+    assert {b.device.type for b in kl.reference.buffers()} == {"meta"}
+    tokens = get_task("reverse").sample(2).tokens.to("meta")
+    cache = kl.cache()
+    model(tokens, cache=cache)
+    term = kl(model, get_task("reverse").sample(2).to("meta"), cache)["kl"]
+    assert term.device.type == "meta" and term.shape == ()
