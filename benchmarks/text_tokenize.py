@@ -37,8 +37,7 @@ sys.path.insert(0, {root!r})
 import torch
 from attn_core.text.source import tokenize_text
 from attn_core.text.task import TextData
-def hwm():
-    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+from benchmarks.record import peak_rss_kib as hwm
 base = hwm()
 t = time.perf_counter()
 tok, [(corpus, tf)] = tokenize_text({folder!r}, "bench", {text!r}, cache_root={cache!r})
