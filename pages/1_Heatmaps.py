@@ -9,6 +9,7 @@ from attn_core.bilinear import offsets, position_labels
 from attn_core.figures import attribution as fa
 from attn_core.figures import bilinear as fb
 from attn_core.figures import rotary as fr
+from attn_core.figures import text as ftext
 from attn_core.sources import LoadedModel
 
 SOURCES = {"sample": "task sample", "random": "random tokens", "typed": "typed tokens"}
@@ -264,6 +265,49 @@ def head_views() -> None:
             for name, v in per_query.items():
                 label = name.replace("_", " ") + (f" (k={k})" if name == "topk_mass" else "")
                 st.metric(label, f"{float(v[i, query]):.3f}", help=METRIC_HELP[name])
+
+    # --- before and after retraining: the parent's same head on the same input ---------------------------
+    parent = loaded.card.parent
+    if (
+        parent
+        and head != ALL
+        and not long_input
+        and st.toggle(
+            "Before and after retraining",
+            key=ui.remember("before_after", False),
+            help=f"The same head of the model this one was retrained from ({ui.plain(parent, 80)}), on the same "
+            "tokens, beside this one, on one colour scale",
+        )
+    ):
+        st.header("Before and after retraining")
+        try:
+            before = ui.load_model(parent)
+            same = (before.config.n_layers, before.config.n_heads, before.config.d_vocab)
+            if same != (cfg.n_layers, cfg.n_heads, cfg.d_vocab):
+                raise ValueError(f"it has a different shape (layers, heads, tokens {same})")
+        except (ValueError, OSError) as e:
+            st.info(f"The parent {ui.plain(parent, 120)} cannot be shown: {ui.plain(e)}")
+        else:
+            value = ui.value_choice("Show", "before_after_value", "pattern")
+            pair = ftext.before_after_plots(
+                sequence_view(before, tokens, layer),
+                view,
+                head,
+                query,
+                value,
+                titles=(f"before ({before.name})", f"after ({loaded.name})"),
+            )
+            k_before = sequence_view(before, tokens, layer).concentration_table(int(k))
+            k_after = view.concentration_table(int(k))
+            for col, plot, table in zip(st.columns(2), pair, (k_before, k_after)):
+                with col:
+                    ui.show_plot(plot, key=plot.name.split("_")[0])
+                    row = table[table["head"] == head].set_index("metric")["mean"]
+                    st.caption(
+                        f"Mean over this input's query rows: normalized entropy {row['normalized_entropy']:.3f}, "
+                        f"top-{int(k)} mass {row['topk_mass']:.3f}"
+                    )
+            plots += pair
 
     # --- why this key: the score split over the singular directions of B ---------------------------------
     if head != ALL and st.toggle(

@@ -15,6 +15,7 @@ app = typer.Typer()
 sweeps_app = typer.Typer(add_completion=False, help="List and inspect sweeps (groups of runs made by attn-lab sweep).")
 
 _TRIAL_COLS = ["run_id", "reg", "lambda", "seed", "status", "accuracy", "entropy_data", "pareto"]
+_TEXT_COLS = ["run_id", "reg", "lambda", "seed", "status", "perplexity", "entropy_data", "pareto"]
 _SWEEP_COLS = ["id", "name", "status", "created", "trials", "recorded", "address", "wall_s"]
 
 
@@ -24,6 +25,7 @@ def _trial_rows(res: dict) -> list[dict]:
         {
             **t,
             "accuracy": (t["after"] or {}).get("accuracy"),
+            "perplexity": (t["after"] or {}).get("perplexity"),
             "entropy_data": (t["after"] or {}).get("entropy_data"),
             "pareto": "*" if t["run_id"] in front else "",
         }
@@ -37,7 +39,14 @@ def _human(res: dict) -> str:
         f"{res['backend']} {res['ray_version'] or ''} at {res['address'] or '-'}, "
         f"{res['wall_s'] if res['wall_s'] is not None else '-'} s\n"
     )
-    return head + table(_trial_rows(res), _TRIAL_COLS) + "\n* = on the Pareto frontier (accuracy up, data entropy down)"
+    rows = _trial_rows(res)
+    text = any(r["perplexity"] is not None for r in rows)  # a sweep on text: perplexity, not accuracy
+    quality = "held-out perplexity down" if text else "accuracy up"
+    return (
+        head
+        + table(rows, _TEXT_COLS if text else _TRIAL_COLS)
+        + f"\n* = on the Pareto frontier ({quality}, data entropy down)"
+    )
 
 
 def _output(res: dict) -> dict:
@@ -88,6 +97,17 @@ def sweep_cmd(
     checkpoint_steps: str | None = dyn.StepsOpt,
     checkpoint_params: str = dyn.ParamsOpt,
     checkpoint_max_mb: float | None = dyn.MaxMbOpt,
+    text: str | None = typer.Option(
+        None,
+        "--text",
+        help="Sweep a Hugging Face folder (or a run of one) on this text, as retrain --text reads it; it is "
+        "tokenized once, before the trials, into the run store's text-cache (workers must see the path).",
+    ),
+    text_field: str | None = typer.Option(None, "--text-field", help="The text's JSON key or Parquet column."),
+    eval_text: str | None = typer.Option(None, "--eval-text", help="Held-out text (default the last 10% of --text)."),
+    block: int | None = typer.Option(None, "--block", help="Tokens per training sequence (default min(context, 256))."),
+    train: str = typer.Option(default(JobConfig, "train"), "--train", help="all, attn or qk (as retrain --train)."),
+    kl: float = typer.Option(default(JobConfig, "kl"), "--kl", help="KL(start || model) strength of every trial."),
     as_json: bool = JsonOpt,
 ):
     """Sweep regularizers x lambdas x seeds on Ray; every trial is a retrain recorded as a run.
@@ -106,7 +126,9 @@ def sweep_cmd(
             ckpt = dyn.checkpoint_settings(
                 checkpoint_every, checkpoint_log, checkpoint_steps, checkpoint_params, checkpoint_max_mb
             )
-            plan = sweep_plan(name, grid, seeds, steps, lr, heads, batch_size, **ckpt)
+            text_options = dict(text=text, text_field=text_field, eval_text=eval_text, block=block)
+            tuning = dict(train=train if train != "all" else None, kl=kl or None)
+            plan = sweep_plan(name, grid, seeds, steps, lr, heads, batch_size, **ckpt, **text_options, **tuning)
         try:
             res = run_sweep(
                 plan,
@@ -143,15 +165,13 @@ def sweep_plan(name: str, grid: list[str], seeds: int, steps: int, lr: float, he
 
 def _say_trial(run_id: str, payload: dict) -> None:
     after = payload.get("after") or {}
-    typer.echo(
-        f"  {payload['key']}: {payload['status']} -> run {run_id}"
-        + (
-            f" (accuracy {after['accuracy']:.4f}, H_data {after['entropy_data']:.3f})"
-            if "accuracy" in after
-            else f" ({payload.get('message', '')})"
-        ),
-        err=True,
-    )
+    if "perplexity" in after:
+        said = f" (perplexity {after['perplexity']:.4g}, H_data {after['entropy_data']:.3f})"
+    elif "accuracy" in after:
+        said = f" (accuracy {after['accuracy']:.4f}, H_data {after['entropy_data']:.3f})"
+    else:
+        said = f" ({payload.get('message', '')})"
+    typer.echo(f"  {payload['key']}: {payload['status']} -> run {run_id}{said}", err=True)
 
 
 @sweeps_app.callback(invoke_without_command=True)

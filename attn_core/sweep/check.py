@@ -32,7 +32,10 @@ def check_sweep(
     lambda each: a lambda never makes a spec invalid), the trial's job built as ``attn-lab
     retrain`` builds it (the model resolves and has a task, each spec and ``heads`` fit the
     model, the shared settings are valid), on the CPU (the workers may have GPUs this machine
-    lacks). Errors keep their kind (a model that cannot be read stays a CheckpointError)."""
+    lacks). A sweep on text (``plan.job["text"]``) has its text read and tokenized here, once,
+    into the token cache the trials then read (bad text is refused before Ray starts: not UTF-8,
+    a missing field, fewer tokens than a block ...). Errors keep their kind (a model that cannot
+    be read stays a CheckpointError)."""
     from attn_core.training.job import TrainingJob
 
     check_settings(cpus_per_trial, gpus_per_trial, scheduler)

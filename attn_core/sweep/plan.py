@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from attn_core import regularizers as R
 from attn_core.validate import is_int, is_number
@@ -37,7 +38,14 @@ JOB_FIELDS = (
     "checkpoint_steps",
     "checkpoint_params",
     "checkpoint_max_mb",
+    "text",
+    "text_field",
+    "eval_text",
+    "block",
+    "train",
+    "kl",
 )
+TEXT_PATHS = ("text", "eval_text")  # made absolute in the plan: a worker reads them from its own folder
 
 
 class SweepError(ValueError):
@@ -197,6 +205,9 @@ def grid_plan(
         raise SweepError(
             f"the sweep would have {n:,} trials (seeds x (lambdas + a baseline)); the limit is {MAX_TRIALS:,}"
         )
+    for key in TEXT_PATHS:
+        if isinstance(job.get(key), str) and job[key].strip():
+            job[key] = str(Path(job[key]).expanduser().absolute())
     trials = []
     for seed in range(seeds):
         if baseline:

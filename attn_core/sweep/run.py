@@ -171,6 +171,14 @@ def _outcome(store: RunStore, sweep_id: str, plan: SweepPlan, ran: list[dict], e
     return status, message[:2000]
 
 
+def _quality(after: dict) -> float | None:
+    """What the Pareto frontier maximises against data entropy: accuracy, or on text minus the
+    held-out perplexity."""
+    if after.get("perplexity") is not None:
+        return -after["perplexity"]
+    return after.get("accuracy")
+
+
 def sweep_result(store: RunStore, sweep_id: str) -> dict:
     """{sweep_id, name, status, message, backend, ray_version, address, wall_s, trials: [{run_id,
     key, reg, lambda, seed, status, message, before, after}], pareto: [run_id, ...]} (trials in plan
@@ -203,7 +211,7 @@ def sweep_result(store: RunStore, sweep_id: str) -> dict:
         )
     info = sweep["info"]
     front = pareto(
-        (t["run_id"], (t["after"] or {}).get("accuracy"), (t["after"] or {}).get("entropy_data"))
+        (t["run_id"], _quality(t["after"]), (t["after"] or {}).get("entropy_data"))
         for t in trials
         if t["status"] == "completed" and t["after"]
     )

@@ -148,7 +148,7 @@ def record_trial(store, sweep_id: str, payload: Mapping) -> str:
     }
     staging = _stage_checkpoints(store, payload.get("checkpoints"))
     try:
-        return _add_run(store, sweep_id, payload, model, card, rows, config, staging)
+        return _add_run(store, sweep_id, payload, model, card, rows, config, staging, _companions(store, card, payload))
     finally:
         if staging is not None and staging.exists():  # not moved into the run: its save failed
             import shutil
@@ -176,10 +176,25 @@ def _stage_checkpoints(store, files: Mapping | None):
     return staging
 
 
-def _add_run(store, sweep_id: str, payload: Mapping, model, card, rows, config, staging) -> str:
+def _companions(store, card, payload: Mapping) -> dict[str, bytes] | None:
+    """The tokenizer files of a trial of an imported model (its card names the Hugging Face
+    folder it came from), read on the driver from the trial's source folder, saved with its run."""
+    if card is None or "hf" not in card.details or not payload.get("weights"):
+        return None
+    from attn_core.hf.family_export import companion_files
+    from attn_core.text.source import model_folder
+
+    try:
+        return companion_files(model_folder(payload["trial"]["source"], store)) or None
+    except (OSError, ValueError):  # the run is kept without them (heatmaps then show token ids)
+        return None
+
+
+def _add_run(store, sweep_id: str, payload: Mapping, model, card, rows, config, staging, files=None) -> str:
     from attn_core.checkpoint import CHECKPOINTS
 
     return store.add_run(
+        files=files,
         include={CHECKPOINTS: staging} if staging is not None else None,
         parent=payload.get("parent"),
         task=payload.get("task"),
