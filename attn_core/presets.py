@@ -115,6 +115,7 @@ def train_preset(
     overwrite: bool = False,
     command: str = "",
     precision: str | None = None,
+    compile: bool | None = None,
     checkpoints: ckpt.CheckpointPlan | None = None,
     on_plan=None,
 ) -> dict:
@@ -127,7 +128,13 @@ def train_preset(
     cfg = preset.train
     overrides = {
         k: v
-        for k, v in (("steps", steps), ("seed", seed), ("device", device), ("precision", precision))
+        for k, v in (
+            ("steps", steps),
+            ("seed", seed),
+            ("device", device),
+            ("precision", precision),
+            ("compile", compile),
+        )
         if v is not None
     }
     cfg = replace(cfg, **overrides)

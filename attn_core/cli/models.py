@@ -77,6 +77,12 @@ def train_cmd(
         default(TrainConfig, "precision"),
         help="fp32, or bf16 (autocast: forward and loss in bfloat16, weights and AdamW in fp32).",
     ),
+    compile: bool = typer.Option(
+        default(TrainConfig, "compile"),
+        "--compile/--no-compile",
+        help="torch.compile the training step (CUDA graphs on CUDA; compiling takes a while, "
+        "then each step is faster). Falls back to the eager step if it cannot compile.",
+    ),
     checkpoint_every: int | None = dyn.EveryOpt,
     checkpoint_log: int | None = dyn.LogOpt,
     checkpoint_steps: str | None = dyn.StepsOpt,
@@ -109,6 +115,7 @@ def train_cmd(
             progress=not as_json,
             command=command_line(),
             precision=precision,
+            compile=compile,
             checkpoints=plan,
             on_plan=dyn.say,
         )
