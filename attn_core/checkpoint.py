@@ -298,6 +298,16 @@ def read_card(path: Path) -> Card:
         raise CheckpointError(str(e)) from None
 
 
+def read_card_bytes(data: bytes, what: str = "card.json") -> Card:
+    """A card given as bytes (an uploaded card.json), checked against the schema like
+    :func:`read_card`: a field of the wrong type (``task: [...]``, ``metrics: 5``) is one
+    :class:`CheckpointError` sentence."""
+    try:
+        return Card.from_dict(read_json_bytes(data, what), what)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+
+
 def read_config(path: Path) -> ModelConfig:
     """A config.json, checked by :meth:`ModelConfig.from_dict`."""
     return _config_from_dict(read_json(path))

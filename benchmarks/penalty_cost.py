@@ -16,8 +16,10 @@ query heads on 2 key/value heads, RMSNorm, rotary, SwiGLU, T 512, batch 4). Each
 mode) runs in a fresh process: two warm-up steps (the compile, the optimizer's state), then the
 peak RSS is reset (``/proc/self/clear_refs``) and ``--steps`` steps are timed. Peak memory is
 the step's peak RSS (``VmHWM``) over the RSS the process had before the model was built (the
-imported libraries), the CPU's counterpart of ``torch.cuda.max_memory_allocated``. Rounds go
-through the variants in turn; ratios are per round against ``none`` in the same mode, medians.
+imported libraries), the CPU's counterpart of ``torch.cuda.max_memory_allocated`` (compiled,
+it also holds the compiled code); the step's transient part (peak over the RSS between steps) is
+reported beside it. Rounds go through the variants in turn; ratios are per round against
+``none`` in the same mode, medians.
 
 **CUDA mode** (``--device cuda``): the GPT-2-small shape (12 layers x 12 heads, d_model 768,
 T 1024, batch 8, vocabulary 50257), bf16 autocast, fused AdamW; our model with each variant, and
@@ -185,9 +187,11 @@ def cpu_mode(args) -> dict:
             step = [statistics.median(x["times"]) for x in results]
             ratio_t = [s / statistics.median(n["times"]) for s, n in zip(step, none)]
             ratio_m = [x["peak_mib"] / n["peak_mib"] for x, n in zip(results, none)]
+            transient = [x["peak_rss_mib"] - x["between_steps_mib"] for x in results]
             rows[variant] = dict(step_s=statistics.median(step), tokens_per_s=batch * T / statistics.median(step),
                                  peak_mib=statistics.median(x["peak_mib"] for x in results),
                                  peak_rss_mib=statistics.median(x["peak_rss_mib"] for x in results),
+                                 step_transient_mib=statistics.median(transient),
                                  time_ratio=statistics.median(ratio_t), memory_ratio=statistics.median(ratio_m),
                                  time_ratios=ratio_t, memory_ratios=ratio_m)  # fmt: skip
         summary[mode] = rows
@@ -199,7 +203,11 @@ def cpu_mode(args) -> dict:
 def print_summary(result: dict) -> None:
     for mode, rows in result["summary"].items():
         for variant, row in rows.items():
-            peak = f"peak {row['peak_mib']:7.0f} MiB  " if "peak_mib" in row else ""
+            peak = (
+                f"peak {row['peak_mib']:6.0f} MiB (step {row['step_transient_mib']:5.0f})  "
+                if "peak_mib" in row
+                else ""
+            )
             rate = f"{row['tokens_per_s']:9.0f} tokens/s  " if "tokens_per_s" in row else ""
             print(
                 f"{mode:8s} {variant:11s} {rate}step x{row['time_ratio']:.3f}  {peak}memory x{row['memory_ratio']:.3f}"

@@ -13,6 +13,7 @@ from attn_core.figures import text as ftext
 from attn_core.sources import LoadedModel
 
 SOURCES = {"sample": "task sample", "random": "random tokens", "typed": "typed tokens"}
+DEFAULT_LENGTH = 1024  # random tokens by default: the context, at most this many (and what the limits allow)
 ALL = ui.ALL_HEADS
 METRIC_HELP = {
     "entropy": (
@@ -104,16 +105,23 @@ with c_input:
             if source == "sample":
                 tokens = bilinear.sample_tokens(loaded, int(seed))
             else:
-                lengths = range(2, cfg.n_ctx + 1)
+                longest = max(2, bilinear.longest_input(loaded.model))  # the context, cut to the memory limit
+                lengths = range(2, longest + 1)
                 length = l_col.number_input(
                     "Length",
                     min_value=2,
-                    max_value=cfg.n_ctx,
+                    max_value=longest,
                     step=1,
-                    key=ui.remember("random_length", cfg.n_ctx, lengths, param="length"),
-                    help=f"Number of tokens, 2..{cfg.n_ctx}",
+                    key=ui.remember("random_length", min(longest, DEFAULT_LENGTH), lengths, param="length"),
+                    help=f"Number of tokens, 2..{longest}"
+                    + (
+                        f" (the context is {cfg.n_ctx}; the memory limit allows {longest})"
+                        if longest < cfg.n_ctx
+                        else ""
+                    ),
                 )
                 tokens = bilinear.random_tokens(loaded, int(seed), int(length))
+        bilinear.check_tokens(loaded.model, tokens)  # a view of this input fits the limits, or one line here
     except ValueError as e:
         st.error(f"This input does not work: {ui.plain(e)}")
         st.stop()

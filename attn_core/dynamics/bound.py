@@ -9,10 +9,11 @@ sigma, ||s - mean(s) 1||_2 <= sigma, the entropy of softmax(s) is at least
 
 and this is attained (one logit at sigma sqrt((n-1)/n), the others equal), so it is the exact
 floor. The derivation is in docs/maths.md ("The entropy floor"). For a head on a sequence, the
-visible logits of row i are a row of L = S * M (S the scores, M the mask, 0 elsewhere), whose
-norm is at most ||L||_2: so ``H(A_i) >= h(n_i, ||L||_2)`` with the measured logits' spectral
-norm, which falls exponentially with it. Zhai et al. bound ||L||_2 further by
-sigma(W_K W_Q^T) ||X X^T||_2; the measured norm gives the tighter bound.
+visible logits of row i are a row of L = S * M (S the scores, M the mask, 0 elsewhere) and part
+of a row of S, so their norm is at most sigma = min(||L||_2, ||S||_2): ``H(A_i) >= h(n_i, sigma)``
+with the measured logits' spectral norm, a floor that falls exponentially with it. Zhai et al.
+bound ||S||_2 further by sigma(W_K W_Q^T) ||X X^T||_2 (S = X B X^T without biases); the measured
+norm gives the tighter bound. (Masking can make ||L||_2 larger than ||S||_2, hence the minimum.)
 
 All in float64; softmax heads only (alpha-entmax rows can put exactly zero weight on a key).
 """
@@ -42,12 +43,15 @@ def visible_logits(S: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def spectral_norm(S: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """||L||_2 of the visible logits, [...] (the largest singular value, exact)."""
-    return torch.linalg.svdvals(visible_logits(S, mask))[..., 0]
+    """min(||L||_2, ||S||_2), [...]: a bound on the norm of every row's visible logits (largest
+    singular values, exact)."""
+    visible = torch.linalg.svdvals(visible_logits(S, mask))[..., 0]
+    return torch.minimum(visible, torch.linalg.svdvals(S.double())[..., 0])
 
 
 def row_floors(S: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The floor of every row's entropy, [..., T] nats: h(n_i, ||L||_2), n_i the row's visible keys."""
+    """The floor of every row's entropy, [..., T] nats: h(n_i, sigma), n_i the row's visible keys and
+    sigma = :func:`spectral_norm`."""
     sigma = spectral_norm(S, mask)  # [...]
     n = mask.to(torch.bool).sum(-1).to(torch.float64).to(S.device)  # [T]
     return entropy_floor(n, sigma[..., None])

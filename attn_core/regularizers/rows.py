@@ -5,11 +5,12 @@ For the rows ``A_i = softmax(s_i)`` (or alpha-entmax) of ``s_i = q_i K^T`` maske
 that query position ``i`` sees, :func:`row_values` returns the per-row penalty of
 ``attn_core.metrics`` (normalized entropy, 1 - Hoyer, 1 - top-k mass) for every row, computed
 ``block`` query rows at a time. A custom autograd function keeps only Q, K (the model holds them
-for its own attention backward anyway) and a few numbers per row; its backward forms each
-block's scores again and applies the row's gradient in closed form (softmax), or through
-autograd on that one block (alpha-entmax). Memory is O(batch x heads x block x T) at any moment,
-never O(T^2) per layer kept from forward to backward. Under a causal mask a block only forms the
-keys its queries can see.
+for its own attention backward anyway) and a few numbers per row; its backward, one opaque
+operator (``attn_lab::rows_backward``, so that a compiler cannot hoist the recomputed scores into
+the forward and keep them), forms each block's scores again and applies the row's gradient in
+closed form (softmax, and alpha-entmax through its Jacobian). Memory is
+O(batch x heads x block x T) at any moment, never O(T^2) per layer kept from forward to
+backward. Under a causal mask a block only forms the keys its queries can see.
 
 :func:`head_means` averages the rows of each head over the informative ones (at least
 ``metrics.MIN_KEYS`` visible keys), exactly or as the unbiased sampled-rows estimate.
@@ -159,9 +160,27 @@ def _softmax_grad(kind: str, s, n, g, stats):
 
 
 def _entmax_rows(kind: str, s, vis, topk: int, alpha: float):
-    """Per-row values of alpha-entmax rows (through ``metrics``, differentiable by autograd)."""
+    """Per-row values of alpha-entmax rows, through ``metrics``."""
     full = torch.ones_like(s, dtype=torch.bool) if vis is None else vis
     return row_penalty(kind, attention_weights(s, full, alpha), vis, topk)
+
+
+def _entmax_grad(kind: str, s, vis, n, g, topk: int, alpha: float) -> torch.Tensor:
+    """dS of a block of alpha-entmax rows: the metric's gradient v in p, then the entmax
+    Jacobian J^T v = u v - (<u, v> / sum u) u with u = p^(2 - alpha) on the support (docs/maths.md)."""
+    full = torch.ones_like(s, dtype=torch.bool) if vis is None else vis
+    p = attention_weights(s, full, alpha)
+    if kind == "entropy":  # d(-sum p log p)/dp = -(log p + 1) where p > 0
+        v = -(torch.where(p > 0, p, torch.ones_like(p)).log() + 1) * _inv_log_n(n)[..., None]
+    elif kind == "hoyer":  # d(|p|_1 / |p|_2)/dp = 1/|p|_2 - |p|_1 p / |p|_2^3, over sqrt(n) - 1
+        l1, l2 = p.sum(-1, keepdim=True), p.pow(2).sum(-1, keepdim=True).clamp_min(EPS * EPS).sqrt()
+        scale = torch.where(n > 1, 1 / (n.sqrt() - 1).clamp_min(EPS), torch.zeros_like(n))[..., None]
+        v = (1 / l2 - l1 * p / l2.pow(3)) * scale
+    else:  # d(1 - top-k mass)/dp
+        v = -torch.zeros_like(p).scatter_(-1, p.topk(min(topk, p.shape[-1]), dim=-1).indices, 1.0)
+    u = (p > 0).to(p.dtype) if alpha == 2.0 else p.pow(2 - alpha)
+    uv = (u * v).sum(-1, keepdim=True) / u.sum(-1, keepdim=True)
+    return g[..., None] * u * (v - uv)
 
 
 def row_penalty(kind: str, p: torch.Tensor, mask: torch.Tensor | None, k: int = 1) -> torch.Tensor:
@@ -193,7 +212,7 @@ class _BlockedRows(torch.autograd.Function):
                 value, numbers = _softmax_rows(kind, s, n_rows[..., a:e], topk)
                 stats += numbers
             else:
-                value = _entmax_rows(kind, s, _visible_or_none(positions[a:e], lo, hi, window, key_mask), topk, alpha)
+                value = _entmax_rows(kind, s, visible(positions[a:e], lo, hi, window, key_mask), topk, alpha)
             outs.append(value)
         ctx.plan = plan
         ctx.save_for_backward(q, k, positions, key_mask, *stats)
@@ -202,39 +221,58 @@ class _BlockedRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         q, k, positions, key_mask, *stats = ctx.saved_tensors
-        kind, topk, alpha, window, B, contiguous = ctx.plan
-        per_block = len(stats) // -(-q.shape[2] // B)  # row numbers saved per block
-        T = k.shape[2]
-        n_rows = _counts(q, positions, T, window, key_mask)
-        dq, dk = torch.zeros_like(q), torch.zeros_like(k)
-        for index, a in enumerate(range(0, q.shape[2], B)):
-            e = min(a + B, q.shape[2])
-            lo, hi = _keys(a, e, T, window, contiguous)
-            s = _scores(q, k, a, e, lo, hi, positions, window, key_mask, contiguous)
-            g = grad[:, :, a:e].to(s.dtype)
-            if alpha == 1.0:  # dS = c P: c goes onto the rows of dq and of q (not onto P)
-                P, c = _softmax_grad(kind, s, n_rows[..., a:e], g, stats[index * per_block : (index + 1) * per_block])
-                P, c = P.to(q.dtype), c.to(q.dtype)[..., None]
-                dq[:, :, a:e] = c * (P @ k[:, :, lo:hi])
-                dk[:, :, lo:hi] += P.transpose(-1, -2) @ (c * q[:, :, a:e])
-            else:
-                vis = _visible_or_none(positions[a:e], lo, hi, window, key_mask)
-                with torch.enable_grad():
-                    s = s.detach().requires_grad_(True)
-                    (dS,) = torch.autograd.grad(_entmax_rows(kind, s, vis, topk, alpha), s, g)
-                dS = dS.to(q.dtype)
-                dq[:, :, a:e] = dS @ k[:, :, lo:hi]
-                dk[:, :, lo:hi] += dS.transpose(-1, -2) @ q[:, :, a:e]
+        dq, dk = rows_backward(grad, q, k, positions, key_mask, stats, *ctx.plan)
         return dq, dk, None, None, None
+
+
+@torch.library.custom_op("attn_lab::rows_backward", mutates_args=())
+def rows_backward(
+    grad: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    key_mask: torch.Tensor | None,
+    stats: list[torch.Tensor],
+    kind: str,
+    topk: int,
+    alpha: float,
+    window: int | None,
+    block: int,
+    contiguous: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dq, dk) of :class:`_BlockedRows`: each block's scores formed again and its gradient
+    applied. One opaque operator, so that a compiler cannot move the recomputed scores into the
+    forward and keep them (its partitioner would: they depend on the forward's inputs only)."""
+    T = k.shape[2]
+    n_rows = _counts(q, positions, T, window, key_mask)
+    per_block = len(stats) // -(-q.shape[2] // block)  # row numbers saved per block
+    dq, dk = torch.zeros_like(q), torch.zeros_like(k)
+    for index, a in enumerate(range(0, q.shape[2], block)):
+        e = min(a + block, q.shape[2])
+        lo, hi = _keys(a, e, T, window, contiguous)
+        s = _scores(q, k, a, e, lo, hi, positions, window, key_mask, contiguous)
+        g, n = grad[:, :, a:e].to(s.dtype), n_rows[..., a:e]
+        if alpha == 1.0:  # dS = c P: c goes onto the rows of dq and of q (not onto P)
+            P, c = _softmax_grad(kind, s, n, g, stats[index * per_block : (index + 1) * per_block])
+            P, c = P.to(q.dtype), c.to(q.dtype)[..., None]
+            dq[:, :, a:e] = c * (P @ k[:, :, lo:hi])
+            dk[:, :, lo:hi] += P.transpose(-1, -2) @ (c * q[:, :, a:e])
+        else:
+            vis = visible(positions[a:e], lo, hi, window, key_mask)
+            dS = _entmax_grad(kind, s, vis, n, g, topk, alpha).to(q.dtype)
+            dq[:, :, a:e] = dS @ k[:, :, lo:hi]
+            dk[:, :, lo:hi] += dS.transpose(-1, -2) @ q[:, :, a:e]
+    return dq, dk
+
+
+@rows_backward.register_fake
+def _(grad, q, k, positions, key_mask, stats, kind, topk, alpha, window, block, contiguous):
+    return torch.empty_like(q), torch.empty_like(k)
 
 
 def _counts(q, positions, T, window, key_mask) -> torch.Tensor:
     """Visible keys of each row, [1 or b, 1, R] in the reduction dtype (broadcasts on [b, h, R])."""
     return visible_counts(positions, T, window, key_mask)[:, None, :].to(reduce_dtype(q.dtype))
-
-
-def _visible_or_none(positions, lo, hi, window, key_mask):
-    return visible(positions, lo, hi, window, key_mask)
 
 
 def _keys(a: int, e: int, T: int, window: int | None, contiguous: bool) -> tuple[int, int]:

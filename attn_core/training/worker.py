@@ -2,8 +2,8 @@
 dashboard does): the web server's interpreter never runs a training step, so its reruns, figures
 and serialisation do not take the GIL, the cores or the GPU's launch thread from training.
 
-The worker is a fresh interpreter (``python -m attn_core.training.worker``, in a session of its
-own, safe with CUDA). It rebuilds the job from its :class:`~attn_core.training.config.JobConfig`
+The worker is a fresh interpreter (``python -m attn_core.training.worker_process``, in a session
+of its own, safe with CUDA; that module is the worker's side of the two pipes). It rebuilds the job from its :class:`~attn_core.training.config.JobConfig`
 (a plain dataclass, so every field travels) and the run store's folder, and trains it with
 ``TrainingJob.run``: the same step loop, guard, telemetry and saving as a job in a thread. Two
 pipes join it to the job in the parent:
@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import atexit
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 import weakref
 from multiprocessing.connection import Connection
@@ -61,7 +59,7 @@ def train_remotely(job, threads: int | None) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", "attn_core.training.worker", str(updates_w), str(control_r)],
+            [sys.executable, "-m", "attn_core.training.worker_process", str(updates_w), str(control_r)],
             pass_fds=(updates_w, control_r),
             env=env,
             start_new_session=True,  # a terminal's Ctrl-C goes to the parent, which stops the job
@@ -115,96 +113,3 @@ def _stop_workers_at_exit() -> None:
             job._process.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
-
-
-# --- the worker's side ------------------------------------------------------------------------------
-
-
-class _Sender:
-    """Sends a job's changes to the parent, at most every SEND_EVERY_S and at each new status."""
-
-    def __init__(self, conn: Connection):
-        self.conn = conn
-        self.rows = 0
-        self.last = 0.0
-        self.seen: dict = {}
-        self.broken = False
-
-    def __call__(self, job, final: bool = False) -> None:
-        state = job._state
-        now = time.perf_counter()
-        if not final and state["status"] == self.seen.get("status") and now - self.last < SEND_EVERY_S:
-            return
-        self.last = now
-        steps, names, values = job.recorder.columns
-        n = len(steps)
-        changed = {k: v for k, v in state.items() if k not in self.seen or self.seen[k] is not v}
-        changed["latest"] = dict(state["latest"])  # updated in place: always sent
-        message = {
-            "state": changed,
-            "run_id": job.run_id,
-            "rows": (steps[self.rows : n], names[self.rows : n], values[self.rows : n]),
-            "final": final,
-        }
-        if final:  # as safetensors bytes: tensors pickled by multiprocessing would travel as shared fds
-            from safetensors.torch import save
-
-            message["weights"] = save(job.weights())
-        self.rows, self.seen = n, dict(state)
-        if not self.broken:
-            try:
-                self.conn.send(message)
-            except OSError:  # the parent is gone: the control pipe's end stops the run
-                self.broken = True
-
-
-def _listen(job, control: Connection) -> None:
-    """Act on the parent's commands; the end of the pipe (the parent is gone) stops the run."""
-    while True:
-        try:
-            command, *args = control.recv()
-        except (EOFError, OSError):
-            job._stop_reason = job._stop_reason or PARENT_ENDED
-            job.stop()
-            return
-        if command == "stop":
-            job._stop_reason = args[0] if args and args[0] else job._stop_reason
-            job.stop()
-        elif command == "pause":
-            job.pause()
-        elif command == "resume":
-            job.resume()
-
-
-def main(updates_fd: int, control_fd: int) -> int:
-    """The worker process: build the job as the parent did, train it, send it back."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    updates, control = Connection(updates_fd, readable=False), Connection(control_fd, writable=False)
-    cfg, store_root, threads = control.recv()
-    import torch
-
-    from attn_core.runs import RunStore
-    from attn_core.training.job import TrainingJob
-    from attn_core.training.record import error_text
-
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        job = TrainingJob(cfg, store=RunStore(store_root) if store_root is not None else False)
-    except Exception as e:  # the source or the store changed since the parent checked them
-        updates.send({"state": {"status": "failed", "message": f"could not start: {error_text(e)}"}, "final": True})
-        return 1
-    send = _Sender(updates)
-    job.on_publish = send
-    threading.Thread(target=_listen, args=(job, control), daemon=True, name="attn-lab control").start()
-    try:
-        job.run()
-    finally:
-        send(job, final=True)
-        updates.close()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.stdout.flush()
-    os._exit(main(int(sys.argv[1]), int(sys.argv[2])))  # saved and sent: no teardown under the control thread

@@ -349,8 +349,9 @@ def test_attribution_and_views_run_on_meta_until_they_read(kind):
     # the views compute on the device and read once, when they build the View (on the CPU)
     assert read_point(lambda: views.sequence_view(loaded, ids, 0)) == "views.py:_view"
     assert read_point(lambda: views.vocabulary_view(loaded, 0)) == "views.py:_view"
-    where = read_point(lambda: attribute(loaded, ids, 0, 1, 5))
-    assert where in ("attribution.py:attribute", "attribution.py:_rotary_attribution")
+    # attribution first reads which keys the query sees (the model's own mask, as a list); its
+    # tensor parts (head_form, svd, bias_terms) are covered in test_circuits_run_on_meta
+    assert read_point(lambda: attribute(loaded, ids, 0, 1, 5)) == "checks.py:visible_keys"
 
 
 def test_qk_conversions_run_on_meta():
@@ -391,7 +392,6 @@ CPU_BY_DESIGN = {
     ("model/attention.py", "__init__"): "parameters, as above",
     ("model/transformer.py", "__init__"): "parameters, as above",
     ("model/attention.py", "_scales"): "1/sqrt(d) made exactly in float64, then moved to the buffer's device",
-    ("model/rotary.py", "inverse_frequencies"): "a buffer made once, moved with the module",
     ("model/rotary.py", "offset_rotation"): "exact float64 rotations; callers move them (.to(W))",
     ("bilinear/offsets.py", "offset_form"): "offsets for offset_rotation, whose result is moved by .to(W)",
     ("tasks.py", "sample"): "an int seed draws on the CPU: the same batch on every machine",
@@ -413,6 +413,8 @@ CPU_BY_DESIGN = {
     ("kernels/features.py", "maclaurin_draw"): "seeded CPU draws in float64, moved with .to(device)",
     ("kernels/features.py", "maclaurin_features"): "degree counts read on the host (python ints)",
     ("kernels/features.py", "nystrom_factors"): "seeded CPU choice of landmarks, moved with .to(q.device)",
+    ("regularizers/penalty.py", "__init__"): "the seeded host generator of sampled penalty rows",
+    ("regularizers/rows.py", "sample_positions"): "sampled rows drawn on the host, moved with .to(q.device)",
 }
 SCANNED = ("model", "training", "regularizers", "bilinear", "circuits", "grow", "qk", "kernels", "sweep")
 SCANNED_FILES = ("metrics.py", "tasks.py")

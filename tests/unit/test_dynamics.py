@@ -66,6 +66,12 @@ def test_row_floors_never_exceed_the_rows_entropy(T, scale, seed):
     assert bool((D.row_floors(S, mask) <= H + 1e-9).all())
 
 
+def test_the_floor_takes_the_device_of_its_scores():
+    S = torch.randn(2, 3, 5, 5, device="meta")
+    mask = torch.tril(torch.ones(5, 5, dtype=torch.bool, device="meta"))
+    assert D.row_floors(S, mask).device.type == "meta" and D.normalized_row_floors(S, mask).shape == (2, 3, 5)
+
+
 def _measured_vs_floor(model: Transformer, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     names = [act_name(k, l) for l in range(model.cfg.n_layers) for k in ("attn_scores", "pattern")]
     with torch.no_grad():
@@ -91,16 +97,15 @@ def test_the_floor_holds_on_trained_and_random_heads():
         assert bool((floor <= H + 1e-5).all())
         if std is None:
             assert float(floor[..., 8:].min()) > 0.5  # near log n at init: not vacuous
-    # the weights' bound (Zhai et al.): ||L||_2 <= sigma_1(B) ||X||_2^2, so its floor is lower still
+    # the weights' bound (Zhai et al.): ||S||_2 <= sigma_1(B) ||X||_2^2 (S = X B X^T), so its floor is lower still
     with torch.no_grad():
-        _, cache = sharp.run_with_cache(
-            tokens[:1, :16] % 11, names_filter=[act_name("attn_in", 0), act_name("attn_scores", 0)]
-        )
-    X = cache[act_name("attn_in", 0)][0].double()
-    S = cache[act_name("attn_scores", 0)][0]
-    with torch.no_grad():
+        names = [act_name("attn_in", 0), act_name("attn_scores", 0)]
+        _, cache = sharp.run_with_cache(get_task("reverse").sample(4, 2).tokens, names_filter=names)
+        X = cache[act_name("attn_in", 0)].double()  # [b, T, d]
+        S = cache[act_name("attn_scores", 0)][:, 0]  # head 0, [b, T, T]
         weights = torch.linalg.matrix_norm(head_B(sharp, 0, 0).double(), 2) * torch.linalg.matrix_norm(X, 2) ** 2
-    assert float(D.spectral_norm(S[0], sharp.mask(16))) <= float(weights) + 1e-6
+    assert bool((D.spectral_norm(S, sharp.mask(S.shape[-1])) <= weights + 1e-6).all())
+    assert torch.allclose(S.double(), X @ head_B(sharp, 0, 0).detach().double() @ X.transpose(-1, -2), atol=1e-4)
 
 
 # --- the metrics against direct computations ------------------------------------------------------------

@@ -89,6 +89,18 @@ def local_ray():
     ray.shutdown()
 
 
+@pytest.mark.parametrize("user", [None, "1"])
+def test_ray_usage_statistics_are_off_unless_the_user_sets_them(local_ray, monkeypatch, user):
+    from attn_core.sweep.ray_backend import USAGE_STATS_ENV, ray_session
+
+    if user is None:
+        monkeypatch.delenv(USAGE_STATS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(USAGE_STATS_ENV, user)
+    with ray_session():  # Ray runs already (the module's): only the setting is made
+        assert os.environ[USAGE_STATS_ENV] == (user or "0")
+
+
 def test_a_request_the_cluster_cannot_meet_is_refused_before_any_trial(local_ray):
     refused(
         [MODEL, "--grid", "entropy=0.1", "--cpus-per-trial", "1000"], "--cpus-per-trial 1000 but the cluster has 2 CPUs"
