@@ -7,6 +7,7 @@ into the safetensors metadata, so a lone ``.safetensors`` file (an upload, say) 
 self-describing. Everything read is untrusted: sizes are limited before reading, a pickle is
 refused, every tensor's name, shape, dtype and finiteness is checked against the config, and a
 failure is one :class:`CheckpointError` sentence. Writes are atomic. See ``docs/checkpoints.md``.
+Files and JSON are read through ``attn_core.untrusted`` (re-exported here).
 
 :class:`LoadedModel` is what every loader returns (and what ``attn_core.sources.resolve`` hands
 to views, jobs and pages).
@@ -26,26 +27,31 @@ import torch
 from safetensors.torch import load as st_load_bytes
 from safetensors.torch import save as st_save_bytes
 
-from attn_core import limits
 from attn_core.card import Card
 from attn_core.destinations import check_not_shipped, remove_stale_tmp, tmp_prefix
 from attn_core.model import ModelConfig, Transformer
 from attn_core.model.rotary import inverse_frequencies
 from attn_core.tasks import TASKS, Task
-from attn_core.validate import is_int
+from attn_core.untrusted import (  # noqa: F401 -- re-exported: checkpoint.read_json and the like
+    MAX_JSON_BYTES,
+    MAX_JSON_DEPTH,
+    MAX_VOCAB_BYTES,
+    CheckpointError,
+    model_file,
+    parse_json,
+    read_bytes,
+    read_json,
+    read_json_bytes,
+    read_model_file,
+    read_vocab,
+)
+from attn_core.untrusted import first_line as _first_line
 
 WEIGHTS, CONFIG, CARD = "model.safetensors", "config.json", "card.json"
 CHECKPOINTS = "checkpoints"  # a run's weights across training (attn_core.training.checkpoints)
-MAX_JSON_BYTES = 1_000_000
-MAX_JSON_DEPTH = 64  # nesting levels of a config or card (ours use 4)
 MAX_WEIGHTS_BYTES = 512 * 2**20
 MAX_ABS_WEIGHT = 1e6  # trained weights are O(1) to O(10); beyond this, scores overflow float32
-MAX_VOCAB_BYTES = 64 * 2**20  # a vocabulary file (GPT-2's vocab.json is 1 MiB)
 MAX_HEADER_BYTES = 100 * 2**20  # a safetensors header (the library's own limit)
-
-
-class CheckpointError(ValueError):
-    """A model that cannot be loaded; the message says what is wrong, in one sentence."""
 
 
 @dataclass
@@ -176,118 +182,6 @@ def refuse_pickle(data: bytes) -> None:
         )
 
 
-def read_bytes(path: Path, limit: int) -> bytes:
-    """A file's content when it is a regular file of at most ``limit`` bytes (a FIFO, a device
-    or a folder is refused without being read: ``attn_core.limits.read_file``)."""
-    try:
-        return limits.read_file(path, limit, str(path))
-    except OSError as e:
-        raise CheckpointError(str(e)) from None
-    except ValueError as e:
-        raise CheckpointError(str(e)) from None
-
-
-def read_model_file(folder: str | Path, name: str, limit: int) -> bytes:
-    """The file ``name`` inside the model folder ``folder``, for a name that a card or a config
-    gives (a vocabulary, a tokenizer): resolved relative to the folder (symlinks followed), it
-    must stay inside the folder, be a regular file and hold at most ``limit`` bytes. Anything
-    else, an absolute path or ``..`` leading out included, is a :class:`CheckpointError` and
-    nothing outside the folder is opened."""
-    return read_bytes(model_file(folder, name), limit)
-
-
-def model_file(folder: str | Path, name: str) -> Path:
-    """Where ``name`` leads inside the model folder: refused, before anything is opened, when it
-    leads outside (see :func:`read_model_file`). The one rule for every file of a model folder:
-    its own config.json, card.json and weights, and the names a card, a config or an index gives."""
-    if not isinstance(name, str) or not name.strip() or "\x00" in name:
-        raise CheckpointError(f"{name!r} is not a file name inside the model folder")
-    root = Path(folder).resolve()
-    target = (root / name).resolve()  # an absolute name replaces root here, and is then refused
-    if not target.is_relative_to(root) or target == root:
-        raise CheckpointError(
-            f"{name!r} leads outside the model folder {root.name} (an absolute path, '..' or a link); "
-            "only files inside the model folder are read"
-        )
-    return target
-
-
-def parse_json(text: str | bytes, what: str, limit: int = MAX_JSON_BYTES):
-    """Parse untrusted JSON text: at most ``limit`` bytes and :data:`MAX_JSON_DEPTH` levels of
-    nesting (deeper JSON would exhaust the recursion of every reader after this one). Every JSON
-    a user gives (configs, cards, uploads, vocabularies) is read through here."""
-    if len(text) > limit:
-        raise CheckpointError(f"{what} is {limits.size_text(len(text))}; the limit is {limits.size_text(limit)}")
-    try:
-        obj = json.loads(text)
-    except RecursionError:
-        obj = None
-    except (ValueError, TypeError) as e:  # UnicodeDecodeError, oversized integers included
-        raise CheckpointError(f"{what} is not valid JSON ({_first_line(e)})") from None
-    else:
-        if _depth(obj) <= MAX_JSON_DEPTH:
-            return obj
-    raise CheckpointError(f"{what} is nested more than {MAX_JSON_DEPTH} levels deep")
-
-
-def _depth(obj) -> int:
-    """Nesting depth of parsed JSON (0 for a scalar), without recursion."""
-    deepest, stack = 0, [(obj, 0)]
-    while stack:
-        node, d = stack.pop()
-        if isinstance(node, (dict, list)):
-            d += 1
-            deepest = max(deepest, d)
-            if d > MAX_JSON_DEPTH:
-                break
-            stack.extend((v, d) for v in (node.values() if isinstance(node, dict) else node))
-    return deepest
-
-
-def read_json(path: Path, what: str | None = None) -> dict:
-    """A JSON object from a file: a regular file, size- and depth-limited (:func:`parse_json`)."""
-    return _object(parse_json(read_bytes(Path(path), MAX_JSON_BYTES), what or Path(path).name), what or Path(path).name)
-
-
-def read_json_bytes(data: bytes, what: str = "card.json") -> dict:
-    """A JSON object given as bytes (an uploaded card.json)."""
-    return _object(parse_json(data, what), what)
-
-
-def read_vocab(folder: Path | None, name: str | None, d_vocab: int) -> list[str] | None:
-    """Token names from the vocabulary file ``name`` that a card names (``vocab_file``), read
-    with :func:`read_model_file` (inside the model folder only) and checked: a JSON object of
-    token -> id (ids outside the vocabulary are ignored) or a list of token strings, at most
-    ``limits.MAX_TOKENS_FILE`` entries. None when the card names none or the model has no folder
-    (a lone weights file, an in-memory model)."""
-    if name is None or folder is None or not Path(folder).is_dir():
-        return None
-    what = f"the vocabulary file {name!r}"
-    raw = parse_json(read_model_file(folder, name, MAX_VOCAB_BYTES), what, MAX_VOCAB_BYTES)
-    if not isinstance(raw, (dict, list)) or len(raw) > limits.MAX_TOKENS_FILE:
-        raise CheckpointError(
-            f"{what} must be a JSON object of token -> id or a list of tokens (at most {limits.MAX_TOKENS_FILE:,})"
-        )
-    names = [str(i) for i in range(d_vocab)]
-    pairs = raw.items() if isinstance(raw, dict) else ((word, i) for i, word in enumerate(raw))
-    for word, i in pairs:
-        if not isinstance(word, str) or not is_int(i):
-            raise CheckpointError(f"{what}: entry {word!r}: {i!r} is not a token string with an integer id")
-        if 0 <= i < d_vocab:
-            names[i] = word
-    return names
-
-
-def _object(obj, what: str) -> dict:
-    if not isinstance(obj, dict):
-        raise CheckpointError(f"{what} must hold a JSON object, not {_json_type(obj)}")
-    return obj
-
-
-def _json_type(obj) -> str:
-    return {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(obj), "a number")
-
-
 def read_card(path: Path) -> Card:
     """The card beside a model's weights (an empty card when there is none)."""
     if not path.is_file():
@@ -360,10 +254,6 @@ def _config_from_metadata(data: bytes) -> ModelConfig:
     if not text:
         raise CheckpointError("the safetensors file carries no config; provide its config.json")
     return _config_from_dict(parse_json(text, "config in the safetensors metadata"))
-
-
-def _first_line(e: Exception) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
 
 # --- writing -----------------------------------------------------------------------------------
