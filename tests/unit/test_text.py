@@ -23,7 +23,7 @@ from attn_core.text import measure as M
 from attn_core.text import tokens as T
 from attn_core.text.corpus import TextError, open_corpus
 from attn_core.text.source import folder_tokenizer, tokenize_text
-from attn_core.text.task import TextData, check_block, split_streams, text_task
+from attn_core.text.task import TextData, check_block, default_batch, split_streams, step_bytes_per_block, text_task
 from tests.text_corpus import make_text, write_word_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -329,6 +329,42 @@ def test_asking_for_more_held_out_blocks_than_there_are_measures_each_once(folde
 
 
 # --- memory ---------------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    d=st.sampled_from([32, 128, 768, 2048]),
+    layers=st.integers(1, 32),
+    d_mlp=st.sampled_from([0, 64, 3072]),
+    vocab=st.integers(2, 262_144),
+    block=st.integers(2, 2048),
+    kl=st.sampled_from([0.0, 0.5]),
+)
+def test_the_default_batch_is_the_largest_power_of_two_within_the_step_budget(d, layers, d_mlp, vocab, block, kl):
+    from attn_core.model import ModelConfig
+    from attn_core.text.task import MAX_DEFAULT_BATCH, STEP_MEMORY
+
+    cfg = ModelConfig(d_model=d, n_layers=layers, n_heads=4, d_head=d // 4, d_mlp=d_mlp, d_vocab=vocab, n_ctx=block)
+    b, per_block = default_batch(cfg, block, kl), step_bytes_per_block(cfg, block, kl)
+    assert 1 <= b <= MAX_DEFAULT_BATCH and b & (b - 1) == 0
+    assert b == 1 or b * per_block <= STEP_MEMORY  # within the budget (one block even when it is not)
+    assert b == MAX_DEFAULT_BATCH or 2 * b * per_block > STEP_MEMORY  # and the largest such
+
+
+def test_the_default_batch_of_published_shapes_is_what_the_help_says():
+    """GPT-2 small at block 256 (the example --batch-size's help gives): 4; the toy-sized models
+    of the tests keep the toys' 64; the KL term's extra logits lower it."""
+    from attn_core.model import ModelConfig
+
+    gpt2 = ModelConfig(d_model=768, n_layers=12, n_heads=12, d_head=64, d_mlp=3072, d_vocab=50_257, n_ctx=1024)
+    assert step_bytes_per_block(gpt2, 256) == 4 * 256 * (4 * 50_257 + 12 * (16 * 768 + 3 * 3072 + 2 * 12 * 256))
+    assert default_batch(gpt2, 256) == 4 and default_batch(gpt2, 1024) == 1
+    tiny = ModelConfig(d_model=32, n_layers=2, n_heads=4, d_head=8, d_mlp=48, d_vocab=100, n_ctx=64)
+    assert default_batch(tiny, 64) == 64
+    qwen = ModelConfig(d_model=896, n_layers=24, n_heads=14, d_head=64, d_mlp=4864, d_vocab=151_936, n_ctx=1024)
+    assert default_batch(qwen, 256) == 2
+    wide = ModelConfig(d_model=32, n_layers=1, n_heads=4, d_head=8, d_mlp=0, d_vocab=200_000, n_ctx=256)
+    assert default_batch(wide, 256, kl=0.5) == 2 < default_batch(wide, 256) == 4
 
 CHILD = """
 import json, sys
