@@ -36,9 +36,18 @@ def _run_row(r: dict) -> dict:
         "steps": cfg.get("steps"),
         "entmax_alpha": cfg.get("entmax_alpha"),
         "accuracy": after.get("accuracy"),
+        "perplexity": after.get("perplexity"),  # runs on text: held-out perplexity
         "entropy_data": after.get("entropy_data"),
         "has_weights": r.get("has_weights"),
     }
+
+
+def _run_cols(rows: list[dict]) -> list[str]:
+    """The listing's columns: held-out perplexity after accuracy when a run on text is listed."""
+    if not any(r.get("perplexity") is not None for r in rows):
+        return _RUN_COLS
+    at = _RUN_COLS.index("accuracy") + 1
+    return [*_RUN_COLS[:at], "perplexity", *_RUN_COLS[at:]]
 
 
 def _before_after(before: dict | None, after: dict | None) -> str:
@@ -274,7 +283,7 @@ def runs_cmd(ctx: typer.Context, as_json: bool = JsonOpt):
         rows,
         as_json,
         lambda rs: (
-            _store_lines(store) + (table(rs, _RUN_COLS) if rs else "no runs yet (attn-lab retrain NAME ... makes one)")
+            _store_lines(store) + (table(rs, _run_cols(rs)) if rs else "no runs yet (attn-lab retrain NAME ... makes one)")
         ),
     )
 

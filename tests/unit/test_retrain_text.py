@@ -147,6 +147,9 @@ def test_the_cli_retrains_a_run_of_a_run_and_exports_it(tmp_path):
     assert child.card.parent == f"run:{out['run_id']}"
     p, c = dict(parent.model.named_parameters()), dict(child.model.named_parameters())
     assert {n for n in p if not torch.equal(p[n], c[n])} == {"blocks.1.attn.W_Q", "blocks.1.attn.W_K"}
+    listed = {r["id"]: r for r in json.loads(cli("runs", "--json").stdout)}
+    assert listed[out["run_id"]]["perplexity"] == pytest.approx(out["after"]["perplexity"])
+    assert "perplexity" in cli("runs").stdout.splitlines()[1].split()  # a column of the listing's header
     exported = cli("export-hf", f"run:{again['run_id']}", "--out", str(tmp_path / "hf"), "--json")
     assert exported.returncode == 0, exported.stderr
     assert json.loads(exported.stdout)["model_type"] == "llama"
