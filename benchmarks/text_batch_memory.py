@@ -107,7 +107,12 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        env = {**os.environ, "ATTN_LAB_RUNS": str(tmp / "runs"), "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}
+        env = {
+            **os.environ,
+            "ATTN_LAB_RUNS": str(tmp / "runs"),
+            "OMP_NUM_THREADS": "1",
+            "MALLOC_MMAP_THRESHOLD_": "65536",
+        }
         text = tmp / "text.txt"
         text.write_text(make_text(0, lines=3000))
         for name, shape in shapes.items():

@@ -283,7 +283,8 @@ def runs_cmd(ctx: typer.Context, as_json: bool = JsonOpt):
         rows,
         as_json,
         lambda rs: (
-            _store_lines(store) + (table(rs, _run_cols(rs)) if rs else "no runs yet (attn-lab retrain NAME ... makes one)")
+            _store_lines(store)
+            + (table(rs, _run_cols(rs)) if rs else "no runs yet (attn-lab retrain NAME ... makes one)")
         ),
     )
 

@@ -366,6 +366,7 @@ def test_the_default_batch_of_published_shapes_is_what_the_help_says():
     wide = ModelConfig(d_model=32, n_layers=1, n_heads=4, d_head=8, d_mlp=0, d_vocab=200_000, n_ctx=256)
     assert default_batch(wide, 256, kl=0.5) == 2 < default_batch(wide, 256) == 4
 
+
 CHILD = """
 import json, sys
 sys.path.insert(0, {root!r})
