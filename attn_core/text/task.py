@@ -177,7 +177,8 @@ def split_streams(
     main: TokenFile, held: TokenFile | None, block: int, d_vocab: int
 ) -> tuple[np.ndarray, np.ndarray, dict]:
     """(train stream, held-out stream, facts of the split) for blocks of ``block`` tokens; a text
-    too short for one training and one held-out block is refused, saying how many are needed."""
+    too short for one training and one held-out block is refused, saying how many are needed, and
+    so is a held-out text that is the training text itself (the same files and bytes)."""
     need = block + 1
     for tf in (main, held):
         if tf is not None and tf.meta["max_id"] >= d_vocab:
@@ -186,6 +187,11 @@ def split_streams(
                 "the tokenizer.json does not belong to this model"
             )
     stream = main.array()
+    if held is not None and held.meta.get("corpus_sha256") == main.meta.get("corpus_sha256"):
+        raise TextError(
+            "the held-out text (--eval-text) is the text trained on: perplexity on it would not be held out; "
+            "give another text, or leave --eval-text out to hold out the end of the text"
+        )
     if held is not None:
         for tf, what in ((main, "the text"), (held, "the held-out text (--eval-text)")):
             if tf.n_tokens < need:

@@ -239,6 +239,9 @@ def test_too_little_text_for_a_block_says_what_is_needed(folder, tmp_path):
         split_streams(_long(folder, tmp_path), tf, 11, 100)
     with pytest.raises(TextError, match="the model has only 5 tokens"):
         split_streams(tf, None, 2, 5)
+    long = _long(folder, tmp_path)
+    with pytest.raises(TextError, match=r"held-out text \(--eval-text\) is the text trained on"):
+        split_streams(long, long, 8, 100)
     with pytest.raises(ValueError, match=r"--block must be an integer in 2..16"):
         check_block(17, 16)
     assert check_block(None, 1024) == 256 and check_block(None, 16) == 16
