@@ -202,6 +202,10 @@ def test_parquet_column_that_is_missing_or_not_text(folder, tmp_path):
     with pytest.raises(TextError, match=r"no column 'x' \(its columns: 'text', 'body'\)"):
         tokenized(folder, tmp_path / "d.parquet", field="x")
     assert tokenized(folder, tmp_path / "d.parquet", field="body").array().tolist() == [1, 2]
+    (tmp_path / "plain.txt").write_text("w1 w2")
+    with pytest.raises(TextError, match=r"--text-field body names a JSON key or a Parquet column, and .* is plain"):
+        tokenized(folder, tmp_path / "plain.txt", field="body")
+    assert tokenized(folder, tmp_path / "plain.txt", field="text").array().tolist() == [1, 2]  # the default: no harm
 
 
 def test_fifo_device_missing_and_oversized_paths_are_refused_unopened(folder, tmp_path, monkeypatch):
