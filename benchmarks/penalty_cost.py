@@ -41,6 +41,7 @@ import argparse
 import ctypes
 import gc
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -61,6 +62,7 @@ CPU = dict(n_layers=4, n_heads=8, n_kv_heads=2, d_model=256, d_head=32, d_mlp=68
 CPU_QUICK = dict(CPU, n_layers=2, n_heads=4, d_model=64, d_head=16, d_mlp=128, d_vocab=256)
 GPT2 = dict(n_layers=12, n_heads=12, d_model=768, d_head=64, d_mlp=3072, d_vocab=50257, attn_bias=True,
             mlp_act="gelu_tanh")  # fmt: skip
+GPT2_QUICK = dict(GPT2, n_layers=2, n_heads=2, d_model=32, d_head=16, d_mlp=128, d_vocab=128)
 GOALS = {"layer_time": 1.15, "all_time": 1.3, "all_memory": 1.25}
 
 
@@ -242,12 +244,23 @@ def cuda_mode(args) -> dict | None:
     if not torch.cuda.is_available():
         print("no CUDA device here: the CUDA mode is skipped (GPU figures not measured)")
         return None
+    return side_by_side(args, torch.device("cuda"), GPT2, args.seq, args.batch)
+
+
+def side_by_side(args, dev, shape: dict, T: int, batch: int) -> dict:
+    """Our model with each variant and transformers' GPT2LMHeadModel (sdpa) of the same shape,
+    trained the same way in this process (bf16 autocast, fused AdamW), each mode in turn. On
+    CUDA steps are timed by events and memory is ``max_memory_allocated``; ``--quick`` runs this
+    very code on the CPU with a tiny shape (wall-clock time, no memory figure)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
     from attn_core.model import ModelConfig
     from attn_core.training.trainer import init_model
 
-    dev = torch.device("cuda")
-    T, batch = args.seq, args.batch
-    tokens = torch.randint(0, GPT2["d_vocab"], (batch, T), device=dev, generator=torch.Generator(dev).manual_seed(1))
+    cuda = dev.type == "cuda"
+    vocab = shape["d_vocab"]
+    tokens = torch.randint(0, vocab, (batch, T), device=dev, generator=torch.Generator(dev).manual_seed(1))
 
     def measure(model, loss_fn) -> dict:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
@@ -260,50 +273,67 @@ def cuda_mode(args) -> dict | None:
 
         for _ in range(3):
             step()
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
         times = []
         for _ in range(args.steps):
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1000)
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                step()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1000)
+            else:
+                t = time.perf_counter()
+                step()
+                times.append(time.perf_counter() - t)
         step_s = statistics.median(times)
-        return dict(step_s=step_s, tokens_per_s=batch * T / step_s, peak_gib=torch.cuda.max_memory_allocated() / 2**30)
+        peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else math.nan
+        return dict(step_s=step_s, tokens_per_s=batch * T / step_s, peak_gib=peak)
+
+    def release() -> None:
+        """Free the last model, its optimizer and compiled graphs before the next one is measured."""
+        gc.collect()
+        torch._dynamo.reset()
+        if cuda:
+            torch.cuda.empty_cache()
 
     rows: dict = {}
+    hf_config = GPT2Config(n_layer=shape["n_layers"], n_head=shape["n_heads"], n_embd=shape["d_model"],
+                           n_inner=shape["d_mlp"], n_positions=T, vocab_size=vocab)  # fmt: skip
+    layer = shape["n_layers"] // 2 - 1  # L5 of 12
     for mode in args.modes:
         for variant in args.variants:
             if variant == "all-dense" and mode == "compiled":
                 continue
-            model = init_model(ModelConfig(n_ctx=T, **GPT2), 0).to(dev).train()
-            pen, new_cache = penalty_for(variant, model, 5)
+            model = init_model(ModelConfig(n_ctx=T, **shape), 0).to(dev).train()
+            pen, new_cache = penalty_for(variant, model, layer)
             loss_fn = loss_function(model, pen, new_cache, torch.bfloat16)
             res = measure(model, torch.compile(loss_fn) if mode == "compiled" else loss_fn)
             rows[f"attn_core {variant} {mode}"] = res
             print(f"attn_core {variant:11s} {mode:8s} {res['tokens_per_s']:9.0f} tokens/s  {res['peak_gib']:.2f} GiB")
             del model, pen, loss_fn
-            torch.cuda.empty_cache()
-        from transformers import GPT2Config, GPT2LMHeadModel
-
-        hf = GPT2LMHeadModel(GPT2Config(n_layer=12, n_head=12, n_embd=768, n_positions=T, vocab_size=GPT2["d_vocab"]),
-                             attn_implementation="sdpa").to(dev).train()  # fmt: skip
+            release()
+        hf = GPT2LMHeadModel(hf_config, attn_implementation="sdpa").to(dev).train()
 
         def hf_loss(tok, hf=hf):
-            with torch.autocast("cuda", dtype=torch.bfloat16):
+            with torch.autocast(dev.type, dtype=torch.bfloat16):
                 return hf(input_ids=tok, labels=tok).loss
 
         res = measure(hf, torch.compile(hf_loss) if mode == "compiled" else hf_loss)
         rows[f"transformers GPT2LMHeadModel (sdpa) {mode}"] = res
         print(f"transformers GPT2 (sdpa)  {mode:8s} {res['tokens_per_s']:9.0f} tokens/s  {res['peak_gib']:.2f} GiB")
-        del hf
-        torch.cuda.empty_cache()
+        del hf, hf_loss
+        release()
     summary = {}
     for mode in args.modes:
         none = rows[f"attn_core none {mode}"]
+        hf_rate = rows[f"transformers GPT2LMHeadModel (sdpa) {mode}"]["tokens_per_s"]
+        print(
+            f"{mode}: attn_core unregularized / transformers tokens/s = {none['tokens_per_s'] / hf_rate:.3f} (goal >= 1)"
+        )
         summary[mode] = {
             v: dict(
                 time_ratio=none["tokens_per_s"] / rows[k]["tokens_per_s"],
@@ -312,8 +342,10 @@ def cuda_mode(args) -> dict | None:
             for v in args.variants
             if (k := f"attn_core {v} {mode}") in rows
         }
-    return dict(device=torch.cuda.get_device_name(), model="GPT-2 small shape", T=T, batch=batch,
-                precision="bf16 autocast", optimizer="AdamW(fused=True)", rows=rows, summary=summary)  # fmt: skip
+        summary[mode]["none"]["vs_transformers"] = none["tokens_per_s"] / hf_rate
+    name = torch.cuda.get_device_name() if cuda else "cpu (a smoke run of the CUDA mode's code)"
+    return dict(device=name, model=f"GPT-2 shape {shape}", T=T, batch=batch, precision="bf16 autocast",
+                optimizer="AdamW(fused=True)", rows=rows, summary=summary)  # fmt: skip
 
 
 def main() -> None:
@@ -354,6 +386,11 @@ def main() -> None:
     result = cuda_mode(args) if cuda else cpu_mode(args)
     if result is None:
         return
+    if args.quick:  # the CUDA mode's code, on the CPU at a tiny size
+        import torch
+
+        smoke = side_by_side(args, torch.device("cpu"), GPT2_QUICK, 32, 2)
+        assert set(smoke["summary"]["eager"]) >= {"none", "layer", "all"}
     result["goals"] = goals(result["summary"])
     print_summary(result)
     result.update(record.environment(), load_average_start=load_start, goal_ratios=GOALS,
