@@ -142,7 +142,11 @@ def child(spec: dict) -> dict:
     every variant and times their steps one after the other (see the module doc)."""
     import torch
 
-    if spec["mode"] == "compiled":  # the compiler's own libraries are not the step's memory
+    # libraries are imported before the baseline: they are not the step's memory
+    import attn_core.regularizers  # noqa: F401
+    import attn_core.training.trainer  # noqa: F401
+
+    if spec["mode"] == "compiled":
         import torch._dynamo  # noqa: F401
         import torch._inductor.compile_fx  # noqa: F401
     torch.set_num_threads(spec["threads"])
