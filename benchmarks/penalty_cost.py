@@ -17,11 +17,13 @@ process per mode builds every variant (same seeded init), takes two warm-up step
 compile, the optimizer's state), then ``--steps`` rounds of one step of each variant, each
 variant leading in turn, so that all see the same machine load; a variant's time ratio is the
 median over rounds of its step time over ``none``'s in the same round. Memory: one fresh process
-per (variant, mode): two warm-up steps, the peak RSS reset (``/proc/self/clear_refs``), two
-steps; peak memory is the peak RSS (``VmHWM``) over the RSS the process had before the model was
-built (the imported libraries), the CPU's counterpart of ``torch.cuda.max_memory_allocated``
-(compiled, it also holds the compiled code); the step's transient part (peak over the RSS
-between steps) is reported beside it.
+per (variant, mode), with glibc's mmap threshold fixed at 64 KiB (every large block is returned
+when freed: the RSS peak is the peak of live memory, the same run after run): two warm-up steps,
+the peak RSS reset (``/proc/self/clear_refs``), two steps; peak memory is the peak RSS
+(``VmHWM``) over the RSS the process had before the model was built (the imported libraries),
+the CPU's counterpart of ``torch.cuda.max_memory_allocated`` (compiled, it also holds the
+compiled code); the step's transient part (peak over the RSS between steps) is reported beside
+it.
 
 **CUDA mode** (``--device cuda``): the GPT-2-small shape (12 layers x 12 heads, d_model 768,
 T 1024, batch 8, vocabulary 50257), bf16 autocast, fused AdamW; our model with each variant, and
@@ -67,6 +69,10 @@ GPT2 = dict(n_layers=12, n_heads=12, d_model=768, d_head=64, d_mlp=3072, d_vocab
             mlp_act="gelu_tanh")  # fmt: skip
 GPT2_QUICK = dict(GPT2, n_layers=2, n_heads=2, d_model=32, d_head=16, d_mlp=128, d_vocab=128)
 GOALS = {"layer_time": 1.15, "all_time": 1.3, "all_memory": 1.25}
+# glibc's allocator keeps freed large blocks for reuse once its mmap threshold has adapted, so a
+# process's RSS peak then depends on allocation order (tens of MiB from run to run here); with a
+# fixed threshold every block over it is mapped and unmapped, and the peak is reproducible
+MMAP_THRESHOLD = 65536
 
 
 def penalty_for(variant: str, model, layer: int):
@@ -181,8 +187,11 @@ def child(spec: dict) -> dict:
 
 
 def run_child(spec: dict) -> dict:
+    env = dict(os.environ)
+    if spec["role"] == "memory":  # freed blocks go back at once: the RSS peak is the live peak, run after run
+        env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
     out = subprocess.run(
-        [sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True, timeout=3600
+        [sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True, timeout=3600, env=env
     )
     if out.returncode != 0:
         raise RuntimeError(f"{spec['variant']} ({spec['mode']}) failed:\n{out.stderr[-3000:]}")
@@ -371,7 +380,7 @@ def side_by_side(args, dev, shape: dict, T: int, batch: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--steps", type=int, default=12, help="timed steps of each variant, after two warm-up steps")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps of each variant, after two warm-up steps")
     ap.add_argument("--seq", type=int, default=None, help="T (CPU 512, CUDA 1024)")
     ap.add_argument("--batch", type=int, default=None, help="batch (CPU 4, CUDA 8)")
     ap.add_argument("--threads", type=int, default=1, help="CPU: torch intra-op threads")

@@ -95,11 +95,12 @@ def visible_counts(positions: torch.Tensor, T: int, window: int | None, key_mask
     return prefix[:, positions + 1] - prefix[:, first]
 
 
-def _scores(q, k, a, e, lo, hi, positions, window, key_mask, contiguous):
-    """Scores of query rows a..e-1 and keys lo..hi-1 in the reduction dtype, hidden keys set to
-    a very negative finite number (exp gives exactly 0; a row with no visible key stays finite).
-    Contiguous causal rows are masked only where a key can follow a query (the last columns)."""
-    s = (q[:, :, a:e] @ k[:, :, lo:hi].transpose(-1, -2)).to(reduce_dtype(q.dtype))
+def _scores(q, k, scale, a, e, lo, hi, positions, window, key_mask, contiguous):
+    """Scores ``scale q k^T`` of query rows a..e-1 and keys lo..hi-1 in the reduction dtype,
+    hidden keys set to a very negative finite number (exp gives exactly 0; a row with no visible
+    key stays finite). Contiguous causal rows are masked only where a key can follow a query."""
+    rows = q[:, :, a:e] if scale == 1.0 else q[:, :, a:e] * scale
+    s = (rows @ k[:, :, lo:hi].transpose(-1, -2)).to(reduce_dtype(q.dtype))
     if window is None and key_mask is None:
         return s
     c0 = max(a, lo) if (contiguous and window == 0 and key_mask is None) else lo
@@ -197,7 +198,7 @@ class _BlockedRows(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, positions, key_mask, plan):
-        kind, topk, alpha, window, contiguous, block = plan
+        kind, topk, alpha, window, contiguous, block, scale = plan
         T = k.shape[2]
         B = block_rows(q, T, block)
         n_rows = _counts(q, positions, T, window, key_mask)
@@ -205,7 +206,7 @@ class _BlockedRows(torch.autograd.Function):
         for a in range(0, q.shape[2], B):
             e = min(a + B, q.shape[2])
             lo, hi = _keys(a, e, T, window, contiguous)
-            s = _scores(q, k, a, e, lo, hi, positions, window, key_mask, contiguous)
+            s = _scores(q, k, scale, a, e, lo, hi, positions, window, key_mask, contiguous)
             if alpha == 1.0:
                 value, numbers = _softmax_rows(kind, s, n_rows[..., a:e], topk)
                 for kept, x in zip(stats, numbers):
@@ -238,6 +239,7 @@ def rows_backward(
     window: int | None,
     contiguous: bool,
     block: int | None,
+    scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dq, dk) of :class:`_BlockedRows`: each block's scores formed again and its gradient
     applied, from the forward's row numbers ``stats`` ([b, h, R] each: max, log Z and the kind's
@@ -251,23 +253,23 @@ def rows_backward(
     for a in range(0, q.shape[2], block):
         e = min(a + block, q.shape[2])
         lo, hi = _keys(a, e, T, window, contiguous)
-        s = _scores(q, k, a, e, lo, hi, positions, window, key_mask, contiguous)
+        s = _scores(q, k, scale, a, e, lo, hi, positions, window, key_mask, contiguous)
         g, n = grad[:, :, a:e].to(s.dtype), n_rows[..., a:e]
-        if alpha == 1.0:  # dS = c P: c goes onto the rows of dq and of q (not onto P)
+        if alpha == 1.0:  # dS = c P: c (and the scale) go onto the rows of dq and of q, not onto P
             P, c = _softmax_grad(kind, s, n, g, *(x[:, :, a:e] for x in stats), topk)
-            P, c = P.to(q.dtype), c.to(q.dtype)[..., None]
+            P, c = P.to(q.dtype), (c * scale).to(q.dtype)[..., None]
             dq[:, :, a:e] = c * (P @ k[:, :, lo:hi])
             dk[:, :, lo:hi] += P.transpose(-1, -2) @ (c * q[:, :, a:e])
         else:
             vis = visible(positions[a:e], lo, hi, window, key_mask)
-            dS = _entmax_grad(kind, s, vis, n, g, topk, alpha).to(q.dtype)
+            dS = (_entmax_grad(kind, s, vis, n, g, topk, alpha) * scale).to(q.dtype)
             dq[:, :, a:e] = dS @ k[:, :, lo:hi]
             dk[:, :, lo:hi] += dS.transpose(-1, -2) @ q[:, :, a:e]
     return dq, dk
 
 
 @rows_backward.register_fake
-def _(grad, q, k, positions, key_mask, stats, kind, topk, alpha, window, contiguous, block):
+def _(grad, q, k, positions, key_mask, stats, kind, topk, alpha, window, contiguous, block, scale):
     return torch.empty_like(q), torch.empty_like(k)
 
 
@@ -295,12 +297,14 @@ def row_values(
     topk: int = 1,
     alpha: float = 1.0,
     block: int | None = None,
+    scale: float = 1.0,
 ) -> torch.Tensor:
     """The row penalty ``kind`` of every query row, [b, h, R], differentiable in q and k.
 
-    q [b, h, R, w] holds the query rows *with the score scale folded in* (s = q k^T), at
-    ``positions`` [R] (None: R = T, rows 0..T-1); k [b, h, T, w] the keys of the same heads.
-    Equal to ``metrics`` on the dense rows ``attention_weights(q k^T, mask, alpha)`` (tests)."""
+    q [b, h, R, w] holds the query rows at ``positions`` [R] (None: R = T, rows 0..T-1), k
+    [b, h, T, w] the keys of the same heads; the scores are s = scale q k^T (a per-head scale is
+    folded into q by the caller). Equal to ``metrics`` on the dense rows
+    ``attention_weights(s, mask, alpha)`` (tests)."""
     if kind not in ROW_KINDS:
         raise ValueError(f"unknown row penalty {kind!r}; choose from {', '.join(ROW_KINDS)}")
     contiguous = positions is None
@@ -308,7 +312,7 @@ def row_values(
         positions = torch.arange(q.shape[2], device=q.device)
     if block is not None and block < 1:
         raise ValueError(f"block must be at least 1 row, got {block}")
-    plan = (kind, int(topk), float(alpha), window, contiguous, block)
+    plan = (kind, int(topk), float(alpha), window, contiguous, block, float(scale))
     return _BlockedRows.apply(q, k, positions, key_mask, plan)
 
 
@@ -331,6 +335,7 @@ def head_means(
     block: int | None = None,
     rows: int | None = None,
     generator: torch.Generator | None = None,
+    scale: float = 1.0,
 ) -> torch.Tensor:
     """Mean of the row penalty over each head's informative rows (every batch element), [h].
 
@@ -346,16 +351,17 @@ def head_means(
     count = valid.sum() * (b // valid.shape[0])
     first = 1 if (window is not None and key_mask is None) else 0  # a causal row 0 sees one key
     if rows is None or rows >= T - first:
-        values = row_values(q, k, kind, window=window, key_mask=key_mask, topk=topk, alpha=alpha, block=block)
+        values = row_values(
+            q, k, kind, window=window, key_mask=key_mask, topk=topk, alpha=alpha, block=block, scale=scale
+        )
         weight = valid.to(values.dtype)
         scale = 1.0
     else:
         if rows < 1:
             raise ValueError(f"rows must be at least 1, got {rows}")
         pos = sample_positions(T, first, rows, generator).to(q.device)
-        values = row_values(
-            q[:, :, pos], k, kind, window=window, key_mask=key_mask, positions=pos, topk=topk, alpha=alpha, block=block
-        )
+        values = row_values(q[:, :, pos], k, kind, window=window, key_mask=key_mask, positions=pos, topk=topk,
+                            alpha=alpha, block=block, scale=scale)  # fmt: skip
         weight = valid[:, pos].to(values.dtype)
         scale = (T - first) / rows
     total = (values * weight[:, None, :]).sum((0, 2))
