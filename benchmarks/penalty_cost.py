@@ -423,6 +423,8 @@ def main() -> None:
     print_summary(result)
     result.update(record.environment(), load_average_start=load_start, goal_ratios=GOALS,
                   created=time.strftime("%Y-%m-%d %H:%M:%S"))  # fmt: skip
+    if not cuda:
+        result["threads"] = args.threads  # the measuring processes' torch threads, not this one's
     if args.quick:
         print("quick run: results not saved")
         return
