@@ -417,6 +417,10 @@ def test_the_command_prints_the_json_and_reads_the_cache_the_second_time(run_wit
         capsys, "dynamics", run_with_checkpoints, "--samples", "16", "--detector-samples", "4", "--json"
     )
     assert code == 0 and json.loads(out) == first and "cache: 3 of 3 checkpoints" in err
+    code, out, err = _cli(capsys, "dynamics", run_with_checkpoints, "--samples", "16", "--detector-samples", "4")
+    # stderr is no terminal here: the shared progress lines (as pip and git print), no bar redrawn with \r
+    assert code == 0 and "\r" not in err and "dynamics: 100% (3/3 checkpoints" in err, err
+    assert "no phase change" in out or "phase change at step" in out
 
 
 def test_the_command_writes_the_animation(run_with_checkpoints, tmp_path, capsys):
