@@ -109,6 +109,17 @@ def test_no_series_and_bad_folders_are_one_message(tmp_path):
     assert not at.exception and any("whole numbers" in e.value for e in at.error)
 
 
+def test_a_broken_checkpoint_folder_among_the_models_is_left_out_in_one_line(run, tmp_path, monkeypatch):
+    root = tmp_path / "models"
+    folder = checkpoint.save(make_tiny_model(), root / "broken", {"task": "reverse"})
+    (folder / "checkpoints").mkdir()
+    (folder / "checkpoints" / "index.json").write_text("[")
+    monkeypatch.setenv("ATTN_LAB_MODELS", str(root))
+    at = open_dynamics()  # no traceback: the run is listed, the broken folder said to be left out
+    assert at.selectbox(key="dyn_source").value == run
+    assert any("Left out of the list: skipped the checkpoints of broken" in c.value for c in at.caption)
+
+
 def test_the_retrain_page_keeps_checkpoints_for_this_page():
     import time
 

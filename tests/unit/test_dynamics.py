@@ -376,6 +376,24 @@ def test_attention_only_checkpoints_measure_the_weights_only(tmp_path):
     assert dyn.partial == [True] * 3
 
 
+def test_available_leaves_out_a_broken_folder_and_says_why(tmp_path, monkeypatch):
+    root = tmp_path / "models"
+    for name in ("good", "broken"):
+        folder = checkpoint.save(make_tiny_model(), root / name, {"task": "reverse"})
+        writer = ckpt.CheckpointWriter(ckpt.CheckpointPlan(every=1), 1)
+        writer.start(folder / checkpoint.CHECKPOINTS, make_tiny_model())
+        writer.write(1, make_tiny_model())
+    (root / "broken" / checkpoint.CHECKPOINTS / ckpt.INDEX).write_text('{"steps": [0], "files": ')
+    monkeypatch.setenv("ATTN_LAB_MODELS", str(root))
+    problems = []
+    found = D.available(problems=problems)
+    assert [f["source"] for f in found] == ["good"] and found[0]["label"] == "good (2 checkpoints)"
+    assert (
+        len(problems) == 1 and "skipped the checkpoints of broken: " in problems[0] and "not valid JSON" in problems[0]
+    )
+    assert "\n" not in problems[0]
+
+
 def test_a_checkpoints_folder_alone_is_a_series(tmp_path):
     model = make_tiny_model()
     writer = ckpt.CheckpointWriter(ckpt.CheckpointPlan(every=3), 6)
