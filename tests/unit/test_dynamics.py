@@ -285,28 +285,23 @@ def test_bad_series_are_one_sentence(tmp_path, case, words):
         D.series(*args)
 
 
-@pytest.fixture
-def run_with_checkpoints(tmp_path):
+def trained_run(tmp_path, steps: int, **checkpoints) -> str:
+    """``run:<id>`` of a tiny 2-layer model retrained ``steps`` steps on reverse, keeping checkpoints."""
     from attn_core.training.config import JobConfig
     from attn_core.training.job import TrainingJob
 
     src = checkpoint.save(
         make_tiny_model(n_layers=2), tmp_path / "tiny", {"task": "reverse", "train": {"batch_size": 8}}
     )
-    cfg = JobConfig(
-        str(src),
-        steps=8,
-        device="cpu",
-        telemetry_every=4,
-        spectrum_every=4,
-        eval_every=4,
-        eval_samples=8,
-        probe_samples=4,
-        measure_samples=16,
-        checkpoint_every=4,
-    )
-    res = TrainingJob(cfg).run()
-    return f"run:{res['run_id']}"
+    every = max(1, steps // 2)
+    cfg = JobConfig(str(src), steps=steps, device="cpu", telemetry_every=every, spectrum_every=every,
+                    eval_every=every, eval_samples=8, probe_samples=4, measure_samples=16, **checkpoints)  # fmt: skip
+    return f"run:{TrainingJob(cfg).run()['run_id']}"
+
+
+@pytest.fixture
+def run_with_checkpoints(tmp_path):
+    return trained_run(tmp_path, 8, checkpoint_every=4)
 
 
 def test_dynamics_of_a_run_is_cached_per_checkpoint(run_with_checkpoints, tmp_path):
@@ -351,23 +346,7 @@ def test_the_json_is_the_documented_shape(run_with_checkpoints):
 
 
 def test_attention_only_checkpoints_measure_the_weights_only(tmp_path):
-    from attn_core.training.config import JobConfig
-    from attn_core.training.job import TrainingJob
-
-    src = checkpoint.save(
-        make_tiny_model(n_layers=2), tmp_path / "tiny", {"task": "reverse", "train": {"batch_size": 8}}
-    )
-    cfg = JobConfig(
-        str(src),
-        steps=4,
-        device="cpu",
-        measure_samples=8,
-        probe_samples=4,
-        eval_samples=8,
-        checkpoint_every=2,
-        checkpoint_params="attn",
-    )
-    run = f"run:{TrainingJob(cfg).run()['run_id']}"
+    run = trained_run(tmp_path, 4, checkpoint_every=2, checkpoint_params="attn")
     s = D.series([run])
     assert s.partial
     dyn = D.dynamics(s, D.default_inputs(s, samples=8), detector_samples=4)
