@@ -146,7 +146,8 @@ def _rope_parameter_sets(hf: dict) -> list[tuple[str, dict]]:
     other = [k for k in params if k not in LAYER_TYPES]
     if other:
         raise CheckpointError(
-            f"config.json rope_parameters mixes per-layer-type entries ({typed[0]}) with {other[0]!r:.60}; give one or the other"
+            f"config.json rope_parameters mixes per-layer-type entries ({typed[0]}) with {other[0]!r:.60}; "
+            "give one or the other"
         )
     return [(f"rope_parameters.{k}", mapping(params, k, where="config.json rope_parameters")) for k in typed]
 

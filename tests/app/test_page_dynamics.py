@@ -69,7 +69,9 @@ def test_curves_show_the_metrics_of_every_checkpoint(run):
     assert loss["data"][0]["y"] == pytest.approx(dyn.metrics["loss"], rel=1e-6)
     names = {t["name"] for t in chart(at, "dynamics_heads")["data"]}
     assert "prefix matching L1H0" in names and "previous token L0H1" in names
-    assert "no earlier layer" in chart(at, "dynamics_kcomp")["layout"]["title"]["text"]  # L0H0 reads nothing
+    empty = chart(at, "dynamics_kcomp")
+    assert "no earlier layer" in empty["layout"]["title"]["text"]  # L0H0 reads nothing
+    assert empty["layout"]["xaxis"]["range"] == [0, 8]  # its empty axes still span the steps, not -1..4
     at.selectbox(key="layer").select(1).run()
     kcomp = chart(at, "dynamics_kcomp")
     assert [t["name"] for t in kcomp["data"]] == ["L0H0 → L1H0", "L0H1 → L1H0"]
