@@ -273,7 +273,6 @@ def live_status() -> None:
         st.info("No run yet: choose penalties and press **Start**.")
         return
     snap = current.snapshot()
-    st.code(current.cfg.command(), language="bash")
     st.progress(
         snap.progress,
         text=f"{snap.status}: step {snap.step} / {snap.steps}"
@@ -390,6 +389,8 @@ def live_views() -> None:
         ui.show_plot(plot, key="live_spectrum", downloads=snap.done)
 
 
+if st.session_state.get(JOB) is not None:  # the run's command: it does not change while the run trains
+    st.code(st.session_state[JOB].cfg.command(), language="bash")
 live_status()
 live_curves()
 live_views()
