@@ -298,6 +298,16 @@ def read_card(path: Path) -> Card:
         raise CheckpointError(str(e)) from None
 
 
+def read_card_bytes(data: bytes, what: str = "card.json") -> Card:
+    """A card given as bytes (an uploaded card.json), checked against the schema like
+    :func:`read_card`: a field of the wrong type (``task: [...]``, ``metrics: 5``) is one
+    :class:`CheckpointError` sentence."""
+    try:
+        return Card.from_dict(read_json_bytes(data, what), what)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+
+
 def read_config(path: Path) -> ModelConfig:
     """A config.json, checked by :meth:`ModelConfig.from_dict`."""
     return _config_from_dict(read_json(path))
@@ -374,6 +384,7 @@ def save(
     card: Card | dict | None = None,
     overwrite: bool = False,
     include: dict[str, Path] | None = None,
+    files: dict[str, bytes] | None = None,
 ) -> Path:
     """Write a model folder atomically: files go to a temporary sibling folder that is renamed
     into place, so a crash never leaves a half-written model and nothing existing is replaced
@@ -381,8 +392,11 @@ def save(
     (:func:`tmp_owner`), so the left-over of a killed save is known as such and removed by the
     next save of the same folder (and by the run store) as soon as its process is gone.
     ``include`` ({name: existing folder on the same disk}) moves those folders into the new one
-    under ``name`` (a run's :data:`CHECKPOINTS`), back again if the save fails."""
+    under ``name`` (a run's :data:`CHECKPOINTS`), back again if the save fails. ``files``
+    (name -> bytes: a tokenizer, say) are written beside the weights, in the same rename."""
     folder = Path(folder)
+    if any(Path(n).name != n or n in (WEIGHTS, CONFIG, CARD) or n.startswith(".") for n in files or {}):
+        raise ValueError(f"files beside a model's weights need plain names of their own, not {sorted(files)}")
     card = Card.from_dict(card)  # a plain dict is checked against the schema
     try:
         check_not_shipped(folder, "the destination")  # never into the shipped zoo or inside a model
@@ -399,6 +413,8 @@ def save(
         (tmp / WEIGHTS).write_bytes(to_safetensors_bytes(model, card))
         (tmp / CONFIG).write_text(json.dumps(model.cfg.to_dict(), indent=2) + "\n")
         (tmp / CARD).write_text(json.dumps(card.to_dict(), indent=2, default=_json_default) + "\n")
+        for name, data in (files or {}).items():
+            (tmp / name).write_bytes(data)
         for name, source in (include or {}).items():
             Path(source).rename(tmp / name)
             moved.append((Path(source), tmp / name))

@@ -1,11 +1,14 @@
 """Seed 004: can W_Q W_K^T be one d_model x d_model matrix? The same model trained with factored
 QK (several d_qk) and merged QK (plain, with weight decay, with a nuclear-norm penalty)."""
 
+from pathlib import Path
+
 import streamlit as st
 
 import ui
 from attn_core import qk as Q
 from attn_core.figures import qk as fq
+from attn_core.runs import RunStore, RunStoreError
 from attn_core.tasks import TASKS
 from attn_core.validate import default
 
@@ -242,11 +245,27 @@ ui.show_plot(by_name["qk_truncation"], key="qk_truncation")
 
 # --- runs and export --------------------------------------------------------------------------------------
 ids = [i for r in comparison.summary() for i in r["run_ids"]]
-if ids:
+store = RunStore()
+try:
+    present = [i for i in ids if i in {r["id"] for r in store.list_runs()}]
+except RunStoreError:  # an unreadable store: said on the Runs page; here, none of them is there
+    present = []
+where = f"your run store ({ui.code(store.root)})"
+mine = (
+    f"{len(present)} of them are in {where} with parent `compare-qk:{cfg.task}`: compare them on the "
+    "[Runs page](Runs) or with `attn-lab runs`."
+    if present
+    else f"none of them is in {where}."
+)
+if source == "saved":
     st.caption(
-        f"{len(ids)} runs are in the run store with parent `compare-qk:{cfg.task}`: compare them on the "
-        f"[Runs page](Runs) or with `attn-lab runs`."
+        f"These are saved results shipped with attn-lab in {ui.code(Path(*Q.results_path().parts[-3:]))}, made by "
+        f"`python experiments/merged_vs_factored.py` (the same as {ui.code(cfg.command())}) on "
+        f"{ui.plain(comparison.machine)}, {ui.plain(comparison.created)}. Its {len(ids)} runs were saved in the run "
+        f"store of the machine that made them; {mine} Running the command makes them anew in yours."
     )
+elif ids:
+    st.caption(f"This comparison saved {len(ids)} runs: {mine}")
 st.divider()
 ui.export_all(
     plots,

@@ -25,6 +25,7 @@ from attn_core.bilinear.checks import (
     check_model,
     check_tokens,
     layer_mask,
+    longest_input,
     visible_keys,
 )
 from attn_core.bilinear.detectors import (
@@ -81,6 +82,7 @@ __all__ = [
     "layer_form",
     "layer_mask",
     "layer_scores",
+    "longest_input",
     "model_form",
     "pool_blocks",
     "positional_inputs",

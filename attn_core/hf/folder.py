@@ -36,12 +36,16 @@ def hf_config(folder: Path) -> dict | None:
     return raw if isinstance(raw, dict) and isinstance(raw.get("model_type"), str) else None
 
 
+class TooLarge(CheckpointError, limits.LimitError):
+    """A model whose weights do not fit in the memory available now (a limit, not a broken model)."""
+
+
 def check_fits(cfg: ModelConfig, name: str) -> None:
     """Refuse a model whose float32 weights would not fit in the memory available now."""
     need = cfg.n_params() * 4
     have = limits.available_memory()
     if need > MEMORY_SHARE * have:
-        raise CheckpointError(
+        raise TooLarge(
             f"{name} has {cfg.n_params():,} parameters, {need / 2**30:.1f} GiB as float32; "
             f"only {have / 2**30:.1f} GiB of memory is available (the limit is {MEMORY_SHARE:.0%} of it)"
         )

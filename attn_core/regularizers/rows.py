@@ -5,11 +5,12 @@ For the rows ``A_i = softmax(s_i)`` (or alpha-entmax) of ``s_i = q_i K^T`` maske
 that query position ``i`` sees, :func:`row_values` returns the per-row penalty of
 ``attn_core.metrics`` (normalized entropy, 1 - Hoyer, 1 - top-k mass) for every row, computed
 ``block`` query rows at a time. A custom autograd function keeps only Q, K (the model holds them
-for its own attention backward anyway) and a few numbers per row; its backward forms each
-block's scores again and applies the row's gradient in closed form (softmax), or through
-autograd on that one block (alpha-entmax). Memory is O(batch x heads x block x T) at any moment,
-never O(T^2) per layer kept from forward to backward. Under a causal mask a block only forms the
-keys its queries can see.
+for its own attention backward anyway) and a few numbers per row; its backward, one opaque
+operator (``attn_lab::rows_backward``, so that a compiler cannot hoist the recomputed scores into
+the forward and keep them), forms each block's scores again and applies the row's gradient in
+closed form (softmax, and alpha-entmax through its Jacobian). Memory is
+O(batch x heads x block x T) at any moment, never O(T^2) per layer kept from forward to
+backward. Under a causal mask a block only forms the keys its queries can see.
 
 :func:`head_means` averages the rows of each head over the informative ones (at least
 ``metrics.MIN_KEYS`` visible keys), exactly or as the unbiased sampled-rows estimate.
@@ -29,11 +30,18 @@ from attn_core import metrics
 from attn_core.model.attention import attention_weights
 
 ROW_KINDS = ("entropy", "hoyer", "topk")  # the row penalty behind data and vocab regularizers
-# Scores formed at once per block (batch x heads x rows x keys): float32 temporaries of 16 MiB
-# on the CPU, 128 MiB on an accelerator (where fewer, larger blocks save kernel launches).
-BLOCK_SCORES = {"cpu": 2**22, "meta": 2**22}
+# Scores formed at once per block (batch x heads x rows x keys): float32 temporaries of 2 MiB
+# on the CPU (eager CPU kernels are fastest while a block stays in cache), 128 MiB on an
+# accelerator (fewer, larger blocks save kernel launches). Compiled, a block is 4x larger: its
+# elementwise work is fused, and fewer blocks make a smaller graph that compiles faster.
+BLOCK_SCORES = {"cpu": 2**19, "meta": 2**19}
 BLOCK_SCORES_DEFAULT = 2**25
+COMPILED_FACTOR = 4
 EPS = 1e-12  # metrics.hoyer's
+# Scores more than FLOOR below their row's max (hidden keys among them) count as exactly FLOOR
+# below: exp(-64) = 1.6e-28 of the max's weight changes no float32 or float64 result, and exp
+# stays out of its underflow range, where CPU kernels are 10x slower.
+FLOOR = 64.0
 
 
 def reduce_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -43,13 +51,16 @@ def reduce_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def block_rows(q: torch.Tensor, T: int, block: int | None = None) -> int:
     """Query rows per block: ``block``, or as many as keep batch x heads x rows x T scores under
-    the device's budget (:data:`BLOCK_SCORES`), at least 16."""
+    the device's budget (:data:`BLOCK_SCORES`), a multiple of 16 and at least 16."""
     if block is not None:
         if block < 1:
             raise ValueError(f"block must be at least 1 row, got {block}")
         return block
     budget = BLOCK_SCORES.get(q.device.type, BLOCK_SCORES_DEFAULT)
-    return max(16, budget // max(1, q.shape[0] * q.shape[1] * T))
+    if torch.compiler.is_compiling():
+        budget *= COMPILED_FACTOR
+    rows = budget // max(1, q.shape[0] * q.shape[1] * T)
+    return max(16, rows // 16 * 16)  # a multiple of 16 rows
 
 
 def visible(
@@ -84,21 +95,17 @@ def visible_counts(positions: torch.Tensor, T: int, window: int | None, key_mask
     return prefix[:, positions + 1] - prefix[:, first]
 
 
-def _scores(q, k, a, e, lo, hi, positions, window, key_mask):
-    """The block's scores in the reduction dtype, masked keys set to a very negative finite
-    number (exp gives exactly 0; a row with no visible key stays finite), and its mask."""
+def _scores(q, k, a, e, lo, hi, positions, window, key_mask, contiguous):
+    """Scores of query rows a..e-1 and keys lo..hi-1 in the reduction dtype, hidden keys set to
+    a very negative finite number (exp gives exactly 0; a row with no visible key stays finite).
+    Contiguous causal rows are masked only where a key can follow a query (the last columns)."""
     s = (q[:, :, a:e] @ k[:, :, lo:hi].transpose(-1, -2)).to(reduce_dtype(q.dtype))
-    vis = visible(positions[a:e], lo, hi, window, key_mask)
-    if vis is not None:
-        s = s.masked_fill(~vis, torch.finfo(s.dtype).min / 4)
-    return s, vis
-
-
-def _n(vis, s) -> torch.Tensor:
-    """Visible keys per row of a block, broadcastable to s[..., 0]."""
-    if vis is None:
-        return torch.full((), s.shape[-1], dtype=s.dtype, device=s.device)
-    return vis.sum(-1).to(s.dtype)
+    if window is None and key_mask is None:
+        return s
+    c0 = max(a, lo) if (contiguous and window == 0 and key_mask is None) else lo
+    vis = visible(positions[a:e], c0, hi, window, key_mask)
+    s[..., c0 - lo :].masked_fill_(~vis, torch.finfo(s.dtype).min / 4)
+    return s
 
 
 def _inv_log_n(n: torch.Tensor) -> torch.Tensor:
@@ -106,45 +113,74 @@ def _inv_log_n(n: torch.Tensor) -> torch.Tensor:
     return torch.where(n > 1, 1 / n.clamp_min(2).log(), torch.zeros_like(n))
 
 
+def _shifted(s, m):
+    """s - m (row max), in place, at least -:data:`FLOOR` (see there)."""
+    return s.sub_(m).clamp_min_(-FLOOR)
+
+
 def _softmax_rows(kind: str, s, n, topk: int):
-    """Per-row values of softmax rows and the row numbers their gradient needs (closed forms,
-    docs/maths.md)."""
-    logp = s.log_softmax(-1)
-    p = logp.exp()
-    if kind == "entropy":
-        H = -(p * logp).sum(-1)
-        return H * _inv_log_n(n), (H,)
-    if kind == "hoyer":
-        l1, q2 = p.sum(-1), (p * p).sum(-1).clamp_min(EPS * EPS)
+    """Per-row values of the softmax rows of scores ``s`` (overwritten) and the row numbers their
+    gradient needs: the row max and log Z (always) and H, |p|_2^2 or the top-k mass and places
+    (docs/maths.md)."""
+    m = s.amax(-1, keepdim=True)
+    t = _shifted(s, m)
+    e = t.exp()
+    Z = e.sum(-1)
+    log_z = Z.log()
+    if kind == "entropy":  # H = log Z - sum e t / Z
+        H = log_z - (e * t).sum(-1) / Z
+        return H * _inv_log_n(n), (m, log_z, H)
+    if kind == "hoyer":  # |p|_1 = 1
+        q2 = ((e * e).sum(-1) / (Z * Z)).clamp_min(EPS * EPS)
         root = n.sqrt()
-        value = torch.where(n > 1, 1 - (root - l1 / q2.sqrt()) / (root - 1).clamp_min(EPS), torch.zeros_like(q2))
-        return value, (l1, q2)
-    top = p.topk(min(topk, s.shape[-1]), dim=-1)
-    mass = top.values.sum(-1)
-    return torch.where(n > 0, 1 - mass, torch.zeros_like(mass)), (mass, top.indices)
+        value = torch.where(n > 1, 1 - (root - q2.rsqrt()) / (root - 1).clamp_min(EPS), torch.zeros_like(q2))
+        return value, (m, log_z, q2)
+    top = e.topk(min(topk, s.shape[-1]), dim=-1)
+    mass = top.values.sum(-1) / Z
+    return torch.where(n > 0, 1 - mass, torch.zeros_like(mass)), (m, log_z, mass, top.indices)
 
 
 def _softmax_grad(kind: str, s, n, g, stats):
-    """d(value)/d(scores) of a block times the incoming gradient g [..., rows]."""
-    logp = s.log_softmax(-1)
+    """d(value)/d(scores) of a block as (P, c) with dS = c[..., None] * P: c per row (the incoming
+    gradient g folded in), P the block (``s`` is overwritten)."""
+    m, log_z, *stats = stats
+    logp = _shifted(s, m).sub_(log_z[..., None])
     p = logp.exp()
     if kind == "entropy":  # dH/ds = -p (log p + H)
-        (H,) = stats
-        return (-g * _inv_log_n(n))[..., None] * p * (logp + H[..., None])
+        H = stats[0]
+        return logp.add_(H[..., None]).mul_(p), -g * _inv_log_n(n)
     if kind == "hoyer":  # d|p|_2^2/ds = 2 p (p - |p|_2^2); |p|_1 = 1 has no gradient
-        l1, q2 = stats
+        q2 = stats[0]
         root = n.sqrt()
-        coef = torch.where(n > 1, -g * l1 * q2.pow(-1.5) / (root - 1).clamp_min(EPS), torch.zeros_like(q2))
-        return coef[..., None] * p * (p - q2[..., None])
+        coef = torch.where(n > 1, -g * q2.pow(-1.5) / (root - 1).clamp_min(EPS), torch.zeros_like(q2))
+        return (p - q2[..., None]).mul_(p), coef
     mass, idx = stats  # d(top-k mass)/ds = p (1[top] - mass)
     top = torch.zeros_like(p).scatter_(-1, idx, 1.0)
-    return torch.where(n > 0, -g, torch.zeros_like(g))[..., None] * p * (top - mass[..., None])
+    return top.sub_(mass[..., None]).mul_(p), torch.where(n > 0, -g, torch.zeros_like(g))
 
 
 def _entmax_rows(kind: str, s, vis, topk: int, alpha: float):
-    """Per-row values of alpha-entmax rows (through ``metrics``, differentiable by autograd)."""
+    """Per-row values of alpha-entmax rows, through ``metrics``."""
     full = torch.ones_like(s, dtype=torch.bool) if vis is None else vis
     return row_penalty(kind, attention_weights(s, full, alpha), vis, topk)
+
+
+def _entmax_grad(kind: str, s, vis, n, g, topk: int, alpha: float) -> torch.Tensor:
+    """dS of a block of alpha-entmax rows: the metric's gradient v in p, then the entmax
+    Jacobian J^T v = u v - (<u, v> / sum u) u with u = p^(2 - alpha) on the support (docs/maths.md)."""
+    full = torch.ones_like(s, dtype=torch.bool) if vis is None else vis
+    p = attention_weights(s, full, alpha)
+    if kind == "entropy":  # d(-sum p log p)/dp = -(log p + 1) where p > 0
+        v = -(torch.where(p > 0, p, torch.ones_like(p)).log() + 1) * _inv_log_n(n)[..., None]
+    elif kind == "hoyer":  # d(|p|_1 / |p|_2)/dp = 1/|p|_2 - |p|_1 p / |p|_2^3, over sqrt(n) - 1
+        l1, l2 = p.sum(-1, keepdim=True), p.pow(2).sum(-1, keepdim=True).clamp_min(EPS * EPS).sqrt()
+        scale = torch.where(n > 1, 1 / (n.sqrt() - 1).clamp_min(EPS), torch.zeros_like(n))[..., None]
+        v = (1 / l2 - l1 * p / l2.pow(3)) * scale
+    else:  # d(1 - top-k mass)/dp
+        v = -torch.zeros_like(p).scatter_(-1, p.topk(min(topk, p.shape[-1]), dim=-1).indices, 1.0)
+    u = (p > 0).to(p.dtype) if alpha == 2.0 else p.pow(2 - alpha)
+    uv = (u * v).sum(-1, keepdim=True) / u.sum(-1, keepdim=True)
+    return g[..., None] * u * (v - uv)
 
 
 def row_penalty(kind: str, p: torch.Tensor, mask: torch.Tensor | None, k: int = 1) -> torch.Tensor:
@@ -166,16 +202,17 @@ class _BlockedRows(torch.autograd.Function):
     def forward(ctx, q, k, positions, key_mask, plan):
         kind, topk, alpha, window, B, contiguous = plan
         T = k.shape[2]
+        n_rows = _counts(q, positions, T, window, key_mask)
         outs, stats = [], []
         for a in range(0, q.shape[2], B):
             e = min(a + B, q.shape[2])
             lo, hi = _keys(a, e, T, window, contiguous)
-            s, vis = _scores(q, k, a, e, lo, hi, positions, window, key_mask)
+            s = _scores(q, k, a, e, lo, hi, positions, window, key_mask, contiguous)
             if alpha == 1.0:
-                value, numbers = _softmax_rows(kind, s, _n(vis, s), topk)
+                value, numbers = _softmax_rows(kind, s, n_rows[..., a:e], topk)
                 stats += numbers
             else:
-                value = _entmax_rows(kind, s, vis, topk, alpha)
+                value = _entmax_rows(kind, s, visible(positions[a:e], lo, hi, window, key_mask), topk, alpha)
             outs.append(value)
         ctx.plan = plan
         ctx.save_for_backward(q, k, positions, key_mask, *stats)
@@ -184,26 +221,58 @@ class _BlockedRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         q, k, positions, key_mask, *stats = ctx.saved_tensors
-        kind, topk, alpha, window, B, contiguous = ctx.plan
-        per_block = len(stats) // -(-q.shape[2] // B)  # row numbers saved per block
-        T = k.shape[2]
-        dq, dk = torch.zeros_like(q), torch.zeros_like(k)
-        for index, a in enumerate(range(0, q.shape[2], B)):
-            e = min(a + B, q.shape[2])
-            lo, hi = _keys(a, e, T, window, contiguous)
-            s, vis = _scores(q, k, a, e, lo, hi, positions, window, key_mask)
-            g = grad[:, :, a:e].to(s.dtype)
-            if alpha == 1.0:
-                numbers = stats[index * per_block : (index + 1) * per_block]
-                dS = _softmax_grad(kind, s, _n(vis, s), g, numbers)
-            else:
-                with torch.enable_grad():
-                    s = s.detach().requires_grad_(True)
-                    (dS,) = torch.autograd.grad(_entmax_rows(kind, s, vis, topk, alpha), s, g)
-            dS = dS.to(q.dtype)
+        dq, dk = rows_backward(grad, q, k, positions, key_mask, stats, *ctx.plan)
+        return dq, dk, None, None, None
+
+
+@torch.library.custom_op("attn_lab::rows_backward", mutates_args=())
+def rows_backward(
+    grad: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    key_mask: torch.Tensor | None,
+    stats: list[torch.Tensor],
+    kind: str,
+    topk: int,
+    alpha: float,
+    window: int | None,
+    block: int,
+    contiguous: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dq, dk) of :class:`_BlockedRows`: each block's scores formed again and its gradient
+    applied. One opaque operator, so that a compiler cannot move the recomputed scores into the
+    forward and keep them (its partitioner would: they depend on the forward's inputs only)."""
+    T = k.shape[2]
+    n_rows = _counts(q, positions, T, window, key_mask)
+    per_block = len(stats) // -(-q.shape[2] // block)  # row numbers saved per block
+    dq, dk = torch.zeros_like(q), torch.zeros_like(k)
+    for index, a in enumerate(range(0, q.shape[2], block)):
+        e = min(a + block, q.shape[2])
+        lo, hi = _keys(a, e, T, window, contiguous)
+        s = _scores(q, k, a, e, lo, hi, positions, window, key_mask, contiguous)
+        g, n = grad[:, :, a:e].to(s.dtype), n_rows[..., a:e]
+        if alpha == 1.0:  # dS = c P: c goes onto the rows of dq and of q (not onto P)
+            P, c = _softmax_grad(kind, s, n, g, stats[index * per_block : (index + 1) * per_block])
+            P, c = P.to(q.dtype), c.to(q.dtype)[..., None]
+            dq[:, :, a:e] = c * (P @ k[:, :, lo:hi])
+            dk[:, :, lo:hi] += P.transpose(-1, -2) @ (c * q[:, :, a:e])
+        else:
+            vis = visible(positions[a:e], lo, hi, window, key_mask)
+            dS = _entmax_grad(kind, s, vis, n, g, topk, alpha).to(q.dtype)
             dq[:, :, a:e] = dS @ k[:, :, lo:hi]
             dk[:, :, lo:hi] += dS.transpose(-1, -2) @ q[:, :, a:e]
-        return dq, dk, None, None, None
+    return dq, dk
+
+
+@rows_backward.register_fake
+def _(grad, q, k, positions, key_mask, stats, kind, topk, alpha, window, block, contiguous):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+def _counts(q, positions, T, window, key_mask) -> torch.Tensor:
+    """Visible keys of each row, [1 or b, 1, R] in the reduction dtype (broadcasts on [b, h, R])."""
+    return visible_counts(positions, T, window, key_mask)[:, None, :].to(reduce_dtype(q.dtype))
 
 
 def _keys(a: int, e: int, T: int, window: int | None, contiguous: bool) -> tuple[int, int]:

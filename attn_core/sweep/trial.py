@@ -27,12 +27,14 @@ def run_trial(
     threads: int | None = 1,
     report: Report | None = None,
     report_every: int = 0,
+    stop: Callable[[], bool] | None = None,
 ) -> dict:
     """Train one trial (a dict of :class:`Trial`) with the shared ``job`` settings in this process
     (``threads`` torch threads; None leaves the setting alone) and return its payload.
 
     With ``report`` and ``report_every`` > 0 the job trains in its worker thread and ``report`` is
-    called here about every ``report_every`` steps with the latest metrics."""
+    called here about every ``report_every`` steps with the latest metrics; once ``stop()`` is
+    true (Tune stops the trial: Ctrl-C on the driver) the job stops after its current step."""
     import torch
 
     t = Trial.from_dict(trial)
@@ -45,12 +47,14 @@ def run_trial(
 
         cfg = t.job_config(job)
         j = TrainingJob(cfg, store=False)
-        if report is not None and report_every > 0:
+        if (report is not None and report_every > 0) or stop is not None:
             j.start()
             next_step = report_every
             while not j.join(0.05):
+                if stop is not None and stop():
+                    j.stop()
                 snap = j.snapshot()
-                if snap.step >= next_step and "task_loss" in snap.latest:
+                if report is not None and report_every > 0 and snap.step >= next_step and "task_loss" in snap.latest:
                     report(snap.step, dict(snap.latest))
                     next_step = (snap.step // report_every + 1) * report_every
         else:
@@ -144,7 +148,7 @@ def record_trial(store, sweep_id: str, payload: Mapping) -> str:
     }
     staging = _stage_checkpoints(store, payload.get("checkpoints"))
     try:
-        return _add_run(store, sweep_id, payload, model, card, rows, config, staging)
+        return _add_run(store, sweep_id, payload, model, card, rows, config, staging, _companions(store, card, payload))
     finally:
         if staging is not None and staging.exists():  # not moved into the run: its save failed
             import shutil
@@ -172,10 +176,25 @@ def _stage_checkpoints(store, files: Mapping | None):
     return staging
 
 
-def _add_run(store, sweep_id: str, payload: Mapping, model, card, rows, config, staging) -> str:
+def _companions(store, card, payload: Mapping) -> dict[str, bytes] | None:
+    """The tokenizer files of a trial of an imported model (its card names the Hugging Face
+    folder it came from), read on the driver from the trial's source folder, saved with its run."""
+    if card is None or "hf" not in card.details or not payload.get("weights"):
+        return None
+    from attn_core.hf.family_export import companion_files
+    from attn_core.text.source import model_folder
+
+    try:
+        return companion_files(model_folder(payload["trial"]["source"], store)) or None
+    except (OSError, ValueError):  # the run is kept without them (heatmaps then show token ids)
+        return None
+
+
+def _add_run(store, sweep_id: str, payload: Mapping, model, card, rows, config, staging, files=None) -> str:
     from attn_core.checkpoint import CHECKPOINTS
 
     return store.add_run(
+        files=files,
         include={CHECKPOINTS: staging} if staging is not None else None,
         parent=payload.get("parent"),
         task=payload.get("task"),
@@ -184,7 +203,11 @@ def _add_run(store, sweep_id: str, payload: Mapping, model, card, rows, config, 
         message=payload.get("message", ""),
         model=model,
         card=card,
-        summary={"before": public(payload.get("before")), "after": public(payload.get("after"))},
+        summary={
+            "before": public(payload.get("before")),
+            "after": public(payload.get("after")),
+            **({"interrupted": True} if payload.get("interrupted") else {}),  # a resume runs it again
+        },
         metrics=rows,
         sweep=sweep_id,
         trial=payload["key"],

@@ -9,6 +9,7 @@ import shlex
 from dataclasses import asdict, dataclass, field, fields
 
 from attn_core import regularizers as R
+from attn_core.finetune import TRAIN
 from attn_core.limits import MAX_SAMPLES, MAX_STEPS
 from attn_core.training.checkpoints import CheckpointPlan
 from attn_core.training.device import check_precision, check_sync_every, select_device
@@ -94,7 +95,13 @@ class JobConfig:
     compiles the step (``training.step``).
     ``checkpoint_*``: the weights kept across training (``training.checkpoints.CheckpointPlan``:
     every N steps, N log-spaced steps, given steps, ``all`` or ``attn`` tensors, a bound in MiB);
-    nothing is kept when none of every/log/steps is set."""
+    nothing is kept when none of every/log/steps is set.
+
+    Text (``attn_core.text``): ``text`` a corpus (a .txt file or a folder of them, .jsonl, Parquet)
+    that the source's own tokenizer.json tokenizes, ``text_field`` its JSON key / column,
+    ``eval_text`` a held-out corpus (default the last 10% of the stream), ``block`` tokens per
+    sequence (default min(context, 256)). ``train``: all, attn or qk, what learns; ``kl`` the
+    strength of KL(start || model) on the training batch (``attn_core.finetune``)."""
 
     source: str
     regularizers: object = field(default_factory=dict)
@@ -122,6 +129,12 @@ class JobConfig:
     checkpoint_steps: list[int] | None = None
     checkpoint_params: str = "all"
     checkpoint_max_mb: float | None = None
+    text: str | None = None
+    text_field: str | None = None
+    eval_text: str | None = None
+    block: int | None = None
+    train: str = "all"
+    kl: float = 0.0
 
     def __post_init__(self) -> None:
         def ok(cond: bool, msg: str) -> None:
@@ -168,6 +181,23 @@ class JobConfig:
             self.weight_decay is None or (is_number(self.weight_decay) and self.weight_decay >= 0),
             "weight_decay must be >= 0",
         )
+        for name in ("text", "text_field", "eval_text"):
+            v = getattr(self, name)
+            ok(
+                v is None or (isinstance(v, str) and v.strip() != "" and "\x00" not in v),
+                f"{name} must be a path or name",
+            )
+        ok(
+            self.text is not None or (self.text_field is None and self.eval_text is None),
+            "--text-field and --eval-text need --text",
+        )
+        ok(
+            self.block is None or (is_int(self.block) and 2 <= self.block <= 2**20),
+            f"block must be an integer of at least 2 tokens, got {self.block!r}",
+        )
+        ok(self.block is None or self.text is not None, "--block needs --text (toys have their own sequence length)")
+        ok(self.train in TRAIN, f"train must be one of {', '.join(TRAIN)}, got {self.train!r}")
+        ok(is_number(self.kl) and 0 <= self.kl <= 1e6, f"kl must be a number in 0..1e6, got {self.kl!r}")
         R.parse_specs(self.regularizers)  # names, lambdas and k are checked here; heads once the model is known
         self.train_config({})  # lr, batch size, device, precision, sync_every ...
         plan = self.checkpoint_plan()  # every, log, steps, params, bound
@@ -238,4 +268,13 @@ class JobConfig:
             parts += ["--checkpoint-params", self.checkpoint_params]
         if self.checkpoint_max_mb is not None:
             parts += ["--checkpoint-max-mb", f"{self.checkpoint_max_mb:g}"]
+        for flag, value in (("--text", self.text), ("--text-field", self.text_field), ("--eval-text", self.eval_text)):
+            if value is not None:
+                parts += [flag, shlex.quote(value)]
+        if self.block is not None:
+            parts += ["--block", str(self.block)]
+        if self.train != "all":
+            parts += ["--train", self.train]
+        if self.kl:
+            parts += ["--kl", f"{self.kl:g}"]
         return " ".join(parts)

@@ -13,13 +13,16 @@ import time
 
 import torch
 
+from attn_core import finetune
 from attn_core import regularizers as R
 from attn_core.card import Card
+from attn_core.hf import family_export
 from attn_core.model import Transformer
 from attn_core.presets import get_preset
 from attn_core.runs import RunStore
 from attn_core.sources import resolve
 from attn_core.tasks import get_task
+from attn_core.text.source import text_task_for
 from attn_core.training import checkpoints, telemetry
 from attn_core.training.config import JobConfig
 from attn_core.training.queue import SLOTS, JobSlots, queued_message
@@ -48,17 +51,32 @@ class TrainingJob:
         self.store = None if store is False else (store if store is not None else RunStore())
         if self.store is not None:
             self.store.check_writable()  # a store that takes no write refuses the job before it trains
+        self.origin: dict | None = None  # the Hugging Face folder an imported model came from
+        self.files: dict[str, bytes] = {}  # its tokenizer files, saved with the run
         model, task, parent_card = self._parent(cfg)
         self.parent = cfg.source
         self.task = task
+        start_alpha = model.cfg.entmax_alpha
         model = R.with_entmax(model, cfg.entmax_alpha)
         self.penalty = R.build_penalty(cfg.regularizers, model, cfg.heads)
         self.train_cfg = cfg.train_config(parent_card.train)
+        # --train freezes what does not learn; --kl adds a term to the regularizers' (attn_core.finetune)
+        penalty, self.trained = finetune.setup(
+            model,
+            cfg.train,
+            cfg.kl,
+            self.penalty,
+            cfg.precision,
+            fixed=family_export.fixed_params(self.origin, model.cfg),
+            entmax_alpha=start_alpha,
+        )
         self.trainer = Trainer(
-            model, task, self.train_cfg, penalty=self.penalty or None, max_loss=cfg.max_loss, sync_at=self._measured_at
+            model, task, self.train_cfg, penalty=penalty, max_loss=cfg.max_loss, sync_at=self._measured_at
         )
         self.model = self.trainer.model
         self.device = self.trainer.device
+        if hasattr(penalty, "start"):  # the KL term's starting model, on the training device
+            penalty.start(self.model)
         self.checkpoints = checkpoints.for_job(self.trainer, cfg.checkpoint_plan(), self.store)
         self.parent_card = parent_card
         self.probe = task.sample(cfg.probe_samples, cfg.seed + 2 * EVAL_SEED_OFFSET, split="test").to(self.device)
@@ -107,8 +125,17 @@ class TrainingJob:
                 Card(train=preset.train.to_dict()),
             )
         loaded = resolve(cfg.source, store=self.store)
+        self.origin = family_export.hf_origin(loaded)
+        if cfg.text is not None:  # a text task on the model's own tokenizer (attn_core.text)
+            root = self.store.root if self.store is not None else None
+            task = text_task_for(loaded, cfg.text, cfg.text_field, cfg.eval_text, cfg.block, root)
+            self.files = family_export.companion_files(loaded.path)
+            return loaded.model, task, loaded.card
         if loaded.task is None:
-            raise ValueError(f"model {loaded.name!r} has no known task in its card, so it cannot be retrained")
+            raise ValueError(
+                f"model {loaded.name!r} has no known task in its card, so it cannot be retrained"
+                + (" without text: give --text PATH" if self.origin is not None else "")
+            )
         return loaded.model, loaded.task, loaded.card
 
     @property
@@ -365,7 +392,9 @@ class TrainingJob:
             # the final status is published only once the run is in the store
             self._publish(after=after, message=f"{outcome.message}; saving the run")
             card = self.card(outcome, after)
-            outcome = self.recorder.finish(outcome, self.model_copy(), card, self._state["before"], after)
+            outcome = self.recorder.finish(
+                outcome, self.model_copy(), card, self._state["before"], after, files=self.files
+            )
         self._publish(status=outcome.status, message=outcome.message, after=after)
 
     def card(self, outcome: Outcome, after: dict | None) -> Card:
@@ -389,7 +418,23 @@ class TrainingJob:
             entmax_alpha=self.model.cfg.entmax_alpha,
             job=self.cfg.to_dict(),
             **({"checkpoints": self.checkpoints.listing()} if self.checkpoints is not None else {}),
+            **self.details(),
         )
+
+    def details(self) -> dict:
+        """The card sections of a retrain on text or of an imported model: the corpus (``text``),
+        the Hugging Face folder it came from (``hf``: family and config.json, what export-hf
+        writes back) and what was trained."""
+        n = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        out: dict = {
+            "trained": {"train": self.cfg.train, "kl": self.cfg.kl, "tensors": len(self.trained), "parameters": n}
+        }
+        facts = getattr(self.task, "facts", None)
+        if facts is not None:
+            out["text"] = facts
+        if self.origin is not None:
+            out[family_export.HF_DETAIL] = self.origin
+        return out
 
 
 def preview(cfg: JobConfig) -> Snapshot:

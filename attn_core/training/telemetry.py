@@ -120,6 +120,9 @@ class MetricKey:
 # Telemetry and spectra are also taken at step 0 (before the first update).
 
 # What Trainer.step reports besides its penalty terms; every other key is a term, logged as term:<label>.
+# Vocabulary-view telemetry (a V x V view per head) is taken up to this many tokens (as the vocab_*
+# regularizers, ``regularizers.build_penalty``); an imported model's 50k-token vocabulary is left out.
+VOCAB_VIEW_MAX = 4096
 STEP_KEYS = frozenset({"step", "loss", "task_loss", "accuracy", "grad_norm", "lr", "eval_accuracy", "eval_loss"})
 TERM_PREFIX = "term:"
 
@@ -145,12 +148,23 @@ def measure(model: Transformer, task: Task, heads=None, samples: int = 512, seed
     selection, see ``regularizers.parse_heads``; None = every head): ``entropy_data`` (normalized
     entropy of attention rows on those samples), ``entropy_vocab`` (same on the vocabulary view),
     ``top1_mass`` (mean largest attention weight on data), ``stable_rank`` of B; ``per_head``
-    holds each head's values and singular values."""
+    holds each head's values and singular values. A task with its own ``measure`` (text:
+    ``attn_core.text.TextTask``, held-out text in chunks) measures itself."""
+    if getattr(task, "measure", None) is not None:
+        return task.measure(model, heads, samples, seed)
     heads = R.parse_heads(heads, model.cfg)
     cache: dict = {}
     ev = evaluate(model, task, samples, seed, cache=cache)
     data = _host(R.data_concentration(model, cache, heads))
     vocab = _host(R.vocab_concentration(model, heads))
+    return summarize(model, heads, {**ev, "samples": samples}, data, vocab)
+
+
+def summarize(model: Transformer, heads, ev: dict, data: dict, vocab: dict | None) -> dict:
+    """A measurement from its parts: ``ev`` (accuracy, loss, samples), the per-head data
+    concentration ``data`` and vocabulary-view ``vocab`` (``entropy``/``top1``, [n_layers,
+    n_heads] on the CPU; ``vocab`` None leaves the vocabulary view out) of the resolved ``heads``,
+    and the spectrum of B, read here."""
     spec = R.spectrum(model)
     per_head = [
         {
@@ -159,21 +173,27 @@ def measure(model: Transformer, task: Task, heads=None, samples: int = 512, seed
             "index": h,
             "entropy_data": float(data["entropy"][l, h]),
             "top1_data": float(data["top1"][l, h]),
-            "entropy_vocab": float(vocab["entropy"][l, h]),
-            "top1_vocab": float(vocab["top1"][l, h]),
+            **(
+                {"entropy_vocab": float(vocab["entropy"][l, h]), "top1_vocab": float(vocab["top1"][l, h])}
+                if vocab is not None
+                else {}
+            ),
             "stable_rank": float(spec["stable_rank"][l, h]),
             "singular_values": spec["singular_values"][l, h].tolist(),
         }
         for l, h in heads
     ]
+    means = {
+        "entropy_data": _mean([r["entropy_data"] for r in per_head]),
+        "entropy_vocab": _mean([r["entropy_vocab"] for r in per_head]) if vocab is not None else None,
+        "top1_mass": _mean([r["top1_data"] for r in per_head]),
+        "stable_rank": _mean([r["stable_rank"] for r in per_head]),
+    }
     return {
         "accuracy": ev["accuracy"],
         "loss": ev["loss"],
-        "entropy_data": _mean([r["entropy_data"] for r in per_head]),
-        "entropy_vocab": _mean([r["entropy_vocab"] for r in per_head]),
-        "top1_mass": _mean([r["top1_data"] for r in per_head]),
-        "stable_rank": _mean([r["stable_rank"] for r in per_head]),
-        "samples": samples,
+        **{k: v for k, v in means.items() if v is not None},
+        "samples": ev["samples"],
         "per_head": per_head,
     }
 
@@ -191,7 +211,10 @@ def telemetry_tensors(model: Transformer, probe_tokens: torch.Tensor) -> tuple[t
     cache: dict = {}
     model(probe_tokens, cache=cache)
     data = R.data_concentration(model, cache)
-    vocab = R.vocab_concentration(model)
+    if model.cfg.d_vocab <= VOCAB_VIEW_MAX:
+        vocab = R.vocab_concentration(model)
+    else:  # not measured: a V x V view per head
+        vocab = {"entropy": torch.full_like(data["entropy"], math.nan)}
     pattern = torch.stack([cache[act_name("pattern", l)][0] for l in range(model.cfg.n_layers)])
     return torch.stack([data["entropy"], data["top1"], vocab["entropy"]]), pattern
 

@@ -72,10 +72,12 @@ def adamw(groups: list[dict], cfg: TrainConfig, device: torch.device) -> torch.o
 
 
 def make_optimizer(model: Transformer, cfg: TrainConfig, device: torch.device | None = None) -> torch.optim.AdamW:
-    """Weight decay on matrices only (not on biases, LayerNorm gains or embeddings' biases)."""
+    """Weight decay on matrices only (not on biases, LayerNorm gains or embeddings' biases);
+    frozen parameters (``requires_grad`` False, e.g. ``--train qk``) get no optimizer state."""
     decay, no_decay = [], []
     for _, p in model.named_parameters():
-        (decay if p.dim() >= 2 else no_decay).append(p)
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return adamw(groups, cfg, device or next(model.parameters()).device)
 
@@ -91,7 +93,10 @@ def evaluate(
     cache: dict | None = None,
 ) -> dict:
     """Accuracy and loss on ``samples`` held-out sequences drawn with their own seed; pass a
-    dict as ``cache`` to keep the forward's attention (``Transformer.forward``)."""
+    dict as ``cache`` to keep the forward's attention (``Transformer.forward``). A task with its
+    own ``evaluate`` (text, read in chunks of bounded memory) evaluates itself."""
+    if cache is None and getattr(task, "evaluate", None) is not None:
+        return task.evaluate(model, samples, seed, split, device)
     device = device or next(model.parameters()).device
     was_training = model.training
     model.eval()

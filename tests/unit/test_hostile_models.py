@@ -363,3 +363,136 @@ def test_a_rope_factor_of_1e_300_is_refused_at_load_in_either_format(mistral, tm
     (ours / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="not finite and positive"):
         resolve(ours)
+
+
+# --- tokenizers: bounded in time, panics as one line -------------------------------------------------
+
+# (a|aa)+ backtracks on each run of a's before it fails; 32 a's stay under Oniguruma's retry limit
+# (no panic), so the text below costs seconds per segment, minutes in all: only the time bound ends it
+SLOW_PATTERN, SLOW_TEXT = r"(?:(?:a|aa)+c)|b", ("a" * 32 + "b") * 600
+PANIC_PATTERN, PANIC_TEXT = r"(a+)+$", "a" * 41 + "!"  # beyond the retry limit: the library panics
+
+
+def _with_tokenizer(src: Path, dst: Path, pattern: str) -> Path:
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+    folder = _copy(src, dst)
+    vocab = {w: i for i, w in enumerate(["[UNK]", "a", "b", "aa", "c"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
+    (folder / "tokenizer.json").write_text(tok.to_str())
+    return folder
+
+
+def test_tokenizing_is_bounded_in_time_and_a_panic_is_one_sentence(mistral, tmp_path):
+    from attn_core.hf.tokenizer import encode, load_tokenizer
+    from attn_core.limits import LimitError
+
+    slow = load_tokenizer(_with_tokenizer(mistral, tmp_path / "slow", SLOW_PATTERN))
+    with pytest.raises(LimitError, match="tokenizing the text took longer than 0.5 s, the limit") as e:
+        encode(slow, SLOW_TEXT, timeout_s=0.5)
+    assert "pre-tokenizer" in one_line(e)
+    sane = slow.encode("ab aab", add_special_tokens=False).ids
+    assert encode(slow, "ab aab") == sane and 2 in sane  # a sane text through the same tokenizer, in time
+    panics = load_tokenizer(_with_tokenizer(mistral, tmp_path / "panic", PANIC_PATTERN))
+    with pytest.raises(CheckpointError, match="tokenizer.json: tokenizing the text failed .*retry-limit") as e:
+        encode(panics, PANIC_TEXT)
+    one_line(e)
+
+
+@pytest.mark.parametrize(
+    "pattern, text, message, kind",
+    [
+        (SLOW_PATTERN, SLOW_TEXT, "tokenizing the text took longer than 5 s, the limit", "limit"),
+        (PANIC_PATTERN, PANIC_TEXT, "tokenizer.json: tokenizing the text failed (Onig: Regex search error", "model"),
+    ],
+    ids=["backtracks", "panics"],
+)
+def test_cli_tokenizing_hostile_text_is_one_line(mistral, tmp_path, pattern, text, message, kind):
+    import subprocess
+    import sys
+
+    folder = _with_tokenizer(mistral, tmp_path / "m", pattern)
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-m", "attn_core", "scores", str(folder), "--tokens", text, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root), "RUST_BACKTRACE": "1"},
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "panicked" not in proc.stderr and "Traceback" not in proc.stderr
+    assert message in proc.stderr
+    assert json.loads(proc.stdout)["kind"] == kind
+
+
+# --- refusals, not internal errors ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "field, text, message",
+    [
+        ("n_embd", "1e400", "n_embd must be an integer, got inf (not a finite number)"),
+        ("activation_function", '["gelu"]', "activation ['gelu'] is not supported"),
+    ],
+)
+def test_cli_config_of_the_wrong_type_is_a_refusal(tmp_path, field, text, message):
+    from typer.testing import CliRunner
+
+    from attn_core.cli import app
+
+    write_tiny_gpt2(tmp_path)
+    config = tmp_path / "config.json"
+    raw = json.loads(config.read_text())
+    raw[field] = "@@"
+    config.write_text(json.dumps(raw).replace('"@@"', text))  # JSON's 1e400, not Python's
+    res = CliRunner().invoke(app, ["scores", str(tmp_path), "--json"])
+    assert res.exit_code == 2, res.output
+    assert json.loads(res.stdout) == {"error": res.stderr.strip().removeprefix("error: "), "kind": "model"}
+    assert message in res.stderr
+
+
+def test_heads_on_a_large_vocabulary_under_a_memory_cap_is_a_refusal(tmp_path):
+    """A vocabulary of 2^18 tokens: 32 x 64 logits need 2 GiB. Under ``ulimit -v`` (RLIMIT_AS) the
+    machine's free memory is not what the process can have: refused by the memory check (it was
+    "can't allocate 2147483648 bytes", exit 1)."""
+    import resource
+    import subprocess
+    import sys
+
+    from attn_core import checkpoint
+
+    checkpoint.save(make_tiny_model(d_vocab=2**18, n_ctx=64), tmp_path / "big-vocab", card={})
+    root = Path(__file__).resolve().parents[2]
+    cap = 3 * 2**30
+
+    def capped():
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "attn_core", "heads", str(tmp_path / "big-vocab"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"},
+        preexec_fn=capped,
+    )
+    assert proc.returncode == 2, proc.stderr
+    err = json.loads(proc.stdout)
+    assert err["kind"] == "limit" and "needs about 2 GiB of memory; the limit is" in err["error"], err
+
+
+def test_an_allocation_that_fails_anyway_is_one_limit_line():
+    from attn_core.cli.common import out_of_memory
+
+    torch_says = RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+        "you tried to allocate 2147483648 bytes. Error code 12 (Cannot allocate memory)"
+    )
+    assert (
+        out_of_memory(torch_says)
+        == "not enough memory: an allocation of 2 GiB failed (a memory cap?); use smaller sizes"
+    )
