@@ -309,9 +309,10 @@ if "retrain_error" in st.session_state:
 
 
 # --- live view -----------------------------------------------------------------------------------
-# Two fragments rerun on their own timers, so a refresh never reruns the settings above: the
-# status, metrics and curves every REFRESH_S; the per-head views, whose data changes only every
-# telemetry/spectrum interval, every VIEWS_S (redrawing them as often only makes them flicker).
+# Three fragments rerun on their own timers, so a refresh never reruns the settings above: the
+# status and metrics every REFRESH_S; the curves every CURVES_S; the per-head views, whose data
+# changes only every telemetry/spectrum interval, every VIEWS_S (redrawing them as often only
+# makes them flicker, and costs the browser a chart from scratch each time).
 def live_chart(name: str, version, build):
     """The live chart ``name`` of the current job (or of the preview, with no job), rebuilt only
     when ``version`` (what its data depends on) changed since it was last built."""
@@ -381,7 +382,6 @@ def live_status() -> None:
         st.info("No run yet: choose penalties and press **Start**.")
         return
     snap = current.snapshot()
-    st.code(current.cfg.command(), language="bash")
     facts = getattr(current.task, "facts", None)  # a run on text: its throughput in tokens too
     per_step = current.train_cfg.batch_size * facts["block"] if facts else 0
     st.progress(
@@ -524,6 +524,8 @@ def live_views() -> None:
         ui.show_plot(plot, key="live_spectrum", downloads=snap.done)
 
 
+if st.session_state.get(JOB) is not None:  # the run's command: it does not change while the run trains
+    st.code(st.session_state[JOB].cfg.command(), language="bash")
 live_status()
 live_curves()
 live_views()
