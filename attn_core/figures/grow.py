@@ -18,6 +18,7 @@ from attn_core.grow import ARMIJO, METHODS, GrowResult
 
 METHOD_COLORS = {"grown": "#d62728", "random": "#1f77b4", "zero": "#7f7f7f"}
 METHOD_NAMES = {"grown": "grown (functional gradient)", "random": "random new dims", "zero": "zero new dims"}
+SHORT_NAMES = {"grown": "grown<br>(functional gradient)", "random": "random<br>new dims", "zero": "zero<br>new dims"}
 BASIS_NAMES = {"whitened": "whitened basis of the batch", "raw": "raw basis (seed 001)"}
 
 
@@ -226,7 +227,7 @@ def summary_plot(result: GrowResult) -> Plot:
         color = METHOD_COLORS[method]
         fig.add_trace(
             go.Scatter(
-                x=[METHOD_NAMES[method]] * 2,
+                x=[SHORT_NAMES[method]] * 2,
                 y=part["loss"],
                 mode="lines+markers+text",
                 name=METHOD_NAMES[method],
@@ -238,11 +239,15 @@ def summary_plot(result: GrowResult) -> Plot:
                 hovertemplate="%{x}, %{customdata}: %{y:.5g}<extra></extra>",
             )
         )
-    fig.add_hline(
-        y=result.loss_before,
-        line=dict(color="grey", dash="dot"),
-        annotation_text=f"before growth: {result.loss_before:.4g}",
-        annotation_position="top left",
+    fig.add_trace(  # the loss before growth, across the three: a line in the legend, not a label on the points
+        go.Scatter(
+            x=[SHORT_NAMES[m] for m in METHODS],
+            y=[result.loss_before] * len(METHODS),
+            mode="lines",
+            line=dict(color="grey", dash="dot"),
+            name=f"before growth: {result.loss_before:.4g}",
+            hoverinfo="skip",
+        )
     )
     finite = [v for v in data["loss"] if v > 0 and math.isfinite(v)] + [result.loss_before]
     if min(finite) > 0 and max(finite) > 10 * min(finite):
@@ -251,8 +256,8 @@ def summary_plot(result: GrowResult) -> Plot:
         title=f"Held-out loss of the three methods, {_head(result)}<br>"
         f"<sup>○ right after growth, ● after {result.config.steps} fine-tuning steps</sup>",
         yaxis_title="held-out loss",
-        showlegend=False,
-        xaxis=dict(range=[-0.5, len(METHODS) - 0.5]),
+        legend=dict(orientation="h", y=-0.2, yanchor="top", x=0),
+        xaxis=dict(range=[-0.5, len(METHODS) - 0.1], tickangle=0),
     )
     return Plot(f"grow_summary_{_head(result)}", fig, data.assign(loss_before=result.loss_before))
 
