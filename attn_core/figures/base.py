@@ -227,13 +227,18 @@ def _share(fig: go.Figure, axis: str) -> float:
 
 
 def _wrap(text: str, chars: int) -> list[str]:
+    """Greedy lines of at most ``chars`` characters, broken after ", " or ": " where it can (a
+    phrase such as "layer 1 head 0" stays on one line), else between words."""
+    pieces = [p for p in re.split(r"(?<=[,:;]) ", text)]
     lines, line = [], ""
-    for word in text.split(" "):
-        if line and len(line) + 1 + len(word) > chars:
-            lines.append(line)
-            line = word
-        else:
-            line = f"{line} {word}" if line else word
+    for piece in pieces:
+        words = [piece] if len(piece) <= chars else piece.split(" ")
+        for word in words:
+            if line and len(line) + 1 + len(word) > chars:
+                lines.append(line)
+                line = word
+            else:
+                line = f"{line} {word}" if line else word
     return [*lines, line]
 
 

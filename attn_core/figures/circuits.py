@@ -154,6 +154,7 @@ def positivity_plot(table: pd.DataFrame, qk_column: str = "qk_positivity") -> Pl
             text=[p[2] for p in placed],
             textposition=[p[3] for p in placed],
             mode="markers+text",
+            name="labels",
             marker=dict(size=14, opacity=0),  # invisible: sets the text's distance from its point
             textfont=dict(size=11),
             showlegend=False,

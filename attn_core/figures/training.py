@@ -358,6 +358,7 @@ def tradeoff_plot(
                     y=[None],
                     mode="markers",
                     name=label,
+                    legendgroup="key",
                     marker=dict(size=10, color="grey", symbol=symbol, line=dict(width=2, color="grey")),
                 )
             )
