@@ -58,11 +58,13 @@ def spectrum_plot(result: GrowResult) -> Plot:
         annotation_text=f"cut: d_k + p = {k}",
         annotation_position="top right",
     )
-    fig.add_vline(
+    fig.add_vline(  # its label a line lower than the cut's, on the other side: the two never meet
         x=d_k + 0.5,
         line=dict(color="grey", dash="dot"),
         annotation_text=f"old d_k = {d_k}",
         annotation_position="top left",
+        annotation_yshift=-18,
+        annotation_xshift=-4,
     )
     share = step.discarded_energy / step.total_energy if step.total_energy > 0 else 0.0
     fig.update_yaxes(type="log", title_text="σ_i")
@@ -231,6 +233,7 @@ def summary_plot(result: GrowResult) -> Plot:
                 y=part["loss"],
                 mode="lines+markers+text",
                 name=METHOD_NAMES[method],
+                showlegend=False,  # named under its own column
                 line=dict(color=color, width=3),
                 marker=dict(color=color, size=14, symbol=["circle-open", "circle"]),
                 text=[f"{v:.4g}" for v in part["loss"]],
