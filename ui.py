@@ -19,6 +19,7 @@ from attn_core import checkpoint, runs, sources, zoo
 from attn_core.card import Card
 from attn_core.figures import EXPORT_FORMATS, ExportError, Plot, bundle_zip, export_bytes
 from attn_core.figures.bilinear import VALUE_LABELS
+from attn_core.limits import LimitError
 from attn_core.model import ModelConfig
 from attn_core.runs import migrate
 from attn_core.sources import LoadedModel
@@ -176,14 +177,33 @@ def _load_cached(source: str, mtime: float) -> LoadedModel:
     return sources.resolve(source)
 
 
+@st.cache_resource
+def _load_failures() -> dict:
+    """(source, mtime) -> why it could not be loaded: a broken model is read once per change."""
+    return {}
+
+
 def load_model(source: str) -> LoadedModel:
     """A zoo model, a saved run (``run:<id>``) or an upload (``upload: <name>``), cached across
     reruns, pages and sessions by its source and the modification time of its weights file: a
-    file written again (a run saved over, a zoo model retrained) is read again."""
+    file written again (a run saved over, a zoo model retrained) is read again. A model that
+    cannot be loaded is remembered so too, and refused again without being read."""
     path = sources.weights_path(source)
     if not path.is_file():
         raise checkpoint.CheckpointError(f"{source} has no weights file ({path.name} is missing)")
-    return _load_cached(source, path.stat().st_mtime)
+    key = (source, path.stat().st_mtime)
+    failed = _load_failures().get(key)
+    if failed is not None:
+        raise checkpoint.CheckpointError(failed)
+    try:
+        return _load_cached(*key)
+    except (ValueError, OSError) as e:
+        if not isinstance(e, LimitError):  # the memory free now may differ on the next try
+            failures = _load_failures()
+            if len(failures) > 256:
+                failures.clear()
+            failures[key] = str(e)
+        raise
 
 
 def job_source(name: str) -> str:
@@ -410,7 +430,7 @@ def _on_upload() -> None:
         return
     try:
         label = save_upload({Path(f.name).name: f.getvalue() for f in files})
-    except checkpoint.CheckpointError as e:
+    except (ValueError, OSError) as e:  # CheckpointError and LimitError included: one message, never a traceback
         st.session_state[_UPLOAD_MSG] = ("error", f"Not loaded: {plain(e)}")
         return
     st.session_state[MODEL_KEY] = label
@@ -442,7 +462,7 @@ def save_upload(files: dict[str, bytes]) -> str:
     if len(data) > checkpoint.MAX_WEIGHTS_BYTES:
         raise checkpoint.CheckpointError(f"{weights[0]} is larger than {checkpoint.MAX_WEIGHTS_BYTES // 2**20} MiB")
     cfg = checkpoint.read_config_bytes(files[checkpoint.CONFIG]) if checkpoint.CONFIG in files else None
-    card = Card.from_dict(checkpoint.read_json_bytes(files[checkpoint.CARD])) if checkpoint.CARD in files else None
+    card = checkpoint.read_card_bytes(files[checkpoint.CARD]) if checkpoint.CARD in files else None
     stem = re.sub(r"[^A-Za-z0-9_-]+", "-", Path(weights[0]).stem).strip("-")[:40] or "model"
     loaded = checkpoint.load_bytes(data, cfg=cfg, card=card, name=stem)
     if loaded.card.vocab_file is not None:  # an upload is three files: a vocabulary would be read from elsewhere

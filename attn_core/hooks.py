@@ -87,6 +87,19 @@ def check_names(names: Iterable[str], known: Iterable[str]) -> None:
             )
 
 
+class Cache(dict):
+    """A forward cache that keeps only ``names``: ``model(tokens, cache=Cache(names))`` records
+    those activations and no others, so a layer none of whose scores or pattern is kept runs its
+    fused attention (a regularizer's ``cache()`` asks for the Q and K it reads this way)."""
+
+    def __init__(self, names: Iterable[str]):
+        super().__init__()
+        self.names = frozenset(names)
+
+    def keep(self, name: str) -> bool:
+        return name in self.names
+
+
 class HookRun:
     """What one forward records and replaces: ``hooks`` maps a name to the functions run on it
     (in order; each may return a replacement), then the value the model goes on with is stored

@@ -193,7 +193,19 @@ side_by_side(chosen, draw_spectra)
 # --- heatmaps side by side ---------------------------------------------------------------------------------
 st.header("One head, side by side")
 models = parents + [rs.RUN_PREFIX + i for i in chosen if by_id[i]["has_weights"]]
-first = ui.load_model(models[0])
+first = None
+for name in models:  # the first model that loads sets the layers, heads and input
+    try:
+        first = ui.load_model(name)
+        break
+    except (ValueError, OSError):  # said below, beside the other runs
+        continue
+if first is None:
+    st.info(
+        "None of the chosen runs has weights (failed runs keep none) and no parent model can be loaded, "
+        "so there is no heatmap to draw; pick a run that completed."
+    )
+    st.stop()
 cfg = first.config
 c_layer, c_head, c_value, c_seed = st.columns(4)
 layer, head = ui.layer_head_picker(cfg, (c_layer, c_head), url=False)

@@ -6,7 +6,7 @@ input and 1 for an unexpected error, never a traceback (:func:`main`).
 One module per command group, each a ``typer.Typer`` whose commands are listed here
 (:data:`GROUPS`): ``models`` (zoo, eval, train, presets), ``bilinear`` (spectrum, scores, heads,
 export), ``rotary`` (offsets, pair), ``circuits`` (circuits, attribute), ``runs`` (retrain, runs,
-runs show), ``sweep`` (sweep, sweeps, sweeps show), ``grow``, ``kernels`` (kernels,
+runs show), ``sweep`` (sweep, sweeps, sweeps show), ``dynamics`` (metrics across checkpoints), ``grow``, ``kernels`` (kernels,
 kernels-bench), ``qk`` (compare-qk), ``export`` (export-hf) and ``gallery``; ``common`` holds what
 they share. Every model NAME goes through ``attn_core.sources.resolve``; option defaults whose
 setting lives in a config dataclass are read from it (``attn_core.validate.default``).
@@ -45,6 +45,7 @@ GROUPS: tuple[tuple[str, dict[str, str]], ...] = (
     ("circuits", {"app": ""}),
     ("runs", {"app": "", "runs_app": "runs"}),
     ("sweep", {"app": "", "sweeps_app": "sweeps"}),
+    ("dynamics", {"app": ""}),
     ("grow", {"app": ""}),
     ("kernels", {"app": ""}),
     ("qk", {"app": ""}),

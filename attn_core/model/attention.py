@@ -22,7 +22,7 @@ from attn_core.model import rotary
 from attn_core.model.config import ModelConfig
 
 SHARED = ("W_K", "b_K", "W_V", "b_V")  # stored per key/value head
-INNER = ("q", "k", "v", "attn_scores", "pattern", "z")  # the hook points inside attention
+EXPLICIT = ("attn_scores", "pattern")  # reading or changing these needs S and A formed
 
 
 def attention_weights(scores: torch.Tensor, mask: torch.Tensor, entmax_alpha: float = 1.0) -> torch.Tensor:
@@ -119,13 +119,14 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, hk: HookRun | None = None) -> torch.Tensor:
         """x = X [b, T, d_model] (the attention input), mask [T, T] True where a key is visible;
-        the attention output [b, T, d_model]. ``hk`` sees q, k, v, S, A and z by name."""
+        the attention output [b, T, d_model]. ``hk`` sees q, k, v, S, A and z by name; S and A
+        are formed only when it reads or changes them (else the fused kernel runs)."""
         v = torch.einsum("bpd,gde->bgpe", x, self.W_V)  # [b, g, T, d_head]
         if self.cfg.attn_bias:
             v = v + self.b_V[None, :, None, :]
         v = self._heads(v)
-        if self._fast and (hk is None or not hk.touches(self.names[n] for n in INNER)):
-            z = self._fused(x, v, mask)
+        if self._fast and (hk is None or not hk.touches(self.names[n] for n in EXPLICIT)):
+            z = self._fused(x, v, mask, hk)
         else:
             z = self._explicit(x, v, mask, hk)
         out = torch.einsum("bhqe,hed->bqd", z, self.W_O)
@@ -138,15 +139,22 @@ class Attention(nn.Module):
         """Softmax heads of one scale: their Z can come from the fused attention kernel."""
         return self.cfg.entmax_alpha == 1.0 and self.cfg.d_qk is None
 
-    def _fused(self, x: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _fused(self, x: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, hk: HookRun | None) -> torch.Tensor:
         """Z = softmax(S + mask) V by ``scaled_dot_product_attention``, S never materialised (the
-        same maths as :meth:`_explicit`, equal to float rounding)."""
+        same maths as :meth:`_explicit`, equal to float rounding). ``hk`` sees (and may replace)
+        q, k, v and z, which the kernel keeps for its backward anyway: caching them costs no
+        memory."""
         q, k = self.qk(x)
+        if hk is not None:
+            n = self.names
+            q, k, v = hk(n["q"], q), hk(n["k"], k), hk(n["v"], v)
         scale = 1.0 if self.cfg.qk == "merged" else self.cfg.d_head**-0.5
         T = x.shape[1]
         if self.cfg.window(self.layer) == 0 and mask.shape == (T, T):  # the causal mask itself
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+            z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        else:
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        return z if hk is None else hk(self.names["z"], z)
 
     def _explicit(self, x: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, hk: HookRun | None) -> torch.Tensor:
         """Z with S and A computed (and shown to ``hk`` by name)."""

@@ -139,11 +139,12 @@ class Transformer(nn.Module):
     def forward(self, tokens: torch.Tensor, cache: dict | None = None, hk: HookRun | None = None) -> torch.Tensor:
         """Logits [batch, pos, d_vocab] of tokens [batch, pos] (or [pos]). Pass a dict as ``cache``
         to record every activation under its name (``model(tokens, cache=cache)`` is
-        ``run_with_cache`` writing into your dict; gradients flow through the cached tensors)."""
+        ``run_with_cache`` writing into your dict; gradients flow through the cached tensors; a
+        ``hooks.Cache`` records only its names)."""
         if tokens.dim() == 1:
             tokens = tokens[None]
-        if cache is not None and hk is None:
-            hk = HookRun(cache=cache)
+        if cache is not None and hk is None:  # a hooks.Cache keeps only its names
+            hk = HookRun(cache=cache, keep=getattr(cache, "keep", None))
         T = tokens.shape[-1]
         resid = self.residual_input(tokens)
         masks = {w: self.mask(T, w) for w in {self.cfg.window(l) for l in range(self.cfg.n_layers)}}

@@ -41,20 +41,20 @@ Split by concern (docs/architecture.md):
 
 from attn_core.regularizers.heads import Heads, all_heads, format_heads, head_label, parse_heads
 from attn_core.regularizers.penalty import (
-    ROW_KINDS,
     ConcentrationPenalty,
     build_penalty,
     data_concentration,
     data_rows,
+    data_values,
     layer_singular_values,
     mean_rows,
     regularizer_value,
-    row_penalty,
     spectrum,
     vocab_concentration,
     vocab_rows,
     with_entmax,
 )
+from attn_core.regularizers.rows import ROW_KINDS, head_means, row_penalty, row_values
 from attn_core.regularizers.specs import REGULARIZERS, RegSpec, SpecsLike, parse_spec, parse_specs
 
 __all__ = [
@@ -68,7 +68,9 @@ __all__ = [
     "build_penalty",
     "data_concentration",
     "data_rows",
+    "data_values",
     "format_heads",
+    "head_means",
     "head_label",
     "layer_singular_values",
     "mean_rows",
@@ -77,6 +79,7 @@ __all__ = [
     "parse_specs",
     "regularizer_value",
     "row_penalty",
+    "row_values",
     "spectrum",
     "vocab_concentration",
     "vocab_rows",

@@ -12,32 +12,44 @@ import torch
 
 from attn_core import metrics
 from attn_core.bilinear import QKForm, layer_form, model_form, vocab_scores
-from attn_core.hooks import act_name
+from attn_core.hooks import Cache, act_name
 from attn_core.model import ModelConfig, Transformer, attention_weights
 from attn_core.regularizers.heads import Heads, all_heads, by_layer, head_label, parse_heads
+from attn_core.regularizers.rows import head_means, row_penalty
 from attn_core.regularizers.specs import RegSpec, SpecsLike, parse_specs
-
-ROW_KINDS = ("entropy", "hoyer", "topk")  # the row penalty behind data and vocab regularizers
-
-
-def row_penalty(kind: str, p: torch.Tensor, mask: torch.Tensor | None, k: int = 1) -> torch.Tensor:
-    """Per-row penalty of attention rows ``p`` [..., n] (lower = more concentrated)."""
-    if kind == "entropy":
-        return metrics.normalized_entropy(p, mask)
-    if kind == "hoyer":
-        return 1 - metrics.hoyer(p, mask)
-    if kind == "topk":
-        return 1 - metrics.topk_mass(p, k, mask)
-    raise ValueError(f"unknown row penalty {kind!r}; choose from {', '.join(ROW_KINDS)}")
+from attn_core.validate import is_int
 
 
 def mean_rows(values: torch.Tensor, p_shape: torch.Size, mask: torch.Tensor | None) -> torch.Tensor:
     """Mean over the informative rows (>= 2 visible keys) of ``values`` [b, h, q] or [h, q],
     one value per head [h] (differentiable)."""
-    valid = metrics.informative_rows(mask, p_shape).expand_as(values).to(values.dtype)
+    valid = metrics.informative_rows(mask, p_shape, device=values.device).expand_as(values).to(values.dtype)
     if values.dim() == 3:
         return (values * valid).sum((0, 2)) / valid.sum((0, 2)).clamp_min(1)
     return (values * valid).sum(-1) / valid.sum(-1).clamp_min(1)
+
+
+def data_values(
+    model: Transformer, cache: dict, layer: int, heads: Sequence[int], kind: str, k: int = 1, **options
+) -> torch.Tensor:
+    """The row penalty ``kind`` of the training batch's attention, mean over each head's
+    informative rows, [len(heads)] (differentiable). From the cached Q and K in query blocks
+    (``rows.head_means``; ``options`` are its ``rows``, ``generator`` and ``block``), so only Q
+    and K need be cached and the layer keeps its fused attention; a cache that holds only the
+    pattern is read densely."""
+    cfg = model.cfg
+    q_name, k_name = act_name("q", layer), act_name("k", layer)
+    if q_name in cache and k_name in cache:
+        q, key = cache[q_name], cache[k_name]
+        if list(heads) != list(range(cfg.n_heads)):
+            q, key = q[:, list(heads)], key[:, list(heads)]
+        if cfg.qk == "factored":  # merged heads: S = Q K^T, no scale
+            attn = model.blocks[layer].attn
+            q = q * (cfg.d_head**-0.5 if cfg.d_qk is None else attn.qk_scale[:, list(heads)].to(q.dtype))
+        return head_means(q, key, kind, window=cfg.window(layer), topk=k, alpha=cfg.entmax_alpha, **options)
+    A, mask = data_rows(model, cache, layer)
+    A = A[:, list(heads)]
+    return mean_rows(row_penalty(kind, A, mask, k), A.shape, mask)
 
 
 def data_rows(model: Transformer, cache: dict, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,11 +89,16 @@ def layer_singular_values(model: Transformer, layer: int) -> torch.Tensor:
 
 
 def regularizer_value(
-    spec: RegSpec, model: Transformer, heads: Heads, cache: dict | None = None, memo: dict | None = None
+    spec: RegSpec,
+    model: Transformer,
+    heads: Heads,
+    cache: dict | None = None,
+    memo: dict | None = None,
+    **options,
 ) -> torch.Tensor:
     """The unweighted regularizer R (a scalar, mean over ``heads``); ``cache`` holds the
-    forward's patterns for the data view. ``memo`` shares vocabulary rows and spectra between
-    specs within one step."""
+    forward's Q and K (or patterns) for the data view, read by :func:`data_values` with
+    ``options``. ``memo`` shares vocabulary rows and spectra between specs within one step."""
     memo = {} if memo is None else memo
     kind = spec.name.removeprefix("vocab_")
     per_head = []
@@ -89,9 +106,7 @@ def regularizer_value(
         if spec.view == "data":
             if cache is None:
                 raise ValueError(f"{spec.name!r} reads the training batch's attention; pass the forward cache")
-            A, mask = data_rows(model, cache, layer)
-            A = A[:, hs]
-            per_head.append(mean_rows(row_penalty(kind, A, mask, spec.k), A.shape, mask))
+            per_head.append(data_values(model, cache, layer, hs, kind, spec.k, **options))
         elif spec.view == "vocab":
             key = ("vocab", layer)
             if key not in memo:
@@ -112,25 +127,55 @@ class ConcentrationPenalty:
 
     Built by :func:`build_penalty`; ``specs`` are those with lambda > 0 (a zero strength turns
     a regularizer off), ``heads[label]`` the resolved heads of each, ``regularized_heads`` their
-    union (every head when no spec is active)."""
+    union (every head when no spec is active). ``reads`` names the activations the data-view
+    specs read (Q and K of their layers) and :meth:`cache` makes the forward cache that keeps
+    only those, so every layer keeps its fused attention. ``rows`` = m estimates each data-view
+    row mean from m sampled query positions per step (unbiased, docs/maths.md; drawn from a
+    generator seeded with ``seed``), ``block`` sets the query rows per block."""
 
-    def __init__(self, specs: list[RegSpec], heads: dict[str, Heads], cfg: ModelConfig):
+    def __init__(
+        self,
+        specs: list[RegSpec],
+        heads: dict[str, Heads],
+        cfg: ModelConfig,
+        rows: int | None = None,
+        seed: int = 0,
+        block: int | None = None,
+    ):
+        for name, v in (("rows", rows), ("block", block)):
+            if v is not None and not (is_int(v) and v >= 1):
+                raise ValueError(f"{name} must be a whole number >= 1, got {v!r}")
         self.specs = [s for s in specs if s.strength > 0]
         self.all_specs = specs
         self.heads = heads
         union = sorted({lh for s in self.specs for lh in heads[s.label]})
         self.regularized_heads: Heads = tuple(union) if union else all_heads(cfg)
+        layers = sorted({l for s in self.specs if s.view == "data" for l, _ in heads[s.label]})
+        self.reads = tuple(act_name(kind, l) for l in layers for kind in ("q", "k"))
+        self.rows, self.block = rows, block
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def cache(self) -> Cache | None:
+        """A forward cache keeping only what this penalty reads (None when it reads nothing):
+        ``model(tokens, cache=penalty.cache())``."""
+        return Cache(self.reads) if self.reads else None
 
     def __call__(self, model: Transformer, batch=None, cache: dict | None = None) -> dict[str, torch.Tensor]:
         memo: dict = {}
-        return {s.label: s.strength * regularizer_value(s, model, self.heads[s.label], cache, memo) for s in self.specs}
+        options = dict(rows=self.rows, generator=self.generator, block=self.block)
+        return {
+            s.label: s.strength * regularizer_value(s, model, self.heads[s.label], cache, memo, **options)
+            for s in self.specs
+        }
 
     def values(self, model: Transformer, cache: dict | None = None) -> dict[str, float]:
-        """Unweighted R of every spec (also those with lambda = 0), without gradients."""
+        """Unweighted R of every spec (also those with lambda = 0), without gradients; every row
+        counted (no sampling)."""
         memo: dict = {}
         with torch.no_grad():
             return {
-                s.label: float(regularizer_value(s, model, self.heads[s.label], cache, memo)) for s in self.all_specs
+                s.label: float(regularizer_value(s, model, self.heads[s.label], cache, memo, block=self.block))
+                for s in self.all_specs
             }
 
     def __bool__(self) -> bool:
@@ -143,10 +188,13 @@ class ConcentrationPenalty:
         ]
 
 
-def build_penalty(specs: SpecsLike, cfg: ModelConfig | Transformer, heads=None) -> ConcentrationPenalty:
+def build_penalty(
+    specs: SpecsLike, cfg: ModelConfig | Transformer, heads=None, rows: int | None = None, seed: int = 0, block=None
+) -> ConcentrationPenalty:
     """Validate specs against a model and build its penalty. ``heads`` is the default selection
-    (see :func:`parse_heads`) for specs that name none. Raises ValueError on a negative lambda, an
-    unknown name or a layer/head out of range."""
+    (see :func:`parse_heads`) for specs that name none; ``rows``, ``seed`` and ``block`` as in
+    :class:`ConcentrationPenalty`. Raises ValueError on a negative lambda, an unknown name or a
+    layer/head out of range."""
     cfg = cfg.cfg if isinstance(cfg, Transformer) else cfg
     specs = parse_specs(specs)
     default = parse_heads(heads, cfg)
@@ -154,7 +202,7 @@ def build_penalty(specs: SpecsLike, cfg: ModelConfig | Transformer, heads=None) 
     for s in specs:
         if s.view == "vocab" and cfg.d_vocab > 4096:
             raise ValueError(f"{s.name!r} forms a d_vocab x d_vocab view per head; {cfg.d_vocab} tokens is too many")
-    return ConcentrationPenalty(specs, resolved, cfg)
+    return ConcentrationPenalty(specs, resolved, cfg, rows=rows, seed=seed, block=block)
 
 
 # --- per-head summaries (telemetry and before/after) ------------------------------------------------
@@ -163,26 +211,30 @@ def build_penalty(specs: SpecsLike, cfg: ModelConfig | Transformer, heads=None) 
 @torch.no_grad()
 def data_concentration(model: Transformer, cache: dict, heads: Heads | None = None) -> dict[str, torch.Tensor]:
     """Per head on the cached forward: ``entropy`` (mean normalized entropy) and ``top1`` (mean
-    top-1 mass) over informative rows, each [n_layers, n_heads] (NaN where not selected)."""
+    top-1 mass) over informative rows, each [n_layers, n_heads] (NaN where not selected), on the
+    model's device (read them with one copy)."""
     cfg = model.cfg
-    out = {k: torch.full((cfg.n_layers, cfg.n_heads), math.nan) for k in ("entropy", "top1")}
+    device = model.embed.W_E.device
+    out = {k: torch.full((cfg.n_layers, cfg.n_heads), math.nan, device=device) for k in ("entropy", "top1")}
     for layer, hs in by_layer(heads or all_heads(cfg)).items():
         A, mask = data_rows(model, cache, layer)
         A = A[:, hs].float()
-        out["entropy"][layer, hs] = mean_rows(metrics.normalized_entropy(A, mask), A.shape, mask).cpu()
-        out["top1"][layer, hs] = mean_rows(metrics.topk_mass(A, 1, mask), A.shape, mask).cpu()
+        out["entropy"][layer, hs] = mean_rows(metrics.normalized_entropy(A, mask), A.shape, mask)
+        out["top1"][layer, hs] = mean_rows(metrics.topk_mass(A, 1, mask), A.shape, mask)
     return out
 
 
 @torch.no_grad()
 def vocab_concentration(model: Transformer, heads: Heads | None = None) -> dict[str, torch.Tensor]:
-    """Per head on the vocabulary view: ``entropy`` and ``top1``, [n_layers, n_heads]."""
+    """Per head on the vocabulary view: ``entropy`` and ``top1``, [n_layers, n_heads], on the
+    model's device."""
     cfg = model.cfg
-    out = {k: torch.full((cfg.n_layers, cfg.n_heads), math.nan) for k in ("entropy", "top1")}
+    device = model.embed.W_E.device
+    out = {k: torch.full((cfg.n_layers, cfg.n_heads), math.nan, device=device) for k in ("entropy", "top1")}
     for layer, hs in by_layer(heads or all_heads(cfg)).items():
         P = vocab_rows(model, layer, hs).float()
-        out["entropy"][layer, hs] = mean_rows(metrics.normalized_entropy(P), P.shape, None).cpu()
-        out["top1"][layer, hs] = mean_rows(metrics.topk_mass(P, 1), P.shape, None).cpu()
+        out["entropy"][layer, hs] = mean_rows(metrics.normalized_entropy(P), P.shape, None)
+        out["top1"][layer, hs] = mean_rows(metrics.topk_mass(P, 1), P.shape, None)
     return out
 
 

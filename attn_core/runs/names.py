@@ -15,7 +15,7 @@ ENV_RUNS = "ATTN_LAB_RUNS"
 STATUSES = ("running", "completed", "stopped", "diverged", "failed")
 FINAL = STATUSES[1:]
 RUN_PREFIX = "run:"  # how a run is named where a model name is expected ("run:20250101-120000-ab12")
-SWEEP_STATUSES = ("running", "completed", "interrupted")  # a sweep ends completed or interrupted
+SWEEP_STATUSES = ("running", "completed", "interrupted", "failed")  # failed: every trial failed
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 

@@ -12,7 +12,6 @@ from streamlit.testing.v1 import AppTest
 
 from attn_core import checkpoint, runs
 from attn_core.sources import resolve
-from attn_core.training import trainer
 from attn_core.training.device import PRECISIONS, available_devices
 from attn_core.training.job import TrainingJob
 
@@ -105,19 +104,23 @@ def test_stop_ends_a_long_run_and_keeps_it(page):
     assert "no head L1H0" in page.info[0].value
 
 
-def test_a_diverged_run_says_so(page, monkeypatch):
-    step = trainer.Trainer.step
+def test_a_diverged_run_says_so(tmp_path, monkeypatch):
+    """A random model whose unembedding is 10^3 times too large: its task loss is far beyond a
+    uniform guess's, so the guard ends the run at step 1 (in the job's worker process: nothing
+    here can reach into it) and keeps the weights it started from."""
+    from tests.conftest import make_tiny_model
 
-    def exploding(self):
-        if self.step_index == 3:
-            raise trainer.Diverged(self.step_index + 1, "loss is nan")
-        return step(self)
-
-    monkeypatch.setattr(trainer.Trainer, "step", exploding)
+    model = make_tiny_model("reverse", std=0.3)
+    with torch.no_grad():
+        model.unembed.W_U.mul_(1e3)
+    checkpoint.save(model, tmp_path / "models" / "loud", card={"task": "reverse"})
+    monkeypatch.setenv("ATTN_LAB_MODELS", str(tmp_path / "models"))
+    page = open_page(PAGE, "loud")
     page.number_input(key="retrain_steps").set_value(50).run()
     page.button(key="retrain_start").click().run()
     poll(page, lambda at: job(at).snapshot().done and at.error)
-    assert "diverged at step 4: loss is nan; kept weights of step" in page.error[0].value
+    message = page.error[0].value
+    assert "diverged at step 1: task loss" in message and "kept weights of step 0" in message
     assert runs.RunStore().list_runs()[0]["status"] == "diverged"
 
 

@@ -1,0 +1,360 @@
+"""Row penalties of attention computed from Q and K in query blocks (docs/maths.md, "Row
+penalties in query blocks"), so that no ``[batch, heads, T, T]`` pattern is kept for backward.
+
+For the rows ``A_i = softmax(s_i)`` (or alpha-entmax) of ``s_i = q_i K^T`` masked to the keys
+that query position ``i`` sees, :func:`row_values` returns the per-row penalty of
+``attn_core.metrics`` (normalized entropy, 1 - Hoyer, 1 - top-k mass) for every row, computed
+``block`` query rows at a time. A custom autograd function keeps only Q, K (the model holds them
+for its own attention backward anyway) and a few numbers per row; its backward, one opaque
+operator (``attn_lab::rows_backward``, so that a compiler cannot hoist the recomputed scores into
+the forward and keep them), forms each block's scores again and applies the row's gradient in
+closed form (softmax, and alpha-entmax through its Jacobian). Memory is
+O(batch x heads x block x T) at any moment, never O(T^2) per layer kept from forward to
+backward. Under a causal mask a block only forms the keys its queries can see.
+
+:func:`head_means` averages the rows of each head over the informative ones (at least
+``metrics.MIN_KEYS`` visible keys), exactly or as the unbiased sampled-rows estimate.
+
+Masks: ``window`` None sees every key; 0 is the causal mask; w > 0 a causal sliding window of w
+keys (``i - j < w``); ``key_mask`` [batch, T] (True = a real token) hides padding keys, and a
+padding query's row is not counted. Every tensor made here takes the device of ``q``; scores are
+formed in q's dtype (bf16 under bf16 autocast, like the model's own attention) and reduced in
+float32 (float64 stays float64).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attn_core import metrics
+from attn_core.model.attention import attention_weights
+
+ROW_KINDS = ("entropy", "hoyer", "topk")  # the row penalty behind data and vocab regularizers
+# Scores formed at once per block (batch x heads x rows x keys): float32 temporaries of 2 MiB
+# on the CPU (eager CPU kernels are fastest while a block stays in cache), 128 MiB on an
+# accelerator (fewer, larger blocks save kernel launches). Compiled, a block is 4x larger: its
+# elementwise work is fused, and fewer blocks make a smaller graph that compiles faster.
+BLOCK_SCORES = {"cpu": 2**19, "meta": 2**19}
+BLOCK_SCORES_DEFAULT = 2**25
+COMPILED_FACTOR = 4
+EPS = 1e-12  # metrics.hoyer's
+# Scores more than FLOOR below their row's max (hidden keys among them) count as exactly FLOOR
+# below: exp(-64) = 1.6e-28 of the max's weight changes no float32 or float64 result, and exp
+# stays out of its underflow range, where CPU kernels are 10x slower.
+FLOOR = 64.0
+
+
+def reduce_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the rows are reduced in: float64 stays, everything else is float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def block_rows(q: torch.Tensor, T: int, block: int | None = None) -> int:
+    """Query rows per block: ``block``, or as many as keep batch x heads x rows x T scores under
+    the device's budget (:data:`BLOCK_SCORES`), a multiple of 16 and at least 16."""
+    if block is not None:
+        if block < 1:
+            raise ValueError(f"block must be at least 1 row, got {block}")
+        return block
+    budget = BLOCK_SCORES.get(q.device.type, BLOCK_SCORES_DEFAULT)
+    if torch.compiler.is_compiling():
+        budget *= COMPILED_FACTOR
+    rows = budget // max(1, q.shape[0] * q.shape[1] * T)
+    return max(16, rows // 16 * 16)  # a multiple of 16 rows
+
+
+def visible(
+    positions: torch.Tensor, lo: int, hi: int, window: int | None, key_mask: torch.Tensor | None
+) -> torch.Tensor | None:
+    """Which keys ``lo..hi-1`` each query at ``positions`` [R] sees: [R, K] (or [b, 1, R, K] with
+    ``key_mask``); None when every key is visible."""
+    if window is None and key_mask is None:
+        return None
+    j = torch.arange(lo, hi, device=positions.device)
+    out = None
+    if window is not None:
+        i = positions[:, None]
+        out = j[None, :] <= i
+        if window > 0:
+            out = out & (i - j[None, :] < window)
+    if key_mask is not None:
+        keys = key_mask[:, None, None, lo:hi]
+        out = keys if out is None else out & keys
+    return out
+
+
+def visible_counts(positions: torch.Tensor, T: int, window: int | None, key_mask: torch.Tensor | None) -> torch.Tensor:
+    """Visible keys of each query row, [1, R] (or [b, R] with ``key_mask``), on positions' device,
+    from prefix sums (no T x T mask is formed)."""
+    b = 1 if key_mask is None else key_mask.shape[0]
+    keys = torch.ones(b, T, device=positions.device) if key_mask is None else key_mask.to(torch.float32)
+    if window is None:
+        return keys.sum(-1, keepdim=True).expand(b, positions.shape[0])
+    prefix = torch.nn.functional.pad(keys.cumsum(-1), (1, 0))  # prefix[:, n] = keys before n
+    first = (positions - window + 1).clamp_min(0) if window > 0 else torch.zeros_like(positions)
+    return prefix[:, positions + 1] - prefix[:, first]
+
+
+def _scores(q, k, a, e, lo, hi, positions, window, key_mask, contiguous):
+    """Scores of query rows a..e-1 and keys lo..hi-1 in the reduction dtype, hidden keys set to
+    a very negative finite number (exp gives exactly 0; a row with no visible key stays finite).
+    Contiguous causal rows are masked only where a key can follow a query (the last columns)."""
+    s = (q[:, :, a:e] @ k[:, :, lo:hi].transpose(-1, -2)).to(reduce_dtype(q.dtype))
+    if window is None and key_mask is None:
+        return s
+    c0 = max(a, lo) if (contiguous and window == 0 and key_mask is None) else lo
+    vis = visible(positions[a:e], c0, hi, window, key_mask)
+    s[..., c0 - lo :].masked_fill_(~vis, torch.finfo(s.dtype).min / 4)
+    return s
+
+
+def _inv_log_n(n: torch.Tensor) -> torch.Tensor:
+    """1 / log n, and 0 for a row with one visible key (its normalized entropy is 0)."""
+    return torch.where(n > 1, 1 / n.clamp_min(2).log(), torch.zeros_like(n))
+
+
+def _shifted(s, m):
+    """s - m (row max), in place, at least -:data:`FLOOR` (see there)."""
+    return s.sub_(m).clamp_min_(-FLOOR)
+
+
+def _softmax_rows(kind: str, s, n, topk: int):
+    """Per-row values of the softmax rows of scores ``s`` (overwritten) and the row numbers their
+    gradient needs: the row max and log Z (always) and H, |p|_2^2 or the top-k mass and places
+    (docs/maths.md)."""
+    m = s.amax(-1, keepdim=True)
+    t = _shifted(s, m)
+    e = t.exp()
+    Z = e.sum(-1)
+    log_z = Z.log()
+    if kind == "entropy":  # H = log Z - sum e t / Z
+        H = log_z - (e * t).sum(-1) / Z
+        return H * _inv_log_n(n), (m, log_z, H)
+    if kind == "hoyer":  # |p|_1 = 1
+        q2 = ((e * e).sum(-1) / (Z * Z)).clamp_min(EPS * EPS)
+        root = n.sqrt()
+        value = torch.where(n > 1, 1 - (root - q2.rsqrt()) / (root - 1).clamp_min(EPS), torch.zeros_like(q2))
+        return value, (m, log_z, q2)
+    top = e.topk(min(topk, s.shape[-1]), dim=-1)
+    mass = top.values.sum(-1) / Z
+    return torch.where(n > 0, 1 - mass, torch.zeros_like(mass)), (m, log_z, mass, top.indices)
+
+
+def _softmax_grad(kind: str, s, n, g, stats):
+    """d(value)/d(scores) of a block as (P, c) with dS = c[..., None] * P: c per row (the incoming
+    gradient g folded in), P the block (``s`` is overwritten)."""
+    m, log_z, *stats = stats
+    logp = _shifted(s, m).sub_(log_z[..., None])
+    p = logp.exp()
+    if kind == "entropy":  # dH/ds = -p (log p + H)
+        H = stats[0]
+        return logp.add_(H[..., None]).mul_(p), -g * _inv_log_n(n)
+    if kind == "hoyer":  # d|p|_2^2/ds = 2 p (p - |p|_2^2); |p|_1 = 1 has no gradient
+        q2 = stats[0]
+        root = n.sqrt()
+        coef = torch.where(n > 1, -g * q2.pow(-1.5) / (root - 1).clamp_min(EPS), torch.zeros_like(q2))
+        return (p - q2[..., None]).mul_(p), coef
+    mass, idx = stats  # d(top-k mass)/ds = p (1[top] - mass)
+    top = torch.zeros_like(p).scatter_(-1, idx, 1.0)
+    return top.sub_(mass[..., None]).mul_(p), torch.where(n > 0, -g, torch.zeros_like(g))
+
+
+def _entmax_rows(kind: str, s, vis, topk: int, alpha: float):
+    """Per-row values of alpha-entmax rows, through ``metrics``."""
+    full = torch.ones_like(s, dtype=torch.bool) if vis is None else vis
+    return row_penalty(kind, attention_weights(s, full, alpha), vis, topk)
+
+
+def _entmax_grad(kind: str, s, vis, n, g, topk: int, alpha: float) -> torch.Tensor:
+    """dS of a block of alpha-entmax rows: the metric's gradient v in p, then the entmax
+    Jacobian J^T v = u v - (<u, v> / sum u) u with u = p^(2 - alpha) on the support (docs/maths.md)."""
+    full = torch.ones_like(s, dtype=torch.bool) if vis is None else vis
+    p = attention_weights(s, full, alpha)
+    if kind == "entropy":  # d(-sum p log p)/dp = -(log p + 1) where p > 0
+        v = -(torch.where(p > 0, p, torch.ones_like(p)).log() + 1) * _inv_log_n(n)[..., None]
+    elif kind == "hoyer":  # d(|p|_1 / |p|_2)/dp = 1/|p|_2 - |p|_1 p / |p|_2^3, over sqrt(n) - 1
+        l1, l2 = p.sum(-1, keepdim=True), p.pow(2).sum(-1, keepdim=True).clamp_min(EPS * EPS).sqrt()
+        scale = torch.where(n > 1, 1 / (n.sqrt() - 1).clamp_min(EPS), torch.zeros_like(n))[..., None]
+        v = (1 / l2 - l1 * p / l2.pow(3)) * scale
+    else:  # d(1 - top-k mass)/dp
+        v = -torch.zeros_like(p).scatter_(-1, p.topk(min(topk, p.shape[-1]), dim=-1).indices, 1.0)
+    u = (p > 0).to(p.dtype) if alpha == 2.0 else p.pow(2 - alpha)
+    uv = (u * v).sum(-1, keepdim=True) / u.sum(-1, keepdim=True)
+    return g[..., None] * u * (v - uv)
+
+
+def row_penalty(kind: str, p: torch.Tensor, mask: torch.Tensor | None, k: int = 1) -> torch.Tensor:
+    """Per-row penalty of attention rows ``p`` [..., n] (lower = more concentrated), from
+    ``attn_core.metrics``: the dense form, and the definition the blocked one is tested against."""
+    if kind == "entropy":
+        return metrics.normalized_entropy(p, mask)
+    if kind == "hoyer":
+        return 1 - metrics.hoyer(p, mask)
+    if kind == "topk":
+        return 1 - metrics.topk_mass(p, k, mask)
+    raise ValueError(f"unknown row penalty {kind!r}; choose from {', '.join(ROW_KINDS)}")
+
+
+class _BlockedRows(torch.autograd.Function):
+    """values [b, h, R] of the rows of (q, k); see :func:`row_values`."""
+
+    @staticmethod
+    def forward(ctx, q, k, positions, key_mask, plan):
+        kind, topk, alpha, window, B, contiguous = plan
+        T = k.shape[2]
+        n_rows = _counts(q, positions, T, window, key_mask)
+        outs, stats = [], []
+        for a in range(0, q.shape[2], B):
+            e = min(a + B, q.shape[2])
+            lo, hi = _keys(a, e, T, window, contiguous)
+            s = _scores(q, k, a, e, lo, hi, positions, window, key_mask, contiguous)
+            if alpha == 1.0:
+                value, numbers = _softmax_rows(kind, s, n_rows[..., a:e], topk)
+                stats += numbers
+            else:
+                value = _entmax_rows(kind, s, visible(positions[a:e], lo, hi, window, key_mask), topk, alpha)
+            outs.append(value)
+        ctx.plan = plan
+        ctx.save_for_backward(q, k, positions, key_mask, *stats)
+        return torch.cat(outs, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, positions, key_mask, *stats = ctx.saved_tensors
+        dq, dk = rows_backward(grad, q, k, positions, key_mask, stats, *ctx.plan)
+        return dq, dk, None, None, None
+
+
+@torch.library.custom_op("attn_lab::rows_backward", mutates_args=())
+def rows_backward(
+    grad: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    key_mask: torch.Tensor | None,
+    stats: list[torch.Tensor],
+    kind: str,
+    topk: int,
+    alpha: float,
+    window: int | None,
+    block: int,
+    contiguous: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dq, dk) of :class:`_BlockedRows`: each block's scores formed again and its gradient
+    applied. One opaque operator, so that a compiler cannot move the recomputed scores into the
+    forward and keep them (its partitioner would: they depend on the forward's inputs only)."""
+    T = k.shape[2]
+    n_rows = _counts(q, positions, T, window, key_mask)
+    per_block = len(stats) // -(-q.shape[2] // block)  # row numbers saved per block
+    dq, dk = torch.zeros_like(q), torch.zeros_like(k)
+    for index, a in enumerate(range(0, q.shape[2], block)):
+        e = min(a + block, q.shape[2])
+        lo, hi = _keys(a, e, T, window, contiguous)
+        s = _scores(q, k, a, e, lo, hi, positions, window, key_mask, contiguous)
+        g, n = grad[:, :, a:e].to(s.dtype), n_rows[..., a:e]
+        if alpha == 1.0:  # dS = c P: c goes onto the rows of dq and of q (not onto P)
+            P, c = _softmax_grad(kind, s, n, g, stats[index * per_block : (index + 1) * per_block])
+            P, c = P.to(q.dtype), c.to(q.dtype)[..., None]
+            dq[:, :, a:e] = c * (P @ k[:, :, lo:hi])
+            dk[:, :, lo:hi] += P.transpose(-1, -2) @ (c * q[:, :, a:e])
+        else:
+            vis = visible(positions[a:e], lo, hi, window, key_mask)
+            dS = _entmax_grad(kind, s, vis, n, g, topk, alpha).to(q.dtype)
+            dq[:, :, a:e] = dS @ k[:, :, lo:hi]
+            dk[:, :, lo:hi] += dS.transpose(-1, -2) @ q[:, :, a:e]
+    return dq, dk
+
+
+@rows_backward.register_fake
+def _(grad, q, k, positions, key_mask, stats, kind, topk, alpha, window, block, contiguous):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+def _counts(q, positions, T, window, key_mask) -> torch.Tensor:
+    """Visible keys of each row, [1 or b, 1, R] in the reduction dtype (broadcasts on [b, h, R])."""
+    return visible_counts(positions, T, window, key_mask)[:, None, :].to(reduce_dtype(q.dtype))
+
+
+def _keys(a: int, e: int, T: int, window: int | None, contiguous: bool) -> tuple[int, int]:
+    """The keys a block of query rows a..e-1 can see: with contiguous rows under a causal mask
+    only keys up to its last row (and from its first row's window on); else all T."""
+    if not contiguous or window is None:
+        return 0, T
+    return (max(0, a - window + 1) if window > 0 else 0), e
+
+
+def row_values(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    kind: str,
+    *,
+    window: int | None = 0,
+    key_mask: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+    topk: int = 1,
+    alpha: float = 1.0,
+    block: int | None = None,
+) -> torch.Tensor:
+    """The row penalty ``kind`` of every query row, [b, h, R], differentiable in q and k.
+
+    q [b, h, R, w] holds the query rows *with the score scale folded in* (s = q k^T), at
+    ``positions`` [R] (None: R = T, rows 0..T-1); k [b, h, T, w] the keys of the same heads.
+    Equal to ``metrics`` on the dense rows ``attention_weights(q k^T, mask, alpha)`` (tests)."""
+    if kind not in ROW_KINDS:
+        raise ValueError(f"unknown row penalty {kind!r}; choose from {', '.join(ROW_KINDS)}")
+    T = k.shape[2]
+    contiguous = positions is None
+    if contiguous:
+        positions = torch.arange(q.shape[2], device=q.device)
+    plan = (kind, int(topk), float(alpha), window, block_rows(q, T, block), contiguous)
+    return _BlockedRows.apply(q, k, positions, key_mask, plan)
+
+
+@torch.compiler.disable
+def sample_positions(T: int, first: int, rows: int, generator: torch.Generator | None) -> torch.Tensor:
+    """``rows`` distinct query positions drawn uniformly from first..T-1 (on the host, from
+    ``generator``), sorted. Outside compiled graphs: a seeded host draw."""
+    return (torch.randperm(T - first, generator=generator)[:rows] + first).sort().values
+
+
+def head_means(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    kind: str,
+    *,
+    window: int | None = 0,
+    key_mask: torch.Tensor | None = None,
+    topk: int = 1,
+    alpha: float = 1.0,
+    block: int | None = None,
+    rows: int | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Mean of the row penalty over each head's informative rows (every batch element), [h].
+
+    ``rows`` = m samples m query positions uniformly without replacement (the same for every
+    batch element and head) and returns the unbiased estimate (|C|/m) sum_sampled / N, where C
+    holds the positions that can be informative and N counts every informative row: its
+    expectation over the draw is the exact mean, and so is its gradient's (docs/maths.md)."""
+    b, T = q.shape[0], k.shape[2]
+    full = torch.arange(T, device=q.device)
+    valid = visible_counts(full, T, window, key_mask) >= metrics.MIN_KEYS  # [1 or b, T]
+    if key_mask is not None:
+        valid = valid & key_mask  # a padding query's row does not count
+    count = valid.sum() * (b // valid.shape[0])
+    first = 1 if (window is not None and key_mask is None) else 0  # a causal row 0 sees one key
+    if rows is None or rows >= T - first:
+        values = row_values(q, k, kind, window=window, key_mask=key_mask, topk=topk, alpha=alpha, block=block)
+        weight = valid.to(values.dtype)
+        scale = 1.0
+    else:
+        if rows < 1:
+            raise ValueError(f"rows must be at least 1, got {rows}")
+        pos = sample_positions(T, first, rows, generator).to(q.device)
+        values = row_values(
+            q[:, :, pos], k, kind, window=window, key_mask=key_mask, positions=pos, topk=topk, alpha=alpha, block=block
+        )
+        weight = valid[:, pos].to(values.dtype)
+        scale = (T - first) / rows
+    total = (values * weight[:, None, :]).sum((0, 2))
+    return total * scale / count.clamp_min(1).to(total.dtype)
