@@ -23,6 +23,10 @@ Two figures, medians of ``--repeats`` (>= 5) samples, both including the browser
   same job trained by ``attn-lab retrain`` (its JSON's steps/s) and watched on the Retrain page in
   Chromium (the rate the page reports when it completes), alternated ``--repeats`` times in one
   run, with the live refreshes per second while it trains. Target: watched >= 0.9x the CLI's.
+- first chart per page (``--pages`` alone, or with the rest): for every page of the page table,
+  from goto in a new session to its first chart on screen (or, on a page with none until the
+  user acts, to the end of its first run), induction-2l already loaded by the server, with the
+  1-minute load average at each sample.
 
 The server's very first page (Python imports, Streamlit start) is reported apart as ``cold_s``.
 
@@ -257,6 +261,76 @@ def head_changes(browser, url: str, model: str, repeats: int, extra: str = "") -
     return calls, in_page
 
 
+# --- first chart of every page ---------------------------------------------------------------------
+# A page's first plotly chart on screen, or, for a page without one until the user acts (Home,
+# Sweeps with an empty store), the end of its first script run.
+_FIRST_CHART = """() => !!document.querySelector('.js-plotly-plot .main-svg')"""
+
+
+# In the page from its first moment: when a chart is first drawn, and when the first script run
+# ended (idle for half a second: a rerun that follows at once is the same first visit), both in
+# milliseconds since the navigation started (the page's own clock).
+_WATCH_RUN = """(() => { window.__attnChart = null; window.__attnIdle = null; let seen = false, idleSince = null;
+    const tick = () => { const now = performance.now();
+        if (window.__attnChart === null && document.querySelector('.js-plotly-plot .main-svg')) window.__attnChart = now;
+        const app = document.querySelector('[data-testid="stApp"]');
+        const state = app && app.getAttribute('data-test-script-state');
+        if (state === 'running') { seen = true; idleSince = null; }
+        else if (seen && state === 'notRunning') {
+            if (idleSince === null) idleSince = now;
+            if (now - idleSince > 500 && window.__attnIdle === null) window.__attnIdle = idleSince;
+        }
+        requestAnimationFrame(tick); };
+    requestAnimationFrame(tick); })()"""
+
+
+def first_chart(browser, url: str, path: str, model: str, context=None) -> tuple[float, bool]:
+    """Seconds from goto(/path?model=M) in a new session to the page's first chart on screen
+    (True) or, on a page without a chart until the user acts, to the end of its first run
+    (False), read from the page's own clock."""
+    context = context or browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    page.add_init_script(_WATCH_RUN)
+    page.goto(f"{url}/{path}?model={model}")
+    page.wait_for_function(
+        "() => window.__attnChart !== null"
+        " || (window.__attnIdle !== null && !document.querySelector('[data-testid=\"stPlotlyChart\"]'))",
+        timeout=180_000,
+        polling="raf",
+    )
+    chart, idle = page.evaluate("() => [window.__attnChart, window.__attnIdle]")
+    page.close()
+    return (chart if chart is not None else idle) / 1000, chart is not None
+
+
+def first_charts(browser, url: str, model: str, repeats: int) -> list[dict]:
+    """First chart of every page of the page table, ``repeats`` new sessions each (in a browser
+    that has seen the dashboard, the model already loaded by the server), with the machine's
+    1-minute load average at each sample."""
+    import navigation
+
+    context = browser.new_context(viewport=VIEWPORT)
+    first_chart(browser, url, "", model, context)  # the model is loaded once, as a returning user finds it
+    rows = []
+    for entry in navigation.PAGES:
+        samples, loads, charted = [], [], True
+        for _ in range(repeats):
+            t, charted = first_chart(browser, url, entry.url_path, model, context)
+            samples.append(t)
+            loads.append(os.getloadavg()[0])
+        rows.append(
+            {
+                "page": entry.title,
+                "median_s": statistics.median(samples),
+                "samples_s": samples,
+                "load_average": loads,
+                "until": "first chart" if charted else "first run ends (no chart yet)",
+            }
+        )
+    context.close()
+    return rows
+
+
 def start_live_retrain(page, url: str, steps: int, timeout_ms: float = 30_000):
     """Open Retrain on reverse-1l, set the number of steps, press Start and wait until the live
     view reports a training step; returns the page's main block."""
@@ -425,6 +499,9 @@ def main(argv=None) -> None:
     )
     parser.add_argument("--length", type=int, help="with --model: random tokens of this length (default: its context)")
     parser.add_argument(
+        "--pages", action="store_true", help="only the first chart of every page (new sessions, model loaded)"
+    )
+    parser.add_argument(
         "--watched", action="store_true", help="only the watched-training measure (CLI vs Retrain page, alternated)"
     )
     parser.add_argument("--steps", type=int, default=3000, help="with --watched: steps of each run (quick: 250)")
@@ -444,6 +521,8 @@ def main(argv=None) -> None:
     from playwright.sync_api import sync_playwright
 
     extra = "" if args.model is None else "&input=random" + (f"&length={args.length}" if args.length else "")
+    if args.pages:
+        return _pages_only(args)
     with tempfile.TemporaryDirectory(prefix="attn-lab-bench-") as tmp:
         tmp = Path(tmp)
         models = tmp / "models"
@@ -459,6 +538,7 @@ def main(argv=None) -> None:
             ]
             returning.close()
             heads, heads_in_page = head_changes(browser, url, watched, args.repeats, extra=extra)
+            pages = first_charts(browser, url, watched, 1 if args.quick else args.repeats) if args.model is None else []
             rates, speed = live_refreshes(browser, url, args.repeats) if args.model is None else ([], None)
             browser.close()
     result = {
@@ -475,6 +555,7 @@ def main(argv=None) -> None:
         "head_change_samples": heads,
         "head_change_in_page_samples": heads_in_page,
         "live_refresh_samples": rates,
+        "first_chart_per_page": pages,
         "training_steps_per_s_while_watched": speed,
         "targets": {
             "first_heatmap_s": 5.0,
@@ -511,10 +592,38 @@ def main(argv=None) -> None:
             f"live view while retraining: median {result['live_refreshes_per_s']:.2f} refreshes/s of {args.repeats} "
             f"windows (target >= 4); training ran at {speed:.1f} steps/s meanwhile"
         )
+    _print_pages(pages)
     print(
         f"cold start (first page after the server started): {cold:.2f} s; "
         f"load average {', '.join(f'{x:.1f}' for x in result['load_average'])} on {os.cpu_count()} CPUs"
     )
+
+
+def _print_pages(rows: list[dict]) -> None:
+    for r in rows:
+        print(
+            f"first chart, {r['page']:<22} median {r['median_s']:.2f} s of {len(r['samples_s'])} ({r['until']}); "
+            f"load average {', '.join(f'{x:.1f}' for x in r['load_average'])}"
+        )
+
+
+def _pages_only(args) -> None:
+    """``--pages``: the first chart of every page, on induction-2l, nothing else."""
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory(prefix="attn-lab-bench-") as tmp, serve(Path(tmp) / "runs") as url:
+        with sync_playwright() as p:
+            browser = launch(p)
+            rows = first_charts(browser, url, "induction-2l", args.repeats)
+            browser.close()
+    result = {"first_chart_per_page": rows, **record.environment()}
+    if args.out is not None:
+        record.save(result, args.out)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    _print_pages(rows)
+    print(f"load average {', '.join(f'{x:.1f}' for x in result['load_average'])} on {os.cpu_count()} CPUs")
 
 
 def watched_main(args) -> None:

@@ -9,8 +9,11 @@ corpus into the cache, then samples training batches from the memory-mapped toke
     python benchmarks/text_tokenize.py --mb 1024    # the 1 GB case
     python benchmarks/text_tokenize.py --quick      # 4 MB, nothing saved
 
-Prints MB/s and tokens/s of tokenizing (hashing included) and of a cache hit, and the growth of
-the child's peak RSS (``VmHWM``) over what its imports took: it must not grow with the corpus.
+Prints MB/s and tokens/s of tokenizing (hashing included) and of a cache hit (in the same
+process: the corpus's hash is remembered), the growth of the child's peak RSS (``VmHWM``) over
+what its imports took while tokenizing (it must not grow with the corpus), and after sampling
+100 batches from the memory map both the peak RSS (which counts the file pages the map touched:
+page cache, not a copy) and the anonymous RSS (``RssAnon``: what the process allocated).
 """
 
 from __future__ import annotations
@@ -37,8 +40,8 @@ sys.path.insert(0, {root!r})
 import torch
 from attn_core.text.source import tokenize_text
 from attn_core.text.task import TextData
-from benchmarks.record import peak_rss_kib as hwm
-base = hwm()
+from benchmarks.record import peak_rss_kib as hwm, rss_anon_kib
+base, base_anon = hwm(), rss_anon_kib()
 t = time.perf_counter()
 tok, [(corpus, tf)] = tokenize_text({folder!r}, "bench", {text!r}, cache_root={cache!r})
 seconds = time.perf_counter() - t
@@ -54,7 +57,8 @@ for _ in range(100):
     data.generate(64, g, "train")
 sample_s = (time.perf_counter() - t) / 100
 print(json.dumps(dict(seconds=seconds, hit_s=hit_s, sample_ms=sample_s * 1e3, tokens=tf.n_tokens, bytes=corpus.bytes,
-                      base_kib=base, tokenize_kib=after_tokenize, peak_kib=hwm(), cached=tf.cached)))
+                      base_kib=base, tokenize_kib=after_tokenize, peak_kib=hwm(), cached=tf.cached,
+                      anon_growth_kib=rss_anon_kib() - base_anon)))
 """
 
 
@@ -128,6 +132,7 @@ def main() -> None:
         sample_batch_ms=round(r["sample_ms"], 3),
         peak_rss_growth_mib=round(growth, 1),
         peak_rss_growth_with_sampling_mib=round((r["peak_kib"] - r["base_kib"]) / 1024, 1),
+        anonymous_rss_growth_after_sampling_mib=round(r["anon_growth_kib"] / 1024, 1),
         tokenizer="byte-level BPE, 8192 tokens (trained here)",
         **record.environment(),
     )

@@ -50,6 +50,7 @@ GROUPS: tuple[tuple[str, dict[str, str]], ...] = (
     ("kernels", {"app": ""}),
     ("qk", {"app": ""}),
     ("export", {"app": ""}),
+    ("gallery", {"app": ""}),
 )
 HELP = "attn-lab: see, measure, regularize and retrain the QK bilinear form of attention."
 MIN_WIDTH, MAX_WIDTH = 30, 100  # help text columns: the terminal's, within these

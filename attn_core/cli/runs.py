@@ -234,7 +234,7 @@ def _report(res: dict, as_json: bool, job=None) -> None:
         for when in ("before", "after"):
             if out[when] is not None:
                 out[when]["per_head"] = _per_head(res[when])
-        out["trained"] = job.details()["trained"]
+        out["trained"] = job.retraining.details(job.model, job.task)["trained"]
 
     def human(r: dict) -> str:
         text = f"run {r['run_id']}: {r['status']} ({r['message']})\n"

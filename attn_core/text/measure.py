@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from attn_core import regularizers as R
-from attn_core.bilinear.offsets import default_offsets, offset_form
+from attn_core.bilinear.offsets import sigma1_summary
 from attn_core.hooks import act_name
 from attn_core.regularizers.heads import by_layer
 from attn_core.training.telemetry import VOCAB_VIEW_MAX, summarize
@@ -87,21 +87,6 @@ def _run(model, task, samples, seed, split, device, heads):
     return out, {k: (v / n).float() for k, v in sums.items()}  # NaN where no head was asked for
 
 
-def offset_summary(model, layer: int, head: int) -> dict:
-    """sigma_1(B(delta)) of a rotary head over ``bilinear.offsets.default_offsets``: at delta
-    = 0 (the un-rotated form), and its min, mean and max over the offsets."""
-    offsets = default_offsets(model)
-    with torch.no_grad():
-        sigma1 = offset_form(model, layer, head, offsets).singular_values[:, 0].float()
-    return {
-        "sigma1_at_0": float(sigma1[0]),
-        "sigma1_min": float(sigma1.min()),
-        "sigma1_mean": float(sigma1.mean()),
-        "sigma1_max": float(sigma1.max()),
-        "offsets": len(offsets),
-    }
-
-
 @torch.no_grad()
 def measure(model, task, heads=None, samples: int = 512, seed: int = 0) -> dict:
     """The run's measurement on held-out text (module doc); ``heads`` a selection as
@@ -112,5 +97,5 @@ def measure(model, task, heads=None, samples: int = 512, seed: int = 0) -> dict:
     out = summarize(model, heads, ev, data, None if vocab is None else {k: v.cpu() for k, v in vocab.items()})
     if model.cfg.positional == "rotary" and model.cfg.qk == "factored":
         for row in out["per_head"]:
-            row["offset_sigma1"] = offset_summary(model, row["layer"], row["index"])
+            row["offset_sigma1"] = sigma1_summary(model, row["layer"], row["index"])
     return {**out, "perplexity": ev["perplexity"], "tokens": ev["tokens"]}

@@ -51,14 +51,16 @@ class TextData:
         return (len(self.held_out) - 1) // self.block
 
     def generate(self, n: int, g: torch.Generator, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """``n`` blocks of ``block + 1`` tokens and their (all True) scored mask."""
+        """``n`` blocks of ``block + 1`` tokens and their (all True) scored mask, on the CPU (the
+        blocks are read from the memory-mapped stream; ``Task.sample`` moves them)."""
         L = self.block + 1
+        # drawn on the generator's device (a CUDA generator on a GPU: Task.sample), read on the host
         if split == "train":
-            starts = torch.randint(0, len(self.train) - L + 1, (n,), generator=g).tolist()
+            starts = torch.randint(0, len(self.train) - L + 1, (n,), generator=g, device=g.device).tolist()
             stream = self.train
         else:
-            order = torch.randperm(self.held_out_blocks, generator=g)
-            starts = (order[torch.arange(n) % len(order)] * self.block).tolist()
+            order = torch.randperm(self.held_out_blocks, generator=g, device=g.device).tolist()
+            starts = [order[i % len(order)] * self.block for i in range(n)]
             stream = self.held_out
         seq = torch.from_numpy(np.stack([np.asarray(stream[s : s + L], dtype=np.int64) for s in starts]))
         return seq, torch.ones_like(seq, dtype=torch.bool)

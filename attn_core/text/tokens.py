@@ -119,6 +119,7 @@ def tokenize(
         directory.mkdir(parents=True, exist_ok=True)
         remove_stale_tmp(directory, key)
         tmp = Path(tempfile.mkdtemp(prefix=tmp_prefix(key), dir=directory))
+        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is readable like the run store
     except OSError as e:
         raise OSError(f"the token cache {directory} cannot be written ({e.strerror or e})") from None
     try:

@@ -13,24 +13,25 @@ import time
 
 import torch
 
-from attn_core import finetune
 from attn_core import regularizers as R
 from attn_core.card import Card
-from attn_core.hf import family_export
 from attn_core.model import Transformer
 from attn_core.presets import get_preset
 from attn_core.runs import RunStore
 from attn_core.sources import resolve
 from attn_core.tasks import get_task
-from attn_core.text.source import text_task_for
-from attn_core.training import checkpoints, telemetry
+from attn_core.text.retrain import Retraining
+from attn_core.training import checkpoints, telemetry, worker
 from attn_core.training.config import JobConfig
 from attn_core.training.queue import SLOTS, JobSlots, queued_message
 from attn_core.training.record import Outcome, RunRecorder, error_text, measure_final, record_run, run_card
 from attn_core.training.snapshot import Snapshot
 from attn_core.training.trainer import EVAL_SEED_OFFSET, Trainer, init_model
 
-SCRATCH_PREFIX = "scratch:"  # source "scratch:<preset>" trains the preset's model from its init
+SCRATCH_PREFIX = "scratch:"
+# the snapshot fields read from the job's state as they are
+SNAPSHOT_STATE = ("status", "message", "step", "elapsed_s", "train_s", "step_s", "before", "after")
+SNAPSHOT_STATE += ("probe_pattern", "probe_step")  # source "scratch:<preset>" trains the preset's model from its init
 
 
 class TrainingJob:
@@ -51,8 +52,7 @@ class TrainingJob:
         self.store = None if store is False else (store if store is not None else RunStore())
         if self.store is not None:
             self.store.check_writable()  # a store that takes no write refuses the job before it trains
-        self.origin: dict | None = None  # the Hugging Face folder an imported model came from
-        self.files: dict[str, bytes] = {}  # its tokenizer files, saved with the run
+        self.retraining = Retraining(cfg)  # text, imported models, --train and --kl
         model, task, parent_card = self._parent(cfg)
         self.parent = cfg.source
         self.task = task
@@ -60,23 +60,13 @@ class TrainingJob:
         model = R.with_entmax(model, cfg.entmax_alpha)
         self.penalty = R.build_penalty(cfg.regularizers, model, cfg.heads)
         self.train_cfg = cfg.train_config(parent_card.train)
-        # --train freezes what does not learn; --kl adds a term to the regularizers' (attn_core.finetune)
-        penalty, self.trained = finetune.setup(
-            model,
-            cfg.train,
-            cfg.kl,
-            self.penalty,
-            cfg.precision,
-            fixed=family_export.fixed_params(self.origin, model.cfg),
-            entmax_alpha=start_alpha,
-        )
+        penalty = self.retraining.penalty(model, self.penalty, start_alpha)  # --train freezes, --kl adds a term
         self.trainer = Trainer(
             model, task, self.train_cfg, penalty=penalty, max_loss=cfg.max_loss, sync_at=self._measured_at
         )
         self.model = self.trainer.model
         self.device = self.trainer.device
-        if hasattr(penalty, "start"):  # the KL term's starting model, on the training device
-            penalty.start(self.model)
+        self.retraining.start(penalty, self.model)
         self.checkpoints = checkpoints.for_job(self.trainer, cfg.checkpoint_plan(), self.store)
         self.parent_card = parent_card
         self.probe = task.sample(cfg.probe_samples, cfg.seed + 2 * EVAL_SEED_OFFSET, split="test").to(self.device)
@@ -106,10 +96,7 @@ class TrainingJob:
         self._t_loop = 0.0
         self.on_publish = None  # called with the job after each publication (a worker's sender)
         self._stop_reason = ""  # why a stop was asked for when it was not the user
-        self._process = None  # the worker process of start(process=True)
-        self._remote = None  # start(process=True): trains in it and follows it
-        self._control = None  # the pipe of commands to that worker
-        self._weights: dict | None = None  # the final weights a worker sent back
+        self.remote: worker.Remote | None = None  # the worker process of start(process=True)
         self._probe_tokens = tuple(task.names(self.probe.tokens[0].tolist()))
         self._snap: Snapshot | None = None
         self._publish()
@@ -125,18 +112,7 @@ class TrainingJob:
                 Card(train=preset.train.to_dict()),
             )
         loaded = resolve(cfg.source, store=self.store)
-        self.origin = family_export.hf_origin(loaded)
-        if cfg.text is not None:  # a text task on the model's own tokenizer (attn_core.text)
-            root = self.store.root if self.store is not None else None
-            task = text_task_for(loaded, cfg.text, cfg.text_field, cfg.eval_text, cfg.block, root)
-            self.files = family_export.companion_files(loaded.path)
-            return loaded.model, task, loaded.card
-        if loaded.task is None:
-            raise ValueError(
-                f"model {loaded.name!r} has no known task in its card, so it cannot be retrained"
-                + (" without text: give --text PATH" if self.origin is not None else "")
-            )
-        return loaded.model, loaded.task, loaded.card
+        return loaded.model, self.retraining.task(loaded, self.store), loaded.card
 
     @property
     def run_id(self) -> str | None:
@@ -151,9 +127,7 @@ class TrainingJob:
         if self._thread is not None or self._state["status"] != "pending":
             raise RuntimeError("this job has already been started; build a new one to train again")
         if process:
-            from attn_core.training import worker
-
-            self._remote = lambda: worker.train_remotely(self, threads)
+            self.remote = worker.Remote(self, threads)
         self._ticket = self.slots.ticket()
         ahead = self.slots.ahead(self._ticket)
         if ahead:
@@ -172,21 +146,18 @@ class TrainingJob:
     def stop(self) -> None:
         self._stop.set()
         self._go.set()
-        self._tell("stop", self._stop_reason)
+        if self.remote is not None:  # a job in a worker process: the worker acts on it
+            self.remote.tell("stop", self._stop_reason)
 
     def pause(self) -> None:
         self._go.clear()
-        self._tell("pause")
+        if self.remote is not None:
+            self.remote.tell("pause")
 
     def resume(self) -> None:
         self._go.set()
-        self._tell("resume")
-
-    def _tell(self, *command) -> None:
-        if self._control is not None:  # a job in a worker process: the worker acts on it
-            from attn_core.training.worker import tell
-
-            tell(self, *command)
+        if self.remote is not None:
+            self.remote.tell("resume")
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the run to end (and be saved); True when it has. Waits on an event, not on
@@ -208,11 +179,7 @@ class TrainingJob:
     def weights(self) -> dict[str, torch.Tensor]:
         """A CPU copy of the last good weights (a state dict); of a job in a worker process, the
         weights it sent back when it ended."""
-        if self._process is None:
-            return self.trainer.good_state_dict()
-        if self._weights is None:
-            raise RuntimeError("a job in a worker process sends its weights back when it ends; join() it first")
-        return {k: v.clone() for k, v in self._weights.items()}
+        return self.trainer.good_state_dict() if self.remote is None else self.remote.weights()
 
     def model_copy(self) -> Transformer:
         """A CPU model with the last good weights, for the page to draw from."""
@@ -239,23 +206,14 @@ class TrainingJob:
         if self._t0 is not None:
             st["elapsed_s"] = time.perf_counter() - self._t0
         snap = Snapshot(
-            status=st["status"],
-            message=st["message"],
-            step=st["step"],
+            **{k: st[k] for k in SNAPSHOT_STATE},
             steps=self.cfg.steps,
             run_id=self.run_id,
-            elapsed_s=st["elapsed_s"],
-            train_s=st["train_s"],
-            step_s=st["step_s"],
             latest=dict(st["latest"]),
             regularized_heads=tuple(self._head_names()),
             n_layers=self.model.cfg.n_layers,
             n_heads=self.model.cfg.n_heads,
-            before=st["before"],
-            after=st["after"],
             probe_tokens=self._probe_tokens,
-            probe_pattern=st["probe_pattern"],
-            probe_step=st["probe_step"],
             _log=self._log,
             _n=len(self._log[0]),
         )
@@ -263,18 +221,6 @@ class TrainingJob:
             self._snap = snap
         if self.on_publish is not None:
             self.on_publish(self)
-
-    def _apply(self, message: dict) -> None:
-        """A worker's update of this job (its new metric rows, state, result and weights)."""
-        for column, new in zip(self.recorder.columns, message.get("rows", ((), (), ()))):
-            column.extend(new)
-        if message.get("run_id"):
-            self.recorder.run_id = message["run_id"]
-        if message.get("weights") is not None:
-            from safetensors.torch import load
-
-            self._weights = load(message["weights"])
-        self._publish(**message.get("state", {}))
 
     def _head_names(self) -> list[str]:
         return [R.head_label(l, h) for l, h in self.penalty.regularized_heads]
@@ -289,7 +235,8 @@ class TrainingJob:
         self._state.update(probe_pattern=pattern.float().cpu().numpy(), probe_step=step)
 
     def _spectra(self, step: int) -> None:
-        self._record(step, telemetry.spectra_row(R.spectrum(self.model)))
+        offsets = telemetry.offsets_row(self.model, self.penalty.regularized_heads)  # rotary: sigma_1(B(delta))
+        self._record(step, {**telemetry.spectra_row(R.spectrum(self.model)), **offsets})
 
     def _measure(self) -> dict:
         return telemetry.measure(
@@ -302,10 +249,10 @@ class TrainingJob:
         try:
             queued = lambda ahead: self._publish(status="queued", message=queued_message(ahead))  # noqa: E731
             if self.slots.wait(self._ticket, self._stop.is_set, queued):
-                if self._remote is None:
+                if self.remote is None:
                     return self._train()
                 try:
-                    self._remote()
+                    self.remote.train()
                 finally:
                     self._done.set()
                 return None
@@ -392,9 +339,8 @@ class TrainingJob:
             # the final status is published only once the run is in the store
             self._publish(after=after, message=f"{outcome.message}; saving the run")
             card = self.card(outcome, after)
-            outcome = self.recorder.finish(
-                outcome, self.model_copy(), card, self._state["before"], after, files=self.files
-            )
+            files = self.retraining.files  # an imported model's tokenizer, saved with the run
+            outcome = self.recorder.finish(outcome, self.model_copy(), card, self._state["before"], after, files=files)
         self._publish(status=outcome.status, message=outcome.message, after=after)
 
     def card(self, outcome: Outcome, after: dict | None) -> Card:
@@ -418,23 +364,8 @@ class TrainingJob:
             entmax_alpha=self.model.cfg.entmax_alpha,
             job=self.cfg.to_dict(),
             **({"checkpoints": self.checkpoints.listing()} if self.checkpoints is not None else {}),
-            **self.details(),
+            **self.retraining.details(self.model, self.task),
         )
-
-    def details(self) -> dict:
-        """The card sections of a retrain on text or of an imported model: the corpus (``text``),
-        the Hugging Face folder it came from (``hf``: family and config.json, what export-hf
-        writes back) and what was trained."""
-        n = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-        out: dict = {
-            "trained": {"train": self.cfg.train, "kl": self.cfg.kl, "tensors": len(self.trained), "parameters": n}
-        }
-        facts = getattr(self.task, "facts", None)
-        if facts is not None:
-            out["text"] = facts
-        if self.origin is not None:
-            out[family_export.HF_DETAIL] = self.origin
-        return out
 
 
 def preview(cfg: JobConfig) -> Snapshot:

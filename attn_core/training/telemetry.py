@@ -116,7 +116,8 @@ class MetricKey:
 #                     entropy_data:L<l>H<h>, top1_data:L<l>H<h>, entropy_vocab:L<l>H<h> per head,
 #                     entropy_data, entropy_vocab, top1_data: means over the regularized heads
 #   every spectrum_every
-#                     sigma:L<l>H<h>:<i> (singular values of B), stable_rank:L<l>H<h>
+#                     sigma:L<l>H<h>:<i> (singular values of B), stable_rank:L<l>H<h>; rotary models:
+#                     sigma1_offset_min/mean/max:L<l>H<h>, sigma_1(B(delta)) over the offsets (offsets_row)
 # Telemetry and spectra are also taken at step 0 (before the first update).
 
 # What Trainer.step reports besides its penalty terms; every other key is a term, logged as term:<label>.
@@ -237,6 +238,25 @@ def telemetry_row(model: Transformer, probe_tokens: torch.Tensor, heads) -> tupl
     row["entropy_vocab"] = _mean([H_vocab[l][h] for l, h in heads])
     row["top1_data"] = _mean([top1[l][h] for l, h in heads])
     return row, pattern
+
+
+LIVE_OFFSET_HEADS = 32  # rotary heads whose sigma_1(B(delta)) a live job logs (the first regularized ones)
+
+
+def offsets_row(model: Transformer, heads) -> dict:
+    """For rotary models, sigma_1(B(delta)) over the offsets of each of ``heads`` (at most
+    :data:`LIVE_OFFSET_HEADS`): ``sigma1_offset_min:L<l>H<h>``, ``sigma1_offset_mean:...`` and
+    ``sigma1_offset_max:...`` (``bilinear.offsets.sigma1_summary``); empty for other models."""
+    from attn_core.bilinear.offsets import sigma1_summary
+
+    if model.cfg.positional != "rotary" or model.cfg.qk != "factored":
+        return {}
+    row: dict = {}
+    for l, h in list(heads)[:LIVE_OFFSET_HEADS]:
+        summary = sigma1_summary(model, l, h)
+        for part in ("min", "mean", "max"):
+            row[str(MetricKey(f"sigma1_offset_{part}", l, h))] = summary[f"sigma1_{part}"]
+    return row
 
 
 def spectra_row(spectrum: dict) -> dict:

@@ -48,7 +48,12 @@ def test_qk_training_moves_only_the_form_and_keeps_no_state_for_the_rest():
     assert moved == {"blocks.1.attn.W_Q", "blocks.1.attn.W_K"}
     state = job.trainer.optimizer.state
     assert {id(p) for p in state} == {id(job.model.blocks[1].attn.W_Q), id(job.model.blocks[1].attn.W_K)}
-    assert job.details()["trained"] == {"train": "qk", "kl": 0.0, "tensors": 2, "parameters": 2 * 4 * 64 * 16}
+    assert job.retraining.details(job.model, job.task)["trained"] == {
+        "train": "qk",
+        "kl": 0.0,
+        "tensors": 2,
+        "parameters": 2 * 4 * 64 * 16,
+    }
 
 
 def test_kl_term_equals_a_dense_computation(tiny_model):

@@ -96,6 +96,8 @@ def test_retrain_on_text_then_export_to_its_own_family(family, tmp_path):
     assert ("offset_sigma1" in before["per_head"][0]) == rotary
     log = job.snapshot().metrics()
     assert {"eval_loss", "term:kl", "term:entropy@L1", "entropy_data:L1H0"} <= set(log["name"])
+    live_offsets = {"sigma1_offset_min:L1H0", "sigma1_offset_max:L1H3"} <= set(log["name"])
+    assert live_offsets == rotary  # sigma_1(B(delta)) of the regularized rotary heads, logged while training
 
     store = RunStore()
     run = store.get(res["run_id"])
