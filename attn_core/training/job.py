@@ -28,22 +28,20 @@ from attn_core.training.record import Outcome, RunRecorder, error_text, measure_
 from attn_core.training.snapshot import Snapshot
 from attn_core.training.trainer import EVAL_SEED_OFFSET, Trainer, init_model
 
-SCRATCH_PREFIX = "scratch:"
+SCRATCH_PREFIX = "scratch:"  # source "scratch:<preset>" trains the preset's model from its init
 # the snapshot fields read from the job's state as they are
 SNAPSHOT_STATE = ("status", "message", "step", "elapsed_s", "train_s", "step_s", "before", "after")
-SNAPSHOT_STATE += ("probe_pattern", "probe_step")  # source "scratch:<preset>" trains the preset's model from its init
+SNAPSHOT_STATE += ("probe_pattern", "probe_step")
 
 
 class TrainingJob:
     """A retraining run in a worker thread (or process) that never touches Streamlit.
 
     Build it (every setting is checked here, so a bad one fails before anything starts), then
-    ``start()`` it and poll ``snapshot()``; ``pause()``, ``resume()`` and ``stop()`` act between
-    steps. ``start(process=True)`` trains in a worker process instead (the dashboard's choice; the
-    API is the same). ``run()`` does the same work in the calling thread. When the run ends it is saved in the
-    run store (unless ``store=False``): completed, stopped (at the user's request), diverged
-    (NaN/Inf or exploding loss; the last good weights are kept) or failed (an error).
-    Two jobs never share state: each loads its own copy of the parent."""
+    ``start()`` it (``process=True``: in a worker process) and poll ``snapshot()``; ``pause()``,
+    ``resume()`` and ``stop()`` act between steps. ``run()`` trains in the calling thread. The
+    run is saved in the run store (unless ``store=False``): completed, stopped, diverged (the
+    last good weights kept) or failed. Two jobs never share state: each loads its own parent."""
 
     def __init__(self, cfg: JobConfig, store=None, slots: JobSlots | None = None):
         self.cfg = cfg
@@ -126,7 +124,7 @@ class TrainingJob:
         default) that this thread follows (:mod:`attn_core.training.worker`)."""
         if self._thread is not None or self._state["status"] != "pending":
             raise RuntimeError("this job has already been started; build a new one to train again")
-        if process:
+        if process:  # the worker trains it; this side keeps no weights (worker.Remote)
             self.remote = worker.Remote(self, threads)
         self._ticket = self.slots.ticket()
         ahead = self.slots.ahead(self._ticket)
@@ -146,18 +144,19 @@ class TrainingJob:
     def stop(self) -> None:
         self._stop.set()
         self._go.set()
-        if self.remote is not None:  # a job in a worker process: the worker acts on it
-            self.remote.tell("stop", self._stop_reason)
+        self._tell("stop", self._stop_reason)
 
     def pause(self) -> None:
         self._go.clear()
-        if self.remote is not None:
-            self.remote.tell("pause")
+        self._tell("pause")
 
     def resume(self) -> None:
         self._go.set()
-        if self.remote is not None:
-            self.remote.tell("resume")
+        self._tell("resume")
+
+    def _tell(self, *command) -> None:
+        if self.remote is not None:  # a job in a worker process: the worker acts on it
+            self.remote.tell(*command)
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the run to end (and be saved); True when it has. Waits on an event, not on

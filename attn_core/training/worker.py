@@ -50,6 +50,15 @@ class Remote:
         self.process: subprocess.Popen | None = None
         self.control: Connection | None = None
         self.final_weights: dict | None = None
+        # the job keeps no weights on this side (no GPU memory in a web server): its trainer goes,
+        # its model stays as a shape on the meta device, its probe batch on the CPU
+        job.trainer = None
+        job.model = job.model.to("meta")
+        job.probe = job.probe.to("cpu")
+        if job.device.type == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
 
     def tell(self, *command) -> None:
         """Send a command (``stop`` [reason], ``pause``, ``resume``) to the worker, if it runs."""
