@@ -146,6 +146,9 @@ UNIT_RANGE = [-0.02, 1.02]  # the axis range of a quantity bounded by 0 and 1 (a
 # Measures bounded by 0 and 1 (held-out accuracy, normalized entropy H/log n, top-1 mass): their
 # axes show the whole range unless the user zooms, so 0.9998 and 1 do not look far apart.
 UNIT_MEASURES = {"accuracy", "eval_accuracy", "entropy_data", "entropy_vocab", "top1_mass"}
+# An axis whose title says it shows such a measure keeps the range 0..1 too (finish): accuracy,
+# a normalized entropy H / log n, anything titled "(0..1)".
+UNIT_TITLE = re.compile(r"accuracy|H / log n|normalized (?:attention )?entropy|\(0\.\.1\)", re.IGNORECASE)
 TITLE_CHAR_PX = 8.5  # a title character (16 px font), rounded up: a longer title line is wrapped
 TITLE_CHARS = int(HALF_PX / TITLE_CHAR_PX)
 TITLE_LINE_PX = 22
@@ -180,8 +183,9 @@ def finish(fig: go.Figure, width: int = HALF_PX) -> go.Figure:
     zero (a bar on a log axis is refused: it cannot start at zero); log axes have one tick per
     decade when the data span one (every few decades when they are many), with powers of ten
     (10⁻⁶, never SI prefixes such as 1µ); every axis writes large and small numbers as powers of
-    ten; axes widen the margins to fit their labels (unless the margins were fixed from them);
-    a long title is wrapped."""
+    ten; an axis titled as a measure bounded by 0 and 1 (:data:`UNIT_TITLE`) shows 0..1 unless
+    the user zooms; axes widen the margins to fit their labels (unless the margins were fixed
+    from them); a long title is wrapped; a legend taller than the plot goes under it."""
     layout_axes = {k for k in fig.layout.to_plotly_json() if k.startswith(("xaxis", "yaxis"))}
     spans: dict[str, list[float]] = {}
     for trace in fig.data:
@@ -203,6 +207,9 @@ def finish(fig: go.Figure, width: int = HALF_PX) -> go.Figure:
     measured = fig.layout.margin.autoexpand is not False  # fixed margins (heatmaps) are set from their labels
     for a in layout_axes:
         axis = fig.layout[a]
+        title = axis.title.text or ""
+        if axis.range is None and axis.type != "log" and UNIT_TITLE.search(title):
+            axis.range = UNIT_RANGE  # a bounded measure shows its whole range unless the user zooms
         if measured and axis.automargin is None:  # long tick labels widen the margin instead of leaving the figure
             axis.automargin = True
         if axis.exponentformat is None:
@@ -214,7 +221,23 @@ def finish(fig: go.Figure, width: int = HALF_PX) -> go.Figure:
                 room = ((fig.layout.height or DEFAULT_HEIGHT) if a.startswith("y") else width) - 150
                 axis.dtick = max(1, math.ceil(decades * LOG_TICK_PX / max(room * _share(fig, a), 1)))
     _wrap_title(fig, int(width / TITLE_CHAR_PX))
+    _legend_fits(fig)
     return fig
+
+
+LEGEND_ROW_PX = 20  # one legend entry, stacked
+
+
+def _legend_fits(fig: go.Figure) -> None:
+    """A vertical legend with more entries than the plot is tall is cut (plotly scrolls it and
+    an export loses the rest): it goes under the plot, in rows, instead."""
+    if fig.layout.legend.orientation is not None or fig.layout.showlegend is False:
+        return
+    entries = sum(1 for t in fig.data if getattr(t, "showlegend", False) is not False and getattr(t, "name", None))
+    room = (fig.layout.height or DEFAULT_HEIGHT) - (fig.layout.margin.t or 100) - (fig.layout.margin.b or 80)
+    if entries * LEGEND_ROW_PX > room:
+        # below the x axis's labels and title (about 70 px under the plot), plotly widening the margin
+        fig.layout.legend.update(orientation="h", x=0, xanchor="left", y=-75 / max(room, 100), yanchor="top")
 
 
 LOG_TICK_PX = 24  # the least room between two labels of a log axis
