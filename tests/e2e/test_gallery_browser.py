@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from attn_core.figures.base import UNIT_TITLE
+from attn_core.figures.layout import UNIT_TITLE
 from attn_core.gallery import build
 from benchmarks.dashboard import CHROMIUM, launch
 
