@@ -19,6 +19,7 @@ Help is click's plain text, wrapped at the terminal's width by whole words."""
 from __future__ import annotations
 
 import ast
+import difflib
 import functools
 import importlib
 import importlib.util
@@ -163,6 +164,15 @@ class LazyGroup(typer.core.TyperGroup):
 
     def format_commands(self, ctx, formatter) -> None:
         format_commands([(name, text) for name, (_, _, text) in command_table().items()], ctx, formatter)
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        # A mistyped command is answered here, before typer coerces the root's parameters (which
+        # imports pydantic): the one line click would print, with the nearest commands.
+        if args and not args[0].startswith("-") and args[0] not in command_table():
+            near = difflib.get_close_matches(args[0], list(command_table()), n=3)
+            hint = f" Did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+            ctx.fail(f"No such command {args[0]!r}.{hint}")
+        return super().parse_args(ctx, args)
 
     def make_context(self, info_name, args, parent=None, **extra):
         extra.setdefault("terminal_width", help_width())

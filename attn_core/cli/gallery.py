@@ -28,7 +28,7 @@ def gallery_cmd(
     from attn_core.gallery import build
     from attn_core.progress import Progress
 
-    bar = None if as_json else Progress(14, "gallery", unit="page")
+    bar = None if as_json else Progress(15, "gallery", unit="page")
 
     def step(what: str) -> None:
         if bar is not None:

@@ -12,7 +12,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attn_core.circuits.attribution import SPLIT_PARTS, Attribution
-from attn_core.figures.base import COLORBAR_PX, FULL_PX, Plot, fixed_margins, token_ticks
+from attn_core.figures.base import Plot
+from attn_core.figures.layout import COLORBAR_PX, FULL_PX, fixed_margins, token_ticks
 from attn_core.regularizers import head_label
 
 OTHER = "other directions"

@@ -14,7 +14,8 @@ import torch
 from plotly.subplots import make_subplots
 
 from attn_core.bilinear import DETECTORS, LongView, View
-from attn_core.figures.base import FULL_PX, HALF_PX, WIDE_PX, Plot, fixed_margins, token_ticks
+from attn_core.figures.base import Plot
+from attn_core.figures.layout import FULL_PX, HALF_PX, WIDE_PX, fixed_margins, token_ticks
 from attn_core.regularizers import head_label
 
 # What a heatmap shows, and its name in a choice: the scores S = f_x(y) or the pattern A.

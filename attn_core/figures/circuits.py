@@ -13,7 +13,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attn_core.circuits.composition import KINDS, Composition
-from attn_core.figures.base import FULL_PX, PALETTE, Plot, fixed_margins, place_labels, token_ticks
+from attn_core.figures.base import PALETTE, Plot
+from attn_core.figures.layout import FULL_PX, fixed_margins, place_labels, token_ticks
 from attn_core.regularizers import head_label
 
 MAX_CELL_TEXT = 400

@@ -17,8 +17,9 @@ from plotly.subplots import make_subplots
 
 from attn_core.bilinear import View
 from attn_core.dynamics import Dynamics
-from attn_core.figures.base import Plot, fixed_margins
+from attn_core.figures.base import Plot
 from attn_core.figures.bilinear import spectrum_plot, view_plot
+from attn_core.figures.layout import fixed_margins
 from attn_core.figures.training import COLORS
 from attn_core.regularizers import head_label
 from attn_core.training.telemetry import MetricKey

@@ -10,7 +10,8 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from attn_core.figures.base import FULL_PX, Plot
+from attn_core.figures.base import Plot
+from attn_core.figures.layout import FULL_PX
 from attn_core.kernels import summarize
 
 _METRIC_TITLES = {

@@ -11,7 +11,8 @@ import plotly.graph_objects as go
 from plotly.colors import hex_to_rgb, qualitative
 from plotly.subplots import make_subplots
 
-from attn_core.figures.base import FULL_PX, UNIT_RANGE, Plot
+from attn_core.figures.base import Plot
+from attn_core.figures.layout import FULL_PX, UNIT_RANGE
 from attn_core.qk.config import VARIANT_KINDS
 from attn_core.qk.result import Comparison
 

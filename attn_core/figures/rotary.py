@@ -6,7 +6,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from attn_core.figures.base import FULL_PX, Plot, fixed_margins
+from attn_core.figures.base import Plot
+from attn_core.figures.layout import FULL_PX, fixed_margins
 from attn_core.regularizers import head_label
 
 

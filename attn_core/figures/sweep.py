@@ -6,7 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from attn_core.figures.base import FULL_PX, PALETTE, UNIT_RANGE, Plot
+from attn_core.figures.base import PALETTE, Plot
+from attn_core.figures.layout import FULL_PX, UNIT_RANGE
 from attn_core.sweep.plan import pareto
 
 ENTROPY_VIEWS = {"data": "entropy_data", "vocab": "entropy_vocab"}

@@ -7,7 +7,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from attn_core.figures.base import FULL_PX, UNIT_RANGE, Plot
+from attn_core.figures.base import Plot
+from attn_core.figures.layout import FULL_PX, UNIT_RANGE
 from attn_core.toy_attention import Experiment, predicted_alpha_a
 
 # Scatter plots draw at most this many samples (SVG/PNG stay light); the CSV keeps them all.

@@ -17,7 +17,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from attn_core.figures.base import FULL_PX, UNIT_MEASURES, UNIT_RANGE, Plot
+from attn_core.figures.base import Plot
+from attn_core.figures.layout import FULL_PX, UNIT_MEASURES, UNIT_RANGE
 from attn_core.training.telemetry import TERM_PREFIX, MetricKey
 
 VIEWS = ("data", "vocab")

@@ -6,8 +6,8 @@ test ``tests/e2e/test_gallery_browser.py`` loads it and checks every figure's la
 
 - ``pages``: the figures of the pages that read a model (Heatmaps, Spectrum, Circuits,
   Kernelized attention) and of ``attn-lab export``, each with the width its page gives it;
-- ``trained``: the pages whose figures need training (Retrain, Runs, Sweeps, Grow d_k, Merged vs
-  factored QK) and the Attention explorer; their runs go into a temporary run store;
+- ``trained``: the pages whose figures need training (Retrain, Runs, Dynamics, Sweeps, Grow d_k,
+  Merged vs factored QK) and the Attention explorer; their runs go into a temporary run store;
 - ``models``: a tiny random Llama folder (rotary, grouped-query, 1024 positions), the imported
   model drawn when none is named;
 - ``html``: the folder (index.html, plotly.min.js, PNG exports of the CLI figures).
@@ -56,6 +56,7 @@ def build(
             (f"Spectrum of {zoo.name}", lambda: pages.spectrum(zoo, quick)),
             (f"Spectrum of {other.name}", lambda: pages.spectrum(other, quick)),
             ("Retrain and Runs", lambda: trained.retrain_and_runs(zoo, quick, store)),
+            ("Dynamics", lambda: trained.dynamics_page(zoo, quick, store)),
             ("Grow d_k", lambda: trained.grow_page(zoo, quick)),
             ("Kernelized attention", lambda: pages.kernels_page(zoo, quick, Path(__file__).resolve().parents[2])),
             ("Attention explorer", lambda: trained.explorer(quick)),

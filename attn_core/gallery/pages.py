@@ -15,7 +15,7 @@ from attn_core.figures import attribution as fa
 from attn_core.figures import bilinear as fb
 from attn_core.figures import circuits as fc
 from attn_core.figures import rotary as fr
-from attn_core.figures.base import DEFAULT_HEIGHT, FULL_PX, HALF_PX, THIRD_PX, WIDE_PX
+from attn_core.figures.layout import DEFAULT_HEIGHT, FULL_PX, HALF_PX, THIRD_PX, WIDE_PX
 from attn_core.sources import LoadedModel
 
 # Widths of a chart on a 1400-pixel-wide dashboard (sidebar open): a whole row, a half, a third,

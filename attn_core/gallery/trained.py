@@ -95,6 +95,24 @@ def retrain_and_runs(m: LoadedModel, quick: bool, store: RunStore) -> Iterator[E
         )
 
 
+def dynamics_page(m: LoadedModel, quick: bool, store: RunStore) -> Iterator[Entry]:
+    """The Dynamics page's curves for a series of model folders, one per step: ``m`` and the
+    gallery's retrained runs of it (made by :func:`retrain_and_runs`)."""
+    from attn_core import dynamics as D
+    from attn_core.figures import dynamics as fd
+
+    ids = [
+        r["id"]
+        for r in sorted(store.list_runs(), key=lambda r: r["created"])
+        if r["has_weights"] and not r.get("sweep")
+    ]
+    names = [m.name, *(f"run:{i}" for i in ids[:2])]
+    series = D.series(names, [0, *range(20, 20 * len(names), 20)], store=store)
+    dyn = D.dynamics(series, D.default_inputs(series, store=store, samples=32), detector_samples=8, store=store)
+    for plot in fd.panels(dyn, 1, 0, dyn.steps[-1]):
+        yield Entry(f"Dynamics · {m.name}", plot.name, plot, FULL)
+
+
 def sweeps(m: LoadedModel, quick: bool, store: RunStore) -> Iterator[Entry]:
     """A sweep of ``m`` before any trial is recorded and after all (trials run here, no Ray)."""
     from attn_core.figures import sweep as fs

@@ -19,7 +19,8 @@ from attn_core import bilinear, sources
 from attn_core.figures import Plot, export_bytes
 from attn_core.figures import bilinear as fb
 from attn_core.figures import qk as fq
-from attn_core.figures.base import LIGHT, export_figure, place_labels, wrap_title
+from attn_core.figures.base import LIGHT, export_figure
+from attn_core.figures.layout import place_labels, wrap_title
 
 
 @pytest.fixture(scope="module")

@@ -126,7 +126,7 @@ def test_eigen_sym_plot_shows_the_symmetric_parts_eigenvalues():
     colorbar=st.booleans(),
 )
 def test_fixed_margins_fit_the_labels_and_turn_crowded_ones_upright(x, y, colorbar):
-    from attn_core.figures import base
+    from attn_core.figures import layout as base
 
     fig = base.fixed_margins(go.Figure(), x, y, colorbar=colorbar)
     m = fig.layout.margin
