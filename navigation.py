@@ -67,6 +67,9 @@ PAGES: tuple[PageEntry, ...] = (
     PageEntry(
         "pages/10_Sweeps.py", "Sweeps", "Sweeps", ":material/grid_view:", "Sweep regularizers × λ × seeds on Ray"
     ),
+    PageEntry(
+        "pages/11_Dynamics.py", "Dynamics", "Dynamics", ":material/timeline:", "Training dynamics: scrub checkpoints"
+    ),
 )
 
 

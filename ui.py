@@ -19,7 +19,9 @@ from attn_core import checkpoint, runs, sources, zoo
 from attn_core.card import Card
 from attn_core.figures import EXPORT_FORMATS, ExportError, Plot, bundle_zip, export_bytes
 from attn_core.figures.bilinear import VALUE_LABELS
+from attn_core.limits import LimitError
 from attn_core.model import ModelConfig
+from attn_core.runs import migrate
 from attn_core.sources import LoadedModel
 from attn_core.tasks import Task
 
@@ -96,18 +98,78 @@ def _from_url(param: str, default: Any, valid: Collection | None) -> Any:
 
 
 def to_url(**params: Any) -> None:
-    """Write the current choices into the URL, so a copied link opens the same view."""
+    """Write the current choices into the URL, so a copied link opens the same view; a parameter
+    given as None is removed (a choice that does not apply to this view, e.g. ``length`` of a
+    typed input). Only changed parameters are written: each write is a browser history step."""
     for name, value in params.items():
-        if st.query_params.get(name) != str(value):
+        if value is None:
+            if name in st.query_params:
+                del st.query_params[name]
+        elif st.query_params.get(name) != str(value):
             st.query_params[name] = str(value)
+
+
+_INPUTS = "_inputs_seen"
+
+
+def follow_input(key: str, current: Any, value: Any) -> None:
+    """Set the remembered widget ``key`` to ``value`` when ``current`` (what the page's input is
+    made of: model, source, tokens) differs from the last run's, so that a new input resets a
+    choice that belongs to it (the Heatmaps query moves to the new last token). A page switch, a
+    head change or the first run (a URL's choice) leave it alone."""
+    digest = hashlib.sha256(repr(current).encode()).hexdigest()
+    seen = st.session_state.setdefault(_INPUTS, {})
+    if seen.get(key) not in (None, digest):
+        st.session_state[key] = value
+    seen[key] = digest
 
 
 # --- models ------------------------------------------------------------------------------------
 
 
 def data_dir() -> Path:
-    """Where the dashboard writes (runs and uploads): $ATTN_LAB_RUNS or ./runs."""
+    """Where the dashboard writes (runs and uploads): $ATTN_LAB_RUNS, else this user's data
+    folder (``attn_core.runs.default_root``), the store the CLI uses too."""
     return runs.default_root()
+
+
+_IMPORTED = "_store_imported"
+
+
+def run_store_panel(store: runs.RunStore) -> None:
+    """Where the run store is and why; for each ``runs/`` folder of an older release whose runs
+    it lacks, an offer to copy them in (``attn_core.runs.migrate``; the old folder is only read)."""
+    st.caption(f"Run store: {code(store.root)} ({plain(runs.root_origin())}); the CLI's `attn-lab runs` reads it too.")
+    kind, text = st.session_state.pop(_IMPORTED, (None, ""))
+    if kind:
+        (st.success if kind == "success" else st.error)(text)
+    for old in migrate.legacy_stores(store):
+        info, button = st.columns([4, 1], vertical_alignment="center")
+        info.info(
+            f"{old['runs']} run(s) in {code(old['path'])}, the store an older release used when started from "
+            "that folder, are not in this one. Importing copies them (and their sweeps and uploads) here; the old "
+            "folder is left as it is.",
+            icon=":material/move_to_inbox:",
+        )
+        button.button(
+            "Import them",
+            key=f"import_store_{old['path']}",
+            on_click=_import_store,
+            args=(str(old["path"]), str(store.root)),
+            icon=":material/download:",
+        )
+
+
+def _import_store(source: str, root: str) -> None:
+    try:
+        c = migrate.import_store(source, runs.RunStore(root))
+    except (ValueError, OSError) as e:  # RunStoreError included
+        st.session_state[_IMPORTED] = ("error", f"Not imported: {plain(e)}")
+        return
+    st.session_state[_IMPORTED] = (
+        "success",
+        f"Imported {c['runs']} run(s), {c['sweeps']} sweep(s) and {c['uploads']} upload(s) from {plain(source)}.",
+    )
 
 
 @st.cache_resource(show_spinner="Loading model…", max_entries=16)
@@ -115,14 +177,33 @@ def _load_cached(source: str, mtime: float) -> LoadedModel:
     return sources.resolve(source)
 
 
+@st.cache_resource
+def _load_failures() -> dict:
+    """(source, mtime) -> why it could not be loaded: a broken model is read once per change."""
+    return {}
+
+
 def load_model(source: str) -> LoadedModel:
     """A zoo model, a saved run (``run:<id>``) or an upload (``upload: <name>``), cached across
     reruns, pages and sessions by its source and the modification time of its weights file: a
-    file written again (a run saved over, a zoo model retrained) is read again."""
+    file written again (a run saved over, a zoo model retrained) is read again. A model that
+    cannot be loaded is remembered so too, and refused again without being read."""
     path = sources.weights_path(source)
     if not path.is_file():
         raise checkpoint.CheckpointError(f"{source} has no weights file ({path.name} is missing)")
-    return _load_cached(source, path.stat().st_mtime)
+    key = (source, path.stat().st_mtime)
+    failed = _load_failures().get(key)
+    if failed is not None:
+        raise checkpoint.CheckpointError(failed)
+    try:
+        return _load_cached(*key)
+    except (ValueError, OSError) as e:
+        if not isinstance(e, LimitError):  # the memory free now may differ on the next try
+            failures = _load_failures()
+            if len(failures) > 256:
+                failures.clear()
+            failures[key] = str(e)
+        raise
 
 
 def job_source(name: str) -> str:
@@ -237,6 +318,11 @@ def plain(text: object, limit: int = 500) -> str:
     return _MARKDOWN.sub(r"\\\1", line)
 
 
+def code(text: object) -> str:
+    """A path or name as inline code (shown literally; a backtick in it cannot end the span)."""
+    return "`" + " ".join(str(text).split()).replace("`", "'") + "`"
+
+
 def value_choice(label: str, key: str, default: str, where: Any = st) -> str:
     """The scores-or-pattern radio of a heatmap (``figures.bilinear.VALUES``), remembered under ``key``."""
     values = list(VALUE_LABELS)
@@ -292,6 +378,18 @@ def head_name(config: ModelConfig, head: int) -> str:
     return f"{head} (kv {config.kv_head(head)})" if config.kv_heads < config.n_heads else str(head)
 
 
+def reproduce_command(card: Card) -> str | None:
+    """The command that retrains a zoo model from its preset, as a user can run it anywhere (the
+    card's own ``command`` wrote into assets/models/, which exists): trains the recipe and seed
+    again and prints the held-out accuracy; ``--out`` with a new folder keeps the weights. None
+    when the card names no known preset."""
+    from attn_core.presets import PRESETS
+
+    if card.preset not in PRESETS:
+        return None
+    return f"attn-lab train --preset {card.preset}  # add --out NEW_FOLDER to keep the weights"
+
+
 def require_task(loaded: LoadedModel, why: str) -> Task:
     """The guard of a page that needs the model's task (its data, its loss): without one the page
     says "<model> has no known task in its card, so <why>." and stops there."""
@@ -332,7 +430,7 @@ def _on_upload() -> None:
         return
     try:
         label = save_upload({Path(f.name).name: f.getvalue() for f in files})
-    except checkpoint.CheckpointError as e:
+    except (ValueError, OSError) as e:  # CheckpointError and LimitError included: one message, never a traceback
         st.session_state[_UPLOAD_MSG] = ("error", f"Not loaded: {plain(e)}")
         return
     st.session_state[MODEL_KEY] = label
@@ -364,7 +462,7 @@ def save_upload(files: dict[str, bytes]) -> str:
     if len(data) > checkpoint.MAX_WEIGHTS_BYTES:
         raise checkpoint.CheckpointError(f"{weights[0]} is larger than {checkpoint.MAX_WEIGHTS_BYTES // 2**20} MiB")
     cfg = checkpoint.read_config_bytes(files[checkpoint.CONFIG]) if checkpoint.CONFIG in files else None
-    card = Card.from_dict(checkpoint.read_json_bytes(files[checkpoint.CARD])) if checkpoint.CARD in files else None
+    card = checkpoint.read_card_bytes(files[checkpoint.CARD]) if checkpoint.CARD in files else None
     stem = re.sub(r"[^A-Za-z0-9_-]+", "-", Path(weights[0]).stem).strip("-")[:40] or "model"
     loaded = checkpoint.load_bytes(data, cfg=cfg, card=card, name=stem)
     if loaded.card.vocab_file is not None:  # an upload is three files: a vocabulary would be read from elsewhere

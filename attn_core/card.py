@@ -19,6 +19,8 @@ from attn_core.validate import is_int, is_number, is_real
 
 # The measurements a card's ``metrics`` (and a run's before/after) may hold, in display order.
 MEASURE_KEYS = ("accuracy", "loss", "entropy_data", "entropy_vocab", "top1_mass", "stable_rank")
+# ... and what a run on text measures besides (attn_core.text.measure): kept by public() when present
+TEXT_MEASURE_KEYS = ("perplexity", "tokens")
 
 
 def machine() -> str:
@@ -33,8 +35,10 @@ def now() -> str:
 
 
 def public(measured: dict | None) -> dict | None:
-    """The :data:`MEASURE_KEYS` of a measurement (no per-head detail, no extra keys)."""
-    return None if measured is None else {k: measured[k] for k in MEASURE_KEYS if k in measured}
+    """The :data:`MEASURE_KEYS` (and :data:`TEXT_MEASURE_KEYS`) of a measurement (no per-head
+    detail, no extra keys)."""
+    keys = MEASURE_KEYS + TEXT_MEASURE_KEYS
+    return None if measured is None else {k: measured[k] for k in keys if k in measured}
 
 
 def _is_measurement(v: object) -> bool:
@@ -87,6 +91,7 @@ DETAIL_CHECKS = {
     "truncation": (lambda v: isinstance(v, list), "a list"),
     "architecture": (_is_str, "an architecture name"),
     "note": (_is_str, "a string"),
+    "checkpoints": (_is_dict, "an object (the checkpoints kept across training)"),
 }
 
 

@@ -7,6 +7,7 @@ into the safetensors metadata, so a lone ``.safetensors`` file (an upload, say) 
 self-describing. Everything read is untrusted: sizes are limited before reading, a pickle is
 refused, every tensor's name, shape, dtype and finiteness is checked against the config, and a
 failure is one :class:`CheckpointError` sentence. Writes are atomic. See ``docs/checkpoints.md``.
+Files and JSON are read through ``attn_core.untrusted`` (re-exported here).
 
 :class:`LoadedModel` is what every loader returns (and what ``attn_core.sources.resolve`` hands
 to views, jobs and pages).
@@ -26,23 +27,31 @@ import torch
 from safetensors.torch import load as st_load_bytes
 from safetensors.torch import save as st_save_bytes
 
-from attn_core import limits
 from attn_core.card import Card
-from attn_core.destinations import remove_stale_tmp, tmp_prefix
+from attn_core.destinations import check_not_shipped, remove_stale_tmp, tmp_prefix
 from attn_core.model import ModelConfig, Transformer
+from attn_core.model.rotary import inverse_frequencies
 from attn_core.tasks import TASKS, Task
-from attn_core.validate import is_int
+from attn_core.untrusted import (  # noqa: F401 -- re-exported: checkpoint.read_json and the like
+    MAX_JSON_BYTES,
+    MAX_JSON_DEPTH,
+    MAX_VOCAB_BYTES,
+    CheckpointError,
+    model_file,
+    parse_json,
+    read_bytes,
+    read_json,
+    read_json_bytes,
+    read_model_file,
+    read_vocab,
+)
+from attn_core.untrusted import first_line as _first_line
 
 WEIGHTS, CONFIG, CARD = "model.safetensors", "config.json", "card.json"
-MAX_JSON_BYTES = 1_000_000
-MAX_JSON_DEPTH = 64  # nesting levels of a config or card (ours use 4)
+CHECKPOINTS = "checkpoints"  # a run's weights across training (attn_core.training.checkpoints)
 MAX_WEIGHTS_BYTES = 512 * 2**20
 MAX_ABS_WEIGHT = 1e6  # trained weights are O(1) to O(10); beyond this, scores overflow float32
-MAX_VOCAB_BYTES = 64 * 2**20  # a vocabulary file (GPT-2's vocab.json is 1 MiB)
-
-
-class CheckpointError(ValueError):
-    """A model that cannot be loaded; the message says what is wrong, in one sentence."""
+MAX_HEADER_BYTES = 100 * 2**20  # a safetensors header (the library's own limit)
 
 
 @dataclass
@@ -69,12 +78,12 @@ def load_path(path: str | Path, device: str | torch.device = "cpu") -> LoadedMod
     """A model folder (``model.safetensors`` + ``config.json`` [+ ``card.json``]) or a lone
     ``.safetensors`` file whose metadata carries the config."""
     path = Path(path)
-    if path.is_dir():
-        weights = path / WEIGHTS
+    if path.is_dir():  # every file of the folder through model_file: a link leading out is refused
+        weights, config, card_file = (model_file(path, n) for n in (WEIGHTS, CONFIG, CARD))
         if not weights.is_file():
             raise CheckpointError(f"{path} has no {WEIGHTS}")
-        cfg = read_config(path / CONFIG) if (path / CONFIG).is_file() else None
-        card = read_card(path / CARD)
+        cfg = read_config(config) if config.is_file() else None
+        card = read_card(card_file)
         name = path.name
     else:
         weights, cfg, card, name = path, None, None, path.stem
@@ -93,12 +102,17 @@ def load_bytes(
 ) -> LoadedModel:
     """Validate and load safetensors bytes (a file's content or an upload)."""
     refuse_pickle(data)
+    if cfg is None:
+        cfg = _config_from_metadata(data)
+    header = _header(data)
+    if header is not None:  # names and declared shapes checked before any tensor is read
+        check_names_and_shapes(
+            cfg, {k: v.get("shape") for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+        )
     try:
         tensors = st_load_bytes(data)
     except Exception as e:  # the Rust loader raises several error types
         raise CheckpointError(f"not a readable safetensors file ({_first_line(e)}); is it truncated?") from None
-    if cfg is None:
-        cfg = _config_from_metadata(data)
     if card is None:
         meta_card = _metadata(data).get("card")
         card = Card.from_dict(
@@ -110,12 +124,13 @@ def load_bytes(
     return LoadedModel(name=name, model=model.to(device).eval(), config=cfg, card=card, key=key)
 
 
-def build_checked(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> Transformer:
-    """A model of ``cfg`` holding ``tensors``, once every name, shape and value is checked."""
+def check_names_and_shapes(cfg: ModelConfig, shapes: dict[str, object]) -> dict[str, tuple[int, ...]]:
+    """Refuse unless ``shapes`` ({tensor name: shape}, read or declared by a header) are exactly
+    the tensors of a model of ``cfg``; returns the expected shapes."""
     with torch.device("meta"):
         expected = {k: tuple(v.shape) for k, v in Transformer(cfg).state_dict().items()}
-    missing = sorted(set(expected) - set(tensors))
-    extra = sorted(set(tensors) - set(expected))
+    missing = sorted(set(expected) - set(shapes))
+    extra = sorted(set(shapes) - set(expected))
     if missing:
         raise CheckpointError(
             f"missing tensors for this config: {', '.join(missing[:5])}"
@@ -124,9 +139,18 @@ def build_checked(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> Transfo
     if extra:
         raise CheckpointError(f"unexpected tensors for this config: {', '.join(extra[:5])}")
     for k, shape in expected.items():
+        got = shapes[k]
+        if not isinstance(got, (list, tuple)) or tuple(got) != shape:
+            shown = list(got) if isinstance(got, (list, tuple)) else got
+            raise CheckpointError(f"tensor {k} has shape {shown}, the config needs {list(shape)}")
+    return expected
+
+
+def build_checked(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> Transformer:
+    """A model of ``cfg`` holding ``tensors``, once every name, shape and value is checked."""
+    expected = check_names_and_shapes(cfg, {k: tuple(t.shape) for k, t in tensors.items()})
+    for k in expected:
         t = tensors[k]
-        if tuple(t.shape) != shape:
-            raise CheckpointError(f"tensor {k} has shape {list(t.shape)}, the config needs {list(shape)}")
         if not t.is_floating_point():
             raise CheckpointError(f"tensor {k} has dtype {t.dtype}; weights must be floating point")
         # min and max in one pass, no temporary the size of the tensor (NaN or Inf shows in them)
@@ -158,123 +182,22 @@ def refuse_pickle(data: bytes) -> None:
         )
 
 
-def read_bytes(path: Path, limit: int) -> bytes:
-    """A file's content when it is a regular file of at most ``limit`` bytes (a FIFO, a device
-    or a folder is refused without being read: ``attn_core.limits.read_file``)."""
-    try:
-        return limits.read_file(path, limit, str(path))
-    except OSError as e:
-        raise CheckpointError(str(e)) from None
-    except ValueError as e:
-        raise CheckpointError(str(e)) from None
-
-
-def read_model_file(folder: str | Path, name: str, limit: int) -> bytes:
-    """The file ``name`` inside the model folder ``folder``, for a name that a card or a config
-    gives (a vocabulary, a tokenizer): resolved relative to the folder (symlinks followed), it
-    must stay inside the folder, be a regular file and hold at most ``limit`` bytes. Anything
-    else, an absolute path or ``..`` leading out included, is a :class:`CheckpointError` and
-    nothing outside the folder is opened."""
-    return read_bytes(model_file(folder, name), limit)
-
-
-def model_file(folder: str | Path, name: str) -> Path:
-    """Where ``name`` (given by a card, a config or an index) leads inside the model folder:
-    refused, before anything is opened, when it leads outside (see :func:`read_model_file`)."""
-    if not isinstance(name, str) or not name.strip() or "\x00" in name:
-        raise CheckpointError(f"{name!r} is not a file name inside the model folder")
-    root = Path(folder).resolve()
-    target = (root / name).resolve()  # an absolute name replaces root here, and is then refused
-    if not target.is_relative_to(root) or target == root:
-        raise CheckpointError(
-            f"{name!r} leads outside the model folder {root.name} (an absolute path, '..' or a link); "
-            "only files inside the model folder are read"
-        )
-    return target
-
-
-def parse_json(text: str | bytes, what: str, limit: int = MAX_JSON_BYTES):
-    """Parse untrusted JSON text: at most ``limit`` bytes and :data:`MAX_JSON_DEPTH` levels of
-    nesting (deeper JSON would exhaust the recursion of every reader after this one). Every JSON
-    a user gives (configs, cards, uploads, vocabularies) is read through here."""
-    if len(text) > limit:
-        raise CheckpointError(f"{what} is {limits.size_text(len(text))}; the limit is {limits.size_text(limit)}")
-    try:
-        obj = json.loads(text)
-    except RecursionError:
-        obj = None
-    except (ValueError, TypeError) as e:  # UnicodeDecodeError, oversized integers included
-        raise CheckpointError(f"{what} is not valid JSON ({_first_line(e)})") from None
-    else:
-        if _depth(obj) <= MAX_JSON_DEPTH:
-            return obj
-    raise CheckpointError(f"{what} is nested more than {MAX_JSON_DEPTH} levels deep")
-
-
-def _depth(obj) -> int:
-    """Nesting depth of parsed JSON (0 for a scalar), without recursion."""
-    deepest, stack = 0, [(obj, 0)]
-    while stack:
-        node, d = stack.pop()
-        if isinstance(node, (dict, list)):
-            d += 1
-            deepest = max(deepest, d)
-            if d > MAX_JSON_DEPTH:
-                break
-            stack.extend((v, d) for v in (node.values() if isinstance(node, dict) else node))
-    return deepest
-
-
-def read_json(path: Path, what: str | None = None) -> dict:
-    """A JSON object from a file: a regular file, size- and depth-limited (:func:`parse_json`)."""
-    return _object(parse_json(read_bytes(Path(path), MAX_JSON_BYTES), what or Path(path).name), what or Path(path).name)
-
-
-def read_json_bytes(data: bytes, what: str = "card.json") -> dict:
-    """A JSON object given as bytes (an uploaded card.json)."""
-    return _object(parse_json(data, what), what)
-
-
-def read_vocab(folder: Path | None, name: str | None, d_vocab: int) -> list[str] | None:
-    """Token names from the vocabulary file ``name`` that a card names (``vocab_file``), read
-    with :func:`read_model_file` (inside the model folder only) and checked: a JSON object of
-    token -> id (ids outside the vocabulary are ignored) or a list of token strings, at most
-    ``limits.MAX_TOKENS_FILE`` entries. None when the card names none or the model has no folder
-    (a lone weights file, an in-memory model)."""
-    if name is None or folder is None or not Path(folder).is_dir():
-        return None
-    what = f"the vocabulary file {name!r}"
-    raw = parse_json(read_model_file(folder, name, MAX_VOCAB_BYTES), what, MAX_VOCAB_BYTES)
-    if not isinstance(raw, (dict, list)) or len(raw) > limits.MAX_TOKENS_FILE:
-        raise CheckpointError(
-            f"{what} must be a JSON object of token -> id or a list of tokens (at most {limits.MAX_TOKENS_FILE:,})"
-        )
-    names = [str(i) for i in range(d_vocab)]
-    pairs = raw.items() if isinstance(raw, dict) else ((word, i) for i, word in enumerate(raw))
-    for word, i in pairs:
-        if not isinstance(word, str) or not is_int(i):
-            raise CheckpointError(f"{what}: entry {word!r}: {i!r} is not a token string with an integer id")
-        if 0 <= i < d_vocab:
-            names[i] = word
-    return names
-
-
-def _object(obj, what: str) -> dict:
-    if not isinstance(obj, dict):
-        raise CheckpointError(f"{what} must hold a JSON object, not {_json_type(obj)}")
-    return obj
-
-
-def _json_type(obj) -> str:
-    return {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(obj), "a number")
-
-
 def read_card(path: Path) -> Card:
     """The card beside a model's weights (an empty card when there is none)."""
     if not path.is_file():
         return Card()
     try:
         return Card.from_dict(read_json(path), path.name)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+
+
+def read_card_bytes(data: bytes, what: str = "card.json") -> Card:
+    """A card given as bytes (an uploaded card.json), checked against the schema like
+    :func:`read_card`: a field of the wrong type (``task: [...]``, ``metrics: 5``) is one
+    :class:`CheckpointError` sentence."""
+    try:
+        return Card.from_dict(read_json_bytes(data, what), what)
     except ValueError as e:
         raise CheckpointError(str(e)) from None
 
@@ -291,21 +214,39 @@ def read_config_bytes(data: bytes) -> ModelConfig:
 
 def _config_from_dict(raw) -> ModelConfig:
     try:
-        return ModelConfig.from_dict(raw)
+        cfg = ModelConfig.from_dict(raw)
+        if cfg.positional == "rotary":
+            inverse_frequencies(cfg)  # finite and positive, or refused before any weight is read
+        return cfg
     except (TypeError, ValueError) as e:
         raise CheckpointError(str(e)) from None
 
 
-def _metadata(data: bytes) -> dict:
+def _header(data: bytes) -> dict | None:
+    """The JSON header of safetensors bytes (None when it cannot be read: the loader then says why)."""
     n = int.from_bytes(data[:8], "little")
     if n <= 0 or 8 + n > len(data):
-        return {}
+        return None
     try:
-        header = parse_json(data[8 : 8 + n], "the safetensors header")
+        header = parse_json(data[8 : 8 + n], "the safetensors header", limit=MAX_HEADER_BYTES)
     except CheckpointError:
-        return {}
-    meta = header.get("__metadata__") if isinstance(header, dict) else None
+        return None
+    return header if isinstance(header, dict) else None
+
+
+def _metadata(data: bytes) -> dict:
+    meta = (_header(data) or {}).get("__metadata__")
     return meta if isinstance(meta, dict) else {}
+
+
+def metadata(data: bytes) -> dict:
+    """The ``__metadata__`` of safetensors bytes ({} when there is none or it cannot be read)."""
+    return _metadata(data)
+
+
+def config_from_metadata(data: bytes) -> ModelConfig:
+    """The config a safetensors file carries in its metadata (a one-sentence error without one)."""
+    return _config_from_metadata(data)
 
 
 def _config_from_metadata(data: bytes) -> ModelConfig:
@@ -313,10 +254,6 @@ def _config_from_metadata(data: bytes) -> ModelConfig:
     if not text:
         raise CheckpointError("the safetensors file carries no config; provide its config.json")
     return _config_from_dict(parse_json(text, "config in the safetensors metadata"))
-
-
-def _first_line(e: Exception) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
 
 # --- writing -----------------------------------------------------------------------------------
@@ -331,24 +268,46 @@ def to_safetensors_bytes(model: Transformer, card: Card | dict | None = None) ->
     return st_save_bytes(tensors, metadata=meta)
 
 
-def save(model: Transformer, folder: str | Path, card: Card | dict | None = None, overwrite: bool = False) -> Path:
+def save(
+    model: Transformer,
+    folder: str | Path,
+    card: Card | dict | None = None,
+    overwrite: bool = False,
+    include: dict[str, Path] | None = None,
+    files: dict[str, bytes] | None = None,
+) -> Path:
     """Write a model folder atomically: files go to a temporary sibling folder that is renamed
     into place, so a crash never leaves a half-written model and nothing existing is replaced
     unless ``overwrite``. The temporary folder's name carries this host and process
     (:func:`tmp_owner`), so the left-over of a killed save is known as such and removed by the
-    next save of the same folder (and by the run store) as soon as its process is gone."""
+    next save of the same folder (and by the run store) as soon as its process is gone.
+    ``include`` ({name: existing folder on the same disk}) moves those folders into the new one
+    under ``name`` (a run's :data:`CHECKPOINTS`), back again if the save fails. ``files``
+    (name -> bytes: a tokenizer, say) are written beside the weights, in the same rename."""
     folder = Path(folder)
+    if any(Path(n).name != n or n in (WEIGHTS, CONFIG, CARD) or n.startswith(".") for n in files or {}):
+        raise ValueError(f"files beside a model's weights need plain names of their own, not {sorted(files)}")
     card = Card.from_dict(card)  # a plain dict is checked against the schema
+    try:
+        check_not_shipped(folder, "the destination")  # never into the shipped zoo or inside a model
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
     if folder.exists() and not overwrite:
         raise CheckpointError(f"{folder} already exists; choose a new folder (nothing was overwritten)")
     folder.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_tmp(folder.parent, folder.name)
     tmp = Path(tempfile.mkdtemp(prefix=tmp_prefix(folder.name), dir=folder.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; a saved model is readable like any folder
+    moved: list[tuple[Path, Path]] = []
     try:
         (tmp / WEIGHTS).write_bytes(to_safetensors_bytes(model, card))
         (tmp / CONFIG).write_text(json.dumps(model.cfg.to_dict(), indent=2) + "\n")
         (tmp / CARD).write_text(json.dumps(card.to_dict(), indent=2, default=_json_default) + "\n")
+        for name, data in (files or {}).items():
+            (tmp / name).write_bytes(data)
+        for name, source in (include or {}).items():
+            Path(source).rename(tmp / name)
+            moved.append((Path(source), tmp / name))
         if folder.exists():
             old = tmp.with_name(tmp.name + "-old")
             folder.rename(old)
@@ -357,7 +316,14 @@ def save(model: Transformer, folder: str | Path, card: Card | dict | None = None
         else:
             tmp.rename(folder)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        kept = False
+        for source, there in moved:  # what was moved in goes back where it was
+            try:
+                there.rename(source)
+            except OSError:
+                kept = True  # it cannot: the temporary folder stays, with it inside
+        if not kept:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     return folder
 

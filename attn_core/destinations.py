@@ -1,4 +1,5 @@
-"""Where things are written: a destination checked before any work (``check_destination``), and
+"""Where things are written: a destination checked before any work (``check_destination``: never
+inside the shipped ``assets/`` or a model folder, never through a link), and
 the temporary folders of an atomic save (``checkpoint.save``), named after this host and process
 so that the left-over of a killed save is known as such and removed once its process is gone.
 """
@@ -15,28 +16,67 @@ import tempfile
 import time
 from pathlib import Path
 
+SHIPPED = Path(__file__).resolve().parent.parent / "assets"  # the shipped zoo (assets/models): read-only
+WRITE_ZOO = "ATTN_LAB_WRITE_ZOO"  # "1": a maintainer rebuilds the shipped zoo in place
+MODEL_FILES = ("model.safetensors", "model.safetensors.index.json")  # beside a config.json: a model folder
 TMP_MARK = ".tmp-"  # .<folder>.tmp-<host tag>-<pid>-<random>[-old]: a save in progress (or killed)
 _HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
 _TMP = re.compile(r"\.tmp-([0-9a-f]{8})-(\d+)-[A-Za-z0-9_]+(?:-old)?$")
 _OLD_TMP = re.compile(r"^\.[^.]+\.(?:[a-z0-9_]{8}|old)$")  # mkdtemp's names before TMP_MARK
 
 
-def check_destination(path: str | Path, what: str = "--out") -> Path:
-    """Refuse, before any work, a destination that exists or cannot be created: the nearest
-    existing folder above it must take a new (hidden, removed at once) folder."""
+def check_destination(path: str | Path, what: str = "--out", empty_ok: bool = False) -> Path:
+    """Refuse, before any work, a destination that cannot take new output, with the true reason:
+    it exists (with ``empty_ok``, an empty folder is fine), it is a link (a dangling one
+    included: a link is never written through), an empty mount point (which a save cannot
+    replace), inside the shipped ``assets/`` (:func:`check_not_shipped`) or inside a model
+    folder, or its nearest existing folder does not take a new (hidden, removed at once) folder."""
     path = Path(path).expanduser()
-    if path.exists() or path.is_symlink():
-        raise ValueError(f"{what} {path} already exists; choose a new path (nothing was overwritten)")
+    check_not_shipped(path, what)
+    if path.is_symlink():
+        target = os.readlink(path)
+        state = "which does not exist (a dangling link)" if not path.exists() else "a link is never written through"
+        raise ValueError(f"{what} {path} is a link to {target}, {state}; give a new path that is not a link")
+    if path.exists():
+        if not empty_ok:
+            raise ValueError(f"{what} {path} already exists; choose a new path (nothing was overwritten)")
+        if not path.is_dir():
+            raise ValueError(f"{what} {path} is a file; choose a new folder (nothing was overwritten)")
+        if any(path.iterdir()):
+            raise ValueError(
+                f"{what} {path} already exists and is not empty; choose a new folder (nothing was overwritten)"
+            )
+        if os.path.ismount(path):
+            raise ValueError(
+                f"{what} {path} is a mount point, which a save cannot replace; choose a new folder inside it"
+            )
     parent = path.absolute().parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
-        raise ValueError(f"{what} {path}: {parent} is not a folder")
+        raise ValueError(f"{what} {path}: {parent} is a file, not a folder")
     try:
         os.rmdir(tempfile.mkdtemp(prefix=tmp_prefix(path.name), dir=parent))
     except OSError as e:
         raise ValueError(f"{what} {path} cannot be written ({e.strerror or e} in {parent})") from None
     return path
+
+
+def check_not_shipped(path: str | Path, what: str = "--out") -> None:
+    """Refuse a destination inside the shipped ``assets/`` folder (the zoo is read-only: output
+    goes to the run store or a folder of the user's) unless ``$ATTN_LAB_WRITE_ZOO`` is 1 (a
+    maintainer rebuilding the zoo), and one inside a model folder (links followed)."""
+    where = Path(path).expanduser().resolve()
+    if where.is_relative_to(SHIPPED) and os.environ.get(WRITE_ZOO) != "1":
+        raise ValueError(
+            f"{what} {path} is inside the shipped {SHIPPED.name}/ folder ({SHIPPED}), which holds the zoo and is "
+            "never written by a command; choose a folder of your own"
+        )
+    for folder in (where, *where.parents):
+        if (folder / "config.json").is_file() and any((folder / name).exists() for name in MODEL_FILES):
+            if folder != where:
+                raise ValueError(f"{what} {path} is inside the model folder {folder}; choose a folder outside it")
+            break
 
 
 def pid_alive(pid: int | None) -> bool:

@@ -34,7 +34,18 @@ class LimitError(ValueError):
 
 
 def available_memory() -> int:
-    """Bytes of memory available now: ``MemAvailable`` (Linux), else free pages, else 4 GiB."""
+    """Bytes of memory this process may still take now: ``MemAvailable`` (Linux; else free
+    pages, else 4 GiB), cut to what a cap leaves: the cgroup's memory limit less its usage (v1
+    or v2, a container's or a systemd unit's) and ``RLIMIT_AS``/``RLIMIT_DATA`` (``ulimit -v``)
+    less this process's size. Under a cap, the machine's free memory is not what can be had."""
+    have = _mem_available()
+    for cap in (_cgroup_headroom(), _rlimit_headroom()):
+        if cap is not None:
+            have = min(have, max(0, cap))
+    return have
+
+
+def _mem_available() -> int:
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
             for line in f:
@@ -46,6 +57,67 @@ def available_memory() -> int:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, AttributeError):
         return FALLBACK_MEMORY
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path, encoding="ascii") as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max": no limit
+
+
+def _cgroup_headroom() -> int | None:
+    """The tightest (limit - usage) of this process's memory cgroup (v2 or v1), None when unlimited."""
+    try:
+        with open("/proc/self/cgroup", encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    dirs = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":  # v2
+            dirs += [
+                ("/sys/fs/cgroup" + path, "memory.max", "memory.current"),
+                ("/sys/fs/cgroup", "memory.max", "memory.current"),
+            ]
+        elif "memory" in controllers.split(","):  # v1
+            root = "/sys/fs/cgroup/memory"
+            dirs += [
+                (root + path, "memory.limit_in_bytes", "memory.usage_in_bytes"),
+                (root, "memory.limit_in_bytes", "memory.usage_in_bytes"),
+            ]
+    room = None
+    for folder, limit_file, usage_file in dirs:
+        limit, usage = _read_int(f"{folder}/{limit_file}"), _read_int(f"{folder}/{usage_file}")
+        if limit is None or usage is None or limit >= 2**60:  # v1 writes "no limit" as ~2^63
+            continue
+        room = limit - usage if room is None else min(room, limit - usage)
+    return room
+
+
+def _rlimit_headroom() -> int | None:
+    """What RLIMIT_AS and RLIMIT_DATA leave of this process's address space (None: no limit)."""
+    try:
+        import resource
+
+        caps = [(resource.RLIMIT_AS, "VmSize:"), (resource.RLIMIT_DATA, "VmData:")]
+        sizes = {}
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                key = line.split(maxsplit=1)[0] if line.strip() else ""
+                if key in ("VmSize:", "VmData:"):
+                    sizes[key] = int(line.split()[1]) * 1024
+    except (ImportError, OSError, ValueError, IndexError):
+        return None
+    room = None
+    for which, key in caps:
+        soft = resource.getrlimit(which)[0]
+        if soft != resource.RLIM_INFINITY and key in sizes:
+            room = soft - sizes[key] if room is None else min(room, soft - sizes[key])
+    return room
 
 
 def memory_limit() -> int:

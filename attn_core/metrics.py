@@ -133,8 +133,12 @@ def summarize(values: torch.Tensor, valid: torch.Tensor | None = None, dim: int 
     return {"mean": mean, "min": torch.where(count > 0, lo, nan), "max": torch.where(count > 0, hi, nan)}
 
 
-def informative_rows(mask: torch.Tensor | None, shape: torch.Size, min_keys: int = MIN_KEYS) -> torch.Tensor:
-    """Rows with at least ``min_keys`` visible keys, ``[...]`` for a mask of ``shape``."""
+def informative_rows(
+    mask: torch.Tensor | None, shape: torch.Size, min_keys: int = MIN_KEYS, device: torch.device | None = None
+) -> torch.Tensor:
+    """Rows with at least ``min_keys`` visible keys, ``[...]`` for a mask of ``shape``, on the
+    mask's device; without a mask (every key visible) on ``device``, which a caller whose rows
+    live on a GPU must give (the rows' device: the mask multiplies them)."""
     if mask is None:
-        return torch.full(shape[:-1], shape[-1] >= min_keys, dtype=torch.bool)
+        return torch.full(shape[:-1], shape[-1] >= min_keys, dtype=torch.bool, device=device)
     return mask.expand(shape).sum(-1) >= min_keys

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -10,10 +13,12 @@ import torch
 
 from attn_core import checkpoint
 from attn_core.card import Card, machine, now
+from attn_core.destinations import tmp_prefix
 from attn_core.model import ModelConfig
 from attn_core.tasks import Task, get_task
+from attn_core.training import checkpoints as ckpt
 from attn_core.training.config import TrainConfig
-from attn_core.training.trainer import evaluate, init_model, train
+from attn_core.training.trainer import Trainer, evaluate, init_model
 
 HELD_OUT_SAMPLES = 512  # the card's metrics: accuracy and loss on this many held-out sequences
 
@@ -110,23 +115,69 @@ def train_preset(
     overwrite: bool = False,
     command: str = "",
     precision: str | None = None,
+    compile: bool | None = None,
+    checkpoints: ckpt.CheckpointPlan | None = None,
+    on_plan=None,
 ) -> dict:
     """Train a preset, measure it on 512 held-out samples and (if ``out``) save model + card;
-    returns the card as written (``Card.to_dict``)."""
+    returns the card as written (``Card.to_dict``). ``checkpoints`` keeps the weights at its
+    steps in ``out/checkpoints`` (listed in the card; ``on_plan`` gets the one-line statement
+    of their disk use before training): they are written beside ``out`` while it trains and
+    moved in with the model, so ``out`` appears whole or not at all."""
     preset = get_preset(name)
     cfg = preset.train
     overrides = {
         k: v
-        for k, v in (("steps", steps), ("seed", seed), ("device", device), ("precision", precision))
+        for k, v in (
+            ("steps", steps),
+            ("seed", seed),
+            ("device", device),
+            ("precision", precision),
+            ("compile", compile),
+        )
         if v is not None
     }
     cfg = replace(cfg, **overrides)
     if out is not None and Path(out).exists() and not overwrite:
         raise ValueError(f"{out} already exists; choose a new --out folder (nothing was overwritten)")
+    if checkpoints is not None and out is None:
+        raise ValueError("checkpoints need a folder to go in: give --out")
     task: Task = get_task(preset.task)
     torch.manual_seed(cfg.seed)
     model = init_model(preset.model_config(), cfg.seed)
-    model, last = train(model, task, cfg, progress=progress)
+    trainer = Trainer(model, task, cfg)
+    writer, staging = None, None
+    if checkpoints is not None:
+        writer = ckpt.CheckpointWriter(checkpoints, cfg.steps)
+        parent = Path(out).absolute().parent
+        writer.check_room(trainer.model, parent)
+        if on_plan is not None:
+            on_plan(writer.statement(trainer.model))
+        ckpt.attach(trainer, writer)
+        parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=tmp_prefix(Path(out).name), dir=parent))
+    try:
+        if writer is not None:
+            writer.start(staging, trainer.model)
+        start = time.perf_counter()
+        last = trainer.run(progress=progress)
+        last["wall_time_s"] = time.perf_counter() - start
+        model = trainer.model
+        card = _card(preset, out, cfg, model, task, last, command)
+        if writer is not None:
+            card.details["checkpoints"] = writer.listing()
+        if out is not None:
+            checkpoint.save(
+                model.cpu(), out, card, overwrite=overwrite, include={ckpt.CHECKPOINTS: staging} if staging else None
+            )
+    finally:
+        if staging is not None and staging.exists():  # not moved into out: training or saving failed
+            shutil.rmtree(staging, ignore_errors=True)
+    return card.to_dict()
+
+
+def _card(preset: Preset, out, cfg: TrainConfig, model, task: Task, last: dict, command: str) -> Card:
+    """The card of a trained preset, measured on :data:`HELD_OUT_SAMPLES` held-out samples."""
     held_out = evaluate(model, task, samples=HELD_OUT_SAMPLES, seed=cfg.seed + 7)
     card = Card(
         name=preset.name if out is None else Path(out).name,
@@ -149,6 +200,4 @@ def train_preset(
         command=command or f"attn-lab train --preset {preset.name} --out assets/models/{preset.name}",
         created=now(),
     )
-    if out is not None:
-        checkpoint.save(model.cpu(), out, card, overwrite=overwrite)
-    return card.to_dict()
+    return card

@@ -28,8 +28,8 @@ class Batch:
 
 
 def _distinct(n_rows: int, k: int, vocab: int, g: torch.Generator) -> torch.Tensor:
-    """n_rows rows of k distinct values from range(vocab)."""
-    return torch.rand(n_rows, vocab, generator=g).argsort(dim=-1)[:, :k]
+    """n_rows rows of k distinct values from range(vocab), on the generator's device."""
+    return torch.rand(n_rows, vocab, generator=g, device=g.device).argsort(dim=-1)[:, :k]
 
 
 @dataclass(frozen=True)
@@ -50,13 +50,16 @@ class Task:
         return self.seq_len - 1
 
     def sample(self, n: int, seed: int | torch.Generator = 0, split: str = "train") -> Batch:
-        """``n`` sequences; the same seed always gives the same batch."""
+        """``n`` sequences; the same seed always gives the same batch. Drawn on the generator's
+        device: an int seed draws on the CPU (the same batch on every machine); a CUDA generator
+        draws on the GPU (its own stream: no copy from the host and no wait)."""
         if n <= 0:
             raise ValueError(f"number of samples must be positive, got {n}")
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         g = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(int(seed))
         seq, scored = self._generate(n, g, split)
+        seq, scored = seq.to(g.device), scored.to(g.device)  # a generator that drew on the CPU anyway
         return Batch(seq[:, :-1].contiguous(), seq[:, 1:].contiguous(), scored[:, 1:].contiguous())
 
     def loss(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
@@ -92,9 +95,9 @@ def _induction(n_ctx: int = 24, vocab: int = 26, min_period: int = 4, max_period
 
     def gen(n, g, split):
         L = n_ctx + 1
-        period = torch.randint(min_period, max_period + 1, (n,), generator=g)
+        period = torch.randint(min_period, max_period + 1, (n,), generator=g, device=g.device)
         block = _distinct(n, max_period, vocab, g)
-        pos = torch.arange(L)[None, :]
+        pos = torch.arange(L, device=g.device)[None, :]
         seq = block.gather(1, pos % period[:, None])
         scored = pos > period[:, None]  # predicting token t needs its earlier occurrence at t-period
         return seq, scored
@@ -113,14 +116,14 @@ def _recall(n_pairs: int = 6, n_queries: int = 6, n_symbols: int = 24):
     value" and stalls near 50% accuracy."""
 
     def gen(n, g, split):
-        perm = torch.rand(n, n_symbols, generator=g).argsort(dim=-1)
+        perm = torch.rand(n, n_symbols, generator=g, device=g.device).argsort(dim=-1)
         keys = perm[:, :n_pairs]
         pool = perm[:, n_pairs:]
-        values = pool.gather(1, torch.randint(0, n_symbols - n_pairs, (n, n_pairs), generator=g))
+        values = pool.gather(1, torch.randint(0, n_symbols - n_pairs, (n, n_pairs), generator=g, device=g.device))
         pairs = torch.stack([keys, values], dim=-1).reshape(n, 2 * n_pairs)
         which = _distinct(n, n_queries, n_pairs, g)
         asked = torch.stack([keys.gather(1, which), values.gather(1, which)], dim=-1).reshape(n, 2 * n_queries)
-        query = torch.full((n, 1), n_symbols)
+        query = torch.full((n, 1), n_symbols, device=g.device)
         seq = torch.cat([pairs, query, asked], dim=1)
         scored = torch.zeros_like(seq, dtype=torch.bool)
         scored[:, 2 * n_pairs + 2 :: 2] = True
@@ -131,9 +134,9 @@ def _recall(n_pairs: int = 6, n_queries: int = 6, n_symbols: int = 24):
 
 def _copy_or_reverse(length: int, n_digits: int, reverse: bool):
     def gen(n, g, split):
-        src = torch.randint(0, n_digits, (n, length), generator=g)
+        src = torch.randint(0, n_digits, (n, length), generator=g, device=g.device)
         out = src.flip(1) if reverse else src
-        sep = torch.full((n, 1), n_digits)
+        sep = torch.full((n, 1), n_digits, device=g.device)
         seq = torch.cat([src, sep, out], dim=1)
         scored = torch.zeros_like(seq, dtype=torch.bool)
         scored[:, length + 1 :] = True
@@ -145,7 +148,7 @@ def _copy_or_reverse(length: int, n_digits: int, reverse: bool):
 def _sort(length: int, n_values: int):
     def gen(n, g, split):
         src = _distinct(n, length, n_values, g)
-        sep = torch.full((n, 1), n_values)
+        sep = torch.full((n, 1), n_values, device=g.device)
         seq = torch.cat([src, sep, src.sort(dim=1).values], dim=1)
         scored = torch.zeros_like(seq, dtype=torch.bool)
         scored[:, length + 1 :] = True
@@ -160,10 +163,15 @@ def _modular_addition(p: int, train_fraction: float, split_seed: int = 1234):
     perm = torch.randperm(p * p, generator=torch.Generator().manual_seed(split_seed))
     n_train = int(round(train_fraction * p * p))
     split_pairs = {"train": perm[:n_train], "test": perm[n_train:]}
+    on_device: dict = {}  # (split, device) -> the pairs there, copied once
 
     def gen(n, g, split):
         pool = split_pairs[split]
-        idx = pool[torch.randint(0, len(pool), (n,), generator=g)]
+        if g.device != pool.device:
+            if (split, g.device) not in on_device:
+                on_device[split, g.device] = pool.to(g.device)
+            pool = on_device[split, g.device]
+        idx = pool[torch.randint(0, len(pool), (n,), generator=g, device=g.device)]
         a, b = idx // p, idx % p
         eq = torch.full_like(a, p)
         seq = torch.stack([a, b, eq, (a + b) % p], dim=1)

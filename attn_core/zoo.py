@@ -12,10 +12,11 @@ from pathlib import Path
 
 from attn_core import hf
 from attn_core.card import Card
-from attn_core.checkpoint import CARD, CONFIG, WEIGHTS, CheckpointError, read_card, read_config
+from attn_core.checkpoint import CARD, CONFIG, WEIGHTS, CheckpointError, model_file, read_card, read_config
+from attn_core.destinations import SHIPPED
 from attn_core.model import ModelConfig
 
-ZOO_DIR = Path(__file__).resolve().parent.parent / "assets" / "models"
+ZOO_DIR = SHIPPED / "models"
 ENV_DIRS = "ATTN_LAB_MODELS"
 
 
@@ -31,9 +32,11 @@ def model_dirs() -> list[Path]:
 def list_models(problems: list[str] | None = None) -> list[dict]:
     """One summary per model folder found in the zoo and the user's folders.
 
-    A folder that cannot be read (bad JSON, a wrong type in its card, no permission, a file
-    where a folder should be, ...) is skipped, never fatal: each is one sentence that names it,
-    appended to ``problems`` when a list is given, else issued as a :class:`ModelFolderWarning`."""
+    Only configs and cards are read (never weights), and each folder once per change of its
+    files (:func:`_entry`). A folder that cannot be read (bad JSON, a wrong type in its card, no
+    permission, a file where a folder should be, ...) is skipped, never fatal: each is one
+    sentence that names it, appended to ``problems`` when a list is given, else issued as a
+    :class:`ModelFolderWarning`."""
     out, found = [], []
     for root in model_dirs():
         try:
@@ -46,25 +49,65 @@ def list_models(problems: list[str] | None = None) -> list[dict]:
             found.append(f"skipped {root}: {_reason(e)}")
             continue
         for folder in folders:
-            try:
-                if not (
-                    (folder / CONFIG).is_file() and ((folder / WEIGHTS).is_file() or (folder / hf.INDEX).is_file())
-                ):
-                    continue  # not a model folder
-                raw = hf.hf_config(folder)
-                if raw is not None:  # a Hugging Face folder: its config mapped, no card
-                    cfg, card = hf.model_config(raw), Card(details={"architecture": raw["model_type"]})
-                else:
-                    cfg, card = read_config(folder / CONFIG), read_card(folder / CARD)
-                out.append(summary(folder.name, cfg, card, folder))
-            except Exception as e:  # noqa: BLE001 -- one bad folder must not hide the rest of the zoo
-                found.append(f"skipped model folder {folder}: {_reason(e)}")
+            entry = _entry(folder)
+            if isinstance(entry, dict):
+                out.append(dict(entry))  # a copy: the remembered one stays as read
+            elif entry:
+                found.append(entry)
     if problems is not None:
         problems.extend(found)
     else:
         for text in found:
             warnings.warn(text, ModelFolderWarning, stacklevel=2)
     return out
+
+
+# folder -> (stamp of its files, its summary, or why it was skipped, or None: not a model folder).
+# A folder is read again only when one of its files changed: a broken folder costs its reading
+# once per change, not on every listing (the dashboard lists the zoo on every rerun of every page).
+_SEEN: dict[Path, tuple[tuple, dict | str | None]] = {}
+_MAX_SEEN = 4096
+
+
+def _stamp(folder: Path) -> tuple:
+    """What identifies a folder's files: the (mtime, size) of its config, card and weights."""
+    out = []
+    for name in (CONFIG, CARD, WEIGHTS, hf.INDEX):
+        try:
+            st = os.stat(folder / name)
+            out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+def _entry(folder: Path) -> dict | str | None:
+    """A folder's summary, the sentence why it is skipped, or None when it is no model folder:
+    read from its config and card only (never its weights), remembered until its files change."""
+    try:
+        stamp = _stamp(folder)
+    except OSError as e:  # a name the file system cannot hold
+        return f"skipped model folder {folder}: {_reason(e)}"
+    seen = _SEEN.get(folder)
+    if seen is not None and seen[0] == stamp:
+        return seen[1]
+    try:
+        if not ((folder / CONFIG).is_file() and ((folder / WEIGHTS).is_file() or (folder / hf.INDEX).is_file())):
+            entry = None  # not a model folder
+        else:
+            raw = hf.hf_config(folder)
+            if raw is not None:  # a Hugging Face folder: its config mapped, no card
+                cfg, card = hf.model_config(raw), Card(details={"architecture": raw["model_type"]})
+            else:  # every file through model_file: a link leading out of the folder is refused
+                cfg, card = read_config(model_file(folder, CONFIG)), read_card(model_file(folder, CARD))
+            model_file(folder, WEIGHTS)
+            entry = summary(folder.name, cfg, card, folder)
+    except Exception as e:  # noqa: BLE001 -- one bad folder must not hide the rest of the zoo
+        entry = f"skipped model folder {folder}: {_reason(e)}"
+    if len(_SEEN) >= _MAX_SEEN:
+        _SEEN.clear()
+    _SEEN[folder] = (stamp, entry)
+    return entry
 
 
 class ModelFolderWarning(UserWarning):
@@ -92,6 +135,13 @@ def summary(name: str, cfg: ModelConfig, card: Card, path: Path | None = None) -
         "params": cfg.n_params(),
         "accuracy": card.accuracy,
         "path": str(path) if path else None,
+        # what a list of models shows of each card, so that listing never loads weights
+        "description": card.description,
+        "steps": card.steps,
+        "wall_time_s": card.wall_time_s,
+        "seed": card.seed,
+        "command": card.command,
+        "preset": card.preset,
     }
 
 

@@ -1,4 +1,4 @@
-"""GPU benchmark (issue 15): training steps/s on CPU and on CUDA, bare loop vs Trainer vs live job.
+"""GPU benchmark (issues 15 and 21): training steps/s on CPU and on CUDA, bare loop vs Trainer vs live job.
 
 Two models, each trained from its seeded init on real task batches:
 
@@ -15,12 +15,18 @@ with last good weights read every ``sync_every`` steps, a held-out evaluation at
 ``job`` (TrainingJob with its telemetry every 20 steps and spectra every 50; its rate is taken
 over the training loop, Snapshot.train_s). Held-out evaluations use 64 sequences (at most a
 batch), so that a short CPU run is not dominated by them. One warm-up round, then ``--repeats`` rounds; medians are
-reported, with the peak GPU memory of each loop (torch.cuda.max_memory_allocated). Targets:
-(b) on CUDA >= 20x its CPU steps/s; job/bare >= 0.9 on CUDA.
+reported, with the peak GPU memory of each loop (torch.cuda.max_memory_allocated). On CUDA every
+setting runs eager and compiled (``--compile``: torch.compile with CUDA graphs; the bare loop then
+compiles its model the same way). Targets (issue 21), checked in the JSON's ``verdicts``:
 
-Without a CUDA GPU the CUDA half is skipped with one line saying so, and the JSON records it.
+- wide-4l, live job, bf16: >= 200 steps/s, and bf16 >= fp32;
+- induction-2l, live job on CUDA: >= 5x the same job on the CPU;
+- job/bare >= 0.9 on CUDA.
 
-    python benchmarks/gpu.py [--repeats 2 --devices cpu,cuda --precisions fp32,bf16 --out FILE]
+Without a CUDA GPU the CUDA half is skipped with one line saying so, and the JSON records it (the
+CPU half is measured either way).
+
+    python benchmarks/gpu.py [--repeats 2 --devices cpu,cuda --precisions fp32,bf16 --compile eager,compiled --out FILE]
     python benchmarks/gpu.py --quick     # a smoke run: tiny steps and batches, not saved unless --out
 """
 
@@ -108,6 +114,58 @@ def setups() -> dict[str, Setup]:
     }
 
 
+TARGETS = {
+    "wide-4l live job bf16 on CUDA": ">= 200 steps/s, and >= the fp32 job",
+    "induction-2l live job on CUDA": ">= 5x the same job on the CPU",
+    "job/bare on CUDA": ">= 0.9",
+}
+
+
+def _job(results: list[dict], setup: str, device: str, precision: str, compiled: bool) -> float | None:
+    for r in results:
+        if (r["setup"], r["device"], r["precision"], r["compiled"]) == (setup, device, precision, compiled):
+            return r["steps_per_s"]["job"]["median"]
+    return None
+
+
+def verdicts(results: list[dict]) -> list[dict]:
+    """Each issue-21 target against what was measured, eager and compiled apart."""
+    out = []
+    for compiled in (False, True):
+        form = "compiled" if compiled else "eager"
+        bf16, fp32 = (_job(results, "wide-4l", "cuda", p, compiled) for p in ("bf16", "fp32"))
+        if bf16 is not None:
+            out.append(
+                {
+                    "target": f"wide-4l live job bf16 >= 200 steps/s and >= fp32 ({form})",
+                    "measured": f"bf16 {bf16:.1f}, fp32 {fp32 if fp32 is None else round(fp32, 1)} steps/s",
+                    "met": bf16 >= 200 and (fp32 is None or bf16 >= fp32),
+                }
+            )
+        gpu, cpu = (
+            _job(results, "induction-2l", "cuda", "fp32", compiled),
+            _job(results, "induction-2l", "cpu", "fp32", False),
+        )
+        if gpu is not None and cpu:
+            out.append(
+                {
+                    "target": f"induction-2l live job on CUDA >= 5x CPU ({form}, fp32)",
+                    "measured": f"{gpu / cpu:.2f}x ({gpu:.1f} vs {cpu:.1f} steps/s)",
+                    "met": gpu >= 5 * cpu,
+                }
+            )
+        for r in results:
+            if r["device"] == "cuda" and r["compiled"] == compiled:
+                out.append(
+                    {
+                        "target": f"job/bare >= 0.9: {r['setup']} {r['precision']} ({form})",
+                        "measured": f"{r['ratio_job_vs_bare']:.3f}",
+                        "met": r["ratio_job_vs_bare"] >= 0.9,
+                    }
+                )
+    return out
+
+
 @contextlib.contextmanager
 def peak_memory(device: torch.device, out: dict, key: str):
     if device.type == "cuda":
@@ -128,8 +186,10 @@ def measure(
     source: str,
     store: RunStore,
     job_samples: int,
+    compile: bool = False,
 ) -> dict:
-    """Median steps/s and peak memory of the three loops of ``setup`` on ``device``."""
+    """Median steps/s and peak memory of the three loops of ``setup`` on ``device`` (compiled
+    with ``compile``)."""
     task = tasks.get_task(setup.task)
     steps = setup.steps[device.type]
     cfg = TrainConfig(
@@ -141,6 +201,7 @@ def measure(
         warmup_steps=min(100, steps // 10),
         eval_samples=min(EVAL_SAMPLES, setup.batch_size),
         precision=precision,
+        compile=compile,
     )
     fresh = lambda: init_model(setup.model, 0)  # noqa: E731
 
@@ -168,7 +229,8 @@ def measure(
         for k, v in zip(LOOPS, (b, t, j)):
             rates[k].append(v)
         print(
-            f"  {setup.name} {device.type} {precision} round {r}: bare {b:.2f}  trainer {t:.2f}  job {j:.2f} steps/s",
+            f"  {setup.name} {device.type} {precision}{' compiled' if compile else ''} round {r}: "
+            f"bare {b:.2f}  trainer {t:.2f}  job {j:.2f} steps/s",
             flush=True,
         )
     med = {k: statistics.median(v) for k, v in rates.items()}
@@ -176,6 +238,7 @@ def measure(
         "setup": setup.name,
         "device": device.type,
         "precision": precision,
+        "compiled": compile,
         "steps": steps,
         "batch_size": setup.batch_size,
         "repeats": repeats,
@@ -193,6 +256,9 @@ def main() -> None:
     ap.add_argument("--devices", default="cpu,cuda", help="comma-separated: cpu, cuda")
     ap.add_argument("--setups", default="induction-2l,wide-4l", help="comma-separated: induction-2l, wide-4l")
     ap.add_argument("--precisions", default="fp32,bf16", help="precisions measured on CUDA (CPU: fp32 only)")
+    ap.add_argument(
+        "--compile", default="eager,compiled", help="step forms measured on CUDA: eager, compiled (CPU: eager only)"
+    )
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--out", type=Path, default=None, help=f"where to save the JSON (default {RESULTS})")
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny steps and batches, not saved unless --out")
@@ -207,6 +273,9 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown setup {unknown[0]!r}; setups: {', '.join(all_setups)}")
     precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    forms = [f.strip() for f in args.compile.split(",") if f.strip()]
+    if not forms or any(f not in ("eager", "compiled") for f in forms):
+        ap.error(f"--compile takes eager and/or compiled, got {args.compile!r}")
     devices = [d.strip() for d in args.devices.split(",") if d.strip()]
     if args.quick:
         all_setups = {
@@ -230,24 +299,31 @@ def main() -> None:
                     continue
                 device = torch.device(dev)
                 for precision in precisions if dev == "cuda" else ["fp32"]:
-                    print(f"{name} on {dev} ({precision}): {setup.steps[dev]} steps per loop", flush=True)
-                    results.append(
-                        measure(
-                            setup,
-                            device,
-                            precision,
-                            args.repeats,
-                            not args.quick,
-                            source,
-                            store,
-                            job_samples=8 if args.quick else 64,
+                    for form in forms if dev == "cuda" else ["eager"]:
+                        print(f"{name} on {dev} ({precision}, {form}): {setup.steps[dev]} steps per loop", flush=True)
+                        results.append(
+                            measure(
+                                setup,
+                                device,
+                                precision,
+                                args.repeats,
+                                not args.quick,
+                                source,
+                                store,
+                                job_samples=8 if args.quick else 64,
+                                compile=form == "compiled",
+                            )
                         )
-                    )
     speedup = {}
     for name in chosen:
         cpu = next((r for r in results if r["setup"] == name and r["device"] == "cpu"), None)
         gpu = next(
-            (r for r in results if r["setup"] == name and r["device"] == "cuda" and r["precision"] == "fp32"), None
+            (
+                r
+                for r in results
+                if r["setup"] == name and r["device"] == "cuda" and r["precision"] == "fp32" and not r["compiled"]
+            ),
+            None,
         )
         if cpu and gpu:
             speedup[name] = {k: gpu["steps_per_s"][k]["median"] / cpu["steps_per_s"][k]["median"] for k in LOOPS}
@@ -274,7 +350,9 @@ def main() -> None:
         },
         "results": results,
         "speedup_cuda_vs_cpu_fp32": speedup,
-        "targets": {"wide-4l cuda/cpu": ">= 20", "job/bare on cuda": ">= 0.9"},
+        "targets": TARGETS,
+        "verdicts": verdicts(results) if cuda else None,
+        **record.environment(),
     }
     print()
     for r in results:
@@ -288,6 +366,8 @@ def main() -> None:
         )
     for name, s in speedup.items():
         print(f"{name}: CUDA / CPU steps/s: " + ", ".join(f"{k} {v:.1f}x" for k, v in s.items()))
+    for v in doc["verdicts"] or []:
+        print(f"{'met' if v['met'] else 'NOT met'}: {v['target']} ({v['measured']})")
     if skipped:
         print(f"CUDA: skipped ({skipped})")
     out = args.out if args.out is not None else (None if args.quick else RESULTS)

@@ -30,6 +30,20 @@ def environment() -> dict:
     )
 
 
+def peak_rss_kib() -> int:
+    """This process's peak resident memory so far, in KiB: ``VmHWM`` of /proc/self/status (a
+    process image's own peak; ``ru_maxrss`` would carry a parent's peak across exec)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
+
+def rss_anon_kib() -> int:
+    """This process's resident anonymous memory now, in KiB (``RssAnon``: what it allocated,
+    without the file pages a memory map has touched, which RSS also counts)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssAnon:"))
+
+
 def save(result: dict, path: Path) -> Path:
     """Write ``result`` as indented JSON to ``path`` (its folder made), through a temporary file,
     so that an interrupted run leaves the previous result rather than half a file."""

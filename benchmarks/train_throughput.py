@@ -25,12 +25,24 @@ one read (target < 1 ms).
 
     python benchmarks/train_throughput.py [--steps 250 --repeats 5 --threads 1 --device auto]
     python benchmarks/train_throughput.py --quick     # a smoke run: 30 steps, 1 repeat, not saved
+
+Old code against new, in one run: ``--against DIR`` (a checkout of the old code, e.g. ``git
+worktree add /tmp/old main``) runs DIR's own copy of this script and this one alternately,
+``--rounds`` times (each a fresh process with ``--repeats``), and reports the median steps/s of
+each loop for both and the median of the per-round ratios new/old (the bare loop is the same
+code in both: its ratio shows how much the machine drifted). Saved to
+benchmarks/results/train_throughput_vs_old.json unless ``--quick``.
+
+    python benchmarks/train_throughput.py --against /tmp/old --rounds 5 --repeats 1
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -48,11 +60,14 @@ from attn_core.tasks import get_task  # noqa: E402
 from attn_core.training.config import JobConfig, TrainConfig  # noqa: E402
 from attn_core.training.device import select_device  # noqa: E402
 from attn_core.training.job import TrainingJob  # noqa: E402
+from attn_core.training.step import compile_mode  # noqa: E402
 from attn_core.training.trainer import Trainer, init_model, make_optimizer  # noqa: E402
 from benchmarks import record  # noqa: E402
 
 PRESET = "induction-2l"
 RESULTS = Path(__file__).resolve().parent / "results" / "train_throughput.json"
+VS_OLD = Path(__file__).resolve().parent / "results" / "train_throughput_vs_old.json"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def bare_step(model, opt, task, cfg: TrainConfig, data, device) -> None:
@@ -65,12 +80,20 @@ def bare_step(model, opt, task, cfg: TrainConfig, data, device) -> None:
 
 
 def bare(model, task, cfg: TrainConfig, device) -> float:
+    """Steps/s of the plain loop; with ``cfg.compile`` the model goes through torch.compile
+    (CUDA graphs on CUDA, as the Trainer's compiled step), the rest stays as it is."""
     model = model.to(device).train()
     opt = make_optimizer(model, cfg)
     data = torch.Generator().manual_seed(cfg.seed)
+    forward = model
+    if cfg.compile:
+        forward = torch.compile(model, mode=compile_mode(device), dynamic=False)
+    graphs = cfg.compile and compile_mode(device) == "reduce-overhead"
     start = time.perf_counter()
     for _ in range(cfg.steps):
-        bare_step(model, opt, task, cfg, data, device)
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        bare_step(forward, opt, task, cfg, data, device)
     if device.type == "cuda":
         torch.cuda.synchronize()
     return cfg.steps / (time.perf_counter() - start)
@@ -125,6 +148,7 @@ def job(source: str, cfg: TrainConfig, store: RunStore, **settings) -> tuple[flo
             warmup_steps=cfg.warmup_steps,
             precision=cfg.precision,
             sync_every=cfg.sync_every,
+            compile=cfg.compile,
             **settings,
         ),
         store=store,
@@ -160,9 +184,13 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--quick", action="store_true", help="smoke run: 30 steps, 1 repeat, results not saved")
+    ap.add_argument("--against", type=Path, help="a checkout of older code: run its copy of this script alternately")
+    ap.add_argument("--rounds", type=int, default=5, help="with --against: alternated rounds")
     args = ap.parse_args()
     if args.quick:
-        args.steps, args.repeats = 30, 1
+        args.steps, args.repeats, args.rounds = 30, 1, 1
+    if args.against is not None:
+        return against(args)
     if args.steps <= 0 or args.repeats < 1:
         ap.error("--steps and --repeats must be positive")
     torch.set_num_threads(args.threads)
@@ -257,6 +285,57 @@ def main() -> None:
         return
     record.save(result, args.out)
     print(f"saved {args.out}")
+
+
+def _one_run(root: Path, args, out: Path) -> dict:
+    """This benchmark as the code under ``root`` has it, in a fresh process; its JSON."""
+    cmd = [sys.executable, str(root / "benchmarks" / "train_throughput.py"), "--steps", str(args.steps)]
+    cmd += ["--repeats", str(args.repeats), "--threads", str(args.threads), "--device", args.device, "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": str(args.threads)}
+    subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True, text=True)
+    return json.loads(out.read_text())
+
+
+def against(args) -> None:
+    """Old (``args.against``) and new (this checkout) alternated ``args.rounds`` times."""
+    old_root = args.against.resolve()
+    if not (old_root / "benchmarks" / "train_throughput.py").is_file():
+        sys.exit(f"{old_root} has no benchmarks/train_throughput.py: give a checkout of the old code")
+    loops = ("bare", "trainer", "job")
+    runs: dict[str, list[dict]] = {"old": [], "new": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for which, root in (("old", old_root), ("new", ROOT)):
+                runs[which].append(_one_run(root, args, Path(tmp) / f"{which}-{r}.json"))
+            rates = {w: {k: runs[w][-1]["steps_per_s"][k]["median"] for k in loops} for w in runs}
+            print(
+                f"round {r + 1}: "
+                + "; ".join(f"{w} " + ", ".join(f"{k} {v:.1f}" for k, v in rates[w].items()) for w in rates),
+                flush=True,
+            )
+    per = {w: {k: [x["steps_per_s"][k]["median"] for x in runs[w]] for k in loops} for w in runs}
+    result = {
+        "benchmark": "train_throughput old vs new",
+        "old": str(old_root),
+        "new": str(ROOT),
+        "steps": args.steps,
+        "repeats_per_round": args.repeats,
+        "rounds": args.rounds,
+        "steps_per_s": {w: {k: {"median": statistics.median(v), "all": v} for k, v in per[w].items()} for w in per},
+        "ratio_new_vs_old": {k: statistics.median(n / o for n, o in zip(per["new"][k], per["old"][k])) for k in loops},
+        "target": "trainer and job new/old >= 1 within the bare loop's drift (nothing here may slow the CPU path)",
+        **record.environment(),
+    }
+    for k in loops:
+        print(
+            f"{k}: old {result['steps_per_s']['old'][k]['median']:.1f}, new {result['steps_per_s']['new'][k]['median']:.1f} "
+            f"steps/s; new/old {result['ratio_new_vs_old'][k]:.3f} (median of {args.rounds} per-round ratios)"
+        )
+    if args.quick:
+        print("quick run: results not saved")
+        return
+    record.save(result, VS_OLD)
+    print(f"saved {VS_OLD}")
 
 
 if __name__ == "__main__":

@@ -41,13 +41,12 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from tqdm import tqdm
+    from attn_core.progress import Progress
 
-    bar = tqdm(total=1000, desc="merged vs factored", bar_format="{l_bar}{bar}| {elapsed}<{remaining} {postfix}")
+    bar = Progress(100, "merged vs factored", unit="")
 
     def progress(fraction: float, message: str) -> None:
-        bar.update(round(1000 * fraction) - bar.n)
-        bar.set_postfix_str(message, refresh=False)
+        bar.set(100 * fraction, message)
 
     result = Q.compare(cfg, store=False if args.no_store else None, progress=progress)
     bar.close()

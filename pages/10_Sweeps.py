@@ -22,9 +22,10 @@ REFRESH_S = 2.0
 LAUNCHED = "sweeps_launched"  # session key: {sweep id: {"thread": Thread, "error": str | None}}
 PICKED = "sweeps_picked"  # session key: the sweep shown
 
-ui.setup("Sweeps", needs_model=False)
+loaded = ui.setup("Sweeps")  # the sidebar's model (or ?model=): the model every page uses is the one swept
 store = rs.RunStore()
 launched: dict = st.session_state.setdefault(LAUNCHED, {})
+picked_model = st.session_state[ui.MODEL_KEY]
 
 
 def lambdas(lo: float, hi: float, n: int) -> list[float]:
@@ -43,85 +44,66 @@ def _work(sweep_id: str, state: dict, cpus: float) -> None:
 
 
 # --- setting up a sweep -------------------------------------------------------------------------
-with st.form("sweep_setup"):
-    names = [n for n in ui.model_names() if not sources.is_upload(n)]
-    current = st.session_state.get(ui.MODEL_KEY)
-    c1, c2 = st.columns([2, 3])
-    source = c1.selectbox(
-        "Model to sweep",
-        names,
-        index=names.index(current) if current in names else 0,
-        key="sweep_source",
-        help="A zoo model or a saved run; every trial fine-tunes it.",
-    )
-    regs = c2.multiselect(
-        "Regularizers",
-        list(R.REGULARIZERS),
-        default=["entropy", "hoyer"],
-        key="sweep_regs",
-        help="; ".join(f"{k}: {v[1]}" for k, v in R.REGULARIZERS.items()),
-    )
-    c1, c2, c3, c4, c5 = st.columns(5)
-    lo = c1.number_input("λ from", min_value=1e-6, value=0.01, format="%g", key="sweep_lo")
-    hi = c2.number_input("λ to", min_value=1e-6, value=1.0, format="%g", key="sweep_hi")
-    n_lam = c3.number_input("λ values (log-spaced)", min_value=1, max_value=12, value=3, key="sweep_nlam")
-    seeds = c4.number_input("Seeds", min_value=1, max_value=10, value=1, key="sweep_seeds")
-    steps = c5.number_input("Steps per trial", min_value=1, max_value=20000, value=100, step=50, key="sweep_steps")
-    cpus = st.number_input(
-        "CPUs per trial",
-        min_value=0.25,
-        value=1.0,
-        step=0.25,
-        key="sweep_cpus",
-        help="Ray runs as many trials at once as the cores allow.",
-    )
-    where = os.environ.get("RAY_ADDRESS") or f"a local Ray with {os.cpu_count()} CPUs"
-    go = st.form_submit_button(f"Launch on {where}", type="primary", icon=":material/rocket_launch:")
-
-if go:
+def setup_form() -> None:
+    """The sweep's grid for the picked model; Launch records the sweep and starts its thread."""
+    with st.form("sweep_setup"):
+        st.markdown(
+            f"Every trial fine-tunes **{ui.plain(picked_model)}**, the model picked in the sidebar (pick another "
+            "there): each regularizer × λ × seed, plus a λ = 0 baseline per seed."
+        )
+        regs = st.multiselect(
+            "Regularizers",
+            list(R.REGULARIZERS),
+            default=["entropy", "hoyer"],
+            key="sweep_regs",
+            help="; ".join(f"{k}: {v[1]}" for k, v in R.REGULARIZERS.items()),
+        )
+        c1, c2, c3, c4, c5 = st.columns(5)
+        lo = c1.number_input("λ from", min_value=1e-6, value=0.01, format="%g", key="sweep_lo")
+        hi = c2.number_input("λ to", min_value=1e-6, value=1.0, format="%g", key="sweep_hi")
+        n_lam = c3.number_input("λ values (log-spaced)", min_value=1, max_value=12, value=3, key="sweep_nlam")
+        seeds = c4.number_input("Seeds", min_value=1, max_value=10, value=1, key="sweep_seeds")
+        steps = c5.number_input("Steps per trial", min_value=1, max_value=20000, value=100, step=50, key="sweep_steps")
+        cpus = st.number_input(
+            "CPUs per trial",
+            min_value=0.25,
+            value=1.0,
+            step=0.25,
+            key="sweep_cpus",
+            help="Ray runs as many trials at once as the cores allow.",
+        )
+        where = os.environ.get("RAY_ADDRESS") or f"a local Ray with {os.cpu_count()} CPUs"
+        go = st.form_submit_button(
+            f"Sweep {picked_model} on {where}", type="primary", icon=":material/rocket_launch:", key="sweep_go"
+        )
+    if not go:
+        return
     try:
         lams = lambdas(min(lo, hi), max(lo, hi), int(n_lam))
-        plan = grid_plan(source, {r: lams for r in regs}, int(seeds), steps=int(steps))
+        plan = grid_plan(ui.job_source(picked_model), {r: lams for r in regs}, int(seeds), steps=int(steps))
         sweep_id, _ = start_sweep(plan, store)
     except (SweepError, ValueError) as e:
         st.error(f"The sweep was not started: {e}")
-    else:
-        state = {"error": None}
-        state["thread"] = threading.Thread(
-            target=_work, args=(sweep_id, state, float(cpus)), daemon=True, name=f"attn-lab sweep {sweep_id}"
-        )
-        state["thread"].start()
-        launched[sweep_id] = state
-        st.session_state[PICKED] = sweep_id
-        st.success(f"Sweep {sweep_id} launched: {len(plan.trials)} trials (a λ = 0 baseline per seed).")
+        return
+    state = {"error": None}
+    state["thread"] = threading.Thread(
+        target=_work, args=(sweep_id, state, float(cpus)), daemon=True, name=f"attn-lab sweep {sweep_id}"
+    )
+    state["thread"].start()
+    launched[sweep_id] = state
+    st.session_state[PICKED] = sweep_id
+    st.success(f"Sweep {sweep_id} of {picked_model} launched: {len(plan.trials)} trials (a λ = 0 baseline per seed).")
+
+
+if loaded.task is None:
+    st.warning(
+        f"{ui.plain(loaded.name)} has no known task in its card, so no sweep can retrain it: pick another model."
+    )
+else:
+    setup_form()
 
 # --- watching one ----------------------------------------------------------------------------------
-try:
-    sweeps = store.list_sweeps()
-except rs.RunStoreError as e:  # a corrupt or unreadable store: one line, the page stays up
-    st.error(str(e))
-    st.stop()
-if not sweeps:
-    st.info(
-        f"No sweeps in `{store.root}` yet: set one up above, or run "
-        "`attn-lab sweep MODEL --grid entropy=0.01,0.1,1 --seeds 2`."
-    )
-    st.stop()
-ids = [s["id"] for s in sweeps]
-if st.session_state.get(PICKED) not in ids:
-    st.session_state[PICKED] = ids[0]
-picked = st.selectbox(
-    "Sweep",
-    ids,
-    key=PICKED,
-    format_func=lambda i: next(
-        f"{s['id']} · {s['name']} · {s['status']} · {sum(s['counts'].values())}/{s['trials']} trials"
-        for s in sweeps
-        if s["id"] == i
-    ),
-)
-state = launched.get(picked)
-alive = bool(state and state["thread"].is_alive())
+ui.run_store_panel(store)
 
 
 def open_run(run_id: str) -> None:
@@ -132,15 +114,53 @@ def open_run(run_id: str) -> None:
     st.session_state["sweeps_opened"] = name
 
 
-@st.fragment(run_every=REFRESH_S if alive else None)
+def sweep_label(sweeps: list[dict], sweep_id: str) -> str:
+    s = next(s for s in sweeps if s["id"] == sweep_id)
+    return f"{s['id']} · {s['name']} · {s['status']} · {sum(s['counts'].values())}/{s['trials']} trials"
+
+
+def running(sweeps: list[dict]) -> bool:
+    """Whether a sweep is still under way: one of this session's threads, or one the store says
+    is running (a CLI sweep, another session's)."""
+    return any(s["status"] == "running" for s in sweeps) or any(v["thread"].is_alive() for v in launched.values())
+
+
+try:
+    started_with = store.list_sweeps()
+except rs.RunStoreError as e:  # a corrupt or unreadable store: one line, the page stays up
+    st.error(str(e))
+    st.stop()
+if not started_with:
+    st.info(
+        f"No sweeps in {ui.code(store.root)} yet: set one up above, or run "
+        f"{ui.code(f'attn-lab sweep {ui.job_source(picked_model)} --grid entropy=0.01,0.1,1 --seeds 2')}."
+    )
+    st.stop()
+live_at_start = running(started_with)
+
+
+@st.fragment(run_every=REFRESH_S if live_at_start else None)
 def live() -> None:
+    """The sweep selector, its progress, trials and Pareto scatter, read afresh from the store on
+    every refresh (the selector's labels too); when the last sweep under way ends, the whole page
+    reruns once so that the refresh timer stops."""
+    try:
+        sweeps = store.list_sweeps()
+    except rs.RunStoreError as e:
+        st.error(str(e))
+        return
+    ids = [s["id"] for s in sweeps]
+    if st.session_state.get(PICKED) not in ids:
+        st.session_state[PICKED] = ids[0]
+    picked = st.selectbox("Sweep", ids, key=PICKED, format_func=lambda i: sweep_label(sweeps, i))
+    state = launched.get(picked)
     res = sweep_result(store, picked)
-    running = bool(state and state["thread"].is_alive())
+    thread_alive = bool(state and state["thread"].is_alive())
     n_done = sum(t["status"] != "pending" for t in res["trials"])
     st.progress(
         n_done / len(res["trials"]) if res["trials"] else 0.0,
-        text=f"{res['status']}{' (live)' if running else ''}: {n_done} of {len(res['trials'])} trials "
-        f"recorded"
+        text=f"{res['status']}{' (live)' if res['status'] == 'running' or thread_alive else ''}: {n_done} of "
+        f"{len(res['trials'])} trials recorded"
         + (f" · Ray {res['ray_version']} at {res['address']}" if res["ray_version"] else "")
         + (f" · {res['wall_s']:.1f} s" if res["wall_s"] else ""),
     )
@@ -194,6 +214,8 @@ def live() -> None:
         )
     if st.session_state.get("sweeps_opened"):
         st.success(f"{st.session_state['sweeps_opened']} is now the model on every page (Heatmaps, Spectrum, ...).")
+    if live_at_start and not running(sweeps):
+        st.rerun()  # the whole page, once: its timer stops and every label is final
 
 
 live()

@@ -9,9 +9,11 @@ from attn_core.bilinear import offsets, position_labels
 from attn_core.figures import attribution as fa
 from attn_core.figures import bilinear as fb
 from attn_core.figures import rotary as fr
+from attn_core.figures import text as ftext
 from attn_core.sources import LoadedModel
 
 SOURCES = {"sample": "task sample", "random": "random tokens", "typed": "typed tokens"}
+DEFAULT_LENGTH = 1024  # random tokens by default: the context, at most this many (and what the limits allow)
 ALL = ui.ALL_HEADS
 METRIC_HELP = {
     "entropy": (
@@ -103,16 +105,23 @@ with c_input:
             if source == "sample":
                 tokens = bilinear.sample_tokens(loaded, int(seed))
             else:
-                lengths = range(2, cfg.n_ctx + 1)
+                longest = max(2, bilinear.longest_input(loaded.model))  # the context, cut to the memory limit
+                lengths = range(2, longest + 1)
                 length = l_col.number_input(
                     "Length",
                     min_value=2,
-                    max_value=cfg.n_ctx,
+                    max_value=longest,
                     step=1,
-                    key=ui.remember("random_length", cfg.n_ctx, lengths, param="length"),
-                    help=f"Number of tokens, 2..{cfg.n_ctx}",
+                    key=ui.remember("random_length", min(longest, DEFAULT_LENGTH), lengths, param="length"),
+                    help=f"Number of tokens, 2..{longest}"
+                    + (
+                        f" (the context is {cfg.n_ctx}; the memory limit allows {longest})"
+                        if longest < cfg.n_ctx
+                        else ""
+                    ),
                 )
                 tokens = bilinear.random_tokens(loaded, int(seed), int(length))
+        bilinear.check_tokens(loaded.model, tokens)  # a view of this input fits the limits, or one line here
     except ValueError as e:
         st.error(f"This input does not work: {ui.plain(e)}")
         st.stop()
@@ -121,6 +130,9 @@ with c_input:
 long_input = len(tokens) > bilinear.LONG_INPUT
 labels = position_labels(loaded, tokens)
 queries = range(len(labels))
+# New typed text, another length or another model moves the query to the last token (where the next
+# token is predicted); another seed of the same length keeps it (the same position, compared across samples).
+ui.follow_input("query", (loaded.key, source, tokens if source == "typed" else len(tokens)), queries[-1])
 c_query, c_k = st.columns([5, 1])
 query = c_query.select_slider(
     "Query position i",
@@ -137,7 +149,12 @@ k = c_k.number_input(
     key=ui.remember("topk", 1, range(1, len(labels) + 1)),
     help="k of the top-k mass metric",
 )
-ui.to_url(input=source, query=query, **({"length": len(tokens)} if source == "random" else {}))
+ui.to_url(
+    input=source,
+    query=query,
+    seed=int(seed) if source != "typed" else None,
+    length=len(tokens) if source == "random" else None,
+)
 
 
 # --- long inputs: an exact window, the top keys, a pooled overview ----------------------------------
@@ -248,6 +265,49 @@ def head_views() -> None:
             for name, v in per_query.items():
                 label = name.replace("_", " ") + (f" (k={k})" if name == "topk_mass" else "")
                 st.metric(label, f"{float(v[i, query]):.3f}", help=METRIC_HELP[name])
+
+    # --- before and after retraining: the parent's same head on the same input ---------------------------
+    parent = loaded.card.parent
+    if (
+        parent
+        and head != ALL
+        and not long_input
+        and st.toggle(
+            "Before and after retraining",
+            key=ui.remember("before_after", False),
+            help=f"The same head of the model this one was retrained from ({ui.plain(parent, 80)}), on the same "
+            "tokens, beside this one, on one colour scale",
+        )
+    ):
+        st.header("Before and after retraining")
+        try:
+            before = ui.load_model(parent)
+            same = (before.config.n_layers, before.config.n_heads, before.config.d_vocab)
+            if same != (cfg.n_layers, cfg.n_heads, cfg.d_vocab):
+                raise ValueError(f"it has a different shape (layers, heads, tokens {same})")
+        except (ValueError, OSError) as e:
+            st.info(f"The parent {ui.plain(parent, 120)} cannot be shown: {ui.plain(e)}")
+        else:
+            value = ui.value_choice("Show", "before_after_value", "pattern")
+            pair = ftext.before_after_plots(
+                sequence_view(before, tokens, layer),
+                view,
+                head,
+                query,
+                value,
+                titles=(f"before ({before.name})", f"after ({loaded.name})"),
+            )
+            k_before = sequence_view(before, tokens, layer).concentration_table(int(k))
+            k_after = view.concentration_table(int(k))
+            for col, plot, table in zip(st.columns(2), pair, (k_before, k_after)):
+                with col:
+                    ui.show_plot(plot, key=plot.name.split("_")[0])
+                    row = table[table["head"] == head].set_index("metric")["mean"]
+                    st.caption(
+                        f"Mean over this input's query rows: normalized entropy {row['normalized_entropy']:.3f}, "
+                        f"top-{int(k)} mass {row['topk_mass']:.3f}"
+                    )
+            plots += pair
 
     # --- why this key: the score split over the singular directions of B ---------------------------------
     if head != ALL and st.toggle(

@@ -14,7 +14,7 @@ from attn_core.card import Card
 from attn_core.figures import bilinear as fb
 from attn_core.figures import training as ft
 
-MAX_SIDE = 3  # panels per row when runs are compared side by side
+MAX_SIDE = 2  # panels per row when runs are compared side by side (a third of the page is too narrow to read)
 sequence_view = ui.cached(bilinear.sequence_view)
 
 
@@ -35,6 +35,7 @@ def side_by_side(items: list, draw) -> None:
 
 loaded = ui.setup("Compare runs")
 store = rs.RunStore()
+ui.run_store_panel(store)
 try:
     every_run = [r for r in store.list_runs() if r["status"] != "running"]
 except rs.RunStoreError as e:  # corrupt, unreadable: said once, here; the zoo stays usable elsewhere
@@ -42,8 +43,8 @@ except rs.RunStoreError as e:  # corrupt, unreadable: said once, here; the zoo s
     st.stop()
 if not every_run:
     st.info(
-        f"No finished runs in `{store.root}` yet: retrain a model on the Retrain page, or with "
-        "`attn-lab retrain MODEL --reg entropy=0.1`."
+        f"No finished runs in {ui.code(store.root)} yet: retrain a model on the Retrain page, or with "
+        f"{ui.code(f'attn-lab retrain {ui.job_source(st.session_state[ui.MODEL_KEY])} --reg entropy=0.1')}."
     )
     st.stop()
 
@@ -162,7 +163,7 @@ if len(points):
         y="accuracy",
         color="model",
         title="Held-out accuracy against mean normalized entropy (regularized heads): "
-        "each run's line goes from before to after",
+        "each arrow goes from before (the parent) to after (the run)",
     )
     ui.show_plot(trade, key="tradeoff")
     plots.append(trade)
@@ -192,7 +193,19 @@ side_by_side(chosen, draw_spectra)
 # --- heatmaps side by side ---------------------------------------------------------------------------------
 st.header("One head, side by side")
 models = parents + [rs.RUN_PREFIX + i for i in chosen if by_id[i]["has_weights"]]
-first = ui.load_model(models[0])
+first = None
+for name in models:  # the first model that loads sets the layers, heads and input
+    try:
+        first = ui.load_model(name)
+        break
+    except (ValueError, OSError):  # said below, beside the other runs
+        continue
+if first is None:
+    st.info(
+        "None of the chosen runs has weights (failed runs keep none) and no parent model can be loaded, "
+        "so there is no heatmap to draw; pick a run that completed."
+    )
+    st.stop()
 cfg = first.config
 c_layer, c_head, c_value, c_seed = st.columns(4)
 layer, head = ui.layer_head_picker(cfg, (c_layer, c_head), url=False)

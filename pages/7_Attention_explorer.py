@@ -23,52 +23,68 @@ st.latex(
 )
 
 # --- settings ------------------------------------------------------------------------------------
+# Every choice is remembered (ui.remember): it survives a visit to another page.
+MEANS = ["standard basis", "random orthonormal", "custom"]
 left, middle, right = st.columns(3)
 with left:
     st.markdown("**Keys and values**")
-    n = st.number_input("n (keys)", min_value=2, max_value=32, value=4, step=1)
+    n = st.number_input("n (keys)", min_value=2, max_value=32, step=1, key=ui.remember("toy_n", 4, range(2, 33)))
     d = st.number_input(
-        "d (dimension)", min_value=1, max_value=64, value=8, step=1, help="Orthonormal means need d ≥ n."
+        "d (dimension)",
+        min_value=1,
+        max_value=64,
+        step=1,
+        key=ui.remember("toy_d", 8, range(1, 65)),
+        help="Orthonormal means need d ≥ n.",
     )
     means_kind = st.radio(
         "Means μ_i",
-        ["standard basis", "random orthonormal", "custom"],
+        MEANS,
         horizontal=True,
+        key=ui.remember("toy_means", MEANS[0], MEANS),
         help="The seed's limits assume orthonormal means; 'custom' lets you break that.",
     )
+keys = range(int(n))
 with middle:
     st.markdown("**Query**")
     case = st.radio(
         "Case",
         ta.CASES,
-        index=1,
         horizontal=True,
+        key=ui.remember("toy_case", ta.CASES[1], ta.CASES),
         format_func=lambda c: {"copy": "copy v_a", "average": "average v_a, v_b"}[c],
     )
-    a = st.number_input("a", min_value=0, max_value=int(n) - 1, value=0, step=1)
+    a = st.number_input("a", min_value=0, max_value=int(n) - 1, step=1, key=ui.remember("toy_a", 0, keys))
     b = st.number_input(
         "b",
         min_value=0,
         max_value=int(n) - 1,
-        value=min(1, int(n) - 1),
         step=1,
+        key=ui.remember("toy_b", min(1, int(n) - 1), keys),
         help="The second value to average; in the copy case only a reference point.",
     )
-    beta = st.slider("β (query scale)", 0.0, 50.0, 10.0, 0.5)
+    beta = st.slider("β (query scale)", 0.0, 50.0, step=0.5, key=ui.remember("toy_beta", 10.0))
     heads = st.radio(
         "Heads",
         ta.HEAD_COUNTS,
         horizontal=True,
+        key=ui.remember("toy_heads", ta.HEAD_COUNTS[0], ta.HEAD_COUNTS),
         disabled=case == "copy",
         help="Two heads split the average query: q₁ = βμ_a, q₂ = βμ_b, c = (c₁ + c₂)/2.",
     )
 with right:
     st.markdown("**Noise and sampling**")
-    alpha = st.number_input("α (variance of every key)", min_value=0.0, value=1e-4, step=1e-4, format="%.6f")
-    j = st.selectbox("Key with large variance along its mean", range(int(n)), index=int(a))
-    big_var = st.number_input("σ² (its variance along μ_j)", min_value=0.0, value=0.5, step=0.1, format="%.3f")
-    n_samples = st.number_input("Key samples", min_value=1, max_value=20_000, value=2000, step=500)
-    seed = st.number_input("Seed", min_value=0, value=0, step=1)
+    alpha = st.number_input(
+        "α (variance of every key)", min_value=0.0, step=1e-4, format="%.6f", key=ui.remember("toy_alpha", 1e-4)
+    )
+    j = st.selectbox("Key with large variance along its mean", keys, key=ui.remember("toy_j", int(a), keys))
+    big_var = st.number_input(
+        "σ² (its variance along μ_j)", min_value=0.0, step=0.1, format="%.3f", key=ui.remember("toy_big_var", 0.5)
+    )
+    n_samples = st.number_input(
+        "Key samples", min_value=1, max_value=20_000, step=500, key=ui.remember("toy_samples", 2000, range(1, 20_001))
+    )
+    seed = st.number_input("Seed", min_value=0, step=1, key=ui.remember("toy_seed", 0))
 
 n_heads = 1 if case == "copy" else int(heads)
 try:

@@ -1,11 +1,14 @@
 """Seed 004: can W_Q W_K^T be one d_model x d_model matrix? The same model trained with factored
 QK (several d_qk) and merged QK (plain, with weight decay, with a nuclear-norm penalty)."""
 
+from pathlib import Path
+
 import streamlit as st
 
 import ui
 from attn_core import qk as Q
 from attn_core.figures import qk as fq
+from attn_core.runs import RunStore, RunStoreError
 from attn_core.tasks import TASKS
 from attn_core.validate import default
 
@@ -23,6 +26,13 @@ def load_saved(path: str, mtime: float) -> dict:
     """The saved comparison as JSON-ready data (``mtime`` keys the cache: a rerun of the
     experiment replaces the file)."""
     return Q.Comparison.load(path).to_dict()
+
+
+@ui.cached(resource=True, max_entries=4)
+def saved_plots(path: str, mtime: float) -> list:
+    """The saved comparison's figures (``mtime`` keys the cache: a rerun of the experiment
+    replaces the file), shared, not copied."""
+    return fq.all_plots(Q.Comparison.from_dict(load_saved(path, mtime)))
 
 
 ui.setup("Merged vs factored QK", needs_model=False)
@@ -72,7 +82,8 @@ comparison = None
 if source == "saved":
     path = Q.results_path()
     try:
-        comparison = Q.Comparison.from_dict(load_saved(str(path), path.stat().st_mtime if path.is_file() else 0.0))
+        mtime = path.stat().st_mtime if path.is_file() else 0.0
+        comparison = Q.Comparison.from_dict(load_saved(str(path), mtime))
     except ValueError as e:
         st.info(f"{e}. Or choose “{SOURCE_LABELS['fresh']}”.")
 else:
@@ -159,7 +170,9 @@ st.caption(
     f"{cfg.d_head}, {cfg.steps} steps, seeds {cfg.seed_list}; {comparison.machine}; created {comparison.created}, "
     f"{comparison.wall_time_s:.0f} s in all. Reproduce with `{cfg.command()}`."
 )
-plots = fq.all_plots(comparison)
+# Building the seven figures takes about 0.9 s; the saved comparison's are made once per file
+# version and shared by every session and rerun (nothing changes a Plot once it is made).
+plots = saved_plots(str(path), mtime) if source == "saved" else fq.all_plots(comparison)
 by_name = {p.name: p for p in plots}
 
 # --- the table ---------------------------------------------------------------------------------------
@@ -242,11 +255,27 @@ ui.show_plot(by_name["qk_truncation"], key="qk_truncation")
 
 # --- runs and export --------------------------------------------------------------------------------------
 ids = [i for r in comparison.summary() for i in r["run_ids"]]
-if ids:
+store = RunStore()
+try:
+    present = [i for i in ids if i in {r["id"] for r in store.list_runs()}]
+except RunStoreError:  # an unreadable store: said on the Runs page; here, none of them is there
+    present = []
+where = f"your run store ({ui.code(store.root)})"
+mine = (
+    f"{len(present)} of them are in {where} with parent `compare-qk:{cfg.task}`: compare them on the "
+    "[Runs page](Runs) or with `attn-lab runs`."
+    if present
+    else f"none of them is in {where}."
+)
+if source == "saved":
     st.caption(
-        f"{len(ids)} runs are in the run store with parent `compare-qk:{cfg.task}`: compare them on the "
-        f"[Runs page](Runs) or with `attn-lab runs`."
+        f"These are saved results shipped with attn-lab in {ui.code(Path(*Q.results_path().parts[-3:]))}, made by "
+        f"`python experiments/merged_vs_factored.py` (the same as {ui.code(cfg.command())}) on "
+        f"{ui.plain(comparison.machine)}, {ui.plain(comparison.created)}. Its {len(ids)} runs were saved in the run "
+        f"store of the machine that made them; {mine} Running the command makes them anew in yours."
     )
+elif ids:
+    st.caption(f"This comparison saved {len(ids)} runs: {mine}")
 st.divider()
 ui.export_all(
     plots,

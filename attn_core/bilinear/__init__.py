@@ -14,10 +14,20 @@ Split by concern (docs/architecture.md, the maths in docs/maths.md):
   the forward stopped there) and a head's :class:`LongView` (exact window, top-k keys, pooled
   overview), so that no n^2 cells go to a browser;
 - ``detectors``: detection patterns and head detector scores (take a ``Transformer``);
-- ``checks``: the input checks (layer, heads, tokens, the model object).
+- ``checks``: the input checks (layer, heads, tokens, the model object) and ``layer_mask``, the
+  model's own mask (causal, sliding window) that every view and attribution uses.
 """
 
-from attn_core.bilinear.checks import check_heads, check_layer, check_loaded, check_model, check_tokens
+from attn_core.bilinear.checks import (
+    check_heads,
+    check_layer,
+    check_loaded,
+    check_model,
+    check_tokens,
+    layer_mask,
+    longest_input,
+    visible_keys,
+)
 from attn_core.bilinear.detectors import (
     DETECTORS,
     best_heads,
@@ -70,7 +80,9 @@ __all__ = [
     "head_detectors",
     "layer_B",
     "layer_form",
+    "layer_mask",
     "layer_scores",
+    "longest_input",
     "model_form",
     "pool_blocks",
     "positional_inputs",
@@ -78,6 +90,7 @@ __all__ = [
     "positional_view",
     "random_tokens",
     "sample_tokens",
+    "visible_keys",
     "sequence_view",
     "spectrum",
     "spectrum_frame",

@@ -1,11 +1,13 @@
 """The input checks of the bilinear engine, in one place: a layer, heads, token ids, and the
 model object a function takes. Each failure is a ValueError (TypeError for a wrong object) of
 one sentence that names the valid range (a ``limits.LimitError`` for a view larger than the
-memory limit)."""
+memory limit); and the one mask a view takes its visible keys from (``layer_mask``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import torch
 
 from attn_core import limits
 from attn_core.model import Transformer
@@ -46,9 +48,40 @@ def check_tokens(model: Transformer, token_ids: Sequence[int], max_len: int | No
     top = model.cfg.n_ctx if max_len is None else max_len
     if len(ids) > top:
         raise ValueError(f"{len(ids)} tokens exceed the model context of {top}")
-    n, h = len(ids), model.cfg.n_heads  # a view holds scores and pattern, [heads, n, n] each
-    limits.check_memory(f"a view of {n} x {n} scores for {h} heads", 2 * h * n * n * limits.FLOAT_BYTES)
+    n, h = len(ids), model.cfg.n_heads
+    limits.check_memory(f"a view of {n} x {n} scores for {h} heads", _view_bytes(h, n))
     return ids
+
+
+MAX_SCORE_BYTES = 4 * 2**30  # S of one layer (every head, float32) may take at most this much
+
+
+def _view_bytes(heads: int, n: int) -> int:
+    """A view holds scores and pattern, [heads, n, n] each."""
+    return 2 * heads * n * n * limits.FLOAT_BYTES
+
+
+def longest_input(model: Transformer) -> int:
+    """The most tokens a view of ``model`` may have now: its context, cut to what the memory
+    limit (:func:`check_tokens`) and one layer's scores (:data:`MAX_SCORE_BYTES`) allow. A page's
+    default input length stays within it (a context of 10^6 tokens is not a default)."""
+    h, budget = model.cfg.n_heads, limits.memory_limit()
+    n = int(min((budget / (2 * h * limits.FLOAT_BYTES)) ** 0.5, (MAX_SCORE_BYTES / (h * limits.FLOAT_BYTES)) ** 0.5))
+    while n > 1 and _view_bytes(h, n) > budget:  # the float square root may round up
+        n -= 1
+    return max(1, min(model.cfg.n_ctx, n))
+
+
+def layer_mask(model: Transformer, layer: int, n: int) -> torch.Tensor:
+    """The model's own mask of ``layer`` on ``n`` tokens, [n, n] bool, True where query i sees key
+    j: causal, and within the layer's sliding window when it has one (``cfg.window``). Every
+    view, attribution and long view takes the keys a query sees from here."""
+    return model.mask(n, model.cfg.window(check_layer(model, layer)))
+
+
+def visible_keys(model: Transformer, layer: int, n: int, query: int) -> list[int]:
+    """The key positions query ``query`` sees at ``layer`` in an input of ``n`` tokens, in order."""
+    return torch.nonzero(layer_mask(model, layer, n)[query]).flatten().tolist()
 
 
 def check_loaded(loaded: LoadedModel, what: str) -> LoadedModel:

@@ -23,15 +23,15 @@ def detection_patterns(tokens: torch.Tensor) -> dict[str, torch.Tensor]:
     should attend): previous token (i -> i-1), duplicate token (i -> earlier j with the same
     token), induction (i -> j+1 for earlier j with the same token as i), self (i -> i)."""
     b, T = tokens.shape
-    eye = torch.eye(T, dtype=torch.bool)
-    strictly_lower = torch.tril(torch.ones(T, T, dtype=torch.bool), -1)
+    eye = torch.eye(T, dtype=torch.bool, device=tokens.device)
+    strictly_lower = torch.tril(torch.ones(T, T, dtype=torch.bool, device=tokens.device), -1)
     same = tokens[:, :, None] == tokens[:, None, :]  # [b, T, T]
     duplicate = same & strictly_lower
     induction = torch.zeros_like(duplicate)
     induction[:, :, 1:] = duplicate[:, :, :-1]  # attend to the token after the earlier copy
     induction &= strictly_lower
-    previous = torch.zeros(T, T, dtype=torch.bool)
-    previous[1:, :-1] = torch.eye(T - 1, dtype=torch.bool)
+    previous = torch.zeros_like(eye)
+    previous[1:, :-1] = eye[1:, 1:]
     return {
         "previous_token": previous.expand(b, T, T),
         "induction": induction,

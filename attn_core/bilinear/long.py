@@ -32,7 +32,14 @@ import pandas as pd
 import torch
 
 from attn_core import metrics
-from attn_core.bilinear.checks import check_heads, check_layer, check_loaded, check_tokens
+from attn_core.bilinear.checks import (
+    MAX_SCORE_BYTES,
+    check_heads,
+    check_layer,
+    check_loaded,
+    check_tokens,
+    layer_mask,
+)
 from attn_core.bilinear.tokens import position_labels
 from attn_core.bilinear.views import View
 from attn_core.hooks import act_name
@@ -45,7 +52,6 @@ WINDOW = 64  # positions in the exact window
 TOP_K = 16  # keys in the top-k list
 BLOCKS = 256  # the overview has at most BLOCKS x BLOCKS cells
 POOLS = ("max", "mean")
-MAX_SCORE_BYTES = 4 * 2**30  # S of one layer (every head, float32) may take at most this much
 
 
 class _Stop(Exception):
@@ -298,5 +304,5 @@ def layer_scores(
         except _Stop:
             pass
     labels = position_labels(loaded, ids)
-    mask = model.mask(n, model.cfg.window(layer)).cpu()
+    mask = layer_mask(model, layer, n).cpu()
     return LayerScores(layer, ids, labels, kept["S"], mask, float(model.cfg.entmax_alpha))

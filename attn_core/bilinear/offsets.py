@@ -77,6 +77,22 @@ def offset_spectrum(model: Transformer, layer: int, head: int, offsets=None, k: 
     return pd.DataFrame(rows)
 
 
+def sigma1_summary(model: Transformer, layer: int, head: int, offsets=None) -> dict:
+    """sigma_1(B(delta)) of one head over ``offsets`` (default :func:`default_offsets`): at
+    delta = 0 (the un-rotated form) and its min, mean and max over the offsets (a run's
+    measurement and live telemetry of rotary heads)."""
+    offsets = default_offsets(model) if offsets is None else offsets
+    with torch.no_grad():
+        sigma1 = offset_form(model, layer, head, offsets).singular_values[:, 0].float()
+    return {
+        "sigma1_at_0": float(sigma1[0]),
+        "sigma1_min": float(sigma1.min()),
+        "sigma1_mean": float(sigma1.mean()),
+        "sigma1_max": float(sigma1.max()),
+        "offsets": len(offsets),
+    }
+
+
 def reference_spectra(model: Transformer, layer: int, head: int, k: int = 8) -> pd.DataFrame:
     """The spectra an offset does not change, to read B(delta)'s against: the un-rotated
     W_Q W_K^T / sqrt(d_qk) (= B(0)) and, for a partially rotary head, the offset-free part

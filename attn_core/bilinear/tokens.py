@@ -89,6 +89,16 @@ def _vocab(folder: str, name: str, V: int, stamp) -> tuple[str, ...]:
     return tuple(checkpoint.read_vocab(Path(folder), name, V))
 
 
+@functools.lru_cache(maxsize=64)
+def _encoded(tok: Tokenizer, text: str) -> tuple[tuple[int, ...], ValueError | None]:
+    """``text`` tokenized by ``tok`` (bounded in time: ``hf.tokenizer.encode``), or the error,
+    remembered: a page's rerun does not wait for a tokenizer that timed out again."""
+    try:
+        return tuple(hf_tokenizer.encode(tok, text)), None
+    except ValueError as e:  # LimitError and CheckpointError included
+        return (), e
+
+
 def encode(loaded: LoadedModel, text: str) -> list[int]:
     """Space-separated tokens: names of the task's vocabulary, or ids / vocabulary entries for a
     model without a task; with a tokenizer.json, the text as that tokenizer splits it. Raises
@@ -102,7 +112,10 @@ def encode(loaded: LoadedModel, text: str) -> list[int]:
         return task.encode(text)
     tok = tokenizer(loaded)
     if tok is not None:
-        return check_tokens(model, hf_tokenizer.encode(tok, text))
+        ids, error = _encoded(tok, text)
+        if error is not None:
+            raise error
+        return check_tokens(model, list(ids))
     words = text.split()
     if not words:
         raise ValueError("no tokens given")

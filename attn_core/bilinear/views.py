@@ -28,7 +28,7 @@ import pandas as pd
 import torch
 
 from attn_core import metrics
-from attn_core.bilinear.checks import check_heads, check_layer, check_loaded, check_tokens
+from attn_core.bilinear.checks import check_heads, check_layer, check_loaded, check_tokens, layer_mask
 from attn_core.bilinear.heads import augment, has_bias, layer_form
 from attn_core.bilinear.tokens import position_labels, token_names
 from attn_core.hooks import act_name
@@ -46,7 +46,8 @@ MAX_VIEW_TOKENS = 512
 
 def vocab_inputs(model: Transformer, layer: int = 0, tokens: Sequence[int] | None = None) -> torch.Tensor:
     """x_t = ln1_layer(W_E[t] + mean_p W_pos[p]) for every token (or ``tokens``), [V, d_model]."""
-    E = model.embed.W_E if tokens is None else model.embed.W_E[torch.as_tensor(list(tokens), dtype=torch.long)]
+    W_E = model.embed.W_E
+    E = W_E if tokens is None else W_E[torch.as_tensor(list(tokens), dtype=torch.long, device=W_E.device)]
     if model.cfg.positional == "learned":
         E = E + model.pos_embed.W_pos.mean(0)
     return model.blocks[check_layer(model, layer)].ln1(E)
@@ -227,7 +228,7 @@ def sequence_view(loaded: LoadedModel, tokens: Sequence[int], layer: int = 0, he
         _, cache = model.run_with_cache(torch.tensor([ids], device=model.embed.W_E.device), names_filter=names)
     S, A = (cache[n][0, heads] for n in names)  # [len(heads), T, T]
     labels = position_labels(loaded, ids)
-    mask = model.mask(len(ids), model.cfg.window(layer))
+    mask = layer_mask(model, layer, len(ids))
     return _view("sequence", layer, heads, S, A, mask, labels, ids, {"n_tokens": len(ids)})
 
 
@@ -260,8 +261,8 @@ def vocabulary_view(
 
 
 def positional_view(loaded: LoadedModel, layer: int = 0, heads=None) -> View:
-    """f_x(y) with x, y every position's embedding; causal, as the model sees positions (at
-    most the first MAX_VIEW_TOKENS positions)."""
+    """f_x(y) with x, y every position's embedding; masked as the model masks the layer (causal,
+    and its sliding window), at most the first MAX_VIEW_TOKENS positions."""
     model = check_loaded(loaded, "positional_view").model
     check_layer(model, layer)
     heads = check_heads(model, heads)
@@ -269,7 +270,7 @@ def positional_view(loaded: LoadedModel, layer: int = 0, heads=None) -> View:
     meta = {"n_ctx": model.cfg.n_ctx}
     if model.cfg.n_ctx > n:
         meta["note"] = f"first {n} of {model.cfg.n_ctx} positions"
-    mask = model.mask(n)
+    mask = layer_mask(model, layer, n)
     with torch.no_grad():
         S = positional_scores(model, layer, heads)[:, :n, :n]
         A = attention_weights(S, mask, model.cfg.entmax_alpha)

@@ -48,7 +48,16 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
-from attn_core.bilinear import QKForm, check_heads, check_layer, check_loaded, check_tokens, layer_form, token_names
+from attn_core.bilinear import (
+    QKForm,
+    check_heads,
+    check_layer,
+    check_loaded,
+    check_tokens,
+    layer_form,
+    token_names,
+    visible_keys,
+)
 from attn_core.hooks import act_name
 from attn_core.model import Transformer
 from attn_core.sources import LoadedModel
@@ -62,7 +71,8 @@ SPLIT_PARTS = ("token-token", "token-position", "position-token", "position-posi
 class Attribution:
     """The scores of one query against every key it sees, split as in (1) and (2).
 
-    ``keys`` [n] key positions (0..query), ``sigma`` [k] the singular values of B,
+    ``keys`` [n] the key positions the query sees (the model's own mask: causal, and the
+    layer's sliding window), ``sigma`` [k] the singular values of B,
     ``x_coords`` [k] = x . u_i, ``y_coords`` [n, k] = y . v_i, ``terms`` [n, k] the rank-1
     contributions, ``bias_parts`` [n, 3], ``scores`` [n] = terms.sum(-1) + bias."""
 
@@ -175,7 +185,7 @@ def bias_terms(model: Transformer, layer: int, head: int, x: torch.Tensor, y: to
     """(2) split in its parts, [n, 3] for one query row x [d] and key rows y [n, d] (zeros
     without query/key biases)."""
     if not (model.cfg.attn_bias and model.cfg.qk == "factored"):
-        return torch.zeros(y.shape[0], 3, dtype=torch.float64)
+        return torch.zeros(y.shape[0], 3, dtype=torch.float64, device=y.device)
     attn = model.blocks[layer].attn
     w = model.cfg.head_d_qk(layer, head)
     W_Q, W_K = attn.W_Q[head, :, :w].double(), attn.per_head("W_K")[head, :, :w].double()  # [d, w]
@@ -197,26 +207,27 @@ def _check_query(query: int, n: int) -> int:
 
 
 def attribute(loaded: LoadedModel, tokens: Sequence[int], layer: int, head: int, query: int) -> Attribution:
-    """Split the scores of query position ``query`` against keys 0..query of a real input
+    """Split the scores of query position ``query`` against the keys it sees of a real input
     (``tokens``) into the rank-1 terms of B and the bias, per (1) and (2); keys are named by
     ``bilinear.token_names``."""
     model = check_loaded(loaded, "attribute").model
     ids = check_tokens(model, tokens)
     q = _check_query(query, len(ids))
+    keys = visible_keys(model, check_layer(model, layer), len(ids), q)  # the model's own mask (window too)
     if model.cfg.positional == "rotary":
-        return _rotary_attribution(loaded, ids, check_layer(model, layer), check_heads(model, head)[0], q)
+        return _rotary_attribution(loaded, ids, layer, check_heads(model, head)[0], q, keys)
     with torch.no_grad():
         form = head_form(model, layer, head)
         U, S, Vh = form.svd  # [d, k], [k], [k, d]
         X = _layer_input(model, ids, layer).double()  # [T, d]
-        x, y = X[q], X[: q + 1]  # [d], [n, d]
+        x, y = X[q], X[keys]  # [d], [n, d]
         xc = x @ U  # [k]
         yc = y @ Vh.T  # [n, k]
         terms = S * xc * yc  # [n, k]
         bias = bias_terms(model, layer, head, x, y)  # [n, 3]
     names = token_names(loaded)
     return Attribution(
-        *_who(layer, head, q, ids, names),
+        *_who(layer, head, q, keys, ids, names),
         S.cpu(),
         xc.cpu(),
         yc.cpu(),
@@ -226,13 +237,14 @@ def attribute(loaded: LoadedModel, tokens: Sequence[int], layer: int, head: int,
     )
 
 
-def _who(layer: int, head: int, q: int, ids: list[int], names: list[str]) -> tuple:
-    """The first fields of an :class:`Attribution`: layer, head, query, keys 0..q, their ids and labels."""
-    keys = list(range(q + 1))
+def _who(layer: int, head: int, q: int, keys: list[int], ids: list[int], names: list[str]) -> tuple:
+    """The first fields of an :class:`Attribution`: layer, head, query, the keys it sees, their ids and labels."""
     return layer, head, q, keys, [ids[k] for k in keys], [names[ids[k]] for k in keys]
 
 
-def _rotary_attribution(loaded: LoadedModel, ids: list[int], layer: int, head: int, q: int) -> Attribution:
+def _rotary_attribution(
+    loaded: LoadedModel, ids: list[int], layer: int, head: int, q: int, keys: list[int]
+) -> Attribution:
     """Rotary heads: each key has its own B(delta), so the score is split by rotation plane.
     With Q~ and K~ the rotated query and keys (biases included, as the hook points hold them),
     S = sum_c (Q~_c K~_c + Q~_{c+r/2} K~_{c+r/2}) / sqrt(d) + Q~[r:] . K~[r:] / sqrt(d): plane
@@ -244,24 +256,24 @@ def _rotary_attribution(loaded: LoadedModel, ids: list[int], layer: int, head: i
     with torch.no_grad():
         _, cache = model.run_with_cache(torch.tensor([ids], device=model.embed.W_E.device), names_filter=names_kept)
         Qt = cache[names_kept[0]][0, head, q].double()  # [w]
-        Kt = cache[names_kept[1]][0, head, : q + 1].double()  # [n, w]
+        Kt = cache[names_kept[1]][0, head, keys].double()  # [n, w]
     r, half = cfg.rotary_dims, cfg.rotary_dims // 2
     scale = cfg.head_d_qk(layer, head) ** -0.5
     planes = [[c, c + half] for c in range(half)] + ([list(range(r, cfg.d_head))] if r < cfg.d_head else [])
     terms = torch.stack([(Qt[p] * Kt[:, p]).sum(-1) * scale for p in planes], dim=-1)  # [n, k]
-    omega = model.blocks[layer].attn.inv_freq.double().cpu()  # omega_c of each plane
-    freqs = torch.cat([omega, torch.zeros(1, dtype=torch.float64)])[: len(planes)]
-    term_names = [f"plane {c} (ω {omega[c]:.3g})" for c in range(half)] + (
+    omega = model.blocks[layer].attn.inv_freq.double()  # omega_c of each plane
+    freqs = torch.cat([omega, torch.zeros_like(omega[:1])])[: len(planes)]
+    term_names = [f"plane {c} (ω {w:.3g})" for c, w in enumerate(omega[:half].tolist())] + (
         ["offset-free dims"] if r < cfg.d_head else []
     )
     names = token_names(loaded)
     return Attribution(
-        *_who(layer, head, q, ids, names),
-        freqs,
-        torch.stack([Qt[p].norm() for p in planes]),
-        torch.stack([Kt[:, p].norm(dim=-1) for p in planes], dim=-1),
-        terms,
-        torch.zeros(q + 1, 3, dtype=torch.float64),
+        *_who(layer, head, q, keys, ids, names),
+        freqs.cpu(),
+        torch.stack([Qt[p].norm() for p in planes]).cpu(),
+        torch.stack([Kt[:, p].norm(dim=-1) for p in planes], dim=-1).cpu(),
+        terms.cpu(),
+        torch.zeros(len(keys), 3, dtype=torch.float64),  # on the CPU, like the rest
         meta=dict(query_token=names[ids[q]], rank_cap=len(planes), split="rotation planes"),
         term_names=term_names,
     )
@@ -292,13 +304,14 @@ def residual_parts(model: Transformer, ids: list[int]) -> tuple[torch.Tensor, to
 
 
 def token_position_split(loaded: LoadedModel, tokens: Sequence[int], head: int, query: int) -> pd.DataFrame:
-    """At layer 0: per key 0..query, the score and its token-token, token-position,
+    """At layer 0: per key the query sees (``visible_keys``), the score and its token-token, token-position,
     position-token, position-position and bias parts (columns named by SPLIT_PARTS), which add up
     to the model's own score."""
     model = check_loaded(loaded, "token_position_split").model
     ids = check_tokens(model, tokens)
     q = _check_query(query, len(ids))
     check_heads(model, head)
+    keys = visible_keys(model, 0, len(ids), q)
     with torch.no_grad():
         tok, pos, const = residual_parts(model, ids)
         form = layer_form(model, 0, augmented=True)[head]
@@ -309,16 +322,16 @@ def token_position_split(loaded: LoadedModel, tokens: Sequence[int], head: int, 
 
         xs = {"token": aug(tok[q], 0.0), "position": aug(pos[q], 0.0), "const": aug(const, 1.0)}  # [d + 1]
         ys = {
-            "token": aug(tok[: q + 1], 0.0),
-            "position": aug(pos[: q + 1], 0.0),
-            "const": aug(const, 1.0).expand(q + 1, -1),
+            "token": aug(tok[keys], 0.0),
+            "position": aug(pos[keys], 0.0),
+            "const": aug(const, 1.0).expand(len(keys), -1),
         }  # [n, d + 1]
         parts = {f"{a}-{b}": ys[b] @ (xs[a] @ Bp) for a in xs for b in ys}  # [n] each
     out = {name: parts[name] for name in SPLIT_PARTS[:4]}
     out["bias"] = sum(v for k, v in parts.items() if "const" in k)
     names = token_names(loaded)
     df = pd.DataFrame({k: v.tolist() for k, v in out.items()})
-    df.insert(0, "label", [names[ids[k]] for k in range(q + 1)])
-    df.insert(0, "key", list(range(q + 1)))
+    df.insert(0, "label", [names[ids[k]] for k in keys])
+    df.insert(0, "key", keys)
     df.insert(2, "score", df[list(SPLIT_PARTS)].sum(axis=1))
     return df.assign(layer=0, head=head, query=q)

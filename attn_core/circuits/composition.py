@@ -216,7 +216,7 @@ def composition(model: Transformer, fold_ln: bool = True, n_samples: int = N_SAM
                     "v": composition_score(L1, R1, VL, VR),
                 }  # [H, H] each
                 for k in KINDS:
-                    scores[k][a * H : (a + 1) * H, b * H : (b + 1) * H] = block[k].float()
+                    scores[k][a * H : (a + 1) * H, b * H : (b + 1) * H] = block[k].float().cpu()
         cache: dict = {}
         for i in range(n):
             a, ha = divmod(i, H)

@@ -117,7 +117,7 @@ def full_ov_form(model: Transformer, layer: int, tokens: Sequence[int] | None = 
     E = _token_rows(model, layer, tokens)  # [n, d]
     U = unembed_matrix(model)  # [d, V]
     if tokens is not None:
-        U = U[:, torch.as_tensor(list(tokens), dtype=torch.long)]
+        U = U[:, torch.as_tensor(list(tokens), dtype=torch.long, device=U.device)]
     attn = model.blocks[layer].attn
     left = torch.einsum("nd,hde->hne", E, attn.per_head("W_V"))  # [h, n, d_head]
     right = torch.einsum("hed,dn->hne", attn.W_O, U)  # [h, n, d_head]

@@ -3,65 +3,256 @@ then prints exactly one JSON document on stdout; errors go to stderr as one line
 ``--json`` also a JSON object ``{"error": ..., "kind": ...}`` on stdout), exit code 2 for bad
 input and 1 for an unexpected error, never a traceback (:func:`main`).
 
-One module per command group, each a ``typer.Typer`` merged into :data:`app` here:
-``models`` (zoo, eval, train, presets), ``bilinear`` (spectrum, scores, heads, export),
-``rotary`` (offsets, pair),
-``circuits`` (circuits, attribute), ``runs`` (retrain, runs, runs show), ``sweep`` (sweep,
-sweeps, sweeps show), ``grow``, ``kernels``
-(kernels, kernels-bench) and ``qk`` (compare-qk); ``common`` holds what they share. Every model NAME goes through
-``attn_core.sources.resolve``; option defaults whose setting lives in a config dataclass are read
-from it (``attn_core.validate.default``)."""
+One module per command group, each a ``typer.Typer`` whose commands are listed here
+(:data:`GROUPS`): ``models`` (zoo, eval, train, presets), ``bilinear`` (spectrum, scores, heads,
+export), ``rotary`` (offsets, pair), ``circuits`` (circuits, attribute), ``runs`` (retrain, runs,
+runs show), ``sweep`` (sweep, sweeps, sweeps show), ``dynamics`` (metrics across checkpoints), ``grow``, ``kernels`` (kernels,
+kernels-bench), ``qk`` (compare-qk), ``export`` (export-hf) and ``gallery``; ``common`` holds what
+they share. Every model NAME goes through ``attn_core.sources.resolve``; option defaults whose
+setting lives in a config dataclass are read from it (``attn_core.validate.default``).
+
+Start-up is lazy (:class:`LazyGroup`): ``attn-lab --help``, a mistyped command or option of the
+root answer from the groups' source text (read, never imported), and a command imports only its
+own group's module, so help never waits for torch or pandas (``benchmarks/cli_startup.py``).
+Help is click's plain text, wrapped at the terminal's width by whole words."""
 
 from __future__ import annotations
 
+import ast
+import difflib
+import functools
+import importlib
+import importlib.util
 import os
+import re
+import shutil
 import sys
 import warnings
 
 import click
 import typer
+import typer.core
+import typer.main
 
-from attn_core.cli import bilinear, circuits, export, grow, kernels, models, qk, rotary, runs, sweep
 from attn_core.cli.common import message_of, report
+from attn_core.training.interrupt import SIGINT_EXIT
+
+# The command groups in `attn-lab --help` order: a module of attn_core/cli and its Typer apps
+# ("app" holds plain commands; any other name is a sub-group registered under the name given).
+GROUPS: tuple[tuple[str, dict[str, str]], ...] = (
+    ("models", {"app": ""}),
+    ("bilinear", {"app": ""}),
+    ("rotary", {"app": ""}),
+    ("circuits", {"app": ""}),
+    ("runs", {"app": "", "runs_app": "runs"}),
+    ("sweep", {"app": "", "sweeps_app": "sweeps"}),
+    ("dynamics", {"app": ""}),
+    ("grow", {"app": ""}),
+    ("kernels", {"app": ""}),
+    ("qk", {"app": ""}),
+    ("export", {"app": ""}),
+    ("gallery", {"app": ""}),
+)
+HELP = "attn-lab: see, measure, regularize and retrain the QK bilinear form of attention."
+MIN_WIDTH, MAX_WIDTH = 30, 100  # help text columns: the terminal's, within these
+
+
+def help_width() -> int:
+    """The column count help is wrapped at: the terminal's (``COLUMNS`` when set), at least
+    :data:`MIN_WIDTH` and at most :data:`MAX_WIDTH`."""
+    return max(MIN_WIDTH, min(MAX_WIDTH, shutil.get_terminal_size((80, 24)).columns - 1))
+
+
+@functools.cache
+def command_table() -> dict[str, tuple[str, str, str]]:
+    """``{command: (module, Typer attribute, help)}`` read from the groups' source with
+    :mod:`ast`: the modules are not imported (their imports reach torch)."""
+    table: dict[str, tuple[str, str, str]] = {}
+    for module, apps in GROUPS:
+        spec = importlib.util.find_spec(f"{__name__}.{module}")
+        with open(spec.origin, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        groups = {}  # sub-groups come after the module's plain commands
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef):
+                for name in _commands_of(node, apps):
+                    table[name] = (module, "app", ast.get_docstring(node) or "")
+            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                for target in node.targets:
+                    if isinstance(target, ast.Name) and apps.get(target.id):
+                        kw = {k.arg: k.value for k in node.value.keywords}
+                        text = kw["help"].value if isinstance(kw.get("help"), ast.Constant) else ""
+                        groups[apps[target.id]] = (module, target.id, text)
+        table.update(groups)
+    return table
+
+
+def _commands_of(fn: ast.FunctionDef, apps: dict[str, str]) -> list[str]:
+    """The names under which ``@app.command("name")`` (or ``@app.command()``) registers ``fn``."""
+    names = []
+    for dec in fn.decorator_list:
+        if (
+            isinstance(dec, ast.Call)
+            and isinstance(dec.func, ast.Attribute)
+            and dec.func.attr == "command"
+            and isinstance(dec.func.value, ast.Name)
+            and dec.func.value.id == "app"
+            and "app" in apps
+        ):
+            given = dec.args[0].value if dec.args and isinstance(dec.args[0], ast.Constant) else None
+            names.append(given or fn.name.replace("_", "-"))
+    return names
+
+
+class _Formatter(typer.Context.formatter_class):
+    """Click's help formatter whose option column narrows with the terminal (click keeps it
+    30 wide and squeezes the text beside it into 10 columns); a longer option name puts its
+    text on the next line."""
+
+    def write_dl(self, rows, col_max: int = 30, col_spacing: int = 2) -> None:
+        super().write_dl(rows, min(col_max, max(8, (self.width - self.current_indent) // 3)), col_spacing)
+
+
+class _Context(typer.Context):
+    formatter_class = _Formatter
+
+
+def _plain_help(cmd):
+    """Click's plain help (wrapped paragraphs, never Rich's boxes) for ``cmd`` and its
+    subcommands, a group's commands listed by :func:`format_commands`."""
+    cmd.rich_markup_mode = None
+    cmd.context_class = _Context
+    if hasattr(cmd, "commands"):
+        cmd.format_commands = functools.partial(format_commands, [(n, c.help or "") for n, c in cmd.commands.items()])
+        for sub in cmd.commands.values():
+            _plain_help(sub)
+    return cmd
+
+
+def format_commands(rows: list[tuple[str, str]], ctx, formatter) -> None:
+    """A group's commands, each with its docstring's first sentence wrapped by words (click
+    cuts it to one line with "...")."""
+    with formatter.section("Commands"):
+        formatter.write_dl([(name, _first_sentence(text)) for name, text in rows], col_max=16)
+
+
+@functools.cache
+def _load(module: str, attr: str):
+    """The click command of one Typer app of a group module (importing that module only)."""
+    group = importlib.import_module(f"{__name__}.{module}")
+    return _plain_help(typer.main.get_command(getattr(group, attr)))
+
+
+class LazyGroup(typer.core.TyperGroup):
+    """The root command: lists commands from :func:`command_table` and imports a command's
+    module only when that command runs (or shows its help)."""
+
+    context_class = _Context
+
+    def list_commands(self, ctx) -> list[str]:
+        return list(command_table())
+
+    def get_command(self, ctx, name: str):
+        if name not in command_table():
+            return None
+        module, attr, _ = command_table()[name]
+        cmd = _load(module, attr)
+        if attr != "app":  # a sub-group (runs, sweeps): named here
+            cmd.name = name
+            return cmd
+        return cmd.commands[name] if hasattr(cmd, "commands") else cmd
+
+    def format_commands(self, ctx, formatter) -> None:
+        format_commands([(name, text) for name, (_, _, text) in command_table().items()], ctx, formatter)
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        # A mistyped command is answered here, before typer coerces the root's parameters (which
+        # imports pydantic): the one line click would print, with the nearest commands.
+        if args and not args[0].startswith("-") and args[0] not in command_table():
+            near = difflib.get_close_matches(args[0], list(command_table()), n=3)
+            hint = f" Did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+            ctx.fail(f"No such command {args[0]!r}.{hint}")
+        return super().parse_args(ctx, args)
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        extra.setdefault("terminal_width", help_width())
+        extra.setdefault("max_content_width", MAX_WIDTH)
+        return super().make_context(info_name, args, parent=parent, **extra)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:  # before click turns it into Abort (and prints a blank line)
+            raise Interrupted() from None
+
+
+class Interrupted(Exception):
+    """Ctrl-C that no command handled (while modules load, say): exit 130, one line."""
+
+
+def _first_sentence(text: str) -> str:
+    """The first sentence of a docstring's first paragraph (ends at a full stop and a capital)."""
+    para = " ".join(text.split("\n\n")[0].split())
+    end = re.search(r"\.\s+(?=[A-Z])", para)
+    return para if end is None else para[: end.start() + 1]
+
 
 app = typer.Typer(
+    cls=LazyGroup,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    help="attn-lab: see, measure, regularize and retrain the QK bilinear form of attention.",
+    rich_markup_mode=None,
+    help=HELP,
 )
-for group in (models, bilinear, rotary, circuits, runs, sweep, grow, kernels, qk, export):  # `attn-lab --help` order
-    app.add_typer(group.app)
-app.add_typer(runs.runs_app, name="runs")
-app.add_typer(sweep.sweeps_app, name="sweeps")
+
+
+@app.callback()
+def _root() -> None:
+    pass
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run the command line: every error, a usage error or a bug included, ends as one line
     on stderr (and with ``--json`` a JSON error object on stdout), never a traceback (set
-    ATTN_LAB_DEBUG=1 to see the traceback of an unexpected error)."""
+    ATTN_LAB_DEBUG=1 to see the traceback of an unexpected error). Ctrl-C that no command
+    handles (while torch loads, say) exits 130 with the one line ``interrupted``."""
     args = sys.argv[1:] if argv is None else list(argv)
-    warnings.formatwarning = _warning_line
     as_json = "--json" in args
     try:
-        code = app(args=args, prog_name="attn-lab", standalone_mode=False)
+        warnings.formatwarning = _warning_line
+        code = _run(args, as_json)
+    except KeyboardInterrupt:  # between click's handlers: still one line
+        code = _interrupted(as_json)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _run(args: list[str], as_json: bool):
+    try:
+        return app(args=args, prog_name="attn-lab", standalone_mode=False)
     except _USAGE_ERRORS as e:  # a bad option, a missing argument, a value of the wrong type
         if type(e).__name__ == "NoArgsIsHelpError":  # `attn-lab` alone: the help, as click shows it
             e.show()
-            sys.exit(e.exit_code)
-        code = report(_usage_line(e), as_json, "usage", getattr(e, "exit_code", 2))
-    except _ABORTS:  # Ctrl-C outside a command that handles it
-        code = report("interrupted", as_json, "interrupted", 130)
+            return e.exit_code
+        return report(_usage_line(e), as_json, "usage", getattr(e, "exit_code", 2))
+    except (Interrupted, *_ABORTS):  # Ctrl-C outside a command that handles it
+        return _interrupted(as_json)
     except RecursionError as e:
-        code = report(message_of(e), as_json, "invalid", 2)
+        return report(message_of(e), as_json, "invalid", 2)
     except MemoryError:
-        code = report("out of memory: the input is larger than this machine can hold", as_json, "limit", 1)
+        return report("out of memory: the input is larger than this machine can hold", as_json, "limit", 1)
     except Exception as e:  # a bug: still one line, and the way to see more
         if os.environ.get("ATTN_LAB_DEBUG"):
             raise
         name = type(e).__name__
-        code = report(f"unexpected {name}: {e} (set ATTN_LAB_DEBUG=1 for the traceback)", as_json, "internal", 1)
-    sys.exit(code if isinstance(code, int) else 0)
+        return report(f"unexpected {name}: {e} (set ATTN_LAB_DEBUG=1 for the traceback)", as_json, "internal", 1)
+
+
+def _interrupted(as_json: bool) -> int:
+    if as_json:
+        print('{"error": "interrupted", "kind": "interrupted"}', flush=True)
+    print("interrupted", file=sys.stderr, flush=True)
+    return SIGINT_EXIT
 
 
 # typer >= 0.20 carries its own copy of click: its exceptions and click's are caught alike

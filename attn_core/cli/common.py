@@ -123,11 +123,24 @@ def guarded(fn: Callable) -> Callable:
         except (ValueError, KeyError, OSError, RecursionError) as e:
             fail(message_of(e), bool(kwargs.get("as_json")), error_kind(e))
         except RuntimeError as e:  # torch's linear algebra on weights it cannot handle
+            if "can't allocate memory" in str(e):  # beyond a cap the estimates did not see
+                fail(out_of_memory(e), bool(kwargs.get("as_json")), "limit")
             if type(e).__name__ != "LinAlgError":
                 raise
             fail(f"the linear algebra failed on this model's weights ({message_of(e)})", bool(kwargs.get("as_json")))
 
     return wrapper
+
+
+def out_of_memory(e: RuntimeError) -> str:
+    """The one line of torch's failed allocation (``... you tried to allocate N bytes ...``)."""
+    import re
+
+    from attn_core.limits import size_text
+
+    asked = re.search(r"allocate (\d+) bytes", str(e))
+    what = f"{size_text(int(asked.group(1)))} " if asked else ""
+    return f"not enough memory: an allocation of {what}failed (a memory cap?); use smaller sizes"
 
 
 def at_least(option: str, value: int, lo: int) -> None:

@@ -1,5 +1,7 @@
 """Export commands: ``export-hf`` writes a model as a Hugging Face GPT-2 folder
-(:mod:`attn_core.hf.export`), for transformers, TransformerLens, BertViz and nnsight."""
+(:mod:`attn_core.hf.export`), for transformers, TransformerLens, BertViz and nnsight; a model
+imported from a Hugging Face folder (or a run of one) is written back as its own family
+(:mod:`attn_core.hf.family_export`)."""
 
 from __future__ import annotations
 
@@ -21,12 +23,27 @@ def export_hf_cmd(
 ):
     """Write a zoo model or a saved run (run:<id>) as a transformers GPT-2 folder: config.json,
     model.safetensors, a tokenizer of the task's token names (an imported model's vocab.json) and a README. Models that do not
-    map onto GPT-2 (merged QK, no LayerNorm, entmax) are refused with the reason."""
+    map onto GPT-2 (merged QK, no LayerNorm, entmax) are refused with the reason. A model imported
+    from a Hugging Face folder, or a run retrained from one, is written back as its own family
+    (gpt2, gpt_neox, llama, mistral, qwen2) with its config.json and tokenizer files."""
     from attn_core.bilinear import token_names
     from attn_core.hf.export import export_gpt2
+    from attn_core.hf.family_export import export_family, hf_origin
     from attn_core.sources import resolve
 
     loaded = resolve(name)
+    origin = hf_origin(loaded)
+    if origin is not None:
+        summary = export_family(loaded, out, origin)
+        emit(
+            summary,
+            as_json,
+            lambda s: (
+                f"wrote {s['out']} ({s['model_type']}, {s['n_layer']} layers x {s['n_head']} heads, "
+                f"{s['bytes']} bytes, tokenizer files: {', '.join(s['tokenizer_files']) or 'none'})"
+            ),
+        )
+        return
     names = token_names(loaded)  # the task's, an imported model's vocab.json, else the ids
     has_names = names != [str(i) for i in range(len(names))]
     summary = export_gpt2(loaded, out, names if has_names else None, word_tokenizer=loaded.task is not None)

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from attn_core import limits
+from attn_core.cli import dynamics as dyn
 from attn_core.cli.common import JsonOpt, command_line, emit, guarded, needs_task, table
 from attn_core.training.config import TrainConfig
 from attn_core.training.device import check_precision
@@ -76,9 +77,21 @@ def train_cmd(
         default(TrainConfig, "precision"),
         help="fp32, or bf16 (autocast: forward and loss in bfloat16, weights and AdamW in fp32).",
     ),
+    compile: bool = typer.Option(
+        default(TrainConfig, "compile"),
+        "--compile/--no-compile",
+        help="torch.compile the training step (CUDA graphs on CUDA; compiling takes a while, "
+        "then each step is faster). Falls back to the eager step if it cannot compile.",
+    ),
+    checkpoint_every: int | None = dyn.EveryOpt,
+    checkpoint_log: int | None = dyn.LogOpt,
+    checkpoint_steps: str | None = dyn.StepsOpt,
+    checkpoint_params: str = dyn.ParamsOpt,
+    checkpoint_max_mb: float | None = dyn.MaxMbOpt,
     as_json: bool = JsonOpt,
 ):
-    """Train a preset from scratch; with --out, save model.safetensors, config.json and card.json.
+    """Train a preset from scratch; with --out, save model.safetensors, config.json and card.json
+    (and with --checkpoint-every/--checkpoint-log the weights across training in checkpoints/).
     Ctrl-C ends it (exit status 130) without writing --out."""
     from attn_core.destinations import check_destination
     from attn_core.presets import train_preset
@@ -87,6 +100,9 @@ def train_cmd(
     if steps is not None and steps <= 0:
         raise ValueError(f"--steps must be positive, got {steps}")
     check_precision(precision, prefix="--precision: ")
+    plan = dyn.checkpoint_plan(checkpoint_every, checkpoint_log, checkpoint_steps, checkpoint_params, checkpoint_max_mb)
+    if plan is not None and out is None:
+        raise ValueError("checkpoints need a folder to go in: give --out")
     if out is not None:
         check_destination(out)  # before training, not after it
     with exit_on_ctrl_c("nothing was saved" + (f" ({out} was not written)" if out else "")):
@@ -99,6 +115,9 @@ def train_cmd(
             progress=not as_json,
             command=command_line(),
             precision=precision,
+            compile=compile,
+            checkpoints=plan,
+            on_plan=dyn.say,
         )
     result = {"preset": preset, "out": str(out) if out else None, **card}
     emit(

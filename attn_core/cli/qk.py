@@ -119,13 +119,12 @@ def compare_qk_cmd(
         check_destination(out)  # before training: a folder, an existing file or no write access
     bar = None
     if not as_json:
-        from tqdm import tqdm
+        from attn_core.progress import Progress
 
-        bar = tqdm(total=1000, desc="compare-qk", bar_format="{l_bar}{bar}| {elapsed}<{remaining} {postfix}")
+        bar = Progress(100, "compare-qk", unit="")
 
     def progress(fraction: float, message: str) -> None:
-        bar.update(round(1000 * fraction) - bar.n)
-        bar.set_postfix_str(message, refresh=False)
+        bar.set(100 * fraction, message)
 
     with sigint_stops(exiting=True) as ctrl_c:  # held until the command ends
         result = compare(

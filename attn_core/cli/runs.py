@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import typer
 
-from attn_core.card import MEASURE_KEYS, public
+from attn_core.card import MEASURE_KEYS, TEXT_MEASURE_KEYS, public
+from attn_core.cli import dynamics as dyn
 from attn_core.cli.common import JsonOpt, emit, guarded, table
+from attn_core.finetune import TRAIN_HELP
 from attn_core.regularizers import REGULARIZERS
 from attn_core.training.config import JobConfig
 from attn_core.training.interrupt import SIGINT_EXIT
@@ -16,7 +19,9 @@ from attn_core.validate import default
 
 app = typer.Typer()
 runs_app = typer.Typer(
-    add_completion=False, help="List and inspect saved runs (the run store, $ATTN_LAB_RUNS or ./runs)."
+    add_completion=False,
+    help="List, inspect and import saved runs (the run store: $ATTN_LAB_RUNS, else one per user in the "
+    "platform's user data folder).",
 )
 
 _RUN_COLS = ["id", "parent", "task", "status", "created", "regularizers", "steps", "accuracy", "entropy_data"]
@@ -37,7 +42,8 @@ def _run_row(r: dict) -> dict:
 
 
 def _before_after(before: dict | None, after: dict | None) -> str:
-    rows = [{"": k, "before": (before or {}).get(k), "after": (after or {}).get(k)} for k in MEASURE_KEYS]
+    keys = MEASURE_KEYS + tuple(k for k in TEXT_MEASURE_KEYS if k in (before or {}) or k in (after or {}))
+    rows = [{"": k, "before": (before or {}).get(k), "after": (after or {}).get(k)} for k in keys]
     return table(rows, ["", "before", "after"])
 
 
@@ -45,7 +51,9 @@ def _before_after(before: dict | None, after: dict | None) -> str:
 @guarded
 def retrain_cmd(
     name: str = typer.Argument(
-        ..., help="Zoo model name or folder, run:<id> (fine-tune a run) or scratch:<preset> (fresh init)."
+        ...,
+        help="Zoo model name or folder, a Hugging Face folder (with --text), run:<id> (fine-tune a run) "
+        "or scratch:<preset> (fresh init).",
     ),
     reg: list[str] = typer.Option(
         [],
@@ -82,11 +90,47 @@ def retrain_cmd(
         "(default: 1 on CPU, 25 on CUDA); the NaN guard checks "
         "them there and keeps the last good weights.",
     ),
+    compile: bool = typer.Option(
+        default(JobConfig, "compile"),
+        "--compile/--no-compile",
+        help="torch.compile the training step (CUDA graphs on CUDA; compiling takes a while, "
+        "then each step is faster). Falls back to the eager step if it cannot compile.",
+    ),
+    checkpoint_every: int | None = dyn.EveryOpt,
+    checkpoint_log: int | None = dyn.LogOpt,
+    checkpoint_steps: str | None = dyn.StepsOpt,
+    checkpoint_params: str = dyn.ParamsOpt,
+    checkpoint_max_mb: float | None = dyn.MaxMbOpt,
+    text: str | None = typer.Option(
+        default(JobConfig, "text"),
+        "--text",
+        help="Retrain on this text: a .txt file or a folder of them, .jsonl (one JSON object per line) or "
+        "Parquet, tokenized by the model folder's own tokenizer.json (cached in the run store's text-cache).",
+    ),
+    text_field: str | None = typer.Option(
+        default(JobConfig, "text_field"), "--text-field", help="The text's JSON key or Parquet column (default text)."
+    ),
+    eval_text: str | None = typer.Option(
+        default(JobConfig, "eval_text"),
+        "--eval-text",
+        help="Held-out text (same formats); default the last 10% of --text.",
+    ),
+    block: int | None = typer.Option(
+        default(JobConfig, "block"), "--block", help="Tokens per training sequence (default min(context, 256))."
+    ),
+    train: str = typer.Option(default(JobConfig, "train"), "--train", help=TRAIN_HELP),
+    kl: float = typer.Option(
+        default(JobConfig, "kl"),
+        "--kl",
+        help="Add LAMBDA * KL(starting model || model) per token on the training batch, to keep behaviour "
+        "while heads concentrate (0: off).",
+    ),
     as_json: bool = JsonOpt,
 ):
     """Fine-tune a model with concentration regularizers; the run is saved in the run store.
-    Ctrl-C stops it after the current step and saves it (status stopped, exit status 130); a
-    run that failed exits 1 with its reason."""
+    A Hugging Face folder (or a run of one) retrains on --text: next-token loss on blocks of it,
+    perplexity measured on held-out text before and after. Ctrl-C stops it after the current
+    step and saves it (status stopped, exit status 130); a run that failed exits 1 with its reason."""
     from attn_core.training.interrupt import sigint_stops
     from attn_core.training.job import TrainingJob
 
@@ -102,9 +146,23 @@ def retrain_cmd(
         device=device,
         precision=precision,
         sync_every=sync_every,
+        compile=compile,
+        **dyn.checkpoint_settings(
+            checkpoint_every, checkpoint_log, checkpoint_steps, checkpoint_params, checkpoint_max_mb
+        ),
+        text=text,
+        text_field=text_field,
+        eval_text=eval_text,
+        block=block,
+        train=train,
+        kl=kl,
     )
+    if cfg.text is not None:  # tokenized once, with a progress bar; the job finds it in the cache
+        _tokenize_with_bar(cfg, quiet=as_json)
     with sigint_stops(exiting=True) as ctrl_c:  # held until the command ends: a late Ctrl-C cannot cut the report
         job = TrainingJob(cfg)
+        if job.checkpoints is not None:  # the disk they take, before training
+            dyn.say(job.checkpoints.statement(job.model) + "; in the run's folder")
         if ctrl_c.is_set():
             typer.echo("interrupted before training began; nothing was saved", err=True)
             raise typer.Exit(SIGINT_EXIT)
@@ -114,47 +172,105 @@ def retrain_cmd(
         else:
             _run_with_bar(job, name, steps)
         res = job.result()
-        _report(res, as_json)
+        _report(res, as_json, job)
         if ctrl_c.is_set() and res["status"] == "stopped":
             raise typer.Exit(SIGINT_EXIT)
 
 
-def _report(res: dict, as_json: bool) -> None:
+def _tokenize_with_bar(cfg: JobConfig, quiet: bool) -> None:
+    """Hash and tokenize the job's text into the cache, with a progress bar (MiB) per phase on
+    stderr (``attn_core.progress``: lines when stderr is not a terminal; none with ``--json``)."""
+    from attn_core.progress import Progress
+    from attn_core.runs import RunStore
+    from attn_core.text.source import prepare_text
+
+    bars: dict[str, Progress] = {}
+
+    def progress(phase: str, done: int, total: int) -> None:
+        if quiet:
+            return
+        if phase not in bars:
+            for bar in bars.values():
+                bar.close()
+            bars[phase] = Progress(max(total, 1), phase, unit="")
+        bars[phase].set(done, note=f"{done / 2**20:.1f} of {total / 2**20:.1f} MiB")
+
+    try:
+        prepare_text(cfg.source, cfg.text, cfg.text_field, cfg.eval_text, RunStore(), progress)
+    finally:
+        for bar in bars.values():
+            bar.close()
+
+
+def _per_head(measured: dict | None) -> list[dict] | None:
+    """A text run's per-head before/after, compact: entropy, top-1 mass, sigma_1 and stable rank
+    of B, and for rotary heads sigma_1(B(delta)) over the offsets."""
+    if not measured or "per_head" not in measured:
+        return None
+    keep = ("head", "entropy_data", "top1_data", "entropy_vocab", "stable_rank", "offset_sigma1")
+    return [
+        {**{k: r[k] for k in keep if k in r}, "sigma1": (r.get("singular_values") or [None])[0]}
+        for r in measured["per_head"]
+    ]
+
+
+def _report(res: dict, as_json: bool, job=None) -> None:
     """Print a retrain's result; a failed run exits 1 with its reason on stderr."""
     out = {
         "run_id": res["run_id"],
         "status": res["status"],
         "message": res["message"],
         "steps": res["steps"],
+        "steps_per_s": res["steps_per_s"],
         "before": public(res["before"]),
         "after": public(res["after"]),
     }
-    emit(
-        out,
-        as_json,
-        lambda r: f"run {r['run_id']}: {r['status']} ({r['message']})\n" + _before_after(r["before"], r["after"]),
-    )
+    facts = getattr(getattr(job, "task", None), "facts", None)
+    if facts is not None:  # a run on text: the corpus, per-head detail and throughput in tokens
+        cfg = job.train_cfg
+        rate = res.get("steps_per_s")
+        out["text"] = facts
+        out["tokens_per_s"] = rate * cfg.batch_size * facts["block"] if rate else None
+        for when in ("before", "after"):
+            if out[when] is not None:
+                out[when]["per_head"] = _per_head(res[when])
+        out["trained"] = job.retraining.details(job.model, job.task)["trained"]
+
+    def human(r: dict) -> str:
+        text = f"run {r['run_id']}: {r['status']} ({r['message']})\n"
+        if "text" in r:
+            t = r["text"]
+            text += (
+                f"text {t['path']}: {t['tokens']:,} tokens ({t['train_tokens']:,} to train on, "
+                f"{t['held_out_tokens']:,} held out), blocks of {t['block']}"
+                + (f"; {r['tokens_per_s']:,.0f} tokens/s" if r.get("tokens_per_s") else "")
+                + "\n"
+            )
+        strip = lambda m: {k: v for k, v in (m or {}).items() if k != "per_head"}  # noqa: E731
+        return text + _before_after(strip(r["before"]), strip(r["after"]))
+
+    emit(out, as_json, human)
     if res["status"] == "failed":
         typer.echo(f"error: run {res['run_id'] or '(not recorded)'} failed: {res['message']}", err=True)
         raise typer.Exit(1)
 
 
 def _run_with_bar(job, name: str, steps: int) -> None:
-    """Train in the job's thread while a progress bar follows its snapshots."""
-    from tqdm import tqdm
+    """Train in the job's thread while a progress bar (lines when stderr is not a terminal)
+    follows its snapshots."""
+    from attn_core.progress import Progress
 
     job.start()
-    bar = tqdm(total=steps, desc=f"retrain {name}", unit="step")
+    bar = Progress(steps, f"retrain {name}", unit="step")
     try:
         while not job.join(0.25):
             snap = job.snapshot()
-            bar.update(snap.step - bar.n)
+            note = None
             if "task_loss" in snap.latest:
-                bar.set_postfix(
-                    loss=f"{snap.latest['task_loss']:.3g}", H=f"{snap.latest.get('entropy_data', float('nan')):.3f}"
-                )
+                note = f"loss={snap.latest['task_loss']:.3g} H={snap.latest.get('entropy_data', float('nan')):.3f}"
+            bar.set(snap.step, note)
     finally:
-        bar.update(job.snapshot().step - bar.n)
+        bar.set(job.snapshot().step)
         bar.close()
 
 
@@ -166,8 +282,50 @@ def runs_cmd(ctx: typer.Context, as_json: bool = JsonOpt):
         return
     from attn_core.runs import RunStore
 
-    rows = [_run_row(r) for r in RunStore().list_runs()]
-    emit(rows, as_json, lambda rs: table(rs, _RUN_COLS) if rs else "no runs yet (attn-lab retrain NAME ... makes one)")
+    store = RunStore()
+    rows = [_run_row(r) for r in store.list_runs()]
+    emit(
+        rows,
+        as_json,
+        lambda rs: (
+            _store_lines(store) + (table(rs, _RUN_COLS) if rs else "no runs yet (attn-lab retrain NAME ... makes one)")
+        ),
+    )
+
+
+def _store_lines(store) -> str:
+    """Where the store is and why, and the old ``runs/`` folders whose runs it lacks."""
+    from attn_core.runs import migrate, root_origin
+
+    lines = [f"run store: {store.root} ({root_origin()})"]
+    for old in migrate.legacy_stores(store):
+        lines.append(
+            f"note: {old['runs']} run(s) in {old['path']} (an older release's store) are not in it; "
+            f"`attn-lab runs import {old['path']}` copies them in (the old folder is left as it is)"
+        )
+    return "\n".join(lines) + "\n"
+
+
+@runs_app.command("import")
+@guarded
+def runs_import_cmd(
+    source: Path = typer.Argument(..., help="An older run store: a folder with index.sqlite (e.g. ./runs)."),
+    as_json: bool = JsonOpt,
+):
+    """Copy the runs, sweeps and uploads of another run store into this one: runs it already has are skipped, and the source is only read."""
+    from attn_core.runs import RunStore, migrate
+
+    store = RunStore()
+    counts = migrate.import_store(source, store)
+    emit(
+        {**counts, "store": str(store.root)},
+        as_json,
+        lambda c: (
+            f"imported {c['runs']} run(s), {c['sweeps']} sweep(s) and {c['uploads']} upload(s) from "
+            f"{c['source']} into {c['store']}"
+            + (f"; {c['skipped']} skipped (already here, or still running)" if c["skipped"] else "")
+        ),
+    )
 
 
 @runs_app.command("show")

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import typer
 
-from attn_core.cli.common import JsonOpt, emit, guarded, table
+from attn_core.cli import dynamics as dyn
+from attn_core.cli.common import JsonOpt, emit, guarded, report, table
 from attn_core.training.config import JobConfig
 from attn_core.validate import default
 
@@ -14,6 +15,7 @@ app = typer.Typer()
 sweeps_app = typer.Typer(add_completion=False, help="List and inspect sweeps (groups of runs made by attn-lab sweep).")
 
 _TRIAL_COLS = ["run_id", "reg", "lambda", "seed", "status", "accuracy", "entropy_data", "pareto"]
+_TEXT_COLS = ["run_id", "reg", "lambda", "seed", "status", "perplexity", "entropy_data", "pareto"]
 _SWEEP_COLS = ["id", "name", "status", "created", "trials", "recorded", "address", "wall_s"]
 
 
@@ -23,6 +25,7 @@ def _trial_rows(res: dict) -> list[dict]:
         {
             **t,
             "accuracy": (t["after"] or {}).get("accuracy"),
+            "perplexity": (t["after"] or {}).get("perplexity"),
             "entropy_data": (t["after"] or {}).get("entropy_data"),
             "pareto": "*" if t["run_id"] in front else "",
         }
@@ -36,7 +39,14 @@ def _human(res: dict) -> str:
         f"{res['backend']} {res['ray_version'] or ''} at {res['address'] or '-'}, "
         f"{res['wall_s'] if res['wall_s'] is not None else '-'} s\n"
     )
-    return head + table(_trial_rows(res), _TRIAL_COLS) + "\n* = on the Pareto frontier (accuracy up, data entropy down)"
+    rows = _trial_rows(res)
+    text = any(r["perplexity"] is not None for r in rows)  # a sweep on text: perplexity, not accuracy
+    quality = "held-out perplexity down" if text else "accuracy up"
+    return (
+        head
+        + table(rows, _TEXT_COLS if text else _TRIAL_COLS)
+        + f"\n* = on the Pareto frontier ({quality}, data entropy down)"
+    )
 
 
 def _output(res: dict) -> dict:
@@ -82,39 +92,86 @@ def sweep_cmd(
     resume: str | None = typer.Option(
         None, help="Resume sweep ID: run only its unfinished trials (NAME and the grid are then taken from the sweep)."
     ),
+    checkpoint_every: int | None = dyn.EveryOpt,
+    checkpoint_log: int | None = dyn.LogOpt,
+    checkpoint_steps: str | None = dyn.StepsOpt,
+    checkpoint_params: str = dyn.ParamsOpt,
+    checkpoint_max_mb: float | None = dyn.MaxMbOpt,
+    text: str | None = typer.Option(
+        None,
+        "--text",
+        help="Sweep a Hugging Face folder (or a run of one) on this text, as retrain --text reads it; it is "
+        "tokenized once, before the trials, into the run store's text-cache (workers must see the path).",
+    ),
+    text_field: str | None = typer.Option(None, "--text-field", help="The text's JSON key or Parquet column."),
+    eval_text: str | None = typer.Option(None, "--eval-text", help="Held-out text (default the last 10% of --text)."),
+    block: int | None = typer.Option(None, "--block", help="Tokens per training sequence (default min(context, 256))."),
+    train: str = typer.Option(default(JobConfig, "train"), "--train", help="all, attn or qk (as retrain --train)."),
+    kl: float = typer.Option(default(JobConfig, "kl"), "--kl", help="KL(start || model) strength of every trial."),
     as_json: bool = JsonOpt,
 ):
-    """Sweep regularizers x lambdas x seeds on Ray; every trial is a retrain recorded as a run."""
-    from attn_core.sweep import grid_plan, run_sweep
+    """Sweep regularizers x lambdas x seeds on Ray; every trial is a retrain recorded as a run.
+    Everything a trial would refuse is refused first (exit 2). Ctrl-C stops the running trials,
+    records them and prints the sweep (exit 130; --resume ID finishes it); a sweep whose every
+    trial failed exits 1 and says why."""
+    from attn_core.sweep import SweepInterrupted, run_sweep
+    from attn_core.training.interrupt import SIGINT_EXIT, sigint_stops
 
-    plan = None
-    if resume is None:
-        plan = grid_plan(name, grid, seeds, steps=steps, lr=lr, heads=heads, batch_size=batch_size)
-    on_trial = None
-    if not as_json:
+    def notice(text: str) -> None:
+        typer.echo("\nCtrl-C: stopping the running trials and recording them (the sweep can be resumed)", err=True)
 
-        def on_trial(run_id: str, payload: dict) -> None:
-            after = payload.get("after") or {}
+    with sigint_stops(notice=notice, exiting=True) as ctrl_c:
+        plan = None
+        if resume is None:
+            ckpt = dyn.checkpoint_settings(
+                checkpoint_every, checkpoint_log, checkpoint_steps, checkpoint_params, checkpoint_max_mb
+            )
+            text_options = dict(text=text, text_field=text_field, eval_text=eval_text, block=block)
+            tuning = dict(train=train if train != "all" else None, kl=kl or None)
+            plan = sweep_plan(name, grid, seeds, steps, lr, heads, batch_size, **ckpt, **text_options, **tuning)
+        try:
+            res = run_sweep(
+                plan,
+                resume=resume,
+                address=address,
+                cpus_per_trial=cpus_per_trial,
+                gpus_per_trial=gpus_per_trial,
+                scheduler=scheduler,
+                on_trial=None if as_json else _say_trial,
+                stop=ctrl_c.is_set,
+            )
+        except SweepInterrupted as e:
+            raise typer.Exit(report(str(e), as_json, "interrupted", SIGINT_EXIT)) from None
+        emit(_output(res), as_json, lambda _: _human(res))
+        if ctrl_c.is_set():
             typer.echo(
-                f"  {payload['key']}: {payload['status']} -> run {run_id}"
-                + (
-                    f" (accuracy {after['accuracy']:.4f}, H_data {after['entropy_data']:.3f})"
-                    if "accuracy" in after
-                    else f" ({payload.get('message', '')})"
-                ),
+                f"interrupted by Ctrl-C ({res['message']}); "
+                f"attn-lab sweep {res['name']} --resume {res['sweep_id']} finishes it",
                 err=True,
             )
+            raise typer.Exit(SIGINT_EXIT)
+        if res["status"] == "failed":
+            typer.echo(f"error: sweep {res['sweep_id']} failed: {res['message']}", err=True)
+            raise typer.Exit(1)
 
-    res = run_sweep(
-        plan,
-        resume=resume,
-        address=address,
-        cpus_per_trial=cpus_per_trial,
-        gpus_per_trial=gpus_per_trial,
-        scheduler=scheduler,
-        on_trial=on_trial,
-    )
-    emit(_output(res), as_json, lambda _: _human(res))
+
+def sweep_plan(name: str, grid: list[str], seeds: int, steps: int, lr: float, heads, batch_size, **options):
+    """The plan of ``attn-lab sweep`` from its options (checked by ``run_sweep`` before anything
+    starts: ``attn_core.sweep.check_sweep``); the place to add a trial option."""
+    from attn_core.sweep import grid_plan
+
+    return grid_plan(name, grid, seeds, steps=steps, lr=lr, heads=heads, batch_size=batch_size, **options)
+
+
+def _say_trial(run_id: str, payload: dict) -> None:
+    after = payload.get("after") or {}
+    if "perplexity" in after:
+        said = f" (perplexity {after['perplexity']:.4g}, H_data {after['entropy_data']:.3f})"
+    elif "accuracy" in after:
+        said = f" (accuracy {after['accuracy']:.4f}, H_data {after['entropy_data']:.3f})"
+    else:
+        said = f" ({payload.get('message', '')})"
+    typer.echo(f"  {payload['key']}: {payload['status']} -> run {run_id}{said}", err=True)
 
 
 @sweeps_app.callback(invoke_without_command=True)

@@ -77,19 +77,30 @@ class HeadBatch:
             return self.task.loss(self.model.run_with_hooks(self.batch.tokens, [hook]), self.batch).item()
 
 
-def head_batch(model: Transformer, task: Task, batch: Batch, layer: int, head: int) -> HeadBatch:
-    """Forward the batch through a float64 copy and take G = dL/dS of one head by autograd on an
-    offset added to its scores (so G is the gradient w.r.t. exactly what the softmax sees)."""
-    check_growable(model, layer, head)
-    m = copy.deepcopy(model).double().eval()
-    device = m.embed.W_E.device
+def score_gradient(
+    model: Transformer, task: Task, batch: Batch, layer: int, head: int
+) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(loss, G = dL/dS of one head [n, T, T], the forward's cache) on ``batch`` (on the model's
+    device): autograd on an offset added to the head's scores (``score_offset``), so G is the
+    gradient w.r.t. exactly what the softmax sees. The tensor part of :func:`head_batch`."""
+    device = model.embed.W_E.device
     batch = batch.to(device)
     n, T = batch.tokens.shape
-    offset = torch.zeros(n, T, T, dtype=torch.float64, device=device, requires_grad=True)
+    offset = torch.zeros(n, T, T, dtype=model.embed.W_E.dtype, device=device, requires_grad=True)
     cache: dict = {}
-    logits = m.run_with_hooks(batch.tokens, [score_offset(layer, head, offset)], cache=cache)
+    logits = model.run_with_hooks(batch.tokens, [score_offset(layer, head, offset)], cache=cache)
     loss = task.loss(logits, batch)
     (G,) = torch.autograd.grad(loss, offset)
+    return loss.detach(), G, cache
+
+
+def head_batch(model: Transformer, task: Task, batch: Batch, layer: int, head: int) -> HeadBatch:
+    """Forward the batch through a float64 copy and take G = dL/dS of one head (:func:`score_gradient`)."""
+    check_growable(model, layer, head)
+    m = copy.deepcopy(model).double().eval()
+    batch = batch.to(m.embed.W_E.device)
+    T = batch.tokens.shape[1]
+    loss, G, cache = score_gradient(m, task, batch, layer, head)
     for p in m.parameters():
         p.requires_grad_(False)
     X = cache[act_name("attn_in", layer)].detach()
@@ -327,11 +338,11 @@ def widen(
     W = {}
     g = torch.Generator().manual_seed(int(seed))
     for name in ("Q", "K"):
-        old = getattr(attn, f"W_{name}")[head, :, :d_k].detach().cpu()
+        old = getattr(attn, f"W_{name}")[head, :, :d_k].detach()
         if model.cfg.attn_bias:
-            old = torch.cat([old, getattr(attn, f"b_{name}")[head, None, :d_k].detach().cpu()])
-        new = torch.zeros(old.shape[0], add)
+            old = torch.cat([old, getattr(attn, f"b_{name}")[head, None, :d_k].detach()])
+        new = torch.zeros(old.shape[0], add)  # drawn on the CPU (the same columns on every device), then moved
         if init == "random":
             new.normal_(0.0, std, generator=g)
-        W[name] = torch.cat([old * rescale, new], dim=1)
+        W[name] = torch.cat([old * rescale, new.to(old)], dim=1)
     return with_head(model, layer, head, W["Q"], W["K"])

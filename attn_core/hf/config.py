@@ -2,14 +2,24 @@
 
 Folders come from transformers 4 and 5, so both spellings are read: ``rope_theta`` +
 ``rope_scaling`` (4) or ``rope_parameters`` (5); ``rotary_pct`` + ``rotary_emb_base`` (GPT-NeoX
-in 4) or ``partial_rotary_factor``. Anything that changes the attention and is not supported
+in 4) or ``partial_rotary_factor``. When a folder carries both spellings of one setting and they
+disagree, it is refused naming both. Anything that changes the attention and is not supported
 (another rope type, cross-attention, ...) is refused in one sentence naming it.
+
+Every field is read by type (:func:`integer`, :func:`number`, :func:`flag`, :func:`mapping`): an
+integer written as 32.7, ``"32"`` or 1e400, an activation given as a list, a ``layer_types``
+entry that is not a layer type, a ``rope_scaling`` that is a list: each is one sentence naming
+the field, never coerced or dropped.
 """
 
 from __future__ import annotations
 
+import math
+
 from attn_core.checkpoint import CheckpointError
 from attn_core.model import ModelConfig
+from attn_core.model.rotary import inverse_frequencies
+from attn_core.validate import is_int, is_number
 
 FAMILIES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2")
 LLAMA_LIKE = ("llama", "mistral", "qwen2")
@@ -22,79 +32,198 @@ ACTIVATIONS = {
     "swish": "silu",
     "relu": "relu",
 }
+LAYER_TYPES = ("full_attention", "sliding_attention")
+_MISSING = object()
 
 
 def family(hf: dict) -> str:
     """The folder's model_type, when it is one of :data:`FAMILIES`."""
     kind = hf.get("model_type")
     if kind not in FAMILIES:
-        raise CheckpointError(f"model_type {kind!r} is not supported; supported families: {', '.join(FAMILIES)}")
+        shown = kind if isinstance(kind, str) else type(kind).__name__
+        raise CheckpointError(f"model_type {shown!r} is not supported; supported families: {', '.join(FAMILIES)}")
     return kind
 
 
-def _int(hf: dict, *keys: str, default=None) -> int:
-    for k in keys:
-        if hf.get(k) is not None:
-            v = hf[k]
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise CheckpointError(f"config.json {k} must be an integer, got {v!r}")
-            return v
-    if default is None:
-        raise CheckpointError(f"config.json lacks {keys[0]!r}")
-    return default
+def _show(v) -> str:
+    return repr(v) if not isinstance(v, float) or math.isfinite(v) else f"{v} (not a finite number)"
+
+
+def _present(hf: dict, key: str):
+    v = hf.get(key, _MISSING)
+    return _MISSING if v is None else v
+
+
+def integer(hf: dict, key: str, default=_MISSING) -> int:
+    """``hf[key]`` when it is an integer (not a bool, not 32.7, not "32", not 1e400)."""
+    v = _present(hf, key)
+    if v is _MISSING:
+        if default is _MISSING:
+            raise CheckpointError(f"config.json lacks {key!r}")
+        return default
+    if not is_int(v):
+        raise CheckpointError(f"config.json {key} must be an integer, got {_show(v)}")
+    return int(v)
+
+
+def number(
+    hf: dict, key: str, default: float, lo: float = 0.0, hi: float = math.inf, where: str = "config.json"
+) -> float:
+    """``hf[key]`` when it is a finite number in (lo, hi) (not a bool, not a string)."""
+    v = _present(hf, key)
+    if v is _MISSING:
+        return default
+    if not (is_number(v) and lo < v < hi):
+        span = f"({lo:g}, {hi:g})" if math.isfinite(hi) else f"> {lo:g}"
+        raise CheckpointError(f"{where} {key} must be a finite number {span}, got {_show(v)}")
+    return float(v)
+
+
+def flag(hf: dict, key: str, default: bool) -> bool:
+    """``hf[key]`` when it is true or false (``"false"``, 0 or 1 are refused)."""
+    v = _present(hf, key)
+    if v is _MISSING:
+        return default
+    if not isinstance(v, bool):
+        raise CheckpointError(f"config.json {key} must be true or false, got {_show(v)}")
+    return v
+
+
+def mapping(hf: dict, key: str, where: str = "config.json") -> dict:
+    """``hf[key]`` when it is a JSON object ({} when absent or null; a list or a string is refused)."""
+    v = _present(hf, key)
+    if v is _MISSING:
+        return {}
+    if not isinstance(v, dict):
+        raise CheckpointError(f"{where} {key} must be a JSON object (or null), got {type(v).__name__} {v!r:.60}")
+    return v
 
 
 def activation(hf: dict, key: str, default: str) -> str:
     """Our ``mlp_act`` for the activation a config names under ``key`` (one table for every family)."""
     act = hf.get(key, default)
-    if act not in ACTIVATIONS:
-        raise CheckpointError(f"activation {act!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
+    if not isinstance(act, str) or act not in ACTIVATIONS:
+        raise CheckpointError(f"activation {act!r:.60} is not supported; supported: {', '.join(ACTIVATIONS)}")
     return ACTIVATIONS[act]
 
 
-def _rope(hf: dict, d_head: int, theta_default: float, partial_default: float) -> dict:
-    """rotary_dim, rope_theta and rope_scaling from either spelling."""
-    params = hf.get("rope_parameters")
-    if isinstance(params, dict) and "full_attention" in params and isinstance(params["full_attention"], dict):
-        params = params["full_attention"]
-    params = params if isinstance(params, dict) else {}
-    scaling = hf.get("rope_scaling") if isinstance(hf.get("rope_scaling"), dict) else {}
-    theta = params.get("rope_theta", hf.get("rope_theta", hf.get("rotary_emb_base", theta_default)))
-    partial = params.get(
-        "partial_rotary_factor", hf.get("partial_rotary_factor", hf.get("rotary_pct", partial_default))
-    )
-    source = params if (params.get("rope_type") or params.get("type")) else scaling
-    kind = source.get("rope_type") or source.get("type") or "default"
-    if not isinstance(theta, (int, float)) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
-        raise CheckpointError(f"rope_theta={theta!r} / partial rotary factor={partial!r} are not valid")
-    rope_scaling = None
+def _one(what: str, spellings: list[tuple[str, object]], default):
+    """The value of a setting written under several spellings (transformers 4 and 5): the one
+    given (``_MISSING``: not given), or the default; two that disagree are refused naming both."""
+    given = [(name, v) for name, v in spellings if v is not _MISSING]
+    for name, v in given[1:]:
+        if v != given[0][1]:
+            raise CheckpointError(
+                f"config.json gives {what} twice and they disagree: {given[0][0]} = {given[0][1]!r:.80} "
+                f"and {name} = {v!r:.80}; keep one"
+            )
+    return given[0][1] if given else default
+
+
+def _scaling(source: dict, where: str, hf: dict) -> dict | None:
+    """Our rope_scaling for a rope_scaling / rope_parameters object (None: no scaling)."""
+    kind = source.get("rope_type", source.get("type")) or "default"
+    if kind == "default":
+        return None
     if kind == "linear":
-        rope_scaling = {"type": "linear", "factor": source.get("factor")}
-    elif kind == "llama3":
-        keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-        rope_scaling = {"type": "llama3", **{k: source.get(k) for k in keys}}
-        if rope_scaling["original_max_position_embeddings"] is None:
-            rope_scaling["original_max_position_embeddings"] = hf.get("max_position_embeddings")
-    elif kind != "default":
-        raise CheckpointError(f"rope type {kind!r} is not supported; supported: default, linear, llama3")
-    return {"rotary_dim": int(d_head * partial), "rope_theta": float(theta), "rope_scaling": rope_scaling}
+        return {"type": "linear", "factor": number(source, "factor", math.nan, where=where)}
+    if kind == "llama3":
+        keys = ("factor", "low_freq_factor", "high_freq_factor")
+        out = {"type": "llama3", **{k: number(source, k, math.nan, where=where) for k in keys}}
+        old = integer(source, "original_max_position_embeddings", default=None)
+        out["original_max_position_embeddings"] = old if old is not None else integer(hf, "max_position_embeddings")
+        return out
+    raise CheckpointError(f"rope type {kind!r:.60} is not supported; supported: default, linear, llama3")
+
+
+def _rope_parameter_sets(hf: dict) -> list[tuple[str, dict]]:
+    """(name, object) of each rope_parameters a config gives: the one object, or (transformers 5)
+    one per layer type, ``{"full_attention": {...}, "sliding_attention": {...}}``."""
+    params = mapping(hf, "rope_parameters")
+    typed = [k for k in LAYER_TYPES if k in params]
+    if not typed:
+        return [("rope_parameters", params)]
+    other = [k for k in params if k not in LAYER_TYPES]
+    if other:
+        raise CheckpointError(
+            f"config.json rope_parameters mixes per-layer-type entries ({typed[0]}) with {other[0]!r:.60}; "
+            "give one or the other"
+        )
+    return [(f"rope_parameters.{k}", mapping(params, k, where="config.json rope_parameters")) for k in typed]
+
+
+def _rope(hf: dict, d_head: int, theta_default: float, partial_default: float) -> dict:
+    """rotary_dim, rope_theta and rope_scaling from either spelling (both, when they agree). Our
+    model has one rotary for every layer: rope_parameters given per layer type must agree."""
+    found = [(name, _rope_of(hf, params, name, d_head, theta_default, partial_default))
+             for name, params in _rope_parameter_sets(hf)]  # fmt: skip
+    first_name, first = found[0]
+    for name, rope in found[1:]:
+        if rope != first:
+            raise CheckpointError(
+                f"config.json gives the layer types different rotary settings: {first_name} = {first!r:.100} and "
+                f"{name} = {rope!r:.100}; one rotary for every layer is supported"
+            )
+    return first
+
+
+def _rope_of(hf: dict, params: dict, name: str, d_head: int, theta_default: float, partial_default: float) -> dict:
+    """:func:`_rope` for one rope_parameters object ``params`` (called ``name``)."""
+    v4 = mapping(hf, "rope_scaling")
+    theta = _one(
+        "the rope base",
+        [
+            (f"{name}.rope_theta", _present(params, "rope_theta")),
+            ("rope_theta", _present(hf, "rope_theta")),
+            ("rotary_emb_base", _present(hf, "rotary_emb_base")),
+        ],
+        theta_default,
+    )
+    partial = _one(
+        "the partial rotary factor",
+        [
+            (f"{name}.partial_rotary_factor", _present(params, "partial_rotary_factor")),
+            ("partial_rotary_factor", _present(hf, "partial_rotary_factor")),
+            ("rotary_pct", _present(hf, "rotary_pct")),
+        ],
+        partial_default,
+    )
+    theta = number({"rope_theta": theta}, "rope_theta", theta_default, lo=1.0)
+    if not (is_number(partial) and 0 < partial <= 1):
+        raise CheckpointError(f"config.json partial rotary factor must be a number in (0, 1], got {_show(partial)}")
+    scaling = _one(
+        "the rope scaling",
+        [
+            (name, _scaling(params, name, hf) if params else _MISSING),
+            ("rope_scaling", _scaling(v4, "rope_scaling", hf) if v4 else _MISSING),
+        ],
+        None,
+    )
+    return {"rotary_dim": int(d_head * partial), "rope_theta": theta, "rope_scaling": scaling}
 
 
 def _windows(hf: dict, kind: str, n_layers: int) -> list[int] | None:
-    window = hf.get("sliding_window")
-    if kind == "qwen2" and not hf.get("use_sliding_window", False):
-        window = None
-    if not window:
-        return None
-    if not isinstance(window, int) or window < 1:
-        raise CheckpointError(f"sliding_window={window!r} must be a positive integer")
+    """Each layer's sliding window (None: no layer has one) from sliding_window, layer_types and,
+    for Qwen2, use_sliding_window and max_window_layers."""
+    window = integer(hf, "sliding_window", default=0)
+    if window < 0:
+        raise CheckpointError(f"config.json sliding_window must be a positive integer, got {window}")
+    if kind == "qwen2" and not flag(hf, "use_sliding_window", False):
+        window = 0
     layer_types = hf.get("layer_types")
-    if isinstance(layer_types, list) and len(layer_types) == n_layers:
-        return [window if t == "sliding_attention" else 0 for t in layer_types]
-    if kind == "qwen2":
-        first = _int(hf, "max_window_layers", default=n_layers)
-        return [window if l >= first else 0 for l in range(n_layers)]
-    return [window] * n_layers
+    if layer_types is not None:
+        if not isinstance(layer_types, list) or len(layer_types) != n_layers:
+            raise CheckpointError(f"config.json layer_types must list one of {LAYER_TYPES} per layer ({n_layers})")
+        bad = [t for t in layer_types if not isinstance(t, str) or t not in LAYER_TYPES]
+        if bad:
+            raise CheckpointError(f"config.json layer_types holds {bad[0]!r:.60}; each entry is one of {LAYER_TYPES}")
+        windows = [window if t == "sliding_attention" else 0 for t in layer_types]
+    elif kind == "qwen2":
+        first = integer(hf, "max_window_layers", default=n_layers)
+        windows = [window if l >= first else 0 for l in range(n_layers)]
+    else:
+        windows = [window] * n_layers
+    return windows if any(windows) else None
 
 
 def rotary_model_config(hf: dict) -> ModelConfig:
@@ -103,9 +232,9 @@ def rotary_model_config(hf: dict) -> ModelConfig:
     kind = family(hf)
     if hf.get("is_encoder_decoder") or hf.get("add_cross_attention"):
         raise CheckpointError("encoder-decoder and cross-attention models are not supported")
-    d, h = _int(hf, "hidden_size"), _int(hf, "num_attention_heads")
-    n_layers = _int(hf, "num_hidden_layers")
-    d_head = _int(hf, "head_dim", default=d // h if h > 0 and d % h == 0 else 0)
+    d, h = integer(hf, "hidden_size"), integer(hf, "num_attention_heads")
+    n_layers = integer(hf, "num_hidden_layers")
+    d_head = integer(hf, "head_dim", default=d // h if h > 0 and d % h == 0 else 0)
     if d_head <= 0:
         raise CheckpointError(f"hidden_size={d} is not divisible by num_attention_heads={h}")
     common = dict(
@@ -113,9 +242,9 @@ def rotary_model_config(hf: dict) -> ModelConfig:
         n_heads=h,
         d_model=d,
         d_head=d_head,
-        d_mlp=_int(hf, "intermediate_size"),
-        n_ctx=_int(hf, "max_position_embeddings", default=2048),
-        d_vocab=_int(hf, "vocab_size"),
+        d_mlp=integer(hf, "intermediate_size"),
+        n_ctx=integer(hf, "max_position_embeddings", default=2048),
+        d_vocab=integer(hf, "vocab_size"),
         positional="rotary",
         qk="factored",
     )
@@ -123,27 +252,29 @@ def rotary_model_config(hf: dict) -> ModelConfig:
         if kind == "gpt_neox":
             if d_head * h != d:
                 raise CheckpointError("GPT-NeoX needs hidden_size = num_attention_heads x head size")
-            return ModelConfig(
+            cfg = ModelConfig(
                 **common,
                 normalization="layernorm",
-                attn_bias=bool(hf.get("attention_bias", True)),
-                ln_eps=float(hf.get("layer_norm_eps", 1e-5)),
+                attn_bias=flag(hf, "attention_bias", True),
+                ln_eps=number(hf, "layer_norm_eps", 1e-5, hi=1.0),
                 mlp_act=activation(hf, "hidden_act", "gelu"),
-                parallel_attn=bool(hf.get("use_parallel_residual", True)),
+                parallel_attn=flag(hf, "use_parallel_residual", True),
                 **_rope(hf, d_head, 10000.0, 0.25),
             )
-        bias = True if kind == "qwen2" else bool(hf.get("attention_bias", False))
-        return ModelConfig(
-            **common,
-            normalization="rmsnorm",
-            attn_bias=bias,
-            ln_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            mlp_act=activation(hf, "hidden_act", "silu"),
-            gated_mlp=True,
-            n_kv_heads=_int(hf, "num_key_value_heads", default=h),
-            sliding_window=_windows(hf, kind, n_layers),
-            **_rope(hf, d_head, 10000.0, 1.0),
-        )
+        else:
+            cfg = ModelConfig(
+                **common,
+                normalization="rmsnorm",
+                attn_bias=True if kind == "qwen2" else flag(hf, "attention_bias", False),
+                ln_eps=number(hf, "rms_norm_eps", 1e-6, hi=1.0),
+                mlp_act=activation(hf, "hidden_act", "silu"),
+                gated_mlp=True,
+                n_kv_heads=integer(hf, "num_key_value_heads", default=h),
+                sliding_window=_windows(hf, kind, n_layers),
+                **_rope(hf, d_head, 10000.0, 1.0),
+            )
+        inverse_frequencies(cfg)  # finite and positive, or refused here, before any weight is read
+        return cfg
     except (TypeError, ValueError) as e:
         if isinstance(e, CheckpointError):
             raise

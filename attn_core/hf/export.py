@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import shutil
 import tempfile
@@ -40,7 +39,7 @@ import torch
 from safetensors.torch import save_file
 
 from attn_core.checkpoint import CONFIG, WEIGHTS, CheckpointError, LoadedModel
-from attn_core.destinations import tmp_prefix
+from attn_core.destinations import check_destination, tmp_prefix
 from attn_core.hf.tokenizer import VOCAB
 from attn_core.model import ModelConfig
 
@@ -277,20 +276,38 @@ def _readme(loaded: LoadedModel, hf_config: dict, notes: list[str], tokenizer: b
 
 
 def _check_destination(out: Path) -> Path:
-    """The nearest existing folder at or above ``out`` once it is clear that the export may be
-    written there: ``out`` is absent or an empty folder, and its parent is writable."""
-    if out.exists() and not out.is_dir():
-        raise CheckpointError(f"{out} is a file; choose a new folder (nothing was overwritten)")
-    if out.is_dir() and any(out.iterdir()):
-        raise CheckpointError(f"{out} already exists and is not empty; choose a new folder (nothing was overwritten)")
-    base = out.parent
-    while not base.exists():
-        base = base.parent
-    if not base.is_dir():
-        raise CheckpointError(f"cannot create {out}: {base} is a file, not a folder")
-    if not os.access(base, os.W_OK | os.X_OK):
-        raise CheckpointError(f"cannot write into {base} (permission denied)")
-    return base
+    """``out`` once it is clear that the export may be written there: absent or an empty folder
+    (``destinations.check_destination``, which gives the true reason otherwise)."""
+    try:
+        return check_destination(out, empty_ok=True)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+
+
+def write_folder(out: Path, tensors: dict[str, torch.Tensor], hf_config: dict, files: dict[str, bytes]) -> None:
+    """Write ``config.json``, ``model.safetensors`` and ``files`` (name -> bytes) as the folder
+    ``out`` (checked with :func:`_check_destination` first): into a temporary sibling, renamed
+    into place, so a failure leaves nothing behind and nothing existing is overwritten."""
+    _check_destination(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=tmp_prefix(out.name), dir=out.parent))  # known to remove_stale_tmp
+    except OSError as e:
+        raise CheckpointError(f"cannot write into {out.parent} ({e.strerror or e})") from None
+    tmp.chmod(0o755)  # mkdtemp makes it private; an export is readable like any folder
+    try:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        (tmp / WEIGHTS).chmod(0o644)
+        (tmp / CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
+        try:
+            tmp.rename(out)  # replaces an empty folder; one that filled up meanwhile makes it fail
+        except OSError:
+            raise CheckpointError(f"{out} was created or filled while exporting; nothing was overwritten") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def export_gpt2(
@@ -308,30 +325,13 @@ def export_gpt2(
         raise CheckpointError(f"{loaded.name} does not map onto GPT-2: {problem}")
     _check_destination(out)
     tensors, notes = gpt2_tensors(loaded.model)  # may still refuse (b_U): before anything is created
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=tmp_prefix(out.name), dir=out.parent))  # known to remove_stale_tmp
-    except OSError as e:
-        raise CheckpointError(f"cannot write into {out.parent} ({e.strerror or e})") from None
-    tmp.chmod(0o755)  # mkdtemp makes it private; an export is readable like any folder
-    try:
-        hf_config = gpt2_config(loaded.config)
-        hf_config["attn_lab"] = {"source": loaded.name, "task": loaded.card.task, "notes": notes}
-        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        (tmp / WEIGHTS).chmod(0o644)
-        (tmp / CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
-        tok = tokenizer_files(token_names, loaded.config.n_ctx, word_tokenizer) if token_names else {}
-        for name, text in tok.items():
-            (tmp / name).write_text(text, encoding="utf-8")
-        (tmp / README).write_text(_readme(loaded, hf_config, notes, TOKENIZER in tok), encoding="utf-8")
-        try:
-            tmp.rename(out)  # replaces an empty folder; one that filled up meanwhile makes it fail
-        except OSError:
-            raise CheckpointError(f"{out} was created or filled while exporting; nothing was overwritten") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    files = sorted(p.name for p in out.iterdir())
+    hf_config = gpt2_config(loaded.config)
+    hf_config["attn_lab"] = {"source": loaded.name, "task": loaded.card.task, "notes": notes}
+    tok = tokenizer_files(token_names, loaded.config.n_ctx, word_tokenizer) if token_names else {}
+    files = {name: text.encode("utf-8") for name, text in tok.items()}
+    files[README] = _readme(loaded, hf_config, notes, TOKENIZER in tok).encode("utf-8")
+    write_folder(out, tensors, hf_config, files)
+    written = sorted(p.name for p in out.iterdir())
     return {
         "name": loaded.name,
         "out": str(out),
@@ -344,6 +344,6 @@ def export_gpt2(
         "n_positions": hf_config["n_positions"],
         "tokenizer": TOKENIZER in tok,
         "notes": notes,
-        "files": files,
-        "bytes": sum((out / f).stat().st_size for f in files),
+        "files": written,
+        "bytes": sum((out / f).stat().st_size for f in written),
     }

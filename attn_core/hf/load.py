@@ -17,7 +17,7 @@ import torch
 from attn_core.card import Card
 from attn_core.checkpoint import CheckpointError, LoadedModel, build_checked
 from attn_core.hf import gpt2
-from attn_core.hf.config import family, rotary_model_config
+from attn_core.hf.config import family, flag, rotary_model_config
 from attn_core.hf.families import CONVERTERS
 from attn_core.hf.folder import Tensors, check_fits, hf_config
 from attn_core.hf.tokenizer import TOKENIZER, VOCAB
@@ -47,7 +47,7 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel
     cfg = model_config(raw)
     check_fits(cfg, path.name)
     tensors = Tensors(path)
-    tied = bool(raw.get("tie_word_embeddings", kind == "gpt2"))
+    tied = flag(raw, "tie_word_embeddings", kind == "gpt2")
     prefix = PREFIXES[kind]
 
     def name(n: str) -> str:  # the file's own spelling: with or without the family's prefix
@@ -58,16 +58,14 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel
     def has(n: str) -> bool:
         return name(n) in tensors
 
-    def get(n: str) -> torch.Tensor:
-        return tensors.get(name(n))
+    def get(n: str, shape: tuple[int, ...]) -> torch.Tensor:
+        return tensors.get(name(n), shape)
 
     head = {"gpt2": "lm_head.weight", "gpt_neox": "embed_out.weight"}.get(kind, "lm_head.weight")
     if not tied and not has(head):
         raise CheckpointError(f"the checkpoint lacks {head!r} and its config does not tie it to the embedding")
-    try:
+    try:  # every tensor's shape is checked against the config before its data is read
         ours = gpt2.convert(cfg, raw, get, has) if kind == "gpt2" else CONVERTERS[kind](cfg, get, has)
-    except RuntimeError as e:  # a reshape of a tensor whose shape does not match the config
-        raise CheckpointError(f"a tensor does not match config.json ({str(e).splitlines()[0][:160]})") from None
     finally:
         tensors.close()
     model = build_checked(cfg, ours)

@@ -32,6 +32,12 @@ def head_qkv(
     check_heads(model, head)
     if tokens.dim() == 1:
         tokens = tokens[None]
+    window = model.cfg.window(layer)
+    if window and tokens.shape[-1] > window:  # the kernels are causal over the whole prefix
+        raise ValueError(
+            f"layer {layer} attends within a sliding window of {window} keys, which the kernel "
+            f"approximations do not model; use at most {window} tokens or a layer without a window"
+        )
     names = [act_name(kind, layer) for kind in ("q", "k", "v")]
     _, cache = model.run_with_cache(tokens, names_filter=names)
     q, k, v = (cache[name][:, head] for name in names)  # [batch, pos, w or d_model or d_head]

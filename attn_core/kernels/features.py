@@ -247,7 +247,10 @@ def segment_means(x: torch.Tensor, m: int) -> torch.Tensor:
     m = min(m, n)
     seg = torch.arange(n, device=x.device) * m // n
     sums = torch.zeros(*x.shape[:-2], m, x.shape[-1], dtype=x.dtype, device=x.device).index_add_(-2, seg, x)
-    counts = torch.bincount(seg, minlength=m).to(x.dtype)
+    # segment sizes by the same index_add_ (bincount has no shape without reading seg)
+    counts = torch.zeros(m, dtype=x.dtype, device=x.device).index_add_(
+        0, seg, torch.ones(n, dtype=x.dtype, device=x.device)
+    )
     return sums / counts[:, None]
 
 

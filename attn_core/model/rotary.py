@@ -25,24 +25,31 @@ from attn_core.model.config import ModelConfig
 
 
 def inverse_frequencies(cfg: ModelConfig) -> torch.Tensor:
-    """omega_c for c < r/2, float32 [r/2] (after scaling)."""
+    """omega_c for c < r/2, float32 [r/2] (after scaling), on the default device. Computed on the
+    CPU first and refused (ValueError) unless every omega_c is finite and positive: a scaling
+    factor of 1e-300 would otherwise give infinite angles and NaN scores in every view."""
     r = cfg.rotary_dims
     if r == 0:
         raise ValueError("this model has no rotary positions")
-    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, r, 2, dtype=torch.int64).float() / r))
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, r, 2, dtype=torch.int64, device="cpu").float() / r))
     s = cfg.rope_scaling
-    if s is None:
-        return inv
-    if s["type"] == "linear":
-        return inv / s["factor"]
-    factor, old = s["factor"], s["original_max_position_embeddings"]
-    low, high = s["low_freq_factor"], s["high_freq_factor"]
-    wavelen = 2 * math.pi / inv
-    scaled = torch.where(wavelen > old / low, inv / factor, inv)
-    smooth = (old / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = (wavelen >= old / high) & (wavelen <= old / low)
-    return torch.where(medium, smoothed, scaled)
+    if s is not None and s["type"] == "linear":
+        inv = inv / s["factor"]
+    elif s is not None:
+        factor, old = s["factor"], s["original_max_position_embeddings"]
+        low, high = s["low_freq_factor"], s["high_freq_factor"]
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old / low, inv / factor, inv)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old / high) & (wavelen <= old / low)
+        inv = torch.where(medium, smoothed, scaled)
+    if not bool(inv.isfinite().all() and (inv > 0).all()):
+        raise ValueError(
+            f"rope_theta={cfg.rope_theta!r} with rope_scaling {s} gives rotary frequencies that are not "
+            "finite and positive in float32 (a scaling factor too small or too large)"
+        )
+    return inv.to(torch.get_default_device())
 
 
 def cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -35,7 +35,7 @@ from attn_core.qk.result import Comparison
 from attn_core.tasks import Task, get_task
 from attn_core.training.record import Interrupt, RunRecorder, measure_final, record_run, run_card
 from attn_core.training.telemetry import MetricKey, measure
-from attn_core.training.trainer import Trainer, evaluate, init_model, lr_factor
+from attn_core.training.trainer import Trainer, adamw, evaluate, init_model, lr_factor
 
 # (fraction of the work done, what is running) -> None; the page passes an st.progress updater.
 Progress = Callable[[float, str], None]
@@ -55,14 +55,14 @@ def set_qk_weight_decay(trainer: Trainer, qk_weight_decay: float) -> None:
     groups = {"decay": [], "qk": [], "none": []}
     for name, p in trainer.model.named_parameters():
         groups["qk" if name in qk else ("decay" if p.dim() >= 2 else "none")].append(p)
-    trainer.optimizer = torch.optim.AdamW(
+    trainer.optimizer = adamw(
         [
             {"params": groups["decay"], "weight_decay": cfg.weight_decay},
             {"params": groups["qk"], "weight_decay": float(qk_weight_decay)},
             {"params": groups["none"], "weight_decay": 0.0},
         ],
-        lr=cfg.lr,
-        betas=(cfg.beta1, cfg.beta2),
+        cfg,
+        trainer.device,
     )
     trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, lambda s: lr_factor(s, cfg))
 

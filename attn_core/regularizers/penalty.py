@@ -23,7 +23,7 @@ from attn_core.validate import is_int
 def mean_rows(values: torch.Tensor, p_shape: torch.Size, mask: torch.Tensor | None) -> torch.Tensor:
     """Mean over the informative rows (>= 2 visible keys) of ``values`` [b, h, q] or [h, q],
     one value per head [h] (differentiable)."""
-    valid = metrics.informative_rows(mask, p_shape).expand_as(values).to(values.dtype)
+    valid = metrics.informative_rows(mask, p_shape, device=values.device).expand_as(values).to(values.dtype)
     if values.dim() == 3:
         return (values * valid).sum((0, 2)) / valid.sum((0, 2)).clamp_min(1)
     return (values * valid).sum(-1) / valid.sum(-1).clamp_min(1)
@@ -219,26 +219,30 @@ def build_penalty(
 @torch.no_grad()
 def data_concentration(model: Transformer, cache: dict, heads: Heads | None = None) -> dict[str, torch.Tensor]:
     """Per head on the cached forward: ``entropy`` (mean normalized entropy) and ``top1`` (mean
-    top-1 mass) over informative rows, each [n_layers, n_heads] (NaN where not selected)."""
+    top-1 mass) over informative rows, each [n_layers, n_heads] (NaN where not selected), on the
+    model's device (read them with one copy)."""
     cfg = model.cfg
-    out = {k: torch.full((cfg.n_layers, cfg.n_heads), math.nan) for k in ("entropy", "top1")}
+    device = model.embed.W_E.device
+    out = {k: torch.full((cfg.n_layers, cfg.n_heads), math.nan, device=device) for k in ("entropy", "top1")}
     for layer, hs in by_layer(heads or all_heads(cfg)).items():
         A, mask = data_rows(model, cache, layer)
         A = A[:, hs].float()
-        out["entropy"][layer, hs] = mean_rows(metrics.normalized_entropy(A, mask), A.shape, mask).cpu()
-        out["top1"][layer, hs] = mean_rows(metrics.topk_mass(A, 1, mask), A.shape, mask).cpu()
+        out["entropy"][layer, hs] = mean_rows(metrics.normalized_entropy(A, mask), A.shape, mask)
+        out["top1"][layer, hs] = mean_rows(metrics.topk_mass(A, 1, mask), A.shape, mask)
     return out
 
 
 @torch.no_grad()
 def vocab_concentration(model: Transformer, heads: Heads | None = None) -> dict[str, torch.Tensor]:
-    """Per head on the vocabulary view: ``entropy`` and ``top1``, [n_layers, n_heads]."""
+    """Per head on the vocabulary view: ``entropy`` and ``top1``, [n_layers, n_heads], on the
+    model's device."""
     cfg = model.cfg
-    out = {k: torch.full((cfg.n_layers, cfg.n_heads), math.nan) for k in ("entropy", "top1")}
+    device = model.embed.W_E.device
+    out = {k: torch.full((cfg.n_layers, cfg.n_heads), math.nan, device=device) for k in ("entropy", "top1")}
     for layer, hs in by_layer(heads or all_heads(cfg)).items():
         P = vocab_rows(model, layer, hs).float()
-        out["entropy"][layer, hs] = mean_rows(metrics.normalized_entropy(P), P.shape, None).cpu()
-        out["top1"][layer, hs] = mean_rows(metrics.topk_mass(P, 1), P.shape, None).cpu()
+        out["entropy"][layer, hs] = mean_rows(metrics.normalized_entropy(P), P.shape, None)
+        out["top1"][layer, hs] = mean_rows(metrics.topk_mass(P, 1), P.shape, None)
     return out
 
 

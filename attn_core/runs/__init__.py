@@ -1,6 +1,7 @@
 """The run store: every retraining is a run, indexed in SQLite, its weights a model folder.
 
-Layout of the data directory (default ``./runs``, or ``$ATTN_LAB_RUNS``)::
+Layout of the data directory (``$ATTN_LAB_RUNS``, else one per user: the platform's user data
+folder, ``~/.local/share/attn-lab/runs`` on Linux; ``names.default_root``)::
 
     index.sqlite          runs(id, parent, task, status, message, config, summary, created,
                                updated, finished, pid, host, sweep, trial)  metrics(run, step, name, value)
@@ -23,12 +24,14 @@ is how a run is named where a model is expected (:data:`RUN_PREFIX`);
 
 Split by concern (docs/architecture.md):
 
-- ``names``: where the store lives (``default_root``), run ids (``new_run_id``,
+- ``names``: where the store lives (``default_root``, ``root_origin``), run ids (``new_run_id``,
   ``check_run_id``, :data:`RUN_PREFIX`) and the run and sweep statuses;
 - ``db``: the SQLite index, opened for writing (schema, migrations) or read-only, and
   :class:`RunStoreError`, what any failure of the store becomes (one line);
 - ``store``: :class:`RunStore`, the index and checkpoints of runs (writing, reading, reaping);
-- ``sweeps``: the sweep table and the :class:`RunStore` methods that group runs into sweeps.
+- ``sweeps``: the sweep table and the :class:`RunStore` methods that group runs into sweeps;
+- ``migrate``: the ``runs/`` folders of older releases (``legacy_stores``) and copying their runs
+  in (``import_store``), never deleting them.
 """
 
 from attn_core.runs.names import (
@@ -41,6 +44,7 @@ from attn_core.runs.names import (
     check_run_id,
     default_root,
     new_run_id,
+    root_origin,
 )
 from attn_core.runs.store import INDEX, STALE_TMP_S, RunStore
 
@@ -57,4 +61,5 @@ __all__ = [
     "check_run_id",
     "default_root",
     "new_run_id",
+    "root_origin",
 ]

@@ -15,7 +15,7 @@ ENV_RUNS = "ATTN_LAB_RUNS"
 STATUSES = ("running", "completed", "stopped", "diverged", "failed")
 FINAL = STATUSES[1:]
 RUN_PREFIX = "run:"  # how a run is named where a model name is expected ("run:20250101-120000-ab12")
-SWEEP_STATUSES = ("running", "completed", "interrupted")  # a sweep ends completed or interrupted
+SWEEP_STATUSES = ("running", "completed", "interrupted", "failed")  # failed: every trial failed
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
@@ -26,7 +26,24 @@ class RunStoreError(ValueError):
 
 
 def default_root() -> Path:
-    return Path(os.environ.get(ENV_RUNS) or "runs").expanduser()
+    """The run store (and uploads) of this user: ``$ATTN_LAB_RUNS`` when set, else
+    :func:`user_root`, whatever folder a command or the dashboard runs from."""
+    return Path(os.environ.get(ENV_RUNS) or user_root()).expanduser()
+
+
+def user_root() -> Path:
+    """The platform's per-user data folder for attn-lab, ``runs`` in it (Linux:
+    ``$XDG_DATA_HOME/attn-lab/runs``, by default ``~/.local/share/attn-lab/runs``)."""
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("attn-lab", appauthor=False)) / "runs"
+
+
+def root_origin() -> str:
+    """Why the store is where it is, in words (for ``attn-lab runs`` and the Runs page)."""
+    if os.environ.get(ENV_RUNS):
+        return f"set by ${ENV_RUNS}"
+    return f"this user's default; ${ENV_RUNS} chooses another"
 
 
 def iso(t: float | None) -> str | None:

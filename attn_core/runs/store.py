@@ -19,7 +19,7 @@ import pandas as pd
 
 from attn_core import checkpoint, destinations
 from attn_core.card import Card
-from attn_core.checkpoint import CARD, WEIGHTS, CheckpointError, LoadedModel
+from attn_core.checkpoint import CARD, CHECKPOINTS, WEIGHTS, CheckpointError, LoadedModel
 from attn_core.model import Transformer
 from attn_core.runs.db import Index, store_error
 from attn_core.runs.names import (
@@ -42,7 +42,8 @@ STALE_TMP_S = 3600
 
 
 class RunStore(SweepsMixin):
-    """The index and checkpoints of runs under ``root`` (default ``$ATTN_LAB_RUNS`` or ./runs).
+    """The index and checkpoints of runs under ``root`` (default ``$ATTN_LAB_RUNS``, else this
+    user's data folder: ``attn_core.runs.default_root``).
 
     Safe to use from several threads and processes: every call opens its own SQLite connection
     (WAL journal, so readers never wait for a writing job)."""
@@ -127,14 +128,15 @@ class RunStore(SweepsMixin):
         card: Card | dict,
         message: str = "",
         summary: dict | None = None,
+        files: dict[str, bytes] | None = None,
     ) -> Path | None:
-        """Save the weights (atomically, if given) and then mark the run finished."""
+        """Save the weights (atomically, if given, with ``files`` beside them) and then mark the run finished."""
         if status not in FINAL:
             raise ValueError(f"a finished run's status is one of {', '.join(FINAL)}, not {status!r}")
         folder = None
         if model is not None:
             card = dataclasses.replace(Card.from_dict(card), run_id=run_id, status=status, message=message)
-            folder = self._save(model, run_id, card)
+            folder = self._save(model, run_id, card, files=files)
         now = time.time()
         with self._db(write=True) as con:
             con.execute(
@@ -157,10 +159,12 @@ class RunStore(SweepsMixin):
         metrics: Iterable[tuple[int, str, float]] = (),
         sweep: str | None = None,
         trial: str | None = None,
+        include: dict[str, Path] | None = None,
+        files: dict[str, bytes] | None = None,
     ) -> str:
         """A run made elsewhere (a sweep's trial on a Ray worker), written in one go: the weights
-        folder first (atomically), then its row, already finished, and its metrics in one
-        transaction; returns the new run id."""
+        folder first (atomically, with the folders of ``include``: its checkpoints), then its row,
+        already finished, and its metrics in one transaction; returns the new run id."""
         if status not in FINAL:
             raise ValueError(f"a finished run's status is one of {', '.join(FINAL)}, not {status!r}")
         run_id = new_run_id()
@@ -168,7 +172,7 @@ class RunStore(SweepsMixin):
             card = dataclasses.replace(
                 Card.from_dict(card), name=RUN_PREFIX + run_id, run_id=run_id, status=status, message=message
             )
-            self._save(model, run_id, card)
+            self._save(model, run_id, card, include, files)
         now = time.time()
         rows = [(run_id, int(s), str(n), float(v)) for s, n, v in metrics]
         with self._db(write=True) as con:
@@ -268,9 +272,21 @@ class RunStore(SweepsMixin):
         return loaded
 
     # --- internals ----------------------------------------------------------------------------------
-    def _save(self, model: Transformer, run_id: str, card: Card) -> Path:
+    def _save(
+        self,
+        model: Transformer,
+        run_id: str,
+        card: Card,
+        include: dict[str, Path] | None = None,
+        files: dict[str, bytes] | None = None,
+    ) -> Path:
+        """Save the run's folder; checkpoints written into it while it trained (``CHECKPOINTS``)
+        are carried into the new folder, as are the folders of ``include``; ``files`` (a
+        tokenizer) are written beside the weights."""
+        own = self.path(run_id) / CHECKPOINTS
+        include = {**({CHECKPOINTS: own} if own.is_dir() else {}), **(include or {})}
         try:
-            return checkpoint.save(model, self.path(run_id), card, overwrite=True)
+            return checkpoint.save(model, self.path(run_id), card, overwrite=True, include=include, files=files)
         except OSError as e:
             raise store_error(self.root, e, write=True) from None
 

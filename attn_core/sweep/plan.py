@@ -8,11 +8,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from attn_core import regularizers as R
 from attn_core.validate import is_int, is_number
 
 BASELINE = "none"  # the regularizer name of a lambda = 0 trial
+# Trials of one sweep (seeds x (lambdas + a baseline)): each is a retrain, seconds to minutes, so a
+# sweep beyond this is a typo (a 5,000-point grid, --seeds 1000000000), refused before it starts.
+MAX_TRIALS = 1_000
 # JobConfig fields a sweep may set for every trial (the rest are the trial's: source, regularizers, seed)
 JOB_FIELDS = (
     "steps",
@@ -29,11 +33,27 @@ JOB_FIELDS = (
     "probe_samples",
     "measure_samples",
     "max_loss",
+    "checkpoint_every",
+    "checkpoint_log",
+    "checkpoint_steps",
+    "checkpoint_params",
+    "checkpoint_max_mb",
+    "text",
+    "text_field",
+    "eval_text",
+    "block",
+    "train",
+    "kl",
 )
+TEXT_PATHS = ("text", "eval_text")  # made absolute in the plan: a worker reads them from its own folder
 
 
 class SweepError(ValueError):
     """A sweep that cannot run (bad grid, Ray missing, cluster unreachable): one sentence."""
+
+
+class SweepInterrupted(SweepError):
+    """Ctrl-C before the sweep began: nothing was run or recorded."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +121,8 @@ class SweepPlan:
             raise SweepError(f"unknown trial setting(s) {', '.join(unknown)}; known: {', '.join(JOB_FIELDS)}")
         if not self.trials:
             raise SweepError("the sweep has no trials")
+        if len(self.trials) > MAX_TRIALS:
+            raise SweepError(f"the sweep has {len(self.trials):,} trials; the limit is {MAX_TRIALS:,}")
         keys = [t.key for t in self.trials]
         if len(set(keys)) != len(keys):
             raise SweepError("the sweep lists a trial twice")
@@ -146,8 +168,7 @@ def parse_grid(items: Sequence[str] | Mapping[str, Iterable[float]]) -> dict[str
             R.parse_spec(f"{name}={values[0]!r}")  # K and heads are checked here
         except ValueError as e:
             raise SweepError(f"--grid {name}: {e}") from None
-        grid.setdefault(name, [])
-        grid[name] += [v for v in values if v not in grid[name]]
+        grid[name] = list(dict.fromkeys([*grid.get(name, []), *values]))  # in order, each once
     if not grid:
         raise SweepError(
             "the grid is empty: give at least one --grid NAME=LAMBDA[,LAMBDA...] (e.g. --grid entropy=0.01,0.1,1)"
@@ -174,9 +195,19 @@ def grid_plan(
     lambda = 0 baseline per seed; ``job`` are the shared JobConfig settings (steps, lr, ...)."""
     if not (is_int(seeds) and seeds >= 1):
         raise SweepError(f"--seeds must be a positive integer, got {seeds!r}")
+    if seeds > MAX_TRIALS:
+        raise SweepError(f"--seeds must be at most {MAX_TRIALS:,} (the limit on a sweep's trials), got {seeds:,}")
     if not (isinstance(source, str) and source.strip()):
         raise SweepError("the sweep needs a model: a zoo name, a folder, run:<id> or scratch:<preset>")
     parsed = parse_grid(grid)
+    n = seeds * (int(baseline) + sum(len(lams) for lams in parsed.values()))
+    if n > MAX_TRIALS:
+        raise SweepError(
+            f"the sweep would have {n:,} trials (seeds x (lambdas + a baseline)); the limit is {MAX_TRIALS:,}"
+        )
+    for key in TEXT_PATHS:
+        if isinstance(job.get(key), str) and job[key].strip():
+            job[key] = str(Path(job[key]).expanduser().absolute())
     trials = []
     for seed in range(seeds):
         if baseline:

@@ -18,18 +18,21 @@ from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from urllib.parse import urlparse
 
+from attn_core.sweep import watchdog
+from attn_core.sweep.check import check_settings
 from attn_core.sweep.plan import SweepError
 
 try:  # the module imports without Ray; running a sweep says how to install it (ray_module)
     from ray.tune import Callback as _Callback
+    from ray.tune.stopper import Stopper as _Stopper
 except ImportError:  # pragma: no cover
-    _Callback = object
+    _Callback = _Stopper = object
 from attn_core.sweep.trial import run_trial
 
-SCHEDULERS = ("none", "asha")
 REPORT_FRACTION = 10  # with ASHA a trial reports its loss about 10 times
 CONNECT_TIMEOUT_S = 5.0
 STORAGE_ENV = "ATTN_LAB_TUNE_STORAGE"  # Tune's experiment folder (default: a temporary folder, removed)
+USAGE_STATS_ENV = "RAY_USAGE_STATS_ENABLED"  # off (0) unless the user sets it: the lab runs offline
 
 
 def ray_module():
@@ -58,16 +61,6 @@ def _check_reachable(address: str) -> None:
         raise SweepError(f"cannot reach the Ray cluster at {address}: {e.strerror or e}") from None
 
 
-def check_trial_settings(cpus_per_trial: float, gpus_per_trial: float, scheduler: str) -> None:
-    """The one-sentence error of a bad resource or scheduler setting."""
-    if scheduler not in SCHEDULERS:
-        raise SweepError(f"--scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
-    if not (isinstance(cpus_per_trial, (int, float)) and cpus_per_trial > 0):
-        raise SweepError(f"--cpus-per-trial must be > 0, got {cpus_per_trial!r}")
-    if not (isinstance(gpus_per_trial, (int, float)) and gpus_per_trial >= 0):
-        raise SweepError(f"--gpus-per-trial must be >= 0, got {gpus_per_trial!r}")
-
-
 def preflight(address: str | None = None) -> None:
     """Raise the one-line :class:`SweepError` now if Ray is missing or the cluster is unreachable."""
     ray = ray_module()
@@ -85,19 +78,23 @@ def ray_session(address: str | None = None, num_cpus: int | None = None):
     at the end; with one, the cluster is joined (and left at the end)."""
     ray = ray_module()
     address = address or os.environ.get("RAY_ADDRESS") or None
-    started = False
+    os.environ.setdefault(USAGE_STATS_ENV, "0")  # no usage statistics unless the user asks for them
+    started, guard = False, None
     if not ray.is_initialized():
         if address:
             _check_reachable(address)
         kwargs = dict(
             include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False, configure_logging=True
         )
+        # a local Ray ends with this process, kill -9 included (its processes only)
+        guard = None if address else watchdog.start(os.path.dirname(ray.__file__))
         try:
             if address:
                 ray.init(address=address, **kwargs)
             else:
                 ray.init(num_cpus=num_cpus or os.cpu_count() or 1, **kwargs)
         except Exception as e:  # ConnectionError, a ray:// handshake that fails, a version mismatch ...
+            watchdog.stop(guard)
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise SweepError(f"cannot start or join Ray{f' at {address}' if address else ''}: {first}") from None
         started = True
@@ -108,12 +105,12 @@ def ray_session(address: str | None = None, num_cpus: int | None = None):
             "ray_version": ray.__version__,
             "address": where,
             "started": started,
-            "cluster_cpus": ray.cluster_resources().get("CPU", 0.0),
-            "cluster_gpus": ray.cluster_resources().get("GPU", 0.0),
+            "cluster": ray.cluster_resources(),
         }
     finally:
         if started:
             ray.shutdown()
+            watchdog.stop(guard)
 
 
 def _trainable(config: dict) -> None:
@@ -131,6 +128,7 @@ def _trainable(config: dict) -> None:
         threads=config.get("threads") or 1,
         report=report if every else None,
         report_every=every,
+        stop=_stopping,
     )
     loss = (payload.get("after") or {}).get("loss")
     tune.report(
@@ -143,6 +141,19 @@ def _trainable(config: dict) -> None:
     )
 
 
+def _stopping() -> bool:
+    """On a worker: whether Tune is stopping this trial (its session's stop event, set when the
+    driver stops the experiment). Without it a stopped trial trains on until Tune kills its
+    worker, 10 s later; should Ray's internals move, the trial only stops later."""
+    try:
+        from ray.train._internal.session import get_session
+
+        session = get_session()
+        return bool(session is not None and session.stop_event.is_set())
+    except Exception:  # noqa: BLE001 -- an internal API: its absence costs time, never the trial
+        return False
+
+
 def run_tune(
     trials: Sequence[dict],
     job: dict,
@@ -153,13 +164,17 @@ def run_tune(
     gpus_per_trial: float = 0.0,
     scheduler: str = "none",
     name: str = "attn-lab-sweep",
+    stop: Callable[[], bool] | None = None,
 ) -> None:
     """Run ``trials`` (dicts of :class:`~attn_core.sweep.plan.Trial`) on the Ray of this process
     (see :func:`ray_session`); ``on_payload(payload)`` is called on the driver once per trial,
-    including the ones that fail on a worker or are stopped early by ASHA."""
+    including the ones that fail on a worker or are stopped early by ASHA. Once ``stop()`` is
+    true (Ctrl-C), Tune stops every running trial (each is handed over ``stopped``, marked
+    ``interrupted`` so that a resume runs it again) and starts no more; Tune's own SIGINT handler
+    is off (the caller owns Ctrl-C)."""
     from ray import tune
 
-    check_trial_settings(cpus_per_trial, gpus_per_trial, scheduler)
+    check_settings(cpus_per_trial, gpus_per_trial, scheduler)
     if not trials:
         return
     job = dict(job)
@@ -181,10 +196,15 @@ def run_tune(
 
     token = next(_TOKENS)
     _SINKS[token] = on_payload
+    _STOPS[token] = stop or (lambda: False)
     collect = Collect(token, steps)
     shared = os.environ.get(STORAGE_ENV)  # a multi-node cluster may need a shared folder (or s3://...)
     storage = shared or tempfile.mkdtemp(prefix="attn-lab-tune-")
-    env = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1", "RAY_AIR_NEW_OUTPUT": "0"}  # no result files: the driver records
+    env = {  # no result files (the driver records), no SIGINT handler of Tune's (Ctrl-C is the caller's)
+        "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",
+        "RAY_AIR_NEW_OUTPUT": "0",
+        "TUNE_DISABLE_SIGINT_HANDLER": "1",
+    }
     saved_env = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     quiet = logging.getLogger("ray.tune")
@@ -207,13 +227,16 @@ def run_tune(
                 name=name,
                 storage_path=storage,
                 callbacks=[collect],
+                stop=_Stop(token),
                 verbose=0,
                 failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
             ),
         )
         tuner.fit()
+        collect.hand_over_interrupted()
     finally:
         _SINKS.pop(token, None)
+        _STOPS.pop(token, None)
         quiet.setLevel(level)
         for k, v in saved_env.items():
             if v is None:
@@ -227,7 +250,21 @@ def run_tune(
 # Tune pickles its run config, callbacks included: a callback keeps a token, and the driver's
 # on_payload (which holds the run store and a lock) stays here.
 _SINKS: dict[int, Callable[[dict], None]] = {}
+_STOPS: dict[int, Callable[[], bool]] = {}
 _TOKENS = itertools.count()
+
+
+class _Stop(_Stopper):
+    """Tune's stopper: every trial stops once the driver's ``stop()`` is true (Ctrl-C)."""
+
+    def __init__(self, token: int):
+        self.token = token
+
+    def __call__(self, trial_id, result) -> bool:
+        return False
+
+    def stop_all(self) -> bool:
+        return bool(_STOPS.get(self.token, lambda: False)())
 
 
 class Collect(_Callback):
@@ -237,6 +274,21 @@ class Collect(_Callback):
         self.token, self.steps = token, steps
         self.done: set[str] = set()
         self.last_step: dict[str, int] = {}
+        self.started: dict[str, dict] = {}  # trial id -> the trial, once it has started
+
+    def _interrupted(self) -> bool:
+        return bool(_STOPS.get(self.token, lambda: False)())
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self.started[trial.trial_id] = trial.config["trial"]
+
+    def hand_over_interrupted(self) -> None:
+        """After a stop: each trial that started and was not handed over is, as ``stopped``."""
+        for trial_id, config in list(self.started.items()):
+            if trial_id not in self.done and self._interrupted():
+                self.done.add(trial_id)
+                step = self.last_step.get(trial_id, 0)
+                _SINKS[self.token](_lost(config, "stopped", _ctrl_c(step, self.steps), True))
 
     def _give(self, trial, payload: dict) -> None:
         if trial.trial_id in self.done:
@@ -251,26 +303,33 @@ class Collect(_Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info):  # ended without a final report: ASHA
         if trial.trial_id not in self.done:
-            self._give(
-                trial,
-                _lost(
-                    trial.config["trial"],
-                    "stopped",
-                    f"stopped early by the ASHA scheduler at step "
-                    f"{self.last_step.get(trial.trial_id, 0)} of {self.steps}",
-                ),
-            )
+            step = self.last_step.get(trial.trial_id, 0)
+            if self._interrupted():
+                why = _ctrl_c(step, self.steps)
+            else:
+                why = f"stopped early by the ASHA scheduler at step {step} of {self.steps}"
+            self._give(trial, _lost(trial.config["trial"], "stopped", why, self._interrupted()))
 
     def on_trial_error(self, iteration, trials, trial, **info):
+        if self._interrupted():  # a worker ended by the stop: a resume runs the trial again
+            step = self.last_step.get(trial.trial_id, 0)
+            self._give(trial, _lost(trial.config["trial"], "stopped", _ctrl_c(step, self.steps), True))
+            return
         err = getattr(trial, "error_message", None) or "the trial's worker failed"
         self._give(trial, _lost(trial.config["trial"], "failed", str(err).strip().splitlines()[-1][:500]))
+
+
+def _ctrl_c(step: int, steps: int) -> str:
+    return f"stopped by Ctrl-C at step {step} of {steps}" if step else "stopped by Ctrl-C before it finished"
 
 
 def _dirname(trial) -> str:
     return f"trial-{trial.trial_id}"
 
 
-def _lost(trial: dict, status: str, message: str) -> dict:
+def _lost(trial: dict, status: str, message: str, interrupted: bool = False) -> dict:
+    """The payload of a trial that ended without its own (no weights); ``interrupted``: stopped by
+    the user, so a resume runs it again."""
     from attn_core.sweep.plan import Trial
 
     t = Trial.from_dict(trial)
@@ -281,4 +340,5 @@ def _lost(trial: dict, status: str, message: str) -> dict:
         "status": status,
         "message": message,
         "weights": None,
+        "interrupted": interrupted,
     }

@@ -11,26 +11,34 @@ from collections.abc import Callable
 
 from attn_core.card import public
 from attn_core.runs import FINAL, RunStore
-from attn_core.sweep.plan import SweepError, SweepPlan, pareto
+from attn_core.sweep.check import check_resources, check_sweep
+from attn_core.sweep.plan import SweepError, SweepInterrupted, SweepPlan, pareto
 from attn_core.sweep.trial import record_trial
 
 BACKEND = "ray-tune"
 
 
 def finished_keys(sweep: dict) -> set[str]:
-    """Trial keys of a stored sweep that already have a finished run."""
-    return {r["trial"] for r in sweep["runs"] if r["status"] in FINAL and r["trial"]}
+    """Trial keys of a stored sweep that already have a finished run (a trial stopped by Ctrl-C
+    is not finished: a resume runs it again)."""
+    return {
+        r["trial"]
+        for r in sweep["runs"]
+        if r["status"] in FINAL and r["trial"] and not (r.get("summary") or {}).get("interrupted")
+    }
 
 
 def start_sweep(plan: SweepPlan, store: RunStore | None = None, *, resume: str | None = None) -> tuple[str, SweepPlan]:
-    """The sweep's id and plan: a new sweep for ``plan``, or (``resume``) the stored one, whose
-    plan is the stored plan (``plan`` may then be None)."""
+    """The sweep's id and plan: a new sweep for ``plan`` once :func:`check_sweep` finds nothing a
+    trial would refuse, or (``resume``) the stored one, whose plan is the stored plan (``plan``
+    may then be None)."""
     store = store or RunStore()
     if resume:
         sweep = store.get_sweep(resume)
         return sweep["id"], SweepPlan.from_dict(sweep["config"])
     if plan is None:
         raise SweepError("give a sweep plan or the id of a sweep to resume")
+    check_sweep(plan)
     return store.create_sweep(plan.name, plan.to_dict(), {"backend": BACKEND}), plan
 
 
@@ -45,27 +53,34 @@ def run_sweep(
     scheduler: str = "none",
     on_trial: Callable[[str, dict], None] | None = None,
     sweep_id: str | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> dict:
     """Run a sweep (or ``resume`` one) on Ray and return :func:`sweep_result`.
 
-    ``address`` None starts a local Ray (every core, shut down afterwards) unless Ray already runs
-    in this process or ``$RAY_ADDRESS`` names a cluster; ``on_trial(run_id, payload)`` is called on
-    the driver after each trial is recorded. ``sweep_id``: an id :func:`start_sweep` already made
-    (the Sweeps page shows the sweep before Ray is up). A trial that fails or diverges is recorded
-    with its status and the sweep goes on; an interrupted sweep is marked ``interrupted``."""
-    from attn_core.sweep.ray_backend import check_trial_settings, preflight, ray_session, run_tune
+    Nothing starts (no Ray, nothing written) unless :func:`check_sweep` passes: the model, the
+    heads, every spec and the trial settings are checked first, as ``attn-lab retrain`` checks
+    them; then, once Ray is up, the CPUs and GPUs a trial asks for against the cluster's
+    (:func:`check_resources`). ``address`` None starts a local Ray (every core, shut down
+    afterwards, and ended with this process even by ``kill -9``) unless Ray already runs in this
+    process or ``$RAY_ADDRESS`` names a cluster; ``on_trial(run_id, payload)`` is called on the
+    driver after each trial is recorded. ``sweep_id``: an id :func:`start_sweep` already made (the
+    Sweeps page shows the sweep before Ray is up). ``stop()`` true (Ctrl-C) stops the running
+    trials (recorded ``stopped``, run again by a resume) and starts no more: the sweep ends
+    ``interrupted``. A trial that fails or diverges is recorded with its status and the sweep goes
+    on; a sweep whose every trial failed ends ``failed``, its message saying why."""
+    from attn_core.sweep.ray_backend import preflight, ray_session, run_tune
 
     store = store or RunStore()
-    check_trial_settings(cpus_per_trial, gpus_per_trial, scheduler)
-    preflight(address)  # Ray missing, a cluster unreachable: one line, before anything is written
-    if sweep_id is None:
-        sweep_id, plan = start_sweep(plan, store, resume=resume)
-    else:
+    stop = stop or (lambda: False)
+    if sweep_id is not None:
         plan = SweepPlan.from_dict(store.get_sweep(sweep_id)["config"])
-    done = finished_keys(store.get_sweep(sweep_id))
-    todo = [t.to_dict() for t in plan.trials if t.key not in done]
+    elif resume:
+        plan = SweepPlan.from_dict(store.get_sweep(resume)["config"])
+    elif plan is None:
+        raise SweepError("give a sweep plan or the id of a sweep to resume")
     lock = threading.Lock()
     errors: list[str] = []
+    ran: list[dict] = []
 
     def on_payload(payload: dict) -> None:
         with lock:
@@ -74,51 +89,94 @@ def run_sweep(
             except Exception as e:  # the store refused one payload: say so, go on with the others
                 errors.append(f"{payload.get('key')}: {type(e).__name__}: {e}")
                 return
+            ran.append(payload)
         if on_trial is not None:
             on_trial(run_id, payload)
 
     start = time.perf_counter()
-    status, message, info = "interrupted", "", {}
+    status, message, info, todo, began = "interrupted", "", {}, [], False
+    recorded = sweep_id is not None  # the Sweeps page made the record: a refusal is written there too
     try:
+        check_sweep(plan, cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial, scheduler=scheduler)
+        preflight(address)  # Ray missing, a cluster unreachable: one line, before anything is written
+        _not_stopped(stop, recorded)
         with ray_session(address) as session:
+            check_resources(session["cluster"], cpus_per_trial, gpus_per_trial)  # before any trial or record
+            _not_stopped(stop, recorded)
+            if sweep_id is None:
+                sweep_id = resume or store.create_sweep(plan.name, plan.to_dict(), {"backend": BACKEND})
+                recorded = True
+            began = True
+            todo = [t.to_dict() for t in plan.trials if t.key not in finished_keys(store.get_sweep(sweep_id))]
             info = {
                 "backend": BACKEND,
                 "ray_version": session["ray_version"],
                 "address": session["address"],
-                "cluster_cpus": session["cluster_cpus"],
-                "cluster_gpus": session["cluster_gpus"],
+                "cluster_cpus": session["cluster"].get("CPU", 0.0),
+                "cluster_gpus": session["cluster"].get("GPU", 0.0),
                 "cpus_per_trial": cpus_per_trial,
                 "gpus_per_trial": gpus_per_trial,
                 "scheduler": scheduler,
             }
             store.update_sweep(sweep_id, "running", info=info)
-            run_tune(
-                todo,
-                plan.job,
-                on_payload,
-                steps=int(plan.job.get("steps", 300)),
-                cpus_per_trial=cpus_per_trial,
-                gpus_per_trial=gpus_per_trial,
-                scheduler=scheduler,
-                name=sweep_id,
-            )
-        left = len(plan.trials) - len(finished_keys(store.get_sweep(sweep_id)))
-        status = "completed" if left == 0 else "interrupted"
-        message = f"{left} trial(s) not recorded" if left else ""
-        if errors:
-            message = "; ".join([message, *errors] if message else errors)[:2000]
-    except SweepError as e:
-        message = str(e)
-        raise
-    except BaseException as e:  # KeyboardInterrupt included: the sweep can be resumed
-        message = f"{type(e).__name__}: {e}"
+            if not stop():
+                run_tune(
+                    todo,
+                    plan.job,
+                    on_payload,
+                    steps=int(plan.job.get("steps", 300)),
+                    cpus_per_trial=cpus_per_trial,
+                    gpus_per_trial=gpus_per_trial,
+                    scheduler=scheduler,
+                    name=sweep_id,
+                    stop=stop,
+                )
+            status, message = _outcome(store, sweep_id, plan, ran, errors, stop())
+    except BaseException as e:  # the sweep can be resumed; its record says what ended it
+        message = str(e) if isinstance(e, (SweepError, ValueError)) else f"{type(e).__name__}: {e}"
+        status = "interrupted" if began else "failed"
         raise
     finally:
-        wall = time.perf_counter() - start
-        store.update_sweep(
-            sweep_id, status, message, info={**info, "wall_s": round(wall, 3), "last_run_trials": len(todo)}
-        )
+        if recorded:
+            wall = time.perf_counter() - start
+            store.update_sweep(
+                sweep_id, status, message, info={**info, "wall_s": round(wall, 3), "last_run_trials": len(todo)}
+            )
     return sweep_result(store, sweep_id)
+
+
+def _not_stopped(stop: Callable[[], bool], recorded: bool) -> None:
+    if stop() and not recorded:
+        raise SweepInterrupted("interrupted by Ctrl-C before the sweep began; nothing was run or recorded")
+
+
+def _outcome(store: RunStore, sweep_id: str, plan: SweepPlan, ran: list[dict], errors: list[str], stopped: bool):
+    """(status, message) of a sweep after a run: interrupted by Ctrl-C or with trials left,
+    failed when every trial of this run failed (the first reason said), else completed."""
+    left = len(plan.trials) - len(finished_keys(store.get_sweep(sweep_id)))
+    failed = [p for p in ran if p.get("status") == "failed"]
+    if stopped:
+        status = "interrupted" if left else "completed"
+        message = f"stopped by Ctrl-C: {len(plan.trials) - left} of {len(plan.trials)} trials recorded"
+    elif ran and len(failed) == len(ran):
+        status = "failed"
+        message = f"every trial failed ({len(failed)}); {failed[0].get('key')}: {failed[0].get('message', '')}"
+    else:
+        status = "completed" if left == 0 else "interrupted"
+        message = f"{left} trial(s) not recorded" if left else ""
+        if failed:
+            message = "; ".join(filter(None, [message, f"{len(failed)} of {len(ran)} trials failed"]))
+    if errors:
+        message = "; ".join([message, *errors] if message else errors)
+    return status, message[:2000]
+
+
+def _quality(after: dict) -> float | None:
+    """What the Pareto frontier maximises against data entropy: accuracy, or on text minus the
+    held-out perplexity."""
+    if after.get("perplexity") is not None:
+        return -after["perplexity"]
+    return after.get("accuracy")
 
 
 def sweep_result(store: RunStore, sweep_id: str) -> dict:
@@ -153,7 +211,7 @@ def sweep_result(store: RunStore, sweep_id: str) -> dict:
         )
     info = sweep["info"]
     front = pareto(
-        (t["run_id"], (t["after"] or {}).get("accuracy"), (t["after"] or {}).get("entropy_data"))
+        (t["run_id"], _quality(t["after"]), (t["after"] or {}).get("entropy_data"))
         for t in trials
         if t["status"] == "completed" and t["after"]
     )

@@ -27,12 +27,14 @@ def run_trial(
     threads: int | None = 1,
     report: Report | None = None,
     report_every: int = 0,
+    stop: Callable[[], bool] | None = None,
 ) -> dict:
     """Train one trial (a dict of :class:`Trial`) with the shared ``job`` settings in this process
     (``threads`` torch threads; None leaves the setting alone) and return its payload.
 
     With ``report`` and ``report_every`` > 0 the job trains in its worker thread and ``report`` is
-    called here about every ``report_every`` steps with the latest metrics."""
+    called here about every ``report_every`` steps with the latest metrics; once ``stop()`` is
+    true (Tune stops the trial: Ctrl-C on the driver) the job stops after its current step."""
     import torch
 
     t = Trial.from_dict(trial)
@@ -45,12 +47,14 @@ def run_trial(
 
         cfg = t.job_config(job)
         j = TrainingJob(cfg, store=False)
-        if report is not None and report_every > 0:
+        if (report is not None and report_every > 0) or stop is not None:
             j.start()
             next_step = report_every
             while not j.join(0.05):
+                if stop is not None and stop():
+                    j.stop()
                 snap = j.snapshot()
-                if snap.step >= next_step and "task_loss" in snap.latest:
+                if report is not None and report_every > 0 and snap.step >= next_step and "task_loss" in snap.latest:
                     report(snap.step, dict(snap.latest))
                     next_step = (snap.step // report_every + 1) * report_every
         else:
@@ -92,7 +96,22 @@ def _payload(j) -> dict:
         "model_config": model.cfg.to_dict(),
         "weights": st_save({k: v.contiguous() for k, v in model.state_dict().items()}),
         "metrics": {"step": steps, "name": names, "value": values},
+        "checkpoints": _checkpoint_files(j),
     }
+
+
+def _checkpoint_files(j) -> dict[str, bytes] | None:
+    """The trial's checkpoint files (name -> bytes, the index included), read from the job's
+    temporary folder, which is then removed; None when it kept none."""
+    import shutil
+
+    writer = getattr(j, "checkpoints", None)
+    if writer is None or writer.folder is None:
+        return None
+    try:
+        return {p.name: p.read_bytes() for p in sorted(writer.folder.iterdir()) if p.is_file()}
+    finally:
+        shutil.rmtree(writer.folder, ignore_errors=True)
 
 
 def payload_size(payload: Mapping) -> int:
@@ -101,7 +120,9 @@ def payload_size(payload: Mapping) -> int:
     import json
 
     rest = {k: v for k, v in payload.items() if k != "weights"}
-    return len(payload.get("weights") or b"") + len(json.dumps(rest, default=str).encode())
+    rest = {k: v for k, v in rest.items() if k != "checkpoints"}
+    files = sum(len(b) for b in (payload.get("checkpoints") or {}).values())
+    return len(payload.get("weights") or b"") + files + len(json.dumps(rest, default=str).encode())
 
 
 def record_trial(store, sweep_id: str, payload: Mapping) -> str:
@@ -125,7 +146,56 @@ def record_trial(store, sweep_id: str, payload: Mapping) -> str:
         "seed": trial["seed"],
         "regularizers": Trial.from_dict(trial).spec,
     }
+    staging = _stage_checkpoints(store, payload.get("checkpoints"))
+    try:
+        return _add_run(store, sweep_id, payload, model, card, rows, config, staging, _companions(store, card, payload))
+    finally:
+        if staging is not None and staging.exists():  # not moved into the run: its save failed
+            import shutil
+
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _stage_checkpoints(store, files: Mapping | None):
+    """A trial's checkpoint files written into a hidden folder of the store (moved into the run's
+    folder when it is saved); None without files. Only plain names are written."""
+    if not files:
+        return None
+    import re
+    import tempfile
+    from pathlib import Path
+
+    from attn_core.destinations import tmp_prefix
+
+    store.root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=tmp_prefix("checkpoints"), dir=store.root))
+    for name, data in files.items():
+        if not re.fullmatch(r"(step-\d{9}\.safetensors|index\.json)", str(name)):
+            continue  # a payload names files, never paths
+        (staging / name).write_bytes(data)
+    return staging
+
+
+def _companions(store, card, payload: Mapping) -> dict[str, bytes] | None:
+    """The tokenizer files of a trial of an imported model (its card names the Hugging Face
+    folder it came from), read on the driver from the trial's source folder, saved with its run."""
+    if card is None or "hf" not in card.details or not payload.get("weights"):
+        return None
+    from attn_core.hf.family_export import companion_files
+    from attn_core.text.source import model_folder
+
+    try:
+        return companion_files(model_folder(payload["trial"]["source"], store)) or None
+    except (OSError, ValueError):  # the run is kept without them (heatmaps then show token ids)
+        return None
+
+
+def _add_run(store, sweep_id: str, payload: Mapping, model, card, rows, config, staging, files=None) -> str:
+    from attn_core.checkpoint import CHECKPOINTS
+
     return store.add_run(
+        files=files,
+        include={CHECKPOINTS: staging} if staging is not None else None,
         parent=payload.get("parent"),
         task=payload.get("task"),
         config=config,
@@ -133,7 +203,11 @@ def record_trial(store, sweep_id: str, payload: Mapping) -> str:
         message=payload.get("message", ""),
         model=model,
         card=card,
-        summary={"before": public(payload.get("before")), "after": public(payload.get("after"))},
+        summary={
+            "before": public(payload.get("before")),
+            "after": public(payload.get("after")),
+            **({"interrupted": True} if payload.get("interrupted") else {}),  # a resume runs it again
+        },
         metrics=rows,
         sweep=sweep_id,
         trial=payload["key"],

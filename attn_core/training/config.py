@@ -9,7 +9,9 @@ import shlex
 from dataclasses import asdict, dataclass, field, fields
 
 from attn_core import regularizers as R
+from attn_core.finetune import TRAIN
 from attn_core.limits import MAX_SAMPLES, MAX_STEPS
+from attn_core.training.checkpoints import CheckpointPlan
 from attn_core.training.device import check_precision, check_sync_every, select_device
 from attn_core.validate import MAX_SEED, check, is_int, is_number
 
@@ -35,6 +37,7 @@ class TrainConfig:
     device: str = "auto"
     precision: str = "fp32"
     sync_every: int | None = None  # None: 1 on CPU, SYNC_EVERY_CUDA on CUDA
+    compile: bool = False  # torch.compile the step (CUDA graphs on CUDA), see training.step
 
     def __post_init__(self) -> None:
         def ok(cond: bool, msg: str) -> None:
@@ -63,6 +66,7 @@ class TrainConfig:
         ok(count(self.seed, 0, MAX_SEED), f"seed must be an integer in 0..2^63-1, got {self.seed!r}")
         check_precision(self.precision, prefix="invalid training setting: ")
         check_sync_every(self.sync_every, prefix="invalid training setting: ")
+        ok(isinstance(self.compile, bool), f"compile must be true or false, got {self.compile!r}")
         select_device(self.device)  # raises on an unknown or unavailable device
 
     def to_dict(self) -> dict:
@@ -87,7 +91,17 @@ class JobConfig:
     ``batch_size``/``weight_decay`` default to the parent's training recipe (else 64 / 0.1);
     ``warmup_steps`` to min(100, steps // 10). ``precision`` fp32 or bf16 (autocast);
     ``sync_every`` steps between reads of the device (None: the device's default, see
-    ``device.sync_interval``; telemetry and spectrum steps are read at once)."""
+    ``device.sync_interval``; telemetry and spectrum steps are read at once); ``compile``
+    compiles the step (``training.step``).
+    ``checkpoint_*``: the weights kept across training (``training.checkpoints.CheckpointPlan``:
+    every N steps, N log-spaced steps, given steps, ``all`` or ``attn`` tensors, a bound in MiB);
+    nothing is kept when none of every/log/steps is set.
+
+    Text (``attn_core.text``): ``text`` a corpus (a .txt file or a folder of them, .jsonl, Parquet)
+    that the source's own tokenizer.json tokenizes, ``text_field`` its JSON key / column,
+    ``eval_text`` a held-out corpus (default the last 10% of the stream), ``block`` tokens per
+    sequence (default min(context, 256)). ``train``: all, attn or qk, what learns; ``kl`` the
+    strength of KL(start || model) on the training batch (``attn_core.finetune``)."""
 
     source: str
     regularizers: object = field(default_factory=dict)
@@ -99,6 +113,7 @@ class JobConfig:
     device: str = "auto"
     precision: str = "fp32"
     sync_every: int | None = None
+    compile: bool = False
     batch_size: int | None = None
     weight_decay: float | None = None
     warmup_steps: int | None = None
@@ -109,6 +124,17 @@ class JobConfig:
     probe_samples: int = 16
     measure_samples: int = 512
     max_loss: float | None = None
+    checkpoint_every: int | None = None
+    checkpoint_log: int | None = None
+    checkpoint_steps: list[int] | None = None
+    checkpoint_params: str = "all"
+    checkpoint_max_mb: float | None = None
+    text: str | None = None
+    text_field: str | None = None
+    eval_text: str | None = None
+    block: int | None = None
+    train: str = "all"
+    kl: float = 0.0
 
     def __post_init__(self) -> None:
         def ok(cond: bool, msg: str) -> None:
@@ -155,8 +181,38 @@ class JobConfig:
             self.weight_decay is None or (is_number(self.weight_decay) and self.weight_decay >= 0),
             "weight_decay must be >= 0",
         )
+        for name in ("text", "text_field", "eval_text"):
+            v = getattr(self, name)
+            ok(
+                v is None or (isinstance(v, str) and v.strip() != "" and "\x00" not in v),
+                f"{name} must be a path or name",
+            )
+        ok(
+            self.text is not None or (self.text_field is None and self.eval_text is None),
+            "--text-field and --eval-text need --text",
+        )
+        ok(
+            self.block is None or (is_int(self.block) and 2 <= self.block <= 2**20),
+            f"block must be an integer of at least 2 tokens, got {self.block!r}",
+        )
+        ok(self.block is None or self.text is not None, "--block needs --text (toys have their own sequence length)")
+        ok(self.train in TRAIN, f"train must be one of {', '.join(TRAIN)}, got {self.train!r}")
+        ok(is_number(self.kl) and 0 <= self.kl <= 1e6, f"kl must be a number in 0..1e6, got {self.kl!r}")
         R.parse_specs(self.regularizers)  # names, lambdas and k are checked here; heads once the model is known
         self.train_config({})  # lr, batch size, device, precision, sync_every ...
+        plan = self.checkpoint_plan()  # every, log, steps, params, bound
+        if plan is not None:
+            plan.schedule(self.steps)
+
+    def checkpoint_plan(self) -> CheckpointPlan | None:
+        """The checkpoints this run keeps (None: none)."""
+        return CheckpointPlan.of(
+            self.checkpoint_every,
+            self.checkpoint_log,
+            self.checkpoint_steps or (),
+            self.checkpoint_params,
+            self.checkpoint_max_mb,
+        )
 
     def train_config(self, parent_train: dict) -> TrainConfig:
         """The TrainConfig of this run, taking what is unset from the parent's recipe."""
@@ -167,6 +223,7 @@ class JobConfig:
             device=self.device,
             precision=self.precision,
             sync_every=self.sync_every,
+            compile=self.compile,
             batch_size=self.batch_size if self.batch_size is not None else int(parent_train.get("batch_size", 64)),
             weight_decay=float(
                 self.weight_decay if self.weight_decay is not None else parent_train.get("weight_decay", 0.1)
@@ -199,4 +256,25 @@ class JobConfig:
             parts += ["--precision", self.precision]
         if self.sync_every is not None:
             parts += ["--sync-every", str(self.sync_every)]
+        if self.compile:
+            parts += ["--compile"]
+        if self.checkpoint_every is not None:
+            parts += ["--checkpoint-every", str(self.checkpoint_every)]
+        if self.checkpoint_log is not None:
+            parts += ["--checkpoint-log", str(self.checkpoint_log)]
+        if self.checkpoint_steps:
+            parts += ["--checkpoint-steps", ",".join(map(str, self.checkpoint_steps))]
+        if self.checkpoint_plan() is not None and self.checkpoint_params != "all":
+            parts += ["--checkpoint-params", self.checkpoint_params]
+        if self.checkpoint_max_mb is not None:
+            parts += ["--checkpoint-max-mb", f"{self.checkpoint_max_mb:g}"]
+        for flag, value in (("--text", self.text), ("--text-field", self.text_field), ("--eval-text", self.eval_text)):
+            if value is not None:
+                parts += [flag, shlex.quote(value)]
+        if self.block is not None:
+            parts += ["--block", str(self.block)]
+        if self.train != "all":
+            parts += ["--train", self.train]
+        if self.kl:
+            parts += ["--kl", f"{self.kl:g}"]
         return " ".join(parts)

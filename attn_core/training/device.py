@@ -5,6 +5,8 @@ pickers) take them from here (see docs/architecture.md)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from attn_core.validate import check, check_int
@@ -46,9 +48,12 @@ def autocast_dtype(precision: str) -> torch.dtype | None:
     return torch.bfloat16 if precision == "bf16" else None
 
 
-def autocast(device: torch.device, dtype: torch.dtype | None) -> torch.autocast:
-    """``torch.autocast`` on ``device`` in ``dtype``; disabled (plain fp32) when ``dtype`` is None."""
-    return torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """``torch.autocast`` on ``device`` in ``dtype``; nothing (plain fp32) when ``dtype`` is None
+    or the device has no autocast (the meta device of the device tests)."""
+    if dtype is None or not torch.amp.is_autocast_available(device.type):
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
 
 
 def check_sync_every(sync_every: object, prefix: str = "") -> int | None:

@@ -1,9 +1,10 @@
-"""The live retraining job: a :class:`TrainingJob` trains in a worker thread that never touches
-Streamlit and publishes immutable :class:`Snapshot` s (step, losses, metrics, spectra, a probe
-pattern) under a lock; the Retrain page and ``attn-lab retrain`` poll them. Stop and pause are
-events checked between steps; the step loop and the saving of the run are
-:mod:`attn_core.training.record`'s; what is measured and logged is
-:mod:`attn_core.training.telemetry`'s (see docs/architecture.md, "Live retraining")."""
+"""The live retraining job: a :class:`TrainingJob` trains in a worker thread (or, for the
+dashboard, a worker process: :mod:`attn_core.training.worker`) that never touches Streamlit and
+publishes immutable :class:`Snapshot` s (step, losses, metrics, spectra, a probe pattern) under a
+lock; the Retrain page and ``attn-lab retrain`` poll them. Stop and pause are events checked
+between steps; the step loop and the saving of the run are :mod:`attn_core.training.record`'s;
+what is measured and logged is :mod:`attn_core.training.telemetry`'s (see docs/architecture.md,
+"Live retraining")."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from attn_core.presets import get_preset
 from attn_core.runs import RunStore
 from attn_core.sources import resolve
 from attn_core.tasks import get_task
-from attn_core.training import telemetry
+from attn_core.text.retrain import Retraining
+from attn_core.training import checkpoints, telemetry, worker
 from attn_core.training.config import JobConfig
 from attn_core.training.queue import SLOTS, JobSlots, queued_message
 from attn_core.training.record import Outcome, RunRecorder, error_text, measure_final, record_run, run_card
@@ -27,17 +29,19 @@ from attn_core.training.snapshot import Snapshot
 from attn_core.training.trainer import EVAL_SEED_OFFSET, Trainer, init_model
 
 SCRATCH_PREFIX = "scratch:"  # source "scratch:<preset>" trains the preset's model from its init
+# the snapshot fields read from the job's state as they are
+SNAPSHOT_STATE = ("status", "message", "step", "elapsed_s", "train_s", "step_s", "before", "after")
+SNAPSHOT_STATE += ("probe_pattern", "probe_step")
 
 
 class TrainingJob:
-    """A retraining run in a worker thread that never touches Streamlit.
+    """A retraining run in a worker thread (or process) that never touches Streamlit.
 
     Build it (every setting is checked here, so a bad one fails before anything starts), then
-    ``start()`` it and poll ``snapshot()``; ``pause()``, ``resume()`` and ``stop()`` act between
-    steps. ``run()`` does the same work in the calling thread. When the run ends it is saved in the
-    run store (unless ``store=False``): completed, stopped (at the user's request), diverged
-    (NaN/Inf or exploding loss; the last good weights are kept) or failed (an error).
-    Two jobs never share state: each loads its own copy of the parent."""
+    ``start()`` it (``process=True``: in a worker process) and poll ``snapshot()``; ``pause()``,
+    ``resume()`` and ``stop()`` act between steps. ``run()`` trains in the calling thread. The
+    run is saved in the run store (unless ``store=False``): completed, stopped, diverged (the
+    last good weights kept) or failed. Two jobs never share state: each loads its own parent."""
 
     def __init__(self, cfg: JobConfig, store=None, slots: JobSlots | None = None):
         self.cfg = cfg
@@ -46,17 +50,22 @@ class TrainingJob:
         self.store = None if store is False else (store if store is not None else RunStore())
         if self.store is not None:
             self.store.check_writable()  # a store that takes no write refuses the job before it trains
+        self.retraining = Retraining(cfg)  # text, imported models, --train and --kl
         model, task, parent_card = self._parent(cfg)
         self.parent = cfg.source
         self.task = task
+        start_alpha = model.cfg.entmax_alpha
         model = R.with_entmax(model, cfg.entmax_alpha)
         self.penalty = R.build_penalty(cfg.regularizers, model, cfg.heads)
         self.train_cfg = cfg.train_config(parent_card.train)
+        penalty = self.retraining.penalty(model, self.penalty, start_alpha)  # --train freezes, --kl adds a term
         self.trainer = Trainer(
-            model, task, self.train_cfg, penalty=self.penalty or None, max_loss=cfg.max_loss, sync_at=self._measured_at
+            model, task, self.train_cfg, penalty=penalty, max_loss=cfg.max_loss, sync_at=self._measured_at
         )
         self.model = self.trainer.model
         self.device = self.trainer.device
+        self.retraining.start(penalty, self.model)
+        self.checkpoints = checkpoints.for_job(self.trainer, cfg.checkpoint_plan(), self.store)
         self.parent_card = parent_card
         self.probe = task.sample(cfg.probe_samples, cfg.seed + 2 * EVAL_SEED_OFFSET, split="test").to(self.device)
         self.recorder = RunRecorder(self.store)
@@ -83,6 +92,9 @@ class TrainingJob:
         )
         self._t0: float | None = None
         self._t_loop = 0.0
+        self.on_publish = None  # called with the job after each publication (a worker's sender)
+        self._stop_reason = ""  # why a stop was asked for when it was not the user
+        self.remote: worker.Remote | None = None  # the worker process of start(process=True)
         self._probe_tokens = tuple(task.names(self.probe.tokens[0].tolist()))
         self._snap: Snapshot | None = None
         self._publish()
@@ -98,20 +110,22 @@ class TrainingJob:
                 Card(train=preset.train.to_dict()),
             )
         loaded = resolve(cfg.source, store=self.store)
-        if loaded.task is None:
-            raise ValueError(f"model {loaded.name!r} has no known task in its card, so it cannot be retrained")
-        return loaded.model, loaded.task, loaded.card
+        return loaded.model, self.retraining.task(loaded, self.store), loaded.card
 
     @property
     def run_id(self) -> str | None:
         return self.recorder.run_id
 
     # --- control (any thread) -------------------------------------------------------------------
-    def start(self) -> TrainingJob:
+    def start(self, process: bool = False, threads: int | None = 1) -> TrainingJob:
         """Train in a worker thread, once this process's line of jobs (``training.queue``) lets
-        it: until then its status is ``queued`` and its message says how many jobs are ahead."""
+        it: until then its status is ``queued`` and its message says how many jobs are ahead.
+        With ``process``, train in a worker process (``threads`` torch threads there; None: torch's
+        default) that this thread follows (:mod:`attn_core.training.worker`)."""
         if self._thread is not None or self._state["status"] != "pending":
             raise RuntimeError("this job has already been started; build a new one to train again")
+        if process:  # the worker trains it; this side keeps no weights (worker.Remote)
+            self.remote = worker.Remote(self, threads)
         self._ticket = self.slots.ticket()
         ahead = self.slots.ahead(self._ticket)
         if ahead:
@@ -130,12 +144,19 @@ class TrainingJob:
     def stop(self) -> None:
         self._stop.set()
         self._go.set()
+        self._tell("stop", self._stop_reason)
 
     def pause(self) -> None:
         self._go.clear()
+        self._tell("pause")
 
     def resume(self) -> None:
         self._go.set()
+        self._tell("resume")
+
+    def _tell(self, *command) -> None:
+        if self.remote is not None:  # a job in a worker process: the worker acts on it
+            self.remote.tell(*command)
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the run to end (and be saved); True when it has. Waits on an event, not on
@@ -155,8 +176,9 @@ class TrainingJob:
             return self._snap
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """A CPU copy of the last good weights (a state dict)."""
-        return self.trainer.good_state_dict()
+        """A CPU copy of the last good weights (a state dict); of a job in a worker process, the
+        weights it sent back when it ended."""
+        return self.trainer.good_state_dict() if self.remote is None else self.remote.weights()
 
     def model_copy(self) -> Transformer:
         """A CPU model with the last good weights, for the page to draw from."""
@@ -183,28 +205,21 @@ class TrainingJob:
         if self._t0 is not None:
             st["elapsed_s"] = time.perf_counter() - self._t0
         snap = Snapshot(
-            status=st["status"],
-            message=st["message"],
-            step=st["step"],
+            **{k: st[k] for k in SNAPSHOT_STATE},
             steps=self.cfg.steps,
             run_id=self.run_id,
-            elapsed_s=st["elapsed_s"],
-            train_s=st["train_s"],
-            step_s=st["step_s"],
             latest=dict(st["latest"]),
             regularized_heads=tuple(self._head_names()),
             n_layers=self.model.cfg.n_layers,
             n_heads=self.model.cfg.n_heads,
-            before=st["before"],
-            after=st["after"],
             probe_tokens=self._probe_tokens,
-            probe_pattern=st["probe_pattern"],
-            probe_step=st["probe_step"],
             _log=self._log,
             _n=len(self._log[0]),
         )
         with self._lock:
             self._snap = snap
+        if self.on_publish is not None:
+            self.on_publish(self)
 
     def _head_names(self) -> list[str]:
         return [R.head_label(l, h) for l, h in self.penalty.regularized_heads]
@@ -219,7 +234,8 @@ class TrainingJob:
         self._state.update(probe_pattern=pattern.float().cpu().numpy(), probe_step=step)
 
     def _spectra(self, step: int) -> None:
-        self._record(step, telemetry.spectra_row(R.spectrum(self.model)))
+        offsets = telemetry.offsets_row(self.model, self.penalty.regularized_heads)  # rotary: sigma_1(B(delta))
+        self._record(step, {**telemetry.spectra_row(R.spectrum(self.model)), **offsets})
 
     def _measure(self) -> dict:
         return telemetry.measure(
@@ -232,7 +248,13 @@ class TrainingJob:
         try:
             queued = lambda ahead: self._publish(status="queued", message=queued_message(ahead))  # noqa: E731
             if self.slots.wait(self._ticket, self._stop.is_set, queued):
-                return self._train()
+                if self.remote is None:
+                    return self._train()
+                try:
+                    self.remote.train()
+                finally:
+                    self._done.set()
+                return None
             self._publish(status="stopped", message="stopped while queued; nothing was trained or saved")
             self._done.set()
         finally:
@@ -275,7 +297,8 @@ class TrainingJob:
             self._t_loop += time.perf_counter() - paused_at
             self._publish(status="running", message="")
         if self._stop.is_set():
-            return f"stopped at step {self.trainer.step_index} of {self.cfg.steps}"
+            why = f" ({self._stop_reason})" if self._stop_reason else ""
+            return f"stopped at step {self.trainer.step_index} of {self.cfg.steps}{why}"
         return None
 
     def _measured_at(self, step: int) -> bool:
@@ -296,6 +319,8 @@ class TrainingJob:
         self._publish(step=step, train_s=time.perf_counter() - self._t_loop)
 
     def _loop(self) -> Outcome:
+        if self.checkpoints is not None:  # step 0, into the run's folder (a temporary one without a store)
+            self.checkpoints.start(checkpoints.job_folder(self.store, self.run_id), self.model)
         self._t_loop = time.perf_counter()
         self._telemetry(0)
         self._spectra(0)
@@ -313,7 +338,8 @@ class TrainingJob:
             # the final status is published only once the run is in the store
             self._publish(after=after, message=f"{outcome.message}; saving the run")
             card = self.card(outcome, after)
-            outcome = self.recorder.finish(outcome, self.model_copy(), card, self._state["before"], after)
+            files = self.retraining.files  # an imported model's tokenizer, saved with the run
+            outcome = self.recorder.finish(outcome, self.model_copy(), card, self._state["before"], after, files=files)
         self._publish(status=outcome.status, message=outcome.message, after=after)
 
     def card(self, outcome: Outcome, after: dict | None) -> Card:
@@ -336,6 +362,8 @@ class TrainingJob:
             regularized_heads=self._head_names(),
             entmax_alpha=self.model.cfg.entmax_alpha,
             job=self.cfg.to_dict(),
+            **({"checkpoints": self.checkpoints.listing()} if self.checkpoints is not None else {}),
+            **self.retraining.details(self.model, self.task),
         )
 
 

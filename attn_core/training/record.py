@@ -75,6 +75,10 @@ def record_run(
         if on_step is not None:
             on_step(step, row, trainer.seconds.get(step, 0.0))
 
+    def noted(outcome: Outcome) -> Outcome:  # a compiled step that fell back to eager says so
+        note = trainer.graph.note
+        return dataclasses.replace(outcome, message=f"{outcome.message}; {note}") if note else outcome
+
     trainer.callbacks.append(deliver)
     try:
         while trainer.step_index < steps:
@@ -83,14 +87,14 @@ def record_run(
                     stop = interrupt()
                     if stop:
                         trainer.sync()
-                        return Outcome("stopped", stop)
+                        return noted(Outcome("stopped", stop))
                 trainer.step()
             except Diverged as d:
                 kept = trainer.restore_good()
-                return Outcome("diverged", f"{d}; kept weights of step {kept}", str(d))
+                return noted(Outcome("diverged", f"{d}; kept weights of step {kept}", str(d)))
             if recorder is not None:
                 recorder.flush()
-        return Outcome("completed", f"completed {steps} steps")
+        return noted(Outcome("completed", f"completed {steps} steps"))
     finally:
         trainer.callbacks.remove(deliver)
 
@@ -178,26 +182,34 @@ class RunRecorder:
             self._flushed = n
 
     def finish(
-        self, outcome: Outcome, model: Transformer | None, card: Card, before: dict | None, after: dict | None
+        self,
+        outcome: Outcome,
+        model: Transformer | None,
+        card: Card,
+        before: dict | None,
+        after: dict | None,
+        files: dict[str, bytes] | None = None,
     ) -> Outcome:
         """Write the rest of the log, save ``model`` (a CPU copy) with ``card`` and mark the run
         finished. A store that fails (disk full, read-only, corrupt) makes the outcome ``failed``
         with its reason; the weights then go to the first of :func:`rescue_folders` that takes
         them, named in the message, and the run's row is marked failed with that message if
-        the index still takes a write."""
+        the index still takes a write. ``files`` are saved beside the weights (a tokenizer)."""
         if self.store is None or self.run_id is None:
             return outcome
         summary = {"before": public(before), "after": public(after)}
         try:
             self.flush(force=True)
-            self.store.finish(self.run_id, outcome.status, model, card, message=outcome.message, summary=summary)
+            self.store.finish(
+                self.run_id, outcome.status, model, card, message=outcome.message, summary=summary, files=files
+            )
         except Exception as e:
             why = error_text(e)
             message = f"{outcome.message}; saving the run failed" + (
                 " for the same reason" if why in outcome.message else f": {why}"
             )
             if model is not None:
-                message += "; " + self._rescue(model, card, message)
+                message += "; " + self._rescue(model, card, message, files)
             try:
                 self.store.finish(self.run_id, "failed", None, card, message=message, summary=summary)
             except Exception:
@@ -205,13 +217,13 @@ class RunRecorder:
             return Outcome("failed", message)
         return outcome
 
-    def _rescue(self, model: Transformer, card: Card, message: str) -> str:
+    def _rescue(self, model: Transformer, card: Card, message: str, files: dict[str, bytes] | None = None) -> str:
         """Save the weights outside the store; says where (or why nowhere)."""
         card = dataclasses.replace(Card.from_dict(card), status="failed", message=message)
         errors = []
         for folder in rescue_folders(self.run_id):
             try:
-                checkpoint.save(model, folder, card, overwrite=True)
+                checkpoint.save(model, folder, card, overwrite=True, files=files)
                 return f"its weights were kept in {folder}"
             except (OSError, ValueError) as e:
                 errors.append(f"{folder.parent}: {getattr(e, 'strerror', None) or e}")

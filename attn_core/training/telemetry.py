@@ -36,6 +36,7 @@ __all__ = [
     "spectra_row",
     "step_row",
     "telemetry_row",
+    "telemetry_tensors",
     "term_name",
 ]
 
@@ -115,10 +116,14 @@ class MetricKey:
 #                     entropy_data:L<l>H<h>, top1_data:L<l>H<h>, entropy_vocab:L<l>H<h> per head,
 #                     entropy_data, entropy_vocab, top1_data: means over the regularized heads
 #   every spectrum_every
-#                     sigma:L<l>H<h>:<i> (singular values of B), stable_rank:L<l>H<h>
+#                     sigma:L<l>H<h>:<i> (singular values of B), stable_rank:L<l>H<h>; rotary models:
+#                     sigma1_offset_min/mean/max:L<l>H<h>, sigma_1(B(delta)) over the offsets (offsets_row)
 # Telemetry and spectra are also taken at step 0 (before the first update).
 
 # What Trainer.step reports besides its penalty terms; every other key is a term, logged as term:<label>.
+# Vocabulary-view telemetry (a V x V view per head) is taken up to this many tokens (as the vocab_*
+# regularizers, ``regularizers.build_penalty``); an imported model's 50k-token vocabulary is left out.
+VOCAB_VIEW_MAX = 4096
 STEP_KEYS = frozenset({"step", "loss", "task_loss", "accuracy", "grad_norm", "lr", "eval_accuracy", "eval_loss"})
 TERM_PREFIX = "term:"
 
@@ -144,12 +149,23 @@ def measure(model: Transformer, task: Task, heads=None, samples: int = 512, seed
     selection, see ``regularizers.parse_heads``; None = every head): ``entropy_data`` (normalized
     entropy of attention rows on those samples), ``entropy_vocab`` (same on the vocabulary view),
     ``top1_mass`` (mean largest attention weight on data), ``stable_rank`` of B; ``per_head``
-    holds each head's values and singular values."""
+    holds each head's values and singular values. A task with its own ``measure`` (text:
+    ``attn_core.text.TextTask``, held-out text in chunks) measures itself."""
+    if getattr(task, "measure", None) is not None:
+        return task.measure(model, heads, samples, seed)
     heads = R.parse_heads(heads, model.cfg)
     cache: dict = {}
     ev = evaluate(model, task, samples, seed, cache=cache)
-    data = R.data_concentration(model, cache, heads)
-    vocab = R.vocab_concentration(model, heads)
+    data = _host(R.data_concentration(model, cache, heads))
+    vocab = _host(R.vocab_concentration(model, heads))
+    return summarize(model, heads, {**ev, "samples": samples}, data, vocab)
+
+
+def summarize(model: Transformer, heads, ev: dict, data: dict, vocab: dict | None) -> dict:
+    """A measurement from its parts: ``ev`` (accuracy, loss, samples), the per-head data
+    concentration ``data`` and vocabulary-view ``vocab`` (``entropy``/``top1``, [n_layers,
+    n_heads] on the CPU; ``vocab`` None leaves the vocabulary view out) of the resolved ``heads``,
+    and the spectrum of B, read here."""
     spec = R.spectrum(model)
     per_head = [
         {
@@ -158,38 +174,60 @@ def measure(model: Transformer, task: Task, heads=None, samples: int = 512, seed
             "index": h,
             "entropy_data": float(data["entropy"][l, h]),
             "top1_data": float(data["top1"][l, h]),
-            "entropy_vocab": float(vocab["entropy"][l, h]),
-            "top1_vocab": float(vocab["top1"][l, h]),
+            **(
+                {"entropy_vocab": float(vocab["entropy"][l, h]), "top1_vocab": float(vocab["top1"][l, h])}
+                if vocab is not None
+                else {}
+            ),
             "stable_rank": float(spec["stable_rank"][l, h]),
             "singular_values": spec["singular_values"][l, h].tolist(),
         }
         for l, h in heads
     ]
+    means = {
+        "entropy_data": _mean([r["entropy_data"] for r in per_head]),
+        "entropy_vocab": _mean([r["entropy_vocab"] for r in per_head]) if vocab is not None else None,
+        "top1_mass": _mean([r["top1_data"] for r in per_head]),
+        "stable_rank": _mean([r["stable_rank"] for r in per_head]),
+    }
     return {
         "accuracy": ev["accuracy"],
         "loss": ev["loss"],
-        "entropy_data": _mean([r["entropy_data"] for r in per_head]),
-        "entropy_vocab": _mean([r["entropy_vocab"] for r in per_head]),
-        "top1_mass": _mean([r["top1_data"] for r in per_head]),
-        "stable_rank": _mean([r["stable_rank"] for r in per_head]),
-        "samples": samples,
+        **{k: v for k, v in means.items() if v is not None},
+        "samples": ev["samples"],
         "per_head": per_head,
     }
 
 
+def _host(values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per-head summaries on the CPU, each in one copy (item by item would wait on the GPU for each)."""
+    return {k: v.cpu() for k, v in values.items()}
+
+
 @torch.no_grad()
+def telemetry_tensors(model: Transformer, probe_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tensor part of :func:`telemetry_row`, on the model's device: ``entropy_data``,
+    ``top1_data`` and ``entropy_vocab`` of every head stacked, [3, n_layers, n_heads], and the probe's first sequence's
+    pattern of every head, [n_layers, n_heads, T, T]."""
+    cache: dict = {}
+    model(probe_tokens, cache=cache)
+    data = R.data_concentration(model, cache)
+    if model.cfg.d_vocab <= VOCAB_VIEW_MAX:
+        vocab = R.vocab_concentration(model)
+    else:  # not measured: a V x V view per head
+        vocab = {"entropy": torch.full_like(data["entropy"], math.nan)}
+    pattern = torch.stack([cache[act_name("pattern", l)][0] for l in range(model.cfg.n_layers)])
+    return torch.stack([data["entropy"], data["top1"], vocab["entropy"]]), pattern
+
+
 def telemetry_row(model: Transformer, probe_tokens: torch.Tensor, heads) -> tuple[dict, torch.Tensor]:
     """Attention concentration of every head on the probe batch and on the vocabulary view
     (``entropy_data:L<l>H<h>``, ``top1_data:...``, ``entropy_vocab:...``) and the means over
     ``heads`` (the regularized ones); also the probe's first sequence's pattern of every head,
-    [n_layers, n_heads, T, T]."""
+    [n_layers, n_heads, T, T], on the model's device. The values are read in one copy."""
     cfg = model.cfg
-    cache: dict = {}
-    model(probe_tokens, cache=cache)
-    data = R.data_concentration(model, cache)
-    vocab = R.vocab_concentration(model)
-    pattern = torch.stack([cache[act_name("pattern", l)][0] for l in range(cfg.n_layers)])
-    H_data, top1, H_vocab = data["entropy"].tolist(), data["top1"].tolist(), vocab["entropy"].tolist()
+    values, pattern = telemetry_tensors(model, probe_tokens)
+    H_data, top1, H_vocab = values.cpu().tolist()
     row: dict = {}
     for l in range(cfg.n_layers):
         for h in range(cfg.n_heads):
@@ -200,6 +238,25 @@ def telemetry_row(model: Transformer, probe_tokens: torch.Tensor, heads) -> tupl
     row["entropy_vocab"] = _mean([H_vocab[l][h] for l, h in heads])
     row["top1_data"] = _mean([top1[l][h] for l, h in heads])
     return row, pattern
+
+
+LIVE_OFFSET_HEADS = 32  # rotary heads whose sigma_1(B(delta)) a live job logs (the first regularized ones)
+
+
+def offsets_row(model: Transformer, heads) -> dict:
+    """For rotary models, sigma_1(B(delta)) over the offsets of each of ``heads`` (at most
+    :data:`LIVE_OFFSET_HEADS`): ``sigma1_offset_min:L<l>H<h>``, ``sigma1_offset_mean:...`` and
+    ``sigma1_offset_max:...`` (``bilinear.offsets.sigma1_summary``); empty for other models."""
+    from attn_core.bilinear.offsets import sigma1_summary
+
+    if model.cfg.positional != "rotary" or model.cfg.qk != "factored":
+        return {}
+    row: dict = {}
+    for l, h in list(heads)[:LIVE_OFFSET_HEADS]:
+        summary = sigma1_summary(model, l, h)
+        for part in ("min", "mean", "max"):
+            row[str(MetricKey(f"sigma1_offset_{part}", l, h))] = summary[f"sigma1_{part}"]
+    return row
 
 
 def spectra_row(spectrum: dict) -> dict:

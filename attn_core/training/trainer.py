@@ -26,7 +26,8 @@ import torch
 from attn_core.model import Transformer
 from attn_core.tasks import Batch, Task
 from attn_core.training.config import TrainConfig
-from attn_core.training.device import autocast, autocast_dtype, select_device, sync_interval
+from attn_core.training.device import select_device, sync_interval
+from attn_core.training.step import StepGraph
 
 # Extra loss terms (regularizers): called with the model, the batch and the forward's cache;
 # returns named scalar terms that are added to the task loss.
@@ -62,13 +63,23 @@ def init_model(model_cfg, seed: int) -> Transformer:
     return model
 
 
-def make_optimizer(model: Transformer, cfg: TrainConfig) -> torch.optim.AdamW:
-    """Weight decay on matrices only (not on biases, LayerNorm gains or embeddings' biases)."""
+def adamw(groups: list[dict], cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with ``cfg``'s learning rate and betas: fused on CUDA (one kernel for every
+    parameter, no per-tensor launches), PyTorch's default implementation elsewhere (the CPU's
+    results stay what they were)."""
+    fused = {"fused": True} if device.type == "cuda" else {}
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), **fused)
+
+
+def make_optimizer(model: Transformer, cfg: TrainConfig, device: torch.device | None = None) -> torch.optim.AdamW:
+    """Weight decay on matrices only (not on biases, LayerNorm gains or embeddings' biases);
+    frozen parameters (``requires_grad`` False, e.g. ``--train qk``) get no optimizer state."""
     decay, no_decay = [], []
     for _, p in model.named_parameters():
-        (decay if p.dim() >= 2 else no_decay).append(p)
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+    return adamw(groups, cfg, device or next(model.parameters()).device)
 
 
 @torch.no_grad()
@@ -82,7 +93,10 @@ def evaluate(
     cache: dict | None = None,
 ) -> dict:
     """Accuracy and loss on ``samples`` held-out sequences drawn with their own seed; pass a
-    dict as ``cache`` to keep the forward's attention (``Transformer.forward``)."""
+    dict as ``cache`` to keep the forward's attention (``Transformer.forward``). A task with its
+    own ``evaluate`` (text, read in chunks of bounded memory) evaluates itself."""
+    if cache is None and getattr(task, "evaluate", None) is not None:
+        return task.evaluate(model, samples, seed, split, device)
     device = device or next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -121,6 +135,7 @@ class Trainer:
         penalty: Penalty | None = None,
         max_loss: float | None = None,
         sync_at: Callable[[int], bool] | None = None,
+        device: torch.device | str | None = None,
     ):
         if model.cfg.d_vocab != task.d_vocab or model.cfg.n_ctx < task.n_ctx:
             raise ValueError(
@@ -128,17 +143,20 @@ class Trainer:
                 f"{task.name!r} (d_vocab={task.d_vocab}, n_ctx={task.n_ctx})"
             )
         self.cfg, self.task, self.penalty = cfg, task, penalty
-        self.device = select_device(cfg.device)
+        # ``device`` (library callers, and the tests that train on the meta device) overrides cfg.device
+        self.device = torch.device(device) if device is not None else select_device(cfg.device)
         self.model = model.to(self.device).train()
         self.callbacks = list(callbacks)
-        self.optimizer = make_optimizer(self.model, cfg)
+        self.optimizer = make_optimizer(self.model, cfg, self.device)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, cfg))
-        self.data = torch.Generator().manual_seed(cfg.seed)
+        # training batches are drawn where the model trains on CUDA (the GPU's own stream: no
+        # copy, no wait), on the CPU elsewhere (the CPU's stream, the same on every machine)
+        self.data = torch.Generator(device=self.device if self.device.type == "cuda" else "cpu").manual_seed(cfg.seed)
+        self.graph = StepGraph(self.model, task, penalty, self.device, cfg.precision, cfg.compile)
         self.step_index = 0
         self.max_loss = DIVERGENCE_FACTOR * math.log(max(task.d_vocab, 2)) if max_loss is None else max_loss
         self.sync_every = sync_interval(cfg, self.device)
         self.sync_at = sync_at
-        self.autocast = autocast_dtype(cfg.precision)
         self.params = [p for p in self.model.parameters()]
         self.good_state = [p.detach().clone() for p in self.params]
         self.good_step = 0
@@ -149,50 +167,32 @@ class Trainer:
         self.seconds: dict[int, float] = {}  # seconds inside step() of the steps being delivered
 
     # --- one step -------------------------------------------------------------------------------------
-    def _batch(self) -> tuple[Batch, Batch]:
-        """A training batch on the device, and its scored positions as a flat index (taken on the
-        host: boolean indexing on the device would wait for it). ``task.loss`` of the flattened
-        logits with the second batch is the task's loss, bit for bit, without a sync."""
-        cpu = self.task.sample(self.cfg.batch_size, self.data)
-        index = cpu.mask.flatten().nonzero().squeeze(1)
-        if self.device.type == "cuda":  # pinned + non-blocking: a pageable copy waits for the stream
-            tokens, targets, mask, index = (
-                t.pin_memory().to(self.device, non_blocking=True) for t in (cpu.tokens, cpu.targets, cpu.mask, index)
-            )
-        else:
-            tokens, targets, mask = cpu.tokens, cpu.targets, cpu.mask
-        return Batch(tokens, targets, mask), Batch(tokens, targets.flatten(), index)
+    def _batch(self) -> tuple[Batch, Batch | None]:
+        """A training batch on the device and, for the exact (CPU) form of the loss, its scored
+        positions as a flat index, taken on the host: ``task.loss`` of the flattened logits with
+        the second batch is the task's loss, bit for bit. The static form (``graph.static``)
+        needs no index: it scores with a mask (``step.masked_loss``)."""
+        batch = self.task.sample(self.cfg.batch_size, self.data)
+        if batch.tokens.device != self.device:  # drawn on the CPU for another device (meta)
+            batch = batch.to(self.device)
+        if self.graph.static:
+            return batch, None
+        index = batch.mask.flatten().nonzero().squeeze(1)
+        return batch, Batch(batch.tokens, batch.targets.flatten(), index)
 
     def step(self) -> dict:
         """One update. Returns this step's metrics when it is a sync point (always with
         ``sync_every`` 1), else only its ``step`` and ``lr``; every step's full metrics go to the
         callbacks (see the class)."""
         started = time.perf_counter()
-        batch, scored = self._batch()
-        # the activations the penalty reads (a ConcentrationPenalty's cache() keeps only its Q and K)
-        cache: dict | None = getattr(self.penalty, "cache", dict)() if self.penalty is not None else None
-        with autocast(self.device, self.autocast):
-            logits = self.model(batch.tokens, cache=cache).flatten(0, 1)
-            task_loss = self.task.loss(logits, scored)
-        # penalties in fp32 (QR/SVD of B have no bf16 kernels; the cached patterns are fp32 already)
-        terms = self.penalty(self.model, batch, cache) if self.penalty is not None else {}
-        loss = task_loss + sum(terms.values()) if terms else task_loss
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss, task_loss, accuracy, terms = self.graph(*self._batch())  # forward and backward
         grads = [p.grad for p in self.params if p.grad is not None]
         total = torch.nn.utils.get_total_norm(grads)
         # clip_grad_norm_'s rescaling, bit for bit (a factor clamped to 1 leaves the gradient as is)
         torch._foreach_mul_(grads, (self.cfg.grad_clip / (total + 1e-6)).clamp(max=1.0))
         with torch.no_grad():
-            right = logits.argmax(-1)[scored.mask] == scored.targets[scored.mask]
             values = torch.stack(
-                [
-                    loss.float(),
-                    task_loss.float(),
-                    right.float().mean(),
-                    total.float(),
-                    *(t.float() for t in terms.values()),
-                ]
+                [loss.float(), task_loss.float(), accuracy.float(), total.float(), *(t.float() for t in terms.values())]
             ).detach()
         step = self.step_index + 1
         evaluating = step % self.cfg.eval_every == 0 or step == self.cfg.steps
@@ -292,16 +292,18 @@ class Trainer:
     def run(self, progress: bool = False) -> dict:
         bar = None
         if progress:
-            from tqdm import tqdm
+            from attn_core.progress import Progress
 
-            bar = tqdm(total=self.cfg.steps - self.step_index, desc=f"train {self.task.name}", unit="step")
+            bar = Progress(self.cfg.steps, f"train {self.task.name}", unit="step")
+            bar.set(self.step_index)
         metrics: dict = {}
         while self.step_index < self.cfg.steps:
             metrics = self.step()
             if bar is not None:
-                bar.update(1)
+                note = None
                 if "eval_accuracy" in metrics:
-                    bar.set_postfix(loss=f"{metrics['task_loss']:.3f}", acc=f"{metrics['eval_accuracy']:.3f}")
+                    note = f"loss={metrics['task_loss']:.3f} acc={metrics['eval_accuracy']:.3f}"
+                bar.set(self.step_index, note)
         if bar is not None:
             bar.close()
         self.model.eval()

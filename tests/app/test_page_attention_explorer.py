@@ -129,3 +129,23 @@ def test_export_all_gets_every_figure_and_the_settings(monkeypatch):
     assert saved["page"] == "Attention explorer"
     assert saved["settings"] | {"n": 4, "d": 8, "beta": 10.0, "big_var": 0.5, "n_heads": 1} == saved["settings"]
     assert len(saved["means"]) == 4 and saved["figures"] == FIGURES
+
+
+def test_settings_survive_a_visit_to_another_page():
+    """The README says choices survive page switches: each of this page's settings is remembered
+    (the old page drew them with fixed defaults and lost them on the way back)."""
+    at = AppTest.from_file(str(Path(PAGE).parents[1] / "app.py"), default_timeout=60)
+    at.switch_page("pages/7_Attention_explorer.py").run()
+    changed = {"β (query scale)": 20.0, "n (keys)": 6, "a": 2, "Case": "copy", "Key samples": 500, "Seed": 3}
+    for label, value in changed.items():
+        _widget([*at.slider, *at.number_input, *at.radio], label).set_value(value)
+        at.run()
+    _widget(at.selectbox, "Key with large variance along its mean").set_value(4)
+    at.run()
+    at.switch_page("pages/0_Home.py").run()
+    assert not at.exception
+    at.switch_page("pages/7_Attention_explorer.py").run()
+    assert not at.exception
+    for label, value in changed.items():
+        assert _widget([*at.slider, *at.number_input, *at.radio], label).value == value, label
+    assert _widget(at.selectbox, "Key with large variance along its mean").value == 4

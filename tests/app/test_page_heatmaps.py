@@ -242,7 +242,8 @@ def long_page(model: str, length: int = LONG_N) -> AppTest:
     at.query_params.update({"model": model, "layer": "1", "head": "2", "query": "500"})
     at.run()
     assert not at.exception and at.number_input(key="random_length").value == 1024  # the context by default
-    at.number_input(key="random_length").set_value(length).run()
+    at.number_input(key="random_length").set_value(length).run()  # a new length moves the query to its end
+    at.select_slider(key="query").set_value(500).run()
     assert not at.exception and not at.error
     return at
 

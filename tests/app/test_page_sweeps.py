@@ -17,8 +17,10 @@ PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "10_Sweeps.py")
 MODEL = "reverse-1l"
 
 
-def page() -> AppTest:
+def page(model: str | None = None) -> AppTest:
     at = AppTest.from_file(PAGE, default_timeout=120)
+    if model is not None:
+        at.query_params["model"] = model
     at.run()
     assert not at.exception, at.exception
     return at
@@ -40,7 +42,7 @@ def test_recorded_sweep_table_pareto_and_open():
     table = at.dataframe[0].value
     assert list(table["run"]) == ids and set(table["status"]) == {"completed"}
     fig = chart(at, "sweep_pareto")
-    points = [tr for tr in fig["data"] if tr.get("mode") == "markers"]
+    points = [tr for tr in fig["data"] if tr.get("legendgroup") == "regularizer"]
     assert {tr["name"] for tr in points} == {"none", "entropy"}
     assert {h for tr in points for h in tr["hovertext"]} == set(ids)
     at.radio(key="sweep_view").set_value("vocab").run()
@@ -53,15 +55,14 @@ def test_recorded_sweep_table_pareto_and_open():
 
 def test_launch_on_local_ray_and_watch():
     pytest.importorskip("ray")
-    at = page()
-    at.selectbox(key="sweep_source").set_value(MODEL)
+    at = page(MODEL)
     at.multiselect(key="sweep_regs").set_value(["entropy"])
     at.number_input(key="sweep_nlam").set_value(1)
     at.number_input(key="sweep_lo").set_value(0.1)
     at.number_input(key="sweep_steps").set_value(3)
-    at.button[0].click().run()  # the form's submit button
+    at.button(key="sweep_go").click().run()  # the form's submit button
     assert not at.exception and not at.error, [e.value for e in at.error]
-    assert any("launched: 2 trials" in s.value for s in at.success)
+    assert any(f"of {MODEL} launched: 2 trials" in s.value for s in at.success)
     state = next(iter(at.session_state["sweeps_launched"].values()))
     state["thread"].join(120)
     assert not state["thread"].is_alive() and state["error"] is None, state["error"]
@@ -69,3 +70,20 @@ def test_launch_on_local_ray_and_watch():
     sweep = RunStore().list_sweeps()[0]
     assert sweep["status"] == "completed" and sweep["counts"] == {"completed": 2}
     assert list(at.dataframe[0].value["status"]) == ["completed", "completed"]
+
+
+def test_the_model_swept_is_the_model_picked_everywhere():
+    """?model= (a link) and a model picked on another page (the shared picker's session value)
+    are what the sweep trains; the old page had its own picker that defaulted to the first model."""
+    at = page("induction-2l")
+    assert at.sidebar.selectbox(key=ui.MODEL_KEY).value == "induction-2l"
+    assert at.button(key="sweep_go").label.startswith("Sweep induction-2l on ")
+    assert any("fine-tunes **induction-2l**" in m.value for m in at.markdown)
+    at.sidebar.selectbox(key=ui.MODEL_KEY).set_value(MODEL).run()  # picked elsewhere: the same session key
+    assert at.button(key="sweep_go").label.startswith(f"Sweep {MODEL} on ")
+
+
+def test_a_model_without_a_task_cannot_be_swept(tiny_gpt2):
+    at = page("gpt2-tiny")
+    assert any("no known task" in w.value for w in at.warning)
+    assert not [b for b in at.button if b.label.startswith("Sweep ")]

@@ -29,6 +29,7 @@ LABELS = [
     "Merged vs factored QK",
     "Circuits",
     "Sweeps",
+    "Dynamics",
 ]
 URLS = [
     "",
@@ -42,6 +43,7 @@ URLS = [
     "Merged_vs_factored_QK",
     "Circuits",
     "Sweeps",
+    "Dynamics",
 ]  # the URLs of the legacy pages/ discovery: old links keep working
 
 

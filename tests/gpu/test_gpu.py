@@ -1,13 +1,20 @@
-"""Training on CUDA (issue 15), skipped without a CUDA GPU: ``pytest -m gpu tests/gpu``.
+"""Training on CUDA (issues 15 and 21), skipped without a CUDA GPU: ``pytest -m gpu tests/gpu``.
+The CPU suite guards the same paths with the meta device (tests/unit/test_device_meta.py); these
+tests run them for real.
 
-- a short retrain on CUDA matches the same run on CPU: held-out loss within 2% (relative),
-  accuracy within 0.02, data entropy within 0.01, every weight within 1e-2 (absolute) after 30
-  AdamW steps; the two devices differ only in float rounding (no TF32: matmuls stay fp32), which
-  Adam's normalisation amplifies a little;
-- the live job publishes snapshots while it trains on CUDA, with the model on the GPU;
-- a diverging run on CUDA ends "diverged" with finite weights, and a NaN injected at step k is
-  caught by the next sync point (sync_every 25 on CUDA) with the weights of the last one;
-- every training command runs with --device cuda, and bf16 autocast trains.
+- on the same batches, a short run on CUDA matches the CPU: every step's loss within 1e-3
+  (relative) and every weight within 1e-2 after 30 AdamW steps (no TF32: matmuls stay fp32; the
+  CUDA step scores a batch by a masked mean, the CPU's by an index, equal to rounding);
+- a retrain on CUDA draws its batches on the GPU (its own stream), so it is compared with the CPU
+  statistically (held-out accuracy within 0.02, data entropy within 0.05) and with itself exactly
+  (the same seed twice: the same held-out loss to 1e-4);
+- the live job publishes snapshots on CUDA, in a thread and in a worker process (the dashboard's);
+- a diverging run ends "diverged" with finite weights, and a NaN injected at step k is caught by
+  the next sync point (sync_every 25 on CUDA) with the weights of the last one;
+- bf16 trains; the compiled step (CUDA graphs) agrees with the eager one;
+- every training command runs with --device cuda (train, retrain fp32/bf16/--compile,
+  compare-qk, grow), a sweep's trial trains on CUDA, and the Retrain page's live job (AppTest,
+  device auto) trains on the GPU in its worker process.
 """
 
 import json
@@ -15,11 +22,13 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from attn_core import regularizers as R
 from attn_core.runs import RunStore
 from attn_core.sources import resolve
 from attn_core.tasks import get_task
@@ -37,46 +46,64 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "reverse-1l"
+TASK = get_task("reverse")
 
 
-def retrain(device: str) -> TrainingJob:
+def retrain(device: str, seed: int = 2) -> TrainingJob:
     job = TrainingJob(
-        JobConfig(MODEL, {"entropy": 0.1}, steps=30, seed=2, device=device, measure_samples=256, eval_samples=64),
+        JobConfig(MODEL, {"entropy": 0.1}, steps=30, seed=seed, device=device, measure_samples=256, eval_samples=64),
         store=False,
     )
     job.run()
     return job
 
 
-def test_a_short_retrain_on_cuda_matches_cpu():
-    cpu, gpu = retrain("cpu"), retrain("cuda")
+def test_on_the_same_batches_cuda_matches_cpu():
+    rows: dict[str, list[dict]] = {}
+    trainers = {}
+    for device in ("cpu", "cuda"):
+        model = make_tiny_model(std=0.3)
+        cfg = TrainConfig(steps=30, batch_size=32, eval_every=30, eval_samples=64, device=device, sync_every=5)
+        rows[device] = []
+        t = Trainer(model, TASK, cfg, callbacks=[rows[device].append], penalty=R.build_penalty(["entropy=0.1"], model))
+        t.data = torch.Generator().manual_seed(cfg.seed)  # the CPU's batches, moved to the GPU
+        t.run()
+        trainers[device] = t
+    assert trainers["cuda"].graph.static and trainers["cuda"].optimizer.defaults["fused"]
+    for a, b in zip(rows["cpu"], rows["cuda"]):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-3), a["step"]
+    wa, wb = trainers["cpu"].good_state_dict(), trainers["cuda"].good_state_dict()
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-2
+
+
+def test_a_retrain_on_cuda_draws_on_the_gpu_and_is_reproducible():
+    cpu, gpu, again = retrain("cpu"), retrain("cuda"), retrain("cuda")
     assert gpu.device.type == "cuda" and next(gpu.model.parameters()).is_cuda
-    assert gpu.trainer.sync_every == SYNC_EVERY_CUDA
+    assert gpu.trainer.data.device.type == "cuda" and gpu.trainer.sync_every == SYNC_EVERY_CUDA
     a, b = cpu.result(), gpu.result()
     assert a["status"] == b["status"] == "completed" and a["steps"] == b["steps"] == 30
-    assert b["after"]["loss"] == pytest.approx(a["after"]["loss"], rel=0.02, abs=1e-4)
     assert b["after"]["accuracy"] == pytest.approx(a["after"]["accuracy"], abs=0.02)
-    assert b["after"]["entropy_data"] == pytest.approx(a["after"]["entropy_data"], abs=0.01)
-    wa, wb = cpu.weights(), gpu.weights()
-    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-2
-    # every step was logged on both devices
-    la, lb = (j.snapshot().metrics(["task_loss"]) for j in (cpu, gpu))
-    assert list(la["step"]) == list(lb["step"]) == list(range(1, 31))
+    assert b["after"]["entropy_data"] == pytest.approx(a["after"]["entropy_data"], abs=0.05)
+    assert again.result()["after"]["loss"] == pytest.approx(b["after"]["loss"], rel=1e-4, abs=1e-7)
+    # every step was logged
+    assert list(gpu.snapshot().metrics(["task_loss"])["step"]) == list(range(1, 31))
 
 
-def test_the_live_job_publishes_snapshots_on_cuda():
-    job = TrainingJob(JobConfig(MODEL, {"entropy": 0.1}, steps=400, device="cuda", measure_samples=64), store=False)
-    job.start()
+@pytest.mark.parametrize("process", [False, True], ids=["thread", "worker process"])
+def test_the_live_job_publishes_snapshots_on_cuda(process):
+    store = RunStore()
+    job = TrainingJob(JobConfig(MODEL, {"entropy": 0.1}, steps=400, device="cuda", measure_samples=64), store=store)
+    job.start(process=process)
     steps = set()
     while not job.join(0.005):
         snap = job.snapshot()
         if snap.status == "running":
             steps.add(snap.step)
     snap = job.snapshot()
-    assert snap.status == "completed" and snap.step == 400
+    assert snap.status == "completed" and snap.step == 400, snap.message
     assert len(steps) >= 3 and any(0 < s < 400 for s in steps)  # progress arrived before the end
-    assert snap.probe_pattern.shape[:2] == (1, 2) and snap.steps_per_s > 0
-    assert str(job.device).startswith("cuda") and "task_loss" in snap.latest
+    assert snap.probe_pattern.shape[:2] == (1, 2) and snap.steps_per_s > 0 and "task_loss" in snap.latest
+    assert store.load_model(snap.run_id).card.device.startswith("cuda")
 
 
 def test_a_diverging_run_on_cuda_ends_diverged():
@@ -96,9 +123,8 @@ def test_a_nan_on_cuda_is_caught_by_the_next_sync_point():
         calls[0] += 1
         return {"bad": model.embed.W_E.sum() * 0 + (math.nan if calls[0] == 30 else 0.0)}
 
-    task = get_task("reverse")
     t = Trainer(
-        make_tiny_model(), task, TrainConfig(steps=200, batch_size=16, eval_every=100, device="cuda"), penalty=nan_at_30
+        make_tiny_model(), TASK, TrainConfig(steps=200, batch_size=16, eval_every=100, device="cuda"), penalty=nan_at_30
     )
     out = record_run(t)
     assert out.status == "diverged" and out.reason.startswith("diverged at step 30: loss is nan")
@@ -108,12 +134,11 @@ def test_a_nan_on_cuda_is_caught_by_the_next_sync_point():
 
 
 def test_bf16_on_cuda_trains():
-    task = get_task("reverse")
     out = {}
     for precision in ("fp32", "bf16"):
         t = Trainer(
             make_tiny_model(),
-            task,
+            TASK,
             TrainConfig(steps=60, batch_size=32, eval_every=60, eval_samples=64, device="cuda", precision=precision),
         )
         out[precision] = t.run()
@@ -121,16 +146,38 @@ def test_bf16_on_cuda_trains():
     assert out["bf16"]["eval_loss"] == pytest.approx(out["fp32"]["eval_loss"], rel=0.05)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_compiled_step_on_cuda_agrees_with_eager(precision):
+    """CUDA graphs (torch.compile, reduce-overhead) against the eager step on the same batches:
+    every step's loss within 1e-3 (fp32) or 2e-2 (bf16) relative."""
+    rows = {}
+    for compile in (False, True):
+        model = make_tiny_model(std=0.3)
+        cfg = TrainConfig(
+            steps=20, batch_size=32, eval_every=20, eval_samples=64, device="cuda", precision=precision, compile=compile
+        )
+        rows[compile] = []
+        t = Trainer(model, TASK, cfg, callbacks=[rows[compile].append], penalty=R.build_penalty(["entropy=0.1"], model))
+        t.run()
+        if compile:
+            assert t.graph.compiled and t.graph.mode == "reduce-overhead" and t.graph.note == ""
+    tol = 1e-3 if precision == "fp32" else 2e-2
+    for a, b in zip(rows[False], rows[True]):
+        assert b["loss"] == pytest.approx(a["loss"], rel=tol), a["step"]
+
+
 @pytest.mark.parametrize(
     "args",
     [
         ["train", "--preset", "reverse-1l", "--steps", "20"],
+        ["train", "--preset", "reverse-1l", "--steps", "20", "--compile"],
         ["retrain", MODEL, "--reg", "entropy=0.1", "--steps", "20"],
         ["retrain", MODEL, "--steps", "20", "--precision", "bf16"],
+        ["retrain", MODEL, "--reg", "vocab_entropy=0.1", "--steps", "20", "--compile"],
         ["compare-qk", "--steps", "20", "--seeds", "1", "--d-qk", "2", "--merged", "merged", "--no-store"],
         ["grow", "induction-2l", "--add", "1", "--steps", "5"],
     ],
-    ids=["train", "retrain", "retrain-bf16", "compare-qk", "grow"],
+    ids=["train", "train-compile", "retrain", "retrain-bf16", "retrain-compile", "compare-qk", "grow"],
 )
 def test_every_training_command_runs_on_cuda(args, tmp_path):
     env = {**os.environ, "ATTN_LAB_RUNS": str(tmp_path / "runs"), "PYTHONPATH": str(ROOT)}
@@ -145,9 +192,45 @@ def test_every_training_command_runs_on_cuda(args, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads(r.stdout)
     if args[0] == "retrain":
-        assert doc["status"] == "completed"
+        assert doc["status"] == "completed" and "torch.compile failed" not in doc["message"]
+        run = RunStore(tmp_path / "runs").get(doc["run_id"])
+        assert run["config"]["device"] == "cuda"
     if args[0] == "train":
         assert doc["device"].startswith("cuda")
+
+
+def test_a_sweep_trial_trains_on_cuda():
+    from attn_core.sweep.plan import Trial
+    from attn_core.sweep.trial import run_trial
+
+    payload = run_trial(
+        Trial(MODEL, "entropy", 0.1, 0).to_dict(), {"steps": 20, "device": "cuda", "measure_samples": 64}
+    )
+    assert payload["status"] == "completed", payload.get("message")
+    assert payload["card"]["device"].startswith("cuda")
+
+
+def test_the_retrain_pages_live_job_trains_on_the_gpu():
+    """The Retrain page as a user opens it on a GPU machine: the device picker defaults to cuda,
+    and the job trains there in its worker process."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(ROOT / "pages" / "3_Retrain.py"), default_timeout=120)
+    at.query_params["model"] = MODEL
+    at.run()
+    assert not at.exception and at.selectbox(key="retrain_device").value == "cuda"
+    at.number_input(key="retrain_steps").set_value(50).run()
+    at.button(key="retrain_start").click().run()
+    deadline = time.monotonic() + 300
+    while not (at.session_state["retrain_job"].snapshot().done and at.success):
+        assert time.monotonic() < deadline, at.session_state["retrain_job"].snapshot().message
+        time.sleep(0.3)
+        at.run()
+        assert not at.exception
+    job = at.session_state["retrain_job"]
+    snap = job.snapshot()
+    assert snap.status == "completed" and snap.step == 50 and job.remote is not None
+    assert RunStore().load_model(snap.run_id).card.device.startswith("cuda")
 
 
 def test_resolve_then_train_on_cuda_keeps_the_source_on_cpu():

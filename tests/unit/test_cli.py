@@ -32,6 +32,13 @@ def test_zoo_json():
             "d_mlp",
             "params",
             "accuracy",
+            # what a list of models shows of each card (the Home page lists from these, loading nothing)
+            "description",
+            "steps",
+            "wall_time_s",
+            "seed",
+            "command",
+            "preset",
         }
 
 

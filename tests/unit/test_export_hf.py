@@ -258,13 +258,14 @@ def test_destination_is_never_overwritten(tmp_path):
 
 def test_an_imported_gpt2_goes_back_to_transformers(tiny_gpt2, tmp_path):
     """transformers -> attn-lab (load_hf) -> export-hf -> transformers: the same logits as the
-    original; its vocab.json comes along (no word-level tokenizer: its names are not words)."""
+    original, written as its own family (GPT-2); its vocab.json and generation_config.json come
+    along (no word-level tokenizer: its names are not words)."""
     original = open_hf(tiny_gpt2)
     proc = cli("export-hf", "gpt2-tiny", "--out", str(tmp_path / "again"), "--json")
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert summary["tokenizer"] is False and summary["notes"] == []  # GPT-2 maps tensor for tensor
-    assert summary["files"] == ["README.md", "config.json", "model.safetensors", "vocab.json"]
+    assert summary["files"] == ["README.md", "config.json", "generation_config.json", "model.safetensors", "vocab.json"]
     again = open_hf(tmp_path / "again")
     tokens = torch.randint(0, 100, (3, 16), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():

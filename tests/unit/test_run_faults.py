@@ -295,10 +295,10 @@ def test_out_destinations_are_checked_before_training(tmp_path, monkeypatch):
     folder = tmp_path / "existing"
     folder.mkdir()
     cases = [
-        (["train", "--preset", "reverse-1l", "--out", a_file / "x"], "is not a folder"),
+        (["train", "--preset", "reverse-1l", "--out", a_file / "x"], "not a folder"),
         (["train", "--preset", "reverse-1l", "--out", folder], "already exists"),
         (["compare-qk", "--steps", "2", "--seeds", "1", "--out", folder], "already exists"),
-        (["compare-qk", "--steps", "2", "--seeds", "1", "--out", a_file / "c.json"], "is not a folder"),
+        (["compare-qk", "--steps", "2", "--seeds", "1", "--out", a_file / "c.json"], "not a folder"),
     ]
     if Path("/proc/self").is_dir():  # a folder no one can create anything in
         cases.append((["train", "--preset", "reverse-1l", "--out", "/proc/attn-lab-x"], "cannot be written"))

@@ -46,7 +46,8 @@ def test_default_root_follows_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv(ENV_RUNS, str(tmp_path / "elsewhere"))
     assert RunStore().root == tmp_path / "elsewhere"
     monkeypatch.delenv(ENV_RUNS)
-    assert RunStore().root == RunStore("runs").root
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))  # the user's data folder (test_run_store_location.py)
+    assert RunStore().root == tmp_path / "xdg" / "attn-lab" / "runs"
 
 
 def test_round_trip(tmp_path):

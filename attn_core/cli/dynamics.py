@@ -1,0 +1,216 @@
+"""Training dynamics: the checkpoint options that ``train``, ``retrain`` and ``sweep`` share, and
+``dynamics`` (metrics of every checkpoint of a series, the phase change, the animation)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from attn_core.cli.common import JsonOpt, emit, guarded
+from attn_core.training.config import JobConfig
+from attn_core.validate import default
+
+app = typer.Typer()
+
+# --- the checkpoint options of train, retrain and sweep ---------------------------------------------
+
+EveryOpt = typer.Option(
+    default(JobConfig, "checkpoint_every"),
+    "--checkpoint-every",
+    help="Keep the weights every N steps (and at step 0 and the last step) as safetensors in the run's "
+    "checkpoints/ folder, listed in its card.",
+)
+LogOpt = typer.Option(
+    default(JobConfig, "checkpoint_log"),
+    "--checkpoint-log",
+    help="Keep the weights at N steps spaced evenly in log(step) from 1 to the end (dense early, where "
+    "circuits form); combines with --checkpoint-every.",
+)
+StepsOpt = typer.Option(
+    None, "--checkpoint-steps", help="Keep the weights at these steps too, comma-separated (0,50,100)."
+)
+ParamsOpt = typer.Option(
+    default(JobConfig, "checkpoint_params"),
+    "--checkpoint-params",
+    help="all, or attn: only attention and LayerNorm weights (what the QK/OV views need; much smaller "
+    "for large models).",
+)
+MaxMbOpt = typer.Option(
+    default(JobConfig, "checkpoint_max_mb"),
+    "--checkpoint-max-mb",
+    help="Refuse, before training, checkpoints that would take more than this many MiB (default 1024).",
+)
+
+
+def parse_steps(text: str | None) -> list[int] | None:
+    """``"0,50,100"`` as steps; one clear line for anything else."""
+    if text is None or not text.strip():
+        return None
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit():
+            raise ValueError(f"--checkpoint-steps takes whole numbers separated by commas (0,50,100), got {part!r}")
+        out.append(int(part))
+    return out
+
+
+def checkpoint_settings(every, log, steps, params, max_mb) -> dict:
+    """The JobConfig fields of the options (unset ones left out)."""
+    raw = {
+        "checkpoint_every": every,
+        "checkpoint_log": log,
+        "checkpoint_steps": parse_steps(steps),
+        "checkpoint_params": params if params != default(JobConfig, "checkpoint_params") else None,
+        "checkpoint_max_mb": max_mb,
+    }
+    return {k: v for k, v in raw.items() if v is not None}
+
+
+def checkpoint_plan(every, log, steps, params, max_mb):
+    """The plan of the options (None: keep nothing); checked like a JobConfig's."""
+    from attn_core.training.checkpoints import CheckpointPlan
+
+    return CheckpointPlan.of(every, log, parse_steps(steps) or (), params, max_mb)
+
+
+def say(line: str) -> None:
+    """A statement made before work starts (stderr, so --json output stays one document)."""
+    typer.echo(line, err=True)
+
+
+# --- attn-lab dynamics ----------------------------------------------------------------------------
+
+MAX_TEXT_BYTES = 4 * 2**20
+
+
+def _span(option: str, text: str | None) -> tuple[int, int] | None:
+    """``"A:B"`` as positions [A, B)."""
+    if text is None:
+        return None
+    a, sep, b = text.partition(":")
+    if not (sep and a.strip().isdigit() and b.strip().isdigit()):
+        raise ValueError(f"{option} takes positions A:B (from A up to, not including, B), got {text!r}")
+    return int(a), int(b)
+
+
+def _steps(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() for p in parts):
+        raise ValueError(f"--steps takes whole numbers separated by commas, one per model, got {text!r}")
+    return [int(p) for p in parts]
+
+
+def _human(res: dict, dyn) -> str:
+    from attn_core.cli.common import table
+
+    head = [f"inputs: {dyn.inputs}"]
+    rows = [
+        {"step": s, "loss": res["metrics"]["loss"][i], "icl_score": res["metrics"]["icl_score"][i]}
+        for i, s in enumerate(res["steps"])
+    ]
+    pc = res["phase_change"]
+    tail = (
+        f"phase change at step {pc['step']}, window {pc['window'][0]}..{pc['window'][1]} (steepest fall of the {pc['by']})"
+        if pc
+        else "no phase change (no sudden fall of the ICL score after a plateau)"
+    )
+    return "\n".join([*head, table(rows, ["step", "loss", "icl_score"]), tail])
+
+
+@app.command("dynamics")
+@guarded
+def dynamics_cmd(
+    sources: list[str] = typer.Argument(
+        ...,
+        help="One run (run:<id>) or model folder holding checkpoints/, a checkpoints folder, or several models "
+        "(folders, Hugging Face folders) ordered by --steps or the step their names carry (step1000, checkpoint-1000).",
+    ),
+    steps: str | None = typer.Option(
+        None, "--steps", help="The training step of each model, comma-separated, in order."
+    ),
+    samples: int = typer.Option(256, help="Held-out sequences (or text windows) the metrics are measured on."),
+    seed: int = typer.Option(0, help="Seed of the held-out sequences and of the detectors' sequences."),
+    detector_samples: int = typer.Option(
+        32, help="Generated sequences of the prefix-matching and previous-token scores."
+    ),
+    early: str | None = typer.Option(None, "--early", help="Early positions A:B of the ICL score (default 1:1+T/8)."),
+    late: str | None = typer.Option(None, "--late", help="Late positions C:D of the ICL score (default T-T/8:T)."),
+    text: Path | None = typer.Option(
+        None, "--text", help="Measure on windows of this UTF-8 text file (models without a task)."
+    ),
+    length: int | None = typer.Option(None, help="Tokens per text window (default: the context, at most 128)."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Measure every checkpoint again, ignoring the cache."),
+    animate: Path | None = typer.Option(
+        None,
+        "--animate",
+        help="Also write the animation (one head's heatmap and spectrum across steps) to this .html file.",
+    ),
+    layer: int = typer.Option(0, help="Layer of the animated head."),
+    head: int = typer.Option(0, help="Head of the animated head."),
+    value: str = typer.Option("scores", help="What the animated heatmap shows: scores or pattern."),
+    as_json: bool = JsonOpt,
+):
+    """Metrics of every checkpoint of a series (loss, ICL score, prefix matching, previous token,
+    K-composition, entropy and its floor, sigma_1 and stable rank of B, copying) and the phase
+    change, measured on held-out inputs with a fixed seed; each checkpoint's result is cached."""
+    from attn_core import dynamics as D
+    from attn_core import limits
+    from attn_core.figures import dynamics as fd
+    from attn_core.figures.base import write_plot
+    from attn_core.figures.bilinear import VALUES
+    from attn_core.progress import Progress
+    from attn_core.validate import check_seed
+
+    limits.check_count("--samples", samples, limits.MAX_SAMPLES)
+    limits.check_count("--detector-samples", detector_samples, 4096)
+    check_seed("--seed", seed)
+    if value not in VALUES:
+        raise ValueError(f"--value must be one of {', '.join(VALUES)}, got {value!r}")
+    if animate is not None and animate.suffix.lower() != ".html":
+        raise ValueError(f"--animate writes an HTML file (name.html), got {str(animate)!r}")
+    if animate is not None and animate.exists():
+        raise ValueError(f"--animate {animate} already exists; choose a new file (nothing was overwritten)")
+    series = D.series(list(sources), _steps(steps))
+    cfg = series.config
+    early_span, late_span = _span("--early", early), _span("--late", late)
+    if animate is not None:
+        from attn_core.bilinear import check_heads, check_layer
+
+        first = series.load(series.members[0])
+        check_layer(first.model, layer)
+        check_heads(first.model, head)
+    if text is not None:
+        length = min(cfg.n_ctx, 128) if length is None else length
+        if not 2 <= length <= cfg.n_ctx:
+            raise ValueError(f"--length must be 2..{cfg.n_ctx} (the context), got {length}")
+        raw = limits.read_file(text, MAX_TEXT_BYTES, str(text))
+        try:
+            words = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{text} is not UTF-8 text") from None
+        probe = series.reference_model() or series.load(series.members[0])
+        inputs = D.text_inputs(D.text_ids(probe, words), length, samples, early_span, late_span)
+    else:
+        inputs = D.default_inputs(series, samples=samples, seed=seed, early=early_span, late=late_span)
+        if inputs is None:
+            raise ValueError("these models have no task in their card: give --text FILE to measure them on a text")
+    cache = None if no_cache else D.MetricCache()
+    bar = None if as_json else Progress(len(series.members), "dynamics", unit="checkpoint")
+    try:
+        dyn = D.dynamics(series, inputs, detector_samples=detector_samples, seed=seed, cache=cache,
+                         progress=(lambda done, total: bar.set(done)) if bar is not None else None)  # fmt: skip
+    finally:
+        if bar is not None:
+            bar.close()
+    if cache is not None:
+        say(f"cache: {dyn.hits} of {len(dyn.steps)} checkpoints read from {cache.folder}")
+    if animate is not None:
+        views, spectra = D.step_views(series, inputs.tokens[0].tolist(), layer, head)
+        write_plot(fd.animation_plot(dyn.steps, views, spectra, head, value), animate)
+        say(f"wrote the animation of L{layer}H{head} across {len(dyn.steps)} steps to {animate}")
+    res = dyn.to_json()
+    emit(res, as_json, lambda r: _human(r, dyn))

@@ -1,0 +1,73 @@
+"""The entropy floor of softmax attention given the size of its logits (Zhai et al. 2023,
+"Stabilizing Transformer Training by Preventing Attention Entropy Collapse", Theorem 3.1).
+
+For logits s in R^n (one query's row over its n visible keys) whose centred norm is at most
+sigma, ||s - mean(s) 1||_2 <= sigma, the entropy of softmax(s) is at least
+
+    h(n, sigma) = log(1 + (n-1) beta) + (n-1) beta Delta / (1 + (n-1) beta),
+    Delta = sigma sqrt(n / (n-1)),   beta = exp(-Delta)                       (h(1, .) = 0)
+
+and this is attained (one logit at sigma sqrt((n-1)/n), the others equal), so it is the exact
+floor. The derivation is in docs/maths.md ("The entropy floor"). For a head on a sequence, the
+visible logits of row i are a row of L = S * M (S the scores, M the mask, 0 elsewhere) and part
+of a row of S, so their norm is at most sigma = min(||L||_2, ||S||_2): ``H(A_i) >= h(n_i, sigma)``
+with the measured logits' spectral norm, a floor that falls exponentially with it. Zhai et al.
+bound ||S||_2 further by sigma(W_K W_Q^T) ||X X^T||_2 (S = X B X^T without biases); the measured
+norm gives the tighter bound. (Masking can make ||L||_2 larger than ||S||_2, hence the minimum.)
+
+All in float64; softmax heads only (alpha-entmax rows can put exactly zero weight on a key).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def entropy_floor(n: torch.Tensor | int, sigma: torch.Tensor | float) -> torch.Tensor:
+    """h(n, sigma) above, in nats, broadcast over ``n`` (keys, >= 1) and ``sigma`` (>= 0)."""
+    n = torch.as_tensor(n, dtype=torch.float64)
+    sigma = torch.as_tensor(sigma, dtype=torch.float64).clamp_min(0)
+    m = (n - 1).clamp_min(0)
+    delta = sigma * torch.sqrt(n / m.clamp_min(1))
+    beta = torch.exp(-delta)
+    mass = m * beta  # the low keys' total weight relative to the high one
+    floor = torch.log1p(mass) + mass * delta / (1 + mass)
+    return torch.where(m > 0, floor, torch.zeros_like(floor))
+
+
+def visible_logits(S: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """L = S where a key is visible, 0 elsewhere (float64), ``S`` [..., T, T], ``mask`` [T, T]."""
+    return S.double().masked_fill(~mask.to(torch.bool), 0.0)
+
+
+def spectral_norm(S: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """min(||L||_2, ||S||_2), [...]: a bound on the norm of every row's visible logits (largest
+    singular values, exact)."""
+    visible = torch.linalg.svdvals(visible_logits(S, mask))[..., 0]
+    return torch.minimum(visible, torch.linalg.svdvals(S.double())[..., 0])
+
+
+def row_floors(S: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The floor of every row's entropy, [..., T] nats: h(n_i, sigma), n_i the row's visible keys and
+    sigma = :func:`spectral_norm`."""
+    sigma = spectral_norm(S, mask)  # [...]
+    n = mask.to(torch.bool).sum(-1).to(torch.float64).to(S.device)  # [T]
+    return entropy_floor(n, sigma[..., None])
+
+
+def normalized_row_floors(S: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """:func:`row_floors` / log n_i (0 for rows with one key): the floor of the normalized entropy."""
+    n = mask.to(torch.bool).sum(-1).to(torch.float64).to(S.device)
+    logn = torch.where(n > 1, n.log(), torch.ones_like(n))
+    return torch.where(n > 1, row_floors(S, mask) / logn, torch.zeros_like(n))
+
+
+def floor_logits(n: int, sigma: float) -> torch.Tensor:
+    """The logits that attain the floor: one at sigma sqrt((n-1)/n), the rest at -sigma/sqrt(n(n-1))."""
+    if n < 2:
+        return torch.zeros(n, dtype=torch.float64)
+    s = torch.full((n,), -sigma / math.sqrt(n * (n - 1)), dtype=torch.float64)
+    s[0] = sigma * math.sqrt((n - 1) / n)
+    return s

@@ -1,0 +1,175 @@
+"""What a retrain trains, and what keeps it near where it started: ``--train`` and ``--kl``.
+
+``--train`` chooses the parameters that learn (the others are frozen: ``requires_grad`` off, so
+they get no gradient and, through ``training.trainer.make_optimizer``, no optimizer state):
+
+    all    every parameter (except those a model family keeps at zero, see ``fixed`` below)
+    attn   every attention weight of every layer: W_Q, W_K, W_V, W_O and their biases
+    qk     only W_Q, W_K and their biases (W_QK of merged heads) in the layers that carry a
+           regularizer: the bilinear form B itself. With grouped-query attention a key head's
+           W_K is shared by the query heads of its group, so training it for one regularized
+           head moves the scores of the other heads of the group too.
+
+``fixed`` names parameters held at zero whatever ``--train`` says: an imported family has no
+such tensor (Llama's MLP biases, GPT-2's unembedding bias), so a retrained model can still be
+written back as its own family (``attn_core.hf.family_export.fixed_params``).
+
+``--kl LAMBDA`` adds ``LAMBDA * KL(p_start || p_model)`` on the training batch itself:
+:class:`KLPenalty`, a Trainer penalty like the regularizers, which reads the model's last
+residual stream from the forward's cache (no second forward of the model being trained) and runs
+the frozen starting model on the same tokens. The starting model shares every frozen
+parameter with the model (no copy) and holds its own copy of the trainable ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+
+from attn_core.hooks import Cache, act_name
+from attn_core.model import Transformer
+from attn_core.training.device import autocast, autocast_dtype
+
+TRAIN = ("all", "attn", "qk")
+QK_PARAMS = ("W_Q", "W_K", "b_Q", "b_K", "W_QK")
+ATTN_PARAMS = QK_PARAMS + ("W_V", "b_V", "W_O", "b_O")
+KL_TERM = "kl"  # the term's label (logged as term:kl)
+TRAIN_HELP = (
+    "What learns: all (every parameter), attn (every attention weight), or qk (only W_Q, W_K and their "
+    "biases in the layers that carry a regularizer, with optimizer state only for those). With grouped-query "
+    "attention a key head's W_K is shared by its group's query heads: training it for one head moves the others."
+)
+
+
+def regularized_layers(penalty) -> set[int]:
+    """The layers of every spec's heads (those at lambda = 0 included, so that a sweep's baseline
+    trains what its trials train); every layer when no spec is given."""
+    layers = {l for heads in penalty.heads.values() for l, _ in heads}
+    return layers or {l for l, _ in penalty.regularized_heads}
+
+
+def select_trainable(model: Transformer, train: str, layers: set[int], fixed=()) -> list[str]:
+    """Switch ``requires_grad`` so that only what ``train`` names learns (module doc); returns
+    the names of the parameters that do. Raises ValueError when nothing would."""
+    if train not in TRAIN:
+        raise ValueError(f"--train must be one of {', '.join(TRAIN)}, got {train!r}")
+    fixed = set(fixed)
+    trained = []
+    for name, p in model.named_parameters():
+        parts = name.split(".")
+        in_attn = len(parts) > 3 and parts[0] == "blocks" and parts[2] == "attn"
+        if name in fixed:
+            on = False
+        elif train == "all":
+            on = True
+        elif train == "attn":
+            on = in_attn and parts[-1] in ATTN_PARAMS
+        else:
+            on = in_attn and parts[-1] in QK_PARAMS and int(parts[1]) in layers
+        p.requires_grad_(on)
+        if on:
+            trained.append(name)
+    if not trained:
+        raise ValueError(f"--train {train} leaves nothing to train in this model")
+    return trained
+
+
+def frozen_copy(model: Transformer, entmax_alpha: float | None = None) -> Transformer:
+    """The model as it is now, frozen: frozen parameters shared (same storage), trainable ones
+    copied; ``entmax_alpha`` its attention (default the model's)."""
+    cfg = model.cfg if entmax_alpha is None else replace(model.cfg, entmax_alpha=float(entmax_alpha))
+    device = next(model.parameters()).device
+    with torch.device("meta"):
+        ref = Transformer(cfg)
+    state = {n: p.detach() if not p.requires_grad else p.detach().clone() for n, p in model.named_parameters()}
+    ref.load_state_dict(state, assign=True)
+    for block in ref.blocks:
+        block.attn.reset_buffers()
+    return ref.to(device).requires_grad_(False).eval()
+
+
+class KLPenalty:
+    """A Trainer penalty: ``{"kl": strength * KL(p_start || p_model)}``, the KL divergence per
+    token (nats) from the starting model's next-token distribution to the model's, on the
+    training batch. It reads the model's last residual stream from the forward's cache
+    (:meth:`cache` asks for it alone, so every layer keeps its fused attention). The starting
+    model is taken by :meth:`start` once the model is on its training device (the job calls it),
+    else at the first call, which the trainer makes before its first update."""
+
+    def __init__(self, strength: float, cfg, precision: str = "fp32", entmax_alpha: float | None = None):
+        self.strength = float(strength)
+        self.autocast = autocast_dtype(precision)
+        self.entmax_alpha = entmax_alpha
+        self.reads = (act_name("resid_post", cfg.n_layers - 1),)
+        self.reference: Transformer | None = None
+
+    def cache(self) -> Cache:
+        """The forward cache it reads: the last block's residual stream."""
+        return Cache(self.reads)
+
+    def start(self, model: Transformer) -> None:
+        """Take ``model``'s weights now as the starting model (frozen ones shared, not copied)."""
+        self.reference = frozen_copy(model, self.entmax_alpha)
+
+    def __call__(self, model: Transformer, batch, cache: dict | None) -> dict[str, torch.Tensor]:
+        if self.reference is None:
+            self.start(model)
+        (name,) = self.reads
+        if cache is None or name not in cache:
+            raise ValueError(f"the KL term reads {name} from the forward's cache; the trainer passed none")
+        logits = model.ln_final(cache[name]) @ model.unembed.W_U + model.unembed.b_U
+        with torch.no_grad(), autocast(logits.device, self.autocast):
+            ref = self.reference(batch.tokens)
+        logp = F.log_softmax(logits.float(), -1).flatten(0, -2)
+        ref_logp = F.log_softmax(ref.float(), -1).flatten(0, -2)
+        kl = F.kl_div(logp, ref_logp, log_target=True, reduction="batchmean")  # sum over tokens / positions
+        return {KL_TERM: self.strength * kl}
+
+
+class Penalties:
+    """Several Trainer penalties as one: their terms side by side (labels must differ), and one
+    forward cache holding what each reads (:meth:`cache`)."""
+
+    def __init__(self, *parts):
+        self.parts = [p for p in parts if p]
+
+    def __bool__(self) -> bool:
+        return bool(self.parts)
+
+    def cache(self) -> dict | None:
+        """The union of the parts' caches (a part without ``cache()`` reads everything: a plain dict)."""
+        names: set[str] = set()
+        for part in self.parts:
+            make = getattr(part, "cache", None)
+            made = make() if make is not None else {}
+            if made is None:
+                continue
+            if not isinstance(made, Cache):
+                return {}
+            names |= made.names
+        return Cache(names) if names else None
+
+    def start(self, model: Transformer) -> None:
+        for part in self.parts:
+            if hasattr(part, "start"):
+                part.start(model)
+
+    def __call__(self, model, batch, cache) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for part in self.parts:
+            out.update(part(model, batch, cache))
+        return out
+
+
+def setup(model: Transformer, train: str, kl: float, penalty, precision: str = "fp32", fixed=(), entmax_alpha=None):
+    """Freeze what ``train`` leaves out (:func:`select_trainable`) and return the Trainer's penalty:
+    ``penalty`` (the regularizers) with the KL term when ``kl`` > 0, or None when there is no
+    term at all; also the names of the trained parameters. Call the penalty's ``start(model)``
+    (when it has one) once the model is on its training device."""
+    trained = select_trainable(model, train, regularized_layers(penalty), fixed)
+    if kl <= 0:
+        return (penalty if penalty else None), trained
+    kl_term = KLPenalty(kl, model.cfg, precision, entmax_alpha)
+    return (Penalties(penalty, kl_term) if penalty else kl_term), trained

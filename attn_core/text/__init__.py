@@ -1,0 +1,30 @@
+"""Text as a task (issue 22): a user's corpus, tokenized by the model folder's own tokenizer.json
+into a memory-mapped token file cached next to the run store, cut into fixed-length blocks for
+next-token prediction with a held-out split.
+
+- ``corpus``: the inputs (a .txt file or a folder of them, .jsonl with a text field, Parquet with a
+  text column), checked before reading and streamed in pieces; bad text is one ``TextError``;
+- ``tokens``: tokenizing into the cache (``tokenize``, ``TokenFile``, ``cache_dir``);
+- ``task``: ``TextTask``, the toys' Task interface on text (blocks, the held-out split);
+- ``measure``: held-out loss, perplexity, per-head concentration and spectra, in bounded memory;
+- ``source``: the text task of a loaded model (``text_task_for``), what jobs, the CLI and pages call.
+"""
+
+from attn_core.text.corpus import MAX_CORPUS_BYTES, Corpus, TextError, open_corpus
+from attn_core.text.source import text_task_for
+from attn_core.text.task import DEFAULT_BLOCK, HELD_OUT_FRACTION, TextTask
+from attn_core.text.tokens import TokenFile, cache_dir, tokenize
+
+__all__ = [
+    "DEFAULT_BLOCK",
+    "HELD_OUT_FRACTION",
+    "MAX_CORPUS_BYTES",
+    "Corpus",
+    "TextError",
+    "TextTask",
+    "TokenFile",
+    "cache_dir",
+    "open_corpus",
+    "text_task_for",
+    "tokenize",
+]

@@ -1,0 +1,179 @@
+"""Text as a task: next-token prediction on fixed-length blocks of a tokenized corpus, with the
+toys' :class:`~attn_core.tasks.Task` interface, so the trainer, the live job, sweeps and the run
+store take it as they take a toy.
+
+A :class:`TextTask` samples blocks of ``block + 1`` tokens (the model reads ``block`` and is
+scored on every next token). Training blocks start anywhere in the training part of the stream,
+drawn by the task's generator (deterministic under ``--seed``); held-out blocks are the
+non-overlapping blocks of the held-out part (the ``--eval-text`` corpus, or the last
+:data:`HELD_OUT_FRACTION` of the stream), in an order drawn by the seed, repeating only when
+more are asked for than there are. Its ``evaluate`` and ``measure`` read held-out text in
+chunks of bounded memory (:mod:`attn_core.text.measure`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from attn_core.tasks import Batch, Task
+from attn_core.text.corpus import TextError
+from attn_core.text.tokens import TokenFile
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+NAME = "text"
+HELD_OUT_FRACTION = 0.1  # of the stream, when no --eval-text is given
+DEFAULT_BLOCK = 256  # tokens per block, at most the model's context
+MIN_BLOCK = 2
+
+
+@dataclass
+class TextData:
+    """The token streams of a text task (memory maps) and how they are cut into blocks."""
+
+    train: np.ndarray
+    held_out: np.ndarray
+    block: int
+    d_vocab: int
+    tokenizer: Tokenizer | None = None
+    facts: dict = field(default_factory=dict)
+
+    @property
+    def held_out_blocks(self) -> int:
+        """Non-overlapping held-out blocks (consecutive blocks share their boundary token)."""
+        return (len(self.held_out) - 1) // self.block
+
+    def generate(self, n: int, g: torch.Generator, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """``n`` blocks of ``block + 1`` tokens and their (all True) scored mask, on the CPU (the
+        blocks are read from the memory-mapped stream; ``Task.sample`` moves them)."""
+        L = self.block + 1
+        # drawn on the generator's device (a CUDA generator on a GPU: Task.sample), read on the host
+        if split == "train":
+            starts = torch.randint(0, len(self.train) - L + 1, (n,), generator=g, device=g.device).tolist()
+            stream = self.train
+        else:
+            order = torch.randperm(self.held_out_blocks, generator=g, device=g.device).tolist()
+            starts = [order[i % len(order)] * self.block for i in range(n)]
+            stream = self.held_out
+        seq = torch.from_numpy(np.stack([np.asarray(stream[s : s + L], dtype=np.int64) for s in starts]))
+        return seq, torch.ones_like(seq, dtype=torch.bool)
+
+
+@dataclass(frozen=True, eq=False)
+class TextTask(Task):
+    """A :class:`~attn_core.tasks.Task` on text (see the module); build it with :func:`text_task`."""
+
+    data: TextData | None = None
+
+    @property
+    def d_vocab(self) -> int:
+        return self.data.d_vocab
+
+    @property
+    def block(self) -> int:
+        return self.data.block
+
+    @property
+    def facts(self) -> dict:
+        """What the corpus is (files, bytes, tokens, the split, the cache entry): JSON-ready."""
+        return dict(self.data.facts)
+
+    def loss(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """Mean cross-entropy over every position (all are scored: no gather of the logits)."""
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.targets.reshape(-1))
+
+    def accuracy(self, logits: torch.Tensor, batch: Batch) -> float:
+        return (logits.argmax(-1).reshape(-1) == batch.targets.reshape(-1)).float().mean().item()
+
+    def names(self, token_ids) -> list[str]:
+        tok = self.data.tokenizer
+        if tok is None:
+            return [str(int(t)) for t in token_ids]
+        out = []
+        for t in token_ids:
+            text = tok.decode([int(t)], skip_special_tokens=False) or tok.id_to_token(int(t)) or f"#{int(t)}"
+            out.append(text.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r"))
+        return out
+
+    def encode(self, text: str) -> list[int]:
+        if self.data.tokenizer is None:
+            raise ValueError("this text task has no tokenizer")
+        ids = self.data.tokenizer.encode(text, add_special_tokens=False).ids
+        if not ids:
+            raise ValueError("no tokens given")
+        if len(ids) > self.n_ctx:
+            raise ValueError(f"{len(ids)} tokens exceed the block of {self.n_ctx}")
+        return ids
+
+    def evaluate(self, model, samples: int = 512, seed: int = 0, split: str = "test", device=None) -> dict:
+        """Held-out loss, perplexity and accuracy in chunks of bounded memory (the trainer's
+        held-out evaluation takes this instead of one forward over every block)."""
+        from attn_core.text import measure
+
+        return measure.evaluate(model, self, samples, seed, split, device)
+
+    def measure(self, model, heads=None, samples: int = 512, seed: int = 0) -> dict:
+        """A run's before/after measurement on held-out text (``telemetry.measure`` takes it)."""
+        from attn_core.text import measure
+
+        return measure.measure(model, self, heads, samples, seed)
+
+
+def text_task(data: TextData) -> TextTask:
+    files = data.facts.get("files") or []
+    what = files[0] if len(files) == 1 else f"{len(files)} files"
+    return TextTask(
+        name=NAME,
+        description=f"Next-token prediction on {what} ({data.facts.get('tokens', 0):,} tokens) in blocks of {data.block}.",
+        token_names=(),
+        seq_len=data.block + 1,
+        _generate=data.generate,
+        accuracy_bar=0.0,
+        data=data,
+    )
+
+
+def check_block(block: int | None, n_ctx: int) -> int:
+    """The block length: ``block``, or :data:`DEFAULT_BLOCK` cut to the context."""
+    if block is None:
+        return min(n_ctx, DEFAULT_BLOCK)
+    if isinstance(block, bool) or not isinstance(block, int) or not MIN_BLOCK <= block <= n_ctx:
+        raise ValueError(f"--block must be an integer in {MIN_BLOCK}..{n_ctx} (the model's context), got {block!r}")
+    return block
+
+
+def split_streams(
+    main: TokenFile, held: TokenFile | None, block: int, d_vocab: int
+) -> tuple[np.ndarray, np.ndarray, dict]:
+    """(train stream, held-out stream, facts of the split) for blocks of ``block`` tokens; a text
+    too short for one training and one held-out block is refused, saying how many are needed."""
+    need = block + 1
+    for tf in (main, held):
+        if tf is not None and tf.meta["max_id"] >= d_vocab:
+            raise TextError(
+                f"the tokenizer gave token id {tf.meta['max_id']}, but the model has only {d_vocab} tokens: "
+                "the tokenizer.json does not belong to this model"
+            )
+    stream = main.array()
+    if held is not None:
+        for tf, what in ((main, "the text"), (held, "the held-out text (--eval-text)")):
+            if tf.n_tokens < need:
+                raise TextError(
+                    f"{what} has {tf.n_tokens:,} tokens, fewer than one block of {need} (--block {block} + 1)"
+                )
+        return stream, held.array(), {"held_out": "eval-text"}
+    n = len(stream)
+    n_held = max(need, math.ceil(HELD_OUT_FRACTION * n))
+    if n - n_held < need:
+        raise TextError(
+            f"the text has {n:,} tokens, fewer than the {2 * need:,} needed for one block of {need} to train on and "
+            "one held out; give more text, a smaller --block, or a held-out text with --eval-text"
+        )
+    return stream[: n - n_held], stream[n - n_held :], {"held_out": f"the last {HELD_OUT_FRACTION:.0%} of the stream"}

@@ -1,0 +1,343 @@
+"""Checkpoints across training: a run's weights at chosen steps, as a series of safetensors files.
+
+A **plan** (:class:`CheckpointPlan`: every N steps, K log-spaced steps, explicit steps, which
+parameters, a disk bound) gives the steps of a run of ``total`` steps (:meth:`~CheckpointPlan.schedule`):
+always step 0 (the initial weights) and the last step. A :class:`CheckpointWriter` writes them into
+one folder (``checkpoint.CHECKPOINTS`` inside the model folder once the run is saved)::
+
+    checkpoints/index.json                     {"params", "steps": [...], "files": [...], "bytes"}
+    checkpoints/step-000000100.safetensors     the weights after 100 updates; metadata: config, step, params
+
+Each file is written to a hidden temporary name and renamed into place (a reader never sees a
+half-written one); ``index.json`` is rewritten the same way after each file. Every file of a
+series has the same size (the step in the metadata is zero-padded), so the disk use is known
+exactly before training: :meth:`CheckpointWriter.start` states it and refuses a series larger
+than ``max_mb`` or than the free space of the disk. ``params="attn"`` keeps only attention and
+LayerNorm tensors (all the QK/OV views need; the embeddings, MLPs and unembedding of a large
+model are most of its bytes).
+
+:func:`attach` hooks a writer into a :class:`~attn_core.training.trainer.Trainer`: a callback
+writes at the scheduled steps (it runs once the step's update is applied) and the scheduled steps
+are sync points, so the weights written are those of that step whatever the trainer's
+``sync_every``. The reading side (:func:`read_series`, :func:`load_checkpoint`) is here too:
+one module for the format. See docs/checkpoints.md ("Checkpoints across training").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load as st_load_bytes
+from safetensors.torch import save as st_save_bytes
+
+from attn_core import checkpoint, limits
+from attn_core.card import Card
+from attn_core.checkpoint import CHECKPOINTS, CheckpointError, LoadedModel
+from attn_core.model import Transformer
+from attn_core.validate import check, is_int, is_number
+
+INDEX = "index.json"
+PARAMS = ("all", "attn")
+DEFAULT_MAX_MB = 1024.0  # the default disk bound of one series
+MAX_CHECKPOINTS = 10_000  # checkpoints of one run
+FREE_MARGIN = 64 * 2**20  # leave this much of the disk free
+_FILE = re.compile(r"^step-(\d{9})\.safetensors$")
+_ATTN = re.compile(r"^(blocks\.\d+\.(attn|ln1|ln2)\.|ln_final\.)")
+
+
+def file_name(step: int) -> str:
+    return f"step-{step:09d}.safetensors"
+
+
+def log_steps(total: int, n: int) -> list[int]:
+    """``n`` steps spaced evenly in log(step) from 1 to ``total`` (rounded, duplicates dropped)."""
+    if n <= 1 or total <= 1:
+        return [total]
+    return sorted({max(1, round(total ** (i / (n - 1)))) for i in range(n)})
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """Which steps a run keeps: multiples of ``every``, ``log`` steps log-spaced from 1 to the
+    end, the given ``steps`` (steps past the end are dropped), always 0 and the last; ``params``
+    ``all`` or ``attn`` (attention and LayerNorm tensors only); ``max_mb`` the disk bound (MiB)."""
+
+    every: int | None = None
+    log: int | None = None
+    steps: tuple[int, ...] = ()
+    params: str = "all"
+    max_mb: float = DEFAULT_MAX_MB
+
+    def __post_init__(self) -> None:
+        def ok(cond: bool, msg: str) -> None:
+            check(cond, msg, prefix="invalid checkpoint setting: ")
+
+        ok(self.every is None or (is_int(self.every) and self.every >= 1), f"every must be >= 1, got {self.every!r}")
+        ok(
+            self.log is None or (is_int(self.log) and 1 <= self.log <= MAX_CHECKPOINTS),
+            f"log must be 1..{MAX_CHECKPOINTS:,} checkpoints, got {self.log!r}",
+        )
+        steps = tuple(self.steps or ())
+        ok(all(is_int(s) and s >= 0 for s in steps), "steps must be integers >= 0")
+        ok(len(steps) <= MAX_CHECKPOINTS, f"at most {MAX_CHECKPOINTS:,} steps")
+        object.__setattr__(self, "steps", tuple(sorted(set(int(s) for s in steps))))
+        ok(self.params in PARAMS, f"params must be one of {', '.join(PARAMS)}, got {self.params!r}")
+        ok(
+            is_number(self.max_mb) and 0 < self.max_mb < math.inf,
+            f"max_mb must be a positive number of MiB, got {self.max_mb!r}",
+        )
+
+    @property
+    def active(self) -> bool:
+        """Whether the plan keeps anything (a plan of defaults keeps nothing)."""
+        return self.every is not None or self.log is not None or bool(self.steps)
+
+    def schedule(self, total: int) -> list[int]:
+        """The steps kept in a run of ``total`` steps, ascending; [] for an inactive plan."""
+        if not self.active:
+            return []
+        out = {0, total}
+        if self.every is not None:
+            out.update(range(self.every, total + 1, self.every))
+        if self.log is not None:
+            out.update(log_steps(total, self.log))
+        out.update(s for s in self.steps if s <= total)
+        steps = sorted(out)
+        check(
+            len(steps) <= MAX_CHECKPOINTS,
+            f"{len(steps):,} checkpoints is more than {MAX_CHECKPOINTS:,}; keep fewer (a larger --checkpoint-every)",
+        )
+        return steps
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "steps": list(self.steps)}
+
+    @classmethod
+    def of(cls, every=None, log=None, steps=(), params="all", max_mb=None) -> CheckpointPlan | None:
+        """A plan from settings as a config holds them; None when nothing is kept."""
+        plan = cls(every, log, tuple(steps or ()), params or "all", DEFAULT_MAX_MB if max_mb is None else max_mb)
+        return plan if plan.active else None
+
+
+def kept_names(names, params: str) -> list[str]:
+    """The tensor names a checkpoint of ``params`` keeps."""
+    return [n for n in names if params == "all" or _ATTN.match(n)]
+
+
+def to_bytes(model: Transformer, step: int, params: str) -> bytes:
+    """One checkpoint: the kept tensors (float32, CPU) with config, step and params in the metadata."""
+    state = model.state_dict()
+    tensors = {k: state[k].detach().to("cpu", torch.float32).contiguous() for k in kept_names(state, params)}
+    meta = {"config": json.dumps(model.cfg.to_dict()), "step": f"{step:09d}", "params": params}
+    return st_save_bytes(tensors, metadata=meta)
+
+
+class CheckpointWriter:
+    """Writes the scheduled checkpoints of one run of ``total`` steps (see the module doc)."""
+
+    def __init__(self, plan: CheckpointPlan, total: int):
+        self.plan, self.total = plan, total
+        self.steps = plan.schedule(total)
+        self._due = set(self.steps)
+        self.folder: Path | None = None
+        self.written: list[int] = []
+        self.bytes_each = 0
+        self.bytes = 0
+
+    @property
+    def max_bytes(self) -> int:
+        return int(self.plan.max_mb * 2**20)
+
+    def estimate(self, model: Transformer) -> int:
+        """Bytes of the whole series (every file has the size of the first)."""
+        self.bytes_each = len(to_bytes(model, 0, self.plan.params))
+        return self.bytes_each * len(self.steps)
+
+    def statement(self, model: Transformer) -> str:
+        """What the series will take, in one line (said before training)."""
+        total = self.estimate(model)
+        shown = ", ".join(map(str, self.steps[:6])) + (f", ... {self.steps[-1]}" if len(self.steps) > 6 else "")
+        what = "attention and LayerNorm weights" if self.plan.params == "attn" else "all weights"
+        return (
+            f"checkpoints: {len(self.steps)} at steps {shown} ({what}, {limits.size_text(self.bytes_each)} each, "
+            f"{limits.size_text(total)} in all; the bound is {limits.size_text(self.max_bytes)})"
+        )
+
+    def check_room(self, model: Transformer, folder: Path) -> None:
+        """Refuse a series larger than the bound or than the disk's free space (before training)."""
+        total = self.estimate(model)
+        if total > self.max_bytes:
+            raise limits.LimitError(
+                f"the {len(self.steps)} checkpoints would take {limits.size_text(total)}, more than the bound of "
+                f"{limits.size_text(self.max_bytes)} (--checkpoint-max-mb); keep fewer steps or --checkpoint-params attn"
+            )
+        existing = folder
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        free = shutil.disk_usage(existing).free
+        if total + FREE_MARGIN > free:
+            raise limits.LimitError(
+                f"the {len(self.steps)} checkpoints would take {limits.size_text(total)} and {existing} has only "
+                f"{limits.size_text(free)} free"
+            )
+
+    def start(self, folder: str | Path, model: Transformer) -> None:
+        """Check the room, make ``folder`` and write step 0 (before the first update)."""
+        folder = Path(folder)
+        self.check_room(model, folder)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise CheckpointError(f"the checkpoint folder {folder} cannot be made: {e.strerror or e}") from None
+        self.folder = folder
+        self.write(0, model)
+
+    def due(self, step: int) -> bool:
+        return step in self._due
+
+    def on_step(self, step: int, model: Transformer) -> None:
+        """Write ``step`` if it is scheduled and not written yet (``model`` holds its weights)."""
+        if step in self._due and (not self.written or step > self.written[-1]):
+            self.write(step, model)
+
+    def write(self, step: int, model: Transformer) -> Path:
+        """Write one checkpoint atomically and update the index; refuses to pass the bound."""
+        if self.folder is None:
+            raise RuntimeError("start() the writer before writing")
+        data = to_bytes(model, step, self.plan.params)
+        if self.bytes + len(data) > self.max_bytes:
+            raise limits.LimitError(
+                f"checkpoint {step} would bring the series to {limits.size_text(self.bytes + len(data))}, "
+                f"past its bound of {limits.size_text(self.max_bytes)}"
+            )
+        path = self.folder / file_name(step)
+        try:
+            _atomic_write(path, data)
+            self.written.append(step)
+            self.bytes += len(data)
+            _atomic_write(self.folder / INDEX, json.dumps(self.listing(relative=False), indent=1).encode())
+        except OSError as e:
+            raise CheckpointError(
+                f"checkpoint {step} could not be written in {self.folder}: {e.strerror or e}"
+            ) from None
+        return path
+
+    def listing(self, relative: bool = True) -> dict:
+        """What the run's card records (``checkpoints``): folder, params, steps, files, bytes, plan."""
+        out = {
+            "params": self.plan.params,
+            "steps": list(self.written),
+            "files": [file_name(s) for s in self.written],
+            "bytes": self.bytes,
+            "plan": self.plan.to_dict(),
+        }
+        return {"folder": CHECKPOINTS, **out} if relative else out
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def attach(trainer, writer: CheckpointWriter) -> None:
+    """Make ``trainer`` write ``writer``'s checkpoints: a callback at each scheduled step (once
+    its update is applied) and every scheduled step a sync point of the trainer."""
+    previous = trainer.sync_at
+
+    def sync_at(step: int) -> bool:
+        return writer.due(step) or (previous is not None and previous(step))
+
+    def on_metrics(metrics: dict) -> None:
+        step = metrics["step"]
+        if step == trainer.step_index:  # a step read late (a window) is not the model's state
+            writer.on_step(step, trainer.model)
+
+    trainer.sync_at = sync_at
+    trainer.callbacks.append(on_metrics)
+
+
+def for_job(trainer, plan: CheckpointPlan | None, store=None) -> CheckpointWriter | None:
+    """The writer of a job's ``plan`` attached to its trainer, its room checked now (before
+    training) where the series will go; None when the plan keeps nothing."""
+    if plan is None:
+        return None
+    writer = CheckpointWriter(plan, trainer.cfg.steps)
+    writer.check_room(trainer.model, Path(store.root) if store is not None else Path(tempfile.gettempdir()))
+    attach(trainer, writer)
+    return writer
+
+
+def job_folder(store, run_id: str | None) -> Path:
+    """Where a job's checkpoints go: its run's folder in the store (carried into the saved run,
+    ``RunStore.finish``), else a new temporary folder that the caller reads and removes (a sweep
+    trial sends its files back to the driver)."""
+    if store is not None and run_id is not None:
+        return store.path(run_id) / CHECKPOINTS
+    return Path(tempfile.mkdtemp(prefix="attn-lab-checkpoints-"))
+
+
+# --- reading --------------------------------------------------------------------------------------
+
+
+def read_series(folder: str | Path) -> list[tuple[int, Path]]:
+    """(step, file) of every checkpoint in a series folder, by step: the files its index lists
+    that exist, or (no index) every ``step-*.safetensors`` file. Like every file of a model
+    folder (``checkpoint.model_file``), the index and each file must lie inside the folder: a
+    link leading out is refused."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder} is not a checkpoint folder")
+    if (folder / INDEX).is_file():
+        index = checkpoint.read_json(checkpoint.model_file(folder, INDEX), f"{folder.name}/{INDEX}")
+        steps, files = index.get("steps"), index.get("files")
+        if not (isinstance(steps, list) and isinstance(files, list) and len(steps) == len(files)):
+            raise CheckpointError(f"{folder / INDEX} must list as many steps as files")
+        pairs = [(s, f) for s, f in zip(steps, files) if is_int(s) and isinstance(f, str) and _FILE.match(f)]
+    else:
+        pairs = [(int(m.group(1)), p.name) for p in folder.iterdir() if (m := _FILE.match(p.name))]
+    out = [(int(s), checkpoint.model_file(folder, f)) for s, f in pairs if (folder / f).is_file()]
+    return sorted(out)
+
+
+def load_checkpoint(path: str | Path, reference: LoadedModel | None = None) -> LoadedModel:
+    """A checkpoint file as a model (float32, CPU). A partial one (``params`` attn) takes its
+    other tensors from ``reference`` (same architecture) and says so in its card
+    (``details["checkpoint"]["partial"]``); without a reference it is refused."""
+    path = Path(path)
+    data = checkpoint.read_bytes(path, checkpoint.MAX_WEIGHTS_BYTES)
+    checkpoint.refuse_pickle(data)
+    try:
+        tensors = st_load_bytes(data)
+    except Exception as e:  # the Rust loader raises several error types
+        raise CheckpointError(f"{path.name} is not a readable safetensors file ({type(e).__name__})") from None
+    meta = checkpoint.metadata(data)
+    cfg = checkpoint.config_from_metadata(data)
+    step = meta.get("step", "")
+    params = meta.get("params", "all")
+    partial = params != "all"
+    if partial:
+        if reference is None or reference.config != cfg:
+            raise CheckpointError(
+                f"{path.name} holds only attention and LayerNorm weights; it needs the run's final model "
+                "(same architecture) for the rest"
+            )
+        tensors = {**{k: v for k, v in reference.model.state_dict().items() if k not in tensors}, **tensors}
+    model = checkpoint.build_checked(cfg, tensors)
+    card = Card.from_dict(reference.card.to_dict() if reference is not None else None)
+    card.details["checkpoint"] = {"step": int(step) if step.isdigit() else None, "params": params, "partial": partial}
+    stat = path.stat()
+    key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    return LoadedModel(name=path.name, model=model.eval(), config=cfg, card=card, path=path, key=key)

@@ -1,0 +1,137 @@
+"""The device part of one training step: forward (under the precision's autocast), task loss,
+penalty terms and accuracy, then backward; eager, or compiled with ``torch.compile``
+(``TrainConfig.compile``, ``--compile``). The trainer (:mod:`attn_core.training.trainer`) samples
+the batch, clips, steps AdamW and reads the values.
+
+Two ways to score a batch, equal up to float rounding:
+
+- exact (CPU, eager): the scored positions are a flat index taken on the host, and the loss is
+  ``task.loss`` of the flattened logits, bit for bit (the CPU path and its recorded results);
+- static (CUDA, meta, and every compiled step): a masked mean over all positions,
+  :func:`masked_loss`. No boolean indexing, so no wait for the device (a boolean index needs the
+  count of True entries on the host) and the same shapes every step, which CUDA graphs need.
+
+Compiling: ``mode="reduce-overhead"`` on CUDA (CUDA graphs: the step is replayed as one launch
+instead of hundreds, so the GPU does not wait on Python), inductor's default on the CPU. Shapes
+are fixed (``dynamic=False``: the batch size and context never change within a run). If
+compiling fails (no compiler, an op dynamo cannot trace) the step falls back to eager and says so
+in :attr:`StepGraph.note`; the run goes on. See docs/architecture.md, "Live retraining".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from attn_core.model import Transformer
+from attn_core.tasks import Batch, Task
+from attn_core.training.device import autocast, autocast_dtype
+
+# (loss, task loss, accuracy on the batch, penalty terms), all 0-dim tensors on the device
+Values = tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]
+
+
+def masked_loss(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the positions where ``mask`` is True (logits [N, V], targets and
+    mask [N]): ``Task.loss`` up to float rounding, without boolean indexing (no host sync, static
+    shapes). A batch with nothing scored gives 0."""
+    per_token = F.cross_entropy(logits, targets, reduction="none")
+    dtype = torch.promote_types(per_token.dtype, torch.float32)  # a bf16 count is exact only up to 256
+    weight = mask.to(dtype)
+    return (per_token.to(dtype) * weight).sum() / weight.sum().clamp_min(1)
+
+
+def masked_accuracy(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Fraction of the positions where ``mask`` is True whose argmax is the target (float32)."""
+    right = (logits.argmax(-1) == targets) & mask
+    return right.sum().float() / mask.sum().clamp_min(1).float()
+
+
+def compile_mode(device: torch.device) -> str:
+    """CUDA graphs on CUDA (``reduce-overhead``); inductor's default elsewhere."""
+    return "reduce-overhead" if device.type == "cuda" else "default"
+
+
+class StepGraph:
+    """Forward, losses and backward of one step of ``model`` on ``task`` (with ``penalty``, a
+    Trainer ``Penalty``, or None), in ``precision``; ``compile`` runs the static form through
+    ``torch.compile`` (:func:`compile_mode`). ``static`` is True when batches are scored by
+    :func:`masked_loss` (always when compiled, on any device but the CPU)."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        task: Task,
+        penalty: Callable | None,
+        device: torch.device,
+        precision: str,
+        compile: bool = False,
+    ):
+        self.model, self.task, self.penalty, self.device = model, task, penalty, device
+        self.autocast = autocast_dtype(precision)
+        self.static = compile or device.type != "cpu"
+        self.mode = compile_mode(device) if compile else None
+        self.note = ""  # why a compiled step fell back to eager
+        self._compiled = torch.compile(self._static_values, mode=self.mode, dynamic=False) if compile else None
+
+    @property
+    def compiled(self) -> bool:
+        """Whether steps run compiled (False once compiling failed)."""
+        return self._compiled is not None
+
+    def _static_values(self, tokens: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> Values:
+        cache: dict | None = self._cache()
+        with autocast(self.device, self.autocast):
+            logits = self.model(tokens, cache=cache).flatten(0, 1)
+            flat_targets, flat_mask = targets.flatten(), mask.flatten()
+            task_loss = masked_loss(logits, flat_targets, flat_mask)
+        accuracy = masked_accuracy(logits.detach(), flat_targets, flat_mask)
+        return self._with_terms(task_loss, accuracy, Batch(tokens, targets, mask), cache)
+
+    def _exact_values(self, batch: Batch, scored: Batch) -> Values:
+        cache: dict | None = self._cache()
+        with autocast(self.device, self.autocast):
+            logits = self.model(batch.tokens, cache=cache).flatten(0, 1)
+            task_loss = self.task.loss(logits, scored)
+        with torch.no_grad():
+            right = logits.argmax(-1)[scored.mask] == scored.targets[scored.mask]
+            accuracy = right.float().mean()
+        return self._with_terms(task_loss, accuracy, batch, cache)
+
+    def _cache(self) -> dict | None:
+        """The dict the forward fills for the penalty: a penalty's own ``cache()`` keeps only the
+        activations it reads (a ConcentrationPenalty keeps its Q and K), so other layers stay fused."""
+        if self.penalty is None:
+            return None
+        return getattr(self.penalty, "cache", dict)()
+
+    def _with_terms(self, task_loss: torch.Tensor, accuracy: torch.Tensor, batch: Batch, cache) -> Values:
+        # penalties in fp32 (QR/SVD of B have no bf16 kernels; the cached patterns are fp32 already)
+        terms = self.penalty(self.model, batch, cache) if self.penalty is not None else {}
+        loss = task_loss + sum(terms.values()) if terms else task_loss
+        return loss, task_loss, accuracy, terms
+
+    def __call__(self, batch: Batch, scored: Batch | None = None) -> Values:
+        """Forward and backward of one batch (``scored``: the flat index of the exact form; unused
+        when static); the gradients are in the parameters' ``.grad`` (set to None before)."""
+        for p in self.model.parameters():
+            p.grad = None
+        if self._compiled is not None:
+            try:
+                if self.mode == "reduce-overhead":
+                    torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are read
+                values = self._compiled(batch.tokens, batch.targets, batch.mask)
+                values[0].backward()
+                return values
+            except Exception as e:  # compiling failed: train eagerly (same maths, static form)
+                self._compiled = None
+                self.note = f"torch.compile failed ({type(e).__name__}: {str(e).strip().splitlines()[0][:200]}); the step runs eagerly"
+                for p in self.model.parameters():
+                    p.grad = None
+        values = self._static_values(batch.tokens, batch.targets, batch.mask) if self.static else None
+        if values is None:
+            values = self._exact_values(batch, scored)
+        values[0].backward()
+        return values

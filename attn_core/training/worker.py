@@ -1,0 +1,150 @@
+"""A live job in a worker process of its own (``TrainingJob.start(process=True)``, what the
+dashboard does): the web server's interpreter never runs a training step, so its reruns, figures
+and serialisation do not take the GIL, the cores or the GPU's launch thread from training.
+
+The worker is a fresh interpreter (``python -m attn_core.training.worker_process``, in a session
+of its own, safe with CUDA; that module is the worker's side of the two pipes). It rebuilds the job from its :class:`~attn_core.training.config.JobConfig`
+(a plain dataclass, so every field travels) and the run store's folder, and trains it with
+``TrainingJob.run``: the same step loop, guard, telemetry and saving as a job in a thread. Two
+pipes join it to the job in the parent:
+
+- control (parent to worker): the config, then ``stop``, ``pause`` and ``resume``;
+- updates (worker to parent): what changed (new metric rows, the state, a new probe pattern), at
+  most every :data:`SEND_EVERY_S` and at every change of status, then the final state and the
+  last good weights (a CPU state dict) once the run is saved. A thread of the parent applies them
+  to the parent's job, whose ``snapshot()`` is then what it is for a job in a thread.
+
+Ctrl-C: the worker is in its own session, so a terminal's SIGINT reaches only the parent, whose
+stop request (``interrupt.sigint_stops``) stops the worker; the worker ignores SIGINT anyway.
+Nothing is lost when the parent goes away: when the control pipe closes (the parent was killed,
+or is exiting: an exit handler stops every worker and waits for it to save) the worker stops after
+its current step and saves the run as ``stopped``, saying why. A worker that dies ends its job
+``failed`` in the parent. See docs/architecture.md, "Live retraining".
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import subprocess
+import sys
+import time
+import weakref
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+SEND_EVERY_S = 0.05  # at most 20 updates a second (the page draws at most 5)
+EXIT_WAIT_S = 120.0  # an exiting parent waits this long for each worker to save
+PARENT_ENDED = "the process that started it ended"
+ROOT = Path(__file__).resolve().parents[2]  # the folder holding attn_core: the worker imports the same code
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # workers training now, stopped and awaited at exit
+
+
+class Remote:
+    """The worker process of one ``TrainingJob`` of this process (``job.remote``): it trains the
+    job there and applies what comes back to the job here."""
+
+    def __init__(self, job, threads: int | None):
+        self.job, self.threads = job, threads
+        self.process: subprocess.Popen | None = None
+        self.control: Connection | None = None
+        self.final_weights: dict | None = None
+        # the job keeps no weights on this side (no GPU memory in a web server): its trainer goes,
+        # its model stays as a shape on the meta device, its probe batch on the CPU
+        job.trainer = None
+        job.model = job.model.to("meta")
+        job.probe = job.probe.to("cpu")
+        if job.device.type == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+
+    def tell(self, *command) -> None:
+        """Send a command (``stop`` [reason], ``pause``, ``resume``) to the worker, if it runs."""
+        if self.control is not None:
+            try:
+                self.control.send(command)
+            except (OSError, ValueError):  # the worker is gone: nothing left to tell
+                pass
+
+    def weights(self) -> dict:
+        if self.final_weights is None:
+            raise RuntimeError("a job in a worker process sends its weights back when it ends; join() it first")
+        return {k: v.clone() for k, v in self.final_weights.items()}
+
+    def apply(self, message: dict) -> None:
+        """A worker's update of the job (its new metric rows, state, result and weights)."""
+        job = self.job
+        for column, new in zip(job.recorder.columns, message.get("rows", ((), (), ()))):
+            column.extend(new)
+        if message.get("run_id"):
+            job.recorder.run_id = message["run_id"]
+        if message.get("weights") is not None:
+            from safetensors.torch import load
+
+            self.final_weights = load(message["weights"])
+        job._publish(**message.get("state", {}))
+
+    def train(self) -> None:
+        """Train the job in a worker and follow it until it ends: its snapshots, then its result
+        and weights, arrive here. Returns when the worker is gone."""
+        job = self.job
+        updates_r, updates_w = os.pipe()
+        control_r, control_w = os.pipe()
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "attn_core.training.worker_process", str(updates_w), str(control_r)],
+                pass_fds=(updates_w, control_r),
+                env={**os.environ, "PYTHONPATH": path},
+                start_new_session=True,  # a terminal's Ctrl-C goes to the parent, which stops the job
+                stdin=subprocess.DEVNULL,
+            )
+        finally:
+            os.close(updates_w)
+            os.close(control_r)
+        updates, control = Connection(updates_r, writable=False), Connection(control_w, readable=False)
+        control.send((job.cfg, None if job.store is None else str(job.store.root), self.threads))
+        self.control = control
+        _LIVE.add(self)
+        if job._stop.is_set():  # asked for while the worker started
+            self.tell("stop", job._stop_reason)
+        elif not job._go.is_set():
+            self.tell("pause")
+        ended = False
+        try:
+            while True:
+                try:
+                    message = updates.recv()
+                except (EOFError, OSError):
+                    break
+                self.apply(message)
+                ended = ended or message.get("final", False)
+        finally:
+            updates.close()
+            self.control = None
+            control.close()
+            self.process.wait()
+            _LIVE.discard(self)
+        if not ended:
+            job._publish(
+                status="failed",
+                message=f"the training process ended unexpectedly (exit code {self.process.returncode}); "
+                "what it saved is in the run store",
+            )
+
+
+@atexit.register
+def _stop_workers_at_exit() -> None:
+    """This process is exiting: every worker stops after its step, saves, and is waited for."""
+    remotes = list(_LIVE)
+    for remote in remotes:
+        remote.job._stop_reason = PARENT_ENDED
+        remote.job.stop()
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for remote in remotes:
+        try:
+            remote.process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass

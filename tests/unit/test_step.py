@@ -1,0 +1,115 @@
+"""The device part of a training step (attn_core/training/step.py): the static (masked) form of the
+loss against the exact one, eager against compiled training (a stated tolerance), the fallback to
+eager when compiling fails, and what the CPU path keeps (its data stream, its loss, PyTorch's
+default AdamW)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attn_core import regularizers as R
+from attn_core.tasks import TASKS, get_task
+from attn_core.training.config import JobConfig, TrainConfig
+from attn_core.training.step import StepGraph, masked_accuracy, masked_loss
+from attn_core.training.trainer import Trainer
+from tests.conftest import make_tiny_model
+
+TASK = get_task("reverse")
+
+
+@settings(max_examples=25, deadline=None)
+@given(name=st.sampled_from(sorted(TASKS)), seed=st.integers(0, 10_000), n=st.integers(1, 9))
+def test_the_masked_loss_is_the_tasks_loss(name, seed, n):
+    task = get_task(name)
+    batch = task.sample(n, seed)
+    logits = torch.randn(*batch.tokens.shape, task.d_vocab, generator=torch.Generator().manual_seed(seed)) * 3
+    flat = logits.flatten(0, 1)
+    loss = masked_loss(flat, batch.targets.flatten(), batch.mask.flatten())
+    assert loss.item() == pytest.approx(task.loss(logits, batch).item(), rel=1e-6, abs=1e-7)
+    acc = masked_accuracy(flat, batch.targets.flatten(), batch.mask.flatten())
+    assert acc.item() == pytest.approx(task.accuracy(logits, batch), abs=1e-7)
+
+
+def test_static_and_exact_steps_give_the_same_values_and_gradients():
+    model = make_tiny_model(std=0.3)
+    penalty = R.build_penalty(["entropy=0.1", "vocab_hoyer=0.05"], model)
+    twin = copy.deepcopy(model)
+    exact = StepGraph(model, TASK, penalty, torch.device("cpu"), "fp32")
+    static = StepGraph(twin, TASK, penalty, torch.device("cpu"), "fp32")
+    assert not exact.static
+    static.static = True  # the form CUDA and compiled steps use, here on the CPU
+    batch = TASK.sample(6, 3)
+    index = batch.mask.flatten().nonzero().squeeze(1)
+    a = exact(batch, type(batch)(batch.tokens, batch.targets.flatten(), index))
+    b = static(batch)
+    for x, y in zip(a[:3], b[:3]):
+        assert x.item() == pytest.approx(y.item(), rel=1e-6)
+    assert a[3].keys() == b[3].keys()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_the_cpu_path_keeps_its_stream_loss_and_optimizer():
+    t = Trainer(make_tiny_model(), TASK, TrainConfig(steps=3, batch_size=4, device="cpu"))
+    assert t.data.device.type == "cpu" and not t.graph.static and not t.graph.compiled
+    assert not t.optimizer.defaults.get("fused")
+    # the batches are the task's own, drawn from a CPU generator seeded like before
+    assert torch.equal(t._batch()[0].tokens, TASK.sample(4, torch.Generator().manual_seed(0)).tokens)
+
+
+def _train(compile: bool, steps: int = 6) -> tuple[Trainer, list[dict]]:
+    model = make_tiny_model(d_model=12, d_head=6)
+    rows: list[dict] = []
+    cfg = TrainConfig(
+        steps=steps, batch_size=4, eval_every=steps, eval_samples=8, warmup_steps=1, device="cpu", compile=compile
+    )
+    t = Trainer(model, TASK, cfg, callbacks=[rows.append], penalty=R.build_penalty(["entropy=0.1"], model))
+    t.run()
+    return t, rows
+
+
+@pytest.mark.slow  # inductor's first compile on a fresh machine: about 25 s of CPU
+def test_compiled_training_agrees_with_eager():
+    """torch.compile (inductor, C++ on the CPU) against the eager loop, with a penalty: every
+    step's loss, task loss, accuracy and penalty term within 1e-5 and the final weights within
+    1e-5 (float rounding of fused kernels and of the masked mean, which AdamW carries a little)."""
+    eager, a = _train(False)
+    compiled, b = _train(True)
+    assert compiled.graph.compiled and compiled.graph.note == "" and compiled.graph.static
+    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, 7))
+    for x, y in zip(a, b):
+        for key in ("loss", "task_loss", "accuracy", "entropy"):
+            assert y[key] == pytest.approx(x[key], abs=1e-5), (x["step"], key)
+    for p, q in zip(eager.model.parameters(), compiled.model.parameters()):
+        torch.testing.assert_close(q, p, rtol=0, atol=1e-5)
+
+
+def test_a_step_that_cannot_compile_trains_eagerly_and_says_so():
+    """No C++ compiler for inductor (a real failure of compiling): the step falls back to eager,
+    the run completes and its message says why."""
+    from torch._inductor import config as inductor
+
+    from attn_core.training.record import record_run
+
+    model = make_tiny_model(d_model=10, d_head=5)
+    cfg = TrainConfig(steps=3, batch_size=4, eval_every=3, eval_samples=8, device="cpu", compile=True)
+    t = Trainer(model, TASK, cfg)
+    with inductor.patch({"cpp.cxx": ("/nonexistent/c++",), "fx_graph_cache": False}):
+        outcome = record_run(t)
+    assert outcome.status == "completed" and not t.graph.compiled
+    assert "torch.compile failed" in outcome.message and "the step runs eagerly" in outcome.message
+    assert t.step_index == 3 and all(torch.isfinite(p).all() for p in t.params)
+
+
+def test_compile_is_a_checked_setting_recorded_in_the_command():
+    assert JobConfig("reverse-1l", compile=True).command().endswith("--compile")
+    assert JobConfig("reverse-1l", compile=True).train_config({}).compile is True
+    with pytest.raises(ValueError, match="compile must be true or false"):
+        TrainConfig(compile="yes")
+    with pytest.raises(ValueError, match="compile must be true or false"):
+        JobConfig("reverse-1l", compile=1)
