@@ -81,9 +81,10 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve(runs_dir: Path, models_dir: Path | None = None, timeout: float = 90.0) -> Iterator[str]:
+def serve(runs_dir: Path, models_dir: Path | None = None, timeout: float = 90.0, root: Path = ROOT) -> Iterator[str]:
     """`streamlit run app.py` on 127.0.0.1 and a free port, data in ``runs_dir``; yields its URL.
-    The server's output goes to ``runs_dir/server.log`` (shown if it does not come up)."""
+    The server's output goes to ``runs_dir/server.log`` (shown if it does not come up). ``root``:
+    the checkout whose dashboard is served (another one's, to compare with older code)."""
     port = free_port()
     env = dict(os.environ, ATTN_LAB_RUNS=str(runs_dir), PYTHONUNBUFFERED="1")
     env.pop("ATTN_LAB_MODELS", None)
@@ -96,7 +97,7 @@ def serve(runs_dir: Path, models_dir: Path | None = None, timeout: float = 90.0)
         "-m",
         "streamlit",
         "run",
-        str(ROOT / "app.py"),
+        str(root / "app.py"),
         "--server.headless",
         "true",
         "--server.address",
@@ -108,7 +109,8 @@ def serve(runs_dir: Path, models_dir: Path | None = None, timeout: float = 90.0)
         "--server.fileWatcherType",
         "none",
     ]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    env["PYTHONPATH"] = str(root)
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout
@@ -406,25 +408,31 @@ def watched_rate(browser, url: str, steps: int, window_s: float = 2.0) -> tuple[
     return speed, rates
 
 
-def watched_training(repeats: int, steps: int) -> dict:
-    """CLI and watched runs of the same job alternated ``repeats`` times (one server, one browser)."""
+def watched_training(repeats: int, steps: int, against: Path | None = None) -> dict:
+    """CLI and watched runs of the same job alternated ``repeats`` times (one server, one browser);
+    with ``against`` (an older checkout), its dashboard watched too, in the same rounds."""
     from playwright.sync_api import sync_playwright
 
-    cli, watched, refreshes = [], [], []
+    cli, watched, refreshes, old, old_refreshes = [], [], [], [], []
     with tempfile.TemporaryDirectory(prefix="attn-lab-watched-") as tmp:
         tmp = Path(tmp)
-        with serve(tmp / "runs") as url, sync_playwright() as p:
-            browser = launch(p)
+        with contextlib.ExitStack() as stack:
+            url = stack.enter_context(serve(tmp / "runs"))
+            old_url = stack.enter_context(serve(tmp / "old-runs", root=against)) if against else None
+            browser = launch(stack.enter_context(sync_playwright()))
             for i in range(repeats):
                 cli.append(cli_rate(steps, tmp / "cli-runs"))
                 speed, rates = watched_rate(browser, url, steps)
                 watched.append(speed)
                 refreshes += rates
-                print(
-                    f"round {i + 1}: CLI {cli[-1]:.1f} steps/s, watched {speed:.1f} steps/s, "
-                    f"live refreshes {', '.join(f'{r:.1f}' for r in rates)} /s",
-                    flush=True,
-                )
+                line = f"round {i + 1}: CLI {cli[-1]:.1f} steps/s, watched {speed:.1f} steps/s"
+                line += f" (live refreshes {', '.join(f'{r:.1f}' for r in rates)} /s)"
+                if old_url is not None:
+                    speed, rates = watched_rate(browser, old_url, steps)
+                    old.append(speed)
+                    old_refreshes += rates
+                    line += f"; watched on {against}'s dashboard {speed:.1f} steps/s"
+                print(line, flush=True)
             browser.close()
     ratio = statistics.median(w / c for w, c in zip(watched, cli))
     return {
@@ -440,6 +448,17 @@ def watched_training(repeats: int, steps: int) -> dict:
         "watched_samples": watched,
         "live_refresh_samples": refreshes,
         "targets": {"ratio_watched_vs_cli": 0.9, "live_refreshes_per_s": 4.0},
+        **(
+            {
+                "against": str(against),
+                "old_watched_steps_per_s": statistics.median(old),
+                "old_watched_samples": old,
+                "old_live_refreshes_per_s": statistics.median(old_refreshes) if old_refreshes else None,
+                "ratio_watched_new_vs_old": statistics.median(n / o for n, o in zip(watched, old)),
+            }
+            if against
+            else {}
+        ),
         **record.environment(),
     }
 
@@ -514,6 +533,7 @@ def main(argv=None) -> None:
         "--watched", action="store_true", help="only the watched-training measure (CLI vs Retrain page, alternated)"
     )
     parser.add_argument("--steps", type=int, default=3000, help="with --watched: steps of each run (quick: 250)")
+    parser.add_argument("--against", type=Path, help="with --watched: an older checkout whose dashboard is watched too")
     args = parser.parse_args(argv)
     if args.watched:
         return watched_main(args)
@@ -643,7 +663,7 @@ def watched_main(args) -> None:
     repeats, steps = (1, 250) if args.quick else (args.repeats, args.steps)  # not 300, the page's default
     if not args.quick and repeats < 5:
         sys.exit("--repeats must be at least 5 (medians of >= 5)")
-    result = watched_training(repeats, steps)
+    result = watched_training(repeats, steps, args.against)
     out = args.out or (None if args.quick else ROOT / "benchmarks" / "results" / "watched.json")
     if out is not None:
         record.save(result, out)
@@ -657,6 +677,11 @@ def watched_main(args) -> None:
         f"{result['live_refreshes_per_s']} /s (target >= 4); load average "
         f"{', '.join(f'{x:.1f}' for x in result['load_average'])}" + (f"; saved {out}" if out else "")
     )
+    if args.against:
+        print(
+            f"the same job watched on {args.against}'s dashboard: {result['old_watched_steps_per_s']:.1f} steps/s; "
+            f"new/old {result['ratio_watched_new_vs_old']:.2f} (median of the per-round ratios)"
+        )
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from attn_core.finetune import TRAIN, TRAIN_HELP
 from attn_core.runs import RunStore
 from attn_core.text import files as text_files
 from attn_core.text.source import prepare_text
+from attn_core.text.task import HELD_OUT_FRACTION, split_streams
 from attn_core.training.config import JobConfig
 from attn_core.training.device import PRECISIONS, available_devices
 from attn_core.training.job import TrainingJob, preview
@@ -173,21 +174,48 @@ watched = R.head_label(layer, head)
 heads_spec = {"head": watched, "layer": f"L{layer}", "all": None}[scope]
 
 
+def pick_text(origin: str, col, kind: str, listed: list[str]):
+    """The path of a text picked in ``col``: an upload (kept by its hash in the run store) or a
+    name under $ATTN_LAB_DATA; None until one is given. ``kind`` keys the widgets (text, eval)."""
+    if origin == "upload":
+        up = col.file_uploader(
+            "Text file" if kind == "text" else "Held-out text file",
+            type=["txt", "jsonl", "parquet"],
+            max_upload_size=text_files.MAX_UPLOAD_MB,
+            key=f"{kind}_upload",
+            help="A .txt file, .jsonl (one JSON object per line) or Parquet",
+        )
+        return None if up is None else text_files.save_upload(up.name, up.getvalue())
+    name = col.selectbox("File or folder", listed, key=ui.remember(f"{kind}_data", listed[0], listed))
+    return text_files.data_path(name)
+
+
 def text_inputs() -> dict | None:
-    """The text an imported model retrains on (an upload, or a file under $ATTN_LAB_DATA), its
-    blocks, what learns and the KL term; tokenized here with a progress bar (once: the cache
-    keeps it). The JobConfig's text settings, or None until a usable text is chosen."""
+    """The text an imported model retrains on (an upload, or a file under $ATTN_LAB_DATA), the
+    held-out text (the last part of it, or another text: --eval-text), its blocks, what learns
+    and the KL term; tokenized here with a progress bar (once: the cache keeps it). The
+    JobConfig's text settings, or None until a usable text is chosen."""
     st.subheader("Text")
     src_col, pick_col, field_col = st.columns([2, 4, 2])
     listed = text_files.data_files()
     where = ["upload"] + (["data"] if listed else [])
+    places = {"upload": "an upload", "data": "the data folder"}
     origin = src_col.radio(
         "Text from",
         where,
-        format_func={"upload": "an upload", "data": "the data folder"}.get,
+        format_func=places.get,
         key=ui.remember("text_from", "upload", where),
         help=f"Upload a file (at most {text_files.MAX_UPLOAD_MB} MB), or pick one in the folder the server "
         f"names in ${text_files.ENV_DATA}",
+    )
+    held_col, held_pick_col, _ = st.columns([2, 4, 2])
+    held_from = held_col.radio(
+        "Held out",
+        ["tail", *where],
+        format_func={"tail": f"the last {HELD_OUT_FRACTION:.0%} of the text", **places}.get,
+        key=ui.remember("text_held", "tail", ["tail", *where]),
+        help="The text perplexity is measured on: the end of the training text (never trained on), or "
+        "another text (--eval-text)",
     )
     block_col, train_col, kl_col = st.columns([2, 4, 2])
     block = block_col.number_input(
@@ -209,21 +237,14 @@ def text_inputs() -> dict | None:
         help="λ·KL(starting model ‖ model) per token on the training batch: keeps behaviour while heads concentrate",
     )
     try:
-        if origin == "upload":
-            up = pick_col.file_uploader(
-                "Text file",
-                type=["txt", "jsonl", "parquet"],
-                max_upload_size=text_files.MAX_UPLOAD_MB,
-                key="text_upload",
-                help="A .txt file, .jsonl (one JSON object per line) or Parquet",
-            )
-            if up is None:
-                st.info("Upload a text to retrain on (or pick one in the data folder).")
-                return None
-            path = text_files.save_upload(up.name, up.getvalue())
-        else:
-            name = pick_col.selectbox("File or folder", listed, key=ui.remember("text_data", listed[0], listed))
-            path = text_files.data_path(name)
+        path = pick_text(origin, pick_col, "text", listed)
+        held_path = None if held_from == "tail" else pick_text(held_from, held_pick_col, "eval", listed)
+        if path is None:
+            st.info("Upload a text to retrain on (or pick one in the data folder).")
+            return None
+        if held_from != "tail" and held_path is None:
+            st.info("Upload the held-out text (or measure perplexity on the end of the training text).")
+            return None
         field = field_col.text_input(
             "Text field",
             key=ui.remember("text_field", "text"),
@@ -234,20 +255,23 @@ def text_inputs() -> dict | None:
         def progress(phase: str, done: int, total: int) -> None:
             bar.progress(min(1.0, done / max(total, 1)), text=f"{phase}: {done / 2**20:.1f} of {total / 2**20:.1f} MiB")
 
-        (tf,) = prepare_text(
-            ui.job_source(st.session_state[ui.MODEL_KEY]), str(path), field, None, RunStore(), progress
-        )
+        source = ui.job_source(st.session_state[ui.MODEL_KEY])
+        held_text = None if held_path is None else str(held_path)
+        tf, *held_tf = prepare_text(source, str(path), field, held_text, RunStore(), progress)
         bar.empty()
+        _, held, split = split_streams(tf, held_tf[0] if held_tf else None, int(block), cfg.d_vocab)
     except (ValueError, OSError) as e:
         st.error(f"This text cannot be used: {ui.plain(e)}")
         return None
-    held = max(int(block) + 1, -(-tf.n_tokens // 10))
     st.caption(
         f"{tf.n_tokens:,} tokens in {tf.meta['documents']:,} document(s), "
         + ("found in the token cache" if tf.cached else f"tokenized in {tf.meta['seconds']:.1f} s")
-        + f"; the last {held:,} tokens are held out for perplexity; blocks of {int(block)} tokens."
+        + f"; {len(held):,} tokens held out for perplexity ({split['held_out'].replace('eval-text', 'another text')})"
+        + f"; blocks of {int(block)} tokens."
     )
-    return dict(text=str(path), text_field=field or None, block=int(block), train=train, kl=float(kl))
+    return dict(
+        text=str(path), text_field=field or None, eval_text=held_text, block=int(block), train=train, kl=float(kl)
+    )
 
 
 text_cfg = text_inputs() if text_mode else {}
@@ -309,9 +333,10 @@ if "retrain_error" in st.session_state:
 
 
 # --- live view -----------------------------------------------------------------------------------
-# Two fragments rerun on their own timers, so a refresh never reruns the settings above: the
-# status, metrics and curves every REFRESH_S; the per-head views, whose data changes only every
-# telemetry/spectrum interval, every VIEWS_S (redrawing them as often only makes them flicker).
+# Three fragments rerun on their own timers, so a refresh never reruns the settings above: the
+# status and metrics every REFRESH_S; the curves every CURVES_S; the per-head views, whose data
+# changes only every telemetry/spectrum interval, every VIEWS_S (redrawing them as often only
+# makes them flicker, and costs the browser a chart from scratch each time).
 def live_chart(name: str, version, build):
     """The live chart ``name`` of the current job (or of the preview, with no job), rebuilt only
     when ``version`` (what its data depends on) changed since it was last built."""
@@ -387,7 +412,6 @@ def live_status() -> None:
         )
         return
     snap = current.snapshot()
-    st.code(current.cfg.command(), language="bash")
     facts = getattr(current.task, "facts", None)  # a run on text: its throughput in tokens too
     per_step = current.train_cfg.batch_size * facts["block"] if facts else 0
     st.progress(
@@ -482,7 +506,7 @@ def live_views() -> None:
         st.info("Choose a text: the heads are then shown on held-out blocks of it before the run starts.")
         return
     if current is None:  # before any run: the model as it is, where a run's charts start
-        text_view = {k: text_cfg[k] for k in ("text", "text_field", "block")} if text_cfg else {}
+        text_view = {k: text_cfg[k] for k in ("text", "text_field", "eval_text", "block")} if text_cfg else {}
         try:
             snap = parent_view(
                 loaded,
@@ -540,6 +564,8 @@ def live_views() -> None:
     ui.show_plot(plot, key="live_spectrum", downloads=snap.done and bool(len(spectra)))
 
 
+if st.session_state.get(JOB) is not None:  # the run's command: it does not change while the run trains
+    st.code(st.session_state[JOB].cfg.command(), language="bash")
 live_status()
 live_curves()
 live_views()

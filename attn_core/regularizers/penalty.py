@@ -47,6 +47,10 @@ def data_values(
             attn = model.blocks[layer].attn
             q = q * (cfg.d_head**-0.5 if cfg.d_qk is None else attn.qk_scale[:, list(heads)].to(q.dtype))
         return head_means(q, key, kind, window=cfg.window(layer), topk=k, alpha=cfg.entmax_alpha, **options)
+    if act_name("pattern", layer) not in cache:
+        raise ValueError(
+            f"the forward cache has no {q_name} and {k_name}; run the model with cache=penalty.cache() first"
+        )
     A, mask = data_rows(model, cache, layer)
     A = A[:, list(heads)]
     return mean_rows(row_penalty(kind, A, mask, k), A.shape, mask)

@@ -119,9 +119,8 @@ def _shifted(s, m):
 
 
 def _softmax_rows(kind: str, s, n, topk: int):
-    """Per-row values of the softmax rows of scores ``s`` (overwritten) and the row numbers their
-    gradient needs: the row max and log Z (always) and H, |p|_2^2 or the top-k mass and places
-    (docs/maths.md)."""
+    """Per-row values of the softmax rows of scores ``s`` (overwritten) and the three row numbers
+    their gradient needs: the row max, log Z and H, |p|_2^2 or the top-k mass (docs/maths.md)."""
     m = s.amax(-1, keepdim=True)
     t = _shifted(s, m)
     e = t.exp()
@@ -129,33 +128,31 @@ def _softmax_rows(kind: str, s, n, topk: int):
     log_z = Z.log()
     if kind == "entropy":  # H = log Z - sum e t / Z
         H = log_z - (e * t).sum(-1) / Z
-        return H * _inv_log_n(n), (m, log_z, H)
+        return H * _inv_log_n(n), (m.squeeze(-1), log_z, H)
     if kind == "hoyer":  # |p|_1 = 1
         q2 = ((e * e).sum(-1) / (Z * Z)).clamp_min(EPS * EPS)
         root = n.sqrt()
         value = torch.where(n > 1, 1 - (root - q2.rsqrt()) / (root - 1).clamp_min(EPS), torch.zeros_like(q2))
-        return value, (m, log_z, q2)
+        return value, (m.squeeze(-1), log_z, q2)
     top = e.topk(min(topk, s.shape[-1]), dim=-1)
     mass = top.values.sum(-1) / Z
-    return torch.where(n > 0, 1 - mass, torch.zeros_like(mass)), (m, log_z, mass, top.indices)
+    return torch.where(n > 0, 1 - mass, torch.zeros_like(mass)), (m.squeeze(-1), log_z, mass)
 
 
-def _softmax_grad(kind: str, s, n, g, stats):
+def _softmax_grad(kind: str, s, n, g, m, log_z, x, topk: int):
     """d(value)/d(scores) of a block as (P, c) with dS = c[..., None] * P: c per row (the incoming
-    gradient g folded in), P the block (``s`` is overwritten)."""
-    m, log_z, *stats = stats
-    logp = _shifted(s, m).sub_(log_z[..., None])
+    gradient g folded in), P the block (``s`` is overwritten); m, log Z and x (H, |p|_2^2 or the
+    top-k mass) are the forward's row numbers."""
+    logp = _shifted(s, m[..., None]).sub_(log_z[..., None])
     p = logp.exp()
     if kind == "entropy":  # dH/ds = -p (log p + H)
-        H = stats[0]
-        return logp.add_(H[..., None]).mul_(p), -g * _inv_log_n(n)
+        return logp.add_(x[..., None]).mul_(p), -g * _inv_log_n(n)
     if kind == "hoyer":  # d|p|_2^2/ds = 2 p (p - |p|_2^2); |p|_1 = 1 has no gradient
-        q2 = stats[0]
         root = n.sqrt()
-        coef = torch.where(n > 1, -g * q2.pow(-1.5) / (root - 1).clamp_min(EPS), torch.zeros_like(q2))
-        return (p - q2[..., None]).mul_(p), coef
-    mass, idx = stats  # d(top-k mass)/ds = p (1[top] - mass)
-    top = torch.zeros_like(p).scatter_(-1, idx, 1.0)
+        coef = torch.where(n > 1, -g * x.pow(-1.5) / (root - 1).clamp_min(EPS), torch.zeros_like(x))
+        return (p - x[..., None]).mul_(p), coef
+    mass = x  # d(top-k mass)/ds = p (1[top] - mass); the places found again
+    top = torch.zeros_like(p).scatter_(-1, p.topk(min(topk, p.shape[-1]), dim=-1).indices, 1.0)
     return top.sub_(mass[..., None]).mul_(p), torch.where(n > 0, -g, torch.zeros_like(g))
 
 
@@ -200,22 +197,24 @@ class _BlockedRows(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, positions, key_mask, plan):
-        kind, topk, alpha, window, B, contiguous = plan
+        kind, topk, alpha, window, contiguous, block = plan
         T = k.shape[2]
+        B = block_rows(q, T, block)
         n_rows = _counts(q, positions, T, window, key_mask)
-        outs, stats = [], []
+        outs, stats = [], ([], [], [])
         for a in range(0, q.shape[2], B):
             e = min(a + B, q.shape[2])
             lo, hi = _keys(a, e, T, window, contiguous)
             s = _scores(q, k, a, e, lo, hi, positions, window, key_mask, contiguous)
             if alpha == 1.0:
                 value, numbers = _softmax_rows(kind, s, n_rows[..., a:e], topk)
-                stats += numbers
+                for kept, x in zip(stats, numbers):
+                    kept.append(x)
             else:
                 value = _entmax_rows(kind, s, visible(positions[a:e], lo, hi, window, key_mask), topk, alpha)
             outs.append(value)
         ctx.plan = plan
-        ctx.save_for_backward(q, k, positions, key_mask, *stats)
+        ctx.save_for_backward(q, k, positions, key_mask, *(torch.cat(x, dim=-1) for x in stats if x))
         return torch.cat(outs, dim=-1)
 
     @staticmethod
@@ -237,23 +236,25 @@ def rows_backward(
     topk: int,
     alpha: float,
     window: int | None,
-    block: int,
     contiguous: bool,
+    block: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dq, dk) of :class:`_BlockedRows`: each block's scores formed again and its gradient
-    applied. One opaque operator, so that a compiler cannot move the recomputed scores into the
-    forward and keep them (its partitioner would: they depend on the forward's inputs only)."""
+    applied, from the forward's row numbers ``stats`` ([b, h, R] each: max, log Z and the kind's
+    own; none for entmax). One opaque operator, so that a compiler cannot move the recomputed
+    scores into the forward and keep them (its partitioner would: they depend on the forward's
+    inputs only); it runs eagerly, so its blocks are the eager size unless ``block`` is given."""
     T = k.shape[2]
+    block = block_rows(q, T, block)
     n_rows = _counts(q, positions, T, window, key_mask)
-    per_block = len(stats) // -(-q.shape[2] // block)  # row numbers saved per block
     dq, dk = torch.zeros_like(q), torch.zeros_like(k)
-    for index, a in enumerate(range(0, q.shape[2], block)):
+    for a in range(0, q.shape[2], block):
         e = min(a + block, q.shape[2])
         lo, hi = _keys(a, e, T, window, contiguous)
         s = _scores(q, k, a, e, lo, hi, positions, window, key_mask, contiguous)
         g, n = grad[:, :, a:e].to(s.dtype), n_rows[..., a:e]
         if alpha == 1.0:  # dS = c P: c goes onto the rows of dq and of q (not onto P)
-            P, c = _softmax_grad(kind, s, n, g, stats[index * per_block : (index + 1) * per_block])
+            P, c = _softmax_grad(kind, s, n, g, *(x[:, :, a:e] for x in stats), topk)
             P, c = P.to(q.dtype), c.to(q.dtype)[..., None]
             dq[:, :, a:e] = c * (P @ k[:, :, lo:hi])
             dk[:, :, lo:hi] += P.transpose(-1, -2) @ (c * q[:, :, a:e])
@@ -266,7 +267,7 @@ def rows_backward(
 
 
 @rows_backward.register_fake
-def _(grad, q, k, positions, key_mask, stats, kind, topk, alpha, window, block, contiguous):
+def _(grad, q, k, positions, key_mask, stats, kind, topk, alpha, window, contiguous, block):
     return torch.empty_like(q), torch.empty_like(k)
 
 
@@ -302,11 +303,12 @@ def row_values(
     Equal to ``metrics`` on the dense rows ``attention_weights(q k^T, mask, alpha)`` (tests)."""
     if kind not in ROW_KINDS:
         raise ValueError(f"unknown row penalty {kind!r}; choose from {', '.join(ROW_KINDS)}")
-    T = k.shape[2]
     contiguous = positions is None
     if contiguous:
         positions = torch.arange(q.shape[2], device=q.device)
-    plan = (kind, int(topk), float(alpha), window, block_rows(q, T, block), contiguous)
+    if block is not None and block < 1:
+        raise ValueError(f"block must be at least 1 row, got {block}")
+    plan = (kind, int(topk), float(alpha), window, contiguous, block)
     return _BlockedRows.apply(q, k, positions, key_mask, plan)
 
 

@@ -83,6 +83,34 @@ def test_an_upload_and_a_jsonl_field(data):
     assert "not UTF-8 text" in at.error[0].value and at.button(key="retrain_start").proto.disabled is True
 
 
+def test_a_held_out_text_of_its_own(data):
+    """Held out: another text (the CLI's --eval-text) picked in the data folder; perplexity is
+    measured on it and the run records it; one too short for a block is refused before Start."""
+    (data / "short.txt").write_text("w1 w2 w3")  # 3 words and the end of text: 4 tokens
+    at = open_page(PAGE, "tiny-llama")
+    at.radio(key="text_from").set_value("data").run()
+    assert at.radio(key="text_held").options == ["the last 10% of the text", "an upload", "the data folder"]
+    at.selectbox(key="text_data").set_value("books/a.txt")
+    at.radio(key="text_held").set_value("data").run()
+    at.selectbox(key="eval_data").set_value("short.txt")
+    at.number_input(key="text_block").set_value(8).run()
+    assert "held-out text (--eval-text) has 4 tokens, fewer than one block of 9" in at.error[0].value
+    assert at.button(key="retrain_start").proto.disabled is True
+    at.selectbox(key="eval_data").set_value("lines.jsonl")
+    at.text_input(key="text_field").set_value("body")
+    at.number_input(key="retrain_steps").set_value(2)
+    at.run()
+    assert not at.error and not at.exception
+    held = sum(len(make_text(s, 10).split()) + 1 for s in range(6))  # its words and an end of text per line
+    assert any(f"{held:,} tokens held out for perplexity (another text)" in c.value for c in at.caption)
+    at.button(key="retrain_start").click().run()
+    assert not at.exception and not at.error
+    poll(at, lambda a: a.session_state["retrain_job"].snapshot().done)
+    stored = runs.RunStore().get(at.session_state["retrain_job"].snapshot().run_id)
+    assert stored["config"]["eval_text"] == str(data / "lines.jsonl")
+    assert stored["card"]["text"]["held_out"] == "eval-text" and stored["card"]["text"]["held_out_tokens"] == held
+
+
 def test_an_imported_model_without_a_tokenizer_cannot_be_retrained(data):
     at = AppTest.from_file(PAGE, default_timeout=90)
     at.query_params["model"] = "no-tokenizer"

@@ -114,6 +114,39 @@ def test_tokenized_once_then_found_in_the_cache(folder, tmp_path):
     assert sorted(p.name.startswith(".") for p in first.folder.parent.iterdir()) == [False] * 3  # no temp left
 
 
+OTHER_PROCESS = """
+import json, sys
+sys.path.insert(0, {root!r})
+from attn_core.text.source import tokenize_text
+tok, [(corpus, tf)] = tokenize_text({folder!r}, "m", {text!r}, cache_root={cache!r})
+print(json.dumps(dict(folder=str(tf.folder), cached=tf.cached, tokens=tf.n_tokens)))
+"""
+
+
+def test_two_processes_tokenizing_the_same_text_leave_one_entry(folder, tmp_path):
+    """While this process tokenizes, another one tokenizes the same text into the same cache and
+    finishes first (it runs from this one's progress callback, so the two overlap for certain):
+    its clean-up leaves this live process's temporary folder alone, this one's rename finds the
+    entry made meanwhile and uses it, and one entry with the text's tokens is left, nothing else."""
+    path = tmp_path / "c.txt"
+    path.write_text(make_text(0, lines=400))
+    cache = folder.parent / "runs"
+    other: list[dict] = []
+
+    def progress(phase: str, done: int, total: int) -> None:
+        if phase == "tokenizing" and not other:
+            assert [p.name.startswith(".") for p in (cache / "text-cache").iterdir()] == [True]  # ours, in progress
+            code = OTHER_PROCESS.format(root=str(ROOT), folder=str(folder), text=str(path), cache=str(cache))
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+            other.append(json.loads(out.stdout.strip().splitlines()[-1]))
+
+    tok, [(corpus, tf)] = tokenize_text(folder, "m", str(path), cache_root=cache, progress=progress)
+    assert other and other[0]["cached"] is False  # the other process made the entry, while this one was writing
+    assert tf.cached and str(tf.folder) == other[0]["folder"] and tf.n_tokens == other[0]["tokens"]
+    assert [p.name for p in (cache / "text-cache").iterdir()] == [tf.folder.name]  # no temporary folder left
+    assert tf.array().tolist() == ids(path.read_text())
+
+
 # --- bad input: one line, nothing saved ---------------------------------------------------------------
 
 
