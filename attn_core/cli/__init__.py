@@ -29,7 +29,6 @@ import shutil
 import sys
 import warnings
 
-import click
 import typer
 import typer.core
 import typer.main
@@ -230,12 +229,12 @@ def main(argv: list[str] | None = None) -> None:
 def _run(args: list[str], as_json: bool):
     try:
         return app(args=args, prog_name="attn-lab", standalone_mode=False)
-    except _USAGE_ERRORS as e:  # a bad option, a missing argument, a value of the wrong type
+    except _usage_errors() as e:  # a bad option, a missing argument, a value of the wrong type
         if type(e).__name__ == "NoArgsIsHelpError":  # `attn-lab` alone: the help, as click shows it
             e.show()
             return e.exit_code
         return report(_usage_line(e), as_json, "usage", getattr(e, "exit_code", 2))
-    except (Interrupted, *_ABORTS):  # Ctrl-C outside a command that handles it
+    except (Interrupted, *_aborts()):  # Ctrl-C outside a command that handles it
         return _interrupted(as_json)
     except RecursionError as e:
         return report(message_of(e), as_json, "invalid", 2)
@@ -256,8 +255,16 @@ def _interrupted(as_json: bool) -> int:
 
 
 # typer >= 0.20 carries its own copy of click: its exceptions and click's are caught alike
-_USAGE_ERRORS = (typer.TyperException, click.ClickException)
-_ABORTS = (typer.Abort, click.exceptions.Abort)
+def _usage_errors() -> tuple[type, ...]:
+    """typer's usage errors, and click's when some module has imported click itself (typer
+    carries its own copy of click; importing click only to name its classes costs start-up)."""
+    click = sys.modules.get("click")
+    return (typer.TyperException, *((click.ClickException,) if click else ()))
+
+
+def _aborts() -> tuple[type, ...]:
+    click = sys.modules.get("click")
+    return (typer.Abort, *((click.exceptions.Abort,) if click else ()))
 
 
 def _warning_line(message, category, filename, lineno, line=None) -> str:
