@@ -26,7 +26,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
-import torch.nn.functional as F
 
 from attn_core.hooks import Cache, act_name
 from attn_core.model import Transformer
@@ -119,13 +118,61 @@ class KLPenalty:
         (name,) = self.reads
         if cache is None or name not in cache:
             raise ValueError(f"the KL term reads {name} from the forward's cache; the trainer passed none")
-        logits = model.ln_final(cache[name]) @ model.unembed.W_U + model.unembed.b_U
-        with torch.no_grad(), autocast(logits.device, self.autocast):
-            ref = self.reference(batch.tokens)
-        logp = F.log_softmax(logits.float(), -1).flatten(0, -2)
-        ref_logp = F.log_softmax(ref.float(), -1).flatten(0, -2)
-        kl = F.kl_div(logp, ref_logp, log_target=True, reduction="batchmean")  # sum over tokens / positions
-        return {KL_TERM: self.strength * kl}
+        resid = cache[name]
+        with torch.no_grad(), autocast(resid.device, self.autocast):
+            ref_logp = log_softmax_(self.reference(batch.tokens).float())  # its logits' storage
+        logits = torch.addmm(model.unembed.b_U, model.ln_final(resid).flatten(0, -2), model.unembed.W_U)
+        return {KL_TERM: self.strength * mean_kl(logits, ref_logp.flatten(0, -2))}
+
+
+ROWS_BYTES = 2**24  # float32 bytes of one chunk of rows in mean_kl (its temporaries)
+
+
+@torch.no_grad()
+def log_softmax_(logits: torch.Tensor) -> torch.Tensor:
+    """``log_softmax(logits, -1)`` written into ``logits`` (no second tensor of its size)."""
+    return logits.sub_(logits.logsumexp(-1, keepdim=True))
+
+
+class _MeanKL(torch.autograd.Function):
+    """Mean over rows of KL(p || softmax(z)) for logits ``z`` [N, V] and log-probabilities
+    ``log_p`` [N, V], read in chunks of rows: it keeps only its inputs for backward and makes its
+    gradient, (softmax(z) - p) / N, chunk by chunk into one tensor, where autograd through
+    log_softmax and kl_div would keep several tensors of the logits' size."""
+
+    @staticmethod
+    def forward(ctx, z: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(z, log_p)
+        parts = []
+        for rows in _chunks(z):
+            zc, lp = _wide(z[rows]), _wide(log_p[rows])
+            parts.append((lp.exp() * (lp - zc + zc.logsumexp(-1, keepdim=True))).sum())
+        return torch.stack(parts).sum() / z.shape[0]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        z, log_p = ctx.saved_tensors
+        out = torch.empty_like(z)
+        scale = grad / z.shape[0]
+        for rows in _chunks(z):
+            out[rows] = ((_wide(z[rows]).softmax(-1) - _wide(log_p[rows]).exp()) * scale).to(z.dtype)
+        return out, None
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32 at least (bf16 logits are summed in float32; float64 stays float64)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def _chunks(z: torch.Tensor) -> list[slice]:
+    step = max(1, ROWS_BYTES // (4 * z.shape[-1]))
+    return [slice(lo, lo + step) for lo in range(0, z.shape[0], step)]
+
+
+def mean_kl(logits: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
+    """Mean over the rows of ``logits`` [N, V] of KL(p || softmax(logits)) in nats, with
+    ``log_p`` [N, V] the log-probabilities of p (no gradient flows to them); see :class:`_MeanKL`."""
+    return _MeanKL.apply(logits, log_p.detach())
 
 
 class Penalties:

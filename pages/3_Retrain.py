@@ -19,6 +19,7 @@ from attn_core.figures import training as ft
 from attn_core.finetune import TRAIN, TRAIN_HELP
 from attn_core.runs import RunStore
 from attn_core.text import files as text_files
+from attn_core.text.corpus import open_corpus
 from attn_core.text.source import prepare_text
 from attn_core.text.task import HELD_OUT_FRACTION, split_streams
 from attn_core.training.config import JobConfig
@@ -245,11 +246,13 @@ def text_inputs() -> dict | None:
         if held_from != "tail" and held_path is None:
             st.info("Upload the held-out text (or measure perplexity on the end of the training text).")
             return None
-        field = field_col.text_input(
-            "Text field",
-            key=ui.remember("text_field", "text"),
-            help="The JSON key (.jsonl) or Parquet column that holds the text",
-        )
+        field = None
+        if {k for p in (path, held_path) if p is not None for k in open_corpus(p).kinds} - {"text"}:
+            field = field_col.text_input(  # only .jsonl and Parquet files have fields
+                "Text field",
+                key=ui.remember("text_field", "text"),
+                help="The JSON key (.jsonl) or Parquet column that holds the text",
+            )
         bar = st.progress(0.0, text="Reading the text…")
 
         def progress(phase: str, done: int, total: int) -> None:

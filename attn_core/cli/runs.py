@@ -10,8 +10,8 @@ import typer
 
 from attn_core.card import MEASURE_KEYS, TEXT_MEASURE_KEYS, public
 from attn_core.cli import dynamics as dyn
+from attn_core.cli import text_options as opts
 from attn_core.cli.common import JsonOpt, emit, guarded, table
-from attn_core.finetune import TRAIN_HELP
 from attn_core.regularizers import REGULARIZERS
 from attn_core.training.config import JobConfig
 from attn_core.training.interrupt import SIGINT_EXIT
@@ -36,9 +36,18 @@ def _run_row(r: dict) -> dict:
         "steps": cfg.get("steps"),
         "entmax_alpha": cfg.get("entmax_alpha"),
         "accuracy": after.get("accuracy"),
+        "perplexity": after.get("perplexity"),  # runs on text: held-out perplexity
         "entropy_data": after.get("entropy_data"),
         "has_weights": r.get("has_weights"),
     }
+
+
+def _run_cols(rows: list[dict]) -> list[str]:
+    """The listing's columns: held-out perplexity after accuracy when a run on text is listed."""
+    if not any(r.get("perplexity") is not None for r in rows):
+        return _RUN_COLS
+    at = _RUN_COLS.index("accuracy") + 1
+    return [*_RUN_COLS[:at], "perplexity", *_RUN_COLS[at:]]
 
 
 def _before_after(before: dict | None, after: dict | None) -> str:
@@ -75,9 +84,7 @@ def retrain_cmd(
         "--entmax-alpha",
         help="Attention: 1 softmax, 1.5 entmax15, 2 sparsemax (default: the parent's).",
     ),
-    batch_size: int | None = typer.Option(
-        default(JobConfig, "batch_size"), help="Default: the parent's training batch size."
-    ),
+    batch_size: int | None = opts.BatchOpt,
     device: str = typer.Option(default(JobConfig, "device"), help="auto, cpu or cuda."),
     precision: str = typer.Option(
         default(JobConfig, "precision"),
@@ -107,24 +114,11 @@ def retrain_cmd(
         help="Retrain on this text: a .txt file or a folder of them, .jsonl (one JSON object per line) or "
         "Parquet, tokenized by the model folder's own tokenizer.json (cached in the run store's text-cache).",
     ),
-    text_field: str | None = typer.Option(
-        default(JobConfig, "text_field"), "--text-field", help="The text's JSON key or Parquet column (default text)."
-    ),
-    eval_text: str | None = typer.Option(
-        default(JobConfig, "eval_text"),
-        "--eval-text",
-        help="Held-out text (same formats); default the last 10% of --text.",
-    ),
-    block: int | None = typer.Option(
-        default(JobConfig, "block"), "--block", help="Tokens per training sequence (default min(context, 256))."
-    ),
-    train: str = typer.Option(default(JobConfig, "train"), "--train", help=TRAIN_HELP),
-    kl: float = typer.Option(
-        default(JobConfig, "kl"),
-        "--kl",
-        help="Add LAMBDA * KL(starting model || model) per token on the training batch, to keep behaviour "
-        "while heads concentrate (0: off).",
-    ),
+    text_field: str | None = opts.TextFieldOpt,
+    eval_text: str | None = opts.EvalTextOpt,
+    block: int | None = opts.BlockOpt,
+    train: str = opts.TrainOpt,
+    kl: float = opts.KlOpt,
     as_json: bool = JsonOpt,
 ):
     """Fine-tune a model with concentration regularizers; the run is saved in the run store.
@@ -230,6 +224,7 @@ def _report(res: dict, as_json: bool, job=None) -> None:
         cfg = job.train_cfg
         rate = res.get("steps_per_s")
         out["text"] = facts
+        out["batch_size"] = cfg.batch_size  # a text run's default depends on the model (text.task.default_batch)
         out["tokens_per_s"] = rate * cfg.batch_size * facts["block"] if rate else None
         for when in ("before", "after"):
             if out[when] is not None:
@@ -242,7 +237,7 @@ def _report(res: dict, as_json: bool, job=None) -> None:
             t = r["text"]
             text += (
                 f"text {t['path']}: {t['tokens']:,} tokens ({t['train_tokens']:,} to train on, "
-                f"{t['held_out_tokens']:,} held out), blocks of {t['block']}"
+                f"{t['held_out_tokens']:,} held out), batches of {r['batch_size']} blocks of {t['block']} tokens"
                 + (f"; {r['tokens_per_s']:,.0f} tokens/s" if r.get("tokens_per_s") else "")
                 + "\n"
             )
@@ -288,7 +283,8 @@ def runs_cmd(ctx: typer.Context, as_json: bool = JsonOpt):
         rows,
         as_json,
         lambda rs: (
-            _store_lines(store) + (table(rs, _RUN_COLS) if rs else "no runs yet (attn-lab retrain NAME ... makes one)")
+            _store_lines(store)
+            + (table(rs, _run_cols(rs)) if rs else "no runs yet (attn-lab retrain NAME ... makes one)")
         ),
     )
 

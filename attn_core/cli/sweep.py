@@ -7,6 +7,7 @@ from __future__ import annotations
 import typer
 
 from attn_core.cli import dynamics as dyn
+from attn_core.cli import text_options as opts
 from attn_core.cli.common import JsonOpt, emit, guarded, report, table
 from attn_core.training.config import JobConfig
 from attn_core.validate import default
@@ -75,9 +76,7 @@ def sweep_cmd(
     heads: str | None = typer.Option(
         default(JobConfig, "heads"), help="Regularized heads (L1, L0H1,L1H2; default every head)."
     ),
-    batch_size: int | None = typer.Option(
-        default(JobConfig, "batch_size"), help="Default: the parent's training batch size."
-    ),
+    batch_size: int | None = opts.BatchOpt,
     address: str | None = typer.Option(
         None,
         help="Ray cluster to join: auto, HOST:PORT or "
@@ -103,11 +102,11 @@ def sweep_cmd(
         help="Sweep a Hugging Face folder (or a run of one) on this text, as retrain --text reads it; it is "
         "tokenized once, before the trials, into the run store's text-cache (workers must see the path).",
     ),
-    text_field: str | None = typer.Option(None, "--text-field", help="The text's JSON key or Parquet column."),
-    eval_text: str | None = typer.Option(None, "--eval-text", help="Held-out text (default the last 10% of --text)."),
-    block: int | None = typer.Option(None, "--block", help="Tokens per training sequence (default min(context, 256))."),
-    train: str = typer.Option(default(JobConfig, "train"), "--train", help="all, attn or qk (as retrain --train)."),
-    kl: float = typer.Option(default(JobConfig, "kl"), "--kl", help="KL(start || model) strength of every trial."),
+    text_field: str | None = opts.TextFieldOpt,
+    eval_text: str | None = opts.EvalTextOpt,
+    block: int | None = opts.BlockOpt,
+    train: str = opts.TrainOpt,
+    kl: float = opts.KlOpt,
     as_json: bool = JsonOpt,
 ):
     """Sweep regularizers x lambdas x seeds on Ray; every trial is a retrain recorded as a run.

@@ -9,6 +9,7 @@ from __future__ import annotations
 from attn_core import finetune
 from attn_core.hf import family_export
 from attn_core.text.source import text_task_for
+from attn_core.text.task import default_batch
 
 
 class Retraining:
@@ -34,6 +35,10 @@ class Retraining:
         cfg, root = self.cfg, (store.root if store is not None else None)
         task = text_task_for(loaded, cfg.text, cfg.text_field, cfg.eval_text, cfg.block, root)
         self.files = family_export.companion_files(loaded.path)
+        if cfg.batch_size is None and "batch_size" not in loaded.card.train:
+            # an imported model has no recipe: the job's batch size (JobConfig.train_config reads
+            # the parent's) is the default the model and block allow (text.task.default_batch)
+            loaded.card.train = {**loaded.card.train, "batch_size": default_batch(loaded.config, task.block, cfg.kl)}
         return task
 
     def penalty(self, model, penalty, start_alpha: float):

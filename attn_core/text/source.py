@@ -16,7 +16,7 @@ from attn_core.checkpoint import CheckpointError, LoadedModel
 from attn_core.hf.family_export import folder_origin
 from attn_core.hf.tokenizer import TOKENIZER, load_tokenizer
 from attn_core.sources import weights_path
-from attn_core.text.corpus import TextError, open_corpus
+from attn_core.text.corpus import DEFAULT_FIELD, TextError, open_corpus
 from attn_core.text.task import TextData, TextTask, check_block, split_streams, text_task
 from attn_core.text.tokens import Progress, cache_dir, prepare, tokenize, tokenizer_key
 
@@ -68,6 +68,12 @@ def tokenize_text(
     the folder's tokenizer into the cache (found there when done before)."""
     corpus = open_corpus(text, field)
     held_corpus = open_corpus(eval_text, field, "--eval-text") if eval_text is not None else None
+    kinds = {k for c in (corpus, held_corpus) if c is not None for k in c.kinds}
+    if field not in (None, DEFAULT_FIELD) and kinds == {"text"}:
+        raise TextError(
+            f"--text-field {field} names a JSON key or a Parquet column, and {corpus.path} is plain text "
+            "(.jsonl and .parquet files have fields)"
+        )
     tok, tok_sha = folder_tokenizer(folder, name)
     eos = eos_id(folder, tok.get_vocab_size(with_added_tokens=True))
     directory = cache_dir(cache_root)

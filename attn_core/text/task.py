@@ -32,6 +32,8 @@ NAME = "text"
 HELD_OUT_FRACTION = 0.1  # of the stream, when no --eval-text is given
 DEFAULT_BLOCK = 256  # tokens per block, at most the model's context
 MIN_BLOCK = 2
+MAX_DEFAULT_BATCH = 64  # blocks per step of a text run whose batch size nobody gave (the toys' default)
+STEP_MEMORY = 4 * 2**30  # bytes a default batch's training step is estimated to add (default_batch)
 
 
 @dataclass
@@ -149,11 +151,34 @@ def check_block(block: int | None, n_ctx: int) -> int:
     return block
 
 
+def step_bytes_per_block(cfg, block: int, kl: float = 0.0) -> int:
+    """Estimated bytes that one block of ``block`` tokens adds to a training step of the model
+    ``cfg`` (fp32): per token, the logits and what the loss keeps and hands back (4 x the
+    vocabulary; 6 x with the KL term, whose recomputed logits and the starting model's
+    log-probabilities add theirs), and per layer the activations kept for backward (16 d_model +
+    3 d_mlp + 2 heads x block). It errs high: ``benchmarks/text_batch_memory.py`` measures what a
+    block adds to a step's peak RSS on the CPU (README)."""
+    vocab = (6 if kl > 0 else 4) * cfg.d_vocab
+    layers = cfg.n_layers * (16 * cfg.d_model + 3 * cfg.d_mlp + 2 * cfg.n_heads * block)
+    return 4 * block * (vocab + layers)
+
+
+def default_batch(cfg, block: int, kl: float = 0.0) -> int:
+    """Blocks per step of a text run whose batch size is neither given nor in its parent's recipe
+    (an imported model): the largest power of two, at most :data:`MAX_DEFAULT_BATCH`, whose step
+    is estimated (:func:`step_bytes_per_block`) to add at most :data:`STEP_MEMORY`; at least 1.
+    It depends on the model and the settings only (not on the machine), so a command gives the
+    same batches wherever it runs: 64 for small vocabularies, 4 for GPT-2 small at block 256."""
+    fit = STEP_MEMORY // step_bytes_per_block(cfg, block, kl)
+    return max(1, min(MAX_DEFAULT_BATCH, 1 << max(0, int(fit).bit_length() - 1)))
+
+
 def split_streams(
     main: TokenFile, held: TokenFile | None, block: int, d_vocab: int
 ) -> tuple[np.ndarray, np.ndarray, dict]:
     """(train stream, held-out stream, facts of the split) for blocks of ``block`` tokens; a text
-    too short for one training and one held-out block is refused, saying how many are needed."""
+    too short for one training and one held-out block is refused, saying how many are needed, and
+    so is a held-out text that is the training text itself (the same files and bytes)."""
     need = block + 1
     for tf in (main, held):
         if tf is not None and tf.meta["max_id"] >= d_vocab:
@@ -162,6 +187,11 @@ def split_streams(
                 "the tokenizer.json does not belong to this model"
             )
     stream = main.array()
+    if held is not None and held.meta.get("corpus_sha256") == main.meta.get("corpus_sha256"):
+        raise TextError(
+            "the held-out text (--eval-text) is the text trained on: perplexity on it would not be held out; "
+            "give another text, or leave --eval-text out to hold out the end of the text"
+        )
     if held is not None:
         for tf, what in ((main, "the text"), (held, "the held-out text (--eval-text)")):
             if tf.n_tokens < need:

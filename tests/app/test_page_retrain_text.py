@@ -80,6 +80,7 @@ def test_an_upload_and_a_jsonl_field(data):
     kept = list((runs.default_root() / "text-uploads").glob("*/upload.jsonl"))
     assert len(kept) == 1 and kept[0].read_bytes() == (data / "lines.jsonl").read_bytes()
     at.get("file_uploader")[0].set_value(("bad.txt", b"w1 \xff\xfe w2", "text/plain")).run()
+    assert not any(t.key == "text_field" for t in at.text_input)  # a .txt file: no field asked for
     assert "not UTF-8 text" in at.error[0].value and at.button(key="retrain_start").proto.disabled is True
 
 
@@ -96,7 +97,9 @@ def test_a_held_out_text_of_its_own(data):
     at.number_input(key="text_block").set_value(8).run()
     assert "held-out text (--eval-text) has 4 tokens, fewer than one block of 9" in at.error[0].value
     assert at.button(key="retrain_start").proto.disabled is True
-    at.selectbox(key="eval_data").set_value("lines.jsonl")
+    assert not any(t.key == "text_field" for t in at.text_input)  # plain text has no fields to name
+    at.selectbox(key="eval_data").set_value("lines.jsonl").run()
+    assert "no field 'text'" in at.error[0].value
     at.text_input(key="text_field").set_value("body")
     at.number_input(key="retrain_steps").set_value(2)
     at.run()

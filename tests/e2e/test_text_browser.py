@@ -56,7 +56,8 @@ def page(server):
 def test_retrain_on_text_then_compare_before_and_after(page, server):
     page.goto(f"{server}/Retrain?model=tiny-llama")
     settle(page)
-    rerun(page, lambda: page.get_by_text("the data folder", exact=True).click())
+    text_from = page.get_by_test_id("stRadio").filter(has_text="Text from")  # not the held-out text's choice
+    rerun(page, lambda: text_from.get_by_text("the data folder", exact=True).click())
     page.get_by_text(re.compile(r"tokens in 1 document\(s\)")).wait_for()
     steps = page.get_by_role("spinbutton", name="Steps")
     steps.fill("40")

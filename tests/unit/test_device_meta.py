@@ -415,9 +415,10 @@ CPU_BY_DESIGN = {
     ("kernels/features.py", "nystrom_factors"): "seeded CPU choice of landmarks, moved with .to(q.device)",
     ("regularizers/penalty.py", "__init__"): "the seeded host generator of sampled penalty rows",
     ("regularizers/rows.py", "sample_positions"): "sampled rows drawn on the host, moved with .to(q.device)",
+    ("text/measure.py", "_run"): "per-head sums kept on the host, added from .cpu() copies",
 }
-SCANNED = ("model", "training", "regularizers", "bilinear", "circuits", "grow", "qk", "kernels", "sweep")
-SCANNED_FILES = ("metrics.py", "tasks.py")
+SCANNED = ("model", "training", "regularizers", "bilinear", "circuits", "grow", "qk", "kernels", "sweep", "text")
+SCANNED_FILES = ("metrics.py", "tasks.py", "finetune.py", "hf/family_export.py")
 
 
 def _factory_calls(tree: ast.AST):

@@ -147,6 +147,9 @@ def test_the_cli_retrains_a_run_of_a_run_and_exports_it(tmp_path):
     assert child.card.parent == f"run:{out['run_id']}"
     p, c = dict(parent.model.named_parameters()), dict(child.model.named_parameters())
     assert {n for n in p if not torch.equal(p[n], c[n])} == {"blocks.1.attn.W_Q", "blocks.1.attn.W_K"}
+    listed = {r["id"]: r for r in json.loads(cli("runs", "--json").stdout)}
+    assert listed[out["run_id"]]["perplexity"] == pytest.approx(out["after"]["perplexity"])
+    assert "perplexity" in cli("runs").stdout.splitlines()[1].split()  # a column of the listing's header
     exported = cli("export-hf", f"run:{again['run_id']}", "--out", str(tmp_path / "hf"), "--json")
     assert exported.returncode == 0, exported.stderr
     assert json.loads(exported.stdout)["model_type"] == "llama"
@@ -168,3 +171,33 @@ def test_imported_models_without_text_or_tokenizer_say_what_is_missing(tmp_path)
     last = short.stderr.strip().splitlines()[-1]  # after the tokenizing bars: one line (100 words + end of text)
     assert short.returncode == 2 and last.startswith("error: the text has 101 tokens, fewer than the 130 needed")
     assert RunStore().list_runs() == []  # nothing recorded
+
+
+def test_an_imported_model_on_text_takes_a_batch_its_memory_allows(tmp_path, monkeypatch):
+    """No --batch-size and no recipe (an imported model): the job takes text.task.default_batch of
+    the model and block (the budget cut here so that it is 4, as a large vocabulary would make
+    it), says it in --json and the human report, and a run of that run keeps it as its recipe; a
+    given --batch-size wins."""
+    from attn_core.text import task as text_task
+
+    folder = tmp_path / "llama"
+    write_tiny_hf(folder, "llama", num_key_value_heads=2)
+    write_word_tokenizer(folder)
+    (tmp_path / "t.txt").write_text(make_text(0, 60))
+    loaded = resolve(str(folder))
+    per_block = text_task.step_bytes_per_block(loaded.config, 10)
+    monkeypatch.setattr(text_task, "STEP_MEMORY", 5 * per_block)  # room for 5 blocks: the default is 4
+    args = ["--text", str(tmp_path / "t.txt"), "--block", "10", "--steps", "1"]
+    first = cli("retrain", str(folder), *args, "--json")
+    assert first.returncode == 0, first.stderr
+    out = json.loads(first.stdout)
+    assert out["batch_size"] == 4 and RunStore().get(out["run_id"])["card"]["train"]["batch_size"] == 4
+    human = cli("retrain", str(folder), *args)
+    assert human.returncode == 0 and "batches of 4 blocks of 10 tokens" in human.stdout
+    monkeypatch.setattr(text_task, "STEP_MEMORY", 2**40)  # a run's recipe is its own, whatever the budget
+    again = json.loads(cli("retrain", f"run:{out['run_id']}", *args, "--json").stdout)
+    assert again["batch_size"] == 4
+    given = json.loads(cli("retrain", str(folder), *args, "--batch-size", "3", "--json").stdout)
+    assert given["batch_size"] == 3
+    cfg = JobConfig(source=str(folder), text=str(tmp_path / "t.txt"), block=10, steps=1)
+    assert TrainingJob(cfg, store=False).train_cfg.batch_size == 64  # the toys' 64 at most

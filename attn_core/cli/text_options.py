@@ -1,0 +1,40 @@
+"""The options of a retrain on text that ``retrain`` and ``sweep`` share (one help text each), and
+the batch size, whose default for a text run depends on the model (``text.task.default_batch``)."""
+
+from __future__ import annotations
+
+import typer
+
+from attn_core.finetune import TRAIN_HELP
+from attn_core.text.task import DEFAULT_BLOCK, HELD_OUT_FRACTION, MAX_DEFAULT_BATCH, STEP_MEMORY
+from attn_core.training.config import JobConfig
+from attn_core.validate import default
+
+BatchOpt = typer.Option(
+    default(JobConfig, "batch_size"),
+    "--batch-size",
+    help="Sequences per training step. Default: the parent's training batch size; a model without one "
+    f"(an imported model on --text) takes the most blocks, a power of two up to {MAX_DEFAULT_BATCH}, whose "
+    f"step is estimated to add at most {STEP_MEMORY / 2**30:g} GiB (fp32): {MAX_DEFAULT_BATCH} for small "
+    "vocabularies, 4 for GPT-2 small at --block 256 (the output says which).",
+)
+TextFieldOpt = typer.Option(
+    default(JobConfig, "text_field"), "--text-field", help="The text's JSON key or Parquet column (default text)."
+)
+EvalTextOpt = typer.Option(
+    default(JobConfig, "eval_text"),
+    "--eval-text",
+    help=f"Held-out text (same formats); default the last {HELD_OUT_FRACTION:.0%} of --text.",
+)
+BlockOpt = typer.Option(
+    default(JobConfig, "block"),
+    "--block",
+    help=f"Tokens per training sequence (default min(context, {DEFAULT_BLOCK})).",
+)
+TrainOpt = typer.Option(default(JobConfig, "train"), "--train", help=TRAIN_HELP)
+KlOpt = typer.Option(
+    default(JobConfig, "kl"),
+    "--kl",
+    help="Add LAMBDA * KL(starting model || model) per token on the training batch, to keep behaviour "
+    "while heads concentrate (0: off).",
+)
