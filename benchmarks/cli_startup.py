@@ -10,8 +10,9 @@ mistyped root option (the root answers without importing any command module). A 
 ``--help`` and its usage errors import that command's module, whose option defaults come from the
 config dataclasses (torch included): measured and reported beside them, not held to the target.
 
-It also runs ``python -X importtime -m attn_core --help`` once and lists the slowest imports, and
-whether torch or pandas were imported at all.
+It also times the bare interpreter (``python -c pass``, the floor under the current load) and
+runs ``python -X importtime -m attn_core --help`` once to list the slowest imports and whether
+torch or pandas were imported at all.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import record  # noqa: E402
 
 TARGET_S = 0.5
-# (name, arguments, held to the target)
+# (name, arguments, held to the target); None: the bare interpreter, the floor on this machine now
 CASES = [
+    ("python itself (-c pass)", None, False),
     ("--help", ["--help"], True),
     ("no arguments (help)", [], True),
     ("mistyped command", ["sepctrum"], True),
@@ -45,9 +47,10 @@ def _env() -> dict:
     return {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
-def time_once(args: list[str]) -> tuple[float, int]:
+def time_once(args: list[str] | None) -> tuple[float, int]:
+    cmd = [sys.executable, "-c", "pass"] if args is None else [sys.executable, "-m", "attn_core", *args]
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "attn_core", *args], capture_output=True, env=_env(), cwd=ROOT)
+    proc = subprocess.run(cmd, capture_output=True, env=_env(), cwd=ROOT)
     return time.perf_counter() - start, proc.returncode
 
 
@@ -60,8 +63,8 @@ def import_profile(top: int = 8) -> dict:
     for line in proc.stderr.splitlines():
         if not line.startswith("import time:") or "|" not in line or "self [us]" in line:
             continue
-        _, cumulative, name = (part.strip() for part in line.removeprefix("import time:").split("|"))
-        rows.append((name, int(cumulative)))
+        _, cumulative, raw = line.removeprefix("import time:").split("|")
+        rows.append((raw[1:].rstrip(), int(cumulative)))  # nested imports are indented under their importer
     modules = {name.strip() for name, _ in rows}
     top_level = [(n, us) for n, us in rows if not n.startswith(" ")]
     return {

@@ -23,6 +23,10 @@ Two figures, medians of ``--repeats`` (>= 5) samples, both including the browser
   same job trained by ``attn-lab retrain`` (its JSON's steps/s) and watched on the Retrain page in
   Chromium (the rate the page reports when it completes), alternated ``--repeats`` times in one
   run, with the live refreshes per second while it trains. Target: watched >= 0.9x the CLI's.
+- first chart per page (``--pages`` alone, or with the rest): for every page of the page table,
+  from goto in a new session to its first chart on screen (or, on a page with none until the
+  user acts, to the end of its first run), induction-2l already loaded by the server, with the
+  1-minute load average at each sample.
 
 The server's very first page (Python imports, Streamlit start) is reported apart as ``cold_s``.
 
@@ -77,9 +81,10 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve(runs_dir: Path, models_dir: Path | None = None, timeout: float = 90.0) -> Iterator[str]:
+def serve(runs_dir: Path, models_dir: Path | None = None, timeout: float = 90.0, root: Path = ROOT) -> Iterator[str]:
     """`streamlit run app.py` on 127.0.0.1 and a free port, data in ``runs_dir``; yields its URL.
-    The server's output goes to ``runs_dir/server.log`` (shown if it does not come up)."""
+    The server's output goes to ``runs_dir/server.log`` (shown if it does not come up). ``root``:
+    the checkout whose dashboard is served (another one's, to compare with older code)."""
     port = free_port()
     env = dict(os.environ, ATTN_LAB_RUNS=str(runs_dir), PYTHONUNBUFFERED="1")
     env.pop("ATTN_LAB_MODELS", None)
@@ -92,7 +97,7 @@ def serve(runs_dir: Path, models_dir: Path | None = None, timeout: float = 90.0)
         "-m",
         "streamlit",
         "run",
-        str(ROOT / "app.py"),
+        str(root / "app.py"),
         "--server.headless",
         "true",
         "--server.address",
@@ -104,7 +109,8 @@ def serve(runs_dir: Path, models_dir: Path | None = None, timeout: float = 90.0)
         "--server.fileWatcherType",
         "none",
     ]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    env["PYTHONPATH"] = str(root)
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout
@@ -257,6 +263,85 @@ def head_changes(browser, url: str, model: str, repeats: int, extra: str = "") -
     return calls, in_page
 
 
+# --- first chart of every page ---------------------------------------------------------------------
+# In the page from its first moment: when a chart is first drawn, and when the first script run
+# ended (idle for half a second: a rerun that follows at once is the same first visit), both in
+# milliseconds since the navigation started (the page's own clock).
+_WATCH_RUN = """(() => { window.__attnChart = null; window.__attnIdle = null; let seen = false, idleSince = null;
+    const tick = () => { const now = performance.now();
+        if (window.__attnChart === null && document.querySelector('.js-plotly-plot .main-svg')) window.__attnChart = now;
+        const app = document.querySelector('[data-testid="stApp"]');
+        const state = app && app.getAttribute('data-test-script-state');
+        if (state === 'running') { seen = true; idleSince = null; }
+        else if (seen && state === 'notRunning') {
+            if (idleSince === null) idleSince = now;
+            if (now - idleSince > 500 && window.__attnIdle === null) window.__attnIdle = idleSince;
+        }
+        requestAnimationFrame(tick); };
+    requestAnimationFrame(tick); })()"""
+
+
+# Pages that draw a chart on their first visit (induction-2l, an empty run store); the others
+# (Home, Runs, Grow d_k, Sweeps, Dynamics) wait for the user or a run, and their first run's end
+# is what is timed. On a busy machine a chart reaches the page seconds after the run that sent
+# it, so "no chart is coming" cannot be read from the page itself.
+CHART_PAGES = {
+    "Heatmaps",
+    "Spectrum",
+    "Retrain",
+    "Kernelized attention",
+    "Attention explorer",
+    "Merged vs factored QK",
+    "Circuits",
+}
+
+
+def first_chart(browser, url: str, path: str, model: str, context=None, chart: bool = True) -> tuple[float, bool]:
+    """Seconds from goto(/path?model=M) in a new session to the page's first chart on screen
+    (``chart``) or to the end of its first run (a page with no chart until the user acts), read
+    from the page's own clock; and whether a chart was drawn by then."""
+    context = context or browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    page.add_init_script(_WATCH_RUN)
+    page.goto(f"{url}/{path}?model={model}")
+    page.wait_for_function(
+        "() => window.__attnChart !== null" if chart else "() => window.__attnIdle !== null",
+        timeout=180_000,
+        polling="raf",
+    )
+    drawn, idle = page.evaluate("() => [window.__attnChart, window.__attnIdle]")
+    page.close()
+    return (drawn if chart else idle) / 1000, drawn is not None
+
+
+def first_charts(browser, url: str, model: str, repeats: int) -> list[dict]:
+    """First chart of every page of the page table, ``repeats`` new sessions each (in a browser
+    that has seen the dashboard, the model already loaded by the server), with the machine's
+    1-minute load average at each sample."""
+    import navigation
+
+    context = browser.new_context(viewport=VIEWPORT)
+    first_chart(browser, url, "", model, context, chart=False)  # the model loads once, as a returning user finds it
+    rows = []
+    for entry in navigation.PAGES:
+        samples, loads, charted = [], [], True
+        for _ in range(repeats):
+            t, charted = first_chart(browser, url, entry.url_path, model, context, chart=entry.title in CHART_PAGES)
+            samples.append(t)
+            loads.append(os.getloadavg()[0])
+        rows.append(
+            {
+                "page": entry.title,
+                "median_s": statistics.median(samples),
+                "samples_s": samples,
+                "load_average": loads,
+                "until": "first chart" if charted else "first run ends (no chart yet)",
+            }
+        )
+    context.close()
+    return rows
+
+
 def start_live_retrain(page, url: str, steps: int, timeout_ms: float = 30_000):
     """Open Retrain on reverse-1l, set the number of steps, press Start and wait until the live
     view reports a training step; returns the page's main block."""
@@ -323,25 +408,31 @@ def watched_rate(browser, url: str, steps: int, window_s: float = 2.0) -> tuple[
     return speed, rates
 
 
-def watched_training(repeats: int, steps: int) -> dict:
-    """CLI and watched runs of the same job alternated ``repeats`` times (one server, one browser)."""
+def watched_training(repeats: int, steps: int, against: Path | None = None) -> dict:
+    """CLI and watched runs of the same job alternated ``repeats`` times (one server, one browser);
+    with ``against`` (an older checkout), its dashboard watched too, in the same rounds."""
     from playwright.sync_api import sync_playwright
 
-    cli, watched, refreshes = [], [], []
+    cli, watched, refreshes, old, old_refreshes = [], [], [], [], []
     with tempfile.TemporaryDirectory(prefix="attn-lab-watched-") as tmp:
         tmp = Path(tmp)
-        with serve(tmp / "runs") as url, sync_playwright() as p:
-            browser = launch(p)
+        with contextlib.ExitStack() as stack:
+            url = stack.enter_context(serve(tmp / "runs"))
+            old_url = stack.enter_context(serve(tmp / "old-runs", root=against)) if against else None
+            browser = launch(stack.enter_context(sync_playwright()))
             for i in range(repeats):
                 cli.append(cli_rate(steps, tmp / "cli-runs"))
                 speed, rates = watched_rate(browser, url, steps)
                 watched.append(speed)
                 refreshes += rates
-                print(
-                    f"round {i + 1}: CLI {cli[-1]:.1f} steps/s, watched {speed:.1f} steps/s, "
-                    f"live refreshes {', '.join(f'{r:.1f}' for r in rates)} /s",
-                    flush=True,
-                )
+                line = f"round {i + 1}: CLI {cli[-1]:.1f} steps/s, watched {speed:.1f} steps/s"
+                line += f" (live refreshes {', '.join(f'{r:.1f}' for r in rates)} /s)"
+                if old_url is not None:
+                    speed, rates = watched_rate(browser, old_url, steps)
+                    old.append(speed)
+                    old_refreshes += rates
+                    line += f"; watched on {against}'s dashboard {speed:.1f} steps/s"
+                print(line, flush=True)
             browser.close()
     ratio = statistics.median(w / c for w, c in zip(watched, cli))
     return {
@@ -357,6 +448,17 @@ def watched_training(repeats: int, steps: int) -> dict:
         "watched_samples": watched,
         "live_refresh_samples": refreshes,
         "targets": {"ratio_watched_vs_cli": 0.9, "live_refreshes_per_s": 4.0},
+        **(
+            {
+                "against": str(against),
+                "old_watched_steps_per_s": statistics.median(old),
+                "old_watched_samples": old,
+                "old_live_refreshes_per_s": statistics.median(old_refreshes) if old_refreshes else None,
+                "ratio_watched_new_vs_old": statistics.median(n / o for n, o in zip(watched, old)),
+            }
+            if against
+            else {}
+        ),
         **record.environment(),
     }
 
@@ -425,9 +527,13 @@ def main(argv=None) -> None:
     )
     parser.add_argument("--length", type=int, help="with --model: random tokens of this length (default: its context)")
     parser.add_argument(
+        "--pages", action="store_true", help="only the first chart of every page (new sessions, model loaded)"
+    )
+    parser.add_argument(
         "--watched", action="store_true", help="only the watched-training measure (CLI vs Retrain page, alternated)"
     )
     parser.add_argument("--steps", type=int, default=3000, help="with --watched: steps of each run (quick: 250)")
+    parser.add_argument("--against", type=Path, help="with --watched: an older checkout whose dashboard is watched too")
     args = parser.parse_args(argv)
     if args.watched:
         return watched_main(args)
@@ -444,6 +550,8 @@ def main(argv=None) -> None:
     from playwright.sync_api import sync_playwright
 
     extra = "" if args.model is None else "&input=random" + (f"&length={args.length}" if args.length else "")
+    if args.pages:
+        return _pages_only(args)
     with tempfile.TemporaryDirectory(prefix="attn-lab-bench-") as tmp:
         tmp = Path(tmp)
         models = tmp / "models"
@@ -459,6 +567,7 @@ def main(argv=None) -> None:
             ]
             returning.close()
             heads, heads_in_page = head_changes(browser, url, watched, args.repeats, extra=extra)
+            pages = first_charts(browser, url, watched, 1 if args.quick else args.repeats) if args.model is None else []
             rates, speed = live_refreshes(browser, url, args.repeats) if args.model is None else ([], None)
             browser.close()
     result = {
@@ -475,6 +584,7 @@ def main(argv=None) -> None:
         "head_change_samples": heads,
         "head_change_in_page_samples": heads_in_page,
         "live_refresh_samples": rates,
+        "first_chart_per_page": pages,
         "training_steps_per_s_while_watched": speed,
         "targets": {
             "first_heatmap_s": 5.0,
@@ -511,10 +621,38 @@ def main(argv=None) -> None:
             f"live view while retraining: median {result['live_refreshes_per_s']:.2f} refreshes/s of {args.repeats} "
             f"windows (target >= 4); training ran at {speed:.1f} steps/s meanwhile"
         )
+    _print_pages(pages)
     print(
         f"cold start (first page after the server started): {cold:.2f} s; "
         f"load average {', '.join(f'{x:.1f}' for x in result['load_average'])} on {os.cpu_count()} CPUs"
     )
+
+
+def _print_pages(rows: list[dict]) -> None:
+    for r in rows:
+        print(
+            f"first chart, {r['page']:<22} median {r['median_s']:.2f} s of {len(r['samples_s'])} ({r['until']}); "
+            f"load average {', '.join(f'{x:.1f}' for x in r['load_average'])}"
+        )
+
+
+def _pages_only(args) -> None:
+    """``--pages``: the first chart of every page, on induction-2l, nothing else."""
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory(prefix="attn-lab-bench-") as tmp, serve(Path(tmp) / "runs") as url:
+        with sync_playwright() as p:
+            browser = launch(p)
+            rows = first_charts(browser, url, "induction-2l", args.repeats)
+            browser.close()
+    result = {"first_chart_per_page": rows, **record.environment()}
+    if args.out is not None:
+        record.save(result, args.out)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    _print_pages(rows)
+    print(f"load average {', '.join(f'{x:.1f}' for x in result['load_average'])} on {os.cpu_count()} CPUs")
 
 
 def watched_main(args) -> None:
@@ -525,7 +663,7 @@ def watched_main(args) -> None:
     repeats, steps = (1, 250) if args.quick else (args.repeats, args.steps)  # not 300, the page's default
     if not args.quick and repeats < 5:
         sys.exit("--repeats must be at least 5 (medians of >= 5)")
-    result = watched_training(repeats, steps)
+    result = watched_training(repeats, steps, args.against)
     out = args.out or (None if args.quick else ROOT / "benchmarks" / "results" / "watched.json")
     if out is not None:
         record.save(result, out)
@@ -539,6 +677,11 @@ def watched_main(args) -> None:
         f"{result['live_refreshes_per_s']} /s (target >= 4); load average "
         f"{', '.join(f'{x:.1f}' for x in result['load_average'])}" + (f"; saved {out}" if out else "")
     )
+    if args.against:
+        print(
+            f"the same job watched on {args.against}'s dashboard: {result['old_watched_steps_per_s']:.1f} steps/s; "
+            f"new/old {result['ratio_watched_new_vs_old']:.2f} (median of the per-round ratios)"
+        )
 
 
 if __name__ == "__main__":

@@ -12,14 +12,18 @@ random weights and tokens:
                    formed and kept for backward (eager only).
 
 **CPU mode** (the default; any machine): a small Llama-shaped model (d_model 256, 4 layers, 8
-query heads on 2 key/value heads, RMSNorm, rotary, SwiGLU, T 512, batch 4). Each (variant,
-mode) runs in a fresh process: two warm-up steps (the compile, the optimizer's state), then the
-peak RSS is reset (``/proc/self/clear_refs``) and ``--steps`` steps are timed. Peak memory is
-the step's peak RSS (``VmHWM``) over the RSS the process had before the model was built (the
-imported libraries), the CPU's counterpart of ``torch.cuda.max_memory_allocated`` (compiled,
-it also holds the compiled code); the step's transient part (peak over the RSS between steps) is
-reported beside it. Rounds go through the variants in turn; ratios are per round against
-``none`` in the same mode, medians.
+query heads on 2 key/value heads, RMSNorm, rotary, SwiGLU, T 512, batch 4). Time: one fresh
+process per mode builds every variant (same seeded init), takes two warm-up steps of each (the
+compile, the optimizer's state), then ``--steps`` rounds of one step of each variant, each
+variant leading in turn, so that all see the same machine load; a variant's time ratio is the
+median over rounds of its step time over ``none``'s in the same round. Memory: one fresh process
+per (variant, mode), with glibc's mmap threshold fixed at 64 KiB (every large block is returned
+when freed: the RSS peak is the peak of live memory, the same run after run): two warm-up steps,
+the peak RSS reset (``/proc/self/clear_refs``), two steps; peak memory is the peak RSS
+(``VmHWM``) over the RSS the process had before the model was built (the imported libraries),
+the CPU's counterpart of ``torch.cuda.max_memory_allocated`` (compiled, it also holds the
+compiled code); the step's transient part (peak over the RSS between steps) is reported beside
+it.
 
 **CUDA mode** (``--device cuda``): the GPT-2-small shape (12 layers x 12 heads, d_model 768,
 T 1024, batch 8, vocabulary 50257), bf16 autocast, fused AdamW; our model with each variant, and
@@ -30,9 +34,10 @@ CUDA device it says so in one line and exits.
 Goals: one-layer penalty <= 1.15x the unregularized step; entropy on every head <= 1.3x its time
 and <= 1.25x its peak memory, eager and compiled.
 
-    python benchmarks/penalty_cost.py                     # CPU mode, eager and compiled (~20 min on 2 cores)
-    python benchmarks/penalty_cost.py --device cuda       # CUDA mode
-    python benchmarks/penalty_cost.py --quick             # a tiny CPU model, eager only, nothing saved
+    python benchmarks/penalty_cost.py                 # CPU mode, eager and compiled (about 30 min on 2 cores)
+    python benchmarks/penalty_cost.py --device cuda   # CUDA mode
+    python benchmarks/penalty_cost.py --quick         # tiny models, eager only (and the CUDA mode's code
+                                                      # on the CPU), nothing saved
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import argparse
 import ctypes
 import gc
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -61,7 +67,12 @@ CPU = dict(n_layers=4, n_heads=8, n_kv_heads=2, d_model=256, d_head=32, d_mlp=68
 CPU_QUICK = dict(CPU, n_layers=2, n_heads=4, d_model=64, d_head=16, d_mlp=128, d_vocab=256)
 GPT2 = dict(n_layers=12, n_heads=12, d_model=768, d_head=64, d_mlp=3072, d_vocab=50257, attn_bias=True,
             mlp_act="gelu_tanh")  # fmt: skip
+GPT2_QUICK = dict(GPT2, n_layers=2, n_heads=2, d_model=32, d_head=16, d_mlp=128, d_vocab=128)
 GOALS = {"layer_time": 1.15, "all_time": 1.3, "all_memory": 1.25}
+# glibc's allocator keeps freed large blocks for reuse once its mmap threshold has adapted, so a
+# process's RSS peak then depends on allocation order (tens of MiB from run to run here); with a
+# fixed threshold every block over it is mapped and unmapped, and the peak is reproducible
+MMAP_THRESHOLD = 65536
 
 
 def penalty_for(variant: str, model, layer: int):
@@ -105,55 +116,82 @@ def _status(key: str) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
 
 
-def child(spec: dict) -> dict:
-    """Run one variant in this process; its times and memory (see the module doc)."""
+def _setup(spec: dict, variant: str):
+    """(model, optimizer, loss function) of one variant, from the same seeded init."""
     import torch
-
-    if spec["mode"] == "compiled":  # the compiler's own libraries are not the step's memory
-        import torch._dynamo  # noqa: F401
-        import torch._inductor.compile_fx  # noqa: F401
 
     from attn_core.model import ModelConfig
     from attn_core.training.trainer import init_model
 
+    model = init_model(ModelConfig(n_ctx=spec["T"], **spec["shape"]), 0).train()
+    pen, new_cache = penalty_for(variant, model, 1)
+    loss_fn = loss_function(model, pen, new_cache)
+    return (
+        model,
+        torch.optim.AdamW(model.parameters(), lr=1e-4),
+        torch.compile(loss_fn) if spec["mode"] == "compiled" else loss_fn,
+    )
+
+
+def _step(parts, tokens) -> float:
+    model, opt, loss_fn = parts
+    t = time.perf_counter()
+    loss = loss_fn(tokens)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return time.perf_counter() - t
+
+
+def child(spec: dict) -> dict:
+    """In this fresh process: ``memory`` runs one variant and measures its peak; ``time`` builds
+    every variant and times their steps one after the other (see the module doc)."""
+    import torch
+
+    # libraries are imported before the baseline: they are not the step's memory
+    import attn_core.regularizers  # noqa: F401
+    import attn_core.training.trainer  # noqa: F401
+
+    if spec["mode"] == "compiled":
+        import torch._dynamo  # noqa: F401
+        import torch._inductor.compile_fx  # noqa: F401
     torch.set_num_threads(spec["threads"])
-    T, batch = spec["T"], spec["batch"]
-    tokens = torch.randint(0, spec["shape"]["d_vocab"], (batch, T), generator=torch.Generator().manual_seed(1))
+    tokens = torch.randint(0, spec["shape"]["d_vocab"], (spec["batch"], spec["T"]),
+                           generator=torch.Generator().manual_seed(1))  # fmt: skip
+    if spec["role"] == "time":
+        parts = {v: _setup(spec, v) for v in spec["variants"]}
+        first = {v: _step(p, tokens) for v, p in parts.items()}  # the compile, the optimizer's state
+        for p in parts.values():
+            _step(p, tokens)
+        times: dict = {v: [] for v in parts}
+        order = list(parts)
+        for i in range(spec["steps"]):
+            for v in order[i % len(order) :] + order[: i % len(order)]:  # each variant leads in turn
+                times[v].append(_step(parts[v], tokens))
+        return dict(times=times, first_step_s=first)
     gc.collect()
     base_kib = _status("VmRSS")
-    model = init_model(ModelConfig(n_ctx=T, **spec["shape"]), 0).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    pen, new_cache = penalty_for(spec["variant"], model, 1)
-    loss_fn = loss_function(model, pen, new_cache)
-    if spec["mode"] == "compiled":
-        loss_fn = torch.compile(loss_fn)
-
-    def step() -> float:
-        t = time.perf_counter()
-        loss = loss_fn(tokens)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return time.perf_counter() - t
-
-    t0 = time.perf_counter()
-    warm = [step() for _ in range(2)]
-    warm_s = time.perf_counter() - t0
+    parts = _setup(spec, spec["variant"])
+    for _ in range(2):
+        _step(parts, tokens)
     gc.collect()
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open("/proc/self/clear_refs", "w") as f:  # VmHWM := VmRSS
         f.write("5")
     before_kib = _status("VmRSS")
-    times = [step() for _ in range(spec["steps"])]
+    for _ in range(spec["steps"]):
+        _step(parts, tokens)
     peak_kib = _status("VmHWM")
-    return dict(times=times, warmup_s=warm_s, first_step_s=warm[0], base_mib=base_kib / 1024,
-                between_steps_mib=before_kib / 1024, peak_rss_mib=peak_kib / 1024,
-                peak_mib=(peak_kib - base_kib) / 1024)  # fmt: skip
+    return dict(base_mib=base_kib / 1024, between_steps_mib=before_kib / 1024, peak_rss_mib=peak_kib / 1024,
+                peak_mib=(peak_kib - base_kib) / 1024, step_transient_mib=(peak_kib - before_kib) / 1024)  # fmt: skip
 
 
 def run_child(spec: dict) -> dict:
+    env = dict(os.environ)
+    if spec["role"] == "memory":  # freed blocks go back at once: the RSS peak is the live peak, run after run
+        env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
     out = subprocess.run(
-        [sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True, timeout=3600
+        [sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True, timeout=3600, env=env
     )
     if out.returncode != 0:
         raise RuntimeError(f"{spec['variant']} ({spec['mode']}) failed:\n{out.stderr[-3000:]}")
@@ -163,41 +201,32 @@ def run_child(spec: dict) -> dict:
 def cpu_mode(args) -> dict:
     shape = CPU_QUICK if args.quick else CPU
     T, batch = (64, 2) if args.quick else (args.seq, args.batch)
-    runs: dict = {}
-    for r in range(args.rounds):
-        for mode in args.modes:
-            for variant in args.variants:
-                if variant == "all-dense" and mode == "compiled":
-                    continue
-                spec = dict(variant=variant, mode=mode, shape=shape, T=T, batch=batch, steps=args.steps,
-                            threads=args.threads)  # fmt: skip
-                res = run_child(spec)
-                runs.setdefault(mode, {}).setdefault(variant, []).append(res)
-                print(
-                    f"round {r + 1} {mode:8s} {variant:11s} step {statistics.median(res['times']):.3f} s, "
-                    f"peak {res['peak_mib']:.0f} MiB over the imports (RSS {res['peak_rss_mib']:.0f} MiB), "
-                    f"first step {res['first_step_s']:.1f} s",
-                    flush=True,
-                )
-    summary = {}
-    for mode, by_variant in runs.items():
-        none = by_variant["none"]
+    common = dict(shape=shape, T=T, batch=batch, threads=args.threads)
+    summary, runs = {}, {}
+    for mode in args.modes:
+        variants = [v for v in args.variants if not (v == "all-dense" and mode == "compiled")]
+        timing = run_child(dict(common, role="time", mode=mode, variants=variants, steps=args.steps))
+        times = timing["times"]
+        print(f"{mode}: {args.steps} steps of each variant, one after the other; first steps (s): "
+              + ", ".join(f"{v} {t:.1f}" for v, t in timing["first_step_s"].items()), flush=True)  # fmt: skip
+        memory = {}
+        for v in variants:
+            memory[v] = run_child(dict(common, role="memory", mode=mode, variant=v, steps=2))
+            print(f"{mode:8s} {v:11s} peak {memory[v]['peak_mib']:.0f} MiB over the imports "
+                  f"(RSS {memory[v]['peak_rss_mib']:.0f} MiB)", flush=True)  # fmt: skip
         rows = {}
-        for variant, results in by_variant.items():
-            step = [statistics.median(x["times"]) for x in results]
-            ratio_t = [s / statistics.median(n["times"]) for s, n in zip(step, none)]
-            ratio_m = [x["peak_mib"] / n["peak_mib"] for x, n in zip(results, none)]
-            transient = [x["peak_rss_mib"] - x["between_steps_mib"] for x in results]
-            rows[variant] = dict(step_s=statistics.median(step), tokens_per_s=batch * T / statistics.median(step),
-                                 peak_mib=statistics.median(x["peak_mib"] for x in results),
-                                 peak_rss_mib=statistics.median(x["peak_rss_mib"] for x in results),
-                                 step_transient_mib=statistics.median(transient),
-                                 time_ratio=statistics.median(ratio_t), memory_ratio=statistics.median(ratio_m),
-                                 time_ratios=ratio_t, memory_ratios=ratio_m)  # fmt: skip
-        summary[mode] = rows
-    model = f"Llama-shaped {shape['n_layers']} layers, d_model {shape['d_model']}, {shape['n_heads']} heads on {shape['n_kv_heads']} kv heads, T {T}, batch {batch}"
-    return dict(device="cpu", model=model, shape=shape, T=T, batch=batch, steps=args.steps, rounds=args.rounds,
-                summary=summary, runs=runs)  # fmt: skip
+        for v in variants:
+            ratios = [t / n for t, n in zip(times[v], times["none"])]
+            step = statistics.median(times[v])
+            rows[v] = dict(step_s=step, tokens_per_s=batch * T / step, time_ratio=statistics.median(ratios),
+                           time_ratio_range=[min(ratios), max(ratios)], peak_mib=memory[v]["peak_mib"],
+                           peak_rss_mib=memory[v]["peak_rss_mib"], step_transient_mib=memory[v]["step_transient_mib"],
+                           memory_ratio=memory[v]["peak_mib"] / memory["none"]["peak_mib"])  # fmt: skip
+        summary[mode], runs[mode] = rows, dict(timing=timing, memory=memory)
+    model = (f"Llama-shaped: {shape['n_layers']} layers, d_model {shape['d_model']}, {shape['n_heads']} heads on "
+             f"{shape['n_kv_heads']} kv heads, T {T}, batch {batch}")  # fmt: skip
+    return dict(device="cpu", model=model, shape=shape, T=T, batch=batch, steps=args.steps, summary=summary,
+                runs=runs)  # fmt: skip
 
 
 def print_summary(result: dict) -> None:
@@ -242,12 +271,23 @@ def cuda_mode(args) -> dict | None:
     if not torch.cuda.is_available():
         print("no CUDA device here: the CUDA mode is skipped (GPU figures not measured)")
         return None
+    return side_by_side(args, torch.device("cuda"), GPT2, args.seq, args.batch)
+
+
+def side_by_side(args, dev, shape: dict, T: int, batch: int) -> dict:
+    """Our model with each variant and transformers' GPT2LMHeadModel (sdpa) of the same shape,
+    trained the same way in this process (bf16 autocast, fused AdamW), each mode in turn. On
+    CUDA steps are timed by events and memory is ``max_memory_allocated``; ``--quick`` runs this
+    very code on the CPU with a tiny shape (wall-clock time, no memory figure)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
     from attn_core.model import ModelConfig
     from attn_core.training.trainer import init_model
 
-    dev = torch.device("cuda")
-    T, batch = args.seq, args.batch
-    tokens = torch.randint(0, GPT2["d_vocab"], (batch, T), device=dev, generator=torch.Generator(dev).manual_seed(1))
+    cuda = dev.type == "cuda"
+    vocab = shape["d_vocab"]
+    tokens = torch.randint(0, vocab, (batch, T), device=dev, generator=torch.Generator(dev).manual_seed(1))
 
     def measure(model, loss_fn) -> dict:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
@@ -260,50 +300,69 @@ def cuda_mode(args) -> dict | None:
 
         for _ in range(3):
             step()
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
         times = []
         for _ in range(args.steps):
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1000)
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                step()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1000)
+            else:
+                t = time.perf_counter()
+                step()
+                times.append(time.perf_counter() - t)
         step_s = statistics.median(times)
-        return dict(step_s=step_s, tokens_per_s=batch * T / step_s, peak_gib=torch.cuda.max_memory_allocated() / 2**30)
+        peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else math.nan
+        return dict(step_s=step_s, tokens_per_s=batch * T / step_s, peak_gib=peak)
+
+    def release() -> None:
+        """Free the last model, its optimizer and compiled graphs before the next one is measured."""
+        gc.collect()
+        torch._dynamo.reset()
+        if cuda:
+            torch.cuda.empty_cache()
 
     rows: dict = {}
+    hf_config = GPT2Config(n_layer=shape["n_layers"], n_head=shape["n_heads"], n_embd=shape["d_model"],
+                           n_inner=shape["d_mlp"], n_positions=T, vocab_size=vocab, bos_token_id=0, eos_token_id=0,
+                           attn_implementation="sdpa")  # fmt: skip
+    layer = shape["n_layers"] // 2 - 1  # L5 of 12
     for mode in args.modes:
         for variant in args.variants:
             if variant == "all-dense" and mode == "compiled":
                 continue
-            model = init_model(ModelConfig(n_ctx=T, **GPT2), 0).to(dev).train()
-            pen, new_cache = penalty_for(variant, model, 5)
+            model = init_model(ModelConfig(n_ctx=T, **shape), 0).to(dev).train()
+            pen, new_cache = penalty_for(variant, model, layer)
             loss_fn = loss_function(model, pen, new_cache, torch.bfloat16)
             res = measure(model, torch.compile(loss_fn) if mode == "compiled" else loss_fn)
             rows[f"attn_core {variant} {mode}"] = res
             print(f"attn_core {variant:11s} {mode:8s} {res['tokens_per_s']:9.0f} tokens/s  {res['peak_gib']:.2f} GiB")
             del model, pen, loss_fn
-            torch.cuda.empty_cache()
-        from transformers import GPT2Config, GPT2LMHeadModel
-
-        hf = GPT2LMHeadModel(GPT2Config(n_layer=12, n_head=12, n_embd=768, n_positions=T, vocab_size=GPT2["d_vocab"]),
-                             attn_implementation="sdpa").to(dev).train()  # fmt: skip
+            release()
+        hf = GPT2LMHeadModel(hf_config).to(dev).train()
+        assert hf.config._attn_implementation == "sdpa", hf.config._attn_implementation
 
         def hf_loss(tok, hf=hf):
-            with torch.autocast("cuda", dtype=torch.bfloat16):
+            with torch.autocast(dev.type, dtype=torch.bfloat16):
                 return hf(input_ids=tok, labels=tok).loss
 
         res = measure(hf, torch.compile(hf_loss) if mode == "compiled" else hf_loss)
         rows[f"transformers GPT2LMHeadModel (sdpa) {mode}"] = res
         print(f"transformers GPT2 (sdpa)  {mode:8s} {res['tokens_per_s']:9.0f} tokens/s  {res['peak_gib']:.2f} GiB")
-        del hf
-        torch.cuda.empty_cache()
+        del hf, hf_loss
+        release()
     summary = {}
     for mode in args.modes:
         none = rows[f"attn_core none {mode}"]
+        hf_rate = rows[f"transformers GPT2LMHeadModel (sdpa) {mode}"]["tokens_per_s"]
+        print(
+            f"{mode}: attn_core unregularized / transformers tokens/s = {none['tokens_per_s'] / hf_rate:.3f} (goal >= 1)"
+        )
         summary[mode] = {
             v: dict(
                 time_ratio=none["tokens_per_s"] / rows[k]["tokens_per_s"],
@@ -312,22 +371,23 @@ def cuda_mode(args) -> dict | None:
             for v in args.variants
             if (k := f"attn_core {v} {mode}") in rows
         }
-    return dict(device=torch.cuda.get_device_name(), model="GPT-2 small shape", T=T, batch=batch,
-                precision="bf16 autocast", optimizer="AdamW(fused=True)", rows=rows, summary=summary)  # fmt: skip
+        summary[mode]["none"]["vs_transformers"] = none["tokens_per_s"] / hf_rate
+    name = torch.cuda.get_device_name() if cuda else "cpu (a smoke run of the CUDA mode's code)"
+    return dict(device=name, model=f"GPT-2 shape {shape}", T=T, batch=batch, precision="bf16 autocast",
+                optimizer="AdamW(fused=True)", rows=rows, summary=summary)  # fmt: skip
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--rounds", type=int, default=3, help="CPU: rounds over the variants (fresh processes)")
-    ap.add_argument("--steps", type=int, default=5, help="timed steps per run, after the warm-up")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps of each variant, after two warm-up steps")
     ap.add_argument("--seq", type=int, default=None, help="T (CPU 512, CUDA 1024)")
     ap.add_argument("--batch", type=int, default=None, help="batch (CPU 4, CUDA 8)")
     ap.add_argument("--threads", type=int, default=1, help="CPU: torch intra-op threads")
     ap.add_argument("--modes", default="eager,compiled", help="eager, compiled or both (comma-separated)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"some of {', '.join(VARIANTS)} (none is kept)")
     ap.add_argument("--out", type=Path, default=None, help=f"results file (default {RESULTS.relative_to(ROOT)})")
-    ap.add_argument("--quick", action="store_true", help="a tiny CPU model, eager only, 1 round, nothing saved")
+    ap.add_argument("--quick", action="store_true", help="tiny models, eager only, 2 steps, nothing saved")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -339,8 +399,8 @@ def main() -> None:
     if bad or not args.modes:
         ap.error(f"unknown mode or variant {bad[0] if bad else '(none given)'}; modes {MODES}, variants {VARIANTS}")
     args.variants = ["none"] + [v for v in variants if v != "none"]
-    if args.rounds < 1 or args.steps < 1 or args.threads < 1:
-        ap.error("--rounds, --steps and --threads must be at least 1")
+    if args.steps < 1 or args.threads < 1:
+        ap.error("--steps and --threads must be at least 1")
     cuda = args.device == "cuda"
     args.seq = args.seq or (1024 if cuda else 512)
     args.batch = args.batch or (8 if cuda else 4)
@@ -349,15 +409,22 @@ def main() -> None:
     if args.quick:
         if cuda:
             ap.error("--quick is the CPU mode's smoke run")
-        args.rounds, args.steps, args.modes = 1, 2, ["eager"]
+        args.steps, args.modes = 2, ["eager"]
     load_start = os.getloadavg()
     result = cuda_mode(args) if cuda else cpu_mode(args)
     if result is None:
         return
+    if args.quick:  # the CUDA mode's code, on the CPU at a tiny size
+        import torch
+
+        smoke = side_by_side(args, torch.device("cpu"), GPT2_QUICK, 32, 2)
+        assert set(smoke["summary"]["eager"]) >= {"none", "layer", "all"}
     result["goals"] = goals(result["summary"])
     print_summary(result)
     result.update(record.environment(), load_average_start=load_start, goal_ratios=GOALS,
                   created=time.strftime("%Y-%m-%d %H:%M:%S"))  # fmt: skip
+    if not cuda:
+        result["threads"] = args.threads  # the measuring processes' torch threads, not this one's
     if args.quick:
         print("quick run: results not saved")
         return

@@ -142,10 +142,11 @@ def judge(r: dict) -> dict:
     pc = r["phase"]
     if pc is None:
         return {"phase_step": None, "window": None, "pm_share": None, "kc_share": None, "icl_fall": None,
-                "pm_rises": False, "kc_rises": False, "pm_ends": None, "kc_ends": None}  # fmt: skip
+                "loss_fall": None, "pm_rises": False, "kc_rises": False, "pm_ends": None, "kc_ends": None}  # fmt: skip
     steps, w = r["steps_measured"], pc["window"]
     pm, kc = rise_share(steps, r["prefix_matching_l1"], w), rise_share(steps, r["k_composition_prev"], w)
     fall = _at(steps, r["icl"], w[0]) - _at(steps, r["icl"], w[1])
+    loss_fall = _at(steps, r["loss"], w[0]) - _at(steps, r["loss"], w[1])  # the task's (scored) loss
     ends = {k: [_at(steps, r[k], w[0]), _at(steps, r[k], w[1])] for k in ("prefix_matching_l1", "k_composition_prev")}
     return {
         "phase_step": pc["step"],
@@ -153,6 +154,7 @@ def judge(r: dict) -> dict:
         "pm_share": pm,
         "kc_share": kc,
         "icl_fall": fall,
+        "loss_fall": loss_fall,
         "pm_rises": pm is not None and pm >= RISE_SHARE,
         "kc_rises": kc is not None and kc >= RISE_SHARE,
         "pm_ends": ends["prefix_matching_l1"],
@@ -174,14 +176,15 @@ def _move(ends, share) -> str:
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| λ (entropy@L1) | seed | phase change step | window | ICL fall in window (nats) | layer-1 prefix matching across the window | K-composition from the previous-token head across the window | final accuracy |",
-        "|---:|---:|---:|---|---:|---|---|---:|",
+        "| λ (entropy@L1) | seed | phase change step | window | ICL fall in window (nats) | task loss fall in window (nats) | layer-1 prefix matching across the window | K-composition from the previous-token head across the window | final accuracy |",
+        "|---:|---:|---:|---|---:|---:|---|---|---:|",
     ]
     for r in rows:
         mark = lambda ok: " ✔" if ok else ""  # noqa: E731
         window = "—" if r["window"] is None else f"{r['window'][0]}–{r['window'][1]}"
         lines.append(
             f"| {r['lambda']:g} | {r['seed']} | {_fmt(r['phase_step'], 'd')} | {window} | {_fmt(r['icl_fall'])} | "
+            f"{_fmt(r['loss_fall'])} | "
             f"{_move(r['pm_ends'], r['pm_share'])}{mark(r['pm_rises'])} | "
             f"{r['previous_token_head']}: {_move(r['kc_ends'], r['kc_share'])}{mark(r['kc_rises'])} | {r['accuracy']:.4f} |"
         )
@@ -313,7 +316,10 @@ def markdown(rows: list[dict], meta: dict) -> str:
         f"Reproduce: `{meta['command']}`.",
         f"A metric *rises in the window* (✔) when at least {RISE_SHARE:g} of its whole rise over training (its "
         f"maximum minus its first value) happens between the window's first and last step; a negative share "
-        f"means it fell there; *never rose*: its maximum is less than {MIN_RISE:g} above its first value.",
+        f"means it fell there; *never rose*: its maximum is less than {MIN_RISE:g} above its first value. "
+        "The task loss is induction's own, on the repeated half it scores; the ICL score's early positions "
+        "(1–3) are never scored, so never trained: the part of the ICL fall beyond the task loss's is mostly "
+        "those positions' loss growing as the model turns confident.",
         summary_table(rows),
         table(rows),
     ])  # fmt: skip

@@ -24,9 +24,9 @@ st.info(
 )
 
 st.subheader("Pages")
-cols = st.columns(3)
+cols = st.columns(2)  # two columns: in three, the longest link label was cut mid-word
 for i, page in enumerate(p for p in PAGES if not p.default):
-    cols[i % 3].page_link(page.file, label=page.blurb, icon=page.icon)
+    cols[i % 2].page_link(page.file, label=page.blurb, icon=page.icon)
 
 st.subheader("The zoo")
 st.caption(

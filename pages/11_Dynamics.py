@@ -83,7 +83,8 @@ kind = st.radio(
 )
 steps_given = None
 if kind == "checkpoints":
-    found = D.available()
+    problems: list[str] = []
+    found = D.available(problems=problems)
     labels = {f["source"]: f["label"] for f in found}
     c_pick, c_path = st.columns([3, 2])
     options = list(labels) + ["(a folder)"]
@@ -96,6 +97,8 @@ if kind == "checkpoints":
     )
     path = c_path.text_input("Folder", key=ui.remember("dyn_path", ""), disabled=picked != "(a folder)")
     names = (path.strip(),) if picked == "(a folder)" else (picked,)
+    if problems:
+        st.caption(f"Left out of the list: {ui.plain('; '.join(problems))}")
     if not names[0]:
         st.info(
             "No run or model with checkpoints yet. Train one with "

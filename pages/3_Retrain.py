@@ -336,9 +336,10 @@ if "retrain_error" in st.session_state:
 
 
 # --- live view -----------------------------------------------------------------------------------
-# Two fragments rerun on their own timers, so a refresh never reruns the settings above: the
-# status, metrics and curves every REFRESH_S; the per-head views, whose data changes only every
-# telemetry/spectrum interval, every VIEWS_S (redrawing them as often only makes them flicker).
+# Three fragments rerun on their own timers, so a refresh never reruns the settings above: the
+# status and metrics every REFRESH_S; the curves every CURVES_S; the per-head views, whose data
+# changes only every telemetry/spectrum interval, every VIEWS_S (redrawing them as often only
+# makes them flicker, and costs the browser a chart from scratch each time).
 def live_chart(name: str, version, build):
     """The live chart ``name`` of the current job (or of the preview, with no job), rebuilt only
     when ``version`` (what its data depends on) changed since it was last built."""
@@ -406,9 +407,14 @@ def live_status() -> None:
     current = st.session_state.get(JOB)
     if current is None:
         st.info("No run yet: choose penalties and press **Start**.")
+        # the curves' place is kept: the page has the same charts before, during and after a run
+        ui.show_plot(
+            ft.waiting_plot("training_curves", f"Retraining {loaded.name}", "the curves start when a run starts"),
+            key="live_curves",
+            downloads=False,
+        )
         return
     snap = current.snapshot()
-    st.code(current.cfg.command(), language="bash")
     facts = getattr(current.task, "facts", None)  # a run on text: its throughput in tokens too
     per_step = current.train_cfg.batch_size * facts["block"] if facts else 0
     st.progress(
@@ -542,15 +548,27 @@ def live_views() -> None:
                 (version, snap.probe_step, layer, head),
                 lambda: ft.probe_pattern_plot(snap.probe_pattern, snap.probe_tokens, layer, head, snap.probe_step),
             )
-            ui.show_plot(plot, key="live_pattern", downloads=snap.done)
+        else:  # the same chart in the same place until the first probe is measured
+            plot = ft.waiting_plot(
+                f"probe_pattern_L{layer}H{head}", f"Attention of L{layer}H{head} on the probe input", "measuring…"
+            )
+        ui.show_plot(plot, key="live_pattern", downloads=snap.done and snap.probe_pattern is not None)
     spectra = select_keys(log, ("sigma", "stable_rank"), layer, head)
     if len(spectra):
         plot = live_chart(
             "spectrum", (version, watched, len(spectra)), lambda: ft.spectrum_history_plot(spectra, watched)
         )
-        ui.show_plot(plot, key="live_spectrum", downloads=snap.done)
+    else:  # the same chart in the same place until the first spectrum is measured
+        plot = ft.waiting_plot(
+            f"spectrum_history_{watched}",
+            f"Singular values of B over training, {watched}",
+            "measured every few steps; the first comes soon",
+        )
+    ui.show_plot(plot, key="live_spectrum", downloads=snap.done and bool(len(spectra)))
 
 
+if st.session_state.get(JOB) is not None:  # the run's command: it does not change while the run trains
+    st.code(st.session_state[JOB].cfg.command(), language="bash")
 live_status()
 live_curves()
 live_views()

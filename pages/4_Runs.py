@@ -14,7 +14,7 @@ from attn_core.card import Card
 from attn_core.figures import bilinear as fb
 from attn_core.figures import training as ft
 
-MAX_SIDE = 3  # panels per row when runs are compared side by side
+MAX_SIDE = 2  # panels per row when runs are compared side by side (a third of the page is too narrow to read)
 sequence_view = ui.cached(bilinear.sequence_view)
 
 
@@ -163,7 +163,7 @@ if len(points):
         y="accuracy",
         color="model",
         title="Held-out accuracy against mean normalized entropy (regularized heads): "
-        "each run's line goes from before to after",
+        "each arrow goes from before (the parent) to after (the run)",
     )
     ui.show_plot(trade, key="tradeoff")
     plots.append(trade)

@@ -28,6 +28,13 @@ def load_saved(path: str, mtime: float) -> dict:
     return Q.Comparison.load(path).to_dict()
 
 
+@ui.cached(resource=True, max_entries=4)
+def saved_plots(path: str, mtime: float) -> list:
+    """The saved comparison's figures (``mtime`` keys the cache: a rerun of the experiment
+    replaces the file), shared, not copied."""
+    return fq.all_plots(Q.Comparison.from_dict(load_saved(path, mtime)))
+
+
 ui.setup("Merged vs factored QK", needs_model=False)
 st.markdown(
     "Seed 004 asks whether the two projections $W_Q, W_K$ of a head can be merged into one "
@@ -75,7 +82,8 @@ comparison = None
 if source == "saved":
     path = Q.results_path()
     try:
-        comparison = Q.Comparison.from_dict(load_saved(str(path), path.stat().st_mtime if path.is_file() else 0.0))
+        mtime = path.stat().st_mtime if path.is_file() else 0.0
+        comparison = Q.Comparison.from_dict(load_saved(str(path), mtime))
     except ValueError as e:
         st.info(f"{e}. Or choose “{SOURCE_LABELS['fresh']}”.")
 else:
@@ -162,7 +170,9 @@ st.caption(
     f"{cfg.d_head}, {cfg.steps} steps, seeds {cfg.seed_list}; {comparison.machine}; created {comparison.created}, "
     f"{comparison.wall_time_s:.0f} s in all. Reproduce with `{cfg.command()}`."
 )
-plots = fq.all_plots(comparison)
+# Building the seven figures takes about 0.9 s; the saved comparison's are made once per file
+# version and shared by every session and rerun (nothing changes a Plot once it is made).
+plots = saved_plots(str(path), mtime) if source == "saved" else fq.all_plots(comparison)
 by_name = {p.name: p for p in plots}
 
 # --- the table ---------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ Help is click's plain text, wrapped at the terminal's width by whole words."""
 from __future__ import annotations
 
 import ast
+import difflib
 import functools
 import importlib
 import importlib.util
@@ -28,7 +29,6 @@ import shutil
 import sys
 import warnings
 
-import click
 import typer
 import typer.core
 import typer.main
@@ -50,6 +50,7 @@ GROUPS: tuple[tuple[str, dict[str, str]], ...] = (
     ("kernels", {"app": ""}),
     ("qk", {"app": ""}),
     ("export", {"app": ""}),
+    ("gallery", {"app": ""}),
 )
 HELP = "attn-lab: see, measure, regularize and retrain the QK bilinear form of attention."
 MIN_WIDTH, MAX_WIDTH = 30, 100  # help text columns: the terminal's, within these
@@ -163,6 +164,15 @@ class LazyGroup(typer.core.TyperGroup):
     def format_commands(self, ctx, formatter) -> None:
         format_commands([(name, text) for name, (_, _, text) in command_table().items()], ctx, formatter)
 
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        # A mistyped command is answered here, before typer coerces the root's parameters (which
+        # imports pydantic): the one line click would print, with the nearest commands.
+        if args and not args[0].startswith("-") and args[0] not in command_table():
+            near = difflib.get_close_matches(args[0], list(command_table()), n=3)
+            hint = f" Did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+            ctx.fail(f"No such command {args[0]!r}.{hint}")
+        return super().parse_args(ctx, args)
+
     def make_context(self, info_name, args, parent=None, **extra):
         extra.setdefault("terminal_width", help_width())
         extra.setdefault("max_content_width", MAX_WIDTH)
@@ -219,12 +229,12 @@ def main(argv: list[str] | None = None) -> None:
 def _run(args: list[str], as_json: bool):
     try:
         return app(args=args, prog_name="attn-lab", standalone_mode=False)
-    except _USAGE_ERRORS as e:  # a bad option, a missing argument, a value of the wrong type
+    except _usage_errors() as e:  # a bad option, a missing argument, a value of the wrong type
         if type(e).__name__ == "NoArgsIsHelpError":  # `attn-lab` alone: the help, as click shows it
             e.show()
             return e.exit_code
         return report(_usage_line(e), as_json, "usage", getattr(e, "exit_code", 2))
-    except (Interrupted, *_ABORTS):  # Ctrl-C outside a command that handles it
+    except (Interrupted, *_aborts()):  # Ctrl-C outside a command that handles it
         return _interrupted(as_json)
     except RecursionError as e:
         return report(message_of(e), as_json, "invalid", 2)
@@ -245,8 +255,16 @@ def _interrupted(as_json: bool) -> int:
 
 
 # typer >= 0.20 carries its own copy of click: its exceptions and click's are caught alike
-_USAGE_ERRORS = (typer.TyperException, click.ClickException)
-_ABORTS = (typer.Abort, click.exceptions.Abort)
+def _usage_errors() -> tuple[type, ...]:
+    """typer's usage errors, and click's when some module has imported click itself (typer
+    carries its own copy of click; importing click only to name its classes costs start-up)."""
+    click = sys.modules.get("click")
+    return (typer.TyperException, *((click.ClickException,) if click else ()))
+
+
+def _aborts() -> tuple[type, ...]:
+    click = sys.modules.get("click")
+    return (typer.Abort, *((click.exceptions.Abort,) if click else ()))
 
 
 def _warning_line(message, category, filename, lineno, line=None) -> str:

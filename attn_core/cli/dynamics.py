@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import typer
@@ -123,6 +122,7 @@ def _human(res: dict, dyn) -> str:
 
 
 @app.command("dynamics")
+@guarded
 def dynamics_cmd(
     sources: list[str] = typer.Argument(
         ...,
@@ -157,48 +157,12 @@ def dynamics_cmd(
     """Metrics of every checkpoint of a series (loss, ICL score, prefix matching, previous token,
     K-composition, entropy and its floor, sigma_1 and stable rank of B, copying) and the phase
     change, measured on held-out inputs with a fixed seed; each checkpoint's result is cached."""
-    _dynamics(
-        sources,
-        steps,
-        samples,
-        seed,
-        detector_samples,
-        early,
-        late,
-        text,
-        length,
-        no_cache,
-        animate,
-        layer,
-        head,
-        value,
-        as_json=as_json,
-    )
-
-
-@guarded
-def _dynamics(
-    sources,
-    steps,
-    samples,
-    seed,
-    detector_samples,
-    early,
-    late,
-    text,
-    length,
-    no_cache,
-    animate,
-    layer,
-    head,
-    value,
-    as_json=False,
-):
     from attn_core import dynamics as D
     from attn_core import limits
     from attn_core.figures import dynamics as fd
     from attn_core.figures.base import write_plot
     from attn_core.figures.bilinear import VALUES
+    from attn_core.progress import Progress
     from attn_core.validate import check_seed
 
     limits.check_count("--samples", samples, limits.MAX_SAMPLES)
@@ -235,14 +199,10 @@ def _dynamics(
         if inputs is None:
             raise ValueError("these models have no task in their card: give --text FILE to measure them on a text")
     cache = None if no_cache else D.MetricCache()
-    bar = None
-    if not as_json:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(series.members), desc="dynamics", unit="checkpoint", file=sys.stderr)
+    bar = None if as_json else Progress(len(series.members), "dynamics", unit="checkpoint")
     try:
         dyn = D.dynamics(series, inputs, detector_samples=detector_samples, seed=seed, cache=cache,
-                         progress=(lambda done, total: bar.update(1)) if bar is not None else None)  # fmt: skip
+                         progress=(lambda done, total: bar.set(done)) if bar is not None else None)  # fmt: skip
     finally:
         if bar is not None:
             bar.close()

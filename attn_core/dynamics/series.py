@@ -261,26 +261,27 @@ def _source_config(source: str, store: RunStore | None) -> ModelConfig:
     raise CheckpointError(f"{source} has no weights ({path} is missing)")
 
 
-def available(store: RunStore | None = None) -> list[dict]:
+def available(store: RunStore | None = None, problems: list[str] | None = None) -> list[dict]:
     """Sources that hold checkpoints, newest runs first, then named models: {source, label,
-    checkpoints} (a running run included: its checkpoints so far)."""
+    checkpoints} (a running run included: its checkpoints so far). A folder whose checkpoints
+    cannot be listed (a broken index, a link leading out) is left out, never fatal: one sentence
+    naming it goes to ``problems`` when a list is given."""
     out = []
     store = store or RunStore()
     try:
         runs = store.list_runs()
     except ValueError:  # an unreadable store: the named models are still listed
         runs = []
-    for r in runs:
-        folder = store.path(r["id"]) / CHECKPOINTS
-        if folder.is_dir():
-            n = len(ckpt.read_series(folder))
-            if n:
-                label = f"run:{r['id']} ({r['parent']}, {r['status']}, {n} checkpoints)"
-                out.append({"source": f"{sources.RUN_PREFIX}{r['id']}", "label": label, "checkpoints": n})
-    for m in zoo.list_models(problems=[]):
-        folder = Path(m["path"]) / CHECKPOINTS if m.get("path") else None
-        if folder is not None and folder.is_dir():
-            n = len(ckpt.read_series(folder))
-            if n:
-                out.append({"source": m["name"], "label": f"{m['name']} ({n} checkpoints)", "checkpoints": n})
+    found = [(f"{sources.RUN_PREFIX}{r['id']}", store.path(r["id"]), f"{r['parent']}, {r['status']}, ") for r in runs]
+    found += [(m["name"], Path(m["path"]), "") for m in zoo.list_models(problems=[]) if m.get("path")]
+    for source, where, about in found:
+        folder = where / CHECKPOINTS
+        try:
+            n = len(ckpt.read_series(folder)) if folder.is_dir() else 0
+        except (OSError, CheckpointError) as e:
+            if problems is not None:
+                problems.append(f"skipped the checkpoints of {source}: {e}")
+            continue
+        if n:
+            out.append({"source": source, "label": f"{source} ({about}{n} checkpoints)", "checkpoints": n})
     return out

@@ -12,7 +12,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attn_core.circuits.attribution import SPLIT_PARTS, Attribution
-from attn_core.figures.base import Plot, token_ticks
+from attn_core.figures.base import Plot
+from attn_core.figures.layout import COLORBAR_PX, FULL_PX, fixed_margins, token_ticks
 from attn_core.regularizers import head_label
 
 OTHER = "other directions"
@@ -86,7 +87,7 @@ def attribution_plot(attr: Attribution, top: int = 8, n_terms: int = 8) -> Plot:
         title=f"Why these keys: rank-1 terms of B, layer {attr.layer} head {attr.head}, "
         f"query {attr.query} ({attr.meta.get('query_token', '')})",
     )
-    fig.update_xaxes(type="category")
+    fig.update_xaxes(type="category", tickangle=-45 if len(names) > 4 else 0)
     return Plot(
         f"attribution_{head_label(attr.layer, attr.head)}_q{attr.query}",
         fig,
@@ -156,23 +157,37 @@ def token_position_plot(split: pd.DataFrame, top: int | None = 12) -> Plot:
         xaxis_title="key y (best first)",
         yaxis_title="contribution",
     )
-    fig.update_xaxes(type="category")
-    return Plot(f"token_position_L0H{head}_q{query}", fig, split.copy(), meta=dict(layer=0, head=head, query=query))
+    fig.update_xaxes(type="category", tickangle=-45 if len(names) > 8 else 0)
+    return Plot(
+        f"token_position_L0H{head}_q{query}",
+        fig,
+        split.copy(),
+        meta=dict(layer=0, head=head, query=query),
+        width=FULL_PX,
+    )
 
 
 # --- value-weighted attention -------------------------------------------------------------------
 
 
-def value_weighted_plot(vw: dict, labels: list[str], layer: int, heads: list[int], head: int) -> Plot:
+def value_weighted_plot(
+    vw: dict, labels: list[str], layer: int, heads: list[int], head: int, width: int = FULL_PX
+) -> Plot:
     """The pattern A beside the value-weighted attention A_ij ||v_j W_O|| of one head
-    (``circuits.value_weighted``, computed for ``heads``); masked cells are blank."""
+    (``circuits.value_weighted``, computed for ``heads``); masked cells are blank. The panels
+    share their rows (query labels on the left only) and each colour bar sits in the gap to the
+    right of its own panel."""
     i = heads.index(head)
     A, W = vw["pattern"][i], vw["weighted"][i]
     T = A.shape[0]
     fig = make_subplots(
-        rows=1, cols=2, subplot_titles=["pattern A", "value-weighted A_ij ||v_j W_O||"], horizontal_spacing=0.1
+        rows=1,
+        cols=2,
+        subplot_titles=["pattern A", "value-weighted A_ij ||v_j W_O||"],
+        horizontal_spacing=0.16,
+        shared_yaxes=True,
     )
-    for c, (z, scale) in enumerate(((A, dict(zmin=0.0, zmax=1.0)), (W, {})), start=1):
+    for c, (z, scale, title) in enumerate(((A, dict(zmin=0.0, zmax=1.0), "A"), (W, {}, "A·‖vW_O‖")), start=1):
         cells = [[float(z[q, k]) if k <= q else None for k in range(T)] for q in range(T)]
         fig.add_trace(
             go.Heatmap(
@@ -180,20 +195,30 @@ def value_weighted_plot(vw: dict, labels: list[str], layer: int, heads: list[int
                 x=list(range(T)),
                 y=list(range(T)),
                 colorscale="Viridis",
-                colorbar=dict(x=0.45 if c == 1 else 1.0),
+                colorbar=dict(
+                    x=0.43 if c == 1 else 1.01, xanchor="left", thickness=14, title=dict(text=title, side="right")
+                ),
                 **scale,
                 hovertemplate="q %{y}, k %{x}: %{z:.4g}<extra></extra>",
             ),
             row=1,
             col=c,
         )
-        fig.update_yaxes(
-            autorange="reversed", row=1, col=c, title_text="query" if c == 1 else None, **token_ticks(labels)
-        )
         fig.update_xaxes(title_text="key", row=1, col=c, **token_ticks(labels))
+    fig.update_yaxes(autorange="reversed", title_text="query", row=1, col=1, **token_ticks(labels))
     fig.update_layout(
         title=f"Value-weighted attention, layer {layer} head {head}", height=max(420, min(900, 22 * T + 160))
     )
+    fixed_margins(fig, width=width // 2)  # each panel is about half the chart wide
+    fig.update_xaxes(
+        tickangle=fig.layout.xaxis.tickangle,
+        tickfont_size=fig.layout.xaxis.tickfont.size,
+        tickvals=fig.layout.xaxis.tickvals,
+        ticktext=fig.layout.xaxis.ticktext,
+        row=1,
+        col=2,
+    )
+    fig.update_layout(margin=dict(r=COLORBAR_PX))
     data = pd.DataFrame(
         [
             dict(
@@ -211,4 +236,4 @@ def value_weighted_plot(vw: dict, labels: list[str], layer: int, heads: list[int
             for k in range(q + 1)
         ]
     )
-    return Plot(f"value_weighted_{head_label(layer, head)}", fig, data, meta=dict(layer=layer, head=head))
+    return Plot(f"value_weighted_{head_label(layer, head)}", fig, data, meta=dict(layer=layer, head=head), width=width)

@@ -20,60 +20,40 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
+from attn_core.figures.layout import HALF_PX, finish
+
 EXPORT_FORMATS = ("png", "svg", "html", "csv")
 PLOTLY_JS = "plotly.min.js"  # the file name plotly's include_plotlyjs="directory" refers to
 _IMAGE_FORMATS = ("png", "svg")
 _BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
-MAX_TICKS = 64  # label every token on an axis up to this many; beyond, plotly picks the ticks
-
-
-def token_ticks(labels: list[str], first: int = 0) -> dict:
-    """Axis settings that label position ``first + i`` with ``labels[i]`` (none past
-    :data:`MAX_TICKS`: plotly's numbers then)."""
-    if len(labels) > MAX_TICKS:
-        return {}
-    return dict(tickmode="array", tickvals=list(range(first, first + len(labels))), ticktext=labels)
-
-
-# Tick-label character width at plotly's 12 px font and the Streamlit theme's, rounded up; the
-# height of one line of labels; the room an axis title and its gap take; the widest label margin
-# before labels are clipped; an axis's labels are drawn upright when they would overlap at this
-# width (a half-page chart).
-CHAR_PX = 8
-LINE_PX = 22
-TITLE_PX = 50
-MAX_LABEL_PX = 240
-ROTATE_PX = 440
-NUMBER_CHARS = 6  # an automatic numeric tick such as "−1.5k" or "1000"
-
-
-def fixed_margins(fig: go.Figure, x_labels=None, y_labels=None, colorbar: bool = True) -> go.Figure:
-    """Set the margins and tick angles from the tick labels instead of letting plotly measure
-    them. The labels are the axes' own ``ticktext`` (:func:`token_ticks`) unless given (a
-    category axis's names); none means plotly's numeric ticks. Measured margins and angles make plotly draw a
-    figure, measure every label and the colour bar, then draw it again: twice the work of each
-    redraw in the dashboard. Fixed ones draw it once. Labels wider than :data:`MAX_LABEL_PX` are
-    clipped."""
-
-    def extent(labels) -> int:
-        chars = NUMBER_CHARS if not labels else max(len(str(s)) for s in labels)
-        return min(CHAR_PX * chars, MAX_LABEL_PX)
-
-    x_labels = fig.layout.xaxis.ticktext if x_labels is None else x_labels
-    y_labels = fig.layout.yaxis.ticktext if y_labels is None else y_labels
-    upright = bool(x_labels) and len(x_labels) * (extent(x_labels) + 8) > ROTATE_PX
-    fig.update_layout(
-        margin=dict(
-            l=extent(y_labels) + TITLE_PX,
-            b=(extent(x_labels) if upright else LINE_PX) + TITLE_PX,
-            t=70,
-            r=110 if colorbar else 30,
-            autoexpand=False,
-        ),
-        xaxis_tickangle=-90 if upright else 0,
-        yaxis_tickangle=0,
+# --- the look every figure shares ---------------------------------------------------------------
+# In the dashboard a chart is drawn with Streamlit's theme; Streamlit also makes its own template
+# (with placeholder colours only its page fills in) plotly's default in the server process, so a
+# figure exported from the page came out with near-black placeholder lines (the zero line through
+# row 0 of every heatmap). Every export (PNG, SVG, HTML, the gallery) is therefore drawn with this
+# light template, Streamlit's light theme in plain plotly terms, whatever template the figure
+# carried: an export looks like the page.
+FONT = '"Source Sans Pro", "Source Sans 3", "Helvetica Neue", Arial, sans-serif'
+PALETTE = ["#0068c9", "#83c9ff", "#ff2b2b", "#ffabab", "#29b09d", "#7defa1", "#ff8700", "#ffd16a", "#6d3fc0", "#d5dae5"]
+_AXIS = dict(gridcolor="#e6eaf1", linecolor="#d5dae5", zerolinecolor="#d5dae5", ticks="")
+LIGHT = go.layout.Template(
+    layout=go.Layout(
+        font=dict(family=FONT, size=12, color="#31333f"),
+        title=dict(font=dict(size=16)),
+        colorway=PALETTE,
+        paper_bgcolor="white",
+        plot_bgcolor="white",
+        xaxis=_AXIS,
+        yaxis=_AXIS,
+        legend=dict(bgcolor="rgba(255,255,255,0)"),
+        hoverlabel=dict(font_family=FONT),
     )
-    return fig
+)
+
+
+def export_figure(fig: go.Figure) -> go.Figure:
+    """A copy of ``fig`` drawn with :data:`LIGHT` (what every export and the gallery render)."""
+    return go.Figure(fig).update_layout(template=LIGHT)
 
 
 class ExportError(RuntimeError):
@@ -81,18 +61,25 @@ class ExportError(RuntimeError):
 
 
 class Plot:
-    """A figure, the data it shows (exported as CSV), a file-name stem and what it shows (meta).
+    """A figure, the data it shows (exported as CSV), a file-name stem, what it shows (meta) and
+    the width it is laid out for on its page (``width`` px: a half-page chart unless said).
 
     ``data`` is a table or a function that makes it: a function is called the first time the
     table is read (an export), so drawing a figure never builds the CSV of a large view."""
 
     def __init__(
-        self, name: str, fig: go.Figure, data: pd.DataFrame | Callable[[], pd.DataFrame], meta: dict | None = None
+        self,
+        name: str,
+        fig: go.Figure,
+        data: pd.DataFrame | Callable[[], pd.DataFrame],
+        meta: dict | None = None,
+        width: int = HALF_PX,
     ) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
             raise ValueError(f"plot name {name!r} must be a plain file-name stem")
-        self.name, self.fig, self.meta = name, fig, dict(meta or {})
+        self.name, self.fig, self.meta = name, finish(fig, width), dict(meta or {})
         self._data = data
+        self.width = width
 
     @property
     def data(self) -> pd.DataFrame:
@@ -102,7 +89,7 @@ class Plot:
 
     def renamed(self, name: str) -> Plot:
         """The same figure, data and meta under another file-name stem."""
-        return Plot(name, self.fig, self._data, self.meta)
+        return Plot(name, self.fig, self._data, self.meta, width=self.width)
 
     def __repr__(self) -> str:
         return f"Plot({self.name!r})"
@@ -149,8 +136,12 @@ def export_bytes(
     if fmt == "csv":
         return plot.data.to_csv(index=False).encode()
     if fmt == "html":
-        return plot.fig.to_html(include_plotlyjs="directory" if shared_js else True, full_html=True).encode()
-    return _image_bytes(plot.fig, fmt, width, height)
+        return (
+            export_figure(plot.fig)
+            .to_html(include_plotlyjs="directory" if shared_js else True, full_html=True)
+            .encode()
+        )
+    return _image_bytes(export_figure(plot.fig), fmt, width, height)
 
 
 def plotly_js() -> bytes:

@@ -14,7 +14,8 @@ import torch
 from plotly.subplots import make_subplots
 
 from attn_core.bilinear import DETECTORS, LongView, View
-from attn_core.figures.base import Plot, fixed_margins, token_ticks
+from attn_core.figures.base import Plot
+from attn_core.figures.layout import FULL_PX, HALF_PX, WIDE_PX, fixed_margins, token_ticks
 from attn_core.regularizers import head_label
 
 # What a heatmap shows, and its name in a choice: the scores S = f_x(y) or the pattern A.
@@ -25,6 +26,7 @@ MAX_CELL_TEXT = 400
 MAX_HOVER_CELLS = 40_000
 KIND_TITLE = {"sequence": "Sequence view", "vocabulary": "Vocabulary view", "positional": "Positional view"}
 HIGHLIGHT = "#d62728"
+TABLE_ROW_PX = 24
 
 
 def _heat_style(value: str) -> dict:
@@ -68,9 +70,10 @@ def _outline(fig: go.Figure, x0: float, x1: float, y0: float, y1: float, dash: s
     )
 
 
-def view_plot(view: View, head: int, query: int | None = None, value: str = "scores") -> Plot:
+def view_plot(view: View, head: int, query: int | None = None, value: str = "scores", width: int = HALF_PX) -> Plot:
     """Heatmap of S (``value="scores"``, diverging around 0) or A (``"pattern"``) of one head of
-    any view; hidden (masked) cells are blank; ``query`` outlines that row."""
+    any view; hidden (masked) cells are blank; ``query`` outlines that row. ``width``: the
+    chart's width on its page (px), which its tick labels are fitted to."""
     _heat_style(value)
     i = view.head_index(head)
     z = (view.scores if value == "scores" else view.pattern)[i].masked_fill(~view.mask, math.nan)
@@ -87,7 +90,7 @@ def view_plot(view: View, head: int, query: int | None = None, value: str = "sco
         yaxis=dict(title="query x", autorange="reversed", **token_ticks(view.queries)),
         height=max(420, min(900, 24 * nq + 160)),
     )
-    fixed_margins(fig)
+    fixed_margins(fig, width=width)
     highlighted = view.check_query(query) if query is not None else -1
 
     def data() -> pd.DataFrame:
@@ -100,10 +103,13 @@ def view_plot(view: View, head: int, query: int | None = None, value: str = "sco
         fig,
         data,
         meta=dict(view=view.kind, layer=view.layer, head=head, query=query, value=value, **view.meta),
+        width=width,
     )
 
 
-def query_plot(view: View, head: int, query: int, sort: bool = True, top: int | None = 64) -> Plot:
+def query_plot(
+    view: View, head: int, query: int, sort: bool = True, top: int | None = 64, width: int = WIDE_PX
+) -> Plot:
     """Bar chart of the per-query slice f_x(y) over the keys x sees (sorted by score unless
     ``sort`` is False; at most ``top`` bars, the CSV has them all), coloured by A."""
     row = view.row(head, query, sort=sort)
@@ -127,20 +133,21 @@ def query_plot(view: View, head: int, query: int, sort: bool = True, top: int | 
         yaxis_title="f_x(y)",
     )
     fig.update_xaxes(type="category")
-    fixed_margins(fig, x_labels=list(names))
+    fixed_margins(fig, x_labels=list(names), width=width)
     data = row.assign(layer=view.layer, head=head, query=q, query_label=view.queries[q])
     return Plot(
         f"query_{view.kind}_{head_label(view.layer, head)}_q{q}",
         fig,
         data,
         meta=dict(view=view.kind, layer=view.layer, head=head, query=q, sort=sort),
+        width=width,
     )
 
 
 # --- long inputs (attn_core.bilinear.long): never n^2 cells ------------------------------------
 
 
-def window_plot(lv: LongView, value: str = "scores") -> Plot:
+def window_plot(lv: LongView, value: str = "scores", width: int = HALF_PX) -> Plot:
     """Heatmap of the exact S or A of the window lo..hi around the query of a long input (axes
     in absolute positions, hidden cells blank, the query's row outlined)."""
     _heat_style(value)
@@ -155,7 +162,7 @@ def window_plot(lv: LongView, value: str = "scores") -> Plot:
         yaxis=dict(title="query x", autorange="reversed", **token_ticks(labels, lv.lo)),
         height=max(420, min(900, 12 * len(labels) + 200)),
     )
-    fixed_margins(fig)
+    fixed_margins(fig, width=width)
 
     def data() -> pd.DataFrame:
         frame = lv.window_frame()
@@ -167,10 +174,11 @@ def window_plot(lv: LongView, value: str = "scores") -> Plot:
         fig,
         data,
         meta=dict(view="window", layer=lv.layer, head=lv.head, query=lv.query, lo=lv.lo, hi=lv.hi, value=value),
+        width=width,
     )
 
 
-def overview_plot(lv: LongView, value: str = "pattern") -> Plot:
+def overview_plot(lv: LongView, value: str = "pattern", width: int = FULL_PX) -> Plot:
     """The whole n x n matrix pooled into lv.n_blocks^2 cells of lv.block x lv.block positions
     (max-pooling by default: a sharp head stays visible); the query's block row is outlined and
     the exact window dashed."""
@@ -197,16 +205,17 @@ def overview_plot(lv: LongView, value: str = "pattern") -> Plot:
         yaxis=dict(title="query position", range=[lv.n - 0.5, -0.5]),
         height=600,
     )
-    fixed_margins(fig)
+    fixed_margins(fig, width=width)
     return Plot(
         f"overview_{value}_{head_label(lv.layer, lv.head)}",
         fig,
         lv.overview_frame,
         meta=dict(view="overview", layer=lv.layer, head=lv.head, query=lv.query, block=b, pool=lv.pool, value=value),
+        width=width,
     )
 
 
-def top_keys_plot(lv: LongView) -> Plot:
+def top_keys_plot(lv: LongView, width: int = WIDE_PX) -> Plot:
     """Bars of f_x(y) for the k keys the query attends to most, anywhere in the input, best
     first, coloured by A."""
     top = lv.top
@@ -226,13 +235,14 @@ def top_keys_plot(lv: LongView) -> Plot:
         yaxis_title="f_x(y)",
     )
     fig.update_xaxes(type="category")
-    fixed_margins(fig, x_labels=list(top["label"]))
+    fixed_margins(fig, x_labels=list(top["label"]), width=width)
     data = top.assign(layer=lv.layer, head=lv.head, query=lv.query, query_label=label)
     return Plot(
         f"topk_{head_label(lv.layer, lv.head)}_q{lv.query}",
         fig,
         data,
         meta=dict(view="top_keys", layer=lv.layer, head=lv.head, query=lv.query, k=len(top)),
+        width=width,
     )
 
 
@@ -262,8 +272,10 @@ def spectrum_plot(frame: pd.DataFrame, normalized: bool = False, small_multiples
             fig.add_trace(trace)
     fig.update_yaxes(type="log")
     fig.update_xaxes(title_text="index i")
+    heads = frame[["layer", "head"]].drop_duplicates()
+    which = f", {head_label(*heads.iloc[0])}" if len(heads) == 1 else " per head"
     fig.update_layout(
-        title="Singular values of B per head" + (" (σ_i / σ_1)" if normalized else ""),
+        title=f"Singular values of B{which}" + (" (σ_i / σ_1)" if normalized else ""),
         yaxis_title="σ_i / σ_1" if normalized else "σ_i",
     )
     return Plot("spectrum", fig, frame.copy(), meta=dict(normalized=normalized))
@@ -319,7 +331,7 @@ def eigen_sym_plot(table: pd.DataFrame) -> Plot:
         xaxis_title="index i (descending)",
         yaxis_title="λ_i of (B + Bᵀ)/2",
     )
-    return Plot("eigenvalues_sym", fig, data)
+    return Plot("eigenvalues_sym", fig, data, width=FULL_PX)
 
 
 def concentration_plot(table: pd.DataFrame) -> Plot:
@@ -327,16 +339,22 @@ def concentration_plot(table: pd.DataFrame) -> Plot:
     per head and metric, mean / min / max over query rows."""
     cols = [c for c in ("view", "layer", "head", "metric", "mean", "min", "max") if c in table]
     cells = [table[c].map(lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)) for c in cols]
+    # every row shown (a table taller than its figure scrolls, and an export cuts it), each
+    # column as wide as its widest entry
+    widths = [max(len(c), *(len(v) for v in col)) if len(col) else len(c) for c, col in zip(cols, cells)]
     fig = go.Figure(
         go.Table(
-            header=dict(values=cols, align="left", fill_color="rgba(128,128,128,0.25)"),
-            cells=dict(values=cells, align="left"),
+            columnwidth=widths,
+            header=dict(values=cols, align="left", fill_color="rgba(128,128,128,0.25)", height=TABLE_ROW_PX),
+            cells=dict(values=cells, align="left", height=TABLE_ROW_PX),
         )
     )
     fig.update_layout(
-        title="Concentration of f_x per head (rows with ≥ 2 visible keys)", height=min(1200, 120 + 24 * len(table))
+        title="Concentration of f_x per head (rows with ≥ 2 visible keys)",
+        height=110 + TABLE_ROW_PX * (len(table) + 2),
+        margin=dict(t=70, b=20),
     )
-    return Plot("concentration", fig, table[cols].copy())
+    return Plot("concentration", fig, table[cols].copy(), width=FULL_PX)
 
 
 def heads_plot(detectors: pd.DataFrame) -> Plot:
@@ -368,4 +386,4 @@ def heads_plot(detectors: pd.DataFrame) -> Plot:
         title="Head detectors (attention mass on the detection pattern)",
         height=max(300, 120 + 50 * detectors["layer"].nunique()),
     )
-    return Plot("heads", fig, detectors.copy())
+    return Plot("heads", fig, detectors.copy(), width=FULL_PX)

@@ -13,7 +13,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attn_core.circuits.composition import KINDS, Composition
-from attn_core.figures.base import Plot, token_ticks
+from attn_core.figures.base import PALETTE, Plot
+from attn_core.figures.layout import FULL_PX, fixed_margins, place_labels, token_ticks
 from attn_core.regularizers import head_label
 
 MAX_CELL_TEXT = 400
@@ -43,7 +44,7 @@ def ov_spectrum_plot(frame: pd.DataFrame, normalized: bool = False) -> Plot:
         xaxis_title="index i",
         yaxis_title="σ_i / σ_1" if normalized else "σ_i",
     )
-    return Plot("ov_spectrum", fig, frame.copy(), meta=dict(normalized=normalized))
+    return Plot("ov_spectrum", fig, frame.copy(), meta=dict(normalized=normalized), width=FULL_PX)
 
 
 def ov_circuit_plot(matrix, labels: list[str], layer: int, head: int, copying_score: float | None = None) -> Plot:
@@ -71,6 +72,7 @@ def ov_circuit_plot(matrix, labels: list[str], layer: int, head: int, copying_sc
         yaxis=dict(title="token attended to", autorange="reversed", **token_ticks(labels)),
         height=max(420, min(900, 18 * n + 160)),
     )
+    fixed_margins(fig, width=FULL_PX)
     data = pd.DataFrame(
         [
             dict(
@@ -91,34 +93,39 @@ def ov_circuit_plot(matrix, labels: list[str], layer: int, head: int, copying_sc
         fig,
         data,
         meta=dict(layer=layer, head=head, copying_score=copying_score),
+        width=FULL_PX,
     )
 
 
 def positivity_plot(table: pd.DataFrame, qk_column: str = "qk_positivity") -> Plot:
     """Every head's QK positivity (x) against its OV copying score (y), both in [-1, 1]
-    (``circuits.head_circuits``); heads that attend to and copy the same token sit top right.
-    ``qk_column`` may name another positivity column. When the table has
-    ``qk_positivity_composed`` (and ``writer``: ``circuits.composed_qk_positivities`` merged in),
-    those points are drawn too, as open circles: induction heads move to the corner there."""
+    (``circuits.head_circuits``); heads that attend to and copy the same token sit top right,
+    in the dotted region (both above 0.5, in the legend). ``qk_column`` may name another
+    positivity column. When the table has ``qk_positivity_composed`` (and ``writer``:
+    ``circuits.composed_qk_positivities`` merged in), each such head also gets an open circle
+    there and an arrow from its direct point: induction heads move to the corner. Heads that sit
+    on the same spot share one label (``base.place_labels``)."""
     data = table.drop(columns=[c for c in ("ov_singular_values",) if c in table]).copy()
+    x_range, y_range = (-1.1, 1.1), (-1.1, 1.2)
     fig = go.Figure()
-    for layer, part in data.groupby("layer"):
+    labels = []
+    for i, (layer, part) in enumerate(data.groupby("layer")):
         fig.add_trace(
             go.Scatter(
                 x=part[qk_column],
                 y=part["copying_score"],
-                mode="markers+text",
+                mode="markers",
                 text=[head_label(layer, h) for h in part["head"]],
-                textposition="top center",
                 name=f"layer {layer}",
-                marker=dict(size=11),
+                marker=dict(size=11, color=PALETTE[(2 * i) % len(PALETTE)]),
                 hovertemplate="%{text}: QK %{x:.3f}, OV %{y:.3f}<extra></extra>",
             )
         )
+        labels += [(getattr(r, qk_column), r.copying_score, head_label(layer, r.head)) for r in part.itertuples()]
     if "qk_positivity_composed" in data and data["qk_positivity_composed"].notna().any():
         # the same heads' QK positivity read through their strongest K-composition writer
         part = data[data["qk_positivity_composed"].notna()]
-        label = [
+        names = [
             f"{head_label(r.layer, r.head)} via {r.writer}" if "writer" in part else head_label(r.layer, r.head)
             for r in part.itertuples()
         ]
@@ -127,23 +134,53 @@ def positivity_plot(table: pd.DataFrame, qk_column: str = "qk_positivity") -> Pl
                 x=part["qk_positivity_composed"],
                 y=part["copying_score"],
                 mode="markers",
-                marker=dict(size=11, symbol="circle-open", line=dict(width=2)),
-                text=label,
-                name="QK through the K-composition writer",
+                marker=dict(size=11, symbol="circle-open", color="#d62728", line=dict(width=2)),
+                text=names,
+                name="QK read through the K-composition writer (arrow: from the direct QK)",
                 hovertemplate="%{text}: QK %{x:.3f}, OV %{y:.3f}<extra></extra>",
             )
         )
+        for r, name in zip(part.itertuples(), names):
+            fig.add_annotation(
+                x=r.qk_positivity_composed, y=r.copying_score, ax=getattr(r, qk_column), ay=r.copying_score,
+                xref="x", yref="y", axref="x", ayref="y", text="", showarrow=True,
+                arrowhead=2, arrowwidth=1, arrowcolor="rgba(214,39,40,0.45)", standoff=7, startstandoff=7,
+            )  # fmt: skip
+            labels.append((r.qk_positivity_composed, r.copying_score, name))
+    placed = place_labels(labels, x_range, y_range, size_px=(FULL_PX - 180, 300))
+    fig.add_trace(
+        go.Scatter(
+            x=[p[0] for p in placed],
+            y=[p[1] for p in placed],
+            text=[p[2] for p in placed],
+            textposition=[p[3] for p in placed],
+            mode="markers+text",
+            name="labels",
+            marker=dict(size=14, opacity=0),  # invisible: sets the text's distance from its point
+            textfont=dict(size=11),
+            showlegend=False,
+            hoverinfo="skip",
+        )
+    )
     fig.add_hline(y=0, line=dict(color="grey", width=1))
     fig.add_vline(x=0, line=dict(color="grey", width=1))
     fig.add_shape(
         type="rect", x0=0.5, x1=1.05, y0=0.5, y1=1.05, line=dict(color="grey", dash="dot"), fillcolor="rgba(0,0,0,0)"
     )
+    fig.add_trace(  # the region's key in the legend
+        go.Scatter(
+            x=[None], y=[None], mode="lines", line=dict(color="grey", dash="dot"),
+            name="both > 0.5: attends to and copies the same token",
+        )
+    )  # fmt: skip
     fig.update_layout(
         title="Eigenvalue positivity: QK circuit vs OV circuit (copying score)",
-        xaxis=dict(title="QK positivity Σλ/Σ|λ|", range=[-1.1, 1.1]),
-        yaxis=dict(title="OV copying score Σλ/Σ|λ|", range=[-1.1, 1.2]),
+        xaxis=dict(title="QK positivity Σλ/Σ|λ|", range=list(x_range)),
+        yaxis=dict(title="OV copying score Σλ/Σ|λ|", range=list(y_range)),
+        legend=dict(orientation="h", y=-0.2, yanchor="top", x=0),
+        height=560,
     )
-    return Plot("positivity", fig, data, meta=dict(qk_column=qk_column))
+    return Plot("positivity", fig, data, meta=dict(qk_column=qk_column), width=FULL_PX)
 
 
 # --- composition --------------------------------------------------------------------------------
@@ -213,6 +250,7 @@ def composition_plot(comp: Composition, corrected: bool = False) -> Plot:
         fig,
         composition_frame(comp),
         meta=dict(corrected=corrected, **comp.meta),
+        width=FULL_PX,
     )
 
 
@@ -273,4 +311,4 @@ def head_graph_plot(comp: Composition, kinds: tuple[str, ...] = KINDS, corrected
         height=max(380, 160 + 60 * (len(comp.order) // max(1, len(set(comp.layers))))),
     )
     data = pd.DataFrame(edges, columns=["kind", "source", "target", "score", "baseline", "corrected"])
-    return Plot("head_graph", fig, data, meta=dict(kinds=list(kinds), corrected=corrected, top=top))
+    return Plot("head_graph", fig, data, meta=dict(kinds=list(kinds), corrected=corrected, top=top), width=FULL_PX)

@@ -17,8 +17,9 @@ from plotly.subplots import make_subplots
 
 from attn_core.bilinear import View
 from attn_core.dynamics import Dynamics
-from attn_core.figures.base import Plot, fixed_margins
+from attn_core.figures.base import Plot
 from attn_core.figures.bilinear import spectrum_plot, view_plot
+from attn_core.figures.layout import fixed_margins
 from attn_core.figures.training import COLORS
 from attn_core.regularizers import head_label
 from attn_core.training.telemetry import MetricKey
@@ -66,6 +67,10 @@ def curves_plot(
         )  # fmt: skip
     _decorate(fig, dyn, step)
     fig.update_layout(title=title, xaxis_title="training step", yaxis_title=y_title, hovermode="x unified")
+    if not columns:  # nothing to draw (no earlier layer writes into a layer-0 head): the axes still span the steps
+        first, last = dyn.steps[0], dyn.steps[-1]
+        fig.update_xaxes(range=[first, last] if last > first else [first - 1, last + 1])
+        fig.update_yaxes(showticklabels=False)
     if log_y:
         fig.update_yaxes(type="log")
     return Plot(name, fig, _frame(dyn, columns), meta=dict(step=step, phase_change=dyn.phase_change))

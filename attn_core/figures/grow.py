@@ -18,6 +18,7 @@ from attn_core.grow import ARMIJO, METHODS, GrowResult
 
 METHOD_COLORS = {"grown": "#d62728", "random": "#1f77b4", "zero": "#7f7f7f"}
 METHOD_NAMES = {"grown": "grown (functional gradient)", "random": "random new dims", "zero": "zero new dims"}
+SHORT_NAMES = {"grown": "grown<br>(functional gradient)", "random": "random<br>new dims", "zero": "zero<br>new dims"}
 BASIS_NAMES = {"whitened": "whitened basis of the batch", "raw": "raw basis (seed 001)"}
 
 
@@ -57,11 +58,13 @@ def spectrum_plot(result: GrowResult) -> Plot:
         annotation_text=f"cut: d_k + p = {k}",
         annotation_position="top right",
     )
-    fig.add_vline(
+    fig.add_vline(  # its label a line lower than the cut's, on the other side: the two never meet
         x=d_k + 0.5,
         line=dict(color="grey", dash="dot"),
         annotation_text=f"old d_k = {d_k}",
         annotation_position="top left",
+        annotation_yshift=-18,
+        annotation_xshift=-4,
     )
     share = step.discarded_energy / step.total_energy if step.total_energy > 0 else 0.0
     fig.update_yaxes(type="log", title_text="σ_i")
@@ -226,10 +229,11 @@ def summary_plot(result: GrowResult) -> Plot:
         color = METHOD_COLORS[method]
         fig.add_trace(
             go.Scatter(
-                x=[METHOD_NAMES[method]] * 2,
+                x=[SHORT_NAMES[method]] * 2,
                 y=part["loss"],
                 mode="lines+markers+text",
                 name=METHOD_NAMES[method],
+                showlegend=False,  # named under its own column
                 line=dict(color=color, width=3),
                 marker=dict(color=color, size=14, symbol=["circle-open", "circle"]),
                 text=[f"{v:.4g}" for v in part["loss"]],
@@ -238,11 +242,15 @@ def summary_plot(result: GrowResult) -> Plot:
                 hovertemplate="%{x}, %{customdata}: %{y:.5g}<extra></extra>",
             )
         )
-    fig.add_hline(
-        y=result.loss_before,
-        line=dict(color="grey", dash="dot"),
-        annotation_text=f"before growth: {result.loss_before:.4g}",
-        annotation_position="top left",
+    fig.add_trace(  # the loss before growth, across the three: a line in the legend, not a label on the points
+        go.Scatter(
+            x=[SHORT_NAMES[m] for m in METHODS],
+            y=[result.loss_before] * len(METHODS),
+            mode="lines",
+            line=dict(color="grey", dash="dot"),
+            name=f"before growth: {result.loss_before:.4g}",
+            hoverinfo="skip",
+        )
     )
     finite = [v for v in data["loss"] if v > 0 and math.isfinite(v)] + [result.loss_before]
     if min(finite) > 0 and max(finite) > 10 * min(finite):
@@ -251,8 +259,8 @@ def summary_plot(result: GrowResult) -> Plot:
         title=f"Held-out loss of the three methods, {_head(result)}<br>"
         f"<sup>○ right after growth, ● after {result.config.steps} fine-tuning steps</sup>",
         yaxis_title="held-out loss",
-        showlegend=False,
-        xaxis=dict(range=[-0.5, len(METHODS) - 0.5]),
+        legend=dict(orientation="h", y=-0.2, yanchor="top", x=0),
+        xaxis=dict(range=[-0.5, len(METHODS) - 0.1], tickangle=0),
     )
     return Plot(f"grow_summary_{_head(result)}", fig, data.assign(loss_before=result.loss_before))
 

@@ -11,6 +11,7 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from attn_core.figures.base import Plot
+from attn_core.figures.layout import FULL_PX
 from attn_core.kernels import summarize
 
 _METRIC_TITLES = {
@@ -121,7 +122,7 @@ def pattern_comparison(
         exact=exact.reshape(-1).numpy(),
         approx=approx.reshape(-1).numpy(),
     )
-    return Plot("kernels_patterns", fig, data, meta={"mean_row_tv": tv})
+    return Plot("kernels_patterns", fig, data, meta={"mean_row_tv": tv}, width=FULL_PX)
 
 
 def speed_chart(result: dict, title: str | None = None) -> Plot:
@@ -153,4 +154,6 @@ def speed_chart(result: dict, title: str | None = None) -> Plot:
     )
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log")
-    return Plot("kernels_speed", fig, rows, meta={"crossover": result.get("crossover", {}), "config": cfg})
+    return Plot(
+        "kernels_speed", fig, rows, meta={"crossover": result.get("crossover", {}), "config": cfg}, width=FULL_PX
+    )

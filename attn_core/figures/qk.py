@@ -12,6 +12,8 @@ from plotly.colors import hex_to_rgb, qualitative
 from plotly.subplots import make_subplots
 
 from attn_core.figures.base import Plot
+from attn_core.figures.layout import FULL_PX, UNIT_RANGE
+from attn_core.qk.config import VARIANT_KINDS
 from attn_core.qk.result import Comparison
 
 CURVE_METRICS = {
@@ -22,9 +24,23 @@ CURVE_METRICS = {
 }
 
 
+# Every variant a comparison can have, in one fixed order: a variant's colour is its place here,
+# so "merged + wd" has the same colour in the saved comparison and in a fresh one with fewer
+# variants (colours by position in each comparison's own list differed between the two).
+D_QK_ORDER = (1, 2, 4, 8, 16, 32, 64)
+ORDER = [f"factored d_qk={w}" for w in D_QK_ORDER] + list(VARIANT_KINDS[1:])
+
+
 def variant_colors(names: list[str]) -> dict[str, str]:
+    """The colour of each variant name: by its place in :data:`ORDER` (other widths after it)."""
     palette = qualitative.Plotly
-    return {n: palette[i % len(palette)] for i, n in enumerate(names)}
+
+    def place(name: str) -> int:
+        if name in ORDER:
+            return ORDER.index(name)
+        return len(ORDER) + sorted(n for n in names if n not in ORDER).index(name)
+
+    return {n: palette[place(n) % len(palette)] for n in names}
 
 
 def _rgba(color: str, alpha: float) -> str:
@@ -96,31 +112,38 @@ def curves_plot(comparison: Comparison, metric: str = "eval_loss") -> Plot:
     if "loss" in metric:
         fig.update_yaxes(type="log")
     else:
-        fig.update_yaxes(range=[0, 1.02])
-    return Plot(f"qk_curves_{metric}", fig, stats.rename(columns={"count": "seeds"}), meta={"metric": metric})
+        fig.update_yaxes(range=UNIT_RANGE)
+    return Plot(
+        f"qk_curves_{metric}", fig, stats.rename(columns={"count": "seeds"}), meta={"metric": metric}, width=FULL_PX
+    )
 
 
 def final_plot(comparison: Comparison) -> Plot:
-    """Final held-out loss and accuracy per variant: bars at the mean, error bars +-1 std, one
-    dot per seed."""
+    """Final held-out loss and accuracy per variant. Loss spans decades, so it is a dot per
+    variant (mean, whiskers +-1 std) on a log axis, where bars could not start at zero;
+    accuracy is a bar from 0 on its whole range 0..1. Open grey circles: each seed."""
     per_seed = comparison.per_seed()
     colors = variant_colors(comparison.variant_names())
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("final held-out loss", "final held-out accuracy"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("final held-out loss (log)", "final held-out accuracy"))
     rows = []
     for col, key in ((1, "final_loss"), (2, "accuracy")):
         stats = _seed_stats(per_seed, ["variant"], key)
-        fig.add_trace(
-            go.Bar(
-                x=stats["variant"],
-                y=stats["mean"],
-                marker_color=[colors[v] for v in stats["variant"]],
-                error_y=dict(type="data", array=stats["std"], visible=True),
-                showlegend=False,
-                hovertemplate="%{x}<br>mean %{y:.4g}<extra></extra>",
-            ),
-            row=1,
-            col=col,
+        shape = dict(
+            x=stats["variant"],
+            y=stats["mean"],
+            error_y=dict(type="data", array=stats["std"], visible=True),
+            showlegend=False,
+            hovertemplate="%{x}<br>mean %{y:.4g}<extra></extra>",
         )
+        if key == "final_loss":
+            trace = go.Scatter(
+                mode="markers",
+                marker=dict(size=13, symbol="diamond", color=[colors[v] for v in stats["variant"]]),
+                **shape,
+            )
+        else:
+            trace = go.Bar(marker_color=[colors[v] for v in stats["variant"]], **shape)
+        fig.add_trace(trace, row=1, col=col)
         fig.add_trace(
             go.Scatter(
                 x=per_seed["variant"],
@@ -136,12 +159,12 @@ def final_plot(comparison: Comparison) -> Plot:
         )
         rows.append(stats.assign(metric=key))
     fig.update_yaxes(type="log", row=1, col=1)
-    fig.update_yaxes(range=[0, 1.02], row=1, col=2)
+    fig.update_yaxes(range=UNIT_RANGE, row=1, col=2)
     fig.update_layout(
         title=f"Final loss and accuracy, {comparison.config.measure_samples} held-out sequences "
         "(mean ± std, dots: seeds)"
     )
-    return Plot("qk_final", fig, pd.concat(rows, ignore_index=True).rename(columns={"count": "seeds"}))
+    return Plot("qk_final", fig, pd.concat(rows, ignore_index=True).rename(columns={"count": "seeds"}), width=FULL_PX)
 
 
 def rank_plot(comparison: Comparison) -> Plot:
@@ -188,7 +211,7 @@ def rank_plot(comparison: Comparison) -> Plot:
         yaxis_title="‖B‖²_F / ‖B‖²₂",
         legend_title="layer",
     )
-    return Plot("qk_stable_rank", fig, stats.rename(columns={"count": "seeds"}))
+    return Plot("qk_stable_rank", fig, stats.rename(columns={"count": "seeds"}), width=FULL_PX)
 
 
 def spectrum_plot(comparison: Comparison) -> Plot:
@@ -222,7 +245,7 @@ def spectrum_plot(comparison: Comparison) -> Plot:
         fig.update_xaxes(title_text="i", row=1, col=col)
     fig.update_yaxes(type="log", title_text="σ_i / σ_1", row=1, col=1)
     fig.update_layout(title="Spectrum of the learned B (σ_i / σ_1, mean over heads and seeds)", legend_title="variant")
-    return Plot("qk_spectrum", fig, stats.rename(columns={"count": "samples"}))
+    return Plot("qk_spectrum", fig, stats.rename(columns={"count": "samples"}), width=FULL_PX)
 
 
 def truncation_plot(comparison: Comparison) -> Plot:
@@ -250,10 +273,10 @@ def truncation_plot(comparison: Comparison) -> Plot:
         title="Accuracy with every B cut to rank r (Eckart–Young truncation)",
         xaxis_title="rank r",
         yaxis_title="held-out accuracy",
-        yaxis_range=[0, 1.02],
+        yaxis_range=UNIT_RANGE,
         legend_title="variant",
     )
-    return Plot("qk_truncation", fig, stats.rename(columns={"count": "seeds"}))
+    return Plot("qk_truncation", fig, stats.rename(columns={"count": "seeds"}), width=FULL_PX)
 
 
 def cost_plot(comparison: Comparison) -> Plot:
@@ -283,7 +306,7 @@ def cost_plot(comparison: Comparison) -> Plot:
         title=f"Cost: QK parameters per head (2·d_model·d_qk or d_model² = {comparison.config.d_model**2}), "
         "model size, median step time"
     )
-    return Plot("qk_cost", fig, data.reset_index(drop=True), meta={"machine": comparison.machine})
+    return Plot("qk_cost", fig, data.reset_index(drop=True), meta={"machine": comparison.machine}, width=FULL_PX)
 
 
 def all_plots(comparison: Comparison) -> list[Plot]:

@@ -6,7 +6,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from attn_core.figures.base import Plot, fixed_margins
+from attn_core.figures.base import Plot
+from attn_core.figures.layout import FULL_PX, fixed_margins
 from attn_core.regularizers import head_label
 
 
@@ -52,7 +53,7 @@ def offset_spectrum_plot(frame: pd.DataFrame, reference: pd.DataFrame, layer: in
     fig.update_yaxes(title_text="σᵢ", type="log", row=1, col=1)
     fig.update_layout(title=f"{label}: the rotary form B(δ) = W_Q R(δ) W_Kᵀ/√d against the offset")
     data = pd.concat([frame.assign(part="B(delta)"), reference.assign(delta=None)], ignore_index=True)
-    return Plot(f"offset_spectrum_L{layer}H{head}", fig, data, meta=dict(layer=layer, head=head))
+    return Plot(f"offset_spectrum_L{layer}H{head}", fig, data, meta=dict(layer=layer, head=head), width=FULL_PX)
 
 
 def pair_offset_plot(

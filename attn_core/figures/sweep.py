@@ -4,10 +4,10 @@ accuracy against attention entropy, with its Pareto frontier."""
 from __future__ import annotations
 
 import pandas as pd
-import plotly.express as px
 import plotly.graph_objects as go
 
-from attn_core.figures.base import Plot
+from attn_core.figures.base import PALETTE, Plot
+from attn_core.figures.layout import FULL_PX, UNIT_RANGE
 from attn_core.sweep.plan import pareto
 
 ENTROPY_VIEWS = {"data": "entropy_data", "vocab": "entropy_vocab"}
@@ -49,10 +49,17 @@ def trials_frame(result: dict) -> pd.DataFrame:
     )
 
 
+def _size(lam, top: float):
+    """A marker's diameter in px for lambda (``top`` the sweep's largest): 8 for 0 .. 30 for ``top``."""
+    return 8 + 22 * (lam / top if top > 0 else 0)
+
+
 def pareto_plot(result: dict, view: str = "data") -> Plot:
     """Accuracy (up is better) against mean normalized entropy on data or on the vocabulary view
-    (left is more concentrated) of every measured trial: colour = regularizer, size = lambda,
-    hover = run id; the frontier (maximise accuracy, minimise entropy) as a line."""
+    (left is more concentrated) of every measured trial: colour = regularizer, marker size grows
+    with lambda (the legend shows the sizes), hover = run id; the frontier (no other trial is
+    both more accurate and more concentrated) is ringed and joined. Both axes keep their whole
+    range 0..1, before any trial is measured too."""
     if view not in ENTROPY_VIEWS:
         raise ValueError(f"view must be one of {', '.join(ENTROPY_VIEWS)}, got {view!r}")
     col = ENTROPY_VIEWS[view]
@@ -60,51 +67,62 @@ def pareto_plot(result: dict, view: str = "data") -> Plot:
     done = df[df["status"] == "completed"]
     front = pareto(zip(done["run_id"], done["accuracy"], done[col]))
     df["pareto"] = df["run_id"].isin(front)
-    df["size"] = 8 + 22 * (df["lambda"] / df["lambda"].max() if len(df) and df["lambda"].max() > 0 else 0)
-    title = f"Sweep {result.get('sweep_id', '')}: accuracy vs {view} entropy ({len(df)} trials)"
-    if len(df):
-        fig = px.scatter(
-            df,
-            x=col,
-            y="accuracy",
-            color="reg",
-            size="size",
-            size_max=24,
-            hover_name="run_id",
-            hover_data={
-                "key": True,
-                "lambda": True,
-                "seed": True,
-                "status": True,
-                "size": False,
-                col: ":.4f",
-                "accuracy": ":.4f",
-            },
+    top = float(df["lambda"].max()) if len(df) else 0.0
+    fig = go.Figure()
+    for i, (reg, part) in enumerate(df.groupby("reg", sort=False)):
+        fig.add_trace(
+            go.Scatter(
+                x=part[col],
+                y=part["accuracy"],
+                mode="markers",
+                name=str(reg),
+                legendgroup="regularizer",
+                legendgrouptitle_text="regularizer",
+                hovertext=list(part["run_id"]),
+                customdata=part[["key", "lambda", "seed", "status"]].to_numpy(),
+                marker=dict(size=[_size(v, top) for v in part["lambda"]], color=PALETTE[i % len(PALETTE)], opacity=0.8),
+                hovertemplate="%{hovertext}<br>%{customdata[0]} (seed %{customdata[2]}, %{customdata[3]})"
+                f"<br>{col} %{{x:.4f}}<br>accuracy %{{y:.4f}}<extra></extra>",
+            )
         )
-    else:
-        fig = go.Figure()
     if front:
         pts = df.set_index("run_id").loc[front]
         fig.add_trace(
             go.Scatter(
                 x=pts[col],
                 y=pts["accuracy"],
-                mode="lines",
+                mode="lines+markers",
                 name="Pareto frontier",
+                legendgroup="frontier",
                 line=dict(color="black", dash="dot"),
+                marker=dict(
+                    size=[_size(v, top) + 8 for v in pts["lambda"]],
+                    symbol="circle-open",
+                    color="black",
+                    line=dict(width=2),
+                ),
                 hoverinfo="skip",
             )
         )
+    lambdas = sorted({float(v) for v in df["lambda"]})
+    for v in lambdas if len(lambdas) <= 4 else [lambdas[0], lambdas[len(lambdas) // 2], lambdas[-1]]:
+        fig.add_trace(
+            go.Scatter(
+                x=[None], y=[None], mode="markers", name=f"λ = {v:g}", legendgroup="size", legendgrouptitle_text="marker size",
+                marker=dict(size=_size(v, top), color="lightgrey", line=dict(color="grey", width=1)),
+            )
+        )  # fmt: skip
     fig.update_layout(
-        title=title,
-        xaxis_title=f"mean normalized attention entropy ({view}); lower = more concentrated",
-        yaxis_title="held-out accuracy",
-        legend_title="regularizer",
+        title=f"Sweep {result.get('sweep_id', '')}: accuracy vs {view} entropy ({len(df)} trials measured)",
+        xaxis=dict(title=f"mean normalized attention entropy ({view}); lower = more concentrated", range=UNIT_RANGE),
+        yaxis=dict(title="held-out accuracy", range=UNIT_RANGE),
+        legend=dict(itemsizing="trace", groupclick="toggleitem"),
         height=460,
     )
     return Plot(
         f"sweep_pareto_{view}",
         fig,
-        df.drop(columns=["size"]),
+        df,
         meta=dict(sweep_id=result.get("sweep_id"), view=view, pareto=front),
+        width=FULL_PX,
     )

@@ -8,6 +8,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from attn_core.figures.base import Plot
+from attn_core.figures.layout import FULL_PX, UNIT_RANGE
 from attn_core.toy_attention import Experiment, predicted_alpha_a
 
 # Scatter plots draw at most this many samples (SVG/PNG stay light); the CSV keeps them all.
@@ -71,10 +72,10 @@ def weights_plot(exp: Experiment) -> Plot:
         title=f"Attention weights α_i over {exp.settings['n_samples']} key samples",
         xaxis_title="key",
         yaxis_title="α_i",
-        yaxis_range=[-0.02, 1.02],
+        yaxis_range=UNIT_RANGE,
         boxmode="group",
     )
-    return Plot("toy_weights", fig, data, meta=dict(exp.settings))
+    return Plot("toy_weights", fig, data, meta=dict(exp.settings), width=FULL_PX)
 
 
 def output_plot(exp: Experiment) -> Plot:
@@ -166,9 +167,9 @@ def alpha_histogram(
         barmode="overlay",
         xaxis_title="α_a",
         yaxis_title="share of samples",
-        xaxis_range=[-0.02, 1.02],
+        xaxis_range=UNIT_RANGE,
     )
-    return Plot(name, fig, data, meta=dict(exps[0].settings, heads=[e.n_heads for e in exps]))
+    return Plot(name, fig, data, meta=dict(exps[0].settings, heads=[e.n_heads for e in exps]), width=FULL_PX)
 
 
 def head_comparison_plot(exps: list[Experiment]) -> Plot:
@@ -217,7 +218,7 @@ def head_comparison_plot(exps: list[Experiment]) -> Plot:
         title=f"α_a against γ = k{j}·μ{j} / |μ{j}|², one head vs two",
         xaxis_title=f"γ (scale of k{j} along its mean)",
         yaxis_title="α_a",
-        yaxis_range=[-0.02, 1.02],
+        yaxis_range=UNIT_RANGE,
         legend=dict(orientation="h", y=-0.2),
     )
     return Plot(
@@ -225,6 +226,7 @@ def head_comparison_plot(exps: list[Experiment]) -> Plot:
         fig,
         pd.concat(frames, ignore_index=True),
         meta=dict(exps[0].settings, heads=[e.n_heads for e in exps]),
+        width=FULL_PX,
     )
 
 

@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attn_core.figures.base import Plot
+from attn_core.figures.layout import FULL_PX, UNIT_MEASURES, UNIT_RANGE
 from attn_core.training.telemetry import TERM_PREFIX, MetricKey
 
 VIEWS = ("data", "vocab")
@@ -91,11 +92,20 @@ def curves_plot(metrics: pd.DataFrame, title: str = "Training") -> Plot:
     if not terms:
         fig.add_annotation(text="no regularizer", showarrow=False, xref="x3 domain", yref="y3 domain", x=0.5, y=0.5)
     fig.update_yaxes(type="log", row=1, col=1)
-    fig.update_yaxes(range=[-0.02, 1.02], row=2, col=1)
+    fig.update_yaxes(range=UNIT_RANGE, row=2, col=1)
     fig.update_xaxes(title_text="step", row=3, col=1)
     fig.update_layout(title=title, height=720, legend=dict(tracegroupgap=160))
     data = metrics[metrics["name"].isin(names + terms)].reset_index(drop=True)
     return Plot("training_curves", fig, data, meta=dict(terms=[t.removeprefix(TERM_PREFIX) for t in terms]))
+
+
+def waiting_plot(name: str, title: str, text: str, height: int = 420) -> Plot:
+    """An empty chart with ``title`` that says ``text`` (what it will show, and when): a live
+    page keeps the same charts in the same places while their data is still to come."""
+    fig = go.Figure()
+    fig.add_annotation(text=text, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False, font=dict(color="grey"))
+    fig.update_layout(title=title, height=height, xaxis=dict(visible=False), yaxis=dict(visible=False))
+    return Plot(name, fig, pd.DataFrame(), meta=dict(waiting=True))
 
 
 def _mode(data: pd.DataFrame) -> str:
@@ -139,7 +149,7 @@ def head_entropy_plot(metrics: pd.DataFrame, view: str = "data", regularized: Se
     fig.update_layout(
         title=f"Normalized attention entropy per head, {where}",
         xaxis_title="step",
-        yaxis=dict(title="H / log n", range=[-0.02, 1.02]),
+        yaxis=dict(title="H / log n", range=UNIT_RANGE),
         height=420,
     )
     return Plot(f"head_entropy_{view}", fig, data, meta=dict(view=view))
@@ -163,9 +173,12 @@ def spectrum_history_plot(metrics: pd.DataFrame, head: str, top: int | None = No
             go.Scatter(
                 x=part["step"],
                 y=part["value"],
-                name=f"σ{i + 1}",
+                name=f"σ₁ … σ{n} (darker: larger)" if n > 1 else "σ₁",
+                legendgroup="sigma",
+                showlegend=i == 0,  # one legend entry for the whole fan (16 did not fit)
                 mode=mode,
                 line=dict(color=f"rgba(31,119,180,{shade:.2f})"),
+                hovertemplate=f"σ{i + 1}, step %{{x}}: %{{y:.4g}}<extra></extra>",
             ),
             secondary_y=False,
         )
@@ -175,16 +188,22 @@ def spectrum_history_plot(metrics: pd.DataFrame, head: str, top: int | None = No
             go.Scatter(
                 x=sr["step"],
                 y=sr["value"],
-                name="stable rank",
+                name="stable rank (right axis)",
+                showlegend=True,
                 mode="lines+markers",
                 line=dict(color="#d62728", dash="dash"),
             ),
             secondary_y=True,
         )
-    fig.update_layout(title=f"Singular values of B over training, {head}", xaxis_title="step", height=420)
+    fig.update_layout(
+        title=f"Singular values of B over training, {head}",
+        xaxis_title="step",
+        height=420,
+        legend=dict(orientation="h", y=-0.2, yanchor="top", x=0),
+    )
     fig.update_yaxes(title_text="σ_i(B)", secondary_y=False)
     fig.update_yaxes(title_text="stable rank ‖B‖²_F / ‖B‖²₂", secondary_y=True)
-    return Plot(f"spectrum_history_{head}", fig, data.reset_index(drop=True), meta=dict(head=head))
+    return Plot(f"spectrum_history_{head}", fig, data.reset_index(drop=True), meta=dict(head=head), width=FULL_PX)
 
 
 def spectra_before_after_plot(
@@ -197,10 +216,15 @@ def spectra_before_after_plot(
     heads = [h for h in (heads or list(b)) if h in b and h in a]
     if not heads:
         raise ValueError("no head is measured both before and after")
-    cols = min(4, len(heads))
+    cols = min(2, len(heads))  # a half-page chart: two panels a row keep each readable
     rows = math.ceil(len(heads) / cols)
     fig = make_subplots(
-        rows=rows, cols=cols, subplot_titles=heads, shared_yaxes=True, horizontal_spacing=0.03, vertical_spacing=0.12
+        rows=rows,
+        cols=cols,
+        subplot_titles=heads,
+        shared_yaxes=True,
+        horizontal_spacing=0.06,
+        vertical_spacing=0.3 / rows,
     )
     recs = []
     for k, head in enumerate(heads):
@@ -222,7 +246,12 @@ def spectra_before_after_plot(
                 col=c,
             )
     fig.update_yaxes(type="log")
-    fig.update_layout(title="Singular values of B, before and after retraining", height=260 * rows + 120)
+    fig.update_xaxes(nticks=4)
+    fig.update_layout(
+        title="Singular values of B, before and after retraining",
+        height=170 * rows + 170,
+        legend=dict(orientation="h", y=-0.08, yanchor="top", x=0),
+    )
     return Plot("spectra_before_after", fig, pd.DataFrame(recs), meta=dict(heads=heads))
 
 
@@ -282,14 +311,28 @@ def tradeoff_plot(
 ) -> Plot:
     """Runs as points: ``x`` (default mean normalized entropy on data) against ``y`` (accuracy),
     one colour per ``color`` value, lines joining increasing lambda when there is a ``lambda``
-    column -- where concentration is bought and what it costs."""
+    column -- where concentration is bought and what it costs. With a ``when`` column ("before",
+    "after") each group is drawn as an arrow from its open before-marker to its filled
+    after-marker, the legend saying which is which. Measures bounded by 0 and 1 keep that
+    whole range (``base.UNIT_MEASURES``)."""
     for c in (x, y, color):
         if c not in table.columns:
             raise ValueError(f"the table has no column {c!r}; it has {', '.join(table.columns)}")
+    change = "when" in table.columns
+    order = {"before": 0, "after": 1}
     fig = go.Figure()
     for i, (name, part) in enumerate(table.groupby(color, sort=False)):
-        part = part.sort_values("lambda") if "lambda" in part.columns else part
-        text = [f"λ={v:g}" for v in part["lambda"]] if "lambda" in part.columns else None
+        col = COLORS[i % len(COLORS)]
+        if change:
+            part = part.sort_values("when", key=lambda w: w.map(order))
+        elif "lambda" in part.columns:
+            part = part.sort_values("lambda")
+        text = (
+            [f"λ={v:g}" for v in part["lambda"]]
+            if "lambda" in part.columns
+            else list(part.get("when", [""] * len(part)))
+        )
+        symbols = ["circle-open" if w == "before" else "circle" for w in part["when"]] if change else "circle"
         fig.add_trace(
             go.Scatter(
                 x=part[x],
@@ -297,9 +340,37 @@ def tradeoff_plot(
                 name=str(name),
                 mode="lines+markers",
                 text=text,
-                marker=dict(size=9, color=COLORS[i % len(COLORS)]),
-                hovertemplate="%{text}<br>" + f"{x} %{{x:.3f}}<br>{y} %{{y:.4f}}<extra>{name}</extra>",
+                line=dict(color=col, width=1, dash="dot" if change else "solid"),
+                marker=dict(size=10, color=col, symbol=symbols, line=dict(width=2, color=col)),
+                hovertemplate="%{text}<br>" + f"{x} %{{x:.4f}}<br>{y} %{{y:.4f}}<extra>{name}</extra>",
             )
         )
-    fig.update_layout(title=title or f"{y} against {x}", xaxis_title=x, yaxis_title=y, height=460)
-    return Plot(f"tradeoff_{x}_{y}", fig, table.reset_index(drop=True), meta=dict(x=x, y=y, color=color))
+        if change:
+            for (x0, y0), (x1, y1) in zip(part[[x, y]].to_numpy()[:-1], part[[x, y]].to_numpy()[1:]):
+                fig.add_annotation(
+                    x=x1, y=y1, ax=x0, ay=y0, xref="x", yref="y", axref="x", ayref="y",
+                    showarrow=True, arrowhead=2, arrowsize=1.3, arrowwidth=1.5, arrowcolor=col, standoff=6, text="",
+                )  # fmt: skip
+    if change:  # the legend's key to the markers
+        for symbol, label in (("circle-open", "before (the parent)"), ("circle", "after (the run)")):
+            fig.add_trace(
+                go.Scatter(
+                    x=[None],
+                    y=[None],
+                    mode="markers",
+                    name=label,
+                    legendgroup="key",
+                    marker=dict(size=10, color="grey", symbol=symbol, line=dict(width=2, color="grey")),
+                )
+            )
+    fig.update_layout(
+        title=title or f"{y} against {x}" + (": each arrow goes from before to after" if change else ""),
+        xaxis_title=x,
+        yaxis_title=y,
+        height=460,
+    )
+    if x in UNIT_MEASURES:
+        fig.update_xaxes(range=UNIT_RANGE)
+    if y in UNIT_MEASURES:
+        fig.update_yaxes(range=UNIT_RANGE)
+    return Plot(f"tradeoff_{x}_{y}", fig, table.reset_index(drop=True), meta=dict(x=x, y=y, color=color), width=FULL_PX)

@@ -89,13 +89,13 @@ def flag(hf: dict, key: str, default: bool) -> bool:
     return v
 
 
-def mapping(hf: dict, key: str) -> dict:
+def mapping(hf: dict, key: str, where: str = "config.json") -> dict:
     """``hf[key]`` when it is a JSON object ({} when absent or null; a list or a string is refused)."""
     v = _present(hf, key)
     if v is _MISSING:
         return {}
     if not isinstance(v, dict):
-        raise CheckpointError(f"config.json {key} must be a JSON object (or null), got {type(v).__name__} {v!r:.60}")
+        raise CheckpointError(f"{where} {key} must be a JSON object (or null), got {type(v).__name__} {v!r:.60}")
     return v
 
 
@@ -136,16 +136,44 @@ def _scaling(source: dict, where: str, hf: dict) -> dict | None:
     raise CheckpointError(f"rope type {kind!r:.60} is not supported; supported: default, linear, llama3")
 
 
-def _rope(hf: dict, d_head: int, theta_default: float, partial_default: float) -> dict:
-    """rotary_dim, rope_theta and rope_scaling from either spelling (both, when they agree)."""
+def _rope_parameter_sets(hf: dict) -> list[tuple[str, dict]]:
+    """(name, object) of each rope_parameters a config gives: the one object, or (transformers 5)
+    one per layer type, ``{"full_attention": {...}, "sliding_attention": {...}}``."""
     params = mapping(hf, "rope_parameters")
-    if isinstance(params.get("full_attention"), dict):  # per layer type (transformers 5)
-        params = params["full_attention"]
+    typed = [k for k in LAYER_TYPES if k in params]
+    if not typed:
+        return [("rope_parameters", params)]
+    other = [k for k in params if k not in LAYER_TYPES]
+    if other:
+        raise CheckpointError(
+            f"config.json rope_parameters mixes per-layer-type entries ({typed[0]}) with {other[0]!r:.60}; "
+            "give one or the other"
+        )
+    return [(f"rope_parameters.{k}", mapping(params, k, where="config.json rope_parameters")) for k in typed]
+
+
+def _rope(hf: dict, d_head: int, theta_default: float, partial_default: float) -> dict:
+    """rotary_dim, rope_theta and rope_scaling from either spelling (both, when they agree). Our
+    model has one rotary for every layer: rope_parameters given per layer type must agree."""
+    found = [(name, _rope_of(hf, params, name, d_head, theta_default, partial_default))
+             for name, params in _rope_parameter_sets(hf)]  # fmt: skip
+    first_name, first = found[0]
+    for name, rope in found[1:]:
+        if rope != first:
+            raise CheckpointError(
+                f"config.json gives the layer types different rotary settings: {first_name} = {first!r:.100} and "
+                f"{name} = {rope!r:.100}; one rotary for every layer is supported"
+            )
+    return first
+
+
+def _rope_of(hf: dict, params: dict, name: str, d_head: int, theta_default: float, partial_default: float) -> dict:
+    """:func:`_rope` for one rope_parameters object ``params`` (called ``name``)."""
     v4 = mapping(hf, "rope_scaling")
     theta = _one(
         "the rope base",
         [
-            ("rope_parameters.rope_theta", _present(params, "rope_theta")),
+            (f"{name}.rope_theta", _present(params, "rope_theta")),
             ("rope_theta", _present(hf, "rope_theta")),
             ("rotary_emb_base", _present(hf, "rotary_emb_base")),
         ],
@@ -154,7 +182,7 @@ def _rope(hf: dict, d_head: int, theta_default: float, partial_default: float) -
     partial = _one(
         "the partial rotary factor",
         [
-            ("rope_parameters.partial_rotary_factor", _present(params, "partial_rotary_factor")),
+            (f"{name}.partial_rotary_factor", _present(params, "partial_rotary_factor")),
             ("partial_rotary_factor", _present(hf, "partial_rotary_factor")),
             ("rotary_pct", _present(hf, "rotary_pct")),
         ],
@@ -166,7 +194,7 @@ def _rope(hf: dict, d_head: int, theta_default: float, partial_default: float) -
     scaling = _one(
         "the rope scaling",
         [
-            ("rope_parameters", _scaling(params, "rope_parameters", hf) if params else _MISSING),
+            (name, _scaling(params, name, hf) if params else _MISSING),
             ("rope_scaling", _scaling(v4, "rope_scaling", hf) if v4 else _MISSING),
         ],
         None,

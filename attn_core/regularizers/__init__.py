@@ -34,9 +34,13 @@ Split by concern (docs/architecture.md):
   label (``head_label``);
 - ``specs``: the regularizer table (:data:`REGULARIZERS`), :class:`RegSpec` and the spec parsers
   (``parse_spec``, ``parse_specs``);
+- ``rows``: the row penalties (``row_penalty``, dense) and the same from Q and K in query
+  blocks (``row_values``, ``head_means``: exact, or the unbiased sampled-rows estimate), so that
+  no [batch, heads, T, T] pattern is kept for backward (docs/maths.md);
 - ``penalty``: the differentiable values (``regularizer_value`` and its row and spectrum parts),
-  :class:`ConcentrationPenalty` and ``build_penalty``, the per-head concentration summaries
-  (``data_concentration``, ``vocab_concentration``, ``spectrum``) and ``with_entmax``.
+  :class:`ConcentrationPenalty` (with the forward cache it reads, ``cache()``) and
+  ``build_penalty``, the per-head concentration summaries (``data_concentration``,
+  ``vocab_concentration``, ``spectrum``) and ``with_entmax``.
 """
 
 from attn_core.regularizers.heads import Heads, all_heads, format_heads, head_label, parse_heads

@@ -43,10 +43,18 @@ def data_values(
         q, key = cache[q_name], cache[k_name]
         if list(heads) != list(range(cfg.n_heads)):
             q, key = q[:, list(heads)], key[:, list(heads)]
-        if cfg.qk == "factored":  # merged heads: S = Q K^T, no scale
-            attn = model.blocks[layer].attn
-            q = q * (cfg.d_head**-0.5 if cfg.d_qk is None else attn.qk_scale[:, list(heads)].to(q.dtype))
-        return head_means(q, key, kind, window=cfg.window(layer), topk=k, alpha=cfg.entmax_alpha, **options)
+        scale = 1.0  # merged heads: S = Q K^T
+        if cfg.qk == "factored" and cfg.d_qk is None:
+            scale = cfg.d_head**-0.5
+        elif cfg.qk == "factored":  # grown heads: one scale per head, folded into a copy of Q
+            q = q * model.blocks[layer].attn.qk_scale[:, list(heads)].to(q.dtype)
+        return head_means(
+            q, key, kind, window=cfg.window(layer), topk=k, alpha=cfg.entmax_alpha, scale=scale, **options
+        )
+    if act_name("pattern", layer) not in cache:
+        raise ValueError(
+            f"the forward cache has no {q_name} and {k_name}; run the model with cache=penalty.cache() first"
+        )
     A, mask = data_rows(model, cache, layer)
     A = A[:, list(heads)]
     return mean_rows(row_penalty(kind, A, mask, k), A.shape, mask)

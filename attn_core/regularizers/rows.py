@@ -95,11 +95,12 @@ def visible_counts(positions: torch.Tensor, T: int, window: int | None, key_mask
     return prefix[:, positions + 1] - prefix[:, first]
 
 
-def _scores(q, k, a, e, lo, hi, positions, window, key_mask, contiguous):
-    """Scores of query rows a..e-1 and keys lo..hi-1 in the reduction dtype, hidden keys set to
-    a very negative finite number (exp gives exactly 0; a row with no visible key stays finite).
-    Contiguous causal rows are masked only where a key can follow a query (the last columns)."""
-    s = (q[:, :, a:e] @ k[:, :, lo:hi].transpose(-1, -2)).to(reduce_dtype(q.dtype))
+def _scores(q, k, scale, a, e, lo, hi, positions, window, key_mask, contiguous):
+    """Scores ``scale q k^T`` of query rows a..e-1 and keys lo..hi-1 in the reduction dtype,
+    hidden keys set to a very negative finite number (exp gives exactly 0; a row with no visible
+    key stays finite). Contiguous causal rows are masked only where a key can follow a query."""
+    rows = q[:, :, a:e] if scale == 1.0 else q[:, :, a:e] * scale
+    s = (rows @ k[:, :, lo:hi].transpose(-1, -2)).to(reduce_dtype(q.dtype))
     if window is None and key_mask is None:
         return s
     c0 = max(a, lo) if (contiguous and window == 0 and key_mask is None) else lo
@@ -119,9 +120,8 @@ def _shifted(s, m):
 
 
 def _softmax_rows(kind: str, s, n, topk: int):
-    """Per-row values of the softmax rows of scores ``s`` (overwritten) and the row numbers their
-    gradient needs: the row max and log Z (always) and H, |p|_2^2 or the top-k mass and places
-    (docs/maths.md)."""
+    """Per-row values of the softmax rows of scores ``s`` (overwritten) and the three row numbers
+    their gradient needs: the row max, log Z and H, |p|_2^2 or the top-k mass (docs/maths.md)."""
     m = s.amax(-1, keepdim=True)
     t = _shifted(s, m)
     e = t.exp()
@@ -129,33 +129,31 @@ def _softmax_rows(kind: str, s, n, topk: int):
     log_z = Z.log()
     if kind == "entropy":  # H = log Z - sum e t / Z
         H = log_z - (e * t).sum(-1) / Z
-        return H * _inv_log_n(n), (m, log_z, H)
+        return H * _inv_log_n(n), (m.squeeze(-1), log_z, H)
     if kind == "hoyer":  # |p|_1 = 1
         q2 = ((e * e).sum(-1) / (Z * Z)).clamp_min(EPS * EPS)
         root = n.sqrt()
         value = torch.where(n > 1, 1 - (root - q2.rsqrt()) / (root - 1).clamp_min(EPS), torch.zeros_like(q2))
-        return value, (m, log_z, q2)
+        return value, (m.squeeze(-1), log_z, q2)
     top = e.topk(min(topk, s.shape[-1]), dim=-1)
     mass = top.values.sum(-1) / Z
-    return torch.where(n > 0, 1 - mass, torch.zeros_like(mass)), (m, log_z, mass, top.indices)
+    return torch.where(n > 0, 1 - mass, torch.zeros_like(mass)), (m.squeeze(-1), log_z, mass)
 
 
-def _softmax_grad(kind: str, s, n, g, stats):
+def _softmax_grad(kind: str, s, n, g, m, log_z, x, topk: int):
     """d(value)/d(scores) of a block as (P, c) with dS = c[..., None] * P: c per row (the incoming
-    gradient g folded in), P the block (``s`` is overwritten)."""
-    m, log_z, *stats = stats
-    logp = _shifted(s, m).sub_(log_z[..., None])
+    gradient g folded in), P the block (``s`` is overwritten); m, log Z and x (H, |p|_2^2 or the
+    top-k mass) are the forward's row numbers."""
+    logp = _shifted(s, m[..., None]).sub_(log_z[..., None])
     p = logp.exp()
     if kind == "entropy":  # dH/ds = -p (log p + H)
-        H = stats[0]
-        return logp.add_(H[..., None]).mul_(p), -g * _inv_log_n(n)
+        return logp.add_(x[..., None]).mul_(p), -g * _inv_log_n(n)
     if kind == "hoyer":  # d|p|_2^2/ds = 2 p (p - |p|_2^2); |p|_1 = 1 has no gradient
-        q2 = stats[0]
         root = n.sqrt()
-        coef = torch.where(n > 1, -g * q2.pow(-1.5) / (root - 1).clamp_min(EPS), torch.zeros_like(q2))
-        return (p - q2[..., None]).mul_(p), coef
-    mass, idx = stats  # d(top-k mass)/ds = p (1[top] - mass)
-    top = torch.zeros_like(p).scatter_(-1, idx, 1.0)
+        coef = torch.where(n > 1, -g * x.pow(-1.5) / (root - 1).clamp_min(EPS), torch.zeros_like(x))
+        return (p - x[..., None]).mul_(p), coef
+    mass = x  # d(top-k mass)/ds = p (1[top] - mass); the places found again
+    top = torch.zeros_like(p).scatter_(-1, p.topk(min(topk, p.shape[-1]), dim=-1).indices, 1.0)
     return top.sub_(mass[..., None]).mul_(p), torch.where(n > 0, -g, torch.zeros_like(g))
 
 
@@ -200,22 +198,24 @@ class _BlockedRows(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, positions, key_mask, plan):
-        kind, topk, alpha, window, B, contiguous = plan
+        kind, topk, alpha, window, contiguous, block, scale = plan
         T = k.shape[2]
+        B = block_rows(q, T, block)
         n_rows = _counts(q, positions, T, window, key_mask)
-        outs, stats = [], []
+        outs, stats = [], ([], [], [])
         for a in range(0, q.shape[2], B):
             e = min(a + B, q.shape[2])
             lo, hi = _keys(a, e, T, window, contiguous)
-            s = _scores(q, k, a, e, lo, hi, positions, window, key_mask, contiguous)
+            s = _scores(q, k, scale, a, e, lo, hi, positions, window, key_mask, contiguous)
             if alpha == 1.0:
                 value, numbers = _softmax_rows(kind, s, n_rows[..., a:e], topk)
-                stats += numbers
+                for kept, x in zip(stats, numbers):
+                    kept.append(x)
             else:
                 value = _entmax_rows(kind, s, visible(positions[a:e], lo, hi, window, key_mask), topk, alpha)
             outs.append(value)
         ctx.plan = plan
-        ctx.save_for_backward(q, k, positions, key_mask, *stats)
+        ctx.save_for_backward(q, k, positions, key_mask, *(torch.cat(x, dim=-1) for x in stats if x))
         return torch.cat(outs, dim=-1)
 
     @staticmethod
@@ -237,36 +237,39 @@ def rows_backward(
     topk: int,
     alpha: float,
     window: int | None,
-    block: int,
     contiguous: bool,
+    block: int | None,
+    scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dq, dk) of :class:`_BlockedRows`: each block's scores formed again and its gradient
-    applied. One opaque operator, so that a compiler cannot move the recomputed scores into the
-    forward and keep them (its partitioner would: they depend on the forward's inputs only)."""
+    applied, from the forward's row numbers ``stats`` ([b, h, R] each: max, log Z and the kind's
+    own; none for entmax). One opaque operator, so that a compiler cannot move the recomputed
+    scores into the forward and keep them (its partitioner would: they depend on the forward's
+    inputs only); it runs eagerly, so its blocks are the eager size unless ``block`` is given."""
     T = k.shape[2]
+    block = block_rows(q, T, block)
     n_rows = _counts(q, positions, T, window, key_mask)
-    per_block = len(stats) // -(-q.shape[2] // block)  # row numbers saved per block
     dq, dk = torch.zeros_like(q), torch.zeros_like(k)
-    for index, a in enumerate(range(0, q.shape[2], block)):
+    for a in range(0, q.shape[2], block):
         e = min(a + block, q.shape[2])
         lo, hi = _keys(a, e, T, window, contiguous)
-        s = _scores(q, k, a, e, lo, hi, positions, window, key_mask, contiguous)
+        s = _scores(q, k, scale, a, e, lo, hi, positions, window, key_mask, contiguous)
         g, n = grad[:, :, a:e].to(s.dtype), n_rows[..., a:e]
-        if alpha == 1.0:  # dS = c P: c goes onto the rows of dq and of q (not onto P)
-            P, c = _softmax_grad(kind, s, n, g, stats[index * per_block : (index + 1) * per_block])
-            P, c = P.to(q.dtype), c.to(q.dtype)[..., None]
+        if alpha == 1.0:  # dS = c P: c (and the scale) go onto the rows of dq and of q, not onto P
+            P, c = _softmax_grad(kind, s, n, g, *(x[:, :, a:e] for x in stats), topk)
+            P, c = P.to(q.dtype), (c * scale).to(q.dtype)[..., None]
             dq[:, :, a:e] = c * (P @ k[:, :, lo:hi])
             dk[:, :, lo:hi] += P.transpose(-1, -2) @ (c * q[:, :, a:e])
         else:
             vis = visible(positions[a:e], lo, hi, window, key_mask)
-            dS = _entmax_grad(kind, s, vis, n, g, topk, alpha).to(q.dtype)
+            dS = (_entmax_grad(kind, s, vis, n, g, topk, alpha) * scale).to(q.dtype)
             dq[:, :, a:e] = dS @ k[:, :, lo:hi]
             dk[:, :, lo:hi] += dS.transpose(-1, -2) @ q[:, :, a:e]
     return dq, dk
 
 
 @rows_backward.register_fake
-def _(grad, q, k, positions, key_mask, stats, kind, topk, alpha, window, block, contiguous):
+def _(grad, q, k, positions, key_mask, stats, kind, topk, alpha, window, contiguous, block, scale):
     return torch.empty_like(q), torch.empty_like(k)
 
 
@@ -294,19 +297,22 @@ def row_values(
     topk: int = 1,
     alpha: float = 1.0,
     block: int | None = None,
+    scale: float = 1.0,
 ) -> torch.Tensor:
     """The row penalty ``kind`` of every query row, [b, h, R], differentiable in q and k.
 
-    q [b, h, R, w] holds the query rows *with the score scale folded in* (s = q k^T), at
-    ``positions`` [R] (None: R = T, rows 0..T-1); k [b, h, T, w] the keys of the same heads.
-    Equal to ``metrics`` on the dense rows ``attention_weights(q k^T, mask, alpha)`` (tests)."""
+    q [b, h, R, w] holds the query rows at ``positions`` [R] (None: R = T, rows 0..T-1), k
+    [b, h, T, w] the keys of the same heads; the scores are s = scale q k^T (a per-head scale is
+    folded into q by the caller). Equal to ``metrics`` on the dense rows
+    ``attention_weights(s, mask, alpha)`` (tests)."""
     if kind not in ROW_KINDS:
         raise ValueError(f"unknown row penalty {kind!r}; choose from {', '.join(ROW_KINDS)}")
-    T = k.shape[2]
     contiguous = positions is None
     if contiguous:
         positions = torch.arange(q.shape[2], device=q.device)
-    plan = (kind, int(topk), float(alpha), window, block_rows(q, T, block), contiguous)
+    if block is not None and block < 1:
+        raise ValueError(f"block must be at least 1 row, got {block}")
+    plan = (kind, int(topk), float(alpha), window, contiguous, block, float(scale))
     return _BlockedRows.apply(q, k, positions, key_mask, plan)
 
 
@@ -329,6 +335,7 @@ def head_means(
     block: int | None = None,
     rows: int | None = None,
     generator: torch.Generator | None = None,
+    scale: float = 1.0,
 ) -> torch.Tensor:
     """Mean of the row penalty over each head's informative rows (every batch element), [h].
 
@@ -344,16 +351,17 @@ def head_means(
     count = valid.sum() * (b // valid.shape[0])
     first = 1 if (window is not None and key_mask is None) else 0  # a causal row 0 sees one key
     if rows is None or rows >= T - first:
-        values = row_values(q, k, kind, window=window, key_mask=key_mask, topk=topk, alpha=alpha, block=block)
+        values = row_values(
+            q, k, kind, window=window, key_mask=key_mask, topk=topk, alpha=alpha, block=block, scale=scale
+        )
         weight = valid.to(values.dtype)
         scale = 1.0
     else:
         if rows < 1:
             raise ValueError(f"rows must be at least 1, got {rows}")
         pos = sample_positions(T, first, rows, generator).to(q.device)
-        values = row_values(
-            q[:, :, pos], k, kind, window=window, key_mask=key_mask, positions=pos, topk=topk, alpha=alpha, block=block
-        )
+        values = row_values(q[:, :, pos], k, kind, window=window, key_mask=key_mask, positions=pos, topk=topk,
+                            alpha=alpha, block=block, scale=scale)  # fmt: skip
         weight = valid[:, pos].to(values.dtype)
         scale = (T - first) / rows
     total = (values * weight[:, None, :]).sum((0, 2))

@@ -86,7 +86,8 @@ def ray_session(address: str | None = None, num_cpus: int | None = None):
         kwargs = dict(
             include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False, configure_logging=True
         )
-        guard = None if address else watchdog.start()  # a local Ray ends with this process, kill -9 included
+        # a local Ray ends with this process, kill -9 included (its processes only)
+        guard = None if address else watchdog.start(os.path.dirname(ray.__file__))
         try:
             if address:
                 ray.init(address=address, **kwargs)

@@ -5,11 +5,15 @@ RuntimeEnvAgent wait about 75 s for a GCS that is gone before they exit).
 
 :func:`start` runs this file as a separate small process (standard library only, in its own
 session so that a terminal's Ctrl-C does not reach it) with a pipe from the driver. While the
-driver lives, the watchdog notes the driver's descendants (pid and start time, from ``/proc``)
-every :data:`POLL_S` seconds; when the pipe closes (the driver exited or was killed) it waits
-:data:`GRACE_S` for an orderly ``ray.shutdown`` to finish, then kills, by pid, each noted process
-that still runs and is still the same process (same start time). Linux only (``/proc``); where
-there is none, :func:`start` returns None and Ray's own clean-up is all there is.
+driver lives, the watchdog notes *Ray's* processes among the driver's descendants (pid and start
+time, from ``/proc``) every :data:`POLL_S` seconds: the driver's children that run Ray's code (a
+program or script inside Ray's package folder) and everything below them (the workers and
+agents). Nothing else is noted: the driver may be a long-lived process (the dashboard's
+server runs sweeps in a thread) whose other children (a live training job's worker, kaleido's
+browser) are none of the watchdog's business. When the pipe closes (the driver exited or was
+killed) it waits :data:`GRACE_S` for an orderly ``ray.shutdown`` to finish, then kills, by pid,
+each noted process that still runs and is still the same process (same start time). Linux only
+(``/proc``); where there is none, :func:`start` returns None and Ray's own clean-up is all there is.
 """
 
 from __future__ import annotations
@@ -26,12 +30,13 @@ GRACE_S = 2.0
 DONE = b"done"  # what the driver writes after ray.shutdown
 
 
-def start() -> subprocess.Popen | None:
-    """Start the watchdog of this process (None where ``/proc`` is missing); :func:`stop` ends it."""
+def start(ray_dir: str) -> subprocess.Popen | None:
+    """Start the watchdog of the Ray this process is about to start (``ray_dir``: Ray's package
+    folder, ``os.path.dirname(ray.__file__)``); None where ``/proc`` is missing. :func:`stop` ends it."""
     if not os.path.isdir(f"/proc/{os.getpid()}"):
         return None
     return subprocess.Popen(
-        [sys.executable, "-I", "-S", os.path.abspath(__file__), str(os.getpid())],
+        [sys.executable, "-I", "-S", os.path.abspath(__file__), str(os.getpid()), os.path.abspath(ray_dir)],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -81,9 +86,10 @@ def _children() -> dict[int, list[int]]:
     return tree
 
 
-def descendants(pid: int) -> dict[int, str]:
-    """{pid: start time} of every living descendant of ``pid``."""
-    tree, out, todo = _children(), {}, [pid]
+def descendants(pid: int, tree: dict[int, list[int]] | None = None) -> dict[int, str]:
+    """{pid: start time} of every living descendant of ``pid`` (``tree``: :func:`_children`, read
+    now when not given)."""
+    tree, out, todo = tree if tree is not None else _children(), {}, [pid]
     while todo:
         for child in tree.get(todo.pop(), ()):
             started = _start_time(child)
@@ -93,16 +99,52 @@ def descendants(pid: int) -> dict[int, str]:
     return out
 
 
-def watch(driver: int, pipe: int) -> None:
-    """Note the driver's descendants until ``pipe`` closes, then end those still running."""
+def _args(pid: int) -> list[str]:
+    """The program (``/proc/<pid>/exe``) and command line of a process ([] when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+    try:
+        return [os.readlink(f"/proc/{pid}/exe"), *args]
+    except OSError:
+        return args
+
+
+def is_ray(pid: int, ray_dir: str) -> bool:
+    """Whether a process runs Ray's code: its program or an argument lies in Ray's package folder
+    ``ray_dir`` (gcs_server, raylet, dashboard.py, log_monitor.py, the autoscaler's monitor.py:
+    what ``ray.init`` starts; the workers and agents are the raylet's children)."""
+    prefix = os.path.join(os.path.abspath(ray_dir), "")
+    return any(a.startswith(prefix) for a in _args(pid))
+
+
+def ray_processes(driver: int, ray_dir: str) -> dict[int, str]:
+    """{pid: start time} of the Ray processes the driver started: its children that run Ray's
+    code (:func:`is_ray`) and every living descendant of those. Any other child of the driver,
+    and what runs below it, is left out."""
+    tree = _children()
+    out: dict[int, str] = {}
+    for child in tree.get(driver, ()):
+        started = _start_time(child)
+        if started is not None and is_ray(child, ray_dir):
+            out[child] = started
+            out.update(descendants(child, tree))
+    return out
+
+
+def watch(driver: int, pipe: int, ray_dir: str) -> None:
+    """Note the driver's Ray processes until ``pipe`` closes, then end those still running."""
     me = os.getpid()
     noted: dict[int, str] = {}
     while True:
         ready, _, _ = select.select([pipe], [], [], POLL_S)
         data = os.read(pipe, 4096) if ready else b"-"
+        if data:  # the driver lives (after DONE too: what is left of its Ray is noted once more)
+            noted.update({p: t for p, t in ray_processes(driver, ray_dir).items() if p != me})
         if not data or data.endswith(DONE):
             break
-        noted.update({p: t for p, t in descendants(driver).items() if p != me})
     if not data.endswith(DONE):
         time.sleep(GRACE_S)  # the driver died: give a shutdown under way the time to end them itself
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -119,4 +161,4 @@ def watch(driver: int, pipe: int) -> None:
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    watch(int(sys.argv[1]), sys.stdin.fileno())
+    watch(int(sys.argv[1]), sys.stdin.fileno(), sys.argv[2])

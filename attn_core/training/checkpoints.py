@@ -294,19 +294,21 @@ def job_folder(store, run_id: str | None) -> Path:
 
 def read_series(folder: str | Path) -> list[tuple[int, Path]]:
     """(step, file) of every checkpoint in a series folder, by step: the files its index lists
-    that exist, or (no index) every ``step-*.safetensors`` file."""
+    that exist, or (no index) every ``step-*.safetensors`` file. Like every file of a model
+    folder (``checkpoint.model_file``), the index and each file must lie inside the folder: a
+    link leading out is refused."""
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"{folder} is not a checkpoint folder")
     if (folder / INDEX).is_file():
-        index = checkpoint.read_json(folder / INDEX, f"{folder.name}/{INDEX}")
+        index = checkpoint.read_json(checkpoint.model_file(folder, INDEX), f"{folder.name}/{INDEX}")
         steps, files = index.get("steps"), index.get("files")
         if not (isinstance(steps, list) and isinstance(files, list) and len(steps) == len(files)):
             raise CheckpointError(f"{folder / INDEX} must list as many steps as files")
         pairs = [(s, f) for s, f in zip(steps, files) if is_int(s) and isinstance(f, str) and _FILE.match(f)]
-        out = [(int(s), folder / f) for s, f in pairs if (folder / f).is_file()]
     else:
-        out = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _FILE.match(p.name)) and p.is_file()]
+        pairs = [(int(m.group(1)), p.name) for p in folder.iterdir() if (m := _FILE.match(p.name))]
+    out = [(int(s), checkpoint.model_file(folder, f)) for s, f in pairs if (folder / f).is_file()]
     return sorted(out)
 
 

@@ -21,7 +21,7 @@ from attn_core.runs import RunStore
 from attn_core.sources import resolve
 from attn_core.tasks import get_task
 from attn_core.text.retrain import Retraining
-from attn_core.training import checkpoints, telemetry
+from attn_core.training import checkpoints, telemetry, worker
 from attn_core.training.config import JobConfig
 from attn_core.training.queue import SLOTS, JobSlots, queued_message
 from attn_core.training.record import Outcome, RunRecorder, error_text, measure_final, record_run, run_card
@@ -29,18 +29,19 @@ from attn_core.training.snapshot import Snapshot
 from attn_core.training.trainer import EVAL_SEED_OFFSET, Trainer, init_model
 
 SCRATCH_PREFIX = "scratch:"  # source "scratch:<preset>" trains the preset's model from its init
+# the snapshot fields read from the job's state as they are
+SNAPSHOT_STATE = ("status", "message", "step", "elapsed_s", "train_s", "step_s", "before", "after")
+SNAPSHOT_STATE += ("probe_pattern", "probe_step")
 
 
 class TrainingJob:
     """A retraining run in a worker thread (or process) that never touches Streamlit.
 
     Build it (every setting is checked here, so a bad one fails before anything starts), then
-    ``start()`` it and poll ``snapshot()``; ``pause()``, ``resume()`` and ``stop()`` act between
-    steps. ``start(process=True)`` trains in a worker process instead (the dashboard's choice; the
-    API is the same). ``run()`` does the same work in the calling thread. When the run ends it is saved in the
-    run store (unless ``store=False``): completed, stopped (at the user's request), diverged
-    (NaN/Inf or exploding loss; the last good weights are kept) or failed (an error).
-    Two jobs never share state: each loads its own copy of the parent."""
+    ``start()`` it (``process=True``: in a worker process) and poll ``snapshot()``; ``pause()``,
+    ``resume()`` and ``stop()`` act between steps. ``run()`` trains in the calling thread. The
+    run is saved in the run store (unless ``store=False``): completed, stopped, diverged (the
+    last good weights kept) or failed. Two jobs never share state: each loads its own parent."""
 
     def __init__(self, cfg: JobConfig, store=None, slots: JobSlots | None = None):
         self.cfg = cfg
@@ -93,10 +94,7 @@ class TrainingJob:
         self._t_loop = 0.0
         self.on_publish = None  # called with the job after each publication (a worker's sender)
         self._stop_reason = ""  # why a stop was asked for when it was not the user
-        self._process = None  # the worker process of start(process=True)
-        self._remote = None  # start(process=True): trains in it and follows it
-        self._control = None  # the pipe of commands to that worker
-        self._weights: dict | None = None  # the final weights a worker sent back
+        self.remote: worker.Remote | None = None  # the worker process of start(process=True)
         self._probe_tokens = tuple(task.names(self.probe.tokens[0].tolist()))
         self._snap: Snapshot | None = None
         self._publish()
@@ -126,10 +124,8 @@ class TrainingJob:
         default) that this thread follows (:mod:`attn_core.training.worker`)."""
         if self._thread is not None or self._state["status"] != "pending":
             raise RuntimeError("this job has already been started; build a new one to train again")
-        if process:
-            from attn_core.training import worker
-
-            self._remote = lambda: worker.train_remotely(self, threads)
+        if process:  # the worker trains it; this side keeps no weights (worker.Remote)
+            self.remote = worker.Remote(self, threads)
         self._ticket = self.slots.ticket()
         ahead = self.slots.ahead(self._ticket)
         if ahead:
@@ -159,10 +155,8 @@ class TrainingJob:
         self._tell("resume")
 
     def _tell(self, *command) -> None:
-        if self._control is not None:  # a job in a worker process: the worker acts on it
-            from attn_core.training.worker import tell
-
-            tell(self, *command)
+        if self.remote is not None:  # a job in a worker process: the worker acts on it
+            self.remote.tell(*command)
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the run to end (and be saved); True when it has. Waits on an event, not on
@@ -184,11 +178,7 @@ class TrainingJob:
     def weights(self) -> dict[str, torch.Tensor]:
         """A CPU copy of the last good weights (a state dict); of a job in a worker process, the
         weights it sent back when it ended."""
-        if self._process is None:
-            return self.trainer.good_state_dict()
-        if self._weights is None:
-            raise RuntimeError("a job in a worker process sends its weights back when it ends; join() it first")
-        return {k: v.clone() for k, v in self._weights.items()}
+        return self.trainer.good_state_dict() if self.remote is None else self.remote.weights()
 
     def model_copy(self) -> Transformer:
         """A CPU model with the last good weights, for the page to draw from."""
@@ -215,23 +205,14 @@ class TrainingJob:
         if self._t0 is not None:
             st["elapsed_s"] = time.perf_counter() - self._t0
         snap = Snapshot(
-            status=st["status"],
-            message=st["message"],
-            step=st["step"],
+            **{k: st[k] for k in SNAPSHOT_STATE},
             steps=self.cfg.steps,
             run_id=self.run_id,
-            elapsed_s=st["elapsed_s"],
-            train_s=st["train_s"],
-            step_s=st["step_s"],
             latest=dict(st["latest"]),
             regularized_heads=tuple(self._head_names()),
             n_layers=self.model.cfg.n_layers,
             n_heads=self.model.cfg.n_heads,
-            before=st["before"],
-            after=st["after"],
             probe_tokens=self._probe_tokens,
-            probe_pattern=st["probe_pattern"],
-            probe_step=st["probe_step"],
             _log=self._log,
             _n=len(self._log[0]),
         )
@@ -239,18 +220,6 @@ class TrainingJob:
             self._snap = snap
         if self.on_publish is not None:
             self.on_publish(self)
-
-    def _apply(self, message: dict) -> None:
-        """A worker's update of this job (its new metric rows, state, result and weights)."""
-        for column, new in zip(self.recorder.columns, message.get("rows", ((), (), ()))):
-            column.extend(new)
-        if message.get("run_id"):
-            self.recorder.run_id = message["run_id"]
-        if message.get("weights") is not None:
-            from safetensors.torch import load
-
-            self._weights = load(message["weights"])
-        self._publish(**message.get("state", {}))
 
     def _head_names(self) -> list[str]:
         return [R.head_label(l, h) for l, h in self.penalty.regularized_heads]
@@ -279,10 +248,10 @@ class TrainingJob:
         try:
             queued = lambda ahead: self._publish(status="queued", message=queued_message(ahead))  # noqa: E731
             if self.slots.wait(self._ticket, self._stop.is_set, queued):
-                if self._remote is None:
+                if self.remote is None:
                     return self._train()
                 try:
-                    self._remote()
+                    self.remote.train()
                 finally:
                     self._done.set()
                 return None

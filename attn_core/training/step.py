@@ -37,9 +37,10 @@ def masked_loss(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor)
     """Mean cross-entropy over the positions where ``mask`` is True (logits [N, V], targets and
     mask [N]): ``Task.loss`` up to float rounding, without boolean indexing (no host sync, static
     shapes). A batch with nothing scored gives 0."""
-    weight = mask.to(logits.dtype if logits.dtype.is_floating_point else torch.float32)
     per_token = F.cross_entropy(logits, targets, reduction="none")
-    return (per_token * weight).sum() / weight.sum().clamp_min(1)
+    dtype = torch.promote_types(per_token.dtype, torch.float32)  # a bf16 count is exact only up to 256
+    weight = mask.to(dtype)
+    return (per_token.to(dtype) * weight).sum() / weight.sum().clamp_min(1)
 
 
 def masked_accuracy(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

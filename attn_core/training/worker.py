@@ -38,78 +38,113 @@ EXIT_WAIT_S = 120.0  # an exiting parent waits this long for each worker to save
 PARENT_ENDED = "the process that started it ended"
 ROOT = Path(__file__).resolve().parents[2]  # the folder holding attn_core: the worker imports the same code
 
-_LIVE: weakref.WeakSet = weakref.WeakSet()  # jobs with a worker, stopped and awaited at exit
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # workers training now, stopped and awaited at exit
 
 
-def tell(job, *command) -> None:
-    """Send a control command to ``job``'s worker, if it has one (a gone worker is ignored)."""
-    control = job._control
-    if control is not None:
-        try:
-            control.send(command)
-        except (OSError, ValueError):
-            pass
+class Remote:
+    """The worker process of one ``TrainingJob`` of this process (``job.remote``): it trains the
+    job there and applies what comes back to the job here."""
 
+    def __init__(self, job, threads: int | None):
+        self.job, self.threads = job, threads
+        self.process: subprocess.Popen | None = None
+        self.control: Connection | None = None
+        self.final_weights: dict | None = None
+        # the job keeps no weights on this side (no GPU memory in a web server): its trainer goes,
+        # its model stays as a shape on the meta device, its probe batch on the CPU
+        job.trainer = None
+        job.model = job.model.to("meta")
+        job.probe = job.probe.to("cpu")
+        if job.device.type == "cuda":
+            import torch
 
-def train_remotely(job, threads: int | None) -> None:
-    """Train ``job`` (a ``TrainingJob`` of this process) in a worker and follow it until it ends:
-    its snapshots, then its result and weights, arrive here. Returns when the worker is gone."""
-    updates_r, updates_w = os.pipe()
-    control_r, control_w = os.pipe()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    try:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "attn_core.training.worker_process", str(updates_w), str(control_r)],
-            pass_fds=(updates_w, control_r),
-            env=env,
-            start_new_session=True,  # a terminal's Ctrl-C goes to the parent, which stops the job
-            stdin=subprocess.DEVNULL,
-        )
-    finally:
-        os.close(updates_w)
-        os.close(control_r)
-    updates, control = Connection(updates_r, writable=False), Connection(control_w, readable=False)
-    job._process = process
-    control.send((job.cfg, None if job.store is None else str(job.store.root), threads))
-    job._control = control
-    _LIVE.add(job)
-    if job._stop.is_set():  # asked for while the worker started
-        tell(job, "stop", job._stop_reason)
-    elif not job._go.is_set():
-        tell(job, "pause")
-    ended = False
-    try:
-        while True:
+            torch.cuda.empty_cache()
+
+    def tell(self, *command) -> None:
+        """Send a command (``stop`` [reason], ``pause``, ``resume``) to the worker, if it runs."""
+        if self.control is not None:
             try:
-                message = updates.recv()
-            except (EOFError, OSError):
-                break
-            job._apply(message)
-            ended = ended or message.get("final", False)
-    finally:
-        updates.close()
-        job._control = None
-        control.close()
-        process.wait()
-        _LIVE.discard(job)
-    if not ended:
-        job._publish(
-            status="failed",
-            message=f"the training process ended unexpectedly (exit code {process.returncode}); "
-            "what it saved is in the run store",
-        )
+                self.control.send(command)
+            except (OSError, ValueError):  # the worker is gone: nothing left to tell
+                pass
+
+    def weights(self) -> dict:
+        if self.final_weights is None:
+            raise RuntimeError("a job in a worker process sends its weights back when it ends; join() it first")
+        return {k: v.clone() for k, v in self.final_weights.items()}
+
+    def apply(self, message: dict) -> None:
+        """A worker's update of the job (its new metric rows, state, result and weights)."""
+        job = self.job
+        for column, new in zip(job.recorder.columns, message.get("rows", ((), (), ()))):
+            column.extend(new)
+        if message.get("run_id"):
+            job.recorder.run_id = message["run_id"]
+        if message.get("weights") is not None:
+            from safetensors.torch import load
+
+            self.final_weights = load(message["weights"])
+        job._publish(**message.get("state", {}))
+
+    def train(self) -> None:
+        """Train the job in a worker and follow it until it ends: its snapshots, then its result
+        and weights, arrive here. Returns when the worker is gone."""
+        job = self.job
+        updates_r, updates_w = os.pipe()
+        control_r, control_w = os.pipe()
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "attn_core.training.worker_process", str(updates_w), str(control_r)],
+                pass_fds=(updates_w, control_r),
+                env={**os.environ, "PYTHONPATH": path},
+                start_new_session=True,  # a terminal's Ctrl-C goes to the parent, which stops the job
+                stdin=subprocess.DEVNULL,
+            )
+        finally:
+            os.close(updates_w)
+            os.close(control_r)
+        updates, control = Connection(updates_r, writable=False), Connection(control_w, readable=False)
+        control.send((job.cfg, None if job.store is None else str(job.store.root), self.threads))
+        self.control = control
+        _LIVE.add(self)
+        if job._stop.is_set():  # asked for while the worker started
+            self.tell("stop", job._stop_reason)
+        elif not job._go.is_set():
+            self.tell("pause")
+        ended = False
+        try:
+            while True:
+                try:
+                    message = updates.recv()
+                except (EOFError, OSError):
+                    break
+                self.apply(message)
+                ended = ended or message.get("final", False)
+        finally:
+            updates.close()
+            self.control = None
+            control.close()
+            self.process.wait()
+            _LIVE.discard(self)
+        if not ended:
+            job._publish(
+                status="failed",
+                message=f"the training process ended unexpectedly (exit code {self.process.returncode}); "
+                "what it saved is in the run store",
+            )
 
 
 @atexit.register
 def _stop_workers_at_exit() -> None:
     """This process is exiting: every worker stops after its step, saves, and is waited for."""
-    jobs = list(_LIVE)
-    for job in jobs:
-        job._stop_reason = PARENT_ENDED
-        job.stop()
+    remotes = list(_LIVE)
+    for remote in remotes:
+        remote.job._stop_reason = PARENT_ENDED
+        remote.job.stop()
     deadline = time.monotonic() + EXIT_WAIT_S
-    for job in jobs:
+    for remote in remotes:
         try:
-            job._process.wait(max(0.0, deadline - time.monotonic()))
+            remote.process.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass

@@ -69,7 +69,9 @@ def test_curves_show_the_metrics_of_every_checkpoint(run):
     assert loss["data"][0]["y"] == pytest.approx(dyn.metrics["loss"], rel=1e-6)
     names = {t["name"] for t in chart(at, "dynamics_heads")["data"]}
     assert "prefix matching L1H0" in names and "previous token L0H1" in names
-    assert "no earlier layer" in chart(at, "dynamics_kcomp")["layout"]["title"]["text"]  # L0H0 reads nothing
+    empty = chart(at, "dynamics_kcomp")
+    assert "no earlier layer" in empty["layout"]["title"]["text"]  # L0H0 reads nothing
+    assert empty["layout"]["xaxis"]["range"] == [0, 8]  # its empty axes still span the steps, not -1..4
     at.selectbox(key="layer").select(1).run()
     kcomp = chart(at, "dynamics_kcomp")
     assert [t["name"] for t in kcomp["data"]] == ["L0H0 → L1H0", "L0H1 → L1H0"]
@@ -107,6 +109,17 @@ def test_no_series_and_bad_folders_are_one_message(tmp_path):
     assert not at.exception and any("cannot be read" in e.value for e in at.error)
     at.text_input(key="dyn_steps").input("1,x").run()
     assert not at.exception and any("whole numbers" in e.value for e in at.error)
+
+
+def test_a_broken_checkpoint_folder_among_the_models_is_left_out_in_one_line(run, tmp_path, monkeypatch):
+    root = tmp_path / "models"
+    folder = checkpoint.save(make_tiny_model(), root / "broken", {"task": "reverse"})
+    (folder / "checkpoints").mkdir()
+    (folder / "checkpoints" / "index.json").write_text("[")
+    monkeypatch.setenv("ATTN_LAB_MODELS", str(root))
+    at = open_dynamics()  # no traceback: the run is listed, the broken folder said to be left out
+    assert at.selectbox(key="dyn_source").value == run
+    assert any("Left out of the list: skipped the checkpoints of broken" in c.value for c in at.caption)
 
 
 def test_the_retrain_page_keeps_checkpoints_for_this_page():

@@ -65,7 +65,11 @@ def test_runs_side_by_side_with_the_parent(page, store_root):
         spectra = chart(page, f"spectra_{i}")
         assert {t["name"] for t in spectra["data"]} == {"before", "after"}
     trade = chart(page, "tradeoff")
-    assert {t["name"] for t in trade["data"]} == set(ids)
+    assert {t["name"] for t in trade["data"] if t.get("legendgroup") != "key"} == set(ids)
+    # each run goes from its open before-marker to its filled after-marker, with an arrow, both axes 0..1
+    assert all(t["marker"]["symbol"] == ["circle-open", "circle"] for t in trade["data"] if t["name"] in ids)
+    assert len(trade["layout"]["annotations"]) == len(ids)
+    assert trade["layout"]["yaxis"]["range"] == trade["layout"]["xaxis"]["range"] == [-0.02, 1.02]
     # heatmaps: the parent, then each run, every one the model's own pattern on the same sample
     assert [c.value for c in page.main.caption if c.value.startswith("**")][-3:] == [
         f"**{MODEL}** (parent)",

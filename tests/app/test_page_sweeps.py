@@ -42,7 +42,7 @@ def test_recorded_sweep_table_pareto_and_open():
     table = at.dataframe[0].value
     assert list(table["run"]) == ids and set(table["status"]) == {"completed"}
     fig = chart(at, "sweep_pareto")
-    points = [tr for tr in fig["data"] if tr.get("mode") == "markers"]
+    points = [tr for tr in fig["data"] if tr.get("legendgroup") == "regularizer"]
     assert {tr["name"] for tr in points} == {"none", "entropy"}
     assert {h for tr in points for h in tr["hovertext"]} == set(ids)
     at.radio(key="sweep_view").set_value("vocab").run()

@@ -4,7 +4,8 @@
   thread count is sampled while 23 presses land and the page settles (with Streamlit's fast
   reruns every press started a new script thread while the old ones ran on: a rerun storm);
 - the Sweeps page's selector and progress follow a sweep to its end without a reload (the old
-  selector said "running · 0/2 trials" until the page was reloaded)."""
+  selector said "running · 0/2 trials" until the page was reloaded);
+- the Home page's links show their whole labels (in three columns one was cut mid-word)."""
 
 import os
 import re
@@ -110,3 +111,16 @@ def test_sweep_status_follows_the_store_without_a_reload(page, server, data):
     page.get_by_text(re.compile(r"completed: 2 of 2 trials recorded")).wait_for()
     settle(page, 60_000)  # the page reran once and stopped refreshing
     assert page.locator("[data-testid='stException']").count() == 0
+
+
+_CUT = """() => Array.from(document.querySelectorAll('[data-testid="stPageLink"]')).flatMap(link =>
+    Array.from(link.querySelectorAll('*')).filter(e => e.scrollWidth > e.clientWidth + 1 && e.innerText.trim())
+        .map(e => e.innerText.trim()))"""
+
+
+def test_the_home_pages_links_show_their_whole_labels(page, server):
+    page.goto(server)
+    settle(page, 120_000)
+    links = page.locator("[data-testid='stPageLink']")
+    assert links.count() >= 10
+    assert page.evaluate(_CUT) == []

@@ -229,7 +229,7 @@ def test_the_retrain_pages_live_job_trains_on_the_gpu():
         assert not at.exception
     job = at.session_state["retrain_job"]
     snap = job.snapshot()
-    assert snap.status == "completed" and snap.step == 50 and job._process is not None
+    assert snap.status == "completed" and snap.step == 50 and job.remote is not None
     assert RunStore().load_model(snap.run_id).card.device.startswith("cuda")
 
 

@@ -438,7 +438,12 @@ def test_figures_build_with_their_data():
     for key, score in data.groupby("key")["score"].first().items():
         assert sums[key] == pytest.approx(score, abs=1e-9)
     assert len(plots[8].data) == 5
-    assert len(plots[5].fig.data) == 3  # two layers and the composed points
+    points = [t for t in plots[5].fig.data if t.mode == "markers"]
+    assert len(points) == 3  # two layers and the composed points (then the labels and the region's legend key)
+    labels = [t for t in plots[5].fig.data if t.mode == "markers+text"][0]
+    assert sorted(n for text in labels.text for n in text.split(", ")) == sorted(
+        [str(t) for p in points for t in p.text]
+    )  # every point is named once, by itself or in its cluster's label
 
 
 # --- the model objects ----------------------------------------------------------------------------

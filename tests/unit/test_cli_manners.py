@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -61,8 +62,8 @@ def _paragraphs(doc: str) -> list[str]:
 
 
 def _chunks(line: str) -> list[str]:
-    """A wrapped line's pieces as a word wrapper sees them (words, split after hyphens)."""
-    return re.findall(r"[^\s-]*-+|[^\s-]+", line)
+    """A wrapped line's pieces as the word wrapper (textwrap's, which click uses) sees them."""
+    return [c for c in textwrap.TextWrapper()._split(line.strip()) if c.strip()]
 
 
 def filled_lines(lines: list[str], para: str, limit: int) -> bool:

@@ -42,6 +42,25 @@ def test_the_floor_is_attained_by_its_logits(n, sigma):
         assert float(D.entropy_floor(n, 0.0)) == pytest.approx(math.log(n), abs=1e-12)
 
 
+@pytest.mark.parametrize("n, sigma", [(2, 1.0), (3, 0.7), (5, 3.0), (12, 2.0), (24, 6.0)])
+def test_a_search_over_logits_finds_no_entropy_below_the_floor_and_reaches_it(n, sigma):
+    """The floor is the least entropy of logits with centred norm sigma (docs/maths.md), checked
+    without the proof: Adam on the sphere of such logits from 32 random starts ends at the floor,
+    never below it. (A floor that is too high fails the first assertion, one that is too low, and
+    so not the least, fails the second.)"""
+    t = torch.randn(32, n, generator=torch.Generator().manual_seed(n), dtype=torch.float64).requires_grad_()
+    opt = torch.optim.Adam([t], lr=0.05)
+    for _ in range(600):
+        u = t - t.mean(-1, keepdim=True)
+        H = _entropy(u / u.norm(dim=-1, keepdim=True) * sigma)
+        opt.zero_grad()
+        H.sum().backward()
+        opt.step()
+    least, floor = float(H.detach().min()), float(D.entropy_floor(n, sigma))
+    assert least >= floor - 1e-9
+    assert least == pytest.approx(floor, abs=1e-4)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.floats(-50, 50, allow_nan=False), min_size=1, max_size=40),
@@ -266,28 +285,23 @@ def test_bad_series_are_one_sentence(tmp_path, case, words):
         D.series(*args)
 
 
-@pytest.fixture
-def run_with_checkpoints(tmp_path):
+def trained_run(tmp_path, steps: int, **checkpoints) -> str:
+    """``run:<id>`` of a tiny 2-layer model retrained ``steps`` steps on reverse, keeping checkpoints."""
     from attn_core.training.config import JobConfig
     from attn_core.training.job import TrainingJob
 
     src = checkpoint.save(
         make_tiny_model(n_layers=2), tmp_path / "tiny", {"task": "reverse", "train": {"batch_size": 8}}
     )
-    cfg = JobConfig(
-        str(src),
-        steps=8,
-        device="cpu",
-        telemetry_every=4,
-        spectrum_every=4,
-        eval_every=4,
-        eval_samples=8,
-        probe_samples=4,
-        measure_samples=16,
-        checkpoint_every=4,
-    )
-    res = TrainingJob(cfg).run()
-    return f"run:{res['run_id']}"
+    every = max(1, steps // 2)
+    cfg = JobConfig(str(src), steps=steps, device="cpu", telemetry_every=every, spectrum_every=every,
+                    eval_every=every, eval_samples=8, probe_samples=4, measure_samples=16, **checkpoints)  # fmt: skip
+    return f"run:{TrainingJob(cfg).run()['run_id']}"
+
+
+@pytest.fixture
+def run_with_checkpoints(tmp_path):
+    return trained_run(tmp_path, 8, checkpoint_every=4)
 
 
 def test_dynamics_of_a_run_is_cached_per_checkpoint(run_with_checkpoints, tmp_path):
@@ -332,29 +346,31 @@ def test_the_json_is_the_documented_shape(run_with_checkpoints):
 
 
 def test_attention_only_checkpoints_measure_the_weights_only(tmp_path):
-    from attn_core.training.config import JobConfig
-    from attn_core.training.job import TrainingJob
-
-    src = checkpoint.save(
-        make_tiny_model(n_layers=2), tmp_path / "tiny", {"task": "reverse", "train": {"batch_size": 8}}
-    )
-    cfg = JobConfig(
-        str(src),
-        steps=4,
-        device="cpu",
-        measure_samples=8,
-        probe_samples=4,
-        eval_samples=8,
-        checkpoint_every=2,
-        checkpoint_params="attn",
-    )
-    run = f"run:{TrainingJob(cfg).run()['run_id']}"
+    run = trained_run(tmp_path, 4, checkpoint_every=2, checkpoint_params="attn")
     s = D.series([run])
     assert s.partial
     dyn = D.dynamics(s, D.default_inputs(s, samples=8), detector_samples=4)
     assert dyn.metrics["loss"] == [None] * 3 and dyn.metrics["prefix_matching:L1H0"] == [None] * 3
     assert all(v is not None for v in dyn.metrics["sigma_max:L1H0"] + dyn.metrics["k_composition_max:L1H0"])
     assert dyn.partial == [True] * 3
+
+
+def test_available_leaves_out_a_broken_folder_and_says_why(tmp_path, monkeypatch):
+    root = tmp_path / "models"
+    for name in ("good", "broken"):
+        folder = checkpoint.save(make_tiny_model(), root / name, {"task": "reverse"})
+        writer = ckpt.CheckpointWriter(ckpt.CheckpointPlan(every=1), 1)
+        writer.start(folder / checkpoint.CHECKPOINTS, make_tiny_model())
+        writer.write(1, make_tiny_model())
+    (root / "broken" / checkpoint.CHECKPOINTS / ckpt.INDEX).write_text('{"steps": [0], "files": ')
+    monkeypatch.setenv("ATTN_LAB_MODELS", str(root))
+    problems = []
+    found = D.available(problems=problems)
+    assert [f["source"] for f in found] == ["good"] and found[0]["label"] == "good (2 checkpoints)"
+    assert (
+        len(problems) == 1 and "skipped the checkpoints of broken: " in problems[0] and "not valid JSON" in problems[0]
+    )
+    assert "\n" not in problems[0]
 
 
 def test_a_checkpoints_folder_alone_is_a_series(tmp_path):
@@ -417,6 +433,10 @@ def test_the_command_prints_the_json_and_reads_the_cache_the_second_time(run_wit
         capsys, "dynamics", run_with_checkpoints, "--samples", "16", "--detector-samples", "4", "--json"
     )
     assert code == 0 and json.loads(out) == first and "cache: 3 of 3 checkpoints" in err
+    code, out, err = _cli(capsys, "dynamics", run_with_checkpoints, "--samples", "16", "--detector-samples", "4")
+    # stderr is no terminal here: the shared progress lines (as pip and git print), no bar redrawn with \r
+    assert code == 0 and "\r" not in err and "dynamics: 100% (3/3 checkpoints" in err, err
+    assert "no phase change" in out or "phase change at step" in out
 
 
 def test_the_command_writes_the_animation(run_with_checkpoints, tmp_path, capsys):

@@ -126,18 +126,23 @@ def test_eigen_sym_plot_shows_the_symmetric_parts_eigenvalues():
     colorbar=st.booleans(),
 )
 def test_fixed_margins_fit_the_labels_and_turn_crowded_ones_upright(x, y, colorbar):
-    from attn_core.figures import base
+    from attn_core.figures import layout as base
 
     fig = base.fixed_margins(go.Figure(), x, y, colorbar=colorbar)
     m = fig.layout.margin
     assert m.autoexpand is False  # plotly draws once: nothing is measured and redrawn
     widest = {k: max(len(s) for s in v) if v else base.NUMBER_CHARS for k, v in (("x", x), ("y", y))}
     assert m.l == min(base.CHAR_PX * widest["y"], base.MAX_LABEL_PX) + base.TITLE_PX
+    assert m.r == (base.COLORBAR_PX if colorbar else 30) and fig.layout.yaxis.tickangle == 0
+    plot_w = max(base.HALF_PX - m.l - m.r, 50)
     upright = fig.layout.xaxis.tickangle == -90
     room = min(base.CHAR_PX * widest["x"], base.MAX_LABEL_PX)
-    assert upright == (x is not None and len(x) * (room + 8) > base.ROTATE_PX)
-    assert m.b == (room if upright else base.LINE_PX) + base.TITLE_PX
-    assert m.r == (110 if colorbar else 30) and fig.layout.yaxis.tickangle == 0
+    assert upright == (x is not None and len(x) * (room + 8) > plot_w)
+    if upright:  # written labels are at least a line of their font apart, or the font is the smallest
+        shown = len(fig.layout.xaxis.tickvals) if fig.layout.xaxis.tickvals is not None else len(x)
+        step = -(-len(x) // shown)
+        font = fig.layout.xaxis.tickfont.size
+        assert plot_w / len(x) * step >= 1.25 * font - 1e-9 and base.MIN_TICK_FONT <= font <= 12
 
 
 def test_view_figures_carry_margins_from_their_own_labels(plots):

@@ -219,23 +219,19 @@ def test_a_lying_header_is_refused_before_its_data_is_read(mistral, tmp_path):
 # --- one rule for every file of a model folder ------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "card.json"])
-def test_a_file_of_our_model_folder_that_links_out_is_refused(tmp_path, name):
+@pytest.mark.parametrize(
+    "kind, name",
+    [("ours", "config.json"), ("ours", "model.safetensors"), ("ours", "card.json")]
+    + [("hugging face", "config.json"), ("hugging face", "model.safetensors")],
+)
+def test_a_file_of_a_model_folder_that_links_out_is_refused(mistral, tmp_path, kind, name):
     from attn_core import checkpoint
 
-    folder = tmp_path / "models" / "m"
-    checkpoint.save(make_tiny_model(), folder, card={"task": "reverse"})
-    outside = tmp_path / name
-    (folder / name).rename(outside)
-    (folder / name).symlink_to(outside)
-    with pytest.raises(CheckpointError, match=f"'{name}' leads outside the model folder") as e:
-        resolve(folder)
-    one_line(e)
-
-
-@pytest.mark.parametrize("name", ["config.json", "model.safetensors"])
-def test_a_file_of_a_hugging_face_folder_that_links_out_is_refused(mistral, tmp_path, name):
-    folder = _copy(mistral, tmp_path / "m")
+    if kind == "ours":
+        folder = tmp_path / "models" / "m"
+        checkpoint.save(make_tiny_model(), folder, card={"task": "reverse"})
+    else:
+        folder = _copy(mistral, tmp_path / "m")
     outside = tmp_path / name
     (folder / name).rename(outside)
     (folder / name).symlink_to(outside)
@@ -313,6 +309,24 @@ ROTARY_BAD = [
         {"rope_parameters": {"rope_type": "linear", "factor": "2"}},
         "rope_parameters factor must be a finite number",
     ),
+    (  # one rotary per layer type: the sliding layers' was silently dropped
+        {
+            "rope_parameters": {
+                "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "sliding_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+            }
+        },
+        "gives the layer types different rotary settings: rope_parameters.full_attention = {'rotary_dim': 8, "
+        "'rope_theta': 10000.0, 'rope_scaling': None} and rope_parameters.sliding_attention",
+    ),
+    (
+        {"rope_parameters": {"full_attention": {"rope_theta": 10000.0}, "rope_theta": 1e6}},
+        "rope_parameters mixes per-layer-type entries (full_attention) with 'rope_theta'",
+    ),
+    (
+        {"rope_parameters": {"sliding_attention": [1e6]}},
+        "config.json rope_parameters sliding_attention must be a JSON object (or null), got list",
+    ),
 ]
 
 
@@ -343,6 +357,11 @@ def test_both_spellings_that_agree_are_one_model(mistral_config):
     assert model_config(both) == model_config(mistral_config)
     one_full = {**mistral_config, "layer_types": ["full_attention", "sliding_attention"]}
     assert model_config(one_full).sliding_window == [0, WINDOW]
+    rope = {"rope_type": "default", "rope_theta": 10000.0}
+    per_type = {**mistral_config, "rope_parameters": {"full_attention": rope, "sliding_attention": {**rope}}}
+    assert model_config(per_type) == model_config(mistral_config)
+    only_sliding = {**mistral_config, "rope_parameters": {"sliding_attention": {**rope, "rope_theta": 5e5}}}
+    assert model_config(only_sliding).rope_theta == 5e5  # read, not dropped for the default
 
 
 def test_a_rope_factor_of_1e_300_is_refused_at_load_in_either_format(mistral, tmp_path):

@@ -226,3 +226,34 @@ def test_after_kill_9_no_process_of_the_sweeps_ray_lives_on(tmp_path):
     while time.monotonic() < end and any(alive(p) for p in tree):
         time.sleep(0.25)
     assert not [n for p, n in tree.items() if alive(p)], "left running after kill -9"
+
+
+# a stand-in for Ray's raylet: a script inside "Ray's package folder" with a worker below it
+FAKE_RAYLET = "import subprocess, time\nworker = subprocess.Popen(['sleep', '300'])\nprint(worker.pid, flush=True)\ntime.sleep(300)\n"
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc")
+def test_the_watchdog_ends_the_sweeps_ray_and_no_other_child_of_the_driver(tmp_path):
+    """The driver may be the dashboard's server, whose other children (a live training job's
+    worker process, kaleido's browser) must outlive a sweep: the watchdog ends Ray's processes
+    (and what runs below them) only. It used to kill every child of the driver as a sweep ended."""
+    from attn_core.sweep import watchdog
+
+    ray_dir = tmp_path / "site-packages" / "ray"
+    ray_dir.mkdir(parents=True)
+    (ray_dir / "raylet.py").write_text(FAKE_RAYLET)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    raylet = subprocess.Popen([sys.executable, str(ray_dir / "raylet.py")], stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(raylet.stdout.readline())
+        noted = watchdog.ray_processes(os.getpid(), str(ray_dir))
+        assert raylet.pid in noted and worker in noted and other.pid not in noted
+        guard = watchdog.start(str(ray_dir))
+        watchdog.stop(guard)  # the sweep is over: what is left of its Ray goes, nothing else
+        assert guard.returncode == 0
+        assert raylet.wait(timeout=60) == -signal.SIGTERM and not alive(worker)
+        assert other.poll() is None, "a child of the driver that is not Ray's was killed"
+    finally:
+        for proc in (other, raylet):
+            proc.kill()
+            proc.wait()

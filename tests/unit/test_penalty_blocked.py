@@ -67,7 +67,8 @@ def problems(draw):
         b=b, h=h, T=T, w=w, window=window, lengths=lengths, positions=None if subset is None else sorted(subset),
         kind=draw(st.sampled_from(sorted(DENSE))), topk=draw(st.integers(1, 3)),
         alpha=draw(st.sampled_from([1.0, 1.0, 1.5, 2.0])), block=draw(st.integers(1, T + 2)),
-        scale=draw(st.sampled_from([0.3, 1.0, 3.0, 30.0])), seed=draw(st.integers(0, 2**16)),
+        scale=draw(st.sampled_from([0.3, 1.0, 3.0, 30.0])), fold=draw(st.sampled_from([1.0, 0.25, 3.0])),
+        seed=draw(st.integers(0, 2**16)),
     )  # fmt: skip
 
 
@@ -75,7 +76,8 @@ def problems(draw):
 @given(problems())
 def test_blocked_rows_equal_the_dense_pattern(p):
     """Every kind, softmax and entmax, every mask (none, causal, sliding window, right padding),
-    any block size, all rows or a subset: values and gradients in q and k equal the dense ones."""
+    any block size, all rows or a subset, a scale given or folded into q: values and gradients in
+    q and k equal the dense ones."""
     g = torch.Generator().manual_seed(p["seed"])
     shape = (p["b"], p["h"], p["T"], p["w"])
     q = (p["scale"] * torch.randn(shape, generator=g, dtype=torch.float64)).requires_grad_()
@@ -86,7 +88,7 @@ def test_blocked_rows_equal_the_dense_pattern(p):
     rows = None if p["positions"] is None else torch.tensor(p["positions"])
     q_rows = q if rows is None else q[:, :, rows]
     args = dict(window=p["window"], key_mask=key_mask, topk=p["topk"], alpha=p["alpha"], block=p["block"])
-    blocked = row_values(q_rows, k, p["kind"], positions=rows, **args)
+    blocked = row_values(q_rows / p["fold"], k, p["kind"], positions=rows, scale=p["fold"], **args)
     dense, seen = dense_values(q, k, p["kind"], p["window"], p["lengths"], p["topk"], p["alpha"])
     if rows is not None:
         dense, seen = dense[:, :, rows], seen[:, :, rows]

@@ -63,7 +63,7 @@ def test_a_worker_trains_the_run_a_thread_trains(tiny):
         seen.add(job.snapshot().step)
     snap = job.snapshot()
     assert snap.status == "completed" and snap.step == 40 and snap.message == "completed 40 steps"
-    assert job._process.returncode == 0 and job._process.pid != os.getpid()
+    assert job.remote.process.returncode == 0 and job.remote.process.pid != os.getpid()
     assert len(seen - {0, 40}) >= 2  # progress arrived while it trained, not only at the end
     here = TrainingJob(cfg(tiny, seed=3), store=False)
     ref = here.run()
@@ -91,8 +91,8 @@ def test_the_line_pause_resume_and_stop_reach_a_worker(tiny):
     try:
         assert job.snapshot().status == "queued" and job.snapshot().message.startswith("queued: 1 job ahead")
         third.stop()
-        assert third.join(60) and third.snapshot().status == "stopped" and third._process is None
-        assert wait_for(lambda: first.snapshot().step > 0) and job._process is None
+        assert third.join(60) and third.snapshot().status == "stopped" and third.remote.process is None
+        assert wait_for(lambda: first.snapshot().step > 0) and job.remote.process is None
         first.stop()
         assert first.join(60)
         assert wait_for(lambda: job.snapshot().step >= 3)
@@ -118,7 +118,7 @@ def test_the_line_pause_resume_and_stop_reach_a_worker(tiny):
 def test_a_worker_that_dies_ends_its_job_failed(tiny):
     job = TrainingJob(cfg(tiny, steps=10**6), store=RunStore()).start(process=True)
     assert wait_for(lambda: job.snapshot().step > 0)
-    job._process.kill()
+    job.remote.process.kill()
     assert job.join(60)
     snap = job.snapshot()
     assert snap.status == "failed" and f"exit code {-signal.SIGKILL}" in snap.message
@@ -136,7 +136,7 @@ job = TrainingJob(JobConfig({source!r}, steps=10**6, device="cpu", measure_sampl
 job.start(process=True)
 while job.snapshot().step < 5:
     time.sleep(0.01)
-print(job.snapshot().run_id, job._process.pid, flush=True)
+print(job.snapshot().run_id, job.remote.process.pid, flush=True)
 {then}
 """
 

@@ -1,0 +1,57 @@
+"""The models a gallery draws: a zoo model, and an imported Hugging Face folder, by default a tiny
+random Llama (rotary positions, grouped-query attention, a 1024-token context for the long-input
+views) written here as config.json + model.safetensors, without transformers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+LLAMA = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, intermediate_size=48)
+LLAMA_VOCAB, LLAMA_CONTEXT = 100, 1024
+
+
+def tiny_llama(folder: Path, seed: int = 0) -> Path:
+    """A random Llama folder (2 layers, 4 query heads sharing 2 key/value heads, d_model 32,
+    100 tokens, 1024 positions), weights drawn far from uniform attention; returns ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    d, h, g, f = LLAMA["hidden_size"], LLAMA["num_attention_heads"], LLAMA["num_key_value_heads"], 48
+    dh = d // h
+    config = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        **LLAMA,
+        "vocab_size": LLAMA_VOCAB,
+        "max_position_embeddings": LLAMA_CONTEXT,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+    }
+    gen = torch.Generator().manual_seed(seed)
+
+    def w(*shape: int, std: float = 0.3) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen) * std
+
+    tensors = {"model.embed_tokens.weight": w(LLAMA_VOCAB, d, std=1.0), "model.norm.weight": 1 + 0.1 * w(d)}
+    for layer in range(LLAMA["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        tensors |= {
+            p + "self_attn.q_proj.weight": w(h * dh, d),
+            p + "self_attn.k_proj.weight": w(g * dh, d),
+            p + "self_attn.v_proj.weight": w(g * dh, d),
+            p + "self_attn.o_proj.weight": w(d, h * dh),
+            p + "input_layernorm.weight": 1 + 0.1 * w(d),
+            p + "post_attention_layernorm.weight": 1 + 0.1 * w(d),
+            p + "mlp.gate_proj.weight": w(f, d),
+            p + "mlp.up_proj.weight": w(f, d),
+            p + "mlp.down_proj.weight": w(d, f),
+        }
+    tensors["lm_head.weight"] = w(LLAMA_VOCAB, d)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    return folder

@@ -1,0 +1,141 @@
+"""The figure gallery (`attn-lab gallery`) in headless Chromium: every figure of every page and of
+`attn-lab export`, for a zoo model and an imported Llama, drawn by plotly.js at the width its page
+gives it. For each figure, every visible text (tick labels, titles, legends, annotations, colour
+bars, point labels) is read as laid out on screen (getBBox through the screen transform, so
+rotated labels are their true quadrilaterals): no two may overlap, and none may be cut by the
+figure's edge or by its legend's box. The figures' data keep the house rules too: bars start at
+zero, measures bounded by 0 and 1 show that whole range. Screenshots of every figure land in
+tests/artifacts/gallery/ to be looked at."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from attn_core.figures.layout import UNIT_TITLE
+from attn_core.gallery import build
+from benchmarks.dashboard import CHROMIUM, launch
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "tests" / "artifacts" / "gallery"
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is missing (apt-get install chromium)"),
+]
+
+# Every visible <text> of each figure as the quadrilateral its glyph box covers on screen; pairs
+# that overlap (by more than a 1.5 px touch), texts outside the figure or outside their legend.
+CHECK = """() => {
+  // Each visible text as the quadrilateral its glyph box covers on screen (rotation included).
+  const quad = el => {
+    const bb = el.getBBox(), m = el.getScreenCTM();
+    const pt = (x, y) => ({x: m.a * x + m.c * y + m.e, y: m.b * x + m.d * y + m.f});
+    return [pt(bb.x, bb.y), pt(bb.x + bb.width, bb.y), pt(bb.x + bb.width, bb.y + bb.height), pt(bb.x, bb.y + bb.height)];
+  };
+  const visible = el => {
+    if (!el.textContent.trim()) return false;
+    for (let e = el; e && e.nodeType === 1; e = e.parentNode) {
+      const cs = getComputedStyle(e);
+      if (cs.display === 'none' || cs.visibility === 'hidden' || cs.opacity === '0') return false;
+    }
+    const r = el.getBoundingClientRect(); return r.width > 0 && r.height > 0;
+  };
+  // Separating-axis test of two convex quads, each shrunk by `pad` px (a touch is not an overlap).
+  const shrink = (q, pad) => { const cx = q.reduce((s, p) => s + p.x, 0) / 4, cy = q.reduce((s, p) => s + p.y, 0) / 4;
+    return q.map(p => { const dx = p.x - cx, dy = p.y - cy, d = Math.hypot(dx, dy) || 1; return {x: p.x - pad * dx / d, y: p.y - pad * dy / d}; }); };
+  const overlap = (a, b) => {
+    a = shrink(a, 1.5); b = shrink(b, 1.5);
+    for (const q of [a, b]) for (let i = 0; i < 4; i++) {
+      const p1 = q[i], p2 = q[(i + 1) % 4], nx = p2.y - p1.y, ny = p1.x - p2.x;
+      const pa = a.map(p => p.x * nx + p.y * ny), pb = b.map(p => p.x * nx + p.y * ny);
+      if (Math.max(...pa) <= Math.min(...pb) || Math.max(...pb) <= Math.min(...pa)) return false;
+    }
+    return true;
+  };
+  const inside = (q, r, pad) => q.every(p => p.x >= r.left - pad && p.x <= r.right + pad && p.y >= r.top - pad && p.y <= r.bottom + pad);
+  const kind = el => { const g = el.closest('g[class]'); return g ? g.getAttribute('class').split(' ')[0] : '?'; };
+  const out = [];
+  for (const fig of document.querySelectorAll('figure.fig')) {
+    const div = fig.querySelector('.plot');
+    const paper = div.querySelector('svg.main-svg').getBoundingClientRect();
+    const items = Array.from(div.querySelectorAll('svg text')).filter(visible)
+      .map(el => ({el, q: quad(el), text: el.textContent.trim().slice(0, 48), kind: kind(el)}));
+    const problems = [];
+    for (const it of items) {
+      if (!inside(it.q, paper, 1)) problems.push(`cut by the figure's edge: "${it.text}" (${it.kind})`);
+      const legend = it.el.closest('.legend'), bg = legend && legend.querySelector('rect.bg');
+      if (bg && !inside(it.q, bg.getBoundingClientRect(), 1)) problems.push(`cut by the legend's box: "${it.text}"`);
+    }
+    for (let i = 0; i < items.length; i++) for (let j = i + 1; j < items.length; j++)
+      if (overlap(items[i].q, items[j].q)) problems.push(`overlap: "${items[i].text}" (${items[i].kind}) / "${items[j].text}" (${items[j].kind})`);
+    out.push({id: div.id, name: fig.dataset.name, page: fig.dataset.page, what: fig.dataset.what, texts: items.length, problems});
+  }
+  return out;
+}"""
+
+
+@pytest.fixture(scope="module")
+def gallery(tmp_path_factory):
+    index, entries = build(tmp_path_factory.mktemp("gallery") / "out", quick=True)
+    return index, entries
+
+
+@pytest.fixture(scope="module")
+def laid_out(gallery):
+    from playwright.sync_api import sync_playwright
+
+    index, _ = gallery
+    with sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_page(viewport={"width": 1100, "height": 900})
+        page.goto(index.as_uri())
+        page.wait_for_function("() => document.body.dataset.ready", timeout=300_000)
+        assert page.evaluate("() => document.body.dataset.ready") == "yes", page.evaluate(
+            "() => document.body.dataset.error"
+        )
+        result = page.evaluate(CHECK)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        figures = page.locator("figure.fig")
+        for i in range(figures.count()):
+            figures.nth(i).screenshot(path=str(ARTIFACTS / f"{i:03d}-{figures.nth(i).get_attribute('data-name')}.png"))
+        browser.close()
+    return result
+
+
+def test_the_gallery_has_every_page_and_both_models(gallery):
+    index, entries = gallery
+    pages = {e.page for e in entries}
+    for name in ("Heatmaps", "Spectrum", "Retrain", "Runs", "Grow d_k", "Kernelized attention", "Attention explorer",
+                 "Merged vs factored QK", "Circuits", "Sweeps", "CLI export"):  # fmt: skip
+        assert any(p.startswith(name) for p in pages), name
+    assert any("tiny-llama" in p for p in pages) and any("induction-2l" in p for p in pages)
+    assert len(json.loads((index.parent / "figures.json").read_text())) == len(entries)
+    assert list((index.parent / "png").glob("*.png"))  # the CLI figures as `attn-lab export` writes them
+
+
+def test_no_label_overlaps_another_or_is_cut(laid_out):
+    assert len(laid_out) > 100
+    assert all(f["texts"] > 0 for f in laid_out)
+    bad = {f"{f['page']} / {f['what']} ({f['name']})": f["problems"][:5] for f in laid_out if f["problems"]}
+    assert not bad, json.dumps(bad, indent=1, ensure_ascii=False)
+
+
+def test_bars_start_at_zero_and_bounded_measures_keep_their_range(gallery):
+    _, entries = gallery
+    for e in entries:
+        layout = e.plot.fig.layout
+        for trace in e.plot.fig.data:
+            if trace.type == "bar":
+                ref = (trace.xaxis if trace.orientation == "h" else trace.yaxis) or (
+                    "x" if trace.orientation == "h" else "y"
+                )
+                axis = layout[f"{ref[0]}axis{ref[1:]}"]
+                assert axis.type != "log" and (axis.rangemode == "tozero" or (axis.range and axis.range[0] <= 0)), (
+                    e.plot.name
+                )
+        for key in [k for k in layout.to_plotly_json() if k.startswith(("xaxis", "yaxis"))]:
+            title = layout[key].title.text or ""
+            if UNIT_TITLE.search(title):
+                lo, hi = layout[key].range or (None, None)  # the whole of 0..1, and little more
+                assert lo is not None and -0.1 <= lo <= 0 and 1 <= hi <= 1.1, (e.plot.name, key, title, lo, hi)

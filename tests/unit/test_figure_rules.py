@@ -1,0 +1,131 @@
+"""The rules every figure keeps (attn_core.figures.base.finish, applied to every Plot) and the
+export that looks like the page: no zero line across a heatmap, no Streamlit placeholder
+colours in a PNG/SVG, bars from zero (never on a log axis), log axes by decades in powers of ten,
+titles wrapped at the chart's width, scatter labels that do not collide, a head named when the
+spectrum shows one, and one colour per merged-vs-factored variant whatever the comparison."""
+
+import math
+import re
+import shutil
+
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.io as pio
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attn_core import bilinear, sources
+from attn_core.figures import Plot, export_bytes
+from attn_core.figures import bilinear as fb
+from attn_core.figures import qk as fq
+from attn_core.figures.base import LIGHT, export_figure
+from attn_core.figures.layout import place_labels, wrap_title
+
+
+@pytest.fixture(scope="module")
+def model():
+    return sources.resolve("induction-2l")
+
+
+def test_a_heatmap_has_no_zero_line_or_grid(model):
+    view = bilinear.sequence_view(model, bilinear.sample_tokens(model, 0), 1, [0])
+    fig = fb.view_plot(view, 0, 3).fig
+    for axis in (fig.layout.xaxis, fig.layout.yaxis):
+        assert axis.zeroline is False and axis.showgrid is False
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="PNG/SVG export needs chromium")
+def test_an_export_from_the_dashboard_process_looks_like_the_page(model, monkeypatch):
+    """In the dashboard's process Streamlit makes its own template the default, whose colours
+    are placeholders (#000001...) only its page replaces: an export must not carry them."""
+    from streamlit.elements.lib.streamlit_plotly_theme import configure_streamlit_plotly_theme
+
+    monkeypatch.setattr(pio.templates, "default", pio.templates.default)
+    configure_streamlit_plotly_theme()  # what the server does
+    view = bilinear.sequence_view(model, bilinear.sample_tokens(model, 0), 1, [0])
+    plot = fb.view_plot(view, 0, 3)
+    assert plot.fig.layout.template.layout.colorway[0] == "#000001"  # the page's placeholder template
+    svg = export_bytes(plot, "svg").decode()
+    assert not re.search(
+        r"#0000[0-3][0-9]|rgb\(0, 0, (?:[1-9]|[1-5][0-9]|6[0-4])\)", svg
+    )  # no placeholder colour reached the file
+    assert not re.findall(r'class="[xy]zl zl', svg)  # no zero line across row 0 (plotly's path class "yzl zl")
+    assert export_figure(plot.fig).layout.template == LIGHT
+
+
+def test_bars_start_at_zero_and_never_stand_on_a_log_axis():
+    fig = go.Figure(go.Bar(x=["a", "b"], y=[3, 4]))
+    assert Plot("bars", fig, pd.DataFrame()).fig.layout.yaxis.rangemode == "tozero"
+    log = go.Figure(go.Bar(x=["a", "b"], y=[3, 4])).update_yaxes(type="log")
+    with pytest.raises(ValueError, match="log axis"):
+        Plot("bars", log, pd.DataFrame())
+
+
+def test_the_qk_loss_is_dots_on_a_log_axis_and_accuracy_bars_from_zero():
+    from attn_core import qk as Q
+
+    fig = fq.final_plot(Q.Comparison.load(Q.results_path())).fig
+    kinds = {(t.type, t.yaxis or "y") for t in fig.data}
+    assert ("bar", "y") not in kinds and ("bar", "y2") in kinds
+    assert fig.layout.yaxis.type == "log" and list(fig.layout.yaxis2.range) == [-0.02, 1.02]
+
+
+def test_log_axes_tick_by_decades_in_powers_of_ten(model):
+    frame = bilinear.spectrum_frame(model.model)
+    fig = fb.spectrum_plot(frame).fig
+    assert fig.layout.yaxis.type == "log" and fig.layout.yaxis.exponentformat == "power"
+    assert isinstance(fig.layout.yaxis.dtick, int) and fig.layout.yaxis.dtick >= 1
+    tiny = go.Figure(go.Scatter(x=list(range(20)), y=[10.0**-k for k in range(20)])).update_yaxes(type="log")
+    axis = Plot("tiny", tiny, pd.DataFrame()).fig.layout.yaxis
+    assert axis.exponentformat == "power" and axis.dtick >= 2  # 20 decades: not a label per decade in 300 px
+
+
+def test_the_one_head_spectrum_names_its_head(model):
+    frame = bilinear.spectrum_frame(model.model)
+    one = frame[(frame["layer"] == 1) & (frame["head"] == 2)]
+    assert fb.spectrum_plot(one).fig.layout.title.text == "Singular values of B, L1H2"
+    assert "per head" in fb.spectrum_plot(frame).fig.layout.title.text
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.text(alphabet="abcdefghij ,:", min_size=1, max_size=12), min_size=1, max_size=20), st.integers(20, 120)
+)
+def test_titles_wrap_to_the_width_and_keep_every_word(words, chars):
+    text = " ".join(w.strip() or "x" for w in words)
+    wrapped = wrap_title(text, chars)
+    lines = wrapped.split("<br>")
+    assert " ".join(lines).split() == text.split()
+    assert all(len(line) <= chars or " " not in line for line in lines)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(-1, 1), st.floats(-1, 1)), min_size=1, max_size=12))
+def test_scatter_labels_name_every_point_once(points):
+    named = [(x, y, f"L{i}H0") for i, (x, y) in enumerate(points)]
+    placed = place_labels(named, (-1.1, 1.1), (-1.1, 1.2))
+    names = [n for _, _, text, _ in placed for n in text.split(", ")]
+    assert sorted(names) == sorted(p[2] for p in named)
+    for x, y, _, side in placed:
+        assert math.isfinite(x) and math.isfinite(y) and side in {
+            "top center", "bottom center", "middle right", "middle left",
+            "top right", "top left", "bottom right", "bottom left",
+        }  # fmt: skip
+
+
+def test_a_variant_has_one_colour_in_every_comparison():
+    full = fq.variant_colors(
+        [
+            "factored d_qk=1",
+            "factored d_qk=2",
+            "factored d_qk=4",
+            "factored d_qk=16",
+            "merged",
+            "merged + wd",
+            "merged + nuclear",
+        ]
+    )
+    fresh = fq.variant_colors(["factored d_qk=2", "factored d_qk=16", "merged + wd"])
+    assert all(fresh[name] == full[name] for name in fresh)
+    assert len(set(full.values())) == len(full)
