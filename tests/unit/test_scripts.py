@@ -16,7 +16,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted((ROOT / "benchmarks").glob("*.py")) + sorted((ROOT / "experiments").glob("*.py"))
 BROWSER = {"dashboard.py"}  # drives headless Chromium
-TRANSFORMERS = {"long_inputs.py", "hf_load.py", "penalty_cost.py"}  # use transformers (a dev dependency)
+TRANSFORMERS = {
+    "long_inputs.py",
+    "hf_load.py",
+    "penalty_cost.py",
+    "text_batch_memory.py",
+    "text_retrain.py",
+}  # use transformers
 
 
 def _params():
