@@ -115,8 +115,11 @@ def open_run(run_id: str) -> None:
 
 
 def sweep_label(sweeps: list[dict], sweep_id: str) -> str:
+    """What never changes about a sweep: its id, model and number of trials. Its status and how
+    many trials are recorded are drawn fresh under the selector (a selectbox keeps the labels it
+    was first drawn with, so a status in them stayed "running" after the sweep ended)."""
     s = next(s for s in sweeps if s["id"] == sweep_id)
-    return f"{s['id']} · {s['name']} · {s['status']} · {sum(s['counts'].values())}/{s['trials']} trials"
+    return f"{s['id']} · {s['name']} · {s['trials']} trials"
 
 
 def running(sweeps: list[dict]) -> bool:
