@@ -156,7 +156,7 @@ def test_the_picker_follows_the_url_unless_told_not_to():
 # --- the task guard ----------------------------------------------------------------------------------
 
 TASK_PAGES = {
-    "3_Retrain.py": "there is nothing to retrain it on",
+    "3_Retrain.py": "there is nothing to retrain it on (an imported model needs its tokenizer.json)",
     "5_Grow_d_k.py": "there is no loss to grow it on",
     "6_Kernelized_attention.py": "there are no input sequences to run its heads on",
 }

@@ -1,6 +1,6 @@
 """Live jobs in a worker process (attn_core/training/worker.py), for real: the run a worker trains
-is the run a thread trains (bit for bit), its snapshots stream while it trains, pause/resume/stop
-reach it, the line of jobs holds it, and nothing is lost when the process that started it goes
+is the run a thread trains (bit for bit, at the worker's one torch thread), its snapshots stream while it trains (seen mid-run and
+across a pause, in the test of the line), pause/resume/stop reach it, the line of jobs holds it, and nothing is lost when the process that started it goes
 away (killed: SIGKILL; or exiting) or when the worker itself dies."""
 
 from __future__ import annotations
@@ -58,15 +58,17 @@ def wait_for(pred, timeout=120.0) -> bool:
 def test_a_worker_trains_the_run_a_thread_trains(tiny):
     store = RunStore()
     job = TrainingJob(cfg(tiny, seed=3), store=store).start(process=True)
-    seen = set()
-    while not job.join(0.01):
-        seen.add(job.snapshot().step)
+    assert job.join(300)
     snap = job.snapshot()
     assert snap.status == "completed" and snap.step == 40 and snap.message == "completed 40 steps"
     assert job.remote.process.returncode == 0 and job.remote.process.pid != os.getpid()
-    assert len(seen - {0, 40}) >= 2  # progress arrived while it trained, not only at the end
     here = TrainingJob(cfg(tiny, seed=3), store=False)
-    ref = here.run()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the worker's one thread: bit for bit holds at the same thread count
+    try:
+        ref = here.run()
+    finally:
+        torch.set_num_threads(threads)
     assert job.result()["after"] == ref["after"] and job.result()["before"] == ref["before"]
     log, ref_log = snap.metrics(), here.snapshot().metrics()
     assert log.equals(ref_log)  # every row, in order, the same values
