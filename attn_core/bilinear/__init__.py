@@ -33,6 +33,7 @@ from attn_core.bilinear.detectors import (
     best_heads,
     detection_patterns,
     detector_inputs,
+    detector_tensors,
     head_detector_scores,
     head_detectors,
 )
@@ -72,6 +73,7 @@ __all__ = [
     "concentration_table",
     "detection_patterns",
     "detector_inputs",
+    "detector_tensors",
     "eigen_frame",
     "encode",
     "has_bias",

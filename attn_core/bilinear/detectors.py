@@ -63,27 +63,24 @@ def detector_inputs(
 
 
 def _patterns(model: Transformer, tokens: torch.Tensor) -> torch.Tensor:
-    """A of every head, [b, L, H, T, T], from the model's hook points."""
+    """A of every head, [b, L, H, T, T] float32, from the model's hook points (on its device)."""
     names = [act_name("pattern", l) for l in range(model.cfg.n_layers)]
-    _, cache = model.run_with_cache(tokens.to(model.embed.W_E.device), names_filter=names)
-    return torch.stack([cache[n] for n in names], 1).float().cpu()
+    _, cache = model.run_with_cache(tokens, names_filter=names)
+    return torch.stack([cache[n] for n in names], 1).float()
 
 
-def head_detector_scores(
-    model: Transformer, n_samples: int = 32, seed: int = 0, length: int | None = None, rows: str = "supported"
+def detector_tensors(
+    model: Transformer, inputs: dict[str, torch.Tensor], rows: str = "supported"
 ) -> dict[str, torch.Tensor]:
-    """``{detector: [n_layers, n_heads]}``: the attention mass a head puts where the detection
-    pattern is 1 (TransformerLens' "mul" score), averaged over samples and query rows.
-    ``rows="supported"`` averages over the rows where the pattern has any 1 (so a perfect head
-    scores 1); ``rows="all"`` over every row, as TransformerLens does. Previous-token and self
-    are measured on random tokens, duplicate-token and induction on repeated ones."""
+    """:func:`head_detector_scores` of ``inputs`` (:func:`detector_inputs`), on the model's device
+    (the tensor part: no data is read)."""
     if rows not in ("supported", "all"):
         raise ValueError(f"rows must be 'supported' or 'all', got {rows!r}")
-    inputs = detector_inputs(model, n_samples, seed, length)
+    device = model.embed.W_E.device
     out = {}
     with torch.no_grad():
         for source, names in (("random", ("previous_token", "self")), ("repeated", ("duplicate_token", "induction"))):
-            tokens = inputs[source]
+            tokens = inputs[source].to(device)
             A = _patterns(model, tokens)  # [b, L, H, T, T]
             patterns = detection_patterns(tokens)
             for name in names:
@@ -96,6 +93,18 @@ def head_detector_scores(
                 else:
                     out[name] = mass.sum((0, 3)) / A.sum((-1, -2)).sum(0)
     return {name: out[name] for name in DETECTORS}
+
+
+def head_detector_scores(
+    model: Transformer, n_samples: int = 32, seed: int = 0, length: int | None = None, rows: str = "supported"
+) -> dict[str, torch.Tensor]:
+    """``{detector: [n_layers, n_heads]}`` on the CPU: the attention mass a head puts where the
+    detection pattern is 1 (TransformerLens' "mul" score), averaged over samples and query rows.
+    ``rows="supported"`` averages over the rows where the pattern has any 1 (so a perfect head
+    scores 1); ``rows="all"`` over every row, as TransformerLens does. Previous-token and self
+    are measured on random tokens, duplicate-token and induction on repeated ones."""
+    scores = detector_tensors(model, detector_inputs(model, n_samples, seed, length), rows)
+    return {name: t.cpu() for name, t in scores.items()}
 
 
 def head_detectors(

@@ -26,9 +26,11 @@ import torch
 
 
 def entropy_floor(n: torch.Tensor | int, sigma: torch.Tensor | float) -> torch.Tensor:
-    """h(n, sigma) above, in nats, broadcast over ``n`` (keys, >= 1) and ``sigma`` (>= 0)."""
-    n = torch.as_tensor(n, dtype=torch.float64)
-    sigma = torch.as_tensor(sigma, dtype=torch.float64).clamp_min(0)
+    """h(n, sigma) above, in nats, broadcast over ``n`` (keys, >= 1) and ``sigma`` (>= 0), on the
+    device of whichever is a tensor (float64 always)."""
+    device = next((t.device for t in (n, sigma) if isinstance(t, torch.Tensor)), None)
+    n = torch.as_tensor(n, dtype=torch.float64, device=device)
+    sigma = torch.as_tensor(sigma, dtype=torch.float64, device=device).clamp_min(0)
     m = (n - 1).clamp_min(0)
     delta = sigma * torch.sqrt(n / m.clamp_min(1))
     beta = torch.exp(-delta)
@@ -64,10 +66,11 @@ def normalized_row_floors(S: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(n > 1, row_floors(S, mask) / logn, torch.zeros_like(n))
 
 
-def floor_logits(n: int, sigma: float) -> torch.Tensor:
-    """The logits that attain the floor: one at sigma sqrt((n-1)/n), the rest at -sigma/sqrt(n(n-1))."""
+def floor_logits(n: int, sigma: float, device: torch.device | str | None = None) -> torch.Tensor:
+    """The logits that attain the floor: one at sigma sqrt((n-1)/n), the rest at -sigma/sqrt(n(n-1)),
+    float64 on ``device`` (that of the scores they stand beside; default the CPU)."""
     if n < 2:
-        return torch.zeros(n, dtype=torch.float64)
-    s = torch.full((n,), -sigma / math.sqrt(n * (n - 1)), dtype=torch.float64)
+        return torch.zeros(n, dtype=torch.float64, device=device)
+    s = torch.full((n,), -sigma / math.sqrt(n * (n - 1)), dtype=torch.float64, device=device)
     s[0] = sigma * math.sqrt((n - 1) / n)
     return s

@@ -128,9 +128,11 @@ def text_inputs(ids: list[int], length: int, samples: int, early=None, late=None
 
 
 @torch.no_grad()
-def position_losses(model: Transformer, inputs: Inputs) -> tuple[torch.Tensor, float, dict]:
-    """(mean next-token loss per position [T], the loss on scored positions, per-layer sums for
-    the entropy and its floor): one pass over the inputs in chunks."""
+def position_sums(model: Transformer, inputs: Inputs) -> dict[str, torch.Tensor]:
+    """The sums :func:`position_losses` divides, float64 on the model's device (its tensor part:
+    no data is read): ``loss`` per position [T], ``scored_loss`` and ``scored`` (the scored
+    positions' loss and count), per head ``entropy`` and ``floor`` [L, H] (normalized, summed over
+    informative rows), ``rows`` [L] (informative rows). One pass over the inputs in chunks."""
     cfg = model.cfg
     n, T = inputs.tokens.shape
     per_seq = cfg.n_layers * cfg.n_heads * T * T * 8 * 3
@@ -140,34 +142,51 @@ def position_losses(model: Transformer, inputs: Inputs) -> tuple[torch.Tensor, f
             f"one sequence of {T} tokens needs {size_text(per_seq)} for its scores; use shorter windows (--length)"
         )
     names = [act_name(k, l) for l in range(cfg.n_layers) for k in ("attn_scores", "pattern")]
-    loss_sum = torch.zeros(T, dtype=torch.float64)
-    scored_sum, scored_n = 0.0, 0
-    H = torch.zeros(cfg.n_layers, cfg.n_heads, dtype=torch.float64)
-    floor = torch.zeros_like(H)
-    rows = torch.zeros(cfg.n_layers, dtype=torch.float64)
     device = model.embed.W_E.device
+    shapes = {"loss": (T,), "scored_loss": (), "scored": (), "rows": (cfg.n_layers,)}
+    shapes |= {"entropy": (cfg.n_layers, cfg.n_heads), "floor": (cfg.n_layers, cfg.n_heads)}
+    sums = {k: torch.zeros(shape, dtype=torch.float64, device=device) for k, shape in shapes.items()}
     for i in range(0, n, chunk):
         tok = inputs.tokens[i : i + chunk].to(device)
         tgt = inputs.targets[i : i + chunk].to(device)
+        s = inputs.scored[i : i + chunk].to(device)
         logits, cache = model.run_with_cache(tok, names_filter=names)
         ce = F.cross_entropy(logits.flatten(0, 1).double(), tgt.flatten(), reduction="none").view(tok.shape)
-        loss_sum += ce.sum(0).cpu()
-        s = inputs.scored[i : i + chunk].to(device)
-        scored_sum += float(ce[s].sum())
-        scored_n += int(s.sum())
+        sums["loss"] += ce.sum(0)
+        sums["scored_loss"] += torch.where(s, ce, 0.0).sum()
+        sums["scored"] += s.sum()
         for l in range(cfg.n_layers):
             mask = model.mask(T, cfg.window(l))
             A = cache[act_name("pattern", l)].double()
             ok = M.informative_rows(mask, A.shape)  # [b, H, T]
-            H[l] += (M.normalized_entropy(A, mask) * ok).sum((0, 2)).cpu()
-            rows[l] += float(ok[:, 0].sum())
+            sums["entropy"][l] += (M.normalized_entropy(A, mask) * ok).sum((0, 2))
+            sums["rows"][l] += ok[:, 0].sum()
             if cfg.entmax_alpha == 1.0:
                 fl = bound.normalized_row_floors(cache[act_name("attn_scores", l)], mask)
-                floor[l] += (fl * ok).sum((0, 2)).cpu()
-    entropy = H / rows.clamp_min(1)[:, None]
-    floors = floor / rows.clamp_min(1)[:, None] if cfg.entmax_alpha == 1.0 else None
-    loss = scored_sum / scored_n if scored_n else math.nan
-    return loss_sum / n, loss, {"entropy_data": entropy, "entropy_bound": floors}
+                sums["floor"][l] += (fl * ok).sum((0, 2))
+    return sums
+
+
+def position_losses(model: Transformer, inputs: Inputs) -> tuple[torch.Tensor, float, dict]:
+    """(mean next-token loss per position [T], the loss on scored positions, per-layer means of
+    the entropy and its floor [L, H]), on the CPU: :func:`position_sums`, read once."""
+    sums = {k: v.cpu() for k, v in position_sums(model, inputs).items()}
+    rows = sums["rows"].clamp_min(1)[:, None]
+    softmax = model.cfg.entmax_alpha == 1.0
+    scored = float(sums["scored"])
+    loss = float(sums["scored_loss"]) / scored if scored else math.nan
+    concentration = {"entropy_data": sums["entropy"] / rows, "entropy_bound": sums["floor"] / rows if softmax else None}
+    return sums["loss"] / inputs.tokens.shape[0], loss, concentration
+
+
+def k_composition_max(K: torch.Tensor, n_layers: int, n_heads: int) -> torch.Tensor:
+    """[n_layers, n_heads]: the largest K-composition score into each head from a head of an
+    earlier layer (``K`` [n, n] writer -> reader, NaN where not defined); NaN in layer 0."""
+    kmax = torch.full((n_layers, n_heads), math.nan, dtype=K.dtype, device=K.device)
+    H = n_heads
+    for l in range(1, n_layers):
+        kmax[l] = K[: l * H, l * H : (l + 1) * H].nan_to_num(-math.inf).amax(0)
+    return kmax
 
 
 @dataclass
@@ -179,8 +198,9 @@ class Measured:
 
 
 def _head_values(name: str, table: torch.Tensor | None, L: int, H: int, first_layer: int = 0) -> dict:
+    values = None if table is None else table.double().cpu().tolist()  # one read of the table
     return {
-        str(MetricKey(name, l, h)): (None if table is None else _num(table[l, h]))
+        str(MetricKey(name, l, h)): (None if values is None else _num(values[l][h]))
         for l in range(first_layer, L)
         for h in range(H)
     }
@@ -214,10 +234,7 @@ def measure(
     comp = composition(model)
     K = comp.scores["k"]  # [n, n], writer -> reader, NaN unless the writer's layer is earlier
     if L > 1:
-        kmax = torch.full((L, H), math.nan)
-        for l in range(1, L):
-            kmax[l] = K[: l * H, l * H : (l + 1) * H].nan_to_num(-math.inf).amax(0)
-        tables["k_composition_max"] = kmax
+        tables["k_composition_max"] = k_composition_max(K, L, H)
     spec = R.spectrum(model)
     tables["sigma_max"], tables["stable_rank"] = spec["singular_values"][..., 0], spec["stable_rank"]
     for name in PER_HEAD:

@@ -58,7 +58,7 @@ def gpt_neox(cfg: ModelConfig, get: Get, has: Callable[[str], bool]) -> dict[str
     out["ln_final.b"] = get(p + "final_layer_norm.bias", (d,))
     head = "embed_out.weight" if has("embed_out.weight") else p + "embed_in.weight"
     out["unembed.W_U"] = get(head, (V, d)).T.contiguous()
-    out["unembed.b_U"] = torch.zeros(V)
+    out["unembed.b_U"] = out["unembed.W_U"].new_zeros(V)
     return out
 
 
@@ -78,7 +78,9 @@ def llama(cfg: ModelConfig, get: Get, has: Callable[[str], bool]) -> dict[str, t
             out[q + "attn.b_Q"] = get(a + "q_proj.bias", (h * dh,)).reshape(h, dh)
             out[q + "attn.b_K"] = get(a + "k_proj.bias", (g * dh,)).reshape(g, dh)
             out[q + "attn.b_V"] = get(a + "v_proj.bias", (g * dh,)).reshape(g, dh)
-            out[q + "attn.b_O"] = get(a + "o_proj.bias", (d,)) if has(a + "o_proj.bias") else torch.zeros(d)
+            out[q + "attn.b_O"] = (
+                get(a + "o_proj.bias", (d,)) if has(a + "o_proj.bias") else out[q + "attn.W_O"].new_zeros(d)
+            )
         out[q + "ln1.w"] = get(s + "input_layernorm.weight", (d,))
         out[q + "ln2.w"] = get(s + "post_attention_layernorm.weight", (d,))
         m = s + "mlp."
@@ -89,11 +91,11 @@ def llama(cfg: ModelConfig, get: Get, has: Callable[[str], bool]) -> dict[str, t
         ):
             out[f"{q}mlp.W_{ours}"] = get(m + theirs + ".weight", shape).T.contiguous()
             bias = m + theirs + ".bias"
-            out[f"{q}mlp.b_{ours}"] = get(bias, shape[:1]) if has(bias) else torch.zeros(shape[0])
+            out[f"{q}mlp.b_{ours}"] = get(bias, shape[:1]) if has(bias) else out[f"{q}mlp.W_{ours}"].new_zeros(shape[0])
     out["ln_final.w"] = get(p + "norm.weight", (d,))
     head = "lm_head.weight" if has("lm_head.weight") else p + "embed_tokens.weight"
     out["unembed.W_U"] = get(head, (V, d)).T.contiguous()
-    out["unembed.b_U"] = torch.zeros(V)
+    out["unembed.b_U"] = out["unembed.W_U"].new_zeros(V)
     return out
 
 

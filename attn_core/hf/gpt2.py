@@ -112,7 +112,7 @@ def convert(cfg: ModelConfig, hf: dict, get, has) -> dict[str, torch.Tensor]:
     # tied unless the file has its own
     W_U = get("lm_head.weight", (V, d)) if has("lm_head.weight") else out["embed.W_E"]
     out["unembed.W_U"] = W_U.T.contiguous()
-    out["unembed.b_U"] = torch.zeros(V)
+    out["unembed.b_U"] = W_U.new_zeros(V)
     return {k: v.contiguous() for k, v in out.items()}
 
 

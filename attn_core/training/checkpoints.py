@@ -334,7 +334,9 @@ def load_checkpoint(path: str | Path, reference: LoadedModel | None = None) -> L
                 f"{path.name} holds only attention and LayerNorm weights; it needs the run's final model "
                 "(same architecture) for the rest"
             )
-        tensors = {**{k: v for k, v in reference.model.state_dict().items() if k not in tensors}, **tensors}
+        # the reference may live on a GPU or in another dtype: its tensors join the file's (CPU, float32)
+        state = reference.model.state_dict()
+        tensors = {**{k: v.detach().to("cpu", torch.float32) for k, v in state.items() if k not in tensors}, **tensors}
     model = checkpoint.build_checked(cfg, tensors)
     card = Card.from_dict(reference.card.to_dict() if reference is not None else None)
     card.details["checkpoint"] = {"step": int(step) if step.isdigit() else None, "params": params, "partial": partial}

@@ -399,7 +399,7 @@ CPU_BY_DESIGN = {
     ("training/trainer.py", "init_model"): "the seeded init draws on the CPU: the same model on every device",
     ("training/trainer.py", "_read"): "the pinned host buffer of the one copy from the device",
     ("bilinear/tokens.py", "random_tokens"): "token ids for the user, read as a list",
-    ("bilinear/detectors.py", "detector_inputs"): "seeded CPU inputs, moved to the model in _patterns",
+    ("bilinear/detectors.py", "detector_inputs"): "seeded CPU inputs, moved to the model in detector_tensors",
     ("bilinear/long.py", "window_frame"): "labels of a table of CPU values",
     ("bilinear/long.py", "overview_frame"): "labels of a table of CPU values",
     ("bilinear/long.py", "view"): "indices into LayerScores, which holds CPU tensors",
@@ -416,13 +416,39 @@ CPU_BY_DESIGN = {
     ("regularizers/penalty.py", "__init__"): "the seeded host generator of sampled penalty rows",
     ("regularizers/rows.py", "sample_positions"): "sampled rows drawn on the host, moved with .to(q.device)",
     ("text/measure.py", "_run"): "per-head sums kept on the host, added from .cpu() copies",
+    ("dynamics/metrics.py", "text_inputs"): "token ids of a text (CPU inputs, moved to the model in position_sums)",
+    ("hf/export.py", "_bias"): "export works on a CPU float32 copy of the state dict (gpt2_tensors' sd)",
+    ("hf/export.py", "gpt2_tensors"): "export works on a CPU float32 copy of the state dict, written to a file",
 }
-SCANNED = ("model", "training", "regularizers", "bilinear", "circuits", "grow", "qk", "kernels", "sweep", "text")
-SCANNED_FILES = ("metrics.py", "tasks.py", "finetune.py", "hf/family_export.py")
+SCANNED = (
+    "model",
+    "training",
+    "regularizers",
+    "bilinear",
+    "circuits",
+    "grow",
+    "qk",
+    "kernels",
+    "sweep",
+    "text",
+    "dynamics",
+    "hf",
+)
+SCANNED_FILES = ("metrics.py", "tasks.py", "finetune.py")
+
+
+def _is_factory(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "torch"
+        and (node.attr in FACTORIES or node.attr == "Generator")
+    )
 
 
 def _factory_calls(tree: ast.AST):
-    """(function, line, name) of every torch.<factory>(...) call without device= (and not *_like)."""
+    """(function, line, name) of every torch.<factory>(...) call without device= (and not *_like),
+    and of every factory taken as a value (``zeros = torch.zeros``: its calls name no device)."""
     out = []
 
     def visit(node, fn):
@@ -432,13 +458,13 @@ def _factory_calls(tree: ast.AST):
                 name = child.name
             if (
                 isinstance(child, ast.Call)
-                and isinstance(child.func, ast.Attribute)
-                and isinstance(child.func.value, ast.Name)
-                and child.func.value.id == "torch"
-                and (child.func.attr in FACTORIES or child.func.attr == "Generator")
+                and _is_factory(child.func)
                 and not any(k.arg == "device" for k in child.keywords)
             ):
                 out.append((fn, child.lineno, child.func.attr))
+            called = isinstance(node, ast.Call) and node.func is child
+            if _is_factory(child) and child.attr != "Generator" and not called:  # Generator: type hints
+                out.append((fn, child.lineno, f"{child.attr} taken as a value; torch.{child.attr}"))
             visit(child, name)
 
     visit(tree, "<module>")
