@@ -94,7 +94,10 @@ def read_point(fn) -> str | None:
     except (RuntimeError, NotImplementedError, TypeError) as e:
         if not any(r in str(e) for r in READS):
             raise
-        frames = [f for f in traceback.extract_tb(e.__traceback__) if "/attn_core/" in f.filename]
+        # comprehensions name the function they are in (Python 3.12 inlines them; 3.11 does not)
+        comprehension = ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")
+        tb = traceback.extract_tb(e.__traceback__)
+        frames = [f for f in tb if "/attn_core/" in f.filename and f.name not in comprehension]
         assert frames, f"read outside attn_core: {e}"
         return f"{Path(frames[-1].filename).name}:{frames[-1].name}"
     return None
