@@ -24,8 +24,9 @@ EveryOpt = typer.Option(
 LogOpt = typer.Option(
     default(JobConfig, "checkpoint_log"),
     "--checkpoint-log",
-    help="Keep the weights at N steps spaced evenly in log(step) from 1 to the end (dense early, where "
-    "circuits form); combines with --checkpoint-every.",
+    help="Keep the weights at up to N steps spaced evenly in log(step) from 1 to the end (dense early, where "
+    "circuits form; steps that round to the same step count once, so fewer than N early in a short run: "
+    "the card's checkpoints.kept says how many); combines with --checkpoint-every.",
 )
 StepsOpt = typer.Option(
     None, "--checkpoint-steps", help="Keep the weights at these steps too, comma-separated (0,50,100)."

@@ -58,7 +58,8 @@ def file_name(step: int) -> str:
 
 
 def log_steps(total: int, n: int) -> list[int]:
-    """``n`` steps spaced evenly in log(step) from 1 to ``total`` (rounded, duplicates dropped)."""
+    """Up to ``n`` steps spaced evenly in log(step) from 1 to ``total``, rounded; steps that round
+    to the same whole step are kept once, so early in a run there may be fewer than ``n``."""
     if n <= 1 or total <= 1:
         return [total]
     return sorted({max(1, round(total ** (i / (n - 1)))) for i in range(n)})
@@ -80,19 +81,22 @@ class CheckpointPlan:
         def ok(cond: bool, msg: str) -> None:
             check(cond, msg, prefix="invalid checkpoint setting: ")
 
-        ok(self.every is None or (is_int(self.every) and self.every >= 1), f"every must be >= 1, got {self.every!r}")
+        ok(
+            self.every is None or (is_int(self.every) and self.every >= 1),
+            f"--checkpoint-every must be a whole number of steps >= 1, got {self.every!r}",
+        )
         ok(
             self.log is None or (is_int(self.log) and 1 <= self.log <= MAX_CHECKPOINTS),
-            f"log must be 1..{MAX_CHECKPOINTS:,} checkpoints, got {self.log!r}",
+            f"--checkpoint-log must be 1..{MAX_CHECKPOINTS:,} checkpoints, got {self.log!r}",
         )
         steps = tuple(self.steps or ())
-        ok(all(is_int(s) and s >= 0 for s in steps), "steps must be integers >= 0")
-        ok(len(steps) <= MAX_CHECKPOINTS, f"at most {MAX_CHECKPOINTS:,} steps")
+        ok(all(is_int(s) and s >= 0 for s in steps), "--checkpoint-steps must be whole numbers >= 0")
+        ok(len(steps) <= MAX_CHECKPOINTS, f"--checkpoint-steps takes at most {MAX_CHECKPOINTS:,} steps")
         object.__setattr__(self, "steps", tuple(sorted(set(int(s) for s in steps))))
-        ok(self.params in PARAMS, f"params must be one of {', '.join(PARAMS)}, got {self.params!r}")
+        ok(self.params in PARAMS, f"--checkpoint-params must be one of {', '.join(PARAMS)}, got {self.params!r}")
         ok(
             is_number(self.max_mb) and 0 < self.max_mb < math.inf,
-            f"max_mb must be a positive number of MiB, got {self.max_mb!r}",
+            f"--checkpoint-max-mb must be a positive number of MiB, got {self.max_mb!r}",
         )
 
     @property
@@ -168,8 +172,16 @@ class CheckpointWriter:
         what = "attention and LayerNorm weights" if self.plan.params == "attn" else "all weights"
         return (
             f"checkpoints: {len(self.steps)} at steps {shown} ({what}, {limits.size_text(self.bytes_each)} each, "
-            f"{limits.size_text(total)} in all; the bound is {limits.size_text(self.max_bytes)})"
+            f"{limits.size_text(total)} in all; the bound is {limits.size_text(self.max_bytes)})" + self.log_note()
         )
+
+    def log_note(self) -> str:
+        """Why ``--checkpoint-log K`` keeps fewer than K steps, when it does ("" otherwise)."""
+        K = self.plan.log
+        got = len(log_steps(self.total, K)) if K is not None else 0
+        if K is None or got >= K:
+            return ""
+        return f"; --checkpoint-log {K} gives {got} distinct steps (log-spaced steps that round to the same step count once)"
 
     def check_room(self, model: Transformer, folder: Path) -> None:
         """Refuse a series larger than the bound or than the disk's free space (before training)."""
@@ -235,6 +247,8 @@ class CheckpointWriter:
         out = {
             "params": self.plan.params,
             "steps": list(self.written),
+            "kept": len(self.written),  # --checkpoint-log K may keep fewer than K (log_steps)
+            "scheduled": len(self.steps),  # more than kept when the run stopped early
             "files": [file_name(s) for s in self.written],
             "bytes": self.bytes,
             "plan": self.plan.to_dict(),

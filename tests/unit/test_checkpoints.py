@@ -55,12 +55,12 @@ def test_log_steps_are_log_spaced_inside_the_run(total, n):
 @pytest.mark.parametrize(
     "kw, words",
     [
-        (dict(every=0), "every must be >= 1"),
-        (dict(log=0), "log must be"),
-        (dict(steps=(-1,)), "steps must be integers"),
-        (dict(every=1, params="mlp"), "params must be one of all, attn"),
-        (dict(every=1, max_mb=0), "max_mb must be a positive"),
-        (dict(every=True), "every must be >= 1"),
+        (dict(every=0), "--checkpoint-every must be a whole number"),
+        (dict(log=0), "--checkpoint-log must be"),
+        (dict(steps=(-1,)), "--checkpoint-steps must be whole numbers"),
+        (dict(every=1, params="mlp"), "--checkpoint-params must be one of all, attn"),
+        (dict(every=1, max_mb=0), "--checkpoint-max-mb must be a positive"),
+        (dict(every=True), "--checkpoint-every must be a whole number"),
     ],
 )
 def test_bad_plans_are_one_sentence(kw, words):
