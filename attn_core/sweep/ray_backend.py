@@ -14,6 +14,7 @@ import os
 import shutil
 import socket
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from urllib.parse import urlparse
@@ -69,48 +70,73 @@ def preflight(address: str | None = None) -> None:
         _check_reachable(address)
 
 
+# The local Ray this process started, shared by every sweep of the process that runs while it is
+# up (the dashboard can start a second sweep while the first runs): it is shut down when the last
+# of them ends, never under another one. The lock also makes two sweeps starting at once start one Ray.
+_LOCK = threading.Lock()
+_OURS: dict = {"users": 0, "guard": None}
+
+
+def ray_users() -> int:
+    """How many sweeps of this process use the Ray it started (0: none started, or it ended)."""
+    with _LOCK:
+        return _OURS["users"]
+
+
 @contextmanager
 def ray_session(address: str | None = None, num_cpus: int | None = None):
-    """Ray for the length of a sweep; yields a dict (ray_version, address, started).
+    """Ray for the length of a sweep; yields a dict (ray_version, address, started, shared).
 
-    Ray already initialised in this process is used as it is. Otherwise, without ``address``
-    (or ``$RAY_ADDRESS``) a local Ray is started with ``num_cpus`` (default every core) and shut down
-    at the end; with one, the cluster is joined (and left at the end)."""
+    Ray already initialised in this process is used as it is: when this process started it (for
+    another sweep still running, ``shared``), this sweep counts as one more of its users and the last
+    user shuts it down; a Ray the caller started stays up. Otherwise, without ``address`` (or
+    ``$RAY_ADDRESS``) a local Ray is started with ``num_cpus`` (default every core) and shut down at
+    the end; with one, the cluster is joined (and left at the end)."""
     ray = ray_module()
     address = address or os.environ.get("RAY_ADDRESS") or None
     os.environ.setdefault(USAGE_STATS_ENV, "0")  # no usage statistics unless the user asks for them
-    started, guard = False, None
-    if not ray.is_initialized():
-        if address:
-            _check_reachable(address)
-        kwargs = dict(
-            include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False, configure_logging=True
-        )
-        # a local Ray ends with this process, kill -9 included (its processes only)
-        guard = None if address else watchdog.start(os.path.dirname(ray.__file__))
-        try:
+    started = shared = False
+    with _LOCK:
+        if _OURS["users"] > 0 and ray.is_initialized():
+            _OURS["users"] += 1
+            shared = True
+        elif not ray.is_initialized():
             if address:
-                ray.init(address=address, **kwargs)
-            else:
-                ray.init(num_cpus=num_cpus or os.cpu_count() or 1, **kwargs)
-        except Exception as e:  # ConnectionError, a ray:// handshake that fails, a version mismatch ...
-            watchdog.stop(guard)
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise SweepError(f"cannot start or join Ray{f' at {address}' if address else ''}: {first}") from None
-        started = True
+                _check_reachable(address)
+            kwargs = dict(
+                include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False, configure_logging=True
+            )
+            # a local Ray ends with this process, kill -9 included (its processes only)
+            guard = None if address else watchdog.start(os.path.dirname(ray.__file__))
+            try:
+                if address:
+                    ray.init(address=address, **kwargs)
+                else:
+                    ray.init(num_cpus=num_cpus or os.cpu_count() or 1, **kwargs)
+            except Exception as e:  # ConnectionError, a ray:// handshake that fails, a version mismatch ...
+                watchdog.stop(guard)
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise SweepError(f"cannot start or join Ray{f' at {address}' if address else ''}: {first}") from None
+            _OURS.update(users=1, guard=guard)
+            started = True
     try:
         ctx = ray.get_runtime_context()
-        where = address or ("local" if started else getattr(ctx, "gcs_address", "") or "local")
+        where = address or ("local" if started or shared else getattr(ctx, "gcs_address", "") or "local")
         yield {
             "ray_version": ray.__version__,
             "address": where,
             "started": started,
+            "shared": shared,
             "cluster": ray.cluster_resources(),
         }
     finally:
-        if started:
-            ray.shutdown()
-            watchdog.stop(guard)
+        if started or shared:
+            with _LOCK:
+                _OURS["users"] -= 1
+                if _OURS["users"] == 0:
+                    ray.shutdown()
+                    watchdog.stop(_OURS["guard"])
+                    _OURS["guard"] = None
 
 
 def _trainable(config: dict) -> None:
@@ -200,16 +226,7 @@ def run_tune(
     collect = Collect(token, steps)
     shared = os.environ.get(STORAGE_ENV)  # a multi-node cluster may need a shared folder (or s3://...)
     storage = shared or tempfile.mkdtemp(prefix="attn-lab-tune-")
-    env = {  # no result files (the driver records), no SIGINT handler of Tune's (Ctrl-C is the caller's)
-        "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",
-        "RAY_AIR_NEW_OUTPUT": "0",
-        "TUNE_DISABLE_SIGINT_HANDLER": "1",
-    }
-    saved_env = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    quiet = logging.getLogger("ray.tune")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)  # Tune warns that the result files it was told not to write are missing
+    _tune_settings(+1)
     try:
         resources = {"cpu": cpus_per_trial, "gpu": gpus_per_trial}
         tuner = tune.Tuner(
@@ -237,14 +254,36 @@ def run_tune(
     finally:
         _SINKS.pop(token, None)
         _STOPS.pop(token, None)
-        quiet.setLevel(level)
-        for k, v in saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _tune_settings(-1)
         if not shared:
             shutil.rmtree(storage, ignore_errors=True)
+
+
+TUNE_ENV = {  # no result files (the driver records), no SIGINT handler of Tune's (Ctrl-C is the caller's)
+    "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",
+    "RAY_AIR_NEW_OUTPUT": "0",
+    "TUNE_DISABLE_SIGINT_HANDLER": "1",
+}
+_TUNING: dict = {"fits": 0, "env": {}, "level": logging.NOTSET}
+
+
+def _tune_settings(change: int) -> None:
+    """The process-wide settings of a Tune fit: made by the first fit running, restored when the
+    last ends (two sweeps at once must not restore them under each other)."""
+    quiet = logging.getLogger("ray.tune")  # Tune warns that the result files it was told not to write are missing
+    with _LOCK:
+        _TUNING["fits"] += change
+        if change > 0 and _TUNING["fits"] == 1:
+            _TUNING.update(env={k: os.environ.get(k) for k in TUNE_ENV}, level=quiet.level)
+            os.environ.update(TUNE_ENV)
+            quiet.setLevel(logging.ERROR)
+        elif change < 0 and _TUNING["fits"] == 0:
+            quiet.setLevel(_TUNING["level"])
+            for k, v in _TUNING["env"].items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 # Tune pickles its run config, callbacks included: a callback keeps a token, and the driver's
