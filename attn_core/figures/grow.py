@@ -75,7 +75,7 @@ def spectrum_plot(result: GrowResult) -> Plot:
     fig.update_layout(
         title=f"Spectrum of Z* at η*, {_head(result)} ({BASIS_NAMES[result.config.basis]})<br>"
         f"<sup>discarded energy Σ_(i>{k}) σ_i² = {step.discarded_energy:.3g} "
-        f"({share:.2%} of Σ σ_i²); the {k - d_k} new directions hold "
+        f"({100 * share:.3g}% of Σ σ_i²); the {k - d_k} new directions hold "
         f"{step.captured_share(d_k):.1%} of the energy beyond the old d_k</sup>"
     )
     return Plot(
