@@ -188,3 +188,26 @@ def test_a_sweep_trial_passes_penalty_rows(tiny):
     sweep_id, _ = start_sweep(plan, store)
     run_id = record_trial(store, sweep_id, payload)
     assert store.load_model(run_id).card.details["penalty"]["rows"] == 4
+
+
+# --- a retrain on text ----------------------------------------------------------------------------
+
+
+def test_a_text_retrain_samples_rows(tmp_path):
+    pytest.importorskip("transformers")
+    from tests.conftest import write_tiny_hf
+    from tests.text_corpus import make_text, write_word_tokenizer
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    write_tiny_hf(folder, "mistral", num_key_value_heads=1, sliding_window=5)  # a sliding window: rows see 5 keys
+    write_word_tokenizer(folder)
+    text = tmp_path / "text.txt"
+    text.write_text(make_text(0, lines=60))
+    args = ["retrain", str(folder), "--text", str(text), "--block", "16", "--reg", "entropy=0.1", "--steps", "2"]
+    res = CliRunner().invoke(app, [*args, "--penalty-rows", "4", "--batch-size", "4", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["status"] == "completed" and out["penalty"] == {"rows": 4, "positions": 16, "estimate": "sampled"}
+    card = RunStore().load_model(out["run_id"]).card
+    assert card.details["penalty"]["estimate"] == "sampled" and card.details["job"]["penalty_rows"] == 4
