@@ -98,6 +98,16 @@ with reg_col:
                 help="Penalise 1 − (mass of the k largest attention weights)",
             )
         specs.append(R.RegSpec(name, lam, k=int(k)))
+    penalty_rows = st.number_input(
+        "Rows per head for the penalty (0 = all)",
+        min_value=0,
+        max_value=cfg.n_ctx,
+        step=1,
+        key=ui.remember("retrain_penalty_rows", 0, range(cfg.n_ctx + 1)),
+        help="Entropy, Hoyer and top-k penalties from this many query rows per head, drawn at random each "
+        "step: an unbiased estimate of the penalty and its gradient, cheaper on long sequences, noisier. "
+        "0, or at least the sequence length, uses every row (the exact penalty). Other penalties are exact",
+    )
 with head_col:
     st.subheader("Watched head")
     layer, head = ui.layer_head_picker(cfg, head_help=": its spectrum and attention are drawn live")
@@ -294,6 +304,7 @@ def start() -> None:
             precision=precision,
             compile=compiled,
             checkpoint_log=int(checkpoints) or None,
+            penalty_rows=int(penalty_rows) or None,
             **(text_cfg or {}),
         )
         new = TrainingJob(job_cfg)

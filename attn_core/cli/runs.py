@@ -119,6 +119,7 @@ def retrain_cmd(
     block: int | None = opts.BlockOpt,
     train: str = opts.TrainOpt,
     kl: float = opts.KlOpt,
+    penalty_rows: int | None = opts.PenaltyRowsOpt,
     as_json: bool = JsonOpt,
 ):
     """Fine-tune a model with concentration regularizers; the run is saved in the run store.
@@ -150,6 +151,7 @@ def retrain_cmd(
         block=block,
         train=train,
         kl=kl,
+        penalty_rows=penalty_rows,
     )
     if cfg.text is not None:  # tokenized once, with a progress bar; the job finds it in the cache
         _tokenize_with_bar(cfg, quiet=as_json)
@@ -230,6 +232,8 @@ def _report(res: dict, as_json: bool, job=None) -> None:
             if out[when] is not None:
                 out[when]["per_head"] = _per_head(res[when])
         out["trained"] = job.retraining.details(job.model, job.task)["trained"]
+    if job is not None and job.cfg.penalty_rows is not None:  # how the row penalties were computed
+        out["penalty"] = job.penalty.estimate(job.task.n_ctx)
 
     def human(r: dict) -> str:
         text = f"run {r['run_id']}: {r['status']} ({r['message']})\n"
@@ -241,6 +245,14 @@ def _report(res: dict, as_json: bool, job=None) -> None:
                 + (f"; {r['tokens_per_s']:,.0f} tokens/s" if r.get("tokens_per_s") else "")
                 + "\n"
             )
+        if "penalty" in r:
+            p = r["penalty"]
+            text += {
+                "sampled": f"row penalties: {p['rows']} of {p['positions']} query rows per head sampled each step "
+                "(unbiased estimate)\n",
+                "exact": f"row penalties: every row (--penalty-rows {p['rows']} covers the {p['positions']} positions)\n",
+                "none": "row penalties: none to sample (--penalty-rows acts on entropy, hoyer and topk)\n",
+            }[p["estimate"]]
         strip = lambda m: {k: v for k, v in (m or {}).items() if k != "per_head"}  # noqa: E731
         return text + _before_after(strip(r["before"]), strip(r["after"]))
 

@@ -107,6 +107,7 @@ def sweep_cmd(
     block: int | None = opts.BlockOpt,
     train: str = opts.TrainOpt,
     kl: float = opts.KlOpt,
+    penalty_rows: int | None = opts.PenaltyRowsOpt,
     as_json: bool = JsonOpt,
 ):
     """Sweep regularizers x lambdas x seeds on Ray; every trial is a retrain recorded as a run.
@@ -126,7 +127,7 @@ def sweep_cmd(
                 checkpoint_every, checkpoint_log, checkpoint_steps, checkpoint_params, checkpoint_max_mb
             )
             text_options = dict(text=text, text_field=text_field, eval_text=eval_text, block=block)
-            tuning = dict(train=train if train != "all" else None, kl=kl or None)
+            tuning = dict(train=train if train != "all" else None, kl=kl or None, penalty_rows=penalty_rows)
             plan = sweep_plan(name, grid, seeds, steps, lr, heads, batch_size, **ckpt, **text_options, **tuning)
         try:
             res = run_sweep(

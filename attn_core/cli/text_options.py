@@ -1,5 +1,6 @@
-"""The options of a retrain on text that ``retrain`` and ``sweep`` share (one help text each), and
-the batch size, whose default for a text run depends on the model (``text.task.default_batch``)."""
+"""The options of a retrain on text that ``retrain`` and ``sweep`` share (one help text each), the
+batch size, whose default for a text run depends on the model (``text.task.default_batch``), and
+the sampled rows of the row penalties (``JobConfig.penalty_rows``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import typer
 
 from attn_core.finetune import TRAIN_HELP
 from attn_core.text.task import DEFAULT_BLOCK, HELD_OUT_FRACTION, MAX_DEFAULT_BATCH, STEP_MEMORY
-from attn_core.training.config import JobConfig
+from attn_core.training.config import MAX_PENALTY_ROWS, JobConfig
 from attn_core.validate import default
 
 BatchOpt = typer.Option(
@@ -37,4 +38,12 @@ KlOpt = typer.Option(
     "--kl",
     help="Add LAMBDA * KL(starting model || model) per token on the training batch, to keep behaviour "
     "while heads concentrate (0: off).",
+)
+PenaltyRowsOpt = typer.Option(
+    default(JobConfig, "penalty_rows"),
+    "--penalty-rows",
+    metavar="M",
+    help="Estimate the row penalties (entropy, hoyer, topk) from M query rows per head drawn at random each "
+    "step instead of every row: unbiased for the value and its gradient, cheaper on long sequences. "
+    f"1..{MAX_PENALTY_ROWS:,}; M at least the sequence length computes every row (default: every row).",
 )

@@ -52,27 +52,30 @@ def spectrum_plot(result: GrowResult) -> Plot:
                 hovertemplate="σ_%{x} = %{y:.4g}<extra></extra>",
             )
         )
-    fig.add_vline(
-        x=k + 0.5,
-        line=dict(color=METHOD_COLORS["grown"], dash="dash"),
-        annotation_text=f"cut: d_k + p = {k}",
-        annotation_position="top right",
-    )
-    fig.add_vline(  # its label a line lower than the cut's, on the other side: the two never meet
-        x=d_k + 0.5,
-        line=dict(color="grey", dash="dot"),
-        annotation_text=f"old d_k = {d_k}",
-        annotation_position="top left",
-        annotation_yshift=-18,
-        annotation_xshift=-4,
-    )
+    # The cut and the old width are named in the legend, not by labels in the plot: a label at the
+    # top of a line sat on the largest singular values, which start there.
+    top, bottom = float(shown["singular_value"].max()), float(shown["singular_value"].min())
+    for x, color, dash, label in [
+        (k + 0.5, METHOD_COLORS["grown"], "dash", f"cut: d_k + p = {k}"),
+        (d_k + 0.5, "grey", "dot", f"old d_k = {d_k}"),
+    ]:
+        fig.add_trace(
+            go.Scatter(
+                x=[x, x],
+                y=[bottom, top],
+                mode="lines",
+                name=label,
+                line=dict(color=color, dash=dash, width=2),
+                hovertemplate=f"{label}<extra></extra>",
+            )
+        )
     share = step.discarded_energy / step.total_energy if step.total_energy > 0 else 0.0
     fig.update_yaxes(type="log", title_text="σ_i")
     fig.update_xaxes(title_text="index i")
     fig.update_layout(
         title=f"Spectrum of Z* at η*, {_head(result)} ({BASIS_NAMES[result.config.basis]})<br>"
         f"<sup>discarded energy Σ_(i>{k}) σ_i² = {step.discarded_energy:.3g} "
-        f"({share:.2%} of Σ σ_i²); the {k - d_k} new directions hold "
+        f"({100 * share:.3g}% of Σ σ_i²); the {k - d_k} new directions hold "
         f"{step.captured_share(d_k):.1%} of the energy beyond the old d_k</sup>"
     )
     return Plot(

@@ -15,7 +15,7 @@ from attn_core.bilinear import QKForm, layer_form, model_form, vocab_scores
 from attn_core.hooks import Cache, act_name
 from attn_core.model import ModelConfig, Transformer, attention_weights
 from attn_core.regularizers.heads import Heads, all_heads, by_layer, head_label, parse_heads
-from attn_core.regularizers.rows import head_means, row_penalty
+from attn_core.regularizers.rows import head_means, row_penalty, samples
 from attn_core.regularizers.specs import RegSpec, SpecsLike, parse_specs
 from attn_core.validate import is_int
 
@@ -160,6 +160,7 @@ class ConcentrationPenalty:
         self.regularized_heads: Heads = tuple(union) if union else all_heads(cfg)
         layers = sorted({l for s in self.specs if s.view == "data" for l, _ in heads[s.label]})
         self.reads = tuple(act_name(kind, l) for l in layers for kind in ("q", "k"))
+        self.windows = tuple(cfg.window(l) for l in layers)  # the masks of the data-view layers
         self.rows, self.block = rows, block
         self.generator = torch.Generator().manual_seed(seed)
 
@@ -185,6 +186,17 @@ class ConcentrationPenalty:
                 s.label: float(regularizer_value(s, model, self.heads[s.label], cache, memo, block=self.block))
                 for s in self.all_specs
             }
+
+    def estimate(self, T: int) -> dict:
+        """How the data-view row penalties are computed on sequences of ``T`` positions (a run's
+        card records it): ``{"rows": M or None, "positions": T, "estimate": E}``, E "sampled" when
+        a layer they read has more informative positions than M, "exact" when every row counts,
+        "none" when no active spec is a data-view row penalty."""
+        if not self.windows:
+            estimate = "none"
+        else:
+            estimate = "sampled" if any(samples(self.rows, T, w) for w in self.windows) else "exact"
+        return {"rows": self.rows, "positions": T, "estimate": estimate}
 
     def __bool__(self) -> bool:
         return bool(self.specs)

@@ -323,6 +323,18 @@ def sample_positions(T: int, first: int, rows: int, generator: torch.Generator |
     return (torch.randperm(T - first, generator=generator)[:rows] + first).sort().values
 
 
+def first_row(window: int | None, key_mask: torch.Tensor | None = None) -> int:
+    """The first query position that can be informative: 1 under a causal mask without padding
+    (position 0 sees one key), else 0."""
+    return 1 if (window is not None and key_mask is None) else 0
+
+
+def samples(rows: int | None, T: int, window: int | None = 0, key_mask: torch.Tensor | None = None) -> bool:
+    """Whether :func:`head_means` samples ``rows`` query positions of ``T`` (else it computes every
+    row, the exact mean): ``rows`` is given and fewer than the positions that can be informative."""
+    return rows is not None and rows < T - first_row(window, key_mask)
+
+
 def head_means(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -349,8 +361,8 @@ def head_means(
     if key_mask is not None:
         valid = valid & key_mask  # a padding query's row does not count
     count = valid.sum() * (b // valid.shape[0])
-    first = 1 if (window is not None and key_mask is None) else 0  # a causal row 0 sees one key
-    if rows is None or rows >= T - first:
+    first = first_row(window, key_mask)
+    if not samples(rows, T, window, key_mask):
         values = row_values(
             q, k, kind, window=window, key_mask=key_mask, topk=topk, alpha=alpha, block=block, scale=scale
         )

@@ -44,6 +44,7 @@ JOB_FIELDS = (
     "block",
     "train",
     "kl",
+    "penalty_rows",
 )
 TEXT_PATHS = ("text", "eval_text")  # made absolute in the plan: a worker reads them from its own folder
 

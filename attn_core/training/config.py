@@ -16,6 +16,7 @@ from attn_core.training.device import check_precision, check_sync_every, select_
 from attn_core.validate import MAX_SEED, check, is_int, is_number
 
 MAX_BATCH = 65_536  # sequences per training batch
+MAX_PENALTY_ROWS = 2**20  # query rows per head of the sampled penalty (the longest block a text run takes)
 
 
 @dataclass
@@ -101,7 +102,14 @@ class JobConfig:
     that the source's own tokenizer.json tokenizes, ``text_field`` its JSON key / column,
     ``eval_text`` a held-out corpus (default the last 10% of the stream), ``block`` tokens per
     sequence (default min(context, 256)). ``train``: all, attn or qk, what learns; ``kl`` the
-    strength of KL(start || model) on the training batch (``attn_core.finetune``)."""
+    strength of KL(start || model) on the training batch (``attn_core.finetune``).
+
+    ``penalty_rows``: None computes the data-view row penalties (entropy, hoyer, topk) over every
+    query row; M (1..:data:`MAX_PENALTY_ROWS`) estimates each head's row mean from M query
+    positions drawn per step (``regularizers.build_penalty(rows=M)``, seeded by ``seed``): unbiased
+    for the value and its gradient, cheaper in time. M at least the sequence length (less the
+    first row, which sees one key under the causal mask) computes every row again, the exact value.
+    Vocabulary-view and spectral penalties are always exact."""
 
     source: str
     regularizers: object = field(default_factory=dict)
@@ -135,6 +143,7 @@ class JobConfig:
     block: int | None = None
     train: str = "all"
     kl: float = 0.0
+    penalty_rows: int | None = None
 
     def __post_init__(self) -> None:
         def ok(cond: bool, msg: str) -> None:
@@ -198,6 +207,11 @@ class JobConfig:
         ok(self.block is None or self.text is not None, "--block needs --text (toys have their own sequence length)")
         ok(self.train in TRAIN, f"train must be one of {', '.join(TRAIN)}, got {self.train!r}")
         ok(is_number(self.kl) and 0 <= self.kl <= 1e6, f"kl must be a number in 0..1e6, got {self.kl!r}")
+        ok(
+            self.penalty_rows is None or (is_int(self.penalty_rows) and 1 <= self.penalty_rows <= MAX_PENALTY_ROWS),
+            f"penalty_rows must be a whole number of query rows per head in 1..{MAX_PENALTY_ROWS:,} "
+            f"(unset: every row), got {self.penalty_rows!r}",
+        )
         R.parse_specs(self.regularizers)  # names, lambdas and k are checked here; heads once the model is known
         self.train_config({})  # lr, batch size, device, precision, sync_every ...
         plan = self.checkpoint_plan()  # every, log, steps, params, bound
@@ -277,4 +291,6 @@ class JobConfig:
             parts += ["--train", self.train]
         if self.kl:
             parts += ["--kl", f"{self.kl:g}"]
+        if self.penalty_rows is not None:
+            parts += ["--penalty-rows", str(self.penalty_rows)]
         return " ".join(parts)

@@ -56,7 +56,8 @@ class TrainingJob:
         self.task = task
         start_alpha = model.cfg.entmax_alpha
         model = R.with_entmax(model, cfg.entmax_alpha)
-        self.penalty = R.build_penalty(cfg.regularizers, model, cfg.heads)
+        # penalty_rows: the unbiased sampled-rows estimate of the row penalties, drawn under the run's seed
+        self.penalty = R.build_penalty(cfg.regularizers, model, cfg.heads, rows=cfg.penalty_rows, seed=cfg.seed)
         self.train_cfg = cfg.train_config(parent_card.train)
         penalty = self.retraining.penalty(model, self.penalty, start_alpha)  # --train freezes, --kl adds a term
         self.trainer = Trainer(
@@ -347,6 +348,9 @@ class TrainingJob:
         store, sends it back to the driver)."""
         regs = ", ".join(self.cfg.to_dict()["regularizers"]) or "no regularizer"
         alpha = f", entmax alpha {self.cfg.entmax_alpha:g}" if self.cfg.entmax_alpha is not None else ""
+        estimate = self.penalty.estimate(self.task.n_ctx)
+        if estimate["estimate"] == "sampled":
+            alpha += f", row penalties on {estimate['rows']} sampled query rows per head"
         return run_card(
             self.run_id,
             self.trainer,
@@ -359,6 +363,7 @@ class TrainingJob:
             wall_time_s=self._state["elapsed_s"],
             command=self.cfg.command(),
             regularizers=self.penalty.describe(),
+            penalty=estimate,
             regularized_heads=self._head_names(),
             entmax_alpha=self.model.cfg.entmax_alpha,
             job=self.cfg.to_dict(),

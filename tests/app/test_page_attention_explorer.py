@@ -136,7 +136,20 @@ def test_settings_survive_a_visit_to_another_page():
     (the old page drew them with fixed defaults and lost them on the way back)."""
     at = AppTest.from_file(str(Path(PAGE).parents[1] / "app.py"), default_timeout=60)
     at.switch_page("pages/7_Attention_explorer.py").run()
-    changed = {"β (query scale)": 20.0, "n (keys)": 6, "a": 2, "Case": "copy", "Key samples": 500, "Seed": 3}
+    changed = {
+        "n (keys)": 6,
+        "d (dimension)": 12,
+        "Means μ_i": "random orthonormal",
+        "a": 2,
+        "b": 4,
+        "β (query scale)": 20.0,
+        "Heads": 2,
+        "α (variance of every key)": 0.001,
+        "σ² (its variance along μ_j)": 1.5,
+        "Key samples": 500,
+        "Seed": 3,
+        "Case": "copy",  # last: the copy case disables the Heads choice, which keeps its value
+    }
     for label, value in changed.items():
         _widget([*at.slider, *at.number_input, *at.radio], label).set_value(value)
         at.run()

@@ -3,7 +3,8 @@
 gives it. For each figure, every visible text (tick labels, titles, legends, annotations, colour
 bars, point labels) is read as laid out on screen (getBBox through the screen transform, so
 rotated labels are their true quadrilaterals): no two may overlap, and none may be cut by the
-figure's edge or by its legend's box. The figures' data keep the house rules too: bars start at
+figure's edge or by its legend's box, and no label written into a plot (an annotation) may sit
+on a data point. The figures' data keep the house rules too: bars start at
 zero, measures bounded by 0 and 1 show that whole range. Screenshots of every figure land in
 tests/artifacts/gallery/ to be looked at."""
 
@@ -69,6 +70,13 @@ CHECK = """() => {
     }
     for (let i = 0; i < items.length; i++) for (let j = i + 1; j < items.length; j++)
       if (overlap(items[i].q, items[j].q)) problems.push(`overlap: "${items[i].text}" (${items[i].kind}) / "${items[j].text}" (${items[j].kind})`);
+    // An annotation (a label written into the plot) must not hide a data point.
+    const points = Array.from(div.querySelectorAll('.scatterlayer path.point')).filter(el => {
+      const r = el.getBoundingClientRect(); return r.width > 0 && r.height > 0 && getComputedStyle(el).opacity !== '0';
+    }).map(el => { const r = el.getBoundingClientRect();
+      return [{x: r.left, y: r.top}, {x: r.right, y: r.top}, {x: r.right, y: r.bottom}, {x: r.left, y: r.bottom}]; });
+    for (const it of items.filter(it => it.el.closest('.annotation')))
+      if (points.some(q => overlap(it.q, q))) problems.push(`a data point under the label "${it.text}" (annotation)`);
     out.push({id: div.id, name: fig.dataset.name, page: fig.dataset.page, what: fig.dataset.what, texts: items.length, problems});
   }
   return out;
@@ -139,3 +147,36 @@ def test_bars_start_at_zero_and_bounded_measures_keep_their_range(gallery):
             if UNIT_TITLE.search(title):
                 lo, hi = layout[key].range or (None, None)  # the whole of 0..1, and little more
                 assert lo is not None and -0.1 <= lo <= 0 and 1 <= hi <= 1.1, (e.plot.name, key, title, lo, hi)
+
+
+def _legend(entries, page: str, name: str) -> list[tuple[str, str]]:
+    """(name, mode) of each legend entry of the last figure ``name...`` of ``page``."""
+    fig = [e.plot.fig for e in entries if e.page.startswith(page) and e.plot.name.startswith(name)][-1]
+    return [(t.name, t.mode or "") for t in fig.data if t.showlegend is not False and t.name]
+
+
+def test_every_mark_is_explained_and_numbers_are_powers_of_ten(gallery):
+    """What the user first met unexplained: the Pareto frontier's legend entry without its line and
+    marker sizes with no key (Sweeps), which end of a run's change is before and which after
+    (Runs), the stable rank without a legend entry (Retrain), the red rings and the dotted box of
+    the positivity scatter (Circuits), the cut and the old width of the grown head named by labels
+    on top of the data (Grow d_k); and SI prefixes (1µ, 1n) where powers of ten are meant."""
+    _, entries = gallery
+    pareto = dict(_legend(entries, "Sweeps", "sweep_pareto"))
+    assert "lines" in pareto["Pareto frontier"] and any(n.startswith("λ = ") for n in pareto)
+    sweep = [e.plot.fig for e in entries if e.page.startswith("Sweeps")][-1]
+    assert any(t.legendgrouptitle.text == "marker size" for t in sweep.data)
+    trade = [n for n, _ in _legend(entries, "Runs", "tradeoff")]
+    assert "before (the parent)" in trade and "after (the run)" in trade
+    assert "stable rank (right axis)" in [n for n, _ in _legend(entries, "Retrain", "spectrum_history")]
+    circuits = [n for n, _ in _legend(entries, "Circuits", "positivity")]
+    assert any(n.startswith("QK read through") for n in circuits) and any(n.startswith("both > 0.5") for n in circuits)
+    grow = [e.plot.fig for e in entries if e.page.startswith("Grow") and e.plot.name.startswith("grow_spectrum")][0]
+    assert not grow.layout.annotations  # no label drawn over the singular values
+    named = {t.name: t.mode for t in grow.data}
+    assert any(n.startswith("cut: d_k + p = ") and m == "lines" for n, m in named.items())
+    assert any(n.startswith("old d_k = ") and m == "lines" for n, m in named.items())
+    for e in entries:
+        layout = e.plot.fig.layout
+        for key in [k for k in layout.to_plotly_json() if k.startswith(("xaxis", "yaxis"))]:
+            assert layout[key].exponentformat == "power", (e.page, e.plot.name, key)
