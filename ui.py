@@ -30,6 +30,7 @@ MODEL_KEY = "model_choice"  # the picker's widget key; kept across pages like ev
 LAYER_KEY, HEAD_KEY = "layer", "head"  # the layer/head picker's widget keys, shared by every page
 ALL_HEADS = "all"  # the head picker's extra choice on pages that can draw every head of a layer
 _KEPT = "_kept_keys"  # session key: widget keys whose values survive page switches
+_PAGE = "_kept_page"  # session key: the page of the last run (its title)
 _UPLOAD_MSG = "_upload_message"
 _URL_WARNED = "_url_warned"
 _ZOO_WARNED = "_zoo_warned"
@@ -39,7 +40,7 @@ def setup(title: str, needs_model: bool = True) -> LoadedModel | None:
     """Page config, remembered widget state, title and, when the page needs one, the shared
     model picker."""
     st.set_page_config(page_title=f"{title} · attn-lab", page_icon="🔍", layout="wide")
-    _keep_widget_state()
+    _keep_widget_state(title)
     st.title(title)
     return model_picker() if needs_model else None
 
@@ -47,9 +48,15 @@ def setup(title: str, needs_model: bool = True) -> LoadedModel | None:
 # --- widget state across pages and URLs --------------------------------------------------------
 
 
-def _keep_widget_state() -> None:
+def _keep_widget_state(page: str) -> None:
     # Streamlit forgets the value of a widget that is not drawn on the current page; writing the
-    # value back as plain session state keeps it for when the user returns (Streamlit's own recipe).
+    # value back as plain session state keeps it for when the user returns (Streamlit's own
+    # recipe). Only on a page switch: a value written back is also sent to the browser at the end
+    # of the run, over any press made meanwhile, so writing on every rerun lost quick arrow
+    # presses on a slider (tests/e2e/test_state_browser.py).
+    if st.session_state.get(_PAGE) == page:
+        return
+    st.session_state[_PAGE] = page
     for key in st.session_state.get(_KEPT, ()):
         if key in st.session_state:
             st.session_state[key] = st.session_state[key]
