@@ -532,7 +532,7 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--watched", action="store_true", help="only the watched-training measure (CLI vs Retrain page, alternated)"
     )
-    parser.add_argument("--steps", type=int, default=3000, help="with --watched: steps of each run (quick: 250)")
+    parser.add_argument("--steps", type=int, default=8000, help="with --watched: steps of each run (quick: 250)")
     parser.add_argument("--against", type=Path, help="with --watched: an older checkout whose dashboard is watched too")
     args = parser.parse_args(argv)
     if args.watched:

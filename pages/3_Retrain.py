@@ -34,9 +34,9 @@ SHOWN = "retrain_reloaded_for"  # run id for which the page was rerun once after
 CHARTS = "retrain_live_charts"  # {name: (job, data version, Plot)} of the live view
 CURVES = ("task_loss", "loss", "eval_loss", "accuracy", "eval_accuracy")  # what curves_plot draws, with term:*
 REFRESH_S = 0.2  # status and metrics (the job trains in its own process: the server has time to spare)
-CURVES_S = 1.0  # the curves (a redraw costs the browser far more than the status line)
+CURVES_S = 2.0  # the curves (a redraw costs the browser far more than the status line)
 LIVE_POINTS = 400  # points per curve while the run trains
-VIEWS_S = 2.0  # per-head entropy, attention and spectrum (their data changes every 20-50 steps)
+VIEWS_S = 4.0  # per-head entropy, attention and spectrum (their data changes every 20-50 steps)
 # Log-scale choices: 1e-5 .. 10 in quarter decades, 1e-5 .. 1e-1 for the learning rate.
 LAMBDAS = [round(10 ** (e / 4), 8) for e in range(-20, 5)]
 RATES = [round(10 ** (e / 4), 8) for e in range(-20, -3)]
