@@ -25,24 +25,36 @@ CACHE_DIR = "dynamics-cache"  # in the run store's folder: $ATTN_LAB_RUNS, else 
 
 class MetricCache:
     """One JSON file per (member, inputs, settings) under ``folder`` (default: the data
-    directory's ``dynamics-cache``). ``hits`` and ``misses`` count this object's lookups. A folder
-    that takes no write makes the cache read-only (``write_errors`` counts the failed writes)."""
+    directory's ``dynamics-cache``), at most ``max_bytes`` in all: a write that goes over removes
+    the least recently used entries (a hit marks its entry used) until the folder is at 3/4 of
+    it. ``hits`` and ``misses`` count this object's lookups. A folder that takes no write makes
+    the cache read-only (``write_errors`` counts the failed writes)."""
 
-    def __init__(self, folder: str | Path | None = None):
+    MAX_BYTES = 64 * 2**20
+
+    def __init__(self, folder: str | Path | None = None, max_bytes: int = MAX_BYTES):
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+            raise ValueError(f"max_bytes must be a whole number of bytes >= 1, got {max_bytes!r}")
         self.folder = Path(folder) if folder is not None else default_root() / CACHE_DIR
-        self.hits = self.misses = self.write_errors = 0
+        self.max_bytes = max_bytes
+        self.hits = self.misses = self.write_errors = self.evicted = 0
 
     def _path(self, key: str) -> Path:
         return self.folder / f"{key}.json"
 
     def get(self, key: str) -> Measured | None:
+        path = self._path(key)
         try:
-            raw = json.loads(self._path(key).read_text())
+            raw = json.loads(path.read_text())
             found = Measured(dict(raw["values"]), list(raw["k_composition"]))
         except (OSError, ValueError, KeyError, TypeError):
             self.misses += 1
             return None
         self.hits += 1
+        try:
+            os.utime(path)  # used now: the last to go when the folder is trimmed
+        except OSError:
+            pass
         return found
 
     def put(self, key: str, value: Measured) -> None:
@@ -53,6 +65,33 @@ class MetricCache:
             os.replace(tmp, self._path(key))
         except OSError:
             self.write_errors += 1
+            return
+        self._trim(keep=self._path(key))
+
+    def _trim(self, keep: Path) -> None:
+        """Remove the least recently used entries (never ``keep``, the one just written) while
+        the folder holds more than ``max_bytes``, down to 3/4 of it."""
+        entries = []
+        for path in self.folder.glob("*.json"):
+            try:
+                st = path.stat()
+            except OSError:  # removed meanwhile (another process trims too)
+                continue
+            entries.append((st.st_mtime, st.st_size, path))
+        total = sum(size for _, size, _ in entries)
+        if total <= self.max_bytes:
+            return
+        for _, size, path in sorted(entries, key=lambda e: e[0]):
+            if total <= self.max_bytes * 3 // 4:
+                break
+            if path == keep:
+                continue
+            try:
+                path.unlink()
+            except OSError:
+                continue
+            total -= size
+            self.evicted += 1
 
 
 @dataclass

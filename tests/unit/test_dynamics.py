@@ -498,3 +498,22 @@ def test_a_series_without_a_task_needs_a_text(tmp_path, capsys):
         paths.append(str(checkpoint.save(make_tiny_model(seed=i), tmp_path / name, {})))
     code, _, err = _cli(capsys, "dynamics", *paths)
     assert code == 2 and "give --text FILE" in err
+
+
+def test_the_metric_cache_keeps_to_its_size_and_drops_the_least_recently_used(tmp_path):
+    entry = D.Measured({"loss": 1.0, "text": "x" * 900}, [[0.5]])
+    size = len(json.dumps({"values": entry.values, "k_composition": entry.k_composition}))
+    cache = D.MetricCache(tmp_path / "c", max_bytes=10 * size)
+    t = 1_000_000_000
+    for i in range(10):  # full, not over
+        cache.put(f"k{i}", entry)
+        os.utime(cache._path(f"k{i}"), (t + i, t + i))  # written in this order, a second apart
+    assert cache.evicted == 0 and len(list((tmp_path / "c").glob("*.json"))) == 10
+    assert cache.get("k0") is not None  # used now: the newest
+    cache.put("k10", entry)  # over: down to 3/4 (7 entries), oldest first, k0 and k10 kept
+    left = sorted(p.stem for p in (tmp_path / "c").glob("*.json"))
+    assert cache.evicted == 4 and left == ["k0", "k10", "k5", "k6", "k7", "k8", "k9"]
+    assert sum(p.stat().st_size for p in (tmp_path / "c").glob("*.json")) <= 10 * size
+    assert cache.get("k1") is None and cache.get("k9") is not None
+    with pytest.raises(ValueError, match="max_bytes must be a whole number of bytes >= 1"):
+        D.MetricCache(tmp_path / "c", max_bytes=0)
