@@ -139,6 +139,9 @@ def start_sweep_process(tmp_path: Path, *args: str) -> subprocess.Popen:
         cwd=ROOT,
         env=env,
         start_new_session=True,  # its own process group: SIGINT to the group is a terminal's Ctrl-C
+        # as from a shell: SIGINT at its default (an ignored SIGINT is inherited, and a sweep started
+        # with SIGINT ignored, like one under nohup, rightly ignores Ctrl-C)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
@@ -178,7 +181,7 @@ def test_ctrl_c_while_ray_starts_is_exit_130_with_nothing_recorded(tmp_path):
     wait_for(proc, "gcs_server")  # ray.init is under way
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=240)
-    assert proc.returncode == 130, err
+    assert proc.returncode == 130, (err, out[-2000:])
     assert json.loads(out) == {
         "error": "interrupted by Ctrl-C before the sweep began; nothing was run or recorded",
         "kind": "interrupted",
@@ -196,7 +199,7 @@ def test_ctrl_c_while_trials_run_stops_records_prints_and_resume_finishes(local_
     time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGINT)  # pressed twice: the same, not a crash
     out, err = proc.communicate(timeout=240)
-    assert proc.returncode == 130, err  # never -11 (SIGSEGV), never 0
+    assert proc.returncode == 130, (err, out[-2000:])  # never -11 (SIGSEGV), never 0
     assert "Traceback" not in err
     res = json.loads(out)
     assert res["status"] == "interrupted" and res["message"].startswith("stopped by Ctrl-C")
