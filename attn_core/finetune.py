@@ -29,17 +29,12 @@ import torch
 
 from attn_core.hooks import Cache, act_name
 from attn_core.model import Transformer
+from attn_core.training.config import TRAIN
 from attn_core.training.device import autocast, autocast_dtype
 
-TRAIN = ("all", "attn", "qk")
 QK_PARAMS = ("W_Q", "W_K", "b_Q", "b_K", "W_QK")
 ATTN_PARAMS = QK_PARAMS + ("W_V", "b_V", "W_O", "b_O")
 KL_TERM = "kl"  # the term's label (logged as term:kl)
-TRAIN_HELP = (
-    "What learns: all (every parameter), attn (every attention weight), or qk (only W_Q, W_K and their "
-    "biases in the layers that carry a regularizer, with optimizer state only for those). With grouped-query "
-    "attention a key head's W_K is shared by its group's query heads: training it for one head moves the others."
-)
 
 
 def regularized_layers(penalty) -> set[int]:

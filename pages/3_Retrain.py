@@ -16,13 +16,12 @@ from attn_core import bilinear, card
 from attn_core import regularizers as R
 from attn_core.figures import text as ftext
 from attn_core.figures import training as ft
-from attn_core.finetune import TRAIN, TRAIN_HELP
 from attn_core.runs import RunStore
 from attn_core.text import files as text_files
 from attn_core.text.corpus import open_corpus
 from attn_core.text.source import prepare_text
 from attn_core.text.task import HELD_OUT_FRACTION, split_streams
-from attn_core.training.config import JobConfig
+from attn_core.training.config import TRAIN, TRAIN_HELP, JobConfig
 from attn_core.training.device import PRECISIONS, available_devices
 from attn_core.training.job import TrainingJob, preview
 from attn_core.training.snapshot import Snapshot

@@ -46,12 +46,10 @@ import torch
 
 from attn_core.bilinear import QKForm, check_layer, check_model, vocab_inputs
 from attn_core.circuits.ov import positivity
+from attn_core.circuits.settings import KINDS, N_SAMPLES
 from attn_core.model import Transformer
 from attn_core.regularizers import head_label
 from attn_core.validate import check_int
-
-KINDS = ("q", "k", "v")
-N_SAMPLES = 64
 
 
 @dataclass

@@ -10,7 +10,7 @@ import math
 import typer
 
 from attn_core import limits
-from attn_core.circuits.composition import KINDS, N_SAMPLES
+from attn_core.circuits.settings import KINDS, N_SAMPLES
 from attn_core.cli.common import JsonOpt, NameArg, check_head, emit, guarded, input_tokens, table
 from attn_core.validate import check_seed
 

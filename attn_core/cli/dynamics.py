@@ -71,7 +71,7 @@ def checkpoint_settings(every, log, steps, params, max_mb) -> dict:
 
 def checkpoint_plan(every, log, steps, params, max_mb):
     """The plan of the options (None: keep nothing); checked like a JobConfig's."""
-    from attn_core.training.checkpoints import CheckpointPlan
+    from attn_core.training.checkpoint_plan import CheckpointPlan
 
     return CheckpointPlan.of(every, log, parse_steps(steps) or (), params, max_mb)
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import typer
 
-from attn_core.finetune import TRAIN_HELP
-from attn_core.text.task import DEFAULT_BLOCK, HELD_OUT_FRACTION, MAX_DEFAULT_BATCH, STEP_MEMORY
-from attn_core.training.config import MAX_PENALTY_ROWS, JobConfig
+from attn_core.text.defaults import DEFAULT_BLOCK, HELD_OUT_FRACTION, MAX_DEFAULT_BATCH, STEP_MEMORY
+from attn_core.training.config import MAX_PENALTY_ROWS, TRAIN_HELP, JobConfig
 from attn_core.validate import default
 
 BatchOpt = typer.Option(

@@ -14,6 +14,7 @@ import pandas as pd
 import torch
 
 from attn_core.bilinear import augment, check_heads, check_layer, layer_form
+from attn_core.grow.config import BASES
 from attn_core.grow.fit import centre_rows, fit_scores, low_rank, scores_of
 from attn_core.hooks import act_name
 from attn_core.model import Transformer
@@ -21,9 +22,7 @@ from attn_core.tasks import Batch, Task
 from attn_core.training.trainer import EVAL_SEED_OFFSET
 from attn_core.validate import is_int, is_number
 
-BASES = ("whitened", "raw")
 ARMIJO = 0.5  # sufficient decrease: at least half the first-order prediction
-DAMPING = 1e-4  # Levenberg-Marquardt damping of the fit used by grow()
 # the fitting and line-search batches share no stream with training, evaluation or each other
 FIT_SEED_OFFSET = 3 * EVAL_SEED_OFFSET
 SEARCH_SEED_OFFSET = 4 * EVAL_SEED_OFFSET

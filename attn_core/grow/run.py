@@ -10,9 +10,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from attn_core.card import Card
+from attn_core.grow.config import GrowConfig
 from attn_core.grow.growth import (
-    BASES,
-    DAMPING,
     FIT_SEED_OFFSET,
     SEARCH_SEED_OFFSET,
     Growth,
@@ -22,75 +21,11 @@ from attn_core.grow.growth import (
 from attn_core.model import Transformer
 from attn_core.tasks import Task
 from attn_core.training.config import TrainConfig
-from attn_core.training.device import check_precision, select_device
+from attn_core.training.device import select_device
 from attn_core.training.record import record_run
 from attn_core.training.trainer import Trainer, evaluate
-from attn_core.validate import check, check_int, is_int, is_number
 
 METHODS = ("grown", "random", "zero")
-
-
-@dataclass
-class GrowConfig:
-    """Settings of :func:`grow`. ``batch`` sequences of the task's training split (seed
-    ``seed`` + FIT_SEED_OFFSET) are fitted; the line search tries ``grid`` step sizes; every
-    method is then fine-tuned ``steps`` steps (AdamW, constant ``lr``, no weight decay, batches of
-    ``finetune_batch`` drawn with ``seed``) and evaluated on ``eval_samples`` held-out sequences
-    every ``eval_every`` steps. CPU defaults keep a zoo model under a minute."""
-
-    layer: int = 0
-    head: int = 0
-    add: int = 1
-    batch: int = 32
-    seed: int = 0
-    basis: str = "whitened"
-    grid: int = 19
-    steps: int = 100
-    lr: float = 1e-3
-    finetune_batch: int = 32
-    eval_samples: int = 256
-    eval_every: int = 10
-    random_std: float = 0.02
-    damping: float = DAMPING
-    device: str = "cpu"
-    precision: str = "fp32"  # of the fine-tuning (autocast bf16 or fp32); the fit and the line search are fp32
-
-    def __post_init__(self) -> None:
-        for name, top in (
-            ("batch", 4096),
-            ("grid", 64),
-            ("steps", 100_000),
-            ("finetune_batch", 4096),
-            ("eval_samples", 65536),
-            ("eval_every", 100_000),
-        ):
-            check_int(name, getattr(self, name), 1, top)
-        check(is_int(self.add), f"add must be an integer (1..d_model - d_k), got {self.add!r}")
-        check_int("seed", self.seed, 0)
-        check(self.basis in BASES, f"basis must be one of {BASES}, got {self.basis!r}")
-        check(is_number(self.lr) and 0 < self.lr <= 1, f"lr must be in (0, 1], got {self.lr!r}")
-        check(
-            is_number(self.random_std) and 0 <= self.random_std <= 10,
-            f"random_std must be in [0, 10], got {self.random_std!r}",
-        )
-        check(is_number(self.damping) and 0 <= self.damping <= 1, f"damping must be in [0, 1], got {self.damping!r}")
-        check_precision(self.precision)
-        select_device(self.device)  # raises on an unknown or unavailable device
-
-    def train_config(self) -> TrainConfig:
-        return TrainConfig(
-            steps=self.steps,
-            batch_size=self.finetune_batch,
-            lr=self.lr,
-            weight_decay=0.0,
-            warmup_steps=0,
-            min_lr_ratio=1.0,
-            eval_every=self.eval_every,
-            eval_samples=self.eval_samples,
-            seed=self.seed,
-            device=self.device,
-            precision=self.precision,
-        )
 
 
 @dataclass

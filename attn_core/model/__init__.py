@@ -1,8 +1,21 @@
-"""The model: :class:`ModelConfig` (the architecture, validated) and :class:`Transformer`."""
+"""The model: :class:`ModelConfig` (the architecture, validated) and :class:`Transformer`.
 
-from attn_core.model.attention import Attention, attention_weights
+The config is imported with the package; the modules (torch) when a name of theirs is first read
+(``attn_core.lazy``), so that a config or a CLI's help does not wait for torch."""
+
+from typing import TYPE_CHECKING
+
+from attn_core import lazy
 from attn_core.model.config import MAX_DIM, MAX_LAYERS, MAX_VOCAB, ModelConfig
-from attn_core.model.transformer import Block, Transformer
+
+if TYPE_CHECKING:
+    from attn_core.model.attention import Attention, attention_weights
+    from attn_core.model.transformer import Block, Transformer
+
+__getattr__, __dir__ = lazy.exports(
+    __name__,
+    {"Attention": "attention", "attention_weights": "attention", "Block": "transformer", "Transformer": "transformer"},
+)
 
 __all__ = [
     "Attention",

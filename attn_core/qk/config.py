@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 
 from attn_core.model import ModelConfig
-from attn_core.tasks import TASKS, get_task
 from attn_core.training.config import TrainConfig
 from attn_core.training.device import check_precision
 from attn_core.validate import check, is_int, is_number
@@ -85,6 +84,8 @@ class CompareConfig:
     threads: int = 1
 
     def __post_init__(self) -> None:
+        from attn_core.tasks import TASKS  # torch: imported when a config is built, not with the class
+
         self.d_qks = tuple(self.d_qks)
         self.merged_kinds = tuple(self.merged_kinds)
 
@@ -129,6 +130,8 @@ class CompareConfig:
         return list(range(self.first_seed, self.first_seed + self.seeds))
 
     def base_model_config(self) -> ModelConfig:
+        from attn_core.tasks import get_task
+
         t = get_task(self.task)
         return ModelConfig(
             n_layers=self.n_layers,

@@ -2,6 +2,7 @@
 into a memory-mapped token file cached next to the run store, cut into fixed-length blocks for
 next-token prediction with a held-out split.
 
+- ``defaults``: the held-out share, the block length and the default batch's bound;
 - ``corpus``: the inputs (a .txt file or a folder of them, .jsonl with a text field, Parquet with a
   text column), checked before reading and streamed in pieces; bad text is one ``TextError``;
 - ``tokens``: tokenizing into the cache (``tokenize``, ``TokenFile``, ``cache_dir``);
@@ -10,10 +11,22 @@ next-token prediction with a held-out split.
 - ``source``: the text task of a loaded model (``text_task_for``), what jobs, the CLI and pages call.
 """
 
+from typing import TYPE_CHECKING
+
+from attn_core import lazy
 from attn_core.text.corpus import MAX_CORPUS_BYTES, Corpus, TextError, open_corpus
-from attn_core.text.source import text_task_for
-from attn_core.text.task import DEFAULT_BLOCK, HELD_OUT_FRACTION, TextTask
-from attn_core.text.tokens import TokenFile, cache_dir, tokenize
+from attn_core.text.defaults import DEFAULT_BLOCK, HELD_OUT_FRACTION
+
+if TYPE_CHECKING:
+    from attn_core.text.source import text_task_for
+    from attn_core.text.task import TextTask
+    from attn_core.text.tokens import TokenFile, cache_dir, tokenize
+
+# the corpus checks and the defaults come with the package; tokenizing and the task (torch) when first read
+__getattr__, __dir__ = lazy.exports(
+    __name__,
+    {"text_task_for": "source", "TextTask": "task", "TokenFile": "tokens", "cache_dir": "tokens", "tokenize": "tokens"},
+)
 
 __all__ = [
     "DEFAULT_BLOCK",

@@ -23,17 +23,13 @@ import torch.nn.functional as F
 
 from attn_core.tasks import Batch, Task
 from attn_core.text.corpus import TextError
+from attn_core.text.defaults import DEFAULT_BLOCK, HELD_OUT_FRACTION, MAX_DEFAULT_BATCH, MIN_BLOCK, STEP_MEMORY
 from attn_core.text.tokens import TokenFile
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 NAME = "text"
-HELD_OUT_FRACTION = 0.1  # of the stream, when no --eval-text is given
-DEFAULT_BLOCK = 256  # tokens per block, at most the model's context
-MIN_BLOCK = 2
-MAX_DEFAULT_BATCH = 64  # blocks per step of a text run whose batch size nobody gave (the toys' default)
-STEP_MEMORY = 4 * 2**30  # bytes a default batch's training step is estimated to add (default_batch)
 
 
 @dataclass

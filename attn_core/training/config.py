@@ -9,13 +9,18 @@ import shlex
 from dataclasses import asdict, dataclass, field, fields
 
 from attn_core import regularizers as R
-from attn_core.finetune import TRAIN
 from attn_core.limits import MAX_SAMPLES, MAX_STEPS
-from attn_core.training.checkpoints import CheckpointPlan
+from attn_core.training.checkpoint_plan import CheckpointPlan
 from attn_core.training.device import check_precision, check_sync_every, select_device
 from attn_core.validate import MAX_SEED, check, is_int, is_number
 
 MAX_BATCH = 65_536  # sequences per training batch
+TRAIN = ("all", "attn", "qk")  # what learns in a retrain (--train); attn_core.finetune says what each means
+TRAIN_HELP = (
+    "What learns: all (every parameter), attn (every attention weight), or qk (only W_Q, W_K and their "
+    "biases in the layers that carry a regularizer, with optimizer state only for those). With grouped-query "
+    "attention a key head's W_K is shared by its group's query heads: training it for one head moves the others."
+)
 MAX_PENALTY_ROWS = 2**20  # query rows per head of the sampled penalty (the longest block a text run takes)
 
 
@@ -94,7 +99,7 @@ class JobConfig:
     ``sync_every`` steps between reads of the device (None: the device's default, see
     ``device.sync_interval``; telemetry and spectrum steps are read at once); ``compile``
     compiles the step (``training.step``).
-    ``checkpoint_*``: the weights kept across training (``training.checkpoints.CheckpointPlan``:
+    ``checkpoint_*``: the weights kept across training (``training.checkpoint_plan.CheckpointPlan``:
     every N steps, N log-spaced steps, given steps, ``all`` or ``attn`` tensors, a bound in MiB);
     nothing is kept when none of every/log/steps is set.
 

@@ -1,13 +1,13 @@
 """Where and how a training step runs: the device (CUDA when available, overridable), the
 precision (fp32, or bf16 autocast of the forward and loss), and how often the step loop reads the
 device (``sync_every``). The trainer, the configs and the front ends (device and precision
-pickers) take them from here (see docs/architecture.md)."""
+pickers) take them from here (see docs/architecture.md). torch is imported by the functions that
+use it, so that the configs can check a precision or a sync interval without loading it."""
 
 from __future__ import annotations
 
 import contextlib
-
-import torch
+from typing import TYPE_CHECKING
 
 from attn_core.validate import check, check_int
 
@@ -18,9 +18,14 @@ PRECISIONS = ("fp32", "bf16")  # bf16: forward and loss under torch.autocast; we
 SYNC_EVERY_CUDA = 25
 MAX_SYNC_EVERY = 10_000
 
+if TYPE_CHECKING:
+    import torch
+
 
 def select_device(name: str = "auto") -> torch.device:
     """'auto' is CUDA when present, else CPU; 'cpu' and 'cuda[:i]' are honoured if available."""
+    import torch
+
     if name in (None, "", "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -35,6 +40,8 @@ def select_device(name: str = "auto") -> torch.device:
 
 
 def available_devices() -> list[str]:
+    import torch
+
     return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
@@ -45,12 +52,16 @@ def check_precision(precision: object, prefix: str = "") -> str:
 
 def autocast_dtype(precision: str) -> torch.dtype | None:
     """The dtype of the forward under autocast: bfloat16 for bf16, None (no autocast) for fp32."""
+    import torch
+
     return torch.bfloat16 if precision == "bf16" else None
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
     """``torch.autocast`` on ``device`` in ``dtype``; nothing (plain fp32) when ``dtype`` is None
     or the device has no autocast (the meta device of the device tests)."""
+    import torch
+
     if dtype is None or not torch.amp.is_autocast_available(device.type):
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=dtype)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from attn_core.cli import main
-from attn_core.training.checkpoints import log_steps
+from attn_core.training.checkpoint_plan import log_steps
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -44,6 +44,32 @@ def test_help_and_root_usage_errors_import_neither_torch_nor_pandas(args):
         assert proc.returncode == 0 and "spectrum" in proc.stdout
 
 
+_EVERY_HELP = """
+import sys
+from typer.testing import CliRunner
+from attn_core import cli
+runner = CliRunner()
+for name in cli.command_table():
+    words = name.split()
+    for args, code in ((["--help"], 0), (["--no-such-option"], 2)):
+        result = runner.invoke(cli.app, [*words, *args])
+        assert result.exit_code == code, (name, args, result.exit_code, result.output[-300:])
+        assert code == 2 or "Usage:" in result.output, (name, result.output[-300:])
+heavy = sorted(m for m in ("torch", "pandas", "numpy") if m in sys.modules)
+print("heavy:", ",".join(heavy) or "none")
+"""
+
+
+def test_every_commands_help_and_usage_errors_import_neither_torch_nor_pandas():
+    """Each command's module reads its option defaults from the config dataclasses, which import no
+    torch (attn_core.lazy): one process renders every command's --help and a mistyped option of each
+    and has loaded neither torch nor pandas (benchmarks/cli_startup.py times them)."""
+    proc = subprocess.run([sys.executable, "-c", _EVERY_HELP], capture_output=True, text=True, env=ENV, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "heavy: none", proc.stdout
+    assert len(cli.command_table()) >= 20
+
+
 def test_every_command_is_listed_with_its_whole_first_sentence():
     table = cli.command_table()
     out = CliRunner().invoke(cli.app, ["--help"], env={"COLUMNS": "200"}).output

@@ -1,0 +1,50 @@
+"""Lazy package exports (PEP 562): a package lists which of its submodules holds each name it
+exports, and a name is imported the first time it is read. Importing a package for its light
+parts (a config dataclass, a table of names) then does not load torch, which is what lets every
+``attn-lab COMMAND --help`` answer without it (``benchmarks/cli_startup.py``,
+``tests/unit/test_cli_manners.py``). See docs/architecture.md ("Start-up").
+
+    __getattr__, __dir__ = lazy.exports(__name__, {"Transformer": "transformer", ...})
+
+``from package import Name`` and ``package.Name`` both work, and the name is then kept on the
+package, so only its first read costs the import. A name that is also its submodule's name (the
+function ``composition`` of ``circuits/composition.py``) stays the function when the submodule is
+imported, as it was when the package imported it eagerly (the import system sets a package's
+attribute to each submodule it loads)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from collections.abc import Callable, Mapping
+
+
+def exports(package: str, table: Mapping[str, str]) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
+    """``__getattr__`` and ``__dir__`` for ``package``: ``table`` maps each lazily exported name to
+    the submodule (relative to the package) that defines it."""
+
+    def __getattr__(name: str) -> object:
+        try:
+            submodule = table[name]
+        except KeyError:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+        value = getattr(importlib.import_module(f"{package}.{submodule}"), name)
+        setattr(sys.modules[package], name, value)  # later reads find it without this hook
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(vars(sys.modules[package])) | set(table))
+
+    class Package(types.ModuleType):
+        def __setattr__(self, name: str, value: object) -> None:
+            if (
+                table.get(name) == name
+                and isinstance(value, types.ModuleType)
+                and value.__name__ == f"{package}.{name}"
+            ):
+                value = getattr(value, name)  # the exported name, not the submodule of the same name
+            super().__setattr__(name, value)
+
+    sys.modules[package].__class__ = Package
+    return __getattr__, __dir__
