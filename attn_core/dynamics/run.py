@@ -112,8 +112,9 @@ class Dynamics:
     misses: int = 0
 
     def to_json(self) -> dict:
-        """What ``attn-lab dynamics --json`` prints: steps, metrics, phase_change."""
-        return {"steps": self.steps, "metrics": self.metrics, "phase_change": self.phase_change}
+        """What ``attn-lab dynamics --json`` prints: steps, metrics, phase_change, and the inputs
+        they were measured on (which positions the ICL score compares)."""
+        return {"steps": self.steps, "metrics": self.metrics, "phase_change": self.phase_change, "inputs": self.inputs}
 
     def series(self, name: str) -> list[float | None]:
         if name not in self.metrics:

@@ -92,6 +92,27 @@ def test_a_broken_folder_is_read_again_only_when_its_files_change(broken, tmp_pa
     assert "flaky" in [m["name"] for m in zoo.list_models(problems)] and not problems
 
 
+def test_a_model_that_failed_to_load_is_refused_again_without_being_read(broken, tmp_path):
+    """ui.load_model remembers a failure by the weights' mtime: the same file is refused again
+    from memory (here its bytes were mended behind an unchanged mtime, and it still is), and a file
+    written again (a new mtime) is read again."""
+    import os
+
+    folder = tmp_path / "pickled"
+    shutil.copytree(broken / "pickled", folder)
+    weights = folder / "model.safetensors"
+    with pytest.raises(checkpoint.CheckpointError, match="pickle") as first:
+        ui.load_model(str(folder))
+    stat = weights.stat()
+    weights.write_bytes((broken / "good" / "model.safetensors").read_bytes())  # mended, same mtime below
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(checkpoint.CheckpointError) as again:
+        ui.load_model(str(folder))
+    assert str(again.value) == str(first.value)  # remembered, not read
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # written again: read again
+    assert ui.load_model(str(folder)).config.n_heads == make_tiny_model().cfg.n_heads
+
+
 @pytest.mark.parametrize(
     "card, message",
     [
@@ -111,13 +132,20 @@ def test_an_uploaded_card_of_the_wrong_types_is_one_message(card, message):
     assert len(errors) == 1 and errors[0].startswith("Not loaded: card.json") and message in errors[0]
 
 
-def test_runs_page_without_weights_or_a_parent_says_so(tmp_path, monkeypatch):
-    """Only failed runs (no weights) of a model folder that is gone: no IndexError, one message."""
+@pytest.mark.parametrize("url", [{}, {"model": "run:{id}", "layer": "0", "head": "1"}, {"model": "gone", "layer": "7"}])
+def test_runs_page_without_weights_or_a_parent_says_so(tmp_path, monkeypatch, url):
+    """Only failed runs (no weights) of a model folder that is gone, opened plainly or from a link
+    naming one of them (or the gone folder) and a layer/head: no IndexError, one message."""
     monkeypatch.setenv("ATTN_LAB_RUNS", str(tmp_path / "runs"))
     store = runs.RunStore()
-    for i in range(2):
+    ids = [
         store.add_run(str(tmp_path / "gone"), "reverse", {"steps": 3, "regularizers": []}, "failed", f"broke {i}")
-    at = AppTest.from_file(RUNS_PAGE, default_timeout=90).run()
+        for i in range(2)
+    ]
+    at = AppTest.from_file(RUNS_PAGE, default_timeout=90)
+    for k, v in url.items():
+        at.query_params[k] = v.format(id=ids[0])
+    at.run()
     assert not at.exception and not at.error
     assert any("no heatmap to draw" in i.value for i in at.info)
 

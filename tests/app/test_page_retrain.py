@@ -2,6 +2,7 @@
 (and listed in the sidebar); Stop stops it; a diverged run says so; a model without a task cannot
 be retrained; the live charts show the job's own log."""
 
+import os
 import time
 from pathlib import Path
 
@@ -64,6 +65,10 @@ def test_short_retraining_completes_and_is_stored(page):
 
     snap = job(page).snapshot()
     assert snap.status == "completed" and snap.step == 12
+    # it trained in a worker process of its own, not in the server's (watching costs it little)
+    worker = job(page).remote.process
+    assert worker is not None and worker.pid != os.getpid() and worker.returncode == 0
+    assert next(job(page).model.parameters()).is_meta  # the server keeps no weights of a worker's job
     assert f"run:{snap.run_id}" in page.success[0].value
     stored = runs.RunStore().get(snap.run_id)
     assert stored["status"] == "completed" and stored["has_weights"]

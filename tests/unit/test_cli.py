@@ -88,3 +88,25 @@ def test_bad_input_is_one_clear_line(args, msg):
     proc = run(*args, ok=False)
     assert proc.returncode == 2
     assert msg in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--out", "{taken}"], "already exists; choose a new path (nothing was overwritten)"),
+        (["--out", "{new}", "--model", "nosuch"], "no model named 'nosuch'"),
+        (["--out", "{new}", "--imported", "{taken}"], "{taken}"),
+    ],
+)
+def test_gallery_refuses_bad_input_before_drawing_anything(tmp_path, extra, message):
+    """`attn-lab gallery` (the whole run is the gallery browser test's): a destination that exists
+    or a model that does not is one line, exit 2, and nothing is written."""
+    taken, new = tmp_path / "taken", tmp_path / "new"
+    taken.mkdir()
+    (taken / "keep.txt").write_text("mine")
+    fill = {"taken": str(taken), "new": str(new)}
+    proc = run("gallery", "--quick", *[a.format(**fill) for a in extra], ok=False)
+    line = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and line.startswith("error: ") and message.format(**fill) in line, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not new.exists() and [p.name for p in taken.iterdir()] == ["keep.txt"]

@@ -327,8 +327,11 @@ def test_the_json_is_the_documented_shape(run_with_checkpoints):
     s = D.series([run_with_checkpoints])
     dyn = D.dynamics(s, D.default_inputs(s, samples=8), detector_samples=4)
     out = json.loads(json.dumps(dyn.to_json(), allow_nan=False))
-    assert set(out) == {"steps", "metrics", "phase_change"}
+    assert set(out) == {"steps", "metrics", "phase_change", "inputs"}
     assert out["steps"] == [0, 4, 8]
+    T = s.config.n_ctx  # the positions the ICL score compares are stated: late T-T/8..T-1 minus early 1..T/8
+    w = max(1, T // 8)
+    assert f"ICL score = mean loss at positions {T - w}..{T - 1} minus at 1..{w} (of {T})" in out["inputs"]
     assert {
         "loss",
         "icl_score",
@@ -427,7 +430,7 @@ def test_the_command_prints_the_json_and_reads_the_cache_the_second_time(run_wit
     )
     assert code == 0, err
     first = json.loads(out)
-    assert set(first) == {"steps", "metrics", "phase_change"} and first["steps"] == [0, 4, 8]
+    assert set(first) == {"steps", "metrics", "phase_change", "inputs"} and first["steps"] == [0, 4, 8]
     assert "cache: 0 of 3 checkpoints" in err
     code, out, err = _cli(
         capsys, "dynamics", run_with_checkpoints, "--samples", "16", "--detector-samples", "4", "--json"

@@ -129,3 +129,49 @@ def test_a_variant_has_one_colour_in_every_comparison():
     fresh = fq.variant_colors(["factored d_qk=2", "factored d_qk=16", "merged + wd"])
     assert all(fresh[name] == full[name] for name in fresh)
     assert len(set(full.values())) == len(full)
+
+
+def _dynamics_with_a_phase_change():
+    """A two-layer series whose ICL score falls suddenly between steps 40 and 80."""
+    from attn_core import dynamics as D
+
+    steps = [0, 10, 20, 40, 60, 80, 120, 200]
+    icl = [0.0, -0.01, -0.02, -0.05, -1.2, -2.3, -2.4, -2.45]
+    order = ["L0H0", "L0H1", "L1H0", "L1H1"]
+    metrics = {"loss": [3.0 - 0.01 * i for i in range(len(steps))], "icl_score": icl}
+    for h in order:
+        metrics[f"prefix_matching:{h}"] = [0.1] * len(steps)
+        metrics[f"previous_token:{h}"] = [0.2] * len(steps)
+        metrics[f"sigma_max:{h}"] = [1.0 + i for i in range(len(steps))]
+        metrics[f"entropy_data:{h}"] = [0.9 - 0.05 * i for i in range(len(steps))]
+        metrics[f"entropy_bound:{h}"] = [0.5 - 0.05 * i for i in range(len(steps))]
+    k = [[[0.1] * 4 for _ in range(4)] for _ in steps]
+    return D.Dynamics(
+        steps=steps,
+        metrics=metrics,
+        phase_change=D.phase_change(steps, icl),
+        k_composition=k,
+        order=order,
+        layers=[0, 0, 1, 1],
+    )
+
+
+def test_the_dynamics_curves_shade_the_phase_change_and_mark_the_step():
+    from attn_core.figures import dynamics as fdyn
+
+    dyn = _dynamics_with_a_phase_change()
+    pc = dyn.phase_change
+    assert pc is not None and 40 <= pc["step"] <= 80, pc
+    a, b = pc["window"]
+    for plot in fdyn.panels(dyn, 1, 0, step=60):
+        shapes = plot.fig.layout.shapes
+        shaded = [s for s in shapes if s.type == "rect"]
+        lines = [s for s in shapes if s.type == "line"]
+        assert len(shaded) == 1 and (shaded[0].x0, shaded[0].x1) == (a, b), plot.name
+        assert len(lines) == 1 and lines[0].x0 == lines[0].x1 == 60, plot.name
+        assert any(f"phase change ~{pc['step']}" in (n.text or "") for n in plot.fig.layout.annotations), plot.name
+    names = [t.name for t in fdyn.spectrum_entropy_plot(dyn, 1, 0).fig.data]
+    assert names == ["σ₁(B)", "entropy on data H/log n", "entropy floor (Zhai et al.)"]
+    flat = dyn.metrics["icl_score"][:1] * len(dyn.steps)  # no fall: nothing shaded
+    still = type(dyn)(**{**dyn.__dict__, "metrics": {**dyn.metrics, "icl_score": flat}, "phase_change": None})
+    assert not [s for s in fdyn.loss_plot(still).fig.layout.shapes if s.type == "rect"]

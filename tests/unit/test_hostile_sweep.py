@@ -52,7 +52,7 @@ def models(tmp_path, monkeypatch) -> Path:
 
 BEFORE_ANYTHING = [
     (["nosuch", "--grid", "entropy=0.1"], "no model named 'nosuch'"),
-    (["../../etc", "--grid", "entropy=0.1"], ""),
+    (["{tmp}" + "/.." * 16 + "/etc", "--grid", "entropy=0.1"], "/../etc has no model.safetensors"),  # /etc
     (["run:../x", "--grid", "entropy=0.1"], "is not a run id"),
     (["scratch:nosuch", "--grid", "entropy=0.1"], "unknown preset 'nosuch'"),
     (["{tmp}/weights.safetensors", "--grid", "entropy=0.1"], "looks like a pickle"),
