@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import expect
 
 from attn_core.runs import RunStore
 from attn_core.training.config import JobConfig
@@ -54,8 +55,13 @@ def test_scrub_and_play_a_run_with_checkpoints(tmp_path):
         page.wait_for_function(  # the fragment steps on by itself
             "() => document.querySelector('[data-testid=\"stSliderThumbValue\"]')?.innerText !== '0'", timeout=60_000
         )
-        rerun(page, lambda: page.get_by_text("▶ Play").click())  # pause
-        settle(page)
+        # pause: while playing, the fragment may rerun back to back on a busy machine (the page never
+        # leaves "running", so no new run can be counted): wait for the switch to be off and the page idle
+        page.get_by_text("▶ Play").click()
+        expect(page.get_by_role("switch", name="▶ Play")).not_to_be_checked(timeout=120_000)
+        settle(page, 180_000)
+        paused_at = step_label(page)
+        assert paused_at != "0" and page.get_by_text(re.compile(rf"Step {paused_at}: L0H0")).count() == 1
         assert page.locator("[data-testid='stException']").count() == 0
         screenshot(page, ARTIFACTS / "11_Dynamics.png")
         browser.close()
