@@ -8,6 +8,7 @@ corpus into the cache, then samples training batches from the memory-mapped toke
     python benchmarks/text_tokenize.py              # 256 MB corpus
     python benchmarks/text_tokenize.py --mb 1024    # the 1 GB case
     python benchmarks/text_tokenize.py --quick      # 4 MB, nothing saved
+    python benchmarks/text_tokenize.py --mb 4 --out benchmarks/results/text_tokenize_4mib.json   # another size, its own file
 
 Prints MB/s and tokens/s of tokenizing (hashing included) and of a cache hit (in the same
 process: the corpus's hash is remembered), the growth of the child's peak RSS (``VmHWM``) over
@@ -108,6 +109,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=float, default=256, help="corpus size in MiB")
     ap.add_argument("--quick", action="store_true", help="smoke run: 4 MiB, nothing saved")
+    ap.add_argument("--out", type=Path, default=RESULTS, help=f"where to save the JSON (default {RESULTS})")
     args = ap.parse_args()
     mb = 4 if args.quick else args.mb
     with tempfile.TemporaryDirectory() as tmp:
@@ -138,7 +140,7 @@ def main() -> None:
     )
     print(json.dumps(result, indent=2))
     if not args.quick:
-        record.save(result, RESULTS)
+        record.save(result, args.out)
 
 
 if __name__ == "__main__":
