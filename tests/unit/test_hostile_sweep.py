@@ -97,8 +97,11 @@ def test_ray_usage_statistics_are_off_unless_the_user_sets_them(local_ray, monke
         monkeypatch.delenv(USAGE_STATS_ENV, raising=False)
     else:
         monkeypatch.setenv(USAGE_STATS_ENV, user)
+    from ray._common.usage.usage_lib import usage_stats_enabled  # Ray's own answer (ray[tune]==2.58.0 pinned)
+
     with ray_session():  # Ray runs already (the module's): only the setting is made
         assert os.environ[USAGE_STATS_ENV] == (user or "0")
+        assert usage_stats_enabled() == (user == "1")
 
 
 def test_a_request_the_cluster_cannot_meet_is_refused_before_any_trial(local_ray):
