@@ -20,11 +20,12 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from attn_core.figures.layout import HALF_PX, finish
+from attn_core.figures.layout import DEFAULT_HEIGHT, HALF_PX, finish
 
 EXPORT_FORMATS = ("png", "svg", "html", "csv")
 PLOTLY_JS = "plotly.min.js"  # the file name plotly's include_plotlyjs="directory" refers to
 _IMAGE_FORMATS = ("png", "svg")
+PNG_SCALE = 2  # a PNG has twice the page's pixels each way (the page's layout, sharp in a paper)
 _BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
 # --- the look every figure shares ---------------------------------------------------------------
 # In the dashboard a chart is drawn with Streamlit's theme; Streamlit also makes its own template
@@ -111,7 +112,7 @@ def _image_bytes(fig: go.Figure, fmt: str, width: int | None, height: int | None
                 "PNG/SVG export needs a Chromium browser and none was found: install Debian's "
                 "`chromium` (apt-get install chromium) or set BROWSER_PATH. HTML and CSV exports work without it."
             )
-    opts = {"format": fmt}
+    opts = {"format": fmt, "scale": PNG_SCALE if fmt == "png" else 1}
     if width:
         opts["width"] = width
     if height:
@@ -130,7 +131,10 @@ def export_bytes(
     plot: Plot, fmt: str, width: int | None = None, height: int | None = None, shared_js: bool = False
 ) -> bytes:
     """The plot as ``fmt`` in {png, svg, html, csv}. HTML is self-contained unless ``shared_js``:
-    then it loads :data:`PLOTLY_JS` from its own folder (see :func:`plotly_js`)."""
+    then it loads :data:`PLOTLY_JS` from its own folder (see :func:`plotly_js`). PNG and SVG are
+    drawn at the size the page draws the plot (``plot.width`` and the figure's height, unless
+    ``width``/``height`` are given), so their ticks, wrapped titles and legends are the page's; a PNG
+    at :data:`PNG_SCALE` times the pixels, sharp in print."""
     if fmt not in EXPORT_FORMATS:
         raise ExportError(f"unknown export format {fmt!r}; choose one of {', '.join(EXPORT_FORMATS)}")
     if fmt == "csv":
@@ -141,6 +145,8 @@ def export_bytes(
             .to_html(include_plotlyjs="directory" if shared_js else True, full_html=True)
             .encode()
         )
+    width = width or plot.width
+    height = height or plot.fig.layout.height or DEFAULT_HEIGHT
     return _image_bytes(export_figure(plot.fig), fmt, width, height)
 
 

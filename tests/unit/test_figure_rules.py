@@ -7,6 +7,7 @@ spectrum shows one, and one colour per merged-vs-factored variant whatever the c
 import math
 import re
 import shutil
+import struct
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -19,8 +20,8 @@ from attn_core import bilinear, sources
 from attn_core.figures import Plot, export_bytes
 from attn_core.figures import bilinear as fb
 from attn_core.figures import qk as fq
-from attn_core.figures.base import LIGHT, export_figure
-from attn_core.figures.layout import place_labels, wrap_title
+from attn_core.figures.base import LIGHT, PNG_SCALE, export_figure
+from attn_core.figures.layout import DEFAULT_HEIGHT, place_labels, wrap_title
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +53,15 @@ def test_an_export_from_the_dashboard_process_looks_like_the_page(model, monkeyp
     )  # no placeholder colour reached the file
     assert not re.findall(r'class="[xy]zl zl', svg)  # no zero line across row 0 (plotly's path class "yzl zl")
     assert export_figure(plot.fig).layout.template == LIGHT
+    # drawn at the size the page draws it (its ticks and wrapped title were fitted to that width);
+    # a PNG with twice the pixels each way
+    height = plot.fig.layout.height or DEFAULT_HEIGHT
+    assert re.search(rf'<svg[^>]* width="{plot.width}" height="{height}"', svg), svg[:300]
+    png = export_bytes(plot, "png")
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", png[16:24]) == (PNG_SCALE * plot.width, PNG_SCALE * height)
+    wide = export_bytes(fb.view_plot(view, 0, 3), "svg", width=800, height=300).decode()
+    assert re.search(r'<svg[^>]* width="800" height="300"', wide)  # a size asked for is kept
 
 
 def test_bars_start_at_zero_and_never_stand_on_a_log_axis():
