@@ -14,7 +14,12 @@ tests run them for real.
 - bf16 trains; the compiled step (CUDA graphs) agrees with the eager one;
 - every training command runs with --device cuda (train, retrain fp32/bf16/--compile,
   compare-qk, grow), a sweep's trial trains on CUDA, and the Retrain page's live job (AppTest,
-  device auto) trains on the GPU in its worker process.
+  device auto) trains on the GPU in its worker process;
+- an imported model (a tiny Llama with grouped-query heads that transformers builds) retrains on
+  text on CUDA (fp32; bf16 with --kl and sampled penalty rows; --train qk compiled), measured
+  before and after, and the run exported as a llama folder gives transformers' logits to 1e-4
+  (``text_retrain_on``, which runs on any device: the CPU suite does not call it, it was checked
+  there by hand).
 """
 
 import json
@@ -37,7 +42,8 @@ from attn_core.training.device import SYNC_EVERY_CUDA
 from attn_core.training.job import TrainingJob
 from attn_core.training.record import record_run
 from attn_core.training.trainer import Trainer
-from tests.conftest import make_tiny_model
+from tests.conftest import make_tiny_model, write_tiny_hf
+from tests.text_corpus import make_text, write_word_tokenizer
 
 pytestmark = [
     pytest.mark.gpu,
@@ -239,3 +245,57 @@ def test_resolve_then_train_on_cuda_keeps_the_source_on_cpu():
     job.run()
     assert all(not p.is_cuda for p in loaded.model.parameters())
     assert all(not t.is_cuda for t in job.weights().values())
+
+
+def text_retrain_on(device: str, tmp_path: Path, extra: list[str]) -> dict:
+    """``attn-lab retrain <llama folder> --text t.txt --device DEVICE EXTRA --json``, then
+    ``export-hf`` of the run: the run's document, checked, with the export's largest logit
+    difference against transformers (fp32, on the CPU) as ``export_error``."""
+    transformers = pytest.importorskip("transformers")
+    folder = tmp_path / "llama"
+    write_tiny_hf(folder, "llama", num_key_value_heads=2)
+    write_word_tokenizer(folder)
+    (tmp_path / "t.txt").write_text(make_text(0, lines=150))
+    env = {**os.environ, "ATTN_LAB_RUNS": str(tmp_path / "runs"), "PYTHONPATH": str(ROOT)}
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "attn_core", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    r = cli("retrain", str(folder), "--text", "t.txt", "--block", "16", "--steps", "20", "--reg", "entropy@L1=0.1",
+            "--device", device, *extra, "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    assert doc["status"] == "completed" and "torch.compile failed" not in doc["message"], doc["message"]
+    for when in ("before", "after"):
+        assert math.isfinite(doc[when]["perplexity"]) and doc[when]["perplexity"] > 1
+    assert doc["tokens_per_s"] > 0
+    run = RunStore(tmp_path / "runs").get(doc["run_id"])
+    assert run["config"]["device"] == device
+    out = tmp_path / "exported"
+    e = cli("export-hf", f"run:{doc['run_id']}", "--out", str(out), "--json")
+    assert e.returncode == 0, e.stderr[-2000:]
+    ours = RunStore(tmp_path / "runs").load_model(doc["run_id"]).model.float().eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
+    tokens = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        doc["export_error"] = float((ours(tokens) - hf(tokens).logits).abs().max())
+    assert doc["export_error"] <= 1e-4
+    return doc
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["--precision", "bf16", "--kl", "0.5", "--penalty-rows", "4"], ["--train", "qk", "--compile"]],
+    ids=["fp32", "bf16-kl-rows", "qk-compile"],
+)
+def test_an_imported_model_retrains_on_text_on_cuda_and_exports(tmp_path, extra):
+    doc = text_retrain_on("cuda", tmp_path, extra)
+    if "--train" in extra:
+        assert doc["trained"]["train"] == "qk"
