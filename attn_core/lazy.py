@@ -29,7 +29,11 @@ def exports(package: str, table: Mapping[str, str]) -> tuple[Callable[[str], obj
             submodule = table[name]
         except KeyError:
             raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
-        value = getattr(importlib.import_module(f"{package}.{submodule}"), name)
+        try:
+            module = importlib.import_module(f"{package}.{submodule}")
+        except AttributeError as e:  # else Python hides it behind "cannot import name" with no cause
+            raise ImportError(f"importing {package}.{submodule} failed: {e}") from e
+        value = getattr(module, name)
         setattr(sys.modules[package], name, value)  # later reads find it without this hook
         return value
 
@@ -37,6 +41,9 @@ def exports(package: str, table: Mapping[str, str]) -> tuple[Callable[[str], obj
         return sorted(set(vars(sys.modules[package])) | set(table))
 
     class Package(types.ModuleType):
+        def __reduce__(self):  # pickled (by Ray's cloudpickle, say) as the module it is, by name
+            return importlib.import_module, (self.__name__,)
+
         def __setattr__(self, name: str, value: object) -> None:
             if (
                 table.get(name) == name

@@ -94,4 +94,7 @@ def _png(out: Path, i: int, e: Entry) -> str:
         (folder / name).write_bytes(export_bytes(e.plot, "png"))
     except ExportError as err:
         return f"<p>PNG not made: {html.escape(str(err))}</p>"
-    return f'<div>PNG export:</div><img class="export" src="png/{name}" alt="{html.escape(e.plot.name)}">'
+    return (  # the file has PNG_SCALE times the pixels: shown at the size the page draws the chart
+        f'<div>PNG export:</div><img class="export" src="png/{name}" width="{e.plot.width}" '
+        f'alt="{html.escape(e.plot.name)}">'
+    )

@@ -63,3 +63,33 @@ def test_a_name_that_is_its_submodules_name_stays_the_function(first):
         "print(isinstance(c.composition, types.FunctionType), isinstance(composition, types.FunctionType))"
     )
     assert out == "True True"
+
+
+def test_a_lazy_package_pickles_as_itself():
+    """Ray ships functions by cloudpickle: one that refers to a lazy package pickles it by name."""
+    import pickle
+
+    from ray import cloudpickle
+
+    from attn_core import regularizers as R
+
+    assert pickle.loads(pickle.dumps(R)) is R
+    fn = cloudpickle.loads(cloudpickle.dumps(lambda specs: R.parse_specs(specs)))
+    assert [str(s) for s in fn(["entropy@L1=0.1"])] == ["entropy@L1=0.1"]
+
+
+def test_an_error_while_a_lazy_module_loads_is_not_hidden(tmp_path):
+    """An AttributeError raised inside the submodule would reach Python's import machinery as
+    "cannot import name" with no cause: it is raised as an ImportError that says what failed."""
+    pkg = tmp_path / "lazypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "from attn_core import lazy\n__getattr__, __dir__ = lazy.exports(__name__, {'thing': 'broken'})\n"
+    )
+    (pkg / "broken.py").write_text("import math\nthing = math.no_such_function()\n")
+    code = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
+        "try:\n    from lazypkg import thing\nexcept ImportError as e:\n    print(e, '|', repr(e.__cause__))\n"
+    )
+    out = run(code)
+    assert "importing lazypkg.broken failed" in out and "no_such_function" in out, out
