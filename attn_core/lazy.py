@@ -4,7 +4,7 @@ parts (a config dataclass, a table of names) then does not load torch, which is 
 ``attn-lab COMMAND --help`` answer without it (``benchmarks/cli_startup.py``,
 ``tests/unit/test_cli_manners.py``). See docs/architecture.md ("Start-up").
 
-    __getattr__, __dir__ = lazy.exports(__name__, {"Transformer": "transformer", ...})
+    __getattr__, __dir__ = lazy.exports(__name__, {"transformer": ("Block", "Transformer"), ...})
 
 ``from package import Name`` and ``package.Name`` both work, and the name is then kept on the
 package, so only its first read costs the import. A name that is also its submodule's name (the
@@ -17,12 +17,15 @@ from __future__ import annotations
 import importlib
 import sys
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 
-def exports(package: str, table: Mapping[str, str]) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
-    """``__getattr__`` and ``__dir__`` for ``package``: ``table`` maps each lazily exported name to
-    the submodule (relative to the package) that defines it."""
+def exports(
+    package: str, modules: Mapping[str, Iterable[str]]
+) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
+    """``__getattr__`` and ``__dir__`` for ``package``: ``modules`` maps each submodule (relative
+    to the package) to the names it defines that the package exports lazily."""
+    table = {name: submodule for submodule, names in modules.items() for name in names}
 
     def __getattr__(name: str) -> object:
         try:

@@ -15,73 +15,36 @@ takes the ``Transformer`` (a LoadedModel's ``.model``). The wrong one is refused
 TypeError of one sentence.
 """
 
-from typing import TYPE_CHECKING
-
 from attn_core import lazy
 from attn_core.circuits.settings import KINDS, N_SAMPLES
-
-if TYPE_CHECKING:
-    from attn_core.circuits.attribution import (
-        BIAS_PARTS,
-        SPLIT_PARTS,
-        Attribution,
-        attribute,
-        head_form,
-        token_position_split,
-    )
-    from attn_core.circuits.composition import (
-        Composition,
-        baseline_score,
-        composed_qk_positivities,
-        composition,
-        composition_score,
-        k_composed_positivity,
-    )
-    from attn_core.circuits.ov import (
-        copying_scores,
-        full_ov_circuit,
-        full_ov_form,
-        full_qk_form,
-        head_circuits,
-        ov_form,
-        ov_singular_values,
-        ov_spectrum_frame,
-        positivity,
-        qk_positivities,
-        unembed_matrix,
-        value_weighted,
-    )
-    from attn_core.circuits.report import attribute_report, circuits_report
 
 __getattr__, __dir__ = lazy.exports(
     __name__,
     {
-        "BIAS_PARTS": "attribution",
-        "SPLIT_PARTS": "attribution",
-        "Attribution": "attribution",
-        "attribute": "attribution",
-        "head_form": "attribution",
-        "token_position_split": "attribution",
-        "Composition": "composition",
-        "baseline_score": "composition",
-        "composed_qk_positivities": "composition",
-        "composition": "composition",
-        "composition_score": "composition",
-        "k_composed_positivity": "composition",
-        "copying_scores": "ov",
-        "full_ov_circuit": "ov",
-        "full_ov_form": "ov",
-        "full_qk_form": "ov",
-        "head_circuits": "ov",
-        "ov_form": "ov",
-        "ov_singular_values": "ov",
-        "ov_spectrum_frame": "ov",
-        "positivity": "ov",
-        "qk_positivities": "ov",
-        "unembed_matrix": "ov",
-        "value_weighted": "ov",
-        "attribute_report": "report",
-        "circuits_report": "report",
+        "attribution": ("BIAS_PARTS", "SPLIT_PARTS", "Attribution", "attribute", "head_form", "token_position_split"),
+        "composition": (
+            "Composition",
+            "baseline_score",
+            "composed_qk_positivities",
+            "composition",
+            "composition_score",
+            "k_composed_positivity",
+        ),
+        "ov": (
+            "copying_scores",
+            "full_ov_circuit",
+            "full_ov_form",
+            "full_qk_form",
+            "head_circuits",
+            "ov_form",
+            "ov_singular_values",
+            "ov_spectrum_frame",
+            "positivity",
+            "qk_positivities",
+            "unembed_matrix",
+            "value_weighted",
+        ),
+        "report": ("attribute_report", "circuits_report"),
     },
 )
 

@@ -101,75 +101,43 @@ fine-tuned with the same Trainer, data seed and steps. Zero-initialised columns 
 The modules: ``fit`` (batch least squares in the whitened basis, Eckart-Young), ``growth`` (a
 head's scores and their gradient, the growth step, its line search, wider models and the
 baselines), ``config`` (GrowConfig, the settings; no torch), ``run`` (fine-tuning through
-``attn_core.training.record`` and
-:func:`grow`, the whole comparison).
+``attn_core.training.record`` and :func:`grow`, the whole comparison).
 """
-
-from typing import TYPE_CHECKING
 
 from attn_core import lazy
 from attn_core.grow.config import BASES, DAMPING, GrowConfig
 
-if TYPE_CHECKING:
-    from attn_core.grow.fit import (
-        COMPLEMENT_WEIGHT,
-        MAX_UNKNOWNS,
-        RANK_RTOL,
-        REFINE_STEPS,
-        RIDGE,
-        Basis,
-        ScoreFit,
-        centre_rows,
-        fit_scores,
-        low_rank,
-        scores_of,
-        solve_psd,
-    )
-    from attn_core.grow.growth import (
-        ARMIJO,
-        FIT_SEED_OFFSET,
-        SEARCH_SEED_OFFSET,
-        Growth,
-        HeadBatch,
-        Step,
-        check_growable,
-        head_batch,
-        score_offset,
-        widen,
-        with_head,
-    )
-    from attn_core.grow.run import METHODS, GrowResult, finetune, grow
-
 __getattr__, __dir__ = lazy.exports(
     __name__,
     {
-        "COMPLEMENT_WEIGHT": "fit",
-        "MAX_UNKNOWNS": "fit",
-        "RANK_RTOL": "fit",
-        "REFINE_STEPS": "fit",
-        "RIDGE": "fit",
-        "Basis": "fit",
-        "ScoreFit": "fit",
-        "centre_rows": "fit",
-        "fit_scores": "fit",
-        "low_rank": "fit",
-        "scores_of": "fit",
-        "solve_psd": "fit",
-        "ARMIJO": "growth",
-        "FIT_SEED_OFFSET": "growth",
-        "SEARCH_SEED_OFFSET": "growth",
-        "Growth": "growth",
-        "HeadBatch": "growth",
-        "Step": "growth",
-        "check_growable": "growth",
-        "head_batch": "growth",
-        "score_offset": "growth",
-        "widen": "growth",
-        "with_head": "growth",
-        "METHODS": "run",
-        "GrowResult": "run",
-        "finetune": "run",
-        "grow": "run",
+        "fit": (
+            "COMPLEMENT_WEIGHT",
+            "MAX_UNKNOWNS",
+            "RANK_RTOL",
+            "REFINE_STEPS",
+            "RIDGE",
+            "Basis",
+            "ScoreFit",
+            "centre_rows",
+            "fit_scores",
+            "low_rank",
+            "scores_of",
+            "solve_psd",
+        ),
+        "growth": (
+            "ARMIJO",
+            "FIT_SEED_OFFSET",
+            "SEARCH_SEED_OFFSET",
+            "Growth",
+            "HeadBatch",
+            "Step",
+            "check_growable",
+            "head_batch",
+            "score_offset",
+            "widen",
+            "with_head",
+        ),
+        "run": ("METHODS", "GrowResult", "finetune", "grow"),
     },
 )
 

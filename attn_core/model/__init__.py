@@ -3,18 +3,15 @@
 The config is imported with the package; the modules (torch) when a name of theirs is first read
 (``attn_core.lazy``), so that a config or a CLI's help does not wait for torch."""
 
-from typing import TYPE_CHECKING
-
 from attn_core import lazy
 from attn_core.model.config import MAX_DIM, MAX_LAYERS, MAX_VOCAB, ModelConfig
 
-if TYPE_CHECKING:
-    from attn_core.model.attention import Attention, attention_weights
-    from attn_core.model.transformer import Block, Transformer
-
 __getattr__, __dir__ = lazy.exports(
     __name__,
-    {"Attention": "attention", "attention_weights": "attention", "Block": "transformer", "Transformer": "transformer"},
+    {
+        "attention": ("Attention", "attention_weights"),
+        "transformer": ("Block", "Transformer"),
+    },
 )
 
 __all__ = [

@@ -9,8 +9,6 @@ one d_model x d_model matrix W_QK do? See docs/maths.md.
 - ``result``: :class:`Comparison`, its tables, findings and report.
 """
 
-from typing import TYPE_CHECKING
-
 from attn_core import lazy
 from attn_core.qk.config import (
     MAX_SEEDS,
@@ -22,41 +20,26 @@ from attn_core.qk.config import (
     Variant,
 )
 
-if TYPE_CHECKING:
-    from attn_core.qk.convert import (
-        balanced_factors,
-        factored_from_merged,
-        merged_from_factored,
-        qk_params_per_head,
-        truncated,
-    )
-    from attn_core.qk.result import Comparison
-    from attn_core.qk.run import (
-        Progress,
-        compare,
-        ln1_gain,
-        results_path,
-        set_qk_weight_decay,
-        train_variant,
-        truncation_table,
-    )
-
 __getattr__, __dir__ = lazy.exports(
     __name__,
     {
-        "balanced_factors": "convert",
-        "factored_from_merged": "convert",
-        "merged_from_factored": "convert",
-        "qk_params_per_head": "convert",
-        "truncated": "convert",
-        "Comparison": "result",
-        "Progress": "run",
-        "compare": "run",
-        "ln1_gain": "run",
-        "results_path": "run",
-        "set_qk_weight_decay": "run",
-        "train_variant": "run",
-        "truncation_table": "run",
+        "convert": (
+            "balanced_factors",
+            "factored_from_merged",
+            "merged_from_factored",
+            "qk_params_per_head",
+            "truncated",
+        ),
+        "result": ("Comparison",),
+        "run": (
+            "Progress",
+            "compare",
+            "ln1_gain",
+            "results_path",
+            "set_qk_weight_decay",
+            "train_variant",
+            "truncation_table",
+        ),
     },
 )
 

@@ -43,51 +43,29 @@ Split by concern (docs/architecture.md):
   ``vocab_concentration``, ``spectrum``) and ``with_entmax``.
 """
 
-from typing import TYPE_CHECKING
-
 from attn_core import lazy
 from attn_core.regularizers.heads import Heads, all_heads, format_heads, head_label, parse_heads
 from attn_core.regularizers.specs import REGULARIZERS, RegSpec, SpecsLike, parse_spec, parse_specs
-
-if TYPE_CHECKING:
-    from attn_core.regularizers.penalty import (
-        ConcentrationPenalty,
-        build_penalty,
-        data_concentration,
-        data_rows,
-        data_values,
-        layer_singular_values,
-        mean_rows,
-        regularizer_value,
-        spectrum,
-        vocab_concentration,
-        vocab_rows,
-        with_entmax,
-    )
-    from attn_core.regularizers.rows import ROW_KINDS, head_means, row_penalty, row_values
 
 # heads and specs (names, parsing) come with the package; the penalties (torch) when first read
 __getattr__, __dir__ = lazy.exports(
     __name__,
     {
-        **dict.fromkeys(
-            (
-                "ConcentrationPenalty",
-                "build_penalty",
-                "data_concentration",
-                "data_rows",
-                "data_values",
-                "layer_singular_values",
-                "mean_rows",
-                "regularizer_value",
-                "spectrum",
-                "vocab_concentration",
-                "vocab_rows",
-                "with_entmax",
-            ),
-            "penalty",
+        "penalty": (
+            "ConcentrationPenalty",
+            "build_penalty",
+            "data_concentration",
+            "data_rows",
+            "data_values",
+            "layer_singular_values",
+            "mean_rows",
+            "regularizer_value",
+            "spectrum",
+            "vocab_concentration",
+            "vocab_rows",
+            "with_entmax",
         ),
-        **dict.fromkeys(("ROW_KINDS", "head_means", "row_penalty", "row_values"), "rows"),
+        "rows": ("ROW_KINDS", "head_means", "row_penalty", "row_values"),
     },
 )
 

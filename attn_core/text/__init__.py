@@ -11,21 +11,18 @@ next-token prediction with a held-out split.
 - ``source``: the text task of a loaded model (``text_task_for``), what jobs, the CLI and pages call.
 """
 
-from typing import TYPE_CHECKING
-
 from attn_core import lazy
 from attn_core.text.corpus import MAX_CORPUS_BYTES, Corpus, TextError, open_corpus
 from attn_core.text.defaults import DEFAULT_BLOCK, HELD_OUT_FRACTION
 
-if TYPE_CHECKING:
-    from attn_core.text.source import text_task_for
-    from attn_core.text.task import TextTask
-    from attn_core.text.tokens import TokenFile, cache_dir, tokenize
-
 # the corpus checks and the defaults come with the package; tokenizing and the task (torch) when first read
 __getattr__, __dir__ = lazy.exports(
     __name__,
-    {"text_task_for": "source", "TextTask": "task", "TokenFile": "tokens", "cache_dir": "tokens", "tokenize": "tokens"},
+    {
+        "source": ("text_task_for",),
+        "task": ("TextTask",),
+        "tokens": ("TokenFile", "cache_dir", "tokenize"),
+    },
 )
 
 __all__ = [

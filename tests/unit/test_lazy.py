@@ -84,7 +84,7 @@ def test_an_error_while_a_lazy_module_loads_is_not_hidden(tmp_path):
     pkg = tmp_path / "lazypkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text(
-        "from attn_core import lazy\n__getattr__, __dir__ = lazy.exports(__name__, {'thing': 'broken'})\n"
+        "from attn_core import lazy\n__getattr__, __dir__ = lazy.exports(__name__, {'broken': ('thing',)})\n"
     )
     (pkg / "broken.py").write_text("import math\nthing = math.no_such_function()\n")
     code = (
