@@ -444,7 +444,7 @@ def test_dashboard_text_comes_from_uploads_or_the_data_folder_only(tmp_path, mon
     kept = files.save_upload("My Notes.TXT", b"w1 w2", tmp_path / "runs")
     assert kept.name == "upload.txt" and kept.read_bytes() == b"w1 w2"
     assert files.save_upload("again.txt", b"w1 w2", tmp_path / "runs") == kept  # the same bytes kept once
-    with pytest.raises(TextError, match="upload a .txt, .jsonl, .parquet file"):
+    with pytest.raises(TextError, match="upload a .txt, .jsonl or .parquet file"):
         files.save_upload("model.safetensors", b"x", tmp_path / "runs")
     monkeypatch.setattr(files, "MAX_UPLOAD_MB", 1e-6)
     with pytest.raises(LimitError, match="the limit is 1e-06 MB"):
