@@ -181,7 +181,8 @@ def rank_caps(model: Transformer) -> torch.Tensor:
         [
             [cfg.head_d_qk(l, h) if cfg.qk == "factored" else cfg.d_model for h in range(cfg.n_heads)]
             for l in range(cfg.n_layers)
-        ]
+        ],
+        device="cpu",  # a host-side table, beside the CPU spectra of Ranks
     )
 
 
@@ -191,7 +192,7 @@ def ranks(model: Transformer, tokens: torch.Tensor | None = None, frac: float = 
     frac = check_variance(frac)
     data = None
     if tokens is not None:
-        tokens = torch.as_tensor(tokens, dtype=torch.long)
+        tokens = torch.as_tensor(tokens, dtype=torch.long, device=model.embed.W_E.device)
         if tokens.dim() != 2 or min(tokens.shape) < 1:
             raise ValueError(f"probes are token ids [n, T] with n, T >= 1, got shape {list(tokens.shape)}")
         if tokens.shape[1] > model.cfg.n_ctx:

@@ -190,7 +190,7 @@ def sinks(model: Transformer, tokens: torch.Tensor, eps: float = EPS, what: str 
     module doc), and the sink heads at ``eps``."""
     model = check_model(model, "sinks")
     eps = check_eps(eps)
-    tokens = torch.as_tensor(tokens, dtype=torch.long)
+    tokens = torch.as_tensor(tokens, dtype=torch.long, device=model.embed.W_E.device)
     if tokens.dim() != 2 or tokens.shape[0] < 1 or tokens.shape[1] < 1:
         raise ValueError(f"probes are token ids [n, T] with n, T >= 1, got shape {list(tokens.shape)}")
     if tokens.shape[1] > model.cfg.n_ctx:
