@@ -148,3 +148,26 @@ def test_records_gap_and_bad_input():
     with pytest.raises(ValueError, match="exceed the model context"):
         ranks(model, torch.zeros(1, 100, dtype=torch.long))
     assert isinstance(r2, Ranks)
+
+
+def test_dynamics_measures_sinks_and_both_ranks():
+    """The dynamics metric lines are these functions on the first 32 held-out inputs (64 tokens)."""
+    from attn_core import dynamics as D
+    from attn_core.bilinear import sinks
+
+    loaded = resolve("sort-2l-mlp")
+    model = loaded.model
+    inputs = D.task_inputs(loaded.task, samples=40)
+    values = D.measure(model, inputs, detector_samples=2).values
+    probes = inputs.tokens[:32, :64]
+    s, r = sinks(model, probes), ranks(model, probes)
+    assert values["sink_rate"] == pytest.approx(s.rate) and s.rate > 0
+    for l in range(2):
+        for h in range(4):
+            assert values[f"sink_importance:L{l}H{h}"] == pytest.approx(float(s.strongest[l, h]))
+            assert values[f"weight_rank:L{l}H{h}"] == int(r.weight_rank[l, h])
+            assert values[f"data_rank:L{l}H{h}"] == pytest.approx(float(r.data_rank[l, h]))
+            assert values[f"data_stable_rank:L{l}H{h}"] == pytest.approx(float(r.data_stable_rank[l, h]))
+    partial = D.measure(model, inputs, detector_samples=2, partial=True).values
+    assert partial["sink_rate"] is None and partial["data_rank:L0H0"] is None
+    assert partial["weight_rank:L0H0"] == values["weight_rank:L0H0"]
