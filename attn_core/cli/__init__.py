@@ -5,7 +5,7 @@ input and 1 for an unexpected error, never a traceback (:func:`main`).
 
 One module per command group, each a ``typer.Typer`` whose commands are listed here
 (:data:`GROUPS`): ``models`` (zoo, eval, train, presets), ``bilinear`` (spectrum, scores, heads,
-export), ``rotary`` (offsets, pair), ``circuits`` (circuits, attribute), ``runs`` (retrain, runs,
+export), ``sinks``, ``rotary`` (offsets, pair), ``circuits`` (circuits, attribute), ``runs`` (retrain, runs,
 runs show), ``sweep`` (sweep, sweeps, sweeps show), ``dynamics`` (metrics across checkpoints), ``grow``, ``kernels`` (kernels,
 kernels-bench), ``qk`` (compare-qk), ``export`` (export-hf) and ``gallery``; ``common`` holds what
 they share. Every model NAME goes through ``attn_core.sources.resolve``; option defaults whose
@@ -41,6 +41,7 @@ from attn_core.training import interrupt
 GROUPS: tuple[tuple[str, dict[str, str]], ...] = (
     ("models", {"app": ""}),
     ("bilinear", {"app": ""}),
+    ("sinks", {"app": ""}),
     ("rotary", {"app": ""}),
     ("circuits", {"app": ""}),
     ("runs", {"app": "", "runs_app": "runs"}),

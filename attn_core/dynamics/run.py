@@ -19,7 +19,7 @@ from attn_core.dynamics.series import Series, header_params
 from attn_core.regularizers import head_label
 from attn_core.runs import RunStore, default_root
 
-VERSION = 1  # of what a cached entry holds; bump when a metric's definition changes
+VERSION = 2  # of what a cached entry holds; bump when a metric's definition changes
 CACHE_DIR = "dynamics-cache"  # in the run store's folder: $ATTN_LAB_RUNS, else the user data folder
 
 
