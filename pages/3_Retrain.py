@@ -170,7 +170,7 @@ if text_cfg is not None:  # how long it would take, before it starts
     parent_batch = JobConfig(source=ui.job_source(st.session_state[ui.MODEL_KEY])).train_config(loaded.card.train)
     batch = text_cfg.get("batch_size") or parent_batch.batch_size
     block = text_cfg.get("block") or loaded.task.seq_len
-    say_estimate(cfg, int(steps), int(batch), int(block), device, text_cfg.get("kl", 0.0))
+    say_estimate(loaded.model, int(steps), int(batch), int(block), device, text_cfg.get("kl", 0.0))
 
 
 def start() -> None:

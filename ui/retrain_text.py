@@ -149,14 +149,14 @@ def text_inputs(cfg: ModelConfig, lambdas: list[float], device: str = "cpu") -> 
     )
 
 
-def say_estimate(cfg: ModelConfig, steps: int, batch: int, block: int, device: str, kl: float = 0.0) -> None:
-    """The estimated duration of a run with these settings, before it starts (a caption;
-    ``attn_core.training.estimate``: from this machine's speed now, within about 2x)."""
+def say_estimate(model, steps: int, batch: int, block: int, device: str, kl: float = 0.0) -> None:
+    """The estimated duration of a run of ``model`` (on the CPU, as the page holds it) with these
+    settings, before it starts (a caption; ``attn_core.training.estimate``)."""
     from attn_core.training import estimate
 
-    e = estimate.run_seconds(cfg, steps, batch, block, device, kl)
+    e = estimate.run_seconds(model.cfg, steps, batch, block, device, kl, model=model if device == "cpu" else None)
     st.caption(
         f"Estimated duration: about {estimate.duration_text(e['total_s'])} on {device} ({steps:,} steps of "
         f"{batch} × {block} tokens, ~{e['step_s']:.2g} s a step, and ~{estimate.duration_text(e['measure_s'])} "
-        "measuring before and after; an estimate from this machine's speed now, within about 2×)."
+        "measuring before and after; a rough estimate from this machine's speed now)."
     )

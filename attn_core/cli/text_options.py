@@ -90,5 +90,6 @@ def say_estimate(job) -> None:
         eval_every=cfg.eval_every,
         eval_samples=cfg.eval_samples,
         measure_samples=cfg.measure_samples,
+        model=job.model,
     )
     typer.echo(line, err=True)
