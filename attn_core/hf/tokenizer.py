@@ -142,8 +142,12 @@ def bounded(fn: Callable[[], object], timeout_s: float, what: str):
                 if not chunk:
                     break
                 chunks.append(chunk)
-    finally:
+    finally:  # answered, timed out, or Ctrl-C while waiting: the child is gone either way
         os.close(read_end)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         os.waitpid(pid, 0)
     try:
         out = json.loads(b"".join(chunks))
