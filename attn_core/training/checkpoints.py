@@ -228,23 +228,52 @@ def job_folder(store, run_id: str | None) -> Path:
 # --- reading --------------------------------------------------------------------------------------
 
 
-def read_series(folder: str | Path) -> list[tuple[int, Path]]:
+def read_series(folder: str | Path, problems: list | None = None) -> list[tuple[int, Path]]:
     """(step, file) of every checkpoint in a series folder, by step: the files its index lists
     that exist, or (no index) every ``step-*.safetensors`` file. Like every file of a model
     folder (``checkpoint.model_file``), the index and each file must lie inside the folder: a
-    link leading out is refused."""
+    link leading out is refused. An index that cannot be read is a CheckpointError; an entry of
+    it that names no checkpoint of its step (a step that is not a whole number, a file of
+    another step, a file that is missing or leads out) is left out and, when ``problems`` is a
+    list, appended to it as (step or None, file name, reason)."""
     folder = Path(folder)
+    problems = [] if problems is None else problems
     if not folder.is_dir():
         raise CheckpointError(f"{folder} is not a checkpoint folder")
-    if (folder / INDEX).is_file():
+    if (folder / INDEX).is_file() or (folder / INDEX).is_symlink():
         index = checkpoint.read_json(checkpoint.model_file(folder, INDEX), f"{folder.name}/{INDEX}")
         steps, files = index.get("steps"), index.get("files")
         if not (isinstance(steps, list) and isinstance(files, list) and len(steps) == len(files)):
             raise CheckpointError(f"{folder / INDEX} must list as many steps as files")
-        pairs = [(s, f) for s, f in zip(steps, files) if is_int(s) and isinstance(f, str) and _FILE.match(f)]
+        pairs = []
+        for s, f in zip(steps, files):
+            m = _FILE.match(f) if isinstance(f, str) else None
+            if m is None or not is_int(s) or int(m.group(1)) != s:
+                what = repr(f)[:80] if m is None else f"step {str(s)[:40]!r}"
+                problems.append(
+                    (
+                        s if is_int(s) and s >= 0 else None,
+                        str(f)[:80],
+                        f"{INDEX} lists {what}, not a checkpoint of its step",
+                    )
+                )
+                continue
+            pairs.append((int(s), f))
     else:
         pairs = [(int(m.group(1)), p.name) for p in folder.iterdir() if (m := _FILE.match(p.name))]
-    out = [(int(s), checkpoint.model_file(folder, f)) for s, f in pairs if (folder / f).is_file()]
+    out = []
+    for s, f in pairs:
+        try:
+            path = checkpoint.model_file(folder, f)
+        except CheckpointError as e:
+            problems.append((s, f, str(e)))
+            continue
+        if path.is_file():
+            out.append((s, path))
+        elif os.path.lexists(folder / f):
+            problems.append((s, f, "is not a regular file"))
+        else:
+            problems.append((s, f, f"is listed in {INDEX} but missing"))
     return sorted(out)
 
 
