@@ -7,6 +7,7 @@ one folder (``checkpoint.CHECKPOINTS`` inside the model folder once the run is s
 
     checkpoints/index.json                     {"params", "steps": [...], "files": [...], "bytes"}
     checkpoints/step-000000100.safetensors     the weights after 100 updates; metadata: config, step, params
+    checkpoints/tokenizer.json                 a text run's tokenizer files, written when it starts
 
 Each file is written to a hidden temporary name and renamed into place (a reader never sees a
 half-written one); ``index.json`` is rewritten the same way after each file. Every file of a
@@ -123,12 +124,18 @@ class CheckpointWriter:
                 f"{limits.size_text(free)} free"
             )
 
-    def start(self, folder: str | Path, model: Transformer) -> None:
-        """Check the room, make ``folder`` and write step 0 (before the first update)."""
+    def start(self, folder: str | Path, model: Transformer, files: dict[str, bytes] | None = None) -> None:
+        """Check the room, make ``folder``, write ``files`` into it (a text run's tokenizer: the
+        series can then be measured on text while the run trains, or after it was killed) and
+        step 0 (before the first update)."""
         folder = Path(folder)
         self.check_room(model, folder)
         try:
             folder.mkdir(parents=True, exist_ok=True)
+            for name, data in (files or {}).items():
+                if Path(name).name != name or name.startswith(".") or _FILE.match(name) or name == INDEX:
+                    raise ValueError(f"a file beside the checkpoints needs a plain name of its own, not {name!r}")
+                _atomic_write(folder / name, data)
         except OSError as e:
             raise CheckpointError(f"the checkpoint folder {folder} cannot be made: {e.strerror or e}") from None
         self.folder = folder
@@ -250,13 +257,8 @@ def read_series(folder: str | Path, problems: list | None = None) -> list[tuple[
             m = _FILE.match(f) if isinstance(f, str) else None
             if m is None or not is_int(s) or int(m.group(1)) != s:
                 what = repr(f)[:80] if m is None else f"step {str(s)[:40]!r}"
-                problems.append(
-                    (
-                        s if is_int(s) and s >= 0 else None,
-                        str(f)[:80],
-                        f"{INDEX} lists {what}, not a checkpoint of its step",
-                    )
-                )
+                step = int(m.group(1)) if m is not None else None  # the file's own step
+                problems.append((step, str(f)[:80], f"{INDEX} lists {what}, not a checkpoint of its step"))
                 continue
             pairs.append((int(s), f))
     else:
