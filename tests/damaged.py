@@ -15,6 +15,7 @@ from tests.conftest import make_tiny_model
 
 KINDS = ("truncated", "swapped", "reshaped", "nan", "missing", "architecture", "junk steps")
 BAD_STEP = 2
+STEP_OF = {kind: i + 1 for i, kind in enumerate(KINDS)}  # damage_all: each kind on its own step
 
 
 def model_with_checkpoints(folder: Path, steps: int = 4) -> Path:
@@ -34,11 +35,17 @@ def _rewrite(path: Path, change) -> None:
     path.write_bytes(st_save(change(tensors), metadata=meta))
 
 
-def damage(folder: Path, kind: str) -> str:
-    """Damage checkpoint :data:`BAD_STEP` of ``folder`` (or its index) in the way ``kind`` names;
+def damage_all(folder: Path) -> dict[int, str]:
+    """Every kind of damage at once, each on its own step (:data:`STEP_OF`; the model needs
+    checkpoints up to len(KINDS) + 1): {step: words its reason must hold}."""
+    return {STEP_OF[kind]: damage(folder, kind, STEP_OF[kind]) for kind in KINDS}
+
+
+def damage(folder: Path, kind: str, step: int = BAD_STEP) -> str:
+    """Damage checkpoint ``step`` of ``folder`` (or its index) in the way ``kind`` names;
     returns words the reason for skipping it must hold."""
     series = folder / checkpoint.CHECKPOINTS
-    path = series / ckpt.file_name(BAD_STEP)
+    path = series / ckpt.file_name(step)
     if kind == "truncated":
         path.write_bytes(path.read_bytes()[:300])
         return "truncated"
@@ -55,13 +62,13 @@ def damage(folder: Path, kind: str) -> str:
         _rewrite(path, lambda t: {k: v for k, v in t.items() if k != "blocks.0.attn.W_K"})
         return "missing tensors for this config: blocks.0.attn.W_K"
     if kind == "architecture":
-        path.write_bytes(ckpt.to_bytes(make_tiny_model(n_layers=2, n_heads=4), BAD_STEP, "all"))
+        path.write_bytes(ckpt.to_bytes(make_tiny_model(n_layers=2, n_heads=4), step, "all"))
         return "another architecture (n_heads=4; the series has n_heads=2)"
     if kind == "junk steps":
         index = json.loads((series / ckpt.INDEX).read_text())
-        index["steps"][BAD_STEP] = "x"
+        index["steps"][index["steps"].index(step)] = "x"
         index["steps"].append(10**30)
-        index["files"].append(ckpt.file_name(3))
+        index["files"].append(ckpt.file_name(step + 1))
         (series / ckpt.INDEX).write_text(json.dumps(index))
         return "not a checkpoint of its step"
     raise ValueError(kind)

@@ -103,20 +103,6 @@ def _steps(text: str | None) -> list[int] | None:
     return [int(p) for p in parts]
 
 
-def phase_text(pc: dict | None) -> str:
-    """The phase change in one sentence (the CLI's last line, the page's caption)."""
-    if not pc:
-        return (
-            "no phase change (no fall of the ICL score after a plateau that the loss shares, "
-            "both beyond the series' noise)"
-        )
-    a, b = pc["window"]
-    return (
-        f"phase change at step {pc['step']}, window {a}..{b}: the {pc['by']} falls {pc['fall']:.3g} nats and the "
-        f"loss {pc['loss_fall']:.3g} nats across it (noise {pc['noise'][pc['by']]:.2g} and {pc['noise']['loss']:.2g})"
-    )
-
-
 def _human(res: dict, dyn) -> str:
     from attn_core.cli.common import table
 
@@ -127,7 +113,9 @@ def _human(res: dict, dyn) -> str:
          "loss": res["metrics"]["loss"][i], "icl_score": res["metrics"]["icl_score"][i]}
         for i, s in enumerate(res["steps"])
     ]  # fmt: skip
-    return "\n".join([*head, table(rows, cols), phase_text(res["phase_change"])])
+    from attn_core.dynamics import describe_phase
+
+    return "\n".join([*head, table(rows, cols), describe_phase(res["phase_change"])])
 
 
 def _check_animate(animate: Path | None) -> None:
@@ -217,12 +205,7 @@ def dynamics_cmd(
         check_layer(SimpleNamespace(cfg=series.config), layer)
         check_heads(SimpleNamespace(cfg=series.config), head)
     if text is not None:
-        raw = limits.read_file(text, D.MAX_TEXT_BYTES, str(text))
-        try:
-            words = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ValueError(f"{text} is not UTF-8 text") from None
-        inputs = D.series_text_inputs(series, words, length, samples, early_span, late_span)
+        inputs = D.series_text_inputs(series, D.read_text(text), length, samples, early_span, late_span)
     else:
         inputs = D.default_inputs(series, samples=samples, seed=seed, early=early_span, late=late_span)
         if inputs is None:

@@ -31,12 +31,14 @@ from attn_core.dynamics.metrics import (
     task_inputs,
     text_inputs,
 )
+from attn_core.dynamics.phase import describe as describe_phase
 from attn_core.dynamics.phase import phase_change
 from attn_core.dynamics.run import (
     MAX_TEXT_BYTES,
     Dynamics,
     default_inputs,
     dynamics,
+    read_text,
     series_text_inputs,
     step_views,
     text_ids,
@@ -58,6 +60,7 @@ __all__ = [
     "Series",
     "Skipped",
     "default_inputs",
+    "describe_phase",
     "default_positions",
     "dynamics",
     "entropy_floor",
@@ -65,6 +68,7 @@ __all__ = [
     "normalized_row_floors",
     "phase_change",
     "position_losses",
+    "read_text",
     "row_floors",
     "series",
     "series_text_inputs",

@@ -32,6 +32,7 @@ CACHE_DIR = "dynamics-cache"  # in the run store's folder: $ATTN_LAB_RUNS, else 
 FORMAT = 2  # of an entry's JSON; entries of another format are refused (and measured again)
 MAX_ENTRY_BYTES = 8 * 2**20  # K-composition of 1,024 heads is ~20 MB: larger entries are refused, never read
 MAX_REASONS = 5
+RECOUNT = 256  # writes between two listings of the folder
 
 
 def checksum(key: str, value: Measured) -> str:
@@ -101,6 +102,8 @@ class MetricCache:
         self.max_bytes = max_bytes
         self.hits = self.misses = self.refused = self.write_errors = self.evicted = 0
         self.reasons: list[str] = []
+        self._total: int | None = None  # bytes in the folder as last counted, plus what this object wrote since
+        self._puts = 0
 
     def _path(self, key: str) -> Path:
         return self.folder / f"{key}.json"
@@ -148,17 +151,25 @@ class MetricCache:
             fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=self.folder)
             with os.fdopen(fd, "w") as f:
                 json.dump(entry, f, allow_nan=False)
+                size = f.tell()
             os.replace(tmp, self._path(key))
         except OSError:
             if tmp is not None:
                 Path(tmp).unlink(missing_ok=True)
             self.write_errors += 1
             return
-        self._trim(keep=self._path(key))
+        # the folder is counted again (one listing) only when this object's count passes the bound,
+        # and every RECOUNT writes (other processes write too): a long series costs no listing per write
+        self._puts += 1
+        if self._total is not None and self._puts % RECOUNT:
+            self._total += size
+            if self._total <= self.max_bytes:
+                return
+        self._total = self._trim(keep=self._path(key))
 
-    def _trim(self, keep: Path) -> None:
+    def _trim(self, keep: Path) -> int:
         """Remove the least recently used entries (never ``keep``, the one just written) while
-        the folder holds more than ``max_bytes``, down to 3/4 of it."""
+        the folder holds more than ``max_bytes``, down to 3/4 of it; returns the bytes left."""
         entries = []
         for path in self.folder.glob("*.json"):
             try:
@@ -168,7 +179,7 @@ class MetricCache:
             entries.append((st.st_mtime, st.st_size, path))
         total = sum(size for _, size, _ in entries)
         if total <= self.max_bytes:
-            return
+            return total
         for _, size, path in sorted(entries, key=lambda e: e[0]):
             if total <= self.max_bytes * 3 // 4:
                 break
@@ -180,3 +191,4 @@ class MetricCache:
                 continue
             total -= size
             self.evicted += 1
+        return total

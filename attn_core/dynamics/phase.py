@@ -97,3 +97,18 @@ def phase_change(
         "loss_fall": loss_fall,
         "noise": spread,
     }
+
+
+def describe(pc: dict | None) -> str:
+    """The phase change (a result of :func:`phase_change`, or None) in one sentence."""
+    if not pc:
+        return (
+            "no phase change (no fall of the ICL score after a plateau that the loss shares, "
+            "both beyond the series' noise)"
+        )
+    a, b = pc["window"]
+    by = pc["by"].replace("_", " ").replace("icl", "ICL")
+    return (
+        f"phase change at step {pc['step']}, window {a}..{b}: the {by} falls {pc['fall']:.3g} nats and the loss "
+        f"{pc['loss_fall']:.3g} nats across it (noise {pc['noise'][pc['by']]:.2g} and {pc['noise']['loss']:.2g} nats)"
+    )

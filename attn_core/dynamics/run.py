@@ -176,6 +176,17 @@ def _partial_file(path: Path) -> bool:
 MAX_TEXT_BYTES = 4 * 2**20  # of a text the metrics are measured on
 
 
+def read_text(path: str | Path) -> str:
+    """A UTF-8 text file of at most :data:`MAX_TEXT_BYTES` (a regular file: ``limits.read_file``)."""
+    from attn_core import limits
+
+    raw = limits.read_file(path, MAX_TEXT_BYTES, str(path))
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text") from None
+
+
 def series_text_inputs(
     series: Series, text: str, length: int | None, samples: int, early=None, late=None, store=None
 ) -> Inputs:
