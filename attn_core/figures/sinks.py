@@ -179,7 +179,7 @@ def sink_view_plot(
         what = (
             f"without its sink keys ({sink_text}), rows renormalized"
             if where
-            else f"no sink key on this input (importance ≤ {eps:g})"
+            else f"(no sink key on this input: importance ≤ {eps:g})"
         )
         names = None
     fig.update_layout(
