@@ -117,7 +117,7 @@ def text_run(tmp: Path, quick: bool, steps: int, checkpoints: int) -> tuple[list
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--text-steps", type=int, default=600)
+    ap.add_argument("--text-steps", type=int, default=400)
     ap.add_argument("--checkpoints", type=int, default=10)
     ap.add_argument("--quick", action="store_true", help="two folders, one zoo model, a few text steps; nothing saved")
     args = ap.parse_args()
