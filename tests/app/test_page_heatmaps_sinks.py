@@ -64,3 +64,14 @@ def test_the_section_on_task_samples_and_on_this_input(page):
     one = bilinear.sinks(resolve(MODEL).model, [bilinear.sample_tokens(resolve(MODEL), 0)])
     z = values(chart(page, "sinks")["data"][0]["z"]).double()
     assert torch.allclose(z, one.importance.reshape(-1, 12), atol=1e-6)
+
+
+def test_a_bad_sinks_url_value_falls_back():
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(PAGE, default_timeout=90)
+    at.query_params["model"] = MODEL
+    at.query_params["sinks"] = "everywhere"
+    at.run()
+    assert not at.exception and at.radio(key="sink_mode").value == "off"
+    assert any("sinks" in w.value for w in at.warning)
