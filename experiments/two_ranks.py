@@ -37,6 +37,14 @@ sys.path.insert(0, str(ROOT))
 
 RESULTS = ROOT / "experiments" / "results"
 FOLDERS = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2")
+# as tests/unit/test_hf_families.py builds them: grouped-query attention, one key/value head and a
+# sliding window for Mistral (the window masks, and S_c is pre-mask: only the weights differ)
+FAMILY_OPTIONS = {
+    "gpt_neox": {},
+    "llama": {"num_key_value_heads": 2},
+    "mistral": {"num_key_value_heads": 1, "sliding_window": 5},
+    "qwen2": {"num_key_value_heads": 2},
+}
 ZOO = ("induction-2l", "sort-2l-mlp", "recall-2l-merged", "reverse-1l")
 PROBES = 32
 
@@ -50,7 +58,7 @@ def build_folder(family: str, folder: Path) -> None:
     if family == "gpt2":
         write_tiny_gpt2(folder)
     else:
-        write_tiny_hf(folder, family, **({"num_key_value_heads": 2} if family != "gpt_neox" else {}))
+        write_tiny_hf(folder, family, **FAMILY_OPTIONS[family])
     write_word_tokenizer(folder)
 
 
