@@ -143,7 +143,7 @@ def model_names() -> list[str]:
         names += [
             sources.UPLOAD_PREFIX + p.name
             for p in sorted(uploads.iterdir())
-            if (p / checkpoint.WEIGHTS).is_file() and not p.name.startswith(".")
+            if not p.name.startswith(".") and sources.weights_path(sources.UPLOAD_PREFIX + p.name).is_file()
         ]
     return names
 

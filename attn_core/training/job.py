@@ -321,7 +321,8 @@ class TrainingJob:
 
     def _loop(self) -> Outcome:
         if self.checkpoints is not None:  # step 0, into the run's folder (a temporary one without a store)
-            self.checkpoints.start(checkpoints.job_folder(self.store, self.run_id), self.model)
+            files = self.retraining.files  # a text run's tokenizer: its checkpoints can be measured on text at once
+            self.checkpoints.start(checkpoints.job_folder(self.store, self.run_id), self.model, files=files)
         self._t_loop = time.perf_counter()
         self._telemetry(0)
         self._spectra(0)
