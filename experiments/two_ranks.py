@@ -155,11 +155,13 @@ def main() -> None:
     ap.add_argument("--text-steps", type=int, default=400)
     ap.add_argument("--checkpoints", type=int, default=10)
     ap.add_argument("--quick", action="store_true", help="two folders, one zoo model, a few text steps; nothing saved")
-    ap.add_argument("--render", type=Path, help="only redo the tables from a saved two_ranks.json (not the figures)")
+    ap.add_argument("--render", type=Path, help="only write two_ranks.md again from a saved two_ranks.json")
     args = ap.parse_args()
     if args.render:
         saved = json.loads(args.render.read_text())
-        print(markdown(saved["rows"], saved["curve"], saved["meta"]))
+        md = markdown(saved["rows"], saved["curve"], saved["meta"])
+        print(md)
+        (RESULTS / "two_ranks.md").write_text(md + "\n")
         return
     import torch
 
@@ -238,7 +240,7 @@ def finding(rows: list[dict], curve: list[dict]) -> str:
             f"- The text model from step {a['step']} to {b['step']}: B {a['weight_rank']:.2f} → {b['weight_rank']:.2f} "
             f"components, S_c {a['data_rank']:.2f} → {b['data_rank']:.2f}; gap {a['gap']:.2f}× → {b['gap']:.2f}×. "
             f"With the rotation taken out (every pair through B(0)), S_c needs {b['data_rank_unrotated']:.2f} "
-            "components at the end."
+            f"components at the end: a gap of {b['weight_rank'] / b['data_rank_unrotated']:.2f}× in the study's direction."
         )
     by = {r["model"]: r for r in rows}
     groups = [("learned positions", ["gpt2 (random)"]), ("a quarter of the dims rotary", ["gpt_neox (random)"]),
