@@ -37,6 +37,14 @@ sys.path.insert(0, str(ROOT))
 
 RESULTS = ROOT / "experiments" / "results"
 FOLDERS = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2")
+# as tests/unit/test_hf_families.py builds them: grouped-query attention, one key/value head and a
+# sliding window for Mistral (the window masks, and S_c is pre-mask: only the weights differ)
+FAMILY_OPTIONS = {
+    "gpt_neox": {},
+    "llama": {"num_key_value_heads": 2},
+    "mistral": {"num_key_value_heads": 1, "sliding_window": 5},
+    "qwen2": {"num_key_value_heads": 2},
+}
 ZOO = ("induction-2l", "sort-2l-mlp", "recall-2l-merged", "reverse-1l")
 PROBES = 32
 
@@ -50,19 +58,44 @@ def build_folder(family: str, folder: Path) -> None:
     if family == "gpt2":
         write_tiny_gpt2(folder)
     else:
-        write_tiny_hf(folder, family, **({"num_key_value_heads": 2} if family != "gpt_neox" else {}))
+        write_tiny_hf(folder, family, **FAMILY_OPTIONS[family])
     write_word_tokenizer(folder)
+
+
+def unrotated_rank(model, tokens, frac: float = 0.9) -> float:
+    """The mean over heads of the data-space rank with the rotation taken out: S_c of
+    x_i B'(0) x_j^T, every pair through the un-rotated form (X from ``hook_attn_in``), so that what
+    rotary positions add to the scores' rank shows (for a model without rotary positions this is S_c)."""
+    import torch
+
+    from attn_core.bilinear import augment, has_bias, layer_form, variance_rank
+    from attn_core.hooks import act_name
+
+    L = model.cfg.n_layers
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=[act_name("attn_in", l) for l in range(L)])
+        aug, ranks = has_bias(model), []
+        for l in range(L):
+            X = cache[act_name("attn_in", l)].double()
+            X = augment(X) if aug else X
+            B = layer_form(model, l, aug).dense.double()  # [H, d, d], offset 0
+            S = torch.einsum("npd,hde,nqe->nhpq", X, B, X)
+            ranks.append(variance_rank(torch.linalg.svdvals(S - S.mean(-1, keepdim=True)), frac).double().mean(0))
+    return float(torch.stack(ranks).mean())
 
 
 def measure(name: str, source: str, kind: str, text: str | None) -> tuple[dict, list[dict]]:
     """(a summary row, per-head rows) of the two ranks of ``source``."""
     from attn_core.sources import resolve
-    from attn_core.text.probes import measure_ranks
+    from attn_core.text.probes import measure_ranks, probes
 
     loaded = resolve(source)
     r = measure_ranks(loaded, text, n=PROBES)
     heads = [dict(model=name, kind=kind, **h) for h in r.heads()]
-    return summary(name, kind, r, loaded), heads
+    row = summary(name, kind, r, loaded)
+    if loaded.config.positional == "rotary":
+        row["data_rank_unrotated"] = unrotated_rank(loaded.model, probes(loaded, text, n=PROBES).tokens)
+    return row, heads
 
 
 def summary(name: str, kind: str, r, loaded=None, step: int | None = None) -> dict:
@@ -105,8 +138,10 @@ def text_run(tmp: Path, quick: bool, steps: int, checkpoints: int) -> tuple[list
     try:
         series = D.series([str(ckpts)])
         for member in series.members:
-            r = ranks(series.load(member).model, p.tokens, what=p.what)
+            model = series.load(member).model
+            r = ranks(model, p.tokens, what=p.what)
             rows.append(summary("llama-text", "trained on text", r, step=member.step))
+            rows[-1]["data_rank_unrotated"] = unrotated_rank(model, p.tokens)
     finally:
         shutil.rmtree(ckpts, ignore_errors=True)
     heads = [dict(model=f"llama-text (step {steps})", kind="trained on text", **h) for h in r.heads()]
@@ -117,10 +152,17 @@ def text_run(tmp: Path, quick: bool, steps: int, checkpoints: int) -> tuple[list
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--text-steps", type=int, default=600)
+    ap.add_argument("--text-steps", type=int, default=400)
     ap.add_argument("--checkpoints", type=int, default=10)
     ap.add_argument("--quick", action="store_true", help="two folders, one zoo model, a few text steps; nothing saved")
+    ap.add_argument("--render", type=Path, help="only write two_ranks.md again from a saved two_ranks.json")
     args = ap.parse_args()
+    if args.render:
+        saved = json.loads(args.render.read_text())
+        md = markdown(saved["rows"], saved["curve"], saved["meta"])
+        print(md)
+        (RESULTS / "two_ranks.md").write_text(md + "\n")
+        return
     import torch
 
     torch.set_num_threads(1)
@@ -169,15 +211,16 @@ def main() -> None:
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| model | what | heads | rank cap of B | B: rank at 90% | S_c: rank at 90% | gap (B / S_c) | heads with B > S_c | B: stable rank | S_c: stable rank |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | what | heads | rank cap of B | B: rank at 90% | S_c: rank at 90% | gap (B / S_c) | heads with B > S_c | B: stable rank | S_c: stable rank | S_c without the rotation: rank at 90% |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         step = f" step {r['step']}" if r.get("step") is not None else ""
         lines.append(
             f"| {r['model']}{step} | {r['kind']} | {r['heads']} | {r['rank_cap']:.0f} | {r['weight_rank']:.2f} | "
             f"{r['data_rank']:.2f} | {r['gap']:.2f}× | {r['heads_with_gap']} of {r['heads']} | "
-            f"{r['weight_stable_rank']:.2f} | {r['data_stable_rank']:.2f} |"
+            f"{r['weight_stable_rank']:.2f} | {r['data_stable_rank']:.2f} | "
+            + (f"{r['data_rank_unrotated']:.2f} |" if r.get("data_rank_unrotated") is not None else "— |")
         )
     return "\n".join(lines)
 
@@ -195,7 +238,24 @@ def finding(rows: list[dict], curve: list[dict]) -> str:
         a, b = curve[0], curve[-1]
         said.append(
             f"- The text model from step {a['step']} to {b['step']}: B {a['weight_rank']:.2f} → {b['weight_rank']:.2f} "
-            f"components, S_c {a['data_rank']:.2f} → {b['data_rank']:.2f}; gap {a['gap']:.2f}× → {b['gap']:.2f}×."
+            f"components, S_c {a['data_rank']:.2f} → {b['data_rank']:.2f}; gap {a['gap']:.2f}× → {b['gap']:.2f}×. "
+            f"With the rotation taken out (every pair through B(0)), S_c needs {b['data_rank_unrotated']:.2f} "
+            f"components at the end: a gap of {b['weight_rank'] / b['data_rank_unrotated']:.2f}× in the study's direction."
+        )
+    by = {r["model"]: r for r in rows}
+    groups = [("learned positions", ["gpt2 (random)"]), ("a quarter of the dims rotary", ["gpt_neox (random)"]),
+              ("every dim rotary", ["llama (random)", "mistral (random)", "qwen2 (random)"])]  # fmt: skip
+    found = [(what, [by[m]["gap"] for m in names if m in by]) for what, names in groups]
+    found = [(what, gaps) for what, gaps in found if gaps]
+    if len(found) > 1:
+        said.append(
+            "- The random folders by position scheme: "
+            + "; ".join(
+                f"{what} gap {min(g):.2f}–{max(g):.2f}×" if len(g) > 1 else f"{what} gap {g[0]:.2f}×"
+                for what, g in found
+            )  # fmt: skip
+            + ". Rotary positions make each pair meet through its own B(δ), so the scores can use more "
+            "components than B(0) has; the last column takes the rotation out."
         )
     return "\n".join(said)
 

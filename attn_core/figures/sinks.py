@@ -15,7 +15,7 @@ from plotly.subplots import make_subplots
 from attn_core import metrics
 from attn_core.bilinear import View
 from attn_core.bilinear.sinks import EPS, Sinks
-from attn_core.figures.base import Plot
+from attn_core.figures.base import PALETTE, Plot
 from attn_core.figures.layout import FULL_PX, HALF_PX, fixed_margins, token_ticks
 from attn_core.regularizers import head_label
 
@@ -179,7 +179,7 @@ def sink_view_plot(
         what = (
             f"without its sink keys ({sink_text}), rows renormalized"
             if where
-            else f"no sink key on this input (importance ≤ {eps:g})"
+            else f"(no sink key on this input: importance ≤ {eps:g})"
         )
         names = None
     fig.update_layout(
@@ -214,12 +214,14 @@ def sink_rate_plot(frame: pd.DataFrame, x: str = "step", group: str = "setting",
         part = frame if m is None else frame[frame["model"] == m]
         for name, rows in part.groupby(group, sort=False):
             first = name not in palette
-            palette.setdefault(name, len(palette))
+            colour = PALETTE[palette.setdefault(name, len(palette)) % len(PALETTE)]  # one per group, every panel
             fig.add_trace(
                 go.Scatter(
                     x=rows[x],
                     y=rows["sink_rate"],
                     mode="lines+markers",
+                    line=dict(color=colour),
+                    marker=dict(color=colour),
                     name=str(name),
                     legendgroup=str(name),
                     showlegend=first,

@@ -99,4 +99,8 @@ def test_sink_rate_plot_has_a_panel_per_model():
     )
     plot = fs.sink_rate_plot(frame)
     assert len(plot.fig.data) == 4 and [t.showlegend for t in plot.fig.data] == [True, True, False, False]
+    colours = [t.line.color for t in plot.fig.data]
+    assert (
+        colours[0] == colours[2] and colours[1] == colours[3] and colours[0] != colours[1]
+    )  # a setting's colour in every panel
     assert list(plot.fig.layout.yaxis.range) == [0, 1]
