@@ -15,6 +15,7 @@ from attn_core.text import files as text_files
 
 PLAY_S = 1.0  # seconds per step while playing
 MAX_SKIPPED_SHOWN = 10  # lines, one per checkpoint skipped
+MAX_CURVE_STEPS = 500  # steps a curve draws (a series may hold 10,000: drawn at all, a rerun takes seconds)
 SOURCES = {"checkpoints": "a run or folder with checkpoints", "folders": "model folders, one per step"}
 
 
@@ -240,7 +241,12 @@ def step_views() -> None:
         ui.show_plot(views[-1], key="dyn_detectors")
 
     st.subheader("Across training")
-    curves = fd.panels(dyn, layer, head, step)
+    shown = dyn.thinned(MAX_CURVE_STEPS)  # a long series: its curves drawn at evenly spaced steps
+    if len(shown.steps) < len(dyn.steps):
+        st.caption(
+            f"The curves show {len(shown.steps):,} of the {len(dyn.steps):,} steps, evenly spaced; the slider has all."
+        )
+    curves = fd.panels(shown, layer, head, step)
     for i in range(0, len(curves), 2):
         for col, plot in zip(st.columns(2), curves[i : i + 2]):
             with col:

@@ -53,6 +53,8 @@ def test_damaged_checkpoints_are_one_line_each_and_the_others_are_shown(models):
         assert any(f"step {step} (" in line and words in line for line in lines), (step, lines)
     last = str(len(KINDS) + 1)
     assert steps_offered(at) == ["0", last]
+    assert at.number_input(key="dyn_samples").value == 16  # the box shows what is used
+    assert at.caption[0].value.startswith("2 checkpoints, steps 0..8; measured on 16 held-out reverse sequences")
     for step in (0, int(last)):  # every view of the others
         at.select_slider(key="dyn_step").set_value(step).run()
         assert not at.exception and has_chart(at, "dyn_heatmap") and has_chart(at, "dynamics_loss")
