@@ -211,7 +211,7 @@ def dynamics_cmd(
         if inputs is None:
             raise ValueError("these models have no task in their card: give --text FILE to measure them on a text")
     cache = None if no_cache else D.MetricCache()
-    bar = None if as_json else Progress(len(series.members), "dynamics", unit="checkpoint")
+    bar = Progress(len(series.members), "dynamics", unit="checkpoint")  # stderr, with --json too
     try:
         dyn = D.dynamics(series, inputs, detector_samples=detector_samples, seed=seed, cache=cache,
                          progress=(lambda done, total: bar.set(done)) if bar is not None else None)  # fmt: skip

@@ -22,7 +22,7 @@ from attn_core.dynamics.series import Series, Skipped, header_params
 from attn_core.regularizers import head_label
 from attn_core.runs import RunStore
 
-VERSION = 1  # of what a cached entry holds; bump when a metric's definition changes
+VERSION = 2  # of what a cached entry holds; bump when a metric's definition changes
 
 
 @dataclass

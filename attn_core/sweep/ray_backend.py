@@ -108,11 +108,13 @@ def ray_session(address: str | None = None, num_cpus: int | None = None):
             )
             # a local Ray ends with this process, kill -9 included (its processes only)
             guard = None if address else watchdog.start(os.path.dirname(ray.__file__))
+            on_term = _sigterm_handler()  # ray.init makes SIGTERM sys.exit; the command's own (stop and save) stays
             try:
                 if address:
                     ray.init(address=address, **kwargs)
                 else:
                     ray.init(num_cpus=num_cpus or os.cpu_count() or 1, **kwargs)
+                _restore_sigterm(on_term)
             except Exception as e:  # ConnectionError, a ray:// handshake that fails, a version mismatch ...
                 watchdog.stop(guard)
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -381,3 +383,17 @@ def _lost(trial: dict, status: str, message: str, interrupted: bool = False) -> 
         "weights": None,
         "interrupted": interrupted,
     }
+
+
+def _sigterm_handler():
+    import signal
+    import threading
+
+    return signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+
+
+def _restore_sigterm(handler) -> None:
+    import signal
+
+    if handler is not None:
+        signal.signal(signal.SIGTERM, handler)
