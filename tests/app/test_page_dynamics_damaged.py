@@ -128,3 +128,8 @@ def test_a_folder_of_hf_folders_in_the_data_folder_is_measured_on_its_text(tmp_p
     caption = at.caption[0].value
     assert caption.startswith("3 checkpoints, steps 0..20; measured on 16 windows of 16 text tokens"), caption
     assert steps_offered(at) == ["0", "10", "20"] and chart(at, "dynamics_loss")["data"][0]["y"][0] is not None
+    sinks, ranks = chart(at, "dynamics_sinks"), chart(at, "dynamics_ranks")  # every metric, sinks and ranks too
+    assert [t["name"] for t in sinks["data"]] == ["sink rate (share of heads)", "sink importance L0H0"]
+    assert [t["name"] for t in ranks["data"]] == ["rank of B (90%)", "rank of the scores (90%)",
+                                                   "stable rank of the scores"]  # fmt: skip
+    assert all(len(t["x"]) == 3 for t in sinks["data"] + ranks["data"])
