@@ -154,7 +154,11 @@ except (ValueError, OSError) as e:
 cfg = series.config
 
 c_samples, c_seed, c_text = st.columns([1, 1, 2])
-needs_text = not has_task(names, steps_given, stamp)
+try:
+    needs_text = not has_task(names, steps_given, stamp)
+except (ValueError, OSError) as e:  # no checkpoint can be loaded to ask
+    st.error(f"This series cannot be measured: {ui.plain(e)}")
+    st.stop()
 text_name = None
 if needs_text:  # a model without a task (an imported series): windows of a text of the data folder
     texts = [n for n in text_files.data_files() if n.lower().endswith(".txt")]
