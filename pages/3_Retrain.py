@@ -16,7 +16,7 @@ from attn_core.training.device import PRECISIONS, available_devices
 from attn_core.training.job import TrainingJob
 from attn_core.validate import default
 from ui import retrain_live as live
-from ui.retrain_text import text_inputs
+from ui.retrain_text import say_estimate, text_inputs
 
 # Log-scale choices: 1e-5 .. 10 in quarter decades, 1e-5 .. 1e-1 for the learning rate.
 LAMBDAS = [round(10 ** (e / 4), 8) for e in range(-20, 5)]
@@ -165,7 +165,12 @@ watched = R.head_label(layer, head)
 heads_spec = {"head": watched, "layer": f"L{layer}", "all": None}[scope]
 
 
-text_cfg = text_inputs(cfg, LAMBDAS) if text_mode else {}
+text_cfg = text_inputs(cfg, LAMBDAS, device) if text_mode else {}
+if text_cfg is not None:  # how long it would take, before it starts
+    parent_batch = JobConfig(source=ui.job_source(st.session_state[ui.MODEL_KEY])).train_config(loaded.card.train)
+    batch = text_cfg.get("batch_size") or parent_batch.batch_size
+    block = text_cfg.get("block") or loaded.task.seq_len
+    say_estimate(loaded.model, int(steps), int(batch), int(block), device, text_cfg.get("kl", 0.0))
 
 
 def start() -> None:

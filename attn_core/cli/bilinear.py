@@ -62,7 +62,7 @@ def spectrum_cmd(
     check_finite("the spectrum of B", *(r["singular_values"] for r in rows))
     probes = None
     if text is not None or loaded.task is not None:
-        probes = probe_inputs(loaded, text, text_field, samples, length, seed, quiet=as_json)
+        probes = probe_inputs(loaded, text, text_field, samples, length, seed)
     both = ranks(
         loaded.model, None if probes is None else probes.tokens, variance, "" if probes is None else probes.what
     )

@@ -24,30 +24,14 @@ LengthOpt = typer.Option(None, "--length", help="Tokens per probe (default 64, c
 SeedOpt = typer.Option(0, "--seed", help="Seed of the task samples.")
 
 
-def probe_inputs(
-    loaded, text: Path | None, field: str | None, samples: int, length: int | None, seed: int, quiet: bool
-):
+def probe_inputs(loaded, text: Path | None, field: str | None, samples: int, length: int | None, seed: int):
     """The probes of ``loaded`` (``text.probes.probes``), tokenizing a text with a progress bar
-    (MiB) on stderr unless ``quiet``."""
-    from attn_core.progress import Progress
+    on stderr, with --json too (``text_options.byte_bars``)."""
+    from attn_core.cli.text_options import byte_bars
     from attn_core.text.probes import probes
 
-    bars: dict[str, Progress] = {}
-
-    def progress(phase: str, done: int, total: int) -> None:
-        if quiet:
-            return
-        if phase not in bars:
-            for bar in bars.values():
-                bar.close()
-            bars[phase] = Progress(max(total, 1), phase, unit="")
-        bars[phase].set(done, note=f"{done / 2**20:.1f} of {total / 2**20:.1f} MiB")
-
-    try:
+    with byte_bars() as progress:
         return probes(loaded, text, samples, length, seed, field=field, progress=progress)
-    finally:
-        for bar in bars.values():
-            bar.close()
 
 
 def _human(r: dict) -> str:
@@ -102,7 +86,7 @@ def sinks_cmd(
         if out.exists():
             raise ValueError(f"--out {out} already exists; choose a new file (nothing was overwritten)")
     loaded = resolve(name)
-    p = probe_inputs(loaded, text, text_field, samples, length, seed, quiet=as_json)
+    p = probe_inputs(loaded, text, text_field, samples, length, seed)
     found = sinks(loaded.model, p.tokens, eps, p.what)
     result = dict(name=loaded.name, **found.to_json())
     if out is not None:

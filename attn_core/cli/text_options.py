@@ -4,6 +4,8 @@ the sampled rows of the row penalties (``JobConfig.penalty_rows``)."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import typer
 
 from attn_core.text.defaults import DEFAULT_BLOCK, HELD_OUT_FRACTION, MAX_DEFAULT_BATCH, STEP_MEMORY
@@ -48,14 +50,13 @@ PenaltyRowsOpt = typer.Option(
 )
 
 
-def tokenize_with_bar(source: str, text: str, field=None, eval_text=None, stop=None) -> None:
-    """Hash and tokenize a job's text into the cache (in its bounded child, ``text.child``),
-    with a progress bar (MiB) per phase on stderr (``attn_core.progress``: lines when stderr is
-    not a terminal), with --json too; ``stop()`` true ends it (KeyboardInterrupt)."""
+@contextmanager
+def byte_bars():
+    """A progress callback ``(phase, done, total)`` (bytes) drawing one bar per phase on stderr
+    (``attn_core.progress``: lines when stderr is not a terminal), with --json too; the bars are
+    closed when the block ends."""
     from attn_core.limits import size_text
     from attn_core.progress import Progress
-    from attn_core.runs import RunStore
-    from attn_core.text.source import prepare_text
 
     bars: dict[str, Progress] = {}
 
@@ -67,10 +68,21 @@ def tokenize_with_bar(source: str, text: str, field=None, eval_text=None, stop=N
         bars[phase].set(done, note=f"{size_text(done)} of {size_text(total)}")
 
     try:
-        prepare_text(source, text, field, eval_text, RunStore(), progress, stop)
+        yield progress
     finally:
         for bar in bars.values():
             bar.close()
+
+
+def tokenize_with_bar(source: str, text: str, field=None, eval_text=None, stop=None) -> None:
+    """Hash and tokenize a job's text into the cache (in its bounded child, ``text.child``),
+    with a progress bar per phase on stderr (:func:`byte_bars`); ``stop()`` true ends it
+    (KeyboardInterrupt)."""
+    from attn_core.runs import RunStore
+    from attn_core.text.source import prepare_text
+
+    with byte_bars() as progress:
+        prepare_text(source, text, field, eval_text, RunStore(), progress, stop)
 
 
 def say_estimate(job) -> None:
@@ -90,5 +102,6 @@ def say_estimate(job) -> None:
         eval_every=cfg.eval_every,
         eval_samples=cfg.eval_samples,
         measure_samples=cfg.measure_samples,
+        model=job.model,
     )
     typer.echo(line, err=True)

@@ -91,6 +91,12 @@ def encode(tok: Tokenizer, text: str, timeout_s: float = TOKENIZE_TIMEOUT_S) -> 
         raise ValueError("type some text to tokenize")
     if len(text) > MAX_TEXT_CHARS:
         raise ValueError(f"the text has {len(text):,} characters; the limit is {MAX_TEXT_CHARS:,}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:  # a lone surrogate: undecodable bytes of a command line, a JSON escape
+        raise ValueError(
+            f"the text is not UTF-8 (character {e.start + 1:,} is a lone surrogate, {text[e.start]!r}); type it as UTF-8"
+        ) from None
     ids = bounded(lambda: tok.encode(text, add_special_tokens=False).ids, timeout_s, "tokenizing the text")
     if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
         raise CheckpointError(f"{TOKENIZER}: tokenizing the text gave no list of token ids")
@@ -142,8 +148,12 @@ def bounded(fn: Callable[[], object], timeout_s: float, what: str):
                 if not chunk:
                     break
                 chunks.append(chunk)
-    finally:
+    finally:  # answered, timed out, or Ctrl-C while waiting: the child is gone either way
         os.close(read_end)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         os.waitpid(pid, 0)
     try:
         out = json.loads(b"".join(chunks))

@@ -374,8 +374,4 @@ def _jsonl_pieces(fh, path: Path, field: str, seen: _Seen) -> Iterator[tuple[str
 def _parquet_pieces(fh, path: Path, field: str, seen: _Seen) -> Iterator[tuple[str, bool, int]]:
     from attn_core.text.parquet import parquet_pieces  # pyarrow loads only for a Parquet file
 
-    return parquet_pieces(fh, path, field, seen)
-
-
-def _first(e: BaseException) -> str:
-    return (str(e).splitlines() or [type(e).__name__])[0][:160]
+    return parquet_pieces(fh, path, field, seen, _split, TextError, 8 * READ_BYTES)

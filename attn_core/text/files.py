@@ -137,24 +137,30 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-# the command line's words in an error, and the page's (the Retrain page's Text section)
-PAGE_WORDS = {
-    "name the text with --text-field": "name it in the Text field box",
-    "--text-field": "the Text field box",
-    "--eval-text": "the held-out text",
-    "--block": "Block (tokens)",
-    "--text": "the text",
-}
+# the command line's words in an error, and the page's (the Retrain page's Text section), in order
+PAGE_WORDS = (
+    (r"\(--block (\d+) \+ 1\)", r"(\1 tokens + 1)"),
+    (r"a smaller --block", "a smaller Block (tokens)"),
+    (r"a held-out text with --eval-text", "another held-out text"),
+    (r"the held-out text \(--eval-text\)", "the held-out text"),
+    (r"name the text with --text-field", "name it in the Text field box"),
+    (r"--text-field", "the Text field"),
+    (r"--eval-text", "the held-out text"),
+    (r"--text\b:?", "the text"),
+    (r"--block", "Block (tokens)"),
+)
 
 
 def page_message(error: BaseException | str, uploads: dict[Path, str] | None = None) -> str:
     """An error of reading or tokenizing a text in the page's words: each kept upload's path
     (``uploads``: path -> the name it was uploaded as) said as that name, the run store's
     folders not named, the command line's options said as the page's labels."""
+    import re
+
     text = str(error)
     for path, shown in (uploads or {}).items():
         text = text.replace(str(path), shown)
-    for flag, words in PAGE_WORDS.items():
-        text = text.replace(flag, words)
+    for pattern, words in PAGE_WORDS:
+        text = re.sub(pattern, words, text)
     store = str(Path(default_root()) / UPLOADS)
     return text.replace(store, "the uploads")

@@ -2,9 +2,9 @@
 evaluations and before/after measurements (6 per parameter per token for a training step, 2 for
 a forward, and the attention scores and their weighted sum), divided by the speed this device
 multiplies matrices at now (:func:`device_rate`, measured once per process and device in about
-0.2 s). An estimate, not a promise: on the CPU a step took 0.7 to 2.5 times the estimate in the
-measurements behind :data:`OVERHEAD` (``README``, "Text retraining"), more for tiny models whose
-steps are mostly Python."""
+0.2 s), plus what a step costs whatever its size (three forwards of one short sequence through
+the model, timed when the model is given: Python and kernel launches, which dominate a tiny
+model's step). An estimate, not a promise (README, "Retraining your own models on text")."""
 
 from __future__ import annotations
 
@@ -49,6 +49,21 @@ def device_rate(device: str = "cpu") -> float:
             return n * 2 * 1024 * 512 * 1024 / took
 
 
+def fixed_seconds(model, device: str = "cpu") -> float:
+    """What a training step of ``model`` costs whatever its size: three times the median of
+    three forwards of one sequence of 8 tokens (no gradients: the model is left as it was)."""
+    import torch
+
+    tokens = torch.zeros(1, min(8, model.cfg.n_ctx), dtype=torch.long, device=device)
+    times = []
+    with torch.no_grad():
+        for _ in range(4):
+            started = time.perf_counter()
+            model(tokens)[0, 0, 0].item()
+            times.append(time.perf_counter() - started)
+    return 3 * sorted(times[1:])[1]
+
+
 def run_seconds(
     cfg,
     steps: int,
@@ -59,12 +74,15 @@ def run_seconds(
     eval_every: int = 100,
     eval_samples: int = 256,
     measure_samples: int = 512,
+    model=None,
 ) -> dict:
     """The estimated seconds of a run: ``step_s`` (one step), ``train_s`` (every step, the
     held-out evaluations every ``eval_every`` steps) and ``measure_s`` (the before/after
-    measurement of ``measure_samples`` sequences, about three forwards each), ``total_s``."""
+    measurement of ``measure_samples`` sequences, about three forwards each), ``total_s``.
+    With ``model`` (on ``device``), each step adds its :func:`fixed_seconds`."""
     rate = device_rate(str(device)) / OVERHEAD
-    step = step_flops(cfg, block, batch, kl) / rate
+    fixed = fixed_seconds(model, str(device)) if model is not None else 0.0
+    step = fixed + step_flops(cfg, block, batch, kl) / rate
     evals = (math.ceil(steps / eval_every) + 1) * forward_flops(cfg, block, eval_samples) / rate
     measure = 2 * 3 * forward_flops(cfg, block, measure_samples) / rate
     return {
@@ -86,10 +104,11 @@ def duration_text(seconds: float) -> str:
 
 
 def say(cfg, steps: int, batch: int, block: int, device: str = "cpu", kl: float = 0.0, **settings) -> str:
-    """One line: the estimated duration of a run, its step and what it rests on."""
+    """One line: the estimated duration of a run, its step and what it rests on (``settings``:
+    those of :func:`run_seconds`)."""
     e = run_seconds(cfg, steps, batch, block, device, kl, **settings)
     return (
         f"estimated duration: about {duration_text(e['total_s'])} on {device} ({steps} steps of {batch} x {block} "
         f"tokens, ~{e['step_s']:.2g} s a step, and ~{duration_text(e['measure_s'])} measuring before and after; "
-        f"from its speed now, {e['rate_gflops']:.3g} GFLOP/s: an estimate within about 2x)"
+        f"a rough estimate from its speed now, {e['rate_gflops']:.3g} GFLOP/s)"
     )

@@ -275,6 +275,13 @@ class TestTokenizerInABoundedChild:
             tokenized(folder, tmp_path / "c.txt")
         assert "\n" not in str(e.value) and cache_names(folder) == []
 
+    def test_typed_text_with_a_lone_surrogate_is_one_sentence(self, folder):
+        """Undecodable bytes of a command line arrive as lone surrogates ($'\\xff' is '\\udcff')."""
+        from attn_core.hf.tokenizer import encode, load_tokenizer
+
+        with pytest.raises(ValueError, match=r"character 4 is a lone surrogate, '\\udcff'"):
+            encode(load_tokenizer(folder), "w1 \udcff w2")
+
     def test_a_runaway_pattern_is_killed_at_the_time_bound(self, folder, tmp_path, monkeypatch):
         """``\\s+$`` is quadratic on a long run of spaces (about 9 s for 20,000 here): with a bound of
         1 s plus 1 s per MB, the child is killed after about a second, and is gone."""
