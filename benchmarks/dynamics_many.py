@@ -2,7 +2,8 @@
 to decide how many one series may hold: per checkpoint on induction-2l's architecture (151 KiB
 files), the series built from its folder (headers only), each checkpoint measured (cold, every
 metric), the whole series read back from the cache (warm), the cache's bytes per entry, and the
-Dynamics page's curves (``figures.dynamics.panels``) drawn for the whole series with their JSON size.
+Dynamics page's curves (``figures.dynamics.panels``) drawn for the whole series (with their JSON
+size) and for the 500 evenly spaced steps the page draws (``Dynamics.thinned``).
 
     python benchmarks/dynamics_many.py                 # 2,000 and 10,000 checkpoints, 256 held-out sequences
     python benchmarks/dynamics_many.py --quick         # 50 checkpoints, 16 sequences, not saved
@@ -69,6 +70,10 @@ def one(n: int, samples: int, cold_n: int, work: Path) -> dict:
     plots = fd.panels(dyn, 1, 0, dyn.steps[-1])
     draw_s = time.perf_counter() - t
     figure_mb = sum(len(p.fig.to_json()) for p in plots) / 2**20
+    thin = dyn.thinned(500)  # what the Dynamics page draws
+    t = time.perf_counter()
+    fd.panels(thin, 1, 0, dyn.steps[-1])
+    thin_s = time.perf_counter() - t
     return dict(
         checkpoints=n,
         write_s=write_s,
@@ -80,6 +85,8 @@ def one(n: int, samples: int, cold_n: int, work: Path) -> dict:
         cache_mib=entry_bytes * n / 2**20,
         panels_s=draw_s,
         panels_json_mib=figure_mb,
+        panels_thinned_steps=len(thin.steps),
+        panels_thinned_s=thin_s,
     )
 
 

@@ -15,6 +15,7 @@ from attn_core.text import files as text_files
 
 PLAY_S = 1.0  # seconds per step while playing
 MAX_SKIPPED_SHOWN = 10  # lines, one per checkpoint skipped
+MAX_CURVE_STEPS = 500  # steps a curve draws (a series may hold 10,000: drawn at all, a rerun takes seconds)
 SOURCES = {"checkpoints": "a run or folder with checkpoints", "folders": "model folders, one per step"}
 
 
@@ -153,7 +154,11 @@ except (ValueError, OSError) as e:
 cfg = series.config
 
 c_samples, c_seed, c_text = st.columns([1, 1, 2])
-needs_text = not has_task(names, steps_given, stamp)
+try:
+    needs_text = not has_task(names, steps_given, stamp)
+except (ValueError, OSError) as e:  # no checkpoint can be loaded to ask
+    st.error(f"This series cannot be measured: {ui.plain(e)}")
+    st.stop()
 text_name = None
 if needs_text:  # a model without a task (an imported series): windows of a text of the data folder
     texts = [n for n in text_files.data_files() if n.lower().endswith(".txt")]
@@ -240,7 +245,12 @@ def step_views() -> None:
         ui.show_plot(views[-1], key="dyn_detectors")
 
     st.subheader("Across training")
-    curves = fd.panels(dyn, layer, head, step)
+    shown = dyn.thinned(MAX_CURVE_STEPS)  # a long series: its curves drawn at evenly spaced steps
+    if len(shown.steps) < len(dyn.steps):
+        st.caption(
+            f"The curves show {len(shown.steps):,} of the {len(dyn.steps):,} steps, evenly spaced; the slider has all."
+        )
+    curves = fd.panels(shown, layer, head, step)
     for i in range(0, len(curves), 2):
         for col, plot in zip(st.columns(2), curves[i : i + 2]):
             with col:

@@ -223,7 +223,10 @@ def dynamics_cmd(
             say(f"skipped {s.line()}")
     if cache is not None:
         refused = (
-            f"; {dyn.refused} entries refused and measured again ({'; '.join(dyn.reasons[:2])})" if dyn.refused else ""
+            f"; {dyn.refused} {'entry' if dyn.refused == 1 else 'entries'} refused and measured again "
+            f"({'; '.join(dyn.reasons[:2])})"
+            if dyn.refused
+            else ""
         )
         say(f"cache: {dyn.hits} of {len(dyn.steps)} checkpoints read from {cache.folder}{refused}")
     if animate is not None:

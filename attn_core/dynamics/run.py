@@ -7,6 +7,7 @@ skips those it cannot list; the others are measured."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable
@@ -69,6 +70,30 @@ class Dynamics:
         """K-composition from head ``writer`` into head ``reader`` at every step (labels L0H3)."""
         i, j = self.order.index(writer), self.order.index(reader)
         return [k[i][j] for k in self.k_composition]
+
+    def thinned(self, most: int) -> Dynamics:
+        """At most ``most`` (>= 2) of the steps, evenly spaced in their order, the first and the last
+        and the phase-change window's ends among them, with their values unchanged: what curves
+        of a long series draw (every step stays measured; ``self`` when it has no more)."""
+        n = len(self.steps)
+        if n <= most:
+            return self
+        keep = {round(i * (n - 1) / (most - 1)) for i in range(most)}
+        if self.phase_change is not None:
+            keep |= {i for i, s in enumerate(self.steps) if s in self.phase_change["window"]}
+        idx = sorted(keep)
+
+        def pick(values):
+            return None if values is None else [values[i] for i in idx]
+
+        return dataclasses.replace(
+            self,
+            steps=pick(self.steps),
+            metrics={k: pick(v) for k, v in self.metrics.items()},
+            k_composition=pick(self.k_composition),
+            partial=pick(self.partial) if self.partial else [],
+            tokens=pick(self.tokens),
+        )
 
 
 def cache_key(member_key: str, inputs: Inputs | None, detector_samples: int, seed: int, partial: bool) -> str:

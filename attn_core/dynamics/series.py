@@ -206,14 +206,14 @@ def series(names: list[str], steps: list[int] | None = None, store: RunStore | N
         f"{label} (+{len(names) - 1})",
         pairs,
         skipped,
-        folders=[m.file.parent for m, _ in pairs if m.file.name in (WEIGHTS, hf.INDEX)],
+        where=[m.file.parent for m, _ in pairs if m.file.name in (WEIGHTS, hf.INDEX)],
     )
 
 
 def _folder_series(folder: Path, store: RunStore | None) -> Series:
     """The model folders one folder holds, one per checkpoint (:mod:`attn_core.dynamics.folders`)."""
     listed, problems = folders.entries(folder, MAX_MEMBERS)
-    skipped = [Skipped(step, name, why) for step, name, why in problems]
+    skipped = [Skipped(step, file, why) for step, file, why in problems]
     pairs: list = []
     for e in listed:
         try:
@@ -223,7 +223,7 @@ def _folder_series(folder: Path, store: RunStore | None) -> Series:
             continue
         member = Member(e.step, str(e.folder), file, tokens=e.tokens, files=_side_files(file))
         _add(pairs, skipped, member, lambda e=e: _folder_config(e.folder))
-    return _finish(folder.name, pairs, skipped, folders=[folder], what=f"{folder} holds no model folder that")
+    return _finish(folder.name, pairs, skipped, where=[folder], what=f"{folder} holds no model folder that")
 
 
 def _plain_name(name: str) -> str:
@@ -239,7 +239,7 @@ def _checkpoint_series(name: str, store: RunStore | None) -> Series:
         task = checkpoint.read_card(folder.parent / CARD).task if folder.name == CHECKPOINTS else None
     problems: list = []
     found = ckpt.read_series(folder, problems)
-    skipped = [Skipped(step, name, why) for step, name, why in problems]
+    skipped = [Skipped(step, file, why) for step, file, why in problems]
     if len(found) > MAX_MEMBERS:
         raise limits.LimitError(f"{len(found):,} checkpoints is more than {MAX_MEMBERS:,} in one series")
     pairs: list = []
@@ -288,7 +288,7 @@ def _finish(
     pairs: list[tuple[Member, ModelConfig]],
     skipped: list[Skipped],
     prefer: ModelConfig | None = None,
-    folders: list[Path] | None = None,
+    where: list[Path] | None = None,
     what: str | None = None,
 ) -> Series:
     """The series of ``pairs``: one member per step (a step listed again is skipped), those of
@@ -316,7 +316,7 @@ def _finish(
         else:
             seen[m.step] = m.source
             members.append(m)
-    return Series(name, members, config, skipped=sorted(skipped, key=_order), folders=list(folders or []))
+    return Series(name, members, config, skipped=sorted(skipped, key=_order), folders=list(where or []))
 
 
 def _order(s: Skipped) -> tuple:

@@ -10,7 +10,10 @@ one folder (``checkpoint.CHECKPOINTS`` inside the model folder once the run is s
     checkpoints/tokenizer.json                 a text run's tokenizer files, written when it starts
 
 Each file is written to a hidden temporary name and renamed into place (a reader never sees a
-half-written one); ``index.json`` is rewritten the same way after each file. Every file of a
+half-written one); ``index.json`` is rewritten the same way after each file, and past 500 files
+after every n/50-th and the last (a rewrite costs the index's length: 10,000 rewrites of a growing
+index took most of an hour in ``benchmarks/dynamics_many.py``, a cost growing with n^2); a reader takes the files the
+index lists and the ``step-*.safetensors`` files written since (:func:`read_series`). Every file of a
 series has the same size (the step in the metadata is zero-padded), so the disk use is known
 exactly before training: :meth:`CheckpointWriter.start` states it and refuses a series larger
 than ``max_mb`` or than the free space of the disk. ``params="attn"`` keeps only attention and
@@ -45,6 +48,7 @@ from attn_core.training.checkpoint_plan import CheckpointPlan, log_steps
 from attn_core.validate import is_int
 
 INDEX = "index.json"
+INDEX_EVERY_FROM = 500  # up to this many files the index is rewritten after each; past it, after every n/50-th
 FREE_MARGIN = 64 * 2**20  # leave this much of the disk free
 _FILE = re.compile(r"^step-(\d{9})\.safetensors$")
 _ATTN = re.compile(r"^(blocks\.\d+\.(attn|ln1|ln2)\.|ln_final\.)")
@@ -164,7 +168,9 @@ class CheckpointWriter:
             _atomic_write(path, data)
             self.written.append(step)
             self.bytes += len(data)
-            _atomic_write(self.folder / INDEX, json.dumps(self.listing(relative=False), indent=1).encode())
+            n = len(self.written)
+            if n <= INDEX_EVERY_FROM or n % max(1, n // 50) == 0 or step == self.steps[-1]:
+                _atomic_write(self.folder / INDEX, json.dumps(self.listing(relative=False), indent=1).encode())
         except OSError as e:
             raise CheckpointError(
                 f"checkpoint {step} could not be written in {self.folder}: {e.strerror or e}"
@@ -237,7 +243,8 @@ def job_folder(store, run_id: str | None) -> Path:
 
 def read_series(folder: str | Path, problems: list | None = None) -> list[tuple[int, Path]]:
     """(step, file) of every checkpoint in a series folder, by step: the files its index lists
-    that exist, or (no index) every ``step-*.safetensors`` file. Like every file of a model
+    that exist and every ``step-*.safetensors`` file it does not list (written since the index
+    was last rewritten; without an index, every such file). Like every file of a model
     folder (``checkpoint.model_file``), the index and each file must lie inside the folder: a
     link leading out is refused. An index that cannot be read is a CheckpointError; an entry of
     it that names no checkpoint of its step (a step that is not a whole number, a file of
@@ -261,6 +268,10 @@ def read_series(folder: str | Path, problems: list | None = None) -> list[tuple[
                 problems.append((step, str(f)[:80], f"{INDEX} lists {what}, not a checkpoint of its step"))
                 continue
             pairs.append((int(s), f))
+        listed = set(files)  # and the files written since the index was last rewritten
+        pairs += [
+            (int(m.group(1)), p.name) for p in folder.iterdir() if (m := _FILE.match(p.name)) and p.name not in listed
+        ]
     else:
         pairs = [(int(m.group(1)), p.name) for p in folder.iterdir() if (m := _FILE.match(p.name))]
     out = []

@@ -53,6 +53,8 @@ def test_damaged_checkpoints_are_one_line_each_and_the_others_are_shown(models):
         assert any(f"step {step} (" in line and words in line for line in lines), (step, lines)
     last = str(len(KINDS) + 1)
     assert steps_offered(at) == ["0", last]
+    assert at.number_input(key="dyn_samples").value == 16  # the box shows what is used
+    assert at.caption[0].value.startswith("2 checkpoints, steps 0..8; measured on 16 held-out reverse sequences")
     for step in (0, int(last)):  # every view of the others
         at.select_slider(key="dyn_step").set_value(step).run()
         assert not at.exception and has_chart(at, "dyn_heatmap") and has_chart(at, "dynamics_loss")
@@ -126,3 +128,8 @@ def test_a_folder_of_hf_folders_in_the_data_folder_is_measured_on_its_text(tmp_p
     caption = at.caption[0].value
     assert caption.startswith("3 checkpoints, steps 0..20; measured on 16 windows of 16 text tokens"), caption
     assert steps_offered(at) == ["0", "10", "20"] and chart(at, "dynamics_loss")["data"][0]["y"][0] is not None
+    sinks, ranks = chart(at, "dynamics_sinks"), chart(at, "dynamics_ranks")  # every metric, sinks and ranks too
+    assert [t["name"] for t in sinks["data"]] == ["sink rate (share of heads)", "sink importance L0H0"]
+    assert [t["name"] for t in ranks["data"]] == ["rank of B (90%)", "rank of the scores (90%)",
+                                                   "stable rank of the scores"]  # fmt: skip
+    assert all(len(t["x"]) == 3 for t in sinks["data"] + ranks["data"])

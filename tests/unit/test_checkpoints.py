@@ -263,3 +263,18 @@ def test_a_sweep_trial_brings_its_checkpoints_to_the_run(tiny):
     run_id = record_trial(store, sweep_id, payload)
     assert [s for s, _ in ckpt.read_series(store.path(run_id) / CHECKPOINTS)] == [0, 3, 6]
     assert not [p for p in store.root.iterdir() if p.name.startswith(".checkpoints")]
+
+
+def test_a_long_series_rewrites_its_index_less_often_and_is_read_whole(tmp_path, monkeypatch):
+    """Past INDEX_EVERY_FROM files the index is rewritten after every n/50-th (its cost grows with
+    its length); the files written since are read all the same, and the last step is indexed."""
+    monkeypatch.setattr(ckpt, "INDEX_EVERY_FROM", 3)
+    model = make_tiny_model()
+    writer = ckpt.CheckpointWriter(ckpt.CheckpointPlan(every=1), 121)
+    writer.start(tmp_path / "series", model)
+    for step in range(1, 119):  # 119 files: the 119th is not one the index is rewritten after
+        writer.write(step, model)
+    indexed = json.loads((tmp_path / "series" / ckpt.INDEX).read_text())["steps"]
+    assert len(indexed) == 118 and [s for s, _ in ckpt.read_series(tmp_path / "series")] == list(range(119))
+    writer.write(121, model)  # the last scheduled step: indexed whatever n
+    assert json.loads((tmp_path / "series" / ckpt.INDEX).read_text())["steps"][-1] == 121

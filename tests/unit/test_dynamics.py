@@ -352,6 +352,16 @@ def test_the_json_is_the_documented_shape(run_with_checkpoints):
     assert len(dyn.k_from("L0H1", "L1H0")) == 3
 
 
+def test_a_long_series_is_thinned_for_its_curves_with_its_values_unchanged():
+    steps = list(range(0, 30_000, 3))  # 10,000 steps
+    dyn = D.Dynamics(steps=steps, metrics={"loss": [float(s) for s in steps]}, k_composition=[[[0.0]]] * len(steps),
+                     order=["L0H0"], layers=[0], phase_change={"step": 303, "window": [300, 306]})  # fmt: skip
+    thin = dyn.thinned(500)
+    assert 500 <= len(thin.steps) <= 502 and thin.steps[0] == 0 and thin.steps[-1] == steps[-1]
+    assert {300, 306} <= set(thin.steps) and thin.metrics["loss"] == [float(s) for s in thin.steps]
+    assert len(thin.k_composition) == len(thin.steps) and dyn.thinned(10_000) is dyn
+
+
 def test_attention_only_checkpoints_measure_the_weights_only(tmp_path):
     run = trained_run(tmp_path, 4, checkpoint_every=2, checkpoint_params="attn")
     s = D.series([run])

@@ -134,7 +134,7 @@ def test_the_command_measures_again_past_a_fifo_entry(series, tmp_path, capsys):
     os.mkfifo(victim)
     again, err = run()
     assert again == first and "cache: 2 of 3 checkpoints read" in err
-    assert "1 entries refused and measured again" in err and "only regular files are read" in err
+    assert "1 entry refused and measured again" in err and "only regular files are read" in err
 
 
 def test_the_cache_keeps_to_its_size_and_drops_the_least_recently_used(tmp_path):
