@@ -1,6 +1,5 @@
-"""Running trials on Ray Tune: a local Ray started in this process (one worker per core, one torch
-thread per trial) and shut down afterwards, or an existing cluster (``address``: ``auto``,
-``host:port`` or ``ray://host:port``). Each trial is a function trainable run through
+"""Running trials on Ray Tune, on the Ray of this process (:func:`attn_core.cluster.ray_session`
+starts or joins it: the one place). Each trial is a function trainable run through
 ``tune.Tuner`` with ``tune.with_resources`` (CPUs and possibly fractional GPUs per trial) and an
 optional ASHA scheduler. A :class:`~ray.tune.Callback` on the driver hands every trial's payload
 (weights bytes + metrics, :mod:`attn_core.sweep.trial`) to ``on_payload`` as it arrives, so the
@@ -12,18 +11,13 @@ import itertools
 import logging
 import os
 import shutil
-import socket
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
-from urllib.parse import urlparse
 
-from attn_core.sweep import watchdog
 from attn_core.sweep.check import check_settings
-from attn_core.sweep.plan import SweepError
 
-try:  # the module imports without Ray; running a sweep says how to install it (ray_module)
+try:  # the module imports without Ray; running a sweep says how to install it (cluster.ray_module)
     from ray.tune import Callback as _Callback
     from ray.tune.stopper import Stopper as _Stopper
 except ImportError:  # pragma: no cover
@@ -31,112 +25,8 @@ except ImportError:  # pragma: no cover
 from attn_core.sweep.trial import run_trial
 
 REPORT_FRACTION = 10  # with ASHA a trial reports its loss about 10 times
-CONNECT_TIMEOUT_S = 5.0
 STORAGE_ENV = "ATTN_LAB_TUNE_STORAGE"  # Tune's experiment folder (default: a temporary folder, removed)
-USAGE_STATS_ENV = "RAY_USAGE_STATS_ENABLED"  # off (0) unless the user sets it: the lab runs offline
-
-
-def ray_module():
-    """The ``ray`` module, or the one-line error saying how to install it."""
-    try:
-        import ray
-        from ray import tune  # noqa: F401
-    except ImportError:
-        raise SweepError(
-            "Ray is not installed: pip install 'ray[tune]' (the version is pinned in requirements.txt)"
-        ) from None
-    return ray
-
-
-def _check_reachable(address: str) -> None:
-    """A quick TCP check of ``host:port`` / ``ray://host:port`` (``auto`` is Ray's to find)."""
-    if address == "auto":
-        return
-    parsed = urlparse(address if "://" in address else f"tcp://{address}")
-    if not parsed.hostname or not parsed.port:
-        raise SweepError(f"--address {address!r} is not auto, HOST:PORT or ray://HOST:PORT")
-    try:
-        with socket.create_connection((parsed.hostname, parsed.port), timeout=CONNECT_TIMEOUT_S):
-            pass
-    except OSError as e:
-        raise SweepError(f"cannot reach the Ray cluster at {address}: {e.strerror or e}") from None
-
-
-def preflight(address: str | None = None) -> None:
-    """Raise the one-line :class:`SweepError` now if Ray is missing or the cluster is unreachable."""
-    ray = ray_module()
-    address = address or os.environ.get("RAY_ADDRESS") or None
-    if address and not ray.is_initialized():
-        _check_reachable(address)
-
-
-# The local Ray this process started, shared by every sweep of the process that runs while it is
-# up (the dashboard can start a second sweep while the first runs): it is shut down when the last
-# of them ends, never under another one. The lock also makes two sweeps starting at once start one Ray.
-_LOCK = threading.Lock()
-_OURS: dict = {"users": 0, "guard": None}
-
-
-def ray_users() -> int:
-    """How many sweeps of this process use the Ray it started (0: none started, or it ended)."""
-    with _LOCK:
-        return _OURS["users"]
-
-
-@contextmanager
-def ray_session(address: str | None = None, num_cpus: int | None = None):
-    """Ray for the length of a sweep; yields a dict (ray_version, address, started, shared).
-
-    Ray already initialised in this process is used as it is: when this process started it (for
-    another sweep still running, ``shared``), this sweep counts as one more of its users and the last
-    user shuts it down; a Ray the caller started stays up. Otherwise, without ``address`` (or
-    ``$RAY_ADDRESS``) a local Ray is started with ``num_cpus`` (default every core) and shut down at
-    the end; with one, the cluster is joined (and left at the end)."""
-    ray = ray_module()
-    address = address or os.environ.get("RAY_ADDRESS") or None
-    os.environ.setdefault(USAGE_STATS_ENV, "0")  # no usage statistics unless the user asks for them
-    started = shared = False
-    with _LOCK:
-        if _OURS["users"] > 0 and ray.is_initialized():
-            _OURS["users"] += 1
-            shared = True
-        elif not ray.is_initialized():
-            if address:
-                _check_reachable(address)
-            kwargs = dict(
-                include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False, configure_logging=True
-            )
-            # a local Ray ends with this process, kill -9 included (its processes only)
-            guard = None if address else watchdog.start(os.path.dirname(ray.__file__))
-            try:
-                if address:
-                    ray.init(address=address, **kwargs)
-                else:
-                    ray.init(num_cpus=num_cpus or os.cpu_count() or 1, **kwargs)
-            except Exception as e:  # ConnectionError, a ray:// handshake that fails, a version mismatch ...
-                watchdog.stop(guard)
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise SweepError(f"cannot start or join Ray{f' at {address}' if address else ''}: {first}") from None
-            _OURS.update(users=1, guard=guard)
-            started = True
-    try:
-        ctx = ray.get_runtime_context()
-        where = address or ("local" if started or shared else getattr(ctx, "gcs_address", "") or "local")
-        yield {
-            "ray_version": ray.__version__,
-            "address": where,
-            "started": started,
-            "shared": shared,
-            "cluster": ray.cluster_resources(),
-        }
-    finally:
-        if started or shared:
-            with _LOCK:
-                _OURS["users"] -= 1
-                if _OURS["users"] == 0:
-                    ray.shutdown()
-                    watchdog.stop(_OURS["guard"])
-                    _OURS["guard"] = None
+_LOCK = threading.Lock()  # the process-wide Tune settings (_tune_settings)
 
 
 def _trainable(config: dict) -> None:
@@ -193,7 +83,7 @@ def run_tune(
     stop: Callable[[], bool] | None = None,
 ) -> None:
     """Run ``trials`` (dicts of :class:`~attn_core.sweep.plan.Trial`) on the Ray of this process
-    (see :func:`ray_session`); ``on_payload(payload)`` is called on the driver once per trial,
+    (see :func:`attn_core.cluster.ray_session`); ``on_payload(payload)`` is called on the driver once per trial,
     including the ones that fail on a worker or are stopped early by ASHA. Once ``stop()`` is
     true (Ctrl-C), Tune stops every running trial (each is handed over ``stopped``, marked
     ``interrupted`` so that a resume runs it again) and starts no more; Tune's own SIGINT handler

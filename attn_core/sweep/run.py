@@ -68,7 +68,8 @@ def run_sweep(
     trials (recorded ``stopped``, run again by a resume) and starts no more: the sweep ends
     ``interrupted``. A trial that fails or diverges is recorded with its status and the sweep goes
     on; a sweep whose every trial failed ends ``failed``, its message saying why."""
-    from attn_core.sweep.ray_backend import preflight, ray_session, run_tune
+    from attn_core.cluster import preflight, ray_session
+    from attn_core.sweep.ray_backend import run_tune
 
     store = store or RunStore()
     stop = stop or (lambda: False)
