@@ -11,6 +11,7 @@ import typer
 from attn_core.card import MEASURE_KEYS, TEXT_MEASURE_KEYS, public
 from attn_core.cli import dynamics as dyn
 from attn_core.cli import text_options as opts
+from attn_core.cli import worker_options as wopts
 from attn_core.cli.common import JsonOpt, emit, guarded, table
 from attn_core.regularizers import REGULARIZERS
 from attn_core.training.config import JobConfig
@@ -120,6 +121,10 @@ def retrain_cmd(
     train: str = opts.TrainOpt,
     kl: float = opts.KlOpt,
     penalty_rows: int | None = opts.PenaltyRowsOpt,
+    workers: int | None = wopts.WorkersOpt,
+    gpus_per_worker: float = wopts.GpusPerWorkerOpt,
+    strategy: str = wopts.StrategyOpt,
+    address: str | None = wopts.AddressOpt,
     as_json: bool = JsonOpt,
 ):
     """Fine-tune a model with concentration regularizers; the run is saved in the run store.
@@ -152,7 +157,12 @@ def retrain_cmd(
         train=train,
         kl=kl,
         penalty_rows=penalty_rows,
+        workers=workers,
+        gpus_per_worker=gpus_per_worker,
+        strategy=strategy,
     )
+    if address is not None and cfg.workers is None:
+        raise ValueError("--address needs --workers (a retrain joins a Ray cluster only to train on its workers)")
     if cfg.text is not None:  # tokenized once, with a progress bar; the job finds it in the cache
         _tokenize_with_bar(cfg, quiet=as_json)
     with sigint_stops(exiting=True) as ctrl_c:  # held until the command ends: a late Ctrl-C cannot cut the report
@@ -164,9 +174,9 @@ def retrain_cmd(
             raise typer.Exit(SIGINT_EXIT)
         ctrl_c.then(job.stop)
         if as_json:
-            job.run()
+            job.run(address=address)
         else:
-            _run_with_bar(job, name, steps)
+            _run_with_bar(job, name, steps, address)
         res = job.result()
         _report(res, as_json, job)
         if ctrl_c.is_set() and res["status"] == "stopped":
@@ -262,17 +272,17 @@ def _report(res: dict, as_json: bool, job=None) -> None:
         raise typer.Exit(1)
 
 
-def _run_with_bar(job, name: str, steps: int) -> None:
+def _run_with_bar(job, name: str, steps: int, address: str | None = None) -> None:
     """Train in the job's thread while a progress bar (lines when stderr is not a terminal)
     follows its snapshots."""
     from attn_core.progress import Progress
 
-    job.start()
+    job.start(address=address)
     bar = Progress(steps, f"retrain {name}", unit="step")
     try:
         while not job.join(0.25):
             snap = job.snapshot()
-            note = None
+            note = snap.message or None  # e.g. starting the workers on Ray
             if "task_loss" in snap.latest:
                 note = f"loss={snap.latest['task_loss']:.3g} H={snap.latest.get('entropy_data', float('nan')):.3f}"
             bar.set(snap.step, note)

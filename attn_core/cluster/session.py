@@ -92,6 +92,14 @@ def settings(local: bool) -> None:
         os.environ.setdefault(key, value)
 
 
+class _NotMainThread(logging.Filter):
+    """Ray warns that it cannot set its SIGTERM handler when a job's thread starts it (a retrain
+    on workers starts Ray from its thread): expected, and this lab ends its Ray itself."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+
 # The local Ray this process started, shared by every user of the process that runs while it is
 # up (the dashboard can start a second sweep, or a retrain on workers, while the first runs): it is
 # shut down when the last of them ends, never under another one. The lock also makes two users
@@ -132,6 +140,8 @@ def ray_session(address: str | None = None, num_cpus: int | None = None):
             )
             # a local Ray ends with this process, kill -9 included (its processes only)
             guard = None if address else watchdog.start(os.path.dirname(ray.__file__))
+            quiet = _NotMainThread()
+            logging.getLogger("ray._private.worker").addFilter(quiet)
             try:
                 if address:
                     ray.init(address=address, **kwargs)
@@ -141,6 +151,8 @@ def ray_session(address: str | None = None, num_cpus: int | None = None):
                 watchdog.stop(guard)
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise ClusterError(f"cannot start or join Ray{f' at {address}' if address else ''}: {first}") from None
+            finally:
+                logging.getLogger("ray._private.worker").removeFilter(quiet)
             _OURS.update(users=1, guard=guard)
             started = True
     try:

@@ -76,6 +76,7 @@ def _payload(j) -> dict:
     """What travels back to the driver: weights bytes, the metric log, the card and the measurements."""
     from safetensors.torch import save as st_save
 
+    from attn_core.training.checkpoints import take_files
     from attn_core.training.record import Outcome
 
     res = j.result()
@@ -96,22 +97,8 @@ def _payload(j) -> dict:
         "model_config": model.cfg.to_dict(),
         "weights": st_save({k: v.contiguous() for k, v in model.state_dict().items()}),
         "metrics": {"step": steps, "name": names, "value": values},
-        "checkpoints": _checkpoint_files(j),
+        "checkpoints": take_files(getattr(j, "checkpoints", None)),
     }
-
-
-def _checkpoint_files(j) -> dict[str, bytes] | None:
-    """The trial's checkpoint files (name -> bytes, the index included), read from the job's
-    temporary folder, which is then removed; None when it kept none."""
-    import shutil
-
-    writer = getattr(j, "checkpoints", None)
-    if writer is None or writer.folder is None:
-        return None
-    try:
-        return {p.name: p.read_bytes() for p in sorted(writer.folder.iterdir()) if p.is_file()}
-    finally:
-        shutil.rmtree(writer.folder, ignore_errors=True)
 
 
 def payload_size(payload: Mapping) -> int:

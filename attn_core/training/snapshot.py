@@ -44,6 +44,9 @@ class Snapshot:
     probe_tokens: tuple
     probe_pattern: object | None  # numpy array, never written after publication
     probe_step: int
+    # a run on Ray Train workers: one dict per worker (rank, host, pid, device, steps, steps_per_s,
+    # peak_mib), rank 0's first; empty for a run in one process
+    workers: tuple = ()
     _log: tuple = field(repr=False, default=((), (), ()))
     _n: int = 0
 
