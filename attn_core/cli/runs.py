@@ -346,6 +346,21 @@ def runs_import_cmd(
     )
 
 
+def _trained_on(run: dict) -> str:
+    """How a run was trained, in one line: in one process on a device, or on Ray Train workers."""
+    card = run.get("card") or {}  # card.json: a run's own sections are top-level keys
+    spread = card.get("distributed")
+    if spread:
+        return (
+            f"trained on {spread['workers']} Ray Train worker(s): {spread['strategy']}, {spread['backend']} backend, "
+            f"{spread['device']} devices\n"
+        )
+    if (run.get("config") or {}).get("workers"):  # ended before its card was written
+        cfg = run["config"]
+        return f"trained on {cfg['workers']} Ray Train worker(s): {cfg.get('strategy', 'ddp')}\n"
+    return f"trained in one process on {card['device']}\n" if card.get("device") else ""
+
+
 @runs_app.command("show")
 @guarded
 def runs_show_cmd(
@@ -376,6 +391,6 @@ def runs_show_cmd(
             f"parent {r['parent']}, task {r['task']}, created {r['created']}\n"
             f"settings: {json.dumps(r['config'])}\n"
         )
-        return head + _before_after(summ.get("before"), summ.get("after"))
+        return head + _trained_on(r) + _before_after(summ.get("before"), summ.get("after"))
 
     emit(out, as_json, human)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -203,16 +204,28 @@ class RayRemote:
         message = f"failed at step {job.snapshot().step}: {why}"
         if job.store is not None and job.run_id is not None:
             try:
-                if job.store.get(job.run_id)["status"] == "running":
+                if job.store.get(job.run_id)["card"] is None:  # rank 0 saved nothing (a saved run has its card)
                     job.store.finish(job.run_id, "failed", None, {}, message=message + _kept(job))
             except Exception as e:  # noqa: BLE001 -- the store's own error is part of the message
                 message += f"; the run store could not record it: {_first_line(e)}"
         job._publish(status="failed", message=message + _kept(job))
 
     def _amend(self, why: str) -> None:
-        """Rank 0 recorded the run, but Ray knows more (which worker died, how): say it."""
+        """Rank 0 recorded the run, but Ray knows more (which worker died, how): a failed run's
+        message says it instead of rank 0's broken collective, and what was kept."""
         job = self.job
-        message = f"{job.snapshot().message}; {why}"
+        snap = job.snapshot()
+        if snap.status != "failed":
+            message = f"{snap.message}; {why}"
+        else:
+            has = False
+            if job.store is not None and job.run_id is not None:
+                try:
+                    has = job.store.get(job.run_id)["has_weights"]
+                except Exception:  # noqa: BLE001 -- the store's state is said by what follows
+                    pass
+            kept = "its last good weights are kept" if has else _kept(job).lstrip("; ")
+            message = f"failed at step {snap.step}: {why}" + (f"; {kept}" if kept else "")
         if job.store is not None and job.run_id is not None:
             try:
                 row = job.store.get(job.run_id)
@@ -269,16 +282,23 @@ def _fit(trainer, result: dict) -> None:
 
 
 def failure_text(e: BaseException) -> str:
-    """Ray Train's failure as one line: which worker failed and how (a worker killed, an error)."""
+    """Ray Train's failure as one line: which worker failed and how (it died: its pid and Ray's exit
+    type; an error: its last line)."""
     failures = getattr(e, "worker_failures", None)
     if failures:
-        return "; ".join(f"worker {rank}: {_cause(err)}" for rank, err in sorted(failures.items()))
+        said = {rank: _cause(err) for rank, err in sorted(failures.items())}
+        died = {rank: why for rank, why in said.items() if why.startswith("died")}
+        # the others' broken collectives follow from a death: the death is the reason
+        return "; ".join(f"worker {rank} {why}" for rank, why in (died or said).items())
     return _cause(e)
 
 
 def _cause(e: BaseException) -> str:
-    """The last meaningful line of a worker's error (a traceback's last line, a death's reason)."""
-    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
-    died = next((line for line in lines if "died" in line.lower() or "killed" in line.lower()), None)
-    text = died or (lines[-1] if lines else type(e).__name__)
-    return text[:300]
+    text = str(e).strip()
+    if type(e).__name__ == "ActorDiedError" or "actor died" in text.lower():
+        pid = re.search(r"\bpid: (\d+)", text)
+        exit_type = re.search(r"exit type: (\w+)", text)
+        how = ", ".join(filter(None, [pid and f"pid {pid[1]}", exit_type and f"exit type {exit_type[1]}"]))
+        return f"died ({how})" if how else "died"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return f"failed: {(lines[-1] if lines else type(e).__name__)[:300]}"

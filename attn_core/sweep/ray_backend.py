@@ -30,13 +30,22 @@ _LOCK = threading.Lock()  # the process-wide Tune settings (_tune_settings)
 
 
 def _trainable(config: dict) -> None:
-    """The Tune function trainable: one trial; its payload goes back in the last report."""
+    """The Tune function trainable: one trial; its payload goes back in the last report.
+
+    With ASHA a trial reports its loss every ``report_every`` steps before its last, and its last
+    step only in the final report (with the payload): a trial that reaches its last step is
+    recorded as trained, never as stopped early. A baseline (lambda = 0) reports nothing before
+    the end, so ASHA never stops it: the sweep's comparisons and its Pareto frontier need it."""
     from ray import tune
 
-    every = int(config.get("report_every") or 0)
+    from attn_core.sweep.plan import Trial
+
+    steps = int(config.get("steps") or 0)
+    every = 0 if not Trial.from_dict(config["trial"]).spec else int(config.get("report_every") or 0)
 
     def report(step: int, latest: dict) -> None:
-        tune.report({"step": step, "loss": float(latest.get("task_loss", float("nan"))), "final": False})
+        if step < steps:  # the last step is the final report's
+            tune.report({"step": step, "loss": float(latest.get("task_loss", float("nan"))), "final": False})
 
     payload = run_trial(
         config["trial"],
@@ -81,13 +90,16 @@ def run_tune(
     scheduler: str = "none",
     name: str = "attn-lab-sweep",
     stop: Callable[[], bool] | None = None,
+    cluster: dict | None = None,
 ) -> None:
     """Run ``trials`` (dicts of :class:`~attn_core.sweep.plan.Trial`) on the Ray of this process
     (see :func:`attn_core.cluster.ray_session`); ``on_payload(payload)`` is called on the driver once per trial,
     including the ones that fail on a worker or are stopped early by ASHA. Once ``stop()`` is
     true (Ctrl-C), Tune stops every running trial (each is handed over ``stopped``, marked
     ``interrupted`` so that a resume runs it again) and starts no more; Tune's own SIGINT handler
-    is off (the caller owns Ctrl-C)."""
+    is off (the caller owns Ctrl-C). A trial on Ray Train workers (``job["workers"]``) is Ray Train
+    V2's per-trial driver: it reserves no CPU (its workers reserve theirs) and as many trials run at
+    once as ``cluster`` (the cluster's resources) holds their workers."""
     from ray import tune
 
     check_settings(cpus_per_trial, gpus_per_trial, scheduler)
@@ -110,6 +122,7 @@ def run_tune(
             reduction_factor=2,
         )
 
+    resources, concurrent = trial_resources(job, cpus_per_trial, gpus_per_trial, cluster or {})
     token = next(_TOKENS)
     _SINKS[token] = on_payload
     _STOPS[token] = stop or (lambda: False)
@@ -118,18 +131,22 @@ def run_tune(
     storage = shared or tempfile.mkdtemp(prefix="attn-lab-tune-")
     _tune_settings(+1)
     try:
-        resources = {"cpu": cpus_per_trial, "gpu": gpus_per_trial}
         tuner = tune.Tuner(
             tune.with_resources(_trainable, resources),
             param_space={
                 "trial": tune.grid_search(list(trials)),
                 "job": job,
                 "report_every": every,
+                "steps": steps,
                 "threads": max(1, int(cpus_per_trial)),
             },
             tune_config=tune.TuneConfig(
-                scheduler=sched, num_samples=1, trial_dirname_creator=_dirname, reuse_actors=True
-            ),  # a worker imports torch once, not per trial
+                scheduler=sched,
+                num_samples=1,
+                trial_dirname_creator=_dirname,
+                reuse_actors=True,  # a worker imports torch once, not per trial
+                max_concurrent_trials=concurrent,
+            ),
             run_config=tune.RunConfig(
                 name=name,
                 storage_path=storage,
@@ -147,6 +164,24 @@ def run_tune(
         _tune_settings(-1)
         if not shared:
             shutil.rmtree(storage, ignore_errors=True)
+
+
+DRIVER_MEMORY = 2**28  # bytes a trial that drives Ray Train workers reserves (it reserves no CPU)
+
+
+def trial_resources(job: dict, cpus: float, gpus: float, cluster: dict) -> tuple[dict, int | None]:
+    """(what a trial reserves, how many trials run at once: None for no limit). A trial on Ray Train
+    workers reserves a little memory and no CPU (a Tune trial must reserve something; its workers
+    reserve their CPUs and GPUs), and only as many run at once as the cluster holds their workers,
+    so that no trial's workers wait for another's (Ray Train V2's advice for Tune)."""
+    workers = job.get("workers")
+    if not workers:
+        return {"cpu": cpus, "gpu": gpus}, None
+    from attn_core.distributed.scaling import worker_resources
+
+    need = worker_resources(float(job.get("gpus_per_worker") or 0))
+    fits = [int(float(cluster.get(k, 0.0)) // (v * workers)) for k, v in need.items()]
+    return {"cpu": 0, "memory": DRIVER_MEMORY}, max(1, min(fits)) if fits else None
 
 
 TUNE_ENV = {  # no result files (the driver records), no SIGINT handler of Tune's (Ctrl-C is the caller's)

@@ -102,7 +102,7 @@ def run_sweep(
         preflight(address)  # Ray missing, a cluster unreachable: one line, before anything is written
         _not_stopped(stop, recorded)
         with ray_session(address) as session:
-            check_resources(session["cluster"], cpus_per_trial, gpus_per_trial)  # before any trial or record
+            check_resources(session["cluster"], cpus_per_trial, gpus_per_trial, plan.job)  # before any trial or record
             _not_stopped(stop, recorded)
             if sweep_id is None:
                 sweep_id = resume or store.create_sweep(plan.name, plan.to_dict(), {"backend": BACKEND})
@@ -118,6 +118,7 @@ def run_sweep(
                 "cpus_per_trial": cpus_per_trial,
                 "gpus_per_trial": gpus_per_trial,
                 "scheduler": scheduler,
+                "workers_per_trial": plan.job.get("workers"),
             }
             store.update_sweep(sweep_id, "running", info=info)
             if not stop():
@@ -131,6 +132,7 @@ def run_sweep(
                     scheduler=scheduler,
                     name=sweep_id,
                     stop=stop,
+                    cluster=session["cluster"],
                 )
             status, message = _outcome(store, sweep_id, plan, ran, errors, stop())
     except BaseException as e:  # the sweep can be resumed; its record says what ended it
