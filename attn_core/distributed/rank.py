@@ -102,11 +102,11 @@ def follower_config(cfg):
     return dataclasses.replace(cfg, checkpoint_every=None, checkpoint_log=None, checkpoint_steps=None)
 
 
-def run_rank(job_class, cfg, dp, store_root: str | None, channel=None) -> None:
+def run_rank(job_class, cfg, dp, store_root: str | None, channel=None):
     """Rank ``dp.rank`` of the run of ``cfg`` (see the module), a ``job_class`` (``TrainingJob``,
     which the driver passes: it starts this module). ``store_root``: the run store rank 0 writes
     (None: nothing is stored, the final weights and card travel to the driver); ``channel``: the
-    driver's (None: nobody watches, as in the tests of the ranks alone)."""
+    driver's (None: nobody watches, as in the tests of the ranks alone). Returns this rank's job."""
     from attn_core.runs import RunStore
     from attn_core.training.worker import Sender
 
@@ -115,7 +115,7 @@ def run_rank(job_class, cfg, dp, store_root: str | None, channel=None) -> None:
         job = job_class(follower_config(cfg), store=False, dist=dp)
         dp.follow(job.trainer, on_step=stats.tick)
         stats.report(stats.steps, stats.seconds, force=True)
-        return
+        return job
     job = job_class(cfg, store=RunStore(store_root) if store_root else False, dist=dp)
     done = threading.Event()
     send = None
@@ -144,6 +144,7 @@ def run_rank(job_class, cfg, dp, store_root: str | None, channel=None) -> None:
             dp.end()
         except Exception:  # noqa: BLE001 -- a rank is gone: the run has said why
             pass
+    return job
 
 
 def _send_record(channel, job) -> None:
