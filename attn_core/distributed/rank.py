@@ -24,6 +24,10 @@ STATS_EVERY_S = 1.0  # a worker's throughput reaches the driver at most this oft
 POLL_S = 0.2  # rank 0 reads the driver's commands this often
 
 
+# set once this worker has nothing left to save (rank 0: its run is in the store)
+SAVED = threading.Event()
+
+
 class Stats:
     """One worker's throughput and peak memory, sent to the channel at most every STATS_EVERY_S."""
 
@@ -37,7 +41,11 @@ class Stats:
 
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated(self.device) / 2**20
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+        try:  # this process image's own peak (ru_maxrss can carry a parent's across exec)
+            with open("/proc/self/status") as f:
+                return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+        except (OSError, StopIteration):
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
     def info(self, steps: int, seconds: float) -> dict:
         return {
@@ -111,7 +119,9 @@ def run_rank(job_class, cfg, dp, store_root: str | None, channel=None):
     from attn_core.training.worker import Sender
 
     stats = Stats(channel, dp.rank, dp.device)
+    SAVED.clear()
     if not dp.leader:
+        SAVED.set()
         job = job_class(follower_config(cfg), store=False, dist=dp)
         dp.follow(job.trainer, on_step=stats.tick)
         stats.report(stats.steps, stats.seconds, force=True)
@@ -140,6 +150,7 @@ def run_rank(job_class, cfg, dp, store_root: str | None, channel=None):
             send(job, final=True)  # gathers the weights of an FSDP run (the others still follow)
     finally:
         done.set()
+        SAVED.set()
         try:
             dp.end()
         except Exception:  # noqa: BLE001 -- a rank is gone: the run has said why

@@ -255,7 +255,10 @@ def _trainer(cfg, config: dict, storage: str):
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
+    from attn_core.distributed.grace import grace_callback
     from attn_core.distributed.rank import train_loop
+
+    grace = grace_callback()
 
     return TorchTrainer(
         train_loop,
@@ -269,6 +272,7 @@ def _trainer(cfg, config: dict, storage: str):
             name=f"attn-lab-retrain-{os.getpid()}-{time.monotonic_ns()}",
             storage_path=storage,
             failure_config=FailureConfig(max_failures=0),  # a worker that dies fails the run
+            callbacks=[grace] if grace is not None else None,
         ),
     )
 
@@ -301,4 +305,6 @@ def _cause(e: BaseException) -> str:
         how = ", ".join(filter(None, [pid and f"pid {pid[1]}", exit_type and f"exit type {exit_type[1]}"]))
         return f"died ({how})" if how else "died"
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return f"failed: {(lines[-1] if lines else type(e).__name__)[:300]}"
+    # an error of the training function ends with its traceback's last line; Ray's own starts with it
+    line = (lines[-1] if "Traceback" in text else lines[0]) if lines else ""
+    return f"failed: {line[:300] or type(e).__name__}"

@@ -364,8 +364,9 @@ class TrainingJob:
 
     def _finish(self, outcome: Outcome) -> None:
         after = None
-        try:
-            outcome, after = measure_final(self.trainer, outcome, self._measure)
+        try:  # a failed run on workers is saved at once: its workers are being ended
+            if self.dist is None or outcome.status != "failed":
+                outcome, after = measure_final(self.trainer, outcome, self._measure)
         except Exception as e:
             if not outcome.message:
                 outcome = Outcome(outcome.status, f"could not measure the final weights: {e}")
