@@ -157,8 +157,8 @@ class DataParallel:
             self._send(END)
 
     def follow(self, trainer, on_step=None) -> None:
-        """On ranks other than 0: replay rank 0's trainer calls until it ends. ``on_step()`` after
-        each step (this worker's throughput). A divergence is rank 0's to handle (it restores the
+        """On ranks other than 0: replay rank 0's trainer calls until it ends. ``on_step(seconds)``
+        after each step, with the seconds inside it (this worker's throughput). A divergence is rank 0's to handle (it restores the
         last good weights, which is replayed here too)."""
         while True:
             message = torch.zeros(2, dtype=torch.int64, device="cpu")
@@ -169,9 +169,10 @@ class DataParallel:
             try:
                 if code == STEP:
                     trainer.sync_at = lambda step, sync=bool(arg): sync
+                    started = time.perf_counter()
                     trainer.step()
                     if on_step is not None:
-                        on_step()
+                        on_step(time.perf_counter() - started)
                 elif code in CALLS:
                     getattr(trainer, CALLS[code])()
                 elif code in (GATHER_WEIGHTS, GATHER_GOOD):

@@ -34,7 +34,6 @@ class Stats:
     def __init__(self, channel, rank: int, device):
         self.channel, self.rank, self.device = channel, rank, device
         self.steps, self.seconds, self.last = 0, 0.0, 0.0
-        self.t = time.perf_counter()
 
     def peak_mib(self) -> float:
         import torch
@@ -58,10 +57,10 @@ class Stats:
             "peak_mib": round(self.peak_mib(), 1),
         }
 
-    def tick(self) -> None:
-        """A step ended (a worker other than rank 0: it counts its own steps)."""
-        now = time.perf_counter()
-        self.steps, self.seconds, self.t = self.steps + 1, self.seconds + now - self.t, now
+    def tick(self, seconds: float) -> None:
+        """A step of ``seconds`` ended (a worker other than rank 0 counts its own; rank 0's are its
+        job's: steps over the time inside ``Trainer.step``)."""
+        self.steps, self.seconds = self.steps + 1, self.seconds + seconds
         self.report(self.steps, self.seconds)
 
     def report(self, steps: int, seconds: float, force: bool = False) -> None:
