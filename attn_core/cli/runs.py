@@ -15,7 +15,6 @@ from attn_core.cli import worker_options as wopts
 from attn_core.cli.common import JsonOpt, emit, guarded, table
 from attn_core.regularizers import REGULARIZERS
 from attn_core.training.config import JobConfig
-from attn_core.training.interrupt import SIGINT_EXIT
 from attn_core.validate import default
 
 app = typer.Typer()
@@ -129,8 +128,9 @@ def retrain_cmd(
 ):
     """Fine-tune a model with concentration regularizers; the run is saved in the run store.
     A Hugging Face folder (or a run of one) retrains on --text: next-token loss on blocks of it,
-    perplexity measured on held-out text before and after. Ctrl-C stops it after the current
-    step and saves it (status stopped, exit status 130); a run that failed exits 1 with its reason."""
+    perplexity measured on held-out text before and after. Ctrl-C (or SIGTERM, SIGHUP) stops it
+    after the current step and saves it (status stopped, exit status 130, 143, 129); a run that
+    failed exits 1 with its reason. Progress goes to stderr, with --json too."""
     from attn_core.training.interrupt import sigint_stops
     from attn_core.training.job import TrainingJob
 
@@ -163,49 +163,25 @@ def retrain_cmd(
     )
     if address is not None and cfg.workers is None:
         raise ValueError("--address needs --workers (a retrain joins a Ray cluster only to train on its workers)")
-    if cfg.text is not None:  # tokenized once, with a progress bar; the job finds it in the cache
-        _tokenize_with_bar(cfg, quiet=as_json)
     with sigint_stops(exiting=True) as ctrl_c:  # held until the command ends: a late Ctrl-C cannot cut the report
-        job = TrainingJob(cfg)
-        if job.checkpoints is not None:  # the disk they take, before training
+        try:
+            if cfg.text is not None:  # tokenized once, with a progress bar; the job finds it in the cache
+                opts.tokenize_with_bar(cfg.source, cfg.text, cfg.text_field, cfg.eval_text, stop=ctrl_c.is_set)
+            job = TrainingJob(cfg)
+        except KeyboardInterrupt:  # the tokenizing child ended at the stop request
+            job = None
+        if job is not None and job.checkpoints is not None:  # the disk they take, before training
             dyn.say(job.checkpoints.statement(job.model) + "; in the run's folder")
-        if ctrl_c.is_set():
+        if ctrl_c.is_set() or job is None:
             typer.echo("interrupted before training began; nothing was saved", err=True)
-            raise typer.Exit(SIGINT_EXIT)
+            raise typer.Exit(ctrl_c.code)
+        opts.say_estimate(job)
         ctrl_c.then(job.stop)
-        if as_json:
-            job.run(address=address)
-        else:
-            _run_with_bar(job, name, steps, address)
+        _run_with_bar(job, name, steps, address)  # progress on stderr, with --json too (stdout holds the JSON)
         res = job.result()
         _report(res, as_json, job)
         if ctrl_c.is_set() and res["status"] == "stopped":
-            raise typer.Exit(SIGINT_EXIT)
-
-
-def _tokenize_with_bar(cfg: JobConfig, quiet: bool) -> None:
-    """Hash and tokenize the job's text into the cache, with a progress bar (MiB) per phase on
-    stderr (``attn_core.progress``: lines when stderr is not a terminal; none with ``--json``)."""
-    from attn_core.progress import Progress
-    from attn_core.runs import RunStore
-    from attn_core.text.source import prepare_text
-
-    bars: dict[str, Progress] = {}
-
-    def progress(phase: str, done: int, total: int) -> None:
-        if quiet:
-            return
-        if phase not in bars:
-            for bar in bars.values():
-                bar.close()
-            bars[phase] = Progress(max(total, 1), phase, unit="")
-        bars[phase].set(done, note=f"{done / 2**20:.1f} of {total / 2**20:.1f} MiB")
-
-    try:
-        prepare_text(cfg.source, cfg.text, cfg.text_field, cfg.eval_text, RunStore(), progress)
-    finally:
-        for bar in bars.values():
-            bar.close()
+            raise typer.Exit(ctrl_c.code)
 
 
 def _per_head(measured: dict | None) -> list[dict] | None:

@@ -116,17 +116,27 @@ def sweep_cmd(
     as_json: bool = JsonOpt,
 ):
     """Sweep regularizers x lambdas x seeds on Ray; every trial is a retrain recorded as a run.
-    Everything a trial would refuse is refused first (exit 2). Ctrl-C stops the running trials,
-    records them and prints the sweep (exit 130; --resume ID finishes it); a sweep whose every
-    trial failed exits 1 and says why."""
+    Everything a trial would refuse is refused first (exit 2). Ctrl-C (or SIGTERM, SIGHUP) stops
+    the running trials, records them and prints the sweep (exit 130, 143, 129; --resume ID
+    finishes it); a sweep whose every trial failed exits 1 and says why. Progress goes to
+    stderr, with --json too."""
     from attn_core.sweep import SweepInterrupted, run_sweep
-    from attn_core.training.interrupt import SIGINT_EXIT, sigint_stops
+    from attn_core.training.interrupt import said, sigint_stops
 
     def notice(text: str) -> None:
-        typer.echo("\nCtrl-C: stopping the running trials and recording them (the sweep can be resumed)", err=True)
+        typer.echo(
+            f"\n{said(ctrl_c.signum)}: stopping the running trials and recording them (the sweep can be resumed)",
+            err=True,
+        )
 
     with sigint_stops(notice=notice, exiting=True) as ctrl_c:
         plan = None
+        if resume is None and text is not None:  # tokenized once with a progress bar; the trials find it
+            try:
+                opts.tokenize_with_bar(name, text, text_field, eval_text, stop=ctrl_c.is_set)
+            except KeyboardInterrupt:
+                typer.echo("interrupted before the sweep began; nothing was run", err=True)
+                raise typer.Exit(ctrl_c.code) from None
         if resume is None:
             ckpt = dyn.checkpoint_settings(
                 checkpoint_every, checkpoint_log, checkpoint_steps, checkpoint_params, checkpoint_max_mb
@@ -147,19 +157,19 @@ def sweep_cmd(
                 cpus_per_trial=cpus_per_trial,
                 gpus_per_trial=gpus_per_trial,
                 scheduler=scheduler,
-                on_trial=None if as_json else _say_trial,
+                on_trial=_say_trial,  # on stderr, with --json too (stdout holds the JSON)
                 stop=ctrl_c.is_set,
             )
         except SweepInterrupted as e:
-            raise typer.Exit(report(str(e), as_json, "interrupted", SIGINT_EXIT)) from None
+            raise typer.Exit(report(str(e), as_json, "interrupted", ctrl_c.code)) from None
         emit(_output(res), as_json, lambda _: _human(res))
         if ctrl_c.is_set():
             typer.echo(
-                f"interrupted by Ctrl-C ({res['message']}); "
+                f"interrupted by {said(ctrl_c.signum)} ({res['message']}); "
                 f"attn-lab sweep {res['name']} --resume {res['sweep_id']} finishes it",
                 err=True,
             )
-            raise typer.Exit(SIGINT_EXIT)
+            raise typer.Exit(ctrl_c.code)
         if res["status"] == "failed":
             typer.echo(f"error: sweep {res['sweep_id']} failed: {res['message']}", err=True)
             raise typer.Exit(1)

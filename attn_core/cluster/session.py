@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import threading
 from contextlib import contextmanager
@@ -142,11 +143,13 @@ def ray_session(address: str | None = None, num_cpus: int | None = None):
             guard = None if address else watchdog.start(os.path.dirname(ray.__file__))
             quiet = _NotMainThread()
             logging.getLogger("ray._private.worker").addFilter(quiet)
+            on_term = _sigterm_handler()  # ray.init makes SIGTERM sys.exit; the command's own (stop and save) stays
             try:
                 if address:
                     ray.init(address=address, **kwargs)
                 else:
                     ray.init(num_cpus=num_cpus or os.cpu_count() or 1, **kwargs)
+                _restore_sigterm(on_term)
             except Exception as e:  # ConnectionError, a ray:// handshake that fails, a version mismatch ...
                 watchdog.stop(guard)
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -173,3 +176,13 @@ def ray_session(address: str | None = None, num_cpus: int | None = None):
                     ray.shutdown()
                     watchdog.stop(_OURS["guard"])
                     _OURS["guard"] = None
+
+
+def _sigterm_handler():
+    """This thread's SIGTERM handler, if it is the main thread (where handlers live)."""
+    return signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+
+
+def _restore_sigterm(handler) -> None:
+    if handler is not None:
+        signal.signal(signal.SIGTERM, handler)

@@ -45,15 +45,22 @@ def _rust_failure(e: BaseException, what: str) -> CheckpointError:
 
 def load_tokenizer(folder: Path) -> Tokenizer | None:
     """The folder's own tokenizer.json (a regular file inside it, of bounded size, read by
-    ``checkpoint.read_model_file``), or None when there is none."""
+    ``checkpoint.read_model_file``; parsed once in a bounded child first, :func:`bounded`, so a
+    panic or a parser that never ends stays there), or None when there is none."""
     if not os.path.lexists(folder / TOKENIZER):
         return None
     from tokenizers import Tokenizer
 
     data = read_model_file(folder, TOKENIZER, MAX_TOKENIZER_BYTES)
     try:
-        return Tokenizer.from_str(data.decode("utf-8"))
-    except BaseException as e:  # the Rust parser raises its own types and may panic; bad UTF-8 too
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _rust_failure(e, "reading it") from None
+    # read first in a child: a panic prints its backtrace on stderr even when it is caught
+    bounded(lambda: Tokenizer.from_str(text).get_vocab_size(with_added_tokens=True), TOKENIZE_TIMEOUT_S, "reading it")
+    try:
+        return Tokenizer.from_str(text)
+    except BaseException as e:  # the Rust parser raises its own types and may panic
         raise _rust_failure(e, "reading it") from None
 
 

@@ -5,6 +5,7 @@ the trials that have no finished run yet. :func:`sweep_result` is the CLI's and 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from attn_core.card import public
 from attn_core.runs import FINAL, RunStore
 from attn_core.sweep.check import check_resources, check_sweep
+from attn_core.sweep.line import LINE, queued_message
 from attn_core.sweep.plan import SweepError, SweepInterrupted, SweepPlan, pareto
 from attn_core.sweep.trial import record_trial
 
@@ -54,6 +56,7 @@ def run_sweep(
     on_trial: Callable[[str, dict], None] | None = None,
     sweep_id: str | None = None,
     stop: Callable[[], bool] | None = None,
+    ticket: int | None = None,
 ) -> dict:
     """Run a sweep (or ``resume`` one) on Ray and return :func:`sweep_result`.
 
@@ -67,7 +70,10 @@ def run_sweep(
     Sweeps page shows the sweep before Ray is up). ``stop()`` true (Ctrl-C) stops the running
     trials (recorded ``stopped``, run again by a resume) and starts no more: the sweep ends
     ``interrupted``. A trial that fails or diverges is recorded with its status and the sweep goes
-    on; a sweep whose every trial failed ends ``failed``, its message saying why."""
+    on; a sweep whose every trial failed ends ``failed``, its message saying why. One sweep runs at a
+    time in a process (:mod:`attn_core.sweep.line`): the others wait, their record saying so;
+    ``ticket``: a place in that line the caller took already (the Sweeps page takes it when Launch
+    is pressed, so sweeps run in the order they were launched)."""
     from attn_core.cluster import preflight, ray_session
     from attn_core.sweep.ray_backend import run_tune
 
@@ -95,12 +101,26 @@ def run_sweep(
             on_trial(run_id, payload)
 
     start = time.perf_counter()
+    stack = contextlib.ExitStack()  # the sweep's place in the line, left however it ends
+    if ticket is not None:
+        stack.callback(LINE.release, ticket)
     status, message, info, todo, began = "interrupted", "", {}, [], False
     recorded = sweep_id is not None  # the Sweeps page made the record: a refusal is written there too
     try:
         check_sweep(plan, cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial, scheduler=scheduler)
         preflight(address)  # Ray missing, a cluster unreachable: one line, before anything is written
         _not_stopped(stop, recorded)
+        if ticket is None:
+            ticket = LINE.ticket()  # one Tune fit at a time in a process (attn_core.sweep.line)
+            stack.callback(LINE.release, ticket)
+
+        def waiting(ahead: int) -> None:
+            if recorded:
+                store.update_sweep(sweep_id, "running", queued_message(ahead))
+
+        if not LINE.wait(ticket, stop, on_wait=waiting):
+            _not_stopped(stop, recorded)
+            raise SweepInterrupted("stopped while it waited for another sweep of this process; nothing was run")
         with ray_session(address) as session:
             check_resources(session["cluster"], cpus_per_trial, gpus_per_trial, plan.job)  # before any trial or record
             _not_stopped(stop, recorded)
@@ -137,9 +157,10 @@ def run_sweep(
             status, message = _outcome(store, sweep_id, plan, ran, errors, stop())
     except BaseException as e:  # the sweep can be resumed; its record says what ended it
         message = str(e) if isinstance(e, (SweepError, ValueError)) else f"{type(e).__name__}: {e}"
-        status = "interrupted" if began else "failed"
+        status = "interrupted" if began or isinstance(e, SweepInterrupted) else "failed"
         raise
     finally:
+        stack.close()
         if recorded:
             wall = time.perf_counter() - start
             store.update_sweep(

@@ -7,6 +7,7 @@ one folder (``checkpoint.CHECKPOINTS`` inside the model folder once the run is s
 
     checkpoints/index.json                     {"params", "steps": [...], "files": [...], "bytes"}
     checkpoints/step-000000100.safetensors     the weights after 100 updates; metadata: config, step, params
+    checkpoints/tokenizer.json                 a text run's tokenizer files, written when it starts
 
 Each file is written to a hidden temporary name and renamed into place (a reader never sees a
 half-written one); ``index.json`` is rewritten the same way after each file. Every file of a
@@ -123,12 +124,18 @@ class CheckpointWriter:
                 f"{limits.size_text(free)} free"
             )
 
-    def start(self, folder: str | Path, model: Transformer) -> None:
-        """Check the room, make ``folder`` and write step 0 (before the first update)."""
+    def start(self, folder: str | Path, model: Transformer, files: dict[str, bytes] | None = None) -> None:
+        """Check the room, make ``folder``, write ``files`` into it (a text run's tokenizer: the
+        series can then be measured on text while the run trains, or after it was killed) and
+        step 0 (before the first update)."""
         folder = Path(folder)
         self.check_room(model, folder)
         try:
             folder.mkdir(parents=True, exist_ok=True)
+            for name, data in (files or {}).items():
+                if Path(name).name != name or name.startswith(".") or _FILE.match(name) or name == INDEX:
+                    raise ValueError(f"a file beside the checkpoints needs a plain name of its own, not {name!r}")
+                _atomic_write(folder / name, data)
         except OSError as e:
             raise CheckpointError(f"the checkpoint folder {folder} cannot be made: {e.strerror or e}") from None
         self.folder = folder
@@ -242,23 +249,47 @@ def take_files(writer: CheckpointWriter | None) -> dict[str, bytes] | None:
 # --- reading --------------------------------------------------------------------------------------
 
 
-def read_series(folder: str | Path) -> list[tuple[int, Path]]:
+def read_series(folder: str | Path, problems: list | None = None) -> list[tuple[int, Path]]:
     """(step, file) of every checkpoint in a series folder, by step: the files its index lists
     that exist, or (no index) every ``step-*.safetensors`` file. Like every file of a model
     folder (``checkpoint.model_file``), the index and each file must lie inside the folder: a
-    link leading out is refused."""
+    link leading out is refused. An index that cannot be read is a CheckpointError; an entry of
+    it that names no checkpoint of its step (a step that is not a whole number, a file of
+    another step, a file that is missing or leads out) is left out and, when ``problems`` is a
+    list, appended to it as (step or None, file name, reason)."""
     folder = Path(folder)
+    problems = [] if problems is None else problems
     if not folder.is_dir():
         raise CheckpointError(f"{folder} is not a checkpoint folder")
-    if (folder / INDEX).is_file():
+    if (folder / INDEX).is_file() or (folder / INDEX).is_symlink():
         index = checkpoint.read_json(checkpoint.model_file(folder, INDEX), f"{folder.name}/{INDEX}")
         steps, files = index.get("steps"), index.get("files")
         if not (isinstance(steps, list) and isinstance(files, list) and len(steps) == len(files)):
             raise CheckpointError(f"{folder / INDEX} must list as many steps as files")
-        pairs = [(s, f) for s, f in zip(steps, files) if is_int(s) and isinstance(f, str) and _FILE.match(f)]
+        pairs = []
+        for s, f in zip(steps, files):
+            m = _FILE.match(f) if isinstance(f, str) else None
+            if m is None or not is_int(s) or int(m.group(1)) != s:
+                what = repr(f)[:80] if m is None else f"step {str(s)[:40]!r}"
+                step = int(m.group(1)) if m is not None else None  # the file's own step
+                problems.append((step, str(f)[:80], f"{INDEX} lists {what}, not a checkpoint of its step"))
+                continue
+            pairs.append((int(s), f))
     else:
         pairs = [(int(m.group(1)), p.name) for p in folder.iterdir() if (m := _FILE.match(p.name))]
-    out = [(int(s), checkpoint.model_file(folder, f)) for s, f in pairs if (folder / f).is_file()]
+    out = []
+    for s, f in pairs:
+        try:
+            path = checkpoint.model_file(folder, f)
+        except CheckpointError as e:
+            problems.append((s, f, str(e)))
+            continue
+        if path.is_file():
+            out.append((s, path))
+        elif os.path.lexists(folder / f):
+            problems.append((s, f, "is not a regular file"))
+        else:
+            problems.append((s, f, f"is listed in {INDEX} but missing"))
     return sorted(out)
 
 

@@ -66,16 +66,8 @@ class TrainingJob:
         penalty = self.retraining.penalty(model, self.penalty, start_alpha)  # --train freezes, --kl adds a term
         # a rank trains on the device its worker was given; the driver of workers checks on the CPU
         device = dist.device if dist is not None else ("cpu" if cfg.workers else None)
-        self.trainer = Trainer(
-            model,
-            task,
-            self.train_cfg,
-            penalty=penalty,
-            max_loss=cfg.max_loss,
-            sync_at=self._measured_at,
-            device=device,
-            dist=dist,
-        )
+        recipe = dict(penalty=penalty, max_loss=cfg.max_loss, sync_at=self._measured_at)
+        self.trainer = Trainer(model, task, self.train_cfg, **recipe, device=device, dist=dist)
         self.model = self.trainer.model
         self.device = self.trainer.device
         self.retraining.start(penalty, self.model)
@@ -141,7 +133,9 @@ class TrainingJob:
         if self._thread is not None or self._state["status"] != "pending":
             raise RuntimeError("this job has already been started; build a new one to train again")
         if self.cfg.workers and self.dist is None:  # Ray Train's workers train it; this side keeps no weights
-            self._on_workers(address)
+            from attn_core.distributed.remote import RayRemote
+
+            self.remote = RayRemote(self, address)
         elif process:  # the worker trains it; this side keeps no weights (worker.Remote)
             self.remote = worker.Remote(self, threads)
         self._ticket = self.slots.ticket()
@@ -157,15 +151,11 @@ class TrainingJob:
         returns :meth:`result`."""
         if self._state["status"] != "pending":
             raise RuntimeError("this job has already been started; build a new one to train again")
-        if self.cfg.workers and self.dist is None and self.remote is None:
-            self._on_workers(address)
-        self._run_safely()
+        if self.cfg.workers and self.dist is None:  # this thread follows the workers' run
+            self.start(address=address).join()
+        else:
+            self._run_safely()
         return self.result()
-
-    def _on_workers(self, address: str | None) -> None:
-        from attn_core.distributed.remote import RayRemote
-
-        self.remote = RayRemote(self, address)
 
     def stop(self) -> None:
         self._stop.set()
@@ -273,11 +263,6 @@ class TrainingJob:
 
     def _run_safely(self) -> None:
         if self._ticket is None:
-            if self.remote is not None:  # run() of a job on workers
-                try:
-                    return self.remote.train()
-                finally:
-                    self._done.set()
             return self._train()
         try:
             queued = lambda ahead: self._publish(status="queued", message=queued_message(ahead))  # noqa: E731
@@ -354,8 +339,9 @@ class TrainingJob:
 
     def _loop(self) -> Outcome:
         if self.checkpoints is not None:  # step 0, into the run's folder (a temporary one without a store)
-            with self.trainer.view() as model:
-                self.checkpoints.start(checkpoints.job_folder(self.store, self.run_id), model)
+            files = self.retraining.files  # a text run's tokenizer: its checkpoints can be measured on text at once
+            with self.trainer.view() as model:  # the model, or on rank 0 of an FSDP run its gathered weights
+                self.checkpoints.start(checkpoints.job_folder(self.store, self.run_id), model, files=files)
         self._t_loop = time.perf_counter()
         self._telemetry(0)
         self._spectra(0)
