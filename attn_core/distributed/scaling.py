@@ -7,6 +7,7 @@ driver's side, Ray Train)."""
 from __future__ import annotations
 
 import math
+import os
 
 from attn_core.validate import check, is_int, is_number
 
@@ -91,3 +92,19 @@ def check_specs(strategy: str, specs, kl: float = 0.0, prefix: str = "") -> None
         "or the unembedding), which FSDP keeps sharded across the workers there; use --strategy ddp",
         prefix,
     )
+
+
+def workers_offer(environ=None) -> dict | None:
+    """What the Retrain page offers: Ray Train workers when Ray would see more than one GPU here
+    (up to one worker per GPU) or a cluster is named (``$RAY_ADDRESS``); None on a machine with
+    one device or none (the run trains in one process there, as before). ``where`` says which."""
+    environ = os.environ if environ is None else environ
+    address = environ.get("RAY_ADDRESS")
+    if address:
+        return {"where": f"the Ray cluster at {address}", "max_workers": 64, "gpus": (0, 1)}
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if gpus > 1:
+        return {"where": f"this machine's {gpus} GPUs", "max_workers": gpus, "gpus": (1,)}
+    return None
