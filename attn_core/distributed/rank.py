@@ -193,5 +193,7 @@ def train_loop(config: dict) -> None:
         os.environ["ATTN_LAB_RUNS"] = config["store"]
     cfg = config["cfg"]
     device = ray.train.torch.get_device() if cfg.gpus_per_worker else torch.device("cpu")
+    if device.type == "cuda":  # NCCL and every tensor made without a device go to this worker's GPU
+        torch.cuda.set_device(device)
     dp = DataParallel(ctx.get_world_rank(), ctx.get_world_size(), cfg.strategy, device)
     run_rank(config["job_class"], cfg, dp, config.get("store"), config.get("channel"))
