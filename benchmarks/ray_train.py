@@ -12,7 +12,8 @@ over its training loop (``Snapshot.steps_per_s``), every worker's own steps/s an
 model on every rank, rank 0's before-measurement). The scaling efficiency of N workers is
 rate(N) / (N x rate(1 worker)) for the fixed global batch (strong scaling: 1.0 means N times
 faster). The same job in one process (no Ray, one torch thread, what ``retrain`` without
-``--workers`` runs) is measured alongside, as the reference a worker's rate is compared with.
+``--workers`` runs; in a fresh interpreter of its own, away from this one's Ray driver) is
+measured alongside, as the reference a worker's rate is compared with.
 Runs are interleaved (1, 2, ..., one process; again), so load that drifts hits them alike.
 
     python benchmarks/ray_train.py [--model induction-2l --steps 200 --batch 64 --repeats 3]
@@ -23,6 +24,7 @@ Runs are interleaved (1, 2, ..., one process; again), so load that drifts hits t
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -61,7 +63,15 @@ def job_config(args, workers: int | None) -> JobConfig:
 
 
 def one_run(args, workers: int | None, store: RunStore) -> dict:
-    """One training run (on ``workers`` Ray Train workers, or in this process); its figures."""
+    """One training run (on ``workers`` Ray Train workers, or None: in a fresh process); its figures."""
+    if workers is None:
+        import json
+        import subprocess
+
+        code = "from benchmarks.ray_train import alone; alone()"
+        argv = [sys.executable, "-c", code, args.model, str(args.steps), str(args.batch), str(store.root)]
+        out = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[1])
+        return json.loads(out.stdout.strip().splitlines()[-1])
     job = TrainingJob(job_config(args, workers), store=store)
     t0 = time.perf_counter()
     job.start()
@@ -80,13 +90,28 @@ def one_run(args, workers: int | None, store: RunStore) -> dict:
     return out
 
 
+def alone() -> None:
+    """The one-process reference, in this fresh interpreter (argv: model, steps, batch, store)."""
+    import json
+
+    model, steps, batch, root = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    torch.set_num_threads(1)
+    args = argparse.Namespace(model=model, steps=steps, batch=batch, gpus=False, strategy="ddp")
+    job = TrainingJob(job_config(args, None), store=RunStore(root))
+    t0 = time.perf_counter()
+    job.run()
+    snap = job.snapshot()
+    figures = {"steps_per_s": snap.steps_per_s, "startup_s": None, "wall_s": time.perf_counter() - t0}
+    print(json.dumps({**figures, "peak_mib": record.peak_rss_kib() / 1024, "status": snap.status}))
+
+
 def summary(runs: list[dict], workers: int | None, base: float | None) -> dict:
     """Medians over the repeats of one N."""
     rate = statistics.median(r["steps_per_s"] for r in runs)
     out = {
         "workers": workers,
         "steps_per_s": rate,
-        "startup_s": statistics.median(r["startup_s"] for r in runs if r["startup_s"] is not None),
+        "startup_s": statistics.median([r["startup_s"] for r in runs if r["startup_s"] is not None] or [math.nan]),
         "repeats": len(runs),
     }
     if workers:
