@@ -175,6 +175,10 @@ def retrain_cmd(
         if ctrl_c.is_set() or job is None:
             typer.echo("interrupted before training began; nothing was saved", err=True)
             raise typer.Exit(ctrl_c.code)
+        if cfg.workers:  # the batch splits over them, Ray is there, the cluster answers: before the estimate
+            from attn_core.distributed.remote import check_workers
+
+            check_workers(job, address)
         opts.say_estimate(job)
         ctrl_c.then(job.stop)
         _run_with_bar(job, name, steps, address)  # progress on stderr, with --json too (stdout holds the JSON)

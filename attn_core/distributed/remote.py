@@ -65,15 +65,7 @@ class RayRemote:
     """The Ray Train run of one ``TrainingJob`` (``job.remote``), followed from this process."""
 
     def __init__(self, job, address: str | None = None):
-        from attn_core.cluster import preflight
-
-        cfg = job.cfg
-        if job.train_cfg.batch_size < cfg.workers:
-            raise ValueError(
-                f"a batch of {job.train_cfg.batch_size} sequences cannot be split over {cfg.workers} workers; "
-                f"give --batch-size {cfg.workers} or more"
-            )
-        preflight(address)  # Ray missing, a cluster unreachable: one line, before anything starts
+        check_workers(job, address)
         self.job, self.address = job, address
         self.channel = None
         self.final_weights: dict | None = None
@@ -233,6 +225,19 @@ class RayRemote:
             except Exception:  # noqa: BLE001 -- the recorded run stays as rank 0 wrote it
                 pass
         job._publish(message=message)
+
+
+def check_workers(job, address: str | None = None) -> None:
+    """Refuse, in one sentence and before anything starts, a run on workers that could not run:
+    a batch smaller than the workers, Ray missing, a cluster that cannot be reached."""
+    from attn_core.cluster import preflight
+
+    workers, batch = job.cfg.workers, job.train_cfg.batch_size
+    if batch < workers:
+        raise ValueError(
+            f"a batch of {batch} sequences cannot be split over {workers} workers; give --batch-size {workers} or more"
+        )
+    preflight(address)
 
 
 def _kept(job) -> str:

@@ -171,3 +171,23 @@ def test_settings_a_run_on_workers_refuses_in_one_sentence():
             JobConfig(source="induction-2l", **bad)
         assert "\n" not in str(e.value)
     assert JobConfig(source="x", workers=2, strategy="fsdp").command().endswith("--workers 2 --strategy fsdp")
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--address", "auto"], "error: --address needs --workers"),
+        (["--workers", "2", "--batch-size", "1"], "error: a batch of 1 sequences cannot be split over 2 workers"),
+        (["--workers", "2", "--strategy", "fsdp", "--reg", "vocab_entropy=0.1"], "use --strategy ddp"),
+        (["--workers", "2", "--address", "127.0.0.1:1"], "error: cannot reach the Ray cluster at 127.0.0.1:1"),
+    ],
+)
+def test_the_cli_refuses_a_run_on_workers_in_one_line_before_anything_starts(args, says):
+    from typer.testing import CliRunner
+
+    from attn_core.cli import app
+
+    out = CliRunner().invoke(app, ["retrain", "reverse-1l", "--steps", "2", *args])
+    assert out.exit_code == 2, out.stdout + out.stderr
+    assert says in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert RunStore().list_runs() == []  # nothing was recorded
