@@ -166,6 +166,8 @@ def live_status(watch: Watch) -> None:
     )
     _status_message(snap)
     _metrics(snap, on_text=facts is not None)
+    if snap.workers:  # a run on Ray Train workers: each one's throughput and memory
+        st.dataframe(snap.workers_table().round(2), hide_index=True)
     if snap.done and st.session_state.get(SHOWN) != snap.run_id:
         # Once per run: rerun the whole page so the sidebar lists the new run, Start is enabled
         # and the timers stop.

@@ -11,6 +11,7 @@ import typer
 from attn_core.card import MEASURE_KEYS, TEXT_MEASURE_KEYS, public
 from attn_core.cli import dynamics as dyn
 from attn_core.cli import text_options as opts
+from attn_core.cli import worker_options as wopts
 from attn_core.cli.common import JsonOpt, emit, guarded, table
 from attn_core.regularizers import REGULARIZERS
 from attn_core.training.config import JobConfig
@@ -119,6 +120,10 @@ def retrain_cmd(
     train: str = opts.TrainOpt,
     kl: float = opts.KlOpt,
     penalty_rows: int | None = opts.PenaltyRowsOpt,
+    workers: int | None = wopts.WorkersOpt,
+    gpus_per_worker: float = wopts.GpusPerWorkerOpt,
+    strategy: str = wopts.StrategyOpt,
+    address: str | None = wopts.AddressOpt,
     as_json: bool = JsonOpt,
 ):
     """Fine-tune a model with concentration regularizers; the run is saved in the run store.
@@ -152,7 +157,12 @@ def retrain_cmd(
         train=train,
         kl=kl,
         penalty_rows=penalty_rows,
+        workers=workers,
+        gpus_per_worker=gpus_per_worker,
+        strategy=strategy,
     )
+    if address is not None and cfg.workers is None:
+        raise ValueError("--address needs --workers (a retrain joins a Ray cluster only to train on its workers)")
     with sigint_stops(exiting=True) as ctrl_c:  # held until the command ends: a late Ctrl-C cannot cut the report
         try:
             if cfg.text is not None:  # tokenized once, with a progress bar; the job finds it in the cache
@@ -165,9 +175,13 @@ def retrain_cmd(
         if ctrl_c.is_set() or job is None:
             typer.echo("interrupted before training began; nothing was saved", err=True)
             raise typer.Exit(ctrl_c.code)
+        if cfg.workers:  # the batch splits over them, Ray is there, the cluster answers: before the estimate
+            from attn_core.distributed.remote import check_workers
+
+            check_workers(job, address)
         opts.say_estimate(job)
         ctrl_c.then(job.stop)
-        _run_with_bar(job, name, steps)  # progress on stderr, with --json too (stdout holds the JSON)
+        _run_with_bar(job, name, steps, address)  # progress on stderr, with --json too (stdout holds the JSON)
         res = job.result()
         _report(res, as_json, job)
         if ctrl_c.is_set() and res["status"] == "stopped":
@@ -238,17 +252,17 @@ def _report(res: dict, as_json: bool, job=None) -> None:
         raise typer.Exit(1)
 
 
-def _run_with_bar(job, name: str, steps: int) -> None:
+def _run_with_bar(job, name: str, steps: int, address: str | None = None) -> None:
     """Train in the job's thread while a progress bar (lines when stderr is not a terminal)
     follows its snapshots."""
     from attn_core.progress import Progress
 
-    job.start()
+    job.start(address=address)
     bar = Progress(steps, f"retrain {name}", unit="step")
     try:
         while not job.join(0.25):
             snap = job.snapshot()
-            note = None
+            note = snap.message or None  # e.g. starting the workers on Ray
             if "task_loss" in snap.latest:
                 note = f"loss={snap.latest['task_loss']:.3g} H={snap.latest.get('entropy_data', float('nan')):.3f}"
             bar.set(snap.step, note)
@@ -312,6 +326,21 @@ def runs_import_cmd(
     )
 
 
+def _trained_on(run: dict) -> str:
+    """How a run was trained, in one line: in one process on a device, or on Ray Train workers."""
+    card = run.get("card") or {}  # card.json: a run's own sections are top-level keys
+    spread = card.get("distributed")
+    if spread:
+        return (
+            f"trained on {spread['workers']} Ray Train worker(s): {spread['strategy']}, {spread['backend']} backend, "
+            f"{spread['device']} devices\n"
+        )
+    if (run.get("config") or {}).get("workers"):  # ended before its card was written
+        cfg = run["config"]
+        return f"trained on {cfg['workers']} Ray Train worker(s): {cfg.get('strategy', 'ddp')}\n"
+    return f"trained in one process on {card['device']}\n" if card.get("device") else ""
+
+
 @runs_app.command("show")
 @guarded
 def runs_show_cmd(
@@ -342,6 +371,6 @@ def runs_show_cmd(
             f"parent {r['parent']}, task {r['task']}, created {r['created']}\n"
             f"settings: {json.dumps(r['config'])}\n"
         )
-        return head + _before_after(summ.get("before"), summ.get("after"))
+        return head + _trained_on(r) + _before_after(summ.get("before"), summ.get("after"))
 
     emit(out, as_json, human)

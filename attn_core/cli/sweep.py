@@ -8,6 +8,7 @@ import typer
 
 from attn_core.cli import dynamics as dyn
 from attn_core.cli import text_options as opts
+from attn_core.cli import worker_options as wopts
 from attn_core.cli.common import JsonOpt, emit, guarded, report, table
 from attn_core.training.config import JobConfig
 from attn_core.validate import default
@@ -77,12 +78,7 @@ def sweep_cmd(
         default(JobConfig, "heads"), help="Regularized heads (L1, L0H1,L1H2; default every head)."
     ),
     batch_size: int | None = opts.BatchOpt,
-    address: str | None = typer.Option(
-        None,
-        help="Ray cluster to join: auto, HOST:PORT or "
-        "ray://HOST:PORT (default: $RAY_ADDRESS, else a local Ray "
-        "with one worker per core, shut down afterwards).",
-    ),
+    address: str | None = wopts.AddressOpt,
     cpus_per_trial: float = typer.Option(1.0, help="CPUs per trial (torch threads = its integer part)."),
     gpus_per_trial: float = typer.Option(
         0.0, help="GPUs per trial; fractions share a GPU (0.25 = four trials per GPU); > 0 trains on cuda."
@@ -108,6 +104,15 @@ def sweep_cmd(
     train: str = opts.TrainOpt,
     kl: float = opts.KlOpt,
     penalty_rows: int | None = opts.PenaltyRowsOpt,
+    workers_per_trial: int | None = typer.Option(
+        None,
+        "--workers-per-trial",
+        metavar="N",
+        help="Train each trial on N Ray Train workers (as retrain --workers N: the trial is Ray Train's per-trial "
+        "driver); trials run at once as the cluster holds their workers.",
+    ),
+    gpus_per_worker: float = wopts.GpusPerWorkerOpt,
+    strategy: str = wopts.StrategyOpt,
     as_json: bool = JsonOpt,
 ):
     """Sweep regularizers x lambdas x seeds on Ray; every trial is a retrain recorded as a run.
@@ -138,6 +143,11 @@ def sweep_cmd(
             )
             text_options = dict(text=text, text_field=text_field, eval_text=eval_text, block=block)
             tuning = dict(train=train if train != "all" else None, kl=kl or None, penalty_rows=penalty_rows)
+            tuning.update(  # on workers: recorded only when asked for (a plan without them is as it was)
+                workers=workers_per_trial,
+                gpus_per_worker=gpus_per_worker or None,
+                strategy=strategy if strategy != "ddp" else None,
+            )
             plan = sweep_plan(name, grid, seeds, steps, lr, heads, batch_size, **ckpt, **text_options, **tuning)
         try:
             res = run_sweep(

@@ -92,10 +92,14 @@ def say_estimate(job) -> None:
 
     cfg, task = job.cfg, job.task
     block = getattr(task, "block", None) or task.seq_len
+    if cfg.workers and cfg.gpus_per_worker:  # this machine cannot time the workers' GPUs
+        typer.echo(f"estimated duration: not estimated for {cfg.workers} GPU workers from this machine", err=True)
+        return
+    workers = cfg.workers or 1  # CPU workers: each steps on its share of the batch
     line = estimate.say(
         job.model.cfg,
         cfg.steps,
-        job.train_cfg.batch_size,
+        -(-job.train_cfg.batch_size // workers),
         block,
         job.device.type,
         cfg.kl,
@@ -104,4 +108,6 @@ def say_estimate(job) -> None:
         measure_samples=cfg.measure_samples,
         model=job.model,
     )
+    if cfg.workers:
+        line += f"; on {workers} CPU worker(s), each on its share of the batch, after Ray Train starts them"
     typer.echo(line, err=True)

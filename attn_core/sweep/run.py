@@ -74,7 +74,8 @@ def run_sweep(
     time in a process (:mod:`attn_core.sweep.line`): the others wait, their record saying so;
     ``ticket``: a place in that line the caller took already (the Sweeps page takes it when Launch
     is pressed, so sweeps run in the order they were launched)."""
-    from attn_core.sweep.ray_backend import preflight, ray_session, run_tune
+    from attn_core.cluster import preflight, ray_session
+    from attn_core.sweep.ray_backend import run_tune
 
     store = store or RunStore()
     stop = stop or (lambda: False)
@@ -121,7 +122,7 @@ def run_sweep(
             _not_stopped(stop, recorded)
             raise SweepInterrupted("stopped while it waited for another sweep of this process; nothing was run")
         with ray_session(address) as session:
-            check_resources(session["cluster"], cpus_per_trial, gpus_per_trial)  # before any trial or record
+            check_resources(session["cluster"], cpus_per_trial, gpus_per_trial, plan.job)  # before any trial or record
             _not_stopped(stop, recorded)
             if sweep_id is None:
                 sweep_id = resume or store.create_sweep(plan.name, plan.to_dict(), {"backend": BACKEND})
@@ -137,6 +138,7 @@ def run_sweep(
                 "cpus_per_trial": cpus_per_trial,
                 "gpus_per_trial": gpus_per_trial,
                 "scheduler": scheduler,
+                "workers_per_trial": plan.job.get("workers"),
             }
             store.update_sweep(sweep_id, "running", info=info)
             if not stop():
@@ -150,6 +152,7 @@ def run_sweep(
                     scheduler=scheduler,
                     name=sweep_id,
                     stop=stop,
+                    cluster=session["cluster"],
                 )
             status, message = _outcome(store, sweep_id, plan, ran, errors, stop())
     except BaseException as e:  # the sweep can be resumed; its record says what ended it

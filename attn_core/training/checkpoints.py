@@ -211,8 +211,9 @@ def attach(trainer, writer: CheckpointWriter) -> None:
 
     def on_metrics(metrics: dict) -> None:
         step = metrics["step"]
-        if step == trainer.step_index:  # a step read late (a window) is not the model's state
-            writer.on_step(step, trainer.model)
+        if step == trainer.step_index and writer.due(step):  # a step read late (a window) is not the model's state
+            with trainer.view() as model:  # the model, or on rank 0 of an FSDP run its gathered weights
+                writer.on_step(step, model)
 
     trainer.sync_at = sync_at
     trainer.callbacks.append(on_metrics)
@@ -224,7 +225,8 @@ def for_job(trainer, plan: CheckpointPlan | None, store=None) -> CheckpointWrite
     if plan is None:
         return None
     writer = CheckpointWriter(plan, trainer.cfg.steps)
-    writer.check_room(trainer.model, Path(store.root) if store is not None else Path(tempfile.gettempdir()))
+    with trainer.view() as model:
+        writer.check_room(model, Path(store.root) if store is not None else Path(tempfile.gettempdir()))
     attach(trainer, writer)
     return writer
 
@@ -236,6 +238,18 @@ def job_folder(store, run_id: str | None) -> Path:
     if store is not None and run_id is not None:
         return store.path(run_id) / CHECKPOINTS
     return Path(tempfile.mkdtemp(prefix="attn-lab-checkpoints-"))
+
+
+def take_files(writer: CheckpointWriter | None) -> dict[str, bytes] | None:
+    """The files a job's writer wrote into its temporary folder (name -> bytes, the index
+    included), which is then removed: what a run without a store sends to the one that records
+    it. None when it kept none."""
+    if writer is None or writer.folder is None:
+        return None
+    try:
+        return {p.name: p.read_bytes() for p in sorted(writer.folder.iterdir()) if p.is_file()}
+    finally:
+        shutil.rmtree(writer.folder, ignore_errors=True)
 
 
 # --- reading --------------------------------------------------------------------------------------
