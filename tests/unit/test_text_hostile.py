@@ -292,11 +292,12 @@ class TestTokenizerInABoundedChild:
             pre_tokenizer={"type": "Split", "pattern": {"Regex": r"\s+$"}, "behavior": "Isolated", "invert": False},
         )
         (tmp_path / "c.txt").write_text("w1" + " " * 40_000 + "w2")
+        before = set(children(os.getpid()))  # other tests of the session may have left their own
         started = time.monotonic()
         with pytest.raises(TokenizerLimit, match=r"took longer than 2 s, its time bound \(1 s and 1 s per MB") as e:
             tokenized(folder, tmp_path / "c.txt")
-        assert time.monotonic() - started < 8 and isinstance(e.value, LimitError)
-        assert children(os.getpid()) == [] and cache_names(folder) == []
+        assert time.monotonic() - started < 20 and isinstance(e.value, LimitError)  # unbounded, it runs ~36 s
+        assert set(children(os.getpid())) <= before and cache_names(folder) == []
 
     def test_progress_comes_back_and_a_stop_ends_the_child(self, folder, tmp_path):
         path = tmp_path / "c.txt"
@@ -306,9 +307,10 @@ class TestTokenizerInABoundedChild:
         assert seen[-1] == ("tokenizing", path.stat().st_size, path.stat().st_size)
         made = cache_names(folder)
         path.write_text(make_text(2, lines=400))
+        before = set(children(os.getpid()))  # other tests of the session may have left their own
         with pytest.raises(KeyboardInterrupt):
             tokenized(folder, path, stop=lambda: True)
-        assert children(os.getpid()) == [] and cache_names(folder) == made
+        assert set(children(os.getpid())) <= before and cache_names(folder) == made
 
     def test_ctrl_c_ends_the_child_at_once(self, folder, tmp_path):
         """SIGINT to a process whose child runs a runaway pattern: both are gone within seconds
