@@ -159,6 +159,7 @@ def sweep_cmd(
                 scheduler=scheduler,
                 on_trial=_say_trial,  # on stderr, with --json too (stdout holds the JSON)
                 stop=ctrl_c.is_set,
+                stopped_by=lambda: said(ctrl_c.signum),
             )
         except SweepInterrupted as e:
             raise typer.Exit(report(str(e), as_json, "interrupted", ctrl_c.code)) from None

@@ -90,13 +90,15 @@ def run_tune(
     scheduler: str = "none",
     name: str = "attn-lab-sweep",
     stop: Callable[[], bool] | None = None,
+    stopped_by: Callable[[], str] | None = None,
     cluster: dict | None = None,
 ) -> None:
     """Run ``trials`` (dicts of :class:`~attn_core.sweep.plan.Trial`) on the Ray of this process
     (see :func:`attn_core.cluster.ray_session`); ``on_payload(payload)`` is called on the driver once per trial,
     including the ones that fail on a worker or are stopped early by ASHA. Once ``stop()`` is
     true (Ctrl-C), Tune stops every running trial (each is handed over ``stopped``, marked
-    ``interrupted`` so that a resume runs it again) and starts no more; Tune's own SIGINT handler
+    ``interrupted`` so that a resume runs it again; ``stopped_by()`` names the stop in their
+    messages) and starts no more; Tune's own SIGINT handler
     is off (the caller owns Ctrl-C). A trial on Ray Train workers (``job["workers"]``) is Ray Train
     V2's per-trial driver: it reserves no CPU (its workers reserve theirs) and as many trials run at
     once as ``cluster`` (the cluster's resources) holds their workers."""
@@ -126,6 +128,7 @@ def run_tune(
     token = next(_TOKENS)
     _SINKS[token] = on_payload
     _STOPS[token] = stop or (lambda: False)
+    _CAUSES[token] = stopped_by or (lambda: "Ctrl-C")
     collect = Collect(token, steps)
     shared = os.environ.get(STORAGE_ENV)  # a multi-node cluster may need a shared folder (or s3://...)
     storage = shared or tempfile.mkdtemp(prefix="attn-lab-tune-")
@@ -161,6 +164,7 @@ def run_tune(
     finally:
         _SINKS.pop(token, None)
         _STOPS.pop(token, None)
+        _CAUSES.pop(token, None)
         _tune_settings(-1)
         if not shared:
             shutil.rmtree(storage, ignore_errors=True)
@@ -215,6 +219,7 @@ def _tune_settings(change: int) -> None:
 # on_payload (which holds the run store and a lock) stays here.
 _SINKS: dict[int, Callable[[dict], None]] = {}
 _STOPS: dict[int, Callable[[], bool]] = {}
+_CAUSES: dict[int, Callable[[], str]] = {}  # what a stop is called in the messages (Ctrl-C, SIGTERM)
 _TOKENS = itertools.count()
 
 
@@ -243,6 +248,9 @@ class Collect(_Callback):
     def _interrupted(self) -> bool:
         return bool(_STOPS.get(self.token, lambda: False)())
 
+    def _why(self, step: int) -> str:
+        return _stopped(step, self.steps, _CAUSES.get(self.token, lambda: "Ctrl-C")())
+
     def on_trial_start(self, iteration, trials, trial, **info):
         self.started[trial.trial_id] = trial.config["trial"]
 
@@ -252,7 +260,7 @@ class Collect(_Callback):
             if trial_id not in self.done and self._interrupted():
                 self.done.add(trial_id)
                 step = self.last_step.get(trial_id, 0)
-                _SINKS[self.token](_lost(config, "stopped", _ctrl_c(step, self.steps), True))
+                _SINKS[self.token](_lost(config, "stopped", self._why(step), True))
 
     def _give(self, trial, payload: dict) -> None:
         if trial.trial_id in self.done:
@@ -269,7 +277,7 @@ class Collect(_Callback):
         if trial.trial_id not in self.done:
             step = self.last_step.get(trial.trial_id, 0)
             if self._interrupted():
-                why = _ctrl_c(step, self.steps)
+                why = self._why(step)
             else:
                 why = f"stopped early by the ASHA scheduler at step {step} of {self.steps}"
             self._give(trial, _lost(trial.config["trial"], "stopped", why, self._interrupted()))
@@ -277,14 +285,14 @@ class Collect(_Callback):
     def on_trial_error(self, iteration, trials, trial, **info):
         if self._interrupted():  # a worker ended by the stop: a resume runs the trial again
             step = self.last_step.get(trial.trial_id, 0)
-            self._give(trial, _lost(trial.config["trial"], "stopped", _ctrl_c(step, self.steps), True))
+            self._give(trial, _lost(trial.config["trial"], "stopped", self._why(step), True))
             return
         err = getattr(trial, "error_message", None) or "the trial's worker failed"
         self._give(trial, _lost(trial.config["trial"], "failed", str(err).strip().splitlines()[-1][:500]))
 
 
-def _ctrl_c(step: int, steps: int) -> str:
-    return f"stopped by Ctrl-C at step {step} of {steps}" if step else "stopped by Ctrl-C before it finished"
+def _stopped(step: int, steps: int, cause: str) -> str:
+    return f"stopped by {cause} at step {step} of {steps}" if step else f"stopped by {cause} before it finished"
 
 
 def _dirname(trial) -> str:
