@@ -8,7 +8,8 @@ of its own, safe with CUDA; that module is the worker's side of the two pipes). 
 ``TrainingJob.run``: the same step loop, guard, telemetry and saving as a job in a thread. Two
 pipes join it to the job in the parent:
 
-- control (parent to worker): the config, then ``stop``, ``pause`` and ``resume``;
+- control (parent to worker): the config, then ``stop``, ``pause``, ``resume`` and ``watch``
+  (the head whose probe pattern the page draws);
 - updates (worker to parent): what changed (new metric rows, the state, a new probe pattern), at
   most every :data:`SEND_EVERY_S` and at every change of status, then the final state and the
   last good weights (a CPU state dict) once the run is saved. A thread of the parent applies them
@@ -61,7 +62,8 @@ class Remote:
             torch.cuda.empty_cache()
 
     def tell(self, *command) -> None:
-        """Send a command (``stop`` [reason], ``pause``, ``resume``) to the worker, if it runs."""
+        """Send a command (``stop`` [reason], ``pause``, ``resume``, ``watch`` layer head) to the
+        worker, if it runs."""
         if self.control is not None:
             try:
                 self.control.send(command)
@@ -108,6 +110,8 @@ class Remote:
         control.send((job.cfg, None if job.store is None else str(job.store.root), self.threads))
         self.control = control
         _LIVE.add(self)
+        if job._watch is not None:  # watched before the worker started
+            self.tell("watch", *job._watch)
         if job._stop.is_set():  # asked for while the worker started
             self.tell("stop", job._stop_reason)
         elif not job._go.is_set():

@@ -69,6 +69,8 @@ def _listen(job, control: Connection) -> None:
             job.pause()
         elif command == "resume":
             job.resume()
+        elif command == "watch":
+            job.watch(*args)
 
 
 def main(updates_fd: int, control_fd: int) -> int:

@@ -251,14 +251,17 @@ def test_per_head_summaries_and_telemetry_run_on_meta(kind):
     data, vocab, spectrum = on_meta(summaries)
     assert all_meta((data, vocab, spectrum))
     assert data["entropy"].shape == vocab["top1"].shape == (L, H)
-    values, pattern = on_meta(lambda: telemetry_tensors(model, tokens(2)))
-    assert values.shape == (3, L, H) and pattern.shape[:2] == (L, H) and all_meta((values, pattern))
+    values = on_meta(lambda: telemetry_tensors(model, tokens(2)))
+    assert values.shape == (2, L, H) and all_meta(values)
     # the rows and the before/after measurement read their values (once) from here
     from attn_core.training import telemetry
 
     assert read_point(lambda: telemetry.telemetry_row(model, tokens(2), R.all_heads(model.cfg))) == (
         "telemetry.py:telemetry_row"
     )
+    pattern = on_meta(lambda: telemetry.pattern_tensor(model, tokens(1)[0], 0, 1))  # a watched head's
+    assert pattern.shape == (TASK.n_ctx, TASK.n_ctx) and all_meta(pattern)
+    assert read_point(lambda: telemetry.probe_pattern(model, tokens(1)[0], 0, 1)) == "telemetry.py:probe_pattern"
 
 
 @pytest.mark.parametrize("spec", SPECS[:8] + [None])
@@ -397,6 +400,7 @@ CPU_BY_DESIGN = {
     ("model/attention.py", "_scales"): "1/sqrt(d) made exactly in float64, then moved to the buffer's device",
     ("model/rotary.py", "offset_rotation"): "exact float64 rotations; callers move them (.to(W))",
     ("bilinear/offsets.py", "offset_form"): "offsets for offset_rotation, whose result is moved by .to(W)",
+    ("bilinear/offsets.py", "sigma1_offsets"): "offsets for offset_rotation, whose result is moved by .to(R_l)",
     ("tasks.py", "sample"): "an int seed draws on the CPU: the same batch on every machine",
     ("tasks.py", "_modular_addition"): "the fixed split of pairs, made once (copied to a generator's device once)",
     ("training/trainer.py", "init_model"): "the seeded init draws on the CPU: the same model on every device",
@@ -418,7 +422,6 @@ CPU_BY_DESIGN = {
     ("kernels/features.py", "nystrom_factors"): "seeded CPU choice of landmarks, moved with .to(q.device)",
     ("regularizers/penalty.py", "__init__"): "the seeded host generator of sampled penalty rows",
     ("regularizers/rows.py", "sample_positions"): "sampled rows drawn on the host, moved with .to(q.device)",
-    ("text/measure.py", "_run"): "per-head sums kept on the host, added from .cpu() copies",
     ("dynamics/metrics.py", "text_inputs"): "token ids of a text (CPU inputs, moved to the model in position_sums)",
     ("hf/export.py", "_bias"): "export works on a CPU float32 copy of the state dict (gpt2_tensors' sd)",
     ("hf/export.py", "gpt2_tensors"): "export works on a CPU float32 copy of the state dict, written to a file",
