@@ -128,11 +128,11 @@ class MetricKey:
 # The probe pattern of one head is computed only while someone watches it (TrainingJob.watch).
 
 # The before/after measurement of a run on text reads held-out tokens in proportion to what the run
-# trains on: MEASURE_SHARE of steps x batch x block, at least MIN_MEASURE_TOKENS (and at most
-# measure_samples blocks). Each measurement then costs a few percent of the run, where a fixed
-# 512 blocks cost a 100-step run about 40% of its time (issue 28).
+# trains on: MEASURE_SHARE of steps x batch x block, at least MIN_MEASURE_TOKENS and one batch (and
+# at most measure_samples blocks). Each measurement then costs a few percent of the run, where a
+# fixed 512 blocks cost a 100-step run about 40% of its time (issue 28).
 MEASURE_SHARE = 1 / 16
-MIN_MEASURE_TOKENS = 4096
+MIN_MEASURE_TOKENS = 1024
 
 
 def measure_tokens(train_cfg, task) -> int | None:
@@ -141,7 +141,8 @@ def measure_tokens(train_cfg, task) -> int | None:
     block = getattr(task, "block", None)
     if block is None:
         return None
-    return max(MIN_MEASURE_TOKENS, math.ceil(MEASURE_SHARE * train_cfg.steps * train_cfg.batch_size * block))
+    batch = train_cfg.batch_size * block
+    return max(MIN_MEASURE_TOKENS, batch, math.ceil(MEASURE_SHARE * train_cfg.steps * batch))
 
 
 # What Trainer.step reports besides its penalty terms; every other key is a term, logged as term:<label>.

@@ -36,11 +36,10 @@ Callback = Callable[[dict], None]
 
 EVAL_SEED_OFFSET = 1_000_003  # held-out batches never share a generator stream with training
 # A task that reads held-out text evaluates on held-out tokens in proportion to what the run trains
-# on between two evaluations (at most ``eval_samples`` blocks): EVAL_SHARE of them, at least
-# MIN_EVAL_TOKENS. A forward costs about a third of a training step per token, so evaluating
-# costs the loop about 2% (a fixed 256 blocks cost a 100-step run on 8 x 128 tokens 10%).
+# on between two evaluations (at most ``eval_samples`` blocks): EVAL_SHARE of them, at least one
+# training batch. A forward costs about a third of a training step per token, so evaluating costs
+# the loop about 2% (a fixed 256 blocks cost a 100-step run on 8 x 128 tokens 10%).
 EVAL_SHARE = 1 / 16
-MIN_EVAL_TOKENS = 2048
 # A task loss above DIVERGENCE_FACTOR * ln(d_vocab) (a uniform guess costs ln(d_vocab)) means
 # the run is confidently wrong everywhere: training has diverged even if no NaN appeared yet.
 DIVERGENCE_FACTOR = 4.0
@@ -96,9 +95,11 @@ def make_optimizer(model: Transformer, cfg: TrainConfig, device: torch.device | 
 
 
 def eval_tokens(cfg: TrainConfig, n_ctx: int) -> int:
-    """Held-out tokens of one evaluation of a run of ``cfg`` on sequences of ``n_ctx`` tokens
-    (a task that reads held-out text takes them, see :data:`EVAL_SHARE`)."""
-    return max(MIN_EVAL_TOKENS, math.ceil(EVAL_SHARE * cfg.eval_every * cfg.batch_size * n_ctx))
+    """Held-out tokens of one evaluation of a run of ``cfg`` on sequences of ``n_ctx`` tokens (a
+    task that reads held-out text takes them): :data:`EVAL_SHARE` of the tokens trained on between
+    two evaluations (or in the whole run, when it is shorter), at least one batch."""
+    interval = min(cfg.eval_every, cfg.steps)
+    return cfg.batch_size * n_ctx * max(1, math.ceil(EVAL_SHARE * interval))
 
 
 @torch.no_grad()
