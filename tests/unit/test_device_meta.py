@@ -498,3 +498,47 @@ def test_static_scan():
     }
     stale = sorted(set(CPU_BY_DESIGN) - found)
     assert not stale, f"allow-list entries with no factory left to allow (remove them): {stale}"
+
+
+# --- issue 28: the live job's measurements, off the step's critical path --------------------------------
+
+
+def _text_task(d_vocab: int, block: int = 8):
+    import numpy as np
+
+    from attn_core.text.task import TextData, text_task
+
+    rng = np.random.default_rng(0)
+    return text_task(TextData(rng.integers(0, d_vocab, 400), rng.integers(0, d_vocab, 100), block, d_vocab, None, {}))
+
+
+def test_text_measurement_and_evaluation_run_on_meta_until_their_one_read(hf_llama):
+    """Held-out blocks to the device, the forward at bf16 with Q and K kept, the loss, accuracy
+    and per-head sums accumulated on the device: all on meta, then one read at the end."""
+    from attn_core.text import measure as M
+
+    model, task = hf_llama, _text_task(hf_llama.cfg.d_vocab)
+    heads = R.parse_heads(None, model.cfg)
+    assert read_point(lambda: M._run(model, task, 6, 0, "test", META, heads, "bf16", 24)) == "measure.py:_run"
+    assert read_point(lambda: M._run(model, task, 6, 0, "test", META, None, "fp32", None)) == "measure.py:_run"
+
+
+def test_batched_offsets_spectra_run_on_meta(hf_llama):
+    from attn_core.bilinear.offsets import sigma1_offsets, sigma1_summaries
+
+    heads = [(0, 1), (1, 0), (0, 0)]
+    sigma1 = on_meta(lambda: sigma1_offsets(hf_llama, heads))
+    assert sigma1.shape[0] == 3 and all_meta(sigma1)
+    assert read_point(lambda: sigma1_summaries(hf_llama, heads)) == "offsets.py:sigma1_summaries"
+
+
+def test_a_text_run_draws_its_batches_on_the_host_and_trains_on_meta(hf_llama):
+    """A text task's batches come from host memory: the trainer draws them with a CPU generator
+    (on CUDA they then go through pinned memory without a wait) and steps run on the device."""
+    task = _text_task(hf_llama.cfg.d_vocab)
+    cfg = TrainConfig(steps=20, batch_size=2, eval_every=20, sync_every=10, device="cpu", precision="bf16")
+    trainer = Trainer(hf_llama, task, cfg, penalty=R.build_penalty(["entropy=0.1"], hf_llama), device=META)
+    assert trainer.data.device.type == "cpu" and trainer.graph.static
+    for _ in range(2):
+        on_meta(trainer.step)
+    assert trainer.step_index == 2 and all_meta(list(trainer.model.parameters()))
