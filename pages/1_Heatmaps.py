@@ -11,6 +11,7 @@ from attn_core.figures import bilinear as fb
 from attn_core.figures import rotary as fr
 from attn_core.figures import text as ftext
 from attn_core.sources import LoadedModel
+from attn_core.text import source as text_source
 
 SOURCES = {"sample": "task sample", "random": "random tokens", "typed": "typed tokens"}
 DEFAULT_LENGTH = 1024  # random tokens by default: the context, at most this many (and what the limits allow)
@@ -66,7 +67,7 @@ st.markdown(
 
 # --- the input and the query (the head-dependent views below rerun alone on a head change) ---------
 c_source, c_input = st.columns([3, 5])
-sources = [s for s in SOURCES if s != "sample" or loaded.task is not None]
+sources = [s for s in SOURCES if s != "sample" or text_source.has_sample(loaded)]  # a run on text: held-out text
 source = c_source.radio(
     "Input",
     sources,
@@ -103,7 +104,7 @@ with c_input:
                 help="Seed of the sample / the random tokens: the same seed gives the same input",
             )
             if source == "sample":
-                tokens = bilinear.sample_tokens(loaded, int(seed))
+                tokens = text_source.sample_tokens(loaded, int(seed))
             else:
                 longest = max(2, bilinear.longest_input(loaded.model))  # the context, cut to the memory limit
                 lengths = range(2, longest + 1)

@@ -236,3 +236,43 @@ def test_spectra_are_read_in_one_copy_and_equal_the_form():
     form = model_form(model)
     torch.testing.assert_close(spec["singular_values"], form.singular_values.float().detach())
     torch.testing.assert_close(spec["stable_rank"], form.stable_rank.float().detach())
+
+
+# --- the before/after views of a run on text read held-out text ------------------------------------------
+
+
+def test_a_run_on_text_gives_its_views_held_out_blocks_of_its_text(tmp_path):
+    """A text run has no toy task: its views' input (the Heatmaps page's before/after, the Runs
+    page's heads side by side) is a held-out block of the text it trained on, the same block the
+    task draws, never random tokens; a model without text says so in one line."""
+    pytest.importorskip("transformers")
+    from attn_core.runs import RunStore
+    from attn_core.sources import resolve
+    from attn_core.text import source as text_source
+    from attn_core.training.job import TrainingJob
+    from tests.conftest import write_tiny_hf
+    from tests.text_corpus import make_text, write_word_tokenizer
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    write_tiny_hf(folder, "llama", num_key_value_heads=2)
+    write_word_tokenizer(folder)
+    text = tmp_path / "text.txt"
+    text.write_text(make_text(0, lines=150))
+    store = RunStore()
+    job = TrainingJob(JobConfig(str(folder), text=str(text), block=12, steps=2, device="cpu"), store=store)
+    res = job.run()
+    assert res["status"] == "completed"
+    run = resolve(f"run:{res['run_id']}", store=store)
+    parent = resolve(str(folder))
+    assert text_source.has_sample(run) and not text_source.has_sample(parent)
+    tokens = text_source.sample_tokens(run, 3)
+    assert tokens == job.task.sample(1, 3, split="test").tokens[0].tolist() and len(tokens) == 12
+    held = job.task.data.held_out
+    assert any(list(held[s : s + 12]) == tokens for s in range(0, len(held) - 11))  # held out, not trained on
+    with pytest.raises(ValueError, match="has no task in its card"):
+        text_source.sample_tokens(parent, 0)
+    text.unlink()  # the text is gone: one line that says so (cached tasks are per weights and settings)
+    text_source._run_task.cache_clear()
+    with pytest.raises(ValueError, match=str(text.name)):
+        text_source.held_out_tokens(run, 0)
