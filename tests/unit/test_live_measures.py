@@ -91,7 +91,9 @@ def test_batched_sigma1_over_the_offsets_equals_one_svd_per_matrix():
         ref = offset_form(model, l, h, offsets).singular_values[:, 0]
         torch.testing.assert_close(got[i], ref, rtol=1e-5, atol=1e-6)
     summary = sigma1_summaries(model, heads, offsets=[-1, -3])  # B(0) measured beside offsets without it
-    assert summary[0]["sigma1_at_0"] == pytest.approx(float(offset_form(model, 1, 1, [0]).singular_values[0, 0].detach()), **TOL)
+    assert summary[0]["sigma1_at_0"] == pytest.approx(
+        float(offset_form(model, 1, 1, [0]).singular_values[0, 0].detach()), **TOL
+    )
     assert summary[0]["offsets"] == 2
 
 
