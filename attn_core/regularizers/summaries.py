@@ -24,6 +24,7 @@ from attn_core.hooks import Cache, act_name
 from attn_core.model import Transformer, attention_weights
 from attn_core.regularizers import rows as rw
 from attn_core.regularizers.heads import Heads, all_heads, by_layer
+from attn_core.regularizers.softmax_rows import softmax_rows
 
 
 def mean_rows(values: torch.Tensor, p_shape: torch.Size, mask: torch.Tensor | None) -> torch.Tensor:
@@ -95,7 +96,7 @@ def row_summaries(
         lo, hi = rw._keys(a, e, T, window, True)
         s = rw._scores(q, k, scale, a, e, lo, hi, positions, window, None, True)
         if alpha == 1.0:
-            value, (_, log_z, _) = rw._softmax_rows("entropy", s, n_rows[..., a:e], 1)
+            value, (_, log_z, _) = softmax_rows("entropy", s, n_rows[..., a:e], 1)
             entropy.append(value)
             top1.append((-log_z).exp())
         else:

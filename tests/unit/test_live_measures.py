@@ -278,3 +278,45 @@ def test_a_run_on_text_gives_its_views_held_out_blocks_of_its_text(tmp_path):
     text_source._run_task.cache_clear()
     with pytest.raises(ValueError, match=str(text.name)):
         text_source.held_out_tokens(run, 0)
+
+
+# --- the every-head penalty's blocks fused on an accelerator ---------------------------------------------
+
+
+# one kind (about 20 s of compiling each): the three kinds share the wrapper and their eager arithmetic
+# (softmax_rows), which the dense comparisons in tests/unit/test_penalty_rows.py cover
+@pytest.mark.parametrize("kind", ["entropy"])
+def test_fused_blocks_equal_eager_blocks_with_one_graph_for_every_block(monkeypatch, kind):
+    """On a GPU each block of the row penalties runs through torch.compile (its scores and row
+    arithmetic fused, issue 28); here the same wrapper runs on the CPU with the aot_eager backend
+    (dynamo and AOTAutograd as inductor gets them): values and gradients equal the eager blocks',
+    and blocks of every size (causal blocks see more keys as they go) share one traced graph."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from attn_core.regularizers import rows
+    from attn_core.regularizers import softmax_rows as sr
+
+    g = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(2, 3, 70, 8, generator=g, dtype=torch.float64) * 2).unbind(0)
+    q, k = q[None].requires_grad_(), k[None].requires_grad_()
+
+    def run():
+        values = rows.row_values(q, k, kind, window=0, block=16, topk=2, scale=0.5)
+        return (values.detach(), *torch.autograd.grad((values * torch.arange(70.0, dtype=values.dtype)).sum(), (q, k)))
+
+    eager = run()
+    torch._dynamo.reset()
+    counters.clear()
+    for fused in (sr.fused_forward, sr.fused_backward):
+        monkeypatch.setattr(fused, "devices", ["cpu"])
+        monkeypatch.setattr(fused, "backend", "aot_eager")
+        monkeypatch.setattr(fused, "compiled", None)
+    got = run()
+    assert sr.fused_forward.compiled is not None and not sr.fused_forward.failed
+    assert sr.fused_backward.compiled is not None and not sr.fused_backward.failed
+    for a, b in zip(got, eager):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    # forward and backward: a first block whose rows and keys are as many, then every other block
+    assert counters["stats"]["unique_graphs"] <= 4, counters["stats"]
+    torch._dynamo.reset()
