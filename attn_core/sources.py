@@ -74,11 +74,9 @@ def weights_path(source: str | Path, store: RunStore | None = None) -> Path:
     if is_run(source):
         with _as_checkpoint_error():
             return (store or RunStore()).path(source) / WEIGHTS
-    if is_upload(source):
-        return _upload_folder(source, store) / WEIGHTS
-    path = zoo.locate(source)
+    path = _upload_folder(source, store) if is_upload(source) else zoo.locate(source)
     if path.is_dir() and not (path / WEIGHTS).exists() and (path / hf.INDEX).is_file():
-        return path / hf.INDEX  # a sharded Hugging Face checkpoint
+        return path / hf.INDEX  # a sharded Hugging Face checkpoint (a folder, or an upload of one)
     return path / WEIGHTS if path.is_dir() else path
 
 

@@ -17,6 +17,7 @@ from attn_core import runs as rs
 from attn_core import sources
 from attn_core.figures import sweep as fs
 from attn_core.sweep import SweepError, grid_plan, run_sweep, start_sweep, sweep_result
+from attn_core.sweep import line as sweep_line
 
 REFRESH_S = 2.0
 LAUNCHED = "sweeps_launched"  # session key: {sweep id: {"thread": Thread, "error": str | None}}
@@ -35,10 +36,11 @@ def lambdas(lo: float, hi: float, n: int) -> list[float]:
     return sorted({float(f"{v:.3g}") for v in np.geomspace(lo, hi, n)})
 
 
-def _work(sweep_id: str, state: dict, cpus: float) -> None:
-    """The background thread: the whole sweep (no Streamlit here); errors are kept for the page."""
+def _work(sweep_id: str, state: dict, cpus: float, ticket: int) -> None:
+    """The background thread: the whole sweep (no Streamlit here), from its place in the line of
+    this server's sweeps (``ticket``); errors are kept for the page."""
     try:
-        run_sweep(None, rs.RunStore(store.root), sweep_id=sweep_id, cpus_per_trial=cpus)
+        run_sweep(None, rs.RunStore(store.root), sweep_id=sweep_id, cpus_per_trial=cpus, ticket=ticket)
     except BaseException as e:  # noqa: BLE001 -- shown on the page, never raised into Streamlit
         state["error"] = f"{type(e).__name__}: {e}" if not isinstance(e, SweepError) else str(e)
 
@@ -46,7 +48,8 @@ def _work(sweep_id: str, state: dict, cpus: float) -> None:
 # --- setting up a sweep -------------------------------------------------------------------------
 def setup_form() -> None:
     """The sweep's grid for the picked model; Launch records the sweep and starts its thread."""
-    with st.form("sweep_setup"):
+    # Enter in a number field does not launch a sweep (minutes of every core): only the button does
+    with st.form("sweep_setup", enter_to_submit=False):
         st.markdown(
             f"Every trial fine-tunes **{ui.plain(picked_model)}**, the model picked in the sidebar (pick another "
             "there): each regularizer × λ × seed, plus a λ = 0 baseline per seed."
@@ -85,14 +88,28 @@ def setup_form() -> None:
     except (SweepError, ValueError) as e:
         st.error(f"The sweep was not started: {e}")
         return
+    waits = sweep_line.busy()  # another sweep of this server runs: this one waits for it (Tune runs one at a time)
+    ticket = sweep_line.LINE.ticket()  # its place in line now: sweeps run in the order they were launched
     state = {"error": None}
     state["thread"] = threading.Thread(
-        target=_work, args=(sweep_id, state, float(cpus)), daemon=True, name=f"attn-lab sweep {sweep_id}"
+        target=_work, args=(sweep_id, state, float(cpus), ticket), daemon=True, name=f"attn-lab sweep {sweep_id}"
     )
-    state["thread"].start()
+    try:
+        state["thread"].start()
+    except RuntimeError as e:  # no thread to be had: the place is given back, the sweep says why
+        sweep_line.LINE.release(ticket)
+        st.error(f"The sweep was not started: {e}")
+        return
     launched[sweep_id] = state
     st.session_state[PICKED] = sweep_id
-    st.success(f"Sweep {sweep_id} of {picked_model} launched: {len(plan.trials)} trials (a λ = 0 baseline per seed).")
+    st.success(
+        f"Sweep {sweep_id} of {picked_model} launched: {len(plan.trials)} trials (a λ = 0 baseline per seed)."
+        + (
+            " Another sweep of this server is under way: this one waits in line and starts when it ends."
+            if waits
+            else ""
+        )
+    )
 
 
 if loaded.task is None:
@@ -160,9 +177,11 @@ def live() -> None:
     res = sweep_result(store, picked)
     thread_alive = bool(state and state["thread"].is_alive())
     n_done = sum(t["status"] != "pending" for t in res["trials"])
+    queued = res["status"] == "running" and res["message"].startswith("queued:")
     st.progress(
         n_done / len(res["trials"]) if res["trials"] else 0.0,
-        text=f"{res['status']}{' (live)' if res['status'] == 'running' or thread_alive else ''}: {n_done} of "
+        text=f"{'queued' if queued else res['status']}"
+        f"{' (live)' if res['status'] == 'running' or thread_alive else ''}: {n_done} of "
         f"{len(res['trials'])} trials recorded"
         + (f" · Ray {res['ray_version']} at {res['address']}" if res["ray_version"] else "")
         + (f" · {res['wall_s']:.1f} s" if res["wall_s"] else ""),

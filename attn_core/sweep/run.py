@@ -5,6 +5,7 @@ the trials that have no finished run yet. :func:`sweep_result` is the CLI's and 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from attn_core.card import public
 from attn_core.runs import FINAL, RunStore
 from attn_core.sweep.check import check_resources, check_sweep
+from attn_core.sweep.line import LINE, queued_message
 from attn_core.sweep.plan import SweepError, SweepInterrupted, SweepPlan, pareto
 from attn_core.sweep.trial import record_trial
 
@@ -54,6 +56,7 @@ def run_sweep(
     on_trial: Callable[[str, dict], None] | None = None,
     sweep_id: str | None = None,
     stop: Callable[[], bool] | None = None,
+    ticket: int | None = None,
 ) -> dict:
     """Run a sweep (or ``resume`` one) on Ray and return :func:`sweep_result`.
 
@@ -67,8 +70,12 @@ def run_sweep(
     Sweeps page shows the sweep before Ray is up). ``stop()`` true (Ctrl-C) stops the running
     trials (recorded ``stopped``, run again by a resume) and starts no more: the sweep ends
     ``interrupted``. A trial that fails or diverges is recorded with its status and the sweep goes
-    on; a sweep whose every trial failed ends ``failed``, its message saying why."""
-    from attn_core.sweep.ray_backend import preflight, ray_session, run_tune
+    on; a sweep whose every trial failed ends ``failed``, its message saying why. One sweep runs at a
+    time in a process (:mod:`attn_core.sweep.line`): the others wait, their record saying so;
+    ``ticket``: a place in that line the caller took already (the Sweeps page takes it when Launch
+    is pressed, so sweeps run in the order they were launched)."""
+    from attn_core.cluster import preflight, ray_session
+    from attn_core.sweep.ray_backend import run_tune
 
     store = store or RunStore()
     stop = stop or (lambda: False)
@@ -94,14 +101,28 @@ def run_sweep(
             on_trial(run_id, payload)
 
     start = time.perf_counter()
+    stack = contextlib.ExitStack()  # the sweep's place in the line, left however it ends
+    if ticket is not None:
+        stack.callback(LINE.release, ticket)
     status, message, info, todo, began = "interrupted", "", {}, [], False
     recorded = sweep_id is not None  # the Sweeps page made the record: a refusal is written there too
     try:
         check_sweep(plan, cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial, scheduler=scheduler)
         preflight(address)  # Ray missing, a cluster unreachable: one line, before anything is written
         _not_stopped(stop, recorded)
+        if ticket is None:
+            ticket = LINE.ticket()  # one Tune fit at a time in a process (attn_core.sweep.line)
+            stack.callback(LINE.release, ticket)
+
+        def waiting(ahead: int) -> None:
+            if recorded:
+                store.update_sweep(sweep_id, "running", queued_message(ahead))
+
+        if not LINE.wait(ticket, stop, on_wait=waiting):
+            _not_stopped(stop, recorded)
+            raise SweepInterrupted("stopped while it waited for another sweep of this process; nothing was run")
         with ray_session(address) as session:
-            check_resources(session["cluster"], cpus_per_trial, gpus_per_trial)  # before any trial or record
+            check_resources(session["cluster"], cpus_per_trial, gpus_per_trial, plan.job)  # before any trial or record
             _not_stopped(stop, recorded)
             if sweep_id is None:
                 sweep_id = resume or store.create_sweep(plan.name, plan.to_dict(), {"backend": BACKEND})
@@ -117,6 +138,7 @@ def run_sweep(
                 "cpus_per_trial": cpus_per_trial,
                 "gpus_per_trial": gpus_per_trial,
                 "scheduler": scheduler,
+                "workers_per_trial": plan.job.get("workers"),
             }
             store.update_sweep(sweep_id, "running", info=info)
             if not stop():
@@ -130,13 +152,15 @@ def run_sweep(
                     scheduler=scheduler,
                     name=sweep_id,
                     stop=stop,
+                    cluster=session["cluster"],
                 )
             status, message = _outcome(store, sweep_id, plan, ran, errors, stop())
     except BaseException as e:  # the sweep can be resumed; its record says what ended it
         message = str(e) if isinstance(e, (SweepError, ValueError)) else f"{type(e).__name__}: {e}"
-        status = "interrupted" if began else "failed"
+        status = "interrupted" if began or isinstance(e, SweepInterrupted) else "failed"
         raise
     finally:
+        stack.close()
         if recorded:
             wall = time.perf_counter() - start
             store.update_sweep(

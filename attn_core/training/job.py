@@ -3,8 +3,8 @@ dashboard, a worker process: :mod:`attn_core.training.worker`) that never touche
 publishes immutable :class:`Snapshot` s (step, losses, metrics, spectra, a probe pattern) under a
 lock; the Retrain page and ``attn-lab retrain`` poll them. Stop and pause are events checked
 between steps; the step loop and the saving of the run are :mod:`attn_core.training.record`'s;
-what is measured and logged is :mod:`attn_core.training.telemetry`'s (see docs/architecture.md,
-"Live retraining")."""
+what is measured and logged is :mod:`attn_core.training.telemetry`'s, on the heads that matter
+(:mod:`attn_core.training.job_measures`; docs/architecture.md, "Live retraining")."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from attn_core.runs import RunStore
 from attn_core.sources import resolve
 from attn_core.tasks import get_task
 from attn_core.text.retrain import Retraining
-from attn_core.training import checkpoints, telemetry, worker
+from attn_core.training import checkpoints, job_measures, telemetry, worker
 from attn_core.training.config import JobConfig
 from attn_core.training.queue import SLOTS, JobSlots, queued_message
 from attn_core.training.record import Outcome, RunRecorder, error_text, job_card, measure_final, record_run
@@ -31,7 +31,7 @@ from attn_core.training.trainer import EVAL_SEED_OFFSET, Trainer, init_model
 SCRATCH_PREFIX = "scratch:"  # source "scratch:<preset>" trains the preset's model from its init
 # the snapshot fields read from the job's state as they are
 SNAPSHOT_STATE = ("status", "message", "step", "elapsed_s", "train_s", "step_s", "before", "after")
-SNAPSHOT_STATE += ("probe_pattern", "probe_step", "probe_head")
+SNAPSHOT_STATE += ("probe_pattern", "probe_step", "probe_head", "workers")
 PAUSED_POLL_S = 0.1  # a paused job looks for a newly watched head this often
 
 
@@ -42,10 +42,14 @@ class TrainingJob:
     ``start()`` it (``process=True``: in a worker process) and poll ``snapshot()``; ``pause()``,
     ``resume()`` and ``stop()`` act between steps. ``run()`` trains in the calling thread. The
     run is saved in the run store (unless ``store=False``): completed, stopped, diverged (the
-    last good weights kept) or failed. Two jobs never share state: each loads its own parent."""
+    last good weights kept) or failed. Two jobs never share state: each loads its own parent.
 
-    def __init__(self, cfg: JobConfig, store=None, slots: JobSlots | None = None):
-        self.cfg = cfg
+    ``cfg.workers`` set: ``start()`` and ``run()`` train the job on Ray Train workers
+    (:mod:`attn_core.distributed`; this side holds no weights, as with a worker process); ``dist``
+    makes this job one rank of such a run (what the workers build)."""
+
+    def __init__(self, cfg: JobConfig, store=None, slots: JobSlots | None = None, dist=None):
+        self.cfg, self.dist = cfg, dist
         self.slots = slots if slots is not None else SLOTS
         self._ticket: int | None = None
         self.store = None if store is False else (store if store is not None else RunStore())
@@ -61,9 +65,10 @@ class TrainingJob:
         self.penalty = R.build_penalty(cfg.regularizers, model, cfg.heads, rows=cfg.penalty_rows, seed=cfg.seed)
         self.train_cfg = cfg.train_config(parent_card.train)
         penalty = self.retraining.penalty(model, self.penalty, start_alpha)  # --train freezes, --kl adds a term
-        self.trainer = Trainer(
-            model, task, self.train_cfg, penalty=penalty, max_loss=cfg.max_loss, sync_at=self._measured_at
-        )
+        # a rank trains on the device its worker was given; the driver of workers checks on the CPU
+        device = dist.device if dist is not None else ("cpu" if cfg.workers else None)
+        recipe = dict(penalty=penalty, max_loss=cfg.max_loss, sync_at=self._measured_at)
+        self.trainer = Trainer(model, task, self.train_cfg, **recipe, device=device, dist=dist)
         self.model = self.trainer.model
         self.device = self.trainer.device
         self.retraining.start(penalty, self.model)
@@ -94,6 +99,7 @@ class TrainingJob:
             elapsed_s=0.0,
             train_s=0.0,
             step_s=0.0,
+            workers=(),
         )
         self._t0: float | None = None
         self._t_loop = 0.0
@@ -124,14 +130,19 @@ class TrainingJob:
         return self.recorder.run_id
 
     # --- control (any thread) -------------------------------------------------------------------
-    def start(self, process: bool = False, threads: int | None = 1) -> TrainingJob:
+    def start(self, process: bool = False, threads: int | None = 1, address: str | None = None) -> TrainingJob:
         """Train in a worker thread, once this process's line of jobs (``training.queue``) lets
         it: until then its status is ``queued`` and its message says how many jobs are ahead.
         With ``process``, train in a worker process (``threads`` torch threads there; None: torch's
-        default) that this thread follows (:mod:`attn_core.training.worker`)."""
+        default) that this thread follows (:mod:`attn_core.training.worker`); with ``cfg.workers``,
+        on Ray Train workers (``address``: the cluster to join, as ``attn-lab sweep`` takes it)."""
         if self._thread is not None or self._state["status"] != "pending":
             raise RuntimeError("this job has already been started; build a new one to train again")
-        if process:  # the worker trains it; this side keeps no weights (worker.Remote)
+        if self.cfg.workers and self.dist is None:  # Ray Train's workers train it; this side keeps no weights
+            from attn_core.distributed.remote import RayRemote
+
+            self.remote = RayRemote(self, address)
+        elif process:  # the worker trains it; this side keeps no weights (worker.Remote)
             self.remote = worker.Remote(self, threads)
         self._ticket = self.slots.ticket()
         ahead = self.slots.ahead(self._ticket)
@@ -141,11 +152,15 @@ class TrainingJob:
         self._thread.start()
         return self
 
-    def run(self) -> dict:
-        """Train in this thread until the run ends; returns :meth:`result`."""
+    def run(self, address: str | None = None) -> dict:
+        """Train in this thread until the run ends (on Ray Train workers with ``cfg.workers``);
+        returns :meth:`result`."""
         if self._state["status"] != "pending":
             raise RuntimeError("this job has already been started; build a new one to train again")
-        self._run_safely()
+        if self.cfg.workers and self.dist is None:  # this thread follows the workers' run
+            self.start(address=address).join()
+        else:
+            self._run_safely()
         return self.result()
 
     def stop(self) -> None:
@@ -266,34 +281,18 @@ class TrainingJob:
         self.recorder.log(step, values)
         self._state["latest"].update(values)
 
+    # what the job measures, on the heads that matter: attn_core.training.job_measures
     def _telemetry(self, step: int) -> None:
-        heads = self.penalty.regularized_heads
-        self._record(step, telemetry.telemetry_row(self.model, self.probe.tokens, heads, self.cfg.precision))
-        self._watched_pattern(step)
+        job_measures.record_telemetry(self, step)
 
     def _watched_pattern(self, step: int) -> None:
-        """The watched head's probe pattern with the weights of ``step`` (nothing when unwatched)."""
-        watched = self._watch
-        if watched is not None:
-            pattern = telemetry.probe_pattern(self.model, self.probe.tokens[0], *watched)
-            self._state.update(probe_pattern=pattern, probe_step=step, probe_head=watched)
+        job_measures.watched_pattern(self, step)
 
     def _spectra(self, step: int) -> None:
-        # rotary: sigma_1(B(delta)) of the heads that matter, the watched one first
-        heads = ([self._watch] if self._watch is not None else []) + list(self.penalty.regularized_heads)
-        offsets = telemetry.offsets_row(self.model, heads)
-        self._record(step, {**telemetry.spectra_row(R.spectrum(self.model)), **offsets})
+        job_measures.record_spectra(self, step)
 
     def _measure(self) -> dict:
-        return telemetry.measure(
-            self.model,
-            self.task,
-            self.penalty.regularized_heads,
-            self.cfg.measure_samples,
-            self.cfg.seed,
-            tokens=telemetry.measure_tokens(self.train_cfg, self.task),
-            precision=self.cfg.precision,
-        )
+        return job_measures.measure(self)
 
     def _run_safely(self) -> None:
         if self._ticket is None:
@@ -378,7 +377,9 @@ class TrainingJob:
 
     def _loop(self) -> Outcome:
         if self.checkpoints is not None:  # step 0, into the run's folder (a temporary one without a store)
-            self.checkpoints.start(checkpoints.job_folder(self.store, self.run_id), self.model)
+            files = self.retraining.files  # a text run's tokenizer: its checkpoints can be measured on text at once
+            with self.trainer.view() as model:  # the model, or on rank 0 of an FSDP run its gathered weights
+                self.checkpoints.start(checkpoints.job_folder(self.store, self.run_id), model, files=files)
         self._t_loop = time.perf_counter()
         self._telemetry(0)
         self._spectra(0)
@@ -387,8 +388,9 @@ class TrainingJob:
 
     def _finish(self, outcome: Outcome) -> None:
         after = None
-        try:
-            outcome, after = measure_final(self.trainer, outcome, self._measure)
+        try:  # a failed run on workers is saved at once: its workers are being ended
+            if self.dist is None or outcome.status != "failed":
+                outcome, after = measure_final(self.trainer, outcome, self._measure)
         except Exception as e:
             if not outcome.message:
                 outcome = Outcome(outcome.status, f"could not measure the final weights: {e}")

@@ -303,5 +303,6 @@ def job_card(job, outcome: Outcome, after: dict | None) -> Card:
         entmax_alpha=job.model.cfg.entmax_alpha,
         job=cfg.to_dict(),
         **({"checkpoints": job.checkpoints.listing()} if job.checkpoints is not None else {}),
+        **({"distributed": job.trainer.dist.describe()} if job.trainer.dist is not None else {}),
         **job.retraining.details(job.model, job.task),
     )

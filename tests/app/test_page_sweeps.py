@@ -3,6 +3,7 @@ table and Pareto scatter (colour = regularizer, hover = run id) and opens a tria
 every page; the form launches a sweep on a local Ray (2 CPUs) in a background thread and the page
 follows it to the end."""
 
+import time
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,55 @@ def test_launch_on_local_ray_and_watch():
     sweep = RunStore().list_sweeps()[0]
     assert sweep["status"] == "completed" and sweep["counts"] == {"completed": 2}
     assert list(at.dataframe[0].value["status"]) == ["completed", "completed"]
+
+
+def test_enter_in_a_field_does_not_launch_a_sweep():
+    """The setup is a form: Enter in a number field (λ, steps) would submit it and start minutes of
+    work on every core. Only the button launches (the browser test presses Enter too)."""
+    from streamlit.proto.Block_pb2 import Block
+
+    def forms(node):
+        for child in getattr(node, "children", {}).values():
+            proto = getattr(child, "proto", None)
+            if isinstance(proto, Block) and proto.WhichOneof("type") == "form":
+                yield proto.form
+            yield from forms(child)
+
+    found = list(forms(page(MODEL)._tree))
+    assert [f.form_id for f in found] == ["sweep_setup"] and not found[0].enter_to_submit
+
+
+def test_a_second_sweep_launched_while_one_runs_waits_in_line(monkeypatch):
+    """The launch message says the sweep waits for the one under way (Tune runs one sweep at a
+    time in a process), and the progress line of a queued sweep says queued."""
+    pytest.importorskip("ray")
+    from attn_core.sweep.line import LINE
+
+    ticket = LINE.ticket()  # another sweep of this server holds Tune
+    assert LINE.wait(ticket, lambda: False)
+    try:
+        at = page(MODEL)
+        at.multiselect(key="sweep_regs").set_value(["entropy"])
+        at.number_input(key="sweep_nlam").set_value(1)
+        at.number_input(key="sweep_steps").set_value(2)
+        at.button(key="sweep_go").click().run()
+        assert not at.exception and not at.error, [e.value for e in at.error]
+        assert any("launched" in s.value and "waits in line" in s.value for s in at.success)
+        sweep_id = RunStore().list_sweeps()[0]["id"]
+        deadline = time.monotonic() + 60
+        while not RunStore().get_sweep(sweep_id)["message"].startswith("queued:"):
+            assert time.monotonic() < deadline, "the sweep never said it waits"
+            time.sleep(0.1)
+        at.run()
+        assert "queued" in at.get("progress")[0].proto.text
+        assert any("queued: 1 sweep of this process ahead" in c.value for c in at.caption)
+        state = next(iter(at.session_state["sweeps_launched"].values()))
+        assert state["thread"].is_alive()  # waiting, not failed
+    finally:
+        LINE.release(ticket)
+    state["thread"].join(180)
+    assert not state["thread"].is_alive() and state["error"] is None, state["error"]
+    assert RunStore().get_sweep(sweep_id)["status"] == "completed"
 
 
 def test_the_model_swept_is_the_model_picked_everywhere():

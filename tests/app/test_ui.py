@@ -1,4 +1,4 @@
-"""ui.py: uploads validated like the zoo and kept only inside the data directory, the picker's
+"""ui (the package): uploads validated like the zoo and kept only inside the data directory, the picker's
 entries (zoo, runs, uploads), remembered widget values and URL parameters that fall back with a
 message, and the download callables."""
 
@@ -13,6 +13,7 @@ from attn_core.figures import ExportError, Plot
 from attn_core.sources import resolve
 from attn_core.training.config import JobConfig
 from attn_core.training.job import TrainingJob
+from ui import plots as ui_plots
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "app.py")
@@ -199,14 +200,14 @@ def test_download_callables_make_the_file_or_say_why_not(monkeypatch):
     import plotly.graph_objects as go
 
     plot = Plot("p", go.Figure(go.Bar(x=[1, 2], y=[3, 4])), pd.DataFrame({"x": [1, 2], "y": [3, 4]}))
-    assert ui._export_or_message(plot, "csv") == b"x,y\n1,3\n2,4\n"
-    assert ui._export_or_message(plot, "html").lower().startswith(b"<!doctype html>")
+    assert ui_plots._export_or_message(plot, "csv") == b"x,y\n1,3\n2,4\n"
+    assert ui_plots._export_or_message(plot, "html").lower().startswith(b"<!doctype html>")
 
     def no_browser(*args, **kwargs):
         raise ExportError("PNG/SVG export needs a Chromium browser")
 
-    monkeypatch.setattr(ui, "export_bytes", no_browser)
-    assert b"needs a Chromium browser" in ui._export_or_message(plot, "png")
+    monkeypatch.setattr(ui_plots, "export_bytes", no_browser)
+    assert b"needs a Chromium browser" in ui_plots._export_or_message(plot, "png")
 
 
 # --- every zoo model on every model page -----------------------------------------------------------

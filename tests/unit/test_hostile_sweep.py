@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 from attn_core import checkpoint
 from attn_core.cli import app
+from attn_core.cluster.watchdog import descendants
 from attn_core.runs import RunStore
-from attn_core.sweep.watchdog import descendants
 from tests.conftest import make_tiny_model
 
 ray = pytest.importorskip("ray")
@@ -91,7 +91,7 @@ def local_ray():
 
 @pytest.mark.parametrize("user", [None, "1"])
 def test_ray_usage_statistics_are_off_unless_the_user_sets_them(local_ray, monkeypatch, user):
-    from attn_core.sweep.ray_backend import USAGE_STATS_ENV, ray_session
+    from attn_core.cluster import USAGE_STATS_ENV, ray_session
 
     if user is None:
         monkeypatch.delenv(USAGE_STATS_ENV, raising=False)
@@ -243,7 +243,7 @@ def test_the_watchdog_ends_the_sweeps_ray_and_no_other_child_of_the_driver(tmp_p
     """The driver may be the dashboard's server, whose other children (a live training job's
     worker process, kaleido's browser) must outlive a sweep: the watchdog ends Ray's processes
     (and what runs below them) only. It used to kill every child of the driver as a sweep ended."""
-    from attn_core.sweep import watchdog
+    from attn_core.cluster import watchdog
 
     ray_dir = tmp_path / "site-packages" / "ray"
     ray_dir.mkdir(parents=True)

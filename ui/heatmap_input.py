@@ -1,0 +1,124 @@
+"""The Heatmaps page's input and query: a task sample, random tokens or typed text/tokens, the
+query position (moved to the last token when the input changes) and k of the top-k metric, all
+written into the URL."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import streamlit as st
+
+from attn_core import bilinear
+from attn_core.bilinear import position_labels
+from attn_core.sources import LoadedModel
+from attn_core.text import source as text_source
+from ui.markup import plain
+from ui.state import follow_input, remember, to_url
+
+SOURCES = {"sample": "task sample", "random": "random tokens", "typed": "typed tokens"}
+DEFAULT_LENGTH = 1024  # random tokens by default: the context, at most this many (and what the limits allow)
+
+
+@dataclass(frozen=True)
+class Input:
+    """The tokens the page looks at, their labels (position:token), the query and k."""
+
+    source: str  # a key of SOURCES
+    tokens: list[int]
+    labels: list[str]
+    query: int
+    k: int
+
+    @property
+    def long(self) -> bool:
+        """A long input: the scores stay on the server; the browser gets a window, the top keys and an overview."""
+        return len(self.tokens) > bilinear.LONG_INPUT
+
+
+def _tokens(loaded: LoadedModel, source: str) -> tuple[list[int], int | None]:
+    """The input's tokens and its seed (None for typed input), from the widgets of ``source``."""
+    cfg = loaded.config
+    if source == "typed" and bilinear.tokenizer(loaded) is not None:
+        text = st.text_input(
+            "Text",
+            key=remember("typed_text", "The cat sat on the mat. The cat sat"),
+            help=f"Any text, split into tokens by the model's tokenizer.json (at most {cfg.n_ctx} tokens)",
+        )
+        return bilinear.encode(loaded, text), None
+    if source == "typed":
+        names = bilinear.token_names(loaded)
+        text = st.text_input(
+            "Tokens (space-separated)",
+            key=remember("typed", " ".join(names[: min(8, len(names))])),
+            help=f"Token names of the vocabulary (or ids), at most {cfg.n_ctx} tokens",
+        )
+        return bilinear.encode(loaded, text), None
+    s_col, l_col = st.columns(2)
+    seed = int(
+        s_col.number_input(
+            "Seed",
+            min_value=0,
+            max_value=2**31 - 1,
+            step=1,
+            key=remember("input_seed", 0, range(2**31), param="seed"),
+            help="Seed of the sample / the random tokens: the same seed gives the same input",
+        )
+    )
+    if source == "sample":
+        return text_source.sample_tokens(loaded, seed), seed  # a run on text: a held-out block of it
+    longest = max(2, bilinear.longest_input(loaded.model))  # the context, cut to the memory limit
+    length = l_col.number_input(
+        "Length",
+        min_value=2,
+        max_value=longest,
+        step=1,
+        key=remember("random_length", min(longest, DEFAULT_LENGTH), range(2, longest + 1), param="length"),
+        help=f"Number of tokens, 2..{longest}"
+        + (f" (the context is {cfg.n_ctx}; the memory limit allows {longest})" if longest < cfg.n_ctx else ""),
+    )
+    return bilinear.random_tokens(loaded, seed, int(length)), seed
+
+
+def pick_input(loaded: LoadedModel) -> Input:
+    """The input's widgets, then the query slider and k; stops the page with one line when the
+    input does not work."""
+    c_source, c_input = st.columns([3, 5])
+    choices = [s for s in SOURCES if s != "sample" or text_source.has_sample(loaded)]  # a run on text: held-out text
+    source = c_source.radio(
+        "Input",
+        choices,
+        format_func=SOURCES.get,
+        horizontal=True,
+        key=remember("input", choices[0], choices, param="input"),
+        help="A held-out sample of the model's task, uniform random tokens, or your own tokens",
+    )
+    with c_input:
+        try:
+            tokens, seed = _tokens(loaded, source)
+            bilinear.check_tokens(loaded.model, tokens)  # a view of this input fits the limits, or one line here
+        except ValueError as e:
+            st.error(f"This input does not work: {plain(e)}")
+            st.stop()
+    labels = position_labels(loaded, tokens)
+    queries = range(len(labels))
+    # New typed text, another length or another model moves the query to the last token (where the next
+    # token is predicted); another seed of the same length keeps it (the same position, compared across samples).
+    follow_input("query", (loaded.key, source, tokens if source == "typed" else len(tokens)), queries[-1])
+    c_query, c_k = st.columns([5, 1])
+    query = c_query.select_slider(
+        "Query position i",
+        options=list(queries),
+        key=remember("query", queries[-1], queries, param="query"),
+        format_func=lambda q: labels[q],
+        help="x = X[i], the attention input at position i (position:token); its row of S and A is outlined",
+    )
+    k = c_k.number_input(
+        "k (top-k)",
+        min_value=1,
+        max_value=len(labels),
+        step=1,
+        key=remember("topk", 1, range(1, len(labels) + 1)),
+        help="k of the top-k mass metric",
+    )
+    to_url(input=source, query=query, seed=seed, length=len(tokens) if source == "random" else None)
+    return Input(source, tokens, labels, query, int(k))
