@@ -91,6 +91,8 @@ def _listen(job, channel, done: threading.Event) -> None:
                 job.pause()
             elif command == "resume":
                 job.resume()
+            elif command == "watch":  # the head the Retrain page draws: its probe pattern only
+                job.watch(*args)
 
 
 def _keepalive(dp, done: threading.Event) -> None:
