@@ -321,12 +321,12 @@ def combos(args, shape: dict, folder: Path, text: Path) -> list[dict]:
     common = dict(device=args.device, threads=args.threads, warmup=args.warmup,
                   precision="bf16" if cuda else "fp32")  # fmt: skip
     out = []
-    for model in ("imported", "zoo"):
+    for model in args.models:
         src = dict(source=str(folder), text=str(text), block=shape["block"], batch=shape["batch"], steps=args.steps)
         if model == "zoo":
             src = dict(source=ZOO, text=None, block=None, batch=shape["zoo_batch"], steps=args.steps)
         for mode in args.modes:
-            for penalty in ("", PENALTY):
+            for penalty in args.penalties:
                 if args.quick and model == "zoo" and penalty:  # the smoke run: each path once
                     continue
                 out.append(dict(common, **src, model=model, mode=mode, compile=mode == "compiled", penalty=penalty))
@@ -403,6 +403,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5, help="steps left out of the loop rates")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of every process (CPU)")
     ap.add_argument("--modes", default="eager,compiled", help="eager, compiled or both")
+    ap.add_argument("--models", default="imported,zoo", help="imported, zoo or both")
+    ap.add_argument("--penalties", default="none,every-head", help="none (no penalty), every-head or both")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--quick", action="store_true", help="tiny shapes, eager, 1 repeat, nothing saved")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -420,6 +422,14 @@ def main() -> None:
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not args.modes or any(m not in ("eager", "compiled") for m in args.modes):
         ap.error("--modes takes eager, compiled or both")
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if not args.models or any(m not in ("imported", "zoo") for m in args.models):
+        ap.error("--models takes imported, zoo or both")
+    penalties = {"none": "", "every-head": PENALTY}
+    names = [p.strip() for p in args.penalties.split(",") if p.strip()]
+    if not names or any(p not in penalties for p in names):
+        ap.error("--penalties takes none, every-head or both")
+    args.penalties = [penalties[p] for p in names]
     shape = CUDA if cuda else (CPU_QUICK if args.quick else CPU)
     if args.quick:
         if cuda:
@@ -449,6 +459,9 @@ def main() -> None:
                     full = dict(spec, loop=loop, store=str(store))
                     res = measure_command(full, args, store) if loop == "command" else measure_loop(full, args, store)
                     runs[key(spec)][loop].append(res)
+                    rate = res.get("steps_per_cpu_s", res.get("steps_per_s"))
+                    print(f"  {key(spec)}, {loop}: {rate:.2f} steps/{'CPU-' if 'steps_per_cpu_s' in res else ''}s, "
+                          f"process {res['process_wall_s']:.1f} s wall, {res['process_cpu_s']:.1f} s CPU", flush=True)  # fmt: skip
                 print(f"repeat {r + 1}: {key(spec)} done (load {os.getloadavg()[0]:.1f})", flush=True)
     summary = summarize(runs)
     show(summary, cuda)
@@ -457,7 +470,7 @@ def main() -> None:
     result = dict(
         benchmark="job_vs_loop", device=torch.cuda.get_device_name() if cuda else "cpu", shape=shape,
         steps=args.steps, warmup=args.warmup, repeats=args.repeats, modes=args.modes, penalty=PENALTY,
-        zoo=ZOO, summary=summary, runs=runs, load_average_start=load_start, created=time.strftime("%Y-%m-%d %H:%M:%S"),
+        zoo=ZOO, summary=summary, runs=runs, load_average_start=load_start, load_average_end=os.getloadavg(), models=args.models, penalties=args.penalties, created=time.strftime("%Y-%m-%d %H:%M:%S"),
         **record.environment(),
     )  # fmt: skip
     result["threads"] = args.threads  # the measuring processes' torch threads

@@ -542,3 +542,23 @@ def test_a_text_run_draws_its_batches_on_the_host_and_trains_on_meta(hf_llama):
     for _ in range(2):
         on_meta(trainer.step)
     assert trainer.step_index == 2 and all_meta(list(trainer.model.parameters()))
+
+
+@pytest.mark.parametrize("kind", ["entropy", "hoyer", "topk"])
+def test_a_fused_blocks_arithmetic_runs_on_meta(kind):
+    """What a fused block of the row penalties computes on a GPU (regularizers/softmax_rows.py's
+    forward_block and backward_block, compiled there): a block's own rows, its visibility mask and
+    its row numbers are made on the device of Q and K (here eagerly on meta, under SameDevice)."""
+    from attn_core.regularizers import softmax_rows as sr
+
+    q, k = (torch.randn(2, 3, 40, 8, device=META) for _ in range(2))
+    positions = torch.arange(40, device=META)
+    key_mask = torch.ones(2, 40, dtype=torch.bool, device=META)
+    n = torch.full((2, 1, 16), 20.0, device=META)
+    inputs = on_meta(lambda: sr.block_inputs(q, k, 16, 32, 0, 32, positions, key_mask))
+    assert all_meta([t for t in inputs if t is not None]) and inputs[0].shape == (2, 3, 16, 8)
+    value, stats = on_meta(lambda: sr.forward_block(*inputs, 0.5, 0, kind, n, 2))
+    assert value.shape == (2, 3, 16) and all_meta([value, *stats])
+    g = torch.ones(2, 3, 16, device=META)
+    P, c = on_meta(lambda: sr.backward_block(*inputs, 0.5, 4, kind, n, g, list(stats), 2))
+    assert P.shape == (2, 3, 16, 32) and c.shape == (2, 3, 16, 1) and all_meta([P, c])
