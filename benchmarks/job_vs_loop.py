@@ -447,9 +447,15 @@ def main() -> None:
         model_folder(folder, shape, text)
         specs = combos(args, shape, folder, text)
         # tokenize once into the store's cache (as the CLI's first run would): every loop finds it
-        subprocess.run([sys.executable, "-c", "from attn_core.text.source import prepare_text; from attn_core.runs "
-                        f"import RunStore; prepare_text({str(folder)!r}, {str(text)!r}, store=RunStore())"],
-                       env=_env(args, store), check=True)  # fmt: skip
+        if args.quick:  # the smoke run: in this process (a process of its own costs seconds of imports)
+            from attn_core.runs import RunStore
+            from attn_core.text.source import prepare_text
+
+            prepare_text(str(folder), str(text), store=RunStore(store))
+        else:
+            subprocess.run([sys.executable, "-c", "from attn_core.text.source import prepare_text; from attn_core.runs "
+                            f"import RunStore; prepare_text({str(folder)!r}, {str(text)!r}, store=RunStore())"],
+                           env=_env(args, store), check=True)  # fmt: skip
         # the smoke run starts the command once (a process of its own costs seconds of imports)
         loops_of = {key(s): LOOPS if not args.quick or i == 0 else LOOPS[:-1] for i, s in enumerate(specs)}
         runs: dict = {key(s): {loop: [] for loop in loops_of[key(s)]} for s in specs}
