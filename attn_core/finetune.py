@@ -23,6 +23,7 @@ parameter with the model (no copy) and holds its own copy of the trainable ones.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 
 import torch
@@ -30,7 +31,7 @@ import torch
 from attn_core.hooks import Cache, act_name
 from attn_core.model import Transformer
 from attn_core.training.config import TRAIN
-from attn_core.training.device import autocast, autocast_dtype
+from attn_core.training.device import autocast_args, autocast_dtype
 
 QK_PARAMS = ("W_Q", "W_K", "b_Q", "b_K", "W_QK")
 ATTN_PARAMS = QK_PARAMS + ("W_V", "b_V", "W_O", "b_O")
@@ -98,14 +99,17 @@ class KLPenalty:
         self.entmax_alpha = entmax_alpha
         self.reads = (act_name("resid_post", cfg.n_layers - 1),)
         self.reference: Transformer | None = None
+        self._amp: tuple | None = None  # (device type, dtype) of the reference's autocast, from start()
 
     def cache(self) -> Cache:
         """The forward cache it reads: the last block's residual stream."""
         return Cache(self.reads)
 
     def start(self, model: Transformer) -> None:
-        """Take ``model``'s weights now as the starting model (frozen ones shared, not copied)."""
+        """Take ``model``'s weights now as the starting model (frozen ones shared, not copied),
+        and its device's autocast (asked here, outside a compiled step: it is not traceable)."""
         self.reference = frozen_copy(model, self.entmax_alpha)
+        self._amp = autocast_args(next(model.parameters()).device, self.autocast)
 
     def __call__(self, model: Transformer, batch, cache: dict | None) -> dict[str, torch.Tensor]:
         if self.reference is None:
@@ -114,7 +118,8 @@ class KLPenalty:
         if cache is None or name not in cache:
             raise ValueError(f"the KL term reads {name} from the forward's cache; the trainer passed none")
         resid = cache[name]
-        with torch.no_grad(), autocast(resid.device, self.autocast):
+        amp = contextlib.nullcontext() if self._amp is None else torch.autocast(self._amp[0], dtype=self._amp[1])
+        with torch.no_grad(), amp:
             ref_logp = log_softmax_(self.reference(batch.tokens).float())  # its logits' storage
         logits = torch.addmm(model.unembed.b_U, model.ln_final(resid).flatten(0, -2), model.unembed.W_U)
         return {KL_TERM: self.strength * mean_kl(logits, ref_logp.flatten(0, -2))}

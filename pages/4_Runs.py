@@ -13,6 +13,7 @@ from attn_core import runs as rs
 from attn_core.card import Card
 from attn_core.figures import bilinear as fb
 from attn_core.figures import training as ft
+from attn_core.text import source as text_source
 
 MAX_SIDE = 2  # panels per row when runs are compared side by side (a third of the page is too narrow to read)
 sequence_view = ui.cached(bilinear.sequence_view)
@@ -193,13 +194,16 @@ side_by_side(chosen, draw_spectra)
 # --- heatmaps side by side ---------------------------------------------------------------------------------
 st.header("One head, side by side")
 models = parents + [rs.RUN_PREFIX + i for i in chosen if by_id[i]["has_weights"]]
-first = None
-for name in models:  # the first model that loads sets the layers, heads and input
+first = sampled = None
+for name in models:  # the first model that loads sets the layers and heads; the first with a held-out input, the input
     try:
-        first = ui.load_model(name)
-        break
+        loaded_model = ui.load_model(name)
     except (ValueError, OSError):  # said below, beside the other runs
         continue
+    first = first or loaded_model
+    if text_source.has_sample(loaded_model):  # its task, or a run's held-out text (an imported parent has none)
+        sampled = loaded_model
+        break
 if first is None:
     st.info(
         "None of the chosen runs has weights (failed runs keep none) and no parent model can be loaded, "
@@ -219,7 +223,7 @@ seed = c_seed.number_input(
     help="Seed of the held-out task sample every model reads",
 )
 try:
-    tokens = bilinear.sample_tokens(first, int(seed))
+    tokens = text_source.sample_tokens(sampled or first, int(seed))
 except ValueError as e:
     st.error(f"No common input: {e}")
     st.stop()

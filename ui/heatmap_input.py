@@ -11,6 +11,7 @@ import streamlit as st
 from attn_core import bilinear
 from attn_core.bilinear import position_labels
 from attn_core.sources import LoadedModel
+from attn_core.text import source as text_source
 from ui.markup import plain
 from ui.state import follow_input, remember, to_url
 
@@ -64,7 +65,7 @@ def _tokens(loaded: LoadedModel, source: str) -> tuple[list[int], int | None]:
         )
     )
     if source == "sample":
-        return bilinear.sample_tokens(loaded, seed), seed
+        return text_source.sample_tokens(loaded, seed), seed  # a run on text: a held-out block of it
     longest = max(2, bilinear.longest_input(loaded.model))  # the context, cut to the memory limit
     length = l_col.number_input(
         "Length",
@@ -82,7 +83,7 @@ def pick_input(loaded: LoadedModel) -> Input:
     """The input's widgets, then the query slider and k; stops the page with one line when the
     input does not work."""
     c_source, c_input = st.columns([3, 5])
-    choices = [s for s in SOURCES if s != "sample" or loaded.task is not None]
+    choices = [s for s in SOURCES if s != "sample" or text_source.has_sample(loaded)]  # a run on text: held-out text
     source = c_source.radio(
         "Input",
         choices,

@@ -296,17 +296,20 @@ def live_views(watch: Watch) -> None:
         )
         show_plot(plot, key="live_entropy", downloads=snap.done)
     with right:
-        if snap.probe_pattern is not None:
+        if current is not None:
+            current.watch(layer, head)  # the job computes this head's probe pattern, and no other
+        pattern = snap.pattern_of(layer, head) if current is None else current.pattern(layer, head)
+        if pattern is not None:
             plot = live_chart(
                 "pattern",
                 (version, snap.probe_step, layer, head),
-                lambda: ft.probe_pattern_plot(snap.probe_pattern, snap.probe_tokens, layer, head, snap.probe_step),
+                lambda: ft.probe_pattern_plot(pattern, snap.probe_tokens, layer, head, snap.probe_step),
             )
         else:  # the same chart in the same place until the first probe is measured
             plot = ft.waiting_plot(
                 f"probe_pattern_L{layer}H{head}", f"Attention of L{layer}H{head} on the probe input", "measuring…"
             )
-        show_plot(plot, key="live_pattern", downloads=snap.done and snap.probe_pattern is not None)
+        show_plot(plot, key="live_pattern", downloads=snap.done and pattern is not None)
     spectra = select_keys(log, ("sigma", "stable_rank"), layer, head)
     if len(spectra):
         plot = live_chart(

@@ -77,20 +77,51 @@ def offset_spectrum(model: Transformer, layer: int, head: int, offsets=None, k: 
     return pd.DataFrame(rows)
 
 
+@torch.no_grad()
+def sigma1_offsets(model: Transformer, heads, offsets=None) -> torch.Tensor:
+    """sigma_1(B(delta)) of each of ``heads`` ((layer, head) pairs) at every delta of ``offsets``
+    (default :func:`default_offsets`), [len(heads), len(offsets)] float32 on the model's device.
+    Batched: with W_Q / sqrt(d_qk) = Q_l R_l and W_K = Q_r R_r (one QR per layer, every head of it
+    at once), B(delta) = Q_l (R_l R(delta) R_r^T) Q_r^T has the singular values of the small core
+    R_l R(delta) R_r^T, and one ``svdvals`` call takes the cores of every head and offset."""
+    check_rotary(model, "sigma1_offsets")
+    offsets = _check_offsets(model, default_offsets(model) if offsets is None else offsets)
+    heads = [(check_layer(model, l), check_heads(model, h)[0]) for l, h in heads]
+    if not heads:
+        return torch.empty(0, len(offsets), device=model.embed.W_E.device)
+    by_layer: dict[int, list[int]] = {}
+    for l, h in heads:
+        by_layer.setdefault(l, []).append(h)
+    cores, order = [], []
+    for layer, hs in by_layer.items():
+        base = layer_form(model, layer)[hs]  # left W_Q / sqrt(d_qk), right W_K: [n, d, w]
+        _, Rl = torch.linalg.qr(base.left.float())
+        _, Rr = torch.linalg.qr(base.right.float())
+        R = offset_rotation(model.cfg, torch.tensor(offsets), base.left.shape[-1]).to(Rl)  # [O, w, w]
+        cores.append(Rl[:, None] @ R[None] @ Rr[:, None].transpose(-1, -2))  # [n, O, r, r]
+        order += [(layer, h) for h in hs]
+    r = max(c.shape[-1] for c in cores)  # grown layers are wider: zero padding adds no singular value
+    cores = [torch.nn.functional.pad(c, (0, r - c.shape[-1], 0, r - c.shape[-2])) for c in cores]
+    sigma1 = torch.linalg.svdvals(torch.cat(cores))[..., 0]  # [n heads, O]
+    return sigma1[torch.tensor([order.index(lh) for lh in heads], device=sigma1.device)]
+
+
+def sigma1_summaries(model: Transformer, heads, offsets=None) -> list[dict]:
+    """For each of ``heads``: sigma_1(B(delta)) over ``offsets`` (default :func:`default_offsets`)
+    at delta = 0 (the un-rotated form) and its min, mean and max over the offsets (a run's
+    measurement and live telemetry of rotary heads), from :func:`sigma1_offsets`, read in one copy."""
+    offsets = default_offsets(model) if offsets is None else [int(o) for o in offsets]
+    extra = [] if 0 in offsets else [0]  # B(0) is measured beside offsets that leave it out
+    sigma1 = sigma1_offsets(model, heads, extra + offsets)
+    at_0, sigma1 = sigma1[:, (extra + offsets).index(0)], sigma1[:, len(extra) :]
+    table = torch.stack([at_0, sigma1.amin(-1), sigma1.mean(-1), sigma1.amax(-1)], -1).cpu().tolist()
+    keys = ("sigma1_at_0", "sigma1_min", "sigma1_mean", "sigma1_max")
+    return [{**dict(zip(keys, row)), "offsets": len(offsets)} for row in table]
+
+
 def sigma1_summary(model: Transformer, layer: int, head: int, offsets=None) -> dict:
-    """sigma_1(B(delta)) of one head over ``offsets`` (default :func:`default_offsets`): at
-    delta = 0 (the un-rotated form) and its min, mean and max over the offsets (a run's
-    measurement and live telemetry of rotary heads)."""
-    offsets = default_offsets(model) if offsets is None else offsets
-    with torch.no_grad():
-        sigma1 = offset_form(model, layer, head, offsets).singular_values[:, 0].float()
-    return {
-        "sigma1_at_0": float(sigma1[0]),
-        "sigma1_min": float(sigma1.min()),
-        "sigma1_mean": float(sigma1.mean()),
-        "sigma1_max": float(sigma1.max()),
-        "offsets": len(offsets),
-    }
+    """:func:`sigma1_summaries` of one head."""
+    return sigma1_summaries(model, [(layer, head)], offsets)[0]
 
 
 def reference_spectra(model: Transformer, layer: int, head: int, k: int = 8) -> pd.DataFrame:

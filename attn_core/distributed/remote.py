@@ -139,6 +139,8 @@ class RayRemote:
             self.tell("stop", job._stop_reason)
         elif not job._go.is_set():
             self.tell("pause")
+        if job._watch is not None:  # a head watched while Ray started
+            self.tell("watch", *job._watch)
         storage = os.environ.get(STORAGE_ENV) or tempfile.mkdtemp(prefix="attn-lab-train-")
         config = {
             "job_class": type(job),

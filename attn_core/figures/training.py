@@ -256,12 +256,13 @@ def spectra_before_after_plot(
 
 
 def probe_pattern_plot(pattern, tokens: Sequence[str], layer: int, head: int, step: int | None = None) -> Plot:
-    """Heatmap of one head's attention on the job's fixed probe input (``Snapshot.probe_pattern``
-    [n_layers, n_heads, T, T] and ``probe_tokens``)."""
+    """Heatmap of one head's attention on the job's fixed probe input: ``pattern`` that head's
+    [T, T] (``TrainingJob.pattern``, ``Snapshot.pattern_of``) or every head's [n_layers, n_heads,
+    T, T] (a preview's ``probe_pattern``), and ``probe_tokens``."""
     A = np.asarray(pattern)
-    if not (0 <= layer < A.shape[0] and 0 <= head < A.shape[1]):
+    if A.ndim == 4 and not (0 <= layer < A.shape[0] and 0 <= head < A.shape[1]):
         raise ValueError(f"head L{layer}H{head} is outside this model's {A.shape[0]} layers x {A.shape[1]} heads")
-    z = A[layer, head]
+    z = A[layer, head] if A.ndim == 4 else A
     T = z.shape[-1]
     z = np.where(np.tril(np.ones((T, T), dtype=bool)), z, np.nan)
     labels = [f"{p}:{t}" for p, t in enumerate(tokens[:T])]

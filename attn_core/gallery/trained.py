@@ -32,6 +32,7 @@ def retrain_and_runs(m: LoadedModel, quick: bool, store: RunStore) -> Iterator[E
             telemetry_every=5, spectrum_every=5, device="cpu",
         )  # fmt: skip
         job = TrainingJob(cfg, store=store)
+        job.watch(1, 0)  # the Retrain page's watched head: its probe pattern is computed
         ids.append(job.run()["run_id"])
         snaps.append(job.snapshot())
     snap, page = snaps[0], f"Retrain · {m.name}"
@@ -41,7 +42,7 @@ def retrain_and_runs(m: LoadedModel, quick: bool, store: RunStore) -> Iterator[E
     yield Entry(
         page,
         "attention on the probe input",
-        ft.probe_pattern_plot(snap.probe_pattern, snap.probe_tokens, 1, 0, snap.probe_step),
+        ft.probe_pattern_plot(snap.pattern_of(1, 0), snap.probe_tokens, 1, 0, snap.probe_step),
         HALF,
     )
     yield Entry(page, "singular values over training", ft.spectrum_history_plot(log, "L1H0"), FULL)

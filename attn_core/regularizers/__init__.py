@@ -38,9 +38,11 @@ Split by concern (docs/architecture.md):
   blocks (``row_values``, ``head_means``: exact, or the unbiased sampled-rows estimate), so that
   no [batch, heads, T, T] pattern is kept for backward (docs/maths.md);
 - ``penalty``: the differentiable values (``regularizer_value`` and its row and spectrum parts),
-  :class:`ConcentrationPenalty` (with the forward cache it reads, ``cache()``) and
-  ``build_penalty``, the per-head concentration summaries (``data_concentration``,
-  ``vocab_concentration``, ``spectrum``) and ``with_entmax``.
+  :class:`ConcentrationPenalty` (with the forward cache it reads, ``cache()``),
+  ``build_penalty`` and ``with_entmax``;
+- ``summaries``: the per-head summaries a run measures (``data_concentration``,
+  ``vocab_concentration``: mean entropy and top-1 mass from Q and K in blocks of rows,
+  ``row_summaries``; ``spectrum``).
 """
 
 from attn_core import lazy
@@ -54,18 +56,23 @@ __getattr__, __dir__ = lazy.exports(
         "penalty": (
             "ConcentrationPenalty",
             "build_penalty",
-            "data_concentration",
             "data_rows",
             "data_values",
             "layer_singular_values",
             "mean_rows",
             "regularizer_value",
-            "spectrum",
-            "vocab_concentration",
             "vocab_rows",
             "with_entmax",
         ),
         "rows": ("ROW_KINDS", "head_means", "row_penalty", "row_values"),
+        "summaries": (
+            "data_concentration",
+            "head_summaries",
+            "qk_cache",
+            "row_summaries",
+            "spectrum",
+            "vocab_concentration",
+        ),
     },
 )
 
@@ -84,13 +91,16 @@ __all__ = [
     "format_heads",
     "head_means",
     "head_label",
+    "head_summaries",
     "layer_singular_values",
     "mean_rows",
     "parse_heads",
     "parse_spec",
     "parse_specs",
+    "qk_cache",
     "regularizer_value",
     "row_penalty",
+    "row_summaries",
     "row_values",
     "spectrum",
     "vocab_concentration",

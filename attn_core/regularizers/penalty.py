@@ -1,32 +1,22 @@
 """The penalties themselves: each regularizer's differentiable value, :class:`ConcentrationPenalty`
-(the Trainer's extra loss terms) and :func:`build_penalty`, the per-head concentration summaries
-of telemetry and before/after, and alpha-entmax attention (see ``attn_core.regularizers``)."""
+(the Trainer's extra loss terms) and :func:`build_penalty`, and alpha-entmax attention (see
+``attn_core.regularizers``; the per-head summaries a run measures are ``summaries``)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
 
-from attn_core import metrics
-from attn_core.bilinear import QKForm, layer_form, model_form, vocab_scores
+from attn_core.bilinear import QKForm, layer_form, vocab_scores
 from attn_core.hooks import Cache, act_name
 from attn_core.model import ModelConfig, Transformer, attention_weights
 from attn_core.regularizers.heads import Heads, all_heads, by_layer, head_label, parse_heads
 from attn_core.regularizers.rows import head_means, row_penalty, samples
 from attn_core.regularizers.specs import RegSpec, SpecsLike, parse_specs
+from attn_core.regularizers.summaries import data_rows, layer_qk, mean_rows
 from attn_core.validate import is_int
-
-
-def mean_rows(values: torch.Tensor, p_shape: torch.Size, mask: torch.Tensor | None) -> torch.Tensor:
-    """Mean over the informative rows (>= 2 visible keys) of ``values`` [b, h, q] or [h, q],
-    one value per head [h] (differentiable)."""
-    valid = metrics.informative_rows(mask, p_shape, device=values.device).expand_as(values).to(values.dtype)
-    if values.dim() == 3:
-        return (values * valid).sum((0, 2)) / valid.sum((0, 2)).clamp_min(1)
-    return (values * valid).sum(-1) / valid.sum(-1).clamp_min(1)
 
 
 def data_values(
@@ -38,36 +28,20 @@ def data_values(
     and K need be cached and the layer keeps its fused attention; a cache that holds only the
     pattern is read densely."""
     cfg = model.cfg
-    q_name, k_name = act_name("q", layer), act_name("k", layer)
-    if q_name in cache and k_name in cache:
-        q, key = cache[q_name], cache[k_name]
-        if list(heads) != list(range(cfg.n_heads)):
-            q, key = q[:, list(heads)], key[:, list(heads)]
-        scale = 1.0  # merged heads: S = Q K^T
-        if cfg.qk == "factored" and cfg.d_qk is None:
-            scale = cfg.d_head**-0.5
-        elif cfg.qk == "factored":  # grown heads: one scale per head, folded into a copy of Q
-            q = q * model.blocks[layer].attn.qk_scale[:, list(heads)].to(q.dtype)
+    qk = layer_qk(model, cache, layer, heads)
+    if qk is not None:
+        q, key, scale = qk
         return head_means(
             q, key, kind, window=cfg.window(layer), topk=k, alpha=cfg.entmax_alpha, scale=scale, **options
         )
     if act_name("pattern", layer) not in cache:
         raise ValueError(
-            f"the forward cache has no {q_name} and {k_name}; run the model with cache=penalty.cache() first"
+            f"the forward cache has no {act_name('q', layer)} and {act_name('k', layer)}; "
+            "run the model with cache=penalty.cache() first"
         )
     A, mask = data_rows(model, cache, layer)
     A = A[:, list(heads)]
     return mean_rows(row_penalty(kind, A, mask, k), A.shape, mask)
-
-
-def data_rows(model: Transformer, cache: dict, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The cached attention pattern of a layer [b, h, T, T] and its causal mask [T, T]."""
-    key = act_name("pattern", layer)
-    if key not in cache:
-        raise ValueError(f"the forward cache has no {key}; run the model with cache={{}} first")
-    A = cache[key]
-    T = A.shape[-1]
-    return A, model.mask(T, model.cfg.window(layer))
 
 
 def vocab_rows(model: Transformer, layer: int, heads: Sequence[int] | None = None) -> torch.Tensor:
@@ -223,47 +197,6 @@ def build_penalty(
         if s.view == "vocab" and cfg.d_vocab > 4096:
             raise ValueError(f"{s.name!r} forms a d_vocab x d_vocab view per head; {cfg.d_vocab} tokens is too many")
     return ConcentrationPenalty(specs, resolved, cfg, rows=rows, seed=seed, block=block)
-
-
-# --- per-head summaries (telemetry and before/after) ------------------------------------------------
-
-
-@torch.no_grad()
-def data_concentration(model: Transformer, cache: dict, heads: Heads | None = None) -> dict[str, torch.Tensor]:
-    """Per head on the cached forward: ``entropy`` (mean normalized entropy) and ``top1`` (mean
-    top-1 mass) over informative rows, each [n_layers, n_heads] (NaN where not selected), on the
-    model's device (read them with one copy)."""
-    cfg = model.cfg
-    device = model.embed.W_E.device
-    out = {k: torch.full((cfg.n_layers, cfg.n_heads), math.nan, device=device) for k in ("entropy", "top1")}
-    for layer, hs in by_layer(heads or all_heads(cfg)).items():
-        A, mask = data_rows(model, cache, layer)
-        A = A[:, hs].float()
-        out["entropy"][layer, hs] = mean_rows(metrics.normalized_entropy(A, mask), A.shape, mask)
-        out["top1"][layer, hs] = mean_rows(metrics.topk_mass(A, 1, mask), A.shape, mask)
-    return out
-
-
-@torch.no_grad()
-def vocab_concentration(model: Transformer, heads: Heads | None = None) -> dict[str, torch.Tensor]:
-    """Per head on the vocabulary view: ``entropy`` and ``top1``, [n_layers, n_heads], on the
-    model's device."""
-    cfg = model.cfg
-    device = model.embed.W_E.device
-    out = {k: torch.full((cfg.n_layers, cfg.n_heads), math.nan, device=device) for k in ("entropy", "top1")}
-    for layer, hs in by_layer(heads or all_heads(cfg)).items():
-        P = vocab_rows(model, layer, hs).float()
-        out["entropy"][layer, hs] = mean_rows(metrics.normalized_entropy(P), P.shape, None)
-        out["top1"][layer, hs] = mean_rows(metrics.topk_mass(P, 1), P.shape, None)
-    return out
-
-
-@torch.no_grad()
-def spectrum(model: Transformer) -> dict[str, torch.Tensor]:
-    """Singular values of B of every head [n_layers, n_heads, r] (descending) and its stable rank
-    [n_layers, n_heads], on the CPU."""
-    form = model_form(model)
-    return {"singular_values": form.singular_values.float().cpu(), "stable_rank": form.stable_rank.float().cpu()}
 
 
 def with_entmax(model: Transformer, alpha: float | None) -> Transformer:

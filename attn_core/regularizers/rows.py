@@ -28,6 +28,10 @@ import torch
 
 from attn_core import metrics
 from attn_core.model.attention import attention_weights
+from attn_core.regularizers.softmax_rows import EPS, block_inputs, fused_backward, fused_forward, reduce_dtype
+from attn_core.regularizers.softmax_rows import inv_log_n as _inv_log_n
+from attn_core.regularizers.softmax_rows import softmax_grad as _softmax_grad
+from attn_core.regularizers.softmax_rows import softmax_rows as _softmax_rows
 
 ROW_KINDS = ("entropy", "hoyer", "topk")  # the row penalty behind data and vocab regularizers
 # Scores formed at once per block (batch x heads x rows x keys): float32 temporaries of 2 MiB
@@ -37,16 +41,6 @@ ROW_KINDS = ("entropy", "hoyer", "topk")  # the row penalty behind data and voca
 BLOCK_SCORES = {"cpu": 2**19, "meta": 2**19}
 BLOCK_SCORES_DEFAULT = 2**25
 COMPILED_FACTOR = 4
-EPS = 1e-12  # metrics.hoyer's
-# Scores more than FLOOR below their row's max (hidden keys among them) count as exactly FLOOR
-# below: exp(-64) = 1.6e-28 of the max's weight changes no float32 or float64 result, and exp
-# stays out of its underflow range, where CPU kernels are 10x slower.
-FLOOR = 64.0
-
-
-def reduce_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype the rows are reduced in: float64 stays, everything else is float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def block_rows(q: torch.Tensor, T: int, block: int | None = None) -> int:
@@ -109,54 +103,6 @@ def _scores(q, k, scale, a, e, lo, hi, positions, window, key_mask, contiguous):
     return s
 
 
-def _inv_log_n(n: torch.Tensor) -> torch.Tensor:
-    """1 / log n, and 0 for a row with one visible key (its normalized entropy is 0)."""
-    return torch.where(n > 1, 1 / n.clamp_min(2).log(), torch.zeros_like(n))
-
-
-def _shifted(s, m):
-    """s - m (row max), in place, at least -:data:`FLOOR` (see there)."""
-    return s.sub_(m).clamp_min_(-FLOOR)
-
-
-def _softmax_rows(kind: str, s, n, topk: int):
-    """Per-row values of the softmax rows of scores ``s`` (overwritten) and the three row numbers
-    their gradient needs: the row max, log Z and H, |p|_2^2 or the top-k mass (docs/maths.md)."""
-    m = s.amax(-1, keepdim=True)
-    t = _shifted(s, m)
-    e = t.exp()
-    Z = e.sum(-1)
-    log_z = Z.log()
-    if kind == "entropy":  # H = log Z - sum e t / Z
-        H = log_z - (e * t).sum(-1) / Z
-        return H * _inv_log_n(n), (m.squeeze(-1), log_z, H)
-    if kind == "hoyer":  # |p|_1 = 1
-        q2 = ((e * e).sum(-1) / (Z * Z)).clamp_min(EPS * EPS)
-        root = n.sqrt()
-        value = torch.where(n > 1, 1 - (root - q2.rsqrt()) / (root - 1).clamp_min(EPS), torch.zeros_like(q2))
-        return value, (m.squeeze(-1), log_z, q2)
-    top = e.topk(min(topk, s.shape[-1]), dim=-1)
-    mass = top.values.sum(-1) / Z
-    return torch.where(n > 0, 1 - mass, torch.zeros_like(mass)), (m.squeeze(-1), log_z, mass)
-
-
-def _softmax_grad(kind: str, s, n, g, m, log_z, x, topk: int):
-    """d(value)/d(scores) of a block as (P, c) with dS = c[..., None] * P: c per row (the incoming
-    gradient g folded in), P the block (``s`` is overwritten); m, log Z and x (H, |p|_2^2 or the
-    top-k mass) are the forward's row numbers."""
-    logp = _shifted(s, m[..., None]).sub_(log_z[..., None])
-    p = logp.exp()
-    if kind == "entropy":  # dH/ds = -p (log p + H)
-        return logp.add_(x[..., None]).mul_(p), -g * _inv_log_n(n)
-    if kind == "hoyer":  # d|p|_2^2/ds = 2 p (p - |p|_2^2); |p|_1 = 1 has no gradient
-        root = n.sqrt()
-        coef = torch.where(n > 1, -g * x.pow(-1.5) / (root - 1).clamp_min(EPS), torch.zeros_like(x))
-        return (p - x[..., None]).mul_(p), coef
-    mass = x  # d(top-k mass)/ds = p (1[top] - mass); the places found again
-    top = torch.zeros_like(p).scatter_(-1, p.topk(min(topk, p.shape[-1]), dim=-1).indices, 1.0)
-    return top.sub_(mass[..., None]).mul_(p), torch.where(n > 0, -g, torch.zeros_like(g))
-
-
 def _entmax_rows(kind: str, s, vis, topk: int, alpha: float):
     """Per-row values of alpha-entmax rows, through ``metrics``."""
     full = torch.ones_like(s, dtype=torch.bool) if vis is None else vis
@@ -206,13 +152,18 @@ class _BlockedRows(torch.autograd.Function):
         for a in range(0, q.shape[2], B):
             e = min(a + B, q.shape[2])
             lo, hi = _keys(a, e, T, window, contiguous)
-            s = _scores(q, k, scale, a, e, lo, hi, positions, window, key_mask, contiguous)
-            if alpha == 1.0:
+            if alpha == 1.0 and fused_forward.active(q):  # one fused kernel per block (softmax_rows)
+                inputs = block_inputs(q, k, a, e, lo, hi, positions, key_mask)
+                value, numbers = fused_forward(*inputs, scale, window, kind, n_rows[..., a:e].clone(), topk)
+            elif alpha == 1.0:
+                s = _scores(q, k, scale, a, e, lo, hi, positions, window, key_mask, contiguous)
                 value, numbers = _softmax_rows(kind, s, n_rows[..., a:e], topk)
+            else:
+                s = _scores(q, k, scale, a, e, lo, hi, positions, window, key_mask, contiguous)
+                value = _entmax_rows(kind, s, visible(positions[a:e], lo, hi, window, key_mask), topk, alpha)
+            if alpha == 1.0:
                 for kept, x in zip(stats, numbers):
                     kept.append(x)
-            else:
-                value = _entmax_rows(kind, s, visible(positions[a:e], lo, hi, window, key_mask), topk, alpha)
             outs.append(value)
         ctx.plan = plan
         ctx.save_for_backward(q, k, positions, key_mask, *(torch.cat(x, dim=-1) for x in stats if x))
@@ -253,6 +204,13 @@ def rows_backward(
     for a in range(0, q.shape[2], block):
         e = min(a + block, q.shape[2])
         lo, hi = _keys(a, e, T, window, contiguous)
+        if alpha == 1.0 and fused_backward.active(q):  # one fused kernel per block (softmax_rows)
+            inputs = block_inputs(q, k, a, e, lo, hi, positions, key_mask)
+            rows_ = [t[..., a:e].clone() for t in (n_rows, grad, *stats)]
+            P, c = fused_backward(*inputs, scale, window, kind, rows_[0], rows_[1], rows_[2:], topk)
+            dq[:, :, a:e] = c * (P @ k[:, :, lo:hi])
+            dk[:, :, lo:hi] += P.transpose(-1, -2) @ (c * q[:, :, a:e])
+            continue
         s = _scores(q, k, scale, a, e, lo, hi, positions, window, key_mask, contiguous)
         g, n = grad[:, :, a:e].to(s.dtype), n_rows[..., a:e]
         if alpha == 1.0:  # dS = c P: c (and the scale) go onto the rows of dq and of q, not onto P

@@ -9,6 +9,7 @@ corpus already tokenized.
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -136,3 +137,57 @@ def text_task_for(
     data = TextData(train, held_out, block, cfg.d_vocab, tok, facts)
     facts["held_out_blocks"] = data.held_out_blocks
     return text_task(data)
+
+
+# --- held-out text of a run, for the views ----------------------------------------------------------
+
+
+def run_text(loaded: LoadedModel) -> dict | None:
+    """What the card of a run on text says about its text (``details["text"]``), or None."""
+    facts = (loaded.card.details or {}).get("text") if loaded.card is not None else None
+    return facts if isinstance(facts, dict) and facts.get("path") and facts.get("block") else None
+
+
+@functools.lru_cache(maxsize=8)
+def _run_task(key: str, folder: str, name: str, text: tuple, block: int, d_vocab: int, cache: str | None) -> TextTask:
+    """The text task of a run: its text (``(path, field, eval_text)``) tokenized by the tokenizer
+    of its ``folder`` (found in the token cache under ``cache``). Cached by the weights' ``key``
+    and the settings: building it hashes the text."""
+    path, field, eval_text = text
+    tok, done = tokenize_text(Path(folder), name, path, field, eval_text, cache)
+    (_, main), *rest = done
+    train, held_out, _ = split_streams(main, rest[0][1] if rest else None, block, d_vocab)
+    return text_task(TextData(train, held_out, block, d_vocab, tok, {}))
+
+
+def held_out_tokens(loaded: LoadedModel, seed: int = 0) -> list[int]:
+    """One held-out block of the text a run trained on (its ``--eval-text``, or the held-out end
+    of its text), drawn by ``seed``, tokenized by the run's own tokenizer (found in the token
+    cache): the input its before/after views share. A ValueError (TextError) says why there is
+    none: not a run on text, or its text is gone or changed."""
+    from attn_core.validate import check_seed
+
+    facts = run_text(loaded)
+    if facts is None or loaded.path is None:
+        raise TextError(f"{loaded.name} was not trained on text, so it has no held-out text")
+    cache = str(Path(facts["cache"]).parent.parent) if facts.get("cache") else None  # <root>/text-cache/<key>
+    folder = loaded.path if Path(loaded.path).is_dir() else Path(loaded.path).parent
+    text = (facts["path"], facts.get("field"), facts.get("eval_text"))
+    task = _run_task(loaded.key or str(folder), str(folder), loaded.name, text, int(facts["block"]),
+                     loaded.config.d_vocab, cache)  # fmt: skip
+    return task.sample(1, check_seed("the sample seed", seed), split="test").tokens[0].tolist()
+
+
+def has_sample(loaded: LoadedModel) -> bool:
+    """Whether :func:`sample_tokens` has an input for ``loaded``: its task's, or its text's."""
+    return loaded.task is not None or run_text(loaded) is not None
+
+
+def sample_tokens(loaded: LoadedModel, seed: int = 0) -> list[int]:
+    """A held-out input of ``loaded``: a sample of its task (``bilinear.sample_tokens``), or for a
+    run on text one held-out block of its text (:func:`held_out_tokens`), never random tokens."""
+    from attn_core.bilinear import sample_tokens as task_sample
+
+    if loaded.task is not None or run_text(loaded) is None:
+        return task_sample(loaded, seed)
+    return held_out_tokens(loaded, seed)

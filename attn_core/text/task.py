@@ -69,6 +69,9 @@ class TextTask(Task):
     """A :class:`~attn_core.tasks.Task` on text (see the module); build it with :func:`text_task`."""
 
     data: TextData | None = None
+    # blocks are read from host memory: the trainer draws them on the CPU and copies them to a GPU
+    # through pinned memory without waiting (training.trainer.Trainer._batch)
+    host_batches = True
 
     @property
     def d_vocab(self) -> int:
@@ -110,18 +113,21 @@ class TextTask(Task):
             raise ValueError(f"{len(ids)} tokens exceed the block of {self.n_ctx}")
         return ids
 
-    def evaluate(self, model, samples: int = 512, seed: int = 0, split: str = "test", device=None) -> dict:
+    def evaluate(
+        self, model, samples: int = 512, seed: int = 0, split: str = "test", device=None, precision="fp32", tokens=None
+    ) -> dict:
         """Held-out loss, perplexity and accuracy in chunks of bounded memory (the trainer's
-        held-out evaluation takes this instead of one forward over every block)."""
+        held-out evaluation takes this instead of one forward over every block), at the run's
+        ``precision``, on at most ``tokens`` held-out tokens (:mod:`attn_core.text.measure`)."""
         from attn_core.text import measure
 
-        return measure.evaluate(model, self, samples, seed, split, device)
+        return measure.evaluate(model, self, samples, seed, split, device, precision, tokens)
 
-    def measure(self, model, heads=None, samples: int = 512, seed: int = 0) -> dict:
+    def measure(self, model, heads=None, samples: int = 512, seed: int = 0, tokens=None, precision="fp32") -> dict:
         """A run's before/after measurement on held-out text (``telemetry.measure`` takes it)."""
         from attn_core.text import measure
 
-        return measure.measure(model, self, heads, samples, seed)
+        return measure.measure(model, self, heads, samples, seed, tokens, precision)
 
 
 def text_task(data: TextData) -> TextTask:

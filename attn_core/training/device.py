@@ -57,14 +57,24 @@ def autocast_dtype(precision: str) -> torch.dtype | None:
     return torch.bfloat16 if precision == "bf16" else None
 
 
+def autocast_args(device: torch.device, dtype: torch.dtype | None) -> tuple[str, torch.dtype] | None:
+    """(device type, dtype) of ``torch.autocast`` on ``device`` in ``dtype``; None (plain fp32)
+    when ``dtype`` is None or the device has no autocast (the meta device of the device tests).
+    A compiled step asks this once, outside the traced code: the question is not traceable."""
+    import torch
+
+    if dtype is None or not torch.amp.is_autocast_available(device.type):
+        return None
+    return device.type, dtype
+
+
 def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
     """``torch.autocast`` on ``device`` in ``dtype``; nothing (plain fp32) when ``dtype`` is None
     or the device has no autocast (the meta device of the device tests)."""
     import torch
 
-    if dtype is None or not torch.amp.is_autocast_available(device.type):
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype)
+    args = autocast_args(device, dtype)
+    return contextlib.nullcontext() if args is None else torch.autocast(args[0], dtype=args[1])
 
 
 def check_sync_every(sync_every: object, prefix: str = "") -> int | None:

@@ -3,8 +3,8 @@ dashboard, a worker process: :mod:`attn_core.training.worker`) that never touche
 publishes immutable :class:`Snapshot` s (step, losses, metrics, spectra, a probe pattern) under a
 lock; the Retrain page and ``attn-lab retrain`` poll them. Stop and pause are events checked
 between steps; the step loop and the saving of the run are :mod:`attn_core.training.record`'s;
-what is measured and logged is :mod:`attn_core.training.telemetry`'s (see docs/architecture.md,
-"Live retraining")."""
+what is measured and logged is :mod:`attn_core.training.telemetry`'s, on the heads that matter
+(:mod:`attn_core.training.job_measures`; docs/architecture.md, "Live retraining")."""
 
 from __future__ import annotations
 
@@ -21,17 +21,18 @@ from attn_core.runs import RunStore
 from attn_core.sources import resolve
 from attn_core.tasks import get_task
 from attn_core.text.retrain import Retraining
-from attn_core.training import checkpoints, telemetry, worker
+from attn_core.training import checkpoints, job_measures, telemetry, worker
 from attn_core.training.config import JobConfig
 from attn_core.training.queue import SLOTS, JobSlots, queued_message
-from attn_core.training.record import Outcome, RunRecorder, error_text, measure_final, record_run, run_card
+from attn_core.training.record import Outcome, RunRecorder, error_text, job_card, measure_final, record_run
 from attn_core.training.snapshot import Snapshot
 from attn_core.training.trainer import EVAL_SEED_OFFSET, Trainer, init_model
 
 SCRATCH_PREFIX = "scratch:"  # source "scratch:<preset>" trains the preset's model from its init
 # the snapshot fields read from the job's state as they are
 SNAPSHOT_STATE = ("status", "message", "step", "elapsed_s", "train_s", "step_s", "before", "after")
-SNAPSHOT_STATE += ("probe_pattern", "probe_step", "workers")
+SNAPSHOT_STATE += ("probe_pattern", "probe_step", "probe_head", "workers")
+PAUSED_POLL_S = 0.1  # a paused job looks for a newly watched head this often
 
 
 class TrainingJob:
@@ -73,7 +74,9 @@ class TrainingJob:
         self.retraining.start(penalty, self.model)
         self.checkpoints = checkpoints.for_job(self.trainer, cfg.checkpoint_plan(), self.store)
         self.parent_card = parent_card
-        self.probe = task.sample(cfg.probe_samples, cfg.seed + 2 * EVAL_SEED_OFFSET, split="test").to(self.device)
+        # the fixed probe batch of telemetry: at most one training batch of sequences
+        probe_n = min(cfg.probe_samples, self.train_cfg.batch_size)
+        self.probe = task.sample(probe_n, cfg.seed + 2 * EVAL_SEED_OFFSET, split="test").to(self.device)
         self.recorder = RunRecorder(self.store)
 
         self._lock = threading.Lock()
@@ -92,6 +95,7 @@ class TrainingJob:
             after=None,
             probe_pattern=None,
             probe_step=0,
+            probe_head=None,
             elapsed_s=0.0,
             train_s=0.0,
             step_s=0.0,
@@ -103,6 +107,8 @@ class TrainingJob:
         self._stop_reason = ""  # why a stop was asked for when it was not the user
         self.remote: worker.Remote | None = None  # the worker process of start(process=True)
         self._probe_tokens = tuple(task.names(self.probe.tokens[0].tolist()))
+        self._watch: tuple[int, int] | None = None  # the head whose probe pattern is shown (watch())
+        self._patterns: dict = {}  # patterns of the final weights, computed on request (pattern())
         self._snap: Snapshot | None = None
         self._publish()
 
@@ -169,6 +175,37 @@ class TrainingJob:
     def resume(self) -> None:
         self._go.set()
         self._tell("resume")
+
+    def watch(self, layer: int, head: int) -> None:
+        """Show the probe pattern of head ``layer``, ``head`` (the Retrain page calls this with the
+        head it draws): from now on telemetry computes that head's pattern, and only it; the
+        first comes before the next step, or at once while paused. A job nobody watches (the CLI)
+        computes no pattern and copies none from the device."""
+        cfg = self.model.cfg
+        if not (0 <= int(layer) < cfg.n_layers and 0 <= int(head) < cfg.n_heads):
+            raise ValueError(
+                f"head L{layer}H{head} is outside this model's {cfg.n_layers} layers x {cfg.n_heads} heads"
+            )
+        if self._watch != (int(layer), int(head)):
+            self._watch = (int(layer), int(head))
+            self._tell("watch", int(layer), int(head))
+
+    def pattern(self, layer: int, head: int):
+        """The probe pattern [T, T] of head ``layer``, ``head`` (numpy): the latest telemetry's
+        when it is that head's; for a run that has ended, computed from its final weights (on
+        the CPU, once per head); else None (the next telemetry of a watched head brings it)."""
+        snap = self.snapshot()
+        found = snap.pattern_of(layer, head)
+        if found is not None or not snap.done:
+            return found
+        key = (int(layer), int(head), snap.step)
+        if key not in self._patterns:
+            try:
+                model = self.model_copy()
+            except RuntimeError:  # a job that ended without weights (failed before training)
+                return None
+            self._patterns[key] = telemetry.probe_pattern(model, self.probe.tokens[0].cpu(), layer, head)
+        return self._patterns[key]
 
     def _tell(self, *command) -> None:
         if self.remote is not None:  # a job in a worker process: the worker acts on it
@@ -244,22 +281,18 @@ class TrainingJob:
         self.recorder.log(step, values)
         self._state["latest"].update(values)
 
+    # what the job measures, on the heads that matter: attn_core.training.job_measures
     def _telemetry(self, step: int) -> None:
-        with self.trainer.view() as model:  # the model, or on rank 0 of an FSDP run its gathered weights
-            row, pattern = telemetry.telemetry_row(model, self.probe.tokens, self.penalty.regularized_heads)
-        self._record(step, row)
-        self._state.update(probe_pattern=pattern.float().cpu().numpy(), probe_step=step)
+        job_measures.record_telemetry(self, step)
+
+    def _watched_pattern(self, step: int) -> None:
+        job_measures.watched_pattern(self, step)
 
     def _spectra(self, step: int) -> None:
-        with self.trainer.view() as model:
-            offsets = telemetry.offsets_row(model, self.penalty.regularized_heads)  # rotary: sigma_1(B(delta))
-            self._record(step, {**telemetry.spectra_row(R.spectrum(model)), **offsets})
+        job_measures.record_spectra(self, step)
 
     def _measure(self) -> dict:
-        with self.trainer.view() as model:
-            return telemetry.measure(
-                model, self.task, self.penalty.regularized_heads, self.cfg.measure_samples, self.cfg.seed
-            )
+        return job_measures.measure(self)
 
     def _run_safely(self) -> None:
         if self._ticket is None:
@@ -306,13 +339,18 @@ class TrainingJob:
 
     def _interrupt(self) -> str | None:
         """Between steps: wait while paused (pauses do not count as training time); a stop ends the run."""
+        step = self.trainer.step_index
+        if self._watch is not None and self._state["probe_head"] != self._watch:  # another head is watched
+            self._watched_pattern(step)
+            self._publish()
         if not self._go.is_set():
             self.trainer.sync()  # the steps run so far are shown while paused
-            self._publish(
-                status="paused", message=f"paused at step {self.trainer.step_index}", train_s=self._state["train_s"]
-            )
+            self._publish(status="paused", message=f"paused at step {step}", train_s=self._state["train_s"])
             paused_at = time.perf_counter()
-            self._go.wait()
+            while not self._go.wait(PAUSED_POLL_S):
+                if self._watch is not None and self._state["probe_head"] != self._watch:
+                    self._watched_pattern(step)  # a head picked while paused is shown at once
+                    self._publish()
             self._t_loop += time.perf_counter() - paused_at
             self._publish(status="running", message="")
         if self._stop.is_set():
@@ -366,39 +404,16 @@ class TrainingJob:
 
     def card(self, outcome: Outcome, after: dict | None) -> Card:
         """The run's card for ``outcome`` (what the store saves; a sweep trial, which has no
-        store, sends it back to the driver)."""
-        regs = ", ".join(self.cfg.to_dict()["regularizers"]) or "no regularizer"
-        alpha = f", entmax alpha {self.cfg.entmax_alpha:g}" if self.cfg.entmax_alpha is not None else ""
-        estimate = self.penalty.estimate(self.task.n_ctx)
-        if estimate["estimate"] == "sampled":
-            alpha += f", row penalties on {estimate['rows']} sampled query rows per head"
-        return run_card(
-            self.run_id,
-            self.trainer,
-            outcome,
-            parent=self.parent,
-            description=f"{self.parent} retrained: {regs}{alpha}",
-            before=self._state["before"],
-            after=after,
-            samples=self.cfg.measure_samples,
-            wall_time_s=self._state["elapsed_s"],
-            command=self.cfg.command(),
-            regularizers=self.penalty.describe(),
-            penalty=estimate,
-            regularized_heads=self._head_names(),
-            entmax_alpha=self.model.cfg.entmax_alpha,
-            job=self.cfg.to_dict(),
-            **({"checkpoints": self.checkpoints.listing()} if self.checkpoints is not None else {}),
-            **({"distributed": self.trainer.dist.describe()} if self.trainer.dist is not None else {}),
-            **self.retraining.details(self.model, self.task),
-        )
+        store, sends it back to the driver): :func:`attn_core.training.record.job_card`."""
+        return job_card(self, outcome, after)
 
 
 def preview(cfg: JobConfig) -> Snapshot:
     """What a job with ``cfg`` logs at step 0, before any update (per-head telemetry on its probe
-    batch, spectra), as a pending snapshot: the model as it is. Nothing is trained or stored."""
+    batch, spectra, and the probe pattern of every head: [n_layers, n_heads, T, T]), as a pending
+    snapshot: the model as it is. Nothing is trained or stored."""
     job = TrainingJob(cfg, store=False)
     job._telemetry(0)
     job._spectra(0)
-    job._publish()
+    job._publish(probe_pattern=telemetry.probe_patterns(job.model, job.probe.tokens[0]))  # every head, once
     return job.snapshot()

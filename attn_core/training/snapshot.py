@@ -23,9 +23,11 @@ class Snapshot:
     metric log is append-only and the snapshot remembers its length).
 
     ``status`` is one of :data:`JOB_STATUSES`, ``message`` says why a run ended (or is paused);
-    ``latest`` has the newest value of every metric; ``probe_pattern`` is the attention
-    [n_layers, n_heads, T, T] of every head on one fixed held-out input (``probe_tokens``) with
-    the weights of step ``probe_step``; ``before``/``after`` come from :func:`measure`."""
+    ``latest`` has the newest value of every metric; ``probe_pattern`` is the attention [T, T] of
+    the watched head ``probe_head`` ((layer, head), ``TrainingJob.watch``) on one fixed held-out
+    input (``probe_tokens``) with the weights of step ``probe_step`` (a preview's holds every
+    head, [n_layers, n_heads, T, T], and no ``probe_head``); :meth:`pattern_of` reads either;
+    ``before``/``after`` come from :func:`measure`."""
 
     status: str
     message: str
@@ -44,6 +46,7 @@ class Snapshot:
     probe_tokens: tuple
     probe_pattern: object | None  # numpy array, never written after publication
     probe_step: int
+    probe_head: tuple | None = None
     # a run on Ray Train workers: one dict per worker (rank, host, pid, device, steps, steps_per_s,
     # peak_mib), rank 0's first; empty for a run in one process
     workers: tuple = ()
@@ -57,6 +60,16 @@ class Snapshot:
     @property
     def progress(self) -> float:
         return self.step / self.steps if self.steps else 0.0
+
+    def pattern_of(self, layer: int, head: int):
+        """The probe pattern [T, T] of head ``layer``, ``head`` when this snapshot holds it, else None."""
+        A = self.probe_pattern
+        if A is None:
+            return None
+        if getattr(A, "ndim", 0) == 4:  # every head (a preview)
+            ok = 0 <= layer < A.shape[0] and 0 <= head < A.shape[1]
+            return A[layer, head] if ok else None
+        return A if self.probe_head is not None and tuple(self.probe_head) == (layer, head) else None
 
     @property
     def steps_per_s(self) -> float:

@@ -1,7 +1,9 @@
 """The device part of one training step: forward (under the precision's autocast), task loss,
-penalty terms and accuracy, then backward; eager, or compiled with ``torch.compile``
-(``TrainConfig.compile``, ``--compile``). The trainer (:mod:`attn_core.training.trainer`) samples
-the batch, clips, steps AdamW and reads the values.
+penalty terms and accuracy, then backward; then the update: the gradient norm and its clipping,
+and the optimizer's step. Eager, or compiled with ``torch.compile`` (``TrainConfig.compile``,
+``--compile``). The trainer (:mod:`attn_core.training.trainer`) samples the batch, reads the values
+at its sync points (between the clipping and the optimizer's step, so that a bad step is never
+applied) and keeps the schedule.
 
 Two ways to score a batch, equal up to float rounding:
 
@@ -11,15 +13,23 @@ Two ways to score a batch, equal up to float rounding:
   :func:`masked_loss`. No boolean indexing, so no wait for the device (a boolean index needs the
   count of True entries on the host) and the same shapes every step, which CUDA graphs need.
 
-Compiling: ``mode="reduce-overhead"`` on CUDA (CUDA graphs: the step is replayed as one launch
-instead of hundreds, so the GPU does not wait on Python), inductor's default on the CPU. Shapes
-are fixed (``dynamic=False``: the batch size and context never change within a run). If
-compiling fails (no compiler, an op dynamo cannot trace) the step falls back to eager and says so
-in :attr:`StepGraph.note`; the run goes on. See docs/architecture.md, "Live retraining".
+Compiled, the step is three regions, each traced once (``dynamic=False``: the batch and the
+context never change within a run) and never again: the forward with the loss and penalties
+(its backward is compiled with it), the clipping (gradient norm and rescale) and the optimizer's
+step, whose learning rate is a tensor the schedule fills in place (a float would be a constant
+of the traced step, and every new value a recompile). Autocast is decided outside the traced
+code (whether a device has autocast is not traceable: asking inside broke the graph there, and
+its resumed remainder was traced again on every step) and entered with constant arguments
+inside it. On CUDA each region runs as a CUDA graph (``mode="reduce-overhead"``: replayed as one
+launch instead of hundreds, so the GPU does not wait on Python); an optimizer step split off from
+the backward is how dynamo traces optimizers (a step after a traced backward breaks the graph).
+If compiling fails (no compiler, an op dynamo cannot trace) the step falls back to eager and says
+so in :attr:`StepGraph.note`; the run goes on. See docs/architecture.md, "Live retraining".
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -27,10 +37,11 @@ import torch.nn.functional as F
 
 from attn_core.model import Transformer
 from attn_core.tasks import Batch, Task
-from attn_core.training.device import autocast, autocast_dtype
+from attn_core.training.device import autocast_args, autocast_dtype
 
 # (loss, task loss, accuracy on the batch, penalty terms), all 0-dim tensors on the device
 Values = tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]
+BACKEND = "inductor"  # torch.compile's backend (the tests count recompiles with a lighter one)
 
 
 def masked_loss(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -54,11 +65,22 @@ def compile_mode(device: torch.device) -> str:
     return "reduce-overhead" if device.type == "cuda" else "default"
 
 
+def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """The total 2-norm of the gradients of ``params`` (a 0-dim tensor on their device), and the
+    gradients rescaled in place as ``clip_grad_norm_`` does, bit for bit (a factor clamped to 1
+    leaves them as they are); no host read."""
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.nn.utils.get_total_norm(grads)
+    torch._foreach_mul_(grads, (max_norm / (total + 1e-6)).clamp(max=1.0))
+    return total
+
+
 class StepGraph:
     """Forward, losses and backward of one step of ``model`` on ``task`` (with ``penalty``, a
-    Trainer ``Penalty``, or None), in ``precision``; ``compile`` runs the static form through
-    ``torch.compile`` (:func:`compile_mode`). ``static`` is True when batches are scored by
-    :func:`masked_loss` (always when compiled, on any device but the CPU)."""
+    Trainer ``Penalty``, or None), in ``precision``, and the update (:meth:`clip`,
+    :meth:`apply`); ``compile`` runs the static form and the update through ``torch.compile``
+    (:func:`compile_mode`). ``static`` is True when batches are scored by :func:`masked_loss`
+    (always when compiled, on any device but the CPU)."""
 
     def __init__(
         self,
@@ -75,19 +97,30 @@ class StepGraph:
         # is the whole batch's loss
         self.forward, self.shares = model, None
         self.autocast = autocast_dtype(precision)
+        self._amp = autocast_args(device, self.autocast)  # decided here: not traceable inside the step
         self.static = compile or device.type != "cpu"
         self.mode = compile_mode(device) if compile else None
         self.note = ""  # why a compiled step fell back to eager
-        self._compiled = torch.compile(self._static_values, mode=self.mode, dynamic=False) if compile else None
+        self._compiled = self._compile(self._static_values) if compile else None
+        self._clip = self._compile(clip_gradients, fullgraph=True) if compile else None
+        self._steps: dict[int, Callable] = {}  # the compiled step of each optimizer (by id)
+
+    def _compile(self, fn: Callable, fullgraph: bool = False) -> Callable:
+        return torch.compile(fn, mode=self.mode, dynamic=False, fullgraph=fullgraph, backend=BACKEND)
 
     @property
     def compiled(self) -> bool:
         """Whether steps run compiled (False once compiling failed)."""
         return self._compiled is not None
 
+    def _amp_context(self) -> contextlib.AbstractContextManager:
+        if self._amp is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self._amp[0], dtype=self._amp[1])
+
     def _static_values(self, tokens: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> Values:
         cache: dict | None = self._cache()
-        with autocast(self.device, self.autocast):
+        with self._amp_context():
             logits = self.forward(tokens, cache=cache).flatten(0, 1)
             flat_targets, flat_mask = targets.flatten(), mask.flatten()
             task_loss = masked_loss(logits, flat_targets, flat_mask)
@@ -96,7 +129,7 @@ class StepGraph:
 
     def _exact_values(self, batch: Batch, scored: Batch) -> Values:
         cache: dict | None = self._cache()
-        with autocast(self.device, self.autocast):
+        with self._amp_context():
             logits = self.forward(batch.tokens, cache=cache).flatten(0, 1)
             task_loss = self.task.loss(logits, scored)
         with torch.no_grad():
@@ -121,6 +154,14 @@ class StepGraph:
         loss = task_loss + sum(terms.values()) if terms else task_loss
         return loss, task_loss, accuracy, terms
 
+    def _fall_back(self, e: Exception) -> None:
+        """Compiling failed: every part of the step runs eagerly from now on (same maths)."""
+        self._compiled = self._clip = None
+        self._steps.clear()
+        self.note = (
+            f"torch.compile failed ({type(e).__name__}: {str(e).strip().splitlines()[0][:200]}); the step runs eagerly"
+        )
+
     def __call__(self, batch: Batch, scored: Batch | None = None) -> Values:
         """Forward and backward of one batch (``scored``: the flat index of the exact form; unused
         when static); the gradients are in the parameters' ``.grad`` (set to None before)."""
@@ -134,8 +175,7 @@ class StepGraph:
                 values[0].backward()
                 return values
             except Exception as e:  # compiling failed: train eagerly (same maths, static form)
-                self._compiled = None
-                self.note = f"torch.compile failed ({type(e).__name__}: {str(e).strip().splitlines()[0][:200]}); the step runs eagerly"
+                self._fall_back(e)
                 for p in self.model.parameters():
                     p.grad = None
         values = self._static_values(batch.tokens, batch.targets, batch.mask) if self.static else None
@@ -143,3 +183,26 @@ class StepGraph:
             values = self._exact_values(batch, scored)
         values[0].backward()
         return values
+
+    def clip(self, params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+        """:func:`clip_gradients` of ``params`` (compiled with the step)."""
+        if self._clip is not None:
+            try:
+                return self._clip(params, max_norm)
+            except Exception as e:  # compiled as one graph: nothing ran when it fails
+                self._fall_back(e)
+        return clip_gradients(params, max_norm)
+
+    def apply(self, optimizer: torch.optim.Optimizer) -> None:
+        """The optimizer's step (compiled with the step: its learning rate must then be a tensor,
+        :func:`attn_core.training.trainer.adamw`)."""
+        if self._compiled is not None:
+            step = self._steps.get(id(optimizer))
+            if step is None:
+                step = self._steps[id(optimizer)] = self._compile(optimizer.step)
+            try:
+                step()
+                return
+            except Exception as e:  # the update's body is compiled before it runs
+                self._fall_back(e)
+        optimizer.step()

@@ -21,9 +21,9 @@ import torch
 
 from attn_core import regularizers as R
 from attn_core.card import MEASURE_KEYS
-from attn_core.hooks import act_name
 from attn_core.model import Transformer
 from attn_core.tasks import Task
+from attn_core.training.device import autocast, autocast_dtype
 from attn_core.training.trainer import evaluate
 from attn_core.validate import is_int
 
@@ -33,8 +33,12 @@ __all__ = [
     "TERM_PREFIX",
     "MetricKey",
     "measure",
+    "measure_tokens",
     "spectra_row",
     "step_row",
+    "pattern_tensor",
+    "probe_pattern",
+    "probe_patterns",
     "telemetry_row",
     "telemetry_tensors",
     "term_name",
@@ -112,13 +116,34 @@ class MetricKey:
 #   every step        loss, task_loss, accuracy (training batch), grad_norm, lr, term:<label>
 #                     (lambda * R of each regularizer, see regularizers.RegSpec.label)
 #   every eval_every  eval_accuracy, eval_loss (held-out samples)
-#   every telemetry_every (on a fixed held-out probe batch and on the vocabulary view)
-#                     entropy_data:L<l>H<h>, top1_data:L<l>H<h>, entropy_vocab:L<l>H<h> per head,
-#                     entropy_data, entropy_vocab, top1_data: means over the regularized heads
+#   every telemetry_every (on a fixed held-out probe batch)
+#                     entropy_data:L<l>H<h>, top1_data:L<l>H<h> per head,
+#                     entropy_data, top1_data: means over the regularized heads
 #   every spectrum_every
 #                     sigma:L<l>H<h>:<i> (singular values of B), stable_rank:L<l>H<h>; rotary models:
-#                     sigma1_offset_min/mean/max:L<l>H<h>, sigma_1(B(delta)) over the offsets (offsets_row)
-# Telemetry and spectra are also taken at step 0 (before the first update).
+#                     sigma1_offset_min/mean/max:L<l>H<h>, sigma_1(B(delta)) over the offsets, of the
+#                     heads that matter (offsets_row)
+# Telemetry and spectra are also taken at step 0 (before the first update). The vocabulary view's
+# entropy (a V x V view per head, nothing a live page draws) is measured before and after only.
+# The probe pattern of one head is computed only while someone watches it (TrainingJob.watch).
+
+# The before/after measurement of a run on text reads held-out tokens in proportion to what the run
+# trains on: MEASURE_SHARE of steps x batch x block, at least MIN_MEASURE_TOKENS and one batch (and
+# at most measure_samples blocks). Each measurement then costs a few percent of the run, where a
+# fixed 512 blocks cost a 100-step run about 40% of its time (issue 28).
+MEASURE_SHARE = 1 / 16
+MIN_MEASURE_TOKENS = 1024
+
+
+def measure_tokens(train_cfg, task) -> int | None:
+    """Held-out tokens of the before/after measurement of a run of ``train_cfg`` (a TrainConfig)
+    on ``task`` (:data:`MEASURE_SHARE`); None for a task without held-out text (its ``block``)."""
+    block = getattr(task, "block", None)
+    if block is None:
+        return None
+    batch = train_cfg.batch_size * block
+    return max(MIN_MEASURE_TOKENS, batch, math.ceil(MEASURE_SHARE * train_cfg.steps * batch))
+
 
 # What Trainer.step reports besides its penalty terms; every other key is a term, logged as term:<label>.
 # Vocabulary-view telemetry (a V x V view per head) is taken up to this many tokens (as the vocab_*
@@ -144,17 +169,26 @@ def _mean(values: list[float]) -> float:
 
 
 @torch.no_grad()
-def measure(model: Transformer, task: Task, heads=None, samples: int = 512, seed: int = 0) -> dict:
+def measure(
+    model: Transformer,
+    task: Task,
+    heads=None,
+    samples: int = 512,
+    seed: int = 0,
+    tokens: int | None = None,
+    precision: str = "fp32",
+) -> dict:
     """Accuracy and loss on held-out samples, and concentration means over ``heads`` (a
     selection, see ``regularizers.parse_heads``; None = every head): ``entropy_data`` (normalized
     entropy of attention rows on those samples), ``entropy_vocab`` (same on the vocabulary view),
     ``top1_mass`` (mean largest attention weight on data), ``stable_rank`` of B; ``per_head``
     holds each head's values and singular values. A task with its own ``measure`` (text:
-    ``attn_core.text.TextTask``, held-out text in chunks) measures itself."""
+    ``attn_core.text.TextTask``, held-out text in chunks, at most ``tokens`` of it, at the run's
+    ``precision``) measures itself."""
     if getattr(task, "measure", None) is not None:
-        return task.measure(model, heads, samples, seed)
+        return task.measure(model, heads, samples, seed, tokens=tokens, precision=precision)
     heads = R.parse_heads(heads, model.cfg)
-    cache: dict = {}
+    cache = R.qk_cache(model, heads)
     ev = evaluate(model, task, samples, seed, cache=cache)
     data = _host(R.data_concentration(model, cache, heads))
     vocab = _host(R.vocab_concentration(model, heads))
@@ -200,60 +234,81 @@ def summarize(model: Transformer, heads, ev: dict, data: dict, vocab: dict | Non
 
 
 def _host(values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Per-head summaries on the CPU, each in one copy (item by item would wait on the GPU for each)."""
-    return {k: v.cpu() for k, v in values.items()}
+    """Per-head summaries on the CPU, in one copy (item by item would wait on the GPU for each)."""
+    both = torch.stack(list(values.values())).cpu()
+    return dict(zip(values, both))
 
 
 @torch.no_grad()
-def telemetry_tensors(model: Transformer, probe_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tensor part of :func:`telemetry_row`, on the model's device: ``entropy_data``,
-    ``top1_data`` and ``entropy_vocab`` of every head stacked, [3, n_layers, n_heads], and the probe's first sequence's
-    pattern of every head, [n_layers, n_heads, T, T]."""
-    cache: dict = {}
-    model(probe_tokens, cache=cache)
+def telemetry_tensors(model: Transformer, probe_tokens: torch.Tensor, precision: str = "fp32") -> torch.Tensor:
+    """The tensor part of :func:`telemetry_row`, on the model's device: ``entropy_data`` and
+    ``top1_data`` of every head on the probe batch, stacked [2, n_layers, n_heads]; the forward
+    (at the run's ``precision``) keeps only Q and K, so no layer forms its T x T pattern."""
+    cache = R.qk_cache(model)
+    with autocast(probe_tokens.device, autocast_dtype(precision)):
+        model(probe_tokens, cache=cache)
     data = R.data_concentration(model, cache)
-    if model.cfg.d_vocab <= VOCAB_VIEW_MAX:
-        vocab = R.vocab_concentration(model)
-    else:  # not measured: a V x V view per head
-        vocab = {"entropy": torch.full_like(data["entropy"], math.nan)}
-    pattern = torch.stack([cache[act_name("pattern", l)][0] for l in range(model.cfg.n_layers)])
-    return torch.stack([data["entropy"], data["top1"], vocab["entropy"]]), pattern
+    return torch.stack([data["entropy"], data["top1"]])
 
 
-def telemetry_row(model: Transformer, probe_tokens: torch.Tensor, heads) -> tuple[dict, torch.Tensor]:
-    """Attention concentration of every head on the probe batch and on the vocabulary view
-    (``entropy_data:L<l>H<h>``, ``top1_data:...``, ``entropy_vocab:...``) and the means over
-    ``heads`` (the regularized ones); also the probe's first sequence's pattern of every head,
-    [n_layers, n_heads, T, T], on the model's device. The values are read in one copy."""
+def telemetry_row(model: Transformer, probe_tokens: torch.Tensor, heads, precision: str = "fp32") -> dict:
+    """Attention concentration of every head on the probe batch (``entropy_data:L<l>H<h>``,
+    ``top1_data:...``) and the means over ``heads`` (the regularized ones), read in one copy."""
     cfg = model.cfg
-    values, pattern = telemetry_tensors(model, probe_tokens)
-    H_data, top1, H_vocab = values.cpu().tolist()
+    H_data, top1 = telemetry_tensors(model, probe_tokens, precision).cpu().tolist()
     row: dict = {}
     for l in range(cfg.n_layers):
         for h in range(cfg.n_heads):
             row[str(MetricKey("entropy_data", l, h))] = H_data[l][h]
             row[str(MetricKey("top1_data", l, h))] = top1[l][h]
-            row[str(MetricKey("entropy_vocab", l, h))] = H_vocab[l][h]
     row["entropy_data"] = _mean([H_data[l][h] for l, h in heads])
-    row["entropy_vocab"] = _mean([H_vocab[l][h] for l, h in heads])
     row["top1_data"] = _mean([top1[l][h] for l, h in heads])
-    return row, pattern
+    return row
 
 
-LIVE_OFFSET_HEADS = 32  # rotary heads whose sigma_1(B(delta)) a live job logs (the first regularized ones)
+@torch.no_grad()
+def pattern_tensor(model: Transformer, tokens: torch.Tensor, layer: int, head: int | None = None) -> torch.Tensor:
+    """The attention pattern of one sequence ``tokens`` [T] in ``layer``: of ``head`` [T, T], or of
+    every head of the layer [n_heads, T, T] (``head`` None), float32 on the model's device, from
+    the layer's Q and K (the forward forms no other pattern)."""
+    from attn_core.model import attention_weights
+    from attn_core.regularizers.summaries import layer_qk
+
+    cfg = model.cfg
+    heads = list(range(cfg.n_heads)) if head is None else [head]
+    cache = R.qk_cache(model, [(layer, h) for h in heads])
+    model(tokens[None], cache=cache)
+    q, k, scale = layer_qk(model, cache, layer, heads)
+    S = (q * scale) @ k.transpose(-1, -2)
+    A = attention_weights(S.float(), model.mask(tokens.shape[-1], cfg.window(layer)), cfg.entmax_alpha)[0]
+    return A if head is None else A[0]
+
+
+def probe_pattern(model: Transformer, tokens: torch.Tensor, layer: int, head: int):
+    """:func:`pattern_tensor` of one head as a numpy array on the host (what a watched job shows)."""
+    return pattern_tensor(model, tokens, layer, head).cpu().numpy()
+
+
+def probe_patterns(model: Transformer, tokens: torch.Tensor):
+    """Every head's pattern of one sequence, [n_layers, n_heads, T, T] numpy (a job's preview)."""
+    return torch.stack([pattern_tensor(model, tokens, l) for l in range(model.cfg.n_layers)]).cpu().numpy()
+
+
+LIVE_OFFSET_HEADS = 32  # rotary heads whose sigma_1(B(delta)) a live job logs (the ones that matter first)
 
 
 def offsets_row(model: Transformer, heads) -> dict:
     """For rotary models, sigma_1(B(delta)) over the offsets of each of ``heads`` (at most
-    :data:`LIVE_OFFSET_HEADS`): ``sigma1_offset_min:L<l>H<h>``, ``sigma1_offset_mean:...`` and
-    ``sigma1_offset_max:...`` (``bilinear.offsets.sigma1_summary``); empty for other models."""
-    from attn_core.bilinear.offsets import sigma1_summary
+    :data:`LIVE_OFFSET_HEADS`, in the order given): ``sigma1_offset_min:L<l>H<h>``,
+    ``sigma1_offset_mean:...`` and ``sigma1_offset_max:...`` (``bilinear.offsets.sigma1_summaries``:
+    one batched spectrum, one read); empty for other models."""
+    from attn_core.bilinear.offsets import sigma1_summaries
 
     if model.cfg.positional != "rotary" or model.cfg.qk != "factored":
         return {}
+    heads = list(dict.fromkeys(tuple(lh) for lh in heads))[:LIVE_OFFSET_HEADS]
     row: dict = {}
-    for l, h in list(heads)[:LIVE_OFFSET_HEADS]:
-        summary = sigma1_summary(model, l, h)
+    for (l, h), summary in zip(heads, sigma1_summaries(model, heads)):
         for part in ("min", "mean", "max"):
             row[str(MetricKey(f"sigma1_offset_{part}", l, h))] = summary[f"sigma1_{part}"]
     return row

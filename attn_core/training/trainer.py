@@ -38,6 +38,11 @@ Penalty = Callable[[Transformer, Batch, dict], dict[str, torch.Tensor]]
 Callback = Callable[[dict], None]
 
 EVAL_SEED_OFFSET = 1_000_003  # held-out batches never share a generator stream with training
+# A task that reads held-out text evaluates on held-out tokens in proportion to what the run trains
+# on between two evaluations (at most ``eval_samples`` blocks): EVAL_SHARE of them, at least one
+# training batch. A forward costs about a third of a training step per token, so evaluating costs
+# the loop about 2% (a fixed 256 blocks cost a 100-step run on 8 x 128 tokens 10%).
+EVAL_SHARE = 1 / 16
 # A task loss above DIVERGENCE_FACTOR * ln(d_vocab) (a uniform guess costs ln(d_vocab)) means
 # the run is confidently wrong everywhere: training has diverged even if no NaN appeared yet.
 DIVERGENCE_FACTOR = 4.0
@@ -69,9 +74,16 @@ def init_model(model_cfg, seed: int) -> Transformer:
 def adamw(groups: list[dict], cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
     """AdamW with ``cfg``'s learning rate and betas: fused on CUDA (one kernel for every
     parameter, no per-tensor launches), PyTorch's default implementation elsewhere (the CPU's
-    results stay what they were)."""
-    fused = {"fused": True} if device.type == "cuda" else {}
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), **fused)
+    results stay what they were). Compiled (``cfg.compile``), the learning rate is a 0-dim tensor
+    on the device that the schedule fills in place, so that the traced step never changes (off
+    CUDA in the per-tensor form, which takes a tensor learning rate eagerly too)."""
+    options: dict = {"fused": True} if device.type == "cuda" else {}
+    lr: float | torch.Tensor = cfg.lr
+    if cfg.compile:
+        lr = torch.tensor(cfg.lr, dtype=torch.float32, device=device)
+        if device.type != "cuda":
+            options = {"foreach": False}
+    return torch.optim.AdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), **options)
 
 
 def make_optimizer(model: Transformer, cfg: TrainConfig, device: torch.device | None = None) -> torch.optim.AdamW:
@@ -85,6 +97,14 @@ def make_optimizer(model: Transformer, cfg: TrainConfig, device: torch.device | 
     return adamw(groups, cfg, device or next(model.parameters()).device)
 
 
+def eval_tokens(cfg: TrainConfig, n_ctx: int) -> int:
+    """Held-out tokens of one evaluation of a run of ``cfg`` on sequences of ``n_ctx`` tokens (a
+    task that reads held-out text takes them): :data:`EVAL_SHARE` of the tokens trained on between
+    two evaluations (or in the whole run, when it is shorter), at least one batch."""
+    interval = min(cfg.eval_every, cfg.steps)
+    return cfg.batch_size * n_ctx * max(1, math.ceil(EVAL_SHARE * interval))
+
+
 @torch.no_grad()
 def evaluate(
     model: Transformer,
@@ -94,12 +114,15 @@ def evaluate(
     split: str = "test",
     device: torch.device | None = None,
     cache: dict | None = None,
+    precision: str = "fp32",
+    tokens: int | None = None,
 ) -> dict:
     """Accuracy and loss on ``samples`` held-out sequences drawn with their own seed; pass a
     dict as ``cache`` to keep the forward's attention (``Transformer.forward``). A task with its
-    own ``evaluate`` (text, read in chunks of bounded memory) evaluates itself."""
+    own ``evaluate`` (text, read in chunks of bounded memory) evaluates itself, in ``precision``
+    and on at most ``tokens`` held-out tokens (None: ``samples`` blocks)."""
     if cache is None and getattr(task, "evaluate", None) is not None:
-        return task.evaluate(model, samples, seed, split, device)
+        return task.evaluate(model, samples, seed, split, device, precision=precision, tokens=tokens)
     device = device or next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -158,8 +181,11 @@ class Trainer:
         self.optimizer = make_optimizer(self.model, cfg, self.device)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, cfg))
         # training batches are drawn where the model trains on CUDA (the GPU's own stream: no
-        # copy, no wait), on the CPU elsewhere (the CPU's stream, the same on every machine)
-        self.data = torch.Generator(device=self.device if self.device.type == "cuda" else "cpu").manual_seed(cfg.seed)
+        # copy, no wait), on the CPU elsewhere (the CPU's stream, the same on every machine); a task
+        # that reads its batches from host memory (text) draws on the CPU everywhere, and its
+        # batches reach a GPU through pinned memory, copied without a wait (``_batch``)
+        on_device = self.device.type == "cuda" and not getattr(task, "host_batches", False)
+        self.data = torch.Generator(device=self.device if on_device else "cpu").manual_seed(cfg.seed)
         self.graph = StepGraph(self.model, task, penalty, self.device, cfg.precision, cfg.compile)
         if dist is not None:
             self.graph.forward, self.graph.shares = forward, dist.shares
@@ -194,7 +220,11 @@ class Trainer:
         batch = self.task.sample(self.cfg.batch_size, self.data)
         if self.dist is not None:  # every rank draws the global batch and trains on its rows
             batch = self.dist.shard(batch)
-        if batch.tokens.device != self.device:  # drawn on the CPU for another device (meta)
+        if batch.tokens.device != self.device and self.device.type == "cuda":  # host batches: no wait
+            batch = Batch(
+                *(t.pin_memory().to(self.device, non_blocking=True) for t in (batch.tokens, batch.targets, batch.mask))
+            )
+        elif batch.tokens.device != self.device:  # drawn on the CPU for another device (meta)
             batch = batch.to(self.device)
         if self.graph.static:
             return batch, None
@@ -208,10 +238,7 @@ class Trainer:
         started = time.perf_counter()
         self._before(STEP)
         loss, task_loss, accuracy, terms = self.graph(*self._batch())  # forward and backward
-        grads = [p.grad for p in self.params if p.grad is not None]
-        total = torch.nn.utils.get_total_norm(grads)
-        # clip_grad_norm_'s rescaling, bit for bit (a factor clamped to 1 leaves the gradient as is)
-        torch._foreach_mul_(grads, (self.cfg.grad_clip / (total + 1e-6)).clamp(max=1.0))
+        total = self.graph.clip(self.params, self.cfg.grad_clip)  # clip_grad_norm_'s, bit for bit
         with torch.no_grad():
             values = torch.stack(
                 [loss.float(), task_loss.float(), accuracy.float(), total.float(), *(t.float() for t in terms.values())]
@@ -228,9 +255,9 @@ class Trainer:
             with self.good_lock:  # these weights gave a finite loss and gradient
                 torch._foreach_copy_(self.good_state, self._tensors())
                 self.good_step = self.step_index
-        self.optimizer.step()
+        self.graph.apply(self.optimizer)
         self.scheduler.step()
-        lr = self.scheduler.get_last_lr()[0]
+        lr = self.cfg.lr * lr_factor(self.step_index + 1, self.cfg)  # the schedule's, without reading a device
         self.step_index += 1
         if not sync:
             self._pending[-1] = (step, lr, *self._pending[-1][2:])
@@ -240,7 +267,15 @@ class Trainer:
         self._time(rows, time.perf_counter() - started)
         if evaluating:
             t_eval = time.perf_counter()
-            ev = evaluate(self.model, self.task, self.cfg.eval_samples, self.cfg.seed, device=self.device)
+            ev = evaluate(
+                self.model,
+                self.task,
+                self.cfg.eval_samples,
+                self.cfg.seed,
+                device=self.device,
+                precision=self.cfg.precision,
+                tokens=eval_tokens(self.cfg, self.task.n_ctx),
+            )
             rows[-1].update(eval_accuracy=ev["accuracy"], eval_loss=ev["loss"])
             self.seconds[step] += time.perf_counter() - t_eval
         self._deliver(rows)

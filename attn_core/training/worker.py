@@ -8,7 +8,8 @@ of its own, safe with CUDA; that module is the worker's side of the two pipes). 
 ``TrainingJob.run``: the same step loop, guard, telemetry and saving as a job in a thread. Two
 pipes join it to the job in the parent:
 
-- control (parent to worker): the config, then ``stop``, ``pause`` and ``resume``;
+- control (parent to worker): the config, then ``stop``, ``pause``, ``resume`` and ``watch``
+  (the head whose probe pattern the page draws);
 - updates (worker to parent): what changed (new metric rows, the state, a new probe pattern), at
   most every :data:`SEND_EVERY_S` and at every change of status, then the final state and the
   last good weights (a CPU state dict) once the run is saved. A thread of the parent applies them
@@ -39,8 +40,9 @@ PARENT_ENDED = "the process that started it ended"
 
 
 def obey(job, command: str, *args) -> None:
-    """Do a driver's ``command`` (``stop`` [reason], ``pause``, ``resume``) on the job a worker runs
-    (a worker process here, a Ray Train rank in :mod:`attn_core.distributed.rank`)."""
+    """Do a driver's ``command`` (``stop`` [reason], ``pause``, ``resume``, ``watch`` layer head: the
+    head the Retrain page draws, its probe pattern only) on the job a worker runs (a worker process
+    here, a Ray Train rank in :mod:`attn_core.distributed.rank`)."""
     if command == "stop":
         job._stop_reason = args[0] if args and args[0] else job._stop_reason
         job.stop()
@@ -48,6 +50,8 @@ def obey(job, command: str, *args) -> None:
         job.pause()
     elif command == "resume":
         job.resume()
+    elif command == "watch":
+        job.watch(*args)
 
 
 def apply_update(job, message: dict, final_weights=None):
@@ -90,7 +94,8 @@ class Remote:
             torch.cuda.empty_cache()
 
     def tell(self, *command) -> None:
-        """Send a command (``stop`` [reason], ``pause``, ``resume``) to the worker, if it runs."""
+        """Send a command (``stop`` [reason], ``pause``, ``resume``, ``watch`` layer head) to the
+        worker, if it runs."""
         if self.control is not None:
             try:
                 self.control.send(command)
@@ -128,6 +133,8 @@ class Remote:
         control.send((job.cfg, None if job.store is None else str(job.store.root), self.threads))
         self.control = control
         _LIVE.add(self)
+        if job._watch is not None:  # watched before the worker started
+            self.tell("watch", *job._watch)
         if job._stop.is_set():  # asked for while the worker started
             self.tell("stop", job._stop_reason)
         elif not job._go.is_set():

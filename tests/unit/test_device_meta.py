@@ -251,14 +251,17 @@ def test_per_head_summaries_and_telemetry_run_on_meta(kind):
     data, vocab, spectrum = on_meta(summaries)
     assert all_meta((data, vocab, spectrum))
     assert data["entropy"].shape == vocab["top1"].shape == (L, H)
-    values, pattern = on_meta(lambda: telemetry_tensors(model, tokens(2)))
-    assert values.shape == (3, L, H) and pattern.shape[:2] == (L, H) and all_meta((values, pattern))
+    values = on_meta(lambda: telemetry_tensors(model, tokens(2)))
+    assert values.shape == (2, L, H) and all_meta(values)
     # the rows and the before/after measurement read their values (once) from here
     from attn_core.training import telemetry
 
     assert read_point(lambda: telemetry.telemetry_row(model, tokens(2), R.all_heads(model.cfg))) == (
         "telemetry.py:telemetry_row"
     )
+    pattern = on_meta(lambda: telemetry.pattern_tensor(model, tokens(1)[0], 0, 1))  # a watched head's
+    assert pattern.shape == (TASK.n_ctx, TASK.n_ctx) and all_meta(pattern)
+    assert read_point(lambda: telemetry.probe_pattern(model, tokens(1)[0], 0, 1)) == "telemetry.py:probe_pattern"
 
 
 @pytest.mark.parametrize("spec", SPECS[:8] + [None])
@@ -397,6 +400,7 @@ CPU_BY_DESIGN = {
     ("model/attention.py", "_scales"): "1/sqrt(d) made exactly in float64, then moved to the buffer's device",
     ("model/rotary.py", "offset_rotation"): "exact float64 rotations; callers move them (.to(W))",
     ("bilinear/offsets.py", "offset_form"): "offsets for offset_rotation, whose result is moved by .to(W)",
+    ("bilinear/offsets.py", "sigma1_offsets"): "offsets for offset_rotation, whose result is moved by .to(R_l)",
     ("tasks.py", "sample"): "an int seed draws on the CPU: the same batch on every machine",
     ("tasks.py", "_modular_addition"): "the fixed split of pairs, made once (copied to a generator's device once)",
     ("training/trainer.py", "init_model"): "the seeded init draws on the CPU: the same model on every device",
@@ -418,7 +422,6 @@ CPU_BY_DESIGN = {
     ("kernels/features.py", "nystrom_factors"): "seeded CPU choice of landmarks, moved with .to(q.device)",
     ("regularizers/penalty.py", "__init__"): "the seeded host generator of sampled penalty rows",
     ("regularizers/rows.py", "sample_positions"): "sampled rows drawn on the host, moved with .to(q.device)",
-    ("text/measure.py", "_run"): "per-head sums kept on the host, added from .cpu() copies",
     ("dynamics/metrics.py", "text_inputs"): "token ids of a text (CPU inputs, moved to the model in position_sums)",
     ("hf/export.py", "_bias"): "export works on a CPU float32 copy of the state dict (gpt2_tensors' sd)",
     ("hf/export.py", "gpt2_tensors"): "export works on a CPU float32 copy of the state dict, written to a file",
@@ -495,3 +498,67 @@ def test_static_scan():
     }
     stale = sorted(set(CPU_BY_DESIGN) - found)
     assert not stale, f"allow-list entries with no factory left to allow (remove them): {stale}"
+
+
+# --- issue 28: the live job's measurements, off the step's critical path --------------------------------
+
+
+def _text_task(d_vocab: int, block: int = 8):
+    import numpy as np
+
+    from attn_core.text.task import TextData, text_task
+
+    rng = np.random.default_rng(0)
+    return text_task(TextData(rng.integers(0, d_vocab, 400), rng.integers(0, d_vocab, 100), block, d_vocab, None, {}))
+
+
+def test_text_measurement_and_evaluation_run_on_meta_until_their_one_read(hf_llama):
+    """Held-out blocks to the device, the forward at bf16 with Q and K kept, the loss, accuracy
+    and per-head sums accumulated on the device: all on meta, then one read at the end."""
+    from attn_core.text import measure as M
+
+    model, task = hf_llama, _text_task(hf_llama.cfg.d_vocab)
+    heads = R.parse_heads(None, model.cfg)
+    assert read_point(lambda: M._run(model, task, 6, 0, "test", META, heads, "bf16", 24)) == "measure.py:_run"
+    assert read_point(lambda: M._run(model, task, 6, 0, "test", META, None, "fp32", None)) == "measure.py:_run"
+
+
+def test_batched_offsets_spectra_run_on_meta(hf_llama):
+    from attn_core.bilinear.offsets import sigma1_offsets, sigma1_summaries
+
+    heads = [(0, 1), (1, 0), (0, 0)]
+    sigma1 = on_meta(lambda: sigma1_offsets(hf_llama, heads))
+    assert sigma1.shape[0] == 3 and all_meta(sigma1)
+    assert read_point(lambda: sigma1_summaries(hf_llama, heads)) == "offsets.py:sigma1_summaries"
+
+
+def test_a_text_run_draws_its_batches_on_the_host_and_trains_on_meta(hf_llama):
+    """A text task's batches come from host memory: the trainer draws them with a CPU generator
+    (on CUDA they then go through pinned memory without a wait) and steps run on the device."""
+    task = _text_task(hf_llama.cfg.d_vocab)
+    cfg = TrainConfig(steps=20, batch_size=2, eval_every=20, sync_every=10, device="cpu", precision="bf16")
+    trainer = Trainer(hf_llama, task, cfg, penalty=R.build_penalty(["entropy=0.1"], hf_llama), device=META)
+    assert trainer.data.device.type == "cpu" and trainer.graph.static
+    for _ in range(2):
+        on_meta(trainer.step)
+    assert trainer.step_index == 2 and all_meta(list(trainer.model.parameters()))
+
+
+@pytest.mark.parametrize("kind", ["entropy", "hoyer", "topk"])
+def test_a_fused_blocks_arithmetic_runs_on_meta(kind):
+    """What a fused block of the row penalties computes on a GPU (regularizers/softmax_rows.py's
+    forward_block and backward_block, compiled there): a block's own rows, its visibility mask and
+    its row numbers are made on the device of Q and K (here eagerly on meta, under SameDevice)."""
+    from attn_core.regularizers import softmax_rows as sr
+
+    q, k = (torch.randn(2, 3, 40, 8, device=META) for _ in range(2))
+    positions = torch.arange(40, device=META)
+    key_mask = torch.ones(2, 40, dtype=torch.bool, device=META)
+    n = torch.full((2, 1, 16), 20.0, device=META)
+    inputs = on_meta(lambda: sr.block_inputs(q, k, 16, 32, 0, 32, positions, key_mask))
+    assert all_meta([t for t in inputs if t is not None]) and inputs[0].shape == (2, 3, 16, 8)
+    value, stats = on_meta(lambda: sr.forward_block(*inputs, 0.5, 0, kind, n, 2))
+    assert value.shape == (2, 3, 16) and all_meta([value, *stats])
+    g = torch.ones(2, 3, 16, device=META)
+    P, c = on_meta(lambda: sr.backward_block(*inputs, 0.5, 4, kind, n, g, list(stats), 2))
+    assert P.shape == (2, 3, 16, 32) and c.shape == (2, 3, 16, 1) and all_meta([P, c])

@@ -19,6 +19,7 @@ BROWSER = {"dashboard.py"}  # drives headless Chromium
 TRANSFORMERS = {
     "long_inputs.py",
     "hf_load.py",
+    "job_vs_loop.py",
     "penalty_cost.py",
     "text_batch_memory.py",
     "text_retrain.py",

@@ -113,3 +113,45 @@ def test_compile_is_a_checked_setting_recorded_in_the_command():
         TrainConfig(compile="yes")
     with pytest.raises(ValueError, match="compile must be true or false"):
         JobConfig("reverse-1l", compile=1)
+
+
+def test_the_compiled_step_has_no_graph_break_and_no_recompile_after_warm_up(monkeypatch):
+    """The compiled step (forward, loss, penalty, backward; the clipping; AdamW) is traced in its
+    first step and never again, while the schedule changes the learning rate every step, with
+    bf16 autocast inside the traced forward (whether a device has autocast is asked outside it:
+    asking inside broke the graph there and retraced its remainder on every step, issue 28).
+    Counted by dynamo's own counters, with the aot_eager backend (dynamo and AOTAutograd as
+    inductor gets them, without its C++ compile)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from attn_core.training import step as step_module
+
+    monkeypatch.setattr(step_module, "BACKEND", "aot_eager")
+    torch._dynamo.reset()
+    counters.clear()
+    model = make_tiny_model(d_model=12, d_head=6)
+    cfg = TrainConfig(
+        steps=8, batch_size=4, eval_every=8, eval_samples=8, warmup_steps=3, device="cpu", compile=True,
+        precision="bf16",
+    )  # fmt: skip
+    t = Trainer(model, TASK, cfg, penalty=R.build_penalty(["entropy=0.1"], model))
+    for _ in range(2):  # warm-up: the first trace of each region
+        t.step()
+    graphs, frames, breaks = counters["stats"]["unique_graphs"], dict(counters["frames"]), dict(counters["graph_break"])
+    lrs = []
+    for _ in range(5):
+        lrs.append(t.step()["lr"])
+    assert t.graph.compiled and t.graph.note == ""
+    assert len(set(lrs)) == 5  # the learning rate changed every step ...
+    assert counters["stats"]["unique_graphs"] == graphs and dict(counters["frames"]) == frames  # ... nothing retraced
+    assert not counters["recompiles"] and dict(counters["graph_break"]) == breaks
+    # three regions: the forward with its backward (one graph, no break), the clipping, the
+    # optimizer's step; the only breaks are the optimizer's own (its no_grad boundary, and the
+    # schedule's wrapper of step), as when torch.compile takes an optimizer's step alone
+    b = t._batch()[0]
+    forward = torch._dynamo.explain(t.graph._static_values)(b.tokens, b.targets, b.mask)
+    assert forward.graph_count == 1 and forward.graph_break_count == 0
+    assert all("Adam.step" in k or "graph_break()" in k for k in breaks), list(breaks)
+    assert graphs == 3 and float(t.optimizer.param_groups[0]["lr"]) == pytest.approx(lrs[-1])
+    torch._dynamo.reset()

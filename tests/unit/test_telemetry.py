@@ -92,11 +92,11 @@ def test_logged_rows_parse_back():
     model = make_tiny_model(n_layers=2)
     cfg = model.cfg
     probe = TASK.sample(4, 0).tokens
-    row, pattern = telemetry_row(model, probe, R.all_heads(cfg))
-    assert pattern.shape == (2, 2, TASK.n_ctx, TASK.n_ctx)
+    row = telemetry_row(model, probe, R.all_heads(cfg))
     per_head = [MetricKey.parse(n) for n in row if MetricKey.parse(n).per_head]
-    assert {k.metric for k in per_head} == {"entropy_data", "top1_data", "entropy_vocab"} and len(per_head) == 12
-    assert {"entropy_data", "entropy_vocab", "top1_data"} <= set(row)
+    # what the live pages draw: no vocabulary view (measured before and after only), no pattern
+    assert {k.metric for k in per_head} == {"entropy_data", "top1_data"} and len(per_head) == 8
+    assert {"entropy_data", "top1_data"} <= set(row) and "entropy_vocab" not in row
     spectra = spectra_row(R.spectrum(model))
     sigma = [MetricKey.parse(n) for n in spectra if n.startswith("sigma:")]
     assert len(sigma) == 2 * 2 * 8 and {k.index for k in sigma} == set(range(8))

@@ -57,12 +57,15 @@ def wait_for(pred, timeout=120.0) -> bool:
 
 def test_a_worker_trains_the_run_a_thread_trains(tiny):
     store = RunStore()
-    job = TrainingJob(cfg(tiny, seed=3), store=store).start(process=True)
+    job = TrainingJob(cfg(tiny, seed=3), store=store)
+    job.watch(0, 1)  # before the worker starts: the worker is told
+    job.start(process=True)
     assert job.join(300)
     snap = job.snapshot()
     assert snap.status == "completed" and snap.step == 40 and snap.message == "completed 40 steps"
     assert job.remote.process.returncode == 0 and job.remote.process.pid != os.getpid()
     here = TrainingJob(cfg(tiny, seed=3), store=False)
+    here.watch(0, 1)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the worker's one thread: bit for bit holds at the same thread count
     try:
@@ -78,7 +81,10 @@ def test_a_worker_trains_the_run_a_thread_trains(tiny):
         assert torch.equal(weights[k], v)
     for k, v in store.load_model(snap.run_id).model.state_dict().items():
         assert torch.equal(v, weights[k])
-    assert snap.probe_pattern.shape == here.snapshot().probe_pattern.shape
+    # the watched head's pattern came back, the same as the thread's
+    assert snap.probe_head == here.snapshot().probe_head == (0, 1) and snap.probe_step == 40
+    assert snap.pattern_of(0, 1).shape == (job.task.n_ctx, job.task.n_ctx)
+    assert (snap.pattern_of(0, 1) == here.snapshot().pattern_of(0, 1)).all() and snap.pattern_of(1, 1) is None
     assert job.model_copy().cfg == here.model.cfg
 
 

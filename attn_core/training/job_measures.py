@@ -1,0 +1,52 @@
+"""What a live job (:class:`attn_core.training.job.TrainingJob`) measures while it trains, on the
+heads that matter (issue 28): telemetry of the regularized heads on the probe batch, the watched
+head's probe pattern (and no other: a job nobody watches copies no pattern from the device), the
+spectra of the watched and regularized heads, and the before/after measurement sized to the run.
+Each reads the weights through ``Trainer.view()`` (the model, or on rank 0 of an FSDP run its
+gathered weights)."""
+
+from __future__ import annotations
+
+from attn_core import regularizers as R
+from attn_core.training import telemetry
+
+
+def record_telemetry(job, step: int) -> None:
+    """Per-head telemetry of the regularized heads at ``step``, then the watched head's pattern."""
+    with job.trainer.view() as model:
+        job._record(
+            step, telemetry.telemetry_row(model, job.probe.tokens, job.penalty.regularized_heads, job.cfg.precision)
+        )
+    watched_pattern(job, step)
+
+
+def watched_pattern(job, step: int) -> None:
+    """The watched head's probe pattern with the weights of ``step`` (nothing when unwatched)."""
+    watched = job._watch
+    if watched is not None:
+        with job.trainer.view() as model:
+            pattern = telemetry.probe_pattern(model, job.probe.tokens[0], *watched)
+        job._state.update(probe_pattern=pattern, probe_step=step, probe_head=watched)
+
+
+def record_spectra(job, step: int) -> None:
+    """The spectra of every head's B and, rotary, sigma_1(B(delta)) of the heads that matter (the
+    watched one first)."""
+    heads = ([job._watch] if job._watch is not None else []) + list(job.penalty.regularized_heads)
+    with job.trainer.view() as model:
+        offsets = telemetry.offsets_row(model, heads)
+        job._record(step, {**telemetry.spectra_row(R.spectrum(model)), **offsets})
+
+
+def measure(job) -> dict:
+    """The before/after measurement (``telemetry.measure``), on text sized by the run's tokens."""
+    with job.trainer.view() as model:
+        return telemetry.measure(
+            model,
+            job.task,
+            job.penalty.regularized_heads,
+            job.cfg.measure_samples,
+            job.cfg.seed,
+            tokens=telemetry.measure_tokens(job.train_cfg, job.task),
+            precision=job.cfg.precision,
+        )
