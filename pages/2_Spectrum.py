@@ -144,7 +144,7 @@ if cfg.positional == "rotary":
 # --- norms, ranks, symmetric part ---------------------------------------------------------------------
 st.header("Norms, ranks and the symmetric part, every head")
 shown = table if which == ALL else table[(table["layer"] == layer) & (table["head"] == head)]
-st.dataframe(
+ui.show_table(
     shown,
     hide_index=True,
     column_config={

@@ -20,7 +20,7 @@ from ui.heatmap_input import Input
 from ui.markup import plain
 from ui.models import load_model
 from ui.pickers import value_choice
-from ui.plots import show_plot
+from ui.plots import show_plot, show_table
 from ui.state import remember
 
 METRIC_HELP = {
@@ -178,7 +178,7 @@ def concentration(table, head, all_heads: bool) -> Plot:
     st.header("Concentration of every head" if all_heads else "Concentration of the head")
     shown = table if all_heads else table[table["head"] == head]
     st.caption(f"Mean, min and max over the query rows that see at least {metrics.MIN_KEYS} keys, on this input.")
-    st.dataframe(
+    show_table(
         shown[["head", "metric", "mean", "min", "max"]],
         hide_index=True,
         column_config={
