@@ -92,6 +92,7 @@ DETAIL_CHECKS = {
     "architecture": (_is_str, "an architecture name"),
     "note": (_is_str, "a string"),
     "checkpoints": (_is_dict, "an object (the checkpoints kept across training)"),
+    "distributed": (_is_dict, "an object (the workers a run trained on)"),
 }
 
 

@@ -28,7 +28,7 @@ from safetensors.torch import load as st_load_bytes
 from safetensors.torch import save as st_save_bytes
 
 from attn_core.card import Card
-from attn_core.destinations import check_not_shipped, remove_stale_tmp, tmp_prefix
+from attn_core.destinations import check_not_shipped, remove_stale_tmp, tmp_prefix, write_failed
 from attn_core.model import ModelConfig, Transformer
 from attn_core.model.rotary import inverse_frequencies
 from attn_core.tasks import TASKS, Task
@@ -300,11 +300,14 @@ def save(
     tmp.chmod(0o755)  # mkdtemp makes it private; a saved model is readable like any folder
     moved: list[tuple[Path, Path]] = []
     try:
-        (tmp / WEIGHTS).write_bytes(to_safetensors_bytes(model, card))
-        (tmp / CONFIG).write_text(json.dumps(model.cfg.to_dict(), indent=2) + "\n")
-        (tmp / CARD).write_text(json.dumps(card.to_dict(), indent=2, default=_json_default) + "\n")
-        for name, data in (files or {}).items():
-            (tmp / name).write_bytes(data)
+        try:
+            (tmp / WEIGHTS).write_bytes(to_safetensors_bytes(model, card))
+            (tmp / CONFIG).write_text(json.dumps(model.cfg.to_dict(), indent=2) + "\n")
+            (tmp / CARD).write_text(json.dumps(card.to_dict(), indent=2, default=_json_default) + "\n")
+            for name, data in (files or {}).items():
+                (tmp / name).write_bytes(data)
+        except OSError as e:  # a full disk: the folder is named, not the temporary one
+            raise write_failed(e, folder) from None
         for name, source in (include or {}).items():
             Path(source).rename(tmp / name)
             moved.append((Path(source), tmp / name))

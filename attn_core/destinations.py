@@ -2,10 +2,13 @@
 inside the shipped ``assets/`` or a model folder, never through a link), and
 the temporary folders of an atomic save (``checkpoint.save``), named after this host and process
 so that the left-over of a killed save is known as such and removed once its process is gone.
+A write that fails half-way (a full disk, a file size limit) leaves nothing and is one
+``OSError`` naming the destination (:func:`write_file`, :func:`write_failed`).
 """
 
 from __future__ import annotations
 
+import errno
 import glob
 import hashlib
 import os
@@ -127,3 +130,35 @@ def remove_stale_tmp(directory: Path, name: str | None = None, max_age_s: float 
 def tmp_prefix(name: str) -> str:
     """The prefix of a temporary folder beside ``name``: ``.<name>.tmp-<host tag>-<pid>-``."""
     return f".{name}{TMP_MARK}{_HOST}-{os.getpid()}-"
+
+
+def write_failed(e: BaseException, dest: str | Path) -> OSError:
+    """The one error of a write to ``dest`` that failed: an ``OSError`` with the reason (a full
+    disk, a file too large, no permission; a library's own error that carries an OS error, as
+    safetensors' "os error 28" does, included) whose filename is the destination, not the
+    temporary file the write went to."""
+    code = getattr(e, "errno", None)
+    if not isinstance(code, int):
+        found = re.search(r"os error (\d+)", str(e))
+        code = int(found.group(1)) if found else None
+    why = os.strerror(code) if code else ((str(e).strip().splitlines() or [type(e).__name__])[0][:160])
+    return OSError(code or errno.EIO, f"{why}; nothing was written", str(dest))
+
+
+def write_file(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` as the file ``path`` through a temporary sibling renamed into place: a
+    failure leaves neither (:func:`write_failed` says why)."""
+    path = Path(path)
+    fd, name = tempfile.mkstemp(prefix=tmp_prefix(path.name), dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(name, 0o644)  # mkstemp makes it private; an export is readable like any file
+        os.replace(name, path)
+    except OSError as e:
+        Path(name).unlink(missing_ok=True)
+        raise write_failed(e, path) from None
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+    return path

@@ -183,6 +183,13 @@ def check_threads(name: str, value: object) -> int:
 # --- files ---------------------------------------------------------------------------------------
 
 
+def real_path(path: str | Path) -> Path:
+    """``path`` with every link resolved, never raising for a link loop (``Path.resolve`` raises
+    RuntimeError on one before Python 3.13): a loop resolves to a path whose opening then fails
+    with its own error (ELOOP), one sentence where it is read."""
+    return Path(os.path.realpath(path))
+
+
 def regular_file_size(path: str | Path, what: str | None = None) -> int:
     """The size of ``path`` when it is a regular file (symlinks followed); a FIFO, a device, a
     socket or a folder is refused without being opened (opening a FIFO blocks, a device reads

@@ -13,6 +13,10 @@ reuses them; docs/maths.md has the list); all return ``[...]``, one value per ro
     topk_mass          sum of the k largest p                k/n .. 1
     participation_ratio (sum p)^2 / sum p^2                  1 (one-hot) .. n (uniform)
     gini               Gini coefficient of p                 0 (uniform) .. 1 - 1/n (one-hot)
+
+Without chosen keys (an attention sink's column, ``bilinear.sinks``): :func:`drop_keys` removes
+them from the mask and renormalizes each row over the keys left, and ``concentration(...,
+exclude=keys)`` measures those rows; a row with no mass left is masked out entirely.
 """
 
 from __future__ import annotations
@@ -102,12 +106,33 @@ def gini(p: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-12) 
     return num / (n.squeeze(-1) * p.sum(-1)).clamp_min(eps)
 
 
+def drop_keys(p: torch.Tensor, mask: torch.Tensor | None, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows of ``p`` renormalized over their visible keys that are not in ``keys``, the mask
+    without ``keys``). ``keys`` is a bool tensor that broadcasts against ``p`` (True: drop the
+    key; [nk] for the same keys in every row, [..., 1, nk] per head). A row whose remaining mass
+    is zero (every visible key dropped, or all its mass on them) gets no visible key at all, so
+    summaries skip it (:func:`informative_rows`)."""
+    m = _mask(p, mask) & ~keys.to(torch.bool)
+    kept = p.masked_fill(~m, 0.0)
+    total = kept.sum(-1, keepdim=True)
+    m = m & (total > 0)
+    return (kept / total.clamp_min(torch.finfo(p.dtype).tiny)).masked_fill(~m, 0.0), m
+
+
 def concentration(
-    x: torch.Tensor, mask: torch.Tensor | None = None, k: int = 1, from_scores: bool = False
+    x: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    k: int = 1,
+    from_scores: bool = False,
+    exclude: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Every metric of every row: ``{name: [...]}``. ``x`` holds probabilities, or pre-softmax
-    scores when ``from_scores`` (a masked softmax is taken first)."""
+    scores when ``from_scores`` (a masked softmax is taken first). ``exclude`` (bool, True for a
+    key to leave out, e.g. a sink) measures the rows renormalized without those keys
+    (:func:`drop_keys`)."""
     p = row_probs(x, mask) if from_scores else x
+    if exclude is not None:
+        p, mask = drop_keys(p, mask, exclude)
     return {
         "entropy": entropy(p, mask),
         "normalized_entropy": normalized_entropy(p, mask),

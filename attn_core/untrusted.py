@@ -48,8 +48,8 @@ def model_file(folder: str | Path, name: str) -> Path:
     its own config.json, card.json and weights, and the names a card, a config or an index gives."""
     if not isinstance(name, str) or not name.strip() or "\x00" in name:
         raise CheckpointError(f"{name!r} is not a file name inside the model folder")
-    root = Path(folder).resolve()
-    target = (root / name).resolve()  # an absolute name replaces root here, and is then refused
+    root = limits.real_path(folder)
+    target = limits.real_path(root / name)  # an absolute name replaces root here, and is then refused
     if not target.is_relative_to(root) or target == root:
         raise CheckpointError(
             f"{name!r} leads outside the model folder {root.name} (an absolute path, '..' or a link); "

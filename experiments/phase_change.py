@@ -7,7 +7,8 @@ scratch:induction-2l ...``), keeping checkpoints log-spaced from step 1 and ever
 20 to 400 (where the transition happens), every 100 after. Every checkpoint is measured on the same
 256 held-out sequences (``attn_core.dynamics``). Per seed:
 
-- the phase change: the window of steepest fall of the ICL score (``dynamics.phase``);
+- the phase change: the window of steepest fall of the ICL score that the loss shares, both beyond
+  the series' noise (``dynamics.phase``);
 - whether the layer-1 prefix-matching score (the largest over layer-1 heads) and the K-composition
   from the previous-token head (the layer-0 head with the highest previous-token score at the end)
   into layer 1 (the largest over layer-1 heads) *rise inside that window*: their rise across the

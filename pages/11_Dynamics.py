@@ -12,28 +12,37 @@ from attn_core.figures import circuits as fc
 from attn_core.figures import dynamics as fd
 from attn_core.figures.base import export_bytes
 from attn_core.figures.layout import HALF_PX
+from attn_core.text import files as text_files
 
 PLAY_S = 1.0  # seconds per step while playing
+MAX_SKIPPED_SHOWN = 10  # lines, one per checkpoint skipped
+MAX_CURVE_STEPS = 500  # steps a curve draws (a series may hold 10,000: drawn at all, a rerun takes seconds)
 SOURCES = {"checkpoints": "a run or folder with checkpoints", "folders": "model folders, one per step"}
 
 
 @ui.cached(resource=True, max_entries=8)
-def build_series(names: tuple[str, ...], steps: tuple[int, ...] | None) -> D.Series:
+def build_series(names: tuple[str, ...], steps: tuple[int, ...] | None, stamp: tuple) -> D.Series:
+    """The series (its members listed anew when ``stamp``, its folders' and index's times, changes)."""
     return D.series(list(names), list(steps) if steps is not None else None)
 
 
 @ui.cached(resource=True, max_entries=64)
-def load_step(names: tuple[str, ...], steps: tuple[int, ...] | None, step: int, member_key: str):
+def load_step(names: tuple[str, ...], steps: tuple[int, ...] | None, stamp: tuple, step: int, member_key: str):
     """One checkpoint as a model, cached by its file (``member_key``: path, size, mtime)."""
-    return build_series(names, steps).load(step)
+    return build_series(names, steps, stamp).load(step)
 
 
 @ui.cached
-def metrics_of(names: tuple, steps: tuple | None, series_key: str, samples: int, seed: int) -> D.Dynamics:
+def metrics_of(names: tuple, steps: tuple | None, stamp: tuple, series_key: str, samples: int, seed: int,
+               text: str | None, text_key: tuple | None) -> D.Dynamics:  # fmt: skip
     """The metrics of every checkpoint (each one also cached on disk, so a new checkpoint costs
-    only itself); ``series_key`` changes when any checkpoint file does."""
-    series = build_series(names, steps)
-    inputs = D.default_inputs(series, samples=samples, seed=seed)
+    only itself), on the task's held-out sequences or windows of a text of the data folder;
+    ``series_key`` and ``text_key`` change when any checkpoint file or the text does."""
+    series = build_series(names, steps, stamp)
+    if text is not None:
+        inputs = D.series_text_inputs(series, D.read_text(text_files.data_path(text)), None, samples)
+    else:
+        inputs = D.default_inputs(series, samples=samples, seed=seed)
     bar = st.progress(0.0, text=f"Measuring {len(series.members)} checkpoints…")
 
     def progress(done: int, total: int) -> None:
@@ -42,6 +51,12 @@ def metrics_of(names: tuple, steps: tuple | None, series_key: str, samples: int,
     dyn = D.dynamics(series, inputs, cache=D.MetricCache(), progress=progress, seed=seed)
     bar.empty()
     return dyn
+
+
+@ui.cached
+def has_task(names: tuple, steps: tuple | None, stamp: tuple) -> bool:
+    """Whether the series has a task to draw held-out sequences from (else it is measured on a text)."""
+    return D.default_inputs(build_series(names, steps, stamp), samples=1) is not None
 
 
 view_of = ui.cached(bilinear.sequence_view)
@@ -83,72 +98,103 @@ kind = st.radio(
     "Series", list(SOURCES), horizontal=True, format_func=SOURCES.get, key=ui.remember("dyn_kind", "checkpoints")
 )
 steps_given = None
-if kind == "checkpoints":
-    problems: list[str] = []
-    found = D.available(problems=problems)
-    labels = {f["source"]: f["label"] for f in found}
-    c_pick, c_path = st.columns([3, 2])
-    options = list(labels) + ["(a folder)"]
-    picked = c_pick.selectbox(
-        "Run or model with checkpoints",
-        options,
-        format_func=lambda s: labels.get(s, "a folder path →"),
-        key=ui.remember("dyn_source", options[0], options),
-        help="Runs and models (zoo, $ATTN_LAB_MODELS) whose folder holds checkpoints/",
-    )
-    path = c_path.text_input("Folder", key=ui.remember("dyn_path", ""), disabled=picked != "(a folder)")
-    names = (path.strip(),) if picked == "(a folder)" else (picked,)
-    if problems:
-        st.caption(f"Left out of the list: {ui.plain('; '.join(problems))}")
-    if not names[0]:
-        st.info(
-            "No run or model with checkpoints yet. Train one with "
-            "`attn-lab train --preset induction-2l --checkpoint-log 40 --out my-run` (then give its folder) or "
-            "`attn-lab retrain induction-2l --checkpoint-every 20`."
-        )
-        st.stop()
-else:
-    text = st.text_area(
-        "Model folders, one per line",
-        key=ui.remember("dyn_folders", ""),
-        help="Folders of one architecture (e.g. local copies of a model's training revisions); the step of each is "
-        "the one its name carries (step1000, checkpoint-1000) unless given below",
-    )
-    raw_steps = st.text_input("Steps (optional, comma-separated, one per folder)", key=ui.remember("dyn_steps", ""))
-    names = tuple(line.strip() for line in text.splitlines() if line.strip())
-    if not names:
-        st.info("Give two or more model folders.")
-        st.stop()
-    if raw_steps.strip():
-        parts = [p.strip() for p in raw_steps.split(",")]
-        if not all(p.isdigit() for p in parts):
-            st.error("Steps are whole numbers separated by commas.")
-            st.stop()
-        steps_given = tuple(int(p) for p in parts)
 try:
-    series = build_series(names, steps_given)
+    if kind == "checkpoints":
+        problems: list[str] = []
+        found = D.available(problems=problems)
+        labels = {f["source"]: f["label"] for f in found}
+        c_pick, c_path = st.columns([3, 2])
+        options = list(labels) + ["(a folder)"]
+        picked = c_pick.selectbox(
+            "Run, model or folder with checkpoints",
+            options,
+            format_func=lambda s: labels.get(s, "a folder path →"),
+            key=ui.remember("dyn_source", options[0], options),
+            help="Runs, models (zoo, $ATTN_LAB_MODELS) whose folder holds checkpoints/, and folders of model folders "
+            "named by step (step1000/ ...) or listed in series.json / series.csv ($ATTN_LAB_MODELS, $ATTN_LAB_DATA)",
+        )
+        path = c_path.text_input(
+            "Folder", key=ui.remember("dyn_path", ""), disabled=picked != "(a folder)",
+            help="Inside the run store, the model folders or the data folder; nothing else on the server is read",
+        )  # fmt: skip
+        names = (path.strip(),) if picked == "(a folder)" else (picked,)
+        if problems:
+            st.caption(f"Left out of the list: {ui.plain('; '.join(problems))}")
+        if not names[0]:
+            st.info(
+                "No run or model with checkpoints yet. Train one with "
+                "`attn-lab train --preset induction-2l --checkpoint-log 40 --out my-run` (then give its folder) or "
+                "`attn-lab retrain induction-2l --checkpoint-every 20`."
+            )
+            st.stop()
+    else:
+        text = st.text_area(
+            "Model folders, one per line",
+            key=ui.remember("dyn_folders", ""),
+            help="Folders of one architecture (e.g. local copies of a model's training revisions) in the run store, the "
+            "model folders or the data folder; the step of each is the one its name carries (step1000, checkpoint-1000) "
+            "unless given below",
+        )
+        raw_steps = st.text_input("Steps (optional, comma-separated, one per folder)", key=ui.remember("dyn_steps", ""))
+        names = tuple(line.strip() for line in text.splitlines() if line.strip())
+        if not names:
+            st.info("Give two or more model folders.")
+            st.stop()
+        if raw_steps.strip():
+            parts = [p.strip() for p in raw_steps.split(",")]
+            if not all(p.isdigit() and len(p) < 16 for p in parts):
+                raise ValueError(f"steps are whole numbers separated by commas, got {raw_steps.strip()[:80]!r}")
+            steps_given = tuple(int(p) for p in parts)
+    names = tuple(D.check_browsable(n) for n in names)  # no path outside the folders the dashboard reads
+    stamp = D.stamp(list(names))
+    series = build_series(names, steps_given, stamp)
     series_key = series.key  # every checkpoint's file, size and modification time
 except (ValueError, OSError) as e:
     st.error(f"This series cannot be read: {ui.plain(e)}")
     st.stop()
 cfg = series.config
 
-c_samples, c_seed = st.columns(2)
+c_samples, c_seed, c_text = st.columns([1, 1, 2])
+try:
+    needs_text = not has_task(names, steps_given, stamp)
+except (ValueError, OSError) as e:  # no checkpoint can be loaded to ask
+    st.error(f"This series cannot be measured: {ui.plain(e)}")
+    st.stop()
+text_name = None
+if needs_text:  # a model without a task (an imported series): windows of a text of the data folder
+    texts = [n for n in text_files.data_files() if n.lower().endswith(".txt")]
+    text_name = c_text.selectbox(
+        "Text", texts or ["(none)"], key=ui.remember("dyn_text", (texts or ["(none)"])[0], texts or ["(none)"]),
+        help="These models have no task: loss and ICL score are measured on windows of this text ($ATTN_LAB_DATA)",
+    )  # fmt: skip
+    if not texts:
+        text_name = None
+        c_text.caption("No .txt file in $ATTN_LAB_DATA: only the weight metrics and detectors are measured.")
 samples = c_samples.number_input(
-    "Held-out sequences", 16, 2048, step=16, key=ui.remember("dyn_samples", 256, range(16, 2049)),
-    help="Sequences of the task every checkpoint is measured on (a fixed seed: the same for every step)",
+    "Held-out windows" if text_name else "Held-out sequences", min_value=16, max_value=2048, step=16,
+    key=ui.remember("dyn_samples", 256, range(16, 2049)),
+    help="Sequences of the task (or windows of the text) every checkpoint is measured on (a fixed seed: the same "
+    "for every step); the caption below says how many were used",
 )  # fmt: skip
 seed = c_seed.number_input("Seed", 0, 2**31 - 1, key=ui.remember("dyn_seed", 0, range(2**31)))
-dyn = metrics_of(names, steps_given, series_key, int(samples), int(seed))
+try:
+    text_key = D.stamp([str(text_files.data_path(text_name))]) if text_name else None
+    dyn = metrics_of(names, steps_given, stamp, series_key, int(samples), int(seed), text_name, text_key)
+except (ValueError, OSError) as e:  # no checkpoint measurable, a text that cannot be read or tokenized
+    st.error(f"This series cannot be measured: {ui.plain(e)}")
+    st.stop()
+steps = dyn.steps
 st.caption(
-    f"{len(dyn.steps)} checkpoints, steps {dyn.steps[0]}..{dyn.steps[-1]}; {ui.plain(dyn.inputs)}. "
-    + (
-        f"Phase change at step {dyn.phase_change['step']} (window {dyn.phase_change['window'][0]}"
-        f"..{dyn.phase_change['window'][1]}: the steepest fall of the ICL score)."
-        if dyn.phase_change
-        else "No phase change: the ICL score has no sudden fall after a plateau."
-    )
+    f"{len(steps)} checkpoints, steps {steps[0]}..{steps[-1]}; measured on {ui.plain(dyn.inputs)}. "
+    + ui.plain(D.describe_phase(dyn.phase_change)[:1].upper() + D.describe_phase(dyn.phase_change)[1:])
+    + "."
 )
+for s in dyn.skipped[:MAX_SKIPPED_SHOWN]:
+    st.warning(f"Skipped {ui.plain(s.line())}", icon=":material/broken_image:")
+if len(dyn.skipped) > MAX_SKIPPED_SHOWN:
+    st.warning(
+        f"… and {len(dyn.skipped) - MAX_SKIPPED_SHOWN} more checkpoints skipped (`attn-lab dynamics --json` lists them)."
+    )
 if series.partial:
     st.info("These checkpoints keep only attention and LayerNorm weights: the views that need the whole model "
             "(heatmaps on an input, detectors, loss) are not drawn; the spectrum and composition are.")  # fmt: skip
@@ -171,10 +217,11 @@ def step_views() -> None:
         i = dyn.steps.index(st.session_state[key])
         st.session_state[key] = dyn.steps[(i + 1) % len(dyn.steps)]
     step = st.select_slider("Step", options=dyn.steps, key=key, help="The training step every view below shows")
-    loaded = load_step(names, steps_given, step, series.member(step).key)
-
+    loaded = loaded_step(step)
     views = []
-    if not series.partial:
+    if loaded is None:
+        pass  # said in one line: the curves below are still drawn
+    elif not series.partial:
         tokens = input_tokens(loaded)
         view = view_of(loaded, tokens, layer)
         st.subheader(f"Step {step}: L{layer}H{head} on a held-out input")
@@ -186,19 +233,25 @@ def step_views() -> None:
             other = "pattern" if value == "scores" else "scores"
             views.append(fb.view_plot(view, head, value=other))
             ui.show_plot(views[-1], key="dyn_heatmap_other")
-    left, right = st.columns(2)
-    with left:
-        views.append(fb.spectrum_plot(spectrum_of(loaded, layer)))
-        ui.show_plot(views[-1], key="dyn_spectrum")
-    with right:
-        views.append(fc.composition_plot(composition_of(loaded), width=HALF_PX))  # laid out for its half row
-        ui.show_plot(views[-1], key="dyn_composition")
-    if not series.partial:
+    if loaded is not None:
+        left, right = st.columns(2)
+        with left:
+            views.append(fb.spectrum_plot(spectrum_of(loaded, layer)))
+            ui.show_plot(views[-1], key="dyn_spectrum")
+        with right:
+            views.append(fc.composition_plot(composition_of(loaded), width=HALF_PX))  # laid out for its half row
+            ui.show_plot(views[-1], key="dyn_composition")
+    if loaded is not None and not series.partial:
         views.append(fb.heads_plot(detectors_of(loaded, int(seed))))
         ui.show_plot(views[-1], key="dyn_detectors")
 
     st.subheader("Across training")
-    curves = fd.panels(dyn, layer, head, step)
+    shown = dyn.thinned(MAX_CURVE_STEPS)  # a long series: its curves drawn at evenly spaced steps
+    if len(shown.steps) < len(dyn.steps):
+        st.caption(
+            f"The curves show {len(shown.steps):,} of the {len(dyn.steps):,} steps, evenly spaced; the slider has all."
+        )
+    curves = fd.panels(shown, layer, head, step)
     for i in range(0, len(curves), 2):
         for col, plot in zip(st.columns(2), curves[i : i + 2]):
             with col:
@@ -212,6 +265,17 @@ def step_views() -> None:
     )  # fmt: skip
 
 
+def loaded_step(step: int, quiet: bool = False):
+    """The checkpoint of ``step`` as a model; None (said in one line unless ``quiet``) when it cannot
+    be read now (damaged or removed since its metrics were read from the cache)."""
+    try:
+        return load_step(names, steps_given, stamp, step, series.member(step).key)
+    except (ValueError, OSError) as e:
+        if not quiet:
+            st.warning(f"Step {step} cannot be read: {ui.plain(e)}", icon=":material/broken_image:")
+        return None
+
+
 def animation_export(layer: int, head: int, value: str, step: int) -> None:
     """The animation of the head's heatmap and spectrum across every step, as one HTML file."""
     if series.partial:
@@ -220,18 +284,20 @@ def animation_export(layer: int, head: int, value: str, step: int) -> None:
         if st.button(
             "Build the animation", key="dyn_build_animation", help="One frame per checkpoint, a slider and play/pause"
         ):
-            first = load_step(names, steps_given, dyn.steps[0], series.member(dyn.steps[0]).key)
+            found = {s: m for s in dyn.steps if (m := loaded_step(s, quiet=True)) is not None}
+            if not found:
+                st.warning("No checkpoint can be read now: there is nothing to animate.")
+                return
+            first = next(iter(found.values()))
             tokens = (
                 bilinear.sample_tokens(first, int(seed))
                 if first.task is not None or series.task
                 else bilinear.random_tokens(first, int(seed))
             )
-            views, spectra = [], []
-            for s in dyn.steps:
-                loaded = load_step(names, steps_given, s, series.member(s).key)
-                views.append(view_of(loaded, tokens, layer))
-                spectra.append(spectrum_of(loaded, layer).query("head == @head"))
-            plot = fd.animation_plot(dyn.steps, views, spectra, head, value, start=step)
+            views = [view_of(m, tokens, layer) for m in found.values()]
+            spectra = [frame[frame["head"] == head] for frame in (spectrum_of(m, layer) for m in found.values())]
+            shown = list(found)
+            plot = fd.animation_plot(shown, views, spectra, head, value, start=step if step in found else shown[-1])
             st.session_state["dyn_animation"] = (plot.name, export_bytes(plot, "html"))
             ui.show_plot(plot, key="dyn_animation", downloads=False)
         built = st.session_state.get("dyn_animation")

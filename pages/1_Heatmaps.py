@@ -9,6 +9,7 @@ import ui
 from attn_core import bilinear
 from attn_core.figures import bilinear as fb
 from ui import heatmap_sections as sections
+from ui import heatmap_sinks as sinks
 from ui.heatmap_input import pick_input
 
 ALL = ui.ALL_HEADS
@@ -33,6 +34,7 @@ def head_views() -> None:
     c_layer, c_head, _ = st.columns([1, 1, 6])
     layer, head = ui.layer_head_picker(cfg, (c_layer, c_head), all_heads=True)
     ui.to_url(layer=layer, head=head)
+    sm = sinks.sink_mode(inp.long)
     plots, long_settings = [], {}
     if inp.long:  # an exact window, the top keys, a pooled overview
         scores = sections.layer_scores(loaded, tokens, layer)
@@ -56,6 +58,8 @@ def head_views() -> None:
         for h in range(cfg.n_heads):
             if inp.long:  # one overview per head, coarser
                 plot = fb.overview_plot(scores.view(h, query, window=window, k=top, blocks=128, pool=pool), value)
+            elif sm.on:
+                plot = sinks.grid_plot(view, h, query, value, sm)
             else:
                 plot = fb.view_plot(view, h, query, value=value)
             with cols[h % 2]:
@@ -78,10 +82,13 @@ def head_views() -> None:
         plots.append(fb.overview_plot(lv, overview_value))
         ui.show_plot(plots[-1], key="overview")
     else:
-        for col, value in zip(st.columns(2), ("scores", "pattern")):
-            with col:
-                plots.append(fb.view_plot(view, head, query, value=value))
-                ui.show_plot(plots[-1], key=value)
+        if sm.on:  # the sink columns apart, or left out and the rows renormalized
+            plots += sinks.head_pair(view, head, query, sm)
+        else:
+            for col, value in zip(st.columns(2), ("scores", "pattern")):
+                with col:
+                    plots.append(fb.view_plot(view, head, query, value=value))
+                    ui.show_plot(plots[-1], key=value)
         st.header(f"Query {view.queries[query]}: f_x(y) over its keys")
         bar_col, metric_col = st.columns([3, 1])
         with bar_col:
@@ -91,9 +98,10 @@ def head_views() -> None:
             i = view.head_index(head)
             sections.query_metrics(
                 int(view.mask[query].sum()),
-                {name: v[i, query] for name, v in view.concentration(k).items()},
+                {name: v[i, query] for name, v in view.concentration(k, sm.on, sm.eps).items()},
                 k,
-                "Keys this query can attend to (causal: positions 0..i)",
+                "Keys this query can attend to (causal: positions 0..i)"
+                + ("; the metrics below leave out the head's sink keys, renormalized" if sm.on else ""),
             )
 
     # --- before and after retraining: the parent's same head on the same input ---------------------------
@@ -121,8 +129,14 @@ def head_views() -> None:
         plots += sections.why_this_key(loaded, inp, layer, head, (lv.lo, lv.hi, lv.window_labels) if inp.long else None)
 
     # --- concentration, then the vocabulary and positional views ---------------------------------------------
-    table = sections.long_concentration(loaded, tokens, layer, k) if inp.long else view.concentration_table(k)
+    table = (
+        sections.long_concentration(loaded, tokens, layer, k)
+        if inp.long
+        else view.concentration_table(k, sm.on, sm.eps)
+    )
     plots.append(sections.concentration(table, head, head == ALL))
+    if st.toggle("Attention sinks of every head", key=ui.remember("sinks_section", False), help=sinks.SECTION_HELP):
+        plots += sinks.section(loaded, inp, sm)
     plots += sections.vocabulary_and_positions(loaded, inp, layer, head if head != ALL else 0, head == ALL)
 
     # --- export ---------------------------------------------------------------------------------------------
@@ -143,6 +157,7 @@ def head_views() -> None:
             **long_settings,
             "k": k,
             "why_this_key": bool(st.session_state.get("why_key")) and head != ALL,
+            "sinks": {"mode": sm.mode, "eps": sm.eps},
         },
         key="heatmaps",
     )

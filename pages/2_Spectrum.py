@@ -1,5 +1,6 @@
 """The spectrum of B = W_Q W_K^T / sqrt(d_head) for every head: singular values, eigenvalues in
-the complex plane, eigenvalues of the symmetric part, norms and ranks, and head detectors."""
+the complex plane, eigenvalues of the symmetric part, norms and ranks, the two ranks of each head
+(of B and of its scores on probes), and head detectors."""
 
 import pandas as pd
 import streamlit as st
@@ -8,7 +9,9 @@ import ui
 from attn_core import bilinear
 from attn_core.bilinear import offsets
 from attn_core.figures import bilinear as fb
+from attn_core.figures import ranks as franks
 from attn_core.figures import rotary as fr
+from ui.probes import pick_probes, ranks_on
 
 ALL = "all"
 NORM_COLUMNS = {
@@ -169,6 +172,43 @@ ui.download_table(
 sym_plot = fb.eigen_sym_plot(shown)
 ui.show_plot(sym_plot, key="eigenvalues_sym")
 
+# --- the two ranks: weight space and data space -------------------------------------------------------
+st.header("The two ranks of each head")
+st.markdown(
+    "How many components carry 90% of the variance of $B$ (weight space), and of the scores it produces, "
+    "$S_c = S(I - \\tfrac{1}{T}\\mathbf{1}\\mathbf{1}^\\top)$, each probe's full pre-mask score matrix (rotary "
+    "applied, biases included) with each query's row centred (data space; the mean over the probes). "
+    "Large models' heads need 5–25× more components in weight space than their scores use on text "
+    "(arXiv 2604.04384)."
+)
+rank_plots = []
+choice = pick_probes(loaded, "spectrum")
+frac = st.slider("Share of the variance", 0.5, 0.99, key=ui.remember("rank_variance", 0.9), step=0.01)
+if choice is not None:
+    try:
+        with st.spinner("Singular values of every head's centred scores on every probe…"):
+            both = ranks_on(loaded, choice, float(frac))
+    except ValueError as e:
+        st.error(f"These probes do not work: {ui.plain(e)}")
+        both = None
+    if both is not None:
+        rank_plots.append(franks.ranks_plot(both))
+        ui.show_plot(rank_plots[-1], key="two_ranks")
+        focus = (layer, head) if which == "one" else (0, 0)
+        left_col, right_col = st.columns(2)
+        with left_col:
+            rank_plots.append(franks.variance_plot(both, *focus))
+            ui.show_plot(rank_plots[-1], key="rank_variance")
+        with right_col:
+            rows = pd.DataFrame(both.heads())
+            st.metric(
+                "mean gap (B / S_c)",
+                f"{rows['weight_rank'].mean() / rows['data_rank'].mean():.2f}×",
+                help="The mean effective rank of B over that of the scores, every head",
+            )
+            ui.show_table(rows, hide_index=True, height=260)
+            st.caption(f"Probes: {both.what}.")
+
 # --- head detectors -----------------------------------------------------------------------------------
 st.header("Head detectors")
 st.markdown(
@@ -228,7 +268,7 @@ ui.show_plot(heads_plot, key="heads")
 # --- export -------------------------------------------------------------------------------------------
 st.divider()
 ui.export_all(
-    [p for p in (sigma_plot, eigen_plot, offset_plot, sym_plot, heads_plot) if p is not None],
+    [p for p in (sigma_plot, eigen_plot, offset_plot, sym_plot, *rank_plots, heads_plot) if p is not None],
     {
         "page": "Spectrum",
         "model": loaded.name,
@@ -240,6 +280,7 @@ ui.export_all(
         "augmented": augmented,
         "detectors": {"samples": int(n_samples), "seed": int(det_seed), "rows": rows},
         "norms_and_ranks": shown.to_dict(orient="records"),
+        "two_ranks": {"probes": None if choice is None else choice.kind, "variance": float(frac)},
     },
     key="spectrum",
 )

@@ -1,7 +1,9 @@
 """Regularize and retrain the picked model while watching it: losses, each regularizer's term,
 per-head entropy, the watched head's spectrum and its attention, refreshed live. The training runs
-in a worker process of its own (attn_core.training.worker), never in the server's interpreter;
-this page only starts, stops and draws its snapshots. Before a run
+in a worker process of its own (attn_core.training.worker), never in the server's interpreter,
+or, when Ray sees more than one GPU or a cluster is named, on Ray Train workers
+(attn_core.distributed, each worker's throughput shown); this page only starts, stops and draws
+its snapshots. Before a run
 the per-head views show the model as it is (what a job logs at step 0, ``job.preview``), and the
 live charts continue from there."""
 
@@ -11,12 +13,13 @@ import torch
 import ui
 from attn_core import bilinear, card
 from attn_core import regularizers as R
+from attn_core.distributed.scaling import STRATEGIES, STRATEGY_HELP, workers_offer
 from attn_core.training.config import JobConfig
 from attn_core.training.device import PRECISIONS, available_devices
 from attn_core.training.job import TrainingJob
 from attn_core.validate import default
 from ui import retrain_live as live
-from ui.retrain_text import text_inputs
+from ui.retrain_text import say_estimate, text_inputs
 
 # Log-scale choices: 1e-5 .. 10 in quarter decades, 1e-5 .. 1e-1 for the learning rate.
 LAMBDAS = [round(10 ** (e / 4), 8) for e in range(-20, 5)]
@@ -161,11 +164,32 @@ with opt_col:
         help="Keep the weights at this many steps spaced evenly in log(step), plus step 0 and the last, in the "
         "run's folder (listed in its card): scrub them on the Dynamics page. 0 keeps none",
     )
+    offer, spread = workers_offer(), {}  # workers when Ray sees more than one GPU, or a cluster
+    if offer is not None:
+        workers = st.number_input(
+            f"Workers on {offer['where']}",
+            min_value=0,
+            max_value=offer["max_workers"],
+            step=1,
+            key=ui.remember("retrain_workers", 0, range(offer["max_workers"] + 1)),
+            help="Train the run on this many Ray Train workers, the batch split across them (0: in a worker "
+            "process here, as without Ray). Rank 0 records the one run",
+        )
+        if workers:
+            w_col, g_col = st.columns(2)
+            strategy = w_col.selectbox("Strategy", STRATEGIES, key="retrain_strategy", help=STRATEGY_HELP)
+            gpus = g_col.selectbox("GPUs per worker", offer["gpus"], key="retrain_gpus", help="0: CPU workers")
+            spread = dict(workers=int(workers), strategy=strategy, gpus_per_worker=gpus)
 watched = R.head_label(layer, head)
 heads_spec = {"head": watched, "layer": f"L{layer}", "all": None}[scope]
 
 
-text_cfg = text_inputs(cfg, LAMBDAS) if text_mode else {}
+text_cfg = text_inputs(cfg, LAMBDAS, device) if text_mode else {}
+if text_cfg is not None:  # how long it would take, before it starts
+    parent_batch = JobConfig(source=ui.job_source(st.session_state[ui.MODEL_KEY])).train_config(loaded.card.train)
+    batch = text_cfg.get("batch_size") or parent_batch.batch_size
+    block = text_cfg.get("block") or loaded.task.seq_len
+    say_estimate(loaded.model, int(steps), int(batch), int(block), device, text_cfg.get("kl", 0.0))
 
 
 def start() -> None:
@@ -178,12 +202,13 @@ def start() -> None:
             steps=int(steps),
             lr=float(lr),
             seed=int(seed),
-            device=device,
+            device="auto" if spread else device,  # a worker trains on the device Ray gives it
             precision=precision,
             compile=compiled,
             checkpoint_log=int(checkpoints) or None,
             penalty_rows=int(penalty_rows) or None,
             **(text_cfg or {}),
+            **spread,
         )
         new = TrainingJob(job_cfg)
         # The page's own torch work (previews, views) keeps one intra-op thread: toy models gain

@@ -11,4 +11,4 @@ fi
 python3 -m pip install -q -r requirements-dev.txt -e .
 python3 -m ruff check .
 python3 -m ruff format --check .
-python3 -m pytest "$@"
+python3 -m pytest --durations=30 "$@"

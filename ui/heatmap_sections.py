@@ -177,9 +177,13 @@ def concentration(table, head, all_heads: bool) -> Plot:
     """The concentration table of the head (or every head) and its figure (for the zip)."""
     st.header("Concentration of every head" if all_heads else "Concentration of the head")
     shown = table if all_heads else table[table["head"] == head]
-    st.caption(f"Mean, min and max over the query rows that see at least {metrics.MIN_KEYS} keys, on this input.")
+    without = "sink_keys" in shown  # measured without each head's sink keys (the sink-aware mode)
+    st.caption(
+        f"Mean, min and max over the query rows that see at least {metrics.MIN_KEYS} keys, on this input"
+        + (", each head's sink keys (sink_keys) left out and the rows renormalized." if without else ".")
+    )
     show_table(
-        shown[["head", "metric", "mean", "min", "max"]],
+        shown[["head", "metric", "mean", "min", "max", *(["sink_keys"] if without else [])]],
         hide_index=True,
         column_config={
             "head": st.column_config.NumberColumn(help="Head index h"),

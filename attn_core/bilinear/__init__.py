@@ -13,6 +13,9 @@ Split by concern (docs/architecture.md, the maths in docs/maths.md):
 - ``long``: long inputs (more than ``LONG_INPUT`` tokens): :func:`layer_scores` (S of one layer,
   the forward stopped there) and a head's :class:`LongView` (exact window, top-k keys, pooled
   overview), so that no n^2 cells go to a browser;
+- ``sinks``: attention sinks (Gu et al. 2024): each key's importance per head on probes,
+  sink heads and the sink rate (:func:`sinks`);
+- ``ranks``: the two ranks of a head, of B and of the centred scores on probes (:func:`ranks`);
 - ``detectors``: detection patterns and head detector scores (take a ``Transformer``);
 - ``checks``: the input checks (layer, heads, tokens, the model object) and ``layer_mask``, the
   model's own mask (causal, sliding window) that every view and attribution uses.
@@ -40,6 +43,8 @@ from attn_core.bilinear.detectors import (
 from attn_core.bilinear.form import QKForm
 from attn_core.bilinear.heads import augment, has_bias, head_B, layer_B, layer_form, model_form
 from attn_core.bilinear.long import LONG_INPUT, LayerScores, LongView, layer_scores, pool_blocks
+from attn_core.bilinear.ranks import Ranks, ranks, variance_rank
+from attn_core.bilinear.sinks import Sinks, key_importance, sinks
 from attn_core.bilinear.spectrum import eigen_frame, spectrum, spectrum_frame
 from attn_core.bilinear.tokens import encode, position_labels, random_tokens, sample_tokens, token_names, tokenizer
 from attn_core.bilinear.views import (
@@ -62,6 +67,8 @@ __all__ = [
     "LayerScores",
     "LongView",
     "QKForm",
+    "Ranks",
+    "Sinks",
     "View",
     "augment",
     "best_heads",
@@ -80,6 +87,7 @@ __all__ = [
     "head_B",
     "head_detector_scores",
     "head_detectors",
+    "key_importance",
     "layer_B",
     "layer_form",
     "layer_mask",
@@ -91,14 +99,17 @@ __all__ = [
     "positional_scores",
     "positional_view",
     "random_tokens",
+    "ranks",
     "sample_tokens",
     "visible_keys",
     "sequence_view",
+    "sinks",
     "spectrum",
     "spectrum_frame",
     "position_labels",
     "token_names",
     "tokenizer",
+    "variance_rank",
     "vocab_inputs",
     "vocab_scores",
     "vocabulary_view",

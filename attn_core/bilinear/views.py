@@ -30,6 +30,7 @@ import torch
 from attn_core import metrics
 from attn_core.bilinear.checks import check_heads, check_layer, check_loaded, check_tokens, layer_mask
 from attn_core.bilinear.heads import augment, has_bias, layer_form
+from attn_core.bilinear.sinks import EPS, eligible_keys, key_importance, sink_keys
 from attn_core.bilinear.tokens import position_labels, token_names
 from attn_core.hooks import act_name
 from attn_core.model import Transformer, attention_weights
@@ -166,14 +167,29 @@ class View:
             )
         return pd.concat(parts, ignore_index=True)
 
-    def concentration(self, k: int = 1) -> dict[str, torch.Tensor]:
-        """Every metric of every query row of the pattern, ``{name: [len(heads), nq]}``."""
-        return metrics.concentration(self.pattern, self.mask, k=k)
+    def sink_keys(self, eps: float = EPS) -> torch.Tensor:
+        """[len(heads), nk] bool: each head's sink keys on this view's own input (importance,
+        the mean attention a key receives over the queries that see it, above ``eps``, among keys
+        that enough queries see: ``bilinear.sinks``)."""
+        return sink_keys(key_importance(self.pattern, self.mask), eligible_keys(self.mask), eps)
 
-    def concentration_table(self, k: int = 1) -> pd.DataFrame:
-        """Per head and metric: mean, min, max over the query rows that see at least two keys."""
-        values = self.concentration(k)
-        valid = metrics.informative_rows(self.mask, self.pattern.shape)
+    def concentration(self, k: int = 1, without_sinks: bool = False, eps: float = EPS) -> dict[str, torch.Tensor]:
+        """Every metric of every query row of the pattern, ``{name: [len(heads), nq]}``;
+        ``without_sinks``: of the rows renormalized without each head's sink keys."""
+        exclude = self.sink_keys(eps)[:, None, :] if without_sinks else None
+        return metrics.concentration(self.pattern, self.mask, k=k, exclude=exclude)
+
+    def concentration_table(self, k: int = 1, without_sinks: bool = False, eps: float = EPS) -> pd.DataFrame:
+        """Per head and metric: mean, min, max over the query rows that see at least two keys;
+        ``without_sinks``: measured without each head's sink keys (listed in ``sink_keys``; rows
+        left with fewer than two keys are skipped)."""
+        values = self.concentration(k, without_sinks, eps)
+        mask, extra = self.mask, [{} for _ in self.heads]
+        if without_sinks:
+            sinks = self.sink_keys(eps)
+            _, mask = metrics.drop_keys(self.pattern, self.mask, sinks[:, None, :])
+            extra = [{"sink_keys": " ".join(map(str, torch.nonzero(s).flatten().tolist()))} for s in sinks]
+        valid = metrics.informative_rows(mask, self.pattern.shape)
         rows = []
         for name, v in values.items():
             summary = metrics.summarize(v, valid)
@@ -185,6 +201,7 @@ class View:
                         metric=name,
                         view=self.kind,
                         **{s: float(t[i]) for s, t in summary.items()},
+                        **extra[i],
                     )
                 )
         return pd.DataFrame(rows)
@@ -277,13 +294,16 @@ def positional_view(loaded: LoadedModel, layer: int = 0, heads=None) -> View:
     return _view("positional", layer, heads, S, A, mask, [f"p{p}" for p in range(n)], None, meta)
 
 
-def concentration_table(loaded: LoadedModel, tokens: Sequence[int] | None = None, k: int = 1) -> pd.DataFrame:
+def concentration_table(
+    loaded: LoadedModel, tokens: Sequence[int] | None = None, k: int = 1, without_sinks: bool = False, eps: float = EPS
+) -> pd.DataFrame:
     """Concentration of every head of every layer, on ``tokens`` (a sequence view) and on the
-    vocabulary view: layer, head, metric, view, mean, min, max."""
+    vocabulary view: layer, head, metric, view, mean, min, max; ``without_sinks``: without each
+    head's sink keys on that view (``View.concentration_table``)."""
     model = check_loaded(loaded, "concentration_table").model
     parts = []
     for layer in range(model.cfg.n_layers):
         if tokens is not None:
-            parts.append(sequence_view(loaded, tokens, layer).concentration_table(k))
-        parts.append(vocabulary_view(loaded, layer).concentration_table(k))
+            parts.append(sequence_view(loaded, tokens, layer).concentration_table(k, without_sinks, eps))
+        parts.append(vocabulary_view(loaded, layer).concentration_table(k, without_sinks, eps))
     return pd.concat(parts, ignore_index=True)

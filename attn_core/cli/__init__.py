@@ -5,7 +5,7 @@ input and 1 for an unexpected error, never a traceback (:func:`main`).
 
 One module per command group, each a ``typer.Typer`` whose commands are listed here
 (:data:`GROUPS`): ``models`` (zoo, eval, train, presets), ``bilinear`` (spectrum, scores, heads,
-export), ``rotary`` (offsets, pair), ``circuits`` (circuits, attribute), ``runs`` (retrain, runs,
+export), ``sinks``, ``rotary`` (offsets, pair), ``circuits`` (circuits, attribute), ``runs`` (retrain, runs,
 runs show), ``sweep`` (sweep, sweeps, sweeps show), ``dynamics`` (metrics across checkpoints), ``grow``, ``kernels`` (kernels,
 kernels-bench), ``qk`` (compare-qk), ``export`` (export-hf) and ``gallery``; ``common`` holds what
 they share. Every model NAME goes through ``attn_core.sources.resolve``; option defaults whose
@@ -34,13 +34,14 @@ import typer.core
 import typer.main
 
 from attn_core.cli.common import message_of, report
-from attn_core.training.interrupt import SIGINT_EXIT
+from attn_core.training import interrupt
 
 # The command groups in `attn-lab --help` order: a module of attn_core/cli and its Typer apps
 # ("app" holds plain commands; any other name is a sub-group registered under the name given).
 GROUPS: tuple[tuple[str, dict[str, str]], ...] = (
     ("models", {"app": ""}),
     ("bilinear", {"app": ""}),
+    ("sinks", {"app": ""}),
     ("rotary", {"app": ""}),
     ("circuits", {"app": ""}),
     ("runs", {"app": "", "runs_app": "runs"}),
@@ -137,9 +138,27 @@ def format_commands(rows: list[tuple[str, str]], ctx, formatter) -> None:
 
 @functools.cache
 def _load(module: str, attr: str):
-    """The click command of one Typer app of a group module (importing that module only)."""
+    """The click command of one Typer app of a group module (importing that module only); each
+    command's callback first says that start-up is over (``interrupt.command_started``)."""
     group = importlib.import_module(f"{__name__}.{module}")
-    return _plain_help(typer.main.get_command(getattr(group, attr)))
+    return _started(_plain_help(typer.main.get_command(getattr(group, attr))))
+
+
+def _started(cmd):
+    """``cmd`` (and its subcommands) with callbacks that end the start-up phase of signals."""
+    for sub in getattr(cmd, "commands", {}).values():
+        _started(sub)
+    callback = cmd.callback
+    if callback is not None and not getattr(callback, "_starts", False):
+
+        @functools.wraps(callback)
+        def run(*args, **kwargs):
+            interrupt.command_started()
+            return callback(*args, **kwargs)
+
+        run._starts = True
+        cmd.callback = run
+    return cmd
 
 
 class LazyGroup(typer.core.TyperGroup):
@@ -211,19 +230,30 @@ def _root() -> None:
     pass
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, signals: interrupt.CliSignals | None = None) -> None:
     """Run the command line: every error, a usage error or a bug included, ends as one line
     on stderr (and with ``--json`` a JSON error object on stdout), never a traceback (set
-    ATTN_LAB_DEBUG=1 to see the traceback of an unexpected error). Ctrl-C that no command
-    handles (while torch loads, say) exits 130 with the one line ``interrupted``."""
+    ATTN_LAB_DEBUG=1 to see the traceback of an unexpected error). Ctrl-C, SIGTERM or SIGHUP
+    that no command handles exits 128 + the signal (130 for Ctrl-C) with the one line
+    ``interrupted``, at any moment of start-up too (``training.interrupt.CliSignals``;
+    ``attn_core.__main__`` installs it before this module loads). ``argv`` given (a test): the
+    signal handlers are restored when it returns."""
     args = sys.argv[1:] if argv is None else list(argv)
     as_json = "--json" in args
+    guard = signals or interrupt.CliSignals(process=argv is None).install()
+    guard.as_json = as_json
     try:
         warnings.formatwarning = _warning_line
         code = _run(args, as_json)
     except KeyboardInterrupt:  # between click's handlers: still one line
         code = _interrupted(as_json)
-    sys.exit(code if isinstance(code, int) else 0)
+    if guard.signum is not None and not guard.said:  # a signal was swallowed (by a library), and the
+        code = _interrupted(as_json)  # command ended otherwise: it was still interrupted
+    guard.code = code if isinstance(code, int) else 0
+    guard.phase = "exit"
+    if not guard.process:
+        guard.restore()
+    sys.exit(guard.code)
 
 
 def _run(args: list[str], as_json: bool):
@@ -248,10 +278,13 @@ def _run(args: list[str], as_json: bool):
 
 
 def _interrupted(as_json: bool) -> int:
-    if as_json:
-        print('{"error": "interrupted", "kind": "interrupted"}', flush=True)
-    print("interrupted", file=sys.stderr, flush=True)
-    return SIGINT_EXIT
+    """The one line of a signal no command handled; its exit status (130 for Ctrl-C)."""
+    guard = interrupt._CLI
+    if guard is None:  # app() called without main (a test's runner)
+        guard = interrupt.CliSignals(process=False)
+        guard.as_json = as_json
+    guard.line()
+    return interrupt.exit_code(guard.signum)
 
 
 # typer >= 0.20 carries its own copy of click: its exceptions and click's are caught alike

@@ -1,4 +1,4 @@
-"""Bilinear-form commands on one model: ``spectrum`` (of B per head), ``scores`` (S and A of one
+"""Bilinear-form commands on one model: ``spectrum`` (of B per head, and the two ranks), ``scores`` (S and A of one
 head on one input), ``heads`` (the head detectors) and ``export`` (any of their figures)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import typer
 
 from attn_core import limits
 from attn_core.cli.common import JsonOpt, NameArg, check_finite, check_head, emit, guarded, input_tokens, table
+from attn_core.cli.sinks import FieldOpt, LengthOpt, SamplesOpt, SeedOpt, TextOpt, probe_inputs
 from attn_core.validate import check_seed
 
 app = typer.Typer()
@@ -24,7 +25,13 @@ FIGURES = (
     "eigenvalues",
     "concentration",
     "heads",
+    "pattern-sinks-apart",
+    "pattern-no-sinks",
+    "sinks",
+    "ranks",
 )
+
+SINK_VIEWS = {"pattern-sinks-apart": "apart", "pattern-no-sinks": "renormalized"}
 
 
 @app.command("spectrum")
@@ -32,30 +39,46 @@ FIGURES = (
 def spectrum_cmd(
     name: str = NameArg,
     augmented: bool = typer.Option(False, help="Spectrum of the bias-augmented B' (d_model + 1)."),
+    text: Path | None = TextOpt,
+    text_field: str | None = FieldOpt,
+    samples: int = SamplesOpt,
+    length: int | None = LengthOpt,
+    seed: int = SeedOpt,
+    variance: float = typer.Option(
+        0.9, "--variance", help="Share of the variance the effective ranks of B and of the scores reach."
+    ),
     as_json: bool = JsonOpt,
 ):
-    """Singular values, eigenvalues of the symmetric part, norms and ranks of B for every head."""
+    """Singular values, eigenvalues of the symmetric part, norms and ranks of B for every head, and
+    the two ranks of each head: of B (weight space) and of the centred scores S_c on probes cut
+    from --text or the model's task samples (data space)."""
     from attn_core import bilinear
+    from attn_core.bilinear.ranks import check_variance, ranks
     from attn_core.sources import resolve
 
-    rows = bilinear.spectrum(resolve(name).model, augmented=augmented)
+    check_variance(variance)
+    loaded = resolve(name)
+    rows = bilinear.spectrum(loaded.model, augmented=augmented)
     check_finite("the spectrum of B", *(r["singular_values"] for r in rows))
+    probes = None
+    if text is not None or loaded.task is not None:
+        probes = probe_inputs(loaded, text, text_field, samples, length, seed)
+    both = ranks(
+        loaded.model, None if probes is None else probes.tokens, variance, "" if probes is None else probes.what
+    )
+    inputs = probes.what if probes is not None else None
+    for row, two in zip(rows, both.heads()):
+        row.update({k: two[k] for k in ("weight_rank", "data_rank", "data_stable_rank")}, variance=variance)
+        row["data_inputs"] = inputs
 
     def human(rs):
         rows = [dict(r, sigma_1=r["singular_values"][0], lambda_sym_1=r["eigenvalues_sym"][0]) for r in rs]
-        return table(
-            rows,
-            [
-                "layer",
-                "head",
-                "rank_cap",
-                "sigma_1",
-                "lambda_sym_1",
-                "stable_rank",
-                "effective_rank",
-                "frobenius_norm",
-                "nuclear_norm",
-            ],
+        cols = ["layer", "head", "rank_cap", "sigma_1", "lambda_sym_1", "stable_rank", "effective_rank"]
+        cols += ["frobenius_norm", "nuclear_norm", "weight_rank", "data_rank", "data_stable_rank"]
+        where = f"on {inputs}" if inputs else "not measured: give --text FILE"
+        return table(rows, cols) + (
+            f"\nweight_rank, data_rank: components of B and of the centred scores S_c for {variance:.0%} of the "
+            f"variance (data {where})"
         )
 
     emit(rows, as_json, human)
@@ -73,13 +96,20 @@ def scores_cmd(
     sample_seed: int | None = typer.Option(None, help="Use the held-out task sample with this seed."),
     random_seed: int | None = typer.Option(None, help="Use uniform random tokens with this seed."),
     k: int = typer.Option(1, help="k of the top-k mass."),
+    eps: float = typer.Option(
+        0.3, "--eps", help="Sink keys on this input: importance above this (concentration without them too)."
+    ),
     as_json: bool = JsonOpt,
 ):
     """Scores S = X'B'X'^T (the model's own pre-softmax scores), pattern A and the concentration
-    of every query row for one head on one input."""
+    of every query row for one head on one input, with and without the head's sink keys on it."""
+    import torch
+
     from attn_core import bilinear, metrics
+    from attn_core.bilinear.sinks import check_eps
     from attn_core.sources import resolve
 
+    check_eps(eps)
     loaded = resolve(name)
     check_head(loaded, layer, head)
     ids = input_tokens(loaded, tokens, sample_seed, random_seed)
@@ -88,6 +118,11 @@ def scores_cmd(
     per_row = {m: v[0] for m, v in view.concentration(k).items()}
     valid = metrics.informative_rows(view.mask, view.pattern[0].shape)
     summary = {m: {s: float(t) for s, t in metrics.summarize(v, valid).items()} for m, v in per_row.items()}
+    sink_keys = view.sink_keys(eps)[0]
+    without = {m: v[0] for m, v in view.concentration(k, without_sinks=True, eps=eps).items()}
+    _, kept = metrics.drop_keys(view.pattern[0], view.mask, sink_keys)
+    kept_rows = metrics.informative_rows(kept, kept.shape)
+    summary_without = {m: {s: float(t) for s, t in metrics.summarize(v, kept_rows).items()} for m, v in without.items()}
     names = bilinear.token_names(loaded)
     result = {
         "name": loaded.name,
@@ -98,6 +133,13 @@ def scores_cmd(
         "scores": view.scores[0].masked_fill(~view.mask, float("nan")),
         "pattern": view.pattern[0],
         "concentration": {"per_query": per_row, "summary": summary, "k": k},
+        "sink_keys": torch.nonzero(sink_keys).flatten().tolist(),
+        "eps": eps,
+        "concentration_without_sinks": {
+            "per_query": {m: v.masked_fill(~kept_rows, float("nan")) for m, v in without.items()},
+            "summary": summary_without,
+            "k": k,
+        },
     }
 
     def human(r):
@@ -115,7 +157,14 @@ def scores_cmd(
                 )
             )
         tail = "  ".join(f"{m} {v['mean']:.3g}" for m, v in summary.items())
-        return table(rows, list(rows[0])) + f"\nmean over rows with >= 2 keys: {tail}"
+        out = table(rows, list(rows[0])) + f"\nmean over rows with >= 2 keys: {tail}"
+        if r["sink_keys"]:
+            free = "  ".join(f"{m} {v['mean']:.3g}" for m, v in summary_without.items())
+            keys = ", ".join(f"{i}:{r['tokens'][i]}" for i in r["sink_keys"])
+            out += f"\nwithout the sink keys ({keys}; importance > {eps:g}), rows renormalized: {free}"
+        else:
+            out += f"\nno sink key on this input (importance > {eps:g})"
+        return out
 
     emit(result, as_json, human)
 
@@ -165,9 +214,15 @@ def export_cmd(
     tokens: str | None = typer.Option(None, help="Typed tokens for the sequence view."),
     sample_seed: int | None = typer.Option(None, help="Task sample for the sequence view."),
     random_seed: int | None = typer.Option(None, help="Random tokens for the sequence view."),
+    without_sinks: bool = typer.Option(
+        False, "--without-sinks", help="concentration: measured without each head's sink keys (rows renormalized)."
+    ),
     as_json: bool = JsonOpt,
 ):
-    """Write one figure as PNG, SVG, HTML or its data as CSV."""
+    """Write one figure as PNG, SVG, HTML or its data as CSV. The sink figures (pattern-sinks-apart,
+    pattern-no-sinks: one head's pattern with its sink keys apart or left out; sinks: key importance
+    per head) and ranks (the two ranks of each head) are measured on the model's task samples;
+    ``attn-lab sinks --out`` and ``spectrum`` take a text."""
     from attn_core import bilinear
     from attn_core.figures import EXPORT_FORMATS, ExportError, write_plot
     from attn_core.figures import bilinear as fb
@@ -182,9 +237,25 @@ def export_cmd(
         )
     loaded = resolve(name)
     model = loaded.model
-    if figure in ("scores", "pattern", "query", "vocab", "vocab-pattern", "positional"):
+    if figure in ("scores", "pattern", "query", "vocab", "vocab-pattern", "positional", *SINK_VIEWS):
         check_head(loaded, layer, head)
-    if figure in ("scores", "pattern", "query"):
+    if figure in SINK_VIEWS:
+        from attn_core.figures.sinks import sink_view_plot
+
+        view = bilinear.sequence_view(loaded, input_tokens(loaded, tokens, sample_seed, random_seed), layer, [head])
+        plot = sink_view_plot(view, head, SINK_VIEWS[figure])
+    elif figure in ("sinks", "ranks"):
+        from attn_core.text.probes import measure_ranks, measure_sinks
+
+        if figure == "sinks":
+            from attn_core.figures.sinks import importance_plot
+
+            plot = importance_plot(measure_sinks(loaded))
+        else:
+            from attn_core.figures.ranks import ranks_plot
+
+            plot = ranks_plot(measure_ranks(loaded))
+    elif figure in ("scores", "pattern", "query"):
         view = bilinear.sequence_view(loaded, input_tokens(loaded, tokens, sample_seed, random_seed), layer, [head])
         if figure == "query":
             plot = fb.query_plot(view, head, len(view.queries) - 1 if query is None else query)
@@ -205,7 +276,7 @@ def export_cmd(
         plot = fb.eigen_plot(bilinear.eigen_frame(model))
     elif figure == "concentration":
         seq = input_tokens(loaded, tokens, sample_seed, random_seed)
-        plot = fb.concentration_plot(bilinear.concentration_table(loaded, seq))
+        plot = fb.concentration_plot(bilinear.concentration_table(loaded, seq, without_sinks=without_sinks))
     else:
         plot = fb.heads_plot(bilinear.head_detectors(model))
     try:

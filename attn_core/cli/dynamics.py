@@ -83,8 +83,6 @@ def say(line: str) -> None:
 
 # --- attn-lab dynamics ----------------------------------------------------------------------------
 
-MAX_TEXT_BYTES = 4 * 2**20
-
 
 def _span(option: str, text: str | None) -> tuple[int, int] | None:
     """``"A:B"`` as positions [A, B)."""
@@ -100,7 +98,7 @@ def _steps(text: str | None) -> list[int] | None:
     if text is None:
         return None
     parts = [p.strip() for p in text.split(",")]
-    if not all(p.isdigit() for p in parts):
+    if not all(p.isdigit() and len(p) < 20 for p in parts):
         raise ValueError(f"--steps takes whole numbers separated by commas, one per model, got {text!r}")
     return [int(p) for p in parts]
 
@@ -109,17 +107,35 @@ def _human(res: dict, dyn) -> str:
     from attn_core.cli.common import table
 
     head = [f"inputs: {dyn.inputs}"]
+    cols = ["step", *(["tokens"] if res["tokens"] else []), "loss", "icl_score"]
     rows = [
-        {"step": s, "loss": res["metrics"]["loss"][i], "icl_score": res["metrics"]["icl_score"][i]}
+        {"step": s, "tokens": (res["tokens"] or [None] * len(res["steps"]))[i],
+         "loss": res["metrics"]["loss"][i], "icl_score": res["metrics"]["icl_score"][i]}
         for i, s in enumerate(res["steps"])
-    ]
-    pc = res["phase_change"]
-    tail = (
-        f"phase change at step {pc['step']}, window {pc['window'][0]}..{pc['window'][1]} (steepest fall of the {pc['by']})"
-        if pc
-        else "no phase change (no sudden fall of the ICL score after a plateau)"
-    )
-    return "\n".join([*head, table(rows, ["step", "loss", "icl_score"]), tail])
+    ]  # fmt: skip
+    from attn_core.dynamics import describe_phase
+
+    return "\n".join([*head, table(rows, cols), describe_phase(res["phase_change"])])
+
+
+def _check_animate(animate: Path | None) -> None:
+    """--animate follows the output rule of every command (``destinations.check_destination``)."""
+    from attn_core.destinations import check_destination
+
+    if animate is None:
+        return
+    if animate.suffix.lower() != ".html":
+        raise ValueError(f"--animate writes an HTML file (name.html), got {str(animate)!r}")
+    check_destination(animate, "--animate")
+
+
+def _outside_series(animate: Path, series) -> None:
+    where = animate.expanduser().absolute().resolve()
+    for folder in series.folders:
+        if where.is_relative_to(folder.resolve()):
+            raise ValueError(
+                f"--animate {animate} is inside {folder}, which is being measured; choose a path outside it"
+            )
 
 
 @app.command("dynamics")
@@ -127,7 +143,8 @@ def _human(res: dict, dyn) -> str:
 def dynamics_cmd(
     sources: list[str] = typer.Argument(
         ...,
-        help="One run (run:<id>) or model folder holding checkpoints/, a checkpoints folder, or several models "
+        help="One run (run:<id>) or model folder holding checkpoints/, a checkpoints folder, a folder of model "
+        "folders one per checkpoint (step1000/ ... or listed in series.json / series.csv), or several models "
         "(folders, Hugging Face folders) ordered by --steps or the step their names carry (step1000, checkpoint-1000).",
     ),
     steps: str | None = typer.Option(
@@ -148,7 +165,8 @@ def dynamics_cmd(
     animate: Path | None = typer.Option(
         None,
         "--animate",
-        help="Also write the animation (one head's heatmap and spectrum across steps) to this .html file.",
+        help="Also write the animation (one head's heatmap and spectrum across steps) to this new .html file "
+        "(never inside the shipped zoo, a model folder or the folders measured).",
     ),
     layer: int = typer.Option(0, help="Layer of the animated head."),
     head: int = typer.Option(0, help="Head of the animated head."),
@@ -157,7 +175,8 @@ def dynamics_cmd(
 ):
     """Metrics of every checkpoint of a series (loss, ICL score, prefix matching, previous token,
     K-composition, entropy and its floor, sigma_1 and stable rank of B, copying) and the phase
-    change, measured on held-out inputs with a fixed seed; each checkpoint's result is cached."""
+    change, measured on held-out inputs with a fixed seed; each checkpoint's result is cached. A
+    checkpoint that cannot be read is skipped with its reason (stderr, and "skipped" in the JSON)."""
     from attn_core import dynamics as D
     from attn_core import limits
     from attn_core.figures import dynamics as fd
@@ -171,46 +190,47 @@ def dynamics_cmd(
     check_seed("--seed", seed)
     if value not in VALUES:
         raise ValueError(f"--value must be one of {', '.join(VALUES)}, got {value!r}")
-    if animate is not None and animate.suffix.lower() != ".html":
-        raise ValueError(f"--animate writes an HTML file (name.html), got {str(animate)!r}")
-    if animate is not None and animate.exists():
-        raise ValueError(f"--animate {animate} already exists; choose a new file (nothing was overwritten)")
+    _check_animate(animate)
     series = D.series(list(sources), _steps(steps))
-    cfg = series.config
+    if animate is not None:
+        _outside_series(animate, series)
+    for s in series.skipped:
+        say(f"skipped {s.line()}")
     early_span, late_span = _span("--early", early), _span("--late", late)
     if animate is not None:
+        from types import SimpleNamespace
+
         from attn_core.bilinear import check_heads, check_layer
 
-        first = series.load(series.members[0])
-        check_layer(first.model, layer)
-        check_heads(first.model, head)
+        check_layer(SimpleNamespace(cfg=series.config), layer)
+        check_heads(SimpleNamespace(cfg=series.config), head)
     if text is not None:
-        length = min(cfg.n_ctx, 128) if length is None else length
-        if not 2 <= length <= cfg.n_ctx:
-            raise ValueError(f"--length must be 2..{cfg.n_ctx} (the context), got {length}")
-        raw = limits.read_file(text, MAX_TEXT_BYTES, str(text))
-        try:
-            words = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ValueError(f"{text} is not UTF-8 text") from None
-        probe = series.reference_model() or series.load(series.members[0])
-        inputs = D.text_inputs(D.text_ids(probe, words), length, samples, early_span, late_span)
+        inputs = D.series_text_inputs(series, D.read_text(text), length, samples, early_span, late_span)
     else:
         inputs = D.default_inputs(series, samples=samples, seed=seed, early=early_span, late=late_span)
         if inputs is None:
             raise ValueError("these models have no task in their card: give --text FILE to measure them on a text")
     cache = None if no_cache else D.MetricCache()
-    bar = None if as_json else Progress(len(series.members), "dynamics", unit="checkpoint")
+    bar = Progress(len(series.members), "dynamics", unit="checkpoint")  # stderr, with --json too
     try:
         dyn = D.dynamics(series, inputs, detector_samples=detector_samples, seed=seed, cache=cache,
                          progress=(lambda done, total: bar.set(done)) if bar is not None else None)  # fmt: skip
     finally:
         if bar is not None:
             bar.close()
+    for s in dyn.skipped:
+        if s not in series.skipped:  # could not be loaded
+            say(f"skipped {s.line()}")
     if cache is not None:
-        say(f"cache: {dyn.hits} of {len(dyn.steps)} checkpoints read from {cache.folder}")
+        refused = (
+            f"; {dyn.refused} {'entry' if dyn.refused == 1 else 'entries'} refused and measured again "
+            f"({'; '.join(dyn.reasons[:2])})"
+            if dyn.refused
+            else ""
+        )
+        say(f"cache: {dyn.hits} of {len(dyn.steps)} checkpoints read from {cache.folder}{refused}")
     if animate is not None:
-        views, spectra = D.step_views(series, inputs.tokens[0].tolist(), layer, head)
+        views, spectra = D.step_views(series, inputs.tokens[0].tolist(), layer, head, steps=dyn.steps)
         write_plot(fd.animation_plot(dyn.steps, views, spectra, head, value), animate)
         say(f"wrote the animation of L{layer}H{head} across {len(dyn.steps)} steps to {animate}")
     res = dyn.to_json()

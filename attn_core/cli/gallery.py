@@ -28,16 +28,14 @@ def gallery_cmd(
     from attn_core.gallery import build
     from attn_core.progress import Progress
 
-    bar = None if as_json else Progress(15, "gallery", unit="page")
+    bar = Progress(15, "gallery", unit="page")  # on stderr, with --json too
 
     def step(what: str) -> None:
-        if bar is not None:
-            bar.set(int(what.split("/")[0]) - 1, what.split(": ", 1)[1])
+        bar.set(int(what.split("/")[0]) - 1, what.split(": ", 1)[1])
 
     index, entries = build(out, quick=quick, model=model, imported=imported, png=png, progress=step)
-    if bar is not None:
-        bar.set(bar.total)
-        bar.close()
+    bar.set(bar.total)
+    bar.close()
     pages = sorted({e.page for e in entries})
     emit(
         {"index": str(index), "figures": len(entries), "pages": pages},

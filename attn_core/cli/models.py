@@ -112,7 +112,7 @@ def train_cmd(
             steps=steps,
             seed=seed,
             device=device,
-            progress=not as_json,
+            progress=True,  # on stderr, with --json too (stdout holds the JSON)
             command=command_line(),
             precision=precision,
             compile=compile,

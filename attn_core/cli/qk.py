@@ -95,7 +95,7 @@ def compare_qk_cmd(
     stopped) and reports the runs made so far (exit status 130)."""
     from attn_core.destinations import check_destination
     from attn_core.qk import compare
-    from attn_core.training.interrupt import SIGINT_EXIT, sigint_stops
+    from attn_core.training.interrupt import sigint_stops
 
     kinds = tuple(k.strip() for k in merged.split(",") if k.strip() and k.strip() != "none")
     cfg = CompareConfig(
@@ -117,11 +117,9 @@ def compare_qk_cmd(
     )
     if out is not None:
         check_destination(out)  # before training: a folder, an existing file or no write access
-    bar = None
-    if not as_json:
-        from attn_core.progress import Progress
+    from attn_core.progress import Progress
 
-        bar = Progress(100, "compare-qk", unit="")
+    bar = Progress(100, "compare-qk", unit="")  # on stderr, with --json too (stdout holds the JSON)
 
     def progress(fraction: float, message: str) -> None:
         bar.set(100 * fraction, message)
@@ -130,11 +128,10 @@ def compare_qk_cmd(
         result = compare(
             cfg,
             store=None if store else False,
-            progress=progress if bar is not None else None,
+            progress=progress,
             interrupt=ctrl_c.message,
         )
-        if bar is not None:
-            bar.close()
+        bar.close()
         if out is not None:
             result.save(out)
         total = len(cfg.seed_list) * len(cfg.variants())
@@ -163,4 +160,4 @@ def compare_qk_cmd(
             ),
         )
         if cut:
-            raise typer.Exit(SIGINT_EXIT)
+            raise typer.Exit(ctrl_c.code)

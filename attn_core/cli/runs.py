@@ -11,10 +11,10 @@ import typer
 from attn_core.card import MEASURE_KEYS, TEXT_MEASURE_KEYS, public
 from attn_core.cli import dynamics as dyn
 from attn_core.cli import text_options as opts
+from attn_core.cli import worker_options as wopts
 from attn_core.cli.common import JsonOpt, emit, guarded, table
 from attn_core.regularizers import REGULARIZERS
 from attn_core.training.config import JobConfig
-from attn_core.training.interrupt import SIGINT_EXIT
 from attn_core.validate import default
 
 app = typer.Typer()
@@ -120,12 +120,17 @@ def retrain_cmd(
     train: str = opts.TrainOpt,
     kl: float = opts.KlOpt,
     penalty_rows: int | None = opts.PenaltyRowsOpt,
+    workers: int | None = wopts.WorkersOpt,
+    gpus_per_worker: float = wopts.GpusPerWorkerOpt,
+    strategy: str = wopts.StrategyOpt,
+    address: str | None = wopts.AddressOpt,
     as_json: bool = JsonOpt,
 ):
     """Fine-tune a model with concentration regularizers; the run is saved in the run store.
     A Hugging Face folder (or a run of one) retrains on --text: next-token loss on blocks of it,
-    perplexity measured on held-out text before and after. Ctrl-C stops it after the current
-    step and saves it (status stopped, exit status 130); a run that failed exits 1 with its reason."""
+    perplexity measured on held-out text before and after. Ctrl-C (or SIGTERM, SIGHUP) stops it
+    after the current step and saves it (status stopped, exit status 130, 143, 129); a run that
+    failed exits 1 with its reason. Progress goes to stderr, with --json too."""
     from attn_core.training.interrupt import sigint_stops
     from attn_core.training.job import TrainingJob
 
@@ -152,50 +157,35 @@ def retrain_cmd(
         train=train,
         kl=kl,
         penalty_rows=penalty_rows,
+        workers=workers,
+        gpus_per_worker=gpus_per_worker,
+        strategy=strategy,
     )
-    if cfg.text is not None:  # tokenized once, with a progress bar; the job finds it in the cache
-        _tokenize_with_bar(cfg, quiet=as_json)
+    if address is not None and cfg.workers is None:
+        raise ValueError("--address needs --workers (a retrain joins a Ray cluster only to train on its workers)")
     with sigint_stops(exiting=True) as ctrl_c:  # held until the command ends: a late Ctrl-C cannot cut the report
-        job = TrainingJob(cfg)
-        if job.checkpoints is not None:  # the disk they take, before training
+        try:
+            if cfg.text is not None:  # tokenized once, with a progress bar; the job finds it in the cache
+                opts.tokenize_with_bar(cfg.source, cfg.text, cfg.text_field, cfg.eval_text, stop=ctrl_c.is_set)
+            job = TrainingJob(cfg)
+        except KeyboardInterrupt:  # the tokenizing child ended at the stop request
+            job = None
+        if job is not None and job.checkpoints is not None:  # the disk they take, before training
             dyn.say(job.checkpoints.statement(job.model) + "; in the run's folder")
-        if ctrl_c.is_set():
+        if ctrl_c.is_set() or job is None:
             typer.echo("interrupted before training began; nothing was saved", err=True)
-            raise typer.Exit(SIGINT_EXIT)
+            raise typer.Exit(ctrl_c.code)
+        if cfg.workers:  # the batch splits over them, Ray is there, the cluster answers: before the estimate
+            from attn_core.distributed.remote import check_workers
+
+            check_workers(job, address)
+        opts.say_estimate(job)
         ctrl_c.then(job.stop)
-        if as_json:
-            job.run()
-        else:
-            _run_with_bar(job, name, steps)
+        _run_with_bar(job, name, steps, address)  # progress on stderr, with --json too (stdout holds the JSON)
         res = job.result()
         _report(res, as_json, job)
         if ctrl_c.is_set() and res["status"] == "stopped":
-            raise typer.Exit(SIGINT_EXIT)
-
-
-def _tokenize_with_bar(cfg: JobConfig, quiet: bool) -> None:
-    """Hash and tokenize the job's text into the cache, with a progress bar (MiB) per phase on
-    stderr (``attn_core.progress``: lines when stderr is not a terminal; none with ``--json``)."""
-    from attn_core.progress import Progress
-    from attn_core.runs import RunStore
-    from attn_core.text.source import prepare_text
-
-    bars: dict[str, Progress] = {}
-
-    def progress(phase: str, done: int, total: int) -> None:
-        if quiet:
-            return
-        if phase not in bars:
-            for bar in bars.values():
-                bar.close()
-            bars[phase] = Progress(max(total, 1), phase, unit="")
-        bars[phase].set(done, note=f"{done / 2**20:.1f} of {total / 2**20:.1f} MiB")
-
-    try:
-        prepare_text(cfg.source, cfg.text, cfg.text_field, cfg.eval_text, RunStore(), progress)
-    finally:
-        for bar in bars.values():
-            bar.close()
+            raise typer.Exit(ctrl_c.code)
 
 
 def _per_head(measured: dict | None) -> list[dict] | None:
@@ -262,17 +252,17 @@ def _report(res: dict, as_json: bool, job=None) -> None:
         raise typer.Exit(1)
 
 
-def _run_with_bar(job, name: str, steps: int) -> None:
+def _run_with_bar(job, name: str, steps: int, address: str | None = None) -> None:
     """Train in the job's thread while a progress bar (lines when stderr is not a terminal)
     follows its snapshots."""
     from attn_core.progress import Progress
 
-    job.start()
+    job.start(address=address)
     bar = Progress(steps, f"retrain {name}", unit="step")
     try:
         while not job.join(0.25):
             snap = job.snapshot()
-            note = None
+            note = snap.message or None  # e.g. starting the workers on Ray
             if "task_loss" in snap.latest:
                 note = f"loss={snap.latest['task_loss']:.3g} H={snap.latest.get('entropy_data', float('nan')):.3f}"
             bar.set(snap.step, note)
@@ -336,6 +326,21 @@ def runs_import_cmd(
     )
 
 
+def _trained_on(run: dict) -> str:
+    """How a run was trained, in one line: in one process on a device, or on Ray Train workers."""
+    card = run.get("card") or {}  # card.json: a run's own sections are top-level keys
+    spread = card.get("distributed")
+    if spread:
+        return (
+            f"trained on {spread['workers']} Ray Train worker(s): {spread['strategy']}, {spread['backend']} backend, "
+            f"{spread['device']} devices\n"
+        )
+    if (run.get("config") or {}).get("workers"):  # ended before its card was written
+        cfg = run["config"]
+        return f"trained on {cfg['workers']} Ray Train worker(s): {cfg.get('strategy', 'ddp')}\n"
+    return f"trained in one process on {card['device']}\n" if card.get("device") else ""
+
+
 @runs_app.command("show")
 @guarded
 def runs_show_cmd(
@@ -366,6 +371,6 @@ def runs_show_cmd(
             f"parent {r['parent']}, task {r['task']}, created {r['created']}\n"
             f"settings: {json.dumps(r['config'])}\n"
         )
-        return head + _before_after(summ.get("before"), summ.get("after"))
+        return head + _trained_on(r) + _before_after(summ.get("before"), summ.get("after"))
 
     emit(out, as_json, human)

@@ -8,6 +8,7 @@ import typer
 
 from attn_core.cli import dynamics as dyn
 from attn_core.cli import text_options as opts
+from attn_core.cli import worker_options as wopts
 from attn_core.cli.common import JsonOpt, emit, guarded, report, table
 from attn_core.training.config import JobConfig
 from attn_core.validate import default
@@ -77,12 +78,7 @@ def sweep_cmd(
         default(JobConfig, "heads"), help="Regularized heads (L1, L0H1,L1H2; default every head)."
     ),
     batch_size: int | None = opts.BatchOpt,
-    address: str | None = typer.Option(
-        None,
-        help="Ray cluster to join: auto, HOST:PORT or "
-        "ray://HOST:PORT (default: $RAY_ADDRESS, else a local Ray "
-        "with one worker per core, shut down afterwards).",
-    ),
+    address: str | None = wopts.AddressOpt,
     cpus_per_trial: float = typer.Option(1.0, help="CPUs per trial (torch threads = its integer part)."),
     gpus_per_trial: float = typer.Option(
         0.0, help="GPUs per trial; fractions share a GPU (0.25 = four trials per GPU); > 0 trains on cuda."
@@ -108,26 +104,50 @@ def sweep_cmd(
     train: str = opts.TrainOpt,
     kl: float = opts.KlOpt,
     penalty_rows: int | None = opts.PenaltyRowsOpt,
+    workers_per_trial: int | None = typer.Option(
+        None,
+        "--workers-per-trial",
+        metavar="N",
+        help="Train each trial on N Ray Train workers (as retrain --workers N: the trial is Ray Train's per-trial "
+        "driver); trials run at once as the cluster holds their workers.",
+    ),
+    gpus_per_worker: float = wopts.GpusPerWorkerOpt,
+    strategy: str = wopts.StrategyOpt,
     as_json: bool = JsonOpt,
 ):
     """Sweep regularizers x lambdas x seeds on Ray; every trial is a retrain recorded as a run.
-    Everything a trial would refuse is refused first (exit 2). Ctrl-C stops the running trials,
-    records them and prints the sweep (exit 130; --resume ID finishes it); a sweep whose every
-    trial failed exits 1 and says why."""
+    Everything a trial would refuse is refused first (exit 2). Ctrl-C (or SIGTERM, SIGHUP) stops
+    the running trials, records them and prints the sweep (exit 130, 143, 129; --resume ID
+    finishes it); a sweep whose every trial failed exits 1 and says why. Progress goes to
+    stderr, with --json too."""
     from attn_core.sweep import SweepInterrupted, run_sweep
-    from attn_core.training.interrupt import SIGINT_EXIT, sigint_stops
+    from attn_core.training.interrupt import said, sigint_stops
 
     def notice(text: str) -> None:
-        typer.echo("\nCtrl-C: stopping the running trials and recording them (the sweep can be resumed)", err=True)
+        typer.echo(
+            f"\n{said(ctrl_c.signum)}: stopping the running trials and recording them (the sweep can be resumed)",
+            err=True,
+        )
 
     with sigint_stops(notice=notice, exiting=True) as ctrl_c:
         plan = None
+        if resume is None and text is not None:  # tokenized once with a progress bar; the trials find it
+            try:
+                opts.tokenize_with_bar(name, text, text_field, eval_text, stop=ctrl_c.is_set)
+            except KeyboardInterrupt:
+                typer.echo("interrupted before the sweep began; nothing was run", err=True)
+                raise typer.Exit(ctrl_c.code) from None
         if resume is None:
             ckpt = dyn.checkpoint_settings(
                 checkpoint_every, checkpoint_log, checkpoint_steps, checkpoint_params, checkpoint_max_mb
             )
             text_options = dict(text=text, text_field=text_field, eval_text=eval_text, block=block)
             tuning = dict(train=train if train != "all" else None, kl=kl or None, penalty_rows=penalty_rows)
+            tuning.update(  # on workers: recorded only when asked for (a plan without them is as it was)
+                workers=workers_per_trial,
+                gpus_per_worker=gpus_per_worker or None,
+                strategy=strategy if strategy != "ddp" else None,
+            )
             plan = sweep_plan(name, grid, seeds, steps, lr, heads, batch_size, **ckpt, **text_options, **tuning)
         try:
             res = run_sweep(
@@ -137,19 +157,20 @@ def sweep_cmd(
                 cpus_per_trial=cpus_per_trial,
                 gpus_per_trial=gpus_per_trial,
                 scheduler=scheduler,
-                on_trial=None if as_json else _say_trial,
+                on_trial=_say_trial,  # on stderr, with --json too (stdout holds the JSON)
                 stop=ctrl_c.is_set,
+                stopped_by=lambda: said(ctrl_c.signum),
             )
         except SweepInterrupted as e:
-            raise typer.Exit(report(str(e), as_json, "interrupted", SIGINT_EXIT)) from None
+            raise typer.Exit(report(str(e), as_json, "interrupted", ctrl_c.code)) from None
         emit(_output(res), as_json, lambda _: _human(res))
         if ctrl_c.is_set():
             typer.echo(
-                f"interrupted by Ctrl-C ({res['message']}); "
+                f"interrupted by {said(ctrl_c.signum)} ({res['message']}); "
                 f"attn-lab sweep {res['name']} --resume {res['sweep_id']} finishes it",
                 err=True,
             )
-            raise typer.Exit(SIGINT_EXIT)
+            raise typer.Exit(ctrl_c.code)
         if res["status"] == "failed":
             typer.echo(f"error: sweep {res['sweep_id']} failed: {res['message']}", err=True)
             raise typer.Exit(1)

@@ -16,6 +16,11 @@ next token is a target. Per checkpoint (:func:`measure`), names as ``telemetry.M
     sigma_max:LlHh          sigma_1(B)
     stable_rank:LlHh        ||B||_F^2 / ||B||_2^2
     copying:LlHh            the copying score of the head's OV circuit
+    sink_rate               the share of sink heads (Gu et al. 2024; bilinear.sinks), and
+    sink_importance:LlHh    the head's largest key importance, on the first 32 inputs' first 64 tokens
+    weight_rank:LlHh        the effective rank of B at 90% of its variance (bilinear.ranks)
+    data_rank:LlHh          the same of the centred scores S_c, and data_stable_rank:LlHh its stable
+                            rank, means over the first 32 inputs (cut to 64 tokens)
 
 A partial checkpoint (attention and LayerNorm weights only) has no embeddings or unembedding of
 its own: what needs the forward or the vocabulary is None for it. ``k_composition`` (every
@@ -33,7 +38,7 @@ import torch.nn.functional as F
 
 from attn_core import metrics as M
 from attn_core import regularizers as R
-from attn_core.bilinear import head_detector_scores
+from attn_core.bilinear import head_detector_scores, ranks, sinks, variance_rank
 from attn_core.circuits import composition, copying_scores
 from attn_core.dynamics import bound
 from attn_core.hooks import act_name
@@ -53,8 +58,14 @@ PER_HEAD = (
     "sigma_max",
     "stable_rank",
     "copying",
+    "sink_importance",
+    "weight_rank",
+    "data_rank",
+    "data_stable_rank",
 )
 NEEDS_FORWARD = {"loss", "icl_score", "prefix_matching", "previous_token", "entropy_data", "entropy_bound", "copying"}
+NEEDS_FORWARD |= {"sink_rate", "sink_importance", "data_rank", "data_stable_rank"}
+PROBES, PROBE_LENGTH = 32, 64  # the inputs sinks and data ranks are measured on (bilinear.sinks)
 
 
 def default_positions(T: int) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -219,7 +230,7 @@ def measure(
     cfg = model.cfg
     L, H = cfg.n_layers, cfg.n_heads
     forward = not partial and inputs is not None
-    out: dict[str, float | None] = {"loss": None, "icl_score": None}
+    out: dict[str, float | None] = {"loss": None, "icl_score": None, "sink_rate": None}
     tables: dict[str, torch.Tensor | None] = {k: None for k in PER_HEAD}
     if forward:
         per_pos, loss, concentration = position_losses(model, inputs)
@@ -227,6 +238,11 @@ def measure(
         out["loss"] = _num(loss)
         out["icl_score"] = _num(per_pos[c:d].mean() - per_pos[a:b].mean())
         tables.update(concentration)
+        probes = inputs.tokens[:PROBES, :PROBE_LENGTH]
+        found = sinks(model, probes)
+        out["sink_rate"], tables["sink_importance"] = _num(found.rate), found.strongest
+        both = ranks(model, probes)
+        tables["data_rank"], tables["data_stable_rank"] = both.data_rank, both.data_stable_rank
     if not partial:
         det = head_detector_scores(model, n_samples=detector_samples, seed=seed)
         tables["prefix_matching"], tables["previous_token"] = det["induction"], det["previous_token"]
@@ -237,6 +253,7 @@ def measure(
         tables["k_composition_max"] = k_composition_max(K, L, H)
     spec = R.spectrum(model)
     tables["sigma_max"], tables["stable_rank"] = spec["singular_values"][..., 0], spec["stable_rank"]
+    tables["weight_rank"] = variance_rank(spec["singular_values"])
     for name in PER_HEAD:
         if name == "k_composition_max" and L < 2:
             continue

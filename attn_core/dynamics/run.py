@@ -1,104 +1,37 @@
 """Metrics over a series: :func:`dynamics` measures every member (``metrics.measure``) on the same
-held-out inputs and finds the phase change (``phase``); :class:`MetricCache` keeps each member's
-result on disk, keyed by the member's file (path, size, modification time), the inputs and the
-settings, so a second call reads instead of computing and says how many it read."""
+held-out inputs and finds the phase change (``phase``); a :class:`~attn_core.dynamics.cache.MetricCache`
+keeps each member's result on disk, keyed by the member's files (path, size, modification time),
+the inputs and the settings, so a second call reads instead of computing and says how many it
+read. A member that cannot be loaded (a damaged file) is skipped with its reason, as the series
+skips those it cannot list; the others are measured."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from attn_core.checkpoint import CheckpointError
-from attn_core.dynamics.metrics import Inputs, Measured, measure, task_inputs
+from attn_core.dynamics.cache import MetricCache
+from attn_core.dynamics.metrics import Inputs, Measured, measure, task_inputs, text_inputs
 from attn_core.dynamics.phase import phase_change
-from attn_core.dynamics.series import Series, header_params
+from attn_core.dynamics.series import Series, Skipped, header_params
 from attn_core.regularizers import head_label
-from attn_core.runs import RunStore, default_root
+from attn_core.runs import RunStore
 
-VERSION = 1  # of what a cached entry holds; bump when a metric's definition changes
-CACHE_DIR = "dynamics-cache"  # in the run store's folder: $ATTN_LAB_RUNS, else the user data folder
-
-
-class MetricCache:
-    """One JSON file per (member, inputs, settings) under ``folder`` (default: the data
-    directory's ``dynamics-cache``), at most ``max_bytes`` in all: a write that goes over removes
-    the least recently used entries (a hit marks its entry used) until the folder is at 3/4 of
-    it. ``hits`` and ``misses`` count this object's lookups. A folder that takes no write makes
-    the cache read-only (``write_errors`` counts the failed writes)."""
-
-    MAX_BYTES = 64 * 2**20
-
-    def __init__(self, folder: str | Path | None = None, max_bytes: int = MAX_BYTES):
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
-            raise ValueError(f"max_bytes must be a whole number of bytes >= 1, got {max_bytes!r}")
-        self.folder = Path(folder) if folder is not None else default_root() / CACHE_DIR
-        self.max_bytes = max_bytes
-        self.hits = self.misses = self.write_errors = self.evicted = 0
-
-    def _path(self, key: str) -> Path:
-        return self.folder / f"{key}.json"
-
-    def get(self, key: str) -> Measured | None:
-        path = self._path(key)
-        try:
-            raw = json.loads(path.read_text())
-            found = Measured(dict(raw["values"]), list(raw["k_composition"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            self.misses += 1
-            return None
-        self.hits += 1
-        try:
-            os.utime(path)  # used now: the last to go when the folder is trimmed
-        except OSError:
-            pass
-        return found
-
-    def put(self, key: str, value: Measured) -> None:
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            tmp = self._path(f".{key}.tmp-{os.getpid()}")
-            tmp.write_text(json.dumps({"values": value.values, "k_composition": value.k_composition}))
-            os.replace(tmp, self._path(key))
-        except OSError:
-            self.write_errors += 1
-            return
-        self._trim(keep=self._path(key))
-
-    def _trim(self, keep: Path) -> None:
-        """Remove the least recently used entries (never ``keep``, the one just written) while
-        the folder holds more than ``max_bytes``, down to 3/4 of it."""
-        entries = []
-        for path in self.folder.glob("*.json"):
-            try:
-                st = path.stat()
-            except OSError:  # removed meanwhile (another process trims too)
-                continue
-            entries.append((st.st_mtime, st.st_size, path))
-        total = sum(size for _, size, _ in entries)
-        if total <= self.max_bytes:
-            return
-        for _, size, path in sorted(entries, key=lambda e: e[0]):
-            if total <= self.max_bytes * 3 // 4:
-                break
-            if path == keep:
-                continue
-            try:
-                path.unlink()
-            except OSError:
-                continue
-            total -= size
-            self.evicted += 1
+VERSION = 2  # of what a cached entry holds; bump when a metric's definition changes
 
 
 @dataclass
 class Dynamics:
-    """Metrics of a series: ``steps``, ``metrics`` (name -> one value per step, None where not
-    measurable), the ``phase_change`` (or None), per step the K-composition matrix between heads
-    in ``order`` (their ``layers``), and the cache's ``hits``/``misses``."""
+    """Metrics of a series: ``steps`` (those measured), ``tokens`` seen at each (or None),
+    ``metrics`` (name -> one value per step, None where not measurable), the ``phase_change``
+    (or None), per step the K-composition matrix between heads in ``order`` (their ``layers``),
+    the checkpoints ``skipped`` with their reasons, and the cache's ``hits``/``misses`` (and
+    ``refused``: entries that failed their checks and were measured again, ``reasons``)."""
 
     steps: list[int]
     metrics: dict[str, list[float | None]]
@@ -110,11 +43,23 @@ class Dynamics:
     partial: list[bool] = field(default_factory=list)
     hits: int = 0
     misses: int = 0
+    skipped: list[Skipped] = field(default_factory=list)
+    tokens: list[int | None] | None = None
+    refused: int = 0
+    reasons: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        """What ``attn-lab dynamics --json`` prints: steps, metrics, phase_change, and the inputs
-        they were measured on (which positions the ICL score compares)."""
-        return {"steps": self.steps, "metrics": self.metrics, "phase_change": self.phase_change, "inputs": self.inputs}
+        """What ``attn-lab dynamics --json`` prints: steps (and tokens), metrics, phase_change, the
+        inputs they were measured on (which positions the ICL score compares) and the checkpoints
+        skipped, each with its step, source and reason."""
+        return {
+            "steps": self.steps,
+            "tokens": self.tokens,
+            "metrics": self.metrics,
+            "phase_change": self.phase_change,
+            "inputs": self.inputs,
+            "skipped": [s.to_json() for s in self.skipped],
+        }
 
     def series(self, name: str) -> list[float | None]:
         if name not in self.metrics:
@@ -125,6 +70,30 @@ class Dynamics:
         """K-composition from head ``writer`` into head ``reader`` at every step (labels L0H3)."""
         i, j = self.order.index(writer), self.order.index(reader)
         return [k[i][j] for k in self.k_composition]
+
+    def thinned(self, most: int) -> Dynamics:
+        """At most ``most`` (>= 2) of the steps, evenly spaced in their order, the first and the last
+        and the phase-change window's ends among them, with their values unchanged: what curves
+        of a long series draw (every step stays measured; ``self`` when it has no more)."""
+        n = len(self.steps)
+        if n <= most:
+            return self
+        keep = {round(i * (n - 1) / (most - 1)) for i in range(most)}
+        if self.phase_change is not None:
+            keep |= {i for i, s in enumerate(self.steps) if s in self.phase_change["window"]}
+        idx = sorted(keep)
+
+        def pick(values):
+            return None if values is None else [values[i] for i in idx]
+
+        return dataclasses.replace(
+            self,
+            steps=pick(self.steps),
+            metrics={k: pick(v) for k, v in self.metrics.items()},
+            k_composition=pick(self.k_composition),
+            partial=pick(self.partial) if self.partial else [],
+            tokens=pick(self.tokens),
+        )
 
 
 def cache_key(member_key: str, inputs: Inputs | None, detector_samples: int, seed: int, partial: bool) -> str:
@@ -137,7 +106,7 @@ def default_inputs(
 ) -> Inputs | None:
     """Held-out inputs of the series' task, or None when it has none. The task is the series' own
     (its run's or folder's), else the reference model's card.json (no weights loaded), else the
-    first member's."""
+    first member that loads."""
     from attn_core.checkpoint import CARD, read_card
     from attn_core.sources import weights_path
     from attn_core.tasks import TASKS
@@ -146,7 +115,7 @@ def default_inputs(
     if name is None and series.reference is not None:
         name = read_card(weights_path(series.reference, store).parent / CARD).task
     if name is None:
-        name = series.load(series.members[0], store).card.task
+        name = series.first_loaded(store).card.task
     task = TASKS.get(name or "")
     if task is None or task.d_vocab != series.config.d_vocab or task.n_ctx > series.config.n_ctx:
         return None
@@ -165,37 +134,49 @@ def dynamics(
     by: str = "icl_score",
 ) -> Dynamics:
     """Measure every member of ``series`` (reading what ``cache`` holds) and find the phase change
-    of the ``by`` metric. ``progress(done, total)`` after each member."""
+    of the ``by`` metric. A member that cannot be loaded is skipped with its reason (one sentence);
+    when none can be, a ValueError says why the first could not. ``progress(done, total)`` after
+    each member."""
     if inputs is not None and int(inputs.tokens.max()) >= series.config.d_vocab:
         raise ValueError("the inputs hold tokens outside the series' vocabulary")
     if inputs is not None and inputs.tokens.shape[1] > series.config.n_ctx:
         raise ValueError(f"inputs of {inputs.tokens.shape[1]} tokens exceed the context of {series.config.n_ctx}")
+    cfg = series.config
+    n_heads = cfg.n_layers * cfg.n_heads
     rows: list[Measured] = []
     partial: list[bool] = []
+    kept, skipped = [], list(series.skipped)
     for i, member in enumerate(series.members):
-        is_partial = member.checkpoint and series.partial and _partial_file(member.file)
-        key = cache_key(member.key, inputs, detector_samples, seed, is_partial)
-        found = cache.get(key) if cache is not None else None
-        if found is None:
-            loaded = series.load(member, store)
-            found = measure(loaded.model, inputs, detector_samples, seed, partial=is_partial)
-            if cache is not None:
-                cache.put(key, found)
-        rows.append(found)
-        partial.append(is_partial)
+        try:
+            is_partial = member.checkpoint and series.partial and _partial_file(member.file)
+            key = cache_key(member.key, inputs, detector_samples, seed, is_partial)
+            found = cache.get(key, n_heads) if cache is not None else None
+            if found is None:
+                loaded = series.load(member, store)
+                found = measure(loaded.model, inputs, detector_samples, seed, partial=is_partial)
+                if cache is not None:
+                    cache.put(key, found)
+        except (CheckpointError, OSError) as e:
+            skipped.append(Skipped(member.step, member.source, " ".join(str(e).split())[:300]))
+        else:
+            rows.append(found)
+            partial.append(is_partial)
+            kept.append(member)
         if progress is not None:
             progress(i + 1, len(series.members))
-    steps = series.steps
+    if not rows:
+        raise ValueError(f"no checkpoint of {series.name} can be measured ({skipped[0].line()})")
+    steps = [m.step for m in kept]
     names = list(rows[0].values)
     metrics = {n: [r.values.get(n) for r in rows] for n in names}
     if by not in metrics:
         raise ValueError(f"the phase change is found on a measured metric; {by!r} is not one")
-    cfg = series.config
     order = [head_label(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
+    tokens = [m.tokens for m in kept]
     return Dynamics(
         steps=steps,
         metrics=metrics,
-        phase_change=phase_change(steps, metrics[by], by=by),
+        phase_change=phase_change(steps, metrics[by], by=by, loss=metrics.get("loss")),
         k_composition=[r.k_composition for r in rows],
         order=order,
         layers=[l for l in range(cfg.n_layers) for _ in range(cfg.n_heads)],
@@ -203,14 +184,54 @@ def dynamics(
         partial=partial,
         hits=cache.hits if cache is not None else 0,
         misses=cache.misses if cache is not None else 0,
+        skipped=sorted(skipped, key=lambda s: (s.step is None, s.step or 0, s.source)),
+        tokens=tokens if any(t is not None for t in tokens) else None,
+        refused=cache.refused if cache is not None else 0,
+        reasons=list(cache.reasons) if cache is not None else [],
     )
 
 
 def _partial_file(path: Path) -> bool:
     try:
         return header_params(path) != "all"
-    except (OSError, CheckpointError):
+    except (OSError, ValueError):
         return False
+
+
+MAX_TEXT_BYTES = 4 * 2**20  # of a text the metrics are measured on
+
+
+def read_text(path: str | Path) -> str:
+    """A UTF-8 text file of at most :data:`MAX_TEXT_BYTES` (a regular file: ``limits.read_file``)."""
+    from attn_core import limits
+
+    raw = limits.read_file(path, MAX_TEXT_BYTES, str(path))
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text") from None
+
+
+def series_text_inputs(
+    series: Series, text: str, length: int | None, samples: int, early=None, late=None, store=None
+) -> Inputs:
+    """Windows of ``text`` (``length`` tokens each, default the context up to 128) tokenized for the
+    series: by the tokenizer.json of its folder (the run's, or its checkpoints folder's, where a
+    text run writes it when it starts), else of the first member that loads, else the task's
+    token names (:func:`text_ids`)."""
+    from attn_core.hf import tokenizer as hf_tokenizer
+
+    cfg = series.config
+    length = min(cfg.n_ctx, 128) if length is None else length
+    if not 2 <= length <= cfg.n_ctx:
+        raise ValueError(f"--length must be 2..{cfg.n_ctx} (the context), got {length}")
+    tok = None
+    for folder in series.folders:
+        tok = hf_tokenizer.load_tokenizer(folder) if folder.is_dir() else None
+        if tok is not None:
+            break
+    ids = hf_tokenizer.encode(tok, text) if tok is not None else text_ids(series.first_loaded(store), text)
+    return text_inputs(ids, length, samples, early, late)
 
 
 def text_ids(loaded, text: str) -> list[int]:
@@ -232,14 +253,14 @@ def text_ids(loaded, text: str) -> list[int]:
     raise ValueError(f"{loaded.name} has no tokenizer.json and no task: its text cannot be tokenized")
 
 
-def step_views(series: Series, tokens: list[int], layer: int, head: int, store: RunStore | None = None):
-    """Per member: the sequence view of ``tokens`` at ``layer`` and the singular values of the
-    head's B (``bilinear.spectrum_frame`` rows), what the animation shows."""
+def step_views(series: Series, tokens: list[int], layer: int, head: int, store: RunStore | None = None, steps=None):
+    """Per member (of ``steps``, default all): the sequence view of ``tokens`` at ``layer`` and the
+    singular values of the head's B (``bilinear.spectrum_frame`` rows), what the animation shows."""
     from attn_core.bilinear import sequence_view, spectrum_frame
 
     views, spectra = [], []
-    for member in series.members:
-        loaded = series.load(member, store)
+    for step in series.steps if steps is None else steps:
+        loaded = series.load(step, store)
         views.append(sequence_view(loaded, tokens, layer))
         frame = spectrum_frame(loaded.model)
         spectra.append(frame[(frame["layer"] == layer) & (frame["head"] == head)])

@@ -2,7 +2,8 @@
 
 Builders return a :class:`Plot` (a figure and the table it shows); one module per area:
 ``bilinear`` (scores, spectra, heads), ``training`` (retraining and runs), ``kernels``,
-``grow``, ``toy`` (seed 003) and ``qk`` (merged vs factored, seed 004).
+``grow``, ``toy`` (seed 003), ``qk`` (merged vs factored, seed 004), ``sinks`` (attention sinks,
+the sink-aware heatmap) and ``ranks`` (the two ranks of a head).
 """
 
 from attn_core.figures.base import (

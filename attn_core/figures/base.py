@@ -168,11 +168,9 @@ def write_plot(plot: Plot, path: str | Path, fmt: str | None = None, overwrite: 
         raise ExportError(f"{path} already exists; choose another path or pass overwrite")
     if not path.parent.exists():
         raise ExportError(f"folder {path.parent} does not exist")
-    data = export_bytes(plot, fmt)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
-    return path
+    from attn_core.destinations import write_file
+
+    return write_file(path, export_bytes(plot, fmt))
 
 
 def bundle_zip(plots: list[Plot], manifest: dict, formats: tuple[str, ...] = EXPORT_FORMATS) -> bytes:

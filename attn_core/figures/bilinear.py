@@ -356,8 +356,8 @@ def eigen_sym_plot(table: pd.DataFrame) -> Plot:
 
 def concentration_plot(table: pd.DataFrame) -> Plot:
     """The concentration table (``View.concentration_table`` or ``bilinear.concentration_table``):
-    per head and metric, mean / min / max over query rows."""
-    cols = [c for c in ("view", "layer", "head", "metric", "mean", "min", "max") if c in table]
+    per head and metric, mean / min / max over query rows (and the sink keys left out, if any)."""
+    cols = [c for c in ("view", "layer", "head", "metric", "mean", "min", "max", "sink_keys") if c in table]
     cells = [table[c].map(cell_text) for c in cols]  # four significant digits, a dash where missing
     # every row shown (a table taller than its figure scrolls, and an export cuts it), each
     # column as wide as its widest entry
@@ -370,7 +370,8 @@ def concentration_plot(table: pd.DataFrame) -> Plot:
         )
     )
     fig.update_layout(
-        title="Concentration of f_x per head (rows with ≥ 2 visible keys)",
+        title="Concentration of f_x per head (rows with ≥ 2 visible keys"
+        + (", without each head's sink keys, renormalized)" if "sink_keys" in table else ")"),
         height=110 + TABLE_ROW_PX * (len(table) + 2),
         margin=dict(t=70, b=20),
     )

@@ -140,15 +140,44 @@ def spectrum_entropy_plot(dyn: Dynamics, layer: int, head: int, step: int | None
     return Plot(f"dynamics_spectrum_entropy_{label}", fig, data, meta=dict(step=step, head=label))
 
 
+def sinks_plot(dyn: Dynamics, layer: int, head: int, step: int | None = None) -> Plot:
+    """The share of sink heads and the head's largest key importance (Gu et al. 2024), 0..1."""
+    label = head_label(layer, head)
+    cols = {
+        "sink rate (share of heads)": dyn.metrics["sink_rate"],
+        f"sink importance {label}": dyn.metrics.get(str(MetricKey("sink_importance", layer, head))),
+    }
+    cols = {k: v for k, v in cols.items() if v is not None}
+    plot = curves_plot(dyn, cols, f"Attention sinks: the rate, and {label}", "share / attention (0..1)", step,
+                       f"dynamics_sinks_{label}")  # fmt: skip
+    plot.fig.update_yaxes(range=[0, 1.05])
+    return plot
+
+
+def ranks_plot(dyn: Dynamics, layer: int, head: int, step: int | None = None) -> Plot:
+    """The two ranks of the head: of B (90% of its variance) and of its centred scores on data."""
+    label = head_label(layer, head)
+    names = {"weight_rank": "rank of B (90%)", "data_rank": "rank of the scores (90%)",
+             "data_stable_rank": "stable rank of the scores"}  # fmt: skip
+    cols = {text: dyn.metrics.get(str(MetricKey(m, layer, head))) for m, text in names.items()}
+    cols = {k: v for k, v in cols.items() if v is not None}
+    return curves_plot(dyn, cols, f"The two ranks of {label}", "rank", step, f"dynamics_ranks_{label}")
+
+
 def panels(dyn: Dynamics, layer: int, head: int, step: int | None = None) -> list[Plot]:
     """The page's curves: loss and ICL, detectors of every head, K-composition into the head,
-    sigma_1 and entropy with the floor."""
-    return [
+    sigma_1 and entropy with the floor, and (when measured) sinks and the head's two ranks."""
+    out = [
         loss_plot(dyn, step),
         detectors_plot(dyn, step),
         composition_curves_plot(dyn, layer, head, step),
         spectrum_entropy_plot(dyn, layer, head, step),
     ]
+    if "sink_rate" in dyn.metrics:
+        out.append(sinks_plot(dyn, layer, head, step))
+    if str(MetricKey("weight_rank", layer, head)) in dyn.metrics:
+        out.append(ranks_plot(dyn, layer, head, step))
+    return out
 
 
 # --- the animation -------------------------------------------------------------------------------

@@ -14,7 +14,9 @@ from attn_core.figures import Plot
 from attn_core.figures import attribution as fa
 from attn_core.figures import bilinear as fb
 from attn_core.figures import circuits as fc
+from attn_core.figures import ranks as franks
 from attn_core.figures import rotary as fr
+from attn_core.figures import sinks as fs
 from attn_core.figures.layout import DEFAULT_HEIGHT, FULL_PX, HALF_PX, THIRD_PX, WIDE_PX
 from attn_core.sources import LoadedModel
 
@@ -64,6 +66,7 @@ def heatmaps(m: LoadedModel, quick: bool) -> Iterator[Entry]:
     vw = circuits.value_weighted(m.model, tokens, layer, [0])
     yield Entry(page, "value-weighted attention", fa.value_weighted_plot(vw, labels, layer, [0], 0), FULL)
     yield Entry(page, "concentration table", fb.concentration_plot(view.concentration_table(1)), FULL)
+    yield from _sinks(m, page, view, tokens, query)
     vocab = bilinear.vocabulary_view(m, layer, [0])
     yield Entry(
         page,
@@ -84,6 +87,32 @@ def heatmaps(m: LoadedModel, quick: bool) -> Iterator[Entry]:
         )
     if m.config.n_ctx > bilinear.LONG_INPUT:
         yield from _long(m, page, layer)
+
+
+def probe_sinks(m: LoadedModel, tokens: list[int]):
+    """The sinks the Heatmaps page shows: on task samples, else on the input as one probe."""
+    from attn_core.text.probes import measure_sinks
+
+    return measure_sinks(m) if m.task is not None else bilinear.sinks(m.model, [tokens], what="this input")
+
+
+def probe_ranks(m: LoadedModel, tokens: list[int]):
+    """The two ranks the Spectrum page shows: on task samples, else on the input as one probe."""
+    from attn_core.text.probes import measure_ranks
+
+    return measure_ranks(m) if m.task is not None else bilinear.ranks(m.model, [tokens], what="this input")
+
+
+def _sinks(m: LoadedModel, page: str, view, tokens: list[int], query: int) -> Iterator[Entry]:
+    """The sink-aware mode (one head's scores and pattern, its sinks apart or left out; every head of
+    the grid), the concentration without sinks, and every head's key importance."""
+    head = 1 % m.config.n_heads
+    yield Entry(page, "sink-aware: scores, sinks apart", fs.sink_view_plot(view, head, "apart", value="scores"), HALF)
+    yield Entry(page, "sink-aware: pattern, sinks apart", fs.sink_view_plot(view, head, "apart"), HALF)
+    yield Entry(page, "sink-aware: pattern without sinks", fs.sink_view_plot(view, head, "renormalized"), HALF)
+    table = view.concentration_table(1, without_sinks=True)
+    yield Entry(page, "concentration without sinks", fb.concentration_plot(table), FULL)
+    yield Entry(page, "attention sinks of every head", fs.importance_plot(probe_sinks(m, tokens)), FULL)
 
 
 def _long(m: LoadedModel, page: str, layer: int) -> Iterator[Entry]:
@@ -117,6 +146,12 @@ def spectrum(m: LoadedModel, quick: bool) -> Iterator[Entry]:
         [{"layer": r["layer"], "head": r["head"], "eigenvalues_sym": r["eigenvalues_sym"]} for r in rows]
     )
     yield Entry(page, "eigenvalues of the symmetric part", fb.eigen_sym_plot(table), FULL)
+    tokens = (
+        bilinear.sample_tokens(m, 0) if m.task is not None else bilinear.random_tokens(m, 0, min(64, m.config.n_ctx))
+    )
+    both = probe_ranks(m, tokens)
+    yield Entry(page, "the two ranks of each head", franks.ranks_plot(both), FULL)
+    yield Entry(page, "cumulative variance of B and S_c", franks.variance_plot(both, 0, 0), HALF)
     yield Entry(page, "head detectors", fb.heads_plot(bilinear.head_detectors(m.model, n_samples=8)), FULL)
     if m.config.positional == "rotary":
         by, ref = (
@@ -177,6 +212,16 @@ def cli_exports(m: LoadedModel, quick: bool) -> Iterator[Entry]:
     yield Entry(page, "--figure eigenvalues", fb.eigen_plot(bilinear.eigen_frame(m.model)), EXPORT)
     yield Entry(page, "--figure concentration", fb.concentration_plot(bilinear.concentration_table(m, tokens)), EXPORT)
     yield Entry(page, "--figure heads", fb.heads_plot(bilinear.head_detectors(m.model, n_samples=8)), EXPORT)
+    for figure, mode in (("pattern-sinks-apart", "apart"), ("pattern-no-sinks", "renormalized")):
+        yield Entry(page, f"--figure {figure}", fs.sink_view_plot(view, 0, mode, width=EXPORT), EXPORT)
+    if m.task is not None:  # export's sinks and ranks are measured on task samples
+        yield Entry(
+            page,
+            "--figure sinks (attn-lab sinks --out)",
+            fs.importance_plot(probe_sinks(m, tokens), width=EXPORT),
+            EXPORT,
+        )
+        yield Entry(page, "--figure ranks", franks.ranks_plot(probe_ranks(m, tokens), width=EXPORT), EXPORT)
 
 
 def kernels_page(m: LoadedModel, quick: bool, root: Path) -> Iterator[Entry]:

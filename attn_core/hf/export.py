@@ -36,10 +36,11 @@ import tempfile
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from attn_core.checkpoint import CONFIG, WEIGHTS, CheckpointError, LoadedModel
-from attn_core.destinations import check_destination, tmp_prefix
+from attn_core.destinations import check_destination, tmp_prefix, write_failed
 from attn_core.hf.tokenizer import VOCAB
 from attn_core.model import ModelConfig
 
@@ -296,11 +297,14 @@ def write_folder(out: Path, tensors: dict[str, torch.Tensor], hf_config: dict, f
         raise CheckpointError(f"cannot write into {out.parent} ({e.strerror or e})") from None
     tmp.chmod(0o755)  # mkdtemp makes it private; an export is readable like any folder
     try:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        (tmp / WEIGHTS).chmod(0o644)
-        (tmp / CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
-        for name, data in files.items():
-            (tmp / name).write_bytes(data)
+        try:
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / WEIGHTS), metadata={"format": "pt"})
+            (tmp / WEIGHTS).chmod(0o644)
+            (tmp / CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
+            for name, data in files.items():
+                (tmp / name).write_bytes(data)
+        except (OSError, SafetensorError) as e:  # a full disk: one line naming the export, nothing left
+            raise write_failed(e, out) from None
         try:
             tmp.rename(out)  # replaces an empty folder; one that filled up meanwhile makes it fail
         except OSError:

@@ -45,15 +45,22 @@ def _rust_failure(e: BaseException, what: str) -> CheckpointError:
 
 def load_tokenizer(folder: Path) -> Tokenizer | None:
     """The folder's own tokenizer.json (a regular file inside it, of bounded size, read by
-    ``checkpoint.read_model_file``), or None when there is none."""
+    ``checkpoint.read_model_file``; parsed once in a bounded child first, :func:`bounded`, so a
+    panic or a parser that never ends stays there), or None when there is none."""
     if not os.path.lexists(folder / TOKENIZER):
         return None
     from tokenizers import Tokenizer
 
     data = read_model_file(folder, TOKENIZER, MAX_TOKENIZER_BYTES)
     try:
-        return Tokenizer.from_str(data.decode("utf-8"))
-    except BaseException as e:  # the Rust parser raises its own types and may panic; bad UTF-8 too
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _rust_failure(e, "reading it") from None
+    # read first in a child: a panic prints its backtrace on stderr even when it is caught
+    bounded(lambda: Tokenizer.from_str(text).get_vocab_size(with_added_tokens=True), TOKENIZE_TIMEOUT_S, "reading it")
+    try:
+        return Tokenizer.from_str(text)
+    except BaseException as e:  # the Rust parser raises its own types and may panic
         raise _rust_failure(e, "reading it") from None
 
 
@@ -84,6 +91,12 @@ def encode(tok: Tokenizer, text: str, timeout_s: float = TOKENIZE_TIMEOUT_S) -> 
         raise ValueError("type some text to tokenize")
     if len(text) > MAX_TEXT_CHARS:
         raise ValueError(f"the text has {len(text):,} characters; the limit is {MAX_TEXT_CHARS:,}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:  # a lone surrogate: undecodable bytes of a command line, a JSON escape
+        raise ValueError(
+            f"the text is not UTF-8 (character {e.start + 1:,} is a lone surrogate, {text[e.start]!r}); type it as UTF-8"
+        ) from None
     ids = bounded(lambda: tok.encode(text, add_special_tokens=False).ids, timeout_s, "tokenizing the text")
     if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
         raise CheckpointError(f"{TOKENIZER}: tokenizing the text gave no list of token ids")
@@ -135,8 +148,12 @@ def bounded(fn: Callable[[], object], timeout_s: float, what: str):
                 if not chunk:
                     break
                 chunks.append(chunk)
-    finally:
+    finally:  # answered, timed out, or Ctrl-C while waiting: the child is gone either way
         os.close(read_end)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         os.waitpid(pid, 0)
     try:
         out = json.loads(b"".join(chunks))

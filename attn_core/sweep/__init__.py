@@ -3,8 +3,8 @@ Ray Tune trials, their results recorded by the driver as runs of one sweep in th
 
 ``plan`` (the grid, trials, Pareto frontier; no Ray), ``check`` (everything a trial would refuse,
 refused before anything starts: the one place a sweep is validated), ``trial`` (one trial on a
-worker, its payload recorded on the driver), ``ray_backend`` (Ray and Tune), ``watchdog`` (Ray's
-processes end with the driver, ``kill -9`` included), ``run`` (a sweep end to end, Ctrl-C, resume)."""
+worker, its payload recorded on the driver), ``ray_backend`` (Tune, on the Ray that
+:mod:`attn_core.cluster` starts or joins), ``run`` (a sweep end to end, Ctrl-C, resume)."""
 
 from attn_core.sweep.check import check_resources, check_settings, check_sweep
 from attn_core.sweep.plan import (

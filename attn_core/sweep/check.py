@@ -39,18 +39,40 @@ def check_sweep(
     from attn_core.training.job import TrainingJob
 
     check_settings(cpus_per_trial, gpus_per_trial, scheduler)
+    check_workers(plan.job, cpus_per_trial, gpus_per_trial)
     seen: set[str] = set()
     for trial in plan.trials:
         kind = BASELINE if not trial.spec else trial.reg
         if kind in seen:
             continue
         seen.add(kind)
-        TrainingJob(trial.job_config({**plan.job, "device": "cpu"}), store=False)
+        # on this machine's CPU (a job on workers builds its check on the CPU itself)
+        device = {} if plan.job.get("workers") else {"device": "cpu"}
+        TrainingJob(trial.job_config({**plan.job, **device}), store=False)
 
 
-def check_resources(cluster: dict, cpus_per_trial: float, gpus_per_trial: float) -> None:
+def check_workers(job: dict, cpus_per_trial: float, gpus_per_trial: float) -> None:
+    """A trial on Ray Train workers (``--workers-per-trial``) takes its resources per worker:
+    ``--cpus-per-trial`` and ``--gpus-per-trial`` are for trials that train in one process."""
+    if job.get("workers") and (cpus_per_trial != 1.0 or gpus_per_trial):
+        raise SweepError(
+            "--cpus-per-trial and --gpus-per-trial are for trials in one process; a trial on "
+            "--workers-per-trial N workers takes 1 CPU and --gpus-per-worker GPUs per worker"
+        )
+
+
+def check_resources(cluster: dict, cpus_per_trial: float, gpus_per_trial: float, job: dict | None = None) -> None:
     """Refuse a request the Ray cluster cannot meet (``cluster``: its CPU and GPU totals), which
-    would otherwise leave every trial pending for ever."""
+    would otherwise leave every trial pending for ever; a trial on workers needs all its workers
+    at once."""
+    if job and job.get("workers"):
+        from attn_core.cluster import ClusterError
+        from attn_core.distributed.scaling import check_cluster
+
+        try:
+            return check_cluster(cluster, int(job["workers"]), float(job.get("gpus_per_worker") or 0))
+        except ClusterError as e:
+            raise SweepError(f"no trial could ever start: {e}") from None
     missing = []
     have_cpus, have_gpus = float(cluster.get("CPU", 0.0)), float(cluster.get("GPU", 0.0))
     if cpus_per_trial > have_cpus:

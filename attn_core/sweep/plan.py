@@ -45,6 +45,9 @@ JOB_FIELDS = (
     "train",
     "kl",
     "penalty_rows",
+    "workers",  # --workers-per-trial: each trial on Ray Train workers
+    "gpus_per_worker",
+    "strategy",
 )
 TEXT_PATHS = ("text", "eval_text")  # made absolute in the plan: a worker reads them from its own folder
 

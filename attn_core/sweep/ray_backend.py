@@ -1,6 +1,5 @@
-"""Running trials on Ray Tune: a local Ray started in this process (one worker per core, one torch
-thread per trial) and shut down afterwards, or an existing cluster (``address``: ``auto``,
-``host:port`` or ``ray://host:port``). Each trial is a function trainable run through
+"""Running trials on Ray Tune, on the Ray of this process (:func:`attn_core.cluster.ray_session`
+starts or joins it: the one place). Each trial is a function trainable run through
 ``tune.Tuner`` with ``tune.with_resources`` (CPUs and possibly fractional GPUs per trial) and an
 optional ASHA scheduler. A :class:`~ray.tune.Callback` on the driver hands every trial's payload
 (weights bytes + metrics, :mod:`attn_core.sweep.trial`) to ``on_payload`` as it arrives, so the
@@ -12,18 +11,13 @@ import itertools
 import logging
 import os
 import shutil
-import socket
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
-from urllib.parse import urlparse
 
-from attn_core.sweep import watchdog
 from attn_core.sweep.check import check_settings
-from attn_core.sweep.plan import SweepError
 
-try:  # the module imports without Ray; running a sweep says how to install it (ray_module)
+try:  # the module imports without Ray; running a sweep says how to install it (cluster.ray_module)
     from ray.tune import Callback as _Callback
     from ray.tune.stopper import Stopper as _Stopper
 except ImportError:  # pragma: no cover
@@ -31,122 +25,27 @@ except ImportError:  # pragma: no cover
 from attn_core.sweep.trial import run_trial
 
 REPORT_FRACTION = 10  # with ASHA a trial reports its loss about 10 times
-CONNECT_TIMEOUT_S = 5.0
 STORAGE_ENV = "ATTN_LAB_TUNE_STORAGE"  # Tune's experiment folder (default: a temporary folder, removed)
-USAGE_STATS_ENV = "RAY_USAGE_STATS_ENABLED"  # off (0) unless the user sets it: the lab runs offline
-
-
-def ray_module():
-    """The ``ray`` module, or the one-line error saying how to install it."""
-    try:
-        import ray
-        from ray import tune  # noqa: F401
-    except ImportError:
-        raise SweepError(
-            "Ray is not installed: pip install 'ray[tune]' (the version is pinned in requirements.txt)"
-        ) from None
-    return ray
-
-
-def _check_reachable(address: str) -> None:
-    """A quick TCP check of ``host:port`` / ``ray://host:port`` (``auto`` is Ray's to find)."""
-    if address == "auto":
-        return
-    parsed = urlparse(address if "://" in address else f"tcp://{address}")
-    if not parsed.hostname or not parsed.port:
-        raise SweepError(f"--address {address!r} is not auto, HOST:PORT or ray://HOST:PORT")
-    try:
-        with socket.create_connection((parsed.hostname, parsed.port), timeout=CONNECT_TIMEOUT_S):
-            pass
-    except OSError as e:
-        raise SweepError(f"cannot reach the Ray cluster at {address}: {e.strerror or e}") from None
-
-
-def preflight(address: str | None = None) -> None:
-    """Raise the one-line :class:`SweepError` now if Ray is missing or the cluster is unreachable."""
-    ray = ray_module()
-    address = address or os.environ.get("RAY_ADDRESS") or None
-    if address and not ray.is_initialized():
-        _check_reachable(address)
-
-
-# The local Ray this process started, shared by every sweep of the process that runs while it is
-# up (the dashboard can start a second sweep while the first runs): it is shut down when the last
-# of them ends, never under another one. The lock also makes two sweeps starting at once start one Ray.
-_LOCK = threading.Lock()
-_OURS: dict = {"users": 0, "guard": None}
-
-
-def ray_users() -> int:
-    """How many sweeps of this process use the Ray it started (0: none started, or it ended)."""
-    with _LOCK:
-        return _OURS["users"]
-
-
-@contextmanager
-def ray_session(address: str | None = None, num_cpus: int | None = None):
-    """Ray for the length of a sweep; yields a dict (ray_version, address, started, shared).
-
-    Ray already initialised in this process is used as it is: when this process started it (for
-    another sweep still running, ``shared``), this sweep counts as one more of its users and the last
-    user shuts it down; a Ray the caller started stays up. Otherwise, without ``address`` (or
-    ``$RAY_ADDRESS``) a local Ray is started with ``num_cpus`` (default every core) and shut down at
-    the end; with one, the cluster is joined (and left at the end)."""
-    ray = ray_module()
-    address = address or os.environ.get("RAY_ADDRESS") or None
-    os.environ.setdefault(USAGE_STATS_ENV, "0")  # no usage statistics unless the user asks for them
-    started = shared = False
-    with _LOCK:
-        if _OURS["users"] > 0 and ray.is_initialized():
-            _OURS["users"] += 1
-            shared = True
-        elif not ray.is_initialized():
-            if address:
-                _check_reachable(address)
-            kwargs = dict(
-                include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False, configure_logging=True
-            )
-            # a local Ray ends with this process, kill -9 included (its processes only)
-            guard = None if address else watchdog.start(os.path.dirname(ray.__file__))
-            try:
-                if address:
-                    ray.init(address=address, **kwargs)
-                else:
-                    ray.init(num_cpus=num_cpus or os.cpu_count() or 1, **kwargs)
-            except Exception as e:  # ConnectionError, a ray:// handshake that fails, a version mismatch ...
-                watchdog.stop(guard)
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise SweepError(f"cannot start or join Ray{f' at {address}' if address else ''}: {first}") from None
-            _OURS.update(users=1, guard=guard)
-            started = True
-    try:
-        ctx = ray.get_runtime_context()
-        where = address or ("local" if started or shared else getattr(ctx, "gcs_address", "") or "local")
-        yield {
-            "ray_version": ray.__version__,
-            "address": where,
-            "started": started,
-            "shared": shared,
-            "cluster": ray.cluster_resources(),
-        }
-    finally:
-        if started or shared:
-            with _LOCK:
-                _OURS["users"] -= 1
-                if _OURS["users"] == 0:
-                    ray.shutdown()
-                    watchdog.stop(_OURS["guard"])
-                    _OURS["guard"] = None
+_LOCK = threading.Lock()  # the process-wide Tune settings (_tune_settings)
 
 
 def _trainable(config: dict) -> None:
-    """The Tune function trainable: one trial; its payload goes back in the last report."""
+    """The Tune function trainable: one trial; its payload goes back in the last report.
+
+    With ASHA a trial reports its loss every ``report_every`` steps before its last, and its last
+    step only in the final report (with the payload): a trial that reaches its last step is
+    recorded as trained, never as stopped early. A baseline (lambda = 0) reports nothing before
+    the end, so ASHA never stops it: the sweep's comparisons and its Pareto frontier need it."""
     from ray import tune
 
-    every = int(config.get("report_every") or 0)
+    from attn_core.sweep.plan import Trial
+
+    steps = int(config.get("steps") or 0)
+    every = 0 if not Trial.from_dict(config["trial"]).spec else int(config.get("report_every") or 0)
 
     def report(step: int, latest: dict) -> None:
-        tune.report({"step": step, "loss": float(latest.get("task_loss", float("nan"))), "final": False})
+        if step < steps:  # the last step is the final report's
+            tune.report({"step": step, "loss": float(latest.get("task_loss", float("nan"))), "final": False})
 
     payload = run_trial(
         config["trial"],
@@ -191,13 +90,18 @@ def run_tune(
     scheduler: str = "none",
     name: str = "attn-lab-sweep",
     stop: Callable[[], bool] | None = None,
+    stopped_by: Callable[[], str] | None = None,
+    cluster: dict | None = None,
 ) -> None:
     """Run ``trials`` (dicts of :class:`~attn_core.sweep.plan.Trial`) on the Ray of this process
-    (see :func:`ray_session`); ``on_payload(payload)`` is called on the driver once per trial,
+    (see :func:`attn_core.cluster.ray_session`); ``on_payload(payload)`` is called on the driver once per trial,
     including the ones that fail on a worker or are stopped early by ASHA. Once ``stop()`` is
     true (Ctrl-C), Tune stops every running trial (each is handed over ``stopped``, marked
-    ``interrupted`` so that a resume runs it again) and starts no more; Tune's own SIGINT handler
-    is off (the caller owns Ctrl-C)."""
+    ``interrupted`` so that a resume runs it again; ``stopped_by()`` names the stop in their
+    messages) and starts no more; Tune's own SIGINT handler
+    is off (the caller owns Ctrl-C). A trial on Ray Train workers (``job["workers"]``) is Ray Train
+    V2's per-trial driver: it reserves no CPU (its workers reserve theirs) and as many trials run at
+    once as ``cluster`` (the cluster's resources) holds their workers."""
     from ray import tune
 
     check_settings(cpus_per_trial, gpus_per_trial, scheduler)
@@ -220,26 +124,32 @@ def run_tune(
             reduction_factor=2,
         )
 
+    resources, concurrent = trial_resources(job, cpus_per_trial, gpus_per_trial, cluster or {})
     token = next(_TOKENS)
     _SINKS[token] = on_payload
     _STOPS[token] = stop or (lambda: False)
+    _CAUSES[token] = stopped_by or (lambda: "Ctrl-C")
     collect = Collect(token, steps)
     shared = os.environ.get(STORAGE_ENV)  # a multi-node cluster may need a shared folder (or s3://...)
     storage = shared or tempfile.mkdtemp(prefix="attn-lab-tune-")
     _tune_settings(+1)
     try:
-        resources = {"cpu": cpus_per_trial, "gpu": gpus_per_trial}
         tuner = tune.Tuner(
             tune.with_resources(_trainable, resources),
             param_space={
                 "trial": tune.grid_search(list(trials)),
                 "job": job,
                 "report_every": every,
+                "steps": steps,
                 "threads": max(1, int(cpus_per_trial)),
             },
             tune_config=tune.TuneConfig(
-                scheduler=sched, num_samples=1, trial_dirname_creator=_dirname, reuse_actors=True
-            ),  # a worker imports torch once, not per trial
+                scheduler=sched,
+                num_samples=1,
+                trial_dirname_creator=_dirname,
+                reuse_actors=True,  # a worker imports torch once, not per trial
+                max_concurrent_trials=concurrent,
+            ),
             run_config=tune.RunConfig(
                 name=name,
                 storage_path=storage,
@@ -254,9 +164,28 @@ def run_tune(
     finally:
         _SINKS.pop(token, None)
         _STOPS.pop(token, None)
+        _CAUSES.pop(token, None)
         _tune_settings(-1)
         if not shared:
             shutil.rmtree(storage, ignore_errors=True)
+
+
+DRIVER_MEMORY = 2**28  # bytes a trial that drives Ray Train workers reserves (it reserves no CPU)
+
+
+def trial_resources(job: dict, cpus: float, gpus: float, cluster: dict) -> tuple[dict, int | None]:
+    """(what a trial reserves, how many trials run at once: None for no limit). A trial on Ray Train
+    workers reserves a little memory and no CPU (a Tune trial must reserve something; its workers
+    reserve their CPUs and GPUs), and only as many run at once as the cluster holds their workers,
+    so that no trial's workers wait for another's (Ray Train V2's advice for Tune)."""
+    workers = job.get("workers")
+    if not workers:
+        return {"cpu": cpus, "gpu": gpus}, None
+    from attn_core.distributed.scaling import worker_resources
+
+    need = worker_resources(float(job.get("gpus_per_worker") or 0))
+    fits = [int(float(cluster.get(k, 0.0)) // (v * workers)) for k, v in need.items()]
+    return {"cpu": 0, "memory": DRIVER_MEMORY}, max(1, min(fits)) if fits else None
 
 
 TUNE_ENV = {  # no result files (the driver records), no SIGINT handler of Tune's (Ctrl-C is the caller's)
@@ -290,6 +219,7 @@ def _tune_settings(change: int) -> None:
 # on_payload (which holds the run store and a lock) stays here.
 _SINKS: dict[int, Callable[[dict], None]] = {}
 _STOPS: dict[int, Callable[[], bool]] = {}
+_CAUSES: dict[int, Callable[[], str]] = {}  # what a stop is called in the messages (Ctrl-C, SIGTERM)
 _TOKENS = itertools.count()
 
 
@@ -318,6 +248,9 @@ class Collect(_Callback):
     def _interrupted(self) -> bool:
         return bool(_STOPS.get(self.token, lambda: False)())
 
+    def _why(self, step: int) -> str:
+        return _stopped(step, self.steps, _CAUSES.get(self.token, lambda: "Ctrl-C")())
+
     def on_trial_start(self, iteration, trials, trial, **info):
         self.started[trial.trial_id] = trial.config["trial"]
 
@@ -327,7 +260,7 @@ class Collect(_Callback):
             if trial_id not in self.done and self._interrupted():
                 self.done.add(trial_id)
                 step = self.last_step.get(trial_id, 0)
-                _SINKS[self.token](_lost(config, "stopped", _ctrl_c(step, self.steps), True))
+                _SINKS[self.token](_lost(config, "stopped", self._why(step), True))
 
     def _give(self, trial, payload: dict) -> None:
         if trial.trial_id in self.done:
@@ -344,7 +277,7 @@ class Collect(_Callback):
         if trial.trial_id not in self.done:
             step = self.last_step.get(trial.trial_id, 0)
             if self._interrupted():
-                why = _ctrl_c(step, self.steps)
+                why = self._why(step)
             else:
                 why = f"stopped early by the ASHA scheduler at step {step} of {self.steps}"
             self._give(trial, _lost(trial.config["trial"], "stopped", why, self._interrupted()))
@@ -352,14 +285,14 @@ class Collect(_Callback):
     def on_trial_error(self, iteration, trials, trial, **info):
         if self._interrupted():  # a worker ended by the stop: a resume runs the trial again
             step = self.last_step.get(trial.trial_id, 0)
-            self._give(trial, _lost(trial.config["trial"], "stopped", _ctrl_c(step, self.steps), True))
+            self._give(trial, _lost(trial.config["trial"], "stopped", self._why(step), True))
             return
         err = getattr(trial, "error_message", None) or "the trial's worker failed"
         self._give(trial, _lost(trial.config["trial"], "failed", str(err).strip().splitlines()[-1][:500]))
 
 
-def _ctrl_c(step: int, steps: int) -> str:
-    return f"stopped by Ctrl-C at step {step} of {steps}" if step else "stopped by Ctrl-C before it finished"
+def _stopped(step: int, steps: int, cause: str) -> str:
+    return f"stopped by {cause} at step {step} of {steps}" if step else f"stopped by {cause} before it finished"
 
 
 def _dirname(trial) -> str:

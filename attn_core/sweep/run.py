@@ -57,6 +57,7 @@ def run_sweep(
     sweep_id: str | None = None,
     stop: Callable[[], bool] | None = None,
     ticket: int | None = None,
+    stopped_by: Callable[[], str] | None = None,
 ) -> dict:
     """Run a sweep (or ``resume`` one) on Ray and return :func:`sweep_result`.
 
@@ -73,11 +74,14 @@ def run_sweep(
     on; a sweep whose every trial failed ends ``failed``, its message saying why. One sweep runs at a
     time in a process (:mod:`attn_core.sweep.line`): the others wait, their record saying so;
     ``ticket``: a place in that line the caller took already (the Sweeps page takes it when Launch
-    is pressed, so sweeps run in the order they were launched)."""
-    from attn_core.sweep.ray_backend import preflight, ray_session, run_tune
+    is pressed, so sweeps run in the order they were launched). ``stopped_by()`` names what made
+    ``stop()`` true in the records' messages (the CLI: ``Ctrl-C``, ``SIGTERM`` or ``SIGHUP``)."""
+    from attn_core.cluster import preflight, ray_session
+    from attn_core.sweep.ray_backend import run_tune
 
     store = store or RunStore()
     stop = stop or (lambda: False)
+    cause = stopped_by or (lambda: "Ctrl-C")
     if sweep_id is not None:
         plan = SweepPlan.from_dict(store.get_sweep(sweep_id)["config"])
     elif resume:
@@ -108,7 +112,7 @@ def run_sweep(
     try:
         check_sweep(plan, cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial, scheduler=scheduler)
         preflight(address)  # Ray missing, a cluster unreachable: one line, before anything is written
-        _not_stopped(stop, recorded)
+        _not_stopped(stop, recorded, cause)
         if ticket is None:
             ticket = LINE.ticket()  # one Tune fit at a time in a process (attn_core.sweep.line)
             stack.callback(LINE.release, ticket)
@@ -118,11 +122,11 @@ def run_sweep(
                 store.update_sweep(sweep_id, "running", queued_message(ahead))
 
         if not LINE.wait(ticket, stop, on_wait=waiting):
-            _not_stopped(stop, recorded)
+            _not_stopped(stop, recorded, cause)
             raise SweepInterrupted("stopped while it waited for another sweep of this process; nothing was run")
         with ray_session(address) as session:
-            check_resources(session["cluster"], cpus_per_trial, gpus_per_trial)  # before any trial or record
-            _not_stopped(stop, recorded)
+            check_resources(session["cluster"], cpus_per_trial, gpus_per_trial, plan.job)  # before any trial or record
+            _not_stopped(stop, recorded, cause)
             if sweep_id is None:
                 sweep_id = resume or store.create_sweep(plan.name, plan.to_dict(), {"backend": BACKEND})
                 recorded = True
@@ -137,6 +141,7 @@ def run_sweep(
                 "cpus_per_trial": cpus_per_trial,
                 "gpus_per_trial": gpus_per_trial,
                 "scheduler": scheduler,
+                "workers_per_trial": plan.job.get("workers"),
             }
             store.update_sweep(sweep_id, "running", info=info)
             if not stop():
@@ -150,8 +155,10 @@ def run_sweep(
                     scheduler=scheduler,
                     name=sweep_id,
                     stop=stop,
+                    stopped_by=cause,
+                    cluster=session["cluster"],
                 )
-            status, message = _outcome(store, sweep_id, plan, ran, errors, stop())
+            status, message = _outcome(store, sweep_id, plan, ran, errors, stop(), cause)
     except BaseException as e:  # the sweep can be resumed; its record says what ended it
         message = str(e) if isinstance(e, (SweepError, ValueError)) else f"{type(e).__name__}: {e}"
         status = "interrupted" if began or isinstance(e, SweepInterrupted) else "failed"
@@ -166,19 +173,27 @@ def run_sweep(
     return sweep_result(store, sweep_id)
 
 
-def _not_stopped(stop: Callable[[], bool], recorded: bool) -> None:
+def _not_stopped(stop: Callable[[], bool], recorded: bool, cause: Callable[[], str]) -> None:
     if stop() and not recorded:
-        raise SweepInterrupted("interrupted by Ctrl-C before the sweep began; nothing was run or recorded")
+        raise SweepInterrupted(f"interrupted by {cause()} before the sweep began; nothing was run or recorded")
 
 
-def _outcome(store: RunStore, sweep_id: str, plan: SweepPlan, ran: list[dict], errors: list[str], stopped: bool):
-    """(status, message) of a sweep after a run: interrupted by Ctrl-C or with trials left,
+def _outcome(
+    store: RunStore,
+    sweep_id: str,
+    plan: SweepPlan,
+    ran: list[dict],
+    errors: list[str],
+    stopped: bool,
+    cause: Callable[[], str],
+):
+    """(status, message) of a sweep after a run: interrupted by a stop (``cause()``) or with trials left,
     failed when every trial of this run failed (the first reason said), else completed."""
     left = len(plan.trials) - len(finished_keys(store.get_sweep(sweep_id)))
     failed = [p for p in ran if p.get("status") == "failed"]
     if stopped:
         status = "interrupted" if left else "completed"
-        message = f"stopped by Ctrl-C: {len(plan.trials) - left} of {len(plan.trials)} trials recorded"
+        message = f"stopped by {cause()}: {len(plan.trials) - left} of {len(plan.trials)} trials recorded"
     elif ran and len(failed) == len(ran):
         status = "failed"
         message = f"every trial failed ({len(failed)}); {failed[0].get('key')}: {failed[0].get('message', '')}"

@@ -76,15 +76,12 @@ def _payload(j) -> dict:
     """What travels back to the driver: weights bytes, the metric log, the card and the measurements."""
     from safetensors.torch import save as st_save
 
+    from attn_core.training.checkpoints import take_files
     from attn_core.training.record import Outcome
 
     res = j.result()
-    outcome = Outcome(res["status"], res["message"])
-    # the card the retrain job writes for its run (the store gives it the run id when it saves)
-    card = j.card(outcome, res["after"])
-    model = j.model_copy()
     steps, names, values = (list(c) for c in j.recorder.columns)
-    return {
+    out = {
         "status": res["status"],
         "message": res["message"],
         "steps": res["steps"],
@@ -92,26 +89,27 @@ def _payload(j) -> dict:
         "config": j.cfg.to_dict(),
         "before": res["before"],
         "after": res["after"],
-        "card": card.to_dict(),
+        "metrics": {"step": steps, "name": names, "value": values},
+        "weights": None,
+    }
+    # a trial on Ray Train workers: its rank 0 sent the card and checkpoint files (none when the run
+    # failed before it could: the trial is recorded failed, with Ray's reason, without weights)
+    remote = getattr(j, "remote", None)
+    if remote is not None and hasattr(remote, "checkpoint_files"):
+        if remote.card is None:
+            return out
+        card, files = remote.card, remote.checkpoint_files
+    else:  # the card the retrain job writes for its run (the store gives it the run id when it saves)
+        card = j.card(Outcome(res["status"], res["message"]), res["after"]).to_dict()
+        files = take_files(getattr(j, "checkpoints", None))
+    model = j.model_copy()
+    return {
+        **out,
+        "card": card,
         "model_config": model.cfg.to_dict(),
         "weights": st_save({k: v.contiguous() for k, v in model.state_dict().items()}),
-        "metrics": {"step": steps, "name": names, "value": values},
-        "checkpoints": _checkpoint_files(j),
+        "checkpoints": files,
     }
-
-
-def _checkpoint_files(j) -> dict[str, bytes] | None:
-    """The trial's checkpoint files (name -> bytes, the index included), read from the job's
-    temporary folder, which is then removed; None when it kept none."""
-    import shutil
-
-    writer = getattr(j, "checkpoints", None)
-    if writer is None or writer.folder is None:
-        return None
-    try:
-        return {p.name: p.read_bytes() for p in sorted(writer.folder.iterdir()) if p.is_file()}
-    finally:
-        shutil.rmtree(writer.folder, ignore_errors=True)
 
 
 def payload_size(payload: Mapping) -> int:

@@ -8,7 +8,9 @@ next-token prediction with a held-out split.
 - ``tokens``: tokenizing into the cache (``tokenize``, ``TokenFile``, ``cache_dir``);
 - ``task``: ``TextTask``, the toys' Task interface on text (blocks, the held-out split);
 - ``measure``: held-out loss, perplexity, per-head concentration and spectra, in bounded memory;
-- ``source``: the text task of a loaded model (``text_task_for``), what jobs, the CLI and pages call.
+- ``source``: the text task of a loaded model (``text_task_for``), what jobs, the CLI and pages call;
+- ``probes``: the inputs sinks and data-space ranks are measured on (a text's windows or task
+  samples) and the one call each for them (``measure_sinks``, ``measure_ranks``).
 """
 
 from attn_core import lazy
@@ -19,6 +21,7 @@ from attn_core.text.defaults import DEFAULT_BLOCK, HELD_OUT_FRACTION
 __getattr__, __dir__ = lazy.exports(
     __name__,
     {
+        "probes": ("Probes", "measure_ranks", "measure_sinks", "probes"),
         "source": ("text_task_for",),
         "task": ("TextTask",),
         "tokens": ("TokenFile", "cache_dir", "tokenize"),
@@ -30,11 +33,15 @@ __all__ = [
     "HELD_OUT_FRACTION",
     "MAX_CORPUS_BYTES",
     "Corpus",
+    "Probes",
     "TextError",
     "TextTask",
     "TokenFile",
     "cache_dir",
+    "measure_ranks",
+    "measure_sinks",
     "open_corpus",
+    "probes",
     "text_task_for",
     "tokenize",
 ]

@@ -37,8 +37,11 @@ class Retraining:
         self.files = family_export.companion_files(loaded.path)
         if cfg.batch_size is None and "batch_size" not in loaded.card.train:
             # an imported model has no recipe: the job's batch size (JobConfig.train_config reads
-            # the parent's) is the default the model and block allow (text.task.default_batch)
-            loaded.card.train = {**loaded.card.train, "batch_size": default_batch(loaded.config, task.block, cfg.kl)}
+            # the parent's) is the default the model, block and device allow (text.task.default_batch)
+            from attn_core.training.device import select_device
+
+            batch = default_batch(loaded.config, task.block, cfg.kl, select_device(cfg.device).type)
+            loaded.card.train = {**loaded.card.train, "batch_size": batch}
         return task
 
     def penalty(self, model, penalty, start_alpha: float):

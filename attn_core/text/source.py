@@ -63,9 +63,11 @@ def tokenize_text(
     eval_text: str | None = None,
     cache_root: str | Path | None = None,
     progress: Progress | None = None,
+    stop=None,
 ):
     """(tokenizer, [(corpus, token file)] of ``text`` and, when given, ``eval_text``): tokenized by
-    the folder's tokenizer into the cache (found there when done before)."""
+    the folder's tokenizer into the cache (found there when done before), in a bounded child
+    (``text.child``); ``stop()`` true ends it as Ctrl-C does."""
     corpus = open_corpus(text, field)
     held_corpus = open_corpus(eval_text, field, "--eval-text") if eval_text is not None else None
     kinds = {k for c in (corpus, held_corpus) if c is not None for k in c.kinds}
@@ -77,19 +79,19 @@ def tokenize_text(
     tok, tok_sha = folder_tokenizer(folder, name)
     eos = eos_id(folder, tok.get_vocab_size(with_added_tokens=True))
     directory = cache_dir(cache_root)
-    done = [(corpus, tokenize(corpus, tok, tok_sha, eos, directory, progress))]
+    done = [(corpus, tokenize(corpus, tok, tok_sha, eos, directory, progress, stop))]
     if held_corpus is not None:
         held_progress = None if progress is None else (lambda phase, d, t: progress(f"{phase} --eval-text", d, t))
-        done.append((held_corpus, tokenize(held_corpus, tok, tok_sha, eos, directory, held_progress)))
+        done.append((held_corpus, tokenize(held_corpus, tok, tok_sha, eos, directory, held_progress, stop)))
     return tok, done
 
 
-def prepare_text(source: str, text: str, field=None, eval_text=None, store=None, progress=None) -> list:
+def prepare_text(source: str, text: str, field=None, eval_text=None, store=None, progress=None, stop=None) -> list:
     """Tokenize the text of a retrain of ``source`` into the cache before the job starts (the CLI
     and the dashboard call this with a progress bar; the job then finds it): the token files."""
     folder = model_folder(source, store)
     root = store.root if store is not None else None
-    return [tf for _, tf in tokenize_text(folder, source, text, field, eval_text, root, progress)[1]]
+    return [tf for _, tf in tokenize_text(folder, source, text, field, eval_text, root, progress, stop)[1]]
 
 
 def text_task_for(

@@ -159,13 +159,20 @@ def step_bytes_per_block(cfg, block: int, kl: float = 0.0) -> int:
     return 4 * block * (vocab + layers)
 
 
-def default_batch(cfg, block: int, kl: float = 0.0) -> int:
+def default_batch(cfg, block: int, kl: float = 0.0, device: str = "cuda") -> int:
     """Blocks per step of a text run whose batch size is neither given nor in its parent's recipe
     (an imported model): the largest power of two, at most :data:`MAX_DEFAULT_BATCH`, whose step
-    is estimated (:func:`step_bytes_per_block`) to add at most :data:`STEP_MEMORY`; at least 1.
-    It depends on the model and the settings only (not on the machine), so a command gives the
-    same batches wherever it runs: 64 for small vocabularies, 4 for GPT-2 small at block 256."""
+    is estimated (:func:`step_bytes_per_block`) to add at most :data:`STEP_MEMORY`, and on the
+    CPU to take at most ``training.estimate.CPU_STEP_FLOPS`` operations (a CPU computes a step of
+    64 blocks of 256 tokens of a 1M-parameter model in half a minute); at least 1. It depends on
+    the model, the settings and the kind of device only (not on the machine's speed), so a
+    command gives the same batches wherever it runs: 64 for small vocabularies on a GPU, 4 for
+    GPT-2 small at block 256 on a GPU and 1 on the CPU."""
+    from attn_core.training.estimate import CPU_STEP_FLOPS, step_flops
+
     fit = STEP_MEMORY // step_bytes_per_block(cfg, block, kl)
+    if str(device).startswith("cpu"):
+        fit = min(fit, int(CPU_STEP_FLOPS // step_flops(cfg, block, 1, kl)))
     return max(1, min(MAX_DEFAULT_BATCH, 1 << max(0, int(fit).bit_length() - 1)))
 
 

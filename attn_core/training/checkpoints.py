@@ -7,9 +7,13 @@ one folder (``checkpoint.CHECKPOINTS`` inside the model folder once the run is s
 
     checkpoints/index.json                     {"params", "steps": [...], "files": [...], "bytes"}
     checkpoints/step-000000100.safetensors     the weights after 100 updates; metadata: config, step, params
+    checkpoints/tokenizer.json                 a text run's tokenizer files, written when it starts
 
 Each file is written to a hidden temporary name and renamed into place (a reader never sees a
-half-written one); ``index.json`` is rewritten the same way after each file. Every file of a
+half-written one); ``index.json`` is rewritten the same way after each file, and past 500 files
+after every n/50-th and the last (a rewrite costs the index's length: 10,000 rewrites of a growing
+index took most of an hour in ``benchmarks/dynamics_many.py``, a cost growing with n^2); a reader takes the files the
+index lists and the ``step-*.safetensors`` files written since (:func:`read_series`). Every file of a
 series has the same size (the step in the metadata is zero-padded), so the disk use is known
 exactly before training: :meth:`CheckpointWriter.start` states it and refuses a series larger
 than ``max_mb`` or than the free space of the disk. ``params="attn"`` keeps only attention and
@@ -44,6 +48,7 @@ from attn_core.training.checkpoint_plan import CheckpointPlan, log_steps
 from attn_core.validate import is_int
 
 INDEX = "index.json"
+INDEX_EVERY_FROM = 500  # up to this many files the index is rewritten after each; past it, after every n/50-th
 FREE_MARGIN = 64 * 2**20  # leave this much of the disk free
 _FILE = re.compile(r"^step-(\d{9})\.safetensors$")
 _ATTN = re.compile(r"^(blocks\.\d+\.(attn|ln1|ln2)\.|ln_final\.)")
@@ -123,12 +128,18 @@ class CheckpointWriter:
                 f"{limits.size_text(free)} free"
             )
 
-    def start(self, folder: str | Path, model: Transformer) -> None:
-        """Check the room, make ``folder`` and write step 0 (before the first update)."""
+    def start(self, folder: str | Path, model: Transformer, files: dict[str, bytes] | None = None) -> None:
+        """Check the room, make ``folder``, write ``files`` into it (a text run's tokenizer: the
+        series can then be measured on text while the run trains, or after it was killed) and
+        step 0 (before the first update)."""
         folder = Path(folder)
         self.check_room(model, folder)
         try:
             folder.mkdir(parents=True, exist_ok=True)
+            for name, data in (files or {}).items():
+                if Path(name).name != name or name.startswith(".") or _FILE.match(name) or name == INDEX:
+                    raise ValueError(f"a file beside the checkpoints needs a plain name of its own, not {name!r}")
+                _atomic_write(folder / name, data)
         except OSError as e:
             raise CheckpointError(f"the checkpoint folder {folder} cannot be made: {e.strerror or e}") from None
         self.folder = folder
@@ -157,7 +168,9 @@ class CheckpointWriter:
             _atomic_write(path, data)
             self.written.append(step)
             self.bytes += len(data)
-            _atomic_write(self.folder / INDEX, json.dumps(self.listing(relative=False), indent=1).encode())
+            n = len(self.written)
+            if n <= INDEX_EVERY_FROM or n % max(1, n // 50) == 0 or step == self.steps[-1]:
+                _atomic_write(self.folder / INDEX, json.dumps(self.listing(relative=False), indent=1).encode())
         except OSError as e:
             raise CheckpointError(
                 f"checkpoint {step} could not be written in {self.folder}: {e.strerror or e}"
@@ -198,8 +211,9 @@ def attach(trainer, writer: CheckpointWriter) -> None:
 
     def on_metrics(metrics: dict) -> None:
         step = metrics["step"]
-        if step == trainer.step_index:  # a step read late (a window) is not the model's state
-            writer.on_step(step, trainer.model)
+        if step == trainer.step_index and writer.due(step):  # a step read late (a window) is not the model's state
+            with trainer.view() as model:  # the model, or on rank 0 of an FSDP run its gathered weights
+                writer.on_step(step, model)
 
     trainer.sync_at = sync_at
     trainer.callbacks.append(on_metrics)
@@ -211,7 +225,8 @@ def for_job(trainer, plan: CheckpointPlan | None, store=None) -> CheckpointWrite
     if plan is None:
         return None
     writer = CheckpointWriter(plan, trainer.cfg.steps)
-    writer.check_room(trainer.model, Path(store.root) if store is not None else Path(tempfile.gettempdir()))
+    with trainer.view() as model:
+        writer.check_room(model, Path(store.root) if store is not None else Path(tempfile.gettempdir()))
     attach(trainer, writer)
     return writer
 
@@ -225,26 +240,67 @@ def job_folder(store, run_id: str | None) -> Path:
     return Path(tempfile.mkdtemp(prefix="attn-lab-checkpoints-"))
 
 
+def take_files(writer: CheckpointWriter | None) -> dict[str, bytes] | None:
+    """The files a job's writer wrote into its temporary folder (name -> bytes, the index
+    included), which is then removed: what a run without a store sends to the one that records
+    it. None when it kept none."""
+    if writer is None or writer.folder is None:
+        return None
+    try:
+        return {p.name: p.read_bytes() for p in sorted(writer.folder.iterdir()) if p.is_file()}
+    finally:
+        shutil.rmtree(writer.folder, ignore_errors=True)
+
+
 # --- reading --------------------------------------------------------------------------------------
 
 
-def read_series(folder: str | Path) -> list[tuple[int, Path]]:
+def read_series(folder: str | Path, problems: list | None = None) -> list[tuple[int, Path]]:
     """(step, file) of every checkpoint in a series folder, by step: the files its index lists
-    that exist, or (no index) every ``step-*.safetensors`` file. Like every file of a model
+    that exist and every ``step-*.safetensors`` file it does not list (written since the index
+    was last rewritten; without an index, every such file). Like every file of a model
     folder (``checkpoint.model_file``), the index and each file must lie inside the folder: a
-    link leading out is refused."""
+    link leading out is refused. An index that cannot be read is a CheckpointError; an entry of
+    it that names no checkpoint of its step (a step that is not a whole number, a file of
+    another step, a file that is missing or leads out) is left out and, when ``problems`` is a
+    list, appended to it as (step or None, file name, reason)."""
     folder = Path(folder)
+    problems = [] if problems is None else problems
     if not folder.is_dir():
         raise CheckpointError(f"{folder} is not a checkpoint folder")
-    if (folder / INDEX).is_file():
+    if (folder / INDEX).is_file() or (folder / INDEX).is_symlink():
         index = checkpoint.read_json(checkpoint.model_file(folder, INDEX), f"{folder.name}/{INDEX}")
         steps, files = index.get("steps"), index.get("files")
         if not (isinstance(steps, list) and isinstance(files, list) and len(steps) == len(files)):
             raise CheckpointError(f"{folder / INDEX} must list as many steps as files")
-        pairs = [(s, f) for s, f in zip(steps, files) if is_int(s) and isinstance(f, str) and _FILE.match(f)]
+        pairs = []
+        for s, f in zip(steps, files):
+            m = _FILE.match(f) if isinstance(f, str) else None
+            if m is None or not is_int(s) or int(m.group(1)) != s:
+                what = repr(f)[:80] if m is None else f"step {str(s)[:40]!r}"
+                step = int(m.group(1)) if m is not None else None  # the file's own step
+                problems.append((step, str(f)[:80], f"{INDEX} lists {what}, not a checkpoint of its step"))
+                continue
+            pairs.append((int(s), f))
+        listed = set(files)  # and the files written since the index was last rewritten
+        pairs += [
+            (int(m.group(1)), p.name) for p in folder.iterdir() if (m := _FILE.match(p.name)) and p.name not in listed
+        ]
     else:
         pairs = [(int(m.group(1)), p.name) for p in folder.iterdir() if (m := _FILE.match(p.name))]
-    out = [(int(s), checkpoint.model_file(folder, f)) for s, f in pairs if (folder / f).is_file()]
+    out = []
+    for s, f in pairs:
+        try:
+            path = checkpoint.model_file(folder, f)
+        except CheckpointError as e:
+            problems.append((s, f, str(e)))
+            continue
+        if path.is_file():
+            out.append((s, path))
+        elif os.path.lexists(folder / f):
+            problems.append((s, f, "is not a regular file"))
+        else:
+            problems.append((s, f, f"is listed in {INDEX} but missing"))
     return sorted(out)
 
 

@@ -9,6 +9,7 @@ import shlex
 from dataclasses import asdict, dataclass, field, fields
 
 from attn_core import regularizers as R
+from attn_core.distributed.scaling import check_scaling, check_specs
 from attn_core.limits import MAX_SAMPLES, MAX_STEPS
 from attn_core.training.checkpoint_plan import CheckpointPlan
 from attn_core.training.device import check_precision, check_sync_every, select_device
@@ -114,7 +115,11 @@ class JobConfig:
     positions drawn per step (``regularizers.build_penalty(rows=M)``, seeded by ``seed``): unbiased
     for the value and its gradient, cheaper in time. M at least the sequence length (less the
     first row, which sees one key under the causal mask) computes every row again, the exact value.
-    Vocabulary-view and spectral penalties are always exact."""
+    Vocabulary-view and spectral penalties are always exact.
+
+    ``workers``: None trains in this process; N trains the same run on N Ray Train workers
+    (``attn_core.distributed``: the global batch split across them, one run recorded by rank 0),
+    each with ``gpus_per_worker`` GPUs (0: CPU workers), with ``strategy`` ddp or fsdp."""
 
     source: str
     regularizers: object = field(default_factory=dict)
@@ -149,6 +154,9 @@ class JobConfig:
     train: str = "all"
     kl: float = 0.0
     penalty_rows: int | None = None
+    workers: int | None = None
+    gpus_per_worker: float = 0
+    strategy: str = "ddp"
 
     def __post_init__(self) -> None:
         def ok(cond: bool, msg: str) -> None:
@@ -217,7 +225,9 @@ class JobConfig:
             f"penalty_rows must be a whole number of query rows per head in 1..{MAX_PENALTY_ROWS:,} "
             f"(unset: every row), got {self.penalty_rows!r}",
         )
-        R.parse_specs(self.regularizers)  # names, lambdas and k are checked here; heads once the model is known
+        check_scaling(self.workers, self.gpus_per_worker, self.strategy, self.device, "invalid retraining setting: ")
+        specs = R.parse_specs(self.regularizers)  # names, lambdas and k are checked here; heads once the model is known
+        check_specs(self.strategy, specs, self.kl, "invalid retraining setting: ")
         self.train_config({})  # lr, batch size, device, precision, sync_every ...
         plan = self.checkpoint_plan()  # every, log, steps, params, bound
         if plan is not None:
@@ -298,4 +308,10 @@ class JobConfig:
             parts += ["--kl", f"{self.kl:g}"]
         if self.penalty_rows is not None:
             parts += ["--penalty-rows", str(self.penalty_rows)]
+        if self.workers is not None:
+            parts += ["--workers", str(self.workers)]
+            if self.gpus_per_worker:
+                parts += ["--gpus-per-worker", f"{self.gpus_per_worker:g}"]
+            if self.strategy != "ddp":
+                parts += ["--strategy", self.strategy]
         return " ".join(parts)

@@ -31,7 +31,7 @@ from attn_core.training.trainer import EVAL_SEED_OFFSET, Trainer, init_model
 SCRATCH_PREFIX = "scratch:"  # source "scratch:<preset>" trains the preset's model from its init
 # the snapshot fields read from the job's state as they are
 SNAPSHOT_STATE = ("status", "message", "step", "elapsed_s", "train_s", "step_s", "before", "after")
-SNAPSHOT_STATE += ("probe_pattern", "probe_step")
+SNAPSHOT_STATE += ("probe_pattern", "probe_step", "workers")
 
 
 class TrainingJob:
@@ -41,10 +41,14 @@ class TrainingJob:
     ``start()`` it (``process=True``: in a worker process) and poll ``snapshot()``; ``pause()``,
     ``resume()`` and ``stop()`` act between steps. ``run()`` trains in the calling thread. The
     run is saved in the run store (unless ``store=False``): completed, stopped, diverged (the
-    last good weights kept) or failed. Two jobs never share state: each loads its own parent."""
+    last good weights kept) or failed. Two jobs never share state: each loads its own parent.
 
-    def __init__(self, cfg: JobConfig, store=None, slots: JobSlots | None = None):
-        self.cfg = cfg
+    ``cfg.workers`` set: ``start()`` and ``run()`` train the job on Ray Train workers
+    (:mod:`attn_core.distributed`; this side holds no weights, as with a worker process); ``dist``
+    makes this job one rank of such a run (what the workers build)."""
+
+    def __init__(self, cfg: JobConfig, store=None, slots: JobSlots | None = None, dist=None):
+        self.cfg, self.dist = cfg, dist
         self.slots = slots if slots is not None else SLOTS
         self._ticket: int | None = None
         self.store = None if store is False else (store if store is not None else RunStore())
@@ -60,9 +64,10 @@ class TrainingJob:
         self.penalty = R.build_penalty(cfg.regularizers, model, cfg.heads, rows=cfg.penalty_rows, seed=cfg.seed)
         self.train_cfg = cfg.train_config(parent_card.train)
         penalty = self.retraining.penalty(model, self.penalty, start_alpha)  # --train freezes, --kl adds a term
-        self.trainer = Trainer(
-            model, task, self.train_cfg, penalty=penalty, max_loss=cfg.max_loss, sync_at=self._measured_at
-        )
+        # a rank trains on the device its worker was given; the driver of workers checks on the CPU
+        device = dist.device if dist is not None else ("cpu" if cfg.workers else None)
+        recipe = dict(penalty=penalty, max_loss=cfg.max_loss, sync_at=self._measured_at)
+        self.trainer = Trainer(model, task, self.train_cfg, **recipe, device=device, dist=dist)
         self.model = self.trainer.model
         self.device = self.trainer.device
         self.retraining.start(penalty, self.model)
@@ -90,6 +95,7 @@ class TrainingJob:
             elapsed_s=0.0,
             train_s=0.0,
             step_s=0.0,
+            workers=(),
         )
         self._t0: float | None = None
         self._t_loop = 0.0
@@ -118,14 +124,19 @@ class TrainingJob:
         return self.recorder.run_id
 
     # --- control (any thread) -------------------------------------------------------------------
-    def start(self, process: bool = False, threads: int | None = 1) -> TrainingJob:
+    def start(self, process: bool = False, threads: int | None = 1, address: str | None = None) -> TrainingJob:
         """Train in a worker thread, once this process's line of jobs (``training.queue``) lets
         it: until then its status is ``queued`` and its message says how many jobs are ahead.
         With ``process``, train in a worker process (``threads`` torch threads there; None: torch's
-        default) that this thread follows (:mod:`attn_core.training.worker`)."""
+        default) that this thread follows (:mod:`attn_core.training.worker`); with ``cfg.workers``,
+        on Ray Train workers (``address``: the cluster to join, as ``attn-lab sweep`` takes it)."""
         if self._thread is not None or self._state["status"] != "pending":
             raise RuntimeError("this job has already been started; build a new one to train again")
-        if process:  # the worker trains it; this side keeps no weights (worker.Remote)
+        if self.cfg.workers and self.dist is None:  # Ray Train's workers train it; this side keeps no weights
+            from attn_core.distributed.remote import RayRemote
+
+            self.remote = RayRemote(self, address)
+        elif process:  # the worker trains it; this side keeps no weights (worker.Remote)
             self.remote = worker.Remote(self, threads)
         self._ticket = self.slots.ticket()
         ahead = self.slots.ahead(self._ticket)
@@ -135,11 +146,15 @@ class TrainingJob:
         self._thread.start()
         return self
 
-    def run(self) -> dict:
-        """Train in this thread until the run ends; returns :meth:`result`."""
+    def run(self, address: str | None = None) -> dict:
+        """Train in this thread until the run ends (on Ray Train workers with ``cfg.workers``);
+        returns :meth:`result`."""
         if self._state["status"] != "pending":
             raise RuntimeError("this job has already been started; build a new one to train again")
-        self._run_safely()
+        if self.cfg.workers and self.dist is None:  # this thread follows the workers' run
+            self.start(address=address).join()
+        else:
+            self._run_safely()
         return self.result()
 
     def stop(self) -> None:
@@ -230,18 +245,21 @@ class TrainingJob:
         self._state["latest"].update(values)
 
     def _telemetry(self, step: int) -> None:
-        row, pattern = telemetry.telemetry_row(self.model, self.probe.tokens, self.penalty.regularized_heads)
+        with self.trainer.view() as model:  # the model, or on rank 0 of an FSDP run its gathered weights
+            row, pattern = telemetry.telemetry_row(model, self.probe.tokens, self.penalty.regularized_heads)
         self._record(step, row)
         self._state.update(probe_pattern=pattern.float().cpu().numpy(), probe_step=step)
 
     def _spectra(self, step: int) -> None:
-        offsets = telemetry.offsets_row(self.model, self.penalty.regularized_heads)  # rotary: sigma_1(B(delta))
-        self._record(step, {**telemetry.spectra_row(R.spectrum(self.model)), **offsets})
+        with self.trainer.view() as model:
+            offsets = telemetry.offsets_row(model, self.penalty.regularized_heads)  # rotary: sigma_1(B(delta))
+            self._record(step, {**telemetry.spectra_row(R.spectrum(model)), **offsets})
 
     def _measure(self) -> dict:
-        return telemetry.measure(
-            self.model, self.task, self.penalty.regularized_heads, self.cfg.measure_samples, self.cfg.seed
-        )
+        with self.trainer.view() as model:
+            return telemetry.measure(
+                model, self.task, self.penalty.regularized_heads, self.cfg.measure_samples, self.cfg.seed
+            )
 
     def _run_safely(self) -> None:
         if self._ticket is None:
@@ -321,7 +339,9 @@ class TrainingJob:
 
     def _loop(self) -> Outcome:
         if self.checkpoints is not None:  # step 0, into the run's folder (a temporary one without a store)
-            self.checkpoints.start(checkpoints.job_folder(self.store, self.run_id), self.model)
+            files = self.retraining.files  # a text run's tokenizer: its checkpoints can be measured on text at once
+            with self.trainer.view() as model:  # the model, or on rank 0 of an FSDP run its gathered weights
+                self.checkpoints.start(checkpoints.job_folder(self.store, self.run_id), model, files=files)
         self._t_loop = time.perf_counter()
         self._telemetry(0)
         self._spectra(0)
@@ -330,8 +350,9 @@ class TrainingJob:
 
     def _finish(self, outcome: Outcome) -> None:
         after = None
-        try:
-            outcome, after = measure_final(self.trainer, outcome, self._measure)
+        try:  # a failed run on workers is saved at once: its workers are being ended
+            if self.dist is None or outcome.status != "failed":
+                outcome, after = measure_final(self.trainer, outcome, self._measure)
         except Exception as e:
             if not outcome.message:
                 outcome = Outcome(outcome.status, f"could not measure the final weights: {e}")
@@ -368,6 +389,7 @@ class TrainingJob:
             entmax_alpha=self.model.cfg.entmax_alpha,
             job=self.cfg.to_dict(),
             **({"checkpoints": self.checkpoints.listing()} if self.checkpoints is not None else {}),
+            **({"distributed": self.trainer.dist.describe()} if self.trainer.dist is not None else {}),
             **self.retraining.details(self.model, self.task),
         )
 

@@ -44,6 +44,9 @@ class Snapshot:
     probe_tokens: tuple
     probe_pattern: object | None  # numpy array, never written after publication
     probe_step: int
+    # a run on Ray Train workers: one dict per worker (rank, host, pid, device, steps, steps_per_s,
+    # peak_mib), rank 0's first; empty for a run in one process
+    workers: tuple = ()
     _log: tuple = field(repr=False, default=((), (), ()))
     _n: int = 0
 
@@ -58,6 +61,14 @@ class Snapshot:
     @property
     def steps_per_s(self) -> float:
         return self.step / self.train_s if self.train_s > 0 else 0.0
+
+    def workers_table(self) -> pd.DataFrame:
+        """Each worker of a run on Ray Train workers (rank, host, device, steps, steps/s, peak
+        memory in MiB: the process's peak resident set on a CPU, allocated memory on a GPU)."""
+        cols = {"rank": "rank", "host": "host", "device": "device", "steps": "steps"}
+        cols.update(steps_per_s="steps/s", peak_mib="peak memory (MiB)")
+        rows = [{label: w.get(key) for key, label in cols.items()} for w in self.workers]
+        return pd.DataFrame(rows, columns=list(cols.values()))
 
     def metrics(self, names: Iterable[str] | None = None, prefix: str | None = None):
         """The metric log up to this snapshot as a DataFrame (step, name, value), the same

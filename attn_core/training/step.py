@@ -70,6 +70,10 @@ class StepGraph:
         compile: bool = False,
     ):
         self.model, self.task, self.penalty, self.device = model, task, penalty, device
+        # one rank of a multi-worker run (attn_core.distributed): the forward runs through the DDP
+        # wrapper, and shares(mask) weights the shard's task loss and terms so that the ranks' sum
+        # is the whole batch's loss
+        self.forward, self.shares = model, None
         self.autocast = autocast_dtype(precision)
         self.static = compile or device.type != "cpu"
         self.mode = compile_mode(device) if compile else None
@@ -84,7 +88,7 @@ class StepGraph:
     def _static_values(self, tokens: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> Values:
         cache: dict | None = self._cache()
         with autocast(self.device, self.autocast):
-            logits = self.model(tokens, cache=cache).flatten(0, 1)
+            logits = self.forward(tokens, cache=cache).flatten(0, 1)
             flat_targets, flat_mask = targets.flatten(), mask.flatten()
             task_loss = masked_loss(logits, flat_targets, flat_mask)
         accuracy = masked_accuracy(logits.detach(), flat_targets, flat_mask)
@@ -93,7 +97,7 @@ class StepGraph:
     def _exact_values(self, batch: Batch, scored: Batch) -> Values:
         cache: dict | None = self._cache()
         with autocast(self.device, self.autocast):
-            logits = self.model(batch.tokens, cache=cache).flatten(0, 1)
+            logits = self.forward(batch.tokens, cache=cache).flatten(0, 1)
             task_loss = self.task.loss(logits, scored)
         with torch.no_grad():
             right = logits.argmax(-1)[scored.mask] == scored.targets[scored.mask]
@@ -110,6 +114,10 @@ class StepGraph:
     def _with_terms(self, task_loss: torch.Tensor, accuracy: torch.Tensor, batch: Batch, cache) -> Values:
         # penalties in fp32 (QR/SVD of B have no bf16 kernels; the cached patterns are fp32 already)
         terms = self.penalty(self.model, batch, cache) if self.penalty is not None else {}
+        if self.shares is not None:
+            task_share, term_share = self.shares(batch.mask)
+            task_loss, accuracy = task_loss * task_share, accuracy * task_share
+            terms = {name: term * term_share for name, term in terms.items()}
         loss = task_loss + sum(terms.values()) if terms else task_loss
         return loss, task_loss, accuracy, terms
 

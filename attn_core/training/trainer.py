@@ -16,6 +16,7 @@ docs/architecture.md). Its recipe, :class:`~attn_core.training.config.TrainConfi
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -28,6 +29,8 @@ from attn_core.tasks import Batch, Task
 from attn_core.training.config import TrainConfig
 from attn_core.training.device import select_device, sync_interval
 from attn_core.training.step import StepGraph
+
+STEP, SYNC, RESTORE, KEEP = range(4)  # calls a multi-worker run's rank 0 announces (attn_core.distributed.parallel)
 
 # Extra loss terms (regularizers): called with the model, the batch and the forward's cache;
 # returns named scalar terms that are added to the task loss.
@@ -136,6 +139,7 @@ class Trainer:
         max_loss: float | None = None,
         sync_at: Callable[[int], bool] | None = None,
         device: torch.device | str | None = None,
+        dist=None,
     ):
         if model.cfg.d_vocab != task.d_vocab or model.cfg.n_ctx < task.n_ctx:
             raise ValueError(
@@ -146,6 +150,10 @@ class Trainer:
         # ``device`` (library callers, and the tests that train on the meta device) overrides cfg.device
         self.device = torch.device(device) if device is not None else select_device(cfg.device)
         self.model = model.to(self.device).train()
+        # data-parallel (attn_core.distributed.DataParallel, one rank of a multi-worker run): the
+        # model is sharded (FSDP) or wrapped for the step's forward (DDP) before the optimizer sees it
+        self.dist = dist
+        forward = dist.prepare(self.model) if dist is not None else self.model
         self.callbacks = list(callbacks)
         self.optimizer = make_optimizer(self.model, cfg, self.device)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, cfg))
@@ -153,18 +161,29 @@ class Trainer:
         # copy, no wait), on the CPU elsewhere (the CPU's stream, the same on every machine)
         self.data = torch.Generator(device=self.device if self.device.type == "cuda" else "cpu").manual_seed(cfg.seed)
         self.graph = StepGraph(self.model, task, penalty, self.device, cfg.precision, cfg.compile)
+        if dist is not None:
+            self.graph.forward, self.graph.shares = forward, dist.shares
         self.step_index = 0
         self.max_loss = DIVERGENCE_FACTOR * math.log(max(task.d_vocab, 2)) if max_loss is None else max_loss
         self.sync_every = sync_interval(cfg, self.device)
         self.sync_at = sync_at
         self.params = [p for p in self.model.parameters()]
-        self.good_state = [p.detach().clone() for p in self.params]
+        self.good_state = [t.clone() for t in self._tensors()]
         self.good_step = 0
         self.good_lock = threading.Lock()  # readers of good_state in other threads take it
         # steps run but not read yet: (step, lr, term names, device values [loss, task, acc, grad, *terms])
         self._pending: list[tuple[int, float, tuple, torch.Tensor]] = []
         self._pending_s = 0.0  # seconds inside step() of the pending steps
         self.seconds: dict[int, float] = {}  # seconds inside step() of the steps being delivered
+
+    def _tensors(self) -> list[torch.Tensor]:
+        """The parameters' data (each rank's shard of them under FSDP), as good_state keeps them."""
+        return [p.data for p in self.params] if self.dist is None else self.dist.tensors(self.params)
+
+    def _before(self, call: int) -> None:
+        """Rank 0 of a multi-worker run tells the other ranks which call comes (they replay it)."""
+        if self.dist is not None:
+            self.dist.before(call, self)
 
     # --- one step -------------------------------------------------------------------------------------
     def _batch(self) -> tuple[Batch, Batch | None]:
@@ -173,6 +192,8 @@ class Trainer:
         the second batch is the task's loss, bit for bit. The static form (``graph.static``)
         needs no index: it scores with a mask (``step.masked_loss``)."""
         batch = self.task.sample(self.cfg.batch_size, self.data)
+        if self.dist is not None:  # every rank draws the global batch and trains on its rows
+            batch = self.dist.shard(batch)
         if batch.tokens.device != self.device:  # drawn on the CPU for another device (meta)
             batch = batch.to(self.device)
         if self.graph.static:
@@ -185,6 +206,7 @@ class Trainer:
         ``sync_every`` 1), else only its ``step`` and ``lr``; every step's full metrics go to the
         callbacks (see the class)."""
         started = time.perf_counter()
+        self._before(STEP)
         loss, task_loss, accuracy, terms = self.graph(*self._batch())  # forward and backward
         grads = [p.grad for p in self.params if p.grad is not None]
         total = torch.nn.utils.get_total_norm(grads)
@@ -194,6 +216,8 @@ class Trainer:
             values = torch.stack(
                 [loss.float(), task_loss.float(), accuracy.float(), total.float(), *(t.float() for t in terms.values())]
             ).detach()
+            if self.dist is not None:  # every rank reads the mean over the ranks: one guard for all
+                values = self.dist.reduce(values)
         step = self.step_index + 1
         evaluating = step % self.cfg.eval_every == 0 or step == self.cfg.steps
         sync = evaluating or step % self.sync_every == 0 or (self.sync_at is not None and self.sync_at(step))
@@ -202,7 +226,7 @@ class Trainer:
         if sync:
             rows = self._read()  # raises Diverged before this step's update
             with self.good_lock:  # these weights gave a finite loss and gradient
-                torch._foreach_copy_(self.good_state, [p.detach() for p in self.params])
+                torch._foreach_copy_(self.good_state, self._tensors())
                 self.good_step = self.step_index
         self.optimizer.step()
         self.scheduler.step()
@@ -227,6 +251,7 @@ class Trainer:
         are returned; a bad one raises :class:`Diverged` (``good_state`` is not advanced here)."""
         if not self._pending:
             return []
+        self._before(SYNC)
         rows = self._read()
         self._time(rows, 0.0)
         self._deliver(rows)
@@ -309,23 +334,33 @@ class Trainer:
         self.model.eval()
         return metrics
 
+    def view(self):
+        """A context giving the model to measure: the model itself, or on rank 0 of an FSDP run a
+        plain model holding the gathered weights (``DataParallel.view``)."""
+        return contextlib.nullcontext(self.model) if self.dist is None else self.dist.view(self)
+
     @torch.no_grad()
     def restore_good(self) -> int:
         """Put the last good weights back into the model; returns their step."""
+        self._before(RESTORE)
         with self.good_lock:
-            torch._foreach_copy_([p.data for p in self.params], self.good_state)
+            torch._foreach_copy_(self._tensors(), self.good_state)
             return self.good_step
 
     @torch.no_grad()
     def keep_current(self) -> None:
         """Take the model's current weights as the last good ones (a caller that has checked them,
         e.g. a finite held-out loss after the last step)."""
+        self._before(KEEP)
         with self.good_lock:
-            torch._foreach_copy_(self.good_state, [p.detach() for p in self.params])
+            torch._foreach_copy_(self.good_state, self._tensors())
             self.good_step = self.step_index
 
     def good_state_dict(self) -> dict[str, torch.Tensor]:
-        """A CPU copy of the last good weights, as a state dict (any thread)."""
+        """A CPU copy of the last good weights, as a state dict (any thread; on rank 0 of an FSDP
+        run, gathered from every rank)."""
+        if self.dist is not None and self.dist.strategy == "fsdp":
+            return self.dist.full_state(self)
         names = [n for n, _ in self.model.named_parameters()]
         with self.good_lock:
             return {n: t.detach().to("cpu", copy=True) for n, t in zip(names, self.good_state)}

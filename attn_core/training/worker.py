@@ -135,6 +135,48 @@ class Remote:
             )
 
 
+class Sender:
+    """Sends a job's changes to the parent (on ``conn``: a pipe, or a Ray channel's ``send``), at
+    most every SEND_EVERY_S and at each new status; the worker process's and a multi-worker run's
+    rank 0's side of :meth:`Remote.apply`."""
+
+    def __init__(self, conn: Connection, weights: bool = True):
+        self.conn, self.weights = conn, weights  # weights: send the final weights (else the store has them)
+        self.rows = 0
+        self.last = 0.0
+        self.seen: dict = {}
+        self.broken = False
+
+    def __call__(self, job, final: bool = False) -> None:
+        state = job._state
+        now = time.perf_counter()
+        if not final and state["status"] == self.seen.get("status") and now - self.last < SEND_EVERY_S:
+            return
+        self.last = now
+        steps, names, values = job.recorder.columns
+        n = len(steps)
+        changed = {k: v for k, v in state.items() if k not in self.seen or self.seen[k] is not v}
+        changed["latest"] = dict(state["latest"])  # updated in place: always sent
+        message = {
+            "state": changed,
+            "run_id": job.run_id,
+            "rows": (steps[self.rows : n], names[self.rows : n], values[self.rows : n]),
+            "final": final,
+        }
+        if (
+            final and self.weights
+        ):  # as safetensors bytes: tensors pickled by multiprocessing would travel as shared fds
+            from safetensors.torch import save
+
+            message["weights"] = save(job.weights())
+        self.rows, self.seen = n, dict(state)
+        if not self.broken:
+            try:
+                self.conn.send(message)
+            except OSError:  # the parent is gone: the control pipe's end stops the run
+                self.broken = True
+
+
 @atexit.register
 def _stop_workers_at_exit() -> None:
     """This process is exiting: every worker stops after its step, saves, and is waited for."""

@@ -9,48 +9,9 @@ import os
 import signal
 import sys
 import threading
-import time
 from multiprocessing.connection import Connection
 
-from attn_core.training.worker import PARENT_ENDED, SEND_EVERY_S
-
-
-class _Sender:
-    """Sends a job's changes to the parent, at most every SEND_EVERY_S and at each new status."""
-
-    def __init__(self, conn: Connection):
-        self.conn = conn
-        self.rows = 0
-        self.last = 0.0
-        self.seen: dict = {}
-        self.broken = False
-
-    def __call__(self, job, final: bool = False) -> None:
-        state = job._state
-        now = time.perf_counter()
-        if not final and state["status"] == self.seen.get("status") and now - self.last < SEND_EVERY_S:
-            return
-        self.last = now
-        steps, names, values = job.recorder.columns
-        n = len(steps)
-        changed = {k: v for k, v in state.items() if k not in self.seen or self.seen[k] is not v}
-        changed["latest"] = dict(state["latest"])  # updated in place: always sent
-        message = {
-            "state": changed,
-            "run_id": job.run_id,
-            "rows": (steps[self.rows : n], names[self.rows : n], values[self.rows : n]),
-            "final": final,
-        }
-        if final:  # as safetensors bytes: tensors pickled by multiprocessing would travel as shared fds
-            from safetensors.torch import save
-
-            message["weights"] = save(job.weights())
-        self.rows, self.seen = n, dict(state)
-        if not self.broken:
-            try:
-                self.conn.send(message)
-            except OSError:  # the parent is gone: the control pipe's end stops the run
-                self.broken = True
+from attn_core.training.worker import PARENT_ENDED, Sender
 
 
 def _listen(job, control: Connection) -> None:
@@ -89,7 +50,7 @@ def main(updates_fd: int, control_fd: int) -> int:
     except Exception as e:  # the source or the store changed since the parent checked them
         updates.send({"state": {"status": "failed", "message": f"could not start: {error_text(e)}"}, "final": True})
         return 1
-    send = _Sender(updates)
+    send = Sender(updates)
     job.on_publish = send
     threading.Thread(target=_listen, args=(job, control), daemon=True, name="attn-lab control").start()
     try:

@@ -95,7 +95,7 @@ def test_a_held_out_text_of_its_own(data):
     at.radio(key="text_held").set_value("data").run()
     at.selectbox(key="eval_data").set_value("short.txt")
     at.number_input(key="text_block").set_value(8).run()
-    assert "held-out text (--eval-text) has 4 tokens, fewer than one block of 9" in at.error[0].value
+    assert "the held-out text has 4 tokens, fewer than one block of 9 (8 tokens + 1)" in at.error[0].value
     assert at.button(key="retrain_start").proto.disabled is True
     assert not any(t.key == "text_field" for t in at.text_input)  # plain text has no fields to name
     at.selectbox(key="eval_data").set_value("lines.jsonl").run()

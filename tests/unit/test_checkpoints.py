@@ -176,7 +176,8 @@ def test_read_series_refuses_a_bad_index(tmp_path):
 
 
 def test_a_checkpoint_file_or_index_that_links_out_of_the_folder_is_refused(tmp_path):
-    """One rule for every file of a model folder, its checkpoints included."""
+    """One rule for every file of a model folder, its checkpoints included: an index leading out
+    is refused; a checkpoint file leading out is left out of the series with the reason."""
     model = make_tiny_model()
     writer = ckpt.CheckpointWriter(ckpt.CheckpointPlan(every=1), 1)
     writer.start(tmp_path / "series", model)
@@ -185,15 +186,21 @@ def test_a_checkpoint_file_or_index_that_links_out_of_the_folder_is_refused(tmp_
         inside, outside = tmp_path / "series" / name, tmp_path / name
         inside.rename(outside)
         inside.symlink_to(outside)
-        with pytest.raises(CheckpointError, match=f"'{name}' leads outside the model folder series"):
-            ckpt.read_series(tmp_path / "series")
+        if name == ckpt.INDEX:
+            with pytest.raises(CheckpointError, match=f"'{name}' leads outside the model folder series"):
+                ckpt.read_series(tmp_path / "series")
+        else:
+            problems = []
+            assert [s for s, _ in ckpt.read_series(tmp_path / "series", problems)] == [0]
+            assert problems[0][:2] == (1, name) and "leads outside the model folder series" in problems[0][2]
         inside.unlink()
         outside.rename(inside)
     (tmp_path / "series" / ckpt.INDEX).unlink()  # without the index too
     (tmp_path / "series" / ckpt.file_name(1)).rename(tmp_path / "elsewhere")
     (tmp_path / "series" / ckpt.file_name(1)).symlink_to(tmp_path / "elsewhere")
-    with pytest.raises(CheckpointError, match="leads outside the model folder"):
-        ckpt.read_series(tmp_path / "series")
+    problems = []
+    assert [s for s, _ in ckpt.read_series(tmp_path / "series", problems)] == [0]
+    assert "leads outside the model folder" in problems[0][2]
 
 
 def test_save_moves_included_folders_back_when_it_fails(tmp_path):
@@ -256,3 +263,18 @@ def test_a_sweep_trial_brings_its_checkpoints_to_the_run(tiny):
     run_id = record_trial(store, sweep_id, payload)
     assert [s for s, _ in ckpt.read_series(store.path(run_id) / CHECKPOINTS)] == [0, 3, 6]
     assert not [p for p in store.root.iterdir() if p.name.startswith(".checkpoints")]
+
+
+def test_a_long_series_rewrites_its_index_less_often_and_is_read_whole(tmp_path, monkeypatch):
+    """Past INDEX_EVERY_FROM files the index is rewritten after every n/50-th (its cost grows with
+    its length); the files written since are read all the same, and the last step is indexed."""
+    monkeypatch.setattr(ckpt, "INDEX_EVERY_FROM", 3)
+    model = make_tiny_model()
+    writer = ckpt.CheckpointWriter(ckpt.CheckpointPlan(every=1), 121)
+    writer.start(tmp_path / "series", model)
+    for step in range(1, 119):  # 119 files: the 119th is not one the index is rewritten after
+        writer.write(step, model)
+    indexed = json.loads((tmp_path / "series" / ckpt.INDEX).read_text())["steps"]
+    assert len(indexed) == 118 and [s for s, _ in ckpt.read_series(tmp_path / "series")] == list(range(119))
+    writer.write(121, model)  # the last scheduled step: indexed whatever n
+    assert json.loads((tmp_path / "series" / ckpt.INDEX).read_text())["steps"][-1] == 121

@@ -152,7 +152,7 @@ def _dynamics_with_a_phase_change():
     steps = [0, 10, 20, 40, 60, 80, 120, 200]
     icl = [0.0, -0.01, -0.02, -0.05, -1.2, -2.3, -2.4, -2.45]
     order = ["L0H0", "L0H1", "L1H0", "L1H1"]
-    metrics = {"loss": [3.0 - 0.01 * i for i in range(len(steps))], "icl_score": icl}
+    metrics = {"loss": [3.0, 2.99, 2.98, 2.97, 2.0, 1.1, 1.09, 1.08], "icl_score": icl}  # the loss falls with it
     for h in order:
         metrics[f"prefix_matching:{h}"] = [0.1] * len(steps)
         metrics[f"previous_token:{h}"] = [0.2] * len(steps)
@@ -163,7 +163,7 @@ def _dynamics_with_a_phase_change():
     return D.Dynamics(
         steps=steps,
         metrics=metrics,
-        phase_change=D.phase_change(steps, icl),
+        phase_change=D.phase_change(steps, icl, metrics["loss"]),
         k_composition=k,
         order=order,
         layers=[0, 0, 1, 1],

@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 from attn_core import checkpoint
 from attn_core.cli import app
+from attn_core.cluster.watchdog import descendants
 from attn_core.runs import RunStore
-from attn_core.sweep.watchdog import descendants
 from tests.conftest import make_tiny_model
 
 ray = pytest.importorskip("ray")
@@ -91,7 +91,7 @@ def local_ray():
 
 @pytest.mark.parametrize("user", [None, "1"])
 def test_ray_usage_statistics_are_off_unless_the_user_sets_them(local_ray, monkeypatch, user):
-    from attn_core.sweep.ray_backend import USAGE_STATS_ENV, ray_session
+    from attn_core.cluster import USAGE_STATS_ENV, ray_session
 
     if user is None:
         monkeypatch.delenv(USAGE_STATS_ENV, raising=False)
@@ -195,19 +195,21 @@ def test_ctrl_c_while_ray_starts_is_exit_130_with_nothing_recorded(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc")
-def test_ctrl_c_while_trials_run_stops_records_prints_and_resume_finishes(local_ray, tmp_path, monkeypatch):
+def test_a_stop_signal_while_trials_run_stops_records_prints_and_resume_finishes(local_ray, tmp_path, monkeypatch):
+    """SIGTERM (a scheduler ending the job), then Ctrl-C: the first signal names the stop in every
+    record and sets the exit status; the second changes nothing."""
     proc = start_sweep_process(tmp_path, "--steps", "150")
     wait_for(proc, "ray::ImplicitFunc.train")  # a trial trains on a worker
-    os.killpg(proc.pid, signal.SIGINT)
+    os.kill(proc.pid, signal.SIGTERM)
     time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGINT)  # pressed twice: the same, not a crash
+    os.killpg(proc.pid, signal.SIGINT)  # then Ctrl-C: the same, not a crash
     out, err = proc.communicate(timeout=240)
-    assert proc.returncode == 130, (err, out[-2000:])  # never -11 (SIGSEGV), never 0
-    assert "Traceback" not in err
+    assert proc.returncode == 128 + signal.SIGTERM, (err, out[-2000:])  # never -11 (SIGSEGV), never 0
+    assert "Traceback" not in err and "Ctrl-C" not in out
     res = json.loads(out)
-    assert res["status"] == "interrupted" and res["message"].startswith("stopped by Ctrl-C")
+    assert res["status"] == "interrupted" and res["message"].startswith("stopped by SIGTERM")
     assert {t["status"] for t in res["trials"]} <= {"stopped", "pending", "completed"}
-    assert any(t["status"] == "stopped" and t["message"].startswith("stopped by Ctrl-C") for t in res["trials"])
+    assert any(t["status"] == "stopped" and t["message"].startswith("stopped by SIGTERM") for t in res["trials"])
     assert err.strip().splitlines()[-1].endswith(f"attn-lab sweep {MODEL} --resume {res['sweep_id']} finishes it")
     store = RunStore(tmp_path / "runs")
     assert store.list_sweeps()[0]["status"] == "interrupted"
@@ -217,6 +219,15 @@ def test_ctrl_c_while_trials_run_stops_records_prints_and_resume_finishes(local_
     assert again.exit_code == 0, again.output
     done = json.loads(again.stdout)
     assert done["status"] == "completed" and all(t["status"] == "completed" for t in done["trials"])
+
+
+def test_a_stop_before_the_sweep_began_is_named_by_its_cause(tmp_path):
+    from attn_core.sweep import SweepInterrupted, grid_plan, run_sweep
+
+    plan = grid_plan(MODEL, ["entropy=0.1"], steps=5)
+    with pytest.raises(SweepInterrupted, match=r"^interrupted by SIGHUP before the sweep began; nothing was run"):
+        run_sweep(plan, store=RunStore(tmp_path / "runs"), stop=lambda: True, stopped_by=lambda: "SIGHUP")
+    assert RunStore(tmp_path / "runs").list_sweeps() == []
 
 
 @pytest.mark.slow
@@ -243,7 +254,7 @@ def test_the_watchdog_ends_the_sweeps_ray_and_no_other_child_of_the_driver(tmp_p
     """The driver may be the dashboard's server, whose other children (a live training job's
     worker process, kaleido's browser) must outlive a sweep: the watchdog ends Ray's processes
     (and what runs below them) only. It used to kill every child of the driver as a sweep ended."""
-    from attn_core.sweep import watchdog
+    from attn_core.cluster import watchdog
 
     ray_dir = tmp_path / "site-packages" / "ray"
     ray_dir.mkdir(parents=True)

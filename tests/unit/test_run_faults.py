@@ -22,7 +22,6 @@ from attn_core import checkpoint, destinations
 from attn_core.cli import app
 from attn_core.runs import ENV_RUNS, RunStore
 from attn_core.sources import resolve
-from attn_core.training.interrupt import SIGINT_EXIT
 from tests.conftest import make_tiny_model
 
 # prctl(2) and capabilities(7): a process's bounding set, and the capabilities that let root
@@ -86,21 +85,28 @@ def wait_until_stepping(store: RunStore, proc: subprocess.Popen, timeout: float 
 
 
 @pytest.mark.parametrize(
-    "as_json, presses", [(False, 1), (True, 1), (False, 5)], ids=["progress bar", "json", "pressed 5 times"]
+    "as_json, presses, sig",
+    [(False, 1, signal.SIGINT), (True, 1, signal.SIGINT), (False, 5, signal.SIGINT)]
+    + [(False, 1, signal.SIGTERM), (True, 2, signal.SIGHUP)],
+    ids=["progress bar", "json", "pressed 5 times", "SIGTERM", "SIGHUP twice"],
 )
-def test_ctrl_c_stops_a_retrain_and_keeps_what_it_trained(tiny, tmp_path, as_json, presses):
+def test_ctrl_c_stops_a_retrain_and_keeps_what_it_trained(tiny, tmp_path, as_json, presses, sig):
+    """Ctrl-C, and as it SIGTERM (a kill) and SIGHUP (a closed terminal): the run stops after
+    the current step and is saved as stopped; the exit status is 128 + the signal."""
     store = RunStore(tmp_path / "runs")
     proc = cli("retrain", tiny, "--steps", 500_000, *(["--json"] if as_json else []), env={ENV_RUNS: str(store.root)})
     try:
         running = wait_until_stepping(store, proc)
         assert running["status"] == "running"
         for _ in range(presses):  # later presses may land while it saves, reports or exits
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(sig)
             time.sleep(0.02)
         code, out, err = finish(proc)
     finally:
         proc.kill()
-    assert code == SIGINT_EXIT, err
+    assert code == 128 + sig, err
+    name = "Ctrl-C" if sig == signal.SIGINT else sig.name
+    assert f"{name}: stopping after the current step and saving" in err
     assert "terminate called" not in err and "Traceback" not in err
     [run] = store.list_runs()
     assert run["id"] == running["id"] and run["status"] == "stopped" and run["has_weights"]

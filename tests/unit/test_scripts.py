@@ -22,6 +22,8 @@ TRANSFORMERS = {
     "penalty_cost.py",
     "text_batch_memory.py",
     "text_retrain.py",
+    "sinks.py",
+    "two_ranks.py",
 }  # use transformers
 
 

@@ -91,6 +91,30 @@ def test_pareto():
     assert pareto(pts) == ["b", "a"]
 
 
+@pytest.mark.parametrize("reg, lam", [("entropy", 0.1), (BASELINE, 0.0)])
+def test_with_asha_a_trials_last_step_is_only_in_its_final_report_and_a_baseline_reports_none_before(
+    reg, lam, monkeypatch
+):
+    """ASHA stops a trial whose report reaches max_t: an intermediate report of the last step used
+    to end a trial that had trained every step as "stopped early" before its final report (with
+    its measurements) came; and ASHA could stop the lambda = 0 baseline, which a sweep's Pareto
+    frontier needs."""
+    from ray import tune
+
+    from attn_core.sweep import ray_backend
+
+    reports = []
+    monkeypatch.setattr(tune, "report", lambda metrics: reports.append(metrics))
+    steps = 20
+    trial = Trial(MODEL, reg, lam, 0).to_dict()
+    ray_backend._trainable({"trial": trial, "job": {"steps": steps}, "report_every": 2, "steps": steps})
+    early, final = reports[:-1], reports[-1]
+    assert final["final"] and final["step"] == steps and final["payload"]["status"] == "completed"
+    assert all(r["step"] < steps and not r["final"] for r in early)
+    if not lam:
+        assert early == []  # ASHA never reads the baseline's loss before its end
+
+
 # --- on Ray ---------------------------------------------------------------------------------------
 
 

@@ -12,6 +12,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from attn_core import cluster  # noqa: E402
 from attn_core.sweep import ray_backend as rb  # noqa: E402
 
 
@@ -23,13 +24,13 @@ def _answer() -> int:
 def test_the_second_sweep_keeps_ray_up_after_the_first_ends():
     if ray.is_initialized():  # pragma: no cover - another test left its Ray up
         pytest.skip("Ray already runs in this process")
-    first = rb.ray_session(num_cpus=2)
+    first = cluster.ray_session(num_cpus=2)
     info = first.__enter__()
     second_in, first_out, seen = threading.Event(), threading.Event(), {}
 
     def second_sweep():
         try:
-            with rb.ray_session(num_cpus=2) as s:
+            with cluster.ray_session(num_cpus=2) as s:
                 seen["info"] = s
                 second_in.set()
                 assert first_out.wait(120)
@@ -44,14 +45,14 @@ def test_the_second_sweep_keeps_ray_up_after_the_first_ends():
         assert info["started"] and not info["shared"] and info["cluster"]["CPU"] == 2
         thread.start()
         assert second_in.wait(120) and "error" not in seen, seen
-        assert seen["info"]["shared"] and not seen["info"]["started"] and rb.ray_users() == 2
+        assert seen["info"]["shared"] and not seen["info"]["started"] and cluster.ray_users() == 2
     finally:
         first.__exit__(None, None, None)  # the first sweep ends while the second runs
-    assert ray.is_initialized() and rb.ray_users() == 1
+    assert ray.is_initialized() and cluster.ray_users() == 1
     first_out.set()
     thread.join(180)
     assert not thread.is_alive() and seen.get("answer") == 42 and seen["alive"], seen
-    assert not ray.is_initialized() and rb.ray_users() == 0  # the last user shut it down
+    assert not ray.is_initialized() and cluster.ray_users() == 0  # the last user shut it down
 
 
 def test_a_ray_the_caller_started_is_left_to_the_caller():
@@ -59,8 +60,8 @@ def test_a_ray_the_caller_started_is_left_to_the_caller():
         pytest.skip("Ray already runs in this process")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     try:
-        with rb.ray_session() as s:
-            assert not s["started"] and not s["shared"] and rb.ray_users() == 0
+        with cluster.ray_session() as s:
+            assert not s["started"] and not s["shared"] and cluster.ray_users() == 0
         assert ray.is_initialized()  # still the caller's
     finally:
         ray.shutdown()

@@ -1,0 +1,188 @@
+"""How this lab starts or joins Ray, for every command that uses it (``attn-lab sweep``,
+``attn-lab retrain --workers``, the Sweeps and Retrain pages): the one place.
+
+- Ray missing, or a cluster that cannot be reached, is one sentence (:class:`ClusterError`)
+  before anything starts (:func:`preflight`).
+- ``address`` (``--address``: ``auto``, ``HOST:PORT`` or ``ray://HOST:PORT``; else
+  ``$RAY_ADDRESS``) joins an existing cluster, which is left at the end; without one a local Ray
+  is started (``num_cpus``, default every core) and shut down by its last user, and ended with
+  this process even by ``kill -9`` (:mod:`attn_core.cluster.watchdog`).
+- Usage statistics are off unless the user turned them on (``RAY_USAGE_STATS_ENABLED``); Ray
+  Train runs its V2 API (``RAY_TRAIN_V2_ENABLED=1``) without its Prometheus metrics; a local Ray
+  also without the preemption watcher (it follows node drains of a cluster). Each is a default the
+  user's own environment overrides (:data:`RAY_DEFAULTS`).
+- A Ray this process already runs is shared: every user of the process (two sweeps, a sweep and
+  a multi-worker retrain of the dashboard) counts, and the last one shuts it down; a Ray the
+  caller started itself stays up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+from contextlib import contextmanager
+from urllib.parse import urlparse
+
+from attn_core.cluster import watchdog
+
+CONNECT_TIMEOUT_S = 5.0
+USAGE_STATS_ENV = "RAY_USAGE_STATS_ENABLED"  # off (0) unless the user sets it: the lab runs offline
+# Ray's settings this lab makes unless the user's environment has them (read by Ray when it starts
+# and when a TorchTrainer starts; Ray Train passes its own to its controller and workers)
+RAY_DEFAULTS = {
+    USAGE_STATS_ENV: "0",
+    "RAY_TRAIN_V2_ENABLED": "1",  # ray.train.torch.TorchTrainer is Ray Train V2's
+    "RAY_TRAIN_METRICS_ENABLED": "0",  # no Prometheus exporter to feed
+}
+LOCAL_DEFAULTS = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}  # one machine: no node is drained
+
+
+class ClusterError(ValueError):
+    """Ray is missing, or a cluster cannot be reached or lacks what was asked: one sentence."""
+
+
+def ray_module():
+    """The ``ray`` module, or the one-line error saying how to install it."""
+    try:
+        import ray
+        from ray import tune  # noqa: F401
+    except ImportError:
+        raise ClusterError(
+            "Ray is not installed: pip install 'ray[tune]' (the version is pinned in requirements.txt)"
+        ) from None
+    return ray
+
+
+def address_of(address: str | None) -> str | None:
+    """The cluster to join: ``address``, else ``$RAY_ADDRESS``, else None (a local Ray)."""
+    return address or os.environ.get("RAY_ADDRESS") or None
+
+
+def check_reachable(address: str) -> None:
+    """A quick TCP check of ``host:port`` / ``ray://host:port`` (``auto`` is Ray's to find)."""
+    if address == "auto":
+        return
+    parsed = urlparse(address if "://" in address else f"tcp://{address}")
+    try:
+        host, port = parsed.hostname, parsed.port
+    except ValueError:  # a port that is not a number
+        host = port = None
+    if not host or not port:
+        raise ClusterError(f"--address {address!r} is not auto, HOST:PORT or ray://HOST:PORT")
+    try:
+        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as e:
+        raise ClusterError(f"cannot reach the Ray cluster at {address}: {e.strerror or e}") from None
+
+
+def preflight(address: str | None = None) -> None:
+    """Raise the one-line :class:`ClusterError` now if Ray is missing or the cluster is unreachable."""
+    ray = ray_module()
+    address = address_of(address)
+    if address and not ray.is_initialized():
+        check_reachable(address)
+
+
+def settings(local: bool) -> None:
+    """Make this lab's Ray settings (:data:`RAY_DEFAULTS`) where the user made none."""
+    for key, value in {**RAY_DEFAULTS, **(LOCAL_DEFAULTS if local else {})}.items():
+        os.environ.setdefault(key, value)
+
+
+class _NotMainThread(logging.Filter):
+    """Ray warns that it cannot set its SIGTERM handler when a job's thread starts it (a retrain
+    on workers starts Ray from its thread): expected, and this lab ends its Ray itself."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+
+# The local Ray this process started, shared by every user of the process that runs while it is
+# up (the dashboard can start a second sweep, or a retrain on workers, while the first runs): it is
+# shut down when the last of them ends, never under another one. The lock also makes two users
+# starting at once start one Ray.
+_LOCK = threading.Lock()
+_OURS: dict = {"users": 0, "guard": None}
+
+
+def ray_users() -> int:
+    """How many users of this process use the Ray it started (0: none started, or it ended)."""
+    with _LOCK:
+        return _OURS["users"]
+
+
+@contextmanager
+def ray_session(address: str | None = None, num_cpus: int | None = None):
+    """Ray for the length of a sweep or a retrain; yields a dict (ray_version, address, started,
+    shared, cluster: its resources).
+
+    Ray already initialised in this process is used as it is: when this process started it (for
+    another user still running, ``shared``), this one counts as one more of its users and the last
+    user shuts it down; a Ray the caller started stays up. Otherwise, without ``address`` (or
+    ``$RAY_ADDRESS``) a local Ray is started with ``num_cpus`` (default every core) and shut down
+    at the end; with one, the cluster is joined (and left at the end)."""
+    ray = ray_module()
+    address = address_of(address)
+    settings(local=not address)
+    started = shared = False
+    with _LOCK:
+        if _OURS["users"] > 0 and ray.is_initialized():
+            _OURS["users"] += 1
+            shared = True
+        elif not ray.is_initialized():
+            if address:
+                check_reachable(address)
+            kwargs = dict(
+                include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False, configure_logging=True
+            )
+            # a local Ray ends with this process, kill -9 included (its processes only)
+            guard = None if address else watchdog.start(os.path.dirname(ray.__file__))
+            quiet = _NotMainThread()
+            logging.getLogger("ray._private.worker").addFilter(quiet)
+            on_term = _sigterm_handler()  # ray.init makes SIGTERM sys.exit; the command's own (stop and save) stays
+            try:
+                if address:
+                    ray.init(address=address, **kwargs)
+                else:
+                    ray.init(num_cpus=num_cpus or os.cpu_count() or 1, **kwargs)
+                _restore_sigterm(on_term)
+            except Exception as e:  # ConnectionError, a ray:// handshake that fails, a version mismatch ...
+                watchdog.stop(guard)
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise ClusterError(f"cannot start or join Ray{f' at {address}' if address else ''}: {first}") from None
+            finally:
+                logging.getLogger("ray._private.worker").removeFilter(quiet)
+            _OURS.update(users=1, guard=guard)
+            started = True
+    try:
+        ctx = ray.get_runtime_context()
+        where = address or ("local" if started or shared else getattr(ctx, "gcs_address", "") or "local")
+        yield {
+            "ray_version": ray.__version__,
+            "address": where,
+            "started": started,
+            "shared": shared,
+            "cluster": ray.cluster_resources(),
+        }
+    finally:
+        if started or shared:
+            with _LOCK:
+                _OURS["users"] -= 1
+                if _OURS["users"] == 0:
+                    ray.shutdown()
+                    watchdog.stop(_OURS["guard"])
+                    _OURS["guard"] = None
+
+
+def _sigterm_handler():
+    """This thread's SIGTERM handler, if it is the main thread (where handlers live)."""
+    return signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+
+
+def _restore_sigterm(handler) -> None:
+    if handler is not None:
+        signal.signal(signal.SIGTERM, handler)
