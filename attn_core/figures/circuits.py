@@ -160,7 +160,8 @@ def positivity_plot(table: pd.DataFrame, qk_column: str = "qk_positivity") -> Pl
             (getattr(r, qk_column), r.copying_score, r.qk_positivity_composed, r.copying_score)
             for r in data[data["qk_positivity_composed"].notna()].itertuples()
         ]
-    placed = place_labels(labels, x_range, y_range, size_px=(FULL_PX - 180, 300), lines=lines)
+    # the plot area of a 560 px figure at full width (measured on the page: 780 x 420 px)
+    placed = place_labels(labels, x_range, y_range, size_px=(FULL_PX - 160, 420), lines=lines)
     fig.add_trace(
         go.Scatter(
             x=[p[0] for p in placed],

@@ -6,6 +6,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+CHAR_PX = 5.6  # the mean width of a character of 11 px text ("L1H2, L1H3, L1H1, L1H0 via L0H3": 172 px)
+SIDEWAYS = (0.0, *(s * k / 20 for k in range(1, 11) for s in (-1, 1)))  # slides along a side, in label widths
+UPDOWN_PX = (0.0, -4.0, 4.0, -8.0, 8.0, -12.0, 12.0)
+
 
 def place_labels(
     points: list[tuple[float, float, str]],
@@ -19,7 +23,9 @@ def place_labels(
     closer than ``near_px`` on screen share one label (their names joined), and each label takes
     the first side of its point (above, below, right, left, corners) where it meets no marker,
     no label placed before and no line drawn in the plot (``lines``: segments (x0, y0, x1, y1)
-    in data units: arrows, a box's edges, zero lines), inside the plot. Points whose names end
+    in data units: arrows, a box's edges, zero lines), inside the plot; a label above or below
+    its point may slide sideways, one beside it up or down, to find such a place (its x or y then
+    differs from the point's). Points whose names end
     alike share the end once ("L1H2, L1H3 via L0H3"). Returns ``(x, y, text, textposition)``
     per label. Positions are estimated for a plot area of ``size_px`` (width, height) showing
     ``x_range`` x ``y_range``, text of 11 px."""
@@ -57,23 +63,29 @@ def place_labels(
         x = sum(p[0] for p in c) / len(c)
         y = sum(p[1] for p in c) / len(c)
         text = _join_names([p[2] for p in c])
-        bw, bh = 6.5 * len(text) + 4, 15
+        bw, bh = CHAR_PX * len(text) + 4, 15
         cx, cy = px(x, y)
         own = {i for i, p in enumerate(points) if p in c}
         options = []
         for side, (dx, dy) in sides.items():
-            mx, my = cx + dx * (bw / 2 + 8), cy + dy * (bh / 2 + 8)
-            box = (mx - bw / 2, my - bh / 2, mx + bw / 2, my + bh / 2)
-            hits = (
-                sum(clash(box, b) for b in placed) * 10
-                + sum(clash(box, m, 0) for i, m in enumerate(markers) if i not in own)
-                + sum(_crosses(seg, box, 2) for seg in segments) * 10
-            )
-            outside = box[0] < 0 or box[2] > w or box[1] < 0 or box[3] > h
-            options.append((hits + 5 * outside, len(options), side, box))
-        _, _, side, box = min(options)
+            # a label may also slide along its side (above or below: sideways by up to half its
+            # width; left or right: up or down by up to 12 px) to clear a line: a point in a
+            # box's corner, or between an arrow and a zero line, has a line on every side of it
+            slides = [(f * bw, 0.0) for f in SIDEWAYS] if dx == 0 else [(0.0, f) for f in UPDOWN_PX]
+            for sx, sy in slides:
+                mx, my = cx + dx * (bw / 2 + 8) + sx, cy + dy * (bh / 2 + 8) + sy
+                box = (mx - bw / 2, my - bh / 2, mx + bw / 2, my + bh / 2)
+                hits = (
+                    sum(clash(box, b) for b in placed) * 10
+                    + sum(clash(box, m, 0) for i, m in enumerate(markers) if i not in own)
+                    + sum(_crosses(seg, box, 2) for seg in segments) * 10
+                )
+                outside = box[0] < 0 or box[2] > w or box[1] < 0 or box[3] > h
+                moved = (abs(sx) + abs(sy)) / (bw + bh)  # the nearer to its point, the better
+                options.append((hits + 5 * outside + moved, len(options), side, box, sx, sy))
+        _, _, side, box, sx, sy = min(options)
         placed.append(box)
-        out.append((x, y, text, side))
+        out.append((x + sx / w * (x1 - x0), y - sy / h * (y1 - y0), text, side))
     return out
 
 

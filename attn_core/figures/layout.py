@@ -204,6 +204,7 @@ def finish(fig: go.Figure, width: int = HALF_PX) -> go.Figure:
 
 LEGEND_ROW_PX = 20  # one legend entry, stacked
 LEGEND_MARK_PX = 46  # an entry's symbol and the gaps around it, in a row of entries
+LEGEND_SHARE = 0.4  # a legend at the right may take this share of the width; a wider one goes under the plot
 
 
 def legend_rows(names: list[str], room: int) -> int:
@@ -216,7 +217,9 @@ def legend_rows(names: list[str], room: int) -> int:
 
 def _legend_fits(fig: go.Figure, width: int = HALF_PX) -> None:
     """Where the legend goes so that it is whole and covers nothing. A vertical legend stays at
-    the right when its entries fit the plot's height and no right-hand axis is there; otherwise
+    the right when its entries fit the plot's height, no right-hand axis is there and it takes
+    at most :data:`LEGEND_SHARE` of the width (a half-width chart's plot was squeezed to a
+    third by long names); otherwise
     (and for a legend a figure put under its plot) it goes in rows at the bottom of the figure,
     under the x axis's labels and title (plotly widens the bottom margin for it), and the figure
     grows by the rows' height, so the plot keeps its room: plotly scrolled a taller legend over
@@ -233,7 +236,8 @@ def _legend_fits(fig: go.Figure, width: int = HALF_PX) -> None:
     )
     if legend.orientation in (None, "v"):
         room = height - (margin.t or 100) - (margin.b or 80)
-        if len(names) * LEGEND_ROW_PX <= room and not right_axis:
+        wide = LEGEND_MARK_PX + 7 * max(len(str(n)) for n in names) > LEGEND_SHARE * width
+        if len(names) * LEGEND_ROW_PX <= room and not right_axis and not wide:
             return
     elif legend.y is not None and legend.y >= 0:  # a row of entries above or inside the plot: its figure's choice
         return

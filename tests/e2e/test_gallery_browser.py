@@ -116,7 +116,7 @@ CHECK = """() => {
       const seen = {};
       for (const entry of legend.querySelectorAll('.traces')) {
         const name = entry.querySelector('text')?.textContent.trim();
-        const marks = Array.from(entry.querySelectorAll('.legendpoints path'));
+        const marks = Array.from(entry.querySelectorAll('.legendlines path, .legendpoints path'));  // its line (dash) and marker
         if (!name || !marks.length) continue;
         const look = marks.map(mark => { const cs = getComputedStyle(mark);
           return [cs.stroke, cs.fill, cs.strokeDasharray, cs.strokeWidth, cs.opacity, mark.getAttribute('d')].join('|'); }).join(';');
