@@ -14,7 +14,16 @@ from plotly.subplots import make_subplots
 
 from attn_core.circuits.composition import KINDS, Composition
 from attn_core.figures.base import PALETTE, Plot
-from attn_core.figures.layout import CHAR_PX, COLORBAR_PX, FULL_PX, TITLE_PX, fixed_margins, place_labels, token_ticks
+from attn_core.figures.layout import (
+    CHAR_PX,
+    COLORBAR_PX,
+    FULL_PX,
+    TITLE_CHAR_PX,
+    TITLE_PX,
+    fixed_margins,
+    place_labels,
+    token_ticks,
+)
 from attn_core.figures.scales import colors
 from attn_core.regularizers import head_label
 
@@ -251,6 +260,9 @@ def composition_plot(comp: Composition, corrected: bool = False, width: int = FU
     cell = panel / max(len(cols), 1)
     text = len(rows) * len(cols) <= MAX_CELL_TEXT and cell >= CELL_TEXT_PX
     upright = cell < CHAR_PX * max((len(comp.order[j]) for j in cols), default=4) + 6
+    if panel < TITLE_CHAR_PX * len(KIND_NAME["k"]) + 16:  # half a row: "K-composition" ran into its neighbours
+        for note, k in zip(fig.layout.annotations, KINDS):
+            note.text = f"{k.upper()}-comp."
     for c, k in enumerate(KINDS, start=1):
         z = [[None if math.isnan(v) else v for v in row] for row in values[k][rows][:, cols].tolist()]
         fig.add_trace(

@@ -136,3 +136,21 @@ def text_task_for(
     data = TextData(train, held_out, block, cfg.d_vocab, tok, facts)
     facts["held_out_blocks"] = data.held_out_blocks
     return text_task(data)
+
+
+def held_out_sample(loaded: LoadedModel, run_config: dict, seed: int = 0, cache_root=None) -> list[int]:
+    """One held-out block of the text a run on text was trained on (``run_config``: the run's
+    record's config, with ``text``, ``text_field``, ``eval_text`` and ``block``), as the run
+    split it: what its before/after views are drawn on, rather than random tokens. The text comes
+    from the token cache (``cache_root``: the run store's); a text that is gone raises TextError."""
+    if not run_config.get("text"):
+        raise ValueError("this run was not trained on a text")
+    task = text_task_for(
+        loaded,
+        run_config["text"],
+        run_config.get("text_field"),
+        run_config.get("eval_text"),
+        run_config.get("block"),
+        cache_root,
+    )
+    return task.sample(1, seed=int(seed), split="test").tokens[0].tolist()

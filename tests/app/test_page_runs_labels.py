@@ -14,6 +14,7 @@ from tests.conftest import write_tiny_hf
 from tests.text_corpus import make_text, write_word_tokenizer
 
 PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "4_Runs.py")
+HEATMAPS = str(Path(__file__).resolve().parents[2] / "pages" / "1_Heatmaps.py")
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +69,23 @@ def test_runs_are_named_readably_the_regularized_head_is_shown_and_text_is_judge
     assert (at.selectbox(key="layer").value, at.selectbox(key="head").value) == (0, 1)
     at.selectbox(key="head").select(0).run()  # the user's choice then stays
     assert at.selectbox(key="head").value == 0
+
+
+def test_a_text_run_is_drawn_on_its_held_out_text_before_and_after(store_root, monkeypatch):
+    """The Heatmaps page of a run on text opens on a held-out block of that text (not random
+    tokens), and its before/after heatmaps draw the parent and the run on it."""
+    monkeypatch.setenv("ATTN_LAB_RUNS", str(store_root))
+    text_run = runs.RunStore(store_root).list_runs()[0]
+    at = open_page(HEATMAPS, f"run:{text_run['id']}")
+    assert at.radio(key="input").value == "text"
+    words = [label.split(":", 1)[1] for label in at.select_slider(key="query").options]  # position:token
+    story = Path(text_run["config"]["text"]).read_text().split()
+    held_out = story[int(0.85 * len(story)) :]  # the last 10% of the stream, with room for the block's edges
+    assert any(held_out[i : i + len(words)] == words for i in range(len(held_out))), words
+    at.toggle(key="before_after").set_value(True).run()
+    assert not at.exception and not at.error
+    before, after = chart(at, "before"), chart(at, "after")
+    assert before["layout"]["title"]["text"].startswith("before (") and after["layout"]["title"]["text"].startswith(
+        "after ("
+    )
+    assert before["data"][0]["x"] == after["data"][0]["x"]  # the same held-out tokens on both sides
