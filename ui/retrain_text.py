@@ -29,9 +29,11 @@ from ui.state import MODEL_KEY, remember
 PLACES = {"upload": "an upload", "data": "the data folder"}
 
 
-def pick_text(origin: str, col: Any, kind: str, listed: list[str], uploads: dict[Path, str]) -> Path | None:
+def pick_text(
+    origin: str, col: Any, kind: str, listed: list[str], uploads: dict[Path, str] | None = None
+) -> Path | None:
     """The path of a text picked in ``col``: an upload (kept by the hash of its bytes in the run
-    store; ``uploads`` learns the name it was uploaded as) or a name under $ATTN_LAB_DATA; None
+    store; ``uploads``, if given, learns the name it was uploaded as) or a name under $ATTN_LAB_DATA; None
     until one is given. ``kind`` keys the widgets (text, eval)."""
     if origin == "upload":
         up = col.file_uploader(  # no type=: Streamlit's own check of a name is a traceback; ours is a line
@@ -43,7 +45,8 @@ def pick_text(origin: str, col: Any, kind: str, listed: list[str], uploads: dict
         if up is None:
             return None
         path = text_files.save_upload(up.name, up.getvalue())
-        uploads[path] = text_files.upload_name(up.name)
+        if uploads is not None:
+            uploads[path] = text_files.upload_name(up.name)
         return path
     name = col.selectbox("File or folder", listed, key=remember(f"{kind}_data", listed[0], listed))
     return text_files.data_path(name)

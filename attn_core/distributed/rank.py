@@ -74,7 +74,7 @@ def _listen(job, channel, done: threading.Event) -> None:
     """Rank 0: act on the driver's commands; a driver that is gone stops the run (it is saved)."""
     import ray
 
-    from attn_core.training.worker import PARENT_ENDED
+    from attn_core.training.worker import PARENT_ENDED, obey
 
     while not done.wait(POLL_S):
         try:
@@ -84,13 +84,7 @@ def _listen(job, channel, done: threading.Event) -> None:
             job.stop()
             return
         for command, *args in commands:
-            if command == "stop":
-                job._stop_reason = args[0] if args and args[0] else job._stop_reason
-                job.stop()
-            elif command == "pause":
-                job.pause()
-            elif command == "resume":
-                job.resume()
+            obey(job, command, *args)
 
 
 def _keepalive(dp, done: threading.Event) -> None:

@@ -102,16 +102,10 @@ class RayRemote:
         if "card" in message:
             self.card, self.checkpoint_files = message["card"], message.get("checkpoints")
             return
-        for column, new in zip(job.recorder.columns, message.get("rows", ((), (), ()))):
-            column.extend(new)
-        if message.get("run_id"):
-            job.recorder.run_id = message["run_id"]
-        if message.get("weights") is not None:
-            from safetensors.torch import load
+        from attn_core.training.worker import apply_update
 
-            self.final_weights = load(message["weights"])
         self.ended = self.ended or message.get("final", False)
-        job._publish(**message.get("state", {}))
+        self.final_weights = apply_update(job, message, self.final_weights)
 
     # --- the run -----------------------------------------------------------------------------------
     def train(self) -> None:

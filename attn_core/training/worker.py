@@ -36,6 +36,35 @@ from pathlib import Path
 SEND_EVERY_S = 0.05  # at most 20 updates a second (the page draws at most 5)
 EXIT_WAIT_S = 120.0  # an exiting parent waits this long for each worker to save
 PARENT_ENDED = "the process that started it ended"
+
+
+def obey(job, command: str, *args) -> None:
+    """Do a driver's ``command`` (``stop`` [reason], ``pause``, ``resume``) on the job a worker runs
+    (a worker process here, a Ray Train rank in :mod:`attn_core.distributed.rank`)."""
+    if command == "stop":
+        job._stop_reason = args[0] if args and args[0] else job._stop_reason
+        job.stop()
+    elif command == "pause":
+        job.pause()
+    elif command == "resume":
+        job.resume()
+
+
+def apply_update(job, message: dict, final_weights=None):
+    """On the driver: a worker's update of ``job`` (its new metric rows, run id and state are
+    published as the job's own); returns the final weights it carries, else ``final_weights``."""
+    for column, new in zip(job.recorder.columns, message.get("rows", ((), (), ()))):
+        column.extend(new)
+    if message.get("run_id"):
+        job.recorder.run_id = message["run_id"]
+    if message.get("weights") is not None:
+        from safetensors.torch import load
+
+        final_weights = load(message["weights"])
+    job._publish(**message.get("state", {}))
+    return final_weights
+
+
 ROOT = Path(__file__).resolve().parents[2]  # the folder holding attn_core: the worker imports the same code
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # workers training now, stopped and awaited at exit
@@ -75,16 +104,7 @@ class Remote:
 
     def apply(self, message: dict) -> None:
         """A worker's update of the job (its new metric rows, state, result and weights)."""
-        job = self.job
-        for column, new in zip(job.recorder.columns, message.get("rows", ((), (), ()))):
-            column.extend(new)
-        if message.get("run_id"):
-            job.recorder.run_id = message["run_id"]
-        if message.get("weights") is not None:
-            from safetensors.torch import load
-
-            self.final_weights = load(message["weights"])
-        job._publish(**message.get("state", {}))
+        self.final_weights = apply_update(self.job, message, self.final_weights)
 
     def train(self) -> None:
         """Train the job in a worker and follow it until it ends: its snapshots, then its result

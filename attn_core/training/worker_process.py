@@ -11,7 +11,7 @@ import sys
 import threading
 from multiprocessing.connection import Connection
 
-from attn_core.training.worker import PARENT_ENDED, Sender
+from attn_core.training.worker import PARENT_ENDED, Sender, obey
 
 
 def _listen(job, control: Connection) -> None:
@@ -23,13 +23,7 @@ def _listen(job, control: Connection) -> None:
             job._stop_reason = job._stop_reason or PARENT_ENDED
             job.stop()
             return
-        if command == "stop":
-            job._stop_reason = args[0] if args and args[0] else job._stop_reason
-            job.stop()
-        elif command == "pause":
-            job.pause()
-        elif command == "resume":
-            job.resume()
+        obey(job, command, *args)
 
 
 def main(updates_fd: int, control_fd: int) -> int:
