@@ -3,8 +3,9 @@ the page table in navigation.py; the home page is pages/0_Home.py. Run with `str
 
 import streamlit as st
 
-from navigation import PAGES
+from navigation import ICON, PAGES
 
+st.set_page_config(page_title="attn-lab", page_icon=str(ICON), layout="wide")  # a local icon: nothing fetched
 st.navigation(
     [st.Page(p.file, title=p.title, icon=p.icon, url_path=p.url_path or None, default=p.default) for p in PAGES]
 ).run()

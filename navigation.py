@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
+# The browser tab's icon, a file of the repository: an emoji or a page's :material/...: icon made
+# the browser fetch it from a font host (fonts.gstatic.com), which fails offline.
+ICON = ROOT / "assets" / "icon.png"
 
 
 @dataclass(frozen=True)

@@ -282,8 +282,8 @@ _WATCH_RUN = """(() => { window.__attnChart = null; window.__attnIdle = null; le
 
 
 # Pages that draw a chart on their first visit (induction-2l, an empty run store); the others
-# (Home, Runs, Grow d_k, Sweeps, Dynamics) wait for the user or a run, and their first run's end
-# is what is timed. On a busy machine a chart reaches the page seconds after the run that sent
+# (Home, Runs, Sweeps, Dynamics) wait for the user or a run, and their first run's end is what is
+# timed. Grow d_k draws the head as it is before Grow is pressed. On a busy machine a chart reaches the page seconds after the run that sent
 # it, so "no chart is coming" cannot be read from the page itself.
 CHART_PAGES = {
     "Heatmaps",
@@ -293,6 +293,7 @@ CHART_PAGES = {
     "Attention explorer",
     "Merged vs factored QK",
     "Circuits",
+    "Grow d_k",
 }
 
 

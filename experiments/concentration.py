@@ -11,7 +11,7 @@ samples (data) and on the vocabulary view (every token as query and key), mean t
 mass on data, mean stable rank of B.
 
 Target (issue 4): some setting cuts mean normalized entropy on data by >= 50% against the
-lambda = 0 reference while accuracy drops by <= 1 point. Seed 000 asks for f_x(y) = x^T B y to be
+lambda = 0 reference while accuracy drops by <= 1 point. Seed 000 asks for f_x(y) = x B y^T to be
 concentrated for *every* x, which is what the vocabulary view measures: the regularizer that
 answers it best is the one with the largest cut of vocabulary entropy within that 1-point budget.
 

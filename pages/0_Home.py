@@ -12,7 +12,7 @@ ui.setup("attn-lab")  # the page config, the title and the sidebar model picker
 
 st.markdown(
     "Each attention head scores a query token $x$ against a key token $y$ with a bilinear form "
-    "$f_x(y) = x^\\top B\\, y$, where $B = W_Q W_K^\\top / \\sqrt{d_{head}}$. "
+    "$f_x(y) = x B y^\\top$, where $B = W_Q W_K^\\top / \\sqrt{d_{head}}$. "
     "attn-lab lets you **see** that form as per-query heatmaps over a sequence, the vocabulary and positions, "
     "and **measure** its spectrum and how concentrated each query's scores are. "
     "You can then **regularize and retrain** a toy transformer while watching the spectrum move, "
@@ -43,7 +43,7 @@ table = pd.DataFrame(
         for m in models
     ]
 )
-st.dataframe(
+ui.show_table(
     table,
     hide_index=True,
     column_config={

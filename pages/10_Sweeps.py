@@ -208,7 +208,7 @@ def live() -> None:
             for t in res["trials"]
         ]
     )
-    st.dataframe(table, hide_index=True, width="stretch")
+    ui.show_table(table, hide_index=True, width="stretch")
     view = st.radio(
         "Entropy",
         list(fs.ENTROPY_VIEWS),

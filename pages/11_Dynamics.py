@@ -11,6 +11,7 @@ from attn_core.figures import bilinear as fb
 from attn_core.figures import circuits as fc
 from attn_core.figures import dynamics as fd
 from attn_core.figures.base import export_bytes
+from attn_core.figures.layout import HALF_PX
 from attn_core.text import files as text_files
 
 PLAY_S = 1.0  # seconds per step while playing
@@ -238,7 +239,7 @@ def step_views() -> None:
             views.append(fb.spectrum_plot(spectrum_of(loaded, layer)))
             ui.show_plot(views[-1], key="dyn_spectrum")
         with right:
-            views.append(fc.composition_plot(composition_of(loaded)))
+            views.append(fc.composition_plot(composition_of(loaded), width=HALF_PX))  # laid out for its half row
             ui.show_plot(views[-1], key="dyn_composition")
     if loaded is not None and not series.partial:
         views.append(fb.heads_plot(detectors_of(loaded, int(seed))))

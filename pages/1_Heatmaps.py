@@ -1,4 +1,4 @@
-"""Heatmaps of the bilinear form f_x(y) = x^T B y of one head (or all heads of a layer): on a real
+"""Heatmaps of the bilinear form f_x(y) = x B yᵀ of one head (or all heads of a layer): on a real
 input, over the vocabulary and over positions, with one query's row and its concentration. The
 input and the query are ``ui.heatmap_input``; the sections below the scores are
 ``ui.heatmap_sections``."""
@@ -18,7 +18,7 @@ loaded = ui.setup("Heatmaps of f_x(y)")
 cfg = loaded.config
 st.markdown(
     "For a query token $x$ (a row) and a key token $y$ (a column), head $h$ of layer $l$ scores "
-    "$f_x(y) = x^\\top B\\,y = S_{xy}$ and attends with $A = \\mathrm{softmax}_{row}(S + \\text{causal mask})$. "
+    "$f_x(y) = x B y^\\top = S_{xy}$ and attends with $A = \\mathrm{softmax}_{row}(S + \\text{causal mask})$. "
     "Pick a head, an input and a query position; the red outline marks the query's row."
 )
 

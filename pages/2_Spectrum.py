@@ -147,7 +147,7 @@ if cfg.positional == "rotary":
 # --- norms, ranks, symmetric part ---------------------------------------------------------------------
 st.header("Norms, ranks and the symmetric part, every head")
 shown = table if which == ALL else table[(table["layer"] == layer) & (table["head"] == head)]
-st.dataframe(
+ui.show_table(
     shown,
     hide_index=True,
     column_config={
@@ -206,7 +206,7 @@ if choice is not None:
                 f"{rows['weight_rank'].mean() / rows['data_rank'].mean():.2f}×",
                 help="The mean effective rank of B over that of the scores, every head",
             )
-            st.dataframe(rows, hide_index=True, height=260)
+            ui.show_table(rows, hide_index=True, height=260)
             st.caption(f"Probes: {both.what}.")
 
 # --- head detectors -----------------------------------------------------------------------------------

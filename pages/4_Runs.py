@@ -9,13 +9,16 @@ import streamlit as st
 
 import ui
 from attn_core import bilinear
+from attn_core import regularizers as R
 from attn_core import runs as rs
 from attn_core.card import Card
 from attn_core.figures import bilinear as fb
+from attn_core.figures import text as ftext
 from attn_core.figures import training as ft
 from attn_core.text import source as text_source
 
 MAX_SIDE = 2  # panels per row when runs are compared side by side (a third of the page is too narrow to read)
+HEAD_FOR = "runs_head_for"  # the runs for which the page last picked their regularized head
 sequence_view = ui.cached(bilinear.sequence_view)
 
 
@@ -59,6 +62,19 @@ def measured(r: dict, when: str, name: str):
     return (r["summary"].get(when) or {}).get(name)
 
 
+def on_text(r: dict) -> bool:
+    """A run on a text (an imported model): measured by held-out perplexity, not a task's accuracy."""
+    return bool(r["config"].get("text")) or measured(r, "after", "perplexity") is not None
+
+
+def regularized(r: dict, cfg) -> list[tuple[int, int]]:
+    """The heads the run's penalties acted on (none if its settings do not fit ``cfg``)."""
+    try:
+        return R.regularized_heads(r["config"].get("regularizers"), r["config"].get("heads"), cfg)
+    except ValueError:
+        return []
+
+
 # --- the runs --------------------------------------------------------------------------------------
 table = pd.DataFrame(
     [
@@ -71,6 +87,8 @@ table = pd.DataFrame(
             "entmax α": r["config"].get("entmax_alpha"),
             "accuracy before": measured(r, "before", "accuracy"),
             "accuracy after": measured(r, "after", "accuracy"),
+            "perplexity before": measured(r, "before", "perplexity"),
+            "perplexity after": measured(r, "after", "perplexity"),
             "entropy before": measured(r, "before", "entropy_data"),
             "entropy after": measured(r, "after", "entropy_data"),
             "created": r["created"],
@@ -80,7 +98,7 @@ table = pd.DataFrame(
     ]
 )
 pct = dict(min_value=0.0, max_value=1.0, format="percent")
-st.dataframe(
+ui.show_table(
     table,
     hide_index=True,
     column_config={
@@ -100,6 +118,8 @@ st.dataframe(
             format="%.3f",
         ),
         "entropy after": st.column_config.NumberColumn(help="The same after retraining", format="%.3f"),
+        "perplexity before": st.column_config.NumberColumn(help="Held-out perplexity of the parent (text runs)"),
+        "perplexity after": st.column_config.NumberColumn(help="Held-out perplexity of the run (text runs)"),
     },
 )
 
@@ -113,7 +133,7 @@ chosen = st.multiselect(
     "Runs to compare",
     ids,
     key=key,
-    format_func=lambda i: f"{i} · {regs(by_id[i])}",
+    format_func=lambda i: rs.run_label(by_id[i]),
     help="Newest first; each run's curves, spectra and heatmaps are drawn side by side",
 )
 if not chosen:
@@ -140,34 +160,49 @@ def draw_curves(run_id: str, i: int) -> None:
     plot = plot.renamed(f"training_curves_{run_id}")
     ui.show_plot(plot, key=f"curves_{i}")
     plots.append(plot)
+    if on_text(by_id[run_id]):  # a run on text is judged by its held-out perplexity
+        ppl = ftext.perplexity_plot(
+            run_metrics(run_id, by_id[run_id]["finished"] or ""),
+            title=f"Perplexity of {run_id}",
+            before=measured(by_id[run_id], "before", "perplexity"),
+        ).renamed(f"perplexity_{run_id}")
+        ui.show_plot(ppl, key=f"perplexity_{i}")
+        plots.append(ppl)
 
 
 side_by_side(chosen, draw_curves)
 
 st.header("Accuracy against concentration")
-points = [
-    {
-        "model": i,
-        "regularizer": regs(by_id[i]),
-        "accuracy": measured(by_id[i], when, "accuracy"),
-        "entropy_data": measured(by_id[i], when, "entropy_data"),
-        "when": when,
-    }
-    for i in chosen
-    for when in ("before", "after")
-]
-points = pd.DataFrame(points).dropna(subset=["accuracy", "entropy_data"])
-if len(points):
-    trade = ft.tradeoff_plot(
-        points,
-        x="entropy_data",
-        y="accuracy",
-        color="model",
-        title="Held-out accuracy against mean normalized entropy (regularized heads): "
-        "each arrow goes from before (the parent) to after (the run)",
-    )
-    ui.show_plot(trade, key="tradeoff")
-    plots.append(trade)
+for text_runs, measure, label in (
+    (False, "accuracy", "Held-out accuracy"),
+    (True, "perplexity", "Held-out perplexity"),
+):
+    group = [i for i in chosen if on_text(by_id[i]) == text_runs]  # a task's accuracy, a text's perplexity
+    points = pd.DataFrame(
+        [
+            {
+                "model": i,
+                "regularizer": regs(by_id[i]),
+                measure: measured(by_id[i], when, measure),
+                "entropy_data": measured(by_id[i], when, "entropy_data"),
+                "when": when,
+            }
+            for i in group
+            for when in ("before", "after")
+        ],
+        columns=["model", "regularizer", measure, "entropy_data", "when"],
+    ).dropna(subset=[measure, "entropy_data"])
+    if len(points):
+        trade = ft.tradeoff_plot(
+            points,
+            x="entropy_data",
+            y=measure,
+            color="model",
+            title=f"{label} against mean normalized entropy (regularized heads): "
+            "each arrow goes from before (the parent) to after (the run)",
+        )
+        ui.show_plot(trade, key="tradeoff" if not text_runs else "tradeoff_perplexity")
+        plots.append(trade if not text_runs else trade.renamed("tradeoff_perplexity"))
 
 # --- spectra before and after -------------------------------------------------------------------------------
 st.header("Singular values of B, before and after")
@@ -211,6 +246,11 @@ if first is None:
     )
     st.stop()
 cfg = first.config
+# the head the chosen runs regularized (the first of them), picked again whenever the runs change
+target = next((pairs[0] for i in chosen if (pairs := regularized(by_id[i], cfg))), None)
+if target is not None and st.session_state.get(HEAD_FOR) != tuple(chosen):
+    st.session_state[ui.LAYER_KEY], st.session_state[ui.HEAD_KEY] = target
+st.session_state[HEAD_FOR] = tuple(chosen)
 c_layer, c_head, c_value, c_seed = st.columns(4)
 layer, head = ui.layer_head_picker(cfg, (c_layer, c_head), url=False)
 value = ui.value_choice("Show", "runs_value", "pattern", c_value)

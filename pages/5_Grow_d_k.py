@@ -9,6 +9,7 @@ import streamlit as st
 import ui
 from attn_core import bilinear, checkpoint, grow
 from attn_core.card import Card
+from attn_core.figures import bilinear as fb
 from attn_core.figures import grow as fg
 from attn_core.sources import LoadedModel
 from attn_core.validate import default
@@ -24,7 +25,25 @@ RESULT = "grow_settings"  # session key: the settings of the last growth asked f
 # reloaded attn_core since. Nothing downstream mutates the result.
 @ui.cached(resource=True, max_entries=8)
 def run_growth(m: LoadedModel, cfg: grow.GrowConfig) -> grow.GrowResult:
-    return grow.grow(m.model, m.task, cfg)
+    # the bar is made here, inside the cached call (Streamlit replays what a cached call drew, and
+    # only what it drew in its own blocks), and emptied when the growth is done
+    bar = st.progress(
+        0.0, text=f"Growing head {cfg.head} of layer {cfg.layer} by {cfg.add} and fine-tuning three models…"
+    )
+    res = grow.grow(
+        m.model, m.task, cfg, progress=lambda what, done: bar.progress(min(1.0, done), text=f"Growing: {what}…")
+    )
+    bar.empty()
+    return res
+
+
+@ui.cached
+def head_now(m: LoadedModel, layer: int, head: int, seed: int):
+    """The head as it is: its singular values and its attention on a task sample (cheap, shown
+    before Grow is pressed)."""
+    frame = bilinear.spectrum_frame(m.model)
+    spectrum = frame[(frame["layer"] == layer) & (frame["head"] == head)]
+    return spectrum, bilinear.sequence_view(m, bilinear.sample_tokens(m, seed), layer, [head])
 
 
 loaded = ui.setup("Grow d_k of a head")
@@ -131,18 +150,21 @@ if submitted:
     requests[loaded.key] = settings
 if loaded.key not in requests:
     st.info(
-        "Choose a head and p, then press **Grow** (a zoo model takes about half a minute on a CPU).",
+        "Choose a head and p, then press **Grow** (a zoo model takes about half a minute on a CPU; a bar "
+        "shows how far it got). Below, the head as it is now.",
         icon=":material/arrow_upward:",
     )
+    now_spectrum, now_view = head_now(loaded, int(layer), int(head), 0)
+    left, right = st.columns(2)
+    with left:
+        ui.show_plot(fb.spectrum_plot(now_spectrum), key="grow_now_spectrum")
+    with right:
+        ui.show_plot(fb.view_plot(now_view, int(head), value="pattern"), key="grow_now_pattern")
     st.stop()
 settings = requests[loaded.key]
 try:
     gcfg = grow.GrowConfig(**settings)
-    with st.spinner(
-        f"Growing head {settings['head']} of layer {settings['layer']} by {settings['add']} and "
-        f"fine-tuning three models for {settings['steps']} steps…"
-    ):
-        res = run_growth(loaded, gcfg)
+    res = run_growth(loaded, gcfg)
 except ValueError as e:
     st.error(f"These settings do not work: {e}")
     st.stop()
@@ -204,7 +226,7 @@ with right:
     st.metric("predicted decrease at η*", f"{s['predicted_decrease']:.4g}")
     st.metric("measured decrease at η* (fitting batch)", f"{s['measured_decrease']:.4g}")
     with st.expander("Line search table"):
-        st.dataframe(res.line_search, hide_index=True)
+        ui.show_table(res.line_search, hide_index=True)
 
 # --- against the baselines -----------------------------------------------------------------------
 st.header("Against random and zero growth")

@@ -202,7 +202,7 @@ heads_hist_fig = toy.alpha_histogram(
     pair, name="toy_alpha_a_hist_heads", title="α_a over the same key draws: one head vs two"
 )
 ui.show_plot(heads_hist_fig, key="toy_alpha_a_hist_heads")
-st.dataframe(toy.summary_table(pair), width="stretch")
+ui.show_table(toy.summary_table(pair), width="stretch")
 
 # --- export ----------------------------------------------------------------------------------------
 st.divider()

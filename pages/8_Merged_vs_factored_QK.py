@@ -38,7 +38,7 @@ def saved_plots(path: str, mtime: float) -> list:
 ui.setup("Merged vs factored QK", needs_model=False)
 st.markdown(
     "Seed 004 asks whether the two projections $W_Q, W_K$ of a head can be merged into one "
-    "$d_{model}\\times d_{model}$ matrix $W_{QK}$. Both compute a bilinear form $f_x(y) = x^\\top B\\,y$; "
+    "$d_{model}\\times d_{model}$ matrix $W_{QK}$. Both compute a bilinear form $f_x(y) = x B y^\\top$; "
     "the factored form caps its rank at $d_{qk}$, the merged one does not. Below, one architecture is trained "
     "on the same data and seeds with each parametrisation; only the query/key part changes (values and outputs "
     "keep $d_{head}$)."
@@ -194,7 +194,7 @@ table = table[
         "ms_per_step",
     ]
 ]
-st.dataframe(
+ui.show_table(
     table,
     hide_index=True,
     column_config={

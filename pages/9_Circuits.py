@@ -97,7 +97,7 @@ spectrum_plot = fc.ov_spectrum_plot(spectrum, normalized=normalized)
 ui.show_plot(spectrum_plot, key="ov_spectrum")
 plots.append(spectrum_plot)
 shown = heads[[c for c in TABLE_COLUMNS if c in heads]]
-st.dataframe(shown, hide_index=True, column_config=TABLE_COLUMNS)
+ui.show_table(shown, hide_index=True, column_config=TABLE_COLUMNS)
 ui.download_table(shown, "head_circuits", key="dl_circuits_csv", help="The table above, singular values as lists")
 
 # --- composition ---------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from ui.models import (
 )
 from ui.page import setup
 from ui.pickers import head_name, layer_head_picker, reproduce_command, require_task, value_choice
-from ui.plots import MIME, download_table, export_all, show_plot
+from ui.plots import MIME, download_table, export_all, show_plot, show_table
 from ui.state import ALL_HEADS, HEAD_KEY, LAYER_KEY, MODEL_KEY, follow_input, remember, to_url
 from ui.upload import save_upload, upload_digest
 
@@ -62,6 +62,7 @@ __all__ = [
     "saved_runs",
     "setup",
     "show_plot",
+    "show_table",
     "to_url",
     "upload_digest",
     "value_choice",

@@ -1,5 +1,5 @@
-"""The Heatmaps page's input and query: a task sample, random tokens or typed text/tokens, the
-query position (moved to the last token when the input changes) and k of the top-k metric, all
+"""The Heatmaps page's input and query: a task sample, a held-out block of the text a run was
+trained on, random tokens or typed text/tokens, the query position (moved to the last token when the input changes) and k of the top-k metric, all
 written into the URL."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from attn_core import bilinear
 from attn_core.bilinear import position_labels
 from attn_core.sources import LoadedModel
 from attn_core.text import source as text_source
+from attn_core.text.files import page_message
 from ui.markup import plain
 from ui.state import follow_input, remember, to_url
 
-SOURCES = {"sample": "task sample", "random": "random tokens", "typed": "typed tokens"}
+SOURCES = {"text": "held-out text", "sample": "task sample", "random": "random tokens", "typed": "typed tokens"}
 DEFAULT_LENGTH = 1024  # random tokens by default: the context, at most this many (and what the limits allow)
 
 
@@ -65,7 +66,9 @@ def _tokens(loaded: LoadedModel, source: str) -> tuple[list[int], int | None]:
         )
     )
     if source == "sample":
-        return text_source.sample_tokens(loaded, seed), seed  # a run on text: a held-out block of it
+        return bilinear.sample_tokens(loaded, seed), seed
+    if source == "text":  # a held-out block of the run's text, as the run split it
+        return text_source.held_out_tokens(loaded, seed), seed  # tokenized once per run (the token cache)
     longest = max(2, bilinear.longest_input(loaded.model))  # the context, cut to the memory limit
     length = l_col.number_input(
         "Length",
@@ -83,21 +86,23 @@ def pick_input(loaded: LoadedModel) -> Input:
     """The input's widgets, then the query slider and k; stops the page with one line when the
     input does not work."""
     c_source, c_input = st.columns([3, 5])
-    choices = [s for s in SOURCES if s != "sample" or text_source.has_sample(loaded)]  # a run on text: held-out text
+    on_text = text_source.run_text(loaded) is not None
+    choices = [s for s in SOURCES if (s != "sample" or loaded.task is not None) and (s != "text" or on_text)]
     source = c_source.radio(
         "Input",
         choices,
         format_func=SOURCES.get,
         horizontal=True,
         key=remember("input", choices[0], choices, param="input"),
-        help="A held-out sample of the model's task, uniform random tokens, or your own tokens",
+        help="A held-out sample of the model's task (or of the text the run was trained on), uniform random "
+        "tokens, or your own tokens",
     )
     with c_input:
         try:
             tokens, seed = _tokens(loaded, source)
             bilinear.check_tokens(loaded.model, tokens)  # a view of this input fits the limits, or one line here
-        except ValueError as e:
-            st.error(f"This input does not work: {plain(e)}")
+        except (ValueError, OSError) as e:  # a text gone or changed since the run: one line
+            st.error(f"This input does not work: {plain(page_message(e) if source == 'text' else e)}")
             st.stop()
     labels = position_labels(loaded, tokens)
     queries = range(len(labels))

@@ -20,7 +20,7 @@ from ui.heatmap_input import Input
 from ui.markup import plain
 from ui.models import load_model
 from ui.pickers import value_choice
-from ui.plots import show_plot
+from ui.plots import show_plot, show_table
 from ui.state import remember
 
 METRIC_HELP = {
@@ -182,7 +182,7 @@ def concentration(table, head, all_heads: bool) -> Plot:
         f"Mean, min and max over the query rows that see at least {metrics.MIN_KEYS} keys, on this input"
         + (", each head's sink keys (sink_keys) left out and the rows renormalized." if without else ".")
     )
-    st.dataframe(
+    show_table(
         shown[["head", "metric", "mean", "min", "max", *(["sink_keys"] if without else [])]],
         hide_index=True,
         column_config={

@@ -135,9 +135,14 @@ def zoo_models() -> list[dict]:
     return models
 
 
-def model_names() -> list[str]:
+def model_names(labels: dict[str, str] | None = None) -> list[str]:
+    """Every model the picker offers: zoo models, saved runs (``run:<id>``), uploads. ``labels``,
+    when given, receives each run's readable label (``runs.run_label``) by its name."""
     names = [m["name"] for m in zoo_models()]
-    names += [sources.RUN_PREFIX + r["id"] for r in saved_runs()]
+    for r in saved_runs():
+        names.append(sources.RUN_PREFIX + r["id"])
+        if labels is not None:
+            labels[names[-1]] = runs.run_label(r)
     uploads = sources.upload_dir()
     if uploads.is_dir():
         names += [
@@ -149,7 +154,8 @@ def model_names() -> list[str]:
 
 
 def model_picker() -> LoadedModel | None:
-    names = model_names()
+    labels: dict[str, str] = {}
+    names = model_names(labels)
     if not names:
         st.error("No models found: the zoo in assets/models is empty and nothing was uploaded or trained.")
         st.stop()
@@ -163,8 +169,9 @@ def model_picker() -> LoadedModel | None:
         "Model",
         names,
         key=MODEL_KEY,
-        help="Zoo models (assets/models), your saved runs (run:…) and your uploads "
-        "(upload: …). Every page uses this model.",
+        format_func=lambda name: labels.get(name, name),  # a run: its parent, regularizers, status and date
+        help="Zoo models (assets/models), your saved runs (run:<id> · parent · regularizers · status · date) "
+        "and your uploads (upload: …). Every page uses this model.",
     )
     to_url(model=choice)
     upload_widget()

@@ -9,8 +9,28 @@ from typing import Any
 import streamlit as st
 
 from attn_core.figures import EXPORT_FORMATS, ExportError, Plot, bundle_zip, export_bytes
+from attn_core.figures.tables import NUMBER_FORMAT, readable
 
 MIME = {"png": "image/png", "svg": "image/svg+xml", "html": "text/html", "csv": "text/csv"}
+
+
+def show_table(frame: Any, column_config: dict | None = None, **kwargs: Any) -> None:
+    """``st.dataframe`` of ``frame`` as every table of the dashboard writes it
+    (``attn_core.figures.tables``): numbers with four significant digits, a dash for a missing
+    value (Streamlit writes "None", and 0.00000000000006 in full). ``column_config`` (help texts,
+    labels) is kept; a number column's format is added where it has none."""
+    shown, numeric = readable(frame)
+    config = dict(column_config or {})
+    for col in shown.columns:
+        given = config.get(col)
+        kind = (given or {}).get("type_config", {}).get("type") if isinstance(given, dict) else None
+        if col in numeric and (given is None or (kind == "number" and not given["type_config"].get("format"))):
+            config[col] = st.column_config.NumberColumn(
+                help=(given or {}).get("help"), label=(given or {}).get("label"), format=NUMBER_FORMAT
+            )
+        elif col not in numeric and kind == "number" and shown[col].dtype == object:  # made text: a dash where missing
+            config[col] = st.column_config.TextColumn(help=given.get("help"), label=given.get("label"))
+    st.dataframe(shown, column_config=config or None, **kwargs)
 
 
 def download_table(frame: Any, file_stem: str, key: str, help: str) -> None:

@@ -28,7 +28,7 @@ from attn_core.training.job import TrainingJob, preview
 from attn_core.training.snapshot import Snapshot
 from attn_core.training.telemetry import MetricKey
 from ui.cache import cached
-from ui.plots import show_plot
+from ui.plots import show_plot, show_table
 
 JOB = "retrain_job"  # session key of the running (or last) TrainingJob
 SHOWN = "retrain_reloaded_for"  # run id for which the page was rerun once after the job ended
@@ -167,7 +167,7 @@ def live_status(watch: Watch) -> None:
     _status_message(snap)
     _metrics(snap, on_text=facts is not None)
     if snap.workers:  # a run on Ray Train workers: each one's throughput and memory
-        st.dataframe(snap.workers_table().round(2), hide_index=True)
+        show_table(snap.workers_table(), hide_index=True)
     if snap.done and st.session_state.get(SHOWN) != snap.run_id:
         # Once per run: rerun the whole page so the sidebar lists the new run, Start is enabled
         # and the timers stop.

@@ -142,7 +142,9 @@ def export_bytes(
     if fmt == "html":
         return (
             export_figure(plot.fig)
-            .to_html(include_plotlyjs="directory" if shared_js else True, full_html=True)
+            # an animation waits for its play button: playing on load started from the first frame
+            # while the slider and the page said the last (the Dynamics page, `dynamics --animate`)
+            .to_html(include_plotlyjs="directory" if shared_js else True, full_html=True, auto_play=False)
             .encode()
         )
     width = width or plot.width

@@ -15,7 +15,17 @@ from plotly.subplots import make_subplots
 
 from attn_core.bilinear import DETECTORS, LongView, View
 from attn_core.figures.base import Plot
-from attn_core.figures.layout import FULL_PX, HALF_PX, WIDE_PX, fixed_margins, token_ticks
+from attn_core.figures.layout import (
+    FULL_PX,
+    HALF_PX,
+    TITLE_CHAR_PX,
+    TITLE_LINE_PX,
+    WIDE_PX,
+    fixed_margins,
+    token_ticks,
+    wrap_title,
+)
+from attn_core.figures.tables import cell_text
 from attn_core.regularizers import head_label
 
 # What a heatmap shows, and its name in a choice: the scores S = f_x(y) or the pattern A.
@@ -26,6 +36,7 @@ MAX_CELL_TEXT = 400
 MAX_HOVER_CELLS = 40_000
 KIND_TITLE = {"sequence": "Sequence view", "vocabulary": "Vocabulary view", "positional": "Positional view"}
 HIGHLIGHT = "#d62728"
+SQUARE_KINDS = ("vocabulary", "positional")  # views whose rows and columns are the same tokens or positions
 TABLE_ROW_PX = 24
 
 
@@ -91,6 +102,14 @@ def view_plot(view: View, head: int, query: int | None = None, value: str = "sco
         height=max(420, min(900, 24 * nq + 160)),
     )
     fixed_margins(fig, width=width)
+    if view.kind in SQUARE_KINDS:  # rows and columns are the same things: square cells, the height to match
+        m = fig.layout.margin
+        lines = wrap_title(fig.layout.title.text, int(width / TITLE_CHAR_PX)).count("<br>") + 1
+        top = max(m.t, 50 + TITLE_LINE_PX * lines) if lines > 1 else m.t  # the room a wrapped title takes (finish)
+        fig.update_layout(height=int(top + m.b + (width - m.l - m.r) * nq / nk), margin_t=top)
+        fig.update_yaxes(scaleanchor="x", scaleratio=1, constrain="domain")
+        fig.update_xaxes(constrain="domain")
+        fixed_margins(fig, width=width)
     highlighted = view.check_query(query) if query is not None else -1
 
     def data() -> pd.DataFrame:
@@ -278,12 +297,13 @@ def spectrum_plot(frame: pd.DataFrame, normalized: bool = False, small_multiples
         title=f"Singular values of B{which}" + (" (σ_i / σ_1)" if normalized else ""),
         yaxis_title="σ_i / σ_1" if normalized else "σ_i",
     )
-    return Plot("spectrum", fig, frame.copy(), meta=dict(normalized=normalized))
+    # the CSV numbers them as the plot does: σ_1 is the largest (maths.md), λ_1 likewise
+    return Plot("spectrum", fig, frame.assign(index=frame["index"] + 1), meta=dict(normalized=normalized))
 
 
 def eigen_plot(frame: pd.DataFrame) -> Plot:
     """Eigenvalues of B per head in the complex plane (``attn_core.bilinear.eigen_frame``).
-    Mostly positive real eigenvalues mean x B x^T > 0: the head attends to its own kind."""
+    Mostly positive real eigenvalues mean x B xᵀ > 0: the head attends to its own kind."""
     fig = go.Figure()
     for (layer, head), part in frame.groupby(["layer", "head"]):
         part = part[part["modulus"] > 0]
@@ -303,15 +323,15 @@ def eigen_plot(frame: pd.DataFrame) -> Plot:
 
 
 def eigen_sym_plot(table: pd.DataFrame) -> Plot:
-    """Eigenvalues of the symmetric part (B + B^T)/2 per head, in descending order. They bound
-    x B x^T over unit x (a token's score against itself): positive ones are directions a token
+    """Eigenvalues of the symmetric part (B + Bᵀ)/2 per head, in descending order, numbered from
+    1 like the singular values (λ_1 the largest). They bound x B xᵀ over unit x (a token's score against itself): positive ones are directions a token
     attends to its own kind along, negative ones directions it avoids. ``table`` has one row per
     head with ``layer``, ``head`` and the list ``eigenvalues_sym`` (``bilinear.spectrum``)."""
     data = pd.DataFrame(
         [
             {"layer": r.layer, "head": r.head, "index": i, "eigenvalue": float(v)}
             for r in table.itertuples()
-            for i, v in enumerate(r.eigenvalues_sym)
+            for i, v in enumerate(r.eigenvalues_sym, start=1)  # λ_1 ≥ λ_2 ≥ ..., as σ_1 ≥ σ_2 ≥ ...
         ]
     )
     fig = go.Figure()
@@ -338,7 +358,7 @@ def concentration_plot(table: pd.DataFrame) -> Plot:
     """The concentration table (``View.concentration_table`` or ``bilinear.concentration_table``):
     per head and metric, mean / min / max over query rows (and the sink keys left out, if any)."""
     cols = [c for c in ("view", "layer", "head", "metric", "mean", "min", "max", "sink_keys") if c in table]
-    cells = [table[c].map(lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)) for c in cols]
+    cells = [table[c].map(cell_text) for c in cols]  # four significant digits, a dash where missing
     # every row shown (a table taller than its figure scrolls, and an export cuts it), each
     # column as wide as its widest entry
     widths = [max(len(c), *(len(v) for v in col)) if len(col) else len(c) for c, col in zip(cols, cells)]

@@ -14,10 +14,21 @@ from plotly.subplots import make_subplots
 
 from attn_core.circuits.composition import KINDS, Composition
 from attn_core.figures.base import PALETTE, Plot
-from attn_core.figures.layout import FULL_PX, fixed_margins, place_labels, token_ticks
+from attn_core.figures.layout import (
+    CHAR_PX,
+    COLORBAR_PX,
+    FULL_PX,
+    TITLE_CHAR_PX,
+    TITLE_PX,
+    fixed_margins,
+    place_labels,
+    token_ticks,
+)
+from attn_core.figures.scales import colors
 from attn_core.regularizers import head_label
 
 MAX_CELL_TEXT = 400
+CELL_TEXT_PX = 34  # a cell narrower than this does not write its value ("−0.05" at 10 px)
 KIND_NAME = {"q": "Q-composition", "k": "K-composition", "v": "V-composition"}
 
 
@@ -109,6 +120,8 @@ def positivity_plot(table: pd.DataFrame, qk_column: str = "qk_positivity") -> Pl
     x_range, y_range = (-1.1, 1.1), (-1.1, 1.2)
     fig = go.Figure()
     labels = []
+    n_layers = data["layer"].nunique()
+    shades = [PALETTE[2 * i] for i in range(n_layers)] if 2 * n_layers <= len(PALETTE) else colors(n_layers)
     for i, (layer, part) in enumerate(data.groupby("layer")):
         fig.add_trace(
             go.Scatter(
@@ -117,7 +130,7 @@ def positivity_plot(table: pd.DataFrame, qk_column: str = "qk_positivity") -> Pl
                 mode="markers",
                 text=[head_label(layer, h) for h in part["head"]],
                 name=f"layer {layer}",
-                marker=dict(size=11, color=PALETTE[(2 * i) % len(PALETTE)]),
+                marker=dict(size=11, color=shades[i]),
                 hovertemplate="%{text}: QK %{x:.3f}, OV %{y:.3f}<extra></extra>",
             )
         )
@@ -147,7 +160,17 @@ def positivity_plot(table: pd.DataFrame, qk_column: str = "qk_positivity") -> Pl
                 arrowhead=2, arrowwidth=1, arrowcolor="rgba(214,39,40,0.45)", standoff=7, startstandoff=7,
             )  # fmt: skip
             labels.append((r.qk_positivity_composed, r.copying_score, name))
-    placed = place_labels(labels, x_range, y_range, size_px=(FULL_PX - 180, 300))
+    box = (0.5, 1.05, 0.5, 1.05)  # the region both > 0.5 (x0, x1, y0, y1)
+    lines = [(x_range[0], 0.0, x_range[1], 0.0), (0.0, y_range[0], 0.0, y_range[1])]  # the zero lines
+    lines += [(box[0], box[2], box[1], box[2]), (box[0], box[3], box[1], box[3])]  # the box's edges
+    lines += [(box[0], box[2], box[0], box[3]), (box[1], box[2], box[1], box[3])]
+    if "qk_positivity_composed" in data:  # the arrows
+        lines += [
+            (getattr(r, qk_column), r.copying_score, r.qk_positivity_composed, r.copying_score)
+            for r in data[data["qk_positivity_composed"].notna()].itertuples()
+        ]
+    # the plot area of a 560 px figure at full width (measured on the page: 780 x 420 px)
+    placed = place_labels(labels, x_range, y_range, size_px=(FULL_PX - 160, 420), lines=lines)
     fig.add_trace(
         go.Scatter(
             x=[p[0] for p in placed],
@@ -165,8 +188,9 @@ def positivity_plot(table: pd.DataFrame, qk_column: str = "qk_positivity") -> Pl
     fig.add_hline(y=0, line=dict(color="grey", width=1))
     fig.add_vline(x=0, line=dict(color="grey", width=1))
     fig.add_shape(
-        type="rect", x0=0.5, x1=1.05, y0=0.5, y1=1.05, line=dict(color="grey", dash="dot"), fillcolor="rgba(0,0,0,0)"
-    )
+        type="rect", x0=box[0], x1=box[1], y0=box[2], y1=box[3], line=dict(color="grey", dash="dot"),
+        fillcolor="rgba(0,0,0,0)",
+    )  # fmt: skip
     fig.add_trace(  # the region's key in the legend
         go.Scatter(
             x=[None], y=[None], mode="lines", line=dict(color="grey", dash="dot"),
@@ -208,11 +232,16 @@ def composition_frame(comp: Composition) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["kind", "source", "target", "score", "baseline", "corrected"])
 
 
-def composition_plot(comp: Composition, corrected: bool = False) -> Plot:
+def composition_plot(comp: Composition, corrected: bool = False, width: int = FULL_PX) -> Plot:
     """Q-, K- and V-composition heatmaps side by side: rows the writer (earlier head), columns
     the reader (later head); raw scores in [0, 1] or baseline-corrected (diverging at 0).
-    Only pairs from an earlier layer into a later one have a value."""
-    fig = make_subplots(rows=1, cols=3, subplot_titles=[KIND_NAME[k] for k in KINDS], horizontal_spacing=0.08)
+    Only pairs from an earlier layer into a later one have a value. ``width``: the chart's width
+    on its page; the writers are named once (the panels share them), and each cell writes its
+    value only where the cell is wide enough for it (half a row on the Dynamics page is not)."""
+    spacing = 0.04
+    fig = make_subplots(
+        rows=1, cols=3, subplot_titles=[KIND_NAME[k] for k in KINDS], horizontal_spacing=spacing, shared_yaxes=True
+    )
     values = {k: comp.values(k, corrected) for k in KINDS}
     finite = [abs(v) for t in values.values() for v in t.flatten().tolist() if not math.isnan(v)]
     top = max(finite, default=1.0) or 1.0
@@ -225,32 +254,47 @@ def composition_plot(comp: Composition, corrected: bool = False) -> Plot:
     last, first = max(comp.layers, default=0), min(comp.layers, default=0)
     rows = [i for i, l in enumerate(comp.layers) if l < last] or list(range(len(comp.order)))
     cols = [j for j, l in enumerate(comp.layers) if l > first] or list(range(len(comp.order)))
+    names = [comp.order[i] for i in rows]
+    left = max((len(n) for n in names), default=4) * CHAR_PX + TITLE_PX
+    panel = (width - left - COLORBAR_PX) * (1 - 2 * spacing) / 3
+    cell = panel / max(len(cols), 1)
+    text = len(rows) * len(cols) <= MAX_CELL_TEXT and cell >= CELL_TEXT_PX
+    upright = cell < CHAR_PX * max((len(comp.order[j]) for j in cols), default=4) + 6
+    if panel < TITLE_CHAR_PX * len(KIND_NAME["k"]) + 16:  # half a row: "K-composition" ran into its neighbours
+        for note, k in zip(fig.layout.annotations, KINDS):
+            note.text = f"{k.upper()}-comp."
     for c, k in enumerate(KINDS, start=1):
         z = [[None if math.isnan(v) else v for v in row] for row in values[k][rows][:, cols].tolist()]
         fig.add_trace(
             go.Heatmap(
                 z=z,
                 x=[comp.order[j] for j in cols],
-                y=[comp.order[i] for i in rows],
+                y=names,
                 showscale=c == 3,
-                texttemplate="%{z:.2f}" if len(rows) * len(cols) <= MAX_CELL_TEXT else None,
+                texttemplate="%{z:.2f}" if text else None,
+                textfont=dict(size=10),
                 hovertemplate=f"{k.upper()}: %{{y}} → %{{x}} = %{{z:.3f}}<extra></extra>",
                 **heat,
             ),
             row=1,
             col=c,
         )
-        fig.update_yaxes(autorange="reversed", row=1, col=c)
-        fig.update_xaxes(title_text="reader (later head)", row=1, col=c)
+        fig.update_xaxes(tickangle=-90 if upright else 0, row=1, col=c)
+    fig.update_yaxes(autorange="reversed")
+    fig.update_xaxes(title_text="reader (later head)", row=1, col=2)
     fig.update_yaxes(title_text="writer (earlier head)", row=1, col=1)
     what = "score − random-matrix baseline" if corrected else "||W_A W_B||_F / (||W_A||_F ||W_B||_F)"
-    fig.update_layout(title=f"Composition between heads: {what}", height=max(420, 160 + 22 * len(rows)))
+    fig.update_layout(
+        title=f"Composition between heads: {what}",
+        height=max(420, 160 + 22 * len(rows)),
+        margin=dict(l=left, r=COLORBAR_PX),
+    )
     return Plot(
         "composition_corrected" if corrected else "composition",
         fig,
         composition_frame(comp),
         meta=dict(corrected=corrected, **comp.meta),
-        width=FULL_PX,
+        width=width,
     )
 
 

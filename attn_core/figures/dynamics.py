@@ -20,6 +20,7 @@ from attn_core.dynamics import Dynamics
 from attn_core.figures.base import Plot
 from attn_core.figures.bilinear import spectrum_plot, view_plot
 from attn_core.figures.layout import fixed_margins
+from attn_core.figures.scales import colors
 from attn_core.figures.training import COLORS
 from attn_core.regularizers import head_label
 from attn_core.training.telemetry import MetricKey
@@ -56,12 +57,13 @@ def curves_plot(
     """Lines of ``columns`` ({label: one value per step, None where not measured}) against the
     step, the chosen ``step`` marked and the phase-change window shaded."""
     fig = go.Figure()
+    palette = colors(len(columns))
     for i, (label, values) in enumerate(columns.items()):
         y = [math.nan if v is None else v for v in values]
         fig.add_trace(
             go.Scatter(
                 x=dyn.steps, y=y, mode="lines+markers", name=label, marker=dict(size=4),
-                line=dict(color=COLORS[i % len(COLORS)]),
+                line=dict(color=palette[i]),
                 hovertemplate=f"{label}: %{{y:.4g}} at step %{{x}}<extra></extra>",
             )
         )  # fmt: skip
@@ -264,7 +266,7 @@ def runs_plot(runs: Sequence[dict], panels: dict[str, str], title: str, log_x: b
     key, ``phase`` or None) has its phase-change step marked with a diamond. With ``log_x`` step 0
     is left out (no logarithm)."""
     groups = list(dict.fromkeys(r["group"] for r in runs))
-    color = {g: COLORS[i % len(COLORS)] for i, g in enumerate(groups)}
+    color = dict(zip(groups, colors(len(groups))))
     keys = list(panels)
     fig = make_subplots(rows=len(keys), cols=1, shared_xaxes=True, vertical_spacing=0.05,
                         subplot_titles=[panels[k] for k in keys])  # fmt: skip

@@ -153,7 +153,15 @@ def decrease_plot(result: GrowResult) -> Plot:
     )
     eta_rel = result.step.eta / result.eta_ref if result.eta_ref > 0 else 0.0
     if eta_rel > 0:
-        fig.add_vline(x=eta_rel, line=dict(color=METHOD_COLORS["grown"], width=2), annotation_text="η*")
+        # named in the legend, not by a label on the line (the line ran through it)
+        fig.add_vline(x=eta_rel, line=dict(color=METHOD_COLORS["grown"], width=2))
+        fig.add_trace(
+            go.Scatter(
+                x=[None], y=[None], mode="lines", line=dict(color=METHOD_COLORS["grown"], width=2),
+                name=f"η* = {eta_rel:.3g} η_ref (the step taken)",
+            ),
+            row=2, col=1,
+        )  # fmt: skip
     fig.update_xaxes(
         type="log", title_text="step size η / η_ref (η_ref moves the scores by their own norm)", row=2, col=1
     )

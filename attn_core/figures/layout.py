@@ -12,6 +12,9 @@ import re
 
 import plotly.graph_objects as go
 
+from attn_core.figures.labels import place_labels  # noqa: F401  (re-exported: every layout rule here)
+from attn_core.figures.scales import TEN_COLORS, colors, finite_values, round_ticks
+
 MAX_TICKS = 64  # label every token on an axis up to this many; beyond, plotly picks the ticks
 
 
@@ -140,11 +143,15 @@ def finish(fig: go.Figure, width: int = HALF_PX) -> go.Figure:
     zero (a bar on a log axis is refused: it cannot start at zero); log axes have one tick per
     decade when the data span one (every few decades when they are many), with powers of ten
     (10⁻⁶, never SI prefixes such as 1µ); every axis writes large and small numbers as powers of
-    ten; an axis titled as a measure bounded by 0 and 1 (:data:`UNIT_TITLE`) shows 0..1 unless
-    the user zooms; axes widen the margins to fit their labels (unless the margins were fixed
+    ten, and where plotly would write them all with one shared power (0.2×10⁴) each is written
+    on its own at round ticks (``scales.round_ticks``); a second (right) axis has round ticks of
+    its own (plotly's default puts its ticks on the first axis's grid: 3.671, 4.267); an axis
+    titled as a measure bounded by 0 and 1 (:data:`UNIT_TITLE`) shows 0..1 unless the user zooms; axes widen the margins to fit their labels (unless the margins were fixed
     from them); a long title is wrapped; a legend taller than the plot goes under it."""
     layout_axes = {k for k in fig.layout.to_plotly_json() if k.startswith(("xaxis", "yaxis"))}
     spans: dict[str, list[float]] = {}
+    drawn: dict[str, list[float]] = {}  # every value along an axis (for round ticks)
+    from_zero: set[str] = set()
     for trace in fig.data:
         if not hasattr(trace, "xaxis"):  # a table: no axes
             continue
@@ -160,6 +167,11 @@ def finish(fig: go.Figure, width: int = HALF_PX) -> go.Figure:
                 fig.layout[value_axis].rangemode = "tozero"
         spans.setdefault(xa, []).extend(_values(trace, "x"))
         spans.setdefault(ya, []).extend(_values(trace, "y"))
+        if trace.type in ("scatter", "bar", "scattergl"):
+            drawn.setdefault(xa, []).extend(finite_values(trace, "x"))
+            drawn.setdefault(ya, []).extend(finite_values(trace, "y"))
+            if trace.type == "bar":
+                from_zero.add(xa if trace.orientation == "h" else ya)
         layout_axes |= {xa, ya}
     measured = fig.layout.margin.autoexpand is not False  # fixed margins (heatmaps) are set from their labels
     for a in layout_axes:
@@ -169,8 +181,13 @@ def finish(fig: go.Figure, width: int = HALF_PX) -> go.Figure:
             axis.range = UNIT_RANGE  # a bounded measure shows its whole range unless the user zooms
         if measured and axis.automargin is None:  # long tick labels widen the margin instead of leaving the figure
             axis.automargin = True
+            if a.startswith("y") and axis.ticklabelstandoff is None:  # clear of the x axis's first label at the corner
+                axis.ticklabelstandoff = 6
         if axis.exponentformat is None:
             axis.exponentformat = "power"
+        if axis.overlaying and axis.tickmode is None:  # a second axis: round ticks of its own, not the first's grid
+            axis.update(tickmode="auto", showgrid=False)
+        round_ticks(axis, drawn.get(a, []), a in from_zero)
         if axis.type == "log" and axis.dtick is None and axis.tickvals is None:
             vals = spans.get(a, [])
             if vals and max(vals) / min(vals) >= 10:  # a tick every k decades, k so that labels stay apart
@@ -178,23 +195,58 @@ def finish(fig: go.Figure, width: int = HALF_PX) -> go.Figure:
                 room = ((fig.layout.height or DEFAULT_HEIGHT) if a.startswith("y") else width) - 150
                 axis.dtick = max(1, math.ceil(decades * LOG_TICK_PX / max(room * _share(fig, a), 1)))
     _wrap_title(fig, int(width / TITLE_CHAR_PX))
-    _legend_fits(fig)
+    named = sum(1 for t in fig.data if getattr(t, "name", None) and getattr(t, "showlegend", None) is not False)
+    if named > len(TEN_COLORS) and fig.layout.colorway is None:  # plotly's ten colours would come round again
+        fig.layout.colorway = colors(named)
+    _legend_fits(fig, width)
     return fig
 
 
 LEGEND_ROW_PX = 20  # one legend entry, stacked
+LEGEND_MARK_PX = 46  # an entry's symbol and the gaps around it, in a row of entries
+LEGEND_SHARE = 0.4  # a legend at the right may take this share of the width; a wider one goes under the plot
 
 
-def _legend_fits(fig: go.Figure) -> None:
-    """A vertical legend with more entries than the plot is tall is cut (plotly scrolls it and
-    an export loses the rest): it goes under the plot, in rows, instead."""
-    if fig.layout.legend.orientation is not None or fig.layout.showlegend is False:
+def legend_rows(names: list[str], room: int) -> int:
+    """How many rows a horizontal legend of ``names`` takes in a plot ``room`` pixels wide:
+    plotly gives every entry the width of the widest (its symbol and text)."""
+    entry = LEGEND_MARK_PX + 7 * max((len(str(n)) for n in names), default=1)
+    per_row = max(1, int(room // entry))
+    return math.ceil(len(names) / per_row)
+
+
+def _legend_fits(fig: go.Figure, width: int = HALF_PX) -> None:
+    """Where the legend goes so that it is whole and covers nothing. A vertical legend stays at
+    the right when its entries fit the plot's height, no right-hand axis is there and it takes
+    at most :data:`LEGEND_SHARE` of the width (a half-width chart's plot was squeezed to a
+    third by long names); otherwise
+    (and for a legend a figure put under its plot) it goes in rows at the bottom of the figure,
+    under the x axis's labels and title (plotly widens the bottom margin for it), and the figure
+    grows by the rows' height, so the plot keeps its room: plotly scrolled a taller legend over
+    what was under it, and a legend at y = -0.2 of the plot sat on a two-line axis title."""
+    if fig.layout.showlegend is False:
         return
-    entries = sum(1 for t in fig.data if getattr(t, "showlegend", False) is not False and getattr(t, "name", None))
-    room = (fig.layout.height or DEFAULT_HEIGHT) - (fig.layout.margin.t or 100) - (fig.layout.margin.b or 80)
-    if entries * LEGEND_ROW_PX > room:
-        # below the x axis's labels and title (about 70 px under the plot), plotly widening the margin
-        fig.layout.legend.update(orientation="h", x=0, xanchor="left", y=-75 / max(room, 100), yanchor="top")
+    names = [t.name for t in fig.data if getattr(t, "showlegend", None) is not False and getattr(t, "name", None)]
+    if not names or (len(names) == 1 and fig.layout.showlegend is None and fig.layout.legend.orientation is None):
+        return
+    height = fig.layout.height or DEFAULT_HEIGHT
+    legend, margin = fig.layout.legend, fig.layout.margin
+    right_axis = any(
+        fig.layout[k].side == "right" for k in fig.layout.to_plotly_json() if k.startswith("yaxis") and k != "yaxis"
+    )
+    if legend.orientation in (None, "v"):
+        room = height - (margin.t or 100) - (margin.b or 80)
+        wide = LEGEND_MARK_PX + 7 * max(len(str(n)) for n in names) > LEGEND_SHARE * width
+        if len(names) * LEGEND_ROW_PX <= room and not right_axis and not wide:
+            return
+    elif legend.y is not None and legend.y >= 0:  # a row of entries above or inside the plot: its figure's choice
+        return
+    rows = legend_rows(names, width - (margin.l or 80) - (margin.r or 80))
+    block = rows * LEGEND_ROW_PX + 10
+    legend.update(
+        orientation="h", x=0, xanchor="left", yref="container", y=0, yanchor="bottom", maxheight=block + 10
+    )  # maxheight in pixels: never a scroll box
+    fig.layout.height = height + block
 
 
 LOG_TICK_PX = 24  # the least room between two labels of a log axis
@@ -206,20 +258,49 @@ def _share(fig: go.Figure, axis: str) -> float:
     return (domain[1] - domain[0]) if domain else 1.0
 
 
-def _wrap(text: str, chars: int) -> list[str]:
-    """Greedy lines of at most ``chars`` characters, broken after ", " or ": " where it can (a
-    phrase such as "layer 1 head 0" stays on one line), else between words."""
-    pieces = [p for p in re.split(r"(?<=[,:;]) ", text)]
+def _pieces(text: str, chars: int) -> list[tuple[str, bool]]:
+    """The units a title line is made of, each with whether it continues the unit before it
+    without a space: phrases (broken after ", ", ": " or "; ") while they fit, else words; a word
+    longer than a line (a folder's path) is broken after a "/" or "-", or cut, so that no line
+    runs out of the figure."""
+    out = []
+    for piece in re.split(r"(?<=[,:;]) ", text):
+        for word in [piece] if len(piece) <= chars else piece.split(" "):
+            glued = False
+            while len(word) > chars:
+                cut = max(word.rfind("/", 0, chars), word.rfind("-", 0, chars)) + 1 or chars
+                out.append((word[:cut], glued))
+                word, glued = word[cut:], True
+            out.append((word, glued))
+    return out
+
+
+def _greedy(pieces: list[tuple[str, bool]], chars: int) -> list[str]:
     lines, line = [], ""
-    for piece in pieces:
-        words = [piece] if len(piece) <= chars else piece.split(" ")
-        for word in words:
-            if line and len(line) + 1 + len(word) > chars:
-                lines.append(line)
-                line = word
-            else:
-                line = f"{line} {word}" if line else word
+    for word, glued in pieces:
+        glue = "" if glued else " "
+        if line and len(line) + len(glue) + len(word) > chars:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line}{glue}{word}" if line else word
     return [*lines, line]
+
+
+def _wrap(text: str, chars: int) -> list[str]:
+    """The fewest lines of at most ``chars`` characters, as even as they can be: the greedy
+    wrap's number of lines, then the narrowest width that still needs no more (a title is not a
+    long line and a stub). Phrases such as "layer 1 head 0" stay on one line where they can."""
+    pieces = _pieces(text, chars)
+    lines = _greedy(pieces, chars)
+    if len(lines) < 2:
+        return lines
+    narrow = max(len(p) for p, _ in pieces)
+    for width in range(max(narrow, len(text) // len(lines)), chars + 1):
+        even = _greedy(pieces, width)
+        if len(even) <= len(lines):
+            return even
+    return lines
 
 
 def wrap_title(text: str, chars: int = TITLE_CHARS) -> str:
@@ -248,67 +329,3 @@ def _wrap_title(fig: go.Figure, chars: int = TITLE_CHARS) -> None:
         top = 50 + TITLE_LINE_PX * lines
         if fig.layout.margin.t is None or fig.layout.margin.t < top:
             fig.layout.margin.t = top
-
-
-def place_labels(
-    points: list[tuple[float, float, str]],
-    x_range: tuple[float, float],
-    y_range: tuple[float, float],
-    size_px: tuple[int, int] = (560, 290),
-    near_px: float = 14,
-) -> list[tuple[float, float, str, str]]:
-    """Text labels for scatter points that do not sit on each other or on the markers: points
-    closer than ``near_px`` on screen share one label (their names joined), and each label takes
-    the first side of its point (above, below, right, left, corners) where it meets no marker
-    and no label placed before, inside the plot. Returns ``(x, y, text, textposition)`` per
-    label. Positions are estimated for a plot area of ``size_px`` (width, height) showing
-    ``x_range`` x ``y_range``, text of 11 px."""
-    (x0, x1), (y0, y1), (w, h) = x_range, y_range, size_px
-
-    def px(x: float, y: float) -> tuple[float, float]:
-        return (x - x0) / (x1 - x0) * w, (y1 - y) / (y1 - y0) * h
-
-    def clash(a, b, pad: float = 3) -> bool:
-        return not (a[2] + pad <= b[0] or b[2] + pad <= a[0] or a[3] + pad <= b[1] or b[3] + pad <= a[1])
-
-    clusters: list[list[tuple[float, float, str]]] = []
-    for p in sorted(points, key=lambda p: (-p[1], p[0])):
-        for c in clusters:
-            if any(math.dist(px(p[0], p[1]), px(q[0], q[1])) < near_px for q in c):
-                c.append(p)
-                break
-        else:
-            clusters.append([p])
-    markers = [(cx - 7, cy - 7, cx + 7, cy + 7) for cx, cy in (px(p[0], p[1]) for p in points)]
-    sides = {  # textposition: which way the label's box lies from its point
-        "top center": (0, -1),
-        "bottom center": (0, 1),
-        "middle right": (1, 0),
-        "middle left": (-1, 0),
-        "top right": (1, -1),
-        "top left": (-1, -1),
-        "bottom right": (1, 1),
-        "bottom left": (-1, 1),
-    }
-    placed: list[tuple[float, float, float, float]] = []
-    out = []
-    for c in clusters:
-        x = sum(p[0] for p in c) / len(c)
-        y = sum(p[1] for p in c) / len(c)
-        text = ", ".join(p[2] for p in c)
-        bw, bh = 6.5 * len(text) + 4, 15
-        cx, cy = px(x, y)
-        own = {i for i, p in enumerate(points) if p in c}
-        options = []
-        for side, (dx, dy) in sides.items():
-            mx, my = cx + dx * (bw / 2 + 8), cy + dy * (bh / 2 + 8)
-            box = (mx - bw / 2, my - bh / 2, mx + bw / 2, my + bh / 2)
-            hits = sum(clash(box, b) for b in placed) * 10 + sum(
-                clash(box, m, 0) for i, m in enumerate(markers) if i not in own
-            )
-            outside = box[0] < 0 or box[2] > w or box[1] < 0 or box[3] > h
-            options.append((hits + 5 * outside, len(options), side, box))
-        _, _, side, box = min(options)
-        placed.append(box)
-        out.append((x, y, text, side))
-    return out

@@ -42,7 +42,7 @@ def importance_plot(s: Sinks, width: int = FULL_PX) -> Plot:
             colorscale="Viridis",
             zmin=0.0,
             zmax=1.0,
-            colorbar=dict(title="importance"),
+            colorbar=dict(title=dict(text="importance", side="right"), thickness=18),  # on top, it was cut
             hovertemplate="%{customdata}, key %{x}<br>importance %{z:.3f}<extra></extra>",
             customdata=np.array([[labels[r]] * T for r in range(L * H)], dtype=object),
         )

@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 from attn_core.bilinear.views import View
 from attn_core.figures.base import Plot
 from attn_core.figures.bilinear import view_plot
+from attn_core.figures.layout import TITLE_CHAR_PX, wrap_title
 from attn_core.regularizers import head_label
 
 
@@ -51,9 +52,15 @@ def before_after_plots(
         top = max([t for t in tops if math.isfinite(t)] or [1.0])
         for p in plots:
             p.fig.data[0].update(zmin=-top, zmax=top)
+    # "before (model): pattern A, layer 1 head 0", wrapped evenly, and both titles as many lines
+    # long (a short one padded): the two heatmaps start at one height, side by side
+    texts = []
+    for p, label in zip(plots, titles):
+        what = p.fig.layout.title.text.replace("<br>", " ").split(": ", 1)[-1]  # without the view's name
+        texts.append(wrap_title(f"{label}: {what}", int(p.width / TITLE_CHAR_PX)))
+    lines = max(t.count("<br>") for t in texts) + 1
     out = []
-    for p, stem, label in zip(plots, ("before", "after"), titles):
-        what = p.fig.layout.title.text.split(": ", 1)[-1]  # "pattern A, layer 1 head 0" without the view's name
-        p.fig.update_layout(title=f"{label}: {what}")
+    for p, stem, text in zip(plots, ("before", "after"), texts):
+        p.fig.update_layout(title=text + "<br> " * (lines - 1 - text.count("<br>")))
         out.append(p.renamed(f"{stem}_{value}_{head_label(after.layer, head)}"))
     return out

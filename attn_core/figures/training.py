@@ -19,10 +19,11 @@ from plotly.subplots import make_subplots
 
 from attn_core.figures.base import Plot
 from attn_core.figures.layout import FULL_PX, UNIT_MEASURES, UNIT_RANGE
+from attn_core.figures.scales import TEN_COLORS, colors
 from attn_core.training.telemetry import TERM_PREFIX, MetricKey
 
 VIEWS = ("data", "vocab")
-COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+COLORS = TEN_COLORS  # a few lines; more get colours of their own (scales.colors)
 
 
 def per_head(metrics: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -75,6 +76,7 @@ def curves_plot(metrics: pd.DataFrame, title: str = "Training") -> Plot:
             fig.add_trace(
                 go.Scatter(x=s["step"], y=s["value"], name=label, mode=mode, legendgroup=str(row)), row=row, col=1
             )
+    palette = colors(len(terms))
     for i, name in enumerate(terms):
         s = _series(metrics, name)
         fig.add_trace(
@@ -83,7 +85,7 @@ def curves_plot(metrics: pd.DataFrame, title: str = "Training") -> Plot:
                 y=s["value"],
                 name=name.removeprefix(TERM_PREFIX),
                 mode="lines",
-                line=dict(color=COLORS[i % len(COLORS)]),
+                line=dict(color=palette[i]),
                 legendgroup="3",
             ),
             row=3,
@@ -123,6 +125,7 @@ def head_entropy_plot(metrics: pd.DataFrame, view: str = "data", regularized: Se
     regularized = set(regularized) if regularized is not None else set(data["head"])
     mode = _mode(data)
     fig = go.Figure()
+    palette = colors(data["head"].nunique())
     for i, (head, part) in enumerate(data.groupby("head", sort=True)):
         fig.add_trace(
             go.Scatter(
@@ -130,16 +133,17 @@ def head_entropy_plot(metrics: pd.DataFrame, view: str = "data", regularized: Se
                 y=part["value"],
                 name=head,
                 mode=mode,
-                line=dict(color=COLORS[i % len(COLORS)], dash="solid" if head in regularized else "dot"),
+                line=dict(color=palette[i], dash="solid" if head in regularized else "dot"),
             )
         )
     mean = _series(metrics, f"entropy_{view}")
+    many = len(palette) > len(TEN_COLORS)  # a legend entry of many: the widest one sets every column's width
     if len(mean):
         fig.add_trace(
             go.Scatter(
                 x=mean["step"],
                 y=mean["value"],
-                name="mean (regularized heads)",
+                name="mean" if many else "mean (regularized heads)",
                 mode=mode,
                 line=dict(color="grey", width=4),
                 marker=dict(color="grey", size=12),
@@ -147,7 +151,8 @@ def head_entropy_plot(metrics: pd.DataFrame, view: str = "data", regularized: Se
         )
     where = "held-out probe batch" if view == "data" else "vocabulary view (every token as query and key)"
     fig.update_layout(
-        title=f"Normalized attention entropy per head, {where}",
+        title=f"Normalized attention entropy per head, {where}"
+        + (" (grey: the mean of the regularized heads)" if many and len(mean) else ""),
         xaxis_title="step",
         yaxis=dict(title="H / log n", range=UNIT_RANGE),
         height=420,
@@ -322,8 +327,9 @@ def tradeoff_plot(
     change = "when" in table.columns
     order = {"before": 0, "after": 1}
     fig = go.Figure()
+    palette = colors(table[color].nunique())
     for i, (name, part) in enumerate(table.groupby(color, sort=False)):
-        col = COLORS[i % len(COLORS)]
+        col = palette[i]
         if change:
             part = part.sort_values("when", key=lambda w: w.map(order))
         elif "lambda" in part.columns:

@@ -50,12 +50,20 @@ def build(
             raise ValueError(f"{model} has no task: the gallery's first model must be one that trains (a zoo model)")
         other = sources.resolve(imported if imported is not None else str(tiny_llama(Path(tmp) / "tiny-llama")))
         store = RunStore(Path(tmp) / "runs")
+        # a model folder with a long path, as an imported model's often is (its runs' titles name it)
+        wide = (
+            Path(tmp)
+            / "imported-models"
+            / "tiny-llama-24-heads-retrained-on-a-text-in-a-folder-with-a-long-name"
+            / "model"
+        )
         steps: list[tuple[str, Callable]] = [
             (f"Heatmaps of {zoo.name}", lambda: pages.heatmaps(zoo, quick)),
             (f"Heatmaps of {other.name}", lambda: pages.heatmaps(other, quick)),
             (f"Spectrum of {zoo.name}", lambda: pages.spectrum(zoo, quick)),
             (f"Spectrum of {other.name}", lambda: pages.spectrum(other, quick)),
             ("Retrain and Runs", lambda: trained.retrain_and_runs(zoo, quick, store)),
+            ("Retrain with 24 heads on text", lambda: trained.retrain_wide_text(wide, quick, store)),
             ("Dynamics", lambda: trained.dynamics_page(zoo, quick, store)),
             ("Grow d_k", lambda: trained.grow_page(zoo, quick)),
             ("Kernelized attention", lambda: pages.kernels_page(zoo, quick, Path(__file__).resolve().parents[2])),

@@ -14,16 +14,18 @@ LLAMA = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_h
 LLAMA_VOCAB, LLAMA_CONTEXT = 100, 1024
 
 
-def tiny_llama(folder: Path, seed: int = 0) -> Path:
+def tiny_llama(folder: Path, seed: int = 0, **shape: int) -> Path:
     """A random Llama folder (2 layers, 4 query heads sharing 2 key/value heads, d_model 32,
-    100 tokens, 1024 positions), weights drawn far from uniform attention; returns ``folder``."""
+    100 tokens, 1024 positions, unless ``shape`` says otherwise), weights drawn far from uniform
+    attention; returns ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
-    d, h, g, f = LLAMA["hidden_size"], LLAMA["num_attention_heads"], LLAMA["num_key_value_heads"], 48
+    shape = {**LLAMA, **shape}
+    d, h, g, f = shape["hidden_size"], shape["num_attention_heads"], shape["num_key_value_heads"], 48
     dh = d // h
     config = {
         "model_type": "llama",
         "architectures": ["LlamaForCausalLM"],
-        **LLAMA,
+        **shape,
         "vocab_size": LLAMA_VOCAB,
         "max_position_embeddings": LLAMA_CONTEXT,
         "rms_norm_eps": 1e-6,
@@ -38,7 +40,7 @@ def tiny_llama(folder: Path, seed: int = 0) -> Path:
         return torch.randn(*shape, generator=gen) * std
 
     tensors = {"model.embed_tokens.weight": w(LLAMA_VOCAB, d, std=1.0), "model.norm.weight": 1 + 0.1 * w(d)}
-    for layer in range(LLAMA["num_hidden_layers"]):
+    for layer in range(shape["num_hidden_layers"]):
         p = f"model.layers.{layer}."
         tensors |= {
             p + "self_attn.q_proj.weight": w(h * dh, d),
@@ -55,3 +57,24 @@ def tiny_llama(folder: Path, seed: int = 0) -> Path:
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))
     return folder
+
+
+WORDS = 99  # a word-level tokenizer's words w0 .. w98, and [UNK]
+
+
+def wide_llama_on_text(folder: Path) -> tuple[Path, Path]:
+    """A random Llama with 24 heads in one layer (d_model 48, 24 key/value heads) and a
+    word-level tokenizer.json, and a small text of its words to retrain it on; returns (model
+    folder, text file). The Retrain page's charts of many heads on text are drawn from it."""
+    import random
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tiny_llama(folder, num_hidden_layers=1, hidden_size=48, num_attention_heads=24, num_key_value_heads=24)
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(WORDS)} | {"[UNK]": WORDS}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(folder / "tokenizer.json"))
+    rng = random.Random(0)
+    text = folder.parent / "text.txt"
+    text.write_text("\n".join(" ".join(f"w{rng.randrange(WORDS)}" for _ in range(12)) * 2 for _ in range(300)))
+    return folder, text

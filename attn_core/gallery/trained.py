@@ -96,11 +96,40 @@ def retrain_and_runs(m: LoadedModel, quick: bool, store: RunStore) -> Iterator[E
         )
 
 
+def retrain_wide_text(folder, quick: bool, store: RunStore) -> Iterator[Entry]:
+    """The Retrain page's charts of a model with 24 heads retrained on text (a short run of
+    ``models.wide_llama_on_text`` in a folder whose path is long): 24 lines and legend entries
+    per chart, perplexity, the source's path in the titles."""
+    from attn_core.figures import text as ftext
+    from attn_core.gallery.models import wide_llama_on_text
+    from attn_core.training.config import JobConfig
+    from attn_core.training.job import TrainingJob
+
+    model, text = wide_llama_on_text(folder)
+    cfg = JobConfig(
+        source=str(model), text=str(text), block=16, regularizers={"entropy": 0.1}, heads="L0", steps=4 if quick else 20,
+        eval_every=2, eval_samples=8, measure_samples=16, telemetry_every=1, spectrum_every=1, device="cpu",
+    )  # fmt: skip
+    job = TrainingJob(cfg, store=store)
+    job.run()
+    snap, page = job.snapshot(), "Retrain · 24 heads on text"
+    log = snap.metrics()
+    yield Entry(page, "live curves", ft.curves_plot(log, title=f"Retraining {job.parent}"), FULL)
+    ppl = ftext.perplexity_plot(log, title=f"Perplexity of {job.parent}", before=(snap.before or {}).get("perplexity"))
+    yield Entry(page, "perplexity", ppl, FULL)
+    yield Entry(page, "entropy per head", ft.head_entropy_plot(log, "data", regularized=snap.regularized_heads), HALF)
+    yield Entry(page, "singular values over training", ft.spectrum_history_plot(log, "L0H13"), FULL)
+
+
 def dynamics_page(m: LoadedModel, quick: bool, store: RunStore) -> Iterator[Entry]:
-    """The Dynamics page's curves for a series of model folders, one per step: ``m`` and the
-    gallery's retrained runs of it (made by :func:`retrain_and_runs`)."""
+    """The Dynamics page for a series of model folders, one per step: ``m`` and the gallery's
+    retrained runs of it (made by :func:`retrain_and_runs`): the views of one step at the widths
+    the page gives them, the curves, and the animation across steps."""
+    from attn_core import circuits
     from attn_core import dynamics as D
+    from attn_core.figures import circuits as fc
     from attn_core.figures import dynamics as fd
+    from attn_core.sources import resolve
 
     ids = [
         r["id"]
@@ -110,8 +139,25 @@ def dynamics_page(m: LoadedModel, quick: bool, store: RunStore) -> Iterator[Entr
     names = [m.name, *(f"run:{i}" for i in ids[:2])]
     series = D.series(names, [0, *range(20, 20 * len(names), 20)], store=store)
     dyn = D.dynamics(series, D.default_inputs(series, store=store, samples=32), detector_samples=8, store=store)
+    page = f"Dynamics · {m.name}"
+    last = resolve(names[-1], store=store)
+    tokens = bilinear.sample_tokens(m, 0)
+    view = bilinear.sequence_view(last, tokens, 1)
+    yield Entry(page, "the step's heatmap", fb.view_plot(view, 0, value="scores"), HALF)
+    yield Entry(
+        page, "the step's spectrum", fb.spectrum_plot(bilinear.spectrum_frame(last.model).query("layer == 1")), HALF
+    )
+    comp = circuits.composition(last.model, n_samples=16, seed=0)
+    yield Entry(page, "the step's composition", fc.composition_plot(comp, width=HALF), HALF)
+    yield Entry(
+        page, "the step's head detectors", fb.heads_plot(bilinear.head_detectors(last.model, n_samples=8)), FULL
+    )
     for plot in fd.panels(dyn, 1, 0, dyn.steps[-1]):
-        yield Entry(f"Dynamics · {m.name}", plot.name, plot, FULL)
+        yield Entry(page, plot.name, plot, HALF)
+    loaded = [resolve(n, store=store) for n in names]
+    views = [bilinear.sequence_view(x, tokens, 1) for x in loaded]
+    spectra = [bilinear.spectrum_frame(x.model).query("layer == 1 and head == 0") for x in loaded]
+    yield Entry(page, "the animation across steps", fd.animation_plot(series.steps, views, spectra, 0), FULL)
 
 
 def sweeps(m: LoadedModel, quick: bool, store: RunStore) -> Iterator[Entry]:

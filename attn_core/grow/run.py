@@ -5,6 +5,7 @@ with zero and random columns, fine-tune all three the same way (through the step
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pandas as pd
@@ -26,6 +27,7 @@ from attn_core.training.record import record_run
 from attn_core.training.trainer import Trainer, evaluate
 
 METHODS = ("grown", "random", "zero")
+FIT_SHARE = 0.1  # of the progress: the fit and the line search (the fine-tuning of three models is the rest)
 
 
 @dataclass
@@ -115,14 +117,23 @@ class GrowResult:
         )
 
 
-def finetune(model: Transformer, task: Task, cfg: TrainConfig) -> tuple[Transformer, pd.DataFrame, str]:
+def finetune(
+    model: Transformer, task: Task, cfg: TrainConfig, on_step: Callable[[int], None] | None = None
+) -> tuple[Transformer, pd.DataFrame, str]:
     """Train a copy through the one step loop (``training.record.record_run``); the curve has
     the held-out loss at step 0 and every ``eval_every`` steps and the training-batch loss every
-    step. A divergence keeps the last good weights and is reported in the note."""
+    step. A divergence keeps the last good weights and is reported in the note. ``on_step(step)``
+    after each step (progress)."""
     trainer = Trainer(copy.deepcopy(model), task, cfg)
     start = evaluate(trainer.model, task, cfg.eval_samples, cfg.seed)
     rows: list[dict] = [{"step": 0, "eval_loss": start["loss"], "eval_accuracy": start["accuracy"]}]
-    outcome = record_run(trainer, on_step=lambda step, row, seconds: rows.append({"step": step, **row}))
+
+    def record(step: int, row: dict, seconds: float) -> None:
+        rows.append({"step": step, **row})
+        if on_step is not None:
+            on_step(step)
+
+    outcome = record_run(trainer, on_step=record)
     curve = pd.DataFrame(
         [
             {
@@ -137,9 +148,14 @@ def finetune(model: Transformer, task: Task, cfg: TrainConfig) -> tuple[Transfor
     return trainer.model.eval(), curve, outcome.reason
 
 
-def grow(model: Transformer, task: Task, cfg: GrowConfig) -> GrowResult:
+def grow(
+    model: Transformer, task: Task, cfg: GrowConfig, progress: Callable[[str, float], None] | None = None
+) -> GrowResult:
     """Grow head (cfg.layer, cfg.head) by cfg.add dimensions along the functional gradient, pick the
-    step by line search, then compare with zero and random growth under the same fine-tuning."""
+    step by line search, then compare with zero and random growth under the same fine-tuning.
+    ``progress(what, fraction)`` says how far it got (the fit and line search, then each method's
+    fine-tuning step by step)."""
+    say = progress or (lambda what, fraction: None)
     if model.cfg.d_vocab != task.d_vocab or model.cfg.n_ctx < task.n_ctx:
         raise ValueError(
             f"model (d_vocab={model.cfg.d_vocab}, n_ctx={model.cfg.n_ctx}) does not fit task "
@@ -149,8 +165,10 @@ def grow(model: Transformer, task: Task, cfg: GrowConfig) -> GrowResult:
     model = copy.deepcopy(model).to(select_device(cfg.device)).float().eval()
     batch = task.sample(cfg.batch, cfg.seed + FIT_SEED_OFFSET, split="train")
     search = task.sample(cfg.batch, cfg.seed + SEARCH_SEED_OFFSET, split="train")
+    say("fitting the scores' step and searching the step size", 0.0)
     growth = Growth(model, task, batch, cfg.layer, cfg.head, cfg.add, cfg.basis, val_batch=search, damping=cfg.damping)
     step, table = growth.line_search(cfg.grid)
+    share = FIT_SHARE
     starts = {
         "grown": growth.grown_model(step),
         "random": widen(model, cfg.layer, cfg.head, cfg.add, "random", cfg.random_std, cfg.seed),
@@ -158,8 +176,14 @@ def grow(model: Transformer, task: Task, cfg: GrowConfig) -> GrowResult:
     }
     before = evaluate(model, task, cfg.eval_samples, cfg.seed)
     methods, curves, models = {}, [], {"grown": starts["grown"]}
-    for name in METHODS:
-        tuned, curve, note = finetune(starts[name], task, train_cfg)
+    for i, name in enumerate(METHODS):
+
+        def tuning(step: int, i: int = i, name: str = name) -> None:
+            done = share + (1 - share) * (i + step / max(train_cfg.steps, 1)) / len(METHODS)
+            say(f"fine-tuning {name} ({i + 1} of {len(METHODS)}): step {step} of {train_cfg.steps}", done)
+
+        tuning(0)
+        tuned, curve, note = finetune(starts[name], task, train_cfg, on_step=tuning)
         evals = curve.dropna(subset=["eval_loss"])
         methods[name] = {
             "loss_after_init": float(evals["eval_loss"].iloc[0]),

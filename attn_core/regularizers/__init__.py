@@ -10,7 +10,7 @@ row penalties, over the rows that see at least two keys (``metrics.MIN_KEYS``):
                                                     term is >= 0; Hoyer = (sqrt n - |p|_1/|p|_2)/(sqrt n - 1)
     topk           1 - sum of the k largest A_ij    top-k mass deficit (k = 1 unless ``topk:K``)
     vocab_entropy  the same three on the vocabulary view: row x is the attention of token x
-    vocab_hoyer    over every token y, A_x = attn(f_x(.)) with f_x(y) = x^T B y and x, y every
+    vocab_hoyer    over every token y, A_x = attn(f_x(.)) with f_x(y) = x B y^T and x, y every
     vocab_topk     token as the layer sees it (bilinear.vocab_scores) -- "for every x" (seed 000)
     spectral       ||B||_2 = sigma_1(B)             sigma-Reparam's view: a small ||B||_2 bounds
                                                     how far attention entropy can collapse, so this
@@ -47,7 +47,14 @@ Split by concern (docs/architecture.md):
 
 from attn_core import lazy
 from attn_core.regularizers.heads import Heads, all_heads, format_heads, head_label, parse_heads
-from attn_core.regularizers.specs import REGULARIZERS, RegSpec, SpecsLike, parse_spec, parse_specs
+from attn_core.regularizers.specs import (
+    REGULARIZERS,
+    RegSpec,
+    SpecsLike,
+    parse_spec,
+    parse_specs,
+    regularized_heads,
+)
 
 # heads and specs (names, parsing) come with the package; the penalties (torch) when first read
 __getattr__, __dir__ = lazy.exports(
@@ -106,4 +113,5 @@ __all__ = [
     "vocab_concentration",
     "vocab_rows",
     "with_entmax",
+    "regularized_heads",
 ]

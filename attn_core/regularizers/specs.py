@@ -122,3 +122,16 @@ def parse_specs(specs: SpecsLike) -> list[RegSpec]:
 
 def _bad_strength(name, lam):
     raise ValueError(f"strength (lambda) of {name!r} must be a number, got {lam!r}")
+
+
+def regularized_heads(specs: SpecsLike, heads: str | None, cfg) -> list[tuple[int, int]]:
+    """The (layer, head) pairs a run's penalties act on, in order: each spec's own ``@HEADS``,
+    else the run's head selection ``heads`` (None: every head), resolved against ``cfg``."""
+    from attn_core.regularizers.heads import parse_heads
+
+    out: list[tuple[int, int]] = []
+    for spec in parse_specs(specs):
+        for pair in parse_heads(spec.heads if spec.heads is not None else heads, cfg):
+            if pair not in out:
+                out.append(pair)
+    return out

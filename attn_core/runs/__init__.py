@@ -45,6 +45,7 @@ from attn_core.runs.names import (
     default_root,
     new_run_id,
     root_origin,
+    run_label,
 )
 from attn_core.runs.store import INDEX, STALE_TMP_S, RunStore
 
@@ -62,4 +63,5 @@ __all__ = [
     "default_root",
     "new_run_id",
     "root_origin",
+    "run_label",
 ]

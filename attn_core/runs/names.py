@@ -59,3 +59,16 @@ def check_run_id(run_id: str) -> str:
     if not _ID.match(run_id):
         raise ValueError(f"{run_id!r} is not a run id (letters, digits, - and _)")
     return run_id
+
+
+def run_label(run: dict) -> str:
+    """A run as a person reads it in a list (the dashboard's pickers): ``run:<id> · <parent> ·
+    <regularizers> · <status> · <date>``, from a run record (``RunStore.list_runs``). A parent
+    that is a folder is named by its last part; the date is the minute it was created."""
+    parent = str(run.get("parent") or "?")
+    if "/" in parent or "\\" in parent:
+        parent = Path(parent).name or parent
+    regs = ", ".join((run.get("config") or {}).get("regularizers") or []) or "no regularizer"
+    created = str(run.get("created") or "")[:16]
+    parts = [RUN_PREFIX + str(run.get("id")), parent, regs, str(run.get("status") or "?"), created]
+    return " · ".join(p for p in parts if p)

@@ -47,7 +47,10 @@ def widget(elements, label):
 def test_grow_from_the_page(models):
     at = page("narrow")
     assert not at.exception and not at.error
-    assert "press **Grow**" in at.info[0].value and not at.get("plotly_chart")
+    assert "press **Grow**" in at.info[0].value
+    # before the press (issue 31): the head as it is, its singular values and its attention
+    shown = [c.proto.id.rsplit("-chart_", 1)[1] for c in at.get("plotly_chart")]
+    assert shown == ["grow_now_spectrum", "grow_now_pattern"]
     widget(at.number_input, "p (dimensions to add)").set_value(3)
     widget(at.number_input, "Batch (sequences)").set_value(8)
     widget(at.number_input, "Fine-tuning steps").set_value(5)

@@ -76,7 +76,7 @@ def test_short_retraining_completes_and_is_stored(page):
     assert stored["config"]["regularizers"] == ["entropy=0.1", "topk:2=0.316228"]
     assert stored["config"]["steps"] == 12
     # the new run is in the shared picker at once, and loads as a model
-    assert f"run:{snap.run_id}" in page.sidebar.selectbox(key="model_choice").options
+    assert any(o.startswith(f"run:{snap.run_id} · ") for o in page.sidebar.selectbox(key="model_choice").options)
     assert resolve(runs.RunStore().path(snap.run_id)).config.n_heads == 2
 
     curves = chart(page, "live_curves")

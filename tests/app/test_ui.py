@@ -121,8 +121,8 @@ def test_picker_lists_zoo_runs_and_uploads_and_follows_the_url():
     at.query_params["model"] = f"run:{run_id}"
     at.run()
     assert not at.exception
-    options = at.sidebar.selectbox(key=ui.MODEL_KEY).options
-    assert options == [m["name"] for m in zoo.list_models()] + [f"run:{run_id}", label]
+    options = at.sidebar.selectbox(key=ui.MODEL_KEY).options  # a run is shown with its parent, regularizers ...
+    assert options == [m["name"] for m in zoo.list_models()] + [runs.run_label(runs.RunStore().get(run_id)), label]
     assert at.sidebar.selectbox(key=ui.MODEL_KEY).value == f"run:{run_id}"
     assert f"Retrained from {MODEL}" in at.sidebar.caption[0].value
     assert "1 saved run" in at.main.caption[-1].value

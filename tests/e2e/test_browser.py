@@ -100,9 +100,9 @@ def test_retrain_live_start_and_stop(page, server):
 
     page.goto(f"{server}/Runs")
     settle(page)
-    assert page.get_by_text(f"{run_id} · entropy=0.1").count() >= 1
+    assert page.get_by_text(re.compile(rf"run:{run_id} · .* · entropy=0\.1 · ")).count() >= 1  # parent, regs, status
     page.get_by_role("combobox", name="Model").click()
-    assert page.get_by_role("option", name=f"run:{run_id}").count() == 1
+    assert page.get_by_role("option", name=re.compile(rf"^run:{run_id} · ")).count() == 1
     page.keyboard.press("Escape")
 
 

@@ -4,15 +4,22 @@ gives it. For each figure, every visible text (tick labels, titles, legends, ann
 bars, point labels) is read as laid out on screen (getBBox through the screen transform, so
 rotated labels are their true quadrilaterals): no two may overlap, and none may be cut by the
 figure's edge or by its legend's box, and no label written into a plot (an annotation) may sit
-on a data point. The figures' data keep the house rules too: bars start at
+on a data point. No line (an arrow, a shape's edge) may run through a label; a legend may not
+scroll nor cover another text, and no two of its entries may look the same; numeric ticks are
+round (a step of 1, 2, 2.5 or 5 times a power of ten, written with a mantissa from 1 to 10); the
+cells of a vocabulary or positional view are square. Tables write no "None" and no noise digits,
+and an animation opens on the step its slider shows, without playing by itself. The figures' data keep the house rules too: bars start at
 zero, measures bounded by 0 and 1 show that whole range. Screenshots of every figure land in
 tests/artifacts/gallery/ to be looked at."""
 
 import json
+import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from attn_core.figures import export_bytes
 from attn_core.figures.layout import UNIT_TITLE
 from attn_core.gallery import build
 from benchmarks.dashboard import CHROMIUM, launch
@@ -77,6 +84,77 @@ CHECK = """() => {
       return [{x: r.left, y: r.top}, {x: r.right, y: r.top}, {x: r.right, y: r.bottom}, {x: r.left, y: r.bottom}]; });
     for (const it of items.filter(it => it.el.closest('.annotation')))
       if (points.some(q => overlap(it.q, q))) problems.push(`a data point under the label "${it.text}" (annotation)`);
+    // A line drawn through a label: an annotation's arrow or a shape's edge (a box, a zero line).
+    const lines = Array.from(div.querySelectorAll('.annotation-arrow-g path, .shapelayer path')).filter(el => {
+      const r = el.getBoundingClientRect(); return (r.width > 0 || r.height > 0) && getComputedStyle(el).display !== 'none';
+    });
+    for (const it of items.filter(it => !it.el.closest('.legend'))) {
+      const inner = shrink(it.q, 1.5);
+      const within = p => { // inside the convex quad: on the inner side of each edge
+        let sign = 0;
+        for (let i = 0; i < 4; i++) { const a = inner[i], b = inner[(i + 1) % 4];
+          const c = (b.x - a.x) * (p.y - a.y) - (b.y - a.y) * (p.x - a.x);
+          if (c !== 0) { if (sign && Math.sign(c) !== sign) return false; sign = Math.sign(c); } }
+        return true; };
+      for (const line of lines) {
+        const m = line.getScreenCTM(), n = line.getTotalLength();
+        for (let d = 0; d <= n; d += 1.5) { const p = line.getPointAtLength(d);
+          if (within({x: m.a * p.x + m.c * p.y + m.e, y: m.b * p.x + m.d * p.y + m.f})) {
+            problems.push(`a line through the label "${it.text}" (${line.closest('.annotation-arrow-g') ? 'an arrow' : 'a shape'})`);
+            break; } }
+      }
+    }
+    // A legend that scrolls (its entries cut, the box drawn over what is under it) or whose box
+    // covers a text that is not its own; legend entries that look alike (the same colour and dash).
+    for (const legend of div.querySelectorAll('.legend')) {
+      const bar = legend.querySelector('.scrollbar'), box = legend.querySelector('rect.bg');
+      if (bar && bar.getBoundingClientRect().height > 0) problems.push('the legend scrolls: some entries are hidden');
+      const r = box && box.getBoundingClientRect();
+      if (r) for (const it of items.filter(it => !it.el.closest('.legend')))
+        if (overlap(it.q, [{x: r.left, y: r.top}, {x: r.right, y: r.top}, {x: r.right, y: r.bottom}, {x: r.left, y: r.bottom}]))
+          problems.push(`the legend's box covers "${it.text}" (${it.kind})`);
+      const seen = {};
+      for (const entry of legend.querySelectorAll('.traces')) {
+        const name = entry.querySelector('text')?.textContent.trim();
+        const marks = Array.from(entry.querySelectorAll('.legendlines path, .legendpoints path'));  // its line (dash) and marker
+        if (!name || !marks.length) continue;
+        const look = marks.map(mark => { const cs = getComputedStyle(mark);
+          return [cs.stroke, cs.fill, cs.strokeDasharray, cs.strokeWidth, cs.opacity, mark.getAttribute('d')].join('|'); }).join(';');
+        if (seen[look] && seen[look] !== name) problems.push(`legend entries "${seen[look]}" and "${name}" look the same`);
+        seen[look] = seen[look] || name;
+      }
+    }
+    // Numeric ticks: a step of 1, 2, 2.5 or 5 times a power of ten, every tick a multiple of it,
+    // and a power of ten written with a mantissa from 1 to 10 (never 0.2×10⁴).
+    const full = div._fullLayout;
+    for (const key of Object.keys(full).filter(k => /^[xy]axis\\d*$/.test(k))) {
+      const ax = full[key];
+      if (!ax || ax.type !== 'linear' || !ax.visible || !ax._vals) continue;
+      const ticks = ax._vals.filter(v => v.text !== undefined && String(v.text).trim() !== '');
+      for (const v of ticks) {
+        const t = String(v.text).replace(/<[^>]+>/g, ' ').replace(/\u200b/g, '');
+        const m = t.match(/^\\s*[−-]?([\\d.]+)\\s*×\\s*10/);
+        if (m && (parseFloat(m[1]) < 1 || parseFloat(m[1]) >= 10)) problems.push(`tick "${t.trim()}" on ${key}: write a mantissa from 1 to 10`);
+      }
+      // only ticks written as numbers (token labels thinned to every k-th are not numbers)
+      const number = v => /^\\s*[−-]?[\\d.]+(\\s*×\\s*10\\s*[−-]?\\d+)?\\s*$/.test(String(v.text).replace(/<[^>]+>/g, ' ').replace(/\u200b/g, ''));
+      if (!ticks.every(number)) continue;
+      const xs = [...new Set(ticks.map(v => +v.x))].sort((a, b) => a - b);
+      if (xs.length < 3) continue;
+      const step = xs[1] - xs[0], scale = Math.pow(10, Math.floor(Math.log10(step)));
+      const mant = step / scale, nice = [1, 2, 2.5, 5, 10].some(n => Math.abs(mant - n) < 1e-6 * n);
+      const even = xs.every((x, i) => i === 0 || Math.abs(x - xs[i - 1] - step) <= 1e-6 * step);
+      const whole = xs.every(x => Math.abs(x / step - Math.round(x / step)) < 1e-6);
+      if (!(nice && even && whole)) problems.push(`ticks of ${key} are not round: ${ticks.slice(0, 4).map(v => String(v.text).replace(/<[^>]+>/g, '')).join(', ')}`);
+    }
+    // Square cells where rows and columns are the same things (every token, every position).
+    if (/^(vocabulary|positional)_/.test(fig.dataset.name)) {
+      const heat = (div._fullData || []).find(t => t.type === 'heatmap');
+      if (heat && heat.z && heat.z.length) {
+        const w = full.xaxis._length / heat.z[0].length, h = full.yaxis._length / heat.z.length;
+        if (Math.max(w, h) / Math.min(w, h) > 1.1) problems.push(`cells of ${w.toFixed(1)} × ${h.toFixed(1)} px: not square`);
+      }
+    }
     out.push({id: div.id, name: fig.dataset.name, page: fig.dataset.page, what: fig.dataset.what, texts: items.length, problems});
   }
   return out;
@@ -97,8 +175,8 @@ def laid_out(gallery):
     with sync_playwright() as p:
         browser = launch(p)
         page = browser.new_page(viewport={"width": 1100, "height": 900})
-        page.goto(index.as_uri())
-        page.wait_for_function("() => document.body.dataset.ready", timeout=300_000)
+        page.goto(index.as_uri(), timeout=300_000)  # 150 figures' JSON and plotly.js, on a busy machine
+        page.wait_for_function("() => document.body.dataset.ready", timeout=600_000)
         assert page.evaluate("() => document.body.dataset.ready") == "yes", page.evaluate(
             "() => document.body.dataset.error"
         )
@@ -180,3 +258,38 @@ def test_every_mark_is_explained_and_numbers_are_powers_of_ten(gallery):
         layout = e.plot.fig.layout
         for key in [k for k in layout.to_plotly_json() if k.startswith(("xaxis", "yaxis"))]:
             assert layout[key].exponentformat == "power", (e.page, e.plot.name, key)
+
+
+def test_tables_write_no_none_and_no_noise_digits(gallery):
+    """A table's cells: a missing value is a dash, a number has at most 4 significant digits
+    (``0.00000000000006`` is a rounding residue of 0, not information)."""
+    _, entries = gallery
+    tables = [t for e in entries for t in e.plot.fig.data if t.type == "table"]
+    assert tables
+    for table in tables:
+        for column in table.cells.values:
+            for cell in column:
+                text = str(cell)
+                assert text not in ("None", "nan", "NaN", "<NA>"), text
+                number = re.fullmatch(r"[−-]?(\d*\.?\d*)(e[+-]?\d+)?", text)
+                if number and number.group(1):
+                    digits = number.group(1).replace(".", "").lstrip("0")
+                    assert len(digits) <= 4, text  # four significant digits at most
+
+
+def test_an_animation_opens_on_its_slider_step_and_waits(gallery):
+    """The Dynamics animation (page and ``dynamics --animate``) shows the step its slider is on,
+    and plays only when asked (an HTML export that played by itself showed the slider at step 0
+    over the last step)."""
+    _, entries = gallery
+    animations = [e for e in entries if e.plot.fig.frames]
+    assert animations
+    for e in animations:
+        fig = e.plot.fig
+        assert b"Plotly.animate(" not in export_bytes(e.plot, "html")
+        slider = fig.layout.sliders[0]
+        shown = slider.steps[slider.active].args[0][0]
+        frame = next(f for f in fig.frames if f.name == shown)
+        assert np.array_equal(
+            np.asarray(frame.data[0].z, dtype=float), np.asarray(fig.data[0].z, dtype=float), equal_nan=True
+        )

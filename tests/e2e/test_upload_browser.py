@@ -1,6 +1,7 @@
 """The sidebar's "Upload a model" in headless Chromium: a whole folder as transformers'
 save_pretrained wrote it (a random tiny Llama with its tokenizer) is picked with the folder
-chooser, kept, selected and drawn by the Heatmaps page. Screenshot: tests/artifacts/upload_hf.png."""
+chooser, kept, selected and drawn by the Heatmaps page; nothing is fetched from another host on
+the way (the tab's icon is a file of the repository). Screenshot: tests/artifacts/upload_hf.png."""
 
 from pathlib import Path
 
@@ -34,6 +35,8 @@ def test_a_hugging_face_folder_uploads_and_draws(tmp_path):
         browser = launch(p)
         page = browser.new_context(viewport=VIEWPORT).new_page()
         page.set_default_timeout(120_000)
+        outside = []  # the dashboard runs offline: nothing is fetched from another host (the tab's icon was)
+        page.on("request", lambda r: None if r.url.startswith((url, "data:")) else outside.append(r.url))
         page.goto(f"{url}/Heatmaps?model=induction-2l")
         settle(page)
         sidebar = page.get_by_test_id("stSidebar")
@@ -49,4 +52,5 @@ def test_a_hugging_face_folder_uploads_and_draws(tmp_path):
         assert "llama (imported, no task)" in sidebar.inner_text()
         page.wait_for_selector(".js-plotly-plot .heatmaplayer")  # the page draws the uploaded model
         screenshot(page, ARTIFACTS / "upload_hf.png")
+        assert outside == [] and page.evaluate("() => document.querySelector('link[rel*=icon]').href").startswith(url)
         browser.close()

@@ -15,13 +15,17 @@ import plotly.io as pio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from plotly.subplots import make_subplots
 
 from attn_core import bilinear, sources
 from attn_core.figures import Plot, export_bytes
 from attn_core.figures import bilinear as fb
 from attn_core.figures import qk as fq
+from attn_core.figures import training as ft
 from attn_core.figures.base import LIGHT, PNG_SCALE, export_figure
 from attn_core.figures.layout import DEFAULT_HEIGHT, place_labels, wrap_title
+from attn_core.figures.scales import colors, nice_ticks, tick_text
+from attn_core.figures.tables import cell_text, readable
 
 
 @pytest.fixture(scope="module")
@@ -185,3 +189,122 @@ def test_the_dynamics_curves_shade_the_phase_change_and_mark_the_step():
     flat = dyn.metrics["icl_score"][:1] * len(dyn.steps)  # no fall: nothing shaded
     still = type(dyn)(**{**dyn.__dict__, "metrics": {**dyn.metrics, "icl_score": flat}, "phase_change": None})
     assert not [s for s in fdyn.loss_plot(still).fig.layout.shapes if s.type == "rect"]
+
+
+# --- issue 31: what the gallery's browser test now also catches, checked on the figures -----------
+
+
+def test_a_title_breaks_evenly_and_a_long_path_never_runs_out():
+    title = wrap_title("before (run:20261127-004725-b1a881): pattern A, layer 1 head 0", 54)
+    assert title == "before (run:20261127-004725-b1a881):<br>pattern A, layer 1 head 0"
+    path = "Perplexity of /tmp/attn-lab-gallery-x/imported-models/a-folder-with-a-long-name/tiny-llama-24-heads"
+    lines = wrap_title(path, 54).split("<br>")
+    assert all(len(line) <= 54 for line in lines) and "".join(lines).replace("Perplexity of", "Perplexity of ") == path
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(-1e7, 1e7), st.floats(1e-9, 1e8))
+def test_round_ticks_have_a_round_step_and_a_mantissa_from_1_to_10(lo, span):
+    ticks = nice_ticks(lo, lo + span)  # a span below float precision is widened around the value
+    assert 2 <= len(ticks) <= 9
+    step = ticks[1] - ticks[0]
+    mantissa = step / 10 ** math.floor(math.log10(step))
+    assert any(abs(mantissa - m) < 1e-6 for m in (1, 2, 2.5, 5, 10))
+    assert all(abs((b - a) - step) <= 1e-6 * step for a, b in zip(ticks, ticks[1:]))
+    for t in ticks:
+        m = re.match(r"^−?([\d.]+)×10", tick_text(t))
+        assert m is None or 1 <= float(m.group(1)) < 10, tick_text(t)
+
+
+def test_an_axis_plotly_would_write_as_0_2x10_4_gets_round_ticks_of_its_own():
+    fig = go.Figure(go.Bar(x=["a", "b"], y=[2000, 10000]))
+    Plot("bars", fig, pd.DataFrame())
+    assert fig.layout.yaxis.ticktext == ("0", "2500", "5000", "7500", "10000")
+    small = go.Figure(go.Scatter(x=[0, 1, 2], y=[4.2e-7, 1e-6, 2.6e-6]))
+    Plot("small", small, pd.DataFrame())
+    assert small.layout.yaxis.ticktext[:2] == ("5×10⁻⁷", "1×10⁻⁶")
+    twin = make_subplots(specs=[[{"secondary_y": True}]])
+    twin.add_trace(go.Scatter(x=[0, 1], y=[0.1, 0.4]))
+    twin.add_trace(go.Scatter(x=[0, 1], y=[5.1759, 5.2109]), secondary_y=True)
+    Plot("twin", twin, pd.DataFrame())
+    assert twin.layout.yaxis2.tickmode == "auto"  # its own round ticks, not the left axis's grid
+
+
+def test_many_lines_get_distinct_colours_and_a_legend_that_never_scrolls():
+    for n in (3, 10, 11, 24, 60):
+        assert len(set(colors(n))) == n
+    log = pd.DataFrame(
+        [{"step": s, "name": f"entropy_data:L0H{h}", "value": 0.5} for s in (0, 1) for h in range(24)]
+        + [{"step": s, "name": "entropy_data", "value": 0.5} for s in (0, 1)]
+    )
+    fig = ft.head_entropy_plot(log).fig
+    line_colours = [t.line.color for t in fig.data if t.name.startswith("L0H")]
+    assert len(set(line_colours)) == 24
+    assert fig.layout.legend.orientation == "h" and fig.layout.legend.maxheight > 100  # pixels: room for its rows
+    assert fig.layout.height > 420  # grown by the rows the legend takes
+
+
+def test_a_label_is_not_put_on_an_arrow_or_a_box_edge():
+    # a point on a horizontal line (an arrow) with a box edge just above it: the label goes below
+    placed = place_labels([(0.0, 0.0, "L1H0 via L0H3")], (-1, 1), (-1, 1), lines=[(-1, 0, 1, 0), (-1, 0.08, 1, 0.08)])
+    assert placed[0][3].startswith("bottom")
+    joined = place_labels([(0.5, 0.5, "L1H2 via L0H3"), (0.5, 0.5, "L1H3 via L0H3")], (-1, 1), (-1, 1))
+    assert joined[0][2] == "L1H2, L1H3 via L0H3"
+
+
+def test_composition_at_half_width_names_the_writers_once_and_drops_values_that_do_not_fit(model):
+    from attn_core import circuits
+    from attn_core.figures import circuits as fc
+    from attn_core.figures.layout import HALF_PX
+
+    comp = circuits.composition(model.model, n_samples=8, seed=0)
+    half = fc.composition_plot(comp, width=HALF_PX)
+    assert all(t.texttemplate is None for t in half.fig.data)
+    assert half.fig.layout.yaxis2.matches == "y" or half.fig.layout.yaxis2.showticklabels is False
+    assert all(t.texttemplate for t in fc.composition_plot(comp).fig.data)  # a whole row: values written
+
+
+def test_a_vocabulary_view_has_square_cells(model):
+    vocab = bilinear.vocabulary_view(model, 0, [0])
+    for width in (460, 700):
+        fig = fb.view_plot(vocab, 0, None, width=width).fig
+        m, n = fig.layout.margin, len(vocab.queries)
+        cell_w, cell_h = (width - m.l - m.r) / n, (fig.layout.height - m.t - m.b) / n
+        assert abs(cell_w / cell_h - 1) < 0.05 and fig.layout.yaxis.scaleanchor == "x"
+
+
+def test_eigenvalues_and_singular_values_are_numbered_from_1(model):
+    rows = bilinear.spectrum(model.model)
+    table = pd.DataFrame(
+        [{"layer": r["layer"], "head": r["head"], "eigenvalues_sym": r["eigenvalues_sym"]} for r in rows]
+    )
+    eig = fb.eigen_sym_plot(table)
+    sigma = fb.spectrum_plot(bilinear.spectrum_frame(model.model))
+    assert min(eig.fig.data[0].x) == 1 and eig.data["index"].min() == 1
+    assert min(sigma.fig.data[0].x) == 1 and sigma.data["index"].min() == 1
+
+
+def test_an_animation_waits_for_its_play_button():
+    fig = go.Figure(go.Scatter(x=[1], y=[1]), frames=[go.Frame(data=[go.Scatter(x=[2], y=[2])], name="1")])
+    html = export_bytes(Plot("anim", fig, pd.DataFrame()), "html")
+    assert b"Plotly.addFrames(" in html and b"Plotly.animate(" not in html
+
+
+def test_tables_write_a_dash_for_missing_values_and_four_digits():
+    frame = pd.DataFrame({"a": [1.0, None, 6e-14], "b": ["x", None, "y"], "c": [0.1234567, 2.0, 3.5], "n": [1, 2, 3]})
+    shown, numeric = readable(frame)
+    assert list(shown["a"]) == ["1", "—", "6e-14"] and list(shown["b"]) == ["x", "—", "y"]
+    assert numeric == ["c"] and shown["c"].dtype == float and list(shown["n"]) == [1, 2, 3]
+    assert [cell_text(v) for v in (123456.789, math.nan, None, 3, True)] == ["1.235e+5", "—", "—", "3", "True"]
+
+
+def test_before_and_after_titles_take_as_many_lines(model):
+    from attn_core.figures import text as ftext
+
+    view = bilinear.sequence_view(model, bilinear.sample_tokens(model, 0), 1)
+    pair = ftext.before_after_plots(
+        view, view, 0, 3, "pattern", titles=("before (tiny-llama)", "after (run:20261127-004725-b1a881)")
+    )
+    lines = [p.fig.layout.title.text.count("<br>") for p in pair]
+    assert lines[0] == lines[1] == 1 and pair[0].fig.layout.margin.t == pair[1].fig.layout.margin.t
+    assert pair[0].fig.layout.title.text.startswith("before (tiny-llama): pattern A, layer 1 head 0")
