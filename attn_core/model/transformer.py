@@ -90,7 +90,11 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
-        """GPT-2 style init: N(0, 0.02), output projections scaled by 1/sqrt(2 n_layers)."""
+        """GPT-2 style init: N(0, 0.02), output projections scaled by 1/sqrt(2 n_layers). Nothing to
+        draw on the meta device (shapes only: checks, ``from_tensors``), where ``normal_`` would also
+        import torch._dynamo, seconds of every first model load."""
+        if self.embed.W_E.is_meta:
+            return
         out_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
         for name, p in self.named_parameters():
             leaf = name.rsplit(".", 1)[-1]

@@ -50,6 +50,20 @@ def test_configs_and_constants_import_no_torch():
     assert out == "[]"
 
 
+def test_loading_a_model_does_not_import_the_compiler():
+    """The checks build the model on the meta device; drawing its initial weights there went
+    through torch._refs and imported torch._dynamo: seconds of every command's and page's first
+    load. A loaded model still computes what the weights say."""
+    out = run(
+        "import sys, torch\n"
+        "from attn_core.sources import resolve\n"
+        "loaded = resolve('induction-2l')\n"
+        "logits = loaded.model(torch.tensor([[1, 2, 3]]))\n"
+        "print('torch._dynamo' in sys.modules, bool(torch.isfinite(logits).all()))"
+    )
+    assert out == "False True"
+
+
 @pytest.mark.parametrize("first", ["the submodule", "the package"])
 def test_a_name_that_is_its_submodules_name_stays_the_function(first):
     imports = [
