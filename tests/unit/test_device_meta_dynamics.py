@@ -78,7 +78,7 @@ def test_what_measure_computes_from_the_model_runs_on_meta(kind):
     assert read_point(lambda: D.measure(model, inputs(2), detector_samples=2)) == "metrics.py:position_losses"
     # a partial checkpoint skips the forward: its first read is the composition table (with two
     # layers or more; with one there is no pair to read) or else the spectrum
-    first = "composition.py:composition" if L > 1 else "penalty.py:spectrum"
+    first = "composition.py:composition" if L > 1 else "summaries.py:spectrum"
     assert read_point(lambda: D.measure(model, None, partial=True)) == first
 
 
