@@ -49,7 +49,7 @@ def offset_form(model: Transformer, layer: int, head: int, offsets, augmented: b
     check_rotary(model, "offset_form")
     offsets = _check_offsets(model, offsets)
     base = layer_form(model, check_layer(model, layer), augmented)[check_heads(model, head)[0]]
-    R = offset_rotation(model.cfg, torch.tensor(offsets), base.left.shape[-1]).to(base.left)  # [n, w, w]
+    R = offset_rotation(model.cfg, torch.tensor(offsets, device="cpu"), base.left.shape[-1]).to(base.left)  # [n, w, w]
     left = base.left[None] @ R
     return QKForm(left=left, right=base.right.expand(len(offsets), *base.right.shape))
 
@@ -97,7 +97,7 @@ def sigma1_offsets(model: Transformer, heads, offsets=None) -> torch.Tensor:
         base = layer_form(model, layer)[hs]  # left W_Q / sqrt(d_qk), right W_K: [n, d, w]
         _, Rl = torch.linalg.qr(base.left.float())
         _, Rr = torch.linalg.qr(base.right.float())
-        R = offset_rotation(model.cfg, torch.tensor(offsets), base.left.shape[-1]).to(Rl)  # [O, w, w]
+        R = offset_rotation(model.cfg, torch.tensor(offsets, device="cpu"), base.left.shape[-1]).to(Rl)  # [O, w, w]
         cores.append(Rl[:, None] @ R[None] @ Rr[:, None].transpose(-1, -2))  # [n, O, r, r]
         order += [(layer, h) for h in hs]
     r = max(c.shape[-1] for c in cores)  # grown layers are wider: zero padding adds no singular value

@@ -29,8 +29,8 @@ PNG_SCALE = 2  # a PNG has twice the page's pixels each way (the page's layout, 
 _BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
 # --- the look every figure shares ---------------------------------------------------------------
 # In the dashboard a chart is drawn with Streamlit's theme; Streamlit also makes its own template
-# (with placeholder colours only its page fills in) plotly's default in the server process, so a
-# figure exported from the page came out with near-black placeholder lines (the zero line through
+# (with stand-in colours that only its page fills in) plotly's default in the server process, so a
+# figure exported from the page came out with near-black stand-in lines (the zero line through
 # row 0 of every heatmap). Every export (PNG, SVG, HTML, the gallery) is therefore drawn with this
 # light template, Streamlit's light theme in plain plotly terms, whatever template the figure
 # carried: an export looks like the page.

@@ -399,8 +399,6 @@ CPU_BY_DESIGN = {
     ("model/transformer.py", "__init__"): "parameters, as above",
     ("model/attention.py", "_scales"): "1/sqrt(d) made exactly in float64, then moved to the buffer's device",
     ("model/rotary.py", "offset_rotation"): "exact float64 rotations; callers move them (.to(W))",
-    ("bilinear/offsets.py", "offset_form"): "offsets for offset_rotation, whose result is moved by .to(W)",
-    ("bilinear/offsets.py", "sigma1_offsets"): "offsets for offset_rotation, whose result is moved by .to(R_l)",
     ("tasks.py", "sample"): "an int seed draws on the CPU: the same batch on every machine",
     ("tasks.py", "_modular_addition"): "the fixed split of pairs, made once (copied to a generator's device once)",
     ("training/trainer.py", "init_model"): "the seeded init draws on the CPU: the same model on every device",
