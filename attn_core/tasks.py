@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from attn_core.training.device import same_device
+
 LETTERS = [chr(c) for c in range(ord("a"), ord("z") + 1)]
 
 
@@ -167,7 +169,7 @@ def _modular_addition(p: int, train_fraction: float, split_seed: int = 1234):
 
     def gen(n, g, split):
         pool = split_pairs[split]
-        if g.device != pool.device:
+        if not same_device(g.device, pool.device):
             if (split, g.device) not in on_device:
                 on_device[split, g.device] = pool.to(g.device)
             pool = on_device[split, g.device]

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from attn_core import regularizers as R
 from attn_core.bilinear.offsets import sigma1_summaries
-from attn_core.training.device import autocast, autocast_dtype
+from attn_core.training.device import autocast, autocast_dtype, move
 from attn_core.training.telemetry import VOCAB_VIEW_MAX, summarize
 from attn_core.training.trainer import EVAL_SEED_OFFSET
 
@@ -77,8 +77,8 @@ def _run(model, task, samples, seed, split, device, heads, precision="fp32", tok
     sums = {k: torch.zeros(cfg.n_layers, cfg.n_heads, dtype=torch.float64, device=device) for k in ("entropy", "top1")}
     count = 0
     for lo in range(0, len(batch.tokens), step):
-        tokens_ = batch.tokens[lo : lo + step].to(device, non_blocking=True)
-        targets = batch.targets[lo : lo + step].to(device, non_blocking=True).reshape(-1)
+        tokens_ = move(batch.tokens[lo : lo + step], device)  # pinned, without a wait, to a GPU
+        targets = move(batch.targets[lo : lo + step], device).reshape(-1)
         cache = R.qk_cache(model, heads) if heads else None
         with autocast(device, dtype):
             logits = model(tokens_, cache=cache)

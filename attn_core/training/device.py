@@ -2,12 +2,22 @@
 precision (fp32, or bf16 autocast of the forward and loss), and how often the step loop reads the
 device (``sync_every``). The trainer, the configs and the front ends (device and precision
 pickers) take them from here (see docs/architecture.md). torch is imported by the functions that
-use it, so that the configs can check a precision or a sync interval without loading it."""
+use it, so that the configs can check a precision or a sync interval without loading it.
+
+Placement (issue 34): every decision that depends on where tensors live is made here, by pure
+functions of (tensor device, target device, precision, compiled), tested on the CPU with a table
+of devices (tests/unit/test_placement.py): whether two devices are the same (``cuda`` is the
+current CUDA device: ``cuda`` and ``cuda:0`` are the same device when 0 is current),
+whether and how a tensor is copied (:func:`copy_plan`: pinned, non-blocking copies only for dense
+CPU tensors headed to CUDA), the autocast of a precision, the optimizer's implementation, the
+compile mode, the scoring form, where batches are drawn, and how a host read is made
+(:func:`host_read`). No other module compares ``torch.device`` objects (an architecture test
+says so); the two helpers that act (:func:`move`, :func:`host_read`) apply these decisions."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from attn_core.validate import check, check_int
 
@@ -86,3 +96,126 @@ def sync_interval(cfg, device: torch.device) -> int:
     """Steps between two reads of the device: ``cfg.sync_every`` (``cfg`` a
     :class:`~attn_core.training.config.TrainConfig`), else 1 on CPU and SYNC_EVERY_CUDA on CUDA."""
     return cfg.sync_every or (SYNC_EVERY_CUDA if device.type == "cuda" else 1)
+
+
+# --- placement -----------------------------------------------------------------------------------------
+def _index(device: torch.device, current_cuda: int) -> int:
+    """The device's index: ``cuda`` without one is the current CUDA device; cpu and meta have one device."""
+    if device.index is not None:
+        return device.index
+    return current_cuda if device.type == "cuda" else 0
+
+
+def same_device(a: torch.device | str, b: torch.device | str, current_cuda: int | None = None) -> bool:
+    """Whether ``a`` and ``b`` are one device, ``current_cuda`` being the index of the current CUDA
+    device (``torch.device('cuda:0') != torch.device('cuda')`` in torch, yet both are the GPU a
+    one-GPU machine trains on); None: torch's current device, asked only when an unindexed
+    ``cuda`` is compared (the tests pass it: the function is then pure)."""
+    import torch
+
+    a, b = torch.device(a), torch.device(b)
+    if a.type != b.type:
+        return False
+    if current_cuda is None:
+        current_cuda = current_cuda_index() if a.type == "cuda" and None in (a.index, b.index) else 0
+    return _index(a, current_cuda) == _index(b, current_cuda)
+
+
+def current_cuda_index() -> int:
+    """The current CUDA device's index (0 without CUDA; asks torch only where CUDA is initialised)."""
+    import torch
+
+    return torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else 0
+
+
+class Copy(NamedTuple):
+    """How a tensor reaches a device: ``copy`` (it is elsewhere), ``pin`` (through page-locked host
+    memory first) and ``non_blocking`` (the copy does not wait for the device)."""
+
+    copy: bool
+    pin: bool
+    non_blocking: bool
+
+
+def copy_plan(
+    source: torch.device | str, target: torch.device | str, current_cuda: int | None = None, dense: bool = True
+) -> Copy:
+    """How a tensor on ``source`` reaches ``target``: nothing when they are one device
+    (:func:`same_device`); a dense CPU tensor headed to CUDA is pinned and copied without a wait
+    (the GPU's stream orders the copy before its use); every other copy is a plain ``.to`` (to
+    the CPU it must wait: the host reads it; to meta there is nothing to wait for; CUDA to CUDA
+    is ordered by torch; a sparse or other non-dense CPU tensor cannot be pinned)."""
+    import torch
+
+    source, target = torch.device(source), torch.device(target)
+    if same_device(source, target, current_cuda):
+        return Copy(False, False, False)
+    pinned = source.type == "cpu" and target.type == "cuda" and dense
+    return Copy(True, pinned, pinned)
+
+
+def move(t: torch.Tensor, target: torch.device | str) -> torch.Tensor:
+    """``t`` on ``target`` as :func:`copy_plan` says (``t`` itself when it is there already)."""
+    import torch
+
+    target = torch.device(target)
+    plan = copy_plan(t.device, target, dense=t.layout == torch.strided)
+    if not plan.copy:
+        return t
+    return (t.pin_memory() if plan.pin else t).to(target, non_blocking=plan.non_blocking)
+
+
+def reads_through_pinned(device: torch.device | str) -> bool:
+    """Whether a host read of values on ``device`` goes through a pinned buffer and one wait on
+    the device's stream (CUDA); elsewhere the values are read where they are (CPU; on meta the read
+    raises, which is how the tests find a host read on the training device)."""
+    import torch
+
+    return torch.device(device).type == "cuda"
+
+
+def host_read(values: torch.Tensor) -> list:
+    """``values.tolist()``: the one host read of a step window (:func:`reads_through_pinned`)."""
+    import torch
+
+    if reads_through_pinned(values.device):
+        host = torch.empty(values.shape, dtype=values.dtype, device="cpu", pin_memory=True)
+        host.copy_(values, non_blocking=True)
+        torch.cuda.current_stream(values.device).synchronize()
+        values = host
+    return values.tolist()
+
+
+def optimizer_options(device: torch.device | str, compiled: bool) -> dict:
+    """AdamW's implementation on ``device``: fused on CUDA (one kernel for every parameter);
+    the per-tensor form off CUDA when compiled (it takes the tensor learning rate of a compiled
+    step eagerly too); PyTorch's default otherwise (the CPU's results stay what they were)."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        return {"fused": True}
+    return {"foreach": False} if compiled else {}
+
+
+def compile_mode(device: torch.device | str) -> str:
+    """CUDA graphs on CUDA (``reduce-overhead``); inductor's default elsewhere."""
+    import torch
+
+    return "reduce-overhead" if torch.device(device).type == "cuda" else "default"
+
+
+def static_scoring(device: torch.device | str, compiled: bool) -> bool:
+    """Whether a step scores its batch by a masked mean (no host read, static shapes: compiled,
+    and on every device but the CPU) rather than by a flat index taken on the host."""
+    import torch
+
+    return compiled or torch.device(device).type != "cpu"
+
+
+def batch_device(device: torch.device | str, host_batches: bool) -> torch.device:
+    """Where a run on ``device`` draws its training batches: on the GPU itself on CUDA (its own
+    stream: no copy, no wait), on the CPU elsewhere and for a task that reads host memory (text)."""
+    import torch
+
+    device = torch.device(device)
+    return device if device.type == "cuda" and not host_batches else torch.device("cpu")

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from attn_core.model import Transformer
 from attn_core.tasks import Batch, Task
-from attn_core.training.device import autocast_args, autocast_dtype
+from attn_core.training.device import autocast_args, autocast_dtype, compile_mode, static_scoring
 
 # (loss, task loss, accuracy on the batch, penalty terms), all 0-dim tensors on the device
 Values = tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]
@@ -58,11 +58,6 @@ def masked_accuracy(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Ten
     """Fraction of the positions where ``mask`` is True whose argmax is the target (float32)."""
     right = (logits.argmax(-1) == targets) & mask
     return right.sum().float() / mask.sum().clamp_min(1).float()
-
-
-def compile_mode(device: torch.device) -> str:
-    """CUDA graphs on CUDA (``reduce-overhead``); inductor's default elsewhere."""
-    return "reduce-overhead" if device.type == "cuda" else "default"
 
 
 def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
@@ -98,7 +93,7 @@ class StepGraph:
         self.forward, self.shares = model, None
         self.autocast = autocast_dtype(precision)
         self._amp = autocast_args(device, self.autocast)  # decided here: not traceable inside the step
-        self.static = compile or device.type != "cpu"
+        self.static = static_scoring(device, compile)
         self.mode = compile_mode(device) if compile else None
         self.note = ""  # why a compiled step fell back to eager
         self._compiled = self._compile(self._static_values) if compile else None

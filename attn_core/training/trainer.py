@@ -27,7 +27,7 @@ import torch
 from attn_core.model import Transformer
 from attn_core.tasks import Batch, Task
 from attn_core.training.config import TrainConfig
-from attn_core.training.device import select_device, sync_interval
+from attn_core.training.device import batch_device, host_read, move, optimizer_options, select_device, sync_interval
 from attn_core.training.step import StepGraph
 
 STEP, SYNC, RESTORE, KEEP = range(4)  # calls a multi-worker run's rank 0 announces (attn_core.distributed.parallel)
@@ -77,12 +77,10 @@ def adamw(groups: list[dict], cfg: TrainConfig, device: torch.device) -> torch.o
     results stay what they were). Compiled (``cfg.compile``), the learning rate is a 0-dim tensor
     on the device that the schedule fills in place, so that the traced step never changes (off
     CUDA in the per-tensor form, which takes a tensor learning rate eagerly too)."""
-    options: dict = {"fused": True} if device.type == "cuda" else {}
+    options = optimizer_options(device, cfg.compile)
     lr: float | torch.Tensor = cfg.lr
     if cfg.compile:
         lr = torch.tensor(cfg.lr, dtype=torch.float32, device=device)
-        if device.type != "cuda":
-            options = {"foreach": False}
     return torch.optim.AdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), **options)
 
 
@@ -184,8 +182,8 @@ class Trainer:
         # copy, no wait), on the CPU elsewhere (the CPU's stream, the same on every machine); a task
         # that reads its batches from host memory (text) draws on the CPU everywhere, and its
         # batches reach a GPU through pinned memory, copied without a wait (``_batch``)
-        on_device = self.device.type == "cuda" and not getattr(task, "host_batches", False)
-        self.data = torch.Generator(device=self.device if on_device else "cpu").manual_seed(cfg.seed)
+        self.data = torch.Generator(device=batch_device(self.device, getattr(task, "host_batches", False)))
+        self.data.manual_seed(cfg.seed)
         self.graph = StepGraph(self.model, task, penalty, self.device, cfg.precision, cfg.compile)
         if dist is not None:
             self.graph.forward, self.graph.shares = forward, dist.shares
@@ -220,12 +218,8 @@ class Trainer:
         batch = self.task.sample(self.cfg.batch_size, self.data)
         if self.dist is not None:  # every rank draws the global batch and trains on its rows
             batch = self.dist.shard(batch)
-        if batch.tokens.device != self.device and self.device.type == "cuda":  # host batches: no wait
-            batch = Batch(
-                *(t.pin_memory().to(self.device, non_blocking=True) for t in (batch.tokens, batch.targets, batch.mask))
-            )
-        elif batch.tokens.device != self.device:  # drawn on the CPU for another device (meta)
-            batch = batch.to(self.device)
+        # host batches reach a GPU pinned, without a wait; batches drawn there stay (device.copy_plan)
+        batch = Batch(*(move(t, self.device) for t in (batch.tokens, batch.targets, batch.mask)))
         if self.graph.static:
             return batch, None
         index = batch.mask.flatten().nonzero().squeeze(1)
@@ -304,13 +298,7 @@ class Trainer:
         good steps before a bad one are delivered, then :class:`Diverged` is raised (``step_index``
         is left at the last good step)."""
         pending, self._pending = self._pending, []
-        values = torch.stack([v for *_, v in pending])
-        if values.device.type == "cuda":
-            host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
-            host.copy_(values, non_blocking=True)
-            torch.cuda.current_stream(values.device).synchronize()
-            values = host
-        table = values.tolist()
+        table = host_read(torch.stack([v for *_, v in pending]))  # one copy, one wait
         rows = []
         for (step, lr, names, _), vals in zip(pending, table):
             loss, task_loss, accuracy, grad_norm, *terms = vals

@@ -193,3 +193,44 @@ def test_metric_names_are_built_and_parsed_in_one_place():
 
 def test_run_statuses_are_listed_in_one_place():
     assert _hits(r"""\(["']running["'],\s*["']completed["']""", {"attn_core/runs/names.py"}) == []
+
+
+PLACEMENT = "attn_core.training.device"  # issue 34: where tensors live is decided there only
+
+
+def _device_like(node: ast.expr) -> bool:
+    """``x.device``, ``torch.device(...)`` or a name that holds a device (``device``, ``*_device``)."""
+    if isinstance(node, ast.Attribute) and node.attr == "device":
+        return True
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "device":
+        return True
+    return isinstance(node, ast.Name) and (node.id in ("device", "dev") or node.id.endswith("_device"))
+
+
+def device_comparisons(source: str) -> list[int]:
+    """Lines of ``source`` that compare devices with == or != (a comparison with a string literal,
+    ``cfg.device == "auto"``, is a setting's text, not a device)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Eq, ast.NotEq)) for op in node.ops):
+            sides = [node.left, *node.comparators]
+            if any(_device_like(s) for s in sides) and not any(isinstance(s, ast.Constant) for s in sides):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_the_device_comparison_finder_finds_one():
+    assert device_comparisons("if batch.tokens.device != self.device:\n    pass") == [1]
+    assert device_comparisons("ok = torch.device('cuda') == other") == [1]
+    assert device_comparisons("ok = cfg.device == 'auto' or x.device.type == 'cuda'") == []
+
+
+def test_only_the_placement_module_compares_devices():
+    """``torch.device('cuda:0') != torch.device('cuda')``: comparing devices directly crashed every
+    retrain on a GPU (issue 34); ``training.device.same_device`` knows what the current CUDA device is."""
+    found = {
+        name: lines
+        for name, path in _modules().items()
+        if name != PLACEMENT and (lines := device_comparisons(path.read_text()))
+    }
+    assert not found, f"compare devices with attn_core.training.device.same_device: {found}"

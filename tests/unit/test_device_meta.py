@@ -276,7 +276,7 @@ def test_training_steps_run_on_meta(spec):
         on_meta(trainer.step)
     assert trainer.step_index == 3 and all_meta(list(trainer.model.parameters()))
     assert all_meta([s for s in trainer.optimizer.state.values()][0]["exp_avg"])
-    assert read_point(trainer.sync) == "trainer.py:_read"
+    assert read_point(trainer.sync) == "device.py:host_read"  # the one host read of a step window (placement)
 
 
 def test_bf16_steps_run_on_meta():
@@ -402,7 +402,6 @@ CPU_BY_DESIGN = {
     ("tasks.py", "sample"): "an int seed draws on the CPU: the same batch on every machine",
     ("tasks.py", "_modular_addition"): "the fixed split of pairs, made once (copied to a generator's device once)",
     ("training/trainer.py", "init_model"): "the seeded init draws on the CPU: the same model on every device",
-    ("training/trainer.py", "_read"): "the pinned host buffer of the one copy from the device",
     ("bilinear/tokens.py", "random_tokens"): "token ids for the user, read as a list",
     ("bilinear/detectors.py", "detector_inputs"): "seeded CPU inputs, moved to the model in detector_tensors",
     ("bilinear/long.py", "window_frame"): "labels of a table of CPU values",
