@@ -15,9 +15,10 @@ Two ways to score a batch, equal up to float rounding:
 
 Compiled, the step is three regions, each traced once (``dynamic=False``: the batch and the
 context never change within a run) and never again: the forward with the loss and penalties
-(its backward is compiled with it), the clipping (gradient norm and rescale) and the optimizer's
-step, whose learning rate is a tensor the schedule fills in place (a float would be a constant
-of the traced step, and every new value a recompile). Autocast is decided outside the traced
+(its backward is compiled with it), the clipping (gradient norm and rescale, into new gradients:
+a graph that mutates its inputs is not run as a CUDA graph) and the optimizer's step, whose
+learning rate is a tensor the schedule fills in place (a float would be a constant of the traced
+step, and every new value a recompile). Autocast is decided outside the traced
 code (whether a device has autocast is not traceable: asking inside broke the graph there, and
 its resumed remainder was traced again on every step) and entered with constant arguments
 inside it. On CUDA each region runs as a CUDA graph (``mode="reduce-overhead"``: replayed as one
@@ -30,6 +31,7 @@ so in :attr:`StepGraph.note`; the run goes on. See docs/architecture.md, "Live r
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 
 import torch
@@ -60,14 +62,29 @@ def masked_accuracy(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Ten
     return right.sum().float() / mask.sum().clamp_min(1).float()
 
 
+def clip_coefficient(total: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """The factor ``clip_grad_norm_`` rescales gradients of total norm ``total`` by (at most 1)."""
+    return (max_norm / (total + 1e-6)).clamp(max=1.0)
+
+
 def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     """The total 2-norm of the gradients of ``params`` (a 0-dim tensor on their device), and the
     gradients rescaled in place as ``clip_grad_norm_`` does, bit for bit (a factor clamped to 1
-    leaves them as they are); no host read."""
+    leaves them as they are); no host read. The eager step's form."""
     grads = [p.grad for p in params if p.grad is not None]
     total = torch.nn.utils.get_total_norm(grads)
-    torch._foreach_mul_(grads, (max_norm / (total + 1e-6)).clamp(max=1.0))
+    torch._foreach_mul_(grads, clip_coefficient(total, max_norm))
     return total
+
+
+def clipped_gradients(grads: list[torch.Tensor], max_norm: float) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """:func:`clip_gradients` without touching its inputs: the total norm and new, rescaled
+    gradients (the same products). The compiled step's form: a traced function that mutates its
+    inputs (the gradients, made afresh by every backward) is not run as a CUDA graph (torch says
+    ``skipping cudagraphs due to mutated inputs``, issue 34); the new gradients are outputs of
+    the graph, which the optimizer's graph then reads."""
+    total = torch.nn.utils.get_total_norm(grads)
+    return total, torch._foreach_mul(grads, clip_coefficient(total, max_norm))
 
 
 class StepGraph:
@@ -97,8 +114,23 @@ class StepGraph:
         self.mode = compile_mode(device) if compile else None
         self.note = ""  # why a compiled step fell back to eager
         self._compiled = self._compile(self._static_values) if compile else None
-        self._clip = self._compile(clip_gradients, fullgraph=True) if compile else None
+        self._clip = self._compile(clipped_gradients, fullgraph=True) if compile else None
         self._steps: dict[int, Callable] = {}  # the compiled step of each optimizer (by id)
+        # seconds of the first call of each compiled region (tracing and compiling, and one run):
+        # what compiling cost, reported apart from steps/s (issue 34)
+        self.compile_s = 0.0
+        self._first: set[str] = set()
+
+    def _timed(self, region: str, fn: Callable, *args):
+        """``fn(*args)``; its seconds are added to :attr:`compile_s` on the region's first call."""
+        if region in self._first:
+            return fn(*args)
+        started = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self._first.add(region)
+            self.compile_s += time.perf_counter() - started
 
     def _compile(self, fn: Callable, fullgraph: bool = False) -> Callable:
         return torch.compile(fn, mode=self.mode, dynamic=False, fullgraph=fullgraph, backend=BACKEND)
@@ -166,9 +198,7 @@ class StepGraph:
             try:
                 if self.mode == "reduce-overhead":
                     torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are read
-                values = self._compiled(batch.tokens, batch.targets, batch.mask)
-                values[0].backward()
-                return values
+                return self._timed("forward", self._forward_backward, batch)
             except Exception as e:  # compiling failed: train eagerly (same maths, static form)
                 self._fall_back(e)
                 for p in self.model.parameters():
@@ -179,13 +209,24 @@ class StepGraph:
         values[0].backward()
         return values
 
+    def _forward_backward(self, batch: Batch) -> Values:
+        values = self._compiled(batch.tokens, batch.targets, batch.mask)
+        values[0].backward()
+        return values
+
     def clip(self, params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
-        """:func:`clip_gradients` of ``params`` (compiled with the step)."""
+        """:func:`clip_gradients` of ``params``; compiled, :func:`clipped_gradients` (the same
+        products), whose new gradients replace the parameters' own."""
         if self._clip is not None:
+            with_grad = [p for p in params if p.grad is not None]
             try:
-                return self._clip(params, max_norm)
+                total, grads = self._timed("clip", self._clip, [p.grad for p in with_grad], max_norm)
             except Exception as e:  # compiled as one graph: nothing ran when it fails
                 self._fall_back(e)
+            else:
+                for p, g in zip(with_grad, grads):
+                    p.grad = g
+                return total
         return clip_gradients(params, max_norm)
 
     def apply(self, optimizer: torch.optim.Optimizer) -> None:
@@ -196,7 +237,7 @@ class StepGraph:
             if step is None:
                 step = self._steps[id(optimizer)] = self._compile(optimizer.step)
             try:
-                step()
+                self._timed("update", step)
                 return
             except Exception as e:  # the update's body is compiled before it runs
                 self._fall_back(e)

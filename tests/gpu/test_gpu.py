@@ -8,7 +8,9 @@ tests run them for real.
 - a retrain on CUDA draws its batches on the GPU (its own stream), so it is compared with the CPU
   statistically (held-out accuracy within 0.02, data entropy within 0.05) and with itself exactly
   (the same seed twice: the same held-out loss to 1e-4);
-- the live job publishes snapshots on CUDA, in a thread and in a worker process (the dashboard's);
+- the live job publishes snapshots on CUDA, in a thread and in a worker process (the dashboard's),
+  with the probe pattern of the head it is told to watch (``TrainingJob.watch``, as the Retrain
+  page does) while it runs;
 - a diverging run ends "diverged" with finite weights, and a NaN injected at step k is caught by
   the next sync point (sync_every 25 on CUDA) with the weights of the last one;
 - bf16 trains; the compiled step (CUDA graphs) agrees with the eager one;
@@ -97,18 +99,30 @@ def test_a_retrain_on_cuda_draws_on_the_gpu_and_is_reproducible():
 
 @pytest.mark.parametrize("process", [False, True], ids=["thread", "worker process"])
 def test_the_live_job_publishes_snapshots_on_cuda(process):
+    """As the Retrain page follows a job: it watches the head it draws (``TrainingJob.watch``; a
+    job nobody watches computes no pattern), and the watched head's probe pattern, computed on
+    the GPU and copied to the host at telemetry steps, arrives while the run is going."""
     store = RunStore()
     job = TrainingJob(JobConfig(MODEL, {"entropy": 0.1}, steps=400, device="cuda", measure_samples=64), store=store)
+    job.watch(0, 1)  # before start: a worker process is told at once
     job.start(process=process)
-    steps = set()
+    steps, live_patterns = set(), set()
     while not job.join(0.005):
         snap = job.snapshot()
         if snap.status == "running":
             steps.add(snap.step)
+            if snap.pattern_of(0, 1) is not None:
+                live_patterns.add(snap.probe_step)
     snap = job.snapshot()
     assert snap.status == "completed" and snap.step == 400, snap.message
     assert len(steps) >= 3 and any(0 < s < 400 for s in steps)  # progress arrived before the end
-    assert snap.probe_pattern.shape[:2] == (1, 2) and snap.steps_per_s > 0 and "task_loss" in snap.latest
+    assert live_patterns, "the watched head's pattern never arrived while the run was going"
+    T = len(snap.probe_tokens)
+    pattern = snap.pattern_of(0, 1)
+    assert snap.probe_head == (0, 1) and pattern.shape == (T, T) and snap.probe_step == 400
+    assert abs(pattern.sum(-1) - 1).max() < 1e-4  # attention rows (causal, softmax) sum to 1
+    assert snap.pattern_of(0, 0) is None  # only the watched head is copied from the device
+    assert snap.steps_per_s > 0 and "task_loss" in snap.latest
     assert store.load_model(snap.run_id).card.device.startswith("cuda")
 
 

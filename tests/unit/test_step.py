@@ -9,6 +9,7 @@ import copy
 
 import pytest
 import torch
+import torch._dynamo
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -155,3 +156,48 @@ def test_the_compiled_step_has_no_graph_break_and_no_recompile_after_warm_up(mon
     assert all("Adam.step" in k or "graph_break()" in k for k in breaks), list(breaks)
     assert graphs == 3 and float(t.optimizer.param_groups[0]["lr"]) == pytest.approx(lrs[-1])
     torch._dynamo.reset()
+
+
+def test_the_compiled_clipping_mutates_no_input_and_clips_as_clip_grad_norm():
+    """Issue 34: ``skipping cudagraphs due to mutated inputs`` at the clipping (``_foreach_mul_``
+    on the gradients) kept the compiled step off CUDA graphs. The compiled form returns new
+    gradients: its traced graph (dynamo's, as inductor gets it) holds no in-place op, and its
+    products are ``clip_grad_norm_``'s."""
+    from attn_core.training.step import clip_gradients, clipped_gradients
+
+    graphs = []
+
+    def keep(gm, inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(5, 3, generator=g) * 10, torch.randn(7, generator=g)]
+    total, scaled = torch.compile(clipped_gradients, backend=keep, fullgraph=True)([x.clone() for x in grads], 1.0)
+    torch._dynamo.reset()
+    assert len(graphs) == 1
+    called = [n.target for n in graphs[0].graph.nodes if n.op in ("call_function", "call_method")]
+    names = [getattr(t, "__name__", str(t)) for t in called]
+    assert not [n for n in names if n.endswith("_") and not n.endswith("__")], names  # no in-place op
+    params = [torch.nn.Parameter(torch.zeros_like(x)) for x in grads]
+    for p, x in zip(params, grads):
+        p.grad = x.clone()
+    expected = torch.nn.utils.clip_grad_norm_(params, 1.0)
+    assert torch.equal(total, expected) and all(torch.equal(a, p.grad) for a, p in zip(scaled, params))
+    for p, x in zip(params, grads):
+        p.grad = x.clone()
+    assert torch.equal(clip_gradients(params, 1.0), expected)
+
+
+def test_the_compile_time_is_measured_apart(monkeypatch):
+    """The first call of each compiled region (tracing, compiling and one run) is counted in
+    ``StepGraph.compile_s``; an eager step compiles nothing."""
+    from attn_core.training import step as step_module
+
+    monkeypatch.setattr(step_module, "BACKEND", "aot_eager")
+    torch._dynamo.reset()
+    compiled, eager = _train(True, steps=2)[0], _train(False, steps=2)[0]
+    torch._dynamo.reset()
+    assert compiled.graph.compiled and compiled.graph._first == {"forward", "clip", "update"}
+    assert compiled.graph.compile_s > 0 and eager.graph.compile_s == 0
