@@ -162,6 +162,7 @@ def live_status(watch: Watch) -> None:
         snap.progress,
         text=f"{snap.status}: step {snap.step} / {snap.steps}"
         + (f" · {snap.steps_per_s:.1f} steps/s" if snap.step else "")
+        + (f" · compiled in {snap.compile_s:.1f} s" if snap.compile_s else "")
         + (f" · {snap.steps_per_s * per_step:,.0f} tokens/s" if snap.step and per_step else ""),
     )
     _status_message(snap)

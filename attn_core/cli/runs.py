@@ -208,6 +208,7 @@ def _report(res: dict, as_json: bool, job=None) -> None:
         "message": res["message"],
         "steps": res["steps"],
         "steps_per_s": res["steps_per_s"],
+        "compile_s": res.get("compile_s", 0.0),  # compiling (--compile), not counted in steps_per_s
         "before": public(res["before"]),
         "after": public(res["after"]),
     }
@@ -222,11 +223,16 @@ def _report(res: dict, as_json: bool, job=None) -> None:
             if out[when] is not None:
                 out[when]["per_head"] = _per_head(res[when])
         out["trained"] = job.retraining.details(job.model, job.task)["trained"]
+    if job is not None and not job.cfg.workers:  # where the command's time went (issue 34)
+        from attn_core.training.job_measures import phases
+
+        out["phases_s"] = phases(job)
     if job is not None and job.cfg.penalty_rows is not None:  # how the row penalties were computed
         out["penalty"] = job.penalty.estimate(job.task.n_ctx)
 
     def human(r: dict) -> str:
         text = f"run {r['run_id']}: {r['status']} ({r['message']})\n"
+        text += f"compiled in {r['compile_s']:.1f} s (apart from steps/s)\n" if r["compile_s"] else ""
         if "text" in r:
             t = r["text"]
             text += (

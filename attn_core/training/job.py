@@ -31,7 +31,7 @@ from attn_core.training.trainer import EVAL_SEED_OFFSET, Trainer, init_model
 SCRATCH_PREFIX = "scratch:"  # source "scratch:<preset>" trains the preset's model from its init
 # the snapshot fields read from the job's state as they are
 SNAPSHOT_STATE = ("status", "message", "step", "elapsed_s", "train_s", "step_s", "before", "after")
-SNAPSHOT_STATE += ("probe_pattern", "probe_step", "probe_head", "workers")
+SNAPSHOT_STATE += ("probe_pattern", "probe_step", "probe_head", "workers", "compile_s")
 PAUSED_POLL_S = 0.1  # a paused job looks for a newly watched head this often
 
 
@@ -49,6 +49,7 @@ class TrainingJob:
     makes this job one rank of such a run (what the workers build)."""
 
     def __init__(self, cfg: JobConfig, store=None, slots: JobSlots | None = None, dist=None):
+        started = time.perf_counter()
         self.cfg, self.dist = cfg, dist
         self.slots = slots if slots is not None else SLOTS
         self._ticket: int | None = None
@@ -99,6 +100,7 @@ class TrainingJob:
             elapsed_s=0.0,
             train_s=0.0,
             step_s=0.0,
+            compile_s=0.0,
             workers=(),
         )
         self._t0: float | None = None
@@ -110,6 +112,7 @@ class TrainingJob:
         self._watch: tuple[int, int] | None = None  # the head whose probe pattern is shown (watch())
         self._patterns: dict = {}  # patterns of the final weights, computed on request (pattern())
         self._snap: Snapshot | None = None
+        self.phases = job_measures.Phases(load=time.perf_counter() - started)  # seconds of each part of the run
         self._publish()
 
     def _parent(self, cfg: JobConfig):
@@ -249,6 +252,7 @@ class TrainingJob:
             "before": s.before,
             "after": s.after,
             "steps_per_s": s.steps_per_s,
+            "compile_s": s.compile_s,
         }
 
     # --- the worker ---------------------------------------------------------------------------------
@@ -284,12 +288,6 @@ class TrainingJob:
     # what the job measures, on the heads that matter: attn_core.training.job_measures
     def _telemetry(self, step: int) -> None:
         job_measures.record_telemetry(self, step)
-
-    def _watched_pattern(self, step: int) -> None:
-        job_measures.watched_pattern(self, step)
-
-    def _spectra(self, step: int) -> None:
-        job_measures.record_spectra(self, step)
 
     def _measure(self) -> dict:
         return job_measures.measure(self)
@@ -341,7 +339,7 @@ class TrainingJob:
         """Between steps: wait while paused (pauses do not count as training time); a stop ends the run."""
         step = self.trainer.step_index
         if self._watch is not None and self._state["probe_head"] != self._watch:  # another head is watched
-            self._watched_pattern(step)
+            job_measures.watched_pattern(self, step)
             self._publish()
         if not self._go.is_set():
             self.trainer.sync()  # the steps run so far are shown while paused
@@ -349,7 +347,7 @@ class TrainingJob:
             paused_at = time.perf_counter()
             while not self._go.wait(PAUSED_POLL_S):
                 if self._watch is not None and self._state["probe_head"] != self._watch:
-                    self._watched_pattern(step)  # a head picked while paused is shown at once
+                    job_measures.watched_pattern(self, step)  # a head picked while paused is shown at once
                     self._publish()
             self._t_loop += time.perf_counter() - paused_at
             self._publish(status="running", message="")
@@ -372,8 +370,8 @@ class TrainingJob:
         if step % cfg.telemetry_every == 0 or step == cfg.steps:
             self._telemetry(step)
         if step % cfg.spectrum_every == 0 or step == cfg.steps:
-            self._spectra(step)
-        self._publish(step=step, train_s=time.perf_counter() - self._t_loop)
+            job_measures.record_spectra(self, step)
+        self._publish(step=step, train_s=time.perf_counter() - self._t_loop, compile_s=self.trainer.graph.compile_s)
 
     def _loop(self) -> Outcome:
         if self.checkpoints is not None:  # step 0, into the run's folder (a temporary one without a store)
@@ -382,7 +380,7 @@ class TrainingJob:
                 self.checkpoints.start(checkpoints.job_folder(self.store, self.run_id), model, files=files)
         self._t_loop = time.perf_counter()
         self._telemetry(0)
-        self._spectra(0)
+        job_measures.record_spectra(self, 0)
         self._publish(train_s=time.perf_counter() - self._t_loop)
         return record_run(self.trainer, self.recorder, on_step=self._on_step, interrupt=self._interrupt)
 
@@ -399,7 +397,9 @@ class TrainingJob:
             self._publish(after=after, message=f"{outcome.message}; saving the run")
             card = self.card(outcome, after)
             files = self.retraining.files  # an imported model's tokenizer, saved with the run
-            outcome = self.recorder.finish(outcome, self.model_copy(), card, self._state["before"], after, files=files)
+            with self.phases.timed("save"):
+                model, before = self.model_copy(), self._state["before"]
+                outcome = self.recorder.finish(outcome, model, card, before, after, files=files)
         self._publish(status=outcome.status, message=outcome.message, after=after)
 
     def card(self, outcome: Outcome, after: dict | None) -> Card:
@@ -414,6 +414,6 @@ def preview(cfg: JobConfig) -> Snapshot:
     snapshot: the model as it is. Nothing is trained or stored."""
     job = TrainingJob(cfg, store=False)
     job._telemetry(0)
-    job._spectra(0)
+    job_measures.record_spectra(job, 0)
     job._publish(probe_pattern=telemetry.probe_patterns(job.model, job.probe.tokens[0]))  # every head, once
     return job.snapshot()

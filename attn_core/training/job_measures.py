@@ -7,13 +7,44 @@ gathered weights)."""
 
 from __future__ import annotations
 
+import contextlib
+import time
+
 from attn_core import regularizers as R
 from attn_core.training import telemetry
 
 
+class Phases(dict):
+    """Seconds a job spent in each part of its run (issue 34), by name: ``load`` (building the
+    job: the model, the task, the probe), ``before`` and ``after`` (the measurements),
+    ``telemetry`` and ``spectra`` (the periodic measurements), ``save``; :func:`phases` adds the
+    steps, the evaluations among them and compiling."""
+
+    @contextlib.contextmanager
+    def timed(self, name: str):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self[name] = self.get(name, 0.0) + time.perf_counter() - started
+
+
+def phases(job) -> dict[str, float]:
+    """Every part of ``job``'s run so far, in seconds: its :class:`Phases`, ``steps`` (inside
+    ``Trainer.step``), of which ``evaluation`` (held-out evaluations) and ``compile`` (the first
+    call of each compiled region). A job in a worker process keeps its own."""
+    trainer = job.trainer
+    return {
+        **job.phases,
+        "steps": job._state["step_s"],
+        "evaluation": trainer.eval_s,
+        "compile": trainer.graph.compile_s,
+    }
+
+
 def record_telemetry(job, step: int) -> None:
     """Per-head telemetry of the regularized heads at ``step``, then the watched head's pattern."""
-    with job.trainer.view() as model:
+    with job.phases.timed("telemetry"), job.trainer.view() as model:
         job._record(
             step, telemetry.telemetry_row(model, job.probe.tokens, job.penalty.regularized_heads, job.cfg.precision)
         )
@@ -33,14 +64,14 @@ def record_spectra(job, step: int) -> None:
     """The spectra of every head's B and, rotary, sigma_1(B(delta)) of the heads that matter (the
     watched one first)."""
     heads = ([job._watch] if job._watch is not None else []) + list(job.penalty.regularized_heads)
-    with job.trainer.view() as model:
+    with job.phases.timed("spectra"), job.trainer.view() as model:
         offsets = telemetry.offsets_row(model, heads)
         job._record(step, {**telemetry.spectra_row(R.spectrum(model)), **offsets})
 
 
 def measure(job) -> dict:
     """The before/after measurement (``telemetry.measure``), on text sized by the run's tokens."""
-    with job.trainer.view() as model:
+    with job.phases.timed("before" if job._state["before"] is None else "after"), job.trainer.view() as model:
         return telemetry.measure(
             model,
             job.task,

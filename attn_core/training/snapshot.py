@@ -47,6 +47,7 @@ class Snapshot:
     probe_pattern: object | None  # numpy array, never written after publication
     probe_step: int
     probe_head: tuple | None = None
+    compile_s: float = 0.0  # of train_s, compiling (the first call of each compiled region; 0 eager)
     # a run on Ray Train workers: one dict per worker (rank, host, pid, device, steps, steps_per_s,
     # peak_mib), rank 0's first; empty for a run in one process
     workers: tuple = ()
@@ -73,7 +74,9 @@ class Snapshot:
 
     @property
     def steps_per_s(self) -> float:
-        return self.step / self.train_s if self.train_s > 0 else 0.0
+        """Steps per second of training, compiling apart (:attr:`compile_s`)."""
+        seconds = self.train_s - self.compile_s
+        return self.step / seconds if seconds > 0 else 0.0
 
     def workers_table(self) -> pd.DataFrame:
         """Each worker of a run on Ray Train workers (rank, host, device, steps, steps/s, peak

@@ -199,6 +199,7 @@ class Trainer:
         self._pending: list[tuple[int, float, tuple, torch.Tensor]] = []
         self._pending_s = 0.0  # seconds inside step() of the pending steps
         self.seconds: dict[int, float] = {}  # seconds inside step() of the steps being delivered
+        self.eval_s = 0.0  # seconds of the held-out evaluations inside step()
 
     def _tensors(self) -> list[torch.Tensor]:
         """The parameters' data (each rank's shard of them under FSDP), as good_state keeps them."""
@@ -272,6 +273,7 @@ class Trainer:
             )
             rows[-1].update(eval_accuracy=ev["accuracy"], eval_loss=ev["loss"])
             self.seconds[step] += time.perf_counter() - t_eval
+            self.eval_s += time.perf_counter() - t_eval
         self._deliver(rows)
         return rows[-1]
 
