@@ -77,7 +77,8 @@ class TrainingJob:
         self.parent_card = parent_card
         # the fixed probe batch of telemetry: at most one training batch of sequences
         probe_n = min(cfg.probe_samples, self.train_cfg.batch_size)
-        self.probe = task.sample(probe_n, cfg.seed + 2 * EVAL_SEED_OFFSET, split="test").to(self.device)
+        probe = task.sample(probe_n, cfg.seed + 2 * EVAL_SEED_OFFSET, split="test")  # its names are read on the host
+        self.probe = probe.to(self.device)
         self.recorder = RunRecorder(self.store)
 
         self._lock = threading.Lock()
@@ -108,7 +109,7 @@ class TrainingJob:
         self.on_publish = None  # called with the job after each publication (a worker's sender)
         self._stop_reason = ""  # why a stop was asked for when it was not the user
         self.remote: worker.Remote | None = None  # the worker process of start(process=True)
-        self._probe_tokens = tuple(task.names(self.probe.tokens[0].tolist()))
+        self._probe_tokens = tuple(task.names(probe.tokens[0].tolist()))
         self._watch: tuple[int, int] | None = None  # the head whose probe pattern is shown (watch())
         self._patterns: dict = {}  # patterns of the final weights, computed on request (pattern())
         self._snap: Snapshot | None = None
