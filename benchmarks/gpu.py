@@ -23,6 +23,12 @@ compiles its model the same way). Targets (issue 21), checked in the JSON's ``ve
 - induction-2l, live job on CUDA: >= 5x the same job on the CPU;
 - job/bare >= 0.9 on CUDA.
 
+Issue 34's rows: the live job's compile time apart from its steps/s (``job_compile_s``), the
+seconds of each part of its run (``job_phases_s``: load, before, steps, telemetry, spectra,
+after, save; evaluation and compile inside the steps), and the job's CUDA/CPU ratio for every
+precision and form (``speedup_job_cuda_vs_cpu``; target 5x for induction-2l). ``--summary FILE``
+prints one line of a saved result (scripts/gpu_check.sh's table).
+
 Without a CUDA GPU the CUDA half is skipped with one line saying so, and the JSON records it (the
 CPU half is measured either way).
 
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import statistics
 import sys
 import tempfile
@@ -210,13 +217,15 @@ def measure(
 
     rates: dict[str, list[float]] = {k: [] for k in LOOPS}
     memory: dict[str, float] = {}
+    job_compile_s: list[float] = []  # the job's compile time, apart from its steps/s (issue 34)
+    job_phases: list[dict] = []
     for r in range(repeats + int(warmup)):
         with peak_memory(device, memory, "bare"), bf16():
             b = tt.bare(fresh(), task, cfg, device)
         with peak_memory(device, memory, "trainer"):
             t = tt.trainer(fresh(), task, cfg, device)
         with peak_memory(device, memory, "job"):
-            j, _, _ = tt.job(
+            j, compile_s, phases = live_job(
                 source,
                 cfg,
                 store,
@@ -228,6 +237,8 @@ def measure(
             continue
         for k, v in zip(LOOPS, (b, t, j)):
             rates[k].append(v)
+        job_compile_s.append(compile_s)
+        job_phases.append(phases)
         print(
             f"  {setup.name} {device.type} {precision}{' compiled' if compile else ''} round {r}: "
             f"bare {b:.2f}  trainer {t:.2f}  job {j:.2f} steps/s",
@@ -247,7 +258,38 @@ def measure(
         "ratio_trainer_vs_bare": med["trainer"] / med["bare"],
         "ratio_job_vs_bare": med["job"] / med["bare"],
         "peak_memory_mib": memory or None,
+        "job_compile_s": statistics.median(job_compile_s),
+        "job_phases_s": {k: statistics.median(p[k] for p in job_phases) for k in job_phases[0]},
     }
+
+
+def live_job(source: str, cfg: TrainConfig, store: RunStore, **settings) -> tuple[float, float, dict]:
+    """The live job's steps/s over its training loop (compiling apart: ``Snapshot.steps_per_s``),
+    its compile time and the seconds of each part of its run (``job_measures.phases``)."""
+    from attn_core.training.config import JobConfig
+    from attn_core.training.job import TrainingJob
+    from attn_core.training.job_measures import phases
+
+    fields = ("steps", "lr", "seed", "device", "batch_size", "weight_decay", "warmup_steps", "precision")
+    recipe = {k: getattr(cfg, k) for k in (*fields, "sync_every", "compile")}
+    j = TrainingJob(JobConfig(source, **recipe, **settings), store=store)
+    res = j.run()
+    assert res["status"] == "completed", res["message"]
+    snap = j.snapshot()
+    return snap.steps_per_s, snap.compile_s, phases(j)
+
+
+def summary_line(doc: dict) -> str:
+    """One line of a saved result's figures (the GPU check's table, ``--summary FILE``)."""
+    out = []
+    for r in doc["results"]:
+        sps = r["steps_per_s"]
+        form = "compiled" if r["compiled"] else "eager"
+        text = f"{r['setup']} {r['device']} {r['precision']} {form}: job {sps['job']['median']:.1f} (bare {sps['bare']['median']:.1f}) steps/s"
+        out.append(text + (f", compile {r['job_compile_s']:.1f} s" if r["compiled"] else ""))
+    for name, by_form in doc.get("speedup_job_cuda_vs_cpu", {}).items():
+        out.append(f"{name} job CUDA/CPU: " + ", ".join(f"{k} {v:.2f}x" for k, v in by_form.items()))
+    return " | ".join(out) + (f" | CUDA skipped: {doc['cuda_skipped']}" if doc.get("cuda_skipped") else "")
 
 
 def main() -> None:
@@ -262,7 +304,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--out", type=Path, default=None, help=f"where to save the JSON (default {RESULTS})")
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny steps and batches, not saved unless --out")
+    ap.add_argument("--summary", type=Path, help="print one line of a saved result's figures, and stop")
     args = ap.parse_args()
+    if args.summary:
+        print(summary_line(json.loads(args.summary.read_text())))
+        return
     if args.repeats < 1:
         ap.error("--repeats must be positive")
     if args.threads:
@@ -314,7 +360,7 @@ def main() -> None:
                                 compile=form == "compiled",
                             )
                         )
-    speedup = {}
+    speedup, job_speedup = {}, {}
     for name in chosen:
         cpu = next((r for r in results if r["setup"] == name and r["device"] == "cpu"), None)
         gpu = next(
@@ -327,6 +373,13 @@ def main() -> None:
         )
         if cpu and gpu:
             speedup[name] = {k: gpu["steps_per_s"][k]["median"] / cpu["steps_per_s"][k]["median"] for k in LOOPS}
+        if cpu:  # the live job on CUDA against the CPU's, each precision and form (issue 34's rows)
+            job_speedup[name] = {
+                f"{r['precision']} {'compiled' if r['compiled'] else 'eager'}": r["steps_per_s"]["job"]["median"]
+                / cpu["steps_per_s"]["job"]["median"]
+                for r in results
+                if r["setup"] == name and r["device"] == "cuda"
+            }
     doc = {
         "benchmark": "gpu",
         "quick": args.quick,
@@ -350,6 +403,7 @@ def main() -> None:
         },
         "results": results,
         "speedup_cuda_vs_cpu_fp32": speedup,
+        "speedup_job_cuda_vs_cpu": {k: v for k, v in job_speedup.items() if v},
         "targets": TARGETS,
         "verdicts": verdicts(results) if cuda else None,
         **record.environment(),
@@ -363,6 +417,7 @@ def main() -> None:
             f"{sps['trainer']['median']:.2f}  job {sps['job']['median']:.2f} steps/s; trainer/bare "
             f"{r['ratio_trainer_vs_bare']:.3f}  job/bare {r['ratio_job_vs_bare']:.3f}"
             + (f"; peak GPU memory {max(mem.values()):.0f} MiB" if mem else "")
+            + (f"; the job compiled in {r['job_compile_s']:.1f} s (apart from its steps/s)" if r["compiled"] else "")
         )
     for name, s in speedup.items():
         print(f"{name}: CUDA / CPU steps/s: " + ", ".join(f"{k} {v:.1f}x" for k, v in s.items()))

@@ -233,7 +233,7 @@ def test_a_sweep_trial_trains_on_cuda():
 def test_the_retrain_pages_live_job_trains_on_the_gpu():
     """The Retrain page as a user opens it on a GPU machine: the device picker defaults to cuda,
     and the job trains there in its worker process."""
-    from streamlit.testing.v1 import AppTest
+    AppTest = pytest.importorskip("streamlit.testing.v1").AppTest
 
     at = AppTest.from_file(str(ROOT / "pages" / "3_Retrain.py"), default_timeout=120)
     at.query_params["model"] = MODEL
