@@ -286,7 +286,7 @@ def summary_line(doc: dict) -> str:
         sps = r["steps_per_s"]
         form = "compiled" if r["compiled"] else "eager"
         text = f"{r['setup']} {r['device']} {r['precision']} {form}: job {sps['job']['median']:.1f} (bare {sps['bare']['median']:.1f}) steps/s"
-        out.append(text + (f", compile {r['job_compile_s']:.1f} s" if r["compiled"] else ""))
+        out.append(text + (f", compile {r.get('job_compile_s', float('nan')):.1f} s" if r["compiled"] else ""))
     for name, by_form in doc.get("speedup_job_cuda_vs_cpu", {}).items():
         out.append(f"{name} job CUDA/CPU: " + ", ".join(f"{k} {v:.2f}x" for k, v in by_form.items()))
     return " | ".join(out) + (f" | CUDA skipped: {doc['cuda_skipped']}" if doc.get("cuda_skipped") else "")

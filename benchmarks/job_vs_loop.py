@@ -408,7 +408,7 @@ def summary_line(doc: dict) -> str:
     for name, s in doc["summary"].items():
         m, r = s["median"], s["ratios"]
         text = f"{name}: job/plain {r['job_vs_plain']:.2f}"
-        if "command" in m:
+        if "command_wall_over_loop_and_load_s" in r:  # results saved before issue 34 have no split
             text += f"; {command_split(m)}; over loop+load {r['command_wall_over_loop_and_load_s']:.1f} s"
         out.append(text)
     return " | ".join(out)
