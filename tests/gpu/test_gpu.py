@@ -13,7 +13,8 @@ tests run them for real.
   page does) while it runs;
 - a diverging run ends "diverged" with finite weights, and a NaN injected at step k is caught by
   the next sync point (sync_every 25 on CUDA) with the weights of the last one;
-- bf16 trains; the compiled step (CUDA graphs) agrees with the eager one;
+- bf16 trains; the compiled step (CUDA graphs, none of its regions skipped: issue 34) agrees with
+  the eager one;
 - every training command runs with --device cuda (train, retrain fp32/bf16/--compile,
   compare-qk, grow), a sweep's trial trains on CUDA, and the Retrain page's live job (AppTest,
   device auto) trains on the GPU in its worker process;
@@ -67,6 +68,9 @@ def retrain(device: str, seed: int = 2) -> TrainingJob:
 
 
 def test_on_the_same_batches_cuda_matches_cpu():
+    """The same CPU-drawn batches on the CPU and on CUDA (copied pinned, without a wait: the
+    placement the crash of issue 34 broke): the CUDA trainer scores statically with fused AdamW,
+    and every step's loss and every weight agree with the CPU's."""
     rows: dict[str, list[dict]] = {}
     trainers = {}
     for device in ("cpu", "cuda"):
@@ -85,6 +89,9 @@ def test_on_the_same_batches_cuda_matches_cpu():
 
 
 def test_a_retrain_on_cuda_draws_on_the_gpu_and_is_reproducible():
+    """A zoo retrain on CUDA (device auto's choice on a GPU machine) draws its batches on the GPU
+    itself (on ``cuda:0``, for a trainer on ``cuda``: the row of issue 34's crash), reads every
+    SYNC_EVERY_CUDA steps, agrees with the CPU statistically and with itself exactly."""
     cpu, gpu, again = retrain("cpu"), retrain("cuda"), retrain("cuda")
     assert gpu.device.type == "cuda" and next(gpu.model.parameters()).is_cuda
     assert gpu.trainer.data.device.type == "cuda" and gpu.trainer.sync_every == SYNC_EVERY_CUDA
@@ -127,6 +134,7 @@ def test_the_live_job_publishes_snapshots_on_cuda(process):
 
 
 def test_a_diverging_run_on_cuda_ends_diverged():
+    """A learning rate that explodes: the run ends diverged, keeps finite weights and measures them."""
     res = TrainingJob(
         JobConfig(MODEL, steps=200, lr=10.0, warmup_steps=0, device="cuda", measure_samples=64), store=RunStore()
     ).run()
@@ -137,6 +145,8 @@ def test_a_diverging_run_on_cuda_ends_diverged():
 
 
 def test_a_nan_on_cuda_is_caught_by_the_next_sync_point():
+    """A NaN term at step 30 is read at the sync point of step 50, and the weights of the sync
+    point of step 25 (before its update: step 24) are kept."""
     calls = [0]
 
     def nan_at_30(model, batch, cache):
@@ -154,6 +164,7 @@ def test_a_nan_on_cuda_is_caught_by_the_next_sync_point():
 
 
 def test_bf16_on_cuda_trains():
+    """bf16 autocast on CUDA trains to the fp32 run's held-out loss within 5%."""
     out = {}
     for precision in ("fp32", "bf16"):
         t = Trainer(
@@ -169,9 +180,13 @@ def test_bf16_on_cuda_trains():
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_the_compiled_step_on_cuda_agrees_with_eager(precision):
     """CUDA graphs (torch.compile, reduce-overhead) against the eager step on the same batches:
-    every step's loss within 1e-3 (fp32) or 2e-2 (bf16) relative."""
+    every step's loss within 1e-3 (fp32) or 2e-2 (bf16) relative; no region was kept off CUDA
+    graphs (inductor's skip counter)."""
+    from torch._dynamo.utils import counters
+
     rows = {}
     for compile in (False, True):
+        counters["inductor"].clear()
         model = make_tiny_model(std=0.3)
         cfg = TrainConfig(
             steps=20, batch_size=32, eval_every=20, eval_samples=64, device="cuda", precision=precision, compile=compile
@@ -181,6 +196,10 @@ def test_the_compiled_step_on_cuda_agrees_with_eager(precision):
         t.run()
         if compile:
             assert t.graph.compiled and t.graph.mode == "reduce-overhead" and t.graph.note == ""
+            # issue 34: every region ran as a CUDA graph (the clipping mutated its inputs and was
+            # skipped: "skipping cudagraphs due to mutated inputs"); compiling is timed apart
+            assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+            assert t.graph.compile_s > 0 and t.graph._first == {"forward", "clip", "update"}
     tol = 1e-3 if precision == "fp32" else 2e-2
     for a, b in zip(rows[False], rows[True]):
         assert b["loss"] == pytest.approx(a["loss"], rel=tol), a["step"]
@@ -200,6 +219,8 @@ def test_the_compiled_step_on_cuda_agrees_with_eager(precision):
     ids=["train", "train-compile", "retrain", "retrain-bf16", "retrain-compile", "compare-qk", "grow"],
 )
 def test_every_training_command_runs_on_cuda(args, tmp_path):
+    """Each training command with ``--device cuda --json`` completes there (compiled ones without
+    falling back to eager) and records the device."""
     env = {**os.environ, "ATTN_LAB_RUNS": str(tmp_path / "runs"), "PYTHONPATH": str(ROOT)}
     r = subprocess.run(
         [sys.executable, "-m", "attn_core", *args, "--device", "cuda", "--json"],
@@ -220,6 +241,7 @@ def test_every_training_command_runs_on_cuda(args, tmp_path):
 
 
 def test_a_sweep_trial_trains_on_cuda():
+    """A sweep's trial (``run_trial``, as a Ray Tune worker calls it) trains on CUDA."""
     from attn_core.sweep.plan import Trial
     from attn_core.sweep.trial import run_trial
 
@@ -254,6 +276,8 @@ def test_the_retrain_pages_live_job_trains_on_the_gpu():
 
 
 def test_resolve_then_train_on_cuda_keeps_the_source_on_cpu():
+    """Training a loaded model on CUDA moves a copy: the resolved source and the job's returned
+    weights stay on the CPU."""
     loaded = resolve(MODEL)
     job = TrainingJob(JobConfig(MODEL, steps=3, device="cuda", measure_samples=32), store=False)
     job.run()
@@ -310,6 +334,8 @@ def text_retrain_on(device: str, tmp_path: Path, extra: list[str]) -> dict:
     ids=["fp32", "bf16-kl-rows", "qk-compile"],
 )
 def test_an_imported_model_retrains_on_text_on_cuda_and_exports(tmp_path, extra):
+    """An imported Llama (grouped-query heads) retrains on text on CUDA: host batches pinned and
+    copied without a wait; measured before and after; exported, transformers gives its logits."""
     doc = text_retrain_on("cuda", tmp_path, extra)
     if "--train" in extra:
         assert doc["trained"]["train"] == "qk"

@@ -48,6 +48,8 @@ def alone(store) -> str:
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_one_gpu_worker_through_ray_train_trains_the_run_one_process_trains(store, alone, strategy):
+    """``--workers 1 --gpus-per-worker 1`` through Ray Train (NCCL), DDP and FSDP: the weights of
+    the run one process trains on the GPU, to 1e-4."""
     job = TrainingJob(JobConfig(**SETTINGS, workers=1, gpus_per_worker=1, strategy=strategy), store=store)
     res = job.run()
     assert res["status"] == "completed", res["message"]
@@ -61,6 +63,7 @@ def test_one_gpu_worker_through_ray_train_trains_the_run_one_process_trains(stor
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_gpu_workers_train_the_run_one_process_trains(store, alone, strategy):
+    """Two GPU workers (a machine with two GPUs or more), each on its own GPU: the same weights."""
     job = TrainingJob(JobConfig(**SETTINGS, workers=2, gpus_per_worker=1, strategy=strategy), store=store)
     res = job.run()
     assert res["status"] == "completed", res["message"]
