@@ -16,7 +16,8 @@
 # Settings (environment): GPU_CHECK_WHEELS (the wheels, if not given as the argument);
 # GPU_CHECK_OUT (the logs' folder; else $OUT, else benchmarks/results/gpu_check);
 # GPU_CHECK_NEEDS (the modules to import, default: streamlit plotly entmax platformdirs);
-# GPU_CHECK_PYTEST_S, GPU_CHECK_JOB_S, GPU_CHECK_GPU_S (timeouts, default 200, 140 and 90 s);
+# GPU_CHECK_PYTEST_S, GPU_CHECK_JOB_S, GPU_CHECK_GPU_S (timeouts, default 190, 150 and 110 s: with
+# the install and CUDA's start, under 8 minutes; a part cut short reports what it printed so far);
 # PYTHON (default python3). Wheels for the lent machines (Python 3.12) are fetched with
 # `pip download --no-deps --only-binary=:all: --python-version 3.12 ...` (README, "GPU").
 set -uo pipefail
@@ -27,9 +28,9 @@ PY="${PYTHON:-python3}"
 WHEELS="${1:-${GPU_CHECK_WHEELS:-}}"
 LOGS="${GPU_CHECK_OUT:-${OUT:-$ROOT/benchmarks/results/gpu_check}}"
 NEEDS="${GPU_CHECK_NEEDS:-streamlit plotly entmax platformdirs}"
-T_PYTEST="${GPU_CHECK_PYTEST_S:-200}"
-T_JOB="${GPU_CHECK_JOB_S:-140}"
-T_GPU="${GPU_CHECK_GPU_S:-90}"
+T_PYTEST="${GPU_CHECK_PYTEST_S:-190}"
+T_JOB="${GPU_CHECK_JOB_S:-150}"
+T_GPU="${GPU_CHECK_GPU_S:-110}"
 mkdir -p "$LOGS" || exit 2
 SCRATCH="$(mktemp -d)"
 trap 'rm -rf "$SCRATCH"' EXIT
@@ -84,6 +85,16 @@ else
     echo "[gpu_check] CUDA: $CUDA ($("$PY" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)'))"
     nvidia-smi >"$LOGS/nvidia-smi.log" 2>&1
 
+    summary() { # script, name: the saved result's line, else the last figures the run printed
+        if [ -f "$LOGS/$2_cuda.json" ] || [ -f "$LOGS/$2.json" ]; then
+            "$PY" "benchmarks/$1" --summary "$(ls "$LOGS/$2_cuda.json" "$LOGS/$2.json" 2>/dev/null | head -1)" 2>&1 | tail -1
+        else
+            local last
+            last="$(grep -E 'steps/' "$LOGS/$2.log" | tail -1)"
+            echo "no result saved; last: $(sed 's/^ *//' <<<"${last:-$(tail -1 "$LOGS/$2.log")}")"
+        fi
+    }
+
     run_part() { # part, timeout s, log, command...
         local part="$1" limit="$2" log="$3" t rc
         shift 3
@@ -100,20 +111,26 @@ else
         fi
     }
 
+    # pytest's summary line; cut short, the counts of its progress characters so far
     run_part "pytest" "$T_PYTEST" pytest.log "$PY" -m pytest -m gpu tests/gpu -q -p no:cacheprovider -rfE \
         --junitxml "$LOGS/pytest.xml"
-    row "pytest -m gpu tests/gpu" "$STATUS" "$SECONDS_PART" "$(grep -E '[0-9]+ (passed|failed|error)' "$LOGS/pytest.log" | tail -1)"
+    detail="$(grep -E '[0-9]+ (passed|failed|error|skipped)' "$LOGS/pytest.log" | tail -1)"
+    if [ -z "$detail" ]; then
+        progress="$(grep -E '^[.FEsx]+( +\[ *[0-9]+%\])?$' "$LOGS/pytest.log" | tr -cd '.FEsx')"
+        detail="so far: $(tr -cd '.' <<<"$progress" | wc -c) passed, $(tr -cd 'F' <<<"$progress" | wc -c) failed, $(tr -cd 'E' <<<"$progress" | wc -c) errors, $(tr -cd 's' <<<"$progress" | wc -c) skipped"
+    fi
+    row "pytest -m gpu tests/gpu" "$STATUS" "$SECONDS_PART" "$detail"
 
-    # the 88M Llama folder of issue 34 (bf16, fused AdamW), eager, and induction-2l: one repeat
+    # the 88M Llama folder of issue 34 (bf16, fused AdamW, 150 steps), eager, one repeat: the
+    # plain loop, the Trainer, the job and the command (its wall split by part)
     run_part "job_vs_loop" "$T_JOB" job_vs_loop.log "$PY" benchmarks/job_vs_loop.py --device cuda --repeats 1 \
-        --modes eager --penalties none --out "$LOGS/job_vs_loop_cuda.json"
-    row "job_vs_loop.py --device cuda" "$STATUS" "$SECONDS_PART" \
-        "$("$PY" benchmarks/job_vs_loop.py --summary "$LOGS/job_vs_loop_cuda.json" 2>/dev/null)"
+        --models imported --modes eager --penalties none --out "$LOGS/job_vs_loop_cuda.json"
+    row "job_vs_loop.py --device cuda" "$STATUS" "$SECONDS_PART" "$(summary job_vs_loop.py job_vs_loop)"
 
-    # induction-2l on the CPU and on CUDA, eager and compiled (CUDA graphs), fp32
+    # induction-2l on the CPU and on CUDA, eager and compiled (CUDA graphs), fp32: the zoo's rows
     run_part "gpu" "$T_GPU" gpu.log "$PY" benchmarks/gpu.py --setups induction-2l --repeats 1 --precisions fp32 \
         --out "$LOGS/gpu.json"
-    row "gpu.py" "$STATUS" "$SECONDS_PART" "$("$PY" benchmarks/gpu.py --summary "$LOGS/gpu.json" 2>/dev/null)"
+    row "gpu.py" "$STATUS" "$SECONDS_PART" "$(summary gpu.py gpu)"
 fi
 
 # --- 3. one table -------------------------------------------------------------------------------------------
