@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from attn_core.cli.common import JsonOpt, NameArg, command_line, emit, guarded, table
+from attn_core.cli.common import JsonOpt, NameArg, command_line, emit, fail, guarded, table
 
 app = typer.Typer()
 
@@ -145,6 +145,13 @@ def edit_cmd(
     heads: rotation planes, as attribute splits them); the edit goes into the head's own W_Q, so
     heads sharing its key/value head keep theirs. --out saves a folder every command opens (an
     imported model stays its Hugging Face family)."""
+
+    try:  # a mistyped option is a usage error, refused before any model (or torch) is read
+        if name.startswith("-"):
+            raise ValueError(f"unexpected option {name!r} where NAME goes: edit takes NAME first, then --head groups")
+        _split(list(ctx.args))
+    except ValueError as e:
+        fail(str(e), as_json)
     from attn_core.destinations import check_destination
     from attn_core.sources import resolve
     from attn_core.surgery import edit_inputs, edit_model, measure
