@@ -11,7 +11,7 @@
 
 from attn_core.surgery.diff import DISTANCE, HeadDiff, diff, layer_distances, match
 from attn_core.surgery.edit import ABLATIONS, Edited, HeadEdit, check_edit, edit_model, head_label, parse_head
-from attn_core.surgery.measure import edit_inputs, measure, quick_loss
+from attn_core.surgery.measure import Preview, edit_inputs, head_pattern, measure, preview, quick_loss
 from attn_core.surgery.modes import Modes, apply_factors, head_form64, head_modes, mode_factors, planes
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "HeadDiff",
     "HeadEdit",
     "Modes",
+    "Preview",
     "apply_factors",
     "check_edit",
     "diff",
@@ -29,11 +30,13 @@ __all__ = [
     "head_form64",
     "head_label",
     "head_modes",
+    "head_pattern",
     "layer_distances",
     "match",
     "measure",
     "mode_factors",
     "parse_head",
     "planes",
+    "preview",
     "quick_loss",
 ]

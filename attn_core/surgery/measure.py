@@ -9,12 +9,14 @@
     heads        per edited head: ``entropy`` (mean normalized entropy of its attention rows)
                  and ``sigma_1`` (the largest singular value of its B at offset 0)
 
-:func:`quick_loss` is the one forward a dashboard slider pays for: loss and perplexity only.
+:func:`preview` is what a dashboard slider move pays for: the edit, one forward (:func:`quick_loss`:
+loss and perplexity only) and the head's pattern.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,6 +25,8 @@ import torch.nn.functional as F
 from attn_core.bilinear.sinks import sinks
 from attn_core.checkpoint import LoadedModel
 from attn_core.dynamics.metrics import Inputs, default_positions, position_losses, task_inputs
+from attn_core.hooks import act_name
+from attn_core.surgery.edit import Edited, HeadEdit, edit_model
 from attn_core.surgery.modes import head_form64
 
 SINK_ROWS, SINK_LENGTH = 32, 64
@@ -90,3 +94,37 @@ def measure(loaded: LoadedModel, inputs: Inputs, heads: list[tuple[int, int]], s
 def _num(v) -> float | None:
     v = float(v)
     return v if math.isfinite(v) else None
+
+
+@torch.no_grad()
+def head_pattern(model, tokens: torch.Tensor, layer: int, head: int) -> torch.Tensor:
+    """A [T, T] of one head on one row of tokens [T], on the CPU."""
+    name = act_name("pattern", layer)
+    _, cache = model.run_with_cache(tokens[None].to(model.embed.W_E.device), names_filter=[name])
+    return cache[name][0, head].float().cpu()
+
+
+@dataclass
+class Preview:
+    """What a dashboard slider move shows: the edited model, its loss and perplexity, and the
+    head's attention on the first input row."""
+
+    edited: Edited
+    loss: float
+    perplexity: float
+    pattern: torch.Tensor
+
+
+def preview(
+    loaded: LoadedModel,
+    edits: list[HeadEdit],
+    inputs: Inputs,
+    layer: int,
+    head: int,
+    sources: dict[str, LoadedModel] | None = None,
+) -> Preview:
+    """Edit, one forward on ``inputs`` (:func:`quick_loss`) and the head's pattern: the one call a
+    slider move makes (``benchmarks/edit_speed.py`` times it)."""
+    edited = edit_model(loaded, edits, sources, tokens=inputs.tokens)
+    q = quick_loss(edited.loaded.model, inputs)
+    return Preview(edited, q["loss"], q["perplexity"], head_pattern(edited.loaded.model, inputs.tokens[0], layer, head))
