@@ -116,7 +116,7 @@ def check_edit(loaded: LoadedModel, e: HeadEdit, source: LoadedModel | None = No
     if e.ablate is not None:
         if e.ablate not in ABLATIONS:
             raise ValueError(f"--ablate must be one of {', '.join(ABLATIONS)}, got {e.ablate!r}")
-        if e.ablate == "mean" and not cfg.attn_bias:
+        if e.ablate == "mean" and not _has_output_bias(loaded, e.layer):
             raise ValueError(
                 f"--ablate mean needs an attention output bias (b_O) to hold the head's mean output; {loaded.name} "
                 "has none: use --ablate zero"
@@ -125,6 +125,14 @@ def check_edit(loaded: LoadedModel, e: HeadEdit, source: LoadedModel | None = No
         if source is None:
             raise ValueError("a transplant needs its source model loaded")
         check_transplant(loaded, source, e)
+
+
+def _has_output_bias(loaded: LoadedModel, layer: int) -> bool:
+    """Whether the model has a b_O that its format keeps (Qwen2 biases q, k, v but not o_proj)."""
+    from attn_core.hf.family_export import fixed_params, hf_origin
+
+    cfg = loaded.config
+    return cfg.attn_bias and f"blocks.{layer}.attn.b_O" not in fixed_params(hf_origin(loaded), cfg)
 
 
 def check_transplant(loaded: LoadedModel, source: LoadedModel, e: HeadEdit) -> None:

@@ -173,7 +173,7 @@ def test_mode_factors_keep_the_strongest_planes():
     assert set(torch.nonzero(f).flatten().tolist()) == set(modes.sigma.argsort(descending=True)[:2].tolist())
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gpt_neox", "mistral", "qwen2"])
 def test_an_edited_imported_folder_exports_to_transformers_with_the_same_logits(family, tmp_path):
     transformers = pytest.importorskip("transformers")
     from attn_core.sources import resolve
@@ -182,12 +182,16 @@ def test_an_edited_imported_folder_exports_to_transformers_with_the_same_logits(
 
     folder = tmp_path / "src"
     folder.mkdir()
-    if family == "llama":
-        write_tiny_hf(folder, "llama", num_key_value_heads=2)
-        edits = [HeadEdit(1, 3, rank=2), HeadEdit(0, 0, drop=(1,), scale=((2, 0.5),)), HeadEdit(1, 0, ablate="zero")]
-    else:
+    modes = [HeadEdit(1, 3, rank=1), HeadEdit(0, 0, drop=(0,), scale=((1, 0.5),))]
+    if family == "gpt2":
         write_tiny_gpt2(folder)
-        edits = [HeadEdit(1, 3, rank=2), HeadEdit(0, 2, ablate="mean")]
+    else:
+        write_tiny_hf(folder, family, **({} if family == "gpt_neox" else {"num_key_value_heads": 2}))
+    mean = family in ("gpt2", "gpt_neox")  # their attention output has a bias to hold a mean
+    edits = modes + [HeadEdit(1, 0, ablate="mean" if mean else "zero")]
+    if family == "qwen2":  # q, k, v biases but no o_proj bias
+        with pytest.raises(ValueError, match="output bias"):
+            edit_model(resolve(str(folder)), [HeadEdit(0, 0, ablate="mean")])
     loaded = resolve(str(folder))
     tokens = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(0))
     edited = edit_model(loaded, edits, tokens=tokens)
