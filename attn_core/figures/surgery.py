@@ -138,6 +138,7 @@ def loss_vs_rank_plot(frame: pd.DataFrame, title: str = "") -> Plot:
         title=title or "Loss against the rank of one head's B (others unedited)",
         xaxis=dict(title="rank R kept"),
         yaxis=dict(title="loss (nats)", type="log"),
+        legend=dict(orientation="h", y=-0.25),
     )
     fixed_margins(fig, colorbar=False, width=FULL_PX)
     return Plot("edit_loss_vs_rank", fig, frame, width=FULL_PX)
