@@ -12,6 +12,8 @@ import copy
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from attn_core.checkpoint import LoadedModel
 from attn_core.surgery import diff, layer_distances, match, planes
@@ -165,3 +167,21 @@ def test_grouped_matching_moves_whole_groups():
     grouped = match(D, 2, 2)
     assert grouped == [(0, 0), (1, 1), (2, 2), (3, 3)]
     assert all(len({j // 2 for i, j in grouped if i // 2 == x}) == 1 for x in range(2))
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), n_heads=st.integers(1, 4), scale=st.floats(0.05, 5.0))
+def test_the_distance_is_symmetric_factor_free_and_sees_scale(seed, n_heads, scale):
+    a = make_tiny_model("reverse", seed=seed, std=0.4, n_heads=n_heads, d_model=12, d_head=4)
+    b = make_tiny_model("reverse", seed=seed + 1, std=0.4, n_heads=n_heads, d_model=12, d_head=4)
+    D, Dt = layer_distances(a, b, 0), layer_distances(b, a, 0)
+    assert torch.allclose(D, Dt.T, atol=1e-9) and bool((D >= 0).all()) and bool((D <= 1 + 1e-9).all())
+    mixed, _ = scrambled(a, seed)
+    assert float(layer_distances(a, mixed, 0).min(1).values.max()) < 1e-6
+    scaled = copy.deepcopy(a)
+    with torch.no_grad():
+        scaled.blocks[0].attn.W_Q.mul_(scale)
+    ref = abs(scale - 1) / (1 + scale)  # ||B - sB|| / (||B|| + ||sB||)
+    assert torch.allclose(
+        layer_distances(a, scaled, 0).diagonal(), torch.full((n_heads,), ref, dtype=torch.float64), atol=1e-6
+    )
