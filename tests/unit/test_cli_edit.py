@@ -145,3 +145,12 @@ def test_a_bad_out_is_refused_and_nothing_saved_changes(tmp_path):
     )
     one_line_error(run("diff", "induction-2l", "copy-1l"), "d_model")
     one_line_error(run("diff", "induction-2l", model, "--layers", "7"), "--layers")
+
+
+def test_a_transplant_source_keeps_a_runs_colon():
+    from attn_core.cli.edit import _source
+
+    assert _source("run:20260101-120000-ab12") == ("run:20260101-120000-ab12", None)
+    assert _source("run:20260101-120000-ab12:L1H0") == ("run:20260101-120000-ab12", "L1H0")
+    assert _source("induction-2l:l0h3") == ("induction-2l", "l0h3")
+    assert _source("/models/a:b") == ("/models/a:b", None)
