@@ -107,10 +107,10 @@ def diff_plot(ld: LayerDiff, a: str, b: str, width: int = HALF_PX) -> Plot:
         )
     fig.update_layout(
         title=f"Layer {ld.layer}: ||B_a − B_b|| / (||B_a|| + ||B_b||), A = {a}, B = {b}",
-        xaxis=dict(title="head of B", type="category"),
+        xaxis=dict(title="head of B (□ the matching)", type="category"),
         yaxis=dict(title="head of A", type="category", autorange="reversed"),
         height=max(320, min(760, 30 * D.shape[0] + 200)),
-        legend=dict(orientation="h", y=-0.2),
+        showlegend=False,
     )
     fixed_margins(fig, x_labels=xb, y_labels=ya, width=width)
     matched = dict(ld.pairs)
