@@ -73,6 +73,13 @@ PAGES: tuple[PageEntry, ...] = (
     PageEntry(
         "pages/11_Dynamics.py", "Dynamics", "Dynamics", ":material/timeline:", "Training dynamics: scrub checkpoints"
     ),
+    PageEntry(
+        "pages/12_Edit_and_compare.py",
+        "Edit and compare",
+        "Edit_and_compare",
+        ":material/content_cut:",
+        "Edit a head's B; match heads across models",
+    ),
 )
 
 

@@ -7,7 +7,7 @@ One module per command group, each a ``typer.Typer`` whose commands are listed h
 (:data:`GROUPS`): ``models`` (zoo, eval, train, presets), ``bilinear`` (spectrum, scores, heads,
 export), ``sinks``, ``rotary`` (offsets, pair), ``circuits`` (circuits, attribute), ``runs`` (retrain, runs,
 runs show), ``sweep`` (sweep, sweeps, sweeps show), ``dynamics`` (metrics across checkpoints), ``grow``, ``kernels`` (kernels,
-kernels-bench), ``qk`` (compare-qk), ``export`` (export-hf) and ``gallery``; ``common`` holds what
+kernels-bench), ``qk`` (compare-qk), ``export`` (export-hf), ``gallery`` and ``edit`` (edit, diff); ``common`` holds what
 they share. Every model NAME goes through ``attn_core.sources.resolve``; option defaults whose
 setting lives in a config dataclass are read from it (``attn_core.validate.default``).
 
@@ -52,6 +52,7 @@ GROUPS: tuple[tuple[str, dict[str, str]], ...] = (
     ("qk", {"app": ""}),
     ("export", {"app": ""}),
     ("gallery", {"app": ""}),
+    ("edit", {"app": ""}),
 )
 HELP = "attn-lab: see, measure, regularize and retrain the QK bilinear form of attention."
 MIN_WIDTH, MAX_WIDTH = 30, 100  # help text columns: the terminal's, within these

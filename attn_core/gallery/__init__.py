@@ -72,6 +72,8 @@ def build(
             (f"Circuits of {zoo.name}", lambda: pages.circuits_page(zoo, quick)),
             (f"Circuits of {other.name}", lambda: pages.circuits_page(other, quick)),
             ("Sweeps", lambda: trained.sweeps(zoo, quick, store)),
+            (f"Edit and compare of {zoo.name}", lambda: pages.edit_page(zoo, quick)),
+            (f"Edit and compare of {other.name}", lambda: pages.edit_page(other, quick)),
             (f"CLI export of {zoo.name}", lambda: pages.cli_exports(zoo, quick)),
             (f"CLI export of {other.name}", lambda: pages.cli_exports(other, quick)),
         ]

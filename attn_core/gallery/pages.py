@@ -253,3 +253,31 @@ def kernels_page(m: LoadedModel, quick: bool, root: Path) -> Iterator[Entry]:
         for part in (result, result.get("causal")):
             if part:
                 yield Entry(page, "speed against exact attention", fk.speed_chart(part), FULL)
+
+
+def edit_page(m: LoadedModel, quick: bool) -> Iterator[Entry]:
+    """The Edit and compare page: the head's attention before/after a rank-1 edit and its modes
+    (a model with a task), and the diff of the model against that edit of itself, layer by layer."""
+    from attn_core import surgery
+    from attn_core.figures import surgery as fsu
+
+    page = f"Edit and compare · {m.name}"
+    layer = m.config.n_layers - 1
+    edit = surgery.HeadEdit(layer, 0, rank=1)
+    if m.task is not None:
+        inputs = surgery.edit_inputs(m, samples=4 if quick else 16)
+        shown = surgery.preview(m, [edit], inputs, layer, 0)
+        names = bilinear.token_names(m)
+        labels = [names[int(t)] for t in inputs.tokens[0]]
+        before = surgery.head_pattern(m.model, inputs.tokens[0], layer, 0)
+        yield Entry(
+            page, "attention before/after", fsu.pattern_pair_plot(before, shown.pattern, labels, layer, 0), FULL
+        )
+        modes = surgery.head_modes(m.model, layer, 0)
+        yield Entry(page, "modes before/after", fsu.modes_plot(modes, shown.edited.factors[0]), HALF)
+        edited = shown.edited.loaded
+    else:
+        edited = surgery.edit_model(m, [edit]).loaded
+    result = surgery.diff(m, edited)
+    for ld in result.layers:
+        yield Entry(page, f"diff, layer {ld.layer}", fsu.diff_plot(ld, m.name, f"{m.name} (edited)"), HALF)

@@ -30,6 +30,7 @@ LABELS = [
     "Circuits",
     "Sweeps",
     "Dynamics",
+    "Edit and compare",
 ]
 URLS = [
     "",
@@ -44,6 +45,7 @@ URLS = [
     "Circuits",
     "Sweeps",
     "Dynamics",
+    "Edit_and_compare",
 ]  # the URLs of the legacy pages/ discovery: old links keep working
 
 

@@ -193,7 +193,7 @@ def test_the_gallery_has_every_page_and_both_models(gallery):
     index, entries = gallery
     pages = {e.page for e in entries}
     for name in ("Heatmaps", "Spectrum", "Retrain", "Runs", "Grow d_k", "Kernelized attention", "Attention explorer",
-                 "Merged vs factored QK", "Circuits", "Sweeps", "Dynamics", "CLI export"):  # fmt: skip
+                 "Merged vs factored QK", "Circuits", "Sweeps", "Dynamics", "CLI export", "Edit and compare"):  # fmt: skip
         assert any(p.startswith(name) for p in pages), name
     assert any("tiny-llama" in p for p in pages) and any("induction-2l" in p for p in pages)
     assert len(json.loads((index.parent / "figures.json").read_text())) == len(entries)

@@ -1,0 +1,179 @@
+"""Edit a head's B without retraining and see what it does (loss, perplexity, the head's attention
+before and after), ablate or transplant it, save the edit as a run; and compare the heads of two
+models from B alone (attn_core.surgery; docs/maths.md, "Surgery" and "Head diffing")."""
+
+from urllib.parse import urlencode
+
+import pandas as pd
+import streamlit as st
+
+import ui
+from attn_core import surgery
+from attn_core.bilinear import token_names
+from attn_core.figures import surgery as fs
+from attn_core.sources import LoadedModel
+from attn_core.surgery.save import save_run
+from navigation import page
+from ui.probes import pick_probes
+
+VIEWS = ("Heatmaps", "Spectrum")  # the pages a matched pair opens in, by URL (model, layer, head)
+EXTRA = "edit_extra"  # session key: the ablation / transplant the buttons asked for, per head
+
+
+@ui.cached(resource=True)
+def inputs_of(loaded: LoadedModel, text: str | None, stamp: int | None, samples: int):
+    return surgery.edit_inputs(loaded, text, samples=samples)
+
+
+@ui.cached
+def unedited(loaded: LoadedModel, text: str | None, stamp: int | None, samples: int, layer: int, head: int):
+    inputs = inputs_of(loaded, text, stamp, samples)
+    q = surgery.quick_loss(loaded.model, inputs)
+    return q, surgery.head_pattern(loaded.model, inputs.tokens[0], layer, head)
+
+
+@ui.cached
+def diff_of(a: LoadedModel, b: LoadedModel):
+    return surgery.diff(a, b)
+
+
+loaded = ui.setup("Edit and compare")
+cfg = loaded.config
+edit_tab, compare_tab = st.tabs(["Edit a head", "Compare two models"])
+plots = []
+
+with edit_tab:
+    st.markdown(
+        "Keep, drop or scale the **modes** of a head's $B = U\\,\\mathrm{diag}(\\sigma)\\,V^\\top$ (rotary heads: "
+        "its rotation planes). The edit is written into the head's own $W_Q$ "
+        "($W_Q' = W_Q + U\\,\\mathrm{diag}((f-1)\\sigma)V^\\top W_K^{+\\top}\\sqrt{d}$), so the heads that share its "
+        "key/value head keep theirs; no retraining, one forward on the probes per change."
+    )
+    choice = pick_probes(loaded, "edit")
+    if choice is not None and choice.kind in ("task", "text"):
+        samples = 16
+        text = choice.text if choice.kind == "text" else None
+        inputs = inputs_of(loaded, text, choice.stamp, samples)
+        layer, head = ui.layer_head_picker(cfg, st.columns(2))
+        modes = surgery.head_modes(loaded.model, layer, head)
+        c_rank, c_drop, c_scale = st.columns(3)
+        rank = c_rank.slider("Rank R kept", 1, modes.k, modes.k, key=f"edit_rank_{layer}_{head}")
+        drop = c_drop.multiselect(
+            "Drop modes", range(modes.k), format_func=lambda i: modes.names[i], key=f"edit_drop_{layer}_{head}"
+        )
+        which = c_scale.selectbox("Scale mode", range(modes.k), format_func=lambda i: modes.names[i])
+        factor = c_scale.slider("by", -2.0, 2.0, 1.0, 0.05, key=f"edit_scale_{layer}_{head}_{which}")
+        extra = st.session_state.setdefault(EXTRA, {}).get((loaded.name, layer, head), {})
+        b_zero, b_mean, b_reset = st.columns(3)
+        if b_zero.button("Ablate (zero)", help="W_O of the head set to 0: its output is zero"):
+            extra = {"ablate": "zero"}
+        if b_mean.button(
+            "Ablate (mean)",
+            disabled=not cfg.attn_bias,
+            help="Its output replaced by its mean over the probes (needs the output bias b_O)",
+        ):
+            extra = {"ablate": "mean"}
+        others = ui.model_names()
+        c_src, c_head, c_go = st.columns([3, 2, 2])
+        source = c_src.selectbox(
+            "Transplant from", others, index=others.index(loaded.name) if loaded.name in others else 0
+        )
+        src_head = c_head.text_input("its head", f"L{layer}H{head}")
+        with_ov = c_head.checkbox("with W_V, W_O")
+        if c_go.button("Transplant", help="Copy W_Q, W_K (and W_V, W_O) of that head into this one"):
+            extra = {"source": source, "source_head": src_head, "with_ov": with_ov}
+        if b_reset.button("Reset ablation / transplant"):
+            extra = {}
+        st.session_state[EXTRA][(loaded.name, layer, head)] = extra
+        try:
+            sources, spec = {}, dict(layer=layer, head=head, ablate=extra.get("ablate"))
+            if extra.get("source"):
+                sources[extra["source"]] = ui.load_model(extra["source"])
+                spec.update(
+                    source=extra["source"],
+                    source_head=surgery.parse_head(extra["source_head"], sources[extra["source"]].config),
+                    with_ov=extra["with_ov"],
+                )
+            scale = ((which, float(factor)),) if factor != 1.0 else ()
+            edit = surgery.HeadEdit(rank=rank if rank < modes.k else None, drop=tuple(drop), scale=scale, **spec)
+            edits = [edit] if (edit.touches_modes or edit.ablate or edit.source) else []
+            before, pattern0 = unedited(loaded, text, choice.stamp, samples, layer, head)
+            if edits:
+                shown = surgery.preview(loaded, edits, inputs, layer, head, sources)
+                after, pattern1, factors = (
+                    dict(loss=shown.loss, perplexity=shown.perplexity),
+                    shown.pattern,
+                    shown.edited.factors[0],
+                )
+            else:
+                shown, after, pattern1, factors = None, before, pattern0, None
+        except ValueError as e:
+            st.error(ui.plain(e))
+            st.stop()
+        if extra:
+            st.caption(f"Also applied: {ui.plain(extra)}")
+        m_loss, m_ppl = st.columns(2)
+        m_loss.metric(
+            "Loss (nats)", f"{after['loss']:.4g}", f"{after['loss'] - before['loss']:+.3g}", delta_color="inverse"
+        )
+        m_ppl.metric(
+            "Perplexity",
+            f"{after['perplexity']:.4g}",
+            f"{after['perplexity'] - before['perplexity']:+.3g}",
+            delta_color="inverse",
+        )
+        st.caption(f"On {ui.plain(inputs.describe())}.")
+        names = token_names(loaded)
+        labels = [names[int(t)] for t in inputs.tokens[0]]
+        pair = fs.pattern_pair_plot(pattern0, pattern1, labels, layer, head)
+        ui.show_plot(pair, key="edit_pattern")
+        f = factors if factors is not None else surgery.mode_factors(modes)
+        mp = fs.modes_plot(modes, f)
+        ui.show_plot(mp, key="edit_modes")
+        plots += [pair, mp]
+        if shown is not None and st.button("Save the edited model as a run", icon=":material/save:"):
+            run_id = save_run(loaded, shown.edited)
+            st.success(f"Saved as run:{run_id} (in the model picker and on the Runs page).")
+
+with compare_tab:
+    names = ui.model_names()
+    other = st.selectbox(
+        "Compare with",
+        names,
+        key=ui.remember("compare_with", loaded.name if loaded.name in names else names[0], names),
+        help="Model B: another model or checkpoint of the same d_model (a run and its parent, two seeds...)",
+    )
+    st.markdown(f"Distance: {surgery.DISTANCE}; blind to how a head factors $B$. Matched pairs are outlined.")
+    try:
+        result = diff_of(loaded, ui.load_model(other))
+    except ValueError as e:
+        st.error(ui.plain(e))
+        result = None
+    if result is not None:
+        ld = result.layers[
+            st.selectbox("Layer", range(len(result.layers)), format_func=lambda i: str(result.layers[i].layer))
+        ]
+        dp = fs.diff_plot(ld, loaded.name, other)
+        ui.show_plot(dp, key=f"diff_{ld.layer}")
+        plots.append(dp)
+        pairs = pd.DataFrame(result.to_json()["pairs"])
+        ui.show_table(pairs[pairs["layer"] == ld.layer], hide_index=True)
+        if ld.unmatched_a or ld.unmatched_b:
+            st.caption(f"Unmatched: A {ld.unmatched_a}, B {ld.unmatched_b}")
+        i, j = ld.pairs[
+            st.selectbox(
+                "Open a matched pair",
+                range(len(ld.pairs)),
+                format_func=lambda k: f"A H{ld.pairs[k][0]} ↔ B H{ld.pairs[k][1]}",
+            )
+        ]
+        links = []
+        for name, h in ((loaded.name, i), (other, j)):
+            query = urlencode({"model": name, "layer": ld.layer, "head": h})
+            links += [
+                f"[{title} of {ui.plain(name)} L{ld.layer}H{h}](/{page(title).url_path}?{query})" for title in VIEWS
+            ]
+        st.markdown(" · ".join(links))
+
+st.divider()
+ui.export_all(plots, {"page": "Edit and compare", "model": loaded.name, "model_key": loaded.key}, key="edit")
