@@ -48,12 +48,16 @@ def parse_steps(text: str | None) -> list[int] | None:
     """``"0,50,100"`` as steps; one clear line for anything else."""
     if text is None or not text.strip():
         return None
+    from attn_core.validate import whole_number
+
     out = []
     for part in text.split(","):
-        part = part.strip()
-        if not part.isdigit():
-            raise ValueError(f"--checkpoint-steps takes whole numbers separated by commas (0,50,100), got {part!r}")
-        out.append(int(part))
+        number = whole_number(part.strip())
+        if number is None:
+            raise ValueError(
+                f"--checkpoint-steps takes whole numbers separated by commas (0,50,100), got {part.strip()[:40]!r}"
+            )
+        out.append(number)
     return out
 
 
@@ -88,19 +92,24 @@ def _span(option: str, text: str | None) -> tuple[int, int] | None:
     """``"A:B"`` as positions [A, B)."""
     if text is None:
         return None
+    from attn_core.validate import whole_number
+
     a, sep, b = text.partition(":")
-    if not (sep and a.strip().isdigit() and b.strip().isdigit()):
-        raise ValueError(f"{option} takes positions A:B (from A up to, not including, B), got {text!r}")
-    return int(a), int(b)
+    a, b = whole_number(a.strip()), whole_number(b.strip())
+    if not sep or a is None or b is None:
+        raise ValueError(f"{option} takes positions A:B (from A up to, not including, B), got {text[:60]!r}")
+    return a, b
 
 
 def _steps(text: str | None) -> list[int] | None:
     if text is None:
         return None
-    parts = [p.strip() for p in text.split(",")]
-    if not all(p.isdigit() and len(p) < 20 for p in parts):
-        raise ValueError(f"--steps takes whole numbers separated by commas, one per model, got {text!r}")
-    return [int(p) for p in parts]
+    from attn_core.validate import whole_number
+
+    parts = [whole_number(p.strip()) for p in text.split(",")]
+    if any(p is None for p in parts):
+        raise ValueError(f"--steps takes whole numbers separated by commas, one per model, got {text[:80]!r}")
+    return parts
 
 
 def _human(res: dict, dyn) -> str:

@@ -184,10 +184,13 @@ def series(names: list[str], steps: list[int] | None = None, store: RunStore | N
         return _checkpoint_series(names[0], store)
     if len(names) > MAX_MEMBERS:
         raise limits.LimitError(f"{len(names):,} models is more than {MAX_MEMBERS:,} in one series")
-    pairs, skipped = [], []
+    pairs, skipped, named = [], [], {}
     for i, name in enumerate(names):
         file = sources.weights_path(name, store)  # an unknown name fails here, with the known ones
         step = steps[i] if steps is not None else step_of_name(_plain_name(name))
+        if (first := named.setdefault(file.resolve(), i)) != i:  # the same model named twice: one step
+            skipped.append(Skipped(step, name, f"is named twice (also as {names[first]!r})"))
+            continue
         if step is None:
             raise ValueError(
                 f"cannot tell the training step of {name!r} from its name (no step1000, checkpoint-1000 ...); "
@@ -202,12 +205,8 @@ def series(names: list[str], steps: list[int] | None = None, store: RunStore | N
             lambda name=name: _source_config(name, store),
         )
     label = Path(_plain_name(names[0])).name
-    return _finish(
-        f"{label} (+{len(names) - 1})",
-        pairs,
-        skipped,
-        where=[m.file.parent for m, _ in pairs if m.file.name in (WEIGHTS, hf.INDEX)],
-    )
+    where = [m.file.parent for m, _ in pairs if m.file.name in (WEIGHTS, hf.INDEX)]
+    return _finish(f"{label} (+{len(names) - 1})", pairs, skipped, where=where)
 
 
 def _folder_series(folder: Path, store: RunStore | None) -> Series:
