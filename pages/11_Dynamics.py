@@ -41,7 +41,7 @@ def metrics_of(names: tuple, steps: tuple | None, stamp: tuple, series_key: str,
     ``series_key`` and ``text_key`` change when any checkpoint file or the text does."""
     series = build_series(names, steps, stamp)
     if text is not None:
-        inputs = D.series_text_inputs(series, D.read_text(text_files.data_path(text)), None, samples)
+        inputs = D.series_text_inputs(series, text_files.data_path(text), None, samples)
     else:
         inputs = D.default_inputs(series, samples=samples, seed=seed)
     bar = st.progress(0.0, text=f"Measuring {len(series.members)} checkpoints…")

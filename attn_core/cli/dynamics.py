@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from attn_core.cli.common import JsonOpt, emit, guarded
+from attn_core.text.corpus import MAX_WORDS_BYTES, TEXT_LIMIT
 from attn_core.training.config import JobConfig
 from attn_core.validate import default
 
@@ -167,7 +168,11 @@ def dynamics_cmd(
     early: str | None = typer.Option(None, "--early", help="Early positions A:B of the ICL score (default 1:1+T/8)."),
     late: str | None = typer.Option(None, "--late", help="Late positions C:D of the ICL score (default T-T/8:T)."),
     text: Path | None = typer.Option(
-        None, "--text", help="Measure on windows of this UTF-8 text file (models without a task)."
+        None,
+        "--text",
+        help=f"Measure on windows of this text (a .txt, .jsonl or .parquet file, or a folder of them; {TEXT_LIMIT}), "
+        "tokenized by the models' tokenizer.json as retrain, spectrum and sinks read theirs; models without one read "
+        f"space-separated token names of their task (a UTF-8 file of at most {MAX_WORDS_BYTES // 2**20} MiB).",
     ),
     length: int | None = typer.Option(None, help="Tokens per text window (default: the context, at most 128)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Measure every checkpoint again, ignoring the cache."),
@@ -214,7 +219,7 @@ def dynamics_cmd(
         check_layer(SimpleNamespace(cfg=series.config), layer)
         check_heads(SimpleNamespace(cfg=series.config), head)
     if text is not None:
-        inputs = D.series_text_inputs(series, D.read_text(text), length, samples, early_span, late_span)
+        inputs = D.series_text_inputs(series, text, length, samples, early_span, late_span)
     else:
         inputs = D.default_inputs(series, samples=samples, seed=seed, early=early_span, late=late_span)
         if inputs is None:

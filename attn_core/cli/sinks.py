@@ -9,14 +9,15 @@ from pathlib import Path
 import typer
 
 from attn_core.cli.common import JsonOpt, NameArg, emit, guarded, table
+from attn_core.text.corpus import TEXT_LIMIT
 
 app = typer.Typer()
 
 TextOpt = typer.Option(
     None,
     "--text",
-    help="Cut the probes from this text (a .txt, .jsonl or .parquet file, or a folder of them), tokenized by "
-    "the model folder's tokenizer.json; default: the model's task samples (a model without a task needs it).",
+    help=f"Cut the probes from this text (a .txt, .jsonl or .parquet file, or a folder of them; {TEXT_LIMIT}), "
+    "tokenized by the model folder's tokenizer.json; default: the model's task samples (a model without a task needs it).",
 )
 FieldOpt = typer.Option(None, "--text-field", help="The text's JSON key or Parquet column (default text).")
 SamplesOpt = typer.Option(32, "--samples", help="Probes: text windows or task samples.")
