@@ -224,6 +224,7 @@ def export_cmd(
     per head) and ranks (the two ranks of each head) are measured on the model's task samples;
     ``attn-lab sinks --out`` and ``spectrum`` take a text."""
     from attn_core import bilinear
+    from attn_core.destinations import check_destination
     from attn_core.figures import EXPORT_FORMATS, ExportError, write_plot
     from attn_core.figures import bilinear as fb
     from attn_core.sources import resolve
@@ -235,6 +236,7 @@ def export_cmd(
         raise ValueError(
             f"unknown format {fmt!r}; choose one of {', '.join(EXPORT_FORMATS)} (--format or the --out suffix)"
         )
+    check_destination(out, "--out")  # the output rule of every command that writes, before any work
     loaded = resolve(name)
     model = loaded.model
     if figure in ("scores", "pattern", "query", "vocab", "vocab-pattern", "positional", *SINK_VIEWS):

@@ -128,24 +128,18 @@ def _human(res: dict, dyn) -> str:
     return "\n".join([*head, table(rows, cols), describe_phase(res["phase_change"])])
 
 
-def _check_animate(animate: Path | None) -> None:
-    """--animate follows the output rule of every command (``destinations.check_destination``)."""
+def _check_animate(animate: Path | None, series=None) -> None:
+    """--animate follows the output rule of every command (``destinations.check_destination``):
+    its name first, then, once the series is listed (nothing written yet), its place, never
+    inside the folders measured."""
     from attn_core.destinations import check_destination
 
     if animate is None:
         return
     if animate.suffix.lower() != ".html":
         raise ValueError(f"--animate writes an HTML file (name.html), got {str(animate)!r}")
-    check_destination(animate, "--animate")
-
-
-def _outside_series(animate: Path, series) -> None:
-    where = animate.expanduser().absolute().resolve()
-    for folder in series.folders:
-        if where.is_relative_to(folder.resolve()):
-            raise ValueError(
-                f"--animate {animate} is inside {folder}, which is being measured; choose a path outside it"
-            )
+    if series is not None:
+        check_destination(animate, "--animate", outside=series.folders, doing="measured")
 
 
 @app.command("dynamics")
@@ -206,8 +200,7 @@ def dynamics_cmd(
         raise ValueError(f"--value must be one of {', '.join(VALUES)}, got {value!r}")
     _check_animate(animate)
     series = D.series(list(sources), _steps(steps))
-    if animate is not None:
-        _outside_series(animate, series)
+    _check_animate(animate, series)
     for s in series.skipped:
         say(f"skipped {s.line()}")
     early_span, late_span = _span("--early", early), _span("--late", late)
