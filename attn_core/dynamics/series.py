@@ -357,14 +357,15 @@ def _folder_config(folder: Path) -> ModelConfig:
 def _series_folder(name: str, store: RunStore | None) -> tuple[Path, str | None]:
     """(the checkpoint folder, the source of its final model or None) of a source holding a series."""
     if sources.is_run(name):
-        run_folder = (store or RunStore()).path(_plain_name(name))
+        store = store or RunStore()
+        run_folder = store.path(_plain_name(name))
+        limits.not_led_out(run_folder, store.root, f"{name}'s folder", "the run store")
         reference = name if (run_folder / WEIGHTS).is_file() else None
         where = run_folder
     else:
         where = zoo.locate(name)
-        reference = None
-        if where.is_dir() and (where / WEIGHTS).is_file():
-            reference = str(where)
+        reference = str(where) if where.is_dir() and (where / WEIGHTS).is_file() else None
+    limits.not_led_out(where / CHECKPOINTS, where, f"the {CHECKPOINTS}/ folder of {name}", "its folder")
     if (where / CHECKPOINTS).is_dir():
         return where / CHECKPOINTS, reference
     if where.is_dir() and ((where / ckpt.INDEX).is_file() or any(where.glob("step-*.safetensors"))):
