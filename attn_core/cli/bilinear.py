@@ -91,7 +91,9 @@ def scores_cmd(
     layer: int = typer.Option(0, help="Layer index."),
     head: int = typer.Option(0, help="Head index."),
     tokens: str | None = typer.Option(
-        None, help='Space-separated tokens, e.g. "a b c" (ids for models without a task).'
+        None,
+        help='Space-separated tokens, e.g. "a b c": names of the task\'s vocabulary; text for a model with a '
+        "tokenizer.json (tokenized by it; a piece it does not know is refused); else token ids or vocabulary entries.",
     ),
     sample_seed: int | None = typer.Option(None, help="Use the held-out task sample with this seed."),
     random_seed: int | None = typer.Option(None, help="Use uniform random tokens with this seed."),

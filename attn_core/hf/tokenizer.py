@@ -83,6 +83,14 @@ def token_strings(tok: Tokenizer, d_vocab: int) -> list[str]:
     return out
 
 
+def unknown_token(tok: Tokenizer) -> tuple[str, int] | None:
+    """(the token, its id) a tokenizer puts for a piece it does not know (WordLevel, WordPiece, a
+    BPE without byte fallback), None when it has none (byte-level BPE knows every piece)."""
+    name = getattr(tok.model, "unk_token", None)
+    found = tok.token_to_id(name) if isinstance(name, str) and name else None
+    return (name, found) if found is not None else None
+
+
 def encode(tok: Tokenizer, text: str, timeout_s: float = TOKENIZE_TIMEOUT_S) -> list[int]:
     """Token ids of ``text`` (no special tokens added), in at most ``timeout_s`` seconds: a
     LimitError beyond (a pre-tokenizer pattern that backtracks), a CheckpointError sentence for
