@@ -208,7 +208,7 @@ def _metrics(snap: Snapshot, on_text: bool) -> None:
         help="Fraction of scored tokens predicted right on the training batch",
     )
     cols[2].metric(
-        "entropy (regularized heads)",
+        "entropy",
         f"{latest['entropy_data']:.3f}" if "entropy_data" in latest else "–",
         help="Mean normalized attention entropy H/log n of the regularized heads on a fixed held-out "
         "probe batch: 0 = one key per query, 1 = uniform",

@@ -109,7 +109,7 @@ def text_inputs(cfg: ModelConfig, lambdas: list[float], device: str = "cpu") -> 
         path = pick_text(origin, pick_col, "text", listed, uploads)
         held_path = None if held_from == "tail" else pick_text(held_from, held_pick_col, "eval", listed, uploads)
         if path is None:
-            st.info("Upload a text to retrain on (or pick one in the data folder).")
+            st.info("Upload a text to retrain on" + (" (or pick one in the data folder)." if listed else "."))
             return None
         if held_from != "tail" and held_path is None:
             st.info("Upload the held-out text (or measure perplexity on the end of the training text).")

@@ -66,8 +66,8 @@ def load_tokenizer(folder: Path) -> Tokenizer | None:
 
 def token_strings(tok: Tokenizer, d_vocab: int) -> list[str]:
     """A readable, unique label per token id < d_vocab: the token decoded alone (a byte-level
-    piece shows as its text), newlines and tabs escaped, a repeated label suffixed with its id,
-    and ids the tokenizer does not know as "#id"."""
+    piece shows as its text), newlines and tabs escaped, a token of spaces only as ␣ (one per
+    space), a repeated label suffixed with its id, and ids the tokenizer does not know as "#id"."""
     try:
         decoded = tok.decode_batch([[i] for i in range(d_vocab)], skip_special_tokens=False)
     except BaseException as e:  # a panic of the Rust library
@@ -76,6 +76,8 @@ def token_strings(tok: Tokenizer, d_vocab: int) -> list[str]:
     for i, text in enumerate(decoded):
         label = text or tok.id_to_token(i) or f"#{i}"
         label = label.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+        if not label.strip():  # a token of spaces only: visible ("7:␣", not "7:")
+            label = label.replace(" ", "␣") if label.strip(" ") == "" else repr(label)[1:-1]
         if label in seen:
             label = f"{label}·{i}"
         seen.add(label)

@@ -83,6 +83,7 @@ def test_short_retraining_completes_and_is_stored(page):
     names = {t["name"] for t in curves["data"]}
     assert {"task loss", "entropy", "topk:2"} <= names
     assert {"λ·R entropy", "λ·R topk:2"} <= {m.label for m in page.metric}  # each term lambda * R
+    assert "entropy" in {m.label for m in page.metric}  # short: "entropy (regularized heads)" was cut off
     assert "L0H0" in chart(page, "live_pattern")["layout"]["title"]["text"]
     assert "L0H0" in chart(page, "live_spectrum")["layout"]["title"]["text"]
     assert len(page.download_button) == 4 * 4 + 1  # downloads only once the run has ended
