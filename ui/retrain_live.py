@@ -19,6 +19,7 @@ import pandas as pd
 import streamlit as st
 
 from attn_core import regularizers as R
+from attn_core import sources
 from attn_core.figures import Plot
 from attn_core.figures import text as ftext
 from attn_core.figures import training as ft
@@ -234,7 +235,9 @@ def live_curves() -> None:
     plot = live_chart(
         "curves",
         (snap.step, snap.status),
-        lambda: ft.curves_plot(log if snap.done else thinned(log), title=f"Retraining {current.parent}"),
+        lambda: ft.curves_plot(
+            log if snap.done else thinned(log), title=f"Retraining {sources.shown_name(current.parent)}"
+        ),
     )
     show_plot(plot, key="live_curves", downloads=snap.done)  # downloads once the run has ended
     if getattr(current.task, "facts", None) is not None:  # a run on text: perplexity, exp(loss)
