@@ -46,9 +46,9 @@ def check_destination(
         target = os.readlink(path)
         state = "which does not exist (a dangling link)" if not path.exists() else "a link is never written through"
         raise ValueError(f"{what} {path} is a link to {target}, {state}; give a new path that is not a link")
-    where = path.absolute().resolve()
+    where = Path(os.path.realpath(path.absolute()))  # links followed; a loop never raises here
     for folder in outside:
-        if where.is_relative_to(Path(folder).expanduser().absolute().resolve()):
+        if where.is_relative_to(Path(os.path.realpath(Path(folder).expanduser().absolute()))):
             raise ValueError(f"{what} {path} is inside {folder}, which is being {doing}; choose a path outside it")
     if path.exists():
         if not empty_ok:
@@ -66,7 +66,9 @@ def check_destination(
     parent = path.absolute().parent
     while not parent.exists() and parent != parent.parent:
         if parent.is_symlink():
-            raise ValueError(f"{what} {path}: {parent} is a link to {os.readlink(parent)}, which does not exist")
+            raise ValueError(
+                f"{what} {path}: {parent} is a link to {os.readlink(parent)}, which leads nowhere (dangling, or a loop)"
+            )
         parent = parent.parent
     if not parent.is_dir():
         raise ValueError(f"{what} {path}: {parent} is a file, not a folder")
@@ -81,7 +83,7 @@ def check_not_shipped(path: str | Path, what: str = "--out") -> None:
     """Refuse a destination inside the shipped ``assets/`` folder (the zoo is read-only: output
     goes to the run store or a folder of the user's) unless ``$ATTN_LAB_WRITE_ZOO`` is 1 (a
     maintainer rebuilding the zoo), and one inside a model folder (links followed)."""
-    where = Path(path).expanduser().resolve()
+    where = Path(os.path.realpath(Path(path).expanduser()))  # links followed; a loop never raises here
     if where.is_relative_to(SHIPPED) and os.environ.get(WRITE_ZOO) != "1":
         raise ValueError(
             f"{what} {path} is inside the shipped {SHIPPED.name}/ folder ({SHIPPED}), which holds the zoo and is "

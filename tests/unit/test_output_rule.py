@@ -73,8 +73,10 @@ def test_sinks_out_never_replaces_a_dangling_link(tmp_path):
 
 def test_a_parent_that_is_a_dangling_link_is_refused(tmp_path, made):
     (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
-    refused(sinks(tmp_path / "gone" / "sub" / "fig.csv"), "which does not exist")
+    refused(sinks(tmp_path / "gone" / "sub" / "fig.csv"), "which leads nowhere")
     assert made == [] and not (tmp_path / "nowhere").exists()
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    refused(sinks(tmp_path / "loop" / "fig.csv"), "which leads nowhere")
 
 
 def test_sinks_out_inside_the_text_folder_is_refused(tmp_path, made):
