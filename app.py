@@ -1,5 +1,9 @@
 """attn-lab's dashboard: the router. Every page, with its sidebar title, URL and icon, is a row of
-the page table in navigation.py; the home page is pages/0_Home.py. Run with `streamlit run app.py`."""
+the page table in navigation.py; the home page is app_pages/0_Home.py. Run with `streamlit run app.py`.
+
+The page files are in app_pages/, never pages/: Streamlit takes a pages/ folder beside this file
+for a legacy multipage app until st.navigation has run once in the server, so a page's URL opened
+first on a fresh server ran that file alone, with another sidebar (tests/e2e/test_deep_link_browser.py)."""
 
 import streamlit as st
 

@@ -1,6 +1,6 @@
 """The dashboard's page table: one row per page (its file, sidebar title, URL path, icon and the
 line the home page links it with). The router (app.py) builds its ``st.Page`` entries from it, the
-home page its links, and the tests their list of pages. A new page is a file in ``pages/`` and one
+home page its links, and the tests their list of pages. A new page is a file in ``app_pages/`` and one
 row here (docs/architecture.md). Plain data: no Streamlit import."""
 
 from __future__ import annotations
@@ -29,52 +29,58 @@ class PageEntry:
 
 
 PAGES: tuple[PageEntry, ...] = (
-    PageEntry("pages/0_Home.py", "Home", "", ":material/home:"),
-    PageEntry("pages/1_Heatmaps.py", "Heatmaps", "Heatmaps", ":material/grid_on:", "Heatmaps of f_x(y) per query"),
+    PageEntry("app_pages/0_Home.py", "Home", "", ":material/home:"),
+    PageEntry("app_pages/1_Heatmaps.py", "Heatmaps", "Heatmaps", ":material/grid_on:", "Heatmaps of f_x(y) per query"),
     PageEntry(
-        "pages/2_Spectrum.py", "Spectrum", "Spectrum", ":material/ssid_chart:", "Spectrum of B and head detectors"
-    ),
-    PageEntry("pages/3_Retrain.py", "Retrain", "Retrain", ":material/model_training:", "Regularize and retrain, live"),
-    PageEntry("pages/4_Runs.py", "Runs", "Runs", ":material/compare:", "Compare saved runs"),
-    PageEntry(
-        "pages/5_Grow_d_k.py", "Grow d_k", "Grow_d_k", ":material/open_in_full:", "Grow d_k of a head (seed 001)"
+        "app_pages/2_Spectrum.py", "Spectrum", "Spectrum", ":material/ssid_chart:", "Spectrum of B and head detectors"
     ),
     PageEntry(
-        "pages/6_Kernelized_attention.py",
+        "app_pages/3_Retrain.py", "Retrain", "Retrain", ":material/model_training:", "Regularize and retrain, live"
+    ),
+    PageEntry("app_pages/4_Runs.py", "Runs", "Runs", ":material/compare:", "Compare saved runs"),
+    PageEntry(
+        "app_pages/5_Grow_d_k.py", "Grow d_k", "Grow_d_k", ":material/open_in_full:", "Grow d_k of a head (seed 001)"
+    ),
+    PageEntry(
+        "app_pages/6_Kernelized_attention.py",
         "Kernelized attention",
         "Kernelized_attention",
         ":material/functions:",
         "Kernelized attention (seed 002)",
     ),
     PageEntry(
-        "pages/7_Attention_explorer.py",
+        "app_pages/7_Attention_explorer.py",
         "Attention explorer",
         "Attention_explorer",
         ":material/calculate:",
         "Attention algebra (seed 003)",
     ),
     PageEntry(
-        "pages/8_Merged_vs_factored_QK.py",
+        "app_pages/8_Merged_vs_factored_QK.py",
         "Merged vs factored QK",
         "Merged_vs_factored_QK",
         ":material/merge:",
         "Merged vs factored QK (seed 004)",
     ),
     PageEntry(
-        "pages/9_Circuits.py",
+        "app_pages/9_Circuits.py",
         "Circuits",
         "Circuits",
         ":material/account_tree:",
         "Circuits: OV, copying and composition between heads",
     ),
     PageEntry(
-        "pages/10_Sweeps.py", "Sweeps", "Sweeps", ":material/grid_view:", "Sweep regularizers × λ × seeds on Ray"
+        "app_pages/10_Sweeps.py", "Sweeps", "Sweeps", ":material/grid_view:", "Sweep regularizers × λ × seeds on Ray"
     ),
     PageEntry(
-        "pages/11_Dynamics.py", "Dynamics", "Dynamics", ":material/timeline:", "Training dynamics: scrub checkpoints"
+        "app_pages/11_Dynamics.py",
+        "Dynamics",
+        "Dynamics",
+        ":material/timeline:",
+        "Training dynamics: scrub checkpoints",
     ),
     PageEntry(
-        "pages/12_Edit_and_compare.py",
+        "app_pages/12_Edit_and_compare.py",
         "Edit and compare",
         "Edit_and_compare",
         ":material/content_cut:",

@@ -28,18 +28,28 @@ _TMP = re.compile(r"\.tmp-([0-9a-f]{8})-(\d+)-[A-Za-z0-9_]+(?:-old)?$")
 _OLD_TMP = re.compile(r"^\.[^.]+\.(?:[a-z0-9_]{8}|old)$")  # mkdtemp's names before TMP_MARK
 
 
-def check_destination(path: str | Path, what: str = "--out", empty_ok: bool = False) -> Path:
-    """Refuse, before any work, a destination that cannot take new output, with the true reason:
-    it exists (with ``empty_ok``, an empty folder is fine), it is a link (a dangling one
-    included: a link is never written through), an empty mount point (which a save cannot
-    replace), inside the shipped ``assets/`` (:func:`check_not_shipped`) or inside a model
-    folder, or its nearest existing folder does not take a new (hidden, removed at once) folder."""
+def check_destination(
+    path: str | Path, what: str = "--out", empty_ok: bool = False, outside=(), doing: str = "read"
+) -> Path:
+    """Refuse, before any work and before anything is written, a destination that cannot take new
+    output, with the true reason: it exists (with ``empty_ok``, an empty folder is fine), it is a
+    link (a dangling one included: a link is never written through), an empty mount point (which a
+    save cannot replace), inside the shipped ``assets/`` (:func:`check_not_shipped`) or inside a
+    model folder, inside one of the folders ``outside`` (what the command reads: the folders it
+    measures; ``doing`` says what is done to them), a parent that is a dangling link, or its nearest existing folder does not take a
+    new (hidden, removed at once) folder. Every place check is made where the path leads, its
+    parent folders' links followed: a link among the parents cannot lead a write around the
+    rule. The one rule of every command that writes (export, --animate, sinks --out ...)."""
     path = Path(path).expanduser()
     check_not_shipped(path, what)
     if path.is_symlink():
         target = os.readlink(path)
         state = "which does not exist (a dangling link)" if not path.exists() else "a link is never written through"
         raise ValueError(f"{what} {path} is a link to {target}, {state}; give a new path that is not a link")
+    where = Path(os.path.realpath(path.absolute()))  # links followed; a loop never raises here
+    for folder in outside:
+        if where.is_relative_to(Path(os.path.realpath(Path(folder).expanduser().absolute()))):
+            raise ValueError(f"{what} {path} is inside {folder}, which is being {doing}; choose a path outside it")
     if path.exists():
         if not empty_ok:
             raise ValueError(f"{what} {path} already exists; choose a new path (nothing was overwritten)")
@@ -55,11 +65,15 @@ def check_destination(path: str | Path, what: str = "--out", empty_ok: bool = Fa
             )
     parent = path.absolute().parent
     while not parent.exists() and parent != parent.parent:
+        if parent.is_symlink():
+            raise ValueError(
+                f"{what} {path}: {parent} is a link to {os.readlink(parent)}, which leads nowhere (dangling, or a loop)"
+            )
         parent = parent.parent
     if not parent.is_dir():
         raise ValueError(f"{what} {path}: {parent} is a file, not a folder")
     try:
-        os.rmdir(tempfile.mkdtemp(prefix=tmp_prefix(path.name), dir=parent))
+        os.rmdir(tempfile.mkdtemp(prefix=tmp_prefix(path.name), dir=parent.resolve()))
     except OSError as e:
         raise ValueError(f"{what} {path} cannot be written ({e.strerror or e} in {parent})") from None
     return path
@@ -69,7 +83,7 @@ def check_not_shipped(path: str | Path, what: str = "--out") -> None:
     """Refuse a destination inside the shipped ``assets/`` folder (the zoo is read-only: output
     goes to the run store or a folder of the user's) unless ``$ATTN_LAB_WRITE_ZOO`` is 1 (a
     maintainer rebuilding the zoo), and one inside a model folder (links followed)."""
-    where = Path(path).expanduser().resolve()
+    where = Path(os.path.realpath(Path(path).expanduser()))  # links followed; a loop never raises here
     if where.is_relative_to(SHIPPED) and os.environ.get(WRITE_ZOO) != "1":
         raise ValueError(
             f"{what} {path} is inside the shipped {SHIPPED.name}/ folder ({SHIPPED}), which holds the zoo and is "

@@ -133,6 +133,13 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+def not_led_out(path: Path, inside: Path, what: str, place: str) -> None:
+    """Refuse ``path`` when it exists and leads out of ``inside`` (a link, or below one): a run's
+    folder, a checkpoints/ folder are read where they are, as every file of a model folder is."""
+    if os.path.lexists(path) and not real_path(path).is_relative_to(real_path(inside)):
+        raise ValueError(f"{what} is a link to {real_path(path)}, outside {place}; it is never followed")
+
+
 def size_text(n_bytes: float) -> str:
     """``1.5 GiB``, ``12 MiB``, ``300 KiB``, ``12 bytes`` (``4,096 TiB`` beyond a thousand TiB)."""
     for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):

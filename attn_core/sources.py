@@ -32,6 +32,7 @@ __all__ = [
     "is_run",
     "is_upload",
     "upload_dir",
+    "shown_name",
     "weights_path",
     "resolve",
 ]
@@ -51,6 +52,19 @@ def is_upload(source: str | Path) -> bool:
 def upload_dir(root: Path | None = None) -> Path:
     """Where uploads are kept: ``<root>/uploads``, root being the run store's data directory."""
     return Path(root if root is not None else default_root()) / UPLOAD_DIR
+
+
+def shown_name(source: str | None) -> str | None:
+    """A source in the page's words: an uploaded model's folder in the store as ``upload: <its
+    name>`` (what the picker and the CLI take), anything else as given. A retraining job is given
+    the folder (``/tmp/.../runs/uploads/llama-...``); a title, a caption or a shown command says
+    the upload's own name, and keeps the path for a tooltip."""
+    if source is None:
+        return None
+    path = Path(str(source))
+    if path.is_absolute() and path.parent == upload_dir():
+        return UPLOAD_PREFIX + path.name
+    return str(source)
 
 
 def _upload_folder(source: str, store: RunStore | None) -> Path:

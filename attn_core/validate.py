@@ -10,14 +10,25 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import re
 from collections.abc import Iterable
 
 MAX_SEED = 2**63 - 1  # torch's generators take signed 64-bit seeds
+_ASCII_DIGITS = re.compile(r"[0-9]+")
 
 
 def is_int(value: object) -> bool:
     """An integer that is not a bool (numpy integers count)."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def whole_number(text: str, max_digits: int = 19) -> int | None:
+    """``text`` as an int when it is a whole number written in ASCII digits 0-9 (at most
+    ``max_digits`` of them), else None. ``str.isdigit`` accepts "²" and other digits that
+    ``int()`` then refuses with Python's own message; every parse of a typed number or a number
+    in a name goes through here."""
+    text = str(text)
+    return int(text) if 0 < len(text) <= max_digits and _ASCII_DIGITS.fullmatch(text) else None
 
 
 def is_number(value: object) -> bool:

@@ -106,10 +106,7 @@ def job_source(name: str) -> str:
 
 def picker_name(source: str) -> str:
     """The picker entry of a job's source (the inverse of :func:`job_source`)."""
-    path = Path(source)
-    if path.is_absolute() and path.parent == sources.upload_dir():
-        return sources.UPLOAD_PREFIX + path.name
-    return source
+    return sources.shown_name(source)
 
 
 def saved_runs() -> list[dict]:
@@ -188,7 +185,7 @@ def _model_caption(m: LoadedModel) -> None:
     c = m.config
     acc = m.card.accuracy
     acc_txt = f", held-out accuracy {acc:.1%}" if acc is not None else ""
-    parent = f" Retrained from {plain(m.card.parent)}." if m.card.parent else ""
+    parent = f" Retrained from {plain(sources.shown_name(m.card.parent))}." if m.card.parent else ""
     arch = m.card.details.get("architecture")
     kind = f"{plain(str(arch))} (imported, no task)" if arch else f"task {plain(m.card.task or '?')}"
     extra = ""
@@ -198,5 +195,6 @@ def _model_caption(m: LoadedModel) -> None:
         extra += f", rotary on {c.rotary_dims} of {c.d_head} dims (θ = {c.rope_theta:g})"
     st.sidebar.caption(
         f"**{plain(m.name)}**: {kind}, {c.n_layers} layer(s) × {c.n_heads} heads, "
-        f"d_model {c.d_model}, d_head {c.d_head}, {c.qk} QK{extra}{acc_txt}.{parent}"
+        f"d_model {c.d_model}, d_head {c.d_head}, {c.qk} QK{extra}{acc_txt}.{parent}",
+        help=f"Retrained from {m.card.parent}" if m.card.parent else None,  # the path, in the tooltip
     )

@@ -64,7 +64,7 @@ def pick_probes(loaded: LoadedModel, key: str, with_input: bool = False) -> Choi
     origin = pick_col.radio("Text from", where, format_func=PLACES.get, horizontal=True, key=f"{key}_text_from")
     path = pick_text(origin, pick_col, f"{key}_probe", listed)
     if path is None:
-        st.info("Upload a text to cut the probes from (or pick one in the data folder).")
+        st.info("Upload a text to cut the probes from" + (" (or pick one in the data folder)." if listed else "."))
         return None
     return Choice("text", str(path), os.stat(path).st_mtime_ns)
 

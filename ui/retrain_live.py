@@ -19,6 +19,7 @@ import pandas as pd
 import streamlit as st
 
 from attn_core import regularizers as R
+from attn_core import sources
 from attn_core.figures import Plot
 from attn_core.figures import text as ftext
 from attn_core.figures import training as ft
@@ -209,7 +210,7 @@ def _metrics(snap: Snapshot, on_text: bool) -> None:
         help="Fraction of scored tokens predicted right on the training batch",
     )
     cols[2].metric(
-        "entropy (regularized heads)",
+        "entropy",
         f"{latest['entropy_data']:.3f}" if "entropy_data" in latest else "–",
         help="Mean normalized attention entropy H/log n of the regularized heads on a fixed held-out "
         "probe batch: 0 = one key per query, 1 = uniform",
@@ -235,7 +236,9 @@ def live_curves() -> None:
     plot = live_chart(
         "curves",
         (snap.step, snap.status),
-        lambda: ft.curves_plot(log if snap.done else thinned(log), title=f"Retraining {current.parent}"),
+        lambda: ft.curves_plot(
+            log if snap.done else thinned(log), title=f"Retraining {sources.shown_name(current.parent)}"
+        ),
     )
     show_plot(plot, key="live_curves", downloads=snap.done)  # downloads once the run has ended
     if getattr(current.task, "facts", None) is not None:  # a run on text: perplexity, exp(loss)

@@ -27,6 +27,7 @@ from ui.models import job_source
 from ui.state import MODEL_KEY, remember
 
 PLACES = {"upload": "an upload", "data": "the data folder"}
+UPLOADED_AS = "text_uploaded_as"  # kept upload path -> the name it was uploaded as (a shown command says it)
 
 
 def pick_text(
@@ -109,7 +110,7 @@ def text_inputs(cfg: ModelConfig, lambdas: list[float], device: str = "cpu") -> 
         path = pick_text(origin, pick_col, "text", listed, uploads)
         held_path = None if held_from == "tail" else pick_text(held_from, held_pick_col, "eval", listed, uploads)
         if path is None:
-            st.info("Upload a text to retrain on (or pick one in the data folder).")
+            st.info("Upload a text to retrain on" + (" (or pick one in the data folder)." if listed else "."))
             return None
         if held_from != "tail" and held_path is None:
             st.info("Upload the held-out text (or measure perplexity on the end of the training text).")
@@ -140,6 +141,7 @@ def text_inputs(cfg: ModelConfig, lambdas: list[float], device: str = "cpu") -> 
         + f"; {len(held):,} tokens held out for perplexity ({split['held_out'].replace('eval-text', 'another text')})"
         + f"; blocks of {int(block)} tokens."
     )
+    st.session_state.setdefault(UPLOADED_AS, {}).update({str(p): name for p, name in uploads.items()})
     auto = default_batch(cfg, int(block), float(kl), device)
     return dict(
         text=str(path),
@@ -150,6 +152,20 @@ def text_inputs(cfg: ModelConfig, lambdas: list[float], device: str = "cpu") -> 
         kl=float(kl),
         batch_size=int(batch) or auto,
     )
+
+
+def shown_command(cfg) -> None:
+    """A run's ``attn-lab retrain`` command in the page's words: an uploaded model as ``upload:
+    <name>``, an uploaded text by the name it was uploaded as (this session's); the command with
+    the kept paths in the tooltip."""
+    from attn_core.sources import shown_name
+
+    shown = dict(st.session_state.get(UPLOADED_AS, {}))
+    shown[cfg.source] = shown_name(cfg.source)
+    said, full = cfg.command(shown), cfg.command()
+    st.code(said, language="bash")
+    if said != full:
+        st.caption("Uploads are named as they were uploaded.", help=f"With the paths they are kept at: {full}")
 
 
 def say_estimate(model, steps: int, batch: int, block: int, device: str, kl: float = 0.0) -> None:

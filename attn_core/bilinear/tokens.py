@@ -101,8 +101,9 @@ def _encoded(tok: Tokenizer, text: str) -> tuple[tuple[int, ...], ValueError | N
 
 def encode(loaded: LoadedModel, text: str) -> list[int]:
     """Space-separated tokens: names of the task's vocabulary, or ids / vocabulary entries for a
-    model without a task; with a tokenizer.json, the text as that tokenizer splits it. Raises
-    ValueError naming what is wrong."""
+    model without a task; with a tokenizer.json, the text as that tokenizer splits it (a piece it
+    does not know, which would be its unknown token, is refused: "1 2 3" meant as ids included).
+    Raises ValueError naming what is wrong."""
     model = check_loaded(loaded, "encode").model
     task = _task(loaded)
     if task is not None:
@@ -115,6 +116,14 @@ def encode(loaded: LoadedModel, text: str) -> list[int]:
         ids, error = _encoded(tok, text)
         if error is not None:
             raise error
+        unknown = hf_tokenizer.unknown_token(tok)
+        if unknown is not None and unknown[0] not in text and unknown[1] in ids:
+            n = ids.count(unknown[1])
+            raise ValueError(
+                f"{n} of the {len(ids)} tokens of the text are {unknown[0]!r}, the tokenizer's unknown token: it does "
+                "not know those pieces. The model has a tokenizer.json, so typed tokens are text, not token ids; "
+                "type text in its vocabulary"
+            )
         return check_tokens(model, list(ids))
     words = text.split()
     if not words:

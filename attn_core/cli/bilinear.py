@@ -91,7 +91,9 @@ def scores_cmd(
     layer: int = typer.Option(0, help="Layer index."),
     head: int = typer.Option(0, help="Head index."),
     tokens: str | None = typer.Option(
-        None, help='Space-separated tokens, e.g. "a b c" (ids for models without a task).'
+        None,
+        help='Space-separated tokens, e.g. "a b c": names of the task\'s vocabulary; text for a model with a '
+        "tokenizer.json (tokenized by it; a piece it does not know is refused); else token ids or vocabulary entries.",
     ),
     sample_seed: int | None = typer.Option(None, help="Use the held-out task sample with this seed."),
     random_seed: int | None = typer.Option(None, help="Use uniform random tokens with this seed."),
@@ -224,6 +226,7 @@ def export_cmd(
     per head) and ranks (the two ranks of each head) are measured on the model's task samples;
     ``attn-lab sinks --out`` and ``spectrum`` take a text."""
     from attn_core import bilinear
+    from attn_core.destinations import check_destination
     from attn_core.figures import EXPORT_FORMATS, ExportError, write_plot
     from attn_core.figures import bilinear as fb
     from attn_core.sources import resolve
@@ -235,6 +238,7 @@ def export_cmd(
         raise ValueError(
             f"unknown format {fmt!r}; choose one of {', '.join(EXPORT_FORMATS)} (--format or the --out suffix)"
         )
+    check_destination(out, "--out")  # the output rule of every command that writes, before any work
     loaded = resolve(name)
     model = loaded.model
     if figure in ("scores", "pattern", "query", "vocab", "vocab-pattern", "positional", *SINK_VIEWS):

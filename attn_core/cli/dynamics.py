@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from attn_core.cli.common import JsonOpt, emit, guarded
+from attn_core.text.corpus import MAX_WORDS_BYTES, TEXT_LIMIT
 from attn_core.training.config import JobConfig
 from attn_core.validate import default
 
@@ -48,12 +49,16 @@ def parse_steps(text: str | None) -> list[int] | None:
     """``"0,50,100"`` as steps; one clear line for anything else."""
     if text is None or not text.strip():
         return None
+    from attn_core.validate import whole_number
+
     out = []
     for part in text.split(","):
-        part = part.strip()
-        if not part.isdigit():
-            raise ValueError(f"--checkpoint-steps takes whole numbers separated by commas (0,50,100), got {part!r}")
-        out.append(int(part))
+        number = whole_number(part.strip())
+        if number is None:
+            raise ValueError(
+                f"--checkpoint-steps takes whole numbers separated by commas (0,50,100), got {part.strip()[:40]!r}"
+            )
+        out.append(number)
     return out
 
 
@@ -88,19 +93,24 @@ def _span(option: str, text: str | None) -> tuple[int, int] | None:
     """``"A:B"`` as positions [A, B)."""
     if text is None:
         return None
+    from attn_core.validate import whole_number
+
     a, sep, b = text.partition(":")
-    if not (sep and a.strip().isdigit() and b.strip().isdigit()):
-        raise ValueError(f"{option} takes positions A:B (from A up to, not including, B), got {text!r}")
-    return int(a), int(b)
+    a, b = whole_number(a.strip()), whole_number(b.strip())
+    if not sep or a is None or b is None:
+        raise ValueError(f"{option} takes positions A:B (from A up to, not including, B), got {text[:60]!r}")
+    return a, b
 
 
 def _steps(text: str | None) -> list[int] | None:
     if text is None:
         return None
-    parts = [p.strip() for p in text.split(",")]
-    if not all(p.isdigit() and len(p) < 20 for p in parts):
-        raise ValueError(f"--steps takes whole numbers separated by commas, one per model, got {text!r}")
-    return [int(p) for p in parts]
+    from attn_core.validate import whole_number
+
+    parts = [whole_number(p.strip()) for p in text.split(",")]
+    if any(p is None for p in parts):
+        raise ValueError(f"--steps takes whole numbers separated by commas, one per model, got {text[:80]!r}")
+    return parts
 
 
 def _human(res: dict, dyn) -> str:
@@ -118,24 +128,18 @@ def _human(res: dict, dyn) -> str:
     return "\n".join([*head, table(rows, cols), describe_phase(res["phase_change"])])
 
 
-def _check_animate(animate: Path | None) -> None:
-    """--animate follows the output rule of every command (``destinations.check_destination``)."""
+def _check_animate(animate: Path | None, series=None) -> None:
+    """--animate follows the output rule of every command (``destinations.check_destination``):
+    its name first, then, once the series is listed (nothing written yet), its place, never
+    inside the folders measured."""
     from attn_core.destinations import check_destination
 
     if animate is None:
         return
     if animate.suffix.lower() != ".html":
         raise ValueError(f"--animate writes an HTML file (name.html), got {str(animate)!r}")
-    check_destination(animate, "--animate")
-
-
-def _outside_series(animate: Path, series) -> None:
-    where = animate.expanduser().absolute().resolve()
-    for folder in series.folders:
-        if where.is_relative_to(folder.resolve()):
-            raise ValueError(
-                f"--animate {animate} is inside {folder}, which is being measured; choose a path outside it"
-            )
+    if series is not None:
+        check_destination(animate, "--animate", outside=series.folders, doing="measured")
 
 
 @app.command("dynamics")
@@ -158,7 +162,11 @@ def dynamics_cmd(
     early: str | None = typer.Option(None, "--early", help="Early positions A:B of the ICL score (default 1:1+T/8)."),
     late: str | None = typer.Option(None, "--late", help="Late positions C:D of the ICL score (default T-T/8:T)."),
     text: Path | None = typer.Option(
-        None, "--text", help="Measure on windows of this UTF-8 text file (models without a task)."
+        None,
+        "--text",
+        help=f"Measure on windows of this text (a .txt, .jsonl or .parquet file, or a folder of them; {TEXT_LIMIT}), "
+        "tokenized by the models' tokenizer.json as retrain, spectrum and sinks read theirs; models without one read "
+        f"space-separated token names of their task (a UTF-8 file of at most {MAX_WORDS_BYTES // 2**20} MiB).",
     ),
     length: int | None = typer.Option(None, help="Tokens per text window (default: the context, at most 128)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Measure every checkpoint again, ignoring the cache."),
@@ -192,8 +200,7 @@ def dynamics_cmd(
         raise ValueError(f"--value must be one of {', '.join(VALUES)}, got {value!r}")
     _check_animate(animate)
     series = D.series(list(sources), _steps(steps))
-    if animate is not None:
-        _outside_series(animate, series)
+    _check_animate(animate, series)
     for s in series.skipped:
         say(f"skipped {s.line()}")
     early_span, late_span = _span("--early", early), _span("--late", late)
@@ -205,7 +212,7 @@ def dynamics_cmd(
         check_layer(SimpleNamespace(cfg=series.config), layer)
         check_heads(SimpleNamespace(cfg=series.config), head)
     if text is not None:
-        inputs = D.series_text_inputs(series, D.read_text(text), length, samples, early_span, late_span)
+        inputs = D.series_text_inputs(series, text, length, samples, early_span, late_span)
     else:
         inputs = D.default_inputs(series, samples=samples, seed=seed, early=early_span, late=late_span)
         if inputs is None:

@@ -1,4 +1,4 @@
-"""Export commands: ``export-hf`` writes a model as a Hugging Face GPT-2 folder
+"""Export commands: ``export-hf`` writes a model as a Hugging Face folder (its own family, or GPT-2)
 (:mod:`attn_core.hf.export`), for transformers, TransformerLens, BertViz and nnsight; a model
 imported from a Hugging Face folder (or a run of one) is written back as its own family
 (:mod:`attn_core.hf.family_export`)."""
@@ -21,11 +21,12 @@ def export_hf_cmd(
     out: Path = typer.Option(..., help="Folder to write (must not exist, or be empty; nothing is overwritten)."),
     as_json: bool = JsonOpt,
 ):
-    """Write a zoo model or a saved run (run:<id>) as a transformers GPT-2 folder: config.json,
-    model.safetensors, a tokenizer of the task's token names (an imported model's vocab.json) and a README. Models that do not
-    map onto GPT-2 (merged QK, no LayerNorm, entmax) are refused with the reason. A model imported
-    from a Hugging Face folder, or a run retrained from one, is written back as its own family
-    (gpt2, gpt_neox, llama, mistral, qwen2) with its config.json and tokenizer files."""
+    """Write a model as a Hugging Face (transformers) folder: an imported model, or a run retrained
+    from one, as its own family (gpt2, gpt_neox, llama, mistral, qwen2) with its config.json and
+    tokenizer files; a zoo model or a run of one (run:<id>) as a GPT-2 folder: config.json,
+    model.safetensors, a tokenizer of the task's token names (an imported model's vocab.json) and
+    a README. Models that do not map onto GPT-2 (merged QK, no LayerNorm, entmax) are refused with
+    the reason."""
     from attn_core.bilinear import token_names
     from attn_core.hf.export import export_gpt2
     from attn_core.hf.family_export import export_family, hf_origin

@@ -14,6 +14,7 @@ from attn_core.cli import text_options as opts
 from attn_core.cli import worker_options as wopts
 from attn_core.cli.common import JsonOpt, emit, guarded, table
 from attn_core.regularizers import REGULARIZERS
+from attn_core.text.corpus import TEXT_LIMIT
 from attn_core.training.config import JobConfig
 from attn_core.validate import default
 
@@ -112,7 +113,7 @@ def retrain_cmd(
         default(JobConfig, "text"),
         "--text",
         help="Retrain on this text: a .txt file or a folder of them, .jsonl (one JSON object per line) or "
-        "Parquet, tokenized by the model folder's own tokenizer.json (cached in the run store's text-cache).",
+        f"Parquet ({TEXT_LIMIT}), tokenized by the model folder's own tokenizer.json (cached in the run store's text-cache).",
     ),
     text_field: str | None = opts.TextFieldOpt,
     eval_text: str | None = opts.EvalTextOpt,

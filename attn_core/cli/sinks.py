@@ -9,14 +9,15 @@ from pathlib import Path
 import typer
 
 from attn_core.cli.common import JsonOpt, NameArg, emit, guarded, table
+from attn_core.text.corpus import TEXT_LIMIT
 
 app = typer.Typer()
 
 TextOpt = typer.Option(
     None,
     "--text",
-    help="Cut the probes from this text (a .txt, .jsonl or .parquet file, or a folder of them), tokenized by "
-    "the model folder's tokenizer.json; default: the model's task samples (a model without a task needs it).",
+    help=f"Cut the probes from this text (a .txt, .jsonl or .parquet file, or a folder of them; {TEXT_LIMIT}), "
+    "tokenized by the model folder's tokenizer.json; default: the model's task samples (a model without a task needs it).",
 )
 FieldOpt = typer.Option(None, "--text-field", help="The text's JSON key or Parquet column (default text).")
 SamplesOpt = typer.Option(32, "--samples", help="Probes: text windows or task samples.")
@@ -66,7 +67,10 @@ def sinks_cmd(
     length: int | None = LengthOpt,
     seed: int = SeedOpt,
     out: Path | None = typer.Option(
-        None, "--out", help="Also write the importance figure (.png, .svg, .html or .csv; never overwritten)."
+        None,
+        "--out",
+        help="Also write the importance figure (.png, .svg, .html or .csv) to this new file: never overwritten, "
+        "never inside the shipped zoo, a model folder or the --text folder, never through a link.",
     ),
     as_json: bool = JsonOpt,
 ):
@@ -74,6 +78,7 @@ def sinks_cmd(
     receives over the queries that see it), the sink heads (a key above --eps) and the sink rate,
     on probes cut from --text or the model's task samples."""
     from attn_core.bilinear.sinks import check_eps, sinks
+    from attn_core.destinations import check_destination
     from attn_core.figures import EXPORT_FORMATS, ExportError, write_plot
     from attn_core.figures.sinks import importance_plot
     from attn_core.sources import resolve
@@ -83,8 +88,8 @@ def sinks_cmd(
         fmt = out.suffix.lstrip(".").lower()
         if fmt not in EXPORT_FORMATS:
             raise ValueError(f"--out must end in one of .{', .'.join(EXPORT_FORMATS)}, got {str(out)!r}")
-        if out.exists():
-            raise ValueError(f"--out {out} already exists; choose a new file (nothing was overwritten)")
+        # the output rule of every command (a model folder, the zoo, a link), before any work; never into the text
+        check_destination(out, "--out", outside=[text] if text is not None and text.is_dir() else [])
     loaded = resolve(name)
     p = probe_inputs(loaded, text, text_field, samples, length, seed)
     found = sinks(loaded.model, p.tokens, eps, p.what)

@@ -1,7 +1,8 @@
 """The per-checkpoint cache of :func:`attn_core.dynamics.dynamics`: one JSON file per (member,
 inputs, settings) key, read as untrusted input.
 
-An entry is read only when it is a regular file of at most :data:`MAX_ENTRY_BYTES` (a FIFO, a
+An entry is read only when it is a regular file (not a link: one is refused unread and
+untouched) of at most :data:`MAX_ENTRY_BYTES` (a FIFO, a
 device, a folder or a link to one is refused without being opened: ``limits.read_file``), its
 JSON is within ``untrusted.parse_json``'s size and depth, its numbers are finite (null marks a
 metric that is not measured, never a number that is not finite), its K-composition matrix is
@@ -112,6 +113,8 @@ class MetricCache:
         """The entry of ``key`` (checked: see the module doc), None when there is none or it is
         refused; ``n_heads``: the series' head count, the size its K-composition must have."""
         path = self._path(key)
+        if path.is_symlink():  # never read through (a file outside the store), nor touched on a hit
+            return self._refuse(f"{path.name} is a link to {os.readlink(path)[:200]}; an entry is never a link")
         try:
             data = limits.read_file(path, MAX_ENTRY_BYTES, path.name)
         except FileNotFoundError:
@@ -125,7 +128,7 @@ class MetricCache:
             return self._refuse(f"{path.name}: {e}")
         self.hits += 1
         try:
-            os.utime(path)  # used now: the last to go when the folder is trimmed
+            os.utime(path, follow_symlinks=False)  # used now: the last to go when the folder is trimmed
         except OSError:
             pass
         return found

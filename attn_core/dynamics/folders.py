@@ -29,11 +29,13 @@ from pathlib import Path
 
 from attn_core import limits, untrusted
 from attn_core.checkpoint import CONFIG, CheckpointError
+from attn_core.validate import is_int, whole_number
 
 MANIFESTS = ("series.json", "series.csv")
 MAX_MANIFEST_BYTES = 4 * 2**20
-_STEP = re.compile(r"(?:^|[^a-z])(?:step|checkpoint|ckpt|iter|iteration)[-_ ]?(\d+)(?!.*\d)", re.IGNORECASE)
-_OLMO = re.compile(r"(?:^|[^a-z])step[-_]?(\d+)[-_]tokens[-_]?(\d+)([KMBT]?)$", re.IGNORECASE)
+# ASCII digits only (re.ASCII): a name's "²" or "٣" is no step
+_STEP = re.compile(r"(?:^|[^a-z])(?:step|checkpoint|ckpt|iter|iteration)[-_ ]?(\d+)(?!.*\d)", re.I | re.A)
+_OLMO = re.compile(r"(?:^|[^a-z])step[-_]?(\d+)[-_]tokens[-_]?(\d+)([KMBT]?)$", re.I | re.A)
 _SCALE = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
 
 Problem = tuple[int | None, str, str]  # (step or None, the name, why it is skipped)
@@ -44,8 +46,8 @@ def step_and_tokens(name: str) -> tuple[int | None, int | None]:
     ``checkpoint-…`` number or the whole name when it is a number, and OLMo's
     ``step1000-tokens4B`` (4 x 10^9 tokens); None where it carries none."""
     stem = Path(str(name).rstrip("/")).name.removesuffix(".safetensors")
-    if stem.isdigit():
-        return int(stem), None
+    if whole_number(stem) is not None:
+        return whole_number(stem), None
     m = _OLMO.search(stem)
     if m:
         return int(m.group(1)), int(m.group(2)) * _SCALE[m.group(3).upper()]
@@ -104,7 +106,7 @@ def entries(folder: str | Path, limit: int) -> tuple[list[Entry], list[Problem]]
     seen: dict[Path, int] = {}
     for step, tokens, name in rows:
         why = _bad_step(step)
-        if why is None and tokens is not None and not (isinstance(tokens, int) and tokens >= 0):
+        if why is None and tokens is not None and not (is_int(tokens) and tokens >= 0):
             why = f"its tokens {str(tokens)[:40]!r} are not a whole number >= 0"
         if why is None:
             try:
@@ -149,6 +151,12 @@ def _subfolders(folder: Path, limit: int) -> tuple[list[tuple], list[Problem]]:
     return rows, problems
 
 
+def _cell(text: str) -> int | str | None:
+    """A CSV cell: a whole number as an int, else the text (None when empty)."""
+    number = whole_number(text)
+    return number if number is not None else (text or None)
+
+
 def _manifest_rows(path: Path) -> tuple[list[tuple], list[Problem]]:
     """(step, tokens, folder name) rows of a manifest; a CheckpointError when it is unreadable."""
     data = untrusted.read_bytes(untrusted.model_file(path.parent, path.name), MAX_MANIFEST_BYTES)
@@ -171,9 +179,7 @@ def _manifest_rows(path: Path) -> tuple[list[tuple], list[Problem]]:
         try:
             for i, row in enumerate(reader):
                 row = {str(k).strip().lower(): (v or "").strip() for k, v in row.items() if isinstance(v, str)}
-                records.append(
-                    (i + 2, {k: int(v) if v.isdigit() and len(v) < 20 else (v or None) for k, v in row.items()})
-                )
+                records.append((i + 2, {k: _cell(v) for k, v in row.items()}))
         except csv.Error as e:
             raise CheckpointError(f"{path.name} is not CSV ({e})") from None
     rows, problems = [], []

@@ -10,9 +10,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from attn_core.checkpoint import CheckpointError
 from attn_core.dynamics.cache import MetricCache
@@ -21,6 +24,7 @@ from attn_core.dynamics.phase import phase_change
 from attn_core.dynamics.series import Series, Skipped, header_params
 from attn_core.regularizers import head_label
 from attn_core.runs import RunStore
+from attn_core.text.corpus import MAX_WORDS_BYTES
 
 VERSION = 2  # of what a cached entry holds; bump when a metric's definition changes
 
@@ -198,7 +202,7 @@ def _partial_file(path: Path) -> bool:
         return False
 
 
-MAX_TEXT_BYTES = 4 * 2**20  # of a text the metrics are measured on
+MAX_TEXT_BYTES = MAX_WORDS_BYTES  # of a text of a task's token names (a text for a tokenizer: the corpus limits)
 
 
 def read_text(path: str | Path) -> str:
@@ -213,24 +217,32 @@ def read_text(path: str | Path) -> str:
 
 
 def series_text_inputs(
-    series: Series, text: str, length: int | None, samples: int, early=None, late=None, store=None
+    series: Series, text: str | Path, length: int | None, samples: int, early=None, late=None, store=None
 ) -> Inputs:
-    """Windows of ``text`` (``length`` tokens each, default the context up to 128) tokenized for the
-    series: by the tokenizer.json of its folder (the run's, or its checkpoints folder's, where a
-    text run writes it when it starts), else of the first member that loads, else the task's
-    token names (:func:`text_ids`)."""
-    from attn_core.hf import tokenizer as hf_tokenizer
+    """Windows of the text file ``text`` (``length`` tokens each, default the context up to 128)
+    tokenized for the series by a tokenizer.json: of its folder (the run's, or its checkpoints
+    folder's, where a text run writes it when it starts), else of the first member that loads.
+    That text is read as retrain, spectrum and sinks read theirs (``text.source.tokenize_text``:
+    a .txt/.jsonl/.parquet file or folder, the corpus limits, the token cache), so every command
+    takes the same texts. A model without a tokenizer reads the text's space-separated token
+    names of its task (:func:`text_ids`, a file of at most :data:`MAX_TEXT_BYTES`)."""
+    from attn_core.hf.tokenizer import TOKENIZER
+    from attn_core.text.source import tokenize_text
 
     cfg = series.config
     length = min(cfg.n_ctx, 128) if length is None else length
     if not 2 <= length <= cfg.n_ctx:
         raise ValueError(f"--length must be 2..{cfg.n_ctx} (the context), got {length}")
-    tok = None
-    for folder in series.folders:
-        tok = hf_tokenizer.load_tokenizer(folder) if folder.is_dir() else None
-        if tok is not None:
-            break
-    ids = hf_tokenizer.encode(tok, text) if tok is not None else text_ids(series.first_loaded(store), text)
+    found = [f for f in series.folders if f.is_dir() and os.path.lexists(f / TOKENIZER)]
+    if not found:
+        loaded = series.first_loaded(store)
+        own = Path(loaded.path) if loaded.path is not None and Path(loaded.path).is_dir() else None
+        if own is None or not os.path.lexists(own / TOKENIZER):
+            return text_inputs(text_ids(loaded, read_text(text)), length, samples, early, late)
+        found = [own]
+    root = store.root if store is not None else None
+    _, done = tokenize_text(found[0], series.name, str(text), cache_root=root)
+    ids = np.concatenate([token_file.array() for _, token_file in done]).tolist()
     return text_inputs(ids, length, samples, early, late)
 
 

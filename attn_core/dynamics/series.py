@@ -184,10 +184,13 @@ def series(names: list[str], steps: list[int] | None = None, store: RunStore | N
         return _checkpoint_series(names[0], store)
     if len(names) > MAX_MEMBERS:
         raise limits.LimitError(f"{len(names):,} models is more than {MAX_MEMBERS:,} in one series")
-    pairs, skipped = [], []
+    pairs, skipped, named = [], [], {}
     for i, name in enumerate(names):
         file = sources.weights_path(name, store)  # an unknown name fails here, with the known ones
         step = steps[i] if steps is not None else step_of_name(_plain_name(name))
+        if (first := named.setdefault(file.resolve(), i)) != i:  # the same model named twice: one step
+            skipped.append(Skipped(step, name, f"is named twice (also as {names[first]!r})"))
+            continue
         if step is None:
             raise ValueError(
                 f"cannot tell the training step of {name!r} from its name (no step1000, checkpoint-1000 ...); "
@@ -202,12 +205,8 @@ def series(names: list[str], steps: list[int] | None = None, store: RunStore | N
             lambda name=name: _source_config(name, store),
         )
     label = Path(_plain_name(names[0])).name
-    return _finish(
-        f"{label} (+{len(names) - 1})",
-        pairs,
-        skipped,
-        where=[m.file.parent for m, _ in pairs if m.file.name in (WEIGHTS, hf.INDEX)],
-    )
+    where = [m.file.parent for m, _ in pairs if m.file.name in (WEIGHTS, hf.INDEX)]
+    return _finish(f"{label} (+{len(names) - 1})", pairs, skipped, where=where)
 
 
 def _folder_series(folder: Path, store: RunStore | None) -> Series:
@@ -358,14 +357,15 @@ def _folder_config(folder: Path) -> ModelConfig:
 def _series_folder(name: str, store: RunStore | None) -> tuple[Path, str | None]:
     """(the checkpoint folder, the source of its final model or None) of a source holding a series."""
     if sources.is_run(name):
-        run_folder = (store or RunStore()).path(_plain_name(name))
+        store = store or RunStore()
+        run_folder = store.path(_plain_name(name))
+        limits.not_led_out(run_folder, store.root, f"{name}'s folder", "the run store")
         reference = name if (run_folder / WEIGHTS).is_file() else None
         where = run_folder
     else:
         where = zoo.locate(name)
-        reference = None
-        if where.is_dir() and (where / WEIGHTS).is_file():
-            reference = str(where)
+        reference = str(where) if where.is_dir() and (where / WEIGHTS).is_file() else None
+    limits.not_led_out(where / CHECKPOINTS, where, f"the {CHECKPOINTS}/ folder of {name}", "its folder")
     if (where / CHECKPOINTS).is_dir():
         return where / CHECKPOINTS, reference
     if where.is_dir() and ((where / ckpt.INDEX).is_file() or any(where.glob("step-*.safetensors"))):

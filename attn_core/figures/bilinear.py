@@ -33,6 +33,7 @@ VALUE_LABELS = {"scores": "scores S = f_x(y)", "pattern": "pattern A"}
 VALUES = tuple(VALUE_LABELS)
 # Axis tick labels are drawn for at most this many rows/columns; cell text for at most this many cells.
 MAX_CELL_TEXT = 400
+CELL_TEXT_PX = 34  # a cell narrower than this cannot hold "-0.02" at 9 px: neighbours' numbers ran together
 MAX_HOVER_CELLS = 40_000
 KIND_TITLE = {"sequence": "Sequence view", "vocabulary": "Vocabulary view", "positional": "Positional view"}
 HIGHLIGHT = "#d62728"
@@ -67,6 +68,13 @@ def _heatmap(z: torch.Tensor, value: str, queries: list[str], keys: list[str], f
     if nq * nk <= MAX_CELL_TEXT:
         heat.update(texttemplate="%{z:.2f}", textfont=dict(size=9))
     return heat
+
+
+def _fit_cell_text(fig: go.Figure, width: int, n_columns: int) -> None:
+    """No cell numbers where a cell (margins set) is narrower than :data:`CELL_TEXT_PX`; hover has them."""
+    m = fig.layout.margin
+    if (width - (m.l or 0) - (m.r or 0)) / max(n_columns, 1) < CELL_TEXT_PX:
+        fig.update_traces(texttemplate=None, selector=dict(type="heatmap"))
 
 
 def _outline(fig: go.Figure, x0: float, x1: float, y0: float, y1: float, dash: str | None = None) -> None:
@@ -110,6 +118,7 @@ def view_plot(view: View, head: int, query: int | None = None, value: str = "sco
         fig.update_yaxes(scaleanchor="x", scaleratio=1, constrain="domain")
         fig.update_xaxes(constrain="domain")
         fixed_margins(fig, width=width)
+    _fit_cell_text(fig, width, nk)
     highlighted = view.check_query(query) if query is not None else -1
 
     def data() -> pd.DataFrame:
@@ -182,6 +191,7 @@ def window_plot(lv: LongView, value: str = "scores", width: int = HALF_PX) -> Pl
         height=max(420, min(900, 12 * len(labels) + 200)),
     )
     fixed_margins(fig, width=width)
+    _fit_cell_text(fig, width, len(labels))
 
     def data() -> pd.DataFrame:
         frame = lv.window_frame()

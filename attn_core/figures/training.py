@@ -157,6 +157,9 @@ def head_entropy_plot(metrics: pd.DataFrame, view: str = "data", regularized: Se
         yaxis=dict(title="H / log n", range=UNIT_RANGE),
         height=420,
     )
+    steps = pd.concat([data["step"], mean["step"]])
+    if steps.nunique() > 1:  # the axis ends at the run's last measured step, never past it
+        fig.update_xaxes(range=[float(steps.min()), float(steps.max())])
     return Plot(f"head_entropy_{view}", fig, data, meta=dict(view=view))
 
 

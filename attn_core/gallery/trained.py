@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pandas as pd
 
-from attn_core import bilinear
+from attn_core import bilinear, sources
 from attn_core.card import Card
 from attn_core.figures import bilinear as fb
 from attn_core.figures import training as ft
@@ -114,8 +114,10 @@ def retrain_wide_text(folder, quick: bool, store: RunStore) -> Iterator[Entry]:
     job.run()
     snap, page = job.snapshot(), "Retrain · 24 heads on text"
     log = snap.metrics()
-    yield Entry(page, "live curves", ft.curves_plot(log, title=f"Retraining {job.parent}"), FULL)
-    ppl = ftext.perplexity_plot(log, title=f"Perplexity of {job.parent}", before=(snap.before or {}).get("perplexity"))
+    yield Entry(page, "live curves", ft.curves_plot(log, title=f"Retraining {sources.shown_name(job.parent)}"), FULL)
+    ppl = ftext.perplexity_plot(
+        log, title=f"Perplexity of {sources.shown_name(job.parent)}", before=(snap.before or {}).get("perplexity")
+    )
     yield Entry(page, "perplexity", ppl, FULL)
     yield Entry(page, "entropy per head", ft.head_entropy_plot(log, "data", regularized=snap.regularized_heads), HALF)
     yield Entry(page, "singular values over training", ft.spectrum_history_plot(log, "L0H13"), FULL)

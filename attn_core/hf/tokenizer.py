@@ -66,8 +66,8 @@ def load_tokenizer(folder: Path) -> Tokenizer | None:
 
 def token_strings(tok: Tokenizer, d_vocab: int) -> list[str]:
     """A readable, unique label per token id < d_vocab: the token decoded alone (a byte-level
-    piece shows as its text), newlines and tabs escaped, a repeated label suffixed with its id,
-    and ids the tokenizer does not know as "#id"."""
+    piece shows as its text), newlines and tabs escaped, a token of spaces only as ␣ (one per
+    space), a repeated label suffixed with its id, and ids the tokenizer does not know as "#id"."""
     try:
         decoded = tok.decode_batch([[i] for i in range(d_vocab)], skip_special_tokens=False)
     except BaseException as e:  # a panic of the Rust library
@@ -76,11 +76,21 @@ def token_strings(tok: Tokenizer, d_vocab: int) -> list[str]:
     for i, text in enumerate(decoded):
         label = text or tok.id_to_token(i) or f"#{i}"
         label = label.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+        if not label.strip():  # a token of spaces only: visible ("7:␣", not "7:")
+            label = label.replace(" ", "␣") if label.strip(" ") == "" else repr(label)[1:-1]
         if label in seen:
             label = f"{label}·{i}"
         seen.add(label)
         out.append(label)
     return out
+
+
+def unknown_token(tok: Tokenizer) -> tuple[str, int] | None:
+    """(the token, its id) a tokenizer puts for a piece it does not know (WordLevel, WordPiece, a
+    BPE without byte fallback), None when it has none (byte-level BPE knows every piece)."""
+    name = getattr(tok.model, "unk_token", None)
+    found = tok.token_to_id(name) if isinstance(name, str) and name else None
+    return (name, found) if found is not None else None
 
 
 def encode(tok: Tokenizer, text: str, timeout_s: float = TOKENIZE_TIMEOUT_S) -> list[int]:

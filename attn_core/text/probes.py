@@ -1,10 +1,11 @@
 """Probes: the inputs a model's sinks and data-space ranks are measured on (``bilinear.sinks``,
 ``bilinear.ranks``), and the one call each that the CLI and the pages make.
 
-- a user's text (``text``: a .txt/.jsonl/Parquet file or folder, through the text task's path:
-  ``source.text_task_for`` tokenizes it with the model folder's own tokenizer.json into the token
+- a user's text (``text``: a .txt/.jsonl/Parquet file or folder, read as retrain reads it:
+  ``source.tokenize_text`` tokenizes it with the model folder's own tokenizer.json into the token
   cache): ``n`` non-overlapping windows of ``length`` tokens, evenly spaced over the whole token
-  stream (the text task's training part, then its held-out part);
+  stream (nothing is trained, so no block and no held-out part: a text is long enough when it
+  holds one probe);
 - else the model's task: ``n`` held-out samples (split test, seed ``seed``), cut to ``length``.
 
 ``length`` defaults to 64 tokens (Gu et al.'s probes), cut to the model's context.
@@ -80,13 +81,21 @@ def probes(
                 f"{loaded.name} has no {TOKENIZER} in its folder, so a text cannot be tokenized for it"
                 + (f"; {instead}" if instead else "")
             )
-        from attn_core.text.source import text_task_for
+        from attn_core.text.source import tokenize_text
+        from attn_core.text.task import check_ids
 
-        task = text_task_for(loaded, str(text), field=field, block=T, cache_root=cache_root, progress=progress)
-        tokens = text_windows([task.data.train, task.data.held_out], n, T)
-        files = task.facts.get("files") or [str(text)]
+        # the whole token stream (nothing is trained: no block, no held-out part), from the token cache
+        _, [(corpus, stream)] = tokenize_text(Path(folder), loaded.name, str(text), field, None, cache_root, progress)
+        check_ids(stream, loaded.config.d_vocab)
+        if stream.n_tokens < T:
+            raise ValueError(
+                f"the text has {stream.n_tokens:,} tokens, fewer than one probe of {T} (--length {T}); "
+                "give more text or a smaller --length"
+            )
+        tokens = text_windows([stream.array()], n, T)
+        files = corpus.names() or [str(text)]
         name = files[0] if len(files) == 1 else f"{len(files)} files"
-        return Probes(tokens, f"{tokens.shape[0]} windows of {T} tokens of {name} ({task.facts['tokens']:,} tokens)")
+        return Probes(tokens, f"{tokens.shape[0]} windows of {T} tokens of {name} ({stream.n_tokens:,} tokens)")
     task = loaded.task
     if task is None or task.d_vocab != loaded.config.d_vocab:
         raise ValueError(f"{loaded.name} has no task in its card: give --text FILE, a text to cut its probes from")

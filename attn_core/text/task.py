@@ -182,6 +182,15 @@ def default_batch(cfg, block: int, kl: float = 0.0, device: str = "cuda") -> int
     return max(1, min(MAX_DEFAULT_BATCH, 1 << max(0, int(fit).bit_length() - 1)))
 
 
+def check_ids(tf: TokenFile | None, d_vocab: int) -> None:
+    """Refuse token ids the model does not have: a tokenizer.json of another model."""
+    if tf is not None and tf.meta["max_id"] >= d_vocab:
+        raise TextError(
+            f"the tokenizer gave token id {tf.meta['max_id']}, but the model has only {d_vocab} tokens: "
+            "the tokenizer.json does not belong to this model"
+        )
+
+
 def split_streams(
     main: TokenFile, held: TokenFile | None, block: int, d_vocab: int
 ) -> tuple[np.ndarray, np.ndarray, dict]:
@@ -190,11 +199,7 @@ def split_streams(
     so is a held-out text that is the training text itself (the same files and bytes)."""
     need = block + 1
     for tf in (main, held):
-        if tf is not None and tf.meta["max_id"] >= d_vocab:
-            raise TextError(
-                f"the tokenizer gave token id {tf.meta['max_id']}, but the model has only {d_vocab} tokens: "
-                "the tokenizer.json does not belong to this model"
-            )
+        check_ids(tf, d_vocab)
     stream = main.array()
     if held is not None and held.meta.get("corpus_sha256") == main.meta.get("corpus_sha256"):
         raise TextError(

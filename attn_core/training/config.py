@@ -267,9 +267,15 @@ class JobConfig:
         out["regularizers"] = [str(s) for s in R.parse_specs(self.regularizers)]
         return out
 
-    def command(self) -> str:
-        """The ``attn-lab retrain`` command that makes this run."""
-        parts = ["attn-lab", "retrain", shlex.quote(self.source)]
+    def command(self, shown: dict[str, str] | None = None) -> str:
+        """The ``attn-lab retrain`` command that makes this run; ``shown`` names a source or a text
+        path in the page's words (an upload's own name for the path it is kept at)."""
+        shown = shown or {}
+
+        def say(value: str) -> str:
+            return shlex.quote(shown.get(value, value))
+
+        parts = ["attn-lab", "retrain", say(self.source)]
         for spec in self.to_dict()["regularizers"]:
             parts += ["--reg", shlex.quote(spec)]
         if self.heads:
@@ -299,7 +305,7 @@ class JobConfig:
             parts += ["--checkpoint-max-mb", f"{self.checkpoint_max_mb:g}"]
         for flag, value in (("--text", self.text), ("--text-field", self.text_field), ("--eval-text", self.eval_text)):
             if value is not None:
-                parts += [flag, shlex.quote(value)]
+                parts += [flag, say(value)]
         if self.block is not None:
             parts += ["--block", str(self.block)]
         if self.train != "all":

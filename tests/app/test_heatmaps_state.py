@@ -8,7 +8,7 @@ from pathlib import Path
 from streamlit.testing.v1 import AppTest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGE = str(ROOT / "pages" / "1_Heatmaps.py")
+PAGE = str(ROOT / "app_pages" / "1_Heatmaps.py")
 MODEL = "induction-2l"
 
 
@@ -49,9 +49,9 @@ def test_a_new_length_moves_the_query_a_head_or_seed_change_does_not():
 def test_a_query_survives_a_page_switch():
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=90)
     at.query_params["model"] = MODEL
-    at.switch_page("pages/1_Heatmaps.py").run()
+    at.switch_page("app_pages/1_Heatmaps.py").run()
     at.select_slider(key="query").set_value(4).run()
-    at.switch_page("pages/2_Spectrum.py").run()
-    at.switch_page("pages/1_Heatmaps.py").run()
+    at.switch_page("app_pages/2_Spectrum.py").run()
+    at.switch_page("app_pages/1_Heatmaps.py").run()
     assert not at.exception
     assert at.select_slider(key="query").value == 4

@@ -17,8 +17,8 @@ from tests.conftest import make_tiny_model, write_tiny_hf
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "app.py")
-RUNS_PAGE = str(ROOT / "pages" / "4_Runs.py")
-HEATMAPS = str(ROOT / "pages" / "1_Heatmaps.py")
+RUNS_PAGE = str(ROOT / "app_pages" / "4_Runs.py")
+HEATMAPS = str(ROOT / "app_pages" / "1_Heatmaps.py")
 
 
 def peak_rss() -> int:

@@ -15,7 +15,7 @@ from tests.conftest import write_tiny_hf
 from tests.text_corpus import make_text, write_word_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGE = str(ROOT / "pages" / "3_Retrain.py")
+PAGE = str(ROOT / "app_pages" / "3_Retrain.py")
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""AppTest of pages/7_Attention_explorer.py: seed 003's cases on screen, bad settings as
+"""AppTest of app_pages/7_Attention_explorer.py: seed 003's cases on screen, bad settings as
 st.error, every figure exportable."""
 
 import io
@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 import ui
 from attn_core.figures import bundle_zip
 
-PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "7_Attention_explorer.py")
+PAGE = str(Path(__file__).resolve().parents[2] / "app_pages" / "7_Attention_explorer.py")
 FIGURES = ["toy_weights", "toy_output", "toy_alpha_a_hist", "toy_heads", "toy_alpha_a_hist_heads"]
 
 
@@ -135,7 +135,7 @@ def test_settings_survive_a_visit_to_another_page():
     """The README says choices survive page switches: each of this page's settings is remembered
     (the old page drew them with fixed defaults and lost them on the way back)."""
     at = AppTest.from_file(str(Path(PAGE).parents[1] / "app.py"), default_timeout=60)
-    at.switch_page("pages/7_Attention_explorer.py").run()
+    at.switch_page("app_pages/7_Attention_explorer.py").run()
     changed = {
         "n (keys)": 6,
         "d (dimension)": 12,
@@ -155,9 +155,9 @@ def test_settings_survive_a_visit_to_another_page():
         at.run()
     _widget(at.selectbox, "Key with large variance along its mean").set_value(4)
     at.run()
-    at.switch_page("pages/0_Home.py").run()
+    at.switch_page("app_pages/0_Home.py").run()
     assert not at.exception
-    at.switch_page("pages/7_Attention_explorer.py").run()
+    at.switch_page("app_pages/7_Attention_explorer.py").run()
     assert not at.exception
     for label, value in changed.items():
         assert _widget([*at.slider, *at.number_input, *at.radio], label).value == value, label

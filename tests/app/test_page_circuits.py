@@ -1,4 +1,4 @@
-"""AppTest of pages/9_Circuits.py: it renders on a factored and a merged model; the copying
+"""AppTest of app_pages/9_Circuits.py: it renders on a factored and a merged model; the copying
 scores it shows are the library's; the layer/head picker moves the full OV circuit; a big
 vocabulary is capped with a note; every figure can be exported."""
 
@@ -16,7 +16,7 @@ from attn_core import circuits
 from attn_core.figures import bundle_zip
 from attn_core.sources import resolve
 
-PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "9_Circuits.py")
+PAGE = str(Path(__file__).resolve().parents[2] / "app_pages" / "9_Circuits.py")
 CHARTS = ["ov_spectrum", "composition", "composition_corrected", "head_graph", "positivity", "ov_circuit"]
 
 

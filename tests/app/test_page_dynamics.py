@@ -1,4 +1,4 @@
-"""AppTest of pages/11_Dynamics.py on a run trained with checkpoints: the step slider scrubs every
+"""AppTest of app_pages/11_Dynamics.py on a run trained with checkpoints: the step slider scrubs every
 view to that checkpoint's weights (checked against the checkpoint loaded here), the curves mark
 the step, play advances it, the animation has one frame per step, and bad series are one line."""
 
@@ -15,7 +15,7 @@ from attn_core.training.config import JobConfig
 from attn_core.training.job import TrainingJob
 from tests.conftest import make_tiny_model
 
-PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "11_Dynamics.py")
+PAGE = str(Path(__file__).resolve().parents[2] / "app_pages" / "11_Dynamics.py")
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""AppTest of pages/11_Dynamics.py on damaged checkpoints (each one line, the others shown), the
+"""AppTest of app_pages/11_Dynamics.py on damaged checkpoints (each one line, the others shown), the
 slider on a step damaged since its metrics were cached, junk in the step list, paths outside the
 folders the dashboard reads, and a folder of Hugging Face folders measured on a text of the data
 folder, with what was measured stated."""
@@ -15,7 +15,7 @@ from attn_core.hf.export import export_gpt2
 from attn_core.sources import resolve
 from tests.damaged import BAD_STEP, KINDS, damage, damage_all, model_with_checkpoints
 
-PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "11_Dynamics.py")
+PAGE = str(Path(__file__).resolve().parents[2] / "app_pages" / "11_Dynamics.py")
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""AppTest of pages/12_Edit_and_compare.py: a rank slider move shows the library's loss and the
+"""AppTest of app_pages/12_Edit_and_compare.py: a rank slider move shows the library's loss and the
 edited head's attention beside the original; ablation is a button; the edit saves as a run that
 opens with the edited weights; the compare tab draws the library's distance matrix with the
 matching and links a matched pair to Heatmaps and Spectrum; every figure goes into the zip."""
@@ -12,7 +12,7 @@ import ui
 from attn_core import surgery
 from attn_core.sources import resolve
 
-PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "12_Edit_and_compare.py")
+PAGE = str(Path(__file__).resolve().parents[2] / "app_pages" / "12_Edit_and_compare.py")
 
 
 def test_a_rank_slider_move_shows_the_librarys_loss_and_pattern():

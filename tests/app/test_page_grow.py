@@ -1,4 +1,4 @@
-"""AppTest of pages/5_Grow_d_k.py: grow a head of a small model from the page, see the spectrum,
+"""AppTest of app_pages/5_Grow_d_k.py: grow a head of a small model from the page, see the spectrum,
 predicted vs measured decrease, the three methods and the heatmaps; bad models are refused."""
 
 import io
@@ -13,7 +13,7 @@ from streamlit.testing.v1 import AppTest
 from attn_core.figures import bundle_zip
 from attn_core.sources import LoadedModel, resolve
 
-PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "5_Grow_d_k.py")
+PAGE = str(Path(__file__).resolve().parents[2] / "app_pages" / "5_Grow_d_k.py")
 FIGURES = 6  # spectrum, decrease, curves, summary, heatmap before, heatmap after
 
 

@@ -1,4 +1,4 @@
-"""AppTest of pages/1_Heatmaps.py: the heatmaps show the model's own scores and pattern for the
+"""AppTest of app_pages/1_Heatmaps.py: the heatmaps show the model's own scores and pattern for the
 chosen layer, head, input and query; the per-query metrics are those of that row; bad input and
 bad URL values fall back with a message; choices survive a page switch; the zip has every figure."""
 
@@ -20,7 +20,7 @@ from attn_core.sources import resolve
 from tests.conftest import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGE = str(ROOT / "pages" / "1_Heatmaps.py")
+PAGE = str(ROOT / "app_pages" / "1_Heatmaps.py")
 MODEL = "induction-2l"
 SINGLE = ["scores", "pattern", "query_row", "vocab", "positional"]
 
@@ -157,15 +157,15 @@ def test_choices_survive_a_page_switch():
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=90)
     at.query_params["model"] = MODEL
     at.run()
-    at.switch_page("pages/1_Heatmaps.py").run()
+    at.switch_page("app_pages/1_Heatmaps.py").run()
     at.selectbox(key="layer").select(1)
     at.selectbox(key="head").select(3)
     at.run()
-    at.switch_page("pages/2_Spectrum.py").run()
+    at.switch_page("app_pages/2_Spectrum.py").run()
     assert not at.exception
     assert at.selectbox(key="layer").value == 1 and at.selectbox(key="head").value == 3
-    at.switch_page("pages/0_Home.py").run()
-    at.switch_page("pages/1_Heatmaps.py").run()
+    at.switch_page("app_pages/0_Home.py").run()
+    at.switch_page("app_pages/1_Heatmaps.py").run()
     assert at.selectbox(key="layer").value == 1 and at.selectbox(key="head").value == 3
     assert "layer 1 head 3" in chart(at, "scores")["layout"]["title"]["text"]
 

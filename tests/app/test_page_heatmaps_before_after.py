@@ -16,7 +16,7 @@ from tests.conftest import write_tiny_hf
 from tests.text_corpus import make_text, write_word_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGE = str(ROOT / "pages" / "1_Heatmaps.py")
+PAGE = str(ROOT / "app_pages" / "1_Heatmaps.py")
 SENTENCE = "w5 w6 w7 w8 w5 w6 w7"
 
 

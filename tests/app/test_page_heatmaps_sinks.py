@@ -12,7 +12,7 @@ from attn_core import bilinear, metrics
 from attn_core.sources import resolve
 from attn_core.text.probes import measure_sinks
 
-PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "1_Heatmaps.py")
+PAGE = str(Path(__file__).resolve().parents[2] / "app_pages" / "1_Heatmaps.py")
 MODEL = "sort-2l-mlp"  # three heads of layer 0 sink on token 0 (measured)
 
 

@@ -57,7 +57,7 @@ def _dense_B(reference, family: str, layer: int, head: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("name, family", [("tiny-llama", "llama"), ("tiny-neox", "gpt_neox")])
 def test_spectrum_shows_B_of_the_offset(env, name, family):
-    at = open_page(str(ROOT / "pages" / "2_Spectrum.py"), name)
+    at = open_page(str(ROOT / "app_pages" / "2_Spectrum.py"), name)
     fig = chart(at, "offset_spectrum")
     sigma1 = next(t for t in fig["data"] if t["name"] == "σ1")
     deltas = values(sigma1["x"]).numpy()
@@ -74,18 +74,18 @@ def test_spectrum_shows_B_of_the_offset(env, name, family):
 
 @pytest.mark.parametrize("page", ["3_Retrain.py", "5_Grow_d_k.py"])
 def test_pages_that_need_a_task_say_so(env, page):
-    at = open_page(str(ROOT / "pages" / page), "tiny-llama")
+    at = open_page(str(ROOT / "app_pages" / page), "tiny-llama")
     assert any("has no known task" in w.value for w in at.warning)
 
 
-PAGES = sorted(p.name for p in (ROOT / "pages").glob("*.py") if not p.name.startswith("0_"))
+PAGES = sorted(p.name for p in (ROOT / "app_pages").glob("*.py") if not p.name.startswith("0_"))
 
 
 @pytest.mark.parametrize("page", PAGES)
 def test_every_page_renders_an_imported_model(env, page):
     """No exception or error on any page for a grouped-query rotary model (Home is a router
     page, rendered through app.py by test_shell)."""
-    open_page(str(ROOT / "pages" / page), "tiny-llama", timeout=180)
+    open_page(str(ROOT / "app_pages" / page), "tiny-llama", timeout=180)
 
 
 def test_heatmaps_take_text_an_offset_and_a_token_pair(env):
@@ -95,7 +95,7 @@ def test_heatmaps_take_text_an_offset_and_a_token_pair(env):
     from attn_core.bilinear import offsets
     from attn_core.sources import resolve
 
-    at = open_page(str(ROOT / "pages" / "1_Heatmaps.py"), "tiny-neox")
+    at = open_page(str(ROOT / "app_pages" / "1_Heatmaps.py"), "tiny-neox")
     at.radio(key="input").set_value("typed").run()
     box = next(t for t in at.text_input if t.label == "Text")
     box.set_value("the cat sat on the mat .").run()

@@ -1,4 +1,4 @@
-"""AppTest of pages/6_Kernelized_attention.py: error curves of the chosen methods on a zoo head,
+"""AppTest of app_pages/6_Kernelized_attention.py: error curves of the chosen methods on a zoo head,
 the head's spectrum, the pattern comparison and the stored speed charts; entmax models are refused."""
 
 import json
@@ -11,7 +11,7 @@ from attn_core import kernels
 from attn_core.sources import resolve
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGE = str(ROOT / "pages" / "6_Kernelized_attention.py")
+PAGE = str(ROOT / "app_pages" / "6_Kernelized_attention.py")
 BENCH = ROOT / "benchmarks" / "results" / "kernels.json"
 
 

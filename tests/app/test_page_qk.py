@@ -1,4 +1,4 @@
-"""pages/8_Merged_vs_factored_QK.py: the saved comparison on screen, a fresh one on demand (with
+"""app_pages/8_Merged_vs_factored_QK.py: the saved comparison on screen, a fresh one on demand (with
 its runs in the store), bad settings as st.error, every figure exportable; and the same page in a
 real browser."""
 
@@ -22,7 +22,7 @@ from attn_core.figures import bundle_zip, export_bytes
 from attn_core.runs import RunStore
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGE = str(ROOT / "pages" / "8_Merged_vs_factored_QK.py")
+PAGE = str(ROOT / "app_pages" / "8_Merged_vs_factored_QK.py")
 FIGURES = [
     "qk_curves_eval_loss",
     "qk_curves_eval_accuracy",

@@ -1,4 +1,4 @@
-"""AppTest of pages/3_Retrain.py: a short retraining runs to completion by polling and is stored
+"""AppTest of app_pages/3_Retrain.py: a short retraining runs to completion by polling and is stored
 (and listed in the sidebar); Stop stops it; a diverged run says so; a model without a task cannot
 be retrained; the live charts show the job's own log."""
 
@@ -17,7 +17,7 @@ from attn_core.training.device import PRECISIONS, available_devices
 from attn_core.training.job import TrainingJob
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGE = str(ROOT / "pages" / "3_Retrain.py")
+PAGE = str(ROOT / "app_pages" / "3_Retrain.py")
 MODEL = "reverse-1l"  # the smallest zoo model: 1 layer x 2 heads
 
 
@@ -83,6 +83,7 @@ def test_short_retraining_completes_and_is_stored(page):
     names = {t["name"] for t in curves["data"]}
     assert {"task loss", "entropy", "topk:2"} <= names
     assert {"λ·R entropy", "λ·R topk:2"} <= {m.label for m in page.metric}  # each term lambda * R
+    assert "entropy" in {m.label for m in page.metric}  # short: "entropy (regularized heads)" was cut off
     assert "L0H0" in chart(page, "live_pattern")["layout"]["title"]["text"]
     assert "L0H0" in chart(page, "live_spectrum")["layout"]["title"]["text"]
     assert len(page.download_button) == 4 * 4 + 1  # downloads only once the run has ended

@@ -13,7 +13,7 @@ from attn_core import runs
 from attn_core.training.job import TrainingJob
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGE = str(ROOT / "pages" / "3_Retrain.py")
+PAGE = str(ROOT / "app_pages" / "3_Retrain.py")
 MODEL = "reverse-1l"  # 1 layer x 2 heads, 16 positions
 ROWS = "retrain_penalty_rows"
 

@@ -13,7 +13,7 @@ from attn_core.distributed.scaling import workers_offer
 from attn_core.training.snapshot import Snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGE = str(ROOT / "pages" / "3_Retrain.py")
+PAGE = str(ROOT / "app_pages" / "3_Retrain.py")
 MODEL = "reverse-1l"
 
 

@@ -1,4 +1,4 @@
-"""AppTest of pages/4_Runs.py: saved runs side by side with their parent: curves from the run
+"""AppTest of app_pages/4_Runs.py: saved runs side by side with their parent: curves from the run
 store, spectra before/after from the cards, heatmaps of each model's own scores; an empty store
 says what to do."""
 
@@ -15,7 +15,7 @@ from attn_core.sources import resolve
 from attn_core.training.config import JobConfig
 from attn_core.training.job import TrainingJob
 
-PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "4_Runs.py")
+PAGE = str(Path(__file__).resolve().parents[2] / "app_pages" / "4_Runs.py")
 MODEL = "reverse-1l"
 
 

@@ -13,8 +13,8 @@ from attn_core.training.job import TrainingJob
 from tests.conftest import write_tiny_hf
 from tests.text_corpus import make_text, write_word_tokenizer
 
-PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "4_Runs.py")
-HEATMAPS = str(Path(__file__).resolve().parents[2] / "pages" / "1_Heatmaps.py")
+PAGE = str(Path(__file__).resolve().parents[2] / "app_pages" / "4_Runs.py")
+HEATMAPS = str(Path(__file__).resolve().parents[2] / "app_pages" / "1_Heatmaps.py")
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""AppTest of pages/2_Spectrum.py: singular values, eigenvalues, norms and ranks of B checked
+"""AppTest of app_pages/2_Spectrum.py: singular values, eigenvalues, norms and ranks of B checked
 against a dense SVD / eigendecomposition of W_Q W_K^T / sqrt(d_head) in the test; one head or
 all; head detectors; the zip manifest."""
 
@@ -14,7 +14,7 @@ from streamlit.testing.v1 import AppTest
 import ui
 from attn_core.sources import resolve
 
-PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "2_Spectrum.py")
+PAGE = str(Path(__file__).resolve().parents[2] / "app_pages" / "2_Spectrum.py")
 MODEL = "induction-2l"
 
 

@@ -9,7 +9,7 @@ from dashboard_helpers import chart, open_page, values
 from attn_core.sources import resolve
 from attn_core.text.probes import measure_ranks
 
-PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "2_Spectrum.py")
+PAGE = str(Path(__file__).resolve().parents[2] / "app_pages" / "2_Spectrum.py")
 
 
 def test_the_two_ranks_on_task_samples():

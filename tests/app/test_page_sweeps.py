@@ -1,4 +1,4 @@
-"""AppTest of pages/10_Sweeps.py: an empty store says what to do; a recorded sweep shows its trial
+"""AppTest of app_pages/10_Sweeps.py: an empty store says what to do; a recorded sweep shows its trial
 table and Pareto scatter (colour = regularizer, hover = run id) and opens a trial as the model of
 every page; the form launches a sweep on a local Ray (2 CPUs) in a background thread and the page
 follows it to the end."""
@@ -14,7 +14,7 @@ import ui
 from attn_core.runs import RunStore
 from attn_core.sweep import grid_plan, record_trial, run_trial, start_sweep
 
-PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "10_Sweeps.py")
+PAGE = str(Path(__file__).resolve().parents[2] / "app_pages" / "10_Sweeps.py")
 MODEL = "reverse-1l"
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from dashboard_helpers import open_page
 
-PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "3_Retrain.py")
+PAGE = str(Path(__file__).resolve().parents[2] / "app_pages" / "3_Retrain.py")
 CHARTS = ["live_curves", "live_entropy", "live_pattern", "live_spectrum"]
 
 

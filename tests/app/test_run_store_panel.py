@@ -11,8 +11,8 @@ from attn_core.runs import ENV_RUNS, RunStore
 from tests.conftest import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNS_PAGE = str(ROOT / "pages" / "4_Runs.py")
-SWEEPS_PAGE = str(ROOT / "pages" / "10_Sweeps.py")
+RUNS_PAGE = str(ROOT / "app_pages" / "4_Runs.py")
+SWEEPS_PAGE = str(ROOT / "app_pages" / "10_Sweeps.py")
 
 
 @pytest.fixture

@@ -46,7 +46,7 @@ URLS = [
     "Sweeps",
     "Dynamics",
     "Edit_and_compare",
-]  # the URLs of the legacy pages/ discovery: old links keep working
+]  # the URLs the legacy pages/ discovery gave: old links keep working
 
 
 # --- navigation ------------------------------------------------------------------------------------
@@ -73,7 +73,7 @@ def test_the_page_table_names_existing_files_once():
     assert [p.title for p in navigation.PAGES] == LABELS
     files = [p.file for p in navigation.PAGES]
     assert len(set(files)) == len(files) and all((ROOT / f).is_file() for f in files)
-    assert sorted(files) == sorted(f"pages/{p.name}" for p in (ROOT / "pages").glob("*.py"))  # none left out
+    assert sorted(files) == sorted(f"app_pages/{p.name}" for p in (ROOT / "app_pages").glob("*.py"))  # none left out
     assert navigation.page("Grow d_k").url_path == "Grow_d_k"
     with pytest.raises(KeyError, match="Grow d_k"):
         navigation.page("Grow d k")
@@ -89,9 +89,9 @@ def test_every_page_is_reached_through_the_router():
     at = AppTest.from_file(APP, default_timeout=90)
     at.query_params["model"] = "reverse-1l"
     at.run()
-    at.switch_page("pages/7_Attention_explorer.py").run()
+    at.switch_page("app_pages/7_Attention_explorer.py").run()
     assert not at.exception and at.title[0].value == "Attention explorer"
-    at.switch_page("pages/0_Home.py").run()
+    at.switch_page("app_pages/0_Home.py").run()
     assert not at.exception and at.title[0].value == "attn-lab"
 
 
@@ -167,7 +167,7 @@ TASK_PAGES = {
 @pytest.mark.parametrize("page, why", TASK_PAGES.items())
 def test_a_model_without_a_task_is_stopped_by_the_guard(save_model, page, why):
     save_model("no-task", card={})
-    at = AppTest.from_file(str(ROOT / "pages" / page), default_timeout=60)
+    at = AppTest.from_file(str(ROOT / "app_pages" / page), default_timeout=60)
     at.query_params["model"] = "no-task"
     at.run()
     assert not at.exception and not at.error

@@ -28,7 +28,7 @@ INLINE = re.compile(r"`(attn-lab [^`]+)`")
 
 
 def page(name: str, model: str = "reverse-1l") -> AppTest:
-    at = AppTest.from_file(str(ROOT / "pages" / name), default_timeout=120)
+    at = AppTest.from_file(str(ROOT / "app_pages" / name), default_timeout=120)
     at.query_params["model"] = model
     at.run()
     assert not at.exception, at.exception
@@ -127,7 +127,7 @@ def test_the_empty_stores_commands_name_the_picked_model_and_run(name, tmp_path)
 
 
 def test_the_qk_page_says_what_its_saved_results_are_and_its_commands_run(tmp_path):
-    at = AppTest.from_file(str(ROOT / "pages" / "8_Merged_vs_factored_QK.py"), default_timeout=120).run()
+    at = AppTest.from_file(str(ROOT / "app_pages" / "8_Merged_vs_factored_QK.py"), default_timeout=120).run()
     assert not at.exception
     text = " ".join(c.value for c in at.caption)
     assert "saved results shipped with attn-lab in `experiments/results/merged_vs_factored.json`" in text

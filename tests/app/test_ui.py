@@ -217,7 +217,7 @@ def test_download_callables_make_the_file_or_say_why_not(monkeypatch):
 def test_every_zoo_model_draws_on_every_page(name):
     """Merged QK, MLPs, attention biases, one or two layers: no page may fail on any of them."""
     for page in ("1_Heatmaps.py", "2_Spectrum.py", "3_Retrain.py"):
-        at = AppTest.from_file(str(ROOT / "pages" / page), default_timeout=90)
+        at = AppTest.from_file(str(ROOT / "app_pages" / page), default_timeout=90)
         at.query_params["model"] = name
         at.run()
         assert not at.exception and not at.error, (page, at.exception)

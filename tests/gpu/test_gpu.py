@@ -257,7 +257,7 @@ def test_the_retrain_pages_live_job_trains_on_the_gpu():
     and the job trains there in its worker process."""
     AppTest = pytest.importorskip("streamlit.testing.v1").AppTest
 
-    at = AppTest.from_file(str(ROOT / "pages" / "3_Retrain.py"), default_timeout=120)
+    at = AppTest.from_file(str(ROOT / "app_pages" / "3_Retrain.py"), default_timeout=120)
     at.query_params["model"] = MODEL
     at.run()
     assert not at.exception and at.selectbox(key="retrain_device").value == "cuda"

@@ -19,7 +19,7 @@ from attn_core.training.device import PRECISIONS, available_devices
 from attn_core.training.job import TrainingJob
 from attn_core.validate import default
 from ui import retrain_live as live
-from ui.retrain_text import say_estimate, text_inputs
+from ui.retrain_text import say_estimate, shown_command, text_inputs
 
 # Log-scale choices: 1e-5 .. 10 in quarter decades, 1e-5 .. 1e-1 for the learning rate.
 LAMBDAS = [round(10 ** (e / 4), 8) for e in range(-20, 5)]
@@ -251,8 +251,8 @@ if "retrain_error" in st.session_state:
 
 # --- live view: status, curves and per-head views, each on its own timer while a run trains -------
 job = live.current_job()
-if job is not None:  # the run's command: it does not change while the run trains
-    st.code(job.cfg.command(), language="bash")
+if job is not None:  # the run's command in the page's words (the kept paths in the tooltip); fixed while it trains
+    shown_command(job.cfg)
 live.show(
     live.Watch(
         loaded=loaded,

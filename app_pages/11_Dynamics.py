@@ -13,6 +13,7 @@ from attn_core.figures import dynamics as fd
 from attn_core.figures.base import export_bytes
 from attn_core.figures.layout import HALF_PX
 from attn_core.text import files as text_files
+from attn_core.validate import whole_number
 
 PLAY_S = 1.0  # seconds per step while playing
 MAX_SKIPPED_SHOWN = 10  # lines, one per checkpoint skipped
@@ -40,7 +41,7 @@ def metrics_of(names: tuple, steps: tuple | None, stamp: tuple, series_key: str,
     ``series_key`` and ``text_key`` change when any checkpoint file or the text does."""
     series = build_series(names, steps, stamp)
     if text is not None:
-        inputs = D.series_text_inputs(series, D.read_text(text_files.data_path(text)), None, samples)
+        inputs = D.series_text_inputs(series, text_files.data_path(text), None, samples)
     else:
         inputs = D.default_inputs(series, samples=samples, seed=seed)
     bar = st.progress(0.0, text=f"Measuring {len(series.members)} checkpoints…")
@@ -141,10 +142,10 @@ try:
             st.info("Give two or more model folders.")
             st.stop()
         if raw_steps.strip():
-            parts = [p.strip() for p in raw_steps.split(",")]
-            if not all(p.isdigit() and len(p) < 16 for p in parts):
+            parts = [whole_number(p.strip(), 15) for p in raw_steps.split(",")]
+            if any(p is None for p in parts):
                 raise ValueError(f"steps are whole numbers separated by commas, got {raw_steps.strip()[:80]!r}")
-            steps_given = tuple(int(p) for p in parts)
+            steps_given = tuple(parts)
     names = tuple(D.check_browsable(n) for n in names)  # no path outside the folders the dashboard reads
     stamp = D.stamp(list(names))
     series = build_series(names, steps_given, stamp)
