@@ -225,8 +225,10 @@ class RayRemote:
 
 def check_workers(job, address: str | None = None) -> None:
     """Refuse, in one sentence and before anything starts, a run on workers that could not run:
-    a batch smaller than the workers, Ray missing, a cluster that cannot be reached."""
-    from attn_core.cluster import preflight
+    a batch smaller than the workers, Ray missing, a cluster that cannot be reached or does not
+    answer as Ray, and for a local Ray more workers (or GPUs) than this machine has."""
+    from attn_core.cluster import address_of, preflight, ray_module
+    from attn_core.distributed.scaling import check_local
 
     workers, batch = job.cfg.workers, job.train_cfg.batch_size
     if batch < workers:
@@ -234,6 +236,10 @@ def check_workers(job, address: str | None = None) -> None:
             f"a batch of {batch} sequences cannot be split over {workers} workers; give --batch-size {workers} or more"
         )
     preflight(address)
+    if address_of(address) is None and not ray_module().is_initialized():  # a local Ray will start
+        import torch
+
+        check_local(workers, job.cfg.gpus_per_worker, torch.cuda.device_count())
 
 
 def _kept(job) -> str:
