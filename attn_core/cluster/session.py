@@ -205,6 +205,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None):
             guard = None if address else watchdog.start(os.path.dirname(ray.__file__))
             quiet = _NotMainThread()
             logging.getLogger("ray._private.worker").addFilter(quiet)
+            _no_failure_handler()  # this driver's SIGTERM is the command's (stop and save, exit 143)
             on_term = _sigterm_handler()  # ray.init makes SIGTERM sys.exit; the command's own (stop and save) stays
             try:
                 if address:
@@ -248,3 +249,13 @@ def _sigterm_handler():
 def _restore_sigterm(handler) -> None:
     if handler is not None:
         signal.signal(signal.SIGTERM, handler)
+
+
+def _no_failure_handler() -> None:
+    """Ray's core installs absl's failure-signal handler in a driver as it starts, SIGTERM among its
+    signals: a ``kill`` then printed a stack dump and the process aborted (SIGABRT) once the run
+    was saved, instead of ending with 143. Ray's own switch (``RAY_DISABLE_FAILURE_SIGNAL_HANDLER``,
+    read when Ray is imported) is set here for this process only: the workers keep theirs."""
+    from ray._private import ray_constants
+
+    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
