@@ -45,11 +45,13 @@ def imported(tmp_path_factory):
 
 
 def start(*args, env=None, fsize=None) -> subprocess.Popen:
-    """``python -m attn_core ARGS`` as a user starts it (SIGINT at its default; a write past
-    ``fsize`` bytes fails with EFBIG, as on a full disk)."""
+    """``python -m attn_core ARGS`` as a user starts it from a shell (SIGINT, SIGTERM and SIGHUP at
+    their defaults, whatever the test runner ignores; a write past ``fsize`` bytes fails with EFBIG,
+    as on a full disk)."""
 
     def child():
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(stop, signal.SIG_DFL)
         if fsize is not None:
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
