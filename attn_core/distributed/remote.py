@@ -72,6 +72,7 @@ class RayRemote:
         self.card: dict | None = None  # a run without a store: rank 0's card and checkpoint files
         self.checkpoint_files: dict | None = None
         self.ended = False
+        self.refused: Exception | None = None  # Ray or the cluster refused the run before it began
         self._exited = threading.Event()
         # this side keeps no weights: the trainer goes, the model stays a shape (as worker.Remote)
         job.trainer = None
@@ -111,7 +112,7 @@ class RayRemote:
     def train(self) -> None:
         """Run the job on the workers and follow it until it ends (its snapshots, then its result
         arrive here); a run that ends without rank 0's result is marked failed with Ray's reason."""
-        from attn_core.cluster import ray_session
+        from attn_core.cluster import ClusterError, ray_session
 
         cfg, job = self.job.cfg, self.job
         cpus = max(os.cpu_count() or 1, int(cfg.workers * worker_resources(0)["CPU"]))
@@ -123,6 +124,8 @@ class RayRemote:
                 error = self._fit(session)
         except Exception as e:  # Ray could not start, the cluster is too small ...
             error = _first_line(e)
+            if isinstance(e, ClusterError) and job.run_id is None:  # nothing ran: the request was refused
+                self.refused = e
         if not self.ended:
             self._failed(error or "the workers ended without a result")
         elif error:
