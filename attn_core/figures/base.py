@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
+from attn_core.figures.browser import ExportError
 from attn_core.figures.layout import DEFAULT_HEIGHT, HALF_PX, finish
 
 EXPORT_FORMATS = ("png", "svg", "html", "csv")
@@ -54,10 +55,6 @@ LIGHT = go.layout.Template(
 def export_figure(fig: go.Figure) -> go.Figure:
     """A copy of ``fig`` drawn with :data:`LIGHT` (what every export and the gallery render)."""
     return go.Figure(fig).update_layout(template=LIGHT)
-
-
-class ExportError(RuntimeError):
-    """An export could not be made; the message says why and what to do."""
 
 
 class Plot:

@@ -2,7 +2,7 @@
 kept open (every export after the first is fast) and driven from an event loop in a thread of its
 own. Opening the browser and each export wait at most :func:`bound` seconds. A browser that cannot
 start (a memory cap, missing libraries, a ``BROWSER_PATH`` that is no browser) or that never
-answers is one sentence (:class:`~attn_core.figures.base.ExportError`), not a hang or the browser's
+answers is one sentence (:class:`ExportError`, which `figures.base` re-exports), not a hang or the browser's
 traceback (kaleido's own persistent server waited for ever once its browser had failed); the
 browser is ended then, and the next export starts a fresh one."""
 
@@ -19,6 +19,10 @@ import threading
 EXPORT_S = 60.0  # seconds to open the browser, and again for one export
 EXPORT_ENV = "ATTN_LAB_EXPORT_S"  # another bound, in seconds (tests use a short one)
 CLOSE_S = 5.0  # seconds a browser has to close before it is killed
+
+
+class ExportError(RuntimeError):
+    """An export could not be made; the message says why and what to do."""
 
 
 def bound() -> float:
@@ -108,8 +112,6 @@ def image_bytes(fig, opts: dict) -> bytes:
     """``fig`` drawn by the process's browser (opened on the first call) as ``opts`` say (format,
     scale, width, height); raises :class:`ExportError` in one sentence when the browser cannot
     start, fails, or does not answer within :func:`bound` seconds."""
-    from attn_core.figures.base import ExportError
-
     global _browser
     fmt, seconds = str(opts.get("format", "png")).upper(), bound()
     with _lock:
