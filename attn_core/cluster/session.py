@@ -85,13 +85,13 @@ def check_reachable(address: str) -> None:
         host = port = None
     if not host or not port:
         raise ClusterError(f"--address {address!r} is not auto, HOST:PORT or ray://HOST:PORT")
-    if parsed.scheme == "ray" and importlib.util.find_spec("grpc") is None:
-        raise ClusterError(
-            f"--address {address} needs Ray's client package (ray:// addresses): pip install 'ray[client]', "
-            "or give the cluster's HOST:PORT"
-        )
     try:
         with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S) as sock:
+            if parsed.scheme == "ray" and importlib.util.find_spec("grpc") is None:
+                raise ClusterError(
+                    f"--address {address} needs Ray's client package (ray:// addresses): pip install 'ray[client]', "
+                    "or give the cluster's HOST:PORT"
+                )
             _answers_as_ray(sock, address)
     except UnicodeError:  # a part over 63 characters, an empty one: the IDNA codec's error
         shown = host if len(host) <= 40 else host[:40] + "..."
