@@ -110,7 +110,11 @@ def sigint_stops(notice: Callable[[str], None] | None = None, exiting: bool = Fa
             _CLI.stopped = _CLI.stopped or signum
         request.set()
         if request.signals == 1:
-            say(f"\n{said(signum)}: stopping after the current step and saving what was trained so far")
+            text = f"\n{said(signum)}: stopping after the current step and saving what was trained so far"
+            try:
+                say(text)
+            except RuntimeError:  # the signal came inside a write to stderr (a full pipe): "reentrant call"
+                _write(2, text + "\n")  # raised here, it would end the command instead of stopping it
 
     previous = {s: signal.signal(s, on_signal) for s in _handled()}
     try:

@@ -144,6 +144,22 @@ def test_the_status_a_signal_decided_holds_through_the_interpreters_end(tmp_path
     assert proc.returncode == 130 and proc.stderr.endswith("interrupted\n"), (proc.returncode, proc.stderr)
 
 
+def test_a_stop_signal_inside_a_write_to_stderr_still_stops_and_says_so(capfd):
+    """A stop signal whose handler runs inside a write to stderr (a write blocked on a full pipe
+    runs handlers; printing again there is Python's "reentrant call" RuntimeError): the stop is
+    asked, its line still written, and no exception reaches the interrupted code (it ended the
+    command, and with it the run, instead of stopping it)."""
+    from attn_core.training.interrupt import sigint_stops
+
+    def inside_a_write(text: str) -> None:
+        raise RuntimeError("reentrant call inside <_io.BufferedWriter name='<stderr>'>")
+
+    with sigint_stops(notice=inside_a_write) as request:
+        signal.raise_signal(signal.SIGINT)
+        assert request.is_set() and request.signum == signal.SIGINT
+    assert "Ctrl-C: stopping after the current step and saving what was trained so far" in capfd.readouterr().err
+
+
 def test_sigterm_ends_train_in_one_line_and_writes_nothing(tmp_path):
     out_dir = tmp_path / "out"
     proc = start("train", "--preset", "induction-2l", "--steps", 1_000_000, "--out", out_dir, "--json")
