@@ -117,6 +117,11 @@ def sigint_stops(notice: Callable[[str], None] | None = None, exiting: bool = Fa
                 _write(2, text + "\n")  # raised here, it would end the command instead of stopping it
 
     previous = {s: signal.signal(s, on_signal) for s in _handled()}
+    if _CLI is not None and _CLI.signum is not None and not _CLI.said:
+        # a signal came before, and its KeyboardInterrupt was lost (raised inside a callback,
+        # where Python only reports it): the command stops now, and says so itself
+        _CLI.said = True
+        on_signal(_CLI.signum, None)
     try:
         yield request
     finally:
@@ -172,6 +177,7 @@ class CliSignals:
         self._previous: dict[int, object] = {}
         self._signalled = threading.Event()  # set by the first signal of a command (the grace period)
         self.stopped: int | None = None  # the first signal a command took as its stop request
+        self._unraisable = sys.unraisablehook
 
     def install(self) -> CliSignals:
         global _CLI
@@ -184,6 +190,8 @@ class CliSignals:
             # registered first, so it runs after every other exit handler (Ray's, kaleido's): the
             # status decided for a signal is the process's, whatever the interpreter's end does
             atexit.register(self._final)
+            self._unraisable = sys.unraisablehook
+            sys.unraisablehook = self._quiet
         _CLI = self
         return self
 
@@ -230,6 +238,15 @@ class CliSignals:
         if self.phase != "exit":
             self.line(raw=True)
             _exit_now(exit_code(self.signum))
+
+    def _quiet(self, unraisable) -> None:
+        """Python's report of an exception it cannot raise (one raised in a callback, a
+        ``__del__``): the KeyboardInterrupt of this process's own signal is not reported (the
+        command hears the signal at its next stop point, or the grace period ends it); any
+        other goes to the previous hook."""
+        if self.signum is not None and isinstance(unraisable.exc_value, KeyboardInterrupt):
+            return
+        self._unraisable(unraisable)
 
     def _final(self) -> None:
         """At the interpreter's exit, after the other exit handlers: a process a signal ended

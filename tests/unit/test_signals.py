@@ -144,6 +144,40 @@ def test_the_status_a_signal_decided_holds_through_the_interpreters_end(tmp_path
     assert proc.returncode == 130 and proc.stderr.endswith("interrupted\n"), (proc.returncode, proc.stderr)
 
 
+def test_a_signal_lost_inside_a_callback_still_stops_the_command_without_a_traceback():
+    """A signal whose KeyboardInterrupt is raised inside a callback (here a weakref's; in the
+    report, importlib's module-lock callback while the command's modules loaded), where Python only
+    reports it ("Exception ignored in ... Traceback ... KeyboardInterrupt") and goes on: the report
+    is not printed, and the command's stop request, made next, is already set (the retrain used to
+    start training and was ended by the grace period)."""
+    code = (
+        "import os, signal, sys, weakref\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "from attn_core.training import interrupt\n"
+        "guard = interrupt.CliSignals(process=True).install()\n"
+        "interrupt.command_started()\n"
+        "class Thing:\n"
+        "    pass\n"
+        "thing = Thing()\n"
+        "ref = weakref.ref(thing, lambda r: os.kill(os.getpid(), signal.SIGINT) or [0 for _ in range(1000)])\n"
+        "del thing\n"
+        "with interrupt.sigint_stops(exiting=True) as request:\n"
+        "    print('asked', request.is_set(), flush=True)\n"
+        "guard.code, guard.phase = request.code, 'exit'\n"
+        "sys.exit(guard.code)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert proc.returncode == 130 and proc.stdout == "asked True\n", (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
+    assert "Ctrl-C: stopping after the current step" in proc.stderr
+
+
 def test_a_stop_signal_inside_a_write_to_stderr_still_stops_and_says_so(capfd):
     """A stop signal whose handler runs inside a write to stderr (a write blocked on a full pipe
     runs handlers; printing again there is Python's "reentrant call" RuntimeError): the stop is
