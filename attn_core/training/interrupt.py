@@ -144,6 +144,8 @@ def exit_on_ctrl_c(note: str) -> Iterator[None]:
     main = threading.current_thread() is threading.main_thread()
     previous = {s: signal.signal(s, on_signal) for s in _handled()} if main else {}
     try:
+        if _CLI is not None and _CLI.signum is not None and not _CLI.said:  # a signal whose interrupt was lost
+            raise KeyboardInterrupt
         yield
     except KeyboardInterrupt:
         signum = got[0] if got else (_CLI.signum if _CLI is not None and _CLI.signum else signal.SIGINT)
