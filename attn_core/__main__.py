@@ -24,9 +24,15 @@ def main() -> None:
     from attn_core.training.interrupt import CliSignals
 
     signals = CliSignals(process=True).install()
-    from attn_core.cli import main as cli_main
+    try:
+        from attn_core.cli import main as cli_main
 
-    cli_main(signals=signals)
+        cli_main(signals=signals)
+    except KeyboardInterrupt:  # never to the interpreter, which would print it and end by SIGINT
+        signals.signum = signals.signum or signal.SIGINT
+        signals.line()
+        signals.code, signals.phase = 128 + signals.signum, "exit"
+        sys.exit(signals.code)
 
 
 if __name__ == "__main__":

@@ -183,6 +183,9 @@ def retrain_cmd(
         opts.say_estimate(job)
         ctrl_c.then(job.stop)
         _run_with_bar(job, name, steps, address)  # progress on stderr, with --json too (stdout holds the JSON)
+        refused = getattr(job.remote, "refused", None)
+        if refused is not None:  # Ray or the cluster refused it before anything ran: bad input, one line
+            raise refused
         res = job.result()
         _report(res, as_json, job)
         if ctrl_c.is_set() and res["status"] == "stopped":

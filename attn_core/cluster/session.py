@@ -2,7 +2,9 @@
 ``attn-lab retrain --workers``, the Sweeps and Retrain pages): the one place.
 
 - Ray missing, or a cluster that cannot be reached, is one sentence (:class:`ClusterError`)
-  before anything starts (:func:`preflight`).
+  before anything starts (:func:`preflight`); so is a port that accepts a connection but does not
+  answer as Ray's gRPC service within a bound (:func:`answer_bound`), an HTTP server say, and a
+  ``ray://`` address without Ray's client package.
 - ``address`` (``--address``: ``auto``, ``HOST:PORT`` or ``ray://HOST:PORT``; else
   ``$RAY_ADDRESS``) joins an existing cluster, which is left at the end; without one a local Ray
   is started (``num_cpus``, default every core) and shut down by its last user, and ended with
@@ -18,17 +20,25 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import signal
 import socket
 import threading
+import time
 from contextlib import contextmanager
 from urllib.parse import urlparse
 
 from attn_core.cluster import watchdog
 
 CONNECT_TIMEOUT_S = 5.0
+ANSWER_S = 5.0  # seconds a cluster's port has to answer as Ray's (gRPC) service does
+ANSWER_ENV = "ATTN_LAB_RAY_ANSWER_S"  # another bound, in seconds (tests use a short one)
+# the start of an HTTP/2 connection (gRPC's, which Ray's GCS and its client server speak): the
+# client preface and an empty SETTINGS frame; a gRPC server answers with its own SETTINGS frame
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+SETTINGS_FRAME = 4  # an HTTP/2 frame's type, its fourth byte
 USAGE_STATS_ENV = "RAY_USAGE_STATS_ENABLED"  # off (0) unless the user sets it: the lab runs offline
 # Ray's settings this lab makes unless the user's environment has them (read by Ray when it starts
 # and when a TorchTrainer starts; Ray Train passes its own to its controller and workers)
@@ -62,7 +72,10 @@ def address_of(address: str | None) -> str | None:
 
 
 def check_reachable(address: str) -> None:
-    """A quick TCP check of ``host:port`` / ``ray://host:port`` (``auto`` is Ray's to find)."""
+    """A quick check of ``host:port`` / ``ray://host:port`` (``auto`` is Ray's to find): it accepts
+    a connection and answers as Ray's gRPC service does within :func:`answer_bound` seconds (Ray's
+    own start-up waits without a bound on a port that accepts and never answers, and fails late
+    and obscurely on an HTTP server)."""
     if address == "auto":
         return
     parsed = urlparse(address if "://" in address else f"tcp://{address}")
@@ -73,10 +86,59 @@ def check_reachable(address: str) -> None:
     if not host or not port:
         raise ClusterError(f"--address {address!r} is not auto, HOST:PORT or ray://HOST:PORT")
     try:
-        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
-            pass
+        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S) as sock:
+            if parsed.scheme == "ray" and importlib.util.find_spec("grpc") is None:
+                raise ClusterError(
+                    f"--address {address} needs Ray's client package (ray:// addresses): pip install 'ray[client]', "
+                    "or give the cluster's HOST:PORT"
+                )
+            _answers_as_ray(sock, address)
+    except UnicodeError:  # a part over 63 characters, an empty one: the IDNA codec's error
+        shown = host if len(host) <= 40 else host[:40] + "..."
+        raise ClusterError(
+            f"--address: {shown!r} is not a host name (each dot-separated part of a name is 1 to 63 characters)"
+        ) from None
     except OSError as e:
         raise ClusterError(f"cannot reach the Ray cluster at {address}: {e.strerror or e}") from None
+
+
+def answer_bound() -> float:
+    """Seconds a cluster's port has to answer (:data:`ANSWER_ENV`, else :data:`ANSWER_S`)."""
+    try:
+        bound = float(os.environ.get(ANSWER_ENV, ANSWER_S))
+    except ValueError:
+        return ANSWER_S
+    return bound if 0 < bound < float("inf") else ANSWER_S
+
+
+def _answers_as_ray(sock: socket.socket, address: str) -> None:
+    """Open an HTTP/2 connection on ``sock`` and wait (bounded) for the server's SETTINGS frame, as
+    Ray's GCS and client server (gRPC) send at once. Skipped under TLS (``RAY_USE_TLS``)."""
+    if os.environ.get("RAY_USE_TLS", "0").strip().lower() in ("1", "true"):
+        return
+    bound = answer_bound()
+    deadline = time.monotonic() + bound
+    sock.sendall(HTTP2_PREFACE)
+    head = b""
+    while len(head) < 9:  # an HTTP/2 frame header
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        try:
+            chunk = sock.recv(9 - len(head))
+        except TimeoutError:
+            raise ClusterError(
+                f"{address} accepted a connection but did not answer as a Ray cluster within {bound:g} s "
+                "(is it the head node's GCS port, 6379 by default?)"
+            ) from None
+        if not chunk:
+            break
+        head += chunk
+    if len(head) < 9 or head[3] != SETTINGS_FRAME:
+        http = head.startswith((b"HTTP/", b"<"))  # a status line, or HTTP/0.9's bare page of an error
+        raise ClusterError(
+            f"{address} is not a Ray cluster: it answered "
+            + ("as an HTTP server does" if http else "but not as Ray's gRPC service does")
+            + " (is it the head node's GCS port, 6379 by default?)"
+        )
 
 
 def preflight(address: str | None = None) -> None:
@@ -143,6 +205,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None):
             guard = None if address else watchdog.start(os.path.dirname(ray.__file__))
             quiet = _NotMainThread()
             logging.getLogger("ray._private.worker").addFilter(quiet)
+            _no_failure_handler()  # this driver's SIGTERM is the command's (stop and save, exit 143)
             on_term = _sigterm_handler()  # ray.init makes SIGTERM sys.exit; the command's own (stop and save) stays
             try:
                 if address:
@@ -186,3 +249,13 @@ def _sigterm_handler():
 def _restore_sigterm(handler) -> None:
     if handler is not None:
         signal.signal(signal.SIGTERM, handler)
+
+
+def _no_failure_handler() -> None:
+    """Ray's core installs absl's failure-signal handler in a driver as it starts, SIGTERM among its
+    signals: a ``kill`` then printed a stack dump and the process aborted (SIGABRT) once the run
+    was saved, instead of ending with 143. Ray's own switch (``RAY_DISABLE_FAILURE_SIGNAL_HANDLER``,
+    read when Ray is imported) is set here for this process only: the workers keep theirs."""
+    from ray._private import ray_constants
+
+    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True

@@ -72,6 +72,7 @@ class RayRemote:
         self.card: dict | None = None  # a run without a store: rank 0's card and checkpoint files
         self.checkpoint_files: dict | None = None
         self.ended = False
+        self.refused: Exception | None = None  # Ray or the cluster refused the run before it began
         self._exited = threading.Event()
         # this side keeps no weights: the trainer goes, the model stays a shape (as worker.Remote)
         job.trainer = None
@@ -111,7 +112,7 @@ class RayRemote:
     def train(self) -> None:
         """Run the job on the workers and follow it until it ends (its snapshots, then its result
         arrive here); a run that ends without rank 0's result is marked failed with Ray's reason."""
-        from attn_core.cluster import ray_session
+        from attn_core.cluster import ClusterError, ray_session
 
         cfg, job = self.job.cfg, self.job
         cpus = max(os.cpu_count() or 1, int(cfg.workers * worker_resources(0)["CPU"]))
@@ -123,6 +124,8 @@ class RayRemote:
                 error = self._fit(session)
         except Exception as e:  # Ray could not start, the cluster is too small ...
             error = _first_line(e)
+            if isinstance(e, ClusterError) and job.run_id is None:  # nothing ran: the request was refused
+                self.refused = e
         if not self.ended:
             self._failed(error or "the workers ended without a result")
         elif error:
@@ -225,8 +228,10 @@ class RayRemote:
 
 def check_workers(job, address: str | None = None) -> None:
     """Refuse, in one sentence and before anything starts, a run on workers that could not run:
-    a batch smaller than the workers, Ray missing, a cluster that cannot be reached."""
-    from attn_core.cluster import preflight
+    a batch smaller than the workers, Ray missing, a cluster that cannot be reached or does not
+    answer as Ray, and for a local Ray more workers (or GPUs) than this machine has."""
+    from attn_core.cluster import address_of, preflight, ray_module
+    from attn_core.distributed.scaling import check_local
 
     workers, batch = job.cfg.workers, job.train_cfg.batch_size
     if batch < workers:
@@ -234,6 +239,10 @@ def check_workers(job, address: str | None = None) -> None:
             f"a batch of {batch} sequences cannot be split over {workers} workers; give --batch-size {workers} or more"
         )
     preflight(address)
+    if address_of(address) is None and not ray_module().is_initialized():  # a local Ray will start
+        import torch
+
+        check_local(workers, job.cfg.gpus_per_worker, torch.cuda.device_count())
 
 
 def _kept(job) -> str:

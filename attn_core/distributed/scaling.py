@@ -81,6 +81,38 @@ def check_cluster(cluster: dict, workers: int, gpus_per_worker: float) -> None:
         raise ClusterError(f"{workers} workers need {'; '.join(short)} (nothing was trained)")
 
 
+def local_cpus() -> int:
+    """The cores this process may run on (its CPU affinity; ``os.cpu_count`` where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_local(workers: int, gpus_per_worker: float, gpus: int, cpus: int | None = None) -> None:
+    """Refuse, before a local Ray starts, ``workers`` this machine cannot run: more than one per core
+    it may use (``cpus``: :func:`local_cpus`), or more GPUs than it has (``gpus``). A local Ray
+    would otherwise start one process per worker, however many (``--workers 1000``: hundreds of
+    processes on two cores)."""
+    from attn_core.cluster import ClusterError
+
+    cpus = local_cpus() if cpus is None else cpus
+    need_cpus = workers * CPUS_PER_WORKER
+    if need_cpus > cpus:
+        raise ClusterError(
+            f"--workers {workers} needs {need_cpus:g} CPUs but this machine has {cpus} (one worker per core): "
+            f"give --workers {int(cpus // CPUS_PER_WORKER) or 1} or fewer, or join a cluster with --address "
+            "(nothing was trained)"
+        )
+    need_gpus = workers * float(gpus_per_worker or 0)
+    if need_gpus > gpus:
+        raise ClusterError(
+            f"--workers {workers} with --gpus-per-worker {gpus_per_worker:g} needs {need_gpus:g} GPUs but this "
+            f"machine has {gpus}: give --gpus-per-worker 0 (CPU workers), or join a cluster with --address "
+            "(nothing was trained)"
+        )
+
+
 def check_specs(strategy: str, specs, kl: float = 0.0, prefix: str = "") -> None:
     """FSDP trains what reads the forward's cache (entropy, hoyer, topk); what reads weights after
     the forward (vocabulary-view and spectral regularizers: W_Q and W_K; the KL term: the

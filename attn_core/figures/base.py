@@ -1,5 +1,5 @@
 """The Plot type and its exports: PNG/SVG through kaleido (one persistent headless browser,
-so every export after the first is fast), HTML through plotly, the data as CSV.
+so every export after the first is fast, bounded in time: :mod:`attn_core.figures.browser`), HTML through plotly, the data as CSV.
 
 A lone HTML file (one figure's download, ``attn-lab export``) carries plotly.js inside it
 (4.8 MB) and opens anywhere. A bundle of several figures (a page's zip) carries plotly.js once,
@@ -12,7 +12,6 @@ import io
 import json
 import re
 import shutil
-import threading
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
+from attn_core.figures.browser import ExportError
 from attn_core.figures.layout import DEFAULT_HEIGHT, HALF_PX, finish
 
 EXPORT_FORMATS = ("png", "svg", "html", "csv")
@@ -57,10 +57,6 @@ def export_figure(fig: go.Figure) -> go.Figure:
     return go.Figure(fig).update_layout(template=LIGHT)
 
 
-class ExportError(RuntimeError):
-    """An export could not be made; the message says why and what to do."""
-
-
 class Plot:
     """A figure, the data it shows (exported as CSV), a file-name stem, what it shows (meta) and
     the width it is laid out for on its page (``width`` px: a half-page chart unless said).
@@ -96,13 +92,8 @@ class Plot:
         return f"Plot({self.name!r})"
 
 
-_server_lock = threading.Lock()
-_server_started = False
-
-
 def _image_bytes(fig: go.Figure, fmt: str, width: int | None, height: int | None) -> bytes:
-    global _server_started
-    import kaleido
+    from attn_core.figures.browser import image_bytes
 
     if shutil.which("chromium") is None and not any(shutil.which(b) for b in _BROWSERS):
         import os
@@ -117,14 +108,7 @@ def _image_bytes(fig: go.Figure, fmt: str, width: int | None, height: int | None
         opts["width"] = width
     if height:
         opts["height"] = height
-    with _server_lock:
-        if not _server_started:
-            kaleido.start_sync_server(silence_warnings=True)
-            _server_started = True
-        try:
-            return kaleido.calc_fig_sync(fig, opts=opts)
-        except Exception as e:  # kaleido raises a variety of browser errors
-            raise ExportError(f"{fmt.upper()} export failed: {e}") from e
+    return image_bytes(fig, opts)  # bounded in time (figures.browser)
 
 
 def export_bytes(

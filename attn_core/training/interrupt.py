@@ -18,10 +18,13 @@ import leaves half-initialised modules that fail later: "module 'numpy' has no a
 'intp'"); while a command runs, a signal no command handles raises ``KeyboardInterrupt`` (clean-up
 runs), and a process that has not ended :data:`GRACE_S` seconds later (a library that swallowed
 it, or waits for ever) ends then; a second signal, or one while the process exits, ends it at
-once."""
+once. The status a signal decided is the process's to the end: its last exit handler exits with it
+(:meth:`CliSignals._final`), so the interpreter's own end cannot turn it into a death by SIGINT
+(-2: a ``KeyboardInterrupt`` it saw leave code a C extension ran) or an abort (-6)."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -103,11 +106,22 @@ def sigint_stops(notice: Callable[[str], None] | None = None, exiting: bool = Fa
     def on_signal(signum, frame) -> None:
         request.signals += 1
         request.signum = request.signum or signum
+        if _CLI is not None:  # the process ends by this signal: its status holds to the end (CliSignals._final)
+            _CLI.stopped = _CLI.stopped or signum
         request.set()
         if request.signals == 1:
-            say(f"\n{said(signum)}: stopping after the current step and saving what was trained so far")
+            text = f"\n{said(signum)}: stopping after the current step and saving what was trained so far"
+            try:
+                say(text)
+            except RuntimeError:  # the signal came inside a write to stderr (a full pipe): "reentrant call"
+                _write(2, text + "\n")  # raised here, it would end the command instead of stopping it
 
     previous = {s: signal.signal(s, on_signal) for s in _handled()}
+    if _CLI is not None and _CLI.signum is not None and not _CLI.said:
+        # a signal came before, and its KeyboardInterrupt was lost (raised inside a callback,
+        # where Python only reports it): the command stops now, and says so itself
+        _CLI.said = True
+        on_signal(_CLI.signum, None)
     try:
         yield request
     finally:
@@ -130,6 +144,8 @@ def exit_on_ctrl_c(note: str) -> Iterator[None]:
     main = threading.current_thread() is threading.main_thread()
     previous = {s: signal.signal(s, on_signal) for s in _handled()} if main else {}
     try:
+        if _CLI is not None and _CLI.signum is not None and not _CLI.said:  # a signal whose interrupt was lost
+            raise KeyboardInterrupt
         yield
     except KeyboardInterrupt:
         signum = got[0] if got else (_CLI.signum if _CLI is not None and _CLI.signum else signal.SIGINT)
@@ -161,11 +177,23 @@ class CliSignals:
         self.said = False  # the one line was printed
         self.code: int | None = None  # the exit status, once decided
         self._previous: dict[int, object] = {}
+        self._signalled = threading.Event()  # set by the first signal of a command (the grace period)
+        self.stopped: int | None = None  # the first signal a command took as its stop request
+        self._unraisable = sys.unraisablehook
 
     def install(self) -> CliSignals:
         global _CLI
         if threading.current_thread() is threading.main_thread():
             self._previous = {s: signal.signal(s, self._on_signal) for s in _handled()}
+        if self.process:
+            # the grace period's thread waits from now: a signal handler that started a thread
+            # needed threading's lock, which the main thread it interrupted may hold
+            threading.Thread(target=self._late, name="attn-lab signal grace", daemon=True).start()
+            # registered first, so it runs after every other exit handler (Ray's, kaleido's): the
+            # status decided for a signal is the process's, whatever the interpreter's end does
+            atexit.register(self._final)
+            self._unraisable = sys.unraisablehook
+            sys.unraisablehook = self._quiet
         _CLI = self
         return self
 
@@ -202,15 +230,34 @@ class CliSignals:
             self.line(raw=True)
             _exit_now(exit_code(self.signum))
         if self.process:
-            threading.Thread(target=self._late, name="attn-lab signal grace", daemon=True).start()
+            self._signalled.set()
         raise KeyboardInterrupt
 
     def _late(self) -> None:
         """A command that has not ended :data:`GRACE_S` after the signal ends now."""
+        self._signalled.wait()
         time.sleep(GRACE_S)
         if self.phase != "exit":
             self.line(raw=True)
             _exit_now(exit_code(self.signum))
+
+    def _quiet(self, unraisable) -> None:
+        """Python's report of an exception it cannot raise (one raised in a callback, a
+        ``__del__``): the KeyboardInterrupt of this process's own signal is not reported (the
+        command hears the signal at its next stop point, or the grace period ends it); any
+        other goes to the previous hook."""
+        if self.signum is not None and isinstance(unraisable.exc_value, KeyboardInterrupt):
+            return
+        self._unraisable(unraisable)
+
+    def _final(self) -> None:
+        """At the interpreter's exit, after the other exit handlers: a process a signal ended
+        exits now with the status decided (128 + the signal), flushed, and the rest of the
+        interpreter's end cannot change it (a ``KeyboardInterrupt`` it noted as unhandled makes
+        Python kill itself with SIGINT, -2; a library's thread can abort it, -6)."""
+        signum = self.signum or self.stopped
+        if signum is not None:
+            _exit_now(self.code if self.phase == "exit" and self.code is not None else exit_code(signum))
 
 
 def command_started() -> None:

@@ -108,6 +108,19 @@ def test_two_workers_train_the_run_one_process_trains_and_pause_on_every_worker(
     assert "trained on 2 Ray Train worker(s): ddp, gloo backend, cpu devices" in shown.stdout
 
 
+def test_workers_the_cluster_cannot_hold_are_bad_input_in_one_line(local_ray):
+    """GPU workers on the module's CPU-only Ray (a Ray already running, so the check is the
+    cluster's, made once Ray is joined): exit 2 and the one line, as ``sweep`` says it, not a
+    failed run "(not recorded)" with exit 1 (issue 37, item 20); nothing recorded, no worker."""
+    out = CliRunner().invoke(app, ["retrain", "reverse-1l", "--steps", "2", "--workers", "1", "--gpus-per-worker", "1"])
+    assert out.exit_code == 2, out.stdout + out.stderr
+    assert (
+        out.stderr.strip().splitlines()[-1]
+        == "error: 1 workers need 1 GPUs but the cluster has 0 (nothing was trained)"
+    )
+    assert local_ray.list_runs() == [] or all(r["config"].get("gpus_per_worker") != 1 for r in local_ray.list_runs())
+
+
 def test_the_cli_trains_an_imported_gqa_folder_on_text_with_fsdp(local_ray, tmp_path):
     from tests.conftest import write_tiny_hf
     from tests.text_corpus import make_text, write_word_tokenizer

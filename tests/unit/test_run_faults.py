@@ -36,11 +36,14 @@ def tiny(tmp_path):
 
 
 def cli(*args, env=None, limit_bytes=None, preexec=None, **kw) -> subprocess.Popen:
-    """``python -m attn_core ARGS`` as a user starts it: SIGINT at its default (a test runner in
-    the background may ignore it, and children inherit that), optionally with RLIMIT_FSIZE."""
+    """``python -m attn_core ARGS`` as a user starts it from a shell: SIGINT, SIGTERM and SIGHUP at
+    their defaults (a test runner in the background ignores SIGINT, one under ``nohup`` SIGHUP, and
+    children inherit what is ignored: the command then rightly ignores it too), optionally with
+    RLIMIT_FSIZE."""
 
     def child():
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(stop, signal.SIG_DFL)
         if limit_bytes is not None:
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
             resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
