@@ -103,6 +103,7 @@ def head_detector_scores(
     ``rows="supported"`` averages over the rows where the pattern has any 1 (so a perfect head
     scores 1); ``rows="all"`` over every row, as TransformerLens does. Previous-token and self
     are measured on random tokens, duplicate-token and induction on repeated ones."""
+    model = check_model(model, "the head detectors")
     scores = detector_tensors(model, detector_inputs(model, n_samples, seed, length), rows)
     return {name: t.cpu() for name, t in scores.items()}
 

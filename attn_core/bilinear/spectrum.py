@@ -9,12 +9,14 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
+from attn_core.bilinear.checks import check_model
 from attn_core.bilinear.heads import model_form
 from attn_core.model import Transformer
 
 
 def spectrum(model: Transformer, augmented: bool = False) -> list[dict]:
     """One record per head: singular values, eigenvalues of the symmetric part, norms, ranks."""
+    model = check_model(model, "spectrum")
     with torch.no_grad():
         form = model_form(model, augmented)
         out = dict(

@@ -236,7 +236,8 @@ def sequence_view(loaded: LoadedModel, tokens: Sequence[int], layer: int = 0, he
     """S and A of a real input, read from the model's hook points (``run_with_cache``): the
     model's own scores (equal to X' B' X'^T, X the layer's attention input). Queries/keys are
     labelled "pos:name"."""
-    model = check_loaded(loaded, "sequence_view").model
+    loaded = check_loaded(loaded, "sequence_view")
+    model = loaded.model
     check_layer(model, layer)
     heads = check_heads(model, heads)
     ids = check_tokens(model, tokens)
@@ -256,7 +257,8 @@ def vocabulary_view(
     softmax of each row over every key. More than MAX_VIEW_TOKENS tokens are cut to the first
     ones unless ``tokens`` names them. With rotary positions, ``offset`` is the key's position
     minus the query's (B(offset); 0: the un-rotated form)."""
-    model = check_loaded(loaded, "vocabulary_view").model
+    loaded = check_loaded(loaded, "vocabulary_view")
+    model = loaded.model
     check_layer(model, layer)
     heads = check_heads(model, heads)
     V = model.cfg.d_vocab
@@ -280,7 +282,8 @@ def vocabulary_view(
 def positional_view(loaded: LoadedModel, layer: int = 0, heads=None) -> View:
     """f_x(y) with x, y every position's embedding; masked as the model masks the layer (causal,
     and its sliding window), at most the first MAX_VIEW_TOKENS positions."""
-    model = check_loaded(loaded, "positional_view").model
+    loaded = check_loaded(loaded, "positional_view")
+    model = loaded.model
     check_layer(model, layer)
     heads = check_heads(model, heads)
     n = min(model.cfg.n_ctx, MAX_VIEW_TOKENS)
@@ -300,7 +303,8 @@ def concentration_table(
     """Concentration of every head of every layer, on ``tokens`` (a sequence view) and on the
     vocabulary view: layer, head, metric, view, mean, min, max; ``without_sinks``: without each
     head's sink keys on that view (``View.concentration_table``)."""
-    model = check_loaded(loaded, "concentration_table").model
+    loaded = check_loaded(loaded, "concentration_table")
+    model = loaded.model
     parts = []
     for layer in range(model.cfg.n_layers):
         if tokens is not None:

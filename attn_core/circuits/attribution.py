@@ -1,7 +1,7 @@
 """Why a query attends where it does: one score f_x(y) split into the rank-1 terms of B, and
 at layer 0 into its token and position parts.
 
-Row vectors (docs/maths.md). For a head with ``B = U diag(sigma) V^T`` (``QKForm.svd``: u_i the
+Row vectors (docs/maths.md). For a head with ``B = U diag(sigma) V^T`` (``QKForm.svd()``: u_i the
 columns of U, v_i the rows of Vh), and x, y rows of the layer's attention input X,
 
     x B y^T = sum_i sigma_i (x . u_i)(y . v_i)                                   (1)
@@ -210,7 +210,8 @@ def attribute(loaded: LoadedModel, tokens: Sequence[int], layer: int, head: int,
     """Split the scores of query position ``query`` against the keys it sees of a real input
     (``tokens``) into the rank-1 terms of B and the bias, per (1) and (2); keys are named by
     ``bilinear.token_names``."""
-    model = check_loaded(loaded, "attribute").model
+    loaded = check_loaded(loaded, "attribute")
+    model = loaded.model
     ids = check_tokens(model, tokens)
     q = _check_query(query, len(ids))
     keys = visible_keys(model, check_layer(model, layer), len(ids), q)  # the model's own mask (window too)
@@ -218,7 +219,7 @@ def attribute(loaded: LoadedModel, tokens: Sequence[int], layer: int, head: int,
         return _rotary_attribution(loaded, ids, layer, check_heads(model, head)[0], q, keys)
     with torch.no_grad():
         form = head_form(model, layer, head)
-        U, S, Vh = form.svd  # [d, k], [k], [k, d]
+        U, S, Vh = form.svd()  # [d, k], [k], [k, d]
         X = _layer_input(model, ids, layer).double()  # [T, d]
         x, y = X[q], X[keys]  # [d], [n, d]
         xc = x @ U  # [k]
@@ -307,7 +308,8 @@ def token_position_split(loaded: LoadedModel, tokens: Sequence[int], head: int, 
     """At layer 0: per key the query sees (``visible_keys``), the score and its token-token, token-position,
     position-token, position-position and bias parts (columns named by SPLIT_PARTS), which add up
     to the model's own score."""
-    model = check_loaded(loaded, "token_position_split").model
+    loaded = check_loaded(loaded, "token_position_split")
+    model = loaded.model
     ids = check_tokens(model, tokens)
     q = _check_query(query, len(ids))
     check_heads(model, head)

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import typer
 
-from attn_core import limits
 from attn_core.cli.common import JsonOpt, NameArg, check_finite, check_head, emit, guarded, input_tokens, table
-from attn_core.cli.sinks import FieldOpt, LengthOpt, SamplesOpt, SeedOpt, TextOpt, probe_inputs
+from attn_core.cli.sinks import FieldOpt, LengthOpt, SamplesOpt, SeedOpt, TextOpt
 from attn_core.validate import check_seed
 
 app = typer.Typer()
@@ -52,24 +51,17 @@ def spectrum_cmd(
     """Singular values, eigenvalues of the symmetric part, norms and ranks of B for every head, and
     the two ranks of each head: of B (weight space) and of the centred scores S_c on probes cut
     from --text or the model's task samples (data space)."""
-    from attn_core import bilinear
-    from attn_core.bilinear.ranks import check_variance, ranks
+    from attn_core import documents
+    from attn_core.bilinear.ranks import check_variance
+    from attn_core.cli.text_options import byte_bars
     from attn_core.sources import resolve
 
     check_variance(variance)
     loaded = resolve(name)
-    rows = bilinear.spectrum(loaded.model, augmented=augmented)
+    with byte_bars() as progress:  # tokenizing a text: a bar on stderr, with --json too
+        rows = documents.spectrum(loaded, augmented, text, text_field, samples, length, seed, variance, progress)
     check_finite("the spectrum of B", *(r["singular_values"] for r in rows))
-    probes = None
-    if text is not None or loaded.task is not None:
-        probes = probe_inputs(loaded, text, text_field, samples, length, seed)
-    both = ranks(
-        loaded.model, None if probes is None else probes.tokens, variance, "" if probes is None else probes.what
-    )
-    inputs = probes.what if probes is not None else None
-    for row, two in zip(rows, both.heads()):
-        row.update({k: two[k] for k in ("weight_rank", "data_rank", "data_stable_rank")}, variance=variance)
-        row["data_inputs"] = inputs
+    inputs = rows[0]["data_inputs"]
 
     def human(rs):
         rows = [dict(r, sigma_1=r["singular_values"][0], lambda_sym_1=r["eigenvalues_sym"][0]) for r in rs]
@@ -184,20 +176,11 @@ def heads_cmd(
 ):
     """Previous-token, induction, duplicate-token and self scores of every head, on seeded
     random and repeated random sequences from the model's vocabulary."""
-    from attn_core import bilinear
+    from attn_core import bilinear, documents
     from attn_core.sources import resolve
 
     check_seed("--seed", seed)
-    model = resolve(name).model
-    T = min(model.cfg.n_ctx, 64 if length is None else length)  # a longer --length is refused by head_detectors
-    limits.check_forward("--samples", samples, model.cfg, T)
-    det = bilinear.head_detectors(model, n_samples=samples, seed=seed, length=length, rows=rows)
-    wide = det.pivot(index=["layer", "head"], columns="detector", values="score").reset_index()
-    heads = [
-        {"layer": int(r["layer"]), "head": int(r["head"]), **{d: float(r[d]) for d in bilinear.DETECTORS}}
-        for _, r in wide.iterrows()
-    ]
-    result = {"heads": heads, "best": bilinear.best_heads(det), "samples": samples, "seed": seed, "rows": rows}
+    result = documents.heads(resolve(name), samples, seed, length, rows)
     emit(result, as_json, lambda r: table(r["heads"], ["layer", "head", *bilinear.DETECTORS]))
 
 

@@ -179,13 +179,14 @@ def dynamics_cmd(
     checkpoint that cannot be read is skipped with its reason (stderr, and "skipped" in the JSON)."""
     from attn_core import dynamics as D
     from attn_core import limits
+    from attn_core.documents import dynamics_inputs
     from attn_core.figures import dynamics as fd
     from attn_core.figures.base import write_plot
     from attn_core.figures.bilinear import VALUES
     from attn_core.progress import Progress
     from attn_core.validate import check_seed
 
-    limits.check_count("--samples", samples, limits.MAX_SAMPLES)
+    limits.check_count("--samples", samples, limits.MAX_SAMPLES)  # before the series is read
     limits.check_count("--detector-samples", detector_samples, 4096)
     check_seed("--seed", seed)
     if value not in VALUES:
@@ -204,12 +205,7 @@ def dynamics_cmd(
 
         check_layer(SimpleNamespace(cfg=series.config), layer)
         check_heads(SimpleNamespace(cfg=series.config), head)
-    if text is not None:
-        inputs = D.series_text_inputs(series, D.read_text(text), length, samples, early_span, late_span)
-    else:
-        inputs = D.default_inputs(series, samples=samples, seed=seed, early=early_span, late=late_span)
-        if inputs is None:
-            raise ValueError("these models have no task in their card: give --text FILE to measure them on a text")
+    inputs = dynamics_inputs(series, samples, seed, early_span, late_span, text, length)
     cache = None if no_cache else D.MetricCache()
     bar = Progress(len(series.members), "dynamics", unit="checkpoint")  # stderr, with --json too
     try:

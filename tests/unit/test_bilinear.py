@@ -65,7 +65,7 @@ def test_factored_singular_values_equal_dense_svdvals(m, r, batch, rank, seed):
     assert k == (r if r < m else m)
     assert torch.allclose(s, dense[..., :k], atol=1e-9 * max(1.0, dense.max().item()))
     assert torch.all(dense[..., k:] < 1e-9 * max(1.0, dense.max().item()))
-    U, S, Vh = form.svd
+    U, S, Vh = form.svd()
     assert torch.allclose(U @ torch.diag_embed(S) @ Vh, form.dense, atol=1e-9)
     scale = max(1.0, dense.max().item())
     assert form.frobenius_norm.sub(torch.linalg.matrix_norm(form.dense)).abs().max() < 1e-9 * scale
@@ -152,12 +152,15 @@ def test_transpose_and_products_stay_factored_and_equal_dense(m, r1, r2, seed):
     assert torch.allclose((a @ b).singular_values, torch.linalg.svdvals(a.dense @ b.dense)[: min(r1, r2, m)], atol=1e-8)
 
 
-def test_views_and_detectors_name_the_model_object_they_take():
+def test_views_and_detectors_take_either_model_object():
     model = random_model()
-    with pytest.raises(TypeError, match="takes a LoadedModel"):
-        bl.sequence_view(model, [1, 2])
-    with pytest.raises(TypeError, match="takes a Transformer"):
-        bl.head_detectors(loaded(model), n_samples=2)
+    assert torch.equal(bl.sequence_view(model, [1, 2]).scores, bl.sequence_view(loaded(model), [1, 2]).scores)
+    a, b = (bl.head_detectors(m, n_samples=2) for m in (model, loaded(model)))
+    assert a.equals(b)
+    with pytest.raises(TypeError, match="sequence_view takes a model"):
+        bl.sequence_view("a name", [1, 2])
+    with pytest.raises(TypeError, match="the head detectors takes a model"):
+        bl.head_detectors(model.state_dict(), n_samples=2)
 
 
 # --- B from a model ------------------------------------------------------------------------------
