@@ -367,6 +367,14 @@ def _from_store(store, run_id: str) -> Model:
 
 
 def _bar(total: int, desc: str):
-    from tqdm.auto import tqdm
+    """A tqdm bar: a widget in a notebook that has ipywidgets, else text (tqdm's own choice,
+    without its warning that ipywidgets is missing)."""
+    import warnings
+
+    from tqdm import TqdmWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TqdmWarning)
+        from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc, unit="step")
