@@ -22,6 +22,18 @@ NameArg = typer.Argument(
 )
 
 
+def option(config: type, name: str, help: str | None = None) -> Any:
+    """The typer option of the setting ``name`` of ``config``, built from its one declaration
+    (``attn_core.training.settings``): default, flag, help (``help`` gives a command's own
+    wording), metavar."""
+    from attn_core.training.settings import declared
+    from attn_core.validate import default
+
+    meta = declared(config, name)
+    extra = {"metavar": meta["metavar"]} if meta["metavar"] else {}
+    return typer.Option(default(config, name), meta["flag"], help=help or meta["help"], **extra)
+
+
 def command_line() -> str:
     """The command being run, as a card records it (``attn-lab train --preset ...``)."""
     return "attn-lab " + " ".join(shlex.quote(a) for a in sys.argv[1:])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from attn_core.cli.common import JsonOpt, emit, guarded
+from attn_core.cli.common import JsonOpt, emit, guarded, option
 from attn_core.training.config import JobConfig
 from attn_core.validate import default
 
@@ -15,33 +15,12 @@ app = typer.Typer()
 
 # --- the checkpoint options of train, retrain and sweep ---------------------------------------------
 
-EveryOpt = typer.Option(
-    default(JobConfig, "checkpoint_every"),
-    "--checkpoint-every",
-    help="Keep the weights every N steps (and at step 0 and the last step) as safetensors in the run's "
-    "checkpoints/ folder, listed in its card.",
-)
-LogOpt = typer.Option(
-    default(JobConfig, "checkpoint_log"),
-    "--checkpoint-log",
-    help="Keep the weights at up to N steps spaced evenly in log(step) from 1 to the end (dense early, where "
-    "circuits form; steps that round to the same step count once, so fewer than N early in a short run: "
-    "the card's checkpoints.kept says how many); combines with --checkpoint-every.",
-)
-StepsOpt = typer.Option(
-    None, "--checkpoint-steps", help="Keep the weights at these steps too, comma-separated (0,50,100)."
-)
-ParamsOpt = typer.Option(
-    default(JobConfig, "checkpoint_params"),
-    "--checkpoint-params",
-    help="all, or attn: only attention and LayerNorm weights (what the QK/OV views need; much smaller "
-    "for large models).",
-)
-MaxMbOpt = typer.Option(
-    default(JobConfig, "checkpoint_max_mb"),
-    "--checkpoint-max-mb",
-    help="Refuse, before training, checkpoints that would take more than this many MiB (default 1024).",
-)
+# built from their one declaration in JobConfig (attn_core.training.settings)
+EveryOpt = option(JobConfig, "checkpoint_every")
+LogOpt = option(JobConfig, "checkpoint_log")
+StepsOpt = option(JobConfig, "checkpoint_steps")
+ParamsOpt = option(JobConfig, "checkpoint_params")
+MaxMbOpt = option(JobConfig, "checkpoint_max_mb")
 
 
 def parse_steps(text: str | None) -> list[int] | None:
