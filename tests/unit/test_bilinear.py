@@ -13,7 +13,7 @@ from attn_core import bilinear as bl
 from attn_core.hooks import act_name
 from attn_core.model import Transformer
 from attn_core.sources import LoadedModel
-from tests.conftest import make_tiny_model
+from tests.conftest import MODEL_KINDS, SPECTRUM_KEYS, make_tiny_model
 
 ZOO = Path(__file__).resolve().parents[2] / "assets" / "models"
 TOKENS = [1, 2, 3, 4, 5, 1, 2, 3, 0, 7]
@@ -32,13 +32,7 @@ def loaded(model: Transformer) -> LoadedModel:
     return LoadedModel("test", model, model.cfg)
 
 
-KINDS = {
-    "factored": {},
-    "biased": dict(attn_bias=True, d_mlp=16),
-    "merged": dict(qk="merged"),
-    "grown": dict(d_qk=[[6, 9, 4], [7, 6, 6]]),
-    "no_norm_no_pos": dict(normalization="none", positional="none"),
-}
+KINDS = MODEL_KINDS
 
 
 # --- QKForm: factored spectrum == dense linear algebra ------------------------------------------
@@ -216,18 +210,7 @@ def test_grown_heads_have_their_own_rank():
 def test_spectrum_records():
     recs = bl.spectrum(random_model())
     assert len(recs) == 6
-    need = {
-        "layer",
-        "head",
-        "singular_values",
-        "eigenvalues_sym",
-        "stable_rank",
-        "effective_rank",
-        "spectral_norm",
-        "nuclear_norm",
-        "frobenius_norm",
-    }
-    assert need <= set(recs[0])
+    assert SPECTRUM_KEYS <= set(recs[0])
     r = recs[0]
     assert r["spectral_norm"] == pytest.approx(r["singular_values"][0])
     assert 1 <= r["stable_rank"] <= r["effective_rank"] + 1e-6 <= 6 + 1e-6
