@@ -22,6 +22,12 @@ NameArg = typer.Argument(
 )
 
 
+# the input of a head-level command (scores, export, attribute): read by input_tokens
+TokensOpt = typer.Option(None, help='Space-separated tokens, e.g. "a b c" (ids for models without a task).')
+SampleSeedOpt = typer.Option(None, help="Use the held-out task sample with this seed.")
+RandomSeedOpt = typer.Option(None, help="Use uniform random tokens with this seed.")
+
+
 def option(config: type, name: str, help: str | None = None) -> Any:
     """The typer option of the setting ``name`` of ``config``, built from its one declaration
     (``attn_core.training.settings``): default, flag, help (``help`` gives a command's own

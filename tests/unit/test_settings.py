@@ -76,3 +76,13 @@ def test_the_declared_bounds_are_the_checks():
         for bad in (lo - 1, hi + 1):
             with pytest.raises(ValueError, match=name):
                 JobConfig("x", **{name: bad}, **text)
+
+
+def test_train_takes_the_same_precision_and_compile_options():
+    from attn_core.cli import models
+    from attn_core.training.config import TrainConfig
+
+    train = _params(models.app, "train")
+    for name in ("precision", "compile"):
+        assert train[name].help == declared(JobConfig, name)["help"]
+        assert train[name].default == getattr(TrainConfig(), name)  # the recipe's default is the declaration's
