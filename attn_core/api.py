@@ -244,11 +244,11 @@ def view(model, text_or_tokens: str | list[int] | None = None, layer: int = 0, h
     """
     from attn_core.bilinear.tokens import encode, random_tokens
     from attn_core.bilinear.views import sequence_view
-    from attn_core.text.source import has_sample, sample_tokens
+    from attn_core.text.source import has_sample, held_out_input
 
     m = Model.of(model)
     if text_or_tokens is None:
-        tokens = sample_tokens(m) if has_sample(m) else random_tokens(m)
+        tokens = held_out_input(m) if has_sample(m) else random_tokens(m)
     elif isinstance(text_or_tokens, str):
         tokens = encode(m, text_or_tokens)
     else:
