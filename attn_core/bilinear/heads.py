@@ -3,7 +3,7 @@
 For one head of layer l, with X the attention input (row vectors):
 
     B  = W_Q W_K^T / sqrt(d_qk)                  factored head, d_model x d_model, rank <= d_qk
-    B  = W_QK                                     merged head (seed 004), any rank
+    B  = W_QK                                     merged head, any rank
     B' = W_Q' W_K'^T / sqrt(d_qk),  W_Q' = [W_Q; b_Q^T]   the augmented form (query/key biases)
     S  = X' B' X'^T,  X' = [X | 1]                exactly the model's pre-softmax scores
     B(delta) = W_Q R(delta) W_K^T / sqrt(d_qk)     rotary positions: the form of a query and a

@@ -5,7 +5,7 @@ Each view is a :class:`View` with a per-query slice ``View.row``:
 - sequence: x, y are the rows of X for a real input; S and A are read from the model's own
   hook points (``act_name("attn_scores", l)``, ``act_name("pattern", l)``) by ``run_with_cache``,
   so they are the model's pre-softmax scores and pattern by construction;
-- vocabulary ("for every x", seed 000): x_t = ln1_l(W_E[t] + mean_p W_pos[p]) for every token t
+- vocabulary ("for every x"): x_t = ln1_l(W_E[t] + mean_p W_pos[p]) for every token t
   (ln1_l(W_E[t]) with rotary positions, whose form B(offset) takes the offset between the two),
   the token as layer l's LayerNorm would see it if nothing else were in the residual stream.
   For layer 0 this is exactly the first layer's input without its position; for l > 0 it is the
