@@ -62,11 +62,6 @@ class Model(LoadedModel):
         return cls(**{f.name: getattr(loaded, f.name) for f in fields(LoadedModel)})
 
     @property
-    def cfg(self):
-        """The model's config (``ModelConfig``), as ``Transformer.cfg``."""
-        return self.model.cfg
-
-    @property
     def QK(self) -> Heads:
         """``m.QK[l, h]``: the QK form B of head h of layer l (:class:`QKForm`: ``.B``,
         ``.singular_values``, ``.svd()``, ``.stable_rank``, rotary ``.at_offset(delta)``)."""

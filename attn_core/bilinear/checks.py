@@ -76,6 +76,7 @@ def layer_mask(model: Transformer, layer: int, n: int) -> torch.Tensor:
     """The model's own mask of ``layer`` on ``n`` tokens, [n, n] bool, True where query i sees key
     j: causal, and within the layer's sliding window when it has one (``cfg.window``). Every
     view, attribution and long view takes the keys a query sees from here."""
+    model = check_model(model, "layer_mask")
     return model.mask(n, model.cfg.window(check_layer(model, layer)))
 
 

@@ -74,6 +74,7 @@ def detector_tensors(
 ) -> dict[str, torch.Tensor]:
     """:func:`head_detector_scores` of ``inputs`` (:func:`detector_inputs`), on the model's device
     (the tensor part: no data is read)."""
+    model = check_model(model, "detector_tensors")
     if rows not in ("supported", "all"):
         raise ValueError(f"rows must be 'supported' or 'all', got {rows!r}")
     device = model.embed.W_E.device
@@ -112,6 +113,7 @@ def head_detectors(
     model: Transformer, n_samples: int = 32, seed: int = 0, length: int | None = None, rows: str = "supported"
 ) -> pd.DataFrame:
     """Tidy detector scores: layer, head, detector, score."""
+    model = check_model(model, "head_detectors")
     scores = head_detector_scores(model, n_samples, seed, length, rows)
     recs = []
     for name, t in scores.items():

@@ -35,6 +35,7 @@ def augment(x: torch.Tensor) -> torch.Tensor:
 
 def has_bias(model: Transformer) -> bool:
     """True when the heads have query/key biases, so that S needs the augmented form B'."""
+    model = check_model(model, "has_bias")
     return model.cfg.attn_bias and model.cfg.qk == "factored"
 
 
@@ -96,10 +97,12 @@ def qk_form(model: Transformer, layer: int, head: int, augmented: bool = False, 
 
 def layer_B(model: Transformer, layer: int, augmented: bool = False) -> torch.Tensor:
     """Dense B (or B') of every head of a layer, [n_heads, d, d] (differentiable)."""
+    model = check_model(model, "layer_B")
     return layer_form(model, layer, augmented).dense
 
 
 def head_B(model: Transformer, layer: int, head: int, augmented: bool = False) -> torch.Tensor:
     """Dense B ([d_model, d_model]) or B' ([d_model + 1]^2) of one head (differentiable)."""
+    model = check_model(model, "head_B")
     check_heads(model, head)
     return layer_form(model, layer, augmented)[head].dense

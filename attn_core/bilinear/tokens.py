@@ -34,7 +34,7 @@ def _tokenizer_and_names(folder: str, mtime_ns: int, d_vocab: int) -> tuple[Toke
 
 def tokenizer(loaded: LoadedModel) -> Tokenizer | None:
     """The model folder's own tokenizer.json (read once per file version), or None."""
-    found = _tokenizer_entry(loaded)
+    found = _tokenizer_entry(check_loaded(loaded, "tokenizer"))
     return found[0] if found else None
 
 
@@ -80,6 +80,7 @@ def token_names(loaded: LoadedModel) -> list[str]:
 
 def position_labels(loaded: LoadedModel, tokens: Sequence[int]) -> list[str]:
     """The label "position:name" of each token of an input, as every view's axes show it."""
+    loaded = check_loaded(loaded, "position_labels")
     names = token_names(loaded)
     return [f"{p}:{names[t]}" for p, t in enumerate(check_tokens(loaded.model, tokens))]
 

@@ -28,7 +28,7 @@ import pandas as pd
 import torch
 
 from attn_core import metrics
-from attn_core.bilinear.checks import check_heads, check_layer, check_loaded, check_tokens, layer_mask
+from attn_core.bilinear.checks import check_heads, check_layer, check_loaded, check_model, check_tokens, layer_mask
 from attn_core.bilinear.heads import augment, has_bias, layer_form
 from attn_core.bilinear.sinks import EPS, eligible_keys, key_importance, sink_keys
 from attn_core.bilinear.tokens import position_labels, token_names
@@ -47,6 +47,7 @@ MAX_VIEW_TOKENS = 512
 
 def vocab_inputs(model: Transformer, layer: int = 0, tokens: Sequence[int] | None = None) -> torch.Tensor:
     """x_t = ln1_layer(W_E[t] + mean_p W_pos[p]) for every token (or ``tokens``), [V, d_model]."""
+    model = check_model(model, "vocab_inputs")
     W_E = model.embed.W_E
     E = W_E if tokens is None else W_E[torch.as_tensor(list(tokens), dtype=torch.long, device=W_E.device)]
     if model.cfg.positional == "learned":
@@ -56,6 +57,7 @@ def vocab_inputs(model: Transformer, layer: int = 0, tokens: Sequence[int] | Non
 
 def positional_inputs(model: Transformer, layer: int = 0) -> torch.Tensor:
     """x_p = ln1_layer(W_pos[p] + mean_t W_E[t]) for every position, [n_ctx, d_model]."""
+    model = check_model(model, "positional_inputs")
     if model.cfg.positional != "learned":
         raise ValueError("this model has no position embeddings (positional = 'none'), so it has no positional view")
     return model.blocks[check_layer(model, layer)].ln1(model.pos_embed.W_pos + model.embed.W_E.mean(0))
@@ -81,11 +83,13 @@ def vocab_scores(
     """f_x(y) for every pair of tokens, [heads, V, V] (differentiable). With biases (the
     default when the model has them) the scores are x' B' y'^T, what the head itself computes;
     with rotary positions, of a key ``offset`` positions from the query (B(offset))."""
+    model = check_model(model, "vocab_scores")
     return _scores(model, layer, heads, vocab_inputs(model, layer, tokens), augmented, offset)
 
 
 def positional_scores(model: Transformer, layer: int = 0, heads=None, augmented: bool | None = None) -> torch.Tensor:
     """f_x(y) for every pair of positions, [heads, n_ctx, n_ctx] (differentiable, no mask)."""
+    model = check_model(model, "positional_scores")
     return _scores(model, layer, heads, positional_inputs(model, layer), augmented)
 
 

@@ -58,6 +58,7 @@ from attn_core.bilinear import (
     token_names,
     visible_keys,
 )
+from attn_core.bilinear.checks import check_model
 from attn_core.hooks import act_name
 from attn_core.model import Transformer
 from attn_core.sources import LoadedModel
@@ -174,6 +175,7 @@ class Attribution:
 
 def head_form(model: Transformer, layer: int, head: int) -> QKForm:
     """B of one head from its own d_qk columns (factored) or W_QK (merged), in float64."""
+    model = check_model(model, "head_form")
     form = layer_form(model, check_layer(model, layer))[check_heads(model, head)[0]]
     if form.is_dense:
         return QKForm(dense=form.dense.double())
@@ -184,6 +186,7 @@ def head_form(model: Transformer, layer: int, head: int) -> QKForm:
 def bias_terms(model: Transformer, layer: int, head: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """(2) split in its parts, [n, 3] for one query row x [d] and key rows y [n, d] (zeros
     without query/key biases)."""
+    model = check_model(model, "bias_terms")
     if not (model.cfg.attn_bias and model.cfg.qk == "factored"):
         return torch.zeros(y.shape[0], 3, dtype=torch.float64, device=y.device)
     attn = model.blocks[layer].attn
@@ -286,6 +289,7 @@ def _rotary_attribution(
 def residual_parts(model: Transformer, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(tok [T, d], pos [T, d], const [d]) with X = tok + pos + const the layer-0 attention
     input exactly, each token's LayerNorm scale frozen (see the module doc); float64."""
+    model = check_model(model, "residual_parts")
     if model.cfg.positional != "learned":
         raise ValueError("the token/position split needs learned position embeddings; this model has none")
     t = torch.as_tensor(ids, dtype=torch.long, device=model.embed.W_E.device)

@@ -144,6 +144,7 @@ def head_factors(model: Transformer, layer: int, fold_ln: bool = True) -> dict[s
     """Thin factors of every head of a layer, batch [n_heads]: ``ov`` = (W_V, W_O^T) as written
     (the writer's side, [h, d, d_head] each), ``qk`` = (N W_Q / sqrt(d_qk), N W_K) or, merged,
     (N B N^T, I) and ``ov_read`` = (N W_V, W_O^T) as read by this layer (see the module doc)."""
+    model = check_model(model, "head_factors")
     attn = model.blocks[layer].attn
     N = _reading_map(model, layer, fold_ln)  # [d, d]
     h = model.cfg.n_heads

@@ -98,6 +98,7 @@ def ov_spectrum_frame(model: Transformer) -> pd.DataFrame:
 def unembed_matrix(model: Transformer) -> torch.Tensor:
     """U = P diag(w_f) W_U, [d_model, d_vocab]: the unembedding as the residual stream sees it
     through the final LayerNorm with its scale frozen (W_U itself without a LayerNorm)."""
+    model = check_model(model, "unembed_matrix")
     W_U = model.unembed.W_U
     ln = model.ln_final
     if not hasattr(ln, "w"):
@@ -116,6 +117,7 @@ def _token_rows(model: Transformer, layer: int, tokens: Sequence[int] | None) ->
 def full_ov_form(model: Transformer, layer: int, tokens: Sequence[int] | None = None) -> QKForm:
     """M_OV = E W_V W_O U of every head of a layer, batch [n_heads], factored: ``left = E W_V``
     [h, n, d_head], ``right = U^T W_O^T`` [h, n, d_head] (``tokens`` restricts both sides)."""
+    model = check_model(model, "full_ov_form")
     E = _token_rows(model, layer, tokens)  # [n, d]
     U = unembed_matrix(model)  # [d, V]
     if tokens is not None:
@@ -130,6 +132,7 @@ def full_qk_form(model: Transformer, layer: int, tokens: Sequence[int] | None = 
     """M_QK = E B E^T (with biases [E | 1] B' [E | 1]^T, what the head computes) of every head
     of a layer, batch [n_heads]: ``left = E' W_Q' / sqrt(d_qk)``, ``right = E' W_K'`` when
     factored; merged: ``left = E B``, ``right = E`` ([h, n, d_model])."""
+    model = check_model(model, "full_qk_form")
     aug = has_bias(model)
     E = _token_rows(model, layer, tokens)  # [n, d]
     if aug:

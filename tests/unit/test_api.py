@@ -161,3 +161,24 @@ def test_retrain_saves_a_run_and_compares(m):
         al.retrain(again.model, steps=2, progress=False)
     with pytest.raises(ValueError, match="steps must be a positive integer"):
         al.retrain(m, steps=0, progress=False)
+
+
+# functions of the checks that read only .cfg, which both objects have (LoadedModel.cfg)
+CFG_ONLY = {"check_layer", "check_heads", "check_tokens", "longest_input", "visible_keys"}
+
+
+def test_every_model_function_converts_its_model_at_the_top():
+    """A public function of bilinear/ or circuits/ whose first argument is the model converts it
+    with check_model or check_loaded (so that a new one takes either object too)."""
+    import ast
+
+    missing = []
+    for path in sorted((ROOT / "attn_core").glob("[bc]i[lr]*/*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_") or not node.args.args:
+                continue
+            if node.args.args[0].arg in ("model", "loaded") and node.name not in CFG_ONLY:
+                if "check_model(" not in ast.unparse(node) and "check_loaded(" not in ast.unparse(node):
+                    missing.append(f"{path.name}:{node.name}")
+    assert len(list((ROOT / "attn_core").glob("[bc]i[lr]*/*.py"))) > 15
+    assert missing == []

@@ -153,7 +153,7 @@ def test_views_and_detectors_take_either_model_object():
     assert a.equals(b)
     with pytest.raises(TypeError, match="sequence_view takes a model"):
         bl.sequence_view("a name", [1, 2])
-    with pytest.raises(TypeError, match="the head detectors takes a model"):
+    with pytest.raises(TypeError, match="head_detectors takes a model"):
         bl.head_detectors(model.state_dict(), n_samples=2)
 
 
