@@ -68,6 +68,16 @@ SPECTRUM_KEYS = {"layer", "head", "singular_values", "eigenvalues_sym", "stable_
 SPECTRUM_KEYS |= {"spectral_norm", "nuclear_norm", "frobenius_norm"}
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op torch thread for a module's tests, restored after it (the CPU is shared: two
+    threads under contention are many times slower than one)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def tokenizer_folder(tmp_path):
     """A model folder with only a word-level tokenizer.json (w0 .. w99)."""

@@ -23,13 +23,7 @@ TASK = get_task("reverse")
 DT = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # The CPU is shared: two threads under contention are many times slower than one here.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # Not conftest's make_tiny_model: every weight from N(0, 0.4) by a generator, LayerNorm gains near 1.
