@@ -7,19 +7,8 @@ from pathlib import Path
 
 import typer
 
-from attn_core.cli.common import (
-    JsonOpt,
-    NameArg,
-    RandomSeedOpt,
-    SampleSeedOpt,
-    TokensOpt,
-    check_finite,
-    check_head,
-    emit,
-    guarded,
-    input_tokens,
-    table,
-)
+from attn_core.cli import common
+from attn_core.cli.common import JsonOpt, NameArg, check_finite, check_head, emit, guarded, input_tokens, table
 from attn_core.cli.sinks import FieldOpt, LengthOpt, SamplesOpt, SeedOpt, TextOpt
 from attn_core.validate import check_seed
 
@@ -94,9 +83,9 @@ def scores_cmd(
     name: str = NameArg,
     layer: int = typer.Option(0, help="Layer index."),
     head: int = typer.Option(0, help="Head index."),
-    tokens: str | None = TokensOpt,
-    sample_seed: int | None = SampleSeedOpt,
-    random_seed: int | None = RandomSeedOpt,
+    tokens: str | None = common.TokensOpt,
+    sample_seed: int | None = common.SampleSeedOpt,
+    random_seed: int | None = common.RandomSeedOpt,
     k: int = typer.Option(1, help="k of the top-k mass."),
     eps: float = typer.Option(
         0.3, "--eps", help="Sink keys on this input: importance above this (concentration without them too)."
@@ -204,9 +193,9 @@ def export_cmd(
     layer: int = typer.Option(0, help="Layer (views)."),
     head: int = typer.Option(0, help="Head (views)."),
     query: int | None = typer.Option(None, help="Query row to highlight (the 'query' figure needs one; default last)."),
-    tokens: str | None = TokensOpt,
-    sample_seed: int | None = SampleSeedOpt,
-    random_seed: int | None = RandomSeedOpt,
+    tokens: str | None = common.TokensOpt,
+    sample_seed: int | None = common.SampleSeedOpt,
+    random_seed: int | None = common.RandomSeedOpt,
     without_sinks: bool = typer.Option(
         False, "--without-sinks", help="concentration: measured without each head's sink keys (rows renormalized)."
     ),

@@ -11,18 +11,8 @@ import typer
 
 from attn_core import limits
 from attn_core.circuits.settings import KINDS, N_SAMPLES
-from attn_core.cli.common import (
-    JsonOpt,
-    NameArg,
-    RandomSeedOpt,
-    SampleSeedOpt,
-    TokensOpt,
-    check_head,
-    emit,
-    guarded,
-    input_tokens,
-    table,
-)
+from attn_core.cli import common
+from attn_core.cli.common import JsonOpt, NameArg, check_head, emit, guarded, input_tokens, table
 from attn_core.validate import check_seed
 
 app = typer.Typer()
@@ -138,9 +128,9 @@ def attribute_cmd(
     layer: int = typer.Option(0, help="Layer index."),
     head: int = typer.Option(0, help="Head index."),
     query: int | None = typer.Option(None, help="Query position (default: the last token)."),
-    tokens: str | None = TokensOpt,
-    sample_seed: int | None = SampleSeedOpt,
-    random_seed: int | None = RandomSeedOpt,
+    tokens: str | None = common.TokensOpt,
+    sample_seed: int | None = common.SampleSeedOpt,
+    random_seed: int | None = common.RandomSeedOpt,
     top: int | None = typer.Option(None, help="Only the K best keys (default: every key the query sees)."),
     as_json: bool = JsonOpt,
 ):
