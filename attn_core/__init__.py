@@ -11,10 +11,12 @@ the package stays light (``attn-lab --help`` loads no torch)::
     al.view(m, layer=1).plot(head=0)
     al.retrain(m, reg={"entropy": 0.1}, steps=300)
 
-``al.circuits`` and ``al.dynamics`` are also the subpackages of those names, which call the front
+A subpackage is imported on first use too (``al.bilinear.qk_form``). ``al.circuits`` and
+``al.dynamics`` are also the subpackages of those names, which call the front
 door's functions when called (``lazy.callable_package``)."""
 
 import importlib
+import importlib.util
 
 __version__ = "0.1.0"
 
@@ -25,12 +27,16 @@ CALLABLE_PACKAGES = ("circuits", "dynamics")
 def __getattr__(name: str):
     if name in API:
         value = getattr(importlib.import_module("attn_core.api"), name)
-    elif name in CALLABLE_PACKAGES:
-        value = importlib.import_module(f"attn_core.{name}")
+    elif name in CALLABLE_PACKAGES or (name.isidentifier() and not name.startswith("_") and _is_subpackage(name)):
+        value = importlib.import_module(f"attn_core.{name}")  # a subpackage: al.bilinear, al.figures ...
     else:
         raise AttributeError(f"module 'attn_core' has no attribute {name!r}")
     globals()[name] = value
     return value
+
+
+def _is_subpackage(name: str) -> bool:
+    return importlib.util.find_spec(f"attn_core.{name}") is not None
 
 
 def __dir__() -> list[str]:

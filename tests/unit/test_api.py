@@ -64,9 +64,10 @@ def test_importing_the_front_door_loads_no_torch_and_the_packages_stay_packages(
         "print('torch' in sys.modules, callable(al.load), 'torch' in sys.modules)\n"
         "from attn_core import circuits, dynamics\n"
         "print(isinstance(circuits, types.ModuleType), callable(circuits), circuits.ov_form.__name__)\n"
-        "print(al.circuits is circuits, al.dynamics is dynamics)"
+        "print(al.circuits is circuits, al.dynamics is dynamics)\n"
+        "print(al.bilinear.qk_form.__name__, hasattr(al, 'no_such_name'), hasattr(al, 'a.b'))"
     )
-    assert out.splitlines() == ["False True True", "True True ov_form", "True True"]
+    assert out.splitlines() == ["False True True", "True True ov_form", "True True", "qk_form False False"]
     # the other order: the package first, then the function
     out = _run(
         "import attn_core.circuits.ov\nimport attn_core as al\nprint(al.circuits('induction-2l', samples=4).columns[2])"
