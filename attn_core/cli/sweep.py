@@ -89,9 +89,9 @@ def sweep_cmd(
     checkpoint_steps: str | None = dyn.StepsOpt,
     checkpoint_params: str = dyn.ParamsOpt,
     checkpoint_max_mb: float | None = dyn.MaxMbOpt,
-    text: str | None = typer.Option(
-        None,
-        "--text",
+    text: str | None = option(
+        JobConfig,
+        "text",
         help="Sweep a Hugging Face folder (or a run of one) on this text, as retrain --text reads it; it is "
         "tokenized once, before the trials, into the run store's text-cache (workers must see the path).",
     ),
