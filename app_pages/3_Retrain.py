@@ -81,16 +81,7 @@ with reg_col:
                 help="Penalise 1 − (mass of the k largest attention weights)",
             )
         specs.append(R.RegSpec(name, lam, k=int(k)))
-    penalty_rows = st.number_input(
-        "Rows per head for the penalty (0 = all)",
-        min_value=0,
-        max_value=cfg.n_ctx,
-        step=1,
-        key=ui.remember("retrain_penalty_rows", 0, range(cfg.n_ctx + 1)),
-        help="Entropy, Hoyer and top-k penalties from this many query rows per head, drawn at random each "
-        "step: an unbiased estimate of the penalty and its gradient, cheaper on long sequences, noisier. "
-        "0, or at least the sequence length, uses every row (the exact penalty). Other penalties are exact",
-    )
+    penalty_rows = ui.setting(st, JobConfig, "penalty_rows", "retrain_penalty_rows", max_value=cfg.n_ctx)
 with head_col:
     st.subheader("Watched head")
     layer, head = ui.layer_head_picker(cfg, head_help=": its spectrum and attention are drawn live")
@@ -118,22 +109,8 @@ with opt_col:
         help="Peak AdamW learning rate (log scale; warmup, then cosine decay)",
     )
     s_col, seed_col = st.columns(2)
-    steps = s_col.number_input(
-        "Steps",
-        min_value=1,
-        max_value=100_000,
-        step=50,
-        key=ui.remember("retrain_steps", default(JobConfig, "steps"), range(1, 100_001)),
-        help="Optimizer updates",
-    )
-    seed = seed_col.number_input(
-        "Seed",
-        min_value=0,
-        max_value=2**31 - 1,
-        step=1,
-        key=ui.remember("retrain_seed", default(JobConfig, "seed"), range(2**31)),
-        help="Seed of the training data: the same settings and seed give the same run",
-    )
+    steps = ui.setting(s_col, JobConfig, "steps", "retrain_steps")
+    seed = ui.setting(seed_col, JobConfig, "seed", "retrain_seed")
     devices = available_devices()
     d_col, p_col = st.columns(2)
     device = d_col.selectbox(
@@ -155,15 +132,7 @@ with opt_col:
         "tens of seconds before the first step, then each step is faster. Falls back to the "
         "plain step if it cannot compile (the run's message says so).",
     )
-    checkpoints = st.number_input(
-        "Checkpoints (log-spaced)",
-        min_value=0,
-        max_value=500,
-        step=10,
-        key=ui.remember("retrain_checkpoints", 0, range(501)),
-        help="Keep the weights at this many steps spaced evenly in log(step), plus step 0 and the last, in the "
-        "run's folder (listed in its card): scrub them on the Dynamics page. 0 keeps none",
-    )
+    checkpoints = ui.setting(st, JobConfig, "checkpoint_log", "retrain_checkpoints")
     offer, spread = workers_offer(), {}  # workers when Ray sees more than one GPU, or a cluster
     if offer is not None:
         workers = st.number_input(

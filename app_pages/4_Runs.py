@@ -263,7 +263,7 @@ seed = c_seed.number_input(
     help="Seed of the held-out task sample every model reads",
 )
 try:
-    tokens = text_source.sample_tokens(sampled or first, int(seed))
+    tokens = text_source.held_out_input(sampled or first, int(seed))
 except ValueError as e:
     st.error(f"No common input: {e}")
     st.stop()

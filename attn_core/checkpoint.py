@@ -70,6 +70,11 @@ class LoadedModel:
     def task(self) -> Task | None:
         return TASKS.get(self.card.task or "")
 
+    @property
+    def cfg(self) -> ModelConfig:
+        """The model's config, as ``Transformer.cfg``: either object answers ``.cfg``."""
+        return self.model.cfg
+
 
 # --- reading -----------------------------------------------------------------------------------
 

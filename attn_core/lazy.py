@@ -10,7 +10,11 @@ parts (a config dataclass, a table of names) then does not load torch, which is 
 package, so only its first read costs the import. A name that is also its submodule's name (the
 function ``composition`` of ``circuits/composition.py``) stays the function when the submodule is
 imported, as it was when the package imported it eagerly (the import system sets a package's
-attribute to each submodule it loads)."""
+attribute to each submodule it loads).
+
+A package whose name is also a function of the front door (``attn_core.circuits``, and the
+function ``attn_core.circuits(model)`` of :mod:`attn_core.api`) is made callable by
+:func:`callable_package`: ``from attn_core import circuits`` stays the package."""
 
 from __future__ import annotations
 
@@ -58,3 +62,21 @@ def exports(
 
     sys.modules[package].__class__ = Package
     return __getattr__, __dir__
+
+
+def callable_package(package: str, target: str) -> None:
+    """Make the module ``package`` callable: calling it calls ``target`` (``"module:function"``,
+    imported on the first call), so that ``al.circuits(model)`` is the front door's function
+    while ``attn_core.circuits`` stays the package, whichever is imported first."""
+    module = sys.modules[package]
+    home, _, name = target.partition(":")
+
+    class Callable(type(module)):
+        def __call__(self, *args, **kwargs):
+            return getattr(importlib.import_module(home), name)(*args, **kwargs)
+
+        def __reduce__(self):  # pickled as the module it is, by name
+            return importlib.import_module, (self.__name__,)
+
+    Callable.__call__.__doc__ = f"{target.replace(':', '.')}: see its docstring."
+    module.__class__ = Callable

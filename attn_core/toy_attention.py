@@ -1,4 +1,4 @@
-"""The algebra of seed 003: what one softmax-attention head can and cannot do.
+"""The algebra of one softmax-attention head: what it can and cannot do.
 
 One query q in R^d attends over keys k_1..k_n (rows of K) and values v_1..v_n (rows of V):
 

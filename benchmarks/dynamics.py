@@ -13,7 +13,6 @@ benchmarks/results/dynamics.json with the machine's environment (``benchmarks/re
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import sys
@@ -108,10 +107,7 @@ def main() -> None:
     )
     res["checkpoint_overhead"] = res["train_s_with_checkpoints"] / res["train_s_plain"]
     res["cached_over_cold"] = res["series_cached_s"] / res["series_cold_s"]
-    print(json.dumps(res, indent=2))
-    if not args.quick:
-        record.save(res, args.out)
-        print(f"saved {args.out}")
+    record.report(res, args.out, args.quick)
 
 
 if __name__ == "__main__":

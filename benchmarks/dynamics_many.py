@@ -110,10 +110,7 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     res = dict(samples=args.samples, rows=rows, **record.environment())
-    print(json.dumps(res, indent=2))
-    if not args.quick:
-        record.save(res, args.out)
-        print(f"saved {args.out}")
+    record.report(res, args.out, args.quick)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,14 @@ def save(result: dict, path: Path) -> Path:
     return path
 
 
+def report(result: dict, path: Path, quick: bool) -> None:
+    """Print ``result``; a full run (not ``--quick``) also saves it to ``path`` (:func:`save`)."""
+    print(json.dumps(result, indent=2))
+    if not quick:
+        save(result, path)
+        print(f"saved {path}")
+
+
 if __name__ == "__main__":
     if sys.argv[1:] not in ([], ["--quick"]):
         sys.exit("usage: python benchmarks/record.py [--quick]  (prints this machine's environment)")

@@ -54,6 +54,41 @@ def make_tiny_model(task: str = "reverse", seed: int = 0, *, std: float | None =
     return model
 
 
+# The kinds of model every formula of the bilinear and circuits tests is checked on (ModelConfig
+# changes to a 2-layer, 3-head model): plain factored heads, biases, merged W_QK, grown d_qk, no norm.
+MODEL_KINDS = {
+    "factored": {},
+    "biased": dict(attn_bias=True, d_mlp=16),
+    "merged": dict(qk="merged"),
+    "grown": dict(d_qk=[[6, 9, 4], [7, 6, 6]]),
+    "no_norm_no_pos": dict(normalization="none", positional="none"),
+}
+# what every record of bilinear.spectrum (and `attn-lab spectrum --json`) holds, at least
+SPECTRUM_KEYS = {"layer", "head", "singular_values", "eigenvalues_sym", "stable_rank", "effective_rank"}
+SPECTRUM_KEYS |= {"spectral_norm", "nuclear_norm", "frobenius_norm"}
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op torch thread for a module's tests, restored after it (the CPU is shared: two
+    threads under contention are many times slower than one)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def tokenizer_folder(tmp_path):
+    """A model folder with only a word-level tokenizer.json (w0 .. w99)."""
+    from tests.text_corpus import write_word_tokenizer
+
+    f = tmp_path / "model"
+    f.mkdir()
+    write_word_tokenizer(f)
+    return f
+
+
 @pytest.fixture
 def tiny_model():
     """``tiny_model(task="reverse", seed=0, std=None, **config)``: see :func:`make_tiny_model`."""

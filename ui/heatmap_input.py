@@ -15,6 +15,7 @@ from attn_core.text import source as text_source
 from attn_core.text.files import page_message
 from ui.markup import plain
 from ui.state import follow_input, remember, to_url
+from ui.widgets import number
 
 SOURCES = {"text": "held-out text", "sample": "task sample", "random": "random tokens", "typed": "typed tokens"}
 DEFAULT_LENGTH = 1024  # random tokens by default: the context, at most this many (and what the limits allow)
@@ -56,13 +57,15 @@ def _tokens(loaded: LoadedModel, source: str) -> tuple[list[int], int | None]:
         return bilinear.encode(loaded, text), None
     s_col, l_col = st.columns(2)
     seed = int(
-        s_col.number_input(
+        number(
+            s_col,
             "Seed",
-            min_value=0,
-            max_value=2**31 - 1,
-            step=1,
-            key=remember("input_seed", 0, range(2**31), param="seed"),
+            0,
+            2**31 - 1,
+            "input_seed",
+            0,
             help="Seed of the sample / the random tokens: the same seed gives the same input",
+            param="seed",
         )
     )
     if source == "sample":
@@ -70,12 +73,14 @@ def _tokens(loaded: LoadedModel, source: str) -> tuple[list[int], int | None]:
     if source == "text":  # a held-out block of the run's text, as the run split it
         return text_source.held_out_tokens(loaded, seed), seed  # tokenized once per run (the token cache)
     longest = max(2, bilinear.longest_input(loaded.model))  # the context, cut to the memory limit
-    length = l_col.number_input(
+    length = number(
+        l_col,
         "Length",
-        min_value=2,
-        max_value=longest,
-        step=1,
-        key=remember("random_length", min(longest, DEFAULT_LENGTH), range(2, longest + 1), param="length"),
+        2,
+        longest,
+        "random_length",
+        min(longest, DEFAULT_LENGTH),
+        param="length",
         help=f"Number of tokens, 2..{longest}"
         + (f" (the context is {cfg.n_ctx}; the memory limit allows {longest})" if longest < cfg.n_ctx else ""),
     )

@@ -22,6 +22,7 @@ from ui.models import load_model
 from ui.pickers import value_choice
 from ui.plots import show_plot, show_table
 from ui.state import remember
+from ui.widgets import number
 
 METRIC_HELP = {
     "entropy": (
@@ -75,20 +76,23 @@ def query_metrics(n_keys: int, values: dict, k: int, keys_help: str) -> None:
 def long_controls() -> tuple[int, int, str]:
     """Window, top keys and pooling of a long input's views."""
     w_col, t_col, p_col = st.columns([1, 1, 2])
-    window = w_col.number_input(
+    window = number(
+        w_col,
         "Window w",
-        min_value=8,
-        max_value=256,
+        8,
+        256,
+        "window",
+        bilinear.long.WINDOW,
         step=8,
-        key=remember("window", bilinear.long.WINDOW, range(8, 257)),
         help="Exact scores of the w positions that end at the query (queries and keys)",
     )
-    top = t_col.number_input(
+    top = number(
+        t_col,
         "Top keys",
-        min_value=1,
-        max_value=64,
-        step=1,
-        key=remember("top_keys", bilinear.long.TOP_K, range(1, 65)),
+        1,
+        64,
+        "top_keys",
+        bilinear.long.TOP_K,
         help="The keys the query attends to most, anywhere in the input",
     )
     pool = p_col.radio(

@@ -25,6 +25,7 @@ from attn_core.training.estimate import CPU_STEP_FLOPS
 from ui.markup import plain
 from ui.models import job_source
 from ui.state import MODEL_KEY, remember
+from ui.widgets import number
 
 PLACES = {"upload": "an upload", "data": "the data folder"}
 UPLOADED_AS = "text_uploaded_as"  # kept upload path -> the name it was uploaded as (a shown command says it)
@@ -77,20 +78,23 @@ def text_inputs(cfg: ModelConfig, lambdas: list[float], device: str = "cpu") -> 
         help="The text perplexity is measured on: the end of the training text (never trained on), or another text",
     )
     block_col, batch_col, train_col, kl_col = st.columns([2, 2, 3, 2])
-    block = block_col.number_input(
+    block = number(
+        block_col,
         "Block (tokens)",
-        min_value=2,
-        max_value=cfg.n_ctx,
+        2,
+        cfg.n_ctx,
+        "text_block",
+        min(cfg.n_ctx, 256),
         step=16,
-        key=remember("text_block", min(cfg.n_ctx, 256), range(2, cfg.n_ctx + 1)),
         help="Tokens per training sequence: blocks of the text, each scored on every next token",
     )
-    batch = batch_col.number_input(
+    batch = number(
+        batch_col,
         "Batch (blocks, 0 = auto)",
-        min_value=0,
-        max_value=MAX_BATCH,
-        step=1,
-        key=remember("text_batch", 0, range(MAX_BATCH + 1)),
+        0,
+        MAX_BATCH,
+        "text_batch",
+        0,
         help="Blocks per training step. 0 picks what the model, the block and the device allow: on the CPU "
         "the most blocks (a power of two, at most 64) whose step is estimated within "
         f"{CPU_STEP_FLOPS:.0e} operations; on a GPU within {STEP_MEMORY / 2**30:g} GiB of memory",

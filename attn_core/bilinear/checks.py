@@ -1,6 +1,6 @@
 """The input checks of the bilinear engine, in one place: a layer, heads, token ids, and the
-model object a function takes. Each failure is a ValueError (TypeError for a wrong object) of
-one sentence that names the valid range (a ``limits.LimitError`` for a view larger than the
+model object a function takes (either one: :func:`check_model` and :func:`check_loaded` convert
+it). Each failure is a ValueError (TypeError for an object that is no model) of one sentence that names the valid range (a ``limits.LimitError`` for a view larger than the
 memory limit); and the one mask a view takes its visible keys from (``layer_mask``)."""
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ def layer_mask(model: Transformer, layer: int, n: int) -> torch.Tensor:
     """The model's own mask of ``layer`` on ``n`` tokens, [n, n] bool, True where query i sees key
     j: causal, and within the layer's sliding window when it has one (``cfg.window``). Every
     view, attribution and long view takes the keys a query sees from here."""
+    model = check_model(model, "layer_mask")
     return model.mask(n, model.cfg.window(check_layer(model, layer)))
 
 
@@ -84,15 +85,26 @@ def visible_keys(model: Transformer, layer: int, n: int, query: int) -> list[int
     return torch.nonzero(layer_mask(model, layer, n)[query]).flatten().tolist()
 
 
-def check_loaded(loaded: LoadedModel, what: str) -> LoadedModel:
-    """``loaded`` when it is a LoadedModel: functions that name tokens or read the card take one."""
-    if not isinstance(loaded, LoadedModel):
-        raise TypeError(f"{what} takes a LoadedModel (attn_core.sources.resolve), not {type(loaded).__name__}")
-    return loaded
+def check_loaded(loaded: LoadedModel | Transformer, what: str) -> LoadedModel:
+    """The :class:`LoadedModel` of ``loaded``, the one conversion at the top of every function that
+    names tokens or reads the card: a LoadedModel (an ``attn_core.load`` model is one) as it is, a
+    bare Transformer wrapped with an empty card (no task: token ids are its token names)."""
+    if isinstance(loaded, LoadedModel):
+        return loaded
+    if isinstance(loaded, Transformer):
+        return LoadedModel(name="transformer", model=loaded, config=loaded.cfg)
+    raise TypeError(
+        f"{what} takes a model (attn_core.load, a LoadedModel or a Transformer), not {type(loaded).__name__}"
+    )
 
 
-def check_model(model: Transformer, what: str) -> Transformer:
-    """``model`` when it is a Transformer: pure model maths takes the module itself."""
-    if not isinstance(model, Transformer):
-        raise TypeError(f"{what} takes a Transformer (a LoadedModel's .model), not {type(model).__name__}")
-    return model
+def check_model(model: Transformer | LoadedModel, what: str) -> Transformer:
+    """The :class:`Transformer` of ``model``, the one conversion at the top of every function of
+    model maths: the module itself, or a LoadedModel's (an ``attn_core.load`` model's) ``.model``."""
+    if isinstance(model, LoadedModel):
+        return model.model
+    if isinstance(model, Transformer):
+        return model
+    raise TypeError(
+        f"{what} takes a model (attn_core.load, a LoadedModel or a Transformer), not {type(model).__name__}"
+    )

@@ -74,6 +74,7 @@ def detector_tensors(
 ) -> dict[str, torch.Tensor]:
     """:func:`head_detector_scores` of ``inputs`` (:func:`detector_inputs`), on the model's device
     (the tensor part: no data is read)."""
+    model = check_model(model, "detector_tensors")
     if rows not in ("supported", "all"):
         raise ValueError(f"rows must be 'supported' or 'all', got {rows!r}")
     device = model.embed.W_E.device
@@ -103,6 +104,7 @@ def head_detector_scores(
     ``rows="supported"`` averages over the rows where the pattern has any 1 (so a perfect head
     scores 1); ``rows="all"`` over every row, as TransformerLens does. Previous-token and self
     are measured on random tokens, duplicate-token and induction on repeated ones."""
+    model = check_model(model, "the head detectors")
     scores = detector_tensors(model, detector_inputs(model, n_samples, seed, length), rows)
     return {name: t.cpu() for name, t in scores.items()}
 
@@ -111,6 +113,7 @@ def head_detectors(
     model: Transformer, n_samples: int = 32, seed: int = 0, length: int | None = None, rows: str = "supported"
 ) -> pd.DataFrame:
     """Tidy detector scores: layer, head, detector, score."""
+    model = check_model(model, "head_detectors")
     scores = head_detector_scores(model, n_samples, seed, length, rows)
     recs = []
     for name, t in scores.items():

@@ -20,12 +20,23 @@ from attn_core import metrics
 class QKForm:
     """B = left @ right^T (factored) or B itself (dense), batched over leading dims.
 
-    Lazy, cached properties: ``dense``, ``svd``, ``singular_values``, ``eigenvalues``,
+    Lazy, cached properties: ``dense`` (also ``B``), ``svd()``, ``singular_values``, ``eigenvalues``,
     ``eigenvalues_sym``, ``symmetric``/``antisymmetric`` (QKForms), norms, stable and effective
     rank. The factored path (rank cap r < min(m, n)) never forms the m x n matrix for them.
     Gradients flow through every property, except that the QR's gradient is undefined when a
     factor is rank-deficient (the zero-padded columns of grown heads): to penalise a grown
-    head, build its form from its own d_qk columns.
+    head, build its form from its own d_qk columns. A head's form taken from a model
+    (``model.QK[l, h]``, :func:`attn_core.bilinear.heads.qk_form`) also knows its rotary
+    B(delta): :meth:`at_offset`.
+
+    >>> import torch
+    >>> form = QKForm(left=torch.eye(3)[:, :2] * 2, right=torch.eye(3)[:, :2])
+    >>> form.B
+    tensor([[2., 0., 0.],
+            [0., 2., 0.],
+            [0., 0., 0.]])
+    >>> form.singular_values, float(form.stable_rank)
+    (tensor([2., 2.]), 2.0)
     """
 
     def __init__(
@@ -36,6 +47,7 @@ class QKForm:
         if dense is None and (left.shape[:-2] != right.shape[:-2] or left.shape[-1] != right.shape[-1]):
             raise ValueError(f"factors do not match: left {list(left.shape)}, right {list(right.shape)}")
         self.left, self.right, self._dense = left, right, dense
+        self._at_offset = None  # set for a head's form taken from a model (heads.qk_form)
 
     # shape and access --------------------------------------------------------------------------
     @property
@@ -110,6 +122,18 @@ class QKForm:
         """The matrix itself, [..., m, n]."""
         return self._dense if self.is_dense else self.left @ self.right.transpose(-1, -2)
 
+    @property
+    def B(self) -> torch.Tensor:
+        """The matrix B itself (:attr:`dense`)."""
+        return self.dense
+
+    def at_offset(self, delta: int) -> QKForm:
+        """B(delta), the form of a query and a key ``delta = j - i`` positions apart, for a head's
+        form taken from a rotary model (``bilinear.heads``); the same B for other models."""
+        if self._at_offset is None:
+            raise ValueError("at_offset needs a head's form taken from a model (model.QK[l, h] or bilinear.qk_form)")
+        return self._at_offset(delta)
+
     def bilinear(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         """f_x(y) = x B y^T for rows x [..., nq, m] and y [..., nk, n] -> [..., nq, nk]; x and y
         broadcast against the batch shape (y defaults to x)."""
@@ -131,10 +155,13 @@ class QKForm:
         _, Rl, _, Rr = self._qr
         return Rl @ Rr.transpose(-1, -2)
 
-    @cached_property
     def svd(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(U [..., m, k], S [..., k], Vh [..., k, n]) with B = U diag(S) Vh; k = r on the
-        factored path, min(m, n) on the dense one."""
+        factored path, min(m, n) on the dense one (computed once)."""
+        return self._svd
+
+    @cached_property
+    def _svd(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if not self.uses_core:
             return torch.linalg.svd(self.dense, full_matrices=False)
         Ql, _, Qr, _ = self._qr
@@ -144,8 +171,8 @@ class QKForm:
     @cached_property
     def singular_values(self) -> torch.Tensor:
         """Descending, [..., k] (k = r factored: the rest are zero)."""
-        if "svd" in self.__dict__:
-            return self.svd[1]
+        if "_svd" in self.__dict__:
+            return self._svd[1]
         return torch.linalg.svdvals(self.core if self.uses_core else self.dense)
 
     @cached_property

@@ -3,7 +3,7 @@
 For one head of layer l, with X the attention input (row vectors):
 
     B  = W_Q W_K^T / sqrt(d_qk)                  factored head, d_model x d_model, rank <= d_qk
-    B  = W_QK                                     merged head (seed 004), any rank
+    B  = W_QK                                     merged head, any rank
     B' = W_Q' W_K'^T / sqrt(d_qk),  W_Q' = [W_Q; b_Q^T]   the augmented form (query/key biases)
     S  = X' B' X'^T,  X' = [X | 1]                exactly the model's pre-softmax scores
     B(delta) = W_Q R(delta) W_K^T / sqrt(d_qk)     rotary positions: the form of a query and a
@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attn_core.bilinear.checks import check_heads, check_layer
+from attn_core.bilinear.checks import check_heads, check_layer, check_model
 from attn_core.bilinear.form import QKForm
 from attn_core.model import Transformer
 from attn_core.model.rotary import offset_rotation
@@ -35,6 +35,7 @@ def augment(x: torch.Tensor) -> torch.Tensor:
 
 def has_bias(model: Transformer) -> bool:
     """True when the heads have query/key biases, so that S needs the augmented form B'."""
+    model = check_model(model, "has_bias")
     return model.cfg.attn_bias and model.cfg.qk == "factored"
 
 
@@ -42,6 +43,7 @@ def layer_form(model: Transformer, layer: int, augmented: bool = False, offset: 
     """Every head of one layer, batch shape [n_heads]; ``augmented`` gives B' ((d_model + 1)^2),
     ``offset`` B(offset) for rotary models (module doc). Grown heads keep the layer's stored
     width; their zero columns add nothing to B."""
+    model = check_model(model, "layer_form")
     if not is_int(offset) or abs(offset) > model.cfg.n_ctx:
         raise ValueError(f"offset={offset!r} must be an integer in -{model.cfg.n_ctx}..{model.cfg.n_ctx}")
     attn = model.blocks[check_layer(model, layer)].attn
@@ -66,6 +68,7 @@ def layer_form(model: Transformer, layer: int, augmented: bool = False, offset: 
 def model_form(model: Transformer, augmented: bool = False) -> QKForm:
     """Every head of every layer, batch shape [n_layers, n_heads]. Layers whose grown heads are
     wider are matched by zero columns, which change nothing."""
+    model = check_model(model, "model_form")
     forms = [layer_form(model, l, augmented) for l in range(model.cfg.n_layers)]
     if forms[0].is_dense:
         return QKForm(dense=torch.stack([f.dense for f in forms]))
@@ -77,12 +80,29 @@ def model_form(model: Transformer, augmented: bool = False) -> QKForm:
     return QKForm(left=torch.stack([pad(f.left) for f in forms]), right=torch.stack([pad(f.right) for f in forms]))
 
 
+def qk_form(model: Transformer, layer: int, head: int, augmented: bool = False, offset: int = 0) -> QKForm:
+    """The form of one head (what ``model.QK[layer, head]`` is), whose :meth:`QKForm.at_offset`
+    gives B(delta) of a rotary model (module doc); differentiable.
+
+    >>> import attn_core as al
+    >>> B = qk_form(al.load("induction-2l"), 1, 0)
+    >>> B.shape, B.at_offset(3).shape
+    (torch.Size([64, 64]), torch.Size([64, 64]))
+    """
+    model = check_model(model, "qk_form")
+    form = layer_form(model, layer, augmented, offset)[check_heads(model, head)[0]]
+    form._at_offset = lambda delta: qk_form(model, layer, head, augmented, delta)
+    return form
+
+
 def layer_B(model: Transformer, layer: int, augmented: bool = False) -> torch.Tensor:
     """Dense B (or B') of every head of a layer, [n_heads, d, d] (differentiable)."""
+    model = check_model(model, "layer_B")
     return layer_form(model, layer, augmented).dense
 
 
 def head_B(model: Transformer, layer: int, head: int, augmented: bool = False) -> torch.Tensor:
     """Dense B ([d_model, d_model]) or B' ([d_model + 1]^2) of one head (differentiable)."""
+    model = check_model(model, "head_B")
     check_heads(model, head)
     return layer_form(model, layer, augmented)[head].dense

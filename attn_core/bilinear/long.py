@@ -281,7 +281,8 @@ def layer_scores(
     """S of every head of ``layer`` on ``tokens``, read from the model's own hook point with the
     forward stopped right after it (later layers are not computed). Refuses, with a message,
     an input whose scores would take more than ``max_bytes``."""
-    model = check_loaded(loaded, "layer_scores").model
+    loaded = check_loaded(loaded, "layer_scores")
+    model = loaded.model
     check_layer(model, layer)
     ids = check_tokens(model, tokens)
     n, H = len(ids), len(check_heads(model, None))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from attn_core.bilinear.checks import check_heads, check_layer
+from attn_core.bilinear.checks import check_heads, check_layer, check_model
 from attn_core.bilinear.form import QKForm
 from attn_core.bilinear.heads import augment, has_bias, layer_form
 from attn_core.model import Transformer
@@ -23,6 +23,7 @@ MAX_OFFSETS = 4096
 
 
 def check_rotary(model: Transformer, what: str) -> None:
+    model = check_model(model, "check_rotary")
     if model.cfg.positional != "rotary":
         raise ValueError(
             f"{what} needs a model with rotary positions; this one's positions are {model.cfg.positional!r}"
@@ -31,6 +32,7 @@ def check_rotary(model: Transformer, what: str) -> None:
 
 def default_offsets(model: Transformer, n: int = 64) -> list[int]:
     """0, -1, ..., -(n - 1), then powers of two up to the context: where rotary forms change."""
+    model = check_model(model, "default_offsets")
     far = [-(2**k) for k in range(n.bit_length(), 32) if 2**k < model.cfg.n_ctx]
     return list(range(0, -min(n, model.cfg.n_ctx), -1)) + far
 
@@ -46,6 +48,7 @@ def _check_offsets(model: Transformer, offsets) -> list[int]:
 
 def offset_form(model: Transformer, layer: int, head: int, offsets, augmented: bool = False) -> QKForm:
     """B(delta) of one head for every delta in ``offsets``, batch shape [len(offsets)]."""
+    model = check_model(model, "offset_form")
     check_rotary(model, "offset_form")
     offsets = _check_offsets(model, offsets)
     base = layer_form(model, check_layer(model, layer), augmented)[check_heads(model, head)[0]]
@@ -56,6 +59,7 @@ def offset_form(model: Transformer, layer: int, head: int, offsets, augmented: b
 
 def free_form(model: Transformer, layer: int, head: int, augmented: bool = False) -> QKForm | None:
     """B_free of a partially rotary head (None when every dim rotates)."""
+    model = check_model(model, "free_form")
     check_rotary(model, "free_form")
     r = model.cfg.rotary_dims
     if r >= model.cfg.d_head:
@@ -66,6 +70,7 @@ def free_form(model: Transformer, layer: int, head: int, augmented: bool = False
 
 def offset_spectrum(model: Transformer, layer: int, head: int, offsets=None, k: int = 8) -> pd.DataFrame:
     """The top ``k`` singular values of B(delta) against delta: columns delta, index, singular_value."""
+    model = check_model(model, "offset_spectrum")
     offsets = _check_offsets(model, default_offsets(model) if offsets is None else offsets)
     with torch.no_grad():
         sv = offset_form(model, layer, head, offsets).singular_values[:, :k]  # [n, k]
@@ -84,6 +89,7 @@ def sigma1_offsets(model: Transformer, heads, offsets=None) -> torch.Tensor:
     Batched: with W_Q / sqrt(d_qk) = Q_l R_l and W_K = Q_r R_r (one QR per layer, every head of it
     at once), B(delta) = Q_l (R_l R(delta) R_r^T) Q_r^T has the singular values of the small core
     R_l R(delta) R_r^T, and one ``svdvals`` call takes the cores of every head and offset."""
+    model = check_model(model, "sigma1_offsets")
     check_rotary(model, "sigma1_offsets")
     offsets = _check_offsets(model, default_offsets(model) if offsets is None else offsets)
     heads = [(check_layer(model, l), check_heads(model, h)[0]) for l, h in heads]
@@ -110,6 +116,7 @@ def sigma1_summaries(model: Transformer, heads, offsets=None) -> list[dict]:
     """For each of ``heads``: sigma_1(B(delta)) over ``offsets`` (default :func:`default_offsets`)
     at delta = 0 (the un-rotated form) and its min, mean and max over the offsets (a run's
     measurement and live telemetry of rotary heads), from :func:`sigma1_offsets`, read in one copy."""
+    model = check_model(model, "sigma1_summaries")
     offsets = default_offsets(model) if offsets is None else [int(o) for o in offsets]
     extra = [] if 0 in offsets else [0]  # B(0) is measured beside offsets that leave it out
     sigma1 = sigma1_offsets(model, heads, extra + offsets)
@@ -121,6 +128,7 @@ def sigma1_summaries(model: Transformer, heads, offsets=None) -> list[dict]:
 
 def sigma1_summary(model: Transformer, layer: int, head: int, offsets=None) -> dict:
     """:func:`sigma1_summaries` of one head."""
+    model = check_model(model, "sigma1_summary")
     return sigma1_summaries(model, [(layer, head)], offsets)[0]
 
 
@@ -128,6 +136,7 @@ def reference_spectra(model: Transformer, layer: int, head: int, k: int = 8) -> 
     """The spectra an offset does not change, to read B(delta)'s against: the un-rotated
     W_Q W_K^T / sqrt(d_qk) (= B(0)) and, for a partially rotary head, the offset-free part
     B_free. Columns part, index, singular_value."""
+    model = check_model(model, "reference_spectra")
     with torch.no_grad():
         parts = {"un-rotated W_Q W_K^T": offset_form(model, layer, head, [0])[0]}
         free = free_form(model, layer, head)
@@ -146,6 +155,7 @@ def pair_scores(
 ) -> pd.DataFrame:
     """f(delta) = x' B'(delta) y'^T for a fixed query vector x and key vector y (rows of the
     layer's attention input, e.g. ``vocab_inputs``) against the offset: columns delta, score."""
+    model = check_model(model, "pair_scores")
     offsets = default_offsets(model, n=128) if offsets is None else offsets
     aug = has_bias(model)
     with torch.no_grad():
@@ -160,6 +170,7 @@ def token_pair_scores(
 ) -> pd.DataFrame:
     """:func:`pair_scores` of two tokens as the layer's norm sees their embeddings
     (``vocab_inputs``): how the score of this query token and key token varies with their offset."""
+    model = check_model(model, "token_pair_scores")
     from attn_core.bilinear.views import vocab_inputs
 
     check_rotary(model, "token_pair_scores")

@@ -74,6 +74,7 @@ def score_spectra(model: Transformer, tokens: torch.Tensor) -> torch.Tensor:
     """Singular values of the centred scores S_c of every probe and head, [n, L, H, T] float64 on
     the model's device (the module doc); ``tokens`` [n, T]. Read by a hook on each layer's
     ``hook_attn_scores``, a chunk of probes at a time."""
+    model = check_model(model, "score_spectra")
     cfg = model.cfg
     n, T = tokens.shape
     device = model.embed.W_E.device
@@ -171,11 +172,13 @@ class Ranks:
 
 def weight_spectra(model: Transformer) -> torch.Tensor:
     """Singular values of every head's B, [L, H, k] (the factored spectrum)."""
+    model = check_model(model, "weight_spectra")
     with torch.no_grad():
         return model_form(model).singular_values.double()
 
 
 def rank_caps(model: Transformer) -> torch.Tensor:
+    model = check_model(model, "rank_caps")
     cfg = model.cfg
     return torch.tensor(
         [

@@ -73,6 +73,7 @@ def importance_sums(model: Transformer, tokens: torch.Tensor) -> tuple[torch.Ten
     """(sum over probes and visible queries of A[q, k] [L, H, T], the count of such (probe, query)
     pairs per key [L, T]), float64 on the model's device; ``tokens`` [n, T]. The patterns are read
     by a hook on each layer's ``hook_pattern``, a chunk of probes at a time, never all layers kept."""
+    model = check_model(model, "importance_sums")
     cfg = model.cfg
     n, T = tokens.shape
     device = model.embed.W_E.device

@@ -9,12 +9,14 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
+from attn_core.bilinear.checks import check_model
 from attn_core.bilinear.heads import model_form
 from attn_core.model import Transformer
 
 
 def spectrum(model: Transformer, augmented: bool = False) -> list[dict]:
     """One record per head: singular values, eigenvalues of the symmetric part, norms, ranks."""
+    model = check_model(model, "spectrum")
     with torch.no_grad():
         form = model_form(model, augmented)
         out = dict(
@@ -45,6 +47,7 @@ def spectrum(model: Transformer, augmented: bool = False) -> list[dict]:
 
 def spectrum_frame(model: Transformer, augmented: bool = False) -> pd.DataFrame:
     """Tidy singular values: layer, head, index, singular_value, normalized (sigma / sigma_1)."""
+    model = check_model(model, "spectrum_frame")
     rows = []
     for rec in spectrum(model, augmented):
         top = rec["singular_values"][0] or 1.0
@@ -55,6 +58,7 @@ def spectrum_frame(model: Transformer, augmented: bool = False) -> pd.DataFrame:
 
 def eigen_frame(model: Transformer, augmented: bool = False) -> pd.DataFrame:
     """Tidy eigenvalues of B: layer, head, index, real, imag, modulus."""
+    model = check_model(model, "eigen_frame")
     rows = []
     for rec in spectrum(model, augmented):
         for i, (re, im) in enumerate(zip(rec["eigenvalues_real"], rec["eigenvalues_imag"])):

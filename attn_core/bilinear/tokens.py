@@ -34,7 +34,7 @@ def _tokenizer_and_names(folder: str, mtime_ns: int, d_vocab: int) -> tuple[Toke
 
 def tokenizer(loaded: LoadedModel) -> Tokenizer | None:
     """The model folder's own tokenizer.json (read once per file version), or None."""
-    found = _tokenizer_entry(loaded)
+    found = _tokenizer_entry(check_loaded(loaded, "tokenizer"))
     return found[0] if found else None
 
 
@@ -58,7 +58,8 @@ def _task(loaded: LoadedModel):
 def token_names(loaded: LoadedModel) -> list[str]:
     """Names of every token: the task's, those of the vocabulary file the card names (read only
     inside the model's folder, bounded and checked: ``checkpoint.read_vocab``), else the ids."""
-    V = check_loaded(loaded, "token_names").model.cfg.d_vocab
+    loaded = check_loaded(loaded, "token_names")
+    V = loaded.model.cfg.d_vocab
     task = _task(loaded)
     if task is not None:
         return list(task.token_names)
@@ -79,6 +80,7 @@ def token_names(loaded: LoadedModel) -> list[str]:
 
 def position_labels(loaded: LoadedModel, tokens: Sequence[int]) -> list[str]:
     """The label "position:name" of each token of an input, as every view's axes show it."""
+    loaded = check_loaded(loaded, "position_labels")
     names = token_names(loaded)
     return [f"{p}:{names[t]}" for p, t in enumerate(check_tokens(loaded.model, tokens))]
 
@@ -104,7 +106,8 @@ def encode(loaded: LoadedModel, text: str) -> list[int]:
     model without a task; with a tokenizer.json, the text as that tokenizer splits it (a piece it
     does not know, which would be its unknown token, is refused: "1 2 3" meant as ids included).
     Raises ValueError naming what is wrong."""
-    model = check_loaded(loaded, "encode").model
+    loaded = check_loaded(loaded, "encode")
+    model = loaded.model
     task = _task(loaded)
     if task is not None:
         n = len(text.split())
@@ -142,7 +145,8 @@ def encode(loaded: LoadedModel, text: str) -> list[int]:
 
 def sample_tokens(loaded: LoadedModel, seed: int = 0) -> list[int]:
     """The input of one held-out sample of the model's task."""
-    task = check_loaded(loaded, "sample_tokens").task
+    loaded = check_loaded(loaded, "sample_tokens")
+    task = loaded.task
     if task is None:
         raise ValueError("this model has no task in its card; type tokens or use random tokens instead")
     return task.sample(1, seed=check_seed("the sample seed", seed), split="test").tokens[0].tolist()
@@ -150,7 +154,8 @@ def sample_tokens(loaded: LoadedModel, seed: int = 0) -> list[int]:
 
 def random_tokens(loaded: LoadedModel, seed: int = 0, length: int | None = None) -> list[int]:
     """Uniform random tokens (seeded), ``length`` defaulting to the context (at most 64)."""
-    cfg = check_loaded(loaded, "random_tokens").model.cfg
+    loaded = check_loaded(loaded, "random_tokens")
+    cfg = loaded.model.cfg
     length = min(cfg.n_ctx, 64) if length is None else length
     if not 1 <= length <= cfg.n_ctx:
         raise ValueError(f"length {length} is outside 1..{cfg.n_ctx}")

@@ -5,7 +5,7 @@ Each view is a :class:`View` with a per-query slice ``View.row``:
 - sequence: x, y are the rows of X for a real input; S and A are read from the model's own
   hook points (``act_name("attn_scores", l)``, ``act_name("pattern", l)``) by ``run_with_cache``,
   so they are the model's pre-softmax scores and pattern by construction;
-- vocabulary ("for every x", seed 000): x_t = ln1_l(W_E[t] + mean_p W_pos[p]) for every token t
+- vocabulary ("for every x"): x_t = ln1_l(W_E[t] + mean_p W_pos[p]) for every token t
   (ln1_l(W_E[t]) with rotary positions, whose form B(offset) takes the offset between the two),
   the token as layer l's LayerNorm would see it if nothing else were in the residual stream.
   For layer 0 this is exactly the first layer's input without its position; for l > 0 it is the
@@ -28,7 +28,7 @@ import pandas as pd
 import torch
 
 from attn_core import metrics
-from attn_core.bilinear.checks import check_heads, check_layer, check_loaded, check_tokens, layer_mask
+from attn_core.bilinear.checks import check_heads, check_layer, check_loaded, check_model, check_tokens, layer_mask
 from attn_core.bilinear.heads import augment, has_bias, layer_form
 from attn_core.bilinear.sinks import EPS, eligible_keys, key_importance, sink_keys
 from attn_core.bilinear.tokens import position_labels, token_names
@@ -47,6 +47,7 @@ MAX_VIEW_TOKENS = 512
 
 def vocab_inputs(model: Transformer, layer: int = 0, tokens: Sequence[int] | None = None) -> torch.Tensor:
     """x_t = ln1_layer(W_E[t] + mean_p W_pos[p]) for every token (or ``tokens``), [V, d_model]."""
+    model = check_model(model, "vocab_inputs")
     W_E = model.embed.W_E
     E = W_E if tokens is None else W_E[torch.as_tensor(list(tokens), dtype=torch.long, device=W_E.device)]
     if model.cfg.positional == "learned":
@@ -56,6 +57,7 @@ def vocab_inputs(model: Transformer, layer: int = 0, tokens: Sequence[int] | Non
 
 def positional_inputs(model: Transformer, layer: int = 0) -> torch.Tensor:
     """x_p = ln1_layer(W_pos[p] + mean_t W_E[t]) for every position, [n_ctx, d_model]."""
+    model = check_model(model, "positional_inputs")
     if model.cfg.positional != "learned":
         raise ValueError("this model has no position embeddings (positional = 'none'), so it has no positional view")
     return model.blocks[check_layer(model, layer)].ln1(model.pos_embed.W_pos + model.embed.W_E.mean(0))
@@ -81,11 +83,13 @@ def vocab_scores(
     """f_x(y) for every pair of tokens, [heads, V, V] (differentiable). With biases (the
     default when the model has them) the scores are x' B' y'^T, what the head itself computes;
     with rotary positions, of a key ``offset`` positions from the query (B(offset))."""
+    model = check_model(model, "vocab_scores")
     return _scores(model, layer, heads, vocab_inputs(model, layer, tokens), augmented, offset)
 
 
 def positional_scores(model: Transformer, layer: int = 0, heads=None, augmented: bool | None = None) -> torch.Tensor:
     """f_x(y) for every pair of positions, [heads, n_ctx, n_ctx] (differentiable, no mask)."""
+    model = check_model(model, "positional_scores")
     return _scores(model, layer, heads, positional_inputs(model, layer), augmented)
 
 
@@ -236,7 +240,8 @@ def sequence_view(loaded: LoadedModel, tokens: Sequence[int], layer: int = 0, he
     """S and A of a real input, read from the model's hook points (``run_with_cache``): the
     model's own scores (equal to X' B' X'^T, X the layer's attention input). Queries/keys are
     labelled "pos:name"."""
-    model = check_loaded(loaded, "sequence_view").model
+    loaded = check_loaded(loaded, "sequence_view")
+    model = loaded.model
     check_layer(model, layer)
     heads = check_heads(model, heads)
     ids = check_tokens(model, tokens)
@@ -256,7 +261,8 @@ def vocabulary_view(
     softmax of each row over every key. More than MAX_VIEW_TOKENS tokens are cut to the first
     ones unless ``tokens`` names them. With rotary positions, ``offset`` is the key's position
     minus the query's (B(offset); 0: the un-rotated form)."""
-    model = check_loaded(loaded, "vocabulary_view").model
+    loaded = check_loaded(loaded, "vocabulary_view")
+    model = loaded.model
     check_layer(model, layer)
     heads = check_heads(model, heads)
     V = model.cfg.d_vocab
@@ -280,7 +286,8 @@ def vocabulary_view(
 def positional_view(loaded: LoadedModel, layer: int = 0, heads=None) -> View:
     """f_x(y) with x, y every position's embedding; masked as the model masks the layer (causal,
     and its sliding window), at most the first MAX_VIEW_TOKENS positions."""
-    model = check_loaded(loaded, "positional_view").model
+    loaded = check_loaded(loaded, "positional_view")
+    model = loaded.model
     check_layer(model, layer)
     heads = check_heads(model, heads)
     n = min(model.cfg.n_ctx, MAX_VIEW_TOKENS)
@@ -300,7 +307,8 @@ def concentration_table(
     """Concentration of every head of every layer, on ``tokens`` (a sequence view) and on the
     vocabulary view: layer, head, metric, view, mean, min, max; ``without_sinks``: without each
     head's sink keys on that view (``View.concentration_table``)."""
-    model = check_loaded(loaded, "concentration_table").model
+    loaded = check_loaded(loaded, "concentration_table")
+    model = loaded.model
     parts = []
     for layer in range(model.cfg.n_layers):
         if tokens is not None:

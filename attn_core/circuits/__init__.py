@@ -78,3 +78,6 @@ __all__ = [
     "unembed_matrix",
     "value_weighted",
 ]
+
+# attn_core.circuits(...) is the front door's function (attn_core.api.circuits); the package stays the package
+lazy.callable_package(__name__, "attn_core.api:circuits")

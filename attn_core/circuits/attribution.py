@@ -1,7 +1,7 @@
 """Why a query attends where it does: one score f_x(y) split into the rank-1 terms of B, and
 at layer 0 into its token and position parts.
 
-Row vectors (docs/maths.md). For a head with ``B = U diag(sigma) V^T`` (``QKForm.svd``: u_i the
+Row vectors (docs/maths.md). For a head with ``B = U diag(sigma) V^T`` (``QKForm.svd()``: u_i the
 columns of U, v_i the rows of Vh), and x, y rows of the layer's attention input X,
 
     x B y^T = sum_i sigma_i (x . u_i)(y . v_i)                                   (1)
@@ -58,6 +58,7 @@ from attn_core.bilinear import (
     token_names,
     visible_keys,
 )
+from attn_core.bilinear.checks import check_model
 from attn_core.hooks import act_name
 from attn_core.model import Transformer
 from attn_core.sources import LoadedModel
@@ -174,6 +175,7 @@ class Attribution:
 
 def head_form(model: Transformer, layer: int, head: int) -> QKForm:
     """B of one head from its own d_qk columns (factored) or W_QK (merged), in float64."""
+    model = check_model(model, "head_form")
     form = layer_form(model, check_layer(model, layer))[check_heads(model, head)[0]]
     if form.is_dense:
         return QKForm(dense=form.dense.double())
@@ -184,6 +186,7 @@ def head_form(model: Transformer, layer: int, head: int) -> QKForm:
 def bias_terms(model: Transformer, layer: int, head: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """(2) split in its parts, [n, 3] for one query row x [d] and key rows y [n, d] (zeros
     without query/key biases)."""
+    model = check_model(model, "bias_terms")
     if not (model.cfg.attn_bias and model.cfg.qk == "factored"):
         return torch.zeros(y.shape[0], 3, dtype=torch.float64, device=y.device)
     attn = model.blocks[layer].attn
@@ -210,7 +213,8 @@ def attribute(loaded: LoadedModel, tokens: Sequence[int], layer: int, head: int,
     """Split the scores of query position ``query`` against the keys it sees of a real input
     (``tokens``) into the rank-1 terms of B and the bias, per (1) and (2); keys are named by
     ``bilinear.token_names``."""
-    model = check_loaded(loaded, "attribute").model
+    loaded = check_loaded(loaded, "attribute")
+    model = loaded.model
     ids = check_tokens(model, tokens)
     q = _check_query(query, len(ids))
     keys = visible_keys(model, check_layer(model, layer), len(ids), q)  # the model's own mask (window too)
@@ -218,7 +222,7 @@ def attribute(loaded: LoadedModel, tokens: Sequence[int], layer: int, head: int,
         return _rotary_attribution(loaded, ids, layer, check_heads(model, head)[0], q, keys)
     with torch.no_grad():
         form = head_form(model, layer, head)
-        U, S, Vh = form.svd  # [d, k], [k], [k, d]
+        U, S, Vh = form.svd()  # [d, k], [k], [k, d]
         X = _layer_input(model, ids, layer).double()  # [T, d]
         x, y = X[q], X[keys]  # [d], [n, d]
         xc = x @ U  # [k]
@@ -285,6 +289,7 @@ def _rotary_attribution(
 def residual_parts(model: Transformer, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(tok [T, d], pos [T, d], const [d]) with X = tok + pos + const the layer-0 attention
     input exactly, each token's LayerNorm scale frozen (see the module doc); float64."""
+    model = check_model(model, "residual_parts")
     if model.cfg.positional != "learned":
         raise ValueError("the token/position split needs learned position embeddings; this model has none")
     t = torch.as_tensor(ids, dtype=torch.long, device=model.embed.W_E.device)
@@ -307,7 +312,8 @@ def token_position_split(loaded: LoadedModel, tokens: Sequence[int], head: int, 
     """At layer 0: per key the query sees (``visible_keys``), the score and its token-token, token-position,
     position-token, position-position and bias parts (columns named by SPLIT_PARTS), which add up
     to the model's own score."""
-    model = check_loaded(loaded, "token_position_split").model
+    loaded = check_loaded(loaded, "token_position_split")
+    model = loaded.model
     ids = check_tokens(model, tokens)
     q = _check_query(query, len(ids))
     check_heads(model, head)

@@ -144,6 +144,7 @@ def head_factors(model: Transformer, layer: int, fold_ln: bool = True) -> dict[s
     """Thin factors of every head of a layer, batch [n_heads]: ``ov`` = (W_V, W_O^T) as written
     (the writer's side, [h, d, d_head] each), ``qk`` = (N W_Q / sqrt(d_qk), N W_K) or, merged,
     (N B N^T, I) and ``ov_read`` = (N W_V, W_O^T) as read by this layer (see the module doc)."""
+    model = check_model(model, "head_factors")
     attn = model.blocks[layer].attn
     N = _reading_map(model, layer, fold_ln)  # [d, d]
     h = model.cfg.n_heads
@@ -190,7 +191,7 @@ def baseline_score(kind: str, writer: tuple, reader: tuple, n_samples: int = N_S
 def composition(model: Transformer, fold_ln: bool = True, n_samples: int = N_SAMPLES, seed: int = 0) -> Composition:
     """Q-, K- and V-composition scores from every head into every head of a later layer, with
     their random-matrix baselines (see the module doc)."""
-    check_model(model, "composition")
+    model = check_model(model, "composition")
     n_samples = check_int("n_samples", n_samples, 1, 100_000)
     seed = check_int("seed", seed)
     cfg = model.cfg
@@ -248,7 +249,7 @@ def k_composed_positivity(
     biases are left out. For an induction head reading a previous-token head it is near 1: the
     query attends to the key whose *previous* token is its own (Elhage et al. 2021, the
     K-composition term of the induction head's QK circuit)."""
-    check_model(model, "k_composed_positivity")
+    model = check_model(model, "k_composed_positivity")
     a, ha = writer
     check_layer(model, a)
     check_layer(model, layer)
@@ -276,7 +277,7 @@ def composed_qk_positivities(model: Transformer, comp: Composition | None = None
     """For every head of a layer > 0: its QK positivity read through the earlier head with the
     strongest baseline-corrected K-composition into it (``k_composed_positivity``), one record
     per head (layer, head, writer label, qk_positivity_composed). Induction heads land near 1."""
-    check_model(model, "composed_qk_positivities")
+    model = check_model(model, "composed_qk_positivities")
     comp = comp if comp is not None else composition(model)
     H = model.cfg.n_heads
     K = comp.corrected("k")

@@ -66,12 +66,14 @@ from attn_core.regularizers import head_label
 def ov_form(model: Transformer, layer: int) -> QKForm:
     """W_OV = W_V W_O of every head of a layer as a factored form, batch shape [n_heads]:
     ``left = W_V`` [h, d_model, d_head], ``right = W_O^T`` [h, d_model, d_head]."""
+    model = check_model(model, "ov_form")
     attn = model.blocks[check_layer(model, layer)].attn
     return QKForm(left=attn.per_head("W_V"), right=attn.W_O.transpose(-1, -2))
 
 
 def ov_singular_values(model: Transformer) -> torch.Tensor:
     """Singular values of W_OV, descending, [n_layers, n_heads, d_head] (the rest are zero)."""
+    model = check_model(model, "ov_singular_values")
     with torch.no_grad():
         return torch.stack([ov_form(model, l).singular_values for l in range(model.cfg.n_layers)])
 
@@ -96,6 +98,7 @@ def ov_spectrum_frame(model: Transformer) -> pd.DataFrame:
 def unembed_matrix(model: Transformer) -> torch.Tensor:
     """U = P diag(w_f) W_U, [d_model, d_vocab]: the unembedding as the residual stream sees it
     through the final LayerNorm with its scale frozen (W_U itself without a LayerNorm)."""
+    model = check_model(model, "unembed_matrix")
     W_U = model.unembed.W_U
     ln = model.ln_final
     if not hasattr(ln, "w"):
@@ -114,6 +117,7 @@ def _token_rows(model: Transformer, layer: int, tokens: Sequence[int] | None) ->
 def full_ov_form(model: Transformer, layer: int, tokens: Sequence[int] | None = None) -> QKForm:
     """M_OV = E W_V W_O U of every head of a layer, batch [n_heads], factored: ``left = E W_V``
     [h, n, d_head], ``right = U^T W_O^T`` [h, n, d_head] (``tokens`` restricts both sides)."""
+    model = check_model(model, "full_ov_form")
     E = _token_rows(model, layer, tokens)  # [n, d]
     U = unembed_matrix(model)  # [d, V]
     if tokens is not None:
@@ -128,6 +132,7 @@ def full_qk_form(model: Transformer, layer: int, tokens: Sequence[int] | None = 
     """M_QK = E B E^T (with biases [E | 1] B' [E | 1]^T, what the head computes) of every head
     of a layer, batch [n_heads]: ``left = E' W_Q' / sqrt(d_qk)``, ``right = E' W_K'`` when
     factored; merged: ``left = E B``, ``right = E`` ([h, n, d_model])."""
+    model = check_model(model, "full_qk_form")
     aug = has_bias(model)
     E = _token_rows(model, layer, tokens)  # [n, d]
     if aug:
@@ -142,7 +147,7 @@ def full_ov_circuit(model: Transformer, layer: int, head: int, tokens: Sequence[
     """The dense M_OV of one head, [n, n] (rows: the attended token, columns: the logits);
     ``tokens`` (default: every token) names the rows and columns, so keep it small for a big
     vocabulary."""
-    check_model(model, "full_ov_circuit")
+    model = check_model(model, "full_ov_circuit")
     check_heads(model, head)
     with torch.no_grad():
         return full_ov_form(model, layer, tokens)[head].dense.float().cpu()
@@ -157,14 +162,14 @@ def positivity(eigenvalues: torch.Tensor) -> torch.Tensor:
 
 def copying_scores(model: Transformer) -> torch.Tensor:
     """The copying score of every head (positivity of M_OV over the whole vocabulary), [L, H]."""
-    check_model(model, "copying_scores")
+    model = check_model(model, "copying_scores")
     with torch.no_grad():
         return torch.stack([positivity(full_ov_form(model, l).eigenvalues) for l in range(model.cfg.n_layers)])
 
 
 def qk_positivities(model: Transformer) -> torch.Tensor:
     """The QK positivity of every head (positivity of M_QK over the whole vocabulary), [L, H]."""
-    check_model(model, "qk_positivities")
+    model = check_model(model, "qk_positivities")
     with torch.no_grad():
         return torch.stack([positivity(full_qk_form(model, l).eigenvalues) for l in range(model.cfg.n_layers)])
 
@@ -172,7 +177,7 @@ def qk_positivities(model: Transformer) -> torch.Tensor:
 def head_circuits(model: Transformer) -> pd.DataFrame:
     """One row per head: layer, head, label, copying_score, qk_positivity, ov_singular_values
     (a list, descending), ov_norm (||W_OV||_F)."""
-    check_model(model, "head_circuits")
+    model = check_model(model, "head_circuits")
     copy, qk = copying_scores(model), qk_positivities(model)
     sv = ov_singular_values(model)
     rows = []
@@ -200,7 +205,7 @@ def value_weighted(
 ) -> dict[str, torch.Tensor]:
     """On a real input: ``pattern`` A [h, T, T], ``value_norms`` ||v_j W_O|| [h, T] with
     v_j = X_j W_V + b_V, and ``weighted`` A_ij ||v_j W_O|| [h, T, T], for the chosen heads."""
-    check_model(model, "value_weighted")
+    model = check_model(model, "value_weighted")
     check_layer(model, layer)
     heads = check_heads(model, heads)
     ids = check_tokens(model, tokens)

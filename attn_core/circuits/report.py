@@ -50,7 +50,7 @@ def _matrix(t: torch.Tensor) -> list[list]:
 def circuits_report(model: Transformer, n_samples: int = N_SAMPLES, seed: int = 0) -> dict:
     """Per-head OV spectra, copying scores and QK positivity, and the composition scores with
     their baselines (``n_samples`` random pairs per shape, drawn from ``seed``)."""
-    check_model(model, "circuits_report")
+    model = check_model(model, "circuits_report")
     table = head_circuits(model)
     comp = composition(model, n_samples=n_samples, seed=seed)
     heads = [

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import typer
 
-from attn_core import limits
+from attn_core.cli import common
 from attn_core.cli.common import JsonOpt, NameArg, check_finite, check_head, emit, guarded, input_tokens, table
-from attn_core.cli.sinks import FieldOpt, LengthOpt, SamplesOpt, SeedOpt, TextOpt, probe_inputs
+from attn_core.cli.sinks import FieldOpt, LengthOpt, SamplesOpt, SeedOpt, TextOpt
 from attn_core.validate import check_seed
 
 app = typer.Typer()
@@ -52,24 +52,17 @@ def spectrum_cmd(
     """Singular values, eigenvalues of the symmetric part, norms and ranks of B for every head, and
     the two ranks of each head: of B (weight space) and of the centred scores S_c on probes cut
     from --text or the model's task samples (data space)."""
-    from attn_core import bilinear
-    from attn_core.bilinear.ranks import check_variance, ranks
+    from attn_core import documents
+    from attn_core.bilinear.ranks import check_variance
+    from attn_core.cli.text_options import byte_bars
     from attn_core.sources import resolve
 
     check_variance(variance)
     loaded = resolve(name)
-    rows = bilinear.spectrum(loaded.model, augmented=augmented)
+    with byte_bars() as progress:  # tokenizing a text: a bar on stderr, with --json too
+        rows = documents.spectrum(loaded, augmented, text, text_field, samples, length, seed, variance, progress)
     check_finite("the spectrum of B", *(r["singular_values"] for r in rows))
-    probes = None
-    if text is not None or loaded.task is not None:
-        probes = probe_inputs(loaded, text, text_field, samples, length, seed)
-    both = ranks(
-        loaded.model, None if probes is None else probes.tokens, variance, "" if probes is None else probes.what
-    )
-    inputs = probes.what if probes is not None else None
-    for row, two in zip(rows, both.heads()):
-        row.update({k: two[k] for k in ("weight_rank", "data_rank", "data_stable_rank")}, variance=variance)
-        row["data_inputs"] = inputs
+    inputs = rows[0]["data_inputs"]
 
     def human(rs):
         rows = [dict(r, sigma_1=r["singular_values"][0], lambda_sym_1=r["eigenvalues_sym"][0]) for r in rs]
@@ -90,13 +83,9 @@ def scores_cmd(
     name: str = NameArg,
     layer: int = typer.Option(0, help="Layer index."),
     head: int = typer.Option(0, help="Head index."),
-    tokens: str | None = typer.Option(
-        None,
-        help='Space-separated tokens, e.g. "a b c": names of the task\'s vocabulary; text for a model with a '
-        "tokenizer.json (tokenized by it; a piece it does not know is refused); else token ids or vocabulary entries.",
-    ),
-    sample_seed: int | None = typer.Option(None, help="Use the held-out task sample with this seed."),
-    random_seed: int | None = typer.Option(None, help="Use uniform random tokens with this seed."),
+    tokens: str | None = common.TokensOpt,
+    sample_seed: int | None = common.SampleSeedOpt,
+    random_seed: int | None = common.RandomSeedOpt,
     k: int = typer.Option(1, help="k of the top-k mass."),
     eps: float = typer.Option(
         0.3, "--eps", help="Sink keys on this input: importance above this (concentration without them too)."
@@ -186,20 +175,11 @@ def heads_cmd(
 ):
     """Previous-token, induction, duplicate-token and self scores of every head, on seeded
     random and repeated random sequences from the model's vocabulary."""
-    from attn_core import bilinear
+    from attn_core import bilinear, documents
     from attn_core.sources import resolve
 
     check_seed("--seed", seed)
-    model = resolve(name).model
-    T = min(model.cfg.n_ctx, 64 if length is None else length)  # a longer --length is refused by head_detectors
-    limits.check_forward("--samples", samples, model.cfg, T)
-    det = bilinear.head_detectors(model, n_samples=samples, seed=seed, length=length, rows=rows)
-    wide = det.pivot(index=["layer", "head"], columns="detector", values="score").reset_index()
-    heads = [
-        {"layer": int(r["layer"]), "head": int(r["head"]), **{d: float(r[d]) for d in bilinear.DETECTORS}}
-        for _, r in wide.iterrows()
-    ]
-    result = {"heads": heads, "best": bilinear.best_heads(det), "samples": samples, "seed": seed, "rows": rows}
+    result = documents.heads(resolve(name), samples, seed, length, rows)
     emit(result, as_json, lambda r: table(r["heads"], ["layer", "head", *bilinear.DETECTORS]))
 
 
@@ -213,9 +193,9 @@ def export_cmd(
     layer: int = typer.Option(0, help="Layer (views)."),
     head: int = typer.Option(0, help="Head (views)."),
     query: int | None = typer.Option(None, help="Query row to highlight (the 'query' figure needs one; default last)."),
-    tokens: str | None = typer.Option(None, help="Typed tokens for the sequence view."),
-    sample_seed: int | None = typer.Option(None, help="Task sample for the sequence view."),
-    random_seed: int | None = typer.Option(None, help="Random tokens for the sequence view."),
+    tokens: str | None = common.TokensOpt,
+    sample_seed: int | None = common.SampleSeedOpt,
+    random_seed: int | None = common.RandomSeedOpt,
     without_sinks: bool = typer.Option(
         False, "--without-sinks", help="concentration: measured without each head's sink keys (rows renormalized)."
     ),

@@ -11,6 +11,7 @@ import typer
 
 from attn_core import limits
 from attn_core.circuits.settings import KINDS, N_SAMPLES
+from attn_core.cli import common
 from attn_core.cli.common import JsonOpt, NameArg, check_head, emit, guarded, input_tokens, table
 from attn_core.validate import check_seed
 
@@ -127,11 +128,9 @@ def attribute_cmd(
     layer: int = typer.Option(0, help="Layer index."),
     head: int = typer.Option(0, help="Head index."),
     query: int | None = typer.Option(None, help="Query position (default: the last token)."),
-    tokens: str | None = typer.Option(
-        None, help='Space-separated tokens, e.g. "a b c" (ids for models without a task).'
-    ),
-    sample_seed: int | None = typer.Option(None, help="Use the held-out task sample with this seed."),
-    random_seed: int | None = typer.Option(None, help="Use uniform random tokens with this seed."),
+    tokens: str | None = common.TokensOpt,
+    sample_seed: int | None = common.SampleSeedOpt,
+    random_seed: int | None = common.RandomSeedOpt,
     top: int | None = typer.Option(None, help="Only the K best keys (default: every key the query sees)."),
     as_json: bool = JsonOpt,
 ):

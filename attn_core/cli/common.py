@@ -22,6 +22,28 @@ NameArg = typer.Argument(
 )
 
 
+# the input of a head-level command (scores, export, attribute): read by input_tokens
+TokensOpt = typer.Option(
+    None,
+    help='Space-separated tokens, e.g. "a b c": names of the task\'s vocabulary; text for a model with a '
+    "tokenizer.json (tokenized by it; a piece it does not know is refused); else token ids or vocabulary entries.",
+)
+SampleSeedOpt = typer.Option(None, help="Use the held-out task sample with this seed.")
+RandomSeedOpt = typer.Option(None, help="Use uniform random tokens with this seed.")
+
+
+def option(config: type, name: str, help: str | None = None) -> Any:
+    """The typer option of the setting ``name`` of ``config``, built from its one declaration
+    (``attn_core.training.settings``): default, flag, help (``help`` gives a command's own
+    wording), metavar."""
+    from attn_core.training.settings import declared
+    from attn_core.validate import default
+
+    meta = declared(config, name)
+    extra = {"metavar": meta["metavar"]} if meta["metavar"] else {}
+    return typer.Option(default(config, name), meta["flag"], help=help or meta["help"], **extra)
+
+
 def command_line() -> str:
     """The command being run, as a card records it (``attn-lab train --preset ...``)."""
     return "attn-lab " + " ".join(shlex.quote(a) for a in sys.argv[1:])

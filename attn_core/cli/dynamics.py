@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from attn_core.cli.common import JsonOpt, emit, guarded
+from attn_core.cli.common import JsonOpt, emit, guarded, option
 from attn_core.text.corpus import MAX_WORDS_BYTES, TEXT_LIMIT
 from attn_core.training.config import JobConfig
 from attn_core.validate import default
@@ -16,33 +16,12 @@ app = typer.Typer()
 
 # --- the checkpoint options of train, retrain and sweep ---------------------------------------------
 
-EveryOpt = typer.Option(
-    default(JobConfig, "checkpoint_every"),
-    "--checkpoint-every",
-    help="Keep the weights every N steps (and at step 0 and the last step) as safetensors in the run's "
-    "checkpoints/ folder, listed in its card.",
-)
-LogOpt = typer.Option(
-    default(JobConfig, "checkpoint_log"),
-    "--checkpoint-log",
-    help="Keep the weights at up to N steps spaced evenly in log(step) from 1 to the end (dense early, where "
-    "circuits form; steps that round to the same step count once, so fewer than N early in a short run: "
-    "the card's checkpoints.kept says how many); combines with --checkpoint-every.",
-)
-StepsOpt = typer.Option(
-    None, "--checkpoint-steps", help="Keep the weights at these steps too, comma-separated (0,50,100)."
-)
-ParamsOpt = typer.Option(
-    default(JobConfig, "checkpoint_params"),
-    "--checkpoint-params",
-    help="all, or attn: only attention and LayerNorm weights (what the QK/OV views need; much smaller "
-    "for large models).",
-)
-MaxMbOpt = typer.Option(
-    default(JobConfig, "checkpoint_max_mb"),
-    "--checkpoint-max-mb",
-    help="Refuse, before training, checkpoints that would take more than this many MiB (default 1024).",
-)
+# built from their one declaration in JobConfig (attn_core.training.settings)
+EveryOpt = option(JobConfig, "checkpoint_every")
+LogOpt = option(JobConfig, "checkpoint_log")
+StepsOpt = option(JobConfig, "checkpoint_steps")
+ParamsOpt = option(JobConfig, "checkpoint_params")
+MaxMbOpt = option(JobConfig, "checkpoint_max_mb")
 
 
 def parse_steps(text: str | None) -> list[int] | None:
@@ -187,13 +166,14 @@ def dynamics_cmd(
     checkpoint that cannot be read is skipped with its reason (stderr, and "skipped" in the JSON)."""
     from attn_core import dynamics as D
     from attn_core import limits
+    from attn_core.documents import dynamics_inputs
     from attn_core.figures import dynamics as fd
     from attn_core.figures.base import write_plot
     from attn_core.figures.bilinear import VALUES
     from attn_core.progress import Progress
     from attn_core.validate import check_seed
 
-    limits.check_count("--samples", samples, limits.MAX_SAMPLES)
+    limits.check_count("--samples", samples, limits.MAX_SAMPLES)  # before the series is read
     limits.check_count("--detector-samples", detector_samples, 4096)
     check_seed("--seed", seed)
     if value not in VALUES:
@@ -211,12 +191,7 @@ def dynamics_cmd(
 
         check_layer(SimpleNamespace(cfg=series.config), layer)
         check_heads(SimpleNamespace(cfg=series.config), head)
-    if text is not None:
-        inputs = D.series_text_inputs(series, text, length, samples, early_span, late_span)
-    else:
-        inputs = D.default_inputs(series, samples=samples, seed=seed, early=early_span, late=late_span)
-        if inputs is None:
-            raise ValueError("these models have no task in their card: give --text FILE to measure them on a text")
+    inputs = dynamics_inputs(series, samples, seed, early_span, late_span, text, length)
     cache = None if no_cache else D.MetricCache()
     bar = Progress(len(series.members), "dynamics", unit="checkpoint")  # stderr, with --json too
     try:

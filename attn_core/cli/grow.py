@@ -1,4 +1,4 @@
-"""``grow``: widen d_k of one head along the functional gradient (seed 001), then compare with
+"""``grow``: widen d_k of one head along the functional gradient, then compare with
 random and zero growth after the same fine-tuning."""
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def grow_cmd(
     out: Path | None = typer.Option(None, help="Save the grown, fine-tuned model in this new folder."),
     as_json: bool = JsonOpt,
 ):
-    """Grow d_k of one head along the functional gradient (seed 001): fit the descent target of the
+    """Grow d_k of one head along the functional gradient: fit the descent target of the
     scores by batch least squares, truncate to rank d_k + p, pick the step by line search, then
     fine-tune and compare with random and zero growth."""
     from attn_core import checkpoint, destinations, grow

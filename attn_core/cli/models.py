@@ -9,10 +9,9 @@ import typer
 
 from attn_core import limits
 from attn_core.cli import dynamics as dyn
-from attn_core.cli.common import JsonOpt, command_line, emit, guarded, needs_task, table
-from attn_core.training.config import TrainConfig
+from attn_core.cli.common import JsonOpt, command_line, emit, guarded, needs_task, option, table
+from attn_core.training.config import JobConfig
 from attn_core.training.device import check_precision
-from attn_core.validate import default
 
 app = typer.Typer()
 
@@ -73,16 +72,8 @@ def train_cmd(
     steps: int | None = typer.Option(None, help="Override the preset's number of steps."),
     seed: int | None = typer.Option(None, help="Override the preset's seed."),
     device: str | None = typer.Option(None, help="auto, cpu or cuda (default: the preset's, auto)."),
-    precision: str = typer.Option(
-        default(TrainConfig, "precision"),
-        help="fp32, or bf16 (autocast: forward and loss in bfloat16, weights and AdamW in fp32).",
-    ),
-    compile: bool = typer.Option(
-        default(TrainConfig, "compile"),
-        "--compile/--no-compile",
-        help="torch.compile the training step (CUDA graphs on CUDA; compiling takes a while, "
-        "then each step is faster). Falls back to the eager step if it cannot compile.",
-    ),
+    precision: str = option(JobConfig, "precision"),  # the same setting as retrain's (TrainConfig's default)
+    compile: bool = option(JobConfig, "compile"),
     checkpoint_every: int | None = dyn.EveryOpt,
     checkpoint_log: int | None = dyn.LogOpt,
     checkpoint_steps: str | None = dyn.StepsOpt,

@@ -1,4 +1,4 @@
-"""``compare-qk``: merged vs factored QK (seed 004), trained side by side on the same data."""
+"""``compare-qk``: merged vs factored QK, trained side by side on the same data."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def compare_qk_cmd(
     ),
     as_json: bool = JsonOpt,
 ):
-    """Seed 004: train one architecture with factored QK (several d_qk) and merged QK (plain, with
+    """Train one architecture with factored QK (several d_qk) and merged QK (plain, with
     weight decay, with a nuclear-norm penalty) on the same data and seeds; loss, accuracy, rank of
     B, parameters and time per step per variant. Ctrl-C stops the run under way (kept as
     stopped) and reports the runs made so far (exit status 130)."""

@@ -12,11 +12,9 @@ from attn_core.card import MEASURE_KEYS, TEXT_MEASURE_KEYS, public
 from attn_core.cli import dynamics as dyn
 from attn_core.cli import text_options as opts
 from attn_core.cli import worker_options as wopts
-from attn_core.cli.common import JsonOpt, emit, guarded, table
+from attn_core.cli.common import JsonOpt, emit, guarded, option, table
 from attn_core.regularizers import REGULARIZERS
-from attn_core.text.corpus import TEXT_LIMIT
 from attn_core.training.config import JobConfig
-from attn_core.validate import default
 
 app = typer.Typer()
 runs_app = typer.Typer(
@@ -71,50 +69,22 @@ def retrain_cmd(
         help=f"Regularizer NAME[:K][@HEADS]=LAMBDA, repeatable. Names: {', '.join(REGULARIZERS)}; "
         "K for top-k (topk:2=0.1); HEADS like L1 or L0H1,L1H2.",
     ),
-    heads: str | None = typer.Option(
-        default(JobConfig, "heads"),
-        help="Heads of every --reg without its own @HEADS (L1, L0H1,L1H2; default every head).",
-    ),
-    steps: int = typer.Option(default(JobConfig, "steps"), help="Training steps."),
-    seed: int = typer.Option(
-        default(JobConfig, "seed"), help="Seed of the training data (the run is deterministic under it)."
-    ),
-    lr: float = typer.Option(default(JobConfig, "lr"), help="Peak learning rate (warmup, then cosine decay)."),
-    entmax_alpha: float | None = typer.Option(
-        default(JobConfig, "entmax_alpha"),
-        "--entmax-alpha",
-        help="Attention: 1 softmax, 1.5 entmax15, 2 sparsemax (default: the parent's).",
-    ),
+    heads: str | None = option(JobConfig, "heads"),
+    steps: int = option(JobConfig, "steps"),
+    seed: int = option(JobConfig, "seed"),
+    lr: float = option(JobConfig, "lr"),
+    entmax_alpha: float | None = option(JobConfig, "entmax_alpha"),
     batch_size: int | None = opts.BatchOpt,
-    device: str = typer.Option(default(JobConfig, "device"), help="auto, cpu or cuda."),
-    precision: str = typer.Option(
-        default(JobConfig, "precision"),
-        help="fp32, or bf16 (autocast: forward and loss in bfloat16, weights and AdamW in fp32).",
-    ),
-    sync_every: int | None = typer.Option(
-        default(JobConfig, "sync_every"),
-        "--sync-every",
-        help="Steps between two reads of the losses from the device "
-        "(default: 1 on CPU, 25 on CUDA); the NaN guard checks "
-        "them there and keeps the last good weights.",
-    ),
-    compile: bool = typer.Option(
-        default(JobConfig, "compile"),
-        "--compile/--no-compile",
-        help="torch.compile the training step (CUDA graphs on CUDA; compiling takes a while, "
-        "then each step is faster). Falls back to the eager step if it cannot compile.",
-    ),
+    device: str = option(JobConfig, "device"),
+    precision: str = option(JobConfig, "precision"),
+    sync_every: int | None = option(JobConfig, "sync_every"),
+    compile: bool = option(JobConfig, "compile"),
     checkpoint_every: int | None = dyn.EveryOpt,
     checkpoint_log: int | None = dyn.LogOpt,
     checkpoint_steps: str | None = dyn.StepsOpt,
     checkpoint_params: str = dyn.ParamsOpt,
     checkpoint_max_mb: float | None = dyn.MaxMbOpt,
-    text: str | None = typer.Option(
-        default(JobConfig, "text"),
-        "--text",
-        help="Retrain on this text: a .txt file or a folder of them, .jsonl (one JSON object per line) or "
-        f"Parquet ({TEXT_LIMIT}), tokenized by the model folder's own tokenizer.json (cached in the run store's text-cache).",
-    ),
+    text: str | None = option(JobConfig, "text"),
     text_field: str | None = opts.TextFieldOpt,
     eval_text: str | None = opts.EvalTextOpt,
     block: int | None = opts.BlockOpt,

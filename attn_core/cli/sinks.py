@@ -1,6 +1,6 @@
 """``sinks``: attention sinks of every head (Gu et al. 2024; ``attn_core.bilinear.sinks``) on probes,
 and the probe options it shares with ``spectrum`` (whose data-space ranks are measured on the same
-probes: ``attn_core.text.probes``)."""
+probes: ``attn_core.text.probes``); the documents are ``attn_core.documents``."""
 
 from __future__ import annotations
 
@@ -23,16 +23,6 @@ FieldOpt = typer.Option(None, "--text-field", help="The text's JSON key or Parqu
 SamplesOpt = typer.Option(32, "--samples", help="Probes: text windows or task samples.")
 LengthOpt = typer.Option(None, "--length", help="Tokens per probe (default 64, cut to the model's context).")
 SeedOpt = typer.Option(0, "--seed", help="Seed of the task samples.")
-
-
-def probe_inputs(loaded, text: Path | None, field: str | None, samples: int, length: int | None, seed: int):
-    """The probes of ``loaded`` (``text.probes.probes``), tokenizing a text with a progress bar
-    on stderr, with --json too (``text_options.byte_bars``)."""
-    from attn_core.cli.text_options import byte_bars
-    from attn_core.text.probes import probes
-
-    with byte_bars() as progress:
-        return probes(loaded, text, samples, length, seed, field=field, progress=progress)
 
 
 def _human(r: dict) -> str:
@@ -77,7 +67,9 @@ def sinks_cmd(
     """Attention sinks: per head the importance of each key position (the mean attention it
     receives over the queries that see it), the sink heads (a key above --eps) and the sink rate,
     on probes cut from --text or the model's task samples."""
-    from attn_core.bilinear.sinks import check_eps, sinks
+    from attn_core import documents
+    from attn_core.bilinear.sinks import check_eps
+    from attn_core.cli.text_options import byte_bars
     from attn_core.destinations import check_destination
     from attn_core.figures import EXPORT_FORMATS, ExportError, write_plot
     from attn_core.figures.sinks import importance_plot
@@ -91,8 +83,8 @@ def sinks_cmd(
         # the output rule of every command (a model folder, the zoo, a link), before any work; never into the text
         check_destination(out, "--out", outside=[text] if text is not None and text.is_dir() else [])
     loaded = resolve(name)
-    p = probe_inputs(loaded, text, text_field, samples, length, seed)
-    found = sinks(loaded.model, p.tokens, eps, p.what)
+    with byte_bars() as progress:
+        found = documents.sinks(loaded, text, text_field, eps, samples, length, seed, progress)
     result = dict(name=loaded.name, **found.to_json())
     if out is not None:
         try:

@@ -9,9 +9,8 @@ import typer
 from attn_core.cli import dynamics as dyn
 from attn_core.cli import text_options as opts
 from attn_core.cli import worker_options as wopts
-from attn_core.cli.common import JsonOpt, emit, guarded, report, table
+from attn_core.cli.common import JsonOpt, emit, guarded, option, report, table
 from attn_core.training.config import JobConfig
-from attn_core.validate import default
 
 app = typer.Typer()
 sweeps_app = typer.Typer(add_completion=False, help="List and inspect sweeps (groups of runs made by attn-lab sweep).")
@@ -72,11 +71,9 @@ def sweep_cmd(
         "retrain (entropy, hoyer, topk:2, vocab_entropy@L1 ...).",
     ),
     seeds: int = typer.Option(1, help="Seeds 0..N-1 per setting (each with its lambda = 0 baseline)."),
-    steps: int = typer.Option(default(JobConfig, "steps"), help="Training steps per trial."),
-    lr: float = typer.Option(default(JobConfig, "lr"), help="Peak learning rate of every trial."),
-    heads: str | None = typer.Option(
-        default(JobConfig, "heads"), help="Regularized heads (L1, L0H1,L1H2; default every head)."
-    ),
+    steps: int = option(JobConfig, "steps"),
+    lr: float = option(JobConfig, "lr"),
+    heads: str | None = option(JobConfig, "heads", help="Regularized heads (L1, L0H1,L1H2; default every head)."),
     batch_size: int | None = opts.BatchOpt,
     address: str | None = wopts.AddressOpt,
     cpus_per_trial: float = typer.Option(1.0, help="CPUs per trial (torch threads = its integer part)."),
@@ -92,9 +89,9 @@ def sweep_cmd(
     checkpoint_steps: str | None = dyn.StepsOpt,
     checkpoint_params: str = dyn.ParamsOpt,
     checkpoint_max_mb: float | None = dyn.MaxMbOpt,
-    text: str | None = typer.Option(
-        None,
-        "--text",
+    text: str | None = option(
+        JobConfig,
+        "text",
         help="Sweep a Hugging Face folder (or a run of one) on this text, as retrain --text reads it; it is "
         "tokenized once, before the trials, into the run store's text-cache (workers must see the path).",
     ),

@@ -8,46 +8,17 @@ from contextlib import contextmanager
 
 import typer
 
-from attn_core.text.defaults import DEFAULT_BLOCK, HELD_OUT_FRACTION, MAX_DEFAULT_BATCH, STEP_MEMORY
-from attn_core.training.config import MAX_PENALTY_ROWS, TRAIN_HELP, JobConfig
-from attn_core.validate import default
+from attn_core.cli.common import option
+from attn_core.training.config import JobConfig
 
-BatchOpt = typer.Option(
-    default(JobConfig, "batch_size"),
-    "--batch-size",
-    help="Sequences per training step. Default: the parent's training batch size; a model without one "
-    f"(an imported model on --text) takes the most blocks, a power of two up to {MAX_DEFAULT_BATCH}, whose "
-    f"step is estimated to add at most {STEP_MEMORY / 2**30:g} GiB (fp32): {MAX_DEFAULT_BATCH} for small "
-    "vocabularies, 4 for GPT-2 small at --block 256 (the output says which).",
-)
-TextFieldOpt = typer.Option(
-    default(JobConfig, "text_field"), "--text-field", help="The text's JSON key or Parquet column (default text)."
-)
-EvalTextOpt = typer.Option(
-    default(JobConfig, "eval_text"),
-    "--eval-text",
-    help=f"Held-out text (same formats); default the last {HELD_OUT_FRACTION:.0%} of --text.",
-)
-BlockOpt = typer.Option(
-    default(JobConfig, "block"),
-    "--block",
-    help=f"Tokens per training sequence (default min(context, {DEFAULT_BLOCK})).",
-)
-TrainOpt = typer.Option(default(JobConfig, "train"), "--train", help=TRAIN_HELP)
-KlOpt = typer.Option(
-    default(JobConfig, "kl"),
-    "--kl",
-    help="Add LAMBDA * KL(starting model || model) per token on the training batch, to keep behaviour "
-    "while heads concentrate (0: off).",
-)
-PenaltyRowsOpt = typer.Option(
-    default(JobConfig, "penalty_rows"),
-    "--penalty-rows",
-    metavar="M",
-    help="Estimate the row penalties (entropy, hoyer, topk) from M query rows per head drawn at random each "
-    "step instead of every row: unbiased for the value and its gradient, cheaper on long sequences. "
-    f"1..{MAX_PENALTY_ROWS:,}; M at least the sequence length computes every row (default: every row).",
-)
+# built from their one declaration in JobConfig (attn_core.training.settings)
+BatchOpt = option(JobConfig, "batch_size")
+TextFieldOpt = option(JobConfig, "text_field")
+EvalTextOpt = option(JobConfig, "eval_text")
+BlockOpt = option(JobConfig, "block")
+TrainOpt = option(JobConfig, "train")
+KlOpt = option(JobConfig, "kl")
+PenaltyRowsOpt = option(JobConfig, "penalty_rows")
 
 
 @contextmanager

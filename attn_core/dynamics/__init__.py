@@ -18,6 +18,7 @@ The maths is in docs/maths.md ("Training dynamics"); the checkpoints themselves 
 ``attn_core.training.checkpoints``.
 """
 
+from attn_core import lazy
 from attn_core.dynamics.bound import entropy_floor, normalized_row_floors, row_floors, spectral_norm
 from attn_core.dynamics.cache import MetricCache
 from attn_core.dynamics.listing import available, browsable_roots, check_browsable, stamp
@@ -80,3 +81,6 @@ __all__ = [
     "text_ids",
     "text_inputs",
 ]
+
+# attn_core.dynamics(...) is the front door's function (attn_core.api.dynamics); the package stays the package
+lazy.callable_package(__name__, "attn_core.api:dynamics")

@@ -2,7 +2,7 @@
 
 Builders return a :class:`Plot` (a figure and the table it shows); one module per area:
 ``bilinear`` (scores, spectra, heads), ``training`` (retraining and runs), ``kernels``,
-``grow``, ``toy`` (seed 003), ``qk`` (merged vs factored, seed 004), ``sinks`` (attention sinks,
+``grow``, ``toy``, ``qk`` (merged vs factored), ``sinks`` (attention sinks,
 the sink-aware heatmap) and ``ranks`` (the two ranks of a head).
 """
 

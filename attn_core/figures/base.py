@@ -60,6 +60,7 @@ def export_figure(fig: go.Figure) -> go.Figure:
 class Plot:
     """A figure, the data it shows (exported as CSV), a file-name stem, what it shows (meta) and
     the width it is laid out for on its page (``width`` px: a half-page chart unless said).
+    Jupyter draws it inline (``_repr_mimebundle_``); :meth:`save` writes it as the CLI does.
 
     ``data`` is a table or a function that makes it: a function is called the first time the
     table is read (an export), so drawing a figure never builds the CSV of a large view."""
@@ -90,6 +91,22 @@ class Plot:
 
     def __repr__(self) -> str:
         return f"Plot({self.name!r})"
+
+    # in a notebook: Jupyter draws the figure itself (plotly's renderers), not the repr
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        return self.fig._repr_mimebundle_(include, exclude)
+
+    def _repr_html_(self) -> str:
+        return self.fig._repr_html_()
+
+    def show(self) -> None:
+        """Draw the figure (plotly's ``fig.show()``: inline in a notebook, else a browser tab)."""
+        self.fig.show()
+
+    def save(self, path: str | Path, fmt: str | None = None, overwrite: bool = False) -> Path:
+        """Write the figure as ``attn-lab export`` does (png, svg, html, or its data as csv;
+        format from the suffix unless given; never over an existing file unless ``overwrite``)."""
+        return write_plot(self, path, fmt, overwrite)
 
 
 def _image_bytes(fig: go.Figure, fmt: str, width: int | None, height: int | None) -> bytes:

@@ -1,4 +1,4 @@
-"""Figures of d_k growth (attn_core.grow, seed 001): the spectrum of the target form Z* with the
+"""Figures of d_k growth (attn_core.grow): the spectrum of the target form Z* with the
 cut at d_k + p, the first-order predicted vs measured loss decrease along the line search, the
 held-out loss of the three methods during fine-tuning, a summary of the losses, and the head's
 heatmap before and after growth (the bilinear heatmap builder, renamed)."""

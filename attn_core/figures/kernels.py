@@ -1,4 +1,4 @@
-"""Figures of kernelized attention (seed 002): error against the number of random features,
+"""Figures of kernelized attention: error against the number of random features,
 exact against approximate patterns, and speed against sequence length."""
 
 from __future__ import annotations

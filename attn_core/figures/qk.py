@@ -1,4 +1,4 @@
-"""Figures of the merged vs factored QK comparison (seed 004, attn_core.qk): learning
+"""Figures of the merged vs factored QK comparison (attn_core.qk): learning
 curves with their spread over seeds, final loss and accuracy, stable rank of B by layer, the
 normalized spectrum of B, accuracy when B is cut to rank r, and the cost (parameters, time per
 step). Each takes a :class:`~attn_core.qk.result.Comparison`; one colour per variant throughout,

@@ -1,4 +1,4 @@
-"""Figures of seed 003's toy attention (attn_core.toy_attention): weights, the output c in the
+"""Figures of toy attention (attn_core.toy_attention): weights, the output c in the
 plane of v_a and v_b, the histogram of alpha_a, and one head against two."""
 
 from __future__ import annotations

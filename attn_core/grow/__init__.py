@@ -1,9 +1,9 @@
-"""Growing the query/key width d_k of one attention head by functional gradient (seed 001).
+"""Growing the query/key width d_k of one attention head by functional gradient.
 
 Notation (docs/maths.md, row vectors). For layer l, head h and a batch of n sequences b:
 
     X_b   [T, d']   attention input, augmented X' = [X | 1] when the model has q/k biases
-                    (seed 001, Remark 1.2.2), so d' = d_model (+ 1)
+                    (Remark 1.2.2), so d' = d_model (+ 1)
     B'    [d', d']  the head's form W_Q' W_K'^T / sqrt(d_qk): the scores are S_b = X_b B' X_b^T
     G_b   [T, T]    dL/dS_b, the gradient of the task loss (mean cross-entropy on the batch) w.r.t.
                     the scores the softmax sees (1/sqrt(d_qk) included); zero on masked entries

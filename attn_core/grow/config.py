@@ -1,4 +1,4 @@
-"""The settings of a growth comparison (seed 001): :class:`GrowConfig`, checked when built. A
+"""The settings of a growth comparison: :class:`GrowConfig`, checked when built. A
 config, so it imports no torch (the CLI reads its option defaults from it)."""
 
 from __future__ import annotations

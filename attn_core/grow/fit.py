@@ -1,5 +1,5 @@
 """Batch least squares of a score target in the whitened basis of the batch, and Eckart-Young
-truncation (seed 001): the "Batch least squares", "Damping", "Whitened basis" and "Rank d_k + p"
+truncation: the "Batch least squares", "Damping", "Whitened basis" and "Rank d_k + p"
 sections of :mod:`attn_core.grow`'s docstring derive what these functions compute."""
 
 from __future__ import annotations

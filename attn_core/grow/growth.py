@@ -1,4 +1,4 @@
-"""One growth step of one head (seed 001): the head's scores S and their gradient G on a batch,
+"""One growth step of one head: the head's scores S and their gradient G on a batch,
 the rank-(d_k + p) fit of the descent target S - eta G, the line search on eta, and the wider
 models (the grown head and the zero/random baselines). The "Descent target", "The grown head",
 "Step size" and "Baselines" sections of :mod:`attn_core.grow`'s docstring derive them."""

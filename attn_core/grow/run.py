@@ -1,4 +1,4 @@
-"""The whole growth comparison (seed 001): grow one head along the functional gradient, widen it
+"""The whole growth comparison: grow one head along the functional gradient, widen it
 with zero and random columns, fine-tune all three the same way (through the step loop of
 :mod:`attn_core.training.record`) and measure them on the same held-out set."""
 

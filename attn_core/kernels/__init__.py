@@ -1,4 +1,4 @@
-"""Kernelized approximations of one attention head (seed 002).
+"""Kernelized approximations of one attention head.
 
 One convention everywhere: ``q``, ``k``, ``v`` are ``[..., n, d]`` (any leading batch/head dims) and
 the head's pattern is ``softmax(q k^T)`` -- the 1/sqrt(d_qk) is already folded into ``q``

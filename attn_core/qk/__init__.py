@@ -1,4 +1,4 @@
-"""Merged vs factored QK (seed 004): does a head need two d_model x d_qk factors W_Q, W_K, or can
+"""Merged vs factored QK: does a head need two d_model x d_qk factors W_Q, W_K, or can
 one d_model x d_model matrix W_QK do? See docs/maths.md.
 
 - ``convert``: the two parametrisations exactly (parameters per head, merged <-> factored,

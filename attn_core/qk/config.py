@@ -1,4 +1,4 @@
-"""The settings of a merged vs factored comparison (seed 004): its :class:`Variant` s and the
+"""The settings of a merged vs factored comparison: its :class:`Variant` s and the
 :class:`CompareConfig` that defines them, the architecture and the recipe (see docs/maths.md)."""
 
 from __future__ import annotations

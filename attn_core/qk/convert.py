@@ -1,5 +1,5 @@
 """Merged and factored QK heads, exactly: the parameters of each, the conversions between them and
-the truncation of B to a rank (seed 004).
+the truncation of B to a rank.
 
 Per head, with X the attention input (row vectors, docs/maths.md):
 

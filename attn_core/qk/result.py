@@ -1,4 +1,4 @@
-"""The result of a comparison (seed 004): :class:`Comparison` holds one record per (variant, seed)
+"""The result of a comparison: :class:`Comparison` holds one record per (variant, seed)
 run and derives every table, the findings and the Markdown report from them."""
 
 from __future__ import annotations

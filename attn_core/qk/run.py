@@ -1,4 +1,4 @@
-"""Training the variants of a comparison and recording each run (seed 004).
+"""Training the variants of a comparison and recording each run.
 
 :func:`compare` trains one architecture on one task and the same seeds (same data, same
 recipe) with

@@ -11,7 +11,7 @@ row penalties, over the rows that see at least two keys (``metrics.MIN_KEYS``):
     topk           1 - sum of the k largest A_ij    top-k mass deficit (k = 1 unless ``topk:K``)
     vocab_entropy  the same three on the vocabulary view: row x is the attention of token x
     vocab_hoyer    over every token y, A_x = attn(f_x(.)) with f_x(y) = x B y^T and x, y every
-    vocab_topk     token as the layer sees it (bilinear.vocab_scores) -- "for every x" (seed 000)
+    vocab_topk     token as the layer sees it (bilinear.vocab_scores) -- "for every x"
     spectral       ||B||_2 = sigma_1(B)             sigma-Reparam's view: a small ||B||_2 bounds
                                                     how far attention entropy can collapse, so this
                                                     one works *against* concentration

@@ -1,7 +1,7 @@
 """A head's modes, and B edited mode by mode on the head's own factors (docs/maths.md, "Surgery").
 
 **Modes.** A plain head's modes are the singular pairs of ``B = W_Q W_K^T / sqrt(d_qk) =
-U diag(sigma) V^T`` (``QKForm.svd``, from the head's own d_qk columns), strongest first; a merged
+U diag(sigma) V^T`` (``QKForm.svd()``, from the head's own d_qk columns), strongest first; a merged
 head's, those of ``W_QK``. A rotary head has no one B (each key sits at its own offset): its modes
 are its rotation planes, as ``attribute`` splits the score (plane c = dims (c, c + r/2), then the
 offset-free dims past r as one mode), indexed in that order; a plane's ``sigma`` is the Frobenius
@@ -123,7 +123,7 @@ def apply_factors(model: Transformer, layer: int, head: int, f: torch.Tensor) ->
             w[head, :, p] = (w[head, :, p].double() * f[c]).to(w.dtype)
         return
     form = head_form64(model, layer, head)
-    U, S, Vh = form.svd  # [d, k], [k], [k, d]
+    U, S, Vh = form.svd()  # [d, k], [k], [k, d]
     delta_core = (f.to(S.device) - 1) * S  # [k]
     if model.cfg.qk == "merged":
         W = attn.W_QK.data

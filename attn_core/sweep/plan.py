@@ -7,48 +7,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from attn_core import regularizers as R
+from attn_core.training.config import JobConfig
 from attn_core.validate import is_int, is_number
 
 BASELINE = "none"  # the regularizer name of a lambda = 0 trial
 # Trials of one sweep (seeds x (lambdas + a baseline)): each is a retrain, seconds to minutes, so a
 # sweep beyond this is a typo (a 5,000-point grid, --seeds 1000000000), refused before it starts.
 MAX_TRIALS = 1_000
-# JobConfig fields a sweep may set for every trial (the rest are the trial's: source, regularizers, seed)
-JOB_FIELDS = (
-    "steps",
-    "lr",
-    "heads",
-    "batch_size",
-    "device",
-    "weight_decay",
-    "warmup_steps",
-    "eval_every",
-    "eval_samples",
-    "telemetry_every",
-    "spectrum_every",
-    "probe_samples",
-    "measure_samples",
-    "max_loss",
-    "checkpoint_every",
-    "checkpoint_log",
-    "checkpoint_steps",
-    "checkpoint_params",
-    "checkpoint_max_mb",
-    "text",
-    "text_field",
-    "eval_text",
-    "block",
-    "train",
-    "kl",
-    "penalty_rows",
-    "workers",  # --workers-per-trial: each trial on Ray Train workers
-    "gpus_per_worker",
-    "strategy",
-)
+# JobConfig fields a sweep may set for every trial: all but the trial's own (source, regularizers,
+# seed, entmax_alpha), read from JobConfig so that a new setting is a sweep setting too
+TRIAL_FIELDS = ("source", "regularizers", "seed", "entmax_alpha")
+JOB_FIELDS = tuple(f.name for f in fields(JobConfig) if f.name not in TRIAL_FIELDS)
 TEXT_PATHS = ("text", "eval_text")  # made absolute in the plan: a worker reads them from its own folder
 
 
@@ -99,8 +72,6 @@ class Trial:
     def job_config(self, job: Mapping | None = None):
         """The JobConfig of this trial: what ``attn-lab retrain SOURCE --reg SPEC --seed S`` builds,
         with the sweep's common ``job`` settings (steps, lr, ...)."""
-        from attn_core.training.config import JobConfig
-
         return JobConfig(
             source=self.source,
             regularizers=self.spec,

@@ -8,7 +8,7 @@ next-token prediction with a held-out split.
 - ``tokens``: tokenizing into the cache (``tokenize``, ``TokenFile``, ``cache_dir``);
 - ``task``: ``TextTask``, the toys' Task interface on text (blocks, the held-out split);
 - ``measure``: held-out loss, perplexity, per-head concentration and spectra, in bounded memory;
-- ``source``: the text task of a loaded model (``text_task_for``; a run's held-out block: ``held_out_tokens``, ``sample_tokens``), what jobs, the CLI and pages call;
+- ``source``: the text task of a loaded model (``text_task_for``; a run's held-out block: ``held_out_tokens``, ``held_out_input``), what jobs, the CLI and pages call;
 - ``probes``: the inputs sinks and data-space ranks are measured on (a text's windows or task
   samples) and the one call each for them (``measure_sinks``, ``measure_ranks``).
 """
@@ -22,7 +22,7 @@ __getattr__, __dir__ = lazy.exports(
     __name__,
     {
         "probes": ("Probes", "measure_ranks", "measure_sinks", "probes"),
-        "source": ("held_out_tokens", "sample_tokens", "text_task_for"),
+        "source": ("held_out_input", "held_out_tokens", "text_task_for"),
         "task": ("TextTask",),
         "tokens": ("TokenFile", "cache_dir", "tokenize"),
     },
@@ -38,12 +38,12 @@ __all__ = [
     "TextTask",
     "TokenFile",
     "cache_dir",
+    "held_out_input",
     "held_out_tokens",
     "measure_ranks",
     "measure_sinks",
     "open_corpus",
     "probes",
-    "sample_tokens",
     "text_task_for",
     "tokenize",
 ]

@@ -179,11 +179,11 @@ def held_out_tokens(loaded: LoadedModel, seed: int = 0) -> list[int]:
 
 
 def has_sample(loaded: LoadedModel) -> bool:
-    """Whether :func:`sample_tokens` has an input for ``loaded``: its task's, or its text's."""
+    """Whether :func:`held_out_input` has an input for ``loaded``: its task's, or its text's."""
     return loaded.task is not None or run_text(loaded) is not None
 
 
-def sample_tokens(loaded: LoadedModel, seed: int = 0) -> list[int]:
+def held_out_input(loaded: LoadedModel, seed: int = 0) -> list[int]:
     """A held-out input of ``loaded``: a sample of its task (``bilinear.sample_tokens``), or for a
     run on text one held-out block of its text (:func:`held_out_tokens`), never random tokens."""
     from attn_core.bilinear import sample_tokens as task_sample

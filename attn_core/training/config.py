@@ -11,8 +11,11 @@ from dataclasses import asdict, dataclass, field, fields
 from attn_core import regularizers as R
 from attn_core.distributed.scaling import check_scaling, check_specs
 from attn_core.limits import MAX_SAMPLES, MAX_STEPS
+from attn_core.text.corpus import TEXT_LIMIT
+from attn_core.text.defaults import DEFAULT_BLOCK, HELD_OUT_FRACTION, MAX_DEFAULT_BATCH, STEP_MEMORY
 from attn_core.training.checkpoint_plan import CheckpointPlan
 from attn_core.training.device import check_precision, check_sync_every, select_device
+from attn_core.training.settings import command_args, in_bounds, setting
 from attn_core.validate import MAX_SEED, check, is_int, is_number
 
 MAX_BATCH = 65_536  # sequences per training batch
@@ -123,16 +126,143 @@ class JobConfig:
 
     source: str
     regularizers: object = field(default_factory=dict)
-    heads: str | None = None
-    entmax_alpha: float | None = None
-    steps: int = 300
-    lr: float = 1e-3
-    seed: int = 0
-    device: str = "auto"
-    precision: str = "fp32"
-    sync_every: int | None = None
-    compile: bool = False
-    batch_size: int | None = None
+    # each setting once: default, CLI flag and help, bounds, reproduce line, page widget
+    # (training.settings); the order is the reproduce line's (command())
+    heads: str | None = setting(
+        None, "--heads", "Heads of every --reg without its own @HEADS (L1, L0H1,L1H2; default every head)."
+    )
+    steps: int = setting(
+        300,
+        "--steps",
+        "Training steps.",
+        bounds=(1, MAX_STEPS),
+        always=True,
+        widget=dict(label="Steps", help="Optimizer updates", min_value=1, max_value=100_000, step=50),
+    )
+    seed: int = setting(
+        0,
+        "--seed",
+        "Seed of the training data (the run is deterministic under it).",
+        bounds=(0, MAX_SEED),
+        always=True,
+        widget=dict(
+            label="Seed",
+            help="Seed of the training data: the same settings and seed give the same run",
+            min_value=0,
+            max_value=2**31 - 1,
+            step=1,
+        ),
+    )
+    lr: float = setting(1e-3, "--lr", "Peak learning rate (warmup, then cosine decay).", fmt="g", always=True)
+    entmax_alpha: float | None = setting(
+        None, "--entmax-alpha", "Attention: 1 softmax, 1.5 entmax15, 2 sparsemax (default: the parent's).", fmt="g"
+    )
+    batch_size: int | None = setting(
+        None,
+        "--batch-size",
+        "Sequences per training step. Default: the parent's training batch size; a model without one "
+        f"(an imported model on --text) takes the most blocks, a power of two up to {MAX_DEFAULT_BATCH}, whose "
+        f"step is estimated to add at most {STEP_MEMORY / 2**30:g} GiB (fp32): {MAX_DEFAULT_BATCH} for small "
+        "vocabularies, 4 for GPT-2 small at --block 256 (the output says which).",
+        bounds=(1, MAX_BATCH),
+    )
+    device: str = setting("auto", "--device", "auto, cpu or cuda.")
+    precision: str = setting(
+        "fp32", "--precision", "fp32, or bf16 (autocast: forward and loss in bfloat16, weights and AdamW in fp32)."
+    )
+    sync_every: int | None = setting(
+        None,
+        "--sync-every",
+        "Steps between two reads of the losses from the device (default: 1 on CPU, 25 on CUDA); the NaN guard "
+        "checks them there and keeps the last good weights.",
+    )
+    compile: bool = setting(
+        False,
+        "--compile/--no-compile",
+        "torch.compile the training step (CUDA graphs on CUDA; compiling takes a while, then each step is "
+        "faster). Falls back to the eager step if it cannot compile.",
+    )
+    checkpoint_every: int | None = setting(
+        None,
+        "--checkpoint-every",
+        "Keep the weights every N steps (and at step 0 and the last step) as safetensors in the run's "
+        "checkpoints/ folder, listed in its card.",
+    )
+    checkpoint_log: int | None = setting(
+        None,
+        "--checkpoint-log",
+        "Keep the weights at up to N steps spaced evenly in log(step) from 1 to the end (dense early, where "
+        "circuits form; steps that round to the same step count once, so fewer than N early in a short run: "
+        "the card's checkpoints.kept says how many); combines with --checkpoint-every.",
+        widget=dict(
+            label="Checkpoints (log-spaced)",
+            help="Keep the weights at this many steps spaced evenly in log(step), plus step 0 and the last, in "
+            "the run's folder (listed in its card): scrub them on the Dynamics page. 0 keeps none",
+            min_value=0,
+            max_value=500,
+            step=10,
+        ),
+    )
+    checkpoint_steps: list[int] | None = setting(
+        None, "--checkpoint-steps", "Keep the weights at these steps too, comma-separated (0,50,100)."
+    )
+    checkpoint_params: str = setting(
+        "all",
+        "--checkpoint-params",
+        "all, or attn: only attention and LayerNorm weights (what the QK/OV views need; much smaller for "
+        "large models).",
+        needs=("checkpoint_every", "checkpoint_log", "checkpoint_steps"),
+    )
+    checkpoint_max_mb: float | None = setting(
+        None,
+        "--checkpoint-max-mb",
+        "Refuse, before training, checkpoints that would take more than this many MiB (default 1024).",
+        fmt="g",
+    )
+    text: str | None = setting(
+        None,
+        "--text",
+        "Retrain on this text: a .txt file or a folder of them, .jsonl (one JSON object per line) or "
+        f"Parquet ({TEXT_LIMIT}), tokenized by the model folder's own tokenizer.json (cached in the run store's text-cache).",
+    )
+    text_field: str | None = setting(None, "--text-field", "The text's JSON key or Parquet column (default text).")
+    eval_text: str | None = setting(
+        None, "--eval-text", f"Held-out text (same formats); default the last {HELD_OUT_FRACTION:.0%} of --text."
+    )
+    block: int | None = setting(
+        None, "--block", f"Tokens per training sequence (default min(context, {DEFAULT_BLOCK})).", bounds=(2, 2**20)
+    )
+    train: str = setting("all", "--train", TRAIN_HELP)
+    kl: float = setting(
+        0.0,
+        "--kl",
+        "Add LAMBDA * KL(starting model || model) per token on the training batch, to keep behaviour while heads "
+        "concentrate (0: off).",
+        bounds=(0, 1e6),
+        fmt="g",
+    )
+    penalty_rows: int | None = setting(
+        None,
+        "--penalty-rows",
+        "Estimate the row penalties (entropy, hoyer, topk) from M query rows per head drawn at random each step "
+        "instead of every row: unbiased for the value and its gradient, cheaper on long sequences. "
+        f"1..{MAX_PENALTY_ROWS:,}; M at least the sequence length computes every row (default: every row).",
+        bounds=(1, MAX_PENALTY_ROWS),
+        metavar="M",
+        widget=dict(
+            label="Rows per head for the penalty (0 = all)",
+            help="Entropy, Hoyer and top-k penalties from this many query rows per head, drawn at random each "
+            "step: an unbiased estimate of the penalty and its gradient, cheaper on long sequences, noisier. "
+            "0, or at least the sequence length, uses every row (the exact penalty). Other penalties are exact",
+            min_value=0,
+            step=1,
+        ),
+    )
+    # the workers' options are cli/worker_options.py's (WorkersOpt, GpusPerWorkerOpt, StrategyOpt)
+    workers: int | None = setting(None, "--workers")
+    gpus_per_worker: float = setting(0, "--gpus-per-worker", fmt="g", needs=("workers",))
+    strategy: str = setting("ddp", "--strategy", needs=("workers",))
+    # settings of the library and the page that the CLI does not take (not in the reproduce line)
     weight_decay: float | None = None
     warmup_steps: int | None = None
     eval_every: int = 100
@@ -142,21 +272,6 @@ class JobConfig:
     probe_samples: int = 16
     measure_samples: int = 512
     max_loss: float | None = None
-    checkpoint_every: int | None = None
-    checkpoint_log: int | None = None
-    checkpoint_steps: list[int] | None = None
-    checkpoint_params: str = "all"
-    checkpoint_max_mb: float | None = None
-    text: str | None = None
-    text_field: str | None = None
-    eval_text: str | None = None
-    block: int | None = None
-    train: str = "all"
-    kl: float = 0.0
-    penalty_rows: int | None = None
-    workers: int | None = None
-    gpus_per_worker: float = 0
-    strategy: str = "ddp"
 
     def __post_init__(self) -> None:
         def ok(cond: bool, msg: str) -> None:
@@ -171,7 +286,10 @@ class JobConfig:
             return is_int(v) and lo <= v and (hi is None or v <= hi)
 
         ok(count(self.steps, hi=None), f"steps must be a positive integer, got {self.steps!r}")
-        ok(self.steps <= MAX_STEPS, f"steps must be at most {MAX_STEPS:,} (the limit of this lab), got {self.steps:,}")
+        ok(
+            in_bounds(self, "steps", self.steps),
+            f"steps must be at most {MAX_STEPS:,} (the limit of this lab), got {self.steps:,}",
+        )
         for name, hi in (
             ("eval_every", MAX_STEPS),
             ("telemetry_every", MAX_STEPS),
@@ -188,11 +306,14 @@ class JobConfig:
                 f"entmax_alpha must be in [1, 2] (1 softmax, 1.5 entmax15, 2 sparsemax), got {self.entmax_alpha!r}",
             )
         ok(self.max_loss is None or (is_number(self.max_loss) and self.max_loss > 0), "max_loss must be positive")
-        ok(count(self.seed, 0, MAX_SEED), f"seed must be an integer in 0..2^63-1, got {self.seed!r}")
+        ok(
+            is_int(self.seed) and in_bounds(self, "seed", self.seed),
+            f"seed must be an integer in 0..2^63-1, got {self.seed!r}",
+        )
         ok(is_number(self.lr) and 0 < self.lr <= 10, f"lr must be in (0, 10], got {self.lr!r}")
         # None: the parent's recipe decides (train_config); a given value is checked like the recipe's
         ok(
-            self.batch_size is None or count(self.batch_size, hi=MAX_BATCH),
+            self.batch_size is None or (is_int(self.batch_size) and in_bounds(self, "batch_size", self.batch_size)),
             f"batch_size must be 1..{MAX_BATCH} (or unset: the parent's), got {self.batch_size!r}",
         )
         ok(
@@ -214,14 +335,15 @@ class JobConfig:
             "--text-field and --eval-text need --text",
         )
         ok(
-            self.block is None or (is_int(self.block) and 2 <= self.block <= 2**20),
+            self.block is None or (is_int(self.block) and in_bounds(self, "block", self.block)),
             f"block must be an integer of at least 2 tokens, got {self.block!r}",
         )
         ok(self.block is None or self.text is not None, "--block needs --text (toys have their own sequence length)")
         ok(self.train in TRAIN, f"train must be one of {', '.join(TRAIN)}, got {self.train!r}")
-        ok(is_number(self.kl) and 0 <= self.kl <= 1e6, f"kl must be a number in 0..1e6, got {self.kl!r}")
+        ok(is_number(self.kl) and in_bounds(self, "kl", self.kl), f"kl must be a number in 0..1e6, got {self.kl!r}")
         ok(
-            self.penalty_rows is None or (is_int(self.penalty_rows) and 1 <= self.penalty_rows <= MAX_PENALTY_ROWS),
+            self.penalty_rows is None
+            or (is_int(self.penalty_rows) and in_bounds(self, "penalty_rows", self.penalty_rows)),
             f"penalty_rows must be a whole number of query rows per head in 1..{MAX_PENALTY_ROWS:,} "
             f"(unset: every row), got {self.penalty_rows!r}",
         )
@@ -268,56 +390,12 @@ class JobConfig:
         return out
 
     def command(self, shown: dict[str, str] | None = None) -> str:
-        """The ``attn-lab retrain`` command that makes this run; ``shown`` names a source or a text
-        path in the page's words (an upload's own name for the path it is kept at)."""
+        """The ``attn-lab retrain`` command that makes this run: the regularizers, then every
+        setting declared with a flag that differs from its default (``training.settings``);
+        ``shown`` names a source or a text path in the page's words (an upload's own name for the
+        path it is kept at)."""
         shown = shown or {}
-
-        def say(value: str) -> str:
-            return shlex.quote(shown.get(value, value))
-
-        parts = ["attn-lab", "retrain", say(self.source)]
+        parts = ["attn-lab", "retrain", shlex.quote(shown.get(self.source, self.source))]
         for spec in self.to_dict()["regularizers"]:
             parts += ["--reg", shlex.quote(spec)]
-        if self.heads:
-            parts += ["--heads", shlex.quote(self.heads)]
-        parts += ["--steps", str(self.steps), "--seed", str(self.seed), "--lr", f"{self.lr:g}"]
-        if self.entmax_alpha is not None:
-            parts += ["--entmax-alpha", f"{self.entmax_alpha:g}"]
-        if self.batch_size is not None:
-            parts += ["--batch-size", str(self.batch_size)]
-        if self.device != "auto":
-            parts += ["--device", self.device]
-        if self.precision != "fp32":
-            parts += ["--precision", self.precision]
-        if self.sync_every is not None:
-            parts += ["--sync-every", str(self.sync_every)]
-        if self.compile:
-            parts += ["--compile"]
-        if self.checkpoint_every is not None:
-            parts += ["--checkpoint-every", str(self.checkpoint_every)]
-        if self.checkpoint_log is not None:
-            parts += ["--checkpoint-log", str(self.checkpoint_log)]
-        if self.checkpoint_steps:
-            parts += ["--checkpoint-steps", ",".join(map(str, self.checkpoint_steps))]
-        if self.checkpoint_plan() is not None and self.checkpoint_params != "all":
-            parts += ["--checkpoint-params", self.checkpoint_params]
-        if self.checkpoint_max_mb is not None:
-            parts += ["--checkpoint-max-mb", f"{self.checkpoint_max_mb:g}"]
-        for flag, value in (("--text", self.text), ("--text-field", self.text_field), ("--eval-text", self.eval_text)):
-            if value is not None:
-                parts += [flag, say(value)]
-        if self.block is not None:
-            parts += ["--block", str(self.block)]
-        if self.train != "all":
-            parts += ["--train", self.train]
-        if self.kl:
-            parts += ["--kl", f"{self.kl:g}"]
-        if self.penalty_rows is not None:
-            parts += ["--penalty-rows", str(self.penalty_rows)]
-        if self.workers is not None:
-            parts += ["--workers", str(self.workers)]
-            if self.gpus_per_worker:
-                parts += ["--gpus-per-worker", f"{self.gpus_per_worker:g}"]
-            if self.strategy != "ddp":
-                parts += ["--strategy", self.strategy]
-        return " ".join(parts)
+        return " ".join(parts + command_args(self, shown))

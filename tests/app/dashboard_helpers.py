@@ -20,6 +20,18 @@ def open_page(path: str, model: str, timeout: float = 90) -> AppTest:
     return at
 
 
+def run_page(path: str, model: str, timeout: float = 120) -> AppTest:
+    """Run a page on ``model`` (picked through the URL), whatever it shows: tests of its errors."""
+    at = AppTest.from_file(path, default_timeout=timeout)
+    at.query_params["model"] = model
+    return at.run()
+
+
+def widget(elements, label: str):
+    """The widget of ``elements`` (``at.number_input``, ``at.selectbox``...) labelled ``label``."""
+    return next(w for w in elements if w.label == label)
+
+
 def chart(at: AppTest, key: str) -> dict:
     """The plotly figure drawn with ui.show_plot(..., key=key), as JSON."""
     found = [c for c in at.get("plotly_chart") if c.proto.id.endswith(f"-chart_{key}")]

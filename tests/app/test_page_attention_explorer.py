@@ -1,4 +1,4 @@
-"""AppTest of app_pages/7_Attention_explorer.py: seed 003's cases on screen, bad settings as
+"""AppTest of app_pages/7_Attention_explorer.py: the toy algebra's cases on screen, bad settings as
 st.error, every figure exportable."""
 
 import io

@@ -7,7 +7,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-import torch
+from dashboard_helpers import run_page, widget
 from streamlit.testing.v1 import AppTest
 
 from attn_core.figures import bundle_zip
@@ -17,12 +17,7 @@ PAGE = str(Path(__file__).resolve().parents[2] / "app_pages" / "5_Grow_d_k.py")
 FIGURES = 6  # spectrum, decrease, curves, summary, heatmap before, heatmap after
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture
@@ -35,13 +30,7 @@ def models(save_model):
 
 
 def page(model: str) -> AppTest:
-    at = AppTest.from_file(PAGE, default_timeout=120)
-    at.query_params["model"] = model
-    return at.run()
-
-
-def widget(elements, label):
-    return next(w for w in elements if w.label == label)
+    return run_page(PAGE, model)
 
 
 def test_grow_from_the_page(models):

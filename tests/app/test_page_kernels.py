@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+from dashboard_helpers import run_page, widget
 from streamlit.testing.v1 import AppTest
 
 from attn_core import kernels
@@ -16,13 +17,7 @@ BENCH = ROOT / "benchmarks" / "results" / "kernels.json"
 
 
 def page(model: str) -> AppTest:
-    at = AppTest.from_file(PAGE, default_timeout=120)
-    at.query_params["model"] = model
-    return at.run()
-
-
-def widget(elements, label):
-    return next(w for w in elements if w.label == label)
+    return run_page(PAGE, model)
 
 
 def small(at: AppTest, methods=("favor", "nystromformer")) -> AppTest:

@@ -13,7 +13,7 @@ from attn_core import bilinear as bl
 from attn_core.hooks import act_name
 from attn_core.model import Transformer
 from attn_core.sources import LoadedModel
-from tests.conftest import make_tiny_model
+from tests.conftest import MODEL_KINDS, SPECTRUM_KEYS, make_tiny_model
 
 ZOO = Path(__file__).resolve().parents[2] / "assets" / "models"
 TOKENS = [1, 2, 3, 4, 5, 1, 2, 3, 0, 7]
@@ -32,13 +32,7 @@ def loaded(model: Transformer) -> LoadedModel:
     return LoadedModel("test", model, model.cfg)
 
 
-KINDS = {
-    "factored": {},
-    "biased": dict(attn_bias=True, d_mlp=16),
-    "merged": dict(qk="merged"),
-    "grown": dict(d_qk=[[6, 9, 4], [7, 6, 6]]),
-    "no_norm_no_pos": dict(normalization="none", positional="none"),
-}
+KINDS = MODEL_KINDS
 
 
 # --- QKForm: factored spectrum == dense linear algebra ------------------------------------------
@@ -65,7 +59,7 @@ def test_factored_singular_values_equal_dense_svdvals(m, r, batch, rank, seed):
     assert k == (r if r < m else m)
     assert torch.allclose(s, dense[..., :k], atol=1e-9 * max(1.0, dense.max().item()))
     assert torch.all(dense[..., k:] < 1e-9 * max(1.0, dense.max().item()))
-    U, S, Vh = form.svd
+    U, S, Vh = form.svd()
     assert torch.allclose(U @ torch.diag_embed(S) @ Vh, form.dense, atol=1e-9)
     scale = max(1.0, dense.max().item())
     assert form.frobenius_norm.sub(torch.linalg.matrix_norm(form.dense)).abs().max() < 1e-9 * scale
@@ -152,12 +146,15 @@ def test_transpose_and_products_stay_factored_and_equal_dense(m, r1, r2, seed):
     assert torch.allclose((a @ b).singular_values, torch.linalg.svdvals(a.dense @ b.dense)[: min(r1, r2, m)], atol=1e-8)
 
 
-def test_views_and_detectors_name_the_model_object_they_take():
+def test_views_and_detectors_take_either_model_object():
     model = random_model()
-    with pytest.raises(TypeError, match="takes a LoadedModel"):
-        bl.sequence_view(model, [1, 2])
-    with pytest.raises(TypeError, match="takes a Transformer"):
-        bl.head_detectors(loaded(model), n_samples=2)
+    assert torch.equal(bl.sequence_view(model, [1, 2]).scores, bl.sequence_view(loaded(model), [1, 2]).scores)
+    a, b = (bl.head_detectors(m, n_samples=2) for m in (model, loaded(model)))
+    assert a.equals(b)
+    with pytest.raises(TypeError, match="sequence_view takes a model"):
+        bl.sequence_view("a name", [1, 2])
+    with pytest.raises(TypeError, match="head_detectors takes a model"):
+        bl.head_detectors(model.state_dict(), n_samples=2)
 
 
 # --- B from a model ------------------------------------------------------------------------------
@@ -213,18 +210,7 @@ def test_grown_heads_have_their_own_rank():
 def test_spectrum_records():
     recs = bl.spectrum(random_model())
     assert len(recs) == 6
-    need = {
-        "layer",
-        "head",
-        "singular_values",
-        "eigenvalues_sym",
-        "stable_rank",
-        "effective_rank",
-        "spectral_norm",
-        "nuclear_norm",
-        "frobenius_norm",
-    }
-    assert need <= set(recs[0])
+    assert SPECTRUM_KEYS <= set(recs[0])
     r = recs[0]
     assert r["spectral_norm"] == pytest.approx(r["singular_values"][0])
     assert 1 <= r["stable_rank"] <= r["effective_rank"] + 1e-6 <= 6 + 1e-6

@@ -15,33 +15,20 @@ from hypothesis import strategies as st
 from attn_core import circuits as ci
 from attn_core.bilinear import best_heads, head_detectors, layer_form
 from attn_core.hooks import act_name
-from attn_core.model import ModelConfig, Transformer
+from attn_core.model import Transformer
 from attn_core.sources import LoadedModel
+from tests.conftest import MODEL_KINDS, make_tiny_model
 
 ZOO = Path(__file__).resolve().parent.parent.parent / "assets" / "models"
 TOKENS = [1, 2, 3, 4, 5, 1, 2, 3, 0, 7]
 
-KINDS = {
-    "factored": {},
-    "biased": dict(attn_bias=True, d_mlp=16),
-    "merged": dict(qk="merged"),
-    "grown": dict(d_qk=[[6, 9, 4], [7, 6, 6]]),
-    "no_norm_no_pos": dict(normalization="none", positional="none"),
-}
+KINDS = MODEL_KINDS
 
 
 def random_model(std: float = 0.3, seed: int = 0, **kw) -> Transformer:
     """A small model with weights large enough that attention is far from uniform."""
     base = dict(n_layers=2, n_heads=3, d_model=24, d_head=6, d_vocab=12, n_ctx=12)
-    cfg = ModelConfig(**{**base, **kw})
-    torch.manual_seed(seed)
-    model = Transformer(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, std)
-        if cfg.d_qk is not None:
-            model.zero_qk_padding()
-    return model
+    return make_tiny_model(seed=seed, std=std, **{**base, **kw})
 
 
 def loaded_of(model: Transformer) -> LoadedModel:
@@ -449,15 +436,13 @@ def test_figures_build_with_their_data():
 # --- the model objects ----------------------------------------------------------------------------
 
 
-def test_functions_refuse_the_wrong_model_object_in_one_sentence():
+def test_functions_take_either_model_object_and_refuse_others_in_one_sentence():
     model = random_model()
-    with pytest.raises(TypeError, match="attribute takes a LoadedModel"):
-        ci.attribute(model, TOKENS, 0, 0, 1)
-    with pytest.raises(TypeError, match="token_position_split takes a LoadedModel"):
-        ci.token_position_split(model, TOKENS, 0, 1)
-    with pytest.raises(TypeError, match="copying_scores takes a Transformer"):
-        ci.copying_scores(loaded_of(model))
-    with pytest.raises(TypeError, match="composition takes a Transformer"):
-        ci.composition(loaded_of(model))
-    with pytest.raises(TypeError, match="circuits_report takes a Transformer"):
-        ci.circuits_report(loaded_of(model))
+    one, other = model, loaded_of(model)
+    assert torch.equal(ci.attribute(one, TOKENS, 0, 0, 1).terms, ci.attribute(other, TOKENS, 0, 0, 1).terms)
+    assert torch.equal(ci.copying_scores(one), ci.copying_scores(other))
+    assert ci.circuits_report(one, n_samples=4) == ci.circuits_report(other, n_samples=4)
+    with pytest.raises(TypeError, match="token_position_split takes a model"):
+        ci.token_position_split("model", TOKENS, 0, 1)
+    with pytest.raises(TypeError, match="composition takes a model"):
+        ci.composition(None)

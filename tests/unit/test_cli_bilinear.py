@@ -12,7 +12,7 @@ from attn_core.cli import app
 from attn_core.hooks import act_name
 from attn_core.sources import resolve
 from attn_core.zoo import ZOO_DIR
-from tests.conftest import make_tiny_model
+from tests.conftest import SPECTRUM_KEYS, make_tiny_model
 
 runner = CliRunner()
 ZOO = ZOO_DIR  # assets/models
@@ -38,18 +38,7 @@ def run_json(*args):
 def test_spectrum(folder):
     rows = run_json("spectrum", folder)
     assert len(rows) == 4
-    need = {
-        "layer",
-        "head",
-        "singular_values",
-        "eigenvalues_sym",
-        "stable_rank",
-        "effective_rank",
-        "spectral_norm",
-        "nuclear_norm",
-        "frobenius_norm",
-    }
-    assert need <= set(rows[0]) and len(rows[0]["singular_values"]) == 4
+    assert SPECTRUM_KEYS <= set(rows[0]) and len(rows[0]["singular_values"]) == 4
     assert "stable_rank" in run("spectrum", folder).stdout  # the human table
 
 

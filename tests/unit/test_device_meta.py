@@ -322,7 +322,7 @@ def test_circuits_run_on_meta(kind):
     model = meta_model(kind)
 
     def tensors():
-        out = [ov.ov_singular_values(model), head_form(model, 0, 1).svd, ov.full_ov_form(model, 0, [1, 2, 3]).dense]
+        out = [ov.ov_singular_values(model), head_form(model, 0, 1).svd(), ov.full_ov_form(model, 0, [1, 2, 3]).dense]
         out.append(ov.full_qk_form(model, 0).left)
         x = torch.randn(4, model.cfg.d_model, device=META, dtype=torch.float64)
         out.append(bias_terms(model, 0, 1, x[0], x))

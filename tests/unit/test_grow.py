@@ -1,4 +1,4 @@
-"""attn_core.grow (seed 001): every formula against a direct computation -- Eckart-Young in both
+"""attn_core.grow: every formula against a direct computation -- Eckart-Young in both
 bases, the batch least squares against an explicit Kronecker lstsq, dL/dS against finite
 differences and the weight gradient, the function kept at step 0 (and through save/load), the
 first-order prediction, and growth beating random and zero growth on a head too narrow for its task."""
@@ -23,13 +23,7 @@ TASK = get_task("reverse")
 DT = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # The CPU is shared: two threads under contention are many times slower than one here.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # Not conftest's make_tiny_model: every weight from N(0, 0.4) by a generator, LayerNorm gains near 1.
@@ -130,7 +124,7 @@ def test_raw_basis_residual_is_the_z_space_residual():
 
 
 def test_single_sequence_fit_is_the_seed_closed_form():
-    """Unmasked, uncentred, X of full column rank: Z* = X^+ T (X^+)^T (seed 001)."""
+    """Unmasked, uncentred, X of full column rank: Z* = X^+ T (X^+)^T."""
     g = torch.Generator().manual_seed(0)
     X = torch.randn(1, 9, 4, generator=g, dtype=DT)
     target = torch.randn(1, 9, 9, generator=g, dtype=DT)

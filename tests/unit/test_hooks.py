@@ -46,6 +46,20 @@ def build(spec: dict, seed: int = 0) -> Transformer:
     return model
 
 
+# two layers with MLPs and query/key biases: every hook point a model has
+TWO_LAYERS_MLP_BIAS = {
+    "n_layers": 2,
+    "n_heads": 2,
+    "d_model": 8,
+    "d_head": 4,
+    "d_mlp": 8,
+    "qk": "factored",
+    "attn_bias": True,
+    "normalization": "layernorm",
+    "positional": "learned",
+}
+
+
 def tokens(n: int = 3, T: int = 7, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, 11, (n, T), generator=torch.Generator().manual_seed(seed))
 
@@ -160,19 +174,7 @@ def test_replacing_the_scores_is_an_offset_before_the_softmax(spec, seed, layer,
 
 
 def test_hooks_that_return_none_keep_the_activation_and_run_in_order():
-    model = build(
-        {
-            "n_layers": 2,
-            "n_heads": 2,
-            "d_model": 8,
-            "d_head": 4,
-            "d_mlp": 8,
-            "qk": "factored",
-            "attn_bias": True,
-            "normalization": "layernorm",
-            "positional": "learned",
-        }
-    )
+    model = build(TWO_LAYERS_MLP_BIAS)
     x = tokens()
     order = []
     hooks = [(name, lambda t, n: order.append(n)) for name in reversed(model.hook_names())]
@@ -213,19 +215,7 @@ def test_unknown_names_and_bad_replacements_fail_in_one_sentence():
 
 
 def test_hook_points_add_nothing_to_the_checkpoint():
-    model = build(
-        {
-            "n_layers": 2,
-            "n_heads": 2,
-            "d_model": 8,
-            "d_head": 4,
-            "d_mlp": 8,
-            "qk": "factored",
-            "attn_bias": True,
-            "normalization": "layernorm",
-            "positional": "learned",
-        }
-    )
+    model = build(TWO_LAYERS_MLP_BIAS)
     keys = set(model.state_dict())
     assert not any("hook" in k for k in keys)
     assert {"blocks.0.attn.W_Q", "blocks.1.attn.b_K", "blocks.1.mlp.W_in", "embed.W_E", "unembed.b_U"} <= keys

@@ -1,4 +1,4 @@
-"""Kernelized attention (seed 002): estimators, exactness limits, causality, FFT Toeplitz,
+"""Kernelized attention: estimators, exactness limits, causality, FFT Toeplitz,
 the model hook, figures and the benchmark's shape."""
 
 import json

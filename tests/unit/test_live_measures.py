@@ -268,12 +268,12 @@ def test_a_run_on_text_gives_its_views_held_out_blocks_of_its_text(tmp_path):
     run = resolve(f"run:{res['run_id']}", store=store)
     parent = resolve(str(folder))
     assert text_source.has_sample(run) and not text_source.has_sample(parent)
-    tokens = text_source.sample_tokens(run, 3)
+    tokens = text_source.held_out_input(run, 3)
     assert tokens == job.task.sample(1, 3, split="test").tokens[0].tolist() and len(tokens) == 12
     held = job.task.data.held_out
     assert any(list(held[s : s + 12]) == tokens for s in range(0, len(held) - 11))  # held out, not trained on
     with pytest.raises(ValueError, match="has no task in its card"):
-        text_source.sample_tokens(parent, 0)
+        text_source.held_out_input(parent, 0)
     text.unlink()  # the text is gone: one line that says so (cached tasks are per weights and settings)
     text_source._run_task.cache_clear()
     with pytest.raises(ValueError, match=str(text.name)):

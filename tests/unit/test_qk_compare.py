@@ -1,4 +1,4 @@
-"""attn_core.qk (seed 004): merged and factored heads compute the same thing when they
+"""attn_core.qk: merged and factored heads compute the same thing when they
 should, the parameter formulas, the nuclear-norm identity behind "weight decay on both factors",
 rank truncation, the per-group weight decay, and a short seeded comparison end to end."""
 

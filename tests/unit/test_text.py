@@ -30,12 +30,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def folder(tmp_path):
-    """A model folder with only a word-level tokenizer.json (w0 .. w99)."""
-    f = tmp_path / "model"
-    f.mkdir()
-    write_word_tokenizer(f)
-    return f
+def folder(tokenizer_folder):
+    return tokenizer_folder
 
 
 def ids(text: str) -> list[int]:

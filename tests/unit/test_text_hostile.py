@@ -26,18 +26,14 @@ from attn_core.text.child import TokenizerError, TokenizerLimit
 from attn_core.text.corpus import TextError, open_corpus
 from attn_core.text.source import tokenize_text
 from attn_core.untrusted import model_file
-from tests.text_corpus import make_text, write_word_tokenizer
+from tests.text_corpus import make_text
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def folder(tmp_path):
-    """A model folder with only a word-level tokenizer.json (w0 .. w99)."""
-    f = tmp_path / "model"
-    f.mkdir()
-    write_word_tokenizer(f)
-    return f
+def folder(tokenizer_folder):
+    return tokenizer_folder
 
 
 def tokenized(folder, path, **kw):

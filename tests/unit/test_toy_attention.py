@@ -1,4 +1,4 @@
-"""Seed 003's attention algebra: the limits of copy and average, the random-key cases, and the
+"""The attention algebra of one head: the limits of copy and average, the random-key cases, and the
 figures built on them."""
 
 import io

@@ -1,0 +1,120 @@
+"""The documents of the analysis commands, built in one place for the CLI's ``--json`` and the
+Python front door (:mod:`attn_core.api`, whose DataFrames have the documents' columns):
+``spectrum`` (B of every head and its two ranks), ``sinks``, ``heads`` (the head detectors) and
+``dynamics`` (the metrics of every checkpoint of a series). ``circuits`` is
+:func:`attn_core.circuits.circuits_report`. Each takes what the command's options say, checks it
+(one sentence), and returns plain records (tensors where the command prints lists)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from attn_core import limits
+from attn_core.bilinear.checks import check_loaded, check_model
+from attn_core.checkpoint import LoadedModel
+from attn_core.model import Transformer
+from attn_core.validate import check_seed
+
+PROBES = 32  # probes of spectrum and sinks (text windows or task samples)
+VARIANCE = 0.9  # share of the variance the effective ranks of B and of the scores reach
+DETECTOR_SAMPLES = 32  # generated sequences per head detector
+
+
+def probe_inputs(loaded, text, field, samples: int, length: int | None, seed: int, progress=None):
+    """The probes of ``loaded`` (:func:`attn_core.text.probes.probes`)."""
+    from attn_core.text.probes import probes
+
+    return probes(loaded, text, samples, length, seed, field=field, progress=progress)
+
+
+def spectrum(
+    loaded: LoadedModel | Transformer,
+    augmented: bool = False,
+    text: str | Path | None = None,
+    text_field: str | None = None,
+    samples: int = PROBES,
+    length: int | None = None,
+    seed: int = 0,
+    variance: float = VARIANCE,
+    progress=None,
+) -> list[dict]:
+    """One record per head (``attn-lab spectrum --json``): the spectrum of B and the two ranks of
+    the head, of B and of its centred scores on probes (text, or the task's samples; none
+    measured for a model with neither)."""
+    from attn_core import bilinear
+    from attn_core.bilinear.ranks import check_variance, ranks
+
+    check_variance(variance)
+    loaded = check_loaded(loaded, "spectrum")
+    rows = bilinear.spectrum(loaded.model, augmented=augmented)
+    probes = None
+    if text is not None or loaded.task is not None:
+        probes = probe_inputs(loaded, text, text_field, samples, length, seed, progress)
+    both = ranks(
+        loaded.model, None if probes is None else probes.tokens, variance, "" if probes is None else probes.what
+    )
+    inputs = probes.what if probes is not None else None
+    for row, two in zip(rows, both.heads()):
+        row.update({k: two[k] for k in ("weight_rank", "data_rank", "data_stable_rank")}, variance=variance)
+        row["data_inputs"] = inputs
+    return rows
+
+
+def sinks(
+    loaded: LoadedModel | Transformer,
+    text: str | Path | None = None,
+    text_field: str | None = None,
+    eps: float = 0.3,
+    samples: int = PROBES,
+    length: int | None = None,
+    seed: int = 0,
+    progress=None,
+):
+    """The sinks of every head on probes (:class:`attn_core.bilinear.sinks.Sinks`; its
+    ``to_json()`` is ``attn-lab sinks --json`` less the model's name)."""
+    from attn_core.bilinear.sinks import check_eps
+    from attn_core.bilinear.sinks import sinks as find
+
+    check_eps(eps)
+    loaded = check_loaded(loaded, "sinks")
+    p = probe_inputs(loaded, text, text_field, samples, length, seed, progress)
+    return find(loaded.model, p.tokens, eps, p.what)
+
+
+def heads(
+    model: LoadedModel | Transformer,
+    samples: int = DETECTOR_SAMPLES,
+    seed: int = 0,
+    length: int | None = None,
+    rows: str = "supported",
+) -> dict:
+    """``attn-lab heads --json``: the detector scores of every head (``heads``), the best head of
+    each detector, and the settings."""
+    from attn_core import bilinear
+
+    check_seed("--seed", seed)
+    model = check_model(model, "heads")
+    T = min(model.cfg.n_ctx, 64 if length is None else length)  # a longer length is refused by head_detectors
+    limits.check_forward("--samples", samples, model.cfg, T)
+    det = bilinear.head_detectors(model, n_samples=samples, seed=seed, length=length, rows=rows)
+    wide = det.pivot(index=["layer", "head"], columns="detector", values="score").reset_index()
+    found = [
+        {"layer": int(r["layer"]), "head": int(r["head"]), **{d: float(r[d]) for d in bilinear.DETECTORS}}
+        for _, r in wide.iterrows()
+    ]
+    return {"heads": found, "best": bilinear.best_heads(det), "samples": samples, "seed": seed, "rows": rows}
+
+
+def dynamics_inputs(series, samples: int = 256, seed: int = 0, early=None, late=None, text=None, length=None):
+    """The held-out inputs ``attn-lab dynamics`` measures a series on: windows of the text file
+    ``text``, else the task's held-out samples (a series without a task needs a text)."""
+    from attn_core import dynamics as D
+
+    limits.check_count("--samples", samples, limits.MAX_SAMPLES)
+    check_seed("--seed", seed)
+    if text is not None:
+        return D.series_text_inputs(series, text, length, samples, early, late)
+    inputs = D.default_inputs(series, samples=samples, seed=seed, early=early, late=late)
+    if inputs is None:
+        raise ValueError("these models have no task in their card: give --text FILE to measure them on a text")
+    return inputs

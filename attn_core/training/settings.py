@@ -1,0 +1,81 @@
+"""One declaration per retrain setting. A :class:`attn_core.training.config.JobConfig` field made
+with :func:`setting` carries, beside its default, the CLI flag and help of its option, the
+bounds its check takes, how the reproduce line writes it, and the page widget's label, help and
+bounds; the CLI options (``attn_core.cli.common.option``), the Retrain page's widgets
+(``ui.settings``) and ``JobConfig.command()`` are built from it, so a setting cannot drift between
+them. Torch-free (``attn-lab --help`` reads it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from typing import Any
+
+
+def setting(
+    default: Any = None,
+    flag: str | None = None,
+    help: str = "",
+    *,
+    bounds: tuple[float, float] | None = None,
+    metavar: str | None = None,
+    fmt: str = "",
+    always: bool = False,
+    needs: tuple[str, ...] = (),
+    widget: dict | None = None,
+) -> Any:
+    """A dataclass field whose metadata declares the setting:
+
+    - ``flag`` (``"--penalty-rows"``; a boolean ``"--compile/--no-compile"``), ``help`` and
+      ``metavar``: the CLI option (None: no option, and not in the reproduce line);
+    - ``bounds`` (lo, hi): the values the check accepts (None stays allowed where it is the default);
+    - ``fmt``: how the reproduce line writes the value (``"g"`` for floats), ``always``: written
+      even at its default, ``needs``: written only when one of these settings is set;
+    - ``widget``: the page's number input (label, help, min_value, max_value, step).
+    """
+    meta = dict(flag=flag, help=help, bounds=bounds, metavar=metavar, fmt=fmt, always=always, needs=needs)
+    meta["widget"] = widget
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def declared(config: type | object, name: str) -> dict:
+    """The metadata :func:`setting` declared for field ``name`` of ``config``."""
+    for f in dataclasses.fields(config):
+        if f.name == name:
+            if "flag" not in f.metadata:
+                raise ValueError(f"{type(config).__name__}.{name} is not declared with setting()")
+            return dict(f.metadata)
+    raise ValueError(f"no setting named {name!r}")
+
+
+def in_bounds(config: type | object, name: str, value: Any) -> bool:
+    """Whether ``value`` lies in the declared bounds of ``name`` (inclusive)."""
+    lo, hi = declared(config, name)["bounds"]
+    return lo <= value <= hi
+
+
+def command_args(cfg: object, shown: dict[str, str] | None = None) -> list[str]:
+    """The options that reproduce ``cfg``, in declaration order: each declared setting with a
+    flag whose value is neither its default nor empty (or ``always``), written as its CLI option
+    takes it; a string value found in ``shown`` is written as ``shown`` names it."""
+    shown = shown or {}
+    parts: list[str] = []
+    for f in dataclasses.fields(cfg):
+        meta = f.metadata
+        if not meta.get("flag"):
+            continue
+        value = getattr(cfg, f.name)
+        if meta["needs"] and not any(getattr(cfg, n) for n in meta["needs"]):
+            continue
+        empty = value is None or (isinstance(value, (str, list, tuple)) and not value)
+        if not meta["always"] and (empty or value == f.default):
+            continue
+        flag = meta["flag"].split("/")[0]
+        if isinstance(value, bool):
+            parts += [flag] if value else []
+        elif isinstance(value, (list, tuple)):
+            parts += [flag, ",".join(map(str, value))]
+        else:
+            said = shown.get(value, value) if isinstance(value, str) else value
+            parts += [flag, shlex.quote(format(said, meta["fmt"]))]
+    return parts

@@ -1,0 +1,88 @@
+"""One declaration per retrain setting (attn_core.training.settings): the retrain and sweep options
+are built from JobConfig's declarations (flag, default, help), the reproduce line parses back, by
+the retrain command's own parser, into the settings it came from, and the declared bounds are
+what the checks accept."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+
+import pytest
+import typer
+
+from attn_core.cli import runs, sweep
+from attn_core.training.config import JobConfig
+from attn_core.training.settings import declared
+
+DECLARED = [f.name for f in dataclasses.fields(JobConfig) if f.metadata.get("flag")]
+
+
+def _command(app, name: str):
+    cmd = typer.main.get_command(app)
+    return cmd.commands[name] if hasattr(cmd, "commands") else cmd
+
+
+def _params(app, name: str) -> dict:
+    return {p.name: p for p in _command(app, name).params}
+
+
+@pytest.mark.parametrize("name", [n for n in DECLARED if n not in ("workers", "gpus_per_worker", "strategy")])
+def test_the_retrain_option_is_the_declaration(name):
+    param = _params(runs.app, "retrain")[name]
+    meta = declared(JobConfig, name)
+    assert param.opts[0] == meta["flag"].split("/")[0]
+    assert param.default == JobConfig.__dataclass_fields__[name].default
+    assert param.help == meta["help"]
+
+
+def test_the_sweep_shares_the_declarations():
+    shared = set(_params(sweep.app, "sweep")) & set(DECLARED)
+    assert {"steps", "lr", "penalty_rows", "kl", "block", "checkpoint_log"} <= shared
+    for name in shared - {"heads", "text", "gpus_per_worker", "strategy"}:  # the sweep's own wording or option
+        assert _params(sweep.app, "sweep")[name].help == declared(JobConfig, name)["help"], name
+
+
+CASES = [
+    dict(),
+    dict(heads="L0", entmax_alpha=1.5, steps=50, seed=3, lr=3e-4, batch_size=5, device="cpu", precision="bf16"),
+    dict(sync_every=7, compile=True, checkpoint_log=3, checkpoint_params="attn", checkpoint_steps=[1, 2]),
+    dict(checkpoint_every=4, checkpoint_max_mb=12.5, text="my text.txt", text_field="body", eval_text="e.txt"),
+    dict(text="t.txt", block=64, train="qk", kl=0.5, penalty_rows=4, workers=2, gpus_per_worker=1),
+]
+
+
+@pytest.mark.parametrize("settings", CASES)
+def test_the_reproduce_line_parses_back_into_its_settings(settings):
+    cfg = JobConfig("induction-2l", ["entropy=0.1"], **settings)
+    args = shlex.split(cfg.command())
+    assert args[:3] == ["attn-lab", "retrain", "induction-2l"]
+    params = _command(runs.app, "retrain").make_context("retrain", args[2:]).params  # parsed only: nothing trains
+    for name in DECLARED:
+        want = getattr(cfg, name)
+        got = params[name]
+        if name == "checkpoint_steps" and got is not None:
+            got = [int(s) for s in got.split(",")]
+        assert got == want, name
+    assert params["reg"] == ["entropy=0.1"]
+
+
+def test_the_declared_bounds_are_the_checks():
+    for name in ("steps", "penalty_rows", "block", "batch_size", "seed"):
+        lo, hi = declared(JobConfig, name)["bounds"]
+        text = {"text": "t.txt"} if name == "block" else {}  # --block needs --text
+        for good in (lo, hi):
+            assert getattr(JobConfig("x", **{name: good}, **text), name) == good
+        for bad in (lo - 1, hi + 1):
+            with pytest.raises(ValueError, match=name):
+                JobConfig("x", **{name: bad}, **text)
+
+
+def test_train_takes_the_same_precision_and_compile_options():
+    from attn_core.cli import models
+    from attn_core.training.config import TrainConfig
+
+    train = _params(models.app, "train")
+    for name in ("precision", "compile"):
+        assert train[name].help == declared(JobConfig, name)["help"]
+        assert train[name].default == getattr(TrainConfig(), name)  # the recipe's default is the declaration's

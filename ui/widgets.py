@@ -1,0 +1,46 @@
+"""Number inputs whose bounds are written once: :func:`number` gives the widget and its remembered
+value (``state.remember``) the same range; :func:`setting` takes a retrain setting's label, help,
+bounds and default from its one declaration in ``JobConfig`` (``attn_core.training.settings``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attn_core.training.settings import declared
+from attn_core.validate import default as default_of
+from ui.state import remember
+
+
+def number(
+    container: Any,
+    label: str,
+    lo: int,
+    hi: int,
+    key: str,
+    default: int,
+    step: int = 1,
+    help: str | None = None,
+    param: str | None = None,
+) -> int:
+    """An integer ``number_input`` in ``lo..hi`` whose value survives page switches (and the URL
+    parameter ``param``) within the same bounds."""
+    return container.number_input(
+        label,
+        min_value=lo,
+        max_value=hi,
+        step=step,
+        key=remember(key, default, range(lo, hi + 1), param=param),
+        help=help,
+    )
+
+
+def setting(container: Any, config: type, name: str, key: str, max_value: int | None = None) -> int:
+    """The page's number input of the setting ``name`` as ``config`` declares it (a default of None,
+    "unset", is the widget's lowest value); ``max_value`` when the bound depends on the model."""
+    widget = declared(config, name)["widget"]
+    hi = widget["max_value"] if max_value is None else max_value
+    value = default_of(config, name)
+    lo = widget["min_value"]
+    return number(
+        container, widget["label"], lo, hi, key, lo if value is None else value, widget["step"], widget["help"]
+    )
