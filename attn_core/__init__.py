@@ -10,6 +10,8 @@ the package stays light (``attn-lab --help`` loads no torch)::
     m.QK[1, 0].singular_values
     al.view(m, layer=1).plot(head=0)
     al.retrain(m, reg={"entropy": 0.1}, steps=300)
+    al.edit(m, "L1H0", rank=2).compare()
+    al.diff(m, "run:<id>")
 
 A subpackage is imported on first use too (``al.bilinear.qk_form``). ``al.circuits`` and
 ``al.dynamics`` are also the subpackages of those names, which call the front
@@ -21,12 +23,15 @@ import importlib.util
 __version__ = "0.1.0"
 
 API = ("Model", "HeadView", "Retrained", "load", "spectrum", "sinks", "heads", "view", "retrain")
+SURGERY = ("EditResult", "edit", "diff")  # attn_core.api_surgery
 CALLABLE_PACKAGES = ("circuits", "dynamics")
 
 
 def __getattr__(name: str):
     if name in API:
         value = getattr(importlib.import_module("attn_core.api"), name)
+    elif name in SURGERY:
+        value = getattr(importlib.import_module("attn_core.api_surgery"), name)
     elif name in CALLABLE_PACKAGES or (name.isidentifier() and not name.startswith("_") and _is_subpackage(name)):
         value = importlib.import_module(f"attn_core.{name}")  # a subpackage: al.bilinear, al.figures ...
     else:
@@ -40,4 +45,4 @@ def _is_subpackage(name: str) -> bool:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(API) | set(CALLABLE_PACKAGES))
+    return sorted(set(globals()) | set(API) | set(SURGERY) | set(CALLABLE_PACKAGES))

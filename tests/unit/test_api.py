@@ -23,7 +23,7 @@ from attn_core.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 # every module whose public functions carry the front door's >>> examples
-DOCTESTED = ["attn_core.api", "attn_core.bilinear.form", "attn_core.bilinear.heads"]
+DOCTESTED = ["attn_core.api", "attn_core.api_surgery", "attn_core.bilinear.form", "attn_core.bilinear.heads"]
 
 
 @pytest.fixture(scope="module")
@@ -38,9 +38,9 @@ def test_the_examples_run(module, tmp_path, monkeypatch):
     assert result.attempted > 0 and result.failed == 0, result
 
 
-def test_every_public_function_has_an_example():
-    import attn_core.api as api
-
+@pytest.mark.parametrize("module", ["attn_core.api", "attn_core.api_surgery"])
+def test_every_public_function_has_an_example(module):
+    api = importlib.import_module(module)
     for name in api.__all__:
         obj = getattr(api, name)
         doc = obj.__doc__ or ""
@@ -183,3 +183,24 @@ def test_every_model_function_converts_its_model_at_the_top():
                     missing.append(f"{path.name}:{node.name}")
     assert len(list((ROOT / "attn_core").glob("[bc]i[lr]*/*.py"))) > 15
     assert missing == []
+
+
+def test_edit_and_diff_give_what_the_cli_gives(m, tmp_path):
+    """al.edit's before/after are `attn-lab edit --json`'s; al.diff's rows are `attn-lab diff --json`'s pairs,
+    and an edit that leaves B unchanged elsewhere is matched head to head."""
+    from typer.testing import CliRunner
+
+    r = al.edit(m, (1, 0), rank=2, samples=8)
+    run = CliRunner().invoke(app, ["edit", "induction-2l", "--head", "L1H0", "--rank", "2", "--samples", "8", "--json"])
+    cli = json.loads(run.stdout)
+    assert r.before["loss"] == pytest.approx(cli["before"]["loss"], rel=1e-6)
+    assert r.after["loss"] == pytest.approx(cli["after"]["loss"], rel=1e-6)
+    assert r.after["heads"]["L1H0"]["sigma_1"] == pytest.approx(cli["after"]["heads"]["L1H0"]["sigma_1"], rel=1e-6)
+    d = al.diff(m, r.model)
+    assert list(d.columns) == ["layer", "head_a", "head_b", "distance"]
+    assert (d.head_a == d.head_b).all()
+    edited = d[(d.layer == 1) & (d.head_a == 0)].distance.item()
+    assert edited > 1e-3 and d.drop(d[(d.layer == 1) & (d.head_a == 0)].index).distance.max() < 1e-6
+    assert d.attrs["distance"].startswith("relative Frobenius")
+    saved = r.save(tmp_path / "edited")
+    assert saved["format"] == "attn-lab" and al.diff(r.model, str(tmp_path / "edited")).distance.max() < 1e-6

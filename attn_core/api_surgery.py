@@ -1,0 +1,145 @@
+"""The front door's surgery (:mod:`attn_core.api` holds the rest): edit a head's B and compare
+heads across models from a notebook, on the code ``attn-lab edit`` and ``attn-lab diff`` run
+(:mod:`attn_core.surgery`, docs/maths.md "Surgery")::
+
+    import attn_core as al
+    m = al.load("induction-2l")
+    e = al.edit(m, "L1H0", rank=2)      # e.model, e.before, e.after, e.compare()
+    al.diff(m, e.model)                  # one row per matched pair of heads
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from attn_core.api import Model, _frame
+from attn_core.surgery import Edited, HeadEdit, edit_inputs, edit_model, measure, parse_head
+from attn_core.surgery import diff as _diff
+
+__all__ = ["EditResult", "edit", "diff"]
+
+METRICS = ("loss", "perplexity", "accuracy", "icl_score", "sink_rate")
+
+
+@dataclass
+class EditResult:
+    """What :func:`edit` returns: the edited ``model`` (a :class:`~attn_core.api.Model`), the
+    measures ``before`` and ``after`` (the ``before``/``after`` of ``attn-lab edit --json``:
+    loss, perplexity, accuracy, ICL score, sink rate and, per edited head, entropy and sigma_1)."""
+
+    model: Model
+    edits: list[HeadEdit]
+    before: dict
+    after: dict
+    _parent: Model
+    _edited: Edited
+
+    def compare(self) -> pd.DataFrame:
+        """One row per measure (each edited head's entropy and sigma_1 too), before and after.
+
+        >>> from attn_core.api import load
+        >>> r = edit(load("induction-2l"), "L1H0", rank=16, samples=8)  # full rank: nothing changes
+        >>> df = r.compare().set_index("metric")
+        >>> bool(abs(df.loc["loss", "before"] - df.loc["loss", "after"]) < 1e-6)
+        True
+        """
+        rows = [dict(metric=k, before=self.before[k], after=self.after[k]) for k in METRICS]
+        for head, v in self.after["heads"].items():
+            rows += [dict(metric=f"{head} {k}", before=self.before["heads"][head][k], after=v[k]) for k in v]
+        return pd.DataFrame(rows)
+
+    def save(self, out: str | Path) -> dict:
+        """Write the edited model as a new folder ``out`` that every command and page opens (an
+        imported model stays a folder of its own family); returns ``{"out", "format"}``."""
+        from attn_core.surgery.save import save_edited
+
+        return save_edited(self._parent, self._edited, out, "", dict(before=self.before, after=self.after))
+
+    def __repr__(self) -> str:
+        what = "; ".join(" ".join(f"{k}={v}" for k, v in e.to_json().items()) for e in self.edits)
+        return f"EditResult({self.model.name}: {what})"
+
+
+def edit(
+    model,
+    head: str | tuple[int, int] | list[HeadEdit],
+    rank: int | None = None,
+    drop: tuple[int, ...] = (),
+    scale: dict[int, float] | None = None,
+    ablate: str | None = None,
+    source=None,
+    source_head: str | None = None,
+    with_ov: bool = False,
+    text: str | Path | None = None,
+    samples: int = 64,
+    length: int | None = None,
+    seed: int = 0,
+) -> EditResult:
+    """Edit one head of ``model`` (``"L1H0"`` or ``(1, 0)``) as ``attn-lab edit`` does: keep its
+    ``rank`` strongest modes, ``drop`` modes, ``scale`` modes (``{0: 2.0}``), ``ablate`` it
+    (``"zero"`` or ``"mean"``), or transplant its W_Q, W_K (and W_V, W_O with ``with_ov``) from
+    ``source`` (a model or a name; ``source_head`` ``"L1H2"``, default the same head). Several
+    edits: a list of :class:`~attn_core.surgery.HeadEdit` as ``head``. Measured on ``text``
+    (windows of ``length`` tokens), else the task's held-out samples. The model itself is not
+    changed: the result holds an edited copy.
+
+    >>> from attn_core.api import load
+    >>> r = edit(load("induction-2l"), "L0H3", rank=1, samples=16)
+    >>> r.after["loss"] > r.before["loss"] + 0.5  # the previous-token head needs two modes
+    True
+    >>> round(r.after["heads"]["L0H3"]["sigma_1"], 4) == round(r.before["heads"]["L0H3"]["sigma_1"], 4)
+    True
+    """
+    from attn_core.sources import resolve
+
+    loaded = Model.of(resolve(model) if isinstance(model, (str, Path)) else model)
+    sources = {}
+    if source is not None:
+        src = Model.of(resolve(source) if isinstance(source, (str, Path)) else source)
+        sources[src.name] = src
+    if isinstance(head, list):
+        edits = head
+    else:
+        layer, h = parse_head(head, loaded.config, loaded.name) if isinstance(head, str) else head
+        sh = None if source_head is None else parse_head(source_head, src.config, src.name)
+        edits = [
+            HeadEdit(
+                layer,
+                h,
+                rank=rank,
+                drop=tuple(drop),
+                scale=tuple(sorted((scale or {}).items())),
+                ablate=ablate,
+                source=None if source is None else src.name,
+                source_head=sh,
+                with_ov=with_ov,
+            )
+        ]
+    inputs = edit_inputs(loaded, text, samples, length, seed)
+    edited = edit_model(loaded, edits, sources, tokens=inputs.tokens)
+    heads = list(dict.fromkeys((e.layer, e.head) for e in edits))
+    before, after = measure(loaded, inputs, heads, seed), measure(edited.loaded, inputs, heads, seed)
+    return EditResult(Model.of(edited.loaded), edits, before, after, loaded, edited)
+
+
+def diff(a, b, layers: list[int] | None = None) -> pd.DataFrame:
+    """Every head of ``a`` against every head of ``b`` by the distance of their B alone, matched
+    one to one per layer: one row per pair (``layer``, ``head_a``, ``head_b``, ``distance``), the
+    ``pairs`` of ``attn-lab diff --json``; ``.attrs`` holds the distance's name, the unmatched
+    heads and the per-layer matrices.
+
+    >>> from attn_core.api import load
+    >>> m = load("induction-2l")
+    >>> d = diff(m, m)
+    >>> len(d), float(d.distance.max()) < 1e-6, bool((d.head_a == d.head_b).all())
+    (8, True, True)
+    """
+    from attn_core.sources import resolve
+
+    a, b = (Model.of(resolve(x) if isinstance(x, (str, Path)) else x) for x in (a, b))
+    out = _diff(a, b, layers).to_json()
+    pairs = out.pop("pairs")
+    return _frame(pairs, out)
