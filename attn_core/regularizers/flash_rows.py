@@ -31,19 +31,26 @@ from __future__ import annotations
 
 import torch
 
+from attn_core.regularizers.softmax_rows import reduce_dtype
+
 A = torch.ops.aten
 KINDS = ("entropy", "sink")  # the row penalties this path computes
 HALF = (torch.float16, torch.bfloat16)
 
 
 def kernel_for(q: torch.Tensor, window: int | None) -> str | None:
-    """The fused kernel for rows of ``q`` under the mask ``window`` (None: every key; 0: causal;
-    w > 0: a causal window of w keys), or None where none applies (see the module doc)."""
-    device = q.device.type
-    if device in ("cpu", "meta"):
+    """The fused kernel for rows of ``q`` [b, h, R, w] under the mask ``window`` (None: every
+    key; 0: causal; w > 0: a causal window of w keys), or None where none applies (see the
+    module doc): :func:`choose_kernel` of q's device type, dtype and T."""
+    return choose_kernel(q.device.type, q.dtype, q.shape[2], window)
+
+
+def choose_kernel(device_type: str, dtype: torch.dtype, T: int, window: int | None) -> str | None:
+    """The kernel of :func:`kernel_for`, a pure function of where and what the rows are."""
+    if device_type in ("cpu", "meta"):
         return "cpu"
-    if device == "cuda" and not (window is not None and 0 < window < q.shape[2]):
-        return "flash" if q.dtype in HALF else "efficient"
+    if device_type == "cuda" and not (window is not None and 0 < window < T):
+        return "flash" if dtype in HALF else "efficient"
     return None
 
 
@@ -64,7 +71,7 @@ def _causal(window: int | None, T: int) -> tuple[bool, int | None]:
 
 
 def attention_forward(kernel: str, q, k, scale: float, window: int | None) -> tuple:
-    """(P K [b, h, R, w], lse [b, h, R] float32, what the backward needs) of one pass, V := K."""
+    """(P K [b, h, R, w], lse [b, h, R] (float32; float64 stays), what the backward needs) of one pass, V := K."""
     T = k.shape[2]
     causal, win = _causal(window, T)
     if kernel == "cpu":
@@ -101,14 +108,15 @@ def attention_backward(kernel: str, d_out, q, k, out, lse, extra: tuple, scale: 
 
 
 class _FlashRows(torch.autograd.Function):
-    """(H, lse) [b, h, R] float32 of the softmax rows of ``scale q k^T``; see the module doc."""
+    """(H, lse) [b, h, R] in the reduction dtype of the softmax rows of ``scale q k^T``; see the module doc."""
 
     @staticmethod
     def forward(ctx, q, k, scale: float, window: int | None, kernel: str):
         out, lse, extra = attention_forward(kernel, q, k, scale, window)
         lse_rows = lse[..., : q.shape[2]]  # the efficient kernel pads its rows
-        H = lse_rows - scale * (q.float() * out.float()).sum(-1)
-        ctx.plan = (scale, window, kernel, len(extra))
+        dtype = reduce_dtype(q.dtype)
+        H = lse_rows.to(dtype) - scale * (q.to(dtype) * out.to(dtype)).sum(-1)
+        ctx.plan = (scale, window, kernel)
         ctx.save_for_backward(q, k, out, lse, *(x for x in extra if isinstance(x, torch.Tensor) or x is None))
         ctx.ints = tuple(x for x in extra if not (isinstance(x, torch.Tensor) or x is None))
         ctx.set_materialize_grads(False)
@@ -116,7 +124,7 @@ class _FlashRows(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_entropy, g_lse):
-        scale, window, kernel, _ = ctx.plan
+        scale, window, kernel = ctx.plan
         q, k, out, lse, *tensors = ctx.saved_tensors
         extra = _extra(kernel, tensors, ctx.ints)
         dq = dk = None
@@ -126,7 +134,7 @@ class _FlashRows(torch.autograd.Function):
         if g_lse is not None:  # dq = c g (P K), dk = the value part of a pass with dO = c g q
             w = (scale * g_lse)[..., None]
             _, _, dv = attention_backward(kernel, w.to(q.dtype) * q, q, k, out, lse, extra, scale, window)
-            dq_lse = (w * out.float()).to(q.dtype)
+            dq_lse = (w * out.to(w.dtype)).to(q.dtype)
             dq = dq_lse if dq is None else dq + dq_lse
             dk = dv if dk is None else dk + dv
         return dq, dk, None, None, None
@@ -142,9 +150,10 @@ def _extra(kernel: str, tensors: list, ints: tuple) -> tuple:
 def entropy_and_lse(
     q: torch.Tensor, k: torch.Tensor, *, scale: float = 1.0, window: int | None = 0, kernel: str | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(H, lse) of every query row of ``scale q k^T`` under the mask ``window``, [b, h, R] float32
-    each, differentiable in q [b, h, R, w] and k [b, g, T, w] (g divides h: grouped-query keys are
-    repeated per query head). ``kernel`` as :func:`kernel_for` (None: its choice)."""
+    """(H, lse) of every query row of ``scale q k^T`` under the mask ``window``, [b, h, R] each in
+    the reduction dtype (float32; float64 stays), differentiable in q [b, h, R, w] and k
+    [b, g, T, w] (g divides h: grouped-query keys are repeated per query head). ``kernel`` as
+    :func:`kernel_for` (None: its choice)."""
     if k.shape[1] != q.shape[1]:
         if q.shape[1] % k.shape[1]:
             raise ValueError(f"{q.shape[1]} query heads cannot share {k.shape[1]} key heads")
@@ -158,12 +167,13 @@ def entropy_and_lse(
 
 
 def sink_mass(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, scale: float, window: int | None) -> torch.Tensor:
-    """P_i0 = exp(s_i0 - lse_i) [b, h, R] float32: each row's weight on the first key (0 for a row
+    """P_i0 = exp(s_i0 - lse_i) [b, h, R] in the reduction dtype: each row's weight on the first key (0 for a row
     whose window has left it behind); ``lse`` from :func:`entropy_and_lse`."""
     if k.shape[1] != q.shape[1]:
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-    s0 = scale * (q.float() * k[:, :, :1].float()).sum(-1)
-    mass = (s0 - lse).exp()
+    dtype = reduce_dtype(q.dtype)
+    s0 = scale * (q.to(dtype) * k[:, :, :1].to(dtype)).sum(-1)
+    mass = (s0 - lse.to(dtype)).exp()
     if window is not None and 0 < window < q.shape[2]:
         sees = torch.arange(q.shape[2], device=q.device) < window
         mass = mass * sees.to(mass.dtype)

@@ -28,12 +28,17 @@ import torch
 
 from attn_core import metrics
 from attn_core.model.attention import attention_weights
+from attn_core.regularizers import flash_rows
 from attn_core.regularizers.softmax_rows import EPS, block_inputs, fused_backward, fused_forward, reduce_dtype
 from attn_core.regularizers.softmax_rows import inv_log_n as _inv_log_n
 from attn_core.regularizers.softmax_rows import softmax_grad as _softmax_grad
 from attn_core.regularizers.softmax_rows import softmax_rows as _softmax_rows
 
 ROW_KINDS = ("entropy", "hoyer", "topk")  # the row penalty behind data and vocab regularizers
+# How softmax entropy rows are computed: "auto" (one fused attention pass where a kernel applies,
+# flash_rows; else in query blocks), "flash" (the fused pass, or an error) or "blocked" (the
+# query blocks below, as before issue 34: kept for comparison)
+PATHS = ("auto", "flash", "blocked")
 # Scores formed at once per block (batch x heads x rows x keys): float32 temporaries of 2 MiB
 # on the CPU (eager CPU kernels are fastest while a block stays in cache), 128 MiB on an
 # accelerator (fewer, larger blocks save kernel launches). Compiled, a block is 4x larger: its
@@ -256,15 +261,23 @@ def row_values(
     alpha: float = 1.0,
     block: int | None = None,
     scale: float = 1.0,
+    path: str = "auto",
 ) -> torch.Tensor:
     """The row penalty ``kind`` of every query row, [b, h, R], differentiable in q and k.
 
     q [b, h, R, w] holds the query rows at ``positions`` [R] (None: R = T, rows 0..T-1), k
     [b, h, T, w] the keys of the same heads; the scores are s = scale q k^T (a per-head scale is
     folded into q by the caller). Equal to ``metrics`` on the dense rows
-    ``attention_weights(s, mask, alpha)`` (tests)."""
+    ``attention_weights(s, mask, alpha)`` (tests). ``path`` is one of :data:`PATHS`: softmax
+    entropy of every row (no ``positions``, no ``key_mask``) comes from one fused attention pass
+    where :func:`flash_rows.kernel_for` has a kernel; everything else in query blocks."""
     if kind not in ROW_KINDS:
         raise ValueError(f"unknown row penalty {kind!r}; choose from {', '.join(ROW_KINDS)}")
+    kernel = fused_kernel(q, kind, window, key_mask, positions, alpha, path)
+    if kernel is not None:
+        H, _ = flash_rows.entropy_and_lse(q, k, scale=scale, window=window, kernel=kernel)
+        T = k.shape[2]
+        return H * _inv_log_n(_counts(q, torch.arange(q.shape[2], device=q.device), T, window, None))
     contiguous = positions is None
     if contiguous:
         positions = torch.arange(q.shape[2], device=q.device)
@@ -272,6 +285,22 @@ def row_values(
         raise ValueError(f"block must be at least 1 row, got {block}")
     plan = (kind, int(topk), float(alpha), window, contiguous, block, float(scale))
     return _BlockedRows.apply(q, k, positions, key_mask, plan)
+
+
+def fused_kernel(q, kind: str, window, key_mask, positions, alpha: float, path: str) -> str | None:
+    """The fused kernel :func:`row_values` computes ``kind`` with (None: query blocks), by ``path``."""
+    if path not in PATHS:
+        raise ValueError(f"unknown penalty path {path!r}; choose from {', '.join(PATHS)}")
+    if path == "blocked":
+        return None
+    fits = kind in flash_rows.KINDS and alpha == 1.0 and key_mask is None and positions is None
+    kernel = flash_rows.kernel_for(q, window) if fits else None
+    if kernel is None and path == "flash":
+        raise ValueError(
+            f"the fused penalty path computes softmax entropy of every row without padding on a kernel's "
+            f"device; not {kind!r} (alpha {alpha:g}) on {q.device.type} with window {window}"
+        )
+    return kernel
 
 
 @torch.compiler.disable
@@ -306,13 +335,15 @@ def head_means(
     rows: int | None = None,
     generator: torch.Generator | None = None,
     scale: float = 1.0,
+    path: str = "auto",
 ) -> torch.Tensor:
     """Mean of the row penalty over each head's informative rows (every batch element), [h].
 
     ``rows`` = m samples m query positions uniformly without replacement (the same for every
     batch element and head) and returns the unbiased estimate (|C|/m) sum_sampled / N, where C
     holds the positions that can be informative and N counts every informative row: its
-    expectation over the draw is the exact mean, and so is its gradient's (docs/maths.md)."""
+    expectation over the draw is the exact mean, and so is its gradient's (docs/maths.md).
+    ``path`` as :func:`row_values` (sampled rows are computed in query blocks)."""
     b, T = q.shape[0], k.shape[2]
     full = torch.arange(T, device=q.device)
     valid = visible_counts(full, T, window, key_mask) >= metrics.MIN_KEYS  # [1 or b, T]
@@ -322,7 +353,7 @@ def head_means(
     first = first_row(window, key_mask)
     if not samples(rows, T, window, key_mask):
         values = row_values(
-            q, k, kind, window=window, key_mask=key_mask, topk=topk, alpha=alpha, block=block, scale=scale
+            q, k, kind, window=window, key_mask=key_mask, topk=topk, alpha=alpha, block=block, scale=scale, path=path
         )
         weight = valid.to(values.dtype)
         scale = 1.0
@@ -331,7 +362,7 @@ def head_means(
             raise ValueError(f"rows must be at least 1, got {rows}")
         pos = sample_positions(T, first, rows, generator).to(q.device)
         values = row_values(q[:, :, pos], k, kind, window=window, key_mask=key_mask, positions=pos, topk=topk,
-                            alpha=alpha, block=block, scale=scale)  # fmt: skip
+                            alpha=alpha, block=block, scale=scale, path=path)  # fmt: skip
         weight = valid[:, pos].to(values.dtype)
         scale = (T - first) / rows
     total = (values * weight[:, None, :]).sum((0, 2))
