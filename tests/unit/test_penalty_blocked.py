@@ -87,7 +87,9 @@ def test_blocked_rows_equal_the_dense_pattern(p):
         key_mask = torch.arange(p["T"])[None, :] < torch.tensor(p["lengths"])[:, None]
     rows = None if p["positions"] is None else torch.tensor(p["positions"])
     q_rows = q if rows is None else q[:, :, rows]
-    args = dict(window=p["window"], key_mask=key_mask, topk=p["topk"], alpha=p["alpha"], block=p["block"], path=p["path"])
+    args = dict(
+        window=p["window"], key_mask=key_mask, topk=p["topk"], alpha=p["alpha"], block=p["block"], path=p["path"]
+    )
     blocked = row_values(q_rows / p["fold"], k, p["kind"], positions=rows, scale=p["fold"], **args)
     dense, seen = dense_values(q, k, p["kind"], p["window"], p["lengths"], p["topk"], p["alpha"])
     if rows is not None:
