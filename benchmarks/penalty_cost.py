@@ -1,13 +1,17 @@
 """What a concentration penalty costs a training step: time and peak memory against the same
-step unregularized (issue 22, "Speed and memory"), eager and compiled.
+step unregularized (issue 22, "Speed and memory"; issue 34, "A penalty that never builds T x T"),
+eager and compiled.
 
 Variants of one training step (forward, next-token loss, the penalty, backward, AdamW step) on
 random weights and tokens:
 
 - ``none``:        no penalty (every layer runs the fused attention kernel);
 - ``layer``:       entropy on one layer's heads (``entropy@L1``; ``@L5`` in the CUDA mode);
-- ``all``:         entropy on every head, blocked from the cached Q and K (regularizers/rows.py);
-- ``all-sampled``: the same estimated from 64 sampled query rows per step (unbiased);
+- ``all``:         entropy on every head from the cached Q and K, by one fused attention pass per
+                   layer with V := K (regularizers/flash_rows.py; the default path since issue 34);
+- ``all-blocked``: the same in blocks of query rows (regularizers/rows.py, ``path="blocked"``: the
+                   path before issue 34, kept for comparison);
+- ``all-sampled``: the same estimated from 64 sampled query rows per step (unbiased; blocked);
 - ``all-dense``:   the path before this change, for reference: every layer's [b, h, T, T] pattern
                    formed and kept for backward (eager only).
 
@@ -35,6 +39,8 @@ Goals: one-layer penalty <= 1.15x the unregularized step; entropy on every head 
 and <= 1.25x its peak memory, eager and compiled.
 
     python benchmarks/penalty_cost.py                 # CPU mode, eager and compiled (about 30 min on 2 cores)
+    python benchmarks/penalty_cost.py --modes eager --seq 256,1024 --variants all,all-blocked
+                                                      # several T: one results file each, one table
     python benchmarks/penalty_cost.py --device cuda   # CUDA mode
     python benchmarks/penalty_cost.py --quick         # tiny models, eager only (and the CUDA mode's code
                                                       # on the CPU), nothing saved
@@ -59,7 +65,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import record  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "penalty_cost.json"
-VARIANTS = ("none", "layer", "all", "all-sampled", "all-dense")
+VARIANTS = ("none", "layer", "all", "all-blocked", "all-sampled", "all-dense")
 MODES = ("eager", "compiled")
 SAMPLED_ROWS = 64
 CPU = dict(n_layers=4, n_heads=8, n_kv_heads=2, d_model=256, d_head=32, d_mlp=688, d_vocab=2048,
@@ -83,7 +89,8 @@ def penalty_for(variant: str, model, layer: int):
     if variant == "none":
         return None, lambda: None
     spec = f"entropy@L{layer}=0.01" if variant == "layer" else "entropy=0.01"
-    pen = R.build_penalty([spec], model, rows=SAMPLED_ROWS if variant == "all-sampled" else None)
+    path = "blocked" if variant == "all-blocked" else "auto"
+    pen = R.build_penalty([spec], model, rows=SAMPLED_ROWS if variant == "all-sampled" else None, path=path)
     if variant == "all-dense":  # every pattern kept: the penalty reads them densely
         names = [act_name("pattern", l) for l in range(model.cfg.n_layers)]
         return pen, lambda: Cache(names)
@@ -381,7 +388,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--steps", type=int, default=20, help="timed steps of each variant, after two warm-up steps")
-    ap.add_argument("--seq", type=int, default=None, help="T (CPU 512, CUDA 1024)")
+    ap.add_argument("--seq", default=None, help="T, or several comma-separated (CPU 512, CUDA 1024)")
     ap.add_argument("--batch", type=int, default=None, help="batch (CPU 4, CUDA 8)")
     ap.add_argument("--threads", type=int, default=1, help="CPU: torch intra-op threads")
     ap.add_argument("--modes", default="eager,compiled", help="eager, compiled or both (comma-separated)")
@@ -402,18 +409,42 @@ def main() -> None:
     if args.steps < 1 or args.threads < 1:
         ap.error("--steps and --threads must be at least 1")
     cuda = args.device == "cuda"
-    args.seq = args.seq or (1024 if cuda else 512)
+    try:
+        seqs = [int(t) for t in args.seq.split(",")] if args.seq else [1024 if cuda else 512]
+    except ValueError:
+        ap.error(f"--seq must be whole numbers separated by commas, got {args.seq!r}")
     args.batch = args.batch or (8 if cuda else 4)
-    if args.seq < 2 or args.batch < 1:
+    if min(seqs) < 2 or args.batch < 1:
         ap.error("--seq must be at least 2 and --batch at least 1")
     if args.quick:
         if cuda:
             ap.error("--quick is the CPU mode's smoke run")
-        args.steps, args.modes = 2, ["eager"]
+        args.steps, args.modes, seqs = 2, ["eager"], seqs[:1]
+    results = {}
+    for T in seqs:
+        args.seq = T
+        result = run(args, cuda)
+        if result is None:
+            return
+        results[T] = result
+        if args.quick:
+            print("quick run: results not saved")
+            continue
+        out = args.out or (RESULTS if not cuda else RESULTS.with_name("penalty_cost_cuda.json"))
+        if len(seqs) > 1:
+            out = out.with_name(f"{out.stem}_T{T}{out.suffix}")
+        record.save(result, out)
+        print(f"saved {out}")
+    if not cuda:
+        print_table(results)
+
+
+def run(args, cuda: bool) -> dict | None:
+    """One measurement at T = ``args.seq``, its summary printed."""
     load_start = os.getloadavg()
     result = cuda_mode(args) if cuda else cpu_mode(args)
     if result is None:
-        return
+        return None
     if args.quick:  # the CUDA mode's code, on the CPU at a tiny size
         import torch
 
@@ -425,12 +456,19 @@ def main() -> None:
                   created=time.strftime("%Y-%m-%d %H:%M:%S"))  # fmt: skip
     if not cuda:
         result["threads"] = args.threads  # the measuring processes' torch threads, not this one's
-    if args.quick:
-        print("quick run: results not saved")
-        return
-    out = args.out or (RESULTS if not cuda else RESULTS.with_name("penalty_cost_cuda.json"))
-    record.save(result, out)
-    print(f"saved {out}")
+    return result
+
+
+def print_table(results: dict) -> None:
+    """One markdown table of the CPU mode's runs: T, mode, variant, median step, its time ratio
+    to the unregularized step (median of the per-round ratios), peak memory and its ratio."""
+    print("| T | mode | variant | step (median) | time vs none | peak memory | memory vs none |")
+    print("|---|---|---|---|---|---|---|")
+    for result in results.values():
+        for mode, rows in result["summary"].items():
+            for variant, row in rows.items():
+                print(f"| {result['T']} | {mode} | {variant} | {row['step_s']:.3f} s | {row['time_ratio']:.2f}x | "
+                      f"{row['peak_mib']:.0f} MiB | {row['memory_ratio']:.2f}x |")  # fmt: skip
 
 
 if __name__ == "__main__":
