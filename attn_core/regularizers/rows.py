@@ -34,7 +34,7 @@ from attn_core.regularizers.softmax_rows import inv_log_n as _inv_log_n
 from attn_core.regularizers.softmax_rows import softmax_grad as _softmax_grad
 from attn_core.regularizers.softmax_rows import softmax_rows as _softmax_rows
 
-ROW_KINDS = ("entropy", "hoyer", "topk")  # the row penalty behind data and vocab regularizers
+ROW_KINDS = ("entropy", "hoyer", "topk", "sink")  # the row penalty behind data and vocab regularizers
 # How softmax entropy rows are computed: "auto" (one fused attention pass where a kernel applies,
 # flash_rows; else in query blocks), "flash" (the fused pass, or an error) or "blocked" (the
 # query blocks below, as before issue 34: kept for comparison)
@@ -109,15 +109,17 @@ def _scores(q, k, scale, a, e, lo, hi, positions, window, key_mask, contiguous):
 
 
 def _entmax_rows(kind: str, s, vis, topk: int, alpha: float):
-    """Per-row values of alpha-entmax rows, through ``metrics``."""
-    full = torch.ones_like(s, dtype=torch.bool) if vis is None else vis
+    """Per-row values of alpha-entmax rows (and of softmax rows for the sink mass, alpha 1),
+    through ``metrics``. Softmax rows read the scores as masked (hidden keys very negative and
+    finite): a row that sees no key stays finite."""
+    full = torch.ones_like(s, dtype=torch.bool) if vis is None or alpha == 1.0 else vis
     return row_penalty(kind, attention_weights(s, full, alpha), vis, topk)
 
 
 def _entmax_grad(kind: str, s, vis, n, g, topk: int, alpha: float) -> torch.Tensor:
     """dS of a block of alpha-entmax rows: the metric's gradient v in p, then the entmax
     Jacobian J^T v = u v - (<u, v> / sum u) u with u = p^(2 - alpha) on the support (docs/maths.md)."""
-    full = torch.ones_like(s, dtype=torch.bool) if vis is None else vis
+    full = torch.ones_like(s, dtype=torch.bool) if vis is None or alpha == 1.0 else vis
     p = attention_weights(s, full, alpha)
     if kind == "entropy":  # d(-sum p log p)/dp = -(log p + 1) where p > 0
         v = -(torch.where(p > 0, p, torch.ones_like(p)).log() + 1) * _inv_log_n(n)[..., None]
@@ -125,6 +127,9 @@ def _entmax_grad(kind: str, s, vis, n, g, topk: int, alpha: float) -> torch.Tens
         l1, l2 = p.sum(-1, keepdim=True), p.pow(2).sum(-1, keepdim=True).clamp_min(EPS * EPS).sqrt()
         scale = torch.where(n > 1, 1 / (n.sqrt() - 1).clamp_min(EPS), torch.zeros_like(n))[..., None]
         v = (1 / l2 - l1 * p / l2.pow(3)) * scale
+    elif kind == "sink":  # d p_0 / dp: the block's first column is key 0 (see _block_keys)
+        v = torch.zeros_like(p)
+        v[..., 0] = 1.0 if vis is None else vis[..., 0].to(p.dtype)
     else:  # d(1 - top-k mass)/dp
         v = -torch.zeros_like(p).scatter_(-1, p.topk(min(topk, p.shape[-1]), dim=-1).indices, 1.0)
     u = (p > 0).to(p.dtype) if alpha == 2.0 else p.pow(2 - alpha)
@@ -141,6 +146,8 @@ def row_penalty(kind: str, p: torch.Tensor, mask: torch.Tensor | None, k: int = 
         return 1 - metrics.hoyer(p, mask)
     if kind == "topk":
         return 1 - metrics.topk_mass(p, k, mask)
+    if kind == "sink":
+        return metrics.first_key_mass(p, mask)
     raise ValueError(f"unknown row penalty {kind!r}; choose from {', '.join(ROW_KINDS)}")
 
 
@@ -153,20 +160,21 @@ class _BlockedRows(torch.autograd.Function):
         T = k.shape[2]
         B = block_rows(q, T, block)
         n_rows = _counts(q, positions, T, window, key_mask)
+        softmax = alpha == 1.0 and kind != "sink"  # softmax rows in closed form (the sink: as entmax's)
         outs, stats = [], ([], [], [])
         for a in range(0, q.shape[2], B):
             e = min(a + B, q.shape[2])
-            lo, hi = _keys(a, e, T, window, contiguous)
-            if alpha == 1.0 and fused_forward.active(q):  # one fused kernel per block (softmax_rows)
+            lo, hi = _block_keys(kind, a, e, T, window, contiguous)
+            if softmax and fused_forward.active(q):  # one fused kernel per block (softmax_rows)
                 inputs = block_inputs(q, k, a, e, lo, hi, positions, key_mask)
                 value, numbers = fused_forward(*inputs, scale, window, kind, n_rows[..., a:e].clone(), topk)
-            elif alpha == 1.0:
+            elif softmax:
                 s = _scores(q, k, scale, a, e, lo, hi, positions, window, key_mask, contiguous)
                 value, numbers = _softmax_rows(kind, s, n_rows[..., a:e], topk)
             else:
                 s = _scores(q, k, scale, a, e, lo, hi, positions, window, key_mask, contiguous)
                 value = _entmax_rows(kind, s, visible(positions[a:e], lo, hi, window, key_mask), topk, alpha)
-            if alpha == 1.0:
+            if softmax:
                 for kept, x in zip(stats, numbers):
                     kept.append(x)
             outs.append(value)
@@ -206,10 +214,11 @@ def rows_backward(
     block = block_rows(q, T, block)
     n_rows = _counts(q, positions, T, window, key_mask)
     dq, dk = torch.zeros_like(q), torch.zeros_like(k)
+    softmax = alpha == 1.0 and kind != "sink"
     for a in range(0, q.shape[2], block):
         e = min(a + block, q.shape[2])
-        lo, hi = _keys(a, e, T, window, contiguous)
-        if alpha == 1.0 and fused_backward.active(q):  # one fused kernel per block (softmax_rows)
+        lo, hi = _block_keys(kind, a, e, T, window, contiguous)
+        if softmax and fused_backward.active(q):  # one fused kernel per block (softmax_rows)
             inputs = block_inputs(q, k, a, e, lo, hi, positions, key_mask)
             rows_ = [t[..., a:e].clone() for t in (n_rows, grad, *stats)]
             P, c = fused_backward(*inputs, scale, window, kind, rows_[0], rows_[1], rows_[2:], topk)
@@ -218,7 +227,7 @@ def rows_backward(
             continue
         s = _scores(q, k, scale, a, e, lo, hi, positions, window, key_mask, contiguous)
         g, n = grad[:, :, a:e].to(s.dtype), n_rows[..., a:e]
-        if alpha == 1.0:  # dS = c P: c (and the scale) go onto the rows of dq and of q, not onto P
+        if softmax:  # dS = c P: c (and the scale) go onto the rows of dq and of q, not onto P
             P, c = _softmax_grad(kind, s, n, g, *(x[:, :, a:e] for x in stats), topk)
             P, c = P.to(q.dtype), (c * scale).to(q.dtype)[..., None]
             dq[:, :, a:e] = c * (P @ k[:, :, lo:hi])
@@ -249,6 +258,12 @@ def _keys(a: int, e: int, T: int, window: int | None, contiguous: bool) -> tuple
     return (max(0, a - window + 1) if window > 0 else 0), e
 
 
+def _block_keys(kind: str, a: int, e: int, T: int, window: int | None, contiguous: bool) -> tuple[int, int]:
+    """:func:`_keys`, from key 0 on for the sink mass (its first column must be key 0)."""
+    lo, hi = _keys(a, e, T, window, contiguous)
+    return (0, hi) if kind == "sink" else (lo, hi)
+
+
 def row_values(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -275,7 +290,9 @@ def row_values(
         raise ValueError(f"unknown row penalty {kind!r}; choose from {', '.join(ROW_KINDS)}")
     kernel = fused_kernel(q, kind, window, key_mask, positions, alpha, path)
     if kernel is not None:
-        H, _ = flash_rows.entropy_and_lse(q, k, scale=scale, window=window, kernel=kernel)
+        H, lse = flash_rows.entropy_and_lse(q, k, scale=scale, window=window, kernel=kernel)
+        if kind == "sink":
+            return flash_rows.sink_mass(q, k, lse, scale, window)
         T = k.shape[2]
         return H * _inv_log_n(_counts(q, torch.arange(q.shape[2], device=q.device), T, window, None))
     contiguous = positions is None

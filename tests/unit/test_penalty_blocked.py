@@ -28,6 +28,7 @@ DENSE = {
     "entropy": lambda p, m, k: metrics.normalized_entropy(p, m),
     "hoyer": lambda p, m, k: 1 - metrics.hoyer(p, m),
     "topk": lambda p, m, k: 1 - metrics.topk_mass(p, k, m),
+    "sink": lambda p, m, k: metrics.first_key_mass(p, m),
 }
 
 
