@@ -15,6 +15,10 @@ backward. Under a causal mask a block only forms the keys its queries can see.
 :func:`head_means` averages the rows of each head over the informative ones (at least
 ``metrics.MIN_KEYS`` visible keys), exactly or as the unbiased sampled-rows estimate.
 
+Softmax entropy and sink mass of every row (no padding, no sampled rows) take one fused
+attention pass instead where a kernel applies (:mod:`attn_core.regularizers.flash_rows`, the
+default ``path="auto"``); ``path="blocked"`` keeps the blocks for them too.
+
 Masks: ``window`` None sees every key; 0 is the causal mask; w > 0 a causal sliding window of w
 keys (``i - j < w``); ``key_mask`` [batch, T] (True = a real token) hides padding keys, and a
 padding query's row is not counted. Every tensor made here takes the device of ``q``; scores are
