@@ -538,15 +538,17 @@ def run(args, cuda: bool) -> dict | None:
 def print_table(results: dict) -> None:
     """One markdown table of the CPU mode's runs: T, mode, variant, median step, its time ratio
     to the unregularized step (median of the per-round ratios), peak memory and its ratio."""
-    print("| T | mode | variant | step (median) | time vs none | peak memory | memory vs none |")
-    print("|---|---|---|---|---|---|---|")
+    if any(result["summary"] for result in results.values()):
+        print("| T | mode | variant | step (median) | time vs none | peak memory | memory vs none |")
+        print("|---|---|---|---|---|---|---|")
     for result in results.values():
         for mode, rows in result["summary"].items():
             for variant, row in rows.items():
                 print(f"| {result['T']} | {mode} | {variant} | {row['step_s']:.3f} s | {row['time_ratio']:.2f}x | "
                       f"{row['peak_mib']:.0f} MiB | {row['memory_ratio']:.2f}x |")  # fmt: skip
-    print("\n| T | the every-head entropy penalty alone | forward + backward (median) | kept for backward |")
-    print("|---|---|---|---|")
+    if any(result.get("penalty_alone") for result in results.values()):
+        print("\n| T | the every-head entropy penalty alone | forward + backward (median) | kept for backward |")
+        print("|---|---|---|---|")
     for result in results.values():
         alone = result.get("penalty_alone")
         for path, name in (("auto", "fused pass (all)"), ("blocked", "query blocks (all-blocked)")):
