@@ -108,25 +108,32 @@ def attention_backward(kernel: str, d_out, q, k, out, lse, extra: tuple, scale: 
 
 
 class _FlashRows(torch.autograd.Function):
-    """(H, lse) [b, h, R] in the reduction dtype of the softmax rows of ``scale q k^T``; see the module doc."""
+    """(H, lse) [b, h, R] in the reduction dtype of the softmax rows of ``scale q k^T``; see the
+    module doc. Only the outputs named in ``needs`` are differentiable: each costs one backward
+    pass, and a compiled graph hands an unused output a zero gradient rather than none."""
 
     @staticmethod
-    def forward(ctx, q, k, scale: float, window: int | None, kernel: str):
+    def forward(ctx, q, k, scale: float, window: int | None, kernel: str, needs: tuple[str, ...]):
         out, lse, extra = attention_forward(kernel, q, k, scale, window)
         lse_rows = lse[..., : q.shape[2]]  # the efficient kernel pads its rows
         dtype = reduce_dtype(q.dtype)
         H = lse_rows.to(dtype) - scale * (q.to(dtype) * out.to(dtype)).sum(-1)
-        ctx.plan = (scale, window, kernel)
+        ctx.plan = (scale, window, kernel, needs)
         ctx.save_for_backward(q, k, out, lse, *(x for x in extra if isinstance(x, torch.Tensor) or x is None))
         ctx.ints = tuple(x for x in extra if not (isinstance(x, torch.Tensor) or x is None))
         ctx.set_materialize_grads(False)
+        for name, x in (("entropy", H), ("lse", lse_rows)):
+            if name not in needs:
+                ctx.mark_non_differentiable(x)
         return H, lse_rows
 
     @staticmethod
     def backward(ctx, g_entropy, g_lse):
-        scale, window, kernel = ctx.plan
+        scale, window, kernel, needs = ctx.plan
         q, k, out, lse, *tensors = ctx.saved_tensors
         extra = _extra(kernel, tensors, ctx.ints)
+        g_entropy = g_entropy if "entropy" in needs else None
+        g_lse = g_lse if "lse" in needs else None
         dq = dk = None
         if g_entropy is not None:  # the key part of a pass with dO = -g c q
             d_out = (-scale * g_entropy)[..., None].to(q.dtype) * q
@@ -137,7 +144,7 @@ class _FlashRows(torch.autograd.Function):
             dq_lse = (w * out.to(w.dtype)).to(q.dtype)
             dq = dq_lse if dq is None else dq + dq_lse
             dk = dv if dk is None else dk + dv
-        return dq, dk, None, None, None
+        return dq, dk, None, None, None, None
 
 
 def _extra(kernel: str, tensors: list, ints: tuple) -> tuple:
@@ -148,12 +155,19 @@ def _extra(kernel: str, tensors: list, ints: tuple) -> tuple:
 
 
 def entropy_and_lse(
-    q: torch.Tensor, k: torch.Tensor, *, scale: float = 1.0, window: int | None = 0, kernel: str | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    *,
+    scale: float = 1.0,
+    window: int | None = 0,
+    kernel: str | None = None,
+    needs: tuple[str, ...] = ("entropy", "lse"),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(H, lse) of every query row of ``scale q k^T`` under the mask ``window``, [b, h, R] each in
     the reduction dtype (float32; float64 stays), differentiable in q [b, h, R, w] and k
     [b, g, T, w] (g divides h: grouped-query keys are repeated per query head). ``kernel`` as
-    :func:`kernel_for` (None: its choice)."""
+    :func:`kernel_for` (None: its choice); ``needs`` names the outputs that carry a gradient
+    ("entropy", "lse"; the others come back non-differentiable): each costs a backward pass."""
     if k.shape[1] != q.shape[1]:
         if q.shape[1] % k.shape[1]:
             raise ValueError(f"{q.shape[1]} query heads cannot share {k.shape[1]} key heads")
@@ -163,12 +177,14 @@ def entropy_and_lse(
     kernel = kernel or kernel_for(q, window)
     if kernel is None:
         raise ValueError(f"no fused kernel for {q.device.type} rows under the window {window}")
-    return _FlashRows.apply(q, k, float(scale), window, kernel)
+    if not set(needs) <= {"entropy", "lse"}:
+        raise ValueError(f"needs names 'entropy' and 'lse' only, got {needs!r}")
+    return _FlashRows.apply(q, k, float(scale), window, kernel, tuple(needs))
 
 
 def sink_mass(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, scale: float, window: int | None) -> torch.Tensor:
-    """P_i0 = exp(s_i0 - lse_i) [b, h, R] in the reduction dtype: each row's weight on the first key (0 for a row
-    whose window has left it behind); ``lse`` from :func:`entropy_and_lse`."""
+    """P_i0 = exp(s_i0 - lse_i) [b, h, R] in the reduction dtype: each row's weight on the first
+    key (0 for a row whose window has left it behind); ``lse`` from :func:`entropy_and_lse`."""
     if k.shape[1] != q.shape[1]:
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     dtype = reduce_dtype(q.dtype)

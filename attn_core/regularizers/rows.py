@@ -294,7 +294,8 @@ def row_values(
         raise ValueError(f"unknown row penalty {kind!r}; choose from {', '.join(ROW_KINDS)}")
     kernel = fused_kernel(q, kind, window, key_mask, positions, alpha, path)
     if kernel is not None:
-        H, lse = flash_rows.entropy_and_lse(q, k, scale=scale, window=window, kernel=kernel)
+        needs = ("lse",) if kind == "sink" else ("entropy",)
+        H, lse = flash_rows.entropy_and_lse(q, k, scale=scale, window=window, kernel=kernel, needs=needs)
         if kind == "sink":
             return flash_rows.sink_mass(q, k, lse, scale, window)
         T = k.shape[2]

@@ -207,3 +207,39 @@ def test_head_means_on_the_fused_path_equal_the_blocked_means():
         fused = head_means(q, k, "entropy", window=window, scale=0.5, path="flash")
         blocked = head_means(q, k, "entropy", window=window, scale=0.5, path="blocked")
         torch.testing.assert_close(fused, blocked, atol=1e-5, rtol=0)
+
+
+class CountBackwardPasses(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the CPU kernel's backward calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default:
+            self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("kind", ["entropy", "sink"])
+def test_one_backward_pass_per_penalty_eager_and_compiled(kind):
+    """Entropy needs the kernel's backward once, the sink mass once (its lse): also compiled,
+    where an unused output would get a zero gradient (and a wasted pass) if it were differentiable."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 2, 16, 4, generator=g).requires_grad_()
+    k = torch.randn(2, 2, 16, 4, generator=g).requires_grad_()
+
+    def f(q, k):
+        return row_values(q, k, kind, window=0, scale=0.5).sum()
+
+    torch._dynamo.reset()
+    for fn in (f, torch.compile(f, backend="aot_eager", fullgraph=True)):
+        loss = fn(q, k)
+        with CountBackwardPasses() as counter:
+            loss.backward()
+        assert counter.calls == 1
+    H, lse = flash_rows.entropy_and_lse(q, k, needs=("lse",))
+    assert lse.requires_grad and not H.requires_grad
+    with pytest.raises(ValueError, match="needs names"):
+        flash_rows.entropy_and_lse(q, k, needs=("sink",))
