@@ -21,7 +21,8 @@ Kernels (:func:`kernel_for`; None: the caller keeps the blocked path of ``rows``
 - ``flash`` (CUDA, float16/bfloat16, no window): ``aten._scaled_dot_product_flash_attention``;
 - ``efficient`` (CUDA, float32, no window): ``aten._scaled_dot_product_efficient_attention``
   (its lse is padded to a multiple of 32 rows: cut to R);
-- a sliding window on CUDA: None (the blocked path).
+- a sliding window on CUDA, or a head width that is not a multiple of 8 or over 256: None (the
+  blocked path).
 
 Nothing here is compiled at run time: each is one ATen kernel per pass, eagerly or inside the
 caller's own compiled graph. Every tensor made here takes the device and dtype of ``q``.
@@ -36,20 +37,24 @@ from attn_core.regularizers.softmax_rows import reduce_dtype
 A = torch.ops.aten
 KINDS = ("entropy", "sink")  # the row penalties this path computes
 HALF = (torch.float16, torch.bfloat16)
+CUDA_MAX_WIDTH = 256  # the flash kernel's largest head width
 
 
 def kernel_for(q: torch.Tensor, window: int | None) -> str | None:
     """The fused kernel for rows of ``q`` [b, h, R, w] under the mask ``window`` (None: every
     key; 0: causal; w > 0: a causal window of w keys), or None where none applies (see the
-    module doc): :func:`choose_kernel` of q's device type, dtype and T."""
-    return choose_kernel(q.device.type, q.dtype, q.shape[2], window)
+    module doc): :func:`choose_kernel` of q's device type, dtype, T and width."""
+    return choose_kernel(q.device.type, q.dtype, q.shape[2], window, q.shape[-1])
 
 
-def choose_kernel(device_type: str, dtype: torch.dtype, T: int, window: int | None) -> str | None:
-    """The kernel of :func:`kernel_for`, a pure function of where and what the rows are."""
+def choose_kernel(device_type: str, dtype: torch.dtype, T: int, window: int | None, width: int) -> str | None:
+    """The kernel of :func:`kernel_for`, a pure function of where and what the rows are. On CUDA
+    only widths both kernels take (a multiple of 8, at most 256; wider rows, e.g. merged heads'
+    d_model, keep the blocks) and no sliding window."""
     if device_type in ("cpu", "meta"):
         return "cpu"
-    if device_type == "cuda" and not (window is not None and 0 < window < T):
+    windowed = window is not None and 0 < window < T
+    if device_type == "cuda" and not windowed and width % 8 == 0 and width <= CUDA_MAX_WIDTH:
         return "flash" if dtype in HALF else "efficient"
     return None
 
@@ -70,6 +75,11 @@ def _causal(window: int | None, T: int) -> tuple[bool, int | None]:
     return False, window
 
 
+def _last_dim_dense(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with unit stride along its last dimension (a copy only where it has not)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
 def attention_forward(kernel: str, q, k, scale: float, window: int | None) -> tuple:
     """(P K [b, h, R, w], lse [b, h, R] (float32; float64 stays), what the backward needs) of one pass, V := K."""
     T = k.shape[2]
@@ -78,6 +88,7 @@ def attention_forward(kernel: str, q, k, scale: float, window: int | None) -> tu
         mask = None if win is None else _window_mask(q, T, win)
         out, lse = A._scaled_dot_product_flash_attention_for_cpu(q, k, k, 0.0, causal, attn_mask=mask, scale=scale)
         return out, lse, (mask,)
+    q, k = _last_dim_dense(q), _last_dim_dense(k)  # what the CUDA kernels read
     if kernel == "flash":
         out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = A._scaled_dot_product_flash_attention(
             q, k, k, 0.0, causal, False, scale=scale
@@ -95,6 +106,7 @@ def attention_backward(kernel: str, d_out, q, k, out, lse, extra: tuple, scale: 
         return A._scaled_dot_product_flash_attention_for_cpu_backward(
             d_out, q, k, k, out, lse, 0.0, causal, attn_mask=mask, scale=scale
         )
+    d_out, q, k = _last_dim_dense(d_out), _last_dim_dense(q), _last_dim_dense(k)
     if kernel == "flash":
         cum_q, cum_k, max_q, max_k, seed, offset = extra
         return A._scaled_dot_product_flash_attention_backward(

@@ -87,14 +87,16 @@ def test_float64_rows_equal_the_dense_softmax_to_1e_10():
 
 def test_kernel_choice_is_a_function_of_device_dtype_and_mask():
     bf16, f32 = torch.bfloat16, torch.float32
-    assert flash_rows.choose_kernel("cpu", f32, 64, 8) == "cpu"  # the CPU kernel takes a [T, T] window mask
-    assert flash_rows.choose_kernel("meta", bf16, 64, 0) == "cpu"
-    assert flash_rows.choose_kernel("cuda", bf16, 64, 0) == "flash"
-    assert flash_rows.choose_kernel("cuda", torch.float16, 64, None) == "flash"
-    assert flash_rows.choose_kernel("cuda", f32, 64, 0) == "efficient"
-    assert flash_rows.choose_kernel("cuda", bf16, 64, 64) == "flash"  # a window of T keys is causal
-    assert flash_rows.choose_kernel("cuda", bf16, 64, 8) is None  # a window on CUDA: query blocks
-    assert flash_rows.choose_kernel("mps", f32, 64, 0) is None
+    assert flash_rows.choose_kernel("cpu", f32, 64, 8, 3) == "cpu"  # the CPU kernel takes a [T, T] window mask
+    assert flash_rows.choose_kernel("meta", bf16, 64, 0, 768) == "cpu"
+    assert flash_rows.choose_kernel("cuda", bf16, 64, 0, 64) == "flash"
+    assert flash_rows.choose_kernel("cuda", torch.float16, 64, None, 128) == "flash"
+    assert flash_rows.choose_kernel("cuda", f32, 64, 0, 64) == "efficient"
+    assert flash_rows.choose_kernel("cuda", bf16, 64, 64, 64) == "flash"  # a window of T keys is causal
+    assert flash_rows.choose_kernel("cuda", bf16, 64, 8, 64) is None  # a window on CUDA: query blocks
+    assert flash_rows.choose_kernel("cuda", bf16, 64, 0, 768) is None  # merged heads' d_model: too wide
+    assert flash_rows.choose_kernel("cuda", f32, 64, 0, 12) is None  # not a multiple of 8
+    assert flash_rows.choose_kernel("mps", f32, 64, 0, 64) is None
 
 
 def test_which_rows_take_the_fused_path():
