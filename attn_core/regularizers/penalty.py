@@ -25,9 +25,8 @@ def data_values(
     """The row penalty ``kind`` of the training batch's attention, mean over each head's
     informative rows, [len(heads)] (differentiable). From the cached Q and K in query blocks or
     one fused attention pass (``rows.head_means``; ``options`` are its ``rows``, ``generator``,
-    ``block`` and ``path``), so only Q
-    and K need be cached and the layer keeps its fused attention; a cache that holds only the
-    pattern is read densely."""
+    ``block`` and ``path``), so only Q and K need be cached and the layer keeps its fused
+    attention; a cache that holds only the pattern is read densely."""
     cfg = model.cfg
     qk = layer_qk(model, cache, layer, heads)
     if qk is not None:
@@ -115,7 +114,7 @@ class ConcentrationPenalty:
     only those, so every layer keeps its fused attention. ``rows`` = m estimates each data-view
     row mean from m sampled query positions per step (unbiased, docs/maths.md; drawn from a
     generator seeded with ``seed``), ``block`` sets the query rows per block, ``path`` how the
-    softmax entropy rows are computed (``rows.PATHS``: "auto" = one fused attention pass where a
+    softmax entropy and sink rows are computed (``rows.PATHS``: "auto" = one fused attention pass where a
     kernel applies, "blocked" = query blocks, as before issue 34)."""
 
     def __init__(
