@@ -44,7 +44,7 @@ PenaltyRowsOpt = typer.Option(
     default(JobConfig, "penalty_rows"),
     "--penalty-rows",
     metavar="M",
-    help="Estimate the row penalties (entropy, hoyer, topk) from M query rows per head drawn at random each "
+    help="Estimate the row penalties (entropy, hoyer, topk, sink) from M query rows per head drawn at random each "
     "step instead of every row: unbiased for the value and its gradient, cheaper on long sequences. "
     f"1..{MAX_PENALTY_ROWS:,}; M at least the sequence length computes every row (default: every row).",
 )
