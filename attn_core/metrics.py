@@ -13,6 +13,7 @@ reuses them; docs/maths.md has the list); all return ``[...]``, one value per ro
     topk_mass          sum of the k largest p                k/n .. 1
     participation_ratio (sum p)^2 / sum p^2                  1 (one-hot) .. n (uniform)
     gini               Gini coefficient of p                 0 (uniform) .. 1 - 1/n (one-hot)
+    first_key_mass     p_0, the weight on the first key      0 .. 1        (an attention sink's)
 
 Without chosen keys (an attention sink's column, ``bilinear.sinks``): :func:`drop_keys` removes
 them from the mask and renormalizes each row over the keys left, and ``concentration(...,
@@ -85,6 +86,12 @@ def topk_mass(p: torch.Tensor, k: int = 1, mask: torch.Tensor | None = None) -> 
     p, _ = _zeroed(p, mask)
     k = min(k, p.shape[-1])
     return p.topk(k, dim=-1).values.sum(-1)
+
+
+def first_key_mass(p: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The weight on the first key (position 0, where attention sinks form), 0 where hidden."""
+    p, _ = _zeroed(p, mask)
+    return p[..., 0]
 
 
 def participation_ratio(p: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-12) -> torch.Tensor:

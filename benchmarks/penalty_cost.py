@@ -1,13 +1,17 @@
 """What a concentration penalty costs a training step: time and peak memory against the same
-step unregularized (issue 22, "Speed and memory"), eager and compiled.
+step unregularized (issue 22, "Speed and memory"; issue 34, "A penalty that never builds T x T"),
+eager and compiled.
 
 Variants of one training step (forward, next-token loss, the penalty, backward, AdamW step) on
 random weights and tokens:
 
 - ``none``:        no penalty (every layer runs the fused attention kernel);
 - ``layer``:       entropy on one layer's heads (``entropy@L1``; ``@L5`` in the CUDA mode);
-- ``all``:         entropy on every head, blocked from the cached Q and K (regularizers/rows.py);
-- ``all-sampled``: the same estimated from 64 sampled query rows per step (unbiased);
+- ``all``:         entropy on every head from the cached Q and K, by one fused attention pass per
+                   layer with V := K (regularizers/flash_rows.py; the default path since issue 34);
+- ``all-blocked``: the same in blocks of query rows (regularizers/rows.py, ``path="blocked"``: the
+                   path before issue 34, kept for comparison);
+- ``all-sampled``: the same estimated from 64 sampled query rows per step (unbiased; blocked);
 - ``all-dense``:   the path before this change, for reference: every layer's [b, h, T, T] pattern
                    formed and kept for backward (eager only).
 
@@ -25,6 +29,12 @@ the CPU's counterpart of ``torch.cuda.max_memory_allocated`` (compiled, it also 
 compiled code); the step's transient part (peak over the RSS between steps) is reported beside
 it.
 
+**The penalty alone** (CPU, with ``all`` or ``all-blocked`` among the variants, or only it with
+``--penalty-only``): in one more fresh process, every layer's cached Q and K of the same model
+as leaves, the every-head entropy penalty's forward and backward on the fused path and on the
+blocked one in turn, ``--steps`` rounds: the median time of each and what its forward keeps for
+backward (saved-tensor hooks).
+
 **CUDA mode** (``--device cuda``): the GPT-2-small shape (12 layers x 12 heads, d_model 768,
 T 1024, batch 8, vocabulary 50257), bf16 autocast, fused AdamW; our model with each variant, and
 transformers' ``GPT2LMHeadModel`` (sdpa) trained the same way, eager and compiled, side by side
@@ -35,6 +45,11 @@ Goals: one-layer penalty <= 1.15x the unregularized step; entropy on every head 
 and <= 1.25x its peak memory, eager and compiled.
 
     python benchmarks/penalty_cost.py                 # CPU mode, eager and compiled (about 30 min on 2 cores)
+    python benchmarks/penalty_cost.py --modes eager --seq 256,1024 --variants all,all-blocked
+                                                      # several T: one results file each, one table
+    python benchmarks/penalty_cost.py --penalty-only --seq 256,1024
+                                                      # the every-head entropy penalty by itself, fused
+                                                      # and blocked (forward + backward from cached Q, K)
     python benchmarks/penalty_cost.py --device cuda   # CUDA mode
     python benchmarks/penalty_cost.py --quick         # tiny models, eager only (and the CUDA mode's code
                                                       # on the CPU), nothing saved
@@ -59,7 +74,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import record  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "penalty_cost.json"
-VARIANTS = ("none", "layer", "all", "all-sampled", "all-dense")
+VARIANTS = ("none", "layer", "all", "all-blocked", "all-sampled", "all-dense")
+PATHS = ("auto", "blocked")  # the penalty alone: the fused pass ("all"), the query blocks ("all-blocked")
 MODES = ("eager", "compiled")
 SAMPLED_ROWS = 64
 CPU = dict(n_layers=4, n_heads=8, n_kv_heads=2, d_model=256, d_head=32, d_mlp=688, d_vocab=2048,
@@ -83,7 +99,8 @@ def penalty_for(variant: str, model, layer: int):
     if variant == "none":
         return None, lambda: None
     spec = f"entropy@L{layer}=0.01" if variant == "layer" else "entropy=0.01"
-    pen = R.build_penalty([spec], model, rows=SAMPLED_ROWS if variant == "all-sampled" else None)
+    path = "blocked" if variant == "all-blocked" else "auto"
+    pen = R.build_penalty([spec], model, rows=SAMPLED_ROWS if variant == "all-sampled" else None, path=path)
     if variant == "all-dense":  # every pattern kept: the penalty reads them densely
         names = [act_name("pattern", l) for l in range(model.cfg.n_layers)]
         return pen, lambda: Cache(names)
@@ -158,6 +175,8 @@ def child(spec: dict) -> dict:
     torch.set_num_threads(spec["threads"])
     tokens = torch.randint(0, spec["shape"]["d_vocab"], (spec["batch"], spec["T"]),
                            generator=torch.Generator().manual_seed(1))  # fmt: skip
+    if spec["role"] == "penalty":
+        return penalty_alone(spec, tokens)
     if spec["role"] == "time":
         parts = {v: _setup(spec, v) for v in spec["variants"]}
         first = {v: _step(p, tokens) for v, p in parts.items()}  # the compile, the optimizer's state
@@ -186,6 +205,52 @@ def child(spec: dict) -> dict:
                 peak_mib=(peak_kib - base_kib) / 1024, step_transient_mib=(peak_kib - before_kib) / 1024)  # fmt: skip
 
 
+def penalty_alone(spec: dict, tokens) -> dict:
+    """The every-head entropy penalty by itself, forward and backward from every layer's cached
+    Q and K (leaves), on each path in turn, ``steps`` rounds: times (s) and what its forward keeps
+    for backward (MiB, by saved-tensor hooks; Q and K themselves counted once per layer)."""
+    import torch
+
+    from attn_core import regularizers as R
+    from attn_core.model import ModelConfig
+    from attn_core.regularizers.summaries import layer_qk
+    from attn_core.training.trainer import init_model
+
+    model = init_model(ModelConfig(n_ctx=spec["T"], **spec["shape"]), 0)
+    cache = R.qk_cache(model)
+    with torch.no_grad():
+        model(tokens, cache=cache)
+    cfg, heads = model.cfg, list(range(model.cfg.n_heads))
+    leaves = []
+    for layer in range(cfg.n_layers):
+        q, k, scale = layer_qk(model, cache, layer, heads)
+        leaves.append((q.detach().requires_grad_(), k.detach().requires_grad_(), scale, cfg.window(layer)))
+
+    def run(path: str) -> float:
+        t = time.perf_counter()
+        total = sum(R.head_means(q, k, "entropy", window=w, scale=c, path=path).sum() for q, k, c, w in leaves)
+        total.backward()
+        return time.perf_counter() - t
+
+    kept = {}
+    for path in PATHS:
+        run(path)  # warm-up
+        sizes: dict = {}
+
+        def pack(t, sizes=sizes):
+            sizes[(t.data_ptr(), tuple(t.shape))] = t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            run(path)
+        kept[path] = sum(sizes.values()) / 2**20
+    times: dict = {p: [] for p in PATHS}
+    for i in range(spec["steps"]):
+        for path in PATHS[i % 2 :] + PATHS[: i % 2]:
+            times[path].append(run(path))
+    return dict(times=times, kept_mib=kept)
+
+
 def run_child(spec: dict) -> dict:
     env = dict(os.environ)
     if spec["role"] == "memory":  # freed blocks go back at once: the RSS peak is the live peak, run after run
@@ -203,7 +268,7 @@ def cpu_mode(args) -> dict:
     T, batch = (64, 2) if args.quick else (args.seq, args.batch)
     common = dict(shape=shape, T=T, batch=batch, threads=args.threads)
     summary, runs = {}, {}
-    for mode in args.modes:
+    for mode in [] if args.penalty_only else args.modes:
         variants = [v for v in args.variants if not (v == "all-dense" and mode == "compiled")]
         timing = run_child(dict(common, role="time", mode=mode, variants=variants, steps=args.steps))
         times = timing["times"]
@@ -223,10 +288,21 @@ def cpu_mode(args) -> dict:
                            peak_rss_mib=memory[v]["peak_rss_mib"], step_transient_mib=memory[v]["step_transient_mib"],
                            memory_ratio=memory[v]["peak_mib"] / memory["none"]["peak_mib"])  # fmt: skip
         summary[mode], runs[mode] = rows, dict(timing=timing, memory=memory)
+    alone = None
+    if "eager" in args.modes and {"all", "all-blocked"} & set(args.variants):
+        got = run_child(dict(common, role="penalty", mode="eager", variant="penalty alone", steps=args.steps))
+        alone = {p: dict(median_s=statistics.median(got["times"][p]), kept_mib=got["kept_mib"][p]) for p in PATHS}
+        alone["blocked_over_fused"] = statistics.median(
+            b / a for a, b in zip(got["times"]["auto"], got["times"]["blocked"])
+        )
+        runs["penalty_alone"] = got
+        for p in PATHS:
+            print(f"penalty alone ({p}): {alone[p]['median_s'] * 1e3:.0f} ms forward + backward, "
+                  f"{alone[p]['kept_mib']:.1f} MiB kept for backward", flush=True)  # fmt: skip
     model = (f"Llama-shaped: {shape['n_layers']} layers, d_model {shape['d_model']}, {shape['n_heads']} heads on "
              f"{shape['n_kv_heads']} kv heads, T {T}, batch {batch}")  # fmt: skip
     return dict(device="cpu", model=model, shape=shape, T=T, batch=batch, steps=args.steps, summary=summary,
-                runs=runs)  # fmt: skip
+                penalty_alone=alone, runs=runs)  # fmt: skip
 
 
 def print_summary(result: dict) -> None:
@@ -381,13 +457,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--steps", type=int, default=20, help="timed steps of each variant, after two warm-up steps")
-    ap.add_argument("--seq", type=int, default=None, help="T (CPU 512, CUDA 1024)")
+    ap.add_argument("--seq", default=None, help="T, or several comma-separated (CPU 512, CUDA 1024)")
     ap.add_argument("--batch", type=int, default=None, help="batch (CPU 4, CUDA 8)")
     ap.add_argument("--threads", type=int, default=1, help="CPU: torch intra-op threads")
     ap.add_argument("--modes", default="eager,compiled", help="eager, compiled or both (comma-separated)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"some of {', '.join(VARIANTS)} (none is kept)")
     ap.add_argument("--out", type=Path, default=None, help=f"results file (default {RESULTS.relative_to(ROOT)})")
     ap.add_argument("--quick", action="store_true", help="tiny models, eager only, 2 steps, nothing saved")
+    ap.add_argument(
+        "--penalty-only", action="store_true", help="CPU: only the every-head entropy penalty alone, fused and blocked"
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -402,18 +481,46 @@ def main() -> None:
     if args.steps < 1 or args.threads < 1:
         ap.error("--steps and --threads must be at least 1")
     cuda = args.device == "cuda"
-    args.seq = args.seq or (1024 if cuda else 512)
+    try:
+        seqs = [int(t) for t in args.seq.split(",")] if args.seq else [1024 if cuda else 512]
+    except ValueError:
+        ap.error(f"--seq must be whole numbers separated by commas, got {args.seq!r}")
     args.batch = args.batch or (8 if cuda else 4)
-    if args.seq < 2 or args.batch < 1:
+    if min(seqs) < 2 or args.batch < 1:
         ap.error("--seq must be at least 2 and --batch at least 1")
+    if cuda and args.penalty_only:
+        ap.error("--penalty-only is a CPU measurement")
     if args.quick:
         if cuda:
             ap.error("--quick is the CPU mode's smoke run")
-        args.steps, args.modes = 2, ["eager"]
+        args.steps, args.modes, seqs = 2, ["eager"], seqs[:1]
+    results = {}
+    for T in seqs:
+        args.seq = T
+        result = run(args, cuda)
+        if result is None:
+            return
+        results[T] = result
+        if args.quick:
+            print("quick run: results not saved")
+            continue
+        out = args.out or (RESULTS if not cuda else RESULTS.with_name("penalty_cost_cuda.json"))
+        if args.penalty_only:
+            out = out.with_name(f"{out.stem}_penalty{out.suffix}")
+        if len(seqs) > 1:
+            out = out.with_name(f"{out.stem}_T{T}{out.suffix}")
+        record.save(result, out)
+        print(f"saved {out}")
+    if not cuda:
+        print_table(results)
+
+
+def run(args, cuda: bool) -> dict | None:
+    """One measurement at T = ``args.seq``, its summary printed."""
     load_start = os.getloadavg()
     result = cuda_mode(args) if cuda else cpu_mode(args)
     if result is None:
-        return
+        return None
     if args.quick:  # the CUDA mode's code, on the CPU at a tiny size
         import torch
 
@@ -425,12 +532,30 @@ def main() -> None:
                   created=time.strftime("%Y-%m-%d %H:%M:%S"))  # fmt: skip
     if not cuda:
         result["threads"] = args.threads  # the measuring processes' torch threads, not this one's
-    if args.quick:
-        print("quick run: results not saved")
-        return
-    out = args.out or (RESULTS if not cuda else RESULTS.with_name("penalty_cost_cuda.json"))
-    record.save(result, out)
-    print(f"saved {out}")
+    return result
+
+
+def print_table(results: dict) -> None:
+    """One markdown table of the CPU mode's runs: T, mode, variant, median step, its time ratio
+    to the unregularized step (median of the per-round ratios), peak memory and its ratio."""
+    if any(result["summary"] for result in results.values()):
+        print("| T | mode | variant | step (median) | time vs none | peak memory | memory vs none |")
+        print("|---|---|---|---|---|---|---|")
+    for result in results.values():
+        for mode, rows in result["summary"].items():
+            for variant, row in rows.items():
+                print(f"| {result['T']} | {mode} | {variant} | {row['step_s']:.3f} s | {row['time_ratio']:.2f}x | "
+                      f"{row['peak_mib']:.0f} MiB | {row['memory_ratio']:.2f}x |")  # fmt: skip
+    if any(result.get("penalty_alone") for result in results.values()):
+        print("\n| T | the every-head entropy penalty alone | forward + backward (median) | kept for backward |")
+        print("|---|---|---|---|")
+    for result in results.values():
+        alone = result.get("penalty_alone")
+        for path, name in (("auto", "fused pass (all)"), ("blocked", "query blocks (all-blocked)")):
+            if alone:
+                print(
+                    f"| {result['T']} | {name} | {alone[path]['median_s'] * 1e3:.0f} ms | {alone[path]['kept_mib']:.1f} MiB |"
+                )
 
 
 if __name__ == "__main__":

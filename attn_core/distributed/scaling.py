@@ -114,7 +114,7 @@ def check_local(workers: int, gpus_per_worker: float, gpus: int, cpus: int | Non
 
 
 def check_specs(strategy: str, specs, kl: float = 0.0, prefix: str = "") -> None:
-    """FSDP trains what reads the forward's cache (entropy, hoyer, topk); what reads weights after
+    """FSDP trains what reads the forward's cache (entropy, hoyer, topk, sink); what reads weights after
     the forward (vocabulary-view and spectral regularizers: W_Q and W_K; the KL term: the
     unembedding, and a starting copy of the model) trains with ddp."""
     weights = [str(s) for s in specs if s.view in WEIGHT_VIEWS] + (["--kl"] if kl else [])

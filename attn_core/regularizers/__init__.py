@@ -9,6 +9,7 @@ row penalties, over the rows that see at least two keys (``metrics.MIN_KEYS``):
     hoyer          1 - Hoyer(A_i)                   negative Hoyer sparsity, shifted by 1 so the
                                                     term is >= 0; Hoyer = (sqrt n - |p|_1/|p|_2)/(sqrt n - 1)
     topk           1 - sum of the k largest A_ij    top-k mass deficit (k = 1 unless ``topk:K``)
+    sink           A_i0                             the mass on the first key (an attention sink's)
     vocab_entropy  the same three on the vocabulary view: row x is the attention of token x
     vocab_hoyer    over every token y, A_x = attn(f_x(.)) with f_x(y) = x B y^T and x, y every
     vocab_topk     token as the layer sees it (bilinear.vocab_scores) -- "for every x"
@@ -37,6 +38,9 @@ Split by concern (docs/architecture.md):
 - ``rows``: the row penalties (``row_penalty``, dense) and the same from Q and K in query
   blocks (``row_values``, ``head_means``: exact, or the unbiased sampled-rows estimate), so that
   no [batch, heads, T, T] pattern is kept for backward (docs/maths.md);
+- ``flash_rows``: softmax entropy and sink mass of every row from one fused attention pass with
+  V := K (lse - E_p[s], exp(s_i0 - lse_i)), no score matrix formed; ``rows`` takes it where a
+  kernel applies (``path``, docs/maths.md);
 - ``penalty``: the differentiable values (``regularizer_value`` and its row and spectrum parts),
   :class:`ConcentrationPenalty` (with the forward cache it reads, ``cache()``),
   ``build_penalty`` and ``with_entmax``;

@@ -13,7 +13,7 @@ from attn_core.bilinear import QKForm, layer_form, vocab_scores
 from attn_core.hooks import Cache, act_name
 from attn_core.model import ModelConfig, Transformer, attention_weights
 from attn_core.regularizers.heads import Heads, all_heads, by_layer, head_label, parse_heads
-from attn_core.regularizers.rows import head_means, row_penalty, samples
+from attn_core.regularizers.rows import PATHS, head_means, row_penalty, samples
 from attn_core.regularizers.specs import RegSpec, SpecsLike, parse_specs
 from attn_core.regularizers.summaries import data_rows, layer_qk, mean_rows
 from attn_core.validate import is_int
@@ -23,10 +23,10 @@ def data_values(
     model: Transformer, cache: dict, layer: int, heads: Sequence[int], kind: str, k: int = 1, **options
 ) -> torch.Tensor:
     """The row penalty ``kind`` of the training batch's attention, mean over each head's
-    informative rows, [len(heads)] (differentiable). From the cached Q and K in query blocks
-    (``rows.head_means``; ``options`` are its ``rows``, ``generator`` and ``block``), so only Q
-    and K need be cached and the layer keeps its fused attention; a cache that holds only the
-    pattern is read densely."""
+    informative rows, [len(heads)] (differentiable). From the cached Q and K in query blocks or
+    one fused attention pass (``rows.head_means``; ``options`` are its ``rows``, ``generator``,
+    ``block`` and ``path``), so only Q and K need be cached and the layer keeps its fused
+    attention; a cache that holds only the pattern is read densely."""
     cfg = model.cfg
     qk = layer_qk(model, cache, layer, heads)
     if qk is not None:
@@ -113,7 +113,9 @@ class ConcentrationPenalty:
     specs read (Q and K of their layers) and :meth:`cache` makes the forward cache that keeps
     only those, so every layer keeps its fused attention. ``rows`` = m estimates each data-view
     row mean from m sampled query positions per step (unbiased, docs/maths.md; drawn from a
-    generator seeded with ``seed``), ``block`` sets the query rows per block."""
+    generator seeded with ``seed``), ``block`` sets the query rows per block, ``path`` how the
+    softmax entropy and sink rows are computed (``rows.PATHS``: "auto" = one fused attention pass where a
+    kernel applies, "blocked" = query blocks, as before issue 34)."""
 
     def __init__(
         self,
@@ -123,7 +125,10 @@ class ConcentrationPenalty:
         rows: int | None = None,
         seed: int = 0,
         block: int | None = None,
+        path: str = "auto",
     ):
+        if path not in PATHS:
+            raise ValueError(f"unknown penalty path {path!r}; choose from {', '.join(PATHS)}")
         for name, v in (("rows", rows), ("block", block)):
             if v is not None and not (is_int(v) and v >= 1):
                 raise ValueError(f"{name} must be a whole number >= 1, got {v!r}")
@@ -135,7 +140,7 @@ class ConcentrationPenalty:
         layers = sorted({l for s in self.specs if s.view == "data" for l, _ in heads[s.label]})
         self.reads = tuple(act_name(kind, l) for l in layers for kind in ("q", "k"))
         self.windows = tuple(cfg.window(l) for l in layers)  # the masks of the data-view layers
-        self.rows, self.block = rows, block
+        self.rows, self.block, self.path = rows, block, path
         self.generator = torch.Generator().manual_seed(seed)
 
     def cache(self) -> Cache | None:
@@ -145,7 +150,7 @@ class ConcentrationPenalty:
 
     def __call__(self, model: Transformer, batch=None, cache: dict | None = None) -> dict[str, torch.Tensor]:
         memo: dict = {}
-        options = dict(rows=self.rows, generator=self.generator, block=self.block)
+        options = dict(rows=self.rows, generator=self.generator, block=self.block, path=self.path)
         return {
             s.label: s.strength * regularizer_value(s, model, self.heads[s.label], cache, memo, **options)
             for s in self.specs
@@ -157,7 +162,9 @@ class ConcentrationPenalty:
         memo: dict = {}
         with torch.no_grad():
             return {
-                s.label: float(regularizer_value(s, model, self.heads[s.label], cache, memo, block=self.block))
+                s.label: float(
+                    regularizer_value(s, model, self.heads[s.label], cache, memo, block=self.block, path=self.path)
+                )
                 for s in self.all_specs
             }
 
@@ -183,10 +190,16 @@ class ConcentrationPenalty:
 
 
 def build_penalty(
-    specs: SpecsLike, cfg: ModelConfig | Transformer, heads=None, rows: int | None = None, seed: int = 0, block=None
+    specs: SpecsLike,
+    cfg: ModelConfig | Transformer,
+    heads=None,
+    rows: int | None = None,
+    seed: int = 0,
+    block=None,
+    path: str = "auto",
 ) -> ConcentrationPenalty:
     """Validate specs against a model and build its penalty. ``heads`` is the default selection
-    (see :func:`parse_heads`) for specs that name none; ``rows``, ``seed`` and ``block`` as in
+    (see :func:`parse_heads`) for specs that name none; ``rows``, ``seed``, ``block`` and ``path`` as in
     :class:`ConcentrationPenalty`. Raises ValueError on a negative lambda, an unknown name or a
     layer/head out of range."""
     cfg = cfg.cfg if isinstance(cfg, Transformer) else cfg
@@ -196,7 +209,7 @@ def build_penalty(
     for s in specs:
         if s.view == "vocab" and cfg.d_vocab > 4096:
             raise ValueError(f"{s.name!r} forms a d_vocab x d_vocab view per head; {cfg.d_vocab} tokens is too many")
-    return ConcentrationPenalty(specs, resolved, cfg, rows=rows, seed=seed, block=block)
+    return ConcentrationPenalty(specs, resolved, cfg, rows=rows, seed=seed, block=block, path=path)
 
 
 def with_entmax(model: Transformer, alpha: float | None) -> Transformer:

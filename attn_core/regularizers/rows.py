@@ -15,6 +15,10 @@ backward. Under a causal mask a block only forms the keys its queries can see.
 :func:`head_means` averages the rows of each head over the informative ones (at least
 ``metrics.MIN_KEYS`` visible keys), exactly or as the unbiased sampled-rows estimate.
 
+Softmax entropy and sink mass of every row (no padding, no sampled rows) take one fused
+attention pass instead where a kernel applies (:mod:`attn_core.regularizers.flash_rows`, the
+default ``path="auto"``); ``path="blocked"`` keeps the blocks for them too.
+
 Masks: ``window`` None sees every key; 0 is the causal mask; w > 0 a causal sliding window of w
 keys (``i - j < w``); ``key_mask`` [batch, T] (True = a real token) hides padding keys, and a
 padding query's row is not counted. Every tensor made here takes the device of ``q``; scores are
@@ -28,12 +32,17 @@ import torch
 
 from attn_core import metrics
 from attn_core.model.attention import attention_weights
+from attn_core.regularizers import flash_rows
 from attn_core.regularizers.softmax_rows import EPS, block_inputs, fused_backward, fused_forward, reduce_dtype
 from attn_core.regularizers.softmax_rows import inv_log_n as _inv_log_n
 from attn_core.regularizers.softmax_rows import softmax_grad as _softmax_grad
 from attn_core.regularizers.softmax_rows import softmax_rows as _softmax_rows
 
-ROW_KINDS = ("entropy", "hoyer", "topk")  # the row penalty behind data and vocab regularizers
+ROW_KINDS = ("entropy", "hoyer", "topk", "sink")  # the row penalty behind data and vocab regularizers
+# How softmax entropy rows are computed: "auto" (one fused attention pass where a kernel applies,
+# flash_rows; else in query blocks), "flash" (the fused pass, or an error) or "blocked" (the
+# query blocks below, as before issue 34: kept for comparison)
+PATHS = ("auto", "flash", "blocked")
 # Scores formed at once per block (batch x heads x rows x keys): float32 temporaries of 2 MiB
 # on the CPU (eager CPU kernels are fastest while a block stays in cache), 128 MiB on an
 # accelerator (fewer, larger blocks save kernel launches). Compiled, a block is 4x larger: its
@@ -104,15 +113,17 @@ def _scores(q, k, scale, a, e, lo, hi, positions, window, key_mask, contiguous):
 
 
 def _entmax_rows(kind: str, s, vis, topk: int, alpha: float):
-    """Per-row values of alpha-entmax rows, through ``metrics``."""
-    full = torch.ones_like(s, dtype=torch.bool) if vis is None else vis
+    """Per-row values of alpha-entmax rows (and of softmax rows for the sink mass, alpha 1),
+    through ``metrics``. Softmax rows read the scores as masked (hidden keys very negative and
+    finite): a row that sees no key stays finite."""
+    full = torch.ones_like(s, dtype=torch.bool) if vis is None or alpha == 1.0 else vis
     return row_penalty(kind, attention_weights(s, full, alpha), vis, topk)
 
 
 def _entmax_grad(kind: str, s, vis, n, g, topk: int, alpha: float) -> torch.Tensor:
     """dS of a block of alpha-entmax rows: the metric's gradient v in p, then the entmax
     Jacobian J^T v = u v - (<u, v> / sum u) u with u = p^(2 - alpha) on the support (docs/maths.md)."""
-    full = torch.ones_like(s, dtype=torch.bool) if vis is None else vis
+    full = torch.ones_like(s, dtype=torch.bool) if vis is None or alpha == 1.0 else vis
     p = attention_weights(s, full, alpha)
     if kind == "entropy":  # d(-sum p log p)/dp = -(log p + 1) where p > 0
         v = -(torch.where(p > 0, p, torch.ones_like(p)).log() + 1) * _inv_log_n(n)[..., None]
@@ -120,6 +131,9 @@ def _entmax_grad(kind: str, s, vis, n, g, topk: int, alpha: float) -> torch.Tens
         l1, l2 = p.sum(-1, keepdim=True), p.pow(2).sum(-1, keepdim=True).clamp_min(EPS * EPS).sqrt()
         scale = torch.where(n > 1, 1 / (n.sqrt() - 1).clamp_min(EPS), torch.zeros_like(n))[..., None]
         v = (1 / l2 - l1 * p / l2.pow(3)) * scale
+    elif kind == "sink":  # d p_0 / dp: the block's first column is key 0 (see _block_keys)
+        v = torch.zeros_like(p)
+        v[..., 0] = 1.0 if vis is None else vis[..., 0].to(p.dtype)
     else:  # d(1 - top-k mass)/dp
         v = -torch.zeros_like(p).scatter_(-1, p.topk(min(topk, p.shape[-1]), dim=-1).indices, 1.0)
     u = (p > 0).to(p.dtype) if alpha == 2.0 else p.pow(2 - alpha)
@@ -136,6 +150,8 @@ def row_penalty(kind: str, p: torch.Tensor, mask: torch.Tensor | None, k: int = 
         return 1 - metrics.hoyer(p, mask)
     if kind == "topk":
         return 1 - metrics.topk_mass(p, k, mask)
+    if kind == "sink":
+        return metrics.first_key_mass(p, mask)
     raise ValueError(f"unknown row penalty {kind!r}; choose from {', '.join(ROW_KINDS)}")
 
 
@@ -148,20 +164,21 @@ class _BlockedRows(torch.autograd.Function):
         T = k.shape[2]
         B = block_rows(q, T, block)
         n_rows = _counts(q, positions, T, window, key_mask)
+        softmax = alpha == 1.0 and kind != "sink"  # softmax rows in closed form (the sink: as entmax's)
         outs, stats = [], ([], [], [])
         for a in range(0, q.shape[2], B):
             e = min(a + B, q.shape[2])
-            lo, hi = _keys(a, e, T, window, contiguous)
-            if alpha == 1.0 and fused_forward.active(q):  # one fused kernel per block (softmax_rows)
+            lo, hi = _block_keys(kind, a, e, T, window, contiguous)
+            if softmax and fused_forward.active(q):  # one fused kernel per block (softmax_rows)
                 inputs = block_inputs(q, k, a, e, lo, hi, positions, key_mask)
                 value, numbers = fused_forward(*inputs, scale, window, kind, n_rows[..., a:e].clone(), topk)
-            elif alpha == 1.0:
+            elif softmax:
                 s = _scores(q, k, scale, a, e, lo, hi, positions, window, key_mask, contiguous)
                 value, numbers = _softmax_rows(kind, s, n_rows[..., a:e], topk)
             else:
                 s = _scores(q, k, scale, a, e, lo, hi, positions, window, key_mask, contiguous)
                 value = _entmax_rows(kind, s, visible(positions[a:e], lo, hi, window, key_mask), topk, alpha)
-            if alpha == 1.0:
+            if softmax:
                 for kept, x in zip(stats, numbers):
                     kept.append(x)
             outs.append(value)
@@ -201,10 +218,11 @@ def rows_backward(
     block = block_rows(q, T, block)
     n_rows = _counts(q, positions, T, window, key_mask)
     dq, dk = torch.zeros_like(q), torch.zeros_like(k)
+    softmax = alpha == 1.0 and kind != "sink"
     for a in range(0, q.shape[2], block):
         e = min(a + block, q.shape[2])
-        lo, hi = _keys(a, e, T, window, contiguous)
-        if alpha == 1.0 and fused_backward.active(q):  # one fused kernel per block (softmax_rows)
+        lo, hi = _block_keys(kind, a, e, T, window, contiguous)
+        if softmax and fused_backward.active(q):  # one fused kernel per block (softmax_rows)
             inputs = block_inputs(q, k, a, e, lo, hi, positions, key_mask)
             rows_ = [t[..., a:e].clone() for t in (n_rows, grad, *stats)]
             P, c = fused_backward(*inputs, scale, window, kind, rows_[0], rows_[1], rows_[2:], topk)
@@ -213,7 +231,7 @@ def rows_backward(
             continue
         s = _scores(q, k, scale, a, e, lo, hi, positions, window, key_mask, contiguous)
         g, n = grad[:, :, a:e].to(s.dtype), n_rows[..., a:e]
-        if alpha == 1.0:  # dS = c P: c (and the scale) go onto the rows of dq and of q, not onto P
+        if softmax:  # dS = c P: c (and the scale) go onto the rows of dq and of q, not onto P
             P, c = _softmax_grad(kind, s, n, g, *(x[:, :, a:e] for x in stats), topk)
             P, c = P.to(q.dtype), (c * scale).to(q.dtype)[..., None]
             dq[:, :, a:e] = c * (P @ k[:, :, lo:hi])
@@ -244,6 +262,12 @@ def _keys(a: int, e: int, T: int, window: int | None, contiguous: bool) -> tuple
     return (max(0, a - window + 1) if window > 0 else 0), e
 
 
+def _block_keys(kind: str, a: int, e: int, T: int, window: int | None, contiguous: bool) -> tuple[int, int]:
+    """:func:`_keys`, from key 0 on for the sink mass (its first column must be key 0)."""
+    lo, hi = _keys(a, e, T, window, contiguous)
+    return (0, hi) if kind == "sink" else (lo, hi)
+
+
 def row_values(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -256,15 +280,26 @@ def row_values(
     alpha: float = 1.0,
     block: int | None = None,
     scale: float = 1.0,
+    path: str = "auto",
 ) -> torch.Tensor:
     """The row penalty ``kind`` of every query row, [b, h, R], differentiable in q and k.
 
     q [b, h, R, w] holds the query rows at ``positions`` [R] (None: R = T, rows 0..T-1), k
     [b, h, T, w] the keys of the same heads; the scores are s = scale q k^T (a per-head scale is
     folded into q by the caller). Equal to ``metrics`` on the dense rows
-    ``attention_weights(s, mask, alpha)`` (tests)."""
+    ``attention_weights(s, mask, alpha)`` (tests). ``path`` is one of :data:`PATHS`: softmax
+    entropy of every row (no ``positions``, no ``key_mask``) comes from one fused attention pass
+    where :func:`flash_rows.kernel_for` has a kernel; everything else in query blocks."""
     if kind not in ROW_KINDS:
         raise ValueError(f"unknown row penalty {kind!r}; choose from {', '.join(ROW_KINDS)}")
+    kernel = fused_kernel(q, kind, window, key_mask, positions, alpha, path)
+    if kernel is not None:
+        needs = ("lse",) if kind == "sink" else ("entropy",)
+        H, lse = flash_rows.entropy_and_lse(q, k, scale=scale, window=window, kernel=kernel, needs=needs)
+        if kind == "sink":
+            return flash_rows.sink_mass(q, k, lse, scale, window)
+        T = k.shape[2]
+        return H * _inv_log_n(_counts(q, torch.arange(q.shape[2], device=q.device), T, window, None))
     contiguous = positions is None
     if contiguous:
         positions = torch.arange(q.shape[2], device=q.device)
@@ -272,6 +307,22 @@ def row_values(
         raise ValueError(f"block must be at least 1 row, got {block}")
     plan = (kind, int(topk), float(alpha), window, contiguous, block, float(scale))
     return _BlockedRows.apply(q, k, positions, key_mask, plan)
+
+
+def fused_kernel(q, kind: str, window, key_mask, positions, alpha: float, path: str) -> str | None:
+    """The fused kernel :func:`row_values` computes ``kind`` with (None: query blocks), by ``path``."""
+    if path not in PATHS:
+        raise ValueError(f"unknown penalty path {path!r}; choose from {', '.join(PATHS)}")
+    if path == "blocked":
+        return None
+    fits = kind in flash_rows.KINDS and alpha == 1.0 and key_mask is None and positions is None
+    kernel = flash_rows.kernel_for(q, window) if fits else None
+    if kernel is None and path == "flash":
+        raise ValueError(
+            f"the fused penalty path computes softmax entropy of every row without padding on a kernel's "
+            f"device; not {kind!r} (alpha {alpha:g}) on {q.device.type} with window {window}"
+        )
+    return kernel
 
 
 @torch.compiler.disable
@@ -306,13 +357,15 @@ def head_means(
     rows: int | None = None,
     generator: torch.Generator | None = None,
     scale: float = 1.0,
+    path: str = "auto",
 ) -> torch.Tensor:
     """Mean of the row penalty over each head's informative rows (every batch element), [h].
 
     ``rows`` = m samples m query positions uniformly without replacement (the same for every
     batch element and head) and returns the unbiased estimate (|C|/m) sum_sampled / N, where C
     holds the positions that can be informative and N counts every informative row: its
-    expectation over the draw is the exact mean, and so is its gradient's (docs/maths.md)."""
+    expectation over the draw is the exact mean, and so is its gradient's (docs/maths.md).
+    ``path`` as :func:`row_values` (sampled rows are computed in query blocks)."""
     b, T = q.shape[0], k.shape[2]
     full = torch.arange(T, device=q.device)
     valid = visible_counts(full, T, window, key_mask) >= metrics.MIN_KEYS  # [1 or b, T]
@@ -322,7 +375,7 @@ def head_means(
     first = first_row(window, key_mask)
     if not samples(rows, T, window, key_mask):
         values = row_values(
-            q, k, kind, window=window, key_mask=key_mask, topk=topk, alpha=alpha, block=block, scale=scale
+            q, k, kind, window=window, key_mask=key_mask, topk=topk, alpha=alpha, block=block, scale=scale, path=path
         )
         weight = valid.to(values.dtype)
         scale = 1.0
@@ -331,7 +384,7 @@ def head_means(
             raise ValueError(f"rows must be at least 1, got {rows}")
         pos = sample_positions(T, first, rows, generator).to(q.device)
         values = row_values(q[:, :, pos], k, kind, window=window, key_mask=key_mask, positions=pos, topk=topk,
-                            alpha=alpha, block=block, scale=scale)  # fmt: skip
+                            alpha=alpha, block=block, scale=scale, path=path)  # fmt: skip
         weight = valid[:, pos].to(values.dtype)
         scale = (T - first) / rows
     total = (values * weight[:, None, :]).sum((0, 2))

@@ -15,6 +15,7 @@ REGULARIZERS: dict[str, tuple[str, str]] = {
     "entropy": ("data", "normalized entropy of attention rows on the training batch"),
     "hoyer": ("data", "1 - Hoyer sparsity of attention rows on the training batch"),
     "topk": ("data", "1 - mass of the k largest weights of attention rows on the training batch"),
+    "sink": ("data", "attention mass on the first key (an attention sink's) of rows on the training batch"),
     "vocab_entropy": ("vocab", "normalized entropy of the vocabulary view's rows (every token as query and key)"),
     "vocab_hoyer": ("vocab", "1 - Hoyer sparsity of the vocabulary view's rows"),
     "vocab_topk": ("vocab", "1 - top-k mass of the vocabulary view's rows"),

@@ -113,7 +113,7 @@ class JobConfig:
     sequence (default min(context, 256)). ``train``: all, attn or qk, what learns; ``kl`` the
     strength of KL(start || model) on the training batch (``attn_core.finetune``).
 
-    ``penalty_rows``: None computes the data-view row penalties (entropy, hoyer, topk) over every
+    ``penalty_rows``: None computes the data-view row penalties (entropy, hoyer, topk, sink) over every
     query row; M (1..:data:`MAX_PENALTY_ROWS`) estimates each head's row mean from M query
     positions drawn per step (``regularizers.build_penalty(rows=M)``, seeded by ``seed``): unbiased
     for the value and its gradient, cheaper in time. M at least the sequence length (less the
@@ -244,7 +244,7 @@ class JobConfig:
     penalty_rows: int | None = setting(
         None,
         "--penalty-rows",
-        "Estimate the row penalties (entropy, hoyer, topk) from M query rows per head drawn at random each step "
+        "Estimate the row penalties (entropy, hoyer, topk, sink) from M query rows per head drawn at random each step "
         "instead of every row: unbiased for the value and its gradient, cheaper on long sequences. "
         f"1..{MAX_PENALTY_ROWS:,}; M at least the sequence length computes every row (default: every row).",
         bounds=(1, MAX_PENALTY_ROWS),

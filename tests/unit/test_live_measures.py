@@ -302,7 +302,7 @@ def test_fused_blocks_equal_eager_blocks_with_one_graph_for_every_block(monkeypa
     q, k = q[None].requires_grad_(), k[None].requires_grad_()
 
     def run():
-        values = rows.row_values(q, k, kind, window=0, block=16, topk=2, scale=0.5)
+        values = rows.row_values(q, k, kind, window=0, block=16, topk=2, scale=0.5, path="blocked")
         return (values.detach(), *torch.autograd.grad((values * torch.arange(70.0, dtype=values.dtype)).sum(), (q, k)))
 
     eager = run()

@@ -61,6 +61,7 @@ EXPECTED = {
     "entropy": (lambda m: data_metric(m, metrics.normalized_entropy), "down"),
     "hoyer": (lambda m: data_metric(m, metrics.hoyer), "up"),
     "topk": (lambda m: data_metric(m, lambda p, mask: metrics.topk_mass(p, 1, mask)), "up"),
+    "sink": (lambda m: data_metric(m, metrics.first_key_mass), "down"),
     "vocab_entropy": (lambda m: vocab_metric(m, metrics.normalized_entropy), "down"),
     "vocab_hoyer": (lambda m: vocab_metric(m, metrics.hoyer), "up"),
     "vocab_topk": (lambda m: vocab_metric(m, lambda p, mask: metrics.topk_mass(p, 1, mask)), "up"),
