@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from attn_core import limits
+from attn_core.cli import long_scores
 from attn_core.cli.common import JsonOpt, NameArg, check_finite, check_head, emit, guarded, input_tokens, table
 from attn_core.cli.sinks import FieldOpt, LengthOpt, SamplesOpt, SeedOpt, TextOpt, probe_inputs
 from attn_core.validate import check_seed
@@ -99,20 +100,29 @@ def scores_cmd(
     eps: float = typer.Option(
         0.3, "--eps", help="Sink keys on this input: importance above this (concentration without them too)."
     ),
+    text: Path | None = long_scores.TextOpt,
+    length: int | None = long_scores.LengthOpt,
+    topk: int | None = long_scores.TopkOpt,
     as_json: bool = JsonOpt,
 ):
     """Scores S = X'B'X'^T (the model's own pre-softmax scores), pattern A and the concentration
-    of every query row for one head on one input, with and without the head's sink keys on it."""
+    of every query row for one head on one input, with and without the head's sink keys on it.
+    With --topk (any length, e.g. --text FILE --length 8192): per query its top keys, entropy
+    and sink mass from blocked scores, never T x T."""
     import torch
 
     from attn_core import bilinear, metrics
     from attn_core.bilinear.sinks import check_eps
     from attn_core.sources import resolve
 
+    long_scores.check_options(text, length, topk, tokens, sample_seed, random_seed)
     check_eps(eps)
     loaded = resolve(name)
     check_head(loaded, layer, head)
-    ids = input_tokens(loaded, tokens, sample_seed, random_seed)
+    ids = long_scores.long_tokens(loaded, text, length, tokens, sample_seed, random_seed)
+    long_scores.check_length(len(ids), topk)
+    if topk is not None:
+        return long_scores.blocked_scores(loaded, ids, layer, head, topk, as_json)
     view = bilinear.sequence_view(loaded, ids, layer, [head])
     check_finite(f"the scores of L{layer}H{head}", view.scores[0][view.mask], view.pattern[0][view.mask])
     per_row = {m: v[0] for m, v in view.concentration(k).items()}
