@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
-from attn_core.bilinear.checks import check_layer, check_model
+from attn_core.bilinear.checks import check_ids, check_layer, check_model, check_tokens
+from attn_core.bilinear.checks import longest_input as checks_longest
 from attn_core.hooks import act_name
 from attn_core.model import Transformer
 from attn_core.validate import is_int
@@ -53,18 +54,18 @@ def check_count(name: str, value, lo: int, hi: int) -> int:
     return int(value)
 
 
-def check_ids(model: Transformer, tokens: Sequence[int]) -> list[int]:
-    """Token ids in the vocabulary, 1..context of them (no T x T memory check: none is made)."""
-    V, n_ctx = model.cfg.d_vocab, model.cfg.n_ctx
-    ids = [int(t) for t in tokens]
-    if not ids:
-        raise ValueError("no tokens given")
-    bad = [t for t in ids if not 0 <= t < V]
-    if bad:
-        raise ValueError(f"token id {bad[0]} is outside 0..{V - 1} (the vocabulary has {V} tokens)")
-    if len(ids) > n_ctx:
-        raise ValueError(f"{len(ids)} tokens exceed the model context of {n_ctx}")
-    return ids
+def check_input(model: Transformer, tokens: Sequence[int]) -> list[int]:
+    """An input of a page: over :data:`BLOCKED_INPUT` tokens checked as blocked scores need (the
+    vocabulary and the context), else as a dense view needs (its memory too)."""
+    if len(tokens) > BLOCKED_INPUT:
+        return check_ids(model, tokens)
+    return check_tokens(model, tokens)
+
+
+def longest_input(model: Transformer) -> int:
+    """The most tokens a page's input may have: the context when it is longer than
+    :data:`BLOCKED_INPUT` (blocked scores need no n x n), else what a dense view allows."""
+    return model.cfg.n_ctx if model.cfg.n_ctx > BLOCKED_INPUT else checks_longest(model)
 
 
 @dataclass
@@ -229,7 +230,8 @@ def row_stats(
         for k1 in range(hi, lo, -b):  # the diagonal block first: every row sees its own key there
             k0 = max(lo, k1 - b)
             S = qk.scores(h, q0, q1, k0, k1)
-            m_new = S.amax(-1) if m is None else torch.maximum(m, S.amax(-1))
+            top = S.amax(-1)
+            m_new = top if m is None else torch.maximum(m, top)
             D = S - m_new[:, None]
             E = D.exp()  # 0 where invisible
             ED = E * D if qk.full(q0, q1, k0, k1) else torch.where(E > 0, E * D, torch.zeros_like(E))
@@ -241,9 +243,14 @@ def row_stats(
                 t = decay * (t + shift * l) + ED.sum(-1)
                 l = decay * l + E.sum(-1)
             m = m_new
-            v, i = S.topk(min(k, k1 - k0), dim=-1)
-            vals, at = torch.cat([vals, v], -1).topk(k, dim=-1)
-            idx = torch.cat([idx, i + k0], -1).gather(-1, at)
+            if dev.type != "cpu":  # one merge per block, no host read (CUDA, meta)
+                vals, idx = _merge(vals, idx, S, k, k0)
+                continue
+            rows = (top > vals[:, -1]).nonzero()[:, 0]  # on the CPU, only rows whose k-th best this block beats
+            if len(rows) == q1 - q0:
+                vals, idx = _merge(vals, idx, S, k, k0)
+            elif len(rows):
+                vals[rows], idx[rows] = _merge(vals[rows], idx[rows], S[rows], k, k0)
         lse[q0:q1] = m + l.log()
         ent[q0:q1] = l.log() - t / l
         top_s[q0:q1], top_i[q0:q1] = vals, torch.where(vals.isfinite(), idx, torch.full_like(idx, -1))
@@ -254,6 +261,15 @@ def row_stats(
     top_w = (top_s - lse[:, None]).exp()
     seen = rows + 1 if not qk.window else torch.clamp(rows + 1, max=qk.window)
     return RowStats(h, lse, top_i, top_s, top_w, ent, sink, offset_profile(qk, h, lse, P), seen)
+
+
+def _merge(
+    vals: torch.Tensor, idx: torch.Tensor, S: torch.Tensor, k: int, k0: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-k (values, key positions) of rows so far merged with a block of their scores."""
+    v, i = S.topk(min(k, S.shape[-1]), dim=-1)
+    vals, at = torch.cat([vals, v], -1).topk(k, dim=-1)
+    return vals, torch.cat([idx, i + k0], -1).gather(-1, at)
 
 
 def offset_profile(qk: LayerQK, head: int, lse: torch.Tensor, offsets: int) -> torch.Tensor:

@@ -64,7 +64,7 @@ def mode_split(
             torch.stack([Qt[p].norm() for p in planes]).cpu(),
             torch.stack([Kt[:, p].norm(dim=-1) for p in planes], dim=-1).cpu(),
             terms.cpu(),
-            torch.zeros(len(keys), 3, dtype=torch.float64),
+            torch.zeros(len(keys), 3, dtype=torch.float64, device="cpu"),  # on the CPU, like the rest
             meta=dict(query_token=query_token, rank_cap=len(planes), split="rotation planes"),
             term_names=term_names,
         )
