@@ -30,9 +30,12 @@ FIGURES = (
     "pattern-no-sinks",
     "sinks",
     "ranks",
+    "long-map",
+    "long-rows",
 )
 
 SINK_VIEWS = {"pattern-sinks-apart": "apart", "pattern-no-sinks": "renormalized"}
+LONG = ("long-map", "long-rows")  # blocked scores (long_scores.long_plot), any length
 
 
 @app.command("spectrum")
@@ -227,12 +230,16 @@ def export_cmd(
     without_sinks: bool = typer.Option(
         False, "--without-sinks", help="concentration: measured without each head's sink keys (rows renormalized)."
     ),
+    text: Path | None = long_scores.TextOpt,
+    length: int | None = long_scores.LengthOpt,
     as_json: bool = JsonOpt,
 ):
     """Write one figure as PNG, SVG, HTML or its data as CSV. The sink figures (pattern-sinks-apart,
     pattern-no-sinks: one head's pattern with its sink keys apart or left out; sinks: key importance
     per head) and ranks (the two ranks of each head) are measured on the model's task samples;
-    ``attn-lab sinks --out`` and ``spectrum`` take a text."""
+    ``attn-lab sinks --out`` and ``spectrum`` take a text. long-map (one head's multi-resolution
+    map, its sink column apart) and long-rows (entropy and sink mass per query; its CSV every
+    query's top keys) take any length (--text FILE --length N, or --random-seed S --length N)."""
     from attn_core import bilinear
     from attn_core.figures import EXPORT_FORMATS, ExportError, write_plot
     from attn_core.figures import bilinear as fb
@@ -245,11 +252,17 @@ def export_cmd(
         raise ValueError(
             f"unknown format {fmt!r}; choose one of {', '.join(EXPORT_FORMATS)} (--format or the --out suffix)"
         )
+    long_scores.check_options(text, length, None, tokens, sample_seed, random_seed)
+    if (text is not None or length is not None) and figure not in LONG:
+        raise ValueError(f"--text and --length are for {' and '.join(LONG)}; {figure} takes --tokens or a seed")
     loaded = resolve(name)
     model = loaded.model
-    if figure in ("scores", "pattern", "query", "vocab", "vocab-pattern", "positional", *SINK_VIEWS):
+    if figure in ("scores", "pattern", "query", "vocab", "vocab-pattern", "positional", *SINK_VIEWS, *LONG):
         check_head(loaded, layer, head)
-    if figure in SINK_VIEWS:
+    if figure in LONG:
+        ids = long_scores.long_tokens(loaded, text, length, tokens, sample_seed, random_seed)
+        plot = long_scores.long_plot(loaded, figure, ids, layer, head, query)
+    elif figure in SINK_VIEWS:
         from attn_core.figures.sinks import sink_view_plot
 
         view = bilinear.sequence_view(loaded, input_tokens(loaded, tokens, sample_seed, random_seed), layer, [head])

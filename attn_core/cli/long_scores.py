@@ -119,3 +119,20 @@ def blocked_scores(loaded, ids: list[int], layer: int, head: int, topk: int, as_
         )
 
     emit(result, as_json, human)
+
+
+def long_plot(loaded, figure: str, ids: list[int], layer: int, head: int, query: int | None):
+    """``export --figure long-map`` (the whole input, pooled to the figure's size, the query's
+    row marked) or ``long-rows`` (entropy and sink mass per query; CSV: every query's top keys)."""
+    from attn_core import bilinear
+    from attn_core.bilinear.blocked import layer_qk, row_stats
+    from attn_core.bilinear.long_map import long_map
+    from attn_core.figures import long_view
+
+    if query is not None and not 0 <= query < len(ids):
+        raise ValueError(f"--query {query} is outside 0..{len(ids) - 1}")
+    qk = layer_qk(loaded.model, ids, layer)
+    stats = row_stats(qk, head)
+    if figure == "long-map":
+        return long_view.map_plot(long_map(qk, stats), len(ids) - 1 if query is None else query)
+    return long_view.rows_plot(stats, layer, bilinear.position_labels(loaded, ids))

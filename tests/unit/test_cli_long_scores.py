@@ -113,3 +113,20 @@ def test_random_tokens_of_any_length_without_a_tokenizer(tmp_path):
     r = json.loads(run("scores", tmp_path, "--random-seed", 0, "--length", 1100, "--topk", 2, "--json").stdout)
     assert r["n_tokens"] == 1100 and len(r["queries"][-1]["top"]) == 2
     one_line_error(run("scores", tmp_path, "--text", tmp_path / "config.json", "--topk", 2), "tokenizer.json")
+
+
+def test_export_the_long_map_and_every_querys_top_keys(llama, tmp_path):
+    folder, text = llama
+    base = ("export", folder, "--layer", 1, "--head", 2, "--text", text, "--length", 1500)
+    out = run(*base, "--figure", "long-map", "--out", tmp_path / "map.html", "--json")
+    assert out.exit_code == 0, out.output
+    html = (tmp_path / "map.html").read_text()
+    assert "Plotly" in html and "1500 tokens" in html and "sink (key 0) apart" in html
+    csv = run(*base, "--figure", "long-rows", "--out", tmp_path / "rows.csv")
+    assert csv.exit_code == 0, csv.output
+    lines = (tmp_path / "rows.csv").read_text().splitlines()
+    assert lines[0].startswith("head,query,query_label,rank,key,key_label,offset,score,weight,entropy,sink")
+    assert len(lines) == 1 + sum(min(8, q + 1) for q in range(1500))  # top 8 keys of every query
+    again = run(*base, "--figure", "long-rows", "--out", tmp_path / "rows.csv")
+    one_line_error(again, "rows.csv")  # never overwritten
+    one_line_error(run("export", folder, "--figure", "scores", "--text", text, "--out", tmp_path / "x.csv"), "--text")
