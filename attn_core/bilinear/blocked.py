@@ -154,7 +154,10 @@ def layer_qk(model: Transformer, tokens: Sequence[int], layer: int) -> LayerQK:
         k, kv = kept["k"][::group], tuple(cfg.kv_head(h) for h in range(H))
         scale = tuple(cfg.head_d_qk(layer, h) ** -0.5 for h in range(H))
     x = kept["x"] if cfg.positional != "rotary" else None
-    return LayerQK(layer, ids, kept["q"], k.contiguous(), kv, scale, cfg.window(layer), x)
+    q = kept["q"]
+    if q.dtype in (torch.float16, torch.bfloat16):  # the running sums and the entropy need float32
+        q, k = q.float(), k.float()
+    return LayerQK(layer, ids, q, k.contiguous(), kv, scale, cfg.window(layer), x)
 
 
 @dataclass
@@ -177,13 +180,8 @@ class RowStats:
     def n(self) -> int:
         return self.lse.shape[0]
 
-    def query(self, i: int) -> dict:
-        """One row as the CLI prints it: top [{key, score, weight}], entropy, sink."""
-        keys, s, w = self.top_keys[i].tolist(), self.top_scores[i].tolist(), self.top_weights[i].tolist()
-        top = [dict(key=k, score=a, weight=b) for k, a, b in zip(keys, s, w) if k >= 0]
-        return dict(query=i, top=top, entropy=float(self.entropy[i]), sink=float(self.sink[i]))
-
     def queries(self) -> list[dict]:
+        """Every row as ``attn-lab scores --topk --json`` prints it: query, top [{key, score, weight}], entropy, sink."""
         keys, s, w = self.top_keys.tolist(), self.top_scores.tolist(), self.top_weights.tolist()
         ent, sink = self.entropy.tolist(), self.sink.tolist()
         return [
