@@ -140,8 +140,8 @@ def section(loaded: LoadedModel, inp: Input, layer: int, head, top_k: int = bloc
     stats = head_stats(loaded, tokens, layer, head, top_k)
     lm = head_map(loaded, tokens, layer, head, top_k, rows, cols, px, pool, value)
     query = _clicked_query(n, inp.query)
-    plots.append(fl.map_plot(lm, query))
-    show_plot(plots[-1], key="long_map", on_select="rerun", selection_mode=("points", "box"))
+    plots.append(fl.map_plot(lm, query, selectable=True))
+    show_plot(plots[-1], key="long_map", on_select="rerun", selection_mode=("box", "points"))
     names = bilinear.token_names(loaded)
     labels = inp.labels
     st.header(f"Query {labels[query]}: its top {top_k} keys" + (" (clicked on the map)" if query != inp.query else ""))

@@ -35,10 +35,25 @@ def _style(value: str, z: torch.Tensor) -> dict:
     return dict(colorscale="Viridis", zmin=0.0, zmax=max(top, 1e-12))
 
 
-def map_plot(lm: LongMap, query: int | None = None, width: int = FULL_PX) -> Plot:
+SELECT_GRID = 40  # invisible points a side that make the map box-selectable (plotly selects no heatmap)
+
+
+def _select_grid(lm: LongMap) -> go.Scatter:
+    """Transparent points over the map: plotly offers a box selection only on traces with points,
+    and a box drawn on the map is the page's zoom (its x and y ranges; the points are not read)."""
+    ys = np.linspace(lm.rows[0], lm.rows[1] - 1, SELECT_GRID)
+    xs = np.linspace(lm.key_first, lm.cols[1] - 1, SELECT_GRID)
+    gx, gy = np.meshgrid(xs, ys)
+    return go.Scatter(
+        x=gx.ravel(), y=gy.ravel(), mode="markers", marker=dict(opacity=0, size=4), hoverinfo="skip", showlegend=False
+    )
+
+
+def map_plot(lm: LongMap, query: int | None = None, width: int = FULL_PX, selectable: bool = False) -> Plot:
     """The map's tiles at their positions (tile centres), the query's row outlined; with the
     sink apart, a narrow column of key 0 at the left (0..1 for A) and the map on the scale of
-    its own cells (what is left beside the sink)."""
+    its own cells (what is left beside the sink). ``selectable``: a drag draws a box (the page's
+    zoom), through an invisible grid of points."""
     nr, nc = lm.cells.shape
     t = lm.tile
     y = lm.rows[0] + np.arange(nr) * t + (t - 1) / 2
@@ -72,10 +87,14 @@ def map_plot(lm: LongMap, query: int | None = None, width: int = FULL_PX) -> Plo
             1,
         )
         fig.add_trace(main, 1, 2)
+        if selectable:
+            fig.add_trace(_select_grid(lm), 1, 2)
         fig.update_xaxes(title_text="sink", showticklabels=False, row=1, col=1)
         fig.update_xaxes(title_text="key position", range=[lm.key_first - 0.5, lm.cols[1] - 0.5], row=1, col=2)
     else:
         fig = go.Figure(main)
+        if selectable:
+            fig.add_trace(_select_grid(lm))
         fig.update_xaxes(title_text="key position", range=[lm.cols[0] - 0.5, lm.cols[1] - 0.5])
     fig.update_yaxes(range=[lm.rows[1] - 0.5, lm.rows[0] - 0.5])
     fig.update_layout(yaxis_title_text="query position")
@@ -90,6 +109,7 @@ def map_plot(lm: LongMap, query: int | None = None, width: int = FULL_PX) -> Plo
         title=f"{what} of {lm.n} tokens, {cell}{region}, layer {lm.layer} head {lm.head}"
         + (", sink (key 0) apart" if lm.sink is not None else ""),
         height=MAP_HEIGHT,
+        dragmode="select" if selectable else None,
     )
     fixed_margins(fig, width=width)
     return Plot(
