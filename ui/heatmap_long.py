@@ -3,7 +3,7 @@
 and K are kept (``layer_qk``); a head change recomputes only that head's blocks (``head_stats``)
 and its map. The map (``bilinear.long_map``) is the whole T x T pooled to the figure's size, or
 a zoomed region (the sliders, or a box drawn on the map) at full resolution once it fits, with
-the sink column apart; a clicked cell (or the page's query slider) picks the query whose top
+the sink column apart; the page's query slider picks the query whose row is marked and whose top
 keys and mode split are shown. Figures are ``figures.long_view``'s."""
 
 from __future__ import annotations
@@ -80,16 +80,6 @@ def _zoom_from_box(n: int) -> None:
         st.session_state["long_rows"], st.session_state["long_cols"] = region
 
 
-def _clicked_query(n: int, query: int) -> int:
-    """The query of a clicked cell of the map, until the page's query slider moves."""
-    event = st.session_state.get("chart_long_map")
-    points = (event or {}).get("selection", {}).get("points") or []
-    if points and "y" in points[-1]:
-        st.session_state["long_click"] = (query, max(0, min(n - 1, int(round(points[-1]["y"])))))
-    source, clicked = st.session_state.get("long_click", (None, None))
-    return clicked if source == query else query
-
-
 def controls(n: int) -> tuple[str, str, int, tuple[int, int], tuple[int, int]]:
     """Value, pooling, resolution and the zoomed region (queries, keys as end-exclusive ranges)."""
     _zoom_from_box(n)
@@ -139,12 +129,12 @@ def section(loaded: LoadedModel, inp: Input, layer: int, head, top_k: int = bloc
         return plots
     stats = head_stats(loaded, tokens, layer, head, top_k)
     lm = head_map(loaded, tokens, layer, head, top_k, rows, cols, px, pool, value)
-    query = _clicked_query(n, inp.query)
+    query = inp.query  # the page's query slider picks it (Streamlit reports no selected heatmap cell)
     plots.append(fl.map_plot(lm, query, selectable=True))
-    show_plot(plots[-1], key="long_map", on_select="rerun", selection_mode=("box", "points"))
+    show_plot(plots[-1], key="long_map", on_select="rerun", selection_mode="box")
     names = bilinear.token_names(loaded)
     labels = inp.labels
-    st.header(f"Query {labels[query]}: its top {top_k} keys" + (" (clicked on the map)" if query != inp.query else ""))
+    st.header(f"Query {labels[query]}: its top {top_k} keys")
     plots.append(fl.query_top_plot(stats, layer, query, labels))
     show_plot(plots[-1], key="long_top")
     keys = [k for k in stats.top_keys[query].tolist() if k >= 0]
