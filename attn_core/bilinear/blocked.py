@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attn_core import limits
 from attn_core.bilinear.checks import check_ids, check_layer, check_model, check_tokens
 from attn_core.bilinear.checks import longest_input as checks_longest
 from attn_core.hooks import act_name
@@ -54,18 +55,32 @@ def check_count(name: str, value, lo: int, hi: int) -> int:
     return int(value)
 
 
+def forward_bytes(n: int) -> int:
+    """What the forward that reads Q and K holds of n x n: the model's boolean mask (made for the
+    fused kernel, ``Transformer.mask``) and a copy while it is made; the blocks never hold more."""
+    return 2 * n * n
+
+
 def check_input(model: Transformer, tokens: Sequence[int]) -> list[int]:
     """An input of a page: over :data:`BLOCKED_INPUT` tokens checked as blocked scores need (the
-    vocabulary and the context), else as a dense view needs (its memory too)."""
+    vocabulary, the context and the forward's mask within the memory limit), else as a dense view
+    needs (its n x n views too)."""
     if len(tokens) > BLOCKED_INPUT:
-        return check_ids(model, tokens)
+        ids = check_ids(model, tokens)
+        limits.check_memory(f"the forward's {len(ids)} x {len(ids)} mask", forward_bytes(len(ids)))
+        return ids
     return check_tokens(model, tokens)
 
 
 def longest_input(model: Transformer) -> int:
     """The most tokens a page's input may have: the context when it is longer than
-    :data:`BLOCKED_INPUT` (blocked scores need no n x n), else what a dense view allows."""
-    return model.cfg.n_ctx if model.cfg.n_ctx > BLOCKED_INPUT else checks_longest(model)
+    :data:`BLOCKED_INPUT` (blocked scores hold no n x n scores), cut to what the forward's mask
+    leaves within the memory limit; else what a dense view allows."""
+    n_ctx = model.cfg.n_ctx
+    if n_ctx <= BLOCKED_INPUT:
+        return checks_longest(model)
+    n = min(n_ctx, math.isqrt(limits.memory_limit() // 2))
+    return max(n, min(n_ctx, checks_longest(model)))
 
 
 @dataclass

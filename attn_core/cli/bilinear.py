@@ -123,7 +123,7 @@ def scores_cmd(
     loaded = resolve(name)
     check_head(loaded, layer, head)
     ids = long_scores.long_tokens(loaded, text, length, tokens, sample_seed, random_seed)
-    long_scores.check_length(len(ids), topk)
+    long_scores.check_length(loaded, ids, topk)
     if topk is not None:
         return long_scores.blocked_scores(loaded, ids, layer, head, topk, as_json)
     view = bilinear.sequence_view(loaded, ids, layer, [head])

@@ -62,9 +62,12 @@ def long_tokens(loaded, text: Path | None, length, tokens, sample_seed, random_s
     return input_tokens(loaded, tokens, sample_seed, random_seed)
 
 
-def check_length(n: int, topk: int | None) -> None:
-    from attn_core.bilinear.blocked import BLOCKED_INPUT
+def check_length(loaded, ids: list[int], topk: int | None) -> None:
+    """--topk against the input's length, a long input without --topk refused, and the forward's
+    memory (``blocked.check_input``): all before the forward."""
+    from attn_core.bilinear.blocked import BLOCKED_INPUT, check_input
 
+    n = len(ids)
     if topk is None and n > BLOCKED_INPUT:
         raise ValueError(
             f"{n} tokens are a long input (more than {BLOCKED_INPUT}): give --topk K for the per-query top keys "
@@ -72,6 +75,7 @@ def check_length(n: int, topk: int | None) -> None:
         )
     if topk is not None and topk > n:
         raise ValueError(f"--topk {topk} is past the input's {n} tokens")
+    check_input(loaded.model, ids)
 
 
 def blocked_scores(loaded, ids: list[int], layer: int, head: int, topk: int, as_json: bool) -> None:
@@ -125,12 +129,13 @@ def long_plot(loaded, figure: str, ids: list[int], layer: int, head: int, query:
     """``export --figure long-map`` (the whole input, pooled to the figure's size, the query's
     row marked) or ``long-rows`` (entropy and sink mass per query; CSV: every query's top keys)."""
     from attn_core import bilinear
-    from attn_core.bilinear.blocked import layer_qk, row_stats
+    from attn_core.bilinear.blocked import check_input, layer_qk, row_stats
     from attn_core.bilinear.long_map import long_map
     from attn_core.figures import long_view
 
     if query is not None and not 0 <= query < len(ids):
         raise ValueError(f"--query {query} is outside 0..{len(ids) - 1}")
+    check_input(loaded.model, ids)
     qk = layer_qk(loaded.model, ids, layer)
     stats = row_stats(qk, head)
     if figure == "long-map":

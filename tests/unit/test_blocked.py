@@ -127,3 +127,15 @@ def test_meta_device_runs_without_a_host_read():
     assert stats.top_keys.device.type == "meta" and stats.entropy.shape == (40,) and stats.offsets.device.type == "meta"
     out = pooled(qk, 1, stats.lse, (0, 40), (0, 40), 8, "mean")
     assert out.device.type == "meta" and out.shape == (5, 5)
+
+
+def test_a_pages_long_input_is_bounded_by_the_forwards_mask(tiny_model, monkeypatch):
+    from attn_core import limits
+    from attn_core.bilinear import blocked
+
+    model = tiny_model("reverse", positional="rotary", n_ctx=2**20)
+    monkeypatch.setattr(limits, "memory_limit", lambda: 2 * 3000**2)
+    assert blocked.longest_input(model) == 3000  # not the context of 2^20
+    assert len(blocked.check_input(model, [1] * 3000)) == 3000
+    with pytest.raises(limits.LimitError, match="the forward's 3001 x 3001 mask needs"):
+        blocked.check_input(model, [1] * 3001)
