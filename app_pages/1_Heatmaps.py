@@ -8,6 +8,7 @@ import streamlit as st
 import ui
 from attn_core import bilinear
 from attn_core.figures import bilinear as fb
+from ui import heatmap_long
 from ui import heatmap_sections as sections
 from ui import heatmap_sinks as sinks
 from ui.heatmap_input import pick_input
@@ -34,6 +35,9 @@ def head_views() -> None:
     c_layer, c_head, _ = st.columns([1, 1, 6])
     layer, head = ui.layer_head_picker(cfg, (c_layer, c_head), all_heads=True)
     ui.to_url(layer=layer, head=head)
+    if inp.blocked:  # over BLOCKED_INPUT tokens: one head's blocked scores, never T x T
+        heatmap_long.export(heatmap_long.section(loaded, inp, layer, head), loaded, inp, layer, head)
+        return
     sm = sinks.sink_mode(inp.long)
     plots, long_settings = [], {}
     if inp.long:  # an exact window, the top keys, a pooled overview

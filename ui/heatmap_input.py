@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import streamlit as st
 
 from attn_core import bilinear
-from attn_core.bilinear import position_labels
+from attn_core.bilinear import blocked, position_labels
 from attn_core.sources import LoadedModel
 from attn_core.text import source as text_source
 from attn_core.text.files import page_message
@@ -30,6 +30,11 @@ class Input:
     labels: list[str]
     query: int
     k: int
+
+    @property
+    def blocked(self) -> bool:
+        """Over ``BLOCKED_INPUT`` tokens: blocked scores of one head (``ui.heatmap_long``), no T x T."""
+        return len(self.tokens) > blocked.BLOCKED_INPUT
 
     @property
     def long(self) -> bool:
@@ -72,7 +77,7 @@ def _tokens(loaded: LoadedModel, source: str) -> tuple[list[int], int | None]:
         return bilinear.sample_tokens(loaded, seed), seed
     if source == "text":  # a held-out block of the run's text, as the run split it
         return text_source.held_out_tokens(loaded, seed), seed  # tokenized once per run (the token cache)
-    longest = max(2, bilinear.longest_input(loaded.model))  # the context, cut to the memory limit
+    longest = max(2, blocked.longest_input(loaded.model))  # the context (blocked past BLOCKED_INPUT)
     length = number(
         l_col,
         "Length",
@@ -105,7 +110,7 @@ def pick_input(loaded: LoadedModel) -> Input:
     with c_input:
         try:
             tokens, seed = _tokens(loaded, source)
-            bilinear.check_tokens(loaded.model, tokens)  # a view of this input fits the limits, or one line here
+            blocked.check_input(loaded.model, tokens)  # a view of this input fits the limits, or one line here
         except (ValueError, OSError) as e:  # a text gone or changed since the run: one line
             st.error(f"This input does not work: {plain(page_message(e) if source == 'text' else e)}")
             st.stop()

@@ -46,13 +46,14 @@ def download_table(frame: Any, file_stem: str, key: str, help: str) -> None:
     )
 
 
-def show_plot(plot: Plot, key: str, help: str | None = None, downloads: bool = True) -> None:
+def show_plot(plot: Plot, key: str, help: str | None = None, downloads: bool = True, **chart: Any) -> Any:
     """The chart and, under it, a Download menu with one button per format; files are made only
     when clicked. The menu's buttons are drawn only when it is opened, so a rerun that redraws
-    the page's charts does not also redraw four buttons per chart."""
-    st.plotly_chart(plot.fig, key=f"chart_{key}", config={"displaylogo": False})
+    the page's charts does not also redraw four buttons per chart. ``chart``: more arguments of
+    ``st.plotly_chart`` (``on_select``...), whose result is returned."""
+    event = st.plotly_chart(plot.fig, key=f"chart_{key}", config={"displaylogo": False}, **chart)
     if not downloads:
-        return
+        return event
     menu = st.popover("Download", icon=":material/download:", help=f"{plot.name}: PNG, SVG, HTML or CSV")
     with menu, st.container(horizontal=True, gap="small"):
         for fmt in EXPORT_FORMATS:
@@ -65,6 +66,7 @@ def show_plot(plot: Plot, key: str, help: str | None = None, downloads: bool = T
                 on_click="ignore",
                 help=help or _FORMAT_HELP[fmt],
             )
+    return event
 
 
 _FORMAT_HELP = {

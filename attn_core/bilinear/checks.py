@@ -37,7 +37,17 @@ def check_heads(model: Transformer, heads: None | int | Sequence[int]) -> list[i
 
 
 def check_tokens(model: Transformer, token_ids: Sequence[int], max_len: int | None = None) -> list[int]:
-    """Token ids in the vocabulary, at most ``max_len`` (default: the context) of them."""
+    """Token ids in the vocabulary, at most ``max_len`` (default: the context) of them, whose
+    dense view fits the memory limit."""
+    ids = check_ids(model, token_ids, max_len)
+    n, h = len(ids), model.cfg.n_heads
+    limits.check_memory(f"a view of {n} x {n} scores for {h} heads", _view_bytes(h, n))
+    return ids
+
+
+def check_ids(model: Transformer, token_ids: Sequence[int], max_len: int | None = None) -> list[int]:
+    """Token ids in the vocabulary, 1..``max_len`` (default: the context) of them; no memory check
+    (labels, blocked scores: nothing of n x n)."""
     V = model.cfg.d_vocab
     ids = [int(t) for t in token_ids]
     if not ids:
@@ -48,8 +58,6 @@ def check_tokens(model: Transformer, token_ids: Sequence[int], max_len: int | No
     top = model.cfg.n_ctx if max_len is None else max_len
     if len(ids) > top:
         raise ValueError(f"{len(ids)} tokens exceed the model context of {top}")
-    n, h = len(ids), model.cfg.n_heads
-    limits.check_memory(f"a view of {n} x {n} scores for {h} heads", _view_bytes(h, n))
     return ids
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from attn_core import checkpoint
-from attn_core.bilinear.checks import check_loaded, check_tokens
+from attn_core.bilinear.checks import check_ids, check_loaded, check_tokens
 from attn_core.hf import tokenizer as hf_tokenizer
 from attn_core.sources import LoadedModel
 from attn_core.validate import check_seed, summarize
@@ -82,7 +82,7 @@ def position_labels(loaded: LoadedModel, tokens: Sequence[int]) -> list[str]:
     """The label "position:name" of each token of an input, as every view's axes show it."""
     loaded = check_loaded(loaded, "position_labels")
     names = token_names(loaded)
-    return [f"{p}:{names[t]}" for p, t in enumerate(check_tokens(loaded.model, tokens))]
+    return [f"{p}:{names[t]}" for p, t in enumerate(check_ids(loaded.model, tokens))]
 
 
 @functools.lru_cache(maxsize=8)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from attn_core.cli import common
+from attn_core.cli import common, long_scores
 from attn_core.cli.common import JsonOpt, NameArg, check_finite, check_head, emit, guarded, input_tokens, table
 from attn_core.cli.sinks import FieldOpt, LengthOpt, SamplesOpt, SeedOpt, TextOpt
 from attn_core.validate import check_seed
@@ -29,9 +29,12 @@ FIGURES = (
     "pattern-no-sinks",
     "sinks",
     "ranks",
+    "long-map",
+    "long-rows",
 )
 
 SINK_VIEWS = {"pattern-sinks-apart": "apart", "pattern-no-sinks": "renormalized"}
+LONG = ("long-map", "long-rows")  # blocked scores (long_scores.long_plot), any length
 
 
 @app.command("spectrum")
@@ -90,20 +93,29 @@ def scores_cmd(
     eps: float = typer.Option(
         0.3, "--eps", help="Sink keys on this input: importance above this (concentration without them too)."
     ),
+    text: Path | None = long_scores.TextOpt,
+    length: int | None = long_scores.LengthOpt,
+    topk: int | None = long_scores.TopkOpt,
     as_json: bool = JsonOpt,
 ):
     """Scores S = X'B'X'^T (the model's own pre-softmax scores), pattern A and the concentration
-    of every query row for one head on one input, with and without the head's sink keys on it."""
+    of every query row for one head on one input, with and without the head's sink keys on it.
+    With --topk (any length, e.g. --text FILE --length 8192): per query its top keys, entropy
+    and sink mass from blocked scores, never T x T."""
     import torch
 
     from attn_core import bilinear, metrics
     from attn_core.bilinear.sinks import check_eps
     from attn_core.sources import resolve
 
+    long_scores.check_options(text, length, topk, tokens, sample_seed, random_seed)
     check_eps(eps)
     loaded = resolve(name)
     check_head(loaded, layer, head)
-    ids = input_tokens(loaded, tokens, sample_seed, random_seed)
+    ids = long_scores.long_tokens(loaded, text, length, tokens, sample_seed, random_seed)
+    long_scores.check_length(loaded, ids, topk)
+    if topk is not None:
+        return long_scores.blocked_scores(loaded, ids, layer, head, topk, as_json)
     view = bilinear.sequence_view(loaded, ids, layer, [head])
     check_finite(f"the scores of L{layer}H{head}", view.scores[0][view.mask], view.pattern[0][view.mask])
     per_row = {m: v[0] for m, v in view.concentration(k).items()}
@@ -199,12 +211,16 @@ def export_cmd(
     without_sinks: bool = typer.Option(
         False, "--without-sinks", help="concentration: measured without each head's sink keys (rows renormalized)."
     ),
+    text: Path | None = long_scores.TextOpt,
+    length: int | None = long_scores.LengthOpt,
     as_json: bool = JsonOpt,
 ):
     """Write one figure as PNG, SVG, HTML or its data as CSV. The sink figures (pattern-sinks-apart,
     pattern-no-sinks: one head's pattern with its sink keys apart or left out; sinks: key importance
     per head) and ranks (the two ranks of each head) are measured on the model's task samples;
-    ``attn-lab sinks --out`` and ``spectrum`` take a text."""
+    ``attn-lab sinks --out`` and ``spectrum`` take a text. long-map (one head's multi-resolution
+    map, its sink column apart) and long-rows (entropy and sink mass per query; its CSV every
+    query's top keys) take any length (--text FILE --length N, or --random-seed S --length N)."""
     from attn_core import bilinear
     from attn_core.destinations import check_destination
     from attn_core.figures import EXPORT_FORMATS, ExportError, write_plot
@@ -219,11 +235,17 @@ def export_cmd(
             f"unknown format {fmt!r}; choose one of {', '.join(EXPORT_FORMATS)} (--format or the --out suffix)"
         )
     check_destination(out, "--out")  # the output rule of every command that writes, before any work
+    long_scores.check_options(text, length, None, tokens, sample_seed, random_seed)
+    if (text is not None or length is not None) and figure not in LONG:
+        raise ValueError(f"--text and --length are for {' and '.join(LONG)}; {figure} takes --tokens or a seed")
     loaded = resolve(name)
     model = loaded.model
-    if figure in ("scores", "pattern", "query", "vocab", "vocab-pattern", "positional", *SINK_VIEWS):
+    if figure in ("scores", "pattern", "query", "vocab", "vocab-pattern", "positional", *SINK_VIEWS, *LONG):
         check_head(loaded, layer, head)
-    if figure in SINK_VIEWS:
+    if figure in LONG:
+        ids = long_scores.long_tokens(loaded, text, length, tokens, sample_seed, random_seed)
+        plot = long_scores.long_plot(loaded, figure, ids, layer, head, query)
+    elif figure in SINK_VIEWS:
         from attn_core.figures.sinks import sink_view_plot
 
         view = bilinear.sequence_view(loaded, input_tokens(loaded, tokens, sample_seed, random_seed), layer, [head])

@@ -126,6 +126,26 @@ def _long(m: LoadedModel, page: str, layer: int) -> Iterator[Entry]:
     yield Entry(
         page, "long input: overview per head", fb.overview_plot(scores.view(1, 500, blocks=128), width=HALF), HALF
     )
+    yield from _blocked(m, page, layer, long_tokens)
+
+
+def _blocked(m: LoadedModel, page: str, layer: int, tokens: list[int]) -> Iterator[Entry]:
+    """The view of inputs over ``blocked.BLOCKED_INPUT`` tokens (here on a shorter one: the same figures)."""
+    from attn_core.bilinear import blocked
+    from attn_core.bilinear.long_map import long_map
+    from attn_core.figures import long_view as fl
+
+    qk = blocked.layer_qk(m.model, tokens, layer)
+    stats = blocked.row_stats(qk, 0)
+    labels = bilinear.position_labels(m, tokens)
+    yield Entry(
+        page, "blocked: multi-resolution map, sink apart", fl.map_plot(long_map(qk, stats, pixels=256), 500), FULL
+    )
+    zoom = long_map(qk, stats, rows=(440, 520), cols=(400, 520))
+    yield Entry(page, "blocked: a zoom at full resolution", fl.map_plot(zoom, 500), FULL)
+    yield Entry(page, "blocked: a query's top keys", fl.query_top_plot(stats, layer, 500, labels), WIDE)
+    yield Entry(page, "blocked: entropy and sink mass per query", fl.rows_plot(stats, layer, labels), FULL)
+    yield Entry(page, "blocked: offset profile", fl.offsets_plot(stats, layer), WIDE)
 
 
 def spectrum(m: LoadedModel, quick: bool) -> Iterator[Entry]:

@@ -25,6 +25,7 @@ TRANSFORMERS = {
     "text_retrain.py",
     "sinks.py",
     "two_ranks.py",
+    "long_context.py",
 }  # use transformers
 
 

@@ -1,0 +1,364 @@
+"""Scores of one head at any length, in blocks of queries x keys: never a T x T matrix.
+
+For layer l of a model and an input of T tokens, :func:`layer_qk` runs the forward once up to
+that layer (hooks on ``attn_in``, ``q`` and ``k``; the forward stops after ``k``) and keeps Q of
+every query head [H, T, w] (after rotary, with its bias) and K of every key/value head [G, T, w]
+(grouped-query attention: query head h reads key head ``cfg.kv_head(h)``), on the model's device.
+A head change then recomputes only that head's blocks from them:
+
+    S_ij = Q_i . K_j * scale_h,  visible when j <= i (and i - j < window for a sliding window,
+    as ``Transformer.mask`` has it), A_ij = exp(S_ij - lse_i), lse_i = log sum_j visible exp S_ij
+
+:func:`row_stats` walks the query rows a block of ``block`` queries at a time and, inside, the
+keys they see a block at a time, merging online (Milakov & Gimelshein 2018; FlashAttention):
+the running max m and sum l of exp(S - m) give lse = m + log l; the running
+t = sum exp(S - m)(S - m) gives the entropy H = -sum A log A = log l - t / l (rescaled by
+exp(m - m') with t' = e (t + (m - m') l) when the max moves); the top-k of each key block is
+merged with the row's top-k so far. Memory is O(T (k + P) + block^2) for k top keys and P
+offsets. Per row: the top-k keys (score, weight), the entropy, the sink mass (the weight on the
+first token, Gu et al.'s alpha_1, ``bilinear.sinks``), and the offset profile (the weight on keys
+i, i-1, .., i-P+1). :func:`pooled` draws any region of A (or S) in tiles (max or mean), a block
+at a time, with the rows' lse from :func:`row_stats`. Softmax heads only (not alpha-entmax).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from attn_core import limits
+from attn_core.bilinear.checks import check_ids, check_layer, check_model, check_tokens
+from attn_core.bilinear.checks import longest_input as checks_longest
+from attn_core.hooks import act_name
+from attn_core.model import Transformer
+from attn_core.validate import is_int
+
+BLOCKED_INPUT = 1024  # inputs longer than this take the blocked path (no T x T anywhere)
+BLOCK = 512  # queries (and keys) per block: a block of scores is BLOCK^2 floats
+TOP_K = 8
+OFFSETS = 32  # the offset profile: keys i, i-1, .., i-OFFSETS+1
+POOLS = ("max", "mean")
+
+Progress = Callable[[int, int], None]
+
+
+class _Stop(Exception):
+    """Raised by the hook on ``k``: the rest of the forward is skipped."""
+
+
+def check_count(name: str, value, lo: int, hi: int) -> int:
+    if not is_int(value) or not lo <= value <= hi:
+        raise ValueError(f"{name} must be a whole number in {lo}..{hi}, got {value!r}")
+    return int(value)
+
+
+def forward_bytes(n: int) -> int:
+    """What the forward that reads Q and K holds of n x n: the model's boolean mask (made for the
+    fused kernel, ``Transformer.mask``) and a copy while it is made; the blocks never hold more."""
+    return 2 * n * n
+
+
+def check_input(model: Transformer, tokens: Sequence[int]) -> list[int]:
+    """An input of a page: over :data:`BLOCKED_INPUT` tokens checked as blocked scores need (the
+    vocabulary, the context and the forward's mask within the memory limit), else as a dense view
+    needs (its n x n views too)."""
+    if len(tokens) > BLOCKED_INPUT:
+        ids = check_ids(model, tokens)
+        limits.check_memory(f"the forward's {len(ids)} x {len(ids)} mask", forward_bytes(len(ids)))
+        return ids
+    return check_tokens(model, tokens)
+
+
+def longest_input(model: Transformer) -> int:
+    """The most tokens a page's input may have: the context when it is longer than
+    :data:`BLOCKED_INPUT` (blocked scores hold no n x n scores), cut to what the forward's mask
+    leaves within the memory limit; else what a dense view allows."""
+    n_ctx = model.cfg.n_ctx
+    if n_ctx <= BLOCKED_INPUT:
+        return checks_longest(model)
+    n = min(n_ctx, math.isqrt(limits.memory_limit() // 2))
+    return max(n, min(n_ctx, checks_longest(model)))
+
+
+@dataclass
+class LayerQK:
+    """Q and K of one layer on one input (what a page caches per model, tokens and layer)."""
+
+    layer: int
+    token_ids: list[int]
+    q: torch.Tensor  # [H, T, w]: every query head, rotated, with its bias
+    k: torch.Tensor  # [G, T, w]: every key/value head
+    kv_head: tuple[int, ...]  # query head -> row of k
+    scale: tuple[float, ...]  # per query head: S = Q K^T * scale
+    window: int  # the layer's sliding window (0: none)
+    x: torch.Tensor | None = None  # [T, d_model] the attention input (the mode split without rotary)
+
+    @property
+    def n(self) -> int:
+        return self.q.shape[1]
+
+    @property
+    def n_heads(self) -> int:
+        return self.q.shape[0]
+
+    def check_head(self, head: int) -> int:
+        if not is_int(head) or not 0 <= head < self.n_heads:
+            raise ValueError(f"head {head!r} is outside 0..{self.n_heads - 1} (this layer has {self.n_heads} heads)")
+        return int(head)
+
+    def key_span(self, q0: int, q1: int) -> tuple[int, int]:
+        """The keys [lo, hi) that some query of q0..q1-1 sees."""
+        return (max(0, q0 - self.window + 1) if self.window else 0), q1
+
+    def visible(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """[len(rows), len(cols)] bool, the model's mask (``Transformer.mask``) at these positions."""
+        vis = cols[None, :] <= rows[:, None]
+        if self.window:
+            vis &= rows[:, None] - cols[None, :] < self.window
+        return vis
+
+    def full(self, q0: int, q1: int, k0: int, k1: int) -> bool:
+        """Whether every query of q0..q1-1 sees every key of k0..k1-1 (no mask needed)."""
+        return k1 - 1 <= q0 and (not self.window or q1 - 1 - k0 < self.window)
+
+    def scores(self, head: int, q0: int, q1: int, k0: int, k1: int) -> torch.Tensor:
+        """S of queries q0..q1-1 against keys k0..k1-1, -inf where the key is not visible."""
+        h = self.check_head(head)
+        S = (self.q[h, q0:q1] @ self.k[self.kv_head[h], k0:k1].T).mul_(self.scale[h])
+        if self.full(q0, q1, k0, k1):
+            return S
+        dev = S.device
+        vis = self.visible(torch.arange(q0, q1, device=dev), torch.arange(k0, k1, device=dev))
+        return S.masked_fill_(~vis, -math.inf)
+
+
+@torch.no_grad()
+def layer_qk(model: Transformer, tokens: Sequence[int], layer: int) -> LayerQK:
+    """Q and K of ``layer`` on ``tokens`` from one forward stopped right after the layer's ``k``
+    hook (later layers are not run), on the model's device."""
+    model = check_model(model, "layer_qk")
+    cfg = model.cfg
+    if cfg.entmax_alpha != 1.0:
+        raise ValueError(f"blocked scores need softmax heads; this model uses alpha-entmax ({cfg.entmax_alpha:g})")
+    layer = check_layer(model, layer)
+    ids = check_ids(model, tokens)
+    kept: dict[str, torch.Tensor] = {}
+
+    def keep(name: str, stop: bool = False):
+        def hook(t: torch.Tensor, _name: str) -> None:
+            kept[name] = t[0].detach()
+            if stop:
+                raise _Stop
+
+        return hook
+
+    hooks = [(act_name("attn_in", layer), keep("x")), (act_name("q", layer), keep("q"))]
+    hooks.append((act_name("k", layer), keep("k", stop=True)))
+    try:
+        model.run_with_hooks(torch.tensor([ids], device=model.embed.W_E.device), hooks)
+    except _Stop:
+        pass
+    H = cfg.n_heads
+    if cfg.qk == "merged":  # K = X for every head
+        k, kv, scale = kept["k"][:1], (0,) * H, (1.0,) * H
+    else:
+        group = H // cfg.kv_heads
+        k, kv = kept["k"][::group], tuple(cfg.kv_head(h) for h in range(H))
+        scale = tuple(cfg.head_d_qk(layer, h) ** -0.5 for h in range(H))
+    x = kept["x"] if cfg.positional != "rotary" else None
+    q = kept["q"]
+    if q.dtype in (torch.float16, torch.bfloat16):  # the running sums and the entropy need float32
+        q, k = q.float(), k.float()
+    return LayerQK(layer, ids, q, k.contiguous(), kv, scale, cfg.window(layer), x)
+
+
+@dataclass
+class RowStats:
+    """Per query row of one head: lse [T], top keys [T, k] (-1 past the keys a row sees), their
+    scores and weights, entropy [T], sink mass [T] (weight on key 0), offsets [T, P] (weight on
+    key i - d, NaN where not visible), seen [T] (keys the row sees)."""
+
+    head: int
+    lse: torch.Tensor
+    top_keys: torch.Tensor
+    top_scores: torch.Tensor
+    top_weights: torch.Tensor
+    entropy: torch.Tensor
+    sink: torch.Tensor
+    offsets: torch.Tensor
+    seen: torch.Tensor
+
+    @property
+    def n(self) -> int:
+        return self.lse.shape[0]
+
+    def queries(self) -> list[dict]:
+        """Every row as ``attn-lab scores --topk --json`` prints it: query, top [{key, score, weight}], entropy, sink."""
+        keys, s, w = self.top_keys.tolist(), self.top_scores.tolist(), self.top_weights.tolist()
+        ent, sink = self.entropy.tolist(), self.sink.tolist()
+        return [
+            dict(
+                query=i,
+                top=[dict(key=k, score=a, weight=b) for k, a, b in zip(keys[i], s[i], w[i]) if k >= 0],
+                entropy=ent[i],
+                sink=sink[i],
+            )
+            for i in range(len(ent))
+        ]
+
+
+def _block(block: int) -> int:
+    return check_count("block", block, 1, 1 << 16)
+
+
+@torch.no_grad()
+def row_stats(
+    qk: LayerQK,
+    head: int,
+    k: int = TOP_K,
+    offsets: int = OFFSETS,
+    block: int = BLOCK,
+    progress: Progress | None = None,
+) -> RowStats:
+    """The per-row statistics of ``head`` (see the module doc), one query block at a time;
+    ``progress(done, total)`` after each block of queries."""
+    h, T = qk.check_head(head), qk.n
+    k = check_count("k (top keys)", k, 1, T)
+    P = min(T, check_count("offsets", offsets, 1, 1 << 16))
+    b = _block(block)
+    dev, dt = qk.q.device, qk.q.dtype
+    lse = torch.empty(T, dtype=dt, device=dev)
+    ent = torch.empty(T, dtype=dt, device=dev)
+    top_s = torch.empty(T, k, dtype=dt, device=dev)
+    top_i = torch.empty(T, k, dtype=torch.long, device=dev)
+    for q0 in range(0, T, b):
+        q1 = min(T, q0 + b)
+        vals = torch.full((q1 - q0, k), -math.inf, dtype=dt, device=dev)
+        idx = torch.full((q1 - q0, k), -1, dtype=torch.long, device=dev)
+        lo, hi = qk.key_span(q0, q1)
+        m = l = t = None
+        for k1 in range(hi, lo, -b):  # the diagonal block first: every row sees its own key there
+            k0 = max(lo, k1 - b)
+            S = qk.scores(h, q0, q1, k0, k1)
+            top = S.amax(-1)
+            m_new = top if m is None else torch.maximum(m, top)
+            D = S - m_new[:, None]
+            E = D.exp()  # 0 where invisible
+            ED = E * D if qk.full(q0, q1, k0, k1) else torch.where(E > 0, E * D, torch.zeros_like(E))
+            if m is None:
+                l, t = E.sum(-1), ED.sum(-1)
+            else:
+                shift = m - m_new
+                decay = shift.exp()
+                t = decay * (t + shift * l) + ED.sum(-1)
+                l = decay * l + E.sum(-1)
+            m = m_new
+            if dev.type != "cpu":  # one merge per block, no host read (CUDA, meta)
+                vals, idx = _merge(vals, idx, S, k, k0)
+                continue
+            rows = (top > vals[:, -1]).nonzero()[:, 0]  # on the CPU, only rows whose k-th best this block beats
+            if len(rows) == q1 - q0:
+                vals, idx = _merge(vals, idx, S, k, k0)
+            elif len(rows):
+                vals[rows], idx[rows] = _merge(vals[rows], idx[rows], S[rows], k, k0)
+        lse[q0:q1] = m + l.log()
+        ent[q0:q1] = l.log() - t / l
+        top_s[q0:q1], top_i[q0:q1] = vals, torch.where(vals.isfinite(), idx, torch.full_like(idx, -1))
+        if progress is not None:
+            progress(q1, T)
+    rows = torch.arange(T, device=dev)
+    sink = (qk.scores(h, 0, T, 0, 1)[:, 0] - lse).exp() if T else lse
+    top_w = (top_s - lse[:, None]).exp()
+    seen = rows + 1 if not qk.window else torch.clamp(rows + 1, max=qk.window)
+    return RowStats(h, lse, top_i, top_s, top_w, ent, sink, offset_profile(qk, h, lse, P), seen)
+
+
+def _merge(
+    vals: torch.Tensor, idx: torch.Tensor, S: torch.Tensor, k: int, k0: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-k (values, key positions) of rows so far merged with a block of their scores."""
+    v, i = S.topk(min(k, S.shape[-1]), dim=-1)
+    vals, at = torch.cat([vals, v], -1).topk(k, dim=-1)
+    return vals, torch.cat([idx, i + k0], -1).gather(-1, at)
+
+
+def offset_profile(qk: LayerQK, head: int, lse: torch.Tensor, offsets: int) -> torch.Tensor:
+    """[T, P]: the weight of key i - d for d = 0..P-1 (NaN where the key is not visible)."""
+    h, T = qk.check_head(head), qk.n
+    Q, K = qk.q[h], qk.k[qk.kv_head[h]]
+    out = torch.full((T, offsets), math.nan, dtype=Q.dtype, device=Q.device)
+    for d in range(min(offsets, T, qk.window or T)):
+        s = (Q[d:] * K[: T - d]).sum(-1) * qk.scale[h]
+        out[d:, d] = (s - lse[d:]).exp()
+    return out
+
+
+@torch.no_grad()
+def pooled(
+    qk: LayerQK,
+    head: int,
+    lse: torch.Tensor | None,
+    rows: tuple[int, int],
+    cols: tuple[int, int],
+    tile: int,
+    pool: str = "max",
+    progress: Progress | None = None,
+) -> torch.Tensor:
+    """A (or S when ``lse`` is None) of queries rows[0]..rows[1]-1 and keys cols[0]..cols[1]-1
+    pooled in ``tile`` x ``tile`` cells (the max or mean of the visible cells; NaN for a cell
+    with none), [ceil(nq / tile), ceil(nk / tile)], computed a block of tiles at a time."""
+    h, T = qk.check_head(head), qk.n
+    if pool not in POOLS:
+        raise ValueError(f"pool must be one of {', '.join(POOLS)}, got {pool!r}")
+    r0, r1 = rows
+    c0, c1 = cols
+    if not (0 <= r0 < r1 <= T and 0 <= c0 < c1 <= T):
+        raise ValueError(f"the region {rows} x {cols} is outside 0..{T} x 0..{T}")
+    tile = check_count("tile", tile, 1, T)
+    step = tile * max(1, BLOCK // tile)  # a whole number of tiles per block
+    nr, nc = math.ceil((r1 - r0) / tile), math.ceil((c1 - c0) / tile)
+    dev, dt = qk.q.device, qk.q.dtype
+    out = torch.full((nr, nc), math.nan, dtype=dt, device=dev)
+    for q0 in range(r0, r1, step):
+        q1 = min(r1, q0 + step)
+        lo, hi = qk.key_span(q0, q1)
+        lo, hi = max(c0, c0 + (lo - c0) // tile * tile), min(c1, hi)  # from a tile's edge
+        for k0 in range(lo, hi, step):
+            k1 = min(hi, k0 + step)
+            S = qk.scores(h, q0, q1, k0, k1)
+            cell = _pool(S, None if lse is None else lse[q0:q1], tile, pool)
+            a, c = (q0 - r0) // tile, (k0 - c0) // tile
+            out[a : a + cell.shape[0], c : c + cell.shape[1]] = cell
+        if progress is not None:
+            progress(q1 - r0, r1 - r0)
+    return out
+
+
+def _pool(S: torch.Tensor, lse: torch.Tensor | None, tile: int, pool: str) -> torch.Tensor:
+    """S [nq, nk] (-inf where not visible), or A = exp(S - lse) with ``lse``, pooled in tiles.
+    The max of A over a tile is exp(max_i (max_j S_ij - lse_i)): the exp runs on row maxima only."""
+    nq, nk = S.shape
+    a, b = math.ceil(nq / tile), math.ceil(nk / tile)
+    if a * tile != nq or b * tile != nk:
+        S = torch.nn.functional.pad(S, (0, b * tile - nk, 0, a * tile - nq), value=-math.inf)
+    if pool == "max":
+        R = S.reshape(a * tile, b, tile).amax(-1)  # [rows, b]
+        if lse is not None:
+            R = R - torch.nn.functional.pad(lse, (0, a * tile - nq), value=0.0)[:, None]
+        out = R.reshape(a, tile, b).amax(1)
+        out = out.masked_fill(out == -math.inf, math.nan)
+        return out if lse is None else out.exp()
+    vis = S.isfinite()
+    M = S if lse is None else S - torch.nn.functional.pad(lse, (0, a * tile - nq), value=0.0)[:, None]
+    M = M.exp() if lse is not None else M
+    M = M.masked_fill(~vis, 0.0).reshape(a, tile, b, tile)
+    count = vis.reshape(a, tile, b, tile).sum((1, 3))
+    return (M.sum((1, 3)) / count.clamp_min(1)).masked_fill(count == 0, math.nan)
+
+
+def tile_for(n: int, pixels: int) -> int:
+    """The tile (positions per cell side) that draws ``n`` positions in at most ``pixels`` cells."""
+    return max(1, math.ceil(n / check_count("pixels", pixels, 1, 1 << 16)))

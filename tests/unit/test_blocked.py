@@ -1,0 +1,141 @@
+"""Blocked scores of one head (``bilinear.blocked``) against the dense computation: per-row top-k,
+weights, entropy, sink mass, offsets and pooled overviews, over shapes, windows and grouped
+heads (hypothesis); Q and K read from a model equal its own hooks; the mode split of a key equals
+``attribute``'s; on the meta device the blocks run without a host read."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attn_core.bilinear.blocked import LayerQK, layer_qk, pooled, row_stats, tile_for
+from attn_core.bilinear.long import pool_blocks
+from attn_core.hooks import act_name
+
+TOL = dict(atol=2e-5, rtol=1e-4)
+
+
+def dense(q, k, kv, scale, window, head):
+    T = q.shape[1]
+    S = (q[head].double() @ k[kv[head]].double().T) * scale[head]
+    i = torch.arange(T)
+    vis = i[None, :] <= i[:, None]
+    if window:
+        vis &= i[:, None] - i[None, :] < window
+    A = torch.softmax(S.masked_fill(~vis, -math.inf), -1)
+    return S, A, vis
+
+
+def check_rows(stats, S, A, vis, k):
+    T = S.shape[0]
+    ent = -torch.where(A > 0, A * A.log(), torch.zeros_like(A)).sum(-1)
+    assert torch.allclose(stats.entropy.double(), ent, **TOL)
+    assert torch.allclose(stats.sink.double(), A[:, 0], **TOL)
+    lse = torch.logsumexp(S.masked_fill(~vis, -math.inf), -1)
+    assert torch.allclose(stats.lse.double(), lse, **TOL)
+    assert torch.equal(stats.seen, vis.sum(-1))
+    top_w, _ = A.topk(k, -1)
+    keys = stats.top_keys
+    real = keys >= 0
+    assert torch.equal(real.sum(-1), torch.clamp(vis.sum(-1), max=k))  # as many keys as the row sees, up to k
+    assert torch.allclose(torch.where(real, stats.top_weights.double(), 0), torch.where(real, top_w, 0), **TOL)
+    at = keys.clamp_min(0)
+    assert bool(vis.gather(1, at)[real].all())  # every listed key is visible
+    assert torch.allclose(A.gather(1, at)[real], stats.top_weights.double()[real], **TOL)  # and has that weight
+    assert torch.allclose(S.gather(1, at)[real], stats.top_scores.double()[real], **TOL)
+    P = stats.offsets.shape[1]
+    for d in range(min(P, T)):
+        rows = torch.arange(d, T)
+        want = torch.where(vis[rows, rows - d], A[rows, rows - d], torch.full_like(A[rows, 0], math.nan))
+        assert torch.allclose(stats.offsets[d:, d].double(), want, equal_nan=True, **TOL)
+        assert stats.offsets[:d, d].isnan().all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    T=st.integers(1, 70),
+    heads=st.sampled_from([(1, 1), (2, 1), (4, 2), (4, 4)]),
+    w=st.integers(1, 8),
+    window=st.integers(0, 80),
+    block=st.integers(1, 40),
+    k=st.integers(1, 12),
+    tile=st.integers(1, 20),
+    seed=st.integers(0, 2**16),
+)
+def test_blocked_rows_equal_the_dense_rows(T, heads, w, window, block, k, tile, seed):
+    H, G = heads
+    g = torch.Generator().manual_seed(seed)
+    q, kk = torch.randn(H, T, w, generator=g) * 2, torch.randn(G, T, w, generator=g) * 2
+    kv = tuple(h // (H // G) for h in range(H))
+    scale = tuple(w**-0.5 for _ in range(H))
+    qk = LayerQK(0, [0] * T, q, kk, kv, scale, window)
+    head = H - 1
+    k, tile = min(k, T), min(tile, T)
+    stats = row_stats(qk, head, k=k, offsets=min(6, T), block=block)
+    S, A, vis = dense(q, kk, kv, scale, window, head)
+    check_rows(stats, S, A, vis, k)
+    for pool in ("max", "mean"):
+        want = pool_blocks(A, vis, tile, pool)
+        got = pooled(qk, head, stats.lse, (0, T), (0, T), tile, pool)
+        assert torch.allclose(got.double(), want, equal_nan=True, **TOL)
+        want_s = pool_blocks(S, vis, tile, pool)
+        assert torch.allclose(
+            pooled(qk, head, None, (0, T), (0, T), tile, pool).double(), want_s, equal_nan=True, **TOL
+        )
+    r0, c0 = T // 3, T // 4  # a zoomed region, at full resolution and pooled
+    got = pooled(qk, head, stats.lse, (r0, T), (c0, T), 1)
+    want = A[r0:, c0:].masked_fill(~vis[r0:, c0:], math.nan)
+    assert torch.allclose(got.double(), want, equal_nan=True, **TOL)
+
+
+def test_bad_requests_are_one_sentence():
+    qk = LayerQK(0, [0] * 10, torch.randn(2, 10, 4), torch.randn(2, 10, 4), (0, 1), (0.5, 0.5), 0)
+    for call, words in [
+        (lambda: row_stats(qk, 2), "head 2 is outside 0..1"),
+        (lambda: row_stats(qk, 0, k=0), "k (top keys) must be a whole number in 1..10"),
+        (lambda: row_stats(qk, 0, k=11), "in 1..10"),
+        (lambda: pooled(qk, 0, None, (0, 11), (0, 10), 2), "outside"),
+        (lambda: pooled(qk, 0, None, (0, 10), (0, 10), 2, "median"), "pool must be one of"),
+    ]:
+        with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            call()
+    assert tile_for(8192, 800) == 11 and tile_for(100, 800) == 1
+
+
+def test_layer_qk_reads_the_models_own_q_and_k(tiny_model):
+    model = tiny_model("reverse", std=0.5, n_layers=2, n_heads=4, n_kv_heads=2, positional="rotary", attn_bias=True)
+    T = model.cfg.n_ctx
+    ids = torch.randint(0, model.cfg.d_vocab, (T,), generator=torch.Generator().manual_seed(0)).tolist()
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.tensor([ids]))
+    qk = layer_qk(model, ids, 1)
+    assert qk.k.shape[0] == 2 and qk.kv_head == (0, 0, 1, 1) and qk.x is None
+    for h in range(4):
+        S = cache[act_name("attn_scores", 1)][0, h]
+        A = cache[act_name("pattern", 1)][0, h]
+        mask = model.mask(T, model.cfg.window(1))
+        stats = row_stats(qk, h, k=3, block=3)
+        check_rows(stats, S.double(), A.double(), mask, 3)
+
+
+def test_meta_device_runs_without_a_host_read():
+    q = torch.empty(2, 40, 4, device="meta")
+    qk = LayerQK(0, [0] * 40, q, torch.empty(1, 40, 4, device="meta"), (0, 0), (0.5, 0.5), 7)
+    stats = row_stats(qk, 1, k=4, block=16)
+    assert stats.top_keys.device.type == "meta" and stats.entropy.shape == (40,) and stats.offsets.device.type == "meta"
+    out = pooled(qk, 1, stats.lse, (0, 40), (0, 40), 8, "mean")
+    assert out.device.type == "meta" and out.shape == (5, 5)
+
+
+def test_a_pages_long_input_is_bounded_by_the_forwards_mask(tiny_model, monkeypatch):
+    from attn_core import limits
+    from attn_core.bilinear import blocked
+
+    model = tiny_model("reverse", positional="rotary", n_ctx=2**20)
+    monkeypatch.setattr(limits, "memory_limit", lambda: 2 * 3000**2)
+    assert blocked.longest_input(model) == 3000  # not the context of 2^20
+    assert len(blocked.check_input(model, [1] * 3000)) == 3000
+    with pytest.raises(limits.LimitError, match="the forward's 3001 x 3001 mask needs"):
+        blocked.check_input(model, [1] * 3001)
