@@ -65,6 +65,7 @@ def check_input(model: Transformer, tokens: Sequence[int]) -> list[int]:
     """An input of a page: over :data:`BLOCKED_INPUT` tokens checked as blocked scores need (the
     vocabulary, the context and the forward's mask within the memory limit), else as a dense view
     needs (its n x n views too)."""
+    model = check_model(model, "check_input")
     if len(tokens) > BLOCKED_INPUT:
         ids = check_ids(model, tokens)
         limits.check_memory(f"the forward's {len(ids)} x {len(ids)} mask", forward_bytes(len(ids)))
@@ -76,6 +77,7 @@ def longest_input(model: Transformer) -> int:
     """The most tokens a page's input may have: the context when it is longer than
     :data:`BLOCKED_INPUT` (blocked scores hold no n x n scores), cut to what the forward's mask
     leaves within the memory limit; else what a dense view allows."""
+    model = check_model(model, "longest_input")
     n_ctx = model.cfg.n_ctx
     if n_ctx <= BLOCKED_INPUT:
         return checks_longest(model)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from attn_core.bilinear.blocked import LayerQK
+from attn_core.bilinear.checks import check_model
 from attn_core.circuits.attribution import Attribution, bias_terms, head_form
 from attn_core.model import Transformer
 
@@ -41,6 +42,7 @@ def mode_split(
     """The scores of ``query`` against ``keys`` split into their rank-1 terms (or rotation
     planes) and bias, an :class:`Attribution` (its ``frame()`` and ``runner_up()`` work);
     ``names`` labels the tokens (default: ids)."""
+    model = check_model(model, "mode_split")
     h = qk.check_head(head)
     keys = _keys(qk, query, keys)
     cfg, layer = model.cfg, qk.layer
@@ -71,7 +73,7 @@ def mode_split(
     if qk.x is None:
         raise ValueError("this LayerQK kept no attention input (a rotary model's); the split needs it")
     form = head_form(model, layer, h)
-    U, S, Vh = form.svd
+    U, S, Vh = form.svd()
     x, y = qk.x[query].double().to(U.device), qk.x[keys].double().to(U.device)
     xc, yc = x @ U, y @ Vh.T
     bias = bias_terms(model, layer, h, x, y)
