@@ -11,5 +11,6 @@ from navigation import ICON, PAGES
 
 st.set_page_config(page_title="attn-lab", page_icon=str(ICON), layout="wide")  # a local icon: nothing fetched
 st.navigation(
-    [st.Page(p.file, title=p.title, icon=p.icon, url_path=p.url_path or None, default=p.default) for p in PAGES]
+    [st.Page(p.file, title=p.title, icon=p.icon, url_path=p.url_path or None, default=p.default) for p in PAGES],
+    expanded=True,  # every page listed: past twelve pages Streamlit would fold them into "View X more"
 ).run()
