@@ -39,28 +39,32 @@ PAGES: tuple[PageEntry, ...] = (
     ),
     PageEntry("app_pages/4_Runs.py", "Runs", "Runs", ":material/compare:", "Compare saved runs"),
     PageEntry(
-        "app_pages/5_Grow_d_k.py", "Grow d_k", "Grow_d_k", ":material/open_in_full:", "Grow d_k of a head (seed 001)"
+        "app_pages/5_Grow_d_k.py",
+        "Grow d_k",
+        "Grow_d_k",
+        ":material/open_in_full:",
+        "Grow d_k of a head along the functional gradient",
     ),
     PageEntry(
         "app_pages/6_Kernelized_attention.py",
         "Kernelized attention",
         "Kernelized_attention",
         ":material/functions:",
-        "Kernelized attention (seed 002)",
+        "Kernelized attention: random features and Nystrom",
     ),
     PageEntry(
         "app_pages/7_Attention_explorer.py",
         "Attention explorer",
         "Attention_explorer",
         ":material/calculate:",
-        "Attention algebra (seed 003)",
+        "The algebra of one softmax head",
     ),
     PageEntry(
         "app_pages/8_Merged_vs_factored_QK.py",
         "Merged vs factored QK",
         "Merged_vs_factored_QK",
         ":material/merge:",
-        "Merged vs factored QK (seed 004)",
+        "Merged vs factored QK: one W_QK or W_Q W_K^T",
     ),
     PageEntry(
         "app_pages/9_Circuits.py",

@@ -1,4 +1,4 @@
-"""Grow the query/key width d_k of one head along the functional gradient (seed 001): the spectrum
+"""Grow the query/key width d_k of one head along the functional gradient: the spectrum
 of the fitted form with its cut at d_k + p, predicted vs measured loss decrease, and fine-tuning
 against random and zero growth; the head's heatmap before and after."""
 
@@ -14,7 +14,7 @@ from attn_core.figures import grow as fg
 from attn_core.sources import LoadedModel
 from attn_core.validate import default
 
-BASES = {"whitened": "whitened (the batch's score metric)", "raw": "raw Z (seed 001's recipe)"}
+BASES = {"whitened": "whitened (the batch's score metric)", "raw": "raw Z (the original recipe)"}
 STAGES = {"step": "after the growth step", "finetuned": "after fine-tuning"}
 VALUES = {"pattern": "pattern A", "scores": "scores S"}
 ADD = 2  # the page grows by 2 (GrowConfig's 1 is the smallest step); everything else is GrowConfig's
@@ -114,7 +114,7 @@ with st.form("grow_form"):
             format_func=BASES.get,
             key=ui.remember("grow_basis", default(grow.GrowConfig, "basis"), list(BASES)),
             help="Whitened: Eckart–Young in the metric of the scores on the batch (default). "
-            "Raw: Eckart–Young on the matrix Z itself, as seed 001 writes it.",
+            "Raw: Eckart–Young on the matrix Z itself, as the original recipe writes it.",
         )
         damping = c_damp.select_slider(
             "Damping δ",

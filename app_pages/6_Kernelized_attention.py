@@ -1,4 +1,4 @@
-"""Kernelized attention (seed 002): how well random-feature and Nystrom approximations reproduce
+"""Kernelized attention: how well random-feature and Nystrom approximations reproduce
 one head's softmax attention as the number of features m grows, next to the head's spectrum, and
 how fast they are against exact attention."""
 

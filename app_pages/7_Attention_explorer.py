@@ -1,4 +1,4 @@
-"""Seed 003 by hand: what one softmax head can and cannot do with keys you draw yourself."""
+"""The algebra of one softmax head, by hand: what one softmax head can and cannot do with keys you draw yourself."""
 
 import math
 

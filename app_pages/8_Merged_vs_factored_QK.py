@@ -1,4 +1,4 @@
-"""Seed 004: can W_Q W_K^T be one d_model x d_model matrix? The same model trained with factored
+"""Merged vs factored QK: can W_Q W_K^T be one d_model x d_model matrix? The same model trained with factored
 QK (several d_qk) and merged QK (plain, with weight decay, with a nuclear-norm penalty)."""
 
 from pathlib import Path
@@ -37,8 +37,8 @@ def saved_plots(path: str, mtime: float) -> list:
 
 ui.setup("Merged vs factored QK", needs_model=False)
 st.markdown(
-    "Seed 004 asks whether the two projections $W_Q, W_K$ of a head can be merged into one "
-    "$d_{model}\\times d_{model}$ matrix $W_{QK}$. Both compute a bilinear form $f_x(y) = x B y^\\top$; "
+    "Can the two projections $W_Q, W_K$ of a head be merged into one "
+    "$d_{model}\\times d_{model}$ matrix $W_{QK}$? Both compute a bilinear form $f_x(y) = x B y^\\top$; "
     "the factored form caps its rank at $d_{qk}$, the merged one does not. Below, one architecture is trained "
     "on the same data and seeds with each parametrisation; only the query/key part changes (values and outputs "
     "keep $d_{head}$)."

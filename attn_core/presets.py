@@ -62,7 +62,7 @@ PRESETS: dict[str, Preset] = {
             "recall",
             dict(n_layers=2, n_heads=4, d_model=64, d_head=16, qk="merged"),
             TrainConfig(steps=600, batch_size=128, lr=3e-3),
-            "The recall architecture with merged QK: one W_QK = B per head (seed 004). Unlike the "
+            "The recall architecture with merged QK: one W_QK = B per head. Unlike the "
             "factored recall-2l it learns the lookup, within 250 steps.",
         ),
         Preset(

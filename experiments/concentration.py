@@ -1,4 +1,4 @@
-"""Which concentration regularizer makes attention sparse "for every x" (seed 000) at no cost?
+"""Which concentration regularizer makes attention sparse "for every x" at no cost?
 
 For each model (default: the zoo's recall-2l-merged and induction-2l; the factored recall-2l never learns
 the task, see its card) we fine-tune the shipped weights
@@ -11,7 +11,7 @@ samples (data) and on the vocabulary view (every token as query and key), mean t
 mass on data, mean stable rank of B.
 
 Target (issue 4): some setting cuts mean normalized entropy on data by >= 50% against the
-lambda = 0 reference while accuracy drops by <= 1 point. Seed 000 asks for f_x(y) = x B y^T to be
+lambda = 0 reference while accuracy drops by <= 1 point. The question asks for f_x(y) = x B y^T to be
 concentrated for *every* x, which is what the vocabulary view measures: the regularizer that
 answers it best is the one with the largest cut of vocabulary entropy within that 1-point budget.
 
@@ -198,7 +198,7 @@ def settings(models, lambdas, steps, batch_size, lr, seed, samples, entmax) -> l
 
 def analyse(rows: list[dict]) -> dict:
     """Deltas against each model's lambda = 0 reference, the settings that meet the target, and
-    the best regularizer for seed 000 (largest vocabulary-entropy cut within the accuracy budget)."""
+    the best regularizer for concentration "for every x" (largest vocabulary-entropy cut within the accuracy budget)."""
     refs = {r["model"]: r for r in rows if r["regularizer"] == "none"}
     for r in rows:
         ref = refs[r["model"]]
@@ -233,11 +233,11 @@ def analyse(rows: list[dict]) -> dict:
         "meets_target": [_key(r) for r in rows if r["meets_target"]],
         "best_vocab_cut": {m: _key(r) for m, r in best_vocab.items()},
         "best_data_cut": {m: _key(r) for m, r in best_data.items()},
-        "seed000_ranking": [
+        "ranking": [
             {"regularizer": reg, "mean_best_vocab_cut": score[reg], "per_model": best[reg]} for reg in ranking
         ],
-        "seed000_answer": ranking[0] if ranking else None,
-        "seed000_tied_with": [reg for reg in ranking[1:] if score[ranking[0]] - score[reg] <= TIE],
+        "answer": ranking[0] if ranking else None,
+        "tied_with": [reg for reg in ranking[1:] if score[ranking[0]] - score[reg] <= TIE],
     }
 
 
@@ -275,7 +275,7 @@ def _pts(r: dict) -> str:
 
 def markdown(rows: list[dict], summary: dict, meta: dict) -> str:
     lines = [
-        "# Concentration regularizers: the sweep (issue 4, seed 000)",
+        "# Concentration regularizers: the sweep (issue 4)",
         "",
         f"Measured {meta['created']} on {meta['machine']}; {meta['steps']} fine-tuning steps per setting "
         f"(batch {meta['batch_size']}, lr {meta['lr']:g}, seed {meta['seed']}), every head regularized, "
@@ -326,11 +326,11 @@ def markdown(rows: list[dict], summary: dict, meta: dict) -> str:
     else:
         lines.append("No setting met the target in this sweep.")
     lines.append("")
-    ranking = summary["seed000_ranking"]
+    ranking = summary["ranking"]
     if ranking:
         models = list(summary["references"])
         lines += [
-            "Seed 000 asks for f_x(y) concentrated for every x, which the vocabulary view measures. Each "
+            "The question asks for f_x(y) concentrated for every x, which the vocabulary view measures. Each "
             "regularizer's best change of H_vocab within the accuracy budget (its λ in brackets; 0 where no "
             "strength cuts H_vocab without costing more than a point), ranked by the mean over the models:",
             "",
@@ -352,9 +352,9 @@ def markdown(rows: list[dict], summary: dict, meta: dict) -> str:
                 f"accuracy {_pts(b)} pts)."
             )
         lines.append("")
-        tied = summary.get("seed000_tied_with") or []
+        tied = summary.get("tied_with") or []
         lines.append(
-            f"**Answer to seed 000: {summary['seed000_answer']}**"
+            f"**Answer: {summary['answer']}**"
             + (f" (tied within {100 * TIE:.0f} points with {', '.join(tied)})." if tied else ".")
         )
     return "\n".join(lines) + "\n"

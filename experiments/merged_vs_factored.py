@@ -1,4 +1,4 @@
-"""Seed 004, the full comparison: factored QK (d_qk 1, 2, 4, 16) against merged QK (plain, with
+"""Merged vs factored QK, the full comparison: factored QK (d_qk 1, 2, 4, 16) against merged QK (plain, with
 weight decay on W_QK, with a nuclear-norm penalty) on induction, same architecture, data and
 seeds. Saves experiments/results/merged_vs_factored.json (the page shows it) and .md (the table
 and what it says), and every run in the run store (parent compare-qk:induction).

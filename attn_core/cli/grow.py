@@ -89,7 +89,7 @@ def grow_cmd(
             task=loaded.task.name,
             parent=loaded.name,
             description=f"{loaded.name} with head {head} of layer {layer} grown from d_k {res.d_k} to "
-            f"{res.kept} (seed 001), then fine-tuned {steps} steps",
+            f"{res.kept}, then fine-tuned {steps} steps",
             metrics={
                 "accuracy": summary["accuracy_after_finetune"],
                 "loss": summary["loss_after_finetune"],

@@ -19,7 +19,7 @@ from attn_core.grow import ARMIJO, METHODS, GrowResult
 METHOD_COLORS = {"grown": "#d62728", "random": "#1f77b4", "zero": "#7f7f7f"}
 METHOD_NAMES = {"grown": "grown (functional gradient)", "random": "random new dims", "zero": "zero new dims"}
 SHORT_NAMES = {"grown": "grown<br>(functional gradient)", "random": "random<br>new dims", "zero": "zero<br>new dims"}
-BASIS_NAMES = {"whitened": "whitened basis of the batch", "raw": "raw basis (seed 001)"}
+BASIS_NAMES = {"whitened": "whitened basis of the batch", "raw": "raw basis (the original recipe)"}
 
 
 def _head(result: GrowResult) -> str:

@@ -104,7 +104,7 @@ class GrowResult:
             task=task,
             parent=parent,
             description=f"{parent} with head {c.head} of layer {c.layer} grown from d_k {self.d_k} to "
-            f"{self.kept} (seed 001), then fine-tuned {c.steps} steps",
+            f"{self.kept}, then fine-tuned {c.steps} steps",
             metrics={
                 "accuracy": summary["accuracy_after_finetune"],
                 "loss": summary["loss_after_finetune"],

@@ -282,7 +282,7 @@ class Comparison:
         """The summary table and findings as Markdown (the experiment's .md report)."""
         c = self.config
         lines = [
-            f"# Merged vs factored QK on `{c.task}` (seed 004)",
+            f"# Merged vs factored QK on `{c.task}`",
             "",
             f"{c.n_layers} layers x {c.n_heads} heads, d_model {c.d_model}, d_head (V/O) {c.d_head}, no MLP; "
             f"{c.steps} steps, batch {c.batch_size}, lr {c.lr:g}, weight decay {c.weight_decay:g} on every matrix "

@@ -161,7 +161,7 @@ def train_variant(
             trainer,
             outcome,
             parent=parent,
-            description=f"{variant.name} QK on {task.name} (seed 004 comparison), seed {seed}",
+            description=f"{variant.name} QK on {task.name} (merged-vs-factored comparison), seed {seed}",
             before=before,
             after=after,
             samples=cfg.measure_samples,
