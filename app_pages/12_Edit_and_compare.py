@@ -118,38 +118,39 @@ with edit_tab:
             else:
                 shown, after, pattern1, factors = None, before, pattern0, None
         except ValueError as e:
-            st.error(ui.plain(e))
-            st.stop()
-        if extra:
-            st.caption(f"Also applied: {applied(extra)}.")
-        m_loss, m_ppl = st.columns(2)
-        m_loss.metric(
-            "Loss (nats)",
-            f"{after['loss']:.4g}",
-            f"{after['loss'] - before['loss']:+.3g}",
-            delta_color="inverse",
-            help="Mean next-token cross-entropy at the scored positions (a task's answers; every token of a text)",
-        )
-        m_ppl.metric(
-            "Perplexity (every position)",
-            f"{after['perplexity']:.4g}",
-            f"{after['perplexity'] - before['perplexity']:+.3g}",
-            delta_color="inverse",
-            help="exp of the mean next-token loss over every position, the unpredictable tokens of a task's "
-            "prompt included (so it stays high on a task model whose scored loss is near zero)",
-        )
-        st.caption(f"On {ui.plain(inputs.describe())}.")
-        names = token_names(loaded)
-        labels = [names[int(t)] for t in inputs.tokens[0]]
-        pair = fs.pattern_pair_plot(pattern0, pattern1, labels, layer, head)
-        ui.show_plot(pair, key="edit_pattern")
-        f = factors if factors is not None else surgery.mode_factors(modes)
-        mp = fs.modes_plot(modes, f)
-        ui.show_plot(mp, key="edit_modes")
-        plots += [pair, mp]
-        if shown is not None and st.button("Save the edited model as a run", icon=":material/save:"):
-            run_id = save_run(loaded, shown.edited)
-            st.success(f"Saved as run:{run_id} (in the model picker and on the Runs page).")
+            st.error(ui.plain(e))  # a bad edit (a head the source lacks...) is said; the compare tab still draws
+        else:
+            if extra:
+                st.caption(f"Also applied: {applied(extra)}.")
+            m_loss, m_ppl = st.columns(2)
+            m_loss.metric(
+                "Loss (nats)",
+                f"{after['loss']:.4g}",
+                f"{after['loss'] - before['loss']:+.3g}",
+                delta_color="inverse",
+                help="Mean next-token cross-entropy at the scored positions (a task's answers; every token of a text)",
+            )
+            m_ppl.metric(
+                "Perplexity (every position)",
+                f"{after['perplexity']:.4g}",
+                f"{after['perplexity'] - before['perplexity']:+.3g}",
+                delta_color="inverse",
+                help="exp of the mean next-token loss over every position, the unpredictable tokens of a task's "
+                "prompt included (so it stays high on a task model whose scored loss is near zero)",
+            )
+            st.caption(f"On {ui.plain(inputs.describe())}.")
+            names = token_names(loaded)
+            labels = [names[int(t)] for t in inputs.tokens[0]]
+            pair = fs.pattern_pair_plot(pattern0, pattern1, labels, layer, head)
+            ui.show_plot(pair, key="edit_pattern")
+            f = factors if factors is not None else surgery.mode_factors(modes)
+            mp = fs.modes_plot(modes, f)
+            ui.show_plot(mp, key="edit_modes")
+            plots += [pair, mp]
+            if shown is not None and st.button("Save the edited model as a run", icon=":material/save:"):
+                run_id = save_run(loaded, shown.edited)
+                st.success(f"Saved as run:{run_id} (in the model picker and on the Runs page).")
+
 
 with compare_tab:
     names = ui.model_names()
