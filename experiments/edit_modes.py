@@ -72,6 +72,7 @@ def loss_vs_rank(name, samples: int, inputs=None, label: str | None = None) -> l
                 edited = surgery.edit_model(loaded, [surgery.HeadEdit(l, h, rank=r)]).loaded.model
                 curve[r] = surgery.quick_loss(edited, inputs)["loss"]
             star = min(r for r, v in curve.items() if v <= (1 + REL) * full + FLOOR)
+            zeroed = surgery.edit_model(loaded, [surgery.HeadEdit(l, h, ablate="zero")]).loaded.model
             form = surgery.head_form64(loaded.model, l, h)
             rows.append(
                 dict(
@@ -80,6 +81,7 @@ def loss_vs_rank(name, samples: int, inputs=None, label: str | None = None) -> l
                     k=modes.k,
                     full_loss=full,
                     rank_1_loss=curve[min(curve)],
+                    ablated_loss=surgery.quick_loss(zeroed, inputs)["loss"],
                     r_star=star,
                     stable_rank=float(form.stable_rank),
                     weight_rank=int(both.weight_rank[l, h]),
@@ -185,12 +187,14 @@ def along_training(steps: int, samples: int) -> dict:
 
 def rank_table(rows: list[dict]) -> list[str]:
     lines = [
-        "| model | head | k | full loss | loss at R=1 | R* | stable rank | weight rank (90%) | data rank (90%) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | head | k | full loss | head ablated (zero) | loss at R=1 | R* | stable rank | weight rank (90%) "
+        "| data rank (90%) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['model']} | {r['head']} | {r['k']} | {r['full_loss']:.3g} | {r['rank_1_loss']:.3g} | {r['r_star']} | "
+            f"| {r['model']} | {r['head']} | {r['k']} | {r['full_loss']:.3g} | {r['ablated_loss']:.3g} | "
+            f"{r['rank_1_loss']:.3g} | {r['r_star']} | "
             f"{r['stable_rank']:.2f} | {r['weight_rank']} | {r['data_rank']:.2f} |"
         )
     return lines
@@ -205,7 +209,8 @@ def markdown(zoo: list[dict], text_rows: list[dict], text: dict, train: dict, me
         "Reproduce: `python experiments/edit_modes.py`.",
         "",
         f"R* = the smallest rank R of one head's B (the others untouched) with task loss <= {1 + REL:g} x the full "
-        f"loss + {FLOOR:g} nats, on {meta['samples']} held-out samples.",
+        f'loss + {FLOOR:g} nats, on {meta["samples"]} held-out samples. "head ablated": the loss with the head\'s '
+        "output zeroed, what the head is worth at all (an R* of 1 means little where this is within the 1% too).",
         "",
         *rank_table(zoo),
         "",
@@ -259,7 +264,8 @@ def main() -> None:
     for r in zoo + text_rows:
         print(
             f"{r['model']:18s} {r['head']}: R* {r['r_star']:3d} of {r['k']:3d}, stable rank {r['stable_rank']:.2f}, "
-            f"data rank {r['data_rank']:.2f}, loss at R=1 {r['rank_1_loss']:.3g} (full {r['full_loss']:.3g})"
+            f"data rank {r['data_rank']:.2f}, loss at R=1 {r['rank_1_loss']:.3g} (full {r['full_loss']:.3g}, "
+            f"ablated {r['ablated_loss']:.3g})"
         )
     for r in train["rows"]:
         print(
