@@ -32,6 +32,16 @@ def unedited(loaded: LoadedModel, text: str | None, stamp: int | None, samples: 
     return q, surgery.head_pattern(loaded.model, inputs.tokens[0], layer, head)
 
 
+def applied(extra: dict) -> str:
+    """The ablation / transplant a button asked for, in words."""
+    if extra.get("ablate") == "zero":
+        return "the head's output zeroed (W_O = 0)"
+    if extra.get("ablate") == "mean":
+        return "the head's output replaced by its mean over the probes"
+    what = "W_Q, W_K, W_V, W_O" if extra.get("with_ov") else "W_Q, W_K"
+    return f"{what} transplanted from {ui.plain(extra['source'])} {ui.plain(extra['source_head'])}"
+
+
 @ui.cached
 def diff_of(a: LoadedModel, b: LoadedModel):
     return surgery.diff(a, b)
@@ -108,32 +118,39 @@ with edit_tab:
             else:
                 shown, after, pattern1, factors = None, before, pattern0, None
         except ValueError as e:
-            st.error(ui.plain(e))
-            st.stop()
-        if extra:
-            st.caption(f"Also applied: {ui.plain(extra)}")
-        m_loss, m_ppl = st.columns(2)
-        m_loss.metric(
-            "Loss (nats)", f"{after['loss']:.4g}", f"{after['loss'] - before['loss']:+.3g}", delta_color="inverse"
-        )
-        m_ppl.metric(
-            "Perplexity",
-            f"{after['perplexity']:.4g}",
-            f"{after['perplexity'] - before['perplexity']:+.3g}",
-            delta_color="inverse",
-        )
-        st.caption(f"On {ui.plain(inputs.describe())}.")
-        names = token_names(loaded)
-        labels = [names[int(t)] for t in inputs.tokens[0]]
-        pair = fs.pattern_pair_plot(pattern0, pattern1, labels, layer, head)
-        ui.show_plot(pair, key="edit_pattern")
-        f = factors if factors is not None else surgery.mode_factors(modes)
-        mp = fs.modes_plot(modes, f)
-        ui.show_plot(mp, key="edit_modes")
-        plots += [pair, mp]
-        if shown is not None and st.button("Save the edited model as a run", icon=":material/save:"):
-            run_id = save_run(loaded, shown.edited)
-            st.success(f"Saved as run:{run_id} (in the model picker and on the Runs page).")
+            st.error(ui.plain(e))  # a bad edit (a head the source lacks...) is said; the compare tab still draws
+        else:
+            if extra:
+                st.caption(f"Also applied: {applied(extra)}.")
+            m_loss, m_ppl = st.columns(2)
+            m_loss.metric(
+                "Loss (nats)",
+                f"{after['loss']:.4g}",
+                f"{after['loss'] - before['loss']:+.3g}",
+                delta_color="inverse",
+                help="Mean next-token cross-entropy at the scored positions (a task's answers; every token of a text)",
+            )
+            m_ppl.metric(
+                "Perplexity (every position)",
+                f"{after['perplexity']:.4g}",
+                f"{after['perplexity'] - before['perplexity']:+.3g}",
+                delta_color="inverse",
+                help="exp of the mean next-token loss over every position, the unpredictable tokens of a task's "
+                "prompt included (so it stays high on a task model whose scored loss is near zero)",
+            )
+            st.caption(f"On {ui.plain(inputs.describe())}.")
+            names = token_names(loaded)
+            labels = [names[int(t)] for t in inputs.tokens[0]]
+            pair = fs.pattern_pair_plot(pattern0, pattern1, labels, layer, head)
+            ui.show_plot(pair, key="edit_pattern")
+            f = factors if factors is not None else surgery.mode_factors(modes)
+            mp = fs.modes_plot(modes, f)
+            ui.show_plot(mp, key="edit_modes")
+            plots += [pair, mp]
+            if shown is not None and st.button("Save the edited model as a run", icon=":material/save:"):
+                run_id = save_run(loaded, shown.edited)
+                st.success(f"Saved as run:{run_id} (in the model picker and on the Runs page).")
+
 
 with compare_tab:
     names = ui.model_names()
@@ -157,7 +174,8 @@ with compare_tab:
         ui.show_plot(dp, key=f"diff_{ld.layer}")
         plots.append(dp)
         pairs = pd.DataFrame(result.to_json()["pairs"])
-        ui.show_table(pairs[pairs["layer"] == ld.layer], hide_index=True)
+        shown_pairs = pairs[pairs["layer"] == ld.layer].rename(columns={"head_a": "head of A", "head_b": "head of B"})
+        ui.show_table(shown_pairs, hide_index=True)
         if ld.unmatched_a or ld.unmatched_b:
             st.caption(f"Unmatched: A {ld.unmatched_a}, B {ld.unmatched_b}")
         i, j = ld.pairs[

@@ -94,22 +94,26 @@ def diff_plot(ld: LayerDiff, a: str, b: str, width: int = HALF_PX) -> Plot:
             hovertemplate="%{y} vs %{x}<br>distance %{z:.4f}<extra></extra>",
         )
     )
+    for i, j in ld.pairs:  # the whole cell of a matched pair outlined (axes are categories: index +- 0.5)
+        fig.add_shape(type="rect", x0=j - 0.5, x1=j + 0.5, y0=i - 0.5, y1=i + 0.5, line=dict(color=MATCH_MARK, width=3))
     if ld.pairs:
         fig.add_trace(
             go.Scatter(
                 x=[xb[j] for _, j in ld.pairs],
                 y=[ya[i] for i, _ in ld.pairs],
                 mode="markers",
-                marker=dict(symbol="square-open", size=max(8, min(28, 360 // max(D.shape))), color=MATCH_MARK),
+                marker=dict(symbol="circle", size=6, color=MATCH_MARK),
                 name="matched",
-                hoverinfo="skip",
+                customdata=[float(D[i, j]) for i, j in ld.pairs],
+                hovertemplate="matched: %{y} ↔ %{x}<br>distance %{customdata:.4f}<extra></extra>",
             )
         )
+    n = max(D.shape)
     fig.update_layout(
         title=f"Layer {ld.layer}: ||B_a − B_b|| / (||B_a|| + ||B_b||), A = {a}, B = {b}",
-        xaxis=dict(title="head of B (□ the matching)", type="category"),
+        xaxis=dict(title="head of B (outlined: the matching)", type="category"),
         yaxis=dict(title="head of A", type="category", autorange="reversed"),
-        height=max(320, min(760, 30 * D.shape[0] + 200)),
+        height=max(380, min(900, 56 * n + 220)),  # cells near square at the page's width
         showlegend=False,
     )
     fixed_margins(fig, x_labels=xb, y_labels=ya, width=width)

@@ -65,3 +65,16 @@ def test_compare_tab_draws_the_librarys_matrix_and_links_the_pair(monkeypatch):
     assert len(links) == 1 and "(/Heatmaps?model=induction-2l&layer=0&head=0)" in links[0]
     assert links[0].count("/Spectrum?model=induction-2l&layer=0&head=") == 2
     assert calls and calls[-1] == (["edit_pattern_L0H0", "edit_modes_L0H0", "diff_L0"], "edit")
+
+
+def test_a_bad_transplant_is_one_error_and_the_compare_tab_still_draws():
+    at = open_page(PAGE, "induction-2l")
+    [t for t in at.text_input if t.label == "its head"][0].set_value("L7H0")
+    [b for b in at.button if b.label == "Transplant"][0].click()
+    at.run()
+    assert not at.exception
+    assert len(at.error) == 1 and "L7" in at.error[0].value and "out of range" in at.error[0].value
+    assert chart(at, "diff_0")["data"][0]["type"] == "heatmap"  # the page went on past the error
+    [b for b in at.button if b.label == "Reset ablation / transplant"][0].click()
+    at.run()
+    assert not at.exception and not at.error
