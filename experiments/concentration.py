@@ -233,9 +233,7 @@ def analyse(rows: list[dict]) -> dict:
         "meets_target": [_key(r) for r in rows if r["meets_target"]],
         "best_vocab_cut": {m: _key(r) for m, r in best_vocab.items()},
         "best_data_cut": {m: _key(r) for m, r in best_data.items()},
-        "ranking": [
-            {"regularizer": reg, "mean_best_vocab_cut": score[reg], "per_model": best[reg]} for reg in ranking
-        ],
+        "ranking": [{"regularizer": reg, "mean_best_vocab_cut": score[reg], "per_model": best[reg]} for reg in ranking],
         "answer": ranking[0] if ranking else None,
         "tied_with": [reg for reg in ranking[1:] if score[ranking[0]] - score[reg] <= TIE],
     }
