@@ -187,3 +187,56 @@ def tiny_gpt2(tmp_path, monkeypatch):
     write_tiny_gpt2(folder)
     monkeypatch.setenv("ATTN_LAB_MODELS", str(root))
     return folder
+
+
+# --- the CLI, as the tests call it --------------------------------------------------------------
+
+
+def cli_run(*args):
+    """``attn-lab ARGS`` in this process (typer's CliRunner); every argument as a string."""
+    from typer.testing import CliRunner
+
+    from attn_core.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def cli_json(*args) -> dict:
+    """The JSON document of ``attn-lab ARGS --json``, which must succeed."""
+    result = cli_run(*args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def cli_main(capsys, *args) -> tuple[int, str, str]:
+    """``attn-lab ARGS`` through ``attn_core.cli.main`` (its exit code, stdout, stderr)."""
+    from attn_core.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(list(args))
+    out = capsys.readouterr()
+    return done.value.code, out.out, out.err
+
+
+def one_line_error(result, *words, after_progress: bool = False) -> str:
+    """A refusal: exit 2 and one ``error:`` line naming ``words``, no traceback; with
+    ``after_progress`` progress lines (tokenizing a text) may come before it."""
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    errors = [line for line in lines if line.startswith("error: ")]
+    if not after_progress:
+        assert len(lines) == 1, result.stderr
+    assert len(errors) == 1 and lines[-1] == errors[0] and "Traceback" not in result.stderr, result.stderr
+    assert all(w in errors[0] for w in words), errors[0]
+    return errors[0]
+
+
+def refused(args: list, message: str) -> str:
+    """``attn-lab ARGS --json`` refused with exit 2: its last stderr line names ``message`` and the
+    JSON document on stdout carries the same error."""
+    res = cli_run(*args, "--json")
+    assert res.exit_code == 2, res.output
+    line = res.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: ") and message in line, line
+    assert json.loads(res.stdout)["error"] == line.removeprefix("error: ")
+    return line

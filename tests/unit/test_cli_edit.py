@@ -4,37 +4,16 @@ in one line with exit code 2, nothing saved changed."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from attn_core.cli import app
 from attn_core.destinations import SHIPPED
 from attn_core.sources import resolve
 from attn_core.surgery import HeadEdit, edit_inputs, edit_model, head_form64, measure
-from tests.conftest import write_tiny_gpt2
+from tests.conftest import cli_json, cli_run, one_line_error, write_tiny_gpt2
 from tests.text_corpus import make_text, write_word_tokenizer
 
-runner = CliRunner()
-
-
-def run(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def run_json(*args):
-    result = run(*args, "--json")
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
-
-
-def one_line_error(result, *words):
-    assert result.exit_code == 2, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.stderr, result.stderr
-    assert all(w in lines[0] for w in words), lines[0]
+run, run_json = cli_run, cli_json
 
 
 @pytest.fixture(scope="module")

@@ -8,28 +8,15 @@ import json
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from attn_core.bilinear import blocked
 from attn_core.bilinear.blocked import layer_qk, row_stats
-from attn_core.cli import app
 from attn_core.sources import resolve
-from tests.conftest import write_tiny_hf
+from tests.conftest import cli_run, one_line_error, write_tiny_hf
 from tests.text_corpus import make_text, write_word_tokenizer
 
 pytest.importorskip("transformers")
-runner = CliRunner()
-
-
-def run(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def one_line_error(result, *words):
-    assert result.exit_code == 2, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.stderr, result.stderr
-    assert all(w in lines[0] for w in words), lines[0]
+run = cli_run
 
 
 @pytest.fixture(scope="module")

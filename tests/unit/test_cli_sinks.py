@@ -3,38 +3,21 @@ sink and rank figures of export: one JSON document each, the library's numbers, 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from attn_core.bilinear import ranks, sinks
-from attn_core.cli import app
 from attn_core.sources import resolve
 from attn_core.text.probes import probes
-from tests.conftest import write_tiny_gpt2
+from tests.conftest import cli_json, cli_run, write_tiny_gpt2
+from tests.conftest import one_line_error as shared_one_line_error
 from tests.text_corpus import make_text, write_word_tokenizer
 
-runner = CliRunner()
-
-
-def run(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def run_json(*args):
-    result = run(*args, "--json")
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
+run, run_json = cli_run, cli_json
 
 
 def one_line_error(result, *words):
-    assert result.exit_code == 2, result.output
-    lines = result.stderr.strip().splitlines()  # a progress line (tokenizing a text) may come first
-    errors = [line for line in lines if line.startswith("error: ")]
-    assert len(errors) == 1 and lines[-1] == errors[0] and "Traceback" not in result.stderr, result.stderr
-    assert all(w in errors[0] for w in words), errors[0]
+    return shared_one_line_error(result, *words, after_progress=True)  # a progress line (tokenizing) may come first
 
 
 @pytest.fixture(scope="module")

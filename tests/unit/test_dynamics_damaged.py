@@ -10,16 +10,10 @@ import pytest
 
 from attn_core import dynamics as D
 from attn_core.destinations import SHIPPED
+from tests.conftest import cli_main
 from tests.damaged import KINDS, damage_all, model_with_checkpoints
 
-
-def cli(capsys, *args) -> tuple[int, str, str]:
-    from attn_core.cli import main
-
-    with pytest.raises(SystemExit) as done:
-        main(list(args))
-    out = capsys.readouterr()
-    return done.value.code, out.out, out.err
+cli = cli_main
 
 
 @pytest.fixture(scope="module")

@@ -11,16 +11,9 @@ from attn_core import checkpoint
 from attn_core import dynamics as D
 from attn_core.dynamics import folders
 from attn_core.validate import whole_number
-from tests.conftest import make_tiny_model
+from tests.conftest import cli_main, make_tiny_model
 
-
-def cli(capsys, *args) -> tuple[int, str, str]:
-    from attn_core.cli import main
-
-    with pytest.raises(SystemExit) as done:
-        main(list(args))
-    out = capsys.readouterr()
-    return done.value.code, out.out, out.err
+cli = cli_main
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 folder), never through a link; a link to an empty folder, a dangling link and an empty mount point
 each get their true reason, before any work. Commands run in-process through the real CLI."""
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -13,16 +12,7 @@ from typer.testing import CliRunner
 from attn_core import checkpoint, destinations
 from attn_core.cli import app
 from attn_core.zoo import ZOO_DIR, list_models
-from tests.conftest import make_tiny_model
-
-
-def refused(args: list, message: str) -> str:
-    res = CliRunner().invoke(app, [str(a) for a in args] + ["--json"])
-    assert res.exit_code == 2, res.output
-    line = res.stderr.strip().splitlines()[-1]
-    assert line.startswith("error: ") and message in line, line
-    assert json.loads(res.stdout)["error"] == line.removeprefix("error: ")
-    return line
+from tests.conftest import make_tiny_model, refused
 
 
 @pytest.fixture

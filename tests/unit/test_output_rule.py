@@ -5,25 +5,13 @@ link (a dangling one included), never inside what the command reads (the --text 
 folders measured), also where a parent folder's link leads; a refused --animate leaves no
 temporary folder in the measured folder."""
 
-import json
 import tempfile
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from attn_core import checkpoint, destinations
-from attn_core.cli import app
-from tests.conftest import make_tiny_model
-
-
-def refused(args: list, message: str) -> str:
-    res = CliRunner().invoke(app, [str(a) for a in args] + ["--json"])
-    assert res.exit_code == 2, res.output
-    line = res.stderr.strip().splitlines()[-1]
-    assert line.startswith("error: ") and message in line, line
-    assert json.loads(res.stdout)["error"] == line.removeprefix("error: ")
-    return line
+from tests.conftest import make_tiny_model, refused
 
 
 @pytest.fixture(scope="module")
