@@ -272,6 +272,9 @@ def _run(args: list[str], as_json: bool):
     except MemoryError:
         return report("out of memory: the input is larger than this machine can hold", as_json, "limit", 1)
     except Exception as e:  # a bug: still one line, and the way to see more
+        guard = interrupt._CLI
+        if guard is not None and guard.signum is not None:  # a signal a library swallowed broke what came
+            return _interrupted(as_json)  # after it (an import left half done): the command was interrupted
         if os.environ.get("ATTN_LAB_DEBUG"):
             raise
         name = type(e).__name__

@@ -135,6 +135,9 @@ def retrain_cmd(
     if address is not None and cfg.workers is None:
         raise ValueError("--address needs --workers (a retrain joins a Ray cluster only to train on its workers)")
     with sigint_stops(exiting=True) as ctrl_c:  # held until the command ends: a late Ctrl-C cannot cut the report
+        if ctrl_c.is_set():  # a stop came before this handler (its interrupt lost inside a library): end now,
+            typer.echo("interrupted before training began; nothing was saved", err=True)  # within the grace period
+            raise typer.Exit(ctrl_c.code)
         try:
             if cfg.text is not None:  # tokenized once, with a progress bar; the job finds it in the cache
                 opts.tokenize_with_bar(cfg.source, cfg.text, cfg.text_field, cfg.eval_text, stop=ctrl_c.is_set)
@@ -150,7 +153,10 @@ def retrain_cmd(
             from attn_core.distributed.remote import check_workers
 
             check_workers(job, address)
-        opts.say_estimate(job)
+        opts.say_estimate(job)  # it times a few steps: a Ctrl-C may land there too
+        if ctrl_c.is_set():
+            typer.echo("interrupted before training began; nothing was saved", err=True)
+            raise typer.Exit(ctrl_c.code)
         ctrl_c.then(job.stop)
         _run_with_bar(job, name, steps, address)  # progress on stderr, with --json too (stdout holds the JSON)
         refused = getattr(job.remote, "refused", None)

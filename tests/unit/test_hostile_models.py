@@ -213,7 +213,8 @@ def test_a_lying_header_is_refused_before_its_data_is_read(mistral, tmp_path):
     )
     message, peak = proc.stdout.strip().splitlines()
     assert "tensor 'lm_head.weight' has shape [50000000, 32]; config.json needs [100, 32]" in message
-    assert int(peak) < 1.5 * 2**30, f"peak RSS {int(peak) / 2**30:.2f} GiB"
+    # 0.45 GiB alone, 1.51 GiB once in a full run of the suite: far below the file either way
+    assert int(peak) < 2 * 2**30, f"peak RSS {int(peak) / 2**30:.2f} GiB"
 
 
 # --- one rule for every file of a model folder ------------------------------------------------------
