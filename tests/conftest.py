@@ -240,3 +240,19 @@ def refused(args: list, message: str) -> str:
     assert line.startswith("error: ") and message in line, line
     assert json.loads(res.stdout)["error"] == line.removeprefix("error: ")
     return line
+
+
+@pytest.fixture(scope="module")
+def gpt2_with_text(tmp_path_factory):
+    """(folder, text): a GPT-2 folder built by transformers with a word-level tokenizer.json, and a
+    text of 60 lines for it (one per test module)."""
+    from tests.text_corpus import make_text, write_word_tokenizer
+
+    root = tmp_path_factory.mktemp("gpt2")
+    folder = root / "gpt2"
+    folder.mkdir()
+    write_tiny_gpt2(folder)
+    write_word_tokenizer(folder)
+    text = root / "text.txt"
+    text.write_text(make_text(1, lines=60))
+    return folder, text

@@ -79,7 +79,7 @@ def head_modes(model: Transformer, layer: int, head: int) -> Modes:
         sig = [float((W_Q[:, p] @ W_K[:, p].T).norm() * s) for p in planes(model)]
         half = model.cfg.rotary_dims // 2
         names = [f"plane {c}" if c < half else "offset-free dims" for c in range(len(sig))]
-        return Modes(layer, head, "plane", torch.tensor(sig, dtype=torch.float64), names)
+        return Modes(layer, head, "plane", torch.tensor(sig, dtype=torch.float64, device="cpu"), names)
     S = head_form64(model, layer, head).singular_values.cpu()
     return Modes(layer, head, "singular", S, [f"σ{i + 1}" for i in range(len(S))])
 
@@ -92,7 +92,7 @@ def mode_factors(
     Indices and ranks are checked here (one ValueError sentence)."""
     k, who = modes.k, f"L{modes.layer}H{modes.head}"
     what = "rotation planes" if modes.kind == "plane" else "singular modes"
-    f = torch.ones(k, dtype=torch.float64)
+    f = torch.ones(k, dtype=torch.float64, device=modes.sigma.device)
     if rank is not None:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= k:
             raise ValueError(f"--rank {rank!r} is out of range: {who} has {k} {what} (rank 1..{k})")

@@ -10,22 +10,14 @@ import torch
 from attn_core.destinations import SHIPPED
 from attn_core.sources import resolve
 from attn_core.surgery import HeadEdit, edit_inputs, edit_model, head_form64, measure
-from tests.conftest import cli_json, cli_run, one_line_error, write_tiny_gpt2
-from tests.text_corpus import make_text, write_word_tokenizer
+from tests.conftest import cli_json, cli_run, one_line_error
 
 run, run_json = cli_run, cli_json
 
 
 @pytest.fixture(scope="module")
-def gpt2(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gpt2")
-    folder = root / "gpt2"
-    folder.mkdir()
-    write_tiny_gpt2(folder)
-    write_word_tokenizer(folder)
-    text = root / "text.txt"
-    text.write_text(make_text(1, lines=60))
-    return folder, text
+def gpt2(gpt2_with_text):
+    return gpt2_with_text
 
 
 def test_edit_json_is_the_librarys_before_and_after(tmp_path):

@@ -9,9 +9,8 @@ import torch
 from attn_core.bilinear import ranks, sinks
 from attn_core.sources import resolve
 from attn_core.text.probes import probes
-from tests.conftest import cli_json, cli_run, write_tiny_gpt2
+from tests.conftest import cli_json, cli_run
 from tests.conftest import one_line_error as shared_one_line_error
-from tests.text_corpus import make_text, write_word_tokenizer
 
 run, run_json = cli_run, cli_json
 
@@ -21,16 +20,8 @@ def one_line_error(result, *words):
 
 
 @pytest.fixture(scope="module")
-def gpt2(tmp_path_factory):
-    """A GPT-2 folder built by transformers, with a word-level tokenizer.json, and a text."""
-    root = tmp_path_factory.mktemp("gpt2")
-    folder = root / "gpt2"
-    folder.mkdir()
-    write_tiny_gpt2(folder)
-    write_word_tokenizer(folder)
-    text = root / "text.txt"
-    text.write_text(make_text(1, lines=60))
-    return folder, text
+def gpt2(gpt2_with_text):
+    return gpt2_with_text
 
 
 def test_sinks_on_a_zoo_model_are_the_librarys():
