@@ -238,6 +238,7 @@ def job(spec: dict) -> dict:
     import torch
 
     from attn_core.runs import RunStore
+    from attn_core.training import job_measures
     from attn_core.training.job import TrainingJob
 
     torch.set_num_threads(spec["threads"])
@@ -263,7 +264,12 @@ def job(spec: dict) -> dict:
     j._loop = loop
     res = j.run()
     assert res["status"] == "completed", res["message"]
-    return dict(**clock.rates(), peak_mib=_peak(device))
+    # where the job's time between steps goes: its phases (telemetry, spectra, evaluations inside
+    # the steps) and its slowest steps (the wall from one step's end to the next's)
+    phases = {k: round(v, 3) for k, v in job_measures.phases(j).items()}
+    gaps = [(i, b - a) for i, (a, b) in enumerate(zip(clock.wall, clock.wall[1:]))]
+    slowest = [[i, round(s, 4)] for i, s in sorted(gaps, key=lambda g: -g[1])[:6]]
+    return dict(**clock.rates(), peak_mib=_peak(device), phases_s=phases, slowest_steps_s=slowest)
 
 
 def child(spec: dict) -> dict:
@@ -344,19 +350,17 @@ def key(spec: dict) -> str:
     return f"{spec['model']} {spec['mode']} {'entropy every head' if spec['penalty'] else 'no penalty'}"
 
 
-def summarize(runs: dict) -> dict:
-    """Medians over repeats of every loop of every combination, and the ratios the targets read."""
+def summarize(runs: dict, cuda: bool = False) -> dict:
+    """Medians over repeats of every loop of every combination, and the ratios the targets read
+    (steps per CPU second on the CPU, per wall second on CUDA, where the CPU waits on the device)."""
     out = {}
     for name, loops in runs.items():
         med = {}
         for loop, reps in loops.items():
             fields = {k for r in reps for k, v in r.items() if isinstance(v, (int, float))}
             med[loop] = {k: statistics.median(r[k] for r in reps if k in r) for k in sorted(fields)}
-        rate = "steps_per_cpu_s" if "steps_per_cpu_s" in med["plain"] else "steps_per_s"
-        ratios = {
-            "trainer_vs_plain": med["trainer"][rate] / med["plain"][rate],
-            "job_vs_plain": med["job"][rate] / med["plain"][rate],
-        }
+        rate = "steps_per_s" if cuda else "steps_per_cpu_s"
+        ratios = {f"{loop}_vs_plain": med[loop][rate] / med["plain"][rate] for loop in ("trainer", "job") if loop in med}
         if "command" in med:
             ratios["command_cpu_vs_plain_script"] = med["command"]["process_cpu_s"] / med["plain"]["process_cpu_s"]
             ratios["command_wall_vs_plain_script"] = med["command"]["process_wall_s"] / med["plain"]["process_wall_s"]
@@ -366,15 +370,15 @@ def summarize(runs: dict) -> dict:
             ]  # steps: ticks, one before the first
             load = med["command"].get("phase_load_s", 0.0)
             ratios["command_wall_over_loop_and_load_s"] = med["command"]["process_wall_s"] - plain_steps_s - load
-        per_repeat = [j[rate] / p[rate] for j, p in zip(loops["job"], loops["plain"])]
-        ratios["job_vs_plain_per_repeat"] = per_repeat
+        if "job" in loops:
+            ratios["job_vs_plain_per_repeat"] = [j[rate] / p[rate] for j, p in zip(loops["job"], loops["plain"])]
         out[name] = dict(median=med, ratios=ratios)
     for name in list(out):  # the penalty's cost, and compiled against eager, from the same runs
         if name.endswith("no penalty"):
             with_pen = name.replace("no penalty", "entropy every head")
             if with_pen in out:
-                for loop in ("plain", "job"):
-                    rate = "steps_per_cpu_s" if "steps_per_cpu_s" in out[name]["median"][loop] else "steps_per_s"
+                for loop in [x for x in ("plain", "job") if x in out[name]["median"]]:
+                    rate = "steps_per_s" if cuda else "steps_per_cpu_s"
                     out[with_pen]["ratios"][f"penalty_time_{loop}"] = (
                         out[name]["median"][loop][rate] / out[with_pen]["median"][loop][rate]
                     )
@@ -383,7 +387,7 @@ def summarize(runs: dict) -> dict:
                     )
         if " compiled " in name:
             eager = name.replace(" compiled ", " eager ")
-            if eager in out:
+            if eager in out and "job" in out[name]["median"]:
                 rate = "steps_per_s"
                 out[name]["ratios"]["compiled_job_vs_eager_job_wall"] = (
                     out[name]["median"]["job"][rate] / out[eager]["median"]["job"][rate]
@@ -421,8 +425,8 @@ def show(summary: dict, cuda: bool) -> None:
         m, r = s["median"], s["ratios"]
         print(f"{name}:")
         print("  " + "  ".join(f"{loop} {m[loop][rate]:.2f} {unit} ({m[loop]['peak_mib']:.0f} MiB)"
-                               for loop in ("plain", "trainer", "job")))  # fmt: skip
-        line = f"  trainer/plain {r['trainer_vs_plain']:.3f}  job/plain {r['job_vs_plain']:.3f}"
+                               for loop in ("plain", "trainer", "job") if loop in m))  # fmt: skip
+        line = "".join(f"  {loop}/plain {r[f'{loop}_vs_plain']:.3f}" for loop in ("trainer", "job") if loop in m)
         if "command" in m:
             print(f"  command {m['command']['process_wall_s']:.1f} s wall, {m['command']['process_cpu_s']:.1f} s CPU; "
                   f"plain script {m['plain']['process_wall_s']:.1f} s wall, {m['plain']['process_cpu_s']:.1f} s CPU")  # fmt: skip
@@ -443,6 +447,7 @@ def main() -> None:
     ap.add_argument("--modes", default="eager,compiled", help="eager, compiled or both")
     ap.add_argument("--models", default="imported,zoo", help="imported, zoo or both")
     ap.add_argument("--penalties", default="none,every-head", help="none (no penalty), every-head or both")
+    ap.add_argument("--loops", default=",".join(LOOPS), help="which of plain, trainer, job, command (plain always runs)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--quick", action="store_true", help="tiny shapes, eager, 1 repeat, nothing saved")
     ap.add_argument("--summary", type=Path, help="print one line of a saved result's figures, and stop")
@@ -472,6 +477,10 @@ def main() -> None:
     if not names or any(p not in penalties for p in names):
         ap.error("--penalties takes none, every-head or both")
     args.penalties = [penalties[p] for p in names]
+    loops = [x.strip() for x in args.loops.split(",") if x.strip()]
+    if any(x not in LOOPS for x in loops):
+        ap.error(f"--loops takes {', '.join(LOOPS)}")
+    args.loops = tuple(x for x in LOOPS if x in loops or x == "plain")  # every ratio is against plain
     shape = CUDA if cuda else (CPU_QUICK if args.quick else CPU)
     if args.quick:
         if cuda:
@@ -499,7 +508,8 @@ def main() -> None:
                             f"import RunStore; prepare_text({str(folder)!r}, {str(text)!r}, store=RunStore())"],
                            env=_env(args, store), check=True)  # fmt: skip
         # the smoke run starts the command once (a process of its own costs seconds of imports)
-        loops_of = {key(s): LOOPS if not args.quick or i == 0 else LOOPS[:-1] for i, s in enumerate(specs)}
+        loops_of = {key(s): tuple(x for x in args.loops if x != "command" or not args.quick or i == 0)
+                    for i, s in enumerate(specs)}  # fmt: skip
         runs: dict = {key(s): {loop: [] for loop in loops_of[key(s)]} for s in specs}
         for r in range(args.repeats):
             for spec in specs:
@@ -507,11 +517,16 @@ def main() -> None:
                     full = dict(spec, loop=loop, store=str(store))
                     res = measure_command(full, args, store) if loop == "command" else measure_loop(full, args, store)
                     runs[key(spec)][loop].append(res)
-                    rate = res.get("steps_per_cpu_s", res.get("steps_per_s"))
-                    print(f"  {key(spec)}, {loop}: {rate:.2f} steps/{'CPU-' if 'steps_per_cpu_s' in res else ''}s, "
+                    on_cpu = not cuda and "steps_per_cpu_s" in res
+                    rate = res["steps_per_cpu_s"] if on_cpu else res["steps_per_s"]
+                    print(f"  {key(spec)}, {loop}: {rate:.2f} steps/{'CPU-' if on_cpu else ''}s, "
                           f"process {res['process_wall_s']:.1f} s wall, {res['process_cpu_s']:.1f} s CPU", flush=True)  # fmt: skip
+                    if "phases_s" in res:
+                        print(f"    phases (s): {res['phases_s']}; slowest steps [i, s]: {res['slowest_steps_s']}", flush=True)
+                    if loop == "command":
+                        print(f"    {command_split({'command': res})}", flush=True)
                 print(f"repeat {r + 1}: {key(spec)} done (load {os.getloadavg()[0]:.1f})", flush=True)
-    summary = summarize(runs)
+    summary = summarize(runs, cuda)
     show(summary, cuda)
     import torch
 
