@@ -4,8 +4,9 @@
 #
 #   1. installs the Python packages that machine lacks from a folder of wheels it is handed
 #      (no network: pip --no-index --no-deps into a folder of its own, put on PYTHONPATH);
-#   2. runs `pytest -m gpu tests/gpu`, `benchmarks/job_vs_loop.py --device cuda` and
-#      `benchmarks/gpu.py` at their GPU shapes, each under a timeout, logging each under LOGS;
+#   2. runs `pytest -m gpu tests/gpu`, `benchmarks/decompositions.py --device cuda`,
+#      `benchmarks/job_vs_loop.py --device cuda` and `benchmarks/gpu.py` at their GPU shapes, each
+#      under a timeout, logging each under LOGS;
 #   3. prints one table: each part, its status, its seconds and its figures.
 #
 # Without CUDA (torch.cuda.is_available() False) the CUDA parts are skipped, each saying so, and
@@ -16,8 +17,9 @@
 # Settings (environment): GPU_CHECK_WHEELS (the wheels, if not given as the argument);
 # GPU_CHECK_OUT (the logs' folder; else $OUT, else benchmarks/results/gpu_check);
 # GPU_CHECK_NEEDS (the modules to import, default: streamlit plotly entmax platformdirs);
-# GPU_CHECK_PYTEST_S, GPU_CHECK_JOB_S, GPU_CHECK_GPU_S (timeouts, default 190, 150 and 110 s: with
-# the install and CUDA's start, under 8 minutes; a part cut short reports what it printed so far);
+# GPU_CHECK_PYTEST_S, GPU_CHECK_DECOMP_S, GPU_CHECK_JOB_S, GPU_CHECK_GPU_S (timeouts, default 280,
+# 40, 150 and 90 s: with the install, under 10 minutes; on an H200 on 2026-11-28 tests/gpu took
+# about 300 s, the job's loops 100 s, gpu.py 81 s; a part cut short reports what it printed so far);
 # PYTHON (default python3). Wheels for the lent machines (Python 3.12) are fetched with
 # `pip download --no-deps --only-binary=:all: --python-version 3.12 ...` (README, "GPU").
 set -uo pipefail
@@ -28,9 +30,10 @@ PY="${PYTHON:-python3}"
 WHEELS="${1:-${GPU_CHECK_WHEELS:-}}"
 LOGS="${GPU_CHECK_OUT:-${OUT:-$ROOT/benchmarks/results/gpu_check}}"
 NEEDS="${GPU_CHECK_NEEDS:-streamlit plotly entmax platformdirs}"
-T_PYTEST="${GPU_CHECK_PYTEST_S:-190}"
+T_PYTEST="${GPU_CHECK_PYTEST_S:-280}"
+T_DECOMP="${GPU_CHECK_DECOMP_S:-40}"
 T_JOB="${GPU_CHECK_JOB_S:-150}"
-T_GPU="${GPU_CHECK_GPU_S:-110}"
+T_GPU="${GPU_CHECK_GPU_S:-90}"
 mkdir -p "$LOGS" || exit 2
 SCRATCH="$(mktemp -d)"
 trap 'rm -rf "$SCRATCH"' EXIT
@@ -78,7 +81,7 @@ fi
 CUDA="$("$PY" -c 'import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' 2>/dev/null)"
 if [ -z "$CUDA" ]; then
     echo "[gpu_check] CUDA: not available (torch.cuda.is_available() is False): the CUDA parts are skipped"
-    for part in "pytest -m gpu tests/gpu" "job_vs_loop.py --device cuda" "gpu.py"; do
+    for part in "pytest -m gpu tests/gpu" "decompositions.py --device cuda" "job_vs_loop.py --device cuda" "gpu.py"; do
         row "$part" "skipped" 0 "no CUDA"
     done
 else
@@ -111,20 +114,28 @@ else
         fi
     }
 
-    # pytest's summary line; cut short, the counts of its progress characters so far
-    run_part "pytest" "$T_PYTEST" pytest.log "$PY" -m pytest -m gpu tests/gpu -q -p no:cacheprovider -rfE \
-        --junitxml "$LOGS/pytest.xml"
-    detail="$(grep -E '[0-9]+ (passed|failed|error|skipped)' "$LOGS/pytest.log" | tail -1)"
+    # pytest's summary line; cut short, the tests it had ended so far (one line each, -v) and the
+    # one it was in; --durations names the slow ones
+    run_part "pytest" "$T_PYTEST" pytest.log "$PY" -m pytest -m gpu tests/gpu -v -p no:cacheprovider -rfE \
+        --durations=0 --junitxml "$LOGS/pytest.xml"
+    detail="$(grep -E '^=+ .*[0-9]+ (passed|failed|error|skipped)' "$LOGS/pytest.log" | tail -1 | tr -d '=' | sed 's/^ *//;s/ *$//')"
     if [ -z "$detail" ]; then
-        progress="$(grep -E '^[.FEsx]+( +\[ *[0-9]+%\])?$' "$LOGS/pytest.log" | tr -cd '.FEsx')"
-        detail="so far: $(tr -cd '.' <<<"$progress" | wc -c) passed, $(tr -cd 'F' <<<"$progress" | wc -c) failed, $(tr -cd 'E' <<<"$progress" | wc -c) errors, $(tr -cd 's' <<<"$progress" | wc -c) skipped"
+        count() { grep -cE "^tests/gpu/.* $1( |\$)" "$LOGS/pytest.log"; }
+        last="$(grep -E '^tests/gpu/' "$LOGS/pytest.log" | tail -1 | sed 's/ .*//')"
+        detail="so far: $(count PASSED) passed, $(count FAILED) failed, $(count ERROR) errors, $(count SKIPPED) skipped; cut in: ${last:-?}"
     fi
     row "pytest -m gpu tests/gpu" "$STATUS" "$SECONDS_PART" "$detail"
 
+    # the singular values of head-sized cores on the GPU against attn_core.linalg (on the host)
+    run_part "decompositions" "$T_DECOMP" decompositions.log "$PY" benchmarks/decompositions.py --device cuda \
+        --repeats 3 --out "$LOGS/decompositions_cuda.json"
+    row "decompositions.py --device cuda" "$STATUS" "$SECONDS_PART" \
+        "$(grep -E 'cores|refresh|summaries' "$LOGS/decompositions.log" | sed 's/^ *//' | paste -sd '|' -)"
+
     # the 88M Llama folder of issue 34 (bf16, fused AdamW, 150 steps), eager, one repeat: the
-    # plain loop, the Trainer, the job and the command (its wall split by part)
+    # plain loop, the job (its phases) and the command (its wall split by part)
     run_part "job_vs_loop" "$T_JOB" job_vs_loop.log "$PY" benchmarks/job_vs_loop.py --device cuda --repeats 1 \
-        --models imported --modes eager --penalties none --out "$LOGS/job_vs_loop_cuda.json"
+        --models imported --modes eager --penalties none --loops plain,job,command --out "$LOGS/job_vs_loop_cuda.json"
     row "job_vs_loop.py --device cuda" "$STATUS" "$SECONDS_PART" "$(summary job_vs_loop.py job_vs_loop)"
 
     # induction-2l on the CPU and on CUDA, eager and compiled (CUDA graphs), fp32: the zoo's rows

@@ -14,7 +14,7 @@ from functools import cached_property
 
 import torch
 
-from attn_core import metrics
+from attn_core import linalg, metrics
 
 
 class QKForm:
@@ -145,8 +145,8 @@ class QKForm:
     # spectrum ----------------------------------------------------------------------------------
     @cached_property
     def _qr(self):
-        Ql, Rl = torch.linalg.qr(self.left)  # [..., m, r], [..., r, r]
-        Qr, Rr = torch.linalg.qr(self.right)
+        Ql, Rl = linalg.qr(self.left)  # [..., m, r], [..., r, r]
+        Qr, Rr = linalg.qr(self.right)
         return Ql, Rl, Qr, Rr
 
     @cached_property
@@ -163,9 +163,9 @@ class QKForm:
     @cached_property
     def _svd(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if not self.uses_core:
-            return torch.linalg.svd(self.dense, full_matrices=False)
+            return linalg.svd(self.dense)
         Ql, _, Qr, _ = self._qr
-        Uc, S, Vhc = torch.linalg.svd(self.core)
+        Uc, S, Vhc = linalg.svd(self.core)
         return Ql @ Uc, S, Vhc @ Qr.transpose(-1, -2)
 
     @cached_property
@@ -173,7 +173,7 @@ class QKForm:
         """Descending, [..., k] (k = r factored: the rest are zero)."""
         if "_svd" in self.__dict__:
             return self._svd[1]
-        return torch.linalg.svdvals(self.core if self.uses_core else self.dense)
+        return linalg.svdvals(self.core if self.uses_core else self.dense)
 
     @cached_property
     def eigenvalues(self) -> torch.Tensor:
@@ -209,14 +209,14 @@ class QKForm:
         if sym.uses_core:
             F = sym.left  # [..., m, 2r]
             r = self.left.shape[-1]
-            Q, RF = torch.linalg.qr(F)
+            Q, RF = linalg.qr(F)
             eye = torch.eye(r, dtype=F.dtype, device=F.device)
             zero = torch.zeros_like(eye)
             J = torch.cat([torch.cat([zero, eye], -1), torch.cat([eye, zero], -1)], -2) / 2
             core = RF @ J @ RF.transpose(-1, -2)
-            ev = torch.linalg.eigvalsh((core + core.transpose(-1, -2)) / 2)
+            ev = linalg.eigvalsh((core + core.transpose(-1, -2)) / 2)
         else:
-            ev = torch.linalg.eigvalsh(sym.dense)
+            ev = linalg.eigvalsh(sym.dense)
         return ev.flip(-1)
 
     def _need_square(self, what: str) -> None:

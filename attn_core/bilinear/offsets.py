@@ -13,6 +13,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
+from attn_core import linalg
 from attn_core.bilinear.checks import check_heads, check_layer, check_model
 from attn_core.bilinear.form import QKForm
 from attn_core.bilinear.heads import augment, has_bias, layer_form
@@ -101,14 +102,14 @@ def sigma1_offsets(model: Transformer, heads, offsets=None) -> torch.Tensor:
     cores, order = [], []
     for layer, hs in by_layer.items():
         base = layer_form(model, layer)[hs]  # left W_Q / sqrt(d_qk), right W_K: [n, d, w]
-        _, Rl = torch.linalg.qr(base.left.float())
-        _, Rr = torch.linalg.qr(base.right.float())
+        _, Rl = linalg.qr(base.left.float())
+        _, Rr = linalg.qr(base.right.float())
         R = offset_rotation(model.cfg, torch.tensor(offsets, device="cpu"), base.left.shape[-1]).to(Rl)  # [O, w, w]
         cores.append(Rl[:, None] @ R[None] @ Rr[:, None].transpose(-1, -2))  # [n, O, r, r]
         order += [(layer, h) for h in hs]
     r = max(c.shape[-1] for c in cores)  # grown layers are wider: zero padding adds no singular value
     cores = [torch.nn.functional.pad(c, (0, r - c.shape[-1], 0, r - c.shape[-2])) for c in cores]
-    sigma1 = torch.linalg.svdvals(torch.cat(cores))[..., 0]  # [n heads, O]
+    sigma1 = linalg.svdvals(torch.cat(cores))[..., 0]  # [n heads, O]
     return sigma1[torch.tensor([order.index(lh) for lh in heads], device=sigma1.device)]
 
 

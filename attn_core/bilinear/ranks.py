@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attn_core import linalg
 from attn_core.bilinear.checks import check_model
 from attn_core.bilinear.heads import model_form
 from attn_core.hooks import act_name
@@ -89,7 +90,7 @@ def score_spectra(model: Transformer, tokens: torch.Tensor) -> torch.Tensor:
         def read(S: torch.Tensor, name: str) -> None:
             S = S.double()
             centred = S - S.mean(-1, keepdim=True)
-            out[at[0] : at[0] + S.shape[0], layer] = torch.linalg.svdvals(centred)
+            out[at[0] : at[0] + S.shape[0], layer] = linalg.svdvals(centred)
 
         return read
 

@@ -24,6 +24,8 @@ import math
 
 import torch
 
+from attn_core import linalg
+
 
 def entropy_floor(n: torch.Tensor | int, sigma: torch.Tensor | float) -> torch.Tensor:
     """h(n, sigma) above, in nats, broadcast over ``n`` (keys, >= 1) and ``sigma`` (>= 0), on the
@@ -57,7 +59,7 @@ def largest_singular_value(A: torch.Tensor) -> torch.Tensor:
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     scaled = (A / scale).float()
     gram = scaled @ scaled.mT if scaled.shape[-2] <= scaled.shape[-1] else scaled.mT @ scaled
-    top = torch.linalg.eigvalsh(gram)[..., -1].double().clamp_min(0).sqrt()
+    top = linalg.eigvalsh(gram)[..., -1].double().clamp_min(0).sqrt()
     return top * scale[..., 0, 0].double()
 
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from attn_core import linalg
+
 RIDGE = 1e-8
 REFINE_STEPS = 3
 RANK_RTOL = 1e-10  # singular values of the rows below this fraction of the largest are zero
@@ -40,7 +42,7 @@ class Basis:
     @classmethod
     def of_rows(cls, rows: torch.Tensor, centre: bool, rtol: float = RANK_RTOL) -> Basis:
         A = rows - rows.mean(0) if centre else rows
-        _, s, Vh = torch.linalg.svd(A / math.sqrt(rows.shape[0]), full_matrices=True)
+        _, s, Vh = linalg.svd_full(A / math.sqrt(rows.shape[0]))
         r = int((s > rtol * s[0]).sum()) if s.numel() and s[0] > 0 else 0
         if r == 0:
             raise ValueError("the attention input of this head is zero on the batch: nothing to fit")
@@ -147,7 +149,7 @@ def low_rank(Y: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch
     """Eckart-Young: Y = P diag(sigma) Q^T; returns (P_k sigma_k^(1/2), sigma, Q_k sigma_k^(1/2)), the
     factors padded with zero columns to k when Y has fewer singular values, so that
     ||Y - left right^T||_F^2 = sum_{i > k} sigma_i^2 is the least over rank <= k."""
-    P, sigma, Qh = torch.linalg.svd(Y, full_matrices=False)
+    P, sigma, Qh = linalg.svd(Y)
     root = sigma[:k].sqrt()
     pad = k - root.shape[0]
     left = torch.nn.functional.pad(P[:, :k] * root, (0, pad))

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from attn_core import linalg
 from attn_core.validate import is_int
 
 METHODS = ("favor", "maclaurin", "schoenbat", "nystrom", "nystromformer")
@@ -86,7 +87,7 @@ def orthogonal_gaussian(
         return torch.randn(m, d, generator=g, dtype=torch.float64).to(dtype=dtype, device=device)
     blocks = []
     for _ in range(math.ceil(m / d)):
-        Q, R = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))
+        Q, R = linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))
         blocks.append((Q * torch.sign(torch.diagonal(R))).T)
     directions = torch.cat(blocks)[:m]
     norms = torch.randn(m, d, generator=g, dtype=torch.float64).norm(dim=1, keepdim=True)

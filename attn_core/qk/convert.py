@@ -29,6 +29,7 @@ from dataclasses import replace
 
 import torch
 
+from attn_core import linalg
 from attn_core.bilinear import layer_form
 from attn_core.model import ModelConfig, Transformer
 from attn_core.validate import is_int
@@ -52,7 +53,7 @@ def balanced_factors(M: torch.Tensor, width: int | None = None) -> tuple[torch.T
     over leading dims, keeping the ``width`` largest singular values (default all, min(m, n)).
     W_Q W_K^T is the best rank-``width`` approximation of M, and (||W_Q||^2 + ||W_K||^2)/2 equals
     its nuclear norm, the least over every factorization of it."""
-    U, s, Vh = torch.linalg.svd(M, full_matrices=False)
+    U, s, Vh = linalg.svd(M)
     r = s.shape[-1] if width is None else width
     if not 1 <= r <= s.shape[-1]:
         raise ValueError(

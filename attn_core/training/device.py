@@ -10,8 +10,8 @@ of devices (tests/unit/test_placement.py): whether two devices are the same (``c
 current CUDA device: ``cuda`` and ``cuda:0`` are the same device when 0 is current),
 whether and how a tensor is copied (:func:`copy_plan`: pinned, non-blocking copies only for dense
 CPU tensors headed to CUDA), the autocast of a precision, the optimizer's implementation, the
-compile mode, the scoring form, where batches are drawn, and how a host read is made
-(:func:`host_read`). No other module compares ``torch.device`` objects (an architecture test
+compile mode, the scoring form, where batches are drawn, how a host read is made
+(:func:`host_read`) and where a batch of small matrices is decomposed (:func:`decomposition_device`). No other module compares ``torch.device`` objects (an architecture test
 says so); the two helpers that act (:func:`move`, :func:`host_read`) apply these decisions."""
 
 from __future__ import annotations
@@ -219,3 +219,30 @@ def batch_device(device: torch.device | str, host_batches: bool) -> torch.device
 
     device = torch.device(device)
     return device if device.type == "cuda" and not host_batches else torch.device("cpu")
+
+
+# cuSOLVER decomposes a batch at once only for matrices up to 32 x 32 (gesvdjBatched, syevjBatched);
+# torch solves larger ones one after another. Measured on an H200 (torch 2.11, CUDA 13): the
+# singular values of 144 heads' 64 x 64 cores took 213 ms, and of the 9,360 cores of their
+# rotary offsets 11 s, about 1.2 ms a matrix, where the host takes tens of microseconds each.
+CUDA_BATCHED_MAX = 32
+HOST_DECOMPOSITION_MAX = 256  # wider: one matrix at a time on the GPU is no slower than the host
+HOST_DECOMPOSITIONS = ("svd", "eigh")  # QR runs well on the GPU (the 288 QRs of that spectrum were < 40 ms)
+
+
+def decomposition_device(
+    device: torch.device | str, op: str, m: int, n: int, differentiable: bool = False
+) -> torch.device:
+    """Where a batch of ``m`` x ``n`` matrices on ``device`` is decomposed by ``op`` (``svd`` for
+    singular values and vectors, ``eigh`` for symmetric eigenvalues, ``qr``): on the host for
+    ``svd`` and ``eigh`` of CUDA matrices whose smaller side is over CUDA_BATCHED_MAX and at most
+    HOST_DECOMPOSITION_MAX (the head-sized cores of a spectrum); where the matrices are otherwise:
+    the CPU, the meta device (no values to move) and a ``differentiable`` decomposition (a
+    penalty's inside a training step, which a copy to the host would make wait for the device)."""
+    import torch
+
+    device = torch.device(device)
+    small = CUDA_BATCHED_MAX < min(m, n) <= HOST_DECOMPOSITION_MAX
+    if device.type == "cuda" and op in HOST_DECOMPOSITIONS and small and not differentiable:
+        return torch.device("cpu")
+    return device

@@ -18,6 +18,8 @@ tests run them for real.
 - every training command runs with --device cuda (train, retrain fp32/bf16/--compile,
   compare-qk, grow), a sweep's trial trains on CUDA, and the Retrain page's live job (AppTest,
   device auto) trains on the GPU in its worker process;
+- the spectra of head-sized cores on CUDA are solved on the host (``attn_core.linalg``: 11 s of
+  cuSOLVER for a run's rotary offsets on an H200) and equal the CPU's, returned on the GPU;
 - an imported model (a tiny Llama with grouped-query heads that transformers builds) retrains on
   text on CUDA (fp32; bf16 with --kl and sampled penalty rows; --train qk compiled), measured
   before and after, and the run exported as a llama folder gives transformers' logits to 1e-4
@@ -339,3 +341,31 @@ def test_an_imported_model_retrains_on_text_on_cuda_and_exports(tmp_path, extra)
     doc = text_retrain_on("cuda", tmp_path, extra)
     if "--train" in extra:
         assert doc["trained"]["train"] == "qk"
+
+
+def test_spectra_on_cuda_are_solved_on_the_host_and_equal_the_cpus():
+    """Every head's spectrum and the rotary offsets' sigma_1 summaries of a model on CUDA (d_head
+    64: solved on the host, ``training.device.decomposition_device``) equal those of its CPU copy;
+    the decompositions' results come back on the GPU."""
+    from attn_core import linalg
+    from attn_core.bilinear.offsets import sigma1_summaries
+    from attn_core.model import Transformer
+    from attn_core.model.config import ModelConfig
+
+    cfg = ModelConfig(n_layers=2, n_heads=4, n_kv_heads=2, d_model=128, d_head=64, d_mlp=256, n_ctx=64,
+                      d_vocab=64, normalization="rmsnorm", positional="rotary", gated_mlp=True, mlp_act="silu")  # fmt: skip
+    torch.manual_seed(0)
+    cpu = Transformer(cfg).eval()
+    gpu = Transformer(cfg).eval()
+    gpu.load_state_dict(cpu.state_dict())
+    gpu = gpu.cuda()
+    with torch.no_grad():
+        A = torch.randn(5, 64, 64, device="cuda")
+        assert linalg.svdvals(A).device.type == "cuda" and linalg.eigvalsh(A @ A.mT).device.type == "cuda"
+        ours, theirs = R.spectrum(gpu), R.spectrum(cpu)
+        for key in ("singular_values", "stable_rank"):
+            torch.testing.assert_close(ours[key], theirs[key], rtol=1e-4, atol=1e-5)
+        heads = [(l, h) for l in range(2) for h in range(4)]
+        for a, b in zip(sigma1_summaries(gpu, heads), sigma1_summaries(cpu, heads)):
+            for k in ("sigma1_at_0", "sigma1_min", "sigma1_mean", "sigma1_max"):
+                assert a[k] == pytest.approx(b[k], rel=1e-4), k

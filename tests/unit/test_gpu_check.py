@@ -44,7 +44,12 @@ def test_on_the_cpu_it_installs_from_wheels_and_skips_the_cuda_parts(tmp_path):
     assert "CUDA: not available" in r.stdout and "the CUDA parts are skipped" in r.stdout
     table = r.stdout[r.stdout.index("GPU check, ") :]
     assert f"installed 1 wheels for: {PROBE}" in table
-    for part in ("pytest -m gpu tests/gpu", "job_vs_loop.py --device cuda", "gpu.py"):
+    for part in (
+        "pytest -m gpu tests/gpu",
+        "decompositions.py --device cuda",
+        "job_vs_loop.py --device cuda",
+        "gpu.py",
+    ):
         assert any(line.startswith(part) and "skipped" in line and "no CUDA" in line for line in table.splitlines())
     assert (tmp_path / "logs" / "install.log").exists()
 

@@ -90,3 +90,26 @@ def test_host_read_reads_cpu_values_and_raises_on_meta():
     assert D.host_read(torch.tensor([[1.0, 2.0]])) == [[1.0, 2.0]]
     with pytest.raises(NotImplementedError):
         D.host_read(torch.zeros(2, device="meta"))
+
+
+# decomposition_device(device, op, m, n): "host" (the CPU) or "here" (the matrices' own device), by
+# matrix size: 16 x 16 (cuSOLVER's batched solvers), 64 x 64 and 768 x 64 (head-sized), 512 x 512
+SIZES = ((16, 16), (64, 64), (768, 64), (512, 512))
+HOST_ROWS = {  # for svd and eigh; qr is always "here"
+    "cpu": ("here",) * 4,
+    "cuda": ("here", "host", "host", "here"),
+    "cuda:0": ("here", "host", "host", "here"),
+    "cuda:1": ("here", "host", "host", "here"),
+    "meta": ("here",) * 4,
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", ["svd", "eigh", "qr"])
+@pytest.mark.parametrize("size", SIZES, ids=[f"{m}x{n}" for m, n in SIZES])
+def test_decomposition_device_table(device, op, size):
+    where = D.decomposition_device(torch.device(device), op, *size)
+    want = "here" if op == "qr" else HOST_ROWS[device][SIZES.index(size)]
+    assert where == (torch.device("cpu") if want == "host" else torch.device(device))
+    # a decomposition autograd records (a penalty's, in a training step) never leaves its device
+    assert D.decomposition_device(device, op, *size, differentiable=True) == torch.device(device)
