@@ -360,7 +360,9 @@ def summarize(runs: dict, cuda: bool = False) -> dict:
             fields = {k for r in reps for k, v in r.items() if isinstance(v, (int, float))}
             med[loop] = {k: statistics.median(r[k] for r in reps if k in r) for k in sorted(fields)}
         rate = "steps_per_s" if cuda else "steps_per_cpu_s"
-        ratios = {f"{loop}_vs_plain": med[loop][rate] / med["plain"][rate] for loop in ("trainer", "job") if loop in med}
+        ratios = {
+            f"{loop}_vs_plain": med[loop][rate] / med["plain"][rate] for loop in ("trainer", "job") if loop in med
+        }
         if "command" in med:
             ratios["command_cpu_vs_plain_script"] = med["command"]["process_cpu_s"] / med["plain"]["process_cpu_s"]
             ratios["command_wall_vs_plain_script"] = med["command"]["process_wall_s"] / med["plain"]["process_wall_s"]
@@ -447,7 +449,9 @@ def main() -> None:
     ap.add_argument("--modes", default="eager,compiled", help="eager, compiled or both")
     ap.add_argument("--models", default="imported,zoo", help="imported, zoo or both")
     ap.add_argument("--penalties", default="none,every-head", help="none (no penalty), every-head or both")
-    ap.add_argument("--loops", default=",".join(LOOPS), help="which of plain, trainer, job, command (plain always runs)")
+    ap.add_argument(
+        "--loops", default=",".join(LOOPS), help="which of plain, trainer, job, command (plain always runs)"
+    )
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--quick", action="store_true", help="tiny shapes, eager, 1 repeat, nothing saved")
     ap.add_argument("--summary", type=Path, help="print one line of a saved result's figures, and stop")
@@ -522,7 +526,10 @@ def main() -> None:
                     print(f"  {key(spec)}, {loop}: {rate:.2f} steps/{'CPU-' if on_cpu else ''}s, "
                           f"process {res['process_wall_s']:.1f} s wall, {res['process_cpu_s']:.1f} s CPU", flush=True)  # fmt: skip
                     if "phases_s" in res:
-                        print(f"    phases (s): {res['phases_s']}; slowest steps [i, s]: {res['slowest_steps_s']}", flush=True)
+                        print(
+                            f"    phases (s): {res['phases_s']}; slowest steps [i, s]: {res['slowest_steps_s']}",
+                            flush=True,
+                        )
                     if loop == "command":
                         print(f"    {command_split({'command': res})}", flush=True)
                 print(f"repeat {r + 1}: {key(spec)} done (load {os.getloadavg()[0]:.1f})", flush=True)
