@@ -178,7 +178,7 @@ class _NotMainThread(logging.Filter):
 # first runs): it is shut down when the last of them ends, never under another one, or (``keep``)
 # when the process ends. The lock also makes two users starting at once start one Ray.
 _LOCK = threading.Lock()
-_OURS: dict = {"users": 0, "guard": None, "ours": False, "keep": False, "at_exit": False}
+_OURS: dict = {"users": 0, "guard": None, "ours": False, "keep": False, "at_exit": False, "keeper": None}
 
 
 def ray_users() -> int:
@@ -207,7 +207,9 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, *, keep
     with _LOCK:
         if _OURS["ours"] and not ray.is_initialized():  # someone shut our Ray down: it is no longer ours
             watchdog.stop(_OURS["guard"])
-            _OURS.update(guard=None, ours=False, keep=False)
+            if _OURS["keeper"] is not None:
+                _OURS["keeper"].set()
+            _OURS.update(guard=None, ours=False, keep=False, keeper=None)
         if _OURS["ours"]:
             _OURS["users"] += 1
             _OURS["keep"] = _OURS["keep"] or keep
@@ -228,7 +230,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, *, keep
                 if address:
                     ray.init(address=address, **kwargs)
                 else:
-                    ray.init(num_cpus=num_cpus or os.cpu_count() or 1, **kwargs)
+                    _start_local(ray, num_cpus=num_cpus or os.cpu_count() or 1, **kwargs)
                 _restore_sigterm(on_term)
             except Exception as e:  # ConnectionError, a ray:// handshake that fails, a version mismatch ...
                 watchdog.stop(guard)
@@ -270,6 +272,34 @@ def end_ray() -> bool:
         return True
 
 
+def _start_local(ray, **kwargs) -> None:
+    """``ray.init`` of a local Ray. Ray starts its GCS and raylet with the kernel's parent-death
+    signal (``PR_SET_PDEATHSIG``, SIGKILL), which Linux sends when the *thread* that started them
+    ends, not the process. Called from a thread of its own (a sweep's, a retrain's job thread),
+    ``ray.init`` runs in a thread that lives until this Ray is shut down (:func:`_shutdown`), so that
+    a Ray kept for, or shared with, another user outlives the thread of the user that started it
+    (it was killed as the first sweep's thread ended, and the dashboard's server with it)."""
+    if threading.current_thread() is threading.main_thread():
+        ray.init(**kwargs)
+        return
+    up, stop, failed = threading.Event(), threading.Event(), []
+
+    def keeper() -> None:
+        try:
+            ray.init(**kwargs)
+        except BaseException as e:  # noqa: BLE001 -- raised in the caller's thread
+            failed.append(e)
+        up.set()
+        if not failed:
+            stop.wait()
+
+    threading.Thread(target=keeper, name="attn-lab ray", daemon=True).start()
+    up.wait()
+    if failed:
+        raise failed[0]
+    _OURS["keeper"] = stop
+
+
 def _shutdown(ray) -> None:
     """``ray.shutdown()`` of the Ray this process started or joined, then its watchdog's end (the
     caller holds :data:`_LOCK`). Garbage is collected first, while the core worker is up: a Tune
@@ -287,7 +317,9 @@ def _shutdown(ray) -> None:
         if enabled:
             gc.enable()
         watchdog.stop(_OURS["guard"])
-        _OURS.update(guard=None, ours=False, keep=False)
+        if _OURS["keeper"] is not None:  # the thread that started Ray ends with it
+            _OURS["keeper"].set()
+        _OURS.update(guard=None, ours=False, keep=False, keeper=None)
 
 
 def _sigterm_handler():

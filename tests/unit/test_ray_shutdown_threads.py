@@ -20,7 +20,6 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from attn_core import cluster  # noqa: E402
 from attn_core.cluster import watchdog  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,31 +75,49 @@ def test_a_thread_freeing_ray_objects_while_ray_shuts_down_leaves_the_process_up
     assert GONE not in proc.stderr, said
 
 
-@pytest.fixture
-def no_ray():
-    if ray.is_initialized():  # pragma: no cover - another test left its Ray up
-        pytest.skip("Ray already runs in this process")
-    yield
-    cluster.end_ray()
-    if ray.is_initialized():  # pragma: no cover - a failed assertion left a user
-        ray.shutdown()
+# The dashboard's case: each sweep runs in a thread of its own, which ends with its sweep. Ray
+# starts its GCS and raylet with the kernel's parent-death signal, sent when the *thread* that
+# started them ends: before the fix the Ray kept for the next sweep was killed as the first
+# sweep's thread ended (GCS unreachable, the process ended 60 s later).
+KEPT_ACROSS_THREADS = textwrap.dedent(
+    """
+    import threading, time
+    import ray
+    from attn_core import cluster
 
-
-def test_a_kept_ray_serves_the_next_user_and_ends_on_request(no_ray, monkeypatch):
-    calls = []
+    shutdowns, seen = [], []
     real = ray.shutdown
-    monkeypatch.setattr(ray, "shutdown", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    ray.shutdown = lambda *a, **k: (shutdowns.append(1), real(*a, **k))[1]
+
+    @ray.remote(num_cpus=1)
+    def answer():
+        return 42
+
+    def sweep(keep):
+        with cluster.ray_session(num_cpus=2, keep=keep) as s:
+            assert not cluster.end_ray()  # a user runs: left up
+            node = ray.get_runtime_context().get_node_id()
+            seen.append((s["started"], s["shared"], node, ray.get(answer.remote(), timeout=60)))
+
     assert not cluster.end_ray()  # nothing kept: nothing to end
-    with cluster.ray_session(num_cpus=2, keep=True) as first:
-        node = ray.get_runtime_context().get_node_id()
-    assert first["started"] and not calls and ray.is_initialized() and cluster.ray_users() == 0
-    with cluster.ray_session(num_cpus=2) as second:  # the next sweep: the same Ray, not a new one
-        assert second["shared"] and not second["started"] and cluster.ray_users() == 1
-        assert ray.get_runtime_context().get_node_id() == node
-        assert not cluster.end_ray()  # a user runs: left up
-    assert not calls and ray.is_initialized()  # still kept after a user that did not ask to keep it
-    assert cluster.end_ray() and calls == [1] and not ray.is_initialized() and cluster.ray_users() == 0
+    for keep in (True, False):  # the second sweep does not ask to keep it: still kept after
+        thread = threading.Thread(target=sweep, args=(keep,))
+        thread.start()
+        thread.join(120)
+        time.sleep(1.0)  # the thread has ended: its Ray is still up, not shut down
+        assert ray.is_initialized() and cluster.ray_users() == 0 and not shutdowns, (seen, shutdowns)
+    (started, shared, node, a), (started2, shared2, node2, b) = seen
+    assert started and not shared and shared2 and not started2 and node2 == node and a == b == 42, seen
+    assert cluster.end_ray() and shutdowns == [1] and not ray.is_initialized()
     assert not cluster.end_ray()
+    print("kept", len(seen))
+    """
+)
+
+
+def test_a_kept_ray_outlives_the_thread_that_started_it_and_ends_on_request():
+    proc = run_script(KEPT_ACROSS_THREADS)
+    assert proc.returncode == 0 and "kept 2" in proc.stdout, (proc.returncode, proc.stderr[-2000:])
 
 
 def test_a_kept_ray_ends_with_its_process():
