@@ -38,9 +38,10 @@ def lambdas(lo: float, hi: float, n: int) -> list[float]:
 
 def _work(sweep_id: str, state: dict, cpus: float, ticket: int) -> None:
     """The background thread: the whole sweep (no Streamlit here), from its place in the line of
-    this server's sweeps (``ticket``); errors are kept for the page."""
+    this server's sweeps (``ticket``); errors are kept for the page. The server keeps the Ray it
+    starts until it ends: Ray shut down under the server's other threads could end the server."""
     try:
-        run_sweep(None, rs.RunStore(store.root), sweep_id=sweep_id, cpus_per_trial=cpus, ticket=ticket)
+        run_sweep(None, rs.RunStore(store.root), sweep_id=sweep_id, cpus_per_trial=cpus, ticket=ticket, keep_ray=True)
     except BaseException as e:  # noqa: BLE001 -- shown on the page, never raised into Streamlit
         state["error"] = f"{type(e).__name__}: {e}" if not isinstance(e, SweepError) else str(e)
 

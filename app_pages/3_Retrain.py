@@ -185,7 +185,9 @@ def start() -> None:
         torch.set_num_threads(1)
         # at most $ATTN_LAB_MAX_JOBS jobs of this server train at once, each in a worker process
         # (one torch thread); the others wait in line
-        st.session_state[live.JOB] = new.start(process=True)
+        # a run on Ray Train workers: the server keeps the Ray it starts (shut down under the server's
+        # other threads, Ray could end the server)
+        st.session_state[live.JOB] = new.start(process=True, keep_ray=True)
     except ValueError as e:
         st.session_state["retrain_error"] = str(e)
         return

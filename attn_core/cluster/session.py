@@ -16,10 +16,20 @@
 - A Ray this process already runs is shared: every user of the process (two sweeps, a sweep and
   a multi-worker retrain of the dashboard) counts, and the last one shuts it down; a Ray the
   caller started itself stays up.
+- A long-lived process whose other threads go on (the dashboard's server) keeps its Ray
+  (``keep``): it is shut down when the process ends (:func:`end_ray`), never between its users.
+  Ray's driver cannot be shut down safely under other threads: while ``ray.shutdown()`` tears the
+  core worker down, a Ray object freed by any other thread (a Streamlit script thread's garbage
+  collection finds the reference cycles a Tune fit leaves, ObjectRefs among them) reaches the
+  core worker that is gone, and Ray ends the whole process ("The core worker has already been
+  shutdown ... The process will exit"). Every shutdown made here also collects that garbage first
+  and holds automatic collection off while Ray goes down (:func:`_shutdown`).
 """
 
 from __future__ import annotations
 
+import atexit
+import gc
 import importlib.util
 import logging
 import os
@@ -163,12 +173,12 @@ class _NotMainThread(logging.Filter):
         return "SIGTERM handler is not set" not in record.getMessage()
 
 
-# The local Ray this process started, shared by every user of the process that runs while it is
-# up (the dashboard can start a second sweep, or a retrain on workers, while the first runs): it is
-# shut down when the last of them ends, never under another one. The lock also makes two users
-# starting at once start one Ray.
+# The Ray this process started (or the cluster it joined), shared by every user of the process that
+# runs while it is up (the dashboard can start a second sweep, or a retrain on workers, while the
+# first runs): it is shut down when the last of them ends, never under another one, or (``keep``)
+# when the process ends. The lock also makes two users starting at once start one Ray.
 _LOCK = threading.Lock()
-_OURS: dict = {"users": 0, "guard": None}
+_OURS: dict = {"users": 0, "guard": None, "ours": False, "keep": False, "at_exit": False, "keeper": None}
 
 
 def ray_users() -> int:
@@ -178,22 +188,31 @@ def ray_users() -> int:
 
 
 @contextmanager
-def ray_session(address: str | None = None, num_cpus: int | None = None):
+def ray_session(address: str | None = None, num_cpus: int | None = None, *, keep: bool = False):
     """Ray for the length of a sweep or a retrain; yields a dict (ray_version, address, started,
     shared, cluster: its resources).
 
     Ray already initialised in this process is used as it is: when this process started it (for
-    another user still running, ``shared``), this one counts as one more of its users and the last
-    user shuts it down; a Ray the caller started stays up. Otherwise, without ``address`` (or
-    ``$RAY_ADDRESS``) a local Ray is started with ``num_cpus`` (default every core) and shut down
-    at the end; with one, the cluster is joined (and left at the end)."""
+    another user still running, or kept: ``shared``), this one counts as one more of its users and
+    the last user shuts it down; a Ray the caller started stays up. Otherwise, without ``address``
+    (or ``$RAY_ADDRESS``) a local Ray is started with ``num_cpus`` (default every core) and shut
+    down at the end; with one, the cluster is joined (and left at the end). ``keep``: this process
+    lives on with other threads (the dashboard's server), so the Ray it started or joined stays up
+    after its last user, for the next one, until the process ends (:func:`end_ray`): a shutdown
+    under the server's other threads could end the server (see the module's notes)."""
     ray = ray_module()
     address = address_of(address)
     settings(local=not address)
     started = shared = False
     with _LOCK:
-        if _OURS["users"] > 0 and ray.is_initialized():
+        if _OURS["ours"] and not ray.is_initialized():  # someone shut our Ray down: it is no longer ours
+            watchdog.stop(_OURS["guard"])
+            if _OURS["keeper"] is not None:
+                _OURS["keeper"].set()
+            _OURS.update(guard=None, ours=False, keep=False, keeper=None)
+        if _OURS["ours"]:
             _OURS["users"] += 1
+            _OURS["keep"] = _OURS["keep"] or keep
             shared = True
         elif not ray.is_initialized():
             if address:
@@ -211,7 +230,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None):
                 if address:
                     ray.init(address=address, **kwargs)
                 else:
-                    ray.init(num_cpus=num_cpus or os.cpu_count() or 1, **kwargs)
+                    _start_local(ray, num_cpus=num_cpus or os.cpu_count() or 1, **kwargs)
                 _restore_sigterm(on_term)
             except Exception as e:  # ConnectionError, a ray:// handshake that fails, a version mismatch ...
                 watchdog.stop(guard)
@@ -219,8 +238,11 @@ def ray_session(address: str | None = None, num_cpus: int | None = None):
                 raise ClusterError(f"cannot start or join Ray{f' at {address}' if address else ''}: {first}") from None
             finally:
                 logging.getLogger("ray._private.worker").removeFilter(quiet)
-            _OURS.update(users=1, guard=guard)
+            _OURS.update(users=1, guard=guard, ours=True, keep=keep)
             started = True
+            if keep and not _OURS["at_exit"]:  # before Ray's own exit handler (atexit runs the last first)
+                atexit.register(end_ray)
+                _OURS["at_exit"] = True
     try:
         ctx = ray.get_runtime_context()
         where = address or ("local" if started or shared else getattr(ctx, "gcs_address", "") or "local")
@@ -235,10 +257,69 @@ def ray_session(address: str | None = None, num_cpus: int | None = None):
         if started or shared:
             with _LOCK:
                 _OURS["users"] -= 1
-                if _OURS["users"] == 0:
-                    ray.shutdown()
-                    watchdog.stop(_OURS["guard"])
-                    _OURS["guard"] = None
+                if _OURS["users"] == 0 and not _OURS["keep"]:
+                    _shutdown(ray)
+
+
+def end_ray() -> bool:
+    """Shut down the Ray this process started or joined and keeps (``ray_session(keep=True)``),
+    once no user of it runs; True when it did. Runs by itself as the process ends (tests call it
+    to end a kept Ray); a Ray still in use is left to Ray's own exit handler and the watchdog."""
+    with _LOCK:
+        if not _OURS["ours"] or _OURS["users"] > 0:
+            return False
+        _shutdown(ray_module())
+        return True
+
+
+def _start_local(ray, **kwargs) -> None:
+    """``ray.init`` of a local Ray. Ray starts its GCS and raylet with the kernel's parent-death
+    signal (``PR_SET_PDEATHSIG``, SIGKILL), which Linux sends when the *thread* that started them
+    ends, not the process. Called from a thread of its own (a sweep's, a retrain's job thread),
+    ``ray.init`` runs in a thread that lives until this Ray is shut down (:func:`_shutdown`), so that
+    a Ray kept for, or shared with, another user outlives the thread of the user that started it
+    (it was killed as the first sweep's thread ended, and the dashboard's server with it)."""
+    if threading.current_thread() is threading.main_thread():
+        ray.init(**kwargs)
+        return
+    up, stop, failed = threading.Event(), threading.Event(), []
+
+    def keeper() -> None:
+        try:
+            ray.init(**kwargs)
+        except BaseException as e:  # noqa: BLE001 -- raised in the caller's thread
+            failed.append(e)
+        up.set()
+        if not failed:
+            stop.wait()
+
+    threading.Thread(target=keeper, name="attn-lab ray", daemon=True).start()
+    up.wait()
+    if failed:
+        raise failed[0]
+    _OURS["keeper"] = stop
+
+
+def _shutdown(ray) -> None:
+    """``ray.shutdown()`` of the Ray this process started or joined, then its watchdog's end (the
+    caller holds :data:`_LOCK`). Garbage is collected first, while the core worker is up: a Tune
+    fit leaves reference cycles holding ObjectRefs, and whichever thread's collection freed them
+    next (a Streamlit script thread's) during the shutdown reached the core worker being torn
+    down, and Ray ended the process. Automatic collection stays off until Ray is down, so that no
+    thread frees one meanwhile; the users of this Ray, the only threads holding live Ray objects,
+    have all ended."""
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        ray.shutdown()
+    finally:
+        if enabled:
+            gc.enable()
+        watchdog.stop(_OURS["guard"])
+        if _OURS["keeper"] is not None:  # the thread that started Ray ends with it
+            _OURS["keeper"].set()
+        _OURS.update(guard=None, ours=False, keep=False, keeper=None)
 
 
 def _sigterm_handler():

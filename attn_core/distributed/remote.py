@@ -64,9 +64,9 @@ class Channel:
 class RayRemote:
     """The Ray Train run of one ``TrainingJob`` (``job.remote``), followed from this process."""
 
-    def __init__(self, job, address: str | None = None):
+    def __init__(self, job, address: str | None = None, keep: bool = False):
         check_workers(job, address)
-        self.job, self.address = job, address
+        self.job, self.address, self.keep = job, address, keep  # keep: Ray stays up after (the dashboard)
         self.channel = None
         self.final_weights: dict | None = None
         self.card: dict | None = None  # a run without a store: rank 0's card and checkpoint files
@@ -119,7 +119,7 @@ class RayRemote:
         job._publish(message=f"starting {cfg.workers} worker(s) on Ray")
         error = None
         try:
-            with ray_session(self.address, num_cpus=cpus) as session:
+            with ray_session(self.address, num_cpus=cpus, keep=self.keep) as session:
                 check_cluster(session["cluster"], cfg.workers, cfg.gpus_per_worker)
                 error = self._fit(session)
         except Exception as e:  # Ray could not start, the cluster is too small ...

@@ -58,6 +58,7 @@ def run_sweep(
     stop: Callable[[], bool] | None = None,
     ticket: int | None = None,
     stopped_by: Callable[[], str] | None = None,
+    keep_ray: bool = False,
 ) -> dict:
     """Run a sweep (or ``resume`` one) on Ray and return :func:`sweep_result`.
 
@@ -75,7 +76,10 @@ def run_sweep(
     time in a process (:mod:`attn_core.sweep.line`): the others wait, their record saying so;
     ``ticket``: a place in that line the caller took already (the Sweeps page takes it when Launch
     is pressed, so sweeps run in the order they were launched). ``stopped_by()`` names what made
-    ``stop()`` true in the records' messages (the CLI: ``Ctrl-C``, ``SIGTERM`` or ``SIGHUP``)."""
+    ``stop()`` true in the records' messages (the CLI: ``Ctrl-C``, ``SIGTERM`` or ``SIGHUP``).
+    ``keep_ray``: the Ray this sweep starts stays up after it for the next sweep of this process, until
+    the process ends (the dashboard's server, whose other threads run on: see
+    :func:`attn_core.cluster.ray_session`)."""
     from attn_core.cluster import preflight, ray_session
     from attn_core.sweep.ray_backend import run_tune
 
@@ -124,7 +128,7 @@ def run_sweep(
         if not LINE.wait(ticket, stop, on_wait=waiting):
             _not_stopped(stop, recorded, cause)
             raise SweepInterrupted("stopped while it waited for another sweep of this process; nothing was run")
-        with ray_session(address) as session:
+        with ray_session(address, keep=keep_ray) as session:
             check_resources(session["cluster"], cpus_per_trial, gpus_per_trial, plan.job)  # before any trial or record
             _not_stopped(stop, recorded, cause)
             if sweep_id is None:

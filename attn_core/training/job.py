@@ -134,18 +134,18 @@ class TrainingJob:
         return self.recorder.run_id
 
     # --- control (any thread) -------------------------------------------------------------------
-    def start(self, process: bool = False, threads: int | None = 1, address: str | None = None) -> TrainingJob:
+    def start(self, process=False, threads: int | None = 1, address: str | None = None, keep_ray=False) -> TrainingJob:
         """Train in a worker thread, once this process's line of jobs (``training.queue``) lets
         it: until then its status is ``queued`` and its message says how many jobs are ahead.
         With ``process``, train in a worker process (``threads`` torch threads there; None: torch's
-        default) that this thread follows (:mod:`attn_core.training.worker`); with ``cfg.workers``,
-        on Ray Train workers (``address``: the cluster to join, as ``attn-lab sweep`` takes it)."""
+        default) that this thread follows (:mod:`attn_core.training.worker`); with ``cfg.workers``, on
+        Ray Train workers (``address``: the cluster to join; ``keep_ray``: :func:`attn_core.cluster.ray_session`'s keep)."""
         if self._thread is not None or self._state["status"] != "pending":
             raise RuntimeError("this job has already been started; build a new one to train again")
         if self.cfg.workers and self.dist is None:  # Ray Train's workers train it; this side keeps no weights
             from attn_core.distributed.remote import RayRemote
 
-            self.remote = RayRemote(self, address)
+            self.remote = RayRemote(self, address, keep=keep_ray)
         elif process:  # the worker trains it; this side keeps no weights (worker.Remote)
             self.remote = worker.Remote(self, threads)
         self._ticket = self.slots.ticket()

@@ -18,6 +18,16 @@ PAGE = str(Path(__file__).resolve().parents[2] / "app_pages" / "10_Sweeps.py")
 MODEL = "reverse-1l"
 
 
+@pytest.fixture(autouse=True)
+def end_kept_ray():
+    """A sweep launched from the page keeps its Ray for the server's next sweep (run_sweep's
+    keep_ray): ended after each test, as the server's exit ends it."""
+    yield
+    from attn_core import cluster
+
+    cluster.end_ray()
+
+
 def page(model: str | None = None) -> AppTest:
     at = AppTest.from_file(PAGE, default_timeout=120)
     if model is not None:
@@ -67,6 +77,11 @@ def test_launch_on_local_ray_and_watch():
     state = next(iter(at.session_state["sweeps_launched"].values()))
     state["thread"].join(120)
     assert not state["thread"].is_alive() and state["error"] is None, state["error"]
+    import ray
+
+    from attn_core import cluster
+
+    assert ray.is_initialized() and cluster.ray_users() == 0  # kept for the server's next sweep
     at.run()
     sweep = RunStore().list_sweeps()[0]
     assert sweep["status"] == "completed" and sweep["counts"] == {"completed": 2}
