@@ -54,6 +54,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -171,12 +172,55 @@ _COUNT_RUNS = """() => {
 }"""
 
 
+# the script runs the server has finished for a page (:func:`new_page`), by page
+_FINISHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def new_page(context):
+    """A new page of ``context`` whose script runs are counted as the server ends them: every
+    ``script_finished`` message on its Streamlit websocket (full and fragment runs alike). The
+    page's own run state can miss a short run: under load the browser's React may draw
+    "running" and "not running" in one render, and a MutationObserver then sees no change (a
+    head change on a loaded machine waited 60 s for a run that had ended)."""
+    from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+    page = context.new_page()
+    count = _FINISHED.setdefault(page, [0])
+
+    def on_frame(payload) -> None:
+        if isinstance(payload, (bytes, bytearray)):
+            try:
+                if ForwardMsg.FromString(bytes(payload)).WhichOneof("type") == "script_finished":
+                    count[0] += 1
+            except Exception:  # noqa: BLE001 -- another socket's frame: not ours to count
+                pass
+
+    page.on("websocket", lambda ws: ws.on("framereceived", on_frame))
+    return page
+
+
+def runs_ended(page) -> int | None:
+    """How many script runs the server has ended for ``page`` (None: not a :func:`new_page`)."""
+    count = _FINISHED.get(page)
+    return None if count is None else count[0]
+
+
 def rerun(page, action, timeout_ms: float = 60_000) -> None:
-    """Do ``action()`` (a widget change) and wait until the rerun it causes has finished: a
-    MutationObserver counts script runs, so even a run too short to be seen polling is caught."""
-    before = page.evaluate(_COUNT_RUNS)
-    action()
-    page.wait_for_function(f"() => window.__attnRuns.n > {before}", timeout=timeout_ms)
+    """Do ``action()`` (a widget change) and wait until the rerun it causes has finished: on a
+    page from :func:`new_page`, until the server has ended one more script run; on another, until
+    a MutationObserver of the page's run state has seen one more (which can miss a short run)."""
+    if page in _FINISHED:
+        count, before = _FINISHED[page], _FINISHED[page][0]
+        action()
+        deadline = time.monotonic() + timeout_ms / 1000
+        while count[0] <= before:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no script run ended within {timeout_ms / 1000:.0f} s of the action")
+            page.wait_for_timeout(25)  # lets Playwright deliver the socket's frames
+    else:
+        before = page.evaluate(_COUNT_RUNS)
+        action()
+        page.wait_for_function(f"() => window.__attnRuns.n > {before}", timeout=timeout_ms)
     settle(page, timeout_ms)
 
 
@@ -217,7 +261,7 @@ def first_heatmap(browser, url: str, model: str, context=None, extra: str = "") 
     fresh browser also downloads and compiles them (plotly.js alone is several MB)."""
     own = context is None
     context = browser.new_context(viewport=VIEWPORT) if own else context
-    page = context.new_page()
+    page = new_page(context)
     start = time.perf_counter()
     page.goto(f"{url}/Heatmaps?model={model}{extra}")
     page.wait_for_selector(HEATMAP, timeout=120_000)
@@ -242,7 +286,7 @@ def head_changes(browser, url: str, model: str, repeats: int, extra: str = "") -
     hit-testable), and from the pointer going down on the option in the page to the animation
     frame that shows the new title, both read from the page's own clock."""
     context = browser.new_context(viewport=VIEWPORT)
-    page = context.new_page()
+    page = new_page(context)
     page.goto(f"{url}/Heatmaps?model={model}&layer=1&head=0{extra}")
     title_has(page, 0, "layer 1 head 0", timeout_ms=120_000)
     settle(page)
@@ -302,7 +346,7 @@ def first_chart(browser, url: str, path: str, model: str, context=None, chart: b
     (``chart``) or to the end of its first run (a page with no chart until the user acts), read
     from the page's own clock; and whether a chart was drawn by then."""
     context = context or browser.new_context(viewport=VIEWPORT)
-    page = context.new_page()
+    page = new_page(context)
     page.add_init_script(_WATCH_RUN)
     page.goto(f"{url}/{path}?model={model}")
     page.wait_for_function(
@@ -394,7 +438,7 @@ def watched_rate(browser, url: str, steps: int, window_s: float = 2.0) -> tuple[
     """The page's reported steps/s of a ``steps``-step run of its default job, watched in
     Chromium to the end, and the live refreshes per second in each full window while it trained."""
     context = browser.new_context(viewport=VIEWPORT)
-    page = context.new_page()
+    page = new_page(context)
     start_live_retrain(page, url, steps=steps, timeout_ms=120_000)
     progress = page.locator("[data-testid='stProgress']")
     rates = []
@@ -468,7 +512,7 @@ def live_refreshes(browser, url: str, windows: int, window_s: float = 2.0) -> tu
     """Refreshes per second of the live view in ``windows`` windows, and the training steps/s
     the page reported at the end."""
     context = browser.new_context(viewport=VIEWPORT)
-    page = context.new_page()
+    page = new_page(context)
     block = start_live_retrain(page, url, steps=20000, timeout_ms=120_000)
     progress = page.locator("[data-testid='stProgress']")
     page.wait_for_timeout(3000)  # past the first draws of every chart

@@ -22,7 +22,9 @@ from benchmarks.dashboard import (
     VIEWPORT,
     choose,
     launch,
+    new_page,
     rerun,
+    runs_ended,
     screenshot,
     serve,
     settle,
@@ -66,7 +68,7 @@ def browser():
 def page(browser):
     context = browser.new_context(viewport=VIEWPORT, accept_downloads=True)
     context.set_default_timeout(60_000)
-    yield context.new_page()
+    yield new_page(context)
     context.close()
 
 
@@ -126,7 +128,7 @@ def test_the_sidebar_navigation_lists_every_page_once(page, server):
 
 def test_dark_theme(browser, server):
     context = browser.new_context(viewport=VIEWPORT, color_scheme="dark")
-    dark = context.new_page()
+    dark = new_page(context)
     for name in DARK:
         dark.goto(f"{server}/{PAGES[name]}")
         settle(dark)
@@ -189,6 +191,20 @@ def test_a_head_change_reruns_only_the_head_views(page, server):
     assert "true" in seen, seen
     title_has(page, 0, "layer 1 head 2")
     no_exception(page)
+
+
+def test_the_run_counter_counts_the_runs_the_server_ends(page, server):
+    """``rerun`` waits for the server's ``script_finished`` messages, not the page's run state
+    (under load the page can draw "running" and "not running" in one render: a head change then
+    waited 60 s for a run that had ended). One head change is one fragment run ended."""
+    page.goto(f"{server}/Heatmaps?model=induction-2l&layer=0&head=0")
+    settle(page)
+    before = runs_ended(page)
+    assert before >= 1  # the page's first run
+    rerun(page, lambda: choose(page, "Head", "1"))
+    title_has(page, 0, "layer 0 head 1")
+    page.wait_for_timeout(500)  # nothing else runs after it
+    assert runs_ended(page) == before + 1
 
 
 def test_downloads(page, server):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.dashboard import CHROMIUM, VIEWPORT, launch, serve
+from benchmarks.dashboard import CHROMIUM, VIEWPORT, launch, new_page, serve
 from navigation import PAGES
 
 pytestmark = [
@@ -34,7 +34,7 @@ def page():
         browser = launch(p)
         context = browser.new_context(viewport=VIEWPORT)
         context.set_default_timeout(120_000)
-        yield context.new_page()
+        yield new_page(context)
         browser.close()
 
 

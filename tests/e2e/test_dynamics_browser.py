@@ -11,7 +11,7 @@ from playwright.sync_api import expect
 from attn_core.runs import RunStore
 from attn_core.training.config import JobConfig
 from attn_core.training.job import TrainingJob
-from benchmarks.dashboard import CHROMIUM, VIEWPORT, launch, rerun, screenshot, serve, settle
+from benchmarks.dashboard import CHROMIUM, VIEWPORT, launch, new_page, rerun, screenshot, serve, settle
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts"
@@ -36,7 +36,7 @@ def test_scrub_and_play_a_run_with_checkpoints(tmp_path):
 
     with serve(data) as url, sync_playwright() as p:
         browser = launch(p)
-        page = browser.new_context(viewport=VIEWPORT).new_page()
+        page = new_page(browser.new_context(viewport=VIEWPORT))
         page.set_default_timeout(120_000)
         page.goto(f"{url}/Dynamics")
         settle(page, timeout_ms=180_000)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from benchmarks.dashboard import CHROMIUM, VIEWPORT, choose, launch, rerun, screenshot, serve, settle
+from benchmarks.dashboard import CHROMIUM, VIEWPORT, choose, launch, new_page, rerun, screenshot, serve, settle
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts"
@@ -31,7 +31,7 @@ def test_a_rank_slider_move_changes_the_loss_and_the_compare_tab_draws_the_matri
 
     with serve(tmp_path / "data") as url, sync_playwright() as p:
         browser = launch(p)
-        page = browser.new_context(viewport=VIEWPORT).new_page()
+        page = new_page(browser.new_context(viewport=VIEWPORT))
         page.set_default_timeout(120_000)
         page.goto(f"{url}/Edit_and_compare?model=induction-2l")
         settle(page, 180_000)

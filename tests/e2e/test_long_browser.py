@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from attn_core import checkpoint
-from benchmarks.dashboard import CHROMIUM, VIEWPORT, launch, rerun, serve, settle
+from benchmarks.dashboard import CHROMIUM, VIEWPORT, launch, new_page, rerun, serve, settle
 from tests.conftest import make_tiny_model
 
 pytestmark = [
@@ -38,7 +38,7 @@ def test_box_on_the_map_zooms_to_full_resolution(server):
 
     with sync_playwright() as p:
         browser = launch(p)
-        page = browser.new_context(viewport=VIEWPORT).new_page()
+        page = new_page(browser.new_context(viewport=VIEWPORT))
         page.set_default_timeout(120_000)
         page.goto(f"{server}/Heatmaps?model=ctx-2k&length=2048&layer=1&head=2")
         page.wait_for_function("() => document.body.innerText.includes('blocked scores')", timeout=120_000)

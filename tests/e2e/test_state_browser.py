@@ -19,7 +19,7 @@ from playwright.sync_api import expect
 
 from attn_core.runs import RunStore
 from attn_core.sweep import grid_plan, record_trial, run_trial, start_sweep
-from benchmarks.dashboard import CHROMIUM, VIEWPORT, launch, rerun, serve, settle
+from benchmarks.dashboard import CHROMIUM, VIEWPORT, launch, new_page, rerun, serve, settle
 
 pytestmark = [
     pytest.mark.browser,
@@ -46,7 +46,7 @@ def page():
         browser = launch(p)
         context = browser.new_context(viewport=VIEWPORT)
         context.set_default_timeout(120_000)
-        yield context.new_page()
+        yield new_page(context)
         browser.close()
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from attn_core.runs import RunStore
-from benchmarks.dashboard import CHROMIUM, VIEWPORT, launch, screenshot, serve, settle
+from benchmarks.dashboard import CHROMIUM, VIEWPORT, launch, new_page, screenshot, serve, settle
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts"
@@ -35,7 +35,7 @@ def page(runs):
         browser = launch(p)
         context = browser.new_context(viewport=VIEWPORT)
         context.set_default_timeout(120_000)
-        page = context.new_page()
+        page = new_page(context)
         page.goto(f"{url}/Sweeps?model={MODEL}")
         settle(page)
         yield page

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.dashboard import CHROMIUM, VIEWPORT, launch, rerun, screenshot, serve, settle
+from benchmarks.dashboard import CHROMIUM, VIEWPORT, launch, new_page, rerun, screenshot, serve, settle
 from tests.conftest import write_tiny_hf
 from tests.text_corpus import make_text, write_word_tokenizer
 
@@ -49,7 +49,7 @@ def page(server):
         browser = launch(p)
         context = browser.new_context(viewport=VIEWPORT)
         context.set_default_timeout(90_000)
-        yield context.new_page()
+        yield new_page(context)
         browser.close()
 
 

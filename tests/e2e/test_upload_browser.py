@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.dashboard import CHROMIUM, VIEWPORT, launch, rerun, screenshot, serve, settle
+from benchmarks.dashboard import CHROMIUM, VIEWPORT, launch, new_page, rerun, screenshot, serve, settle
 from tests.conftest import write_tiny_hf
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ def test_a_hugging_face_folder_uploads_and_draws(tmp_path):
 
     with serve(tmp_path / "runs") as url, sync_playwright() as p:
         browser = launch(p)
-        page = browser.new_context(viewport=VIEWPORT).new_page()
+        page = new_page(browser.new_context(viewport=VIEWPORT))
         page.set_default_timeout(120_000)
         outside = []  # the dashboard runs offline: nothing is fetched from another host (the tab's icon was)
         page.on("request", lambda r: None if r.url.startswith((url, "data:")) else outside.append(r.url))
