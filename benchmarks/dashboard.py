@@ -161,18 +161,6 @@ def settle(page, timeout_ms: float = 60_000, script_done: bool = True) -> None:
     )
 
 
-_COUNT_RUNS = """() => {
-    const app = document.querySelector('[data-testid="stApp"]');
-    if (!window.__attnRuns) {
-        window.__attnRuns = {n: 0};
-        new MutationObserver(() => {
-            if (app.getAttribute('data-test-script-state') === 'running') window.__attnRuns.n++;
-        }).observe(app, {attributes: true, attributeFilter: ['data-test-script-state']});
-    }
-    return window.__attnRuns.n;
-}"""
-
-
 # the script runs the server has finished for a page (:func:`new_page`), by page
 _FINISHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -207,21 +195,18 @@ def runs_ended(page) -> int | None:
 
 
 def rerun(page, action, timeout_ms: float = 60_000) -> None:
-    """Do ``action()`` (a widget change) and wait until the rerun it causes has finished: on a
-    page from :func:`new_page`, until the server has ended one more script run; on another, until
-    a MutationObserver of the page's run state has seen one more (which can miss a short run)."""
-    if page in _FINISHED:
-        count, before = _FINISHED[page], _FINISHED[page][0]
-        action()
-        deadline = time.monotonic() + timeout_ms / 1000
-        while count[0] <= before:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no script run ended within {timeout_ms / 1000:.0f} s of the action")
-            page.wait_for_timeout(25)  # lets Playwright deliver the socket's frames
-    else:
-        before = page.evaluate(_COUNT_RUNS)
-        action()
-        page.wait_for_function(f"() => window.__attnRuns.n > {before}", timeout=timeout_ms)
+    """Do ``action()`` (a widget change) on a page from :func:`new_page` and wait until the server
+    has ended one more script run, then until the page has settled."""
+    count = _FINISHED.get(page)
+    if count is None:
+        raise ValueError("rerun counts the runs of pages made by new_page(context)")
+    before = count[0]
+    action()
+    deadline = time.monotonic() + timeout_ms / 1000
+    while count[0] <= before:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no script run ended within {timeout_ms / 1000:.0f} s of the action")
+        page.wait_for_timeout(25)  # lets Playwright deliver the socket's frames
     settle(page, timeout_ms)
 
 

@@ -66,9 +66,9 @@ def model_of(shape: dict, device: torch.device):
 
 
 def run(shape: dict, device: torch.device, repeats: int) -> list[dict]:
-    from attn_core import regularizers as R
     from attn_core.bilinear.offsets import sigma1_summaries
     from attn_core.training import telemetry
+    from attn_core.training.job_measures import spectra_values
 
     g = torch.Generator().manual_seed(0)
     n, r = shape["layers"] * shape["heads"], shape["d_head"]
@@ -84,10 +84,8 @@ def run(shape: dict, device: torch.device, repeats: int) -> list[dict]:
     heads = [(l, h) for l in range(shape["layers"]) for h in range(shape["heads"])]
     live = heads[: telemetry.LIVE_OFFSET_HEADS]
 
-    def refresh():
-        return telemetry.spectra_row(R.spectrum(model)), telemetry.offsets_row(model, live)
-
-    rows.append(dict(case="spectra refresh", attn_core_ms=median_ms(refresh, device, repeats)))
+    rows.append(dict(case="spectra refresh", attn_core_ms=median_ms(lambda: spectra_values(model, live), device,
+                                                                     repeats)))  # fmt: skip
     rows.append(dict(case="sigma1 summaries", attn_core_ms=median_ms(lambda: sigma1_summaries(model, heads), device,
                                                                       repeats)))  # fmt: skip
     return rows

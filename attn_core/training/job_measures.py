@@ -60,13 +60,17 @@ def watched_pattern(job, step: int) -> None:
         job._state.update(probe_pattern=pattern, probe_step=step, probe_head=watched)
 
 
+def spectra_values(model, heads) -> dict:
+    """A spectra refresh's row: the spectra of every head's B and, rotary, sigma_1(B(delta)) of
+    ``heads`` (the first :data:`telemetry.LIVE_OFFSET_HEADS` of them)."""
+    return {**telemetry.spectra_row(R.spectrum(model)), **telemetry.offsets_row(model, heads)}
+
+
 def record_spectra(job, step: int) -> None:
-    """The spectra of every head's B and, rotary, sigma_1(B(delta)) of the heads that matter (the
-    watched one first)."""
+    """:func:`spectra_values` of the heads that matter (the watched one first)."""
     heads = ([job._watch] if job._watch is not None else []) + list(job.penalty.regularized_heads)
     with job.phases.timed("spectra"), job.trainer.view() as model:
-        offsets = telemetry.offsets_row(model, heads)
-        job._record(step, {**telemetry.spectra_row(R.spectrum(model)), **offsets})
+        job._record(step, spectra_values(model, heads))
 
 
 def measure(job) -> dict:
