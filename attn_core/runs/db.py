@@ -116,16 +116,28 @@ class Index:
                 self.root.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise RunStoreError(f"cannot create the run store {self.root}: {e.strerror}") from None
-            con = sqlite3.connect(self.path, timeout=30)
+            # autocommit mode, so the one explicit transaction below is the only one
+            con = sqlite3.connect(self.path, timeout=30, isolation_level=None)
             try:
                 con.execute("PRAGMA journal_mode=WAL")
-                con.executescript(SCHEMA)
-                have = self.columns(con, "runs")
-                for name, kind in RUN_COLUMNS.items():
-                    if name not in have:
-                        con.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
-                con.execute("CREATE INDEX IF NOT EXISTS runs_sweep ON runs (sweep)")
-                con.commit()
+                # the schema and its migrations in one write transaction, taken before the columns
+                # are read: two processes opening a new or old store at once (a dashboard and its
+                # job, two jobs) would otherwise both see a column missing and both add it
+                con.execute("BEGIN IMMEDIATE")
+                try:
+                    for statement in SCHEMA.split(";"):
+                        if statement.strip():
+                            con.execute(statement)
+                    have = self.columns(con, "runs")
+                    for name, kind in RUN_COLUMNS.items():
+                        if name not in have:
+                            con.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
+                    con.execute("CREATE INDEX IF NOT EXISTS runs_sweep ON runs (sweep)")
+                    con.execute("COMMIT")
+                except BaseException:
+                    if con.in_transaction:
+                        con.execute("ROLLBACK")
+                    raise
             finally:
                 con.close()
             self._ready = True

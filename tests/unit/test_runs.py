@@ -6,6 +6,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from attn_core.tasks import get_task
 from tests.conftest import make_tiny_model
 
 TASK = get_task("reverse")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def finished_run(store: RunStore, status="completed", parent="reverse-1l") -> str:
@@ -231,3 +233,51 @@ def test_an_index_from_before_sweeps_still_opens(tmp_path):
     assert [r["id"] for r in got["runs"]] == [rid] and got["counts"] == {"failed": 1} and got["status"] == "running"
     store.update_sweep(sweep_id, "completed", info={"wall_s": 1.0})
     assert store.list_sweeps()[0]["status"] == "completed" and store.get(rid)["trial"] == "t0"
+
+
+OPEN_AT_ONCE = """
+import os, sys, time
+from attn_core.runs import RunStore
+root, go, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+while not os.path.exists(go):
+    time.sleep(0.001)
+for i in range(n):  # the processes walk the stores in step: each store is opened by all at once
+    RunStore(os.path.join(root, str(i))).check_writable()
+"""
+STORES = 30
+
+
+@pytest.mark.parametrize("old", [False, True], ids=["new store", "store from before sweeps"])
+def test_processes_opening_a_store_at_once_all_write(tmp_path, old):
+    """Processes that open one store at the same moment (a dashboard and the job it starts, two
+    jobs) all get it: the schema and its migration are one transaction, so no two of them both
+    find the ``sweep`` column missing and both add it ("duplicate column name: sweep")."""
+    root = tmp_path / "runs"
+    for i in range(STORES if old else 0):
+        (root / str(i)).mkdir(parents=True)
+        con = sqlite3.connect(root / str(i) / "index.sqlite")
+        con.execute(
+            "CREATE TABLE runs (id TEXT PRIMARY KEY, parent TEXT, task TEXT, status TEXT NOT NULL, "
+            "message TEXT DEFAULT '', config TEXT NOT NULL, summary TEXT DEFAULT '{}', created REAL NOT NULL, "
+            "updated REAL NOT NULL, finished REAL, pid INTEGER, host TEXT)"
+        )
+        con.commit()
+        con.close()
+    go = tmp_path / "go"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", OPEN_AT_ONCE, str(root), str(go), str(STORES)],
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        for _ in range(6)
+    ]
+    time.sleep(3)  # every process imported and is waiting for the file
+    go.touch()
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 6, "\n".join(errors)
+    for i in range(STORES):
+        store = RunStore(root / str(i))
+        with store._db() as con:
+            assert {"sweep", "trial"} <= store.index.columns(con, "runs") and "sweeps" in store.index.tables(con)
