@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 from attn_core.runs.names import RunStoreError
@@ -28,6 +29,7 @@ CREATE TABLE IF NOT EXISTS sweeps (
     finished REAL, pid INTEGER, host TEXT
 );
 """
+BUSY_S = 30  # how long a connection waits for another process's write lock
 # Columns added to runs after the first release: older index files get them on the first write.
 RUN_COLUMNS = {"sweep": "TEXT", "trial": "TEXT"}
 
@@ -61,7 +63,7 @@ class Index:
         con = getattr(self._local, "rw", None)
         if con is None:
             self._ensure()
-            con = sqlite3.connect(self.path, timeout=30)
+            con = sqlite3.connect(self.path, timeout=BUSY_S)
             con.row_factory = sqlite3.Row
             # WAL + synchronous=NORMAL: each commit is atomic and survives a killed process (only
             # a power cut may lose the last commits, never corrupt the index)
@@ -86,7 +88,7 @@ class Index:
 
     def _open_ro(self, immutable: bool) -> sqlite3.Connection:
         uri = self.path.resolve().as_uri() + "?mode=ro" + ("&immutable=1" if immutable else "")
-        con = sqlite3.connect(uri, uri=True, timeout=30)
+        con = sqlite3.connect(uri, uri=True, timeout=BUSY_S)
         con.row_factory = sqlite3.Row
         try:
             con.execute("SELECT count(*) FROM sqlite_master").fetchone()  # a garbage file fails here
@@ -100,6 +102,26 @@ class Index:
 
     def columns(self, con: sqlite3.Connection, table: str) -> set[str]:
         return {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
+
+    def _migrate(self, con: sqlite3.Connection) -> None:
+        """The schema and its migrations in one write transaction, taken before the columns are
+        read: two processes opening a new or old store at once (a dashboard and its job, two
+        jobs) would otherwise both find a column missing and both add it."""
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in SCHEMA.split(";"):
+                if statement.strip():
+                    con.execute(statement)
+            have = self.columns(con, "runs")
+            for name, kind in RUN_COLUMNS.items():
+                if name not in have:
+                    con.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
+            con.execute("CREATE INDEX IF NOT EXISTS runs_sweep ON runs (sweep)")
+            con.execute("COMMIT")
+        except BaseException:
+            if con.in_transaction:
+                con.execute("ROLLBACK")
+            raise
 
     def close(self) -> None:
         for name in ("rw", "ro"):
@@ -116,28 +138,22 @@ class Index:
                 self.root.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise RunStoreError(f"cannot create the run store {self.root}: {e.strerror}") from None
-            # autocommit mode, so the one explicit transaction below is the only one
-            con = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            # autocommit mode, so the one explicit transaction of _migrate is the only one
+            con = sqlite3.connect(self.path, timeout=BUSY_S, isolation_level=None)
             try:
-                con.execute("PRAGMA journal_mode=WAL")
-                # the schema and its migrations in one write transaction, taken before the columns
-                # are read: two processes opening a new or old store at once (a dashboard and its
-                # job, two jobs) would otherwise both see a column missing and both add it
-                con.execute("BEGIN IMMEDIATE")
-                try:
-                    for statement in SCHEMA.split(";"):
-                        if statement.strip():
-                            con.execute(statement)
-                    have = self.columns(con, "runs")
-                    for name, kind in RUN_COLUMNS.items():
-                        if name not in have:
-                            con.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
-                    con.execute("CREATE INDEX IF NOT EXISTS runs_sweep ON runs (sweep)")
-                    con.execute("COMMIT")
-                except BaseException:
-                    if con.in_transaction:
-                        con.execute("ROLLBACK")
-                    raise
+                deadline = time.monotonic() + BUSY_S
+                while True:
+                    try:
+                        con.execute("PRAGMA journal_mode=WAL")
+                        self._migrate(con)
+                        break
+                    except sqlite3.OperationalError as e:
+                        # SQLite answers "locked" at once, without waiting, where waiting could
+                        # deadlock: switching a rollback-journal index to WAL while another process
+                        # holds its write lock. Nothing was written: try again until the deadline.
+                        if "locked" not in str(e) or time.monotonic() > deadline:
+                            raise
+                        time.sleep(0.02)
             finally:
                 con.close()
             self._ready = True

@@ -251,7 +251,9 @@ STORES = 30
 def test_processes_opening_a_store_at_once_all_write(tmp_path, old):
     """Processes that open one store at the same moment (a dashboard and the job it starts, two
     jobs) all get it: the schema and its migration are one transaction, so no two of them both
-    find the ``sweep`` column missing and both add it ("duplicate column name: sweep")."""
+    find the ``sweep`` column missing and both add it ("duplicate column name: sweep"), and the
+    switch of an old rollback-journal index to WAL, which SQLite refuses at once ("database is
+    locked") while another process holds the write lock, is tried again."""
     root = tmp_path / "runs"
     for i in range(STORES if old else 0):
         (root / str(i)).mkdir(parents=True)
@@ -275,7 +277,7 @@ def test_processes_opening_a_store_at_once_all_write(tmp_path, old):
     ]
     time.sleep(3)  # every process imported and is waiting for the file
     go.touch()
-    errors = [p.communicate(timeout=120)[1] for p in procs]
+    errors = [p.communicate(timeout=300)[1] for p in procs]
     assert [p.returncode for p in procs] == [0] * 6, "\n".join(errors)
     for i in range(STORES):
         store = RunStore(root / str(i))
