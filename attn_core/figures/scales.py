@@ -59,18 +59,23 @@ def nice_ticks(lo: float, hi: float, target: int = 5) -> list[float]:
     return [float(f"{k * step:.12g}") for k in range(first, last + 1)]
 
 
-def tick_text(value: float) -> str:
+def tick_text(value: float, step: float | None = None) -> str:
     """A tick's label: plain where it reads plainly (0.002, 25000), else mantissa × a power of
-    ten with the mantissa from 1 to 10 (2.5×10⁻⁶; plotly's shared exponent wrote 0.2×10⁴)."""
+    ten with the mantissa from 1 to 10 (2.5×10⁻⁶; plotly's shared exponent wrote 0.2×10⁴). With
+    the axis's ``step``, enough digits that ticks a step apart read apart (32768.82813 and
+    32768.82814, not 32768.8 twice); at least 6 significant digits either way."""
     if value == 0:
         return "0"
+    digits = 6
+    if step is not None and step > 0 and math.isfinite(step):
+        digits = max(digits, math.floor(math.log10(abs(value))) - math.floor(math.log10(step)) + 2)
     if PLAIN_TICKS[0] <= abs(value) < PLAIN_TICKS[1]:
-        return f"{value:.6g}".replace("-", "−")
+        return f"{value:.{digits}g}".replace("-", "−")
     exponent = math.floor(math.log10(abs(value)))
-    mantissa = float(f"{value / 10**exponent:.6g}")  # as it is written: 9.999995 is written 10
+    mantissa = float(f"{value / 10**exponent:.{digits}g}")  # as it is written: 9.999995 is written 10
     if abs(mantissa) >= 10:
         mantissa, exponent = mantissa / 10, exponent + 1
-    return f"{mantissa:g}".replace("-", "−") + "×10" + str(exponent).translate(SUPERSCRIPT)
+    return f"{mantissa:.{digits}g}".replace("-", "−") + "×10" + str(exponent).translate(SUPERSCRIPT)
 
 
 def finite_values(trace, attr: str) -> list[float]:
@@ -101,4 +106,5 @@ def round_ticks(axis, values: list[float], zero: bool) -> None:
         return
     ticks = nice_ticks(lo, hi)
     if len(ticks) >= 2:
-        axis.update(tickmode="array", tickvals=ticks, ticktext=[tick_text(t) for t in ticks])
+        step = ticks[1] - ticks[0]
+        axis.update(tickmode="array", tickvals=ticks, ticktext=[tick_text(t, step) for t in ticks])

@@ -208,12 +208,25 @@ def test_round_ticks_have_a_round_step_and_a_mantissa_from_1_to_10(lo, span):
     ticks = nice_ticks(lo, lo + span)  # a span below float precision is widened around the value
     assert 2 <= len(ticks) <= 9
     step = ticks[1] - ticks[0]
-    mantissa = step / 10 ** math.floor(math.log10(step))
-    assert any(abs(mantissa - m) < 1e-6 for m in (1, 2, 2.5, 5, 10))
-    assert all(abs((b - a) - step) <= 1e-6 * step for a, b in zip(ticks, ticks[1:]))
-    for t in ticks:
-        m = re.match(r"^−?([\d.]+)×10", tick_text(t))
-        assert m is None or 1 <= float(m.group(1)) < 10, tick_text(t)
+    # ticks are floats: a difference of two is exact to a few units in the last place of the
+    # largest (32768.82814 - 32768.82813 is 1e-5 to within 7e-12, a mantissa off by 7e-7)
+    slack = 4 * math.ulp(max(abs(ticks[0]), abs(ticks[-1])))
+    power = 10 ** math.floor(math.log10(step))
+    assert any(abs(step / power - m) < 1e-6 + slack / power for m in (1, 2, 2.5, 5, 10))
+    assert all(abs((b - a) - step) <= 1e-6 * step + slack for a, b in zip(ticks, ticks[1:]))
+    labels = [tick_text(t, step) for t in ticks]
+    assert len(set(labels)) == len(labels), labels  # ticks a step apart read apart
+    for text in labels + [tick_text(t) for t in ticks]:
+        m = re.match(r"^−?([\d.]+)×10", text)
+        assert m is None or 1 <= float(m.group(1)) < 10, text
+
+
+def test_tick_labels_have_the_digits_their_step_needs():
+    """An axis a hair wide at a large value (a span of 6e-5 at 32768) wrote every tick 32768.8."""
+    ticks = nice_ticks(32768.828125, 32768.828125 + 6.103515625e-05)
+    assert [tick_text(t, ticks[1] - ticks[0]) for t in ticks][:2] == ["32768.82813", "32768.82814"]
+    assert tick_text(2.5e-6) == tick_text(2.5e-6, 5e-7) == "2.5×10⁻⁶" and tick_text(25000, 2500) == "25000"
+    assert tick_text(200000.25, 0.25) == "2.0000025×10⁵"
 
 
 def test_an_axis_plotly_would_write_as_0_2x10_4_gets_round_ticks_of_its_own():
