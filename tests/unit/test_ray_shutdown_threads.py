@@ -56,7 +56,7 @@ FREEING_THREAD = textwrap.dedent(
     assert thread.is_alive() and not ray.is_initialized()  # Ray went down while the thread freed
     stop.set()
     thread.join()
-    print("survived", len(freed))
+    print("survived", len(freed), flush=True)  # flushed: a crash at exit still shows it survived the shutdown
     """
 )
 
