@@ -21,8 +21,8 @@ torch.set_num_threads(1)
 
 # Property tests draw the same examples on every run ("repeatable"), so the suite's verdict does
 # not change from one run of the same code to the next; `pytest --hypothesis-profile explore` draws
-# new, random ones (and five times as many) to look for new counterexamples; a failure found so is
-# fixed and its example kept as a test of its own.
+# new, random ones to look for new counterexamples; a failure found so is fixed and its example
+# kept as a test of its own.
 settings.register_profile("repeatable", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile("repeatable")
