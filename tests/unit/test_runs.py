@@ -19,6 +19,10 @@ from tests.conftest import make_tiny_model
 
 TASK = get_task("reverse")
 ROOT = Path(__file__).resolve().parents[2]
+# the runs table of an index written before sweeps (no sweep and trial columns)
+OLD_RUNS = """CREATE TABLE runs (id TEXT PRIMARY KEY, parent TEXT, task TEXT, status TEXT NOT NULL,
+    message TEXT DEFAULT '', config TEXT NOT NULL, summary TEXT DEFAULT '{}', created REAL NOT NULL,
+    updated REAL NOT NULL, finished REAL, pid INTEGER, host TEXT)"""
 
 
 def finished_run(store: RunStore, status="completed", parent="reverse-1l") -> str:
@@ -214,14 +218,14 @@ def test_an_index_from_before_sweeps_still_opens(tmp_path):
     root = tmp_path / "old"
     root.mkdir()
     con = sqlite3.connect(root / "index.sqlite")
-    con.executescript("""
-    CREATE TABLE runs (id TEXT PRIMARY KEY, parent TEXT, task TEXT, status TEXT NOT NULL, message TEXT DEFAULT '',
-        config TEXT NOT NULL, summary TEXT DEFAULT '{}', created REAL NOT NULL, updated REAL NOT NULL,
-        finished REAL, pid INTEGER, host TEXT);
+    con.executescript(
+        OLD_RUNS
+        + """;
     CREATE TABLE metrics (run TEXT NOT NULL, step INTEGER NOT NULL, name TEXT NOT NULL, value REAL);
     INSERT INTO runs (id, parent, task, status, config, created, updated, finished)
         VALUES ('old-run', 'reverse-1l', 'reverse', 'completed', '{}', 1, 1, 1);
-    """)
+    """
+    )
     con.commit()
     con.close()
     store = RunStore(root)
@@ -239,6 +243,7 @@ OPEN_AT_ONCE = """
 import os, sys, time
 from attn_core.runs import RunStore
 root, go, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+open(go + "." + str(os.getpid()), "w").close()  # imported: ready
 while not os.path.exists(go):
     time.sleep(0.001)
 for i in range(n):  # the processes walk the stores in step: each store is opened by all at once
@@ -258,11 +263,7 @@ def test_processes_opening_a_store_at_once_all_write(tmp_path, old):
     for i in range(STORES if old else 0):
         (root / str(i)).mkdir(parents=True)
         con = sqlite3.connect(root / str(i) / "index.sqlite")
-        con.execute(
-            "CREATE TABLE runs (id TEXT PRIMARY KEY, parent TEXT, task TEXT, status TEXT NOT NULL, "
-            "message TEXT DEFAULT '', config TEXT NOT NULL, summary TEXT DEFAULT '{}', created REAL NOT NULL, "
-            "updated REAL NOT NULL, finished REAL, pid INTEGER, host TEXT)"
-        )
+        con.execute(OLD_RUNS)
         con.commit()
         con.close()
     go = tmp_path / "go"
@@ -275,7 +276,9 @@ def test_processes_opening_a_store_at_once_all_write(tmp_path, old):
         )
         for _ in range(6)
     ]
-    time.sleep(3)  # every process imported and is waiting for the file
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("go.*"))) < len(procs) and time.monotonic() < deadline:
+        time.sleep(0.05)  # until every process has imported and waits for the file
     go.touch()
     errors = [p.communicate(timeout=300)[1] for p in procs]
     assert [p.returncode for p in procs] == [0] * 6, "\n".join(errors)
