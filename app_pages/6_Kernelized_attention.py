@@ -147,7 +147,7 @@ st.header("Speed against exact attention")
 plots = [rel_plot, tv_plot, pattern_plot]
 if not BENCH.is_file():
     st.info(
-        "No benchmark result yet: run `python benchmarks/kernels.py` (about 4 minutes) to write "
+        "No benchmark result yet: run `python benchmarks/kernel_methods.py` (about 4 minutes) to write "
         "benchmarks/results/kernels.json, or `attn-lab kernels-bench --max-n 4096` for a quick look."
     )
 else:

@@ -8,7 +8,7 @@ if ! command -v chromium >/dev/null 2>&1; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium fonts-dejavu-core >/dev/null
 fi
-python3 -m pip install -q -r requirements-dev.txt -e .
+python3 -m pip install -q -r requirements-dev.txt -c constraints.txt -e .
 python3 -m ruff check .
 python3 -m ruff format --check .
 python3 -m pytest --durations=30 "$@"

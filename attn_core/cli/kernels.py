@@ -1,6 +1,6 @@
 """Kernelized attention: ``kernels`` (how well one method approximates one head's softmax
 attention) and ``kernels-bench`` (time and memory against exact attention as n grows; the timing
-harness is ``benchmarks/kernels.py`` of the repository, loaded from there)."""
+harness is ``benchmarks/kernel_methods.py`` of the repository, loaded from there)."""
 
 from __future__ import annotations
 
@@ -33,11 +33,11 @@ _KERNEL_COLS = [
 MAX_KERNEL_SEEDS = 1000  # random draws averaged over
 MAX_REPEATS = 1000  # timed calls per (n, method)
 
-BENCH_FILE = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels.py"
+BENCH_FILE = Path(__file__).resolve().parents[2] / "benchmarks" / "kernel_methods.py"
 
 
 def _bench():
-    """The timing harness, ``benchmarks/kernels.py`` (not part of the library)."""
+    """The timing harness, ``benchmarks/kernel_methods.py`` (not part of the library)."""
     name = "attn_lab_benchmarks_kernels"
     if name not in sys.modules:
         if not BENCH_FILE.is_file():

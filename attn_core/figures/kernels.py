@@ -127,7 +127,7 @@ def pattern_comparison(
 
 def speed_chart(result: dict, title: str | None = None) -> Plot:
     """Milliseconds against sequence length, log-log, one line per method, from
-    the result of `benchmarks/kernels.py`'s `run`; hover gives the speed-up over sdpa and peak memory."""
+    the result of `benchmarks/kernel_methods.py`'s `run`; hover gives the speed-up over sdpa and peak memory."""
     rows = pd.DataFrame(result["rows"])
     fig = go.Figure()
     for i, (method, part) in enumerate(rows.groupby("method", sort=False)):

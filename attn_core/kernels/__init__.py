@@ -50,7 +50,7 @@ deterministic function of (inputs, features, seed) on any device.
 
 Modules: ``features`` (exact attention and every method's feature maps and factors),
 ``attention`` (one interface for every method, linear attention, relative positional encoding),
-``errors`` (error analysis on a model's heads). Timing and memory live in ``benchmarks/kernels.py``.
+``errors`` (error analysis on a model's heads). Timing and memory live in ``benchmarks/kernel_methods.py``.
 """
 
 from attn_core.kernels.attention import (

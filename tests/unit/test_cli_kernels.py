@@ -9,7 +9,7 @@ import pytest
 
 from attn_core import kernels
 from attn_core.sources import resolve
-from benchmarks import kernels as bench
+from benchmarks import kernel_methods as bench
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -15,7 +15,7 @@ from attn_core.figures.kernels import error_curves, pattern_comparison, speed_ch
 from attn_core.hooks import act_name
 from attn_core.model import ModelConfig, Transformer
 from attn_core.tasks import TASKS
-from benchmarks import kernels as bench
+from benchmarks import kernel_methods as bench
 
 f64 = torch.float64
 

@@ -54,3 +54,21 @@ def test_script_runs_in_quick_mode(path, tmp_path):
     assert r.stdout.strip(), "a quick run prints its figures"
     # a smoke run never overwrites the committed results the README quotes
     assert {p: p.stat().st_mtime for p in results} == results
+
+
+def test_no_script_or_test_module_shadows_an_installed_package():
+    """Running ``python benchmarks/x.py`` puts ``benchmarks/`` first on ``sys.path``: a module there
+    named like an installed package hides it from every library that imports it (transformers 5
+    imports ``kernels``, which ``benchmarks/kernels.py`` once shadowed)."""
+    import importlib.metadata
+
+    installed = set(importlib.metadata.packages_distributions())
+    folders = [ROOT / "benchmarks", ROOT / "experiments", ROOT / "scripts", *sorted((ROOT / "tests").iterdir())]
+    shadows = [
+        str(p.relative_to(ROOT))
+        for folder in folders
+        if folder.is_dir()
+        for p in folder.iterdir()
+        if (p.suffix == ".py" and p.stem in installed) or (p.is_dir() and (p / "__init__.py").exists() and p.name in installed)
+    ]
+    assert not shadows, f"these modules hide installed packages of the same name: {shadows}"

@@ -1,9 +1,9 @@
 """Speed and memory of kernelized attention against torch's scaled_dot_product_attention: the
 timing harness of attn_core.kernels (the library keeps the estimators and their error analysis).
 
-    python benchmarks/kernels.py                 # n = 256 .. 16384, non-causal then causal, ~4 min on 2 cores
-    python benchmarks/kernels.py --max-n 4096 --no-causal --json
-    python benchmarks/kernels.py --quick         # n = 256 .. 1024, a few seconds, not saved
+    python benchmarks/kernel_methods.py                 # n = 256 .. 16384, non-causal then causal, ~4 min on 2 cores
+    python benchmarks/kernel_methods.py --max-n 4096 --no-causal --json
+    python benchmarks/kernel_methods.py --quick         # n = 256 .. 1024, a few seconds, not saved
 
 Prints one line per (n, method) as it finishes, then the table of medians, speed-ups, crossover
 lengths and peak memory, and saves the result to benchmarks/results/kernels.json: the non-causal
