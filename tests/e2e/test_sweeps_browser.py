@@ -4,6 +4,7 @@ runs; both end ``completed`` with every trial recorded (the second used to end `
 after 8-10 s with "RuntimeError: dictionary changed size during iteration"). Screenshot:
 tests/artifacts/sweeps_two.png."""
 
+import time
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,19 @@ def sweeps(runs: Path) -> list[dict]:
     return RunStore(runs).list_sweeps()
 
 
+def wait_for_sweeps_to_end(runs: Path, count: int, timeout: float = 400.0) -> list[dict]:
+    """The store's sweeps once ``count`` of them have ended (status no longer running), however
+    loaded the machine: the page can show one sweep ended while the other is still writing."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = sweeps(runs)
+        if len(found) >= count and all(s["status"] != "running" for s in found):
+            return found
+        if time.monotonic() > deadline:
+            return found  # the assertions below say which sweep did not end
+        time.sleep(0.5)
+
+
 def test_enter_does_not_launch_and_a_second_sweep_waits_then_runs(page, runs):
     form = page.get_by_test_id("stForm")
     form.get_by_role("button", name="Remove hoyer").click()  # one regularizer: 2 trials a sweep
@@ -66,7 +80,7 @@ def test_enter_does_not_launch_and_a_second_sweep_waits_then_runs(page, runs):
         timeout=400_000,
     )
     settle(page)
-    done = sweeps(runs)  # the page shows the second; the first ended before it began
+    done = wait_for_sweeps_to_end(runs, count=2)  # the page's 'completed' may be drawn before the store says so
     for sweep in done:
         assert sweep["status"] == "completed" and sweep["counts"] == {"completed": 2}, sweep
     assert "dictionary changed size" not in page.inner_text("body")
