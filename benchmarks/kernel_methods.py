@@ -152,7 +152,7 @@ def run(
     causal: bool = False,
     seed: int = 0,
     threads: int | None = None,
-    memory: bool = True,
+    memory: bool | str = True,
     timeout: float = 300.0,
     progress=None,
 ) -> dict:
@@ -164,7 +164,8 @@ def run(
     load hits every method alike and the ratios stay fair. ``peak_mb`` is measured in a fresh
     subprocess per (n, method): the rise of its resident memory over one call (Linux VmHWM after
     resetting it through /proc/self/clear_refs, minus VmRSS before; None where unavailable or
-    ``memory=False``). ``rel_error`` is |out - sdpa| / |sdpa| on the same inputs. ``progress``, if
+    ``memory=False``; ``memory="max_n"`` measures it at the largest n only, as the quick run does:
+    each measurement is a fresh interpreter). ``rel_error`` is |out - sdpa| / |sdpa| on the same inputs. ``progress``, if
     given, is called with each finished row. ``threads`` sets torch's intra-op threads for the run
     (restored afterwards; None keeps the current setting): on a machine busy with other work, one
     thread avoids the stalls of two threads waiting on each other at every operation's barrier,
@@ -175,6 +176,8 @@ def run(
     with ratio = sdpa ms / method ms at the same n; the timed inputs have score_std 1."""
     for method in methods:
         _check_method(method)
+    if memory not in (True, False, "max_n"):
+        raise ValueError(f"memory must be True, False or 'max_n', got {memory!r}")
     if min_n < 1 or max_n < min_n:
         raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
     for name, value in (("repeats", repeats), ("d_head", d_head), ("heads", heads), ("features", features)):
@@ -216,7 +219,9 @@ def run(
                         "method": m,
                         "ms": ms,
                         "ratio": sdpa_ms / ms,
-                        "peak_mb": _peak_memory(config, timeout) if memory else None,
+                        "peak_mb": _peak_memory(config, timeout)
+                        if memory is True or (memory and n == lengths[-1])
+                        else None,
                         "rel_error": ((outputs[m] - outputs["sdpa"]).norm() / outputs["sdpa"].norm()).item(),
                     }
                 )
@@ -303,7 +308,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="n = 256 .. 1024, 2 repeats, non-causal only; saved only with an explicit --out",
+        help="n = 256 .. 1024, 2 repeats, non-causal only, peak memory at n = 1024 only; saved only with an explicit --out",
     )
     args = parser.parse_args(argv)
     if args.quick:
@@ -327,6 +332,8 @@ def main(argv=None) -> int:
         threads=args.threads,
         progress=progress,
     )
+    if args.quick:  # peak memory at n = 1024 only: each measurement starts an interpreter
+        common["memory"] = "max_n"
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     result = run(methods=args.methods, causal=False, **common)
     print(table(result), file=log, flush=True)

@@ -11,4 +11,6 @@ fi
 python3 -m pip install -q -r requirements-dev.txt -c constraints.txt -e .
 python3 -m ruff check .
 python3 -m ruff format --check .
-python3 -m pytest --durations=30 "$@"
+# Two workers (pytest-xdist): the browser and Ray tests go to one of them in turn, every other test
+# file to whichever is free (tests/conftest.py); `bash scripts/test.sh -n 0` runs in one process.
+python3 -m pytest -n 2 --dist loadgroup --durations=30 "$@"

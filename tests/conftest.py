@@ -28,6 +28,24 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile("repeatable")
 
 
+# pytest-xdist (scripts/test.sh runs `-n 2 --dist loadgroup`): every test file is one group, so a
+# file's module fixtures are built once, on one worker, unless its tests name groups of their own
+# (independent subprocess runs, as in test_scripts.py); the tests that drive Chromium against a
+# dashboard server or start a local Ray form one group, run one after another on one worker, so
+# that two servers, browsers or Ray clusters never fight over the two cores while the other worker
+# goes through the rest. Without xdist the marks change nothing.
+HEAVY = "browser-and-ray"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("browser") or item.get_closest_marker("ray"):
+            item.add_marker(pytest.mark.xdist_group(HEAVY), append=False)
+        elif not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
 @pytest.fixture(autouse=True)
 def _isolated_data_dirs(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTN_LAB_RUNS", str(tmp_path / "runs"))

@@ -14,6 +14,8 @@ import ui
 from attn_core.runs import RunStore
 from attn_core.sweep import grid_plan, record_trial, run_trial, start_sweep
 
+pytestmark = pytest.mark.ray  # starts a local Ray: one test worker runs these in turn (tests/conftest.py)
+
 PAGE = str(Path(__file__).resolve().parents[2] / "app_pages" / "10_Sweeps.py")
 MODEL = "reverse-1l"
 

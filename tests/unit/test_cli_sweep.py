@@ -9,6 +9,8 @@ from typer.testing import CliRunner
 
 from attn_core.runs import RunStore
 
+pytestmark = pytest.mark.ray  # starts a local Ray: one test worker runs these in turn (tests/conftest.py)
+
 
 def sweep_cli() -> typer.Typer:
     from attn_core.cli import sweep

@@ -23,6 +23,7 @@ from attn_core.runs import RunStore
 from tests.conftest import make_tiny_model
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.ray  # starts a local Ray: one test worker runs these in turn (tests/conftest.py)
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "reverse-1l"
 

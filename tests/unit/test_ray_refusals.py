@@ -19,6 +19,7 @@ from attn_core.distributed import scaling
 from attn_core.runs import RunStore
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.ray  # starts a local Ray: one test worker runs these in turn (tests/conftest.py)
 
 
 def refused(*args: str) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.ray  # starts a local Ray: one test worker runs these in turn (tests/conftest.py)
 
 from attn_core.cluster import watchdog  # noqa: E402
 

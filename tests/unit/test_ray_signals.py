@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("ray")
+pytestmark = pytest.mark.ray  # starts a local Ray: one test worker runs these in turn (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,6 +18,7 @@ import torch
 from typer.testing import CliRunner
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.ray  # starts a local Ray: one test worker runs these in turn (tests/conftest.py)
 transformers = pytest.importorskip("transformers")
 
 from attn_core import cluster  # noqa: E402

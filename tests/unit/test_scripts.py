@@ -31,7 +31,8 @@ TRANSFORMERS = {
 
 def _params():
     for path in SCRIPTS:
-        marks = [pytest.mark.browser] if path.name in BROWSER else []
+        # each script is its own process: any worker may run it (the browser one runs with the others)
+        marks = [pytest.mark.browser] if path.name in BROWSER else [pytest.mark.xdist_group(f"script:{path.name}")]
         yield pytest.param(path, marks=marks, id=f"{path.parent.name}/{path.name}")
 
 

@@ -29,6 +29,7 @@ from attn_core.sweep import (
 
 MODEL = "reverse-1l"  # the smallest zoo model
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.ray  # starts a local Ray: one test worker runs these in turn (tests/conftest.py)
 
 
 def sweep_cli() -> typer.Typer:

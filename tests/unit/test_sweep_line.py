@@ -16,6 +16,7 @@ from attn_core.sweep import SweepInterrupted, grid_plan, run_sweep, start_sweep
 from attn_core.sweep.line import LINE
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.ray  # starts a local Ray: one test worker runs these in turn (tests/conftest.py)
 MODEL = "reverse-1l"
 
 

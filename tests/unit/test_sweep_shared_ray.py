@@ -11,6 +11,7 @@ import threading
 import pytest
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.ray  # starts a local Ray: one test worker runs these in turn (tests/conftest.py)
 
 from attn_core import cluster  # noqa: E402
 from attn_core.sweep import ray_backend as rb  # noqa: E402

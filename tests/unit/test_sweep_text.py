@@ -15,6 +15,7 @@ from tests.conftest import write_tiny_hf
 from tests.text_corpus import make_text, write_word_tokenizer
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.ray  # starts a local Ray: one test worker runs these in turn (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
