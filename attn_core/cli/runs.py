@@ -336,6 +336,27 @@ def runs_import_cmd(
     )
 
 
+def _settings(config: dict | None, width: int = 100) -> str:
+    """A run's settings as ``key=value`` words wrapped at ``width`` (unset ones left out: None,
+    an empty list); ``--json`` has them all."""
+    import textwrap
+
+    def value(v) -> str:
+        if isinstance(v, (list, tuple)):
+            return ",".join(value(x) for x in v)
+        return v if isinstance(v, str) else json.dumps(v)
+
+    words = [f"{k}={value(v)}" for k, v in (config or {}).items() if v is not None and v != [] and v != {}]
+    return textwrap.fill(
+        " ".join(words) or "none",
+        width,
+        initial_indent="settings: ",
+        subsequent_indent="  ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+
+
 def _trained_on(run: dict) -> str:
     """How a run was trained, in one line: in one process on a device, or on Ray Train workers."""
     card = run.get("card") or {}  # card.json: a run's own sections are top-level keys
@@ -379,7 +400,7 @@ def runs_show_cmd(
         head = (
             f"run {r['id']} ({r['status']}{': ' + r['message'] if r['message'] else ''})\n"
             f"parent {r['parent']}, task {r['task']}, created {r['created']}\n"
-            f"settings: {json.dumps(r['config'])}\n"
+            f"{_settings(r['config'])}\n"
         )
         return head + _trained_on(r) + _before_after(summ.get("before"), summ.get("after"))
 
