@@ -46,6 +46,8 @@ def test_eval_json():
     name = zoo.list_models()[0]["name"]
     out = json.loads(run("eval", name, "--samples", "64", "--seed", "3", "--json").stdout)
     assert out["name"] == name and 0 <= out["accuracy"] <= 1 and out["loss"] >= 0
+    human = run("eval", name, "--samples", "64", "--seed", "3").stdout  # without --json: one line, no JSON
+    assert human.startswith(f"{name} (") and "accuracy" in human and "{" not in human and len(human.splitlines()) == 1
 
 
 def test_train_json_saves_a_loadable_model(tmp_path):
