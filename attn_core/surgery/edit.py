@@ -116,7 +116,7 @@ def check_edit(loaded: LoadedModel, e: HeadEdit, source: LoadedModel | None = No
     if e.ablate is not None:
         if e.ablate not in ABLATIONS:
             raise ValueError(f"--ablate must be one of {', '.join(ABLATIONS)}, got {e.ablate!r}")
-        if e.ablate == "mean" and not _has_output_bias(loaded, e.layer):
+        if e.ablate == "mean" and not has_output_bias(loaded, e.layer):
             raise ValueError(
                 f"--ablate mean needs an attention output bias (b_O) to hold the head's mean output; {loaded.name} "
                 "has none: use --ablate zero"
@@ -127,7 +127,7 @@ def check_edit(loaded: LoadedModel, e: HeadEdit, source: LoadedModel | None = No
         check_transplant(loaded, source, e)
 
 
-def _has_output_bias(loaded: LoadedModel, layer: int) -> bool:
+def has_output_bias(loaded: LoadedModel, layer: int) -> bool:
     """Whether the model has a b_O that its format keeps (Qwen2 biases q, k, v but not o_proj)."""
     from attn_core.hf.family_export import fixed_params, hf_origin
 
