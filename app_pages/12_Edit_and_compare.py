@@ -126,7 +126,9 @@ with edit_tab:
                 sources[extra["source"]] = ui.load_model(extra["source"])
                 spec.update(
                     source=extra["source"],
-                    source_head=surgery.parse_head(extra["source_head"], sources[extra["source"]].config),
+                    source_head=surgery.parse_head(
+                        extra["source_head"], sources[extra["source"]].config, extra["source"]
+                    ),
                     with_ov=extra["with_ov"],
                 )
             scale = ((which, float(factor)),) if factor != 1.0 else ()
