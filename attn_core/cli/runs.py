@@ -134,12 +134,11 @@ def retrain_cmd(
     )
     if address is not None and cfg.workers is None:
         raise ValueError("--address needs --workers (a retrain joins a Ray cluster only to train on its workers)")
-    stop = _RetrainStop()
-    with sigint_stops(
-        exiting=True, line=stop
-    ) as ctrl_c:  # held until the command ends: a late Ctrl-C cannot cut the report
+    stop = _RetrainStop()  # what a stop signal says: held until the command ends (a late one cannot cut the report)
+    with sigint_stops(exiting=True, line=stop) as ctrl_c:
         if ctrl_c.is_set():  # a stop came before this handler (its interrupt lost inside a library): end now,
-            raise typer.Exit(ctrl_c.code)  # within the grace period (its line said nothing was saved)
+            typer.echo(NOTHING_SAVED, err=True)  # within the grace period
+            raise typer.Exit(ctrl_c.code)
         try:
             if cfg.text is not None:  # tokenized once, with a progress bar; the job finds it in the cache
                 opts.tokenize_with_bar(cfg.source, cfg.text, cfg.text_field, cfg.eval_text, stop=ctrl_c.is_set)
@@ -149,8 +148,7 @@ def retrain_cmd(
         if job is not None and job.checkpoints is not None:  # the disk they take, before training
             dyn.say(job.checkpoints.statement(job.model) + "; in the run's folder")
         if ctrl_c.is_set() or job is None:
-            if not stop.said:
-                typer.echo(NOTHING_SAVED, err=True)
+            typer.echo(NOTHING_SAVED, err=True)
             raise typer.Exit(ctrl_c.code)
         if cfg.workers:  # the batch splits over them, Ray is there, the cluster answers: before the estimate
             from attn_core.distributed.remote import check_workers
@@ -158,7 +156,8 @@ def retrain_cmd(
             check_workers(job, address)
         opts.say_estimate(job)  # it times a few steps: a Ctrl-C may land there too
         stop.training = True  # from here a stop saves what was trained, and its line says so
-        if stop.said:  # a stop came before, and its line said that nothing is saved
+        if stop.before:  # a stop came before, and its line promised no save
+            typer.echo(NOTHING_SAVED, err=True)
             raise typer.Exit(ctrl_c.code)
         ctrl_c.then(job.stop)
         _run_with_bar(job, name, steps, address)  # progress on stderr, with --json too (stdout holds the JSON)
@@ -175,21 +174,22 @@ NOTHING_SAVED = "interrupted before training began; nothing was saved"
 
 
 class _RetrainStop:
-    """The line of a retrain's first stop signal, true when it comes: before training begins the
-    command ends and nothing is saved (``said`` records that this was said); once training
-    began, the run stops after the current step and is saved (``interrupt.stop_line``)."""
+    """The line of a retrain's first stop signal, true when it comes: before training begins, that
+    the command stops (``before`` records it; the command then ends with :data:`NOTHING_SAVED`);
+    once training began, that the run stops after the current step and is saved
+    (``interrupt.stop_line``)."""
 
     def __init__(self) -> None:
         self.training = False
-        self.said = False
+        self.before = False
 
     def __call__(self, signum: int | None) -> str:
         from attn_core.training.interrupt import said, stop_line
 
         if self.training:
             return stop_line(signum)
-        self.said = True
-        return f"\ninterrupted by {said(signum)} before training began; nothing was saved"
+        self.before = True
+        return f"\n{said(signum)}: stopping before training begins"
 
 
 def _per_head(measured: dict | None) -> list[dict] | None:

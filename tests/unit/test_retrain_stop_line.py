@@ -1,6 +1,6 @@
-"""A retrain's stop signal says one thing, the true one: before training begins, that the command
-ends and nothing is saved (one line, not the "saving what was trained" line of a run that trains,
-which tests/unit/test_run_faults.py sees on a run stopped while it trains)."""
+"""A retrain's stop signal says the true thing: before training begins, that the command stops and
+then that nothing was saved (never the "saving what was trained" line of a run that trains, which
+tests/unit/test_run_faults.py sees on a run stopped while it trains)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ def test_ctrl_c_before_training_began_says_only_that_nothing_was_saved(tiny, tmp
     res = CliRunner().invoke(app, ["retrain", tiny, "--steps", "5"])
     assert res.exit_code == 130, res.output
     lines = [line for line in res.stderr.splitlines() if line.strip()]
-    assert lines[-1] == "interrupted by Ctrl-C before training began; nothing was saved", res.stderr
+    assert "Ctrl-C: stopping before training begins" in lines, res.stderr
+    assert lines[-1] == "interrupted before training began; nothing was saved", res.stderr
     assert "saving what was trained" not in res.stderr and res.stderr.count("nothing was saved") == 1
     assert RunStore(tmp_path / "runs").list_runs() == []
