@@ -83,9 +83,9 @@ def test_a_bad_transplant_is_one_error_and_the_compare_tab_still_draws():
 
 
 def test_no_edit_shows_no_change_and_the_compare_tab_opens_on_another_model():
-    """Without an edit the metrics carry no delta (they showed red "+0" badges); an edit that
-    changes the loss shows its change; model B starts as another model of the same d_model (it
-    started as the model itself)."""
+    """Without an edit the metrics carry no delta (a red "+0" badge would read as a change); an
+    edit that changes the loss shows its change; model B starts as another model of the same
+    d_model, not as the model itself."""
     at = open_page(PAGE, "induction-2l")
     assert not at.exception and not at.error
     metrics = {m.label: m for m in at.metric}

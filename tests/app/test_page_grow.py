@@ -108,7 +108,7 @@ def test_models_that_cannot_grow_are_explained(models, model, message):
 
 def test_the_formula_is_set_on_lines_the_page_holds(models):
     """The fit's formula is written one statement per line (in one line, 190 characters of TeX,
-    it ran past the right edge of the page at 1440 px)."""
+    it is wider than the page at 1440 px)."""
     at = page("narrow")
     formula = next(x.value for x in at.latex if "arg" in x.value)
     lines = formula.split("\\\\")

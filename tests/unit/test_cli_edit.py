@@ -149,9 +149,8 @@ def test_diff_of_gpt2_folders_with_different_head_widths_matches_in_b_space(tmp_
 @pytest.mark.parametrize("scale", ["1e7", "3e38"])
 def test_an_edit_whose_weights_no_loader_accepts_is_refused_before_anything_is_written(tmp_path, scale):
     """A scale that leaves W_Q beyond the loaders' bound (checkpoint.MAX_ABS_WEIGHT) is refused
-    in one line naming the tensor and the bound, and --out is not written: the folder it wrote
-    before was refused by every command that opened it (3e38 ended in an internal linear-algebra
-    error while measuring)."""
+    in one line naming the tensor and the bound, before anything is measured (3e38 would make the
+    linear algebra fail) and before --out is written (a folder no command could open)."""
     out = tmp_path / "edited"
     err = one_line_error(
         run("edit", "induction-2l", "--head", "L0H0", "--scale-modes", f"0={scale}", "--samples", 4, "--out", out),

@@ -113,8 +113,8 @@ def test_unknown_model_and_run():
 
 
 def test_runs_show_prints_settings_as_wrapped_key_value_words(tmp_path, monkeypatch):
-    """The human ``runs show`` gives each set setting as key=value, wrapped (it printed the raw
-    settings dict on one 900-character line); --json keeps them all."""
+    """The human ``runs show`` gives each set setting as key=value, wrapped at 100 columns (not
+    the raw settings dict on one line of some 900 characters); --json keeps them all."""
     from attn_core.runs import ENV_RUNS, RunStore
     from attn_core.training.config import JobConfig
 

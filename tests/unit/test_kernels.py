@@ -367,8 +367,8 @@ def test_benchmark_rows_ratios_and_memory_subprocess():
 
 
 def test_a_kernel_method_has_one_colour_in_every_figure():
-    """favor's line is one colour in the error curves and in the speed chart (the speed chart's
-    exact sdpa came first and shifted every method's colour by one)."""
+    """favor's line is one colour in the error curves and in the speed chart, whose exact sdpa
+    line (grey) comes first and must not move the methods' colours."""
     q, k, v = qkv(n=16)
     df = K.error_curve(q, k, v, methods=("favor", "maclaurin"), features=(8,), seeds=range(1), causal=False)
     rows = [

@@ -228,7 +228,7 @@ def test_long_view_figures_export(tmp_path):
 def test_a_long_token_does_not_squeeze_the_window_heatmap():
     """A 64-position window whose labels include a token of 16 spaces ("␣" each): the tick label
     is shortened (a run written once with its count) and the heatmap keeps its width; hover
-    keeps the whole label. It was squeezed to ~180 px of a 460 px chart by that one label."""
+    keeps the whole label (at full length it would leave the heatmap ~180 px of a 460 px chart)."""
     from attn_core.figures import bilinear as fb
     from attn_core.figures.layout import HALF_PX, short_tick
 

@@ -54,7 +54,7 @@ def test_user_model_dirs_from_env(tmp_path, monkeypatch):
 
 def test_a_model_folder_listed_itself_in_the_env_is_that_model(tmp_path, monkeypatch):
     """ATTN_LAB_MODELS naming a model folder (not the folder that holds it) lists and resolves
-    that model by its name; it used to be ignored in silence."""
+    that model by its name, never ignoring it in silence."""
     checkpoint.save(tiny(), tmp_path / "mine" / "my-model", {"task": "copy"})
     monkeypatch.setenv(zoo.ENV_DIRS, str(tmp_path / "mine" / "my-model"))
     problems: list[str] = []
