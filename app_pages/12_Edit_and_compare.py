@@ -47,6 +47,25 @@ def diff_of(a: LoadedModel, b: LoadedModel):
     return surgery.diff(a, b)
 
 
+def change(after: float, before: float, edited: bool) -> dict:
+    """A metric's delta: none without an edit, grey when the edit changed nothing, else red up."""
+    if not edited:
+        return dict(delta=None)
+    d = after - before
+    return dict(delta=f"{d:+.3g}", delta_color="inverse" if d != 0 else "off")
+
+
+def other_model(names: list[str]) -> str:
+    """Model B by default: a run of this model (newest first), else a zoo model of its d_model,
+    else any other; this model only when it is the one there is."""
+    runs = [f"run:{r['id']}" for r in ui.saved_runs() if r.get("parent") == loaded.name]
+    same = [m["name"] for m in ui.zoo_models() if m["d_model"] == cfg.d_model]
+    for name in [*runs, *same, *names]:
+        if name in names and name != loaded.name:
+            return name
+    return loaded.name
+
+
 loaded = ui.setup("Edit and compare")
 cfg = loaded.config
 edit_tab, compare_tab = st.tabs(["Edit a head", "Compare two models"])
@@ -77,12 +96,18 @@ with edit_tab:
         b_zero, b_mean, b_reset = st.columns(3)
         if b_zero.button("Ablate (zero)", help="W_O of the head set to 0: its output is zero"):
             extra = {"ablate": "zero"}
+        can_mean = surgery.has_output_bias(loaded, layer)
+        no_mean = f"{loaded.name} has no attention output bias b_O to hold the head's mean output"
         if b_mean.button(
             "Ablate (mean)",
-            disabled=not cfg.attn_bias,
-            help="Its output replaced by its mean over the probes (needs the output bias b_O)",
+            disabled=not can_mean,
+            help="Its output replaced by its mean over the probes (held in the output bias b_O)"
+            if can_mean
+            else f"Not possible here: {no_mean}",
         ):
             extra = {"ablate": "mean"}
+        if not can_mean:
+            b_mean.caption(f"Ablate (mean) is off: {ui.plain(no_mean)}; Ablate (zero) works.")
         others = ui.model_names()
         c_src, c_head, c_go = st.columns([3, 2, 2])
         source = c_src.selectbox(
@@ -101,7 +126,9 @@ with edit_tab:
                 sources[extra["source"]] = ui.load_model(extra["source"])
                 spec.update(
                     source=extra["source"],
-                    source_head=surgery.parse_head(extra["source_head"], sources[extra["source"]].config),
+                    source_head=surgery.parse_head(
+                        extra["source_head"], sources[extra["source"]].config, extra["source"]
+                    ),
                     with_ov=extra["with_ov"],
                 )
             scale = ((which, float(factor)),) if factor != 1.0 else ()
@@ -126,15 +153,13 @@ with edit_tab:
             m_loss.metric(
                 "Loss (nats)",
                 f"{after['loss']:.4g}",
-                f"{after['loss'] - before['loss']:+.3g}",
-                delta_color="inverse",
+                **change(after["loss"], before["loss"], bool(edits)),
                 help="Mean next-token cross-entropy at the scored positions (a task's answers; every token of a text)",
             )
             m_ppl.metric(
                 "Perplexity (every position)",
                 f"{after['perplexity']:.4g}",
-                f"{after['perplexity'] - before['perplexity']:+.3g}",
-                delta_color="inverse",
+                **change(after["perplexity"], before["perplexity"], bool(edits)),
                 help="exp of the mean next-token loss over every position, the unpredictable tokens of a task's "
                 "prompt included (so it stays high on a task model whose scored loss is near zero)",
             )
@@ -157,7 +182,7 @@ with compare_tab:
     other = st.selectbox(
         "Compare with",
         names,
-        key=ui.remember("compare_with", loaded.name if loaded.name in names else names[0], names),
+        key=ui.remember("compare_with", other_model(names), names),
         help="Model B: another model or checkpoint of the same d_model (a run and its parent, two seeds...)",
     )
     st.markdown(f"Distance: {surgery.DISTANCE}; blind to how a head factors $B$. Matched pairs are outlined.")

@@ -55,9 +55,11 @@ st.markdown(
     "the new $W_Q, W_K$. At $\\eta = 0$ the grown model computes exactly what the old one did; the step size is "
     "chosen on the actual loss, then every method is fine-tuned the same way."
 )
-st.latex(
-    r"Z^*(\eta)=\arg\min_Z \sum_b \big\|C\big(S_b-\eta\,\nabla_{S_b}L - X_b Z X_b^\top\big)\big\|_F^2,"
-    r"\qquad Z_k=\text{best rank-}(d_k+p)\ \text{approximation},\qquad \|Z^*-Z_k\|^2=\sum_{i>d_k+p}\sigma_i^2"
+st.latex(  # one statement per line: on one line it does not fit the page at 1440 px
+    r"\begin{gathered}"
+    r"Z^*(\eta)=\arg\min_Z \sum_b \big\|C\big(S_b-\eta\,\nabla_{S_b}L - X_b Z X_b^\top\big)\big\|_F^2,\\"
+    r"Z_k=\text{best rank-}(d_k+p)\ \text{approximation},\qquad \|Z^*-Z_k\|^2=\sum_{i>d_k+p}\sigma_i^2"
+    r"\end{gathered}"
 )
 st.caption(
     "C keeps the visible (causal) entries and centres each query row: softmax ignores a constant added to a "

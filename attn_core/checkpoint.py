@@ -155,20 +155,26 @@ def build_checked(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> Transfo
     """A model of ``cfg`` holding ``tensors``, once every name, shape and value is checked."""
     expected = check_names_and_shapes(cfg, {k: tuple(t.shape) for k, t in tensors.items()})
     for k in expected:
-        t = tensors[k]
-        if not t.is_floating_point():
-            raise CheckpointError(f"tensor {k} has dtype {t.dtype}; weights must be floating point")
-        # min and max in one pass, no temporary the size of the tensor (NaN or Inf shows in them)
-        lo, hi = (float(v) for v in torch.aminmax(t.detach())) if t.numel() else (0.0, 0.0)
-        if not (math.isfinite(lo) and math.isfinite(hi)):
-            raise CheckpointError(f"tensor {k} contains NaN or Inf values")
-        top = max(-lo, hi)
-        if top > MAX_ABS_WEIGHT:
-            raise CheckpointError(
-                f"tensor {k} holds values up to {top:.3g}; weights beyond {MAX_ABS_WEIGHT:g} overflow "
-                "float32 attention scores, so nothing computed from them would be finite"
-            )
+        check_weight(k, tensors[k])
     return Transformer.from_tensors(cfg, tensors)
+
+
+def check_weight(name: str, t: torch.Tensor) -> None:
+    """Refuse (one CheckpointError sentence) a tensor no loader accepts: not floating point, NaN
+    or Inf, or values beyond ``MAX_ABS_WEIGHT``. What every load checks, and every edit before
+    it is measured or written (``surgery.edit``)."""
+    if not t.is_floating_point():
+        raise CheckpointError(f"tensor {name} has dtype {t.dtype}; weights must be floating point")
+    # min and max in one pass, no temporary the size of the tensor (NaN or Inf shows in them)
+    lo, hi = (float(v) for v in torch.aminmax(t.detach())) if t.numel() else (0.0, 0.0)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise CheckpointError(f"tensor {name} contains NaN or Inf values")
+    top = max(-lo, hi)
+    if top > MAX_ABS_WEIGHT:
+        raise CheckpointError(
+            f"tensor {name} holds values up to {top:.3g}; weights beyond {MAX_ABS_WEIGHT:g} overflow "
+            "float32 attention scores, so nothing computed from them would be finite"
+        )
 
 
 def refuse_pickle(data: bytes) -> None:

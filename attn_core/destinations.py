@@ -1,5 +1,6 @@
 """Where things are written: a destination checked before any work (``check_destination``: never
-inside the shipped ``assets/`` or a model folder, never through a link), and
+inside the shipped ``assets/`` or a model folder, where the path leads through its parents' links;
+the destination itself never a link), and
 the temporary folders of an atomic save (``checkpoint.save``), named after this host and process
 so that the left-over of a killed save is known as such and removed once its process is gone.
 A write that fails half-way (a full disk, a file size limit) leaves nothing and is one

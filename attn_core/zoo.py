@@ -1,7 +1,9 @@
 """The zoo: named models. The shipped ones are in ``assets/models/``; more folders can be listed
 in the ``ATTN_LAB_MODELS`` environment variable (``os.pathsep``-separated). Each model is a
 folder in the checkpoint format (``attn_core/checkpoint.py``, ``docs/checkpoints.md``) or a
-Hugging Face folder of a supported family (``attn_core/hf/``), and its name is the folder's name. Loading by name is ``attn_core.sources.resolve``.
+Hugging Face folder of a supported family (``attn_core/hf/``), and its name is the folder's name;
+a model folder listed itself (not its parent) is that one model. Loading by name is
+``attn_core.sources.resolve``.
 """
 
 from __future__ import annotations
@@ -44,7 +46,10 @@ def list_models(problems: list[str] | None = None) -> list[dict]:
                 continue
             if not root.is_dir():
                 raise NotADirectoryError(f"it is not a folder (listed in {ENV_DIRS})")
-            folders = sorted(p for p in root.iterdir() if not p.name.startswith("."))  # .x: an unfinished save
+            own = _entry(root) if root != ZOO_DIR else None  # a model folder listed itself, not its parent
+            folders = (
+                [root] if own else sorted(p for p in root.iterdir() if not p.name.startswith("."))
+            )  # .x: unfinished
         except OSError as e:
             found.append(f"skipped {root}: {_reason(e)}")
             continue
@@ -157,6 +162,8 @@ def locate(name_or_path: str | Path) -> Path:
         try:
             if (root / str(name_or_path) / CONFIG).is_file():
                 return root / str(name_or_path)
+            if root != ZOO_DIR and root.name == str(name_or_path) and isinstance(_entry(root), dict):
+                return root  # a model folder listed itself in ATTN_LAB_MODELS
         except (OSError, ValueError):  # a name the file system cannot hold: not a model here
             continue
     known = ", ".join(m["name"] for m in list_models(problems=[])) or "none"

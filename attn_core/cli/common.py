@@ -147,7 +147,8 @@ def guarded(fn: Callable) -> Callable:
         except RuntimeError as e:  # torch's linear algebra on weights it cannot handle
             if "can't allocate memory" in str(e):  # beyond a cap the estimates did not see
                 fail(out_of_memory(e), bool(kwargs.get("as_json")), "limit")
-            if type(e).__name__ != "LinAlgError":
+            linalg = getattr(sys.modules.get("torch"), "linalg", None)  # torch's is torch._C._LinAlgError
+            if linalg is None or not isinstance(e, linalg.LinAlgError):
                 raise
             fail(f"the linear algebra failed on this model's weights ({message_of(e)})", bool(kwargs.get("as_json")))
 

@@ -67,15 +67,16 @@ def _source(text: str) -> tuple[str, str | None]:
     return text, None
 
 
-def parse_groups(args: list[str], cfg, resolve_source) -> tuple[list, dict]:
-    """HeadEdits from the group options (each ``--head`` starts a group) and the sources loaded."""
+def parse_groups(args: list[str], cfg, resolve_source, name: str = "the model") -> tuple[list, dict]:
+    """HeadEdits from the group options (each ``--head`` starts a group) of model ``name`` (of
+    config ``cfg``) and the sources loaded."""
     from attn_core.surgery import HeadEdit, parse_head
 
     groups: list[dict] = []
     sources: dict = {}
     for opt, value in _split(args):
         if opt == "--head":
-            layer, head = parse_head(value, cfg)
+            layer, head = parse_head(value, cfg, name)
             groups.append(dict(layer=layer, head=head))
             continue
         if not groups:
@@ -160,7 +161,7 @@ def edit_cmd(
     if out is not None:
         check_destination(out)
     loaded = resolve(name)
-    edits, sources = parse_groups(list(ctx.args), loaded.config, resolve)
+    edits, sources = parse_groups(list(ctx.args), loaded.config, resolve, loaded.name)
     inputs = edit_inputs(loaded, text, samples, length, seed)
     heads = list(dict.fromkeys((e.layer, e.head) for e in edits))
     edited = edit_model(loaded, edits, sources, tokens=inputs.tokens)
@@ -184,7 +185,7 @@ def _layers(text: str | None) -> list[int] | None:
 
 def _human_diff(r: dict) -> str:
     rows = [dict(layer=p["layer"], head_a=p["head_a"], head_b=p["head_b"], distance=p["distance"]) for p in r["pairs"]]
-    left = ", ".join(f"{u['model']}:L{u['layer']}H{u['head']}" for u in r["unmatched"]) or "none"
+    left = ", ".join(f"{r[u['model']]}:L{u['layer']}H{u['head']}" for u in r["unmatched"]) or "none"
     return f"{r['a']} vs {r['b']} ({r['distance']})\n" + table(rows, list(rows[0])) + f"\nunmatched: {left}"
 
 

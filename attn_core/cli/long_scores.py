@@ -14,6 +14,8 @@ import typer
 
 from attn_core.cli.common import emit, input_tokens, table
 
+HUMAN_ROWS = 20  # without --json a long input shows its first and last this many queries
+
 TextOpt = typer.Option(
     None,
     "--text",
@@ -106,7 +108,8 @@ def blocked_scores(loaded, ids: list[int], layer: int, head: int, topk: int, as_
     }
 
     def human(r):
-        toks = r["tokens"]
+        toks, queries = r["tokens"], r["queries"]
+        shown = queries if len(queries) <= 2 * HUMAN_ROWS else queries[:HUMAN_ROWS] + queries[-HUMAN_ROWS:]
         rows = [
             dict(
                 query=q["query"],
@@ -115,11 +118,18 @@ def blocked_scores(loaded, ids: list[int], layer: int, head: int, topk: int, as_
                 entropy=q["entropy"],
                 sink=q["sink"],
             )
-            for q in r["queries"]
+            for q in shown
         ]
-        return table(rows, list(rows[0])) + (
+        lines = table(rows, list(rows[0])).split("\n")
+        left = len(queries) - len(shown)
+        if left:
+            lines.insert(HUMAN_ROWS + 1, f"... {left} queries left out ...")
+        mean = lambda key: sum(q[key] for q in queries) / len(queries)  # noqa: E731
+        return "\n".join(lines) + (
             f"\n{r['n_tokens']} tokens, L{layer}H{head}: top {topk} keys per query (the first 3 shown; --json for "
             "all, with scores), entropy of each row (nats), sink = weight on token 0"
+            + (f"; the first and last {HUMAN_ROWS} queries shown, --json has every one" if left else "")
+            + f"\nmean over all {len(queries)} queries: entropy {mean('entropy'):.3g} nats, sink {mean('sink'):.3g}"
         )
 
     emit(result, as_json, human)

@@ -61,6 +61,10 @@ def eval_cmd(
             "seed": seed,
         },
         as_json,
+        lambda r: (
+            f"{r['name']} ({r['task']}): accuracy {r['accuracy']:.4f}, loss {r['loss']:.4g} on {r['samples']} "
+            f"held-out samples (seed {r['seed']})"
+        ),
     )
 
 

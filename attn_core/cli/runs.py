@@ -134,9 +134,10 @@ def retrain_cmd(
     )
     if address is not None and cfg.workers is None:
         raise ValueError("--address needs --workers (a retrain joins a Ray cluster only to train on its workers)")
-    with sigint_stops(exiting=True) as ctrl_c:  # held until the command ends: a late Ctrl-C cannot cut the report
+    stop = _RetrainStop()  # what a stop signal says: held until the command ends (a late one cannot cut the report)
+    with sigint_stops(exiting=True, line=stop) as ctrl_c:
         if ctrl_c.is_set():  # a stop came before this handler (its interrupt lost inside a library): end now,
-            typer.echo("interrupted before training began; nothing was saved", err=True)  # within the grace period
+            typer.echo(NOTHING_SAVED, err=True)  # within the grace period
             raise typer.Exit(ctrl_c.code)
         try:
             if cfg.text is not None:  # tokenized once, with a progress bar; the job finds it in the cache
@@ -147,15 +148,16 @@ def retrain_cmd(
         if job is not None and job.checkpoints is not None:  # the disk they take, before training
             dyn.say(job.checkpoints.statement(job.model) + "; in the run's folder")
         if ctrl_c.is_set() or job is None:
-            typer.echo("interrupted before training began; nothing was saved", err=True)
+            typer.echo(NOTHING_SAVED, err=True)
             raise typer.Exit(ctrl_c.code)
         if cfg.workers:  # the batch splits over them, Ray is there, the cluster answers: before the estimate
             from attn_core.distributed.remote import check_workers
 
             check_workers(job, address)
         opts.say_estimate(job)  # it times a few steps: a Ctrl-C may land there too
-        if ctrl_c.is_set():
-            typer.echo("interrupted before training began; nothing was saved", err=True)
+        stop.training = True  # from here a stop saves what was trained, and its line says so
+        if stop.before:  # a stop came before, and its line promised no save
+            typer.echo(NOTHING_SAVED, err=True)
             raise typer.Exit(ctrl_c.code)
         ctrl_c.then(job.stop)
         _run_with_bar(job, name, steps, address)  # progress on stderr, with --json too (stdout holds the JSON)
@@ -166,6 +168,28 @@ def retrain_cmd(
         _report(res, as_json, job)
         if ctrl_c.is_set() and res["status"] == "stopped":
             raise typer.Exit(ctrl_c.code)
+
+
+NOTHING_SAVED = "interrupted before training began; nothing was saved"
+
+
+class _RetrainStop:
+    """The line of a retrain's first stop signal, true when it comes: before training begins, that
+    the command stops (``before`` records it; the command then ends with :data:`NOTHING_SAVED`);
+    once training began, that the run stops after the current step and is saved
+    (``interrupt.stop_line``)."""
+
+    def __init__(self) -> None:
+        self.training = False
+        self.before = False
+
+    def __call__(self, signum: int | None) -> str:
+        from attn_core.training.interrupt import said, stop_line
+
+        if self.training:
+            return stop_line(signum)
+        self.before = True
+        return f"\n{said(signum)}: stopping before training begins"
 
 
 def _per_head(measured: dict | None) -> list[dict] | None:
@@ -312,6 +336,27 @@ def runs_import_cmd(
     )
 
 
+def _settings(config: dict | None, width: int = 100) -> str:
+    """A run's settings as ``key=value`` words wrapped at ``width`` (unset ones left out: None,
+    an empty list); ``--json`` has them all."""
+    import textwrap
+
+    def value(v) -> str:
+        if isinstance(v, (list, tuple)):
+            return ",".join(value(x) for x in v)
+        return v if isinstance(v, str) else json.dumps(v)
+
+    words = [f"{k}={value(v)}" for k, v in (config or {}).items() if v is not None and v != [] and v != {}]
+    return textwrap.fill(
+        " ".join(words) or "none",
+        width,
+        initial_indent="settings: ",
+        subsequent_indent="  ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+
+
 def _trained_on(run: dict) -> str:
     """How a run was trained, in one line: in one process on a device, or on Ray Train workers."""
     card = run.get("card") or {}  # card.json: a run's own sections are top-level keys
@@ -355,7 +400,7 @@ def runs_show_cmd(
         head = (
             f"run {r['id']} ({r['status']}{': ' + r['message'] if r['message'] else ''})\n"
             f"parent {r['parent']}, task {r['task']}, created {r['created']}\n"
-            f"settings: {json.dumps(r['config'])}\n"
+            f"{_settings(r['config'])}\n"
         )
         return head + _trained_on(r) + _before_after(summ.get("before"), summ.get("after"))
 

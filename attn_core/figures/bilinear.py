@@ -22,6 +22,7 @@ from attn_core.figures.layout import (
     TITLE_LINE_PX,
     WIDE_PX,
     fixed_margins,
+    short_tick,
     token_ticks,
     wrap_title,
 )
@@ -181,13 +182,14 @@ def window_plot(lv: LongView, value: str = "scores", width: int = HALF_PX) -> Pl
     _heat_style(value)
     z = (lv.window_scores if value == "scores" else lv.window_pattern).masked_fill(~lv.window_mask, math.nan)
     labels = lv.window_labels
-    fig = go.Figure(_heatmap(z, value, labels, labels, first=lv.lo))
+    fig = go.Figure(_heatmap(z, value, labels, labels, first=lv.lo))  # hover: the whole labels
     _outline(fig, lv.lo - 0.5, lv.hi + 0.5, lv.query - 0.5, lv.query + 0.5)
     what = "scores f_x(y)" if value == "scores" else "pattern A"
+    ticks = [short_tick(s) for s in labels]  # one long token must not squeeze the heatmap
     fig.update_layout(
         title=f"Window {lv.lo}..{lv.hi} of {lv.n} tokens: {what}, layer {lv.layer} head {lv.head}",
-        xaxis=dict(title="key y", **token_ticks(labels, lv.lo)),
-        yaxis=dict(title="query x", autorange="reversed", **token_ticks(labels, lv.lo)),
+        xaxis=dict(title="key y", **token_ticks(ticks, lv.lo)),
+        yaxis=dict(title="query x", autorange="reversed", **token_ticks(ticks, lv.lo)),
         height=max(420, min(900, 12 * len(labels) + 200)),
     )
     fixed_margins(fig, width=width)

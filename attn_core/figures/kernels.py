@@ -12,7 +12,7 @@ from plotly.subplots import make_subplots
 
 from attn_core.figures.base import Plot
 from attn_core.figures.layout import FULL_PX
-from attn_core.kernels import summarize
+from attn_core.kernels import METHODS, summarize
 
 _METRIC_TITLES = {
     "rel_error": "relative output error",
@@ -21,7 +21,12 @@ _METRIC_TITLES = {
 }
 
 
-def _color(i: int) -> str:
+def method_color(method: str) -> str:
+    """One colour per kernel method, the same in every figure (by its place in ``METHODS``; a
+    method named nowhere there gets a colour after theirs, and exact attention, sdpa, grey)."""
+    if method == "sdpa":
+        return "grey"
+    i = METHODS.index(method) if method in METHODS else len(METHODS) + sum(map(ord, method))
     return qualitative.Plotly[i % len(qualitative.Plotly)]
 
 
@@ -40,14 +45,14 @@ def error_curves(errors: pd.DataFrame, metric: str = "rel_error", title: str | N
     mean, std, low, high = (summary[f"{metric}_{s}"] for s in ("mean", "std", "min", "max"))
     summary = summary.assign(_plus=high - mean, _minus=mean - low)
     fig = go.Figure()
-    for i, (method, part) in enumerate(summary.groupby("method", sort=False)):
+    for method, part in summary.groupby("method", sort=False):
         fig.add_trace(
             go.Scatter(
                 x=part["features"],
                 y=part[f"{metric}_mean"],
                 name=method,
                 mode="lines+markers",
-                line={"color": _color(i)},
+                line={"color": method_color(method)},
                 error_y={"type": "data", "symmetric": False, "array": part["_plus"], "arrayminus": part["_minus"]},
                 customdata=part[[f"{metric}_std", f"{metric}_min", f"{metric}_max"]].to_numpy(),
                 hovertemplate=f"{method}<br>m=%{{x}}<br>mean %{{y:.3g}} ± %{{customdata[0]:.2g}}"
@@ -130,14 +135,14 @@ def speed_chart(result: dict, title: str | None = None) -> Plot:
     the result of `benchmarks/kernel_methods.py`'s `run`; hover gives the speed-up over sdpa and peak memory."""
     rows = pd.DataFrame(result["rows"])
     fig = go.Figure()
-    for i, (method, part) in enumerate(rows.groupby("method", sort=False)):
+    for method, part in rows.groupby("method", sort=False):
         fig.add_trace(
             go.Scatter(
                 x=part["n"],
                 y=part["ms"],
                 name=method,
                 mode="lines+markers",
-                line={"color": "grey" if method == "sdpa" else _color(i), "dash": "dash" if method == "sdpa" else None},
+                line={"color": method_color(method), "dash": "dash" if method == "sdpa" else None},
                 customdata=part[["ratio", "peak_mb"]].to_numpy(),
                 hovertemplate=f"{method}<br>n=%{{x}}<br>%{{y:.1f}} ms<br>sdpa/this %{{customdata[0]:.2f}}x"
                 f"<br>peak %{{customdata[1]:.0f}} MB<extra></extra>",

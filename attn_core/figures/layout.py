@@ -18,6 +18,16 @@ from attn_core.figures.scales import TEN_COLORS, colors, finite_values, round_ti
 MAX_TICKS = 64  # label every token on an axis up to this many; beyond, plotly picks the ticks
 
 
+TICK_CHARS = 12  # a tick label longer than this is shortened (:func:`short_tick`); hover keeps it whole
+
+
+def short_tick(label: str, max_chars: int = TICK_CHARS) -> str:
+    """``label`` short enough for an axis: a run of 4 or more of one character written once with
+    its count (``5:␣×16`` for sixteen spaces), then cut to ``max_chars`` with an ellipsis."""
+    label = re.sub(r"(.)\1{3,}", lambda m: f"{m.group(1)}×{len(m.group(0))}", str(label))
+    return label if len(label) <= max_chars else label[: max_chars - 1] + "…"
+
+
 def token_ticks(labels: list[str], first: int = 0) -> dict:
     """Axis settings that label position ``first + i`` with ``labels[i]`` (none past
     :data:`MAX_TICKS`: plotly's numbers then)."""

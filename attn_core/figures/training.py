@@ -311,6 +311,18 @@ def probe_pattern_plot(pattern, tokens: Sequence[str], layer: int, head: int, st
     )
 
 
+# Axis titles of the run measures (the card's keys): words, not column names
+MEASURE_TITLES = {
+    "accuracy": "held-out accuracy",
+    "loss": "held-out loss (nats)",
+    "perplexity": "held-out perplexity",
+    "entropy_data": "mean normalized entropy on data (H / log n)",
+    "entropy_vocab": "mean normalized entropy over the vocabulary",
+    "top1_mass": "mean top-1 attention mass",
+    "stable_rank": "stable rank of B",
+}
+
+
 def tradeoff_plot(
     table: pd.DataFrame,
     x: str = "entropy_data",
@@ -375,8 +387,8 @@ def tradeoff_plot(
             )
     fig.update_layout(
         title=title or f"{y} against {x}" + (": each arrow goes from before to after" if change else ""),
-        xaxis_title=x,
-        yaxis_title=y,
+        xaxis_title=MEASURE_TITLES.get(x, x),
+        yaxis_title=MEASURE_TITLES.get(y, y),
         height=460,
     )
     if x in UNIT_MEASURES:

@@ -10,7 +10,16 @@
 """
 
 from attn_core.surgery.diff import DISTANCE, HeadDiff, diff, layer_distances, match
-from attn_core.surgery.edit import ABLATIONS, Edited, HeadEdit, check_edit, edit_model, head_label, parse_head
+from attn_core.surgery.edit import (
+    ABLATIONS,
+    Edited,
+    HeadEdit,
+    check_edit,
+    edit_model,
+    has_output_bias,
+    head_label,
+    parse_head,
+)
 from attn_core.surgery.measure import Preview, edit_inputs, head_pattern, measure, preview, quick_loss
 from attn_core.surgery.modes import Modes, apply_factors, head_form64, head_modes, mode_factors, planes
 
@@ -27,6 +36,7 @@ __all__ = [
     "diff",
     "edit_inputs",
     "edit_model",
+    "has_output_bias",
     "head_form64",
     "head_label",
     "head_modes",

@@ -11,7 +11,8 @@ in [0, 1] (triangle inequality): 0 exactly when the forms are equal, 1 when B_b 
 how each head factors B, and (unlike a cosine) it sees scale, which sets how sharp a head's
 attention is. It is computed from the factors without forming any d_model x d_model matrix:
 ``<L_a R_a^T, L_b R_b^T>_F = sum((L_a^T L_b) * (R_a^T R_b))``, so a layer costs two Gram
-matrices of its stacked factors ([h w, h w]); merged heads (B stored densely) are compared densely.
+matrices of its stacked factors ([h_a w_a, h_b w_b]: heads of different widths compare too, B
+being d_model x d_model whatever the width); merged heads (B stored densely) are compared densely.
 
 **Rotary heads** have one B per offset, ``B(delta) = sum_c B_c R_c(delta)``, with plane c's part
 ``B_c(delta) = cos(omega_c delta) B_c + sin(omega_c delta) B_c^J`` (B_c^J: its key columns turned by
@@ -81,14 +82,16 @@ class HeadDiff:
         )
 
 
-def _factors(model: Transformer, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """(L [H, d, w], R [H, d, w], R^J or None, weights [w, w]) with B_h = L_h R_h^T, float64."""
+def _factors(
+    model: Transformer, layer: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(L [H, d, w], R [H, d, w], R^J or None, plane weights [w, w] or None) with B_h = L_h R_h^T, float64."""
     cfg, attn = model.cfg, model.blocks[layer].attn
     scale = attn.qk_scale.detach().view(-1, 1, 1).double()
     L, R = attn.W_Q.detach().double() * scale, attn.per_head("W_K").detach().double()
     w = L.shape[-1]
     if cfg.positional != "rotary":
-        return L, R, None, torch.ones(w, w, dtype=torch.float64, device=L.device)
+        return L, R, None, None
     weights = torch.zeros(w, w, dtype=torch.float64, device=L.device)
     RJ = torch.zeros_like(R)
     half = cfg.rotary_dims // 2
@@ -101,18 +104,19 @@ def _factors(model: Transformer, layer: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 def _inner(La, Ra, RJa, Lb, Rb, RJb, weights) -> torch.Tensor:
-    """[H_a, H_b] Frobenius inner products of the heads' forms (plane-weighted for rotary heads)."""
-    Ha, d, w = La.shape
-    Hb = Lb.shape[0]
+    """[H_a, H_b] Frobenius inner products of the heads' forms (plane-weighted for rotary heads,
+    whose widths are equal); the two models' heads may differ in width (w_a, w_b) otherwise."""
+    Ha, d, wa = La.shape
+    Hb, wb = Lb.shape[0], Lb.shape[-1]
 
-    def gram(X, Y):  # [H_a, w, H_b, w]
-        return (X.permute(1, 0, 2).reshape(d, Ha * w).T @ Y.permute(1, 0, 2).reshape(d, Hb * w)).view(Ha, w, Hb, w)
+    def gram(X, Y):  # [H_a, w_a, H_b, w_b]
+        return (X.permute(1, 0, 2).reshape(d, Ha * wa).T @ Y.permute(1, 0, 2).reshape(d, Hb * wb)).view(Ha, wa, Hb, wb)
 
     GL = gram(La, Lb)
     prod = GL * gram(Ra, Rb)
     if RJa is not None:
         prod = prod + GL * gram(RJa, RJb)
-    return torch.einsum("aibj,ij->ab", prod, weights)
+    return prod.sum((1, 3)) if weights is None else torch.einsum("aibj,ij->ab", prod, weights)
 
 
 def _self(L, R, RJ, weights) -> torch.Tensor:
@@ -120,7 +124,7 @@ def _self(L, R, RJ, weights) -> torch.Tensor:
     prod = (L.transpose(-1, -2) @ L) * (R.transpose(-1, -2) @ R)
     if RJ is not None:
         prod = prod + (L.transpose(-1, -2) @ L) * (RJ.transpose(-1, -2) @ RJ)
-    return (prod * weights).sum((-1, -2))
+    return (prod if weights is None else prod * weights).sum((-1, -2))
 
 
 def layer_distances(a: Transformer, b: Transformer, layer: int) -> torch.Tensor:

@@ -116,7 +116,7 @@ def check_edit(loaded: LoadedModel, e: HeadEdit, source: LoadedModel | None = No
     if e.ablate is not None:
         if e.ablate not in ABLATIONS:
             raise ValueError(f"--ablate must be one of {', '.join(ABLATIONS)}, got {e.ablate!r}")
-        if e.ablate == "mean" and not _has_output_bias(loaded, e.layer):
+        if e.ablate == "mean" and not has_output_bias(loaded, e.layer):
             raise ValueError(
                 f"--ablate mean needs an attention output bias (b_O) to hold the head's mean output; {loaded.name} "
                 "has none: use --ablate zero"
@@ -127,7 +127,7 @@ def check_edit(loaded: LoadedModel, e: HeadEdit, source: LoadedModel | None = No
         check_transplant(loaded, source, e)
 
 
-def _has_output_bias(loaded: LoadedModel, layer: int) -> bool:
+def has_output_bias(loaded: LoadedModel, layer: int) -> bool:
     """Whether the model has a b_O that its format keeps (Qwen2 biases q, k, v but not o_proj)."""
     from attn_core.hf.family_export import fixed_params, hf_origin
 
@@ -192,6 +192,21 @@ def _ablate(model, e: HeadEdit, tokens: torch.Tensor | None) -> None:
     attn.W_O.data[e.head] = 0.0
 
 
+def _check_weights(model, e: HeadEdit) -> None:
+    """Refuse an edit whose weights leave the bounds every loader enforces (``checkpoint.check_weight``:
+    finite, within ``MAX_ABS_WEIGHT``): a model no command could open again is never measured or saved."""
+    from attn_core.checkpoint import check_weight
+
+    for name, t in model.blocks[e.layer].attn.named_parameters():
+        try:
+            check_weight(f"blocks.{e.layer}.attn.{name}", t)
+        except ValueError as err:
+            what = " ".join(f"{k}={v}" for k, v in e.to_json().items() if k != "head")
+            raise ValueError(
+                f"the edit of head {e.label} ({what}) leaves weights no loader accepts ({err}); nothing was changed"
+            ) from None
+
+
 def edit_model(
     loaded: LoadedModel,
     edits: list[HeadEdit],
@@ -200,7 +215,7 @@ def edit_model(
 ) -> Edited:
     """A copy of ``loaded`` with ``edits`` applied in order (module doc); ``sources`` holds the
     transplant sources by name, ``tokens`` [n, T] the inputs of a mean ablation. Every edit is
-    checked first: a bad one changes nothing."""
+    checked first, and the weights it leaves after: a bad one changes nothing."""
     sources = sources or {}
     if not edits:
         raise ValueError("no edit given: name a head (--head L<layer>H<head>) and what to do to it")
@@ -217,6 +232,7 @@ def edit_model(
             apply_factors(model, e.layer, e.head, f)
         if e.ablate is not None:
             _ablate(model, e, tokens)
+        _check_weights(model, e)
         factors.append(f)
     out = replace(loaded, model=model, key=f"{loaded.key}+edit:{[x.to_json() for x in edits]}")
     return Edited(out, list(edits), factors)

@@ -41,7 +41,15 @@ def edit_inputs(
     field: str | None = None,
 ) -> Inputs:
     """The inputs an edit is measured on: ``samples`` windows of ``length`` + 1 tokens of
-    ``text`` (next-token targets, every position scored), else the task's held-out samples."""
+    ``text`` (next-token targets, every position scored), else the task's held-out samples
+    (``length`` is then refused: they have the task's own length)."""
+    if length is not None:
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise ValueError(f"--length must be a whole number of tokens, 1 or more, got {length!r}")
+        if text is None:
+            raise ValueError(
+                "--length sets the length of --text windows: give --text too (task samples have their own)"
+            )
     if text is None:
         if loaded.task is None or loaded.task.d_vocab != loaded.config.d_vocab:
             raise ValueError(f"{loaded.name} has no task in its card: give --text FILE to measure the edit on")
@@ -49,7 +57,7 @@ def edit_inputs(
     from attn_core.text.probes import probes
 
     n_ctx = loaded.config.n_ctx
-    T = min(length or 128, n_ctx - 1) + 1
+    T = min(128 if length is None else length, n_ctx - 1) + 1
     p = probes(loaded, text, samples, T, seed, field=field)
     tokens = p.tokens
     early, late = default_positions(T - 1)

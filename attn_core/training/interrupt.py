@@ -84,16 +84,26 @@ class StopRequest:
         return f"stopped by {said(self.signum)}" if self._event.is_set() else None
 
 
+def stop_line(signum: int | None) -> str:
+    """What a stop signal says while a run trains."""
+    return f"\n{said(signum)}: stopping after the current step and saving what was trained so far"
+
+
 def _handled() -> list[int]:
     """The stop signals not ignored on purpose (nohup ignores SIGHUP, a background job SIGINT)."""
     return [s for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
 
 
 @contextmanager
-def sigint_stops(notice: Callable[[str], None] | None = None, exiting: bool = False) -> Iterator[StopRequest]:
+def sigint_stops(
+    notice: Callable[[str], None] | None = None,
+    exiting: bool = False,
+    line: Callable[[int | None], str] | None = None,
+) -> Iterator[StopRequest]:
     """Inside the block, SIGINT, SIGTERM and SIGHUP set the yielded :class:`StopRequest` (which
     calls what was registered with ``then``); ``notice`` gets a one-line message (default:
-    stderr) the first time. The previous handlers are restored on exit, except with ``exiting``
+    stderr) the first time: ``line(signum)`` when given (what the stop does at that moment),
+    else :func:`stop_line`. The previous handlers are restored on exit, except with ``exiting``
     (a command that ends after the block) once a stop was asked: further signals are then
     ignored, so they cannot cut the interpreter's clean-up short. Outside the main thread (where
     Python delivers no signal) it only yields the request."""
@@ -110,7 +120,7 @@ def sigint_stops(notice: Callable[[str], None] | None = None, exiting: bool = Fa
             _CLI.stopped = _CLI.stopped or signum
         request.set()
         if request.signals == 1:
-            text = f"\n{said(signum)}: stopping after the current step and saving what was trained so far"
+            text = (line or stop_line)(signum)
             try:
                 say(text)
             except RuntimeError:  # the signal came inside a write to stderr (a full pipe): "reentrant call"

@@ -56,6 +56,8 @@ def test_compare_tab_draws_the_librarys_matrix_and_links_the_pair(monkeypatch):
     calls = []
     monkeypatch.setattr(ui, "export_all", lambda plots, manifest, key: calls.append(([p.name for p in plots], key)))
     at = open_page(PAGE, "induction-2l")
+    at.selectbox(key="compare_with").select("induction-2l")  # the model against itself: distance 0 on the pairs
+    at.run()
     fig = chart(at, "diff_0")
     loaded = resolve("induction-2l")
     ref = surgery.diff(loaded, loaded).layers[0].distance
@@ -78,3 +80,28 @@ def test_a_bad_transplant_is_one_error_and_the_compare_tab_still_draws():
     [b for b in at.button if b.label == "Reset ablation / transplant"][0].click()
     at.run()
     assert not at.exception and not at.error
+
+
+def test_no_edit_shows_no_change_and_the_compare_tab_opens_on_another_model():
+    """Without an edit the metrics carry no delta (a red "+0" badge would read as a change); an
+    edit that changes the loss shows its change; model B starts as another model of the same
+    d_model, not as the model itself."""
+    at = open_page(PAGE, "induction-2l")
+    assert not at.exception and not at.error
+    metrics = {m.label: m for m in at.metric}
+    assert not metrics["Loss (nats)"].delta and not metrics["Perplexity (every position)"].delta
+    compare = at.selectbox(key="compare_with")
+    assert compare.value != "induction-2l" and resolve(compare.value).config.d_model == 64
+    assert chart(at, "diff_0")["data"][0]["type"] == "heatmap"
+    at.slider(key="edit_rank_0_0").set_value(1)
+    at.run()
+    assert {m.label: m for m in at.metric}["Loss (nats)"].delta.startswith("+")
+
+
+def test_ablate_mean_says_why_it_is_off():
+    """A model without the attention output bias greys out Ablate (mean) and says why."""
+    at = open_page(PAGE, "induction-2l")
+    assert not resolve("induction-2l").config.attn_bias
+    button = [b for b in at.button if b.label == "Ablate (mean)"][0]
+    assert button.disabled and "no attention output bias" in button.help
+    assert any("Ablate (mean) is off" in c.value and "output bias" in c.value for c in at.caption)

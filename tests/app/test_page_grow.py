@@ -104,3 +104,12 @@ def test_models_that_cannot_grow_are_explained(models, model, message):
     assert not at.exception
     assert any(message in w.value for w in at.warning)
     assert not at.get("plotly_chart")
+
+
+def test_the_formula_is_set_on_lines_the_page_holds(models):
+    """The fit's formula is written one statement per line (in one line, 190 characters of TeX,
+    it is wider than the page at 1440 px)."""
+    at = page("narrow")
+    formula = next(x.value for x in at.latex if "arg" in x.value)
+    lines = formula.split("\\\\")
+    assert len(lines) >= 2 and all(len(line) <= 120 for line in lines), [len(line) for line in lines]

@@ -70,6 +70,9 @@ def test_runs_side_by_side_with_the_parent(page, store_root):
     assert all(t["marker"]["symbol"] == ["circle-open", "circle"] for t in trade["data"] if t["name"] in ids)
     assert len(trade["layout"]["annotations"]) == len(ids)
     assert trade["layout"]["yaxis"]["range"] == trade["layout"]["xaxis"]["range"] == [-0.02, 1.02]
+    # the axes are titled in words, not by the measures' column names ("entropy_data")
+    assert trade["layout"]["xaxis"]["title"]["text"] == "mean normalized entropy on data (H / log n)"
+    assert trade["layout"]["yaxis"]["title"]["text"] == "held-out accuracy"
     # heatmaps: the parent, then each run, every one the model's own pattern on the same sample
     assert [c.value for c in page.main.caption if c.value.startswith("**")][-3:] == [
         f"**{MODEL}** (parent)",

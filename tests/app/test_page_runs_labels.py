@@ -59,8 +59,8 @@ def test_runs_are_named_readably_the_regularized_head_is_shown_and_text_is_judge
     # the text run is first: its curves come with its perplexity, and it is plotted by perplexity
     assert has_chart(at, "perplexity_0") and not has_chart(at, "perplexity_1")
     trade = chart(at, "tradeoff_perplexity")
-    assert trade["layout"]["yaxis"]["title"]["text"] == "perplexity"
-    assert chart(at, "tradeoff")["layout"]["yaxis"]["title"]["text"] == "accuracy"  # the task's run
+    assert trade["layout"]["yaxis"]["title"]["text"] == "held-out perplexity"
+    assert chart(at, "tradeoff")["layout"]["yaxis"]["title"]["text"] == "held-out accuracy"  # the task's run
 
     # the heatmaps show the first chosen run's regularized head (the text run's L1H0) ...
     at.multiselect(key="runs_selected").set_value([task_run["id"]]).run()

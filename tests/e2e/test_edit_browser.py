@@ -1,7 +1,8 @@
 """The Edit and compare page in headless Chromium against `streamlit run`: on induction-2l, the
 previous-token head L0H3 cut to rank 1 with the rank slider changes the loss the page shows (that
-head needs two modes: issue 35's findings), and the compare tab draws its heads x heads matrix with
-the matching outlined and links the pair to Heatmaps and Spectrum. Screenshots go to tests/artifacts/."""
+head needs two modes: issue 35's findings), and the compare tab opens on another model of its
+d_model and draws its heads x heads matrix with the matching outlined and links the pair to
+Heatmaps and Spectrum. Screenshots go to tests/artifacts/."""
 
 import re
 from pathlib import Path
@@ -53,10 +54,12 @@ def test_a_rank_slider_move_changes_the_loss_and_the_compare_tab_draws_the_matri
         page.get_by_role("tab", name="Compare two models").click()
         page.wait_for_function(f"() => ({MATRIX})().length === 1")
         settle(page)
-        assert page.evaluate(MATRIX) == [4]  # induction-2l against itself: 4 heads per layer, 4 matched pairs
-        # the pair H0 <-> H0 opened in each view, for A and for B (here the same model: the same link twice)
-        assert page.locator("a[href='/Heatmaps?model=induction-2l&layer=0&head=0']").count() == 2
-        assert page.locator("a[href='/Spectrum?model=induction-2l&layer=0&head=0']").count() == 2
+        # model B starts as another zoo model of induction-2l's d_model (not the model itself)
+        assert page.get_by_role("combobox", name="Compare with", exact=True).input_value() == "modadd-1l-mlp"
+        assert page.evaluate(MATRIX) == [4]  # 4 heads per layer each: 4 matched pairs
+        # the first pair opened in each view, for A and for B
+        assert page.locator("a[href='/Heatmaps?model=induction-2l&layer=0&head=0']").count() == 1
+        assert page.locator("a[href^='/Spectrum?model=modadd-1l-mlp&layer=0&head=']").count() == 1
         assert page.locator("[data-testid='stException']").count() == 0
         screenshot(page, ARTIFACTS / "12_Edit_and_compare_diff.png")
         browser.close()

@@ -46,6 +46,8 @@ def test_eval_json():
     name = zoo.list_models()[0]["name"]
     out = json.loads(run("eval", name, "--samples", "64", "--seed", "3", "--json").stdout)
     assert out["name"] == name and 0 <= out["accuracy"] <= 1 and out["loss"] >= 0
+    human = run("eval", name, "--samples", "64", "--seed", "3").stdout  # without --json: one line, no JSON
+    assert human.startswith(f"{name} (") and "accuracy" in human and "{" not in human and len(human.splitlines()) == 1
 
 
 def test_train_json_saves_a_loadable_model(tmp_path):
@@ -110,3 +112,21 @@ def test_gallery_refuses_bad_input_before_drawing_anything(tmp_path, extra, mess
     assert proc.returncode == 2 and line.startswith("error: ") and message.format(**fill) in line, proc.stderr
     assert "Traceback" not in proc.stderr
     assert not new.exists() and [p.name for p in taken.iterdir()] == ["keep.txt"]
+
+
+def test_the_readmes_overview_of_commands_names_every_command():
+    """The README's "commands by group" paragraph names every command ``attn-lab --help`` lists."""
+    import re
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from attn_core.cli import app
+
+    listed = re.findall(r"^  ([a-z][a-z-]+)  ", CliRunner().invoke(app, ["--help"]).stdout, re.M)
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    start = readme.index("The commands by group")
+    overview = readme[start : readme.index("\n\n", start)]
+    assert len(listed) > 20
+    missing = [c for c in listed if f"`{c}`" not in overview]
+    assert not missing, f"the README's overview leaves out {missing}"

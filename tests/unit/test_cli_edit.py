@@ -125,3 +125,59 @@ def test_a_transplant_source_keeps_a_runs_colon():
     assert _source("run:20260101-120000-ab12:L1H0") == ("run:20260101-120000-ab12", "L1H0")
     assert _source("induction-2l:l0h3") == ("induction-2l", "l0h3")
     assert _source("/models/a:b") == ("/models/a:b", None)
+
+
+def test_diff_of_gpt2_folders_with_different_head_widths_matches_in_b_space(tmp_path):
+    """Two GPT-2 folders of one d_model (32), 4 heads x 8 and 8 heads x 4: diff compares their
+    heads' B (d_model x d_model), pairs four heads per layer and names the four left over."""
+    transformers = pytest.importorskip("transformers")
+    a, b = tmp_path / "GPT2_4x8", tmp_path / "GPT2_8x4"
+    for folder, heads in ((a, 4), (b, 8)):
+        torch.manual_seed(heads)
+        cfg = transformers.GPT2Config(
+            n_layer=2, n_embd=32, n_head=heads, vocab_size=100, n_positions=16, bos_token_id=0, eos_token_id=0
+        )
+        transformers.GPT2LMHeadModel(cfg).save_pretrained(folder, safe_serialization=True)
+    d = run_json("diff", a, b)
+    assert len(d["pairs"]) == 8 and len(d["unmatched"]) == 8 and {u["model"] for u in d["unmatched"]} == {"b"}
+    assert all(0.0 <= p["distance"] <= 1.0 for p in d["pairs"])
+    assert [len(row) for row in d["matrices"]["0"]] == [8] * 4
+    human = run("diff", b, a, "--layers", "1")
+    assert human.exit_code == 0 and "unmatched: GPT2_8x4:L1H" in human.stdout, human.output
+
+
+@pytest.mark.parametrize("scale", ["1e7", "3e38"])
+def test_an_edit_whose_weights_no_loader_accepts_is_refused_before_anything_is_written(tmp_path, scale):
+    """A scale that leaves W_Q beyond the loaders' bound (checkpoint.MAX_ABS_WEIGHT) is refused
+    in one line naming the tensor and the bound, before anything is measured (3e38 would make the
+    linear algebra fail) and before --out is written (a folder no command could open)."""
+    out = tmp_path / "edited"
+    err = one_line_error(
+        run("edit", "induction-2l", "--head", "L0H0", "--scale-modes", f"0={scale}", "--samples", 4, "--out", out),
+        "L0H0",
+        "blocks.0.attn.W_Q",
+        "beyond 1e+06",
+    )
+    assert "unexpected" not in err and not out.exists()
+    import attn_core as al
+
+    with pytest.raises(ValueError, match="no loader accepts"):
+        al.edit(al.load("induction-2l"), "L0H0", scale={0: 1e30}, samples=4)
+
+
+def test_edit_refuses_a_length_it_would_not_use_and_names_the_model_in_head_errors():
+    one_line_error(run("edit", "induction-2l", "--head", "L0H0", "--rank", 1, "--length", 0), "--length", "0")
+    one_line_error(run("edit", "induction-2l", "--head", "L0H0", "--rank", 1, "--length", 8), "--length", "--text")
+    err = one_line_error(run("edit", "induction-2l", "--head", "L9H0", "--rank", 1), "induction-2l", "L9")
+    assert "the model" not in err
+
+
+def test_a_linear_algebra_failure_is_one_line_not_an_internal_error(monkeypatch):
+    """torch's LinAlgError is torch._C._LinAlgError: the handler knows it by class, not by name."""
+    import attn_core.surgery
+
+    def fails(*args, **kwargs):
+        raise torch.linalg.LinAlgError("linalg.eigh: The algorithm failed to converge")
+
+    monkeypatch.setattr(attn_core.surgery, "measure", fails)
+    one_line_error(run("edit", "induction-2l", "--head", "L0H0", "--rank", 1, "--samples", 4), "linear algebra failed")

@@ -52,7 +52,11 @@ def test_8192_tokens_of_a_text_are_the_librarys(llama):
         assert all(set(t) == {"key", "score", "weight"} for t in q["top"])
     assert len(r["queries"][0]["top"]) == 1 and r["queries"][0]["sink"] == pytest.approx(1.0)
     human = run("scores", folder, "--text", text, "--length", 1500, "--topk", 2)
-    assert human.exit_code == 0 and "entropy" in human.stdout and len(human.stdout.splitlines()) == 1502
+    # without --json: the first and last 20 queries and the means over all, not 1,500 rows
+    lines = human.stdout.splitlines()
+    assert human.exit_code == 0 and "entropy" in human.stdout and len(lines) == 1 + 20 + 1 + 20 + 2, lines
+    assert lines[21] == "... 1460 queries left out ..." and lines[-1].startswith("mean over all 1500 queries")
+    assert lines[1].split()[0] == "0" and lines[-3].split()[0] == "1499"
 
 
 def test_short_inputs_keep_the_dense_output(llama):

@@ -110,3 +110,25 @@ def test_unknown_model_and_run():
     assert res.exit_code == 2 and "no run 'nope'" in res.stderr
     res = CliRunner().invoke(app, ["runs", "--json"])
     assert res.exit_code == 0 and json.loads(res.stdout) == []
+
+
+def test_runs_show_prints_settings_as_wrapped_key_value_words(tmp_path, monkeypatch):
+    """The human ``runs show`` gives each set setting as key=value, wrapped at 100 columns (not
+    the raw settings dict on one line of some 900 characters); --json keeps them all."""
+    from attn_core.runs import ENV_RUNS, RunStore
+    from attn_core.training.config import JobConfig
+
+    monkeypatch.setenv(ENV_RUNS, str(tmp_path / "runs"))
+    config = JobConfig(source="induction-2l", regularizers=["entropy=0.1", "vocab_entropy@L1=0.05"]).to_dict()
+    run_id = RunStore().add_run("induction-2l", "induction", config, "completed", model=make_tiny_model())
+    res = CliRunner().invoke(app, ["runs", "show", run_id])
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("settings: "))
+    settings = [lines[start]] + [line for line in lines[start + 1 :] if line.startswith("  ")]
+    text = " ".join(settings)
+    assert "{" not in text and "'" not in text and all(len(line) <= 100 for line in settings), settings
+    assert "steps=300" in text and "regularizers=entropy=0.1,vocab_entropy@L1=0.05" in text
+    assert "text=" not in text  # unset: left out
+    shown = CliRunner().invoke(app, ["runs", "show", run_id, "--json"])
+    assert json.loads(shown.stdout)["config"]["text"] is None

@@ -1,6 +1,7 @@
 """Where output goes (issue 25, "Files"): never into the shipped ``assets/`` (nor inside a model
-folder), never through a link; a link to an empty folder, a dangling link and an empty mount point
-each get their true reason, before any work. Commands run in-process through the real CLI."""
+folder), the destination itself never a link, its parents' links followed and checked where they
+lead; a link to an empty folder, a dangling link and an empty mount point each get their true
+reason, before any work. Commands run in-process through the real CLI."""
 
 import os
 import shutil
@@ -52,6 +53,22 @@ def test_a_destination_inside_a_model_folder_is_refused(tmp_path):
     model = checkpoint.save(make_tiny_model(), tmp_path / "m")
     refused(["export-hf", "reverse-1l", "--out", model / "hf"], f"is inside the model folder {model}")
     refused(["train", "--preset", "reverse-1l", "--out", model / "sub" / "x"], "is inside the model folder")
+
+
+def test_links_among_the_parents_are_followed_and_checked_where_they_lead(tmp_path):
+    """What the README says of output and links: a parent link into a folder of one's own is
+    written through; one into a model folder is refused as that folder; the destination itself
+    a link, refused."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (tmp_path / "to-mine").symlink_to(mine)
+    assert destinations.check_destination(tmp_path / "to-mine" / "new") == tmp_path / "to-mine" / "new"
+    model = checkpoint.save(make_tiny_model(), tmp_path / "m")
+    (tmp_path / "to-model").symlink_to(model)
+    with pytest.raises(ValueError, match=f"inside the model folder {model}"):
+        destinations.check_destination(tmp_path / "to-model" / "new")
+    with pytest.raises(ValueError, match="is a link to"):
+        destinations.check_destination(tmp_path / "to-mine")
 
 
 def test_a_link_to_an_empty_folder_and_a_dangling_link_say_so(tmp_path):

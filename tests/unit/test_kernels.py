@@ -364,3 +364,19 @@ def test_benchmark_rows_ratios_and_memory_subprocess():
     }
     peak = bench._peak_memory(config, timeout=120)
     assert peak is None or peak >= 0.1  # the [2048, 16] float32 output alone is 0.125 MB
+
+
+def test_a_kernel_method_has_one_colour_in_every_figure():
+    """favor's line is one colour in the error curves and in the speed chart, whose exact sdpa
+    line (grey) comes first and must not move the methods' colours."""
+    q, k, v = qkv(n=16)
+    df = K.error_curve(q, k, v, methods=("favor", "maclaurin"), features=(8,), seeds=range(1), causal=False)
+    rows = [
+        {"n": n, "method": m, "ms": 1.0, "peak_mb": 1.0, "ratio": 1.0, "rel_error": 0.1}
+        for n in (256, 512)
+        for m in ("sdpa", "favor", "maclaurin")
+    ]
+    curves = {t.name: t.line.color for t in error_curves(df).fig.data if t.name in K.METHODS}
+    speed = {t.name: t.line.color for t in speed_chart({"config": {}, "rows": rows}).fig.data}
+    assert curves == {m: speed[m] for m in ("favor", "maclaurin")} and curves["favor"] != curves["maclaurin"]
+    assert speed["sdpa"] == "grey"

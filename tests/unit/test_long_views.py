@@ -223,3 +223,20 @@ def test_long_view_figures_export(tmp_path):
     if shutil.which("chromium"):
         assert export_bytes(plots[3], "png")[:8] == b"\x89PNG\r\n\x1a\n"
         assert ET.fromstring(export_bytes(plots[0], "svg")).tag.endswith("svg")
+
+
+def test_a_long_token_does_not_squeeze_the_window_heatmap():
+    """A 64-position window whose labels include a token of 16 spaces ("␣" each): the tick label
+    is shortened (a run written once with its count) and the heatmap keeps its width; hover
+    keeps the whole label (at full length it would leave the heatmap ~180 px of a 460 px chart)."""
+    from attn_core.figures import bilinear as fb
+    from attn_core.figures.layout import HALF_PX, short_tick
+
+    v = bl.layer_scores(loaded(), TOKENS, 1).view(2, 30, window=64, k=5, blocks=10)
+    long_label = "5:" + "␣" * 16
+    v.labels = [long_label if i == 5 else s for i, s in enumerate(v.labels)]
+    fig = fb.window_plot(v, "pattern").fig
+    assert short_tick(long_label) == "5:␣×16" and "5:␣×16" in fig.layout.yaxis.ticktext
+    m = fig.layout.margin
+    assert HALF_PX - m.l - m.r >= 250, (m.l, m.r)
+    assert any(long_label in str(h) for row in fig.data[0].hovertext for h in row)

@@ -159,6 +159,32 @@ def test_different_head_counts_name_the_heads_left_over_and_merged_heads_compare
         diff(loaded_of(a, "a"), loaded_of(b, "b"), layers=[3])
 
 
+def test_heads_of_different_widths_compare_in_b_space():
+    """One d_model, heads of different widths (4 heads x 8 against 8 heads x 4, as GPT-2 folders
+    of d_model 32 have): every pair's distance is that of the dense d_model x d_model forms, and
+    a head whose B the other model holds exactly is matched to it with distance ~0."""
+    a = make_tiny_model("reverse", seed=1, std=0.4, n_layers=1, n_heads=4, d_model=32, d_head=8)
+    b = make_tiny_model("reverse", seed=2, std=0.4, n_layers=1, n_heads=8, d_model=32, d_head=4)
+    with torch.no_grad():  # b's head 5 carries a's head 2's form at rank 4: W_Q W_K^T / sqrt(w), w 8 -> 4
+        U, S, Vh = torch.linalg.svd(dense_B(a, 0, 2))
+        a.blocks[0].attn.W_Q[2] = (U[:, :8] * S[:8]).float() * 8**0.5
+        a.blocks[0].attn.W_K[2] = Vh[:8].T.float()
+        a.blocks[0].attn.W_Q[2, :, 4:] = 0.0
+        b.blocks[0].attn.W_Q[5] = a.blocks[0].attn.W_Q[2, :, :4] / 8**0.5 * 4**0.5
+        b.blocks[0].attn.W_K[5] = a.blocks[0].attn.W_K[2, :, :4]
+    D = layer_distances(a, b, 0)
+    assert D.shape == (4, 8)
+    for i in range(4):
+        for j in range(8):
+            Ba, Bb = dense_B(a, 0, i), dense_B(b, 0, j)
+            assert abs(float(D[i, j]) - float((Ba - Bb).norm() / (Ba.norm() + Bb.norm()))) < 1e-6
+    res = diff(loaded_of(a, "a"), loaded_of(b, "b"))
+    assert (2, 5) in res.layers[0].pairs and res.layers[0].distance[2, 5] < 1e-6
+    assert len(res.layers[0].unmatched_b) == 4 and res.layers[0].unmatched_a == []
+    js = diff(loaded_of(b, "b"), loaded_of(a, "a")).to_json()
+    assert len(js["pairs"]) == 4 and {u["model"] for u in js["unmatched"]} == {"a"}
+
+
 def test_grouped_matching_moves_whole_groups():
     """Heads 1 and 2 would swap across key/value groups in a plain matching; the grouped one
     keeps each group of A on one group of B."""

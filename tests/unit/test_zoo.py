@@ -52,6 +52,17 @@ def test_user_model_dirs_from_env(tmp_path, monkeypatch):
     assert resolve("my-model").card.task == "copy"
 
 
+def test_a_model_folder_listed_itself_in_the_env_is_that_model(tmp_path, monkeypatch):
+    """ATTN_LAB_MODELS naming a model folder (not the folder that holds it) lists and resolves
+    that model by its name, never ignoring it in silence."""
+    checkpoint.save(tiny(), tmp_path / "mine" / "my-model", {"task": "copy"})
+    monkeypatch.setenv(zoo.ENV_DIRS, str(tmp_path / "mine" / "my-model"))
+    problems: list[str] = []
+    listed = [m for m in zoo.list_models(problems) if m["name"] == "my-model"]
+    assert len(listed) == 1 and listed[0]["path"] == str(tmp_path / "mine" / "my-model") and problems == []
+    assert resolve("my-model").card.task == "copy"
+
+
 def test_unfinished_save_is_not_listed(tmp_path, monkeypatch):
     checkpoint.save(tiny(), tmp_path / "mine" / "done", {"task": "copy"})
     checkpoint.save(tiny(), tmp_path / "mine" / ".half.abc123", {"task": "copy"})  # what a killed save leaves
