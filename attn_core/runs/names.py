@@ -31,6 +31,17 @@ def default_root() -> Path:
     return Path(os.environ.get(ENV_RUNS) or user_root()).expanduser()
 
 
+def check_root(root: Path) -> Path:
+    """``root`` when a run store may be made there (``destinations.check_store``: not in or inside
+    a model folder, not inside the shipped assets/), else one :class:`RunStoreError` sentence."""
+    from attn_core.destinations import check_store
+
+    try:
+        return check_store(root)
+    except ValueError as e:
+        raise RunStoreError(str(e)) from None
+
+
 def user_root() -> Path:
     """The platform's per-user data folder for attn-lab, ``runs`` in it (Linux:
     ``$XDG_DATA_HOME/attn-lab/runs``, by default ``~/.local/share/attn-lab/runs``)."""
