@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attn_core import bilinear as bl
-from attn_core.figures import ExportError, Plot, export_bytes, write_plot
+from attn_core.figures import Plot, export_bytes, write_plot
 from attn_core.figures import bilinear as fb
 from attn_core.sources import LoadedModel
 from tests.conftest import make_tiny_model
