@@ -349,7 +349,7 @@ def test_plot_save_replaces_a_file_only_when_asked(m, tmp_path):
     "kwargs",
     [{"path": None}, {"path": 3}, {"path": "a" * 5000 + ".csv"}, {"path": "x.txt"}, {"path": "x.csv", "fmt": 3}]
     + [{"path": "x.csv", "fmt": "gif"}, {"path": "x.csv", "overwrite": "no"}, {"path": "x.csv", "overwrite": 1}],
-    ids=str,
+    ids=lambda kw: "-".join(f"{k}={str(v)[:12]}" for k, v in kw.items()),
 )
 def test_plot_save_refuses_bad_arguments(m, tmp_path, monkeypatch, kwargs):
     monkeypatch.chdir(tmp_path)
@@ -395,3 +395,14 @@ def test_the_cli_refuses_a_store_in_a_model_folder_before_training(model_folder,
     res = cli_run("retrain", "induction-2l", "--steps", "2", "--json")
     assert res.exit_code == 2 and "is the model folder" in res.stderr.strip().splitlines()[-1], res.output
     assert _no_store_files(model_folder)
+
+
+def test_a_saved_comparison_follows_the_rule_too(model_folder, tmp_path):
+    from attn_core import qk
+
+    result = qk.Comparison(qk.CompareConfig(), runs=[])
+    refuses(lambda: result.save(model_folder / "c.json"), "path")
+    (tmp_path / "c.json").symlink_to(tmp_path / "nowhere.json")
+    refuses(lambda: result.save(tmp_path / "c.json"), "path")
+    assert not (model_folder / "c.json").exists() and not (tmp_path / "nowhere.json").exists()
+    assert result.save(tmp_path / "d.json").is_file() and result.save(tmp_path / "d.json").is_file()  # replaced
