@@ -406,3 +406,18 @@ def test_a_saved_comparison_follows_the_rule_too(model_folder, tmp_path):
     refuses(lambda: result.save(tmp_path / "c.json"), "path")
     assert not (model_folder / "c.json").exists() and not (tmp_path / "nowhere.json").exists()
     assert result.save(tmp_path / "d.json").is_file() and result.save(tmp_path / "d.json").is_file()  # replaced
+
+
+def test_numpy_values_a_user_passes_are_taken(m):
+    """What is refused is what is wrong: numpy integers and 1-d integer arrays are indices."""
+    assert len(al.diff(m, m, layers=np.array([0, 1]))) == 8
+    v = al.view(m, np.array([1, 2, 3]), layer=np.int64(1), heads=np.array([0, 2]))
+    assert v.token_ids == [1, 2, 3] and v.heads == [0, 2]
+    assert v.plot(head=np.int64(2), query=np.int64(2)).name == "sequence_scores_L1H2"
+    e = al.edit(m, (np.int64(1), np.int64(0)), scale={np.int64(0): np.float64(2.0)}, samples=2, seed=np.int64(0))
+    assert e.edits[0].scale == ((0, 2.0),)
+
+
+def test_a_transplant_still_takes_its_source_head(m):
+    e = al.edit(m, "L1H0", source="induction-2l", source_head="L1H1", with_ov=True, samples=2)
+    assert e.edits[0].source_head == (1, 1) and e.edits[0].with_ov
