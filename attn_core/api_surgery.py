@@ -161,7 +161,9 @@ def diff(a, b, layers: list[int] | None = None) -> pd.DataFrame:
 def _head(head: object, loaded: Model) -> tuple[int, int]:
     """(layer, head) of ``"L1H0"`` or a ``(layer, head)`` pair of integers; the range is checked by
     the edit (``surgery.check_edit``)."""
-    if isinstance(head, str) and len(head) <= 32:
+    if isinstance(head, str):
+        if len(head) > 32:  # no head's name is this long: named, not echoed
+            raise ValueError(f"head {shown(head)} is not one L<layer>H<head> (e.g. L1H0)")
         return parse_head(head, loaded.config, loaded.name)
     if isinstance(head, tuple) and len(head) == 2 and all(is_int(x) for x in head):
         return int(head[0]), int(head[1])

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from attn_core.validate import shown
+
 SHIPPED = Path(__file__).resolve().parent.parent / "assets"  # the shipped zoo (assets/models): read-only
 WRITE_ZOO = "ATTN_LAB_WRITE_ZOO"  # "1": a maintainer rebuilds the shipped zoo in place
 MODEL_FILES = ("model.safetensors", "model.safetensors.index.json")  # beside a config.json: a model folder
@@ -52,7 +54,7 @@ def check_destination(
     try:
         return _check_destination(path, what, empty_ok, outside, doing, overwrite)
     except OSError as e:  # a name too long, a permission denied on a parent: no write can go there
-        raise ValueError(f"{what} {_shown(path)} cannot be written ({e.strerror or e})") from None
+        raise ValueError(f"{what} {shown(str(path), 120)} cannot be written ({e.strerror or e})") from None
 
 
 def check_path(path: object, what: str = "--out") -> Path:
@@ -61,14 +63,8 @@ def check_path(path: object, what: str = "--out") -> Path:
         raise TypeError(f"{what} must be a path (a str or a pathlib.Path), got {type(path).__name__}")
     text = os.fspath(path)
     if not isinstance(text, str) or not text.strip() or "\x00" in text:
-        raise ValueError(f"{what} must name a file or folder, got {_shown(text)}")
+        raise ValueError(f"{what} must name a file or folder, got {shown(text, 120)}")
     return Path(text).expanduser()
-
-
-def _shown(path: object, most: int = 120) -> str:
-    """``path`` for a one-line message: cut to ``most`` characters (a 5000-character name is not echoed)."""
-    text = str(path)
-    return repr(text) if len(text) <= most else f"{text[:most]!r}... ({len(text)} characters)"
 
 
 def _check_destination(path: Path, what: str, empty_ok: bool, outside, doing: str, overwrite: bool) -> Path:
@@ -143,7 +139,7 @@ def check_store(root: str | Path, what: str = "the run store") -> Path:
         where = Path(os.path.realpath(root.absolute()))
         folder = model_folder_of(where)
     except OSError as e:  # a name the file system cannot hold
-        raise ValueError(f"{what} {_shown(root)} cannot be written ({e.strerror or e})") from None
+        raise ValueError(f"{what} {shown(str(root), 120)} cannot be written ({e.strerror or e})") from None
     if where.is_relative_to(SHIPPED):
         raise ValueError(
             f"{what} {root} is inside the shipped {SHIPPED.name}/ folder ({SHIPPED}), which holds the zoo; "
