@@ -26,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from attn_core import documents
+from attn_core.api_checks import check_device, check_source, check_text, check_token_ids
 from attn_core.bilinear.checks import check_heads, check_layer, check_loaded
 from attn_core.bilinear.form import QKForm
 from attn_core.bilinear.heads import qk_form
@@ -130,28 +131,6 @@ def load(source: str | Path, device: str = "cpu") -> Model:
     from attn_core.sources import resolve
 
     return Model.of(resolve(check_source(source), check_device(device)))
-
-
-def check_source(source: object, name: str = "source") -> str | Path:
-    """``source`` when it is a str or Path (what :func:`attn_core.sources.resolve` reads)."""
-    if not isinstance(source, (str, Path)):
-        raise TypeError(
-            f"{name} must name a model (a zoo name, a folder, run:<id> or upload: <name>: a str or a Path), "
-            f"got {type(source).__name__}"
-        )
-    return source
-
-
-def check_device(device: object) -> str:
-    """``device`` (auto, cpu, cuda or cuda:<i>) when this machine has it, as torch names it; the
-    check of the training jobs' device (``training.device.select_device``)."""
-    from attn_core.training.device import select_device
-
-    if device is not None and not isinstance(device, str):
-        raise TypeError(f"device must be auto, cpu or cuda (a str), got {type(device).__name__}")
-    if device is not None and len(device) > 32:
-        raise ValueError(f"unknown device {shown(device)}; use auto, cpu or cuda")
-    return str(select_device(device))
 
 
 def _frame(rows: list[dict], rest: dict | None = None) -> pd.DataFrame:
@@ -423,26 +402,3 @@ def _bar(total: int, desc: str):
         from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc, unit="step")
-
-
-def check_text(text: object, name: str = "text") -> str | Path | None:
-    """``text`` (a file or folder of text) when it is None, a str or a Path."""
-    if text is not None and not isinstance(text, (str, Path)):
-        raise TypeError(f"{name} must be a text file or folder (a str or a Path), got {type(text).__name__}")
-    try:
-        None if text is None else Path(text).exists()
-    except (OSError, ValueError) as e:  # a name the file system cannot hold
-        raise ValueError(f"{name} {shown(str(text))} cannot be read ({getattr(e, 'strerror', None) or e})") from None
-    return text
-
-
-def check_token_ids(tokens: object, name: str = "text_or_tokens") -> list[int]:
-    """Token ids as ints: a list, tuple or 1-d array of integers (bools and floats are no token ids)."""
-    if hasattr(tokens, "tolist") and getattr(tokens, "ndim", 1) == 1:
-        tokens = tokens.tolist()
-    if not isinstance(tokens, (list, tuple, range)):
-        raise TypeError(f"{name} must be a text (a str) or token ids (a list of integers), got {shown(tokens)}")
-    bad = [t for t in tokens if not is_int(t)]
-    if bad:
-        raise TypeError(f"{name} holds {shown(bad[0])}, which is not a token id (an integer)")
-    return [int(t) for t in tokens]

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from attn_core.api import Model, _frame, check_text
+from attn_core.api import Model, _frame
+from attn_core.api_checks import check_text, edit_head, indices, mode_scales
 from attn_core.limits import MAX_SAMPLES, MAX_SEQUENCE, check_count
 from attn_core.surgery import ABLATIONS, Edited, HeadEdit, edit_inputs, edit_model, measure, parse_head
 from attn_core.surgery import diff as _diff
-from attn_core.validate import check_bool, check_int, check_seed, is_int, is_number, shown
+from attn_core.validate import check_bool, check_int, check_seed, shown
 
 __all__ = ["EditResult", "edit", "diff"]
 
@@ -121,10 +122,10 @@ def edit(
             raise ValueError(f"ablate must be one of {', '.join(ABLATIONS)}, got {shown(ablate)}")
         edits = [
             HeadEdit(
-                *_head(head, loaded),
+                *edit_head(head, loaded),
                 rank=None if rank is None else check_int("rank", rank, 1, loaded.config.d_model),
-                drop=_modes("drop", drop),
-                scale=_scales(scale),
+                drop=indices("drop", drop),
+                scale=mode_scales(scale),
                 ablate=ablate,
                 source=None if src is None else src.name,
                 source_head=None if source_head is None else parse_head(source_head, src.config, src.name),
@@ -152,44 +153,7 @@ def diff(a, b, layers: list[int] | None = None) -> pd.DataFrame:
     """
     a, b = Model.of(a), Model.of(b)
     if layers is not None:
-        layers = _modes("layers", layers)
+        layers = indices("layers", layers)
     out = _diff(a, b, layers).to_json()
     pairs = out.pop("pairs")
     return _frame(pairs, out)
-
-
-def _head(head: object, loaded: Model) -> tuple[int, int]:
-    """(layer, head) of ``"L1H0"`` or a ``(layer, head)`` pair of integers; the range is checked by
-    the edit (``surgery.check_edit``)."""
-    if isinstance(head, str):
-        if len(head) > 32:  # no head's name is this long: named, not echoed
-            raise ValueError(f"head {shown(head)} is not one L<layer>H<head> (e.g. L1H0)")
-        return parse_head(head, loaded.config, loaded.name)
-    if isinstance(head, tuple) and len(head) == 2 and all(is_int(x) for x in head):
-        return int(head[0]), int(head[1])
-    raise TypeError(
-        f"head must be 'L<layer>H<head>' (e.g. 'L1H0') or a (layer, head) pair of integers, got {shown(head)}"
-    )
-
-
-def _modes(name: str, value: object) -> tuple[int, ...]:
-    """Indices (mode indices, layers) given as a list, tuple or 1-d array of integers."""
-    if hasattr(value, "tolist") and getattr(value, "ndim", 1) == 1:
-        value = value.tolist()
-    if not isinstance(value, (list, tuple, range)) or not all(is_int(i) for i in value):
-        raise TypeError(f"{name} must be a list of integers, got {shown(value)}")
-    return tuple(int(i) for i in value)
-
-
-def _scales(scale: object) -> tuple[tuple[int, float], ...]:
-    """``{mode: factor}`` as the edit's sorted (mode, factor) pairs: integer modes, finite factors."""
-    if scale is None:
-        return ()
-    if not isinstance(scale, dict):
-        raise TypeError(f"scale must be a dict of mode index to factor (e.g. {{0: 2.0}}), got {shown(scale)}")
-    for i, f in scale.items():
-        if not is_int(i):
-            raise TypeError(f"scale's mode index {shown(i)} is not an integer")
-        if not is_number(f):
-            raise ValueError(f"scale's factor for mode {i} must be a finite number, got {shown(f)}")
-    return tuple(sorted((int(i), float(f)) for i, f in scale.items()))
