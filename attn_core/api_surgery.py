@@ -113,7 +113,9 @@ def edit(
     if isinstance(head, list):
         bad = [e for e in head if not isinstance(e, HeadEdit)]
         if bad or not head:
-            raise TypeError(f"head as a list holds HeadEdit objects (several edits), got {shown(bad or head)}")
+            raise TypeError(
+                f"head as a list must hold HeadEdit objects (one per edit), got {shown(bad[0] if bad else head)}"
+            )
         edits = head
     else:
         if source_head is not None and not isinstance(source_head, str):
