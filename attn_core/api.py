@@ -241,8 +241,7 @@ class HeadView(View):
         """
         from attn_core.figures.bilinear import VALUES, view_plot
 
-        if not is_int(head) or head not in self.heads:
-            raise ValueError(f"head {shown(head)} is not in this view; its heads are {self.heads}")
+        self.head_index(head)  # one of this view's heads
         if not isinstance(value, str) or value not in VALUES:
             raise ValueError(f"value must be one of {', '.join(VALUES)}, got {shown(value)}")
         if query is not None:

@@ -286,6 +286,14 @@ def test_a_views_plot_refuses_bad_arguments(m, arg, value):
     refuses(lambda: v.plot(**{arg: value}), arg)
 
 
+@pytest.mark.parametrize(
+    "label, head", values("None", more={"too-big": 4}), ids=[k for k, _ in values("None")] + ["too-big"]
+)
+def test_a_views_table_refuses_what_is_no_head_of_it(m, label, head):
+    """``v.frame(True)`` gave head 1's table: a bool is no head."""
+    refuses(lambda: al.view(m, layer=1).frame(head), "head")
+
+
 @pytest.mark.parametrize("kind", ["QK", "OV"])
 @pytest.mark.parametrize(
     "index",
