@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from attn_core import documents
-from attn_core.api_checks import check_device, check_source, check_text, check_token_ids
+from attn_core.api_checks import check_device, check_source, check_text, check_token_ids, positions
 from attn_core.bilinear.checks import check_heads, check_layer, check_loaded
 from attn_core.bilinear.form import QKForm
 from attn_core.bilinear.heads import qk_form
@@ -214,8 +214,9 @@ def dynamics(
     if not isinstance(source, (str, Path, list)):
         raise TypeError(f"source must be a run, a folder or a list of models, got {type(source).__name__}")
     series = D.series([str(s) for s in source] if isinstance(source, list) else [str(source)])
-    inputs = documents.dynamics_inputs(series, samples, seed, options.pop("early", None), options.pop("late", None),
-                                       options.pop("text", None), options.pop("length", None))  # fmt: skip
+    early, late = (positions(k, options.pop(k, None)) for k in ("early", "late"))
+    inputs = documents.dynamics_inputs(series, samples, seed, early, late, check_text(options.pop("text", None)),
+                                       options.pop("length", None))  # fmt: skip
     if options:
         raise TypeError(f"dynamics() got unknown options: {', '.join(options)}")
     found = D.dynamics(series, inputs, detector_samples=detector_samples, seed=seed,

@@ -94,3 +94,15 @@ def mode_scales(scale: object) -> tuple[tuple[int, float], ...]:
         if not is_number(f):
             raise ValueError(f"scale's factor for mode {i} must be a finite number, got {shown(f)}")
     return tuple(sorted((int(i), float(f)) for i, f in scale.items()))
+
+
+def positions(name: str, value: object) -> tuple[int, int] | None:
+    """Positions ``(A, B)`` (from A up to, not including, B) as a pair of integers, or None (the
+    default); their range is checked with the inputs (``dynamics.metrics.check_positions``)."""
+    if value is None:
+        return None
+    if hasattr(value, "tolist") and getattr(value, "ndim", 1) == 1:
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)) or len(value) != 2 or not all(is_int(i) for i in value):
+        raise TypeError(f"{name} must be positions (A, B), a pair of integers, got {shown(value)}")
+    return int(value[0]), int(value[1])

@@ -258,6 +258,9 @@ DYNAMICS = {
     "detector_samples": values(more={"zero": 0}),
     "cache": values("True"),
     "length": values("None"),
+    "text": values("None"),
+    "early": values("None", "array", "list", more={"triple": (1, 2, 3), "backwards": (5, 2)}),
+    "late": values("None", more={"floats": (1.5, 2.5)}),
 }
 
 
