@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from attn_core.destinations import pid_alive  # noqa: F401  (re-exported: runs of dead processes)
+from attn_core.validate import shown
 
 ENV_RUNS = "ATTN_LAB_RUNS"
 STATUSES = ("running", "completed", "stopped", "diverged", "failed")
@@ -68,7 +69,7 @@ def new_run_id() -> str:
 def check_run_id(run_id: str) -> str:
     run_id = str(run_id).removeprefix(RUN_PREFIX)
     if not _ID.match(run_id):
-        raise ValueError(f"{run_id!r} is not a run id (letters, digits, - and _)")
+        raise ValueError(f"{shown(run_id)} is not a run id (letters, digits, - and _)")
     return run_id
 
 

@@ -72,7 +72,16 @@ def model_folder(tmp_path_factory):
 
 # --- the table walk ---------------------------------------------------------------------------------
 
-MODEL_ARG = values(more={"missing-file": "/nonexistent/model/folder", "empty": "", "nul": "a\x00b"})
+MODEL_ARG = values(
+    more={
+        "missing-file": "/nonexistent/model/folder",
+        "empty": "",
+        "nul": "a\x00b",
+        "long-run": "run:" + "a" * 5000,
+        "long-upload": "upload: " + "a" * 5000,
+        "no-run": "run:nope",
+    }
+)
 
 DEVICES = {"nonsense": "nonsense", "no-such-gpu": "cuda:99", "meta": "meta"}
 
@@ -201,11 +210,12 @@ WALK = {
         },
     ),
 }
+MODEL_NAMES = ("model", "run", "upload")  # "no run 'x' in <store>" names what the argument named
 NAMES = {  # what a refusal may call the argument besides its own name
-    "model": ("model",),
-    "source": ("source", "model"),
-    "a": ("a", "model"),
-    "b": ("b", "model"),
+    "model": MODEL_NAMES,
+    "source": ("source", *MODEL_NAMES),
+    "a": ("a", *MODEL_NAMES),
+    "b": ("b", *MODEL_NAMES),
     "text_or_tokens": ("text_or_tokens", "token"),
     "reg": ("reg", "regularizer", "strength (lambda)"),
     "head": ("head", "layer"),  # the edit's own check (surgery) says which of the two is out of range
