@@ -342,7 +342,14 @@ class JobConfig:
             f"block must be an integer of at least 2 tokens, got {shown(self.block)}",
         )
         ok(self.block is None or self.text is not None, "--block needs --text (toys have their own sequence length)")
-        ok(self.train in TRAIN, f"train must be one of {', '.join(TRAIN)}, got {shown(self.train)}")
+        ok(
+            isinstance(self.train, str) and self.train in TRAIN,
+            f"train must be one of {', '.join(TRAIN)}, got {shown(self.train)}",
+        )
+        ok(
+            self.heads is None or (isinstance(self.heads, str) and len(self.heads) <= 10_000),
+            f"heads must be a head selection such as 'L1' or 'L0H1,L1H2' (a str), got {shown(self.heads)}",
+        )
         ok(
             is_number(self.kl) and in_bounds(self, "kl", self.kl),
             f"kl must be a number in 0..1e6, got {shown(self.kl)}",

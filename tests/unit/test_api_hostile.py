@@ -160,6 +160,11 @@ WALK = {
             "progress": values("True"),
             "lr": values("float", more={"zero": 0}),
             "seed": values(),
+            "heads": values("None", more={"no-head": "L9H9"}),
+            "train": values(more={"unknown": "mlp"}),
+            "device": values("None", more=DEVICES),
+            "precision": values(more={"unknown": "fp8"}),
+            "checkpoint_every": values("None", "huge"),  # a huge interval is valid: no checkpoint after step 0
         },
     ),
     "edit": (
@@ -219,10 +224,11 @@ NAMES = {  # what a refusal may call the argument besides its own name
     "text_or_tokens": ("text_or_tokens", "token"),
     "reg": ("reg", "regularizer", "strength (lambda)"),
     "head": ("head", "layer"),  # the edit's own check (surgery) says which of the two is out of range
-    "heads": ("heads", "head"),
+    "heads": ("heads", "head", "layer"),
     "drop": ("drop", "mode index"),  # the edit's own range check names the mode index drop holds
     "scale": ("scale", "mode index"),
     "save": ("save", "run store"),
+    "checkpoint_every": ("checkpoint_every", "checkpoint-every"),  # the setting's CLI spelling
 }
 CASES = [
     pytest.param(fn, arg, value, id=f"{fn}-{arg}-{label}")
