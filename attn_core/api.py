@@ -26,14 +26,18 @@ from pathlib import Path
 import pandas as pd
 
 from attn_core import documents
+from attn_core.api_checks import check_device, check_source, check_text, check_token_ids, positions
 from attn_core.bilinear.checks import check_heads, check_layer, check_loaded
 from attn_core.bilinear.form import QKForm
 from attn_core.bilinear.heads import qk_form
 from attn_core.bilinear.views import View
 from attn_core.checkpoint import CheckpointError, LoadedModel
 from attn_core.circuits.settings import N_SAMPLES
+from attn_core.destinations import check_path
 from attn_core.figures.base import Plot
+from attn_core.limits import MAX_SAMPLES, check_count
 from attn_core.model import Transformer
+from attn_core.validate import check_bool, check_int, check_seed, is_int, shown
 
 __all__ = ["Model", "HeadView", "Retrained", "load", "spectrum", "sinks", "heads", "circuits", "dynamics"]
 __all__ += ["view", "retrain"]
@@ -86,9 +90,15 @@ class Heads:
 
     def __getitem__(self, index: tuple[int, int]) -> QKForm:
         if not (isinstance(index, tuple) and len(index) == 2):
-            raise IndexError(f"index the heads by [layer, head], e.g. m.{self.kind}[1, 0], got {index!r}")
+            raise IndexError(f"index the heads by [layer, head], e.g. m.{self.kind}[1, 0], got {shown(index)}")
         t = self.model.model
-        layer, head = check_layer(t, index[0]), check_heads(t, index[1])[0]
+        layer, head = check_layer(t, index[0]), index[1]
+        if not is_int(head):  # a list, range, array or None is no one head: never the first of them in silence
+            raise IndexError(
+                f"m.{self.kind}[layer, head] takes one head index (an integer in 0..{t.cfg.n_heads - 1}), got "
+                f"{shown(head)}; for several heads index each: [m.{self.kind}[{layer}, h] for h in heads]"
+            )
+        head = check_heads(t, head)[0]
         if self.kind == "OV":
             from attn_core.circuits.ov import ov_form
 
@@ -120,7 +130,7 @@ def load(source: str | Path, device: str = "cpu") -> Model:
     """
     from attn_core.sources import resolve
 
-    return Model.of(resolve(source, device))
+    return Model.of(resolve(check_source(source), check_device(device)))
 
 
 def _frame(rows: list[dict], rest: dict | None = None) -> pd.DataFrame:
@@ -139,7 +149,8 @@ def spectrum(model, augmented: bool = False, text: str | Path | None = None, **p
     >>> df.loc[0, ["layer", "head", "rank_cap"]].tolist(), round(float(df.stable_rank[4]), 2)
     ([0, 0, 16], 5.19)
     """
-    return _frame(documents.spectrum(Model.of(model), augmented, text, **probes))
+    check_bool("augmented", augmented)
+    return _frame(documents.spectrum(Model.of(model), augmented, check_text(text), **probes))
 
 
 def sinks(model, text: str | Path | None = None, eps: float = 0.3, **probes) -> pd.DataFrame:
@@ -151,7 +162,7 @@ def sinks(model, text: str | Path | None = None, eps: float = 0.3, **probes) -> 
     >>> len(df), 0 <= df.attrs["rate"] <= 1
     (8, True)
     """
-    found = documents.sinks(Model.of(model), text, eps=eps, **probes).to_json()
+    found = documents.sinks(Model.of(model), check_text(text), eps=eps, **probes).to_json()
     return _frame(found.pop("heads"), found)
 
 
@@ -176,7 +187,10 @@ def circuits(model, samples: int = N_SAMPLES, seed: int = 0) -> pd.DataFrame:
     """
     from attn_core.circuits import circuits_report
 
-    doc = circuits_report(Model.of(model), n_samples=samples, seed=seed)
+    m = Model.of(model)
+    check_count("samples", samples, MAX_SAMPLES)
+    check_seed("seed", seed)
+    doc = circuits_report(m, n_samples=samples, seed=seed)
     return _frame(doc.pop("heads"), doc)
 
 
@@ -195,10 +209,14 @@ def dynamics(
     """
     from attn_core import dynamics as D
 
-    cache = options.pop("cache", True)
+    cache = check_bool("cache", options.pop("cache", True))
+    check_count("detector_samples", detector_samples, MAX_SAMPLES)
+    if not isinstance(source, (str, Path, list)):
+        raise TypeError(f"source must be a run, a folder or a list of models, got {type(source).__name__}")
     series = D.series([str(s) for s in source] if isinstance(source, list) else [str(source)])
-    inputs = documents.dynamics_inputs(series, samples, seed, options.pop("early", None), options.pop("late", None),
-                                       options.pop("text", None), options.pop("length", None))  # fmt: skip
+    early, late = (positions(k, options.pop(k, None)) for k in ("early", "late"))
+    inputs = documents.dynamics_inputs(series, samples, seed, early, late, check_text(options.pop("text", None)),
+                                       options.pop("length", None))  # fmt: skip
     if options:
         raise TypeError(f"dynamics() got unknown options: {', '.join(options)}")
     found = D.dynamics(series, inputs, detector_samples=detector_samples, seed=seed,
@@ -222,8 +240,13 @@ class HeadView(View):
         >>> view(load("induction-2l"), layer=1).plot(head=0)
         Plot('sequence_scores_L1H0')
         """
-        from attn_core.figures.bilinear import view_plot
+        from attn_core.figures.bilinear import VALUES, view_plot
 
+        self.head_index(head)  # one of this view's heads
+        if not isinstance(value, str) or value not in VALUES:
+            raise ValueError(f"value must be one of {', '.join(VALUES)}, got {shown(value)}")
+        if query is not None:
+            check_int("query", query, 0, len(self.queries) - 1)
         return view_plot(self, head, query, value=value)
 
 
@@ -247,8 +270,8 @@ def view(model, text_or_tokens: str | list[int] | None = None, layer: int = 0, h
     elif isinstance(text_or_tokens, str):
         tokens = encode(m, text_or_tokens)
     else:
-        tokens = [int(t) for t in text_or_tokens]
-    v = sequence_view(m, tokens, layer, heads)
+        tokens = check_token_ids(text_or_tokens)
+    v = sequence_view(m, tokens, check_int("layer", layer), heads)
     return HeadView(**{f.name: getattr(v, f.name) for f in fields(View)})
 
 
@@ -312,9 +335,15 @@ def retrain(
     from attn_core.training.record import Outcome
 
     source = _source_of(model)
+    text = check_text(text)
     text = None if text is None else str(text)
+    check_bool("progress", progress)
+    if reg is not None and not isinstance(reg, (dict, list, tuple)):
+        raise TypeError(f"reg must be a dict of regularizer strengths or a list of specs, got {type(reg).__name__}")
+    if not isinstance(save, bool):
+        save = check_path(save, "save")
     cfg = JobConfig(source, reg or {}, steps=steps, text=text, **settings)
-    store = False if save is False else RunStore() if save is True else RunStore(Path(save))
+    store = False if save is False else RunStore() if save is True else RunStore(save)
     job = TrainingJob(cfg, store=store)
     bar = _bar(steps, f"retrain {source}") if progress else None
     if bar is not None:
@@ -340,7 +369,7 @@ def _source_of(model) -> str:
     """What a JobConfig names for ``model``: a name, folder or run as given; a loaded model by
     the name it was loaded under (a run, an upload, a zoo name) or else its folder."""
     if isinstance(model, (str, Path)):
-        return str(model)
+        return str(check_source(model, "model"))
     m = Model.of(model)
     from attn_core import zoo
     from attn_core.sources import is_run, is_upload

@@ -16,8 +16,11 @@ from pathlib import Path
 import pandas as pd
 
 from attn_core.api import Model, _frame
-from attn_core.surgery import Edited, HeadEdit, edit_inputs, edit_model, measure, parse_head
+from attn_core.api_checks import check_text, edit_head, indices, mode_scales
+from attn_core.limits import MAX_SAMPLES, MAX_SEQUENCE, check_count
+from attn_core.surgery import ABLATIONS, Edited, HeadEdit, edit_inputs, edit_model, measure, parse_head
 from attn_core.surgery import diff as _diff
+from attn_core.validate import check_bool, check_int, check_seed, shown
 
 __all__ = ["EditResult", "edit", "diff"]
 
@@ -54,8 +57,10 @@ class EditResult:
     def save(self, out: str | Path) -> dict:
         """Write the edited model as a new folder ``out`` that every command and page opens (an
         imported model stays a folder of its own family); returns ``{"out", "format"}``."""
+        from attn_core.destinations import check_destination
         from attn_core.surgery.save import save_edited
 
+        out = check_destination(out, "out")  # the output rule of every write, named as the argument
         return save_edited(self._parent, self._edited, out, "", dict(before=self.before, after=self.after))
 
     def __repr__(self) -> str:
@@ -93,29 +98,40 @@ def edit(
     >>> round(r.after["heads"]["L0H3"]["sigma_1"], 4) == round(r.before["heads"]["L0H3"]["sigma_1"], 4)
     True
     """
-    from attn_core.sources import resolve
-
-    loaded = Model.of(resolve(model) if isinstance(model, (str, Path)) else model)
-    sources = {}
-    if source is not None:
-        src = Model.of(resolve(source) if isinstance(source, (str, Path)) else source)
-        sources[src.name] = src
+    loaded = Model.of(model)
+    src = None if source is None else Model.of(source)
+    check_bool("with_ov", with_ov)
+    if source is None and (source_head is not None or with_ov):
+        what = "source_head" if source_head is not None else "with_ov"
+        raise ValueError(f"{what} is for a transplant, which needs source= (the model whose head is copied)")
+    check_text(text)
+    check_count("samples", samples, MAX_SAMPLES)
+    if length is not None:
+        check_count("length", length, MAX_SEQUENCE)
+    check_seed("seed", seed)
+    sources = {} if src is None else {src.name: src}
     if isinstance(head, list):
+        bad = [e for e in head if not isinstance(e, HeadEdit)]
+        if bad or not head:
+            raise TypeError(
+                f"head as a list must hold HeadEdit objects (one per edit), got {shown(bad[0] if bad else head)}"
+            )
         edits = head
     else:
-        layer, h = parse_head(head, loaded.config, loaded.name) if isinstance(head, str) else head
-        sh = None if source_head is None else parse_head(source_head, src.config, src.name)
+        if source_head is not None and not isinstance(source_head, str):
+            raise TypeError(f"source_head must be one L<layer>H<head> of source (a str), got {shown(source_head)}")
+        if ablate is not None and (not isinstance(ablate, str) or ablate not in ABLATIONS):
+            raise ValueError(f"ablate must be one of {', '.join(ABLATIONS)}, got {shown(ablate)}")
         edits = [
             HeadEdit(
-                layer,
-                h,
-                rank=rank,
-                drop=tuple(drop),
-                scale=tuple(sorted((scale or {}).items())),
+                *edit_head(head, loaded),
+                rank=None if rank is None else check_int("rank", rank, 1, loaded.config.d_model),
+                drop=indices("drop", drop),
+                scale=mode_scales(scale),
                 ablate=ablate,
-                source=None if source is None else src.name,
-                source_head=sh,
-                with_ov=with_ov,
+                source=None if src is None else src.name,
+                source_head=None if source_head is None else parse_head(source_head, src.config, src.name),
+                with_ov=bool(with_ov),
             )
         ]
     inputs = edit_inputs(loaded, text, samples, length, seed)
@@ -137,9 +153,9 @@ def diff(a, b, layers: list[int] | None = None) -> pd.DataFrame:
     >>> len(d), float(d.distance.max()) < 1e-6, bool((d.head_a == d.head_b).all())
     (8, True, True)
     """
-    from attn_core.sources import resolve
-
-    a, b = (Model.of(resolve(x) if isinstance(x, (str, Path)) else x) for x in (a, b))
+    a, b = Model.of(a), Model.of(b)
+    if layers is not None:
+        layers = indices("layers", layers)
     out = _diff(a, b, layers).to_json()
     pairs = out.pop("pairs")
     return _frame(pairs, out)

@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from attn_core.validate import shown
+
 SHIPPED = Path(__file__).resolve().parent.parent / "assets"  # the shipped zoo (assets/models): read-only
 WRITE_ZOO = "ATTN_LAB_WRITE_ZOO"  # "1": a maintainer rebuilds the shipped zoo in place
 MODEL_FILES = ("model.safetensors", "model.safetensors.index.json")  # beside a config.json: a model folder
@@ -30,7 +32,12 @@ _OLD_TMP = re.compile(r"^\.[^.]+\.(?:[a-z0-9_]{8}|old)$")  # mkdtemp's names bef
 
 
 def check_destination(
-    path: str | Path, what: str = "--out", empty_ok: bool = False, outside=(), doing: str = "read"
+    path: str | Path,
+    what: str = "--out",
+    empty_ok: bool = False,
+    outside=(),
+    doing: str = "read",
+    overwrite: bool = False,
 ) -> Path:
     """Refuse, before any work and before anything is written, a destination that cannot take new
     output, with the true reason: it exists (with ``empty_ok``, an empty folder is fine), it is a
@@ -40,8 +47,28 @@ def check_destination(
     measures; ``doing`` says what is done to them), a parent that is a dangling link, or its nearest existing folder does not take a
     new (hidden, removed at once) folder. Every place check is made where the path leads, its
     parent folders' links followed: a link among the parents cannot lead a write around the
-    rule. The one rule of every command that writes (export, --animate, sinks --out ...)."""
-    path = Path(path).expanduser()
+    rule. With ``overwrite``, an existing plain file (never a link, never a folder) may be
+    replaced. The one rule of every command that writes (export, --animate, sinks --out ...) and
+    of every write of the Python front door (``Plot.save``, ``EditResult.save``). A path the file
+    system cannot take (a name too long) is refused in the same words: it cannot be written."""
+    path = check_path(path, what)
+    try:
+        return _check_destination(path, what, empty_ok, outside, doing, overwrite)
+    except OSError as e:  # a name too long, a permission denied on a parent: no write can go there
+        raise ValueError(f"{what} {shown(str(path), 120)} cannot be written ({e.strerror or e})") from None
+
+
+def check_path(path: object, what: str = "--out") -> Path:
+    """``path`` as a Path when it is a str or a path object naming something (no NUL byte, not empty)."""
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{what} must be a path (a str or a pathlib.Path), got {type(path).__name__}")
+    text = os.fspath(path)
+    if not isinstance(text, str) or not text.strip() or "\x00" in text:
+        raise ValueError(f"{what} must name a file or folder, got {shown(text, 120)}")
+    return Path(text).expanduser()
+
+
+def _check_destination(path: Path, what: str, empty_ok: bool, outside, doing: str, overwrite: bool) -> Path:
     check_not_shipped(path, what)
     if path.is_symlink():
         target = os.readlink(path)
@@ -51,7 +78,7 @@ def check_destination(
     for folder in outside:
         if where.is_relative_to(Path(os.path.realpath(Path(folder).expanduser().absolute()))):
             raise ValueError(f"{what} {path} is inside {folder}, which is being {doing}; choose a path outside it")
-    if path.exists():
+    if path.exists() and not (overwrite and path.is_file()):  # a file to replace: written beside, renamed
         if not empty_ok:
             raise ValueError(f"{what} {path} already exists; choose a new path (nothing was overwritten)")
         if not path.is_dir():
@@ -90,11 +117,39 @@ def check_not_shipped(path: str | Path, what: str = "--out") -> None:
             f"{what} {path} is inside the shipped {SHIPPED.name}/ folder ({SHIPPED}), which holds the zoo and is "
             "never written by a command; choose a folder of your own"
         )
+    folder = model_folder_of(where)
+    if folder is not None and folder != where:
+        raise ValueError(f"{what} {path} is inside the model folder {folder}; choose a folder outside it")
+
+
+def model_folder_of(where: Path) -> Path | None:
+    """The model folder (a ``config.json`` beside weights) that ``where`` is or lies in, else None."""
     for folder in (where, *where.parents):
         if (folder / "config.json").is_file() and any((folder / name).exists() for name in MODEL_FILES):
-            if folder != where:
-                raise ValueError(f"{what} {path} is inside the model folder {folder}; choose a folder outside it")
-            break
+            return folder
+    return None
+
+
+def check_store(root: str | Path, what: str = "the run store") -> Path:
+    """Refuse a run store (its index, runs and uploads) in or inside a model folder or inside the
+    shipped ``assets/``, links followed, before anything of it is created: its index would sit
+    among a model's files (and the saved run be refused after the training). Every write to a
+    store checks here first (``RunStore.check_writable``, the index's creation)."""
+    root = Path(root).expanduser()
+    try:
+        where = Path(os.path.realpath(root.absolute()))
+        folder = model_folder_of(where)
+    except OSError as e:  # a name the file system cannot hold
+        raise ValueError(f"{what} {shown(str(root), 120)} cannot be written ({e.strerror or e})") from None
+    if where.is_relative_to(SHIPPED):
+        raise ValueError(
+            f"{what} {root} is inside the shipped {SHIPPED.name}/ folder ({SHIPPED}), which holds the zoo; "
+            "choose a folder of your own"
+        )
+    if folder is not None:
+        place = "is the model folder" if folder == where else f"is inside the model folder {folder}"
+        raise ValueError(f"{what} {root} {place}; a run store needs a folder of its own outside any model folder")
+    return root
 
 
 def pid_alive(pid: int | None) -> bool:

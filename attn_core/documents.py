@@ -13,7 +13,7 @@ from attn_core import limits
 from attn_core.bilinear.checks import check_loaded, check_model
 from attn_core.checkpoint import LoadedModel
 from attn_core.model import Transformer
-from attn_core.validate import check_seed
+from attn_core.validate import check_int, check_seed
 
 PROBES = 32  # probes of spectrum and sinks (text windows or task samples)
 VARIANCE = 0.9  # share of the variance the effective ranks of B and of the scores reach
@@ -94,6 +94,8 @@ def heads(
 
     check_seed("--seed", seed)
     model = check_model(model, "heads")
+    if length is not None:
+        check_int("--length", length, 2, model.cfg.n_ctx)
     T = min(model.cfg.n_ctx, 64 if length is None else length)  # a longer length is refused by head_detectors
     limits.check_forward("--samples", samples, model.cfg, T)
     det = bilinear.head_detectors(model, n_samples=samples, seed=seed, length=length, rows=rows)
@@ -112,6 +114,8 @@ def dynamics_inputs(series, samples: int = 256, seed: int = 0, early=None, late=
 
     limits.check_count("--samples", samples, limits.MAX_SAMPLES)
     check_seed("--seed", seed)
+    if length is not None:
+        limits.check_count("--length", length, limits.MAX_SEQUENCE, lo=2)
     if text is not None:
         return D.series_text_inputs(series, text, length, samples, early, late)
     inputs = D.default_inputs(series, samples=samples, seed=seed, early=early, late=late)

@@ -17,7 +17,7 @@ import os
 import stat
 from pathlib import Path
 
-from attn_core.validate import is_int
+from attn_core.validate import is_int, shown
 
 MEMORY_FRACTION = 0.5  # of the memory available now
 FALLBACK_MEMORY = 4 * 2**30  # when the machine does not say
@@ -164,9 +164,11 @@ def check_count(name: str, value: object, hi: int, lo: int = 1, why: str = "the 
     """``value`` as an int when it is an integer in ``lo..hi``; else a LimitError (above ``hi``)
     or a ValueError (not an integer, below ``lo``) that states the range."""
     if not is_int(value) or value < lo:
-        raise ValueError(f"{name} must be an integer in {lo}..{hi}, got {value!r}")
+        raise ValueError(f"{name} must be an integer in {lo}..{hi}, got {shown(value)}")
     if value > hi:
-        raise LimitError(f"{name} must be at most {hi:,} ({why}), got {value:,}")
+        raise LimitError(
+            f"{name} must be at most {hi:,} ({why}), got {shown(value, 30) if value > 10**24 else f'{value:,}'}"
+        )
     return int(value)
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from attn_core import checkpoint, hf, zoo
 from attn_core.checkpoint import WEIGHTS, CheckpointError, LoadedModel
 from attn_core.runs import RUN_PREFIX, RunStore, default_root
+from attn_core.validate import shown
 
 __all__ = [
     "LoadedModel",
@@ -69,8 +70,8 @@ def shown_name(source: str | None) -> str | None:
 
 def _upload_folder(source: str, store: RunStore | None) -> Path:
     name = source[len(UPLOAD_PREFIX) :]
-    if not name or name.startswith(".") or Path(name).name != name:
-        raise CheckpointError(f"{name!r} is not an upload name (a folder name under the uploads directory)")
+    if not name or name.startswith(".") or Path(name).name != name or len(name.encode()) > 255:
+        raise CheckpointError(f"{shown(name)} is not an upload name (a folder name under the uploads directory)")
     return upload_dir(store.root if store is not None else None) / name
 
 

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from attn_core.training.device import same_device
+from attn_core.validate import summarize
 
 LETTERS = [chr(c) for c in range(ord("a"), ord("z") + 1)]
 
@@ -82,7 +83,9 @@ class Task:
         index = {n: i for i, n in enumerate(self.token_names)}
         bad = [w for w in words if w not in index]
         if bad:
-            raise ValueError(f"unknown tokens {bad}; this task's vocabulary is: {' '.join(self.token_names)}")
+            raise ValueError(
+                f"unknown tokens [{summarize(bad, 3)}]; this task's vocabulary is: {' '.join(self.token_names)}"
+            )
         if len(words) > self.n_ctx:
             raise ValueError(f"{len(words)} tokens exceed the model context of {self.n_ctx}")
         return [index[w] for w in words]

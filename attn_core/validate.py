@@ -32,13 +32,28 @@ def whole_number(text: str, max_digits: int = 19) -> int | None:
 
 
 def is_number(value: object) -> bool:
-    """A finite real number that is not a bool."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
+    """A finite real number that is not a bool (an integer too large for a float is not one)."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:  # 10**400: no float holds it
+        return False
 
 
 def is_real(value: object) -> bool:
     """A real number that is not a bool; NaN and infinities count (a measurement may be NaN)."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def shown(value: object, most: int = 60) -> str:
+    """``repr(value)`` for a one-line message, cut to ``most`` characters: a 5000-character string
+    or a 400-digit number is named, not echoed."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int too large for repr (sys.set_int_max_str_digits)
+        return f"an integer of more than {most} digits"
+    return text if len(text) <= most else f"{text[:most]}... ({len(text)} characters)"
 
 
 def check(ok: bool, message: str, prefix: str = "") -> None:
@@ -52,10 +67,18 @@ def check_int(name: str, value: object, lo: int | None = None, hi: int | None = 
     span = _span(lo, hi)
     check(
         is_int(value) and (lo is None or value >= lo) and (hi is None or value <= hi),
-        f"{name} must be an integer{span}, got {value!r}",
+        f"{name} must be an integer{span}, got {shown(value)}",
         prefix,
     )
     return int(value)
+
+
+def check_bool(name: str, value: object) -> bool:
+    """``value`` when it is True or False (a numpy bool too); a TypeError naming ``name`` else
+    (``"no"`` is truthy, and 2 is no switch)."""
+    if isinstance(value, bool) or type(value).__name__ == "bool" and type(value).__module__ == "numpy":
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {shown(value)}")
 
 
 def check_seed(name: str, value: object, prefix: str = "") -> int:
@@ -94,7 +117,7 @@ def check_float(
         if lo is None and hi is None
         else f" in {left}{'-inf' if lo is None else f'{lo:g}'}, {'inf' if hi is None else f'{hi:g}'}{right}"
     )
-    check(ok, f"{name} must be a finite number{span}, got {value!r}", prefix)
+    check(ok, f"{name} must be a finite number{span}, got {shown(value)}", prefix)
     return float(value)
 
 

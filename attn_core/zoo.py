@@ -17,6 +17,7 @@ from attn_core.card import Card
 from attn_core.checkpoint import CARD, CONFIG, WEIGHTS, CheckpointError, model_file, read_card, read_config
 from attn_core.destinations import SHIPPED
 from attn_core.model import ModelConfig
+from attn_core.validate import shown
 
 ZOO_DIR = SHIPPED / "models"
 ENV_DIRS = "ATTN_LAB_MODELS"
@@ -156,8 +157,11 @@ def locate(name_or_path: str | Path) -> Path:
     if not str(name_or_path).strip():
         raise CheckpointError("no model given: name a zoo model, a model folder or a .safetensors file")
     p = Path(name_or_path).expanduser()
-    if p.exists():
-        return p
+    try:
+        if p.exists():
+            return p
+    except OSError:  # a name the file system cannot hold (too long): not a path, maybe a name
+        pass
     for root in model_dirs():
         try:
             if (root / str(name_or_path) / CONFIG).is_file():
@@ -167,4 +171,4 @@ def locate(name_or_path: str | Path) -> Path:
         except (OSError, ValueError):  # a name the file system cannot hold: not a model here
             continue
     known = ", ".join(m["name"] for m in list_models(problems=[])) or "none"
-    raise CheckpointError(f"no model named {str(name_or_path)!r}; known models: {known}")
+    raise CheckpointError(f"no model named {shown(str(name_or_path))}; known models: {known}")

@@ -5,20 +5,20 @@ memory limit); and the one mask a view takes its visible keys from (``layer_mask
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
 from attn_core import limits
 from attn_core.model import Transformer
 from attn_core.sources import LoadedModel
-from attn_core.validate import is_int
+from attn_core.validate import is_int, shown
 
 
 def check_layer(model: Transformer, layer: int) -> int:
     n = model.cfg.n_layers
     if not is_int(layer) or not 0 <= layer < n:
-        raise ValueError(f"layer {layer!r} is outside 0..{n - 1} (this model has {n} layer{'s' * (n != 1)})")
+        raise ValueError(f"layer {shown(layer)} is outside 0..{n - 1} (this model has {n} layer{'s' * (n != 1)})")
     return int(layer)
 
 
@@ -27,11 +27,13 @@ def check_heads(model: Transformer, heads: None | int | Sequence[int]) -> list[i
     n = model.cfg.n_heads
     if heads is None:
         return list(range(n))
+    if not is_int(heads) and (isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable)):
+        raise TypeError(f"heads must be a head index or a list of them (0..{n - 1}), got {shown(heads)}")
     heads = [heads] if is_int(heads) else list(heads)
     bad = [h for h in heads if not is_int(h) or not 0 <= h < n]
     if bad or not heads:
         raise ValueError(
-            f"head {bad[0] if bad else heads!r} is outside 0..{n - 1} (this model has {n} heads per layer)"
+            f"head {shown(bad[0] if bad else heads)} is outside 0..{n - 1} (this model has {n} heads per layer)"
         )
     return [int(h) for h in heads]
 
@@ -54,7 +56,7 @@ def check_ids(model: Transformer, token_ids: Sequence[int], max_len: int | None 
         raise ValueError("no tokens given")
     bad = [t for t in ids if not 0 <= t < V]
     if bad:
-        raise ValueError(f"token id {bad[0]} is outside 0..{V - 1} (the vocabulary has {V} tokens)")
+        raise ValueError(f"token id {shown(bad[0])} is outside 0..{V - 1} (the vocabulary has {V} tokens)")
     top = model.cfg.n_ctx if max_len is None else max_len
     if len(ids) > top:
         raise ValueError(f"{len(ids)} tokens exceed the model context of {top}")

@@ -14,6 +14,7 @@ import torch
 from attn_core.bilinear.checks import check_model
 from attn_core.hooks import act_name
 from attn_core.model import Transformer
+from attn_core.validate import is_int, shown
 
 DETECTORS = ("previous_token", "induction", "duplicate_token", "self")
 
@@ -48,8 +49,8 @@ def detector_inputs(
     vocabulary allows) written twice."""
     cfg = check_model(model, "the head detectors").cfg
     length = min(cfg.n_ctx, 64) if length is None else length
-    if not 2 <= length <= cfg.n_ctx:
-        raise ValueError(f"length {length} is outside 2..{cfg.n_ctx}")
+    if not is_int(length) or not 2 <= length <= cfg.n_ctx:
+        raise ValueError(f"length {shown(length)} is outside 2..{cfg.n_ctx}")
     if n_samples < 1:
         raise ValueError(f"n_samples must be positive, got {n_samples}")
     g = torch.Generator().manual_seed(int(seed))
@@ -75,8 +76,8 @@ def detector_tensors(
     """:func:`head_detector_scores` of ``inputs`` (:func:`detector_inputs`), on the model's device
     (the tensor part: no data is read)."""
     model = check_model(model, "detector_tensors")
-    if rows not in ("supported", "all"):
-        raise ValueError(f"rows must be 'supported' or 'all', got {rows!r}")
+    if not isinstance(rows, str) or rows not in ("supported", "all"):
+        raise ValueError(f"rows must be 'supported' or 'all', got {shown(rows)}")
     device = model.embed.W_E.device
     out = {}
     with torch.no_grad():

@@ -33,6 +33,7 @@ from attn_core.bilinear.heads import model_form
 from attn_core.hooks import act_name
 from attn_core.limits import LimitError, size_text
 from attn_core.model import Transformer
+from attn_core.validate import shown
 
 VARIANCE = 0.9  # the share of the variance the effective rank reaches
 WORK_BYTES = 256 * 2**20  # one chunk of probes: one layer's scores in float64 at a time
@@ -40,7 +41,7 @@ WORK_BYTES = 256 * 2**20  # one chunk of probes: one layer's scores in float64 a
 
 def check_variance(frac: float) -> float:
     if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac <= 1:
-        raise ValueError(f"--variance must be a share of the variance in (0, 1], e.g. 0.9, got {frac!r}")
+        raise ValueError(f"--variance must be a share of the variance in (0, 1], e.g. 0.9, got {shown(frac)}")
     return float(frac)
 
 

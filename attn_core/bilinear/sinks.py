@@ -30,6 +30,7 @@ from attn_core.bilinear.checks import check_model, layer_mask
 from attn_core.hooks import act_name
 from attn_core.limits import LimitError, size_text
 from attn_core.model import Transformer
+from attn_core.validate import shown
 
 EPS = 0.3  # Gu et al.'s threshold
 PROBE_LENGTH = 64  # tokens per probe (Gu et al.), cut to the model's context
@@ -64,7 +65,7 @@ def sink_keys(importance: torch.Tensor, eligible: torch.Tensor, eps: float = EPS
 
 def check_eps(eps: float) -> float:
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
-        raise ValueError(f"--eps must be a number between 0 and 1 (Gu et al. take 0.3), got {eps!r}")
+        raise ValueError(f"--eps must be a number between 0 and 1 (Gu et al. take 0.3), got {shown(eps)}")
     return float(eps)
 
 

@@ -35,7 +35,7 @@ from attn_core.bilinear.tokens import position_labels, token_names
 from attn_core.hooks import act_name
 from attn_core.model import Transformer, attention_weights
 from attn_core.sources import LoadedModel
-from attn_core.validate import is_int
+from attn_core.validate import is_int, shown
 
 # Views of more keys than this are cut to the first MAX_VIEW_TOKENS tokens unless the caller
 # names its tokens (GPT-2's 50257^2 scores per head would not fit in memory).
@@ -115,8 +115,8 @@ class View:
     meta: dict = field(default_factory=dict)
 
     def head_index(self, head: int) -> int:
-        if head not in self.heads:
-            raise ValueError(f"head {head} is not in this view (heads {self.heads})")
+        if not is_int(head) or head not in self.heads:  # True is no head 1
+            raise ValueError(f"head {shown(head)} is not in this view (heads {self.heads})")
         return self.heads.index(head)
 
     def check_query(self, query: int) -> int:

@@ -286,7 +286,7 @@ def export_cmd(
     else:
         plot = fb.heads_plot(bilinear.head_detectors(model))
     try:
-        path = write_plot(plot, out, fmt)
+        path = write_plot(plot, out, fmt, what="--out")
     except ExportError as e:
         raise ValueError(str(e)) from None
     emit(

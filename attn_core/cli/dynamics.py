@@ -213,7 +213,7 @@ def dynamics_cmd(
         say(f"cache: {dyn.hits} of {len(dyn.steps)} checkpoints read from {cache.folder}{refused}")
     if animate is not None:
         views, spectra = D.step_views(series, inputs.tokens[0].tolist(), layer, head, steps=dyn.steps)
-        write_plot(fd.animation_plot(dyn.steps, views, spectra, head, value), animate)
+        write_plot(fd.animation_plot(dyn.steps, views, spectra, head, value), animate, what="--animate")
         say(f"wrote the animation of L{layer}H{head} across {len(dyn.steps)} steps to {animate}")
     res = dyn.to_json()
     emit(res, as_json, lambda r: _human(r, dyn))

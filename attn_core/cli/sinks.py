@@ -88,7 +88,7 @@ def sinks_cmd(
     result = dict(name=loaded.name, **found.to_json())
     if out is not None:
         try:
-            result["out"] = str(write_plot(importance_plot(found), out))
+            result["out"] = str(write_plot(importance_plot(found), out, what="--out"))
         except ExportError as e:
             raise ValueError(str(e)) from None
     emit(result, as_json, _human)

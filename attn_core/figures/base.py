@@ -160,18 +160,42 @@ def plotly_js() -> bytes:
     return get_plotlyjs().encode()
 
 
-def write_plot(plot: Plot, path: str | Path, fmt: str | None = None, overwrite: bool = False) -> Path:
-    """Write one export to ``path`` (format from the suffix unless given). Refuses to replace an
-    existing file unless ``overwrite``; writes through a temporary file so a failure leaves none."""
-    path = Path(path)
-    fmt = fmt or path.suffix.lstrip(".").lower()
-    if path.exists() and not overwrite:
-        raise ExportError(f"{path} already exists; choose another path or pass overwrite")
-    if not path.parent.exists():
-        raise ExportError(f"folder {path.parent} does not exist")
-    from attn_core.destinations import write_file
+def write_plot(
+    plot: Plot, path: str | Path, fmt: str | None = None, overwrite: bool = False, what: str = "path"
+) -> Path:
+    """Write one export to ``path`` (format from the suffix unless given) under the output rule of
+    every command (``destinations.check_destination``: never inside the shipped ``assets/`` or a
+    model folder, never through a link, a dangling one included). Refuses to replace an existing
+    file unless ``overwrite``; writes through a temporary file so a failure leaves none. ``what``
+    names the path in a refusal (``--out`` for the CLI)."""
+    from attn_core.destinations import check_destination, write_file
+    from attn_core.validate import check_bool
 
+    fmt = check_format(fmt, path, what)
+    check_bool("overwrite", overwrite)
+    path = check_destination(path, what, overwrite=overwrite)
+    if not path.parent.is_dir():
+        raise ValueError(f"{what} {path}: folder {path.parent} does not exist")
     return write_file(path, export_bytes(plot, fmt))
+
+
+def check_format(fmt: object, path: object, what: str = "path") -> str:
+    """The export format ``fmt`` (else the suffix of ``path``) when it is one of :data:`EXPORT_FORMATS`."""
+    if fmt is not None and not isinstance(fmt, str):
+        raise TypeError(f"fmt must be one of {', '.join(EXPORT_FORMATS)} (a str), got {type(fmt).__name__}")
+    if fmt is None:
+        if not isinstance(path, (str, Path)):
+            raise TypeError(f"{what} must be a path (a str or a pathlib.Path), got {type(path).__name__}")
+        suffix = Path(path).suffix.lstrip(".").lower()
+        if suffix not in EXPORT_FORMATS:
+            raise ValueError(
+                f"{what} {str(path)[:120]!r} ends in {suffix or 'no suffix'!r}, not one of "
+                f"{', '.join(EXPORT_FORMATS)}; give such a suffix or fmt"
+            )
+        return suffix
+    if fmt.lower() not in EXPORT_FORMATS:
+        raise ValueError(f"fmt must be one of {', '.join(EXPORT_FORMATS)}, got {fmt[:40]!r}")
+    return fmt.lower()
 
 
 def bundle_zip(plots: list[Plot], manifest: dict, formats: tuple[str, ...] = EXPORT_FORMATS) -> bytes:

@@ -251,8 +251,14 @@ class Comparison:
 
     def save(self, path: str | Path) -> Path:
         """Write the comparison as JSON, atomically (a temporary sibling renamed into place,
-        removed if anything fails); an existing file is replaced, a folder is refused."""
-        path = Path(path)
+        removed if anything fails); an existing file is replaced, a folder is refused, and the
+        output rule of every write holds (``destinations.check_destination``: never inside a model
+        folder or the shipped assets/, never through a link)."""
+        from attn_core.destinations import check_destination, check_path
+
+        path = check_path(path, "path")
+        if not path.is_dir():
+            check_destination(path, "path", overwrite=True)
         if path.is_dir():
             raise ValueError(f"{path} is a folder; give the path of a .json file to write")
         path.parent.mkdir(parents=True, exist_ok=True)

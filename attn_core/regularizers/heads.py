@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterable
 
 from attn_core.model import ModelConfig
-from attn_core.validate import is_int
+from attn_core.validate import is_int, shown
 
 Heads = tuple[tuple[int, int], ...]
 
@@ -31,7 +31,9 @@ def parse_heads(text: None | str | Iterable, cfg: ModelConfig) -> Heads:
             part = part.strip()
             m = _ITEM.match(part)
             if not m:
-                raise ValueError(f"head selection item {part!r} is not L<layer> or L<layer>H<head> (e.g. L0, L1H2)")
+                raise ValueError(
+                    f"head selection item {shown(part)} is not L<layer> or L<layer>H<head> (e.g. L0, L1H2)"
+                )
             items.append(int(m.group(1)) if m.group(2) is None else (int(m.group(1)), int(m.group(2))))
     else:
         items = list(text)
@@ -50,7 +52,7 @@ def parse_heads(text: None | str | Iterable, cfg: ModelConfig) -> Heads:
                 )
             out.append((l, h))
         else:
-            raise ValueError(f"head selection item {item!r} is not a layer or a (layer, head) pair")
+            raise ValueError(f"head selection item {shown(item)} is not a layer or a (layer, head) pair")
     if not out:
         raise ValueError("the head selection is empty")
     return tuple(sorted(set(out)))

@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from attn_core.validate import is_int, is_number
+from attn_core.validate import is_int, is_number, shown
 
 # name -> (view, what it penalises); the view decides what the penalty reads.
 REGULARIZERS: dict[str, tuple[str, str]] = {
@@ -42,7 +42,9 @@ class RegSpec:
         except (TypeError, ValueError):
             raise ValueError(f"strength of {self.name!r} must be a number, got {self.strength!r}") from None
         if not math.isfinite(strength) or strength < 0:
-            raise ValueError(f"strength (lambda) of {self.name!r} must be a finite number >= 0, got {self.strength!r}")
+            raise ValueError(
+                f"strength (lambda) of {self.name!r} must be a finite number >= 0, got {shown(self.strength)}"
+            )
         object.__setattr__(self, "strength", strength)
         if not (is_int(self.k) and self.k >= 1):
             raise ValueError(f"k of {self.name!r} must be an integer >= 1, got {self.k!r}")
@@ -122,7 +124,7 @@ def parse_specs(specs: SpecsLike) -> list[RegSpec]:
 
 
 def _bad_strength(name, lam):
-    raise ValueError(f"strength (lambda) of {name!r} must be a number, got {lam!r}")
+    raise ValueError(f"strength (lambda) of {shown(name)} must be a number, got {shown(lam)}")
 
 
 def regularized_heads(specs: SpecsLike, heads: str | None, cfg) -> list[tuple[int, int]]:

@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from attn_core.runs.names import RunStoreError
+from attn_core.runs.names import RunStoreError, check_root
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -134,6 +134,7 @@ class Index:
         if self._ready:
             return
         with self._init_lock:
+            check_root(self.root)  # never in a model folder or the shipped assets/: refused before it is made
             try:
                 self.root.mkdir(parents=True, exist_ok=True)
             except OSError as e:

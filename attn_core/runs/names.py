@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from attn_core.destinations import pid_alive  # noqa: F401  (re-exported: runs of dead processes)
+from attn_core.validate import shown
 
 ENV_RUNS = "ATTN_LAB_RUNS"
 STATUSES = ("running", "completed", "stopped", "diverged", "failed")
@@ -29,6 +30,17 @@ def default_root() -> Path:
     """The run store (and uploads) of this user: ``$ATTN_LAB_RUNS`` when set, else
     :func:`user_root`, whatever folder a command or the dashboard runs from."""
     return Path(os.environ.get(ENV_RUNS) or user_root()).expanduser()
+
+
+def check_root(root: Path) -> Path:
+    """``root`` when a run store may be made there (``destinations.check_store``: not in or inside
+    a model folder, not inside the shipped assets/), else one :class:`RunStoreError` sentence."""
+    from attn_core.destinations import check_store
+
+    try:
+        return check_store(root)
+    except ValueError as e:
+        raise RunStoreError(str(e)) from None
 
 
 def user_root() -> Path:
@@ -57,7 +69,7 @@ def new_run_id() -> str:
 def check_run_id(run_id: str) -> str:
     run_id = str(run_id).removeprefix(RUN_PREFIX)
     if not _ID.match(run_id):
-        raise ValueError(f"{run_id!r} is not a run id (letters, digits, - and _)")
+        raise ValueError(f"{shown(run_id)} is not a run id (letters, digits, - and _)")
     return run_id
 
 

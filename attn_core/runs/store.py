@@ -27,6 +27,7 @@ from attn_core.runs.names import (
     FINAL,
     RUN_PREFIX,
     RunStoreError,
+    check_root,
     check_run_id,
     default_root,
     iso,
@@ -85,7 +86,9 @@ class RunStore(SweepsMixin):
     def check_writable(self) -> None:
         """Raise :class:`RunStoreError` unless the store takes a write now (one tiny commit: the
         index's header), so a job refuses to start instead of training for nothing on a
-        read-only, full or corrupt store."""
+        read-only, full or corrupt store, or one in a model folder or the shipped assets/
+        (:func:`~attn_core.runs.names.check_root`, before anything of it is created)."""
+        check_root(self.root)
         self._reap()
         with self._db(write=True) as con:
             version = con.execute("PRAGMA user_version").fetchone()[0]

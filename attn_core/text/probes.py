@@ -23,7 +23,7 @@ from attn_core.bilinear.ranks import VARIANCE, Ranks, ranks
 from attn_core.bilinear.sinks import EPS, PROBE_LENGTH, Sinks, sinks
 from attn_core.checkpoint import LoadedModel
 from attn_core.limits import check_count
-from attn_core.validate import check_seed
+from attn_core.validate import check_seed, shown
 
 PROBES = 32  # probes by default
 MAX_PROBES = 4096
@@ -42,7 +42,7 @@ def check_length(length: int | None, n_ctx: int) -> int:
     if length is None:
         return min(PROBE_LENGTH, n_ctx)
     if isinstance(length, bool) or not isinstance(length, int) or not 2 <= length <= n_ctx:
-        raise ValueError(f"--length must be a whole number of tokens in 2..{n_ctx} (the context), got {length!r}")
+        raise ValueError(f"--length must be a whole number of tokens in 2..{n_ctx} (the context), got {shown(length)}")
     return length
 
 

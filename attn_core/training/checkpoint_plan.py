@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from attn_core.validate import check, is_int, is_number
+from attn_core.validate import check, is_int, is_number, shown
 
 PARAMS = ("all", "attn")
 DEFAULT_MAX_MB = 1024.0  # the default disk bound of one series
@@ -41,20 +41,20 @@ class CheckpointPlan:
 
         ok(
             self.every is None or (is_int(self.every) and self.every >= 1),
-            f"--checkpoint-every must be a whole number of steps >= 1, got {self.every!r}",
+            f"--checkpoint-every must be a whole number of steps >= 1, got {shown(self.every)}",
         )
         ok(
             self.log is None or (is_int(self.log) and 1 <= self.log <= MAX_CHECKPOINTS),
-            f"--checkpoint-log must be 1..{MAX_CHECKPOINTS:,} checkpoints, got {self.log!r}",
+            f"--checkpoint-log must be 1..{MAX_CHECKPOINTS:,} checkpoints, got {shown(self.log)}",
         )
         steps = tuple(self.steps or ())
         ok(all(is_int(s) and s >= 0 for s in steps), "--checkpoint-steps must be whole numbers >= 0")
         ok(len(steps) <= MAX_CHECKPOINTS, f"--checkpoint-steps takes at most {MAX_CHECKPOINTS:,} steps")
         object.__setattr__(self, "steps", tuple(sorted(set(int(s) for s in steps))))
-        ok(self.params in PARAMS, f"--checkpoint-params must be one of {', '.join(PARAMS)}, got {self.params!r}")
+        ok(self.params in PARAMS, f"--checkpoint-params must be one of {', '.join(PARAMS)}, got {shown(self.params)}")
         ok(
             is_number(self.max_mb) and 0 < self.max_mb < math.inf,
-            f"--checkpoint-max-mb must be a positive number of MiB, got {self.max_mb!r}",
+            f"--checkpoint-max-mb must be a positive number of MiB, got {shown(self.max_mb)}",
         )
 
     @property

@@ -16,7 +16,7 @@ from attn_core.text.defaults import DEFAULT_BLOCK, HELD_OUT_FRACTION, MAX_DEFAUL
 from attn_core.training.checkpoint_plan import CheckpointPlan
 from attn_core.training.device import check_precision, check_sync_every, select_device
 from attn_core.training.settings import command_args, in_bounds, setting
-from attn_core.validate import MAX_SEED, check, is_int, is_number
+from attn_core.validate import MAX_SEED, check, is_int, is_number, shown
 
 MAX_BATCH = 65_536  # sequences per training batch
 TRAIN = ("all", "attn", "qk")  # what learns in a retrain (--train); attn_core.finetune says what each means
@@ -56,27 +56,30 @@ class TrainConfig:
         def count(v, lo: int = 1, hi: int | None = MAX_STEPS) -> bool:
             return is_int(v) and lo <= v and (hi is None or v <= hi)
 
-        ok(count(self.steps, hi=None), f"steps must be a positive integer, got {self.steps!r}")
-        ok(self.steps <= MAX_STEPS, f"steps must be at most {MAX_STEPS:,} (the limit of this lab), got {self.steps:,}")
-        ok(count(self.batch_size, hi=MAX_BATCH), f"batch_size must be 1..{MAX_BATCH}, got {self.batch_size!r}")
-        ok(is_number(self.lr) and 0 < self.lr <= 10, f"lr must be in (0, 10], got {self.lr!r}")
+        ok(count(self.steps, hi=None), f"steps must be a positive integer, got {shown(self.steps)}")
+        ok(
+            self.steps <= MAX_STEPS,
+            f"steps must be at most {MAX_STEPS:,} (the limit of this lab), got {shown(self.steps, 30)}",
+        )
+        ok(count(self.batch_size, hi=MAX_BATCH), f"batch_size must be 1..{MAX_BATCH}, got {shown(self.batch_size)}")
+        ok(is_number(self.lr) and 0 < self.lr <= 10, f"lr must be in (0, 10], got {shown(self.lr)}")
         ok(is_number(self.weight_decay) and self.weight_decay >= 0, "weight_decay must be >= 0")
         ok(
             is_number(self.beta1) and is_number(self.beta2) and 0 <= self.beta1 < 1 and 0 <= self.beta2 < 1,
             "betas must be in [0, 1)",
         )
-        ok(count(self.warmup_steps, 0), f"warmup_steps must be 0..{MAX_STEPS:,}, got {self.warmup_steps!r}")
+        ok(count(self.warmup_steps, 0), f"warmup_steps must be 0..{MAX_STEPS:,}, got {shown(self.warmup_steps)}")
         ok(is_number(self.min_lr_ratio) and 0 <= self.min_lr_ratio <= 1, "min_lr_ratio must be in [0, 1]")
         ok(is_number(self.grad_clip) and self.grad_clip > 0, "grad_clip must be positive")
-        ok(count(self.eval_every), f"eval_every must be 1..{MAX_STEPS:,}, got {self.eval_every!r}")
+        ok(count(self.eval_every), f"eval_every must be 1..{MAX_STEPS:,}, got {shown(self.eval_every)}")
         ok(
             count(self.eval_samples, hi=MAX_SAMPLES),
-            f"eval_samples must be 1..{MAX_SAMPLES:,}, got {self.eval_samples!r}",
+            f"eval_samples must be 1..{MAX_SAMPLES:,}, got {shown(self.eval_samples)}",
         )
-        ok(count(self.seed, 0, MAX_SEED), f"seed must be an integer in 0..2^63-1, got {self.seed!r}")
+        ok(count(self.seed, 0, MAX_SEED), f"seed must be an integer in 0..2^63-1, got {shown(self.seed)}")
         check_precision(self.precision, prefix="invalid training setting: ")
         check_sync_every(self.sync_every, prefix="invalid training setting: ")
-        ok(isinstance(self.compile, bool), f"compile must be true or false, got {self.compile!r}")
+        ok(isinstance(self.compile, bool), f"compile must be true or false, got {shown(self.compile)}")
         select_device(self.device)  # raises on an unknown or unavailable device
 
     def to_dict(self) -> dict:
@@ -285,10 +288,10 @@ class JobConfig:
         def count(v, lo: int = 1, hi: int | None = MAX_STEPS) -> bool:
             return is_int(v) and lo <= v and (hi is None or v <= hi)
 
-        ok(count(self.steps, hi=None), f"steps must be a positive integer, got {self.steps!r}")
+        ok(count(self.steps, hi=None), f"steps must be a positive integer, got {shown(self.steps)}")
         ok(
             in_bounds(self, "steps", self.steps),
-            f"steps must be at most {MAX_STEPS:,} (the limit of this lab), got {self.steps:,}",
+            f"steps must be at most {MAX_STEPS:,} (the limit of this lab), got {shown(self.steps, 30)}",
         )
         for name, hi in (
             ("eval_every", MAX_STEPS),
@@ -299,26 +302,26 @@ class JobConfig:
             ("measure_samples", MAX_SAMPLES),
         ):
             v = getattr(self, name)
-            ok(count(v, hi=hi), f"{name} must be an integer in 1..{hi:,}, got {v!r}")
+            ok(count(v, hi=hi), f"{name} must be an integer in 1..{hi:,}, got {shown(v)}")
         if self.entmax_alpha is not None:
             ok(
                 is_number(self.entmax_alpha) and 1.0 <= self.entmax_alpha <= 2.0,
-                f"entmax_alpha must be in [1, 2] (1 softmax, 1.5 entmax15, 2 sparsemax), got {self.entmax_alpha!r}",
+                f"entmax_alpha must be in [1, 2] (1 softmax, 1.5 entmax15, 2 sparsemax), got {shown(self.entmax_alpha)}",
             )
         ok(self.max_loss is None or (is_number(self.max_loss) and self.max_loss > 0), "max_loss must be positive")
         ok(
             is_int(self.seed) and in_bounds(self, "seed", self.seed),
-            f"seed must be an integer in 0..2^63-1, got {self.seed!r}",
+            f"seed must be an integer in 0..2^63-1, got {shown(self.seed)}",
         )
-        ok(is_number(self.lr) and 0 < self.lr <= 10, f"lr must be in (0, 10], got {self.lr!r}")
+        ok(is_number(self.lr) and 0 < self.lr <= 10, f"lr must be in (0, 10], got {shown(self.lr)}")
         # None: the parent's recipe decides (train_config); a given value is checked like the recipe's
         ok(
             self.batch_size is None or (is_int(self.batch_size) and in_bounds(self, "batch_size", self.batch_size)),
-            f"batch_size must be 1..{MAX_BATCH} (or unset: the parent's), got {self.batch_size!r}",
+            f"batch_size must be 1..{MAX_BATCH} (or unset: the parent's), got {shown(self.batch_size)}",
         )
         ok(
             self.warmup_steps is None or count(self.warmup_steps, 0),
-            f"warmup_steps must be 0..{MAX_STEPS:,} (or unset), got {self.warmup_steps!r}",
+            f"warmup_steps must be 0..{MAX_STEPS:,} (or unset), got {shown(self.warmup_steps)}",
         )
         ok(
             self.weight_decay is None or (is_number(self.weight_decay) and self.weight_decay >= 0),
@@ -336,16 +339,26 @@ class JobConfig:
         )
         ok(
             self.block is None or (is_int(self.block) and in_bounds(self, "block", self.block)),
-            f"block must be an integer of at least 2 tokens, got {self.block!r}",
+            f"block must be an integer of at least 2 tokens, got {shown(self.block)}",
         )
         ok(self.block is None or self.text is not None, "--block needs --text (toys have their own sequence length)")
-        ok(self.train in TRAIN, f"train must be one of {', '.join(TRAIN)}, got {self.train!r}")
-        ok(is_number(self.kl) and in_bounds(self, "kl", self.kl), f"kl must be a number in 0..1e6, got {self.kl!r}")
+        ok(
+            isinstance(self.train, str) and self.train in TRAIN,
+            f"train must be one of {', '.join(TRAIN)}, got {shown(self.train)}",
+        )
+        ok(
+            self.heads is None or (isinstance(self.heads, str) and len(self.heads) <= 10_000),
+            f"heads must be a head selection such as 'L1' or 'L0H1,L1H2' (a str), got {shown(self.heads)}",
+        )
+        ok(
+            is_number(self.kl) and in_bounds(self, "kl", self.kl),
+            f"kl must be a number in 0..1e6, got {shown(self.kl)}",
+        )
         ok(
             self.penalty_rows is None
             or (is_int(self.penalty_rows) and in_bounds(self, "penalty_rows", self.penalty_rows)),
             f"penalty_rows must be a whole number of query rows per head in 1..{MAX_PENALTY_ROWS:,} "
-            f"(unset: every row), got {self.penalty_rows!r}",
+            f"(unset: every row), got {shown(self.penalty_rows)}",
         )
         check_scaling(self.workers, self.gpus_per_worker, self.strategy, self.device, "invalid retraining setting: ")
         specs = R.parse_specs(self.regularizers)  # names, lambdas and k are checked here; heads once the model is known

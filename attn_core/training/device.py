@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, NamedTuple
 
-from attn_core.validate import check, check_int
+from attn_core.validate import check, check_int, shown
 
 PRECISIONS = ("fp32", "bf16")  # bf16: forward and loss under torch.autocast; weights and AdamW stay fp32
 # sync_every=None: read the device every step on CPU, where reading costs nothing (CPU kernels run
@@ -36,6 +36,8 @@ def select_device(name: str = "auto") -> torch.device:
     """'auto' is CUDA when present, else CPU; 'cpu' and 'cuda[:i]' are honoured if available."""
     import torch
 
+    if name is not None and (not isinstance(name, str) or len(name) > 32):  # torch.device(True): no one sentence
+        raise ValueError(f"unknown device {shown(name)}; use auto, cpu or cuda")
     if name in (None, "", "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -45,7 +47,7 @@ def select_device(name: str = "auto") -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was asked for but no CUDA GPU is available; use cpu or auto")
     if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"unsupported device {name!r}; use auto, cpu or cuda")
+        raise ValueError(f"unsupported device {shown(name)}; use auto, cpu or cuda")
     return dev
 
 
@@ -56,7 +58,8 @@ def available_devices() -> list[str]:
 
 
 def check_precision(precision: object, prefix: str = "") -> str:
-    check(precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}", prefix)
+    ok = isinstance(precision, str) and precision in PRECISIONS
+    check(ok, f"precision must be one of {', '.join(PRECISIONS)}, got {shown(precision)}", prefix)
     return str(precision)
 
 

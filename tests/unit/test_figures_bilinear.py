@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attn_core import bilinear as bl
-from attn_core.figures import ExportError, Plot, export_bytes, write_plot
+from attn_core.figures import Plot, export_bytes, write_plot
 from attn_core.figures import bilinear as fb
 from attn_core.sources import LoadedModel
 from tests.conftest import make_tiny_model
@@ -82,7 +82,7 @@ def test_csv_and_html_exports_parse(plots, tmp_path):
         assert b"<html" in html[:200].lower() and b"</html>" in html[-200:] and b"Plotly.newPlot" in html
     path = write_plot(plots["spectrum"], tmp_path / "spectrum.csv")
     assert path.is_file()
-    with pytest.raises(ExportError, match="already exists"):
+    with pytest.raises(ValueError, match="already exists"):
         write_plot(plots["spectrum"], tmp_path / "spectrum.csv")
 
 
