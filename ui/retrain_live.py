@@ -25,7 +25,9 @@ from attn_core.figures import text as ftext
 from attn_core.figures import training as ft
 from attn_core.sources import LoadedModel
 from attn_core.training.config import JobConfig
+from attn_core.training.estimate import range_text
 from attn_core.training.job import TrainingJob, preview
+from attn_core.training.queue import running_jobs
 from attn_core.training.snapshot import Snapshot
 from attn_core.training.telemetry import MetricKey
 from ui.cache import cached
@@ -61,7 +63,14 @@ class Watch:
 
 
 def current_job() -> TrainingJob | None:
-    return st.session_state.get(JOB)
+    """This session's job; in a session without one, the newest job of this server that still
+    trains (started in another tab or by another user), which the session then follows as its own."""
+    job = st.session_state.get(JOB)
+    if job is None:
+        live = running_jobs()
+        if live:
+            job = st.session_state[JOB] = live[-1]
+    return job
 
 
 def running() -> bool:
@@ -164,7 +173,8 @@ def live_status(watch: Watch) -> None:
         text=f"{snap.status}: step {snap.step} / {snap.steps}"
         + (f" · {snap.steps_per_s:.1f} steps/s" if snap.step else "")
         + (f" · compiled in {snap.compile_s:.1f} s" if snap.compile_s else "")
-        + (f" · {snap.steps_per_s * per_step:,.0f} tokens/s" if snap.step and per_step else ""),
+        + (f" · {snap.steps_per_s * per_step:,.0f} tokens/s" if snap.step and per_step else "")
+        + (f" · {range_text(*snap.left_s)} left" if snap.left_s is not None and not snap.done else ""),
     )
     _status_message(snap)
     _metrics(snap, on_text=facts is not None)
