@@ -90,8 +90,8 @@ def main() -> None:
                 flush=True,
             )
     finally:
-        for proc in busy:
-            proc.kill()
+        for proc in busy:  # SIGTERM: timeout passes it on to its busy loop (a SIGKILL would leave the loop running)
+            proc.terminate()
             proc.wait()
 
     def med(which: str, key: str) -> float:
