@@ -47,7 +47,7 @@ text_mode = loaded.task is None and bilinear.tokenizer(loaded) is not None
 if not text_mode:
     ui.require_task(loaded, "there is nothing to retrain it on (an imported model needs its tokenizer.json)")
 
-running = live.running()
+running = live.own_running()  # another session's job is shown, but this one may start its own
 
 # --- settings ------------------------------------------------------------------------------------
 reg_col, head_col, opt_col = st.columns([3, 2, 2])

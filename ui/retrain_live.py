@@ -34,6 +34,7 @@ from ui.cache import cached
 from ui.plots import show_plot, show_table
 
 JOB = "retrain_job"  # session key of the running (or last) TrainingJob
+WATCHED = "retrain_watched_job"  # a job of another session this session shows (current_job)
 SHOWN = "retrain_reloaded_for"  # run id for which the page was rerun once after the job ended
 CHARTS = "retrain_live_charts"  # {name: (job, data version, Plot)} of the live view
 CURVES = ("task_loss", "loss", "eval_loss", "accuracy", "eval_accuracy")  # what curves_plot draws, with term:*
@@ -63,18 +64,27 @@ class Watch:
 
 
 def current_job() -> TrainingJob | None:
-    """This session's job; in a session without one, the newest job of this server that still
-    trains (started in another tab or by another user), which the session then follows as its own."""
+    """The job the page shows: this session's; in a session that has started none, the newest
+    job of this server that trains (started in another tab or by another user), followed to its
+    end, until this session starts its own."""
     job = st.session_state.get(JOB)
-    if job is None:
-        live = running_jobs()
-        if live:
-            job = st.session_state[JOB] = live[-1]
-    return job
+    if job is not None:
+        return job
+    live = running_jobs()
+    if live:
+        st.session_state[WATCHED] = live[-1]
+    return st.session_state.get(WATCHED)
 
 
 def running() -> bool:
+    """Whether the job the page shows trains (its views refresh on their timers)."""
     job = current_job()
+    return job is not None and not job.snapshot().done
+
+
+def own_running() -> bool:
+    """Whether this session's own job trains (Start waits for it, Stop stops it)."""
+    job = st.session_state.get(JOB)
     return job is not None and not job.snapshot().done
 
 
