@@ -25,10 +25,11 @@ from collections.abc import Callable
 OVERHEAD = 1.5  # measured steps over estimated (see the module)
 TIMINGS = 9  # timings of an operation, of which the lower quartile is taken (:func:`typical`)
 # The range said before a run: LOW x the estimate to HIGH x the estimate x the machine's load per
-# core (at least 1). Reported from a busy 2-core machine: a retrain 2.2x faster than its
-# estimate, runs 4 to 5x slower (most of that from oversubscribed threads, which the trainer now
-# avoids).
-LOW, HIGH = 0.5, 2.0
+# core (at least 1). The estimate counts the steps' arithmetic, not a live job's telemetry and
+# bookkeeping: on a busy 2-core machine (load average 3.7 to 11), retrains of reverse-1l took
+# about 3x (200 steps) and 5x (2000 steps) their estimate; one retrain was reported 2.2x faster
+# than its estimate.
+LOW, HIGH = 0.5, 4.0
 RECENT_S = 20.0  # seconds of the run's latest steps that give its recent pace (Pace)
 MIN_PACE_STEPS = 3  # steps measured before a run's pace is said
 PACE_MARGIN = 0.1  # the refined range is at least this much either side of the pace

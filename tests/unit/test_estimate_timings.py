@@ -54,8 +54,8 @@ def test_five_identical_estimates_agree_when_one_measurement_stalls():
 
 
 def test_the_estimate_is_a_range_widened_by_the_load():
-    assert estimate.run_range(100.0) == (50.0, 200.0)
-    assert estimate.run_range(100.0, load=2.5) == (50.0, 500.0)  # 2.5 runnable processes per core
+    assert estimate.run_range(100.0) == (50.0, 400.0)
+    assert estimate.run_range(100.0, load=2.5) == (50.0, 1000.0)  # 2.5 runnable processes per core
     assert estimate.range_text(20, 45) == "20–45 s"
     assert estimate.range_text(120, 420) == "2–7 min"
     assert estimate.range_text(50, 180) == "50 s – 3 min"
