@@ -47,7 +47,7 @@ text_mode = loaded.task is None and bilinear.tokenizer(loaded) is not None
 if not text_mode:
     ui.require_task(loaded, "there is nothing to retrain it on (an imported model needs its tokenizer.json)")
 
-running = live.running()
+running = live.own_running()  # another session's job is shown, but this one may start its own
 
 # --- settings ------------------------------------------------------------------------------------
 reg_col, head_col, opt_col = st.columns([3, 2, 2])
@@ -184,7 +184,7 @@ def start() -> None:
         # nothing from more, and the job's worker process has the other core.
         torch.set_num_threads(1)
         # at most $ATTN_LAB_MAX_JOBS jobs of this server train at once, each in a worker process
-        # (one torch thread); the others wait in line
+        # (its torch threads chosen for the run: one for a small model); the others wait in line
         # a run on Ray Train workers: the server keeps the Ray it starts (shut down under the server's
         # other threads, Ray could end the server)
         st.session_state[live.JOB] = new.start(process=True, keep_ray=True)

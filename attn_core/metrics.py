@@ -55,10 +55,11 @@ def row_probs(scores: torch.Tensor, mask: torch.Tensor | None = None) -> torch.T
 
 
 def entropy(p: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Shannon entropy in nats, with 0 log 0 = 0 (and a finite gradient there)."""
+    """Shannon entropy in nats, with 0 log 0 = 0 (and a finite gradient there); never below 0
+    (an entry rounded just above 1 would give a term just below 0)."""
     p, _ = _zeroed(p, mask)
     safe = torch.where(p > 0, p, torch.ones_like(p))
-    return -(p * safe.log()).sum(-1)
+    return (-(p * safe.log()).sum(-1)).clamp_min(0)
 
 
 def normalized_entropy(p: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -118,9 +118,11 @@ def train_preset(
     compile: bool | None = None,
     checkpoints: ckpt.CheckpointPlan | None = None,
     on_plan=None,
+    threads: int | None = None,
 ) -> dict:
     """Train a preset, measure it on 512 held-out samples and (if ``out``) save model + card;
-    returns the card as written (``Card.to_dict``). ``checkpoints`` keeps the weights at its
+    returns the card as written (``Card.to_dict``). ``threads``: torch's CPU threads while it
+    trains (None: chosen for the run, ``training.device.choose_threads``). ``checkpoints`` keeps the weights at its
     steps in ``out/checkpoints`` (listed in the card; ``on_plan`` gets the one-line statement
     of their disk use before training): they are written beside ``out`` while it trains and
     moved in with the model, so ``out`` appears whole or not at all."""
@@ -134,6 +136,7 @@ def train_preset(
             ("device", device),
             ("precision", precision),
             ("compile", compile),
+            ("threads", threads),
         )
         if v is not None
     }

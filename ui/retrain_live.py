@@ -25,13 +25,16 @@ from attn_core.figures import text as ftext
 from attn_core.figures import training as ft
 from attn_core.sources import LoadedModel
 from attn_core.training.config import JobConfig
+from attn_core.training.estimate import range_text
 from attn_core.training.job import TrainingJob, preview
+from attn_core.training.queue import running_jobs
 from attn_core.training.snapshot import Snapshot
 from attn_core.training.telemetry import MetricKey
 from ui.cache import cached
 from ui.plots import show_plot, show_table
 
 JOB = "retrain_job"  # session key of the running (or last) TrainingJob
+WATCHED = "retrain_watched_job"  # a job of another session this session shows (current_job)
 SHOWN = "retrain_reloaded_for"  # run id for which the page was rerun once after the job ended
 CHARTS = "retrain_live_charts"  # {name: (job, data version, Plot)} of the live view
 CURVES = ("task_loss", "loss", "eval_loss", "accuracy", "eval_accuracy")  # what curves_plot draws, with term:*
@@ -61,11 +64,27 @@ class Watch:
 
 
 def current_job() -> TrainingJob | None:
-    return st.session_state.get(JOB)
+    """The job the page shows: this session's; in a session that has started none, the newest
+    job of this server that trains (started in another tab or by another user), followed to its
+    end, until this session starts its own."""
+    job = st.session_state.get(JOB)
+    if job is not None:
+        return job
+    live = running_jobs()
+    if live:
+        st.session_state[WATCHED] = live[-1]
+    return st.session_state.get(WATCHED)
 
 
 def running() -> bool:
+    """Whether the job the page shows trains (its views refresh on their timers)."""
     job = current_job()
+    return job is not None and not job.snapshot().done
+
+
+def own_running() -> bool:
+    """Whether this session's own job trains (Start waits for it, Stop stops it)."""
+    job = st.session_state.get(JOB)
     return job is not None and not job.snapshot().done
 
 
@@ -164,7 +183,8 @@ def live_status(watch: Watch) -> None:
         text=f"{snap.status}: step {snap.step} / {snap.steps}"
         + (f" · {snap.steps_per_s:.1f} steps/s" if snap.step else "")
         + (f" · compiled in {snap.compile_s:.1f} s" if snap.compile_s else "")
-        + (f" · {snap.steps_per_s * per_step:,.0f} tokens/s" if snap.step and per_step else ""),
+        + (f" · {snap.steps_per_s * per_step:,.0f} tokens/s" if snap.step and per_step else "")
+        + (f" · {range_text(*snap.left_s)} left" if snap.left_s is not None and not snap.done else ""),
     )
     _status_message(snap)
     _metrics(snap, on_text=facts is not None)

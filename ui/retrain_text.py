@@ -178,8 +178,10 @@ def say_estimate(model, steps: int, batch: int, block: int, device: str, kl: flo
     from attn_core.training import estimate
 
     e = estimate.run_seconds(model.cfg, steps, batch, block, device, kl, model=model if device == "cpu" else None)
+    low, high = estimate.run_range(e["total_s"], estimate.load_per_core())
     st.caption(
-        f"Estimated duration: about {estimate.duration_text(e['total_s'])} on {device} ({steps:,} steps of "
+        f"Estimated duration: {estimate.range_text(low, high)} on {device} ({steps:,} steps of "
         f"{batch} × {block} tokens, ~{e['step_s']:.2g} s a step, and ~{estimate.duration_text(e['measure_s'])} "
-        "measuring before and after; a rough estimate from this machine's speed now)."
+        "measuring before and after; a rough estimate from this machine's speed and load now, refined from the "
+        "measured steps once the run goes)."
     )

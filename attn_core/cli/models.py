@@ -11,7 +11,7 @@ from attn_core import limits
 from attn_core.cli import dynamics as dyn
 from attn_core.cli.common import JsonOpt, command_line, emit, guarded, needs_task, option, table
 from attn_core.training.config import JobConfig
-from attn_core.training.device import check_precision
+from attn_core.training.device import check_precision, check_threads
 
 app = typer.Typer()
 
@@ -78,6 +78,7 @@ def train_cmd(
     device: str | None = typer.Option(None, help="auto, cpu or cuda (default: the preset's, auto)."),
     precision: str = option(JobConfig, "precision"),  # the same setting as retrain's (TrainConfig's default)
     compile: bool = option(JobConfig, "compile"),
+    threads: int | None = option(JobConfig, "threads"),
     checkpoint_every: int | None = dyn.EveryOpt,
     checkpoint_log: int | None = dyn.LogOpt,
     checkpoint_steps: str | None = dyn.StepsOpt,
@@ -95,6 +96,7 @@ def train_cmd(
     if steps is not None and steps <= 0:
         raise ValueError(f"--steps must be positive, got {steps}")
     check_precision(precision, prefix="--precision: ")
+    check_threads(threads, prefix="--threads: ")
     plan = dyn.checkpoint_plan(checkpoint_every, checkpoint_log, checkpoint_steps, checkpoint_params, checkpoint_max_mb)
     if plan is not None and out is None:
         raise ValueError("checkpoints need a folder to go in: give --out")
@@ -113,6 +115,7 @@ def train_cmd(
             compile=compile,
             checkpoints=plan,
             on_plan=dyn.say,
+            threads=threads,
         )
     result = {"preset": preset, "out": str(out) if out else None, **card}
     emit(

@@ -79,6 +79,7 @@ def retrain_cmd(
     precision: str = option(JobConfig, "precision"),
     sync_every: int | None = option(JobConfig, "sync_every"),
     compile: bool = option(JobConfig, "compile"),
+    threads: int | None = option(JobConfig, "threads"),
     checkpoint_every: int | None = dyn.EveryOpt,
     checkpoint_log: int | None = dyn.LogOpt,
     checkpoint_steps: str | None = dyn.StepsOpt,
@@ -118,6 +119,7 @@ def retrain_cmd(
         precision=precision,
         sync_every=sync_every,
         compile=compile,
+        threads=threads,
         **dyn.checkpoint_settings(
             checkpoint_every, checkpoint_log, checkpoint_steps, checkpoint_params, checkpoint_max_mb
         ),
@@ -266,6 +268,7 @@ def _run_with_bar(job, name: str, steps: int, address: str | None = None) -> Non
     """Train in the job's thread while a progress bar (lines when stderr is not a terminal)
     follows its snapshots."""
     from attn_core.progress import Progress
+    from attn_core.training.estimate import range_text
 
     job.start(address=address)
     bar = Progress(steps, f"retrain {name}", unit="step")
@@ -275,6 +278,8 @@ def _run_with_bar(job, name: str, steps: int, address: str | None = None) -> Non
             note = snap.message or None  # e.g. starting the workers on Ray
             if "task_loss" in snap.latest:
                 note = f"loss={snap.latest['task_loss']:.3g} H={snap.latest.get('entropy_data', float('nan')):.3f}"
+                if snap.left_s is not None:  # refined from the measured steps
+                    note += f", {range_text(*snap.left_s)} left"
             bar.set(snap.step, note)
     finally:
         bar.set(job.snapshot().step)

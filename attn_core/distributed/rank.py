@@ -182,10 +182,11 @@ def train_loop(config: dict) -> None:
     from attn_core.distributed.parallel import DataParallel
 
     ctx = ray.train.get_context()
-    torch.set_num_threads(max(1, int(config.get("threads") or 1)))
+    threads = max(1, int(config.get("threads") or 1))  # the CPUs Ray gave this worker
+    torch.set_num_threads(threads)
     if config.get("store"):  # the ranks read the text cache and run:<id> sources of the driver's store
         os.environ["ATTN_LAB_RUNS"] = config["store"]
-    cfg = config["cfg"]
+    cfg = dataclasses.replace(config["cfg"], threads=threads)  # its trainer keeps them
     device = ray.train.torch.get_device() if cfg.gpus_per_worker else torch.device("cpu")
     if device.type == "cuda":  # NCCL and every tensor made without a device go to this worker's GPU
         torch.cuda.set_device(device)

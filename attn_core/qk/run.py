@@ -17,6 +17,7 @@ in the run store (parent ``compare-qk:<task>``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -89,7 +90,8 @@ def train_variant(
     ``interrupt()`` before every step can stop the run (it is then saved ``stopped``)."""
     task = get_task(cfg.task)
     model_cfg = variant.model_config(cfg.base_model_config())
-    train_cfg = cfg.train_config(seed)
+    # the threads compare() set for its runs (cfg.threads, else the process's): its trainer keeps them
+    train_cfg = dataclasses.replace(cfg.train_config(seed), threads=torch.get_num_threads())
     model = init_model(model_cfg, seed)
     penalty = R.build_penalty({"nuclear": variant.nuclear}, model) if variant.nuclear > 0 else None
     trainer = Trainer(model, task, train_cfg, penalty=penalty)

@@ -129,7 +129,9 @@ class _FlashRows(torch.autograd.Function):
         out, lse, extra = attention_forward(kernel, q, k, scale, window)
         lse_rows = lse[..., : q.shape[2]]  # the efficient kernel pads its rows
         dtype = reduce_dtype(q.dtype)
-        H = lse_rows.to(dtype) - scale * (q.to(dtype) * out.to(dtype)).sum(-1)
+        # two numbers of the size of the largest score cancel: a peaked row's rounding can go
+        # below 0, which no entropy is (the gradient's formula does not read H)
+        H = (lse_rows.to(dtype) - scale * (q.to(dtype) * out.to(dtype)).sum(-1)).clamp_min_(0)
         ctx.plan = (scale, window, kernel, needs)
         ctx.save_for_backward(q, k, out, lse, *(x for x in extra if isinstance(x, torch.Tensor) or x is None))
         ctx.ints = tuple(x for x in extra if not (isinstance(x, torch.Tensor) or x is None))

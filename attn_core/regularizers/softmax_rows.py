@@ -48,8 +48,8 @@ def softmax_rows(kind: str, s, n, topk: int):
     e = t.exp()
     Z = e.sum(-1)
     log_z = Z.log()
-    if kind == "entropy":  # H = log Z - sum e t / Z
-        H = log_z - (e * t).sum(-1) / Z
+    if kind == "entropy":  # H = log Z - sum e t / Z, never below 0 (a peaked row's terms cancel in rounding)
+        H = (log_z - (e * t).sum(-1) / Z).clamp_min_(0)
         return H * inv_log_n(n), (m.squeeze(-1), log_z, H)
     if kind == "hoyer":  # |p|_1 = 1
         q2 = ((e * e).sum(-1) / (Z * Z)).clamp_min(EPS * EPS)

@@ -8,6 +8,7 @@ the driver and writes one payload into the run store as a run of the sweep (the 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -38,7 +39,7 @@ def run_trial(
     import torch
 
     t = Trial.from_dict(trial)
-    if threads:
+    if threads:  # the trial's own threads (its share of the CPUs), set here and taken by its trainer
         torch.set_num_threads(int(threads))
     start = time.perf_counter()
     base = {"key": t.key, "trial": t.to_dict(), "parent": t.source, "host": socket.gethostname(), "pid": os.getpid()}
@@ -46,6 +47,8 @@ def run_trial(
         from attn_core.training.job import TrainingJob
 
         cfg = t.job_config(job)
+        if threads:
+            cfg = dataclasses.replace(cfg, threads=int(threads))
         j = TrainingJob(cfg, store=False)
         if (report is not None and report_every > 0) or stop is not None:
             j.start()

@@ -14,7 +14,7 @@ from attn_core.limits import MAX_SAMPLES, MAX_STEPS
 from attn_core.text.corpus import TEXT_LIMIT
 from attn_core.text.defaults import DEFAULT_BLOCK, HELD_OUT_FRACTION, MAX_DEFAULT_BATCH, STEP_MEMORY
 from attn_core.training.checkpoint_plan import CheckpointPlan
-from attn_core.training.device import check_precision, check_sync_every, select_device
+from attn_core.training.device import MAX_THREADS, check_precision, check_sync_every, check_threads, select_device
 from attn_core.training.settings import command_args, in_bounds, setting
 from attn_core.validate import MAX_SEED, check, is_int, is_number, shown
 
@@ -48,6 +48,7 @@ class TrainConfig:
     precision: str = "fp32"
     sync_every: int | None = None  # None: 1 on CPU, SYNC_EVERY_CUDA on CUDA
     compile: bool = False  # torch.compile the step (CUDA graphs on CUDA), see training.step
+    threads: int | None = None  # torch intra-op threads; None: chosen for the run (device.choose_threads)
 
     def __post_init__(self) -> None:
         def ok(cond: bool, msg: str) -> None:
@@ -80,6 +81,7 @@ class TrainConfig:
         check_precision(self.precision, prefix="invalid training setting: ")
         check_sync_every(self.sync_every, prefix="invalid training setting: ")
         ok(isinstance(self.compile, bool), f"compile must be true or false, got {shown(self.compile)}")
+        check_threads(self.threads, prefix="invalid training setting: ")
         select_device(self.device)  # raises on an unknown or unavailable device
 
     def to_dict(self) -> dict:
@@ -261,6 +263,13 @@ class JobConfig:
             step=1,
         ),
     )
+    threads: int | None = setting(
+        None,
+        "--threads",
+        "torch CPU threads while training (default: chosen from the step's size, the free cores and "
+        "OMP_NUM_THREADS; a small model trains fastest on one).",
+        bounds=(1, MAX_THREADS),
+    )
     # the workers' options are cli/worker_options.py's (WorkersOpt, GpusPerWorkerOpt, StrategyOpt)
     workers: int | None = setting(None, "--workers")
     gpus_per_worker: float = setting(0, "--gpus-per-worker", fmt="g", needs=("workers",))
@@ -388,6 +397,7 @@ class JobConfig:
             precision=self.precision,
             sync_every=self.sync_every,
             compile=self.compile,
+            threads=self.threads,
             batch_size=self.batch_size if self.batch_size is not None else int(parent_train.get("batch_size", 64)),
             weight_decay=float(
                 self.weight_decay if self.weight_decay is not None else parent_train.get("weight_decay", 0.1)

@@ -11,12 +11,15 @@ current CUDA device: ``cuda`` and ``cuda:0`` are the same device when 0 is curre
 whether and how a tensor is copied (:func:`copy_plan`: pinned, non-blocking copies only for dense
 CPU tensors headed to CUDA), the autocast of a precision, the optimizer's implementation, the
 compile mode, the scoring form, where batches are drawn, how a host read is made
-(:func:`host_read`) and where a batch of small matrices is decomposed (:func:`decomposition_device`). No other module compares ``torch.device`` objects (an architecture test
+(:func:`host_read`), where a batch of small matrices is decomposed (:func:`decomposition_device`)
+and how many intra-op threads a training loop takes (:func:`choose_threads`, from the step's work,
+the cores, the load and the user's choice; the trainer applies it with :func:`apply_threads`). No other module compares ``torch.device`` objects (an architecture test
 says so); the two helpers that act (:func:`move`, :func:`host_read`) apply these decisions."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import TYPE_CHECKING, NamedTuple
 
 from attn_core.validate import check, check_int, shown
@@ -27,6 +30,16 @@ PRECISIONS = ("fp32", "bf16")  # bf16: forward and loss under torch.autocast; we
 # the queue to drain, so the loop reads every SYNC_EVERY_CUDA steps.
 SYNC_EVERY_CUDA = 25
 MAX_SYNC_EVERY = 10_000
+
+# Intra-op threads of a training loop on the CPU (:func:`choose_threads`): one more thread for
+# each WORK_PER_THREAD of a step's work (parameters x sequences x tokens). Below it a step is too
+# short for threads to pay (a step of work 4.7e8, d_model 128, took 156 ms on one thread of a
+# 2-core machine): every operation of a small model splits into pieces that cost less than
+# waking a thread. A thread needs a free core too: on a machine busy with other work (load
+# average at the core count) a second thread waits at every operation for a core and made steps
+# 5 to 40 times slower (benchmarks/train_threads.py).
+WORK_PER_THREAD = 250_000_000
+MAX_THREADS = 256
 
 if TYPE_CHECKING:
     import torch
@@ -249,3 +262,60 @@ def decomposition_device(
     if device.type == "cuda" and op in HOST_DECOMPOSITIONS and small and not differentiable:
         return torch.device("cpu")
     return device
+
+
+# --- threads -------------------------------------------------------------------------------------
+def check_threads(threads: object, prefix: str = "") -> int | None:
+    """None (chosen for the run: :func:`choose_threads`) or an integer 1..MAX_THREADS."""
+    return None if threads is None else check_int("threads", threads, 1, MAX_THREADS, prefix)
+
+
+def choose_threads(
+    work: float,
+    cores: int,
+    requested: int | None = None,
+    env: str | None = None,
+    load: float = 0.0,
+    device: torch.device | str = "cpu",
+) -> int | None:
+    """The torch intra-op threads of a training loop whose step does ``work`` (parameters x
+    sequences x tokens) on ``device``, on a machine of ``cores`` CPUs whose load average (other
+    work) is ``load``: ``requested`` (the user's ``--threads``) when given, else ``env``
+    (``OMP_NUM_THREADS``) when it is a positive integer, else one thread per
+    :data:`WORK_PER_THREAD` of work, at most the cores the load leaves free and at least one.
+    None off the CPU (the step runs on the device: the process's setting is left as it is)."""
+    if requested is not None:
+        return int(requested)
+    if env is not None and env.strip().isdigit() and int(env) > 0:
+        return int(env)
+    import torch
+
+    if torch.device(device).type != "cpu":
+        return None
+    free = max(1, int(cores - load + 0.5))  # a core counts as free when under half of it is busy
+    return max(1, min(int(cores), free, int(work // WORK_PER_THREAD) or 1))
+
+
+def cpu_cores() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def apply_threads(requested: int | None, work: float, device: torch.device | str) -> int:
+    """Set torch's intra-op threads for a training loop as :func:`choose_threads` says, from this
+    machine's cores, its one-minute load average and ``OMP_NUM_THREADS``; returns the threads
+    the loop runs with."""
+    import torch
+
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        load = 0.0
+    env = os.environ.get("OMP_NUM_THREADS")
+    threads = choose_threads(work, cpu_cores(), requested, env, load, device)
+    if threads is not None and threads != torch.get_num_threads():
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()

@@ -21,9 +21,9 @@ from attn_core.runs import RunStore
 from attn_core.sources import resolve
 from attn_core.tasks import get_task
 from attn_core.text.retrain import Retraining
-from attn_core.training import checkpoints, job_measures, telemetry, worker
+from attn_core.training import checkpoints, estimate, job_measures, telemetry, worker
 from attn_core.training.config import JobConfig
-from attn_core.training.queue import SLOTS, JobSlots, queued_message
+from attn_core.training.queue import SLOTS, JobSlots, queued_message, started
 from attn_core.training.record import Outcome, RunRecorder, error_text, job_card, measure_final, record_run
 from attn_core.training.snapshot import Snapshot
 from attn_core.training.trainer import EVAL_SEED_OFFSET, Trainer, init_model
@@ -31,7 +31,7 @@ from attn_core.training.trainer import EVAL_SEED_OFFSET, Trainer, init_model
 SCRATCH_PREFIX = "scratch:"  # source "scratch:<preset>" trains the preset's model from its init
 # the snapshot fields read from the job's state as they are
 SNAPSHOT_STATE = ("status", "message", "step", "elapsed_s", "train_s", "step_s", "before", "after")
-SNAPSHOT_STATE += ("probe_pattern", "probe_step", "probe_head", "workers", "compile_s")
+SNAPSHOT_STATE += ("probe_pattern", "probe_step", "probe_head", "workers", "compile_s", "left_s")
 PAUSED_POLL_S = 0.1  # a paused job looks for a newly watched head this often
 
 
@@ -103,6 +103,7 @@ class TrainingJob:
             step_s=0.0,
             compile_s=0.0,
             workers=(),
+            left_s=None,
         )
         self._t0: float | None = None
         self._t_loop = 0.0
@@ -134,11 +135,12 @@ class TrainingJob:
         return self.recorder.run_id
 
     # --- control (any thread) -------------------------------------------------------------------
-    def start(self, process=False, threads: int | None = 1, address: str | None = None, keep_ray=False) -> TrainingJob:
+    def start(self, process=False, threads: int | None = None, address: str | None = None, keep_ray=False):
         """Train in a worker thread, once this process's line of jobs (``training.queue``) lets
         it: until then its status is ``queued`` and its message says how many jobs are ahead.
-        With ``process``, train in a worker process (``threads`` torch threads there; None: torch's
-        default) that this thread follows (:mod:`attn_core.training.worker`); with ``cfg.workers``, on
+        With ``process``, train in a worker process (``threads`` torch threads there; None:
+        ``cfg.threads``, else chosen for the run: ``device.choose_threads``) that this thread
+        follows (:mod:`attn_core.training.worker`); with ``cfg.workers``, on
         Ray Train workers (``address``: the cluster to join; ``keep_ray``: :func:`attn_core.cluster.ray_session`'s keep)."""
         if self._thread is not None or self._state["status"] != "pending":
             raise RuntimeError("this job has already been started; build a new one to train again")
@@ -154,6 +156,7 @@ class TrainingJob:
             self._publish(status="queued", message=queued_message(ahead))
         self._thread = threading.Thread(target=self._run_safely, name=f"attn-lab job {self.parent}", daemon=True)
         self._thread.start()
+        started(self)
         return self
 
     def run(self, address: str | None = None) -> dict:
@@ -198,18 +201,7 @@ class TrainingJob:
         """The probe pattern [T, T] of head ``layer``, ``head`` (numpy): the latest telemetry's
         when it is that head's; for a run that has ended, computed from its final weights (on
         the CPU, once per head); else None (the next telemetry of a watched head brings it)."""
-        snap = self.snapshot()
-        found = snap.pattern_of(layer, head)
-        if found is not None or not snap.done:
-            return found
-        key = (int(layer), int(head), snap.step)
-        if key not in self._patterns:
-            try:
-                model = self.model_copy()
-            except RuntimeError:  # a job that ended without weights (failed before training)
-                return None
-            self._patterns[key] = telemetry.probe_pattern(model, self.probe.tokens[0].cpu(), layer, head)
-        return self._patterns[key]
+        return job_measures.pattern(self, layer, head)
 
     def _tell(self, *command) -> None:
         if self.remote is not None:  # a job in a worker process: the worker acts on it
@@ -372,7 +364,9 @@ class TrainingJob:
             self._telemetry(step)
         if step % cfg.spectrum_every == 0 or step == cfg.steps:
             job_measures.record_spectra(self, step)
-        self._publish(step=step, train_s=time.perf_counter() - self._t_loop, compile_s=self.trainer.graph.compile_s)
+        train_s = time.perf_counter() - self._t_loop
+        self._pace.add(step, train_s - self.trainer.graph.compile_s)
+        self._publish(step=step, train_s=train_s, compile_s=self.trainer.graph.compile_s, left_s=self._pace.left())
 
     def _loop(self) -> Outcome:
         if self.checkpoints is not None:  # step 0, into the run's folder (a temporary one without a store)
@@ -380,6 +374,7 @@ class TrainingJob:
             with self.trainer.view() as model:  # the model, or on rank 0 of an FSDP run its gathered weights
                 self.checkpoints.start(checkpoints.job_folder(self.store, self.run_id), model, files=files)
         self._t_loop = time.perf_counter()
+        self._pace = estimate.Pace(self.cfg.steps, self.phases.get("before", 0.0))  # measuring after as long
         self._telemetry(0)
         job_measures.record_spectra(self, 0)
         self._publish(train_s=time.perf_counter() - self._t_loop)

@@ -85,3 +85,20 @@ def measure(job) -> dict:
             tokens=telemetry.measure_tokens(job.train_cfg, job.task),
             precision=job.cfg.precision,
         )
+
+
+def pattern(job, layer: int, head: int):
+    """``job.pattern``: the latest telemetry's probe pattern of the head, or for a run that has
+    ended its final weights' (on the CPU, once per head); else None."""
+    snap = job.snapshot()
+    found = snap.pattern_of(layer, head)
+    if found is not None or not snap.done:
+        return found
+    key = (int(layer), int(head), snap.step)
+    if key not in job._patterns:
+        try:
+            model = job.model_copy()
+        except RuntimeError:  # a job that ended without weights (failed before training)
+            return None
+        job._patterns[key] = telemetry.probe_pattern(model, job.probe.tokens[0].cpu(), layer, head)
+    return job._patterns[key]

@@ -4,7 +4,8 @@ first served, and say how many jobs are ahead of them. Three live retrains on a 
 otherwise share the cores with the server's page runs and each other, and every page slows down.
 
 :data:`SLOTS` is the process's line; ``TrainingJob.start`` waits in it (a job stopped while it
-waits ends ``stopped`` without training)."""
+waits ends ``stopped`` without training). :func:`running_jobs` lists the process's jobs that
+train or wait, for a new session of the Retrain page to show."""
 
 from __future__ import annotations
 
@@ -113,3 +114,21 @@ SLOTS = JobSlots()  # this process's line of training jobs
 
 def queued_message(ahead: int) -> str:
     return f"queued: {ahead} job{'s' if ahead != 1 else ''} ahead (at most {max_jobs()} train at once, {ENV_MAX_JOBS})"
+
+
+_STARTED: list = []  # the jobs started in this process, oldest first (running_jobs)
+_STARTED_LOCK = threading.Lock()
+
+
+def started(job) -> None:
+    """Note a job that ``TrainingJob.start`` started (it is listed until it ends)."""
+    with _STARTED_LOCK:
+        _STARTED.append(job)
+
+
+def running_jobs() -> list:
+    """The jobs started in this process that have not ended, oldest first: what a new session of
+    the dashboard's Retrain page shows (a run started in another tab)."""
+    with _STARTED_LOCK:
+        _STARTED[:] = [j for j in _STARTED if not j.snapshot().done]
+        return list(_STARTED)

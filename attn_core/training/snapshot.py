@@ -51,6 +51,9 @@ class Snapshot:
     # a run on Ray Train workers: one dict per worker (rank, host, pid, device, steps, steps_per_s,
     # peak_mib), rank 0's first; empty for a run in one process
     workers: tuple = ()
+    # (low, high) seconds left while it trains, refined from the measured steps (estimate.Pace);
+    # None before a few steps are measured
+    left_s: tuple | None = None
     _log: tuple = field(repr=False, default=((), (), ()))
     _n: int = 0
 

@@ -26,6 +26,7 @@ import torch
 
 from attn_core.model import Transformer
 from attn_core.tasks import Batch, Task
+from attn_core.training import device as D
 from attn_core.training.config import TrainConfig
 from attn_core.training.device import batch_device, host_read, move, optimizer_options, select_device, sync_interval
 from attn_core.training.step import StepGraph
@@ -93,6 +94,12 @@ def make_optimizer(model: Transformer, cfg: TrainConfig, device: torch.device | 
             (decay if p.dim() >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return adamw(groups, cfg, device or next(model.parameters()).device)
+
+
+def step_work(model: Transformer, task: Task, cfg: TrainConfig) -> int:
+    """A training step's work as the thread count weighs it: parameters x sequences x tokens."""
+    tokens = getattr(task, "block", None) or task.n_ctx
+    return sum(p.numel() for p in model.parameters()) * cfg.batch_size * tokens
 
 
 def eval_tokens(cfg: TrainConfig, n_ctx: int) -> int:
@@ -170,6 +177,9 @@ class Trainer:
         self.cfg, self.task, self.penalty = cfg, task, penalty
         # ``device`` (library callers, and the tests that train on the meta device) overrides cfg.device
         self.device = torch.device(device) if device is not None else select_device(cfg.device)
+        # the one place a training loop takes its intra-op threads (cfg.threads, else chosen from
+        # the step's work and the free cores: device.choose_threads)
+        self.threads = D.apply_threads(cfg.threads, step_work(model, task, cfg), self.device)
         self.model = model.to(self.device).train()
         # data-parallel (attn_core.distributed.DataParallel, one rank of a multi-worker run): the
         # model is sharded (FSDP) or wrapped for the step's forward (DDP) before the optimizer sees it

@@ -5,6 +5,7 @@ on the updates pipe, and stops (saving the run) when told to or when the control
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -31,14 +32,12 @@ def main(updates_fd: int, control_fd: int) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     updates, control = Connection(updates_fd, readable=False), Connection(control_fd, writable=False)
     cfg, store_root, threads = control.recv()
-    import torch
-
     from attn_core.runs import RunStore
     from attn_core.training.job import TrainingJob
     from attn_core.training.record import error_text
 
-    if threads:
-        torch.set_num_threads(threads)
+    if threads:  # the trainer takes them (its one place for threads: Trainer)
+        cfg = dataclasses.replace(cfg, threads=threads)
     try:
         job = TrainingJob(cfg, store=RunStore(store_root) if store_root is not None else False)
     except Exception as e:  # the source or the store changed since the parent checked them

@@ -110,6 +110,28 @@ def test_stop_ends_a_long_run_and_keeps_it(page):
     assert "no head L1H0" in page.info[0].value
 
 
+def test_a_new_tab_shows_the_running_job_with_its_curves(page):
+    """A run started in one session is shown, with its curves, to a session that opens the page
+    while it trains (it said "No run yet"); that session may start its own run (which waits in
+    line), and only the session that started a run stops it."""
+    page.number_input(key="retrain_steps").set_value(5000).run()
+    page.button(key="retrain_start").click().run()
+    poll(page, lambda at: job(at).snapshot().step > 0)
+    try:
+        other = open_page(PAGE, MODEL)
+        poll(other, lambda at: any(t.get("x") is not None and len(t["x"]) for t in chart(at, "live_curves")["data"]))
+        assert other.session_state["retrain_watched_job"] is job(page) and not job(page).snapshot().done
+        assert not any("No run yet" in i.value for i in other.info)
+        assert "running: step" in other.get("progress")[0].proto.text
+        assert "task loss" in {t["name"] for t in chart(other, "live_curves")["data"]}
+        assert other.button(key="retrain_start").proto.disabled is False
+        assert other.button(key="retrain_stop").proto.disabled is True
+    finally:
+        job(page).stop()
+        poll(page, lambda at: job(at).snapshot().done)
+    assert job(page).snapshot().status == "stopped"
+
+
 def test_a_diverged_run_says_so(tmp_path, monkeypatch):
     """A random model whose unembedding is 10^3 times too large: its task loss is far beyond a
     uniform guess's, so the guard ends the run at step 1 (in the job's worker process: nothing
