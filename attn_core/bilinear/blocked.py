@@ -34,6 +34,7 @@ from attn_core.bilinear.checks import check_ids, check_layer, check_model, check
 from attn_core.bilinear.checks import longest_input as checks_longest
 from attn_core.hooks import act_name
 from attn_core.model import Transformer
+from attn_core.model.attention import WINDOW_BLOCK
 from attn_core.validate import is_int
 
 BLOCKED_INPUT = 1024  # inputs longer than this take the blocked path (no T x T anywhere)
@@ -55,34 +56,52 @@ def check_count(name: str, value, lo: int, hi: int) -> int:
     return int(value)
 
 
-def forward_bytes(n: int) -> int:
-    """What the forward that reads Q and K holds of n x n: the model's boolean mask (made for the
-    fused kernel, ``Transformer.mask``) and a copy while it is made; the blocks never hold more."""
-    return 2 * n * n
+def forward_bytes(model: Transformer, n: int) -> int:
+    """About what :func:`layer_qk` and :func:`row_stats` allocate for ``n`` tokens, in bytes: per
+    token, float32 activations of the forward (the residual stream and its norms, Q, K and V with
+    the grouped keys repeated per query head, Z, the rotary angles, the MLP's hidden layers), what
+    is kept (X, Q, K) and the rows' statistics; plus the blocks (queries x keys, never n x n: the
+    fused kernel takes the causal mask as such and a sliding window a block at a time). A model
+    whose attention forms S (alpha-entmax, heads of unequal widths) also holds a layer's n x n
+    scores, weights and mask."""
+    cfg = model.cfg
+    H, G, d, dh = cfg.n_heads, cfg.kv_heads, cfg.d_model, cfg.d_head
+    w = max(cfg.qk_width(l) for l in range(cfg.n_layers)) if cfg.qk == "factored" else d
+    forward = 4 * d + 2 * H * w + G * w + (G + H) * dh + H * dh + 2 * w + 3 * cfg.d_mlp
+    kept = d + H * w + G * w
+    rows = 4 + 2 * TOP_K + OFFSETS + 2 * TOP_K  # lse, entropy, sink, seen; top scores, weights; offsets; keys (int64)
+    per_token = limits.FLOAT_BYTES * (forward + kept + rows)
+    window = max((cfg.window(l) for l in range(cfg.n_layers)), default=0)
+    blocks = limits.FLOAT_BYTES * (6 * BLOCK * BLOCK + 2 * H * WINDOW_BLOCK * (WINDOW_BLOCK + window))
+    dense = 0 if cfg.entmax_alpha == 1.0 and cfg.d_qk is None else (3 * H * limits.FLOAT_BYTES + 1) * n * n
+    return n * per_token + blocks + dense
 
 
 def check_input(model: Transformer, tokens: Sequence[int]) -> list[int]:
     """An input of a page: over :data:`BLOCKED_INPUT` tokens checked as blocked scores need (the
-    vocabulary, the context and the forward's mask within the memory limit), else as a dense view
-    needs (its n x n views too)."""
+    vocabulary, the context and the forward's memory, :func:`forward_bytes`, within the limit),
+    else as a dense view needs (its n x n views too)."""
     model = check_model(model, "check_input")
     if len(tokens) > BLOCKED_INPUT:
         ids = check_ids(model, tokens)
-        limits.check_memory(f"the forward's {len(ids)} x {len(ids)} mask", forward_bytes(len(ids)))
+        limits.check_memory(f"the forward on {len(ids)} tokens", forward_bytes(model, len(ids)))
         return ids
     return check_tokens(model, tokens)
 
 
 def longest_input(model: Transformer) -> int:
     """The most tokens a page's input may have: the context when it is longer than
-    :data:`BLOCKED_INPUT` (blocked scores hold no n x n scores), cut to what the forward's mask
-    leaves within the memory limit; else what a dense view allows."""
+    :data:`BLOCKED_INPUT` (blocked scores hold no n x n scores), cut to what the forward's
+    memory (:func:`forward_bytes`) leaves within the limit; else what a dense view allows."""
     model = check_model(model, "longest_input")
     n_ctx = model.cfg.n_ctx
     if n_ctx <= BLOCKED_INPUT:
         return checks_longest(model)
-    n = min(n_ctx, math.isqrt(limits.memory_limit() // 2))
-    return max(n, min(n_ctx, checks_longest(model)))
+    budget, lo, hi = limits.memory_limit(), 0, n_ctx  # forward_bytes grows with n: the largest n within budget
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if forward_bytes(model, mid) <= budget else (lo, mid - 1)
+    return max(lo, min(n_ctx, checks_longest(model)))
 
 
 @dataclass

@@ -69,6 +69,7 @@ def test_no_script_or_test_module_shadows_an_installed_package():
         for folder in folders
         if folder.is_dir()
         for p in folder.iterdir()
-        if (p.suffix == ".py" and p.stem in installed) or (p.is_dir() and (p / "__init__.py").exists() and p.name in installed)
+        if (p.suffix == ".py" and p.stem in installed)
+        or (p.is_dir() and (p / "__init__.py").exists() and p.name in installed)
     ]
     assert not shadows, f"these modules hide installed packages of the same name: {shadows}"
