@@ -24,7 +24,8 @@ at a time, with the rows' lse from :func:`row_stats`. Softmax heads only (not al
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -235,6 +236,24 @@ def _block(block: int) -> int:
     return check_count("block", block, 1, 1 << 16)
 
 
+@contextmanager
+def one_thread(device: torch.device) -> Iterator[None]:
+    """torch's CPU ops run on one thread inside (the previous count comes back after). A block
+    of 512 x 512 is too small to share: each of the many ops of a block loop waits for every
+    thread, and on a busy machine (more runnable processes than CPUs) each wait can cost a
+    scheduler time slice. ``row_stats`` of one head at 8192 tokens took 45-61 s on 2 threads and
+    2.7-3.6 s on one, load average 13 on 2 CPUs (README, "Long contexts without T x T")."""
+    before = torch.get_num_threads()
+    if device.type != "cpu" or before == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @torch.no_grad()
 def row_stats(
     qk: LayerQK,
@@ -246,6 +265,11 @@ def row_stats(
 ) -> RowStats:
     """The per-row statistics of ``head`` (see the module doc), one query block at a time;
     ``progress(done, total)`` after each block of queries."""
+    with one_thread(qk.q.device):
+        return _row_stats(qk, head, k, offsets, block, progress)
+
+
+def _row_stats(qk: LayerQK, head: int, k: int, offsets: int, block: int, progress: Progress | None) -> RowStats:
     h, T = qk.check_head(head), qk.n
     k = check_count("k (top keys)", k, 1, T)
     P = min(T, check_count("offsets", offsets, 1, 1 << 16))
@@ -341,6 +365,13 @@ def pooled(
     tile = check_count("tile", tile, 1, T)
     step = tile * max(1, BLOCK // tile)  # a whole number of tiles per block
     nr, nc = math.ceil((r1 - r0) / tile), math.ceil((c1 - c0) / tile)
+    with one_thread(qk.q.device):
+        return _pooled(qk, h, lse, rows, cols, tile, pool, progress, step, (nr, nc))
+
+
+def _pooled(qk, h, lse, rows, cols, tile, pool, progress, step, shape) -> torch.Tensor:
+    """:func:`pooled` once its arguments are checked."""
+    (r0, r1), (c0, c1), (nr, nc) = rows, cols, shape
     dev, dt = qk.q.device, qk.q.dtype
     out = torch.full((nr, nc), math.nan, dtype=dt, device=dev)
     for q0 in range(r0, r1, step):

@@ -196,3 +196,20 @@ def test_a_sliding_window_in_blocks_equals_the_dense_mask(tiny_model):
         hooks = [(act_name("pattern", l), lambda t, n: None) for l in range(2)]  # reading A forms S: the dense mask
         explicit = model.run_with_hooks(tokens, hooks)
     assert torch.allclose(fused, explicit, atol=1e-5, rtol=1e-4)
+
+
+def test_the_block_loops_run_on_one_thread_and_give_the_threads_back():
+    """A block's ops are too small to share among threads (on a busy machine each wait costs a
+    time slice): row_stats and pooled run theirs on one thread, then the count comes back."""
+    T = 1100
+    qk = LayerQK(0, [0] * T, torch.randn(2, T, 4), torch.randn(1, T, 4), (0, 0), (0.5, 0.5), 0)
+    seen = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        stats = row_stats(qk, 0, k=4, progress=lambda done, total: seen.append(torch.get_num_threads()))
+        pooled(qk, 0, stats.lse, (0, T), (0, T), 100, progress=lambda done, total: seen.append(torch.get_num_threads()))
+        assert seen and set(seen) == {1}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
