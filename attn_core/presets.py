@@ -1,8 +1,11 @@
 """Recipes of the shipped zoo: ``attn-lab train --preset NAME`` reproduces each model in
-``assets/models/NAME`` (same seed, same steps, same code)."""
+``assets/models/NAME`` (same seed, same steps, same code). A text preset (``text`` set) trains
+next-token prediction on a corpus that ships with the repo (``attn_core.text.bundled``), with a
+tokenizer trained on it by the same command and saved beside the weights (tokenizer.json)."""
 
 from __future__ import annotations
 
+import math
 import shutil
 import tempfile
 import time
@@ -14,6 +17,7 @@ import torch
 from attn_core import checkpoint
 from attn_core.card import Card, machine, now
 from attn_core.destinations import tmp_prefix
+from attn_core.hf.tokenizer import TOKENIZER
 from attn_core.model import ModelConfig
 from attn_core.tasks import Task, get_task
 from attn_core.training import checkpoints as ckpt
@@ -30,10 +34,26 @@ class Preset:
     model: dict
     train: TrainConfig
     description: str
+    text: bool = False  # next-token prediction on the bundled corpus (``task`` is then "text")
+    vocab: int = 0  # a text preset: its tokenizer's vocabulary, trained on the corpus
+    block: int = 256  # a text preset: tokens per training sequence (the context, ``model["n_ctx"]``, may be longer)
 
     def model_config(self) -> ModelConfig:
+        if self.text:
+            return ModelConfig(d_vocab=self.vocab, **self.model)
         t = get_task(self.task)
         return ModelConfig(d_vocab=t.d_vocab, n_ctx=t.n_ctx, **self.model)
+
+    def make_task(self) -> tuple[Task, bytes | None]:
+        """(the task, the tokenizer.json to save with the model: None for a toy task)."""
+        if not self.text:
+            return get_task(self.task), None
+        from attn_core.text import bundled
+
+        corpus = bundled.read_corpus()
+        tokenizer = bundled.train_tokenizer(corpus, self.vocab)
+        task = bundled.corpus_task(corpus, tokenizer, self.block, bundled.CORPUS.name)
+        return task, tokenizer.encode()
 
 
 PRESETS: dict[str, Preset] = {
@@ -94,6 +114,18 @@ PRESETS: dict[str, Preset] = {
             "1-layer transformer with an MLP; a + b mod 23, trained on 80% of the pairs and evaluated "
             "on the held-out 20% (it generalises after ~2000 steps: grokking under weight decay).",
         ),
+        Preset(
+            "text-8k",
+            "text",
+            dict(n_layers=2, n_heads=4, d_model=64, d_head=16, d_mlp=256, positional="rotary", n_ctx=8192),
+            TrainConfig(steps=400, batch_size=8, lr=3e-3, eval_every=100, eval_samples=32, warmup_steps=40),
+            "2-layer text model with rotary positions and a context of 8192 tokens, trained on blocks of "
+            "128 tokens of this lab's manual (assets/text/lab-manual.txt) with a 512-token byte-level BPE "
+            "tokenizer trained on it (tokenizer.json): a model to try long inputs on.",
+            text=True,
+            vocab=512,
+            block=128,
+        ),
     ]
 }
 
@@ -145,7 +177,7 @@ def train_preset(
         raise ValueError(f"{out} already exists; choose a new --out folder (nothing was overwritten)")
     if checkpoints is not None and out is None:
         raise ValueError("checkpoints need a folder to go in: give --out")
-    task: Task = get_task(preset.task)
+    task, tokenizer = preset.make_task()
     torch.manual_seed(cfg.seed)
     model = init_model(preset.model_config(), cfg.seed)
     trainer = Trainer(model, task, cfg)
@@ -171,7 +203,12 @@ def train_preset(
             card.details["checkpoints"] = writer.listing()
         if out is not None:
             checkpoint.save(
-                model.cpu(), out, card, overwrite=overwrite, include={ckpt.CHECKPOINTS: staging} if staging else None
+                model.cpu(),
+                out,
+                card,
+                overwrite=overwrite,
+                include={ckpt.CHECKPOINTS: staging} if staging else None,
+                files=None if tokenizer is None else {TOKENIZER: tokenizer},
             )
     finally:
         if staging is not None and staging.exists():  # not moved into out: training or saving failed
@@ -185,13 +222,14 @@ def _card(preset: Preset, out, cfg: TrainConfig, model, task: Task, last: dict, 
     card = Card(
         name=preset.name if out is None else Path(out).name,
         preset=preset.name,
-        task=preset.task,
+        task=None if preset.text else preset.task,  # a text model's task is its text, not a toy of the registry
         description=preset.description,
         metrics={
             "accuracy": held_out["accuracy"],
             "loss": held_out["loss"],
             "eval_samples": HELD_OUT_SAMPLES,
             "split": "test",
+            **({"perplexity": math.exp(held_out["loss"])} if preset.text else {}),
         },
         seed=cfg.seed,
         steps=cfg.steps,
@@ -203,4 +241,6 @@ def _card(preset: Preset, out, cfg: TrainConfig, model, task: Task, last: dict, 
         command=command or f"attn-lab train --preset {preset.name} --out assets/models/{preset.name}",
         created=now(),
     )
+    if preset.text:
+        card.details["corpus"] = task.facts
     return card

@@ -3,6 +3,7 @@
     python benchmarks/long_inputs.py               # GPT-2 small shape, 1024 tokens, medians of 5
     python benchmarks/long_inputs.py --json        # the result as JSON on stdout
     python benchmarks/long_inputs.py --quick       # a smoke run: a tiny GPT-2, 128 tokens, not saved
+    python benchmarks/long_inputs.py --memory      # peak memory of `scores --topk` at 1k..32k tokens only
 
 A random-initialised GPT-2 (transformers' GPT2Config(n_layer=12, n_head=12, n_embd=768): d_head
 64, vocabulary 50257, context 1024, 124M parameters) is saved by transformers as a Hugging Face
@@ -19,6 +20,15 @@ folder (model.safetensors) in a temporary directory. Then, medians of --repeats:
   (B + B^T)/2, norms and ranks of every head);
 - peak memory: the process's peak resident set size (``resource.getrusage(RUSAGE_SELF).ru_maxrss``:
   Python, torch and the weights together), read before loading, after the first load and at the end.
+
+Peak memory at long lengths (``--memory``; ``--quick`` runs the Mistral at 2k tokens): a grouped-query
+Llama (4 query heads, 2 key heads) and a Mistral with a 64-token sliding window, both d_model 32,
+2 layers, context 32768, random weights written by transformers; for each and for --lengths,
+``python -m attn_core scores F --layer 1 --head 0 --random-seed 0 --length N --topk 8 --json``
+in a fresh process (stdout thrown away), its peak resident set (``ru_maxrss`` of that child,
+``os.wait4``) next to what the command's memory check estimates (``blocked.forward_bytes`` and
+``cli.long_scores.result_bytes``: what the forward and the result add to Python and torch). Saved in
+benchmarks/results/long_inputs_memory.json.
 
 Saves benchmarks/results/long_inputs.json (not with --quick).
 """
@@ -48,6 +58,24 @@ from attn_core.figures import bilinear as fb  # noqa: E402
 from benchmarks import record  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "long_inputs.json"
+MEMORY_OUT = ROOT / "benchmarks" / "results" / "long_inputs_memory.json"
+LENGTHS = (1024, 8192, 16384, 32768)
+QUICK_LENGTHS = (2048,)  # past BLOCKED_INPUT, and past a window block of 512 queries
+SMALL = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=1000,
+    max_position_embeddings=32768,
+    bos_token_id=0,
+    eos_token_id=0,
+)
+FAMILIES = {
+    "llama-gqa": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "mistral-window64": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=64)),
+}
 FULL = dict(n_layer=12, n_head=12, n_embd=768, n_positions=1024, vocab_size=50257, tokens=1024)
 QUICK = dict(
     n_layer=2, n_head=4, n_embd=64, n_positions=128, vocab_size=1000, bos_token_id=0, eos_token_id=0, tokens=128
@@ -61,6 +89,72 @@ shape, folder = json.loads(sys.argv[1]), sys.argv[2]
 torch.manual_seed(0)
 transformers.GPT2LMHeadModel(transformers.GPT2Config(**shape)).save_pretrained(folder, safe_serialization=True)
 """
+
+
+SMALL_WRITER = """
+import json, sys, torch, transformers
+config, model, extra, folder = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+torch.manual_seed(0)
+cfg = getattr(transformers, config)(**extra)
+getattr(transformers, model)(cfg).save_pretrained(folder, safe_serialization=True)
+"""
+
+
+def write_small(folder: Path, family: str) -> None:
+    """A random d_model-32, 2-layer model of ``family`` (FAMILIES) written by transformers."""
+    config, model, extra = FAMILIES[family]
+    args = [sys.executable, "-c", SMALL_WRITER, config, model, json.dumps({**SMALL, **extra}), str(folder)]
+    r = subprocess.run(args, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"writing the {family} folder with transformers failed:\n{r.stderr[-2000:]}")
+
+
+def child_peak_mib(args: list[str]) -> tuple[float, int]:
+    """(peak resident MiB, exit status) of one child process running ``args``."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    err = proc.stderr.read().decode(errors="replace")
+    proc.stderr.close()
+    if proc.returncode != 0:
+        print(f"  exit {proc.returncode}: {err.strip().splitlines()[-1] if err.strip() else ''}", file=sys.stderr)
+    return usage.ru_maxrss / 1024, proc.returncode
+
+
+def measure_memory(lengths, families=tuple(FAMILIES)) -> dict:
+    """Peak RSS of ``scores --topk 8`` per family and length (see the module doc)."""
+    from attn_core.bilinear.blocked import forward_bytes
+    from attn_core.cli.long_scores import result_bytes
+
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="attn-lab-long-mem-") as tmp:
+        for family in families:
+            folder = Path(tmp) / family
+            write_small(folder, family)
+            model = sources.resolve(folder).model
+            rows = []
+            for n in lengths:
+                args = [sys.executable, "-m", "attn_core", "scores", str(folder), "--layer", "1", "--head", "0"]
+                args += ["--random-seed", "0", "--length", str(n), "--topk", "8", "--json"]
+                start = time.perf_counter()
+                peak, rc = child_peak_mib(args)
+                rows.append(
+                    dict(
+                        tokens=n,
+                        peak_rss_mib=round(peak, 1),
+                        exit=rc,
+                        wall_s=round(time.perf_counter() - start, 2),
+                        estimate_mib=round((forward_bytes(model, n) + result_bytes(n, 8)) / 2**20, 1),
+                    )
+                )
+                print(
+                    f"{family:<18} {n:>6} tokens: peak RSS {peak:7.0f} MiB, "
+                    f"estimate {rows[-1]['estimate_mib']:7.1f} MiB, exit {rc}",
+                    file=sys.stderr,
+                )
+            out[family] = rows
+    return out
 
 
 def write_gpt2(folder: Path, shape: dict) -> float:
@@ -146,6 +240,12 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to save the JSON ('-' to not save)")
     parser.add_argument("--quick", action="store_true", help="smoke run: a tiny GPT-2, 2 repeats, not saved")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
+    parser.add_argument(
+        "--memory", action="store_true", help="only the peak memory of `scores --topk` at --lengths (two small models)"
+    )
+    parser.add_argument(
+        "--lengths", default=",".join(map(str, LENGTHS)), help="token counts of --memory, comma-separated"
+    )
     args = parser.parse_args(argv)
     if args.threads is not None:
         if args.threads < 1:
@@ -160,6 +260,18 @@ def main(argv=None) -> int:
         import transformers  # noqa: F401
     except ImportError:
         sys.exit("this benchmark writes its GPT-2 folder with transformers: pip install -r requirements-dev.txt")
+    if args.memory or args.quick:
+        try:
+            lengths = QUICK_LENGTHS if args.quick else tuple(int(n) for n in args.lengths.split(","))
+        except ValueError:
+            parser.error(f"--lengths must be whole numbers separated by commas, got {args.lengths!r}")
+        families = ("mistral-window64",) if args.quick else tuple(FAMILIES)
+        memory = dict(families=measure_memory(lengths, families), shape=SMALL, **record.environment())
+        if args.memory:
+            if args.out != Path("-"):
+                record.save(memory, MEMORY_OUT if args.out == DEFAULT_OUT else args.out)
+            print(json.dumps(memory, indent=2) if args.json else "peak memory saved", file=sys.stdout)
+            return 0
 
     with tempfile.TemporaryDirectory(prefix="attn-lab-long-") as tmp:
         folder = Path(tmp) / "gpt2-random"

@@ -1,6 +1,9 @@
 """The Heatmaps page's input and query: a task sample, a held-out block of the text a run was
 trained on, random tokens or typed text/tokens, the query position (moved to the last token when the input changes) and k of the top-k metric, all
-written into the URL."""
+written into the URL. A model with a tokenizer takes text typed or pasted in a multi-line box
+(line breaks kept) or read from an uploaded file (kept and checked as the Retrain page's text
+uploads are, ``attn_core.text.files``); text longer than the input may be is cut to its first
+tokens, and the page says so."""
 
 from __future__ import annotations
 
@@ -10,15 +13,20 @@ import streamlit as st
 
 from attn_core import bilinear
 from attn_core.bilinear import blocked, position_labels
+from attn_core.bilinear.tokens import encode_first
+from attn_core.hf import tokenizer as hf_tokenizer
 from attn_core.sources import LoadedModel
+from attn_core.text import files as text_files
 from attn_core.text import source as text_source
 from attn_core.text.files import page_message
+from attn_core.text.prefix import read_prefix
 from ui.markup import plain
 from ui.state import follow_input, remember, to_url
 from ui.widgets import number
 
 SOURCES = {"text": "held-out text", "sample": "task sample", "random": "random tokens", "typed": "typed tokens"}
 DEFAULT_LENGTH = 1024  # random tokens by default: the context, at most this many (and what the limits allow)
+TEXT_FROM = {"box": "typed or pasted", "file": "a file"}
 
 
 @dataclass(frozen=True)
@@ -46,12 +54,7 @@ def _tokens(loaded: LoadedModel, source: str) -> tuple[list[int], int | None]:
     """The input's tokens and its seed (None for typed input), from the widgets of ``source``."""
     cfg = loaded.config
     if source == "typed" and bilinear.tokenizer(loaded) is not None:
-        text = st.text_input(
-            "Text",
-            key=remember("typed_text", "The cat sat on the mat. The cat sat"),
-            help=f"Any text, split into tokens by the model's tokenizer.json (at most {cfg.n_ctx} tokens)",
-        )
-        return bilinear.encode(loaded, text), None
+        return _text_tokens(loaded), None
     if source == "typed":
         names = bilinear.token_names(loaded)
         text = st.text_input(
@@ -90,6 +93,46 @@ def _tokens(loaded: LoadedModel, source: str) -> tuple[list[int], int | None]:
         + (f" (the context is {cfg.n_ctx}; the memory limit allows {longest})" if longest < cfg.n_ctx else ""),
     )
     return bilinear.random_tokens(loaded, seed, int(length)), seed
+
+
+def _text_tokens(loaded: LoadedModel) -> list[int]:
+    """Text typed or pasted in a multi-line box, or the text of an uploaded file, by the model's
+    tokenizer.json; cut to the most tokens an input may have (the page says so)."""
+    longest = max(2, blocked.longest_input(loaded.model))
+    origin = st.radio(
+        "Text from",
+        list(TEXT_FROM),
+        format_func=TEXT_FROM.get,
+        horizontal=True,
+        key=remember("heatmap_text_from", "box", list(TEXT_FROM)),
+    )
+    if origin == "file":
+        up = st.file_uploader(  # no type=: Streamlit's own check of a name is a traceback; ours is a line
+            "Text file",
+            max_upload_size=text_files.MAX_UPLOAD_MB,
+            key="heatmap_text_file",
+            help=f"A .txt, .jsonl (one JSON object per line, its text field) or .parquet file; its first {longest} "
+            "tokens are the input",
+        )
+        if up is None:
+            st.info("Upload a text file to look at its first tokens.")
+            st.stop()
+        path = text_files.save_upload(up.name, up.getvalue())
+        text, _ = read_prefix(path, hf_tokenizer.MAX_TEXT_CHARS)
+        if not text.strip():
+            raise ValueError(f"{text_files.upload_name(up.name)} holds no text")
+    else:
+        text = st.text_area(
+            "Text",
+            key=remember("typed_text", "The cat sat on the mat. The cat sat"),
+            height=160,
+            help=f"Any text, line breaks included, split into tokens by the model's tokenizer.json (its first "
+            f"{longest} tokens are the input)",
+        )
+    ids, total = encode_first(loaded, text[: hf_tokenizer.MAX_TEXT_CHARS], longest)
+    if total > len(ids):
+        st.caption(f"The text has {total:,} tokens: its first {len(ids):,} are the input.")
+    return ids
 
 
 def pick_input(loaded: LoadedModel) -> Input:

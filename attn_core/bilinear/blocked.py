@@ -24,7 +24,8 @@ at a time, with the rows' lse from :func:`row_stats`. Softmax heads only (not al
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,7 @@ from attn_core.bilinear.checks import check_ids, check_layer, check_model, check
 from attn_core.bilinear.checks import longest_input as checks_longest
 from attn_core.hooks import act_name
 from attn_core.model import Transformer
+from attn_core.model.attention import WINDOW_BLOCK
 from attn_core.validate import is_int
 
 BLOCKED_INPUT = 1024  # inputs longer than this take the blocked path (no T x T anywhere)
@@ -55,34 +57,52 @@ def check_count(name: str, value, lo: int, hi: int) -> int:
     return int(value)
 
 
-def forward_bytes(n: int) -> int:
-    """What the forward that reads Q and K holds of n x n: the model's boolean mask (made for the
-    fused kernel, ``Transformer.mask``) and a copy while it is made; the blocks never hold more."""
-    return 2 * n * n
+def forward_bytes(model: Transformer, n: int) -> int:
+    """About what :func:`layer_qk` and :func:`row_stats` allocate for ``n`` tokens, in bytes: per
+    token, float32 activations of the forward (the residual stream and its norms, Q, K and V with
+    the grouped keys repeated per query head, Z, the rotary angles, the MLP's hidden layers), what
+    is kept (X, Q, K) and the rows' statistics; plus the blocks (queries x keys, never n x n: the
+    fused kernel takes the causal mask as such and a sliding window a block at a time). A model
+    whose attention forms S (alpha-entmax, heads of unequal widths) also holds a layer's n x n
+    scores, weights and mask."""
+    cfg = model.cfg
+    H, G, d, dh = cfg.n_heads, cfg.kv_heads, cfg.d_model, cfg.d_head
+    w = max(cfg.qk_width(l) for l in range(cfg.n_layers)) if cfg.qk == "factored" else d
+    forward = 4 * d + 2 * H * w + G * w + (G + H) * dh + H * dh + 2 * w + 3 * cfg.d_mlp
+    kept = d + H * w + G * w
+    rows = 4 + 2 * TOP_K + OFFSETS + 2 * TOP_K  # lse, entropy, sink, seen; top scores, weights; offsets; keys (int64)
+    per_token = limits.FLOAT_BYTES * (forward + kept + rows)
+    window = max((cfg.window(l) for l in range(cfg.n_layers)), default=0)
+    blocks = limits.FLOAT_BYTES * (6 * BLOCK * BLOCK + 2 * H * WINDOW_BLOCK * (WINDOW_BLOCK + window))
+    dense = 0 if cfg.entmax_alpha == 1.0 and cfg.d_qk is None else (3 * H * limits.FLOAT_BYTES + 1) * n * n
+    return n * per_token + blocks + dense
 
 
 def check_input(model: Transformer, tokens: Sequence[int]) -> list[int]:
     """An input of a page: over :data:`BLOCKED_INPUT` tokens checked as blocked scores need (the
-    vocabulary, the context and the forward's mask within the memory limit), else as a dense view
-    needs (its n x n views too)."""
+    vocabulary, the context and the forward's memory, :func:`forward_bytes`, within the limit),
+    else as a dense view needs (its n x n views too)."""
     model = check_model(model, "check_input")
     if len(tokens) > BLOCKED_INPUT:
         ids = check_ids(model, tokens)
-        limits.check_memory(f"the forward's {len(ids)} x {len(ids)} mask", forward_bytes(len(ids)))
+        limits.check_memory(f"the forward on {len(ids)} tokens", forward_bytes(model, len(ids)))
         return ids
     return check_tokens(model, tokens)
 
 
 def longest_input(model: Transformer) -> int:
     """The most tokens a page's input may have: the context when it is longer than
-    :data:`BLOCKED_INPUT` (blocked scores hold no n x n scores), cut to what the forward's mask
-    leaves within the memory limit; else what a dense view allows."""
+    :data:`BLOCKED_INPUT` (blocked scores hold no n x n scores), cut to what the forward's
+    memory (:func:`forward_bytes`) leaves within the limit; else what a dense view allows."""
     model = check_model(model, "longest_input")
     n_ctx = model.cfg.n_ctx
     if n_ctx <= BLOCKED_INPUT:
         return checks_longest(model)
-    n = min(n_ctx, math.isqrt(limits.memory_limit() // 2))
-    return max(n, min(n_ctx, checks_longest(model)))
+    budget, lo, hi = limits.memory_limit(), 0, n_ctx  # forward_bytes grows with n: the largest n within budget
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if forward_bytes(model, mid) <= budget else (lo, mid - 1)
+    return max(lo, min(n_ctx, checks_longest(model)))
 
 
 @dataclass
@@ -216,6 +236,24 @@ def _block(block: int) -> int:
     return check_count("block", block, 1, 1 << 16)
 
 
+@contextmanager
+def one_thread(device: torch.device) -> Iterator[None]:
+    """torch's CPU ops run on one thread inside (the previous count comes back after). A block
+    of 512 x 512 is too small to share: each of the many ops of a block loop waits for every
+    thread, and on a busy machine (more runnable processes than CPUs) each wait can cost a
+    scheduler time slice. ``row_stats`` of one head at 8192 tokens took 45-61 s on 2 threads and
+    2.7-3.6 s on one, load average 13 on 2 CPUs (README, "Long contexts without T x T")."""
+    before = torch.get_num_threads()
+    if device.type != "cpu" or before == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @torch.no_grad()
 def row_stats(
     qk: LayerQK,
@@ -227,6 +265,11 @@ def row_stats(
 ) -> RowStats:
     """The per-row statistics of ``head`` (see the module doc), one query block at a time;
     ``progress(done, total)`` after each block of queries."""
+    with one_thread(qk.q.device):
+        return _row_stats(qk, head, k, offsets, block, progress)
+
+
+def _row_stats(qk: LayerQK, head: int, k: int, offsets: int, block: int, progress: Progress | None) -> RowStats:
     h, T = qk.check_head(head), qk.n
     k = check_count("k (top keys)", k, 1, T)
     P = min(T, check_count("offsets", offsets, 1, 1 << 16))
@@ -322,6 +365,13 @@ def pooled(
     tile = check_count("tile", tile, 1, T)
     step = tile * max(1, BLOCK // tile)  # a whole number of tiles per block
     nr, nc = math.ceil((r1 - r0) / tile), math.ceil((c1 - c0) / tile)
+    with one_thread(qk.q.device):
+        return _pooled(qk, h, lse, rows, cols, tile, pool, progress, step, (nr, nc))
+
+
+def _pooled(qk, h, lse, rows, cols, tile, pool, progress, step, shape) -> torch.Tensor:
+    """:func:`pooled` once its arguments are checked."""
+    (r0, r1), (c0, c1), (nr, nc) = rows, cols, shape
     dev, dt = qk.q.device, qk.q.dtype
     out = torch.full((nr, nc), math.nan, dtype=dt, device=dev)
     for q0 in range(r0, r1, step):

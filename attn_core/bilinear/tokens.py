@@ -101,6 +101,34 @@ def _encoded(tok: Tokenizer, text: str) -> tuple[tuple[int, ...], ValueError | N
         return (), e
 
 
+def _text_ids(tok: Tokenizer, text: str) -> list[int]:
+    """``text`` by the tokenizer, refused when it holds pieces the tokenizer does not know."""
+    ids, error = _encoded(tok, text)
+    if error is not None:
+        raise error
+    unknown = hf_tokenizer.unknown_token(tok)
+    if unknown is not None and unknown[0] not in text and unknown[1] in ids:
+        n = ids.count(unknown[1])
+        raise ValueError(
+            f"{n} of the {len(ids)} tokens of the text are {unknown[0]!r}, the tokenizer's unknown token: it does "
+            "not know those pieces. The model has a tokenizer.json, so typed tokens are text, not token ids; "
+            "type text in its vocabulary"
+        )
+    return list(ids)
+
+
+def encode_first(loaded: LoadedModel, text: str, n: int) -> tuple[list[int], int]:
+    """(the first ``n`` tokens of ``text`` by the model's tokenizer.json, how many it has in all):
+    a text longer than an input may be, cut (:func:`encode` refuses it). ValueError without a
+    tokenizer."""
+    loaded = check_loaded(loaded, "encode_first")
+    tok = tokenizer(loaded)
+    if tok is None:
+        raise ValueError(f"{loaded.name} has no tokenizer.json: give tokens, not text")
+    ids = _text_ids(tok, text)
+    return check_tokens(loaded.model, ids[:n]), len(ids)
+
+
 def encode(loaded: LoadedModel, text: str) -> list[int]:
     """Space-separated tokens: names of the task's vocabulary, or ids / vocabulary entries for a
     model without a task; with a tokenizer.json, the text as that tokenizer splits it (a piece it
@@ -116,18 +144,7 @@ def encode(loaded: LoadedModel, text: str) -> list[int]:
         return task.encode(text)
     tok = tokenizer(loaded)
     if tok is not None:
-        ids, error = _encoded(tok, text)
-        if error is not None:
-            raise error
-        unknown = hf_tokenizer.unknown_token(tok)
-        if unknown is not None and unknown[0] not in text and unknown[1] in ids:
-            n = ids.count(unknown[1])
-            raise ValueError(
-                f"{n} of the {len(ids)} tokens of the text are {unknown[0]!r}, the tokenizer's unknown token: it does "
-                "not know those pieces. The model has a tokenizer.json, so typed tokens are text, not token ids; "
-                "type text in its vocabulary"
-            )
-        return check_tokens(model, list(ids))
+        return check_tokens(model, _text_ids(tok, text))
     words = text.split()
     if not words:
         raise ValueError("no tokens given")

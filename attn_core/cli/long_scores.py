@@ -64,10 +64,18 @@ def long_tokens(loaded, text: Path | None, length, tokens, sample_seed, random_s
     return input_tokens(loaded, tokens, sample_seed, random_seed)
 
 
+def result_bytes(n: int, topk: int) -> int:
+    """About what the printed result of ``n`` queries with ``topk`` keys each takes while it is
+    built (Python objects, then the JSON text): 4.0 KB per query at --topk 8, measured at 32768."""
+    return n * (450 * topk + 400)
+
+
 def check_length(loaded, ids: list[int], topk: int | None) -> None:
-    """--topk against the input's length, a long input without --topk refused, and the forward's
-    memory (``blocked.check_input``): all before the forward."""
-    from attn_core.bilinear.blocked import BLOCKED_INPUT, check_input
+    """--topk against the input's length, a long input without --topk refused, and the memory of
+    the forward and the result (``blocked.forward_bytes``, :func:`result_bytes`): all before the
+    forward."""
+    from attn_core import limits
+    from attn_core.bilinear.blocked import BLOCKED_INPUT, check_input, forward_bytes
 
     n = len(ids)
     if topk is None and n > BLOCKED_INPUT:
@@ -78,6 +86,9 @@ def check_length(loaded, ids: list[int], topk: int | None) -> None:
     if topk is not None and topk > n:
         raise ValueError(f"--topk {topk} is past the input's {n} tokens")
     check_input(loaded.model, ids)
+    if topk is not None:
+        need = forward_bytes(loaded.model, n) + result_bytes(n, topk)
+        limits.check_memory(f"--topk {topk} on {n} tokens (the forward and the result)", need)
 
 
 def blocked_scores(loaded, ids: list[int], layer: int, head: int, topk: int, as_json: bool) -> None:

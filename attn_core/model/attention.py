@@ -9,9 +9,17 @@ A *merged* head stores ``W_QK = B`` (d_model x d_model) directly, so ``S = X W_Q
 Keys and values are stored once per key/value head ([n_kv_heads, ...]); ``per_head`` gives a
 weight repeated per query head, which is what the hook points ``q``, ``k``, ``v`` carry too (after
 the rotation), so that S = Q K^T / sqrt(d_qk) holds head by head.
+
+The forward is given the keys each query sees as a :class:`Visibility` (causal, and a sliding
+window), not as a T x T mask: the fused kernel takes the causal mask as ``is_causal`` and a
+sliding window a block of :data:`WINDOW_BLOCK` queries at a time (each block's mask spans only the
+keys its queries see), so a long input costs memory linear in T. The dense mask is made only
+where S is formed anyway (:meth:`Attention._explicit`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -23,6 +31,36 @@ from attn_core.model.config import ModelConfig
 
 SHARED = ("W_K", "b_K", "W_V", "b_V")  # stored per key/value head
 EXPLICIT = ("attn_scores", "pattern")  # reading or changing these needs S and A formed
+WINDOW_BLOCK = 512  # queries per block of a sliding-window layer's fused attention
+
+
+@dataclass(frozen=True)
+class Visibility:
+    """The keys each of ``T`` queries sees: key j from query i when j <= i and, with a sliding
+    ``window`` (0: none), i - j < window. :meth:`dense` is the [T, T] bool mask (True where
+    visible), :meth:`block` the mask of a block of queries and keys."""
+
+    T: int
+    window: int = 0
+    device: torch.device | str | None = None
+
+    @property
+    def causal(self) -> bool:
+        """Whether the window hides nothing the causal mask does not (no window, or one >= T)."""
+        return not self.window or self.window >= self.T
+
+    def block(self, q0: int, q1: int, k0: int, k1: int) -> torch.Tensor:
+        """[q1 - q0, k1 - k0] bool: which of keys k0..k1-1 queries q0..q1-1 see."""
+        i = torch.arange(q0, q1, device=self.device)[:, None]
+        j = torch.arange(k0, k1, device=self.device)[None, :]
+        visible = j <= i
+        if self.window:
+            visible &= i - j < self.window
+        return visible
+
+    def dense(self) -> torch.Tensor:
+        """The [T, T] mask (T x T bytes: for the paths that form S anyway)."""
+        return self.block(0, self.T, 0, self.T)
 
 
 def attention_weights(scores: torch.Tensor, mask: torch.Tensor, entmax_alpha: float = 1.0) -> torch.Tensor:
@@ -117,8 +155,9 @@ class Attention(nn.Module):
             q, k = rotary.rotate(q, cos, sin), rotary.rotate(k, cos, sin)
         return q, self._heads(k)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, hk: HookRun | None = None) -> torch.Tensor:
-        """x = X [b, T, d_model] (the attention input), mask [T, T] True where a key is visible;
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | Visibility, hk: HookRun | None = None) -> torch.Tensor:
+        """x = X [b, T, d_model] (the attention input), mask [T, T] True where a key is visible
+        (or the :class:`Visibility` it stands for);
         the attention output [b, T, d_model]. ``hk`` sees q, k, v, S, A and z by name; S and A
         are formed only when it reads or changes them (else the fused kernel runs)."""
         v = torch.einsum("bpd,gde->bgpe", x, self.W_V)  # [b, g, T, d_head]
@@ -139,25 +178,39 @@ class Attention(nn.Module):
         """Softmax heads of one scale: their Z can come from the fused attention kernel."""
         return self.cfg.entmax_alpha == 1.0 and self.cfg.d_qk is None
 
-    def _fused(self, x: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, hk: HookRun | None) -> torch.Tensor:
+    def _fused(
+        self, x: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | Visibility, hk: HookRun | None
+    ) -> torch.Tensor:
         """Z = softmax(S + mask) V by ``scaled_dot_product_attention``, S never materialised (the
         same maths as :meth:`_explicit`, equal to float rounding). ``hk`` sees (and may replace)
         q, k, v and z, which the kernel keeps for its backward anyway: caching them costs no
-        memory."""
+        memory. A :class:`Visibility` is never made dense: causal is the kernel's ``is_causal``,
+        a sliding window runs :data:`WINDOW_BLOCK` queries at a time against the keys they see."""
         q, k = self.qk(x)
         if hk is not None:
             n = self.names
             q, k, v = hk(n["q"], q), hk(n["k"], k), hk(n["v"], v)
         scale = 1.0 if self.cfg.qk == "merged" else self.cfg.d_head**-0.5
         T = x.shape[1]
-        if self.cfg.window(self.layer) == 0 and mask.shape == (T, T):  # the causal mask itself
+        if isinstance(mask, Visibility):
+            if mask.causal:
+                z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+            elif T <= WINDOW_BLOCK:
+                z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.dense(), scale=scale)
+            else:
+                z = _windowed(q, k, v, mask, scale)
+        elif self.cfg.window(self.layer) == 0 and mask.shape == (T, T):  # the causal mask itself
             z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
         else:
             z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
         return z if hk is None else hk(self.names["z"], z)
 
-    def _explicit(self, x: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, hk: HookRun | None) -> torch.Tensor:
+    def _explicit(
+        self, x: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | Visibility, hk: HookRun | None
+    ) -> torch.Tensor:
         """Z with S and A computed (and shown to ``hk`` by name)."""
+        if isinstance(mask, Visibility):
+            mask = mask.dense()
         if hk is None and self.cfg.qk == "merged":  # S = X W_QK X^T in one contraction
             S = torch.einsum("bqd,hde,bke->bhqk", x, self.W_QK, x)
         else:
@@ -181,3 +234,19 @@ class Attention(nn.Module):
         if hk is not None:
             z = hk(self.names["z"], z)
         return z
+
+
+def _windowed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, vis: Visibility, scale: float) -> torch.Tensor:
+    """Sliding-window attention a block of :data:`WINDOW_BLOCK` queries at a time: queries
+    q0..q1-1 against keys q0-window+1..q1-1 only, with that block's mask (differentiable)."""
+    T, out = q.shape[-2], []
+    for q0 in range(0, T, WINDOW_BLOCK):
+        q1 = min(T, q0 + WINDOW_BLOCK)
+        k0 = max(0, q0 - vis.window + 1)
+        mask = vis.block(q0, q1, k0, q1)
+        out.append(
+            F.scaled_dot_product_attention(
+                q[..., q0:q1, :], k[..., k0:q1, :], v[..., k0:q1, :], attn_mask=mask, scale=scale
+            )
+        )
+    return torch.cat(out, dim=-2)

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 
 from attn_core.hooks import Hook, HookRun, NamesFilter, block_names, check_names, name_filter
-from attn_core.model.attention import Attention
+from attn_core.model.attention import Attention, Visibility
 from attn_core.model.config import ModelConfig
 from attn_core.model.layers import MLP, norm
 
@@ -38,7 +38,7 @@ class Block(nn.Module):
             self.ln2 = norm(cfg)
             self.mlp = MLP(cfg)
 
-    def forward(self, resid: torch.Tensor, mask: torch.Tensor, hk: HookRun | None = None) -> torch.Tensor:
+    def forward(self, resid: torch.Tensor, mask: torch.Tensor | Visibility, hk: HookRun | None = None) -> torch.Tensor:
         if hk is None:  # the plain path: no hook state, nothing extra to do
             if self.parallel:
                 return resid + self.attn(self.ln1(resid), mask) + self.mlp(self.ln2(resid))
@@ -124,11 +124,7 @@ class Transformer(nn.Module):
     def mask(self, T: int, window: int = 0) -> torch.Tensor:
         """[T, T], True where key j is visible from query i: j <= i, and i - j < ``window``
         for a sliding window (0: no window; ``cfg.window(layer)`` is a layer's)."""
-        i = torch.arange(T, device=self.embed.W_E.device)
-        visible = i[None, :] <= i[:, None]
-        if window:
-            visible &= i[:, None] - i[None, :] < window
-        return visible
+        return Visibility(T, window, self.embed.W_E.device).dense()
 
     def residual_input(self, tokens: torch.Tensor) -> torch.Tensor:
         """Embedding plus positions, [batch, pos, d_model]."""
@@ -151,7 +147,8 @@ class Transformer(nn.Module):
             hk = HookRun(cache=cache, keep=getattr(cache, "keep", None))
         T = tokens.shape[-1]
         resid = self.residual_input(tokens)
-        masks = {w: self.mask(T, w) for w in {self.cfg.window(l) for l in range(self.cfg.n_layers)}}
+        device = self.embed.W_E.device
+        masks = {w: Visibility(T, w, device) for w in {self.cfg.window(l) for l in range(self.cfg.n_layers)}}
         for l, block in enumerate(self.blocks):
             resid = block(resid, masks[self.cfg.window(l)], hk)
         return self.ln_final(resid) @ self.unembed.W_U + self.unembed.b_U

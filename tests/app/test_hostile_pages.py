@@ -150,9 +150,13 @@ def test_runs_page_without_weights_or_a_parent_says_so(tmp_path, monkeypatch, ur
     assert any("no heatmap to draw" in i.value for i in at.info)
 
 
-def test_heatmaps_default_length_fits_the_limits_for_a_huge_context(save_model):
-    """A rotary model whose context is 2^20 tokens: the default input fits the memory limit (no
-    "29.1 TiB" LimitError), the length's bound says the limit, and a URL's length=2^20 is one line."""
+def test_heatmaps_default_length_fits_the_limits_for_a_huge_context(save_model, monkeypatch):
+    """A rotary model whose context is 2^20 tokens, on a machine whose memory limit is 256 MiB:
+    the default input fits the memory limit (no "29.1 TiB" LimitError), the length's bound says
+    the limit, and a URL's length=2^20 is one line."""
+    from attn_core import limits
+
+    monkeypatch.setattr(limits, "memory_limit", lambda: 256 * 2**20)  # the forward's memory grows linearly in T
     save_model("long", card={}, positional="rotary", n_ctx=2**20)
     at = AppTest.from_file(HEATMAPS, default_timeout=90)
     at.query_params["model"] = "long"
@@ -185,7 +189,7 @@ def test_heatmaps_typed_text_through_a_hostile_tokenizer_is_one_message(tmp_path
     at.query_params["input"] = "typed"
     at.run()
     assert not at.exception
-    at.text_input(key="typed_text").set_value(text).run()
+    at.text_area(key="typed_text").set_value(text).run()
     assert not at.exception
     errors = [e.value for e in at.error]
     assert len(errors) == 1 and message in errors[0], errors

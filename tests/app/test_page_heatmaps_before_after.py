@@ -36,7 +36,7 @@ def run_id(tmp_path, monkeypatch):
 def test_the_same_head_before_and_after_on_a_typed_sentence(run_id):
     at = open_page(PAGE, f"run:{run_id}")
     at.radio(key="input").set_value("typed").run()
-    at.text_input(key="typed_text").input(SENTENCE).run()
+    at.text_area(key="typed_text").input(SENTENCE).run()
     at.selectbox(key="layer").set_value(1).run()
     at.toggle(key="before_after").set_value(True).run()
     assert not at.exception and not at.error

@@ -97,7 +97,7 @@ def test_heatmaps_take_text_an_offset_and_a_token_pair(env):
 
     at = open_page(str(ROOT / "app_pages" / "1_Heatmaps.py"), "tiny-neox")
     at.radio(key="input").set_value("typed").run()
-    box = next(t for t in at.text_input if t.label == "Text")
+    box = at.text_area(key="typed_text")
     box.set_value("the cat sat on the mat .").run()
     assert not at.exception and not at.error
     slider = next(s for s in at.slider if s.label.startswith("Offset"))

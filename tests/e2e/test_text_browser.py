@@ -74,7 +74,7 @@ def test_retrain_on_text_then_compare_before_and_after(page, server):
     settle(page)
     box = page.get_by_role("textbox", name="Text")
     box.fill("w5 w6 w7 w8 w5 w6 w7")
-    rerun(page, lambda: box.press("Enter"))
+    rerun(page, lambda: box.press("Control+Enter"))  # a multi-line box: Enter is a line break
     rerun(page, lambda: page.get_by_text("Before and after retraining", exact=True).click())
     page.get_by_text(re.compile(r"^before \(tiny-llama\)")).first.wait_for()
     page.get_by_text(re.compile(r"^after \(run:")).first.wait_for()

@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from attn_core.bilinear.blocked import LayerQK, layer_qk, pooled, row_stats, tile_for
 from attn_core.bilinear.long import pool_blocks
@@ -129,13 +130,86 @@ def test_meta_device_runs_without_a_host_read():
     assert out.device.type == "meta" and out.shape == (5, 5)
 
 
-def test_a_pages_long_input_is_bounded_by_the_forwards_mask(tiny_model, monkeypatch):
+def test_a_pages_long_input_is_bounded_by_the_forwards_memory(tiny_model, monkeypatch):
     from attn_core import limits
     from attn_core.bilinear import blocked
 
     model = tiny_model("reverse", positional="rotary", n_ctx=2**20)
-    monkeypatch.setattr(limits, "memory_limit", lambda: 2 * 3000**2)
-    assert blocked.longest_input(model) == 3000  # not the context of 2^20
-    assert len(blocked.check_input(model, [1] * 3000)) == 3000
-    with pytest.raises(limits.LimitError, match="the forward's 3001 x 3001 mask needs"):
-        blocked.check_input(model, [1] * 3001)
+    limit = blocked.forward_bytes(model, 300_000)
+    monkeypatch.setattr(limits, "memory_limit", lambda: limit)
+    assert blocked.longest_input(model) == 300_000  # not the context of 2^20
+    assert len(blocked.check_input(model, [1] * 300_000)) == 300_000
+    with pytest.raises(limits.LimitError, match="the forward on 300001 tokens needs"):
+        blocked.check_input(model, [1] * 300_001)
+
+
+def test_the_forwards_memory_grows_linearly_in_the_tokens(tiny_model):
+    from attn_core.bilinear.blocked import forward_bytes
+
+    for config in (dict(positional="rotary", n_kv_heads=1), dict(sliding_window=[64])):
+        model = tiny_model("reverse", n_ctx=2**16, **config)
+        b = [forward_bytes(model, n) for n in (8192, 16384, 32768)]
+        assert b[2] - b[1] == 2 * (b[1] - b[0])  # no n^2 term
+    grown = tiny_model("reverse", n_ctx=2**16, d_qk=[[4, 8]])  # its attention forms S: n^2 counted
+    assert forward_bytes(grown, 32768) > 3 * 2 * 32768**2 * 4
+
+
+class _Shapes(TorchDispatchMode):
+    """Records the largest tensor (elements) any op makes."""
+
+    largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("config", [dict(n_kv_heads=1), dict(sliding_window=[0, 64])], ids=["gqa", "window"])
+def test_the_blocked_path_never_makes_a_T_by_T_tensor(tiny_model, config):
+    """The forward that feeds the blocked scores (mask included) and the blocks themselves: every
+    tensor made is far below T x T elements."""
+    T = 4096
+    model = tiny_model("reverse", n_layers=2, positional="rotary", n_ctx=T, **config)
+    ids = torch.randint(0, model.cfg.d_vocab, (T,), generator=torch.Generator().manual_seed(0)).tolist()
+    with torch.no_grad(), _Shapes() as shapes:
+        qk = layer_qk(model, ids, 1)
+        row_stats(qk, 0, k=4)
+        model(torch.tensor([ids]))  # the plain forward too
+    assert 0 < shapes.largest < T * T // 8
+
+
+def test_a_sliding_window_in_blocks_equals_the_dense_mask(tiny_model):
+    """Past WINDOW_BLOCK queries a window layer's fused attention runs by blocks: the same output
+    as the explicit path's dense mask."""
+    from attn_core.model.attention import WINDOW_BLOCK
+
+    T = 3 * WINDOW_BLOCK + 37
+    model = tiny_model(
+        "reverse", std=0.3, n_layers=2, n_heads=4, n_kv_heads=2, positional="rotary", n_ctx=T, sliding_window=[100, 7]
+    )
+    tokens = torch.randint(0, model.cfg.d_vocab, (1, T), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        fused = model(tokens)
+        hooks = [(act_name("pattern", l), lambda t, n: None) for l in range(2)]  # reading A forms S: the dense mask
+        explicit = model.run_with_hooks(tokens, hooks)
+    assert torch.allclose(fused, explicit, atol=1e-5, rtol=1e-4)
+
+
+def test_the_block_loops_run_on_one_thread_and_give_the_threads_back():
+    """A block's ops are too small to share among threads (on a busy machine each wait costs a
+    time slice): row_stats and pooled run theirs on one thread, then the count comes back."""
+    T = 1100
+    qk = LayerQK(0, [0] * T, torch.randn(2, T, 4), torch.randn(1, T, 4), (0, 0), (0.5, 0.5), 0)
+    seen = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        stats = row_stats(qk, 0, k=4, progress=lambda done, total: seen.append(torch.get_num_threads()))
+        pooled(qk, 0, stats.lse, (0, T), (0, T), 100, progress=lambda done, total: seen.append(torch.get_num_threads()))
+        assert seen and set(seen) == {1}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
