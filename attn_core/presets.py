@@ -137,6 +137,19 @@ def get_preset(name: str) -> Preset:
         raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}") from None
 
 
+def scratch_preset(name: str) -> Preset:
+    """The preset a ``scratch:<preset>`` source trains from a fresh init: a toy-task preset (a text
+    preset's tokenizer is trained with its model by ``attn-lab train --preset``, not by a retrain)."""
+    preset = get_preset(name)
+    if preset.text:
+        raise ValueError(
+            f"scratch:{name} cannot be retrained from a fresh init: train it with "
+            f"`attn-lab train --preset {name} --out DIR` (it trains its tokenizer too), or retrain the shipped "
+            f"{name} on a text with `attn-lab retrain {name} --text FILE`"
+        )
+    return preset
+
+
 def train_preset(
     name: str,
     out: str | Path | None = None,

@@ -16,7 +16,7 @@ import torch
 from attn_core import regularizers as R
 from attn_core.card import Card
 from attn_core.model import Transformer
-from attn_core.presets import get_preset
+from attn_core.presets import scratch_preset
 from attn_core.runs import RunStore
 from attn_core.sources import resolve
 from attn_core.tasks import get_task
@@ -121,7 +121,7 @@ class TrainingJob:
         """(model, task, card) of the source: a fresh init of a preset, or any model
         :func:`attn_core.sources.resolve` finds (zoo, folder, ``run:<id>``, upload)."""
         if cfg.source.startswith(SCRATCH_PREFIX):
-            preset = get_preset(cfg.source[len(SCRATCH_PREFIX) :])
+            preset = scratch_preset(cfg.source[len(SCRATCH_PREFIX) :])
             return (
                 init_model(preset.model_config(), cfg.seed),
                 get_task(preset.task),

@@ -162,6 +162,8 @@ def test_job_checks_heads_and_source_against_the_model(tmp_path):
         TrainingJob(JobConfig("no-such-model"), store=False)
     with pytest.raises(ValueError, match="unknown preset"):
         TrainingJob(JobConfig("scratch:nope"), store=False)
+    with pytest.raises(ValueError, match=r"scratch:text-8k cannot be retrained from a fresh init: train it with"):
+        TrainingJob(JobConfig("scratch:text-8k"), store=False)  # a text preset trains its tokenizer too
     bare = checkpoint.save(make_tiny_model(), tmp_path / "bare", {})
     with pytest.raises(ValueError, match="no known task"):
         TrainingJob(JobConfig(str(bare)), store=False)
