@@ -38,7 +38,7 @@ def typical(times: list[float]) -> float:
     """The lower quartile of timings of one operation: what it costs when the machine lets it run.
     A few timings stretched by other work (a loaded machine, a first call) do not move it, where
     a median of three did: one of five identical retrains said ~1.7 s a step and trained in
-    6.6 s (issue 37)."""
+    6.6 s."""
     ordered = sorted(times)
     return ordered[(len(ordered) - 1) // 4]
 
