@@ -7,14 +7,13 @@ the helpers of benchmarks/dashboard.py.
     python scripts/screenshots.py --page Spectrum --out /tmp/shots
 
 Each page opens on induction-2l at a 1280 x 1400 viewport; the PNG is reduced to 256 colours
-(Pillow) to keep the repository small. The file of a page is :func:`image_name` of its title
-(docs/dashboard.md shows them; tests/unit/test_docs.py checks that every image a page names exists).
+(Pillow) to keep the repository small. The file of a page is its ``PageEntry.screenshot`` name
+(docs/dashboard.md shows them, the home page shows them small; tests/unit/test_docs.py checks that every image a page names exists).
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import tempfile
 from pathlib import Path
@@ -27,11 +26,6 @@ from navigation import PAGES, PageEntry  # noqa: E402
 IMAGES = ROOT / "docs" / "images"
 VIEWPORT = {"width": 1280, "height": 1400}
 MODEL = "induction-2l"
-
-
-def image_name(title: str) -> str:
-    """The screenshot file of the page titled ``title``: ``"Grow d_k"`` -> ``grow-d-k.png``."""
-    return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-") + ".png"
 
 
 def shrink(path: Path) -> None:
@@ -51,7 +45,7 @@ def shoot(browser, url: str, page_entry: PageEntry, out: Path) -> Path:
     page.goto(f"{url}/{page_entry.url_path}?model={MODEL}")
     settle(page, timeout_ms=180_000)
     page.wait_for_timeout(500)  # plotly's last relayout
-    path = out / image_name(page_entry.title)
+    path = out / page_entry.screenshot.name
     page.screenshot(path=str(path))
     context.close()
     shrink(path)

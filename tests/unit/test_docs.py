@@ -24,9 +24,6 @@ PAGES_MD = [README, *sorted(DOCS.glob("*.md"))]
 IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
 RUNNABLE = re.compile(r"<!-- runnable -->\n```(python|bash)\n(.*?)```", re.S)
 
-sys.path.insert(0, str(ROOT / "scripts"))
-from screenshots import image_name  # noqa: E402
-
 
 def env() -> dict:
     return dict(os.environ, PYTHONPATH=str(ROOT), NO_MKDOCS_2_WARNING="1")
@@ -73,9 +70,12 @@ def test_every_image_a_page_names_exists(page):
 def test_every_dashboard_page_has_its_screenshot_in_the_tour():
     tour = (DOCS / "dashboard.md").read_text()
     for entry in PAGES:
-        name = image_name(entry.title)
-        assert (DOCS / "images" / name).is_file(), f"{name} is missing: python scripts/screenshots.py"
+        name = entry.screenshot.name
+        assert entry.screenshot.is_file(), f"{name} is missing: python scripts/screenshots.py"
         assert f"(images/{name})" in tour, f"docs/dashboard.md does not show {name}"
+        assert f"{{#{entry.anchor}}}\n\n{entry.intro}\n" in tour, (
+            f"the tour's {entry.title} section is not the page's intro"
+        )
 
 
 def runnable_blocks() -> list:
