@@ -24,12 +24,12 @@ st.info(
 )
 
 st.subheader("Pages")
-cols = st.columns(3)  # each page: its link, what it is for, and a small picture of it
+cols = st.columns(2)  # each page: its link, what it is for, a small picture; in three the labels were cut
 for i, page in enumerate(p for p in PAGES if not p.default):
-    with cols[i % 3].container(border=True):
+    with cols[i % 2].container(border=True):
         st.page_link(page.file, label=page.blurb, icon=page.icon)
         if page.screenshot.is_file():  # made by scripts/screenshots.py, shown in the manual's tour too
-            st.image(str(page.screenshot), width="stretch")
+            st.image(str(page.screenshot), width=320)
         st.caption(page.intro)
 
 st.subheader("The zoo")

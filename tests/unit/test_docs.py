@@ -47,6 +47,7 @@ def test_the_manual_builds_with_strict(tmp_path):
     assert "attn-lab retrain" in cli and "--json" in cli  # generated from the typer app
     api = (tmp_path / "api.html").read_text()
     assert "run_with_cache" in api and "retrain" in api  # generated from the docstrings
+    assert "benchmarks/results/cli_startup.json" in (tmp_path / "results.html").read_text()  # the results index
     for page in ("getting-started", "dashboard", "python", "api", "cli", "models", "training", "ray", "gpu"):
         assert (tmp_path / f"{page}.html").exists(), page
     for page in ("limits", "results", "architecture", "maths"):
