@@ -37,6 +37,8 @@ def markdown_of(text: str) -> str:
         elif in_example:
             out += ["```", ""]
             in_example = False
+        elif line.startswith("    "):  # an indented block: code in Markdown, kept as it is
+            out.append(line)
         else:
             out.append(_prose(line))
     if in_example:

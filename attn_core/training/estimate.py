@@ -5,7 +5,7 @@ multiplies matrices at now (:func:`device_rate`, measured once per process and d
 0.2 s), plus what a step costs whatever its size (three forwards of one short sequence through
 the model, timed when the model is given: Python and kernel launches, which dominate a tiny
 model's step). Every speed rests on several timings (:func:`typical`: their lower quartile), never
-on one, so a stall of the machine while it is measured does not make the estimate. An estimate, not a promise (README, "Retraining your own models on text")."""
+on one, so a stall of the machine while it is measured does not make the estimate. An estimate, not a promise (docs/training.md, "Retraining your own models on text")."""
 
 from __future__ import annotations
 
