@@ -80,10 +80,16 @@ def test_every_dashboard_page_has_its_screenshot_in_the_tour():
 
 
 def runnable_blocks() -> list:
+    """Per page: its runnable Python blocks as one program, in order (a page's later blocks use
+    what its earlier ones made, as in a notebook), and each runnable shell block on its own."""
     blocks = []
     for page in PAGES_MD:
-        for i, (lang, code) in enumerate(RUNNABLE.findall(page.read_text())):
-            blocks.append(pytest.param(lang, code, id=f"{page.name}-{i}-{lang}"))
+        found = RUNNABLE.findall(page.read_text())
+        python = [code for lang, code in found if lang == "python"]
+        if python:
+            blocks.append(pytest.param("python", "\n".join(python), id=f"{page.name}-python"))
+        for i, code in enumerate(code for lang, code in found if lang == "bash"):
+            blocks.append(pytest.param("bash", code, id=f"{page.name}-bash-{i}"))
     return blocks
 
 
