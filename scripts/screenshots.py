@@ -6,9 +6,11 @@ the helpers of benchmarks/dashboard.py.
     python scripts/screenshots.py --quick          # one page (Heatmaps) into a temporary folder
     python scripts/screenshots.py --page Spectrum --out /tmp/shots
 
-Each page opens on induction-2l at a 1280 x 1400 viewport; the PNG is reduced to 256 colours
-(Pillow) to keep the repository small. The file of a page is its ``PageEntry.screenshot`` name
-(docs/dashboard.md shows them, the home page shows them small; tests/unit/test_docs.py checks that every image a page names exists).
+Each page opens on induction-2l at a 1280 x 1400 viewport, except Retrain: it is shown after a
+short run of reverse-1l, its live curves drawn. The PNG is reduced to 256 colours (Pillow) to keep
+the repository small. A page's file is its ``PageEntry.screenshot`` name (docs/dashboard.md shows
+them, the home page shows them small; tests/unit/test_docs.py checks that every image a page names
+exists).
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.dashboard import launch, new_page, serve, settle  # noqa: E402
+from benchmarks.dashboard import launch, new_page, serve, settle, start_live_retrain  # noqa: E402
 from navigation import PAGES, PageEntry  # noqa: E402
 
 IMAGES = ROOT / "docs" / "images"
 VIEWPORT = {"width": 1280, "height": 1400}
 MODEL = "induction-2l"
+RETRAIN_STEPS = 150  # the Retrain page is shown after a short run, its curves and spectra drawn
+RETRAIN_HEIGHT = 2400
 
 
 def shrink(path: Path) -> None:
@@ -42,8 +46,16 @@ def shoot(browser, url: str, page_entry: PageEntry, out: Path) -> Path:
     its screenshot into ``out``."""
     context = browser.new_context(viewport=VIEWPORT)
     page = new_page(context)
-    page.goto(f"{url}/{page_entry.url_path}?model={MODEL}")
-    settle(page, timeout_ms=180_000)
+    if page_entry.title == "Retrain":
+        from playwright.sync_api import expect
+
+        main = start_live_retrain(page, url, RETRAIN_STEPS, timeout_ms=120_000)  # on reverse-1l
+        expect(main.get_by_role("button", name="Stop")).to_be_disabled(timeout=600_000)  # the run has ended
+        page.set_viewport_size({"width": VIEWPORT["width"], "height": RETRAIN_HEIGHT})  # the curves below the form
+        settle(page, timeout_ms=180_000, script_done=False)
+    else:
+        page.goto(f"{url}/{page_entry.url_path}?model={MODEL}")
+        settle(page, timeout_ms=180_000)
     page.wait_for_timeout(500)  # plotly's last relayout
     path = out / page_entry.screenshot.name
     page.screenshot(path=str(path))
