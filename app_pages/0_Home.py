@@ -24,9 +24,13 @@ st.info(
 )
 
 st.subheader("Pages")
-cols = st.columns(2)  # two columns: in three, the longest link label was cut mid-word
+cols = st.columns(2)  # each page: its link, what it is for, a small picture; in three the labels were cut
 for i, page in enumerate(p for p in PAGES if not p.default):
-    cols[i % 2].page_link(page.file, label=page.blurb, icon=page.icon)
+    with cols[i % 2].container(border=True):
+        st.page_link(page.file, label=page.blurb, icon=page.icon)
+        if page.screenshot.is_file():  # made by scripts/screenshots.py, shown in the manual's tour too
+            st.image(str(page.screenshot), width=320)
+        st.caption(page.intro)
 
 st.subheader("The zoo")
 st.caption(

@@ -2,7 +2,7 @@
 each computed where :func:`attn_core.training.device.decomposition_device` says and returned on
 the device of the matrices given: a spectrum of head-sized cores on a GPU is solved on the host,
 where a batch of 64 x 64 matrices takes tens of microseconds a matrix instead of cuSOLVER's
-milliseconds one after another (issue 34's GPU check); a decomposition that autograd records (a
+milliseconds one after another (the GPU check, docs/results.md); a decomposition that autograd records (a
 penalty's, inside a training step) stays on the device. No other module calls ``torch.linalg``'s
 decompositions (an architecture test says so)."""
 

@@ -19,7 +19,7 @@ Then the same with an entropy regularizer on layer 1 (``entropy@L1=lambda``, the
 attention entropy of layer 1's heads on the batch) at two strengths (default 0.1 and 1): does the
 phase change come earlier or later?
 
-    python experiments/phase_change.py            # the full run: results/phase_change.{json,md}, assets/phase_change.png
+    python experiments/phase_change.py            # the full run: results/phase_change.{json,md}, docs/images/phase_change.png
     python experiments/phase_change.py --quick    # a smoke run (1 seed, 60 steps, one strength), nothing saved
     python experiments/phase_change.py --render experiments/results/phase_change.json   # tables and figure again
 
@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 RESULTS = ROOT / "experiments" / "results"
-FIGURE = ROOT / "assets" / "phase_change.png"
+FIGURE = ROOT / "docs" / "images" / "phase_change.png"
 RISE_SHARE = 0.5  # "rises inside the window": at least this share of its whole rise happens there
 MIN_RISE = 0.05  # a metric whose maximum is less than this above its first value has not risen at all
 

@@ -21,7 +21,7 @@
 # 40, 150 and 90 s: with the install, under 10 minutes; on an H200 on 2026-11-28 tests/gpu took
 # about 300 s, the job's loops 100 s, gpu.py 81 s; a part cut short reports what it printed so far);
 # PYTHON (default python3). Wheels for the lent machines (Python 3.12) are fetched with
-# `pip download --no-deps --only-binary=:all: --python-version 3.12 ...` (README, "GPU").
+# `pip download --no-deps --only-binary=:all: --python-version 3.12 ...` (docs/gpu.md).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -229,7 +229,7 @@ def _report(res: dict, as_json: bool, job=None) -> None:
             if out[when] is not None:
                 out[when]["per_head"] = _per_head(res[when])
         out["trained"] = job.retraining.details(job.model, job.task)["trained"]
-    if job is not None and not job.cfg.workers:  # where the command's time went (issue 34)
+    if job is not None and not job.cfg.workers:  # where the command's time went
         from attn_core.training.job_measures import phases
 
         out["phases_s"] = phases(job)

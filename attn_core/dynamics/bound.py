@@ -52,7 +52,7 @@ def largest_singular_value(A: torch.Tensor) -> torch.Tensor:
     largest entry (no overflow, no underflow). Only the largest eigenvalue is wanted, and it is
     well conditioned (Weyl: perturbing the Gram by E moves it by at most ||E||_2), so float32 gives
     it to about 1e-6 relative. Every singular value in float64 (``torch.linalg.svdvals``) was 75 of
-    87 s per checkpoint of ``dynamics`` on a text (issue 37); this takes 0.44-0.64 s where that took
+    87 s per checkpoint of ``dynamics`` on a text; this takes 0.44-0.64 s where that took
     0.77-0.95 s for [32, 8, 128, 128] scores (both min of 3 in one process, 2 loaded cores). Checked
     against the dense float64 value in tests/unit/test_dynamics_bound_speed.py."""
     scale = A.detach().abs().amax((-2, -1), keepdim=True)

@@ -1,4 +1,4 @@
-"""Differentiable concentration and spectral penalties on the QK bilinear form (issue 4).
+"""Differentiable concentration and spectral penalties on the QK bilinear form.
 
 A regularizer R with strength lambda >= 0 adds ``lambda * R`` to the task loss. Each R is a mean
 over its selected heads (so lambda does not depend on how many heads are chosen) and, for the

@@ -1,5 +1,5 @@
 """Softmax row penalties from one fused attention pass, no score matrix formed (docs/maths.md,
-"Row penalties from a fused attention pass"; issue 34).
+"Row penalties from a fused attention pass").
 
 For the rows p_i = softmax(s_i) of s_ij = c q_i . k_j (masked), with lse_i = log sum_j exp s_ij:
 

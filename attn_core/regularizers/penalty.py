@@ -115,7 +115,7 @@ class ConcentrationPenalty:
     row mean from m sampled query positions per step (unbiased, docs/maths.md; drawn from a
     generator seeded with ``seed``), ``block`` sets the query rows per block, ``path`` how the
     softmax entropy and sink rows are computed (``rows.PATHS``: "auto" = one fused attention pass where a
-    kernel applies, "blocked" = query blocks, as before issue 34)."""
+    kernel applies, "blocked" = query blocks, the older path)."""
 
     def __init__(
         self,

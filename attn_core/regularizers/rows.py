@@ -41,7 +41,7 @@ from attn_core.regularizers.softmax_rows import softmax_rows as _softmax_rows
 ROW_KINDS = ("entropy", "hoyer", "topk", "sink")  # the row penalty behind data and vocab regularizers
 # How softmax entropy rows are computed: "auto" (one fused attention pass where a kernel applies,
 # flash_rows; else in query blocks), "flash" (the fused pass, or an error) or "blocked" (the
-# query blocks below, as before issue 34: kept for comparison)
+# query blocks below, the older path, kept for comparison)
 PATHS = ("auto", "flash", "blocked")
 # Scores formed at once per block (batch x heads x rows x keys): float32 temporaries of 2 MiB
 # on the CPU (eager CPU kernels are fastest while a block stays in cache), 128 MiB on an

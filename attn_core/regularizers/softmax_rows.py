@@ -6,7 +6,7 @@ its Q and K rows (:func:`forward_block`, :func:`backward_block`), which
 
 On :data:`FUSED_DEVICES` a block runs through ``torch.compile`` (:class:`Fused`): its matmul and
 one fused kernel that reads the block's scores once, where eager kernels make about ten passes
-over them in float32 (issue 28: eagerly, the every-head penalty cost 2.25x the unregularized step
+over them in float32 (eagerly, the every-head penalty cost 2.25x the unregularized step
 on a GPU, most of it in those passes). Its inputs are the block's own rows (made contiguous), so
 that one traced graph serves every block of a step (shapes are dynamic).
 """

@@ -1,4 +1,4 @@
-"""Text as a task (issue 22): a user's corpus, tokenized by the model folder's own tokenizer.json
+"""Text as a task: a user's corpus, tokenized by the model folder's own tokenizer.json
 into a memory-mapped token file cached next to the run store, cut into fixed-length blocks for
 next-token prediction with a held-out split.
 

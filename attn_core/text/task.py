@@ -159,7 +159,7 @@ def step_bytes_per_block(cfg, block: int, kl: float = 0.0) -> int:
     vocabulary; 6 x with the KL term, whose recomputed logits and the starting model's
     log-probabilities add theirs), and per layer the activations kept for backward (16 d_model +
     3 d_mlp + 2 heads x block). It errs high: ``benchmarks/text_batch_memory.py`` measures what a
-    block adds to a step's peak RSS on the CPU (README)."""
+    block adds to a step's peak RSS on the CPU (docs/training.md)."""
     vocab = (6 if kl > 0 else 4) * cfg.d_vocab
     layers = cfg.n_layers * (16 * cfg.d_model + 3 * cfg.d_mlp + 2 * cfg.n_heads * block)
     return 4 * block * (vocab + layers)

@@ -4,7 +4,7 @@ device (``sync_every``). The trainer, the configs and the front ends (device and
 pickers) take them from here (see docs/architecture.md). torch is imported by the functions that
 use it, so that the configs can check a precision or a sync interval without loading it.
 
-Placement (issue 34): every decision that depends on where tensors live is made here, by pure
+Placement: every decision that depends on where tensors live is made here, by pure
 functions of (tensor device, target device, precision, compiled), tested on the CPU with a table
 of devices (tests/unit/test_placement.py): whether two devices are the same (``cuda`` is the
 current CUDA device: ``cuda`` and ``cuda:0`` are the same device when 0 is current),

@@ -5,7 +5,7 @@ multiplies matrices at now (:func:`device_rate`, measured once per process and d
 0.2 s), plus what a step costs whatever its size (three forwards of one short sequence through
 the model, timed when the model is given: Python and kernel launches, which dominate a tiny
 model's step). Every speed rests on several timings (:func:`typical`: their lower quartile), never
-on one, so a stall of the machine while it is measured does not make the estimate. An estimate, not a promise (README, "Retraining your own models on text").
+on one, so a stall of the machine while it is measured does not make the estimate. An estimate, not a promise (docs/training.md, "Retraining your own models on text").
 
 It is said as a range (:func:`run_range`): the speed measured is what the machine gives when it
 lets the run go; other work on a busy machine slows the run by up to its load per core, and the
@@ -55,7 +55,7 @@ def typical(times: list[float]) -> float:
     """The lower quartile of timings of one operation: what it costs when the machine lets it run.
     A few timings stretched by other work (a loaded machine, a first call) do not move it, where
     a median of three did: one of five identical retrains said ~1.7 s a step and trained in
-    6.6 s (issue 37)."""
+    6.6 s."""
     ordered = sorted(times)
     return ordered[(len(ordered) - 1) // 4]
 

@@ -1,5 +1,5 @@
 """What a live job (:class:`attn_core.training.job.TrainingJob`) measures while it trains, on the
-heads that matter (issue 28): telemetry of the regularized heads on the probe batch, the watched
+heads that matter: telemetry of the regularized heads on the probe batch, the watched
 head's probe pattern (and no other: a job nobody watches copies no pattern from the device), the
 spectra of the watched and regularized heads, and the before/after measurement sized to the run.
 Each reads the weights through ``Trainer.view()`` (the model, or on rank 0 of an FSDP run its
@@ -15,7 +15,7 @@ from attn_core.training import telemetry
 
 
 class Phases(dict):
-    """Seconds a job spent in each part of its run (issue 34), by name: ``load`` (building the
+    """Seconds a job spent in each part of its run, by name: ``load`` (building the
     job: the model, the task, the probe), ``before`` and ``after`` (the measurements),
     ``telemetry`` and ``spectra`` (the periodic measurements), ``save``; :func:`phases` adds the
     steps, the evaluations among them and compiling."""

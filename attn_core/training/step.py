@@ -81,7 +81,7 @@ def clipped_gradients(grads: list[torch.Tensor], max_norm: float) -> tuple[torch
     """:func:`clip_gradients` without touching its inputs: the total norm and new, rescaled
     gradients (the same products). The compiled step's form: a traced function that mutates its
     inputs (the gradients, made afresh by every backward) is not run as a CUDA graph (torch says
-    ``skipping cudagraphs due to mutated inputs``, issue 34); the new gradients are outputs of
+    ``skipping cudagraphs due to mutated inputs``); the new gradients are outputs of
     the graph, which the optimizer's graph then reads."""
     total = torch.nn.utils.get_total_norm(grads)
     return total, torch._foreach_mul(grads, clip_coefficient(total, max_norm))
@@ -117,7 +117,7 @@ class StepGraph:
         self._clip = self._compile(clipped_gradients, fullgraph=True) if compile else None
         self._steps: dict[int, Callable] = {}  # the compiled step of each optimizer (by id)
         # seconds of the first call of each compiled region (tracing and compiling, and one run):
-        # what compiling cost, reported apart from steps/s (issue 34)
+        # what compiling cost, reported apart from steps/s
         self.compile_s = 0.0
         self._first: set[str] = set()
 

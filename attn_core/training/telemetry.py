@@ -130,7 +130,7 @@ class MetricKey:
 # The before/after measurement of a run on text reads held-out tokens in proportion to what the run
 # trains on: MEASURE_SHARE of steps x batch x block, at least MIN_MEASURE_TOKENS and one batch (and
 # at most measure_samples blocks). Each measurement then costs a few percent of the run, where a
-# fixed 512 blocks cost a 100-step run about 40% of its time (issue 28).
+# fixed 512 blocks cost a 100-step run about 40% of its time.
 MEASURE_SHARE = 1 / 16
 MIN_MEASURE_TOKENS = 1024
 

@@ -1,7 +1,7 @@
 """Every benchmark and experiment script runs in its --quick mode, so none can rot unnoticed.
 
 The quick modes print the same figures as the full runs on smaller sizes and save nothing; the
-full runs (whose numbers the README quotes) are the same code with larger settings.
+full runs (whose numbers docs/results.md quotes) are the same code with larger settings.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def test_script_runs_in_quick_mode(path, tmp_path):
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert r.stdout.strip(), "a quick run prints its figures"
-    # a smoke run never overwrites the committed results the README quotes
+    # a smoke run never overwrites the committed results docs/results.md quotes
     assert {p: p.stat().st_mtime for p in results} == results
 
 
