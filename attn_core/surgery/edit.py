@@ -111,6 +111,11 @@ def check_edit(loaded: LoadedModel, e: HeadEdit, source: LoadedModel | None = No
             f"head {e.label} does not exist: {loaded.name} has {cfg.n_layers} layers x {cfg.n_heads} heads "
             f"(L0H0..L{cfg.n_layers - 1}H{cfg.n_heads - 1})"
         )
+    if not e.touches_modes and e.ablate is None and e.source is None:
+        raise ValueError(
+            f"head {e.label} is given nothing to do: give it a rank, modes to drop or scale, an ablation or a "
+            "source to transplant from"
+        )
     if e.touches_modes:
         mode_factors(head_modes(loaded.model, e.layer, e.head), e.rank, e.drop, e.scale)
     if e.ablate is not None:
