@@ -30,7 +30,7 @@ import torch
 from attn_core import metrics
 from attn_core.bilinear.checks import check_heads, check_layer, check_loaded, check_model, check_tokens, layer_mask
 from attn_core.bilinear.heads import augment, has_bias, layer_form
-from attn_core.bilinear.sinks import EPS, eligible_keys, key_importance, sink_keys
+from attn_core.bilinear.sinks import EPS, check_eps, eligible_keys, key_importance, sink_keys
 from attn_core.bilinear.tokens import position_labels, token_names
 from attn_core.hooks import act_name
 from attn_core.model import Transformer, attention_weights
@@ -176,7 +176,7 @@ class View:
         """[len(heads), nk] bool: each head's sink keys on this view's own input (importance,
         the mean attention a key receives over the queries that see it, above ``eps``, among keys
         that enough queries see: ``bilinear.sinks``)."""
-        return sink_keys(key_importance(self.pattern, self.mask), eligible_keys(self.mask), eps)
+        return sink_keys(key_importance(self.pattern, self.mask), eligible_keys(self.mask), check_eps(eps))
 
     def concentration(self, k: int = 1, without_sinks: bool = False, eps: float = EPS) -> dict[str, torch.Tensor]:
         """Every metric of every query row of the pattern, ``{name: [len(heads), nq]}``;

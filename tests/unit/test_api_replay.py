@@ -23,6 +23,7 @@ import torch
 
 import attn_core as al
 from attn_core import checkpoint, destinations
+from attn_core.surgery import HeadEdit
 from attn_core.zoo import ZOO_DIR
 from tests.conftest import make_tiny_model
 
@@ -247,6 +248,21 @@ REFUSED = {
     "frame-head-list": (lambda m: al.view(m, layer=1).frame([0, 1]), "head"),
     "row-query-huge": (lambda m: al.view(m, layer=1).row(0, 10**400), "query"),
     "row-query-float": (lambda m: al.view(m, layer=1).row(0, 1.0), "query"),
+    "at_offset-huge": (lambda m: m.QK[1, 0].at_offset(10**400), "offset"),
+    "at_offset-nan": (lambda m: m.QK[1, 0].at_offset(math.nan), "offset"),
+    "at_offset-bool": (lambda m: m.QK[1, 0].at_offset(True), "offset"),
+    "svd-extra-positional": (lambda m: m.QK[1, 0].svd(3), "svd"),
+    "sink_keys-str": (lambda m: al.view(m, layer=1).sink_keys("0.3"), "eps"),
+    "sink_keys-nan": (lambda m: al.view(m, layer=1).sink_keys(math.nan), "eps"),
+    "concentration-eps-huge": (lambda m: al.view(m, layer=1).concentration(without_sinks=True, eps=10**400), "eps"),
+    "headedit-float-layer": (lambda m: al.edit(m, [HeadEdit(1.0, 0, rank=1)], samples=2), "head"),
+    "headedit-str-rank": (lambda m: al.edit(m, [HeadEdit(1, 0, rank="2")], samples=2), "rank"),
+    "headedit-dict-scale": (lambda m: al.edit(m, [HeadEdit(1, 0, scale={0: 2.0})], samples=2), "scale"),
+    "headedit-nan-scale": (lambda m: al.edit(m, [HeadEdit(1, 0, scale=((0, math.nan),))], samples=2), "scale"),
+    "headedit-str-drop": (lambda m: al.edit(m, [HeadEdit(1, 0, drop="0")], samples=2), "drop"),
+    "headedit-int-ablate": (lambda m: al.edit(m, [HeadEdit(1, 0, ablate=3)], samples=2), "ablate"),
+    "headedit-nothing": (lambda m: al.edit(m, [HeadEdit(1, 0)], samples=2), "head"),
+    "headedit-unknown-source": (lambda m: al.edit(m, [HeadEdit(1, 0, source="nope-model")], samples=2), "model"),
     "model-of-dict": (lambda m: al.Model.of({"name": "induction-2l"}), "model"),
     "model-of-module": (lambda m: al.Model.of(torch.nn.Linear(2, 2)), "model"),
     "dynamics-list-of-non-str": (lambda m: al.dynamics([m], samples=2), "source", "model"),
@@ -275,6 +291,19 @@ def test_numpy_and_torch_integers_index_a_head_like_ints(m):
     expected = m.QK[1, 0].B
     for layer, head in [(np.int32(1), np.uint8(0)), (np.array(1), np.array(0)), (torch.tensor(1), torch.tensor(0))]:
         assert torch.equal(m.QK[layer, head].B, expected)
+
+
+def test_a_transplant_named_in_a_head_edit_loads_its_source(m):
+    by_name = al.edit(m, [HeadEdit(1, 0, source="induction-2l", source_head=(1, 1))], samples=2)
+    given = al.edit(m, "L1H0", source="induction-2l", source_head="L1H1", samples=2)
+    assert torch.equal(by_name.model.QK[1, 0].B, given.model.QK[1, 0].B)
+    assert torch.equal(by_name.model.QK[1, 0].B, m.QK[1, 1].B)
+
+
+def test_a_views_row_takes_0d_tensors(m):
+    v = al.view(m, [1, 2, 3], layer=1)
+    assert v.row(torch.tensor(2), torch.tensor(1)).equals(v.row(2, 1))
+    assert v.frame(np.array(2)).equals(v.frame(2))
 
 
 def test_a_heads_form_is_its_weights_product(m):
