@@ -29,7 +29,7 @@ from attn_core.hooks import act_name
 from attn_core.model import ModelConfig
 from attn_core.regularizers.heads import head_label, parse_heads
 from attn_core.surgery.modes import apply_factors, head_modes, mode_factors
-from attn_core.validate import is_int, is_number, shown
+from attn_core.validate import is_int, is_real, shown
 
 ABLATIONS = ("zero", "mean")
 SHAPE_KEYS = (
@@ -116,7 +116,7 @@ def _check_types(e: HeadEdit) -> None:
     if not isinstance(e.drop, (tuple, list)) or not all(is_int(i) for i in e.drop):
         raise ValueError(f"the modes head L{e.layer}H{e.head} drops must be a tuple of integers, got {shown(e.drop)}")
     pairs = isinstance(e.scale, (tuple, list)) and all(isinstance(p, (tuple, list)) and len(p) == 2 for p in e.scale)
-    if not pairs or not all(is_int(i) and is_number(f) for i, f in e.scale):
+    if not pairs or not all(is_int(i) and is_real(f) for i, f in e.scale):  # a NaN: mode_factors says so
         raise ValueError(
             f"the scale of head L{e.layer}H{e.head} must be (mode, factor) pairs, e.g. ((0, 2.0),), got {shown(e.scale)}"
         )
