@@ -263,6 +263,24 @@ REFUSED = {
     "headedit-int-ablate": (lambda m: al.edit(m, [HeadEdit(1, 0, ablate=3)], samples=2), "ablate"),
     "headedit-nothing": (lambda m: al.edit(m, [HeadEdit(1, 0)], samples=2), "head"),
     "headedit-unknown-source": (lambda m: al.edit(m, [HeadEdit(1, 0, source="nope-model")], samples=2), "model"),
+    "run_with_cache-list": (lambda m: m.model.run_with_cache([1, 2, 3]), "tokens"),
+    "run_with_cache-float-tokens": (lambda m: m.model.run_with_cache(torch.tensor([[1.0, 2.0]])), "tokens"),
+    "run_with_cache-out-of-vocabulary": (lambda m: m.model.run_with_cache(torch.tensor([[0, m.cfg.d_vocab]])), "token"),
+    "run_with_cache-negative-token": (lambda m: m.model.run_with_cache(torch.tensor([[-1, 2]])), "token"),
+    "run_with_cache-misspelt-filter": (lambda m: m.model.run_with_cache(torch.tensor([[1]]), names=None), "names"),
+    "run_with_hooks-not-callable": (
+        lambda m: m.model.run_with_hooks(torch.tensor([[1]]), fwd_hooks=[("blocks.0.attn.hook_pattern", 3)]),
+        "fwd_hooks",
+    ),
+    "run_with_hooks-not-a-pair": (
+        lambda m: m.model.run_with_hooks(torch.tensor([[1]]), fwd_hooks=["blocks.0.attn.hook_pattern"]),
+        "fwd_hooks",
+    ),
+    "run_with_hooks-unknown-name": (
+        lambda m: m.model.run_with_hooks(torch.tensor([[1]]), fwd_hooks=[("nonsense", lambda x, name: x)]),
+        "nonsense",
+    ),
+    "run_with_hooks-bool-tokens": (lambda m: m.model.run_with_hooks(torch.tensor([[True]])), "tokens"),
     "model-of-dict": (lambda m: al.Model.of({"name": "induction-2l"}), "model"),
     "model-of-module": (lambda m: al.Model.of(torch.nn.Linear(2, 2)), "model"),
     "dynamics-list-of-non-str": (lambda m: al.dynamics([m], samples=2), "source", "model"),
@@ -304,6 +322,13 @@ def test_a_views_row_takes_0d_tensors(m):
     v = al.view(m, [1, 2, 3], layer=1)
     assert v.row(torch.tensor(2), torch.tensor(1)).equals(v.row(2, 1))
     assert v.frame(np.array(2)).equals(v.frame(2))
+
+
+def test_the_hook_doors_still_run_token_ids(m):
+    tokens = torch.tensor([[1, 2, 3]])
+    logits, cache = m.model.run_with_cache(tokens, "blocks.1.attn.hook_pattern")
+    assert torch.allclose(logits, m.model(tokens)) and list(cache) == ["blocks.1.attn.hook_pattern"]
+    assert torch.allclose(m.model.run_with_hooks(tokens.to(torch.int32)), logits)
 
 
 def test_a_heads_form_is_its_weights_product(m):
