@@ -1,4 +1,4 @@
-"""A second replay of the Python front door, as a hostile user of ``import attn_core as al``:
+"""A replay of the Python front door as a hostile user of ``import attn_core as al``:
 values the table walk (test_api_hostile.py) leaves out (keyword typos, extra positional
 arguments, nested containers, numpy 0-d arrays and bools, torch tensors as indices, negative
 zero, subnormal floats, NUL and newlines in strings, /dev/null, fifos and folders as paths, long
@@ -347,7 +347,7 @@ def test_token_ids_as_a_tensor_or_a_0d_integer_array_list(m):
 
 
 def test_a_head_named_twice_is_refused(m):
-    """A view of heads [2, 2, 0] held head 2 twice: its frame had every cell of head 2 twice."""
+    """A view of heads [2, 2, 0] would hold head 2 twice, and its frame every cell of head 2 twice."""
     refuses(lambda: al.view(m, [1, 2, 3], layer=1, heads=[2, 2, 0]), "heads")
     refuses(lambda: al.view(m, [1, 2, 3], layer=1, heads=np.array([1, 1])), "heads")
 
