@@ -37,7 +37,7 @@ from attn_core.destinations import check_path
 from attn_core.figures.base import Plot
 from attn_core.limits import MAX_SAMPLES, check_count
 from attn_core.model import Transformer
-from attn_core.validate import check_bool, check_int, check_seed, is_int, shown
+from attn_core.validate import check_bool, check_int, check_seed, integral, is_int, shown
 
 __all__ = ["Model", "HeadView", "Retrained", "load", "spectrum", "sinks", "heads", "circuits", "dynamics"]
 __all__ += ["view", "retrain"]
@@ -92,7 +92,7 @@ class Heads:
         if not (isinstance(index, tuple) and len(index) == 2):
             raise IndexError(f"index the heads by [layer, head], e.g. m.{self.kind}[1, 0], got {shown(index)}")
         t = self.model.model
-        layer, head = check_layer(t, index[0]), index[1]
+        layer, head = check_layer(t, index[0]), integral(index[1])
         if not is_int(head):  # a list, range, array or None is no one head: never the first of them in silence
             raise IndexError(
                 f"m.{self.kind}[layer, head] takes one head index (an integer in 0..{t.cfg.n_heads - 1}), got "
@@ -194,6 +194,9 @@ def circuits(model, samples: int = N_SAMPLES, seed: int = 0) -> pd.DataFrame:
     return _frame(doc.pop("heads"), doc)
 
 
+DYNAMICS_OPTIONS = ("text", "length", "early", "late", "cache")  # dynamics()'s keywords beyond its arguments
+
+
 def dynamics(
     source: str | Path | list, samples: int = 256, seed: int = 0, detector_samples: int = 32, **options
 ) -> pd.DataFrame:
@@ -209,6 +212,11 @@ def dynamics(
     """
     from attn_core import dynamics as D
 
+    unknown = [k for k in options if k not in DYNAMICS_OPTIONS]
+    if unknown:
+        raise TypeError(
+            f"dynamics() got unknown options: {', '.join(unknown)} (it takes {', '.join(DYNAMICS_OPTIONS)})"
+        )
     cache = check_bool("cache", options.pop("cache", True))
     check_count("detector_samples", detector_samples, MAX_SAMPLES)
     if not isinstance(source, (str, Path, list)):
@@ -217,8 +225,6 @@ def dynamics(
     early, late = (positions(k, options.pop(k, None)) for k in ("early", "late"))
     inputs = documents.dynamics_inputs(series, samples, seed, early, late, check_text(options.pop("text", None)),
                                        options.pop("length", None))  # fmt: skip
-    if options:
-        raise TypeError(f"dynamics() got unknown options: {', '.join(options)}")
     found = D.dynamics(series, inputs, detector_samples=detector_samples, seed=seed,
                        cache=D.MetricCache() if cache else None).to_json()  # fmt: skip
     columns = {"step": found.pop("steps"), **({"tokens": found["tokens"]} if found["tokens"] else {})}
@@ -242,11 +248,11 @@ class HeadView(View):
         """
         from attn_core.figures.bilinear import VALUES, view_plot
 
-        self.head_index(head)  # one of this view's heads
+        head = self.heads[self.head_index(head)]  # one of this view's heads, as an int
         if not isinstance(value, str) or value not in VALUES:
             raise ValueError(f"value must be one of {', '.join(VALUES)}, got {shown(value)}")
         if query is not None:
-            check_int("query", query, 0, len(self.queries) - 1)
+            query = check_int("query", query, 0, len(self.queries) - 1)
         return view_plot(self, head, query, value=value)
 
 

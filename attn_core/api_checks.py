@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attn_core.validate import is_int, is_number, shown
+from attn_core.validate import integral, is_int, is_number, shown
 
 
 def check_source(source: object, name: str = "source") -> str | Path:
@@ -51,6 +51,7 @@ def check_token_ids(tokens: object, name: str = "text_or_tokens") -> list[int]:
         tokens = tokens.tolist()
     if not isinstance(tokens, (list, tuple, range)):
         raise TypeError(f"{name} must be a text (a str) or token ids (a list of integers), got {shown(tokens)}")
+    tokens = [integral(t) for t in tokens]
     bad = [t for t in tokens if not is_int(t)]
     if bad:
         raise TypeError(f"{name} holds {shown(bad[0])}, which is not a token id (an integer)")
@@ -66,8 +67,8 @@ def edit_head(head: object, loaded) -> tuple[int, int]:
         if len(head) > 32:  # no head's name is this long: named, not echoed
             raise ValueError(f"head {shown(head)} is not one L<layer>H<head> (e.g. L1H0)")
         return parse_head(head, loaded.config, loaded.name)
-    if isinstance(head, tuple) and len(head) == 2 and all(is_int(x) for x in head):
-        return int(head[0]), int(head[1])
+    if isinstance(head, tuple) and len(head) == 2 and all(is_int(integral(x)) for x in head):
+        return int(integral(head[0])), int(integral(head[1]))
     raise TypeError(
         f"head must be 'L<layer>H<head>' (e.g. 'L1H0') or a (layer, head) pair of integers, got {shown(head)}"
     )
@@ -77,6 +78,8 @@ def indices(name: str, value: object) -> tuple[int, ...]:
     """Indices (mode indices, layers) given as a list, tuple or 1-d array of integers."""
     if hasattr(value, "tolist") and getattr(value, "ndim", 1) == 1:
         value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        value = [integral(i) for i in value]
     if not isinstance(value, (list, tuple, range)) or not all(is_int(i) for i in value):
         raise TypeError(f"{name} must be a list of integers, got {shown(value)}")
     return tuple(int(i) for i in value)

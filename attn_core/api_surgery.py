@@ -117,6 +117,9 @@ def edit(
                 f"head as a list must hold HeadEdit objects (one per edit), got {shown(bad[0] if bad else head)}"
             )
         edits = head
+        for e in edits:  # a transplant's source named by the edit itself is loaded, as the CLI's --from is
+            if isinstance(e.source, str) and e.source not in sources:
+                sources[e.source] = Model.of(e.source)
     else:
         if source_head is not None and not isinstance(source_head, str):
             raise TypeError(f"source_head must be one L<layer>H<head> of source (a str), got {shown(source_head)}")

@@ -107,6 +107,10 @@ def load_bytes(
 ) -> LoadedModel:
     """Validate and load safetensors bytes (a file's content or an upload)."""
     refuse_pickle(data)
+    if cfg is None and _header(data) is None:  # a text file, an image, /dev/null: nothing to read a config from
+        raise CheckpointError(
+            f"{name[:120]!r} is neither a model folder nor a safetensors file (no safetensors header)"
+        )
     if cfg is None:
         cfg = _config_from_metadata(data)
     header = _header(data)

@@ -58,6 +58,13 @@ def check_destination(
         raise ValueError(f"{what} {shown(str(path), 120)} cannot be written ({e.strerror or e})") from None
 
 
+def said(path: object) -> str:
+    """``path`` for a one-line message: as it is, or quoted (``repr``) when it holds a newline or
+    another character that cannot be printed; a very long one cut short."""
+    text = str(path)
+    return text if text.isprintable() and len(text) <= 300 else shown(text, 300)
+
+
 def check_path(path: object, what: str = "--out") -> Path:
     """``path`` as a Path when it is a str or a path object naming something (no NUL byte, not empty)."""
     if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
@@ -73,37 +80,41 @@ def _check_destination(path: Path, what: str, empty_ok: bool, outside, doing: st
     if path.is_symlink():
         target = os.readlink(path)
         state = "which does not exist (a dangling link)" if not path.exists() else "a link is never written through"
-        raise ValueError(f"{what} {path} is a link to {target}, {state}; give a new path that is not a link")
+        raise ValueError(
+            f"{what} {said(path)} is a link to {said(target)}, {state}; give a new path that is not a link"
+        )
     where = Path(os.path.realpath(path.absolute()))  # links followed; a loop never raises here
     for folder in outside:
         if where.is_relative_to(Path(os.path.realpath(Path(folder).expanduser().absolute()))):
-            raise ValueError(f"{what} {path} is inside {folder}, which is being {doing}; choose a path outside it")
+            raise ValueError(
+                f"{what} {said(path)} is inside {said(folder)}, which is being {doing}; choose a path outside it"
+            )
     if path.exists() and not (overwrite and path.is_file()):  # a file to replace: written beside, renamed
         if not empty_ok:
-            raise ValueError(f"{what} {path} already exists; choose a new path (nothing was overwritten)")
+            raise ValueError(f"{what} {said(path)} already exists; choose a new path (nothing was overwritten)")
         if not path.is_dir():
-            raise ValueError(f"{what} {path} is a file; choose a new folder (nothing was overwritten)")
+            raise ValueError(f"{what} {said(path)} is a file; choose a new folder (nothing was overwritten)")
         if any(path.iterdir()):
             raise ValueError(
-                f"{what} {path} already exists and is not empty; choose a new folder (nothing was overwritten)"
+                f"{what} {said(path)} already exists and is not empty; choose a new folder (nothing was overwritten)"
             )
         if os.path.ismount(path):
             raise ValueError(
-                f"{what} {path} is a mount point, which a save cannot replace; choose a new folder inside it"
+                f"{what} {said(path)} is a mount point, which a save cannot replace; choose a new folder inside it"
             )
     parent = path.absolute().parent
     while not parent.exists() and parent != parent.parent:
         if parent.is_symlink():
             raise ValueError(
-                f"{what} {path}: {parent} is a link to {os.readlink(parent)}, which leads nowhere (dangling, or a loop)"
+                f"{what} {said(path)}: {said(parent)} is a link to {said(os.readlink(parent))}, which leads nowhere (dangling, or a loop)"
             )
         parent = parent.parent
     if not parent.is_dir():
-        raise ValueError(f"{what} {path}: {parent} is a file, not a folder")
+        raise ValueError(f"{what} {said(path)}: {said(parent)} is a file, not a folder")
     try:
         os.rmdir(tempfile.mkdtemp(prefix=tmp_prefix(path.name), dir=parent.resolve()))
     except OSError as e:
-        raise ValueError(f"{what} {path} cannot be written ({e.strerror or e} in {parent})") from None
+        raise ValueError(f"{what} {said(path)} cannot be written ({e.strerror or e} in {said(parent)})") from None
     return path
 
 
@@ -114,12 +125,12 @@ def check_not_shipped(path: str | Path, what: str = "--out") -> None:
     where = Path(os.path.realpath(Path(path).expanduser()))  # links followed; a loop never raises here
     if where.is_relative_to(SHIPPED) and os.environ.get(WRITE_ZOO) != "1":
         raise ValueError(
-            f"{what} {path} is inside the shipped {SHIPPED.name}/ folder ({SHIPPED}), which holds the zoo and is "
+            f"{what} {said(path)} is inside the shipped {SHIPPED.name}/ folder ({SHIPPED}), which holds the zoo and is "
             "never written by a command; choose a folder of your own"
         )
     folder = model_folder_of(where)
     if folder is not None and folder != where:
-        raise ValueError(f"{what} {path} is inside the model folder {folder}; choose a folder outside it")
+        raise ValueError(f"{what} {said(path)} is inside the model folder {said(folder)}; choose a folder outside it")
 
 
 def model_folder_of(where: Path) -> Path | None:
@@ -143,12 +154,12 @@ def check_store(root: str | Path, what: str = "the run store") -> Path:
         raise ValueError(f"{what} {shown(str(root), 120)} cannot be written ({e.strerror or e})") from None
     if where.is_relative_to(SHIPPED):
         raise ValueError(
-            f"{what} {root} is inside the shipped {SHIPPED.name}/ folder ({SHIPPED}), which holds the zoo; "
+            f"{what} {said(root)} is inside the shipped {SHIPPED.name}/ folder ({SHIPPED}), which holds the zoo; "
             "choose a folder of your own"
         )
     if folder is not None:
-        place = "is the model folder" if folder == where else f"is inside the model folder {folder}"
-        raise ValueError(f"{what} {root} {place}; a run store needs a folder of its own outside any model folder")
+        place = "is the model folder" if folder == where else f"is inside the model folder {said(folder)}"
+        raise ValueError(f"{what} {said(root)} {place}; a run store needs a folder of its own outside any model folder")
     return root
 
 

@@ -22,6 +22,24 @@ def is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def integral(value: object) -> object:
+    """``value`` as an int when it is a 0-d integer array or tensor (what ``argmax()`` of a torch
+    tensor or ``np.array(1)`` gives: one integer, not a bool), else ``value`` unchanged. Every
+    index check (a layer, a head, a query, a token id) takes it through here first, so such a
+    value counts as the integer it holds rather than being refused as out of range."""
+    if is_int(value) or isinstance(value, bool) or getattr(value, "ndim", None) != 0:
+        return value
+    dtype = getattr(value, "dtype", None)
+    if dtype is None or getattr(dtype, "is_floating_point", False) or getattr(dtype, "is_complex", False):
+        return value
+    if str(dtype).rsplit(".", 1)[-1] == "bool" or getattr(dtype, "kind", "i") not in "iu":
+        return value
+    try:
+        return int(value)
+    except (TypeError, ValueError, RuntimeError):
+        return value
+
+
 def whole_number(text: str, max_digits: int = 19) -> int | None:
     """``text`` as an int when it is a whole number written in ASCII digits 0-9 (at most
     ``max_digits`` of them), else None. ``str.isdigit`` accepts "²" and other digits that
@@ -65,6 +83,7 @@ def check(ok: bool, message: str, prefix: str = "") -> None:
 def check_int(name: str, value: object, lo: int | None = None, hi: int | None = None, prefix: str = "") -> int:
     """``value`` as an int when it is an integer in ``lo..hi`` (either bound optional)."""
     span = _span(lo, hi)
+    value = integral(value)
     check(
         is_int(value) and (lo is None or value >= lo) and (hi is None or value <= hi),
         f"{name} must be an integer{span}, got {shown(value)}",

@@ -5,36 +5,46 @@ memory limit); and the one mask a view takes its visible keys from (``layer_mask
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 
 from attn_core import limits
 from attn_core.model import Transformer
 from attn_core.sources import LoadedModel
-from attn_core.validate import is_int, shown
+from attn_core.validate import integral, is_int, shown
 
 
 def check_layer(model: Transformer, layer: int) -> int:
     n = model.cfg.n_layers
-    if not is_int(layer) or not 0 <= layer < n:
+    layer = integral(layer)
+    if not is_int(layer):
+        raise ValueError(f"layer must be an integer in 0..{n - 1}, got {shown(layer)}")
+    if not 0 <= layer < n:
         raise ValueError(f"layer {shown(layer)} is outside 0..{n - 1} (this model has {n} layer{'s' * (n != 1)})")
     return int(layer)
 
 
 def check_heads(model: Transformer, heads: None | int | Sequence[int]) -> list[int]:
-    """Every head for None, else the given head(s) as a list."""
+    """Every head for None, else the given head(s) as a list, each named once."""
     n = model.cfg.n_heads
     if heads is None:
         return list(range(n))
-    if not is_int(heads) and (isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable)):
+    heads = integral(heads)
+    if not is_int(heads) and (isinstance(heads, (str, bytes, Mapping)) or not isinstance(heads, Iterable)):
         raise TypeError(f"heads must be a head index or a list of them (0..{n - 1}), got {shown(heads)}")
-    heads = [heads] if is_int(heads) else list(heads)
-    bad = [h for h in heads if not is_int(h) or not 0 <= h < n]
+    heads = [heads] if is_int(heads) else [integral(h) for h in heads]
+    odd = [h for h in heads if not is_int(h)]
+    if odd:
+        raise ValueError(f"heads must hold head indices (integers in 0..{n - 1}), got {shown(odd[0])}")
+    bad = [h for h in heads if not 0 <= h < n]
     if bad or not heads:
         raise ValueError(
             f"head {shown(bad[0] if bad else heads)} is outside 0..{n - 1} (this model has {n} heads per layer)"
         )
+    twice = [h for i, h in enumerate(heads) if h in heads[:i]]
+    if twice:
+        raise ValueError(f"heads names head {int(twice[0])} twice; name each head once")
     return [int(h) for h in heads]
 
 

@@ -25,7 +25,7 @@ from attn_core.bilinear.checks import check_heads, check_layer, check_model
 from attn_core.bilinear.form import QKForm
 from attn_core.model import Transformer
 from attn_core.model.rotary import offset_rotation
-from attn_core.validate import is_int
+from attn_core.validate import is_int, shown
 
 
 def augment(x: torch.Tensor) -> torch.Tensor:
@@ -45,7 +45,7 @@ def layer_form(model: Transformer, layer: int, augmented: bool = False, offset: 
     width; their zero columns add nothing to B."""
     model = check_model(model, "layer_form")
     if not is_int(offset) or abs(offset) > model.cfg.n_ctx:
-        raise ValueError(f"offset={offset!r} must be an integer in -{model.cfg.n_ctx}..{model.cfg.n_ctx}")
+        raise ValueError(f"offset={shown(offset)} must be an integer in -{model.cfg.n_ctx}..{model.cfg.n_ctx}")
     attn = model.blocks[check_layer(model, layer)].attn
     if model.cfg.qk == "merged":
         W = attn.W_QK  # [h, d, d]

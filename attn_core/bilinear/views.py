@@ -30,12 +30,12 @@ import torch
 from attn_core import metrics
 from attn_core.bilinear.checks import check_heads, check_layer, check_loaded, check_model, check_tokens, layer_mask
 from attn_core.bilinear.heads import augment, has_bias, layer_form
-from attn_core.bilinear.sinks import EPS, eligible_keys, key_importance, sink_keys
+from attn_core.bilinear.sinks import EPS, check_eps, eligible_keys, key_importance, sink_keys
 from attn_core.bilinear.tokens import position_labels, token_names
 from attn_core.hooks import act_name
 from attn_core.model import Transformer, attention_weights
 from attn_core.sources import LoadedModel
-from attn_core.validate import is_int, shown
+from attn_core.validate import integral, is_int, shown
 
 # Views of more keys than this are cut to the first MAX_VIEW_TOKENS tokens unless the caller
 # names its tokens (GPT-2's 50257^2 scores per head would not fit in memory).
@@ -115,14 +115,15 @@ class View:
     meta: dict = field(default_factory=dict)
 
     def head_index(self, head: int) -> int:
+        head = integral(head)
         if not is_int(head) or head not in self.heads:  # True is no head 1
             raise ValueError(f"head {shown(head)} is not in this view (heads {self.heads})")
         return self.heads.index(head)
 
     def check_query(self, query: int) -> int:
-        n = len(self.queries)
+        n, query = len(self.queries), integral(query)
         if not is_int(query) or not -n <= query < n:
-            raise ValueError(f"query {query!r} is outside 0..{n - 1} ({n} queries in this {self.kind} view)")
+            raise ValueError(f"query {shown(query)} is outside 0..{n - 1} ({n} queries in this {self.kind} view)")
         return query % n
 
     def row(self, head: int, query: int, sort: bool = False) -> pd.DataFrame:
@@ -147,7 +148,7 @@ class View:
 
     def frame(self, head: int | None = None) -> pd.DataFrame:
         """Tidy: head, query, key, their labels, score, prob, visible (one line per cell)."""
-        heads = self.heads if head is None else [head]
+        heads = self.heads if head is None else [self.heads[self.head_index(head)]]
         nq, nk = len(self.queries), len(self.keys)
         q, k = np.repeat(np.arange(nq), nk), np.tile(np.arange(nk), nq)  # vectorised: 512^2 cells stay fast
         query_label, key_label = np.asarray(self.queries, dtype=object)[q], np.asarray(self.keys, dtype=object)[k]
@@ -175,7 +176,7 @@ class View:
         """[len(heads), nk] bool: each head's sink keys on this view's own input (importance,
         the mean attention a key receives over the queries that see it, above ``eps``, among keys
         that enough queries see: ``bilinear.sinks``)."""
-        return sink_keys(key_importance(self.pattern, self.mask), eligible_keys(self.mask), eps)
+        return sink_keys(key_importance(self.pattern, self.mask), eligible_keys(self.mask), check_eps(eps))
 
     def concentration(self, k: int = 1, without_sinks: bool = False, eps: float = EPS) -> dict[str, torch.Tensor]:
         """Every metric of every query row of the pattern, ``{name: [len(heads), nq]}``;

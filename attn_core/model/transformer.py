@@ -25,6 +25,7 @@ from attn_core.hooks import Hook, HookRun, NamesFilter, block_names, check_names
 from attn_core.model.attention import Attention, Visibility
 from attn_core.model.config import ModelConfig
 from attn_core.model.layers import MLP, norm
+from attn_core.validate import shown
 
 
 class Block(nn.Module):
@@ -157,10 +158,23 @@ class Transformer(nn.Module):
         """Every hook point's name, in the order the forward reaches them."""
         return [name for block in self.blocks for name in block.names.values()]
 
+    def check_token_ids(self, tokens: object) -> None:
+        """Refuse, in one sentence, what the hook doors (:meth:`run_with_cache`,
+        :meth:`run_with_hooks`) cannot run: no integer tensor, or an id outside the vocabulary (a
+        negative one would index the embedding from its end, in silence)."""
+        dtype = getattr(tokens, "dtype", None)
+        if not isinstance(tokens, torch.Tensor) or dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+            raise TypeError(f"tokens must be a tensor of token ids (integers), got {shown(tokens)}")
+        V = self.cfg.d_vocab
+        if tokens.numel() and tokens.device.type != "meta" and not (0 <= int(tokens.min()) and int(tokens.max()) < V):
+            bad = int(tokens.min()) if int(tokens.min()) < 0 else int(tokens.max())
+            raise ValueError(f"token id {bad} is outside 0..{V - 1} (the vocabulary has {V} tokens)")
+
     def run_with_cache(self, tokens: torch.Tensor, names_filter: NamesFilter = None) -> tuple[torch.Tensor, dict]:
         """(logits, cache): ``cache[name]`` is the activation the forward used at each hook point
         kept by ``names_filter`` (None: all; a name, a list of names, or a predicate on names).
         Not detached: call under ``torch.no_grad()`` when no gradient is needed."""
+        self.check_token_ids(tokens)
         cache: dict = {}
         logits = self(tokens, hk=HookRun(cache=cache, keep=name_filter(names_filter, self.hook_names())))
         return logits, cache
@@ -171,9 +185,14 @@ class Transformer(nn.Module):
         """Logits with ``fn(tensor, name)`` run at each named hook point of ``fwd_hooks``, in order;
         a returned tensor (same shape) replaces the activation for the rest of the forward, None
         keeps it. With ``cache`` (a dict), every activation is recorded after its hooks ran."""
+        self.check_token_ids(tokens)
         hooks: dict[str, list[Hook]] = {}
-        for name, fn in fwd_hooks:
-            hooks.setdefault(name, []).append(fn)
+        for pair in fwd_hooks:
+            if not (
+                isinstance(pair, (tuple, list)) and len(pair) == 2 and isinstance(pair[0], str) and callable(pair[1])
+            ):
+                raise TypeError(f"fwd_hooks must hold (name, fn) pairs, fn(tensor, name) a function, got {shown(pair)}")
+            hooks.setdefault(pair[0], []).append(pair[1])
         check_names(hooks, self.hook_names())
         return self(tokens, hk=HookRun(hooks=hooks, cache=cache))
 

@@ -29,6 +29,7 @@ from attn_core.hooks import act_name
 from attn_core.model import ModelConfig
 from attn_core.regularizers.heads import head_label, parse_heads
 from attn_core.surgery.modes import apply_factors, head_modes, mode_factors
+from attn_core.validate import is_int, is_real, shown
 
 ABLATIONS = ("zero", "mean")
 SHAPE_KEYS = (
@@ -103,13 +104,42 @@ class Edited:
     factors: list[torch.Tensor | None] = field(default_factory=list)
 
 
+def _check_types(e: HeadEdit) -> None:
+    """A HeadEdit built by hand (the Python door takes a list of them) holds what the CLI's
+    options make: integer layer, head, rank and modes, (mode, factor) pairs, a str ablation and source."""
+    if not (is_int(e.layer) and is_int(e.head)):
+        raise ValueError(
+            f"an edit's head must be integers (layer, head), got layer={shown(e.layer)}, head={shown(e.head)}"
+        )
+    if e.rank is not None and not is_int(e.rank):
+        raise ValueError(f"the rank of the edit of head L{e.layer}H{e.head} must be an integer, got {shown(e.rank)}")
+    if not isinstance(e.drop, (tuple, list)) or not all(is_int(i) for i in e.drop):
+        raise ValueError(f"the modes head L{e.layer}H{e.head} drops must be a tuple of integers, got {shown(e.drop)}")
+    pairs = isinstance(e.scale, (tuple, list)) and all(isinstance(p, (tuple, list)) and len(p) == 2 for p in e.scale)
+    if not pairs or not all(is_int(i) and is_real(f) for i, f in e.scale):  # a NaN: mode_factors says so
+        raise ValueError(
+            f"the scale of head L{e.layer}H{e.head} must be (mode, factor) pairs, e.g. ((0, 2.0),), got {shown(e.scale)}"
+        )
+    for name in ("ablate", "source"):
+        if getattr(e, name) is not None and not isinstance(getattr(e, name), str):
+            raise ValueError(
+                f"the {name} of the edit of head L{e.layer}H{e.head} must be a str, got {shown(getattr(e, name))}"
+            )
+
+
 def check_edit(loaded: LoadedModel, e: HeadEdit, source: LoadedModel | None = None) -> None:
     """Refuse, in one ValueError sentence, an edit the model cannot take (before any work)."""
     cfg = loaded.config
+    _check_types(e)
     if not 0 <= e.layer < cfg.n_layers or not 0 <= e.head < cfg.n_heads:
         raise ValueError(
             f"head {e.label} does not exist: {loaded.name} has {cfg.n_layers} layers x {cfg.n_heads} heads "
             f"(L0H0..L{cfg.n_layers - 1}H{cfg.n_heads - 1})"
+        )
+    if not e.touches_modes and e.ablate is None and e.source is None:
+        raise ValueError(
+            f"head {e.label} is given nothing to do: give it a rank, modes to drop or scale, an ablation or a "
+            "source to transplant from"
         )
     if e.touches_modes:
         mode_factors(head_modes(loaded.model, e.layer, e.head), e.rank, e.drop, e.scale)
