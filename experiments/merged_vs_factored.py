@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     if args.quick:
         print(result.markdown())
         return 0
-    path = result.save(args.out)
+    path = result.save(args.out, overwrite=True)  # this experiment's own results file
     report = path.with_suffix(".md")
     report.write_text(result.markdown())
     print(result.markdown())

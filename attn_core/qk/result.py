@@ -249,16 +249,18 @@ class Comparison:
         except TypeError as e:
             raise ValueError(f"not a saved comparison: {e}") from None
 
-    def save(self, path: str | Path) -> Path:
+    def save(self, path: str | Path, overwrite: bool = False) -> Path:
         """Write the comparison as JSON, atomically (a temporary sibling renamed into place,
-        removed if anything fails); an existing file is replaced, a folder is refused, and the
-        output rule of every write holds (``destinations.check_destination``: never inside a model
-        folder or the shipped assets/, never through a link)."""
+        removed if anything fails); an existing file is replaced only with ``overwrite``, a folder
+        is refused, and the output rule of every write holds (``destinations.check_destination``:
+        never inside a model folder or the shipped assets/, never through a link)."""
         from attn_core.destinations import check_destination, check_path
 
+        if not isinstance(overwrite, bool):
+            raise TypeError(f"overwrite must be True or False, got {type(overwrite).__name__}")
         path = check_path(path, "path")
         if not path.is_dir():
-            check_destination(path, "path", overwrite=True)
+            check_destination(path, "path", overwrite=overwrite)
         if path.is_dir():
             raise ValueError(f"{path} is a folder; give the path of a .json file to write")
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -432,7 +432,10 @@ def test_a_saved_comparison_follows_the_rule_too(model_folder, tmp_path):
     (tmp_path / "c.json").symlink_to(tmp_path / "nowhere.json")
     refuses(lambda: result.save(tmp_path / "c.json"), "path")
     assert not (model_folder / "c.json").exists() and not (tmp_path / "nowhere.json").exists()
-    assert result.save(tmp_path / "d.json").is_file() and result.save(tmp_path / "d.json").is_file()  # replaced
+    assert result.save(tmp_path / "d.json").is_file()
+    refuses(lambda: result.save(tmp_path / "d.json"), "path")  # an existing file is kept unless asked
+    assert result.save(tmp_path / "d.json", overwrite=True).is_file()
+    refuses(lambda: result.save(tmp_path / "e.json", overwrite="yes"), "overwrite")
 
 
 def test_numpy_values_a_user_passes_are_taken(m):
