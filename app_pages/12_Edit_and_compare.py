@@ -56,12 +56,16 @@ def change(after: float, before: float, edited: bool) -> dict:
 
 
 def other_model(names: list[str]) -> str:
-    """Model B by default: a run of this model (newest first), else a zoo model of its d_model,
-    else any other; this model only when it is the one there is."""
+    """Model B by default: a run of this model (newest first), else a zoo model of its d_model
+    whose heads compare with this model's; this model itself when there is none."""
     runs = [f"run:{r['id']}" for r in ui.saved_runs() if r.get("parent") == loaded.name]
     same = [m["name"] for m in ui.zoo_models() if m["d_model"] == cfg.d_model]
-    for name in [*runs, *same, *names]:
+    for name in [*runs, *same]:
         if name in names and name != loaded.name:
+            try:
+                surgery.check_comparable(loaded, ui.load_model(name))
+            except ValueError:
+                continue
             return name
     return loaded.name
 

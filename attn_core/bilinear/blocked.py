@@ -65,7 +65,7 @@ def forward_bytes(model: Transformer, n: int) -> int:
     fused kernel takes the causal mask as such and a sliding window a block at a time). A model
     whose attention forms S (alpha-entmax, heads of unequal widths) also holds a layer's n x n
     scores, weights and mask."""
-    cfg = model.cfg
+    cfg = check_model(model, "forward_bytes").cfg
     H, G, d, dh = cfg.n_heads, cfg.kv_heads, cfg.d_model, cfg.d_head
     w = max(cfg.qk_width(l) for l in range(cfg.n_layers)) if cfg.qk == "factored" else d
     forward = 4 * d + 2 * H * w + G * w + (G + H) * dh + H * dh + 2 * w + 3 * cfg.d_mlp

@@ -9,7 +9,7 @@
 - ``diff``: head x head distances of B between two models and the optimal matching per layer.
 """
 
-from attn_core.surgery.diff import DISTANCE, HeadDiff, diff, layer_distances, match
+from attn_core.surgery.diff import DISTANCE, HeadDiff, check_comparable, diff, layer_distances, match
 from attn_core.surgery.edit import (
     ABLATIONS,
     Edited,
@@ -32,6 +32,7 @@ __all__ = [
     "Modes",
     "Preview",
     "apply_factors",
+    "check_comparable",
     "check_edit",
     "diff",
     "edit_inputs",
