@@ -8,6 +8,7 @@ import streamlit as st
 import ui
 from attn_core import bilinear
 from attn_core.figures import bilinear as fb
+from ui import heatmap_later as later
 from ui import heatmap_long
 from ui import heatmap_sections as sections
 from ui import heatmap_sinks as sinks
@@ -74,6 +75,18 @@ def head_views() -> None:
             with col:
                 plots.append(fb.window_plot(lv, value))
                 ui.show_plot(plots[-1], key=f"window_{value}")
+    elif sm.on:  # the sink columns apart, or left out and the rows renormalized
+        plots += sinks.head_pair(view, head, query, sm)
+    else:
+        for col, value in zip(st.columns(2), ("scores", "pattern")):
+            with col:
+                plots.append(fb.view_plot(view, head, query, value=value))
+                ui.show_plot(plots[-1], key=value)
+    if later.waiting():  # a session's first visit: the rest once the browser has drawn the heatmaps above
+        return
+
+    # --- the query's row (one head) ----------------------------------------------------------------------
+    if head != ALL and inp.long:
         st.header(f"Query {labels[query]}: its top keys")
         bar_col, metric_col = st.columns([3, 1])
         with bar_col:
@@ -85,14 +98,7 @@ def head_views() -> None:
         overview_value = ui.value_choice("Overview of", "overview_value", "pattern")
         plots.append(fb.overview_plot(lv, overview_value))
         ui.show_plot(plots[-1], key="overview")
-    else:
-        if sm.on:  # the sink columns apart, or left out and the rows renormalized
-            plots += sinks.head_pair(view, head, query, sm)
-        else:
-            for col, value in zip(st.columns(2), ("scores", "pattern")):
-                with col:
-                    plots.append(fb.view_plot(view, head, query, value=value))
-                    ui.show_plot(plots[-1], key=value)
+    elif head != ALL:
         st.header(f"Query {view.queries[query]}: f_x(y) over its keys")
         bar_col, metric_col = st.columns([3, 1])
         with bar_col:

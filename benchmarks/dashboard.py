@@ -4,6 +4,7 @@
     python benchmarks/dashboard.py --quick     # a smoke run: one sample of each figure
     python benchmarks/dashboard.py --model DIR [--length 1024]   # first heatmap and head change on DIR
     python benchmarks/dashboard.py --first --spinners 4   # only the first heatmap, the machine loaded by 4 busy processes
+    python benchmarks/dashboard.py --first --against OLD  # the same, this checkout and OLD's alternated in one run
 
 
 Two figures, medians of ``--repeats`` (>= 5) samples, both including the browser's drawing:
@@ -28,6 +29,10 @@ Two figures, medians of ``--repeats`` (>= 5) samples, both including the browser
   from goto in a new session to its first chart on screen (or, on a page with none until the
   user acts, to the end of its first run), induction-2l already loaded by the server, with the
   1-minute load average at each sample.
+
+``--first`` also times the whole page (every chart drawn and the zip button there), and with
+``--model DIR [--length N]`` measures that model; ``--against OLD`` serves an older checkout's
+dashboard beside this one and alternates the two, sample by sample.
 
 The server's very first page (Python imports, Streamlit start) is reported apart as ``cold_s``.
 
@@ -146,7 +151,9 @@ def launch(playwright):
 
 def settle(page, timeout_ms: float = 60_000, script_done: bool = True) -> None:
     """Wait until the script run has finished (unless ``script_done`` is False: a live fragment
-    keeps rerunning), no element is a loading skeleton and every plotly chart is drawn."""
+    keeps rerunning), no element is a loading skeleton, no part of the page waits to be sent
+    (the Heatmaps page's rest on a first visit, ``ui.heatmap_later``) and every plotly chart is
+    drawn."""
     if script_done:
         page.wait_for_function(
             "() => document.querySelector('[data-testid=\"stApp\"]')"
@@ -154,7 +161,7 @@ def settle(page, timeout_ms: float = 60_000, script_done: bool = True) -> None:
             timeout=timeout_ms,
         )
     page.wait_for_function(
-        "() => !document.querySelector('[data-testid=\"stSkeleton\"]')"
+        "() => !document.querySelector('[data-testid=\"stSkeleton\"], .st-key-page_rest_pending')"
         " && Array.from(document.querySelectorAll('[data-testid=\"stPlotlyChart\"]'))"
         ".every(c => c.querySelector('.main-svg'))",
         timeout=timeout_ms,
@@ -241,10 +248,17 @@ def title_has(page, index: int, text: str, timeout_ms: float = 30_000) -> None:
 # --- the benchmark ----------------------------------------------------------------------------------
 
 
-def first_heatmap(browser, url: str, model: str, context=None, extra: str = "") -> float:
+# Every chart the page sent is drawn, and the page's last element (its zip button) is there.
+_PAGE_DRAWN = """() => { const charts = document.querySelectorAll('[data-testid="stPlotlyChart"]');
+    const zip = [...document.querySelectorAll('button')].some(b => b.textContent.includes('Download all figures'));
+    return zip && charts.length > 0 && [...charts].every(c => c.querySelector('.main-svg')); }"""
+
+
+def first_heatmap(browser, url: str, model: str, context=None, extra: str = "", whole: list | None = None) -> float:
     """Seconds from goto to the first heatmap, in a new session. With ``context`` (a browser that
     has seen the dashboard before) the page's scripts come from its HTTP cache; without one a
-    fresh browser also downloads and compiles them (plotly.js alone is several MB)."""
+    fresh browser also downloads and compiles them (plotly.js alone is several MB). With ``whole``
+    (a list), the seconds from goto until every chart of the page is drawn are appended to it."""
     own = context is None
     context = browser.new_context(viewport=VIEWPORT) if own else context
     page = new_page(context)
@@ -252,6 +266,9 @@ def first_heatmap(browser, url: str, model: str, context=None, extra: str = "") 
     page.goto(f"{url}/Heatmaps?model={model}{extra}")
     page.wait_for_selector(HEATMAP, timeout=120_000)
     elapsed = time.perf_counter() - start
+    if whole is not None:
+        page.wait_for_function(_PAGE_DRAWN, timeout=120_000, polling=50)
+        whole.append(time.perf_counter() - start)
     page.close()
     if own:
         context.close()
@@ -575,7 +592,11 @@ def main(argv=None) -> None:
         help="with --first: busy processes that load the machine while it is measured",
     )
     parser.add_argument("--steps", type=int, default=8000, help="with --watched: steps of each run (quick: 250)")
-    parser.add_argument("--against", type=Path, help="with --watched: an older checkout whose dashboard is watched too")
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help="with --watched or --first: an older checkout whose dashboard is measured too, alternated with this one",
+    )
     args = parser.parse_args(argv)
     if args.watched:
         return watched_main(args)
@@ -592,10 +613,12 @@ def main(argv=None) -> None:
     from playwright.sync_api import sync_playwright
 
     extra = "" if args.model is None else "&input=random" + (f"&length={args.length}" if args.length else "")
+    if args.against is not None and not (args.against / "app.py").is_file():
+        parser.error(f"--against {args.against} is not a checkout (it has no app.py)")
     if args.pages:
         return _pages_only(args)
     if args.first:
-        return _first_only(args)
+        return _first_only(args, extra)
     with tempfile.TemporaryDirectory(prefix="attn-lab-bench-") as tmp:
         tmp = Path(tmp)
         models = tmp / "models"
@@ -699,50 +722,82 @@ def _pages_only(args) -> None:
     print(f"load average {', '.join(f'{x:.1f}' for x in result['load_average'])} on {os.cpu_count()} CPUs")
 
 
-def _first_only(args) -> None:
+def _first_only(args, extra: str = "") -> None:
     """``--first``: the first heatmap in a returning browser, ``--repeats`` samples, each with the
-    1-minute load average at its start; ``--spinners N`` busy processes load the machine from a
-    minute and a half before the first sample (the average lags) to the last."""
+    1-minute load average at its start, and the time until every chart of the page is drawn;
+    ``--spinners N`` busy processes load the machine from a minute and a half before the first
+    sample (the average lags) to the last. ``--against OLD``: OLD's dashboard too, served beside
+    this one and measured in the same rounds, the two alternated (which goes first alternates)."""
     from playwright.sync_api import sync_playwright
 
     if args.spinners < 0 or args.spinners > 64:
         sys.exit("--spinners takes 0..64 busy processes")
-    samples, spinners = [], []
-    with tempfile.TemporaryDirectory(prefix="attn-lab-bench-") as tmp:
+    checkouts = {"new": ROOT, **({"old": args.against.resolve()} if args.against else {})}
+    samples = {name: [] for name in checkouts}
+    spinners, cold = [], {}
+    with tempfile.TemporaryDirectory(prefix="attn-lab-bench-") as tmp, contextlib.ExitStack() as stack:
         tmp = Path(tmp)
-        prepare_models(tmp / "models", None, args.repeats + 2)
-        with serve(tmp / "runs", tmp / "models") as url, sync_playwright() as p:
-            browser = launch(p)
-            cold = first_heatmap(browser, url, "bench-0")
-            returning = browser.new_context(viewport=VIEWPORT)
-            first_heatmap(browser, url, "bench-1", returning)  # its HTTP cache now holds the page's scripts
-            try:
-                spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.spinners)]
-                if spinners and not args.quick:
-                    time.sleep(90)
-                for i in range(2, args.repeats + 2):
-                    load = os.getloadavg()[0]
-                    samples.append({"s": first_heatmap(browser, url, f"bench-{i}", returning), "load": load})
-                    print(f"  first heatmap {samples[-1]['s']:.2f} s at load {load:.2f}", flush=True)
-            finally:
-                for q in spinners:
-                    q.kill()
-            browser.close()
+        prepare_models(tmp / "models", args.model, args.repeats + 2)
+        urls = {
+            name: stack.enter_context(serve(tmp / f"runs-{name}", tmp / "models", root=root))
+            for name, root in checkouts.items()
+        }
+        browser = launch(stack.enter_context(sync_playwright()))
+        returning = browser.new_context(viewport=VIEWPORT)
+        for name, url in urls.items():
+            cold[name] = first_heatmap(browser, url, "bench-0", extra=extra)
+            first_heatmap(browser, url, "bench-1", returning, extra=extra)  # its HTTP cache now holds the scripts
+        try:
+            spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.spinners)]
+            if spinners and not args.quick:
+                time.sleep(90)
+            for i in range(2, args.repeats + 2):
+                order = list(urls) if i % 2 == 0 else list(reversed(urls))
+                for name in order:
+                    load, whole = os.getloadavg()[0], []
+                    t = first_heatmap(browser, urls[name], f"bench-{i}", returning, extra=extra, whole=whole)
+                    samples[name].append({"s": t, "page_s": whole[0], "load": load})
+                    print(
+                        f"  {name}: first heatmap {t:.2f} s, whole page {whole[0]:.2f} s, at load {load:.2f}",
+                        flush=True,
+                    )
+        finally:
+            for q in spinners:
+                q.kill()
+        browser.close()
+
+    def summary(rows: list[dict]) -> dict:
+        return {
+            "first_heatmap_s": statistics.median(x["s"] for x in rows),
+            "whole_page_s": statistics.median(x["page_s"] for x in rows),
+            "load_average_median": statistics.median(x["load"] for x in rows),
+            "samples": rows,
+        }
+
     result = {
-        "first_heatmap_s": statistics.median(x["s"] for x in samples),
-        "load_average_median": statistics.median(x["load"] for x in samples),
-        "samples": samples,
+        **summary(samples["new"]),
+        "model": str(args.model or "induction-2l copies"),
+        "length": args.length,
         "spinners": args.spinners,
-        "cold_s": cold,
+        "cold_s": cold["new"],
         "target_s": 5.0,
+        **(
+            {"against": str(checkouts["old"]), "old": {**summary(samples["old"]), "cold_s": cold["old"]}}
+            if args.against
+            else {}
+        ),
         **record.environment(),
     }
     if args.out is not None:
         record.save(result, args.out)
-    print(
-        f"first heatmap (returning browser): median {result['first_heatmap_s']:.2f} s over {len(samples)} samples "
-        f"at load {result['load_average_median']:.2f} (median; {args.spinners} busy processes); target <= 5 s"
-    )
+    for name, label in (("new", "this checkout"), ("old", f"{args.against}")):
+        if name in samples:
+            r = summary(samples[name])
+            print(
+                f"{label}: first heatmap (returning browser) median {r['first_heatmap_s']:.2f} s, whole page "
+                f"{r['whole_page_s']:.2f} s, over {len(samples[name])} samples at load {r['load_average_median']:.2f} "
+                f"(median; {args.spinners} busy processes); target <= 5 s"
+            )
 
 
 def watched_main(args) -> None:

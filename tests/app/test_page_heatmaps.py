@@ -18,6 +18,7 @@ from attn_core.figures import bundle_zip
 from attn_core.hooks import act_name
 from attn_core.sources import resolve
 from tests.conftest import make_tiny_model
+from ui import heatmap_later as later
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = str(ROOT / "app_pages" / "1_Heatmaps.py")
@@ -54,6 +55,26 @@ def test_default_page_draws_every_view_with_downloads(page):
     assert len(page.download_button) == 4 * len(SINGLE) + 1  # PNG/SVG/HTML/CSV each + the zip
     assert page.selectbox(key="layer").value == 0 and page.selectbox(key="head").value == 0
     assert page.query_params["model"] == MODEL and page.query_params["head"] == "0"
+
+
+def test_a_first_visit_in_a_browser_sends_the_heatmaps_first_and_the_rest_on_the_next_run(monkeypatch):
+    """In a browser, the session's first run sends the scores and pattern heatmaps alone (plotly.js
+    draws them with no later figure ahead of them) and a signal that reruns the page once they are
+    drawn; that run, like any later one, draws the whole page."""
+    monkeypatch.setattr(later, "in_browser", lambda: True)
+    at = AppTest.from_file(PAGE, default_timeout=90)
+    at.query_params["model"] = MODEL
+    at.run()
+    assert not at.exception and not at.error
+    assert [c.proto.id.rsplit("-chart_", 1)[1] for c in at.get("plotly_chart")] == ["scores", "pattern"]
+    assert any("follow" in c.value for c in at.caption)
+    assert not any(b.label.startswith("Download all figures") for b in at.download_button)
+    at.run()  # the browser's signal that the heatmaps are drawn (or any other rerun)
+    assert not at.exception
+    assert [c.proto.id.rsplit("-chart_", 1)[1] for c in at.get("plotly_chart")] == SINGLE
+    assert any(b.label.startswith("Download all figures") for b in at.download_button)
+    at.selectbox(key="head").select(1).run()  # later runs never wait again
+    assert len(at.get("plotly_chart")) == len(SINGLE)
 
 
 def test_heatmaps_follow_layer_head_and_query(page):
