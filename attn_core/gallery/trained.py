@@ -136,7 +136,9 @@ def dynamics_page(m: LoadedModel, quick: bool, store: RunStore) -> Iterator[Entr
     ids = [
         r["id"]
         for r in sorted(store.list_runs(), key=lambda r: r["created"])
-        if r["has_weights"] and not r.get("sweep")
+        if r["has_weights"]
+        and not r.get("sweep")
+        and r.get("parent") == m.name  # the store holds other models' runs too
     ]
     names = [m.name, *(f"run:{i}" for i in ids[:2])]
     series = D.series(names, [0, *range(20, 20 * len(names), 20)], store=store)
