@@ -10,7 +10,6 @@ anything is created or trained."""
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +21,7 @@ from attn_core import api, api_surgery, checkpoint, destinations
 from attn_core.figures import Plot
 from attn_core.zoo import ZOO_DIR
 from tests.conftest import make_tiny_model
-
-ALLOWED = (ValueError, TypeError, KeyError, IndexError)
-MAX_LINE = 400  # characters: a refusal echoes a 5000-character name or a 400-digit number cut short
+from tests.refusals import refuses
 
 # the hostile values every argument is walked through (an argument leaves out those it takes)
 HOSTILE = {
@@ -46,18 +43,6 @@ def values(*leave_out: str, more: dict | None = None) -> list:
     """pytest params: the hostile values less ``leave_out`` (what the argument takes), plus ``more``."""
     table = {k: v for k, v in HOSTILE.items() if k not in leave_out} | (more or {})
     return list(table.items())
-
-
-def refuses(call, *names: str) -> str:
-    """``call()`` raises one of :data:`ALLOWED` whose message is one line naming one of ``names``."""
-    with pytest.raises(Exception) as info:
-        call()
-    e = info.value
-    assert isinstance(e, ALLOWED), f"{type(e).__name__}: {e}"
-    msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
-    assert msg and "\n" not in msg and len(msg) <= MAX_LINE, msg[:600]
-    assert any(re.search(rf"(?<![A-Za-z_]){re.escape(n)}", msg) for n in names), f"{names} not in: {msg}"
-    return msg
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import shutil
 from pathlib import Path
 
@@ -26,21 +25,7 @@ from attn_core import checkpoint, destinations
 from attn_core.surgery import HeadEdit
 from attn_core.zoo import ZOO_DIR
 from tests.conftest import make_tiny_model
-
-ALLOWED = (ValueError, TypeError, KeyError, IndexError)
-MAX_LINE = 400
-
-
-def refuses(call, *names: str) -> str:
-    """``call()`` raises one of :data:`ALLOWED` whose message is one line naming one of ``names``."""
-    with pytest.raises(Exception) as info:
-        call()
-    e = info.value
-    assert isinstance(e, ALLOWED), f"{type(e).__name__}: {str(e)[:600]}"
-    msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
-    assert msg and "\n" not in msg and len(msg) <= MAX_LINE, msg[:600]
-    assert any(re.search(rf"(?<![A-Za-z_]){re.escape(n)}", msg) for n in names), f"{names} not in: {msg}"
-    return msg
+from tests.refusals import ALLOWED, MAX_LINE, refuses
 
 
 def tree(folder: Path) -> list[str]:
