@@ -14,6 +14,7 @@ import concurrent.futures
 import logging
 import os
 import signal
+import subprocess
 import threading
 
 EXPORT_S = 60.0  # seconds to open the browser, and again for one export
@@ -62,6 +63,7 @@ class Browser:
 
         async def opened():
             self.kaleido = kaleido.Kaleido(n=1, timeout=seconds)
+            _record_spawns(self.kaleido)
             await self.kaleido.open()
 
         self._run(opened(), seconds)
@@ -77,14 +79,52 @@ class Browser:
                 self._run(self.kaleido.close(), CLOSE_S)
             except BaseException:  # noqa: BLE001 -- a browser that failed may fail to close too
                 pass
-        proc = getattr(self.kaleido, "subprocess", None)
-        if proc is not None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # choreographer starts it in a session of its own
-            except (OSError, AttributeError):
-                pass
-            proc.wait()
+        kept = getattr(self.kaleido, "subprocess", None)
+        if isinstance(kept, subprocess.Popen):
+            _kill(kept)
+        # An open given up on while choreographer's thread was starting the browser leaves a process
+        # it never kept (its `subprocess` is set after the start returns): the recorded start has it.
+        started = getattr(getattr(self.kaleido, "_process_executor", None), "futures", [])
+        concurrent.futures.wait(started, timeout=CLOSE_S)
+        for f in started:
+            if f.done() and not f.cancelled() and f.exception() is None:
+                proc = f.result()
+                if isinstance(proc, subprocess.Popen) and proc is not kept:
+                    _kill(proc)
         self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Kill ``proc``'s process group (choreographer starts the browser in a session of its own:
+    its wrapper and the browser) and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    proc.wait()
+
+
+class _Recording:
+    """An executor that keeps the futures of what it runs: choreographer starts the browser in its
+    own executor, and the process of a start whose waiter was cancelled is only in its future."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.futures = inner, []
+
+    def submit(self, fn, *args, **kwargs):
+        future = self.inner.submit(fn, *args, **kwargs)
+        self.futures.append(future)
+        return future
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def _record_spawns(browser) -> None:
+    """Record the starts of ``browser``'s executor (a choreographer internal: nothing when it is gone)."""
+    inner = getattr(browser, "_process_executor", None)
+    if inner is not None and not isinstance(inner, _Recording):
+        browser._process_executor = _Recording(inner)
 
 
 async def _settled(coro) -> tuple[bool, object]:

@@ -7,6 +7,7 @@ there. ``BROWSER_PATH`` (read by kaleido's choreographer) points at a stand-in s
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -58,6 +59,30 @@ def test_png_export_ends_in_one_line_when_the_browser_cannot_start(tmp_path, mon
     assert lines[0].endswith("HTML and CSV exports work without a browser (--out FILE.html or FILE.csv)")
     assert not out.exists() and browser._browser is None
     assert _running(str(stand_in)) == []  # the stand-in (and choreographer's wrapper) were ended
+
+
+def test_a_browser_started_after_its_open_was_given_up_on_is_ended_too(tmp_path, monkeypatch):
+    """Choreographer starts the browser in a thread and keeps the process once the start returns:
+    an open cancelled by the bound in between (a loaded machine) left a browser no one kept. Here
+    that start runs through the real Kaleido's executor and its process is never kept; ending the
+    browser ends it."""
+    import kaleido
+
+    stand_in = tmp_path / "chromium-late"
+    stand_in.write_text(f"#!{sys.executable}\n{STAND_INS['never-answers']}")
+    stand_in.chmod(0o755)
+    b = browser.Browser()
+
+    async def made():
+        b.kaleido = kaleido.Kaleido(n=1, timeout=5)
+        browser._record_spawns(b.kaleido)
+
+    b._run(made(), 30)
+    start = b.kaleido._process_executor.submit(subprocess.Popen, [str(stand_in)], start_new_session=True)
+    start.result(timeout=30)
+    assert getattr(b.kaleido, "subprocess", None) is None and _running(str(stand_in))
+    b.end()
+    assert _running(str(stand_in)) == []
 
 
 def test_the_bound_is_read_from_the_environment(monkeypatch):
