@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,18 @@ def _running(marker: str) -> list[int]:
     return pids
 
 
+def _ended(marker: str, seconds: float = 30.0) -> bool:
+    """No live process holds ``marker`` once the kills have landed: SIGKILL is delivered when the
+    killed process next runs, and on a loaded machine a grandchild (the browser under
+    choreographer's wrapper, which is reaped at once) may still show as running for a moment."""
+    deadline = time.monotonic() + seconds
+    while _running(marker):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("how", list(STAND_INS))
 def test_png_export_ends_in_one_line_when_the_browser_cannot_start(tmp_path, monkeypatch, how):
@@ -58,7 +71,7 @@ def test_png_export_ends_in_one_line_when_the_browser_cannot_start(tmp_path, mon
     assert lines[0].startswith(f"error: PNG export failed: {why}"), lines[0]
     assert lines[0].endswith("HTML and CSV exports work without a browser (--out FILE.html or FILE.csv)")
     assert not out.exists() and browser._browser is None
-    assert _running(str(stand_in)) == []  # the stand-in (and choreographer's wrapper) were ended
+    assert _ended(str(stand_in))  # the stand-in (and choreographer's wrapper) were ended
 
 
 def test_a_browser_started_after_its_open_was_given_up_on_is_ended_too(tmp_path, monkeypatch):
@@ -82,7 +95,7 @@ def test_a_browser_started_after_its_open_was_given_up_on_is_ended_too(tmp_path,
     start.result(timeout=30)
     assert getattr(b.kaleido, "subprocess", None) is None and _running(str(stand_in))
     b.end()
-    assert _running(str(stand_in)) == []
+    assert _ended(str(stand_in))
 
 
 def test_the_bound_is_read_from_the_environment(monkeypatch):
