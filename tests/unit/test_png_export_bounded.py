@@ -92,10 +92,10 @@ def test_a_browser_started_after_its_open_was_given_up_on_is_ended_too(tmp_path,
 
     b._run(made(), 30)
     start = b.kaleido._process_executor.submit(subprocess.Popen, [str(stand_in)], start_new_session=True)
-    start.result(timeout=30)
-    assert getattr(b.kaleido, "subprocess", None) is None and _running(str(stand_in))
+    late = start.result(timeout=30)
+    assert getattr(b.kaleido, "subprocess", None) is None and late.poll() is None  # started, never kept
     b.end()
-    assert _ended(str(stand_in))
+    assert late.poll() is not None and _ended(str(stand_in))  # killed and reaped
 
 
 def test_the_bound_is_read_from_the_environment(monkeypatch):

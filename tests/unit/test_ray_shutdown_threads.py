@@ -41,11 +41,12 @@ FREEING_THREAD = textwrap.dedent(
 
         def page():
             keep = []
-            while not stop.is_set() and refs:
-                ref = refs.pop()
-                cycle = [ref]
-                cycle.append(cycle)  # a young cycle holding an ObjectRef: garbage once dropped
-                del ref, cycle
+            while not stop.is_set():  # on, whatever the load, until told: the assertion below needs it alive
+                if refs:
+                    ref = refs.pop()
+                    cycle = [ref]
+                    cycle.append(cycle)  # a young cycle holding an ObjectRef: garbage once dropped
+                    del ref, cycle
                 keep.append([[] for _ in range(300)])  # allocations: collections run in this thread
                 del keep[:-20]
                 freed.append(1)
