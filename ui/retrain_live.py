@@ -27,7 +27,7 @@ from attn_core.sources import LoadedModel
 from attn_core.training.config import JobConfig
 from attn_core.training.estimate import range_text
 from attn_core.training.job import TrainingJob, preview
-from attn_core.training.queue import running_jobs
+from attn_core.training.slots import running_jobs
 from attn_core.training.snapshot import Snapshot
 from attn_core.training.telemetry import MetricKey
 from ui.cache import cached

@@ -15,7 +15,7 @@ API (``user``: the owner's id, "" in single-user mode; ``admin``: may act on eve
     q.cancel(entry, user, admin=False) -> str     # "cancelled" (it left the line, never trains) or
         # "stopping" (it runs: its job stops after the current step); another user's: PermissionError
     q.wait(entry, cancelled, on_wait=None) -> bool   # blocks until the entry is claimed (True)
-    q.describe(entry) -> str                      # "queued: 2nd in line, 1 job ahead, ... 2-6 min"
+    q.describe(entry) -> str                      # "queued: 1 job ahead, 2nd in line (...); estimated wait 2-6 min"
     q.watch(entry, stop, done)                    # a running job's guard: wall time, a cancel
     q.release(entry, status=, message=, target=)  # the job ended
     q.reap() / q.adopt()                          # after a restart (see below); serve(q) does both
@@ -180,6 +180,10 @@ class JobQueue:
             con.rollback()
             raise
 
+    def ticket(self, **entry) -> int:
+        """:meth:`submit` under the name a job's line of one process (``slots.JobSlots``) gives it."""
+        return self.submit(**entry)
+
     # --- reading ----------------------------------------------------------------------------
     def _entry(self, con, entry: int) -> dict:
         rows = self._rows(con, "id = ?", (int(entry),))
@@ -218,7 +222,9 @@ class JobQueue:
             if admin or r["user"] == user:
                 r.update(places.get(r["id"], {}))
                 out.append(r)
-        return out
+        # waiting first, in their order on their device; then running; then ended, oldest first
+        first = {"waiting": 0, "running": 1, "stopping": 1}
+        return sorted(out, key=lambda r: (first.get(r["status"], 2), r["device"], r.get("place") or 0, r["id"]))
 
     def ahead(self, entry: int) -> int:
         """How many jobs must end before a waiting entry starts (0: it may start now, or it is not waiting)."""

@@ -66,9 +66,9 @@ def _ordinal(n: int) -> str:
 
 
 def waiting_text(place: int, ahead: int, wait: tuple[float, float] | None, limit: int) -> str:
-    """``queued: 2nd in line, 1 job ahead (at most 1 at once on this device, ATTN_LAB_MAX_JOBS); wait about 2-6 min``."""
+    """``queued: 1 job ahead, 2nd in line (at most 1 at once on this device, ATTN_LAB_MAX_JOBS); wait about 2-6 min``."""
     jobs = f"{ahead} job{'s' if ahead != 1 else ''} ahead"
-    text = f"queued: {_ordinal(place)} in line, {jobs} (at most {limit} at once on this device, {ENV_MAX_JOBS})"
+    text = f"queued: {jobs}, {_ordinal(place)} in line (at most {limit} at once on this device, {ENV_MAX_JOBS})"
     if wait is not None:
         text += f"; estimated wait {range_text(*wait)} (a range, from the estimates of the jobs ahead)"
     return text
