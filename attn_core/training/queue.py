@@ -142,22 +142,11 @@ class JobQueue:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
         if not isinstance(user, str):
             raise TypeError(f"user must be a string (the owner's id, '' in single-user mode), got {user!r}")
-        self.limit()  # a mis-set ATTN_LAB_MAX_JOBS refuses here
-        most_steps, most_jobs = user_steps(), user_jobs()
-        if steps is not None and most_steps is not None and steps > most_steps:
-            raise ValueError(f"steps {steps:,} is over the limit of {most_steps:,} steps per job ({ENV_USER_STEPS})")
         payload = json.dumps(spec)  # JSON only: a spec that is not refuses here
         con = self._con()
         self._immediate(con)
         try:
-            mine = con.execute(
-                "SELECT count(*) FROM queue WHERE user = ? AND status IN ('waiting', 'running')", (user,)
-            ).fetchone()[0]
-            if mine >= most_jobs:
-                raise ValueError(
-                    f"you already have {mine} jobs waiting or running, the most one user may have at once "
-                    f"({ENV_USER_JOBS}={most_jobs}); cancel one or wait for one to end"
-                )
+            self._check(con, user, steps)
             cur = con.execute(
                 "INSERT INTO queue (user, kind, device, target, spec, steps, estimate_s, status, enqueued, pid, host) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, 'waiting', ?, ?, ?)",
@@ -179,6 +168,26 @@ class JobQueue:
         except BaseException:
             con.rollback()
             raise
+
+    def check(self, user: str, steps: int | None = None) -> None:
+        """Refuse (ValueError, one sentence naming the limit and its setting) what :meth:`submit`
+        would refuse now for ``user``: a page checks before it records anything."""
+        con = self._con()
+        with con:
+            self._check(con, user, steps)
+
+    def _check(self, con, user: str, steps: int | None) -> None:
+        self.limit()  # a mis-set ATTN_LAB_MAX_JOBS refuses here
+        most_steps, most_jobs = user_steps(), user_jobs()
+        if steps is not None and most_steps is not None and steps > most_steps:
+            raise ValueError(f"steps {steps:,} is over the limit of {most_steps:,} steps per job ({ENV_USER_STEPS})")
+        active = "status IN ('waiting', 'running', 'stopping')"
+        mine = con.execute(f"SELECT count(*) FROM queue WHERE user = ? AND {active}", (user,)).fetchone()[0]
+        if mine >= most_jobs:
+            raise ValueError(
+                f"you already have {mine} jobs waiting or running, the most one user may have at once "
+                f"({ENV_USER_JOBS}={most_jobs}); cancel one or wait for one to end"
+            )
 
     def ticket(self, **entry) -> int:
         """:meth:`submit` under the name a job's line of one process (``slots.JobSlots``) gives it."""
@@ -385,10 +394,12 @@ def serve(queue: JobQueue | None = None, poll_s: float = 2.0) -> JobQueue:
     with _SERVED_LOCK:
         if queue.root in _SERVED:
             return queue
+        queue.reap()  # a store that cannot be read refuses here, and is tried again on the next call
+        queue.adopt()
         _SERVED.add(queue.root)
 
     def keep() -> None:
-        while True:
+        while queue.index.path.exists():  # a store removed (a test's) is no longer kept
             try:
                 queue.reap()
                 queue.adopt()
@@ -396,7 +407,5 @@ def serve(queue: JobQueue | None = None, poll_s: float = 2.0) -> JobQueue:
                 pass
             time.sleep(poll_s)
 
-    queue.reap()
-    queue.adopt()
     threading.Thread(target=keep, name="attn-lab queue keeper", daemon=True).start()
     return queue
