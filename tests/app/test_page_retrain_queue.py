@@ -41,8 +41,10 @@ def test_a_waiting_job_shows_its_place_and_cancel_takes_it_out_of_the_line(monke
     info = " ".join(i.value for i in page.info)
     assert "queued: 1 job ahead, 1st in line" in info and "estimated wait" in info and "a range" in info
     assert any("Your jobs in the server's queue" in m.value for m in page.markdown)
-    entry = page.selectbox(key="queue_pick_retrain").value
+    entry = job._ticket  # the page's job's entry, listed first (the waiting before the running)
+    assert page.selectbox(key="queue_pick_retrain").options == [f"entry {entry}", f"entry {other}"]
     assert queue.get(entry, "")["status"] == "waiting"
+    page.selectbox(key="queue_pick_retrain").set_value(entry)
     page.button(key="queue_cancel_retrain").click().run()
     assert not page.exception
     poll(page, lambda at: job.snapshot().done)
