@@ -2,7 +2,7 @@
 this session's user's entries that wait or run (each waiting one's place and a range for its
 wait, refreshed while any is active), a Cancel for each, and the entries that a server's end
 interrupted (they are never run again by themselves). The page also keeps the queue served
-(:func:`keep`): entries of a server that is gone are marked or adopted by this one."""
+(:func:`keep`, ``training.queue_keeper``): entries of a server that is gone are marked or adopted by this one."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import streamlit as st
 from attn_core.runs import RunStoreError
 from attn_core.training import queue as Q
 from attn_core.training.estimate import range_text
+from attn_core.training.queue_keeper import serve
 from attn_core.training.slots import ENV_MAX_JOBS
 from ui.plots import show_table
 
@@ -29,7 +30,7 @@ def who() -> tuple[str, bool]:
 def keep() -> Q.JobQueue | None:
     """The server's queue, kept by this process (``queue.serve``); None when its store cannot be read."""
     try:
-        return Q.serve()
+        return serve()
     except (RunStoreError, OSError, ValueError) as e:
         st.warning(f"The job queue cannot be read now: {e}")
         return None

@@ -18,12 +18,14 @@ API (``user``: the owner's id, "" in single-user mode; ``admin``: may act on eve
     q.describe(entry) -> str                      # "queued: 1 job ahead, 2nd in line (...); estimated wait 2-6 min"
     q.watch(entry, stop, done)                    # a running job's guard: wall time, a cancel
     q.release(entry, status=, message=, target=)  # the job ended
-    q.reap() / q.adopt()                          # after a restart (see below); serve(q) does both
+    q.check(user, steps=None)                     # what submit would refuse now, refused
+    q.reap() / q.adopt()                          # after a restart (see below); queue_keeper.serve(q) does both
 
 Each entry is a dict: id, user, kind, device, target (run or sweep id), status (waiting, running,
 then completed, stopped, diverged, failed, cancelled or interrupted), message, steps, estimate_s,
 enqueued, started, finished, pid, host, and for a waiting one ``ahead`` (jobs that must end
-before it starts) and ``wait`` ((low, high) seconds, None without estimates).
+before it starts) and ``wait`` ((low, high) seconds, None without estimates). A store that
+cannot be read or written is one :class:`~attn_core.runs.RunStoreError` sentence.
 
 Order (:func:`fair_order`): the waiting entries of a device go by their owner's turn, the owner's
 running jobs on that device plus the entry's rank among the owner's waiting entries, then by
@@ -33,14 +35,16 @@ turn, so two servers on one store never run an entry twice nor more than the lim
 
 After a restart: an entry ``running`` in a process of this host that is gone becomes
 ``interrupted`` (never run again by itself); a ``waiting`` entry whose process is gone is adopted
-by a live server (:func:`serve`, one atomic UPDATE of its pid), rebuilt from its spec by the
+by a live server (``queue_keeper.serve``, one atomic UPDATE of its pid), rebuilt from its spec by the
 builder registered for its kind (:func:`register`) and runs once when its turn comes."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
+import sqlite3
 import threading
 import time
 from collections import Counter
@@ -48,7 +52,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from attn_core.destinations import pid_alive
-from attn_core.runs.db import Index
+from attn_core.runs.db import Index, store_error
 from attn_core.runs.names import default_root
 from attn_core.training.estimate import load_per_core, run_range
 from attn_core.training.queue_rules import (
@@ -74,6 +78,19 @@ def register(kind: str, build: Callable) -> None:
     """``build(queue, entry)`` rebuilds a job of ``kind`` from its entry's spec and starts it (it
     then waits for ``entry["id"]``): how a server adopts the waiting entries of a gone one."""
     BUILDERS[kind] = build
+
+
+def _said(method):
+    """A method of the queue whose SQLite errors become the store's one sentence (RunStoreError)."""
+
+    @functools.wraps(method)
+    def said(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.Error as e:
+            raise store_error(self.root, e, write=True) from None
+
+    return said
 
 
 def _gone(row) -> bool:
@@ -383,29 +400,5 @@ class JobQueue:
         return jobs
 
 
-_SERVED: set[Path] = set()
-_SERVED_LOCK = threading.Lock()
-
-
-def serve(queue: JobQueue | None = None, poll_s: float = 2.0) -> JobQueue:
-    """Start (once per process and store) the server's queue keeper: it marks the entries of gone
-    processes ``interrupted`` and adopts their waiting entries, at once and then every ``poll_s``."""
-    queue = queue or JobQueue()
-    with _SERVED_LOCK:
-        if queue.root in _SERVED:
-            return queue
-        queue.reap()  # a store that cannot be read refuses here, and is tried again on the next call
-        queue.adopt()
-        _SERVED.add(queue.root)
-
-    def keep() -> None:
-        while queue.index.path.exists():  # a store removed (a test's) is no longer kept
-            try:
-                queue.reap()
-                queue.adopt()
-            except Exception:  # a store that cannot be read now: try again later
-                pass
-            time.sleep(poll_s)
-
-    threading.Thread(target=keep, name="attn-lab queue keeper", daemon=True).start()
-    return queue
+for _name in ("submit", "check", "get", "entries", "ahead", "describe", "claim", "_end", "cancel", "reap", "adopt"):
+    setattr(JobQueue, _name, _said(getattr(JobQueue, _name)))

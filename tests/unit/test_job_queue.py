@@ -22,11 +22,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attn_core import checkpoint
-from attn_core.runs import RunStore
+from attn_core.runs import RunStore, RunStoreError
 from attn_core.training.config import JobConfig
 from attn_core.training.job import TrainingJob
 from attn_core.training.queue import JobQueue
 from attn_core.training.queue_rules import ENV_JOB_WALL_S, ENV_USER_JOBS, ENV_USER_STEPS, fair_order
+from attn_core.training.slots import running_jobs
 from tests.conftest import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -256,7 +257,7 @@ def test_waiting_entries_survive_a_new_queue_object(tmp_path):
 
 SERVER = """
 import sys, time
-from attn_core.runs import RunStore
+from attn_core.runs import RunStore, RunStoreError
 from attn_core.training.config import JobConfig
 from attn_core.training.job import TrainingJob
 from attn_core.training.queue import JobQueue
@@ -344,3 +345,28 @@ def test_processes_racing_on_one_store_claim_each_entry_once(tmp_path):
     ]
     claimed = [e for p in procs for e in p.communicate(timeout=120)[0].split()]
     assert sorted(claimed, key=int) == entries  # every entry once, none twice
+
+
+def test_a_broken_store_is_one_sentence(tmp_path):
+    root = tmp_path / "broken"
+    root.mkdir()
+    (root / "index.sqlite").write_bytes(b"not a database at all" * 100)
+    with pytest.raises(RunStoreError, match="is not a SQLite database"):
+        JobQueue(root).entries("")
+
+
+def test_a_dropped_session_finds_its_job_again_and_no_one_elses(tmp_path, tiny):
+    """The job of a session that went away waits (or trains) on in the server: a new session of
+    its user finds it (running_jobs), another user's does not, an admin's does."""
+    queue = q(tmp_path)
+    other = submit(queue)
+    assert queue.claim(other)  # the slot is taken: the job waits
+    job = TrainingJob(JobConfig(tiny, {}, steps=3, device="cpu"), store=False, slots=queue, user="ann").start()
+    try:
+        assert job in running_jobs("ann") and job not in running_jobs("ben") and job in running_jobs("", admin=True)
+        assert [e["id"] for e in queue.entries("ann")] == [job._ticket]
+    finally:
+        job.stop()
+        assert job.join(60)
+    assert job not in running_jobs("ann")
+    assert ended(queue, job._ticket, "ann")["status"] == "cancelled"
