@@ -370,3 +370,30 @@ def test_a_dropped_session_finds_its_job_again_and_no_one_elses(tmp_path, tiny):
         assert job.join(60)
     assert job not in running_jobs("ann")
     assert ended(queue, job._ticket, "ann")["status"] == "cancelled"
+
+
+def test_a_sweep_waits_in_the_queue_saying_its_place_and_a_cancel_ends_it_unrun(tmp_path):
+    """A sweep of the Sweeps page waits for its queue entry before Ray starts: its record says its
+    place; cancelled by its owner, it ends interrupted with nothing run, its entry cancelled."""
+    pytest.importorskip("ray")
+    from attn_core.sweep import SweepInterrupted, grid_plan, run_sweep, start_sweep
+
+    store, queue = RunStore(tmp_path / "runs"), q(tmp_path)
+    assert queue.claim(submit(queue))  # another job holds the CPU
+    sweep_id, _ = start_sweep(grid_plan("reverse-1l", ["entropy=0.5"], baseline=False, steps=2), store)
+    entry = queue.submit(user="ann", kind="sweep", device="cpu", spec={"sweep_id": sweep_id}, target=sweep_id)
+    got = {}
+
+    def sweep():
+        try:
+            run_sweep(None, RunStore(store.root), sweep_id=sweep_id, queue=queue, entry=entry)
+        except BaseException as e:  # noqa: BLE001 -- checked below
+            got["error"] = e
+
+    thread = threading.Thread(target=sweep)
+    thread.start()
+    assert wait_for(lambda: store.get_sweep(sweep_id)["message"].startswith("queued: 1 job ahead, 1st in line"))
+    assert queue.cancel(entry, "ann") == "cancelled"
+    thread.join(120)
+    assert isinstance(got["error"], SweepInterrupted) and "nothing was run" in str(got["error"])
+    assert store.get_sweep(sweep_id)["status"] == "interrupted" and queue.get(entry, "ann")["status"] == "cancelled"
