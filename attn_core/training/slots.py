@@ -29,7 +29,7 @@ def max_jobs() -> int:
         n = 0
     if not 1 <= n <= MAX_JOBS_LIMIT:
         raise ValueError(
-            f"{ENV_MAX_JOBS} must be a whole number from 1 to {MAX_JOBS_LIMIT} (training jobs at once), got {raw!r}"
+            f"{ENV_MAX_JOBS} must be a whole number from 1 to {MAX_JOBS_LIMIT} (training jobs at once per device), got {raw!r}"
         )
     return n
 
