@@ -49,7 +49,7 @@ def show(queue: Q.JobQueue | None, kind: str) -> None:
     if queue is None:
         return
     try:
-        active = any(e["status"] in Q.ACTIVE or e["status"] == "stopping" for e in _entries(queue, kind))
+        active = any(e["status"] in Q.ACTIVE for e in _entries(queue, kind))
     except Exception:
         return
     st.fragment(run_every=REFRESH_S if active else None)(panel)(queue, kind)
@@ -62,7 +62,7 @@ def panel(queue: Q.JobQueue, kind: str) -> None:
     except Exception as e:
         st.warning(f"The job queue cannot be read now: {e}")
         return
-    live = [e for e in entries if e["status"] in ("waiting", "running", "stopping")]
+    live = [e for e in entries if e["status"] in Q.ACTIVE]
     for e in entries:
         if e["status"] == "interrupted" and e["id"] not in st.session_state.setdefault(SEEN, set()):
             what = f"run `{e['target']}`" if e["target"] else f"queue entry {e['id']}"

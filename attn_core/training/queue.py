@@ -69,7 +69,7 @@ from attn_core.training.queue_rules import (
 from attn_core.training.slots import max_jobs
 
 KINDS = ("retrain", "sweep")
-ACTIVE = ("waiting", "running")
+ACTIVE = ("waiting", "running", "stopping")
 POLL_S = 0.5  # a waiting job looks at its place, a running job at its limits, this often
 BUILDERS: dict[str, Callable] = {}  # kind -> build(queue, entry): a job rebuilt from its spec, started
 
@@ -239,7 +239,7 @@ class JobQueue:
         then running ones; with ``active=False`` the ended ones too, newest last."""
         con = self._con()
         with con:
-            rows = self._rows(con, "status IN ('waiting', 'running')" if active else "1")
+            rows = self._rows(con, "status IN ('waiting', 'running', 'stopping')" if active else "1")
             places = {}
             for device in {r["device"] for r in rows if r["status"] == "waiting"}:
                 places.update(self._places(con, device))
@@ -321,10 +321,13 @@ class JobQueue:
                 while not done():
                     if wall is not None and time.monotonic() - t0 > wall:
                         return stop(f"the wall time limit of {wall:,} s per job was reached, {ENV_JOB_WALL_S}")
-                    con = self._con()
-                    with con:
-                        asked = con.execute("SELECT message FROM queue WHERE id = ? AND status = 'stopping'", (entry,))
-                        row = asked.fetchone()
+                    try:
+                        con = self._con()
+                        with con:
+                            asked = "SELECT message FROM queue WHERE id = ? AND status = 'stopping'"
+                            row = con.execute(asked, (entry,)).fetchone()
+                    except sqlite3.Error:  # the store is busy or unreadable now: asked again next time
+                        row = None
                     if row is not None:
                         return stop(row[0] or "cancelled")
                     time.sleep(POLL_S)

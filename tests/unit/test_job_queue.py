@@ -212,7 +212,7 @@ def test_cancel_while_waiting_ends_the_wait_and_while_running_stops_the_job(tmp_
         queue.cancel(first, "ann")
 
 
-def test_a_real_job_cancelled_while_waiting_never_trains(tmp_path, tiny):
+def test_a_real_job_cancelled_while_waiting_never_trains_and_one_cancelled_running_stops(tmp_path, tiny):
     queue, store = q(tmp_path), RunStore(tmp_path / "runs")
     first = TrainingJob(JobConfig(tiny, {}, steps=10**6, device="cpu"), store=store, slots=queue).start()
     second = TrainingJob(JobConfig(tiny, {}, steps=3, device="cpu"), store=store, slots=queue, user="").start()
@@ -221,6 +221,10 @@ def test_a_real_job_cancelled_while_waiting_never_trains(tmp_path, tiny):
         assert queue.cancel(second._ticket, "") == "cancelled"
         assert second.join(60) and second.snapshot().status == "stopped" and second.run_id is None
         assert "cancelled while queued" in second.snapshot().message
+        assert wait_for(lambda: first.snapshot().step > 0)
+        assert queue.cancel(first._ticket, "") == "stopping"  # running: it stops after its step
+        assert first.join(120)
+        assert first.snapshot().status == "stopped" and "(cancelled by its owner)" in first.snapshot().message
     finally:
         first.stop()
         assert first.join(120)
