@@ -17,6 +17,7 @@ from attn_core.distributed.scaling import STRATEGIES, STRATEGY_HELP, workers_off
 from attn_core.training.config import JobConfig
 from attn_core.training.device import PRECISIONS, available_devices
 from attn_core.training.job import TrainingJob
+from attn_core.training.queue import JobQueue
 from attn_core.validate import default
 from ui import queue_view
 from ui import retrain_live as live
@@ -181,7 +182,8 @@ def start() -> None:
             **(text_cfg or {}),
             **spread,
         )
-        new = TrainingJob(job_cfg, user=queue_view.who()[0])  # waits its turn in the server's queue
+        # it waits its turn in the server's job queue (a per-user limit refuses here)
+        new = TrainingJob(job_cfg, slots=queue or JobQueue(), user=queue_view.who()[0])
         # The page's own torch work (previews, views) keeps one intra-op thread: toy models gain
         # nothing from more, and the job's worker process has the other core.
         torch.set_num_threads(1)

@@ -26,7 +26,7 @@ from attn_core.training import checkpoints, estimate, job_measures, job_queue, t
 from attn_core.training import queue as Q
 from attn_core.training.config import JobConfig
 from attn_core.training.record import Outcome, RunRecorder, error_text, job_card, measure_final, record_run
-from attn_core.training.slots import MAX_JOBS_LIMIT, JobSlots, started
+from attn_core.training.slots import SLOTS, JobSlots, started
 from attn_core.training.snapshot import Snapshot
 from attn_core.training.trainer import EVAL_SEED_OFFSET, Trainer, init_model
 
@@ -53,8 +53,9 @@ class TrainingJob:
     def __init__(self, cfg: JobConfig, store=None, slots=None, dist=None, user: str = ""):
         started = time.perf_counter()
         self.cfg, self.dist = cfg, dist
-        # where start() waits its turn: the server's durable queue (training.queue), or a JobSlots line
-        self.slots: Q.JobQueue | JobSlots = slots if slots is not None else Q.JobQueue()
+        # where start() waits its turn: the dashboard's durable queue (a training.queue.JobQueue
+        # given), else this process's line (slots.SLOTS: a sweep's trial, a benchmark)
+        self.slots: Q.JobQueue | JobSlots = slots if slots is not None else SLOTS
         self.user = user  # the owner, in the queue ("" in single-user mode)
         self._ticket: int | None = None  # the job's entry in the queue (or place in the line)
         self.store = None if store is False else (store if store is not None else RunStore())
@@ -140,9 +141,9 @@ class TrainingJob:
 
     # --- control (any thread) -------------------------------------------------------------------
     def start(self, process=False, threads: int | None = None, address: str | None = None, keep_ray=False, entry=None):
-        """Train in a worker thread, once the server's queue of jobs (``training.queue``) lets
-        it: until then its status is ``queued`` and its message says its place and the wait.
-        A per-user limit of the queue refuses here (ValueError). ``entry``: the queue entry of a
+        """Train in a worker thread, once its line lets it (the dashboard's job queue,
+        ``training.queue``, or this process's line, ``slots.SLOTS``): until then its status is
+        ``queued`` and its message says its place. A per-user limit of the queue refuses here. ``entry``: the queue entry of a
         job rebuilt after a restart (``job_queue.rebuild``), which it waits for instead of a new one.
         With ``process``, train in a worker process (``threads`` torch threads there; None:
         ``cfg.threads``, else chosen for the run: ``device.choose_threads``) that this thread
@@ -169,7 +170,6 @@ class TrainingJob:
         if self._state["status"] != "pending":
             raise RuntimeError("this job has already been started; build a new one to train again")
         if self.cfg.workers and self.dist is None:  # this thread follows the workers' run
-            self.slots = JobSlots(limit=lambda: MAX_JOBS_LIMIT)  # a command's run waits in no queue
             self.start(address=address).join()
         else:
             self._run_safely()

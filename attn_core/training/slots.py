@@ -1,6 +1,7 @@
 """The in-process side of the job queue: the ``$ATTN_LAB_MAX_JOBS`` setting (training jobs at
 once per device, default :data:`DEFAULT_MAX_JOBS`), :class:`JobSlots` (a line of one process,
-first come first served, that keeps no record: one sweep at a time in a process,
+first come first served, that keeps no record: :data:`SLOTS`, where a job started outside the dashboard
+waits (a sweep's trial on its Ray worker, a benchmark), one sweep at a time in a process,
 :mod:`attn_core.sweep.line`, and tests), and the jobs started in this process
 (:func:`running_jobs`), for a new session of the Retrain page to show. The server's durable,
 fair queue is :mod:`attn_core.training.queue`."""
@@ -113,6 +114,9 @@ class JobSlots:
         """(training, waiting) now."""
         with self._cond:
             return len(self._holding), len(self._line)
+
+
+SLOTS = JobSlots()  # this process's line: where a job started outside the dashboard's queue waits
 
 
 def queued_message(ahead: int) -> str:
