@@ -6,6 +6,8 @@ interrupted (they are never run again by themselves). The page also keeps the qu
 
 from __future__ import annotations
 
+import time
+
 import pandas as pd
 import streamlit as st
 
@@ -19,7 +21,7 @@ from ui.plots import show_table
 USER = "attn_lab_user"  # session key: the signed-in user's id (shared mode); absent: "" (single user)
 ADMIN = "attn_lab_admin"  # session key: whether that user is an admin (sees and cancels every entry)
 REFRESH_S = 1.0
-SEEN = "queue_seen_interrupted"  # entry ids whose interruption this session has been told
+INTERRUPTED_SHOWN_S = 24 * 3600  # an interrupted entry is said for a day after its server ended
 
 
 def who() -> tuple[str, bool]:
@@ -64,7 +66,7 @@ def panel(queue: Q.JobQueue, kind: str) -> None:
         return
     live = [e for e in entries if e["status"] in Q.ACTIVE]
     for e in entries:
-        if e["status"] == "interrupted" and e["id"] not in st.session_state.setdefault(SEEN, set()):
+        if e["status"] == "interrupted" and time.time() - (e["finished"] or 0) < INTERRUPTED_SHOWN_S:
             what = f"run `{e['target']}`" if e["target"] else f"queue entry {e['id']}"
             again = (
                 f"resume it with `attn-lab sweep --resume {e['target']}`"
