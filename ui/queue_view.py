@@ -30,7 +30,11 @@ def who() -> tuple[str, bool]:
 
 
 def keep() -> Q.JobQueue | None:
-    """The server's queue, kept by this process (``queue.serve``); None when its store cannot be read."""
+    """The server's queue, kept by this process (``queue_keeper.serve``: it can rebuild both kinds
+    of job, whichever page calls it first); None when its store cannot be read."""
+    import attn_core.sweep.run  # noqa: F401 -- registers how a sweep is rebuilt
+    import attn_core.training.job  # noqa: F401 -- registers how a retrain is rebuilt
+
     try:
         return serve()
     except (RunStoreError, OSError, ValueError) as e:
