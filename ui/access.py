@@ -21,6 +21,8 @@ from ui.markup import plain
 
 ENV_SHARED = "ATTN_LAB_SHARED"
 ENV_ADMINS = "ATTN_LAB_ADMINS"
+USER = "attn_lab_user"  # session key: the logged-in person's user id, as the job queue's pages read it
+ADMIN = "attn_lab_admin"  # session key: whether they are an admin (the queue shows and cancels every entry)
 _STORE = "_access_store"  # session key: the store this session acts in (its user's, or one an admin opened)
 _PICKED = "_access_picked"  # session key: the store an admin picked (a user id; "" = their own)
 _SHARED_KEYS = ("redirect_uri", "cookie_secret")
@@ -106,24 +108,31 @@ def gate() -> None:
     scope_roots(_session_store)  # before anything can read a store: nobody's until logged in
     missing = auth_missing(st.secrets)
     if missing:
-        st.session_state.pop(_STORE, None)
+        _forget()
         st.error(missing)
         st.stop()
     if not st.user.is_logged_in or _expired():
-        st.session_state.pop(_STORE, None)
+        _forget()
         _login_screen(expired=bool(st.user.is_logged_in))
         st.stop()
     who = claims()
     try:
         own = users.open_store(who)
     except (ValueError, OSError) as e:
-        st.session_state.pop(_STORE, None)
+        _forget()
         st.error(f"Your run store could not be opened: {plain(e)}")
         st.stop()
+    st.session_state[USER], st.session_state[ADMIN] = own.name, is_admin(who)
     st.session_state[_STORE] = str(_store_for(who, own))
     with st.sidebar:
         st.caption(f"Logged in as **{plain(users.label_of(who))}**" + (" (admin)" if is_admin(who) else ""))
         st.button("Log out", on_click=st.logout, icon=":material/logout:", key="access_logout")
+
+
+def _forget() -> None:
+    """Nobody acts in this session any more (no login, or no store)."""
+    for key in (_STORE, USER, ADMIN):
+        st.session_state.pop(key, None)
 
 
 def _expired() -> bool:

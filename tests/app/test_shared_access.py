@@ -122,6 +122,10 @@ def test_each_user_sees_only_their_own_runs(machine, monkeypatch):
     assert run_id in alice.dataframe[0].value["id"].tolist()
     assert "Logged in as **alice@lab.example**" in [c.value for c in alice.sidebar.caption]
     assert [b.label for b in alice.sidebar.button] == ["Log out"]
+    assert (alice.session_state["attn_lab_user"], alice.session_state["attn_lab_admin"]) == (
+        users.user_id(ALICE),
+        False,
+    )
     bob = app(BOB, page="app_pages/4_Runs.py")
     assert not lists(bob, run_id) and not bob.dataframe and not bob.exception
     assert "No finished runs" in bob.info[0].value and run_id not in str(bob)
