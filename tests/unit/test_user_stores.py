@@ -83,3 +83,12 @@ def test_the_cli_keeps_the_machines_store(tmp_path, monkeypatch):
     runs.RunStore(alice).create("reverse-1l", "reverse", {"steps": 1})  # a run in a user's store
     assert cli_json("runs") == []  # the CLI lists the machine's store, never a user's
     assert not scoped()
+
+
+def test_the_job_queue_is_the_machines_whoever_acts(tmp_path, monkeypatch):
+    from attn_core.training.queue import JobQueue
+
+    monkeypatch.setenv("ATTN_LAB_RUNS", str(tmp_path / "machine"))
+    mine = users.open_store(ALICE)
+    scope_roots(lambda: mine)
+    assert JobQueue().root == tmp_path / "machine"  # one queue for every user, not one per store
