@@ -5,7 +5,7 @@ device ("cpu", "cuda:0", ...); the others wait, each told its place and a range 
 
 API (``user``: the owner's id, "" in single-user mode; ``admin``: may act on every entry)::
 
-    q = JobQueue(root=None)   # the queue in the index of the run store at root (None: runs.default_root())
+    q = JobQueue(root=None)   # the queue in the index of the run store at root (None: the machine's, runs.names.machine_root())
     entry = q.submit(user=, kind=, device=, spec=, steps=None, estimate_s=None, target=None) -> int
         # kind "retrain" or "sweep"; spec: what rebuilds the job, as JSON (never pickle);
         # estimate_s: the job's estimated seconds. Refuses (ValueError, one sentence naming the
@@ -53,7 +53,7 @@ from pathlib import Path
 
 from attn_core.destinations import pid_alive
 from attn_core.runs.db import Index, store_error
-from attn_core.runs.names import default_root
+from attn_core.runs.names import machine_root
 from attn_core.training.estimate import load_per_core, run_range
 from attn_core.training.queue_rules import (
     ENV_JOB_WALL_S,
@@ -102,7 +102,7 @@ class JobQueue:
     """The durable queue in the index of the run store at ``root`` (see the module)."""
 
     def __init__(self, root: str | Path | None = None, limit: Callable[[], int] = max_jobs):
-        self.root = Path(root).expanduser() if root is not None else default_root()
+        self.root = Path(root).expanduser() if root is not None else machine_root()
         self.index = Index(self.root)
         self.limit = limit
         self._live: dict[int, Callable[[str], None]] = {}  # entry -> stop(reason) of the jobs run here
