@@ -157,7 +157,7 @@ def rope(
                 f"config.json gives the layer types different rotary settings: {first_name} = {first!r:.100} and "
                 f"{name} = {other!r:.100}; one rotary for every layer is supported"
             )
-    if sliding is not None and sliding != first:
+    if sliding is not None:
         if sliding["rope_scaling"] is not None or sliding["rotary_dim"] != first["rotary_dim"]:
             raise CheckpointError(
                 "config.json rope_parameters.sliding_attention may differ from the full layers' only in rope_theta "

@@ -9,7 +9,21 @@ its parity test (docs/architecture.md, "Adding a family").
 from __future__ import annotations
 
 from attn_core.checkpoint import CheckpointError
-from attn_core.hf.families import gpt2, gpt_neox, llama, mistral, qwen2
+from attn_core.hf.families import (
+    exaone4,
+    gemma2,
+    gemma3,
+    gpt2,
+    gpt_neox,
+    granite,
+    llama,
+    mistral,
+    olmo2,
+    phi3,
+    qwen2,
+    qwen3,
+    smollm3,
+)
 from attn_core.hf.family import Family
 
 REGISTRY: dict[str, Family] = {
@@ -20,6 +34,14 @@ REGISTRY: dict[str, Family] = {
         llama.FAMILY,
         mistral.FAMILY,
         qwen2.FAMILY,
+        qwen3.FAMILY,
+        gemma2.FAMILY,
+        gemma3.FAMILY,
+        olmo2.FAMILY,
+        smollm3.FAMILY,
+        phi3.FAMILY,
+        granite.FAMILY,
+        exaone4.FAMILY,
     )
 }
 FAMILIES = tuple(REGISTRY)

@@ -1,0 +1,195 @@
+"""The newer Hugging Face families (Qwen3, Gemma 2, Gemma 3 text, OLMo 2, SmolLM3, Phi-3, Granite,
+EXAONE 4): tiny random models built by transformers here (nothing downloaded), saved to a
+folder and loaded by attn-lab; transformers' eager attention is the reference for every head's
+pattern (windows, caps, norms included) and the logits; each exports back to its family."""
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from attn_core.hf import load_hf  # noqa: E402
+from attn_core.hf.family_export import export_family, hf_origin  # noqa: E402
+from attn_core.hooks import act_name  # noqa: E402
+
+TINY = dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=48, vocab_size=100)
+TWO_TYPES = ["sliding_attention", "full_attention"]
+# family: (config class, model class, the config's own settings, the features it shows)
+CASES = {
+    "qwen3": (
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        dict(num_key_value_heads=2, head_dim=16, use_sliding_window=True, sliding_window=5, max_window_layers=1),
+        "per-head QK-norm, head_dim 16 != 32 / 4, a window on layer 1, GQA",
+    ),
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        dict(
+            num_key_value_heads=2,
+            head_dim=8,
+            query_pre_attn_scalar=10,
+            attn_logit_softcapping=4.0,
+            final_logit_softcapping=3.0,
+            sliding_window=5,
+            layer_types=TWO_TYPES,
+        ),  # fmt: skip
+        "attention and final soft-caps, query_pre_attn_scalar, sandwich (1 + w) norms, embedding scale, GeGLU, window",
+    ),
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        dict(
+            num_key_value_heads=2,
+            head_dim=8,
+            query_pre_attn_scalar=8,
+            sliding_window=5,
+            layer_types=TWO_TYPES,
+            attn_logit_softcapping=6.0,
+            final_logit_softcapping=5.0,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+        ),  # fmt: skip
+        "per-head (1 + w) QK-norm, two rotary bases, a final cap (the attention cap is unused), sandwich norms, window",
+    ),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(num_key_value_heads=2), "QK-norm across all heads, post norms"),
+    "smollm3": (
+        "SmolLM3Config",
+        "SmolLM3ForCausalLM",
+        dict(
+            num_key_value_heads=2,
+            no_rope_layers=[1, 0],
+            use_sliding_window=True,
+            sliding_window=5,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),  # fmt: skip
+        "a NoPE layer (1), GQA",
+    ),
+    "phi3": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(num_key_value_heads=2, partial_rotary_factor=0.5, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+        "fused qkv_proj and gate_up_proj, partial rotary",
+    ),
+    "granite": (
+        "GraniteConfig",
+        "GraniteForCausalLM",
+        dict(
+            num_key_value_heads=2,
+            embedding_multiplier=2.0,
+            residual_multiplier=0.5,
+            attention_multiplier=0.2,
+            logits_scaling=4.0,
+            attention_bias=True,
+        ),  # fmt: skip
+        "embedding, residual, attention and logit multipliers, biases",
+    ),
+    "exaone4": (
+        "Exaone4Config",
+        "Exaone4ForCausalLM",
+        dict(num_key_value_heads=2, sliding_window=5, sliding_window_pattern=2),
+        "per-head QK-norm, post norms, a window on layer 0, NoPE on the global layer 1",
+    ),
+}
+FAMILIES = list(CASES)
+
+
+def write_family(folder, family: str, **overrides):
+    """A random tiny ``family`` model saved into ``folder`` by transformers (eager attention);
+    returns it. Weights far from uniform attention, so comparisons mean something."""
+    config_cls, model_cls, own, _ = CASES[family]
+    cfg = getattr(transformers, config_cls)(
+        **{**TINY, "max_position_embeddings": 64, "attn_implementation": "eager", **own, **overrides}
+    )
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name and p.dim() == 1:
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0.0, 0.3 if p.dim() > 1 else 0.1)
+    model.save_pretrained(folder, safe_serialization=True)
+    return model
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def case(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param)
+    return request.param, write_family(folder, request.param), folder
+
+
+def _tokens(n: int = 20, batch: int = 2) -> torch.Tensor:
+    return torch.randint(0, 100, (batch, n), generator=torch.Generator().manual_seed(1))
+
+
+def _close_logits(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Within 1e-4 relative (of the largest logit)."""
+    return float((got - want).abs().max()) <= 1e-4 * max(1.0, float(want.abs().max()))
+
+
+def test_patterns_and_logits_match_transformers(case):
+    family, reference, folder = case
+    loaded = load_hf(folder)
+    tokens = _tokens()
+    with torch.no_grad():
+        ref = reference(tokens, output_attentions=True)
+        plain = loaded.model(tokens)  # the fused path where the maths allows it
+        logits, cache = loaded.model.run_with_cache(tokens)
+    for layer in range(2):
+        A_ref = ref.attentions[layer]
+        assert A_ref.max() > 0.5, (family, layer)  # peaked patterns: a real comparison
+        err = float((cache[act_name("pattern", layer)] - A_ref).abs().max())
+        assert err <= 1e-5, (family, layer, err)
+    assert _close_logits(logits, ref.logits), (family, float((logits - ref.logits).abs().max()))
+    assert _close_logits(plain, ref.logits), family
+
+
+def test_features_reach_the_config(case):
+    family, _, folder = case
+    cfg = load_hf(folder).config
+    expected = {
+        "qwen3": dict(qk_norm="head", d_head=16, sliding_window=[0, 5]),
+        "gemma2": dict(
+            attn_softcap=4.0,
+            final_softcap=3.0,
+            attn_scale=10**-0.5,
+            block_norms="sandwich",
+            embed_scale=32**0.5,
+            mlp_act="gelu_tanh",
+            sliding_window=[5, 0],
+        ),  # fmt: skip
+        "gemma3_text": dict(
+            qk_norm="head", rope_theta=10000.0, rope_theta_local=100.0, attn_softcap=None, final_softcap=5.0
+        ),  # fmt: skip
+        "olmo2": dict(qk_norm="all", block_norms="post"),
+        "smollm3": dict(nope_layers=[1], sliding_window=[0, 5]),
+        "phi3": dict(rotary_dim=4),
+        "granite": dict(embed_scale=2.0, residual_scale=0.5, attn_scale=0.2, logits_scaling=4.0, attn_bias=True),
+        "exaone4": dict(qk_norm="head", block_norms="post", nope_layers=[1], sliding_window=[5, 0]),
+    }[family]
+    got = {k: getattr(cfg, k) for k in expected}
+    assert got == pytest.approx(expected) if family == "gemma2" else got == expected
+
+
+def test_export_goes_back_to_the_family(case, tmp_path):
+    family, _, folder = case
+    loaded = load_hf(folder)
+    origin = hf_origin(loaded)
+    assert origin["model_type"] == family
+    out = tmp_path / "out"
+    summary = export_family(loaded, out, origin)
+    assert summary["model_type"] == family
+    assert json.loads((out / "config.json").read_text())["model_type"] == family
+    back = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
+    tokens = _tokens()
+    with torch.no_grad():
+        assert _close_logits(back(tokens).logits, loaded.model(tokens))
+    again = load_hf(out)  # and attn-lab reads its own export as the same model
+    assert again.config == loaded.config
