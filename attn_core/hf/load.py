@@ -49,10 +49,11 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel
     tied = flag(raw, "tie_word_embeddings", fam.tied)
     prefix = fam.prefix
 
-    def name(n: str) -> str:  # the file's own spelling: with or without the family's prefix
-        if n in tensors:
-            return n
-        return n.removeprefix(prefix) if n.removeprefix(prefix) in tensors else prefix + n
+    def name(n: str) -> str:  # the file's own spelling: with or without the family's prefix (as asked: absent)
+        for spelling in (n, n.removeprefix(prefix), prefix + n):
+            if spelling in tensors:
+                return spelling
+        return n
 
     def has(n: str) -> bool:
         return name(n) in tensors
