@@ -225,3 +225,21 @@ def test_the_form_gives_the_models_own_scores(case):
                     layer,
                     delta,
                 )
+
+
+def test_blocked_scores_are_the_models_own(case):
+    """The blocked path (long inputs) gives each head's S as the model does: capped, normed, scaled."""
+    from attn_core.bilinear.blocked import layer_qk
+
+    family, _, folder = case
+    model = load_hf(folder).model
+    ids = _tokens(16, 1)[0].tolist()
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.tensor([ids]))
+        for layer in range(2):
+            qk = layer_qk(model, ids, layer)
+            S = cache[act_name("attn_scores", layer)][0]
+            for h in range(model.cfg.n_heads):
+                got, want = qk.scores(h, 0, 16, 0, 16), S[h]
+                seen = torch.isfinite(got)
+                assert torch.allclose(got[seen], want[seen], atol=1e-5, rtol=1e-5), (family, layer, h)
