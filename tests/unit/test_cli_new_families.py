@@ -20,6 +20,7 @@ REFUSED = {
     "circuits": (QK_NORM | CAPPED, "is not available for this model"),
     "attribute": (CAPPED, "soft-capped"),
     "edit": (QK_NORM, "QK-norm"),
+    "retrain-vocab": (QK_NORM | CAPPED, "penalises the vocabulary view"),
 }
 
 
@@ -87,6 +88,34 @@ def commands(folder, text, tmp):
         ],  # fmt: skip
         "diff": ["diff", folder, folder, "--json"],
         "export-hf": ["export-hf", folder, "--out", tmp / "exported", "--json"],
+        "retrain": [
+            "retrain",
+            folder,
+            "--text",
+            text,
+            "--block",
+            10,
+            "--steps",
+            2,
+            "--reg",
+            "entropy@L0=0.1",
+            "--reg",
+            "spectral=0.01",
+            "--json",
+        ],  # fmt: skip
+        "retrain-vocab": [
+            "retrain",
+            folder,
+            "--text",
+            text,
+            "--block",
+            10,
+            "--steps",
+            2,
+            "--reg",
+            "vocab_entropy=0.1",
+            "--json",
+        ],  # fmt: skip
     }
 
 
@@ -104,14 +133,18 @@ def commands(folder, text, tmp):
         "edit",
         "diff",
         "export-hf",
+        "retrain",
+        "retrain-vocab",
     ],
 )
-def test_each_command_runs_or_refuses_in_one_sentence(folder, command, capsys, tmp_path):
+def test_each_command_runs_or_refuses_in_one_sentence(folder, command, capsys, tmp_path, monkeypatch):
     family, root, text = folder
+    monkeypatch.setenv("ATTN_LAB_RUNS", str(tmp_path / "runs"))
     code, out, err = run(capsys, *commands(root, text, tmp_path)[command])
     refusing, words = REFUSED.get(command, (set(), ""))
     if family in refusing:
-        assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+        errors = [line for line in err.splitlines() if line.startswith("error:")]  # progress lines aside
+        assert code == 2 and len(errors) == 1 and words in errors[0], err
     else:
         assert code == 0, err
         json.loads(out)

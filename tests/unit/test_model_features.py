@@ -134,3 +134,26 @@ def test_scores_match_a_dense_float64_computation(variant):
             if cfg.attn_softcap:
                 S = torch.tanh(S / cfg.attn_softcap) * cfg.attn_softcap
             assert torch.allclose(cache[act_name("attn_scores", layer)][0], S, atol=1e-10), (variant, layer)
+
+
+@pytest.mark.parametrize("variant", ["gemma-like", "nope-granite"])
+def test_the_entropy_penalty_is_the_models_own_attention(variant):
+    """The data-view penalty of a capped model (rows from its pattern) or one with its own score
+    scale (rows from Q and K) equals the normalized entropy of the model's pattern."""
+    from attn_core import metrics
+    from attn_core.regularizers import build_penalty
+    from attn_core.regularizers.summaries import mean_rows
+
+    model = _model(**VARIANTS[variant])
+    tokens = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(3))
+    penalty = build_penalty(["entropy@L0=1", "entropy@L1=1"], model)
+    cache = penalty.cache()
+    with torch.no_grad():
+        model(tokens, cache=cache)
+        got = penalty(model, cache=cache)
+        _, full = model.run_with_cache(tokens)
+    for layer in range(2):
+        A = full[act_name("pattern", layer)]
+        mask = model.mask(16, model.cfg.window(layer))
+        want = mean_rows(metrics.normalized_entropy(A, mask), A.shape, mask).mean()
+        assert float(got[f"entropy@L{layer}"]) == pytest.approx(float(want), rel=1e-4), (variant, layer)
