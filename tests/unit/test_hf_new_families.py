@@ -243,3 +243,20 @@ def test_blocked_scores_are_the_models_own(case):
                 got, want = qk.scores(h, 0, 16, 0, 16), S[h]
                 seen = torch.isfinite(got)
                 assert torch.allclose(got[seen], want[seen], atol=1e-5, rtol=1e-5), (family, layer, h)
+
+
+def test_offset_forms_use_each_layers_rotation(case):
+    """offset_form(layer, head, [delta]) is layer_form at that offset: Gemma 3's local base in its
+    sliding layer, no rotation in a NoPE layer (the same B at every offset)."""
+    from attn_core import bilinear as bl
+    from attn_core.bilinear.offsets import offset_form
+
+    family, _, folder = case
+    model = load_hf(folder).model
+    with torch.no_grad():
+        for layer in range(2):
+            got = offset_form(model, layer, 1, [-3]).dense[0]
+            want = bl.layer_form(model, layer, offset=-3)[1].dense
+            assert torch.allclose(got, want, atol=1e-5), (family, layer)
+            if layer in (model.cfg.nope_layers or []):
+                assert torch.allclose(want, bl.layer_form(model, layer)[1].dense, atol=1e-6)
