@@ -10,7 +10,6 @@ from dataclasses import replace
 import torch
 
 from attn_core.bilinear import QKForm, layer_form, vocab_scores
-from attn_core.bilinear.checks import bilinear_problem
 from attn_core.hooks import Cache, act_name
 from attn_core.model import ModelConfig, Transformer, attention_weights
 from attn_core.regularizers.heads import Heads, all_heads, by_layer, head_label, parse_heads
@@ -210,9 +209,11 @@ def build_penalty(
     default = parse_heads(heads, cfg)
     resolved = {s.label: parse_heads(s.heads, cfg) if s.heads else default for s in specs}
     for s in specs:
-        problem = bilinear_problem(cfg) if s.view == "vocab" else None
-        if problem:
-            raise ValueError(f"{s.name!r} penalises the vocabulary view, which this model has not: {problem}")
+        if s.view == "vocab" and cfg.attn_softcap is not None:
+            raise ValueError(
+                f"{s.name!r} penalises the vocabulary view from its Q and K, which cannot carry this model's soft cap "
+                f"(c tanh(S / c), c = {cfg.attn_softcap:g}); penalise the data view (entropy, hoyer, topk, sink)"
+            )
         if s.view == "vocab" and cfg.d_vocab > 4096:
             raise ValueError(f"{s.name!r} forms a d_vocab x d_vocab view per head; {cfg.d_vocab} tokens is too many")
     return ConcentrationPenalty(specs, resolved, cfg, rows=rows, seed=seed, block=block, path=path)

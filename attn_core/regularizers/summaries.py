@@ -18,8 +18,7 @@ import math
 import torch
 
 from attn_core import metrics
-from attn_core.bilinear import augment, has_bias, layer_form, model_form
-from attn_core.bilinear.checks import bilinear_problem
+from attn_core.bilinear import augment, has_bias, layer_form, model_form, qk_gains
 from attn_core.bilinear.views import vocab_inputs
 from attn_core.hooks import Cache, act_name
 from attn_core.model import Transformer, attention_weights
@@ -162,22 +161,26 @@ def vocab_qk(model: Transformer, layer: int, heads) -> tuple[torch.Tensor, torch
     """Q and K of the vocabulary view of ``heads`` of ``layer``, [1, h, V, w] each: its scores
     ``q k^T`` are ``bilinear.vocab_scores`` (with the query/key biases when the model has them)."""
     aug = has_bias(model)
-    x = vocab_inputs(model, layer)
-    x = augment(x) if aug else x
+    x0 = vocab_inputs(model, layer)
+    x = augment(x0) if aug else x0
     form = layer_form(model, layer, aug)[list(heads)]
     if form.is_dense:  # merged heads: S = x W_QK x^T
         return (x @ form.dense)[None], x.expand(len(heads), *x.shape)[None]
-    return (x @ form.left)[None], (x @ form.right)[None]
+    q, k = x @ form.left, x @ form.right
+    if model.cfg.qk_norm != "none":  # QK-norm's per-token gains, one per row of q and of k
+        g_q, g_k = qk_gains(model, layer, x0)
+        q, k = q * g_q[list(heads)][..., None], k * g_k[list(heads)][..., None]
+    return q[None], k[None]
 
 
 @torch.no_grad()
 def vocab_concentration(model: Transformer, heads: Heads | None = None) -> dict[str, torch.Tensor]:
     """Per head on the vocabulary view: ``entropy`` and ``top1``, [n_layers, n_heads], on the
     model's device; from the view's Q and K in blocks of rows (no V x V view per head is kept).
-    NaN for a model whose scores are not ``x B y^T`` (QK-norm, a soft cap: no vocabulary view)."""
+    NaN for a soft-capped model (the cap is not in these Q and K)."""
     cfg = model.cfg
     out = _empty(model)
-    if bilinear_problem(model):
+    if cfg.attn_softcap is not None:
         return out
     for layer, hs in by_layer(heads or all_heads(cfg)).items():
         q, k = vocab_qk(model, layer, hs)

@@ -17,10 +17,9 @@ QK_NORM = {"qwen3", "gemma3_text", "olmo2", "exaone4"}
 CAPPED = {"gemma2"}
 # command -> the families that refuse it, and the words the refusal gives
 REFUSED = {
-    "circuits": (QK_NORM | CAPPED, "is not available for this model"),
     "attribute": (CAPPED, "soft-capped"),
     "edit": (QK_NORM, "QK-norm"),
-    "retrain-vocab": (QK_NORM | CAPPED, "penalises the vocabulary view"),
+    "retrain-vocab": (CAPPED, "soft cap"),
 }
 
 

@@ -260,3 +260,22 @@ def test_offset_forms_use_each_layers_rotation(case):
             assert torch.allclose(got, want, atol=1e-5), (family, layer)
             if layer in (model.cfg.nope_layers or []):
                 assert torch.allclose(want, bl.layer_form(model, layer)[1].dense, atol=1e-6)
+
+
+def test_the_vocabulary_view_is_the_first_layers_own_scores(case):
+    """At layer 0 a token's input is the vocabulary view's x_t (embedding, its scale, the norm
+    before attention if any), so f_x(y) at offset j - i, with QK-norm's gains and the cap, is the
+    model's own score S_ij."""
+    from attn_core.bilinear.views import vocab_scores
+
+    family, _, folder = case
+    model = load_hf(folder).model
+    ids = _tokens(8, 1)[0].tolist()
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.tensor([ids]))
+        S = cache[act_name("attn_scores", 0)][0]
+        for delta in range(-7, 1):
+            view = vocab_scores(model, 0, tokens=ids, offset=delta)  # [h, T, T] by token position
+            rows = torch.arange(-delta, 8)
+            got, want = view[:, rows, rows + delta], S[:, rows, rows + delta]
+            assert float((got - want).abs().max()) <= 1e-4 * max(1.0, float(want.abs().max())), (family, delta)
