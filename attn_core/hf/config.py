@@ -21,8 +21,6 @@ from attn_core.model import ModelConfig
 from attn_core.model.rotary import inverse_frequencies
 from attn_core.validate import is_int, is_number
 
-FAMILIES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2")
-LLAMA_LIKE = ("llama", "mistral", "qwen2")
 ACTIVATIONS = {
     "gelu_new": "gelu_tanh",
     "gelu_pytorch_tanh": "gelu_tanh",
@@ -34,15 +32,6 @@ ACTIVATIONS = {
 }
 LAYER_TYPES = ("full_attention", "sliding_attention")
 _MISSING = object()
-
-
-def family(hf: dict) -> str:
-    """The folder's model_type, when it is one of :data:`FAMILIES`."""
-    kind = hf.get("model_type")
-    if kind not in FAMILIES:
-        shown = kind if isinstance(kind, str) else type(kind).__name__
-        raise CheckpointError(f"model_type {shown!r} is not supported; supported families: {', '.join(FAMILIES)}")
-    return kind
 
 
 def _show(v) -> str:
@@ -152,18 +141,29 @@ def _rope_parameter_sets(hf: dict) -> list[tuple[str, dict]]:
     return [(f"rope_parameters.{k}", mapping(params, k, where="config.json rope_parameters")) for k in typed]
 
 
-def _rope(hf: dict, d_head: int, theta_default: float, partial_default: float) -> dict:
-    """rotary_dim, rope_theta and rope_scaling from either spelling (both, when they agree). Our
-    model has one rotary for every layer: rope_parameters given per layer type must agree."""
-    found = [(name, _rope_of(hf, params, name, d_head, theta_default, partial_default))
-             for name, params in _rope_parameter_sets(hf)]  # fmt: skip
-    first_name, first = found[0]
-    for name, rope in found[1:]:
-        if rope != first:
+def rope(
+    hf: dict, d_head: int, theta_default: float = 10000.0, partial_default: float = 1.0, local: bool = False
+) -> dict:
+    """rotary_dim, rope_theta and rope_scaling from either spelling (both, when they agree). One
+    rotary for every layer: rope_parameters given per layer type must agree, except, with
+    ``local`` (Gemma 3), in the sliding layers' base, which becomes ``rope_theta_local``."""
+    found = dict((name, _rope_of(hf, params, name, d_head, theta_default, partial_default))
+                 for name, params in _rope_parameter_sets(hf))  # fmt: skip
+    sliding = found.pop("rope_parameters.sliding_attention", None) if local else None
+    first_name, first = next(iter(found.items())) if found else ("rope_parameters.sliding_attention", sliding)
+    for name, other in found.items():
+        if other != first:
             raise CheckpointError(
                 f"config.json gives the layer types different rotary settings: {first_name} = {first!r:.100} and "
-                f"{name} = {rope!r:.100}; one rotary for every layer is supported"
+                f"{name} = {other!r:.100}; one rotary for every layer is supported"
             )
+    if sliding is not None:
+        if sliding["rope_scaling"] is not None or sliding["rotary_dim"] != first["rotary_dim"]:
+            raise CheckpointError(
+                "config.json rope_parameters.sliding_attention may differ from the full layers' only in rope_theta "
+                f"(no scaling), got {sliding!r:.100}"
+            )
+        return {**first, "rope_theta_local": sliding["rope_theta"]}
     return first
 
 
@@ -202,78 +202,91 @@ def _rope_of(hf: dict, params: dict, name: str, d_head: int, theta_default: floa
     return {"rotary_dim": int(d_head * partial), "rope_theta": theta, "rope_scaling": scaling}
 
 
-def _windows(hf: dict, kind: str, n_layers: int) -> list[int] | None:
-    """Each layer's sliding window (None: no layer has one) from sliding_window, layer_types and,
-    for Qwen2, use_sliding_window and max_window_layers."""
+def windows(hf: dict, n_layers: int, use_flag: str | None = None, max_window_layers: bool = False) -> list[int] | None:
+    """Each layer's sliding window (None: no layer has one) from sliding_window and layer_types;
+    ``use_flag`` names a switch that must be true for any window (Qwen2's use_sliding_window), and
+    ``max_window_layers`` (Qwen2) gives the first windowed layer when layer_types is absent."""
     window = integer(hf, "sliding_window", default=0)
     if window < 0:
         raise CheckpointError(f"config.json sliding_window must be a positive integer, got {window}")
-    if kind == "qwen2" and not flag(hf, "use_sliding_window", False):
+    if use_flag is not None and not flag(hf, use_flag, False):
         window = 0
-    layer_types = hf.get("layer_types")
-    if layer_types is not None:
-        if not isinstance(layer_types, list) or len(layer_types) != n_layers:
-            raise CheckpointError(f"config.json layer_types must list one of {LAYER_TYPES} per layer ({n_layers})")
-        bad = [t for t in layer_types if not isinstance(t, str) or t not in LAYER_TYPES]
-        if bad:
-            raise CheckpointError(f"config.json layer_types holds {bad[0]!r:.60}; each entry is one of {LAYER_TYPES}")
-        windows = [window if t == "sliding_attention" else 0 for t in layer_types]
-    elif kind == "qwen2":
+    kinds = layer_types(hf, n_layers)
+    if kinds is not None:
+        found = [window if t == "sliding_attention" else 0 for t in kinds]
+    elif max_window_layers:
         first = integer(hf, "max_window_layers", default=n_layers)
-        windows = [window if l >= first else 0 for l in range(n_layers)]
+        found = [window if l >= first else 0 for l in range(n_layers)]
     else:
-        windows = [window] * n_layers
-    return windows if any(windows) else None
+        found = [window] * n_layers
+    return found if any(found) else None
 
 
-def rotary_model_config(hf: dict) -> ModelConfig:
-    """Our config for a config.json of a rotary family (GPT-NeoX, Llama, Mistral, Qwen2; GPT-2's
-    is ``hf/gpt2.py``, and ``hf/load.model_config`` picks between them)."""
-    kind = family(hf)
-    if hf.get("is_encoder_decoder") or hf.get("add_cross_attention"):
-        raise CheckpointError("encoder-decoder and cross-attention models are not supported")
+def layer_types(hf: dict, n_layers: int) -> list[str] | None:
+    """config.json's layer_types (one of :data:`LAYER_TYPES` per layer), or None when absent."""
+    kinds = hf.get("layer_types")
+    if kinds is None:
+        return None
+    if not isinstance(kinds, list) or len(kinds) != n_layers:
+        got = f"{len(kinds)} entries" if isinstance(kinds, list) else type(kinds).__name__
+        raise CheckpointError(
+            f"config.json layer_types must list one of {LAYER_TYPES} per layer ({n_layers} layers), got {got}"
+        )
+    bad = [t for t in kinds if not isinstance(t, str) or t not in LAYER_TYPES]
+    if bad:
+        raise CheckpointError(f"config.json layer_types holds {bad[0]!r:.60}; each entry is one of {LAYER_TYPES}")
+    return kinds
+
+
+def head_dim(hf: dict, fixed: bool = False) -> int:
+    """config.json's head_dim, hidden_size / num_attention_heads by default; with ``fixed`` (a
+    family whose heads split hidden_size evenly) a head_dim that disagrees is refused."""
     d, h = integer(hf, "hidden_size"), integer(hf, "num_attention_heads")
-    n_layers = integer(hf, "num_hidden_layers")
-    d_head = integer(hf, "head_dim", default=d // h if h > 0 and d % h == 0 else 0)
+    even = d // h if h > 0 and d % h == 0 else 0
+    d_head = integer(hf, "head_dim", default=even)
     if d_head <= 0:
         raise CheckpointError(f"hidden_size={d} is not divisible by num_attention_heads={h}")
-    common = dict(
-        n_layers=n_layers,
+    if fixed and d_head * h != d:
+        raise CheckpointError(
+            f"config.json head_dim={d_head} disagrees with hidden_size / num_attention_heads = {d} / {h}; "
+            "this family splits hidden_size evenly into its heads"
+        )
+    return d_head
+
+
+def decoder_config(hf: dict, *, d_head: int | None = None, **features) -> ModelConfig:
+    """Our config for a Llama-shaped config.json (RMSNorm, gated MLP, rotary, grouped-query):
+    the fields every such family spells alike, then ``features`` (a family's own settings, which
+    replace these). A ValueError of the config becomes one CheckpointError sentence."""
+    if hf.get("is_encoder_decoder") or hf.get("add_cross_attention"):
+        raise CheckpointError("encoder-decoder and cross-attention models are not supported")
+    d_head = head_dim(hf) if d_head is None else d_head
+    h = integer(hf, "num_attention_heads")
+    fields = dict(
+        n_layers=integer(hf, "num_hidden_layers"),
         n_heads=h,
-        d_model=d,
+        d_model=integer(hf, "hidden_size"),
         d_head=d_head,
         d_mlp=integer(hf, "intermediate_size"),
         n_ctx=integer(hf, "max_position_embeddings", default=2048),
         d_vocab=integer(hf, "vocab_size"),
         positional="rotary",
         qk="factored",
+        normalization="rmsnorm",
+        attn_bias=False,
+        gated_mlp=True,
+        n_kv_heads=integer(hf, "num_key_value_heads", default=h),
     )
+    return checked_config({**fields, **features})
+
+
+def checked_config(fields: dict) -> ModelConfig:
+    """``ModelConfig(**fields)`` with its rotary frequencies checked, every refusal one CheckpointError."""
     try:
-        if kind == "gpt_neox":
-            if d_head * h != d:
-                raise CheckpointError("GPT-NeoX needs hidden_size = num_attention_heads x head size")
-            cfg = ModelConfig(
-                **common,
-                normalization="layernorm",
-                attn_bias=flag(hf, "attention_bias", True),
-                ln_eps=number(hf, "layer_norm_eps", 1e-5, hi=1.0),
-                mlp_act=activation(hf, "hidden_act", "gelu"),
-                parallel_attn=flag(hf, "use_parallel_residual", True),
-                **_rope(hf, d_head, 10000.0, 0.25),
-            )
-        else:
-            cfg = ModelConfig(
-                **common,
-                normalization="rmsnorm",
-                attn_bias=True if kind == "qwen2" else flag(hf, "attention_bias", False),
-                ln_eps=number(hf, "rms_norm_eps", 1e-6, hi=1.0),
-                mlp_act=activation(hf, "hidden_act", "silu"),
-                gated_mlp=True,
-                n_kv_heads=integer(hf, "num_key_value_heads", default=h),
-                sliding_window=_windows(hf, kind, n_layers),
-                **_rope(hf, d_head, 10000.0, 1.0),
-            )
-        inverse_frequencies(cfg)  # finite and positive, or refused here, before any weight is read
+        cfg = ModelConfig(**fields)
+        if cfg.positional == "rotary":
+            for layer in {cfg.layer_rope_theta(l): l for l in range(cfg.n_layers)}.values():
+                inverse_frequencies(cfg, layer)  # finite and positive, or refused here, before any weight is read
         return cfg
     except (TypeError, ValueError) as e:
         if isinstance(e, CheckpointError):

@@ -1,9 +1,9 @@
-"""Load a local Hugging Face folder (families in ``hf/config.py``) as a :class:`LoadedModel`.
+"""Load a local Hugging Face folder (the families in ``hf/families/``) as a :class:`LoadedModel`.
 
-The config is mapped first and the model's size checked against the memory available; then
-each tensor is read from the memory-mapped safetensors file(s), converted to float32 and
-re-laid out (``hf/gpt2.py``, ``hf/families.py``), and the model takes those tensors as its
-parameters (``Transformer.from_tensors``): one float copy of the weights, no more.
+The config is mapped first (the family's reader) and the model's size checked against the memory
+available; then each tensor is read from the memory-mapped safetensors file(s), converted to
+float32 and re-laid out by the family's slot table (``hf/family.py``), and the model takes those
+tensors as its parameters (``Transformer.from_tensors``): one float copy of the weights, no more.
 """
 
 from __future__ import annotations
@@ -16,19 +16,18 @@ import torch
 
 from attn_core.card import Card
 from attn_core.checkpoint import CheckpointError, LoadedModel, build_checked
-from attn_core.hf import gpt2
-from attn_core.hf.config import family, flag, rotary_model_config
-from attn_core.hf.families import CONVERTERS
+from attn_core.hf.config import flag
+from attn_core.hf.families import family
+from attn_core.hf.family import convert
 from attn_core.hf.folder import Tensors, check_fits, hf_config
+from attn_core.hf.gpt2 import IMPORTED
 from attn_core.hf.tokenizer import TOKENIZER, VOCAB
 from attn_core.model import ModelConfig
-
-PREFIXES = {"gpt2": "transformer.", "gpt_neox": "gpt_neox.", "llama": "model.", "mistral": "model.", "qwen2": "model."}
 
 
 def model_config(hf: dict) -> ModelConfig:
     """Our :class:`ModelConfig` for a config.json of any supported family."""
-    return gpt2.model_config(hf) if family(hf) == "gpt2" else rotary_model_config(hf)
+    return family(hf).config(hf)
 
 
 def is_hf_folder(path: str | Path) -> bool:
@@ -43,17 +42,18 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel
     raw = hf_config(path)
     if raw is None:
         raise CheckpointError(f"{path} is not a Hugging Face folder (config.json with a model_type)")
-    kind = family(raw)
-    cfg = model_config(raw)
+    fam = family(raw)
+    cfg = fam.config(raw)
     check_fits(cfg, path.name)
     tensors = Tensors(path)
-    tied = flag(raw, "tie_word_embeddings", kind == "gpt2")
-    prefix = PREFIXES[kind]
+    tied = flag(raw, "tie_word_embeddings", fam.tied)
+    prefix = fam.prefix
 
-    def name(n: str) -> str:  # the file's own spelling: with or without the family's prefix
-        if n in tensors:
-            return n
-        return n.removeprefix(prefix) if n.removeprefix(prefix) in tensors else prefix + n
+    def name(n: str) -> str:  # the file's own spelling: with or without the family's prefix (as asked: absent)
+        for spelling in (n, n.removeprefix(prefix), prefix + n):
+            if spelling in tensors:
+                return spelling
+        return n
 
     def has(n: str) -> bool:
         return name(n) in tensors
@@ -61,11 +61,10 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel
     def get(n: str, shape: tuple[int, ...]) -> torch.Tensor:
         return tensors.get(name(n), shape)
 
-    head = {"gpt2": "lm_head.weight", "gpt_neox": "embed_out.weight"}.get(kind, "lm_head.weight")
-    if not tied and not has(head):
-        raise CheckpointError(f"the checkpoint lacks {head!r} and its config does not tie it to the embedding")
+    if not tied and not has(fam.head):
+        raise CheckpointError(f"the checkpoint lacks {fam.head!r} and its config does not tie it to the embedding")
     try:  # every tensor's shape is checked against the config before its data is read
-        ours = gpt2.convert(cfg, raw, get, has) if kind == "gpt2" else CONVERTERS[kind](cfg, get, has)
+        ours = convert(fam, cfg, raw, get, has)
     finally:
         tensors.close()
     model = build_checked(cfg, ours)
@@ -78,6 +77,6 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel
     card = Card(
         source=str(path),
         vocab_file=VOCAB if (path / VOCAB).is_file() and not (path / TOKENIZER).is_file() else None,
-        details={"architecture": kind, "note": gpt2.IMPORTED},
+        details={"architecture": fam.model_type, "note": IMPORTED},
     )
     return LoadedModel(name=path.name, model=model.to(device).eval(), config=cfg, card=card, path=path, key=key)

@@ -2,8 +2,10 @@
 per query head h and its key/value head g = kv_head(h) (g = h without grouped-query attention):
 
     Q = X W_Q[h] + b_Q[h],  K = X W_K[g] + b_K[g],  V = X W_V[g] + b_V[g]
-    with rotary positions: Q_i <- Q_i M(i), K_j <- K_j M(j) (attn_core/model/rotary.py)
-    S = Q K^T / sqrt(d_qk),  A = softmax_row(S + causal (and sliding-window) mask)
+    with QK-norm: Q <- rms(Q) * w_q, K <- rms(K) * w_k, per head or across the heads (before the rotation)
+    with rotary positions: Q_i <- Q_i M(i), K_j <- K_j M(j) (attn_core/model/rotary.py; not in a NoPE layer)
+    S = Q K^T * s (s = 1/sqrt(d_qk), or ``attn_scale``),  with a cap c: S <- c tanh(S / c)
+    A = softmax_row(S + causal (and sliding-window) mask)
 
 A *merged* head stores ``W_QK = B`` (d_model x d_model) directly, so ``S = X W_QK X^T``.
 Keys and values are stored once per key/value head ([n_kv_heads, ...]); ``per_head`` gives a
@@ -28,6 +30,7 @@ import torch.nn.functional as F
 from attn_core.hooks import HookRun, block_names
 from attn_core.model import rotary
 from attn_core.model.config import ModelConfig
+from attn_core.model.layers import RMSNorm
 
 SHARED = ("W_K", "b_K", "W_V", "b_V")  # stored per key/value head
 EXPLICIT = ("attn_scores", "pattern")  # reading or changing these needs S and A formed
@@ -94,6 +97,9 @@ class Attention(nn.Module):
                 self.b_K = nn.Parameter(torch.zeros(g, w))
         else:
             self.W_QK = nn.Parameter(torch.empty(h, d, d))
+        if cfg.qk_norm != "none":  # RMSNorm of q and k: over each head (d_head) or all of them
+            q_w, k_w = (dh, dh) if cfg.qk_norm == "head" else (h * dh, g * dh)
+            self.q_norm, self.k_norm = RMSNorm(q_w, cfg.ln_eps), RMSNorm(k_w, cfg.ln_eps)
         self.W_V = nn.Parameter(torch.empty(g, d, dh))
         self.W_O = nn.Parameter(torch.empty(h, dh, d))
         if cfg.attn_bias:
@@ -108,13 +114,14 @@ class Attention(nn.Module):
         cfg = self.cfg
         if cfg.qk == "factored":
             self.register_buffer("qk_scale", self._scales(torch.get_default_dtype()), persistent=False)
-        if cfg.positional == "rotary":
-            self.register_buffer("inv_freq", rotary.inverse_frequencies(cfg), persistent=False)
+        if cfg.rotary_layer(self.layer):
+            self.register_buffer("inv_freq", rotary.inverse_frequencies(cfg, self.layer), persistent=False)
 
     def _scales(self, dtype: torch.dtype, device=None) -> torch.Tensor:
-        """1/sqrt(d_qk) per head, [1, h, 1, 1], rounded once into ``dtype`` from float64."""
+        """1/sqrt(d_qk) (or ``attn_scale``) per head, [1, h, 1, 1], rounded once into ``dtype`` from float64."""
+        fixed = self.cfg.attn_scale
         exact = torch.tensor(
-            [self.cfg.head_d_qk(self.layer, i) ** -0.5 for i in range(self.cfg.n_heads)], dtype=torch.float64
+            [fixed or self.cfg.head_d_qk(self.layer, i) ** -0.5 for i in range(self.cfg.n_heads)], dtype=torch.float64
         )
         return exact.to(device=device, dtype=dtype).view(1, self.cfg.n_heads, 1, 1)
 
@@ -150,7 +157,11 @@ class Attention(nn.Module):
         if self.cfg.attn_bias:
             q = q + self.b_Q[None, :, None, :]
             k = k + self.b_K[None, :, None, :]
-        if self.cfg.positional == "rotary":
+        if self.cfg.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        elif self.cfg.qk_norm == "all":  # one RMS over all heads of a token: [b, n, T, w] <-> [b, T, n w]
+            q, k = _across(self.q_norm, q), _across(self.k_norm, k)
+        if hasattr(self, "inv_freq"):
             cos, sin = rotary.cos_sin(self.inv_freq, torch.arange(x.shape[1], device=x.device))
             q, k = rotary.rotate(q, cos, sin), rotary.rotate(k, cos, sin)
         return q, self._heads(k)
@@ -175,8 +186,9 @@ class Attention(nn.Module):
 
     @property
     def _fast(self) -> bool:
-        """Softmax heads of one scale: their Z can come from the fused attention kernel."""
-        return self.cfg.entmax_alpha == 1.0 and self.cfg.d_qk is None
+        """Softmax heads of one scale, uncapped: their Z can come from the fused attention kernel
+        (a soft cap changes S before the softmax, which the kernel cannot)."""
+        return self.cfg.entmax_alpha == 1.0 and self.cfg.d_qk is None and self.cfg.attn_softcap is None
 
     def _fused(
         self, x: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | Visibility, hk: HookRun | None
@@ -190,7 +202,7 @@ class Attention(nn.Module):
         if hk is not None:
             n = self.names
             q, k, v = hk(n["q"], q), hk(n["k"], k), hk(n["v"], v)
-        scale = 1.0 if self.cfg.qk == "merged" else self.cfg.d_head**-0.5
+        scale = 1.0 if self.cfg.qk == "merged" else self.cfg.attn_scale or self.cfg.d_head**-0.5
         T = x.shape[1]
         if isinstance(mask, Visibility):
             if mask.causal:
@@ -225,6 +237,9 @@ class Attention(nn.Module):
                 S = torch.einsum("bhqe,bke->bhqk", q, x)
             else:
                 S = q @ k.transpose(-1, -2)
+        cap = self.cfg.attn_softcap
+        if cap is not None:  # as Gemma 2 computes it: S / c, tanh, * c
+            S = torch.tanh(S / cap) * cap
         if hk is not None:
             S = hk(self.names["attn_scores"], S)
         A = attention_weights(S, mask, self.cfg.entmax_alpha)
@@ -234,6 +249,12 @@ class Attention(nn.Module):
         if hk is not None:
             z = hk(self.names["z"], z)
         return z
+
+
+def _across(norm: nn.Module, t: torch.Tensor) -> torch.Tensor:
+    """``norm`` over all heads of each token: t [b, n, T, w] as [b, T, n w], normed, and back."""
+    b, n, T, w = t.shape
+    return norm(t.transpose(1, 2).reshape(b, T, n * w)).reshape(b, T, n, w).transpose(1, 2)
 
 
 def _windowed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, vis: Visibility, scale: float) -> torch.Tensor:

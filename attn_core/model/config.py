@@ -4,12 +4,18 @@ config.json is untrusted input), with its exact parameter count.
 One config covers the toys we train and the Hugging Face families we import
 (``attn_core/hf/``): LayerNorm or RMSNorm, learned or rotary positions (full or partial,
 ``rope_theta``, linear and llama3 scaling), grouped-query attention (``n_kv_heads``), q/k/v
-biases, sequential or parallel attention and MLP, plain or gated (SwiGLU) MLPs, and sliding
-windows per layer.
+biases, sequential or parallel attention and MLP, plain or gated (SwiGLU, GeGLU) MLPs, and sliding
+windows per layer; and the features of the newer families (:data:`FEATURES`): QK-norm per head or
+across the heads, a score scale other than 1/sqrt(d_head), logit soft-capping of the scores and of
+the logits, a second rotary base for the sliding layers, layers without positions (NoPE),
+sandwich or post norms, and the embedding, residual and logit multipliers. Each defaults to
+"absent": a model without them computes, and saves, exactly what it did before they existed
+(:meth:`ModelConfig.to_dict` leaves out a feature at its default).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 
 from attn_core.validate import is_int
@@ -18,6 +24,8 @@ NORMALIZATIONS = ("layernorm", "rmsnorm", "none")
 POSITIONALS = ("learned", "rotary", "none")
 QK_KINDS = ("factored", "merged")
 MLP_ACTS = ("gelu", "gelu_tanh", "silu", "relu")
+QK_NORMS = ("none", "head", "all")  # RMSNorm of q and k per head (Qwen3, Gemma 3) or over all heads (OLMo 2)
+BLOCK_NORMS = ("pre", "sandwich", "post")  # norms before, before and after (Gemma), after only (OLMo 2)
 ROPE_SCALINGS = ("linear", "llama3")
 LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 # Guards against absurd configs (a user's config.json is untrusted input). Whether a model of
@@ -63,6 +71,17 @@ class ModelConfig:
     parallel_attn: bool = False  # GPT-NeoX: resid + attn(ln1(resid)) + mlp(ln2(resid))
     # Per layer, keys further back than this many positions are masked (0 = the whole context).
     sliding_window: list[int] | None = None
+    # --- the newer families' features (FEATURES); each default is "absent" ---
+    qk_norm: str = "none"  # QK_NORMS: RMSNorm (weights attn.q_norm.w, attn.k_norm.w) before the rotation
+    attn_scale: float | None = None  # the scores' scale; None: 1/sqrt(d_qk) (Gemma: query_pre_attn_scalar^-1/2)
+    attn_softcap: float | None = None  # S -> c tanh(S / c) before the mask (Gemma 2)
+    final_softcap: float | None = None  # the same on the logits
+    rope_theta_local: float | None = None  # the rotary base of the sliding-window layers (Gemma 3)
+    nope_layers: list[int] | None = None  # layers whose queries and keys are not rotated (SmolLM3)
+    block_norms: str = "pre"  # BLOCK_NORMS; "sandwich" adds ln1_post/ln2_post on each output, "post" has only those
+    embed_scale: float = 1.0  # the embedding is multiplied by it (Gemma: sqrt(d_model); Granite)
+    residual_scale: float = 1.0  # each attention and MLP output is multiplied by it (Granite)
+    logits_scaling: float = 1.0  # the logits are divided by it (Granite)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -113,6 +132,7 @@ class ModelConfig:
                 check(isinstance(row, list) and len(row) == self.n_heads, "d_qk must hold one width per head")
                 for w in row:
                     check(is_int(w) and 1 <= w <= MAX_DIM, f"d_qk width {w!r} is outside 1..{MAX_DIM}")
+        self._validate_features(check)
         n_params = self.n_params()
         check(n_params <= MAX_PARAMS, f"{n_params:,} parameters is more than {MAX_PARAMS:,}")
 
@@ -139,6 +159,40 @@ class ModelConfig:
             check(isinstance(s[k], (int, float)) and 0 < s[k] < 1e9, f"rope_scaling {k}={s[k]!r} must be positive")
         if s["type"] == "llama3":
             check(s["high_freq_factor"] > s["low_freq_factor"], "llama3 high_freq_factor must exceed low_freq_factor")
+
+    def _validate_features(self, check) -> None:
+        check(self.qk_norm in QK_NORMS, f"qk_norm must be one of {QK_NORMS}, got {self.qk_norm!r}")
+        check(self.block_norms in BLOCK_NORMS, f"block_norms must be one of {BLOCK_NORMS}, got {self.block_norms!r}")
+        if self.qk_norm != "none" or self.block_norms != "pre":
+            check(self.normalization == "rmsnorm", "qk_norm and block_norms other than pre need normalization rmsnorm")
+        if self.parallel_attn:
+            check(self.block_norms == "pre" and self.residual_scale == 1.0, "parallel_attn needs block_norms pre")
+        if self.qk_norm != "none":
+            check(self.qk == "factored" and self.d_qk is None, "qk_norm needs factored heads of width d_head")
+        for name in ("attn_scale", "attn_softcap", "final_softcap", "rope_theta_local"):
+            v = getattr(self, name)
+            ok = v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0)
+            check(ok, f"{name} must be a positive finite number (or null), got {v!r}")
+        for name in ("embed_scale", "residual_scale", "logits_scaling"):
+            v = getattr(self, name)
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+            check(ok, f"{name} must be a positive finite number, got {v!r}")
+        if self.rope_theta_local is not None:
+            check(self.positional == "rotary", "rope_theta_local needs rotary positions")
+            check(self.rope_theta_local > 1, f"rope_theta_local={self.rope_theta_local!r} must be above 1")
+        if self.nope_layers is not None:
+            n = self.nope_layers
+            check(self.positional == "rotary", "nope_layers needs rotary positions")
+            check(isinstance(n, list) and all(is_int(x) and 0 <= x < self.n_layers for x in n) and len(set(n)) == len(n),
+                  f"nope_layers must list distinct layers 0..{self.n_layers - 1}")  # fmt: skip
+
+    def rotary_layer(self, layer: int) -> bool:
+        """Whether layer ``layer`` rotates its queries and keys (rotary, and not a NoPE layer)."""
+        return self.positional == "rotary" and layer not in (self.nope_layers or ())
+
+    def layer_rope_theta(self, layer: int) -> float:
+        """Layer ``layer``'s rotary base: ``rope_theta_local`` in a sliding-window layer when set."""
+        return self.rope_theta_local if self.rope_theta_local and self.window(layer) else self.rope_theta
 
     @property
     def kv_heads(self) -> int:
@@ -178,7 +232,9 @@ class ModelConfig:
                          with biases) (+ norm n + W_in, W_out 2 d d_mlp + b_in, b_out d_mlp + d,
                          + W_gate, b_gate d d_mlp + d_mlp when gated, with an MLP)
 
-        A norm n is 2d for LayerNorm, d for RMSNorm and 0 with ``normalization = "none"``."""
+        A norm n is 2d for LayerNorm, d for RMSNorm and 0 with ``normalization = "none"``. Sandwich
+        norms add 2 norms a layer, post norms move both after; QK-norm adds 2 d_head (per head) or
+        (h + g) d_head (across the heads) a layer."""
         d, h, g = self.d_model, self.n_heads, self.kv_heads
         ln = {"layernorm": 2 * d, "rmsnorm": d, "none": 0}[self.normalization]
         total = self.d_vocab * d + (self.n_ctx * d if self.positional == "learned" else 0)
@@ -189,14 +245,22 @@ class ModelConfig:
             else:
                 w = self.qk_width(layer)
                 qk = (h + g) * d * w + ((h + g) * w if self.attn_bias else 0)
-            total += ln + qk + (g + h) * d * self.d_head + (g * self.d_head + d if self.attn_bias else 0)
+            norms = 2 if self.block_norms == "sandwich" else 1
+            total += norms * ln + qk + (g + h) * d * self.d_head + (g * self.d_head + d if self.attn_bias else 0)
+            total += {"none": 0, "head": 2 * self.d_head, "all": (h + g) * self.d_head}[self.qk_norm]
             if self.d_mlp > 0:
-                total += ln + 2 * d * self.d_mlp + self.d_mlp + d
+                total += norms * ln + 2 * d * self.d_mlp + self.d_mlp + d
                 total += (d * self.d_mlp + self.d_mlp) if self.gated_mlp else 0
         return total
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Every field, but a feature (:data:`FEATURES`) only when it is not at its default: a
+        model without the newer features saves the config it always did."""
+        out = asdict(self)
+        for name, default in FEATURES.items():
+            if out[name] == default:
+                del out[name]
+        return out
 
     @classmethod
     def from_dict(cls, raw: dict) -> ModelConfig:
@@ -207,3 +271,8 @@ class ModelConfig:
         if unknown:
             raise ValueError(f"invalid model config: unknown keys {unknown}")
         return cls(**raw)
+
+
+_NAMES = [f.name for f in fields(ModelConfig)]
+# the newer families' fields, with their defaults ("absent"): from qk_norm on
+FEATURES = {f.name: f.default for f in fields(ModelConfig)[_NAMES.index("qk_norm") :]}

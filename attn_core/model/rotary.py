@@ -24,15 +24,18 @@ import torch
 from attn_core.model.config import ModelConfig
 
 
-def inverse_frequencies(cfg: ModelConfig) -> torch.Tensor:
-    """omega_c for c < r/2, float32 [r/2] (after scaling), on the default device. Computed on the
+def inverse_frequencies(cfg: ModelConfig, layer: int | None = None) -> torch.Tensor:
+    """omega_c for c < r/2, float32 [r/2] (after scaling), on the default device; for ``layer``,
+    that layer's (``rope_theta_local`` in a sliding layer, unscaled, when set). Computed on the
     CPU first and refused (ValueError) unless every omega_c is finite and positive: a scaling
     factor of 1e-300 would otherwise give infinite angles and NaN scores in every view."""
     r = cfg.rotary_dims
     if r == 0:
         raise ValueError("this model has no rotary positions")
-    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, r, 2, dtype=torch.int64, device="cpu").float() / r))
-    s = cfg.rope_scaling
+    theta, s = cfg.rope_theta, cfg.rope_scaling
+    if layer is not None and cfg.layer_rope_theta(layer) != theta:
+        theta, s = cfg.layer_rope_theta(layer), None
+    inv = 1.0 / (theta ** (torch.arange(0, r, 2, dtype=torch.int64, device="cpu").float() / r))
     if s is not None and s["type"] == "linear":
         inv = inv / s["factor"]
     elif s is not None:
@@ -46,7 +49,7 @@ def inverse_frequencies(cfg: ModelConfig) -> torch.Tensor:
         inv = torch.where(medium, smoothed, scaled)
     if not bool(inv.isfinite().all() and (inv > 0).all()):
         raise ValueError(
-            f"rope_theta={cfg.rope_theta!r} with rope_scaling {s} gives rotary frequencies that are not "
+            f"rope_theta={theta!r} with rope_scaling {s} gives rotary frequencies that are not "
             "finite and positive in float32 (a scaling factor too small or too large)"
         )
     return inv.to(torch.get_default_device())
@@ -69,13 +72,19 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
 
 
-def offset_rotation(cfg: ModelConfig, delta: int | torch.Tensor, width: int | None = None) -> torch.Tensor:
+def offset_rotation(
+    cfg: ModelConfig, delta: int | torch.Tensor, width: int | None = None, layer: int | None = None
+) -> torch.Tensor:
     """R(delta) = M(delta)^T, [width, width] (or [n, width, width] for n offsets), so that the
     score of a query at i and a key at i + delta is q R(delta) k^T (module doc). ``width``
-    defaults to d_head; dims past the rotary ones are the identity."""
+    defaults to d_head; dims past the rotary ones are the identity. With ``layer``, that layer's
+    rotation: its own base, or the identity in a layer without positions (NoPE)."""
     width = cfg.d_head if width is None else width
     deltas = torch.as_tensor(delta, dtype=torch.float64).reshape(-1)
-    cos, sin = cos_sin(inverse_frequencies(cfg).double(), deltas)  # [n, r]
+    if layer is not None and not cfg.rotary_layer(layer):
+        R = torch.eye(width).expand(len(deltas), width, width).clone()
+        return R if torch.as_tensor(delta).dim() else R[0]
+    cos, sin = cos_sin(inverse_frequencies(cfg, layer).double(), deltas)  # [n, r]
     eye = torch.eye(width, dtype=torch.float64).expand(len(deltas), width, width)
     M = rotate(eye, cos[:, None, :], sin[:, None, :])  # rows e_c M(delta): [n, width, width]
     R = M.transpose(-1, -2).float()

@@ -33,30 +33,47 @@ class Block(nn.Module):
         super().__init__()
         self.names = block_names(layer, cfg.d_mlp > 0, cfg.parallel_attn)
         self.parallel = cfg.parallel_attn
-        self.ln1 = norm(cfg)
+        self.style, self.scale = cfg.block_norms, cfg.residual_scale
+        if self.style != "post":
+            self.ln1 = norm(cfg)
         self.attn = Attention(cfg, layer)
+        if self.style != "pre":  # a norm on the attention's (and the MLP's) output
+            self.ln1_post = norm(cfg)
         if cfg.d_mlp > 0:
-            self.ln2 = norm(cfg)
+            if self.style != "post":
+                self.ln2 = norm(cfg)
             self.mlp = MLP(cfg)
+            if self.style != "pre":
+                self.ln2_post = norm(cfg)
+
+    def _in(self, which: str, x: torch.Tensor) -> torch.Tensor:
+        """The input norm ``which`` (ln1, ln2) of x; x itself with post norms only."""
+        return x if self.style == "post" else getattr(self, which)(x)
+
+    def _out(self, which: str, y: torch.Tensor) -> torch.Tensor:
+        """An output as added to the residual: its post norm ``which`` (sandwich, post), the residual scale."""
+        if self.style != "pre":
+            y = getattr(self, which)(y)
+        return y * self.scale if self.scale != 1.0 else y
 
     def forward(self, resid: torch.Tensor, mask: torch.Tensor | Visibility, hk: HookRun | None = None) -> torch.Tensor:
         if hk is None:  # the plain path: no hook state, nothing extra to do
             if self.parallel:
                 return resid + self.attn(self.ln1(resid), mask) + self.mlp(self.ln2(resid))
-            resid = resid + self.attn(self.ln1(resid), mask)
+            resid = resid + self._out("ln1_post", self.attn(self._in("ln1", resid), mask))
             if hasattr(self, "mlp"):
-                resid = resid + self.mlp(self.ln2(resid))
+                resid = resid + self._out("ln2_post", self.mlp(self._in("ln2", resid)))
             return resid
         n = self.names
         resid = hk(n["resid_pre"], resid)
-        x = hk(n["attn_in"], self.ln1(resid))
-        attn_out = hk(n["attn_out"], self.attn(x, mask, hk))
+        x = hk(n["attn_in"], self._in("ln1", resid))
+        attn_out = hk(n["attn_out"], self._out("ln1_post", self.attn(x, mask, hk)))
         if self.parallel:  # the MLP reads the block's input, not resid + attn_out
             return hk(n["resid_post"], resid + attn_out + hk(n["mlp_out"], self.mlp(self.ln2(resid))))
         resid = resid + attn_out
         if hasattr(self, "mlp"):
             resid = hk(n["resid_mid"], resid)
-            resid = resid + hk(n["mlp_out"], self.mlp(self.ln2(resid)))
+            resid = resid + hk(n["mlp_out"], self._out("ln2_post", self.mlp(self._in("ln2", resid))))
         return hk(n["resid_post"], resid)
 
 
@@ -133,6 +150,8 @@ class Transformer(nn.Module):
         if T > self.cfg.n_ctx:
             raise ValueError(f"sequence of {T} tokens exceeds n_ctx={self.cfg.n_ctx}")
         x = self.embed.W_E[tokens]
+        if self.cfg.embed_scale != 1.0:  # as a tensor of the embedding's dtype, as Gemma multiplies it
+            x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype, device=x.device)
         if self.cfg.positional == "learned":
             x = x + self.pos_embed.W_pos[:T]
         return x
@@ -152,7 +171,16 @@ class Transformer(nn.Module):
         masks = {w: Visibility(T, w, device) for w in {self.cfg.window(l) for l in range(self.cfg.n_layers)}}
         for l, block in enumerate(self.blocks):
             resid = block(resid, masks[self.cfg.window(l)], hk)
-        return self.ln_final(resid) @ self.unembed.W_U + self.unembed.b_U
+        return self.logits(self.ln_final(resid))
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits of the final norm's output: x W_U + b_U, divided by ``logits_scaling``, capped
+        (c tanh(l / c)) with ``final_softcap``."""
+        out = x @ self.unembed.W_U + self.unembed.b_U
+        if self.cfg.logits_scaling != 1.0:
+            out = out / self.cfg.logits_scaling
+        cap = self.cfg.final_softcap
+        return out if cap is None else torch.tanh(out / cap) * cap
 
     def hook_names(self) -> list[str]:
         """Every hook point's name, in the order the forward reaches them."""

@@ -15,7 +15,8 @@ from attn_core.bilinear import detector_inputs, detector_tensors, model_form
 from attn_core.circuits import copying_scores
 from attn_core.dynamics.bound import floor_logits
 from attn_core.dynamics.metrics import k_composition_max, position_sums
-from attn_core.hf.families import CONVERTERS
+from attn_core.hf.families import REGISTRY
+from attn_core.hf.family import convert
 from attn_core.hf.gpt2 import convert_state_dict
 from attn_core.hf.load import model_config
 from attn_core.hooks import act_name
@@ -145,7 +146,7 @@ def test_family_conversion_keeps_the_files_device(family):
     """Every tensor a converter makes (the zero biases a file lacks, b_U) is on the device of the
     tensors it reads: with nothing optional in the file (``has`` always False), all are made here."""
     cfg = model_config(FAMILIES[family])
-    ours = on_meta(lambda: CONVERTERS[family](cfg, _meta_get, lambda n: False))
+    ours = on_meta(lambda: convert(REGISTRY[family], cfg, FAMILIES[family], _meta_get, lambda n: False))
     cpu = sorted(k for k, t in ours.items() if t.device != META)
     assert not cpu, f"made on the CPU: {cpu}"
     model = Transformer.from_tensors(cfg, ours)
