@@ -32,6 +32,22 @@ def unedited(loaded: LoadedModel, text: str | None, stamp: int | None, samples: 
     return q, surgery.head_pattern(loaded.model, inputs.tokens[0], layer, head)
 
 
+@ui.cached(resource=True)
+def modes_of(loaded: LoadedModel, layer: int, head: int):
+    return surgery.head_modes(loaded.model, layer, head)
+
+
+@ui.cached
+def preview_of(loaded: LoadedModel, text, stamp, samples: int, edits: tuple, layer: int, head: int, sources: tuple):
+    """What a slider move shows (loss, perplexity, the head's pattern, its mode factors), shared by
+    every session that makes the same edit; ``sources``: (name, model) pairs of the transplant
+    sources, keyed by their weights. The edited model itself is made again only to save it (a
+    copy of the model per edit would stay in the cache)."""
+    inputs = inputs_of(loaded, text, stamp, samples)
+    shown = surgery.preview(loaded, list(edits), inputs, layer, head, dict(sources))
+    return dict(loss=shown.loss, perplexity=shown.perplexity), shown.pattern, shown.edited.factors[0]
+
+
 def applied(extra: dict) -> str:
     """The ablation / transplant a button asked for, in words."""
     if extra.get("ablate") == "zero":
@@ -88,7 +104,7 @@ with edit_tab:
         text = choice.text if choice.kind == "text" else None
         inputs = inputs_of(loaded, text, choice.stamp, samples)
         layer, head = ui.layer_head_picker(cfg, st.columns(2))
-        modes = surgery.head_modes(loaded.model, layer, head)
+        modes = modes_of(loaded, layer, head)
         c_rank, c_drop, c_scale = st.columns(3)
         rank = c_rank.slider("Rank R kept", 1, modes.k, modes.k, key=f"edit_rank_{layer}_{head}")
         drop = c_drop.multiselect(
@@ -140,14 +156,11 @@ with edit_tab:
             edits = [edit] if (edit.touches_modes or edit.ablate or edit.source) else []
             before, pattern0 = unedited(loaded, text, choice.stamp, samples, layer, head)
             if edits:
-                shown = surgery.preview(loaded, edits, inputs, layer, head, sources)
-                after, pattern1, factors = (
-                    dict(loss=shown.loss, perplexity=shown.perplexity),
-                    shown.pattern,
-                    shown.edited.factors[0],
+                after, pattern1, factors = preview_of(
+                    loaded, text, choice.stamp, samples, tuple(edits), layer, head, tuple(sources.items())
                 )
             else:
-                shown, after, pattern1, factors = None, before, pattern0, None
+                after, pattern1, factors = before, pattern0, None
         except ValueError as e:
             st.error(ui.plain(e))  # a bad edit (a head the source lacks...) is said; the compare tab still draws
         else:
@@ -176,8 +189,8 @@ with edit_tab:
             mp = fs.modes_plot(modes, f)
             ui.show_plot(mp, key="edit_modes")
             plots += [pair, mp]
-            if shown is not None and st.button("Save the edited model as a run", icon=":material/save:"):
-                run_id = save_run(loaded, shown.edited)
+            if edits and st.button("Save the edited model as a run", icon=":material/save:"):
+                run_id = save_run(loaded, surgery.edit_model(loaded, edits, sources, tokens=inputs.tokens))
                 st.success(f"Saved as run:{run_id} (in the model picker and on the Runs page).")
 
 
