@@ -1,6 +1,6 @@
 """Work that every session would repeat is done once for all of them: two sessions (two AppTests
 in one process, as two users of one server) on the same inputs share the Edit and compare page's
-preview of an edit and the Heatmaps page's figures, and a query moved back draws the figures
+preview of an edit and its figures and the Heatmaps page's figures, and a query moved back draws the figures
 already built (benchmarks/dashboard_load.py measures what this saves under load)."""
 
 from pathlib import Path
@@ -11,6 +11,7 @@ from dashboard_helpers import chart, open_page
 
 from attn_core import surgery
 from attn_core.figures import bilinear as fb
+from attn_core.figures import surgery as fs
 
 PAGES = Path(__file__).resolve().parents[2] / "app_pages"
 EDIT = str(PAGES / "12_Edit_and_compare.py")
@@ -41,6 +42,8 @@ def counted(monkeypatch):
 def test_two_sessions_share_one_preview_of_an_edit(counted):
     counted(surgery, "preview")
     counted(surgery, "head_modes")
+    for name in ("pattern_pair_plot", "modes_plot", "diff_plot"):
+        counted(fs, name)
     losses = []
     for _ in range(2):  # two users, the same edit
         at = open_page(EDIT, "induction-2l")
@@ -49,7 +52,9 @@ def test_two_sessions_share_one_preview_of_an_edit(counted):
         assert not at.exception and not at.error
         losses.append([m.value for m in at.metric if m.label == "Loss (nats)"])
     assert losses[0] == losses[1]
-    assert counted.calls == {"preview": 1, "head_modes": 1}
+    # the first user: the page as it is, then the edit (the compare tab's matrix built once); the
+    # second user: nothing built again
+    assert counted.calls == {"preview": 1, "head_modes": 1, "pattern_pair_plot": 2, "modes_plot": 2, "diff_plot": 1}
 
 
 def test_two_sessions_share_the_heatmaps_figures(counted):
