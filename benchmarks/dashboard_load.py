@@ -27,7 +27,11 @@ py-spy's collapsed stacks, one file per N).
 Everything is bounded: each N has a deadline (``--budget`` s), every wait its own timeout, and the
 server, its workers and the browser are stopped in ``finally``. The table is printed; a full run
 saves JSON (default benchmarks/results/dashboard_load.json) and, with ``--png``, draws the curve
-(:func:`attn_core.figures.load.load_curve_plot`) into that PNG.
+(:func:`attn_core.figures.load.load_curve_plot`) into that PNG. ``--draw A.json B.json --png P``
+draws saved runs (before and after a change) as one figure, measuring nothing:
+
+    python benchmarks/dashboard_load.py --draw benchmarks/results/dashboard_load_before.json \
+        benchmarks/results/dashboard_load.json --png docs/images/dashboard-load.png
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import random
 import signal
@@ -231,9 +236,18 @@ async def start_retrain(browser, url: str, steps: int, timeout_ms: float):
 
 
 async def one_level(
-    url: str, n: int, moves: int, retrains: int, steps: int, timeout_ms: float, profile: Path | None = None
+    url: str,
+    n: int,
+    moves: int,
+    retrains: int,
+    steps: int,
+    timeout_ms: float,
+    budget: float,
+    profile: Path | None = None,
 ) -> dict:
-    """The figures at N = ``n`` users against the server at ``url``."""
+    """The figures at N = ``n`` users against the server at ``url``; users still moving
+    ``budget`` seconds after the start are stopped and counted as errors."""
+    started = time.perf_counter()
     from playwright.async_api import async_playwright
 
     proc = server_process()
@@ -269,7 +283,12 @@ async def one_level(
                 )
             samples, errors = [], []
             t0 = time.perf_counter()
-            await asyncio.gather(*(user(browser, url, i, moves, timeout_ms, samples, errors) for i in range(n)))
+            users = [asyncio.create_task(user(browser, url, i, moves, timeout_ms, samples, errors)) for i in range(n)]
+            _, late = await asyncio.wait(users, timeout=max(budget - (time.perf_counter() - started), 1.0))
+            for task in late:  # over the budget: stopped, and said (the moves made so far are kept)
+                task.cancel()
+                errors.append({"user": users.index(task), "page": "-", "what": "stopped: over the --budget"})
+            await asyncio.gather(*late, return_exceptions=True)
             wall = time.perf_counter() - t0
             sampler.cancel()
             if spy is not None:  # py-spy writes its file on SIGINT
@@ -313,12 +332,10 @@ def run_level(n: int, args) -> dict:
     with tempfile.TemporaryDirectory(prefix="attn-lab-load-") as tmp, serve(Path(tmp) / "runs") as url:
         proc = server_process()
         try:
-            return asyncio.run(
-                asyncio.wait_for(
-                    one_level(url, n, args.moves, args.retrains, args.steps, args.move_timeout * 1000, args.profile),
-                    timeout=args.budget,
-                )
+            level = one_level(
+                url, n, args.moves, args.retrains, args.steps, args.move_timeout * 1000, args.budget, args.profile
             )
+            return asyncio.run(asyncio.wait_for(level, timeout=args.budget + 300))  # the users' part stops first
         finally:
             stop_tree(proc)
 
@@ -351,8 +368,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "dashboard_load.json")
     ap.add_argument("--profile", type=Path, default=None, help="py-spy the server into this folder")
     ap.add_argument("--png", type=Path, default=None, help="draw the curve into this PNG")
+    ap.add_argument(
+        "--draw", type=Path, nargs="+", default=None, help="draw saved results (one curve each) into --png; no run"
+    )
     ap.add_argument("--quick", action="store_true", help="one user, two moves per page, one retrain; saves nothing")
     args = ap.parse_args(argv)
+    if args.draw:
+        return draw(args.draw, args.png or ap.error("--draw needs --png, the image to draw"))
     if args.quick:
         args.users, args.moves, args.retrains, args.steps, args.budget = [1], 2, 1, 20_000, 420.0
     for name, value, lo, hi in (("--moves", args.moves, 1, 100), ("--retrains", args.retrains, 0, 2)):
@@ -377,10 +399,19 @@ def main(argv: list[str] | None = None) -> None:
     record.save(result, args.out)
     print(f"saved {args.out}")
     if args.png is not None:
-        from attn_core.figures.load import load_curve_plot
+        draw([args.out], args.png)
 
-        load_curve_plot(rows).save(args.png)
-        print(f"drew {args.png}")
+
+def draw(results: list[Path], png: Path) -> None:
+    """The curves of saved results (each file's label names its curve) in one PNG."""
+    from attn_core.figures.load import load_curve_plot
+
+    curves = {}
+    for path in results:
+        saved = json.loads(Path(path).read_text())
+        curves[saved.get("label") or Path(path).stem] = saved["levels"]
+    load_curve_plot(curves).save(png, overwrite=True)
+    print(f"drew {png}")
 
 
 if __name__ == "__main__":
