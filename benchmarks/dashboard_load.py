@@ -16,10 +16,16 @@ each page. A user's think time between moves is 0.3..1.2 s (seeded). Measured:
   scores heatmap's outlined row; the modes chart's bars), median and p95 over every move;
 - errors: moves whose chart did not change within ``--move-timeout`` seconds, and pages that
   showed a Python exception;
+- server CPU: the Streamlit process's CPU seconds while the users are on (/proc/pid/stat), in
+  all and per move (the users' page visits included): the work a move costs the server, which
+  other processes on the machine slow down but do not add to;
 - memory per session: the Streamlit process's peak resident memory while the users are on (VmRSS
   of /proc, sampled every 0.25 s), less what it was before they came (the retrains running and the
   model loaded by one earlier visit of both pages), divided by N; the retrain workers' memory
   apart.
+
+``--against OLD`` serves another checkout's dashboard (the same benchmark code) after or
+before this one at each N, the order alternating, and saves its levels beside these.
 
 ``--profile DIR`` records the server with py-spy while the users move (``DIR/profile_N.txt``,
 py-spy's collapsed stacks, one file per N).
@@ -118,6 +124,14 @@ def rss_mib(pid: int) -> float:
     with contextlib.suppress(OSError, StopIteration):
         with open(f"/proc/{pid}/status") as f:
             return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+    return 0.0
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process has used so far (/proc/pid/stat; 0 once gone)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return 0.0
 
 
@@ -282,14 +296,14 @@ async def one_level(
                     stderr=subprocess.DEVNULL,
                 )
             samples, errors = [], []
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), cpu_s(proc)
             users = [asyncio.create_task(user(browser, url, i, moves, timeout_ms, samples, errors)) for i in range(n)]
             _, late = await asyncio.wait(users, timeout=max(budget - (time.perf_counter() - started), 1.0))
             for task in late:  # over the budget: stopped, and said (the moves made so far are kept)
                 task.cancel()
                 errors.append({"user": users.index(task), "page": "-", "what": "stopped: over the --budget"})
             await asyncio.gather(*late, return_exceptions=True)
-            wall = time.perf_counter() - t0
+            wall, cpu = time.perf_counter() - t0, cpu_s(proc) - cpu0
             sampler.cancel()
             if spy is not None:  # py-spy writes its file on SIGINT
                 spy.send_signal(signal.SIGINT)
@@ -322,14 +336,17 @@ async def one_level(
         "rss_per_session_mib": (peak[0] - rss_before) / n,
         "workers_rss_mib": workers,
         "wall_s": wall,
+        "server_cpu_s": cpu,
+        "server_cpu_per_move_s": cpu / len(times) if times else None,
         "load_average_after": os.getloadavg(),
         "retrains": retrains,
     }
 
 
-def run_level(n: int, args) -> dict:
-    """One N on a fresh server, bounded by ``args.budget`` seconds; everything it started stopped."""
-    with tempfile.TemporaryDirectory(prefix="attn-lab-load-") as tmp, serve(Path(tmp) / "runs") as url:
+def run_level(n: int, args, root: Path = ROOT) -> dict:
+    """One N on a fresh server of checkout ``root``, bounded by ``args.budget`` seconds;
+    everything it started stopped."""
+    with tempfile.TemporaryDirectory(prefix="attn-lab-load-") as tmp, serve(Path(tmp) / "runs", root=root) as url:
         proc = server_process()
         try:
             level = one_level(
@@ -341,12 +358,16 @@ def run_level(n: int, args) -> dict:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'N':>3} {'moves':>6} {'median s':>9} {'p95 s':>7} {'errors':>6} {'MiB/session':>11} {'wall s':>7}  load")
+    print(
+        f"{'N':>3} {'moves':>6} {'median s':>9} {'p95 s':>7} {'errors':>6} {'MiB/session':>11} {'CPU s/move':>10} "
+        f"{'wall s':>7}  load"
+    )
     for r in rows:
         med = "-" if r["median_s"] is None else f"{r['median_s']:.2f}"
         p95 = "-" if r["p95_s"] is None else f"{r['p95_s']:.2f}"
         print(
             f"{r['users']:>3} {r['moves']:>6} {med:>9} {p95:>7} {r['errors']:>6} {r['rss_per_session_mib']:>11.1f} "
+            f"{r.get('server_cpu_per_move_s') or float('nan'):>10.3f} "
             f"{r['wall_s']:>7.1f}  {', '.join(f'{x:.1f}' for x in r['load_average_after'])}"
         )
         for e in r["error_list"][:3]:
@@ -364,6 +385,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=200_000, help="steps of each retrain (it is stopped at the end)")
     ap.add_argument("--move-timeout", type=float, default=120.0, help="seconds a move may take before it is an error")
     ap.add_argument("--budget", type=float, default=900.0, help="seconds one N may take in all")
+    ap.add_argument("--against", type=Path, default=None, help="another checkout, served and measured alternately")
+    ap.add_argument("--against-label", default="", help="what --against is, saved with it")
     ap.add_argument("--label", default="", help="what this run measures (e.g. the checkout), saved with it")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "dashboard_load.json")
     ap.add_argument("--profile", type=Path, default=None, help="py-spy the server into this folder")
@@ -385,17 +408,27 @@ def main(argv: list[str] | None = None) -> None:
     if not CHROMIUM.exists():
         sys.exit(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium)")
     load_before = os.getloadavg()
-    rows = []
-    for n in args.users:
-        rows.append(run_level(n, args))
-        print_table(rows[-1:])
+    rows, old = [], []
+    for i, n in enumerate(args.users):
+        order = ["new", "old"] if i % 2 == 0 else ["old", "new"]  # which goes first alternates
+        for which in order if args.against else ["new"]:
+            row = run_level(n, args, ROOT if which == "new" else args.against)
+            (rows if which == "new" else old).append(row)
+            if args.against:
+                print(f"{which}:")
+            print_table([row])
     print()
     print_table(rows)
+    if args.against:
+        print(f"{args.against}:")
+        print_table(old)
     print(f"load average before the run {', '.join(f'{x:.1f}' for x in load_before)} on {os.cpu_count()} CPUs")
     if args.quick:
         return
     result = {"label": args.label, "levels": rows, "load_average_before": load_before, **record.environment()}
     result.update(moves_per_page=args.moves, retrains=args.retrains, model=MODEL)
+    if args.against:
+        result["against"] = {"label": args.against_label or str(args.against), "levels": old}
     record.save(result, args.out)
     print(f"saved {args.out}")
     if args.png is not None:
@@ -410,6 +443,8 @@ def draw(results: list[Path], png: Path) -> None:
     for path in results:
         saved = json.loads(Path(path).read_text())
         curves[saved.get("label") or Path(path).stem] = saved["levels"]
+        if "against" in saved:
+            curves[saved["against"]["label"]] = saved["against"]["levels"]
     load_curve_plot(curves).save(png, overwrite=True)
     print(f"drew {png}")
 
