@@ -48,6 +48,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -239,13 +240,15 @@ async def start_retrain(browser, url: str, steps: int, timeout_ms: float):
     await page.goto(f"{url}/Retrain?model=reverse-1l")
     box = page.get_by_role("spinbutton", name="Steps")
     await box.wait_for()
+    await page.get_by_text("Estimated duration").first.wait_for()  # the form's last part: the page has measured
     await page.wait_for_function(_IDLE)
     await box.fill(str(steps))
     await box.press("Enter")
+    await page.get_by_text(f"({steps:,} steps of").first.wait_for()  # the page's estimate took the steps
     await page.wait_for_function(_IDLE)
     start = page.get_by_test_id("stMainBlockContainer").get_by_role("button", name="Start")
     await start.click()
-    await page.get_by_text("running: step").first.wait_for()
+    await page.get_by_text(re.compile(rf"running: step \d+ / {steps}")).first.wait_for()
     return context
 
 
@@ -309,7 +312,9 @@ async def one_level(
                 spy.send_signal(signal.SIGINT)
                 spy.wait(timeout=60)
             workers = sum(rss_mib(p) for p in descendants(proc))
+            running = 0  # the retrains still training when the users were done (else they ran for part of it)
             for w in watchers:
+                running += await w.pages[0].get_by_text("running: step").count() > 0
                 await w.close()
         finally:
             await browser.close()
@@ -340,6 +345,7 @@ async def one_level(
         "server_cpu_per_move_s": cpu / len(times) if times else None,
         "load_average_after": os.getloadavg(),
         "retrains": retrains,
+        "retrains_running_at_end": running,
     }
 
 
@@ -370,6 +376,10 @@ def print_table(rows: list[dict]) -> None:
             f"{r.get('server_cpu_per_move_s') or float('nan'):>10.3f} "
             f"{r['wall_s']:>7.1f}  {', '.join(f'{x:.1f}' for x in r['load_average_after'])}"
         )
+        if r.get("retrains"):
+            print(
+                f"      retrains still training at the end: {r.get('retrains_running_at_end', '?')} of {r['retrains']}"
+            )
         for e in r["error_list"][:3]:
             print(f"      error: user {e['user']} on {e['page']}: {e['what']}")
         for name, b in r["by_page"].items():
@@ -382,7 +392,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--users", type=int, nargs="+", default=[1, 5, 10, 20], help="the N to measure, in order")
     ap.add_argument("--moves", type=int, default=6, help="slider moves per user on each page")
     ap.add_argument("--retrains", type=int, default=2, help="retrains running while the users move (0..2)")
-    ap.add_argument("--steps", type=int, default=200_000, help="steps of each retrain (it is stopped at the end)")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=100_000,
+        help="steps of each retrain, at most the page's 100000 (stopped at the end)",
+    )
     ap.add_argument("--move-timeout", type=float, default=120.0, help="seconds a move may take before it is an error")
     ap.add_argument("--budget", type=float, default=900.0, help="seconds one N may take in all")
     ap.add_argument("--against", type=Path, default=None, help="another checkout, served and measured alternately")
@@ -400,7 +415,8 @@ def main(argv: list[str] | None = None) -> None:
         return draw(args.draw, args.png or ap.error("--draw needs --png, the image to draw"))
     if args.quick:
         args.users, args.moves, args.retrains, args.steps, args.budget = [1], 2, 1, 20_000, 420.0
-    for name, value, lo, hi in (("--moves", args.moves, 1, 100), ("--retrains", args.retrains, 0, 2)):
+    bounds = (("--moves", args.moves, 1, 100), ("--retrains", args.retrains, 0, 2), ("--steps", args.steps, 1, 100_000))
+    for name, value, lo, hi in bounds:
         if not lo <= value <= hi:
             ap.error(f"{name} takes {lo}..{hi}, not {value}")
     if any(n < 1 or n > 50 for n in args.users):
