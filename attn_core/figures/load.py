@@ -77,7 +77,7 @@ def load_curve_plot(curves: dict[str, list[dict]], title: str | None = None) -> 
     fig.update_yaxes(title_text="seconds", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="MiB per session", row=1, col=2)
     fig.update_layout(
-        title=title or "The dashboard under load: N users moving sliders while retrains run",
+        title=title or "The dashboard under load: N users moving sliders on Heatmaps and Edit and compare",
         height=440,
         legend={"orientation": "h", "y": -0.25},
     )
