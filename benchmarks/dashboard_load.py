@@ -17,8 +17,9 @@ each page. A user's think time between moves is 0.3..1.2 s (seeded). Measured:
 - errors: moves whose chart did not change within ``--move-timeout`` seconds, and pages that
   showed a Python exception;
 - server CPU: the Streamlit process's CPU seconds while the users are on (/proc/pid/stat), in
-  all and per move (the users' page visits included): the work a move costs the server, which
-  other processes on the machine slow down but do not add to;
+  all and per move (the users' page visits included, and the retrains, which train in a thread
+  of the server): the work a move costs the server, which other processes on the machine slow
+  down but do not add to;
 - memory per session: the Streamlit process's peak resident memory while the users are on (VmRSS
   of /proc, sampled every 0.25 s), less what it was before they came (the retrains running and the
   model loaded by one earlier visit of both pages), divided by N; the retrain workers' memory
