@@ -32,6 +32,22 @@ def unedited(loaded: LoadedModel, text: str | None, stamp: int | None, samples: 
     return q, surgery.head_pattern(loaded.model, inputs.tokens[0], layer, head)
 
 
+@ui.cached(resource=True)
+def modes_of(loaded: LoadedModel, layer: int, head: int):
+    return surgery.head_modes(loaded.model, layer, head)
+
+
+@ui.cached
+def preview_of(loaded: LoadedModel, text, stamp, samples: int, edits: tuple, layer: int, head: int, sources: tuple):
+    """What a slider move shows (loss, perplexity, the head's pattern, its mode factors), shared by
+    every session that makes the same edit; ``sources``: (name, model) pairs of the transplant
+    sources, keyed by their weights. The edited model itself is made again only to save it (a
+    copy of the model per edit would stay in the cache)."""
+    inputs = inputs_of(loaded, text, stamp, samples)
+    shown = surgery.preview(loaded, list(edits), inputs, layer, head, dict(sources))
+    return dict(loss=shown.loss, perplexity=shown.perplexity), shown.pattern, shown.edited.factors[0]
+
+
 def applied(extra: dict) -> str:
     """The ablation / transplant a button asked for, in words."""
     if extra.get("ablate") == "zero":
@@ -45,6 +61,29 @@ def applied(extra: dict) -> str:
 @ui.cached
 def diff_of(a: LoadedModel, b: LoadedModel):
     return surgery.diff(a, b)
+
+
+@ui.cached(resource=True, max_entries=32)
+def diff_figure(a: LoadedModel, b: LoadedModel, other: str, index: int):
+    """The distance matrix of one layer (the ``index``-th), shared by every session."""
+    return fs.diff_plot(diff_of(a, b).layers[index], a.name, other)
+
+
+@ui.cached(resource=True, max_entries=32)
+def edit_figures(loaded: LoadedModel, text, stamp, samples: int, edits: tuple, layer: int, head: int, sources: tuple):
+    """The head's attention before and after the edit, and its modes with the edit's factors (no
+    edit: as they are), shared by every session that makes the same edit."""
+    inputs = inputs_of(loaded, text, stamp, samples)
+    modes = modes_of(loaded, layer, head)
+    _, pattern0 = unedited(loaded, text, stamp, samples, layer, head)
+    pattern1, factors = pattern0, None
+    if edits:
+        _, pattern1, factors = preview_of(loaded, text, stamp, samples, edits, layer, head, sources)
+    if factors is None:  # modes untouched (no edit, an ablation, a transplant)
+        factors = surgery.mode_factors(modes)
+    names = token_names(loaded)
+    labels = [names[int(t)] for t in inputs.tokens[0]]
+    return fs.pattern_pair_plot(pattern0, pattern1, labels, layer, head), fs.modes_plot(modes, factors)
 
 
 def change(after: float, before: float, edited: bool) -> dict:
@@ -88,7 +127,7 @@ with edit_tab:
         text = choice.text if choice.kind == "text" else None
         inputs = inputs_of(loaded, text, choice.stamp, samples)
         layer, head = ui.layer_head_picker(cfg, st.columns(2))
-        modes = surgery.head_modes(loaded.model, layer, head)
+        modes = modes_of(loaded, layer, head)
         c_rank, c_drop, c_scale = st.columns(3)
         rank = c_rank.slider("Rank R kept", 1, modes.k, modes.k, key=f"edit_rank_{layer}_{head}")
         drop = c_drop.multiselect(
@@ -138,16 +177,12 @@ with edit_tab:
             scale = ((which, float(factor)),) if factor != 1.0 else ()
             edit = surgery.HeadEdit(rank=rank if rank < modes.k else None, drop=tuple(drop), scale=scale, **spec)
             edits = [edit] if (edit.touches_modes or edit.ablate or edit.source) else []
-            before, pattern0 = unedited(loaded, text, choice.stamp, samples, layer, head)
+            before, _ = unedited(loaded, text, choice.stamp, samples, layer, head)
+            shared = tuple(sources.items())  # the transplant sources, keyed by their weights
             if edits:
-                shown = surgery.preview(loaded, edits, inputs, layer, head, sources)
-                after, pattern1, factors = (
-                    dict(loss=shown.loss, perplexity=shown.perplexity),
-                    shown.pattern,
-                    shown.edited.factors[0],
-                )
+                after, _, _ = preview_of(loaded, text, choice.stamp, samples, tuple(edits), layer, head, shared)
             else:
-                shown, after, pattern1, factors = None, before, pattern0, None
+                after = before
         except ValueError as e:
             st.error(ui.plain(e))  # a bad edit (a head the source lacks...) is said; the compare tab still draws
         else:
@@ -168,16 +203,12 @@ with edit_tab:
                 "prompt included (so it stays high on a task model whose scored loss is near zero)",
             )
             st.caption(f"On {ui.plain(inputs.describe())}.")
-            names = token_names(loaded)
-            labels = [names[int(t)] for t in inputs.tokens[0]]
-            pair = fs.pattern_pair_plot(pattern0, pattern1, labels, layer, head)
+            pair, mp = edit_figures(loaded, text, choice.stamp, samples, tuple(edits), layer, head, shared)
             ui.show_plot(pair, key="edit_pattern")
-            f = factors if factors is not None else surgery.mode_factors(modes)
-            mp = fs.modes_plot(modes, f)
             ui.show_plot(mp, key="edit_modes")
             plots += [pair, mp]
-            if shown is not None and st.button("Save the edited model as a run", icon=":material/save:"):
-                run_id = save_run(loaded, shown.edited)
+            if edits and st.button("Save the edited model as a run", icon=":material/save:"):
+                run_id = save_run(loaded, surgery.edit_model(loaded, edits, sources, tokens=inputs.tokens))
                 st.success(f"Saved as run:{run_id} (in the model picker and on the Runs page).")
 
 
@@ -196,10 +227,9 @@ with compare_tab:
         st.error(ui.plain(e))
         result = None
     if result is not None:
-        ld = result.layers[
-            st.selectbox("Layer", range(len(result.layers)), format_func=lambda i: str(result.layers[i].layer))
-        ]
-        dp = fs.diff_plot(ld, loaded.name, other)
+        index = st.selectbox("Layer", range(len(result.layers)), format_func=lambda i: str(result.layers[i].layer))
+        ld = result.layers[index]
+        dp = diff_figure(loaded, ui.load_model(other), other, index)
         ui.show_plot(dp, key=f"diff_{ld.layer}")
         plots.append(dp)
         pairs = pd.DataFrame(result.to_json()["pairs"])

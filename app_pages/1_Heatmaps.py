@@ -66,7 +66,7 @@ def head_views() -> None:
             elif sm.on:
                 plot = sinks.grid_plot(view, h, query, value, sm)
             else:
-                plot = fb.view_plot(view, h, query, value=value)
+                plot = sections.head_plot(loaded, tokens, layer, h, query, value)
             with cols[h % 2]:
                 ui.show_plot(plot, key=f"grid_{h}")
             plots.append(plot)
@@ -80,7 +80,7 @@ def head_views() -> None:
     else:
         for col, value in zip(st.columns(2), ("scores", "pattern")):
             with col:
-                plots.append(fb.view_plot(view, head, query, value=value))
+                plots.append(sections.head_plot(loaded, tokens, layer, head, query, value))
                 ui.show_plot(plots[-1], key=value)
     if later.waiting():  # a session's first visit: the rest once the browser has drawn the heatmaps above
         return
@@ -102,7 +102,7 @@ def head_views() -> None:
         st.header(f"Query {view.queries[query]}: f_x(y) over its keys")
         bar_col, metric_col = st.columns([3, 1])
         with bar_col:
-            plots.append(fb.query_plot(view, head, query))
+            plots.append(sections.query_row_plot(loaded, tokens, layer, head, query))
             ui.show_plot(plots[-1], key="query_row")
         with metric_col:
             i = view.head_index(head)

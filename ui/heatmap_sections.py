@@ -45,6 +45,35 @@ attribution = cached(circuits.attribute)
 token_position_split = cached(circuits.token_position_split)
 
 
+# Figures are shared by every session too (building a plotly figure is most of a rerun's work): a
+# rerun or another user on the same inputs draws the figure already built (nothing mutates a Plot;
+# Streamlit serialises a copy). Few entries: a heatmap holds up to LONG_INPUT^2 cells.
+@cached(resource=True, max_entries=32)
+def head_plot(loaded: LoadedModel, tokens: list[int], layer: int, head: int, query: int, value: str) -> Plot:
+    """The sequence view's heatmap of one head (scores or pattern), the query's row outlined."""
+    return fb.view_plot(sequence_view(loaded, tokens, layer), head, query, value=value)
+
+
+@cached(resource=True, max_entries=32)
+def query_row_plot(loaded: LoadedModel, tokens: list[int], layer: int, head: int, query: int) -> Plot:
+    """f_x(y) of one query over its keys."""
+    return fb.query_plot(sequence_view(loaded, tokens, layer), head, query)
+
+
+@cached(resource=True, max_entries=16)
+def vocabulary_plot(loaded: LoadedModel, layer: int, head: int, offset: int, token: int) -> Plot:
+    """The vocabulary view of one head, the query's token marked (when the view holds it)."""
+    vocab = vocabulary_view(loaded, layer, [head], offset=offset)
+    return fb.view_plot(vocab, head, token if token < len(vocab.queries) else None)
+
+
+@cached(resource=True, max_entries=16)
+def positional_plot(loaded: LoadedModel, layer: int, head: int, query: int) -> Plot:
+    """The positional view of one head, the query's position marked (when the view holds it)."""
+    positions = positional_view(loaded, layer, [head])
+    return fb.view_plot(positions, head, query if query < len(positions.queries) else None)
+
+
 @cached
 def pair_curve(loaded: LoadedModel, layer: int, head: int, query_token: int, key_token: int, span: int):
     return offsets.token_pair_scores(loaded.model, layer, head, query_token, key_token, list(range(0, -span, -1)))
@@ -230,14 +259,11 @@ def vocabulary_and_positions(loaded: LoadedModel, inp: Input, layer: int, focus:
     query, plots = inp.query, []
     vocab_col, pos_col = st.columns(2)
     with vocab_col:
-        vocab = vocabulary_view(loaded, layer, [focus], offset=int(offset))  # per head: a small copy out of the cache
-        x_token = inp.tokens[query]
-        plots.append(fb.view_plot(vocab, focus, x_token if x_token < len(vocab.queries) else None))
+        plots.append(vocabulary_plot(loaded, layer, focus, int(offset), inp.tokens[query]))
         show_plot(plots[-1], key="vocab")
     with pos_col:
         if cfg.positional == "learned":
-            positions = positional_view(loaded, layer, [focus])
-            plots.append(fb.view_plot(positions, focus, query if query < len(positions.queries) else None))
+            plots.append(positional_plot(loaded, layer, focus, query))
             show_plot(plots[-1], key="positional")
         elif cfg.positional == "rotary":  # no position embeddings: a token pair's score against the offset
             key_pos = st.selectbox(

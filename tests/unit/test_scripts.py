@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted((ROOT / "benchmarks").glob("*.py")) + sorted((ROOT / "experiments").glob("*.py"))
-BROWSER = {"dashboard.py"}  # drives headless Chromium
+BROWSER = {"dashboard.py", "dashboard_load.py"}  # drive headless Chromium
 TRANSFORMERS = {
     "long_inputs.py",
     "hf_load.py",
