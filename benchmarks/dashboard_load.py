@@ -353,6 +353,9 @@ async def one_level(
 def run_level(n: int, args, root: Path = ROOT) -> dict:
     """One N on a fresh server of checkout ``root``, bounded by ``args.budget`` seconds;
     everything it started stopped."""
+    # Every retrain trains while the users move: the server's job queue lets that many run at once
+    # (its default is one, and a second retrain would wait in line).
+    os.environ["ATTN_LAB_MAX_JOBS"] = str(max(1, args.retrains))
     with tempfile.TemporaryDirectory(prefix="attn-lab-load-") as tmp, serve(Path(tmp) / "runs", root=root) as url:
         proc = server_process()
         try:
