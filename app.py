@@ -9,8 +9,10 @@ import streamlit as st
 
 from navigation import ICON, PAGES
 from ui.access import gate
+from ui.queue_view import keep
 
 st.set_page_config(page_title="attn-lab", page_icon=str(ICON), layout="wide")  # a local icon: nothing fetched
+keep()  # the job queue is served from the first page anyone opens: a restart's waiting jobs go on
 gate()  # shared mode (ATTN_LAB_SHARED=1): nothing below until the person is logged in; ui/access.py
 st.navigation(
     [st.Page(p.file, title=p.title, icon=p.icon, url_path=p.url_path or None, default=p.default) for p in PAGES],

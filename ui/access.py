@@ -17,7 +17,7 @@ from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_r
 
 from attn_core.runs import RunStoreError, users
 from attn_core.runs.names import scope_roots
-from ui.markup import plain
+from ui.markup import plain, unlinked
 
 ENV_SHARED = "ATTN_LAB_SHARED"
 ENV_ADMINS = "ATTN_LAB_ADMINS"
@@ -125,7 +125,7 @@ def gate() -> None:
     st.session_state[USER], st.session_state[ADMIN] = own.name, is_admin(who)
     st.session_state[_STORE] = str(_store_for(who, own))
     with st.sidebar:
-        st.caption(f"Logged in as **{plain(users.label_of(who))}**" + (" (admin)" if is_admin(who) else ""))
+        st.caption(f"Logged in as **{unlinked(users.label_of(who))}**" + (" (admin)" if is_admin(who) else ""))
         st.button("Log out", on_click=st.logout, icon=":material/logout:", key="access_logout")
 
 

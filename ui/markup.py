@@ -1,5 +1,5 @@
-"""Untrusted text made safe for Streamlit markdown: ``plain`` (markup escaped, one line, bounded)
-and ``code`` (a path or name as inline code)."""
+"""Untrusted text made safe for Streamlit markdown: ``plain`` (markup escaped, one line, bounded),
+``unlinked`` (the same, and never a link) and ``code`` (a path or name as inline code)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import re
 
 # what makes markdown out of text: emphasis, code, links and images ([...]), HTML, headings, LaTeX
 _MARKDOWN = re.compile(r"([\\`*_\[\]<>#$~])")
+_LINKED = re.compile(r"(@|:|\bwww(?=\\?\.))", re.IGNORECASE)  # what starts an address markdown links
+WORD_JOINER = "\u2060"
 
 
 def plain(text: object, limit: int = 500) -> str:
@@ -17,6 +19,13 @@ def plain(text: object, limit: int = 500) -> str:
     if len(line) > limit:
         line = line[:limit] + "…"
     return _MARKDOWN.sub(r"\\\1", line)
+
+
+def unlinked(text: object, limit: int = 500) -> str:
+    """:func:`plain` text that Streamlit's markdown never makes a link (GitHub-flavoured markdown
+    links an e-mail address, ``www.`` and ``http://`` by themselves; an escape does not stop it):
+    an invisible word joiner after each ``@``, ``www`` and ``:`` keeps them text."""
+    return _LINKED.sub("\\1" + WORD_JOINER, plain(text, limit))
 
 
 def code(text: object) -> str:

@@ -31,7 +31,9 @@ def who() -> tuple[str, bool]:
 
 def keep() -> Q.JobQueue | None:
     """The server's queue, kept by this process (``queue_keeper.serve``: it can rebuild both kinds
-    of job, whichever page calls it first); None when its store cannot be read."""
+    of job); None when its store cannot be read. app.py calls it on every run, before the login:
+    the first starts the keeper, the next cost a lookup (one keeper per process and store; one
+    that could not read the store is tried again on the next call)."""
     import attn_core.sweep.run  # noqa: F401 -- registers how a sweep is rebuilt
     import attn_core.training.job  # noqa: F401 -- registers how a retrain is rebuilt
 

@@ -31,7 +31,8 @@ Split by concern (docs/architecture.md):
 - ``store``: :class:`RunStore`, the index and checkpoints of runs (writing, reading, reaping);
 - ``sweeps``: the sweep table and the :class:`RunStore` methods that group runs into sweeps;
 - ``users``: the stores of a server shared by several people (``<store>/users/<id>/``, ``id`` a
-  hash of a login), and ``names.scope_roots``, which makes ``default_root`` the acting person's;
+  hash of a login), and ``names.scope_roots``, which makes ``default_root`` the acting person's
+  (``names.in_store``: a person's store where no session of theirs is, in one thread);
 - ``migrate``: the ``runs/`` folders of older releases (``legacy_stores``) and copying their runs
   in (``import_store``), never deleting them.
 """

@@ -3,11 +3,13 @@ statuses (listed here only; see ``attn_core.runs`` and docs/architecture.md)."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from attn_core.destinations import pid_alive  # noqa: F401  (re-exported: runs of dead processes)
@@ -30,13 +32,32 @@ class RunStoreError(ValueError):
 # A caller that serves several people (the dashboard's shared mode) names each caller's store:
 # a function returning it (or raising RunStoreError where no one is acting), set by scope_roots.
 _SCOPE: Callable[[], Path] | None = None
+# The store that work done for one person uses where no session of theirs is (a queued job taken
+# over after a restart, a sweep's trial in a Ray worker): set by in_store, this thread's only.
+_IN_STORE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("attn_lab_in_store", default=None)
 
 
 def default_root() -> Path:
     """The run store (and uploads) of this user: ``$ATTN_LAB_RUNS`` when set, else
     :func:`user_root`, whatever folder a command or the dashboard runs from. Where a server scopes
-    stores by person (:func:`scope_roots`), the acting person's own store instead."""
+    stores by person (:func:`scope_roots`), the acting person's own store instead; inside
+    :func:`in_store`, that store."""
+    given = _IN_STORE.get()
+    if given is not None:
+        return given
     return _SCOPE() if _SCOPE is not None else machine_root()
+
+
+@contextlib.contextmanager
+def in_store(root: str | Path | None) -> Iterator[None]:
+    """Within this block, in this thread, :func:`default_root` is ``root`` (None: unchanged): the
+    store of the person a job or sweep works for, where no session of theirs is in scope."""
+    token = _IN_STORE.set(Path(root).expanduser()) if root is not None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _IN_STORE.reset(token)
 
 
 def machine_root() -> Path:

@@ -38,6 +38,11 @@ def user_id(claims: Mapping) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
+def is_user_id(uid: object) -> bool:
+    """Whether ``uid`` is a user id (:func:`user_id`): 32 lower-case hex digits."""
+    return isinstance(uid, str) and bool(_ID.match(uid))
+
+
 def users_root(base: Path | None = None) -> Path:
     """Where the users' stores are: ``<base>/users``, base being the machine's store."""
     return Path(base if base is not None else machine_root()) / USERS

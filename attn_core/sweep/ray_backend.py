@@ -54,6 +54,7 @@ def _trainable(config: dict) -> None:
         report=report if every else None,
         report_every=every,
         stop=_stopping,
+        store_root=config.get("store_root"),
     )
     loss = (payload.get("after") or {}).get("loss")
     tune.report(
@@ -92,6 +93,7 @@ def run_tune(
     stop: Callable[[], bool] | None = None,
     stopped_by: Callable[[], str] | None = None,
     cluster: dict | None = None,
+    store_root: str | None = None,
 ) -> None:
     """Run ``trials`` (dicts of :class:`~attn_core.sweep.plan.Trial`) on the Ray of this process
     (see :func:`attn_core.cluster.ray_session`); ``on_payload(payload)`` is called on the driver once per trial,
@@ -101,7 +103,9 @@ def run_tune(
     messages) and starts no more; Tune's own SIGINT handler
     is off (the caller owns Ctrl-C). A trial on Ray Train workers (``job["workers"]``) is Ray Train
     V2's per-trial driver: it reserves no CPU (its workers reserve theirs) and as many trials run at
-    once as ``cluster`` (the cluster's resources) holds their workers."""
+    once as ``cluster`` (the cluster's resources) holds their workers. ``store_root``: the run store
+    whose ``run:`` and ``upload:`` models and token caches the trials read (a worker process has
+    no other way to know a user's store; None: the workers' default store)."""
     from ray import tune
 
     check_settings(cpus_per_trial, gpus_per_trial, scheduler)
@@ -142,6 +146,7 @@ def run_tune(
                 "report_every": every,
                 "steps": steps,
                 "threads": max(1, int(cpus_per_trial)),
+                "store_root": store_root,
             },
             tune_config=tune.TuneConfig(
                 scheduler=sched,

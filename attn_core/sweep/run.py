@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from attn_core.card import public
 from attn_core.runs import FINAL, RunStore
+from attn_core.runs.names import in_store
 from attn_core.sweep.check import check_resources, check_sweep
 from attn_core.sweep.line import LINE, queued_message
 from attn_core.sweep.plan import SweepError, SweepInterrupted, SweepPlan, pareto
@@ -114,6 +115,9 @@ def run_sweep(
 
     start = time.perf_counter()
     stack = contextlib.ExitStack()  # the sweep's place in the line, left however it ends
+    # its checks read models, uploads and token caches in the sweep's store, not the caller's
+    # (a thread of no session on a shared server: a sweep taken over after a restart, the page's)
+    stack.enter_context(in_store(store.root))
     if ticket is not None:
         stack.callback(LINE.release, ticket)
     status, message, info, todo, began = "interrupted", "", {}, [], False
@@ -168,6 +172,7 @@ def run_sweep(
                     stop=stop,
                     stopped_by=cause,
                     cluster=session["cluster"],
+                    store_root=str(store.root),
                 )
             status, message = _outcome(store, sweep_id, plan, ran, errors, stop(), cause)
     except BaseException as e:  # the sweep can be resumed; its record says what ended it

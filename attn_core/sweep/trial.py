@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Callable, Mapping
 
 from attn_core.card import public
+from attn_core.runs.names import in_store
 from attn_core.sweep.plan import Trial
 
 # report(step, latest_metrics) during training (ASHA reads it); returns nothing
@@ -29,13 +30,16 @@ def run_trial(
     report: Report | None = None,
     report_every: int = 0,
     stop: Callable[[], bool] | None = None,
+    store_root: str | None = None,
 ) -> dict:
     """Train one trial (a dict of :class:`Trial`) with the shared ``job`` settings in this process
     (``threads`` torch threads; None leaves the setting alone) and return its payload.
 
     With ``report`` and ``report_every`` > 0 the job trains in its worker thread and ``report`` is
     called here about every ``report_every`` steps with the latest metrics; once ``stop()`` is
-    true (Tune stops the trial: Ctrl-C on the driver) the job stops after its current step."""
+    true (Tune stops the trial: Ctrl-C on the driver) the job stops after its current step.
+    ``store_root``: the sweep's run store, where the trial's model (``run:<id>``, ``upload:``) and
+    token caches are read (the trial itself writes nothing there: the driver records it)."""
     import torch
 
     t = Trial.from_dict(trial)
@@ -49,7 +53,8 @@ def run_trial(
         cfg = t.job_config(job)
         if threads:
             cfg = dataclasses.replace(cfg, threads=int(threads))
-        j = TrainingJob(cfg, store=False)
+        with in_store(store_root):  # its model and text are read from the sweep's store
+            j = TrainingJob(cfg, store=False)
         if (report is not None and report_every > 0) or stop is not None:
             j.start()
             next_step = report_every

@@ -53,7 +53,8 @@ from pathlib import Path
 
 from attn_core.destinations import pid_alive
 from attn_core.runs.db import Index, store_error
-from attn_core.runs.names import machine_root
+from attn_core.runs.names import in_store, machine_root
+from attn_core.runs.users import is_user_id, store_of
 from attn_core.training.estimate import load_per_core, run_range
 from attn_core.training.queue_rules import (
     ENV_JOB_WALL_S,
@@ -380,6 +381,14 @@ class JobQueue:
         msg = "interrupted: the server process that ran it ended; it is not run again by itself"
         return [e for e in gone if self._end(e, "interrupted", msg, ("running", "stopping"))]
 
+    def owner_store(self, entry: dict) -> Path:
+        """The store an entry's job works in: the one its spec names (where it was started), else
+        its owner's (``runs.users``: a shared server's user), else this queue's (single-user mode)."""
+        spec = entry["spec"] if isinstance(entry["spec"], dict) else json.loads(entry["spec"])
+        if spec.get("store"):
+            return Path(spec["store"])
+        return store_of(entry["user"], self.root) if is_user_id(entry["user"]) else self.root
+
     def adopt(self) -> list:
         """Waiting entries of gone processes of this host, of a kind this process can build
         (:func:`register`): each taken by one atomic UPDATE, rebuilt and started here."""
@@ -397,7 +406,8 @@ class JobQueue:
                 continue  # another server took it
             r["spec"] = json.loads(r["spec"])
             try:
-                jobs.append(BUILDERS[r["kind"]](self, r))
+                with in_store(self.owner_store(r)):  # no session is in scope here: the owner's store is
+                    jobs.append(BUILDERS[r["kind"]](self, r))
             except Exception as e:  # its model or store is gone: it ends failed, saying why
                 self.release(r["id"], "failed", f"could not be rebuilt after a restart: {e}")
         return jobs

@@ -103,11 +103,21 @@ def test_a_replaced_upload_of_the_same_size_is_the_one_tokenized(page):
     assert other in kept and len(kept) == 2
 
 
-def test_the_batch_is_offered_and_the_duration_estimated_before_start(page):
+# a duration and a range as attn_core.training.estimate.range_text says them: "about 20 s",
+# "20–45 s", "2–7 min", "1 s – 2 min" (the high end grows with the machine's load), "about 1.5 h"
+DURATION = r"\d+(?:\.\d)? (?:s|min|h)"
+RANGE = rf"(?:about {DURATION}|\d+(?:\.\d)?–{DURATION}|{DURATION} – {DURATION})"
+
+
+@pytest.mark.parametrize("load", [0.0, 40.0])  # an idle machine, and one loaded 40 times over
+def test_the_batch_is_offered_and_the_duration_estimated_before_start(page, load, monkeypatch):
+    from attn_core.training import estimate as E
+
+    monkeypatch.setattr(E, "load_per_core", lambda: load)
     at = upload(page(), "t.txt", make_text(1, lines=120).encode())
     assert at.number_input(key="text_batch").value == 0  # auto
     [estimate] = [c.value for c in at.caption if c.value.startswith("Estimated duration: ")]
-    assert re.match(r"Estimated duration: (about \d+ s|\d+–\d+ s) on cpu", estimate), estimate  # a range
+    assert re.match(rf"Estimated duration: {RANGE} on cpu \(", estimate), estimate  # a range
     assert "steps of 64 × 8 tokens" in estimate  # the tiny model's auto batch on the CPU
     at.number_input(key="text_batch").set_value(4).run()
     [estimate] = [c.value for c in at.caption if c.value.startswith("Estimated duration: ")]

@@ -3,14 +3,18 @@ its place (and the page lists it with a Cancel); Cancel takes it out of the line
 trains; an entry a killed server left running is said to be interrupted."""
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 from dashboard_helpers import open_page
 from streamlit.testing.v1 import AppTest
 
-from attn_core import runs
+from attn_core import checkpoint, runs
+from attn_core.training.config import JobConfig
 from attn_core.training.queue import JobQueue
+from tests.conftest import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = str(ROOT / "app_pages" / "3_Retrain.py")
@@ -74,3 +78,25 @@ def test_an_entry_of_a_killed_server_is_said_to_be_interrupted():
     assert not page.exception
     assert any("run `r1` was interrupted" in w.value and "not run again by itself" in w.value for w in page.warning)
     assert queue.get(entry, "")["status"] == "interrupted"
+
+
+def test_a_restarted_server_takes_over_waiting_entries_from_its_first_page(tmp_path):
+    """app.py keeps the server's queue from the first page anyone opens (the home page here, not
+    Retrain or Sweeps): a waiting entry of a server that is gone is adopted by this process,
+    rebuilt from its spec, and trains once."""
+    tiny = checkpoint.save(make_tiny_model(), tmp_path / "tiny", {"task": "reverse", "train": {"batch_size": 8}})
+    queue = JobQueue()
+    spec = {"config": JobConfig(str(tiny), {}, steps=2, device="cpu").to_dict(), "store": str(queue.root)}
+    entry = queue.submit(user="", kind="retrain", device="cpu", spec=spec, steps=2)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(60)
+    with queue.index.writer() as con:  # the server that queued it has ended
+        con.execute("UPDATE queue SET pid = ? WHERE id = ?", (gone.pid, entry))
+    home = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120).run()
+    assert not home.exception, home.exception
+    deadline = time.monotonic() + 120
+    while queue.get(entry, "")["status"] in ("waiting", "running") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    done = queue.get(entry, "")
+    assert done["status"] == "completed" and done["pid"] == os.getpid(), done
+    assert [r["id"] for r in runs.RunStore().list_runs()] == [done["target"]]

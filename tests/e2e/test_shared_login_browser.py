@@ -110,8 +110,12 @@ def log_in(page, url: str, who: str, path: str = "") -> None:
 
 
 def logged_in(page, who: str) -> None:
-    page.get_by_test_id("stSidebar").get_by_text(f"Logged in as {who}@lab.example").wait_for()
+    """Wait until the sidebar says who is logged in: their e-mail as text (a word joiner after
+    its "@"), never a mailto link."""
+    sidebar = page.get_by_test_id("stSidebar")
+    sidebar.get_by_text(re.compile(rf"Logged in as {who}@\u2060?lab\.example")).wait_for()
     settle(page)
+    assert sidebar.locator("a[href^='mailto:']").count() == 0
 
 
 def picker_entries(page) -> list[str]:

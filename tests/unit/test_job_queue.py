@@ -401,3 +401,44 @@ def test_a_sweep_waits_in_the_queue_saying_its_place_and_a_cancel_ends_it_unrun(
     thread.join(120)
     assert isinstance(got["error"], SweepInterrupted) and "nothing was run" in str(got["error"])
     assert store.get_sweep(sweep_id)["status"] == "interrupted" and queue.get(entry, "ann")["status"] == "cancelled"
+
+
+def test_a_shared_servers_waiting_entry_adopted_after_a_restart_trains_in_its_owners_store(tmp_path, tiny, monkeypatch):
+    """Shared mode: every store call outside a logged-in session refuses (the dashboard's scope).
+    A waiting entry of user A, left by a server that is gone, is adopted by a new keeper thread
+    where no one is logged in: its job is rebuilt in A's store (its parent ``run:<id>`` found
+    there, not in the machine's store), trains once and lands in A's store alone."""
+    from attn_core.runs import users
+    from attn_core.runs.names import scope_roots
+    from attn_core.training import queue_keeper
+
+    monkeypatch.setenv("ATTN_LAB_RUNS", str(tmp_path / "machine"))
+    monkeypatch.setenv("ATTN_LAB_MAX_JOBS", "1")
+    alice = users.open_store({"iss": "https://id.lab.example", "sub": "alice"})
+    mine = RunStore(alice)
+    parent = TrainingJob(JobConfig(tiny, {}, steps=2, device="cpu"), store=mine).start()
+    assert parent.join(120) and parent.snapshot().status == "completed"
+
+    def nobody():
+        raise RunStoreError("no logged-in user acts here: on a shared server every run store belongs to one user")
+
+    scope_roots(nobody)
+    try:
+        queue = JobQueue()
+        cfg = JobConfig(f"run:{parent.run_id}", {}, steps=3, device="cpu")
+        spec = {"config": cfg.to_dict(), "store": str(alice), "process": True, "threads": None, "keep_ray": False}
+        entry = queue.submit(user=alice.name, kind="retrain", device="cpu", spec=spec, steps=3)
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait(60)
+        with queue.index.writer() as con:  # the server that submitted it is gone
+            con.execute("UPDATE queue SET pid = ? WHERE id = ?", (gone.pid, entry))
+        keeper = threading.Thread(target=queue_keeper.serve, args=(JobQueue(), 0.2))  # a thread of no session
+        keeper.start()
+        keeper.join(60)
+        done = ended(queue, entry, alice.name)
+    finally:
+        scope_roots(None)
+    assert done["status"] == "completed", done["message"]
+    assert {r["id"] for r in mine.list_runs()} == {parent.run_id, done["target"]}
+    assert mine.get(done["target"])["status"] == "completed"
+    assert RunStore(tmp_path / "machine").list_runs() == []

@@ -92,3 +92,27 @@ def test_the_job_queue_is_the_machines_whoever_acts(tmp_path, monkeypatch):
     mine = users.open_store(ALICE)
     scope_roots(lambda: mine)
     assert JobQueue().root == tmp_path / "machine"  # one queue for every user, not one per store
+
+
+def test_in_store_names_the_store_of_work_done_where_no_session_is(tmp_path, monkeypatch):
+    """A job or sweep done for a person outside their session (a restart's keeper thread, a Ray
+    trial) reads their store inside ``in_store``; outside it the scope refuses as before, and a
+    queue entry with no store of its own works in its owner's."""
+    from attn_core.runs.names import in_store
+    from attn_core.training.queue import JobQueue
+
+    monkeypatch.setenv("ATTN_LAB_RUNS", str(tmp_path / "machine"))
+    mine = users.open_store(ALICE)
+
+    def nobody():
+        raise runs.RunStoreError("no logged-in user acts here")
+
+    scope_roots(nobody)
+    with in_store(mine):
+        assert runs.default_root() == mine and runs.RunStore().root == mine
+    with pytest.raises(runs.RunStoreError, match="no logged-in user"):
+        runs.default_root()
+    queue = JobQueue()
+    assert queue.owner_store({"user": mine.name, "spec": "{}"}) == mine
+    assert queue.owner_store({"user": "", "spec": {"store": str(tmp_path / "x")}}) == tmp_path / "x"
+    assert queue.owner_store({"user": "", "spec": {}}) == tmp_path / "machine"
