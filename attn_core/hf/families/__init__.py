@@ -18,10 +18,12 @@ from attn_core.hf.families import (
     granite,
     llama,
     mistral,
+    mixtral,
     olmo2,
     phi3,
     qwen2,
     qwen3,
+    qwen3_moe,
     smollm3,
 )
 from attn_core.hf.family import Family
@@ -42,6 +44,8 @@ REGISTRY: dict[str, Family] = {
         phi3.FAMILY,
         granite.FAMILY,
         exaone4.FAMILY,
+        mixtral.FAMILY,
+        qwen3_moe.FAMILY,
     )
 }
 FAMILIES = tuple(REGISTRY)

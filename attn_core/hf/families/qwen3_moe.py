@@ -1,0 +1,59 @@
+"""Qwen3-MoE: Qwen3's attention (per-head QK-norm, head_dim its own) with a routed mixture of
+experts in every layer's MLP: ``num_experts`` SwiGLU experts of width moe_intermediate_size
+(``mlp.experts.{e}.gate_proj/up_proj/down_proj``) and a router (``mlp.gate``) whose softmax's top
+``num_experts_per_tok`` are renormalised with ``norm_topk_prob``. Dense layers among the sparse
+ones (``mlp_only_layers``, ``decoder_sparse_step`` above 1) are refused by name."""
+
+from __future__ import annotations
+
+from attn_core.checkpoint import CheckpointError
+from attn_core.hf.config import activation, decoder_config, flag, head_dim, integer, number, rope, windows
+from attn_core.hf.family import Experts, Family, decoder_slots
+from attn_core.model import ModelConfig
+
+
+def n_experts(hf: dict) -> tuple[int, str]:
+    """(count, the field it is read from): num_experts (the Hub's spelling) or num_local_experts
+    (transformers 5 saves this one); both present must agree."""
+    found = {k: integer(hf, k) for k in ("num_experts", "num_local_experts") if hf.get(k) is not None}
+    if not found:
+        raise CheckpointError("config.json lacks 'num_experts'")
+    if len(set(found.values())) > 1:
+        raise CheckpointError(f"config.json num_experts={found['num_experts']} disagrees with "
+                              f"num_local_experts={found['num_local_experts']}")  # fmt: skip
+    return next(iter(found.values())), next(iter(found))
+
+
+def config(hf: dict) -> ModelConfig:
+    d_head = head_dim(hf)
+    n_layers = integer(hf, "num_hidden_layers")
+    dense = hf.get("mlp_only_layers") or []
+    if dense != []:
+        raise CheckpointError(
+            f"config.json mlp_only_layers={dense!r}: dense layers among the experts are not supported"
+        )
+    if integer(hf, "decoder_sparse_step", default=1) != 1:
+        raise CheckpointError(
+            "config.json decoder_sparse_step must be 1: dense layers among the experts are not supported"
+        )
+    return decoder_config(
+        hf,
+        d_head=d_head,
+        d_mlp=integer(hf, "moe_intermediate_size"),
+        attn_bias=flag(hf, "attention_bias", False),
+        ln_eps=number(hf, "rms_norm_eps", 1e-6, hi=1.0),
+        mlp_act=activation(hf, "hidden_act", "silu"),
+        sliding_window=windows(hf, n_layers, "use_sliding_window"),
+        qk_norm="head",
+        n_experts=n_experts(hf)[0],
+        experts_per_token=integer(hf, "num_experts_per_tok"),
+        router_renorm=flag(hf, "norm_topk_prob", False),
+        **rope(hf, d_head),
+    )
+
+
+FAMILY = Family(
+    "qwen3_moe",
+    config,
+    lambda cfg, raw: decoder_slots(cfg, o_bias=True, experts=Experts(field=n_experts(raw)[1])),
+)
