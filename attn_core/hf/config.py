@@ -18,6 +18,7 @@ import math
 
 from attn_core.checkpoint import CheckpointError
 from attn_core.model import ModelConfig
+from attn_core.model.config import MAX_EXPERTS
 from attn_core.model.rotary import inverse_frequencies
 from attn_core.validate import is_int, is_number
 
@@ -252,6 +253,18 @@ def head_dim(hf: dict, fixed: bool = False) -> int:
             "this family splits hidden_size evenly into its heads"
         )
     return d_head
+
+
+def experts(hf: dict, count: str, count_value: int | None = None) -> dict:
+    """The routed experts' fields: ``count`` (the family's name for the number of experts, its
+    value read already when given) and ``num_experts_per_tok``, each refused by its config.json name."""
+    n = integer(hf, count) if count_value is None else count_value
+    if not 1 <= n <= MAX_EXPERTS:
+        raise CheckpointError(f"config.json {count} must be 1..{MAX_EXPERTS}, got {n}")
+    k = integer(hf, "num_experts_per_tok")
+    if not 1 <= k <= n:
+        raise CheckpointError(f"config.json num_experts_per_tok={k} must be 1..{count} ({n})")
+    return dict(n_experts=n, experts_per_token=k)
 
 
 def decoder_config(hf: dict, *, d_head: int | None = None, **features) -> ModelConfig:

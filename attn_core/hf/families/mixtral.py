@@ -6,7 +6,7 @@ transformers' training and ``router_aux_loss_coef`` only on its loss (docs/train
 
 from __future__ import annotations
 
-from attn_core.hf.config import activation, decoder_config, flag, head_dim, integer, number, rope, windows
+from attn_core.hf.config import activation, decoder_config, experts, flag, head_dim, integer, number, rope, windows
 from attn_core.hf.family import Experts, Family, decoder_slots
 from attn_core.model import ModelConfig
 
@@ -22,8 +22,7 @@ def config(hf: dict) -> ModelConfig:
         ln_eps=number(hf, "rms_norm_eps", 1e-5, hi=1.0),
         mlp_act=activation(hf, "hidden_act", "silu"),
         sliding_window=windows(hf, integer(hf, "num_hidden_layers")),
-        n_experts=integer(hf, "num_local_experts"),
-        experts_per_token=integer(hf, "num_experts_per_tok"),
+        **experts(hf, "num_local_experts"),
         router_renorm=True,
         **rope(hf, d_head),
     )

@@ -7,7 +7,7 @@ ones (``mlp_only_layers``, ``decoder_sparse_step`` above 1) are refused by name.
 from __future__ import annotations
 
 from attn_core.checkpoint import CheckpointError
-from attn_core.hf.config import activation, decoder_config, flag, head_dim, integer, number, rope, windows
+from attn_core.hf.config import activation, decoder_config, experts, flag, head_dim, integer, number, rope, windows
 from attn_core.hf.family import Experts, Family, decoder_slots
 from attn_core.model import ModelConfig
 
@@ -27,6 +27,7 @@ def n_experts(hf: dict) -> tuple[int, str]:
 def config(hf: dict) -> ModelConfig:
     d_head = head_dim(hf)
     n_layers = integer(hf, "num_hidden_layers")
+    count, field = n_experts(hf)
     dense = hf.get("mlp_only_layers") or []
     if dense != []:
         raise CheckpointError(
@@ -45,8 +46,7 @@ def config(hf: dict) -> ModelConfig:
         mlp_act=activation(hf, "hidden_act", "silu"),
         sliding_window=windows(hf, n_layers, "use_sliding_window"),
         qk_norm="head",
-        n_experts=n_experts(hf)[0],
-        experts_per_token=integer(hf, "num_experts_per_tok"),
+        **experts(hf, field, count),
         router_renorm=flag(hf, "norm_topk_prob", False),
         **rope(hf, d_head),
     )
