@@ -255,6 +255,18 @@ def head_dim(hf: dict, fixed: bool = False) -> int:
     return d_head
 
 
+def expert_count(hf: dict) -> tuple[int, str]:
+    """(count, the field it is read from): num_experts (the Hub's spelling) or num_local_experts
+    (transformers 5 saves this one); both present must agree."""
+    found = {k: integer(hf, k) for k in ("num_experts", "num_local_experts") if hf.get(k) is not None}
+    if not found:
+        raise CheckpointError("config.json lacks 'num_experts'")
+    if len(set(found.values())) > 1:
+        raise CheckpointError(f"config.json num_experts={found['num_experts']} disagrees with "
+                              f"num_local_experts={found['num_local_experts']}")  # fmt: skip
+    return next(iter(found.values())), next(iter(found))
+
+
 def experts(hf: dict, count: str, count_value: int | None = None) -> dict:
     """The routed experts' fields: ``count`` (the family's name for the number of experts, its
     value read already when given) and ``num_experts_per_tok``, each refused by its config.json name."""

@@ -9,7 +9,7 @@ windows per layer; and the features of the newer families (:data:`FEATURES`): QK
 across the heads, a score scale other than 1/sqrt(d_head), logit soft-capping of the scores and of
 the logits, a second rotary base for the sliding layers, layers without positions (NoPE),
 sandwich or post norms, the embedding, residual and logit multipliers, and a routed mixture of
-experts in place of the MLP (Mixtral, Qwen3-MoE). Each defaults to
+experts in place of the MLP (Mixtral, Qwen3-MoE, OLMoE). Each defaults to
 "absent": a model without them computes, and saves, exactly what it did before they existed
 (:meth:`ModelConfig.to_dict` leaves out a feature at its default).
 """

@@ -1,10 +1,10 @@
-"""A routed mixture-of-experts MLP (Mixtral, Qwen3-MoE): ``n_experts`` copies of the model's MLP
+"""A routed mixture-of-experts MLP (Mixtral, Qwen3-MoE, OLMoE): ``n_experts`` copies of the model's MLP
 (:class:`attn_core.model.layers.MLP`, gated where the model's is) and a router.
 
 For a token x (row vector) the router's logits are ``x W_router`` ([d_model, n_experts]); the
 scores are their softmax (over all experts) or their sigmoid (``router_scoring``), in float32;
 the ``experts_per_token`` highest scores pick the experts, and with ``router_renorm`` their
-scores are divided by their sum (Mixtral always; Qwen3-MoE's ``norm_topk_prob``). The output is
+scores are divided by their sum (Mixtral always; ``norm_topk_prob`` in Qwen3-MoE and OLMoE). The output is
 ``sum_k w_k expert_k(x)``. Ties are broken as ``torch.topk`` breaks them, as transformers does.
 
 Every weight is trainable and the choice itself is not differentiable (as in every top-k

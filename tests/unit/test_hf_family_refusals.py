@@ -67,6 +67,8 @@ CASES = {
     "top-k-zero": ("qwen3_moe", lambda f: _config(f, num_experts_per_tok=0), "num_experts_per_tok"),
     "router-nan": ("mixtral", lambda f: _weights(f, lambda t: t[ROUTER].fill_(float("nan"))), ROUTER),
     "expert-missing": ("qwen3_moe", lambda f: _weights(f, lambda t: t.pop(EXPERT)), EXPERT),
+    "olmoe-clip-qkv": ("olmoe", lambda f: _config(f, clip_qkv=8.0), "clip_qkv"),
+    "olmoe-top-k-above-experts": ("olmoe", lambda f: _config(f, num_experts_per_tok=9), "num_experts_per_tok"),
     "dense-layers-among-experts": ("qwen3_moe", lambda f: _config(f, mlp_only_layers=[1]), "mlp_only_layers"),
 }
 

@@ -87,7 +87,7 @@ transformers_needed = pytest.mark.skipif(
 
 
 @transformers_needed
-@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "olmoe"])
 def test_retraining_moves_the_router_and_experts_and_exports_back(family, tmp_path):
     import transformers
 

@@ -20,6 +20,7 @@ from attn_core.hf.families import (
     mistral,
     mixtral,
     olmo2,
+    olmoe,
     phi3,
     qwen2,
     qwen3,
@@ -46,6 +47,7 @@ REGISTRY: dict[str, Family] = {
         exaone4.FAMILY,
         mixtral.FAMILY,
         qwen3_moe.FAMILY,
+        olmoe.FAMILY,
     )
 }
 FAMILIES = tuple(REGISTRY)

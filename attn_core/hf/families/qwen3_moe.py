@@ -7,27 +7,26 @@ ones (``mlp_only_layers``, ``decoder_sparse_step`` above 1) are refused by name.
 from __future__ import annotations
 
 from attn_core.checkpoint import CheckpointError
-from attn_core.hf.config import activation, decoder_config, experts, flag, head_dim, integer, number, rope, windows
+from attn_core.hf.config import (
+    activation,
+    decoder_config,
+    expert_count,
+    experts,
+    flag,
+    head_dim,
+    integer,
+    number,
+    rope,
+    windows,
+)
 from attn_core.hf.family import Experts, Family, decoder_slots
 from attn_core.model import ModelConfig
-
-
-def n_experts(hf: dict) -> tuple[int, str]:
-    """(count, the field it is read from): num_experts (the Hub's spelling) or num_local_experts
-    (transformers 5 saves this one); both present must agree."""
-    found = {k: integer(hf, k) for k in ("num_experts", "num_local_experts") if hf.get(k) is not None}
-    if not found:
-        raise CheckpointError("config.json lacks 'num_experts'")
-    if len(set(found.values())) > 1:
-        raise CheckpointError(f"config.json num_experts={found['num_experts']} disagrees with "
-                              f"num_local_experts={found['num_local_experts']}")  # fmt: skip
-    return next(iter(found.values())), next(iter(found))
 
 
 def config(hf: dict) -> ModelConfig:
     d_head = head_dim(hf)
     n_layers = integer(hf, "num_hidden_layers")
-    count, field = n_experts(hf)
+    count, field = expert_count(hf)
     dense = hf.get("mlp_only_layers") or []
     if dense != []:
         raise CheckpointError(
@@ -55,5 +54,5 @@ def config(hf: dict) -> ModelConfig:
 FAMILY = Family(
     "qwen3_moe",
     config,
-    lambda cfg, raw: decoder_slots(cfg, o_bias=True, experts=Experts(field=n_experts(raw)[1])),
+    lambda cfg, raw: decoder_slots(cfg, o_bias=True, experts=Experts(field=expert_count(raw)[1])),
 )
