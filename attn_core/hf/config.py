@@ -267,6 +267,20 @@ def expert_count(hf: dict) -> tuple[int, str]:
     return next(iter(found.values())), next(iter(found))
 
 
+def sparse_every_layer(hf: dict) -> None:
+    """Refuse dense MLP layers among the experts (Qwen's ``mlp_only_layers``, a
+    ``decoder_sparse_step`` above 1), by name."""
+    dense = hf.get("mlp_only_layers") or []
+    if dense != []:
+        raise CheckpointError(
+            f"config.json mlp_only_layers={dense!r}: dense layers among the experts are not supported"
+        )
+    if integer(hf, "decoder_sparse_step", default=1) != 1:
+        raise CheckpointError(
+            "config.json decoder_sparse_step must be 1: dense layers among the experts are not supported"
+        )
+
+
 def experts(hf: dict, count: str, count_value: int | None = None) -> dict:
     """The routed experts' fields: ``count`` (the family's name for the number of experts, its
     value read already when given) and ``num_experts_per_tok``, each refused by its config.json name."""

@@ -183,11 +183,14 @@ class Experts:
     router: str = "gate.weight"
     names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
     field: str = "num_experts"
+    shared: str = "shared_expert."  # the shared expert (with cfg.d_shared), named as the experts are
+    shared_gate: str = "shared_expert_gate.weight"  # its gate [1, d] (with cfg.shared_gate)
 
 
 def expert_slots(cfg: ModelConfig, s: str, q: str, ex: Experts) -> list[Slot]:
     """Layer ``s``'s router (ours ``mlp.W_router`` [d, n_experts]) and experts (ours
-    ``mlp.experts.{e}.W_gate/W_in/W_out``, as a dense MLP's); the router comes first, so an expert
+    ``mlp.experts.{e}.W_gate/W_in/W_out``, as a dense MLP's) and shared expert (``mlp.shared``,
+    its gate ``mlp.W_shared_gate`` [d, 1]); the router comes first, so an expert
     count that disagrees with the weights is refused naming the config field."""
     d, f, E = cfg.d_model, cfg.d_mlp, cfg.n_experts
     m = s + ex.module
@@ -199,6 +202,13 @@ def expert_slots(cfg: ModelConfig, s: str, q: str, ex: Experts) -> list[Slot]:
         out += [transposed(t + gate + ".weight", o + "W_gate", (f, d)),
                 transposed(t + up + ".weight", o + "W_in", (f, d)),
                 transposed(t + down + ".weight", o + "W_out", (d, f))]  # fmt: skip
+    if cfg.d_shared:
+        t, o, w = m + ex.shared, q + "mlp.shared.", cfg.d_shared
+        out += [transposed(t + gate + ".weight", o + "W_gate", (w, d)),
+                transposed(t + up + ".weight", o + "W_in", (w, d)),
+                transposed(t + down + ".weight", o + "W_out", (d, w))]  # fmt: skip
+        if cfg.shared_gate:
+            out.append(transposed(m + ex.shared_gate, q + "mlp.W_shared_gate", (1, d)))
     return out
 
 

@@ -1,11 +1,12 @@
-"""A routed mixture-of-experts MLP (Mixtral, Qwen3-MoE, OLMoE): ``n_experts`` copies of the model's MLP
+"""A routed mixture-of-experts MLP (Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE): ``n_experts`` copies of the model's MLP
 (:class:`attn_core.model.layers.MLP`, gated where the model's is) and a router.
 
 For a token x (row vector) the router's logits are ``x W_router`` ([d_model, n_experts]); the
 scores are their softmax (over all experts) or their sigmoid (``router_scoring``), in float32;
 the ``experts_per_token`` highest scores pick the experts, and with ``router_renorm`` their
 scores are divided by their sum (Mixtral always; ``norm_topk_prob`` in Qwen3-MoE and OLMoE). The output is
-``sum_k w_k expert_k(x)``. Ties are broken as ``torch.topk`` breaks them, as transformers does.
+``sum_k w_k expert_k(x)``, plus, with ``d_shared``, a shared expert of that width every token
+passes through (``shared``), times ``sigmoid(x W_shared_gate)`` with ``shared_gate`` (Qwen2-MoE). Ties are broken as ``torch.topk`` breaks them, as transformers does.
 
 Every weight is trainable and the choice itself is not differentiable (as in every top-k
 router): a gradient reaches the router through the chosen experts' weights w_k only.
@@ -38,6 +39,10 @@ class MoE(nn.Module):
         self.cfg = cfg
         self.W_router = nn.Parameter(torch.empty(cfg.d_model, cfg.n_experts))
         self.experts = nn.ModuleList(MLP(cfg) for _ in range(cfg.n_experts))
+        if cfg.d_shared:
+            self.shared = MLP(cfg, cfg.d_shared)
+            if cfg.shared_gate:
+                self.W_shared_gate = nn.Parameter(torch.empty(cfg.d_model, 1))
 
     def choices(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights, experts) each token of x [..., d_model] is routed to, [..., experts_per_token]."""
@@ -51,4 +56,9 @@ class MoE(nn.Module):
             token, slot = torch.where(chosen == e)
             if token.numel():
                 out = out.index_add(0, token, expert(flat[token]) * weights[token, slot, None])
+        if hasattr(self, "shared"):
+            shared = self.shared(flat)
+            out = out + (
+                torch.sigmoid(flat @ self.W_shared_gate) * shared if hasattr(self, "W_shared_gate") else shared
+            )
         return out.reshape(x.shape)

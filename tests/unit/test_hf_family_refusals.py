@@ -69,6 +69,12 @@ CASES = {
     "expert-missing": ("qwen3_moe", lambda f: _weights(f, lambda t: t.pop(EXPERT)), EXPERT),
     "olmoe-clip-qkv": ("olmoe", lambda f: _config(f, clip_qkv=8.0), "clip_qkv"),
     "olmoe-top-k-above-experts": ("olmoe", lambda f: _config(f, num_experts_per_tok=9), "num_experts_per_tok"),
+    "qwen2-moe-shared-expert-missing": (
+        "qwen2_moe",
+        lambda f: _weights(f, lambda t: t.pop("model.layers.0.mlp.shared_expert_gate.weight")),
+        "model.layers.0.mlp.shared_expert_gate.weight",
+    ),
+    "qwen2-moe-sparse-step": ("qwen2_moe", lambda f: _config(f, decoder_sparse_step=2), "decoder_sparse_step"),
     "dense-layers-among-experts": ("qwen3_moe", lambda f: _config(f, mlp_only_layers=[1]), "mlp_only_layers"),
 }
 

@@ -1,7 +1,8 @@
 """The routed mixture-of-experts MLP (attn_core/model/moe.py): its routing against a token-by-token
-reference (softmax and sigmoid scores, with and without renormalisation), its config fields (absent
-at their defaults, each bad value one sentence naming it), and retraining an imported Mixtral or
-Qwen3-MoE on text: the router and the experts learn, the experts' biases (which these families do
+reference (softmax and sigmoid scores, with and without renormalisation, a shared expert with or
+without its gate), its config fields (absent
+at their defaults, each bad value one sentence naming it), and retraining an imported Mixtral,
+Qwen3-MoE, OLMoE or Qwen2-MoE on text: the router and the experts learn, the experts' biases (which these families do
 not have) stay zero, and the run exports back to its family with the logits attn-lab computes."""
 
 import json
@@ -9,11 +10,12 @@ import json
 import pytest
 import torch
 
+from attn_core.hooks import act_name
 from attn_core.model import ModelConfig, Transformer
 from attn_core.model.config import FEATURES
 from attn_core.model.moe import MoE
 
-MOE = ("n_experts", "experts_per_token", "router_scoring", "router_renorm")
+MOE = ("n_experts", "experts_per_token", "router_scoring", "router_renorm", "d_shared", "shared_gate")
 
 
 def _cfg(**kw) -> ModelConfig:
@@ -41,6 +43,24 @@ def test_each_token_gets_its_top_experts_weighted_by_their_scores(scoring, renor
             assert torch.allclose(got.reshape(-1, 16)[row], want, atol=1e-6)
 
 
+@pytest.mark.parametrize("gate", [False, True])
+def test_the_shared_expert_is_added_for_every_token(gate):
+    torch.manual_seed(0)
+    moe = MoE(_cfg(d_shared=9, shared_gate=gate))
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.normal_(0.0, 0.5)
+        x = torch.randn(2, 5, 16)
+        routed = torch.zeros_like(x)
+        w, chosen = moe.choices(x)
+        for i in range(2):
+            routed += w[..., i, None] * torch.stack(
+                [moe.experts[e](t) for e, t in zip(chosen[..., i].flatten(), x.reshape(-1, 16))]
+            ).reshape(x.shape)
+        shared = moe.shared(x) * (torch.sigmoid(x @ moe.W_shared_gate) if gate else 1.0)
+        assert torch.allclose(moe(x), routed + shared, atol=1e-5)
+
+
 def test_a_model_without_experts_saves_the_config_it_always_did():
     assert not set(MOE) & set(ModelConfig(d_mlp=8).to_dict())
     assert set(MOE) <= set(FEATURES)
@@ -61,6 +81,9 @@ def test_a_model_without_experts_saves_the_config_it_always_did():
         (dict(router_renorm="yes"), "router_renorm"),
         (dict(n_experts=0), "experts_per_token"),
         (dict(d_mlp=0), "d_mlp"),
+        (dict(d_shared=-3), "d_shared"),
+        (dict(shared_gate=True), "shared_gate"),
+        (dict(n_experts=0, experts_per_token=0, d_shared=8), "d_shared"),
     ],
 )
 def test_a_bad_expert_field_is_one_sentence_naming_it(bad, field):
@@ -77,8 +100,11 @@ def test_gradients_reach_the_router_and_the_chosen_experts():
     torch.nn.functional.cross_entropy(model(tokens)[:, :-1].reshape(-1, 20), tokens[:, 1:].reshape(-1)).backward()
     moe = model.blocks[0].mlp
     assert float(moe.W_router.grad.abs().max()) > 0
-    chosen = set(moe.choices(model.blocks[0].ln2(model.residual_input(tokens)).detach())[1].unique().tolist())
-    assert chosen and all(float(moe.experts[e].W_in.grad.abs().max()) > 0 for e in range(5) if e in chosen)
+    with torch.no_grad():  # the choices, as docs/maths.md reads them: from the MLP's input
+        _, cache = model.run_with_cache(tokens)
+        chosen = set(moe.choices(model.blocks[0].ln2(cache[act_name("resid_mid", 0)]))[1].unique().tolist())
+    for e in range(5):
+        assert (float(moe.experts[e].W_in.grad.abs().max()) > 0) == (e in chosen), e
 
 
 transformers_needed = pytest.mark.skipif(
@@ -87,7 +113,7 @@ transformers_needed = pytest.mark.skipif(
 
 
 @transformers_needed
-@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "olmoe"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "olmoe", "qwen2_moe"])
 def test_retraining_moves_the_router_and_experts_and_exports_back(family, tmp_path):
     import transformers
 

@@ -23,6 +23,7 @@ from attn_core.hf.families import (
     olmoe,
     phi3,
     qwen2,
+    qwen2_moe,
     qwen3,
     qwen3_moe,
     smollm3,
@@ -48,6 +49,7 @@ REGISTRY: dict[str, Family] = {
         mixtral.FAMILY,
         qwen3_moe.FAMILY,
         olmoe.FAMILY,
+        qwen2_moe.FAMILY,
     )
 }
 FAMILIES = tuple(REGISTRY)

@@ -6,7 +6,6 @@ ones (``mlp_only_layers``, ``decoder_sparse_step`` above 1) are refused by name.
 
 from __future__ import annotations
 
-from attn_core.checkpoint import CheckpointError
 from attn_core.hf.config import (
     activation,
     decoder_config,
@@ -17,6 +16,7 @@ from attn_core.hf.config import (
     integer,
     number,
     rope,
+    sparse_every_layer,
     windows,
 )
 from attn_core.hf.family import Experts, Family, decoder_slots
@@ -27,15 +27,7 @@ def config(hf: dict) -> ModelConfig:
     d_head = head_dim(hf)
     n_layers = integer(hf, "num_hidden_layers")
     count, field = expert_count(hf)
-    dense = hf.get("mlp_only_layers") or []
-    if dense != []:
-        raise CheckpointError(
-            f"config.json mlp_only_layers={dense!r}: dense layers among the experts are not supported"
-        )
-    if integer(hf, "decoder_sparse_step", default=1) != 1:
-        raise CheckpointError(
-            "config.json decoder_sparse_step must be 1: dense layers among the experts are not supported"
-        )
+    sparse_every_layer(hf)
     return decoder_config(
         hf,
         d_head=d_head,
