@@ -107,6 +107,16 @@ def test_gradients_reach_the_router_and_the_chosen_experts():
         assert (float(moe.experts[e].W_in.grad.abs().max()) > 0) == (e in chosen), e
 
 
+def test_our_own_mixture_of_experts_is_refused_by_the_gpt2_export(tmp_path):
+    from attn_core.checkpoint import CheckpointError, LoadedModel
+    from attn_core.hf.export import export_gpt2
+
+    model = Transformer(_cfg(d_model=64, d_vocab=20))
+    with pytest.raises(CheckpointError, match="n_experts"):
+        export_gpt2(LoadedModel(name="tiny", model=model, config=model.cfg), tmp_path / "t")
+    assert not (tmp_path / "t").exists()
+
+
 transformers_needed = pytest.mark.skipif(
     __import__("importlib").util.find_spec("transformers") is None, reason="needs transformers"
 )
