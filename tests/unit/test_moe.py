@@ -163,3 +163,20 @@ def test_retraining_moves_the_router_and_experts_and_exports_back(family, tmp_pa
     tokens = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         assert float((back(tokens).logits - after.model(tokens)).abs().max()) <= 1e-4
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+def test_conversion_makes_every_expert_tensor_on_the_files_device(family):
+    """The expert biases a family has no tensor for are made where the file's tensors are (the meta
+    device stands in for an accelerator; a routed forward cannot run on it: its routing is data)."""
+    from attn_core.hf.families import REGISTRY
+    from attn_core.hf.family import convert
+    from attn_core.hf.load import model_config
+
+    raw = dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=48, vocab_size=100)
+    raw |= dict(model_type=family, num_experts_per_tok=2, moe_intermediate_size=24, shared_expert_intermediate_size=40)
+    raw["num_local_experts" if family == "mixtral" else "num_experts"] = 3
+    cfg = model_config(raw)
+    ours = convert(REGISTRY[family], cfg, raw, lambda n, shape: torch.randn(shape, device="meta"), lambda n: False)
+    assert {t.device.type for t in ours.values()} == {"meta"}
+    assert set(ours) == {n for n, _ in Transformer(cfg).named_parameters()}
