@@ -91,6 +91,7 @@ class ModelConfig:
     experts_per_token: int = 0
     router_scoring: str = "softmax"
     router_renorm: bool = False  # the chosen experts' scores divided by their sum
+    router_bias: bool = False  # the router's logits get a bias b_router (gpt-oss)
     d_shared: int = 0  # a shared expert of this width that every token passes through (0: none)
     shared_gate: bool = False  # the shared expert's output times sigmoid(x W_shared_gate) (Qwen2-MoE)
 
@@ -203,13 +204,14 @@ class ModelConfig:
         check(is_int(E) and 0 <= E <= MAX_EXPERTS, f"n_experts={E!r} must be an integer 0..{MAX_EXPERTS}")
         check(self.router_scoring in ROUTER_SCORINGS, f"router_scoring must be one of {ROUTER_SCORINGS}")
         check(isinstance(self.router_renorm, bool), "router_renorm must be true or false")
+        check(isinstance(self.router_bias, bool), "router_bias must be true or false")
         s = self.d_shared
         check(is_int(s) and 0 <= s <= 8 * MAX_DIM, f"d_shared={s!r} must be 0..{8 * MAX_DIM}")
         check(isinstance(self.shared_gate, bool), "shared_gate must be true or false")
         check(s > 0 or not self.shared_gate, "shared_gate needs a shared expert (d_shared > 0)")
         if E == 0:
-            check(k == 0 and self.router_scoring == "softmax" and not self.router_renorm and s == 0,
-                  "experts_per_token, router_scoring, router_renorm and d_shared need n_experts")  # fmt: skip
+            check(k == 0 and self.router_scoring == "softmax" and not self.router_renorm and s == 0 and not self.router_bias,
+                  "experts_per_token, router_scoring, router_renorm, router_bias and d_shared need n_experts")  # fmt: skip
             return
         check(is_int(k) and 1 <= k <= E, f"experts_per_token={k!r} must be 1..n_experts ({E})")
         check(self.d_mlp > 0, "n_experts needs an MLP (d_mlp > 0)")
@@ -259,7 +261,7 @@ class ModelConfig:
                          W_O h d_head d (+ b_Q h w, b_K g w if factored, + b_V g d_head, b_O d,
                          with biases) (+ norm n + W_in, W_out 2 d d_mlp + b_in, b_out d_mlp + d,
                          + W_gate, b_gate d d_mlp + d_mlp when gated, with an MLP; with
-                         experts, n_experts such MLPs + the router's d n_experts, + a shared
+                         experts, n_experts such MLPs + the router's d n_experts (+ n_experts), + a shared
                          one of width d_shared + its gate's d)
 
         A norm n is 2d for LayerNorm, d for RMSNorm and 0 with ``normalization = "none"``. Sandwich
@@ -288,7 +290,7 @@ class ModelConfig:
 
     def _experts(self, d: int) -> int:
         shared = (self._mlp(self.d_shared) + (d if self.shared_gate else 0)) if self.d_shared else 0
-        return self.n_experts * (self._mlp(self.d_mlp) + d) + shared
+        return self.n_experts * (self._mlp(self.d_mlp) + d + (1 if self.router_bias else 0)) + shared
 
     def to_dict(self) -> dict:
         """Every field, but a feature (:data:`FEATURES`) only when it is not at its default: a

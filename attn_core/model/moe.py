@@ -1,7 +1,8 @@
 """A routed mixture-of-experts MLP (Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE): ``n_experts`` copies of the model's MLP
 (:class:`attn_core.model.layers.MLP`, gated where the model's is) and a router.
 
-For a token x (row vector) the router's logits are ``x W_router`` ([d_model, n_experts]); the
+For a token x (row vector) the router's logits are ``x W_router`` ([d_model, n_experts]), plus
+``b_router`` with ``router_bias``; the
 scores are their softmax (over all experts) or their sigmoid (``router_scoring``), in float32;
 the ``experts_per_token`` highest scores pick the experts, and with ``router_renorm`` their
 scores are divided by their sum (Mixtral always; ``norm_topk_prob`` in Qwen3-MoE and OLMoE). The output is
@@ -38,6 +39,8 @@ class MoE(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.W_router = nn.Parameter(torch.empty(cfg.d_model, cfg.n_experts))
+        if cfg.router_bias:
+            self.b_router = nn.Parameter(torch.zeros(cfg.n_experts))
         self.experts = nn.ModuleList(MLP(cfg) for _ in range(cfg.n_experts))
         if cfg.d_shared:
             self.shared = MLP(cfg, cfg.d_shared)
@@ -46,7 +49,8 @@ class MoE(nn.Module):
 
     def choices(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights, experts) each token of x [..., d_model] is routed to, [..., experts_per_token]."""
-        return route(x @ self.W_router, self.cfg)
+        logits = x @ self.W_router
+        return route(logits + self.b_router if hasattr(self, "b_router") else logits, self.cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])

@@ -15,7 +15,7 @@ from attn_core.model import ModelConfig, Transformer
 from attn_core.model.config import FEATURES
 from attn_core.model.moe import MoE
 
-MOE = ("n_experts", "experts_per_token", "router_scoring", "router_renorm", "d_shared", "shared_gate")
+MOE = ("n_experts", "experts_per_token", "router_scoring", "router_renorm", "router_bias", "d_shared", "shared_gate")
 
 
 def _cfg(**kw) -> ModelConfig:
@@ -25,16 +25,17 @@ def _cfg(**kw) -> ModelConfig:
 
 @pytest.mark.parametrize("scoring", ["softmax", "sigmoid"])
 @pytest.mark.parametrize("renorm", [False, True])
-def test_each_token_gets_its_top_experts_weighted_by_their_scores(scoring, renorm):
+@pytest.mark.parametrize("bias", [False, True])
+def test_each_token_gets_its_top_experts_weighted_by_their_scores(scoring, renorm, bias):
     torch.manual_seed(0)
-    moe = MoE(_cfg(router_scoring=scoring, router_renorm=renorm))
+    moe = MoE(_cfg(router_scoring=scoring, router_renorm=renorm, router_bias=bias))
     with torch.no_grad():
         for p in moe.parameters():
             p.normal_(0.0, 0.5)
         x = torch.randn(3, 7, 16)
         got = moe(x)
         for token in x.reshape(-1, 16):
-            logits = token @ moe.W_router
+            logits = token @ moe.W_router + (moe.b_router if bias else 0.0)
             scores = logits.softmax(-1) if scoring == "softmax" else logits.sigmoid()
             top = sorted(range(5), key=lambda e: -float(scores[e]))[:2]
             w = scores[top] / (scores[top].sum() if renorm else 1.0)
@@ -66,8 +67,8 @@ def test_a_model_without_experts_saves_the_config_it_always_did():
     assert set(MOE) <= set(FEATURES)
     cfg = _cfg()
     assert cfg.to_dict()["n_experts"] == 5 and ModelConfig.from_dict(cfg.to_dict()) == cfg
-    model = Transformer(cfg)
-    assert sum(p.numel() for p in model.parameters()) == cfg.n_params()
+    for c in (cfg, _cfg(router_bias=True, d_shared=7, shared_gate=True), _cfg(gated_mlp=False, d_shared=3)):
+        assert sum(p.numel() for p in Transformer(c).parameters()) == c.n_params(), c
 
 
 @pytest.mark.parametrize(
@@ -82,6 +83,7 @@ def test_a_model_without_experts_saves_the_config_it_always_did():
         (dict(n_experts=0), "experts_per_token"),
         (dict(d_mlp=0), "d_mlp"),
         (dict(d_shared=-3), "d_shared"),
+        (dict(router_bias=1), "router_bias"),
         (dict(shared_gate=True), "shared_gate"),
         (dict(n_experts=0, experts_per_token=0, d_shared=8), "d_shared"),
     ],
@@ -91,6 +93,16 @@ def test_a_bad_expert_field_is_one_sentence_naming_it(bad, field):
         _cfg(**bad)
     msg = str(e.value)
     assert field in msg and "\n" not in msg, msg
+
+
+def test_a_nan_router_bias_is_refused_naming_it():
+    from attn_core.checkpoint import CheckpointError, build_checked
+
+    cfg = _cfg(router_bias=True)
+    tensors = Transformer(cfg).state_dict()
+    tensors["blocks.0.mlp.b_router"][1] = float("nan")
+    with pytest.raises(CheckpointError, match=r"blocks\.0\.mlp\.b_router"):
+        build_checked(cfg, tensors)
 
 
 def test_gradients_reach_the_router_and_the_chosen_experts():
