@@ -18,6 +18,7 @@ import math
 
 from attn_core.checkpoint import CheckpointError
 from attn_core.model import ModelConfig
+from attn_core.model.config import MAX_EXPERTS
 from attn_core.model.rotary import inverse_frequencies
 from attn_core.validate import is_int, is_number
 
@@ -252,6 +253,44 @@ def head_dim(hf: dict, fixed: bool = False) -> int:
             "this family splits hidden_size evenly into its heads"
         )
     return d_head
+
+
+def expert_count(hf: dict) -> tuple[int, str]:
+    """(count, the field it is read from): num_experts (the Hub's spelling) or num_local_experts
+    (transformers 5 saves this one); both present must agree."""
+    found = {k: integer(hf, k) for k in ("num_experts", "num_local_experts") if hf.get(k) is not None}
+    if not found:
+        raise CheckpointError("config.json lacks 'num_experts'")
+    if len(set(found.values())) > 1:
+        raise CheckpointError(f"config.json num_experts={found['num_experts']} disagrees with "
+                              f"num_local_experts={found['num_local_experts']}")  # fmt: skip
+    return next(iter(found.values())), next(iter(found))
+
+
+def sparse_every_layer(hf: dict) -> None:
+    """Refuse dense MLP layers among the experts (Qwen's ``mlp_only_layers``, a
+    ``decoder_sparse_step`` above 1), by name."""
+    dense = hf.get("mlp_only_layers") or []
+    if dense != []:
+        raise CheckpointError(
+            f"config.json mlp_only_layers={dense!r}: dense layers among the experts are not supported"
+        )
+    if integer(hf, "decoder_sparse_step", default=1) != 1:
+        raise CheckpointError(
+            "config.json decoder_sparse_step must be 1: dense layers among the experts are not supported"
+        )
+
+
+def experts(hf: dict, count: str, count_value: int | None = None) -> dict:
+    """The routed experts' fields: ``count`` (the family's name for the number of experts, its
+    value read already when given) and ``num_experts_per_tok``, each refused by its config.json name."""
+    n = integer(hf, count) if count_value is None else count_value
+    if not 1 <= n <= MAX_EXPERTS:
+        raise CheckpointError(f"config.json {count} must be 1..{MAX_EXPERTS}, got {n}")
+    k = integer(hf, "num_experts_per_tok")
+    if not 1 <= k <= n:
+        raise CheckpointError(f"config.json num_experts_per_tok={k} must be 1..{count} ({n})")
+    return dict(n_experts=n, experts_per_token=k)
 
 
 def decoder_config(hf: dict, *, d_head: int | None = None, **features) -> ModelConfig:

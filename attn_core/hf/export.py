@@ -56,6 +56,8 @@ def gpt2_problem(cfg: ModelConfig) -> str | None:
         return "its heads store a merged W_QK (d_model x d_model); GPT-2 needs factored W_Q, W_K of width d_head"
     if cfg.normalization != "layernorm":
         return "it has no LayerNorm; GPT-2 applies a LayerNorm before every attention, MLP and the unembedding"
+    if cfg.n_experts:
+        return f"its MLPs are mixtures of {cfg.n_experts} experts (n_experts); GPT-2's MLP is one dense layer"
     if cfg.entmax_alpha != 1.0:
         return f"its attention is alpha-entmax (alpha={cfg.entmax_alpha:g}); GPT-2 uses softmax"
     if cfg.n_heads * cfg.d_head != cfg.d_model:

@@ -41,6 +41,7 @@ class Slot:
     split: Callable[[torch.Tensor], Sequence[torch.Tensor]]
     join: Callable[[Sequence[torch.Tensor]], torch.Tensor]
     optional: bool = False  # a file without it loads; ours are then zero
+    hint: str = ""  # added to a refusal of its shape (the config field that disagrees with it)
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,13 @@ def convert(fam: Family, cfg: ModelConfig, raw: dict, get: Get, has: Callable[[s
             name = fam.embed
         elif s.optional and not has(name):
             continue
-        parts = s.split(get(name, s.shape))
+        try:
+            t = get(name, s.shape)
+        except CheckpointError as e:
+            if s.hint:
+                raise CheckpointError(f"{e} ({s.hint})") from None
+            raise
+        parts = s.split(t)
         out.update({o: p.contiguous() for o, p in zip(s.ours, parts, strict=True)})
     like = out["embed.W_E"]
     for name, shape in param_shapes(cfg).items():
@@ -166,6 +173,45 @@ def _unheads(W: torch.Tensor) -> torch.Tensor:
     return W.transpose(1, 2).reshape(-1, W.shape[1])
 
 
+@dataclass(frozen=True)
+class Experts:
+    """Where a family keeps a layer's experts: the MoE module (under the layer), its router's
+    weight [n_experts, d], each expert's gate, up and down projections (``experts.{e}.<name>``)
+    and the config.json field that counts them."""
+
+    module: str = "mlp."
+    router: str = "gate.weight"
+    names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    field: str = "num_experts"
+    shared: str = "shared_expert."  # the shared expert (with cfg.d_shared), named as the experts are
+    shared_gate: str = "shared_expert_gate.weight"  # its gate [1, d] (with cfg.shared_gate)
+
+
+def expert_slots(cfg: ModelConfig, s: str, q: str, ex: Experts) -> list[Slot]:
+    """Layer ``s``'s router (ours ``mlp.W_router`` [d, n_experts]) and experts (ours
+    ``mlp.experts.{e}.W_gate/W_in/W_out``, as a dense MLP's) and shared expert (``mlp.shared``,
+    its gate ``mlp.W_shared_gate`` [d, 1]); the router comes first, so an expert
+    count that disagrees with the weights is refused naming the config field."""
+    d, f, E = cfg.d_model, cfg.d_mlp, cfg.n_experts
+    m = s + ex.module
+    hint = f"config.json {ex.field}={E} disagrees with the weights"
+    out = [Slot(m + ex.router, (q + "mlp.W_router",), (E, d), lambda t: (t.T,), lambda p: p[0].T, hint=hint)]
+    gate, up, down = ex.names
+    for e in range(E):
+        t, o = f"{m}experts.{e}.", f"{q}mlp.experts.{e}."
+        out += [transposed(t + gate + ".weight", o + "W_gate", (f, d)),
+                transposed(t + up + ".weight", o + "W_in", (f, d)),
+                transposed(t + down + ".weight", o + "W_out", (d, f))]  # fmt: skip
+    if cfg.d_shared:
+        t, o, w = m + ex.shared, q + "mlp.shared.", cfg.d_shared
+        out += [transposed(t + gate + ".weight", o + "W_gate", (w, d)),
+                transposed(t + up + ".weight", o + "W_in", (w, d)),
+                transposed(t + down + ".weight", o + "W_out", (d, w))]  # fmt: skip
+        if cfg.shared_gate:
+            out.append(transposed(m + ex.shared_gate, q + "mlp.W_shared_gate", (1, d)))
+    return out
+
+
 # the block's norms: ours -> what the Llama-shaped files call them, by ModelConfig.block_norms
 LLAMA_NORMS = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm"}
 SANDWICH_NORMS = {
@@ -186,10 +232,12 @@ def decoder_slots(
     fused_mlp: bool = False,
     norm_offset: float = 0.0,
     prefix: str = "model.",
+    experts: Experts | None = None,
 ) -> list[Slot]:
     """The Llama-shaped layout (Llama, Mistral, Qwen2/3, Gemma 2/3, OLMo 2, SmolLM3, Phi-3, ...):
     ``{prefix}layers.{l}.self_attn.{q,k,v,o}_proj`` (or one ``qkv_proj``), ``q_norm``/``k_norm``
-    with QK-norm, the MLP's gate/up/down (or ``gate_up_proj``), the block's norms by
+    with QK-norm, the MLP's gate/up/down (or ``gate_up_proj``; with ``cfg.n_experts``, the router
+    and each expert's, named by ``experts``), the block's norms by
     ``cfg.block_norms``, ``{prefix}norm``, ``lm_head``. q/k/v biases with ``cfg.attn_bias``, o_proj's
     with ``o_bias`` (optional in the file), the MLP's with ``mlp_bias``."""
     h, g, d, dh, f, V = cfg.n_heads, cfg.kv_heads, cfg.d_model, cfg.d_head, cfg.d_mlp, cfg.d_vocab
@@ -219,6 +267,9 @@ def decoder_slots(
             same(s + theirs + ".weight", q + ours + ".w", (d,), offset=norm_offset) for ours, theirs in norms.items()
         ]
         m = s + "mlp."
+        if cfg.n_experts:
+            out += expert_slots(cfg, s, q, experts or Experts())
+            continue
         if fused_mlp:
             out.append(fused(m + "gate_up_proj.weight", [(q + "mlp.W_gate", f, "t"), (q + "mlp.W_in", f, "t")], d))
         else:

@@ -30,6 +30,17 @@ def model_config(hf: dict) -> ModelConfig:
     return family(hf).config(hf)
 
 
+def _file_names(msg: str, fam, cfg: ModelConfig, raw: dict) -> str:
+    """``msg`` with each of our tensor names followed by the file's tensor that holds it."""
+    if fam.load is not None:
+        return msg
+    for slot in fam.slots(cfg, raw):
+        for ours in slot.ours:
+            if f"tensor {ours} " in msg:
+                return msg.replace(f"tensor {ours} ", f"tensor {ours} (the file's {slot.theirs}) ", 1)
+    return msg
+
+
 def is_hf_folder(path: str | Path) -> bool:
     """True for a folder whose config.json names a ``model_type`` (any; unsupported ones are
     refused with their name by :func:`load_hf`)."""
@@ -67,7 +78,10 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel
         ours = convert(fam, cfg, raw, get, has)
     finally:
         tensors.close()
-    model = build_checked(cfg, ours)
+    try:
+        model = build_checked(cfg, ours)
+    except CheckpointError as e:  # a bad value: named as the file spells the tensor too
+        raise CheckpointError(_file_names(str(e), fam, cfg, raw)) from None
     del ours
     stamp = json.dumps(
         [str(path.resolve()), raw, [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in tensors.files]],

@@ -8,7 +8,8 @@ biases, sequential or parallel attention and MLP, plain or gated (SwiGLU, GeGLU)
 windows per layer; and the features of the newer families (:data:`FEATURES`): QK-norm per head or
 across the heads, a score scale other than 1/sqrt(d_head), logit soft-capping of the scores and of
 the logits, a second rotary base for the sliding layers, layers without positions (NoPE),
-sandwich or post norms, and the embedding, residual and logit multipliers. Each defaults to
+sandwich or post norms, the embedding, residual and logit multipliers, and a routed mixture of
+experts in place of the MLP (Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE). Each defaults to
 "absent": a model without them computes, and saves, exactly what it did before they existed
 (:meth:`ModelConfig.to_dict` leaves out a feature at its default).
 """
@@ -27,6 +28,8 @@ MLP_ACTS = ("gelu", "gelu_tanh", "silu", "relu")
 QK_NORMS = ("none", "head", "all")  # RMSNorm of q and k per head (Qwen3, Gemma 3) or over all heads (OLMo 2)
 BLOCK_NORMS = ("pre", "sandwich", "post")  # norms before, before and after (Gemma), after only (OLMo 2)
 ROPE_SCALINGS = ("linear", "llama3")
+ROUTER_SCORINGS = ("softmax", "sigmoid")  # of the router's logits, before the top-k
+MAX_EXPERTS = 4096
 LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 # Guards against absurd configs (a user's config.json is untrusted input). Whether a model of
 # a valid shape fits in memory is checked by the loader (attn_core/hf/), before it is built.
@@ -82,6 +85,15 @@ class ModelConfig:
     embed_scale: float = 1.0  # the embedding is multiplied by it (Gemma: sqrt(d_model); Granite)
     residual_scale: float = 1.0  # each attention and MLP output is multiplied by it (Granite)
     logits_scaling: float = 1.0  # the logits are divided by it (Granite)
+    # a routed mixture of experts in place of each MLP (attn_core/model/moe.py): n_experts MLPs of
+    # width d_mlp, the top experts_per_token of the router's scores (ROUTER_SCORINGS), renormalised
+    n_experts: int = 0  # 0: a dense MLP
+    experts_per_token: int = 0
+    router_scoring: str = "softmax"
+    router_renorm: bool = False  # the chosen experts' scores divided by their sum
+    router_bias: bool = False  # the router's logits get a bias b_router (gpt-oss)
+    d_shared: int = 0  # a shared expert of this width that every token passes through (0: none)
+    shared_gate: bool = False  # the shared expert's output times sigmoid(x W_shared_gate) (Qwen2-MoE)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -185,6 +197,24 @@ class ModelConfig:
             check(self.positional == "rotary", "nope_layers needs rotary positions")
             check(isinstance(n, list) and all(is_int(x) and 0 <= x < self.n_layers for x in n) and len(set(n)) == len(n),
                   f"nope_layers must list distinct layers 0..{self.n_layers - 1}")  # fmt: skip
+        self._validate_experts(check)
+
+    def _validate_experts(self, check) -> None:
+        E, k = self.n_experts, self.experts_per_token
+        check(is_int(E) and 0 <= E <= MAX_EXPERTS, f"n_experts={E!r} must be an integer 0..{MAX_EXPERTS}")
+        check(self.router_scoring in ROUTER_SCORINGS, f"router_scoring must be one of {ROUTER_SCORINGS}")
+        check(isinstance(self.router_renorm, bool), "router_renorm must be true or false")
+        check(isinstance(self.router_bias, bool), "router_bias must be true or false")
+        s = self.d_shared
+        check(is_int(s) and 0 <= s <= 8 * MAX_DIM, f"d_shared={s!r} must be 0..{8 * MAX_DIM}")
+        check(isinstance(self.shared_gate, bool), "shared_gate must be true or false")
+        check(s > 0 or not self.shared_gate, "shared_gate needs a shared expert (d_shared > 0)")
+        if E == 0:
+            check(k == 0 and self.router_scoring == "softmax" and not self.router_renorm and s == 0 and not self.router_bias,
+                  "experts_per_token, router_scoring, router_renorm, router_bias and d_shared need n_experts")  # fmt: skip
+            return
+        check(is_int(k) and 1 <= k <= E, f"experts_per_token={k!r} must be 1..n_experts ({E})")
+        check(self.d_mlp > 0, "n_experts needs an MLP (d_mlp > 0)")
 
     def rotary_layer(self, layer: int) -> bool:
         """Whether layer ``layer`` rotates its queries and keys (rotary, and not a NoPE layer)."""
@@ -230,7 +260,9 @@ class ModelConfig:
             per layer    norm n + W_Q h d w, W_K g d w (merged: W_QK h d^2) + W_V g d d_head,
                          W_O h d_head d (+ b_Q h w, b_K g w if factored, + b_V g d_head, b_O d,
                          with biases) (+ norm n + W_in, W_out 2 d d_mlp + b_in, b_out d_mlp + d,
-                         + W_gate, b_gate d d_mlp + d_mlp when gated, with an MLP)
+                         + W_gate, b_gate d d_mlp + d_mlp when gated, with an MLP; with
+                         experts, n_experts such MLPs + the router's d n_experts (+ n_experts), + a shared
+                         one of width d_shared + its gate's d)
 
         A norm n is 2d for LayerNorm, d for RMSNorm and 0 with ``normalization = "none"``. Sandwich
         norms add 2 norms a layer, post norms move both after; QK-norm adds 2 d_head (per head) or
@@ -249,9 +281,16 @@ class ModelConfig:
             total += norms * ln + qk + (g + h) * d * self.d_head + (g * self.d_head + d if self.attn_bias else 0)
             total += {"none": 0, "head": 2 * self.d_head, "all": (h + g) * self.d_head}[self.qk_norm]
             if self.d_mlp > 0:
-                total += norms * ln + 2 * d * self.d_mlp + self.d_mlp + d
-                total += (d * self.d_mlp + self.d_mlp) if self.gated_mlp else 0
+                total += norms * ln + (self._experts(d) if self.n_experts else self._mlp(self.d_mlp))
         return total
+
+    def _mlp(self, f: int) -> int:
+        d = self.d_model
+        return 2 * d * f + f + d + ((d * f + f) if self.gated_mlp else 0)
+
+    def _experts(self, d: int) -> int:
+        shared = (self._mlp(self.d_shared) + (d if self.shared_gate else 0)) if self.d_shared else 0
+        return self.n_experts * (self._mlp(self.d_mlp) + d + (1 if self.router_bias else 0)) + shared
 
     def to_dict(self) -> dict:
         """Every field, but a feature (:data:`FEATURES`) only when it is not at its default: a

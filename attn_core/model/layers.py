@@ -51,17 +51,19 @@ _ACTS = {
 
 class MLP(nn.Module):
     """act(X W_in + b_in) W_out + b_out; gated (SwiGLU):
-    (act(X W_gate + b_gate) * (X W_in + b_in)) W_out + b_out."""
+    (act(X W_gate + b_gate) * (X W_in + b_in)) W_out + b_out. Its width is d_mlp unless given
+    (a shared expert's)."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, width: int | None = None):
         super().__init__()
         self.act = _ACTS[cfg.mlp_act]
+        f = cfg.d_mlp if width is None else width
         if cfg.gated_mlp:
-            self.W_gate = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
-            self.b_gate = nn.Parameter(torch.zeros(cfg.d_mlp))
-        self.W_in = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
-        self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp))
-        self.W_out = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model))
+            self.W_gate = nn.Parameter(torch.empty(cfg.d_model, f))
+            self.b_gate = nn.Parameter(torch.zeros(f))
+        self.W_in = nn.Parameter(torch.empty(cfg.d_model, f))
+        self.b_in = nn.Parameter(torch.zeros(f))
+        self.W_out = nn.Parameter(torch.empty(f, cfg.d_model))
         self.b_out = nn.Parameter(torch.zeros(cfg.d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

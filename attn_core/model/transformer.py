@@ -3,7 +3,8 @@ train and the Hugging Face families we import (``attn_core/hf/``) are all this o
 
 Conventions (docs/maths.md): row vectors; for layer l the attention input is
 ``X = ln1(residual)`` (or the residual itself when ``normalization == "none"``); attention is
-:mod:`attn_core.model.attention`. With ``parallel_attn`` (GPT-NeoX) the MLP reads
+the MLP is :class:`~attn_core.model.layers.MLP` or, with ``n_experts``, a routed mixture of
+experts (:mod:`attn_core.model.moe`). With ``parallel_attn`` (GPT-NeoX) the MLP reads
 ``ln2(residual)`` of the same residual and both outputs are added at once.
 
 Every activation passes through a named hook point (:mod:`attn_core.hooks`, TransformerLens
@@ -25,6 +26,7 @@ from attn_core.hooks import Hook, HookRun, NamesFilter, block_names, check_names
 from attn_core.model.attention import Attention, Visibility
 from attn_core.model.config import ModelConfig
 from attn_core.model.layers import MLP, norm
+from attn_core.model.moe import MoE
 from attn_core.validate import shown
 
 
@@ -42,7 +44,7 @@ class Block(nn.Module):
         if cfg.d_mlp > 0:
             if self.style != "post":
                 self.ln2 = norm(cfg)
-            self.mlp = MLP(cfg)
+            self.mlp = MoE(cfg) if cfg.n_experts else MLP(cfg)
             if self.style != "pre":
                 self.ln2_post = norm(cfg)
 

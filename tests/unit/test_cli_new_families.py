@@ -13,7 +13,7 @@ from attn_core.cli import main  # noqa: E402
 from tests.unit.test_hf_new_families import FAMILIES, write_family  # noqa: E402
 
 WORDS = ["[UNK]"] + [f"w{i}" for i in range(1, 100)]
-QK_NORM = {"qwen3", "gemma3_text", "olmo2", "exaone4"}
+QK_NORM = {"qwen3", "gemma3_text", "olmo2", "exaone4", "qwen3_moe", "olmoe"}
 CAPPED = {"gemma2"}
 # command -> the families that refuse it, and the words the refusal gives
 REFUSED = {

@@ -1,5 +1,5 @@
 """A family's hostile config or weights (a norm weight of the wrong shape or missing, a cap of 0,
-negative or NaN, layer types that do not match the layer count, a head_dim that disagrees where
+negative or NaN, expert counts that disagree with the weights or top-k above them, a NaN router, layer types that do not match the layer count, a head_dim that disagrees where
 the family fixes it) is one line naming the field: from the Python loader, and exit 2 from the CLI."""
 
 import json
@@ -17,6 +17,8 @@ from tests.refusals import refuses  # noqa: E402
 from tests.unit.test_hf_new_families import write_family  # noqa: E402
 
 Q_NORM = "model.layers.0.self_attn.q_norm.weight"
+ROUTER = "model.layers.1.block_sparse_moe.gate.weight"
+EXPERT = "model.layers.1.mlp.experts.2.up_proj.weight"
 
 
 def _config(folder, **changes):
@@ -57,6 +59,23 @@ CASES = {
     "head-dim-fixed-phi3": ("phi3", lambda f: _config(f, head_dim=4), "head_dim"),
     "query-scalar-zero": ("gemma3_text", lambda f: _config(f, query_pre_attn_scalar=0), "query_pre_attn_scalar"),
     "multiplier-negative": ("granite", lambda f: _config(f, residual_multiplier=-1.0), "residual_multiplier"),
+    "experts-more-than-weights": ("mixtral", lambda f: _config(f, num_local_experts=6), "num_local_experts"),
+    "experts-fewer-than-weights": ("qwen3_moe", lambda f: _config(f, num_local_experts=3), "num_local_experts"),
+    "experts-zero": ("mixtral", lambda f: _config(f, num_local_experts=0), "num_local_experts"),
+    "experts-two-counts": ("qwen3_moe", lambda f: _config(f, num_experts=8), "num_experts"),
+    "top-k-above-experts": ("mixtral", lambda f: _config(f, num_experts_per_tok=5), "num_experts_per_tok"),
+    "top-k-zero": ("qwen3_moe", lambda f: _config(f, num_experts_per_tok=0), "num_experts_per_tok"),
+    "router-nan": ("mixtral", lambda f: _weights(f, lambda t: t[ROUTER].fill_(float("nan"))), ROUTER),
+    "expert-missing": ("qwen3_moe", lambda f: _weights(f, lambda t: t.pop(EXPERT)), EXPERT),
+    "olmoe-clip-qkv": ("olmoe", lambda f: _config(f, clip_qkv=8.0), "clip_qkv"),
+    "olmoe-top-k-above-experts": ("olmoe", lambda f: _config(f, num_experts_per_tok=9), "num_experts_per_tok"),
+    "qwen2-moe-shared-expert-missing": (
+        "qwen2_moe",
+        lambda f: _weights(f, lambda t: t.pop("model.layers.0.mlp.shared_expert_gate.weight")),
+        "model.layers.0.mlp.shared_expert_gate.weight",
+    ),
+    "qwen2-moe-sparse-step": ("qwen2_moe", lambda f: _config(f, decoder_sparse_step=2), "decoder_sparse_step"),
+    "dense-layers-among-experts": ("qwen3_moe", lambda f: _config(f, mlp_only_layers=[1]), "mlp_only_layers"),
 }
 
 

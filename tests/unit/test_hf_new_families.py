@@ -1,5 +1,5 @@
 """The newer Hugging Face families (Qwen3, Gemma 2, Gemma 3 text, OLMo 2, SmolLM3, Phi-3, Granite,
-EXAONE 4): tiny random models built by transformers here (nothing downloaded), saved to a
+EXAONE 4, and the mixtures of experts Mixtral, Qwen3-MoE, OLMoE and Qwen2-MoE): tiny random models built by transformers here (nothing downloaded), saved to a
 folder and loaded by attn-lab; transformers' eager attention is the reference for every head's
 pattern (windows, caps, norms included) and the logits; each exports back to its family."""
 
@@ -96,6 +96,37 @@ CASES = {
         dict(num_key_value_heads=2, sliding_window=5, sliding_window_pattern=2),
         "per-head QK-norm, post norms, a window on layer 0, NoPE on the global layer 1",
     ),
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, sliding_window=5),
+        "4 routed experts, top 2 of the softmax renormalised, a window on every layer, GQA",
+    ),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(num_key_value_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=3, moe_intermediate_size=24),
+        "4 routed experts of width 24, top 3 of the softmax (not renormalised), per-head QK-norm",
+    ),
+    "olmoe": (
+        "OlmoeConfig",
+        "OlmoeForCausalLM",
+        dict(num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True),
+        "4 routed experts, top 2 of the softmax renormalised, QK-norm across all heads, GQA",
+    ),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        dict(
+            num_key_value_heads=2,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=24,
+            shared_expert_intermediate_size=40,
+            norm_topk_prob=True,
+        ),  # fmt: skip
+        "4 routed experts of width 24, top 2 renormalised, a gated shared expert of width 40, q/k/v biases",
+    ),
 }
 FAMILIES = list(CASES)
 
@@ -173,6 +204,10 @@ def test_features_reach_the_config(case):
         "phi3": dict(rotary_dim=4),
         "granite": dict(embed_scale=2.0, residual_scale=0.5, attn_scale=0.2, logits_scaling=4.0, attn_bias=True),
         "exaone4": dict(qk_norm="head", block_norms="post", nope_layers=[1], sliding_window=[5, 0]),
+        "mixtral": dict(n_experts=4, experts_per_token=2, router_renorm=True, d_mlp=48, sliding_window=[5, 5]),
+        "qwen3_moe": dict(n_experts=4, experts_per_token=3, router_renorm=False, d_mlp=24, qk_norm="head"),
+        "olmoe": dict(n_experts=4, experts_per_token=2, router_renorm=True, d_mlp=48, qk_norm="all"),
+        "qwen2_moe": dict(n_experts=4, d_mlp=24, d_shared=40, shared_gate=True, attn_bias=True, router_renorm=True),
     }[family]
     got = {k: getattr(cfg, k) for k in expected}
     assert got == pytest.approx(expected) if family == "gemma2" else got == expected

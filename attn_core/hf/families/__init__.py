@@ -18,10 +18,14 @@ from attn_core.hf.families import (
     granite,
     llama,
     mistral,
+    mixtral,
     olmo2,
+    olmoe,
     phi3,
     qwen2,
+    qwen2_moe,
     qwen3,
+    qwen3_moe,
     smollm3,
 )
 from attn_core.hf.family import Family
@@ -42,6 +46,10 @@ REGISTRY: dict[str, Family] = {
         phi3.FAMILY,
         granite.FAMILY,
         exaone4.FAMILY,
+        mixtral.FAMILY,
+        qwen3_moe.FAMILY,
+        olmoe.FAMILY,
+        qwen2_moe.FAMILY,
     )
 }
 FAMILIES = tuple(REGISTRY)

@@ -1,0 +1,50 @@
+"""Qwen3-MoE: Qwen3's attention (per-head QK-norm, head_dim its own) with a routed mixture of
+experts in every layer's MLP: ``num_experts`` SwiGLU experts of width moe_intermediate_size
+(``mlp.experts.{e}.gate_proj/up_proj/down_proj``) and a router (``mlp.gate``) whose softmax's top
+``num_experts_per_tok`` are renormalised with ``norm_topk_prob``. Dense layers among the sparse
+ones (``mlp_only_layers``, ``decoder_sparse_step`` above 1) are refused by name."""
+
+from __future__ import annotations
+
+from attn_core.hf.config import (
+    activation,
+    decoder_config,
+    expert_count,
+    experts,
+    flag,
+    head_dim,
+    integer,
+    number,
+    rope,
+    sparse_every_layer,
+    windows,
+)
+from attn_core.hf.family import Experts, Family, decoder_slots
+from attn_core.model import ModelConfig
+
+
+def config(hf: dict) -> ModelConfig:
+    d_head = head_dim(hf)
+    n_layers = integer(hf, "num_hidden_layers")
+    count, field = expert_count(hf)
+    sparse_every_layer(hf)
+    return decoder_config(
+        hf,
+        d_head=d_head,
+        d_mlp=integer(hf, "moe_intermediate_size"),
+        attn_bias=flag(hf, "attention_bias", False),
+        ln_eps=number(hf, "rms_norm_eps", 1e-6, hi=1.0),
+        mlp_act=activation(hf, "hidden_act", "silu"),
+        sliding_window=windows(hf, n_layers, "use_sliding_window"),
+        qk_norm="head",
+        **experts(hf, field, count),
+        router_renorm=flag(hf, "norm_topk_prob", False),
+        **rope(hf, d_head),
+    )
+
+
+FAMILY = Family(
+    "qwen3_moe",
+    config,
+    lambda cfg, raw: decoder_slots(cfg, o_bias=True, experts=Experts(field=expert_count(raw)[1])),
+)
