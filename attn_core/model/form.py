@@ -37,7 +37,8 @@ from attn_core.model.config import ModelConfig
 if TYPE_CHECKING:
     from attn_core.bilinear.form import QKForm
 
-QK_PARAMS = ("W_Q", "W_K", "b_Q", "b_K", "W_QK")  # the parameters a form is made of, by name
+QK_MATRICES = ("W_Q", "W_K", "W_QK")  # the query/key matrices, by name (weight decay, fine-tuning)
+QK_PARAMS = ("W_Q", "W_K", "b_Q", "b_K", "W_QK")  # every parameter a form is made of, by name
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ def _other(name: str) -> Transformer:
     torch.manual_seed(1)
     model = Transformer(ModelConfig(**OTHERS[name])).eval()
     with torch.no_grad():
-        for n, p in model.named_parameters():
+        for p in model.parameters():
             p.copy_(torch.randn_like(p) * 0.3)
     if name == "grown":
         model.zero_qk_padding()
