@@ -8,8 +8,8 @@ import streamlit as st
 import ui
 from attn_core import bilinear
 from attn_core.figures import bilinear as fb
+from ui import heatmap_form, heatmap_long
 from ui import heatmap_later as later
-from ui import heatmap_long
 from ui import heatmap_sections as sections
 from ui import heatmap_sinks as sinks
 from ui.heatmap_input import pick_input
@@ -82,6 +82,8 @@ def head_views() -> None:
             with col:
                 plots.append(sections.head_plot(loaded, tokens, layer, head, query, value))
                 ui.show_plot(plots[-1], key=value)
+    if head != ALL and not inp.long:  # QK-norm's per-token gains, the scores before / after a soft cap
+        plots += heatmap_form.section(loaded, tokens, layer, head)
     if later.waiting():  # a session's first visit: the rest once the browser has drawn the heatmaps above
         return
 

@@ -44,6 +44,7 @@ from attn_core.bilinear.form import QKForm
 from attn_core.bilinear.heads import augment, has_bias, head_B, layer_B, layer_form, model_form, qk_form, qk_gains
 from attn_core.bilinear.long import LONG_INPUT, LayerScores, LongView, layer_scores, pool_blocks
 from attn_core.bilinear.ranks import Ranks, ranks, variance_rank
+from attn_core.bilinear.score_parts import ScoreParts, score_parts
 from attn_core.bilinear.sinks import Sinks, key_importance, sinks
 from attn_core.bilinear.spectrum import eigen_frame, spectrum, spectrum_frame
 from attn_core.bilinear.tokens import encode, position_labels, random_tokens, sample_tokens, token_names, tokenizer
@@ -103,6 +104,8 @@ __all__ = [
     "random_tokens",
     "ranks",
     "sample_tokens",
+    "ScoreParts",
+    "score_parts",
     "visible_keys",
     "sequence_view",
     "sinks",

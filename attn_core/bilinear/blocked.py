@@ -197,7 +197,8 @@ def layer_qk(model: Transformer, tokens: Sequence[int], layer: int) -> LayerQK:
     q = kept["q"]
     if q.dtype in (torch.float16, torch.bfloat16):  # the running sums and the entropy need float32
         q, k = q.float(), k.float()
-    return LayerQK(layer, ids, q, k.contiguous(), kv, scale, cfg.window(layer), x, cfg.attn_softcap)
+    form = model.blocks[layer].attn.form()  # the layer's mask (window) and cap
+    return LayerQK(layer, ids, q, k.contiguous(), kv, scale, form.window, x, form.cap)
 
 
 @dataclass

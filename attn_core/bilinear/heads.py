@@ -31,7 +31,6 @@ import torch.nn.functional as F
 from attn_core.bilinear.checks import check_heads, check_layer, check_model
 from attn_core.bilinear.form import QKForm
 from attn_core.model import Transformer
-from attn_core.model.rotary import offset_rotation
 from attn_core.validate import is_int, shown
 
 
@@ -53,29 +52,7 @@ def layer_form(model: Transformer, layer: int, augmented: bool = False, offset: 
     model = check_model(model, "layer_form")
     if not is_int(offset) or abs(offset) > model.cfg.n_ctx:
         raise ValueError(f"offset={shown(offset)} must be an integer in -{model.cfg.n_ctx}..{model.cfg.n_ctx}")
-    attn = model.blocks[check_layer(model, layer)].attn
-    if model.cfg.qk == "merged":
-        W = attn.W_QK  # [h, d, d]
-        if augmented:  # merged heads have no query/key bias: B' = [[B, 0], [0, 0]]
-            W = F.pad(W, (0, 1, 0, 1))
-        return QKForm(dense=W)
-    scale = attn.qk_scale.view(-1, 1, 1)  # [h, 1, 1], 1/sqrt(d_qk) of each head
-    W_Q, W_K = attn.W_Q, attn.per_head("W_K")  # [h, d, w]
-    if augmented:
-        if model.cfg.attn_bias:
-            W_Q = torch.cat([W_Q, attn.b_Q[:, None, :]], dim=1)
-            W_K = torch.cat([W_K, attn.per_head("b_K")[:, None, :]], dim=1)
-        else:
-            W_Q, W_K = (F.pad(W, (0, 0, 0, 1)) for W in (W_Q, W_K))
-    if model.cfg.qk_norm != "none":  # the norm weights, per head: diag(w_q), diag(w_k) folded in
-        h, w = W_Q.shape[0], W_Q.shape[-1]
-        w_q = attn.q_norm.w.reshape(-1, w).expand(h, w) if model.cfg.qk_norm == "head" else attn.q_norm.w.reshape(h, w)
-        w_k = attn.k_norm.w.reshape(-1, w)
-        w_k = w_k.expand(h, w) if model.cfg.qk_norm == "head" else w_k.repeat_interleave(h // w_k.shape[0], dim=0)
-        W_Q, W_K = W_Q * w_q[:, None, :], W_K * w_k[:, None, :]
-    if model.cfg.positional == "rotary" and offset != 0:
-        W_Q = W_Q @ offset_rotation(model.cfg, offset, W_Q.shape[-1], layer=layer).to(W_Q)
-    return QKForm(left=W_Q * scale, right=W_K)
+    return model.blocks[check_layer(model, layer)].attn.form().core(offset, augmented)
 
 
 def qk_gains(model: Transformer, layer: int, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,23 +61,7 @@ def qk_gains(model: Transformer, layer: int, X: torch.Tensor) -> tuple[torch.Ten
     S_ij = g_q(i) g_k(j) x_i B~ x_j^T with B~ the :func:`layer_form`; ones without QK-norm.
     Across heads (OLMo 2) a token's gain is shared by its heads."""
     model = check_model(model, "qk_gains")
-    attn = model.blocks[check_layer(model, layer)].attn
-    cfg = model.cfg
-    h = cfg.n_heads
-    if cfg.qk_norm == "none":
-        ones = X.new_ones(*X.shape[:-2], h, X.shape[-2])
-        return ones, ones
-    q = torch.einsum("...pd,hde->...hpe", X, attn.W_Q)
-    k = torch.einsum("...pd,hde->...hpe", X, attn.per_head("W_K"))
-    if cfg.attn_bias:
-        q, k = q + attn.b_Q[:, None, :], k + attn.per_head("b_K")[:, None, :]
-    if cfg.qk_norm == "head":
-        return tuple((t.pow(2).mean(-1) + cfg.ln_eps).rsqrt() for t in (q, k))
-    kv = attn.k_norm.w.numel() // cfg.d_head  # across heads: the stored key heads, not their repeats
-    mean_k = k[..., :: h // kv, :, :].pow(2).mean((-1, -3))
-    g_q = (q.pow(2).mean((-1, -3)) + cfg.ln_eps).rsqrt()
-    g_k = (mean_k + cfg.ln_eps).rsqrt()
-    return g_q.unsqueeze(-2).expand(q.shape[:-1]), g_k.unsqueeze(-2).expand(k.shape[:-1])
+    return model.blocks[check_layer(model, layer)].attn.form().gains(X)
 
 
 def model_form(model: Transformer, augmented: bool = False) -> QKForm:

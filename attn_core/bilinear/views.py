@@ -36,7 +36,7 @@ from attn_core.bilinear.checks import (
     check_tokens,
     layer_mask,
 )
-from attn_core.bilinear.heads import augment, has_bias, layer_form, qk_gains
+from attn_core.bilinear.heads import augment, has_bias, layer_form
 from attn_core.bilinear.sinks import EPS, check_eps, eligible_keys, key_importance, sink_keys
 from attn_core.bilinear.tokens import position_labels, token_names
 from attn_core.hooks import act_name
@@ -85,14 +85,13 @@ def _scores(
 ) -> torch.Tensor:
     heads = check_heads(model, heads)
     aug = has_bias(model) if augmented is None else augmented
-    form = layer_form(model, layer, aug, offset)[heads]
-    S = form.bilinear(augment(x) if aug else x)
-    cfg = model.cfg
-    if cfg.qk_norm != "none":  # S = g_q(x) g_k(y) x B~ y^T: the per-token gains of QK-norm
-        g_q, g_k = qk_gains(model, layer, x)
+    score = model.blocks[check_layer(model, layer)].attn.form()  # the layer's form: B~, gains, cap
+    S = layer_form(model, layer, aug, offset)[heads].bilinear(augment(x) if aug else x)  # checks the offset
+    if score.norm != "none":  # S = g_q(x) g_k(y) x B~ y^T: the per-token gains of QK-norm
+        g_q, g_k = score.gains(x)
         S = S * g_q[heads][:, :, None] * g_k[heads][:, None, :]
-    if cfg.attn_softcap is not None:  # the model's own cap
-        S = torch.tanh(S / cfg.attn_softcap) * cfg.attn_softcap
+    if score.cap is not None:  # the model's own cap
+        S = torch.tanh(S / score.cap) * score.cap
     return S
 
 

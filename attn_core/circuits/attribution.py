@@ -189,10 +189,10 @@ def bias_terms(model: Transformer, layer: int, head: int, x: torch.Tensor, y: to
     model = check_model(model, "bias_terms")
     if not (model.cfg.attn_bias and model.cfg.qk == "factored"):
         return torch.zeros(y.shape[0], 3, dtype=torch.float64, device=y.device)
-    attn = model.blocks[layer].attn
+    form = model.blocks[layer].attn.form(head)
     w = model.cfg.head_d_qk(layer, head)
-    W_Q, W_K = attn.W_Q[head, :, :w].double(), attn.per_head("W_K")[head, :, :w].double()  # [d, w]
-    b_Q, b_K = attn.b_Q[head, :w].double(), attn.per_head("b_K")[head, :w].double()  # [w]
+    W_Q, W_K = (t.double() for t in form.factors(own=True))  # [d, w]
+    b_Q, b_K = (t[:w].double() for t in form.biases())  # [w]
     scale = w**-0.5
     xb = (x @ W_Q @ b_K).expand(y.shape[0])  # [n]
     by = y @ W_K @ b_Q  # [n]
@@ -265,7 +265,7 @@ def _rotary_attribution(
         Qt = cache[names_kept[0]][0, head, q].double()  # [w]
         Kt = cache[names_kept[1]][0, head, keys].double()  # [n, w]
     r, half = cfg.rotary_dims, cfg.rotary_dims // 2
-    scale = float(model.blocks[layer].attn.qk_scale.flatten()[head])  # the model's own scale
+    scale = float(model.blocks[layer].attn.form(head).head_scales())  # the model's own scale
     planes = [[c, c + half] for c in range(half)] + ([list(range(r, cfg.d_head))] if r < cfg.d_head else [])
     terms = torch.stack([(Qt[p] * Kt[:, p]).sum(-1) * scale for p in planes], dim=-1)  # [n, k]
     omega = _omega(model, layer)  # omega_c of each plane
@@ -288,10 +288,10 @@ def _rotary_attribution(
 
 def _omega(model: Transformer, layer: int) -> torch.Tensor:
     """omega_c of each rotation plane of ``layer`` (zeros in a layer without positions: NoPE)."""
-    attn = model.blocks[layer].attn
-    if hasattr(attn, "inv_freq"):
-        return attn.inv_freq.double()
-    return torch.zeros(model.cfg.rotary_dims // 2, dtype=torch.float64, device=attn.W_Q.device)
+    form = model.blocks[layer].attn.form()
+    if form.inv_freq is not None:
+        return form.inv_freq.double()
+    return torch.zeros(model.cfg.rotary_dims // 2, dtype=torch.float64, device=model.embed.W_E.device)
 
 
 # --- token / position split at layer 0 ----------------------------------------------------------

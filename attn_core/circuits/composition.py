@@ -146,13 +146,15 @@ def head_factors(model: Transformer, layer: int, fold_ln: bool = True) -> dict[s
     (N B N^T, I) and ``ov_read`` = (N W_V, W_O^T) as read by this layer (see the module doc)."""
     model = check_model(model, "head_factors")
     attn = model.blocks[layer].attn
+    form = attn.form()
     N = _reading_map(model, layer, fold_ln)  # [d, d]
     h = model.cfg.n_heads
-    if model.cfg.qk == "merged":
+    if form.merged:
         eye = torch.eye(model.cfg.d_model, dtype=N.dtype, device=N.device)
-        qk = (N @ attn.W_QK @ N.T, eye.expand(h, -1, -1))  # [h, d, d] each
+        qk = (N @ form.dense @ N.T, eye.expand(h, -1, -1))  # [h, d, d] each
     else:
-        qk = (N @ (attn.W_Q * attn.qk_scale.view(-1, 1, 1)), N @ attn.per_head("W_K"))  # [h, d, w] each
+        W_Q, W_K = form.factors()
+        qk = (N @ (W_Q * form.scale.view(-1, 1, 1)), N @ W_K)  # [h, d, w] each
     W_Ot = attn.W_O.transpose(-1, -2)  # [h, d, d_head]
     W_V = attn.per_head("W_V")
     return {"ov": (W_V, W_Ot), "qk": qk, "ov_read": (N @ W_V, W_Ot)}
@@ -262,13 +264,14 @@ def k_composed_positivity(
         N = _reading_map(model, layer, fold_ln)  # [d, d]
         moved = Ek @ W.per_head("W_V")[ha]  # [V, d_head]
         out_map = W.W_O[ha] @ N  # [d_head, d]: e W_V W_O N = moved @ out_map
-        attn = model.blocks[layer].attn
-        if model.cfg.qk == "merged":
-            left = Eq @ attn.W_QK @ out_map.T  # [h, V, d_head]
+        reader = model.blocks[layer].attn.form()
+        if reader.merged:
+            left = Eq @ reader.dense @ out_map.T  # [h, V, d_head]
             form = QKForm(left=left, right=moved.expand(left.shape[0], *moved.shape))
         else:
-            left = Eq @ (attn.W_Q * attn.qk_scale.view(-1, 1, 1))  # [h, V, w]
-            right = moved @ (out_map @ attn.per_head("W_K"))  # [h, V, w]
+            W_Q, W_K = reader.factors()
+            left = Eq @ (W_Q * reader.scale.view(-1, 1, 1))  # [h, V, w]
+            right = moved @ (out_map @ W_K)  # [h, V, w]
             form = QKForm(left=left, right=right)
         return positivity(form.eigenvalues).float()
 

@@ -18,6 +18,7 @@ from attn_core.grow.config import BASES
 from attn_core.grow.fit import centre_rows, fit_scores, low_rank, scores_of
 from attn_core.hooks import act_name
 from attn_core.model import Transformer
+from attn_core.model.form import QK_PARAMS
 from attn_core.tasks import Batch, Task
 from attn_core.training.trainer import EVAL_SEED_OFFSET
 from attn_core.validate import is_int, is_number
@@ -130,8 +131,8 @@ class Step:
     singular_values: torch.Tensor  # of the target form in the chosen basis, descending
     kept: int  # k = d_k + p
     Z: torch.Tensor  # [d', d'] rank <= k: the grown head's scores are X Z X^T
-    W_Q: torch.Tensor  # [d', k], W_Q W_K^T / sqrt(k) = Z
-    W_K: torch.Tensor
+    q_factor: torch.Tensor  # [d', k] the new W_Q, q_factor k_factor^T / sqrt(k) = Z
+    k_factor: torch.Tensor  # [d', k] the new W_K
     delta_scores: torch.Tensor  # [n, T, T], X (Z - B') X^T
     predicted_decrease: float  # -<G, delta_scores>
     discarded_energy: float  # sum of the discarded sigma_i^2
@@ -229,8 +230,8 @@ class Growth:
             singular_values=sigma,
             kept=k,
             Z=Z,
-            W_Q=W_Q,
-            W_K=W_K,
+            q_factor=W_Q,
+            k_factor=W_K,
             delta_scores=delta,
             predicted_decrease=float(-(hb.G * delta).sum()),
             discarded_energy=float(sigma[k:].pow(2).sum()),
@@ -286,7 +287,7 @@ class Growth:
 
     def grown_model(self, step: Step) -> Transformer:
         """The source model with this head d_k + p wide, holding ``step``'s factors (float32)."""
-        return with_head(self.source, self.layer, self.head, step.W_Q, step.W_K)
+        return with_head(self.source, self.layer, self.head, step.q_factor, step.k_factor)
 
 
 # --- wider models -------------------------------------------------------------------------------------
@@ -301,22 +302,23 @@ def with_head(model: Transformer, layer: int, head: int, W_Q: torch.Tensor, W_K:
     widths[layer][head] = k
     new = Transformer(replace(cfg, d_qk=widths)).to(model.embed.W_E.device)
     state = {name: t.detach().clone() for name, t in model.state_dict().items()}
-    width = new.cfg.qk_width(layer)
-    d = cfg.d_model
-    for name, W in (("W_Q", W_Q), ("W_K", W_K)):
-        key = f"blocks.{layer}.attn.{name}"
-        t = torch.nn.functional.pad(state[key], (0, width - state[key].shape[-1]))
-        t[head] = 0
-        t[head, :, :k] = W[:d].to(t)
-        state[key] = t
-        if cfg.attn_bias:
-            bkey = f"blocks.{layer}.attn.b_{name[-1]}"
-            b = torch.nn.functional.pad(state[bkey], (0, width - state[bkey].shape[-1]))
-            b[head] = 0
-            b[head, :k] = W[d].to(b)
-            state[bkey] = b
-    new.load_state_dict(state)
-    new.zero_qk_padding()
+    new.load_state_dict({n: t for n, t in state.items() if n.rsplit(".", 1)[-1] not in QK_PARAMS}, strict=False)
+    with torch.no_grad():  # every head's B through the attention module; the grown one's columns padded
+        for mine, theirs in zip(new.blocks, model.blocks):
+            mine.attn.set_form(theirs.attn.form())
+        new.zero_qk_padding()
+        attn, d = new.blocks[layer].attn, cfg.d_model
+        form = attn.form()
+        sides = {"left": W_Q, "right": W_K}
+        if form.bias_q is not None:
+            sides |= {"bias_q": W_Q[d], "bias_k": W_K[d]}
+        changes = {}
+        for side, W in sides.items():
+            t = getattr(form, side).detach().clone()
+            t[head] = 0
+            t[head, ..., :k] = (W[:d] if side in ("left", "right") else W).to(t)
+            changes[side] = t
+        attn.set_form(form.replace(**changes), head)
     return new.eval()
 
 

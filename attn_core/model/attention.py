@@ -21,8 +21,6 @@ where S is formed anyway (:meth:`Attention._explicit`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -30,40 +28,12 @@ import torch.nn.functional as F
 from attn_core.hooks import HookRun, block_names
 from attn_core.model import rotary
 from attn_core.model.config import ModelConfig
+from attn_core.model.form import BilinearScore, Visibility
 from attn_core.model.layers import RMSNorm
 
 SHARED = ("W_K", "b_K", "W_V", "b_V")  # stored per key/value head
 EXPLICIT = ("attn_scores", "pattern")  # reading or changing these needs S and A formed
 WINDOW_BLOCK = 512  # queries per block of a sliding-window layer's fused attention
-
-
-@dataclass(frozen=True)
-class Visibility:
-    """The keys each of ``T`` queries sees: key j from query i when j <= i and, with a sliding
-    ``window`` (0: none), i - j < window. :meth:`dense` is the [T, T] bool mask (True where
-    visible), :meth:`block` the mask of a block of queries and keys."""
-
-    T: int
-    window: int = 0
-    device: torch.device | str | None = None
-
-    @property
-    def causal(self) -> bool:
-        """Whether the window hides nothing the causal mask does not (no window, or one >= T)."""
-        return not self.window or self.window >= self.T
-
-    def block(self, q0: int, q1: int, k0: int, k1: int) -> torch.Tensor:
-        """[q1 - q0, k1 - k0] bool: which of keys k0..k1-1 queries q0..q1-1 see."""
-        i = torch.arange(q0, q1, device=self.device)[:, None]
-        j = torch.arange(k0, k1, device=self.device)[None, :]
-        visible = j <= i
-        if self.window:
-            visible &= i - j < self.window
-        return visible
-
-    def dense(self) -> torch.Tensor:
-        """The [T, T] mask (T x T bytes: for the paths that form S anyway)."""
-        return self.block(0, self.T, 0, self.T)
 
 
 def attention_weights(scores: torch.Tensor, mask: torch.Tensor, entmax_alpha: float = 1.0) -> torch.Tensor:
@@ -165,6 +135,51 @@ class Attention(nn.Module):
             cos, sin = rotary.cos_sin(self.inv_freq, torch.arange(x.shape[1], device=x.device))
             q, k = rotary.rotate(q, cos, sin), rotary.rotate(k, cos, sin)
         return q, self._heads(k)
+
+    def form(self, head: int | None = None) -> BilinearScore:
+        """The layer's scores as a :class:`attn_core.model.form.BilinearScore` (every head, or
+        ``head``'s): views of the parameters, differentiable."""
+        cfg, has_bias = self.cfg, self.cfg.attn_bias and self.cfg.qk == "factored"
+        norm = cfg.qk_norm if cfg.qk == "factored" else "none"
+        form = BilinearScore(
+            cfg,
+            self.layer,
+            left=self.W_Q if cfg.qk == "factored" else None,
+            right=self.per_head("W_K") if cfg.qk == "factored" else None,
+            dense=self.W_QK if cfg.qk == "merged" else None,
+            bias_q=self.b_Q if has_bias else None,
+            bias_k=self.per_head("b_K") if has_bias else None,
+            norm=norm,
+            norm_q=self.q_norm.w if norm != "none" else None,
+            norm_k=self.k_norm.w if norm != "none" else None,
+            eps=cfg.ln_eps,
+            scale=self.qk_scale.view(-1) if cfg.qk == "factored" else self.W_QK.new_ones(cfg.n_heads),
+            inv_freq=getattr(self, "inv_freq", None),
+            window=cfg.window(self.layer),
+            cap=cfg.attn_softcap,
+        )
+        return form if head is None else form[head]
+
+    @torch.no_grad()
+    def set_form(self, new: BilinearScore, head: int | None = None) -> None:
+        """Write a form's B back into this layer: its factors and biases (or dense B), for every
+        head or into ``head`` (from ``new``'s selected head, or its head ``head``). A key head
+        shared by several query heads takes the factor of the query head written last."""
+        heads = range(self.cfg.n_heads) if head is None else [head]
+        if (new.dense is not None) != (self.cfg.qk == "merged"):
+            raise ValueError("the new form is merged and this layer factored, or the other way round")
+        for h in heads:
+            src = h if new.head is None else new.head
+            if new.dense is not None:
+                self.W_QK[h] = new.dense[src].to(self.W_QK.dtype)
+                continue
+            g = self.cfg.kv_head(h)
+            w = min(self.W_Q.shape[-1], new.left.shape[-1])
+            self.W_Q[h, :, :w] = new.left[src, :, :w].to(self.W_Q.dtype)
+            self.W_K[g, :, :w] = new.right[src, :, :w].to(self.W_K.dtype)
+            if new.bias_q is not None and self.cfg.attn_bias:
+                self.b_Q[h, :w] = new.bias_q[src, :w].to(self.b_Q.dtype)
+                self.b_K[g, :w] = new.bias_k[src, :w].to(self.b_K.dtype)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | Visibility, hk: HookRun | None = None) -> torch.Tensor:
         """x = X [b, T, d_model] (the attention input), mask [T, T] True where a key is visible

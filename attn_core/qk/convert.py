@@ -32,6 +32,7 @@ import torch
 from attn_core import linalg
 from attn_core.bilinear import layer_form
 from attn_core.model import ModelConfig, Transformer
+from attn_core.model.form import QK_PARAMS
 from attn_core.validate import is_int
 
 
@@ -72,7 +73,7 @@ def _like(model: Transformer, cfg: ModelConfig) -> Transformer:
 def _copy_except_qk(src: Transformer, dst: Transformer) -> None:
     own = dict(dst.named_parameters())
     for name, p in src.named_parameters():
-        if name.rsplit(".", 1)[-1] not in ("W_Q", "W_K", "W_QK", "b_Q", "b_K"):
+        if name.rsplit(".", 1)[-1] not in QK_PARAMS:
             own[name].data.copy_(p.data)
 
 
@@ -96,7 +97,8 @@ def merged_from_factored(model: Transformer) -> Transformer:
     out = _like(model, replace(model.cfg, qk="merged", d_qk=None))
     _copy_except_qk(model, out)
     for l in range(model.cfg.n_layers):
-        out.blocks[l].attn.W_QK.copy_(layer_form(model, l).dense)
+        attn = out.blocks[l].attn
+        attn.set_form(attn.form().replace(dense=layer_form(model, l).dense))
     return out
 
 
@@ -114,9 +116,9 @@ def factored_from_merged(model: Transformer, d_qk: int) -> Transformer:
     out = _like(model, cfg)
     _copy_except_qk(model, out)
     for l, block in enumerate(model.blocks):
-        W_Q, W_K = balanced_factors(block.attn.W_QK, d_qk)
-        out.blocks[l].attn.W_Q.copy_(W_Q * d_qk**0.25)
-        out.blocks[l].attn.W_K.copy_(W_K * d_qk**0.25)
+        W_Q, W_K = balanced_factors(block.attn.form().dense, d_qk)
+        attn = out.blocks[l].attn
+        attn.set_form(attn.form().replace(left=W_Q * d_qk**0.25, right=W_K * d_qk**0.25))
     return out
 
 
@@ -129,8 +131,9 @@ def truncated(model: Transformer, rank: int) -> Transformer:
         raise ValueError(f"rank {rank!r} is outside 1..{d} (d_model)")
     merged = merged_from_factored(model) if model.cfg.qk == "factored" else _clone(model)
     for block in merged.blocks:
-        W_Q, W_K = balanced_factors(block.attn.W_QK, rank)
-        block.attn.W_QK.copy_(W_Q @ W_K.transpose(-1, -2))
+        form = block.attn.form()
+        W_Q, W_K = balanced_factors(form.dense, rank)
+        block.attn.set_form(form.replace(dense=W_Q @ W_K.transpose(-1, -2)))
     return merged
 
 

@@ -30,6 +30,7 @@ from attn_core import regularizers as R
 from attn_core.bilinear import spectrum
 from attn_core.card import machine
 from attn_core.model import Transformer
+from attn_core.model.form import QK_MATRICES
 from attn_core.qk.config import PARENT_PREFIX, TRUNCATION_RANKS, CompareConfig, Variant
 from attn_core.qk.convert import truncated
 from attn_core.qk.result import Comparison
@@ -43,7 +44,7 @@ Progress = Callable[[float, str], None]
 
 
 def _qk_names(model: Transformer) -> set[str]:
-    return {n for n, _ in model.named_parameters() if n.rsplit(".", 1)[-1] in ("W_Q", "W_K", "W_QK")}
+    return {n for n, _ in model.named_parameters() if n.rsplit(".", 1)[-1] in QK_MATRICES}
 
 
 def set_qk_weight_decay(trainer: Trainer, qk_weight_decay: float) -> None:

@@ -59,13 +59,12 @@ def layer_singular_values(model: Transformer, layer: int) -> torch.Tensor:
     cfg = model.cfg
     if cfg.qk == "merged" or cfg.d_qk is None:
         return layer_form(model, layer).singular_values
-    attn = model.blocks[layer].attn
-    scale = attn.qk_scale.view(-1)
+    form = model.blocks[layer].attn.form()
     widths = [cfg.head_d_qk(layer, h) for h in range(cfg.n_heads)]
-    rows = [
-        QKForm(left=attn.W_Q[h, :, :w] * scale[h], right=attn.per_head("W_K")[h, :, :w]).singular_values
-        for h, w in enumerate(widths)
-    ]
+    rows = []
+    for h in range(cfg.n_heads):
+        L, R = form[h].factors(own=True)
+        rows.append(QKForm(left=L * form[h].head_scales(), right=R).singular_values)
     r = max(widths)
     return torch.stack([torch.nn.functional.pad(s, (0, r - s.shape[-1])) for s in rows])
 

@@ -70,7 +70,7 @@ def layer_qk(model: Transformer, cache: dict, layer: int, heads) -> tuple[torch.
     if cfg.qk == "factored" and cfg.d_qk is None:
         scale = cfg.attn_scale or cfg.d_head**-0.5
     elif cfg.qk == "factored":  # grown heads: one scale per head
-        q = q * model.blocks[layer].attn.qk_scale[:, list(heads)].to(q.dtype)
+        q = q * model.blocks[layer].attn.form().scale.view(1, -1, 1, 1)[:, list(heads)].to(q.dtype)
     return q, k, scale
 
 

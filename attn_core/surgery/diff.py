@@ -145,9 +145,9 @@ def layer_distances(a: Transformer, b: Transformer, layer: int) -> torch.Tensor:
 
 
 def _dense(model: Transformer, layer: int) -> torch.Tensor:
-    attn = model.blocks[layer].attn
-    if model.cfg.qk == "merged":
-        return attn.W_QK.detach().double()
+    form = model.blocks[layer].attn.form()
+    if form.merged:
+        return form.dense.detach().double()
     L, R, _, _ = _factors(model, layer)
     return L @ R.transpose(-1, -2)
 

@@ -206,11 +206,8 @@ def _source_width(source: LoadedModel, e: HeadEdit) -> int:
 def _transplant(model, source, e: HeadEdit) -> None:
     sl, sh = e.source_head or (e.layer, e.head)
     mine, theirs = model.blocks[e.layer].attn, source.blocks[sl].attn
-    names = ["W_QK"] if model.cfg.qk == "merged" else ["W_Q", "W_K"]
-    if model.cfg.attn_bias and model.cfg.qk == "factored":
-        names += ["b_Q", "b_K"]
-    if e.with_ov:
-        names += ["W_V", "W_O"] + (["b_V"] if model.cfg.attn_bias else [])
+    mine.set_form(theirs.form(sh), e.head)  # B (factors and biases), through the attention module
+    names = ["W_V", "W_O"] + (["b_V"] if model.cfg.attn_bias else []) if e.with_ov else []
     for n in names:
         getattr(mine, n).data[e.head] = getattr(theirs, n).data[sh].to(getattr(mine, n).dtype)
 

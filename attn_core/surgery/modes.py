@@ -58,16 +58,14 @@ def planes(model: Transformer) -> list[list[int]]:
 
 def _factors(model: Transformer, layer: int, head: int) -> tuple[torch.Tensor, torch.Tensor, float]:
     """(W_Q [d, w], W_K [d, w], 1/sqrt(w)) of one factored head, its own w columns, float64."""
-    attn = model.blocks[layer].attn
-    w = model.cfg.head_d_qk(layer, head)
-    g = model.cfg.kv_head(head)
-    return attn.W_Q[head, :, :w].detach().double(), attn.W_K[g, :, :w].detach().double(), w**-0.5
+    W_Q, W_K = model.blocks[layer].attn.form(head).factors(own=True)
+    return W_Q.detach().double(), W_K.detach().double(), W_Q.shape[-1] ** -0.5
 
 
 def head_form64(model: Transformer, layer: int, head: int) -> QKForm:
     """B of one head at offset 0 in float64: factored (own columns, scale in the left factor) or dense."""
     if model.cfg.qk == "merged":
-        return QKForm(dense=model.blocks[layer].attn.W_QK[head].detach().double())
+        return QKForm(dense=model.blocks[layer].attn.form(head).core().dense.detach().double())
     W_Q, W_K, s = _factors(model, layer, head)
     return QKForm(left=W_Q * s, right=W_K)
 
@@ -117,20 +115,24 @@ def apply_factors(model: Transformer, layer: int, head: int, f: torch.Tensor) ->
     if bool((f == 1).all()):
         return
     attn = model.blocks[layer].attn
+    old = attn.form(head)  # written back through the attention module: set_form
     if model.cfg.positional == "rotary":
-        w = attn.W_Q.data
+        w = old.left.detach().clone()
         for c, p in enumerate(planes(model)):
             w[head, :, p] = (w[head, :, p].double() * f[c]).to(w.dtype)
+        attn.set_form(old.replace(left=w), head)
         return
     form = head_form64(model, layer, head)
     U, S, Vh = form.svd()  # [d, k], [k], [k, d]
     delta_core = (f.to(S.device) - 1) * S  # [k]
-    if model.cfg.qk == "merged":
-        W = attn.W_QK.data
+    if old.merged:
+        W = old.dense.detach().clone()
         W[head] = (W[head].double() + (U * delta_core) @ Vh).to(W.dtype)
+        attn.set_form(old.replace(dense=W), head)
         return
     W_Q, W_K, s = _factors(model, layer, head)
     back = Vh @ torch.linalg.pinv(W_K.T)  # [k, w]: V^T pinv(W_K^T)
     new = W_Q + (U * delta_core) @ back / s
-    w = new.shape[-1]
-    attn.W_Q.data[head, :, :w] = new.to(attn.W_Q.dtype)
+    left = old.left.detach().clone()
+    left[head, :, : new.shape[-1]] = new.to(left.dtype)
+    attn.set_form(old.replace(left=left), head)

@@ -254,3 +254,44 @@ def test_matrix_decompositions_run_through_one_module():
     ``attn_core.linalg`` applies ``training.device.decomposition_device``; nothing else calls
     ``torch.linalg``'s decompositions."""
     assert _hits(r"torch\.linalg\.(qr|svd|svdvals|eigh|eigvalsh)\(", {"attn_core/linalg.py"}) == []
+
+
+# The attention module owns a head's QK form (docs/architecture.md, "The form"): the query/key
+# weights, their biases, the QK-norm modules and the per-head scale are read and written by name
+# only in attn_core/model/ (Attention.form / set_form) and attn_core/hf/ (a family's tensors).
+QK_ATTRIBUTES = {"W_Q", "W_K", "W_QK", "b_Q", "b_K", "q_norm", "k_norm", "qk_scale"}
+FORM_OWNERS = ("attn_core/model/", "attn_core/hf/")
+# module -> why it may still touch these by attribute (none today; a new entry needs its reason)
+FORM_EXCEPTIONS: dict[str, str] = {}
+
+
+def qk_reads(source: str) -> list[tuple[int, str]]:
+    """(line, name) of every read or write of a query/key attribute: ``x.W_Q``, ``getattr(x, "W_Q")``,
+    ``x.per_head("W_K")`` (docstrings, comments and other strings do not count)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in QK_ATTRIBUTES:
+            found.append((node.lineno, node.attr))
+        elif isinstance(node, ast.Call) and node.args:
+            f, first = node.func, node.args[1] if len(node.args) > 1 else node.args[0]
+            by_name = (
+                isinstance(f, ast.Name) and f.id in ("getattr", "setattr", "hasattr") and len(node.args) > 1
+            ) or (isinstance(f, ast.Attribute) and f.attr == "per_head")
+            if by_name and isinstance(first, ast.Constant) and first.value in QK_ATTRIBUTES:
+                found.append((node.lineno, first.value))
+    return sorted(found)
+
+
+def test_the_qk_reader_finder_finds_reads_and_not_docstrings():
+    source = '"""W_Q and attn.W_K in a docstring."""\n# attn.W_QK\nB = attn.W_Q @ getattr(attn, "b_K")\nattn.per_head("W_K")\nx = "W_Q"\n'
+    assert qk_reads(source) == [(3, "W_Q"), (3, "b_K"), (4, "W_K")]
+
+
+def test_only_the_model_and_hf_read_the_query_and_key_weights():
+    bad = []
+    for path in sorted(LIB.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith(FORM_OWNERS) or rel in FORM_EXCEPTIONS:
+            continue
+        bad += [f"{rel}:{line} reads {name}" for line, name in qk_reads(path.read_text())]
+    assert not bad, "go through Attention.form(head) / set_form (attn_core/model/form.py):\n" + "\n".join(bad)

@@ -1,0 +1,64 @@
+"""The parts of one head's scores on a real input, read from the layer's form
+(``Attention.form``): the per-token gains QK-norm puts on each side, S_ij = g_q(i) g_k(j) x_i B~ x_j^T
+(docs/maths.md), and the scores before and after a soft cap c tanh(S / c). What the Heatmaps page
+shows beside the scores of a QK-norm or soft-capped head."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from attn_core.bilinear.checks import check_heads, check_layer, check_loaded, check_tokens, layer_mask
+from attn_core.bilinear.tokens import position_labels
+from attn_core.hooks import act_name
+from attn_core.sources import LoadedModel
+
+
+@dataclass
+class ScoreParts:
+    """One head's scores on an input, in parts (CPU tensors): ``g_q`` and ``g_k`` [T] the gains
+    (ones without QK-norm), ``uncapped`` and ``capped`` [T, T] the scores before and after the cap
+    (the same without one), ``mask`` [T, T] the keys each query sees, ``labels`` "pos:token"."""
+
+    layer: int
+    head: int
+    labels: list[str]
+    g_q: torch.Tensor
+    g_k: torch.Tensor
+    uncapped: torch.Tensor
+    capped: torch.Tensor
+    mask: torch.Tensor
+    norm: str  # "head", "all" (shared by the heads of a token) or "none"
+    cap: float | None
+
+
+def score_parts(loaded: LoadedModel, tokens: Sequence[int], layer: int, head: int) -> ScoreParts:
+    """The :class:`ScoreParts` of head (layer, head) on ``tokens``: its gains and its scores before
+    and after the cap, from the layer's form at the layer's own attention input."""
+    loaded = check_loaded(loaded, "score_parts")
+    model = loaded.model
+    layer = check_layer(model, layer)
+    head = check_heads(model, head)[0]
+    ids = check_tokens(model, tokens)
+    name = act_name("attn_in", layer)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.tensor([ids], device=model.embed.W_E.device), names_filter=[name])
+        X = cache[name][0]  # [T, d_model]
+        form = model.blocks[layer].attn.form(head)
+        g_q, g_k = form.gains(X)
+        uncapped = form.scores(X, capped=False)
+        capped = form.scores(X)
+    return ScoreParts(
+        layer,
+        head,
+        position_labels(loaded, ids),
+        g_q.float().cpu(),
+        g_k.float().cpu(),
+        uncapped.float().cpu(),
+        capped.float().cpu(),
+        layer_mask(model, layer, len(ids)).cpu(),
+        form.norm,
+        form.cap,
+    )

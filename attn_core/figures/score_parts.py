@@ -1,0 +1,60 @@
+"""Figures of one head's scores in parts (:func:`attn_core.bilinear.score_parts`): the per-token
+gains of QK-norm as a factor beside the scores, and the scores before or after a soft cap."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from attn_core.bilinear import ScoreParts
+from attn_core.figures.base import Plot
+from attn_core.figures.layout import fixed_margins, token_ticks
+
+NORM_NOTE = {"head": "per head", "all": "across all heads: shared by the heads of a token"}
+
+
+def gains_plot(parts: ScoreParts) -> Plot:
+    """g_q(i) and g_k(j) per position: S_ij = g_q(i) g_k(j) x_i B~ x_j^T (QK-norm's per-token factor)."""
+    pos = np.arange(len(parts.labels))
+    fig = go.Figure(
+        [
+            go.Scatter(x=pos, y=parts.g_q.numpy(), mode="lines+markers", name="g_q(i), query side"),
+            go.Scatter(x=pos, y=parts.g_k.numpy(), mode="lines+markers", name="g_k(j), key side"),
+        ]
+    )
+    fig.update_layout(
+        title=f"QK-norm gains ({NORM_NOTE.get(parts.norm, parts.norm)}), layer {parts.layer} head {parts.head}",
+        xaxis=dict(title="position", **token_ticks(parts.labels)),
+        yaxis=dict(title="gain 1 / rms"),
+        height=420,
+    )
+    fixed_margins(fig)
+    data = pd.DataFrame({"position": pos, "token": parts.labels, "g_q": parts.g_q.numpy(), "g_k": parts.g_k.numpy()})
+    return Plot(f"gains_L{parts.layer}H{parts.head}", fig, data, meta=dict(norm=parts.norm))
+
+
+def capped_plot(parts: ScoreParts, capped: bool = True) -> Plot:
+    """The head's scores after the cap c tanh(S / c) (``capped``) or before it; hidden cells blank."""
+    S = parts.capped if capped else parts.uncapped
+    z = S.masked_fill(~parts.mask, math.nan).numpy()
+    fig = go.Figure(go.Heatmap(z=z, colorscale="RdBu", zmid=0.0, colorbar=dict(title="S")))
+    what = "after the cap" if capped else "before the cap"
+    cap = f" (c = {parts.cap:g})" if parts.cap is not None else ""
+    fig.update_layout(
+        title=f"Scores {what}{cap}, layer {parts.layer} head {parts.head}",
+        xaxis=dict(title="key y", side="bottom", **token_ticks(parts.labels)),
+        yaxis=dict(title="query x", autorange="reversed", **token_ticks(parts.labels)),
+        height=max(420, min(900, 24 * len(parts.labels) + 160)),
+    )
+    fixed_margins(fig)
+    T = len(parts.labels)
+
+    def table() -> pd.DataFrame:
+        i, j = np.meshgrid(np.arange(T), np.arange(T), indexing="ij")
+        return pd.DataFrame({"query": i.ravel(), "key": j.ravel(), "score": z.ravel()})
+
+    name = f"scores_{'capped' if capped else 'uncapped'}_L{parts.layer}H{parts.head}"
+    return Plot(name, fig, table, meta=dict(capped=capped, cap=parts.cap))

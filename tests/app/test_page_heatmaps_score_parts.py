@@ -1,0 +1,72 @@
+"""AppTest of the Heatmaps page's parts of the score: a QK-norm model (Qwen3) shows the per-token
+gains g_q(i), g_k(j) of the head beside its scores, a soft-capped model (Gemma 2) its scores after
+the cap or, toggled, before it; both equal what the layer's form computes on the page's input,
+and the capped scores are the model's own. A model without either shows no such section."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from dashboard_helpers import chart, has_chart, open_page, values, z_matrix
+
+from attn_core import bilinear
+from attn_core.sources import resolve
+from tests.unit.test_hf_new_families import write_family
+
+PAGE = str(Path(__file__).resolve().parents[2] / "app_pages" / "1_Heatmaps.py")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf-form-models")
+    for family in ("qwen3", "gemma2"):
+        write_family(root / f"tiny-{family}", family)
+    return root
+
+
+@pytest.fixture
+def env(models, monkeypatch):
+    monkeypatch.setenv("ATTN_LAB_MODELS", str(models))
+
+
+def _page_input(at, name):
+    """The page's input (random tokens of its seed and length) and its layer and head."""
+    loaded = resolve(name)
+    p = at.query_params
+    tokens = bilinear.random_tokens(loaded, int(p["seed"]), int(p["length"]))
+    return loaded, tokens, int(p["layer"]), int(p["head"])
+
+
+def test_a_qk_norm_head_shows_its_gains(env):
+    at = open_page(PAGE, "tiny-qwen3")
+    at.selectbox(key="head").select(1).run()
+    assert not at.exception and not at.error
+    loaded, tokens, layer, head = _page_input(at, "tiny-qwen3")
+    assert head == 1
+    parts = bilinear.score_parts(loaded, tokens, layer, head)
+    fig = chart(at, "score_gains")
+    assert torch.allclose(values(fig["data"][0]["y"]), parts.g_q, rtol=1e-5)
+    assert torch.allclose(values(fig["data"][1]["y"]), parts.g_k, rtol=1e-5)
+    assert not torch.allclose(parts.g_q, torch.ones_like(parts.g_q))  # a real factor, not ones
+    assert not has_chart(at, "score_cap")  # Qwen3 has no cap
+
+
+def test_a_capped_head_shows_its_scores_before_and_after_the_cap(env):
+    at = open_page(PAGE, "tiny-gemma2")
+    assert not has_chart(at, "score_gains")  # Gemma 2 has no QK-norm
+    loaded, tokens, layer, head = _page_input(at, "tiny-gemma2")
+    own = bilinear.sequence_view(loaded, tokens, layer).scores[head]  # the model's own (capped) scores
+    mask = ~torch.isnan(z_matrix(chart(at, "score_cap")))
+    after = z_matrix(chart(at, "score_cap"))
+    assert torch.allclose(after[mask], own[mask], atol=1e-5)
+    at.toggle(key="after_cap").set_value(False).run()
+    assert not at.exception and not at.error
+    before = z_matrix(chart(at, "score_cap"))
+    parts = bilinear.score_parts(loaded, tokens, layer, head)
+    assert torch.allclose(before[mask], parts.uncapped[mask], atol=1e-5)
+    assert before[mask].abs().max() > parts.cap >= after[mask].abs().max()  # the cap binds on this input
+
+
+def test_a_plain_model_has_no_score_parts():
+    at = open_page(PAGE, "induction-2l")
+    assert not any(h.value == "The parts of the score" for h in at.header)

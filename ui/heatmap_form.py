@@ -1,0 +1,45 @@
+"""The Heatmaps page's section on the parts of a head's scores: for a QK-norm model the per-token
+gains g_q(i), g_k(j) (a factor of S beside the scores), for a soft-capped model the scores before
+or after the cap (a toggle). Computed by ``attn_core.bilinear.score_parts``; drawn by
+``attn_core.figures.score_parts``."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from attn_core.bilinear import score_parts
+from attn_core.figures import Plot
+from attn_core.figures import score_parts as fp
+from attn_core.sources import LoadedModel
+from ui.plots import show_plot
+from ui.state import remember
+
+GAINS_HELP = (
+    "QK-norm divides q_i and k_j by their RMS, so S_ij = g_q(i) g_k(j) · x_i B̃ x_j^T: the gains g are a per-token "
+    "factor of the scores, and B̃ (the norm weights folded in) is the head's bilinear core"
+)
+CAP_HELP = "The model's scores are c·tanh(S / c); off: S itself, before the cap"
+
+
+def applies(loaded: LoadedModel) -> bool:
+    """Whether the model's scores have parts to show (QK-norm gains or a soft cap)."""
+    return loaded.config.qk_norm != "none" or loaded.config.attn_softcap is not None
+
+
+def section(loaded: LoadedModel, tokens: list[int], layer: int, head: int) -> list[Plot]:
+    """The gains and/or the capped scores of one head on the page's input; the plots drawn."""
+    if not applies(loaded):
+        return []
+    st.header("The parts of the score")
+    parts = score_parts(loaded, tokens, layer, head)
+    plots, cols = [], st.columns(2)
+    if parts.norm != "none":
+        plots.append(fp.gains_plot(parts))
+        with cols[0]:
+            show_plot(plots[-1], key="score_gains", help=GAINS_HELP)
+    if parts.cap is not None:
+        capped = st.toggle("Scores after the soft cap", key=remember("after_cap", True), help=CAP_HELP)
+        plots.append(fp.capped_plot(parts, capped))
+        with cols[1]:
+            show_plot(plots[-1], key="score_cap")
+    return plots
