@@ -165,7 +165,15 @@ def test_retrain_saves_a_run_and_compares(m):
 
 
 # functions of the checks that read only .cfg, which both objects have (LoadedModel.cfg)
-CFG_ONLY = {"check_layer", "check_heads", "check_tokens", "check_ids", "longest_input", "visible_keys"}
+CFG_ONLY = {
+    "check_layer",
+    "check_heads",
+    "check_tokens",
+    "check_ids",
+    "longest_input",
+    "visible_keys",
+    "bilinear_problem",
+}
 
 
 def test_every_model_function_converts_its_model_at_the_top():
