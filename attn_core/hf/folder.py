@@ -122,7 +122,6 @@ class Tensors:
                     where = f", but it is in {self._where[k].name}" if k in self._where else ", which lacks it"
                     raise CheckpointError(f"{INDEX} puts tensor {k!r} in {f.name}{where}")
             self._where = {k: f for k, f in self._where.items() if k in index}
-        self._handles: dict[Path, object] = {}
 
     def __contains__(self, name: str) -> bool:
         return name in self._where
@@ -139,13 +138,14 @@ class Tensors:
         if dtype not in FLOAT_DTYPES:
             raise CheckpointError(f"tensor {name!r} has dtype {dtype}; weights must be F32, F16 or BF16")
         check_shape(name, declared, shape)
-        f = self._where[name]
-        if f not in self._handles:
-            self._handles[f] = safe_open(str(f), framework="pt")
-        return self._handles[f].get_tensor(name).float()
+        # The file is mapped for this tensor alone: the pages read stay in this process's resident
+        # memory only while it is mapped, so a load holds one tensor's file pages at a time beside
+        # the float copies, not the whole file's (benchmarks/family_load.py).
+        with safe_open(str(self._where[name]), framework="pt") as handle:
+            return handle.get_tensor(name).float()
 
     def close(self) -> None:
-        self._handles.clear()
+        """Nothing is held open between reads (kept for the loaders' ``finally``)."""
 
 
 def _header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
