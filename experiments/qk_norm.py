@@ -115,6 +115,7 @@ def measure(model, tokens) -> dict:
         entropy += metrics.normalized_entropy(A, visible)[..., 1:].mean(dim=(0, 2)).tolist()
     s = sinks(model, tokens)
     return dict(
+        bound=score_bound(model),
         sigma_1=spec["spectral_norm"].tolist(),
         stable_rank=spec["stable_rank"].tolist(),
         max_score=max_score,
@@ -122,6 +123,21 @@ def measure(model, tokens) -> dict:
         sink_rate=s.rate,
         first=s.first.flatten().tolist(),
     )
+
+
+def score_bound(model) -> list[float] | None:
+    """Per head, the largest |S| per-head QK-norm allows: with q^ = gamma_q * u and |u|^2 = d_head
+    (RMS 1), |S| = |q^ . k^| / sqrt(d_head) <= sqrt(d_head) max|gamma_q| max|gamma_k| (a rotation keeps
+    lengths, so it holds at every offset); None for a model without per-head QK-norm."""
+    cfg = model.cfg
+    if getattr(cfg, "qk_norm", "none") != "head":
+        return None
+    out = []
+    for block in model.blocks:
+        attn = block.attn
+        bound = cfg.d_head**0.5 * float(attn.q_norm.w.abs().max()) * float(attn.k_norm.w.abs().max())
+        out += [bound] * cfg.n_heads
+    return out
 
 
 def run_one(setting: dict) -> dict:
@@ -176,6 +192,7 @@ def summary(row: dict) -> dict:
         stable_rank=statistics.median(end["stable_rank"]),
         max_score=max(end["max_score"]),
         max_score_ever=max(max(c["max_score"]) for c in row["curve"]),
+        bound=max(end["bound"]) if end.get("bound") else None,
         entropy=statistics.mean(end["entropy"]),
         sink_rate=end["sink_rate"],
         first=statistics.mean(end["first"]),
@@ -185,15 +202,17 @@ def summary(row: dict) -> dict:
 def table(rows: list[dict]) -> str:
     lines = [
         "| model | perplexity | σ1 of B (median / max over heads) | stable rank (median) | max \\|S\\| at the end "
-        "(over training) | entropy (mean) | sink rate | token 0's share (mean) |",
-        "|---|---|---|---|---|---|---|---|",
+        "(over training) | QK-norm's bound on \\|S\\| (largest head) | entropy (mean) | sink rate | "
+        "token 0's share (mean) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         s = summary(r)
         ppl = f"{r['perplexity']:.1f}" if r.get("perplexity") else "?"
+        bound = "none" if s["bound"] is None else f"{s['bound']:.1f}"
         lines.append(
             f"| {r['family']} | {ppl} | {s['sigma_1']:.2f} / {s['sigma_1_max']:.2f} | {s['stable_rank']:.2f} | "
-            f"{s['max_score']:.1f} ({s['max_score_ever']:.1f}) | {s['entropy']:.3f} | {s['sink_rate']:.0%} | "
+            f"{s['max_score']:.1f} ({s['max_score_ever']:.1f}) | {bound} | {s['entropy']:.3f} | {s['sink_rate']:.0%} | "
             f"{s['first']:.3f} |"
         )
     return "\n".join(lines)
