@@ -41,7 +41,7 @@ from attn_core.bilinear.detectors import (
     head_detectors,
 )
 from attn_core.bilinear.form import QKForm
-from attn_core.bilinear.heads import augment, has_bias, head_B, layer_B, layer_form, model_form, qk_form
+from attn_core.bilinear.heads import augment, has_bias, head_B, layer_B, layer_form, model_form, qk_form, qk_gains
 from attn_core.bilinear.long import LONG_INPUT, LayerScores, LongView, layer_scores, pool_blocks
 from attn_core.bilinear.ranks import Ranks, ranks, variance_rank
 from attn_core.bilinear.sinks import Sinks, key_importance, sinks
@@ -99,6 +99,7 @@ __all__ = [
     "positional_scores",
     "positional_view",
     "qk_form",
+    "qk_gains",
     "random_tokens",
     "ranks",
     "sample_tokens",

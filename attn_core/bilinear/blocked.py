@@ -6,7 +6,7 @@ every query head [H, T, w] (after rotary, with its bias) and K of every key/valu
 (grouped-query attention: query head h reads key head ``cfg.kv_head(h)``), on the model's device.
 A head change then recomputes only that head's blocks from them:
 
-    S_ij = Q_i . K_j * scale_h,  visible when j <= i (and i - j < window for a sliding window,
+    S_ij = Q_i . K_j * scale_h (then c tanh(S_ij / c) with a soft cap),  visible when j <= i (and i - j < window for a sliding window,
     as ``Transformer.mask`` has it), A_ij = exp(S_ij - lse_i), lse_i = log sum_j visible exp S_ij
 
 :func:`row_stats` walks the query rows a block of ``block`` queries at a time and, inside, the
@@ -117,6 +117,7 @@ class LayerQK:
     scale: tuple[float, ...]  # per query head: S = Q K^T * scale
     window: int  # the layer's sliding window (0: none)
     x: torch.Tensor | None = None  # [T, d_model] the attention input (the mode split without rotary)
+    cap: float | None = None  # the soft cap c of the scores: S -> c tanh(S / c) (Gemma 2)
 
     @property
     def n(self) -> int:
@@ -150,6 +151,8 @@ class LayerQK:
         """S of queries q0..q1-1 against keys k0..k1-1, -inf where the key is not visible."""
         h = self.check_head(head)
         S = (self.q[h, q0:q1] @ self.k[self.kv_head[h], k0:k1].T).mul_(self.scale[h])
+        if self.cap is not None:  # the soft cap, as the model applies it
+            S = torch.tanh(S / self.cap) * self.cap
         if self.full(q0, q1, k0, k1):
             return S
         dev = S.device
@@ -189,12 +192,12 @@ def layer_qk(model: Transformer, tokens: Sequence[int], layer: int) -> LayerQK:
     else:
         group = H // cfg.kv_heads
         k, kv = kept["k"][::group], tuple(cfg.kv_head(h) for h in range(H))
-        scale = tuple(cfg.head_d_qk(layer, h) ** -0.5 for h in range(H))
+        scale = tuple(cfg.attn_scale or cfg.head_d_qk(layer, h) ** -0.5 for h in range(H))
     x = kept["x"] if cfg.positional != "rotary" else None
     q = kept["q"]
     if q.dtype in (torch.float16, torch.bfloat16):  # the running sums and the entropy need float32
         q, k = q.float(), k.float()
-    return LayerQK(layer, ids, q, k.contiguous(), kv, scale, cfg.window(layer), x)
+    return LayerQK(layer, ids, q, k.contiguous(), kv, scale, cfg.window(layer), x, cfg.attn_softcap)
 
 
 @dataclass

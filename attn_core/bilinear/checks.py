@@ -128,3 +128,24 @@ def check_model(model: Transformer | LoadedModel, what: str) -> Transformer:
     raise TypeError(
         f"{what} takes a model (attn_core.load, a LoadedModel or a Transformer), not {type(model).__name__}"
     )
+
+
+def bilinear_problem(model: Transformer) -> str | None:
+    """Why a score of this model is not ``x B y^T`` of its layer's input (one clause), or None
+    when it is: QK-norm puts a per-token gain on each side, a soft cap bends S (docs/maths.md)."""
+    cfg = model.cfg
+    if cfg.qk_norm != "none":
+        return f"its heads apply QK-norm ({cfg.qk_norm}), a per-token gain on q and k, so S is not x B y^T"
+    if cfg.attn_softcap is not None:
+        return f"its scores are soft-capped (c tanh(S / c), c = {cfg.attn_softcap:g}), so S is not x B y^T"
+    return None
+
+
+def check_bilinear(model: Transformer | LoadedModel, what: str) -> Transformer:
+    """:func:`check_model`, refusing in one sentence a model whose scores are not bilinear in the
+    layer's input (:func:`bilinear_problem`): ``what`` would not be the model's maths there."""
+    model = check_model(model, what)
+    problem = bilinear_problem(model)
+    if problem:
+        raise ValueError(f"{what} is not available for this model: {problem}")
+    return model

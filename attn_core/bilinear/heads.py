@@ -10,8 +10,15 @@ For one head of layer l, with X the attention input (row vectors):
                                                    key delta = j - i positions apart
 
 With rotary positions the form depends on the offset (``attn_core/model/rotary.py``); ``offset``
-picks it, and offset 0 is the un-rotated W_Q W_K^T / sqrt(d_qk). Other models ignore ``offset``.
-With grouped-query attention each query head's form uses the key head it shares.
+picks it, and offset 0 is the un-rotated W_Q W_K^T / sqrt(d_qk). Other models ignore ``offset``,
+and so does a layer without positions (NoPE); a sliding layer with its own rotary base uses it.
+With grouped-query attention each query head's form uses the key head it shares. The scale is
+the model's own (``attn_scale`` where the family sets one).
+
+With QK-norm the form is the core B~ = W_Q diag(w_q) R(delta) diag(w_k) W_K^T * scale, the norm
+weights folded in: the score is S_ij = g_q(i) g_k(j) x_i B~ x_j^T with the per-token gains
+g_q(i) = 1 / sqrt(mean(q_i^2) + eps) of the un-normed q_i = x_i W_Q (+ b_Q) (over the head, or
+over all heads with QK-norm across heads), and g_k(j) likewise (docs/maths.md).
 
 Everything here is differentiable (the regularizers penalise it).
 """
@@ -60,9 +67,40 @@ def layer_form(model: Transformer, layer: int, augmented: bool = False, offset: 
             W_K = torch.cat([W_K, attn.per_head("b_K")[:, None, :]], dim=1)
         else:
             W_Q, W_K = (F.pad(W, (0, 0, 0, 1)) for W in (W_Q, W_K))
+    if model.cfg.qk_norm != "none":  # the norm weights, per head: diag(w_q), diag(w_k) folded in
+        h, w = W_Q.shape[0], W_Q.shape[-1]
+        w_q = attn.q_norm.w.reshape(-1, w).expand(h, w) if model.cfg.qk_norm == "head" else attn.q_norm.w.reshape(h, w)
+        w_k = attn.k_norm.w.reshape(-1, w)
+        w_k = w_k.expand(h, w) if model.cfg.qk_norm == "head" else w_k.repeat_interleave(h // w_k.shape[0], dim=0)
+        W_Q, W_K = W_Q * w_q[:, None, :], W_K * w_k[:, None, :]
     if model.cfg.positional == "rotary" and offset != 0:
-        W_Q = W_Q @ offset_rotation(model.cfg, offset, W_Q.shape[-1]).to(W_Q)
+        W_Q = W_Q @ offset_rotation(model.cfg, offset, W_Q.shape[-1], layer=layer).to(W_Q)
     return QKForm(left=W_Q * scale, right=W_K)
+
+
+def qk_gains(model: Transformer, layer: int, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(g_q, g_k), each [..., n_heads, T]: the per-token gains QK-norm puts on each side of every
+    head's score for the layer's input X [..., T, d_model] (module doc), so that
+    S_ij = g_q(i) g_k(j) x_i B~ x_j^T with B~ the :func:`layer_form`; ones without QK-norm.
+    Across heads (OLMo 2) a token's gain is shared by its heads."""
+    model = check_model(model, "qk_gains")
+    attn = model.blocks[check_layer(model, layer)].attn
+    cfg = model.cfg
+    h = cfg.n_heads
+    if cfg.qk_norm == "none":
+        ones = X.new_ones(*X.shape[:-2], h, X.shape[-2])
+        return ones, ones
+    q = torch.einsum("...pd,hde->...hpe", X, attn.W_Q)
+    k = torch.einsum("...pd,hde->...hpe", X, attn.per_head("W_K"))
+    if cfg.attn_bias:
+        q, k = q + attn.b_Q[:, None, :], k + attn.per_head("b_K")[:, None, :]
+    if cfg.qk_norm == "head":
+        return tuple((t.pow(2).mean(-1) + cfg.ln_eps).rsqrt() for t in (q, k))
+    kv = attn.k_norm.w.numel() // cfg.d_head  # across heads: the stored key heads, not their repeats
+    mean_k = k[..., :: h // kv, :, :].pow(2).mean((-1, -3))
+    g_q = (q.pow(2).mean((-1, -3)) + cfg.ln_eps).rsqrt()
+    g_k = (mean_k + cfg.ln_eps).rsqrt()
+    return g_q.unsqueeze(-2).expand(q.shape[:-1]), g_k.unsqueeze(-2).expand(k.shape[:-1])
 
 
 def model_form(model: Transformer, augmented: bool = False) -> QKForm:

@@ -28,7 +28,15 @@ import pandas as pd
 import torch
 
 from attn_core import metrics
-from attn_core.bilinear.checks import check_heads, check_layer, check_loaded, check_model, check_tokens, layer_mask
+from attn_core.bilinear.checks import (
+    check_bilinear,
+    check_heads,
+    check_layer,
+    check_loaded,
+    check_model,
+    check_tokens,
+    layer_mask,
+)
 from attn_core.bilinear.heads import augment, has_bias, layer_form
 from attn_core.bilinear.sinks import EPS, check_eps, eligible_keys, key_importance, sink_keys
 from attn_core.bilinear.tokens import position_labels, token_names
@@ -46,21 +54,31 @@ MAX_VIEW_TOKENS = 512
 
 
 def vocab_inputs(model: Transformer, layer: int = 0, tokens: Sequence[int] | None = None) -> torch.Tensor:
-    """x_t = ln1_layer(W_E[t] + mean_p W_pos[p]) for every token (or ``tokens``), [V, d_model]."""
-    model = check_model(model, "vocab_inputs")
+    """x_t = ln1_layer(W_E[t] + mean_p W_pos[p]) for every token (or ``tokens``), [V, d_model]; the
+    embedding times the model's ``embed_scale``; without a norm before attention (post norms), the
+    sum itself."""
+    model = check_bilinear(model, "the vocabulary view")
     W_E = model.embed.W_E
     E = W_E if tokens is None else W_E[torch.as_tensor(list(tokens), dtype=torch.long, device=W_E.device)]
+    if model.cfg.embed_scale != 1.0:
+        E = E * torch.tensor(model.cfg.embed_scale, dtype=E.dtype, device=E.device)
     if model.cfg.positional == "learned":
         E = E + model.pos_embed.W_pos.mean(0)
-    return model.blocks[check_layer(model, layer)].ln1(E)
+    return _ln1(model, layer, E)
+
+
+def _ln1(model: Transformer, layer: int, x: torch.Tensor) -> torch.Tensor:
+    """Layer ``layer``'s norm before attention applied to x (x itself without one: post norms)."""
+    block = model.blocks[check_layer(model, layer)]
+    return block.ln1(x) if hasattr(block, "ln1") else x
 
 
 def positional_inputs(model: Transformer, layer: int = 0) -> torch.Tensor:
     """x_p = ln1_layer(W_pos[p] + mean_t W_E[t]) for every position, [n_ctx, d_model]."""
-    model = check_model(model, "positional_inputs")
+    model = check_bilinear(model, "the positional view")
     if model.cfg.positional != "learned":
         raise ValueError("this model has no position embeddings (positional = 'none'), so it has no positional view")
-    return model.blocks[check_layer(model, layer)].ln1(model.pos_embed.W_pos + model.embed.W_E.mean(0))
+    return _ln1(model, layer, model.pos_embed.W_pos + model.embed.W_E.mean(0))
 
 
 def _scores(

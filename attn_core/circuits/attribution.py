@@ -58,7 +58,7 @@ from attn_core.bilinear import (
     token_names,
     visible_keys,
 )
-from attn_core.bilinear.checks import check_model
+from attn_core.bilinear.checks import check_bilinear, check_model
 from attn_core.hooks import act_name
 from attn_core.model import Transformer
 from attn_core.sources import LoadedModel
@@ -218,8 +218,11 @@ def attribute(loaded: LoadedModel, tokens: Sequence[int], layer: int, head: int,
     ids = check_tokens(model, tokens)
     q = _check_query(query, len(ids))
     keys = visible_keys(model, check_layer(model, layer), len(ids), q)  # the model's own mask (window too)
+    if model.cfg.attn_softcap is not None:  # the terms add up to S before the cap, not the model's score
+        check_bilinear(model, "attribute")
     if model.cfg.positional == "rotary":
         return _rotary_attribution(loaded, ids, layer, check_heads(model, head)[0], q, keys)
+    check_bilinear(model, "attribute")
     with torch.no_grad():
         form = head_form(model, layer, head)
         U, S, Vh = form.svd()  # [d, k], [k], [k, d]
@@ -262,10 +265,10 @@ def _rotary_attribution(
         Qt = cache[names_kept[0]][0, head, q].double()  # [w]
         Kt = cache[names_kept[1]][0, head, keys].double()  # [n, w]
     r, half = cfg.rotary_dims, cfg.rotary_dims // 2
-    scale = cfg.head_d_qk(layer, head) ** -0.5
+    scale = float(model.blocks[layer].attn.qk_scale.flatten()[head])  # the model's own scale
     planes = [[c, c + half] for c in range(half)] + ([list(range(r, cfg.d_head))] if r < cfg.d_head else [])
     terms = torch.stack([(Qt[p] * Kt[:, p]).sum(-1) * scale for p in planes], dim=-1)  # [n, k]
-    omega = model.blocks[layer].attn.inv_freq.double()  # omega_c of each plane
+    omega = _omega(model, layer)  # omega_c of each plane
     freqs = torch.cat([omega, torch.zeros_like(omega[:1])])[: len(planes)]
     term_names = [f"plane {c} (ω {w:.3g})" for c, w in enumerate(omega[:half].tolist())] + (
         ["offset-free dims"] if r < cfg.d_head else []
@@ -281,6 +284,14 @@ def _rotary_attribution(
         meta=dict(query_token=names[ids[q]], rank_cap=len(planes), split="rotation planes"),
         term_names=term_names,
     )
+
+
+def _omega(model: Transformer, layer: int) -> torch.Tensor:
+    """omega_c of each rotation plane of ``layer`` (zeros in a layer without positions: NoPE)."""
+    attn = model.blocks[layer].attn
+    if hasattr(attn, "inv_freq"):
+        return attn.inv_freq.double()
+    return torch.zeros(model.cfg.rotary_dims // 2, dtype=torch.float64, device=attn.W_Q.device)
 
 
 # --- token / position split at layer 0 ----------------------------------------------------------

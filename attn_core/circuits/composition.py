@@ -134,7 +134,7 @@ def _reading_map(model: Transformer, layer: int, fold_ln: bool) -> torch.Tensor:
     d = model.cfg.d_model
     W = model.embed.W_E
     eye = torch.eye(d, dtype=W.dtype, device=W.device)
-    ln = model.blocks[layer].ln1
+    ln = getattr(model.blocks[layer], "ln1", None)  # none before attention with post norms
     if not fold_ln or not hasattr(ln, "w"):
         return eye
     return (eye - 1.0 / d) * ln.w[None, :]

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import torch
 
 from attn_core.bilinear.blocked import LayerQK
-from attn_core.bilinear.checks import check_model
-from attn_core.circuits.attribution import Attribution, bias_terms, head_form
+from attn_core.bilinear.checks import check_bilinear, check_model
+from attn_core.circuits.attribution import Attribution, _omega, bias_terms, head_form
 from attn_core.model import Transformer
 
 
@@ -43,6 +43,8 @@ def mode_split(
     planes) and bias, an :class:`Attribution` (its ``frame()`` and ``runner_up()`` work);
     ``names`` labels the tokens (default: ids)."""
     model = check_model(model, "mode_split")
+    if model.cfg.attn_softcap is not None or model.cfg.positional != "rotary":
+        check_bilinear(model, "the mode split")  # terms that add up to S before a cap, or x B y^T
     h = qk.check_head(head)
     keys = _keys(qk, query, keys)
     cfg, layer = model.cfg, qk.layer
@@ -56,7 +58,7 @@ def mode_split(
         r, half = cfg.rotary_dims, cfg.rotary_dims // 2
         planes = [[c, c + half] for c in range(half)] + ([list(range(r, cfg.d_head))] if r < cfg.d_head else [])
         terms = torch.stack([(Qt[p] * Kt[:, p]).sum(-1) * qk.scale[h] for p in planes], dim=-1)
-        omega = model.blocks[layer].attn.inv_freq.double().to(Qt.device)
+        omega = _omega(model, layer).to(Qt.device)
         freqs = torch.cat([omega, torch.zeros_like(omega[:1])])[: len(planes)]
         term_names = [f"plane {c} (ω {w:.3g})" for c, w in enumerate(omega[:half].tolist())]
         term_names += ["offset-free dims"] if r < cfg.d_head else []

@@ -193,3 +193,35 @@ def test_export_goes_back_to_the_family(case, tmp_path):
         assert _close_logits(back(tokens).logits, loaded.model(tokens))
     again = load_hf(out)  # and attn-lab reads its own export as the same model
     assert again.config == loaded.config
+
+
+def test_the_form_gives_the_models_own_scores(case):
+    """S_ij = cap(g_q(i) g_k(j) x_i' B~(j - i) x_j'^T): the core form with the norm weights folded
+    in, the per-token QK-norm gains, each layer's own rotation (its base, none in a NoPE layer)
+    and scale, and the soft cap, against the model's pre-softmax scores at every offset."""
+    from attn_core import bilinear as bl
+
+    family, _, folder = case
+    model = load_hf(folder).model
+    cfg = model.cfg
+    T = 12
+    with torch.no_grad():
+        _, cache = model.run_with_cache(_tokens(T, 1))
+        for layer in range(2):
+            X = cache[act_name("attn_in", layer)][0]
+            aug = bl.has_bias(model)
+            Xa = bl.augment(X) if aug else X
+            g_q, g_k = bl.qk_gains(model, layer, X)  # [h, T]
+            S = cache[act_name("attn_scores", layer)][0]  # [h, T, T]
+            for delta in range(-(T - 1), 1):
+                rows = torch.arange(-delta, T)
+                form = bl.layer_form(model, layer, aug, offset=delta)
+                got = form.bilinear(Xa)[:, rows, rows + delta] * g_q[:, rows] * g_k[:, rows + delta]
+                if cfg.attn_softcap is not None:
+                    got = torch.tanh(got / cfg.attn_softcap) * cfg.attn_softcap
+                want = S[:, rows, rows + delta]
+                assert float((got - want).abs().max()) <= 1e-4 * max(1.0, float(want.abs().max())), (
+                    family,
+                    layer,
+                    delta,
+                )
