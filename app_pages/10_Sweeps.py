@@ -18,6 +18,8 @@ from attn_core import sources
 from attn_core.figures import sweep as fs
 from attn_core.sweep import SweepError, grid_plan, run_sweep, start_sweep, sweep_result
 from attn_core.sweep import line as sweep_line
+from attn_core.training.queue import JobQueue
+from ui import queue_view
 
 REFRESH_S = 2.0
 LAUNCHED = "sweeps_launched"  # session key: {sweep id: {"thread": Thread, "error": str | None}}
@@ -25,6 +27,7 @@ PICKED = "sweeps_picked"  # session key: the sweep shown
 
 loaded = ui.setup("Sweeps")  # the sidebar's model (or ?model=): the model every page uses is the one swept
 store = rs.RunStore()
+queue = queue_view.keep() or JobQueue()  # the server's job queue: every sweep waits its turn there
 launched: dict = st.session_state.setdefault(LAUNCHED, {})
 picked_model = st.session_state[ui.MODEL_KEY]
 
@@ -36,12 +39,14 @@ def lambdas(lo: float, hi: float, n: int) -> list[float]:
     return sorted({float(f"{v:.3g}") for v in np.geomspace(lo, hi, n)})
 
 
-def _work(sweep_id: str, state: dict, cpus: float, ticket: int) -> None:
-    """The background thread: the whole sweep (no Streamlit here), from its place in the line of
-    this server's sweeps (``ticket``); errors are kept for the page. The server keeps the Ray it
-    starts until it ends: Ray shut down under the server's other threads could end the server."""
+def _work(sweep_id: str, state: dict, cpus: float, ticket: int, entry: int) -> None:
+    """The background thread: the whole sweep (no Streamlit here), from its ``entry`` in the
+    server's job queue and its place in the line of this server's sweeps (``ticket``); errors are
+    kept for the page. The server keeps the Ray it starts until it ends: Ray shut down under the
+    server's other threads could end the server."""
     try:
-        run_sweep(None, rs.RunStore(store.root), sweep_id=sweep_id, cpus_per_trial=cpus, ticket=ticket, keep_ray=True)
+        kw = dict(sweep_id=sweep_id, cpus_per_trial=cpus, ticket=ticket, keep_ray=True, queue=queue, entry=entry)
+        run_sweep(None, rs.RunStore(store.root), **kw)
     except BaseException as e:  # noqa: BLE001 -- shown on the page, never raised into Streamlit
         state["error"] = f"{type(e).__name__}: {e}" if not isinstance(e, SweepError) else str(e)
 
@@ -85,7 +90,11 @@ def setup_form() -> None:
     try:
         lams = lambdas(min(lo, hi), max(lo, hi), int(n_lam))
         plan = grid_plan(ui.job_source(picked_model), {r: lams for r in regs}, int(seeds), steps=int(steps))
+        user = queue_view.who()[0]
+        queue.check(user, int(steps))  # a per-user limit refuses before anything is recorded
         sweep_id, _ = start_sweep(plan, store)
+        spec = {"sweep_id": sweep_id, "store": str(store.root), "cpus": float(cpus)}
+        entry = queue.submit(user=user, kind="sweep", device="cpu", spec=spec, steps=int(steps), target=sweep_id)
     except (SweepError, ValueError) as e:
         st.error(f"The sweep was not started: {e}")
         return
@@ -93,12 +102,13 @@ def setup_form() -> None:
     ticket = sweep_line.LINE.ticket()  # its place in line now: sweeps run in the order they were launched
     state = {"error": None}
     state["thread"] = threading.Thread(
-        target=_work, args=(sweep_id, state, float(cpus), ticket), daemon=True, name=f"attn-lab sweep {sweep_id}"
+        target=_work, args=(sweep_id, state, float(cpus), ticket, entry), daemon=True, name=f"attn-lab sweep {sweep_id}"
     )
     try:
         state["thread"].start()
     except RuntimeError as e:  # no thread to be had: the place is given back, the sweep says why
         sweep_line.LINE.release(ticket)
+        queue.release(entry, "failed", str(e))
         st.error(f"The sweep was not started: {e}")
         return
     launched[sweep_id] = state
@@ -119,6 +129,8 @@ if loaded.task is None:
     )
 else:
     setup_form()
+
+queue_view.show(queue, "sweep")  # this user's sweeps in the server's queue: place, wait, Cancel
 
 # --- watching one ----------------------------------------------------------------------------------
 ui.run_store_panel(store)

@@ -17,7 +17,9 @@ from attn_core.distributed.scaling import STRATEGIES, STRATEGY_HELP, workers_off
 from attn_core.training.config import JobConfig
 from attn_core.training.device import PRECISIONS, available_devices
 from attn_core.training.job import TrainingJob
+from attn_core.training.queue import JobQueue
 from attn_core.validate import default
+from ui import queue_view
 from ui import retrain_live as live
 from ui.retrain_text import say_estimate, shown_command, text_inputs
 
@@ -47,6 +49,7 @@ text_mode = loaded.task is None and bilinear.tokenizer(loaded) is not None
 if not text_mode:
     ui.require_task(loaded, "there is nothing to retrain it on (an imported model needs its tokenizer.json)")
 
+queue = queue_view.keep()  # the server's job queue; entries of a server that ended are marked or taken over
 running = live.own_running()  # another session's job is shown, but this one may start its own
 
 # --- settings ------------------------------------------------------------------------------------
@@ -179,12 +182,13 @@ def start() -> None:
             **(text_cfg or {}),
             **spread,
         )
-        new = TrainingJob(job_cfg)
+        # it waits its turn in the server's job queue (a per-user limit refuses here)
+        new = TrainingJob(job_cfg, slots=queue or JobQueue(), user=queue_view.who()[0])
         # The page's own torch work (previews, views) keeps one intra-op thread: toy models gain
         # nothing from more, and the job's worker process has the other core.
         torch.set_num_threads(1)
-        # at most $ATTN_LAB_MAX_JOBS jobs of this server train at once, each in a worker process
-        # (its torch threads chosen for the run: one for a small model); the others wait in line
+        # at most $ATTN_LAB_MAX_JOBS jobs train at once per device, each in a worker process (its
+        # torch threads chosen for the run: one for a small model); the others wait in the queue
         # a run on Ray Train workers: the server keeps the Ray it starts (shut down under the server's
         # other threads, Ray could end the server)
         st.session_state[live.JOB] = new.start(process=True, keep_ray=True)
@@ -218,6 +222,7 @@ b_stop.button(
 )
 if "retrain_error" in st.session_state:
     st.error(f"The run was not started: {st.session_state['retrain_error']}")
+queue_view.show(queue, "retrain")  # this user's jobs in the queue: place, wait, Cancel; interrupted ones
 
 
 # --- live view: status, curves and per-head views, each on its own timer while a run trains -------

@@ -10,6 +10,7 @@ import streamlit as st
 from attn_core import checkpoint, runs, sources, zoo
 from attn_core.limits import LimitError
 from attn_core.runs import migrate
+from attn_core.runs.names import scoped
 from attn_core.sources import LoadedModel
 from ui.markup import code, plain
 from ui.state import MODEL_KEY, remember, to_url
@@ -20,7 +21,8 @@ _ZOO_WARNED = "_zoo_warned"
 
 def data_dir() -> Path:
     """Where the dashboard writes (runs and uploads): $ATTN_LAB_RUNS, else this user's data
-    folder (``attn_core.runs.default_root``), the store the CLI uses too."""
+    folder (``attn_core.runs.default_root``), the store the CLI uses too; in shared mode the
+    logged-in person's own store (``ui.access``)."""
     return runs.default_root()
 
 
@@ -30,6 +32,9 @@ _IMPORTED = "_store_imported"
 def run_store_panel(store: runs.RunStore) -> None:
     """Where the run store is and why; for each ``runs/`` folder of an older release whose runs
     it lacks, an offer to copy them in (``attn_core.runs.migrate``; the old folder is only read)."""
+    if scoped():  # shared mode: the person's own store; the machine's folders are not theirs to import
+        st.caption(f"Run store: {plain(runs.root_origin())}.")
+        return
     st.caption(f"Run store: {code(store.root)} ({plain(runs.root_origin())}); the CLI's `attn-lab runs` reads it too.")
     kind, text = st.session_state.pop(_IMPORTED, (None, ""))
     if kind:
@@ -64,25 +69,26 @@ def _import_store(source: str, root: str) -> None:
 
 
 @st.cache_resource(show_spinner="Loading model…", max_entries=16)
-def _load_cached(source: str, mtime: float) -> LoadedModel:
+def _load_cached(source: str, path: str, mtime: float) -> LoadedModel:
     return sources.resolve(source)
 
 
 @st.cache_resource
 def _load_failures() -> dict:
-    """(source, mtime) -> why it could not be loaded: a broken model is read once per change."""
+    """(source, weights path, mtime) -> why it could not be loaded: a broken model is read once per change."""
     return {}
 
 
 def load_model(source: str) -> LoadedModel:
     """A zoo model, a saved run (``run:<id>``) or an upload (``upload: <name>``), cached across
-    reruns, pages and sessions by its source and the modification time of its weights file: a
-    file written again (a run saved over, a zoo model retrained) is read again. A model that
+    reruns, pages and sessions by its source, its weights file and that file's modification time:
+    a file written again (a run saved over, a zoo model retrained) is read again, and the same
+    ``run:<id>`` in two users' stores (shared mode) is two models. A model that
     cannot be loaded is remembered so too, and refused again without being read."""
     path = sources.weights_path(source)
     if not path.is_file():
         raise checkpoint.CheckpointError(f"{source} has no weights file ({path.name} is missing)")
-    key = (source, path.stat().st_mtime)
+    key = (source, str(path), path.stat().st_mtime)
     failed = _load_failures().get(key)
     if failed is not None:
         raise checkpoint.CheckpointError(failed)

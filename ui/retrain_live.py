@@ -27,11 +27,12 @@ from attn_core.sources import LoadedModel
 from attn_core.training.config import JobConfig
 from attn_core.training.estimate import range_text
 from attn_core.training.job import TrainingJob, preview
-from attn_core.training.queue import running_jobs
+from attn_core.training.slots import running_jobs
 from attn_core.training.snapshot import Snapshot
 from attn_core.training.telemetry import MetricKey
 from ui.cache import cached
 from ui.plots import show_plot, show_table
+from ui.queue_view import who
 
 JOB = "retrain_job"  # session key of the running (or last) TrainingJob
 WATCHED = "retrain_watched_job"  # a job of another session this session shows (current_job)
@@ -70,7 +71,7 @@ def current_job() -> TrainingJob | None:
     job = st.session_state.get(JOB)
     if job is not None:
         return job
-    live = running_jobs()
+    live = running_jobs(*who())  # the user's own (an admin's: every one)
     if live:
         st.session_state[WATCHED] = live[-1]
     return st.session_state.get(WATCHED)
@@ -210,7 +211,10 @@ def _status_message(snap: Snapshot) -> None:
             "compare it on the Runs page)."
         )
     elif snap.status == "queued":
-        st.info(f"Waiting to train, {snap.message}: it starts by itself when a job ahead ends (Stop leaves the line).")
+        st.info(
+            f"Waiting to train, {snap.message}: it starts by itself when its turn comes (Stop leaves the line).",
+            icon=":material/hourglass_top:",
+        )
     elif snap.status == "pending" or snap.step == 0:
         st.caption("Measuring the model before training…")
 

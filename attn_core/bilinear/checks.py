@@ -130,10 +130,11 @@ def check_model(model: Transformer | LoadedModel, what: str) -> Transformer:
     )
 
 
-def bilinear_problem(model: Transformer) -> str | None:
-    """Why a score of this model is not ``x B y^T`` of its layer's input (one clause), or None
-    when it is: QK-norm puts a per-token gain on each side, a soft cap bends S (docs/maths.md)."""
-    cfg = model.cfg
+def bilinear_problem(model) -> str | None:
+    """Why a score of this model (a Transformer or its ModelConfig) is not ``x B y^T`` of its
+    layer's input (one clause), or None when it is: QK-norm puts a per-token gain on each side, a
+    soft cap bends S (docs/maths.md)."""
+    cfg = getattr(model, "cfg", model)
     if cfg.qk_norm != "none":
         return f"its heads apply QK-norm ({cfg.qk_norm}), a per-token gain on q and k, so S is not x B y^T"
     if cfg.attn_softcap is not None:

@@ -53,7 +53,8 @@ def offset_form(model: Transformer, layer: int, head: int, offsets, augmented: b
     check_rotary(model, "offset_form")
     offsets = _check_offsets(model, offsets)
     base = layer_form(model, check_layer(model, layer), augmented)[check_heads(model, head)[0]]
-    R = offset_rotation(model.cfg, torch.tensor(offsets, device="cpu"), base.left.shape[-1]).to(base.left)  # [n, w, w]
+    R = offset_rotation(model.cfg, torch.tensor(offsets, device="cpu"), base.left.shape[-1], layer=layer)
+    R = R.to(base.left)  # [n, w, w]: the layer's own (its base; the identity in a NoPE layer)
     left = base.left[None] @ R
     return QKForm(left=left, right=base.right.expand(len(offsets), *base.right.shape))
 
@@ -104,7 +105,8 @@ def sigma1_offsets(model: Transformer, heads, offsets=None) -> torch.Tensor:
         base = layer_form(model, layer)[hs]  # left W_Q / sqrt(d_qk), right W_K: [n, d, w]
         _, Rl = linalg.qr(base.left.float())
         _, Rr = linalg.qr(base.right.float())
-        R = offset_rotation(model.cfg, torch.tensor(offsets, device="cpu"), base.left.shape[-1]).to(Rl)  # [O, w, w]
+        R = offset_rotation(model.cfg, torch.tensor(offsets, device="cpu"), base.left.shape[-1], layer=layer)
+        R = R.to(Rl)  # [O, w, w]: the layer's own
         cores.append(Rl[:, None] @ R[None] @ Rr[:, None].transpose(-1, -2))  # [n, O, r, r]
         order += [(layer, h) for h in hs]
     r = max(c.shape[-1] for c in cores)  # grown layers are wider: zero padding adds no singular value

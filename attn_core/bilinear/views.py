@@ -29,7 +29,6 @@ import torch
 
 from attn_core import metrics
 from attn_core.bilinear.checks import (
-    check_bilinear,
     check_heads,
     check_layer,
     check_loaded,
@@ -37,7 +36,7 @@ from attn_core.bilinear.checks import (
     check_tokens,
     layer_mask,
 )
-from attn_core.bilinear.heads import augment, has_bias, layer_form
+from attn_core.bilinear.heads import augment, has_bias, layer_form, qk_gains
 from attn_core.bilinear.sinks import EPS, check_eps, eligible_keys, key_importance, sink_keys
 from attn_core.bilinear.tokens import position_labels, token_names
 from attn_core.hooks import act_name
@@ -57,7 +56,7 @@ def vocab_inputs(model: Transformer, layer: int = 0, tokens: Sequence[int] | Non
     """x_t = ln1_layer(W_E[t] + mean_p W_pos[p]) for every token (or ``tokens``), [V, d_model]; the
     embedding times the model's ``embed_scale``; without a norm before attention (post norms), the
     sum itself."""
-    model = check_bilinear(model, "the vocabulary view")
+    model = check_model(model, "vocab_inputs")
     W_E = model.embed.W_E
     E = W_E if tokens is None else W_E[torch.as_tensor(list(tokens), dtype=torch.long, device=W_E.device)]
     if model.cfg.embed_scale != 1.0:
@@ -75,7 +74,7 @@ def _ln1(model: Transformer, layer: int, x: torch.Tensor) -> torch.Tensor:
 
 def positional_inputs(model: Transformer, layer: int = 0) -> torch.Tensor:
     """x_p = ln1_layer(W_pos[p] + mean_t W_E[t]) for every position, [n_ctx, d_model]."""
-    model = check_bilinear(model, "the positional view")
+    model = check_model(model, "positional_inputs")
     if model.cfg.positional != "learned":
         raise ValueError("this model has no position embeddings (positional = 'none'), so it has no positional view")
     return _ln1(model, layer, model.pos_embed.W_pos + model.embed.W_E.mean(0))
@@ -87,7 +86,14 @@ def _scores(
     heads = check_heads(model, heads)
     aug = has_bias(model) if augmented is None else augmented
     form = layer_form(model, layer, aug, offset)[heads]
-    return form.bilinear(augment(x) if aug else x)
+    S = form.bilinear(augment(x) if aug else x)
+    cfg = model.cfg
+    if cfg.qk_norm != "none":  # S = g_q(x) g_k(y) x B~ y^T: the per-token gains of QK-norm
+        g_q, g_k = qk_gains(model, layer, x)
+        S = S * g_q[heads][:, :, None] * g_k[heads][:, None, :]
+    if cfg.attn_softcap is not None:  # the model's own cap
+        S = torch.tanh(S / cfg.attn_softcap) * cfg.attn_softcap
+    return S
 
 
 def vocab_scores(

@@ -18,7 +18,7 @@ import typer
 JsonOpt = typer.Option(False, "--json", help="Print one JSON document on stdout.")
 NameArg = typer.Argument(
     ...,
-    help="Zoo model name, path to a model folder, or a local Hugging Face folder (gpt2, gpt_neox, llama, mistral, qwen2).",
+    help="Zoo model name, path to a model folder, or a local Hugging Face folder (gpt2, gpt_neox, llama, mistral, qwen2, qwen3, gemma2, gemma3_text, olmo2, smollm3, phi3, granite, exaone4).",
 )
 
 

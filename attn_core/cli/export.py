@@ -22,7 +22,7 @@ def export_hf_cmd(
     as_json: bool = JsonOpt,
 ):
     """Write a model as a Hugging Face (transformers) folder: an imported model, or a run retrained
-    from one, as its own family (gpt2, gpt_neox, llama, mistral, qwen2) with its config.json and
+    from one, as its own family (gpt2, gpt_neox, llama, mistral, qwen2, qwen3, gemma2, gemma3_text, olmo2, smollm3, phi3, granite, exaone4) with its config.json and
     tokenizer files; a zoo model or a run of one (run:<id>) as a GPT-2 folder: config.json,
     model.safetensors, a tokenizer of the task's token names (an imported model's vocab.json) and
     a README. Models that do not map onto GPT-2 (merged QK, no LayerNorm, entmax) are refused with

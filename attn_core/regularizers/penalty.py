@@ -15,7 +15,7 @@ from attn_core.model import ModelConfig, Transformer, attention_weights
 from attn_core.regularizers.heads import Heads, all_heads, by_layer, head_label, parse_heads
 from attn_core.regularizers.rows import PATHS, head_means, row_penalty, samples
 from attn_core.regularizers.specs import RegSpec, SpecsLike, parse_specs
-from attn_core.regularizers.summaries import data_rows, layer_qk, mean_rows
+from attn_core.regularizers.summaries import data_rows, mean_rows, uncapped_qk
 from attn_core.validate import is_int
 
 
@@ -28,7 +28,7 @@ def data_values(
     ``block`` and ``path``), so only Q and K need be cached and the layer keeps its fused
     attention; a cache that holds only the pattern is read densely."""
     cfg = model.cfg
-    qk = layer_qk(model, cache, layer, heads)
+    qk = uncapped_qk(model, cache, layer, heads)
     if qk is not None:
         q, key, scale = qk
         return head_means(
@@ -138,7 +138,9 @@ class ConcentrationPenalty:
         union = sorted({lh for s in self.specs for lh in heads[s.label]})
         self.regularized_heads: Heads = tuple(union) if union else all_heads(cfg)
         layers = sorted({l for s in self.specs if s.view == "data" for l, _ in heads[s.label]})
-        self.reads = tuple(act_name(kind, l) for l in layers for kind in ("q", "k"))
+        # a capped model's rows come from its pattern (the cap is not in Q K^T; it runs the explicit path anyway)
+        kinds = ("pattern",) if cfg.attn_softcap is not None else ("q", "k")
+        self.reads = tuple(act_name(kind, l) for l in layers for kind in kinds)
         self.windows = tuple(cfg.window(l) for l in layers)  # the masks of the data-view layers
         self.rows, self.block, self.path = rows, block, path
         self.generator = torch.Generator().manual_seed(seed)
@@ -207,6 +209,11 @@ def build_penalty(
     default = parse_heads(heads, cfg)
     resolved = {s.label: parse_heads(s.heads, cfg) if s.heads else default for s in specs}
     for s in specs:
+        if s.view == "vocab" and cfg.attn_softcap is not None:
+            raise ValueError(
+                f"{s.name!r} penalises the vocabulary view from its Q and K, which cannot carry this model's soft cap "
+                f"(c tanh(S / c), c = {cfg.attn_softcap:g}); penalise the data view (entropy, hoyer, topk, sink)"
+            )
         if s.view == "vocab" and cfg.d_vocab > 4096:
             raise ValueError(f"{s.name!r} forms a d_vocab x d_vocab view per head; {cfg.d_vocab} tokens is too many")
     return ConcentrationPenalty(specs, resolved, cfg, rows=rows, seed=seed, block=block, path=path)

@@ -18,7 +18,7 @@ import math
 import torch
 
 from attn_core import metrics
-from attn_core.bilinear import augment, has_bias, layer_form, model_form
+from attn_core.bilinear import augment, has_bias, layer_form, model_form, qk_gains
 from attn_core.bilinear.views import vocab_inputs
 from attn_core.hooks import Cache, act_name
 from attn_core.model import Transformer, attention_weights
@@ -47,15 +47,18 @@ def data_rows(model: Transformer, cache: dict, layer: int) -> tuple[torch.Tensor
 
 
 def qk_cache(model: Transformer, heads: Heads | None = None) -> Cache:
-    """A forward cache keeping Q and K of the layers of ``heads`` (None: every layer)."""
+    """A forward cache keeping Q and K of the layers of ``heads`` (None: every layer), and their
+    pattern for a soft-capped model (whose rows are read from it: :func:`uncapped_qk`)."""
     layers = by_layer(heads or all_heads(model.cfg))
-    return Cache(tuple(act_name(kind, l) for l in layers for kind in ("q", "k")))
+    kinds = ("q", "k", "pattern") if model.cfg.attn_softcap is not None else ("q", "k")
+    return Cache(tuple(act_name(kind, l) for l in layers for kind in kinds))
 
 
 def layer_qk(model: Transformer, cache: dict, layer: int, heads) -> tuple[torch.Tensor, torch.Tensor, float] | None:
     """(q, k, scale) of ``heads`` of ``layer`` from a forward's cache, with the scores
     ``scale q k^T`` (a grown head's own scale folded into a copy of q); None when the cache does
-    not hold that layer's Q and K."""
+    not hold that layer's Q and K. A soft-capped model's S is c tanh(scale q k^T / c): its rows are
+    read from the pattern instead (:func:`uncapped_qk`)."""
     cfg = model.cfg
     q_name, k_name = act_name("q", layer), act_name("k", layer)
     if q_name not in cache or k_name not in cache:
@@ -65,10 +68,15 @@ def layer_qk(model: Transformer, cache: dict, layer: int, heads) -> tuple[torch.
         q, k = q[:, list(heads)], k[:, list(heads)]
     scale = 1.0  # merged heads: S = Q K^T
     if cfg.qk == "factored" and cfg.d_qk is None:
-        scale = cfg.d_head**-0.5
+        scale = cfg.attn_scale or cfg.d_head**-0.5
     elif cfg.qk == "factored":  # grown heads: one scale per head
         q = q * model.blocks[layer].attn.qk_scale[:, list(heads)].to(q.dtype)
     return q, k, scale
+
+
+def uncapped_qk(model: Transformer, cache: dict, layer: int, heads):
+    """:func:`layer_qk`, or None for a soft-capped model, whose rows are read from its pattern."""
+    return None if model.cfg.attn_softcap is not None else layer_qk(model, cache, layer, heads)
 
 
 @torch.no_grad()
@@ -135,7 +143,7 @@ def data_concentration(model: Transformer, cache: dict, heads: Heads | None = No
     cfg = model.cfg
     out = _empty(model)
     for layer, hs in by_layer(heads or all_heads(cfg)).items():
-        qk = layer_qk(model, cache, layer, hs)
+        qk = uncapped_qk(model, cache, layer, hs)
         if qk is not None:
             q, k, scale = qk
             H, top = head_summaries(q, k, window=cfg.window(layer), alpha=cfg.entmax_alpha, scale=scale)
@@ -153,20 +161,27 @@ def vocab_qk(model: Transformer, layer: int, heads) -> tuple[torch.Tensor, torch
     """Q and K of the vocabulary view of ``heads`` of ``layer``, [1, h, V, w] each: its scores
     ``q k^T`` are ``bilinear.vocab_scores`` (with the query/key biases when the model has them)."""
     aug = has_bias(model)
-    x = vocab_inputs(model, layer)
-    x = augment(x) if aug else x
+    x0 = vocab_inputs(model, layer)
+    x = augment(x0) if aug else x0
     form = layer_form(model, layer, aug)[list(heads)]
     if form.is_dense:  # merged heads: S = x W_QK x^T
         return (x @ form.dense)[None], x.expand(len(heads), *x.shape)[None]
-    return (x @ form.left)[None], (x @ form.right)[None]
+    q, k = x @ form.left, x @ form.right
+    if model.cfg.qk_norm != "none":  # QK-norm's per-token gains, one per row of q and of k
+        g_q, g_k = qk_gains(model, layer, x0)
+        q, k = q * g_q[list(heads)][..., None], k * g_k[list(heads)][..., None]
+    return q[None], k[None]
 
 
 @torch.no_grad()
 def vocab_concentration(model: Transformer, heads: Heads | None = None) -> dict[str, torch.Tensor]:
     """Per head on the vocabulary view: ``entropy`` and ``top1``, [n_layers, n_heads], on the
-    model's device; from the view's Q and K in blocks of rows (no V x V view per head is kept)."""
+    model's device; from the view's Q and K in blocks of rows (no V x V view per head is kept).
+    NaN for a soft-capped model (the cap is not in these Q and K)."""
     cfg = model.cfg
     out = _empty(model)
+    if cfg.attn_softcap is not None:
+        return out
     for layer, hs in by_layer(heads or all_heads(cfg)).items():
         q, k = vocab_qk(model, layer, hs)
         H, top = head_summaries(q.float(), k.float(), window=None, alpha=cfg.entmax_alpha)

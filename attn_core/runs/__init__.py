@@ -30,6 +30,8 @@ Split by concern (docs/architecture.md):
   :class:`RunStoreError`, what any failure of the store becomes (one line);
 - ``store``: :class:`RunStore`, the index and checkpoints of runs (writing, reading, reaping);
 - ``sweeps``: the sweep table and the :class:`RunStore` methods that group runs into sweeps;
+- ``users``: the stores of a server shared by several people (``<store>/users/<id>/``, ``id`` a
+  hash of a login), and ``names.scope_roots``, which makes ``default_root`` the acting person's;
 - ``migrate``: the ``runs/`` folders of older releases (``legacy_stores``) and copying their runs
   in (``import_store``), never deleting them.
 """

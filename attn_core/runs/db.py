@@ -28,6 +28,13 @@ CREATE TABLE IF NOT EXISTS sweeps (
     config TEXT NOT NULL, info TEXT DEFAULT '{}', created REAL NOT NULL, updated REAL NOT NULL,
     finished REAL, pid INTEGER, host TEXT
 );
+CREATE TABLE IF NOT EXISTS queue (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, user TEXT NOT NULL DEFAULT '', kind TEXT NOT NULL,
+    device TEXT NOT NULL, target TEXT, spec TEXT NOT NULL, steps INTEGER, estimate_s REAL,
+    status TEXT NOT NULL, message TEXT DEFAULT '', enqueued REAL NOT NULL, started REAL,
+    finished REAL, pid INTEGER, host TEXT
+);
+CREATE INDEX IF NOT EXISTS queue_status ON queue (status, device)
 """
 BUSY_S = 30  # how long a connection waits for another process's write lock
 # Columns added to runs after the first release: older index files get them on the first write.

@@ -7,6 +7,7 @@ import os
 import re
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from attn_core.destinations import pid_alive  # noqa: F401  (re-exported: runs of dead processes)
@@ -26,10 +27,35 @@ class RunStoreError(ValueError):
     and the dashboard's model picker still lists the zoo."""
 
 
+# A caller that serves several people (the dashboard's shared mode) names each caller's store:
+# a function returning it (or raising RunStoreError where no one is acting), set by scope_roots.
+_SCOPE: Callable[[], Path] | None = None
+
+
 def default_root() -> Path:
     """The run store (and uploads) of this user: ``$ATTN_LAB_RUNS`` when set, else
-    :func:`user_root`, whatever folder a command or the dashboard runs from."""
+    :func:`user_root`, whatever folder a command or the dashboard runs from. Where a server scopes
+    stores by person (:func:`scope_roots`), the acting person's own store instead."""
+    return _SCOPE() if _SCOPE is not None else machine_root()
+
+
+def machine_root() -> Path:
+    """The store of this machine's account (``$ATTN_LAB_RUNS``, else :func:`user_root`), whoever
+    acts: the CLI's store, and the folder the dashboard's shared mode keeps its users' stores in."""
     return Path(os.environ.get(ENV_RUNS) or user_root()).expanduser()
+
+
+def scoped() -> bool:
+    """Whether stores are scoped by person (:func:`scope_roots`): a shared server."""
+    return _SCOPE is not None
+
+
+def scope_roots(scope: Callable[[], Path] | None) -> None:
+    """Make :func:`default_root` (and so every ``RunStore()``, upload and cache folder) call
+    ``scope`` for the acting person's store; None undoes it. Set once by a server that serves
+    several people (the dashboard's shared mode, ``ui.access``); the CLI never sets it."""
+    global _SCOPE
+    _SCOPE = scope
 
 
 def check_root(root: Path) -> Path:
@@ -53,6 +79,8 @@ def user_root() -> Path:
 
 def root_origin() -> str:
     """Why the store is where it is, in words (for ``attn-lab runs`` and the Runs page)."""
+    if _SCOPE is not None:
+        return "your own store on this shared server; no other user can read it"
     if os.environ.get(ENV_RUNS):
         return f"set by ${ENV_RUNS}"
     return f"this user's default; ${ENV_RUNS} chooses another"

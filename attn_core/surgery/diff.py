@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
+from attn_core.bilinear.heads import layer_form
 from attn_core.checkpoint import LoadedModel
 from attn_core.model import Transformer
 from attn_core.surgery.modes import planes
@@ -86,9 +87,9 @@ def _factors(
     model: Transformer, layer: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(L [H, d, w], R [H, d, w], R^J or None, plane weights [w, w] or None) with B_h = L_h R_h^T, float64."""
-    cfg, attn = model.cfg, model.blocks[layer].attn
-    scale = attn.qk_scale.detach().view(-1, 1, 1).double()
-    L, R = attn.W_Q.detach().double() * scale, attn.per_head("W_K").detach().double()
+    cfg = model.cfg
+    form = layer_form(model, layer)  # the model's scale in L; QK-norm's weights folded in (the core B~)
+    L, R = form.left.detach().double(), form.right.detach().double()
     w = L.shape[-1]
     if cfg.positional != "rotary":
         return L, R, None, None

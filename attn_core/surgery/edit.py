@@ -141,6 +141,12 @@ def check_edit(loaded: LoadedModel, e: HeadEdit, source: LoadedModel | None = No
             f"head {e.label} is given nothing to do: give it a rank, modes to drop or scale, an ablation or a "
             "source to transplant from"
         )
+    if (e.touches_modes or e.source is not None) and cfg.qk_norm != "none":
+        raise ValueError(
+            f"head {e.label}: {loaded.name}'s heads apply QK-norm, which renormalises q and k after W_Q and W_K, so "
+            "an edit of B's modes or a transplant of W_Q, W_K would not be the edit of the scores it names; "
+            "--ablate works"
+        )
     if e.touches_modes:
         mode_factors(head_modes(loaded.model, e.layer, e.head), e.rank, e.drop, e.scale)
     if e.ablate is not None:

@@ -8,7 +8,7 @@ many sweeps are ahead, until the one before it has ended; sweeps of other proces
 
 from __future__ import annotations
 
-from attn_core.training.queue import JobSlots
+from attn_core.training.slots import JobSlots
 
 LINE = JobSlots(limit=lambda: 1)  # this process's line of sweeps
 

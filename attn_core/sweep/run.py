@@ -16,6 +16,7 @@ from attn_core.sweep.check import check_resources, check_sweep
 from attn_core.sweep.line import LINE, queued_message
 from attn_core.sweep.plan import SweepError, SweepInterrupted, SweepPlan, pareto
 from attn_core.sweep.trial import record_trial
+from attn_core.training import queue as Q
 
 BACKEND = "ray-tune"
 
@@ -59,6 +60,8 @@ def run_sweep(
     ticket: int | None = None,
     stopped_by: Callable[[], str] | None = None,
     keep_ray: bool = False,
+    queue: Q.JobQueue | None = None,
+    entry: int | None = None,
 ) -> dict:
     """Run a sweep (or ``resume`` one) on Ray and return :func:`sweep_result`.
 
@@ -79,7 +82,9 @@ def run_sweep(
     ``stop()`` true in the records' messages (the CLI: ``Ctrl-C``, ``SIGTERM`` or ``SIGHUP``).
     ``keep_ray``: the Ray this sweep starts stays up after it for the next sweep of this process, until
     the process ends (the dashboard's server, whose other threads run on: see
-    :func:`attn_core.cluster.ray_session`)."""
+    :func:`attn_core.cluster.ray_session`). ``entry``: the sweep's entry in the server's job
+    ``queue`` (:mod:`attn_core.training.queue`): the sweep waits for its turn there first (its
+    record saying its place), its limits and a cancel stop it, and its outcome is written back."""
     from attn_core.cluster import preflight, ray_session
     from attn_core.sweep.ray_backend import run_tune
 
@@ -117,6 +122,8 @@ def run_sweep(
         check_sweep(plan, cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial, scheduler=scheduler)
         preflight(address)  # Ray missing, a cluster unreachable: one line, before anything is written
         _not_stopped(stop, recorded, cause)
+        if entry is not None:
+            stop, cause = _queued(queue, entry, store, sweep_id if recorded else None, stop, cause, stack)
         if ticket is None:
             ticket = LINE.ticket()  # one Tune fit at a time in a process (attn_core.sweep.line)
             stack.callback(LINE.release, ticket)
@@ -169,12 +176,46 @@ def run_sweep(
         raise
     finally:
         stack.close()
+        if entry is not None:
+            queue.release(entry, status, message, target=sweep_id)
         if recorded:
             wall = time.perf_counter() - start
             store.update_sweep(
                 sweep_id, status, message, info={**info, "wall_s": round(wall, 3), "last_run_trials": len(todo)}
             )
     return sweep_result(store, sweep_id)
+
+
+def _queued(queue, entry: int, store, sweep_id, stop, cause, stack):
+    """Wait for the sweep's turn in the server's queue, then guard it there: ``(stop, cause)``
+    that also end it at its wall time limit or a cancel."""
+    said = lambda _: sweep_id and store.update_sweep(sweep_id, "running", queue.describe(entry))  # noqa: E731
+    if not queue.wait(entry, stop, on_wait=said):
+        _not_stopped(stop, sweep_id is not None, cause)
+        raise SweepInterrupted("cancelled while it waited in the server's queue; nothing was run")
+    halt, why, ended = threading.Event(), [], threading.Event()
+    stack.callback(ended.set)
+    queue.watch(entry, lambda reason: (why.append(reason), halt.set()), ended.is_set)
+    return (lambda: stop() or halt.is_set()), (lambda: why[0] if why else cause())
+
+
+def rebuild(queue: Q.JobQueue, entry: dict) -> threading.Thread:
+    """A waiting sweep of a server that is gone, run here in a thread from its entry's spec
+    (the sweep's record and settings) when its turn comes."""
+    spec = entry["spec"]
+    store = RunStore(spec["store"])
+    kw = dict(sweep_id=spec["sweep_id"], cpus_per_trial=float(spec.get("cpus", 1.0)), keep_ray=True)
+
+    def work() -> None:
+        with contextlib.suppress(Exception):  # the sweep's record says how it ended
+            run_sweep(None, store, queue=queue, entry=entry["id"], **kw)
+
+    thread = threading.Thread(target=work, daemon=True, name=f"attn-lab sweep {spec['sweep_id']}")
+    thread.start()
+    return thread
+
+
+Q.register("sweep", rebuild)
 
 
 def _not_stopped(stop: Callable[[], bool], recorded: bool, cause: Callable[[], str]) -> None:

@@ -8,6 +8,7 @@ what is measured and logged is :mod:`attn_core.training.telemetry`'s, on the hea
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
@@ -21,10 +22,11 @@ from attn_core.runs import RunStore
 from attn_core.sources import resolve
 from attn_core.tasks import get_task
 from attn_core.text.retrain import Retraining
-from attn_core.training import checkpoints, estimate, job_measures, telemetry, worker
+from attn_core.training import checkpoints, estimate, job_measures, job_queue, telemetry, worker
+from attn_core.training import queue as Q
 from attn_core.training.config import JobConfig
-from attn_core.training.queue import SLOTS, JobSlots, queued_message, started
 from attn_core.training.record import Outcome, RunRecorder, error_text, job_card, measure_final, record_run
+from attn_core.training.slots import SLOTS, JobSlots, started
 from attn_core.training.snapshot import Snapshot
 from attn_core.training.trainer import EVAL_SEED_OFFSET, Trainer, init_model
 
@@ -48,11 +50,14 @@ class TrainingJob:
     (:mod:`attn_core.distributed`; this side holds no weights, as with a worker process); ``dist``
     makes this job one rank of such a run (what the workers build)."""
 
-    def __init__(self, cfg: JobConfig, store=None, slots: JobSlots | None = None, dist=None):
+    def __init__(self, cfg: JobConfig, store=None, slots=None, dist=None, user: str = ""):
         started = time.perf_counter()
         self.cfg, self.dist = cfg, dist
-        self.slots = slots if slots is not None else SLOTS
-        self._ticket: int | None = None
+        # where start() waits its turn: the dashboard's durable queue (a training.queue.JobQueue
+        # given), else this process's line (slots.SLOTS: a sweep's trial, a benchmark)
+        self.slots: Q.JobQueue | JobSlots = slots if slots is not None else SLOTS
+        self.user = user  # the owner, in the queue ("" in single-user mode)
+        self._ticket: int | None = None  # the job's entry in the queue (or place in the line)
         self.store = None if store is False else (store if store is not None else RunStore())
         if self.store is not None:
             self.store.check_writable()  # a store that takes no write refuses the job before it trains
@@ -135,9 +140,11 @@ class TrainingJob:
         return self.recorder.run_id
 
     # --- control (any thread) -------------------------------------------------------------------
-    def start(self, process=False, threads: int | None = None, address: str | None = None, keep_ray=False):
-        """Train in a worker thread, once this process's line of jobs (``training.queue``) lets
-        it: until then its status is ``queued`` and its message says how many jobs are ahead.
+    def start(self, process=False, threads: int | None = None, address: str | None = None, keep_ray=False, entry=None):
+        """Train in a worker thread, once its line lets it (the dashboard's job queue,
+        ``training.queue``, or this process's line, ``slots.SLOTS``): until then its status is
+        ``queued`` and its message says its place. A per-user limit of the queue refuses here. ``entry``: the queue entry of a
+        job rebuilt after a restart (``job_queue.rebuild``), which it waits for instead of a new one.
         With ``process``, train in a worker process (``threads`` torch threads there; None:
         ``cfg.threads``, else chosen for the run: ``device.choose_threads``) that this thread
         follows (:mod:`attn_core.training.worker`); with ``cfg.workers``, on
@@ -150,10 +157,8 @@ class TrainingJob:
             self.remote = RayRemote(self, address, keep=keep_ray)
         elif process:  # the worker trains it; this side keeps no weights (worker.Remote)
             self.remote = worker.Remote(self, threads)
-        self._ticket = self.slots.ticket()
-        ahead = self.slots.ahead(self._ticket)
-        if ahead:
-            self._publish(status="queued", message=queued_message(ahead))
+        spec = dict(process=bool(process), threads=threads, keep_ray=bool(keep_ray), address=address)
+        self._ticket = job_queue.enter(self, entry, spec)  # a per-user limit refuses here
         self._thread = threading.Thread(target=self._run_safely, name=f"attn-lab job {self.parent}", daemon=True)
         self._thread.start()
         started(self)
@@ -288,20 +293,12 @@ class TrainingJob:
     def _run_safely(self) -> None:
         if self._ticket is None:
             return self._train()
-        try:
-            queued = lambda ahead: self._publish(status="queued", message=queued_message(ahead))  # noqa: E731
-            if self.slots.wait(self._ticket, self._stop.is_set, queued):
-                if self.remote is None:
-                    return self._train()
-                try:
-                    self.remote.train()
-                finally:
-                    self._done.set()
-                return None
-            self._publish(status="stopped", message="stopped while queued; nothing was trained or saved")
-            self._done.set()
-        finally:
-            self.slots.release(self._ticket)
+        job_queue.run_queued(self)
+
+    def _limit_stop(self, reason: str) -> None:
+        """Stop the running job for ``reason`` (the queue's wall time limit, a cancel), said in its status."""
+        self._stop_reason = reason
+        self.stop()
 
     def _train(self) -> None:
         self._t0 = time.perf_counter()
@@ -413,3 +410,6 @@ def preview(cfg: JobConfig) -> Snapshot:
     job_measures.record_spectra(job, 0)
     job._publish(probe_pattern=telemetry.probe_patterns(job.model, job.probe.tokens[0]))  # every head, once
     return job.snapshot()
+
+
+Q.register("retrain", functools.partial(job_queue.rebuild, TrainingJob))  # adopted after a restart

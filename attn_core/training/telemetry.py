@@ -280,6 +280,8 @@ def pattern_tensor(model: Transformer, tokens: torch.Tensor, layer: int, head: i
     model(tokens[None], cache=cache)
     q, k, scale = layer_qk(model, cache, layer, heads)
     S = (q * scale) @ k.transpose(-1, -2)
+    if cfg.attn_softcap is not None:  # the model's own scores: capped
+        S = torch.tanh(S / cfg.attn_softcap) * cfg.attn_softcap
     A = attention_weights(S.float(), model.mask(tokens.shape[-1], cfg.window(layer)), cfg.entmax_alpha)[0]
     return A if head is None else A[0]
 

@@ -44,6 +44,11 @@ CASES = {
     "cap-zero": ("gemma2", lambda f: _config(f, attn_logit_softcapping=0), "attn_logit_softcapping"),
     "cap-negative": ("gemma2", lambda f: _config(f, final_logit_softcapping=-30.0), "final_logit_softcapping"),
     "cap-nan": ("gemma2", lambda f: _config(f, attn_logit_softcapping=float("nan")), "attn_logit_softcapping"),
+    "cap-gemma3-unused-still-checked": (
+        "gemma3_text",
+        lambda f: _config(f, attn_logit_softcapping=-1.0),
+        "attn_logit_softcapping",
+    ),
     "cap-string": ("gemma2", lambda f: _config(f, attn_logit_softcapping="50"), "attn_logit_softcapping"),
     "layer-types-short": ("gemma2", lambda f: _config(f, layer_types=["sliding_attention"]), "layer_types"),
     "layer-types-unknown": ("exaone4", lambda f: _config(f, layer_types=["local", "global"]), "layer_types"),

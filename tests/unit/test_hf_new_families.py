@@ -225,3 +225,57 @@ def test_the_form_gives_the_models_own_scores(case):
                     layer,
                     delta,
                 )
+
+
+def test_blocked_scores_are_the_models_own(case):
+    """The blocked path (long inputs) gives each head's S as the model does: capped, normed, scaled."""
+    from attn_core.bilinear.blocked import layer_qk
+
+    family, _, folder = case
+    model = load_hf(folder).model
+    ids = _tokens(16, 1)[0].tolist()
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.tensor([ids]))
+        for layer in range(2):
+            qk = layer_qk(model, ids, layer)
+            S = cache[act_name("attn_scores", layer)][0]
+            for h in range(model.cfg.n_heads):
+                got, want = qk.scores(h, 0, 16, 0, 16), S[h]
+                seen = torch.isfinite(got)
+                assert torch.allclose(got[seen], want[seen], atol=1e-5, rtol=1e-5), (family, layer, h)
+
+
+def test_offset_forms_use_each_layers_rotation(case):
+    """offset_form(layer, head, [delta]) is layer_form at that offset: Gemma 3's local base in its
+    sliding layer, no rotation in a NoPE layer (the same B at every offset)."""
+    from attn_core import bilinear as bl
+    from attn_core.bilinear.offsets import offset_form
+
+    family, _, folder = case
+    model = load_hf(folder).model
+    with torch.no_grad():
+        for layer in range(2):
+            got = offset_form(model, layer, 1, [-3]).dense[0]
+            want = bl.layer_form(model, layer, offset=-3)[1].dense
+            assert torch.allclose(got, want, atol=1e-5), (family, layer)
+            if layer in (model.cfg.nope_layers or []):
+                assert torch.allclose(want, bl.layer_form(model, layer)[1].dense, atol=1e-6)
+
+
+def test_the_vocabulary_view_is_the_first_layers_own_scores(case):
+    """At layer 0 a token's input is the vocabulary view's x_t (embedding, its scale, the norm
+    before attention if any), so f_x(y) at offset j - i, with QK-norm's gains and the cap, is the
+    model's own score S_ij."""
+    from attn_core.bilinear.views import vocab_scores
+
+    family, _, folder = case
+    model = load_hf(folder).model
+    ids = _tokens(8, 1)[0].tolist()
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.tensor([ids]))
+        S = cache[act_name("attn_scores", 0)][0]
+        for delta in range(-7, 1):
+            view = vocab_scores(model, 0, tokens=ids, offset=delta)  # [h, T, T] by token position
+            rows = torch.arange(-delta, 8)
+            got, want = view[:, rows, rows + delta], S[:, rows, rows + delta]
+            assert float((got - want).abs().max()) <= 1e-4 * max(1.0, float(want.abs().max())), (family, delta)

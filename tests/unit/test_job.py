@@ -14,7 +14,7 @@ from attn_core.runs import RunStore
 from attn_core.tasks import get_task
 from attn_core.training.config import JobConfig
 from attn_core.training.job import TrainingJob
-from attn_core.training.queue import JobSlots
+from attn_core.training.slots import JobSlots
 from tests.conftest import make_tiny_model
 
 TASK = get_task("reverse")

@@ -19,7 +19,7 @@ from attn_core import checkpoint
 from attn_core.runs import RunStore
 from attn_core.training.config import JobConfig
 from attn_core.training.job import TrainingJob
-from attn_core.training.queue import JobSlots
+from attn_core.training.slots import JobSlots
 from attn_core.training.worker import PARENT_ENDED
 from tests.conftest import make_tiny_model
 

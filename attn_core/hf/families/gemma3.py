@@ -15,6 +15,7 @@ from attn_core.model import ModelConfig
 
 def config(hf: dict) -> ModelConfig:
     fields = gemma_fields(hf)
+    cap(hf, "attn_logit_softcapping", None)  # unused (module doc), but a 0, negative or NaN cap is refused
     rotary = rope(hf, fields["d_head"], 1_000_000.0, local=True)
     if "rope_theta_local" not in rotary:
         rotary["rope_theta_local"] = number(hf, "rope_local_base_freq", 10_000.0, lo=1.0)
