@@ -135,7 +135,7 @@ def score_bound(model) -> list[float] | None:
     out = []
     for block in model.blocks:
         attn = block.attn
-        bound = cfg.d_head**0.5 * float(attn.q_norm.w.abs().max()) * float(attn.k_norm.w.abs().max())
+        bound = cfg.d_head**0.5 * float(attn.q_norm.w.detach().abs().max()) * float(attn.k_norm.w.detach().abs().max())
         out += [bound] * cfg.n_heads
     return out
 
