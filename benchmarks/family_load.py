@@ -73,13 +73,14 @@ base = hwm()
 t0 = time.perf_counter()
 m = al.load({folder!r})
 t1 = time.perf_counter()
+loaded_kib = hwm()
 plot = al.view(m, tokens, layer=0, heads=[0]).plot(0, "scores")
 assert isinstance(plot, Plot)
 t2 = time.perf_counter()
 table = al.spectrum(m)
 t3 = time.perf_counter()
 print(json.dumps(dict(load_s=t1 - t0, first_heatmap_s=t2 - t1, spectrum_s=t3 - t2, heads=int(len(table)),
-                      params=m.config.n_params(), base_kib=base, peak_kib=hwm())))
+                      params=m.config.n_params(), base_kib=base, loaded_kib=loaded_kib, peak_kib=hwm())))
 """
 
 # transformers: load in float32 with the eager attention, one forward with output_attentions.
@@ -160,6 +161,14 @@ def main() -> None:
         f"{median(theirs, 'forward_s'):.2f} s = {baseline:.2f} s"
     )
     print(f"first heatmap / transformers' load and forward: {first / baseline:.2f}x")
+    held = ours[0]["params"]
+    if held != params:
+        print(
+            f"attn-lab holds {held:,} parameters ({held * 4 / 2**20:.0f} MiB in float32): the tied unembedding "
+            "is a copy of its own"
+        )
+    loaded = statistics.median((r["loaded_kib"] - r["base_kib"]) / 1024 for r in ours)
+    print(f"attn-lab: peak RSS growth by the end of the load {loaded:.0f} MiB = {loaded / weights:.2f}x")
     for side, name in (("ours", "attn-lab"), ("theirs", "transformers")):
         ratio = growth[side] / weights
         print(
