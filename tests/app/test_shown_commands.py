@@ -92,7 +92,9 @@ def test_the_home_cards_commands_run_as_shown(tmp_path):
     blocks, _ = shown(at)
     presets = {shlex.split(b, comments=True)[3]: b for b in blocks}
     assert set(presets) == {m for m in presets if m in PRESETS} and len(presets) >= 6  # one per zoo card
-    procs = {name: start(command, tmp_path) for name, command in presets.items()}
+    here = tmp_path / "cwd"  # where the commands run (tmp_path/runs is the test's run store, which the app opens)
+    here.mkdir()
+    procs = {name: start(command, here) for name, command in presets.items()}
     try:
         for name, proc in procs.items():
             until_training(proc)  # its checks passed (the old --out folder existed: it failed here)
@@ -102,7 +104,7 @@ def test_the_home_cards_commands_run_as_shown(tmp_path):
     finally:
         for proc in procs.values():
             proc.kill()
-    assert not any(tmp_path.iterdir())  # shown without --out: nothing is written where it runs
+    assert not any(here.iterdir())  # shown without --out: nothing is written where it runs
 
 
 @pytest.mark.parametrize("name", ["4_Runs.py", "10_Sweeps.py"])

@@ -397,6 +397,7 @@ CPU_BY_DESIGN = {
     ("model/layers.py", "__init__"): "parameters are made on the default device; the caller moves the module",
     ("model/attention.py", "__init__"): "parameters, as above",
     ("model/transformer.py", "__init__"): "parameters, as above",
+    ("model/moe.py", "__init__"): "the router's and experts' parameters, as above",
     ("model/attention.py", "_scales"): "1/sqrt(d) made exactly in float64, then moved to the buffer's device",
     ("model/rotary.py", "offset_rotation"): "exact float64 rotations; callers move them (.to(W))",
     ("tasks.py", "sample"): "an int seed draws on the CPU: the same batch on every machine",
