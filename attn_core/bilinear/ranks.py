@@ -176,7 +176,8 @@ def weight_spectra(model: Transformer) -> torch.Tensor:
     """Singular values of every head's B, [L, H, k] (the factored spectrum)."""
     model = check_model(model, "weight_spectra")
     with torch.no_grad():
-        return model_form(model).singular_values.double()
+        forms = model_form(model)
+        return torch.stack([forms[l].singular_values for l in range(model.cfg.n_layers)]).double()  # a layer at a time
 
 
 def rank_caps(model: Transformer) -> torch.Tensor:

@@ -17,24 +17,29 @@ from attn_core.model import Transformer
 def spectrum(model: Transformer, augmented: bool = False) -> list[dict]:
     """One record per head: singular values, eigenvalues of the symmetric part, norms, ranks."""
     model = check_model(model, "spectrum")
-    with torch.no_grad():
-        form = model_form(model, augmented)
-        out = dict(
-            singular_values=form.singular_values,
-            eigenvalues_sym=form.eigenvalues_sym,
-            stable_rank=form.stable_rank,
-            effective_rank=form.effective_rank,
-            spectral_norm=form.spectral_norm,
-            nuclear_norm=form.nuclear_norm,
-            frobenius_norm=form.frobenius_norm,
-            eigenvalues=form.eigenvalues,
-        )
     rows = []
+    with torch.no_grad():
+        forms = model_form(model, augmented)
     for l in range(model.cfg.n_layers):
+        # a layer at a time: the factorisations' work space is one layer's, not the whole model's
+        # (a 28-layer model's symmetric parts and their QR at once are gigabytes); each head's
+        # numbers are the same, the batch only groups the same per-matrix computations
+        with torch.no_grad():
+            form = forms[l]
+            out = dict(
+                singular_values=form.singular_values,
+                eigenvalues_sym=form.eigenvalues_sym,
+                stable_rank=form.stable_rank,
+                effective_rank=form.effective_rank,
+                spectral_norm=form.spectral_norm,
+                nuclear_norm=form.nuclear_norm,
+                frobenius_norm=form.frobenius_norm,
+                eigenvalues=form.eigenvalues,
+            )
         for h in range(model.cfg.n_heads):
             row = {"layer": l, "head": h}
             for k, v in out.items():
-                v = v[l, h]
+                v = v[h]
                 if k == "eigenvalues":
                     row["eigenvalues_real"] = v.real.tolist()
                     row["eigenvalues_imag"] = v.imag.tolist()
