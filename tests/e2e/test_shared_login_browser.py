@@ -189,7 +189,7 @@ def test_logins_forged_cookies_and_own_stores(tmp_path):
         back = new_page(alice.context)
         back.set_default_timeout(120_000)
         back.goto(f"{url}/Retrain")
-        back.get_by_text(re.compile(r"running: step [1-9]|completed")).first.wait_for()
+        back.get_by_text(re.compile(r"running: step [1-9]|completed")).filter(visible=True).first.wait_for()
         screenshot(back, ARTIFACTS / "shared_back.png")
 
         # the run ends in alice's store
@@ -206,7 +206,8 @@ def test_logins_forged_cookies_and_own_stores(tmp_path):
         second.set_default_timeout(120_000)
         second.goto(f"{url}/Runs")
         logged_in(second, "alice")
-        second.get_by_text(run_id).first.wait_for()
+        # the Runs page's table lists it (a data grid: its cells are drawn, their text kept in hidden cells)
+        second.get_by_text(run_id).first.wait_for(state="attached")
 
         # bob logs in: alice's run is not his, by the picker, the Runs page or the URL
         bob = new_page(browser.new_context(viewport=VIEWPORT))
