@@ -7,9 +7,14 @@ For a layer's input X (rows x_i) and query head h (key head g = kv_head(h)), the
     with QK-norm: q_i <- g_q(i) q_i * w_q, k_j <- g_k(j) k_j * w_k,  g = 1/sqrt(mean(t^2) + eps)
                   over the head (``norm = "head"``) or over all heads of the token (``"all"``)
     with rotary positions: q_i <- q_i M(i), k_j <- k_j M(j)     (``inv_freq``; None in a NoPE layer)
+        (YaRN: times its attention factor a on the rotated dims of each; B~ carries a^2 there)
     S_ij = s q_i k_j^T                                          (``scale`` s per head)
     with a soft cap c: S_ij <- c tanh(S_ij / c)                 (``cap``)
     visible keys: j <= i, and i - j < window                    (``window``, 0: none)
+    with a learned sink z (gpt-oss): A_ij = exp S_ij / (exp z + sum_j' exp S_ij')   (``sink``, [h])
+
+The sink is outside B: no key carries it, so it is a share of every row's mass (1 - sum_j A_ij)
+that no value reads (:meth:`BilinearScore.weights`, :meth:`BilinearScore.sink_share`).
 
 A *merged* head stores B itself (``dense`` = W_QK) and S = X B X^T. :class:`BilinearScore`
 holds these, differentiably (views of the module's parameters), for every head of a layer and,
@@ -92,6 +97,7 @@ class BilinearScore:
     inv_freq: torch.Tensor | None = None
     window: int = 0
     cap: float | None = None
+    sink: torch.Tensor | None = None
     head: int | None = None
 
     # what it is --------------------------------------------------------------------------------
@@ -147,6 +153,26 @@ class BilinearScore:
             return None
         return self._pick(self.bias_q), self._pick(self.bias_k)
 
+    def head_sinks(self) -> torch.Tensor | None:
+        """The learned sink logit(s) z of the selected head(s), [h] or 0-dim; None without sinks."""
+        return None if self.sink is None else self._pick(self.sink)
+
+    def weights(self, S: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The pattern A of scores S [..., h, T, T] (or the selected head's [..., T, T]) under
+        ``mask``, with the learned sink in each row's denominator (softmax heads)."""
+        from attn_core.model.attention import attention_weights
+
+        return attention_weights(S, mask, self.cfg.entmax_alpha, self.head_sinks())
+
+    def sink_share(self, S: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Each row's mass on the learned sink, [..., T] (zeros without sinks): 1 - sum_j A_ij,
+        computed as sigmoid(z - logsumexp_j S_ij) so that a small share keeps its digits."""
+        z = self.head_sinks()
+        if z is None:
+            return S.new_zeros(S.shape[:-1])
+        lse = torch.logsumexp(S.masked_fill(~mask, float("-inf")), dim=-1)
+        return torch.sigmoid(z.to(S.dtype).reshape(*z.shape, 1) - lse)
+
     def visibility(self, T: int, device=None) -> Visibility:
         """The keys each of T queries sees (causal, and this layer's window)."""
         return Visibility(T, self.window, device)
@@ -177,6 +203,12 @@ class BilinearScore:
         if self.norm != "none":
             w_q, w_k = self._norm_weights(W_Q.shape[0], W_Q.shape[-1])
             W_Q, W_K = W_Q * w_q[:, None, :], W_K * w_k[:, None, :]
+        gain = rotary.attention_factor(self.cfg, self.layer)
+        if gain != 1.0:  # YaRN: a on the rotated dims of q and of k, a^2 on their part of B~
+            r = self.cfg.rotary_dims
+            g = torch.ones(W_Q.shape[-1], dtype=W_Q.dtype, device=W_Q.device)
+            g[:r] = gain**2
+            W_Q = W_Q * g
         if self.cfg.positional == "rotary" and offset != 0:
             W_Q = W_Q @ rotary.offset_rotation(self.cfg, offset, W_Q.shape[-1], layer=self.layer).to(W_Q)
         form = QKForm(left=W_Q * self.scale.view(-1, 1, 1), right=W_K)
@@ -221,7 +253,8 @@ class BilinearScore:
         elif self.norm == "all":
             q, k = _across(q, self.norm_q, self.eps), _across(k, self.norm_k, self.eps)
         if self.inv_freq is not None:
-            cos, sin = rotary.cos_sin(self.inv_freq, torch.arange(X.shape[-2], device=X.device))
+            gain = rotary.attention_factor(self.cfg, self.layer)
+            cos, sin = rotary.cos_sin(self.inv_freq, torch.arange(X.shape[-2], device=X.device), gain)
             q, k = rotary.rotate(q, cos, sin), rotary.rotate(k, cos, sin)
         return q, k
 

@@ -15,6 +15,7 @@ from attn_core.hf.families import (
     gemma3,
     gpt2,
     gpt_neox,
+    gpt_oss,
     granite,
     llama,
     mistral,
@@ -50,6 +51,7 @@ REGISTRY: dict[str, Family] = {
         qwen3_moe.FAMILY,
         olmoe.FAMILY,
         qwen2_moe.FAMILY,
+        gpt_oss.FAMILY,
     )
 }
 FAMILIES = tuple(REGISTRY)
