@@ -143,3 +143,32 @@ def test_yarn_puts_its_factor_on_the_rotated_dims_of_q_and_k():
             rows = torch.arange(-delta, 7)
             got = torch.einsum("hid,id->hi", X[rows] @ B, X[rows + delta])
             assert torch.allclose(got, S[:, rows, rows + delta], atol=1e-5), delta
+
+
+def test_the_sink_metric_reports_the_learned_share_and_token_0s():
+    """Each head's learned share is the mean over probes and queries of 1 - sum_k A[q, k], its
+    token-0 share the first key's importance; the CLI's table and the figure show both."""
+    from attn_core.bilinear.sinks import sinks
+    from attn_core.figures.sinks import importance_plot
+    from attn_core.hooks import act_name
+
+    torch.manual_seed(0)
+    model = Transformer(_cfg())
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.sinks.copy_(torch.tensor([2.0, -1.0, 0.0]))
+        probes = torch.randint(0, 20, (3, 10))
+        found = sinks(model, probes)
+        _, cache = model.run_with_cache(probes)
+    for l in range(2):
+        A = cache[act_name("pattern", l)].double()
+        assert torch.allclose(found.learned[l], (1 - A.sum(-1)).mean((0, 2)), atol=1e-9)
+        assert torch.allclose(found.first[l], A[..., 0].mean((0, 2)), atol=1e-9)
+    assert float(found.learned[0, 0]) > float(found.learned[0, 1]) > 0.0  # a larger logit takes more
+    rows = found.to_json()["heads"]
+    assert rows[0]["learned"] == pytest.approx(float(found.learned[0, 0]))
+    plot = importance_plot(found)
+    assert plot.meta["learned_mean"] == pytest.approx(found.learned_mean)
+    assert list(plot.fig.data[0].x)[0] == -1 and plot.fig.data[0].z.shape == (6, 11)
+    plain = sinks(Transformer(_cfg(attn_sinks=False)), probes)
+    assert plain.learned is None and plain.to_json()["learned_mean"] is None
