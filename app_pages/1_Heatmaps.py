@@ -41,6 +41,8 @@ def head_views() -> None:
         return
     sm = sinks.sink_mode(inp.long)
     plots, long_settings = [], {}
+    if inp.long and heatmap_long.sinks_refused(loaded):
+        return
     if inp.long:  # an exact window, the top keys, a pooled overview
         scores = sections.layer_scores(loaded, tokens, layer)
         window, top, pool = sections.long_controls()

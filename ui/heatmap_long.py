@@ -12,6 +12,7 @@ import streamlit as st
 
 from attn_core import bilinear
 from attn_core.bilinear import blocked
+from attn_core.bilinear.checks import check_no_learned_sinks
 from attn_core.bilinear.long_map import long_map
 from attn_core.circuits.long_split import mode_split
 from attn_core.figures import Plot
@@ -107,8 +108,21 @@ def controls(n: int) -> tuple[str, str, int, tuple[int, int], tuple[int, int]]:
     return value, pool, PIXELS[px], (rows[0], rows[1] + 1), (cols[0], cols[1] + 1)
 
 
+def sinks_refused(loaded: LoadedModel) -> bool:
+    """Whether the long-input views are refused for this model (learned sinks, which their rows
+    leave out until the row engine has them), said on the page in one sentence."""
+    try:
+        check_no_learned_sinks(loaded.model, "The long-input view")
+    except ValueError as e:
+        st.error(str(e) + "; use at most 512 tokens.")
+        return True
+    return False
+
+
 def section(loaded: LoadedModel, inp: Input, layer: int, head, top_k: int = blocked.TOP_K) -> list[Plot]:
     """Everything the page shows of one head (or, for all heads, a coarse map each) on a long input."""
+    if sinks_refused(loaded):
+        return []
     tokens, n = inp.tokens, len(inp.tokens)
     with st.spinner(f"The forward up to layer {layer}…", show_time=True):
         qk = layer_qk(loaded, tokens, layer)

@@ -30,36 +30,13 @@ import torch.nn.functional as F
 from attn_core.hooks import HookRun, block_names
 from attn_core.model import rotary
 from attn_core.model.config import ModelConfig
-from attn_core.model.form import BilinearScore, Visibility
+from attn_core.model.form import BilinearScore, Visibility, attention_weights
 from attn_core.model.layers import RMSNorm
 
 SHARED = ("W_K", "b_K", "W_V", "b_V")  # stored per key/value head
 EXPLICIT = ("attn_scores", "pattern")  # reading or changing these needs S and A formed
 WINDOW_BLOCK = 512  # queries per block of a sliding-window layer's fused attention
-
-
-def attention_weights(
-    scores: torch.Tensor, mask: torch.Tensor, entmax_alpha: float = 1.0, sinks: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Row-normalise masked scores [..., h, T, T] (or one head's [..., T, T]). ``mask`` is True where
-    a key is visible. ``sinks`` (the heads' learned sink logits, [h], or one head's 0-dim) join each
-    row's softmax as one more column, which is then dropped: a row sums to less than 1, the rest
-    being the sink's share (:func:`sink_share`)."""
-    if sinks is not None:
-        z = sinks.to(scores.dtype).reshape(*sinks.shape, 1, 1).expand(*scores.shape[:-1], 1)
-        full = torch.cat([scores.masked_fill(~mask, float("-inf")), z], dim=-1)
-        return torch.softmax(full, dim=-1)[..., :-1]
-    if entmax_alpha == 1.0:
-        return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-    import entmax  # optional architecture (issue: alpha-entmax at retrain time)
-
-    # entmax needs finite inputs; a very negative score gets exactly zero weight.
-    filled = scores.masked_fill(~mask, torch.finfo(scores.dtype).min / 4)
-    if entmax_alpha == 2.0:
-        return entmax.sparsemax(filled, dim=-1)
-    if entmax_alpha == 1.5:
-        return entmax.entmax15(filled, dim=-1)
-    return entmax.entmax_bisect(filled, alpha=entmax_alpha, dim=-1)
+__all__ = ["Attention", "attention_weights"]
 
 
 class Attention(nn.Module):

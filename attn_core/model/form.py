@@ -46,6 +46,30 @@ QK_MATRICES = ("W_Q", "W_K", "W_QK")  # the query/key matrices, by name (weight 
 QK_PARAMS = ("W_Q", "W_K", "b_Q", "b_K", "W_QK")  # every parameter a form is made of, by name
 
 
+def attention_weights(
+    scores: torch.Tensor, mask: torch.Tensor, entmax_alpha: float = 1.0, sinks: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Row-normalise masked scores [..., h, T, T] (or one head's [..., T, T]). ``mask`` is True where
+    a key is visible. ``sinks`` (the heads' learned sink logits, [h], or one head's 0-dim) join each
+    row's softmax as one more column, which is then dropped: a row sums to less than 1, the rest
+    being the sink's share (:func:`sink_share`)."""
+    if sinks is not None:
+        z = sinks.to(scores.dtype).reshape(*sinks.shape, 1, 1).expand(*scores.shape[:-1], 1)
+        full = torch.cat([scores.masked_fill(~mask, float("-inf")), z], dim=-1)
+        return torch.softmax(full, dim=-1)[..., :-1]
+    if entmax_alpha == 1.0:
+        return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    import entmax  # optional architecture (issue: alpha-entmax at retrain time)
+
+    # entmax needs finite inputs; a very negative score gets exactly zero weight.
+    filled = scores.masked_fill(~mask, torch.finfo(scores.dtype).min / 4)
+    if entmax_alpha == 2.0:
+        return entmax.sparsemax(filled, dim=-1)
+    if entmax_alpha == 1.5:
+        return entmax.entmax15(filled, dim=-1)
+    return entmax.entmax_bisect(filled, alpha=entmax_alpha, dim=-1)
+
+
 @dataclass(frozen=True)
 class Visibility:
     """The keys each of ``T`` queries sees: key j from query i when j <= i and, with a sliding
@@ -160,8 +184,6 @@ class BilinearScore:
     def weights(self, S: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The pattern A of scores S [..., h, T, T] (or the selected head's [..., T, T]) under
         ``mask``, with the learned sink in each row's denominator (softmax heads)."""
-        from attn_core.model.attention import attention_weights
-
         return attention_weights(S, mask, self.cfg.entmax_alpha, self.head_sinks())
 
     def sink_share(self, S: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -48,9 +48,11 @@ def data_rows(model: Transformer, cache: dict, layer: int) -> tuple[torch.Tensor
 
 def qk_cache(model: Transformer, heads: Heads | None = None) -> Cache:
     """A forward cache keeping Q and K of the layers of ``heads`` (None: every layer), and their
-    pattern for a soft-capped model (whose rows are read from it: :func:`uncapped_qk`)."""
+    pattern for a soft-capped model or one with learned sinks (whose rows are read from it:
+    :func:`uncapped_qk`)."""
     layers = by_layer(heads or all_heads(model.cfg))
-    kinds = ("q", "k", "pattern") if model.cfg.attn_softcap is not None else ("q", "k")
+    from_pattern = model.cfg.attn_softcap is not None or model.cfg.attn_sinks
+    kinds = ("q", "k", "pattern") if from_pattern else ("q", "k")
     return Cache(tuple(act_name(kind, l) for l in layers for kind in kinds))
 
 
@@ -75,8 +77,10 @@ def layer_qk(model: Transformer, cache: dict, layer: int, heads) -> tuple[torch.
 
 
 def uncapped_qk(model: Transformer, cache: dict, layer: int, heads):
-    """:func:`layer_qk`, or None for a soft-capped model, whose rows are read from its pattern."""
-    return None if model.cfg.attn_softcap is not None else layer_qk(model, cache, layer, heads)
+    """:func:`layer_qk`, or None for a soft-capped model or one with learned sinks, whose rows are
+    read from its pattern (which has the cap and the sink in it)."""
+    cfg = model.cfg
+    return None if cfg.attn_softcap is not None or cfg.attn_sinks else layer_qk(model, cache, layer, heads)
 
 
 @torch.no_grad()
@@ -177,10 +181,10 @@ def vocab_qk(model: Transformer, layer: int, heads) -> tuple[torch.Tensor, torch
 def vocab_concentration(model: Transformer, heads: Heads | None = None) -> dict[str, torch.Tensor]:
     """Per head on the vocabulary view: ``entropy`` and ``top1``, [n_layers, n_heads], on the
     model's device; from the view's Q and K in blocks of rows (no V x V view per head is kept).
-    NaN for a soft-capped model (the cap is not in these Q and K)."""
+    NaN for a soft-capped model (the cap is not in these Q and K) and one with learned sinks."""
     cfg = model.cfg
     out = _empty(model)
-    if cfg.attn_softcap is not None:
+    if cfg.attn_softcap is not None or cfg.attn_sinks:
         return out
     for layer, hs in by_layer(heads or all_heads(cfg)).items():
         q, k = vocab_qk(model, layer, hs)
