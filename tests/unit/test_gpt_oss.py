@@ -1,0 +1,122 @@
+"""gpt-oss beyond parity: a head's learned sink edited (``edit --sink``, ``al.edit(sink=)``) with
+before/after, ``diff`` reporting sink changes, and a retrain on text that moves the sinks, the
+router's bias and the experts' biases and exports back to gpt-oss with the logits attn-lab computes."""
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from safetensors.torch import load_file  # noqa: E402
+
+import attn_core as al  # noqa: E402
+from attn_core.cli import main  # noqa: E402
+from tests.unit.test_cli_new_families import WORDS  # noqa: E402
+from tests.unit.test_hf_new_families import write_family  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def oss(tmp_path_factory):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    root = tmp_path_factory.mktemp("gpt_oss")
+    write_family(root, "gpt_oss", max_position_embeddings=256)
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(root / "tokenizer.json"))
+    text = root.parent / "oss.txt"
+    text.write_text(" ".join(WORDS[1 + (i * 7) % 99] for i in range(600)))
+    return root, text
+
+
+def run(capsys, *args) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as e:
+        main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return e.value.code, out, err
+
+
+def test_edit_zeroes_a_heads_sink_logit_and_measures_before_and_after(oss, capsys, tmp_path):
+    root, text = oss
+    out = tmp_path / "edited"
+    args = ["edit", root, "--head", "L1H0", "--sink", 0, "--text", text, "--samples", 2, "--length", 16]
+    code, stdout, err = run(capsys, *args, "--out", out, "--json")
+    assert code == 0, err
+    r = json.loads(stdout)
+    before, after = r["before"]["heads"]["L1H0"], r["after"]["heads"]["L1H0"]
+    assert before["sink"] != 0.0 and after["sink"] == 0.0
+    assert before["sink_share"] != after["sink_share"] and r["edits"] == [{"head": "L1H0", "sink": 0.0}]
+    was, now = load_file(root / "model.safetensors"), load_file(out / "model.safetensors")
+    name = "model.layers.1.self_attn.sinks"
+    assert float(now[name][0]) == 0.0 and torch.equal(now[name][1:], was[name][1:])
+    assert all(torch.equal(now[k], was[k]) for k in was if k != name)  # nothing else moved
+    code, stdout, err = run(capsys, "diff", root, out, "--json")
+    assert code == 0, err
+    pairs = {(p["layer"], p["head_a"]): p for p in json.loads(stdout)["pairs"]}
+    assert pairs[(1, 0)]["sink_change"] == pytest.approx(-float(was[name][0]))
+    assert all(p["sink_change"] == 0.0 for k, p in pairs.items() if k != (1, 0))
+    assert all(p["distance"] < 1e-6 for p in pairs.values())  # B is untouched: the sink is outside it
+
+
+def test_the_python_edit_scales_a_sink(oss):
+    root, text = oss
+    r = al.edit(al.load(str(root)), "L0H2", sink=2.0, text=str(text), samples=2, length=16)
+    assert r.after["heads"]["L0H2"]["sink"] == pytest.approx(2 * r.before["heads"]["L0H2"]["sink"])
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--sink", "nan"], "--sink"),
+        (["--sink", "big"], "--sink"),
+    ],
+)
+def test_a_bad_sink_factor_exits_2_naming_it(oss, capsys, args, words):
+    root, text = oss
+    code, _, err = run(capsys, "edit", root, "--head", "L0H0", *args, "--text", text, "--samples", 2, "--length", 8)
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and words in errors[0], err
+
+
+def test_a_sink_edit_of_a_model_without_sinks_exits_2(capsys):
+    code, _, err = run(capsys, "edit", "induction-2l", "--head", "L0H0", "--sink", 0, "--samples", 2)
+    assert code == 2 and "--sink" in err and "no learned sink" in err, err
+
+
+def test_a_retrain_on_text_moves_the_sinks_and_biases_and_exports_back(oss, tmp_path, monkeypatch):
+    from attn_core.hf import load_hf
+    from attn_core.hf.family_export import export_family, hf_origin
+    from attn_core.sources import resolve
+    from attn_core.training.config import JobConfig
+    from attn_core.training.job import TrainingJob
+
+    root, text = oss
+    monkeypatch.setenv("ATTN_LAB_RUNS", str(tmp_path / "runs"))
+    job = TrainingJob(JobConfig(source=str(root), text=str(text), block=12, steps=3, lr=1e-2, batch_size=4))
+    res = job.run()
+    assert res["status"] == "completed", res["message"]
+    before, after = load_hf(root).model.state_dict(), resolve(f"run:{res['run_id']}")
+    now = after.model.state_dict()
+    for name in ("blocks.0.attn.sinks", "blocks.1.mlp.b_router", "blocks.0.attn.b_O"):
+        assert not torch.equal(before[name], now[name]), name
+    assert any(not torch.equal(before[k], now[k]) for k in now if ".experts." in k and ".b_" in k)
+    out = tmp_path / "exported"
+    export_family(after, out, hf_origin(after))
+    back = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
+    tokens = torch.randint(1, 100, (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = after.model(tokens)
+        assert float((back(tokens).logits - want).abs().max()) <= 1e-4 * max(1.0, float(want.abs().max()))
+
+
+def test_a_row_penalty_on_a_model_with_sinks_is_refused_before_training(oss, tmp_path, monkeypatch):
+    from attn_core.training.config import JobConfig
+    from attn_core.training.job import TrainingJob
+
+    root, text = oss
+    monkeypatch.setenv("ATTN_LAB_RUNS", str(tmp_path / "runs"))
+    cfg = JobConfig(source=str(root), text=str(text), block=12, steps=2, regularizers={"entropy": 0.1})
+    with pytest.raises(ValueError, match="the row penalty entropy .*learned sink"):
+        TrainingJob(cfg)
