@@ -280,6 +280,31 @@ class BilinearScore:
             q, k = rotary.rotate(q, cos, sin), rotary.rotate(k, cos, sin)
         return q, k
 
+    def terms(self, X: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The affine form's four terms of the uncapped scores, each [..., h, T, T] (or one head's):
+        ``xx`` s q(x_i W_Q) k(x_j W_K)^T, ``xb`` s q(x_i W_Q) k(b_K)^T, ``bx`` s q(b_Q) k(x_j W_K)^T and
+        ``bb`` s q(b_Q) k(b_K)^T, where q(.) and k(.) carry QK-norm's gains and weights and the
+        rotation at i and j; they sum to :meth:`scores` (``capped=False``). Without biases only ``xx``."""
+        if self.merged:
+            return {"xx": self.scores(X, capped=False)}
+        every = self.replace(head=None)
+        q_x = torch.einsum("...pd,hde->...hpe", X, self.left)
+        k_x = torch.einsum("...pd,hde->...hpe", X, self.right)
+        sides = {"x": (q_x, k_x)}
+        if self.bias_q is not None:
+            sides["b"] = (self.bias_q[:, None, :].expand_as(q_x), self.bias_k[:, None, :].expand_as(k_x))
+        if self.norm != "none":
+            g_q, g_k = every.gains(X)
+            w_q, w_k = self._norm_weights(q_x.shape[-3], q_x.shape[-1])
+            sides = {k: (q * g_q[..., None] * w_q[:, None, :], kk * g_k[..., None] * w_k[:, None, :])
+                     for k, (q, kk) in sides.items()}  # fmt: skip
+        if self.inv_freq is not None:
+            gain = rotary.attention_factor(self.cfg, self.layer)
+            cos, sin = rotary.cos_sin(self.inv_freq, torch.arange(X.shape[-2], device=X.device), gain)
+            sides = {k: (rotary.rotate(q, cos, sin), rotary.rotate(kk, cos, sin)) for k, (q, kk) in sides.items()}
+        s = self.scale.to(X.dtype).view(-1, 1, 1)
+        return {a + b: self._pick((sides[a][0] @ sides[b][1].transpose(-1, -2)) * s, -3) for a in sides for b in sides}
+
     def scores(self, X: torch.Tensor, capped: bool = True) -> torch.Tensor:
         """The model's own pre-softmax scores S [..., h, T, T] (or [..., T, T] for one head) for the
         layer's input X [..., T, d_model], unmasked (:meth:`visibility` is the mask); ``capped``

@@ -120,3 +120,25 @@ def test_a_row_penalty_on_a_model_with_sinks_is_refused_before_training(oss, tmp
     cfg = JobConfig(source=str(root), text=str(text), block=12, steps=2, regularizers={"entropy": 0.1})
     with pytest.raises(ValueError, match="the row penalty entropy .*learned sink"):
         TrainingJob(cfg)
+
+
+def test_the_heatmaps_parts_show_the_bias_terms_and_the_sink_share(oss):
+    from attn_core.bilinear import score_parts
+    from attn_core.figures.score_parts import sink_share_plot, terms_plot
+    from attn_core.hf import load_hf
+    from attn_core.hooks import act_name
+
+    root, _ = oss
+    loaded = load_hf(root)
+    ids = list(range(1, 13))
+    parts = score_parts(loaded, ids, 1, 3)
+    with torch.no_grad():
+        _, cache = loaded.model.run_with_cache(torch.tensor([ids]))
+    A = cache[act_name("pattern", 1)][0, 3]
+    assert torch.allclose(parts.sink_share + A.sum(-1), torch.ones(12), atol=1e-6)
+    assert torch.allclose(parts.token0_share, A[:, 0])
+    shares = parts.term_shares()
+    assert set(shares) == {"xx", "xb", "bx", "bb"} and sum(shares.values()) == pytest.approx(1.0)
+    assert 0.0 < parts.bias_share < 1.0
+    assert terms_plot(parts).meta["bias_share"] == pytest.approx(parts.bias_share)
+    assert sink_share_plot(parts).data["learned_sink"].tolist() == pytest.approx(parts.sink_share.tolist())

@@ -321,3 +321,22 @@ def test_the_vocabulary_view_is_the_first_layers_own_scores(case):
             rows = torch.arange(-delta, 8)
             got, want = view[:, rows, rows + delta], S[:, rows, rows + delta]
             assert float((got - want).abs().max()) <= 1e-4 * max(1.0, float(want.abs().max())), (family, delta)
+
+
+def test_the_affine_forms_terms_add_up_to_the_scores(case):
+    """x x + x b + b x + b b (gains, weights, rotation and YaRN's factor in each side) is the
+    model's uncapped S; a family without biases has the bilinear term alone."""
+    family, _, folder = case
+    model = load_hf(folder).model
+    with torch.no_grad():
+        _, cache = model.run_with_cache(_tokens(10, 1))
+        for layer in range(2):
+            form = model.blocks[layer].attn.form()
+            X = cache[act_name("attn_in", layer)][0]
+            terms = form.terms(X)
+            assert set(terms) == ({"xx", "xb", "bx", "bb"} if model.cfg.attn_bias else {"xx"}), family
+            want = form.scores(X, capped=False)
+            got = sum(terms.values())
+            assert float((got - want).abs().max()) <= 1e-4 * max(1.0, float(want.abs().max())), (family, layer)
+            one = form[1].terms(X)
+            assert all(torch.allclose(one[k], terms[k][1]) for k in terms), family
