@@ -1,7 +1,9 @@
 """AppTest of the Heatmaps page's parts of the score: a QK-norm model (Qwen3) shows the per-token
 gains g_q(i), g_k(j) of the head beside its scores, a soft-capped model (Gemma 2) its scores after
 the cap or, toggled, before it; both equal what the layer's form computes on the page's input,
-and the capped scores are the model's own. A model without either shows no such section."""
+and the capped scores are the model's own. A gpt-oss head (biases, a learned sink) shows its affine
+form's terms and each query's mass on its sink beside token 0's. A model without any of these
+shows no such section."""
 
 from pathlib import Path
 
@@ -19,7 +21,7 @@ PAGE = str(Path(__file__).resolve().parents[2] / "app_pages" / "1_Heatmaps.py")
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf-form-models")
-    for family in ("qwen3", "gemma2"):
+    for family in ("qwen3", "gemma2", "gpt_oss"):
         write_family(root / f"tiny-{family}", family)
     return root
 
@@ -70,3 +72,15 @@ def test_a_capped_head_shows_its_scores_before_and_after_the_cap(env):
 def test_a_plain_model_has_no_score_parts():
     at = open_page(PAGE, "induction-2l")
     assert not any(h.value == "The parts of the score" for h in at.header)
+
+
+def test_a_gpt_oss_head_shows_its_bias_terms_and_its_sink_share(env):
+    at = open_page(PAGE, "tiny-gpt_oss")
+    assert not at.exception and not at.error
+    loaded, tokens, layer, head = _page_input(at, "tiny-gpt_oss")
+    parts = bilinear.score_parts(loaded, tokens, layer, head)
+    terms = chart(at, "score_terms")
+    assert torch.allclose(values(terms["data"][0]["y"]), torch.tensor(list(parts.term_shares().values())), atol=1e-6)
+    sink = chart(at, "score_sink")
+    assert torch.allclose(values(sink["data"][0]["y"]), parts.sink_share, atol=1e-6)
+    assert float(parts.sink_share.min()) > 0.0

@@ -142,3 +142,15 @@ def test_the_heatmaps_parts_show_the_bias_terms_and_the_sink_share(oss):
     assert 0.0 < parts.bias_share < 1.0
     assert terms_plot(parts).meta["bias_share"] == pytest.approx(parts.bias_share)
     assert sink_share_plot(parts).data["learned_sink"].tolist() == pytest.approx(parts.sink_share.tolist())
+
+
+def test_the_spectrum_reports_each_heads_sink_logit_and_share(oss, capsys):
+    root, text = oss
+    code, out, err = run(capsys, "spectrum", root, "--text", text, "--samples", 2, "--length", 16, "--json")
+    assert code == 0, err
+    rows = json.loads(out)
+    rows = rows["heads"] if isinstance(rows, dict) else rows
+    z = load_file(root / "model.safetensors")["model.layers.1.self_attn.sinks"]
+    row = next(r for r in rows if (r["layer"], r["head"]) == (1, 2))
+    assert row["sink_logit"] == pytest.approx(float(z[2]))
+    assert 0.0 < row["sink_share"] < 1.0
