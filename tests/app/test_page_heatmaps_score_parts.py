@@ -84,3 +84,18 @@ def test_a_gpt_oss_head_shows_its_bias_terms_and_its_sink_share(env):
     sink = chart(at, "score_sink")
     assert torch.allclose(values(sink["data"][0]["y"]), parts.sink_share, atol=1e-6)
     assert float(parts.sink_share.min()) > 0.0
+
+
+def test_the_sinks_section_of_a_gpt_oss_model_shows_the_learned_share(env):
+    at = open_page(PAGE, "tiny-gpt_oss")
+    at.toggle(key="sinks_section").set_value(True).run()
+    at.radio(key="heatmap_probes").set_value("input").run()
+    assert not at.exception and not at.error
+    loaded, tokens, _, _ = _page_input(at, "tiny-gpt_oss")
+    found = bilinear.sinks(loaded.model, [tokens])
+    fig = chart(at, "sinks")
+    z = values(fig["data"][0]["z"]).double()
+    assert torch.allclose(z[:, 0], found.learned.reshape(-1), atol=1e-6)  # the 'sink' column, left of token 0
+    assert torch.allclose(z[:, 1:], found.importance.reshape(z.shape[0], -1), atol=1e-6, equal_nan=True)
+    learned = next(m for m in at.metric if m.label == "mass on the learned sinks")
+    assert learned.value == f"{found.learned_mean:.0%}"
