@@ -3,13 +3,14 @@ config.json is untrusted input), with its exact parameter count.
 
 One config covers the toys we train and the Hugging Face families we import
 (``attn_core/hf/``): LayerNorm or RMSNorm, learned or rotary positions (full or partial,
-``rope_theta``, linear and llama3 scaling), grouped-query attention (``n_kv_heads``), q/k/v
+``rope_theta``, linear, llama3 and YaRN scaling), grouped-query attention (``n_kv_heads``), q/k/v
 biases, sequential or parallel attention and MLP, plain or gated (SwiGLU, GeGLU) MLPs, and sliding
 windows per layer; and the features of the newer families (:data:`FEATURES`): QK-norm per head or
 across the heads, a score scale other than 1/sqrt(d_head), logit soft-capping of the scores and of
 the logits, a second rotary base for the sliding layers, layers without positions (NoPE),
 sandwich or post norms, the embedding, residual and logit multipliers, and a routed mixture of
-experts in place of the MLP (Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE). Each defaults to
+experts in place of the MLP (Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE, gpt-oss), gpt-oss's clamped
+SwiGLU and its learned sink logits (one per head, in each softmax's denominator). Each defaults to
 "absent": a model without them computes, and saves, exactly what it did before they existed
 (:meth:`ModelConfig.to_dict` leaves out a feature at its default).
 """
