@@ -118,6 +118,7 @@ class LayerQK:
     window: int  # the layer's sliding window (0: none)
     x: torch.Tensor | None = None  # [T, d_model] the attention input (the mode split without rotary)
     cap: float | None = None  # the soft cap c of the scores: S -> c tanh(S / c) (Gemma 2)
+    sink: torch.Tensor | None = None  # [H]: a learned sink logit per query head (gpt-oss), one more outcome of a row
 
     @property
     def n(self) -> int:
@@ -205,7 +206,9 @@ def layer_qk(model: Transformer, tokens: Sequence[int], layer: int) -> LayerQK:
 class RowStats:
     """Per query row of one head: lse [T], top keys [T, k] (-1 past the keys a row sees), their
     scores and weights, entropy [T], sink mass [T] (weight on key 0), offsets [T, P] (weight on
-    key i - d, NaN where not visible), seen [T] (keys the row sees)."""
+    key i - d, NaN where not visible), seen [T] (keys the row sees); with a sink logit
+    (``LayerQK.sink``) ``learned`` [T], the weight on it (else None): the row's sink mass is
+    ``learned`` + ``sink``, and its entropy is that of the keys and the sink."""
 
     head: int
     lse: torch.Tensor
@@ -216,16 +219,18 @@ class RowStats:
     sink: torch.Tensor
     offsets: torch.Tensor
     seen: torch.Tensor
+    learned: torch.Tensor | None = None
 
     @property
     def n(self) -> int:
         return self.lse.shape[0]
 
     def queries(self) -> list[dict]:
-        """Every row as ``attn-lab scores --topk --json`` prints it: query, top [{key, score, weight}], entropy, sink."""
+        """Every row as ``attn-lab scores --topk --json`` prints it: query, top [{key, score, weight}], entropy, sink
+        (and learned_sink with a sink logit)."""
         keys, s, w = self.top_keys.tolist(), self.top_scores.tolist(), self.top_weights.tolist()
         ent, sink = self.entropy.tolist(), self.sink.tolist()
-        return [
+        out = [
             dict(
                 query=i,
                 top=[dict(key=k, score=a, weight=b) for k, a, b in zip(keys[i], s[i], w[i]) if k >= 0],
@@ -234,6 +239,10 @@ class RowStats:
             )
             for i in range(len(ent))
         ]
+        if self.learned is not None:
+            for row, x in zip(out, self.learned.tolist()):
+                row["learned_sink"] = x
+        return out
 
 
 def _block(block: int) -> int:
@@ -289,6 +298,9 @@ def _row_stats(qk: LayerQK, head: int, k: int, offsets: int, block: int, progres
         idx = torch.full((q1 - q0, k), -1, dtype=torch.long, device=dev)
         lo, hi = qk.key_span(q0, q1)
         m = l = t = None
+        if qk.sink is not None:  # the sink logit first: exp(sink - m) = 1 and its (S - m) = 0
+            m = qk.sink[h].to(dt).expand(q1 - q0).clone()
+            l, t = torch.ones_like(m), torch.zeros_like(m)
         for k1 in range(hi, lo, -b):  # the diagonal block first: every row sees its own key there
             k0 = max(lo, k1 - b)
             S = qk.scores(h, q0, q1, k0, k1)
@@ -322,7 +334,8 @@ def _row_stats(qk: LayerQK, head: int, k: int, offsets: int, block: int, progres
     sink = (qk.scores(h, 0, T, 0, 1)[:, 0] - lse).exp() if T else lse
     top_w = (top_s - lse[:, None]).exp()
     seen = rows + 1 if not qk.window else torch.clamp(rows + 1, max=qk.window)
-    return RowStats(h, lse, top_i, top_s, top_w, ent, sink, offset_profile(qk, h, lse, P), seen)
+    learned = None if qk.sink is None else (qk.sink[h].to(dt) - lse).exp()
+    return RowStats(h, lse, top_i, top_s, top_w, ent, sink, offset_profile(qk, h, lse, P), seen, learned)
 
 
 def _merge(
