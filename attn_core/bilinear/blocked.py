@@ -36,7 +36,7 @@ from attn_core.bilinear.checks import longest_input as checks_longest
 from attn_core.hooks import act_name
 from attn_core.model import Transformer
 from attn_core.model.attention import WINDOW_BLOCK
-from attn_core.validate import is_int
+from attn_core.validate import check_int, is_int
 
 BLOCKED_INPUT = 1024  # inputs longer than this take the blocked path (no T x T anywhere)
 BLOCK = 512  # queries (and keys) per block: a block of scores is BLOCK^2 floats
@@ -49,12 +49,6 @@ Progress = Callable[[int, int], None]
 
 class _Stop(Exception):
     """Raised by the hook on ``k``: the rest of the forward is skipped."""
-
-
-def check_count(name: str, value, lo: int, hi: int) -> int:
-    if not is_int(value) or not lo <= value <= hi:
-        raise ValueError(f"{name} must be a whole number in {lo}..{hi}, got {value!r}")
-    return int(value)
 
 
 def forward_bytes(model: Transformer, n: int) -> int:
@@ -246,7 +240,7 @@ class RowStats:
 
 
 def _block(block: int) -> int:
-    return check_count("block", block, 1, 1 << 16)
+    return check_int("block", block, 1, 1 << 16)
 
 
 @contextmanager
@@ -284,8 +278,8 @@ def row_stats(
 
 def _row_stats(qk: LayerQK, head: int, k: int, offsets: int, block: int, progress: Progress | None) -> RowStats:
     h, T = qk.check_head(head), qk.n
-    k = check_count("k (top keys)", k, 1, T)
-    P = min(T, check_count("offsets", offsets, 1, 1 << 16))
+    k = check_int("k (top keys)", k, 1, T)
+    P = min(T, check_int("offsets", offsets, 1, 1 << 16))
     b = _block(block)
     dev, dt = qk.q.device, qk.q.dtype
     lse = torch.empty(T, dtype=dt, device=dev)
@@ -379,7 +373,7 @@ def pooled(
     c0, c1 = cols
     if not (0 <= r0 < r1 <= T and 0 <= c0 < c1 <= T):
         raise ValueError(f"the region {rows} x {cols} is outside 0..{T} x 0..{T}")
-    tile = check_count("tile", tile, 1, T)
+    tile = check_int("tile", tile, 1, T)
     step = tile * max(1, BLOCK // tile)  # a whole number of tiles per block
     nr, nc = math.ceil((r1 - r0) / tile), math.ceil((c1 - c0) / tile)
     with one_thread(qk.q.device):
@@ -430,4 +424,4 @@ def _pool(S: torch.Tensor, lse: torch.Tensor | None, tile: int, pool: str) -> to
 
 def tile_for(n: int, pixels: int) -> int:
     """The tile (positions per cell side) that draws ``n`` positions in at most ``pixels`` cells."""
-    return max(1, math.ceil(n / check_count("pixels", pixels, 1, 1 << 16)))
+    return max(1, math.ceil(n / check_int("pixels", pixels, 1, 1 << 16)))
