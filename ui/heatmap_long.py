@@ -109,20 +109,18 @@ def controls(n: int) -> tuple[str, str, int, tuple[int, int], tuple[int, int]]:
 
 
 def sinks_refused(loaded: LoadedModel) -> bool:
-    """Whether the long-input views are refused for this model (learned sinks, which their rows
-    leave out until the row engine has them), said on the page in one sentence."""
+    """Whether the exact-window view of a long input (``bilinear.long``, whose pattern leaves out
+    a learned sink) is refused for this model, said on the page in one sentence."""
     try:
-        check_no_learned_sinks(loaded.model, "The long-input view")
+        check_no_learned_sinks(loaded.model, "The exact-window view of a long input")
     except ValueError as e:
-        st.error(str(e) + "; use at most 512 tokens.")
+        st.error(str(e) + f"; use at most {bilinear.LONG_INPUT} tokens, or more than {blocked.BLOCKED_INPUT}.")
         return True
     return False
 
 
 def section(loaded: LoadedModel, inp: Input, layer: int, head, top_k: int = blocked.TOP_K) -> list[Plot]:
     """Everything the page shows of one head (or, for all heads, a coarse map each) on a long input."""
-    if sinks_refused(loaded):
-        return []
     tokens, n = inp.tokens, len(inp.tokens)
     with st.spinner(f"The forward up to layer {layer}…", show_time=True):
         qk = layer_qk(loaded, tokens, layer)

@@ -92,9 +92,6 @@ def check_length(loaded, ids: list[int], topk: int | None) -> None:
 
 
 def blocked_scores(loaded, ids: list[int], layer: int, head: int, topk: int, as_json: bool) -> None:
-    from attn_core.bilinear.checks import check_no_learned_sinks
-
-    check_no_learned_sinks(loaded.model, "--topk (blocked rows)")
     """Print the per-query top keys (key, score, weight), entropy and sink mass of one head."""
     import math
 
@@ -154,14 +151,12 @@ def long_plot(loaded, figure: str, ids: list[int], layer: int, head: int, query:
     row marked) or ``long-rows`` (entropy and sink mass per query; CSV: every query's top keys)."""
     from attn_core import bilinear
     from attn_core.bilinear.blocked import check_input, layer_qk, row_stats
-    from attn_core.bilinear.checks import check_no_learned_sinks
     from attn_core.bilinear.long_map import long_map
     from attn_core.figures import long_view
 
     if query is not None and not 0 <= query < len(ids):
         raise ValueError(f"--query {query} is outside 0..{len(ids) - 1}")
     check_input(loaded.model, ids)
-    check_no_learned_sinks(loaded.model, f"--figure {figure} (blocked rows)")
     qk = layer_qk(loaded.model, ids, layer)
     stats = row_stats(qk, head)
     if figure == "long-map":

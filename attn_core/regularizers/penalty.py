@@ -15,7 +15,7 @@ from attn_core.model import ModelConfig, Transformer, attention_weights
 from attn_core.regularizers.heads import Heads, all_heads, by_layer, head_label, parse_heads
 from attn_core.regularizers.rows import PATHS, head_means, row_penalty, samples
 from attn_core.regularizers.specs import RegSpec, SpecsLike, parse_specs
-from attn_core.regularizers.summaries import data_rows, mean_rows, uncapped_qk
+from attn_core.regularizers.summaries import data_rows, layer_sinks, mean_rows, uncapped_qk
 from attn_core.validate import is_int
 
 
@@ -31,8 +31,9 @@ def data_values(
     qk = uncapped_qk(model, cache, layer, heads)
     if qk is not None:
         q, key, scale = qk
+        sink = layer_sinks(model, layer, heads)  # a learned sink: one more outcome of every row, with its gradient
         return head_means(
-            q, key, kind, window=cfg.window(layer), topk=k, alpha=cfg.entmax_alpha, scale=scale, **options
+            q, key, kind, window=cfg.window(layer), topk=k, alpha=cfg.entmax_alpha, scale=scale, sink=sink, **options
         )
     if act_name("pattern", layer) not in cache:
         raise ValueError(
@@ -212,6 +213,11 @@ def build_penalty(
             raise ValueError(
                 f"{s.name!r} penalises the vocabulary view from its Q and K, which cannot carry this model's soft cap "
                 f"(c tanh(S / c), c = {cfg.attn_softcap:g}); penalise the data view (entropy, hoyer, topk, sink)"
+            )
+        if s.view == "vocab" and cfg.attn_sinks:
+            raise ValueError(
+                f"{s.name!r} penalises the vocabulary view's rows, which leave out this model's learned sink logits "
+                "(attn_sinks); penalise the data view (entropy, hoyer, topk, sink), whose rows include them"
             )
         if s.view == "vocab" and cfg.d_vocab > 4096:
             raise ValueError(f"{s.name!r} forms a d_vocab x d_vocab view per head; {cfg.d_vocab} tokens is too many")

@@ -138,9 +138,3 @@ def regularized_heads(specs: SpecsLike, heads: str | None, cfg) -> list[tuple[in
             if pair not in out:
                 out.append(pair)
     return out
-
-
-def row_penalties(specs: SpecsLike) -> list[str]:
-    """The regularizers of ``specs`` that penalise attention rows (the batch's or the vocabulary
-    view's): a model with learned sinks refuses them until their rows include the sink."""
-    return [s.name for s in parse_specs(specs) if REGULARIZERS[s.name][0] in ("data", "vocab")]

@@ -48,11 +48,9 @@ def data_rows(model: Transformer, cache: dict, layer: int) -> tuple[torch.Tensor
 
 def qk_cache(model: Transformer, heads: Heads | None = None) -> Cache:
     """A forward cache keeping Q and K of the layers of ``heads`` (None: every layer), and their
-    pattern for a soft-capped model or one with learned sinks (whose rows are read from it:
-    :func:`uncapped_qk`)."""
+    pattern for a soft-capped model (whose rows are read from it: :func:`uncapped_qk`)."""
     layers = by_layer(heads or all_heads(model.cfg))
-    from_pattern = model.cfg.attn_softcap is not None or model.cfg.attn_sinks
-    kinds = ("q", "k", "pattern") if from_pattern else ("q", "k")
+    kinds = ("q", "k", "pattern") if model.cfg.attn_softcap is not None else ("q", "k")
     return Cache(tuple(act_name(kind, l) for l in layers for kind in kinds))
 
 
@@ -77,10 +75,15 @@ def layer_qk(model: Transformer, cache: dict, layer: int, heads) -> tuple[torch.
 
 
 def uncapped_qk(model: Transformer, cache: dict, layer: int, heads):
-    """:func:`layer_qk`, or None for a soft-capped model or one with learned sinks, whose rows are
-    read from its pattern (which has the cap and the sink in it)."""
-    cfg = model.cfg
-    return None if cfg.attn_softcap is not None or cfg.attn_sinks else layer_qk(model, cache, layer, heads)
+    """:func:`layer_qk`, or None for a soft-capped model, whose rows are read from its pattern."""
+    return None if model.cfg.attn_softcap is not None else layer_qk(model, cache, layer, heads)
+
+
+def layer_sinks(model: Transformer, layer: int, heads) -> torch.Tensor | None:
+    """The learned sink logits of ``heads`` of ``layer`` (the form's, differentiable), [len(heads)];
+    None for a model without learned sinks. What the row engine takes as ``sink``."""
+    z = model.blocks[layer].attn.form().sink
+    return None if z is None else z[list(heads)]
 
 
 @torch.no_grad()
@@ -159,7 +162,8 @@ def data_concentration(model: Transformer, cache: dict, heads: Heads | None = No
         qk = uncapped_qk(model, cache, layer, hs)
         if qk is not None:
             q, k, scale = qk
-            H, top = head_summaries(q, k, window=cfg.window(layer), alpha=cfg.entmax_alpha, scale=scale)
+            sink = layer_sinks(model, layer, hs)
+            H, top = head_summaries(q, k, window=cfg.window(layer), alpha=cfg.entmax_alpha, scale=scale, sink=sink)
         else:
             A, mask = data_rows(model, cache, layer)
             A = A[:, hs].float()
@@ -190,14 +194,17 @@ def vocab_qk(model: Transformer, layer: int, heads) -> tuple[torch.Tensor, torch
 def vocab_concentration(model: Transformer, heads: Heads | None = None) -> dict[str, torch.Tensor]:
     """Per head on the vocabulary view: ``entropy`` and ``top1``, [n_layers, n_heads], on the
     model's device; from the view's Q and K in blocks of rows (no V x V view per head is kept).
-    NaN for a soft-capped model (the cap is not in these Q and K) and one with learned sinks."""
+    NaN for a soft-capped model (the cap is not in these Q and K); a learned sink is one more
+    outcome of every row, as in the model."""
     cfg = model.cfg
     out = _empty(model)
-    if cfg.attn_softcap is not None or cfg.attn_sinks:
+    if cfg.attn_softcap is not None:
         return out
     for layer, hs in by_layer(heads or all_heads(cfg)).items():
         q, k = vocab_qk(model, layer, hs)
-        H, top = head_summaries(q.float(), k.float(), window=None, alpha=cfg.entmax_alpha)
+        sink = layer_sinks(model, layer, hs)
+        sink = None if sink is None else sink.float()
+        H, top = head_summaries(q.float(), k.float(), window=None, alpha=cfg.entmax_alpha, sink=sink)
         out["entropy"][layer, hs] = H
         out["top1"][layer, hs] = top
     return out

@@ -15,11 +15,9 @@ import time
 import torch
 
 from attn_core import regularizers as R
-from attn_core.bilinear.checks import check_no_learned_sinks
 from attn_core.card import Card
 from attn_core.model import Transformer
 from attn_core.presets import scratch_preset
-from attn_core.regularizers.specs import row_penalties
 from attn_core.runs import RunStore
 from attn_core.sources import resolve
 from attn_core.tasks import get_task
@@ -69,8 +67,6 @@ class TrainingJob:
         self.task = task
         start_alpha = model.cfg.entmax_alpha
         model = R.with_entmax(model, cfg.entmax_alpha)
-        if rows := row_penalties(cfg.regularizers):  # they leave out a learned sink logit: refused on such a model
-            check_no_learned_sinks(model, f"the row penalty {rows[0]}")
         # penalty_rows: the unbiased sampled-rows estimate of the row penalties, drawn under the run's seed
         self.penalty = R.build_penalty(cfg.regularizers, model, cfg.heads, rows=cfg.penalty_rows, seed=cfg.seed)
         self.train_cfg = cfg.train_config(parent_card.train)

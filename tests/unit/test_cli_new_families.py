@@ -15,14 +15,12 @@ from tests.unit.test_hf_new_families import FAMILIES, write_family  # noqa: E402
 WORDS = ["[UNK]"] + [f"w{i}" for i in range(1, 100)]
 QK_NORM = {"qwen3", "gemma3_text", "olmo2", "exaone4", "qwen3_moe", "olmoe"}
 CAPPED = {"gemma2"}
-SINKS = {"gpt_oss"}  # learned sinks: the paths whose rows leave them out refuse until the row engine has them
+SINKS = {"gpt_oss"}  # learned sinks: the vocabulary view's rows leave them out
 # command -> the families that refuse it, each with the words its refusal gives
 REFUSED = {
     "attribute": dict.fromkeys(CAPPED, "soft-capped"),
     "edit": dict.fromkeys(QK_NORM, "QK-norm"),
     "retrain-vocab": {**dict.fromkeys(CAPPED, "soft cap"), **dict.fromkeys(SINKS, "learned sink")},
-    "retrain": dict.fromkeys(SINKS, "learned sink"),
-    "long-scores": dict.fromkeys(SINKS, "learned sink"),
 }
 
 

@@ -13,6 +13,7 @@ from safetensors.torch import load_file  # noqa: E402
 
 import attn_core as al  # noqa: E402
 from attn_core.cli import main  # noqa: E402
+from attn_core.hooks import act_name  # noqa: E402
 from tests.unit.test_cli_new_families import WORDS  # noqa: E402
 from tests.unit.test_hf_new_families import write_family  # noqa: E402
 
@@ -111,14 +112,85 @@ def test_a_retrain_on_text_moves_the_sinks_and_biases_and_exports_back(oss, tmp_
         assert float((back(tokens).logits - want).abs().max()) <= 1e-4 * max(1.0, float(want.abs().max()))
 
 
-def test_a_row_penalty_on_a_model_with_sinks_is_refused_before_training(oss, tmp_path, monkeypatch):
+def _dense_rows(model, tokens, layer: int, kind: str, k: int = 2):
+    """Every row's penalty of ``layer`` from the float64 softmax of the model's own scores with the
+    sink logit as a last column every query sees, [b, h, T], and the rows that count (>= 2 keys)."""
+    from attn_core import metrics
+
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, act_name("attn_scores", layer))
+    S = cache[act_name("attn_scores", layer)].double()
+    b, h, T, _ = S.shape
+    mask = model.mask(T, model.cfg.window(layer)).expand(b, h, T, T)
+    z = model.blocks[layer].attn.sinks.detach().double().view(1, h, 1, 1).expand(b, h, T, 1)
+    p = torch.softmax(torch.cat([S.masked_fill(~mask, -torch.inf), z], -1), -1)
+    full = torch.cat([mask, torch.ones(b, h, T, 1, dtype=torch.bool)], -1)
+    value = {
+        "entropy": lambda: metrics.normalized_entropy(p, full),
+        "hoyer": lambda: 1 - metrics.hoyer(p, full),
+        "topk": lambda: 1 - metrics.topk_mass(p, k, full),
+        "sink": lambda: p[..., -1] + p[..., 0],
+    }[kind]()
+    return value, mask.sum(-1) >= 2
+
+
+@pytest.mark.parametrize("path", ["auto", "blocked"])
+def test_the_row_penalties_include_the_sink_as_a_dense_float64_softmax_does(oss, path):
+    """Every data-view row penalty of a gpt-oss model (a sliding layer and a full one), from the
+    cached Q and K through the row engine with the form's sink logits, is the mean over the rows
+    that count of the dense float64 softmax with the sink as one more outcome; its gradient
+    reaches the sink logits."""
+    from attn_core.hf import load_hf
+    from attn_core.regularizers import build_penalty
+
+    root, _ = oss
+    model = load_hf(root).model.double()
+    tokens = torch.randint(1, 100, (2, 14), generator=torch.Generator().manual_seed(5))
+    specs = {"entropy": 1.0, "hoyer": 1.0, "topk:2": 1.0, "sink": 1.0}
+    penalty = build_penalty(specs, model, path=path)
+    cache = penalty.cache()
+    model(tokens, cache=cache)
+    terms = penalty(model, None, cache)
+    for label, kind in (("entropy", "entropy"), ("hoyer", "hoyer"), ("topk:2", "topk"), ("sink", "sink")):
+        want = []
+        for layer in range(2):
+            value, rows = _dense_rows(model, tokens, layer, kind)
+            want.append((value * rows).sum((0, 2)) / rows.sum((0, 2)))
+        got = terms[next(t for t in terms if t.startswith(label.split(":")[0]))]
+        assert float(got.detach()) == pytest.approx(float(torch.cat(want).mean()), rel=1e-9, abs=1e-12), (label, path)
+    terms[next(iter(terms))].backward()
+    assert float(model.blocks[0].attn.sinks.grad.abs().max()) > 0
+
+
+def test_the_blocked_long_rows_include_the_sink(oss):
+    """``scores --topk`` rows (blocked, never T x T) of a gpt-oss head: each row's learned share,
+    token 0's weight and its entropy over the keys and the sink are the dense float64 softmax's."""
+    from attn_core.bilinear.blocked import layer_qk, row_stats
+    from attn_core.hf import load_hf
+
+    root, _ = oss
+    model = load_hf(root).model.double()
+    ids = torch.randint(1, 100, (30,), generator=torch.Generator().manual_seed(6)).tolist()
+    for layer in range(2):
+        stats = row_stats(layer_qk(model, ids, layer), 1)
+        p_entropy, _ = _dense_rows(model, torch.tensor([ids]), layer, "entropy")
+        with torch.no_grad():
+            _, cache = model.run_with_cache(torch.tensor([ids]), act_name("pattern", layer))
+        A = cache[act_name("pattern", layer)][0, 1].double()
+        assert torch.allclose(stats.learned.double(), 1 - A.sum(-1), atol=1e-6), layer
+        assert torch.allclose(stats.sink.double(), A[:, 0], atol=1e-6), layer
+        n = (model.mask(30, model.cfg.window(layer)).sum(-1) + 1).double()
+        assert torch.allclose(stats.entropy.double(), p_entropy[0, 1] * n.log(), atol=1e-5), layer
+
+
+def test_a_vocabulary_penalty_on_a_model_with_sinks_is_refused_in_one_sentence(oss, tmp_path, monkeypatch):
     from attn_core.training.config import JobConfig
     from attn_core.training.job import TrainingJob
 
     root, text = oss
     monkeypatch.setenv("ATTN_LAB_RUNS", str(tmp_path / "runs"))
-    cfg = JobConfig(source=str(root), text=str(text), block=12, steps=2, regularizers={"entropy": 0.1})
-    with pytest.raises(ValueError, match="the row penalty entropy .*learned sink"):
+    cfg = JobConfig(source=str(root), text=str(text), block=12, steps=2, regularizers={"vocab_entropy": 0.1})
+    with pytest.raises(ValueError, match="vocab_entropy.*learned sink"):
         TrainingJob(cfg)
 
 
