@@ -192,9 +192,9 @@ def layer_qk(model: Transformer, tokens: Sequence[int], layer: int) -> LayerQK:
     q = kept["q"]
     if q.dtype in (torch.float16, torch.bfloat16):  # the running sums and the entropy need float32
         q, k = q.float(), k.float()
-    form = model.blocks[layer].attn.form()  # the layer's mask (window) and cap
-    sink = None if form.sink is None else form.sink.detach().to(q.dtype)  # a learned sink: one more outcome of a row
-    return LayerQK(layer, ids, q, k.contiguous(), kv, scale, form.window, x, form.cap, sink)
+    form = model.blocks[layer].attn.form()  # the layer's mask (window), cap and learned sinks (gpt-oss)
+    z = None if form.sink is None else form.sink.detach().to(q.dtype)
+    return LayerQK(layer, ids, q, k.contiguous(), kv, scale, form.window, x, form.cap, z)
 
 
 @dataclass
