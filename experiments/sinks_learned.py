@@ -6,12 +6,12 @@ gpt-oss's clamped SwiGLU) trained here from one random init on the bundled text
 sink logit per head (``attn_sinks``; the sinks start at 0), each with and without an entropy
 penalty on every head's rows.
 
-The penalty is lambda times the mean normalised entropy of every attention row (every head, every
-query that sees at least 2 keys) of the training batch, computed from the model's own pattern
-(the dense path, S formed: exact, sink included): for a head with a learned sink the sink is one
-more outcome of the row, H = -sum_j p_j log p_j - p_s log p_s over the n visible keys and the sink,
-normalised by log(n + 1); without one, by log n. (The library's row penalties refuse a model with
-learned sinks until their fused and blocked paths include the sink.)
+The penalty is the lab's ``entropy`` regularizer (``regularizers.build_penalty``, every head):
+lambda times the mean normalised entropy of every attention row of the training batch (the rows
+whose query sees at least 2 keys), from the cached Q and K through the row engine. For a head with
+a learned sink the sink is one more outcome of the row, H = -sum_j p_j log p_j - p_s log p_s over
+the n visible keys and the sink, normalised by log(n + 1) (without one, by log n), with its
+gradient reaching the sink logit.
 
 Measured on held-out windows, per head, over the queries 1..T-1 that see token 0: the mean mass on
 the learned sink, on token 0, and on every other key ("spread"; the three add up to 1), the
@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 RESULTS = ROOT / "experiments" / "results"
 SHAPE = dict(d_model=64, heads=4, kv=2, d_head=16, d_mlp=64, experts=4, top=2, vocab=512, block=64, window=16,
-             batch=16, steps=1500, lr=3e-3, lam=1.0, probes=32)  # fmt: skip
+             batch=16, steps=3000, lr=3e-3, lam=1.0, probes=32)  # fmt: skip
 QUICK = dict(d_model=32, heads=4, kv=2, d_head=8, d_mlp=32, experts=4, top=2, vocab=300, block=16, window=4,
              batch=4, steps=4, lr=3e-3, lam=1.0, probes=4)  # fmt: skip
 
@@ -89,50 +89,35 @@ def models(shape: dict):
 
 def normalised_entropy(A, mask, sinks: bool):
     """Normalised entropy of every row of A [b, h, T, T] under ``mask`` [T, T], [b, h, T], and which
-    rows count (at least 2 outcomes): with ``sinks`` the sink's mass 1 - sum_j A_ij is one more
+    rows count (at least 2 visible keys, as the penalty's): with ``sinks`` the sink's mass 1 - sum_j A_ij is one more
     outcome (module doc)."""
     import torch
 
     def plogp(p):
         return torch.where(p > 0, p * torch.log(p.clamp_min(1e-30)), torch.zeros_like(p))
 
-    H, n = -plogp(A).sum(-1), mask.sum(-1).to(A.dtype).expand(A.shape[:-1])
+    H, keys = -plogp(A).sum(-1), mask.sum(-1).to(A.dtype).expand(A.shape[:-1])
+    n = keys + 1 if sinks else keys
     if sinks:
-        H, n = H - plogp((1 - A.sum(-1)).clamp(0, 1)), n + 1
-    return H / torch.log(n.clamp_min(2)), n >= 2
-
-
-def penalty(model, cache, T: int):
-    """The mean normalised row entropy of every head (module doc), differentiable."""
-    import torch
-
-    from attn_core.hooks import act_name
-
-    terms = []
-    for l in range(model.cfg.n_layers):
-        H, rows = normalised_entropy(
-            cache[act_name("pattern", l)], model.mask(T, model.cfg.window(l)), model.cfg.attn_sinks
-        )
-        terms.append(H[rows].mean())
-    return torch.stack(terms).mean()
+        H = H - plogp((1 - A.sum(-1)).clamp(0, 1))
+    return H / torch.log(n.clamp_min(2)), keys >= 2
 
 
 def train(model, task, shape: dict, lam: float) -> dict:
     import torch
 
-    from attn_core.hooks import Cache, act_name
+    from attn_core.regularizers import build_penalty
 
     opt = torch.optim.AdamW(model.parameters(), lr=shape["lr"], weight_decay=0.0)
-    names = [act_name("pattern", l) for l in range(model.cfg.n_layers)]
+    penalty = build_penalty({"entropy": lam}, model) if lam else None
     start = time.perf_counter()
     for step in range(shape["steps"]):
         batch = task.sample(shape["batch"], seed=step)
-        tokens = batch.tokens[:, :-1] if batch.tokens.shape[1] > shape["block"] else batch.tokens
-        cache = Cache(names) if lam else None
-        logits = model(tokens, cache=cache) if lam else model(tokens)
+        cache = penalty.cache() if penalty else None
+        logits = model(batch.tokens, cache=cache) if penalty else model(batch.tokens)
         loss = task.loss(logits, batch)
-        if lam:
-            loss = loss + lam * penalty(model, cache, tokens.shape[1])
+        if penalty:
+            loss = loss + sum(penalty(model, batch, cache).values())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -148,12 +133,12 @@ def measure(model, task, shape: dict) -> dict:
 
     model.eval()
     batch = task.sample(shape["probes"], seed=12345, split="test")
-    tokens = batch.tokens[:, : shape["block"]]
+    tokens = batch.tokens
     T = tokens.shape[1]
     out = dict(learned=[], token0=[], spread=[], entropy=[], sink_logit=[])
     with torch.no_grad():
         logits, cache = model.run_with_cache(tokens, [act_name("pattern", l) for l in range(model.cfg.n_layers)])
-        ppl = math.exp(float(task.loss(logits, batch))) if batch.tokens.shape[1] == T else math.nan
+        ppl = math.exp(float(task.loss(logits, batch)))
         for l in range(model.cfg.n_layers):
             A = cache[act_name("pattern", l)].double()  # [b, h, T, T]
             mask = model.mask(T, model.cfg.window(l))
