@@ -31,7 +31,8 @@ def env(models, monkeypatch):
 @pytest.mark.parametrize("model", ["tiny-mixtral", "tiny-gpt-oss"])
 @pytest.mark.parametrize("page", PAGES)
 def test_each_model_page_renders_on_a_mixture_of_experts(env, page, model):
-    open_page(str(ROOT / "app_pages" / page), model)
+    at = open_page(str(ROOT / "app_pages" / page), model)
+    assert at.query_params["model"] == model and not at.warning, [w.value for w in at.warning]  # that model, read
 
 
 @pytest.mark.parametrize("page", ["3_Retrain.py", "5_Grow_d_k.py"])

@@ -70,8 +70,8 @@ def test_the_python_edit_scales_a_sink(oss):
 @pytest.mark.parametrize(
     "args, words",
     [
-        (["--sink", "nan"], "--sink"),
-        (["--sink", "big"], "--sink"),
+        (["--sink", "nan"], "--sink of head L0H0 must be a finite number"),
+        (["--sink", "big"], "--sink takes a number"),
     ],
 )
 def test_a_bad_sink_factor_exits_2_naming_it(oss, capsys, args, words):
