@@ -226,3 +226,13 @@ def test_the_spectrum_reports_each_heads_sink_logit_and_share(oss, capsys):
     row = next(r for r in rows if (r["layer"], r["head"]) == (1, 2))
     assert row["sink_logit"] == pytest.approx(float(z[2]))
     assert 0.0 < row["sink_share"] < 1.0
+
+
+def test_scores_topk_prints_each_rows_learned_sink(oss, capsys):
+    root, text = oss
+    args = ["scores", root, "--layer", 1, "--head", 0, "--text", text, "--length", 40, "--topk", 3]
+    code, out, err = run(capsys, *args)
+    assert code == 0 and "learned_sink" in out and "learned sink" in out.splitlines()[-1], err
+    code, out, err = run(capsys, *args, "--json")
+    rows = json.loads(out)["queries"]
+    assert all(0.0 < q["learned_sink"] < 1.0 for q in rows)
