@@ -19,6 +19,8 @@ normalised entropy, and the held-out perplexity.
 
     python experiments/sinks_learned.py           # the full run: results/sinks_learned.{json,md}
     python experiments/sinks_learned.py --quick   # a smoke run (a tiny shape, few steps), nothing saved
+
+The two models train in two processes (one torch thread each).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 RESULTS = ROOT / "experiments" / "results"
 SHAPE = dict(d_model=64, heads=4, kv=2, d_head=16, d_mlp=64, experts=4, top=2, vocab=512, block=64, window=16,
-             batch=16, steps=3000, lr=3e-3, lam=1.0, probes=32)  # fmt: skip
+             batch=16, steps=2000, lr=3e-3, lam=1.0, probes=32)  # fmt: skip
 QUICK = dict(d_model=32, heads=4, kv=2, d_head=8, d_mlp=32, experts=4, top=2, vocab=300, block=16, window=4,
              batch=4, steps=4, lr=3e-3, lam=1.0, probes=4)  # fmt: skip
 
@@ -158,21 +160,32 @@ def measure(model, task, shape: dict) -> dict:
     return out
 
 
-def run(shape: dict) -> list[dict]:
+def run_one(setting: tuple[dict, bool]) -> list[dict]:
+    """One model (plain, or with sinks) trained from the shared init without, then with, the penalty."""
     import torch
 
     from attn_core.text.bundled import corpus_task, read_corpus, train_tokenizer
 
+    shape, sinks = setting
     torch.set_num_threads(1)
     text = read_corpus()
     task = corpus_task(text, train_tokenizer(text, shape["vocab"]), shape["block"], "lab-manual.txt")
     shape = {**shape, "vocab": task.d_vocab}
     rows = []
     for lam in (0.0, shape["lam"]):
-        for model, name in zip(models(shape), ("plain", "learned sinks")):
-            timing = train(model, task, shape, lam)
-            rows.append(dict(model=name, lam=lam, **timing, **measure(model, task, shape)))
+        model = models(shape)[int(sinks)]
+        timing = train(model, task, shape, lam)
+        rows.append(dict(model="learned sinks" if sinks else "plain", lam=lam, **timing, **measure(model, task, shape)))
     return rows
+
+
+def run(shape: dict) -> list[dict]:
+    """Both models, in two processes (one torch thread each)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(2) as pool:
+        plain, sinks = pool.map(run_one, [(shape, False), (shape, True)])
+    return [r for pair in zip(plain, sinks) for r in pair]
 
 
 def table(rows: list[dict], heads: int) -> str:
