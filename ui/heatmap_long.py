@@ -12,7 +12,6 @@ import streamlit as st
 
 from attn_core import bilinear
 from attn_core.bilinear import blocked
-from attn_core.bilinear.checks import check_no_learned_sinks
 from attn_core.bilinear.long_map import long_map
 from attn_core.circuits.long_split import mode_split
 from attn_core.figures import Plot
@@ -108,25 +107,19 @@ def controls(n: int) -> tuple[str, str, int, tuple[int, int], tuple[int, int]]:
     return value, pool, PIXELS[px], (rows[0], rows[1] + 1), (cols[0], cols[1] + 1)
 
 
-def sinks_refused(loaded: LoadedModel) -> bool:
-    """Whether the exact-window view of a long input (``bilinear.long``, whose pattern leaves out
-    a learned sink) is refused for this model, said on the page in one sentence."""
-    try:
-        check_no_learned_sinks(loaded.model, "The exact-window view of a long input")
-    except ValueError as e:
-        st.error(str(e) + f"; use at most {bilinear.LONG_INPUT} tokens, or more than {blocked.BLOCKED_INPUT}.")
-        return True
-    return False
-
-
 def section(loaded: LoadedModel, inp: Input, layer: int, head, top_k: int = blocked.TOP_K) -> list[Plot]:
     """Everything the page shows of one head (or, for all heads, a coarse map each) on a long input."""
     tokens, n = inp.tokens, len(inp.tokens)
     with st.spinner(f"The forward up to layer {layer}…", show_time=True):
         qk = layer_qk(loaded, tokens, layer)
     mib = (qk.q.numel() + qk.k.numel()) * qk.q.element_size() / 2**20
+    why = (
+        f"more than {blocked.BLOCKED_INPUT}"
+        if n > blocked.BLOCKED_INPUT
+        else "learned sinks, which the blocked rows keep"
+    )
     st.info(
-        f"{n} tokens (more than {blocked.BLOCKED_INPUT}): blocked scores, never all {n}² cells. This layer's Q and K "
+        f"{n} tokens ({why}): blocked scores, never all {n}² cells. This layer's Q and K "
         f"({mib:.1f} MiB) are kept from one forward; a head change recomputes only that head's blocks."
     )
     value, pool, px, rows, cols = controls(n)

@@ -150,15 +150,3 @@ def check_bilinear(model: Transformer | LoadedModel, what: str) -> Transformer:
     if problem:
         raise ValueError(f"{what} is not available for this model: {problem}")
     return model
-
-
-def check_no_learned_sinks(model, what: str) -> None:
-    """Refuse in one sentence ``what`` (a path whose softmax rows leave out a learned sink logit:
-    the blocked long-context rows, the row penalties) on a model with learned sinks (gpt-oss),
-    where its rows would not be the model's."""
-    cfg = getattr(model, "cfg", model)
-    if getattr(cfg, "attn_sinks", False):
-        raise ValueError(
-            f"{what} is not available for this model: its heads have learned sink logits (attn_sinks) in each "
-            "softmax's denominator, which that path does not include yet, so its rows would not be the model's"
-        )

@@ -23,6 +23,7 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf-form-models")
     for family in ("qwen3", "gemma2", "gpt_oss"):
         write_family(root / f"tiny-{family}", family)
+    write_family(root / "long-gpt_oss", "gpt_oss", max_position_embeddings=2048)
     return root
 
 
@@ -99,3 +100,13 @@ def test_the_sinks_section_of_a_gpt_oss_model_shows_the_learned_share(env):
     assert torch.allclose(z[:, 1:], found.importance.reshape(z.shape[0], -1), atol=1e-6, equal_nan=True)
     learned = next(m for m in at.metric if m.label == "mass on the learned sinks")
     assert learned.value == f"{found.learned_mean:.0%}"
+
+
+@pytest.mark.parametrize("n", [600, 1100])
+def test_a_long_input_to_a_gpt_oss_model_keeps_its_sinks(env, n):
+    """A long input (600 tokens, as 1100) to a model with learned sinks is drawn from the blocked
+    rows, which keep the sink (the exact-window view's pattern would leave it out)."""
+    at = open_page(PAGE, "long-gpt_oss")
+    at.number_input(key="random_length").set_value(n).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert any(f"{n} tokens (" in i.value and "blocked scores" in i.value for i in at.info), [i.value for i in at.info]
