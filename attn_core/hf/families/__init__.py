@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from attn_core.checkpoint import CheckpointError
 from attn_core.hf.families import (
+    deepseek_v3,
     exaone4,
     gemma2,
     gemma3,
@@ -50,6 +51,7 @@ REGISTRY: dict[str, Family] = {
         qwen3_moe.FAMILY,
         olmoe.FAMILY,
         qwen2_moe.FAMILY,
+        deepseek_v3.FAMILY,
     )
 }
 FAMILIES = tuple(REGISTRY)
