@@ -1,0 +1,266 @@
+"""Multi-head latent attention (attn_core/model/mla.py) and the DeepSeek-V3 family: tiny random
+folders made by transformers here (nothing downloaded), with the query latent and without it,
+rotary pairs interleaved or not. transformers' eager attention is the reference for every head's
+pattern and the logits; the form's terms add up to the model's own scores; the absorbed B's
+spectrum is the dense float64 B's; an edit goes into the head's own up-projection; bad config
+fields are refused in one line naming them."""
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from attn_core.hf import load_hf  # noqa: E402
+from attn_core.hf.family_export import export_family, hf_origin  # noqa: E402
+from attn_core.hooks import act_name  # noqa: E402
+
+TINY = dict(
+    hidden_size=32,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    num_hidden_layers=2,
+    intermediate_size=48,
+    vocab_size=100,
+    moe_intermediate_size=16,
+    n_routed_experts=8,
+    num_experts_per_tok=3,
+    n_group=4,
+    topk_group=2,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+    q_lora_rank=16,
+    kv_lora_rank=12,
+    qk_nope_head_dim=8,
+    qk_rope_head_dim=4,
+    v_head_dim=6,
+    max_position_embeddings=64,
+    rope_scaling=None,
+    attn_implementation="eager",
+)
+CASES = {
+    "v3": {},
+    "v3-no-interleave": dict(rope_interleave=False),
+    "v3-no-query-latent": dict(q_lora_rank=None, first_k_dense_replace=0, n_group=1, topk_group=1),
+}
+
+
+def write_deepseek(folder, **overrides):
+    """A random tiny DeepSeek-V3 model saved into ``folder`` by transformers; returns it. Weights
+    far from uniform attention and a random e_score_correction_bias (it changes the choice)."""
+    cfg = transformers.DeepseekV3Config(**{**TINY, **overrides})
+    torch.manual_seed(0)
+    model = transformers.DeepseekV3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name and p.dim() == 1:
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0.0, 0.3 if p.dim() > 1 else 0.1)
+        for name, b in model.named_buffers():
+            if "e_score_correction_bias" in name:
+                b.normal_(0.0, 0.2)
+    model.save_pretrained(folder, safe_serialization=True)
+    return model
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param)
+    return request.param, write_deepseek(folder, **CASES[request.param]), folder
+
+
+def _tokens(n: int = 20, batch: int = 2) -> torch.Tensor:
+    return torch.randint(0, 100, (batch, n), generator=torch.Generator().manual_seed(1))
+
+
+def _close_logits(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Within 1e-4 relative (of the largest logit)."""
+    return float((got - want).abs().max()) <= 1e-4 * max(1.0, float(want.abs().max()))
+
+
+def test_patterns_and_logits_match_transformers(case):
+    name, reference, folder = case
+    loaded = load_hf(folder)
+    tokens = _tokens()
+    with torch.no_grad():
+        ref = reference(tokens, output_attentions=True)
+        plain = loaded.model(tokens)  # the fused path
+        logits, cache = loaded.model.run_with_cache(tokens)
+    for layer in range(2):
+        A_ref = ref.attentions[layer]
+        assert A_ref.max() > 0.5, (name, layer)
+        err = float((cache[act_name("pattern", layer)] - A_ref).abs().max())
+        assert err <= 1e-5, (name, layer, err)
+    assert _close_logits(logits, ref.logits), (name, float((logits - ref.logits).abs().max()))
+    assert _close_logits(plain, ref.logits), name
+
+
+def test_features_reach_the_config(case):
+    name, _, folder = case
+    cfg = load_hf(folder).config
+    want = dict(
+        kv_lora_rank=12,
+        q_lora_rank=0 if name == "v3-no-query-latent" else 16,
+        d_head=8,
+        rotary_dim=4,
+        d_v=6,
+        n_experts=8,
+        experts_per_token=3,
+        router_scoring="sigmoid",
+        router_renorm=True,
+        router_choice_bias=True,
+        routed_scale=2.5,
+        d_mlp=16,
+        d_shared=16,
+        router_groups=0 if name == "v3-no-query-latent" else 4,
+    )
+    assert {k: getattr(cfg, k) for k in want} == want
+    assert cfg.n_params() == sum(p.numel() for p in load_hf(folder).model.parameters())
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """A DeepSeek-V3 folder with a word-level tokenizer.json, and a long text for it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from tests.unit.test_cli_new_families import WORDS
+
+    root = tmp_path_factory.mktemp("deepseek_v3")
+    write_deepseek(root, max_position_embeddings=2048)
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(root / "tokenizer.json"))
+    text = root.parent / "deepseek_v3.txt"
+    text.write_text(" ".join(WORDS[1 + (i * 7) % 99] for i in range(1100)))
+    return root, text
+
+
+# commands that refuse MLA, and the words of their one sentence
+MLA_REFUSED = {}
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["spectrum", "ranks", "scores", "long-scores", "heads", "sinks", "circuits", "attribute", "edit", "diff",
+     "export-hf", "retrain", "retrain-vocab"],
+)  # fmt: skip
+def test_each_command_runs_or_refuses_in_one_sentence(folder, command, capsys, tmp_path, monkeypatch):
+    from tests.unit.test_cli_new_families import commands, run
+
+    root, text = folder
+    monkeypatch.setenv("ATTN_LAB_RUNS", str(tmp_path / "runs"))
+    code, out, err = run(capsys, *commands(root, text, tmp_path)[command])
+    if command in MLA_REFUSED:
+        errors = [line for line in err.splitlines() if line.startswith("error:")]
+        assert code == 2 and len(errors) == 1 and MLA_REFUSED[command] in errors[0], err
+    else:
+        assert code == 0, err
+        json.loads(out)
+
+
+def _dense_B(reference, layer: int, head: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B in residual-stream terms, B on the latents), float64, from transformers' own tensors:
+    s W_DQ diag(w_q) W_UQ^h (W_UK^h)^T diag(w_kv) W_DKV^T (module doc of attn_core/model/mla.py)."""
+    cfg, at = reference.config, reference.model.layers[layer].self_attn
+    n, r, dv, rkv = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
+    s = (n + r) ** -0.5
+    q_b = at.q_b_proj if cfg.q_lora_rank else at.q_proj
+    W_UQ = q_b.weight.double().reshape(-1, n + r, q_b.weight.shape[-1])[head, :n].T  # [r_q, n]
+    W_UK = at.kv_b_proj.weight.double().reshape(-1, n + dv, rkv)[head, :n].T  # [r_kv, n]
+    latent = s * W_UQ @ W_UK.T
+    D_kv = at.kv_a_proj_with_mqa.weight.double()[:rkv].T * at.kv_a_layernorm.weight.double()
+    D_q = at.q_a_proj.weight.double().T * at.q_a_layernorm.weight.double() if cfg.q_lora_rank else None
+    return (latent if D_q is None else D_q @ latent) @ D_kv.T, latent
+
+
+def test_the_forms_terms_add_up_to_the_models_own_scores(case):
+    """S_ij = g_q(i) g_kv(j) x_i B x_j^T + g_q(i) x_i B_R(j - i) x_j^T at every offset, and the
+    form's own scores are the model's."""
+    from attn_core import bilinear as bl
+
+    name, _, folder = case
+    model = load_hf(folder).model
+    T = 12
+    with torch.no_grad():
+        _, cache = model.run_with_cache(_tokens(T, 1))
+        for layer in range(2):
+            X = cache[act_name("attn_in", layer)][0]
+            S = cache[act_name("attn_scores", layer)][0]
+            form = model.blocks[layer].attn.form()
+            assert torch.equal(form.scores(X), S), (name, layer)
+            g_q, g_kv = bl.qk_gains(model, layer, X)
+            B = bl.layer_form(model, layer).bilinear(X) * g_q[:, :, None] * g_kv[:, None, :]
+            for delta in range(-(T - 1), 1):
+                rows = torch.arange(-delta, T)
+                rope = form.rope_core(delta).bilinear(X) * g_q[:, :, None]
+                got = (B + rope)[:, rows, rows + delta]
+                want = S[:, rows, rows + delta]
+                assert float((got - want).abs().max()) <= 1e-4 * max(1.0, float(want.abs().max())), (name, delta)
+
+
+def test_spectrum_is_the_dense_float64_absorbed_B(case):
+    from attn_core.bilinear.spectrum import spectrum
+
+    name, reference, folder = case
+    model = load_hf(folder).model
+    rows = spectrum(model)
+    n = model.cfg.d_head
+    for row in rows:
+        dense, latent = _dense_B(reference, row["layer"], row["head"])
+        want = torch.linalg.svdvals(dense)
+        assert row["rank_cap"] == n and len(row["singular_values"]) == n
+        assert torch.allclose(torch.tensor(row["singular_values"], dtype=torch.float64), want[:n], rtol=1e-5), name
+        assert float(want[n:].abs().max()) <= 1e-9 * float(want[0])  # rank <= qk_nope_head_dim
+        got = model.blocks[row["layer"]].attn.form(row["head"]).latent().singular_values.double()
+        assert torch.allclose(got, torch.linalg.svdvals(latent)[:n], rtol=1e-5), name
+
+
+def test_an_edit_goes_into_the_heads_own_up_projection(case):
+    """Dropping modes of one head changes its B as asked and every other head's B not at all (bit
+    for bit); only that head's W_UQ rows (q_b_proj's) change, and the rotary term is kept."""
+    from attn_core.bilinear import layer_form
+    from attn_core.surgery import apply_factors, head_form64, head_modes, mode_factors
+
+    name, _, folder = case
+    model = load_hf(folder).model
+    layer, head = 1, 2
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    forms = [layer_form(model, l).dense.clone() for l in range(2)]
+    modes = head_modes(model, layer, head)
+    assert modes.kind == "singular" and modes.k == model.cfg.d_head
+    U, S, Vh = head_form64(model, layer, head).svd()
+    f = mode_factors(modes, rank=3, scale=((0, 0.5),))
+    apply_factors(model, layer, head, f)
+    changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
+    assert changed == [f"blocks.{layer}.attn.W_UQ"], changed
+    W = model.state_dict()[f"blocks.{layer}.attn.W_UQ"]
+    assert torch.equal(W[torch.arange(4) != head], before[f"blocks.{layer}.attn.W_UQ"][torch.arange(4) != head])
+    after = [layer_form(model, l).dense for l in range(2)]
+    for l in range(2):
+        for h in range(4):
+            if (l, h) != (layer, head):
+                assert torch.equal(after[l][h], forms[l][h]), (name, l, h)
+    want = (U * (f * S)) @ Vh
+    got = head_form64(model, layer, head).dense
+    assert float((got - want).abs().max()) <= 1e-5 * float(S[0]), name
+
+
+def test_export_goes_back_to_the_family(case, tmp_path):
+    """export-hf writes deepseek_v3 again (the rotary columns back in the file's order): transformers
+    gives the same logits and attn-lab reads the same model."""
+    name, _, folder = case
+    loaded = load_hf(folder)
+    origin = hf_origin(loaded)
+    assert origin["model_type"] == "deepseek_v3"
+    summary = export_family(loaded, tmp_path / "out", origin)
+    assert summary["model_type"] == "deepseek_v3"
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager").eval()
+    tokens = _tokens()
+    with torch.no_grad():
+        assert _close_logits(back(tokens).logits, loaded.model(tokens)), name
+    again = load_hf(tmp_path / "out")
+    assert again.config == loaded.config
+    mine, theirs = loaded.model.state_dict(), again.model.state_dict()
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine), name
