@@ -53,7 +53,8 @@ def _gain(x: torch.Tensor, down: torch.Tensor | None) -> torch.Tensor:
     """The latent norm's per-token gain [..., T] (ones without a latent)."""
     if down is None:
         return x.new_ones(x.shape[:-1])
-    return ((x @ down).float().pow(2).mean(-1) + LATENT_EPS).rsqrt().to(x.dtype)
+    t = x @ down.to(x.dtype)
+    return (t.pow(2).mean(-1) + LATENT_EPS).rsqrt()
 
 
 @dataclass
@@ -220,6 +221,16 @@ class MLAttention(nn.Module):
             src = h if new.head is None else new.head
             for name, t in zip(UP, (new.up_q, new.rope_q, new.up_k)):
                 getattr(self, name)[h] = t[src].to(getattr(self, name).dtype)
+
+    def per_head(self, name: str) -> torch.Tensor:
+        """``W_V`` [h, d, d_v]: each head's value map in residual-stream terms, W_DKV diag(w_kv) W_UV^h
+        (a key's latent gain g_kv(j) multiplies it, as a norm's does; OV circuits leave it out);
+        ``W_O`` as stored."""
+        if name == "W_V":
+            return torch.einsum("dr,hre->hde", self.W_DKV * self.kv_latent_norm.w, self.W_UV)
+        if name == "W_O":
+            return self.W_O
+        raise KeyError(f"an MLA layer has no per-head {name}")
 
     def qk(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(Q, K) [b, h, T, n + r] of x [b, T, d] (unscaled)."""

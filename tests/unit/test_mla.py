@@ -160,6 +160,7 @@ def test_each_command_runs_or_refuses_in_one_sentence(folder, command, capsys, t
         json.loads(out)
 
 
+@torch.no_grad()
 def _dense_B(reference, layer: int, head: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(B in residual-stream terms, B on the latents), float64, from transformers' own tensors:
     s W_DQ diag(w_q) W_UQ^h (W_UK^h)^T diag(w_kv) W_DKV^T (module doc of attn_core/model/mla.py)."""
