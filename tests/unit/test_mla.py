@@ -265,3 +265,59 @@ def test_export_goes_back_to_the_family(case, tmp_path):
     assert again.config == loaded.config
     mine, theirs = loaded.model.state_dict(), again.model.state_dict()
     assert all(torch.equal(mine[k], theirs[k]) for k in mine), name
+
+
+def _config(folder, **changes):
+    raw = json.loads((folder / "config.json").read_text())
+    raw.update(changes)
+    (folder / "config.json").write_text(json.dumps(raw))
+
+
+def _nan_choice_bias(folder):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(folder / "model.safetensors")
+    tensors[CHOICE_BIAS][1] = float("nan")
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+CHOICE_BIAS = "model.layers.1.mlp.gate.e_score_correction_bias"
+# what to break, the field the refusal names
+BROKEN = {
+    "kv-rank": (lambda f: _config(f, kv_lora_rank=10), "kv_lora_rank"),
+    "q-rank": (lambda f: _config(f, q_lora_rank=8), "q_lora_rank"),
+    "q-rank-missing": (lambda f: _config(f, q_lora_rank=None), "q_lora_rank"),
+    "nope-dim": (lambda f: _config(f, qk_nope_head_dim=6), "qk_nope_head_dim"),
+    "rope-dim-odd": (lambda f: _config(f, qk_rope_head_dim=3), "qk_rope_head_dim"),
+    "value-dim": (lambda f: _config(f, v_head_dim=5), "v_head_dim"),
+    "experts-more-than-weights": (lambda f: _config(f, n_routed_experts=12), "n_routed_experts"),
+    "experts-fewer-than-weights": (lambda f: _config(f, n_routed_experts=4, n_group=2), "n_routed_experts"),
+    "top-k-above-experts": (lambda f: _config(f, num_experts_per_tok=9), "num_experts_per_tok"),
+    "top-k-above-groups": (lambda f: _config(f, num_experts_per_tok=5, topk_group=2), "num_experts_per_tok"),
+    "top-groups-above-groups": (lambda f: _config(f, topk_group=5), "topk_group"),
+    "groups-uneven": (lambda f: _config(f, n_group=3), "n_group"),
+    "kv-heads": (lambda f: _config(f, num_key_value_heads=2), "num_key_value_heads"),
+    "choice-bias-nan": (_nan_choice_bias, CHOICE_BIAS),
+    "dense-layers": (lambda f: _config(f, first_k_dense_replace=3), "first_k_dense_replace"),
+}
+
+
+@pytest.fixture(params=list(BROKEN))
+def broken(request, tmp_path):
+    breaks, field = BROKEN[request.param]
+    write_deepseek(tmp_path)
+    breaks(tmp_path)
+    return tmp_path, field
+
+
+def test_bad_fields_are_refused_in_one_line_naming_them(broken, capsys):
+    from attn_core.cli import main
+    from tests.refusals import refuses
+
+    folder, field = broken
+    refuses(lambda: load_hf(folder), field)
+    with pytest.raises(SystemExit) as e:
+        main(["spectrum", str(folder)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2, err
+    assert field in err and len(err.strip().splitlines()) == 1, err

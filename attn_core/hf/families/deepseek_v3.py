@@ -149,7 +149,9 @@ def attention_slots(cfg: ModelConfig, raw: dict, a: str, q: str) -> list[Slot]:
     rq, rkv = cfg.q_lora_rank, cfg.kv_lora_rank
     perm = _order(r, interleaved(raw))
     o = q + "attn."
-    hint_q = f"config.json q_lora_rank={rq}, qk_nope_head_dim={n} or qk_rope_head_dim={r} disagrees with the weights"
+    hint_q = (f"config.json q_lora_rank={rq or 'null'}, qk_nope_head_dim={n} or qk_rope_head_dim={r} "
+              "disagrees with the weights")  # fmt: skip
+    hint_a = f"config.json kv_lora_rank={rkv} or qk_rope_head_dim={r} disagrees with the weights"
     hint_kv = f"config.json kv_lora_rank={rkv}, qk_nope_head_dim={n} or v_head_dim={dv} disagrees with the weights"
     out = []
     if rq:
@@ -167,7 +169,7 @@ def attention_slots(cfg: ModelConfig, raw: dict, a: str, q: str) -> list[Slot]:
         return torch.cat([ps[0].T, ps[1][:, perm[1]].T])
 
     out += [
-        Slot(a + "kv_a_proj_with_mqa.weight", (o + "W_DKV", o + "W_KR"), (rkv + r, d), split_a, join_a, hint=hint_kv),
+        Slot(a + "kv_a_proj_with_mqa.weight", (o + "W_DKV", o + "W_KR"), (rkv + r, d), split_a, join_a, hint=hint_a),
         same(a + "kv_a_layernorm.weight", o + "kv_latent_norm.w", (rkv,)),
         _per_head(a + "kv_b_proj.weight", (o + "W_UK", o + "W_UV"), h, (n, dv), rkv, hint=hint_kv),
         out_heads(a + "o_proj.weight", o + "W_O", h, dv, d),
