@@ -321,3 +321,67 @@ def test_bad_fields_are_refused_in_one_line_naming_them(broken, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2, err
     assert field in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_attribution_splits_a_score_into_the_modes_and_the_rotary_term(case):
+    """attribute: one term per singular mode of the absorbed B (with the latent gains) and the
+    rotary term; they add up to the model's own score of every key."""
+    from attn_core.circuits.attribution import attribute
+
+    name, _, folder = case
+    loaded = load_hf(folder)
+    ids = _tokens(9, 1)[0].tolist()
+    with torch.no_grad():
+        _, cache = loaded.model.run_with_cache(torch.tensor([ids]))
+    for layer, head in ((0, 1), (1, 3)):
+        a = attribute(loaded, ids, layer, head, query=8)
+        assert a.term_names[-1] == "rotary term" and len(a.term_names) == loaded.config.d_head + 1
+        want = cache[act_name("attn_scores", layer)][0, head, 8, a.keys].double()
+        assert torch.allclose(a.terms.sum(-1), want, atol=1e-5), (name, layer, head)
+
+
+def test_the_vocabulary_view_carries_the_rotary_term(tmp_path):
+    """f_x(y) at offset delta is what the model scores for token x's input as a query and token y's
+    as a key delta positions apart: g_q g_kv x B y^T + g_q x B_R(delta) y^T."""
+    from attn_core.bilinear.views import vocab_inputs, vocab_scores
+
+    write_deepseek(tmp_path)
+    model = load_hf(tmp_path).model
+    a, b, T = 5, 9, 7
+    with torch.no_grad():
+        x = vocab_inputs(model, 1, [a, b])  # [2, d]
+        form = model.blocks[1].attn.form()
+        for delta in (0, -1, -6):
+            i, j = T - 1, T - 1 + delta
+            X = torch.zeros(T, model.cfg.d_model)
+            X[j], X[i] = x[1], x[0]  # at offset 0 the key is the query itself: token a's pair (a, a)
+            want = form.scores(X)[:, i, j]
+            got = vocab_scores(model, 1, offset=delta, tokens=[a, b])[:, 0, 0 if delta == 0 else 1]
+            assert torch.allclose(got, want, atol=1e-5), delta
+
+
+@pytest.mark.parametrize("groups,top_groups,renorm", [(4, 2, True), (2, 1, False), (1, 1, True)])
+def test_the_router_chooses_as_deepseeks(groups, top_groups, renorm):
+    """route() against transformers' DeepseekV3TopkRouter on many tokens: sigmoid scores, the
+    correction bias for choosing only, group-limited top-k, renormalised, times the scaling factor."""
+    from attn_core.model import ModelConfig
+    from attn_core.model.moe import route
+
+    hf = transformers.DeepseekV3Config(
+        **{**TINY, "n_group": groups, "topk_group": top_groups, "norm_topk_prob": renorm, "routed_scaling_factor": 1.7}
+    )
+    router = transformers.models.deepseek_v3.modeling_deepseek_v3.DeepseekV3TopkRouter(hf)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        router.weight.normal_(0.0, 0.5, generator=g)
+        router.e_score_correction_bias.normal_(0.0, 0.3, generator=g)
+    cfg = ModelConfig(d_model=32, d_mlp=16, n_experts=8, experts_per_token=3, router_scoring="sigmoid",
+                      router_renorm=renorm, router_groups=groups if groups > 1 else 0,
+                      router_top_groups=top_groups if groups > 1 else 0, router_choice_bias=True, routed_scale=1.7)  # fmt: skip
+    x = torch.randn(500, 32, generator=g)
+    with torch.no_grad():
+        _, w_ref, idx_ref = router(x)
+        w, idx = route(x @ router.weight.T, cfg, router.e_score_correction_bias)
+    order, order_ref = idx.sort(-1), idx_ref.sort(-1)
+    assert torch.equal(order.values, order_ref.values)
+    assert torch.allclose(w.gather(-1, order.indices), w_ref.gather(-1, order_ref.indices), atol=1e-6)
