@@ -385,3 +385,43 @@ def test_the_router_chooses_as_deepseeks(groups, top_groups, renorm):
     order, order_ref = idx.sort(-1), idx_ref.sort(-1)
     assert torch.equal(order.values, order_ref.values)
     assert torch.allclose(w.gather(-1, order.indices), w_ref.gather(-1, order_ref.indices), atol=1e-6)
+
+
+V2 = dict(
+    {k: v for k, v in TINY.items() if k not in ("n_group", "topk_group", "rope_scaling")},
+    q_lora_rank=None,
+    n_shared_experts=2,
+    routed_scaling_factor=1.5,
+)
+V2_CASES = {
+    "v2-lite-greedy": dict(topk_method="greedy"),
+    "v2-group-limited": dict(topk_method="group_limited_greedy", n_group=4, topk_group=2, q_lora_rank=16),
+}
+
+
+@pytest.mark.parametrize("name", list(V2_CASES))
+def test_deepseek_v2_matches_transformers_and_exports_back(name, tmp_path):
+    """DeepSeek-V2 (V2-Lite: no query latent): softmax routing, greedy or group-limited (a group's
+    best expert), the routed scaling factor, adjacent rotary pairs; patterns, logits, export."""
+    cfg = transformers.DeepseekV2Config(**{**V2, **V2_CASES[name]})
+    torch.manual_seed(0)
+    reference = transformers.DeepseekV2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for key, p in reference.named_parameters():
+            p.uniform_(0.5, 1.5) if "norm" in key and p.dim() == 1 else p.normal_(0.0, 0.3 if p.dim() > 1 else 0.1)
+    reference.save_pretrained(tmp_path / "m", safe_serialization=True)
+    loaded = load_hf(tmp_path / "m")
+    assert loaded.config.router_scoring == "softmax" and not loaded.config.router_renorm
+    assert loaded.config.router_groups == (4 if name == "v2-group-limited" else 0)
+    tokens = _tokens()
+    with torch.no_grad():
+        ref = reference(tokens, output_attentions=True)
+        plain = loaded.model(tokens)
+        logits, cache = loaded.model.run_with_cache(tokens)
+        for layer in range(2):
+            assert float((cache[act_name("pattern", layer)] - ref.attentions[layer]).abs().max()) <= 1e-5
+        assert _close_logits(logits, ref.logits) and _close_logits(plain, ref.logits)
+        export_family(loaded, tmp_path / "out", hf_origin(loaded))
+        back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager").eval()
+        assert _close_logits(back(tokens).logits, plain)
+    assert load_hf(tmp_path / "out").config == loaded.config

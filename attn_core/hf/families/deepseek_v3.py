@@ -103,9 +103,14 @@ def router_fields(hf: dict) -> dict:
     )
 
 
-def config(hf: dict) -> ModelConfig:
+def check_rope(hf: dict) -> None:
+    """Refuse rope scaling (DeepSeek's YaRN, with its mscale in the softmax scale) by name."""
     if mapping(hf, "rope_scaling") or (mapping(hf, "rope_parameters") or {}).get("rope_type", "default") != "default":
-        raise CheckpointError("config.json rope scaling (YaRN) is not supported for MLA yet; use rope_type default")
+        raise CheckpointError("config.json rope_scaling (YaRN) is not supported for MLA yet; rope_type must be default")
+
+
+def config(hf: dict) -> ModelConfig:
+    check_rope(hf)
     return decoder_config(
         hf,
         **mla_fields(hf),
