@@ -425,3 +425,54 @@ def test_deepseek_v2_matches_transformers_and_exports_back(name, tmp_path):
         back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager").eval()
         assert _close_logits(back(tokens).logits, plain)
     assert load_hf(tmp_path / "out").config == loaded.config
+
+
+def test_al_load_opens_deepseek(folder):
+    import attn_core as al
+
+    root, _ = folder
+    model = al.load(str(root))
+    assert model.config.mla and model.card.details["architecture"] == "deepseek_v3"
+
+
+def test_retraining_reaches_the_router_and_experts_not_the_choice_bias(case):
+    """--train all: the router, the experts and the shared expert learn from the next-token loss;
+    the correction bias only chooses, so no gradient reaches it (it stays as loaded)."""
+    from attn_core.finetune import select_trainable
+
+    _, _, folder = case
+    model = load_hf(folder).model
+    trained = select_trainable(model, "all", set())
+    assert "blocks.1.mlp.W_router" in trained and "blocks.1.attn.W_UQ" in trained
+    tokens = _tokens()
+    logits = model(tokens)
+    torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 100), tokens[:, 1:].reshape(-1)).backward()
+    mlp = model.blocks[1].mlp
+    assert float(mlp.W_router.grad.abs().max()) > 0
+    assert float(mlp.shared.W_in.grad.abs().max()) > 0
+    assert sum(float(e.W_in.grad.abs().max()) > 0 for e in mlp.experts if e.W_in.grad is not None) >= 3
+    assert mlp.b_choice.grad is None
+    qk = select_trainable(model, "qk", {0, 1})
+    assert {n.rsplit(".", 1)[-1] for n in qk} == {"W_DQ", "W_UQ", "W_QR", "W_KR", "W_UK"} - (
+        set() if model.cfg.q_lora_rank else {"W_DQ"}
+    )
+
+
+@torch.no_grad()
+def test_the_ov_map_is_the_value_rows_of_kv_b_proj(case):
+    """W_OV^h = W_DKV diag(w_kv) W_UV^h W_O^h (v from kv_b_proj's value rows), against the dense
+    float64 product of transformers' tensors."""
+    from attn_core.circuits.ov import ov_form
+
+    name, reference, folder = case
+    model = load_hf(folder).model
+    cfg = reference.config
+    n, dv, rkv, h = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank, cfg.num_attention_heads
+    for layer in range(2):
+        at = reference.model.layers[layer].self_attn
+        D_kv = at.kv_a_proj_with_mqa.weight.double()[:rkv].T * at.kv_a_layernorm.weight.double()
+        W_UV = at.kv_b_proj.weight.double().reshape(h, n + dv, rkv)[:, n:].transpose(1, 2)  # [h, r_kv, dv]
+        W_O = at.o_proj.weight.double().T.reshape(h, dv, -1)
+        want = D_kv @ W_UV @ W_O  # [h, d, d]
+        got = ov_form(model, layer).dense.double()
+        assert torch.allclose(got, want, atol=1e-5), (name, layer)
