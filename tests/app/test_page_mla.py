@@ -16,7 +16,7 @@ from attn_core.sources import resolve  # noqa: E402
 from tests.unit.test_mla import write_deepseek  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = ["1_Heatmaps.py", "2_Spectrum.py", "7_Attention_explorer.py", "9_Circuits.py", "12_Edit_and_compare.py"]
+PAGES = ["1_Heatmaps.py", "2_Spectrum.py", "9_Circuits.py", "12_Edit_and_compare.py"]
 NAME = "tiny-deepseek"
 
 
@@ -34,7 +34,8 @@ def env(models, monkeypatch):
 
 @pytest.mark.parametrize("page", PAGES)
 def test_each_model_page_renders_on_mla(env, page):
-    open_page(str(ROOT / "app_pages" / page), NAME)
+    at = open_page(str(ROOT / "app_pages" / page), NAME)
+    assert at.query_params["model"] == NAME  # the MLA model itself, not another one the page fell back to
 
 
 def test_the_heatmaps_page_shows_the_two_terms_of_an_mla_head(env):
