@@ -317,7 +317,7 @@ def _mla_attribution(
         torch.cat([xc, Qr.norm()[None]]).cpu(),
         torch.cat([yc, Kr.norm(dim=-1)[:, None]], dim=-1).cpu(),
         terms.cpu(),
-        torch.zeros(len(keys), 3, dtype=torch.float64),
+        torch.zeros(len(keys), 3, dtype=torch.float64),  # on the CPU, like the rest
         meta=dict(query_token=names[ids[q]], rank_cap=len(S), split="singular modes of the absorbed B, rotary term"),
         term_names=[f"σ{i + 1}" for i in range(len(S))] + ["rotary term"],
     )

@@ -125,8 +125,11 @@ def interleaved(raw: dict) -> bool:
 
 
 def _order(r: int, interleave: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(perm, inverse): the file's rotary columns in our rotate-half order (evens, then odds)."""
-    perm = torch.cat([torch.arange(0, r, 2), torch.arange(1, r, 2)]) if interleave else torch.arange(r)
+    """(perm, inverse): the file's rotary columns in our rotate-half order (evens, then odds); CPU
+    indices, which index a tensor on any device."""
+    cpu = torch.device("cpu")
+    odd_last = torch.cat([torch.arange(0, r, 2, device=cpu), torch.arange(1, r, 2, device=cpu)])
+    perm = odd_last if interleave else torch.arange(r, device=cpu)
     return perm, torch.argsort(perm)
 
 
