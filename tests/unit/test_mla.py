@@ -468,3 +468,54 @@ def test_the_ov_map_is_the_value_rows_of_kv_b_proj(case):
         want = D_kv @ W_UV @ W_O  # [h, d, d]
         got = ov_form(model, layer).dense.double()
         assert torch.allclose(got, want, atol=1e-5), (name, layer)
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v2"])
+def test_conversion_makes_every_tensor_on_the_files_device(family):
+    """Every tensor the DeepSeek converters make is on the device of the file's tensors (the meta
+    device stands in for an accelerator), and they are exactly the model's parameters."""
+    from attn_core.hf.families import REGISTRY
+    from attn_core.hf.family import convert
+    from attn_core.hf.load import model_config
+    from attn_core.model import Transformer
+
+    raw = {k: v for k, v in TINY.items() if k != "attn_implementation"} | dict(model_type=family)
+    if family == "deepseek_v2":
+        raw |= dict(topk_method="group_limited_greedy")
+    cfg = model_config(raw)
+    ours = convert(REGISTRY[family], cfg, raw, lambda n, shape: torch.randn(shape, device="meta"), lambda n: False)
+    assert {t.device.type for t in ours.values()} == {"meta"}
+    assert set(ours) == {n for n, _ in Transformer(cfg).named_parameters()}
+
+
+def test_a_retrain_job_moves_the_router_and_experts_and_exports_back(tmp_path):
+    """A retrain on text (a job, as the CLI and the Retrain page run it): the routers and experts
+    learn, no load-balancing term is added, the correction bias stays, and the run exports back to
+    deepseek_v3 with the same logits in transformers."""
+    from attn_core.sources import resolve
+    from attn_core.training.config import JobConfig
+    from attn_core.training.job import TrainingJob
+    from tests.text_corpus import make_text, write_word_tokenizer
+
+    folder = tmp_path / "model"
+    write_deepseek(folder, max_position_embeddings=256)
+    write_word_tokenizer(folder)
+    text = tmp_path / "text.txt"
+    text.write_text(make_text(0, lines=150))
+    job = TrainingJob(JobConfig(source=str(folder), text=str(text), block=12, steps=4, lr=1e-2, batch_size=8))
+    res = job.run()
+    assert res["status"] == "completed", res["message"]
+    terms = {n for n in job.snapshot().metrics()["name"] if n.startswith("term:")}
+    assert not any("aux" in t or "balanc" in t or "router" in t for t in terms), terms
+    before, after = load_hf(folder).model.state_dict(), resolve(f"run:{res['run_id']}")
+    now = after.model.state_dict()
+    assert not torch.equal(before["blocks.1.mlp.W_router"], now["blocks.1.mlp.W_router"])
+    assert not torch.equal(before["blocks.1.attn.W_UQ"], now["blocks.1.attn.W_UQ"])
+    assert torch.equal(before["blocks.1.mlp.b_choice"], now["blocks.1.mlp.b_choice"])
+    assert any(not torch.equal(before[f"blocks.1.mlp.experts.{e}.W_in"], now[f"blocks.1.mlp.experts.{e}.W_in"])
+               for e in range(8))  # fmt: skip
+    export_family(after, tmp_path / "exported", hf_origin(after))
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported", attn_implementation="eager").eval()
+    tokens = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert _close_logits(back(tokens).logits, after.model(tokens))
