@@ -519,3 +519,21 @@ def test_a_retrain_job_moves_the_router_and_experts_and_exports_back(tmp_path):
     tokens = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         assert _close_logits(back(tokens).logits, after.model(tokens))
+
+
+def test_the_kernel_methods_see_the_mla_heads_own_attention(tmp_path):
+    """head_qkv (what the kernel approximations start from) gives q, k of the whole MLA head at its
+    own scale: softmax(q k^T) with the causal mask is the model's pattern."""
+    from attn_core.kernels.errors import head_qkv
+
+    folder = tmp_path / "m"
+    write_deepseek(folder)
+    model = load_hf(folder).model
+    tokens = _tokens(10, 1)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens)
+        for layer, head in ((0, 0), (1, 3)):
+            q, k, _ = head_qkv(model, tokens, layer, head)
+            S = (q @ k.transpose(-1, -2)).masked_fill(~torch.ones(10, 10, dtype=torch.bool).tril(), float("-inf"))
+            A = torch.softmax(S, -1)
+            assert torch.allclose(A, cache[act_name("pattern", layer)][:, head], atol=1e-6)
