@@ -115,6 +115,7 @@ def test_features_reach_the_config(case):
         d_mlp=16,
         d_shared=16,
         router_groups=0 if name == "v3-no-query-latent" else 4,
+        attn_scale=12**-0.5,  # (qk_nope_head_dim + qk_rope_head_dim)^-1/2
     )
     assert {k: getattr(cfg, k) for k in want} == want
     assert cfg.n_params() == sum(p.numel() for p in load_hf(folder).model.parameters())
@@ -537,3 +538,21 @@ def test_the_kernel_methods_see_the_mla_heads_own_attention(tmp_path):
             S = (q @ k.transpose(-1, -2)).masked_fill(~torch.ones(10, 10, dtype=torch.bool).tril(), float("-inf"))
             A = torch.softmax(S, -1)
             assert torch.allclose(A, cache[act_name("pattern", layer)][:, head], atol=1e-6)
+
+
+def test_blocked_scores_are_the_models_own(case):
+    """The blocked path (long inputs) gives each MLA head's S as the model does (its scale too)."""
+    from attn_core.bilinear.blocked import layer_qk
+
+    name, _, folder = case
+    model = load_hf(folder).model
+    ids = _tokens(16, 1)[0].tolist()
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.tensor([ids]))
+        for layer in range(2):
+            qk = layer_qk(model, ids, layer)
+            S = cache[act_name("attn_scores", layer)][0]
+            for h in range(model.cfg.n_heads):
+                got, want = qk.scores(h, 0, 16, 0, 16), S[h]
+                seen = torch.isfinite(got)
+                assert torch.allclose(got[seen], want[seen], atol=1e-5, rtol=1e-5), (name, layer, h)

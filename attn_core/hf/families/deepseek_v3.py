@@ -57,8 +57,10 @@ def mla_fields(hf: dict) -> dict:
         raise CheckpointError(
             "config.json partial_rotary_factor must be 1 for MLA (qk_rope_head_dim is the rotary part)"
         )
+    n = _rank(hf, "qk_nope_head_dim")
     return dict(
-        d_head=_rank(hf, "qk_nope_head_dim"),
+        d_head=n,
+        attn_scale=(n + r) ** -0.5,  # qk_head_dim^-1/2, as every reader of the config's scale takes it
         kv_lora_rank=_rank(hf, "kv_lora_rank"),
         q_lora_rank=_rank(hf, "q_lora_rank", optional=True),
         d_v=_rank(hf, "v_head_dim"),
