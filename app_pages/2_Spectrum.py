@@ -142,17 +142,23 @@ if cfg.mla:
 offset_plot = None
 if cfg.positional == "rotary":
     st.header("Rotary positions: the form against the offset")
-    st.markdown(
-        "With rotary positions a query at $i$ and a key at $j$ meet through "
-        "$B(\\delta) = W_Q R(\\delta) W_K^\\top/\\sqrt{d}$, $\\delta = j - i \\le 0$: one form per offset. "
-        "The spectra above are of the un-rotated $W_Q W_K^\\top/\\sqrt{d} = B(0)$"
-        + (
-            f"; only {cfg.rotary_dims} of the head's {cfg.d_head} dims rotate, and the rest form an "
-            "offset-free part shown on the right."
-            if cfg.rotary_dims < cfg.d_head
-            else "."
+    if cfg.mla:
+        st.markdown(
+            "An MLA head's form at offset $\\delta$ is $B + B_R(\\delta)$: its absorbed $B$ (above, the same at "
+            f"every offset) and its decoupled rotary term of rank ≤ {cfg.rotary_dims}, the latent gains left out."
         )
-    )
+    else:
+        st.markdown(
+            "With rotary positions a query at $i$ and a key at $j$ meet through "
+            "$B(\\delta) = W_Q R(\\delta) W_K^\\top/\\sqrt{d}$, $\\delta = j - i \\le 0$: one form per offset. "
+            "The spectra above are of the un-rotated $W_Q W_K^\\top/\\sqrt{d} = B(0)$"
+            + (
+                f"; only {cfg.rotary_dims} of the head's {cfg.d_head} dims rotate, and the rest form an "
+                "offset-free part shown on the right."
+                if cfg.rotary_dims < cfg.d_head
+                else "."
+            )
+        )
     r_layer, r_head = layer, head  # the head picked at the top of the page
     top = min(cfg.n_ctx, 4096)
     span = st.slider(

@@ -556,3 +556,40 @@ def test_blocked_scores_are_the_models_own(case):
                 got, want = qk.scores(h, 0, 16, 0, 16), S[h]
                 seen = torch.isfinite(got)
                 assert torch.allclose(got[seen], want[seen], atol=1e-5, rtol=1e-5), (name, layer, h)
+
+
+def test_diff_measures_the_absorbed_B(case):
+    """layer_distances of an MLA model and a copy with one head edited: ||B_a - B_b||_F /
+    (||B_a||_F + ||B_b||_F) of the absorbed B's, densely (no rotation planes: B has none)."""
+    from attn_core.bilinear import layer_form
+    from attn_core.surgery import apply_factors, head_modes, mode_factors
+    from attn_core.surgery.diff import layer_distances
+
+    name, _, folder = case
+    a, b = load_hf(folder).model, load_hf(folder).model
+    apply_factors(b, 1, 2, mode_factors(head_modes(b, 1, 2), rank=2))
+    D = layer_distances(a, b, 1)
+    Ba, Bb = layer_form(a, 1).dense.double(), layer_form(b, 1).dense.double()
+    want = torch.linalg.matrix_norm(Ba[:, None] - Bb[None]) / (
+        torch.linalg.matrix_norm(Ba)[:, None] + torch.linalg.matrix_norm(Bb)[None]
+    )
+    assert torch.allclose(D.double(), want, atol=1e-5), name
+    assert float(D[2, 2]) > 0.01 and float(D[0, 0]) < 1e-6
+
+
+def test_the_long_mode_split_gives_the_two_terms(case):
+    """mode_split from a long input's kept Q and K: an MLA head's score as its absorbed B's term and
+    the rotary term, adding up to the model's score."""
+    from attn_core.bilinear.blocked import layer_qk
+    from attn_core.circuits.long_split import mode_split
+
+    name, _, folder = case
+    model = load_hf(folder).model
+    ids = _tokens(16, 1)[0].tolist()
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.tensor([ids]))
+        qk = layer_qk(model, ids, 1)
+        split = mode_split(model, qk, 3, 15, list(range(16)))
+    assert split.term_names == ["absorbed B", "rotary term"]
+    want = cache[act_name("attn_scores", 1)][0, 3, 15].double()
+    assert torch.allclose(split.terms.sum(-1), want, atol=1e-5), name
