@@ -593,3 +593,30 @@ def test_the_long_mode_split_gives_the_two_terms(case):
     assert split.term_names == ["absorbed B", "rotary term"]
     want = cache[act_name("attn_scores", 1)][0, 3, 15].double()
     assert torch.allclose(split.terms.sum(-1), want, atol=1e-5), name
+
+
+def test_a_transplant_copies_the_heads_own_up_projection_rows(folder, tmp_path, capsys):
+    """edit --from B --with-ov on DeepSeek-V3: the head's W_UQ, W_QR, W_UK (q_b_proj's and
+    kv_b_proj's rows of that head), W_UV and W_O rows come from B; every other head's stay."""
+    from tests.unit.test_cli_new_families import run
+
+    root, text = folder
+    other = tmp_path / "other"
+    write_deepseek(other, max_position_embeddings=2048, kv_lora_rank=12)  # the same shape, other weights
+    with torch.no_grad():  # write_deepseek seeds alike: move B's weights away from A's
+        ref = transformers.AutoModelForCausalLM.from_pretrained(other)
+        for p in ref.parameters():
+            p.add_(0.05)
+        ref.save_pretrained(other)
+    out = tmp_path / "edited"
+    args = ["edit", root, "--head", "L1H2", "--from", other, "--with-ov", "--text", text, "--samples", 2,
+            "--length", 16, "--out", out, "--json"]  # fmt: skip
+    code, _, err = run(capsys, *args)
+    assert code == 0, err
+    a, b, c = (load_hf(f).model.state_dict() for f in (root, other, out))
+    for name in ("W_UQ", "W_QR", "W_UK", "W_UV", "W_O"):
+        key = f"blocks.1.attn.{name}"
+        assert torch.equal(c[key][2], b[key][2]), name
+        keep = torch.arange(4) != 2
+        assert torch.equal(c[key][keep], a[key][keep]), name
+    assert torch.equal(c["blocks.1.attn.W_DKV"], a["blocks.1.attn.W_DKV"])  # the shared latent stays
