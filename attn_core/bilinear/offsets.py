@@ -175,11 +175,23 @@ def pair_scores(
     model = check_model(model, "pair_scores")
     offsets = default_offsets(model, n=128) if offsets is None else offsets
     aug = has_bias(model)
+    if model.cfg.mla:  # exact, as the vocabulary view: g_q g_kv x B y^T + g_q x B_R(delta) y^T
+        return _mla_pair_scores(model, layer, head, x, y, _check_offsets(model, offsets))
     with torch.no_grad():
         form = offset_form(model, layer, head, offsets, augmented=aug)
         xx, yy = (augment(v) if aug else v for v in (x.reshape(1, -1), y.reshape(1, -1)))
         scores = form.bilinear(xx.expand(len(offsets), 1, -1), yy.expand(len(offsets), 1, -1))[:, 0, 0]
     return pd.DataFrame({"delta": _check_offsets(model, offsets), "score": scores.tolist()})
+
+
+def _mla_pair_scores(model: Transformer, layer: int, head: int, x, y, offsets: list[int]) -> pd.DataFrame:
+    with torch.no_grad():
+        form = model.blocks[check_layer(model, layer)].attn.form(check_heads(model, head)[0])
+        pair = torch.stack([x.reshape(-1), y.reshape(-1)])
+        g_q, g_kv = form.gains(pair)
+        base = float(form.core().bilinear(pair)[0, 1] * g_q[0] * g_kv[1])
+        scores = [base + float(form.rope_core(o).bilinear(pair)[0, 1] * g_q[0]) for o in offsets]
+    return pd.DataFrame({"delta": offsets, "score": scores})
 
 
 def token_pair_scores(

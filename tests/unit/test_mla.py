@@ -620,3 +620,22 @@ def test_a_transplant_copies_the_heads_own_up_projection_rows(folder, tmp_path, 
         keep = torch.arange(4) != 2
         assert torch.equal(c[key][keep], a[key][keep]), name
     assert torch.equal(c["blocks.1.attn.W_DKV"], a["blocks.1.attn.W_DKV"])  # the shared latent stays
+
+
+def test_a_token_pairs_score_against_the_offset_is_the_models(tmp_path):
+    """token_pair_scores (the Heatmaps page's positional view of a rotary model): for an MLA head,
+    what the model scores for the two tokens' inputs delta positions apart, gains included."""
+    from attn_core.bilinear.offsets import token_pair_scores
+    from attn_core.bilinear.views import vocab_inputs
+
+    write_deepseek(tmp_path)
+    model = load_hf(tmp_path).model
+    a, b, T = 5, 9, 8
+    frame = token_pair_scores(model, 1, 2, a, b, offsets=[-1, -3, -7])
+    with torch.no_grad():
+        x = vocab_inputs(model, 1, [a, b])
+        for delta, got in zip(frame["delta"], frame["score"]):
+            i, j = T - 1, T - 1 + int(delta)
+            X = torch.zeros(T, model.cfg.d_model)
+            X[i], X[j] = x[0], x[1]
+            assert got == pytest.approx(float(model.blocks[1].attn.form(2).scores(X)[i, j]), abs=1e-5)
