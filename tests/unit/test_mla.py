@@ -292,6 +292,9 @@ BROKEN = {
     "kv-heads": (lambda f: _config(f, num_key_value_heads=2), "num_key_value_heads"),
     "choice-bias-nan": (_nan_choice_bias, CHOICE_BIAS),
     "dense-layers": (lambda f: _config(f, first_k_dense_replace=3), "first_k_dense_replace"),
+    "shared-negative": (lambda f: _config(f, n_shared_experts=-1), "n_shared_experts"),
+    "scaling-nan": (lambda f: _config(f, routed_scaling_factor=float("nan")), "routed_scaling_factor"),
+    "yarn": (lambda f: _config(f, rope_scaling={"type": "yarn", "factor": 40}), "rope_scaling"),
 }
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from attn_core.checkpoint import CheckpointError
 from attn_core.hf.config import activation, decoder_config, flag, integer, number
-from attn_core.hf.families.deepseek_v3 import _rank, check_rope, mla_fields, slots
+from attn_core.hf.families.deepseek_v3 import _rank, check_rope, mla_fields, shared_width, slots
 from attn_core.hf.family import Family
 from attn_core.model import ModelConfig
 
@@ -51,7 +51,7 @@ def router_fields(hf: dict) -> dict:
         experts_per_token=k,
         router_scoring="softmax",
         routed_scale=number(hf, "routed_scaling_factor", 1.0, hi=1e6),
-        d_shared=_rank(hf, "moe_intermediate_size") * integer(hf, "n_shared_experts", default=0),
+        d_shared=shared_width(hf),
         first_dense=first,
         d_dense=integer(hf, "intermediate_size") if first else 0,
         **groups,

@@ -69,6 +69,14 @@ def mla_fields(hf: dict) -> dict:
     )
 
 
+def shared_width(hf: dict) -> int:
+    """n_shared_experts * moe_intermediate_size: the one shared expert's width (0: none)."""
+    n = integer(hf, "n_shared_experts", default=0)
+    if n < 0:
+        raise CheckpointError(f"config.json n_shared_experts must be 0 or more, got {n}")
+    return n * _rank(hf, "moe_intermediate_size")
+
+
 def router_fields(hf: dict) -> dict:
     """DeepSeek-V3's experts and router (module doc), each refused by its config.json name."""
     E, k = _rank(hf, "n_routed_experts"), _rank(hf, "num_experts_per_tok")
@@ -99,7 +107,7 @@ def router_fields(hf: dict) -> dict:
         router_top_groups=top if G > 1 else 0,
         router_choice_bias=True,
         routed_scale=number(hf, "routed_scaling_factor", 1.0, hi=1e6),
-        d_shared=_rank(hf, "moe_intermediate_size") * integer(hf, "n_shared_experts", default=0),
+        d_shared=shared_width(hf),
         first_dense=first,
         d_dense=integer(hf, "intermediate_size") if first else 0,
     )
