@@ -36,7 +36,7 @@ from attn_core.bilinear.checks import longest_input as checks_longest
 from attn_core.hooks import act_name
 from attn_core.model import Transformer
 from attn_core.model.attention import WINDOW_BLOCK
-from attn_core.validate import is_int
+from attn_core.validate import check_int, is_int
 
 BLOCKED_INPUT = 1024  # inputs longer than this take the blocked path (no T x T anywhere)
 BLOCK = 512  # queries (and keys) per block: a block of scores is BLOCK^2 floats
@@ -49,12 +49,6 @@ Progress = Callable[[int, int], None]
 
 class _Stop(Exception):
     """Raised by the hook on ``k``: the rest of the forward is skipped."""
-
-
-def check_count(name: str, value, lo: int, hi: int) -> int:
-    if not is_int(value) or not lo <= value <= hi:
-        raise ValueError(f"{name} must be a whole number in {lo}..{hi}, got {value!r}")
-    return int(value)
 
 
 def forward_bytes(model: Transformer, n: int) -> int:
@@ -118,6 +112,7 @@ class LayerQK:
     window: int  # the layer's sliding window (0: none)
     x: torch.Tensor | None = None  # [T, d_model] the attention input (the mode split without rotary)
     cap: float | None = None  # the soft cap c of the scores: S -> c tanh(S / c) (Gemma 2)
+    sink: torch.Tensor | None = None  # [H]: a learned sink logit per query head (gpt-oss), one more outcome of a row
 
     @property
     def n(self) -> int:
@@ -205,7 +200,9 @@ def layer_qk(model: Transformer, tokens: Sequence[int], layer: int) -> LayerQK:
 class RowStats:
     """Per query row of one head: lse [T], top keys [T, k] (-1 past the keys a row sees), their
     scores and weights, entropy [T], sink mass [T] (weight on key 0), offsets [T, P] (weight on
-    key i - d, NaN where not visible), seen [T] (keys the row sees)."""
+    key i - d, NaN where not visible), seen [T] (keys the row sees); with a sink logit
+    (``LayerQK.sink``) ``learned`` [T], the weight on it (else None): the row's sink mass is
+    ``learned`` + ``sink``, and its entropy is that of the keys and the sink."""
 
     head: int
     lse: torch.Tensor
@@ -216,16 +213,18 @@ class RowStats:
     sink: torch.Tensor
     offsets: torch.Tensor
     seen: torch.Tensor
+    learned: torch.Tensor | None = None
 
     @property
     def n(self) -> int:
         return self.lse.shape[0]
 
     def queries(self) -> list[dict]:
-        """Every row as ``attn-lab scores --topk --json`` prints it: query, top [{key, score, weight}], entropy, sink."""
+        """Every row as ``attn-lab scores --topk --json`` prints it: query, top [{key, score, weight}], entropy, sink
+        (and learned_sink with a sink logit)."""
         keys, s, w = self.top_keys.tolist(), self.top_scores.tolist(), self.top_weights.tolist()
         ent, sink = self.entropy.tolist(), self.sink.tolist()
-        return [
+        out = [
             dict(
                 query=i,
                 top=[dict(key=k, score=a, weight=b) for k, a, b in zip(keys[i], s[i], w[i]) if k >= 0],
@@ -234,10 +233,14 @@ class RowStats:
             )
             for i in range(len(ent))
         ]
+        if self.learned is not None:
+            for row, x in zip(out, self.learned.tolist()):
+                row["learned_sink"] = x
+        return out
 
 
 def _block(block: int) -> int:
-    return check_count("block", block, 1, 1 << 16)
+    return check_int("block", block, 1, 1 << 16)
 
 
 @contextmanager
@@ -275,8 +278,8 @@ def row_stats(
 
 def _row_stats(qk: LayerQK, head: int, k: int, offsets: int, block: int, progress: Progress | None) -> RowStats:
     h, T = qk.check_head(head), qk.n
-    k = check_count("k (top keys)", k, 1, T)
-    P = min(T, check_count("offsets", offsets, 1, 1 << 16))
+    k = check_int("k (top keys)", k, 1, T)
+    P = min(T, check_int("offsets", offsets, 1, 1 << 16))
     b = _block(block)
     dev, dt = qk.q.device, qk.q.dtype
     lse = torch.empty(T, dtype=dt, device=dev)
@@ -289,6 +292,9 @@ def _row_stats(qk: LayerQK, head: int, k: int, offsets: int, block: int, progres
         idx = torch.full((q1 - q0, k), -1, dtype=torch.long, device=dev)
         lo, hi = qk.key_span(q0, q1)
         m = l = t = None
+        if qk.sink is not None:  # the sink logit first: exp(sink - m) = 1 and its (S - m) = 0
+            m = qk.sink[h].to(dt).expand(q1 - q0).clone()
+            l, t = torch.ones_like(m), torch.zeros_like(m)
         for k1 in range(hi, lo, -b):  # the diagonal block first: every row sees its own key there
             k0 = max(lo, k1 - b)
             S = qk.scores(h, q0, q1, k0, k1)
@@ -322,7 +328,8 @@ def _row_stats(qk: LayerQK, head: int, k: int, offsets: int, block: int, progres
     sink = (qk.scores(h, 0, T, 0, 1)[:, 0] - lse).exp() if T else lse
     top_w = (top_s - lse[:, None]).exp()
     seen = rows + 1 if not qk.window else torch.clamp(rows + 1, max=qk.window)
-    return RowStats(h, lse, top_i, top_s, top_w, ent, sink, offset_profile(qk, h, lse, P), seen)
+    learned = None if qk.sink is None else (qk.sink[h].to(dt) - lse).exp()
+    return RowStats(h, lse, top_i, top_s, top_w, ent, sink, offset_profile(qk, h, lse, P), seen, learned)
 
 
 def _merge(
@@ -366,7 +373,7 @@ def pooled(
     c0, c1 = cols
     if not (0 <= r0 < r1 <= T and 0 <= c0 < c1 <= T):
         raise ValueError(f"the region {rows} x {cols} is outside 0..{T} x 0..{T}")
-    tile = check_count("tile", tile, 1, T)
+    tile = check_int("tile", tile, 1, T)
     step = tile * max(1, BLOCK // tile)  # a whole number of tiles per block
     nr, nc = math.ceil((r1 - r0) / tile), math.ceil((c1 - c0) / tile)
     with one_thread(qk.q.device):
@@ -417,4 +424,4 @@ def _pool(S: torch.Tensor, lse: torch.Tensor | None, tile: int, pool: str) -> to
 
 def tile_for(n: int, pixels: int) -> int:
     """The tile (positions per cell side) that draws ``n`` positions in at most ``pixels`` cells."""
-    return max(1, math.ceil(n / check_count("pixels", pixels, 1, 1 << 16)))
+    return max(1, math.ceil(n / check_int("pixels", pixels, 1, 1 << 16)))

@@ -78,10 +78,27 @@ def softmax_grad(kind: str, s, n, g, m, log_z, x, topk: int):
     return top.sub_(mass[..., None]).mul_(p), torch.where(n > 0, -g, torch.zeros_like(g))
 
 
-def block_scores(qb, kb, scale: float, positions, keys, window: int | None, key_mask):
+def with_sink(s: torch.Tensor, sink: torch.Tensor | None) -> torch.Tensor:
+    """Scores ``s`` [b, h, R, K] with each head's sink logit ``sink`` [h] as one more column, the
+    last (a key every query sees, whose value is never read); ``s`` itself without a sink."""
+    if sink is None:
+        return s
+    return torch.cat([s, sink.to(s.dtype).view(1, -1, 1, 1).expand(*s.shape[:-1], 1)], -1)
+
+
+def sink_grad(P: torch.Tensor, c: torch.Tensor, sink: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the keys' part of P, d sink [h]) of a block's dS = c[..., None] P whose last column is the
+    sink's (:func:`with_sink`); P itself and zeros without a sink."""
+    if sink is None:
+        return P, P.new_zeros(P.shape[1])
+    return P[..., :-1], (c * P[..., -1]).sum((0, 2))
+
+
+def block_scores(qb, kb, scale: float, positions, keys, window: int | None, key_mask, sink=None):
     """Scores ``scale qb kb^T`` of a block of query rows at ``positions`` [R] and keys at ``keys``
     [K] (``key_mask`` [b, K] or None) in the reduction dtype, hidden keys set to a very negative
-    finite number (exp gives exactly 0; a row with no visible key stays finite)."""
+    finite number (exp gives exactly 0; a row with no visible key stays finite); with ``sink``
+    [h], each head's sink logit as one more column (:func:`with_sink`)."""
     rows = qb if scale == 1.0 else qb * scale
     s = (rows @ kb.transpose(-1, -2)).to(reduce_dtype(qb.dtype))
     vis = None
@@ -92,19 +109,22 @@ def block_scores(qb, kb, scale: float, positions, keys, window: int | None, key_
     if key_mask is not None:
         keys_seen = key_mask[:, None, None, :]
         vis = keys_seen if vis is None else vis & keys_seen
-    return s if vis is None else s.masked_fill(~vis, torch.finfo(s.dtype).min / 4)
+    s = s if vis is None else s.masked_fill(~vis, torch.finfo(s.dtype).min / 4)
+    return with_sink(s, sink)
 
 
-def forward_block(qb, kb, positions, keys, key_mask, scale, window, kind, n, topk):
+def forward_block(qb, kb, positions, keys, key_mask, scale, window, kind, n, topk, sink=None):
     """:func:`softmax_rows` of one block, from its query rows ``qb`` and keys ``kb``."""
-    return softmax_rows(kind, block_scores(qb, kb, scale, positions, keys, window, key_mask), n, topk)
+    return softmax_rows(kind, block_scores(qb, kb, scale, positions, keys, window, key_mask, sink), n, topk)
 
 
-def backward_block(qb, kb, positions, keys, key_mask, scale, window, kind, n, g, stats, topk):
-    """:func:`softmax_grad` of one block as (P, c) in qb's dtype, dS = c P (the scale in c)."""
-    s = block_scores(qb, kb, scale, positions, keys, window, key_mask)
+def backward_block(qb, kb, positions, keys, key_mask, scale, window, kind, n, g, stats, topk, sink=None):
+    """:func:`softmax_grad` of one block as (P, c, d sink) with dS = c P over the keys in qb's
+    dtype (the scale in c) and the sink logits' gradient [h] (:func:`sink_grad`)."""
+    s = block_scores(qb, kb, scale, positions, keys, window, key_mask, sink)
     P, c = softmax_grad(kind, s, n, g.to(s.dtype), *stats, topk)
-    return P.to(qb.dtype), (c * scale).to(qb.dtype)[..., None]
+    P, d_sink = sink_grad(P, c, sink)
+    return P.to(qb.dtype), (c * scale).to(qb.dtype)[..., None], d_sink
 
 
 def block_inputs(q, k, a: int, e: int, lo: int, hi: int, positions, key_mask) -> tuple:

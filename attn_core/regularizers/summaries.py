@@ -88,21 +88,24 @@ def row_summaries(
     alpha: float = 1.0,
     scale: float = 1.0,
     block: int | None = None,
+    sink: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(normalized entropy, top-1 mass) of every query row of ``scale q k^T`` ([b, h, T, w] each),
     [b, h, T] each in the reduction dtype: ``metrics.normalized_entropy`` and ``metrics.topk_mass``
     of the model's rows (softmax, or alpha-entmax) under the mask ``window`` (as
     :func:`attn_core.regularizers.rows.row_values`), one block of query rows at a time. For
-    softmax rows the top-1 mass is 1/Z of the row's shifted exponentials (its max is exp(0))."""
+    softmax rows the top-1 mass is 1/Z of the row's shifted exponentials (its max is exp(0)). A
+    ``sink`` logit per head is one more outcome of each softmax row (``rows.row_values``)."""
     T = k.shape[2]
+    rw.check_sink(sink, q.shape[1], alpha)
     positions = torch.arange(q.shape[2], device=q.device)
-    n_rows = rw.visible_counts(positions, T, window, None)[:, None, :].to(rw.reduce_dtype(q.dtype))
+    n_rows = rw._counts(q, positions, T, window, None, sink)
     B = rw.block_rows(q, T, block)
     entropy, top1 = [], []
     for a in range(0, q.shape[2], B):
         e = min(a + B, q.shape[2])
         lo, hi = rw._keys(a, e, T, window, True)
-        s = rw._scores(q, k, scale, a, e, lo, hi, positions, window, None, True)
+        s = rw._scores(q, k, scale, a, e, lo, hi, positions, window, None, True, sink)
         if alpha == 1.0:
             value, (_, log_z, _) = softmax_rows("entropy", s, n_rows[..., a:e], 1)
             entropy.append(value)
@@ -117,11 +120,17 @@ def row_summaries(
 
 @torch.no_grad()
 def head_summaries(
-    q: torch.Tensor, k: torch.Tensor, *, window: int | None = 0, alpha: float = 1.0, scale: float = 1.0
+    q: torch.Tensor,
+    k: torch.Tensor,
+    *,
+    window: int | None = 0,
+    alpha: float = 1.0,
+    scale: float = 1.0,
+    sink: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean normalized entropy and mean top-1 mass of each head's informative rows (at least
     ``metrics.MIN_KEYS`` visible keys) over every batch element, [h] each (:func:`row_summaries`)."""
-    entropy, top1 = row_summaries(q, k, window=window, alpha=alpha, scale=scale)
+    entropy, top1 = row_summaries(q, k, window=window, alpha=alpha, scale=scale, sink=sink)
     T = k.shape[2]
     valid = (rw.visible_counts(torch.arange(T, device=q.device), T, window, None) >= metrics.MIN_KEYS).to(entropy.dtype)
     count = (valid.sum() * q.shape[0]).clamp_min(1)

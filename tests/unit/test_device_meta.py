@@ -560,5 +560,9 @@ def test_a_fused_blocks_arithmetic_runs_on_meta(kind):
     value, stats = on_meta(lambda: sr.forward_block(*inputs, 0.5, 0, kind, n, 2))
     assert value.shape == (2, 3, 16) and all_meta([value, *stats])
     g = torch.ones(2, 3, 16, device=META)
-    P, c = on_meta(lambda: sr.backward_block(*inputs, 0.5, 4, kind, n, g, list(stats), 2))
+    P, c, d_sink = on_meta(lambda: sr.backward_block(*inputs, 0.5, 4, kind, n, g, list(stats), 2))
     assert P.shape == (2, 3, 16, 32) and c.shape == (2, 3, 16, 1) and all_meta([P, c])
+    sink = torch.zeros(3, device=META)  # with a sink logit per head: its column, then its gradient
+    value, stats = on_meta(lambda: sr.forward_block(*inputs, 0.5, 0, kind, n, 2, sink))
+    P, c, d_sink = on_meta(lambda: sr.backward_block(*inputs, 0.5, 4, kind, n, g, list(stats), 2, sink))
+    assert P.shape == (2, 3, 16, 32) and d_sink.shape == (3,) and all_meta([value, P, c, d_sink])
