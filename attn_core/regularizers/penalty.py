@@ -31,9 +31,9 @@ def data_values(
     cfg = model.cfg
     qk = uncapped_qk(model, cache, layer, heads)
     if qk is not None:
-        q, key, scale = qk
+        q, scale = qk.folded()
         return head_means(
-            q, key, kind, window=cfg.window(layer), topk=k, alpha=cfg.entmax_alpha, scale=scale, **options
+            q, qk.k, kind, window=qk.window, topk=k, alpha=cfg.entmax_alpha, scale=scale, sink=qk.sink, **options
         )
     if act_name("pattern", layer) not in cache:
         raise ValueError(

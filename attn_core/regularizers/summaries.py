@@ -18,7 +18,8 @@ import math
 import torch
 
 from attn_core import metrics
-from attn_core.bilinear import augment, has_bias, layer_form, model_form, qk_gains
+from attn_core.bilinear import augment, has_bias, layer_form, model_form, qk_gains, queries_keys
+from attn_core.bilinear.queries_keys import LayerQK
 from attn_core.bilinear.views import vocab_inputs
 from attn_core.hooks import Cache, act_name
 from attn_core.model import Transformer, attention_weights
@@ -56,27 +57,22 @@ def qk_cache(model: Transformer, heads: Heads | None = None) -> Cache:
 
 def layer_qk(model: Transformer, cache: dict, layer: int, heads) -> tuple[torch.Tensor, torch.Tensor, float] | None:
     """(q, k, scale) of ``heads`` of ``layer`` from a forward's cache, with the scores
-    ``scale q k^T`` (a grown head's own scale folded into a copy of q); None when the cache does
-    not hold that layer's Q and K. A soft-capped model's S is c tanh(scale q k^T / c): its rows are
-    read from the pattern instead (:func:`uncapped_qk`)."""
-    cfg = model.cfg
-    q_name, k_name = act_name("q", layer), act_name("k", layer)
-    if q_name not in cache or k_name not in cache:
+    ``scale q k^T`` (grown heads' own scales folded into a copy of q): the one Q and K of a layer
+    (``bilinear.queries_keys.layer_qk``) as a tuple; None when the cache does not hold them. A
+    soft-capped model's S is c tanh(scale q k^T / c): its rows are read from the pattern instead
+    (:func:`uncapped_qk`)."""
+    qk = queries_keys.layer_qk(model, cache, layer, heads)
+    if qk is None:
         return None
-    q, k = cache[q_name], cache[k_name]
-    if list(heads) != list(range(cfg.n_heads)):
-        q, k = q[:, list(heads)], k[:, list(heads)]
-    scale = 1.0  # merged heads: S = Q K^T
-    if cfg.qk == "factored" and cfg.d_qk is None:
-        scale = cfg.attn_scale or cfg.d_head**-0.5
-    elif cfg.qk == "factored":  # grown heads: one scale per head
-        q = q * model.blocks[layer].attn.form().scale.view(1, -1, 1, 1)[:, list(heads)].to(q.dtype)
-    return q, k, scale
+    q, scale = qk.folded()
+    return q, qk.k, scale
 
 
-def uncapped_qk(model: Transformer, cache: dict, layer: int, heads):
-    """:func:`layer_qk`, or None for a soft-capped model, whose rows are read from its pattern."""
-    return None if model.cfg.attn_softcap is not None else layer_qk(model, cache, layer, heads)
+def uncapped_qk(model: Transformer, cache: dict, layer: int, heads) -> LayerQK | None:
+    """The layer's Q and K from the cache (``bilinear.queries_keys.layer_qk``: with each head's
+    scale and learned sink logit), or None for a soft-capped model, whose rows are read from its
+    pattern, or when the cache does not hold them."""
+    return None if model.cfg.attn_softcap is not None else queries_keys.layer_qk(model, cache, layer, heads)
 
 
 @torch.no_grad()
@@ -154,8 +150,10 @@ def data_concentration(model: Transformer, cache: dict, heads: Heads | None = No
     for layer, hs in by_layer(heads or all_heads(cfg)).items():
         qk = uncapped_qk(model, cache, layer, hs)
         if qk is not None:
-            q, k, scale = qk
-            H, top = head_summaries(q, k, window=cfg.window(layer), alpha=cfg.entmax_alpha, scale=scale)
+            q, scale = qk.folded()
+            H, top = head_summaries(
+                q, qk.k, window=cfg.window(layer), alpha=cfg.entmax_alpha, scale=scale, sink=qk.sink
+            )
         else:
             A, mask = data_rows(model, cache, layer)
             A = A[:, hs].float()
