@@ -35,7 +35,7 @@ from attn_core.model.attention import attention_weights
 from attn_core.regularizers import flash_rows
 from attn_core.regularizers.kinds import ROW_METRICS, row_metric
 from attn_core.regularizers.kinds.base import reduce_dtype
-from attn_core.regularizers.softmax_rows import block_inputs, fused_backward, fused_forward, sink_grad
+from attn_core.regularizers.softmax_rows import FLOOR, block_inputs, fused_backward, fused_forward, sink_grad
 from attn_core.regularizers.softmax_rows import softmax_grad as _softmax_grad
 from attn_core.regularizers.softmax_rows import softmax_rows as _softmax_rows
 from attn_core.regularizers.softmax_rows import with_sink as _with_sink
@@ -329,6 +329,58 @@ def check_sink(sink, heads: int, alpha: float) -> None:
         raise ValueError(f"sink must be a float tensor of one logit per head, shape ({heads},); got {shape}")
     if alpha != 1.0:
         raise ValueError(f"a sink logit joins softmax rows; these are alpha-entmax rows (alpha {alpha:g})")
+
+
+@torch.no_grad()
+def row_metrics(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    kinds: dict[str, int],
+    *,
+    window: int | None = 0,
+    alpha: float = 1.0,
+    scale: float = 1.0,
+    block: int | None = None,
+    sink: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """Several row metrics of every query row of ``scale q k^T`` ([b, h, T, w] each) in one pass
+    over blocks of query rows, without gradients: ``kinds`` maps each registered kind to its k
+    (top-k; 1 for the others), and each comes back [b, h, T] in the reduction dtype, equal to
+    :func:`row_values` of that kind. Each block's scores are formed once; softmax rows are
+    shifted and summed once for every metric with a closed form (``kinds``), the others read the
+    block's weights (softmax or alpha-entmax) through their dense definition. Masks and ``sink``
+    as :func:`row_values`."""
+    metrics_ = {kind: row_metric(kind) for kind in kinds}
+    check_sink(sink, q.shape[1], alpha)
+    T = k.shape[2]
+    positions = torch.arange(q.shape[2], device=q.device)
+    n_rows = _counts(q, positions, T, window, None, sink)
+    B = block_rows(q, T, block)
+    key0 = any(m.from_key0 for m in metrics_.values())
+    out: dict[str, list[torch.Tensor]] = {kind: [] for kind in kinds}
+    for a in range(0, q.shape[2], B):
+        e = min(a + B, q.shape[2])
+        lo, hi = _keys(a, e, T, window, True)
+        lo = 0 if key0 else lo
+        s = _scores(q, k, scale, a, e, lo, hi, positions, window, None, True, sink)
+        vis = visible(positions[a:e], lo, hi, window, None)
+        n = n_rows[..., a:e]
+        if alpha == 1.0:
+            m = s.amax(-1, keepdim=True)
+            t = s.sub_(m).clamp_min_(-FLOOR)
+            ex = t.exp()
+            Z = ex.sum(-1)
+            log_z = Z.log()
+            p = None
+        else:
+            p = attention_weights(s, torch.ones_like(s, dtype=torch.bool) if vis is None else vis, alpha)
+        for kind, metric in metrics_.items():
+            if p is None and metric.closed_form:
+                out[kind].append(metric.softmax(ex, t, Z, log_z, n, kinds[kind])[0])
+                continue
+            weights = (t - log_z[..., None]).exp() if p is None else p
+            out[kind].append(metric.dense(weights, _sink_visible(vis, s, sink), kinds[kind], sink=sink is not None))
+    return {kind: torch.cat(values, -1) for kind, values in out.items()}
 
 
 def fused_kernel(q, kind: str, window, key_mask, positions, alpha: float, path: str) -> str | None:

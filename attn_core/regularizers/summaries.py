@@ -22,10 +22,9 @@ from attn_core.bilinear import augment, has_bias, layer_form, model_form, qk_gai
 from attn_core.bilinear.queries_keys import LayerQK
 from attn_core.bilinear.views import vocab_inputs
 from attn_core.hooks import Cache, act_name
-from attn_core.model import Transformer, attention_weights
+from attn_core.model import Transformer
 from attn_core.regularizers import rows as rw
 from attn_core.regularizers.heads import Heads, all_heads, by_layer
-from attn_core.regularizers.softmax_rows import softmax_rows
 
 
 def mean_rows(values: torch.Tensor, p_shape: torch.Size, mask: torch.Tensor | None) -> torch.Tensor:
@@ -89,29 +88,13 @@ def row_summaries(
     """(normalized entropy, top-1 mass) of every query row of ``scale q k^T`` ([b, h, T, w] each),
     [b, h, T] each in the reduction dtype: ``metrics.normalized_entropy`` and ``metrics.topk_mass``
     of the model's rows (softmax, or alpha-entmax) under the mask ``window`` (as
-    :func:`attn_core.regularizers.rows.row_values`), one block of query rows at a time. For
-    softmax rows the top-1 mass is 1/Z of the row's shifted exponentials (its max is exp(0)). A
-    ``sink`` logit per head is one more outcome of each softmax row (``rows.row_values``)."""
-    T = k.shape[2]
-    rw.check_sink(sink, q.shape[1], alpha)
-    positions = torch.arange(q.shape[2], device=q.device)
-    n_rows = rw._counts(q, positions, T, window, None, sink)
-    B = rw.block_rows(q, T, block)
-    entropy, top1 = [], []
-    for a in range(0, q.shape[2], B):
-        e = min(a + B, q.shape[2])
-        lo, hi = rw._keys(a, e, T, window, True)
-        s = rw._scores(q, k, scale, a, e, lo, hi, positions, window, None, True, sink)
-        if alpha == 1.0:
-            value, (_, log_z, _) = softmax_rows("entropy", s, n_rows[..., a:e], 1)
-            entropy.append(value)
-            top1.append((-log_z).exp())
-        else:
-            vis = rw.visible(positions[a:e], lo, hi, window, None)
-            p = attention_weights(s, torch.ones_like(s, dtype=torch.bool) if vis is None else vis, alpha)
-            entropy.append(metrics.normalized_entropy(p, vis))
-            top1.append(metrics.topk_mass(p, 1, vis))
-    return torch.cat(entropy, -1), torch.cat(top1, -1)
+    :func:`attn_core.regularizers.rows.row_values`), from one pass over blocks of query rows with
+    the registry's entropy and top-k metrics (``rows.row_metrics``). A ``sink`` logit per head is
+    one more outcome of each softmax row (``rows.row_values``)."""
+    rows = rw.row_metrics(
+        q, k, {"entropy": 1, "topk": 1}, window=window, alpha=alpha, scale=scale, block=block, sink=sink
+    )
+    return rows["entropy"], 1 - rows["topk"]
 
 
 @torch.no_grad()

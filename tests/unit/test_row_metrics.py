@@ -69,3 +69,24 @@ def test_the_spectrum_terms_are_the_norms_of_b():
     }
     assert values["spectral"] == pytest.approx(float(sigma[:2, 0].mean()))
     assert values["nuclear"] == pytest.approx(float(sigma[:2].sum(-1).mean()))
+
+
+@pytest.mark.parametrize("alpha", [1.0, 1.5, 2.0])
+@pytest.mark.parametrize("window", [None, 0, 3])
+@pytest.mark.parametrize("with_sink", [False, True])
+def test_one_pass_of_several_metrics_equals_each_alone(alpha, window, with_sink):
+    """rows.row_metrics: every registered metric of every row from one pass over query blocks,
+    each equal to row_values of that kind alone."""
+    if with_sink and alpha != 1.0:
+        pytest.skip("a sink logit joins softmax rows only")
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 3, 11, 4, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 3, 11, 4, generator=g, dtype=torch.float64)
+    sink = torch.randn(3, generator=g, dtype=torch.float64) if with_sink else None
+    kinds = {"entropy": 1, "hoyer": 1, "topk": 2, "sink": 1}
+    together = rows.row_metrics(q, k, kinds, window=window, alpha=alpha, scale=0.7, block=4, sink=sink)
+    for kind, topk in kinds.items():
+        alone = rows.row_values(q, k, kind, window=window, alpha=alpha, scale=0.7, topk=topk, path="blocked", sink=sink)
+        torch.testing.assert_close(together[kind], alone, atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="unknown row penalty 'entrpy'"):
+        rows.row_metrics(q, k, {"entrpy": 1})
