@@ -2,9 +2,10 @@
 penalties in query blocks"), so that no ``[batch, heads, T, T]`` pattern is kept for backward.
 
 For the rows ``A_i = softmax(s_i)`` (or alpha-entmax) of ``s_i = q_i K^T`` masked to the keys
-that query position ``i`` sees, :func:`row_values` returns the per-row penalty of
-``attn_core.metrics`` (normalized entropy, 1 - Hoyer, 1 - top-k mass) for every row, computed
-``block`` query rows at a time. A custom autograd function keeps only Q, K (the model holds them
+that query position ``i`` sees, :func:`row_values` returns the per-row penalty of a row metric
+of the registry (``regularizers.kinds``: normalized entropy, 1 - Hoyer, 1 - top-k mass, sink
+mass; an unknown kind refused by name) for every row, computed ``block`` query rows at a time,
+with an optional learned sink logit per head (gpt-oss) as one more outcome of every row. A custom autograd function keeps only Q, K (the model holds them
 for its own attention backward anyway) and a few numbers per row; its backward, one opaque
 operator (``attn_lab::rows_backward``, so that a compiler cannot hoist the recomputed scores into
 the forward and keep them), forms each block's scores again and applies the row's gradient in
@@ -13,7 +14,8 @@ O(batch x heads x block x T) at any moment, never O(T^2) per layer kept from for
 backward. Under a causal mask a block only forms the keys its queries can see.
 
 :func:`head_means` averages the rows of each head over the informative ones (at least
-``metrics.MIN_KEYS`` visible keys), exactly or as the unbiased sampled-rows estimate.
+``metrics.MIN_KEYS`` visible keys), exactly or as the unbiased sampled-rows estimate;
+:func:`row_metrics` gives several metrics of every row from one pass, without gradients.
 
 Softmax entropy and sink mass of every row (no padding, no sampled rows) take one fused
 attention pass instead where a kernel applies (:mod:`attn_core.regularizers.flash_rows`, the
