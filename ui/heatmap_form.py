@@ -19,6 +19,10 @@ GAINS_HELP = (
     "QK-norm divides q_i and k_j by their RMS, so S_ij = g_q(i) g_k(j) · x_i B̃ x_j^T: the gains g are a per-token "
     "factor of the scores, and B̃ (the norm weights folded in) is the head's bilinear core"
 )
+MLA_HELP = (
+    "Multi-head latent attention: S_ij = g_q(i) g_kv(j) · x_i B x_j^T + g_q(i) · x_i B_R(j − i) x_j^T, the head's "
+    "absorbed B (W_DQ diag(w_q) W_UQ W_UKᵀ diag(w_kv) W_DKVᵀ, scaled) and the decoupled rotary term; the two add up to S"
+)
 CAP_HELP = "The model's scores are c·tanh(S / c); off: S itself, before the cap"
 TERMS_HELP = (
     "With query/key biases S = x'_i B' x'_j^T on x' = [x | 1]: the bilinear term x B y^T and three bias terms; "
@@ -31,9 +35,9 @@ SINK_HELP = (
 
 
 def applies(loaded: LoadedModel) -> bool:
-    """Whether the model's scores have parts to show (QK-norm gains, a soft cap, biases, learned sinks)."""
+    """Whether the model's scores have parts to show (QK-norm gains, a soft cap, biases, learned sinks, MLA)."""
     cfg = loaded.config
-    return cfg.qk_norm != "none" or cfg.attn_softcap is not None or cfg.attn_bias or cfg.attn_sinks
+    return cfg.qk_norm != "none" or cfg.attn_softcap is not None or cfg.attn_bias or cfg.attn_sinks or cfg.mla
 
 
 def section(loaded: LoadedModel, tokens: list[int], layer: int, head: int) -> list[Plot]:
@@ -61,4 +65,7 @@ def section(loaded: LoadedModel, tokens: list[int], layer: int, head: int) -> li
         plots.append(fp.sink_share_plot(parts))
         with cols[1]:
             show_plot(plots[-1], key="score_sink", help=SINK_HELP)
+    if parts.absorbed is not None:
+        plots.append(fp.mla_terms_plot(parts))
+        show_plot(plots[-1], key="score_mla_terms", help=MLA_HELP)
     return plots

@@ -1,6 +1,7 @@
 """Scores of one head at any length, in blocks of queries x keys: never a T x T matrix.
 
-For layer l of a model and an input of T tokens, :func:`layer_qk` runs the forward once up to
+For layer l of a model and an input of T tokens, :func:`layer_qk` (``bilinear.queries_keys``,
+the one function that gives a layer's Q and K as the model applies them) runs the forward once up to
 that layer (hooks on ``attn_in``, ``q`` and ``k``; the forward stops after ``k``) and keeps Q of
 every query head [H, T, w] (after rotary, with its bias) and K of every key/value head [G, T, w]
 (grouped-query attention: query head h reads key head ``cfg.kv_head(h)``), on the model's device.
@@ -8,6 +9,7 @@ A head change then recomputes only that head's blocks from them:
 
     S_ij = Q_i . K_j * scale_h (then c tanh(S_ij / c) with a soft cap),  visible when j <= i (and i - j < window for a sliding window,
     as ``Transformer.mask`` has it), A_ij = exp(S_ij - lse_i), lse_i = log sum_j visible exp S_ij
+    (and exp(sink_h) in the sum with a learned sink logit per head, ``LayerQK.sink``)
 
 :func:`row_stats` walks the query rows a block of ``block`` queries at a time and, inside, the
 keys they see a block at a time, merging online (Milakov & Gimelshein 2018; FlashAttention):
@@ -31,12 +33,13 @@ from dataclasses import dataclass
 import torch
 
 from attn_core import limits
-from attn_core.bilinear.checks import check_ids, check_layer, check_model, check_tokens
+from attn_core.bilinear.checks import check_ids, check_model, check_tokens
 from attn_core.bilinear.checks import longest_input as checks_longest
-from attn_core.hooks import act_name
+from attn_core.bilinear.queries_keys import LayerQK
+from attn_core.bilinear.queries_keys import layer_qk as layer_qk  # the one Q and K of a layer, here for its callers
 from attn_core.model import Transformer
 from attn_core.model.attention import WINDOW_BLOCK
-from attn_core.validate import check_int, is_int
+from attn_core.validate import check_int
 
 BLOCKED_INPUT = 1024  # inputs longer than this take the blocked path (no T x T anywhere)
 BLOCK = 512  # queries (and keys) per block: a block of scores is BLOCK^2 floats
@@ -45,10 +48,6 @@ OFFSETS = 32  # the offset profile: keys i, i-1, .., i-OFFSETS+1
 POOLS = ("max", "mean")
 
 Progress = Callable[[int, int], None]
-
-
-class _Stop(Exception):
-    """Raised by the hook on ``k``: the rest of the forward is skipped."""
 
 
 def forward_bytes(model: Transformer, n: int) -> int:
@@ -97,104 +96,6 @@ def longest_input(model: Transformer) -> int:
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if forward_bytes(model, mid) <= budget else (lo, mid - 1)
     return max(lo, min(n_ctx, checks_longest(model)))
-
-
-@dataclass
-class LayerQK:
-    """Q and K of one layer on one input (what a page caches per model, tokens and layer)."""
-
-    layer: int
-    token_ids: list[int]
-    q: torch.Tensor  # [H, T, w]: every query head, rotated, with its bias
-    k: torch.Tensor  # [G, T, w]: every key/value head
-    kv_head: tuple[int, ...]  # query head -> row of k
-    scale: tuple[float, ...]  # per query head: S = Q K^T * scale
-    window: int  # the layer's sliding window (0: none)
-    x: torch.Tensor | None = None  # [T, d_model] the attention input (the mode split without rotary)
-    cap: float | None = None  # the soft cap c of the scores: S -> c tanh(S / c) (Gemma 2)
-    sink: torch.Tensor | None = None  # [H]: a learned sink logit per query head (gpt-oss), one more outcome of a row
-
-    @property
-    def n(self) -> int:
-        return self.q.shape[1]
-
-    @property
-    def n_heads(self) -> int:
-        return self.q.shape[0]
-
-    def check_head(self, head: int) -> int:
-        if not is_int(head) or not 0 <= head < self.n_heads:
-            raise ValueError(f"head {head!r} is outside 0..{self.n_heads - 1} (this layer has {self.n_heads} heads)")
-        return int(head)
-
-    def key_span(self, q0: int, q1: int) -> tuple[int, int]:
-        """The keys [lo, hi) that some query of q0..q1-1 sees."""
-        return (max(0, q0 - self.window + 1) if self.window else 0), q1
-
-    def visible(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        """[len(rows), len(cols)] bool, the model's mask (``Transformer.mask``) at these positions."""
-        vis = cols[None, :] <= rows[:, None]
-        if self.window:
-            vis &= rows[:, None] - cols[None, :] < self.window
-        return vis
-
-    def full(self, q0: int, q1: int, k0: int, k1: int) -> bool:
-        """Whether every query of q0..q1-1 sees every key of k0..k1-1 (no mask needed)."""
-        return k1 - 1 <= q0 and (not self.window or q1 - 1 - k0 < self.window)
-
-    def scores(self, head: int, q0: int, q1: int, k0: int, k1: int) -> torch.Tensor:
-        """S of queries q0..q1-1 against keys k0..k1-1, -inf where the key is not visible."""
-        h = self.check_head(head)
-        S = (self.q[h, q0:q1] @ self.k[self.kv_head[h], k0:k1].T).mul_(self.scale[h])
-        if self.cap is not None:  # the soft cap, as the model applies it
-            S = torch.tanh(S / self.cap) * self.cap
-        if self.full(q0, q1, k0, k1):
-            return S
-        dev = S.device
-        vis = self.visible(torch.arange(q0, q1, device=dev), torch.arange(k0, k1, device=dev))
-        return S.masked_fill_(~vis, -math.inf)
-
-
-@torch.no_grad()
-def layer_qk(model: Transformer, tokens: Sequence[int], layer: int) -> LayerQK:
-    """Q and K of ``layer`` on ``tokens`` from one forward stopped right after the layer's ``k``
-    hook (later layers are not run), on the model's device."""
-    model = check_model(model, "layer_qk")
-    cfg = model.cfg
-    if cfg.entmax_alpha != 1.0:
-        raise ValueError(f"blocked scores need softmax heads; this model uses alpha-entmax ({cfg.entmax_alpha:g})")
-    layer = check_layer(model, layer)
-    ids = check_ids(model, tokens)
-    kept: dict[str, torch.Tensor] = {}
-
-    def keep(name: str, stop: bool = False):
-        def hook(t: torch.Tensor, _name: str) -> None:
-            kept[name] = t[0].detach()
-            if stop:
-                raise _Stop
-
-        return hook
-
-    hooks = [(act_name("attn_in", layer), keep("x")), (act_name("q", layer), keep("q"))]
-    hooks.append((act_name("k", layer), keep("k", stop=True)))
-    try:
-        model.run_with_hooks(torch.tensor([ids], device=model.embed.W_E.device), hooks)
-    except _Stop:
-        pass
-    H = cfg.n_heads
-    if cfg.qk == "merged":  # K = X for every head
-        k, kv, scale = kept["k"][:1], (0,) * H, (1.0,) * H
-    else:
-        group = H // cfg.kv_heads
-        k, kv = kept["k"][::group], tuple(cfg.kv_head(h) for h in range(H))
-        scale = tuple(cfg.attn_scale or cfg.head_d_qk(layer, h) ** -0.5 for h in range(H))
-    x = kept["x"] if cfg.positional != "rotary" else None
-    q = kept["q"]
-    if q.dtype in (torch.float16, torch.bfloat16):  # the running sums and the entropy need float32
-        q, k = q.float(), k.float()
-    form = model.blocks[layer].attn.form()  # the layer's mask (window), cap and learned sinks (gpt-oss)
-    z = None if form.sink is None else form.sink.detach().to(q.dtype)
-    return LayerQK(layer, ids, q, k.contiguous(), kv, scale, form.window, x, form.cap, z)
 
 
 @dataclass

@@ -3,7 +3,9 @@
 (docs/maths.md), the scores before and after a soft cap c tanh(S / c), the affine form's terms
 with query/key biases (x x, x b, b x, b b: the bias terms' share of the scores) and, with learned
 sinks, each query's mass on the head's sink beside token 0's. What the Heatmaps page shows beside
-the scores of such a head."""
+the scores of such a head. An MLA head's (attn_core/model/mla.py) scores are two terms,
+S = g_q(i) g_kv(j) x_i B x_j^T (its absorbed B, the latent norms' gains) + g_q(i) x_i B_R(j - i) x_j^T
+(the rotary term): ``absorbed`` and ``rotary``."""
 
 from __future__ import annotations
 
@@ -32,8 +34,10 @@ class ScoreParts:
     uncapped: torch.Tensor
     capped: torch.Tensor
     mask: torch.Tensor
-    norm: str  # "head", "all" (shared by the heads of a token) or "none"
+    norm: str  # "head", "all" (shared by the heads of a token), "latent" (MLA) or "none"
     cap: float | None
+    absorbed: torch.Tensor | None = None  # MLA: the absorbed B's term [T, T]
+    rotary: torch.Tensor | None = None  # MLA: the rotary term [T, T]
     terms: dict[str, torch.Tensor] | None = None  # the affine form's xx, xb, bx, bb [T, T] (None: no biases)
     sink_share: torch.Tensor | None = None  # [T]: each query's mass on the learned sink (None: no sinks)
     token0_share: torch.Tensor | None = None  # [T]: each query's weight on token 0
@@ -70,9 +74,11 @@ def score_parts(loaded: LoadedModel, tokens: Sequence[int], layer: int, head: in
         uncapped = form.scores(X, capped=False)
         capped = form.scores(X)
         mask = layer_mask(model, layer, len(ids))
-        terms = {k: t.float().cpu() for k, t in form.terms(X).items()} if form.bias_q is not None else None
+        mla = _mla_terms(form, X, g_q, g_k) if model.cfg.mla else (None, None)
+        bias, z = getattr(form, "bias_q", None), getattr(form, "sink", None)
+        terms = {k: t.float().cpu() for k, t in form.terms(X).items()} if bias is not None else None
         sink, first = None, None
-        if form.sink is not None:
+        if z is not None:
             sink = form.sink_share(capped, mask).float().cpu()
             first = form.weights(capped, mask)[:, 0].float().cpu()
     return ScoreParts(
@@ -86,7 +92,19 @@ def score_parts(loaded: LoadedModel, tokens: Sequence[int], layer: int, head: in
         layer_mask(model, layer, len(ids)).cpu(),
         form.norm,
         form.cap,
-        terms,
-        sink,
-        first,
+        *mla,
+        terms=terms,
+        sink_share=sink,
+        token0_share=first,
     )
+
+
+def _mla_terms(form, X: torch.Tensor, g_q: torch.Tensor, g_k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(absorbed, rotary) [T, T] of one MLA head: g_q g_kv X B X^T and g_q X B_R(j - i) X^T,
+    the second from the rotated query and key parts (one offset per pair)."""
+    n = form.cfg.d_head
+    q, k = form.queries_keys(X)  # [h, T, n + r]
+    h, s = form.head, float(form.head_scales())
+    absorbed = form.core().bilinear(X) * g_q[:, None] * g_k[None, :]
+    rotary = (q[h, :, n:] @ k[h, :, n:].T) * s
+    return absorbed.float().cpu(), rotary.float().cpu()

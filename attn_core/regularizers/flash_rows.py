@@ -32,10 +32,9 @@ from __future__ import annotations
 
 import torch
 
-from attn_core.regularizers.softmax_rows import reduce_dtype
+from attn_core.regularizers.kinds.base import reduce_dtype
 
 A = torch.ops.aten
-KINDS = ("entropy", "sink")  # the row penalties this path computes
 HALF = (torch.float16, torch.bfloat16)
 CUDA_MAX_WIDTH = 256  # the flash kernel's largest head width
 

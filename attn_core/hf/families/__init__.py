@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from attn_core.checkpoint import CheckpointError
 from attn_core.hf.families import (
+    deepseek_v2,
+    deepseek_v3,
     exaone4,
     gemma2,
     gemma3,
@@ -52,6 +54,8 @@ REGISTRY: dict[str, Family] = {
         olmoe.FAMILY,
         qwen2_moe.FAMILY,
         gpt_oss.FAMILY,
+        deepseek_v3.FAMILY,
+        deepseek_v2.FAMILY,
     )
 }
 FAMILIES = tuple(REGISTRY)
