@@ -85,7 +85,7 @@ def heatmaps(m: LoadedModel, quick: bool) -> Iterator[Entry]:
             fr.pair_offset_plot(curve, layer, 0, labels[query], labels[query - 1], actual=-1),
             HALF,
         )
-    if m.config.n_ctx > bilinear.LONG_INPUT:
+    if m.config.n_ctx > bilinear.LONG_INPUT and m.config.entmax_alpha == 1.0:  # entmax: no long inputs
         yield from _long(m, page, layer)
 
 
@@ -116,21 +116,17 @@ def _sinks(m: LoadedModel, page: str, view, tokens: list[int], query: int) -> It
 
 
 def _long(m: LoadedModel, page: str, layer: int) -> Iterator[Entry]:
+    """The one view of inputs over ``blocked.LONG_INPUT`` tokens: the exact window of the query
+    (``bilinear.long``), then the blocked figures."""
     long_tokens = bilinear.random_tokens(m, 0, bilinear.LONG_INPUT + 88)
-    scores = bilinear.layer_scores(m, long_tokens, layer)
-    lv = scores.view(0, 500)
+    lv = bilinear.layer_scores(m, long_tokens, layer).view(0, 500, blocks=None)
     for value in ("scores", "pattern"):
         yield Entry(page, f"long input: window, {value}", fb.window_plot(lv, value), HALF)
-    yield Entry(page, "long input: top keys", fb.top_keys_plot(lv), WIDE)
-    yield Entry(page, "long input: pooled overview", fb.overview_plot(lv), FULL)
-    yield Entry(
-        page, "long input: overview per head", fb.overview_plot(scores.view(1, 500, blocks=128), width=HALF), HALF
-    )
     yield from _blocked(m, page, layer, long_tokens)
 
 
 def _blocked(m: LoadedModel, page: str, layer: int, tokens: list[int]) -> Iterator[Entry]:
-    """The view of inputs over ``blocked.BLOCKED_INPUT`` tokens (here on a shorter one: the same figures)."""
+    """The blocked figures of a long input's view (``ui.heatmap_long``)."""
     from attn_core.bilinear import blocked
     from attn_core.bilinear.long_map import long_map
     from attn_core.figures import long_view as fl
