@@ -189,9 +189,9 @@ class LayerScores:
 
     @property
     def mask(self) -> torch.Tensor:
-        """[n, n] bool, the keys each query sees (n x n: for server-side tables)."""
-        at = torch.arange(self.n)
-        return self.qk.visible(at, at)
+        """[n, n] bool on the CPU, the keys each query sees (n x n: for server-side tables)."""
+        at = torch.arange(self.n, device=self.qk.q.device)
+        return self.qk.visible(at, at).cpu()
 
     def _head(self, head: int) -> int:
         if not is_int(head) or not 0 <= head < self.n_heads:

@@ -281,3 +281,20 @@ def test_the_long_view_of_a_model_with_learned_sinks_keeps_each_heads_sink():
         torch.testing.assert_close(
             v.overview_pattern, pooled_by_loops(A[h], v.block, "max"), atol=1e-6, rtol=0, equal_nan=True
         )
+
+
+def test_al_long_view_is_the_one_engines_view():
+    """``al.long_view``: the same LongView as ``layer_scores(...).view`` (a learned sink kept), a bad
+    option refused in one sentence naming it, alpha-entmax refused."""
+    import attn_core as al
+
+    lm = loaded(attn_sinks=True)
+    v = al.long_view(lm, TOKENS, layer=1, head=2, query=30, window=8, k=5)
+    _, A = dense(lm, TOKENS, 1)
+    torch.testing.assert_close(v.row_pattern, A[2, 30], atol=1e-6, rtol=0)
+    assert (v.lo, v.hi, len(v.top)) == (23, 30, 5)
+    with pytest.raises(ValueError, match="window must be an integer"):
+        al.long_view(lm, TOKENS, layer=1, window=0)
+    with pytest.raises(ValueError, match="alpha-entmax"):
+        al.long_view(loaded(entmax_alpha=1.5), TOKENS)
+    assert bl.blocked.longest_input(loaded(entmax_alpha=1.5, n_ctx=2048).model) <= bl.LONG_INPUT
