@@ -39,7 +39,7 @@ def head_views() -> None:
         plots += sections.vocabulary_and_positions(loaded, inp, layer, head if head != ALL else 0, head == ALL)
         heatmap_long.export(plots, loaded, inp, layer, head)
         return
-    sm = sinks.sink_mode(False)
+    sm = sinks.sink_mode()
     plots = []
     view = sections.sequence_view(loaded, tokens, layer)
 
