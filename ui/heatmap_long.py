@@ -14,7 +14,7 @@ import streamlit as st
 
 from attn_core import bilinear
 from attn_core.bilinear import blocked
-from attn_core.bilinear.long import WINDOW, LayerScores
+from attn_core.bilinear.long import WINDOW, LayerScores, rows_table
 from attn_core.bilinear.long_map import long_map
 from attn_core.circuits.long_split import mode_split
 from attn_core.figures import Plot
@@ -24,7 +24,7 @@ from attn_core.figures import long_view as fl
 from attn_core.sources import LoadedModel
 from ui.cache import cached
 from ui.heatmap_input import Input
-from ui.heatmap_sections import query_metrics
+from ui.heatmap_sections import concentration, query_metrics
 from ui.plots import export_all, show_plot
 from ui.state import ALL_HEADS, remember
 from ui.widgets import number
@@ -159,6 +159,13 @@ def section(loaded: LoadedModel, inp: Input, layer: int, head, top_k: int = bloc
     show_plot(plots[-1], key="long_rows", help="CSV: every query's top keys (key, token, score, weight, entropy, sink)")
     plots.append(fl.offsets_plot(stats, layer))
     show_plot(plots[-1], key="long_offsets")
+    if st.toggle(
+        "Concentration of every head",
+        key=remember("long_heads_table", False),
+        help="Every head's blocked rows (computed once per head): entropy, normalized entropy, top-k mass, sink mass",
+    ):
+        every = [head_stats(loaded, tokens, layer, h, top_k) for h in range(loaded.config.n_heads)]
+        plots.append(concentration(rows_table(every, layer, min(inp.k, top_k)), head, True))
     return plots
 
 

@@ -45,6 +45,7 @@ from attn_core.sources import LoadedModel
 from attn_core.validate import is_int
 
 __all__ = ["LONG_INPUT", "TOP_K", "WINDOW", "BLOCKS", "POOLS", "LongView", "LayerScores", "layer_scores", "pool_blocks"]
+__all__ += ["ROW_METRICS", "rows_table"]
 
 WINDOW = 64  # positions in the exact window
 BLOCKS = 256  # the overview has at most BLOCKS x BLOCKS cells
@@ -314,3 +315,34 @@ def layer_scores(loaded: LoadedModel, tokens: Sequence[int], layer: int = 0) -> 
     check_layer(model, layer)
     ids = blocked.check_input(model, tokens)
     return LayerScores(layer_qk(model, ids, layer), position_labels(loaded, ids))
+
+
+ROW_METRICS = ("entropy", "normalized_entropy", "topk_mass", "sink_mass")
+
+
+def rows_table(stats: Sequence[blocked.RowStats], layer: int, k: int = 1) -> pd.DataFrame:
+    """The concentration of each head's blocked rows (``blocked.row_stats``, any length): per head
+    and metric of :data:`ROW_METRICS` (the row's entropy in nats, over log of its visible keys,
+    its top-``k`` mass, its sink mass: token 0's weight plus a learned sink's), the mean, min and
+    max over the rows that see at least ``metrics.MIN_KEYS`` keys; the columns of
+    ``View.concentration_table``."""
+    out = []
+    for s in stats:
+        k = _check_int("k", k, 1, int(s.top_weights.shape[1]))
+        valid = (s.seen >= metrics.MIN_KEYS).cpu()
+        seen = s.seen.double().clamp_min(2).cpu()
+        sink = s.sink if s.learned is None else s.sink + s.learned
+        values = dict(
+            entropy=s.entropy.double().cpu(),
+            normalized_entropy=s.entropy.double().cpu() / seen.log(),
+            topk_mass=s.top_weights[:, :k].sum(-1).double().cpu(),
+            sink_mass=sink.double().cpu(),
+        )
+        for name in ROW_METRICS:
+            summary = metrics.summarize(values[name], valid)
+            out.append(
+                dict(
+                    layer=layer, head=s.head, metric=name, view="sequence", **{a: float(b) for a, b in summary.items()}
+                )
+            )
+    return pd.DataFrame(out)

@@ -327,6 +327,9 @@ def test_long_input_follows_head_query_and_settings(long_model):
     window = chart(at, "window_scores")
     assert "Window 0..15" in window["layout"]["title"]["text"] and "layer 1 head 0" in window["layout"]["title"]["text"]
     assert "head 0" in chart(at, "long_map")["layout"]["title"]["text"]
+    at.toggle(key="long_heads_table").set_value(True).run()  # every head's concentration, from blocked rows
+    assert not at.exception and set(at.dataframe[0].value["head"]) == set(range(4))
+    assert set(at.dataframe[0].value["metric"]) == {"entropy", "normalized_entropy", "topk_mass", "sink_mass"}
     at.toggle(key="long_window_on").set_value(False).run()  # the exact window is on request
     assert not at.exception and not has_chart(at, "window_scores")
     # every head: a coarse map each

@@ -298,3 +298,28 @@ def test_al_long_view_is_the_one_engines_view():
     with pytest.raises(ValueError, match="alpha-entmax"):
         al.long_view(loaded(entmax_alpha=1.5), TOKENS)
     assert bl.blocked.longest_input(loaded(entmax_alpha=1.5, n_ctx=2048).model) <= bl.LONG_INPUT
+
+
+def test_the_rows_table_of_every_head_is_the_dense_concentration():
+    """``long.rows_table`` of the blocked rows: the entropy, normalized entropy and top-k mass of
+    the dense concentration table, any length; the sink mass is token 0's weight."""
+    lm = loaded()
+    ls = bl.layer_scores(lm, TOKENS, 1)
+    stats = [bl.blocked.row_stats(ls.qk, h, k=4) for h in range(3)]
+    mine = bl.long.rows_table(stats, 1, k=3)
+    dense_table = ls.concentration_table(3)
+    for name in ("entropy", "normalized_entropy", "topk_mass"):
+        a = mine[mine["metric"] == name].reset_index(drop=True)
+        b = dense_table[dense_table["metric"] == name].reset_index(drop=True)
+        assert a["head"].tolist() == b["head"].tolist() == [0, 1, 2]
+        for col in ("mean", "min", "max"):
+            torch.testing.assert_close(torch.tensor(a[col].values), torch.tensor(b[col].values), atol=1e-5, rtol=0)
+    sink = mine[mine["metric"] == "sink_mass"]
+    torch.testing.assert_close(
+        torch.tensor(sink["max"].values),
+        torch.stack([ls.pattern(h)[1:, 0].max() for h in range(3)]).double(),
+        atol=1e-6,
+        rtol=0,
+    )
+    with pytest.raises(ValueError, match="k must be an integer in 1..4"):
+        bl.long.rows_table(stats, 1, k=5)
