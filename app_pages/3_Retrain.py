@@ -13,11 +13,11 @@ import torch
 import ui
 from attn_core import bilinear, card
 from attn_core import regularizers as R
-from attn_core.distributed.scaling import STRATEGIES, STRATEGY_HELP, workers_offer
+from attn_core.device import PRECISIONS, available_devices
+from attn_core.retraining.job import TrainingJob
 from attn_core.training.config import JobConfig
-from attn_core.training.device import PRECISIONS, available_devices
-from attn_core.training.job import TrainingJob
 from attn_core.training.queue import JobQueue
+from attn_core.training.scaling import STRATEGIES, STRATEGY_HELP, workers_offer
 from attn_core.validate import default
 from ui import queue_view
 from ui import retrain_live as live

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from attn_core.cli.common import JsonOpt, emit, guarded, option
+from attn_core.cli.common import JsonOpt, emit, guarded
 from attn_core.text.corpus import MAX_WORDS_BYTES, TEXT_LIMIT
 from attn_core.training.config import JobConfig
 from attn_core.validate import default
@@ -16,12 +16,14 @@ app = typer.Typer()
 
 # --- the checkpoint options of train, retrain and sweep ---------------------------------------------
 
-# built from their one declaration in JobConfig (attn_core.training.settings)
-EveryOpt = option(JobConfig, "checkpoint_every")
-LogOpt = option(JobConfig, "checkpoint_log")
-StepsOpt = option(JobConfig, "checkpoint_steps")
-ParamsOpt = option(JobConfig, "checkpoint_params")
-MaxMbOpt = option(JobConfig, "checkpoint_max_mb")
+# generated from their one declaration in JobConfig (common.settings_options), in this order
+CHECKPOINT_SETTINGS = (
+    "checkpoint_every",
+    "checkpoint_log",
+    "checkpoint_steps",
+    "checkpoint_params",
+    "checkpoint_max_mb",
+)
 
 
 def parse_steps(text: str | None) -> list[int] | None:

@@ -9,13 +9,12 @@ import shlex
 from dataclasses import asdict, dataclass, field, fields
 
 from attn_core import regularizers as R
-from attn_core.distributed.scaling import check_scaling, check_specs
-from attn_core.limits import MAX_SAMPLES, MAX_STEPS
-from attn_core.text.corpus import TEXT_LIMIT
-from attn_core.text.defaults import DEFAULT_BLOCK, HELD_OUT_FRACTION, MAX_DEFAULT_BATCH, STEP_MEMORY
+from attn_core.device import MAX_THREADS, check_precision, check_sync_every, check_threads, select_device
+from attn_core.limits import MAX_SAMPLES, MAX_STEPS, TEXT_LIMIT
 from attn_core.training.checkpoint_plan import CheckpointPlan
-from attn_core.training.device import MAX_THREADS, check_precision, check_sync_every, check_threads, select_device
+from attn_core.training.scaling import STRATEGY_HELP, check_scaling, check_specs
 from attn_core.training.settings import command_args, in_bounds, setting
+from attn_core.training.text_defaults import DEFAULT_BLOCK, HELD_OUT_FRACTION, MAX_DEFAULT_BATCH, STEP_MEMORY
 from attn_core.validate import MAX_SEED, check, is_int, is_number, shown
 
 MAX_BATCH = 65_536  # sequences per training batch
@@ -270,10 +269,22 @@ class JobConfig:
         "OMP_NUM_THREADS; a small model trains fastest on one).",
         bounds=(1, MAX_THREADS),
     )
-    # the workers' options are cli/worker_options.py's (WorkersOpt, GpusPerWorkerOpt, StrategyOpt)
-    workers: int | None = setting(None, "--workers")
-    gpus_per_worker: float = setting(0, "--gpus-per-worker", fmt="g", needs=("workers",))
-    strategy: str = setting("ddp", "--strategy", needs=("workers",))
+    workers: int | None = setting(
+        None,
+        "--workers",
+        "Train the same run on N Ray Train workers (the batch split across them, gradients averaged; rank 0 "
+        "records the one run). Default: in this process, without Ray.",
+        metavar="N",
+    )
+    gpus_per_worker: float = setting(
+        0,
+        "--gpus-per-worker",
+        "GPUs of each worker (CUDA, NCCL); 0: CPU workers (gloo).",
+        metavar="G",
+        fmt="g",
+        needs=("workers",),
+    )
+    strategy: str = setting("ddp", "--strategy", STRATEGY_HELP, needs=("workers",))
     # settings of the library and the page that the CLI does not take (not in the reproduce line)
     weight_decay: float | None = None
     warmup_steps: int | None = None
@@ -370,8 +381,10 @@ class JobConfig:
             f"(unset: every row), got {shown(self.penalty_rows)}",
         )
         check_scaling(self.workers, self.gpus_per_worker, self.strategy, self.device, "invalid retraining setting: ")
-        specs = R.parse_specs(self.regularizers)  # names, lambdas and k are checked here; heads once the model is known
-        check_specs(self.strategy, specs, self.kl, "invalid retraining setting: ")
+        # parsed once, here: names, lambdas and k are checked now, heads once the model is known; the
+        # job hands these down to the penalty, and the record writes them
+        self.specs = R.parse_specs(self.regularizers)
+        check_specs(self.strategy, self.specs, self.kl, "invalid retraining setting: ")
         self.train_config({})  # lr, batch size, device, precision, sync_every ...
         plan = self.checkpoint_plan()  # every, log, steps, params, bound
         if plan is not None:
@@ -409,7 +422,7 @@ class JobConfig:
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        out["regularizers"] = [str(s) for s in R.parse_specs(self.regularizers)]
+        out["regularizers"] = [str(s) for s in self.specs]
         return out
 
     def command(self, shown: dict[str, str] | None = None) -> str:

@@ -1,4 +1,4 @@
-"""A :class:`~attn_core.training.job.TrainingJob` in the server's queue
+"""A :class:`~attn_core.retraining.job.TrainingJob` in the server's queue
 (:mod:`attn_core.training.queue`): its entry (with what rebuilds it, as JSON, and its estimated
 seconds), its wait (its status ``queued``, its message its place and a range for the wait), the
 guard of its limits while it trains, its outcome written back, and its rebuilding from the entry

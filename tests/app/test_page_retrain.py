@@ -12,9 +12,9 @@ from dashboard_helpers import chart, open_page
 from streamlit.testing.v1 import AppTest
 
 from attn_core import checkpoint, runs
+from attn_core.device import PRECISIONS, available_devices
+from attn_core.retraining.job import TrainingJob
 from attn_core.sources import resolve
-from attn_core.training.device import PRECISIONS, available_devices
-from attn_core.training.job import TrainingJob
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = str(ROOT / "app_pages" / "3_Retrain.py")

@@ -3,11 +3,17 @@ dashboard, a worker process: :mod:`attn_core.training.worker`) that never touche
 publishes immutable :class:`Snapshot` s (step, losses, metrics, spectra, a probe pattern) under a
 lock; the Retrain page and ``attn-lab retrain`` poll them. Stop and pause are events checked
 between steps; the step loop and the saving of the run are :mod:`attn_core.training.record`'s;
-what is measured and logged is :mod:`attn_core.training.telemetry`'s, on the heads that matter
-(:mod:`attn_core.training.job_measures`; docs/architecture.md, "Live retraining")."""
+what is measured and logged is :mod:`attn_core.training.telemetry`'s, on the heads that matter:
+telemetry of the regularized heads on the probe batch, the watched head's probe pattern (and no
+other: a job nobody watches copies no pattern from the device), the spectra of the watched and
+regularized heads, and the before/after measurement sized to the run. Each reads the weights
+through ``Trainer.view()`` (the model, or on rank 0 of an FSDP run its gathered weights).
+What the job starts from (the parent model, its task, text) is :mod:`attn_core.retraining.parent`'s
+(docs/architecture.md, "Live retraining")."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
@@ -17,24 +23,35 @@ import torch
 from attn_core import regularizers as R
 from attn_core.card import Card
 from attn_core.model import Transformer
-from attn_core.presets import scratch_preset
+from attn_core.retraining.parent import Retraining, open_parent
 from attn_core.runs import RunStore
-from attn_core.sources import resolve
-from attn_core.tasks import get_task
-from attn_core.text.retrain import Retraining
-from attn_core.training import checkpoints, estimate, job_measures, job_queue, telemetry, worker
+from attn_core.training import checkpoints, estimate, job_queue, telemetry, worker
 from attn_core.training import queue as Q
 from attn_core.training.config import JobConfig
 from attn_core.training.record import Outcome, RunRecorder, error_text, job_card, measure_final, record_run
 from attn_core.training.slots import SLOTS, JobSlots, started
 from attn_core.training.snapshot import Snapshot
-from attn_core.training.trainer import EVAL_SEED_OFFSET, Trainer, init_model
+from attn_core.training.trainer import EVAL_SEED_OFFSET, Trainer
 
-SCRATCH_PREFIX = "scratch:"  # source "scratch:<preset>" trains the preset's model from its init
 # the snapshot fields read from the job's state as they are
 SNAPSHOT_STATE = ("status", "message", "step", "elapsed_s", "train_s", "step_s", "before", "after")
 SNAPSHOT_STATE += ("probe_pattern", "probe_step", "probe_head", "workers", "compile_s", "left_s")
 PAUSED_POLL_S = 0.1  # a paused job looks for a newly watched head this often
+
+
+class Phases(dict):
+    """Seconds a job spent in each part of its run, by name: ``load`` (building the
+    job: the model, the task, the probe), ``before`` and ``after`` (the measurements),
+    ``telemetry`` and ``spectra`` (the periodic measurements), ``save``;
+    :meth:`TrainingJob.phase_seconds` adds the steps, the evaluations among them and compiling."""
+
+    @contextlib.contextmanager
+    def timed(self, name: str):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self[name] = self.get(name, 0.0) + time.perf_counter() - started
 
 
 class TrainingJob:
@@ -50,6 +67,8 @@ class TrainingJob:
     (:mod:`attn_core.distributed`; this side holds no weights, as with a worker process); ``dist``
     makes this job one rank of such a run (what the workers build)."""
 
+    WORKER = "attn_core.retraining.worker_process"  # the module a worker process runs (training.worker.Remote)
+
     def __init__(self, cfg: JobConfig, store=None, slots=None, dist=None, user: str = ""):
         started = time.perf_counter()
         self.cfg, self.dist = cfg, dist
@@ -62,13 +81,13 @@ class TrainingJob:
         if self.store is not None:
             self.store.check_writable()  # a store that takes no write refuses the job before it trains
         self.retraining = Retraining(cfg)  # text, imported models, --train and --kl
-        model, task, parent_card = self._parent(cfg)
+        model, task, parent_card = open_parent(cfg, self.store, self.retraining)
         self.parent = cfg.source
         self.task = task
         start_alpha = model.cfg.entmax_alpha
         model = R.with_entmax(model, cfg.entmax_alpha)
         # penalty_rows: the unbiased sampled-rows estimate of the row penalties, drawn under the run's seed
-        self.penalty = R.build_penalty(cfg.regularizers, model, cfg.heads, rows=cfg.penalty_rows, seed=cfg.seed)
+        self.penalty = R.build_penalty(cfg.specs, model, cfg.heads, rows=cfg.penalty_rows, seed=cfg.seed)
         self.train_cfg = cfg.train_config(parent_card.train)
         penalty = self.retraining.penalty(model, self.penalty, start_alpha)  # --train freezes, --kl adds a term
         # a rank trains on the device its worker was given; the driver of workers checks on the CPU
@@ -119,21 +138,8 @@ class TrainingJob:
         self._watch: tuple[int, int] | None = None  # the head whose probe pattern is shown (watch())
         self._patterns: dict = {}  # patterns of the final weights, computed on request (pattern())
         self._snap: Snapshot | None = None
-        self.phases = job_measures.Phases(load=time.perf_counter() - started)  # seconds of each part of the run
+        self.phases = Phases(load=time.perf_counter() - started)  # seconds of each part of the run
         self._publish()
-
-    def _parent(self, cfg: JobConfig):
-        """(model, task, card) of the source: a fresh init of a preset, or any model
-        :func:`attn_core.sources.resolve` finds (zoo, folder, ``run:<id>``, upload)."""
-        if cfg.source.startswith(SCRATCH_PREFIX):
-            preset = scratch_preset(cfg.source[len(SCRATCH_PREFIX) :])
-            return (
-                init_model(preset.model_config(), cfg.seed),
-                get_task(preset.task),
-                Card(train=preset.train.to_dict()),
-            )
-        loaded = resolve(cfg.source, store=self.store)
-        return loaded.model, self.retraining.task(loaded, self.store), loaded.card
 
     @property
     def run_id(self) -> str | None:
@@ -206,7 +212,30 @@ class TrainingJob:
         """The probe pattern [T, T] of head ``layer``, ``head`` (numpy): the latest telemetry's
         when it is that head's; for a run that has ended, computed from its final weights (on
         the CPU, once per head); else None (the next telemetry of a watched head brings it)."""
-        return job_measures.pattern(self, layer, head)
+        snap = self.snapshot()
+        found = snap.pattern_of(layer, head)
+        if found is not None or not snap.done:
+            return found
+        key = (int(layer), int(head), snap.step)
+        if key not in self._patterns:
+            try:
+                model = self.model_copy()
+            except RuntimeError:  # a job that ended without weights (failed before training)
+                return None
+            self._patterns[key] = telemetry.probe_pattern(model, self.probe.tokens[0].cpu(), layer, head)
+        return self._patterns[key]
+
+    def phase_seconds(self) -> dict[str, float]:
+        """Every part of the run so far, in seconds: its :class:`Phases`, ``steps`` (inside
+        ``Trainer.step``), of which ``evaluation`` (held-out evaluations) and ``compile`` (the first
+        call of each compiled region). A job in a worker process keeps its own."""
+        trainer = self.trainer
+        return {
+            **self.phases,
+            "steps": self._state["step_s"],
+            "evaluation": trainer.eval_s,
+            "compile": trainer.graph.compile_s,
+        }
 
     def _tell(self, *command) -> None:
         if self.remote is not None:  # a job in a worker process: the worker acts on it
@@ -283,12 +312,40 @@ class TrainingJob:
         self.recorder.log(step, values)
         self._state["latest"].update(values)
 
-    # what the job measures, on the heads that matter: attn_core.training.job_measures
+    # --- what the job measures, on the heads that matter ----------------------------------------------
     def _telemetry(self, step: int) -> None:
-        job_measures.record_telemetry(self, step)
+        """Per-head telemetry of the regularized heads at ``step``, then the watched head's pattern."""
+        with self.phases.timed("telemetry"), self.trainer.view() as model:
+            row = telemetry.telemetry_row(model, self.probe.tokens, self.penalty.regularized_heads, self.cfg.precision)
+            self._record(step, row)
+        self._watched_pattern(step)
+
+    def _watched_pattern(self, step: int) -> None:
+        """The watched head's probe pattern with the weights of ``step`` (nothing when unwatched)."""
+        if self._watch is not None:
+            with self.trainer.view() as model:
+                pattern = telemetry.probe_pattern(model, self.probe.tokens[0], *self._watch)
+            self._state.update(probe_pattern=pattern, probe_step=step, probe_head=self._watch)
+
+    def _spectra(self, step: int) -> None:
+        """The spectra of every head's B and, rotary, sigma_1(B(delta)) of the heads that matter
+        (the watched one first; the first :data:`telemetry.LIVE_OFFSET_HEADS` of them)."""
+        heads = ([self._watch] if self._watch is not None else []) + list(self.penalty.regularized_heads)
+        with self.phases.timed("spectra"), self.trainer.view() as model:
+            self._record(step, {**telemetry.spectra_row(R.spectrum(model)), **telemetry.offsets_row(model, heads)})
 
     def _measure(self) -> dict:
-        return job_measures.measure(self)
+        """The before/after measurement (``telemetry.measure``), on text sized by the run's tokens."""
+        with self.phases.timed("before" if self._state["before"] is None else "after"), self.trainer.view() as model:
+            return telemetry.measure(
+                model,
+                self.task,
+                self.penalty.regularized_heads,
+                self.cfg.measure_samples,
+                self.cfg.seed,
+                tokens=telemetry.measure_tokens(self.train_cfg, self.task),
+                precision=self.cfg.precision,
+            )
 
     def _run_safely(self) -> None:
         if self._ticket is None:
@@ -329,7 +386,7 @@ class TrainingJob:
         """Between steps: wait while paused (pauses do not count as training time); a stop ends the run."""
         step = self.trainer.step_index
         if self._watch is not None and self._state["probe_head"] != self._watch:  # another head is watched
-            job_measures.watched_pattern(self, step)
+            self._watched_pattern(step)
             self._publish()
         if not self._go.is_set():
             self.trainer.sync()  # the steps run so far are shown while paused
@@ -337,7 +394,7 @@ class TrainingJob:
             paused_at = time.perf_counter()
             while not self._go.wait(PAUSED_POLL_S):
                 if self._watch is not None and self._state["probe_head"] != self._watch:
-                    job_measures.watched_pattern(self, step)  # a head picked while paused is shown at once
+                    self._watched_pattern(step)  # a head picked while paused is shown at once
                     self._publish()
             self._t_loop += time.perf_counter() - paused_at
             self._publish(status="running", message="")
@@ -360,7 +417,7 @@ class TrainingJob:
         if step % cfg.telemetry_every == 0 or step == cfg.steps:
             self._telemetry(step)
         if step % cfg.spectrum_every == 0 or step == cfg.steps:
-            job_measures.record_spectra(self, step)
+            self._spectra(step)
         train_s = time.perf_counter() - self._t_loop
         self._pace.add(step, train_s - self.trainer.graph.compile_s)
         self._publish(step=step, train_s=train_s, compile_s=self.trainer.graph.compile_s, left_s=self._pace.left())
@@ -373,7 +430,7 @@ class TrainingJob:
         self._t_loop = time.perf_counter()
         self._pace = estimate.Pace(self.cfg.steps, self.phases.get("before", 0.0))  # measuring after as long
         self._telemetry(0)
-        job_measures.record_spectra(self, 0)
+        self._spectra(0)
         self._publish(train_s=time.perf_counter() - self._t_loop)
         return record_run(self.trainer, self.recorder, on_step=self._on_step, interrupt=self._interrupt)
 
@@ -407,7 +464,7 @@ def preview(cfg: JobConfig) -> Snapshot:
     snapshot: the model as it is. Nothing is trained or stored."""
     job = TrainingJob(cfg, store=False)
     job._telemetry(0)
-    job_measures.record_spectra(job, 0)
+    job._spectra(0)
     job._publish(probe_pattern=telemetry.probe_patterns(job.model, job.probe.tokens[0]))  # every head, once
     return job.snapshot()
 
