@@ -100,10 +100,14 @@ def _human(res: dict, dyn) -> str:
     head = [f"inputs: {dyn.inputs}"]
     cols = ["step", *(["tokens"] if res["tokens"] else []), "loss", "icl_score"]
     rows = [
-        {"step": s, "tokens": (res["tokens"] or [None] * len(res["steps"]))[i],
-         "loss": res["metrics"]["loss"][i], "icl_score": res["metrics"]["icl_score"][i]}
+        {
+            "step": s,
+            "tokens": (res["tokens"] or [None] * len(res["steps"]))[i],
+            "loss": res["metrics"]["loss"][i],
+            "icl_score": res["metrics"]["icl_score"][i],
+        }
         for i, s in enumerate(res["steps"])
-    ]  # fmt: skip
+    ]
     from attn_core.dynamics import describe_phase
 
     return "\n".join([*head, table(rows, cols), describe_phase(res["phase_change"])])
@@ -197,8 +201,14 @@ def dynamics_cmd(
     cache = None if no_cache else D.MetricCache()
     bar = Progress(len(series.members), "dynamics", unit="checkpoint")  # stderr, with --json too
     try:
-        dyn = D.dynamics(series, inputs, detector_samples=detector_samples, seed=seed, cache=cache,
-                         progress=(lambda done, total: bar.set(done)) if bar is not None else None)  # fmt: skip
+        dyn = D.dynamics(
+            series,
+            inputs,
+            detector_samples=detector_samples,
+            seed=seed,
+            cache=cache,
+            progress=(lambda done, total: bar.set(done)) if bar is not None else None,
+        )
     finally:
         if bar is not None:
             bar.close()
