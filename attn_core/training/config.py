@@ -9,7 +9,7 @@ import shlex
 from dataclasses import asdict, dataclass, field, fields
 
 from attn_core import regularizers as R
-from attn_core.device import MAX_THREADS, check_precision, check_sync_every, check_threads, select_device
+from attn_core.device import MAX_THREADS, PRECISIONS, check_precision, check_sync_every, check_threads, select_device
 from attn_core.limits import MAX_SAMPLES, MAX_STEPS, TEXT_LIMIT
 from attn_core.training.checkpoint_plan import CheckpointPlan
 from attn_core.training.scaling import STRATEGY_HELP, check_scaling, check_specs
@@ -24,6 +24,7 @@ TRAIN_HELP = (
     "biases in the layers that carry a regularizer, with optimizer state only for those). With grouped-query "
     "attention a key head's W_K is shared by its group's query heads: training it for one head moves the others."
 )
+RATES = tuple(round(10 ** (e / 4), 8) for e in range(-20, -3))  # the page's learning rates: 1e-5 .. 1e-1, log scale
 MAX_PENALTY_ROWS = 2**20  # query rows per head of the sampled penalty (the longest block a text run takes)
 
 
@@ -157,7 +158,20 @@ class JobConfig:
             step=1,
         ),
     )
-    lr: float = setting(1e-3, "--lr", "Peak learning rate (warmup, then cosine decay).", fmt="g", always=True)
+    lr: float = setting(
+        1e-3,
+        "--lr",
+        "Peak learning rate (warmup, then cosine decay).",
+        fmt="g",
+        always=True,
+        widget=dict(
+            kind="select",
+            label="Learning rate",
+            help="Peak AdamW learning rate (log scale; warmup, then cosine decay)",
+            options=RATES,
+            format="{:.2g}",
+        ),
+    )
     entmax_alpha: float | None = setting(
         None, "--entmax-alpha", "Attention: 1 softmax, 1.5 entmax15, 2 sparsemax (default: the parent's).", fmt="g"
     )
@@ -172,7 +186,15 @@ class JobConfig:
     )
     device: str = setting("auto", "--device", "auto, cpu or cuda.")
     precision: str = setting(
-        "fp32", "--precision", "fp32, or bf16 (autocast: forward and loss in bfloat16, weights and AdamW in fp32)."
+        "fp32",
+        "--precision",
+        "fp32, or bf16 (autocast: forward and loss in bfloat16, weights and AdamW in fp32).",
+        widget=dict(
+            kind="choice",
+            label="Precision",
+            help="fp32, or bf16 autocast (forward and loss in bfloat16, weights and AdamW in fp32)",
+            options=PRECISIONS,
+        ),
     )
     sync_every: int | None = setting(
         None,
@@ -185,6 +207,13 @@ class JobConfig:
         "--compile/--no-compile",
         "torch.compile the training step (CUDA graphs on CUDA; compiling takes a while, then each step is "
         "faster). Falls back to the eager step if it cannot compile.",
+        widget=dict(
+            kind="check",
+            label="Compile the training step",
+            help="torch.compile of forward, loss and penalties (CUDA graphs on a GPU): compiling takes tens of "
+            "seconds before the first step, then each step is faster. Falls back to the plain step if it cannot "
+            "compile (the run's message says so).",
+        ),
     )
     checkpoint_every: int | None = setting(
         None,

@@ -212,6 +212,22 @@ def test_precision_picker(page):
     assert page.selectbox(key="retrain_precision").options == list(PRECISIONS)
 
 
+def test_the_training_inputs_are_the_declared_settings(page):
+    from attn_core.training.config import JobConfig
+    from attn_core.training.settings import declared
+
+    shown = {
+        "lr": page.select_slider(key="retrain_lr"),
+        "precision": page.selectbox(key="retrain_precision"),
+        "compile": page.checkbox(key="retrain_compile"),
+        "steps": page.number_input(key="retrain_steps"),
+    }
+    for name, widget in shown.items():
+        declared_widget = declared(JobConfig, name)["widget"]
+        assert (widget.label, widget.help) == (declared_widget["label"], declared_widget["help"]), name
+        assert widget.value == getattr(JobConfig("x"), name), name
+
+
 def test_a_second_session_waits_in_line_and_says_so(monkeypatch):
     """One job trains at a time per server (ATTN_LAB_MAX_JOBS=1): a second browser session's run
     is queued, says how many jobs are ahead, and trains once the first ends."""
