@@ -22,6 +22,13 @@ head's plane c is scaled by multiplying its two query columns by f_c (the rotati
 plane, so this scales that plane's term of every score, as ``attribute`` measures it). A merged
 head's ``W_QK`` is B itself: ``W_QK' = W_QK + U diag((f - 1) sigma) V^T``. All in float64, written
 back in the model's dtype; a factor vector of ones changes no weight.
+
+An MLA head's (multi-head latent attention, attn_core/model/mla.py) modes are the singular pairs
+of its absorbed B in residual-stream terms (the no-position term; the latent norms' gains come
+before the up-projections, so an edit of B is the edit of that term of every score, and the
+decoupled rotary term is kept); the edit is written into the head's own query up-projection W_UQ^h
+(q_b_proj's rows of that head, :meth:`attn_core.model.mla.MLAScore.edited`), so no other head's B
+changes.
 """
 
 from __future__ import annotations
@@ -66,13 +73,16 @@ def head_form64(model: Transformer, layer: int, head: int) -> QKForm:
     """B of one head at offset 0 in float64: factored (own columns, scale in the left factor) or dense."""
     if model.cfg.qk == "merged":
         return QKForm(dense=model.blocks[layer].attn.form(head).core().dense.detach().double())
+    if model.cfg.mla:  # the absorbed B, its own scale
+        core = model.blocks[layer].attn.form(head).core()
+        return QKForm(left=core.left.detach().double(), right=core.right.detach().double())
     W_Q, W_K, s = _factors(model, layer, head)
     return QKForm(left=W_Q * s, right=W_K)
 
 
 def head_modes(model: Transformer, layer: int, head: int) -> Modes:
     """The modes of head (layer, head) (module doc)."""
-    if model.cfg.positional == "rotary":
+    if model.cfg.positional == "rotary" and not model.cfg.mla:
         W_Q, W_K, s = _factors(model, layer, head)
         sig = [float((W_Q[:, p] @ W_K[:, p].T).norm() * s) for p in planes(model)]
         half = model.cfg.rotary_dims // 2
@@ -116,6 +126,10 @@ def apply_factors(model: Transformer, layer: int, head: int, f: torch.Tensor) ->
         return
     attn = model.blocks[layer].attn
     old = attn.form(head)  # written back through the attention module: set_form
+    if model.cfg.mla:
+        U, S, Vh = head_form64(model, layer, head).svd()
+        attn.set_form(old.edited((U * ((f.to(S.device) - 1) * S)) @ Vh), head)
+        return
     if model.cfg.positional == "rotary":
         w = old.left.detach().clone()
         for c, p in enumerate(planes(model)):
