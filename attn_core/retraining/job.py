@@ -14,7 +14,6 @@ What the job starts from (the parent model, its task, text) is :mod:`attn_core.r
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 import time
 
@@ -25,7 +24,7 @@ from attn_core.card import Card
 from attn_core.model import Transformer
 from attn_core.retraining.parent import Retraining, open_parent
 from attn_core.runs import RunStore
-from attn_core.training import checkpoints, estimate, job_queue, telemetry, worker
+from attn_core.training import checkpoints, estimate, telemetry, worker
 from attn_core.training import queue as Q
 from attn_core.training.config import JobConfig
 from attn_core.training.record import Outcome, RunRecorder, error_text, job_card, measure_final, record_run
@@ -150,7 +149,7 @@ class TrainingJob:
         """Train in a worker thread, once its line lets it (the dashboard's job queue,
         ``training.queue``, or this process's line, ``slots.SLOTS``): until then its status is
         ``queued`` and its message says its place. A per-user limit of the queue refuses here. ``entry``: the queue entry of a
-        job rebuilt after a restart (``job_queue.rebuild``), which it waits for instead of a new one.
+        job rebuilt after a restart (:meth:`rebuild`), which it waits for instead of a new one.
         With ``process``, train in a worker process (``threads`` torch threads there; None:
         ``cfg.threads``, else chosen for the run: ``device.choose_threads``) that this thread
         follows (:mod:`attn_core.training.worker`); with ``cfg.workers``, on
@@ -164,7 +163,7 @@ class TrainingJob:
         elif process:  # the worker trains it; this side keeps no weights (worker.Remote)
             self.remote = worker.Remote(self, threads)
         spec = dict(process=bool(process), threads=threads, keep_ray=bool(keep_ray), address=address)
-        self._ticket = job_queue.enter(self, entry, spec)  # a per-user limit refuses here
+        self._ticket = self._enter(entry, spec)  # a per-user limit refuses here
         self._thread = threading.Thread(target=self._run_safely, name=f"attn-lab job {self.parent}", daemon=True)
         self._thread.start()
         started(self)
@@ -350,7 +349,69 @@ class TrainingJob:
     def _run_safely(self) -> None:
         if self._ticket is None:
             return self._train()
-        job_queue.run_queued(self)
+        self._run_queued()
+
+    # --- in the queue: its entry, its wait, its limits while it trains, its outcome ----------------------
+    def _enter(self, entry: int | None, start: dict) -> int:
+        """The job's entry in ``self.slots`` (the server's queue, ``training.queue``, or this
+        process's line): ``entry`` (a rebuilt job's), else a new one with what rebuilds it (JSON)
+        and its estimated seconds; ``start``: the arguments of ``start()`` it is started with again."""
+        if entry is None:
+            spec = {"config": self.cfg.to_dict(), "store": str(self.store.root) if self.store else None, **start}
+            entry = self.slots.ticket(
+                user=self.user,
+                kind="retrain",
+                device=Q.device_name(self.device),
+                spec=spec,
+                steps=self.cfg.steps,
+                estimate_s=self._estimate_s(),
+            )
+        if self.slots.ahead(entry):
+            self._publish(status="queued", message=self.slots.describe(entry))
+        return int(entry)
+
+    def _estimate_s(self) -> float | None:
+        """The run's estimated seconds (``training.estimate``): what the queue tells those behind it."""
+        try:
+            facts = getattr(self.task, "facts", None)
+            block = facts["block"] if facts else self.task.seq_len
+            e = estimate.run_seconds(self.model.cfg, self.cfg.steps, self.train_cfg.batch_size, block, str(self.device))
+            return float(e["total_s"])
+        except Exception:  # no estimate: the wait of those behind it is not said
+            return None
+
+    def _run_queued(self) -> None:
+        """Wait for the job's turn (its status ``queued``, its message its place), train, and write
+        its outcome to the queue; stopped or cancelled while it waits, it ends ``stopped`` untrained."""
+        outcome = dict(status="failed", message="")
+        ticket = self._ticket
+        try:
+            queued = lambda ahead: self._publish(status="queued", message=self.slots.describe(ticket))  # noqa: E731
+            if self.slots.wait(ticket, self._stop.is_set, queued):
+                self.slots.watch(ticket, self._limit_stop, self._done.is_set)
+                try:
+                    self._train() if self.remote is None else self.remote.train()
+                finally:
+                    self._done.set()
+                snap = self.snapshot()
+                outcome = dict(status=snap.status, message=snap.message, target=self.run_id)
+                return
+            why = self._stop_reason or ("stopped while queued" if self._stop.is_set() else "cancelled while queued")
+            outcome = dict(status="cancelled", message=f"{why}; nothing was trained or saved")
+            self._publish(status="stopped", message=outcome["message"])
+            self._done.set()
+        finally:
+            self.slots.release(ticket, **outcome)
+
+    @classmethod
+    def rebuild(cls, queue: Q.JobQueue, entry: dict) -> TrainingJob:
+        """The job of a waiting entry whose server is gone, rebuilt from its spec and started here:
+        it waits for that entry and trains when its turn comes."""
+        spec = entry["spec"]
+        store = RunStore(spec["store"]) if spec.get("store") else False
+        job = cls(JobConfig(**spec["config"]), store=store, slots=queue, user=entry["user"])
+        keep = dict(threads=spec.get("threads"), address=spec.get("address"), keep_ray=spec.get("keep_ray", False))
+        return job.start(process=spec.get("process", False), entry=entry["id"], **keep)
 
     def _limit_stop(self, reason: str) -> None:
         """Stop the running job for ``reason`` (the queue's wall time limit, a cancel), said in its status."""
@@ -469,4 +530,4 @@ def preview(cfg: JobConfig) -> Snapshot:
     return job.snapshot()
 
 
-Q.register("retrain", functools.partial(job_queue.rebuild, TrainingJob))  # adopted after a restart
+Q.register("retrain", TrainingJob.rebuild)  # adopted after a restart
