@@ -27,7 +27,7 @@ from attn_core.runs import RunStore
 from attn_core.training import checkpoints, estimate, telemetry, worker
 from attn_core.training import queue as Q
 from attn_core.training.config import JobConfig
-from attn_core.training.record import Outcome, RunRecorder, error_text, job_card, measure_final, record_run
+from attn_core.training.record import Outcome, RunRecorder, error_text, measure_final, record_run, run_card
 from attn_core.training.slots import SLOTS, JobSlots, started
 from attn_core.training.snapshot import Snapshot
 from attn_core.training.trainer import EVAL_SEED_OFFSET, Trainer
@@ -515,8 +515,35 @@ class TrainingJob:
 
     def card(self, outcome: Outcome, after: dict | None) -> Card:
         """The run's card for ``outcome`` (what the store saves; a sweep trial, which has no
-        store, sends it back to the driver): :func:`attn_core.training.record.job_card`."""
-        return job_card(self, outcome, after)
+        store, sends it back to the driver): :func:`attn_core.training.record.run_card` with what a
+        retrain records (its regularizers and how their rows were computed, the heads, the job's
+        settings, its checkpoints, the text and imported-model sections)."""
+        cfg = self.cfg
+        regs = ", ".join(cfg.to_dict()["regularizers"]) or "no regularizer"
+        alpha = f", entmax alpha {cfg.entmax_alpha:g}" if cfg.entmax_alpha is not None else ""
+        rows = self.penalty.estimate(self.task.n_ctx)  # how the row penalties were computed
+        if rows["estimate"] == "sampled":
+            alpha += f", row penalties on {rows['rows']} sampled query rows per head"
+        return run_card(
+            self.run_id,
+            self.trainer,
+            outcome,
+            parent=self.parent,
+            description=f"{self.parent} retrained: {regs}{alpha}",
+            before=self._state["before"],
+            after=after,
+            samples=(after or {}).get("samples", cfg.measure_samples),  # the blocks measured (text: by tokens)
+            wall_time_s=self._state["elapsed_s"],
+            command=cfg.command(),
+            regularizers=self.penalty.describe(),
+            penalty=rows,
+            regularized_heads=self._head_names(),
+            entmax_alpha=self.model.cfg.entmax_alpha,
+            job=cfg.to_dict(),
+            **({"checkpoints": self.checkpoints.listing()} if self.checkpoints is not None else {}),
+            **({"distributed": self.trainer.dist.describe()} if self.trainer.dist is not None else {}),
+            **self.retraining.details(self.model, self.task),
+        )
 
 
 def preview(cfg: JobConfig) -> Snapshot:
