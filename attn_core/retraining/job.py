@@ -38,6 +38,12 @@ SNAPSHOT_STATE += ("probe_pattern", "probe_step", "probe_head", "workers", "comp
 PAUSED_POLL_S = 0.1  # a paused job looks for a newly watched head this often
 
 
+def spectra_values(model, heads) -> dict:
+    """A spectra refresh's row: the spectra of every head's B and, rotary, sigma_1(B(delta)) of
+    ``heads`` (the first :data:`telemetry.LIVE_OFFSET_HEADS` of them)."""
+    return {**telemetry.spectra_row(R.spectrum(model)), **telemetry.offsets_row(model, heads)}
+
+
 class Phases(dict):
     """Seconds a job spent in each part of its run, by name: ``load`` (building the
     job: the model, the task, the probe), ``before`` and ``after`` (the measurements),
@@ -327,11 +333,10 @@ class TrainingJob:
             self._state.update(probe_pattern=pattern, probe_step=step, probe_head=self._watch)
 
     def _spectra(self, step: int) -> None:
-        """The spectra of every head's B and, rotary, sigma_1(B(delta)) of the heads that matter
-        (the watched one first; the first :data:`telemetry.LIVE_OFFSET_HEADS` of them)."""
+        """:func:`spectra_values` of the heads that matter (the watched one first)."""
         heads = ([self._watch] if self._watch is not None else []) + list(self.penalty.regularized_heads)
         with self.phases.timed("spectra"), self.trainer.view() as model:
-            self._record(step, {**telemetry.spectra_row(R.spectrum(model)), **telemetry.offsets_row(model, heads)})
+            self._record(step, spectra_values(model, heads))
 
     def _measure(self) -> dict:
         """The before/after measurement (``telemetry.measure``), on text sized by the run's tokens."""

@@ -496,9 +496,9 @@ def test_a_retrain_job_moves_the_router_and_experts_and_exports_back(tmp_path):
     """A retrain on text (a job, as the CLI and the Retrain page run it): the routers and experts
     learn, no load-balancing term is added, the correction bias stays, and the run exports back to
     deepseek_v3 with the same logits in transformers."""
+    from attn_core.retraining.job import TrainingJob
     from attn_core.sources import resolve
     from attn_core.training.config import JobConfig
-    from attn_core.training.job import TrainingJob
     from tests.text_corpus import make_text, write_word_tokenizer
 
     folder = tmp_path / "model"
