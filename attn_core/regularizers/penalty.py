@@ -214,6 +214,11 @@ def build_penalty(
                 f"{s.name!r} penalises the vocabulary view from its Q and K, which cannot carry this model's soft cap "
                 f"(c tanh(S / c), c = {cfg.attn_softcap:g}); penalise the data view (entropy, hoyer, topk, sink)"
             )
+        if s.view == "vocab" and cfg.attn_sinks:
+            raise ValueError(
+                f"{s.name!r} penalises the vocabulary view's rows, which leave out this model's learned sink logits "
+                "(attn_sinks); penalise the data view (entropy, hoyer, topk, sink), whose rows include them"
+            )
         if s.view == "vocab" and cfg.d_vocab > 4096:
             raise ValueError(f"{s.name!r} forms a d_vocab x d_vocab view per head; {cfg.d_vocab} tokens is too many")
     return ConcentrationPenalty(specs, resolved, cfg, rows=rows, seed=seed, block=block, path=path)
