@@ -675,3 +675,27 @@ def test_a_token_pairs_score_against_the_offset_is_the_models(tmp_path):
             X = torch.zeros(T, model.cfg.d_model)
             X[i], X[j] = x[0], x[1]
             assert got == pytest.approx(float(model.blocks[1].attn.form(2).scores(X)[i, j]), abs=1e-5)
+
+
+def test_the_gallery_draws_the_mla_two_terms_with_the_other_score_parts(tmp_path):
+    """The gallery's Heatmaps page of its tiny DeepSeek-V3 folder draws the parts of the score as
+    the page does: the latent gains and the two terms, whose cells add up to the model's scores;
+    a model without parts (the tiny Llama) draws none."""
+    from attn_core import bilinear, sources
+    from attn_core.gallery import pages
+    from attn_core.gallery.models import tiny_deepseek, tiny_llama
+
+    m = sources.resolve(str(tiny_deepseek(tmp_path / "tiny-deepseek")))
+    assert m.config.mla
+    entries = {e.what: e for e in pages.heatmaps(m, quick=True)}
+    assert "parts of the score: the gains" in entries
+    plot = entries["parts of the score: MLA's two terms"].plot
+    table = plot.data
+    layer = m.config.n_layers - 1
+    tokens = bilinear.random_tokens(m, 0, min(24, m.config.n_ctx))
+    parts = bilinear.score_parts(m, tokens, layer, 0)
+    seen = parts.mask.reshape(-1).numpy()
+    total = (table["absorbed"] + table["rotary"]).to_numpy()[seen]
+    assert torch.allclose(torch.tensor(total).double(), parts.capped.reshape(-1)[seen].double(), atol=1e-5)
+    plain = sources.resolve(str(tiny_llama(tmp_path / "tiny-llama")))
+    assert not [e for e in pages.heatmaps(plain, quick=True) if e.what.startswith("parts of the score")]
