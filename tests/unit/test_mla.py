@@ -699,3 +699,20 @@ def test_the_gallery_draws_the_mla_two_terms_with_the_other_score_parts(tmp_path
     assert torch.allclose(torch.tensor(total).double(), parts.capped.reshape(-1)[seen].double(), atol=1e-5)
     plain = sources.resolve(str(tiny_llama(tmp_path / "tiny-llama")))
     assert not [e for e in pages.heatmaps(plain, quick=True) if e.what.startswith("parts of the score")]
+
+
+def test_a_learned_sink_on_an_mla_model_is_refused_by_name(folder):
+    """MLA with learned sinks (no family has both) is refused in one sentence naming attn_sinks,
+    and so is an edit of an MLA head's sink logit."""
+    import dataclasses
+
+    import attn_core as al
+
+    root, _ = folder
+    cfg = load_hf(root).config
+    with pytest.raises(ValueError, match="attn_sinks") as e:
+        dataclasses.replace(cfg, attn_sinks=True)
+    assert len(str(e.value).splitlines()) == 1
+    with pytest.raises(ValueError, match="sink") as e:
+        al.edit(str(root), "L1H0", sink=0.5, text=root.parent / "deepseek_v3.txt", samples=2)
+    assert "no learned sink logit" in str(e.value) and len(str(e.value).splitlines()) == 1
