@@ -448,6 +448,8 @@ def test_deepseek_v2_matches_transformers_and_exports_back(name, tmp_path):
         logits, cache = loaded.model.run_with_cache(tokens)
         for layer in range(2):
             assert float((cache[act_name("pattern", layer)] - ref.attentions[layer]).abs().max()) <= 1e-5
+            X, S = cache[act_name("attn_in", layer)][0], cache[act_name("attn_scores", layer)][0]
+            assert torch.equal(loaded.model.blocks[layer].attn.form().scores(X), S)  # the form's are the model's
         assert _close_logits(logits, ref.logits) and _close_logits(plain, ref.logits)
         export_family(loaded, tmp_path / "out", hf_origin(loaded))
         back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager").eval()
