@@ -171,3 +171,23 @@ def test_dynamics_measures_sinks_and_both_ranks():
     partial = D.measure(model, inputs, detector_samples=2, partial=True).values
     assert partial["sink_rate"] is None and partial["data_rank:L0H0"] is None
     assert partial["weight_rank:L0H0"] == values["weight_rank:L0H0"]
+
+
+@pytest.mark.parametrize("augmented", [False, True])
+def test_al_spectrum_factorises_each_head_once(monkeypatch, augmented):
+    """The weight ranks of al.spectrum read the spectrum's own singular values (the same numbers
+    ranks() computes alone); an augmented B is another matrix, whose ranks are of B itself."""
+    import importlib
+
+    import attn_core as al
+
+    module = importlib.import_module("attn_core.bilinear.ranks")
+
+    model = make_tiny_model(n_layers=2)
+    want = ranks(model).heads()
+    calls = []
+    real = module.weight_spectra
+    monkeypatch.setattr(module, "weight_spectra", lambda m: calls.append(1) or real(m))
+    got = al.spectrum(model, augmented=augmented)
+    assert len(calls) == (1 if augmented else 0)
+    assert got["weight_rank"].tolist() == [h["weight_rank"] for h in want]
