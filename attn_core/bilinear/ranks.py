@@ -29,7 +29,7 @@ import torch
 
 from attn_core import linalg
 from attn_core.bilinear.checks import check_model
-from attn_core.bilinear.heads import model_form
+from attn_core.bilinear.heads import layer_forms
 from attn_core.hooks import act_name
 from attn_core.limits import LimitError, size_text
 from attn_core.model import Transformer
@@ -176,8 +176,7 @@ def weight_spectra(model: Transformer) -> torch.Tensor:
     """Singular values of every head's B, [L, H, k] (the factored spectrum)."""
     model = check_model(model, "weight_spectra")
     with torch.no_grad():
-        forms = model_form(model)
-        return torch.stack([forms[l].singular_values for l in range(model.cfg.n_layers)]).double()  # a layer at a time
+        return torch.stack([f.singular_values for f in layer_forms(model)]).double()  # a layer at a time
 
 
 def rank_caps(model: Transformer) -> torch.Tensor:

@@ -17,7 +17,6 @@ QK_NORM = {"qwen3", "gemma3_text", "olmo2", "exaone4", "qwen3_moe", "olmoe"}
 CAPPED = {"gemma2"}
 # command -> the families that refuse it, and the words the refusal gives
 REFUSED = {
-    "attribute": (CAPPED, "soft-capped"),
     "edit": (QK_NORM, "QK-norm"),
     "retrain-vocab": (CAPPED, "soft cap"),
 }
