@@ -1,5 +1,6 @@
-"""attribute on a soft-capped head (Gemma 2's c tanh(S / c)): the terms add up to the score before
-the cap exactly, the capped score (the model's own) is given beside it, in Python, JSON and text."""
+"""Soft-capped heads (Gemma 2's c tanh(S / c)): attribute's terms add up to the score before the cap
+exactly, the capped score (the model's own) beside it, in Python, JSON and text; the vocabulary
+view's penalties read the capped scores, as the model computes them."""
 
 import json
 
@@ -70,3 +71,20 @@ def test_the_report_and_the_cli_show_both_scores(gemma2, capsys):
             assert "capped_score" in json.loads(out)["keys"][0]
         else:
             assert "before the head's soft cap" in out and "capped" in out.splitlines()[2]
+
+
+def test_vocabulary_penalties_read_the_capped_scores(gemma2):
+    from attn_core.bilinear.views import vocab_scores
+    from attn_core.regularizers.penalty import build_penalty, vocab_rows
+
+    model = gemma2[0].model
+    for layer in range(2):
+        S = vocab_scores(model, layer)
+        assert float(S.abs().max()) <= 4.0  # capped: the rows are softmax of the model's own scores
+        assert torch.allclose(vocab_rows(model, layer), torch.softmax(S, -1))
+    penalty = build_penalty(["vocab_entropy=0.1", "vocab_hoyer=0.1", "vocab_topk:2=0.1"], model)
+    total = sum(penalty(model).values())
+    total.backward()
+    W_Q = model.blocks[0].attn.W_Q
+    assert torch.isfinite(total.detach()) and W_Q.grad is not None and float(W_Q.grad.abs().max()) > 0
+    model.zero_grad()
