@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 from safetensors import safe_open  # noqa: E402
 
 import attn_core as al  # noqa: E402
-from attn_core.checkpoint import build_checked  # noqa: E402
+from attn_core.checkpoint import LoadedModel, build_checked  # noqa: E402
 from attn_core.hf import load_hf  # noqa: E402
 from attn_core.hf.family_export import export_family, fixed_params, hf_origin  # noqa: E402
 from attn_core.model import ModelConfig, Transformer  # noqa: E402
@@ -77,3 +77,15 @@ def test_export_hf_writes_a_tied_model_tied(tied, tmp_path):
     with torch.no_grad():
         assert torch.allclose(back(TOKENS).logits, loaded.model(TOKENS), atol=1e-4, rtol=1e-4)
     assert al.load(str(tmp_path / "out")).config == loaded.config
+
+
+def test_a_tied_model_of_our_own_exports_as_gpt2(tmp_path):
+    from attn_core.hf.export import export_gpt2
+
+    model = Transformer(ModelConfig(n_layers=1, d_model=16, d_head=4, d_vocab=12, d_mlp=64, tied_embed=True))
+    model.reset_parameters(torch.Generator().manual_seed(0))
+    loaded = LoadedModel(name="tied", model=model.eval(), config=model.cfg)
+    export_gpt2(loaded, tmp_path / "gpt2", [f"t{i}" for i in range(12)])
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "gpt2").eval()
+    with torch.no_grad():
+        assert torch.allclose(back(TOKENS % 12).logits, model(TOKENS % 12), atol=1e-5)
