@@ -126,7 +126,8 @@ class Attribution:
 
     def frame(self, top: int | None = None) -> pd.DataFrame:
         """Tidy: key, label, rank, score, term ("σ1".., or "bias"), direction (-1 for the
-        bias), sigma, contribution; keys best first."""
+        bias), sigma, contribution (and capped_score, the model's, for a soft-capped head); keys
+        best first."""
         rows = []
         for rank, i in enumerate(self.ranking()[:top] if top else self.ranking(), start=1):
             base = dict(
@@ -138,6 +139,8 @@ class Attribution:
                 rank=rank,
                 score=float(self.scores[i]),
             )
+            if self.cap is not None:
+                base["capped_score"] = float(self.capped[i])
             for d in range(self.terms.shape[1]):
                 rows.append(
                     dict(

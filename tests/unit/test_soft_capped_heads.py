@@ -88,3 +88,14 @@ def test_vocabulary_penalties_read_the_capped_scores(gemma2):
     W_Q = model.blocks[0].attn.W_Q
     assert torch.isfinite(total.detach()) and W_Q.grad is not None and float(W_Q.grad.abs().max()) > 0
     model.zero_grad()
+
+
+def test_the_attribution_figure_marks_the_capped_scores(gemma2):
+    from attn_core.figures.attribution import attribution_plot
+
+    a = attribute(gemma2[0], IDS, 1, 2, 6)
+    plot = attribution_plot(a, top=4)
+    marks = [t for t in plot.fig.data if t.name and t.name.startswith("capped")]
+    assert len(marks) == 1 and "before the soft cap" in plot.fig.layout.title.text
+    want = [float(a.capped[a.keys.index(k)]) for k in a.top(4)]
+    assert list(marks[0].y) == pytest.approx(want)
