@@ -34,8 +34,16 @@ def load_step(names: tuple[str, ...], steps: tuple[int, ...] | None, stamp: tupl
 
 
 @ui.cached
-def metrics_of(names: tuple, steps: tuple | None, stamp: tuple, series_key: str, samples: int, seed: int,
-               text: str | None, text_key: tuple | None) -> D.Dynamics:  # fmt: skip
+def metrics_of(
+    names: tuple,
+    steps: tuple | None,
+    stamp: tuple,
+    series_key: str,
+    samples: int,
+    seed: int,
+    text: str | None,
+    text_key: tuple | None,
+) -> D.Dynamics:
     """The metrics of every checkpoint (each one also cached on disk, so a new checkpoint costs
     only itself), on the task's held-out sequences or windows of a text of the data folder;
     ``series_key`` and ``text_key`` change when any checkpoint file or the text does."""
@@ -115,9 +123,11 @@ try:
             "named by step (step1000/ ...) or listed in series.json / series.csv ($ATTN_LAB_MODELS, $ATTN_LAB_DATA)",
         )
         path = c_path.text_input(
-            "Folder", key=ui.remember("dyn_path", ""), disabled=picked != "(a folder)",
+            "Folder",
+            key=ui.remember("dyn_path", ""),
+            disabled=picked != "(a folder)",
             help="Inside the run store, the model folders or the data folder; nothing else on the server is read",
-        )  # fmt: skip
+        )
         names = (path.strip(),) if picked == "(a folder)" else (picked,)
         if problems:
             st.caption(f"Left out of the list: {ui.plain('; '.join(problems))}")
@@ -165,18 +175,23 @@ text_name = None
 if needs_text:  # a model without a task (an imported series): windows of a text of the data folder
     texts = [n for n in text_files.data_files() if n.lower().endswith(".txt")]
     text_name = c_text.selectbox(
-        "Text", texts or ["(none)"], key=ui.remember("dyn_text", (texts or ["(none)"])[0], texts or ["(none)"]),
+        "Text",
+        texts or ["(none)"],
+        key=ui.remember("dyn_text", (texts or ["(none)"])[0], texts or ["(none)"]),
         help="These models have no task: loss and ICL score are measured on windows of this text ($ATTN_LAB_DATA)",
-    )  # fmt: skip
+    )
     if not texts:
         text_name = None
         c_text.caption("No .txt file in $ATTN_LAB_DATA: only the weight metrics and detectors are measured.")
 samples = c_samples.number_input(
-    "Held-out windows" if text_name else "Held-out sequences", min_value=16, max_value=2048, step=16,
+    "Held-out windows" if text_name else "Held-out sequences",
+    min_value=16,
+    max_value=2048,
+    step=16,
     key=ui.remember("dyn_samples", 256, range(16, 2049)),
     help="Sequences of the task (or windows of the text) every checkpoint is measured on (a fixed seed: the same "
     "for every step); the caption below says how many were used",
-)  # fmt: skip
+)
 seed = c_seed.number_input("Seed", 0, 2**31 - 1, key=ui.remember("dyn_seed", 0, range(2**31)))
 try:
     text_key = D.stamp([str(text_files.data_path(text_name))]) if text_name else None
@@ -197,8 +212,10 @@ if len(dyn.skipped) > MAX_SKIPPED_SHOWN:
         f"… and {len(dyn.skipped) - MAX_SKIPPED_SHOWN} more checkpoints skipped (`attn-lab dynamics --json` lists them)."
     )
 if series.partial:
-    st.info("These checkpoints keep only attention and LayerNorm weights: the views that need the whole model "
-            "(heatmaps on an input, detectors, loss) are not drawn; the spectrum and composition are.")  # fmt: skip
+    st.info(
+        "These checkpoints keep only attention and LayerNorm weights: the views that need the whole model "
+        "(heatmaps on an input, detectors, loss) are not drawn; the spectrum and composition are."
+    )
 
 
 # --- one step, every view ------------------------------------------------------------------------------
@@ -260,10 +277,18 @@ def step_views() -> None:
     animation_export(layer, head, value, step)
     ui.export_all(
         views + curves,
-        {"page": "Dynamics", "series": list(names), "steps": dyn.steps, "step": step, "layer": layer, "head": head,
-         "inputs": dyn.inputs, "phase_change": dyn.phase_change},
+        {
+            "page": "Dynamics",
+            "series": list(names),
+            "steps": dyn.steps,
+            "step": step,
+            "layer": layer,
+            "head": head,
+            "inputs": dyn.inputs,
+            "phase_change": dyn.phase_change,
+        },
         key="dynamics",
-    )  # fmt: skip
+    )
 
 
 def loaded_step(step: int, quiet: bool = False):
@@ -303,8 +328,14 @@ def animation_export(layer: int, head: int, value: str, step: int) -> None:
             ui.show_plot(plot, key="dyn_animation", downloads=False)
         built = st.session_state.get("dyn_animation")
         if built is not None:
-            st.download_button("Download the animation (HTML)", built[1], file_name=f"{built[0]}.html",
-                               mime="text/html", key="dyn_animation_html", on_click="ignore")  # fmt: skip
+            st.download_button(
+                "Download the animation (HTML)",
+                built[1],
+                file_name=f"{built[0]}.html",
+                mime="text/html",
+                key="dyn_animation_html",
+                on_click="ignore",
+            )
 
 
 step_views()

@@ -46,6 +46,12 @@ def spectra(m, augmented: bool) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
 
 
 @ui.cached
+def latent_spectra(m) -> pd.DataFrame:
+    """An MLA model's absorbed B on the latents: tidy singular values."""
+    return bilinear.latent_spectrum_frame(m.model)
+
+
+@ui.cached
 def offset_spectra(m, layer: int, head: int, span: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """sigma_i(B(delta)) for delta = 0, -step, ..., -(span - 1) (at most 256 offsets), and the
     spectra no offset changes."""
@@ -115,21 +121,44 @@ with right:
     eigen_plot = fb.eigen_plot(eigen)
     ui.show_plot(eigen_plot, key="eigenvalues")
 
+# --- multi-head latent attention: the absorbed B on the latents ----------------------------------------
+latent_plot = None
+if cfg.mla:
+    st.header("Multi-head latent attention: the absorbed B")
+    st.markdown(
+        "Each head's no-position score is $g_q g_{kv}\\, x B y^\\top$ with the absorbed "
+        "$B = s\\, W_{DQ}\\,\\mathrm{diag}(w_q)\\, W_{UQ}^h W_{UK}^{h\\top} \\mathrm{diag}(w_{kv})\\, W_{DKV}^\\top$ "
+        f"(the spectra above, rank ≤ {cfg.d_head}); on the latents it is $B_{{lat}} = s\\, W_{{UQ}}^h W_{{UK}}^{{h\\top}}$ "
+        f"({cfg.q_lora_rank or cfg.d_model} × {cfg.kv_lora_rank}), the matrix inference multiplies. "
+        "The decoupled rotary term is apart (below)."
+    )
+    latent = latent_spectra(loaded)
+    if which == "one":
+        latent = latent[(latent["layer"] == layer) & (latent["head"] == head)]
+    latent_plot = fb.spectrum_plot(latent, normalized=normalized, small_multiples=per_layer and which == ALL)
+    ui.show_plot(latent_plot, key="latent_spectrum")
+
 # --- rotary heads: B(delta) -------------------------------------------------------------------------
 offset_plot = None
 if cfg.positional == "rotary":
     st.header("Rotary positions: the form against the offset")
-    st.markdown(
-        "With rotary positions a query at $i$ and a key at $j$ meet through "
-        "$B(\\delta) = W_Q R(\\delta) W_K^\\top/\\sqrt{d}$, $\\delta = j - i \\le 0$: one form per offset. "
-        "The spectra above are of the un-rotated $W_Q W_K^\\top/\\sqrt{d} = B(0)$"
-        + (
-            f"; only {cfg.rotary_dims} of the head's {cfg.d_head} dims rotate, and the rest form an "
-            "offset-free part shown on the right."
-            if cfg.rotary_dims < cfg.d_head
-            else "."
+    if cfg.mla:
+        st.markdown(
+            "An MLA head's form at offset $\\delta$ is $B + B_R(\\delta)$: its absorbed $B$ (above, the same at "
+            f"every offset) and its decoupled rotary term of rank ≤ {cfg.rotary_dims}, the latent gains left out."
         )
-    )
+    else:
+        st.markdown(
+            "With rotary positions a query at $i$ and a key at $j$ meet through "
+            "$B(\\delta) = W_Q R(\\delta) W_K^\\top/\\sqrt{d}$, $\\delta = j - i \\le 0$: one form per offset. "
+            "The spectra above are of the un-rotated $W_Q W_K^\\top/\\sqrt{d} = B(0)$"
+            + (
+                f"; only {cfg.rotary_dims} of the head's {cfg.d_head} dims rotate, and the rest form an "
+                "offset-free part shown on the right."
+                if cfg.rotary_dims < cfg.d_head
+                else "."
+            )
+        )
     r_layer, r_head = layer, head  # the head picked at the top of the page
     top = min(cfg.n_ctx, 4096)
     span = st.slider(

@@ -223,10 +223,12 @@ def dynamics(
         raise TypeError(f"source must be a run, a folder or a list of models, got {type(source).__name__}")
     series = D.series([str(s) for s in source] if isinstance(source, list) else [str(source)])
     early, late = (positions(k, options.pop(k, None)) for k in ("early", "late"))
-    inputs = documents.dynamics_inputs(series, samples, seed, early, late, check_text(options.pop("text", None)),
-                                       options.pop("length", None))  # fmt: skip
-    found = D.dynamics(series, inputs, detector_samples=detector_samples, seed=seed,
-                       cache=D.MetricCache() if cache else None).to_json()  # fmt: skip
+    inputs = documents.dynamics_inputs(
+        series, samples, seed, early, late, check_text(options.pop("text", None)), options.pop("length", None)
+    )
+    found = D.dynamics(
+        series, inputs, detector_samples=detector_samples, seed=seed, cache=D.MetricCache() if cache else None
+    ).to_json()
     columns = {"step": found.pop("steps"), **({"tokens": found["tokens"]} if found["tokens"] else {})}
     found.pop("tokens")
     df = pd.DataFrame({**columns, **found.pop("metrics")})

@@ -160,9 +160,11 @@ def check_memory(what: str, n_bytes: float) -> None:
         )
 
 
-def check_count(name: str, value: object, hi: int, lo: int = 1, why: str = "the limit of this lab") -> int:
+def check_count(name: str, value: object, hi: int, *, lo: int = 1, why: str = "the limit of this lab") -> int:
     """``value`` as an int when it is an integer in ``lo..hi``; else a LimitError (above ``hi``)
-    or a ValueError (not an integer, below ``lo``) that states the range."""
+    or a ValueError (not an integer, below ``lo``) that states the range. ``lo`` is named (the
+    bounds cannot be given the wrong way round); a range that is no lab limit is
+    ``validate.check_int(name, value, lo, hi)``."""
     if not is_int(value) or value < lo:
         raise ValueError(f"{name} must be an integer in {lo}..{hi}, got {shown(value)}")
     if value > hi:

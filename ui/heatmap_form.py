@@ -18,12 +18,17 @@ GAINS_HELP = (
     "QK-norm divides q_i and k_j by their RMS, so S_ij = g_q(i) g_k(j) · x_i B̃ x_j^T: the gains g are a per-token "
     "factor of the scores, and B̃ (the norm weights folded in) is the head's bilinear core"
 )
+MLA_HELP = (
+    "Multi-head latent attention: S_ij = g_q(i) g_kv(j) · x_i B x_j^T + g_q(i) · x_i B_R(j − i) x_j^T, the head's "
+    "absorbed B (W_DQ diag(w_q) W_UQ W_UKᵀ diag(w_kv) W_DKVᵀ, scaled) and the decoupled rotary term; the two add up to S"
+)
 CAP_HELP = "The model's scores are c·tanh(S / c); off: S itself, before the cap"
 
 
 def applies(loaded: LoadedModel) -> bool:
     """Whether the model's scores have parts to show (QK-norm gains or a soft cap)."""
-    return loaded.config.qk_norm != "none" or loaded.config.attn_softcap is not None
+    cfg = loaded.config
+    return cfg.qk_norm != "none" or cfg.attn_softcap is not None or cfg.mla
 
 
 def section(loaded: LoadedModel, tokens: list[int], layer: int, head: int) -> list[Plot]:
@@ -42,4 +47,7 @@ def section(loaded: LoadedModel, tokens: list[int], layer: int, head: int) -> li
         plots.append(fp.capped_plot(parts, capped))
         with cols[1]:
             show_plot(plots[-1], key="score_cap")
+    if parts.absorbed is not None:
+        plots.append(fp.mla_terms_plot(parts))
+        show_plot(plots[-1], key="score_mla_terms", help=MLA_HELP)
     return plots

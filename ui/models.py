@@ -197,7 +197,10 @@ def _model_caption(m: LoadedModel) -> None:
     extra = ""
     if c.kv_heads < c.n_heads:
         extra += f", {c.kv_heads} key/value heads"
-    if c.positional == "rotary":
+    if c.mla:
+        latent = f"query latent {c.q_lora_rank}, " if c.q_lora_rank else ""
+        extra += f", latent attention ({latent}key/value latent {c.kv_lora_rank}, rotary part {c.rotary_dims})"
+    elif c.positional == "rotary":
         extra += f", rotary on {c.rotary_dims} of {c.d_head} dims (θ = {c.rope_theta:g})"
     st.sidebar.caption(
         f"**{plain(m.name)}**: {kind}, {c.n_layers} layer(s) × {c.n_heads} heads, "

@@ -46,7 +46,7 @@ from attn_core.bilinear.long import LONG_INPUT, LayerScores, LongView, layer_sco
 from attn_core.bilinear.ranks import Ranks, ranks, variance_rank
 from attn_core.bilinear.score_parts import ScoreParts, score_parts
 from attn_core.bilinear.sinks import Sinks, key_importance, sinks
-from attn_core.bilinear.spectrum import eigen_frame, spectrum, spectrum_frame
+from attn_core.bilinear.spectrum import eigen_frame, latent_spectrum_frame, spectrum, spectrum_frame
 from attn_core.bilinear.tokens import encode, position_labels, random_tokens, sample_tokens, token_names, tokenizer
 from attn_core.bilinear.views import (
     MAX_VIEW_TOKENS,
@@ -111,6 +111,7 @@ __all__ = [
     "sinks",
     "spectrum",
     "spectrum_frame",
+    "latent_spectrum_frame",
     "position_labels",
     "token_names",
     "tokenizer",

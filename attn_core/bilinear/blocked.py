@@ -1,6 +1,7 @@
 """Scores of one head at any length, in blocks of queries x keys: never a T x T matrix.
 
-For layer l of a model and an input of T tokens, :func:`layer_qk` runs the forward once up to
+For layer l of a model and an input of T tokens, :func:`layer_qk` (``bilinear.queries_keys``,
+the one function that gives a layer's Q and K as the model applies them) runs the forward once up to
 that layer (hooks on ``attn_in``, ``q`` and ``k``; the forward stops after ``k``) and keeps Q of
 every query head [H, T, w] (after rotary, with its bias) and K of every key/value head [G, T, w]
 (grouped-query attention: query head h reads key head ``cfg.kv_head(h)``), on the model's device.
@@ -8,6 +9,7 @@ A head change then recomputes only that head's blocks from them:
 
     S_ij = Q_i . K_j * scale_h (then c tanh(S_ij / c) with a soft cap),  visible when j <= i (and i - j < window for a sliding window,
     as ``Transformer.mask`` has it), A_ij = exp(S_ij - lse_i), lse_i = log sum_j visible exp S_ij
+    (and exp(sink_h) in the sum with a learned sink logit per head, ``LayerQK.sink``)
 
 :func:`row_stats` walks the query rows a block of ``block`` queries at a time and, inside, the
 keys they see a block at a time, merging online (Milakov & Gimelshein 2018; FlashAttention):
@@ -31,12 +33,13 @@ from dataclasses import dataclass
 import torch
 
 from attn_core import limits
-from attn_core.bilinear.checks import check_ids, check_layer, check_model, check_tokens
+from attn_core.bilinear.checks import check_ids, check_model, check_tokens
 from attn_core.bilinear.checks import longest_input as checks_longest
-from attn_core.hooks import act_name
+from attn_core.bilinear.queries_keys import LayerQK
+from attn_core.bilinear.queries_keys import layer_qk as layer_qk  # the one Q and K of a layer, here for its callers
 from attn_core.model import Transformer
 from attn_core.model.attention import WINDOW_BLOCK
-from attn_core.validate import is_int
+from attn_core.validate import check_int
 
 BLOCKED_INPUT = 1024  # inputs longer than this take the blocked path (no T x T anywhere)
 BLOCK = 512  # queries (and keys) per block: a block of scores is BLOCK^2 floats
@@ -45,16 +48,6 @@ OFFSETS = 32  # the offset profile: keys i, i-1, .., i-OFFSETS+1
 POOLS = ("max", "mean")
 
 Progress = Callable[[int, int], None]
-
-
-class _Stop(Exception):
-    """Raised by the hook on ``k``: the rest of the forward is skipped."""
-
-
-def check_count(name: str, value, lo: int, hi: int) -> int:
-    if not is_int(value) or not lo <= value <= hi:
-        raise ValueError(f"{name} must be a whole number in {lo}..{hi}, got {value!r}")
-    return int(value)
 
 
 def forward_bytes(model: Transformer, n: int) -> int:
@@ -106,106 +99,12 @@ def longest_input(model: Transformer) -> int:
 
 
 @dataclass
-class LayerQK:
-    """Q and K of one layer on one input (what a page caches per model, tokens and layer)."""
-
-    layer: int
-    token_ids: list[int]
-    q: torch.Tensor  # [H, T, w]: every query head, rotated, with its bias
-    k: torch.Tensor  # [G, T, w]: every key/value head
-    kv_head: tuple[int, ...]  # query head -> row of k
-    scale: tuple[float, ...]  # per query head: S = Q K^T * scale
-    window: int  # the layer's sliding window (0: none)
-    x: torch.Tensor | None = None  # [T, d_model] the attention input (the mode split without rotary)
-    cap: float | None = None  # the soft cap c of the scores: S -> c tanh(S / c) (Gemma 2)
-
-    @property
-    def n(self) -> int:
-        return self.q.shape[1]
-
-    @property
-    def n_heads(self) -> int:
-        return self.q.shape[0]
-
-    def check_head(self, head: int) -> int:
-        if not is_int(head) or not 0 <= head < self.n_heads:
-            raise ValueError(f"head {head!r} is outside 0..{self.n_heads - 1} (this layer has {self.n_heads} heads)")
-        return int(head)
-
-    def key_span(self, q0: int, q1: int) -> tuple[int, int]:
-        """The keys [lo, hi) that some query of q0..q1-1 sees."""
-        return (max(0, q0 - self.window + 1) if self.window else 0), q1
-
-    def visible(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        """[len(rows), len(cols)] bool, the model's mask (``Transformer.mask``) at these positions."""
-        vis = cols[None, :] <= rows[:, None]
-        if self.window:
-            vis &= rows[:, None] - cols[None, :] < self.window
-        return vis
-
-    def full(self, q0: int, q1: int, k0: int, k1: int) -> bool:
-        """Whether every query of q0..q1-1 sees every key of k0..k1-1 (no mask needed)."""
-        return k1 - 1 <= q0 and (not self.window or q1 - 1 - k0 < self.window)
-
-    def scores(self, head: int, q0: int, q1: int, k0: int, k1: int) -> torch.Tensor:
-        """S of queries q0..q1-1 against keys k0..k1-1, -inf where the key is not visible."""
-        h = self.check_head(head)
-        S = (self.q[h, q0:q1] @ self.k[self.kv_head[h], k0:k1].T).mul_(self.scale[h])
-        if self.cap is not None:  # the soft cap, as the model applies it
-            S = torch.tanh(S / self.cap) * self.cap
-        if self.full(q0, q1, k0, k1):
-            return S
-        dev = S.device
-        vis = self.visible(torch.arange(q0, q1, device=dev), torch.arange(k0, k1, device=dev))
-        return S.masked_fill_(~vis, -math.inf)
-
-
-@torch.no_grad()
-def layer_qk(model: Transformer, tokens: Sequence[int], layer: int) -> LayerQK:
-    """Q and K of ``layer`` on ``tokens`` from one forward stopped right after the layer's ``k``
-    hook (later layers are not run), on the model's device."""
-    model = check_model(model, "layer_qk")
-    cfg = model.cfg
-    if cfg.entmax_alpha != 1.0:
-        raise ValueError(f"blocked scores need softmax heads; this model uses alpha-entmax ({cfg.entmax_alpha:g})")
-    layer = check_layer(model, layer)
-    ids = check_ids(model, tokens)
-    kept: dict[str, torch.Tensor] = {}
-
-    def keep(name: str, stop: bool = False):
-        def hook(t: torch.Tensor, _name: str) -> None:
-            kept[name] = t[0].detach()
-            if stop:
-                raise _Stop
-
-        return hook
-
-    hooks = [(act_name("attn_in", layer), keep("x")), (act_name("q", layer), keep("q"))]
-    hooks.append((act_name("k", layer), keep("k", stop=True)))
-    try:
-        model.run_with_hooks(torch.tensor([ids], device=model.embed.W_E.device), hooks)
-    except _Stop:
-        pass
-    H = cfg.n_heads
-    if cfg.qk == "merged":  # K = X for every head
-        k, kv, scale = kept["k"][:1], (0,) * H, (1.0,) * H
-    else:
-        group = H // cfg.kv_heads
-        k, kv = kept["k"][::group], tuple(cfg.kv_head(h) for h in range(H))
-        scale = tuple(cfg.attn_scale or cfg.head_d_qk(layer, h) ** -0.5 for h in range(H))
-    x = kept["x"] if cfg.positional != "rotary" else None
-    q = kept["q"]
-    if q.dtype in (torch.float16, torch.bfloat16):  # the running sums and the entropy need float32
-        q, k = q.float(), k.float()
-    form = model.blocks[layer].attn.form()  # the layer's mask (window) and cap
-    return LayerQK(layer, ids, q, k.contiguous(), kv, scale, form.window, x, form.cap)
-
-
-@dataclass
 class RowStats:
     """Per query row of one head: lse [T], top keys [T, k] (-1 past the keys a row sees), their
     scores and weights, entropy [T], sink mass [T] (weight on key 0), offsets [T, P] (weight on
-    key i - d, NaN where not visible), seen [T] (keys the row sees)."""
+    key i - d, NaN where not visible), seen [T] (keys the row sees); with a sink logit
+    (``LayerQK.sink``) ``learned`` [T], the weight on it (else None): the row's sink mass is
+    ``learned`` + ``sink``, and its entropy is that of the keys and the sink."""
 
     head: int
     lse: torch.Tensor
@@ -216,16 +115,18 @@ class RowStats:
     sink: torch.Tensor
     offsets: torch.Tensor
     seen: torch.Tensor
+    learned: torch.Tensor | None = None
 
     @property
     def n(self) -> int:
         return self.lse.shape[0]
 
     def queries(self) -> list[dict]:
-        """Every row as ``attn-lab scores --topk --json`` prints it: query, top [{key, score, weight}], entropy, sink."""
+        """Every row as ``attn-lab scores --topk --json`` prints it: query, top [{key, score, weight}], entropy, sink
+        (and learned_sink with a sink logit)."""
         keys, s, w = self.top_keys.tolist(), self.top_scores.tolist(), self.top_weights.tolist()
         ent, sink = self.entropy.tolist(), self.sink.tolist()
-        return [
+        out = [
             dict(
                 query=i,
                 top=[dict(key=k, score=a, weight=b) for k, a, b in zip(keys[i], s[i], w[i]) if k >= 0],
@@ -234,10 +135,14 @@ class RowStats:
             )
             for i in range(len(ent))
         ]
+        if self.learned is not None:
+            for row, x in zip(out, self.learned.tolist()):
+                row["learned_sink"] = x
+        return out
 
 
 def _block(block: int) -> int:
-    return check_count("block", block, 1, 1 << 16)
+    return check_int("block", block, 1, 1 << 16)
 
 
 @contextmanager
@@ -275,8 +180,8 @@ def row_stats(
 
 def _row_stats(qk: LayerQK, head: int, k: int, offsets: int, block: int, progress: Progress | None) -> RowStats:
     h, T = qk.check_head(head), qk.n
-    k = check_count("k (top keys)", k, 1, T)
-    P = min(T, check_count("offsets", offsets, 1, 1 << 16))
+    k = check_int("k (top keys)", k, 1, T)
+    P = min(T, check_int("offsets", offsets, 1, 1 << 16))
     b = _block(block)
     dev, dt = qk.q.device, qk.q.dtype
     lse = torch.empty(T, dtype=dt, device=dev)
@@ -289,6 +194,9 @@ def _row_stats(qk: LayerQK, head: int, k: int, offsets: int, block: int, progres
         idx = torch.full((q1 - q0, k), -1, dtype=torch.long, device=dev)
         lo, hi = qk.key_span(q0, q1)
         m = l = t = None
+        if qk.sink is not None:  # the sink logit first: exp(sink - m) = 1 and its (S - m) = 0
+            m = qk.sink[h].to(dt).expand(q1 - q0).clone()
+            l, t = torch.ones_like(m), torch.zeros_like(m)
         for k1 in range(hi, lo, -b):  # the diagonal block first: every row sees its own key there
             k0 = max(lo, k1 - b)
             S = qk.scores(h, q0, q1, k0, k1)
@@ -322,7 +230,8 @@ def _row_stats(qk: LayerQK, head: int, k: int, offsets: int, block: int, progres
     sink = (qk.scores(h, 0, T, 0, 1)[:, 0] - lse).exp() if T else lse
     top_w = (top_s - lse[:, None]).exp()
     seen = rows + 1 if not qk.window else torch.clamp(rows + 1, max=qk.window)
-    return RowStats(h, lse, top_i, top_s, top_w, ent, sink, offset_profile(qk, h, lse, P), seen)
+    learned = None if qk.sink is None else (qk.sink[h].to(dt) - lse).exp()
+    return RowStats(h, lse, top_i, top_s, top_w, ent, sink, offset_profile(qk, h, lse, P), seen, learned)
 
 
 def _merge(
@@ -366,7 +275,7 @@ def pooled(
     c0, c1 = cols
     if not (0 <= r0 < r1 <= T and 0 <= c0 < c1 <= T):
         raise ValueError(f"the region {rows} x {cols} is outside 0..{T} x 0..{T}")
-    tile = check_count("tile", tile, 1, T)
+    tile = check_int("tile", tile, 1, T)
     step = tile * max(1, BLOCK // tile)  # a whole number of tiles per block
     nr, nc = math.ceil((r1 - r0) / tile), math.ceil((c1 - c0) / tile)
     with one_thread(qk.q.device):
@@ -417,4 +326,4 @@ def _pool(S: torch.Tensor, lse: torch.Tensor | None, tile: int, pool: str) -> to
 
 def tile_for(n: int, pixels: int) -> int:
     """The tile (positions per cell side) that draws ``n`` positions in at most ``pixels`` cells."""
-    return max(1, math.ceil(n / check_count("pixels", pixels, 1, 1 << 16)))
+    return max(1, math.ceil(n / check_int("pixels", pixels, 1, 1 << 16)))

@@ -135,6 +135,9 @@ def bilinear_problem(model) -> str | None:
     layer's input (one clause), or None when it is: QK-norm puts a per-token gain on each side, a
     soft cap bends S (docs/maths.md)."""
     cfg = getattr(model, "cfg", model)
+    if cfg.mla:
+        return ("its heads are multi-head latent attention: the latent norms put a per-token gain on q and k and a "
+                "rotary term is added, so S is not x B y^T")  # fmt: skip
     if cfg.qk_norm != "none":
         return f"its heads apply QK-norm ({cfg.qk_norm}), a per-token gain on q and k, so S is not x B y^T"
     if cfg.attn_softcap is not None:

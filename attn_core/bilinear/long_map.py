@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from attn_core.bilinear.blocked import POOLS, LayerQK, Progress, RowStats, check_count, pooled, tile_for
+from attn_core.bilinear.blocked import POOLS, LayerQK, Progress, RowStats, pooled, tile_for
+from attn_core.validate import check_int
 
 VALUES = ("pattern", "scores")
 PIXELS = 800  # cells a side of a map by default (a figure's plot area)
@@ -120,7 +121,7 @@ def long_map(
         raise ValueError(f"pool must be one of {', '.join(POOLS)}, got {pool!r}")
     if stats is None:
         raise ValueError("a map needs the head's row statistics (row_stats)")
-    pixels = check_count("pixels", pixels, 1, MAX_PIXELS)
+    pixels = check_int("pixels", pixels, 1, MAX_PIXELS)
     n, head = qk.n, stats.head
     r0, r1 = _span("rows", rows, n)
     c0, c1 = _span("cols", cols, n)

@@ -6,12 +6,17 @@ positions a query at i and a key at j = i + delta meet through
 B_free = W_Q[:, r:] W_K[:, r:]^T / sqrt(d_qk) being the part of a partially rotary head that no
 offset changes (the dims past ``rotary_dims``) and B_rot(delta) the rotated dims'. Under the
 causal mask delta <= 0. B(0) is the un-rotated W_Q W_K^T / sqrt(d_qk).
+
+An MLA head's (attn_core/model/mla.py) B(delta) is B + B_R(delta): its absorbed no-position B is
+B_free, its decoupled rotary term B_rot (the latent norms' per-token gains, which weigh the two
+terms differently, are left out of B(delta), as QK-norm's are).
 """
 
 from __future__ import annotations
 
 import pandas as pd
 import torch
+import torch.nn.functional as F
 
 from attn_core import linalg
 from attn_core.bilinear.checks import check_heads, check_layer, check_model
@@ -52,6 +57,13 @@ def offset_form(model: Transformer, layer: int, head: int, offsets, augmented: b
     model = check_model(model, "offset_form")
     check_rotary(model, "offset_form")
     offsets = _check_offsets(model, offsets)
+    if model.cfg.mla:  # B + B_R(delta): the no-position term beside the rotary one (the latent gains left out)
+        form = model.blocks[check_layer(model, layer)].attn.form(check_heads(model, head)[0])
+        base, ropes = form.core(augmented=augmented), [form.rope_core(o) for o in offsets]
+        pad = (lambda t: F.pad(t, (0, 0, 0, 1))) if augmented else (lambda t: t)
+        left = torch.stack([torch.cat([base.left, pad(r.left)], -1) for r in ropes])
+        right = torch.stack([torch.cat([base.right, pad(r.right)], -1) for r in ropes])
+        return QKForm(left=left, right=right)
     base = layer_form(model, check_layer(model, layer), augmented)[check_heads(model, head)[0]]
     R = offset_rotation(model.cfg, torch.tensor(offsets, device="cpu"), base.left.shape[-1], layer=layer)
     R = R.to(base.left)  # [n, w, w]: the layer's own (its base; the identity in a NoPE layer)
@@ -64,6 +76,8 @@ def free_form(model: Transformer, layer: int, head: int, augmented: bool = False
     model = check_model(model, "free_form")
     check_rotary(model, "free_form")
     r = model.cfg.rotary_dims
+    if model.cfg.mla:  # MLA's no-position term B is its offset-free part
+        return layer_form(model, check_layer(model, layer), augmented)[check_heads(model, head)[0]]
     if r >= model.cfg.d_head:
         return None
     base = layer_form(model, check_layer(model, layer), augmented)[check_heads(model, head)[0]]
@@ -161,11 +175,23 @@ def pair_scores(
     model = check_model(model, "pair_scores")
     offsets = default_offsets(model, n=128) if offsets is None else offsets
     aug = has_bias(model)
+    if model.cfg.mla:  # exact, as the vocabulary view: g_q g_kv x B y^T + g_q x B_R(delta) y^T
+        return _mla_pair_scores(model, layer, head, x, y, _check_offsets(model, offsets))
     with torch.no_grad():
         form = offset_form(model, layer, head, offsets, augmented=aug)
         xx, yy = (augment(v) if aug else v for v in (x.reshape(1, -1), y.reshape(1, -1)))
         scores = form.bilinear(xx.expand(len(offsets), 1, -1), yy.expand(len(offsets), 1, -1))[:, 0, 0]
     return pd.DataFrame({"delta": _check_offsets(model, offsets), "score": scores.tolist()})
+
+
+def _mla_pair_scores(model: Transformer, layer: int, head: int, x, y, offsets: list[int]) -> pd.DataFrame:
+    with torch.no_grad():
+        form = model.blocks[check_layer(model, layer)].attn.form(check_heads(model, head)[0])
+        pair = torch.stack([x.reshape(-1), y.reshape(-1)])
+        g_q, g_kv = form.gains(pair)
+        base = float(form.core().bilinear(pair)[0, 1] * g_q[0] * g_kv[1])
+        scores = [base + float(form.rope_core(o).bilinear(pair)[0, 1] * g_q[0]) for o in offsets]
+    return pd.DataFrame({"delta": offsets, "score": scores})
 
 
 def token_pair_scores(

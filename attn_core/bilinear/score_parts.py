@@ -1,7 +1,9 @@
 """The parts of one head's scores on a real input, read from the layer's form
 (``Attention.form``): the per-token gains QK-norm puts on each side, S_ij = g_q(i) g_k(j) x_i B~ x_j^T
 (docs/maths.md), and the scores before and after a soft cap c tanh(S / c). What the Heatmaps page
-shows beside the scores of a QK-norm or soft-capped head."""
+shows beside the scores of a QK-norm or soft-capped head. An MLA head's (attn_core/model/mla.py)
+scores are two terms, S = g_q(i) g_kv(j) x_i B x_j^T (its absorbed B, the latent norms' gains) +
+g_q(i) x_i B_R(j - i) x_j^T (the rotary term): ``absorbed`` and ``rotary``."""
 
 from __future__ import annotations
 
@@ -30,8 +32,10 @@ class ScoreParts:
     uncapped: torch.Tensor
     capped: torch.Tensor
     mask: torch.Tensor
-    norm: str  # "head", "all" (shared by the heads of a token) or "none"
+    norm: str  # "head", "all" (shared by the heads of a token), "latent" (MLA) or "none"
     cap: float | None
+    absorbed: torch.Tensor | None = None  # MLA: the absorbed B's term [T, T]
+    rotary: torch.Tensor | None = None  # MLA: the rotary term [T, T]
 
 
 def score_parts(loaded: LoadedModel, tokens: Sequence[int], layer: int, head: int) -> ScoreParts:
@@ -50,6 +54,7 @@ def score_parts(loaded: LoadedModel, tokens: Sequence[int], layer: int, head: in
         g_q, g_k = form.gains(X)
         uncapped = form.scores(X, capped=False)
         capped = form.scores(X)
+        terms = _mla_terms(form, X, g_q, g_k) if model.cfg.mla else (None, None)
     return ScoreParts(
         layer,
         head,
@@ -61,4 +66,16 @@ def score_parts(loaded: LoadedModel, tokens: Sequence[int], layer: int, head: in
         layer_mask(model, layer, len(ids)).cpu(),
         form.norm,
         form.cap,
+        *terms,
     )
+
+
+def _mla_terms(form, X: torch.Tensor, g_q: torch.Tensor, g_k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(absorbed, rotary) [T, T] of one MLA head: g_q g_kv X B X^T and g_q X B_R(j - i) X^T,
+    the second from the rotated query and key parts (one offset per pair)."""
+    n = form.cfg.d_head
+    q, k = form.queries_keys(X)  # [h, T, n + r]
+    h, s = form.head, float(form.head_scales())
+    absorbed = form.core().bilinear(X) * g_q[:, None] * g_k[None, :]
+    rotary = (q[h, :, n:] @ k[h, :, n:].T) * s
+    return absorbed.float().cpu(), rotary.float().cpu()

@@ -61,6 +61,24 @@ def spectrum_frame(model: Transformer, augmented: bool = False) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def latent_spectrum_frame(model: Transformer) -> pd.DataFrame:
+    """An MLA model's absorbed B on the latents, B_lat = s W_UQ W_UK^T (q_lora_rank x
+    kv_lora_rank, what inference multiplies; attn_core/model/mla.py): tidy singular values as
+    :func:`spectrum_frame` gives them (layer, head, index, singular_value, normalized)."""
+    model = check_model(model, "latent_spectrum_frame")
+    if not model.cfg.mla:
+        raise ValueError("the latent spectrum needs multi-head latent attention (an MLA model)")
+    rows = []
+    with torch.no_grad():
+        for l in range(model.cfg.n_layers):
+            sv = model.blocks[l].attn.form().latent().singular_values.float().cpu()  # [h, k]
+            for h in range(model.cfg.n_heads):
+                top = float(sv[h, 0]) or 1.0
+                for i, v in enumerate(sv[h].tolist()):
+                    rows.append(dict(layer=l, head=h, index=i, singular_value=v, normalized=v / top))
+    return pd.DataFrame(rows)
+
+
 def eigen_frame(model: Transformer, augmented: bool = False) -> pd.DataFrame:
     """Tidy eigenvalues of B: layer, head, index, real, imag, modulus."""
     model = check_model(model, "eigen_frame")

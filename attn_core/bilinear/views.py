@@ -87,9 +87,11 @@ def _scores(
     aug = has_bias(model) if augmented is None else augmented
     score = model.blocks[check_layer(model, layer)].attn.form()  # the layer's form: B~, gains, cap
     S = layer_form(model, layer, aug, offset)[heads].bilinear(augment(x) if aug else x)  # checks the offset
-    if score.norm != "none":  # S = g_q(x) g_k(y) x B~ y^T: the per-token gains of QK-norm
+    if score.norm != "none":  # S = g_q(x) g_k(y) x B~ y^T: the per-token gains of QK-norm (or of MLA's latents)
         g_q, g_k = score.gains(x)
         S = S * g_q[heads][:, :, None] * g_k[heads][:, None, :]
+        if score.cfg.mla:  # MLA's rotary term: + g_q(x) x B_R(offset) y^T
+            S = S + score.rope_core(offset)[heads].bilinear(x) * g_q[heads][:, :, None]
     if score.cap is not None:  # the model's own cap
         S = torch.tanh(S / score.cap) * score.cap
     return S

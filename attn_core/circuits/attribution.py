@@ -232,6 +232,8 @@ def attribute(loaded: LoadedModel, tokens: Sequence[int], layer: int, head: int,
     ids = check_tokens(model, tokens)
     q = _check_query(query, len(ids))
     keys = visible_keys(model, check_layer(model, layer), len(ids), q)  # the model's own mask (window too)
+    if model.cfg.mla:
+        return _mla_attribution(loaded, ids, layer, check_heads(model, head)[0], q, keys)
     if model.cfg.positional == "rotary":
         out = _rotary_attribution(loaded, ids, layer, check_heads(model, head)[0], q, keys)
         out.cap = model.cfg.attn_softcap
@@ -299,6 +301,41 @@ def _rotary_attribution(
         torch.zeros(len(keys), 3, dtype=torch.float64),  # on the CPU, like the rest
         meta=dict(query_token=names[ids[q]], rank_cap=len(planes), split="rotation planes"),
         term_names=term_names,
+    )
+
+
+def _mla_attribution(
+    loaded: LoadedModel, ids: list[int], layer: int, head: int, q: int, keys: list[int]
+) -> Attribution:
+    """MLA heads (attn_core/model/mla.py): S_ij = g_q(i) g_kv(j) x_i B y_j^T + the rotary term, and
+    B = U diag(sigma) V^T, so the score splits into one term per singular mode of the absorbed B,
+    g_q(i) g_kv(j) sigma_m (x_i u_m)(y_j v_m), and the rotary term s q_R(i) . k_R(j) (the rotated
+    query and key parts the hook points hold). Exact (float64)."""
+    model = loaded.model
+    kept = [act_name("attn_in", layer), act_name("q", layer), act_name("k", layer)]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.tensor([ids], device=model.embed.W_E.device), names_filter=kept)
+        X = cache[kept[0]][0].double()
+        form = model.blocks[layer].attn.form(head)
+        g_q, g_kv = (g.double() for g in form.gains(X))
+        core = form.core()
+        U, S, Vh = QKForm(left=core.left.double(), right=core.right.double()).svd()
+        n = model.cfg.d_head
+        Qr, Kr = cache[kept[1]][0, head, q, n:].double(), cache[kept[2]][0, head, keys, n:].double()
+        xc = g_q[q] * (X[q] @ U)  # [k]
+        yc = g_kv[keys, None] * (X[keys] @ Vh.T)  # [n, k]
+        rope = (Kr @ Qr) * float(form.head_scales())  # [n]
+        terms = torch.cat([S * xc * yc, rope[:, None]], dim=-1)
+    names = token_names(loaded)
+    return Attribution(
+        *_who(layer, head, q, keys, ids, names),
+        torch.cat([S, S.new_zeros(1)]).cpu(),
+        torch.cat([xc, Qr.norm()[None]]).cpu(),
+        torch.cat([yc, Kr.norm(dim=-1)[:, None]], dim=-1).cpu(),
+        terms.cpu(),
+        torch.zeros(len(keys), 3, dtype=torch.float64),  # on the CPU, like the rest
+        meta=dict(query_token=names[ids[q]], rank_cap=len(S), split="singular modes of the absorbed B, rotary term"),
+        term_names=[f"σ{i + 1}" for i in range(len(S))] + ["rotary term"],
     )
 
 

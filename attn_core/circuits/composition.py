@@ -163,7 +163,7 @@ def head_factors(model: Transformer, layer: int, fold_ln: bool = True) -> dict[s
 def _shapes(model: Transformer, layer: int, head: int) -> dict[str, tuple]:
     """Shapes of a head's factors for the baseline: (d, r, dense) per matrix."""
     cfg = model.cfg
-    ov = (cfg.d_model, cfg.d_head, False)
+    ov = (cfg.d_model, cfg.d_v or cfg.d_head, False)  # MLA's value width is its own
     qk = (cfg.d_model, cfg.d_model, True) if cfg.qk == "merged" else (cfg.d_model, cfg.head_d_qk(layer, head), False)
     return {"ov": ov, "qk": qk}
 

@@ -52,6 +52,19 @@ def mode_split(
     labels = [names[t] if names is not None else str(t) for t in ids]
     who = (layer, h, query, keys, ids, labels)
     query_token = names[qk.token_ids[query]] if names is not None else str(qk.token_ids[query])
+    if cfg.mla:  # an MLA head's two terms: its absorbed B's (with the latent gains) and the rotary one
+        Qt, Kt, n = qk.q[h, query].double(), qk.k[qk.kv_head[h], keys].double(), cfg.d_head
+        parts = [list(range(n)), list(range(n, n + cfg.rotary_dims))]
+        return Attribution(
+            *who,
+            torch.zeros(2, dtype=torch.float64, device="cpu"),
+            torch.stack([Qt[p].norm() for p in parts]).cpu(),
+            torch.stack([Kt[:, p].norm(dim=-1) for p in parts], dim=-1).cpu(),
+            torch.stack([(Qt[p] * Kt[:, p]).sum(-1) * qk.scale[h] for p in parts], dim=-1).cpu(),
+            torch.zeros(len(keys), 3, dtype=torch.float64, device="cpu"),  # on the CPU, like the rest
+            meta=dict(query_token=query_token, rank_cap=2, split="absorbed B and rotary term"),
+            term_names=["absorbed B", "rotary term"],
+        )
     if cfg.positional == "rotary":
         Qt = qk.q[h, query].double()
         Kt = qk.k[qk.kv_head[h], keys].double()

@@ -100,11 +100,10 @@ def _attribute_text(doc: dict) -> str:
                 top_terms="  ".join(f"{t['term']}:{t['contribution']:+.3g}" for t in terms),
             )
         )
-    what = (
-        "sum over rotation planes c of (Q~_c . K~_c) / sqrt(d)"
-        if doc.get("split") == "rotation planes"
-        else "sum over i of σ_i (x·u_i)(y·v_i) + bias"
-    )
+    what = {
+        "rotation planes": "sum over rotation planes c of (Q~_c . K~_c) / sqrt(d)",
+        "singular modes of the absorbed B, rotary term": "sum over i of g_q g_kv σ_i (x·u_i)(y·v_i) + the rotary term",
+    }.get(doc.get("split"), "sum over i of σ_i (x·u_i)(y·v_i) + bias")
     head = f"Query {doc['query']}: f_x(y) of each key it sees = {what} (largest {N_TERMS} terms by |contribution|)"
     columns = ["rank", "key", "token", "score", "bias", "top_terms"]
     if "softcap" in doc:

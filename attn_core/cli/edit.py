@@ -143,8 +143,9 @@ def edit_cmd(
     head: --head L1H0 followed by any of --rank R (keep the R strongest modes), --drop-modes I,J,
     --scale-modes I=F,..., --ablate zero|mean, --from SOURCE[:LxHy] (transplant W_Q, W_K from a
     model of the same shape) and --with-ov (W_V, W_O too). Modes are B's singular pairs (rotary
-    heads: rotation planes, as attribute splits them); the edit goes into the head's own W_Q, so
-    heads sharing its key/value head keep theirs. --out saves a folder every command opens (an
+    heads: rotation planes, as attribute splits them; MLA heads: their absorbed B's, written into
+    the head's own W_UQ); the edit goes into the head's own W_Q, so heads sharing its key/value
+    head keep theirs. --out saves a folder every command opens (an
     imported model stays its Hugging Face family)."""
 
     try:  # a mistyped option is a usage error, refused before any model (or torch) is read

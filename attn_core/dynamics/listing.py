@@ -36,8 +36,13 @@ def stamp(names: list[str], store: RunStore | None = None) -> tuple:
         except (CheckpointError, OSError, ValueError):
             out.append((name, None))
             continue
-        for p in (where, where / CHECKPOINTS, where / CHECKPOINTS / ckpt.INDEX, where / ckpt.INDEX,
-                  *(where / m for m in folders.MANIFESTS)):  # fmt: skip
+        for p in (
+            where,
+            where / CHECKPOINTS,
+            where / CHECKPOINTS / ckpt.INDEX,
+            where / ckpt.INDEX,
+            *(where / m for m in folders.MANIFESTS),
+        ):
             try:
                 st = p.stat()
                 out.append((str(p), st.st_mtime_ns, st.st_size))

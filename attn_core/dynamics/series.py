@@ -259,8 +259,14 @@ def _checkpoint_series(name: str, store: RunStore | None) -> Series:
         except (CheckpointError, OSError, ValueError):
             prefer = None
     where = folder.parent if folder.name == CHECKPOINTS else folder
-    out = _finish(Path(_plain_name(name)).name or name, pairs, skipped, prefer, [folder, where],
-                  what=f"{name} has no checkpoint file in {folder} that")  # fmt: skip
+    out = _finish(
+        Path(_plain_name(name)).name or name,
+        pairs,
+        skipped,
+        prefer,
+        [folder, where],
+        what=f"{name} has no checkpoint file in {folder} that",
+    )
     out.reference, out.task = reference, task
     out.partial = any(params.get(m.step, "all") != "all" for m in out.members)
     if out.partial and reference is None:

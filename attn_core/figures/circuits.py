@@ -155,10 +155,22 @@ def positivity_plot(table: pd.DataFrame, qk_column: str = "qk_positivity") -> Pl
         )
         for r, name in zip(part.itertuples(), names):
             fig.add_annotation(
-                x=r.qk_positivity_composed, y=r.copying_score, ax=getattr(r, qk_column), ay=r.copying_score,
-                xref="x", yref="y", axref="x", ayref="y", text="", showarrow=True,
-                arrowhead=2, arrowwidth=1, arrowcolor="rgba(214,39,40,0.45)", standoff=7, startstandoff=7,
-            )  # fmt: skip
+                x=r.qk_positivity_composed,
+                y=r.copying_score,
+                ax=getattr(r, qk_column),
+                ay=r.copying_score,
+                xref="x",
+                yref="y",
+                axref="x",
+                ayref="y",
+                text="",
+                showarrow=True,
+                arrowhead=2,
+                arrowwidth=1,
+                arrowcolor="rgba(214,39,40,0.45)",
+                standoff=7,
+                startstandoff=7,
+            )
             labels.append((r.qk_positivity_composed, r.copying_score, name))
     box = (0.5, 1.05, 0.5, 1.05)  # the region both > 0.5 (x0, x1, y0, y1)
     lines = [(x_range[0], 0.0, x_range[1], 0.0), (0.0, y_range[0], 0.0, y_range[1])]  # the zero lines
@@ -188,15 +200,23 @@ def positivity_plot(table: pd.DataFrame, qk_column: str = "qk_positivity") -> Pl
     fig.add_hline(y=0, line=dict(color="grey", width=1))
     fig.add_vline(x=0, line=dict(color="grey", width=1))
     fig.add_shape(
-        type="rect", x0=box[0], x1=box[1], y0=box[2], y1=box[3], line=dict(color="grey", dash="dot"),
+        type="rect",
+        x0=box[0],
+        x1=box[1],
+        y0=box[2],
+        y1=box[3],
+        line=dict(color="grey", dash="dot"),
         fillcolor="rgba(0,0,0,0)",
-    )  # fmt: skip
+    )
     fig.add_trace(  # the region's key in the legend
         go.Scatter(
-            x=[None], y=[None], mode="lines", line=dict(color="grey", dash="dot"),
+            x=[None],
+            y=[None],
+            mode="lines",
+            line=dict(color="grey", dash="dot"),
             name="both > 0.5: attends to and copies the same token",
         )
-    )  # fmt: skip
+    )
     fig.update_layout(
         title="Eigenvalue positivity: QK circuit vs OV circuit (copying score)",
         xaxis=dict(title="QK positivity Σλ/Σ|λ|", range=list(x_range)),

@@ -34,9 +34,14 @@ def _decorate(fig: go.Figure, dyn: Dynamics, step: int | None) -> None:
     if dyn.phase_change is not None:
         a, b = dyn.phase_change["window"]
         fig.add_vrect(
-            x0=a, x1=b, fillcolor=WINDOW, line_width=0, layer="below",
-            annotation_text=f"phase change ~{dyn.phase_change['step']}", annotation_position="top left",
-        )  # fmt: skip
+            x0=a,
+            x1=b,
+            fillcolor=WINDOW,
+            line_width=0,
+            layer="below",
+            annotation_text=f"phase change ~{dyn.phase_change['step']}",
+            annotation_position="top left",
+        )
     if step is not None:
         fig.add_vline(x=step, line=dict(color=MARKER, width=2, dash="dot"))
 
@@ -62,11 +67,15 @@ def curves_plot(
         y = [math.nan if v is None else v for v in values]
         fig.add_trace(
             go.Scatter(
-                x=dyn.steps, y=y, mode="lines+markers", name=label, marker=dict(size=4),
+                x=dyn.steps,
+                y=y,
+                mode="lines+markers",
+                name=label,
+                marker=dict(size=4),
                 line=dict(color=palette[i]),
                 hovertemplate=f"{label}: %{{y:.4g}} at step %{{x}}<extra></extra>",
             )
-        )  # fmt: skip
+        )
     _decorate(fig, dyn, step)
     fig.update_layout(title=title, xaxis_title="training step", yaxis_title=y_title, hovermode="x unified")
     if not columns:  # nothing to draw (no earlier layer writes into a layer-0 head): the axes still span the steps
@@ -126,10 +135,17 @@ def spectrum_entropy_plot(dyn: Dynamics, layer: int, head: int, step: int | None
     for name, values, right, color, dash in series:
         y = nan if values is None else [math.nan if v is None else v for v in values]
         fig.add_trace(
-            go.Scatter(x=dyn.steps, y=y, name=name, mode="lines+markers", marker=dict(size=4),
-                       line=dict(color=color, dash=dash), hovertemplate=f"{name}: %{{y:.4g}}<extra></extra>"),
+            go.Scatter(
+                x=dyn.steps,
+                y=y,
+                name=name,
+                mode="lines+markers",
+                marker=dict(size=4),
+                line=dict(color=color, dash=dash),
+                hovertemplate=f"{name}: %{{y:.4g}}<extra></extra>",
+            ),
             secondary_y=right,
-        )  # fmt: skip
+        )
     _decorate(fig, dyn, step)
     fig.update_layout(
         title=f"σ₁(B) and attention entropy of {label}", xaxis_title="training step", hovermode="x unified"
@@ -148,8 +164,14 @@ def sinks_plot(dyn: Dynamics, layer: int, head: int, step: int | None = None) ->
         f"sink importance {label}": dyn.metrics.get(str(MetricKey("sink_importance", layer, head))),
     }
     cols = {k: v for k, v in cols.items() if v is not None}
-    plot = curves_plot(dyn, cols, f"Attention sinks: the rate, and {label}", "share / attention (0..1)", step,
-                       f"dynamics_sinks_{label}")  # fmt: skip
+    plot = curves_plot(
+        dyn,
+        cols,
+        f"Attention sinks: the rate, and {label}",
+        "share / attention (0..1)",
+        step,
+        f"dynamics_sinks_{label}",
+    )
     plot.fig.update_yaxes(range=[0, 1.05])
     return plot
 
@@ -157,8 +179,11 @@ def sinks_plot(dyn: Dynamics, layer: int, head: int, step: int | None = None) ->
 def ranks_plot(dyn: Dynamics, layer: int, head: int, step: int | None = None) -> Plot:
     """The two ranks of the head: of B (90% of its variance) and of its centred scores on data."""
     label = head_label(layer, head)
-    names = {"weight_rank": "rank of B (90%)", "data_rank": "rank of the scores (90%)",
-             "data_stable_rank": "stable rank of the scores"}  # fmt: skip
+    names = {
+        "weight_rank": "rank of B (90%)",
+        "data_rank": "rank of the scores (90%)",
+        "data_stable_rank": "stable rank of the scores",
+    }
     cols = {text: dyn.metrics.get(str(MetricKey(m, layer, head))) for m, text in names.items()}
     cols = {k: v for k, v in cols.items() if v is not None}
     return curves_plot(dyn, cols, f"The two ranks of {label}", "rank", step, f"dynamics_ranks_{label}")
@@ -202,8 +227,13 @@ def animation_plot(
     sigma = [spectrum_plot(f) for f in spectra]
     first = heat[0].fig
     layer = views[0].layer
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.2,
-                        subplot_titles=[f"{value} of L{layer}H{head}", "σᵢ(B)"])  # fmt: skip
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        column_widths=[0.6, 0.4],
+        horizontal_spacing=0.2,
+        subplot_titles=[f"{value} of L{layer}H{head}", "σᵢ(B)"],
+    )
     z = np.concatenate([np.asarray(h.fig.data[0].z, dtype=float).ravel() for h in heat])
     z = z[np.isfinite(z)]
     top = float(np.abs(z).max()) if z.size else 1.0
@@ -231,13 +261,38 @@ def animation_plot(
     fig.update_layout(
         title=f"L{layer}H{head} across training: {value} on one input and the singular values of B",
         height=max(520, first.layout.height or 520),
-        updatemenus=[dict(type="buttons", direction="left", x=0.0, y=-0.4, xanchor="left", yanchor="top",
-                          buttons=[dict(label="▶ play", method="animate", args=[None, play]),
-                                   dict(label="❚❚ pause", method="animate", args=[[None], pause])])],
-        sliders=[dict(active=at, x=0.0, y=-0.1, len=1.0, currentvalue=dict(prefix="step "),
-                      steps=[dict(label=str(s), method="animate", args=[[str(s)], {**pause, "frame": dict(duration=0, redraw=True)}])
-                             for s in steps])],
-    )  # fmt: skip
+        updatemenus=[
+            dict(
+                type="buttons",
+                direction="left",
+                x=0.0,
+                y=-0.4,
+                xanchor="left",
+                yanchor="top",
+                buttons=[
+                    dict(label="▶ play", method="animate", args=[None, play]),
+                    dict(label="❚❚ pause", method="animate", args=[[None], pause]),
+                ],
+            )
+        ],
+        sliders=[
+            dict(
+                active=at,
+                x=0.0,
+                y=-0.1,
+                len=1.0,
+                currentvalue=dict(prefix="step "),
+                steps=[
+                    dict(
+                        label=str(s),
+                        method="animate",
+                        args=[[str(s)], {**pause, "frame": dict(duration=0, redraw=True)}],
+                    )
+                    for s in steps
+                ],
+            )
+        ],
+    )
     fixed_margins(fig, colorbar=False)
     fig.update_layout(margin=dict(b=200), width=None)
 
@@ -268,8 +323,9 @@ def runs_plot(runs: Sequence[dict], panels: dict[str, str], title: str, log_x: b
     groups = list(dict.fromkeys(r["group"] for r in runs))
     color = dict(zip(groups, colors(len(groups))))
     keys = list(panels)
-    fig = make_subplots(rows=len(keys), cols=1, shared_xaxes=True, vertical_spacing=0.05,
-                        subplot_titles=[panels[k] for k in keys])  # fmt: skip
+    fig = make_subplots(
+        rows=len(keys), cols=1, shared_xaxes=True, vertical_spacing=0.05, subplot_titles=[panels[k] for k in keys]
+    )
     rows = []
     for run in runs:
         keep = [i for i, s in enumerate(run["steps"]) if s > 0 or not log_x]
@@ -278,20 +334,36 @@ def runs_plot(runs: Sequence[dict], panels: dict[str, str], title: str, log_x: b
             y = [math.nan if run[key][i] is None else run[key][i] for i in keep]
             first = r == 1 and run is next(q for q in runs if q["group"] == run["group"])
             fig.add_trace(
-                go.Scatter(x=x, y=y, mode="lines", name=run["group"], legendgroup=run["group"], showlegend=first,
-                           line=dict(color=color[run["group"]], width=1.3), opacity=0.8,
-                           hovertemplate=f"{run['label']}: %{{y:.3g}} at step %{{x}}<extra></extra>"),
-                row=r, col=1,
-            )  # fmt: skip
+                go.Scatter(
+                    x=x,
+                    y=y,
+                    mode="lines",
+                    name=run["group"],
+                    legendgroup=run["group"],
+                    showlegend=first,
+                    line=dict(color=color[run["group"]], width=1.3),
+                    opacity=0.8,
+                    hovertemplate=f"{run['label']}: %{{y:.3g}} at step %{{x}}<extra></extra>",
+                ),
+                row=r,
+                col=1,
+            )
             phase = run.get("phase")
             if phase is not None:
                 at = min(range(len(x)), key=lambda i: abs(x[i] - phase["step"]))
                 fig.add_trace(
-                    go.Scatter(x=[x[at]], y=[y[at]], mode="markers", showlegend=False, legendgroup=run["group"],
-                               marker=dict(symbol="diamond", size=9, color=color[run["group"]], line=dict(width=1)),
-                               hovertemplate=f"{run['label']}: phase change at step {phase['step']}<extra></extra>"),
-                    row=r, col=1,
-                )  # fmt: skip
+                    go.Scatter(
+                        x=[x[at]],
+                        y=[y[at]],
+                        mode="markers",
+                        showlegend=False,
+                        legendgroup=run["group"],
+                        marker=dict(symbol="diamond", size=9, color=color[run["group"]], line=dict(width=1)),
+                        hovertemplate=f"{run['label']}: phase change at step {phase['step']}<extra></extra>",
+                    ),
+                    row=r,
+                    col=1,
+                )
         for i in keep:
             rows.append(
                 {"run": run["label"], "group": run["group"], "step": run["steps"][i], **{k: run[k][i] for k in keys}}

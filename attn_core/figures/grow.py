@@ -157,11 +157,15 @@ def decrease_plot(result: GrowResult) -> Plot:
         fig.add_vline(x=eta_rel, line=dict(color=METHOD_COLORS["grown"], width=2))
         fig.add_trace(
             go.Scatter(
-                x=[None], y=[None], mode="lines", line=dict(color=METHOD_COLORS["grown"], width=2),
+                x=[None],
+                y=[None],
+                mode="lines",
+                line=dict(color=METHOD_COLORS["grown"], width=2),
                 name=f"η* = {eta_rel:.3g} η_ref (the step taken)",
             ),
-            row=2, col=1,
-        )  # fmt: skip
+            row=2,
+            col=1,
+        )
     fig.update_xaxes(
         type="log", title_text="step size η / η_ref (η_ref moves the scores by their own norm)", row=2, col=1
     )

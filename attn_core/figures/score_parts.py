@@ -1,5 +1,6 @@
 """Figures of one head's scores in parts (:func:`attn_core.bilinear.score_parts`): the per-token
-gains of QK-norm as a factor beside the scores, and the scores before or after a soft cap."""
+gains of QK-norm as a factor beside the scores, and the scores before or after a soft cap; an MLA
+head's two terms (its absorbed B's and the rotary one)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ from attn_core.bilinear import ScoreParts
 from attn_core.figures.base import Plot
 from attn_core.figures.layout import fixed_margins, token_ticks
 
-NORM_NOTE = {"head": "per head", "all": "across all heads: shared by the heads of a token"}
+NORM_NOTE = {
+    "head": "per head",
+    "all": "across all heads: shared by the heads of a token",
+    "latent": "MLA's latent norms: g_q of the query latent, g_kv of the key/value latent",
+}
 
 
 def gains_plot(parts: ScoreParts) -> Plot:
@@ -26,7 +31,7 @@ def gains_plot(parts: ScoreParts) -> Plot:
         ]
     )
     fig.update_layout(
-        title=f"QK-norm gains ({NORM_NOTE.get(parts.norm, parts.norm)}), layer {parts.layer} head {parts.head}",
+        title=f"{'Latent' if parts.norm == 'latent' else 'QK-norm'} gains ({NORM_NOTE.get(parts.norm, parts.norm)}), layer {parts.layer} head {parts.head}",
         xaxis=dict(title="position", **token_ticks(parts.labels)),
         yaxis=dict(title="gain 1 / rms"),
         height=420,
@@ -58,3 +63,38 @@ def capped_plot(parts: ScoreParts, capped: bool = True) -> Plot:
 
     name = f"scores_{'capped' if capped else 'uncapped'}_L{parts.layer}H{parts.head}"
     return Plot(name, fig, table, meta=dict(capped=capped, cap=parts.cap))
+
+
+def mla_terms_plot(parts: ScoreParts) -> Plot:
+    """An MLA head's scores in its two terms side by side: g_q g_kv x B y^T (the absorbed B) and the
+    rotary term g_q x B_R(j - i) y^T; hidden cells blank, one colour scale for both."""
+    from plotly.subplots import make_subplots
+
+    zs = [t.masked_fill(~parts.mask, math.nan).numpy() for t in (parts.absorbed, parts.rotary)]
+    top = float(np.nanmax(np.abs(np.stack(zs)))) or 1.0
+    titles = ["absorbed B: g_q g_kv · x B yᵀ", "rotary term: g_q · x B_R(j − i) yᵀ"]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=titles, horizontal_spacing=0.12)
+    for c, z in enumerate(zs, start=1):
+        fig.add_trace(
+            go.Heatmap(
+                z=z, colorscale="RdBu", zmid=0.0, zmin=-top, zmax=top, showscale=c == 2, colorbar=dict(title="S")
+            ),
+            row=1,
+            col=c,
+        )
+        fig.update_xaxes(title="key y", **token_ticks(parts.labels), row=1, col=c)
+        fig.update_yaxes(
+            title="query x" if c == 1 else None, autorange="reversed", **token_ticks(parts.labels), row=1, col=c
+        )
+    fig.update_layout(
+        title=f"The two terms of the scores (MLA), layer {parts.layer} head {parts.head}",
+        height=max(420, min(900, 24 * len(parts.labels) + 160)),
+    )
+    fixed_margins(fig)
+    T = len(parts.labels)
+
+    def table() -> pd.DataFrame:
+        i, j = np.meshgrid(np.arange(T), np.arange(T), indexing="ij")
+        return pd.DataFrame({"query": i.ravel(), "key": j.ravel(), "absorbed": zs[0].ravel(), "rotary": zs[1].ravel()})
+
+    return Plot(f"mla_terms_L{parts.layer}H{parts.head}", fig, table, meta=dict(norm=parts.norm))

@@ -108,10 +108,15 @@ def pareto_plot(result: dict, view: str = "data") -> Plot:
     for v in lambdas if len(lambdas) <= 4 else [lambdas[0], lambdas[len(lambdas) // 2], lambdas[-1]]:
         fig.add_trace(
             go.Scatter(
-                x=[None], y=[None], mode="markers", name=f"λ = {v:g}", legendgroup="size", legendgrouptitle_text="marker size",
+                x=[None],
+                y=[None],
+                mode="markers",
+                name=f"λ = {v:g}",
+                legendgroup="size",
+                legendgrouptitle_text="marker size",
                 marker=dict(size=_size(v, top), color="lightgrey", line=dict(color="grey", width=1)),
             )
-        )  # fmt: skip
+        )
     fig.update_layout(
         title=f"Sweep {result.get('sweep_id', '')}: accuracy vs {view} entropy ({len(df)} trials measured)",
         xaxis=dict(title=f"mean normalized attention entropy ({view}); lower = more concentrated", range=UNIT_RANGE),

@@ -370,9 +370,22 @@ def tradeoff_plot(
         if change:
             for (x0, y0), (x1, y1) in zip(part[[x, y]].to_numpy()[:-1], part[[x, y]].to_numpy()[1:]):
                 fig.add_annotation(
-                    x=x1, y=y1, ax=x0, ay=y0, xref="x", yref="y", axref="x", ayref="y",
-                    showarrow=True, arrowhead=2, arrowsize=1.3, arrowwidth=1.5, arrowcolor=col, standoff=6, text="",
-                )  # fmt: skip
+                    x=x1,
+                    y=y1,
+                    ax=x0,
+                    ay=y0,
+                    xref="x",
+                    yref="y",
+                    axref="x",
+                    ayref="y",
+                    showarrow=True,
+                    arrowhead=2,
+                    arrowsize=1.3,
+                    arrowwidth=1.5,
+                    arrowcolor=col,
+                    standoff=6,
+                    text="",
+                )
     if change:  # the legend's key to the markers
         for symbol, label in (("circle-open", "before (the parent)"), ("circle", "after (the run)")):
             fig.add_trace(

@@ -28,9 +28,16 @@ def retrain_and_runs(m: LoadedModel, quick: bool, store: RunStore) -> Iterator[E
     ids, snaps = [], []
     for regs in ({"entropy": 0.5}, {"vocab_entropy": 0.1, "spectral": 0.01}):
         cfg = JobConfig(
-            source=m.name, regularizers=regs, steps=steps, eval_every=10, eval_samples=32, measure_samples=64,
-            telemetry_every=5, spectrum_every=5, device="cpu",
-        )  # fmt: skip
+            source=m.name,
+            regularizers=regs,
+            steps=steps,
+            eval_every=10,
+            eval_samples=32,
+            measure_samples=64,
+            telemetry_every=5,
+            spectrum_every=5,
+            device="cpu",
+        )
         job = TrainingJob(cfg, store=store)
         job.watch(1, 0)  # the Retrain page's watched head: its probe pattern is computed
         ids.append(job.run()["run_id"])
@@ -107,9 +114,19 @@ def retrain_wide_text(folder, quick: bool, store: RunStore) -> Iterator[Entry]:
 
     model, text = wide_llama_on_text(folder)
     cfg = JobConfig(
-        source=str(model), text=str(text), block=16, regularizers={"entropy": 0.1}, heads="L0", steps=4 if quick else 20,
-        eval_every=2, eval_samples=8, measure_samples=16, telemetry_every=1, spectrum_every=1, device="cpu",
-    )  # fmt: skip
+        source=str(model),
+        text=str(text),
+        block=16,
+        regularizers={"entropy": 0.1},
+        heads="L0",
+        steps=4 if quick else 20,
+        eval_every=2,
+        eval_samples=8,
+        measure_samples=16,
+        telemetry_every=1,
+        spectrum_every=1,
+        device="cpu",
+    )
     job = TrainingJob(cfg, store=store)
     job.run()
     snap, page = job.snapshot(), "Retrain · 24 heads on text"

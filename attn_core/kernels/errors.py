@@ -43,6 +43,8 @@ def head_qkv(
     q, k, v = (cache[name][:, head] for name in names)  # [batch, pos, w or d_model or d_head]
     if model.cfg.qk == "merged":
         return q, k.contiguous(), v
+    if model.cfg.mla:  # MLA: the whole width (no-position and rotary parts), the head's own scale
+        return q * float(model.blocks[layer].attn.form(head).head_scales()), k, v
     d_qk = model.cfg.head_d_qk(layer, head)  # W_Q/W_K are stored padded to the layer's widest head
     return q[..., :d_qk] * d_qk**-0.5, k[..., :d_qk], v
 

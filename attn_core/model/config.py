@@ -29,6 +29,7 @@ QK_NORMS = ("none", "head", "all")  # RMSNorm of q and k per head (Qwen3, Gemma 
 BLOCK_NORMS = ("pre", "sandwich", "post")  # norms before, before and after (Gemma), after only (OLMo 2)
 ROPE_SCALINGS = ("linear", "llama3")
 ROUTER_SCORINGS = ("softmax", "sigmoid")  # of the router's logits, before the top-k
+ROUTER_GROUP_SCORES = ("top2", "max")  # a group's score: its two best experts' sum (DeepSeek-V3), its best (V2)
 MAX_EXPERTS = 4096
 LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 # Guards against absurd configs (a user's config.json is untrusted input). Whether a model of
@@ -95,6 +96,23 @@ class ModelConfig:
     router_bias: bool = False  # the router's logits get a bias b_router (gpt-oss)
     d_shared: int = 0  # a shared expert of this width that every token passes through (0: none)
     shared_gate: bool = False  # the shared expert's output times sigmoid(x W_shared_gate) (Qwen2-MoE)
+    # DeepSeek's router (moe.py): groups of experts (n_group), the top router_top_groups groups by
+    # ROUTER_GROUP_SCORES kept before the top-k, a bias b_choice added to the scores for choosing only
+    # (e_score_correction_bias), the chosen weights times routed_scale (routed_scaling_factor)
+    router_groups: int = 0  # 0: no groups
+    router_top_groups: int = 0
+    router_group_score: str = "top2"
+    router_choice_bias: bool = False
+    routed_scale: float = 1.0
+    first_dense: int = 0  # the first first_dense layers have a dense gated MLP of width d_dense (DeepSeek)
+    d_dense: int = 0
+    # multi-head latent attention (DeepSeek-V2/V3, attn_core/model/mla.py) when kv_lora_rank > 0: keys and
+    # values from a kv_lora_rank latent, queries from a q_lora_rank latent (0: from x itself); d_head is
+    # the no-position query/key width (qk_nope_head_dim), rotary_dim the decoupled rotary part's
+    # (qk_rope_head_dim), d_v the value width (v_head_dim)
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    d_v: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -157,7 +175,8 @@ class ModelConfig:
             return
         check(self.qk == "factored", "rotary positions need factored heads")
         r = self.rotary_dims
-        check(is_int(r) and 2 <= r <= self.d_head and r % 2 == 0, f"rotary_dim={r!r} must be even and 2..d_head")
+        top = MAX_DIM if self.mla else self.d_head  # MLA's rotary part is its own width
+        check(is_int(r) and 2 <= r <= top and r % 2 == 0, f"rotary_dim={r!r} must be even and 2..{top}")
         theta = self.rope_theta
         check(isinstance(theta, (int, float)) and 1 < theta < 1e12, f"rope_theta={theta!r} must be in (1, 1e12)")
         s = self.rope_scaling
@@ -199,6 +218,36 @@ class ModelConfig:
             check(isinstance(n, list) and all(is_int(x) and 0 <= x < self.n_layers for x in n) and len(set(n)) == len(n),
                   f"nope_layers must list distinct layers 0..{self.n_layers - 1}")  # fmt: skip
         self._validate_experts(check)
+        self._validate_mla(check)
+
+    def _validate_mla(self, check) -> None:
+        names = ("kv_lora_rank", "q_lora_rank", "d_v", "first_dense", "d_dense")
+        for name in names:
+            v = getattr(self, name)
+            check(is_int(v) and 0 <= v <= MAX_DIM, f"{name}={v!r} must be an integer 0..{MAX_DIM}")
+        check(
+            self.first_dense <= self.n_layers, f"first_dense={self.first_dense} is more than n_layers={self.n_layers}"
+        )
+        check((self.first_dense > 0) == (self.d_dense > 0), "first_dense and d_dense go together")
+        check(not self.first_dense or self.n_experts, "first_dense (dense layers before the experts) needs n_experts")
+        if not self.mla:
+            check(self.q_lora_rank == 0 and self.d_v == 0, "q_lora_rank and d_v need kv_lora_rank (MLA)")
+            return
+        check(self.positional == "rotary" and self.qk == "factored", "MLA (kv_lora_rank) needs rotary factored heads")
+        check(self.rotary_dim is not None and self.d_v > 0, "MLA needs rotary_dim (qk_rope_head_dim) and d_v")
+        for name in ("n_kv_heads", "d_qk", "sliding_window", "nope_layers"):
+            check(getattr(self, name) is None, f"MLA does not take {name}")
+        check(self.qk_norm == "none" and not self.attn_bias and self.attn_softcap is None,
+              "MLA takes no qk_norm, attention biases or soft cap")  # fmt: skip
+
+    @property
+    def mla(self) -> bool:
+        """Whether attention is multi-head latent attention (``kv_lora_rank`` > 0)."""
+        return self.kv_lora_rank > 0
+
+    def dense_layer(self, layer: int) -> bool:
+        """Whether layer ``layer`` has the dense MLP of width ``d_dense`` among experts (DeepSeek)."""
+        return layer < self.first_dense
 
     def _validate_experts(self, check) -> None:
         E, k = self.n_experts, self.experts_per_token
@@ -213,9 +262,23 @@ class ModelConfig:
         if E == 0:
             check(k == 0 and self.router_scoring == "softmax" and not self.router_renorm and s == 0 and not self.router_bias,
                   "experts_per_token, router_scoring, router_renorm, router_bias and d_shared need n_experts")  # fmt: skip
+            check(not (self.router_groups or self.router_choice_bias) and self.routed_scale == 1.0,
+                  "router_groups, router_choice_bias and routed_scale need n_experts")  # fmt: skip
             return
         check(is_int(k) and 1 <= k <= E, f"experts_per_token={k!r} must be 1..n_experts ({E})")
         check(self.d_mlp > 0, "n_experts needs an MLP (d_mlp > 0)")
+        check(isinstance(self.router_choice_bias, bool), "router_choice_bias must be true or false")
+        s = self.routed_scale
+        ok = isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) and s > 0
+        check(ok, f"routed_scale must be a positive finite number, got {s!r}")
+        check(
+            self.router_group_score in ROUTER_GROUP_SCORES, f"router_group_score must be one of {ROUTER_GROUP_SCORES}"
+        )
+        G, top = self.router_groups, self.router_top_groups
+        check(is_int(G) and 0 <= G <= E and (G == 0 or E % G == 0), f"router_groups={G!r} must divide n_experts ({E})")
+        if G:
+            check(is_int(top) and 1 <= top <= G, f"router_top_groups={top!r} must be 1..router_groups ({G})")
+            check(k <= top * (E // G), f"experts_per_token={k} is more than the experts of the top groups")
 
     def rotary_layer(self, layer: int) -> bool:
         """Whether layer ``layer`` rotates its queries and keys (rotary, and not a NoPE layer)."""
@@ -273,6 +336,11 @@ class ModelConfig:
         total = self.d_vocab * d + (self.n_ctx * d if self.positional == "learned" else 0)
         total += (0 if self.tied_embed else d * self.d_vocab) + self.d_vocab + ln
         for layer in range(self.n_layers):
+            if self.mla:
+                total += ln + self._mla()
+                if self.d_mlp > 0:
+                    total += ln + (self._mlp(self.d_dense) if self.dense_layer(layer) else self._experts(d))
+                continue
             if self.qk == "merged":
                 qk = h * d * d
             else:
@@ -282,8 +350,19 @@ class ModelConfig:
             total += norms * ln + qk + (g + h) * d * self.d_head + (g * self.d_head + d if self.attn_bias else 0)
             total += {"none": 0, "head": 2 * self.d_head, "all": (h + g) * self.d_head}[self.qk_norm]
             if self.d_mlp > 0:
-                total += norms * ln + (self._experts(d) if self.n_experts else self._mlp(self.d_mlp))
+                dense = not self.n_experts or self.dense_layer(layer)
+                total += norms * ln + (
+                    self._mlp(self.d_dense if self.n_experts else self.d_mlp) if dense else self._experts(d)
+                )
         return total
+
+    def _mla(self) -> int:
+        """One MLA layer: W_DQ d r_q + its norm r_q + W_UQ, W_QR r_q h (d_head + r) (r_q = d without
+        the query latent, no norm), W_DKV d r_kv + its norm r_kv + W_KR d r, W_UK, W_UV r_kv h
+        (d_head + d_v), W_O h d_v d."""
+        d, h, r, rq, rkv = self.d_model, self.n_heads, self.rotary_dims, self.q_lora_rank, self.kv_lora_rank
+        q = (d * rq + rq + rq * h * (self.d_head + r)) if rq else d * h * (self.d_head + r)
+        return q + d * rkv + rkv + d * r + rkv * h * (self.d_head + self.d_v) + h * self.d_v * d
 
     def _mlp(self, f: int) -> int:
         d = self.d_model
@@ -291,7 +370,8 @@ class ModelConfig:
 
     def _experts(self, d: int) -> int:
         shared = (self._mlp(self.d_shared) + (d if self.shared_gate else 0)) if self.d_shared else 0
-        return self.n_experts * (self._mlp(self.d_mlp) + d + (1 if self.router_bias else 0)) + shared
+        per = self._mlp(self.d_mlp) + d + (1 if self.router_bias else 0) + (1 if self.router_choice_bias else 0)
+        return self.n_experts * per + shared
 
     def to_dict(self) -> dict:
         """Every field, but a feature (:data:`FEATURES`) only when it is not at its default: a

@@ -38,7 +38,8 @@ if TYPE_CHECKING:
     from attn_core.bilinear.form import QKForm
 
 QK_MATRICES = ("W_Q", "W_K", "W_QK")  # the query/key matrices, by name (weight decay, fine-tuning)
-QK_PARAMS = ("W_Q", "W_K", "b_Q", "b_K", "W_QK")  # every parameter a form is made of, by name
+MLA_QK = ("W_DQ", "W_UQ", "W_QR", "W_KR", "W_UK")  # an MLA head's query/key side (W_DKV feeds the values too)
+QK_PARAMS = ("W_Q", "W_K", "b_Q", "b_K", "W_QK", *MLA_QK)  # every parameter a form is made of, by name
 
 
 @dataclass(frozen=True)

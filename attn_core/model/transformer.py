@@ -26,6 +26,7 @@ from attn_core.hooks import Hook, HookRun, NamesFilter, block_names, check_names
 from attn_core.model.attention import Attention, Visibility
 from attn_core.model.config import ModelConfig
 from attn_core.model.layers import MLP, norm
+from attn_core.model.mla import MLAttention
 from attn_core.model.moe import MoE
 from attn_core.validate import shown
 
@@ -38,13 +39,16 @@ class Block(nn.Module):
         self.style, self.scale = cfg.block_norms, cfg.residual_scale
         if self.style != "post":
             self.ln1 = norm(cfg)
-        self.attn = Attention(cfg, layer)
+        self.attn = MLAttention(cfg, layer) if cfg.mla else Attention(cfg, layer)
         if self.style != "pre":  # a norm on the attention's (and the MLP's) output
             self.ln1_post = norm(cfg)
         if cfg.d_mlp > 0:
             if self.style != "post":
                 self.ln2 = norm(cfg)
-            self.mlp = MoE(cfg) if cfg.n_experts else MLP(cfg)
+            if cfg.n_experts and cfg.dense_layer(layer):  # DeepSeek's first dense layers
+                self.mlp = MLP(cfg, cfg.d_dense)
+            else:
+                self.mlp = MoE(cfg) if cfg.n_experts else MLP(cfg)
             if self.style != "pre":
                 self.ln2_post = norm(cfg)
 

@@ -35,6 +35,8 @@ Split by concern (docs/architecture.md):
   label (``head_label``);
 - ``specs``: the regularizer table (:data:`REGULARIZERS`), :class:`RegSpec` and the spec parsers
   (``parse_spec``, ``parse_specs``);
+- ``kinds``: the registry of row metrics and spectrum terms, one class per file
+  (``kinds.row_metric``, ``kinds.spectrum_term``: an unknown kind refused by name);
 - ``rows``: the row penalties (``row_penalty``, dense) and the same from Q and K in query
   blocks (``row_values``, ``head_means``: exact, or the unbiased sampled-rows estimate), so that
   no [batch, heads, T, T] pattern is kept for backward (docs/maths.md);

@@ -32,10 +32,9 @@ from __future__ import annotations
 
 import torch
 
-from attn_core.regularizers.softmax_rows import reduce_dtype
+from attn_core.regularizers.kinds.base import reduce_dtype
 
 A = torch.ops.aten
-KINDS = ("entropy", "sink")  # the row penalties this path computes
 HALF = (torch.float16, torch.bfloat16)
 CUDA_MAX_WIDTH = 256  # the flash kernel's largest head width
 
@@ -194,6 +193,22 @@ def entropy_and_lse(
     if not set(needs) <= {"entropy", "lse"}:
         raise ValueError(f"needs names 'entropy' and 'lse' only, got {needs!r}")
     return _FlashRows.apply(q, k, float(scale), window, kernel, tuple(needs))
+
+
+def with_sink(
+    H: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | float]:
+    """(H, lse, p_sink) of the rows with each head's sink logit ``sink`` [h] as one more outcome,
+    from the keys' H and lse [b, h, R]: lse' = log(exp lse + exp sink), p_sink = exp(sink - lse'),
+    and with r = 1 - p_sink = exp(lse - lse') (every key's weight scaled by r)
+    H' = r (H - log r) - p_sink log p_sink. Without a sink: H, lse and 0."""
+    if sink is None:
+        return H, lse, 0.0
+    sigma = sink.to(lse.dtype).view(1, -1, 1)
+    total = torch.logaddexp(lse, sigma)
+    log_r, log_sink = lse - total, sigma - total
+    learned = log_sink.exp()
+    return log_r.exp() * (H - log_r) - learned * log_sink, total, learned
 
 
 def sink_mass(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, scale: float, window: int | None) -> torch.Tensor:

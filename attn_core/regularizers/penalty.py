@@ -13,6 +13,7 @@ from attn_core.bilinear import QKForm, layer_form, vocab_scores
 from attn_core.hooks import Cache, act_name
 from attn_core.model import ModelConfig, Transformer, attention_weights
 from attn_core.regularizers.heads import Heads, all_heads, by_layer, head_label, parse_heads
+from attn_core.regularizers.kinds import spectrum_term
 from attn_core.regularizers.rows import PATHS, head_means, row_penalty, samples
 from attn_core.regularizers.specs import RegSpec, SpecsLike, parse_specs
 from attn_core.regularizers.summaries import data_rows, mean_rows, uncapped_qk
@@ -30,9 +31,9 @@ def data_values(
     cfg = model.cfg
     qk = uncapped_qk(model, cache, layer, heads)
     if qk is not None:
-        q, key, scale = qk
+        q, scale = qk.folded()
         return head_means(
-            q, key, kind, window=cfg.window(layer), topk=k, alpha=cfg.entmax_alpha, scale=scale, **options
+            q, qk.k, kind, window=qk.window, topk=k, alpha=cfg.entmax_alpha, scale=scale, sink=qk.sink, **options
         )
     if act_name("pattern", layer) not in cache:
         raise ValueError(
@@ -100,7 +101,7 @@ def regularizer_value(
             if key not in memo:
                 memo[key] = layer_singular_values(model, layer)
             sigma = memo[key][hs]
-            per_head.append(sigma[..., 0] if kind == "spectral" else sigma.sum(-1))
+            per_head.append(spectrum_term(kind).value(sigma))
     return torch.cat(per_head).mean()
 
 

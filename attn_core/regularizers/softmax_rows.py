@@ -17,22 +17,14 @@ from collections.abc import Callable
 
 import torch
 
-EPS = 1e-12  # metrics.hoyer's
+from attn_core.regularizers.kinds import row_metric
+from attn_core.regularizers.kinds.base import reduce_dtype
+
 # Scores more than FLOOR below their row's max (hidden keys among them) count as exactly FLOOR
 # below: exp(-64) = 1.6e-28 of the max's weight changes no float32 or float64 result, and exp
 # stays out of its underflow range, where CPU kernels are 10x slower.
 FLOOR = 64.0
 FUSED_DEVICES = ["cuda"]  # where a block's arithmetic runs compiled (Fused.devices: read at each call)
-
-
-def reduce_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype the rows are reduced in: float64 stays, everything else is float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def inv_log_n(n: torch.Tensor) -> torch.Tensor:
-    """1 / log n, and 0 for a row with one visible key (its normalized entropy is 0)."""
-    return torch.where(n > 1, 1 / n.clamp_min(2).log(), torch.zeros_like(n))
 
 
 def shifted(s, m):
@@ -42,46 +34,48 @@ def shifted(s, m):
 
 def softmax_rows(kind: str, s, n, topk: int):
     """Per-row values of the softmax rows of scores ``s`` (overwritten) and the three row numbers
-    their gradient needs: the row max, log Z and H, |p|_2^2 or the top-k mass (docs/maths.md)."""
+    their gradient needs: the row max, log Z and the row metric's own (its ``softmax``: H,
+    |p|_2^2 or the top-k mass; docs/maths.md). An unknown ``kind`` is refused by name."""
+    metric = row_metric(kind)
     m = s.amax(-1, keepdim=True)
     t = shifted(s, m)
     e = t.exp()
     Z = e.sum(-1)
     log_z = Z.log()
-    if kind == "entropy":  # H = log Z - sum e t / Z, never below 0 (a peaked row's terms cancel in rounding)
-        H = (log_z - (e * t).sum(-1) / Z).clamp_min_(0)
-        return H * inv_log_n(n), (m.squeeze(-1), log_z, H)
-    if kind == "hoyer":  # |p|_1 = 1
-        q2 = ((e * e).sum(-1) / (Z * Z)).clamp_min(EPS * EPS)
-        root = n.sqrt()
-        value = torch.where(n > 1, 1 - (root - q2.rsqrt()) / (root - 1).clamp_min(EPS), torch.zeros_like(q2))
-        return value, (m.squeeze(-1), log_z, q2)
-    top = e.topk(min(topk, s.shape[-1]), dim=-1)
-    mass = top.values.sum(-1) / Z
-    return torch.where(n > 0, 1 - mass, torch.zeros_like(mass)), (m.squeeze(-1), log_z, mass)
+    value, x = metric.softmax(e, t, Z, log_z, n, topk)
+    return value, (m.squeeze(-1), log_z, x)
 
 
 def softmax_grad(kind: str, s, n, g, m, log_z, x, topk: int):
     """d(value)/d(scores) of a block as (P, c) with dS = c[..., None] * P: c per row (the incoming
-    gradient g folded in), P the block (``s`` is overwritten); m, log Z and x (H, |p|_2^2 or the
-    top-k mass) are the forward's row numbers."""
+    gradient g folded in), P the block (``s`` is overwritten); m, log Z and x are the forward's
+    row numbers (the row metric's ``softmax_grad``)."""
+    metric = row_metric(kind)
     logp = shifted(s, m[..., None]).sub_(log_z[..., None])
-    p = logp.exp()
-    if kind == "entropy":  # dH/ds = -p (log p + H)
-        return logp.add_(x[..., None]).mul_(p), -g * inv_log_n(n)
-    if kind == "hoyer":  # d|p|_2^2/ds = 2 p (p - |p|_2^2); |p|_1 = 1 has no gradient
-        root = n.sqrt()
-        coef = torch.where(n > 1, -g * x.pow(-1.5) / (root - 1).clamp_min(EPS), torch.zeros_like(x))
-        return (p - x[..., None]).mul_(p), coef
-    mass = x  # d(top-k mass)/ds = p (1[top] - mass); the places found again
-    top = torch.zeros_like(p).scatter_(-1, p.topk(min(topk, p.shape[-1]), dim=-1).indices, 1.0)
-    return top.sub_(mass[..., None]).mul_(p), torch.where(n > 0, -g, torch.zeros_like(g))
+    return metric.softmax_grad(logp, logp.exp(), n, g, x, topk)
 
 
-def block_scores(qb, kb, scale: float, positions, keys, window: int | None, key_mask):
+def with_sink(s: torch.Tensor, sink: torch.Tensor | None) -> torch.Tensor:
+    """Scores ``s`` [b, h, R, K] with each head's sink logit ``sink`` [h] as one more column, the
+    last (a key every query sees, whose value is never read); ``s`` itself without a sink."""
+    if sink is None:
+        return s
+    return torch.cat([s, sink.to(s.dtype).view(1, -1, 1, 1).expand(*s.shape[:-1], 1)], -1)
+
+
+def sink_grad(P: torch.Tensor, c: torch.Tensor, sink: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the keys' part of P, d sink [h]) of a block's dS = c[..., None] P whose last column is the
+    sink's (:func:`with_sink`); P itself and zeros without a sink."""
+    if sink is None:
+        return P, P.new_zeros(P.shape[1])
+    return P[..., :-1], (c * P[..., -1]).sum((0, 2))
+
+
+def block_scores(qb, kb, scale: float, positions, keys, window: int | None, key_mask, sink=None):
     """Scores ``scale qb kb^T`` of a block of query rows at ``positions`` [R] and keys at ``keys``
     [K] (``key_mask`` [b, K] or None) in the reduction dtype, hidden keys set to a very negative
-    finite number (exp gives exactly 0; a row with no visible key stays finite)."""
+    finite number (exp gives exactly 0; a row with no visible key stays finite); with ``sink``
+    [h], each head's sink logit as one more column (:func:`with_sink`)."""
     rows = qb if scale == 1.0 else qb * scale
     s = (rows @ kb.transpose(-1, -2)).to(reduce_dtype(qb.dtype))
     vis = None
@@ -92,19 +86,22 @@ def block_scores(qb, kb, scale: float, positions, keys, window: int | None, key_
     if key_mask is not None:
         keys_seen = key_mask[:, None, None, :]
         vis = keys_seen if vis is None else vis & keys_seen
-    return s if vis is None else s.masked_fill(~vis, torch.finfo(s.dtype).min / 4)
+    s = s if vis is None else s.masked_fill(~vis, torch.finfo(s.dtype).min / 4)
+    return with_sink(s, sink)
 
 
-def forward_block(qb, kb, positions, keys, key_mask, scale, window, kind, n, topk):
+def forward_block(qb, kb, positions, keys, key_mask, scale, window, kind, n, topk, sink=None):
     """:func:`softmax_rows` of one block, from its query rows ``qb`` and keys ``kb``."""
-    return softmax_rows(kind, block_scores(qb, kb, scale, positions, keys, window, key_mask), n, topk)
+    return softmax_rows(kind, block_scores(qb, kb, scale, positions, keys, window, key_mask, sink), n, topk)
 
 
-def backward_block(qb, kb, positions, keys, key_mask, scale, window, kind, n, g, stats, topk):
-    """:func:`softmax_grad` of one block as (P, c) in qb's dtype, dS = c P (the scale in c)."""
-    s = block_scores(qb, kb, scale, positions, keys, window, key_mask)
+def backward_block(qb, kb, positions, keys, key_mask, scale, window, kind, n, g, stats, topk, sink=None):
+    """:func:`softmax_grad` of one block as (P, c, d sink) with dS = c P over the keys in qb's
+    dtype (the scale in c) and the sink logits' gradient [h] (:func:`sink_grad`)."""
+    s = block_scores(qb, kb, scale, positions, keys, window, key_mask, sink)
     P, c = softmax_grad(kind, s, n, g.to(s.dtype), *stats, topk)
-    return P.to(qb.dtype), (c * scale).to(qb.dtype)[..., None]
+    P, d_sink = sink_grad(P, c, sink)
+    return P.to(qb.dtype), (c * scale).to(qb.dtype)[..., None], d_sink
 
 
 def block_inputs(q, k, a: int, e: int, lo: int, hi: int, positions, key_mask) -> tuple:

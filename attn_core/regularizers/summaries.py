@@ -18,13 +18,13 @@ import math
 import torch
 
 from attn_core import metrics
-from attn_core.bilinear import augment, has_bias, layer_form, model_form, qk_gains
+from attn_core.bilinear import augment, has_bias, layer_form, model_form, qk_gains, queries_keys
+from attn_core.bilinear.queries_keys import LayerQK
 from attn_core.bilinear.views import vocab_inputs
 from attn_core.hooks import Cache, act_name
-from attn_core.model import Transformer, attention_weights
+from attn_core.model import Transformer
 from attn_core.regularizers import rows as rw
 from attn_core.regularizers.heads import Heads, all_heads, by_layer
-from attn_core.regularizers.softmax_rows import softmax_rows
 
 
 def mean_rows(values: torch.Tensor, p_shape: torch.Size, mask: torch.Tensor | None) -> torch.Tensor:
@@ -56,27 +56,22 @@ def qk_cache(model: Transformer, heads: Heads | None = None) -> Cache:
 
 def layer_qk(model: Transformer, cache: dict, layer: int, heads) -> tuple[torch.Tensor, torch.Tensor, float] | None:
     """(q, k, scale) of ``heads`` of ``layer`` from a forward's cache, with the scores
-    ``scale q k^T`` (a grown head's own scale folded into a copy of q); None when the cache does
-    not hold that layer's Q and K. A soft-capped model's S is c tanh(scale q k^T / c): its rows are
-    read from the pattern instead (:func:`uncapped_qk`)."""
-    cfg = model.cfg
-    q_name, k_name = act_name("q", layer), act_name("k", layer)
-    if q_name not in cache or k_name not in cache:
+    ``scale q k^T`` (grown heads' own scales folded into a copy of q): the one Q and K of a layer
+    (``bilinear.queries_keys.layer_qk``) as a tuple; None when the cache does not hold them. A
+    soft-capped model's S is c tanh(scale q k^T / c): its rows are read from the pattern instead
+    (:func:`uncapped_qk`)."""
+    qk = queries_keys.layer_qk(model, cache, layer, heads)
+    if qk is None:
         return None
-    q, k = cache[q_name], cache[k_name]
-    if list(heads) != list(range(cfg.n_heads)):
-        q, k = q[:, list(heads)], k[:, list(heads)]
-    scale = 1.0  # merged heads: S = Q K^T
-    if cfg.qk == "factored" and cfg.d_qk is None:
-        scale = cfg.attn_scale or cfg.d_head**-0.5
-    elif cfg.qk == "factored":  # grown heads: one scale per head
-        q = q * model.blocks[layer].attn.form().scale.view(1, -1, 1, 1)[:, list(heads)].to(q.dtype)
-    return q, k, scale
+    q, scale = qk.folded()
+    return q, qk.k, scale
 
 
-def uncapped_qk(model: Transformer, cache: dict, layer: int, heads):
-    """:func:`layer_qk`, or None for a soft-capped model, whose rows are read from its pattern."""
-    return None if model.cfg.attn_softcap is not None else layer_qk(model, cache, layer, heads)
+def uncapped_qk(model: Transformer, cache: dict, layer: int, heads) -> LayerQK | None:
+    """The layer's Q and K from the cache (``bilinear.queries_keys.layer_qk``: with each head's
+    scale and learned sink logit), or None for a soft-capped model, whose rows are read from its
+    pattern, or when the cache does not hold them."""
+    return None if model.cfg.attn_softcap is not None else queries_keys.layer_qk(model, cache, layer, heads)
 
 
 @torch.no_grad()
@@ -88,40 +83,33 @@ def row_summaries(
     alpha: float = 1.0,
     scale: float = 1.0,
     block: int | None = None,
+    sink: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(normalized entropy, top-1 mass) of every query row of ``scale q k^T`` ([b, h, T, w] each),
     [b, h, T] each in the reduction dtype: ``metrics.normalized_entropy`` and ``metrics.topk_mass``
     of the model's rows (softmax, or alpha-entmax) under the mask ``window`` (as
-    :func:`attn_core.regularizers.rows.row_values`), one block of query rows at a time. For
-    softmax rows the top-1 mass is 1/Z of the row's shifted exponentials (its max is exp(0))."""
-    T = k.shape[2]
-    positions = torch.arange(q.shape[2], device=q.device)
-    n_rows = rw.visible_counts(positions, T, window, None)[:, None, :].to(rw.reduce_dtype(q.dtype))
-    B = rw.block_rows(q, T, block)
-    entropy, top1 = [], []
-    for a in range(0, q.shape[2], B):
-        e = min(a + B, q.shape[2])
-        lo, hi = rw._keys(a, e, T, window, True)
-        s = rw._scores(q, k, scale, a, e, lo, hi, positions, window, None, True)
-        if alpha == 1.0:
-            value, (_, log_z, _) = softmax_rows("entropy", s, n_rows[..., a:e], 1)
-            entropy.append(value)
-            top1.append((-log_z).exp())
-        else:
-            vis = rw.visible(positions[a:e], lo, hi, window, None)
-            p = attention_weights(s, torch.ones_like(s, dtype=torch.bool) if vis is None else vis, alpha)
-            entropy.append(metrics.normalized_entropy(p, vis))
-            top1.append(metrics.topk_mass(p, 1, vis))
-    return torch.cat(entropy, -1), torch.cat(top1, -1)
+    :func:`attn_core.regularizers.rows.row_values`), from one pass over blocks of query rows with
+    the registry's entropy and top-k metrics (``rows.row_metrics``). A ``sink`` logit per head is
+    one more outcome of each softmax row (``rows.row_values``)."""
+    rows = rw.row_metrics(
+        q, k, {"entropy": 1, "topk": 1}, window=window, alpha=alpha, scale=scale, block=block, sink=sink
+    )
+    return rows["entropy"], 1 - rows["topk"]
 
 
 @torch.no_grad()
 def head_summaries(
-    q: torch.Tensor, k: torch.Tensor, *, window: int | None = 0, alpha: float = 1.0, scale: float = 1.0
+    q: torch.Tensor,
+    k: torch.Tensor,
+    *,
+    window: int | None = 0,
+    alpha: float = 1.0,
+    scale: float = 1.0,
+    sink: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean normalized entropy and mean top-1 mass of each head's informative rows (at least
     ``metrics.MIN_KEYS`` visible keys) over every batch element, [h] each (:func:`row_summaries`)."""
-    entropy, top1 = row_summaries(q, k, window=window, alpha=alpha, scale=scale)
+    entropy, top1 = row_summaries(q, k, window=window, alpha=alpha, scale=scale, sink=sink)
     T = k.shape[2]
     valid = (rw.visible_counts(torch.arange(T, device=q.device), T, window, None) >= metrics.MIN_KEYS).to(entropy.dtype)
     count = (valid.sum() * q.shape[0]).clamp_min(1)
@@ -145,8 +133,10 @@ def data_concentration(model: Transformer, cache: dict, heads: Heads | None = No
     for layer, hs in by_layer(heads or all_heads(cfg)).items():
         qk = uncapped_qk(model, cache, layer, hs)
         if qk is not None:
-            q, k, scale = qk
-            H, top = head_summaries(q, k, window=cfg.window(layer), alpha=cfg.entmax_alpha, scale=scale)
+            q, scale = qk.folded()
+            H, top = head_summaries(
+                q, qk.k, window=cfg.window(layer), alpha=cfg.entmax_alpha, scale=scale, sink=qk.sink
+            )
         else:
             A, mask = data_rows(model, cache, layer)
             A = A[:, hs].float()

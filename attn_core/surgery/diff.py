@@ -91,7 +91,7 @@ def _factors(
     form = layer_form(model, layer)  # the model's scale in L; QK-norm's weights folded in (the core B~)
     L, R = form.left.detach().double(), form.right.detach().double()
     w = L.shape[-1]
-    if cfg.positional != "rotary":
+    if cfg.positional != "rotary" or cfg.mla:  # MLA's B is its no-position term: no planes
         return L, R, None, None
     weights = torch.zeros(w, w, dtype=torch.float64, device=L.device)
     RJ = torch.zeros_like(R)

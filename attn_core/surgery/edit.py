@@ -48,6 +48,9 @@ SHAPE_KEYS = (
     "attn_bias",
     "n_kv_heads",
     "qk_norm",
+    "kv_lora_rank",
+    "q_lora_rank",
+    "d_v",
 )
 
 
@@ -240,7 +243,8 @@ def _transplant(model, source, e: HeadEdit) -> None:
     sl, sh = e.source_head or (e.layer, e.head)
     mine, theirs = model.blocks[e.layer].attn, source.blocks[sl].attn
     mine.set_form(theirs.form(sh), e.head)  # B (factors and biases), through the attention module
-    names = ["W_V", "W_O"] + (["b_V"] if model.cfg.attn_bias else []) if e.with_ov else []
+    value = "W_UV" if model.cfg.mla else "W_V"  # an MLA head's own value rows (kv_b_proj's)
+    names = [value, "W_O"] + (["b_V"] if model.cfg.attn_bias else []) if e.with_ov else []
     for n in names:
         getattr(mine, n).data[e.head] = getattr(theirs, n).data[sh].to(getattr(mine, n).dtype)
 

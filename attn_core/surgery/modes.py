@@ -30,6 +30,13 @@ with QK-norm across heads (OLMo 2) each query head has its own slice of the q_no
 the gain, and an edit is written there instead: a plane's two entries times f_c (rotary heads), or
 the whole slice times f when every mode is scaled alike (``edit`` refuses the rest). A per-head
 norm's weight is shared by the layer's heads, so no weight of one head alone can carry an edit.
+
+An MLA head's (multi-head latent attention, attn_core/model/mla.py) modes are the singular pairs
+of its absorbed B in residual-stream terms (the no-position term; the latent norms' gains come
+before the up-projections, so an edit of B is the edit of that term of every score, and the
+decoupled rotary term is kept); the edit is written into the head's own query up-projection W_UQ^h
+(q_b_proj's rows of that head, :meth:`attn_core.model.mla.MLAScore.edited`), so no other head's B
+changes.
 """
 
 from __future__ import annotations
@@ -79,13 +86,16 @@ def head_form64(model: Transformer, layer: int, head: int) -> QKForm:
     """B of one head at offset 0 in float64: factored (own columns, scale in the left factor) or dense."""
     if model.cfg.qk == "merged":
         return QKForm(dense=model.blocks[layer].attn.form(head).core().dense.detach().double())
+    if model.cfg.mla:  # the absorbed B, its own scale
+        core = model.blocks[layer].attn.form(head).core()
+        return QKForm(left=core.left.detach().double(), right=core.right.detach().double())
     W_Q, W_K, s = _factors(model, layer, head)
     return QKForm(left=W_Q * s, right=W_K)
 
 
 def head_modes(model: Transformer, layer: int, head: int) -> Modes:
     """The modes of head (layer, head) (module doc)."""
-    if model.cfg.positional == "rotary":
+    if model.cfg.positional == "rotary" and not model.cfg.mla:
         W_Q, W_K, s = _factors(model, layer, head)
         sig = [float((W_Q[:, p] @ W_K[:, p].T).norm() * s) for p in planes(model)]
         half = model.cfg.rotary_dims // 2
@@ -129,6 +139,10 @@ def apply_factors(model: Transformer, layer: int, head: int, f: torch.Tensor) ->
         return
     attn = model.blocks[layer].attn
     old = attn.form(head)  # written back through the attention module: set_form
+    if model.cfg.mla:
+        U, S, Vh = head_form64(model, layer, head).svd()
+        attn.set_form(old.edited((U * ((f.to(S.device) - 1) * S)) @ Vh), head)
+        return
     if old.norm == "all":  # into the head's slice of the q_norm weight, after the gain (module doc)
         dh, w = model.cfg.d_head, old.norm_q.detach().clone()
         groups = planes(model) if model.cfg.positional == "rotary" else [list(range(dh))]

@@ -173,8 +173,9 @@ def held_out_tokens(loaded: LoadedModel, seed: int = 0) -> list[int]:
     cache = str(Path(facts["cache"]).parent.parent) if facts.get("cache") else None  # <root>/text-cache/<key>
     folder = loaded.path if Path(loaded.path).is_dir() else Path(loaded.path).parent
     text = (facts["path"], facts.get("field"), facts.get("eval_text"))
-    task = _run_task(loaded.key or str(folder), str(folder), loaded.name, text, int(facts["block"]),
-                     loaded.config.d_vocab, cache)  # fmt: skip
+    task = _run_task(
+        loaded.key or str(folder), str(folder), loaded.name, text, int(facts["block"]), loaded.config.d_vocab, cache
+    )
     return task.sample(1, check_seed("the sample seed", seed), split="test").tokens[0].tolist()
 
 

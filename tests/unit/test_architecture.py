@@ -3,7 +3,11 @@
 - the import graph of ``attn_core`` has no cycle (imports inside functions count too: a lazy
   import that closes a cycle is still a cycle);
 - the library never imports Streamlit;
-- no library module is much over 400 lines;
+- modules are cut by concept, not by length: a library module holds one concept and stays
+  under a bound far above what any concept needs (:data:`MAX_LINES`; a module listed in
+  :data:`CONCEPT_MODULES` with its reason may go further), and no function runs past
+  :data:`FUNCTION_MAX_LINES` (a long function is split into named steps, never a module into
+  halves of one concept);
 - one place per concept: activation names are spelled only by ``attn_core.hooks``, metric names
   only by ``attn_core.training.telemetry``, the run statuses only in ``attn_core.runs``.
 """
@@ -18,14 +22,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LIB = ROOT / "attn_core"
-MAX_LINES = 420  # "about 400"
+MAX_LINES = 640  # a module a reader holds whole; a concept that needs more is named below
 # Modules that hold one concept whole and may run longer rather than be split mid-concept (at most
-# CONCEPT_MAX_LINES): the reason is the concept, never the line count.
-CONCEPT_MAX_LINES = 520
-CONCEPT_MODULES = {
-    "attn_core/training/config.py": "every setting of a training run and a job, declared and checked in one place",
-    "attn_core/figures/bilinear.py": "every figure of the bilinear form's views: heatmaps, long inputs, spectrum",
-}
+# CONCEPT_MAX_LINES), each with its reason: the reason is the concept, never the line count.
+CONCEPT_MAX_LINES = 960
+CONCEPT_MODULES: dict[str, str] = {}
+FUNCTION_MAX_LINES = 150  # a function (or method) read in one screenful or two
 PAGE_MAX_LINES = 400  # a page reads top to bottom: widgets, one call into attn_core, figures
 PRODUCT = [LIB, ROOT / "app_pages", ROOT / "app.py", ROOT / "ui", ROOT / "navigation.py"]
 
@@ -143,6 +145,17 @@ def test_library_modules_stay_readable(path):
 
 def test_every_concept_module_exists():
     assert all((ROOT / name).is_file() for name in CONCEPT_MODULES)
+
+
+@pytest.mark.parametrize("path", sorted(LIB.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_library_functions_stay_readable(path):
+    name = path.relative_to(ROOT).as_posix()
+    for node in ast.walk(ast.parse(path.read_text(), name)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            n = node.end_lineno - node.lineno + 1
+            assert n <= FUNCTION_MAX_LINES, (
+                f"{name}:{node.lineno} {node.name} has {n} lines; split it into named steps (at most {FUNCTION_MAX_LINES})"
+            )
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "app_pages").glob("*.py")), ids=lambda p: p.name)

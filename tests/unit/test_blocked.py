@@ -95,7 +95,7 @@ def test_bad_requests_are_one_sentence():
     qk = LayerQK(0, [0] * 10, torch.randn(2, 10, 4), torch.randn(2, 10, 4), (0, 1), (0.5, 0.5), 0)
     for call, words in [
         (lambda: row_stats(qk, 2), "head 2 is outside 0..1"),
-        (lambda: row_stats(qk, 0, k=0), "k (top keys) must be a whole number in 1..10"),
+        (lambda: row_stats(qk, 0, k=0), "k (top keys) must be an integer in 1..10"),
         (lambda: row_stats(qk, 0, k=11), "in 1..10"),
         (lambda: pooled(qk, 0, None, (0, 11), (0, 10), 2), "outside"),
         (lambda: pooled(qk, 0, None, (0, 10), (0, 10), 2, "median"), "pool must be one of"),
@@ -213,3 +213,15 @@ def test_the_block_loops_run_on_one_thread_and_give_the_threads_back():
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_one_check_count_whose_lower_bound_is_named():
+    """One ``check_count`` in the library (limits'), its bounds never given the wrong way round:
+    ``lo`` is a keyword; a range that is no lab limit is ``validate.check_int(name, value, lo, hi)``."""
+    from attn_core import limits
+    from attn_core.bilinear import blocked
+
+    assert not hasattr(blocked, "check_count")
+    with pytest.raises(TypeError):
+        limits.check_count("n", 5, 10, 1)
+    assert limits.check_count("n", 5, 10, lo=2) == 5

@@ -398,6 +398,7 @@ CPU_BY_DESIGN = {
     ("model/attention.py", "__init__"): "parameters, as above",
     ("model/transformer.py", "__init__"): "parameters, as above",
     ("model/moe.py", "__init__"): "the router's and experts' parameters, as above",
+    ("model/mla.py", "__init__"): "the MLA layer's parameters, as above",
     ("model/attention.py", "_scales"): "1/sqrt(d) made exactly in float64, then moved to the buffer's device",
     ("model/rotary.py", "offset_rotation"): "exact float64 rotations; callers move them (.to(W))",
     ("tasks.py", "sample"): "an int seed draws on the CPU: the same batch on every machine",
@@ -410,6 +411,7 @@ CPU_BY_DESIGN = {
     ("bilinear/long.py", "view"): "indices into LayerScores, which holds CPU tensors",
     ("bilinear/views.py", "row"): "indices into a View, which holds CPU tensors",
     ("circuits/attribution.py", "_rotary_attribution"): "the bias zeros of an Attribution, which holds CPU tensors",
+    ("circuits/attribution.py", "_mla_attribution"): "the bias zeros of an Attribution, which holds CPU tensors",
     ("circuits/composition.py", "_random_factors"): "the random baseline: a seeded CPU generator",
     ("circuits/composition.py", "baseline_score"): "the random baseline: a seeded CPU generator",
     ("circuits/composition.py", "composition"): "the result tables (CPU), filled from blocks copied with .cpu()",
@@ -558,5 +560,9 @@ def test_a_fused_blocks_arithmetic_runs_on_meta(kind):
     value, stats = on_meta(lambda: sr.forward_block(*inputs, 0.5, 0, kind, n, 2))
     assert value.shape == (2, 3, 16) and all_meta([value, *stats])
     g = torch.ones(2, 3, 16, device=META)
-    P, c = on_meta(lambda: sr.backward_block(*inputs, 0.5, 4, kind, n, g, list(stats), 2))
+    P, c, d_sink = on_meta(lambda: sr.backward_block(*inputs, 0.5, 4, kind, n, g, list(stats), 2))
     assert P.shape == (2, 3, 16, 32) and c.shape == (2, 3, 16, 1) and all_meta([P, c])
+    sink = torch.zeros(3, device=META)  # with a sink logit per head: its column, then its gradient
+    value, stats = on_meta(lambda: sr.forward_block(*inputs, 0.5, 0, kind, n, 2, sink))
+    P, c, d_sink = on_meta(lambda: sr.backward_block(*inputs, 0.5, 4, kind, n, g, list(stats), 2, sink))
+    assert P.shape == (2, 3, 16, 32) and d_sink.shape == (3,) and all_meta([value, P, c, d_sink])

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from attn_core.checkpoint import CheckpointError
 from attn_core.hf.families import (
+    deepseek_v2,
+    deepseek_v3,
     exaone4,
     gemma2,
     gemma3,
@@ -50,6 +52,8 @@ REGISTRY: dict[str, Family] = {
         qwen3_moe.FAMILY,
         olmoe.FAMILY,
         qwen2_moe.FAMILY,
+        deepseek_v3.FAMILY,
+        deepseek_v2.FAMILY,
     )
 }
 FAMILIES = tuple(REGISTRY)
