@@ -99,3 +99,18 @@ def test_the_attribution_figure_marks_the_capped_scores(gemma2):
     assert len(marks) == 1 and "before the soft cap" in plot.fig.layout.title.text
     want = [float(a.capped[a.keys.index(k)]) for k in a.top(4)]
     assert list(marks[0].y) == pytest.approx(want)
+
+
+def test_the_long_input_mode_split_of_a_capped_head_is_attributes(gemma2):
+    from attn_core.bilinear.blocked import layer_qk, row_stats
+    from attn_core.circuits.long_split import mode_split
+
+    loaded = gemma2[0]
+    ids = [(7 * i) % 100 for i in range(40)]
+    full = attribute(loaded, ids, 1, 2, 33)  # layer 1 is global: every earlier key is seen
+    qk = layer_qk(loaded.model, ids, 1)
+    keys = row_stats(qk, 2, k=5).top_keys[33].tolist()
+    part = mode_split(loaded.model, qk, 2, 33, keys)
+    at = [full.keys.index(k) for k in keys]
+    assert part.cap == 4.0 and torch.allclose(part.terms, full.terms[at], atol=1e-5)
+    assert torch.allclose(part.capped, full.capped[at], atol=1e-5)
