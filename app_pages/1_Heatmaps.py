@@ -36,7 +36,8 @@ def head_views() -> None:
     c_layer, c_head, _ = st.columns([1, 1, 6])
     layer, head = ui.layer_head_picker(cfg, (c_layer, c_head), all_heads=True)
     ui.to_url(layer=layer, head=head)
-    if inp.blocked:  # over BLOCKED_INPUT tokens: one head's blocked scores, never T x T
+    # over BLOCKED_INPUT tokens (or, with learned sinks, any long input: the blocked rows keep the sink)
+    if inp.blocked or (inp.long and cfg.attn_sinks):
         heatmap_long.export(heatmap_long.section(loaded, inp, layer, head), loaded, inp, layer, head)
         return
     sm = sinks.sink_mode(inp.long)

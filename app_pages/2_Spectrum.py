@@ -21,6 +21,10 @@ NORM_COLUMNS = {
     "nuclear_norm": ("‖B‖_*", "Nuclear norm Σσᵢ, a convex surrogate of rank"),
     "stable_rank": ("stable rank", "‖B‖_F² / ‖B‖₂²: how many directions carry the energy (1 .. rank)"),
     "effective_rank": ("effective rank", "exp(H(σ/Σσ)) (Roy & Vetterli): 1 .. rank"),
+    "sink_logit": (
+        "sink logit",
+        "The head's learned sink logit z (gpt-oss): outside B, in each row's softmax denominator",
+    ),
     "lambda_max": ("λ_max(sym)", "Largest eigenvalue of (B + Bᵀ)/2: the most positive x B xᵀ over unit x"),
     "lambda_min": ("λ_min(sym)", "Smallest eigenvalue of (B + Bᵀ)/2: the most negative x B xᵀ over unit x"),
     "singular_values": ("σᵢ", "Singular values of B, descending"),
@@ -38,7 +42,7 @@ def spectra(m, augmented: bool) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
     extremes = [{"lambda_max": r["eigenvalues_sym"][0], "lambda_min": r["eigenvalues_sym"][-1]} for r in rows]
     table = pd.DataFrame(
         [
-            {"layer": r["layer"], "head": r["head"], **{c: {**r, **e}[c] for c in NORM_COLUMNS}}
+            {"layer": r["layer"], "head": r["head"], **{c: {**r, **e}[c] for c in NORM_COLUMNS if c in {**r, **e}}}
             for r, e in zip(rows, extremes)
         ]
     )

@@ -78,6 +78,7 @@ def edit(
     source=None,
     source_head: str | None = None,
     with_ov: bool = False,
+    sink: float | None = None,
     text: str | Path | None = None,
     samples: int = 64,
     length: int | None = None,
@@ -86,7 +87,8 @@ def edit(
     """Edit one head of ``model`` (``"L1H0"`` or ``(1, 0)``) as ``attn-lab edit`` does: keep its
     ``rank`` strongest modes, ``drop`` modes, ``scale`` modes (``{0: 2.0}``), ``ablate`` it
     (``"zero"`` or ``"mean"``), or transplant its W_Q, W_K (and W_V, W_O with ``with_ov``) from
-    ``source`` (a model or a name; ``source_head`` ``"L1H2"``, default the same head). Several
+    ``source`` (a model or a name; ``source_head`` ``"L1H2"``, default the same head), or multiply its
+    learned sink logit by ``sink`` (models with learned sinks, gpt-oss; 0 zeroes it). Several
     edits: a list of :class:`~attn_core.surgery.HeadEdit` as ``head``. Measured on ``text``
     (windows of ``length`` tokens), else the task's held-out samples. The model itself is not
     changed: the result holds an edited copy.
@@ -135,6 +137,7 @@ def edit(
                 source=None if src is None else src.name,
                 source_head=None if source_head is None else parse_head(source_head, src.config, src.name),
                 with_ov=bool(with_ov),
+                sink=_sink_factor(sink),
             )
         ]
     inputs = edit_inputs(loaded, text, samples, length, seed)
@@ -142,6 +145,15 @@ def edit(
     heads = list(dict.fromkeys((e.layer, e.head) for e in edits))
     before, after = measure(loaded, inputs, heads, seed), measure(edited.loaded, inputs, heads, seed)
     return EditResult(Model.of(edited.loaded), edits, before, after, loaded, edited)
+
+
+def _sink_factor(sink) -> float | None:
+    """A sink factor as a float: a bool, a string or an array is refused naming ``sink``."""
+    if sink is None:
+        return None
+    if isinstance(sink, bool) or not isinstance(sink, (int, float)):
+        raise TypeError(f"sink must be a number (the factor on the head's sink logit), got {shown(sink)}")
+    return float(sink)
 
 
 def diff(a, b, layers: list[int] | None = None) -> pd.DataFrame:

@@ -40,7 +40,8 @@ def spectrum(
 ) -> list[dict]:
     """One record per head (``attn-lab spectrum --json``): the spectrum of B and the two ranks of
     the head, of B and of its centred scores on probes (text, or the task's samples; none
-    measured for a model with neither)."""
+    measured for a model with neither); with learned sinks, each head's sink logit and its
+    ``sink_share`` on the probes (the mean mass of a row on the sink)."""
     from attn_core import bilinear
     from attn_core.bilinear.ranks import check_variance, ranks
 
@@ -58,9 +59,16 @@ def spectrum(
         weight=None if augmented else _singular_values(rows, loaded.config.n_layers),
     )
     inputs = probes.what if probes is not None else None
+    learned = None
+    if probes is not None and loaded.model.cfg.attn_sinks:
+        from attn_core.bilinear.sinks import sinks
+
+        learned = sinks(loaded.model, probes.tokens).learned
     for row, two in zip(rows, both.heads()):
         row.update({k: two[k] for k in ("weight_rank", "data_rank", "data_stable_rank")}, variance=variance)
         row["data_inputs"] = inputs
+        if learned is not None:
+            row["sink_share"] = float(learned[row["layer"], row["head"]])
     return rows
 
 

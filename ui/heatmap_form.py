@@ -1,6 +1,7 @@
 """The Heatmaps page's section on the parts of a head's scores: for a QK-norm model the per-token
 gains g_q(i), g_k(j) (a factor of S beside the scores), for a soft-capped model the scores before
-or after the cap (a toggle). Computed by ``attn_core.bilinear.score_parts``; drawn by
+or after the cap (a toggle), with biases the affine form's terms, with learned sinks each query's
+mass on the sink beside token 0's. Computed by ``attn_core.bilinear.score_parts``; drawn by
 ``attn_core.figures.score_parts``."""
 
 from __future__ import annotations
@@ -23,12 +24,20 @@ MLA_HELP = (
     "absorbed B (W_DQ diag(w_q) W_UQ W_UKᵀ diag(w_kv) W_DKVᵀ, scaled) and the decoupled rotary term; the two add up to S"
 )
 CAP_HELP = "The model's scores are c·tanh(S / c); off: S itself, before the cap"
+TERMS_HELP = (
+    "With query/key biases S = x'_i B' x'_j^T on x' = [x | 1]: the bilinear term x B y^T and three bias terms; "
+    "each bar is a term's mean size over the visible cells as a share of the four"
+)
+SINK_HELP = (
+    "A learned sink logit joins each row's softmax as one more column that no value reads: the mass a query puts "
+    "there, beside the weight it puts on token 0"
+)
 
 
 def applies(loaded: LoadedModel) -> bool:
-    """Whether the model's scores have parts to show (QK-norm gains or a soft cap)."""
+    """Whether the model's scores have parts to show (QK-norm gains, a soft cap, biases, learned sinks, MLA)."""
     cfg = loaded.config
-    return cfg.qk_norm != "none" or cfg.attn_softcap is not None or cfg.mla
+    return cfg.qk_norm != "none" or cfg.attn_softcap is not None or cfg.attn_bias or cfg.attn_sinks or cfg.mla
 
 
 def section(loaded: LoadedModel, tokens: list[int], layer: int, head: int) -> list[Plot]:
@@ -47,6 +56,15 @@ def section(loaded: LoadedModel, tokens: list[int], layer: int, head: int) -> li
         plots.append(fp.capped_plot(parts, capped))
         with cols[1]:
             show_plot(plots[-1], key="score_cap")
+    cols = st.columns(2)
+    if parts.terms is not None:
+        plots.append(fp.terms_plot(parts))
+        with cols[0]:
+            show_plot(plots[-1], key="score_terms", help=TERMS_HELP)
+    if parts.sink_share is not None:
+        plots.append(fp.sink_share_plot(parts))
+        with cols[1]:
+            show_plot(plots[-1], key="score_sink", help=SINK_HELP)
     if parts.absorbed is not None:
         plots.append(fp.mla_terms_plot(parts))
         show_plot(plots[-1], key="score_mla_terms", help=MLA_HELP)

@@ -113,8 +113,13 @@ def section(loaded: LoadedModel, inp: Input, layer: int, head, top_k: int = bloc
     with st.spinner(f"The forward up to layer {layer}…", show_time=True):
         qk = layer_qk(loaded, tokens, layer)
     mib = (qk.q.numel() + qk.k.numel()) * qk.q.element_size() / 2**20
+    why = (
+        f"more than {blocked.BLOCKED_INPUT}"
+        if n > blocked.BLOCKED_INPUT
+        else "learned sinks, which the blocked rows keep"
+    )
     st.info(
-        f"{n} tokens (more than {blocked.BLOCKED_INPUT}): blocked scores, never all {n}² cells. This layer's Q and K "
+        f"{n} tokens ({why}): blocked scores, never all {n}² cells. This layer's Q and K "
         f"({mib:.1f} MiB) are kept from one forward; a head change recomputes only that head's blocks."
     )
     value, pool, px, rows, cols = controls(n)

@@ -107,6 +107,13 @@ def section(loaded: LoadedModel, inp: Input, sm: SinkMode) -> list[Plot]:
     rate.metric("sink rate", f"{found.rate:.0%}", help="The share of heads with a sink key")
     first.metric("first token only", f"{found.rate_first:.0%}", help="Gu et al.'s rate: the first token's importance")
     heads.metric("sink heads", f"{int(found.is_sink.sum())} of {found.is_sink.numel()}")
+    if found.learned is not None:
+        st.metric(
+            "mass on the learned sinks",
+            f"{found.learned_mean:.0%}",
+            help="Each row's mass on its head's learned sink logit (no key receives it), averaged over every head: "
+            "the 'sink' column of the figure, left of token 0",
+        )
     plot = fs.importance_plot(found)
     show_plot(plot, key="sinks")
     st.caption(f"Probes: {found.what}.")

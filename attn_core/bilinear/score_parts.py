@@ -1,9 +1,11 @@
 """The parts of one head's scores on a real input, read from the layer's form
 (``Attention.form``): the per-token gains QK-norm puts on each side, S_ij = g_q(i) g_k(j) x_i B~ x_j^T
-(docs/maths.md), and the scores before and after a soft cap c tanh(S / c). What the Heatmaps page
-shows beside the scores of a QK-norm or soft-capped head. An MLA head's (attn_core/model/mla.py)
-scores are two terms, S = g_q(i) g_kv(j) x_i B x_j^T (its absorbed B, the latent norms' gains) +
-g_q(i) x_i B_R(j - i) x_j^T (the rotary term): ``absorbed`` and ``rotary``."""
+(docs/maths.md), the scores before and after a soft cap c tanh(S / c), the affine form's terms
+with query/key biases (x x, x b, b x, b b: the bias terms' share of the scores) and, with learned
+sinks, each query's mass on the head's sink beside token 0's. What the Heatmaps page shows beside
+the scores of such a head. An MLA head's (attn_core/model/mla.py) scores are two terms,
+S = g_q(i) g_kv(j) x_i B x_j^T (its absorbed B, the latent norms' gains) + g_q(i) x_i B_R(j - i) x_j^T
+(the rotary term): ``absorbed`` and ``rotary``."""
 
 from __future__ import annotations
 
@@ -36,6 +38,23 @@ class ScoreParts:
     cap: float | None
     absorbed: torch.Tensor | None = None  # MLA: the absorbed B's term [T, T]
     rotary: torch.Tensor | None = None  # MLA: the rotary term [T, T]
+    terms: dict[str, torch.Tensor] | None = None  # the affine form's xx, xb, bx, bb [T, T] (None: no biases)
+    sink_share: torch.Tensor | None = None  # [T]: each query's mass on the learned sink (None: no sinks)
+    token0_share: torch.Tensor | None = None  # [T]: each query's weight on token 0
+
+    def term_shares(self) -> dict[str, float]:
+        """Each term's share of the scores' size over the visible cells: mean |term| / sum of the
+        mean |term| of all four (the bias terms' share is everything but ``xx``'s)."""
+        if self.terms is None:
+            return {"xx": 1.0}
+        size = {k: float(t[self.mask].abs().mean()) for k, t in self.terms.items()}
+        total = sum(size.values()) or 1.0
+        return {k: v / total for k, v in size.items()}
+
+    @property
+    def bias_share(self) -> float:
+        """The bias terms' share of the scores' size (0 without biases)."""
+        return 1.0 - self.term_shares()["xx"]
 
 
 def score_parts(loaded: LoadedModel, tokens: Sequence[int], layer: int, head: int) -> ScoreParts:
@@ -54,7 +73,14 @@ def score_parts(loaded: LoadedModel, tokens: Sequence[int], layer: int, head: in
         g_q, g_k = form.gains(X)
         uncapped = form.scores(X, capped=False)
         capped = form.scores(X)
-        terms = _mla_terms(form, X, g_q, g_k) if model.cfg.mla else (None, None)
+        mask = layer_mask(model, layer, len(ids))
+        mla = _mla_terms(form, X, g_q, g_k) if model.cfg.mla else (None, None)
+        bias, z = getattr(form, "bias_q", None), getattr(form, "sink", None)
+        terms = {k: t.float().cpu() for k, t in form.terms(X).items()} if bias is not None else None
+        sink, first = None, None
+        if z is not None:
+            sink = form.sink_share(capped, mask).float().cpu()
+            first = form.weights(capped, mask)[:, 0].float().cpu()
     return ScoreParts(
         layer,
         head,
@@ -66,7 +92,10 @@ def score_parts(loaded: LoadedModel, tokens: Sequence[int], layer: int, head: in
         layer_mask(model, layer, len(ids)).cpu(),
         form.norm,
         form.cap,
-        *terms,
+        *mla,
+        terms=terms,
+        sink_share=sink,
+        token0_share=first,
     )
 
 

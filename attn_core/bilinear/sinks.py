@@ -16,6 +16,11 @@ of a causal probe is seen by one query only, so its "importance" is one attentio
 previous-token head would call every late key a sink (importance 1/m for a key m queries see).
 The first-token rate of Gu et al. is reported beside it (``rate_first``).
 
+A model with learned sinks (gpt-oss: a sink logit z_h in each row's denominator) gives each row a
+second place to put its mass: the learned share 1 - sum_k A[q, k] = sigmoid(z_h - logsumexp_k S_qk),
+which no key receives. Both are reported per head: the learned share (``learned``, the mean over
+probes and queries) and the token-0 share (``first``, token 0's importance).
+
 The tensor part (:func:`importance_sums`) takes the device of the model; :func:`sinks` reads it.
 """
 
@@ -70,10 +75,11 @@ def check_eps(eps: float) -> float:
 
 
 @torch.no_grad()
-def importance_sums(model: Transformer, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def importance_sums(model: Transformer, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sum over probes and visible queries of A[q, k] [L, H, T], the count of such (probe, query)
-    pairs per key [L, T]), float64 on the model's device; ``tokens`` [n, T]. The patterns are read
-    by a hook on each layer's ``hook_pattern``, a chunk of probes at a time, never all layers kept."""
+    pairs per key [L, T], the sum over probes and queries of each row's mass on the learned sink
+    [L, H]), float64 on the model's device; ``tokens`` [n, T]. The patterns are read by a hook on
+    each layer's ``hook_pattern``, a chunk of probes at a time, never all layers kept."""
     model = check_model(model, "importance_sums")
     cfg = model.cfg
     n, T = tokens.shape
@@ -87,17 +93,20 @@ def importance_sums(model: Transformer, tokens: torch.Tensor) -> tuple[torch.Ten
     masks = [layer_mask(model, l, T) for l in range(cfg.n_layers)]
     sums = torch.zeros(cfg.n_layers, cfg.n_heads, T, dtype=torch.float64, device=device)
     counts = torch.stack([m.sum(0) for m in masks]).to(torch.float64) * n  # [L, T]
+    learned = torch.zeros(cfg.n_layers, cfg.n_heads, dtype=torch.float64, device=device)
 
     def hook(layer: int):
         def add(A: torch.Tensor, name: str) -> None:
             sums[layer] += (A.double() * masks[layer]).sum((0, 2))
+            if cfg.attn_sinks:  # a row's mass short of 1 is on the learned sink
+                learned[layer] += (1.0 - A.double().sum(-1)).sum((0, 2))
 
         return add
 
     hooks = [(act_name("pattern", l), hook(l)) for l in range(cfg.n_layers)]
     for i in range(0, n, chunk):
         model.run_with_hooks(tokens[i : i + chunk].to(device), fwd_hooks=hooks)
-    return sums, counts
+    return sums, counts, learned
 
 
 @dataclass(frozen=True)
@@ -110,6 +119,7 @@ class Sinks:
     eps: float
     n_probes: int
     what: str
+    learned: torch.Tensor | None = None  # [L, H]: the mean mass on the learned sink (None: no sinks)
 
     @property
     def length(self) -> int:
@@ -145,9 +155,15 @@ class Sinks:
         """Gu et al.'s sink rate: the share of heads whose first token's importance exceeds eps."""
         return float((self.first > self.eps).double().mean())
 
+    @property
+    def learned_mean(self) -> float | None:
+        """The mean mass on the learned sink over every head (None without learned sinks)."""
+        return None if self.learned is None else float(self.learned.mean())
+
     def heads(self) -> list[dict]:
         """One record per head: layer, head, sink (bool), sink keys, strongest importance and its
-        key, the first token's importance, and every key's importance."""
+        key, the first token's importance, the learned sink's share (None without), and every
+        key's importance."""
         rows = []
         L, H, _ = self.importance.shape
         sinks = self.sinks
@@ -165,6 +181,7 @@ class Sinks:
                         strongest=float(strongest[l, h]),
                         strongest_key=int(masked[l, h].argmax()),
                         first=float(self.first[l, h]),
+                        learned=None if self.learned is None else float(self.learned[l, h]),
                         importance=self.importance[l, h].tolist(),
                     )
                 )
@@ -176,6 +193,7 @@ class Sinks:
             eps=self.eps,
             rate=self.rate,
             rate_first=self.rate_first,
+            learned_mean=self.learned_mean,
             sink_heads=int(self.is_sink.sum()),
             n_heads=int(self.is_sink.numel()),
             probes=self.n_probes,
@@ -197,9 +215,11 @@ def sinks(model: Transformer, tokens: torch.Tensor, eps: float = EPS, what: str 
         raise ValueError(f"probes are token ids [n, T] with n, T >= 1, got shape {list(tokens.shape)}")
     if tokens.shape[1] > model.cfg.n_ctx:
         raise ValueError(f"probes of {tokens.shape[1]} tokens exceed the model context of {model.cfg.n_ctx}")
-    sums, counts = importance_sums(model, tokens)
+    sums, counts, learned = importance_sums(model, tokens)
     sums, counts = sums.cpu(), counts.cpu()
+    learned = (learned.cpu() / (tokens.shape[0] * tokens.shape[1])) if model.cfg.attn_sinks else None
     importance = torch.where(counts[:, None, :] > 0, sums / counts.clamp_min(1)[:, None, :], math.nan)
     T = tokens.shape[1]
     eligible = torch.stack([eligible_keys(layer_mask(model, l, T).cpu()) for l in range(model.cfg.n_layers)])
-    return Sinks(importance, eligible, eps, int(tokens.shape[0]), what or f"{tokens.shape[0]} probes of {T} tokens")
+    what = what or f"{tokens.shape[0]} probes of {T} tokens"
+    return Sinks(importance, eligible, eps, int(tokens.shape[0]), what, learned)

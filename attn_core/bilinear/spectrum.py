@@ -15,7 +15,8 @@ from attn_core.model import Transformer
 
 
 def spectrum(model: Transformer, augmented: bool = False) -> list[dict]:
-    """One record per head: singular values, eigenvalues of the symmetric part, norms, ranks."""
+    """One record per head: singular values, eigenvalues of the symmetric part, norms, ranks; with
+    learned sinks (gpt-oss) the head's ``sink_logit`` too (outside B: no singular value has it)."""
     model = check_model(model, "spectrum")
     rows = []
     forms = layer_forms(model, augmented)
@@ -46,6 +47,8 @@ def spectrum(model: Transformer, augmented: bool = False) -> list[dict]:
                 else:
                     row[k] = v.tolist() if v.dim() else float(v)
             row["rank_cap"] = model.cfg.head_d_qk(l, h) if model.cfg.qk == "factored" else model.cfg.d_model
+            if model.cfg.attn_sinks:
+                row["sink_logit"] = float(model.blocks[l].attn.form(h).head_sinks().detach())
             rows.append(row)
     return rows
 

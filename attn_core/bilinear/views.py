@@ -304,7 +304,7 @@ def vocabulary_view(
     with torch.no_grad():
         S = vocab_scores(model, layer, heads, tokens=tokens, offset=offset)
         mask = torch.ones(len(tokens), len(tokens), dtype=torch.bool, device=S.device)
-        A = attention_weights(S, mask, model.cfg.entmax_alpha)
+        A = attention_weights(S, mask, model.cfg.entmax_alpha, _learned_sinks(model, layer, heads))
     names = token_names(loaded)
     return _view("vocabulary", layer, heads, S, A, mask, [names[t] for t in tokens], list(tokens), meta)
 
@@ -323,8 +323,14 @@ def positional_view(loaded: LoadedModel, layer: int = 0, heads=None) -> View:
     mask = layer_mask(model, layer, n)
     with torch.no_grad():
         S = positional_scores(model, layer, heads)[:, :n, :n]
-        A = attention_weights(S, mask, model.cfg.entmax_alpha)
+        A = attention_weights(S, mask, model.cfg.entmax_alpha, _learned_sinks(model, layer, heads))
     return _view("positional", layer, heads, S, A, mask, [f"p{p}" for p in range(n)], None, meta)
+
+
+def _learned_sinks(model: Transformer, layer: int, heads: list[int]) -> torch.Tensor | None:
+    """The learned sink logits of ``heads`` of ``layer`` (None without): a view's rows keep them."""
+    z = model.blocks[layer].attn.form().sink
+    return None if z is None else z[heads]
 
 
 def concentration_table(

@@ -11,7 +11,7 @@ from attn_core.cli.common import JsonOpt, NameArg, command_line, emit, fail, gua
 
 app = typer.Typer()
 
-GROUP_OPTIONS = ("--head", "--rank", "--drop-modes", "--scale-modes", "--ablate", "--from", "--with-ov")
+GROUP_OPTIONS = ("--head", "--rank", "--drop-modes", "--scale-modes", "--sink", "--ablate", "--from", "--with-ov")
 METRICS = ("loss", "perplexity", "accuracy", "icl_score", "sink_rate")
 
 
@@ -82,7 +82,14 @@ def parse_groups(args: list[str], cfg, resolve_source, name: str = "the model") 
         if not groups:
             raise ValueError(f"{opt} must follow the --head it applies to (e.g. --head L1H0 {opt} ...)")
         g = groups[-1]
-        key = {"--rank": "rank", "--drop-modes": "drop", "--scale-modes": "scale", "--ablate": "ablate"}.get(opt, opt)
+        keys = {
+            "--rank": "rank",
+            "--drop-modes": "drop",
+            "--scale-modes": "scale",
+            "--ablate": "ablate",
+            "--sink": "sink",
+        }
+        key = keys.get(opt, opt)
         if key in g or (opt == "--from" and "source" in g):
             raise ValueError(f"{opt} is given twice for head L{g['layer']}H{g['head']}")
         if opt == "--rank":
@@ -91,6 +98,13 @@ def parse_groups(args: list[str], cfg, resolve_source, name: str = "the model") 
             g["drop"] = tuple(_int(opt, v.strip()) for v in value.split(","))
         elif opt == "--scale-modes":
             g["scale"] = _scales(value)
+        elif opt == "--sink":
+            try:
+                g["sink"] = float(value)
+            except ValueError:
+                raise ValueError(
+                    f"--sink takes a number (the factor on the head's sink logit; 0 zeroes it), got {value!r}"
+                ) from None
         elif opt == "--ablate":
             g["ablate"] = value
         elif opt == "--from":
@@ -110,7 +124,7 @@ def parse_groups(args: list[str], cfg, resolve_source, name: str = "the model") 
         if len(g) == 2:
             raise ValueError(
                 f"head L{g['layer']}H{g['head']} is given nothing to do: add --rank, --drop-modes, --scale-modes, "
-                "--ablate or --from"
+                "--sink, --ablate or --from"
             )
     return [HeadEdit(**g) for g in groups], sources
 
@@ -118,7 +132,9 @@ def parse_groups(args: list[str], cfg, resolve_source, name: str = "the model") 
 def _human(r: dict) -> str:
     rows = [dict(metric=k, before=r["before"][k], after=r["after"][k]) for k in METRICS]
     for head, v in r["after"]["heads"].items():
-        for k in ("entropy", "sigma_1"):
+        for k in ("entropy", "sigma_1", "sink", "sink_share"):
+            if k not in v:
+                continue
             rows.append(dict(metric=f"{head} {k}", before=r["before"]["heads"][head][k], after=v[k]))
     edits = "; ".join(" ".join(f"{k}={v}" for k, v in e.items()) for e in r["edits"])
     out = f"\nsaved: {r['out']['out']} ({r['out']['format']})" if r.get("out") else ""
@@ -141,7 +157,7 @@ def edit_cmd(
 ):
     """Edit heads' B without retraining and measure before/after. NAME first, then one group per
     head: --head L1H0 followed by any of --rank R (keep the R strongest modes), --drop-modes I,J,
-    --scale-modes I=F,..., --ablate zero|mean, --from SOURCE[:LxHy] (transplant W_Q, W_K from a
+    --scale-modes I=F,..., --sink F (its learned sink logit times F; 0 zeroes it), --ablate zero|mean, --from SOURCE[:LxHy] (transplant W_Q, W_K from a
     model of the same shape) and --with-ov (W_V, W_O too). Modes are B's singular pairs (rotary
     heads: rotation planes, as attribute splits them; MLA heads: their absorbed B's, written into
     the head's own W_UQ; QK-norm heads: their core's); the edit goes into the head's own W_Q (with
@@ -187,7 +203,11 @@ def _layers(text: str | None) -> list[int] | None:
 
 
 def _human_diff(r: dict) -> str:
-    rows = [dict(layer=p["layer"], head_a=p["head_a"], head_b=p["head_b"], distance=p["distance"]) for p in r["pairs"]]
+    rows = [
+        dict(layer=p["layer"], head_a=p["head_a"], head_b=p["head_b"], distance=p["distance"])
+        | ({"sink_change": p["sink_change"]} if "sink_change" in p else {})
+        for p in r["pairs"]
+    ]
     left = ", ".join(f"{r[u['model']]}:L{u['layer']}H{u['head']}" for u in r["unmatched"]) or "none"
     return f"{r['a']} vs {r['b']} ({r['distance']})\n" + table(rows, list(rows[0])) + f"\nunmatched: {left}"
 

@@ -128,6 +128,7 @@ def blocked_scores(loaded, ids: list[int], layer: int, head: int, topk: int, as_
                 top=" ".join(f"{t['key']}:{toks[t['key']]}({t['weight']:.2f})" for t in q["top"][:3]),
                 entropy=q["entropy"],
                 sink=q["sink"],
+                **({"learned_sink": q["learned_sink"]} if "learned_sink" in q else {}),
             )
             for q in shown
         ]
@@ -141,6 +142,11 @@ def blocked_scores(loaded, ids: list[int], layer: int, head: int, topk: int, as_
             "all, with scores), entropy of each row (nats), sink = weight on token 0"
             + (f"; the first and last {HUMAN_ROWS} queries shown, --json has every one" if left else "")
             + f"\nmean over all {len(queries)} queries: entropy {mean('entropy'):.3g} nats, sink {mean('sink'):.3g}"
+            + (
+                f", learned sink {mean('learned_sink'):.3g} (the head's sink logit)"
+                if "learned_sink" in queries[0]
+                else ""
+            )
         )
 
     emit(result, as_json, human)

@@ -35,6 +35,7 @@ def _human(r: dict) -> str:
             strongest=h["strongest"],
             at_key=h["strongest_key"],
             first_token=h["first"],
+            **({} if h["learned"] is None else {"learned_sink": h["learned"]}),
         )
         for h in r["heads"]
     ]
@@ -43,6 +44,11 @@ def _human(r: dict) -> str:
         f"among the {r['eligible_keys']} keys at least {r['min_queries']} queries see); first token alone "
         f"(Gu et al.): {r['rate_first']:.1%}\ninputs: {r['inputs']}"
     )
+    if r["learned_mean"] is not None:
+        tail += (
+            f"\nlearned sinks: each row puts {r['learned_mean']:.1%} of its mass on its head's sink logit on average "
+            "(learned_sink; first_token is token 0's share)"
+        )
     return table(rows, list(rows[0])) + "\n" + tail
 
 

@@ -1,6 +1,7 @@
 """Figures of one head's scores in parts (:func:`attn_core.bilinear.score_parts`): the per-token
-gains of QK-norm as a factor beside the scores, and the scores before or after a soft cap; an MLA
-head's two terms (its absorbed B's and the rotary one)."""
+gains of QK-norm as a factor beside the scores, the scores before or after a soft cap, the affine
+form's terms (the bias terms' share of the scores), each query's mass on a learned sink beside
+token 0's, and an MLA head's two terms (its absorbed B's and the rotary one)."""
 
 from __future__ import annotations
 
@@ -63,6 +64,65 @@ def capped_plot(parts: ScoreParts, capped: bool = True) -> Plot:
 
     name = f"scores_{'capped' if capped else 'uncapped'}_L{parts.layer}H{parts.head}"
     return Plot(name, fig, table, meta=dict(capped=capped, cap=parts.cap))
+
+
+TERMS = {
+    "xx": "x_i B x_j (the bilinear form)",
+    "xb": "x_i W_Q b_K (query by key bias)",
+    "bx": "b_Q W_K^T x_j (query bias by key)",
+    "bb": "b_Q b_K (bias by bias)",
+}
+
+
+def terms_plot(parts: ScoreParts) -> Plot:
+    """The share of each of the affine form's four terms in the size of the scores (mean |term| over
+    the visible cells, as a share of the four): S = X' B' X'^T split by the augmented row."""
+    shares = parts.term_shares()
+    names = list(shares)
+    fig = go.Figure(go.Bar(x=[TERMS.get(k, k) for k in names], y=[shares[k] for k in names]))
+    fig.update_layout(
+        title=f"Terms of the affine form: the biases take {parts.bias_share:.0%} of the scores, "
+        f"layer {parts.layer} head {parts.head}",
+        yaxis=dict(title="share of mean |S|", range=[0, 1]),
+        height=420,
+    )
+    fixed_margins(fig)
+    data = pd.DataFrame(
+        {"term": names, "meaning": [TERMS.get(k, k) for k in names], "share": [shares[k] for k in names]}
+    )
+    return Plot(f"bias_terms_L{parts.layer}H{parts.head}", fig, data, meta=dict(bias_share=parts.bias_share))
+
+
+def sink_share_plot(parts: ScoreParts) -> Plot:
+    """Per query: its mass on the head's learned sink (the softmax's extra column, outside B) and
+    its weight on token 0."""
+    if parts.sink_share is None:
+        raise ValueError("this head has no learned sink")
+    pos = np.arange(len(parts.labels))
+    fig = go.Figure(
+        [
+            go.Scatter(x=pos, y=parts.sink_share.numpy(), mode="lines+markers", name="learned sink"),
+            go.Scatter(x=pos, y=parts.token0_share.numpy(), mode="lines+markers", name="token 0"),
+        ]
+    )
+    mean = float(parts.sink_share.mean())
+    fig.update_layout(
+        title=f"Each query's mass on the learned sink (mean {mean:.0%}) and on token 0, layer {parts.layer} "
+        f"head {parts.head}",
+        xaxis=dict(title="query position", **token_ticks(parts.labels)),
+        yaxis=dict(title="attention mass", range=[0, 1]),
+        height=420,
+    )
+    fixed_margins(fig)
+    data = pd.DataFrame(
+        {
+            "position": pos,
+            "token": parts.labels,
+            "learned_sink": parts.sink_share.numpy(),
+            "token_0": parts.token0_share.numpy(),
+        }
+    )
+    return Plot(f"sink_share_L{parts.layer}H{parts.head}", fig, data, meta=dict(mean_learned=mean))
 
 
 def mla_terms_plot(parts: ScoreParts) -> Plot:

@@ -27,24 +27,29 @@ def importance_plot(s: Sinks, width: int = FULL_PX) -> Plot:
     """Heatmap of every head (rows) by key position (columns): the importance of the key, the
     mean attention it receives over the queries that see it, on 0..1; sink keys (importance > eps
     among the keys enough queries see) outlined, sink heads named so on the axis; the keys too few
-    queries see (beyond the dotted line) are shown but never sinks."""
+    queries see (beyond the dotted line) are shown but never sinks. With learned sinks, a first
+    column ("sink", at x = -1) is each head's mean share of a row's mass on its sink logit."""
     L, H, T = s.importance.shape
     z = s.importance.reshape(L * H, T)
     sinks = s.sinks.reshape(L * H, T)
     is_sink = s.is_sink.reshape(-1).tolist()
     labels = [head_label(l, h) + (" ◆" if is_sink[l * H + h] else "") for l in range(L) for h in range(H)]
     keys = [str(k) for k in range(T)]
+    x = np.arange(T)
+    if s.learned is not None:  # the learned sink's share as a column of its own, left of key 0
+        z = torch.cat([s.learned.reshape(L * H, 1).to(z), z], dim=1)
+        keys, x = ["sink", *keys], np.arange(-1, T)
     fig = go.Figure(
         go.Heatmap(
             z=z.numpy(),
-            x=np.arange(T),
+            x=x,
             y=np.arange(L * H),
             colorscale="Viridis",
             zmin=0.0,
             zmax=1.0,
             colorbar=dict(title=dict(text="importance", side="right"), thickness=18),  # on top, it was cut
             hovertemplate="%{customdata}, key %{x}<br>importance %{z:.3f}<extra></extra>",
-            customdata=np.array([[labels[r]] * T for r in range(L * H)], dtype=object),
+            customdata=np.array([[labels[r]] * len(x) for r in range(L * H)], dtype=object),
         )
     )
     rows, cols = torch.nonzero(sinks, as_tuple=True)
@@ -62,10 +67,11 @@ def importance_plot(s: Sinks, width: int = FULL_PX) -> Plot:
     last = int(torch.nonzero(s.eligible[0]).max()) if bool(s.eligible[0].any()) else -1
     if last < T - 1:
         fig.add_vline(x=last + 0.5, line=dict(color="grey", dash="dot", width=1))
+    learned = "" if s.learned is None else f"; learned sink (column 'sink'): {s.learned_mean:.0%} of the mass"
     fig.update_layout(
         title=f"Key importance per head: sink rate {s.rate:.0%} ({int(s.is_sink.sum())} of {L * H} heads, "
-        f"eps {s.eps:g}; first token: {s.rate_first:.0%}), {s.what}",
-        xaxis=dict(title="key position", **token_ticks(keys)),
+        f"eps {s.eps:g}; first token: {s.rate_first:.0%}{learned}), {s.what}",
+        xaxis=dict(title="key position", **token_ticks(keys, first=int(x[0]))),
         yaxis=dict(title="head (◆ sink head)", autorange="reversed", **token_ticks(labels)),
         height=max(320, min(900, 22 * L * H + 180)),
         showlegend=bool(len(rows)),
@@ -90,6 +96,8 @@ def importance_plot(s: Sinks, width: int = FULL_PX) -> Plot:
         )
 
     meta = dict(eps=s.eps, rate=s.rate, rate_first=s.rate_first, probes=s.n_probes, length=T, inputs=s.what)
+    if s.learned is not None:
+        meta["learned_mean"] = s.learned_mean
     return Plot("sinks", fig, data, meta=meta, width=width)
 
 

@@ -19,7 +19,7 @@ import math
 from attn_core.checkpoint import CheckpointError
 from attn_core.model import ModelConfig
 from attn_core.model.config import MAX_EXPERTS
-from attn_core.model.rotary import inverse_frequencies
+from attn_core.model.rotary import inverse_frequencies, yarn_attention_factor
 from attn_core.validate import is_int, is_number
 
 ACTIVATIONS = {
@@ -123,7 +123,30 @@ def _scaling(source: dict, where: str, hf: dict) -> dict | None:
         old = integer(source, "original_max_position_embeddings", default=None)
         out["original_max_position_embeddings"] = old if old is not None else integer(hf, "max_position_embeddings")
         return out
-    raise CheckpointError(f"rope type {kind!r:.60} is not supported; supported: default, linear, llama3")
+    if kind == "yarn":
+        return _yarn(source, where, hf)
+    raise CheckpointError(f"rope type {kind!r:.60} is not supported; supported: default, linear, llama3, yarn")
+
+
+def _yarn(source: dict, where: str, hf: dict) -> dict:
+    """Our YaRN rope_scaling, each field read as transformers reads it (its defaults; the factor
+    from max_position_embeddings / original_max_position_embeddings when absent; the attention
+    factor from ``mscale`` / ``mscale_all_dim`` or the factor when not given)."""
+    old = integer(source, "original_max_position_embeddings", default=None)
+    old = old if old is not None else integer(hf, "max_position_embeddings")
+    if old <= 0:
+        raise CheckpointError(f"{where} original_max_position_embeddings must be positive, got {old}")
+    factor = number(source, "factor", math.nan, where=where)
+    if math.isnan(factor):
+        factor = integer(hf, "max_position_embeddings") / old
+    out = {"type": "yarn", "factor": factor, "original_max_position_embeddings": old}
+    for k, default in (("beta_fast", 32.0), ("beta_slow", 1.0)):
+        out[k] = number(source, k, default, where=where) if source.get(k) else default  # 0 or null: the default
+    out["truncate"] = flag(source, "truncate", True)
+    mscale, all_dim = (number(source, k, 0.0, where=where) for k in ("mscale", "mscale_all_dim"))
+    given = number(source, "attention_factor", math.nan, where=where)
+    out["attention_factor"] = given if not math.isnan(given) else yarn_attention_factor(factor, mscale, all_dim)
+    return out
 
 
 def _rope_parameter_sets(hf: dict) -> list[tuple[str, dict]]:

@@ -6,6 +6,8 @@ per query head h and its key/value head g = kv_head(h) (g = h without grouped-qu
     with rotary positions: Q_i <- Q_i M(i), K_j <- K_j M(j) (attn_core/model/rotary.py; not in a NoPE layer)
     S = Q K^T * s (s = 1/sqrt(d_qk), or ``attn_scale``),  with a cap c: S <- c tanh(S / c)
     A = softmax_row(S + causal (and sliding-window) mask)
+    with learned sinks (gpt-oss): A_ij = exp(S_ij) / (exp(z_h) + sum_j' exp(S_ij')), z_h the head's sink
+    logit (``sinks``): a column no value reads, so a row sums to 1 - sigmoid(z_h - logsumexp_j S_ij)
 
 A *merged* head stores ``W_QK = B`` (d_model x d_model) directly, so ``S = X W_QK X^T``.
 Keys and values are stored once per key/value head ([n_kv_heads, ...]); ``per_head`` gives a
@@ -28,27 +30,13 @@ import torch.nn.functional as F
 from attn_core.hooks import HookRun, block_names
 from attn_core.model import rotary
 from attn_core.model.config import ModelConfig
-from attn_core.model.form import BilinearScore, Visibility
+from attn_core.model.form import BilinearScore, Visibility, attention_weights
 from attn_core.model.layers import RMSNorm
 
 SHARED = ("W_K", "b_K", "W_V", "b_V")  # stored per key/value head
 EXPLICIT = ("attn_scores", "pattern")  # reading or changing these needs S and A formed
 WINDOW_BLOCK = 512  # queries per block of a sliding-window layer's fused attention
-
-
-def attention_weights(scores: torch.Tensor, mask: torch.Tensor, entmax_alpha: float = 1.0) -> torch.Tensor:
-    """Row-normalise masked scores. ``mask`` is True where a key is visible."""
-    if entmax_alpha == 1.0:
-        return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-    import entmax  # optional architecture (issue: alpha-entmax at retrain time)
-
-    # entmax needs finite inputs; a very negative score gets exactly zero weight.
-    filled = scores.masked_fill(~mask, torch.finfo(scores.dtype).min / 4)
-    if entmax_alpha == 2.0:
-        return entmax.sparsemax(filled, dim=-1)
-    if entmax_alpha == 1.5:
-        return entmax.entmax15(filled, dim=-1)
-    return entmax.entmax_bisect(filled, alpha=entmax_alpha, dim=-1)
+__all__ = ["Attention", "attention_weights"]
 
 
 class Attention(nn.Module):
@@ -67,6 +55,8 @@ class Attention(nn.Module):
                 self.b_K = nn.Parameter(torch.zeros(g, w))
         else:
             self.W_QK = nn.Parameter(torch.empty(h, d, d))
+        if cfg.attn_sinks:  # one learned logit per head in the softmax's denominator (gpt-oss)
+            self.sinks = nn.Parameter(torch.zeros(h))
         if cfg.qk_norm != "none":  # RMSNorm of q and k: over each head (d_head) or all of them
             q_w, k_w = (dh, dh) if cfg.qk_norm == "head" else (h * dh, g * dh)
             self.q_norm, self.k_norm = RMSNorm(q_w, cfg.ln_eps), RMSNorm(k_w, cfg.ln_eps)
@@ -86,6 +76,7 @@ class Attention(nn.Module):
             self.register_buffer("qk_scale", self._scales(torch.get_default_dtype()), persistent=False)
         if cfg.rotary_layer(self.layer):
             self.register_buffer("inv_freq", rotary.inverse_frequencies(cfg, self.layer), persistent=False)
+        self.rope_gain = rotary.attention_factor(cfg, self.layer)
 
     def _scales(self, dtype: torch.dtype, device=None) -> torch.Tensor:
         """1/sqrt(d_qk) (or ``attn_scale``) per head, [1, h, 1, 1], rounded once into ``dtype`` from float64."""
@@ -132,7 +123,7 @@ class Attention(nn.Module):
         elif self.cfg.qk_norm == "all":  # one RMS over all heads of a token: [b, n, T, w] <-> [b, T, n w]
             q, k = _across(self.q_norm, q), _across(self.k_norm, k)
         if hasattr(self, "inv_freq"):
-            cos, sin = rotary.cos_sin(self.inv_freq, torch.arange(x.shape[1], device=x.device))
+            cos, sin = rotary.cos_sin(self.inv_freq, torch.arange(x.shape[1], device=x.device), self.rope_gain)
             q, k = rotary.rotate(q, cos, sin), rotary.rotate(k, cos, sin)
         return q, self._heads(k)
 
@@ -157,6 +148,7 @@ class Attention(nn.Module):
             inv_freq=getattr(self, "inv_freq", None),
             window=cfg.window(self.layer),
             cap=cfg.attn_softcap,
+            sink=getattr(self, "sinks", None),
         )
         return form if head is None else form[head]
 
@@ -172,6 +164,8 @@ class Attention(nn.Module):
             raise ValueError("the new form is merged and this layer factored, or the other way round")
         for h in heads:
             src = h if new.head is None else new.head
+            if new.sink is not None and self.cfg.attn_sinks:
+                self.sinks[h] = new.sink[src].to(self.sinks.dtype)
             if new.dense is not None:
                 self.W_QK[h] = new.dense[src].to(self.W_QK.dtype)
                 continue
@@ -206,9 +200,11 @@ class Attention(nn.Module):
 
     @property
     def _fast(self) -> bool:
-        """Softmax heads of one scale, uncapped: their Z can come from the fused attention kernel
-        (a soft cap changes S before the softmax, which the kernel cannot)."""
-        return self.cfg.entmax_alpha == 1.0 and self.cfg.d_qk is None and self.cfg.attn_softcap is None
+        """Softmax heads of one scale, uncapped, without learned sinks: their Z can come from the fused
+        attention kernel (a soft cap changes S before the softmax, a sink its denominator, which the
+        kernel cannot)."""
+        cfg = self.cfg
+        return cfg.entmax_alpha == 1.0 and cfg.d_qk is None and cfg.attn_softcap is None and not cfg.attn_sinks
 
     def _fused(
         self, x: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | Visibility, hk: HookRun | None
@@ -262,7 +258,7 @@ class Attention(nn.Module):
             S = torch.tanh(S / cap) * cap
         if hk is not None:
             S = hk(self.names["attn_scores"], S)
-        A = attention_weights(S, mask, self.cfg.entmax_alpha)
+        A = attention_weights(S, mask, self.cfg.entmax_alpha, getattr(self, "sinks", None))
         if hk is not None:
             A = hk(self.names["pattern"], A)
         z = A @ v  # [b, h, T, d_head]

@@ -3,14 +3,16 @@ config.json is untrusted input), with its exact parameter count.
 
 One config covers the toys we train and the Hugging Face families we import
 (``attn_core/hf/``): LayerNorm or RMSNorm, learned or rotary positions (full or partial,
-``rope_theta``, linear and llama3 scaling), grouped-query attention (``n_kv_heads``), q/k/v
+``rope_theta``, linear, llama3 and YaRN scaling), grouped-query attention (``n_kv_heads``), q/k/v
 biases, sequential or parallel attention and MLP, plain or gated (SwiGLU, GeGLU) MLPs, and sliding
 windows per layer; and the features of the newer families (:data:`FEATURES`): QK-norm per head or
 across the heads, a score scale other than 1/sqrt(d_head), logit soft-capping of the scores and of
 the logits, a second rotary base for the sliding layers, layers without positions (NoPE),
 sandwich or post norms, the embedding, residual and logit multipliers, a routed mixture of
-experts in place of the MLP (Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE), and an unembedding tied to the
-embedding. Each defaults to "absent": a model without them computes, and saves, exactly what it did before they existed
+experts in place of the MLP (Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE, gpt-oss), gpt-oss's clamped
+SwiGLU and its learned sink logits (one per head, in each softmax's denominator), and an
+unembedding tied to the embedding. Each defaults to "absent": a model without them computes, and
+saves, exactly what it did before they existed
 (:meth:`ModelConfig.to_dict` leaves out a feature at its default).
 """
 
@@ -27,11 +29,13 @@ QK_KINDS = ("factored", "merged")
 MLP_ACTS = ("gelu", "gelu_tanh", "silu", "relu")
 QK_NORMS = ("none", "head", "all")  # RMSNorm of q and k per head (Qwen3, Gemma 3) or over all heads (OLMo 2)
 BLOCK_NORMS = ("pre", "sandwich", "post")  # norms before, before and after (Gemma), after only (OLMo 2)
-ROPE_SCALINGS = ("linear", "llama3")
+ROPE_SCALINGS = ("linear", "llama3", "yarn")
 ROUTER_SCORINGS = ("softmax", "sigmoid")  # of the router's logits, before the top-k
 ROUTER_GROUP_SCORES = ("top2", "max")  # a group's score: its two best experts' sum (DeepSeek-V3), its best (V2)
 MAX_EXPERTS = 4096
 LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+# YaRN (gpt-oss, DeepSeek): attention_factor is resolved when a config is read (from mscale, or the factor)
+YARN_KEYS = ("factor", "beta_fast", "beta_slow", "original_max_position_embeddings", "truncate", "attention_factor")
 # Guards against absurd configs (a user's config.json is untrusted input). Whether a model of
 # a valid shape fits in memory is checked by the loader (attn_core/hf/), before it is built.
 MAX_DIM = 16384
@@ -69,7 +73,7 @@ class ModelConfig:
     rotary_dim: int | None = None
     rope_theta: float = 10000.0
     # None, {"type": "linear", "factor": f} or {"type": "llama3", "factor", "low_freq_factor",
-    # "high_freq_factor", "original_max_position_embeddings"}.
+    # "high_freq_factor", "original_max_position_embeddings"} or {"type": "yarn", YARN_KEYS}.
     rope_scaling: dict | None = None
     gated_mlp: bool = False  # act(X W_gate + b_gate) * (X W_in + b_in), then W_out (SwiGLU)
     parallel_attn: bool = False  # GPT-NeoX: resid + attn(ln1(resid)) + mlp(ln2(resid))
@@ -96,6 +100,11 @@ class ModelConfig:
     router_bias: bool = False  # the router's logits get a bias b_router (gpt-oss)
     d_shared: int = 0  # a shared expert of this width that every token passes through (0: none)
     shared_gate: bool = False  # the shared expert's output times sigmoid(x W_shared_gate) (Qwen2-MoE)
+    # one learned sink logit per head (``attn.sinks`` [n_heads]) in each softmax's denominator (gpt-oss)
+    attn_sinks: bool = False
+    # gpt-oss's clamped SwiGLU: gate <- min(gate, c), up <- clamp(up, -c, c), (up + 1) * gate sigmoid(glu_alpha gate)
+    glu_limit: float | None = None
+    glu_alpha: float = 1.0
     # DeepSeek's router (moe.py): groups of experts (n_group), the top router_top_groups groups by
     # ROUTER_GROUP_SCORES kept before the top-k, a bias b_choice added to the scores for choosing only
     # (e_score_correction_bias), the chosen weights times routed_scale (routed_scaling_factor)
@@ -185,10 +194,14 @@ class ModelConfig:
         check(
             isinstance(s, dict) and s.get("type") in ROPE_SCALINGS, f"rope_scaling type must be one of {ROPE_SCALINGS}"
         )
-        keys = ("factor",) if s["type"] == "linear" else LLAMA3_KEYS
+        keys = {"linear": ("factor",), "llama3": LLAMA3_KEYS, "yarn": YARN_KEYS}[s["type"]]
         check(set(s) == {"type", *keys}, f"{s['type']} rope_scaling takes exactly {', '.join(keys)}")
         for k in keys:
-            check(isinstance(s[k], (int, float)) and 0 < s[k] < 1e9, f"rope_scaling {k}={s[k]!r} must be positive")
+            if k == "truncate":
+                check(isinstance(s[k], bool), f"rope_scaling truncate must be true or false, got {s[k]!r}")
+                continue
+            ok = isinstance(s[k], (int, float)) and not isinstance(s[k], bool) and 0 < s[k] < 1e9
+            check(ok, f"rope_scaling {k}={s[k]!r} must be positive")
         if s["type"] == "llama3":
             check(s["high_freq_factor"] > s["low_freq_factor"], "llama3 high_freq_factor must exceed low_freq_factor")
 
@@ -218,6 +231,20 @@ class ModelConfig:
             check(isinstance(n, list) and all(is_int(x) and 0 <= x < self.n_layers for x in n) and len(set(n)) == len(n),
                   f"nope_layers must list distinct layers 0..{self.n_layers - 1}")  # fmt: skip
         self._validate_experts(check)
+        check(isinstance(self.attn_sinks, bool), "attn_sinks must be true or false")
+        check(
+            not self.attn_sinks or self.entmax_alpha == 1.0,
+            "attn_sinks (learned sinks) need softmax attention (entmax_alpha 1)",
+        )
+        lim, alpha = self.glu_limit, self.glu_alpha
+        ok = lim is None or (
+            isinstance(lim, (int, float)) and not isinstance(lim, bool) and math.isfinite(lim) and lim > 0
+        )
+        check(ok, f"glu_limit must be a positive finite number (or null), got {lim!r}")
+        ok = isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and math.isfinite(alpha) and alpha > 0
+        check(ok, f"glu_alpha must be a positive finite number, got {alpha!r}")
+        check(lim is not None or alpha == 1.0, "glu_alpha needs glu_limit (the clamped SwiGLU)")
+        check(lim is None or (self.gated_mlp and self.mlp_act == "silu"), "glu_limit needs a gated silu MLP")
         self._validate_mla(check)
 
     def _validate_mla(self, check) -> None:
@@ -237,8 +264,8 @@ class ModelConfig:
         check(self.rotary_dim is not None and self.d_v > 0, "MLA needs rotary_dim (qk_rope_head_dim) and d_v")
         for name in ("n_kv_heads", "d_qk", "sliding_window", "nope_layers"):
             check(getattr(self, name) is None, f"MLA does not take {name}")
-        check(self.qk_norm == "none" and not self.attn_bias and self.attn_softcap is None,
-              "MLA takes no qk_norm, attention biases or soft cap")  # fmt: skip
+        check(self.qk_norm == "none" and not self.attn_bias and self.attn_softcap is None and not self.attn_sinks,
+              "MLA takes no qk_norm, attention biases, soft cap or learned sinks (attn_sinks)")  # fmt: skip
 
     @property
     def mla(self) -> bool:
@@ -326,7 +353,7 @@ class ModelConfig:
                          with biases) (+ norm n + W_in, W_out 2 d d_mlp + b_in, b_out d_mlp + d,
                          + W_gate, b_gate d d_mlp + d_mlp when gated, with an MLP; with
                          experts, n_experts such MLPs + the router's d n_experts (+ n_experts), + a shared
-                         one of width d_shared + its gate's d)
+                         one of width d_shared + its gate's d) (+ h sink logits with attn_sinks)
 
         A norm n is 2d for LayerNorm, d for RMSNorm and 0 with ``normalization = "none"``. Sandwich
         norms add 2 norms a layer, post norms move both after; QK-norm adds 2 d_head (per head) or
@@ -348,6 +375,7 @@ class ModelConfig:
                 qk = (h + g) * d * w + ((h + g) * w if self.attn_bias else 0)
             norms = 2 if self.block_norms == "sandwich" else 1
             total += norms * ln + qk + (g + h) * d * self.d_head + (g * self.d_head + d if self.attn_bias else 0)
+            total += h if self.attn_sinks else 0
             total += {"none": 0, "head": 2 * self.d_head, "all": (h + g) * self.d_head}[self.qk_norm]
             if self.d_mlp > 0:
                 dense = not self.n_experts or self.dense_layer(layer)

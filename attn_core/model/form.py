@@ -7,9 +7,14 @@ For a layer's input X (rows x_i) and query head h (key head g = kv_head(h)), the
     with QK-norm: q_i <- g_q(i) q_i * w_q, k_j <- g_k(j) k_j * w_k,  g = 1/sqrt(mean(t^2) + eps)
                   over the head (``norm = "head"``) or over all heads of the token (``"all"``)
     with rotary positions: q_i <- q_i M(i), k_j <- k_j M(j)     (``inv_freq``; None in a NoPE layer)
+        (YaRN: times its attention factor a on the rotated dims of each; B~ carries a^2 there)
     S_ij = s q_i k_j^T                                          (``scale`` s per head)
     with a soft cap c: S_ij <- c tanh(S_ij / c)                 (``cap``)
     visible keys: j <= i, and i - j < window                    (``window``, 0: none)
+    with a learned sink z (gpt-oss): A_ij = exp S_ij / (exp z + sum_j' exp S_ij')   (``sink``, [h])
+
+The sink is outside B: no key carries it, so it is a share of every row's mass (1 - sum_j A_ij)
+that no value reads (:meth:`BilinearScore.weights`, :meth:`BilinearScore.sink_share`).
 
 A *merged* head stores B itself (``dense`` = W_QK) and S = X B X^T. :class:`BilinearScore`
 holds these, differentiably (views of the module's parameters), for every head of a layer and,
@@ -40,6 +45,30 @@ if TYPE_CHECKING:
 QK_MATRICES = ("W_Q", "W_K", "W_QK")  # the query/key matrices, by name (weight decay, fine-tuning)
 MLA_QK = ("W_DQ", "W_UQ", "W_QR", "W_KR", "W_UK")  # an MLA head's query/key side (W_DKV feeds the values too)
 QK_PARAMS = ("W_Q", "W_K", "b_Q", "b_K", "W_QK", *MLA_QK)  # every parameter a form is made of, by name
+
+
+def attention_weights(
+    scores: torch.Tensor, mask: torch.Tensor, entmax_alpha: float = 1.0, sinks: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Row-normalise masked scores [..., h, T, T] (or one head's [..., T, T]). ``mask`` is True where
+    a key is visible. ``sinks`` (the heads' learned sink logits, [h], or one head's 0-dim) join each
+    row's softmax as one more column, which is then dropped: a row sums to less than 1, the rest
+    being the sink's share (:func:`sink_share`)."""
+    if sinks is not None:
+        z = sinks.to(scores.dtype).reshape(*sinks.shape, 1, 1).expand(*scores.shape[:-1], 1)
+        full = torch.cat([scores.masked_fill(~mask, float("-inf")), z], dim=-1)
+        return torch.softmax(full, dim=-1)[..., :-1]
+    if entmax_alpha == 1.0:
+        return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    import entmax  # optional architecture (issue: alpha-entmax at retrain time)
+
+    # entmax needs finite inputs; a very negative score gets exactly zero weight.
+    filled = scores.masked_fill(~mask, torch.finfo(scores.dtype).min / 4)
+    if entmax_alpha == 2.0:
+        return entmax.sparsemax(filled, dim=-1)
+    if entmax_alpha == 1.5:
+        return entmax.entmax15(filled, dim=-1)
+    return entmax.entmax_bisect(filled, alpha=entmax_alpha, dim=-1)
 
 
 @dataclass(frozen=True)
@@ -93,6 +122,7 @@ class BilinearScore:
     inv_freq: torch.Tensor | None = None
     window: int = 0
     cap: float | None = None
+    sink: torch.Tensor | None = None
     head: int | None = None
 
     # what it is --------------------------------------------------------------------------------
@@ -148,6 +178,24 @@ class BilinearScore:
             return None
         return self._pick(self.bias_q), self._pick(self.bias_k)
 
+    def head_sinks(self) -> torch.Tensor | None:
+        """The learned sink logit(s) z of the selected head(s), [h] or 0-dim; None without sinks."""
+        return None if self.sink is None else self._pick(self.sink)
+
+    def weights(self, S: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The pattern A of scores S [..., h, T, T] (or the selected head's [..., T, T]) under
+        ``mask``, with the learned sink in each row's denominator (softmax heads)."""
+        return attention_weights(S, mask, self.cfg.entmax_alpha, self.head_sinks())
+
+    def sink_share(self, S: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Each row's mass on the learned sink, [..., T] (zeros without sinks): 1 - sum_j A_ij,
+        computed as sigmoid(z - logsumexp_j S_ij) so that a small share keeps its digits."""
+        z = self.head_sinks()
+        if z is None:
+            return S.new_zeros(S.shape[:-1])
+        lse = torch.logsumexp(S.masked_fill(~mask, float("-inf")), dim=-1)
+        return torch.sigmoid(z.to(S.dtype).reshape(*z.shape, 1) - lse)
+
     def visibility(self, T: int, device=None) -> Visibility:
         """The keys each of T queries sees (causal, and this layer's window)."""
         return Visibility(T, self.window, device)
@@ -178,6 +226,12 @@ class BilinearScore:
         if self.norm != "none":
             w_q, w_k = self._norm_weights(W_Q.shape[0], W_Q.shape[-1])
             W_Q, W_K = W_Q * w_q[:, None, :], W_K * w_k[:, None, :]
+        gain = rotary.attention_factor(self.cfg, self.layer)
+        if gain != 1.0:  # YaRN: a on the rotated dims of q and of k, a^2 on their part of B~
+            r = self.cfg.rotary_dims
+            g = torch.ones(W_Q.shape[-1], dtype=W_Q.dtype, device=W_Q.device)
+            g[:r] = gain**2
+            W_Q = W_Q * g
         if self.cfg.positional == "rotary" and offset != 0:
             W_Q = W_Q @ rotary.offset_rotation(self.cfg, offset, W_Q.shape[-1], layer=self.layer).to(W_Q)
         form = QKForm(left=W_Q * self.scale.view(-1, 1, 1), right=W_K)
@@ -222,9 +276,35 @@ class BilinearScore:
         elif self.norm == "all":
             q, k = _across(q, self.norm_q, self.eps), _across(k, self.norm_k, self.eps)
         if self.inv_freq is not None:
-            cos, sin = rotary.cos_sin(self.inv_freq, torch.arange(X.shape[-2], device=X.device))
+            gain = rotary.attention_factor(self.cfg, self.layer)
+            cos, sin = rotary.cos_sin(self.inv_freq, torch.arange(X.shape[-2], device=X.device), gain)
             q, k = rotary.rotate(q, cos, sin), rotary.rotate(k, cos, sin)
         return q, k
+
+    def terms(self, X: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The affine form's four terms of the uncapped scores, each [..., h, T, T] (or one head's):
+        ``xx`` s q(x_i W_Q) k(x_j W_K)^T, ``xb`` s q(x_i W_Q) k(b_K)^T, ``bx`` s q(b_Q) k(x_j W_K)^T and
+        ``bb`` s q(b_Q) k(b_K)^T, where q(.) and k(.) carry QK-norm's gains and weights and the
+        rotation at i and j; they sum to :meth:`scores` (``capped=False``). Without biases only ``xx``."""
+        if self.merged:
+            return {"xx": self.scores(X, capped=False)}
+        every = self.replace(head=None)
+        q_x = torch.einsum("...pd,hde->...hpe", X, self.left)
+        k_x = torch.einsum("...pd,hde->...hpe", X, self.right)
+        sides = {"x": (q_x, k_x)}
+        if self.bias_q is not None:
+            sides["b"] = (self.bias_q[:, None, :].expand_as(q_x), self.bias_k[:, None, :].expand_as(k_x))
+        if self.norm != "none":
+            g_q, g_k = every.gains(X)
+            w_q, w_k = self._norm_weights(q_x.shape[-3], q_x.shape[-1])
+            sides = {k: (q * g_q[..., None] * w_q[:, None, :], kk * g_k[..., None] * w_k[:, None, :])
+                     for k, (q, kk) in sides.items()}  # fmt: skip
+        if self.inv_freq is not None:
+            gain = rotary.attention_factor(self.cfg, self.layer)
+            cos, sin = rotary.cos_sin(self.inv_freq, torch.arange(X.shape[-2], device=X.device), gain)
+            sides = {k: (rotary.rotate(q, cos, sin), rotary.rotate(kk, cos, sin)) for k, (q, kk) in sides.items()}
+        s = self.scale.to(X.dtype).view(-1, 1, 1)
+        return {a + b: self._pick((sides[a][0] @ sides[b][1].transpose(-1, -2)) * s, -3) for a in sides for b in sides}
 
     def scores(self, X: torch.Tensor, capped: bool = True) -> torch.Tensor:
         """The model's own pre-softmax scores S [..., h, T, T] (or [..., T, T] for one head) for the

@@ -52,12 +52,14 @@ _ACTS = {
 class MLP(nn.Module):
     """act(X W_in + b_in) W_out + b_out; gated (SwiGLU):
     (act(X W_gate + b_gate) * (X W_in + b_in)) W_out + b_out. Its width is d_mlp unless given
-    (a shared expert's)."""
+    (a shared expert's). With ``glu_limit`` c (gpt-oss's clamped SwiGLU), gate g = min(X W_gate +
+    b_gate, c), up u = clamp(X W_in + b_in, -c, c) and the hidden layer is (u + 1) g sigmoid(alpha g)."""
 
     def __init__(self, cfg: ModelConfig, width: int | None = None):
         super().__init__()
         self.act = _ACTS[cfg.mlp_act]
         f = cfg.d_mlp if width is None else width
+        self.limit, self.alpha = cfg.glu_limit, cfg.glu_alpha
         if cfg.gated_mlp:
             self.W_gate = nn.Parameter(torch.empty(cfg.d_model, f))
             self.b_gate = nn.Parameter(torch.zeros(f))
@@ -68,7 +70,10 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         pre = x @ self.W_in + self.b_in
-        if hasattr(self, "W_gate"):
+        if self.limit is not None:
+            gate = (x @ self.W_gate + self.b_gate).clamp(max=self.limit)
+            hidden = (pre.clamp(-self.limit, self.limit) + 1) * gate * torch.sigmoid(gate * self.alpha)
+        elif hasattr(self, "W_gate"):
             hidden = self.act(x @ self.W_gate + self.b_gate) * pre
         else:
             hidden = self.act(pre)

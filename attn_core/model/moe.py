@@ -1,11 +1,13 @@
-"""A routed mixture-of-experts MLP (Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE): ``n_experts`` copies of the model's MLP
-(:class:`attn_core.model.layers.MLP`, gated where the model's is) and a router.
+"""A routed mixture-of-experts MLP (Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE, gpt-oss): ``n_experts`` copies of the
+model's MLP (:class:`attn_core.model.layers.MLP`, gated where the model's is, with biases, and gpt-oss's clamped
+SwiGLU with ``glu_limit``) and a router.
 
 For a token x (row vector) the router's logits are ``x W_router`` ([d_model, n_experts]), plus
 ``b_router`` with ``router_bias``; the
 scores are their softmax (over all experts) or their sigmoid (``router_scoring``), in float32;
 the ``experts_per_token`` highest scores pick the experts, and with ``router_renorm`` their
-scores are divided by their sum (Mixtral always; ``norm_topk_prob`` in Qwen3-MoE and OLMoE). The output is
+scores are divided by their sum (Mixtral always; ``norm_topk_prob`` in Qwen3-MoE and OLMoE; gpt-oss's softmax
+over its top logits, with its router bias, is this with ``router_renorm``). The output is
 ``sum_k w_k expert_k(x)``, plus, with ``d_shared``, a shared expert of that width every token
 passes through (``shared``), times ``sigmoid(x W_shared_gate)`` with ``shared_gate`` (Qwen2-MoE). Ties are broken as ``torch.topk`` breaks them, as transformers does.
 

@@ -12,7 +12,11 @@ with R(delta) = M(-delta) = M(delta)^T: the bilinear form depends on the offset 
 
 Scaling (``ModelConfig.rope_scaling``): "linear" divides every frequency by ``factor``; "llama3"
 divides the low frequencies by ``factor``, keeps the high ones and interpolates between, as
-Llama 3.1 does.
+Llama 3.1 does; "yarn" (gpt-oss, DeepSeek) blends each frequency between omega_c (extrapolated)
+and omega_c / factor (interpolated) by a linear ramp over the dims between the corrections for
+``beta_fast`` and ``beta_slow`` rotations in ``original_max_position_embeddings``, and multiplies
+cos and sin by ``attention_factor`` (:func:`attention_factor`), as transformers computes them: the
+rotated dims of q and of k each carry it, so their part of every score carries its square.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ def inverse_frequencies(cfg: ModelConfig, layer: int | None = None) -> torch.Ten
     inv = 1.0 / (theta ** (torch.arange(0, r, 2, dtype=torch.int64, device="cpu").float() / r))
     if s is not None and s["type"] == "linear":
         inv = inv / s["factor"]
+    elif s is not None and s["type"] == "yarn":
+        inv = _yarn(inv, theta, r, s)
     elif s is not None:
         factor, old = s["factor"], s["original_max_position_embeddings"]
         low, high = s["low_freq_factor"], s["high_freq_factor"]
@@ -55,10 +61,54 @@ def inverse_frequencies(cfg: ModelConfig, layer: int | None = None) -> torch.Ten
     return inv.to(torch.get_default_device())
 
 
-def cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of p * omega, [len(positions), r] (each angle twice, rotate-half layout)."""
+def _yarn(inv: torch.Tensor, theta: float, r: int, s: dict) -> torch.Tensor:
+    """YaRN's blend of the extrapolated (``inv``) and interpolated (``inv / factor``) frequencies,
+    as transformers' ``_compute_yarn_parameters`` computes it (float32)."""
+    old = s["original_max_position_embeddings"]
+
+    def dim(rotations: float) -> float:  # the dim that turns ``rotations`` times in ``old`` positions
+        return (r * math.log(old / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = dim(s["beta_fast"]), dim(s["beta_slow"])
+    if s["truncate"]:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, r - 1)
+    if low == high:
+        high += 0.001  # as transformers does: no division by zero
+    ramp = ((torch.arange(r // 2, dtype=torch.float32, device="cpu") - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1 - ramp
+    pos_freqs = theta ** (torch.arange(0, r, 2, dtype=torch.int64, device="cpu").float() / r)
+    return (1.0 / (s["factor"] * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+
+
+def attention_factor(cfg: ModelConfig, layer: int | None = None) -> float:
+    """The factor YaRN puts on cos and sin (1.0 otherwise, and in a layer of its own base or
+    without positions): q and k each carry it on their rotated dims."""
+    s = cfg.rope_scaling
+    if s is None or s["type"] != "yarn" or cfg.positional != "rotary":
+        return 1.0
+    if layer is not None and (not cfg.rotary_layer(layer) or cfg.layer_rope_theta(layer) != cfg.rope_theta):
+        return 1.0
+    return float(s["attention_factor"])
+
+
+def yarn_attention_factor(factor: float, mscale: float | None = None, mscale_all_dim: float | None = None) -> float:
+    """YaRN's attention factor from a config's ``factor`` (and DeepSeek's ``mscale`` /
+    ``mscale_all_dim``) when the config does not give it: 0.1 ln(factor) + 1, as transformers has it."""
+
+    def get(m: float = 1.0) -> float:
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    return float(get(mscale) / get(mscale_all_dim)) if mscale and mscale_all_dim else get()
+
+
+def cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, gain: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of p * omega, [len(positions), r] (each angle twice, rotate-half layout), times
+    ``gain`` (YaRN's :func:`attention_factor`)."""
     angles = positions.float()[:, None] * inv_freq.to(positions.device)[None, :]
     angles = torch.cat([angles, angles], dim=-1)
+    if gain != 1.0:
+        return angles.cos() * gain, angles.sin() * gain
     return angles.cos(), angles.sin()
 
 

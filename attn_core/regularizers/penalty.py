@@ -210,6 +210,11 @@ def build_penalty(
     default = parse_heads(heads, cfg)
     resolved = {s.label: parse_heads(s.heads, cfg) if s.heads else default for s in specs}
     for s in specs:
+        if s.view == "vocab" and cfg.attn_sinks:
+            raise ValueError(
+                f"{s.name!r} penalises the vocabulary view's rows, which leave out this model's learned sink logits "
+                "(attn_sinks); penalise the data view (entropy, hoyer, topk, sink), whose rows include them"
+            )
         if s.view == "vocab" and cfg.d_vocab > 4096:
             raise ValueError(f"{s.name!r} forms a d_vocab x d_vocab view per head; {cfg.d_vocab} tokens is too many")
     return ConcentrationPenalty(specs, resolved, cfg, rows=rows, seed=seed, block=block, path=path)

@@ -74,6 +74,13 @@ def uncapped_qk(model: Transformer, cache: dict, layer: int, heads) -> LayerQK |
     return None if model.cfg.attn_softcap is not None else queries_keys.layer_qk(model, cache, layer, heads)
 
 
+def layer_sinks(model: Transformer, layer: int, heads) -> torch.Tensor | None:
+    """The learned sink logits of ``heads`` of ``layer`` (the form's, differentiable), [len(heads)];
+    None for a model without learned sinks. What the row engine takes as ``sink``."""
+    z = model.blocks[layer].attn.form().sink
+    return None if z is None else z[list(heads)]
+
+
 @torch.no_grad()
 def row_summaries(
     q: torch.Tensor,
@@ -167,14 +174,17 @@ def vocab_qk(model: Transformer, layer: int, heads) -> tuple[torch.Tensor, torch
 def vocab_concentration(model: Transformer, heads: Heads | None = None) -> dict[str, torch.Tensor]:
     """Per head on the vocabulary view: ``entropy`` and ``top1``, [n_layers, n_heads], on the
     model's device; from the view's Q and K in blocks of rows (no V x V view per head is kept).
-    NaN for a soft-capped model (the cap is not in these Q and K)."""
+    NaN for a soft-capped model (the cap is not in these Q and K); a learned sink is one more
+    outcome of every row, as in the model."""
     cfg = model.cfg
     out = _empty(model)
     if cfg.attn_softcap is not None:
         return out
     for layer, hs in by_layer(heads or all_heads(cfg)).items():
         q, k = vocab_qk(model, layer, hs)
-        H, top = head_summaries(q.float(), k.float(), window=None, alpha=cfg.entmax_alpha)
+        sink = layer_sinks(model, layer, hs)
+        sink = None if sink is None else sink.float()
+        H, top = head_summaries(q.float(), k.float(), window=None, alpha=cfg.entmax_alpha, sink=sink)
         out["entropy"][layer, hs] = H
         out["top1"][layer, hs] = top
     return out

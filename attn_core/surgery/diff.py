@@ -26,6 +26,10 @@ offset-free dims: the mean over offsets (uniform phases) of ``sum_c ||dB_c(delta
 are named. With grouped-query attention (both models with the same groups) a permutation that
 keeps the function moves whole key/value groups, so groups are matched first (the cost of a pair
 of groups is the best matching of their query heads), then heads within each matched pair.
+
+**Learned sinks** (gpt-oss) are outside B: the distance leaves them out, and each matched pair of
+two models with sinks reports both sink logits and their change (``sink_a``, ``sink_b``,
+``sink_change``).
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ class LayerDiff:
     pairs: list[tuple[int, int]]
     unmatched_a: list[int] = field(default_factory=list)
     unmatched_b: list[int] = field(default_factory=list)
+    sinks_a: np.ndarray | None = None  # [H_a]: the learned sink logits (None: a model without)
+    sinks_b: np.ndarray | None = None
 
 
 @dataclass
@@ -62,7 +68,7 @@ class HeadDiff:
 
     def to_json(self) -> dict:
         pairs = [
-            dict(layer=ld.layer, head_a=i, head_b=j, distance=float(ld.distance[i, j]))
+            dict(layer=ld.layer, head_a=i, head_b=j, distance=float(ld.distance[i, j]), **_sinks(ld, i, j))
             for ld in self.layers
             for i, j in ld.pairs
         ]
@@ -81,6 +87,15 @@ class HeadDiff:
             unmatched=unmatched,
             matrices={str(ld.layer): np.round(ld.distance, 6).tolist() for ld in self.layers},
         )
+
+
+def _sinks(ld: LayerDiff, i: int, j: int) -> dict:
+    """A matched pair's learned sink logits and their change (B leaves the sink out), when both
+    models have them."""
+    if ld.sinks_a is None or ld.sinks_b is None:
+        return {}
+    a, b = float(ld.sinks_a[i]), float(ld.sinks_b[j])
+    return dict(sink_a=a, sink_b=b, sink_change=b - a)
 
 
 def _factors(
@@ -207,5 +222,7 @@ def diff(a: LoadedModel, b: LoadedModel, layers: list[int] | None = None) -> Hea
         pairs = match(D, ga, ga)
         ua = [h for h in range(D.shape[0]) if h not in {i for i, _ in pairs}]
         ub = [h for h in range(D.shape[1]) if h not in {j for _, j in pairs}]
-        out.append(LayerDiff(l, D, pairs, ua, ub))
+        za, zb = (m.model.blocks[l].attn.form().sink for m in (a, b))
+        sinks = [None if z is None else z.detach().double().cpu().numpy() for z in (za, zb)]
+        out.append(LayerDiff(l, D, pairs, ua, ub, *sinks))
     return HeadDiff(a.name, b.name, out, grouped=grouped and same_groups)

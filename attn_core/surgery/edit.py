@@ -14,6 +14,8 @@ Per head, in this order:
   for every singular mode otherwise); a per-head norm's weight is the layer's, so there modes are
   refused, and a transplant is taken only from a layer with the same norm weights (across heads
   refused: the gain is every head's);
+- ``sink``: the head's learned sink logit z (gpt-oss) times this factor (0: z = 0, a sink worth one
+  key of score 0); refused on a model without learned sinks;
 - ``ablate``: ``zero`` sets the head's W_O to 0 (its output is zero); ``mean`` replaces its output by
   its mean over the inputs given (the task's samples or the text windows): W_O[h] = 0 and
   ``b_O += mean(z_h) W_O[h]``, which needs the attention output bias (a model without one is
@@ -25,6 +27,7 @@ The loaded model is never changed: :func:`edit_model` returns a new :class:`Load
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -79,6 +82,7 @@ class HeadEdit:
     source: str | None = None
     source_head: tuple[int, int] | None = None
     with_ov: bool = False
+    sink: float | None = None
 
     @property
     def label(self) -> str:
@@ -96,6 +100,8 @@ class HeadEdit:
             out["drop_modes"] = list(self.drop)
         if self.scale:
             out["scale_modes"] = {str(i): v for i, v in self.scale}
+        if self.sink is not None:
+            out["sink"] = self.sink
         if self.ablate:
             out["ablate"] = self.ablate
         if self.source:
@@ -129,6 +135,11 @@ def _check_types(e: HeadEdit) -> None:
         raise ValueError(
             f"the scale of head L{e.layer}H{e.head} must be (mode, factor) pairs, e.g. ((0, 2.0),), got {shown(e.scale)}"
         )
+    if e.sink is not None and not (is_real(e.sink) and math.isfinite(e.sink)):
+        raise ValueError(
+            f"--sink of head L{e.layer}H{e.head} must be a finite number (the factor on its sink logit), "
+            f"got {shown(e.sink)}"
+        )
     for name in ("ablate", "source"):
         if getattr(e, name) is not None and not isinstance(getattr(e, name), str):
             raise ValueError(
@@ -145,10 +156,15 @@ def check_edit(loaded: LoadedModel, e: HeadEdit, source: LoadedModel | None = No
             f"head {e.label} does not exist: {loaded.name} has {cfg.n_layers} layers x {cfg.n_heads} heads "
             f"(L0H0..L{cfg.n_layers - 1}H{cfg.n_heads - 1})"
         )
-    if not e.touches_modes and e.ablate is None and e.source is None:
+    if not e.touches_modes and e.ablate is None and e.source is None and e.sink is None:
         raise ValueError(
-            f"head {e.label} is given nothing to do: give it a rank, modes to drop or scale, an ablation or a "
-            "source to transplant from"
+            f"head {e.label} is given nothing to do: give it a rank, modes to drop or scale, a sink factor, an "
+            "ablation or a source to transplant from"
+        )
+    if e.sink is not None and not cfg.attn_sinks:
+        raise ValueError(
+            f"--sink of head {e.label}: {loaded.name}'s heads have no learned sink logit (only models with "
+            "attn_sinks, such as gpt-oss, do)"
         )
     if cfg.qk_norm == "head" and e.touches_modes:
         raise ValueError(
@@ -250,6 +266,16 @@ def _transplant(model, source, e: HeadEdit) -> None:
 
 
 @torch.no_grad()
+def _scale_sink(model, e: HeadEdit) -> None:
+    """The head's sink logit times ``e.sink``, written back through the attention module's form."""
+    attn = model.blocks[e.layer].attn
+    form = attn.form()
+    z = form.sink.detach().clone()
+    z[e.head] = z[e.head] * e.sink
+    attn.set_form(form.replace(sink=z), e.head)
+
+
+@torch.no_grad()
 def _ablate(model, e: HeadEdit, tokens: torch.Tensor | None) -> None:
     attn = model.blocks[e.layer].attn
     if e.ablate == "mean":
@@ -300,6 +326,8 @@ def edit_model(
         if e.touches_modes:
             f = mode_factors(head_modes(model, e.layer, e.head), e.rank, e.drop, e.scale)
             apply_factors(model, e.layer, e.head, f)
+        if e.sink is not None:
+            _scale_sink(model, e)
         if e.ablate is not None:
             _ablate(model, e, tokens)
         _check_weights(model, e)

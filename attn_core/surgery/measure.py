@@ -7,7 +7,9 @@
     icl_score    mean loss over the late positions minus the early ones (``dynamics.metrics``)
     sink_rate    the share of sink heads (``bilinear.sinks``) on the inputs' first 32 rows
     heads        per edited head: ``entropy`` (mean normalized entropy of its attention rows)
-                 and ``sigma_1`` (the largest singular value of its B at offset 0)
+                 and ``sigma_1`` (the largest singular value of its B at offset 0); with learned
+                 sinks also ``sink`` (its sink logit) and ``sink_share`` (the mean mass of its rows
+                 on the sink, over the inputs' first 32 rows)
 
 :func:`preview` is what a dashboard slider move pays for: the edit, one forward (:func:`quick_loss`:
 loss and perplexity only) and the head's pattern.
@@ -96,6 +98,11 @@ def measure(loaded: LoadedModel, inputs: Inputs, heads: list[tuple[int, int]], s
         f"L{l}H{h}": dict(entropy=_num(ent[l, h]), sigma_1=_num(head_form64(model, l, h).singular_values[0].cpu()))
         for l, h in heads
     }
+    if model.cfg.attn_sinks:
+        found = sinks(model, inputs.tokens[:SINK_ROWS, :SINK_LENGTH])
+        for l, h in heads:
+            z = model.blocks[l].attn.form(h).head_sinks()
+            out["heads"][f"L{l}H{h}"].update(sink=_num(z), sink_share=_num(found.learned[l, h]))
     return out
 
 

@@ -272,7 +272,7 @@ def pattern_tensor(model: Transformer, tokens: torch.Tensor, layer: int, head: i
     every head of the layer [n_heads, T, T] (``head`` None), float32 on the model's device, from
     the layer's Q and K (the forward forms no other pattern)."""
     from attn_core.model import attention_weights
-    from attn_core.regularizers.summaries import layer_qk
+    from attn_core.regularizers.summaries import layer_qk, layer_sinks
 
     cfg = model.cfg
     heads = list(range(cfg.n_heads)) if head is None else [head]
@@ -282,7 +282,8 @@ def pattern_tensor(model: Transformer, tokens: torch.Tensor, layer: int, head: i
     S = (q * scale) @ k.transpose(-1, -2)
     if cfg.attn_softcap is not None:  # the model's own scores: capped
         S = torch.tanh(S / cfg.attn_softcap) * cfg.attn_softcap
-    A = attention_weights(S.float(), model.mask(tokens.shape[-1], cfg.window(layer)), cfg.entmax_alpha)[0]
+    mask, sink = model.mask(tokens.shape[-1], cfg.window(layer)), layer_sinks(model, layer, heads)
+    A = attention_weights(S.float(), mask, cfg.entmax_alpha, None if sink is None else sink.float())[0]
     return A if head is None else A[0]
 
 

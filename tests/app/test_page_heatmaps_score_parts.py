@@ -1,7 +1,9 @@
 """AppTest of the Heatmaps page's parts of the score: a QK-norm model (Qwen3) shows the per-token
 gains g_q(i), g_k(j) of the head beside its scores, a soft-capped model (Gemma 2) its scores after
 the cap or, toggled, before it; both equal what the layer's form computes on the page's input,
-and the capped scores are the model's own. A model without either shows no such section."""
+and the capped scores are the model's own. A gpt-oss head (biases, a learned sink) shows its affine
+form's terms and each query's mass on its sink beside token 0's. A model without any of these
+shows no such section."""
 
 from pathlib import Path
 
@@ -19,8 +21,9 @@ PAGE = str(Path(__file__).resolve().parents[2] / "app_pages" / "1_Heatmaps.py")
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf-form-models")
-    for family in ("qwen3", "gemma2"):
+    for family in ("qwen3", "gemma2", "gpt_oss"):
         write_family(root / f"tiny-{family}", family)
+    write_family(root / "long-gpt_oss", "gpt_oss", max_position_embeddings=2048)
     return root
 
 
@@ -70,3 +73,40 @@ def test_a_capped_head_shows_its_scores_before_and_after_the_cap(env):
 def test_a_plain_model_has_no_score_parts():
     at = open_page(PAGE, "induction-2l")
     assert not any(h.value == "The parts of the score" for h in at.header)
+
+
+def test_a_gpt_oss_head_shows_its_bias_terms_and_its_sink_share(env):
+    at = open_page(PAGE, "tiny-gpt_oss")
+    assert not at.exception and not at.error
+    loaded, tokens, layer, head = _page_input(at, "tiny-gpt_oss")
+    parts = bilinear.score_parts(loaded, tokens, layer, head)
+    terms = chart(at, "score_terms")
+    assert torch.allclose(values(terms["data"][0]["y"]), torch.tensor(list(parts.term_shares().values())), atol=1e-6)
+    sink = chart(at, "score_sink")
+    assert torch.allclose(values(sink["data"][0]["y"]), parts.sink_share, atol=1e-6)
+    assert float(parts.sink_share.min()) > 0.0
+
+
+def test_the_sinks_section_of_a_gpt_oss_model_shows_the_learned_share(env):
+    at = open_page(PAGE, "tiny-gpt_oss")
+    at.toggle(key="sinks_section").set_value(True).run()
+    at.radio(key="heatmap_probes").set_value("input").run()
+    assert not at.exception and not at.error
+    loaded, tokens, _, _ = _page_input(at, "tiny-gpt_oss")
+    found = bilinear.sinks(loaded.model, [tokens])
+    fig = chart(at, "sinks")
+    z = values(fig["data"][0]["z"]).double()
+    assert torch.allclose(z[:, 0], found.learned.reshape(-1), atol=1e-6)  # the 'sink' column, left of token 0
+    assert torch.allclose(z[:, 1:], found.importance.reshape(z.shape[0], -1), atol=1e-6, equal_nan=True)
+    learned = next(m for m in at.metric if m.label == "mass on the learned sinks")
+    assert learned.value == f"{found.learned_mean:.0%}"
+
+
+@pytest.mark.parametrize("n", [600, 1100])
+def test_a_long_input_to_a_gpt_oss_model_keeps_its_sinks(env, n):
+    """A long input (600 tokens, as 1100) to a model with learned sinks is drawn from the blocked
+    rows, which keep the sink (the exact-window view's pattern would leave it out)."""
+    at = open_page(PAGE, "long-gpt_oss")
+    at.number_input(key="random_length").set_value(n).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert any(f"{n} tokens (" in i.value and "blocked scores" in i.value for i in at.info), [i.value for i in at.info]

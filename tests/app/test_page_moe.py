@@ -1,4 +1,4 @@
-"""The dashboard's model pages on a mixture-of-experts folder (a tiny Mixtral made by transformers
+"""The dashboard's model pages on a mixture-of-experts folder (a tiny Mixtral and a tiny gpt-oss made by transformers
 here, listed through ATTN_LAB_MODELS): each renders without an exception or an error; the pages that
 need a task say that an imported model has none."""
 
@@ -19,6 +19,7 @@ PAGES = ["1_Heatmaps.py", "2_Spectrum.py", "7_Attention_explorer.py", "9_Circuit
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("moe-models")
     write_family(root / "tiny-mixtral", "mixtral")
+    write_family(root / "tiny-gpt-oss", "gpt_oss")  # learned sinks, biases, YaRN, experts with biases
     return root
 
 
@@ -27,9 +28,11 @@ def env(models, monkeypatch):
     monkeypatch.setenv("ATTN_LAB_MODELS", str(models))
 
 
+@pytest.mark.parametrize("model", ["tiny-mixtral", "tiny-gpt-oss"])
 @pytest.mark.parametrize("page", PAGES)
-def test_each_model_page_renders_on_a_mixture_of_experts(env, page):
-    open_page(str(ROOT / "app_pages" / page), "tiny-mixtral")
+def test_each_model_page_renders_on_a_mixture_of_experts(env, page, model):
+    at = open_page(str(ROOT / "app_pages" / page), model)
+    assert at.query_params["model"] == model and not at.warning, [w.value for w in at.warning]  # that model, read
 
 
 @pytest.mark.parametrize("page", ["3_Retrain.py", "5_Grow_d_k.py"])

@@ -24,7 +24,7 @@ def probes(n: int = 3) -> torch.Tensor:
 def test_sink_and_rank_tensors_run_on_meta(kind):
     model = meta_model(kind)
     L, H, T = model.cfg.n_layers, model.cfg.n_heads, TASK.n_ctx
-    sums, counts = on_meta(lambda: importance_sums(model, probes()))
+    sums, counts, _ = on_meta(lambda: importance_sums(model, probes()))
     spectra = on_meta(lambda: score_spectra(model, probes(2)))
     weight = on_meta(lambda: weight_spectra(model))
     assert all_meta((sums, counts, spectra, weight))

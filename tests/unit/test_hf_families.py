@@ -230,7 +230,7 @@ def _folder_with(tmp_path, **config_changes):
     "changes, message",
     [
         ({"model_type": "bert"}, "model_type 'bert' is not supported"),
-        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}}, "rope type 'yarn'"),
+        ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}}, "rope type 'dynamic'"),
         ({"hidden_size": 64}, "does not match|shape"),
         ({"num_key_value_heads": 3}, "multiple of n_kv_heads"),
         ({"hidden_act": "mish"}, "activation 'mish'"),

@@ -1,5 +1,6 @@
 """A family's hostile config or weights (a norm weight of the wrong shape or missing, a cap of 0,
-negative or NaN, expert counts that disagree with the weights or top-k above them, a NaN router, layer types that do not match the layer count, a head_dim that disagrees where
+negative or NaN, expert counts that disagree with the weights or top-k above them, a NaN router,
+gpt-oss's sink tensor of the wrong length, NaN or missing, its NaN router bias, its SwiGLU fields and YaRN fields, layer types that do not match the layer count, a head_dim that disagrees where
 the family fixes it) is one line naming the field: from the Python loader, and exit 2 from the CLI."""
 
 import json
@@ -19,6 +20,8 @@ from tests.unit.test_hf_new_families import write_family  # noqa: E402
 Q_NORM = "model.layers.0.self_attn.q_norm.weight"
 ROUTER = "model.layers.1.block_sparse_moe.gate.weight"
 EXPERT = "model.layers.1.mlp.experts.2.up_proj.weight"
+SINKS = "model.layers.1.self_attn.sinks"
+OSS_ROUTER_BIAS = "model.layers.0.mlp.router.bias"
 
 
 def _config(folder, **changes):
@@ -76,6 +79,34 @@ CASES = {
     ),
     "qwen2-moe-sparse-step": ("qwen2_moe", lambda f: _config(f, decoder_sparse_step=2), "decoder_sparse_step"),
     "dense-layers-among-experts": ("qwen3_moe", lambda f: _config(f, mlp_only_layers=[1]), "mlp_only_layers"),
+    "gpt-oss-sinks-wrong-length": (
+        "gpt_oss",
+        lambda f: _weights(f, lambda t: t.update({SINKS: torch.zeros(3)})),
+        SINKS,
+    ),
+    "gpt-oss-sinks-nan": ("gpt_oss", lambda f: _weights(f, lambda t: t[SINKS].fill_(float("nan"))), SINKS),
+    "gpt-oss-sinks-missing": ("gpt_oss", lambda f: _weights(f, lambda t: t.pop(SINKS)), SINKS),
+    "gpt-oss-router-bias-nan": (
+        "gpt_oss",
+        lambda f: _weights(f, lambda t: t[OSS_ROUTER_BIAS].fill_(float("nan"))),
+        OSS_ROUTER_BIAS,
+    ),
+    "gpt-oss-experts-more-than-weights": ("gpt_oss", lambda f: _config(f, num_local_experts=6), "num_local_experts"),
+    "gpt-oss-top-k-above-experts": ("gpt_oss", lambda f: _config(f, num_experts_per_tok=5), "num_experts_per_tok"),
+    "gpt-oss-swiglu-limit-nan": ("gpt_oss", lambda f: _config(f, swiglu_limit=float("nan")), "swiglu_limit"),
+    "gpt-oss-swiglu-alpha-negative": ("gpt_oss", lambda f: _config(f, swiglu_alpha=-1.0), "swiglu_alpha"),
+    "gpt-oss-width-disagrees": ("gpt_oss", lambda f: _config(f, intermediate_size=40), "intermediate_size"),
+    "gpt-oss-yarn-factor-negative": (
+        "gpt_oss",
+        lambda f: _config(f, rope_parameters={"rope_type": "yarn", "factor": -2.0, "rope_theta": 1e4}),
+        "factor",
+    ),
+    "gpt-oss-yarn-truncate-string": (
+        "gpt_oss",
+        lambda f: _config(f, rope_parameters={"rope_type": "yarn", "factor": 4.0, "truncate": "no"}),
+        "truncate",
+    ),
+    "gpt-oss-sliding-window-negative": ("gpt_oss", lambda f: _config(f, sliding_window=-4), "sliding_window"),
 }
 
 

@@ -1,5 +1,5 @@
 """The newer Hugging Face families (Qwen3, Gemma 2, Gemma 3 text, OLMo 2, SmolLM3, Phi-3, Granite,
-EXAONE 4, and the mixtures of experts Mixtral, Qwen3-MoE, OLMoE and Qwen2-MoE): tiny random models built by transformers here (nothing downloaded), saved to a
+EXAONE 4, and the mixtures of experts Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE and gpt-oss): tiny random models built by transformers here (nothing downloaded), saved to a
 folder and loaded by attn-lab; transformers' eager attention is the reference for every head's
 pattern (windows, caps, norms included) and the logits; each exports back to its family."""
 
@@ -127,6 +127,12 @@ CASES = {
         ),  # fmt: skip
         "4 routed experts of width 24, top 2 renormalised, a gated shared expert of width 40, q/k/v biases",
     ),
+    "gpt_oss": (
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        dict(num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=5),
+        "learned sinks, q/k/v/o biases, a window on layer 0, YaRN, 4 experts with biases (clamped SwiGLU), GQA",
+    ),
 }
 FAMILIES = list(CASES)
 
@@ -208,6 +214,7 @@ def test_features_reach_the_config(case):
         "qwen3_moe": dict(n_experts=4, experts_per_token=3, router_renorm=False, d_mlp=24, qk_norm="head"),
         "olmoe": dict(n_experts=4, experts_per_token=2, router_renorm=True, d_mlp=48, qk_norm="all"),
         "qwen2_moe": dict(n_experts=4, d_mlp=24, d_shared=40, shared_gate=True, attn_bias=True, router_renorm=True),
+        "gpt_oss": dict(attn_sinks=True, attn_bias=True, sliding_window=[5, 0], router_bias=True, glu_limit=7.0),
     }[family]
     got = {k: getattr(cfg, k) for k in expected}
     assert got == pytest.approx(expected) if family == "gemma2" else got == expected
@@ -314,3 +321,22 @@ def test_the_vocabulary_view_is_the_first_layers_own_scores(case):
             rows = torch.arange(-delta, 8)
             got, want = view[:, rows, rows + delta], S[:, rows, rows + delta]
             assert float((got - want).abs().max()) <= 1e-4 * max(1.0, float(want.abs().max())), (family, delta)
+
+
+def test_the_affine_forms_terms_add_up_to_the_scores(case):
+    """x x + x b + b x + b b (gains, weights, rotation and YaRN's factor in each side) is the
+    model's uncapped S; a family without biases has the bilinear term alone."""
+    family, _, folder = case
+    model = load_hf(folder).model
+    with torch.no_grad():
+        _, cache = model.run_with_cache(_tokens(10, 1))
+        for layer in range(2):
+            form = model.blocks[layer].attn.form()
+            X = cache[act_name("attn_in", layer)][0]
+            terms = form.terms(X)
+            assert set(terms) == ({"xx", "xb", "bx", "bb"} if model.cfg.attn_bias else {"xx"}), family
+            want = form.scores(X, capped=False)
+            got = sum(terms.values())
+            assert float((got - want).abs().max()) <= 1e-4 * max(1.0, float(want.abs().max())), (family, layer)
+            one = form[1].terms(X)
+            assert all(torch.allclose(one[k], terms[k][1]) for k in terms), family

@@ -17,6 +17,7 @@ from attn_core.hf.families import (
     gemma3,
     gpt2,
     gpt_neox,
+    gpt_oss,
     granite,
     llama,
     mistral,
@@ -52,6 +53,7 @@ REGISTRY: dict[str, Family] = {
         qwen3_moe.FAMILY,
         olmoe.FAMILY,
         qwen2_moe.FAMILY,
+        gpt_oss.FAMILY,
         deepseek_v3.FAMILY,
         deepseek_v2.FAMILY,
     )
