@@ -13,19 +13,17 @@ import torch
 import ui
 from attn_core import bilinear, card
 from attn_core import regularizers as R
-from attn_core.distributed.scaling import STRATEGIES, STRATEGY_HELP, workers_offer
+from attn_core.device import available_devices
+from attn_core.retraining.job import TrainingJob
 from attn_core.training.config import JobConfig
-from attn_core.training.device import PRECISIONS, available_devices
-from attn_core.training.job import TrainingJob
 from attn_core.training.queue import JobQueue
-from attn_core.validate import default
+from attn_core.training.scaling import STRATEGIES, STRATEGY_HELP, workers_offer
 from ui import queue_view
 from ui import retrain_live as live
 from ui.retrain_text import say_estimate, shown_command, text_inputs
 
-# Log-scale choices: 1e-5 .. 10 in quarter decades, 1e-5 .. 1e-1 for the learning rate.
+# Log-scale choices of lambda: 1e-5 .. 10 in quarter decades.
 LAMBDAS = [round(10 ** (e / 4), 8) for e in range(-20, 5)]
-RATES = [round(10 ** (e / 4), 8) for e in range(-20, -3)]
 ALPHAS = {
     None: "the model's own",
     1.0: "1 (softmax)",
@@ -104,13 +102,7 @@ with opt_col:
         key=ui.remember("entmax_alpha", None, list(ALPHAS)),
         help="Attention normalisation: 1 softmax, 1.5 entmax15, 2 sparsemax (exact zeros)",
     )
-    lr = st.select_slider(
-        "Learning rate",
-        RATES,
-        format_func=lambda v: f"{v:.2g}",
-        key=ui.remember("retrain_lr", default(JobConfig, "lr"), RATES),
-        help="Peak AdamW learning rate (log scale; warmup, then cosine decay)",
-    )
+    lr = ui.setting(st, JobConfig, "lr", "retrain_lr")
     s_col, seed_col = st.columns(2)
     steps = ui.setting(s_col, JobConfig, "steps", "retrain_steps")
     seed = ui.setting(seed_col, JobConfig, "seed", "retrain_seed")
@@ -122,19 +114,8 @@ with opt_col:
         key=ui.remember("retrain_device", devices[-1], devices),
         help="Where the model trains; CUDA is listed only when a GPU is present",
     )
-    precision = p_col.selectbox(
-        "Precision",
-        PRECISIONS,
-        key=ui.remember("retrain_precision", default(JobConfig, "precision"), PRECISIONS),
-        help="fp32, or bf16 autocast (forward and loss in bfloat16, weights and AdamW in fp32)",
-    )
-    compiled = st.checkbox(
-        "Compile the training step",
-        key=ui.remember("retrain_compile", default(JobConfig, "compile"), [False, True]),
-        help="torch.compile of forward, loss and penalties (CUDA graphs on a GPU): compiling takes "
-        "tens of seconds before the first step, then each step is faster. Falls back to the "
-        "plain step if it cannot compile (the run's message says so).",
-    )
+    precision = ui.setting(p_col, JobConfig, "precision", "retrain_precision")
+    compiled = ui.setting(st, JobConfig, "compile", "retrain_compile")
     checkpoints = ui.setting(st, JobConfig, "checkpoint_log", "retrain_checkpoints")
     offer, spread = workers_offer(), {}  # workers when Ray sees more than one GPU, or a cluster
     if offer is not None:

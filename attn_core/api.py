@@ -15,7 +15,7 @@ columns of the CLI's ``--json`` of the same command (the rest of that document i
 built by the code the CLI runs (:mod:`attn_core.documents`); a view's ``plot`` is the CLI's and
 the page's figure (:class:`attn_core.figures.Plot`), drawn inline by Jupyter and written with
 ``.save(path)`` as ``attn-lab export`` writes it; :func:`retrain` runs a
-:class:`attn_core.training.job.TrainingJob` with a progress bar. ``import attn_core`` stays
+:class:`attn_core.retraining.job.TrainingJob` with a progress bar. ``import attn_core`` stays
 light: these names are imported on first use (``attn_core/__init__.py``)."""
 
 from __future__ import annotations
@@ -337,9 +337,9 @@ def retrain(
     >>> r.status, int(r.log.step.max()), r.after["loss"] < 1
     ('completed', 3, True)
     """
+    from attn_core.retraining.job import TrainingJob
     from attn_core.runs import RunStore
     from attn_core.training.config import JobConfig
-    from attn_core.training.job import TrainingJob
     from attn_core.training.record import Outcome
 
     source = _source_of(model)

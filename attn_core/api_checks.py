@@ -24,8 +24,8 @@ def check_source(source: object, name: str = "source") -> str | Path:
 
 def check_device(device: object) -> str:
     """``device`` (auto, cpu, cuda or cuda:<i>) when this machine has it, as torch names it; the
-    check of the training jobs' device (``training.device.select_device``)."""
-    from attn_core.training.device import select_device
+    check of the training jobs' device (``attn_core.device.select_device``)."""
+    from attn_core.device import select_device
 
     if device is not None and not isinstance(device, str):
         raise TypeError(f"device must be auto, cpu or cuda (a str), got {type(device).__name__}")

@@ -28,11 +28,11 @@ from dataclasses import replace
 
 import torch
 
+from attn_core.device import autocast_args, autocast_dtype
 from attn_core.hooks import Cache, act_name
 from attn_core.model import Transformer
 from attn_core.model.form import QK_PARAMS
 from attn_core.training.config import TRAIN
-from attn_core.training.device import autocast_args, autocast_dtype
 
 ATTN_PARAMS = QK_PARAMS + ("W_V", "b_V", "W_O", "b_O", "W_DKV", "W_UV")  # MLA's latent and values too
 KL_TERM = "kl"  # the term's label (logged as term:kl)

@@ -26,6 +26,8 @@ MAX_SAMPLES = 1_000_000  # generated or held-out sequences of one measurement
 MAX_FEATURES = 65_536  # random features / landmarks of a kernel method
 MAX_SEQUENCE = 65_536  # sequence length of a timing run
 MAX_TOKENS_FILE = 4_000_000  # entries of a vocabulary file
+MAX_CORPUS_BYTES = 16 * 2**30  # all the files of one text corpus together
+TEXT_LIMIT = f"at most {MAX_CORPUS_BYTES // 2**30} GiB in all"  # every --text's help says it: one limit for a text
 FLOAT_BYTES = 4
 
 

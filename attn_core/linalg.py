@@ -1,5 +1,5 @@
 """The matrix decompositions of attn_core (QR, singular values and vectors, symmetric eigenvalues),
-each computed where :func:`attn_core.training.device.decomposition_device` says and returned on
+each computed where :func:`attn_core.device.decomposition_device` says and returned on
 the device of the matrices given: a spectrum of head-sized cores on a GPU is solved on the host,
 where a batch of 64 x 64 matrices takes tens of microseconds a matrix instead of cuSOLVER's
 milliseconds one after another (the GPU check, docs/results.md); a decomposition that autograd records (a
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from attn_core.training.device import decomposition_device, move
+from attn_core.device import decomposition_device, move
 
 
 def _solve(op: str, A: torch.Tensor, fn) -> tuple[torch.Tensor, ...]:

@@ -167,7 +167,7 @@ def train_preset(
 ) -> dict:
     """Train a preset, measure it on 512 held-out samples and (if ``out``) save model + card;
     returns the card as written (``Card.to_dict``). ``threads``: torch's CPU threads while it
-    trains (None: chosen for the run, ``training.device.choose_threads``). ``checkpoints`` keeps the weights at its
+    trains (None: chosen for the run, ``attn_core.device.choose_threads``). ``checkpoints`` keeps the weights at its
     steps in ``out/checkpoints`` (listed in the card; ``on_plan`` gets the one-line statement
     of their disk use before training): they are written beside ``out`` while it trains and
     moved in with the model, so ``out`` appears whole or not at all."""

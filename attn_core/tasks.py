@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from attn_core.training.device import same_device
+from attn_core.device import same_device
 from attn_core.validate import summarize
 
 LETTERS = [chr(c) for c in range(ord("a"), ord("z") + 1)]

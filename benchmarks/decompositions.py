@@ -1,6 +1,6 @@
 """Where a spectrum is solved (issue 34's GPU check): the singular values of head-sized cores,
 decomposed on their own device by ``torch.linalg`` against ``attn_core.linalg``, which solves
-them on the host when they live on CUDA (``training.device.decomposition_device``), and what that
+them on the host when they live on CUDA (``attn_core.device.decomposition_device``), and what that
 makes of a live job's periodic measurements on a model of the GPU check's shape (the 88M Llama:
 12 layers, 12 query heads on 4 key/value heads, d_model 768, rotary).
 
@@ -9,7 +9,7 @@ Cases (each the median of --repeats after one warm-up, in ms):
 - ``spectrum cores``: the 144 cores [12, 12, 64, 64] of ``R.spectrum`` (every head's B);
 - ``offset cores``: the 9,360 cores [144, 65, 64, 64] of sigma_1(B(delta)) over a rotary run's
   65 offsets, what a run's before and after measurements solve;
-- ``spectra refresh``: ``job_measures``' refresh of a live job (``R.spectrum`` and the 32 watched
+- ``spectra refresh``: the live job's refresh of a live job (``R.spectrum`` and the 32 watched
   heads' offset summaries);
 - ``sigma1 summaries``: the offsets summary of every head, as a run's measurement makes it.
 
@@ -67,8 +67,8 @@ def model_of(shape: dict, device: torch.device):
 
 def run(shape: dict, device: torch.device, repeats: int) -> list[dict]:
     from attn_core.bilinear.offsets import sigma1_summaries
+    from attn_core.retraining.job import spectra_values
     from attn_core.training import telemetry
-    from attn_core.training.job_measures import spectra_values
 
     g = torch.Generator().manual_seed(0)
     n, r = shape["layers"] * shape["heads"], shape["d_head"]

@@ -26,10 +26,10 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from attn_core import dynamics as D  # noqa: E402
+from attn_core.retraining.job import TrainingJob  # noqa: E402
 from attn_core.tasks import get_task  # noqa: E402
 from attn_core.training import checkpoints as ckpt  # noqa: E402
 from attn_core.training.config import JobConfig  # noqa: E402
-from attn_core.training.job import TrainingJob  # noqa: E402
 from benchmarks import record  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "dynamics.json"

@@ -56,11 +56,11 @@ import train_throughput as tt  # noqa: E402  (benchmarks/ is this script's own f
 
 from attn_core import checkpoint, tasks  # noqa: E402
 from attn_core.card import machine  # noqa: E402
+from attn_core.device import sync_interval  # noqa: E402
 from attn_core.model import ModelConfig  # noqa: E402
 from attn_core.presets import get_preset  # noqa: E402
 from attn_core.runs import RunStore  # noqa: E402
 from attn_core.training.config import TrainConfig  # noqa: E402
-from attn_core.training.device import sync_interval  # noqa: E402
 from attn_core.training.trainer import init_model  # noqa: E402
 from benchmarks import record  # noqa: E402
 
@@ -265,10 +265,9 @@ def measure(
 
 def live_job(source: str, cfg: TrainConfig, store: RunStore, **settings) -> tuple[float, float, dict]:
     """The live job's steps/s over its training loop (compiling apart: ``Snapshot.steps_per_s``),
-    its compile time and the seconds of each part of its run (``job_measures.phases``)."""
+    its compile time and the seconds of each part of its run (``TrainingJob.phase_seconds``)."""
+    from attn_core.retraining.job import TrainingJob
     from attn_core.training.config import JobConfig
-    from attn_core.training.job import TrainingJob
-    from attn_core.training.job_measures import phases
 
     fields = ("steps", "lr", "seed", "device", "batch_size", "weight_decay", "warmup_steps", "precision")
     recipe = {k: getattr(cfg, k) for k in (*fields, "sync_every", "compile")}
@@ -276,7 +275,7 @@ def live_job(source: str, cfg: TrainConfig, store: RunStore, **settings) -> tupl
     res = j.run()
     assert res["status"] == "completed", res["message"]
     snap = j.snapshot()
-    return snap.steps_per_s, snap.compile_s, phases(j)
+    return snap.steps_per_s, snap.compile_s, j.phase_seconds()
 
 
 def summary_line(doc: dict) -> str:

@@ -147,8 +147,8 @@ def _setup(spec: dict):
     """(loaded model, task, device) of the spec's source, in this process."""
     import torch
 
+    from attn_core.device import select_device
     from attn_core.sources import resolve
-    from attn_core.training.device import select_device
 
     torch.set_num_threads(spec["threads"])
     device = select_device(spec["device"])
@@ -237,12 +237,11 @@ def trainer(spec: dict) -> dict:
 def job(spec: dict) -> dict:
     import torch
 
+    from attn_core.retraining.job import TrainingJob
     from attn_core.runs import RunStore
-    from attn_core.training import job_measures
-    from attn_core.training.job import TrainingJob
 
     torch.set_num_threads(spec["threads"])
-    from attn_core.training.device import select_device
+    from attn_core.device import select_device
 
     device = select_device(spec["device"])
     j = TrainingJob(job_config(spec), store=RunStore(spec["store"]))
@@ -266,7 +265,7 @@ def job(spec: dict) -> dict:
     assert res["status"] == "completed", res["message"]
     # where the job's time between steps goes: its phases (telemetry, spectra, evaluations inside
     # the steps) and its slowest steps (the wall from one step's end to the next's)
-    phases = {k: round(v, 3) for k, v in job_measures.phases(j).items()}
+    phases = {k: round(v, 3) for k, v in j.phase_seconds().items()}
     gaps = [(i, b - a) for i, (a, b) in enumerate(zip(clock.wall, clock.wall[1:]))]
     slowest = [[i, round(s, 4)] for i, s in sorted(gaps, key=lambda g: -g[1])[:6]]
     return dict(**clock.rates(), peak_mib=_peak(device), phases_s=phases, slowest_steps_s=slowest)

@@ -37,9 +37,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from attn_core.cluster import ray_session  # noqa: E402
+from attn_core.retraining.job import TrainingJob  # noqa: E402
 from attn_core.runs import RunStore  # noqa: E402
 from attn_core.training.config import JobConfig  # noqa: E402
-from attn_core.training.job import TrainingJob  # noqa: E402
 from benchmarks import record  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "ray_train.json"

@@ -54,7 +54,7 @@ import torch
 torch.set_num_threads(1)
 from benchmarks.record import peak_rss_kib
 from attn_core.training.config import JobConfig
-from attn_core.training.job import TrainingJob
+from attn_core.retraining.job import TrainingJob
 cfg = JobConfig(source={folder!r}, text={text!r}, batch_size={batch}, block={block}, kl={kl}, steps=10,
                 regularizers=["entropy=0.1"], probe_samples=1)
 trainer = TrainingJob(cfg, store=False).trainer

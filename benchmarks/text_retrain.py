@@ -71,8 +71,8 @@ def model_folder(folder: Path, shape: dict, text: Path) -> None:
 
 
 def retrain(source: str, text: Path, shape: dict, steps: int, **settings) -> dict:
+    from attn_core.retraining.job import TrainingJob
     from attn_core.training.config import JobConfig
-    from attn_core.training.job import TrainingJob
 
     cfg = JobConfig(
         source=source, text=str(text), block=shape["block"], batch_size=shape["batch"], steps=steps,

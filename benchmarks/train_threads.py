@@ -1,6 +1,6 @@
 """Training threads on a busy machine: `attn-lab train` with torch's default threads (one per
 core, what every run took before the trainer chose) against the threads the trainer chooses
-(``training.device.choose_threads``: one for a small model, and never more than the free cores).
+(``attn_core.device.choose_threads``: one for a small model, and never more than the free cores).
 
 Each pair runs ``attn-lab train --preset PRESET --steps N`` twice in fresh processes, once with
 ``--threads`` set to torch's default of this machine and once without it, in alternating order;

@@ -6,7 +6,7 @@ with the same batch size and the same AdamW, for ``--steps`` steps each:
 - bare:    sample a batch, forward, loss, zero_grad, backward, optimizer step -- nothing else;
 - trainer: attn_core.training.trainer.Trainer with a metrics callback, its warmup/cosine schedule, gradient
            clipping, NaN guard with last-good weights, and held-out evaluation (eval_every=250);
-- job:     attn_core.training.job.TrainingJob (no regularizer, so the work per step is the same) with
+- job:     attn_core.retraining.job.TrainingJob (no regularizer, so the work per step is the same) with
            its defaults: a snapshot published every step, telemetry (per-head entropy on data and
            vocabulary, probe pattern) every 10 steps, spectra every 50, evaluation every 100, and
            the metric log flushed to a run store (a temporary folder) every 2 s. Its rate is taken
@@ -54,12 +54,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from attn_core import checkpoint  # noqa: E402
 from attn_core.card import machine  # noqa: E402
+from attn_core.device import select_device  # noqa: E402
 from attn_core.presets import get_preset  # noqa: E402
+from attn_core.retraining.job import TrainingJob  # noqa: E402
 from attn_core.runs import RunStore  # noqa: E402
 from attn_core.tasks import get_task  # noqa: E402
 from attn_core.training.config import JobConfig, TrainConfig  # noqa: E402
-from attn_core.training.device import select_device  # noqa: E402
-from attn_core.training.job import TrainingJob  # noqa: E402
 from attn_core.training.step import compile_mode  # noqa: E402
 from attn_core.training.trainer import Trainer, init_model, make_optimizer  # noqa: E402
 from benchmarks import record  # noqa: E402

@@ -62,8 +62,8 @@ def run_setting(setting: dict) -> dict:
     """Fine-tune one model with one setting and measure it (runs in a worker process)."""
     import torch
 
+    from attn_core.retraining.job import TrainingJob
     from attn_core.training.config import JobConfig
-    from attn_core.training.job import TrainingJob
 
     start = time.perf_counter()
     s = setting

@@ -131,9 +131,9 @@ def along_training(steps: int, samples: int) -> dict:
     from attn_core import dynamics as D
     from attn_core import surgery
     from attn_core.bilinear import head_detector_scores
+    from attn_core.retraining.job import TrainingJob
     from attn_core.tasks import get_task
     from attn_core.training.config import JobConfig
-    from attn_core.training.job import TrainingJob
 
     cfg = JobConfig(
         "scratch:induction-2l",

@@ -69,8 +69,8 @@ def make_model(tmp: Path, shape: dict) -> tuple[Path, Path]:
 
 
 def train(folder: Path, text: Path, shape: dict):
+    from attn_core.retraining.job import TrainingJob
     from attn_core.training.config import JobConfig
-    from attn_core.training.job import TrainingJob
 
     cfg = JobConfig(str(folder), text=str(text), block=shape["block"], batch_size=shape["batch"], steps=shape["steps"],
                     lr=3e-3, seed=0, device="cpu", eval_every=shape["steps"], measure_samples=32)  # fmt: skip

@@ -68,9 +68,9 @@ def run_one(setting: dict) -> dict:
     import torch
 
     from attn_core import dynamics as D
+    from attn_core.retraining.job import TrainingJob
     from attn_core.tasks import get_task
     from attn_core.training.config import JobConfig
-    from attn_core.training.job import TrainingJob
 
     start = time.perf_counter()
     lam, seed, steps = setting["lambda"], setting["seed"], setting["steps"]

@@ -145,8 +145,8 @@ def run_one(setting: dict) -> dict:
     import torch
 
     from attn_core import dynamics as D
+    from attn_core.retraining.job import TrainingJob
     from attn_core.training.config import JobConfig
-    from attn_core.training.job import TrainingJob
 
     os.environ["ATTN_LAB_RUNS"] = setting["runs"]  # the text task's token cache
     shape, steps = setting["shape"], setting["steps"]

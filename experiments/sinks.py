@@ -80,8 +80,8 @@ def text_model(tmp: Path, shape: dict) -> tuple[Path, Path]:
 def train(setting: dict):
     """Train one setting with log-spaced checkpoints; (the job's result, the checkpoints folder,
     the seconds it took). Text runs keep their token cache in ``setting['runs']``."""
+    from attn_core.retraining.job import TrainingJob
     from attn_core.training.config import JobConfig
-    from attn_core.training.job import TrainingJob
 
     steps = setting["steps"]
     extra = dict(ZOO_SETTINGS[setting["setting"]])

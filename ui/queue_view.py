@@ -34,8 +34,8 @@ def keep() -> Q.JobQueue | None:
     of job); None when its store cannot be read. app.py calls it on every run, before the login:
     the first starts the keeper, the next cost a lookup (one keeper per process and store; one
     that could not read the store is tried again on the next call)."""
+    import attn_core.retraining.job  # noqa: F401 -- registers how a retrain is rebuilt
     import attn_core.sweep.run  # noqa: F401 -- registers how a sweep is rebuilt
-    import attn_core.training.job  # noqa: F401 -- registers how a retrain is rebuilt
 
     try:
         return serve()

@@ -23,10 +23,10 @@ from attn_core import sources
 from attn_core.figures import Plot
 from attn_core.figures import text as ftext
 from attn_core.figures import training as ft
+from attn_core.retraining.job import TrainingJob, preview
 from attn_core.sources import LoadedModel
 from attn_core.training.config import JobConfig
 from attn_core.training.estimate import range_text
-from attn_core.training.job import TrainingJob, preview
 from attn_core.training.slots import running_jobs
 from attn_core.training.snapshot import Snapshot
 from attn_core.training.telemetry import MetricKey

@@ -1,6 +1,7 @@
-"""Number inputs whose bounds are written once: :func:`number` gives the widget and its remembered
-value (``state.remember``) the same range; :func:`setting` takes a retrain setting's label, help,
-bounds and default from its one declaration in ``JobConfig`` (``attn_core.training.settings``)."""
+"""Inputs whose bounds are written once: :func:`number` gives the widget and its remembered value
+(``state.remember``) the same range; :func:`setting` takes a retrain setting's widget, label, help,
+bounds or choices and default from its one declaration in ``JobConfig``
+(``attn_core.training.settings``)."""
 
 from __future__ import annotations
 
@@ -34,12 +35,22 @@ def number(
     )
 
 
-def setting(container: Any, config: type, name: str, key: str, max_value: int | None = None) -> int:
-    """The page's number input of the setting ``name`` as ``config`` declares it (a default of None,
-    "unset", is the widget's lowest value); ``max_value`` when the bound depends on the model."""
+def setting(container: Any, config: type, name: str, key: str, max_value: int | None = None) -> Any:
+    """The page's input of the setting ``name`` as ``config`` declares it: a number input (a default
+    of None, "unset", is the widget's lowest value; ``max_value`` when the bound depends on the
+    model), or, by the widget's ``kind``, a ``select`` (a select slider over its ``options``, shown
+    with ``format``), a ``choice`` (a select box over them) or a ``check`` (a checkbox)."""
     widget = declared(config, name)["widget"]
-    hi = widget["max_value"] if max_value is None else max_value
     value = default_of(config, name)
+    kind = widget.get("kind", "number")
+    if kind == "check":
+        return container.checkbox(widget["label"], key=remember(key, value, [False, True]), help=widget["help"])
+    if kind in ("select", "choice"):
+        options = list(widget["options"])
+        shown = {"format_func": widget["format"].format} if "format" in widget else {}
+        make = container.select_slider if kind == "select" else container.selectbox
+        return make(widget["label"], options, key=remember(key, value, options), help=widget["help"], **shown)
+    hi = widget["max_value"] if max_value is None else max_value
     lo = widget["min_value"]
     return number(
         container, widget["label"], lo, hi, key, lo if value is None else value, widget["step"], widget["help"]

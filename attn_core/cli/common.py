@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 import shlex
 import sys
 from collections.abc import Callable
@@ -15,10 +16,26 @@ from typing import Any
 
 import typer
 
+FAMILIES_DIR = Path(__file__).resolve().parents[1] / "hf" / "families"
+
+
+def hf_families(folder: Path = FAMILIES_DIR) -> tuple[str, ...]:
+    """The model_type of each Hugging Face family the registry (``attn_core/hf/families/__init__.py``)
+    lists, in its order, read from the source as the root help reads the commands' (importing the
+    registry loads torch, which no --help does): its ``module.FAMILY`` lines and each module's
+    ``FAMILY = Family("model_type", ...)`` (the module's name where that is not a plain string)."""
+    registry = (folder / "__init__.py").read_text()
+    names = []
+    for module in re.findall(r"^\s+(\w+)\.FAMILY,", registry, re.M):
+        found = re.search(r'^FAMILY = Family\(\s*"(\w+)"', (folder / f"{module}.py").read_text(), re.M)
+        names.append(found.group(1) if found else module)
+    return tuple(names)
+
+
 JsonOpt = typer.Option(False, "--json", help="Print one JSON document on stdout.")
 NameArg = typer.Argument(
     ...,
-    help="Zoo model name, path to a model folder, or a local Hugging Face folder (gpt2, gpt_neox, llama, mistral, qwen2, qwen3, gemma2, gemma3_text, olmo2, smollm3, phi3, granite, exaone4).",
+    help=f"Zoo model name, path to a model folder, or a local Hugging Face folder ({', '.join(hf_families())}).",
 )
 
 
@@ -32,16 +49,62 @@ SampleSeedOpt = typer.Option(None, help="Use the held-out task sample with this 
 RandomSeedOpt = typer.Option(None, help="Use uniform random tokens with this seed.")
 
 
-def option(config: type, name: str, help: str | None = None) -> Any:
+def option(config: type, name: str, help: str | None = None, required: bool = False) -> Any:
     """The typer option of the setting ``name`` of ``config``, built from its one declaration
-    (``attn_core.training.settings``): default, flag, help (``help`` gives a command's own
-    wording), metavar."""
+    (``attn_core.training.settings``): default (none when ``required``), flag, help (``help`` gives
+    a command's own wording), metavar."""
     from attn_core.training.settings import declared
     from attn_core.validate import default
 
     meta = declared(config, name)
     extra = {"metavar": meta["metavar"]} if meta["metavar"] else {}
-    return typer.Option(default(config, name), meta["flag"], help=help or meta["help"], **extra)
+    return typer.Option(... if required else default(config, name), meta["flag"], help=help or meta["help"], **extra)
+
+
+SETTINGS = "settings"  # the parameter of a command that settings_options() fills
+
+
+def settings_options(
+    config: type, names: tuple[str, ...], required: tuple[str, ...] = (), **wording: str
+) -> Callable[[Callable], Callable]:
+    """A command's options for the settings ``names`` of ``config``, generated from their one
+    declaration (:func:`option`; ``wording``: a command's own help of a setting; ``required``: the
+    ones the command wants given, without a default). They stand where the command's ``settings``
+    parameter stands, and the command receives them together in it, a dict by setting name (a
+    comma-separated list option as its text)."""
+    import inspect
+    import typing
+
+    hints = typing.get_type_hints(config)
+
+    def cli_type(name: str) -> Any:
+        kind = hints[name]
+        return str | None if "list" in str(kind) else kind  # a list is given as one comma-separated option
+
+    def decorate(fn: Callable) -> Callable:
+        signature = inspect.signature(fn, eval_str=True)
+        generated = [
+            inspect.Parameter(
+                n,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=option(config, n, wording.get(n), n in required),
+                annotation=cli_type(n),
+            )
+            for n in names
+        ]
+        params = []
+        for p in signature.parameters.values():
+            params += generated if p.name == SETTINGS else [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)]
+
+        @functools.wraps(fn)
+        def command(**kwargs):
+            return fn(**{k: v for k, v in kwargs.items() if k not in names}, settings={n: kwargs[n] for n in names})
+
+        command.__signature__ = signature.replace(parameters=params)
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command
+
+    return decorate
 
 
 def command_line() -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from attn_core.cli.common import JsonOpt, emit, guarded, option
+from attn_core.cli.common import JsonOpt, emit, guarded
 from attn_core.text.corpus import MAX_WORDS_BYTES, TEXT_LIMIT
 from attn_core.training.config import JobConfig
 from attn_core.validate import default
@@ -16,12 +16,14 @@ app = typer.Typer()
 
 # --- the checkpoint options of train, retrain and sweep ---------------------------------------------
 
-# built from their one declaration in JobConfig (attn_core.training.settings)
-EveryOpt = option(JobConfig, "checkpoint_every")
-LogOpt = option(JobConfig, "checkpoint_log")
-StepsOpt = option(JobConfig, "checkpoint_steps")
-ParamsOpt = option(JobConfig, "checkpoint_params")
-MaxMbOpt = option(JobConfig, "checkpoint_max_mb")
+# generated from their one declaration in JobConfig (common.settings_options), in this order
+CHECKPOINT_SETTINGS = (
+    "checkpoint_every",
+    "checkpoint_log",
+    "checkpoint_steps",
+    "checkpoint_params",
+    "checkpoint_max_mb",
+)
 
 
 def parse_steps(text: str | None) -> list[int] | None:
@@ -98,10 +100,14 @@ def _human(res: dict, dyn) -> str:
     head = [f"inputs: {dyn.inputs}"]
     cols = ["step", *(["tokens"] if res["tokens"] else []), "loss", "icl_score"]
     rows = [
-        {"step": s, "tokens": (res["tokens"] or [None] * len(res["steps"]))[i],
-         "loss": res["metrics"]["loss"][i], "icl_score": res["metrics"]["icl_score"][i]}
+        {
+            "step": s,
+            "tokens": (res["tokens"] or [None] * len(res["steps"]))[i],
+            "loss": res["metrics"]["loss"][i],
+            "icl_score": res["metrics"]["icl_score"][i],
+        }
         for i, s in enumerate(res["steps"])
-    ]  # fmt: skip
+    ]
     from attn_core.dynamics import describe_phase
 
     return "\n".join([*head, table(rows, cols), describe_phase(res["phase_change"])])
@@ -195,8 +201,14 @@ def dynamics_cmd(
     cache = None if no_cache else D.MetricCache()
     bar = Progress(len(series.members), "dynamics", unit="checkpoint")  # stderr, with --json too
     try:
-        dyn = D.dynamics(series, inputs, detector_samples=detector_samples, seed=seed, cache=cache,
-                         progress=(lambda done, total: bar.set(done)) if bar is not None else None)  # fmt: skip
+        dyn = D.dynamics(
+            series,
+            inputs,
+            detector_samples=detector_samples,
+            seed=seed,
+            cache=cache,
+            progress=(lambda done, total: bar.set(done)) if bar is not None else None,
+        )
     finally:
         if bar is not None:
             bar.close()

@@ -7,49 +7,22 @@ from pathlib import Path
 
 import typer
 
-from attn_core.cli.common import JsonOpt, NameArg, command_line, emit, guarded, needs_task, table
+from attn_core.cli.common import JsonOpt, NameArg, command_line, emit, guarded, needs_task, settings_options, table
 from attn_core.grow import GrowConfig
-from attn_core.validate import default
 
 app = typer.Typer()
 
 
+GROW_SETTINGS = ("layer", "head", "add", "batch", "seed", "steps", "lr", "basis", "grid", "damping", "eval_samples")
+GROW_SETTINGS += ("device", "precision")
+
+
 @app.command("grow")
 @guarded
+@settings_options(GrowConfig, GROW_SETTINGS, required=("add",))
 def grow_cmd(
     name: str = NameArg,
-    layer: int = typer.Option(default(GrowConfig, "layer"), help="Layer of the head to grow."),
-    head: int = typer.Option(default(GrowConfig, "head"), help="Head to grow."),
-    add: int = typer.Option(..., help="p: query/key dimensions to add (1..d_model - d_k)."),
-    batch: int = typer.Option(
-        default(GrowConfig, "batch"), help="Task sequences fitted (and as many more for the line search)."
-    ),
-    seed: int = typer.Option(
-        default(GrowConfig, "seed"), help="Seed of the fitting batch, the fine-tuning data and the random baseline."
-    ),
-    steps: int = typer.Option(
-        default(GrowConfig, "steps"), help="Fine-tuning steps after growth, the same for the three methods."
-    ),
-    lr: float = typer.Option(
-        default(GrowConfig, "lr"), help="Fine-tuning learning rate (AdamW, constant, no weight decay)."
-    ),
-    basis: str = typer.Option(
-        default(GrowConfig, "basis"),
-        help="Truncate in the 'whitened' basis of the "
-        "batch (the score metric) or the 'raw' basis of Z (the seed's recipe).",
-    ),
-    grid: int = typer.Option(default(GrowConfig, "grid"), help="Step sizes tried by the line search (powers of 2)."),
-    damping: float = typer.Option(
-        default(GrowConfig, "damping"), help="Levenberg-Marquardt damping of the least-squares fit (0: exact)."
-    ),
-    eval_samples: int = typer.Option(
-        default(GrowConfig, "eval_samples"), help="Held-out sequences for every reported loss."
-    ),
-    device: str = typer.Option(default(GrowConfig, "device"), help="auto, cpu or cuda."),
-    precision: str = typer.Option(
-        default(GrowConfig, "precision"),
-        help="Fine-tuning in fp32, or bf16 (autocast; the fit and the line search stay fp32).",
-    ),
+    settings: dict = None,  # grow's settings, their options generated from GrowConfig
     out: Path | None = typer.Option(None, help="Save the grown, fine-tuned model in this new folder."),
     as_json: bool = JsonOpt,
 ):
@@ -65,21 +38,8 @@ def grow_cmd(
     needs_task(loaded, "there is no loss to grow it on")
     if out is not None:
         destinations.check_destination(out)  # exists, or cannot be written: said before the work
-    cfg = GrowConfig(
-        layer=layer,
-        head=head,
-        add=add,
-        batch=batch,
-        seed=seed,
-        steps=steps,
-        lr=lr,
-        basis=basis,
-        grid=grid,
-        damping=damping,
-        eval_samples=eval_samples,
-        device=device,
-        precision=precision,
-    )
+    cfg = GrowConfig(**settings)
+    layer, head, steps, seed, eval_samples = cfg.layer, cfg.head, cfg.steps, cfg.seed, cfg.eval_samples
     with exit_on_ctrl_c("nothing was saved" + (f" ({out} was not written)" if out else "")):
         res = grow.grow(loaded.model, loaded.task, cfg)
     summary = {"name": loaded.name, "task": loaded.task.name, **res.summary()}

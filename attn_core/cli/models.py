@@ -9,9 +9,9 @@ import typer
 
 from attn_core import limits
 from attn_core.cli import dynamics as dyn
-from attn_core.cli.common import JsonOpt, command_line, emit, guarded, needs_task, option, table
+from attn_core.cli.common import JsonOpt, command_line, emit, guarded, needs_task, settings_options, table
+from attn_core.device import check_precision, check_threads
 from attn_core.training.config import JobConfig
-from attn_core.training.device import check_precision, check_threads
 
 app = typer.Typer()
 
@@ -70,20 +70,14 @@ def eval_cmd(
 
 @app.command("train")
 @guarded
+@settings_options(JobConfig, ("precision", "compile", "threads", *dyn.CHECKPOINT_SETTINGS))
 def train_cmd(
     preset: str = typer.Option(..., help="Preset name (see `attn-lab presets`)."),
     out: Path | None = typer.Option(None, help="Folder to save the model in (must not exist)."),
     steps: int | None = typer.Option(None, help="Override the preset's number of steps."),
     seed: int | None = typer.Option(None, help="Override the preset's seed."),
     device: str | None = typer.Option(None, help="auto, cpu or cuda (default: the preset's, auto)."),
-    precision: str = option(JobConfig, "precision"),  # the same setting as retrain's (TrainConfig's default)
-    compile: bool = option(JobConfig, "compile"),
-    threads: int | None = option(JobConfig, "threads"),
-    checkpoint_every: int | None = dyn.EveryOpt,
-    checkpoint_log: int | None = dyn.LogOpt,
-    checkpoint_steps: str | None = dyn.StepsOpt,
-    checkpoint_params: str = dyn.ParamsOpt,
-    checkpoint_max_mb: float | None = dyn.MaxMbOpt,
+    settings: dict = None,  # the settings train shares with retrain, their options generated from JobConfig
     as_json: bool = JsonOpt,
 ):
     """Train a preset from scratch; with --out, save model.safetensors, config.json and card.json
@@ -95,9 +89,10 @@ def train_cmd(
 
     if steps is not None and steps <= 0:
         raise ValueError(f"--steps must be positive, got {steps}")
+    precision, compile, threads = settings["precision"], settings["compile"], settings["threads"]
     check_precision(precision, prefix="--precision: ")
     check_threads(threads, prefix="--threads: ")
-    plan = dyn.checkpoint_plan(checkpoint_every, checkpoint_log, checkpoint_steps, checkpoint_params, checkpoint_max_mb)
+    plan = dyn.checkpoint_plan(*(settings[k] for k in dyn.CHECKPOINT_SETTINGS))
     if plan is not None and out is None:
         raise ValueError("checkpoints need a folder to go in: give --out")
     if out is not None:

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import typer
 
-from attn_core.cli.common import JsonOpt, emit, guarded, table
+from attn_core.cli.common import JsonOpt, emit, guarded, settings_options, table
 from attn_core.qk import CompareConfig
+from attn_core.training.settings import declared
 from attn_core.validate import default
 
 app = typer.Typer()
@@ -40,49 +41,17 @@ def _joined(name: str) -> str:
     return ",".join(str(v) for v in default(CompareConfig, name))
 
 
+COMPARE_SETTINGS = ("task", "steps", "seeds", "first_seed", "d_model", "weight_decay", "qk_weight_decay", "nuclear")
+COMPARE_SETTINGS += ("lr", "batch_size", "device", "precision", "threads")
+
+
 @app.command("compare-qk")
 @guarded
+@settings_options(CompareConfig, COMPARE_SETTINGS)
 def compare_qk_cmd(
-    task: str = typer.Option(
-        default(CompareConfig, "task"), help="Task to train on (see `attn-lab presets` for tasks)."
-    ),
-    steps: int = typer.Option(default(CompareConfig, "steps"), help="Training steps per run."),
-    seeds: int = typer.Option(
-        default(CompareConfig, "seeds"), help="Seeds per variant (first-seed, first-seed + 1, ...)."
-    ),
-    first_seed: int = typer.Option(default(CompareConfig, "first_seed"), help="The first seed."),
-    d_qk: str = typer.Option(
-        _joined("d_qks"),
-        "--d-qk",
-        help="Query/key widths of the factored variants (comma-separated, each 1..d_model; empty for none).",
-    ),
-    merged: str = typer.Option(
-        _joined("merged_kinds"),
-        help="Merged variants, comma-separated: merged, merged + wd, merged + nuclear (or none).",
-    ),
-    d_model: int = typer.Option(default(CompareConfig, "d_model"), help="Residual width (every variant)."),
-    weight_decay: float = typer.Option(
-        default(CompareConfig, "weight_decay"),
-        help="AdamW weight decay of every matrix but W_QK (W_Q and W_K included).",
-    ),
-    qk_weight_decay: float = typer.Option(
-        default(CompareConfig, "qk_weight_decay"), help="AdamW weight decay of W_QK in 'merged + wd'."
-    ),
-    nuclear: float = typer.Option(
-        default(CompareConfig, "nuclear"), help="lambda of the penalty lambda * mean ||B||_* in 'merged + nuclear'."
-    ),
-    lr: float = typer.Option(default(CompareConfig, "lr"), help="Peak learning rate."),
-    batch_size: int = typer.Option(default(CompareConfig, "batch_size"), help="Sequences per step."),
-    device: str = typer.Option(default(CompareConfig, "device"), help="cpu, cuda or auto (ms/step is measured on it)."),
-    precision: str = typer.Option(
-        default(CompareConfig, "precision"), help="fp32, or bf16 (autocast of the forward and loss; weights stay fp32)."
-    ),
-    threads: int = typer.Option(
-        default(CompareConfig, "threads"),
-        help="torch CPU threads while "
-        "training (0: torch's default); one is fastest for these small "
-        "models on a busy machine.",
-    ),
+    settings: dict = None,  # the comparison's settings, their options generated from CompareConfig
+    d_qk: str = typer.Option(_joined("d_qks"), "--d-qk", help=declared(CompareConfig, "d_qks")["help"]),
+    merged: str = typer.Option(_joined("merged_kinds"), help=declared(CompareConfig, "merged_kinds")["help"]),
     store: bool = typer.Option(True, "--store/--no-store", help="Save every run in the run store."),
     out: Path | None = typer.Option(
         None, help="Also save the whole comparison as JSON in this new file (the page can show it)."
@@ -98,23 +67,7 @@ def compare_qk_cmd(
     from attn_core.training.interrupt import sigint_stops
 
     kinds = tuple(k.strip() for k in merged.split(",") if k.strip() and k.strip() != "none")
-    cfg = CompareConfig(
-        task=task,
-        steps=steps,
-        seeds=seeds,
-        first_seed=first_seed,
-        d_qks=_int_list(d_qk, "--d-qk"),
-        merged_kinds=kinds,
-        d_model=d_model,
-        weight_decay=weight_decay,
-        qk_weight_decay=qk_weight_decay,
-        nuclear=nuclear,
-        lr=lr,
-        batch_size=batch_size,
-        device=device,
-        precision=precision,
-        threads=threads,
-    )
+    cfg = CompareConfig(**settings, d_qks=_int_list(d_qk, "--d-qk"), merged_kinds=kinds)
     if out is not None:
         check_destination(out)  # before training: a folder, an existing file or no write access
     from attn_core.progress import Progress
@@ -137,8 +90,8 @@ def compare_qk_cmd(
         total = len(cfg.seed_list) * len(cfg.variants())
         cut = ctrl_c.is_set() and (len(result.runs) < total or any(r["status"] == "stopped" for r in result.runs))
         doc = {
-            "task": task,
-            "steps": steps,
+            "task": cfg.task,
+            "steps": cfg.steps,
             "seeds": cfg.seed_list,
             "variants": result.summary(),
             "findings": result.findings(),

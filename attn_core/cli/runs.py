@@ -12,9 +12,10 @@ from attn_core.card import MEASURE_KEYS, TEXT_MEASURE_KEYS, public
 from attn_core.cli import dynamics as dyn
 from attn_core.cli import text_options as opts
 from attn_core.cli import worker_options as wopts
-from attn_core.cli.common import JsonOpt, emit, guarded, option, table
+from attn_core.cli.common import JsonOpt, emit, guarded, settings_options, table
 from attn_core.regularizers import REGULARIZERS
 from attn_core.training.config import JobConfig
+from attn_core.training.settings import flagged
 
 app = typer.Typer()
 runs_app = typer.Typer(
@@ -55,8 +56,12 @@ def _before_after(before: dict | None, after: dict | None) -> str:
     return table(rows, ["", "before", "after"])
 
 
+RUN_SETTINGS = flagged(JobConfig)  # every setting of a run the CLI takes
+
+
 @app.command("retrain")
 @guarded
+@settings_options(JobConfig, RUN_SETTINGS)
 def retrain_cmd(
     name: str = typer.Argument(
         ...,
@@ -69,32 +74,7 @@ def retrain_cmd(
         help=f"Regularizer NAME[:K][@HEADS]=LAMBDA, repeatable. Names: {', '.join(REGULARIZERS)}; "
         "K for top-k (topk:2=0.1); HEADS like L1 or L0H1,L1H2.",
     ),
-    heads: str | None = option(JobConfig, "heads"),
-    steps: int = option(JobConfig, "steps"),
-    seed: int = option(JobConfig, "seed"),
-    lr: float = option(JobConfig, "lr"),
-    entmax_alpha: float | None = option(JobConfig, "entmax_alpha"),
-    batch_size: int | None = opts.BatchOpt,
-    device: str = option(JobConfig, "device"),
-    precision: str = option(JobConfig, "precision"),
-    sync_every: int | None = option(JobConfig, "sync_every"),
-    compile: bool = option(JobConfig, "compile"),
-    threads: int | None = option(JobConfig, "threads"),
-    checkpoint_every: int | None = dyn.EveryOpt,
-    checkpoint_log: int | None = dyn.LogOpt,
-    checkpoint_steps: str | None = dyn.StepsOpt,
-    checkpoint_params: str = dyn.ParamsOpt,
-    checkpoint_max_mb: float | None = dyn.MaxMbOpt,
-    text: str | None = option(JobConfig, "text"),
-    text_field: str | None = opts.TextFieldOpt,
-    eval_text: str | None = opts.EvalTextOpt,
-    block: int | None = opts.BlockOpt,
-    train: str = opts.TrainOpt,
-    kl: float = opts.KlOpt,
-    penalty_rows: int | None = opts.PenaltyRowsOpt,
-    workers: int | None = wopts.WorkersOpt,
-    gpus_per_worker: float = wopts.GpusPerWorkerOpt,
-    strategy: str = wopts.StrategyOpt,
+    settings: dict = None,  # every setting of the run, its options generated from JobConfig
     address: str | None = wopts.AddressOpt,
     as_json: bool = JsonOpt,
 ):
@@ -103,37 +83,11 @@ def retrain_cmd(
     perplexity measured on held-out text before and after. Ctrl-C (or SIGTERM, SIGHUP) stops it
     after the current step and saves it (status stopped, exit status 130, 143, 129); a run that
     failed exits 1 with its reason. Progress goes to stderr, with --json too."""
+    from attn_core.retraining.job import TrainingJob
     from attn_core.training.interrupt import sigint_stops
-    from attn_core.training.job import TrainingJob
 
-    cfg = JobConfig(
-        source=name,
-        regularizers=list(reg),
-        heads=heads,
-        entmax_alpha=entmax_alpha,
-        steps=steps,
-        seed=seed,
-        lr=lr,
-        batch_size=batch_size,
-        device=device,
-        precision=precision,
-        sync_every=sync_every,
-        compile=compile,
-        threads=threads,
-        **dyn.checkpoint_settings(
-            checkpoint_every, checkpoint_log, checkpoint_steps, checkpoint_params, checkpoint_max_mb
-        ),
-        text=text,
-        text_field=text_field,
-        eval_text=eval_text,
-        block=block,
-        train=train,
-        kl=kl,
-        penalty_rows=penalty_rows,
-        workers=workers,
-        gpus_per_worker=gpus_per_worker,
-        strategy=strategy,
-    )
+    settings["checkpoint_steps"] = dyn.parse_steps(settings["checkpoint_steps"])
+    cfg = JobConfig(source=name, regularizers=list(reg), **settings)
     if address is not None and cfg.workers is None:
         raise ValueError("--address needs --workers (a retrain joins a Ray cluster only to train on its workers)")
     stop = _RetrainStop()  # what a stop signal says: held until the command ends (a late one cannot cut the report)
@@ -162,7 +116,7 @@ def retrain_cmd(
             typer.echo(NOTHING_SAVED, err=True)
             raise typer.Exit(ctrl_c.code)
         ctrl_c.then(job.stop)
-        _run_with_bar(job, name, steps, address)  # progress on stderr, with --json too (stdout holds the JSON)
+        _run_with_bar(job, name, cfg.steps, address)  # progress on stderr, with --json too (stdout holds the JSON)
         refused = getattr(job.remote, "refused", None)
         if refused is not None:  # Ray or the cluster refused it before anything ran: bad input, one line
             raise refused
@@ -230,9 +184,7 @@ def _report(res: dict, as_json: bool, job=None) -> None:
                 out[when]["per_head"] = _per_head(res[when])
         out["trained"] = job.retraining.details(job.model, job.task)["trained"]
     if job is not None and not job.cfg.workers:  # where the command's time went
-        from attn_core.training.job_measures import phases
-
-        out["phases_s"] = phases(job)
+        out["phases_s"] = job.phase_seconds()
     if job is not None and job.cfg.penalty_rows is not None:  # how the row penalties were computed
         out["penalty"] = job.penalty.estimate(job.task.n_ctx)
 

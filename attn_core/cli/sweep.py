@@ -9,7 +9,7 @@ import typer
 from attn_core.cli import dynamics as dyn
 from attn_core.cli import text_options as opts
 from attn_core.cli import worker_options as wopts
-from attn_core.cli.common import JsonOpt, emit, guarded, option, report, table
+from attn_core.cli.common import JsonOpt, emit, guarded, report, settings_options, table
 from attn_core.training.config import JobConfig
 
 app = typer.Typer()
@@ -57,8 +57,18 @@ def _output(res: dict) -> dict:
     } | {"trials": [{k: t[k] for k in keys} for t in res["trials"]], "pareto": res["pareto"]}
 
 
+SWEEP_SETTINGS = ("heads", "steps", "lr", "batch_size", *dyn.CHECKPOINT_SETTINGS, "text", "text_field", "eval_text")
+SWEEP_SETTINGS += ("block", "train", "kl", "penalty_rows", "gpus_per_worker", "strategy")
+SWEEP_WORDING = dict(
+    heads="Regularized heads (L1, L0H1,L1H2; default every head).",
+    text="Sweep a Hugging Face folder (or a run of one) on this text, as retrain --text reads it; it is "
+    "tokenized once, before the trials, into the run store's text-cache (workers must see the path).",
+)
+
+
 @app.command("sweep")
 @guarded
+@settings_options(JobConfig, SWEEP_SETTINGS, **SWEEP_WORDING)
 def sweep_cmd(
     name: str = typer.Argument(
         ..., help="The model to sweep: zoo name or folder, run:<id> or scratch:<preset> (as attn-lab retrain takes it)."
@@ -71,10 +81,7 @@ def sweep_cmd(
         "retrain (entropy, hoyer, topk:2, vocab_entropy@L1 ...).",
     ),
     seeds: int = typer.Option(1, help="Seeds 0..N-1 per setting (each with its lambda = 0 baseline)."),
-    steps: int = option(JobConfig, "steps"),
-    lr: float = option(JobConfig, "lr"),
-    heads: str | None = option(JobConfig, "heads", help="Regularized heads (L1, L0H1,L1H2; default every head)."),
-    batch_size: int | None = opts.BatchOpt,
+    settings: dict = None,  # the run settings a sweep takes, their options generated from JobConfig
     address: str | None = wopts.AddressOpt,
     cpus_per_trial: float = typer.Option(1.0, help="CPUs per trial (torch threads = its integer part)."),
     gpus_per_trial: float = typer.Option(
@@ -84,23 +91,6 @@ def sweep_cmd(
     resume: str | None = typer.Option(
         None, help="Resume sweep ID: run only its unfinished trials (NAME and the grid are then taken from the sweep)."
     ),
-    checkpoint_every: int | None = dyn.EveryOpt,
-    checkpoint_log: int | None = dyn.LogOpt,
-    checkpoint_steps: str | None = dyn.StepsOpt,
-    checkpoint_params: str = dyn.ParamsOpt,
-    checkpoint_max_mb: float | None = dyn.MaxMbOpt,
-    text: str | None = option(
-        JobConfig,
-        "text",
-        help="Sweep a Hugging Face folder (or a run of one) on this text, as retrain --text reads it; it is "
-        "tokenized once, before the trials, into the run store's text-cache (workers must see the path).",
-    ),
-    text_field: str | None = opts.TextFieldOpt,
-    eval_text: str | None = opts.EvalTextOpt,
-    block: int | None = opts.BlockOpt,
-    train: str = opts.TrainOpt,
-    kl: float = opts.KlOpt,
-    penalty_rows: int | None = opts.PenaltyRowsOpt,
     workers_per_trial: int | None = typer.Option(
         None,
         "--workers-per-trial",
@@ -108,8 +98,6 @@ def sweep_cmd(
         help="Train each trial on N Ray Train workers (as retrain --workers N: the trial is Ray Train's per-trial "
         "driver); trials run at once as the cluster holds their workers.",
     ),
-    gpus_per_worker: float = wopts.GpusPerWorkerOpt,
-    strategy: str = wopts.StrategyOpt,
     as_json: bool = JsonOpt,
 ):
     """Sweep regularizers x lambdas x seeds on Ray; every trial is a retrain recorded as a run.
@@ -128,6 +116,7 @@ def sweep_cmd(
 
     with sigint_stops(notice=notice, exiting=True) as ctrl_c:
         plan = None
+        text, text_field, eval_text = (settings[k] for k in ("text", "text_field", "eval_text"))
         if resume is None and text is not None:  # tokenized once with a progress bar; the trials find it
             try:
                 opts.tokenize_with_bar(name, text, text_field, eval_text, stop=ctrl_c.is_set)
@@ -135,17 +124,17 @@ def sweep_cmd(
                 typer.echo("interrupted before the sweep began; nothing was run", err=True)
                 raise typer.Exit(ctrl_c.code) from None
         if resume is None:
-            ckpt = dyn.checkpoint_settings(
-                checkpoint_every, checkpoint_log, checkpoint_steps, checkpoint_params, checkpoint_max_mb
-            )
-            text_options = dict(text=text, text_field=text_field, eval_text=eval_text, block=block)
-            tuning = dict(train=train if train != "all" else None, kl=kl or None, penalty_rows=penalty_rows)
+            ckpt = dyn.checkpoint_settings(*(settings[k] for k in dyn.CHECKPOINT_SETTINGS))
+            text_options = dict(text=text, text_field=text_field, eval_text=eval_text, block=settings["block"])
+            train, kl, gpus, strategy = (settings[k] for k in ("train", "kl", "gpus_per_worker", "strategy"))
+            tuning = dict(train=train if train != "all" else None, kl=kl or None, penalty_rows=settings["penalty_rows"])
             tuning.update(  # on workers: recorded only when asked for (a plan without them is as it was)
                 workers=workers_per_trial,
-                gpus_per_worker=gpus_per_worker or None,
+                gpus_per_worker=gpus or None,
                 strategy=strategy if strategy != "ddp" else None,
             )
-            plan = sweep_plan(name, grid, seeds, steps, lr, heads, batch_size, **ckpt, **text_options, **tuning)
+            recipe = (settings[k] for k in ("steps", "lr", "heads", "batch_size"))
+            plan = sweep_plan(name, grid, seeds, *recipe, **ckpt, **text_options, **tuning)
         try:
             res = run_sweep(
                 plan,

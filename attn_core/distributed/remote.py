@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 
-from attn_core.distributed.scaling import check_cluster, worker_resources
+from attn_core.training.scaling import check_cluster, worker_resources
 
 POLL_S = 0.05  # the driver reads the channel this often (the page draws at most 5 times a second)
 EXIT_WAIT_S = 120.0  # an exiting driver waits this long for rank 0 to save a stopped run
@@ -231,7 +231,7 @@ def check_workers(job, address: str | None = None) -> None:
     a batch smaller than the workers, Ray missing, a cluster that cannot be reached or does not
     answer as Ray, and for a local Ray more workers (or GPUs) than this machine has."""
     from attn_core.cluster import address_of, preflight, ray_module
-    from attn_core.distributed.scaling import check_local
+    from attn_core.training.scaling import check_local
 
     workers, batch = job.cfg.workers, job.train_cfg.batch_size
     if batch < workers:

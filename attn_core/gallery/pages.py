@@ -67,6 +67,7 @@ def heatmaps(m: LoadedModel, quick: bool) -> Iterator[Entry]:
     yield Entry(page, "value-weighted attention", fa.value_weighted_plot(vw, labels, layer, [0], 0), FULL)
     yield Entry(page, "concentration table", fb.concentration_plot(view.concentration_table(1)), FULL)
     yield from _sinks(m, page, view, tokens, query)
+    yield from _score_parts(m, page, tokens, layer)
     vocab = bilinear.vocabulary_view(m, layer, [0])
     yield Entry(
         page,
@@ -113,6 +114,25 @@ def _sinks(m: LoadedModel, page: str, view, tokens: list[int], query: int) -> It
     table = view.concentration_table(1, without_sinks=True)
     yield Entry(page, "concentration without sinks", fb.concentration_plot(table), FULL)
     yield Entry(page, "attention sinks of every head", fs.importance_plot(probe_sinks(m, tokens)), FULL)
+
+
+def _score_parts(m: LoadedModel, page: str, tokens: list[int], layer: int) -> Iterator[Entry]:
+    """The parts of head 0's scores, as the Heatmaps page draws them (``ui/heatmap_form.py``) where
+    the model's scores have parts: QK-norm's gains, the capped scores, the affine form's terms, the
+    learned sink's share beside token 0's, an MLA head's two terms (its absorbed B's and the rotary one)."""
+    from attn_core.figures import score_parts as fp
+
+    parts = bilinear.score_parts(m, tokens, layer, 0)
+    if parts.norm != "none":
+        yield Entry(page, "parts of the score: the gains", fp.gains_plot(parts), HALF)
+    if parts.cap is not None:
+        yield Entry(page, "parts of the score: after the soft cap", fp.capped_plot(parts, True), HALF)
+    if parts.terms is not None:
+        yield Entry(page, "parts of the score: the bias terms", fp.terms_plot(parts), HALF)
+    if parts.sink_share is not None:
+        yield Entry(page, "parts of the score: the learned sink", fp.sink_share_plot(parts), HALF)
+    if parts.absorbed is not None:
+        yield Entry(page, "parts of the score: MLA's two terms", fp.mla_terms_plot(parts), FULL)
 
 
 def _long(m: LoadedModel, page: str, layer: int) -> Iterator[Entry]:

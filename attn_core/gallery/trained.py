@@ -21,8 +21,8 @@ from attn_core.sources import LoadedModel
 def retrain_and_runs(m: LoadedModel, quick: bool, store: RunStore) -> Iterator[Entry]:
     """Two short retrains of ``m`` (the Retrain page's live charts of the first, the Runs page's
     comparison of both with their parent)."""
+    from attn_core.retraining.job import TrainingJob
     from attn_core.training.config import JobConfig
-    from attn_core.training.job import TrainingJob
 
     steps = 20 if quick else 120
     ids, snaps = [], []
@@ -109,8 +109,8 @@ def retrain_wide_text(folder, quick: bool, store: RunStore) -> Iterator[Entry]:
     per chart, perplexity, the source's path in the titles."""
     from attn_core.figures import text as ftext
     from attn_core.gallery.models import wide_llama_on_text
+    from attn_core.retraining.job import TrainingJob
     from attn_core.training.config import JobConfig
-    from attn_core.training.job import TrainingJob
 
     model, text = wide_llama_on_text(folder)
     cfg = JobConfig(

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from attn_core.card import Card
+from attn_core.device import select_device
 from attn_core.grow.config import GrowConfig
 from attn_core.grow.growth import (
     FIT_SEED_OFFSET,
@@ -22,7 +23,6 @@ from attn_core.grow.growth import (
 from attn_core.model import Transformer
 from attn_core.tasks import Task
 from attn_core.training.config import TrainConfig
-from attn_core.training.device import select_device
 from attn_core.training.record import record_run
 from attn_core.training.trainer import Trainer, evaluate
 

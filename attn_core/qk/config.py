@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
+from attn_core.device import check_precision
 from attn_core.model import ModelConfig
 from attn_core.training.config import TrainConfig
-from attn_core.training.device import check_precision
+from attn_core.training.settings import declared, setting
 from attn_core.validate import check, is_int, is_number
 
 PARENT_PREFIX = "compare-qk:"  # runs of a comparison have parent "compare-qk:<task>"
@@ -56,32 +57,53 @@ class CompareConfig:
     initialisation and the training batches. Final metrics use ``measure_samples`` held-out
     sequences drawn with ``eval_seed``, the same for every run."""
 
-    task: str = "induction"
-    steps: int = 400
-    seeds: int = 3
-    first_seed: int = 0
-    d_qks: tuple = (1, 2, 4, 16)
-    merged_kinds: tuple = ("merged", "merged + wd", "merged + nuclear")
+    # each setting once: default, CLI flag and help (training.settings); compare-qk's options and
+    # the reproduce line (command()) are built from them
+    task: str = setting("induction", "--task", "Task to train on (see `attn-lab presets` for tasks).")
+    steps: int = setting(400, "--steps", "Training steps per run.")
+    seeds: int = setting(3, "--seeds", "Seeds per variant (first-seed, first-seed + 1, ...).")
+    first_seed: int = setting(0, "--first-seed", "The first seed.")
+    d_qks: tuple = setting(
+        (1, 2, 4, 16),
+        "--d-qk",
+        "Query/key widths of the factored variants (comma-separated, each 1..d_model; empty for none).",
+    )
+    merged_kinds: tuple = setting(
+        ("merged", "merged + wd", "merged + nuclear"),
+        "--merged",
+        "Merged variants, comma-separated: merged, merged + wd, merged + nuclear (or none).",
+    )
     n_layers: int = 2
     n_heads: int = 2
-    d_model: int = 32
+    d_model: int = setting(32, "--d-model", "Residual width (every variant).")
     d_head: int = 16
-    batch_size: int = 64
-    lr: float = 3e-3
-    weight_decay: float = 0.1
-    qk_weight_decay: float = 3.0
-    nuclear: float = 0.01
+    batch_size: int = setting(64, "--batch-size", "Sequences per step.")
+    lr: float = setting(3e-3, "--lr", "Peak learning rate.", fmt="g")
+    weight_decay: float = setting(
+        0.1, "--weight-decay", "AdamW weight decay of every matrix but W_QK (W_Q and W_K included).", fmt="g"
+    )
+    qk_weight_decay: float = setting(3.0, "--qk-weight-decay", "AdamW weight decay of W_QK in 'merged + wd'.", fmt="g")
+    nuclear: float = setting(
+        0.01, "--nuclear", "lambda of the penalty lambda * mean ||B||_* in 'merged + nuclear'.", fmt="g"
+    )
     warmup_steps: int | None = None  # default min(100, steps // 10)
     eval_every: int = 25
     eval_samples: int = 256
     measure_samples: int = 512
     eval_seed: int = 0
-    device: str = "cpu"
-    precision: str = "fp32"  # or bf16 (autocast)
+    device: str = setting("cpu", "--device", "cpu, cuda or auto (ms/step is measured on it).")
+    precision: str = setting(
+        "fp32", "--precision", "fp32, or bf16 (autocast of the forward and loss; weights stay fp32)."
+    )
     # torch intra-op threads while training (0: leave the process's setting). These models are too
     # small for threads to pay, and on a busy machine oversubscribed threads spin: the page's default
     # comparison took 36 s with 1 thread and 418 s with 2 on the shared 2-core machine.
-    threads: int = 1
+    threads: int = setting(
+        1,
+        "--threads",
+        "torch CPU threads while training (0: torch's default); one is fastest for these small models on a busy "
+        "machine.",
+    )
 
     def __post_init__(self) -> None:
         from attn_core.tasks import TASKS  # torch: imported when a config is built, not with the class
@@ -177,28 +199,17 @@ class CompareConfig:
         return cls(**{k: v for k, v in raw.items() if k in known})
 
     def command(self) -> str:
-        """The ``attn-lab compare-qk`` command that reproduces this comparison."""
+        """The ``attn-lab compare-qk`` command that reproduces this comparison: the task, steps and
+        seeds, then each declared setting that differs from its default, by its declared flag."""
         default = CompareConfig()
         parts = ["attn-lab", "compare-qk", "--task", self.task, "--steps", str(self.steps), "--seeds", str(self.seeds)]
-        for name, flag in (
-            ("first_seed", "--first-seed"),
-            ("d_model", "--d-model"),
-            ("qk_weight_decay", "--qk-weight-decay"),
-            ("nuclear", "--nuclear"),
-            ("weight_decay", "--weight-decay"),
-            ("lr", "--lr"),
-            ("batch_size", "--batch-size"),
-            ("device", "--device"),
-            ("precision", "--precision"),
-            ("threads", "--threads"),
-        ):
-            if getattr(self, name) != getattr(default, name):
-                parts += [
-                    flag,
-                    f"{getattr(self, name):g}" if isinstance(getattr(self, name), float) else str(getattr(self, name)),
-                ]
+        shown = ("first_seed", "d_model", "qk_weight_decay", "nuclear", "weight_decay", "lr", "batch_size", "device")
+        for name in (*shown, "precision", "threads"):
+            value = getattr(self, name)
+            if value != getattr(default, name):
+                parts += [declared(self, name)["flag"], f"{value:g}" if isinstance(value, float) else str(value)]
         if self.d_qks != default.d_qks:
-            parts += ["--d-qk", ",".join(str(w) for w in self.d_qks)]
+            parts += [declared(self, "d_qks")["flag"], ",".join(str(w) for w in self.d_qks)]
         if self.merged_kinds != default.merged_kinds:
-            parts += ["--merged", ",".join(self.merged_kinds) or "none"]
+            parts += [declared(self, "merged_kinds")["flag"], ",".join(self.merged_kinds) or "none"]
         return " ".join(parts)

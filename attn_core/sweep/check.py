@@ -36,7 +36,7 @@ def check_sweep(
     into the token cache the trials then read (bad text is refused before Ray starts: not UTF-8,
     a missing field, fewer tokens than a block ...). Errors keep their kind (a model that cannot
     be read stays a CheckpointError)."""
-    from attn_core.training.job import TrainingJob
+    from attn_core.retraining.job import TrainingJob
 
     check_settings(cpus_per_trial, gpus_per_trial, scheduler)
     check_workers(plan.job, cpus_per_trial, gpus_per_trial)
@@ -67,7 +67,7 @@ def check_resources(cluster: dict, cpus_per_trial: float, gpus_per_trial: float,
     at once."""
     if job and job.get("workers"):
         from attn_core.cluster import ClusterError
-        from attn_core.distributed.scaling import check_cluster
+        from attn_core.training.scaling import check_cluster
 
         try:
             return check_cluster(cluster, int(job["workers"]), float(job.get("gpus_per_worker") or 0))

@@ -186,7 +186,7 @@ def trial_resources(job: dict, cpus: float, gpus: float, cluster: dict) -> tuple
     workers = job.get("workers")
     if not workers:
         return {"cpu": cpus, "gpu": gpus}, None
-    from attn_core.distributed.scaling import worker_resources
+    from attn_core.training.scaling import worker_resources
 
     need = worker_resources(float(job.get("gpus_per_worker") or 0))
     fits = [int(float(cluster.get(k, 0.0)) // (v * workers)) for k, v in need.items()]

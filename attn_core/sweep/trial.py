@@ -48,7 +48,7 @@ def run_trial(
     start = time.perf_counter()
     base = {"key": t.key, "trial": t.to_dict(), "parent": t.source, "host": socket.gethostname(), "pid": os.getpid()}
     try:
-        from attn_core.training.job import TrainingJob
+        from attn_core.retraining.job import TrainingJob
 
         cfg = t.job_config(job)
         if threads:

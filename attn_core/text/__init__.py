@@ -2,7 +2,6 @@
 into a memory-mapped token file cached next to the run store, cut into fixed-length blocks for
 next-token prediction with a held-out split.
 
-- ``defaults``: the held-out share, the block length and the default batch's bound;
 - ``corpus``: the inputs (a .txt file or a folder of them, .jsonl with a text field, Parquet with a
   text column), checked before reading and streamed in pieces; bad text is one ``TextError``;
 - ``tokens``: tokenizing into the cache (``tokenize``, ``TokenFile``, ``cache_dir``);
@@ -15,7 +14,7 @@ next-token prediction with a held-out split.
 
 from attn_core import lazy
 from attn_core.text.corpus import MAX_CORPUS_BYTES, Corpus, TextError, open_corpus
-from attn_core.text.defaults import DEFAULT_BLOCK, HELD_OUT_FRACTION
+from attn_core.training.text_defaults import DEFAULT_BLOCK, HELD_OUT_FRACTION
 
 # the corpus checks and the defaults come with the package; tokenizing and the task (torch) when first read
 __getattr__, __dir__ = lazy.exports(

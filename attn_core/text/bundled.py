@@ -6,7 +6,7 @@ concatenated once, kept as a file so that later edits of the manual do not chang
 :func:`train_tokenizer` trains a byte-level BPE tokenizer of ``vocab`` tokens on it with Hugging
 Face ``tokenizers`` (deterministic: same corpus, same tokenizer.json); :func:`corpus_task` cuts
 the corpus's tokens into a :class:`~attn_core.text.task.TextTask`, the last
-:data:`~attn_core.text.defaults.HELD_OUT_FRACTION` held out.
+:data:`~attn_core.training.text_defaults.HELD_OUT_FRACTION` held out.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from attn_core.destinations import SHIPPED
-from attn_core.text.defaults import HELD_OUT_FRACTION
 from attn_core.text.task import TextData, TextTask, text_task
+from attn_core.training.text_defaults import HELD_OUT_FRACTION
 
 CORPUS = SHIPPED / "text" / "lab-manual.txt"
 MAX_CORPUS_BYTES = 16 * 2**20

@@ -34,10 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attn_core import limits
+from attn_core.limits import MAX_CORPUS_BYTES, TEXT_LIMIT  # noqa: F401 -- the corpus's bound, one in the lab
 
-MAX_CORPUS_BYTES = 16 * 2**30  # all the files of one corpus together
 MAX_WORDS_BYTES = 4 * 2**20  # a text of a task's token names, read whole and split at spaces (dynamics)
-TEXT_LIMIT = f"at most {MAX_CORPUS_BYTES // 2**30} GiB in all"  # every --text's help says it: one limit for a text
 MAX_FILES = 100_000  # files in a folder
 MAX_LINE_BYTES = 64 * 2**20  # one JSON line
 READ_BYTES = 2**20  # bytes read from a plain-text file at a time

@@ -5,7 +5,7 @@ summary of sigma_1(B(delta)) over the offsets.
 
 Sized to the run: the held-out blocks read are chosen by tokens (``tokens``: the trainer asks for
 a share of what it trains on between evaluations, a job for a share of the whole run, see
-``training.trainer.eval_tokens`` and ``training.job``), at most ``samples`` blocks and at most
+``training.trainer.eval_tokens`` and ``retraining.job``), at most ``samples`` blocks and at most
 the held-out blocks there are. The forward runs at the run's precision (bf16 autocast for a bf16
 run; the loss is reduced in float32) and keeps only Q and K of the layers measured
 (``regularizers.qk_cache``), so every layer keeps its fused attention; the heads' entropy and
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from attn_core import regularizers as R
 from attn_core.bilinear.offsets import sigma1_summaries
-from attn_core.training.device import autocast, autocast_dtype, move
+from attn_core.device import autocast, autocast_dtype, move
 from attn_core.training.telemetry import VOCAB_VIEW_MAX, summarize
 from attn_core.training.trainer import EVAL_SEED_OFFSET
 

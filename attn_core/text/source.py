@@ -2,7 +2,7 @@
 (``--text``, ``--text-field``, ``--eval-text``, ``--block``) into the token cache, and the
 streams become a :class:`~attn_core.text.task.TextTask` of the model's vocabulary and context.
 
-This is where a retrain on text starts (``training.job`` calls :func:`text_task_for`), and
+This is where a retrain on text starts (``retraining.parent`` calls :func:`text_task_for`), and
 what the CLI and the dashboard call first, with a progress callback, so that the job finds the
 corpus already tokenized.
 """

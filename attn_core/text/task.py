@@ -23,8 +23,8 @@ import torch.nn.functional as F
 
 from attn_core.tasks import Batch, Task
 from attn_core.text.corpus import TextError
-from attn_core.text.defaults import DEFAULT_BLOCK, HELD_OUT_FRACTION, MAX_DEFAULT_BATCH, MIN_BLOCK, STEP_MEMORY
 from attn_core.text.tokens import TokenFile
+from attn_core.training.text_defaults import DEFAULT_BLOCK, HELD_OUT_FRACTION, MAX_DEFAULT_BATCH, MIN_BLOCK, STEP_MEMORY
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

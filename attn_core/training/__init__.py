@@ -1,10 +1,8 @@
-"""Training, in nine modules (see docs/architecture.md):
+"""Training, in these modules (see docs/architecture.md; the device, the precision and placement are
+``attn_core.device``'s, on the ground floor):
 
 - ``config``: the recipes, TrainConfig (one training run) and JobConfig (a retraining run), each
   checked when built;
-- ``device``: the device (select_device, available_devices), the precision (PRECISIONS, bf16
-  autocast), how often the step loop reads the device (sync_interval) and placement: every
-  decision that depends on where tensors live (same_device, copy_plan, move, host_read, ...);
 - ``trainer``: Trainer (one optimisation step, the NaN/Inf guard, last good weights), evaluate;
   it knows only the model and the task;
 - ``telemetry``: what a run measures (``measure``, the per-step telemetry and spectra rows) and

@@ -9,13 +9,12 @@ import shlex
 from dataclasses import asdict, dataclass, field, fields
 
 from attn_core import regularizers as R
-from attn_core.distributed.scaling import check_scaling, check_specs
-from attn_core.limits import MAX_SAMPLES, MAX_STEPS
-from attn_core.text.corpus import TEXT_LIMIT
-from attn_core.text.defaults import DEFAULT_BLOCK, HELD_OUT_FRACTION, MAX_DEFAULT_BATCH, STEP_MEMORY
+from attn_core.device import MAX_THREADS, PRECISIONS, check_precision, check_sync_every, check_threads, select_device
+from attn_core.limits import MAX_SAMPLES, MAX_STEPS, TEXT_LIMIT
 from attn_core.training.checkpoint_plan import CheckpointPlan
-from attn_core.training.device import MAX_THREADS, check_precision, check_sync_every, check_threads, select_device
+from attn_core.training.scaling import STRATEGY_HELP, check_scaling, check_specs
 from attn_core.training.settings import command_args, in_bounds, setting
+from attn_core.training.text_defaults import DEFAULT_BLOCK, HELD_OUT_FRACTION, MAX_DEFAULT_BATCH, STEP_MEMORY
 from attn_core.validate import MAX_SEED, check, is_int, is_number, shown
 
 MAX_BATCH = 65_536  # sequences per training batch
@@ -25,6 +24,7 @@ TRAIN_HELP = (
     "biases in the layers that carry a regularizer, with optimizer state only for those). With grouped-query "
     "attention a key head's W_K is shared by its group's query heads: training it for one head moves the others."
 )
+RATES = tuple(round(10 ** (e / 4), 8) for e in range(-20, -3))  # the page's learning rates: 1e-5 .. 1e-1, log scale
 MAX_PENALTY_ROWS = 2**20  # query rows per head of the sampled penalty (the longest block a text run takes)
 
 
@@ -158,7 +158,20 @@ class JobConfig:
             step=1,
         ),
     )
-    lr: float = setting(1e-3, "--lr", "Peak learning rate (warmup, then cosine decay).", fmt="g", always=True)
+    lr: float = setting(
+        1e-3,
+        "--lr",
+        "Peak learning rate (warmup, then cosine decay).",
+        fmt="g",
+        always=True,
+        widget=dict(
+            kind="select",
+            label="Learning rate",
+            help="Peak AdamW learning rate (log scale; warmup, then cosine decay)",
+            options=RATES,
+            format="{:.2g}",
+        ),
+    )
     entmax_alpha: float | None = setting(
         None, "--entmax-alpha", "Attention: 1 softmax, 1.5 entmax15, 2 sparsemax (default: the parent's).", fmt="g"
     )
@@ -173,7 +186,15 @@ class JobConfig:
     )
     device: str = setting("auto", "--device", "auto, cpu or cuda.")
     precision: str = setting(
-        "fp32", "--precision", "fp32, or bf16 (autocast: forward and loss in bfloat16, weights and AdamW in fp32)."
+        "fp32",
+        "--precision",
+        "fp32, or bf16 (autocast: forward and loss in bfloat16, weights and AdamW in fp32).",
+        widget=dict(
+            kind="choice",
+            label="Precision",
+            help="fp32, or bf16 autocast (forward and loss in bfloat16, weights and AdamW in fp32)",
+            options=PRECISIONS,
+        ),
     )
     sync_every: int | None = setting(
         None,
@@ -186,6 +207,13 @@ class JobConfig:
         "--compile/--no-compile",
         "torch.compile the training step (CUDA graphs on CUDA; compiling takes a while, then each step is "
         "faster). Falls back to the eager step if it cannot compile.",
+        widget=dict(
+            kind="check",
+            label="Compile the training step",
+            help="torch.compile of forward, loss and penalties (CUDA graphs on a GPU): compiling takes tens of "
+            "seconds before the first step, then each step is faster. Falls back to the plain step if it cannot "
+            "compile (the run's message says so).",
+        ),
     )
     checkpoint_every: int | None = setting(
         None,
@@ -270,10 +298,22 @@ class JobConfig:
         "OMP_NUM_THREADS; a small model trains fastest on one).",
         bounds=(1, MAX_THREADS),
     )
-    # the workers' options are cli/worker_options.py's (WorkersOpt, GpusPerWorkerOpt, StrategyOpt)
-    workers: int | None = setting(None, "--workers")
-    gpus_per_worker: float = setting(0, "--gpus-per-worker", fmt="g", needs=("workers",))
-    strategy: str = setting("ddp", "--strategy", needs=("workers",))
+    workers: int | None = setting(
+        None,
+        "--workers",
+        "Train the same run on N Ray Train workers (the batch split across them, gradients averaged; rank 0 "
+        "records the one run). Default: in this process, without Ray.",
+        metavar="N",
+    )
+    gpus_per_worker: float = setting(
+        0,
+        "--gpus-per-worker",
+        "GPUs of each worker (CUDA, NCCL); 0: CPU workers (gloo).",
+        metavar="G",
+        fmt="g",
+        needs=("workers",),
+    )
+    strategy: str = setting("ddp", "--strategy", STRATEGY_HELP, needs=("workers",))
     # settings of the library and the page that the CLI does not take (not in the reproduce line)
     weight_decay: float | None = None
     warmup_steps: int | None = None
@@ -370,8 +410,10 @@ class JobConfig:
             f"(unset: every row), got {shown(self.penalty_rows)}",
         )
         check_scaling(self.workers, self.gpus_per_worker, self.strategy, self.device, "invalid retraining setting: ")
-        specs = R.parse_specs(self.regularizers)  # names, lambdas and k are checked here; heads once the model is known
-        check_specs(self.strategy, specs, self.kl, "invalid retraining setting: ")
+        # parsed once, here: names, lambdas and k are checked now, heads once the model is known; the
+        # job hands these down to the penalty, and the record writes them
+        self.specs = R.parse_specs(self.regularizers)
+        check_specs(self.strategy, self.specs, self.kl, "invalid retraining setting: ")
         self.train_config({})  # lr, batch size, device, precision, sync_every ...
         plan = self.checkpoint_plan()  # every, log, steps, params, bound
         if plan is not None:
@@ -409,7 +451,7 @@ class JobConfig:
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        out["regularizers"] = [str(s) for s in R.parse_specs(self.regularizers)]
+        out["regularizers"] = [str(s) for s in self.specs]
         return out
 
     def command(self, shown: dict[str, str] | None = None) -> str:

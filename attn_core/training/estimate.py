@@ -78,7 +78,7 @@ def timing_threads(threads: int | None):
 def run_threads(cfg, batch: int, block: int, device: str = "cpu", threads: int | None = None) -> int | None:
     """The threads a run of the model ``cfg`` on ``batch`` x ``block`` tokens trains with
     (``threads`` when given; else as the trainer chooses them: ``device.choose_threads``)."""
-    from attn_core.training.device import choose_threads, cpu_cores
+    from attn_core.device import choose_threads, cpu_cores
 
     try:
         load = os.getloadavg()[0]

@@ -274,35 +274,3 @@ def run_card(
             "per_head": {"before": before.get("per_head"), "after": after.get("per_head")},
         },
     )
-
-
-def job_card(job, outcome: Outcome, after: dict | None) -> Card:
-    """The card of a retraining job's run (``TrainingJob.card``): :func:`run_card` with what a
-    retrain records (its regularizers and how their rows were computed, the heads, the job's
-    settings, its checkpoints, the text and imported-model sections)."""
-    cfg = job.cfg
-    regs = ", ".join(cfg.to_dict()["regularizers"]) or "no regularizer"
-    alpha = f", entmax alpha {cfg.entmax_alpha:g}" if cfg.entmax_alpha is not None else ""
-    estimate = job.penalty.estimate(job.task.n_ctx)
-    if estimate["estimate"] == "sampled":
-        alpha += f", row penalties on {estimate['rows']} sampled query rows per head"
-    return run_card(
-        job.run_id,
-        job.trainer,
-        outcome,
-        parent=job.parent,
-        description=f"{job.parent} retrained: {regs}{alpha}",
-        before=job._state["before"],
-        after=after,
-        samples=(after or {}).get("samples", cfg.measure_samples),  # the blocks measured (text: by tokens)
-        wall_time_s=job._state["elapsed_s"],
-        command=cfg.command(),
-        regularizers=job.penalty.describe(),
-        penalty=estimate,
-        regularized_heads=job._head_names(),
-        entmax_alpha=job.model.cfg.entmax_alpha,
-        job=cfg.to_dict(),
-        **({"checkpoints": job.checkpoints.listing()} if job.checkpoints is not None else {}),
-        **({"distributed": job.trainer.dist.describe()} if job.trainer.dist is not None else {}),
-        **job.retraining.details(job.model, job.task),
-    )

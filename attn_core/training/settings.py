@@ -48,6 +48,12 @@ def declared(config: type | object, name: str) -> dict:
     raise ValueError(f"no setting named {name!r}")
 
 
+def flagged(config: type) -> tuple[str, ...]:
+    """The settings of ``config`` that a command takes as options (declared with a flag), in
+    declaration order: the order of the options and of the reproduce line."""
+    return tuple(f.name for f in dataclasses.fields(config) if f.metadata.get("flag"))
+
+
 def in_bounds(config: type | object, name: str, value: Any) -> bool:
     """Whether ``value`` lies in the declared bounds of ``name`` (inclusive)."""
     lo, hi = declared(config, name)["bounds"]

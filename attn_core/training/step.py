@@ -37,9 +37,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from attn_core.device import autocast_args, autocast_dtype, compile_mode, static_scoring
 from attn_core.model import Transformer
 from attn_core.tasks import Batch, Task
-from attn_core.training.device import autocast_args, autocast_dtype, compile_mode, static_scoring
 
 # (loss, task loss, accuracy on the batch, penalty terms), all 0-dim tensors on the device
 Values = tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]

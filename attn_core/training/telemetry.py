@@ -21,9 +21,9 @@ import torch
 
 from attn_core import regularizers as R
 from attn_core.card import MEASURE_KEYS
+from attn_core.device import autocast, autocast_dtype
 from attn_core.model import Transformer
 from attn_core.tasks import Task
-from attn_core.training.device import autocast, autocast_dtype
 from attn_core.training.trainer import evaluate
 from attn_core.validate import is_int
 

@@ -10,7 +10,7 @@ at held-out evaluations and at the last step; the guard checks the steps read th
 It knows the model and the task only: presets, the run store and the live job build on it (see
 docs/architecture.md). Its recipe, :class:`~attn_core.training.config.TrainConfig`, is
 :mod:`attn_core.training.config`'s; the device, precision and sync cadence are
-:mod:`attn_core.training.device`'s. The step loop that ends a run on divergence and records it is
+:mod:`attn_core.device`'s. The step loop that ends a run on divergence and records it is
 :func:`attn_core.training.record.record_run`.
 """
 
@@ -24,11 +24,11 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from attn_core import device as D
+from attn_core.device import batch_device, host_read, move, optimizer_options, select_device, sync_interval
 from attn_core.model import Transformer
 from attn_core.tasks import Batch, Task
-from attn_core.training import device as D
 from attn_core.training.config import TrainConfig
-from attn_core.training.device import batch_device, host_read, move, optimizer_options, select_device, sync_interval
 from attn_core.training.step import StepGraph
 
 STEP, SYNC, RESTORE, KEEP = range(4)  # calls a multi-worker run's rank 0 announces (attn_core.distributed.parallel)

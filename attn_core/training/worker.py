@@ -2,7 +2,7 @@
 dashboard does): the web server's interpreter never runs a training step, so its reruns, figures
 and serialisation do not take the GIL, the cores or the GPU's launch thread from training.
 
-The worker is a fresh interpreter (``python -m attn_core.training.worker_process``, in a session
+The worker is a fresh interpreter (``python -m`` the job's ``WORKER`` module, in a session
 of its own, safe with CUDA; that module is the worker's side of the two pipes). It rebuilds the job from its :class:`~attn_core.training.config.JobConfig`
 (a plain dataclass, so every field travels) and the run store's folder, and trains it with
 ``TrainingJob.run``: the same step loop, guard, telemetry and saving as a job in a thread. Two
@@ -120,7 +120,7 @@ class Remote:
         path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "attn_core.training.worker_process", str(updates_w), str(control_r)],
+                [sys.executable, "-m", job.WORKER, str(updates_w), str(control_r)],
                 pass_fds=(updates_w, control_r),
                 env={**os.environ, "PYTHONPATH": path},
                 start_new_session=True,  # a terminal's Ctrl-C goes to the parent, which stops the job

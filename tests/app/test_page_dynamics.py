@@ -11,8 +11,8 @@ from streamlit.testing.v1 import AppTest
 
 from attn_core import bilinear, checkpoint
 from attn_core import dynamics as D
+from attn_core.retraining.job import TrainingJob
 from attn_core.training.config import JobConfig
-from attn_core.training.job import TrainingJob
 from tests.conftest import make_tiny_model
 
 PAGE = str(Path(__file__).resolve().parents[2] / "app_pages" / "11_Dynamics.py")

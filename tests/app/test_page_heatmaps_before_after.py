@@ -9,9 +9,9 @@ import torch
 from dashboard_helpers import chart, open_page, z_matrix
 
 from attn_core.hooks import act_name
+from attn_core.retraining.job import TrainingJob
 from attn_core.sources import resolve
 from attn_core.training.config import JobConfig
-from attn_core.training.job import TrainingJob
 from tests.conftest import write_tiny_hf
 from tests.text_corpus import make_text, write_word_tokenizer
 

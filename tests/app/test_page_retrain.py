@@ -12,9 +12,9 @@ from dashboard_helpers import chart, open_page
 from streamlit.testing.v1 import AppTest
 
 from attn_core import checkpoint, runs
+from attn_core.device import PRECISIONS, available_devices
+from attn_core.retraining.job import TrainingJob
 from attn_core.sources import resolve
-from attn_core.training.device import PRECISIONS, available_devices
-from attn_core.training.job import TrainingJob
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = str(ROOT / "app_pages" / "3_Retrain.py")
@@ -210,6 +210,22 @@ def test_before_start_the_model_is_shown_as_it_is(page):
 def test_precision_picker(page):
     assert page.selectbox(key="retrain_precision").value == "fp32"
     assert page.selectbox(key="retrain_precision").options == list(PRECISIONS)
+
+
+def test_the_training_inputs_are_the_declared_settings(page):
+    from attn_core.training.config import JobConfig
+    from attn_core.training.settings import declared
+
+    shown = {
+        "lr": page.select_slider(key="retrain_lr"),
+        "precision": page.selectbox(key="retrain_precision"),
+        "compile": page.checkbox(key="retrain_compile"),
+        "steps": page.number_input(key="retrain_steps"),
+    }
+    for name, widget in shown.items():
+        declared_widget = declared(JobConfig, name)["widget"]
+        assert (widget.label, widget.help) == (declared_widget["label"], declared_widget["help"]), name
+        assert widget.value == getattr(JobConfig("x"), name), name
 
 
 def test_a_second_session_waits_in_line_and_says_so(monkeypatch):

@@ -10,7 +10,7 @@ from dashboard_helpers import open_page
 from streamlit.testing.v1 import AppTest
 
 from attn_core import runs
-from attn_core.training.job import TrainingJob
+from attn_core.retraining.job import TrainingJob
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = str(ROOT / "app_pages" / "3_Retrain.py")

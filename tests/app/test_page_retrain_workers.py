@@ -9,7 +9,7 @@ import pytest
 import torch
 from dashboard_helpers import open_page
 
-from attn_core.distributed.scaling import workers_offer
+from attn_core.training.scaling import workers_offer
 from attn_core.training.snapshot import Snapshot
 
 ROOT = Path(__file__).resolve().parents[2]

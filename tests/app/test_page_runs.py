@@ -11,9 +11,9 @@ from streamlit.testing.v1 import AppTest
 
 from attn_core import bilinear, runs
 from attn_core.hooks import act_name
+from attn_core.retraining.job import TrainingJob
 from attn_core.sources import resolve
 from attn_core.training.config import JobConfig
-from attn_core.training.job import TrainingJob
 
 PAGE = str(Path(__file__).resolve().parents[2] / "app_pages" / "4_Runs.py")
 MODEL = "reverse-1l"

@@ -8,8 +8,8 @@ import pytest
 from dashboard_helpers import chart, has_chart, open_page
 
 from attn_core import runs
+from attn_core.retraining.job import TrainingJob
 from attn_core.training.config import JobConfig
-from attn_core.training.job import TrainingJob
 from tests.conftest import write_tiny_hf
 from tests.text_corpus import make_text, write_word_tokenizer
 

@@ -13,10 +13,10 @@ from dashboard_helpers import widget
 from streamlit.testing.v1 import AppTest
 
 from attn_core import runs
+from attn_core.retraining.job import TrainingJob
 from attn_core.runs import users
 from attn_core.runs.names import scope_roots
 from attn_core.training.config import JobConfig
-from attn_core.training.job import TrainingJob
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "app.py")

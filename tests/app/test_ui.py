@@ -10,9 +10,9 @@ from streamlit.testing.v1 import AppTest
 import ui
 from attn_core import bilinear, checkpoint, runs, sources, zoo
 from attn_core.figures import ExportError, Plot
+from attn_core.retraining.job import TrainingJob
 from attn_core.sources import resolve
 from attn_core.training.config import JobConfig
-from attn_core.training.job import TrainingJob
 from ui import plots as ui_plots
 
 ROOT = Path(__file__).resolve().parents[2]

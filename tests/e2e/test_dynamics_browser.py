@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
+from attn_core.retraining.job import TrainingJob
 from attn_core.runs import RunStore
 from attn_core.training.config import JobConfig
-from attn_core.training.job import TrainingJob
 from benchmarks.dashboard import CHROMIUM, VIEWPORT, launch, new_page, rerun, screenshot, serve, settle
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -39,12 +39,12 @@ import pytest
 import torch
 
 from attn_core import regularizers as R
+from attn_core.device import SYNC_EVERY_CUDA
+from attn_core.retraining.job import TrainingJob
 from attn_core.runs import RunStore
 from attn_core.sources import resolve
 from attn_core.tasks import get_task
 from attn_core.training.config import JobConfig, TrainConfig
-from attn_core.training.device import SYNC_EVERY_CUDA
-from attn_core.training.job import TrainingJob
 from attn_core.training.record import record_run
 from attn_core.training.trainer import Trainer
 from tests.conftest import make_tiny_model, write_tiny_hf
@@ -345,7 +345,7 @@ def test_an_imported_model_retrains_on_text_on_cuda_and_exports(tmp_path, extra)
 
 def test_spectra_on_cuda_are_solved_on_the_host_and_equal_the_cpus():
     """Every head's spectrum and the rotary offsets' sigma_1 summaries of a model on CUDA (d_head
-    64: solved on the host, ``training.device.decomposition_device``) equal those of its CPU copy;
+    64: solved on the host, ``attn_core.device.decomposition_device``) equal those of its CPU copy;
     the decompositions' results come back on the GPU."""
     from attn_core import linalg
     from attn_core.bilinear.offsets import sigma1_summaries

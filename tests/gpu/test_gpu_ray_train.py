@@ -14,9 +14,9 @@ import torch
 pytest.importorskip("ray", reason="Ray Train is not installed here (the GPU check's wheels leave it out: too large)")
 
 from attn_core.cluster import ray_session  # noqa: E402
+from attn_core.retraining.job import TrainingJob  # noqa: E402
 from attn_core.runs import RunStore  # noqa: E402
 from attn_core.training.config import JobConfig  # noqa: E402
-from attn_core.training.job import TrainingJob  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

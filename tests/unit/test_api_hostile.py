@@ -385,7 +385,7 @@ def _no_store_files(folder: Path) -> bool:
 
 @pytest.mark.parametrize("where", ["itself", "inside"])
 def test_retrain_refuses_a_store_in_a_model_folder_before_training(model_folder, where, monkeypatch):
-    import attn_core.training.job as job
+    import attn_core.retraining.job as job
 
     def never(*a, **k):
         raise AssertionError("trained")

@@ -487,7 +487,7 @@ STORES = {
 
 @pytest.mark.parametrize("where", STORES.values(), ids=STORES.keys())
 def test_a_run_store_that_cannot_be_is_refused_before_training(m, tmp_path, monkeypatch, where):
-    import attn_core.training.job as job
+    import attn_core.retraining.job as job
 
     def never(*a, **k):
         raise AssertionError("trained")

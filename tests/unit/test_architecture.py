@@ -122,6 +122,34 @@ def test_no_import_cycle_in_attn_core():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+# The training loop imports nothing that stands above it: what a run starts from (presets, text,
+# imported models), the live job and the Ray workers are handed in from above (attn_core.retraining);
+# the ground floor's device decisions (attn_core.device) import no training.
+ABOVE_TRAINING = ("text", "presets", "distributed", "retraining", "finetune", "sweep", "grow", "qk", "dynamics")
+ABOVE_TRAINING += ("surgery", "documents", "figures", "gallery", "api", "api_checks", "api_surgery", "cli")
+GROUND = ("attn_core.device", "attn_core.linalg", "attn_core.tasks")
+
+
+def _within(name: str, place: str) -> bool:
+    return name == place or name.startswith(place + ".")
+
+
+def _imports_into(graph: dict[str, set[str]], low: str, above: tuple[str, ...]) -> dict[str, list[str]]:
+    """The imports of the modules within ``low`` into the packages or modules ``above``."""
+    places = [f"attn_core.{a}" for a in above]
+    found = {
+        m: sorted(t for t in ts if any(_within(t, p) for p in places)) for m, ts in graph.items() if _within(m, low)
+    }
+    return {m: ts for m, ts in found.items() if ts}
+
+
+def test_training_imports_nothing_above_it():
+    graph = import_graph()
+    assert _imports_into(graph, "attn_core.training", ABOVE_TRAINING) == {}, "training/ imports what stands above it"
+    for ground in GROUND:
+        assert not any(t.startswith("attn_core.training") for t in graph[ground]), f"{ground} imports training/"
+
+
 def test_library_never_imports_streamlit():
     for path in LIB.rglob("*.py"):
         tree = ast.parse(path.read_text(), str(path))
@@ -220,7 +248,7 @@ def test_run_statuses_are_listed_in_one_place():
     assert _hits(r"""\(["']running["'],\s*["']completed["']""", {"attn_core/runs/names.py"}) == []
 
 
-PLACEMENT = "attn_core.training.device"  # issue 34: where tensors live is decided there only
+PLACEMENT = "attn_core.device"  # issue 34: where tensors live is decided there only
 
 
 def _device_like(node: ast.expr) -> bool:
@@ -252,19 +280,19 @@ def test_the_device_comparison_finder_finds_one():
 
 def test_only_the_placement_module_compares_devices():
     """``torch.device('cuda:0') != torch.device('cuda')``: comparing devices directly crashed every
-    retrain on a GPU (issue 34); ``training.device.same_device`` knows what the current CUDA device is."""
+    retrain on a GPU (issue 34); ``attn_core.device.same_device`` knows what the current CUDA device is."""
     found = {
         name: lines
         for name, path in _modules().items()
         if name != PLACEMENT and (lines := device_comparisons(path.read_text()))
     }
-    assert not found, f"compare devices with attn_core.training.device.same_device: {found}"
+    assert not found, f"compare devices with attn_core.device.same_device: {found}"
 
 
 def test_matrix_decompositions_run_through_one_module():
     """A batch of head-sized cores on a GPU is decomposed on the host (11 s on an H200 for the
     9,360 cores of a run's rotary offsets, cuSOLVER solving them one after another):
-    ``attn_core.linalg`` applies ``training.device.decomposition_device``; nothing else calls
+    ``attn_core.linalg`` applies ``attn_core.device.decomposition_device``; nothing else calls
     ``torch.linalg``'s decompositions."""
     assert _hits(r"torch\.linalg\.(qr|svd|svdvals|eigh|eigvalsh)\(", {"attn_core/linalg.py"}) == []
 

@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 from attn_core import checkpoint
 from attn_core.checkpoint import CHECKPOINTS, CheckpointError
 from attn_core.limits import LimitError
+from attn_core.retraining.job import TrainingJob
 from attn_core.runs import RunStore
 from attn_core.sources import resolve
 from attn_core.training import checkpoints as ckpt
 from attn_core.training.config import JobConfig
-from attn_core.training.job import TrainingJob
 from attn_core.training.trainer import Trainer
 from tests.conftest import make_tiny_model
 

@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from attn_core.retraining.job import TrainingJob
 from attn_core.runs import RunStore
 from attn_core.training.config import JobConfig
-from attn_core.training.job import TrainingJob
 
 transformers = pytest.importorskip("transformers")
 

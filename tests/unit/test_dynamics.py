@@ -291,8 +291,8 @@ def test_members_of_another_architecture_or_a_repeated_step_are_skipped_with_the
 
 def trained_run(tmp_path, steps: int, **checkpoints) -> str:
     """``run:<id>`` of a tiny 2-layer model retrained ``steps`` steps on reverse, keeping checkpoints."""
+    from attn_core.retraining.job import TrainingJob
     from attn_core.training.config import JobConfig
-    from attn_core.training.job import TrainingJob
 
     src = checkpoint.save(
         make_tiny_model(n_layers=2), tmp_path / "tiny", {"task": "reverse", "train": {"batch_size": 8}}

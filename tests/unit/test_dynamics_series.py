@@ -15,8 +15,8 @@ from attn_core import checkpoint
 from attn_core import dynamics as D
 from attn_core.dynamics import folders
 from attn_core.hf.export import export_gpt2
+from attn_core.retraining.job import TrainingJob
 from attn_core.training.config import JobConfig
-from attn_core.training.job import TrainingJob
 from tests.conftest import make_tiny_model
 
 transformers = pytest.importorskip("transformers")

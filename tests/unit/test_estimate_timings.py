@@ -112,8 +112,8 @@ def test_an_estimate_is_timed_with_the_threads_the_run_takes(tiny_model, monkeyp
 
 
 def test_a_job_publishes_the_time_left_as_it_trains():
+    from attn_core.retraining.job import TrainingJob
     from attn_core.training.config import JobConfig
-    from attn_core.training.job import TrainingJob
 
     job = TrainingJob(JobConfig(source="reverse-1l", regularizers={"entropy": 0.1}, steps=12), store=False)
     said = []

@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from attn_core import finetune
 from attn_core import regularizers as R
+from attn_core.retraining.job import TrainingJob
 from attn_core.tasks import get_task
 from attn_core.training.config import JobConfig
-from attn_core.training.job import TrainingJob
 
 
 def _names(model, train, regs, fixed=()):

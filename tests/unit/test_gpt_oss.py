@@ -89,9 +89,9 @@ def test_a_sink_edit_of_a_model_without_sinks_exits_2(capsys):
 def test_a_retrain_on_text_moves_the_sinks_and_biases_and_exports_back(oss, tmp_path, monkeypatch):
     from attn_core.hf import load_hf
     from attn_core.hf.family_export import export_family, hf_origin
+    from attn_core.retraining.job import TrainingJob
     from attn_core.sources import resolve
     from attn_core.training.config import JobConfig
-    from attn_core.training.job import TrainingJob
 
     root, text = oss
     monkeypatch.setenv("ATTN_LAB_RUNS", str(tmp_path / "runs"))
@@ -184,8 +184,8 @@ def test_the_blocked_long_rows_include_the_sink(oss):
 
 
 def test_a_vocabulary_penalty_on_a_model_with_sinks_is_refused_in_one_sentence(oss, tmp_path, monkeypatch):
+    from attn_core.retraining.job import TrainingJob
     from attn_core.training.config import JobConfig
-    from attn_core.training.job import TrainingJob
 
     root, text = oss
     monkeypatch.setenv("ATTN_LAB_RUNS", str(tmp_path / "runs"))

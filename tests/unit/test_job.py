@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from attn_core import checkpoint, zoo
+from attn_core.retraining.job import TrainingJob
 from attn_core.runs import RunStore
 from attn_core.tasks import get_task
 from attn_core.training.config import JobConfig
-from attn_core.training.job import TrainingJob
 from attn_core.training.slots import JobSlots
 from tests.conftest import make_tiny_model
 

@@ -10,11 +10,10 @@ import pytest
 import torch._dynamo
 
 from attn_core.cli import runs as cli_runs
+from attn_core.retraining.job import TrainingJob
 from attn_core.runs import RunStore
 from attn_core.training import step as step_module
 from attn_core.training.config import JobConfig
-from attn_core.training.job import TrainingJob
-from attn_core.training.job_measures import phases
 
 PARTS = {"load", "before", "telemetry", "spectra", "after", "save", "steps", "evaluation", "compile"}
 
@@ -28,7 +27,7 @@ def _job(tmp_path, compile: bool) -> TrainingJob:
 
 def test_an_eager_job_times_every_part_and_compiles_nothing(tmp_path):
     job = _job(tmp_path, compile=False)
-    got = phases(job)
+    got = job.phase_seconds()
     assert set(got) == PARTS and got["compile"] == 0 and job.snapshot().compile_s == 0
     assert all(v > 0 for k, v in got.items() if k != "compile"), got
     assert got["evaluation"] < got["steps"]  # the evaluations run inside the steps
@@ -43,7 +42,7 @@ def test_a_compiled_job_reports_compiling_apart_from_steps_per_s(tmp_path, monke
     torch._dynamo.reset()
     snap, res = job.snapshot(), job.result()
     assert job.trainer.graph.compiled and 0 < snap.compile_s < snap.train_s
-    assert res["compile_s"] == snap.compile_s == phases(job)["compile"]
+    assert res["compile_s"] == snap.compile_s == job.phase_seconds()["compile"]
     assert snap.steps_per_s == pytest.approx(snap.step / (snap.train_s - snap.compile_s))
     cli_runs._report(res, True, job)  # the CLI's JSON
     doc = json.loads(capsys.readouterr().out)

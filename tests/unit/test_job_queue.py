@@ -22,9 +22,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attn_core import checkpoint
+from attn_core.retraining.job import TrainingJob
 from attn_core.runs import RunStore, RunStoreError
 from attn_core.training.config import JobConfig
-from attn_core.training.job import TrainingJob
 from attn_core.training.queue import JobQueue
 from attn_core.training.queue_rules import ENV_JOB_WALL_S, ENV_USER_JOBS, ENV_USER_STEPS, fair_order
 from attn_core.training.slots import running_jobs
@@ -263,7 +263,7 @@ SERVER = """
 import sys, time
 from attn_core.runs import RunStore, RunStoreError
 from attn_core.training.config import JobConfig
-from attn_core.training.job import TrainingJob
+from attn_core.retraining.job import TrainingJob
 from attn_core.training.queue import JobQueue
 root, tiny = sys.argv[1], sys.argv[2]
 queue, store = JobQueue(root), RunStore(root)

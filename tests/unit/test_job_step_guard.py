@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from attn_core.training import job as job_module
+from attn_core.retraining import job as job_module
+from attn_core.retraining.job import TrainingJob
 from attn_core.training.config import JobConfig
-from attn_core.training.job import TrainingJob
 from tests.conftest import write_tiny_hf
 from tests.text_corpus import make_text, write_word_tokenizer
 

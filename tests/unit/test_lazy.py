@@ -39,8 +39,8 @@ def test_every_exported_name_is_what_its_module_defines(package):
 def test_configs_and_constants_import_no_torch():
     out = run(
         "import sys\n"
-        "import attn_core.training.config, attn_core.training.checkpoint_plan, attn_core.training.device\n"
-        "import attn_core.grow.config, attn_core.qk.config, attn_core.text.defaults, attn_core.circuits.settings\n"
+        "import attn_core.training.config, attn_core.training.checkpoint_plan, attn_core.device\n"
+        "import attn_core.grow.config, attn_core.qk.config, attn_core.training.text_defaults, attn_core.circuits.settings\n"
         "from attn_core.model import ModelConfig\n"
         "from attn_core.regularizers import parse_specs, parse_heads\n"
         "from attn_core.training.config import JobConfig\n"

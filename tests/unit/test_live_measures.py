@@ -201,7 +201,7 @@ def test_the_watched_heads_pattern_is_the_models_own():
 
 def test_a_job_computes_the_pattern_of_the_head_watched_and_no_other(tmp_path):
     from attn_core import checkpoint
-    from attn_core.training.job import TrainingJob
+    from attn_core.retraining.job import TrainingJob
 
     src = str(checkpoint.save(make_tiny_model(n_layers=2), tmp_path / "m", {"task": "reverse"}))
     cfg = JobConfig(src, {"entropy": 0.1}, steps=10**6, device="cpu", telemetry_every=5, probe_samples=4)
@@ -248,10 +248,10 @@ def test_a_run_on_text_gives_its_views_held_out_blocks_of_its_text(tmp_path):
     page's heads side by side) is a held-out block of the text it trained on, the same block the
     task draws, never random tokens; a model without text says so in one line."""
     pytest.importorskip("transformers")
+    from attn_core.retraining.job import TrainingJob
     from attn_core.runs import RunStore
     from attn_core.sources import resolve
     from attn_core.text import source as text_source
-    from attn_core.training.job import TrainingJob
     from tests.conftest import write_tiny_hf
     from tests.text_corpus import make_text, write_word_tokenizer
 

@@ -141,9 +141,9 @@ def test_retraining_moves_the_router_and_experts_and_exports_back(family, tmp_pa
 
     from attn_core.hf import load_hf
     from attn_core.hf.family_export import export_family, hf_origin
+    from attn_core.retraining.job import TrainingJob
     from attn_core.sources import resolve
     from attn_core.training.config import JobConfig
-    from attn_core.training.job import TrainingJob
     from tests.text_corpus import make_text, write_word_tokenizer
     from tests.unit.test_hf_new_families import write_family
 

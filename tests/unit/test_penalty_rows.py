@@ -11,10 +11,10 @@ from typer.testing import CliRunner
 
 from attn_core import checkpoint
 from attn_core.cli import app, main
+from attn_core.retraining.job import TrainingJob
 from attn_core.runs import RunStore
 from attn_core.sweep import grid_plan, record_trial, run_trial, start_sweep
 from attn_core.training.config import MAX_PENALTY_ROWS, JobConfig
-from attn_core.training.job import TrainingJob
 from tests.conftest import make_tiny_model
 
 T = 16  # positions the reverse task's model reads (n_ctx); row 0 sees one key, so 15 can count

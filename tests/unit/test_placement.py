@@ -6,7 +6,7 @@ drawn on ``cuda:0`` for a trainer on ``cuda`` was pinned (only dense CPU tensors
 import pytest
 import torch
 
-from attn_core.training import device as D
+from attn_core import device as D
 
 DEVICES = ("cpu", "cuda", "cuda:0", "cuda:1", "meta")
 

@@ -9,9 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attn_core import checkpoint
+from attn_core.retraining.job import TrainingJob
 from attn_core.runs import RunStore
 from attn_core.training.config import JobConfig
-from attn_core.training.job import TrainingJob
 from attn_core.training.slots import ENV_MAX_JOBS, JobSlots, max_jobs, queued_message
 from tests.conftest import make_tiny_model
 

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from attn_core.cli import app
 from attn_core.cluster import session
-from attn_core.distributed import scaling
 from attn_core.runs import RunStore
+from attn_core.training import scaling
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray  # starts a local Ray: one test worker runs these in turn (tests/conftest.py)

@@ -24,9 +24,9 @@ transformers = pytest.importorskip("transformers")
 from attn_core import cluster  # noqa: E402
 from attn_core.cli import app  # noqa: E402
 from attn_core.cluster import watchdog  # noqa: E402
+from attn_core.retraining.job import TrainingJob  # noqa: E402
 from attn_core.runs import RunStore  # noqa: E402
 from attn_core.training.config import JobConfig  # noqa: E402
-from attn_core.training.job import TrainingJob  # noqa: E402
 
 W_TOL = 1e-5
 WAIT_S = 600  # a generous bound on a loaded 2-core machine; conditions are waited for, not slept on

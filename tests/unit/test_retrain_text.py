@@ -15,10 +15,10 @@ transformers = pytest.importorskip("transformers")
 from attn_core.cli import app  # noqa: E402
 from attn_core.hf import load_hf  # noqa: E402
 from attn_core.hf.family_export import export_family, hf_origin  # noqa: E402
+from attn_core.retraining.job import TrainingJob  # noqa: E402
 from attn_core.runs import RunStore  # noqa: E402
 from attn_core.sources import resolve  # noqa: E402
 from attn_core.training.config import JobConfig  # noqa: E402
-from attn_core.training.job import TrainingJob  # noqa: E402
 from tests.conftest import write_tiny_gpt2, write_tiny_hf  # noqa: E402
 from tests.text_corpus import make_text, write_word_tokenizer  # noqa: E402
 

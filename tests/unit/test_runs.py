@@ -182,7 +182,7 @@ def test_killed_training_process(tmp_path):
     env = {**os.environ, ENV_RUNS: str(tmp_path / "runs")}
     code = (
         "from attn_core.training.config import JobConfig\n"
-        "from attn_core.training.job import TrainingJob\n"
+        "from attn_core.retraining.job import TrainingJob\n"
         f"TrainingJob(JobConfig({str(folder)!r}, {{'entropy': 0.1}}, steps=10**7, device='cpu')).run()\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

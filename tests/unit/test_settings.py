@@ -86,3 +86,29 @@ def test_train_takes_the_same_precision_and_compile_options():
     for name in ("precision", "compile"):
         assert train[name].help == declared(JobConfig, name)["help"]
         assert train[name].default == getattr(TrainConfig(), name)  # the recipe's default is the declaration's
+
+
+@pytest.mark.parametrize(
+    ("module", "command", "config_of"), [("grow", "grow", "GrowConfig"), ("qk", "compare-qk", "CompareConfig")]
+)
+def test_grow_and_compare_take_their_declared_settings(module, command, config_of):
+    import importlib
+
+    app = importlib.import_module(f"attn_core.cli.{module}").app
+    config = getattr(importlib.import_module(f"attn_core.{module}"), config_of)
+    names = [f.name for f in dataclasses.fields(config) if f.metadata.get("flag")]
+    assert {"steps", "lr", "device", "precision"} <= set(names)  # every option of the command is declared
+    params = {p.opts[0]: p for p in _command(app, command).params}
+    for name in names:
+        meta = declared(config, name)
+        param = params[meta["flag"]]
+        assert param.help == meta["help"], name
+        if name not in ("add", "d_qks", "merged_kinds"):  # add is required; the widths and kinds as text
+            assert param.default == config.__dataclass_fields__[name].default, name
+
+
+def test_the_workers_options_are_declared_once():
+    for name in ("gpus_per_worker", "strategy"):
+        meta = declared(JobConfig, name)
+        assert meta["help"] and _params(runs.app, "retrain")[name].help == meta["help"]
+        assert _params(sweep.app, "sweep")[name].help == meta["help"]

@@ -13,10 +13,10 @@ import time
 import pytest
 
 from attn_core import checkpoint
+from attn_core.retraining.job import TrainingJob
 from attn_core.runs import RunStore, RunStoreError, users
 from attn_core.runs.names import scope_roots
 from attn_core.training.config import JobConfig
-from attn_core.training.job import TrainingJob
 from attn_core.training.queue import JobQueue
 from tests.conftest import make_tiny_model
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from attn_core import device as D
 from attn_core.cli import app
 from attn_core.tasks import get_task
-from attn_core.training import device as D
 from attn_core.training.config import JobConfig, TrainConfig
 from attn_core.training.trainer import Trainer
 from tests.conftest import make_tiny_model

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from attn_core import checkpoint
+from attn_core.device import select_device
 from attn_core.hooks import act_name
+from attn_core.retraining.job import TrainingJob
 from attn_core.tasks import get_task
 from attn_core.training.config import JobConfig, TrainConfig
-from attn_core.training.device import select_device
-from attn_core.training.job import TrainingJob
 from attn_core.training.telemetry import measure
 from attn_core.training.trainer import Diverged, Trainer, evaluate, lr_factor
 from tests.conftest import make_tiny_model

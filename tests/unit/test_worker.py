@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from attn_core import checkpoint
+from attn_core.retraining.job import TrainingJob
 from attn_core.runs import RunStore
 from attn_core.training.config import JobConfig
-from attn_core.training.job import TrainingJob
 from attn_core.training.slots import JobSlots
 from attn_core.training.worker import PARENT_ENDED
 from tests.conftest import make_tiny_model
@@ -139,7 +139,7 @@ PARENT = """
 import sys, time
 from attn_core.runs import RunStore
 from attn_core.training.config import JobConfig
-from attn_core.training.job import TrainingJob
+from attn_core.retraining.job import TrainingJob
 job = TrainingJob(JobConfig({source!r}, steps=10**6, device="cpu", measure_samples=32), store=RunStore({store!r}))
 job.start(process=True)
 while job.snapshot().step < 5:

@@ -3,12 +3,17 @@ dashboard, a worker process: :mod:`attn_core.training.worker`) that never touche
 publishes immutable :class:`Snapshot` s (step, losses, metrics, spectra, a probe pattern) under a
 lock; the Retrain page and ``attn-lab retrain`` poll them. Stop and pause are events checked
 between steps; the step loop and the saving of the run are :mod:`attn_core.training.record`'s;
-what is measured and logged is :mod:`attn_core.training.telemetry`'s, on the heads that matter
-(:mod:`attn_core.training.job_measures`; docs/architecture.md, "Live retraining")."""
+what is measured and logged is :mod:`attn_core.training.telemetry`'s, on the heads that matter:
+telemetry of the regularized heads on the probe batch, the watched head's probe pattern (and no
+other: a job nobody watches copies no pattern from the device), the spectra of the watched and
+regularized heads, and the before/after measurement sized to the run. Each reads the weights
+through ``Trainer.view()`` (the model, or on rank 0 of an FSDP run its gathered weights).
+What the job starts from (the parent model, its task, text) is :mod:`attn_core.retraining.parent`'s
+(docs/architecture.md, "Live retraining")."""
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import threading
 import time
 
@@ -17,24 +22,41 @@ import torch
 from attn_core import regularizers as R
 from attn_core.card import Card
 from attn_core.model import Transformer
-from attn_core.presets import scratch_preset
+from attn_core.retraining.parent import Retraining, open_parent
 from attn_core.runs import RunStore
-from attn_core.sources import resolve
-from attn_core.tasks import get_task
-from attn_core.text.retrain import Retraining
-from attn_core.training import checkpoints, estimate, job_measures, job_queue, telemetry, worker
+from attn_core.training import checkpoints, estimate, telemetry, worker
 from attn_core.training import queue as Q
 from attn_core.training.config import JobConfig
-from attn_core.training.record import Outcome, RunRecorder, error_text, job_card, measure_final, record_run
+from attn_core.training.record import Outcome, RunRecorder, error_text, measure_final, record_run, run_card
 from attn_core.training.slots import SLOTS, JobSlots, started
 from attn_core.training.snapshot import Snapshot
-from attn_core.training.trainer import EVAL_SEED_OFFSET, Trainer, init_model
+from attn_core.training.trainer import EVAL_SEED_OFFSET, Trainer
 
-SCRATCH_PREFIX = "scratch:"  # source "scratch:<preset>" trains the preset's model from its init
 # the snapshot fields read from the job's state as they are
 SNAPSHOT_STATE = ("status", "message", "step", "elapsed_s", "train_s", "step_s", "before", "after")
 SNAPSHOT_STATE += ("probe_pattern", "probe_step", "probe_head", "workers", "compile_s", "left_s")
 PAUSED_POLL_S = 0.1  # a paused job looks for a newly watched head this often
+
+
+def spectra_values(model, heads) -> dict:
+    """A spectra refresh's row: the spectra of every head's B and, rotary, sigma_1(B(delta)) of
+    ``heads`` (the first :data:`telemetry.LIVE_OFFSET_HEADS` of them)."""
+    return {**telemetry.spectra_row(R.spectrum(model)), **telemetry.offsets_row(model, heads)}
+
+
+class Phases(dict):
+    """Seconds a job spent in each part of its run, by name: ``load`` (building the
+    job: the model, the task, the probe), ``before`` and ``after`` (the measurements),
+    ``telemetry`` and ``spectra`` (the periodic measurements), ``save``;
+    :meth:`TrainingJob.phase_seconds` adds the steps, the evaluations among them and compiling."""
+
+    @contextlib.contextmanager
+    def timed(self, name: str):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self[name] = self.get(name, 0.0) + time.perf_counter() - started
 
 
 class TrainingJob:
@@ -50,6 +72,8 @@ class TrainingJob:
     (:mod:`attn_core.distributed`; this side holds no weights, as with a worker process); ``dist``
     makes this job one rank of such a run (what the workers build)."""
 
+    WORKER = "attn_core.retraining.worker_process"  # the module a worker process runs (training.worker.Remote)
+
     def __init__(self, cfg: JobConfig, store=None, slots=None, dist=None, user: str = ""):
         started = time.perf_counter()
         self.cfg, self.dist = cfg, dist
@@ -62,13 +86,13 @@ class TrainingJob:
         if self.store is not None:
             self.store.check_writable()  # a store that takes no write refuses the job before it trains
         self.retraining = Retraining(cfg)  # text, imported models, --train and --kl
-        model, task, parent_card = self._parent(cfg)
+        model, task, parent_card = open_parent(cfg, self.store, self.retraining)
         self.parent = cfg.source
         self.task = task
         start_alpha = model.cfg.entmax_alpha
         model = R.with_entmax(model, cfg.entmax_alpha)
         # penalty_rows: the unbiased sampled-rows estimate of the row penalties, drawn under the run's seed
-        self.penalty = R.build_penalty(cfg.regularizers, model, cfg.heads, rows=cfg.penalty_rows, seed=cfg.seed)
+        self.penalty = R.build_penalty(cfg.specs, model, cfg.heads, rows=cfg.penalty_rows, seed=cfg.seed)
         self.train_cfg = cfg.train_config(parent_card.train)
         penalty = self.retraining.penalty(model, self.penalty, start_alpha)  # --train freezes, --kl adds a term
         # a rank trains on the device its worker was given; the driver of workers checks on the CPU
@@ -119,21 +143,8 @@ class TrainingJob:
         self._watch: tuple[int, int] | None = None  # the head whose probe pattern is shown (watch())
         self._patterns: dict = {}  # patterns of the final weights, computed on request (pattern())
         self._snap: Snapshot | None = None
-        self.phases = job_measures.Phases(load=time.perf_counter() - started)  # seconds of each part of the run
+        self.phases = Phases(load=time.perf_counter() - started)  # seconds of each part of the run
         self._publish()
-
-    def _parent(self, cfg: JobConfig):
-        """(model, task, card) of the source: a fresh init of a preset, or any model
-        :func:`attn_core.sources.resolve` finds (zoo, folder, ``run:<id>``, upload)."""
-        if cfg.source.startswith(SCRATCH_PREFIX):
-            preset = scratch_preset(cfg.source[len(SCRATCH_PREFIX) :])
-            return (
-                init_model(preset.model_config(), cfg.seed),
-                get_task(preset.task),
-                Card(train=preset.train.to_dict()),
-            )
-        loaded = resolve(cfg.source, store=self.store)
-        return loaded.model, self.retraining.task(loaded, self.store), loaded.card
 
     @property
     def run_id(self) -> str | None:
@@ -144,7 +155,7 @@ class TrainingJob:
         """Train in a worker thread, once its line lets it (the dashboard's job queue,
         ``training.queue``, or this process's line, ``slots.SLOTS``): until then its status is
         ``queued`` and its message says its place. A per-user limit of the queue refuses here. ``entry``: the queue entry of a
-        job rebuilt after a restart (``job_queue.rebuild``), which it waits for instead of a new one.
+        job rebuilt after a restart (:meth:`rebuild`), which it waits for instead of a new one.
         With ``process``, train in a worker process (``threads`` torch threads there; None:
         ``cfg.threads``, else chosen for the run: ``device.choose_threads``) that this thread
         follows (:mod:`attn_core.training.worker`); with ``cfg.workers``, on
@@ -158,7 +169,7 @@ class TrainingJob:
         elif process:  # the worker trains it; this side keeps no weights (worker.Remote)
             self.remote = worker.Remote(self, threads)
         spec = dict(process=bool(process), threads=threads, keep_ray=bool(keep_ray), address=address)
-        self._ticket = job_queue.enter(self, entry, spec)  # a per-user limit refuses here
+        self._ticket = self._enter(entry, spec)  # a per-user limit refuses here
         self._thread = threading.Thread(target=self._run_safely, name=f"attn-lab job {self.parent}", daemon=True)
         self._thread.start()
         started(self)
@@ -206,7 +217,30 @@ class TrainingJob:
         """The probe pattern [T, T] of head ``layer``, ``head`` (numpy): the latest telemetry's
         when it is that head's; for a run that has ended, computed from its final weights (on
         the CPU, once per head); else None (the next telemetry of a watched head brings it)."""
-        return job_measures.pattern(self, layer, head)
+        snap = self.snapshot()
+        found = snap.pattern_of(layer, head)
+        if found is not None or not snap.done:
+            return found
+        key = (int(layer), int(head), snap.step)
+        if key not in self._patterns:
+            try:
+                model = self.model_copy()
+            except RuntimeError:  # a job that ended without weights (failed before training)
+                return None
+            self._patterns[key] = telemetry.probe_pattern(model, self.probe.tokens[0].cpu(), layer, head)
+        return self._patterns[key]
+
+    def phase_seconds(self) -> dict[str, float]:
+        """Every part of the run so far, in seconds: its :class:`Phases`, ``steps`` (inside
+        ``Trainer.step``), of which ``evaluation`` (held-out evaluations) and ``compile`` (the first
+        call of each compiled region). A job in a worker process keeps its own."""
+        trainer = self.trainer
+        return {
+            **self.phases,
+            "steps": self._state["step_s"],
+            "evaluation": trainer.eval_s,
+            "compile": trainer.graph.compile_s,
+        }
 
     def _tell(self, *command) -> None:
         if self.remote is not None:  # a job in a worker process: the worker acts on it
@@ -283,17 +317,106 @@ class TrainingJob:
         self.recorder.log(step, values)
         self._state["latest"].update(values)
 
-    # what the job measures, on the heads that matter: attn_core.training.job_measures
+    # --- what the job measures, on the heads that matter ----------------------------------------------
     def _telemetry(self, step: int) -> None:
-        job_measures.record_telemetry(self, step)
+        """Per-head telemetry of the regularized heads at ``step``, then the watched head's pattern."""
+        with self.phases.timed("telemetry"), self.trainer.view() as model:
+            row = telemetry.telemetry_row(model, self.probe.tokens, self.penalty.regularized_heads, self.cfg.precision)
+            self._record(step, row)
+        self._watched_pattern(step)
+
+    def _watched_pattern(self, step: int) -> None:
+        """The watched head's probe pattern with the weights of ``step`` (nothing when unwatched)."""
+        if self._watch is not None:
+            with self.trainer.view() as model:
+                pattern = telemetry.probe_pattern(model, self.probe.tokens[0], *self._watch)
+            self._state.update(probe_pattern=pattern, probe_step=step, probe_head=self._watch)
+
+    def _spectra(self, step: int) -> None:
+        """:func:`spectra_values` of the heads that matter (the watched one first)."""
+        heads = ([self._watch] if self._watch is not None else []) + list(self.penalty.regularized_heads)
+        with self.phases.timed("spectra"), self.trainer.view() as model:
+            self._record(step, spectra_values(model, heads))
 
     def _measure(self) -> dict:
-        return job_measures.measure(self)
+        """The before/after measurement (``telemetry.measure``), on text sized by the run's tokens."""
+        with self.phases.timed("before" if self._state["before"] is None else "after"), self.trainer.view() as model:
+            return telemetry.measure(
+                model,
+                self.task,
+                self.penalty.regularized_heads,
+                self.cfg.measure_samples,
+                self.cfg.seed,
+                tokens=telemetry.measure_tokens(self.train_cfg, self.task),
+                precision=self.cfg.precision,
+            )
 
     def _run_safely(self) -> None:
         if self._ticket is None:
             return self._train()
-        job_queue.run_queued(self)
+        self._run_queued()
+
+    # --- in the queue: its entry, its wait, its limits while it trains, its outcome ----------------------
+    def _enter(self, entry: int | None, start: dict) -> int:
+        """The job's entry in ``self.slots`` (the server's queue, ``training.queue``, or this
+        process's line): ``entry`` (a rebuilt job's), else a new one with what rebuilds it (JSON)
+        and its estimated seconds; ``start``: the arguments of ``start()`` it is started with again."""
+        if entry is None:
+            spec = {"config": self.cfg.to_dict(), "store": str(self.store.root) if self.store else None, **start}
+            entry = self.slots.ticket(
+                user=self.user,
+                kind="retrain",
+                device=Q.device_name(self.device),
+                spec=spec,
+                steps=self.cfg.steps,
+                estimate_s=self._estimate_s(),
+            )
+        if self.slots.ahead(entry):
+            self._publish(status="queued", message=self.slots.describe(entry))
+        return int(entry)
+
+    def _estimate_s(self) -> float | None:
+        """The run's estimated seconds (``training.estimate``): what the queue tells those behind it."""
+        try:
+            facts = getattr(self.task, "facts", None)
+            block = facts["block"] if facts else self.task.seq_len
+            e = estimate.run_seconds(self.model.cfg, self.cfg.steps, self.train_cfg.batch_size, block, str(self.device))
+            return float(e["total_s"])
+        except Exception:  # no estimate: the wait of those behind it is not said
+            return None
+
+    def _run_queued(self) -> None:
+        """Wait for the job's turn (its status ``queued``, its message its place), train, and write
+        its outcome to the queue; stopped or cancelled while it waits, it ends ``stopped`` untrained."""
+        outcome = dict(status="failed", message="")
+        ticket = self._ticket
+        try:
+            queued = lambda ahead: self._publish(status="queued", message=self.slots.describe(ticket))  # noqa: E731
+            if self.slots.wait(ticket, self._stop.is_set, queued):
+                self.slots.watch(ticket, self._limit_stop, self._done.is_set)
+                try:
+                    self._train() if self.remote is None else self.remote.train()
+                finally:
+                    self._done.set()
+                snap = self.snapshot()
+                outcome = dict(status=snap.status, message=snap.message, target=self.run_id)
+                return
+            why = self._stop_reason or ("stopped while queued" if self._stop.is_set() else "cancelled while queued")
+            outcome = dict(status="cancelled", message=f"{why}; nothing was trained or saved")
+            self._publish(status="stopped", message=outcome["message"])
+            self._done.set()
+        finally:
+            self.slots.release(ticket, **outcome)
+
+    @classmethod
+    def rebuild(cls, queue: Q.JobQueue, entry: dict) -> TrainingJob:
+        """The job of a waiting entry whose server is gone, rebuilt from its spec and started here:
+        it waits for that entry and trains when its turn comes."""
+        spec = entry["spec"]
+        store = RunStore(spec["store"]) if spec.get("store") else False
+        job = cls(JobConfig(**spec["config"]), store=store, slots=queue, user=entry["user"])
+        keep = dict(threads=spec.get("threads"), address=spec.get("address"), keep_ray=spec.get("keep_ray", False))
+        return job.start(process=spec.get("process", False), entry=entry["id"], **keep)
 
     def _limit_stop(self, reason: str) -> None:
         """Stop the running job for ``reason`` (the queue's wall time limit, a cancel), said in its status."""
@@ -329,7 +452,7 @@ class TrainingJob:
         """Between steps: wait while paused (pauses do not count as training time); a stop ends the run."""
         step = self.trainer.step_index
         if self._watch is not None and self._state["probe_head"] != self._watch:  # another head is watched
-            job_measures.watched_pattern(self, step)
+            self._watched_pattern(step)
             self._publish()
         if not self._go.is_set():
             self.trainer.sync()  # the steps run so far are shown while paused
@@ -337,7 +460,7 @@ class TrainingJob:
             paused_at = time.perf_counter()
             while not self._go.wait(PAUSED_POLL_S):
                 if self._watch is not None and self._state["probe_head"] != self._watch:
-                    job_measures.watched_pattern(self, step)  # a head picked while paused is shown at once
+                    self._watched_pattern(step)  # a head picked while paused is shown at once
                     self._publish()
             self._t_loop += time.perf_counter() - paused_at
             self._publish(status="running", message="")
@@ -360,7 +483,7 @@ class TrainingJob:
         if step % cfg.telemetry_every == 0 or step == cfg.steps:
             self._telemetry(step)
         if step % cfg.spectrum_every == 0 or step == cfg.steps:
-            job_measures.record_spectra(self, step)
+            self._spectra(step)
         train_s = time.perf_counter() - self._t_loop
         self._pace.add(step, train_s - self.trainer.graph.compile_s)
         self._publish(step=step, train_s=train_s, compile_s=self.trainer.graph.compile_s, left_s=self._pace.left())
@@ -373,7 +496,7 @@ class TrainingJob:
         self._t_loop = time.perf_counter()
         self._pace = estimate.Pace(self.cfg.steps, self.phases.get("before", 0.0))  # measuring after as long
         self._telemetry(0)
-        job_measures.record_spectra(self, 0)
+        self._spectra(0)
         self._publish(train_s=time.perf_counter() - self._t_loop)
         return record_run(self.trainer, self.recorder, on_step=self._on_step, interrupt=self._interrupt)
 
@@ -397,8 +520,35 @@ class TrainingJob:
 
     def card(self, outcome: Outcome, after: dict | None) -> Card:
         """The run's card for ``outcome`` (what the store saves; a sweep trial, which has no
-        store, sends it back to the driver): :func:`attn_core.training.record.job_card`."""
-        return job_card(self, outcome, after)
+        store, sends it back to the driver): :func:`attn_core.training.record.run_card` with what a
+        retrain records (its regularizers and how their rows were computed, the heads, the job's
+        settings, its checkpoints, the text and imported-model sections)."""
+        cfg = self.cfg
+        regs = ", ".join(cfg.to_dict()["regularizers"]) or "no regularizer"
+        alpha = f", entmax alpha {cfg.entmax_alpha:g}" if cfg.entmax_alpha is not None else ""
+        rows = self.penalty.estimate(self.task.n_ctx)  # how the row penalties were computed
+        if rows["estimate"] == "sampled":
+            alpha += f", row penalties on {rows['rows']} sampled query rows per head"
+        return run_card(
+            self.run_id,
+            self.trainer,
+            outcome,
+            parent=self.parent,
+            description=f"{self.parent} retrained: {regs}{alpha}",
+            before=self._state["before"],
+            after=after,
+            samples=(after or {}).get("samples", cfg.measure_samples),  # the blocks measured (text: by tokens)
+            wall_time_s=self._state["elapsed_s"],
+            command=cfg.command(),
+            regularizers=self.penalty.describe(),
+            penalty=rows,
+            regularized_heads=self._head_names(),
+            entmax_alpha=self.model.cfg.entmax_alpha,
+            job=cfg.to_dict(),
+            **({"checkpoints": self.checkpoints.listing()} if self.checkpoints is not None else {}),
+            **({"distributed": self.trainer.dist.describe()} if self.trainer.dist is not None else {}),
+            **self.retraining.details(self.model, self.task),
+        )
 
 
 def preview(cfg: JobConfig) -> Snapshot:
@@ -407,9 +557,9 @@ def preview(cfg: JobConfig) -> Snapshot:
     snapshot: the model as it is. Nothing is trained or stored."""
     job = TrainingJob(cfg, store=False)
     job._telemetry(0)
-    job_measures.record_spectra(job, 0)
+    job._spectra(0)
     job._publish(probe_pattern=telemetry.probe_patterns(job.model, job.probe.tokens[0]))  # every head, once
     return job.snapshot()
 
 
-Q.register("retrain", functools.partial(job_queue.rebuild, TrainingJob))  # adopted after a restart
+Q.register("retrain", TrainingJob.rebuild)  # adopted after a restart

@@ -1,5 +1,5 @@
 """The worker process of a live job (its parent's side is :mod:`attn_core.training.worker`):
-``python -m attn_core.training.worker_process UPDATES_FD CONTROL_FD`` reads the job's config from
+``python -m attn_core.retraining.worker_process UPDATES_FD CONTROL_FD`` reads the job's config from
 the control pipe, builds and trains the job, sends its changes and finally its result and weights
 on the updates pipe, and stops (saving the run) when told to or when the control pipe closes."""
 
@@ -32,8 +32,8 @@ def main(updates_fd: int, control_fd: int) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     updates, control = Connection(updates_fd, readable=False), Connection(control_fd, writable=False)
     cfg, store_root, threads = control.recv()
+    from attn_core.retraining.job import TrainingJob
     from attn_core.runs import RunStore
-    from attn_core.training.job import TrainingJob
     from attn_core.training.record import error_text
 
     if threads:  # the trainer takes them (its one place for threads: Trainer)

@@ -7,9 +7,27 @@ back as its family and the views tokenize typed text), what ``--train`` lets lea
 from __future__ import annotations
 
 from attn_core import finetune
+from attn_core.card import Card
 from attn_core.hf import family_export
+from attn_core.presets import scratch_preset
+from attn_core.sources import resolve
+from attn_core.tasks import get_task
 from attn_core.text.source import text_task_for
 from attn_core.text.task import default_batch
+from attn_core.training.trainer import init_model
+
+SCRATCH_PREFIX = "scratch:"  # source "scratch:<preset>" trains the preset's model from its init
+
+
+def open_parent(cfg, store, retraining: Retraining):
+    """(model, task, card) of ``cfg.source`` (a ``JobConfig``): a fresh init of a preset under
+    the run's seed, or any model :func:`attn_core.sources.resolve` finds (zoo, folder,
+    ``run:<id>``, upload) with the task ``retraining`` gives it (its own, or ``cfg.text``)."""
+    if cfg.source.startswith(SCRATCH_PREFIX):
+        preset = scratch_preset(cfg.source[len(SCRATCH_PREFIX) :])
+        return init_model(preset.model_config(), cfg.seed), get_task(preset.task), Card(train=preset.train.to_dict())
+    loaded = resolve(cfg.source, store=store)
+    return loaded.model, retraining.task(loaded, store), loaded.card
 
 
 class Retraining:
@@ -38,7 +56,7 @@ class Retraining:
         if cfg.batch_size is None and "batch_size" not in loaded.card.train:
             # an imported model has no recipe: the job's batch size (JobConfig.train_config reads
             # the parent's) is the default the model, block and device allow (text.task.default_batch)
-            from attn_core.training.device import select_device
+            from attn_core.device import select_device
 
             batch = default_batch(loaded.config, task.block, cfg.kl, select_device(cfg.device).type)
             loaded.card.train = {**loaded.card.train, "batch_size": batch}
