@@ -187,7 +187,16 @@ def test_a_signal_lost_inside_a_callback_still_stops_the_command_without_a_trace
         assert proc.stdout == "" and proc.stderr.endswith("interrupted by Ctrl-C; nothing was saved\n")
 
 
-def test_a_stop_signal_inside_a_write_to_stderr_still_stops_and_says_so(capfd):
+@pytest.fixture
+def sigint_heard():
+    """SIGINT handled as an interactive shell leaves it: a suite started in the background (``cmd &``
+    in a script) inherits SIGINT ignored, and ``sigint_stops`` rightly leaves an ignored signal alone."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_a_stop_signal_inside_a_write_to_stderr_still_stops_and_says_so(capfd, sigint_heard):
     """A stop signal whose handler runs inside a write to stderr (a write blocked on a full pipe
     runs handlers; printing again there is Python's "reentrant call" RuntimeError): the stop is
     asked, its line still written, and no exception reaches the interrupted code (it ended the
