@@ -28,7 +28,6 @@ import pandas as pd
 from attn_core import documents
 from attn_core.api_checks import check_device, check_source, check_text, check_token_ids, positions
 from attn_core.bilinear.checks import check_heads, check_layer, check_loaded
-from attn_core.bilinear.form import QKForm
 from attn_core.bilinear.heads import qk_form
 from attn_core.bilinear.views import View
 from attn_core.checkpoint import CheckpointError, LoadedModel
@@ -37,6 +36,7 @@ from attn_core.destinations import check_path
 from attn_core.figures.base import Plot
 from attn_core.limits import MAX_SAMPLES, check_count
 from attn_core.model import Transformer
+from attn_core.model.qk_form import QKForm
 from attn_core.validate import check_bool, check_int, check_seed, integral, is_int, shown
 
 __all__ = ["Model", "HeadView", "Retrained", "load", "spectrum", "sinks", "heads", "circuits", "dynamics"]

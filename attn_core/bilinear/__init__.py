@@ -2,7 +2,8 @@
 
 Split by concern (docs/architecture.md, the maths in docs/maths.md):
 
-- ``form``: :class:`QKForm`, B as factors or dense; pure linear algebra with a cached spectrum;
+- :class:`QKForm` (defined with the model, :mod:`attn_core.model.qk_form`), B as factors or
+  dense; pure linear algebra with a cached spectrum;
 - ``heads``: the form of a model's heads (``layer_form``, ``model_form``, ``layer_B``,
   ``head_B``) and the augmented bias form (``augment``, ``has_bias``);
 - ``spectrum``: spectrum records and tidy frames;
@@ -40,7 +41,6 @@ from attn_core.bilinear.detectors import (
     head_detector_scores,
     head_detectors,
 )
-from attn_core.bilinear.form import QKForm
 from attn_core.bilinear.heads import augment, has_bias, head_B, layer_B, layer_form, model_form, qk_form, qk_gains
 from attn_core.bilinear.long import LONG_INPUT, LayerScores, LongView, layer_scores, pool_blocks
 from attn_core.bilinear.ranks import Ranks, ranks, variance_rank
@@ -60,6 +60,7 @@ from attn_core.bilinear.views import (
     vocab_scores,
     vocabulary_view,
 )
+from attn_core.model.qk_form import QKForm
 
 __all__ = [
     "DETECTORS",

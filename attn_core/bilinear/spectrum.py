@@ -1,7 +1,7 @@
 """Spectrum tables of every head's QK form: one record per head, and tidy frames for figures.
 
 Singular values of B, eigenvalues of B and of its symmetric part (B + B^T)/2, norms, stable and
-effective rank, computed by :class:`attn_core.bilinear.form.QKForm` (docs/maths.md).
+effective rank, computed by :class:`attn_core.model.qk_form.QKForm` (docs/maths.md).
 """
 
 from __future__ import annotations

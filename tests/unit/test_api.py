@@ -23,7 +23,7 @@ from attn_core.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 # every module whose public functions carry the front door's >>> examples
-DOCTESTED = ["attn_core.api", "attn_core.api_surgery", "attn_core.bilinear.form", "attn_core.bilinear.heads"]
+DOCTESTED = ["attn_core.api", "attn_core.api_surgery", "attn_core.model.qk_form", "attn_core.bilinear.heads"]
 
 
 @pytest.fixture(scope="module")

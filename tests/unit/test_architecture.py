@@ -150,6 +150,12 @@ def test_training_imports_nothing_above_it():
         assert not any(t.startswith("attn_core.training") for t in graph[ground]), f"{ground} imports training/"
 
 
+def test_the_model_imports_nothing_of_bilinear():
+    """A head's QK form is the model's concept (attn_core.model.qk_form): bilinear/ reads the model
+    and builds its views on it, so the model never imports bilinear/, not even inside a function."""
+    assert _imports_into(import_graph(), "attn_core.model", ("bilinear",)) == {}, "model/ imports bilinear/"
+
+
 def test_library_never_imports_streamlit():
     for path in LIB.rglob("*.py"):
         tree = ast.parse(path.read_text(), str(path))
