@@ -46,8 +46,8 @@ from attn_core.bilinear.long import LONG_INPUT, LayerScores, LongView, layer_sco
 from attn_core.bilinear.ranks import Ranks, ranks, variance_rank
 from attn_core.bilinear.score_parts import ScoreParts, score_parts
 from attn_core.bilinear.sinks import Sinks, key_importance, sinks
-from attn_core.bilinear.spectrum import eigen_frame, latent_spectrum_frame, spectrum, spectrum_frame
-from attn_core.bilinear.tokens import encode, position_labels, random_tokens, sample_tokens, token_names, tokenizer
+from attn_core.bilinear.spectrum import eigen_frame, latent_spectrum_frame, spectrum_frame, spectrum_rows
+from attn_core.bilinear.tokens import input_ids, position_labels, random_tokens, sample_tokens, token_names, tokenizer
 from attn_core.bilinear.views import (
     MAX_VIEW_TOKENS,
     View,
@@ -84,7 +84,7 @@ __all__ = [
     "detector_inputs",
     "detector_tensors",
     "eigen_frame",
-    "encode",
+    "input_ids",
     "has_bias",
     "head_B",
     "head_detector_scores",
@@ -110,7 +110,7 @@ __all__ = [
     "visible_keys",
     "sequence_view",
     "sinks",
-    "spectrum",
+    "spectrum_rows",
     "spectrum_frame",
     "latent_spectrum_frame",
     "position_labels",

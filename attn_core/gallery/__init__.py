@@ -60,8 +60,8 @@ def build(
         steps: list[tuple[str, Callable]] = [
             (f"Heatmaps of {zoo.name}", lambda: pages.heatmaps(zoo, quick)),
             (f"Heatmaps of {other.name}", lambda: pages.heatmaps(other, quick)),
-            (f"Spectrum of {zoo.name}", lambda: pages.spectrum(zoo, quick)),
-            (f"Spectrum of {other.name}", lambda: pages.spectrum(other, quick)),
+            (f"Spectrum of {zoo.name}", lambda: pages.spectrum_page(zoo, quick)),
+            (f"Spectrum of {other.name}", lambda: pages.spectrum_page(other, quick)),
             ("Retrain and Runs", lambda: trained.retrain_and_runs(zoo, quick, store)),
             ("Retrain with 24 heads on text", lambda: trained.retrain_wide_text(wide, quick, store)),
             ("Dynamics", lambda: trained.dynamics_page(zoo, quick, store)),
