@@ -1,4 +1,4 @@
-"""Metrics over a series: :func:`dynamics` measures every member (``metrics.measure``) on the same
+"""Metrics over a series: :func:`dynamics` measures every member (``metrics.checkpoint_metrics``) on the same
 held-out inputs and finds the phase change (``phase``); a :class:`~attn_core.dynamics.cache.MetricCache`
 keeps each member's result on disk, keyed by the member's files (path, size, modification time),
 the inputs and the settings, so a second call reads instead of computing and says how many it
