@@ -38,7 +38,7 @@ NORM_COLUMNS = {
 @ui.cached
 def spectra(m, augmented: bool) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Singular values (tidy), eigenvalues (tidy) and one row of norms and ranks per head."""
-    rows = bilinear.spectrum(m.model, augmented)
+    rows = bilinear.spectrum_rows(m.model, augmented)
     extremes = [{"lambda_max": r["eigenvalues_sym"][0], "lambda_min": r["eigenvalues_sym"][-1]} for r in rows]
     table = pd.DataFrame(
         [

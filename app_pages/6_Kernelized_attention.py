@@ -127,7 +127,7 @@ st.caption(
     "in float64 with q, k rebalanced as a Performer would split the scale. The dashed line is the Monte-Carlo "
     "rate 1/√m."
 )
-ui.show_table(kernels.summarize(errors), hide_index=True)
+ui.show_table(kernels.error_summary(errors), hide_index=True)
 
 # --- one approximation, side by side -------------------------------------------------------------
 st.header("Exact vs approximate pattern")

@@ -28,7 +28,6 @@ import pandas as pd
 from attn_core import documents
 from attn_core.api_checks import check_device, check_source, check_text, check_token_ids, positions
 from attn_core.bilinear.checks import check_heads, check_layer, check_loaded
-from attn_core.bilinear.form import QKForm
 from attn_core.bilinear.heads import qk_form
 from attn_core.bilinear.views import View
 from attn_core.checkpoint import CheckpointError, LoadedModel
@@ -37,6 +36,7 @@ from attn_core.destinations import check_path
 from attn_core.figures.base import Plot
 from attn_core.limits import MAX_SAMPLES, check_count
 from attn_core.model import Transformer
+from attn_core.model.qk_form import QKForm
 from attn_core.validate import check_bool, check_int, check_seed, integral, is_int, shown
 
 __all__ = ["Model", "HeadView", "Retrained", "load", "spectrum", "sinks", "heads", "circuits", "dynamics"]
@@ -150,7 +150,7 @@ def spectrum(model, augmented: bool = False, text: str | Path | None = None, **p
     ([0, 0, 16], 5.19)
     """
     check_bool("augmented", augmented)
-    return _frame(documents.spectrum(Model.of(model), augmented, check_text(text), **probes))
+    return _frame(documents.spectrum_document(Model.of(model), augmented, check_text(text), **probes))
 
 
 def sinks(model, text: str | Path | None = None, eps: float = 0.3, **probes) -> pd.DataFrame:
@@ -162,7 +162,7 @@ def sinks(model, text: str | Path | None = None, eps: float = 0.3, **probes) -> 
     >>> len(df), 0 <= df.attrs["rate"] <= 1
     (8, True)
     """
-    found = documents.sinks(Model.of(model), check_text(text), eps=eps, **probes).to_json()
+    found = documents.sinks_document(Model.of(model), check_text(text), eps=eps, **probes).to_json()
     return _frame(found.pop("heads"), found)
 
 
@@ -174,7 +174,7 @@ def heads(model, samples: int = documents.DETECTOR_SAMPLES, seed: int = 0, **opt
     >>> df.columns.tolist()[:3], df.attrs["best"]["induction"]["layer"]
     (['layer', 'head', 'previous_token'], 1)
     """
-    doc = documents.heads(Model.of(model), samples, seed, **options)
+    doc = documents.heads_document(Model.of(model), samples, seed, **options)
     return _frame(doc.pop("heads"), doc)
 
 
@@ -268,7 +268,7 @@ def view(model, text_or_tokens: str | list[int] | None = None, layer: int = 0, h
     >>> v.scores.shape[0], v.kind
     (4, 'sequence')
     """
-    from attn_core.bilinear.tokens import encode, random_tokens
+    from attn_core.bilinear.tokens import input_ids, random_tokens
     from attn_core.bilinear.views import sequence_view
     from attn_core.text.source import has_sample, held_out_input
 
@@ -276,7 +276,7 @@ def view(model, text_or_tokens: str | list[int] | None = None, layer: int = 0, h
     if text_or_tokens is None:
         tokens = held_out_input(m) if has_sample(m) else random_tokens(m)
     elif isinstance(text_or_tokens, str):
-        tokens = encode(m, text_or_tokens)
+        tokens = input_ids(m, text_or_tokens)
     else:
         tokens = check_token_ids(text_or_tokens)
     v = sequence_view(m, tokens, check_int("layer", layer), heads)

@@ -18,7 +18,7 @@ import pandas as pd
 from attn_core.api import Model, _frame
 from attn_core.api_checks import check_text, edit_head, indices, mode_scales
 from attn_core.limits import MAX_SAMPLES, MAX_SEQUENCE, check_count
-from attn_core.surgery import ABLATIONS, Edited, HeadEdit, edit_inputs, edit_model, measure, parse_head
+from attn_core.surgery import ABLATIONS, Edited, HeadEdit, edit_inputs, edit_metrics, edit_model, parse_head
 from attn_core.surgery import diff as _diff
 from attn_core.validate import check_bool, check_int, check_seed, shown
 
@@ -143,7 +143,7 @@ def edit(
     inputs = edit_inputs(loaded, text, samples, length, seed)
     edited = edit_model(loaded, edits, sources, tokens=inputs.tokens)
     heads = list(dict.fromkeys((e.layer, e.head) for e in edits))
-    before, after = measure(loaded, inputs, heads, seed), measure(edited.loaded, inputs, heads, seed)
+    before, after = edit_metrics(loaded, inputs, heads, seed), edit_metrics(edited.loaded, inputs, heads, seed)
     return EditResult(Model.of(edited.loaded), edits, before, after, loaded, edited)
 
 

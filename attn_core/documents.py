@@ -27,7 +27,7 @@ def probe_inputs(loaded, text, field, samples: int, length: int | None, seed: in
     return probes(loaded, text, samples, length, seed, field=field, progress=progress)
 
 
-def spectrum(
+def spectrum_document(
     loaded: LoadedModel | Transformer,
     augmented: bool = False,
     text: str | Path | None = None,
@@ -47,7 +47,7 @@ def spectrum(
 
     check_variance(variance)
     loaded = check_loaded(loaded, "spectrum")
-    rows = bilinear.spectrum(loaded.model, augmented=augmented)
+    rows = bilinear.spectrum_rows(loaded.model, augmented=augmented)
     probes = None
     if text is not None or loaded.task is not None:
         probes = probe_inputs(loaded, text, text_field, samples, length, seed, progress)
@@ -83,7 +83,7 @@ def _singular_values(rows: list[dict], n_layers: int):
     return torch.tensor(by_layer, dtype=torch.float64)
 
 
-def sinks(
+def sinks_document(
     loaded: LoadedModel | Transformer,
     text: str | Path | None = None,
     text_field: str | None = None,
@@ -104,7 +104,7 @@ def sinks(
     return find(loaded.model, p.tokens, eps, p.what)
 
 
-def heads(
+def heads_document(
     model: LoadedModel | Transformer,
     samples: int = DETECTOR_SAMPLES,
     seed: int = 0,

@@ -188,7 +188,7 @@ def check_forward(name: str, n_sequences: object, cfg, length: int | None = None
     return n
 
 
-def check_threads(name: str, value: object) -> int:
+def check_cpu_threads(name: str, value: object) -> int:
     """A thread count: 1..the CPUs of this machine."""
     return check_count(name, value, cpu_count(), why="the CPUs this process may use")
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from attn_core.device import same_device
-from attn_core.validate import summarize
+from attn_core.validate import short_list
 
 LETTERS = [chr(c) for c in range(ord("a"), ord("z") + 1)]
 
@@ -84,7 +84,7 @@ class Task:
         bad = [w for w in words if w not in index]
         if bad:
             raise ValueError(
-                f"unknown tokens [{summarize(bad, 3)}]; this task's vocabulary is: {' '.join(self.token_names)}"
+                f"unknown tokens [{short_list(bad, 3)}]; this task's vocabulary is: {' '.join(self.token_names)}"
             )
         if len(words) > self.n_ctx:
             raise ValueError(f"{len(words)} tokens exceed the model context of {self.n_ctx}")

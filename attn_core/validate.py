@@ -106,7 +106,7 @@ def check_seed(name: str, value: object, prefix: str = "") -> int:
     return check_int(name, value, 0, MAX_SEED, prefix)
 
 
-def summarize(items: Iterable, first: int = 5) -> str:
+def short_list(items: Iterable, first: int = 5) -> str:
     """A list for a one-line message: every item when there are few, else the count and the
     first few (``'x', 'y', 'z' and 42997 more``)."""
     items = list(items)

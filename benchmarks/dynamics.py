@@ -75,7 +75,7 @@ def main() -> None:
         for member in series.members:
             model = series.load(member).model
             t = time.perf_counter()
-            D.measure(model, inputs)
+            D.checkpoint_metrics(model, inputs)
             measure_ms.append((time.perf_counter() - t) * 1e3)
         cold, warm, hits = [], [], []
         for r in range(args.repeats):

@@ -56,7 +56,7 @@ def one(n: int, samples: int, cold_n: int, work: Path) -> dict:
     cold = []
     for member in series.members[:cold_n]:
         t = time.perf_counter()
-        found = D.measure(series.load(member).model, inputs, 32, 0)
+        found = D.checkpoint_metrics(series.load(member).model, inputs, 32, 0)
         cold.append(time.perf_counter() - t)
         cache.put(cache_key(member.key, inputs, 32, 0, False), found)
     for member in series.members[cold_n:]:

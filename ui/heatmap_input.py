@@ -57,7 +57,7 @@ def _tokens(loaded: LoadedModel, source: str) -> tuple[list[int], int | None]:
             key=remember("typed", " ".join(names[: min(8, len(names))])),
             help=f"Token names of the vocabulary (or ids), at most {cfg.n_ctx} tokens",
         )
-        return bilinear.encode(loaded, text), None
+        return bilinear.input_ids(loaded, text), None
     s_col, l_col = st.columns(2)
     seed = int(
         number(

@@ -2,7 +2,8 @@
 
 Split by concern (docs/architecture.md, the maths in docs/maths.md):
 
-- ``form``: :class:`QKForm`, B as factors or dense; pure linear algebra with a cached spectrum;
+- :class:`QKForm` (defined with the model, :mod:`attn_core.model.qk_form`), B as factors or
+  dense; pure linear algebra with a cached spectrum;
 - ``heads``: the form of a model's heads (``layer_form``, ``model_form``, ``layer_B``,
   ``head_B``) and the augmented bias form (``augment``, ``has_bias``);
 - ``spectrum``: spectrum records and tidy frames;
@@ -43,14 +44,13 @@ from attn_core.bilinear.detectors import (
     head_detector_scores,
     head_detectors,
 )
-from attn_core.bilinear.form import QKForm
 from attn_core.bilinear.heads import augment, has_bias, head_B, layer_B, layer_form, model_form, qk_form, qk_gains
 from attn_core.bilinear.long import LONG_INPUT, LayerScores, LongView, layer_scores, pool_blocks
 from attn_core.bilinear.ranks import Ranks, ranks, variance_rank
 from attn_core.bilinear.score_parts import ScoreParts, score_parts
 from attn_core.bilinear.sinks import Sinks, key_importance, sinks
-from attn_core.bilinear.spectrum import eigen_frame, latent_spectrum_frame, spectrum, spectrum_frame
-from attn_core.bilinear.tokens import encode, position_labels, random_tokens, sample_tokens, token_names, tokenizer
+from attn_core.bilinear.spectrum import eigen_frame, latent_spectrum_frame, spectrum_frame, spectrum_rows
+from attn_core.bilinear.tokens import input_ids, position_labels, random_tokens, sample_tokens, token_names, tokenizer
 from attn_core.bilinear.views import (
     MAX_VIEW_TOKENS,
     View,
@@ -63,6 +63,7 @@ from attn_core.bilinear.views import (
     vocab_scores,
     vocabulary_view,
 )
+from attn_core.model.qk_form import QKForm
 
 __all__ = [
     "DETECTORS",
@@ -86,7 +87,7 @@ __all__ = [
     "detector_inputs",
     "detector_tensors",
     "eigen_frame",
-    "encode",
+    "input_ids",
     "has_bias",
     "head_B",
     "head_detector_scores",
@@ -112,7 +113,7 @@ __all__ = [
     "visible_keys",
     "sequence_view",
     "sinks",
-    "spectrum",
+    "spectrum_rows",
     "spectrum_frame",
     "latent_spectrum_frame",
     "position_labels",

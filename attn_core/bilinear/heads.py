@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from attn_core.bilinear.checks import check_heads, check_layer, check_model
-from attn_core.bilinear.form import QKForm
 from attn_core.model import Transformer
+from attn_core.model.qk_form import QKForm
 from attn_core.validate import is_int, shown
 
 

@@ -20,9 +20,9 @@ import torch.nn.functional as F
 
 from attn_core import linalg
 from attn_core.bilinear.checks import check_heads, check_layer, check_model
-from attn_core.bilinear.form import QKForm
 from attn_core.bilinear.heads import augment, has_bias, layer_form
 from attn_core.model import Transformer
+from attn_core.model.qk_form import QKForm
 from attn_core.model.rotary import offset_rotation
 
 MAX_OFFSETS = 4096

@@ -1,7 +1,7 @@
 """The two ranks of a head (arXiv 2604.04384; docs/maths.md, "The two ranks of a head").
 
 Weight space: the singular values of B = W_Q W_K^T / sqrt(d_qk) (``heads.model_form``: the
-factored spectrum of :class:`~attn_core.bilinear.form.QKForm`, never the d x d matrix; a merged
+factored spectrum of :class:`~attn_core.model.qk_form.QKForm`, never the d x d matrix; a merged
 head's W_QK; with rotary positions the un-rotated form, offset 0; without the bias row).
 
 Data space: the singular values of the centred score matrix of each probe (a window of T tokens

@@ -1,7 +1,7 @@
 """Spectrum tables of every head's QK form: one record per head, and tidy frames for figures.
 
 Singular values of B, eigenvalues of B and of its symmetric part (B + B^T)/2, norms, stable and
-effective rank, computed by :class:`attn_core.bilinear.form.QKForm` (docs/maths.md).
+effective rank, computed by :class:`attn_core.model.qk_form.QKForm` (docs/maths.md).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from attn_core.bilinear.heads import layer_forms
 from attn_core.model import Transformer
 
 
-def spectrum(model: Transformer, augmented: bool = False) -> list[dict]:
+def spectrum_rows(model: Transformer, augmented: bool = False) -> list[dict]:
     """One record per head: singular values, eigenvalues of the symmetric part, norms, ranks; with
     learned sinks (gpt-oss) the head's ``sink_logit`` too (outside B: no singular value has it)."""
     model = check_model(model, "spectrum")
@@ -57,7 +57,7 @@ def spectrum_frame(model: Transformer, augmented: bool = False) -> pd.DataFrame:
     """Tidy singular values: layer, head, index, singular_value, normalized (sigma / sigma_1)."""
     model = check_model(model, "spectrum_frame")
     rows = []
-    for rec in spectrum(model, augmented):
+    for rec in spectrum_rows(model, augmented):
         top = rec["singular_values"][0] or 1.0
         for i, s in enumerate(rec["singular_values"]):
             rows.append(dict(layer=rec["layer"], head=rec["head"], index=i, singular_value=s, normalized=s / top))
@@ -86,7 +86,7 @@ def eigen_frame(model: Transformer, augmented: bool = False) -> pd.DataFrame:
     """Tidy eigenvalues of B: layer, head, index, real, imag, modulus."""
     model = check_model(model, "eigen_frame")
     rows = []
-    for rec in spectrum(model, augmented):
+    for rec in spectrum_rows(model, augmented):
         for i, (re, im) in enumerate(zip(rec["eigenvalues_real"], rec["eigenvalues_imag"])):
             rows.append(
                 dict(

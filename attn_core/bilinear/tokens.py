@@ -20,7 +20,7 @@ from attn_core import checkpoint
 from attn_core.bilinear.checks import check_ids, check_loaded, check_tokens
 from attn_core.hf import tokenizer as hf_tokenizer
 from attn_core.sources import LoadedModel
-from attn_core.validate import check_seed, summarize
+from attn_core.validate import check_seed, short_list
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -119,7 +119,7 @@ def _text_ids(tok: Tokenizer, text: str) -> list[int]:
 
 def encode_first(loaded: LoadedModel, text: str, n: int) -> tuple[list[int], int]:
     """(the first ``n`` tokens of ``text`` by the model's tokenizer.json, how many it has in all):
-    a text longer than an input may be, cut (:func:`encode` refuses it). ValueError without a
+    a text longer than an input may be, cut (:func:`input_ids` refuses it). ValueError without a
     tokenizer."""
     loaded = check_loaded(loaded, "encode_first")
     tok = tokenizer(loaded)
@@ -129,7 +129,7 @@ def encode_first(loaded: LoadedModel, text: str, n: int) -> tuple[list[int], int
     return check_tokens(loaded.model, ids[:n]), len(ids)
 
 
-def encode(loaded: LoadedModel, text: str) -> list[int]:
+def input_ids(loaded: LoadedModel, text: str) -> list[int]:
     """Space-separated tokens: names of the task's vocabulary, or ids / vocabulary entries for a
     model without a task; with a tokenizer.json, the text as that tokenizer splits it (a piece it
     does not know, which would be its unknown token, is refused: "1 2 3" meant as ids included).
@@ -154,7 +154,7 @@ def encode(loaded: LoadedModel, text: str) -> list[int]:
     unknown = [w for w in words if w not in index and not w.lstrip("-").isdigit()]
     if unknown:
         raise ValueError(
-            f"{len(unknown)} unknown token{'s' * (len(unknown) != 1)} ({summarize(unknown)}): "
+            f"{len(unknown)} unknown token{'s' * (len(unknown) != 1)} ({short_list(unknown)}): "
             f"give token ids 0..{model.cfg.d_vocab - 1} or names of the vocabulary"
         )
     return check_tokens(model, [index[w] if w in index else int(w) for w in words])

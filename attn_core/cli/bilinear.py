@@ -63,7 +63,9 @@ def spectrum_cmd(
     check_variance(variance)
     loaded = resolve(name)
     with byte_bars() as progress:  # tokenizing a text: a bar on stderr, with --json too
-        rows = documents.spectrum(loaded, augmented, text, text_field, samples, length, seed, variance, progress)
+        rows = documents.spectrum_document(
+            loaded, augmented, text, text_field, samples, length, seed, variance, progress
+        )
     check_finite("the spectrum of B", *(r["singular_values"] for r in rows))
     inputs = rows[0]["data_inputs"]
 
@@ -113,7 +115,7 @@ def scores_cmd(
     loaded = resolve(name)
     check_head(loaded, layer, head)
     ids = long_scores.long_tokens(loaded, text, length, tokens, sample_seed, random_seed)
-    long_scores.check_length(loaded, ids, topk)
+    long_scores.check_long_input(loaded, ids, topk)
     if topk is not None:
         return long_scores.blocked_scores(loaded, ids, layer, head, topk, as_json)
     view = bilinear.sequence_view(loaded, ids, layer, [head])
@@ -191,7 +193,7 @@ def heads_cmd(
     from attn_core.sources import resolve
 
     check_seed("--seed", seed)
-    result = documents.heads(resolve(name), samples, seed, length, rows)
+    result = documents.heads_document(resolve(name), samples, seed, length, rows)
     emit(result, as_json, lambda r: table(r["heads"], ["layer", "head", *bilinear.DETECTORS]))
 
 

@@ -270,7 +270,7 @@ def input_tokens(loaded, tokens: str | None, sample_seed: int | None, random_see
         if seed is not None:
             check_seed(option, seed)
     if tokens is not None:
-        return bilinear.encode(loaded, tokens)
+        return bilinear.input_ids(loaded, tokens)
     if random_seed is not None or (sample_seed is None and loaded.task is None):
         return bilinear.random_tokens(loaded, random_seed or 0)
     return bilinear.sample_tokens(loaded, sample_seed or 0)

@@ -174,7 +174,7 @@ def edit_cmd(
         fail(str(e), as_json)
     from attn_core.destinations import check_destination
     from attn_core.sources import resolve
-    from attn_core.surgery import edit_inputs, edit_model, measure
+    from attn_core.surgery import edit_inputs, edit_metrics, edit_model
     from attn_core.surgery.save import save_edited
 
     if out is not None:
@@ -188,8 +188,8 @@ def edit_cmd(
         name=loaded.name,
         edits=[e.to_json() for e in edits],
         inputs=inputs.describe(),
-        before=measure(loaded, inputs, heads, seed),
-        after=measure(edited.loaded, inputs, heads, seed),
+        before=edit_metrics(loaded, inputs, heads, seed),
+        after=edit_metrics(edited.loaded, inputs, heads, seed),
     )
     if out is not None:
         result["out"] = save_edited(loaded, edited, out, command_line(), result)

@@ -137,7 +137,7 @@ def kernels_bench_cmd(
     min_n = 256
     limits.check_count("--max-n", max_n, limits.MAX_SEQUENCE, lo=min_n)
     if threads is not None:
-        limits.check_threads("--threads", threads)
+        limits.check_cpu_threads("--threads", threads)
     limits.check_count("--repeats", repeats, MAX_REPEATS)
     limits.check_count("--features", features, limits.MAX_FEATURES)
     # exact attention materialises [heads, n, n] scores and pattern at the longest n

@@ -71,7 +71,7 @@ def result_bytes(n: int, topk: int) -> int:
     return n * (450 * topk + 400)
 
 
-def check_length(loaded, ids: list[int], topk: int | None) -> None:
+def check_long_input(loaded, ids: list[int], topk: int | None) -> None:
     """--topk against the input's length, a long input without --topk refused, and the memory of
     the forward and the result (``blocked.forward_bytes``, :func:`result_bytes`): all before the
     forward."""

@@ -111,7 +111,7 @@ def one_token(loaded, text: str, what: str) -> int:
     """The id of one token typed as a name, an id or text the tokenizer makes one token of."""
     from attn_core import bilinear
 
-    ids = bilinear.encode(loaded, text)
+    ids = bilinear.input_ids(loaded, text)
     if len(ids) != 1:
         raise ValueError(f"the {what} {text!r} is {len(ids)} tokens; give exactly one")
     return ids[0]

@@ -90,7 +90,7 @@ def sinks_cmd(
         check_destination(out, "--out", outside=[text] if text is not None and text.is_dir() else [])
     loaded = resolve(name)
     with byte_bars() as progress:
-        found = documents.sinks(loaded, text, text_field, eps, samples, length, seed, progress)
+        found = documents.sinks_document(loaded, text, text_field, eps, samples, length, seed, progress)
     result = dict(name=loaded.name, **found.to_json())
     if out is not None:
         try:

@@ -4,7 +4,7 @@
   checkpoints, a folder with ``checkpoints/``, a folder of model folders one per checkpoint
   (``folders``: Hugging Face folders named by step or listed in a manifest) or several model
   folders (:func:`series`); a member that cannot be one is :class:`Skipped` with its reason;
-- ``metrics``: what one checkpoint measures on fixed held-out inputs (:func:`measure`): loss, the
+- ``metrics``: what one checkpoint measures on fixed held-out inputs (:func:`checkpoint_metrics`): loss, the
   in-context-learning score, prefix matching, previous token, K-composition, entropy and its
   floor, sigma_1(B), stable rank, copying;
 - ``bound``: the entropy floor of softmax attention given the logits' spectral norm (Zhai et al. 2023);
@@ -26,8 +26,8 @@ from attn_core.dynamics.metrics import (
     PER_HEAD,
     Inputs,
     Measured,
+    checkpoint_metrics,
     default_positions,
-    measure,
     position_losses,
     task_inputs,
     text_inputs,
@@ -65,7 +65,7 @@ __all__ = [
     "default_positions",
     "dynamics",
     "entropy_floor",
-    "measure",
+    "checkpoint_metrics",
     "normalized_row_floors",
     "phase_change",
     "position_losses",

@@ -61,7 +61,7 @@ def step_of_name(name: str) -> int | None:
 
 
 @dataclass(frozen=True)
-class Entry:
+class CheckpointEntry:
     """One listed checkpoint: its step, the tokens seen when known, its folder."""
 
     step: int
@@ -94,7 +94,7 @@ def is_model_folders(folder: str | Path) -> bool:
         return False
 
 
-def entries(folder: str | Path, limit: int) -> tuple[list[Entry], list[Problem]]:
+def entries(folder: str | Path, limit: int) -> tuple[list[CheckpointEntry], list[Problem]]:
     """The checkpoints ``folder`` lists (see the module doc), by step, and the problems; at most
     ``limit`` entries (a LimitError past it)."""
     folder = Path(folder)
@@ -102,7 +102,7 @@ def entries(folder: str | Path, limit: int) -> tuple[list[Entry], list[Problem]]
     rows, problems = _manifest_rows(found) if found is not None else _subfolders(folder, limit)
     if len(rows) > limit:
         raise limits.LimitError(f"{folder.name} lists {len(rows):,} checkpoints, more than {limit:,} in one series")
-    out: list[Entry] = []
+    out: list[CheckpointEntry] = []
     seen: dict[Path, int] = {}
     for step, tokens, name in rows:
         why = _bad_step(step)
@@ -122,7 +122,7 @@ def entries(folder: str | Path, limit: int) -> tuple[list[Entry], list[Problem]]
             problems.append((step if isinstance(step, int) else None, str(name)[:200], why))
             continue
         seen[where] = step
-        out.append(Entry(step, tokens, where))
+        out.append(CheckpointEntry(step, tokens, where))
     return sorted(out, key=lambda e: e.step), problems
 
 

@@ -2,7 +2,7 @@
 
 Inputs (:class:`Inputs`): ``samples`` held-out sequences of the model's task drawn with a fixed
 seed (:func:`task_inputs`), or windows of a tokenized text (:func:`text_inputs`); every position's
-next token is a target. Per checkpoint (:func:`measure`), names as ``telemetry.MetricKey`` spells them:
+next token is a target. Per checkpoint (:func:`checkpoint_metrics`), names as ``telemetry.MetricKey`` spells them:
 
     loss                    the task's loss on its scored positions (text: every position), nats
     icl_score               mean loss over the late positions minus over the early ones (nats;
@@ -223,7 +223,7 @@ def _num(v) -> float | None:
 
 
 @torch.no_grad()
-def measure(
+def checkpoint_metrics(
     model: Transformer, inputs: Inputs | None, detector_samples: int = 32, seed: int = 0, partial: bool = False
 ) -> Measured:
     """Every metric of the module doc for one checkpoint; ``partial``: an attention-only one."""

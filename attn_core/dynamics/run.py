@@ -1,4 +1,4 @@
-"""Metrics over a series: :func:`dynamics` measures every member (``metrics.measure``) on the same
+"""Metrics over a series: :func:`dynamics` measures every member (``metrics.checkpoint_metrics``) on the same
 held-out inputs and finds the phase change (``phase``); a :class:`~attn_core.dynamics.cache.MetricCache`
 keeps each member's result on disk, keyed by the member's files (path, size, modification time),
 the inputs and the settings, so a second call reads instead of computing and says how many it
@@ -19,7 +19,7 @@ import numpy as np
 
 from attn_core.checkpoint import CheckpointError
 from attn_core.dynamics.cache import MetricCache
-from attn_core.dynamics.metrics import Inputs, Measured, measure, task_inputs, text_inputs
+from attn_core.dynamics.metrics import Inputs, Measured, checkpoint_metrics, task_inputs, text_inputs
 from attn_core.dynamics.phase import phase_change
 from attn_core.dynamics.series import Series, Skipped, header_params
 from attn_core.regularizers import head_label
@@ -157,7 +157,7 @@ def dynamics(
             found = cache.get(key, n_heads) if cache is not None else None
             if found is None:
                 loaded = series.load(member, store)
-                found = measure(loaded.model, inputs, detector_samples, seed, partial=is_partial)
+                found = checkpoint_metrics(loaded.model, inputs, detector_samples, seed, partial=is_partial)
                 if cache is not None:
                     cache.put(key, found)
         except (CheckpointError, OSError) as e:

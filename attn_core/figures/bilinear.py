@@ -338,7 +338,7 @@ def eigen_sym_plot(table: pd.DataFrame) -> Plot:
     """Eigenvalues of the symmetric part (B + Bᵀ)/2 per head, in descending order, numbered from
     1 like the singular values (λ_1 the largest). They bound x B xᵀ over unit x (a token's score against itself): positive ones are directions a token
     attends to its own kind along, negative ones directions it avoids. ``table`` has one row per
-    head with ``layer``, ``head`` and the list ``eigenvalues_sym`` (``bilinear.spectrum``)."""
+    head with ``layer``, ``head`` and the list ``eigenvalues_sym`` (``bilinear.spectrum_rows``)."""
     data = pd.DataFrame(
         [
             {"layer": r.layer, "head": r.head, "index": i, "eigenvalue": float(v)}

@@ -12,7 +12,7 @@ from plotly.subplots import make_subplots
 
 from attn_core.figures.base import Plot
 from attn_core.figures.layout import FULL_PX
-from attn_core.kernels import METHODS, summarize
+from attn_core.kernels import METHODS, error_summary
 
 _METRIC_TITLES = {
     "rel_error": "relative output error",
@@ -37,7 +37,7 @@ def error_curves(errors: pd.DataFrame, metric: str = "rel_error", title: str | N
     ``errors`` is :func:`attn_core.kernels.error_curve`'s table (one row per run)."""
     if metric not in _METRIC_TITLES:
         raise ValueError(f"metric must be one of {', '.join(_METRIC_TITLES)}, got {metric!r}")
-    summary = summarize(errors)
+    summary = error_summary(errors)
     spread = errors.groupby(["method", "features"], sort=False)[metric].agg(["min", "max"]).reset_index()
     summary = summary.merge(
         spread.rename(columns={"min": f"{metric}_min", "max": f"{metric}_max"}), on=["method", "features"]

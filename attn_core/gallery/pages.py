@@ -164,7 +164,7 @@ def _blocked(m: LoadedModel, page: str, layer: int, tokens: list[int]) -> Iterat
     yield Entry(page, "blocked: offset profile", fl.offsets_plot(stats, layer), WIDE)
 
 
-def spectrum(m: LoadedModel, quick: bool) -> Iterator[Entry]:
+def spectrum_page(m: LoadedModel, quick: bool) -> Iterator[Entry]:
     """The Spectrum page: singular values (all heads, normalised, per layer, one head),
     eigenvalues, the symmetric part, head detectors and, for rotary heads, B(delta)."""
     page = f"Spectrum · {m.name}"
@@ -175,7 +175,7 @@ def spectrum(m: LoadedModel, quick: bool) -> Iterator[Entry]:
     one = sigma[(sigma["layer"] == 0) & (sigma["head"] == 1)]
     yield Entry(page, "singular values, one head", fb.spectrum_plot(one), HALF)
     yield Entry(page, "eigenvalues", fb.eigen_plot(eigen), HALF)
-    rows = bilinear.spectrum(m.model)
+    rows = bilinear.spectrum_rows(m.model)
     import pandas as pd
 
     table = pd.DataFrame(

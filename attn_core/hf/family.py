@@ -7,7 +7,7 @@ of ours it holds, with the two maps between them (``split``: the file's tensor -
 ``join``: ours -> the file's). The loader (``hf/load.py``) reads every slot and splits it; the
 export (``hf/family_export.py``) joins every slot and writes it: one table, read both ways, so
 load and export cannot disagree. Our parameters no slot holds (a bias the family has no tensor
-for) are zero on import and held at zero (:func:`fixed_params`).
+for) are zero on import and held at zero (:func:`family_fixed_params`).
 
 Layout conventions (row vectors: ``W_Q[h]`` is [d_model, d_head], ``W_O[h]`` [d_head, d_model]):
 an ``nn.Linear`` stores [out, in], so its weight is transposed (:func:`linear`,
@@ -74,7 +74,7 @@ def _covered(fam: Family, cfg: ModelConfig, raw: dict) -> set[str]:
     return {o for s in fam.slots(cfg, raw) for o in s.ours}
 
 
-def fixed_params(fam: Family, cfg: ModelConfig, raw: dict) -> set[str]:
+def family_fixed_params(fam: Family, cfg: ModelConfig, raw: dict) -> set[str]:
     """Our parameters the family has no tensor for: zero on import, held at zero by retraining."""
     if fam.load is not None:
         return {"unembed.b_U"}

@@ -88,7 +88,7 @@ def fixed_params(origin: dict | None, cfg) -> set[str]:
     models."""
     if origin is None:
         return set()
-    return layout.fixed_params(REGISTRY[origin["model_type"]], cfg, origin["config"])
+    return layout.family_fixed_params(REGISTRY[origin["model_type"]], cfg, origin["config"])
 
 
 def _check_matches(loaded: LoadedModel, origin: dict) -> None:

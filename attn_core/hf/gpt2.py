@@ -24,7 +24,7 @@ from attn_core.model import ModelConfig
 IMPORTED = "Imported from a Hugging Face checkpoint; no synthetic task."
 
 
-def model_config(hf: dict) -> ModelConfig:
+def config_from_gpt2(hf: dict) -> ModelConfig:
     """Our ModelConfig for a GPT-2 config dict (config.json or ``GPT2Config.to_dict()``); every
     field read by type (``hf/config.py``: 32.7, "32" or 1e400 for n_embd are refused)."""
     act = activation(hf, "activation_function", "gelu_new")
@@ -59,7 +59,7 @@ def model_config(hf: dict) -> ModelConfig:
 
 def convert_state_dict(sd: dict[str, torch.Tensor], hf: dict) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """GPT-2 tensors (with or without the ``transformer.`` prefix) -> our config and tensors."""
-    cfg = model_config(hf)
+    cfg = config_from_gpt2(hf)
     sd = {k.removeprefix("transformer."): v for k, v in sd.items()}
 
     def get(name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -68,10 +68,10 @@ def convert_state_dict(sd: dict[str, torch.Tensor], hf: dict) -> tuple[ModelConf
         check_shape(name, sd[name].shape, shape)
         return sd[name].float()
 
-    return cfg, convert(cfg, hf, get, sd.__contains__)
+    return cfg, tensors_from_gpt2(cfg, hf, get, sd.__contains__)
 
 
-def convert(cfg: ModelConfig, hf: dict, get, has) -> dict[str, torch.Tensor]:
+def tensors_from_gpt2(cfg: ModelConfig, hf: dict, get, has) -> dict[str, torch.Tensor]:
     """Our tensors from GPT-2's, read by name (without the ``transformer.`` prefix) with
     ``get(name, shape)`` (float32, its shape checked against the config's); ``has(name)`` says
     whether the file holds a tensor."""

@@ -72,11 +72,11 @@ from attn_core.kernels.errors import (
     attention_errors,
     balance_qk,
     error_curve,
+    error_summary,
     head_error,
     head_patterns,
     head_qkv,
     head_spectrum,
-    summarize,
 )
 from attn_core.kernels.features import (
     CAUSAL_METHODS,
@@ -136,7 +136,7 @@ __all__ = [
     "schoenbat_postscale",
     "schoenbat_prenorm",
     "segment_means",
-    "summarize",
+    "error_summary",
     "toeplitz_dense",
     "toeplitz_matmul",
 ]

@@ -142,7 +142,7 @@ def error_curve(
     return pd.DataFrame(rows, columns=ERROR_COLUMNS)
 
 
-def summarize(df):
+def error_summary(df):
     """Mean and standard deviation (over seeds) of each error per method and feature count:
     columns method, features, n_seeds, rel_error_mean, rel_error_std, tv_mean, tv_std, kl_mean, kl_std."""
     grouped = df.groupby(["method", "features"], sort=False)
@@ -196,7 +196,7 @@ def head_error(
         limits.FLOAT_BYTES * (n_seq * n * (4 * features + 4 * n) + 4 * features**2),
     )
     q, k, v = head_qkv(model, tokens, layer, head)
-    row = summarize(error_curve(q, k, v, (method,), (features,), range(seeds), causal, balance, **options)).iloc[0]
+    row = error_summary(error_curve(q, k, v, (method,), (features,), range(seeds), causal, balance, **options)).iloc[0]
     stats = {key: float(row[key]) for key in row.index if key.endswith(("_mean", "_std"))}
     return {
         "method": method,

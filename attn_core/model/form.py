@@ -19,7 +19,7 @@ that no value reads (:meth:`BilinearScore.weights`, :meth:`BilinearScore.sink_sh
 A *merged* head stores B itself (``dense`` = W_QK) and S = X B X^T. :class:`BilinearScore`
 holds these, differentiably (views of the module's parameters), for every head of a layer and,
 with ``head`` set, answers for that head alone. :meth:`BilinearScore.core` is B~ as a
-:class:`attn_core.bilinear.form.QKForm` (the norm weights and the scale folded in, at an offset
+:class:`attn_core.model.qk_form.QKForm` (the norm weights and the scale folded in, at an offset
 for rotary heads), :meth:`BilinearScore.gains` the per-token gains, :meth:`BilinearScore.scores`
 the model's own pre-softmax scores. ``Attention.form(head)`` hands one out and
 ``Attention.set_form(new, head)`` writes one back: the only code that reads or writes the query
@@ -31,16 +31,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from attn_core.model import rotary
 from attn_core.model.config import ModelConfig
-
-if TYPE_CHECKING:
-    from attn_core.bilinear.form import QKForm
+from attn_core.model.qk_form import QKForm
 
 QK_MATRICES = ("W_Q", "W_K", "W_QK")  # the query/key matrices, by name (weight decay, fine-tuning)
 MLA_QK = ("W_DQ", "W_UQ", "W_QR", "W_KR", "W_UK")  # an MLA head's query/key side (W_DKV feeds the values too)
@@ -211,8 +208,6 @@ class BilinearScore:
         """B~ of the selected head(s): W_Q diag(w_q) R(offset) diag(w_k) W_K^T * s, factored with the
         scale in the left factor (B = W_QK for merged heads); ``augmented`` gives B' on [x | 1]
         (the biases as the last row). Grown heads keep the stored width (zero columns add nothing)."""
-        from attn_core.bilinear.form import QKForm  # pure linear algebra; its package imports the model
-
         if self.merged:
             W = F.pad(self.dense, (0, 1, 0, 1)) if augmented else self.dense
             return QKForm(dense=self._pick(W))

@@ -40,6 +40,7 @@ from attn_core.model import rotary
 from attn_core.model.config import ModelConfig
 from attn_core.model.form import BilinearScore, Visibility
 from attn_core.model.layers import RMSNorm
+from attn_core.model.qk_form import QKForm
 
 LATENT_EPS = 1e-6  # the latent norms' epsilon (DeepSeek's q_a_layernorm, kv_a_layernorm)
 EXPLICIT = ("attn_scores", "pattern")
@@ -77,29 +78,23 @@ class MLAScore(BilinearScore):
     def _query_down(self) -> torch.Tensor | None:
         return None if self.down_q is None else self.down_q * self.w_q
 
-    def core(self, offset: int = 0, augmented: bool = False):
+    def core(self, offset: int = 0, augmented: bool = False) -> QKForm:
         """B of the selected head(s) in residual-stream terms (the no-position term, the same at
         every offset); ``augmented`` adds a zero row (MLA has no query/key biases)."""
-        from attn_core.bilinear.form import QKForm
-
         L, R = self.left * self.scale.view(-1, 1, 1), self.right
         if augmented:
             L, R = F.pad(L, (0, 0, 0, 1)), F.pad(R, (0, 0, 0, 1))
         form = QKForm(left=L, right=R)
         return form if self.head is None else form[self.head]
 
-    def latent(self):
+    def latent(self) -> QKForm:
         """B_lat = s W_UQ W_UK^T on the latents (r_q x r_kv; d x r_kv without a query latent)."""
-        from attn_core.bilinear.form import QKForm
-
         form = QKForm(left=self.up_q * self.scale.view(-1, 1, 1), right=self.up_k)
         return form if self.head is None else form[self.head]
 
-    def rope_core(self, offset: int = 0):
+    def rope_core(self, offset: int = 0) -> QKForm:
         """B_R(offset), the rotary term, in residual-stream terms (its gain: g_q on the query side
         only), YaRN's attention factor squared included."""
-        from attn_core.bilinear.form import QKForm
-
         down = self._query_down()
         left = self.rope_q if down is None else torch.einsum("dr,hre->hde", down, self.rope_q)
         R = rotary.offset_rotation(self.cfg, offset, self.cfg.rotary_dims, layer=self.layer).to(left)

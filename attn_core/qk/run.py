@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from attn_core import regularizers as R
-from attn_core.bilinear import spectrum
+from attn_core.bilinear import spectrum_rows
 from attn_core.card import machine
 from attn_core.model import Transformer
 from attn_core.model.form import QK_MATRICES
@@ -148,7 +148,7 @@ def train_variant(
     outcome, after = measure_final(
         trainer, outcome, lambda: measure(model, task, None, cfg.measure_samples, cfg.eval_seed)
     )
-    spec = spectrum(model)
+    spec = spectrum_rows(model)
     for rec in spec:
         l, h = rec["layer"], rec["head"]
         recorder.log(trainer.step_index, {str(MetricKey("stable_rank", l, h)): rec["stable_rank"]})

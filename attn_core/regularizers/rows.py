@@ -37,10 +37,16 @@ from attn_core.model.attention import attention_weights
 from attn_core.regularizers import flash_rows
 from attn_core.regularizers.kinds import ROW_METRICS, row_metric
 from attn_core.regularizers.kinds.base import reduce_dtype
-from attn_core.regularizers.softmax_rows import FLOOR, block_inputs, fused_backward, fused_forward, sink_grad
+from attn_core.regularizers.softmax_rows import (
+    FLOOR,
+    block_inputs,
+    fused_backward,
+    fused_forward,
+    sink_grad,
+    with_sink_column,
+)
 from attn_core.regularizers.softmax_rows import softmax_grad as _softmax_grad
 from attn_core.regularizers.softmax_rows import softmax_rows as _softmax_rows
-from attn_core.regularizers.softmax_rows import with_sink as _with_sink
 
 ROW_KINDS = tuple(ROW_METRICS)  # the row penalties behind data and vocab regularizers (the registry, kinds/)
 # How softmax entropy rows are computed: "auto" (one fused attention pass where a kernel applies,
@@ -113,7 +119,7 @@ def _scores(q, k, scale, a, e, lo, hi, positions, window, key_mask, contiguous, 
         c0 = max(a, lo) if (contiguous and window == 0 and key_mask is None) else lo
         vis = visible(positions[a:e], c0, hi, window, key_mask)
         s[..., c0 - lo :].masked_fill_(~vis, torch.finfo(s.dtype).min / 4)
-    return _with_sink(s, sink)
+    return with_sink_column(s, sink)
 
 
 def _sink_visible(vis: torch.Tensor | None, s: torch.Tensor, sink) -> torch.Tensor | None:

@@ -55,7 +55,7 @@ def softmax_grad(kind: str, s, n, g, m, log_z, x, topk: int):
     return metric.softmax_grad(logp, logp.exp(), n, g, x, topk)
 
 
-def with_sink(s: torch.Tensor, sink: torch.Tensor | None) -> torch.Tensor:
+def with_sink_column(s: torch.Tensor, sink: torch.Tensor | None) -> torch.Tensor:
     """Scores ``s`` [b, h, R, K] with each head's sink logit ``sink`` [h] as one more column, the
     last (a key every query sees, whose value is never read); ``s`` itself without a sink."""
     if sink is None:
@@ -65,7 +65,7 @@ def with_sink(s: torch.Tensor, sink: torch.Tensor | None) -> torch.Tensor:
 
 def sink_grad(P: torch.Tensor, c: torch.Tensor, sink: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(the keys' part of P, d sink [h]) of a block's dS = c[..., None] P whose last column is the
-    sink's (:func:`with_sink`); P itself and zeros without a sink."""
+    sink's (:func:`with_sink_column`); P itself and zeros without a sink."""
     if sink is None:
         return P, P.new_zeros(P.shape[1])
     return P[..., :-1], (c * P[..., -1]).sum((0, 2))
@@ -75,7 +75,7 @@ def block_scores(qb, kb, scale: float, positions, keys, window: int | None, key_
     """Scores ``scale qb kb^T`` of a block of query rows at ``positions`` [R] and keys at ``keys``
     [K] (``key_mask`` [b, K] or None) in the reduction dtype, hidden keys set to a very negative
     finite number (exp gives exactly 0; a row with no visible key stays finite); with ``sink``
-    [h], each head's sink logit as one more column (:func:`with_sink`)."""
+    [h], each head's sink logit as one more column (:func:`with_sink_column`)."""
     rows = qb if scale == 1.0 else qb * scale
     s = (rows @ kb.transpose(-1, -2)).to(reduce_dtype(qb.dtype))
     vis = None
@@ -87,7 +87,7 @@ def block_scores(qb, kb, scale: float, positions, keys, window: int | None, key_
         keys_seen = key_mask[:, None, None, :]
         vis = keys_seen if vis is None else vis & keys_seen
     s = s if vis is None else s.masked_fill(~vis, torch.finfo(s.dtype).min / 4)
-    return with_sink(s, sink)
+    return with_sink_column(s, sink)
 
 
 def forward_block(qb, kb, positions, keys, key_mask, scale, window, kind, n, topk, sink=None):

@@ -20,7 +20,7 @@ from attn_core.surgery.edit import (
     head_label,
     parse_head,
 )
-from attn_core.surgery.measure import Preview, edit_inputs, head_pattern, measure, preview, quick_loss
+from attn_core.surgery.measure import Preview, edit_inputs, edit_metrics, head_pattern, preview, quick_loss
 from attn_core.surgery.modes import Modes, apply_factors, head_form64, head_modes, mode_factors, planes
 
 __all__ = [
@@ -44,7 +44,7 @@ __all__ = [
     "head_pattern",
     "layer_distances",
     "match",
-    "measure",
+    "edit_metrics",
     "mode_factors",
     "parse_head",
     "planes",

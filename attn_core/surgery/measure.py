@@ -1,4 +1,4 @@
-"""What an edit does: the same measurements before and after (:func:`measure`), on fixed inputs
+"""What an edit does: the same measurements before and after (:func:`edit_metrics`), on fixed inputs
 (:func:`edit_inputs`): the model's held-out task samples, or windows of a text (``--text``).
 
     loss         the task's loss on its scored positions (text: every position's next token), nats
@@ -77,7 +77,7 @@ def quick_loss(model, inputs: Inputs) -> dict:
 
 
 @torch.no_grad()
-def measure(loaded: LoadedModel, inputs: Inputs, heads: list[tuple[int, int]], seed: int = 0) -> dict:
+def edit_metrics(loaded: LoadedModel, inputs: Inputs, heads: list[tuple[int, int]], seed: int = 0) -> dict:
     """The module doc's measurements of ``loaded`` on ``inputs``, per head of ``heads``."""
     model = loaded.model
     per_pos, loss, concentration = position_losses(model, inputs)

@@ -39,7 +39,7 @@ def check_sweep(
     from attn_core.retraining.job import TrainingJob
 
     check_settings(cpus_per_trial, gpus_per_trial, scheduler)
-    check_workers(plan.job, cpus_per_trial, gpus_per_trial)
+    check_trial_workers(plan.job, cpus_per_trial, gpus_per_trial)
     seen: set[str] = set()
     for trial in plan.trials:
         kind = BASELINE if not trial.spec else trial.reg
@@ -51,7 +51,7 @@ def check_sweep(
         TrainingJob(trial.job_config({**plan.job, **device}), store=False)
 
 
-def check_workers(job: dict, cpus_per_trial: float, gpus_per_trial: float) -> None:
+def check_trial_workers(job: dict, cpus_per_trial: float, gpus_per_trial: float) -> None:
     """A trial on Ray Train workers (``--workers-per-trial``) takes its resources per worker:
     ``--cpus-per-trial`` and ``--gpus-per-trial`` are for trials that train in one process."""
     if job.get("workers") and (cpus_per_trial != 1.0 or gpus_per_trial):

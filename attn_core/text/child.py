@@ -81,7 +81,7 @@ def memory_bound(corpus: Corpus, tokenizer_bytes: int) -> int:
     )
 
 
-def tokenize(
+def tokenize_in_child(
     corpus: Corpus,
     tokenizer_json: str,
     eos: int | None,
@@ -227,7 +227,7 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _run(req: dict) -> dict:
-    """Tokenize as the request says; the counts of :func:`tokenize`."""
+    """Tokenize as the request says; the counts of :func:`tokenize_in_child`."""
     import hashlib
     from array import array
 
@@ -313,7 +313,7 @@ def _first(e: BaseException) -> str:
 
 
 def main() -> None:
-    """The child: read the request on stdin, answer on stdout (see :func:`tokenize`)."""
+    """The child: read the request on stdin, answer on stdout (see :func:`tokenize_in_child`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent ends it (Ctrl-C reaches both)
     parent = int(os.environ.get("ATTN_LAB_PARENT", os.getppid()))
     _die_with_parent(parent)

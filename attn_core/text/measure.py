@@ -55,7 +55,7 @@ def _held_out(task, samples: int, seed: int, split: str, tokens: int | None = No
 
 
 @torch.no_grad()
-def evaluate(
+def evaluate_text(
     model, task, samples: int = 512, seed: int = 0, split: str = "test", device=None, precision="fp32", tokens=None
 ) -> dict:
     """Loss (nats per token), perplexity and accuracy on held-out blocks (:func:`held_out_count`)."""
@@ -108,7 +108,7 @@ def _run(model, task, samples, seed, split, device, heads, precision="fp32", tok
 
 
 @torch.no_grad()
-def measure(model, task, heads=None, samples: int = 512, seed: int = 0, tokens=None, precision="fp32") -> dict:
+def text_metrics(model, task, heads=None, samples: int = 512, seed: int = 0, tokens=None, precision="fp32") -> dict:
     """The run's measurement on held-out text (module doc); ``heads`` a selection as
     ``regularizers.parse_heads`` reads it (None: every head)."""
     heads = R.parse_heads(heads, model.cfg)

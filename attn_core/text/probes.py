@@ -82,11 +82,11 @@ def probes(
                 + (f"; {instead}" if instead else "")
             )
         from attn_core.text.source import tokenize_text
-        from attn_core.text.task import check_ids
+        from attn_core.text.task import check_token_file
 
         # the whole token stream (nothing is trained: no block, no held-out part), from the token cache
         _, [(corpus, stream)] = tokenize_text(Path(folder), loaded.name, str(text), field, None, cache_root, progress)
-        check_ids(stream, loaded.config.d_vocab)
+        check_token_file(stream, loaded.config.d_vocab)
         if stream.n_tokens < T:
             raise ValueError(
                 f"the text has {stream.n_tokens:,} tokens, fewer than one probe of {T} (--length {T}); "

@@ -121,13 +121,13 @@ class TextTask(Task):
         ``precision``, on at most ``tokens`` held-out tokens (:mod:`attn_core.text.measure`)."""
         from attn_core.text import measure
 
-        return measure.evaluate(model, self, samples, seed, split, device, precision, tokens)
+        return measure.evaluate_text(model, self, samples, seed, split, device, precision, tokens)
 
     def measure(self, model, heads=None, samples: int = 512, seed: int = 0, tokens=None, precision="fp32") -> dict:
         """A run's before/after measurement on held-out text (``telemetry.measure`` takes it)."""
         from attn_core.text import measure
 
-        return measure.measure(model, self, heads, samples, seed, tokens, precision)
+        return measure.text_metrics(model, self, heads, samples, seed, tokens, precision)
 
 
 def text_task(data: TextData) -> TextTask:
@@ -182,7 +182,7 @@ def default_batch(cfg, block: int, kl: float = 0.0, device: str = "cuda") -> int
     return max(1, min(MAX_DEFAULT_BATCH, 1 << max(0, int(fit).bit_length() - 1)))
 
 
-def check_ids(tf: TokenFile | None, d_vocab: int) -> None:
+def check_token_file(tf: TokenFile | None, d_vocab: int) -> None:
     """Refuse token ids the model does not have: a tokenizer.json of another model."""
     if tf is not None and tf.meta["max_id"] >= d_vocab:
         raise TextError(
@@ -199,7 +199,7 @@ def split_streams(
     so is a held-out text that is the training text itself (the same files and bytes)."""
     need = block + 1
     for tf in (main, held):
-        check_ids(tf, d_vocab)
+        check_token_file(tf, d_vocab)
     stream = main.array()
     if held is not None and held.meta.get("corpus_sha256") == main.meta.get("corpus_sha256"):
         raise TextError(

@@ -249,7 +249,7 @@ def tokenize(
     except OSError as e:
         raise OSError(f"the token cache {directory} cannot be written ({e.strerror or e})") from None
     try:
-        meta = child.tokenize(corpus, tok.to_str(), eos, tmp / TOKENS, fingerprint, progress, stop)
+        meta = child.tokenize_in_child(corpus, tok.to_str(), eos, tmp / TOKENS, fingerprint, progress, stop)
         if meta["dtype"] != dtype:
             raise TextError(f"the tokenizer's vocabulary changed while it was read ({meta['dtype']} ids)")
         meta.update(

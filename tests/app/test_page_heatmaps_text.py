@@ -27,8 +27,8 @@ def test_a_multi_line_text_keeps_its_line_breaks():
     at = typed(open_page(PAGE, MODEL))
     at.text_area(key="typed_text").set_value(LINES).run()
     assert not at.exception and not at.error
-    want = bilinear.encode(resolve(MODEL), LINES)
-    flat = bilinear.encode(resolve(MODEL), " ".join(LINES.split()))
+    want = bilinear.input_ids(resolve(MODEL), LINES)
+    flat = bilinear.input_ids(resolve(MODEL), " ".join(LINES.split()))
     assert len(want) != len(flat)  # the line breaks are tokens of their own
     query = at.select_slider(key="query")
     assert len(query.options) == len(want) and query.value == len(want) - 1

@@ -109,7 +109,7 @@ def test_heatmaps_take_text_an_offset_and_a_token_pair(env):
     z = z_matrix(chart(at, "vocab"))
     assert torch.allclose(z[: want.shape[0], : want.shape[1]], want, atol=1e-4, equal_nan=True)
     pair = chart(at, "positional")
-    ids = bilinear.encode(loaded, "the cat sat on the mat .")
+    ids = bilinear.input_ids(loaded, "the cat sat on the mat .")
     query = len(ids) - 1  # the page's default query is the last token
     curve = offsets.token_pair_scores(loaded.model, layer, head, ids[query], ids[query - 1], list(range(0, -64, -1)))
     np.testing.assert_allclose(values(pair["data"][0]["y"]).numpy(), curve.score.to_numpy(), rtol=1e-4, atol=1e-5)

@@ -64,7 +64,7 @@ def test_a_llama_folder_as_save_pretrained_wrote_it(llama, tmp_path):
     assert sorted(p.name for p in kept.iterdir()) == sorted(set(files) - {"README.md", "training_args.bin"})
     loaded = resolve(label)
     assert same_model(loaded, resolve(str(llama)))  # the same reader: the same model as the folder on disk
-    assert bilinear.tokenizer(loaded) is not None and bilinear.encode(loaded, "w3 w5") == [3, 5]
+    assert bilinear.tokenizer(loaded) is not None and bilinear.input_ids(loaded, "w3 w5") == [3, 5]
     assert ui.save_upload(files) == label  # the same files twice: one folder
     other = dict(files, **{"generation_config.json": b'{"max_length": 7}'})
     assert ui.save_upload(other) != label  # other bytes: another folder, nothing overwritten

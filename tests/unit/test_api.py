@@ -23,7 +23,7 @@ from attn_core.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 # every module whose public functions carry the front door's >>> examples
-DOCTESTED = ["attn_core.api", "attn_core.api_surgery", "attn_core.bilinear.form", "attn_core.bilinear.heads"]
+DOCTESTED = ["attn_core.api", "attn_core.api_surgery", "attn_core.model.qk_form", "attn_core.bilinear.heads"]
 
 
 @pytest.fixture(scope="module")
@@ -79,11 +79,11 @@ def test_every_function_takes_either_model_object(m):
     t = m.model
     for a, b in ((m, t), (t, m)):
         assert torch.equal(bl.layer_form(a, 1).dense, bl.layer_form(b, 1).dense)
-        assert bl.spectrum(a) == bl.spectrum(b)
+        assert bl.spectrum_rows(a) == bl.spectrum_rows(b)
         assert torch.equal(bl.sequence_view(a, [1, 2, 3], 1).scores, bl.sequence_view(b, [1, 2, 3], 1).scores)
     assert al.Model.of(t).cfg is t.cfg
     with pytest.raises(TypeError, match="takes a model"):
-        bl.spectrum("induction-2l ")
+        bl.spectrum_rows("induction-2l ")
 
 
 def test_heads_are_the_libraries_forms(m):

@@ -122,6 +122,80 @@ def test_no_import_cycle_in_attn_core():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+# One public name, one meaning: a public function or class is defined in one module of the library.
+# The deliberate exceptions, each a name -> (where it may repeat, why).
+SHARED_NAMES: dict[str, tuple[str, str]] = {
+    "main": (
+        "attn_core/",
+        "a program's entry point: python -m attn_core, the CLI, the worker and text child processes",
+    ),
+    "config": ("attn_core/hf/families/", "a family file's hook: its config.json read into a ModelConfig"),
+    "slots": ("attn_core/hf/families/", "a family file's hook: its tensor table"),
+    "router_fields": ("attn_core/hf/families/", "a family file's hook: its router's config fields"),
+    "curves_plot": ("attn_core/figures/", "a figure module's plot of its own curves, called as fd.curves_plot"),
+    "spectrum_plot": ("attn_core/figures/", "a figure module's plot of its own spectra"),
+    "ranks_plot": ("attn_core/figures/", "a figure module's plot of its own ranks"),
+}
+# The notebook door (al.*) names each analysis as a user asks for it, over the library's own.
+NAME_DOORS = ("attn_core/api.py", "attn_core/api_surgery.py")
+# Modules reworked in parallel with this check: it holds them again once their rework lands.
+OUTSIDE_THE_NAME_CHECK = (
+    "attn_core/training/",
+    "attn_core/retraining/",
+    "attn_core/bilinear/long.py",
+    "attn_core/bilinear/blocked.py",
+    "attn_core/bilinear/queries_keys.py",
+    "attn_core/regularizers/summaries.py",
+    "attn_core/hf/families/deepseek",
+)
+
+
+def public_definitions(paths: list[Path], root: Path = ROOT) -> dict[str, list[str]]:
+    """name -> the modules (paths from ``root``) whose top level defines a public function or class
+    of that name."""
+    found: dict[str, list[str]] = {}
+    for path in paths:
+        rel = path.relative_to(root).as_posix()
+        for node in ast.parse(path.read_text(), rel).body:
+            defines = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            if defines and not node.name.startswith("_"):
+                found.setdefault(node.name, []).append(rel)
+    return found
+
+
+def names_defined_twice(found: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The names of ``found`` defined in more than one module, less the deliberate ones."""
+    twice = {}
+    for name, modules in found.items():
+        where = SHARED_NAMES.get(name, (None,))[0]
+        if len(modules) > 1 and not (where and all(m.startswith(where) for m in modules)):
+            twice[name] = modules
+    return twice
+
+
+def test_the_name_finder_finds_a_name_defined_twice(tmp_path):
+    (tmp_path / "a.py").write_text("def measure():\n    pass\n\n\ndef _own():\n    pass\n")
+    (tmp_path / "b.py").write_text("class measure:\n    pass\n\n\ndef own():\n    pass\n")
+    found = public_definitions(sorted(tmp_path.glob("*.py")), tmp_path)
+    assert found == {"measure": ["a.py", "b.py"], "own": ["b.py"]}
+    assert names_defined_twice(found) == {"measure": ["a.py", "b.py"]}
+    # a deliberate name repeats only where its entry says
+    assert names_defined_twice({"config": ["attn_core/hf/families/a.py", "attn_core/hf/families/b.py"]}) == {}
+    assert names_defined_twice({"config": ["attn_core/hf/families/a.py", "attn_core/x.py"]}) != {}
+
+
+def test_every_public_name_has_one_meaning():
+    paths = []
+    for path in sorted(LIB.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if not rel.startswith(OUTSIDE_THE_NAME_CHECK) and rel not in NAME_DOORS:
+            paths.append(path)
+    twice = names_defined_twice(public_definitions(paths))
+    assert not twice, "one public name, one meaning: name each after what it gives\n" + "\n".join(
+        f"{name}: {', '.join(modules)}" for name, modules in sorted(twice.items())
+    )
+
+
 # The training loop imports nothing that stands above it: what a run starts from (presets, text,
 # imported models), the live job and the Ray workers are handed in from above (attn_core.retraining);
 # the ground floor's device decisions (attn_core.device) import no training.
@@ -148,6 +222,12 @@ def test_training_imports_nothing_above_it():
     assert _imports_into(graph, "attn_core.training", ABOVE_TRAINING) == {}, "training/ imports what stands above it"
     for ground in GROUND:
         assert not any(t.startswith("attn_core.training") for t in graph[ground]), f"{ground} imports training/"
+
+
+def test_the_model_imports_nothing_of_bilinear():
+    """A head's QK form is the model's concept (attn_core.model.qk_form): bilinear/ reads the model
+    and builds its views on it, so the model never imports bilinear/, not even inside a function."""
+    assert _imports_into(import_graph(), "attn_core.model", ("bilinear",)) == {}, "model/ imports bilinear/"
 
 
 def test_library_never_imports_streamlit():

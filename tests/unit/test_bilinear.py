@@ -199,7 +199,7 @@ def test_from_model_spectrum_matches_dense_for_every_kind():
 
 def test_grown_heads_have_their_own_rank():
     model = random_model(**KINDS["grown"])
-    recs = bl.spectrum(model)
+    recs = bl.spectrum_rows(model)
     caps = [r["rank_cap"] for r in recs]
     assert caps == [6, 9, 4, 7, 6, 6]
     for r in recs:
@@ -208,7 +208,7 @@ def test_grown_heads_have_their_own_rank():
 
 
 def test_spectrum_records():
-    recs = bl.spectrum(random_model())
+    recs = bl.spectrum_rows(random_model())
     assert len(recs) == 6
     assert SPECTRUM_KEYS <= set(recs[0])
     r = recs[0]
@@ -322,9 +322,9 @@ def test_tokens_helpers():
     model = random_model()
     assert bl.random_tokens(loaded(model), seed=3) == bl.random_tokens(loaded(model), seed=3)
     assert len(bl.random_tokens(loaded(model), length=5)) == 5
-    assert bl.encode(loaded(model), "1 5 11") == [1, 5, 11]
+    assert bl.input_ids(loaded(model), "1 5 11") == [1, 5, 11]
     with pytest.raises(ValueError, match="unknown token"):
-        bl.encode(loaded(model), "1 x")
+        bl.input_ids(loaded(model), "1 x")
     with pytest.raises(ValueError, match="no task"):
         bl.sample_tokens(loaded(model))
     assert bl.token_names(loaded(model))[:3] == ["0", "1", "2"]

@@ -75,7 +75,7 @@ def test_attribute_terms_and_bias_add_up_to_the_models_own_score(biased):
     scores = [k["score"] for k in doc["keys"]]
     assert scores == sorted(scores, reverse=True)
     loaded = resolve(biased)
-    ids = bilinear.encode(loaded, "a b c a b c d")
+    ids = bilinear.input_ids(loaded, "a b c a b c d")
     with torch.no_grad():
         _, cache = loaded.model.run_with_cache(torch.tensor([ids]))
     S = cache[act_name("attn_scores", 1)][0, 1, 5]

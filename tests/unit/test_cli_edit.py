@@ -9,7 +9,7 @@ import torch
 
 from attn_core.destinations import SHIPPED
 from attn_core.sources import resolve
-from attn_core.surgery import HeadEdit, edit_inputs, edit_model, head_form64, measure
+from attn_core.surgery import HeadEdit, edit_inputs, edit_metrics, edit_model, head_form64
 from tests.conftest import cli_json, cli_run, one_line_error
 
 run, run_json = cli_run, cli_json
@@ -39,7 +39,7 @@ def test_edit_json_is_the_librarys_before_and_after(tmp_path):
     loaded = resolve("induction-2l")
     inputs = edit_inputs(loaded, samples=16)
     edits = [HeadEdit(1, 0, rank=1), HeadEdit(0, 1, scale=((0, 0.5), (1, 0.0)))]
-    after = measure(edit_model(loaded, edits).loaded, inputs, [(1, 0), (0, 1)])
+    after = edit_metrics(edit_model(loaded, edits).loaded, inputs, [(1, 0), (0, 1)])
     for k in ("loss", "perplexity", "accuracy", "icl_score", "sink_rate"):
         assert r["after"][k] == pytest.approx(after[k], rel=1e-6, abs=1e-9), k
         assert k in r["before"]
@@ -179,5 +179,5 @@ def test_a_linear_algebra_failure_is_one_line_not_an_internal_error(monkeypatch)
     def fails(*args, **kwargs):
         raise torch.linalg.LinAlgError("linalg.eigh: The algorithm failed to converge")
 
-    monkeypatch.setattr(attn_core.surgery, "measure", fails)
+    monkeypatch.setattr(attn_core.surgery, "edit_metrics", fails)
     one_line_error(run("edit", "induction-2l", "--head", "L0H0", "--rank", 1, "--samples", 4), "linear algebra failed")

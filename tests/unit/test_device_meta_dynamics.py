@@ -76,11 +76,13 @@ def test_what_measure_computes_from_the_model_runs_on_meta(kind):
     sums, detectors, spectrum, kmax = on_meta(parts)
     assert all_meta((sums, detectors, spectrum, kmax)) and kmax.shape == (L, H)
     assert read_point(lambda: copying_scores(model)) is None
-    assert read_point(lambda: D.measure(model, inputs(2), detector_samples=2)) == "metrics.py:position_losses"
+    assert (
+        read_point(lambda: D.checkpoint_metrics(model, inputs(2), detector_samples=2)) == "metrics.py:position_losses"
+    )
     # a partial checkpoint skips the forward: its first read is the composition table (with two
     # layers or more; with one there is no pair to read) or else the spectrum
     first = "composition.py:composition" if L > 1 else "summaries.py:spectrum"
-    assert read_point(lambda: D.measure(model, None, partial=True)) == first
+    assert read_point(lambda: D.checkpoint_metrics(model, None, partial=True)) == first
 
 
 def test_k_composition_max_takes_the_device_and_dtype_of_its_table():

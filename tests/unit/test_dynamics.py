@@ -158,7 +158,7 @@ def induction_circuit(V: int = 8, T: int = 16, c: float = 12.0) -> Transformer:
 
 def test_prefix_matching_of_a_hand_built_induction_head():
     model = induction_circuit()
-    got = D.measure(model, None, detector_samples=16, seed=3).values
+    got = D.checkpoint_metrics(model, None, detector_samples=16, seed=3).values
     # every row of the second half finds its target, except the first one, whose token also sits in
     # position 0's previous-token slot (position 0 has only itself to attend to): 7.5 of 8 rows
     assert got["prefix_matching:L1H0"] == pytest.approx(7.5 / 8, abs=1e-3) and got["previous_token:L0H0"] > 0.99
@@ -181,7 +181,7 @@ def trained():
 def test_icl_score_and_loss_from_per_position_losses(trained):
     task = trained.task
     inputs = D.task_inputs(task, samples=24, seed=2)
-    got = D.measure(trained.model, inputs, detector_samples=8).values
+    got = D.checkpoint_metrics(trained.model, inputs, detector_samples=8).values
     with torch.no_grad():
         logits = trained.model(inputs.tokens)
     per = torch.zeros(inputs.tokens.shape[1], dtype=torch.float64)
@@ -197,7 +197,7 @@ def test_icl_score_and_loss_from_per_position_losses(trained):
 def test_head_metrics_from_their_definitions(trained):
     model = trained.model
     inputs = D.task_inputs(trained.task, samples=8, seed=1)
-    got = D.measure(model, inputs, detector_samples=8).values
+    got = D.checkpoint_metrics(model, inputs, detector_samples=8).values
     K = composition(model).scores["k"]
     for h in range(4):
         assert got[f"k_composition_max:L1H{h}"] == pytest.approx(float(K[:4, 4 + h].max()), abs=1e-6)

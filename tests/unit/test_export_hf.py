@@ -96,8 +96,8 @@ def test_tokenizer_encodes_like_the_task(tmp_path):
     export_gpt2(loaded, tmp_path / "s", bl.token_names(loaded))
     text = "15 3 10 0 |"
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "s")
-    assert tok(text)["input_ids"] == bl.encode(loaded, text) == [15, 3, 10, 0, 16]
-    assert tok.decode(bl.encode(loaded, text)) == text
+    assert tok(text)["input_ids"] == bl.input_ids(loaded, text) == [15, 3, 10, 0, 16]
+    assert tok.decode(bl.input_ids(loaded, text)) == text
     assert tok("15 a 3 1x 153")["input_ids"] == [15, 3]  # words that are no token name are dropped whole
     assert tok("a")["input_ids"] == []  # TransformerLens probes with "a": no error
 

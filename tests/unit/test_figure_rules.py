@@ -287,7 +287,7 @@ def test_a_vocabulary_view_has_square_cells(model):
 
 
 def test_eigenvalues_and_singular_values_are_numbered_from_1(model):
-    rows = bilinear.spectrum(model.model)
+    rows = bilinear.spectrum_rows(model.model)
     table = pd.DataFrame(
         [{"layer": r["layer"], "head": r["head"], "eigenvalues_sym": r["eigenvalues_sym"]} for r in rows]
     )

@@ -106,7 +106,7 @@ def test_eigen_sym_plot_shows_the_symmetric_parts_eigenvalues():
     from attn_core.sources import resolve
 
     model = resolve("induction-2l").model
-    rows = pd.DataFrame(bilinear.spectrum(model))
+    rows = pd.DataFrame(bilinear.spectrum_rows(model))
     plot = eigen_sym_plot(rows)
     assert len(plot.fig.data) == len(rows)
     B = bilinear.head_B(model, 1, 2).detach().double()

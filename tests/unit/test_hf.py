@@ -60,8 +60,8 @@ def test_views_and_spectrum_work_on_gpt2(saved):
     _, folder = saved
     loaded = resolve(folder)
     assert bl.token_names(loaded)[:2] == ["tok0", "tok1"]
-    assert bl.encode(loaded, "tok3 7") == [3, 7]
-    recs = bl.spectrum(loaded.model, augmented=True)
+    assert bl.input_ids(loaded, "tok3 7") == [3, 7]
+    recs = bl.spectrum_rows(loaded.model, augmented=True)
     assert len(recs) == 8 and len(recs[0]["singular_values"]) == 8  # B' is 33 x 33, still rank <= d_head
     assert bl.model_form(loaded.model, augmented=True).shape == (2, 4, 33, 33)
     assert bl.vocabulary_view(loaded, 1, heads=[2]).scores.shape == (1, 100, 100)

@@ -211,7 +211,7 @@ def test_tokenizer_json_gives_labels_and_round_trips(tmp_path):
     loaded = resolve(tmp_path)
     names = bl.token_names(loaded)
     assert names[:4] == ["[UNK]", "the", "cat", "sat"] and len(names) == 100 and len(set(names)) == 100
-    ids = bl.encode(loaded, "the cat sat on the mat")
+    ids = bl.input_ids(loaded, "the cat sat on the mat")
     assert ids == [1, 2, 3, 4, 1, 5]
     assert load_tokenizer(tmp_path).decode(ids) == "the cat sat on the mat"
     assert encode(load_tokenizer(tmp_path), "a dog") == [6, 7]

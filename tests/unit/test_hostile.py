@@ -20,7 +20,7 @@ from attn_core.card import Card
 from attn_core.checkpoint import CheckpointError
 from attn_core.sources import resolve
 from attn_core.training.config import JobConfig, TrainConfig
-from attn_core.validate import MAX_SEED, check_seed, summarize
+from attn_core.validate import MAX_SEED, check_seed, short_list
 
 FIFO_TIMEOUT = 60  # seconds; opening a FIFO for reading would block for ever
 
@@ -330,7 +330,7 @@ def test_seeds_and_counts_state_their_limits():
     with pytest.raises(limits.LimitError, match="--features must be at most 65,536"):
         limits.check_count("--features", 10**7, limits.MAX_FEATURES)
     with pytest.raises(limits.LimitError, match=r"--threads must be at most \d+ \(the CPUs"):
-        limits.check_threads("--threads", 10**6)
+        limits.check_cpu_threads("--threads", 10**6)
     with pytest.raises(limits.LimitError, match="needs about .* the limit is"):
         limits.check_memory("a view of 262144 x 262144 scores", 262_144**2 * 4)
     assert 0 < limits.memory_limit() <= limits.available_memory()
@@ -352,18 +352,18 @@ def test_a_vocabulary_view_larger_than_memory_is_refused(monkeypatch):
 
 
 def test_a_long_list_is_summarised():
-    assert summarize(["a", "b"]) == "'a', 'b'"
-    assert summarize([f"w{i}" for i in range(43_000)]) == "'w0', 'w1', 'w2', 'w3', 'w4' and 42995 more"
+    assert short_list(["a", "b"]) == "'a', 'b'"
+    assert short_list([f"w{i}" for i in range(43_000)]) == "'w0', 'w1', 'w2', 'w3', 'w4' and 42995 more"
 
 
 def test_43000_unknown_tokens_give_a_short_message(save_model):
     words = " ".join(f"w{i}" for i in range(43_000))
     for loaded in (resolve("reverse-1l"), resolve(save_model("no-task", card={}))):
         with pytest.raises(ValueError, match="43000 tokens exceed the model context") as e:
-            bilinear.encode(loaded, words)
+            bilinear.input_ids(loaded, words)
         assert len(one_line(e)) < 200
     with pytest.raises(ValueError, match=r"3 unknown tokens \('zz', 'yy', 'xx'\)"):
-        bilinear.encode(resolve(save_model("no-task-2", card={})), "zz 1 yy xx")
+        bilinear.input_ids(resolve(save_model("no-task-2", card={})), "zz 1 yy xx")
 
 
 def test_an_empty_source_is_an_error_not_the_current_folder():

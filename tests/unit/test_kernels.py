@@ -242,7 +242,7 @@ def test_error_curve_summary_and_head_error():
     df = K.error_curve(q, k, v, methods=("favor", "nystrom"), features=(8, 64), seeds=range(3))
     assert list(df.columns) == ["method", "features", "seed", "rel_error", "tv", "kl"]
     assert len(df) == 2 * 2 * 3 and df[["rel_error", "tv", "kl"]].notna().all().all()
-    summary = K.summarize(df)
+    summary = K.error_summary(df)
     assert {"rel_error_mean", "rel_error_std", "tv_mean", "kl_mean", "n_seeds"} <= set(summary.columns)
     assert len(summary) == 4 and (summary["n_seeds"] == 3).all()
     assert (summary["tv_mean"] >= 0).all() and (summary["kl_mean"] >= 0).all()

@@ -150,7 +150,7 @@ def test_the_text_measurement_keeps_every_figure_it_showed(text_setup, heads):
     keys, the means, every head's entropy, top-1 mass, vocabulary view, spectrum, stable rank and
     sigma_1(B(delta)) summary, the loss, perplexity and accuracy: the same to 1e-5."""
     task, model = text_setup
-    new = M.measure(model, task, heads, samples=40, seed=2)
+    new = M.text_metrics(model, task, heads, samples=40, seed=2)
     old = _old_measure(model, task, heads, samples=40, seed=2)
     _same(new, old)
     assert new["samples"] == 40 and new["tokens"] == 320
@@ -161,10 +161,10 @@ def test_the_measurement_is_sized_by_tokens(text_setup):
     assert task.data.held_out_blocks == 87
     assert M.held_out_count(task, 512) == 87 and M.held_out_count(task, 512, tokens=100) == 13
     assert M.held_out_count(task, 5, tokens=10**6) == 5 and M.held_out_count(task, 512, tokens=1) == 1
-    small = M.measure(model, task, None, samples=512, seed=2, tokens=100)
+    small = M.text_metrics(model, task, None, samples=512, seed=2, tokens=100)
     assert small["samples"] == 13 and small["tokens"] == 104
     # the same blocks, first of the same order, as the measurement of all of them
-    assert small["loss"] == pytest.approx(M.evaluate(model, task, 13, seed=2)["loss"], **TOL)
+    assert small["loss"] == pytest.approx(M.evaluate_text(model, task, 13, seed=2)["loss"], **TOL)
     # a run's evaluation: a share of what it trains between evaluations, at least one batch
     cfg = TrainConfig(steps=1000, batch_size=8, eval_every=100)
     assert eval_tokens(cfg, 128) == 8 * 128 * 7
@@ -177,8 +177,8 @@ def test_the_measurement_is_sized_by_tokens(text_setup):
 
 def test_bf16_measurement_is_close_to_fp32(text_setup):
     task, model = text_setup
-    fp32 = M.measure(model, task, None, samples=40, seed=2)
-    bf16 = M.measure(model, task, None, samples=40, seed=2, precision="bf16")
+    fp32 = M.text_metrics(model, task, None, samples=40, seed=2)
+    bf16 = M.text_metrics(model, task, None, samples=40, seed=2, precision="bf16")
     assert bf16["loss"] == pytest.approx(fp32["loss"], rel=2e-2)
     assert bf16["entropy_data"] == pytest.approx(fp32["entropy_data"], abs=2e-2)
     assert bf16["stable_rank"] == fp32["stable_rank"]  # spectra are float32 whatever the run's precision

@@ -209,11 +209,11 @@ def test_the_forms_terms_add_up_to_the_models_own_scores(case):
 
 
 def test_spectrum_is_the_dense_float64_absorbed_B(case):
-    from attn_core.bilinear.spectrum import spectrum
+    from attn_core.bilinear.spectrum import spectrum_rows
 
     name, reference, folder = case
     model = load_hf(folder).model
-    rows = spectrum(model)
+    rows = spectrum_rows(model)
     n = model.cfg.d_head
     for row in rows:
         dense, latent = _dense_B(reference, row["layer"], row["head"])

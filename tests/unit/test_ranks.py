@@ -158,7 +158,7 @@ def test_dynamics_measures_sinks_and_both_ranks():
     loaded = resolve("sort-2l-mlp")
     model = loaded.model
     inputs = D.task_inputs(loaded.task, samples=40)
-    values = D.measure(model, inputs, detector_samples=2).values
+    values = D.checkpoint_metrics(model, inputs, detector_samples=2).values
     probes = inputs.tokens[:32, :64]
     s, r = sinks(model, probes), ranks(model, probes)
     assert values["sink_rate"] == pytest.approx(s.rate) and s.rate > 0
@@ -168,7 +168,7 @@ def test_dynamics_measures_sinks_and_both_ranks():
             assert values[f"weight_rank:L{l}H{h}"] == int(r.weight_rank[l, h])
             assert values[f"data_rank:L{l}H{h}"] == pytest.approx(float(r.data_rank[l, h]))
             assert values[f"data_stable_rank:L{l}H{h}"] == pytest.approx(float(r.data_stable_rank[l, h]))
-    partial = D.measure(model, inputs, detector_samples=2, partial=True).values
+    partial = D.checkpoint_metrics(model, inputs, detector_samples=2, partial=True).values
     assert partial["sink_rate"] is None and partial["data_rank:L0H0"] is None
     assert partial["weight_rank:L0H0"] == values["weight_rank:L0H0"]
 

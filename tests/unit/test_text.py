@@ -295,7 +295,7 @@ def test_held_out_measurement_in_chunks_equals_one_forward(folder, tmp_path, tin
     task, _ = _task(folder, tmp_path)
     model = tiny_model("reverse", std=0.3, d_vocab=100, n_ctx=8, n_layers=2)
     monkeypatch.setattr(M, "CHUNK_BYTES", chunk_bytes)
-    got = M.measure(model, task, None, samples=10, seed=3)
+    got = M.text_metrics(model, task, None, samples=10, seed=3)
     batch = task.sample(10, 3 + M.EVAL_SEED_OFFSET, split="test")
     with torch.no_grad():
         logits, cache = model.run_with_cache(batch.tokens)
@@ -327,7 +327,7 @@ def test_held_out_measurement_in_chunks_equals_one_forward(folder, tmp_path, tin
 def test_asking_for_more_held_out_blocks_than_there_are_measures_each_once(folder, tmp_path, tiny_model):
     task, _ = _task(folder, tmp_path)
     model = tiny_model("reverse", std=0.3, d_vocab=100, n_ctx=8)
-    got = M.evaluate(model, task, samples=10**5)
+    got = M.evaluate_text(model, task, samples=10**5)
     assert got["samples"] == task.data.held_out_blocks and got["tokens"] == 8 * task.data.held_out_blocks
 
 

@@ -330,7 +330,7 @@ class TestTokenizerInABoundedChild:
             "        print('read', flush=True)\n"
             f"c = corpus.open_corpus({str(tmp_path / 'c.txt')!r})\n"
             f"tok = Path({str(folder / 'tokenizer.json')!r}).read_text()\n"
-            f"child.tokenize(c, tok, None, Path({str(tmp_path / 'tokens.bin')!r}), c.fingerprint(), progress=progress)\n"
+            f"child.tokenize_in_child(c, tok, None, Path({str(tmp_path / 'tokens.bin')!r}), c.fingerprint(), progress=progress)\n"
         )
         proc = subprocess.Popen(
             [sys.executable, "-c", code],

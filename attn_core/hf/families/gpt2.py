@@ -21,12 +21,12 @@ def _config(cfg, raw: dict) -> dict:
 
 FAMILY = Family(
     "gpt2",
-    config=gpt2.model_config,
+    config=gpt2.config_from_gpt2,
     slots=lambda cfg, raw: [],
     prefix="transformer.",
     embed="transformer.wte.weight",
     tied=True,
-    load=lambda cfg, raw, get, has: gpt2.convert(cfg, raw, get, has),
+    load=lambda cfg, raw, get, has: gpt2.tensors_from_gpt2(cfg, raw, get, has),
     export=_export,
     export_config=_config,
 )

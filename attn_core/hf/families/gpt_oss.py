@@ -66,7 +66,7 @@ def _interleave(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.stack([gate, up], dim=-1).flatten(-2)
 
 
-def expert_slots(cfg: ModelConfig, l: int, field: str) -> list[Slot]:
+def fused_expert_slots(cfg: ModelConfig, l: int, field: str) -> list[Slot]:
     """Layer ``l``'s router (weight and bias) and its fused experts, as our per-expert MLPs."""
     d, f, E = cfg.d_model, cfg.d_mlp, cfg.n_experts
     m, q = f"model.layers.{l}.mlp.", f"blocks.{l}.mlp."
@@ -107,7 +107,7 @@ def slots(cfg: ModelConfig, raw: dict) -> list[Slot]:
             out.append(Slot(f"model.layers.{l}.self_attn.sinks", (f"blocks.{l}.attn.sinks",), (h,),
                             lambda t: (t,), lambda p: p[0],
                             hint=f"one sink logit per head: config.json num_attention_heads={h}"))  # fmt: skip
-            out += expert_slots(cfg, l, field)
+            out += fused_expert_slots(cfg, l, field)
     return out
 
 

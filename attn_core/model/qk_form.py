@@ -5,7 +5,8 @@ Like TransformerLens' ``FactoredMatrix``: :class:`QKForm` holds B as its factors
 transposes with ``.T`` and composes with ``@`` without forming the m x n matrix, and computes
 its spectrum lazily, once, from a thin QR of each factor and an SVD of the small r x r core
 ``R_left R_right^T``, whose singular values are those of B. It knows nothing of models: a
-head's form comes from :mod:`attn_core.bilinear.heads`.
+head's form comes from its attention module (:mod:`attn_core.model.form`), a layer's or a
+model's from :mod:`attn_core.bilinear.heads`.
 """
 
 from __future__ import annotations
