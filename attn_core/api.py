@@ -295,10 +295,10 @@ def long_view(model, text_or_tokens: str | list[int], layer: int = 0, head: int 
     (18, (10, 17), 8)
     """
     from attn_core.bilinear.long import layer_scores
-    from attn_core.bilinear.tokens import encode
+    from attn_core.bilinear.tokens import input_ids
 
     m = Model.of(model)
-    tokens = encode(m, text_or_tokens) if isinstance(text_or_tokens, str) else check_token_ids(text_or_tokens)
+    tokens = input_ids(m, text_or_tokens) if isinstance(text_or_tokens, str) else check_token_ids(text_or_tokens)
     return layer_scores(m, tokens, check_int("layer", layer)).view(head, query, **options)
 
 

@@ -212,6 +212,6 @@ def test_the_spectrum_holds_one_layers_form_at_a_time(monkeypatch):
     for module in (spectrum_module, ranks_module):
         monkeypatch.setattr(module, "model_form", whole, raising=False)
     assert torch.allclose(ranks_module.weight_spectra(model), want, rtol=1e-6, atol=1e-7)
-    rows = spectrum_module.spectrum(model)
+    rows = spectrum_module.spectrum_rows(model)
     got = torch.tensor([r["singular_values"] for r in rows], dtype=torch.float64)
     assert torch.allclose(got, want.flatten(0, 1), rtol=1e-6, atol=1e-7)
