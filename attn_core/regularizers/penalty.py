@@ -14,7 +14,7 @@ from attn_core.hooks import Cache, act_name
 from attn_core.model import ModelConfig, Transformer, attention_weights
 from attn_core.regularizers.heads import Heads, all_heads, by_layer, head_label, parse_heads
 from attn_core.regularizers.kinds import spectrum_term
-from attn_core.regularizers.rows import PATHS, head_means, row_penalty, samples
+from attn_core.regularizers.rows import PATHS, head_means, row_path, row_penalty, samples
 from attn_core.regularizers.specs import RegSpec, SpecsLike, parse_specs
 from attn_core.regularizers.summaries import data_rows, mean_rows, uncapped_qk
 from attn_core.validate import is_int
@@ -29,9 +29,12 @@ def data_values(
     ``block`` and ``path``), so only Q and K need be cached and the layer keeps its fused
     attention; a cache that holds only the pattern is read densely."""
     cfg = model.cfg
+    taken = options.pop("taken", None)
     qk = uncapped_qk(model, cache, layer, heads)
     if qk is not None:
         q, scale = qk.folded()
+        if taken is not None:
+            taken.add(row_path(q, kind, qk.window, cfg.entmax_alpha, options.get("rows"), options.get("path", "auto")))
         return head_means(
             q, qk.k, kind, window=qk.window, topk=k, alpha=cfg.entmax_alpha, scale=scale, sink=qk.sink, **options
         )
@@ -40,6 +43,8 @@ def data_values(
             f"the forward cache has no {act_name('q', layer)} and {act_name('k', layer)}; "
             "run the model with cache=penalty.cache() first"
         )
+    if taken is not None:
+        taken.add("the pattern's rows (after the soft cap)")
     A, mask = data_rows(model, cache, layer)
     A = A[:, list(heads)]
     return mean_rows(row_penalty(kind, A, mask, k), A.shape, mask)
@@ -105,6 +110,10 @@ def regularizer_value(
     return torch.cat(per_head).mean()
 
 
+# how a spec that reads no attention rows of the batch is computed
+VIEW_PATHS = {"vocab": "the vocabulary's rows (V x V)", "spectrum": "the singular values of B"}
+
+
 class ConcentrationPenalty:
     """A Trainer ``Penalty``: ``penalty(model, batch, cache) -> {label: lambda * R}``.
 
@@ -144,6 +153,7 @@ class ConcentrationPenalty:
         self.reads = tuple(act_name(kind, l) for l in layers for kind in kinds)
         self.windows = tuple(cfg.window(l) for l in layers)  # the masks of the data-view layers
         self.rows, self.block, self.path = rows, block, path
+        self.paths: dict[str, str] = {}  # how each active spec was computed at its last step (``__call__``)
         self.generator = torch.Generator().manual_seed(seed)
 
     def cache(self) -> Cache | None:
@@ -154,10 +164,14 @@ class ConcentrationPenalty:
     def __call__(self, model: Transformer, batch=None, cache: dict | None = None) -> dict[str, torch.Tensor]:
         memo: dict = {}
         options = dict(rows=self.rows, generator=self.generator, block=self.block, path=self.path)
-        return {
-            s.label: s.strength * regularizer_value(s, model, self.heads[s.label], cache, memo, **options)
-            for s in self.specs
-        }
+        out = {}
+        for s in self.specs:
+            taken: set[str] = set()
+            out[s.label] = s.strength * regularizer_value(
+                s, model, self.heads[s.label], cache, memo, taken=taken, **options
+            )
+            self.paths[s.label] = ", ".join(sorted(taken)) if taken else VIEW_PATHS[s.view]
+        return out
 
     def values(self, model: Transformer, cache: dict | None = None) -> dict[str, float]:
         """Unweighted R of every spec (also those with lambda = 0), without gradients; every row

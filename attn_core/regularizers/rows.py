@@ -391,6 +391,16 @@ def row_metrics(
     return {kind: torch.cat(values, -1) for kind, values in out.items()}
 
 
+def row_path(q: torch.Tensor, kind: str, window, alpha: float, rows: int | None, path: str) -> str:
+    """How :func:`head_means` computes ``kind`` on every head's rows of ``q`` [b, h, T, w] (what a run
+    says it did): "fused attention pass (<kernel>)", or "query blocks" (sampled rows, a kind or an
+    alpha without a closed form on the pass, or no kernel for this device, dtype, width and window)."""
+    if samples(rows, q.shape[2], window):
+        return "query blocks (sampled rows)"
+    kernel = fused_kernel(q, kind, window, None, None, alpha, path)
+    return "query blocks" if kernel is None else f"fused attention pass ({kernel})"
+
+
 def fused_kernel(q, kind: str, window, key_mask, positions, alpha: float, path: str) -> str | None:
     """The fused kernel :func:`row_values` computes ``kind`` with (None: query blocks), by ``path``."""
     if path not in PATHS:
