@@ -394,9 +394,9 @@ class TrainingJob:
             self._record(step, spectra_values(model, heads))
 
     def _measure(self) -> dict:
-        """The before/after measurement (``telemetry.measure``), on text sized by the run's tokens."""
+        """The before/after measurement (``telemetry.measure_run``), on text sized by the run's tokens."""
         with self.phases.timed("before" if self._state["before"] is None else "after"), self.trainer.view() as model:
-            return telemetry.measure(
+            return telemetry.measure_run(
                 model,
                 self.task,
                 self.penalty.regularized_heads,
