@@ -152,6 +152,10 @@ class TrainingJob:
         the training device."""
         with self._build_lock:
             if self._trainer is None:
+                if self.remote is not None:
+                    raise RuntimeError(
+                        "this job trains elsewhere and has no model here; model_copy() gives its weights"
+                    )
                 with self.phases.timed("load"):
                     model = R.with_entmax(parent_model(self.cfg, self.store), self.cfg.entmax_alpha)
                     penalty = self.retraining.penalty(model, self.penalty, self.start_alpha)  # --train, --kl
@@ -162,6 +166,11 @@ class TrainingJob:
                     self._probe = self._probe_host.to(trainer.device)
                     self._trainer = trainer
         return self._trainer
+
+    @property
+    def built(self) -> bool:
+        """Whether this side has built the model (a job started elsewhere never does)."""
+        return self._trainer is not None
 
     @property
     def trainer(self) -> Trainer:
