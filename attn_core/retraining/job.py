@@ -64,8 +64,9 @@ class Phases(dict):
 class TrainingJob:
     """A retraining run in a worker thread (or process) that never touches Streamlit.
 
-    Build it (every setting is checked here, so a bad one fails before anything starts), then
-    ``start()`` it (``process=True``: in a worker process) and poll ``snapshot()``; ``pause()``,
+    Build it (every setting is checked here against the parent's config, read without its
+    weights, so a bad one fails before anything starts: the job is a handle, and the model is built
+    once where it trains, :meth:`build`), then ``start()`` it (``process=True``: in a worker process) and poll ``snapshot()``; ``pause()``,
     ``resume()`` and ``stop()`` act between steps. ``run()`` trains in the calling thread. The
     run is saved in the run store (unless ``store=False``): completed, stopped, diverged (the
     last good weights kept) or failed. Two jobs never share state: each loads its own parent.
