@@ -6,8 +6,6 @@ input and the query are ``ui.heatmap_input``; the sections below the scores are
 import streamlit as st
 
 import ui
-from attn_core import bilinear
-from attn_core.figures import bilinear as fb
 from ui import heatmap_form, heatmap_long
 from ui import heatmap_later as later
 from ui import heatmap_sections as sections
@@ -36,46 +34,28 @@ def head_views() -> None:
     c_layer, c_head, _ = st.columns([1, 1, 6])
     layer, head = ui.layer_head_picker(cfg, (c_layer, c_head), all_heads=True)
     ui.to_url(layer=layer, head=head)
-    # over BLOCKED_INPUT tokens (or, with learned sinks, any long input: the blocked rows keep the sink)
-    if inp.blocked or (inp.long and cfg.attn_sinks):
-        heatmap_long.export(heatmap_long.section(loaded, inp, layer, head), loaded, inp, layer, head)
+    if inp.long:  # over LONG_INPUT tokens: the one long view (blocked rows, the learned sink kept)
+        plots = heatmap_long.section(loaded, inp, layer, head)
+        plots += sections.vocabulary_and_positions(loaded, inp, layer, head if head != ALL else 0, head == ALL)
+        heatmap_long.export(plots, loaded, inp, layer, head)
         return
-    sm = sinks.sink_mode(inp.long)
-    plots, long_settings = [], {}
-    if inp.long:  # an exact window, the top keys, a pooled overview
-        scores = sections.layer_scores(loaded, tokens, layer)
-        window, top, pool = sections.long_controls()
-        lv = scores.view(head if head != ALL else 0, query, window=window, k=top, pool=pool)
-        long_settings = dict(long_input=True, window=[lv.lo, lv.hi], top_keys=len(lv.top), pool=pool)
-        st.info(
-            f"{len(tokens)} tokens (more than {bilinear.LONG_INPUT}): the scores are computed on the server, and "
-            f"the page shows the exact scores of a {lv.hi - lv.lo + 1}-position window around the query, the "
-            f"query's top {len(lv.top)} keys and a {pool}-pooled overview ({lv.n_blocks}×{lv.n_blocks} blocks of "
-            f"{lv.block}×{lv.block} positions), never all {len(tokens)}² cells."
-        )
-    else:
-        view = sections.sequence_view(loaded, tokens, layer)
+    sm = sinks.sink_mode()
+    plots = []
+    view = sections.sequence_view(loaded, tokens, layer)
 
-    # --- the sequence view: every cell, or (long inputs) a window, the top keys and an overview ---------
+    # --- the sequence view: every cell ----------------------------------------------------------------------
     st.header("Scores S and pattern A")
     if head == ALL:
         value = ui.value_choice("Show", "grid_value", "scores")
         cols = st.columns(2)
         for h in range(cfg.n_heads):
-            if inp.long:  # one overview per head, coarser
-                plot = fb.overview_plot(scores.view(h, query, window=window, k=top, blocks=128, pool=pool), value)
-            elif sm.on:
+            if sm.on:
                 plot = sinks.grid_plot(view, h, query, value, sm)
             else:
                 plot = sections.head_plot(loaded, tokens, layer, h, query, value)
             with cols[h % 2]:
                 ui.show_plot(plot, key=f"grid_{h}")
             plots.append(plot)
-    elif inp.long:
-        for col, value in zip(st.columns(2), ("scores", "pattern")):
-            with col:
-                plots.append(fb.window_plot(lv, value))
-                ui.show_plot(plots[-1], key=f"window_{value}")
     elif sm.on:  # the sink columns apart, or left out and the rows renormalized
         plots += sinks.head_pair(view, head, query, sm)
     else:
@@ -83,25 +63,13 @@ def head_views() -> None:
             with col:
                 plots.append(sections.head_plot(loaded, tokens, layer, head, query, value))
                 ui.show_plot(plots[-1], key=value)
-    if head != ALL and not inp.long:  # QK-norm's per-token gains, the scores before / after a soft cap
+    if head != ALL:  # QK-norm's per-token gains, the scores before / after a soft cap
         plots += heatmap_form.section(loaded, tokens, layer, head)
     if later.waiting():  # a session's first visit: the rest once the browser has drawn the heatmaps above
         return
 
     # --- the query's row (one head) ----------------------------------------------------------------------
-    if head != ALL and inp.long:
-        st.header(f"Query {labels[query]}: its top keys")
-        bar_col, metric_col = st.columns([3, 1])
-        with bar_col:
-            plots.append(fb.top_keys_plot(lv))
-            ui.show_plot(plots[-1], key="top_keys")
-        with metric_col:
-            sections.query_metrics(int(lv.row_mask.sum()), lv.concentration(k), k, "Keys this query can attend to")
-        st.header("The whole head, pooled")
-        overview_value = ui.value_choice("Overview of", "overview_value", "pattern")
-        plots.append(fb.overview_plot(lv, overview_value))
-        ui.show_plot(plots[-1], key="overview")
-    elif head != ALL:
+    if head != ALL:
         st.header(f"Query {view.queries[query]}: f_x(y) over its keys")
         bar_col, metric_col = st.columns([3, 1])
         with bar_col:
@@ -122,7 +90,6 @@ def head_views() -> None:
     if (
         parent
         and head != ALL
-        and not inp.long
         and st.toggle(
             "Before and after retraining",
             key=ui.remember("before_after", False),
@@ -139,15 +106,10 @@ def head_views() -> None:
         help="Split the query's scores into the rank-1 terms σᵢ (x·uᵢ)(y·vᵢ) of B, see which directions "
         "make the top key beat the runner-up, and what each key actually sends (value-weighted)",
     ):
-        plots += sections.why_this_key(loaded, inp, layer, head, (lv.lo, lv.hi, lv.window_labels) if inp.long else None)
+        plots += sections.why_this_key(loaded, inp, layer, head)
 
     # --- concentration, then the vocabulary and positional views ---------------------------------------------
-    table = (
-        sections.long_concentration(loaded, tokens, layer, k)
-        if inp.long
-        else view.concentration_table(k, sm.on, sm.eps)
-    )
-    plots.append(sections.concentration(table, head, head == ALL))
+    plots.append(sections.concentration(view.concentration_table(k, sm.on, sm.eps), head, head == ALL))
     if st.toggle("Attention sinks of every head", key=ui.remember("sinks_section", False), help=sinks.SECTION_HELP):
         plots += sinks.section(loaded, inp, sm)
     plots += sections.vocabulary_and_positions(loaded, inp, layer, head if head != ALL else 0, head == ALL)
@@ -167,7 +129,6 @@ def head_views() -> None:
             "input": inp.source,
             "tokens": tokens,
             "token_labels": labels,
-            **long_settings,
             "k": k,
             "why_this_key": bool(st.session_state.get("why_key")) and head != ALL,
             "sinks": {"mode": sm.mode, "eps": sm.eps},

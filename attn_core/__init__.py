@@ -22,7 +22,7 @@ import importlib.util
 
 __version__ = "0.1.0"
 
-API = ("Model", "HeadView", "Retrained", "load", "spectrum", "sinks", "heads", "view", "retrain")
+API = ("Model", "HeadView", "Retrained", "load", "spectrum", "sinks", "heads", "view", "long_view", "retrain")
 SURGERY = ("EditResult", "edit", "diff")  # attn_core.api_surgery
 CALLABLE_PACKAGES = ("circuits", "dynamics")
 

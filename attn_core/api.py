@@ -40,7 +40,7 @@ from attn_core.model import Transformer
 from attn_core.validate import check_bool, check_int, check_seed, integral, is_int, shown
 
 __all__ = ["Model", "HeadView", "Retrained", "load", "spectrum", "sinks", "heads", "circuits", "dynamics"]
-__all__ += ["view", "retrain"]
+__all__ += ["view", "long_view", "retrain"]
 
 
 @dataclass(repr=False)
@@ -281,6 +281,25 @@ def view(model, text_or_tokens: str | list[int] | None = None, layer: int = 0, h
         tokens = check_token_ids(text_or_tokens)
     v = sequence_view(m, tokens, check_int("layer", layer), heads)
     return HeadView(**{f.name: getattr(v, f.name) for f in fields(View)})
+
+
+def long_view(model, text_or_tokens: str | list[int], layer: int = 0, head: int = 0, query: int = -1, **options):
+    """One head's view of a long input for one query, from the blocked engine (never the n x n
+    scores; a learned sink kept): :class:`attn_core.bilinear.LongView` with the exact window of
+    the positions that end at ``query`` (negative counts from the end), its top keys and a pooled
+    overview; ``options`` are ``window``, ``k``, ``blocks`` and ``pool`` of
+    :meth:`attn_core.bilinear.LayerScores.view`. Alpha-entmax heads are refused.
+
+    >>> lv = long_view(load("induction-2l"), [1, 2, 3, 4, 5, 6] * 3, layer=1, head=0, window=8)
+    >>> lv.n, (lv.lo, lv.hi), len(lv.top)
+    (18, (10, 17), 8)
+    """
+    from attn_core.bilinear.long import layer_scores
+    from attn_core.bilinear.tokens import encode
+
+    m = Model.of(model)
+    tokens = encode(m, text_or_tokens) if isinstance(text_or_tokens, str) else check_token_ids(text_or_tokens)
+    return layer_scores(m, tokens, check_int("layer", layer)).view(head, query, **options)
 
 
 @dataclass

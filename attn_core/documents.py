@@ -52,7 +52,11 @@ def spectrum(
     if text is not None or loaded.task is not None:
         probes = probe_inputs(loaded, text, text_field, samples, length, seed, progress)
     both = ranks(
-        loaded.model, None if probes is None else probes.tokens, variance, "" if probes is None else probes.what
+        loaded.model,
+        None if probes is None else probes.tokens,
+        variance,
+        "" if probes is None else probes.what,
+        weight=None if augmented else _singular_values(rows, loaded.config.n_layers),
     )
     inputs = probes.what if probes is not None else None
     learned = None
@@ -66,6 +70,17 @@ def spectrum(
         if learned is not None:
             row["sink_share"] = float(learned[row["layer"], row["head"]])
     return rows
+
+
+def _singular_values(rows: list[dict], n_layers: int):
+    """B's singular values [L, H, k] from the spectrum's rows (the weight ranks read them), or None
+    when the layers' widths differ (grown heads: computed again there)."""
+    import torch
+
+    by_layer = [[r["singular_values"] for r in rows if r["layer"] == l] for l in range(n_layers)]
+    if len({len(s) for layer in by_layer for s in layer}) != 1:
+        return None
+    return torch.tensor(by_layer, dtype=torch.float64)
 
 
 def sinks(

@@ -11,8 +11,9 @@ folder (model.safetensors) in a temporary directory. Then, medians of --repeats:
 
 - load: ``attn_core.sources.resolve(folder)``, read, converted and validated (a fresh load each time);
 - first heatmap after load, at 1024 random tokens, for layer 0 and for the last layer: what the
-  Heatmaps page does before its first chart, ``bilinear.layer_scores`` (the forward stopped at
-  that layer), ``LayerScores.view`` (window, top-k, overview) and ``figures.bilinear.window_plot``
+  Heatmaps page does before its first chart, ``bilinear.layer_scores`` (Q and K, the forward stopped
+  at that layer), ``LayerScores.view`` (the head's row normalisers by the blocked pass, then window,
+  top-k, overview) and ``figures.bilinear.window_plot``
   serialised to the JSON Streamlit sends; "all figures" adds the pattern window, the top keys and
   the overview;
 - head change: the same figures for another head from the cached ``LayerScores`` (no forward);
@@ -60,7 +61,7 @@ from benchmarks import record  # noqa: E402
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "long_inputs.json"
 MEMORY_OUT = ROOT / "benchmarks" / "results" / "long_inputs_memory.json"
 LENGTHS = (1024, 8192, 16384, 32768)
-QUICK_LENGTHS = (2048,)  # past BLOCKED_INPUT, and past a window block of 512 queries
+QUICK_LENGTHS = (2048,)  # past LONG_INPUT, and past a window block of 512 queries
 SMALL = dict(
     hidden_size=32,
     intermediate_size=64,
@@ -229,7 +230,7 @@ def measure(folder: Path, n_tokens: int, repeats: int) -> dict:
     out["spectrum_heads"] = len(rows)
     out["peak_rss_after_load_mib"] = rss_after_load
     out["peak_rss_mib"] = peak_rss_mib()
-    out["layer_scores_mib"] = scores.scores.numel() * 4 / 2**20
+    out["layer_scores_mib"] = (scores.qk.q.numel() + scores.qk.k.numel()) * 4 / 2**20  # Q and K, never S
     return out
 
 
@@ -324,7 +325,7 @@ def main(argv=None) -> int:
     print(
         f"peak memory (ru_maxrss, the whole process): {result['peak_rss_mib']:.0f} MiB "
         f"(before loading {rss_start:.0f} MiB, after the first load {result['peak_rss_after_load_mib']:.0f} MiB; "
-        f"weights file {weights_mib:.0f} MiB, one layer's scores {result['layer_scores_mib']:.0f} MiB); "
+        f"weights file {weights_mib:.0f} MiB, one layer's Q and K {result['layer_scores_mib']:.0f} MiB); "
         f"first heatmap sends {result['first_heatmap_json_bytes'] / 1024:.0f} KiB of JSON"
     )
     return 0

@@ -40,14 +40,9 @@ class Input:
     k: int
 
     @property
-    def blocked(self) -> bool:
-        """Over ``BLOCKED_INPUT`` tokens: blocked scores of one head (``ui.heatmap_long``), no T x T."""
-        return len(self.tokens) > blocked.BLOCKED_INPUT
-
-    @property
     def long(self) -> bool:
-        """A long input: the scores stay on the server; the browser gets a window, the top keys and an overview."""
-        return len(self.tokens) > bilinear.LONG_INPUT
+        """Over ``LONG_INPUT`` tokens: the long view (``ui.heatmap_long``, blocked scores of one head), no T x T."""
+        return len(self.tokens) > blocked.LONG_INPUT
 
 
 def _tokens(loaded: LoadedModel, source: str) -> tuple[list[int], int | None]:
@@ -80,7 +75,7 @@ def _tokens(loaded: LoadedModel, source: str) -> tuple[list[int], int | None]:
         return bilinear.sample_tokens(loaded, seed), seed
     if source == "text":  # a held-out block of the run's text, as the run split it
         return text_source.held_out_tokens(loaded, seed), seed  # tokenized once per run (the token cache)
-    longest = max(2, blocked.longest_input(loaded.model))  # the context (blocked past BLOCKED_INPUT)
+    longest = max(2, blocked.longest_input(loaded.model))  # the context (blocked past LONG_INPUT)
     length = number(
         l_col,
         "Length",
@@ -90,9 +85,15 @@ def _tokens(loaded: LoadedModel, source: str) -> tuple[list[int], int | None]:
         min(longest, DEFAULT_LENGTH),
         param="length",
         help=f"Number of tokens, 2..{longest}"
-        + (f" (the context is {cfg.n_ctx}; the memory limit allows {longest})" if longest < cfg.n_ctx else ""),
+        + (f" (the context is {cfg.n_ctx}; {_why_shorter(cfg)} allows {longest})" if longest < cfg.n_ctx else ""),
     )
     return bilinear.random_tokens(loaded, seed, int(length)), seed
+
+
+def _why_shorter(cfg) -> str:
+    """What cuts the input below the context: the memory limit, or alpha-entmax heads, which have
+    no blocked rows (a dense view of at most ``LONG_INPUT`` tokens)."""
+    return "the memory limit" if cfg.entmax_alpha == 1.0 else "alpha-entmax (a dense view only)"
 
 
 def _text_tokens(loaded: LoadedModel) -> list[int]:

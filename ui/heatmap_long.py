@@ -1,10 +1,12 @@
-"""The Heatmaps page on inputs over ``BLOCKED_INPUT`` tokens: the blocked scores of one head
-(``bilinear.blocked``), never T x T. The forward runs once per (model, tokens, layer) and its Q
-and K are kept (``layer_qk``); a head change recomputes only that head's blocks (``head_stats``)
-and its map. The map (``bilinear.long_map``) is the whole T x T pooled to the figure's size, or
-a zoomed region (the sliders, or a box drawn on the map) at full resolution once it fits, with
-the sink column apart; the page's query slider picks the query whose row is marked and whose top
-keys and mode split are shown. Figures are ``figures.long_view``'s."""
+"""The Heatmaps page on inputs over ``LONG_INPUT`` tokens (the one long view): the blocked scores
+of one head (``bilinear.blocked``), never T x T. The forward runs once per (model, tokens, layer)
+and its Q and K are kept (``layer_qk``); a head change recomputes only that head's blocks
+(``head_stats``) and its map. The map (``bilinear.long_map``) is the whole T x T pooled to the
+figure's size, or a zoomed region (the sliders, or a box drawn on the map) at full resolution
+once it fits, with the sink column apart; the page's query slider picks the query whose row is
+marked and whose top keys, row metrics, mode split and exact window (``bilinear.long``, on the
+same Q and K and row normalisers) are shown. Figures are ``figures.long_view``'s and
+``figures.bilinear``'s."""
 
 from __future__ import annotations
 
@@ -12,16 +14,20 @@ import streamlit as st
 
 from attn_core import bilinear
 from attn_core.bilinear import blocked
+from attn_core.bilinear.long import WINDOW, LayerScores, rows_table
 from attn_core.bilinear.long_map import long_map
 from attn_core.circuits.long_split import mode_split
 from attn_core.figures import Plot
 from attn_core.figures import attribution as fa
+from attn_core.figures import bilinear as fb
 from attn_core.figures import long_view as fl
 from attn_core.sources import LoadedModel
 from ui.cache import cached
 from ui.heatmap_input import Input
+from ui.heatmap_sections import concentration, query_metrics
 from ui.plots import export_all, show_plot
 from ui.state import ALL_HEADS, remember
+from ui.widgets import number
 
 PIXELS = {"coarse (400)": 400, "medium (800)": 800, "fine (1600)": 1600}
 
@@ -113,13 +119,8 @@ def section(loaded: LoadedModel, inp: Input, layer: int, head, top_k: int = bloc
     with st.spinner(f"The forward up to layer {layer}…", show_time=True):
         qk = layer_qk(loaded, tokens, layer)
     mib = (qk.q.numel() + qk.k.numel()) * qk.q.element_size() / 2**20
-    why = (
-        f"more than {blocked.BLOCKED_INPUT}"
-        if n > blocked.BLOCKED_INPUT
-        else "learned sinks, which the blocked rows keep"
-    )
     st.info(
-        f"{n} tokens ({why}): blocked scores, never all {n}² cells. This layer's Q and K "
+        f"{n} tokens (more than {blocked.LONG_INPUT}): blocked scores, never all {n}² cells. This layer's Q and K "
         f"({mib:.1f} MiB) are kept from one forward; a head change recomputes only that head's blocks."
     )
     value, pool, px, rows, cols = controls(n)
@@ -140,8 +141,15 @@ def section(loaded: LoadedModel, inp: Input, layer: int, head, top_k: int = bloc
     names = bilinear.token_names(loaded)
     labels = inp.labels
     st.header(f"Query {labels[query]}: its top {top_k} keys")
-    plots.append(fl.query_top_plot(stats, layer, query, labels))
-    show_plot(plots[-1], key="long_top")
+    scores = LayerScores(qk, labels, {head: stats.lse})  # the same Q, K and row normalisers
+    bar_col, metric_col = st.columns([3, 1])
+    with bar_col:
+        plots.append(fl.query_top_plot(stats, layer, query, labels))
+        show_plot(plots[-1], key="long_top")
+    with metric_col:
+        lv = scores.view(head, query, window=1, k=1, blocks=None)
+        query_metrics(int(lv.row_mask.sum()), lv.concentration(inp.k), inp.k, "Keys this query can attend to")
+    plots += exact_window(scores, head, query)
     keys = [k for k in stats.top_keys[query].tolist() if k >= 0]
     attr = mode_split(loaded.model, qk, head, query, keys, names)
     plots.append(fa.attribution_plot(attr, top=len(keys)))
@@ -151,11 +159,37 @@ def section(loaded: LoadedModel, inp: Input, layer: int, head, top_k: int = bloc
     show_plot(plots[-1], key="long_rows", help="CSV: every query's top keys (key, token, score, weight, entropy, sink)")
     plots.append(fl.offsets_plot(stats, layer))
     show_plot(plots[-1], key="long_offsets")
+    if st.toggle(
+        "Concentration of every head",
+        key=remember("long_heads_table", False),
+        help="Every head's blocked rows (computed once per head): entropy, normalized entropy, top-k mass, sink mass",
+    ):
+        every = [head_stats(loaded, tokens, layer, h, top_k) for h in range(loaded.config.n_heads)]
+        plots.append(concentration(rows_table(every, layer, min(inp.k, top_k)), head, True))
+    return plots
+
+
+def exact_window(scores: LayerScores, head: int, query: int) -> list[Plot]:
+    """The exact S and A of the positions that end at the query (a window of its full rows: A is
+    normalised over every key a row sees and the sink), on a toggle, on by default."""
+    if not st.toggle(
+        "Exact window around the query",
+        key=remember("long_window_on", True),
+        help="Every cell of the w positions that end at the query: its scores and weights as the model computes them",
+    ):
+        return []
+    w = number(st, "Window w", 8, 256, "window", WINDOW, step=8, help="Positions of the window (queries and keys)")
+    lv = scores.view(head, query, window=int(w), blocks=None)
+    plots = []
+    for col, value in zip(st.columns(2), ("scores", "pattern")):
+        with col:
+            plots.append(fb.window_plot(lv, value))
+            show_plot(plots[-1], key=f"window_{value}")
     return plots
 
 
 def export(plots: list[Plot], loaded: LoadedModel, inp: Input, layer: int, head) -> None:
     st.divider()
     manifest = dict(page="Heatmaps", model=loaded.name, model_key=loaded.key, layer=layer, head=head)
-    manifest.update(query=inp.query, input=inp.source, n_tokens=len(inp.tokens), blocked=True)
+    manifest.update(query=inp.query, input=inp.source, n_tokens=len(inp.tokens), long_input=True, blocked=True)
     export_all(plots, manifest, key="heatmaps")

@@ -1,5 +1,5 @@
 """The Heatmaps page's sections below the scores and pattern of one head: a query's metrics,
-long inputs' controls, before and after retraining, "why this key", the concentration table and
+before and after retraining, "why this key", the concentration table and
 the vocabulary and positional views. Each draws its part and returns the figures it drew (for
 the page's zip)."""
 
@@ -22,7 +22,6 @@ from ui.models import load_model
 from ui.pickers import value_choice
 from ui.plots import show_plot, show_table
 from ui.state import remember
-from ui.widgets import number
 
 METRIC_HELP = {
     "entropy": (
@@ -37,8 +36,6 @@ METRIC_HELP = {
 }
 
 sequence_view = cached(bilinear.sequence_view)
-# S of every head of one layer (long inputs): shared, not copied, and few (n^2 floats per head each)
-layer_scores = cached(bilinear.layer_scores, resource=True, max_entries=4)
 vocabulary_view = cached(bilinear.vocabulary_view)
 positional_view = cached(bilinear.positional_view)
 attribution = cached(circuits.attribute)
@@ -84,54 +81,12 @@ def value_weighted(loaded: LoadedModel, tokens: list[int], layer: int, head: int
     return circuits.value_weighted(loaded.model, tokens, layer, [head])
 
 
-@cached
-def long_concentration(loaded: LoadedModel, tokens: list[int], layer: int, k: int):
-    return layer_scores(loaded, tokens, layer).concentration_table(k)
-
-
-def window_of(vw: dict, lo: int, hi: int) -> dict:
-    """The value-weighted attention of the exact window only (long inputs)."""
-    return {name: t[..., lo : hi + 1, lo : hi + 1] if t.dim() == 3 else t[..., lo : hi + 1] for name, t in vw.items()}
-
-
 def query_metrics(n_keys: int, values: dict, k: int, keys_help: str) -> None:
     """The query's visible keys and its concentration metrics, one st.metric each."""
     st.metric("visible keys n_i", n_keys, help=keys_help)
     for name, v in values.items():
         label = name.replace("_", " ") + (f" (k={k})" if name == "topk_mass" else "")
         st.metric(label, f"{float(v):.3f}", help=METRIC_HELP[name])
-
-
-def long_controls() -> tuple[int, int, str]:
-    """Window, top keys and pooling of a long input's views."""
-    w_col, t_col, p_col = st.columns([1, 1, 2])
-    window = number(
-        w_col,
-        "Window w",
-        8,
-        256,
-        "window",
-        bilinear.long.WINDOW,
-        step=8,
-        help="Exact scores of the w positions that end at the query (queries and keys)",
-    )
-    top = number(
-        t_col,
-        "Top keys",
-        1,
-        64,
-        "top_keys",
-        bilinear.long.TOP_K,
-        help="The keys the query attends to most, anywhere in the input",
-    )
-    pool = p_col.radio(
-        "Overview pooling",
-        bilinear.long.POOLS,
-        horizontal=True,
-        key=remember("pool", "max", bilinear.long.POOLS),
-        help="max keeps a head that looks at one key visible; mean is the block's average",
-    )
-    return int(window), int(top), pool
 
 
 def before_after(loaded: LoadedModel, inp: Input, view, layer: int, head: int) -> list[Plot]:
@@ -164,10 +119,9 @@ def before_after(loaded: LoadedModel, inp: Input, view, layer: int, head: int) -
     return list(pair)
 
 
-def why_this_key(loaded: LoadedModel, inp: Input, layer: int, head: int, window=None) -> list[Plot]:
+def why_this_key(loaded: LoadedModel, inp: Input, layer: int, head: int) -> list[Plot]:
     """The query's scores split over the singular directions of B, the runner-up, the
-    token/position split at layer 0, and the value-weighted attention (of ``window``, a long
-    input's exact window ``(lo, hi, labels)``)."""
+    token/position split at layer 0, and the value-weighted attention."""
     st.header(f"Why this key: query {inp.labels[inp.query]}")
     st.markdown(
         "With $B = \\sum_i \\sigma_i u_i v_i^\\top$, $f_x(y) = \\sum_i \\sigma_i (x\\cdot u_i)(y\\cdot v_i)$ "
@@ -195,13 +149,9 @@ def why_this_key(loaded: LoadedModel, inp: Input, layer: int, head: int, window=
     st.markdown(
         "Value-weighted attention $A_{ij}\\,\\|v_j W_O\\|$ beside the pattern: what query $i$ actually "
         "receives from key $j$ (residual-stream norm), not only where it looks."
-        + (f" Shown for the window {window[0]}..{window[1]} only (a long input)." if window else "")
     )
     vw = value_weighted(loaded, inp.tokens, layer, head)
-    vw_labels = inp.labels
-    if window:
-        vw, vw_labels = window_of(vw, window[0], window[1]), window[2]
-    plots.append(fa.value_weighted_plot(vw, vw_labels, layer, [head], head))
+    plots.append(fa.value_weighted_plot(vw, inp.labels, layer, [head], head))
     show_plot(plots[-1], key="why_value_weighted")
     return plots
 

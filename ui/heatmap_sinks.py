@@ -38,15 +38,15 @@ class SinkMode:
         return self.mode != "off"
 
 
-def sink_mode(long: bool) -> SinkMode:
-    """The mode's widgets (off for a long input, whose views are a window and an overview)."""
+def sink_mode() -> SinkMode:
+    """The mode's widgets (inputs of at most ``LONG_INPUT`` tokens: a long input draws its sink
+    column apart in the long view)."""
     m_col, e_col, _ = st.columns([3, 1, 2])
     mode = m_col.radio(
         "Sink-aware",
         list(MODES),
         format_func=MODES.get,
         horizontal=True,
-        disabled=long,
         key=remember("sink_mode", "off", list(MODES), param="sinks"),
         help="A key most queries attend to whatever they are (a sink, often the first token) swamps a head's "
         "heatmap and makes it look concentrated: draw its column apart, on its own, or leave it out and "
@@ -63,7 +63,7 @@ def sink_mode(long: bool) -> SinkMode:
         "(Gu et al. take 0.3)",
     )
     to_url(sinks=None if mode == "off" else mode)
-    return SinkMode("off" if long else mode, float(eps))
+    return SinkMode(mode, float(eps))
 
 
 def grid_plot(view, head: int, query: int, value: str, sm: SinkMode) -> Plot:

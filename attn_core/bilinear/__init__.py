@@ -10,8 +10,11 @@ Split by concern (docs/architecture.md, the maths in docs/maths.md):
 - ``views``: :class:`View`, the sequence / vocabulary / positional views (take a
   ``LoadedModel``), their differentiable inputs and scores (take a ``Transformer``),
   concentration tables;
-- ``long``: long inputs (more than ``LONG_INPUT`` tokens): :func:`layer_scores` (S of one layer,
-  the forward stopped there) and a head's :class:`LongView` (exact window, top-k keys, pooled
+- ``blocked``: the one engine of long inputs (more than ``LONG_INPUT`` tokens, the one
+  threshold, and ``TOP_K``, the one default of top keys): rows and pooled maps of one head a
+  block of queries x keys at a time, from ``queries_keys.layer_qk``, the learned sink included;
+- ``long``: a head's :class:`LongView` of a long input from that engine (:func:`layer_scores`:
+  Q and K of one layer, the forward stopped there; an exact window, the top-k keys, a pooled
   overview), so that no n^2 cells go to a browser;
 - ``sinks``: attention sinks (Gu et al. 2024): each key's importance per head on probes,
   sink heads and the sink rate (:func:`sinks`);

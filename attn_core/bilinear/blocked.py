@@ -41,9 +41,9 @@ from attn_core.model import Transformer
 from attn_core.model.attention import WINDOW_BLOCK
 from attn_core.validate import check_int
 
-BLOCKED_INPUT = 1024  # inputs longer than this take the blocked path (no T x T anywhere)
+LONG_INPUT = 512  # inputs longer than this are long: the page, the CLI and bilinear.long read them by blocks
 BLOCK = 512  # queries (and keys) per block: a block of scores is BLOCK^2 floats
-TOP_K = 8
+TOP_K = 8  # the top keys per query row a long view lists by default (page, CLI, LongView)
 OFFSETS = 32  # the offset profile: keys i, i-1, .., i-OFFSETS+1
 POOLS = ("max", "mean")
 
@@ -72,11 +72,11 @@ def forward_bytes(model: Transformer, n: int) -> int:
 
 
 def check_input(model: Transformer, tokens: Sequence[int]) -> list[int]:
-    """An input of a page: over :data:`BLOCKED_INPUT` tokens checked as blocked scores need (the
+    """An input of a page: over :data:`LONG_INPUT` tokens checked as blocked scores need (the
     vocabulary, the context and the forward's memory, :func:`forward_bytes`, within the limit),
     else as a dense view needs (its n x n views too)."""
     model = check_model(model, "check_input")
-    if len(tokens) > BLOCKED_INPUT:
+    if len(tokens) > LONG_INPUT:
         ids = check_ids(model, tokens)
         limits.check_memory(f"the forward on {len(ids)} tokens", forward_bytes(model, len(ids)))
         return ids
@@ -85,11 +85,14 @@ def check_input(model: Transformer, tokens: Sequence[int]) -> list[int]:
 
 def longest_input(model: Transformer) -> int:
     """The most tokens a page's input may have: the context when it is longer than
-    :data:`BLOCKED_INPUT` (blocked scores hold no n x n scores), cut to what the forward's
-    memory (:func:`forward_bytes`) leaves within the limit; else what a dense view allows."""
+    :data:`LONG_INPUT` (blocked scores hold no n x n scores), cut to what the forward's
+    memory (:func:`forward_bytes`) leaves within the limit; else what a dense view allows.
+    Alpha-entmax heads have no blocked rows: at most :data:`LONG_INPUT` tokens (a dense view)."""
     model = check_model(model, "longest_input")
     n_ctx = model.cfg.n_ctx
-    if n_ctx <= BLOCKED_INPUT:
+    if model.cfg.entmax_alpha != 1.0:
+        return min(LONG_INPUT, checks_longest(model))
+    if n_ctx <= LONG_INPUT:
         return checks_longest(model)
     budget, lo, hi = limits.memory_limit(), 0, n_ctx  # forward_bytes grows with n: the largest n within budget
     while lo < hi:

@@ -72,11 +72,23 @@ def model_form(model: Transformer, augmented: bool = False) -> QKForm:
     if forms[0].is_dense:
         return QKForm(dense=torch.stack([f.dense for f in forms]))
     w = max(f.left.shape[-1] for f in forms)
+    return QKForm(
+        left=torch.stack([_pad(f.left, w) for f in forms]), right=torch.stack([_pad(f.right, w) for f in forms])
+    )
 
-    def pad(t: torch.Tensor) -> torch.Tensor:
-        return F.pad(t, (0, w - t.shape[-1]))
 
-    return QKForm(left=torch.stack([pad(f.left) for f in forms]), right=torch.stack([pad(f.right) for f in forms]))
+def layer_forms(model: Transformer, augmented: bool = False):
+    """``model_form(model, augmented)[l]`` for each layer l in turn, made when asked: one layer's
+    factors in memory at a time, not the whole model's (a 0.6B Qwen3's are 470 MiB)."""
+    model = check_model(model, "layer_forms")
+    w = max(model.cfg.qk_width(l) for l in range(model.cfg.n_layers))
+    for l in range(model.cfg.n_layers):
+        f = layer_form(model, l, augmented)
+        yield f if f.is_dense else QKForm(left=_pad(f.left, w), right=_pad(f.right, w))
+
+
+def _pad(t: torch.Tensor, w: int) -> torch.Tensor:
+    return F.pad(t, (0, w - t.shape[-1]))
 
 
 def qk_form(model: Transformer, layer: int, head: int, augmented: bool = False, offset: int = 0) -> QKForm:

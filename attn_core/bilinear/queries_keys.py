@@ -146,7 +146,10 @@ def _from_cache(model: Transformer, cache: Mapping, layer: int, heads: Sequence[
 def _from_tokens(model: Transformer, tokens: Sequence[int], layer: int) -> LayerQK:
     cfg = model.cfg
     if cfg.entmax_alpha != 1.0:  # one input's rows are the blocked rows', softmax rows
-        raise ValueError(f"blocked scores need softmax heads; this model uses alpha-entmax ({cfg.entmax_alpha:g})")
+        raise ValueError(
+            f"blocked scores need softmax heads; this model uses alpha-entmax ({cfg.entmax_alpha:g}), whose rows "
+            "have no log-normaliser to merge a block of keys at a time: use a dense view (at most 512 tokens)"
+        )
     layer = check_layer(model, layer)
     ids = check_ids(model, tokens)
     kept: dict[str, torch.Tensor] = {}

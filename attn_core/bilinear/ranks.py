@@ -29,7 +29,7 @@ import torch
 
 from attn_core import linalg
 from attn_core.bilinear.checks import check_model
-from attn_core.bilinear.heads import model_form
+from attn_core.bilinear.heads import layer_forms
 from attn_core.hooks import act_name
 from attn_core.limits import LimitError, size_text
 from attn_core.model import Transformer
@@ -176,8 +176,7 @@ def weight_spectra(model: Transformer) -> torch.Tensor:
     """Singular values of every head's B, [L, H, k] (the factored spectrum)."""
     model = check_model(model, "weight_spectra")
     with torch.no_grad():
-        forms = model_form(model)
-        return torch.stack([forms[l].singular_values for l in range(model.cfg.n_layers)]).double()  # a layer at a time
+        return torch.stack([f.singular_values for f in layer_forms(model)]).double()  # a layer at a time
 
 
 def rank_caps(model: Transformer) -> torch.Tensor:
@@ -192,8 +191,16 @@ def rank_caps(model: Transformer) -> torch.Tensor:
     )
 
 
-def ranks(model: Transformer, tokens: torch.Tensor | None = None, frac: float = VARIANCE, what: str = "") -> Ranks:
-    """Both ranks of every head: of B, and (with probes ``tokens`` [n, T]) of the centred scores."""
+def ranks(
+    model: Transformer,
+    tokens: torch.Tensor | None = None,
+    frac: float = VARIANCE,
+    what: str = "",
+    weight: torch.Tensor | None = None,
+) -> Ranks:
+    """Both ranks of every head: of B, and (with probes ``tokens`` [n, T]) of the centred scores.
+    ``weight``: B's singular values [L, H, k] when the caller has them already (``al.spectrum``):
+    they are not computed again."""
     model = check_model(model, "ranks")
     frac = check_variance(frac)
     data = None
@@ -205,7 +212,7 @@ def ranks(model: Transformer, tokens: torch.Tensor | None = None, frac: float = 
             raise ValueError(f"probes of {tokens.shape[1]} tokens exceed the model context of {model.cfg.n_ctx}")
         data = score_spectra(model, tokens).cpu()
         what = what or f"{tokens.shape[0]} probes of {tokens.shape[1]} tokens"
-    weight = weight_spectra(model).cpu()
+    weight = weight_spectra(model).cpu() if weight is None else weight.double().cpu()
     if not bool(torch.isfinite(weight).all()) or (data is not None and not bool(torch.isfinite(data).all())):
         raise ValueError(
             "the spectra are not finite (NaN or Inf): the model's weights are too large for the arithmetic"

@@ -10,7 +10,7 @@ import pandas as pd
 import torch
 
 from attn_core.bilinear.checks import check_model
-from attn_core.bilinear.heads import model_form
+from attn_core.bilinear.heads import layer_forms
 from attn_core.model import Transformer
 
 
@@ -19,14 +19,14 @@ def spectrum(model: Transformer, augmented: bool = False) -> list[dict]:
     learned sinks (gpt-oss) the head's ``sink_logit`` too (outside B: no singular value has it)."""
     model = check_model(model, "spectrum")
     rows = []
-    with torch.no_grad():
-        forms = model_form(model, augmented)
+    forms = layer_forms(model, augmented)
     for l in range(model.cfg.n_layers):
-        # a layer at a time: the factorisations' work space is one layer's, not the whole model's
-        # (a 28-layer model's symmetric parts and their QR at once are gigabytes); each head's
-        # numbers are the same, the batch only groups the same per-matrix computations
+        # a layer at a time: the factors and the factorisations' work space are one layer's, not
+        # the whole model's (a 28-layer model's symmetric parts and their QR at once are
+        # gigabytes); each head's numbers are the same, the batch only groups the same
+        # per-matrix computations
         with torch.no_grad():
-            form = forms[l]
+            form = next(forms)
             out = dict(
                 singular_values=form.singular_values,
                 eigenvalues_sym=form.eigenvalues_sym,

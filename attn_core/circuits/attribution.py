@@ -22,6 +22,11 @@ split instead by rotation plane (``_rotary_attribution``): the term of plane c i
 of dims (c, c + r/2), turning at omega_c per position, adds to S, plus one term of the dims that
 do not turn. The terms add up to S exactly.
 
+**Soft-capped heads** (Gemma 2: the model's score is ``c tanh(S / c)``). The terms split the
+score *before* the cap, S, exactly (it is what the head's form computes; the cap is one more
+function of S alone, not of its terms); the capped score is given beside it
+(``Attribution.capped``). The cap is increasing, so the keys rank the same before and after it.
+
 **Runner-up.** For the winning key y1 and the runner-up y2 of a query, term by term
 ``sigma_i (x . u_i)((y1 - y2) . v_i)`` (and the bias difference) add up to the score margin: the
 directions with the largest positive differences are those that make y1 win.
@@ -92,6 +97,7 @@ class Attribution:
     # Rotary heads: one term per rotation plane (see the module doc), named here; ``sigma`` then
     # holds each plane's angular frequency omega_c (0 for the offset-free dims).
     term_names: list[str] | None = None
+    cap: float | None = None  # the head's soft cap c: the model's score is c tanh(scores / c)
 
     def term(self, d: int) -> str:
         return self.term_names[d] if self.term_names else f"σ{d + 1}"
@@ -104,6 +110,11 @@ class Attribution:
     def scores(self) -> torch.Tensor:
         return self.terms.sum(-1) + self.bias
 
+    @property
+    def capped(self) -> torch.Tensor:
+        """The model's score after its soft cap, c tanh(S / c) of :attr:`scores` (S itself uncapped)."""
+        return self.scores if self.cap is None else self.cap * torch.tanh(self.scores / self.cap)
+
     def ranking(self) -> list[int]:
         """Indices into ``keys`` by decreasing score."""
         return self.scores.argsort(descending=True).tolist()
@@ -115,7 +126,8 @@ class Attribution:
 
     def frame(self, top: int | None = None) -> pd.DataFrame:
         """Tidy: key, label, rank, score, term ("σ1".., or "bias"), direction (-1 for the
-        bias), sigma, contribution; keys best first."""
+        bias), sigma, contribution (and capped_score, the model's, for a soft-capped head); keys
+        best first."""
         rows = []
         for rank, i in enumerate(self.ranking()[:top] if top else self.ranking(), start=1):
             base = dict(
@@ -127,6 +139,8 @@ class Attribution:
                 rank=rank,
                 score=float(self.scores[i]),
             )
+            if self.cap is not None:
+                base["capped_score"] = float(self.capped[i])
             for d in range(self.terms.shape[1]):
                 rows.append(
                     dict(
@@ -218,13 +232,14 @@ def attribute(loaded: LoadedModel, tokens: Sequence[int], layer: int, head: int,
     ids = check_tokens(model, tokens)
     q = _check_query(query, len(ids))
     keys = visible_keys(model, check_layer(model, layer), len(ids), q)  # the model's own mask (window too)
-    if model.cfg.attn_softcap is not None:  # the terms add up to S before the cap, not the model's score
-        check_bilinear(model, "attribute")
     if model.cfg.mla:
         return _mla_attribution(loaded, ids, layer, check_heads(model, head)[0], q, keys)
     if model.cfg.positional == "rotary":
-        return _rotary_attribution(loaded, ids, layer, check_heads(model, head)[0], q, keys)
-    check_bilinear(model, "attribute")
+        out = _rotary_attribution(loaded, ids, layer, check_heads(model, head)[0], q, keys)
+        out.cap = model.cfg.attn_softcap
+        return out
+    if model.cfg.qk_norm != "none":  # a per-token gain on each side: S is not x B y^T
+        check_bilinear(model, "attribute")
     with torch.no_grad():
         form = head_form(model, layer, head)
         U, S, Vh = form.svd()  # [d, k], [k], [k, d]
@@ -243,6 +258,7 @@ def attribute(loaded: LoadedModel, tokens: Sequence[int], layer: int, head: int,
         terms.cpu(),
         bias.cpu(),
         meta=dict(query_token=names[ids[q]], rank_cap=len(S)),
+        cap=model.cfg.attn_softcap,
     )
 
 

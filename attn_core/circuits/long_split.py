@@ -41,10 +41,11 @@ def mode_split(
 ) -> Attribution:
     """The scores of ``query`` against ``keys`` split into their rank-1 terms (or rotation
     planes) and bias, an :class:`Attribution` (its ``frame()`` and ``runner_up()`` work);
-    ``names`` labels the tokens (default: ids)."""
+    ``names`` labels the tokens (default: ids). A soft-capped head's terms add up to its score
+    before the cap, the capped score beside it (``Attribution.capped``), as ``attribute``'s."""
     model = check_model(model, "mode_split")
-    if model.cfg.attn_softcap is not None or model.cfg.positional != "rotary":
-        check_bilinear(model, "the mode split")  # terms that add up to S before a cap, or x B y^T
+    if model.cfg.qk_norm != "none" and model.cfg.positional != "rotary":
+        check_bilinear(model, "the mode split")  # the gains: x B~ y^T is not S
     h = qk.check_head(head)
     keys = _keys(qk, query, keys)
     cfg, layer = model.cfg, qk.layer
@@ -84,6 +85,7 @@ def mode_split(
             torch.zeros(len(keys), 3, dtype=torch.float64, device="cpu"),  # on the CPU, like the rest
             meta=dict(query_token=query_token, rank_cap=len(planes), split="rotation planes"),
             term_names=term_names,
+            cap=cfg.attn_softcap,
         )
     if qk.x is None:
         raise ValueError("this LayerQK kept no attention input (a rotary model's); the split needs it")
@@ -100,4 +102,5 @@ def mode_split(
         (S * xc * yc).cpu(),
         bias.cpu(),
         meta=dict(query_token=query_token, rank_cap=len(S)),
+        cap=cfg.attn_softcap,
     )

@@ -75,7 +75,8 @@ def attribute_report(
     loaded: LoadedModel, layer: int, head: int, query: int, tokens: Sequence[int], top: int | None = None
 ) -> dict:
     """The scores of query position ``query`` against every key it sees (the ``top`` best when
-    given), each split into the rank-1 terms of B (direction i, sigma_i, contribution) and the bias."""
+    given), each split into the rank-1 terms of B (direction i, sigma_i, contribution) and the bias;
+    a soft-capped head's terms add up to its score before the cap, the capped score beside it."""
     attr = attribute(check_loaded(loaded, "attribute_report"), tokens, layer, head, query)
     order = attr.ranking()
     if top is not None:
@@ -91,9 +92,13 @@ def attribute_report(
                 key=attr.keys[i],
                 token=attr.token_labels[i],
                 score=float(attr.scores[i]),
+                **({} if attr.cap is None else dict(capped_score=float(attr.capped[i]))),
                 terms=terms,
                 bias=float(attr.bias[i]),
             )
         )
     split = attr.meta.get("split", "rank-1 terms of B")
-    return dict(query=attr.query, split=split, keys=keys)
+    doc = dict(query=attr.query, split=split, keys=keys)
+    if attr.cap is not None:  # the terms add up to the score before the cap
+        doc.update(softcap=attr.cap, score="before the soft cap (capped_score: c tanh(score / c), the model's)")
+    return doc

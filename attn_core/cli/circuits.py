@@ -95,6 +95,7 @@ def _attribute_text(doc: dict) -> str:
                 key=k["key"],
                 token=k["token"],
                 score=k["score"],
+                **({"capped": k["capped_score"]} if "capped_score" in k else {}),
                 bias=k["bias"],
                 top_terms="  ".join(f"{t['term']}:{t['contribution']:+.3g}" for t in terms),
             )
@@ -104,7 +105,14 @@ def _attribute_text(doc: dict) -> str:
         "singular modes of the absorbed B, rotary term": "sum over i of g_q g_kv σ_i (x·u_i)(y·v_i) + the rotary term",
     }.get(doc.get("split"), "sum over i of σ_i (x·u_i)(y·v_i) + bias")
     head = f"Query {doc['query']}: f_x(y) of each key it sees = {what} (largest {N_TERMS} terms by |contribution|)"
-    out = [head, table(rows, ["rank", "key", "token", "score", "bias", "top_terms"])]
+    columns = ["rank", "key", "token", "score", "bias", "top_terms"]
+    if "softcap" in doc:
+        c = doc["softcap"]
+        head += (
+            f"\nscore is S before the head's soft cap; capped = {c:g} tanh(S / {c:g}), the model's score (same order)"
+        )
+        columns.insert(4, "capped")
+    out = [head, table(rows, columns)]
     if len(doc["keys"]) >= 2:
         w, r = doc["keys"][0], doc["keys"][1]
         diff = sorted(
@@ -135,7 +143,8 @@ def attribute_cmd(
 ):
     """Why a query attends where it does: its score f_x(y) against every key it sees, split into
     the rank-1 terms σ_i (x·u_i)(y·v_i) of the head's B plus the bias (rotary heads: by rotation
-    plane); terms and bias add up to the model's own score."""
+    plane); terms and bias add up to the model's own score (a soft-capped head's before the cap, the
+    capped score shown beside it)."""
     from attn_core.circuits import attribute_report
     from attn_core.sources import resolve
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 import shlex
 import sys
 from collections.abc import Callable
@@ -15,10 +16,26 @@ from typing import Any
 
 import typer
 
+FAMILIES_DIR = Path(__file__).resolve().parents[1] / "hf" / "families"
+
+
+def hf_families(folder: Path = FAMILIES_DIR) -> tuple[str, ...]:
+    """The model_type of each Hugging Face family the registry (``attn_core/hf/families/__init__.py``)
+    lists, in its order, read from the source as the root help reads the commands' (importing the
+    registry loads torch, which no --help does): its ``module.FAMILY`` lines and each module's
+    ``FAMILY = Family("model_type", ...)`` (the module's name where that is not a plain string)."""
+    registry = (folder / "__init__.py").read_text()
+    names = []
+    for module in re.findall(r"^\s+(\w+)\.FAMILY,", registry, re.M):
+        found = re.search(r'^FAMILY = Family\(\s*"(\w+)"', (folder / f"{module}.py").read_text(), re.M)
+        names.append(found.group(1) if found else module)
+    return tuple(names)
+
+
 JsonOpt = typer.Option(False, "--json", help="Print one JSON document on stdout.")
 NameArg = typer.Argument(
     ...,
-    help="Zoo model name, path to a model folder, or a local Hugging Face folder (gpt2, gpt_neox, llama, mistral, qwen2, qwen3, gemma2, gemma3_text, olmo2, smollm3, phi3, granite, exaone4).",
+    help=f"Zoo model name, path to a model folder, or a local Hugging Face folder ({', '.join(hf_families())}).",
 )
 
 

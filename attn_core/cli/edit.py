@@ -160,8 +160,10 @@ def edit_cmd(
     --scale-modes I=F,..., --sink F (its learned sink logit times F; 0 zeroes it), --ablate zero|mean, --from SOURCE[:LxHy] (transplant W_Q, W_K from a
     model of the same shape) and --with-ov (W_V, W_O too). Modes are B's singular pairs (rotary
     heads: rotation planes, as attribute splits them; MLA heads: their absorbed B's, written into
-    the head's own W_UQ); the edit goes into the head's own W_Q, so heads sharing its key/value
-    head keep theirs. --out saves a folder every command opens (an
+    the head's own W_UQ; QK-norm heads: their core's); the edit goes into the head's own W_Q (with
+    QK-norm across heads, its slice of the q_norm weight; a per-head QK-norm takes --ablate and
+    transplants only), so heads sharing its key/value head keep theirs. --out saves a folder every
+    command opens (an
     imported model stays its Hugging Face family)."""
 
     try:  # a mistyped option is a usage error, refused before any model (or torch) is read

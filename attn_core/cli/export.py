@@ -5,11 +5,12 @@ imported from a Hugging Face folder (or a run of one) is written back as its own
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import typer
 
-from attn_core.cli.common import JsonOpt, NameArg, emit, guarded
+from attn_core.cli.common import JsonOpt, NameArg, emit, guarded, hf_families
 
 app = typer.Typer()
 
@@ -22,10 +23,9 @@ def export_hf_cmd(
     as_json: bool = JsonOpt,
 ):
     """Write a model as a Hugging Face (transformers) folder: an imported model, or a run retrained
-    from one, as its own family (gpt2, gpt_neox, llama, mistral, qwen2, qwen3, gemma2, gemma3_text, olmo2, smollm3, phi3, granite, exaone4) with its config.json and
-    tokenizer files; a zoo model or a run of one (run:<id>) as a GPT-2 folder: config.json,
-    model.safetensors, a tokenizer of the task's token names (an imported model's vocab.json) and
-    a README. Models that do not map onto GPT-2 (merged QK, no LayerNorm, entmax) are refused with
+    from one, as its own family (the families below) with its config.json and tokenizer files; a
+    zoo model or a run of one (run:<id>) as a GPT-2 folder: config.json, model.safetensors, a
+    tokenizer of the task's token names (an imported model's vocab.json) and a README. Models that do not map onto GPT-2 (merged QK, no LayerNorm, entmax) are refused with
     the reason."""
     from attn_core.bilinear import token_names
     from attn_core.hf.export import export_gpt2
@@ -57,3 +57,6 @@ def export_hf_cmd(
             + "".join(f"\n  {n}" for n in s["notes"])
         ),
     )
+
+
+export_hf_cmd.__doc__ = f"{inspect.cleandoc(export_hf_cmd.__doc__)}\n\nFamilies: {', '.join(hf_families())}."

@@ -4,7 +4,8 @@ keys, entropy and sink mass from the blocked scores (``bilinear.blocked``), neve
 
 Every option is checked before any work: --topk and --length are whole numbers, --length within
 the model's context and the text, --topk within the length, the layer and head exist; a long
-input (more than ``bilinear.blocked.BLOCKED_INPUT`` tokens) without --topk is refused with a line naming it."""
+input (more than ``bilinear.blocked.LONG_INPUT`` tokens, the one threshold of long inputs) without --topk is
+refused with a line naming it."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ LengthOpt = typer.Option(
 TopkOpt = typer.Option(
     None,
     "--topk",
-    help="Per query the K top keys, entropy and sink mass from blocked scores (any length; needed past 1024 tokens).",
+    help="Per query the K top keys, entropy and sink mass from blocked scores (any length; needed past 512 tokens).",
 )
 
 
@@ -75,13 +76,13 @@ def check_length(loaded, ids: list[int], topk: int | None) -> None:
     the forward and the result (``blocked.forward_bytes``, :func:`result_bytes`): all before the
     forward."""
     from attn_core import limits
-    from attn_core.bilinear.blocked import BLOCKED_INPUT, check_input, forward_bytes
+    from attn_core.bilinear.blocked import LONG_INPUT, TOP_K, check_input, forward_bytes
 
     n = len(ids)
-    if topk is None and n > BLOCKED_INPUT:
+    if topk is None and n > LONG_INPUT:
         raise ValueError(
-            f"{n} tokens are a long input (more than {BLOCKED_INPUT}): give --topk K for the per-query top keys "
-            "(blocked scores, never T x T)"
+            f"{n} tokens are a long input (more than {LONG_INPUT}): give --topk K (e.g. {TOP_K}) for the per-query "
+            "top keys (blocked scores, never T x T)"
         )
     if topk is not None and topk > n:
         raise ValueError(f"--topk {topk} is past the input's {n} tokens")

@@ -80,12 +80,25 @@ def attribution_plot(attr: Attribution, top: int = 8, n_terms: int = 8) -> Plot:
             hovertemplate="f_x(y) = %{y:.4g}<extra>%{x}</extra>",
         )
     )
+    capped = ""
+    if attr.cap is not None:  # the terms add up to S before the cap; the model's score beside it
+        fig.add_trace(
+            go.Scatter(
+                x=names,
+                y=data.drop_duplicates("key")["capped_score"],
+                mode="markers",
+                name=f"capped {attr.cap:g} tanh(f / {attr.cap:g})",
+                marker=dict(symbol="x", size=10, color="black"),
+                hovertemplate="capped score = %{y:.4g}<extra>%{x}</extra>",
+            )
+        )
+        capped = " (scores before the soft cap)"
     fig.update_layout(
         barmode="relative",
         xaxis_title="key y (best first)",
         yaxis_title="contribution to f_x(y)",
         title=f"Why these keys: rank-1 terms of B, layer {attr.layer} head {attr.head}, "
-        f"query {attr.query} ({attr.meta.get('query_token', '')})",
+        f"query {attr.query} ({attr.meta.get('query_token', '')}){capped}",
     )
     fig.update_xaxes(type="category", tickangle=-45 if len(names) > 4 else 0)
     return Plot(

@@ -9,7 +9,8 @@ test ``tests/e2e/test_gallery_browser.py`` loads it and checks every figure's la
 - ``trained``: the pages whose figures need training (Retrain, Runs, Dynamics, Sweeps, Grow d_k,
   Merged vs factored QK) and the Attention explorer; their runs go into a temporary run store;
 - ``models``: a tiny random Llama folder (rotary, grouped-query, 1024 positions), the imported
-  model drawn when none is named;
+  model drawn when none is named, and a tiny random DeepSeek-V3 folder (multi-head latent
+  attention), whose Heatmaps page has the parts of the score (MLA's two terms);
 - ``html``: the folder (index.html, plotly.min.js, PNG exports of the CLI figures).
 """
 
@@ -38,7 +39,7 @@ def build(
     from attn_core import sources
     from attn_core.destinations import check_destination
     from attn_core.gallery import html, pages, trained
-    from attn_core.gallery.models import tiny_llama
+    from attn_core.gallery.models import tiny_deepseek, tiny_llama
     from attn_core.runs import RunStore
 
     out = check_destination(out)
@@ -49,6 +50,7 @@ def build(
         if zoo.task is None:
             raise ValueError(f"{model} has no task: the gallery's first model must be one that trains (a zoo model)")
         other = sources.resolve(imported if imported is not None else str(tiny_llama(Path(tmp) / "tiny-llama")))
+        mla = sources.resolve(str(tiny_deepseek(Path(tmp) / "tiny-deepseek")))
         store = RunStore(Path(tmp) / "runs")
         # a model folder with a long path, as an imported model's often is (its runs' titles name it)
         wide = (
@@ -60,6 +62,7 @@ def build(
         steps: list[tuple[str, Callable]] = [
             (f"Heatmaps of {zoo.name}", lambda: pages.heatmaps(zoo, quick)),
             (f"Heatmaps of {other.name}", lambda: pages.heatmaps(other, quick)),
+            (f"Heatmaps of {mla.name}", lambda: pages.heatmaps(mla, quick)),
             (f"Spectrum of {zoo.name}", lambda: pages.spectrum(zoo, quick)),
             (f"Spectrum of {other.name}", lambda: pages.spectrum(other, quick)),
             ("Retrain and Runs", lambda: trained.retrain_and_runs(zoo, quick, store)),

@@ -67,6 +67,7 @@ def heatmaps(m: LoadedModel, quick: bool) -> Iterator[Entry]:
     yield Entry(page, "value-weighted attention", fa.value_weighted_plot(vw, labels, layer, [0], 0), FULL)
     yield Entry(page, "concentration table", fb.concentration_plot(view.concentration_table(1)), FULL)
     yield from _sinks(m, page, view, tokens, query)
+    yield from _score_parts(m, page, tokens, layer)
     vocab = bilinear.vocabulary_view(m, layer, [0])
     yield Entry(
         page,
@@ -85,7 +86,7 @@ def heatmaps(m: LoadedModel, quick: bool) -> Iterator[Entry]:
             fr.pair_offset_plot(curve, layer, 0, labels[query], labels[query - 1], actual=-1),
             HALF,
         )
-    if m.config.n_ctx > bilinear.LONG_INPUT:
+    if m.config.n_ctx > bilinear.LONG_INPUT and m.config.entmax_alpha == 1.0:  # entmax: no long inputs
         yield from _long(m, page, layer)
 
 
@@ -115,22 +116,37 @@ def _sinks(m: LoadedModel, page: str, view, tokens: list[int], query: int) -> It
     yield Entry(page, "attention sinks of every head", fs.importance_plot(probe_sinks(m, tokens)), FULL)
 
 
+def _score_parts(m: LoadedModel, page: str, tokens: list[int], layer: int) -> Iterator[Entry]:
+    """The parts of head 0's scores, as the Heatmaps page draws them (``ui/heatmap_form.py``) where
+    the model's scores have parts: QK-norm's gains, the capped scores, the affine form's terms, the
+    learned sink's share beside token 0's, an MLA head's two terms (its absorbed B's and the rotary one)."""
+    from attn_core.figures import score_parts as fp
+
+    parts = bilinear.score_parts(m, tokens, layer, 0)
+    if parts.norm != "none":
+        yield Entry(page, "parts of the score: the gains", fp.gains_plot(parts), HALF)
+    if parts.cap is not None:
+        yield Entry(page, "parts of the score: after the soft cap", fp.capped_plot(parts, True), HALF)
+    if parts.terms is not None:
+        yield Entry(page, "parts of the score: the bias terms", fp.terms_plot(parts), HALF)
+    if parts.sink_share is not None:
+        yield Entry(page, "parts of the score: the learned sink", fp.sink_share_plot(parts), HALF)
+    if parts.absorbed is not None:
+        yield Entry(page, "parts of the score: MLA's two terms", fp.mla_terms_plot(parts), FULL)
+
+
 def _long(m: LoadedModel, page: str, layer: int) -> Iterator[Entry]:
+    """The one view of inputs over ``blocked.LONG_INPUT`` tokens: the exact window of the query
+    (``bilinear.long``), then the blocked figures."""
     long_tokens = bilinear.random_tokens(m, 0, bilinear.LONG_INPUT + 88)
-    scores = bilinear.layer_scores(m, long_tokens, layer)
-    lv = scores.view(0, 500)
+    lv = bilinear.layer_scores(m, long_tokens, layer).view(0, 500, blocks=None)
     for value in ("scores", "pattern"):
         yield Entry(page, f"long input: window, {value}", fb.window_plot(lv, value), HALF)
-    yield Entry(page, "long input: top keys", fb.top_keys_plot(lv), WIDE)
-    yield Entry(page, "long input: pooled overview", fb.overview_plot(lv), FULL)
-    yield Entry(
-        page, "long input: overview per head", fb.overview_plot(scores.view(1, 500, blocks=128), width=HALF), HALF
-    )
     yield from _blocked(m, page, layer, long_tokens)
 
 
 def _blocked(m: LoadedModel, page: str, layer: int, tokens: list[int]) -> Iterator[Entry]:
-    """The view of inputs over ``blocked.BLOCKED_INPUT`` tokens (here on a shorter one: the same figures)."""
+    """The blocked figures of a long input's view (``ui.heatmap_long``)."""
     from attn_core.bilinear import blocked
     from attn_core.bilinear.long_map import long_map
     from attn_core.figures import long_view as fl

@@ -177,7 +177,9 @@ def gpt2_tensors(model) -> tuple[dict[str, torch.Tensor], list[str]]:
         )
     if folded_scale:
         notes.append("heads narrower than d_head: zero query/key columns, 1/sqrt(d_qk) folded into W_Q, b_Q")
-    W_U, b_U = sd["unembed.W_U"], sd["unembed.b_U"]
+    # a tied unembedding (tied_embed) is the embedding: written as a copy of its own (lm_head, untied)
+    W_U = sd["unembed.W_U"] if "unembed.W_U" in sd else sd["embed.W_E"].T.clone()
+    b_U = sd["unembed.b_U"]
     ln_b = sd["ln_final.b"]
     top = float(b_U.abs().max())
     if top > 0:

@@ -84,12 +84,15 @@ def fixed_params(fam: Family, cfg: ModelConfig, raw: dict) -> set[str]:
 def convert(fam: Family, cfg: ModelConfig, raw: dict, get: Get, has: Callable[[str], bool]) -> dict:
     """Our tensors from the file's (``get(name, shape)`` checks each shape before reading it;
     ``has(name)`` says whether the file holds it). The unembedding is the embedding when the file
-    has no head of its own (the loader has checked that the config ties them)."""
+    has no head of its own (the loader has checked that the config ties them); with
+    ``cfg.tied_embed`` the unembedding is not read at all (it is the embedding)."""
     if fam.load is not None:
         return fam.load(cfg, raw, get, has)
     out: dict[str, torch.Tensor] = {}
     for s in fam.slots(cfg, raw):
         name = s.theirs
+        if s.ours == ("unembed.W_U",) and cfg.tied_embed:
+            continue
         if s.ours == ("unembed.W_U",) and not has(name):
             name = fam.embed
         elif s.optional and not has(name):
@@ -112,11 +115,13 @@ def convert(fam: Family, cfg: ModelConfig, raw: dict, get: Get, has: Callable[[s
 
 
 def export_tensors(fam: Family, model, raw: dict) -> dict[str, torch.Tensor]:
-    """The family's state dict (fp32) equal to our ``model``: every slot joined."""
+    """The family's state dict (fp32) equal to our ``model``: every slot joined (the unembedding's
+    left out when it is tied to the embedding, as transformers saves a tied model)."""
     if fam.export is not None:
         return fam.export(model, raw)
     sd = {k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()}
-    return {s.theirs: s.join([sd[o] for o in s.ours]).contiguous() for s in fam.slots(model.cfg, raw)}
+    slots = [s for s in fam.slots(model.cfg, raw) if not (model.cfg.tied_embed and s.ours == ("unembed.W_U",))]
+    return {s.theirs: s.join([sd[o] for o in s.ours]).contiguous() for s in slots}
 
 
 # --- slot makers ---------------------------------------------------------------------------------

@@ -10,9 +10,9 @@ itself, or from a run's card (``details["hf"]``), which a retrain of an imported
 
 Some of our parameters have no tensor in a family (Llama's and Mistral's MLP biases, Qwen2's
 o_proj bias, every family's unembedding bias: whatever no slot holds): they are zero on import and held at zero by
-retraining (:func:`fixed_params`); an export checks that they still are. The embedding and the
-unembedding are written untied (``tie_word_embeddings`` false), since retraining may move them
-apart.
+retraining (:func:`fixed_params`); an export checks that they still are. A tied unembedding
+(``tied_embed``: one tensor, which retraining moves as one) is written tied, without ``lm_head``;
+an untied one untied (``tie_word_embeddings`` false).
 """
 
 from __future__ import annotations
@@ -106,7 +106,8 @@ def _check_matches(loaded: LoadedModel, origin: dict) -> None:
             f"{origin['model_type']} uses softmax, so it cannot be written back as that family"
         )
     mine, other = cfg.to_dict(), theirs.to_dict()
-    differ = [k for k in mine if k != "entmax_alpha" and mine[k] != other.get(k)]
+    # the unembedding is written as the model holds it (a run saved untied exports untied)
+    differ = [k for k in mine if k not in ("entmax_alpha", "tied_embed") and mine[k] != other.get(k)]
     if differ:
         raise CheckpointError(
             f"{loaded.name} no longer matches the {origin['model_type']} config it came from ({', '.join(differ[:4])} differ)"
@@ -128,7 +129,8 @@ def family_tensors(loaded: LoadedModel, origin: dict) -> tuple[dict[str, torch.T
     fam = REGISTRY[kind]
     tensors = layout.export_tensors(fam, model, raw)
     config = fam.export_config(model.cfg, raw) if fam.export_config else raw
-    config = {**config, "tie_word_embeddings": False, "torch_dtype": "float32", "dtype": "float32"}
+    tied = model.cfg.tied_embed
+    config = {**config, "tie_word_embeddings": tied, "torch_dtype": "float32", "dtype": "float32"}
     return {k: v.contiguous() for k, v in tensors.items()}, config
 
 
@@ -139,7 +141,8 @@ def _readme(loaded: LoadedModel, kind: str, files: list[str]) -> str:
         f"# {loaded.name}",
         "",
         f"Exported by `attn-lab export-hf` from `{loaded.name}` as a transformers `{kind}` model with the "
-        "config.json of the model it was imported from, fp32, embeddings untied. It computes the logits attn-lab "
+        f"config.json of the model it was imported from, fp32, embeddings {'tied' if loaded.config.tied_embed else 'untied'}. "
+        "It computes the logits attn-lab "
         "computes.",
         "",
         *[f"- {k}: {v}" for k, v in facts.items() if v not in (None, "")],

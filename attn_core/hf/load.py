@@ -3,11 +3,13 @@
 The config is mapped first (the family's reader) and the model's size checked against the memory
 available; then each tensor is read from the memory-mapped safetensors file(s), converted to
 float32 and re-laid out by the family's slot table (``hf/family.py``), and the model takes those
-tensors as its parameters (``Transformer.from_tensors``): one float copy of the weights, no more.
+tensors as its parameters (``Transformer.from_tensors``): one float copy of the weights, no more
+(a tied unembedding is the embedding itself, not a copy).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -26,8 +28,14 @@ from attn_core.model import ModelConfig
 
 
 def model_config(hf: dict) -> ModelConfig:
-    """Our :class:`ModelConfig` for a config.json of any supported family."""
-    return family(hf).config(hf)
+    """Our :class:`ModelConfig` for a config.json of any supported family; a slot-table family's
+    unembedding is tied to the embedding (``tied_embed``) when its ``tie_word_embeddings`` says so,
+    one tensor as in transformers."""
+    fam = family(hf)
+    cfg = fam.config(hf)
+    if fam.load is None and flag(hf, "tie_word_embeddings", fam.tied):
+        cfg = dataclasses.replace(cfg, tied_embed=True)
+    return cfg
 
 
 def _file_names(msg: str, fam, cfg: ModelConfig, raw: dict) -> str:
@@ -54,7 +62,7 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel
     if raw is None:
         raise CheckpointError(f"{path} is not a Hugging Face folder (config.json with a model_type)")
     fam = family(raw)
-    cfg = fam.config(raw)
+    cfg = model_config(raw)
     check_fits(cfg, path.name)
     tensors = Tensors(path)
     tied = flag(raw, "tie_word_embeddings", fam.tied)

@@ -155,8 +155,10 @@ class Attention(nn.Module):
     @torch.no_grad()
     def set_form(self, new: BilinearScore, head: int | None = None) -> None:
         """Write a form's B back into this layer: its factors and biases (or dense B), for every
-        head or into ``head`` (from ``new``'s selected head, or its head ``head``). A key head
-        shared by several query heads takes the factor of the query head written last."""
+        head or into ``head`` (from ``new``'s selected head, or its head ``head``), and with QK-norm
+        across heads the query head's own slice of the q_norm weight (a per-head norm's weight is
+        the whole layer's: not written). A key head shared by several query heads takes the factor
+        of the query head written last."""
         heads = range(self.cfg.n_heads) if head is None else [head]
         if (new.dense is not None) != (self.cfg.qk == "merged"):
             raise ValueError("the new form is merged and this layer factored, or the other way round")
@@ -174,6 +176,9 @@ class Attention(nn.Module):
             if new.bias_q is not None and self.cfg.attn_bias:
                 self.b_Q[h, :w] = new.bias_q[src, :w].to(self.b_Q.dtype)
                 self.b_K[g, :w] = new.bias_k[src, :w].to(self.b_K.dtype)
+            if self.cfg.qk_norm == "all" and new.norm == "all":
+                dh = self.cfg.d_head
+                self.q_norm.w[h * dh : (h + 1) * dh] = new.norm_q[src * dh : (src + 1) * dh].to(self.q_norm.w.dtype)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | Visibility, hk: HookRun | None = None) -> torch.Tensor:
         """x = X [b, T, d_model] (the attention input), mask [T, T] True where a key is visible

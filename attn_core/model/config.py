@@ -8,10 +8,11 @@ biases, sequential or parallel attention and MLP, plain or gated (SwiGLU, GeGLU)
 windows per layer; and the features of the newer families (:data:`FEATURES`): QK-norm per head or
 across the heads, a score scale other than 1/sqrt(d_head), logit soft-capping of the scores and of
 the logits, a second rotary base for the sliding layers, layers without positions (NoPE),
-sandwich or post norms, the embedding, residual and logit multipliers, and a routed mixture of
+sandwich or post norms, the embedding, residual and logit multipliers, a routed mixture of
 experts in place of the MLP (Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE, gpt-oss), gpt-oss's clamped
-SwiGLU and its learned sink logits (one per head, in each softmax's denominator). Each defaults to
-"absent": a model without them computes, and saves, exactly what it did before they existed
+SwiGLU and its learned sink logits (one per head, in each softmax's denominator), and an
+unembedding tied to the embedding. Each defaults to "absent": a model without them computes, and
+saves, exactly what it did before they existed
 (:meth:`ModelConfig.to_dict` leaves out a feature at its default).
 """
 
@@ -89,6 +90,7 @@ class ModelConfig:
     embed_scale: float = 1.0  # the embedding is multiplied by it (Gemma: sqrt(d_model); Granite)
     residual_scale: float = 1.0  # each attention and MLP output is multiplied by it (Granite)
     logits_scaling: float = 1.0  # the logits are divided by it (Granite)
+    tied_embed: bool = False  # W_U is W_E^T, one tensor (a file's tie_word_embeddings), not a parameter of its own
     # a routed mixture of experts in place of each MLP (attn_core/model/moe.py): n_experts MLPs of
     # width d_mlp, the top experts_per_token of the router's scores (ROUTER_SCORINGS), renormalised
     n_experts: int = 0  # 0: a dense MLP
@@ -145,7 +147,7 @@ class ModelConfig:
         check(self.positional in POSITIONALS, f"positional must be one of {POSITIONALS}")
         check(self.qk in QK_KINDS, f"qk must be one of {QK_KINDS}")
         check(self.mlp_act in MLP_ACTS, f"mlp_act must be one of {MLP_ACTS}")
-        for flag in ("attn_bias", "gated_mlp", "parallel_attn"):
+        for flag in ("attn_bias", "gated_mlp", "parallel_attn", "tied_embed"):
             check(isinstance(getattr(self, flag), bool), f"{flag} must be true or false")
         check(isinstance(self.ln_eps, (int, float)) and 0 < self.ln_eps < 1, "ln_eps must be in (0, 1)")
         check(
@@ -345,7 +347,7 @@ class ModelConfig:
         built model). With d, V, T, h, d_head, d_mlp as in the config, g = kv_heads and w the
         layer's stored query/key width (the widest head's d_qk; narrower heads are zero-padded):
 
-            embeddings   V d (+ T d learned positions);  unembedding  d V + V;  final norm n
+            embeddings   V d (+ T d learned positions);  unembedding  d V + V (V when tied);  final norm n
             per layer    norm n + W_Q h d w, W_K g d w (merged: W_QK h d^2) + W_V g d d_head,
                          W_O h d_head d (+ b_Q h w, b_K g w if factored, + b_V g d_head, b_O d,
                          with biases) (+ norm n + W_in, W_out 2 d d_mlp + b_in, b_out d_mlp + d,
@@ -359,7 +361,7 @@ class ModelConfig:
         d, h, g = self.d_model, self.n_heads, self.kv_heads
         ln = {"layernorm": 2 * d, "rmsnorm": d, "none": 0}[self.normalization]
         total = self.d_vocab * d + (self.n_ctx * d if self.positional == "learned" else 0)
-        total += d * self.d_vocab + self.d_vocab + ln
+        total += (0 if self.tied_embed else d * self.d_vocab) + self.d_vocab + ln
         for layer in range(self.n_layers):
             if self.mla:
                 total += ln + self._mla()

@@ -6,16 +6,17 @@ For a layer's input X (rows x_i), with r_q = ``q_lora_rank``, r_kv = ``kv_lora_r
     c_q(i)  = RMSNorm(x_i W_DQ) = g_q(i) (x_i W_DQ) diag(w_q)     the query latent [r_q]
               (x_i itself, g_q = 1, without a query latent: V2-Lite)
     c_kv(j) = RMSNorm(x_j W_DKV) = g_kv(j) (x_j W_DKV) diag(w_kv)  the key/value latent [r_kv]
-    q_i = [c_q(i) W_UQ^h,  c_q(i) W_QR^h M(i)],  k_j = [c_kv(j) W_UK^h,  x_j W_KR M(j)]
+    q_i = [c_q(i) W_UQ^h,  a c_q(i) W_QR^h M(i)],  k_j = [c_kv(j) W_UK^h,  a x_j W_KR M(j)]
     v_j = c_kv(j) W_UV^h,  S_ij = s q_i k_j^T,  s = (n + r)^-1/2 (or ``attn_scale``)
 
 (W_KR is one key for every head, rotated, not normed; M the rotation of ``rotary``, here on all r
 dims, in the rotate-half layout: a family whose file interleaves the pairs permutes the columns on
-load.) So every head's score splits in two terms:
+load; a = YaRN's attention factor on cos and sin, 1 without YaRN.) So every head's score splits in
+two terms:
 
     S_ij = g_q(i) g_kv(j) x_i B^h x_j^T + g_q(i) x_i B_R^h(j - i) x_j^T
     B^h        = s W_DQ diag(w_q) W_UQ^h (W_UK^h)^T diag(w_kv) W_DKV^T    (d x d, rank <= n)
-    B_R^h(dt)  = s W_DQ diag(w_q) W_QR^h R(dt) W_KR^T                     (d x d, rank <= r)
+    B_R^h(dt)  = a^2 s W_DQ diag(w_q) W_QR^h R(dt) W_KR^T                 (d x d, rank <= r)
 
 B^h is the absorbed B in residual-stream terms (``core``), the latent gains as QK-norm's
 (``gains``); on the latents it is B_lat^h = s W_UQ^h (W_UK^h)^T (r_q x r_kv: ``latent``), what
@@ -95,14 +96,16 @@ class MLAScore(BilinearScore):
         return form if self.head is None else form[self.head]
 
     def rope_core(self, offset: int = 0):
-        """B_R(offset), the rotary term, in residual-stream terms (its gain: g_q on the query side only)."""
+        """B_R(offset), the rotary term, in residual-stream terms (its gain: g_q on the query side
+        only), YaRN's attention factor squared included."""
         from attn_core.bilinear.form import QKForm
 
         down = self._query_down()
         left = self.rope_q if down is None else torch.einsum("dr,hre->hde", down, self.rope_q)
         R = rotary.offset_rotation(self.cfg, offset, self.cfg.rotary_dims, layer=self.layer).to(left)
         right = self.rope_k.expand(self.n_heads, *self.rope_k.shape)
-        form = QKForm(left=(left @ R) * self.scale.view(-1, 1, 1), right=right)
+        a2 = rotary.attention_factor(self.cfg, self.layer) ** 2
+        form = QKForm(left=(left @ R) * (self.scale.view(-1, 1, 1) * a2), right=right)
         return form if self.head is None else form[self.head]
 
     def gains(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,7 +119,8 @@ class MLAScore(BilinearScore):
     def queries_keys(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(Q, K) [..., h, T, n + r] as the model forms them: [no-position | rotated] parts."""
         c_q, c_kv = _latent(X, self.down_q, self.w_q), _latent(X, self.down_kv, self.w_kv)
-        return mla_qk(X, c_q, c_kv, self.up_q, self.rope_q, self.up_k, self.rope_k, self.inv_freq)
+        gain = rotary.attention_factor(self.cfg, self.layer)
+        return mla_qk(X, c_q, c_kv, self.up_q, self.rope_q, self.up_k, self.rope_k, self.inv_freq, gain)
 
     def edited(self, delta: torch.Tensor) -> MLAScore:
         """This one head's form with B changed by ``delta`` [d, d], a matrix within B's column and
@@ -135,13 +139,14 @@ class MLAScore(BilinearScore):
         return self.replace(up_q=up)
 
 
-def mla_qk(x, c_q, c_kv, up_q, rope_q, up_k, rope_k, inv_freq) -> tuple[torch.Tensor, torch.Tensor]:
-    """(Q, K) [..., h, T, n + r] from the latents c_q, c_kv of x [..., T, d] (module doc)."""
+def mla_qk(x, c_q, c_kv, up_q, rope_q, up_k, rope_k, inv_freq, gain=1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Q, K) [..., h, T, n + r] from the latents c_q, c_kv of x [..., T, d] (module doc; ``gain``:
+    YaRN's attention factor on cos and sin)."""
     q_n = torch.einsum("...pr,hre->...hpe", c_q, up_q)
     q_r = torch.einsum("...pr,hre->...hpe", c_q, rope_q)
     k_n = torch.einsum("...pr,hre->...hpe", c_kv, up_k)
     k_r = (x @ rope_k).unsqueeze(-3)  # one rotary key for every head
-    cos, sin = rotary.cos_sin(inv_freq, torch.arange(x.shape[-2], device=x.device))
+    cos, sin = rotary.cos_sin(inv_freq, torch.arange(x.shape[-2], device=x.device), gain)
     q_r, k_r = rotary.rotate(q_r, cos, sin), rotary.rotate(k_r, cos, sin)
     return torch.cat([q_n, q_r], -1), torch.cat([k_n, k_r.expand(*k_n.shape[:-1], k_r.shape[-1])], -1)
 
@@ -236,7 +241,8 @@ class MLAttention(nn.Module):
         """(Q, K) [b, h, T, n + r] of x [b, T, d] (unscaled)."""
         down_q, w_q = self._down_q()
         c_q, c_kv = _latent(x, down_q, w_q), _latent(x, self.W_DKV, self.kv_latent_norm.w)
-        return mla_qk(x, c_q, c_kv, self.W_UQ, self.W_QR, self.W_UK, self.W_KR, self.inv_freq)
+        gain = rotary.attention_factor(self.cfg, self.layer)
+        return mla_qk(x, c_q, c_kv, self.W_UQ, self.W_QR, self.W_UK, self.W_KR, self.inv_freq, gain)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | Visibility, hk: HookRun | None = None) -> torch.Tensor:
         """The attention output [b, T, d] of x [b, T, d] (as :meth:`Attention.forward`)."""

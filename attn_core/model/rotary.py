@@ -92,14 +92,18 @@ def attention_factor(cfg: ModelConfig, layer: int | None = None) -> float:
     return float(s["attention_factor"])
 
 
+def yarn_mscale(factor: float, m: float = 1.0) -> float:
+    """YaRN's magnitude correction 0.1 m ln(factor) + 1 (1.0 for a factor of 1 or less), as
+    transformers' ``yarn_get_mscale``."""
+    return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+
 def yarn_attention_factor(factor: float, mscale: float | None = None, mscale_all_dim: float | None = None) -> float:
     """YaRN's attention factor from a config's ``factor`` (and DeepSeek's ``mscale`` /
     ``mscale_all_dim``) when the config does not give it: 0.1 ln(factor) + 1, as transformers has it."""
-
-    def get(m: float = 1.0) -> float:
-        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
-
-    return float(get(mscale) / get(mscale_all_dim)) if mscale and mscale_all_dim else get()
+    if mscale and mscale_all_dim:
+        return float(yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim))
+    return yarn_mscale(factor)
 
 
 def cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, gain: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -83,6 +83,26 @@ class Block(nn.Module):
         return hk(n["resid_post"], resid)
 
 
+class Unembed(nn.Module):
+    """The unembedding: ``W_U`` [d_model, d_vocab] and ``b_U``. With ``cfg.tied_embed``, ``W_U`` is
+    the embedding's transpose, read from it on every use, as transformers ties ``lm_head`` to
+    ``embed_tokens``: no parameter and no memory of its own, and training moves the one tensor
+    through both of its uses."""
+
+    def __init__(self, cfg: ModelConfig, embed: nn.Module):
+        super().__init__()
+        if cfg.tied_embed:
+            self.__dict__["_tied"] = embed  # not a submodule: W_E stays the embedding's parameter alone
+        else:
+            self.W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab))
+        self.b_U = nn.Parameter(torch.zeros(cfg.d_vocab))
+
+    def __getattr__(self, name: str):
+        if name == "W_U" and "_tied" in self.__dict__:
+            return self.__dict__["_tied"].W_E.T
+        return super().__getattr__(name)
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -94,9 +114,7 @@ class Transformer(nn.Module):
             self.pos_embed.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model))
         self.blocks = nn.ModuleList(Block(cfg, l) for l in range(cfg.n_layers))
         self.ln_final = norm(cfg)
-        self.unembed = nn.Module()
-        self.unembed.W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab))
-        self.unembed.b_U = nn.Parameter(torch.zeros(cfg.d_vocab))
+        self.unembed = Unembed(cfg, self.embed)
         self.reset_parameters()
 
     @classmethod

@@ -47,7 +47,8 @@ def data_values(
 
 def vocab_rows(model: Transformer, layer: int, heads: Sequence[int] | None = None) -> torch.Tensor:
     """Rows of the vocabulary view, [h, V, V]: attention of every token over every token, with
-    the model's own row normalisation (softmax, or alpha-entmax). Differentiable."""
+    the model's own row normalisation (softmax, or alpha-entmax) of its own scores (QK-norm's
+    gains and a soft cap as the layer applies them: ``vocab_scores``). Differentiable."""
     S = vocab_scores(model, layer, list(heads) if heads is not None else None)
     full = torch.ones(S.shape[-2:], dtype=torch.bool, device=S.device)
     return attention_weights(S, full, model.cfg.entmax_alpha)
@@ -209,11 +210,6 @@ def build_penalty(
     default = parse_heads(heads, cfg)
     resolved = {s.label: parse_heads(s.heads, cfg) if s.heads else default for s in specs}
     for s in specs:
-        if s.view == "vocab" and cfg.attn_softcap is not None:
-            raise ValueError(
-                f"{s.name!r} penalises the vocabulary view from its Q and K, which cannot carry this model's soft cap "
-                f"(c tanh(S / c), c = {cfg.attn_softcap:g}); penalise the data view (entropy, hoyer, topk, sink)"
-            )
         if s.view == "vocab" and cfg.attn_sinks:
             raise ValueError(
                 f"{s.name!r} penalises the vocabulary view's rows, which leave out this model's learned sink logits "

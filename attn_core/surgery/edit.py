@@ -8,7 +8,12 @@ Per head, in this order:
   model, a folder, ``run:<id>``, a checkpoint). Refused under grouped-query attention with more
   than one query head per key/value head: W_K is shared by the group, so a transplant would
   change the other heads too;
-- ``rank`` / ``drop`` / ``scale``: the head's modes (``surgery.modes``; query side only);
+- ``rank`` / ``drop`` / ``scale``: the head's modes (``surgery.modes``; query side only). With
+  QK-norm the per-token gains depend on W_Q and W_K, so an edit must go after them: across heads
+  (OLMo 2) into the head's slice of the q_norm weight (any plane edit of a rotary head; one factor
+  for every singular mode otherwise); a per-head norm's weight is the layer's, so there modes are
+  refused, and a transplant is taken only from a layer with the same norm weights (across heads
+  refused: the gain is every head's);
 - ``sink``: the head's learned sink logit z (gpt-oss) times this factor (0: z = 0, a sink worth one
   key of score 0); refused on a model without learned sinks;
 - ``ablate``: ``zero`` sets the head's W_O to 0 (its output is zero); ``mean`` replaces its output by
@@ -45,6 +50,7 @@ SHAPE_KEYS = (
     "rope_scaling",
     "attn_bias",
     "n_kv_heads",
+    "qk_norm",
     "kv_lora_rank",
     "q_lora_rank",
     "d_v",
@@ -160,14 +166,26 @@ def check_edit(loaded: LoadedModel, e: HeadEdit, source: LoadedModel | None = No
             f"--sink of head {e.label}: {loaded.name}'s heads have no learned sink logit (only models with "
             "attn_sinks, such as gpt-oss, do)"
         )
-    if (e.touches_modes or e.source is not None) and cfg.qk_norm != "none":
+    if cfg.qk_norm == "head" and e.touches_modes:
         raise ValueError(
-            f"head {e.label}: {loaded.name}'s heads apply QK-norm, which renormalises q and k after W_Q and W_K, so "
-            "an edit of B's modes or a transplant of W_Q, W_K would not be the edit of the scores it names; "
-            "--ablate works"
+            f"head {e.label}: {loaded.name}'s QK-norm divides q and k by gains that depend on W_Q and W_K, and its "
+            "norm weights are shared by every head of the layer, so no weight of this head alone can change its "
+            "modes exactly; --ablate works (so does a transplant from a model with the same norm weights)"
+        )
+    if cfg.qk_norm == "all" and e.source is not None:
+        raise ValueError(
+            f"head {e.label}: {loaded.name}'s QK-norm divides every head's q and k by one gain over all the "
+            "heads of a token, which a new W_Q, W_K would change for them all; --ablate and edits of the "
+            "head's modes work"
         )
     if e.touches_modes:
-        mode_factors(head_modes(loaded.model, e.layer, e.head), e.rank, e.drop, e.scale)
+        f = mode_factors(head_modes(loaded.model, e.layer, e.head), e.rank, e.drop, e.scale)
+        if cfg.qk_norm == "all" and cfg.positional != "rotary" and bool((f != f[0]).any()):
+            raise ValueError(
+                f"head {e.label}: {loaded.name}'s QK-norm divides q and k by gains that depend on W_Q and W_K, so "
+                "only the norm weight after them can carry an edit, and it scales every singular mode alike; "
+                "scale all modes by one factor, or use --ablate"
+            )
     if e.ablate is not None:
         if e.ablate not in ABLATIONS:
             raise ValueError(f"--ablate must be one of {', '.join(ABLATIONS)}, got {e.ablate!r}")
@@ -180,6 +198,8 @@ def check_edit(loaded: LoadedModel, e: HeadEdit, source: LoadedModel | None = No
         if source is None:
             raise ValueError("a transplant needs its source model loaded")
         check_transplant(loaded, source, e)
+        if cfg.qk_norm == "head":
+            _check_norm_weights(loaded, source, e)
 
 
 def has_output_bias(loaded: LoadedModel, layer: int) -> bool:
@@ -212,6 +232,19 @@ def check_transplant(loaded: LoadedModel, source: LoadedModel, e: HeadEdit) -> N
     sl, sh = e.source_head or (e.layer, e.head)
     if not 0 <= sl < theirs.n_layers or not 0 <= sh < theirs.n_heads:
         raise ValueError(f"head {head_label(sl, sh)} does not exist in {source.name}")
+
+
+def _check_norm_weights(loaded: LoadedModel, source: LoadedModel, e: HeadEdit) -> None:
+    """A transplant into a per-head QK-norm head is exact when the source head's layer has the
+    same norm weights (the layer's, shared by its heads, are not transplanted)."""
+    sl, sh = e.source_head or (e.layer, e.head)
+    mine, theirs = loaded.model.blocks[e.layer].attn.form(), source.model.blocks[sl].attn.form()
+    if not (torch.equal(mine.norm_q, theirs.norm_q) and torch.equal(mine.norm_k, theirs.norm_k)):
+        raise ValueError(
+            f"cannot transplant {head_label(sl, sh)} of {source.name} "
+            f"into {loaded.name}'s {e.label}: their layers' QK-norm weights differ, and those are shared by every "
+            "head of the layer, so the head would not score as it did; use a source layer with the same norm weights"
+        )
 
 
 def _source_width(source: LoadedModel, e: HeadEdit) -> int:

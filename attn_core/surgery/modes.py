@@ -23,6 +23,14 @@ plane, so this scales that plane's term of every score, as ``attribute`` measure
 head's ``W_QK`` is B itself: ``W_QK' = W_QK + U diag((f - 1) sigma) V^T``. All in float64, written
 back in the model's dtype; a factor vector of ones changes no weight.
 
+**QK-norm.** A normed head's score is ``g_q(i) g_k(j) x_i B~ x_j^T`` with gains 1/rms of the
+un-normed q and k (docs/maths.md): its modes are those of the core B~ (the norm weights folded
+in). The gains are taken before the norm weight, so an edit written into W_Q would change them;
+with QK-norm across heads (OLMo 2) each query head has its own slice of the q_norm weight, after
+the gain, and an edit is written there instead: a plane's two entries times f_c (rotary heads), or
+the whole slice times f when every mode is scaled alike (``edit`` refuses the rest). A per-head
+norm's weight is shared by the layer's heads, so no weight of one head alone can carry an edit.
+
 An MLA head's (multi-head latent attention, attn_core/model/mla.py) modes are the singular pairs
 of its absorbed B in residual-stream terms (the no-position term; the latent norms' gains come
 before the up-projections, so an edit of B is the edit of that term of every score, and the
@@ -64,8 +72,13 @@ def planes(model: Transformer) -> list[list[int]]:
 
 
 def _factors(model: Transformer, layer: int, head: int) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """(W_Q [d, w], W_K [d, w], 1/sqrt(w)) of one factored head, its own w columns, float64."""
-    W_Q, W_K = model.blocks[layer].attn.form(head).factors(own=True)
+    """(W_Q [d, w], W_K [d, w], 1/sqrt(w)) of one factored head, its own w columns, float64; with
+    QK-norm the core's (the norm weights folded in) and its own scale."""
+    form = model.blocks[layer].attn.form(head)
+    if form.norm != "none":
+        core = form.core()
+        return core.left.detach().double(), core.right.detach().double(), 1.0
+    W_Q, W_K = form.factors(own=True)
     return W_Q.detach().double(), W_K.detach().double(), W_Q.shape[-1] ** -0.5
 
 
@@ -129,6 +142,16 @@ def apply_factors(model: Transformer, layer: int, head: int, f: torch.Tensor) ->
     if model.cfg.mla:
         U, S, Vh = head_form64(model, layer, head).svd()
         attn.set_form(old.edited((U * ((f.to(S.device) - 1) * S)) @ Vh), head)
+        return
+    if old.norm == "all":  # into the head's slice of the q_norm weight, after the gain (module doc)
+        dh, w = model.cfg.d_head, old.norm_q.detach().clone()
+        groups = planes(model) if model.cfg.positional == "rotary" else [list(range(dh))]
+        if len(groups) == 1 and len(f) > 1:  # singular modes: every one scaled alike (edit checks it)
+            f = f[:1]
+        for c, p in enumerate(groups):
+            idx = [head * dh + i for i in p]
+            w[idx] = (w[idx].double() * f[c]).to(w.dtype)
+        attn.set_form(old.replace(norm_q=w), head)
         return
     if model.cfg.positional == "rotary":
         w = old.left.detach().clone()

@@ -241,9 +241,9 @@ def test_why_this_key_explains_the_sequence_views_top_key(page):
     assert not any(c.proto.id.endswith("-chart_why_token_position") for c in page.get("plotly_chart"))
 
 
-# --- long inputs: a window, the top keys and an overview, never n^2 cells ---------------------------------
+# --- long inputs (more than LONG_INPUT tokens): the one long view, from the blocked engine --------------
 
-LONG_N = 600  # more than bilinear.LONG_INPUT
+LONG_N = 600  # more than bilinear.LONG_INPUT, less than the 1024 the page once kept a second view for
 
 
 @pytest.fixture
@@ -273,17 +273,20 @@ def cells(fig: dict) -> int:
     return sum(z_matrix(fig, i).numel() for i, t in enumerate(fig["data"]) if t.get("type") == "heatmap")
 
 
-def test_long_input_shows_window_top_keys_and_overview(long_model):
+def test_a_long_input_under_1024_tokens_shows_the_one_long_view_and_loses_nothing(long_model):
+    """600 tokens: the map, the query's top keys (the one default, blocked.TOP_K) and its row
+    metrics, the exact window of full rows, the rows' entropy and sink mass, the offsets and the
+    vocabulary and positional views; the values are the model's own."""
     at = long_page(long_model)
     lm = resolve(long_model)
     tokens = bilinear.random_tokens(lm, 0, LONG_N)
     assert any(f"{LONG_N} tokens (more than {bilinear.LONG_INPUT})" in i.value for i in at.info)
-    for key in ("scores", "pattern", "query_row"):  # the dense figures are not drawn
+    for key in ("scores", "pattern", "query_row", "overview"):  # the dense figures and the old overview are gone
         assert not has_chart(at, key)
-    for key in ("window_scores", "window_pattern", "top_keys", "overview"):  # no figure of the input carries n^2 cells
-        assert cells(chart(at, key)) <= 256 * 256 < LONG_N**2
-    for c in at.get("plotly_chart"):  # the vocabulary and positional views stay cut at MAX_VIEW_TOKENS
-        assert cells(json.loads(c.proto.spec)) <= bilinear.MAX_VIEW_TOKENS**2
+    for key in ("long_map", "window_scores", "window_pattern", "long_top", "long_split", "long_rows", "long_offsets"):
+        assert has_chart(at, key), key
+    for key in ("vocab", "positional"):
+        assert has_chart(at, key), key
     with torch.no_grad():
         _, cache = lm.model.run_with_cache(torch.tensor([tokens]))
     S, A = cache[act_name("attn_scores", 1)][0, 2], cache[act_name("pattern", 1)][0, 2]
@@ -295,24 +298,23 @@ def test_long_input_shows_window_top_keys_and_overview(long_model):
     causal = torch.ones(64, 64, dtype=torch.bool).tril()
     assert torch.isnan(z[~causal]).all()
     torch.testing.assert_close(z[causal], ref[causal], atol=1e-5, rtol=1e-4)
-    assert values(window["data"][0]["y"])[0] == 437
     torch.testing.assert_close(
         z_matrix(chart(at, "window_pattern"))[causal], A[437:501, 437:501][causal], atol=1e-6, rtol=1e-4
     )
 
-    # the top keys: torch.topk of the query's whole row
-    bars = chart(at, "top_keys")["data"][0]
-    best = torch.topk(A[500, :501], bilinear.long.TOP_K)
+    # the top keys: torch.topk of the query's whole row, the one default k
+    bars = chart(at, "long_top")["data"][0]
+    best = torch.topk(A[500, :501], bilinear.blocked.TOP_K)
     assert list(bars["x"]) == [f"{j}:{tokens[j]}" for j in best.indices.tolist()]
-    torch.testing.assert_close(values(bars["y"]), S[500, best.indices], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(values(bars["y"]), best.values, atol=1e-6, rtol=1e-4)
     assert metric(at, "visible keys") == 501
     assert metric(at, "entropy") == pytest.approx(float(-(A[500, :501] * A[500, :501].log()).sum()), abs=1e-3)
 
-    # the overview: A max-pooled over 3 x 3 blocks (600 / 256 -> 3), 200 x 200 cells
-    over = z_matrix(chart(at, "overview"))
-    assert over.shape == (200, 200)
-    blocks = A.masked_fill(~torch.ones(600, 600, dtype=torch.bool).tril(), -1).reshape(200, 3, 200, 3).amax((1, 3))
-    torch.testing.assert_close(over.nan_to_num(-1), blocks, atol=1e-6, rtol=0)
+    # the map of 600 tokens fits the medium resolution: every cell, the model's A (key 0 apart)
+    lmap = chart(at, "long_map")
+    main = z_matrix(lmap, max(i for i, t in enumerate(lmap["data"]) if t.get("type") == "heatmap"))
+    assert main.shape[0] == LONG_N
+    torch.testing.assert_close(main.nan_to_num(0), A[:, LONG_N - main.shape[1] :], atol=1e-6, rtol=1e-4)
 
 
 def test_long_input_follows_head_query_and_settings(long_model):
@@ -320,48 +322,37 @@ def test_long_input_follows_head_query_and_settings(long_model):
     at.selectbox(key="head").select(0).run()
     at.select_slider(key="query").set_value(10).run()
     at.number_input(key="window").set_value(16).run()
-    at.number_input(key="top_keys").set_value(3).run()
-    at.radio(key="pool").set_value("mean").run()
+    at.radio(key="long_pool").set_value("mean").run()
     assert not at.exception and not at.error
     window = chart(at, "window_scores")
     assert "Window 0..15" in window["layout"]["title"]["text"] and "layer 1 head 0" in window["layout"]["title"]["text"]
-    assert len(chart(at, "top_keys")["data"][0]["x"]) == 3
-    assert "mean-pooled" in chart(at, "overview")["layout"]["title"]["text"]
-    at.radio(key="overview_value").set_value("scores").run()
-    assert "scores S mean-pooled" in chart(at, "overview")["layout"]["title"]["text"]
-    # every head: one coarser overview each
+    assert "head 0" in chart(at, "long_map")["layout"]["title"]["text"]
+    at.toggle(key="long_heads_table").set_value(True).run()  # every head's concentration, from blocked rows
+    assert not at.exception and set(at.dataframe[0].value["head"]) == set(range(4))
+    assert set(at.dataframe[0].value["metric"]) == {"entropy", "normalized_entropy", "topk_mass", "sink_mass"}
+    at.toggle(key="long_window_on").set_value(False).run()  # the exact window is on request
+    assert not at.exception and not has_chart(at, "window_scores")
+    # every head: a coarse map each
     at.selectbox(key="head").select("all").run()
     assert not at.exception
     for h in range(4):
-        fig = chart(at, f"grid_{h}")
-        assert f"head {h}" in fig["layout"]["title"]["text"] and z_matrix(fig).shape == (120, 120)  # 600 / 128 -> 5
-    assert set(at.dataframe[0].value["head"]) == set(range(4))
+        assert f"head {h}" in chart(at, f"long_grid_{h}")["layout"]["title"]["text"]
 
 
-def test_long_input_why_this_key_and_exports(long_model, monkeypatch):
+def test_long_input_exports(long_model, monkeypatch):
     calls = []
-    monkeypatch.setattr(ui, "export_all", lambda plots, manifest, key: calls.append((plots, manifest)))
+    monkeypatch.setattr("ui.heatmap_long.export_all", lambda plots, manifest, key: calls.append((plots, manifest)))
     at = long_page(long_model)
-    at.toggle(key="why_key").set_value(True).run()
     assert not at.exception and not at.error
-    vw = chart(at, "why_value_weighted")
-    assert cells(vw) == 2 * 64 * 64  # the window only
     plots, manifest = calls[-1]
     names = [p.name for p in plots]
-    assert names[:4] == [
-        "window_scores_L1H2_q500",
-        "window_pattern_L1H2_q500",
-        "topk_L1H2_q500",
-        "overview_pattern_L1H2",
-    ]
-    assert manifest["long_input"] is True and manifest["window"] == [437, 500] and len(manifest["tokens"]) == LONG_N
-    blob = bundle_zip(plots[:4], manifest, formats=("csv", "html"))
+    assert {"window_scores_L1H2_q500", "window_pattern_L1H2_q500", "long_top_L1H2_q500"} <= set(names)
+    assert manifest["long_input"] is True and manifest["n_tokens"] == LONG_N and manifest["query"] == 500
+    window = next(p for p in plots if p.name == "window_scores_L1H2_q500")
+    blob = bundle_zip([window], manifest, formats=("csv",))
     with zipfile.ZipFile(io.BytesIO(blob)) as zf:
         window_csv = zf.read("window_scores_L1H2_q500.csv").decode().splitlines()
-        overview_csv = zf.read("overview_pattern_L1H2.csv").decode().splitlines()
-        assert b"Plotly.newPlot" in zf.read("topk_L1H2_q500.html")
     assert len(window_csv) == 1 + 64 * 64 and window_csv[0].startswith("layer,head,query,key")
-    assert len(overview_csv) == 1 + 200 * 200
 
 
 def test_long_input_with_a_query_past_the_positional_views_cut(long_model):

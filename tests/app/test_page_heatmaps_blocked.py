@@ -1,7 +1,7 @@
-"""The Heatmaps page on an input over BLOCKED_INPUT tokens: the multi-resolution map of one head
+"""The Heatmaps page on an input over LONG_INPUT tokens: the multi-resolution map of one head
 from its blocked scores (equal to the dense pattern pooled the same way), the sink column apart,
-a zoom recomputed at full resolution, the query's top keys and mode split, a head change, the
-grid of every head and the page's zip; never a T x T figure."""
+a zoom recomputed at full resolution, the query's top keys, exact window and mode split, a head
+change, the grid of every head and the page's zip; never a T x T figure."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from attn_core.sources import resolve
 from tests.app.test_page_heatmaps import PAGE
 from tests.conftest import make_tiny_model
 
-N = 2048  # more than blocked.BLOCKED_INPUT
+N = 2048  # more than blocked.LONG_INPUT, and more than a block of 512 queries
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def test_long_input_map_top_keys_zoom_and_head_change(model_2k, monkeypatch):
     calls = []
     monkeypatch.setattr("ui.heatmap_long.export_all", lambda plots, manifest, key: calls.append((plots, manifest)))
     at = open_long(model_2k)
-    assert any(f"{N} tokens (more than {blocked.BLOCKED_INPUT})" in i.value for i in at.info)
+    assert any(f"{N} tokens (more than {blocked.LONG_INPUT})" in i.value for i in at.info)
     tokens, A = dense_pattern(model_2k, 2)
     causal = torch.ones(N, N, dtype=torch.bool).tril()
     for c in at.get("plotly_chart"):  # no figure carries T x T cells
@@ -114,13 +114,16 @@ def test_long_input_map_top_keys_zoom_and_head_change(model_2k, monkeypatch):
     # the page's zip: every figure (PNG/SVG/HTML/CSV) and the settings
     plots, manifest = calls[-1]
     names = [p.name for p in plots]
-    assert names == [
+    assert names[:7] == [
         "long_pattern_L1H0_q1000-1200_k900-1200",  # the zoomed map
         f"long_top_L1H0_q{N - 1}",
+        f"window_scores_L1H0_q{N - 1}",  # the exact window of full rows
+        f"window_pattern_L1H0_q{N - 1}",
         f"attribution_L1H0_q{N - 1}",
         "long_rows_L1H0",
         "long_offsets_L1H0",
     ]
+    assert len(names) > 7  # then the vocabulary and positional views
     assert manifest["blocked"] is True and manifest["n_tokens"] == N and manifest["head"] == 0
     blob = bundle_zip(plots, manifest, formats=("csv", "html"))
     with zipfile.ZipFile(io.BytesIO(blob)) as zf:

@@ -1,6 +1,6 @@
 """Text on the Heatmaps page of a model with a tokenizer (the shipped text-8k): a multi-line box
 keeps the line breaks (the tokens are the tokenizer's of the whole text), an uploaded file gives
-its first tokens, cut to what an input may have, and past BLOCKED_INPUT tokens the long view
+its first tokens, cut to what an input may have, and past LONG_INPUT tokens the long view
 shows; a file that is not text is one line."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_an_uploaded_file_gives_its_first_tokens_in_the_long_view():
     n = min(blocked.longest_input(loaded.model), loaded.config.n_ctx)
     assert n == 8192
     assert any("its first 8,192 are the input" in c.value for c in at.caption)
-    assert any(f"{n} tokens (more than {blocked.BLOCKED_INPUT})" in i.value for i in at.info)
+    assert any(f"{n} tokens (more than {blocked.LONG_INPUT})" in i.value for i in at.info)
     assert len(at.select_slider(key="query").options) == n
 
 

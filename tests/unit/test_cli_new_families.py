@@ -13,15 +13,15 @@ from attn_core.cli import main  # noqa: E402
 from tests.unit.test_hf_new_families import FAMILIES, write_family  # noqa: E402
 
 WORDS = ["[UNK]"] + [f"w{i}" for i in range(1, 100)]
-QK_NORM = {"qwen3", "gemma3_text", "olmo2", "exaone4", "qwen3_moe", "olmoe"}
-CAPPED = {"gemma2"}
+PER_HEAD_NORM = {"qwen3", "gemma3_text", "exaone4", "qwen3_moe"}  # QK-norm weights shared by a layer's heads
 SINKS = {"gpt_oss"}  # learned sinks: the vocabulary view's rows leave them out
 # command -> the families that refuse it, each with the words its refusal gives
 REFUSED = {
-    "attribute": dict.fromkeys(CAPPED, "soft-capped"),
-    "edit": dict.fromkeys(QK_NORM, "QK-norm"),
-    "retrain-vocab": {**dict.fromkeys(CAPPED, "soft cap"), **dict.fromkeys(SINKS, "learned sink")},
+    "edit": dict.fromkeys(PER_HEAD_NORM, "shared by every head of the layer"),  # --ablate works (edit-ablate)
+    "retrain-vocab": dict.fromkeys(SINKS, "learned sink"),
 }
+DATA_AND_SPECTRUM = ["entropy@L0=0.1", "hoyer=0.1", "topk:2=0.1", "sink=0.1", "spectral=0.01", "nuclear=0.01"]
+VOCAB = ["vocab_entropy=0.1", "vocab_hoyer=0.1", "vocab_topk:2=0.1"]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -35,7 +35,25 @@ def folder(request, tmp_path_factory):
     tok.save(str(root / "tokenizer.json"))
     text = root.parent / f"{request.param}.txt"
     text.write_text(" ".join(WORDS[1 + (i * 7) % 99] for i in range(1100)))  # long: the blocked path
+    _series(root, root.parent / f"{root.name}-series")
     return request.param, root, text
+
+
+def _series(folder, series):
+    """A checkpoint series of the folder: step0 (itself) and step10 (every weight moved)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    for step in (0, 10):
+        shutil.copytree(folder, series / f"step{step}")
+    weights = series / "step10" / "model.safetensors"
+    moved = {k: (v.float() * 0.9 + 0.01).to(v.dtype) for k, v in load_file(weights).items()}
+    save_file(moved, weights, metadata={"format": "pt"})
+
+
+def regs(specs):
+    return [x for spec in specs for x in ("--reg", spec)]
 
 
 def run(capsys, *args) -> tuple[int, str, str]:
@@ -86,7 +104,38 @@ def commands(folder, text, tmp):
             tmp / "edited",
             "--json",
         ],  # fmt: skip
+        "edit-ablate": [
+            "edit",
+            folder,
+            "--head",
+            "L1H0",
+            "--ablate",
+            "zero",
+            "--text",
+            text,
+            "--samples",
+            2,
+            "--length",
+            16,
+            "--out",
+            tmp / "ablated",
+            "--json",
+        ],  # fmt: skip
         "diff": ["diff", folder, folder, "--json"],
+        "dynamics": [
+            "dynamics",
+            folder.parent / f"{folder.name}-series",
+            "--text",
+            text,
+            "--length",
+            16,
+            "--samples",
+            4,
+            "--detector-samples",
+            4,
+            "--no-cache",
+            "--json",
+        ],  # fmt: skip
         "export-hf": ["export-hf", folder, "--out", tmp / "exported", "--json"],
         "retrain": [
             "retrain",
@@ -97,10 +146,7 @@ def commands(folder, text, tmp):
             10,
             "--steps",
             2,
-            "--reg",
-            "entropy@L0=0.1",
-            "--reg",
-            "spectral=0.01",
+            *regs(DATA_AND_SPECTRUM),
             "--json",
         ],  # fmt: skip
         "retrain-vocab": [
@@ -112,8 +158,7 @@ def commands(folder, text, tmp):
             10,
             "--steps",
             2,
-            "--reg",
-            "vocab_entropy=0.1",
+            *regs(VOCAB),
             "--json",
         ],  # fmt: skip
     }
@@ -131,7 +176,9 @@ def commands(folder, text, tmp):
         "circuits",
         "attribute",
         "edit",
+        "edit-ablate",
         "diff",
+        "dynamics",
         "export-hf",
         "retrain",
         "retrain-vocab",

@@ -1,6 +1,7 @@
-"""Long-input views (attn_core.bilinear.long) against the model's own dense scores: the window is
-the model's S and A, the top-k keys are torch.topk of the full row, the overview is an
-independent pooling of the dense matrix, and the forward stops at the needed layer."""
+"""Long-input views (attn_core.bilinear.long, on the blocked engine) against the model's own dense
+scores: the window is the model's S and A, the top-k keys are torch.topk of the full row, the
+overview is an independent pooling of the dense matrix, and the forward stops at the needed
+layer; alpha-entmax heads are refused in one sentence."""
 
 import math
 
@@ -19,7 +20,7 @@ KINDS = {
     "factored": {},
     "biased_mlp": dict(attn_bias=True, d_mlp=16),
     "merged": dict(qk="merged"),
-    "entmax": dict(entmax_alpha=1.5),
+    "gqa_window": dict(n_kv_heads=1, sliding_window=[9, 0, 5], positional="rotary", attn_softcap=3.0),
 }
 
 
@@ -36,9 +37,11 @@ def dense(lm: LoadedModel, tokens: list[int], layer: int) -> tuple[torch.Tensor,
     return cache[names[0]][0], cache[names[1]][0]
 
 
-def pooled_by_loops(M: torch.Tensor, block: int, how: str) -> torch.Tensor:
-    """Pool a causal [n, n] matrix tile by tile, one visible cell list per tile."""
+def pooled_by_loops(M: torch.Tensor, block: int, how: str, seen: torch.Tensor | None = None) -> torch.Tensor:
+    """Pool a causal [n, n] matrix (visible where ``seen``, default k <= q) tile by tile, one visible
+    cell list per tile."""
     n = M.shape[0]
+    seen = torch.ones(n, n, dtype=torch.bool).tril() if seen is None else seen
     nb = math.ceil(n / block)
     out = torch.full((nb, nb), math.nan)
     for a in range(nb):
@@ -47,7 +50,7 @@ def pooled_by_loops(M: torch.Tensor, block: int, how: str) -> torch.Tensor:
                 float(M[q, k])
                 for q in range(a * block, min(n, (a + 1) * block))
                 for k in range(b * block, min(n, (b + 1) * block))
-                if k <= q
+                if seen[q, k]
             ]
             if cells:
                 out[a, b] = max(cells) if how == "max" else sum(cells) / len(cells)
@@ -63,10 +66,18 @@ def test_layer_scores_are_the_models_own(kind):
     for layer in range(3):
         S, A = dense(lm, TOKENS, layer)
         ls = bl.layer_scores(lm, TOKENS, layer)
-        assert ls.scores.shape == (3, 37, 37) and ls.n == 37
-        torch.testing.assert_close(ls.scores, S, atol=1e-5, rtol=0)
+        assert ls.n == 37 and ls.n_heads == 3
         for h in range(3):
+            mine = ls.scores(h)
+            assert torch.equal(mine.isfinite(), ls.mask)  # -inf where the key is not visible
+            torch.testing.assert_close(mine[ls.mask], S[h][ls.mask], atol=1e-5, rtol=0)
             torch.testing.assert_close(ls.pattern(h), A[h], atol=1e-6, rtol=0)
+
+
+def test_alpha_entmax_heads_are_refused_in_one_sentence():
+    with pytest.raises(ValueError, match=r"need softmax heads.*alpha-entmax \(1\.5\).*log-normaliser") as e:
+        bl.layer_scores(loaded(entmax_alpha=1.5), TOKENS, 0)
+    assert "\n" not in str(e.value)
 
 
 @settings(max_examples=30, deadline=None)
@@ -89,11 +100,14 @@ def test_long_view_equals_the_dense_matrices(kind, layer, head, query, window, k
     w = min(window, n)
     assert v.hi - v.lo + 1 == w and v.lo <= query <= v.hi
     assert v.hi == query or (v.lo == 0 and query < w)
-    torch.testing.assert_close(v.window_scores, S[v.lo : v.hi + 1, v.lo : v.hi + 1], atol=1e-5, rtol=0)
+    cut = S[v.lo : v.hi + 1, v.lo : v.hi + 1]
+    torch.testing.assert_close(v.window_scores[v.window_mask], cut[v.window_mask], atol=1e-5, rtol=0)
     torch.testing.assert_close(v.window_pattern, A[v.lo : v.hi + 1, v.lo : v.hi + 1], atol=1e-6, rtol=0)
-    assert torch.equal(v.window_mask, torch.ones(w, w, dtype=torch.bool).tril())
+    at = torch.arange(v.lo, v.hi + 1)
+    near = at[:, None] - at[None, :] < (lm.config.window(layer) or n)
+    assert torch.equal(v.window_mask, torch.ones(w, w, dtype=torch.bool).tril() & near)
     # the top-k keys: torch.topk of the query's whole visible row
-    ref = torch.topk(A[query, : query + 1], min(k, query + 1))
+    ref = torch.topk(A[query, : query + 1], min(k, int(v.row_mask.sum())))
     torch.testing.assert_close(torch.tensor(v.top["prob"].tolist()), ref.values, atol=1e-6, rtol=0)
     got, want = v.top["key"].tolist(), ref.indices.tolist()
     assert got == want or sorted(A[query, got].tolist()) == pytest.approx(sorted(A[query, want].tolist()), abs=1e-7)
@@ -102,10 +116,15 @@ def test_long_view_equals_the_dense_matrices(kind, layer, head, query, window, k
     # the overview: an independent tile-by-tile pooling of the dense matrices
     block = math.ceil(n / blocks)
     assert v.block == block and v.n_blocks == math.ceil(n / block) <= blocks
-    torch.testing.assert_close(
-        v.overview_pattern, pooled_by_loops(A, block, pool), atol=1e-6, rtol=1e-5, equal_nan=True
+    seen = torch.ones(n, n, dtype=torch.bool).tril() & (
+        (at_all := torch.arange(n))[:, None] - at_all < (lm.config.window(layer) or n)
     )
-    torch.testing.assert_close(v.overview_scores, pooled_by_loops(S, block, pool), atol=1e-5, rtol=1e-5, equal_nan=True)
+    torch.testing.assert_close(
+        v.overview_pattern, pooled_by_loops(A, block, pool, seen), atol=1e-6, rtol=1e-5, equal_nan=True
+    )
+    torch.testing.assert_close(
+        v.overview_scores, pooled_by_loops(S, block, pool, seen), atol=1e-5, rtol=1e-5, equal_nan=True
+    )
     # the query's row, kept for its metrics
     torch.testing.assert_close(v.row_pattern, A[query], atol=1e-6, rtol=0)
 
@@ -170,7 +189,7 @@ def test_hugging_face_gpt2_folder(tmp_path):
     for layer in range(2):
         S, A = dense(lm, tokens, layer)
         v = bl.layer_scores(lm, tokens, layer).view(3, 11, window=6, k=3, blocks=4)
-        torch.testing.assert_close(v.window_scores, S[3, 6:12, 6:12], atol=1e-5, rtol=0)
+        torch.testing.assert_close(v.window_scores[v.window_mask], S[3, 6:12, 6:12][v.window_mask], atol=1e-5, rtol=0)
         assert v.top["key"].tolist() == torch.topk(A[3, 11, :12], 3).indices.tolist()
         assert v.labels[0] == "0:tok3"
 
@@ -188,7 +207,6 @@ def test_bad_inputs_get_one_line_errors():
         (lambda: ls.view(0, 0, pool="median"), "pool must be one of max, mean"),
         (lambda: bl.layer_scores(lm, TOKENS, 3), "layer 3 is outside"),
         (lambda: bl.layer_scores(lm, [99], 0), "token id 99"),
-        (lambda: bl.layer_scores(lm, TOKENS, 0, max_bytes=1000), "need 0.0 GiB for one layer's scores"),
     ]:
         with pytest.raises(ValueError, match=text.replace(".", r"\.")) as e:
             call()
@@ -240,3 +258,68 @@ def test_a_long_token_does_not_squeeze_the_window_heatmap():
     m = fig.layout.margin
     assert HALF_PX - m.l - m.r >= 250, (m.l, m.r)
     assert any(long_label in str(h) for row in fig.data[0].hovertext for h in row)
+
+
+def test_the_long_view_of_a_model_with_learned_sinks_keeps_each_heads_sink():
+    """A head with a learned sink logit (gpt-oss): the pattern, the window, the top keys and the
+    overview are the model's own A, whose rows sum to less than 1 (the rest is the sink's)."""
+    lm = loaded(attn_sinks=True)
+    with torch.no_grad():
+        for block in lm.model.blocks:
+            block.attn.sinks.copy_(torch.tensor([1.0, -2.0, 3.0]))
+    S, A = dense(lm, TOKENS, 1)
+    assert float(A[2].sum(-1).max()) < 0.9  # head 2's sink takes a real share
+    ls = bl.layer_scores(lm, TOKENS, 1)
+    for h in range(3):
+        torch.testing.assert_close(ls.pattern(h), A[h], atol=1e-6, rtol=0)
+        v = ls.view(h, 30, window=8, k=5, blocks=10)
+        torch.testing.assert_close(v.window_pattern, A[h, 23:31, 23:31], atol=1e-6, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(v.top["prob"].tolist()), torch.topk(A[h, 30], 5).values, atol=1e-6, rtol=0
+        )
+        torch.testing.assert_close(v.row_pattern, A[h, 30], atol=1e-6, rtol=0)
+        torch.testing.assert_close(
+            v.overview_pattern, pooled_by_loops(A[h], v.block, "max"), atol=1e-6, rtol=0, equal_nan=True
+        )
+
+
+def test_al_long_view_is_the_one_engines_view():
+    """``al.long_view``: the same LongView as ``layer_scores(...).view`` (a learned sink kept), a bad
+    option refused in one sentence naming it, alpha-entmax refused."""
+    import attn_core as al
+
+    lm = loaded(attn_sinks=True)
+    v = al.long_view(lm, TOKENS, layer=1, head=2, query=30, window=8, k=5)
+    _, A = dense(lm, TOKENS, 1)
+    torch.testing.assert_close(v.row_pattern, A[2, 30], atol=1e-6, rtol=0)
+    assert (v.lo, v.hi, len(v.top)) == (23, 30, 5)
+    with pytest.raises(ValueError, match="window must be an integer"):
+        al.long_view(lm, TOKENS, layer=1, window=0)
+    with pytest.raises(ValueError, match="alpha-entmax"):
+        al.long_view(loaded(entmax_alpha=1.5), TOKENS)
+    assert bl.blocked.longest_input(loaded(entmax_alpha=1.5, n_ctx=2048).model) <= bl.LONG_INPUT
+
+
+def test_the_rows_table_of_every_head_is_the_dense_concentration():
+    """``long.rows_table`` of the blocked rows: the entropy, normalized entropy and top-k mass of
+    the dense concentration table, any length; the sink mass is token 0's weight."""
+    lm = loaded()
+    ls = bl.layer_scores(lm, TOKENS, 1)
+    stats = [bl.blocked.row_stats(ls.qk, h, k=4) for h in range(3)]
+    mine = bl.long.rows_table(stats, 1, k=3)
+    dense_table = ls.concentration_table(3)
+    for name in ("entropy", "normalized_entropy", "topk_mass"):
+        a = mine[mine["metric"] == name].reset_index(drop=True)
+        b = dense_table[dense_table["metric"] == name].reset_index(drop=True)
+        assert a["head"].tolist() == b["head"].tolist() == [0, 1, 2]
+        for col in ("mean", "min", "max"):
+            torch.testing.assert_close(torch.tensor(a[col].values), torch.tensor(b[col].values), atol=1e-5, rtol=0)
+    sink = mine[mine["metric"] == "sink_mass"]
+    torch.testing.assert_close(
+        torch.tensor(sink["max"].values),
+        torch.stack([ls.pattern(h)[1:, 0].max() for h in range(3)]).double(),
+        atol=1e-6,
+        rtol=0,
+    )
+    with pytest.raises(ValueError, match="k must be an integer in 1..4"):
+        bl.long.rows_table(stats, 1, k=5)

@@ -6,6 +6,7 @@ spectrum is the dense float64 B's; an edit goes into the head's own up-projectio
 fields are refused in one line naming them."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -39,10 +40,16 @@ TINY = dict(
     rope_scaling=None,
     attn_implementation="eager",
 )
+# YaRN as DeepSeek's configs give it, over few original positions so that the ramp is inside the
+# rotary dims; mscale != mscale_all_dim, so that both the rotary dims' attention factor (0.92) and
+# the softmax scale's mscale^2 (1.87) differ from 1
+YARN = {"rope_type": "yarn", "factor": 40.0, "mscale": 0.707, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1,
+        "original_max_position_embeddings": 16, "rope_theta": 10000.0}  # fmt: skip
 CASES = {
     "v3": {},
     "v3-no-interleave": dict(rope_interleave=False),
     "v3-no-query-latent": dict(q_lora_rank=None, first_k_dense_replace=0, n_group=1, topk_group=1),
+    "v3-yarn": dict(rope_parameters=YARN, max_position_embeddings=640),
 }
 
 
@@ -117,7 +124,14 @@ def test_features_reach_the_config(case):
         router_groups=0 if name == "v3-no-query-latent" else 4,
         attn_scale=12**-0.5,  # (qk_nope_head_dim + qk_rope_head_dim)^-1/2
     )
-    assert {k: getattr(cfg, k) for k in want} == want
+    if name == "v3-yarn":  # times mscale^2, mscale = 0.1 mscale_all_dim ln(factor) + 1
+        want["attn_scale"] = 12**-0.5 * (0.1 * math.log(40.0) + 1) ** 2
+        assert cfg.rope_scaling["attention_factor"] == pytest.approx(
+            (0.0707 * math.log(40) + 1) / (0.1 * math.log(40) + 1)
+        )
+    got = {k: getattr(cfg, k) for k in want}
+    assert got.pop("attn_scale") == pytest.approx(want.pop("attn_scale"), rel=1e-12)
+    assert got == want
     assert cfg.n_params() == sum(p.numel() for p in load_hf(folder).model.parameters())
 
 
@@ -159,7 +173,7 @@ def _dense_B(reference, layer: int, head: int) -> tuple[torch.Tensor, torch.Tens
     s W_DQ diag(w_q) W_UQ^h (W_UK^h)^T diag(w_kv) W_DKV^T (module doc of attn_core/model/mla.py)."""
     cfg, at = reference.config, reference.model.layers[layer].self_attn
     n, r, dv, rkv = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
-    s = (n + r) ** -0.5
+    s = at.scaling  # (n + r)^-1/2, times YaRN's mscale^2 where the config scales the rotary
     q_b = at.q_b_proj if cfg.q_lora_rank else at.q_proj
     W_UQ = q_b.weight.double().reshape(-1, n + r, q_b.weight.shape[-1])[head, :n].T  # [r_q, n]
     W_UK = at.kv_b_proj.weight.double().reshape(-1, n + dv, rkv)[head, :n].T  # [r_kv, n]
@@ -250,6 +264,8 @@ def test_export_goes_back_to_the_family(case, tmp_path):
     assert origin["model_type"] == "deepseek_v3"
     summary = export_family(loaded, tmp_path / "out", origin)
     assert summary["model_type"] == "deepseek_v3"
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert written.get("rope_parameters") == json.loads((folder / "config.json").read_text()).get("rope_parameters")
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager").eval()
     tokens = _tokens()
     with torch.no_grad():
@@ -294,7 +310,10 @@ BROKEN = {
     "dense-layers": (lambda f: _config(f, first_k_dense_replace=3), "first_k_dense_replace"),
     "shared-negative": (lambda f: _config(f, n_shared_experts=-1), "n_shared_experts"),
     "scaling-nan": (lambda f: _config(f, routed_scaling_factor=float("nan")), "routed_scaling_factor"),
-    "yarn": (lambda f: _config(f, rope_scaling={"type": "yarn", "factor": 40}), "rope_scaling"),
+    "yarn-mscale": (
+        lambda f: _config(f, rope_scaling={"type": "yarn", "factor": 40, "mscale_all_dim": "one"}),
+        "mscale_all_dim",
+    ),
 }
 
 
@@ -392,7 +411,19 @@ V2 = dict(
 V2_CASES = {
     "v2-lite-greedy": dict(topk_method="greedy"),
     "v2-group-limited": dict(topk_method="group_limited_greedy", n_group=4, topk_group=2, q_lora_rank=16),
+    "v2-lite-yarn": dict(topk_method="greedy", rope_parameters=YARN, max_position_embeddings=640),
 }
+
+
+def _as_hub_config(folder):
+    """config.json with YaRN spelled as the published DeepSeek configs spell it: ``rope_scaling``
+    with ``type``, ``rope_theta`` beside it."""
+    raw = json.loads((folder / "config.json").read_text())
+    params = raw.pop("rope_parameters")
+    raw["rope_theta"] = params.pop("rope_theta")
+    raw["rope_scaling"] = {"type": params.pop("rope_type"), **params}
+    (folder / "config.json").write_text(json.dumps(raw))
+    return raw["rope_scaling"]
 
 
 @pytest.mark.parametrize("name", list(V2_CASES))
@@ -406,6 +437,7 @@ def test_deepseek_v2_matches_transformers_and_exports_back(name, tmp_path):
         for key, p in reference.named_parameters():
             p.uniform_(0.5, 1.5) if "norm" in key and p.dim() == 1 else p.normal_(0.0, 0.3 if p.dim() > 1 else 0.1)
     reference.save_pretrained(tmp_path / "m", safe_serialization=True)
+    scaling = _as_hub_config(tmp_path / "m") if name == "v2-lite-yarn" else None
     loaded = load_hf(tmp_path / "m")
     assert loaded.config.router_scoring == "softmax" and not loaded.config.router_renorm
     assert loaded.config.router_groups == (4 if name == "v2-group-limited" else 0)
@@ -416,11 +448,14 @@ def test_deepseek_v2_matches_transformers_and_exports_back(name, tmp_path):
         logits, cache = loaded.model.run_with_cache(tokens)
         for layer in range(2):
             assert float((cache[act_name("pattern", layer)] - ref.attentions[layer]).abs().max()) <= 1e-5
+            X, S = cache[act_name("attn_in", layer)][0], cache[act_name("attn_scores", layer)][0]
+            assert torch.equal(loaded.model.blocks[layer].attn.form().scores(X), S)  # the form's are the model's
         assert _close_logits(logits, ref.logits) and _close_logits(plain, ref.logits)
         export_family(loaded, tmp_path / "out", hf_origin(loaded))
         back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager").eval()
         assert _close_logits(back(tokens).logits, plain)
     assert load_hf(tmp_path / "out").config == loaded.config
+    assert json.loads((tmp_path / "out" / "config.json").read_text()).get("rope_scaling") == scaling
 
 
 def test_al_load_opens_deepseek(folder):
@@ -642,3 +677,44 @@ def test_a_token_pairs_score_against_the_offset_is_the_models(tmp_path):
             X = torch.zeros(T, model.cfg.d_model)
             X[i], X[j] = x[0], x[1]
             assert got == pytest.approx(float(model.blocks[1].attn.form(2).scores(X)[i, j]), abs=1e-5)
+
+
+def test_the_gallery_draws_the_mla_two_terms_with_the_other_score_parts(tmp_path):
+    """The gallery's Heatmaps page of its tiny DeepSeek-V3 folder draws the parts of the score as
+    the page does: the latent gains and the two terms, whose cells add up to the model's scores;
+    a model without parts (the tiny Llama) draws none."""
+    from attn_core import bilinear, sources
+    from attn_core.gallery import pages
+    from attn_core.gallery.models import tiny_deepseek, tiny_llama
+
+    m = sources.resolve(str(tiny_deepseek(tmp_path / "tiny-deepseek")))
+    assert m.config.mla
+    entries = {e.what: e for e in pages.heatmaps(m, quick=True)}
+    assert "parts of the score: the gains" in entries
+    plot = entries["parts of the score: MLA's two terms"].plot
+    table = plot.data
+    layer = m.config.n_layers - 1
+    tokens = bilinear.random_tokens(m, 0, min(24, m.config.n_ctx))
+    parts = bilinear.score_parts(m, tokens, layer, 0)
+    seen = parts.mask.reshape(-1).numpy()
+    total = (table["absorbed"] + table["rotary"]).to_numpy()[seen]
+    assert torch.allclose(torch.tensor(total).double(), parts.capped.reshape(-1)[seen].double(), atol=1e-5)
+    plain = sources.resolve(str(tiny_llama(tmp_path / "tiny-llama")))
+    assert not [e for e in pages.heatmaps(plain, quick=True) if e.what.startswith("parts of the score")]
+
+
+def test_a_learned_sink_on_an_mla_model_is_refused_by_name(folder):
+    """MLA with learned sinks (no family has both) is refused in one sentence naming attn_sinks,
+    and so is an edit of an MLA head's sink logit."""
+    import dataclasses
+
+    import attn_core as al
+
+    root, _ = folder
+    cfg = load_hf(root).config
+    with pytest.raises(ValueError, match="attn_sinks") as e:
+        dataclasses.replace(cfg, attn_sinks=True)
+    assert len(str(e.value).splitlines()) == 1
+    with pytest.raises(ValueError, match="sink") as e:
+        al.edit(str(root), "L1H0", sink=0.5, text=root.parent / "deepseek_v3.txt", samples=2)
+    assert "no learned sink logit" in str(e.value) and len(str(e.value).splitlines()) == 1

@@ -171,3 +171,47 @@ def test_dynamics_measures_sinks_and_both_ranks():
     partial = D.measure(model, inputs, detector_samples=2, partial=True).values
     assert partial["sink_rate"] is None and partial["data_rank:L0H0"] is None
     assert partial["weight_rank:L0H0"] == values["weight_rank:L0H0"]
+
+
+@pytest.mark.parametrize("augmented", [False, True])
+def test_al_spectrum_factorises_each_head_once(monkeypatch, augmented):
+    """The weight ranks of al.spectrum read the spectrum's own singular values (the same numbers
+    ranks() computes alone); an augmented B is another matrix, whose ranks are of B itself."""
+    import importlib
+
+    import attn_core as al
+
+    module = importlib.import_module("attn_core.bilinear.ranks")
+
+    model = make_tiny_model(n_layers=2)
+    want = ranks(model).heads()
+    calls = []
+    real = module.weight_spectra
+    monkeypatch.setattr(module, "weight_spectra", lambda m: calls.append(1) or real(m))
+    got = al.spectrum(model, augmented=augmented)
+    assert len(calls) == (1 if augmented else 0)
+    assert got["weight_rank"].tolist() == [h["weight_rank"] for h in want]
+
+
+def test_the_spectrum_holds_one_layers_form_at_a_time(monkeypatch):
+    """spectrum and the weight ranks make each layer's form when they reach it, never the whole
+    model's stacked (a 0.6B model's factors are 470 MiB); the numbers are model_form's (to float32
+    rounding: a layer's factorisation alone or in the stack may sum in another order)."""
+    import importlib
+
+    from attn_core.bilinear.heads import model_form
+
+    spectrum_module = importlib.import_module("attn_core.bilinear.spectrum")
+    ranks_module = importlib.import_module("attn_core.bilinear.ranks")
+    model = make_tiny_model(n_layers=3, d_qk=[[8, 8], [8, 12], [6, 8]])  # grown heads: padded alike
+    want = model_form(model).singular_values.double()
+
+    def whole(*args, **kwargs):
+        raise AssertionError("the whole model's form was built")
+
+    for module in (spectrum_module, ranks_module):
+        monkeypatch.setattr(module, "model_form", whole, raising=False)
+    assert torch.allclose(ranks_module.weight_spectra(model), want, rtol=1e-6, atol=1e-7)
+    rows = spectrum_module.spectrum(model)
+    got = torch.tensor([r["singular_values"] for r in rows], dtype=torch.float64)
+    assert torch.allclose(got, want.flatten(0, 1), rtol=1e-6, atol=1e-7)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from attn_core.checkpoint import CheckpointError
 from attn_core.hf.config import activation, decoder_config, flag, integer, number
-from attn_core.hf.families.deepseek_v3 import _rank, check_rope, mla_fields, shared_width, slots
+from attn_core.hf.families.deepseek_v3 import _rank, mla_fields, shared_width, slots
 from attn_core.hf.family import Family
 from attn_core.model import ModelConfig
 
@@ -59,7 +59,6 @@ def router_fields(hf: dict) -> dict:
 
 
 def config(hf: dict) -> ModelConfig:
-    check_rope(hf)
     return decoder_config(
         hf,
         **mla_fields(hf),

@@ -6,7 +6,9 @@ Attention: ``q_a_proj`` [q_lora_rank, d] and ``q_a_layernorm`` (the query latent
 rotary rows; ``q_proj`` from x itself when q_lora_rank is null), ``kv_a_proj_with_mqa``
 [kv_lora_rank + qk_rope_head_dim, d] (the key/value latent, then the rotary key every head
 shares), ``kv_a_layernorm``, ``kv_b_proj`` [h (qk_nope_head_dim + v_head_dim), kv_lora_rank]
-(each head's key rows, then its value rows), ``o_proj``; the scale (qk_nope + qk_rope)^-1/2.
+(each head's key rows, then its value rows), ``o_proj``; the scale (qk_nope + qk_rope)^-1/2,
+times mscale^2 with rope scaling (YaRN): mscale = 0.1 mscale_all_dim ln(factor) + 1, as
+transformers' ``yarn_apply_mscale`` (the rotary dims carry YaRN's attention factor besides).
 With ``rope_interleave`` (the default) the rotary dims are rotated in adjacent pairs (x0, x1),
 (x2, x3), ...: the rotary columns are taken evens first, then odds, on load (the rotate-half
 layout, the same scores) and put back on export.
@@ -25,7 +27,7 @@ import torch
 from attn_core.checkpoint import CheckpointError
 from attn_core.hf.config import activation, decoder_config, flag, integer, mapping, number, rope
 from attn_core.hf.family import Experts, Family, Slot, expert_slots, out_heads, same, transposed
-from attn_core.model import ModelConfig
+from attn_core.model import ModelConfig, rotary
 
 EXPERTS = Experts(router="gate.weight", shared="shared_experts.", field="n_routed_experts")
 
@@ -60,7 +62,7 @@ def mla_fields(hf: dict) -> dict:
     n = _rank(hf, "qk_nope_head_dim")
     return dict(
         d_head=n,
-        attn_scale=(n + r) ** -0.5,  # qk_head_dim^-1/2, as every reader of the config's scale takes it
+        attn_scale=(n + r) ** -0.5 * softmax_gain(hf, rot["rope_scaling"]),
         kv_lora_rank=_rank(hf, "kv_lora_rank"),
         q_lora_rank=_rank(hf, "q_lora_rank", optional=True),
         d_v=_rank(hf, "v_head_dim"),
@@ -113,14 +115,20 @@ def router_fields(hf: dict) -> dict:
     )
 
 
-def check_rope(hf: dict) -> None:
-    """Refuse rope scaling (DeepSeek's YaRN, with its mscale in the softmax scale) by name."""
-    if mapping(hf, "rope_scaling") or (mapping(hf, "rope_parameters") or {}).get("rope_type", "default") != "default":
-        raise CheckpointError("config.json rope_scaling (YaRN) is not supported for MLA yet; rope_type must be default")
+def softmax_gain(hf: dict, scaling: dict | None) -> float:
+    """mscale^2, mscale = 0.1 mscale_all_dim ln(factor) + 1, on the softmax scale of every score
+    when the rotary is scaled and ``mscale_all_dim`` is given (nonzero); 1.0 otherwise."""
+    if scaling is None:
+        return 1.0
+    all_dim = 0.0
+    for key in ("rope_parameters", "rope_scaling"):
+        found = mapping(hf, key)
+        if found.get("mscale_all_dim"):
+            all_dim = number(found, "mscale_all_dim", 0.0, where=f"config.json {key}")
+    return rotary.yarn_mscale(scaling["factor"], all_dim) ** 2 if all_dim else 1.0
 
 
 def config(hf: dict) -> ModelConfig:
-    check_rope(hf)
     return decoder_config(
         hf,
         **mla_fields(hf),
