@@ -82,7 +82,7 @@ with reg_col:
                 help="Penalise 1 − (mass of the k largest attention weights)",
             )
         specs.append(R.RegSpec(name, lam, k=int(k)))
-    penalty_rows = ui.setting(st, JobConfig, "penalty_rows", "retrain_penalty_rows", max_value=cfg.n_ctx)
+    penalty_rows = ui.setting_input(st, JobConfig, "penalty_rows", "retrain_penalty_rows", max_value=cfg.n_ctx)
 with head_col:
     st.subheader("Watched head")
     layer, head = ui.layer_head_picker(cfg, head_help=": its spectrum and attention are drawn live")
@@ -102,10 +102,10 @@ with opt_col:
         key=ui.remember("entmax_alpha", None, list(ALPHAS)),
         help="Attention normalisation: 1 softmax, 1.5 entmax15, 2 sparsemax (exact zeros)",
     )
-    lr = ui.setting(st, JobConfig, "lr", "retrain_lr")
+    lr = ui.setting_input(st, JobConfig, "lr", "retrain_lr")
     s_col, seed_col = st.columns(2)
-    steps = ui.setting(s_col, JobConfig, "steps", "retrain_steps")
-    seed = ui.setting(seed_col, JobConfig, "seed", "retrain_seed")
+    steps = ui.setting_input(s_col, JobConfig, "steps", "retrain_steps")
+    seed = ui.setting_input(seed_col, JobConfig, "seed", "retrain_seed")
     devices = available_devices()
     d_col, p_col = st.columns(2)
     device = d_col.selectbox(
@@ -114,9 +114,9 @@ with opt_col:
         key=ui.remember("retrain_device", devices[-1], devices),
         help="Where the model trains; CUDA is listed only when a GPU is present",
     )
-    precision = ui.setting(p_col, JobConfig, "precision", "retrain_precision")
-    compiled = ui.setting(st, JobConfig, "compile", "retrain_compile")
-    checkpoints = ui.setting(st, JobConfig, "checkpoint_log", "retrain_checkpoints")
+    precision = ui.setting_input(p_col, JobConfig, "precision", "retrain_precision")
+    compiled = ui.setting_input(st, JobConfig, "compile", "retrain_compile")
+    checkpoints = ui.setting_input(st, JobConfig, "checkpoint_log", "retrain_checkpoints")
     offer, spread = workers_offer(), {}  # workers when Ray sees more than one GPU, or a cluster
     if offer is not None:
         workers = st.number_input(

@@ -76,6 +76,22 @@ class LoadedModel:
         return self.model.cfg
 
 
+@dataclass
+class Outline:
+    """What is known about a model without its weights (its config, its card and so its task,
+    its folder): a :class:`LoadedModel` less the model, for what reads only these (a job's handle:
+    the queue's estimate, the snapshot, the heads it may watch)."""
+
+    name: str
+    config: ModelConfig
+    card: Card = field(default_factory=Card)
+    path: Path | None = None
+
+    @property
+    def task(self) -> Task | None:
+        return TASKS.get(self.card.task or "")
+
+
 # --- reading -----------------------------------------------------------------------------------
 
 
@@ -96,6 +112,27 @@ def load_path(path: str | Path, device: str | torch.device = "cpu") -> LoadedMod
     loaded = load_bytes(data, cfg=cfg, card=card, name=name, device=device)
     loaded.path = path
     return loaded
+
+
+def read_outline(path: str | Path) -> Outline:
+    """:func:`load_path`'s model without its weights: the config and card of a model folder (or
+    of a lone ``.safetensors`` file's metadata), checked as :func:`load_path` checks them."""
+    path = Path(path)
+    if path.is_dir():
+        weights, config, card_file = (model_file(path, n) for n in (WEIGHTS, CONFIG, CARD))
+        if not weights.is_file():
+            raise CheckpointError(f"{path} has no {WEIGHTS}")
+        cfg, card, name = (read_config(config) if config.is_file() else None), read_card(card_file), path.name
+    else:
+        weights, cfg, card, name = path, None, None, path.stem
+    if cfg is None or card is None:  # what the weights file's metadata carries
+        data = read_bytes(weights, MAX_WEIGHTS_BYTES)
+        refuse_pickle(data)
+        cfg = cfg or _config_from_metadata(data)
+        meta_card = _metadata(data).get("card")
+        text = parse_json(meta_card, "card in the safetensors metadata") if meta_card else None
+        card = card or Card.from_dict(text, "the card in the safetensors metadata")
+    return Outline(name=name, config=cfg, card=card, path=path)
 
 
 def load_bytes(

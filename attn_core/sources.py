@@ -8,7 +8,7 @@ A source is one of (``docs/checkpoints.md``):
     "run:<id>"            a saved run in the run store
     "upload: <name>"      a model the dashboard's upload widget kept under <data dir>/uploads
 
-:func:`resolve` loads and validates it; :func:`weights_path` names the file behind it, whose
+:func:`resolve` loads and validates it (:func:`outline`: the same without its weights); :func:`weights_path` names the file behind it, whose
 modification time keys the dashboard's model cache. A source that names nothing, or a model
 that cannot be read, is one :class:`CheckpointError` sentence (an unknown name lists the known
 ones). A new Hugging Face family is a config mapping and a tensor layout in ``attn_core/hf/``.
@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from attn_core import checkpoint, hf, zoo
-from attn_core.checkpoint import WEIGHTS, CheckpointError, LoadedModel
+from attn_core.checkpoint import WEIGHTS, CheckpointError, LoadedModel, Outline
 from attn_core.runs import RUN_PREFIX, RunStore, default_root
 from attn_core.validate import shown
 
@@ -36,6 +36,7 @@ __all__ = [
     "shown_name",
     "weights_path",
     "resolve",
+    "outline",
 ]
 
 UPLOAD_PREFIX = "upload: "
@@ -111,18 +112,53 @@ def _resolve(source: str, device: str, store: RunStore | None) -> LoadedModel:
         with _as_checkpoint_error():  # no such run, a bad id, an unreadable store
             return (store or RunStore()).load_model(source, device)
     if is_upload(source):
-        folder = _upload_folder(source, store)
-        if not folder.is_dir():
-            known = (
-                sorted(p.name for p in folder.parent.glob("*") if p.is_dir() and not p.name.startswith("."))
-                if folder.parent.is_dir()
-                else []
-            )
-            raise CheckpointError(f"no upload named {folder.name!r}; known uploads: {', '.join(known) or 'none'}")
-        loaded = _load(folder, device)
+        loaded = _load(_upload_found(source, store), device)
         loaded.name = source
         return loaded
     return _load(zoo.locate(source), device)
+
+
+def outline(source: str | Path, store: RunStore | None = None) -> Outline:
+    """What :func:`resolve` finds for ``source`` without reading its weights: the config, the
+    card (and so the task) and the folder, checked as :func:`resolve` checks them."""
+    source = _check_source(source)
+    if is_run(source):
+        with _as_checkpoint_error():
+            folder = (store or RunStore()).model_folder(source)
+            found = checkpoint.read_outline(folder)
+            found.name = RUN_PREFIX + folder.name
+    elif is_upload(source):
+        found = _outline(_upload_found(source, store))
+        found.name = source
+    else:
+        found = _outline(zoo.locate(source))
+    checkpoint.read_vocab(found.path, found.card.vocab_file, found.config.d_vocab)
+    return found
+
+
+def _outline(path: Path) -> Outline:
+    if not hf.is_hf_folder(path):
+        return checkpoint.read_outline(path)
+    from attn_core.card import Card
+    from attn_core.hf.folder import check_fits, hf_config
+    from attn_core.hf.load import model_config
+
+    cfg = model_config(hf_config(path))
+    check_fits(cfg, path.name)
+    return Outline(name=path.name, config=cfg, card=Card(source=str(path)), path=path)
+
+
+def _upload_found(source: str, store: RunStore | None) -> Path:
+    """The folder of an upload that exists (else a CheckpointError listing the known ones)."""
+    folder = _upload_folder(source, store)
+    if not folder.is_dir():
+        known = (
+            sorted(p.name for p in folder.parent.glob("*") if p.is_dir() and not p.name.startswith("."))
+            if folder.parent.is_dir()
+            else []
+        )
+        raise CheckpointError(f"no upload named {folder.name!r}; known uploads: {', '.join(known) or 'none'}")
+    return folder
 
 
 @contextmanager

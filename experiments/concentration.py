@@ -6,7 +6,7 @@ once without a regularizer (lambda = 0, the reference) and once per regularizer 
 lambda in ``--lambdas`` (default 0.01, 0.1, 1), every head regularized, same steps, seed, data and
 learning rate; then alpha-entmax attention (1.5 and 2 = sparsemax) as the architectural
 alternative, fine-tuned without a penalty. Each fine-tuned model is measured on 512 held-out
-samples (attn_core.training.telemetry.measure): task accuracy, mean normalized attention entropy on those
+samples (attn_core.training.telemetry.measure_run): task accuracy, mean normalized attention entropy on those
 samples (data) and on the vocabulary view (every token as query and key), mean top-1 attention
 mass on data, mean stable rank of B.
 

@@ -11,7 +11,7 @@
 - ``cache``: ``cached``, the one caching rule for what is computed from a model;
 - ``markup``: untrusted text made inert for markdown;
 - ``widgets``: number inputs whose bounds are written once (``number``), a retrain setting's input
-  from its declaration in JobConfig (``setting``);
+  from its declaration in JobConfig (``setting_input``);
 - the parts one page uses: ``heatmap_input``, ``heatmap_sections`` (Heatmaps), ``retrain_text``
   (the Retrain page's Text section) and ``retrain_live`` (its live charts).
 
@@ -35,7 +35,7 @@ from ui.pickers import head_name, layer_head_picker, reproduce_command, require_
 from ui.plots import MIME, download_table, export_all, show_plot, show_table
 from ui.state import ALL_HEADS, HEAD_KEY, LAYER_KEY, MODEL_KEY, follow_input, remember, to_url
 from ui.upload import save_upload, upload_digest
-from ui.widgets import number, setting
+from ui.widgets import number, setting_input
 
 __all__ = [
     "ALL_HEADS",
@@ -64,7 +64,7 @@ __all__ = [
     "run_store_panel",
     "save_upload",
     "saved_runs",
-    "setting",
+    "setting_input",
     "setup",
     "show_plot",
     "show_table",

@@ -1,5 +1,5 @@
 """Inputs whose bounds are written once: :func:`number` gives the widget and its remembered value
-(``state.remember``) the same range; :func:`setting` takes a retrain setting's widget, label, help,
+(``state.remember``) the same range; :func:`setting_input` takes a retrain setting's widget, label, help,
 bounds or choices and default from its one declaration in ``JobConfig``
 (``attn_core.training.settings``)."""
 
@@ -35,7 +35,7 @@ def number(
     )
 
 
-def setting(container: Any, config: type, name: str, key: str, max_value: int | None = None) -> Any:
+def setting_input(container: Any, config: type, name: str, key: str, max_value: int | None = None) -> Any:
     """The page's input of the setting ``name`` as ``config`` declares it: a number input (a default
     of None, "unset", is the widget's lowest value; ``max_value`` when the bound depends on the
     model), or, by the widget's ``kind``, a ``select`` (a select slider over its ``options``, shown

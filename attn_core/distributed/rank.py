@@ -80,8 +80,7 @@ def _listen(job, channel, done: threading.Event) -> None:
         try:
             commands = ray.get(channel.commands.remote())
         except Exception:  # noqa: BLE001 -- the driver (which owns the channel) is gone
-            job._stop_reason = job._stop_reason or PARENT_ENDED
-            job.stop()
+            job.stop(job.stop_reason or PARENT_ENDED)
             return
         for command, *args in commands:
             obey(job, command, *args)

@@ -73,11 +73,7 @@ class RayRemote:
         self.checkpoint_files: dict | None = None
         self.ended = False
         self.refused: Exception | None = None  # Ray or the cluster refused the run before it began
-        self._exited = threading.Event()
-        # this side keeps no weights: the trainer goes, the model stays a shape (as worker.Remote)
-        job.trainer = None
-        job.model = job.model.to("meta")
-        job.probe = job.probe.to("cpu")
+        self._exited = threading.Event()  # this side builds no model (as worker.Remote)
 
     # --- what the job asks of its remote ----------------------------------------------------------
     def tell(self, *command) -> None:
@@ -116,7 +112,7 @@ class RayRemote:
 
         cfg, job = self.job.cfg, self.job
         cpus = max(os.cpu_count() or 1, int(cfg.workers * worker_resources(0)["CPU"]))
-        job._publish(message=f"starting {cfg.workers} worker(s) on Ray")
+        job.publish(message=f"starting {cfg.workers} worker(s) on Ray")
         error = None
         try:
             with ray_session(self.address, num_cpus=cpus, keep=self.keep) as session:
@@ -138,12 +134,8 @@ class RayRemote:
         job, cfg = self.job, self.job.cfg
         here = ray.get_runtime_context().get_node_id()
         self.channel = ray.remote(num_cpus=0)(Channel).options(scheduling_strategy=_on_node(here)).remote()
-        if job._stop.is_set():  # asked for while Ray started
-            self.tell("stop", job._stop_reason)
-        elif not job._go.is_set():
-            self.tell("pause")
-        if job._watch is not None:  # a head watched while Ray started
-            self.tell("watch", *job._watch)
+        for command in job.requests():  # a head watched, a stop or pause asked for while Ray started
+            self.tell(*command)
         storage = os.environ.get(STORAGE_ENV) or tempfile.mkdtemp(prefix="attn-lab-train-")
         config = {
             "job_class": type(job),
@@ -175,7 +167,7 @@ class RayRemote:
         for message in messages:
             self.apply(message)
         if workers:
-            self.job._publish(workers=tuple(workers[r] for r in sorted(workers)))
+            self.job.publish(workers=tuple(workers[r] for r in sorted(workers)))
 
     def _at_exit(self) -> None:
         """This process exits while the workers train: stop the run and wait for rank 0 to save it
@@ -183,8 +175,7 @@ class RayRemote:
         from attn_core.training.worker import PARENT_ENDED
 
         if not self._exited.is_set():
-            self.job._stop_reason = PARENT_ENDED
-            self.job.stop()
+            self.job.stop(PARENT_ENDED)
             deadline = time.monotonic() + EXIT_WAIT_S
             while not self._exited.wait(POLL_S) and time.monotonic() < deadline:
                 pass
@@ -199,7 +190,7 @@ class RayRemote:
                     job.store.finish(job.run_id, "failed", None, {}, message=message + _kept(job))
             except Exception as e:  # noqa: BLE001 -- the store's own error is part of the message
                 message += f"; the run store could not record it: {_first_line(e)}"
-        job._publish(status="failed", message=message + _kept(job))
+        job.publish(status="failed", message=message + _kept(job))
 
     def _amend(self, why: str) -> None:
         """Rank 0 recorded the run, but Ray knows more (which worker died, how): a failed run's
@@ -223,7 +214,7 @@ class RayRemote:
                 job.store.finish(job.run_id, row["status"], None, {}, message=message, summary=row["summary"])
             except Exception:  # noqa: BLE001 -- the recorded run stays as rank 0 wrote it
                 pass
-        job._publish(message=message)
+        job.publish(message=message)
 
 
 def check_workers(job, address: str | None = None) -> None:

@@ -218,7 +218,7 @@ def spectra_before_after_plot(
     before: Sequence[dict], after: Sequence[dict], heads: Sequence[str] | None = None
 ) -> Plot:
     """Singular values of B per head, before and after retraining (``per_head`` lists of
-    :func:`attn_core.training.telemetry.measure`, as in a run's card), one small panel per head, log scale."""
+    :func:`attn_core.training.telemetry.measure_run`, as in a run's card), one small panel per head, log scale."""
     b = {r["head"]: r for r in before}
     a = {r["head"]: r for r in after}
     heads = [h for h in (heads or list(b)) if h in b and h in a]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import asdict, dataclass, fields, replace
 
 from attn_core.device import check_precision
@@ -208,8 +209,9 @@ class CompareConfig:
             value = getattr(self, name)
             if value != getattr(default, name):
                 parts += [declared(self, name)["flag"], f"{value:g}" if isinstance(value, float) else str(value)]
+        # quoted as the shell reads them back: no width is '' and a merged kind holds spaces
         if self.d_qks != default.d_qks:
-            parts += [declared(self, "d_qks")["flag"], ",".join(str(w) for w in self.d_qks)]
+            parts += [declared(self, "d_qks")["flag"], shlex.quote(",".join(str(w) for w in self.d_qks))]
         if self.merged_kinds != default.merged_kinds:
-            parts += [declared(self, "merged_kinds")["flag"], ",".join(self.merged_kinds) or "none"]
+            parts += [declared(self, "merged_kinds")["flag"], shlex.quote(",".join(self.merged_kinds) or "none")]
         return " ".join(parts)

@@ -36,7 +36,7 @@ from attn_core.qk.convert import truncated
 from attn_core.qk.result import Comparison
 from attn_core.tasks import Task, get_task
 from attn_core.training.record import Interrupt, RunRecorder, measure_final, record_run, run_card
-from attn_core.training.telemetry import MetricKey, measure
+from attn_core.training.telemetry import MetricKey, measure_run
 from attn_core.training.trainer import Trainer, adamw, evaluate, init_model, lr_factor
 
 # (fraction of the work done, what is running) -> None; the page passes an st.progress updater.
@@ -116,7 +116,7 @@ def train_variant(
     parent = PARENT_PREFIX + cfg.task
     recorder = RunRecorder(store)
     run_id = recorder.start(parent, task.name, config)
-    before = measure(model, task, None, cfg.measure_samples, cfg.eval_seed)
+    before = measure_run(model, task, None, cfg.measure_samples, cfg.eval_seed)
     step_s: list[float] = []
     curves: list[dict] = []
     window: dict[str, list[float]] = {"loss": [], "accuracy": []}
@@ -146,7 +146,7 @@ def train_variant(
     wall = time.perf_counter() - start
     model.eval()
     outcome, after = measure_final(
-        trainer, outcome, lambda: measure(model, task, None, cfg.measure_samples, cfg.eval_seed)
+        trainer, outcome, lambda: measure_run(model, task, None, cfg.measure_samples, cfg.eval_seed)
     )
     spec = spectrum_rows(model)
     for rec in spec:

@@ -16,13 +16,15 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from dataclasses import replace
 
 import torch
 
 from attn_core import regularizers as R
 from attn_core.card import Card
+from attn_core.device import select_device
 from attn_core.model import Transformer
-from attn_core.retraining.parent import Retraining, open_parent
+from attn_core.retraining.parent import Retraining, open_outline, parent_model
 from attn_core.runs import RunStore
 from attn_core.training import checkpoints, estimate, telemetry, worker
 from attn_core.training import queue as Q
@@ -62,8 +64,9 @@ class Phases(dict):
 class TrainingJob:
     """A retraining run in a worker thread (or process) that never touches Streamlit.
 
-    Build it (every setting is checked here, so a bad one fails before anything starts), then
-    ``start()`` it (``process=True``: in a worker process) and poll ``snapshot()``; ``pause()``,
+    Build it (every setting is checked here against the parent's config, read without its
+    weights, so a bad one fails before anything starts: the job is a handle, and the model is built
+    once where it trains, :meth:`build`), then ``start()`` it (``process=True``: in a worker process) and poll ``snapshot()``; ``pause()``,
     ``resume()`` and ``stop()`` act between steps. ``run()`` trains in the calling thread. The
     run is saved in the run store (unless ``store=False``): completed, stopped, diverged (the
     last good weights kept) or failed. Two jobs never share state: each loads its own parent.
@@ -86,28 +89,24 @@ class TrainingJob:
         if self.store is not None:
             self.store.check_writable()  # a store that takes no write refuses the job before it trains
         self.retraining = Retraining(cfg)  # text, imported models, --train and --kl
-        model, task, parent_card = open_parent(cfg, self.store, self.retraining)
-        self.parent = cfg.source
-        self.task = task
-        start_alpha = model.cfg.entmax_alpha
-        model = R.with_entmax(model, cfg.entmax_alpha)
+        # the parent without its weights: what this handle reads (the queue's estimate, the
+        # snapshot, watch); the loop's model is built once, where it trains (build())
+        model_cfg, task, parent_card = open_outline(cfg, self.store, self.retraining)
+        self.parent, self.task, self.parent_card = cfg.source, task, parent_card
+        self.start_alpha = model_cfg.entmax_alpha  # the parent's, which --kl compares with
+        alpha = cfg.entmax_alpha
+        self.model_cfg = model_cfg if alpha is None else replace(model_cfg, entmax_alpha=float(alpha))
         # penalty_rows: the unbiased sampled-rows estimate of the row penalties, drawn under the run's seed
-        self.penalty = R.build_penalty(cfg.specs, model, cfg.heads, rows=cfg.penalty_rows, seed=cfg.seed)
+        self.penalty = R.build_penalty(cfg.specs, self.model_cfg, cfg.heads, rows=cfg.penalty_rows, seed=cfg.seed)
         self.train_cfg = cfg.train_config(parent_card.train)
-        penalty = self.retraining.penalty(model, self.penalty, start_alpha)  # --train freezes, --kl adds a term
         # a rank trains on the device its worker was given; the driver of workers checks on the CPU
-        device = dist.device if dist is not None else ("cpu" if cfg.workers else None)
-        recipe = dict(penalty=penalty, max_loss=cfg.max_loss, sync_at=self._measured_at)
-        self.trainer = Trainer(model, task, self.train_cfg, **recipe, device=device, dist=dist)
-        self.model = self.trainer.model
-        self.device = self.trainer.device
-        self.retraining.start(penalty, self.model)
-        self.checkpoints = checkpoints.for_job(self.trainer, cfg.checkpoint_plan(), self.store)
-        self.parent_card = parent_card
+        self._device = dist.device if dist is not None else ("cpu" if cfg.workers else None)
+        self.device = select_device(self.train_cfg.device) if self._device is None else torch.device(self._device)
         # the fixed probe batch of telemetry: at most one training batch of sequences
         probe_n = min(cfg.probe_samples, self.train_cfg.batch_size)
-        probe = task.sample(probe_n, cfg.seed + 2 * EVAL_SEED_OFFSET, split="test")  # its names are read on the host
-        self.probe = probe.to(self.device)
+        self._probe_host = task.sample(probe_n, cfg.seed + 2 * EVAL_SEED_OFFSET, split="test")  # names read here
+        self._trainer: Trainer | None = None  # the loop's side (build())
+        self._build_lock = threading.Lock()
         self.recorder = RunRecorder(self.store)
 
         self._lock = threading.Lock()
@@ -139,12 +138,58 @@ class TrainingJob:
         self.on_publish = None  # called with the job after each publication (a worker's sender)
         self._stop_reason = ""  # why a stop was asked for when it was not the user
         self.remote: worker.Remote | None = None  # the worker process of start(process=True)
-        self._probe_tokens = tuple(task.names(probe.tokens[0].tolist()))
+        self._probe_tokens = tuple(task.names(self._probe_host.tokens[0].tolist()))
         self._watch: tuple[int, int] | None = None  # the head whose probe pattern is shown (watch())
         self._patterns: dict = {}  # patterns of the final weights, computed on request (pattern())
         self._snap: Snapshot | None = None
         self.phases = Phases(load=time.perf_counter() - started)  # seconds of each part of the run
-        self._publish()
+        self.publish()
+
+    # --- the loop's side: the model, built once where the job trains -------------------------------
+    def build(self) -> Trainer:
+        """Build what trains (once, in the thread, process or rank that trains it; a handle that
+        starts the job elsewhere builds none of it): the parent's weights, the penalty with what
+        ``--train`` and ``--kl`` add, the :class:`Trainer`, the checkpoints and the probe batch on
+        the training device."""
+        with self._build_lock:
+            if self._trainer is None:
+                if self.remote is not None:
+                    raise RuntimeError(
+                        "this job trains elsewhere and has no model here; model_copy() gives its weights"
+                    )
+                with self.phases.timed("load"):
+                    model = R.with_entmax(parent_model(self.cfg, self.store), self.cfg.entmax_alpha)
+                    penalty = self.retraining.penalty(model, self.penalty, self.start_alpha)  # --train, --kl
+                    recipe = dict(penalty=penalty, max_loss=self.cfg.max_loss, sync_at=self._measured_at)
+                    trainer = Trainer(model, self.task, self.train_cfg, **recipe, device=self._device, dist=self.dist)
+                    self.retraining.start(penalty, trainer.model)
+                    self._checkpoints = checkpoints.for_job(trainer, self.cfg.checkpoint_plan(), self.store)
+                    self._probe = self._probe_host.to(trainer.device)
+                    self._trainer = trainer
+        return self._trainer
+
+    @property
+    def built(self) -> bool:
+        """Whether this side has built the model (a job started elsewhere never does)."""
+        return self._trainer is not None
+
+    @property
+    def trainer(self) -> Trainer:
+        return self._trainer if self._trainer is not None else self.build()
+
+    @property
+    def model(self) -> Transformer:
+        return self.trainer.model
+
+    @property
+    def checkpoints(self):
+        self.build()
+        return self._checkpoints
+
+    @property
+    def probe(self):
+        self.build()
+        return self._probe
 
     @property
     def run_id(self) -> str | None:
@@ -183,13 +228,32 @@ class TrainingJob:
         if self.cfg.workers and self.dist is None:  # this thread follows the workers' run
             self.start(address=address).join()
         else:
+            self.build()  # a model that cannot be built raises here, before anything is stored
             self._run_safely()
         return self.result()
 
-    def stop(self) -> None:
+    def stop(self, reason: str = "") -> None:
+        """Stop after the current step; ``reason``: why, when it was not the user (said in its status)."""
+        self._stop_reason = reason or self._stop_reason
         self._stop.set()
         self._go.set()
         self._tell("stop", self._stop_reason)
+
+    @property
+    def stop_reason(self) -> str:
+        return self._stop_reason
+
+    def requests(self) -> list[tuple]:
+        """The commands asked for so far (the watched head; a stop, else a pause), for a worker
+        that starts after them."""
+        out: list[tuple] = [("watch", *self._watch)] if self._watch is not None else []
+        if self._stop.is_set():
+            return [*out, ("stop", self._stop_reason)]
+        return out if self._go.is_set() else [*out, ("pause",)]
+
+    def state(self) -> dict:
+        """The job's published state, as a new dict (what a worker sends to the driver)."""
+        return dict(self._state)
 
     def pause(self) -> None:
         self._go.clear()
@@ -204,7 +268,7 @@ class TrainingJob:
         head it draws): from now on telemetry computes that head's pattern, and only it; the
         first comes before the next step, or at once while paused. A job nobody watches (the CLI)
         computes no pattern and copies none from the device."""
-        cfg = self.model.cfg
+        cfg = self.model_cfg
         if not (0 <= int(layer) < cfg.n_layers and 0 <= int(head) < cfg.n_heads):
             raise ValueError(
                 f"head L{layer}H{head} is outside this model's {cfg.n_layers} layers x {cfg.n_heads} heads"
@@ -227,19 +291,19 @@ class TrainingJob:
                 model = self.model_copy()
             except RuntimeError:  # a job that ended without weights (failed before training)
                 return None
-            self._patterns[key] = telemetry.probe_pattern(model, self.probe.tokens[0].cpu(), layer, head)
+            self._patterns[key] = telemetry.probe_pattern(model, self._probe_host.tokens[0], layer, head)
         return self._patterns[key]
 
     def phase_seconds(self) -> dict[str, float]:
         """Every part of the run so far, in seconds: its :class:`Phases`, ``steps`` (inside
         ``Trainer.step``), of which ``evaluation`` (held-out evaluations) and ``compile`` (the first
         call of each compiled region). A job in a worker process keeps its own."""
-        trainer = self.trainer
+        trainer = self._trainer  # None: nothing trained here (a job in a worker process keeps its own)
         return {
             **self.phases,
             "steps": self._state["step_s"],
-            "evaluation": trainer.eval_s,
-            "compile": trainer.graph.compile_s,
+            "evaluation": trainer.eval_s if trainer is not None else 0.0,
+            "compile": trainer.graph.compile_s if trainer is not None else 0.0,
         }
 
     def _tell(self, *command) -> None:
@@ -270,7 +334,7 @@ class TrainingJob:
 
     def model_copy(self) -> Transformer:
         """A CPU model with the last good weights, for the page to draw from."""
-        m = Transformer(self.model.cfg)
+        m = Transformer(self.model_cfg)
         m.load_state_dict(self.weights())
         return m.eval()
 
@@ -288,7 +352,8 @@ class TrainingJob:
         }
 
     # --- the worker ---------------------------------------------------------------------------------
-    def _publish(self, **changes) -> None:
+    def publish(self, **changes) -> None:
+        """Update the job's state with ``changes`` and publish it as the new :meth:`snapshot`."""
         st = self._state
         st.update(changes)
         if self._t0 is not None:
@@ -299,8 +364,8 @@ class TrainingJob:
             run_id=self.run_id,
             latest=dict(st["latest"]),
             regularized_heads=tuple(self._head_names()),
-            n_layers=self.model.cfg.n_layers,
-            n_heads=self.model.cfg.n_heads,
+            n_layers=self.model_cfg.n_layers,
+            n_heads=self.model_cfg.n_heads,
             probe_tokens=self._probe_tokens,
             _log=self._log,
             _n=len(self._log[0]),
@@ -339,9 +404,9 @@ class TrainingJob:
             self._record(step, spectra_values(model, heads))
 
     def _measure(self) -> dict:
-        """The before/after measurement (``telemetry.measure``), on text sized by the run's tokens."""
+        """The before/after measurement (``telemetry.measure_run``), on text sized by the run's tokens."""
         with self.phases.timed("before" if self._state["before"] is None else "after"), self.trainer.view() as model:
-            return telemetry.measure(
+            return telemetry.measure_run(
                 model,
                 self.task,
                 self.penalty.regularized_heads,
@@ -372,7 +437,7 @@ class TrainingJob:
                 estimate_s=self._estimate_s(),
             )
         if self.slots.ahead(entry):
-            self._publish(status="queued", message=self.slots.describe(entry))
+            self.publish(status="queued", message=self.slots.describe(entry))
         return int(entry)
 
     def _estimate_s(self) -> float | None:
@@ -380,7 +445,7 @@ class TrainingJob:
         try:
             facts = getattr(self.task, "facts", None)
             block = facts["block"] if facts else self.task.seq_len
-            e = estimate.run_seconds(self.model.cfg, self.cfg.steps, self.train_cfg.batch_size, block, str(self.device))
+            e = estimate.run_seconds(self.model_cfg, self.cfg.steps, self.train_cfg.batch_size, block, str(self.device))
             return float(e["total_s"])
         except Exception:  # no estimate: the wait of those behind it is not said
             return None
@@ -391,9 +456,9 @@ class TrainingJob:
         outcome = dict(status="failed", message="")
         ticket = self._ticket
         try:
-            queued = lambda ahead: self._publish(status="queued", message=self.slots.describe(ticket))  # noqa: E731
+            queued = lambda ahead: self.publish(status="queued", message=self.slots.describe(ticket))  # noqa: E731
             if self.slots.wait(ticket, self._stop.is_set, queued):
-                self.slots.watch(ticket, self._limit_stop, self._done.is_set)
+                self.slots.watch(ticket, self.stop, self._done.is_set)
                 try:
                     self._train() if self.remote is None else self.remote.train()
                 finally:
@@ -403,7 +468,7 @@ class TrainingJob:
                 return
             why = self._stop_reason or ("stopped while queued" if self._stop.is_set() else "cancelled while queued")
             outcome = dict(status="cancelled", message=f"{why}; nothing was trained or saved")
-            self._publish(status="stopped", message=outcome["message"])
+            self.publish(status="stopped", message=outcome["message"])
             self._done.set()
         finally:
             self.slots.release(ticket, **outcome)
@@ -418,28 +483,21 @@ class TrainingJob:
         keep = dict(threads=spec.get("threads"), address=spec.get("address"), keep_ray=spec.get("keep_ray", False))
         return job.start(process=spec.get("process", False), entry=entry["id"], **keep)
 
-    def _limit_stop(self, reason: str) -> None:
-        """Stop the running job for ``reason`` (the queue's wall time limit, a cancel), said in its status."""
-        self._stop_reason = reason
-        self.stop()
-
     def _train(self) -> None:
         self._t0 = time.perf_counter()
         outcome = Outcome("failed", "")
         interrupted = None
         try:
+            self.build()
             self.recorder.start(self.parent, self.task.name, self.cfg.to_dict())
-            self._publish(status="running", before=self._measure())
+            self.publish(status="running", before=self._measure())
             outcome = self._loop()
         except KeyboardInterrupt as e:  # run() in the main thread without sigint_stops: keep the run
             interrupted = e
-            outcome = Outcome("stopped", f"interrupted at step {self.trainer.step_index} of {self.cfg.steps}")
+            outcome = Outcome("stopped", f"interrupted at step {self._step()} of {self.cfg.steps}")
         except Exception as e:  # an error inside training: the run fails with its reason
-            where = (
-                "could not start"
-                if self.store is not None and self.run_id is None
-                else f"failed at step {self.trainer.step_index + 1}"
-            )
+            unstarted = self._trainer is None or (self.store is not None and self.run_id is None)
+            where = "could not start" if unstarted else f"failed at step {self._step() + 1}"
             outcome = Outcome("failed", f"{where}: {error_text(e)}")
         try:
             self._finish(outcome)
@@ -448,22 +506,25 @@ class TrainingJob:
         if interrupted is not None:
             raise interrupted
 
+    def _step(self) -> int:
+        return self._trainer.step_index if self._trainer is not None else 0
+
     def _interrupt(self) -> str | None:
         """Between steps: wait while paused (pauses do not count as training time); a stop ends the run."""
         step = self.trainer.step_index
         if self._watch is not None and self._state["probe_head"] != self._watch:  # another head is watched
             self._watched_pattern(step)
-            self._publish()
+            self.publish()
         if not self._go.is_set():
             self.trainer.sync()  # the steps run so far are shown while paused
-            self._publish(status="paused", message=f"paused at step {step}", train_s=self._state["train_s"])
+            self.publish(status="paused", message=f"paused at step {step}", train_s=self._state["train_s"])
             paused_at = time.perf_counter()
             while not self._go.wait(PAUSED_POLL_S):
                 if self._watch is not None and self._state["probe_head"] != self._watch:
                     self._watched_pattern(step)  # a head picked while paused is shown at once
-                    self._publish()
+                    self.publish()
             self._t_loop += time.perf_counter() - paused_at
-            self._publish(status="running", message="")
+            self.publish(status="running", message="")
         if self._stop.is_set():
             why = f" ({self._stop_reason})" if self._stop_reason else ""
             return f"stopped at step {self.trainer.step_index} of {self.cfg.steps}{why}"
@@ -486,7 +547,7 @@ class TrainingJob:
             self._spectra(step)
         train_s = time.perf_counter() - self._t_loop
         self._pace.add(step, train_s - self.trainer.graph.compile_s)
-        self._publish(step=step, train_s=train_s, compile_s=self.trainer.graph.compile_s, left_s=self._pace.left())
+        self.publish(step=step, train_s=train_s, compile_s=self.trainer.graph.compile_s, left_s=self._pace.left())
 
     def _loop(self) -> Outcome:
         if self.checkpoints is not None:  # step 0, into the run's folder (a temporary one without a store)
@@ -497,26 +558,26 @@ class TrainingJob:
         self._pace = estimate.Pace(self.cfg.steps, self.phases.get("before", 0.0))  # measuring after as long
         self._telemetry(0)
         self._spectra(0)
-        self._publish(train_s=time.perf_counter() - self._t_loop)
+        self.publish(train_s=time.perf_counter() - self._t_loop)
         return record_run(self.trainer, self.recorder, on_step=self._on_step, interrupt=self._interrupt)
 
     def _finish(self, outcome: Outcome) -> None:
         after = None
         try:  # a failed run on workers is saved at once: its workers are being ended
-            if self.dist is None or outcome.status != "failed":
+            if self._trainer is not None and (self.dist is None or outcome.status != "failed"):
                 outcome, after = measure_final(self.trainer, outcome, self._measure)
         except Exception as e:
             if not outcome.message:
                 outcome = Outcome(outcome.status, f"could not measure the final weights: {e}")
         if self.run_id is not None:
             # the final status is published only once the run is in the store
-            self._publish(after=after, message=f"{outcome.message}; saving the run")
+            self.publish(after=after, message=f"{outcome.message}; saving the run")
             card = self.card(outcome, after)
             files = self.retraining.files  # an imported model's tokenizer, saved with the run
             with self.phases.timed("save"):
                 model, before = self.model_copy(), self._state["before"]
                 outcome = self.recorder.finish(outcome, model, card, before, after, files=files)
-        self._publish(status=outcome.status, message=outcome.message, after=after)
+        self.publish(status=outcome.status, message=outcome.message, after=after)
 
     def card(self, outcome: Outcome, after: dict | None) -> Card:
         """The run's card for ``outcome`` (what the store saves; a sweep trial, which has no
@@ -543,7 +604,7 @@ class TrainingJob:
             regularizers=self.penalty.describe(),
             penalty=rows,
             regularized_heads=self._head_names(),
-            entmax_alpha=self.model.cfg.entmax_alpha,
+            entmax_alpha=self.model_cfg.entmax_alpha,
             job=cfg.to_dict(),
             **({"checkpoints": self.checkpoints.listing()} if self.checkpoints is not None else {}),
             **({"distributed": self.trainer.dist.describe()} if self.trainer.dist is not None else {}),
@@ -558,7 +619,7 @@ def preview(cfg: JobConfig) -> Snapshot:
     job = TrainingJob(cfg, store=False)
     job._telemetry(0)
     job._spectra(0)
-    job._publish(probe_pattern=telemetry.probe_patterns(job.model, job.probe.tokens[0]))  # every head, once
+    job.publish(probe_pattern=telemetry.probe_patterns(job.model, job.probe.tokens[0]))  # every head, once
     return job.snapshot()
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 from attn_core import finetune
 from attn_core.card import Card
 from attn_core.hf import family_export
+from attn_core.model import Transformer
 from attn_core.presets import scratch_preset
-from attn_core.sources import resolve
+from attn_core.sources import outline, resolve
 from attn_core.tasks import get_task
 from attn_core.text.source import text_task_for
 from attn_core.text.task import default_batch
@@ -19,15 +20,23 @@ from attn_core.training.trainer import init_model
 SCRATCH_PREFIX = "scratch:"  # source "scratch:<preset>" trains the preset's model from its init
 
 
-def open_parent(cfg, store, retraining: Retraining):
-    """(model, task, card) of ``cfg.source`` (a ``JobConfig``): a fresh init of a preset under
-    the run's seed, or any model :func:`attn_core.sources.resolve` finds (zoo, folder,
+def open_outline(cfg, store, retraining: Retraining):
+    """(model config, task, card) of ``cfg.source`` (a ``JobConfig``) without its weights, what a
+    job's handle reads: a preset's, or what :func:`attn_core.sources.outline` finds (zoo, folder,
     ``run:<id>``, upload) with the task ``retraining`` gives it (its own, or ``cfg.text``)."""
     if cfg.source.startswith(SCRATCH_PREFIX):
         preset = scratch_preset(cfg.source[len(SCRATCH_PREFIX) :])
-        return init_model(preset.model_config(), cfg.seed), get_task(preset.task), Card(train=preset.train.to_dict())
-    loaded = resolve(cfg.source, store=store)
-    return loaded.model, retraining.task(loaded, store), loaded.card
+        return preset.model_config(), get_task(preset.task), Card(train=preset.train.to_dict())
+    found = outline(cfg.source, store=store)
+    return found.config, retraining.task(found, store), found.card
+
+
+def parent_model(cfg, store) -> Transformer:
+    """The weights ``cfg.source`` names, as a model (what the loop trains, built where it runs): a
+    fresh init of a preset under the run's seed, or the model :func:`attn_core.sources.resolve` loads."""
+    if cfg.source.startswith(SCRATCH_PREFIX):
+        return init_model(scratch_preset(cfg.source[len(SCRATCH_PREFIX) :]).model_config(), cfg.seed)
+    return resolve(cfg.source, store=store).model
 
 
 class Retraining:

@@ -21,8 +21,7 @@ def _listen(job, control: Connection) -> None:
         try:
             command, *args = control.recv()
         except (EOFError, OSError):
-            job._stop_reason = job._stop_reason or PARENT_ENDED
-            job.stop()
+            job.stop(job.stop_reason or PARENT_ENDED)
             return
         obey(job, command, *args)
 

@@ -263,6 +263,13 @@ class RunStore(SweepsMixin):
         """A run's weights as a :class:`LoadedModel` named ``run:<id>``; its card holds task,
         parent, regularizers, metrics (after), before, status. (Callers use
         ``attn_core.sources.resolve("run:<id>", store=...)``, which comes here.)"""
+        folder = self.model_folder(run_id)
+        loaded = checkpoint.load_path(folder, device=device)
+        loaded.name = RUN_PREFIX + folder.name
+        return loaded
+
+    def model_folder(self, run_id: str) -> Path:
+        """The folder of a run that has saved weights (else a CheckpointError saying why not)."""
         run = self.get(run_id)
         folder = self.path(run["id"])
         if not (folder / WEIGHTS).is_file():
@@ -270,9 +277,7 @@ class RunStore(SweepsMixin):
                 f"run {run['id']} ({run['status']}) has no saved weights"
                 + (f": {run['message']}" if run["message"] else "")
             )
-        loaded = checkpoint.load_path(folder, device=device)
-        loaded.name = RUN_PREFIX + run["id"]
-        return loaded
+        return folder
 
     # --- internals ----------------------------------------------------------------------------------
     def _save(

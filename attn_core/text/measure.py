@@ -13,7 +13,7 @@ top-1 mass come from Q and K in blocks of rows (``regularizers.row_summaries``).
 in chunks whose logits stay within :data:`CHUNK_BYTES` (a 50k-token vocabulary makes one block's
 logits 50 MB at 256 tokens): memory does not grow with the number of blocks measured. Sums stay
 on the device and are read once at the end. The result has the keys of
-``training.telemetry.measure`` (so cards, the Runs page and the CLI read it alike) plus
+``training.telemetry.measure_run`` (so cards, the Runs page and the CLI read it alike) plus
 ``perplexity`` and ``tokens``; the vocabulary view's entropy is left out above
 ``telemetry.VOCAB_VIEW_MAX`` tokens (a V x V view per head).
 """

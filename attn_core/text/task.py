@@ -124,7 +124,7 @@ class TextTask(Task):
         return measure.evaluate_text(model, self, samples, seed, split, device, precision, tokens)
 
     def measure(self, model, heads=None, samples: int = 512, seed: int = 0, tokens=None, precision="fp32") -> dict:
-        """A run's before/after measurement on held-out text (``telemetry.measure`` takes it)."""
+        """A run's before/after measurement on held-out text (``telemetry.measure_run`` takes it)."""
         from attn_core.text import measure
 
         return measure.text_metrics(model, self, heads, samples, seed, tokens, precision)

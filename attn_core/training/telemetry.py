@@ -32,7 +32,7 @@ __all__ = [
     "STEP_KEYS",
     "TERM_PREFIX",
     "MetricKey",
-    "measure",
+    "measure_run",
     "measure_tokens",
     "spectra_row",
     "step_row",
@@ -169,7 +169,7 @@ def _mean(values: list[float]) -> float:
 
 
 @torch.no_grad()
-def measure(
+def measure_run(
     model: Transformer,
     task: Task,
     heads=None,

@@ -44,8 +44,7 @@ def obey(job, command: str, *args) -> None:
     head the Retrain page draws, its probe pattern only) on the job a worker runs (a worker process
     here, a Ray Train rank in :mod:`attn_core.distributed.rank`)."""
     if command == "stop":
-        job._stop_reason = args[0] if args and args[0] else job._stop_reason
-        job.stop()
+        job.stop(args[0] if args else "")
     elif command == "pause":
         job.pause()
     elif command == "resume":
@@ -65,7 +64,7 @@ def apply_update(job, message: dict, final_weights=None):
         from safetensors.torch import load
 
         final_weights = load(message["weights"])
-    job._publish(**message.get("state", {}))
+    job.publish(**message.get("state", {}))
     return final_weights
 
 
@@ -82,16 +81,7 @@ class Remote:
         self.job, self.threads = job, threads
         self.process: subprocess.Popen | None = None
         self.control: Connection | None = None
-        self.final_weights: dict | None = None
-        # the job keeps no weights on this side (no GPU memory in a web server): its trainer goes,
-        # its model stays as a shape on the meta device, its probe batch on the CPU
-        job.trainer = None
-        job.model = job.model.to("meta")
-        job.probe = job.probe.to("cpu")
-        if job.device.type == "cuda":
-            import torch
-
-            torch.cuda.empty_cache()
+        self.final_weights: dict | None = None  # the job builds no model on this side (job.build)
 
     def tell(self, *command) -> None:
         """Send a command (``stop`` [reason], ``pause``, ``resume``, ``watch`` layer head) to the
@@ -133,12 +123,8 @@ class Remote:
         control.send((job.cfg, None if job.store is None else str(job.store.root), self.threads))
         self.control = control
         _LIVE.add(self)
-        if job._watch is not None:  # watched before the worker started
-            self.tell("watch", *job._watch)
-        if job._stop.is_set():  # asked for while the worker started
-            self.tell("stop", job._stop_reason)
-        elif not job._go.is_set():
-            self.tell("pause")
+        for command in job.requests():  # a head watched, a stop or pause asked for while it started
+            self.tell(*command)
         ended = False
         try:
             while True:
@@ -155,7 +141,7 @@ class Remote:
             self.process.wait()
             _LIVE.discard(self)
         if not ended:
-            job._publish(
+            job.publish(
                 status="failed",
                 message=f"the training process ended unexpectedly (exit code {self.process.returncode}); "
                 "what it saved is in the run store",
@@ -175,7 +161,7 @@ class Sender:
         self.broken = False
 
     def __call__(self, job, final: bool = False) -> None:
-        state = job._state
+        state = job.state()
         now = time.perf_counter()
         if not final and state["status"] == self.seen.get("status") and now - self.last < SEND_EVERY_S:
             return
@@ -209,8 +195,7 @@ def _stop_workers_at_exit() -> None:
     """This process is exiting: every worker stops after its step, saves, and is waited for."""
     remotes = list(_LIVE)
     for remote in remotes:
-        remote.job._stop_reason = PARENT_ENDED
-        remote.job.stop()
+        remote.job.stop(PARENT_ENDED)
     deadline = time.monotonic() + EXIT_WAIT_S
     for remote in remotes:
         try:

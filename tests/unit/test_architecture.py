@@ -416,3 +416,22 @@ def test_only_the_model_and_hf_read_the_query_and_key_weights():
             continue
         bad += [f"{rel}:{line} reads {name}" for line, name in qk_reads(path.read_text())]
     assert not bad, "go through Attention.form(head) / set_form (attn_core/model/form.py):\n" + "\n".join(bad)
+
+
+def _defined_at_top(name: str) -> set[str]:
+    """The files of attn_core/ and ui/ that define a public function or class ``name``."""
+    out = set()
+    for path in [*LIB.rglob("*.py"), *(ROOT / "ui").rglob("*.py")]:
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
+                out.add(path.relative_to(ROOT).as_posix())
+    return out
+
+
+def test_a_setting_and_a_runs_measurement_have_one_name_each():
+    """``setting`` declares a run's setting (training.settings) and means nothing else (the page's
+    input of one is ``setting_input``); a run's before/after measurement is ``measure_run``, and
+    neither the training loop nor the dashboard defines another ``measure``."""
+    assert _defined_at_top("setting") == {"attn_core/training/settings.py"}
+    assert _defined_at_top("setting_input") == {"ui/widgets.py"}
+    assert not {f for f in _defined_at_top("measure") if f.startswith(("attn_core/training/", "ui/"))}

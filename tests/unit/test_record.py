@@ -14,7 +14,7 @@ from attn_core.runs import RunStore
 from attn_core.tasks import get_task
 from attn_core.training.config import TrainConfig
 from attn_core.training.record import Outcome, RunRecorder, measure_final, record_run, rescue_folders, run_card
-from attn_core.training.telemetry import measure
+from attn_core.training.telemetry import measure_run
 from attn_core.training.trainer import Trainer
 from tests.conftest import make_tiny_model
 
@@ -75,7 +75,7 @@ def test_a_recorded_run_reads_back_from_the_store(tmp_path):
     assert store.get(run_id)["status"] == "running"
 
     def measured():
-        return measure(t.model, TASK, None, 32, 0)
+        return measure_run(t.model, TASK, None, 32, 0)
 
     before = measured()
     outcome = record_run(t, recorder)
@@ -118,7 +118,7 @@ def test_a_broken_last_step_is_a_divergence():
     with torch.no_grad():
         t.model.unembed.W_U.fill_(math.nan)
     outcome, after = measure_final(
-        t, Outcome("completed", "completed 2 steps"), lambda: measure(t.model, TASK, None, 16, 0)
+        t, Outcome("completed", "completed 2 steps"), lambda: measure_run(t.model, TASK, None, 16, 0)
     )
     assert outcome.status == "diverged" and "kept weights of step 1" in outcome.message
     assert math.isfinite(after["loss"])
@@ -193,6 +193,6 @@ def test_with_sync_every_a_stop_reads_the_pending_steps_and_saves_the_final_weig
         interrupt=lambda: "stopped" if t.step_index == 5 else None,
     )
     assert out.status == "stopped" and seen == [1, 2, 3, 4, 5]
-    outcome, after = measure_final(t, out, lambda: measure(t.model, TASK, None, 16, 0))
+    outcome, after = measure_final(t, out, lambda: measure_run(t.model, TASK, None, 16, 0))
     assert outcome == out and t.good_step == 5  # the measured weights are the ones kept
     assert all(torch.equal(a, b) for a, b in zip(t.good_state, t.params))

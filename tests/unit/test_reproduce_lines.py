@@ -99,3 +99,29 @@ def test_the_compare_line_is_unchanged(settings, line):
     steps, seeds = settings.get("steps", 400), settings.get("seeds", 3)
     head = f"attn-lab compare-qk --task induction --steps {steps} --seeds {seeds}"
     assert CompareConfig(**settings).command() == (head + " " + line if line else head)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [dict(d_qks=()), dict(d_qks=(), merged_kinds=("merged + wd",)), dict(d_qks=(4,), merged_kinds=())],
+)
+def test_a_compare_line_parses_back_to_its_comparison(settings, monkeypatch):
+    """The reproduce line of a comparison without factored variants (or with a merged kind that
+    holds spaces) is a command compare-qk reads back as the same comparison."""
+    import shlex
+
+    from typer.testing import CliRunner
+
+    import attn_core.qk as qk
+    from attn_core.cli import app
+
+    seen = []
+
+    def compare(cfg, **kwargs):
+        seen.append(cfg)
+        raise RuntimeError("parsed")
+
+    monkeypatch.setattr(qk, "compare", compare)
+    cfg = CompareConfig(**settings)
+    CliRunner().invoke(app, shlex.split(cfg.command())[1:])
+    assert seen == [cfg], cfg.command()

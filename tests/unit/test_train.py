@@ -13,7 +13,7 @@ from attn_core.hooks import act_name
 from attn_core.retraining.job import TrainingJob
 from attn_core.tasks import get_task
 from attn_core.training.config import JobConfig, TrainConfig
-from attn_core.training.telemetry import measure
+from attn_core.training.telemetry import measure_run
 from attn_core.training.trainer import Diverged, Trainer, evaluate, lr_factor
 from tests.conftest import make_tiny_model
 
@@ -117,7 +117,7 @@ def test_evaluate_keeps_the_forward_in_a_cache():
 
 
 def test_measure_reports_the_before_after_keys():
-    m = measure(make_tiny_model(), TASK, heads="L0H1", samples=32)
+    m = measure_run(make_tiny_model(), TASK, heads="L0H1", samples=32)
     assert {"accuracy", "loss", "entropy_data", "entropy_vocab", "top1_mass", "stable_rank"} <= set(m)
     assert 0 <= m["entropy_data"] <= 1 and 0 <= m["entropy_vocab"] <= 1 and 0 < m["top1_mass"] <= 1
     assert [r["head"] for r in m["per_head"]] == ["L0H1"]

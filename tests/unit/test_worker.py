@@ -192,3 +192,28 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+def test_a_job_the_retrain_page_starts_in_a_worker_process_builds_no_model_here(tiny, tmp_path, monkeypatch):
+    """The Retrain page's path (a job of the server's queue, started in a worker process): this
+    process reads the parent's config and task only, and watches and stops the run through the
+    handle; the worker builds the model (a Transformer built here would count)."""
+    from attn_core.model import Transformer
+    from attn_core.training.queue import JobQueue
+
+    built = []
+    init = Transformer.__init__
+
+    def counted(self, *args, **kwargs):
+        built.append(type(self).__name__)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(Transformer, "__init__", counted)
+    job = TrainingJob(cfg(tiny, steps=400), store=RunStore(), slots=JobQueue(tmp_path / "queue"), user="ann")
+    job.start(process=True)
+    job.watch(0, 1)
+    assert wait_for(lambda: job.snapshot().pattern_of(0, 1) is not None)  # the worker's pattern arrives
+    job.stop()
+    assert job.join(120)
+    assert job.status == "stopped", job.snapshot().message
+    assert built == [] and not job.built
