@@ -187,6 +187,8 @@ def _report(res: dict, as_json: bool, job=None) -> None:
         out["phases_s"] = job.phase_seconds()
     if job is not None and job.cfg.penalty_rows is not None:  # how the row penalties were computed
         out["penalty"] = job.penalty.estimate(job.task.n_ctx)
+    if job is not None and job.penalty.paths:  # the path each penalty took (steps taken in this process)
+        out["penalty_paths"] = dict(job.penalty.paths)
 
     def human(r: dict) -> str:
         text = f"run {r['run_id']}: {r['status']} ({r['message']})\n"
@@ -207,6 +209,8 @@ def _report(res: dict, as_json: bool, job=None) -> None:
                 "exact": f"row penalties: every row (--penalty-rows {p['rows']} covers the {p['positions']} positions)\n",
                 "none": "row penalties: none to sample (--penalty-rows acts on entropy, hoyer and topk)\n",
             }[p["estimate"]]
+        if "penalty_paths" in r:
+            text += "penalties computed by " + "; ".join(f"{k}: {v}" for k, v in r["penalty_paths"].items()) + "\n"
         strip = lambda m: {k: v for k, v in (m or {}).items() if k != "per_head"}  # noqa: E731
         return text + _before_after(strip(r["before"]), strip(r["after"]))
 

@@ -603,6 +603,7 @@ class TrainingJob:
             command=cfg.command(),
             regularizers=self.penalty.describe(),
             penalty=rows,
+            **({"penalty_paths": dict(self.penalty.paths)} if self.penalty.paths else {}),  # the path each spec took
             regularized_heads=self._head_names(),
             entmax_alpha=self.model_cfg.entmax_alpha,
             job=cfg.to_dict(),

@@ -52,3 +52,24 @@ def test_what_is_said_is_the_kernel_the_engine_takes(device, window):
     assert R.row_path(q, "entropy", window, 1.0, None, "auto") == f"fused attention pass ({kernel})"
     assert R.row_path(q, "entropy", window, 1.0, None, "blocked") == "query blocks"
     assert R.row_path(q, "entropy", window, 1.5, None, "auto") == "query blocks"  # entmax rows
+
+
+def test_retrain_says_how_each_penalty_was_computed(tmp_path):
+    """The retrain command prints, and the run's card keeps, the path each penalty took."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from attn_core import checkpoint
+    from attn_core.cli import app
+    from attn_core.runs import RunStore
+
+    folder = str(checkpoint.save(make_tiny_model(), tmp_path / "tiny", {"task": "reverse"}))
+    args = ["retrain", folder, "--reg", "entropy=0.5", "--reg", "topk:2=0.5", "--steps", "2", "--device", "cpu"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "penalties computed by entropy: fused attention pass (cpu); topk:2: query blocks" in res.stdout
+    out = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)
+    assert out["penalty_paths"] == {"entropy": "fused attention pass (cpu)", "topk:2": "query blocks"}
+    card = RunStore().load_model(out["run_id"]).card
+    assert card.details["penalty_paths"] == out["penalty_paths"]
