@@ -467,41 +467,26 @@ def head_means(
         valid = valid & key_mask  # a padding query's row does not count
     count = valid.sum() * (b // valid.shape[0])
     first = first_row(window, key_mask)
-    if not samples(rows, T, window, key_mask):
-        values = row_values(
-            q,
-            k,
-            kind,
-            window=window,
-            key_mask=key_mask,
-            topk=topk,
-            alpha=alpha,
-            block=block,
-            scale=scale,
-            path=path,
-            sink=sink,
-        )
-        weight = valid.to(values.dtype)
-        scale = 1.0
-    else:
+    pos = None  # every row
+    if samples(rows, T, window, key_mask):
         if rows < 1:
             raise ValueError(f"rows must be at least 1, got {rows}")
         pos = sample_positions(T, first, rows, generator).to(q.device)
-        values = row_values(
-            q[:, :, pos],
-            k,
-            kind,
-            window=window,
-            key_mask=key_mask,
-            positions=pos,
-            topk=topk,
-            alpha=alpha,
-            block=block,
-            scale=scale,
-            path=path,
-            sink=sink,
-        )
-        weight = valid[:, pos].to(values.dtype)
-        scale = (T - first) / rows
+    values = row_values(
+        q if pos is None else q[:, :, pos],
+        k,
+        kind,
+        window=window,
+        key_mask=key_mask,
+        positions=pos,
+        topk=topk,
+        alpha=alpha,
+        block=block,
+        scale=scale,
+        path=path,
+        sink=sink,
+    )
+    weight = (valid if pos is None else valid[:, pos]).to(values.dtype)
+    scale = 1.0 if pos is None else (T - first) / rows
     total = (values * weight[:, None, :]).sum((0, 2))
     return total * scale / count.clamp_min(1).to(total.dtype)

@@ -11,8 +11,8 @@ best expert), the weights (not renormalised: transformers' V2 ignores ``norm_top
 from __future__ import annotations
 
 from attn_core.checkpoint import CheckpointError
-from attn_core.hf.config import activation, decoder_config, flag, integer, number
-from attn_core.hf.families.deepseek_v3 import _rank, mla_fields, shared_width, slots
+from attn_core.hf.config import activation, decoder_config, flag, number
+from attn_core.hf.families.deepseek_v3 import _rank, dense_layers, experts, groups, mla_fields, shared_width, slots
 from attn_core.hf.family import Family
 from attn_core.model import ModelConfig
 
@@ -21,28 +21,14 @@ TOPK_METHODS = ("greedy", "group_limited_greedy")
 
 def router_fields(hf: dict) -> dict:
     """V2's experts and router (module doc), each refused by its config.json name."""
-    E, k = _rank(hf, "n_routed_experts"), _rank(hf, "num_experts_per_tok")
-    if k > E:
-        raise CheckpointError(f"config.json num_experts_per_tok={k} is more than n_routed_experts={E}")
+    E, k = experts(hf)
     method = hf.get("topk_method", "greedy")
     if method not in TOPK_METHODS:
         raise CheckpointError(f"config.json topk_method={method!r} must be one of {', '.join(TOPK_METHODS)}")
-    groups = {}
+    grouped = {}
     if method == "group_limited_greedy":
-        G, top = _rank(hf, "n_group"), _rank(hf, "topk_group")
-        if E % G:
-            raise CheckpointError(f"config.json n_group={G} does not divide n_routed_experts={E}")
-        if top > G:
-            raise CheckpointError(f"config.json topk_group={top} is more than n_group={G}")
-        if k > top * (E // G):
-            raise CheckpointError(
-                f"config.json num_experts_per_tok={k} is more than the experts of topk_group={top} groups"
-            )
-        groups = dict(router_groups=G, router_top_groups=top, router_group_score="max")
-    first = integer(hf, "first_k_dense_replace", default=0)
-    n_layers = integer(hf, "num_hidden_layers")
-    if not 0 <= first <= n_layers:
-        raise CheckpointError(f"config.json first_k_dense_replace={first} must be 0..num_hidden_layers ({n_layers})")
+        G, top = groups(hf, E, k)
+        grouped = dict(router_groups=G, router_top_groups=top, router_group_score="max")
     if flag(hf, "mlp_bias", False):
         raise CheckpointError("config.json mlp_bias=true is not supported for DeepSeek-V2")
     return dict(
@@ -52,9 +38,8 @@ def router_fields(hf: dict) -> dict:
         router_scoring="softmax",
         routed_scale=number(hf, "routed_scaling_factor", 1.0, hi=1e6),
         d_shared=shared_width(hf),
-        first_dense=first,
-        d_dense=integer(hf, "intermediate_size") if first else 0,
-        **groups,
+        **dense_layers(hf),
+        **grouped,
     )
 
 

@@ -79,11 +79,17 @@ def shared_width(hf: dict) -> int:
     return n * _rank(hf, "moe_intermediate_size")
 
 
-def router_fields(hf: dict) -> dict:
-    """DeepSeek-V3's experts and router (module doc), each refused by its config.json name."""
+def experts(hf: dict) -> tuple[int, int]:
+    """(n_routed_experts, num_experts_per_tok), the second at most the first."""
     E, k = _rank(hf, "n_routed_experts"), _rank(hf, "num_experts_per_tok")
     if k > E:
         raise CheckpointError(f"config.json num_experts_per_tok={k} is more than n_routed_experts={E}")
+    return E, k
+
+
+def groups(hf: dict, E: int, k: int) -> tuple[int, int]:
+    """(n_group, topk_group) of the group-limited top-k: groups that divide the experts, kept groups
+    that hold the top-k."""
     G, top = _rank(hf, "n_group"), _rank(hf, "topk_group")
     if E % G:
         raise CheckpointError(f"config.json n_group={G} does not divide n_routed_experts={E}")
@@ -93,12 +99,24 @@ def router_fields(hf: dict) -> dict:
         raise CheckpointError(
             f"config.json num_experts_per_tok={k} is more than the experts of topk_group={top} groups"
         )
-    if E // G < 2 and G > 1:
-        raise CheckpointError(f"config.json n_group={G} leaves groups of one expert; a group's score needs two")
+    return G, top
+
+
+def dense_layers(hf: dict) -> dict:
+    """The first ``first_k_dense_replace`` layers' dense MLP: ``first_dense`` and its width ``d_dense``."""
     first = integer(hf, "first_k_dense_replace", default=0)
     n_layers = integer(hf, "num_hidden_layers")
     if not 0 <= first <= n_layers:
         raise CheckpointError(f"config.json first_k_dense_replace={first} must be 0..num_hidden_layers ({n_layers})")
+    return dict(first_dense=first, d_dense=integer(hf, "intermediate_size") if first else 0)
+
+
+def router_fields(hf: dict) -> dict:
+    """DeepSeek-V3's experts and router (module doc), each refused by its config.json name."""
+    E, k = experts(hf)
+    G, top = groups(hf, E, k)
+    if E // G < 2 and G > 1:
+        raise CheckpointError(f"config.json n_group={G} leaves groups of one expert; a group's score needs two")
     return dict(
         d_mlp=_rank(hf, "moe_intermediate_size"),
         n_experts=E,
@@ -110,8 +128,7 @@ def router_fields(hf: dict) -> dict:
         router_choice_bias=True,
         routed_scale=number(hf, "routed_scaling_factor", 1.0, hi=1e6),
         d_shared=shared_width(hf),
-        first_dense=first,
-        d_dense=integer(hf, "intermediate_size") if first else 0,
+        **dense_layers(hf),
     )
 
 
