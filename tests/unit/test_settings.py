@@ -112,3 +112,42 @@ def test_the_workers_options_are_declared_once():
         meta = declared(JobConfig, name)
         assert meta["help"] and _params(runs.app, "retrain")[name].help == meta["help"]
         assert _params(sweep.app, "sweep")[name].help == meta["help"]
+
+
+@pytest.mark.parametrize(
+    ("module", "function", "config_path"),
+    [
+        ("models", "train_cmd", "attn_core.training.config:JobConfig"),
+        ("runs", "retrain_cmd", "attn_core.training.config:JobConfig"),
+        ("sweep", "sweep_cmd", "attn_core.training.config:JobConfig"),
+        ("grow", "grow_cmd", "attn_core.grow:GrowConfig"),
+        ("qk", "compare_qk_cmd", "attn_core.qk:CompareConfig"),
+    ],
+)
+def test_no_command_writes_a_declared_option_by_hand(module, function, config_path):
+    """Every option of a command that is a declared setting comes from its declaration (the command
+    receives it in ``settings``): none is a parameter of the command's own."""
+    import importlib
+    import inspect
+
+    fn = inspect.unwrap(getattr(importlib.import_module(f"attn_core.cli.{module}"), function))
+    where, name = config_path.split(":")
+    config = getattr(importlib.import_module(where), name)
+    flags = {
+        declared(config, n)["flag"].split("/")[0]
+        for n in (f.name for f in dataclasses.fields(config) if f.metadata.get("flag"))
+    }
+    own = {f"--{p.replace('_', '-')}" for p in inspect.signature(fn).parameters} - {"--settings"}
+    for p in inspect.signature(fn).parameters.values():
+        if isinstance(p.default, typer.models.OptionInfo):
+            own |= {d.split("/")[0] for d in p.default.param_decls if d.startswith("--")}
+    assert not own & flags, f"{function} writes {sorted(own & flags)} by hand"
+
+
+def test_compare_qk_lists_are_generated_options():
+    from attn_core.cli import qk
+
+    params = _params(qk.app, "compare-qk")
+    assert params["d_qks"].opts == ["--d-qk"] and params["d_qks"].default == "1,2,4,16"
+    assert params["merged_kinds"].opts == ["--merged"]
+    assert params["merged_kinds"].default == "merged,merged + wd,merged + nuclear"
