@@ -6,7 +6,7 @@ from them (see docs/architecture.md)."""
 from __future__ import annotations
 
 import shlex
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 
 from attn_core import regularizers as R
 from attn_core.device import MAX_THREADS, PRECISIONS, check_precision, check_sync_every, check_threads, select_device
@@ -25,6 +25,9 @@ TRAIN_HELP = (
     "attention a key head's W_K is shared by its group's query heads: training it for one head moves the others."
 )
 RATES = tuple(round(10 ** (e / 4), 8) for e in range(-20, -3))  # the page's learning rates: 1e-5 .. 1e-1, log scale
+LAMBDAS = [round(10 ** (e / 4), 8) for e in range(-20, 5)]  # the page's strengths lambda: 1e-5 .. 10, log scale
+ALPHAS = {None: "the model's own", 1.0: "1 (softmax)", 1.25: "1.25", 1.5: "1.5 (entmax15)", 1.75: "1.75"}
+ALPHAS[2.0] = "2 (sparsemax)"  # the page's entmax alphas, as it shows them
 MAX_PENALTY_ROWS = 2**20  # query rows per head of the sampled penalty (the longest block a text run takes)
 
 
@@ -130,7 +133,17 @@ class JobConfig:
     each with ``gpus_per_worker`` GPUs (0: CPU workers), with ``strategy`` ddp or fsdp."""
 
     source: str
-    regularizers: object = field(default_factory=dict)
+    regularizers: object = setting(
+        factory=dict,
+        widget=dict(  # one per regularizer the page adds: {penalty} and {what} it penalises
+            kind="select",
+            label="λ of {penalty}",
+            help="Strength of λ·R (log scale); R = {what}",
+            options=LAMBDAS,
+            format="{:.3g}",
+            value=0.1,
+        ),
+    )
     # each setting once: default, CLI flag and help, bounds, reproduce line, page widget
     # (training.settings); the order is the reproduce line's (command())
     heads: str | None = setting(
@@ -173,7 +186,17 @@ class JobConfig:
         ),
     )
     entmax_alpha: float | None = setting(
-        None, "--entmax-alpha", "Attention: 1 softmax, 1.5 entmax15, 2 sparsemax (default: the parent's).", fmt="g"
+        None,
+        "--entmax-alpha",
+        "Attention: 1 softmax, 1.5 entmax15, 2 sparsemax (default: the parent's).",
+        fmt="g",
+        widget=dict(
+            kind="select",
+            label="entmax α",
+            help="Attention normalisation: 1 softmax, 1.5 entmax15, 2 sparsemax (exact zeros)",
+            options=tuple(ALPHAS),
+            labels=ALPHAS,
+        ),
     )
     batch_size: int | None = setting(
         None,
@@ -184,7 +207,15 @@ class JobConfig:
         "vocabularies, 4 for GPT-2 small at --block 256 (the output says which).",
         bounds=(1, MAX_BATCH),
     )
-    device: str = setting("auto", "--device", "auto, cpu or cuda.")
+    device: str = setting(
+        "auto",
+        "--device",
+        "auto, cpu or cuda.",
+        # the page offers the devices present (its options), the last (a GPU where there is one) first
+        widget=dict(
+            kind="choice", label="Device", help="Where the model trains; CUDA is listed only when a GPU is present"
+        ),
+    )
     precision: str = setting(
         "fp32",
         "--precision",
@@ -304,6 +335,13 @@ class JobConfig:
         "Train the same run on N Ray Train workers (the batch split across them, gradients averaged; rank 0 "
         "records the one run). Default: in this process, without Ray.",
         metavar="N",
+        widget=dict(  # offered where Ray sees more than one GPU or a cluster: {where}, up to its workers
+            label="Workers on {where}",
+            help="Train the run on this many Ray Train workers, the batch split across them (0: in a worker "
+            "process here, as without Ray). Rank 0 records the one run",
+            min_value=0,
+            step=1,
+        ),
     )
     gpus_per_worker: float = setting(
         0,

@@ -17,6 +17,7 @@ def setting(
     flag: str | None = None,
     help: str = "",
     *,
+    factory: Any = None,
     bounds: tuple[float, float] | None = None,
     metavar: str | None = None,
     fmt: str = "",
@@ -31,10 +32,15 @@ def setting(
     - ``bounds`` (lo, hi): the values the check accepts (None stays allowed where it is the default);
     - ``fmt``: how the reproduce line writes the value (``"g"`` for floats), ``always``: written
       even at its default, ``needs``: written only when one of these settings is set;
-    - ``widget``: the page's number input (label, help, min_value, max_value, step).
+    - ``widget``: the page's input (``ui.widgets.setting_input``): label, help, min_value, max_value,
+      step of a number, or a ``kind`` with its ``options`` shown by ``format`` or ``labels``; ``value``
+      a default of the page's own; ``{braces}`` in label and help are filled in by the page;
+    - ``factory``: makes the default (a mutable one), instead of ``default``.
     """
     meta = dict(flag=flag, help=help, bounds=bounds, metavar=metavar, fmt=fmt, always=always, needs=needs)
     meta["widget"] = widget
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
 
 
