@@ -11,7 +11,8 @@ from attn_core import limits
 from attn_core.cli import dynamics as dyn
 from attn_core.cli.common import JsonOpt, command_line, emit, guarded, needs_task, settings_options, table
 from attn_core.device import check_precision, check_threads
-from attn_core.training.config import JobConfig
+from attn_core.training.config import JobConfig, TrainConfig
+from attn_core.training.settings import declared
 
 app = typer.Typer()
 
@@ -77,9 +78,7 @@ PRESET_SETTINGS = ("steps", "seed", "device")  # train's options that override t
     JobConfig,
     ("steps", "seed", "device", "precision", "compile", "threads", *dyn.CHECKPOINT_SETTINGS),
     unset=PRESET_SETTINGS,  # unset: the preset's
-    steps="Override the preset's number of steps.",
-    seed="Override the preset's seed.",
-    device="auto, cpu or cuda (default: the preset's, auto).",
+    **{name: declared(TrainConfig, name)["help"] for name in PRESET_SETTINGS},  # train's own wording
 )
 def train_cmd(
     preset: str = typer.Option(..., help="Preset name (see `attn-lab presets`)."),

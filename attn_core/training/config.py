@@ -13,7 +13,7 @@ from attn_core.device import MAX_THREADS, PRECISIONS, check_precision, check_syn
 from attn_core.limits import MAX_SAMPLES, MAX_STEPS, TEXT_LIMIT
 from attn_core.training.checkpoint_plan import CheckpointPlan
 from attn_core.training.scaling import STRATEGY_HELP, check_scaling, check_specs
-from attn_core.training.settings import command_args, in_bounds, setting
+from attn_core.training.settings import command_args, in_bounds, setting, shared
 from attn_core.training.text_defaults import DEFAULT_BLOCK, HELD_OUT_FRACTION, MAX_DEFAULT_BATCH, STEP_MEMORY
 from attn_core.validate import MAX_SEED, check, is_int, is_number, shown
 
@@ -35,9 +35,10 @@ MAX_PENALTY_ROWS = 2**20  # query rows per head of the sampled penalty (the long
 class TrainConfig:
     """The recipe of one training run (recorded in every card as ``train``)."""
 
-    steps: int = 2000
+    # steps, lr, seed, device and precision: declared once for every command (training.settings.SHARED)
+    steps: int = shared("steps", "train")
     batch_size: int = 128
-    lr: float = 3e-3
+    lr: float = shared("lr", "train")
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.98
@@ -46,9 +47,9 @@ class TrainConfig:
     grad_clip: float = 1.0
     eval_every: int = 250
     eval_samples: int = 512
-    seed: int = 0
-    device: str = "auto"
-    precision: str = "fp32"
+    seed: int = shared("seed", "train")
+    device: str = shared("device", "train")
+    precision: str = shared("precision", "train")
     sync_every: int | None = None  # None: 1 on CPU, SYNC_EVERY_CUDA on CUDA
     compile: bool = False  # torch.compile the step (CUDA graphs on CUDA), see training.step
     threads: int | None = None  # torch intra-op threads; None: chosen for the run (device.choose_threads)
@@ -149,19 +150,15 @@ class JobConfig:
     heads: str | None = setting(
         None, "--heads", "Heads of every --reg without its own @HEADS (L1, L0H1,L1H2; default every head)."
     )
-    steps: int = setting(
-        300,
-        "--steps",
-        "Training steps.",
-        bounds=(1, MAX_STEPS),
+    steps: int = shared(
+        "steps",
+        "retrain",
         always=True,
         widget=dict(label="Steps", help="Optimizer updates", min_value=1, max_value=100_000, step=50),
     )
-    seed: int = setting(
-        0,
-        "--seed",
-        "Seed of the training data (the run is deterministic under it).",
-        bounds=(0, MAX_SEED),
+    seed: int = shared(
+        "seed",
+        "retrain",
         always=True,
         widget=dict(
             label="Seed",
@@ -171,11 +168,9 @@ class JobConfig:
             step=1,
         ),
     )
-    lr: float = setting(
-        1e-3,
-        "--lr",
-        "Peak learning rate (warmup, then cosine decay).",
-        fmt="g",
+    lr: float = shared(
+        "lr",
+        "retrain",
         always=True,
         widget=dict(
             kind="select",
@@ -207,19 +202,17 @@ class JobConfig:
         "vocabularies, 4 for GPT-2 small at --block 256 (the output says which).",
         bounds=(1, MAX_BATCH),
     )
-    device: str = setting(
-        "auto",
-        "--device",
-        "auto, cpu or cuda.",
+    device: str = shared(
+        "device",
+        "retrain",
         # the page offers the devices present (its options), the last (a GPU where there is one) first
         widget=dict(
             kind="choice", label="Device", help="Where the model trains; CUDA is listed only when a GPU is present"
         ),
     )
-    precision: str = setting(
-        "fp32",
-        "--precision",
-        "fp32, or bf16 (autocast: forward and loss in bfloat16, weights and AdamW in fp32).",
+    precision: str = shared(
+        "precision",
+        "retrain",
         widget=dict(
             kind="choice",
             label="Precision",

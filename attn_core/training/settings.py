@@ -11,6 +11,9 @@ import dataclasses
 import shlex
 from typing import Any
 
+from attn_core.limits import MAX_STEPS
+from attn_core.validate import MAX_SEED
+
 
 def setting(
     default: Any = None,
@@ -42,6 +45,64 @@ def setting(
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+# The settings that several commands take, each declared once: its flag, what is the same for every
+# command (bounds, how the reproduce line writes it), and, by command, its default and help where they
+# genuinely differ. The commands' configs: train TrainConfig (the recipe; its options override a
+# preset's), retrain JobConfig (also the sweep's), grow GrowConfig, compare-qk CompareConfig.
+SHARED: dict[str, dict] = {
+    "steps": dict(
+        flag="--steps",
+        common=dict(),
+        train=(2000, "Override the preset's number of steps."),
+        retrain=(300, "Training steps.", dict(bounds=(1, MAX_STEPS))),
+        grow=(100, "Fine-tuning steps after growth, the same for the three methods."),
+        compare=(400, "Training steps per run."),
+    ),
+    "seed": dict(
+        flag="--seed",
+        common=dict(),
+        train=(0, "Override the preset's seed."),
+        retrain=(0, "Seed of the training data (the run is deterministic under it).", dict(bounds=(0, MAX_SEED))),
+        grow=(0, "Seed of the fitting batch, the fine-tuning data and the random baseline."),
+    ),
+    "lr": dict(
+        flag="--lr",
+        common=dict(fmt="g"),
+        train=(3e-3, ""),
+        retrain=(1e-3, "Peak learning rate (warmup, then cosine decay)."),
+        grow=(1e-3, "Fine-tuning learning rate (AdamW, constant, no weight decay)."),
+        compare=(3e-3, "Peak learning rate."),
+    ),
+    "device": dict(
+        flag="--device",
+        common=dict(),
+        train=("auto", "auto, cpu or cuda (default: the preset's, auto)."),
+        retrain=("auto", "auto, cpu or cuda."),
+        grow=("cpu", "auto, cpu or cuda."),
+        compare=("cpu", "cpu, cuda or auto (ms/step is measured on it)."),
+    ),
+    "precision": dict(
+        flag="--precision",
+        common=dict(),
+        train=("fp32", ""),
+        retrain=("fp32", "fp32, or bf16 (autocast: forward and loss in bfloat16, weights and AdamW in fp32)."),
+        grow=("fp32", "Fine-tuning in fp32, or bf16 (autocast; the fit and the line search stay fp32)."),
+        compare=("fp32", "fp32, or bf16 (autocast of the forward and loss; weights stay fp32)."),
+    ),
+}
+
+
+def shared(name: str, command: str, **extra: Any) -> Any:
+    """The field of the shared setting ``name`` (:data:`SHARED`) in the config of ``command``
+    (train, retrain, grow, compare): its one flag, bounds and format, and that command's default and
+    help; ``extra`` what only this command has (the page's widget, ``always``)."""
+    entry = SHARED[name]
+    if command not in entry:
+        raise ValueError(f"the setting {name!r} has no declaration for the command {command!r}")
+    default, help, *own = entry[command]
+    return setting(default, entry["flag"], help, **entry["common"], **(own[0] if own else {}), **extra)
 
 
 def declared(config: type | object, name: str) -> dict:

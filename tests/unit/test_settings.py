@@ -151,3 +151,32 @@ def test_compare_qk_lists_are_generated_options():
     assert params["d_qks"].opts == ["--d-qk"] and params["d_qks"].default == "1,2,4,16"
     assert params["merged_kinds"].opts == ["--merged"]
     assert params["merged_kinds"].default == "merged,merged + wd,merged + nuclear"
+
+
+def test_the_settings_every_command_takes_are_declared_once():
+    """steps, seed, lr, device and precision: one flag, bounds and format for every command; each
+    command's config takes its default and help from the one table, where they differ by command."""
+    from pathlib import Path
+
+    from attn_core.grow import GrowConfig
+    from attn_core.qk import CompareConfig
+    from attn_core.training.config import TrainConfig
+    from attn_core.training.settings import SHARED
+
+    configs = {"train": TrainConfig, "retrain": JobConfig, "grow": GrowConfig, "compare": CompareConfig}
+    for name, entry in SHARED.items():
+        for command, config in configs.items():
+            if command not in entry:
+                continue
+            default, help, *own = entry[command]
+            meta = declared(config, name)
+            assert (meta["flag"], meta["help"]) == (entry["flag"], help), (name, command)
+            assert meta["bounds"] == (own[0] if own else {}).get("bounds"), (name, command)
+            assert config.__dataclass_fields__[name].default == default, (name, command)
+    steps = {command: SHARED["steps"][command][0] for command in configs}
+    assert steps == {"train": 2000, "retrain": 300, "grow": 100, "compare": 400}  # said per command, once
+    source = Path(__file__).resolve().parents[2] / "attn_core"
+    runs = ("training/config.py", "grow/config.py", "qk/config.py", "cli/models.py", "cli/qk.py", "cli/runs.py")
+    for entry in SHARED.values():  # the configs of a run and their commands never write the flag again
+        written = [p for p in runs if f'"{entry["flag"]}"' in (source / p).read_text()]
+        assert not written, f"{entry['flag']} is written in {written}"
