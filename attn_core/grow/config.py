@@ -38,8 +38,8 @@ class GrowConfig:
     steps: int = shared("steps", "grow")
     lr: float = shared("lr", "grow")
     finetune_batch: int = 32
-    eval_samples: int = setting(256, "--eval-samples", "Held-out sequences for every reported loss.")
-    eval_every: int = 10
+    eval_samples: int = shared("eval_samples", "grow")
+    eval_every: int = shared("eval_every", "grow")
     random_std: float = 0.02
     damping: float = setting(DAMPING, "--damping", "Levenberg-Marquardt damping of the least-squares fit (0: exact).")
     device: str = shared("device", "grow")

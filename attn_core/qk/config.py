@@ -88,8 +88,8 @@ class CompareConfig:
         0.01, "--nuclear", "lambda of the penalty lambda * mean ||B||_* in 'merged + nuclear'.", fmt="g"
     )
     warmup_steps: int | None = None  # default min(100, steps // 10)
-    eval_every: int = 25
-    eval_samples: int = 256
+    eval_every: int = shared("eval_every", "compare")
+    eval_samples: int = shared("eval_samples", "compare")
     measure_samples: int = 512
     eval_seed: int = 0
     device: str = shared("device", "compare")

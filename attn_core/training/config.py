@@ -45,8 +45,8 @@ class TrainConfig:
     warmup_steps: int = 100
     min_lr_ratio: float = 0.1
     grad_clip: float = 1.0
-    eval_every: int = 250
-    eval_samples: int = 512
+    eval_every: int = shared("eval_every", "train")
+    eval_samples: int = shared("eval_samples", "train")
     seed: int = shared("seed", "train")
     device: str = shared("device", "train")
     precision: str = shared("precision", "train")
@@ -348,8 +348,8 @@ class JobConfig:
     # settings of the library and the page that the CLI does not take (not in the reproduce line)
     weight_decay: float | None = None
     warmup_steps: int | None = None
-    eval_every: int = 100
-    eval_samples: int = 256
+    eval_every: int = shared("eval_every", "retrain")
+    eval_samples: int = shared("eval_samples", "retrain")
     telemetry_every: int = 20
     spectrum_every: int = 50
     probe_samples: int = 16

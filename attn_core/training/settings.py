@@ -91,18 +91,30 @@ SHARED: dict[str, dict] = {
         grow=("fp32", "Fine-tuning in fp32, or bf16 (autocast; the fit and the line search stay fp32)."),
         compare=("fp32", "fp32, or bf16 (autocast of the forward and loss; weights stay fp32)."),
     ),
+    # the evaluation: an option of grow only (the others' flag is None: not an option, not in a reproduce line)
+    "eval_every": dict(flag=None, common=dict(), train=(250, ""), retrain=(100, ""), grow=(10, ""), compare=(25, "")),
+    "eval_samples": dict(
+        flag="--eval-samples",
+        common=dict(),
+        train=(512, "", dict(flag=None)),
+        retrain=(256, "", dict(flag=None)),
+        grow=(256, "Held-out sequences for every reported loss."),
+        compare=(256, "", dict(flag=None)),
+    ),
 }
 
 
 def shared(name: str, command: str, **extra: Any) -> Any:
     """The field of the shared setting ``name`` (:data:`SHARED`) in the config of ``command``
-    (train, retrain, grow, compare): its one flag, bounds and format, and that command's default and
-    help; ``extra`` what only this command has (the page's widget, ``always``)."""
+    (train, retrain, grow, compare): its one flag (``flag=None`` where a command takes no option of
+    it), bounds and format, and that command's default and help; ``extra`` what only this command has
+    (the page's widget, ``always``)."""
     entry = SHARED[name]
     if command not in entry:
         raise ValueError(f"the setting {name!r} has no declaration for the command {command!r}")
     default, help, *own = entry[command]
-    return setting(default, entry["flag"], help, **entry["common"], **(own[0] if own else {}), **extra)
+    own = {"flag": entry["flag"], **entry["common"], **(own[0] if own else {}), **extra}
+    return setting(default, own.pop("flag"), help, **own)
 
 
 def declared(config: type | object, name: str) -> dict:

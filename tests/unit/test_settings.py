@@ -154,7 +154,7 @@ def test_compare_qk_lists_are_generated_options():
 
 
 def test_the_settings_every_command_takes_are_declared_once():
-    """steps, seed, lr, device and precision: one flag, bounds and format for every command; each
+    """steps, seed, lr, device, precision and the evaluation: one flag, bounds and format for every command; each
     command's config takes its default and help from the one table, where they differ by command."""
     from pathlib import Path
 
@@ -170,13 +170,22 @@ def test_the_settings_every_command_takes_are_declared_once():
                 continue
             default, help, *own = entry[command]
             meta = declared(config, name)
-            assert (meta["flag"], meta["help"]) == (entry["flag"], help), (name, command)
-            assert meta["bounds"] == (own[0] if own else {}).get("bounds"), (name, command)
+            own = own[0] if own else {}
+            assert (meta["flag"], meta["help"]) == (own.get("flag", entry["flag"]), help), (name, command)
+            assert meta["bounds"] == own.get("bounds"), (name, command)
             assert config.__dataclass_fields__[name].default == default, (name, command)
     steps = {command: SHARED["steps"][command][0] for command in configs}
     assert steps == {"train": 2000, "retrain": 300, "grow": 100, "compare": 400}  # said per command, once
+    assert {command: SHARED["eval_every"][command][0] for command in configs} == {
+        "train": 250,
+        "retrain": 100,
+        "grow": 10,
+        "compare": 25,
+    }
     source = Path(__file__).resolve().parents[2] / "attn_core"
     runs = ("training/config.py", "grow/config.py", "qk/config.py", "cli/models.py", "cli/qk.py", "cli/runs.py")
-    for entry in SHARED.values():  # the configs of a run and their commands never write the flag again
+    for entry in (
+        e for e in SHARED.values() if e["flag"]
+    ):  # the configs of a run and their commands never write the flag again
         written = [p for p in runs if f'"{entry["flag"]}"' in (source / p).read_text()]
         assert not written, f"{entry['flag']} is written in {written}"
