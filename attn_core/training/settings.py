@@ -48,13 +48,13 @@ def setting(
 
 
 # The settings that several commands take, each declared once: its flag, what is the same for every
-# command (bounds, how the reproduce line writes it), and, by command, its default and help where they
+# command (``fmt``: how the reproduce line writes it), and, by command, a tuple of its default, help
+# and (optionally) what only that command has (bounds, flag=None: no option), where they
 # genuinely differ. The commands' configs: train TrainConfig (the recipe; its options override a
 # preset's), retrain JobConfig (also the sweep's), grow GrowConfig, compare-qk CompareConfig.
 SHARED: dict[str, dict] = {
     "steps": dict(
         flag="--steps",
-        common=dict(),
         train=(2000, "Override the preset's number of steps."),
         retrain=(300, "Training steps.", dict(bounds=(1, MAX_STEPS))),
         grow=(100, "Fine-tuning steps after growth, the same for the three methods."),
@@ -62,14 +62,13 @@ SHARED: dict[str, dict] = {
     ),
     "seed": dict(
         flag="--seed",
-        common=dict(),
         train=(0, "Override the preset's seed."),
         retrain=(0, "Seed of the training data (the run is deterministic under it).", dict(bounds=(0, MAX_SEED))),
         grow=(0, "Seed of the fitting batch, the fine-tuning data and the random baseline."),
     ),
     "lr": dict(
         flag="--lr",
-        common=dict(fmt="g"),
+        fmt="g",
         train=(3e-3, ""),
         retrain=(1e-3, "Peak learning rate (warmup, then cosine decay)."),
         grow=(1e-3, "Fine-tuning learning rate (AdamW, constant, no weight decay)."),
@@ -77,7 +76,6 @@ SHARED: dict[str, dict] = {
     ),
     "device": dict(
         flag="--device",
-        common=dict(),
         train=("auto", "auto, cpu or cuda (default: the preset's, auto)."),
         retrain=("auto", "auto, cpu or cuda."),
         grow=("cpu", "auto, cpu or cuda."),
@@ -85,17 +83,15 @@ SHARED: dict[str, dict] = {
     ),
     "precision": dict(
         flag="--precision",
-        common=dict(),
         train=("fp32", ""),
         retrain=("fp32", "fp32, or bf16 (autocast: forward and loss in bfloat16, weights and AdamW in fp32)."),
         grow=("fp32", "Fine-tuning in fp32, or bf16 (autocast; the fit and the line search stay fp32)."),
         compare=("fp32", "fp32, or bf16 (autocast of the forward and loss; weights stay fp32)."),
     ),
     # the evaluation: an option of grow only (the others' flag is None: not an option, not in a reproduce line)
-    "eval_every": dict(flag=None, common=dict(), train=(250, ""), retrain=(100, ""), grow=(10, ""), compare=(25, "")),
+    "eval_every": dict(flag=None, train=(250, ""), retrain=(100, ""), grow=(10, ""), compare=(25, "")),
     "eval_samples": dict(
         flag="--eval-samples",
-        common=dict(),
         train=(512, "", dict(flag=None)),
         retrain=(256, "", dict(flag=None)),
         grow=(256, "Held-out sequences for every reported loss."),
@@ -113,7 +109,8 @@ def shared(name: str, command: str, **extra: Any) -> Any:
     if command not in entry:
         raise ValueError(f"the setting {name!r} has no declaration for the command {command!r}")
     default, help, *own = entry[command]
-    own = {"flag": entry["flag"], **entry["common"], **(own[0] if own else {}), **extra}
+    common = {k: v for k, v in entry.items() if not isinstance(v, tuple)}  # the flag, the format
+    own = {**common, **(own[0] if own else {}), **extra}
     return setting(default, own.pop("flag"), help, **own)
 
 
