@@ -15,23 +15,13 @@ from attn_core import bilinear, card
 from attn_core import regularizers as R
 from attn_core.device import available_devices
 from attn_core.retraining.job import TrainingJob
-from attn_core.training.config import JobConfig
+from attn_core.training.config import LAMBDAS, JobConfig
 from attn_core.training.queue import JobQueue
 from attn_core.training.scaling import STRATEGIES, STRATEGY_HELP, workers_offer
 from ui import queue_view
 from ui import retrain_live as live
 from ui.retrain_text import say_estimate, shown_command, text_inputs
 
-# Log-scale choices of lambda: 1e-5 .. 10 in quarter decades.
-LAMBDAS = [round(10 ** (e / 4), 8) for e in range(-20, 5)]
-ALPHAS = {
-    None: "the model's own",
-    1.0: "1 (softmax)",
-    1.25: "1.25",
-    1.5: "1.5 (entmax15)",
-    1.75: "1.75",
-    2.0: "2 (sparsemax)",
-}
 SCOPES = {"head": "the watched head", "layer": "its layer", "all": "every head"}
 
 loaded = ui.setup("Regularize and retrain")
@@ -64,12 +54,9 @@ with reg_col:
     specs = []
     for name in names:
         lam_col, k_col = st.columns([3, 1])
-        lam = lam_col.select_slider(
-            f"λ of {name.replace('_', ' ')}",
-            LAMBDAS,
-            format_func=lambda v: f"{v:.3g}",
-            key=ui.remember(f"reg_lambda_{name}", 0.1, LAMBDAS),
-            help=f"Strength of λ·R (log scale); R = {R.REGULARIZERS[name][1]}",
+        what = R.REGULARIZERS[name][1]
+        lam = ui.setting_input(
+            lam_col, JobConfig, "regularizers", f"reg_lambda_{name}", penalty=name.replace("_", " "), what=what
         )
         k = 1
         if name.endswith("topk"):
@@ -95,38 +82,21 @@ with head_col:
     )
 with opt_col:
     st.subheader("Training")
-    alpha = st.select_slider(
-        "entmax α",
-        list(ALPHAS),
-        format_func=ALPHAS.get,
-        key=ui.remember("entmax_alpha", None, list(ALPHAS)),
-        help="Attention normalisation: 1 softmax, 1.5 entmax15, 2 sparsemax (exact zeros)",
-    )
+    alpha = ui.setting_input(st, JobConfig, "entmax_alpha", "entmax_alpha")
     lr = ui.setting_input(st, JobConfig, "lr", "retrain_lr")
     s_col, seed_col = st.columns(2)
     steps = ui.setting_input(s_col, JobConfig, "steps", "retrain_steps")
     seed = ui.setting_input(seed_col, JobConfig, "seed", "retrain_seed")
     devices = available_devices()
     d_col, p_col = st.columns(2)
-    device = d_col.selectbox(
-        "Device",
-        devices,
-        key=ui.remember("retrain_device", devices[-1], devices),
-        help="Where the model trains; CUDA is listed only when a GPU is present",
-    )
+    device = ui.setting_input(d_col, JobConfig, "device", "retrain_device", options=devices, value=devices[-1])
     precision = ui.setting_input(p_col, JobConfig, "precision", "retrain_precision")
     compiled = ui.setting_input(st, JobConfig, "compile", "retrain_compile")
     checkpoints = ui.setting_input(st, JobConfig, "checkpoint_log", "retrain_checkpoints")
     offer, spread = workers_offer(), {}  # workers when Ray sees more than one GPU, or a cluster
     if offer is not None:
-        workers = st.number_input(
-            f"Workers on {offer['where']}",
-            min_value=0,
-            max_value=offer["max_workers"],
-            step=1,
-            key=ui.remember("retrain_workers", 0, range(offer["max_workers"] + 1)),
-            help="Train the run on this many Ray Train workers, the batch split across them (0: in a worker "
-            "process here, as without Ray). Rank 0 records the one run",
+        workers = ui.setting_input(
+            st, JobConfig, "workers", "retrain_workers", max_value=offer["max_workers"], where=offer["where"]
         )
         if workers:
             w_col, g_col = st.columns(2)

@@ -35,23 +35,35 @@ def number(
     )
 
 
-def setting_input(container: Any, config: type, name: str, key: str, max_value: int | None = None) -> Any:
+def setting_input(
+    container: Any,
+    config: type,
+    name: str,
+    key: str,
+    max_value: int | None = None,
+    options: list | None = None,
+    value: Any = None,
+    **words: str,
+) -> Any:
     """The page's input of the setting ``name`` as ``config`` declares it: a number input (a default
     of None, "unset", is the widget's lowest value; ``max_value`` when the bound depends on the
     model), or, by the widget's ``kind``, a ``select`` (a select slider over its ``options``, shown
-    with ``format``), a ``choice`` (a select box over them) or a ``check`` (a checkbox)."""
+    with ``format`` or ``labels``), a ``choice`` (a select box over them) or a ``check`` (a checkbox).
+    ``options`` and ``value`` are the page's where they depend on the machine (the devices present);
+    ``words`` fill the declared label and help (a regularizer's name)."""
     widget = declared(config, name)["widget"]
-    value = default_of(config, name)
+    if value is None:
+        value = widget.get("value", default_of(config, name))
     kind = widget.get("kind", "number")
+    label, help = (widget[k].format(**words) if words else widget[k] for k in ("label", "help"))
     if kind == "check":
-        return container.checkbox(widget["label"], key=remember(key, value, [False, True]), help=widget["help"])
+        return container.checkbox(label, key=remember(key, value, [False, True]), help=help)
     if kind in ("select", "choice"):
-        options = list(widget["options"])
+        options = list(widget["options"] if options is None else options)
         shown = {"format_func": widget["format"].format} if "format" in widget else {}
+        shown = {"format_func": widget["labels"].get} if "labels" in widget else shown
         make = container.select_slider if kind == "select" else container.selectbox
-        return make(widget["label"], options, key=remember(key, value, options), help=widget["help"], **shown)
+        return make(label, options, key=remember(key, value, options), help=help, **shown)
     hi = widget["max_value"] if max_value is None else max_value
     lo = widget["min_value"]
-    return number(
-        container, widget["label"], lo, hi, key, lo if value is None else value, widget["step"], widget["help"]
-    )
+    return number(container, label, lo, hi, key, lo if value is None else value, widget["step"], help)

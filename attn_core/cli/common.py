@@ -49,29 +49,34 @@ SampleSeedOpt = typer.Option(None, help="Use the held-out task sample with this 
 RandomSeedOpt = typer.Option(None, help="Use uniform random tokens with this seed.")
 
 
-def option(config: type, name: str, help: str | None = None, required: bool = False) -> Any:
+def option(config: type, name: str, help: str | None = None, required: bool = False, unset: bool = False) -> Any:
     """The typer option of the setting ``name`` of ``config``, built from its one declaration
-    (``attn_core.training.settings``): default (none when ``required``), flag, help (``help`` gives
-    a command's own wording), metavar."""
+    (``attn_core.training.settings``): default (none when ``required``, None when ``unset``: the
+    command takes it from elsewhere, a preset; a tuple as the comma-separated text the option
+    takes), flag, help (``help`` gives a command's own wording), metavar."""
     from attn_core.training.settings import declared
     from attn_core.validate import default
 
     meta = declared(config, name)
     extra = {"metavar": meta["metavar"]} if meta["metavar"] else {}
-    return typer.Option(... if required else default(config, name), meta["flag"], help=help or meta["help"], **extra)
+    value = ... if required else None if unset else default(config, name)
+    if isinstance(value, tuple):
+        value = ",".join(map(str, value))
+    return typer.Option(value, meta["flag"], help=help or meta["help"], **extra)
 
 
 SETTINGS = "settings"  # the parameter of a command that settings_options() fills
 
 
 def settings_options(
-    config: type, names: tuple[str, ...], required: tuple[str, ...] = (), **wording: str
+    config: type, names: tuple[str, ...], required: tuple[str, ...] = (), unset: tuple[str, ...] = (), **wording: str
 ) -> Callable[[Callable], Callable]:
     """A command's options for the settings ``names`` of ``config``, generated from their one
     declaration (:func:`option`; ``wording``: a command's own help of a setting; ``required``: the
-    ones the command wants given, without a default). They stand where the command's ``settings``
+    ones the command wants given, without a default; ``unset``: the ones whose default is None, the
+    command then taking them from elsewhere). They stand where the command's ``settings``
     parameter stands, and the command receives them together in it, a dict by setting name (a
-    comma-separated list option as its text)."""
+    comma-separated list or tuple option as its text)."""
     import inspect
     import typing
 
@@ -79,7 +84,9 @@ def settings_options(
 
     def cli_type(name: str) -> Any:
         kind = hints[name]
-        return str | None if "list" in str(kind) else kind  # a list is given as one comma-separated option
+        if "list" in str(kind) or "tuple" in str(kind):
+            return str | None  # a list is given as one comma-separated option
+        return kind | None if name in unset else kind
 
     def decorate(fn: Callable) -> Callable:
         signature = inspect.signature(fn, eval_str=True)
@@ -87,7 +94,7 @@ def settings_options(
             inspect.Parameter(
                 n,
                 inspect.Parameter.KEYWORD_ONLY,
-                default=option(config, n, wording.get(n), n in required),
+                default=option(config, n, wording.get(n), n in required, n in unset),
                 annotation=cli_type(n),
             )
             for n in names

@@ -11,7 +11,8 @@ from attn_core import limits
 from attn_core.cli import dynamics as dyn
 from attn_core.cli.common import JsonOpt, command_line, emit, guarded, needs_task, settings_options, table
 from attn_core.device import check_precision, check_threads
-from attn_core.training.config import JobConfig
+from attn_core.training.config import JobConfig, TrainConfig
+from attn_core.training.settings import declared
 
 app = typer.Typer()
 
@@ -68,15 +69,20 @@ def eval_cmd(
     )
 
 
+PRESET_SETTINGS = ("steps", "seed", "device")  # train's options that override the preset's recipe
+
+
 @app.command("train")
 @guarded
-@settings_options(JobConfig, ("precision", "compile", "threads", *dyn.CHECKPOINT_SETTINGS))
+@settings_options(
+    JobConfig,
+    ("steps", "seed", "device", "precision", "compile", "threads", *dyn.CHECKPOINT_SETTINGS),
+    unset=PRESET_SETTINGS,  # unset: the preset's
+    **{name: declared(TrainConfig, name)["help"] for name in PRESET_SETTINGS},  # train's own wording
+)
 def train_cmd(
     preset: str = typer.Option(..., help="Preset name (see `attn-lab presets`)."),
     out: Path | None = typer.Option(None, help="Folder to save the model in (must not exist)."),
-    steps: int | None = typer.Option(None, help="Override the preset's number of steps."),
-    seed: int | None = typer.Option(None, help="Override the preset's seed."),
-    device: str | None = typer.Option(None, help="auto, cpu or cuda (default: the preset's, auto)."),
     settings: dict = None,  # the settings train shares with retrain, their options generated from JobConfig
     as_json: bool = JsonOpt,
 ):
@@ -87,6 +93,7 @@ def train_cmd(
     from attn_core.presets import train_preset
     from attn_core.training.interrupt import exit_on_ctrl_c
 
+    steps, seed, device = (settings[k] for k in PRESET_SETTINGS)
     if steps is not None and steps <= 0:
         raise ValueError(f"--steps must be positive, got {steps}")
     precision, compile, threads = settings["precision"], settings["compile"], settings["threads"]

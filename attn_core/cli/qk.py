@@ -8,8 +8,6 @@ import typer
 
 from attn_core.cli.common import JsonOpt, emit, guarded, settings_options, table
 from attn_core.qk import CompareConfig
-from attn_core.training.settings import declared
-from attn_core.validate import default
 
 app = typer.Typer()
 
@@ -36,13 +34,8 @@ def _int_list(text: str, what: str) -> tuple:
         raise ValueError(f"{what} must be comma-separated integers, e.g. 1,2,4,16; got {text!r}") from None
 
 
-def _joined(name: str) -> str:
-    """A tuple default of CompareConfig as the comma-separated text the option takes."""
-    return ",".join(str(v) for v in default(CompareConfig, name))
-
-
 COMPARE_SETTINGS = ("task", "steps", "seeds", "first_seed", "d_model", "weight_decay", "qk_weight_decay", "nuclear")
-COMPARE_SETTINGS += ("lr", "batch_size", "device", "precision", "threads")
+COMPARE_SETTINGS += ("lr", "batch_size", "device", "precision", "threads", "d_qks", "merged_kinds")
 
 
 @app.command("compare-qk")
@@ -50,8 +43,6 @@ COMPARE_SETTINGS += ("lr", "batch_size", "device", "precision", "threads")
 @settings_options(CompareConfig, COMPARE_SETTINGS)
 def compare_qk_cmd(
     settings: dict = None,  # the comparison's settings, their options generated from CompareConfig
-    d_qk: str = typer.Option(_joined("d_qks"), "--d-qk", help=declared(CompareConfig, "d_qks")["help"]),
-    merged: str = typer.Option(_joined("merged_kinds"), help=declared(CompareConfig, "merged_kinds")["help"]),
     store: bool = typer.Option(True, "--store/--no-store", help="Save every run in the run store."),
     out: Path | None = typer.Option(
         None, help="Also save the whole comparison as JSON in this new file (the page can show it)."
@@ -66,8 +57,10 @@ def compare_qk_cmd(
     from attn_core.qk import compare
     from attn_core.training.interrupt import sigint_stops
 
+    merged = settings.pop("merged_kinds")
     kinds = tuple(k.strip() for k in merged.split(",") if k.strip() and k.strip() != "none")
-    cfg = CompareConfig(**settings, d_qks=_int_list(d_qk, "--d-qk"), merged_kinds=kinds)
+    d_qks = _int_list(settings.pop("d_qks"), "--d-qk")
+    cfg = CompareConfig(**settings, d_qks=d_qks, merged_kinds=kinds)
     if out is not None:
         check_destination(out)  # before training: a folder, an existing file or no write access
     from attn_core.progress import Progress

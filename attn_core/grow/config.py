@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from attn_core.device import check_precision, select_device
 from attn_core.training.config import TrainConfig
-from attn_core.training.settings import setting
+from attn_core.training.settings import setting, shared
 from attn_core.validate import check, check_int, is_int, is_number
 
 BASES = ("whitened", "raw")
@@ -22,30 +22,29 @@ class GrowConfig:
     ``finetune_batch`` drawn with ``seed``) and evaluated on ``eval_samples`` held-out sequences
     every ``eval_every`` steps. CPU defaults keep a zoo model under a minute."""
 
-    # each setting once: default, CLI flag and help (training.settings); grow's options are built from them
+    # each setting once: default, CLI flag and help (training.settings; steps, seed, lr, device and
+    # precision, which other commands take too, in its SHARED table); grow's options are built from them
     layer: int = setting(0, "--layer", "Layer of the head to grow.")
     head: int = setting(0, "--head", "Head to grow.")
     add: int = setting(1, "--add", "p: query/key dimensions to add (1..d_model - d_k).")
     batch: int = setting(32, "--batch", "Task sequences fitted (and as many more for the line search).")
-    seed: int = setting(0, "--seed", "Seed of the fitting batch, the fine-tuning data and the random baseline.")
+    seed: int = shared("seed", "grow")
     basis: str = setting(
         "whitened",
         "--basis",
         "Truncate in the 'whitened' basis of the batch (the score metric) or the 'raw' basis of Z (the seed's recipe).",
     )
     grid: int = setting(19, "--grid", "Step sizes tried by the line search (powers of 2).")
-    steps: int = setting(100, "--steps", "Fine-tuning steps after growth, the same for the three methods.")
-    lr: float = setting(1e-3, "--lr", "Fine-tuning learning rate (AdamW, constant, no weight decay).")
+    steps: int = shared("steps", "grow")
+    lr: float = shared("lr", "grow")
     finetune_batch: int = 32
-    eval_samples: int = setting(256, "--eval-samples", "Held-out sequences for every reported loss.")
-    eval_every: int = 10
+    eval_samples: int = shared("eval_samples", "grow")
+    eval_every: int = shared("eval_every", "grow")
     random_std: float = 0.02
     damping: float = setting(DAMPING, "--damping", "Levenberg-Marquardt damping of the least-squares fit (0: exact).")
-    device: str = setting("cpu", "--device", "auto, cpu or cuda.")
+    device: str = shared("device", "grow")
     # of the fine-tuning (autocast bf16 or fp32); the fit and the line search are fp32
-    precision: str = setting(
-        "fp32", "--precision", "Fine-tuning in fp32, or bf16 (autocast; the fit and the line search stay fp32)."
-    )
+    precision: str = shared("precision", "grow")
 
     def __post_init__(self) -> None:
         for name, top in (

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from attn_core.device import check_precision
 from attn_core.model import ModelConfig
 from attn_core.training.config import TrainConfig
-from attn_core.training.settings import declared, setting
+from attn_core.training.settings import declared, setting, shared
 from attn_core.validate import check, is_int, is_number
 
 PARENT_PREFIX = "compare-qk:"  # runs of a comparison have parent "compare-qk:<task>"
@@ -61,7 +61,7 @@ class CompareConfig:
     # each setting once: default, CLI flag and help (training.settings); compare-qk's options and
     # the reproduce line (command()) are built from them
     task: str = setting("induction", "--task", "Task to train on (see `attn-lab presets` for tasks).")
-    steps: int = setting(400, "--steps", "Training steps per run.")
+    steps: int = shared("steps", "compare")
     seeds: int = setting(3, "--seeds", "Seeds per variant (first-seed, first-seed + 1, ...).")
     first_seed: int = setting(0, "--first-seed", "The first seed.")
     d_qks: tuple = setting(
@@ -79,7 +79,7 @@ class CompareConfig:
     d_model: int = setting(32, "--d-model", "Residual width (every variant).")
     d_head: int = 16
     batch_size: int = setting(64, "--batch-size", "Sequences per step.")
-    lr: float = setting(3e-3, "--lr", "Peak learning rate.", fmt="g")
+    lr: float = shared("lr", "compare")
     weight_decay: float = setting(
         0.1, "--weight-decay", "AdamW weight decay of every matrix but W_QK (W_Q and W_K included).", fmt="g"
     )
@@ -88,14 +88,12 @@ class CompareConfig:
         0.01, "--nuclear", "lambda of the penalty lambda * mean ||B||_* in 'merged + nuclear'.", fmt="g"
     )
     warmup_steps: int | None = None  # default min(100, steps // 10)
-    eval_every: int = 25
-    eval_samples: int = 256
+    eval_every: int = shared("eval_every", "compare")
+    eval_samples: int = shared("eval_samples", "compare")
     measure_samples: int = 512
     eval_seed: int = 0
-    device: str = setting("cpu", "--device", "cpu, cuda or auto (ms/step is measured on it).")
-    precision: str = setting(
-        "fp32", "--precision", "fp32, or bf16 (autocast of the forward and loss; weights stay fp32)."
-    )
+    device: str = shared("device", "compare")
+    precision: str = shared("precision", "compare")
     # torch intra-op threads while training (0: leave the process's setting). These models are too
     # small for threads to pay, and on a busy machine oversubscribed threads spin: the page's default
     # comparison took 36 s with 1 thread and 418 s with 2 on the shared 2-core machine.
@@ -203,7 +201,9 @@ class CompareConfig:
         """The ``attn-lab compare-qk`` command that reproduces this comparison: the task, steps and
         seeds, then each declared setting that differs from its default, by its declared flag."""
         default = CompareConfig()
-        parts = ["attn-lab", "compare-qk", "--task", self.task, "--steps", str(self.steps), "--seeds", str(self.seeds)]
+        parts = ["attn-lab", "compare-qk"]
+        for name in ("task", "steps", "seeds"):  # always written
+            parts += [declared(self, name)["flag"], str(getattr(self, name))]
         shown = ("first_seed", "d_model", "qk_weight_decay", "nuclear", "weight_decay", "lr", "batch_size", "device")
         for name in (*shown, "precision", "threads"):
             value = getattr(self, name)

@@ -6,14 +6,14 @@ from them (see docs/architecture.md)."""
 from __future__ import annotations
 
 import shlex
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 
 from attn_core import regularizers as R
 from attn_core.device import MAX_THREADS, PRECISIONS, check_precision, check_sync_every, check_threads, select_device
 from attn_core.limits import MAX_SAMPLES, MAX_STEPS, TEXT_LIMIT
 from attn_core.training.checkpoint_plan import CheckpointPlan
 from attn_core.training.scaling import STRATEGY_HELP, check_scaling, check_specs
-from attn_core.training.settings import command_args, in_bounds, setting
+from attn_core.training.settings import command_args, in_bounds, setting, shared
 from attn_core.training.text_defaults import DEFAULT_BLOCK, HELD_OUT_FRACTION, MAX_DEFAULT_BATCH, STEP_MEMORY
 from attn_core.validate import MAX_SEED, check, is_int, is_number, shown
 
@@ -25,6 +25,9 @@ TRAIN_HELP = (
     "attention a key head's W_K is shared by its group's query heads: training it for one head moves the others."
 )
 RATES = tuple(round(10 ** (e / 4), 8) for e in range(-20, -3))  # the page's learning rates: 1e-5 .. 1e-1, log scale
+LAMBDAS = [round(10 ** (e / 4), 8) for e in range(-20, 5)]  # the page's strengths lambda: 1e-5 .. 10, log scale
+ALPHAS = {None: "the model's own", 1.0: "1 (softmax)", 1.25: "1.25", 1.5: "1.5 (entmax15)", 1.75: "1.75"}
+ALPHAS[2.0] = "2 (sparsemax)"  # the page's entmax alphas, as it shows them
 MAX_PENALTY_ROWS = 2**20  # query rows per head of the sampled penalty (the longest block a text run takes)
 
 
@@ -32,20 +35,21 @@ MAX_PENALTY_ROWS = 2**20  # query rows per head of the sampled penalty (the long
 class TrainConfig:
     """The recipe of one training run (recorded in every card as ``train``)."""
 
-    steps: int = 2000
+    # steps, lr, seed, device and precision: declared once for every command (training.settings.SHARED)
+    steps: int = shared("steps", "train")
     batch_size: int = 128
-    lr: float = 3e-3
+    lr: float = shared("lr", "train")
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.98
     warmup_steps: int = 100
     min_lr_ratio: float = 0.1
     grad_clip: float = 1.0
-    eval_every: int = 250
-    eval_samples: int = 512
-    seed: int = 0
-    device: str = "auto"
-    precision: str = "fp32"
+    eval_every: int = shared("eval_every", "train")
+    eval_samples: int = shared("eval_samples", "train")
+    seed: int = shared("seed", "train")
+    device: str = shared("device", "train")
+    precision: str = shared("precision", "train")
     sync_every: int | None = None  # None: 1 on CPU, SYNC_EVERY_CUDA on CUDA
     compile: bool = False  # torch.compile the step (CUDA graphs on CUDA), see training.step
     threads: int | None = None  # torch intra-op threads; None: chosen for the run (device.choose_threads)
@@ -130,25 +134,31 @@ class JobConfig:
     each with ``gpus_per_worker`` GPUs (0: CPU workers), with ``strategy`` ddp or fsdp."""
 
     source: str
-    regularizers: object = field(default_factory=dict)
+    regularizers: object = setting(
+        factory=dict,
+        widget=dict(  # one per regularizer the page adds: {penalty} and {what} it penalises
+            kind="select",
+            label="λ of {penalty}",
+            help="Strength of λ·R (log scale); R = {what}",
+            options=LAMBDAS,
+            format="{:.3g}",
+            value=0.1,
+        ),
+    )
     # each setting once: default, CLI flag and help, bounds, reproduce line, page widget
     # (training.settings); the order is the reproduce line's (command())
     heads: str | None = setting(
         None, "--heads", "Heads of every --reg without its own @HEADS (L1, L0H1,L1H2; default every head)."
     )
-    steps: int = setting(
-        300,
-        "--steps",
-        "Training steps.",
-        bounds=(1, MAX_STEPS),
+    steps: int = shared(
+        "steps",
+        "retrain",
         always=True,
         widget=dict(label="Steps", help="Optimizer updates", min_value=1, max_value=100_000, step=50),
     )
-    seed: int = setting(
-        0,
-        "--seed",
-        "Seed of the training data (the run is deterministic under it).",
-        bounds=(0, MAX_SEED),
+    seed: int = shared(
+        "seed",
+        "retrain",
         always=True,
         widget=dict(
             label="Seed",
@@ -158,11 +168,9 @@ class JobConfig:
             step=1,
         ),
     )
-    lr: float = setting(
-        1e-3,
-        "--lr",
-        "Peak learning rate (warmup, then cosine decay).",
-        fmt="g",
+    lr: float = shared(
+        "lr",
+        "retrain",
         always=True,
         widget=dict(
             kind="select",
@@ -173,7 +181,17 @@ class JobConfig:
         ),
     )
     entmax_alpha: float | None = setting(
-        None, "--entmax-alpha", "Attention: 1 softmax, 1.5 entmax15, 2 sparsemax (default: the parent's).", fmt="g"
+        None,
+        "--entmax-alpha",
+        "Attention: 1 softmax, 1.5 entmax15, 2 sparsemax (default: the parent's).",
+        fmt="g",
+        widget=dict(
+            kind="select",
+            label="entmax α",
+            help="Attention normalisation: 1 softmax, 1.5 entmax15, 2 sparsemax (exact zeros)",
+            options=tuple(ALPHAS),
+            labels=ALPHAS,
+        ),
     )
     batch_size: int | None = setting(
         None,
@@ -184,11 +202,17 @@ class JobConfig:
         "vocabularies, 4 for GPT-2 small at --block 256 (the output says which).",
         bounds=(1, MAX_BATCH),
     )
-    device: str = setting("auto", "--device", "auto, cpu or cuda.")
-    precision: str = setting(
-        "fp32",
-        "--precision",
-        "fp32, or bf16 (autocast: forward and loss in bfloat16, weights and AdamW in fp32).",
+    device: str = shared(
+        "device",
+        "retrain",
+        # the page offers the devices present (its options), the last (a GPU where there is one) first
+        widget=dict(
+            kind="choice", label="Device", help="Where the model trains; CUDA is listed only when a GPU is present"
+        ),
+    )
+    precision: str = shared(
+        "precision",
+        "retrain",
         widget=dict(
             kind="choice",
             label="Precision",
@@ -304,6 +328,13 @@ class JobConfig:
         "Train the same run on N Ray Train workers (the batch split across them, gradients averaged; rank 0 "
         "records the one run). Default: in this process, without Ray.",
         metavar="N",
+        widget=dict(  # offered where Ray sees more than one GPU or a cluster: {where}, up to its workers
+            label="Workers on {where}",
+            help="Train the run on this many Ray Train workers, the batch split across them (0: in a worker "
+            "process here, as without Ray). Rank 0 records the one run",
+            min_value=0,
+            step=1,
+        ),
     )
     gpus_per_worker: float = setting(
         0,
@@ -317,8 +348,8 @@ class JobConfig:
     # settings of the library and the page that the CLI does not take (not in the reproduce line)
     weight_decay: float | None = None
     warmup_steps: int | None = None
-    eval_every: int = 100
-    eval_samples: int = 256
+    eval_every: int = shared("eval_every", "retrain")
+    eval_samples: int = shared("eval_samples", "retrain")
     telemetry_every: int = 20
     spectrum_every: int = 50
     probe_samples: int = 16

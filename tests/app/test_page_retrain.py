@@ -228,6 +228,35 @@ def test_the_training_inputs_are_the_declared_settings(page):
         assert widget.value == getattr(JobConfig("x"), name), name
 
 
+def test_alpha_device_and_lambda_are_the_declared_settings(page):
+    """The entmax alpha, device and lambda inputs are built from JobConfig's declarations: label,
+    help, choices; the page gives the devices present and a regularizer's name and what it penalises."""
+    from attn_core import regularizers as R
+    from attn_core.training.config import JobConfig
+    from attn_core.training.settings import declared
+
+    alpha, device = page.select_slider(key="entmax_alpha"), page.selectbox(key="retrain_device")
+    lam = page.select_slider(key="reg_lambda_entropy")
+    for name, widget, words in (
+        ("entmax_alpha", alpha, {}),
+        ("device", device, {}),
+        ("regularizers", lam, {"penalty": "entropy", "what": R.REGULARIZERS["entropy"][1]}),
+    ):
+        declared_widget = declared(JobConfig, name)["widget"]
+        want = (declared_widget["label"].format(**words), declared_widget["help"].format(**words))
+        assert (widget.label, widget.help) == want, name
+    assert alpha.options == [declared(JobConfig, "entmax_alpha")["widget"]["labels"][a] for a in alpha_options()]
+    assert alpha.value is None and device.value == available_devices()[-1]
+    assert lam.value == declared(JobConfig, "regularizers")["widget"]["value"]
+
+
+def alpha_options() -> tuple:
+    from attn_core.training.config import JobConfig
+    from attn_core.training.settings import declared
+
+    return declared(JobConfig, "entmax_alpha")["widget"]["options"]
+
+
 def test_a_second_session_waits_in_line_and_says_so(monkeypatch):
     """One job trains at a time per server (ATTN_LAB_MAX_JOBS=1): a second browser session's run
     is queued, says how many jobs are ahead, and trains once the first ends."""

@@ -9,7 +9,9 @@ import pytest
 import torch
 from dashboard_helpers import open_page
 
+from attn_core.training.config import JobConfig
 from attn_core.training.scaling import workers_offer
+from attn_core.training.settings import declared
 from attn_core.training.snapshot import Snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,6 +33,8 @@ def test_a_named_cluster_offers_workers_and_an_unreachable_one_is_refused_in_one
     page = open_page(PAGE, MODEL)
     workers = page.number_input(key="retrain_workers")
     assert "the Ray cluster at 127.0.0.1:1" in workers.label and workers.value == 0
+    declared_widget = declared(JobConfig, "workers")["widget"]  # the input is the declared setting
+    assert workers.help == declared_widget["help"] and workers.label.startswith(declared_widget["label"][:11])
     workers.set_value(2)
     page.run()
     assert page.selectbox(key="retrain_strategy").options == ["ddp", "fsdp"]

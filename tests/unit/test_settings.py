@@ -112,3 +112,80 @@ def test_the_workers_options_are_declared_once():
         meta = declared(JobConfig, name)
         assert meta["help"] and _params(runs.app, "retrain")[name].help == meta["help"]
         assert _params(sweep.app, "sweep")[name].help == meta["help"]
+
+
+@pytest.mark.parametrize(
+    ("module", "function", "config_path"),
+    [
+        ("models", "train_cmd", "attn_core.training.config:JobConfig"),
+        ("runs", "retrain_cmd", "attn_core.training.config:JobConfig"),
+        ("sweep", "sweep_cmd", "attn_core.training.config:JobConfig"),
+        ("grow", "grow_cmd", "attn_core.grow:GrowConfig"),
+        ("qk", "compare_qk_cmd", "attn_core.qk:CompareConfig"),
+    ],
+)
+def test_no_command_writes_a_declared_option_by_hand(module, function, config_path):
+    """Every option of a command that is a declared setting comes from its declaration (the command
+    receives it in ``settings``): none is a parameter of the command's own."""
+    import importlib
+    import inspect
+
+    fn = inspect.unwrap(getattr(importlib.import_module(f"attn_core.cli.{module}"), function))
+    where, name = config_path.split(":")
+    config = getattr(importlib.import_module(where), name)
+    flags = {
+        declared(config, n)["flag"].split("/")[0]
+        for n in (f.name for f in dataclasses.fields(config) if f.metadata.get("flag"))
+    }
+    own = {f"--{p.replace('_', '-')}" for p in inspect.signature(fn).parameters} - {"--settings"}
+    for p in inspect.signature(fn).parameters.values():
+        if isinstance(p.default, typer.models.OptionInfo):
+            own |= {d.split("/")[0] for d in p.default.param_decls if d.startswith("--")}
+    assert not own & flags, f"{function} writes {sorted(own & flags)} by hand"
+
+
+def test_compare_qk_lists_are_generated_options():
+    from attn_core.cli import qk
+
+    params = _params(qk.app, "compare-qk")
+    assert params["d_qks"].opts == ["--d-qk"] and params["d_qks"].default == "1,2,4,16"
+    assert params["merged_kinds"].opts == ["--merged"]
+    assert params["merged_kinds"].default == "merged,merged + wd,merged + nuclear"
+
+
+def test_the_settings_every_command_takes_are_declared_once():
+    """steps, seed, lr, device, precision and the evaluation: one flag, bounds and format for every command; each
+    command's config takes its default and help from the one table, where they differ by command."""
+    from pathlib import Path
+
+    from attn_core.grow import GrowConfig
+    from attn_core.qk import CompareConfig
+    from attn_core.training.config import TrainConfig
+    from attn_core.training.settings import SHARED
+
+    configs = {"train": TrainConfig, "retrain": JobConfig, "grow": GrowConfig, "compare": CompareConfig}
+    for name, entry in SHARED.items():
+        for command, config in configs.items():
+            if command not in entry:
+                continue
+            default, help, *own = entry[command]
+            meta = declared(config, name)
+            own = own[0] if own else {}
+            assert (meta["flag"], meta["help"]) == (own.get("flag", entry["flag"]), help), (name, command)
+            assert meta["bounds"] == own.get("bounds"), (name, command)
+            assert config.__dataclass_fields__[name].default == default, (name, command)
+    steps = {command: SHARED["steps"][command][0] for command in configs}
+    assert steps == {"train": 2000, "retrain": 300, "grow": 100, "compare": 400}  # said per command, once
+    assert {command: SHARED["eval_every"][command][0] for command in configs} == {
+        "train": 250,
+        "retrain": 100,
+        "grow": 10,
+        "compare": 25,
+    }
+    source = Path(__file__).resolve().parents[2] / "attn_core"
+    runs = ("training/config.py", "grow/config.py", "qk/config.py", "cli/models.py", "cli/qk.py", "cli/runs.py")
+    for entry in (
+        e for e in SHARED.values() if e["flag"]
+    ):  # the configs of a run and their commands never write the flag again
+        written = [p for p in runs if f'"{entry["flag"]}"' in (source / p).read_text()]
+        assert not written, f"{entry['flag']} is written in {written}"
