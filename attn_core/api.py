@@ -299,7 +299,13 @@ def long_view(model, text_or_tokens: str | list[int], layer: int = 0, head: int 
 
     m = Model.of(model)
     tokens = input_ids(m, text_or_tokens) if isinstance(text_or_tokens, str) else check_token_ids(text_or_tokens)
-    return layer_scores(m, tokens, check_int("layer", layer)).view(head, query, **options)
+    scores = layer_scores(m, tokens, check_int("layer", layer))
+    head = check_int("head", head, 0, scores.n_heads - 1)
+    query = check_int("query", query, -scores.n, scores.n - 1)
+    for name in ("window", "k", "blocks"):  # the view's own checks, with the same words as every al.* argument
+        if options.get(name) is not None:
+            options[name] = check_int(name, options[name], 1)
+    return scores.view(head, query, **options)
 
 
 @dataclass

@@ -17,7 +17,7 @@ folder (model.safetensors) in a temporary directory. Then, medians of --repeats:
   serialised to the JSON Streamlit sends; "all figures" adds the pattern window, the top keys and
   the overview;
 - head change: the same figures for another head from the cached ``LayerScores`` (no forward);
-- spectrum of all 144 heads: ``bilinear.spectrum(model)`` (singular values, eigenvalues of B and of
+- spectrum of all 144 heads: ``bilinear.spectrum_rows(model)`` (singular values, eigenvalues of B and of
   (B + B^T)/2, norms and ranks of every head);
 - peak memory: the process's peak resident set size (``resource.getrusage(RUSAGE_SELF).ru_maxrss``:
   Python, torch and the weights together), read before loading, after the first load and at the end.
@@ -224,7 +224,7 @@ def measure(folder: Path, n_tokens: int, repeats: int) -> dict:
     out["head_change_s"] = heads
     spectra = []
     for _ in range(repeats):
-        t, rows = timed(bilinear.spectrum, loaded.model)
+        t, rows = timed(bilinear.spectrum_rows, loaded.model)
         spectra.append(t)
     out["spectrum_s"] = spectra
     out["spectrum_heads"] = len(rows)

@@ -35,6 +35,7 @@ def gains_plot(parts: ScoreParts) -> Plot:
         title=f"{'Latent' if parts.norm == 'latent' else 'QK-norm'} gains ({NORM_NOTE.get(parts.norm, parts.norm)}), layer {parts.layer} head {parts.head}",
         xaxis=dict(title="position", **token_ticks(parts.labels)),
         yaxis=dict(title="gain 1 / rms"),
+        legend=dict(orientation="h"),  # two long names: in a row under the plot, where they fit whole
         height=420,
     )
     fixed_margins(fig)

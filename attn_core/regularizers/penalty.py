@@ -165,12 +165,14 @@ class ConcentrationPenalty:
         memo: dict = {}
         options = dict(rows=self.rows, generator=self.generator, block=self.block, path=self.path)
         out = {}
+        say = not torch.compiler.is_compiling()  # a compiled step is traced once: recording there adds a graph
         for s in self.specs:
-            taken: set[str] = set()
+            taken: set[str] | None = set() if say else None
             out[s.label] = s.strength * regularizer_value(
                 s, model, self.heads[s.label], cache, memo, taken=taken, **options
             )
-            self.paths[s.label] = ", ".join(sorted(taken)) if taken else VIEW_PATHS[s.view]
+            if say:
+                self.paths[s.label] = ", ".join(sorted(taken)) if taken else VIEW_PATHS[s.view]
         return out
 
     def values(self, model: Transformer, cache: dict | None = None) -> dict[str, float]:

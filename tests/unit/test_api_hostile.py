@@ -101,6 +101,17 @@ WALK = {
         {"model": MODEL_ARG, "samples": values(), "seed": values(), "length": values("None"), "rows": values()},
     ),
     "circuits": ({"samples": 2}, {"model": MODEL_ARG, "samples": values(more={"zero": 0}), "seed": values()}),
+    "long_view": (
+        {"text_or_tokens": [1, 2, 3, 4, 5, 6] * 3, "layer": 1},
+        {
+            "model": MODEL_ARG,
+            "layer": values(more={"too-big": 2}),
+            "head": values(more={"too-big": 9}),
+            "query": values("negative", more={"too-big": 18, "too-small": -19}),  # -1: the last query
+            "window": values("huge", more={"zero": 0}),  # a window or k past the input is the whole input
+            "k": values("huge", more={"zero": 0}),
+        },
+    ),
     "view": (
         {},
         {
