@@ -80,7 +80,7 @@ def _singular_values(rows: list[dict], n_layers: int):
     by_layer = [[r["singular_values"] for r in rows if r["layer"] == l] for l in range(n_layers)]
     if len({len(s) for layer in by_layer for s in layer}) != 1:
         return None
-    return torch.tensor(by_layer, dtype=torch.float64)
+    return torch.tensor(by_layer, dtype=torch.float64, device="cpu")  # from the rows' Python floats
 
 
 def sinks_document(

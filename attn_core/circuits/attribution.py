@@ -298,7 +298,7 @@ def _rotary_attribution(
         torch.stack([Qt[p].norm() for p in planes]).cpu(),
         torch.stack([Kt[:, p].norm(dim=-1) for p in planes], dim=-1).cpu(),
         terms.cpu(),
-        torch.zeros(len(keys), 3, dtype=torch.float64),  # on the CPU, like the rest
+        torch.zeros(len(keys), 3, dtype=torch.float64, device="cpu"),  # on the CPU, like the rest
         meta=dict(query_token=names[ids[q]], rank_cap=len(planes), split="rotation planes"),
         term_names=term_names,
     )
@@ -333,7 +333,7 @@ def _mla_attribution(
         torch.cat([xc, Qr.norm()[None]]).cpu(),
         torch.cat([yc, Kr.norm(dim=-1)[:, None]], dim=-1).cpu(),
         terms.cpu(),
-        torch.zeros(len(keys), 3, dtype=torch.float64),  # on the CPU, like the rest
+        torch.zeros(len(keys), 3, dtype=torch.float64, device="cpu"),  # on the CPU, like the rest
         meta=dict(query_token=names[ids[q]], rank_cap=len(S), split="singular modes of the absorbed B, rotary term"),
         term_names=[f"σ{i + 1}" for i in range(len(S))] + ["rotary term"],
     )

@@ -37,7 +37,7 @@ def tiny_llama(folder: Path, seed: int = 0, **shape: int) -> Path:
     gen = torch.Generator().manual_seed(seed)
 
     def w(*shape: int, std: float = 0.3) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen) * std
+        return torch.randn(*shape, generator=gen, device="cpu") * std  # weights written to a file
 
     tensors = {"model.embed_tokens.weight": w(LLAMA_VOCAB, d, std=1.0), "model.norm.weight": 1 + 0.1 * w(d)}
     for layer in range(shape["num_hidden_layers"]):
@@ -118,7 +118,7 @@ def tiny_deepseek(folder: Path, seed: int = 0) -> Path:
     gen = torch.Generator().manual_seed(seed)
 
     def w(*shape: int, std: float = 0.3) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen) * std
+        return torch.randn(*shape, generator=gen, device="cpu") * std  # weights written to a file
 
     tensors = {"model.embed_tokens.weight": w(LLAMA_VOCAB, d, std=1.0), "model.norm.weight": 1 + 0.1 * w(d)}
     for layer in range(L):

@@ -410,8 +410,6 @@ CPU_BY_DESIGN = {
     ("bilinear/long.py", "overview_frame"): "labels of a table of CPU values",
     ("bilinear/long.py", "view"): "indices into LayerScores, which holds CPU tensors",
     ("bilinear/views.py", "row"): "indices into a View, which holds CPU tensors",
-    ("circuits/attribution.py", "_rotary_attribution"): "the bias zeros of an Attribution, which holds CPU tensors",
-    ("circuits/attribution.py", "_mla_attribution"): "the bias zeros of an Attribution, which holds CPU tensors",
     ("circuits/composition.py", "_random_factors"): "the random baseline: a seeded CPU generator",
     ("circuits/composition.py", "baseline_score"): "the random baseline: a seeded CPU generator",
     ("circuits/composition.py", "composition"): "the result tables (CPU), filled from blocks copied with .cpu()",

@@ -3,6 +3,7 @@ of), and the small arithmetic they share."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 import torch
@@ -20,7 +21,7 @@ def inv_log_n(n: torch.Tensor) -> torch.Tensor:
     return torch.where(n > 1, 1 / n.clamp_min(2).log(), torch.zeros_like(n))
 
 
-class RowMetric:
+class RowMetric(ABC):
     """A per-row metric of attention rows p (lower = more concentrated, so that it can be a
     penalty), named ``name`` as in ``specs.REGULARIZERS`` (the data view; ``vocab_<name>`` is the
     same metric on the vocabulary view). Its parts, one per way the engine computes rows:
@@ -35,7 +36,9 @@ class RowMetric:
     - :meth:`from_pass` (``flash``): the value from one fused attention pass (the rows' H and
       lse, ``flash_rows``), where ``needs`` names the pass's outputs it differentiates.
 
-    ``from_key0``: its blocks of keys start at key 0 (it reads the first key's column)."""
+    ``from_key0``: its blocks of keys start at key 0 (it reads the first key's column). A kind
+    without ``closed_form`` or ``flash`` refuses those paths by name (the engine asks the flags
+    first)."""
 
     name: str = ""
     closed_form: bool = True
@@ -43,27 +46,27 @@ class RowMetric:
     needs: tuple[str, ...] = ()
     from_key0: bool = False
 
-    def dense(self, p: torch.Tensor, mask: torch.Tensor | None, k: int, sink: bool = False) -> torch.Tensor:
-        raise NotImplementedError
+    @abstractmethod
+    def dense(self, p: torch.Tensor, mask: torch.Tensor | None, k: int, sink: bool = False) -> torch.Tensor: ...
 
-    def weights_grad(self, p: torch.Tensor, vis, n: torch.Tensor, k: int, sink: bool = False) -> torch.Tensor:
-        raise NotImplementedError
+    @abstractmethod
+    def weights_grad(self, p: torch.Tensor, vis, n: torch.Tensor, k: int, sink: bool = False) -> torch.Tensor: ...
 
     def softmax(self, e, t, Z, log_z, n, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        raise NotImplementedError(f"{self.name} has no closed form on softmax rows")
+        raise ValueError(f"{self.name} has no closed form on softmax rows")
 
     def softmax_grad(self, logp, p, n, g, x, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        raise NotImplementedError(f"{self.name} has no closed form on softmax rows")
+        raise ValueError(f"{self.name} has no closed form on softmax rows")
 
     def from_pass(self, H, lse, learned, n, first: Callable[[], torch.Tensor]) -> torch.Tensor:
-        raise NotImplementedError(f"{self.name} is not computed from a fused attention pass")
+        raise ValueError(f"{self.name} is not computed from a fused attention pass")
 
 
-class SpectrumTerm:
+class SpectrumTerm(ABC):
     """A penalty on the singular values of each head's B, named ``name`` as in
     ``specs.REGULARIZERS`` (the spectrum view): :meth:`value` of sigma [h, r] (descending) is [h]."""
 
     name: str = ""
 
-    def value(self, sigma: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+    @abstractmethod
+    def value(self, sigma: torch.Tensor) -> torch.Tensor: ...
