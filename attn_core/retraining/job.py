@@ -139,6 +139,7 @@ class TrainingJob:
             probe_head=None,
             probe_tokens=(),  # the probe's first sequence, as token names and ids (the loop draws it: build())
             probe_ids=(),
+            trained=None,  # the card's "trained" section (what --train let learn), once the run is recorded
             elapsed_s=0.0,
             train_s=0.0,
             step_s=0.0,
@@ -629,6 +630,8 @@ class TrainingJob:
         regs = ", ".join(cfg.to_dict()["regularizers"]) or "no regularizer"
         alpha = f", entmax alpha {cfg.entmax_alpha:g}" if cfg.entmax_alpha is not None else ""
         rows = self.penalty.estimate(self.task.n_ctx)  # how the row penalties were computed
+        details = self.retraining.details(self.model, self.task)
+        self._state["trained"] = details["trained"]  # for the handle, with the final state
         if rows["estimate"] == "sampled":
             alpha += f", row penalties on {rows['rows']} sampled query rows per head"
         return run_card(
@@ -650,7 +653,7 @@ class TrainingJob:
             job=cfg.to_dict(),
             **({"checkpoints": self.checkpoints.listing()} if self.checkpoints is not None else {}),
             **({"distributed": self.trainer.dist.describe()} if self.trainer.dist is not None else {}),
-            **self.retraining.details(self.model, self.task),
+            **details,
         )
 
 
