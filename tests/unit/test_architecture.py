@@ -138,16 +138,6 @@ SHARED_NAMES: dict[str, tuple[str, str]] = {
 }
 # The notebook door (al.*) names each analysis as a user asks for it, over the library's own.
 NAME_DOORS = ("attn_core/api.py", "attn_core/api_surgery.py")
-# Modules reworked in parallel with this check: it holds them again once their rework lands.
-OUTSIDE_THE_NAME_CHECK = (
-    "attn_core/training/",
-    "attn_core/retraining/",
-    "attn_core/bilinear/long.py",
-    "attn_core/bilinear/blocked.py",
-    "attn_core/bilinear/queries_keys.py",
-    "attn_core/regularizers/summaries.py",
-    "attn_core/hf/families/deepseek",
-)
 
 
 def public_definitions(paths: list[Path], root: Path = ROOT) -> dict[str, list[str]]:
@@ -188,7 +178,7 @@ def test_every_public_name_has_one_meaning():
     paths = []
     for path in sorted(LIB.rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if not rel.startswith(OUTSIDE_THE_NAME_CHECK) and rel not in NAME_DOORS:
+        if rel not in NAME_DOORS:
             paths.append(path)
     twice = names_defined_twice(public_definitions(paths))
     assert not twice, "one public name, one meaning: name each after what it gives\n" + "\n".join(
