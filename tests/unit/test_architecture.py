@@ -186,6 +186,60 @@ def test_every_public_name_has_one_meaning():
     )
 
 
+# One order of bounds: a function that takes both ends of a range takes the low one first, whether
+# positional or named (lo, hi; min_n, max_n; q0, q1), so no caller has to remember which comes first.
+BOUND_WORDS = (("lo", "hi"), ("low", "high"), ("lower", "upper"), ("min", "max"), ("start", "stop"), ("first", "last"))
+BOUNDED = [LIB, ROOT / "app_pages", ROOT / "ui", ROOT / "benchmarks", ROOT / "experiments"]
+
+
+def bound_end(name: str) -> tuple[tuple[str, str], int] | None:
+    """(which range, 0 for its low end or 1 for its high end) that the parameter ``name`` names:
+    ``lo``/``hi``, ``min_n``/``max_n``, ``n_lo``/``n_hi``, ``q0``/``q1``...; None for any other name."""
+    for low, high in BOUND_WORDS:
+        for end, word in enumerate((low, high)):
+            if name == word:
+                return (low, ""), end
+            if name.startswith(word + "_"):
+                return (low, "_" + name[len(word) + 1 :]), end
+            if name.endswith("_" + word):
+                return (low, name[: -len(word) - 1] + "_"), end
+    found = re.fullmatch(r"([a-z]\w*?)([01])", name)
+    return ((found[1], "01"), int(found[2])) if found else None
+
+
+def bounds_high_first(paths: list[Path], root: Path = ROOT) -> list[str]:
+    """``path:line name`` of every function of ``paths`` that takes a range's high end before its low end."""
+    found = []
+    for path in paths:
+        rel = path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            args = node.args
+            ends: dict[tuple[str, str], list[int]] = {}
+            for arg in args.posonlyargs + args.args + args.kwonlyargs:
+                end = bound_end(arg.arg)
+                if end is not None:
+                    ends.setdefault(end[0], []).append(end[1])
+            if any(set(e) == {0, 1} and e[0] == 1 for e in ends.values()):
+                found.append(f"{rel}:{node.lineno} {node.name}")
+    return found
+
+
+def test_the_bound_finder_finds_a_high_end_first(tmp_path):
+    (tmp_path / "a.py").write_text(
+        "def f(hi, lo):\n    pass\n\n\ndef g(lo, hi):\n    pass\n\n\ndef h(max_n, *, min_n=1):\n    pass\n\n\n"
+        "def k(q1, q0, k0, k1):\n    pass\n\n\ndef one(hi, max_n, stop):\n    pass\n\n\ndef m(n_hi, n_lo):\n    pass\n"
+    )
+    assert bounds_high_first([tmp_path / "a.py"], tmp_path) == ["a.py:1 f", "a.py:9 h", "a.py:13 k", "a.py:21 m"]
+
+
+def test_every_range_takes_its_low_end_first():
+    paths = [p for place in BOUNDED for p in sorted(place.rglob("*.py"))]
+    found = bounds_high_first(paths)
+    assert not found, "one order of bounds: take the low end first\n" + "\n".join(found)
+
+
 # The training loop imports nothing that stands above it: what a run starts from (presets, text,
 # imported models), the live job and the Ray workers are handed in from above (attn_core.retraining);
 # the ground floor's device decisions (attn_core.device) import no training.
