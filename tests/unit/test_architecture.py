@@ -9,7 +9,10 @@
   :data:`FUNCTION_MAX_LINES` (a long function is split into named steps, never a module into
   halves of one concept);
 - one place per concept: activation names are spelled only by ``attn_core.hooks``, metric names
-  only by ``attn_core.training.telemetry``, the run statuses only in ``attn_core.runs``.
+  only by ``attn_core.training.telemetry``, the run statuses only in ``attn_core.runs``;
+- one public name, one meaning: a public function or class is defined in one library module
+  (less a short list of deliberate repeats and the ``al.*`` door);
+- one order of bounds: a function taking both ends of a range takes the low end first.
 """
 
 from __future__ import annotations
