@@ -134,7 +134,7 @@ def start() -> None:
             **spread,
         )
         # it waits its turn in the server's job queue (a per-user limit refuses here)
-        new = TrainingJob(job_cfg, slots=queue or JobQueue(), user=queue_view.who()[0])
+        new = TrainingJob.open(job_cfg, slots=queue or JobQueue(), user=queue_view.who()[0])
         # The page's own torch work (previews, views) keeps one intra-op thread: toy models gain
         # nothing from more, and the job's worker process has the other core.
         torch.set_num_threads(1)

@@ -377,7 +377,7 @@ def retrain(
         save = check_path(save, "save")
     cfg = JobConfig(source, reg or {}, steps=steps, text=text, **settings)
     store = False if save is False else RunStore() if save is True else RunStore(save)
-    job = TrainingJob(cfg, store=store)
+    job = TrainingJob.open(cfg, store=store)
     bar = _bar(steps, f"retrain {source}") if progress else None
     if bar is not None:
         job.on_publish = lambda j: bar.update(j.snapshot().step - bar.n)

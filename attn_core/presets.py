@@ -200,7 +200,7 @@ def train_preset(
         parent = Path(out).absolute().parent
         writer.check_room(trainer.model, parent)
         if on_plan is not None:
-            on_plan(writer.statement(trainer.model))
+            on_plan(writer.statement(trainer.model.cfg))
         ckpt.attach(trainer, writer)
         parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=tmp_prefix(Path(out).name), dir=parent))

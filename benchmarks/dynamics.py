@@ -38,7 +38,7 @@ DEFAULT_OUT = ROOT / "benchmarks" / "results" / "dynamics.json"
 def train_seconds(steps: int, **checkpoints) -> tuple[float, TrainingJob]:
     cfg = JobConfig("scratch:induction-2l", steps=steps, lr=3e-3, device="cpu", eval_every=steps,
                     telemetry_every=steps, spectrum_every=steps, measure_samples=64, **checkpoints)  # fmt: skip
-    job = TrainingJob(cfg, store=False)
+    job = TrainingJob.open(cfg, store=False)
     start = time.perf_counter()
     job.run()
     return time.perf_counter() - start, job

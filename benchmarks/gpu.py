@@ -271,7 +271,7 @@ def live_job(source: str, cfg: TrainConfig, store: RunStore, **settings) -> tupl
 
     fields = ("steps", "lr", "seed", "device", "batch_size", "weight_decay", "warmup_steps", "precision")
     recipe = {k: getattr(cfg, k) for k in (*fields, "sync_every", "compile")}
-    j = TrainingJob(JobConfig(source, **recipe, **settings), store=store)
+    j = TrainingJob.open(JobConfig(source, **recipe, **settings), store=store)
     res = j.run()
     assert res["status"] == "completed", res["message"]
     snap = j.snapshot()

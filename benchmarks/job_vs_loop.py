@@ -244,7 +244,7 @@ def job(spec: dict) -> dict:
     from attn_core.device import select_device
 
     device = select_device(spec["device"])
-    j = TrainingJob(job_config(spec), store=RunStore(spec["store"]))
+    j = TrainingJob.open(job_config(spec), store=RunStore(spec["store"]))
     clock = Clock(device, spec["warmup"])
     step = j.trainer.step
 

@@ -72,7 +72,7 @@ def one_run(args, workers: int | None, store: RunStore) -> dict:
         argv = [sys.executable, "-c", code, args.model, str(args.steps), str(args.batch), str(store.root)]
         out = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[1])
         return json.loads(out.stdout.strip().splitlines()[-1])
-    job = TrainingJob(job_config(args, workers), store=store)
+    job = TrainingJob.open(job_config(args, workers), store=store)
     t0 = time.perf_counter()
     job.start()
     first = None
@@ -97,7 +97,7 @@ def alone() -> None:
     model, steps, batch, root = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     torch.set_num_threads(1)
     args = argparse.Namespace(model=model, steps=steps, batch=batch, gpus=False, strategy="ddp")
-    job = TrainingJob(job_config(args, None), store=RunStore(root))
+    job = TrainingJob.open(job_config(args, None), store=RunStore(root))
     t0 = time.perf_counter()
     job.run()
     snap = job.snapshot()

@@ -57,7 +57,7 @@ from attn_core.training.config import JobConfig
 from attn_core.retraining.job import TrainingJob
 cfg = JobConfig(source={folder!r}, text={text!r}, batch_size={batch}, block={block}, kl={kl}, steps=10,
                 regularizers=["entropy=0.1"], probe_samples=1)
-trainer = TrainingJob(cfg, store=False).trainer
+trainer = TrainingJob.open(cfg, store=False).trainer
 trainer.step()  # the optimizer's state is made by the first step
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # the peak RSS starts again from the RSS now

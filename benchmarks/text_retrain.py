@@ -78,7 +78,7 @@ def retrain(source: str, text: Path, shape: dict, steps: int, **settings) -> dic
         source=source, text=str(text), block=shape["block"], batch_size=shape["batch"], steps=steps,
         eval_every=max(1, steps // 3), measure_samples=64, seed=0, **settings,
     )  # fmt: skip
-    job = TrainingJob(cfg)
+    job = TrainingJob.open(cfg)
     res = job.run()
     assert res["status"] == "completed", res["message"]
     snap = job.snapshot()

@@ -136,7 +136,7 @@ def job(source: str, cfg: TrainConfig, store: RunStore, **settings) -> tuple[flo
     """(steps/s over the training loop, seconds of the rest: setup, before/after, save, and the
     fraction of the loop spent inside Trainer.step); ``settings`` are further JobConfig fields."""
     start = time.perf_counter()
-    j = TrainingJob(
+    j = TrainingJob.open(
         JobConfig(
             source,
             steps=cfg.steps,
@@ -161,7 +161,7 @@ def job(source: str, cfg: TrainConfig, store: RunStore, **settings) -> tuple[flo
 
 
 def snapshot_reads(source: str, cfg: TrainConfig, store: RunStore) -> list[float]:
-    j = TrainingJob(
+    j = TrainingJob.open(
         JobConfig(source, steps=cfg.steps, lr=cfg.lr, device=cfg.device, batch_size=cfg.batch_size), store=store
     ).start()
     times = []

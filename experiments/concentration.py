@@ -82,7 +82,7 @@ def run_setting(setting: dict) -> dict:
         spectrum_every=s["steps"],
         measure_samples=s["samples"],
     )
-    job = TrainingJob(cfg, store=False)
+    job = TrainingJob.open(cfg, store=False)
     res = job.run()
     out = {
         **s,

@@ -147,7 +147,7 @@ def along_training(steps: int, samples: int) -> dict:
         spectrum_every=steps,
         checkpoint_log=min(24, max(4, steps // 4)),
     )
-    job = TrainingJob(cfg, store=False)
+    job = TrainingJob.open(cfg, store=False)
     job.run()
     folder = job.checkpoints.folder
     try:

@@ -74,7 +74,7 @@ def train(folder: Path, text: Path, shape: dict):
 
     cfg = JobConfig(str(folder), text=str(text), block=shape["block"], batch_size=shape["batch"], steps=shape["steps"],
                     lr=3e-3, seed=0, device="cpu", eval_every=shape["steps"], measure_samples=32)  # fmt: skip
-    job = TrainingJob(cfg, store=False)
+    job = TrainingJob.open(cfg, store=False)
     res = job.run()
     if res["status"] != "completed":
         sys.exit(f"training failed: {res.get('message')}")

@@ -88,7 +88,7 @@ def run_one(setting: dict) -> dict:
         measure_samples=setting["samples"],
         **schedule(steps),
     )
-    job = TrainingJob(cfg, store=False)
+    job = TrainingJob.open(cfg, store=False)
     res = job.run()
     trained = time.perf_counter() - start
     folder = job.checkpoints.folder

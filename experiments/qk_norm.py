@@ -166,7 +166,7 @@ def run_one(setting: dict) -> dict:
         checkpoint_log=setting["checkpoints"],
     )
     start = time.perf_counter()
-    job = TrainingJob(cfg, store=False)
+    job = TrainingJob.open(cfg, store=False)
     res = job.run()
     trained = time.perf_counter() - start
     if res["status"] != "completed":

@@ -105,7 +105,7 @@ def train(setting: dict):
         **extra,
     )
     start = time.perf_counter()
-    job = TrainingJob(cfg, store=False)
+    job = TrainingJob.open(cfg, store=False)
     res = job.run()
     return res, job.checkpoints.folder, time.perf_counter() - start
 

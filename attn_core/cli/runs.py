@@ -98,11 +98,12 @@ def retrain_cmd(
         try:
             if cfg.text is not None:  # tokenized once, with a progress bar; the job finds it in the cache
                 opts.tokenize_with_bar(cfg.source, cfg.text, cfg.text_field, cfg.eval_text, stop=ctrl_c.is_set)
-            job = TrainingJob(cfg)
+            job = TrainingJob.open(cfg)
         except KeyboardInterrupt:  # the tokenizing child ended at the stop request
             job = None
-        if job is not None and job.checkpoints is not None:  # the disk they take, before training
-            dyn.say(job.checkpoints.statement(job.model) + "; in the run's folder")
+        statement = job.checkpoint_statement() if job is not None else None
+        if statement is not None:  # the disk they take, before training (from the config: no model is built here)
+            dyn.say(statement + "; in the run's folder")
         if ctrl_c.is_set() or job is None:
             typer.echo(NOTHING_SAVED, err=True)
             raise typer.Exit(ctrl_c.code)

@@ -56,7 +56,7 @@ def say_estimate(job) -> None:
         return
     workers = cfg.workers or 1  # CPU workers: each steps on its share of the batch
     line = estimate.duration_line(
-        job.model.cfg,
+        job.model_cfg,
         cfg.steps,
         -(-job.train_cfg.batch_size // workers),
         block,
@@ -65,7 +65,7 @@ def say_estimate(job) -> None:
         eval_every=cfg.eval_every,
         eval_samples=cfg.eval_samples,
         measure_samples=cfg.measure_samples,
-        model=job.model,
+        model=None if cfg.workers else job.model,  # the driver of workers builds no model: operations only
     )
     if cfg.workers:
         line += f"; on {workers} CPU worker(s), each on its share of the batch, after Ray Train starts them"

@@ -114,11 +114,11 @@ def run_rank(job_class, cfg, dp, store_root: str | None, channel=None):
     SAVED.clear()
     if not dp.leader:
         SAVED.set()
-        job = job_class(follower_config(cfg), store=False, dist=dp)
+        job = job_class.open(follower_config(cfg), store=False, dist=dp)
         dp.follow(job.trainer, on_step=stats.tick)
         stats.report(stats.steps, stats.seconds, force=True)
         return job
-    job = job_class(cfg, store=RunStore(store_root) if store_root else False, dist=dp)
+    job = job_class.open(cfg, store=RunStore(store_root) if store_root else False, dist=dp)
     done = threading.Event()
     send = None
     if channel is not None:

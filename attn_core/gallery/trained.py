@@ -38,7 +38,7 @@ def retrain_and_runs(m: LoadedModel, quick: bool, store: RunStore) -> Iterator[E
             spectrum_every=5,
             device="cpu",
         )
-        job = TrainingJob(cfg, store=store)
+        job = TrainingJob.open(cfg, store=store)
         job.watch(1, 0)  # the Retrain page's watched head: its probe pattern is computed
         ids.append(job.run()["run_id"])
         snaps.append(job.snapshot())
@@ -127,7 +127,7 @@ def retrain_wide_text(folder, quick: bool, store: RunStore) -> Iterator[Entry]:
         spectrum_every=1,
         device="cpu",
     )
-    job = TrainingJob(cfg, store=store)
+    job = TrainingJob.open(cfg, store=store)
     job.run()
     snap, page = job.snapshot(), "Retrain · 24 heads on text"
     log = snap.metrics()

@@ -24,7 +24,8 @@ from attn_core import regularizers as R
 from attn_core.card import Card
 from attn_core.device import select_device
 from attn_core.model import Transformer
-from attn_core.retraining.parent import Retraining, open_outline, parent_model
+from attn_core.regularizers.penalty import build_penalty
+from attn_core.retraining.parent import Parent, Retraining, open_parent, parent_model
 from attn_core.runs import RunStore
 from attn_core.training import checkpoints, estimate, telemetry, worker
 from attn_core.training import queue as Q
@@ -36,7 +37,7 @@ from attn_core.training.trainer import EVAL_SEED_OFFSET, Trainer
 
 # the snapshot fields read from the job's state as they are
 SNAPSHOT_STATE = ("status", "message", "step", "elapsed_s", "train_s", "step_s", "before", "after")
-SNAPSHOT_STATE += ("probe_pattern", "probe_step", "probe_head", "workers", "compile_s", "left_s")
+SNAPSHOT_STATE += ("probe_pattern", "probe_step", "probe_head", "probe_tokens", "workers", "compile_s", "left_s")
 PAUSED_POLL_S = 0.1  # a paused job looks for a newly watched head this often
 
 
@@ -77,7 +78,23 @@ class TrainingJob:
 
     WORKER = "attn_core.retraining.worker_process"  # the module a worker process runs (training.worker.Remote)
 
-    def __init__(self, cfg: JobConfig, store=None, slots=None, dist=None, user: str = ""):
+    @classmethod
+    def open(cls, cfg: JobConfig, store=None, slots=None, dist=None, user: str = "") -> TrainingJob:
+        """The handle of a run of ``cfg``: its parent opened (:func:`open_parent`, without the
+        weights; a source or text that cannot be read fails here), then the job. ``store``: the
+        run store (None: the default one; False: none, nothing is saved)."""
+        started = time.perf_counter()
+        store = None if store is False else (store if store is not None else RunStore())
+        if store is not None:
+            store.check_writable()  # a store that takes no write refuses the job before it trains
+        parent = open_parent(cfg, store)
+        opened_s = time.perf_counter() - started
+        job = cls(cfg, parent, store=store if store is not None else False, slots=slots, dist=dist, user=user)
+        job.device  # noqa: B018 -- a device this machine lacks is refused before anything starts
+        job.phases["load"] += opened_s
+        return job
+
+    def __init__(self, cfg: JobConfig, parent: Parent, store=None, slots=None, dist=None, user: str = ""):
         started = time.perf_counter()
         self.cfg, self.dist = cfg, dist
         # where start() waits its turn: the dashboard's durable queue (a training.queue.JobQueue
@@ -86,25 +103,19 @@ class TrainingJob:
         self.user = user  # the owner, in the queue ("" in single-user mode)
         self._ticket: int | None = None  # the job's entry in the queue (or place in the line)
         self.store = None if store is False else (store if store is not None else RunStore())
-        if self.store is not None:
-            self.store.check_writable()  # a store that takes no write refuses the job before it trains
-        self.retraining = Retraining(cfg)  # text, imported models, --train and --kl
+        self.retraining = Retraining(cfg, parent)  # --train and --kl
         # the parent without its weights: what this handle reads (the queue's estimate, the
         # snapshot, watch); the loop's model is built once, where it trains (build())
-        model_cfg, task, parent_card = open_outline(cfg, self.store, self.retraining)
-        self.parent, self.task, self.parent_card = cfg.source, task, parent_card
+        model_cfg, task, parent_card = parent.config, parent.task, parent.card
+        self.parent, self.task, self.parent_card = parent.source, task, parent_card
         self.start_alpha = model_cfg.entmax_alpha  # the parent's, which --kl compares with
         alpha = cfg.entmax_alpha
         self.model_cfg = model_cfg if alpha is None else replace(model_cfg, entmax_alpha=float(alpha))
-        # penalty_rows: the unbiased sampled-rows estimate of the row penalties, drawn under the run's seed
-        self.penalty = R.build_penalty(cfg.specs, self.model_cfg, cfg.heads, rows=cfg.penalty_rows, seed=cfg.seed)
         self.train_cfg = cfg.train_config(parent_card.train)
+        # penalty_rows: the unbiased sampled-rows estimate of the row penalties, drawn under the run's seed
+        self.penalty = build_penalty(cfg.specs, self.model_cfg, cfg.heads, rows=cfg.penalty_rows, seed=cfg.seed)
         # a rank trains on the device its worker was given; the driver of workers checks on the CPU
         self._device = dist.device if dist is not None else ("cpu" if cfg.workers else None)
-        self.device = select_device(self.train_cfg.device) if self._device is None else torch.device(self._device)
-        # the fixed probe batch of telemetry: at most one training batch of sequences
-        probe_n = min(cfg.probe_samples, self.train_cfg.batch_size)
-        self._probe_host = task.sample(probe_n, cfg.seed + 2 * EVAL_SEED_OFFSET, split="test")  # names read here
         self._trainer: Trainer | None = None  # the loop's side (build())
         self._build_lock = threading.Lock()
         self.recorder = RunRecorder(self.store)
@@ -126,6 +137,8 @@ class TrainingJob:
             probe_pattern=None,
             probe_step=0,
             probe_head=None,
+            probe_tokens=(),  # the probe's first sequence, as token names and ids (the loop draws it: build())
+            probe_ids=(),
             elapsed_s=0.0,
             train_s=0.0,
             step_s=0.0,
@@ -138,12 +151,10 @@ class TrainingJob:
         self.on_publish = None  # called with the job after each publication (a worker's sender)
         self._stop_reason = ""  # why a stop was asked for when it was not the user
         self.remote: worker.Remote | None = None  # the worker process of start(process=True)
-        self._probe_tokens = tuple(task.names(self._probe_host.tokens[0].tolist()))
         self._watch: tuple[int, int] | None = None  # the head whose probe pattern is shown (watch())
         self._patterns: dict = {}  # patterns of the final weights, computed on request (pattern())
         self._snap: Snapshot | None = None
         self.phases = Phases(load=time.perf_counter() - started)  # seconds of each part of the run
-        self.publish()
 
     # --- the loop's side: the model, built once where the job trains -------------------------------
     def build(self) -> Trainer:
@@ -164,9 +175,24 @@ class TrainingJob:
                     trainer = Trainer(model, self.task, self.train_cfg, **recipe, device=self._device, dist=self.dist)
                     self.retraining.start(penalty, trainer.model)
                     self._checkpoints = checkpoints.for_job(trainer, self.cfg.checkpoint_plan(), self.store)
-                    self._probe = self._probe_host.to(trainer.device)
+                    self._probe = self._probe_batch().to(trainer.device)
                     self._trainer = trainer
         return self._trainer
+
+    def _probe_batch(self):
+        """The fixed probe batch of telemetry (at most one training batch of held-out sequences,
+        drawn under the run's seed); its first sequence's ids and names go into the state."""
+        n = min(self.cfg.probe_samples, self.train_cfg.batch_size)
+        probe = self.task.sample(n, self.cfg.seed + 2 * EVAL_SEED_OFFSET, split="test")
+        ids = probe.tokens[0].tolist()
+        self._state.update(probe_ids=tuple(ids), probe_tokens=tuple(self.task.names(ids)))
+        return probe
+
+    @property
+    def device(self) -> torch.device:
+        """Where the loop trains: a rank's own device, the CPU for the driver of workers, else the
+        run's setting (``auto``: CUDA when there is one); a device this machine lacks is a ValueError."""
+        return select_device(self.train_cfg.device) if self._device is None else torch.device(self._device)
 
     @property
     def built(self) -> bool:
@@ -185,6 +211,12 @@ class TrainingJob:
     def checkpoints(self):
         self.build()
         return self._checkpoints
+
+    def checkpoint_statement(self) -> str | None:
+        """What the run's checkpoints will take, in one line (None when it keeps none), worked
+        out from the parent's config: said before training, with no model built here."""
+        plan = self.cfg.checkpoint_plan()
+        return None if plan is None else checkpoints.CheckpointWriter(plan, self.cfg.steps).statement(self.model_cfg)
 
     @property
     def probe(self):
@@ -287,11 +319,14 @@ class TrainingJob:
             return found
         key = (int(layer), int(head), snap.step)
         if key not in self._patterns:
+            if not self._state["probe_ids"]:  # the run ended before it drew its probe
+                return None
             try:
                 model = self.model_copy()
             except RuntimeError:  # a job that ended without weights (failed before training)
                 return None
-            self._patterns[key] = telemetry.probe_pattern(model, self._probe_host.tokens[0], layer, head)
+            ids = torch.tensor(self._state["probe_ids"], dtype=torch.long)
+            self._patterns[key] = telemetry.probe_pattern(model, ids, layer, head)
         return self._patterns[key]
 
     def phase_seconds(self) -> dict[str, float]:
@@ -323,8 +358,11 @@ class TrainingJob:
         return self.snapshot().status
 
     def snapshot(self) -> Snapshot:
-        """The latest published state (a reference swap under a lock: microseconds)."""
+        """The latest published state (a reference swap under a lock: microseconds); before the
+        first publication, the pending job's."""
         with self._lock:
+            if self._snap is None:
+                self._snap = self._state_snapshot()
             return self._snap
 
     def weights(self) -> dict[str, torch.Tensor]:
@@ -358,7 +396,15 @@ class TrainingJob:
         st.update(changes)
         if self._t0 is not None:
             st["elapsed_s"] = time.perf_counter() - self._t0
-        snap = Snapshot(
+        snap = self._state_snapshot()
+        with self._lock:
+            self._snap = snap
+        if self.on_publish is not None:
+            self.on_publish(self)
+
+    def _state_snapshot(self) -> Snapshot:
+        st = self._state
+        return Snapshot(
             **{k: st[k] for k in SNAPSHOT_STATE},
             steps=self.cfg.steps,
             run_id=self.run_id,
@@ -366,14 +412,9 @@ class TrainingJob:
             regularized_heads=tuple(self._head_names()),
             n_layers=self.model_cfg.n_layers,
             n_heads=self.model_cfg.n_heads,
-            probe_tokens=self._probe_tokens,
             _log=self._log,
             _n=len(self._log[0]),
         )
-        with self._lock:
-            self._snap = snap
-        if self.on_publish is not None:
-            self.on_publish(self)
 
     def _head_names(self) -> list[str]:
         return [R.head_label(l, h) for l, h in self.penalty.regularized_heads]
@@ -479,7 +520,7 @@ class TrainingJob:
         it waits for that entry and trains when its turn comes."""
         spec = entry["spec"]
         store = RunStore(spec["store"]) if spec.get("store") else False
-        job = cls(JobConfig(**spec["config"]), store=store, slots=queue, user=entry["user"])
+        job = cls.open(JobConfig(**spec["config"]), store=store, slots=queue, user=entry["user"])
         keep = dict(threads=spec.get("threads"), address=spec.get("address"), keep_ray=spec.get("keep_ray", False))
         return job.start(process=spec.get("process", False), entry=entry["id"], **keep)
 
@@ -617,7 +658,7 @@ def preview(cfg: JobConfig) -> Snapshot:
     """What a job with ``cfg`` logs at step 0, before any update (per-head telemetry on its probe
     batch, spectra, and the probe pattern of every head: [n_layers, n_heads, T, T]), as a pending
     snapshot: the model as it is. Nothing is trained or stored."""
-    job = TrainingJob(cfg, store=False)
+    job = TrainingJob.open(cfg, store=False)
     job._telemetry(0)
     job._spectra(0)
     job.publish(probe_pattern=telemetry.probe_patterns(job.model, job.probe.tokens[0]))  # every head, once

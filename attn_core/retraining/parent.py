@@ -1,15 +1,21 @@
-"""What a retraining job adds for text and for imported models (``training.job`` holds one
-:class:`Retraining`): the text task of a model that has no task of its own, the Hugging Face
-folder it came from and its tokenizer files (saved with the run, so that ``export-hf`` writes it
-back as its family and the views tokenize typed text), what ``--train`` lets learn and the
-``--kl`` term (:mod:`attn_core.finetune`), and the card sections that record all of it."""
+"""What a run starts from: the :class:`Parent` a job's handle is handed (:func:`open_parent`:
+the model's config and card read without its weights, the task it trains on: its card's, or for an
+imported model a text tokenized by the model folder's own tokenizer.json; the Hugging Face folder
+it came from and its tokenizer files, saved with the run so that ``export-hf`` writes it back as
+its family and the views tokenize typed text), the weights the loop builds where it trains
+(:func:`parent_model`), and what ``--train`` lets learn and the ``--kl`` term add
+(:class:`Retraining`, :mod:`attn_core.finetune`) with the card sections that record it."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
+from typing import Any
+
 from attn_core import finetune
 from attn_core.card import Card
+from attn_core.device import select_device
 from attn_core.hf import family_export
-from attn_core.model import Transformer
+from attn_core.model import ModelConfig, Transformer
 from attn_core.presets import scratch_preset
 from attn_core.sources import outline, resolve
 from attn_core.tasks import get_task
@@ -20,15 +26,47 @@ from attn_core.training.trainer import init_model
 SCRATCH_PREFIX = "scratch:"  # source "scratch:<preset>" trains the preset's model from its init
 
 
-def open_outline(cfg, store, retraining: Retraining):
-    """(model config, task, card) of ``cfg.source`` (a ``JobConfig``) without its weights, what a
-    job's handle reads: a preset's, or what :func:`attn_core.sources.outline` finds (zoo, folder,
-    ``run:<id>``, upload) with the task ``retraining`` gives it (its own, or ``cfg.text``)."""
+@dataclass
+class Parent:
+    """What a run starts from, opened without its weights (:func:`open_parent`): the model's
+    config, the task it trains on, its card, and for a model imported from a Hugging Face folder
+    that folder's family and config.json (``origin``) and tokenizer files (``files``, saved with the
+    run). A job's handle is handed one; the loop builds the weights where it trains (:func:`parent_model`)."""
+
+    source: str
+    config: ModelConfig
+    task: Any
+    card: Card
+    origin: dict | None = None
+    files: dict[str, bytes] = field(default_factory=dict)
+
+
+def open_parent(cfg, store=None) -> Parent:
+    """The :class:`Parent` of ``cfg.source`` (a ``JobConfig``): a preset's, or what
+    :func:`attn_core.sources.outline` finds (zoo, folder, ``run:<id>``, upload) with the task it
+    trains on: text (``cfg.text``, tokenized by the model folder's own tokenizer.json) or its
+    card's. A ValueError says what is missing."""
     if cfg.source.startswith(SCRATCH_PREFIX):
         preset = scratch_preset(cfg.source[len(SCRATCH_PREFIX) :])
-        return preset.model_config(), get_task(preset.task), Card(train=preset.train.to_dict())
+        return Parent(cfg.source, preset.model_config(), get_task(preset.task), Card(train=preset.train.to_dict()))
     found = outline(cfg.source, store=store)
-    return found.config, retraining.task(found, store), found.card
+    origin = family_export.hf_origin(found)
+    if cfg.text is None:
+        if found.task is None:
+            raise ValueError(
+                f"model {found.name!r} has no known task in its card, so it cannot be retrained"
+                + (" without text: give --text PATH" if origin is not None else "")
+            )
+        return Parent(cfg.source, found.config, found.task, found.card, origin)
+    root = store.root if store is not None else None
+    task = text_task_for(found, cfg.text, cfg.text_field, cfg.eval_text, cfg.block, root)
+    card = found.card
+    if cfg.batch_size is None and "batch_size" not in card.train:
+        # an imported model has no recipe: the job's batch size (JobConfig.train_config reads
+        # the parent's) is the default the model, block and device allow (text.task.default_batch)
+        batch = default_batch(found.config, task.block, cfg.kl, select_device(cfg.device).type)
+        card = replace(card, train={**card.train, "batch_size": batch})
+    return Parent(cfg.source, found.config, task, card, origin, family_export.companion_files(found.path))
 
 
 def parent_model(cfg, store) -> Transformer:
@@ -40,36 +78,11 @@ def parent_model(cfg, store) -> Transformer:
 
 
 class Retraining:
-    """The text and imported-model parts of one job of ``cfg`` (a ``JobConfig``)."""
+    """What ``--train`` and ``--kl`` add to one job of ``cfg`` (a ``JobConfig``) from ``parent``."""
 
-    def __init__(self, cfg):
-        self.cfg = cfg
-        self.origin: dict | None = None  # {"model_type", "config"} of the Hugging Face folder
-        self.files: dict[str, bytes] = {}  # its tokenizer files, saved beside the run's weights
+    def __init__(self, cfg, parent: Parent):
+        self.cfg, self.origin, self.files = cfg, parent.origin, parent.files
         self.trained: list[str] = []  # the parameters --train lets learn
-
-    def task(self, loaded, store):
-        """The task the job trains ``loaded`` on: text (``cfg.text``, tokenized by the model
-        folder's own tokenizer.json) or the card's task; a ValueError says what is missing."""
-        self.origin = family_export.hf_origin(loaded)
-        if self.cfg.text is None:
-            if loaded.task is None:
-                raise ValueError(
-                    f"model {loaded.name!r} has no known task in its card, so it cannot be retrained"
-                    + (" without text: give --text PATH" if self.origin is not None else "")
-                )
-            return loaded.task
-        cfg, root = self.cfg, (store.root if store is not None else None)
-        task = text_task_for(loaded, cfg.text, cfg.text_field, cfg.eval_text, cfg.block, root)
-        self.files = family_export.companion_files(loaded.path)
-        if cfg.batch_size is None and "batch_size" not in loaded.card.train:
-            # an imported model has no recipe: the job's batch size (JobConfig.train_config reads
-            # the parent's) is the default the model, block and device allow (text.task.default_batch)
-            from attn_core.device import select_device
-
-            batch = default_batch(loaded.config, task.block, cfg.kl, select_device(cfg.device).type)
-            loaded.card.train = {**loaded.card.train, "batch_size": batch}
-        return task
 
     def penalty(self, model, penalty, start_alpha: float):
         """Freeze what ``--train`` leaves out (and what the model's family has no tensor for) and

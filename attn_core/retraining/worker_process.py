@@ -38,7 +38,7 @@ def main(updates_fd: int, control_fd: int) -> int:
     if threads:  # the trainer takes them (its one place for threads: Trainer)
         cfg = dataclasses.replace(cfg, threads=threads)
     try:
-        job = TrainingJob(cfg, store=RunStore(store_root) if store_root is not None else False)
+        job = TrainingJob.open(cfg, store=RunStore(store_root) if store_root is not None else False)
     except Exception as e:  # the source or the store changed since the parent checked them
         updates.send({"state": {"status": "failed", "message": f"could not start: {error_text(e)}"}, "final": True})
         return 1

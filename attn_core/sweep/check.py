@@ -48,7 +48,7 @@ def check_sweep(
         seen.add(kind)
         # on this machine's CPU (a job on workers builds its check on the CPU itself)
         device = {} if plan.job.get("workers") else {"device": "cpu"}
-        TrainingJob(trial.job_config({**plan.job, **device}), store=False).build()  # the weights read, too
+        TrainingJob.open(trial.job_config({**plan.job, **device}), store=False).build()  # the weights read, too
 
 
 def check_trial_workers(job: dict, cpus_per_trial: float, gpus_per_trial: float) -> None:

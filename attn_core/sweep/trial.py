@@ -54,7 +54,7 @@ def run_trial(
         if threads:
             cfg = dataclasses.replace(cfg, threads=int(threads))
         with in_store(store_root):  # its model and text are read from the sweep's store
-            j = TrainingJob(cfg, store=False)
+            j = TrainingJob.open(cfg, store=False)
             j.build()  # the trial trains here: its weights are read now, from that store
         if (report is not None and report_every > 0) or stop is not None:
             j.start()

@@ -43,7 +43,7 @@ from safetensors.torch import save as st_save_bytes
 from attn_core import checkpoint, limits
 from attn_core.card import Card
 from attn_core.checkpoint import CHECKPOINTS, CheckpointError, LoadedModel
-from attn_core.model import Transformer
+from attn_core.model import ModelConfig, Transformer
 from attn_core.training.checkpoint_plan import CheckpointPlan, log_steps
 from attn_core.validate import is_int
 
@@ -63,12 +63,32 @@ def kept_names(names, params: str) -> list[str]:
     return [n for n in names if params == "all" or _ATTN.match(n)]
 
 
+def _metadata(cfg: ModelConfig, step: int, params: str) -> dict[str, str]:
+    return {"config": json.dumps(cfg.to_dict()), "step": f"{step:09d}", "params": params}
+
+
 def to_bytes(model: Transformer, step: int, params: str) -> bytes:
     """One checkpoint: the kept tensors (float32, CPU) with config, step and params in the metadata."""
     state = model.state_dict()
     tensors = {k: state[k].detach().to("cpu", torch.float32).contiguous() for k in kept_names(state, params)}
-    meta = {"config": json.dumps(model.cfg.to_dict()), "step": f"{step:09d}", "params": params}
-    return st_save_bytes(tensors, metadata=meta)
+    return st_save_bytes(tensors, metadata=_metadata(model.cfg, step, params))
+
+
+def checkpoint_bytes(cfg: ModelConfig, params: str) -> int:
+    """The size of one checkpoint of a model of ``cfg`` (what :func:`to_bytes` writes), worked out
+    from the tensors' shapes on the ``meta`` device, without weights: safetensors' 8-byte header
+    length, its JSON header (the metadata, then each tensor's dtype, shape and offsets, by name)
+    padded with spaces to 8 bytes, and the float32 data."""
+    with torch.device("meta"):
+        state = Transformer(cfg).state_dict()
+    header: dict = {"__metadata__": _metadata(cfg, 0, params)}
+    offset = 0
+    for name in sorted(kept_names(state, params)):
+        size = state[name].numel() * 4
+        header[name] = {"dtype": "F32", "shape": list(state[name].shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    return 8 + len(text) + (-len(text)) % 8 + offset
 
 
 class CheckpointWriter:
@@ -87,14 +107,15 @@ class CheckpointWriter:
     def max_bytes(self) -> int:
         return int(self.plan.max_mb * 2**20)
 
-    def estimate(self, model: Transformer) -> int:
-        """Bytes of the whole series (every file has the size of the first)."""
-        self.bytes_each = len(to_bytes(model, 0, self.plan.params))
+    def estimate(self, cfg: ModelConfig) -> int:
+        """Bytes of the whole series of a model of ``cfg`` (every file has the size of the first:
+        :func:`checkpoint_bytes`)."""
+        self.bytes_each = checkpoint_bytes(cfg, self.plan.params)
         return self.bytes_each * len(self.steps)
 
-    def statement(self, model: Transformer) -> str:
-        """What the series will take, in one line (said before training)."""
-        total = self.estimate(model)
+    def statement(self, cfg: ModelConfig) -> str:
+        """What the series of a model of ``cfg`` will take, in one line (said before training)."""
+        total = self.estimate(cfg)
         shown = ", ".join(map(str, self.steps[:6])) + (f", ... {self.steps[-1]}" if len(self.steps) > 6 else "")
         what = "attention and LayerNorm weights" if self.plan.params == "attn" else "all weights"
         return (
@@ -112,7 +133,7 @@ class CheckpointWriter:
 
     def check_room(self, model: Transformer, folder: Path) -> None:
         """Refuse a series larger than the bound or than the disk's free space (before training)."""
-        total = self.estimate(model)
+        total = self.estimate(model.cfg)
         if total > self.max_bytes:
             raise limits.LimitError(
                 f"the {len(self.steps)} checkpoints would take {limits.size_text(total)}, more than the bound of "

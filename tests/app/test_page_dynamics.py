@@ -25,7 +25,7 @@ def run(tmp_path):
     )
     cfg = JobConfig(str(src), steps=8, device="cpu", telemetry_every=4, spectrum_every=4, eval_every=4,
                     eval_samples=8, probe_samples=4, measure_samples=16, checkpoint_every=4)  # fmt: skip
-    return f"run:{TrainingJob(cfg).run()['run_id']}"
+    return f"run:{TrainingJob.open(cfg).run()['run_id']}"
 
 
 def open_dynamics() -> AppTest:

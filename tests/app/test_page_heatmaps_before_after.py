@@ -28,7 +28,7 @@ def run_id(tmp_path, monkeypatch):
     (tmp_path / "t.txt").write_text(make_text(0, 100))
     monkeypatch.setenv("ATTN_LAB_MODELS", str(tmp_path / "models"))
     cfg = JobConfig(source=str(folder), text=str(tmp_path / "t.txt"), block=12, steps=5, lr=0.05, batch_size=8)
-    res = TrainingJob(cfg).run()
+    res = TrainingJob.open(cfg).run()
     assert res["status"] == "completed"
     return res["run_id"]
 

@@ -34,7 +34,7 @@ def store_root(tmp_path_factory) -> Path:
             telemetry_every=2,
             spectrum_every=2,
         )
-        assert TrainingJob(cfg, store=store).run()["status"] == "completed"
+        assert TrainingJob.open(cfg, store=store).run()["status"] == "completed"
     return root
 
 

@@ -24,7 +24,7 @@ def store_root(tmp_path_factory) -> Path:
     store = runs.RunStore(root)
     small = dict(steps=3, eval_samples=16, measure_samples=32, telemetry_every=1, spectrum_every=1)
     cfg = JobConfig(source="reverse-1l", regularizers={"entropy": 0.5}, heads="L0H1", **small)
-    assert TrainingJob(cfg, store=store).run()["status"] == "completed"
+    assert TrainingJob.open(cfg, store=store).run()["status"] == "completed"
     models = tmp_path_factory.mktemp("models")
     write_tiny_hf(models / "tiny-llama", "llama", num_key_value_heads=2)
     write_word_tokenizer(models / "tiny-llama")
@@ -38,7 +38,7 @@ def store_root(tmp_path_factory) -> Path:
         heads="L1H0",
         **small,
     )
-    assert TrainingJob(on_text, store=store).run()["status"] == "completed"
+    assert TrainingJob.open(on_text, store=store).run()["status"] == "completed"
     return root
 
 

@@ -49,7 +49,7 @@ def machine(tmp_path_factory) -> tuple[Path, str]:
     cfg = JobConfig(
         source=MODEL, regularizers={"entropy": 0.5}, steps=2, eval_samples=16, measure_samples=16, checkpoint_every=1
     )
-    result = TrainingJob(cfg, store=runs.RunStore(users.open_store(ALICE, base=root))).run()
+    result = TrainingJob.open(cfg, store=runs.RunStore(users.open_store(ALICE, base=root))).run()
     assert result["status"] == "completed"
     return root, result["run_id"]
 

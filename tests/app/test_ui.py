@@ -115,7 +115,7 @@ def test_upload_widget_selects_the_new_model_and_reports_errors():
 
 def test_picker_lists_zoo_runs_and_uploads_and_follows_the_url():
     cfg = JobConfig(source=MODEL, regularizers={"entropy": 0.1}, steps=2, eval_samples=16, measure_samples=32)
-    run_id = TrainingJob(cfg).run()["run_id"]
+    run_id = TrainingJob.open(cfg).run()["run_id"]
     label = ui.save_upload(model_files())
     at = AppTest.from_file(APP, default_timeout=90)
     at.query_params["model"] = f"run:{run_id}"

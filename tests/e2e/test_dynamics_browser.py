@@ -31,7 +31,7 @@ def test_scrub_and_play_a_run_with_checkpoints(tmp_path):
     data = tmp_path / "data"
     cfg = JobConfig("scratch:induction-2l", steps=300, lr=3e-3, warmup_steps=30, device="cpu", checkpoint_log=24,
                     telemetry_every=100, spectrum_every=100, eval_every=100, measure_samples=64)  # fmt: skip
-    run_id = TrainingJob(cfg, store=RunStore(data)).run()["run_id"]
+    run_id = TrainingJob.open(cfg, store=RunStore(data)).run()["run_id"]
     from playwright.sync_api import sync_playwright
 
     with serve(data) as url, sync_playwright() as p:

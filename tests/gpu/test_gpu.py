@@ -61,7 +61,7 @@ TASK = get_task("reverse")
 
 
 def retrain(device: str, seed: int = 2) -> TrainingJob:
-    job = TrainingJob(
+    job = TrainingJob.open(
         JobConfig(MODEL, {"entropy": 0.1}, steps=30, seed=seed, device=device, measure_samples=256, eval_samples=64),
         store=False,
     )
@@ -112,7 +112,9 @@ def test_the_live_job_publishes_snapshots_on_cuda(process):
     job nobody watches computes no pattern), and the watched head's probe pattern, computed on
     the GPU and copied to the host at telemetry steps, arrives while the run is going."""
     store = RunStore()
-    job = TrainingJob(JobConfig(MODEL, {"entropy": 0.1}, steps=400, device="cuda", measure_samples=64), store=store)
+    job = TrainingJob.open(
+        JobConfig(MODEL, {"entropy": 0.1}, steps=400, device="cuda", measure_samples=64), store=store
+    )
     job.watch(0, 1)  # before start: a worker process is told at once
     job.start(process=process)
     steps, live_patterns = set(), set()
@@ -137,7 +139,7 @@ def test_the_live_job_publishes_snapshots_on_cuda(process):
 
 def test_a_diverging_run_on_cuda_ends_diverged():
     """A learning rate that explodes: the run ends diverged, keeps finite weights and measures them."""
-    res = TrainingJob(
+    res = TrainingJob.open(
         JobConfig(MODEL, steps=200, lr=10.0, warmup_steps=0, device="cuda", measure_samples=64), store=RunStore()
     ).run()
     assert res["status"] == "diverged" and "kept weights of step" in res["message"]
@@ -281,7 +283,7 @@ def test_resolve_then_train_on_cuda_keeps_the_source_on_cpu():
     """Training a loaded model on CUDA moves a copy: the resolved source and the job's returned
     weights stay on the CPU."""
     loaded = resolve(MODEL)
-    job = TrainingJob(JobConfig(MODEL, steps=3, device="cuda", measure_samples=32), store=False)
+    job = TrainingJob.open(JobConfig(MODEL, steps=3, device="cuda", measure_samples=32), store=False)
     job.run()
     assert all(not p.is_cuda for p in loaded.model.parameters())
     assert all(not t.is_cuda for t in job.weights().values())

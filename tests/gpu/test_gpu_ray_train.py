@@ -41,7 +41,7 @@ def _apart(store: RunStore, a: str, b: str) -> float:
 
 @pytest.fixture(scope="module")
 def alone(store) -> str:
-    job = TrainingJob(JobConfig(**SETTINGS, device="cuda"), store=store)
+    job = TrainingJob.open(JobConfig(**SETTINGS, device="cuda"), store=store)
     assert job.run()["status"] == "completed"
     return job.run_id
 
@@ -50,7 +50,7 @@ def alone(store) -> str:
 def test_one_gpu_worker_through_ray_train_trains_the_run_one_process_trains(store, alone, strategy):
     """``--workers 1 --gpus-per-worker 1`` through Ray Train (NCCL), DDP and FSDP: the weights of
     the run one process trains on the GPU, to 1e-4."""
-    job = TrainingJob(JobConfig(**SETTINGS, workers=1, gpus_per_worker=1, strategy=strategy), store=store)
+    job = TrainingJob.open(JobConfig(**SETTINGS, workers=1, gpus_per_worker=1, strategy=strategy), store=store)
     res = job.run()
     assert res["status"] == "completed", res["message"]
     card = store.get(res["run_id"])["card"]
@@ -64,7 +64,7 @@ def test_one_gpu_worker_through_ray_train_trains_the_run_one_process_trains(stor
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_gpu_workers_train_the_run_one_process_trains(store, alone, strategy):
     """Two GPU workers (a machine with two GPUs or more), each on its own GPU: the same weights."""
-    job = TrainingJob(JobConfig(**SETTINGS, workers=2, gpus_per_worker=1, strategy=strategy), store=store)
+    job = TrainingJob.open(JobConfig(**SETTINGS, workers=2, gpus_per_worker=1, strategy=strategy), store=store)
     res = job.run()
     assert res["status"] == "completed", res["message"]
     assert len({w["device"] for w in job.snapshot().workers}) == 2  # one GPU each

@@ -83,7 +83,7 @@ def test_job_config_checks_its_checkpoint_settings():
 
 def test_job_keeps_the_weights_of_each_step_in_the_run(tiny):
     store = RunStore()
-    job = TrainingJob(job_cfg(tiny, checkpoint_every=5), store=store)
+    job = TrainingJob.open(job_cfg(tiny, checkpoint_every=5), store=store)
     assert job.checkpoints.steps == [0, 5, 10, 12]
     replay = Trainer(resolve(tiny).model, job.task, job.train_cfg)  # the same run, by hand
     res = job.run()
@@ -107,7 +107,7 @@ def test_job_keeps_the_weights_of_each_step_in_the_run(tiny):
 
 def test_a_stopped_job_lists_what_it_kept(tiny):
     store = RunStore()
-    job = TrainingJob(job_cfg(tiny, steps=200, checkpoint_every=2), store=store)
+    job = TrainingJob.open(job_cfg(tiny, steps=200, checkpoint_every=2), store=store)
     job._stop.set()  # stop before the first step
     res = job.run()
     assert res["status"] == "stopped"
@@ -117,7 +117,7 @@ def test_a_stopped_job_lists_what_it_kept(tiny):
 
 def test_attention_only_checkpoints_need_the_final_model(tiny):
     store = RunStore()
-    res = TrainingJob(job_cfg(tiny, checkpoint_log=3, checkpoint_params="attn"), store=store).run()
+    res = TrainingJob.open(job_cfg(tiny, checkpoint_log=3, checkpoint_params="attn"), store=store).run()
     folder = store.path(res["run_id"]) / CHECKPOINTS
     step, path = ckpt.read_series(folder)[1]
     from safetensors import safe_open
@@ -164,7 +164,7 @@ def test_the_bound_refuses_before_anything_is_written(tmp_path):
     with pytest.raises(LimitError, match="more than the bound"):
         writer.start(tmp_path / "series", model)
     assert not (tmp_path / "series").exists()
-    assert "101 at steps" in writer.statement(model)
+    assert "101 at steps" in writer.statement(model.cfg)
 
 
 def test_read_series_refuses_a_bad_index(tmp_path):
@@ -278,3 +278,36 @@ def test_a_long_series_rewrites_its_index_less_often_and_is_read_whole(tmp_path,
     assert len(indexed) == 118 and [s for s, _ in ckpt.read_series(tmp_path / "series")] == list(range(119))
     writer.write(121, model)  # the last scheduled step: indexed whatever n
     assert json.loads((tmp_path / "series" / ckpt.INDEX).read_text())["steps"][-1] == 121
+
+
+# --- the size of a checkpoint, from the config alone -----------------------------------------------------
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    n_layers=st.integers(1, 3),
+    n_heads=st.sampled_from([1, 2, 4]),
+    d_head=st.sampled_from([4, 8]),
+    d_mlp=st.sampled_from([0, 16]),
+    params=st.sampled_from(["all", "attn"]),
+)
+def test_checkpoint_bytes_equals_the_written_checkpoint(n_layers, n_heads, d_head, d_mlp, params):
+    model = make_tiny_model(n_layers=n_layers, n_heads=n_heads, d_head=d_head, d_mlp=d_mlp)
+    assert ckpt.checkpoint_bytes(model.cfg, params) == len(ckpt.to_bytes(model, 0, params))
+
+
+@pytest.mark.parametrize("name", ["induction-2l", "modadd-1l-mlp", "recall-2l-merged"])
+def test_checkpoint_bytes_of_zoo_models(name):
+    model = resolve(name).model
+    for params in ("all", "attn"):
+        assert ckpt.checkpoint_bytes(model.cfg, params) == len(ckpt.to_bytes(model, 0, params))
+
+
+def test_the_checkpoint_line_of_a_run_on_workers_builds_no_model(tiny):
+    job = TrainingJob.open(job_cfg(tiny, checkpoint_log=3, workers=2), store=False)
+    line = job.checkpoint_statement()
+    assert line.startswith("checkpoints: 4 at steps 0, 1, 3, 12 (all weights") and not job.built
+    here = TrainingJob.open(job_cfg(tiny, checkpoint_log=3), store=False)  # a job that trains here
+    assert here.checkpoint_statement() == line  # the same line as from the weights it builds:
+    assert ckpt.checkpoint_bytes(here.model_cfg, "all") == len(ckpt.to_bytes(here.model, 0, "all"))
+    assert TrainingJob.open(job_cfg(tiny), store=False).checkpoint_statement() is None

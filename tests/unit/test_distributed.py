@@ -103,7 +103,7 @@ def two_ranks(gqa, tmp_path_factory):
     alone = {}
     for name, kw in cases.items():
         kw = {k: v for k, v in kw.items() if k != "strategy"}
-        job = TrainingJob(JobConfig(**kw), store=store)
+        job = TrainingJob.open(JobConfig(**kw), store=store)
         job.run()
         alone[name] = job.run_id
     return store, ranks, alone

@@ -300,7 +300,7 @@ def trained_run(tmp_path, steps: int, **checkpoints) -> str:
     every = max(1, steps // 2)
     cfg = JobConfig(str(src), steps=steps, device="cpu", telemetry_every=every, spectrum_every=every,
                     eval_every=every, eval_samples=8, probe_samples=4, measure_samples=16, **checkpoints)  # fmt: skip
-    return f"run:{TrainingJob(cfg).run()['run_id']}"
+    return f"run:{TrainingJob.open(cfg).run()['run_id']}"
 
 
 @pytest.fixture

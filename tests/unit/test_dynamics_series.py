@@ -33,7 +33,7 @@ def written(tmp_path_factory):
     try:
         cfg = JobConfig(str(src), steps=6, lr=3e-2, device="cpu", telemetry_every=6, spectrum_every=6, eval_every=6,
                         eval_samples=8, probe_samples=4, measure_samples=8, checkpoint_every=2)  # fmt: skip
-        run = f"run:{TrainingJob(cfg).run()['run_id']}"
+        run = f"run:{TrainingJob.open(cfg).run()['run_id']}"
         own = D.series([run])
         assert own.steps == STEPS
         series = root / "pythia-like"
@@ -121,7 +121,7 @@ def test_a_text_run_writes_its_tokenizer_beside_its_checkpoints_when_it_starts(w
     _, series, text = written
     cfg = JobConfig(str(series / "step6"), text=str(text), block=8, steps=2, checkpoint_every=1, batch_size=4,
                     eval_every=2, telemetry_every=2, spectrum_every=2)  # fmt: skip
-    run_id = TrainingJob(cfg).run()["run_id"]
+    run_id = TrainingJob.open(cfg).run()["run_id"]
     folder = RunStore().path(run_id)
     assert (folder / "checkpoints" / "tokenizer.json").read_bytes() == (
         series / "step6" / "tokenizer.json"

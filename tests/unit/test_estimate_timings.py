@@ -115,7 +115,7 @@ def test_a_job_publishes_the_time_left_as_it_trains():
     from attn_core.retraining.job import TrainingJob
     from attn_core.training.config import JobConfig
 
-    job = TrainingJob(JobConfig(source="reverse-1l", regularizers={"entropy": 0.1}, steps=12), store=False)
+    job = TrainingJob.open(JobConfig(source="reverse-1l", regularizers={"entropy": 0.1}, steps=12), store=False)
     said = []
     job.on_publish = lambda j: said.append((j.snapshot().step, j.snapshot().left_s))
     job.run()

@@ -41,7 +41,7 @@ def test_what_each_choice_trains(tiny_model):
 
 
 def test_qk_training_moves_only_the_form_and_keeps_no_state_for_the_rest():
-    job = TrainingJob(
+    job = TrainingJob.open(
         JobConfig(source="induction-2l", regularizers=["entropy@L1=0.5"], train="qk", steps=3, lr=1e-2), store=False
     )
     before = {n: p.detach().clone() for n, p in job.model.named_parameters()}
@@ -129,7 +129,7 @@ def test_kl_keeps_a_retrain_closer_to_its_start():
 
     def run(kl: float):
         cfg = JobConfig(source="reverse-1l", regularizers=["entropy=1"], steps=15, lr=1e-2, kl=kl, seed=1)
-        job = TrainingJob(cfg, store=False)
+        job = TrainingJob.open(cfg, store=False)
         start = [p.detach().clone() for p in job.model.parameters()]
         job.run()
         moved = sum(float((p.detach() - s).norm() ** 2) for p, s in zip(job.model.parameters(), start)) ** 0.5

@@ -95,7 +95,7 @@ def test_a_retrain_on_text_moves_the_sinks_and_biases_and_exports_back(oss, tmp_
 
     root, text = oss
     monkeypatch.setenv("ATTN_LAB_RUNS", str(tmp_path / "runs"))
-    job = TrainingJob(JobConfig(source=str(root), text=str(text), block=12, steps=3, lr=1e-2, batch_size=4))
+    job = TrainingJob.open(JobConfig(source=str(root), text=str(text), block=12, steps=3, lr=1e-2, batch_size=4))
     res = job.run()
     assert res["status"] == "completed", res["message"]
     before, after = load_hf(root).model.state_dict(), resolve(f"run:{res['run_id']}")
@@ -191,7 +191,7 @@ def test_a_vocabulary_penalty_on_a_model_with_sinks_is_refused_in_one_sentence(o
     monkeypatch.setenv("ATTN_LAB_RUNS", str(tmp_path / "runs"))
     cfg = JobConfig(source=str(root), text=str(text), block=12, steps=2, regularizers={"vocab_entropy": 0.1})
     with pytest.raises(ValueError, match="vocab_entropy.*learned sink"):
-        TrainingJob(cfg)
+        TrainingJob.open(cfg)
 
 
 def test_the_heatmaps_parts_show_the_bias_terms_and_the_sink_share(oss):

@@ -53,7 +53,7 @@ def wait_for(pred, timeout=60.0):
 
 def test_job_runs_in_a_thread_and_is_saved(tiny):
     store = RunStore()
-    job = TrainingJob(job_cfg(tiny), store=store)
+    job = TrainingJob.open(job_cfg(tiny), store=store)
     assert job.snapshot().status == "pending"
     job.start()
     assert job.join(120)
@@ -102,7 +102,7 @@ def test_job_runs_in_a_thread_and_is_saved(tiny):
 
 
 def test_snapshot_is_cheap_to_read_while_training(tiny):
-    job = TrainingJob(job_cfg(tiny, steps=150), store=False).start()
+    job = TrainingJob.open(job_cfg(tiny, steps=150), store=False).start()
     times = []
     while not job.join(0.002):
         t = time.perf_counter()
@@ -114,7 +114,7 @@ def test_snapshot_is_cheap_to_read_while_training(tiny):
 
 
 def test_pause_resume_and_stop(tiny):
-    job = TrainingJob(job_cfg(tiny, steps=100_000), store=RunStore()).start()
+    job = TrainingJob.open(job_cfg(tiny, steps=100_000), store=RunStore()).start()
     assert wait_for(lambda: job.snapshot().step >= 3)
     job.pause()
     assert wait_for(lambda: job.snapshot().status == "paused")
@@ -133,7 +133,7 @@ def test_pause_resume_and_stop(tiny):
 
 
 def test_stop_while_paused(tiny):
-    job = TrainingJob(job_cfg(tiny, steps=100_000), store=False).start()
+    job = TrainingJob.open(job_cfg(tiny, steps=100_000), store=False).start()
     assert wait_for(lambda: job.snapshot().step >= 1)
     job.pause()
     assert wait_for(lambda: job.snapshot().status == "paused")
@@ -142,7 +142,7 @@ def test_stop_while_paused(tiny):
 
 
 def test_diverging_lr_keeps_the_last_good_weights(tiny):
-    job = TrainingJob(job_cfg(tiny, lr=10.0, steps=200, warmup_steps=0), store=RunStore())
+    job = TrainingJob.open(job_cfg(tiny, lr=10.0, steps=200, warmup_steps=0), store=RunStore())
     res = job.run()
     assert res["status"] == "diverged"
     assert res["message"].startswith("diverged at step") and "kept weights of step" in res["message"]
@@ -154,18 +154,18 @@ def test_diverging_lr_keeps_the_last_good_weights(tiny):
 
 
 def test_deterministic_under_a_seed(tiny):
-    a = TrainingJob(job_cfg(tiny, seed=4), store=False).run()
-    b = TrainingJob(job_cfg(tiny, seed=4), store=False).start()
+    a = TrainingJob.open(job_cfg(tiny, seed=4), store=False).run()
+    b = TrainingJob.open(job_cfg(tiny, seed=4), store=False).start()
     b.join(120)
     assert a["after"] == b.result()["after"]
-    c = TrainingJob(job_cfg(tiny, seed=5), store=False).run()
+    c = TrainingJob.open(job_cfg(tiny, seed=5), store=False).run()
     assert c["after"]["loss"] != a["after"]["loss"]
 
 
 def test_two_jobs_at_once_never_share_state(tiny):
     store = RunStore()
     slots = JobSlots(limit=lambda: 3)  # all three train at once (a server's line would queue them)
-    jobs = [TrainingJob(job_cfg(tiny, seed=s, steps=30), store=store, slots=slots) for s in (1, 1, 2)]
+    jobs = [TrainingJob.open(job_cfg(tiny, seed=s, steps=30), store=store, slots=slots) for s in (1, 1, 2)]
     params = [{p.data_ptr() for p in j.model.parameters()} for j in jobs]
     assert not (params[0] & params[1]) and not (params[0] & params[2])
     for j in jobs:
@@ -180,25 +180,25 @@ def test_two_jobs_at_once_never_share_state(tiny):
     assert res[0]["after"] != res[2]["after"]
     logs = [store.metrics(r["run_id"]) for r in res]
     assert logs[0].equals(logs[1]) and not logs[0].equals(logs[2])
-    alone = TrainingJob(job_cfg(tiny, seed=1, steps=30), store=False).run()
+    alone = TrainingJob.open(job_cfg(tiny, seed=1, steps=30), store=False).run()
     assert alone["after"] == res[0]["after"]
 
 
 def test_fine_tune_a_run_and_train_from_scratch(tiny):
     store = RunStore()
-    first = TrainingJob(job_cfg(tiny, steps=5), store=store).run()
-    second = TrainingJob(job_cfg(f"run:{first['run_id']}", steps=5, entmax_alpha=2.0), store=store).run()
+    first = TrainingJob.open(job_cfg(tiny, steps=5), store=store).run()
+    second = TrainingJob.open(job_cfg(f"run:{first['run_id']}", steps=5, entmax_alpha=2.0), store=store).run()
     assert second["status"] == "completed"
     assert store.get(second["run_id"])["parent"] == f"run:{first['run_id']}"
     assert store.load_model(second["run_id"]).config.entmax_alpha == 2.0
     # the parent's attention was softmax: the 'before' of the sparsemax run is measured with sparsemax
     assert second["before"]["entropy_data"] < first["after"]["entropy_data"]
-    scratch = TrainingJob(job_cfg("scratch:reverse-1l", steps=3, regularizers={}), store=store).run()
+    scratch = TrainingJob.open(job_cfg("scratch:reverse-1l", steps=3, regularizers={}), store=store).run()
     assert scratch["status"] == "completed" and store.get(scratch["run_id"])["parent"] == "scratch:reverse-1l"
 
 
 def test_model_copy_is_independent(tiny):
-    job = TrainingJob(job_cfg(tiny, steps=3), store=False)
+    job = TrainingJob.open(job_cfg(tiny, steps=3), store=False)
     job.run()
     copy = job.model_copy()
     with torch.no_grad():
@@ -215,7 +215,7 @@ def test_shipped_zoo_files_are_never_modified():
         return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
 
     before = digest()
-    res = TrainingJob(
+    res = TrainingJob.open(
         JobConfig("reverse-1l", {"entropy": 0.1}, steps=3, device="cpu", measure_samples=32, eval_samples=32),
         store=RunStore(),
     ).run()
@@ -227,8 +227,8 @@ def test_shipped_zoo_files_are_never_modified():
 def test_sync_every_leaves_the_run_and_its_snapshots_unchanged(tiny):
     """Reading the device every 7 steps (telemetry every 5, spectra every 10): snapshots still arrive,
     every step is logged, telemetry lands on its steps, and the run is the same bit for bit."""
-    eager = TrainingJob(job_cfg(tiny, seed=3), store=False).run()
-    job = TrainingJob(job_cfg(tiny, seed=3, sync_every=7), store=False)
+    eager = TrainingJob.open(job_cfg(tiny, seed=3), store=False).run()
+    job = TrainingJob.open(job_cfg(tiny, seed=3, sync_every=7), store=False)
     assert job.trainer.sync_every == 7
     steps_seen = []
     job.trainer.callbacks.append(lambda m: steps_seen.append(job.snapshot().step))
@@ -244,7 +244,7 @@ def test_sync_every_leaves_the_run_and_its_snapshots_unchanged(tiny):
 
 
 def test_a_nan_with_sync_every_ends_diverged_with_finite_weights(tiny):
-    job = TrainingJob(job_cfg(tiny, lr=10.0, steps=200, warmup_steps=0, sync_every=6), store=RunStore())
+    job = TrainingJob.open(job_cfg(tiny, lr=10.0, steps=200, warmup_steps=0, sync_every=6), store=RunStore())
     res = job.run()
     assert res["status"] == "diverged" and "kept weights of step" in res["message"]
     model = RunStore().load_model(res["run_id"]).model
@@ -253,7 +253,7 @@ def test_a_nan_with_sync_every_ends_diverged_with_finite_weights(tiny):
 
 
 def test_bf16_job_on_cpu(tiny):
-    res = TrainingJob(job_cfg(tiny, precision="bf16", steps=10), store=False).run()
-    ref = TrainingJob(job_cfg(tiny, steps=10), store=False).run()
+    res = TrainingJob.open(job_cfg(tiny, precision="bf16", steps=10), store=False).run()
+    ref = TrainingJob.open(job_cfg(tiny, steps=10), store=False).run()
     assert res["status"] == "completed" and math.isfinite(res["after"]["loss"])
     assert res["after"]["loss"] == pytest.approx(ref["after"]["loss"], rel=0.05)

@@ -20,7 +20,7 @@ PARTS = {"load", "before", "telemetry", "spectra", "after", "save", "steps", "ev
 
 def _job(tmp_path, compile: bool) -> TrainingJob:
     cfg = JobConfig("reverse-1l", steps=6, measure_samples=32, eval_samples=16, compile=compile, device="cpu")
-    job = TrainingJob(cfg, store=RunStore(tmp_path / "runs"))
+    job = TrainingJob.open(cfg, store=RunStore(tmp_path / "runs"))
     assert job.run()["status"] == "completed"
     return job
 

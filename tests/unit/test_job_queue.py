@@ -214,8 +214,8 @@ def test_cancel_while_waiting_ends_the_wait_and_while_running_stops_the_job(tmp_
 
 def test_a_real_job_cancelled_while_waiting_never_trains_and_one_cancelled_running_stops(tmp_path, tiny):
     queue, store = q(tmp_path), RunStore(tmp_path / "runs")
-    first = TrainingJob(JobConfig(tiny, {}, steps=10**6, device="cpu"), store=store, slots=queue).start()
-    second = TrainingJob(JobConfig(tiny, {}, steps=3, device="cpu"), store=store, slots=queue, user="").start()
+    first = TrainingJob.open(JobConfig(tiny, {}, steps=10**6, device="cpu"), store=store, slots=queue).start()
+    second = TrainingJob.open(JobConfig(tiny, {}, steps=3, device="cpu"), store=store, slots=queue, user="").start()
     try:
         assert second.snapshot().status == "queued" and second.snapshot().message.startswith("queued: 1 job ahead")
         assert queue.cancel(second._ticket, "") == "cancelled"
@@ -236,7 +236,7 @@ def test_a_real_job_cancelled_while_waiting_never_trains_and_one_cancelled_runni
 def test_the_wall_time_limit_stops_a_running_job_and_says_so(tmp_path, tiny, monkeypatch):
     monkeypatch.setenv(ENV_JOB_WALL_S, "1")
     queue, store = q(tmp_path), RunStore(tmp_path / "runs")
-    job = TrainingJob(JobConfig(tiny, {}, steps=10**6, device="cpu"), store=store, slots=queue).start()
+    job = TrainingJob.open(JobConfig(tiny, {}, steps=10**6, device="cpu"), store=store, slots=queue).start()
     assert job.join(120)
     snap = job.snapshot()
     assert (
@@ -267,8 +267,8 @@ from attn_core.retraining.job import TrainingJob
 from attn_core.training.queue import JobQueue
 root, tiny = sys.argv[1], sys.argv[2]
 queue, store = JobQueue(root), RunStore(root)
-long = TrainingJob(JobConfig(tiny, {}, steps=10**6, device="cpu"), store=store, slots=queue, user="ann").start()
-short = TrainingJob(JobConfig(tiny, {}, steps=4, device="cpu"), store=store, slots=queue, user="ben").start()
+long = TrainingJob.open(JobConfig(tiny, {}, steps=10**6, device="cpu"), store=store, slots=queue, user="ann").start()
+short = TrainingJob.open(JobConfig(tiny, {}, steps=4, device="cpu"), store=store, slots=queue, user="ben").start()
 while long.snapshot().step < 2:
     time.sleep(0.05)
 print(long._ticket, short._ticket, long.run_id, flush=True)
@@ -365,7 +365,7 @@ def test_a_dropped_session_finds_its_job_again_and_no_one_elses(tmp_path, tiny):
     queue = q(tmp_path)
     other = submit(queue)
     assert queue.claim(other)  # the slot is taken: the job waits
-    job = TrainingJob(JobConfig(tiny, {}, steps=3, device="cpu"), store=False, slots=queue, user="ann").start()
+    job = TrainingJob.open(JobConfig(tiny, {}, steps=3, device="cpu"), store=False, slots=queue, user="ann").start()
     try:
         assert job in running_jobs("ann") and job not in running_jobs("ben") and job in running_jobs("", admin=True)
         assert [e["id"] for e in queue.entries("ann")] == [job._ticket]
@@ -416,7 +416,7 @@ def test_a_shared_servers_waiting_entry_adopted_after_a_restart_trains_in_its_ow
     monkeypatch.setenv("ATTN_LAB_MAX_JOBS", "1")
     alice = users.open_store({"iss": "https://id.lab.example", "sub": "alice"})
     mine = RunStore(alice)
-    parent = TrainingJob(JobConfig(tiny, {}, steps=2, device="cpu"), store=mine).start()
+    parent = TrainingJob.open(JobConfig(tiny, {}, steps=2, device="cpu"), store=mine).start()
     assert parent.join(120) and parent.snapshot().status == "completed"
 
     def nobody():

@@ -57,7 +57,7 @@ def job_on_meta(monkeypatch, settings: dict, penalty: str) -> TrainingJob:
         **settings, regularizers=[penalty] if penalty else [], steps=100, batch_size=4, sync_every=SYNC_EVERY,
         telemetry_every=1000, spectrum_every=1000, device="cpu", lr=1e-3,
     )  # fmt: skip
-    return TrainingJob(cfg, store=False)
+    return TrainingJob.open(cfg, store=False)
 
 
 def plain_loop(job: TrainingJob, penalty: bool):

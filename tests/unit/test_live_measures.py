@@ -205,7 +205,7 @@ def test_a_job_computes_the_pattern_of_the_head_watched_and_no_other(tmp_path):
 
     src = str(checkpoint.save(make_tiny_model(n_layers=2), tmp_path / "m", {"task": "reverse"}))
     cfg = JobConfig(src, {"entropy": 0.1}, steps=10**6, device="cpu", telemetry_every=5, probe_samples=4)
-    job = TrainingJob(cfg, store=False).start()
+    job = TrainingJob.open(cfg, store=False).start()
     try:
         deadline = time.monotonic() + 60
         while job.snapshot().step < 6 and time.monotonic() < deadline:
@@ -262,7 +262,7 @@ def test_a_run_on_text_gives_its_views_held_out_blocks_of_its_text(tmp_path):
     text = tmp_path / "text.txt"
     text.write_text(make_text(0, lines=150))
     store = RunStore()
-    job = TrainingJob(JobConfig(str(folder), text=str(text), block=12, steps=2, device="cpu"), store=store)
+    job = TrainingJob.open(JobConfig(str(folder), text=str(text), block=12, steps=2, device="cpu"), store=store)
     res = job.run()
     assert res["status"] == "completed"
     run = resolve(f"run:{res['run_id']}", store=store)

@@ -541,7 +541,7 @@ def test_a_retrain_job_moves_the_router_and_experts_and_exports_back(tmp_path):
     write_word_tokenizer(folder)
     text = tmp_path / "text.txt"
     text.write_text(make_text(0, lines=150))
-    job = TrainingJob(JobConfig(source=str(folder), text=str(text), block=12, steps=4, lr=1e-2, batch_size=8))
+    job = TrainingJob.open(JobConfig(source=str(folder), text=str(text), block=12, steps=4, lr=1e-2, batch_size=8))
     res = job.run()
     assert res["status"] == "completed", res["message"]
     terms = {n for n in job.snapshot().metrics()["name"] if n.startswith("term:")}

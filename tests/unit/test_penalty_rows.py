@@ -69,9 +69,9 @@ def test_penalty_rows_is_in_the_command_and_the_config():
 
 def test_a_job_samples_rows_and_its_card_says_so(tiny):
     store = RunStore()
-    exact = TrainingJob(job_cfg(tiny), store=False)
+    exact = TrainingJob.open(job_cfg(tiny), store=False)
     exact.run()
-    job = TrainingJob(job_cfg(tiny, penalty_rows=4), store=store)
+    job = TrainingJob.open(job_cfg(tiny, penalty_rows=4), store=store)
     assert job.penalty.rows == 4  # what build_penalty got
     res = job.run()
     assert res["status"] == "completed" and res["steps"] == 4
@@ -89,9 +89,9 @@ def test_a_job_samples_rows_and_its_card_says_so(tiny):
 
 
 def test_rows_covering_the_sequence_are_the_exact_penalty(tiny):
-    exact = TrainingJob(job_cfg(tiny), store=False)
+    exact = TrainingJob.open(job_cfg(tiny), store=False)
     exact.run()
-    job = TrainingJob(job_cfg(tiny, penalty_rows=T - 1), store=False)  # every row that can count
+    job = TrainingJob.open(job_cfg(tiny, penalty_rows=T - 1), store=False)  # every row that can count
     res = job.run()
     card = job.card(_done(res), res["after"])
     assert card.details["penalty"] == {"rows": T - 1, "positions": T, "estimate": "exact"}
@@ -105,7 +105,7 @@ def _done(res):
 
 
 def test_without_a_row_penalty_nothing_is_sampled(tiny):
-    job = TrainingJob(job_cfg(tiny, regularizers=["vocab_entropy=0.1"], penalty_rows=4), store=False)
+    job = TrainingJob.open(job_cfg(tiny, regularizers=["vocab_entropy=0.1"], penalty_rows=4), store=False)
     res = job.run()
     card = job.card(_done(res), res["after"])
     assert card.details["penalty"]["estimate"] == "none" and "sampled" not in card.description
@@ -113,7 +113,7 @@ def test_without_a_row_penalty_nothing_is_sampled(tiny):
 
 def test_a_worker_process_gets_penalty_rows(tiny):
     store = RunStore()
-    job = TrainingJob(job_cfg(tiny, penalty_rows=4), store=store).start(process=True)
+    job = TrainingJob.open(job_cfg(tiny, penalty_rows=4), store=store).start(process=True)
     assert job.join(300)
     snap = job.snapshot()
     assert snap.status == "completed", snap.message

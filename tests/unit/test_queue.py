@@ -80,9 +80,9 @@ def test_a_job_queued_behind_another_waits_then_trains(tmp_path, tiny_folder):
     store = RunStore(tmp_path / "runs")
     slots = JobSlots(limit=lambda: 1)
     cfg = JobConfig(str(tiny_folder), {"entropy": 0.1}, steps=10**6, device="cpu")
-    first = TrainingJob(cfg, store=store, slots=slots).start()
-    second = TrainingJob(JobConfig(str(tiny_folder), {}, steps=3, device="cpu"), store=store, slots=slots).start()
-    third = TrainingJob(JobConfig(str(tiny_folder), {}, steps=3, device="cpu"), store=store, slots=slots).start()
+    first = TrainingJob.open(cfg, store=store, slots=slots).start()
+    second = TrainingJob.open(JobConfig(str(tiny_folder), {}, steps=3, device="cpu"), store=store, slots=slots).start()
+    third = TrainingJob.open(JobConfig(str(tiny_folder), {}, steps=3, device="cpu"), store=store, slots=slots).start()
     try:
         snap = second.snapshot()
         assert snap.status == "queued" and snap.message.startswith("queued: 1 job ahead")

@@ -80,7 +80,7 @@ def test_two_workers_train_the_run_one_process_trains_and_pause_on_every_worker(
     store = local_ray
     settings = dict(source="induction-2l", regularizers={"entropy": 0.1}, steps=40, batch_size=16)
     settings.update(eval_every=20, telemetry_every=10, spectrum_every=20, measure_samples=64, eval_samples=64)
-    job = TrainingJob(JobConfig(**settings, workers=2), store=store).start()
+    job = TrainingJob.open(JobConfig(**settings, workers=2), store=store).start()
     paused_at = None
     try:
         _wait(job, lambda s: s.step >= 2, "step 2")
@@ -98,7 +98,7 @@ def test_two_workers_train_the_run_one_process_trains_and_pause_on_every_worker(
     assert res["status"] == "completed", res["message"]
     assert 2 <= paused_at < 40
     assert all(w["steps_per_s"] > 0 and w["peak_mib"] > 0 for w in job.snapshot().workers)
-    alone = TrainingJob(JobConfig(**settings), store=store)
+    alone = TrainingJob.open(JobConfig(**settings), store=store)
     alone.run()
     assert _weights_apart(store, res["run_id"], alone.run_id) <= W_TOL
     m = store.metrics(res["run_id"])
@@ -149,7 +149,7 @@ def test_the_cli_trains_an_imported_gqa_folder_on_text_with_fsdp(local_ray, tmp_
 
 def test_a_worker_killed_mid_run_fails_the_run_with_its_reason_and_keeps_what_was_saved(local_ray):
     cfg = JobConfig(source="induction-2l", regularizers={"entropy": 0.1}, steps=5000, workers=2, checkpoint_every=2)
-    job = TrainingJob(cfg, store=local_ray).start()
+    job = TrainingJob.open(cfg, store=local_ray).start()
     snap = _wait(job, lambda s: s.step >= 4 and len(s.workers) == 2, "step 4 with both workers reporting")
     victim = snap.workers[1]["pid"]
     os.kill(victim, signal.SIGKILL)

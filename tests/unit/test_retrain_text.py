@@ -83,7 +83,7 @@ def test_retrain_on_text_then_export_to_its_own_family(family, tmp_path):
         spectrum_every=3,
         batch_size=8,
     )
-    job = TrainingJob(cfg)
+    job = TrainingJob.open(cfg)
     res = job.run()
     assert res["status"] == "completed", res["message"]
     before, after = res["before"], res["after"]
@@ -200,4 +200,4 @@ def test_an_imported_model_on_text_takes_a_batch_its_memory_allows(tmp_path, mon
     given = json.loads(cli("retrain", str(folder), *args, "--batch-size", "3", "--json").stdout)
     assert given["batch_size"] == 3
     cfg = JobConfig(source=str(folder), text=str(tmp_path / "t.txt"), block=10, steps=1)
-    assert TrainingJob(cfg, store=False).train_cfg.batch_size == 64  # the toys' 64 at most
+    assert TrainingJob.open(cfg, store=False).train_cfg.batch_size == 64  # the toys' 64 at most

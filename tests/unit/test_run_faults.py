@@ -134,7 +134,7 @@ def test_a_run_started_without_a_handler_keeps_its_weights_on_keyboard_interrupt
         "from attn_core.runs import RunStore\n"
         "from attn_core.training.config import JobConfig\n"
         "from attn_core.retraining.job import TrainingJob\n"
-        f"job = TrainingJob(JobConfig({tiny!r}, steps=500_000, device='cpu'), store=RunStore({str(tmp_path / 'r')!r}))\n"
+        f"job = TrainingJob.open(JobConfig({tiny!r}, steps=500_000, device='cpu'), store=RunStore({str(tmp_path / 'r')!r}))\n"
         "def ctrl_c():\n"
         "    while job.snapshot().step < 5: pass\n"
         "    os.kill(os.getpid(), signal.SIGINT)\n"

@@ -183,7 +183,7 @@ def test_killed_training_process(tmp_path):
     code = (
         "from attn_core.training.config import JobConfig\n"
         "from attn_core.retraining.job import TrainingJob\n"
-        f"TrainingJob(JobConfig({str(folder)!r}, {{'entropy': 0.1}}, steps=10**7, device='cpu')).run()\n"
+        f"TrainingJob.open(JobConfig({str(folder)!r}, {{'entropy': 0.1}}, steps=10**7, device='cpu')).run()\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     store = RunStore(tmp_path / "runs")

@@ -39,7 +39,7 @@ def alice(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTN_LAB_MAX_JOBS", "1")
     folder = users.open_store({"iss": "https://id.lab.example", "sub": "alice"})
     tiny = checkpoint.save(make_tiny_model(), tmp_path / "tiny", {"task": "reverse", "train": {"batch_size": 8}})
-    parent = TrainingJob(JobConfig(str(tiny), {}, steps=2, device="cpu"), store=RunStore(folder)).start()
+    parent = TrainingJob.open(JobConfig(str(tiny), {}, steps=2, device="cpu"), store=RunStore(folder)).start()
     assert parent.join(120) and parent.snapshot().status == "completed"
     yield folder, parent.run_id
     scope_roots(None)

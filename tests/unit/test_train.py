@@ -155,18 +155,18 @@ def test_job_config_checks(kw, message):
 def test_job_checks_heads_and_source_against_the_model(tmp_path):
     folder = checkpoint.save(make_tiny_model(), tmp_path / "tiny", {"task": "reverse"})
     with pytest.raises(ValueError, match="layer L1 is out of range"):
-        TrainingJob(JobConfig(str(folder), {"entropy": 0.1}, heads="L1"), store=False)
+        TrainingJob.open(JobConfig(str(folder), {"entropy": 0.1}, heads="L1"), store=False)
     with pytest.raises(ValueError, match="head L0H2 is out of range"):
-        TrainingJob(JobConfig(str(folder), ["entropy@L0H2=0.1"]), store=False)
+        TrainingJob.open(JobConfig(str(folder), ["entropy@L0H2=0.1"]), store=False)
     with pytest.raises(ValueError, match="no model named"):
-        TrainingJob(JobConfig("no-such-model"), store=False)
+        TrainingJob.open(JobConfig("no-such-model"), store=False)
     with pytest.raises(ValueError, match="unknown preset"):
-        TrainingJob(JobConfig("scratch:nope"), store=False)
+        TrainingJob.open(JobConfig("scratch:nope"), store=False)
     with pytest.raises(ValueError, match=r"scratch:text-8k cannot be retrained from a fresh init: train it with"):
-        TrainingJob(JobConfig("scratch:text-8k"), store=False)  # a text preset trains its tokenizer too
+        TrainingJob.open(JobConfig("scratch:text-8k"), store=False)  # a text preset trains its tokenizer too
     bare = checkpoint.save(make_tiny_model(), tmp_path / "bare", {})
     with pytest.raises(ValueError, match="no known task"):
-        TrainingJob(JobConfig(str(bare)), store=False)
+        TrainingJob.open(JobConfig(str(bare)), store=False)
 
 
 def test_job_command_reproduces_the_settings():

@@ -57,14 +57,14 @@ def wait_for(pred, timeout=120.0) -> bool:
 
 def test_a_worker_trains_the_run_a_thread_trains(tiny):
     store = RunStore()
-    job = TrainingJob(cfg(tiny, seed=3), store=store)
+    job = TrainingJob.open(cfg(tiny, seed=3), store=store)
     job.watch(0, 1)  # before the worker starts: the worker is told
     job.start(process=True)
     assert job.join(300)
     snap = job.snapshot()
     assert snap.status == "completed" and snap.step == 40 and snap.message == "completed 40 steps"
     assert job.remote.process.returncode == 0 and job.remote.process.pid != os.getpid()
-    here = TrainingJob(cfg(tiny, seed=3), store=False)
+    here = TrainingJob.open(cfg(tiny, seed=3), store=False)
     here.watch(0, 1)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the worker's one thread: bit for bit holds at the same thread count
@@ -93,9 +93,9 @@ def test_the_line_pause_resume_and_stop_reach_a_worker(tiny):
     line never starts one, and pause, resume and stop reach the worker once it trains."""
     store = RunStore()
     slots = JobSlots(limit=lambda: 1)
-    first = TrainingJob(cfg(tiny, steps=10**6), store=False, slots=slots).start()  # holds the slot
-    job = TrainingJob(cfg(tiny, steps=10**6), store=store, slots=slots).start(process=True)
-    third = TrainingJob(cfg(tiny, steps=5), store=False, slots=slots).start(process=True)
+    first = TrainingJob.open(cfg(tiny, steps=10**6), store=False, slots=slots).start()  # holds the slot
+    job = TrainingJob.open(cfg(tiny, steps=10**6), store=store, slots=slots).start(process=True)
+    third = TrainingJob.open(cfg(tiny, steps=5), store=False, slots=slots).start(process=True)
     try:
         assert job.snapshot().status == "queued" and job.snapshot().message.startswith("queued: 1 job ahead")
         third.stop()
@@ -124,7 +124,7 @@ def test_the_line_pause_resume_and_stop_reach_a_worker(tiny):
 
 
 def test_a_worker_that_dies_ends_its_job_failed(tiny):
-    job = TrainingJob(cfg(tiny, steps=10**6), store=RunStore()).start(process=True)
+    job = TrainingJob.open(cfg(tiny, steps=10**6), store=RunStore()).start(process=True)
     assert wait_for(lambda: job.snapshot().step > 0)
     job.remote.process.kill()
     assert job.join(60)
@@ -140,7 +140,7 @@ import sys, time
 from attn_core.runs import RunStore
 from attn_core.training.config import JobConfig
 from attn_core.retraining.job import TrainingJob
-job = TrainingJob(JobConfig({source!r}, steps=10**6, device="cpu", measure_samples=32), store=RunStore({store!r}))
+job = TrainingJob.open(JobConfig({source!r}, steps=10**6, device="cpu", measure_samples=32), store=RunStore({store!r}))
 job.start(process=True)
 while job.snapshot().step < 5:
     time.sleep(0.01)
@@ -209,7 +209,7 @@ def test_a_job_the_retrain_page_starts_in_a_worker_process_builds_no_model_here(
         init(self, *args, **kwargs)
 
     monkeypatch.setattr(Transformer, "__init__", counted)
-    job = TrainingJob(cfg(tiny, steps=400), store=RunStore(), slots=JobQueue(tmp_path / "queue"), user="ann")
+    job = TrainingJob.open(cfg(tiny, steps=400), store=RunStore(), slots=JobQueue(tmp_path / "queue"), user="ann")
     job.start(process=True)
     job.watch(0, 1)
     assert wait_for(lambda: job.snapshot().pattern_of(0, 1) is not None)  # the worker's pattern arrives
