@@ -44,7 +44,7 @@ def preview_of(loaded: LoadedModel, text, stamp, samples: int, edits: tuple, lay
     sources, keyed by their weights. The edited model itself is made again only to save it (a
     copy of the model per edit would stay in the cache)."""
     inputs = inputs_of(loaded, text, stamp, samples)
-    shown = surgery.preview(loaded, list(edits), inputs, layer, head, dict(sources))
+    shown = surgery.edit_preview(loaded, list(edits), inputs, layer, head, dict(sources))
     return dict(loss=shown.loss, perplexity=shown.perplexity), shown.pattern, shown.edited.factors[0]
 
 

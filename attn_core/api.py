@@ -188,7 +188,7 @@ def circuits(model, samples: int = N_SAMPLES, seed: int = 0) -> pd.DataFrame:
     from attn_core.circuits import circuits_report
 
     m = Model.of(model)
-    check_count("samples", samples, MAX_SAMPLES)
+    check_count("samples", samples, hi=MAX_SAMPLES)
     check_seed("seed", seed)
     doc = circuits_report(m, n_samples=samples, seed=seed)
     return _frame(doc.pop("heads"), doc)
@@ -218,7 +218,7 @@ def dynamics(
             f"dynamics() got unknown options: {', '.join(unknown)} (it takes {', '.join(DYNAMICS_OPTIONS)})"
         )
     cache = check_bool("cache", options.pop("cache", True))
-    check_count("detector_samples", detector_samples, MAX_SAMPLES)
+    check_count("detector_samples", detector_samples, hi=MAX_SAMPLES)
     if not isinstance(source, (str, Path, list)):
         raise TypeError(f"source must be a run, a folder or a list of models, got {type(source).__name__}")
     series = D.series([str(s) for s in source] if isinstance(source, list) else [str(source)])

@@ -107,9 +107,9 @@ def edit(
         what = "source_head" if source_head is not None else "with_ov"
         raise ValueError(f"{what} is for a transplant, which needs source= (the model whose head is copied)")
     check_text(text)
-    check_count("samples", samples, MAX_SAMPLES)
+    check_count("samples", samples, hi=MAX_SAMPLES)
     if length is not None:
-        check_count("length", length, MAX_SEQUENCE)
+        check_count("length", length, hi=MAX_SEQUENCE)
     check_seed("seed", seed)
     sources = {} if src is None else {src.name: src}
     if isinstance(head, list):

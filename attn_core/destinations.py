@@ -58,7 +58,7 @@ def check_destination(
         raise ValueError(f"{what} {shown(str(path), 120)} cannot be written ({e.strerror or e})") from None
 
 
-def said(path: object) -> str:
+def shown_path(path: object) -> str:
     """``path`` for a one-line message: as it is, or quoted (``repr``) when it holds a newline or
     another character that cannot be printed; a very long one cut short."""
     text = str(path)
@@ -81,40 +81,42 @@ def _check_destination(path: Path, what: str, empty_ok: bool, outside, doing: st
         target = os.readlink(path)
         state = "which does not exist (a dangling link)" if not path.exists() else "a link is never written through"
         raise ValueError(
-            f"{what} {said(path)} is a link to {said(target)}, {state}; give a new path that is not a link"
+            f"{what} {shown_path(path)} is a link to {shown_path(target)}, {state}; give a new path that is not a link"
         )
     where = Path(os.path.realpath(path.absolute()))  # links followed; a loop never raises here
     for folder in outside:
         if where.is_relative_to(Path(os.path.realpath(Path(folder).expanduser().absolute()))):
             raise ValueError(
-                f"{what} {said(path)} is inside {said(folder)}, which is being {doing}; choose a path outside it"
+                f"{what} {shown_path(path)} is inside {shown_path(folder)}, which is being {doing}; choose a path outside it"
             )
     if path.exists() and not (overwrite and path.is_file()):  # a file to replace: written beside, renamed
         if not empty_ok:
-            raise ValueError(f"{what} {said(path)} already exists; choose a new path (nothing was overwritten)")
+            raise ValueError(f"{what} {shown_path(path)} already exists; choose a new path (nothing was overwritten)")
         if not path.is_dir():
-            raise ValueError(f"{what} {said(path)} is a file; choose a new folder (nothing was overwritten)")
+            raise ValueError(f"{what} {shown_path(path)} is a file; choose a new folder (nothing was overwritten)")
         if any(path.iterdir()):
             raise ValueError(
-                f"{what} {said(path)} already exists and is not empty; choose a new folder (nothing was overwritten)"
+                f"{what} {shown_path(path)} already exists and is not empty; choose a new folder (nothing was overwritten)"
             )
         if os.path.ismount(path):
             raise ValueError(
-                f"{what} {said(path)} is a mount point, which a save cannot replace; choose a new folder inside it"
+                f"{what} {shown_path(path)} is a mount point, which a save cannot replace; choose a new folder inside it"
             )
     parent = path.absolute().parent
     while not parent.exists() and parent != parent.parent:
         if parent.is_symlink():
             raise ValueError(
-                f"{what} {said(path)}: {said(parent)} is a link to {said(os.readlink(parent))}, which leads nowhere (dangling, or a loop)"
+                f"{what} {shown_path(path)}: {shown_path(parent)} is a link to {shown_path(os.readlink(parent))}, which leads nowhere (dangling, or a loop)"
             )
         parent = parent.parent
     if not parent.is_dir():
-        raise ValueError(f"{what} {said(path)}: {said(parent)} is a file, not a folder")
+        raise ValueError(f"{what} {shown_path(path)}: {shown_path(parent)} is a file, not a folder")
     try:
         os.rmdir(tempfile.mkdtemp(prefix=tmp_prefix(path.name), dir=parent.resolve()))
     except OSError as e:
-        raise ValueError(f"{what} {said(path)} cannot be written ({e.strerror or e} in {said(parent)})") from None
+        raise ValueError(
+            f"{what} {shown_path(path)} cannot be written ({e.strerror or e} in {shown_path(parent)})"
+        ) from None
     return path
 
 
@@ -125,12 +127,14 @@ def check_not_shipped(path: str | Path, what: str = "--out") -> None:
     where = Path(os.path.realpath(Path(path).expanduser()))  # links followed; a loop never raises here
     if where.is_relative_to(SHIPPED) and os.environ.get(WRITE_ZOO) != "1":
         raise ValueError(
-            f"{what} {said(path)} is inside the shipped {SHIPPED.name}/ folder ({SHIPPED}), which holds the zoo and is "
+            f"{what} {shown_path(path)} is inside the shipped {SHIPPED.name}/ folder ({SHIPPED}), which holds the zoo and is "
             "never written by a command; choose a folder of your own"
         )
     folder = model_folder_of(where)
     if folder is not None and folder != where:
-        raise ValueError(f"{what} {said(path)} is inside the model folder {said(folder)}; choose a folder outside it")
+        raise ValueError(
+            f"{what} {shown_path(path)} is inside the model folder {shown_path(folder)}; choose a folder outside it"
+        )
 
 
 def model_folder_of(where: Path) -> Path | None:
@@ -154,12 +158,14 @@ def check_store(root: str | Path, what: str = "the run store") -> Path:
         raise ValueError(f"{what} {shown(str(root), 120)} cannot be written ({e.strerror or e})") from None
     if where.is_relative_to(SHIPPED):
         raise ValueError(
-            f"{what} {said(root)} is inside the shipped {SHIPPED.name}/ folder ({SHIPPED}), which holds the zoo; "
+            f"{what} {shown_path(root)} is inside the shipped {SHIPPED.name}/ folder ({SHIPPED}), which holds the zoo; "
             "choose a folder of your own"
         )
     if folder is not None:
-        place = "is the model folder" if folder == where else f"is inside the model folder {said(folder)}"
-        raise ValueError(f"{what} {said(root)} {place}; a run store needs a folder of its own outside any model folder")
+        place = "is the model folder" if folder == where else f"is inside the model folder {shown_path(folder)}"
+        raise ValueError(
+            f"{what} {shown_path(root)} {place}; a run store needs a folder of its own outside any model folder"
+        )
     return root
 
 

@@ -135,10 +135,10 @@ def dynamics_inputs(series, samples: int = 256, seed: int = 0, early=None, late=
     ``text``, else the task's held-out samples (a series without a task needs a text)."""
     from attn_core import dynamics as D
 
-    limits.check_count("--samples", samples, limits.MAX_SAMPLES)
+    limits.check_count("--samples", samples, hi=limits.MAX_SAMPLES)
     check_seed("--seed", seed)
     if length is not None:
-        limits.check_count("--length", length, limits.MAX_SEQUENCE, lo=2)
+        limits.check_count("--length", length, lo=2, hi=limits.MAX_SEQUENCE)
     if text is not None:
         return D.series_text_inputs(series, text, length, samples, early, late)
     inputs = D.default_inputs(series, samples=samples, seed=seed, early=early, late=late)

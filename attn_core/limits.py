@@ -162,10 +162,10 @@ def check_memory(what: str, n_bytes: float) -> None:
         )
 
 
-def check_count(name: str, value: object, hi: int, *, lo: int = 1, why: str = "the limit of this lab") -> int:
+def check_count(name: str, value: object, *, lo: int = 1, hi: int, why: str = "the limit of this lab") -> int:
     """``value`` as an int when it is an integer in ``lo..hi``; else a LimitError (above ``hi``)
-    or a ValueError (not an integer, below ``lo``) that states the range. ``lo`` is named (the
-    bounds cannot be given the wrong way round); a range that is no lab limit is
+    or a ValueError (not an integer, below ``lo``) that states the range. Both bounds are named,
+    the low one first (they cannot be given the wrong way round); a range that is no lab limit is
     ``validate.check_int(name, value, lo, hi)``."""
     if not is_int(value) or value < lo:
         raise ValueError(f"{name} must be an integer in {lo}..{hi}, got {shown(value)}")
@@ -181,7 +181,7 @@ def check_forward(name: str, n_sequences: object, cfg, length: int | None = None
     of the model ``cfg`` (a ModelConfig) on that many sequences of ``length`` tokens (default
     its context) fits in :func:`memory_limit`: logits, and per layer the residual stream, the
     MLP and every head's scores and pattern."""
-    n = check_count(name, n_sequences, MAX_SAMPLES)
+    n = check_count(name, n_sequences, hi=MAX_SAMPLES)
     T = cfg.n_ctx if length is None else length
     per_token = cfg.d_vocab + cfg.n_layers * (2 * cfg.n_heads * T + 8 * cfg.d_model + 2 * cfg.d_mlp)
     check_memory(f"{name} {n} (a forward pass on {n} sequences of {T} tokens)", n * T * per_token * FLOAT_BYTES)
@@ -190,7 +190,7 @@ def check_forward(name: str, n_sequences: object, cfg, length: int | None = None
 
 def check_cpu_threads(name: str, value: object) -> int:
     """A thread count: 1..the CPUs of this machine."""
-    return check_count(name, value, cpu_count(), why="the CPUs this process may use")
+    return check_count(name, value, hi=cpu_count(), why="the CPUs this process may use")
 
 
 # --- files ---------------------------------------------------------------------------------------

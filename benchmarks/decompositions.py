@@ -6,10 +6,10 @@ makes of a live job's periodic measurements on a model of the GPU check's shape 
 
 Cases (each the median of --repeats after one warm-up, in ms):
 
-- ``spectrum cores``: the 144 cores [12, 12, 64, 64] of ``R.spectrum`` (every head's B);
+- ``spectrum cores``: the 144 cores [12, 12, 64, 64] of ``R.head_spectra`` (every head's B);
 - ``offset cores``: the 9,360 cores [144, 65, 64, 64] of sigma_1(B(delta)) over a rotary run's
   65 offsets, what a run's before and after measurements solve;
-- ``spectra refresh``: the live job's refresh of a live job (``R.spectrum`` and the 32 watched
+- ``spectra refresh``: the live job's refresh of a live job (``R.head_spectra`` and the 32 watched
   heads' offset summaries);
 - ``sigma1 summaries``: the offsets summary of every head, as a run's measurement makes it.
 

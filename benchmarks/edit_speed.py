@@ -3,7 +3,7 @@
     python benchmarks/edit_speed.py [--repeats 7] [--json] [--out benchmarks/results/edit_speed.json]
     python benchmarks/edit_speed.py --quick     # a smoke run: smaller models, 2 samples, nothing saved
 
-A slider move is ``surgery.preview``: the edit on a copy of the model, one forward on the probes
+A slider move is ``surgery.edit_preview``: the edit on a copy of the model, one forward on the probes
 (loss and perplexity) and the head's attention on the first probe, exactly what the page calls.
 Cases and targets (CPU, torch's threads as set by OMP_NUM_THREADS):
 
@@ -68,7 +68,7 @@ def main() -> None:
     zoo = resolve("induction-2l")
     inputs = surgery.edit_inputs(zoo, samples=16)
     edit = [surgery.HeadEdit(1, 0, rank=1)]
-    cases["slider, induction-2l"] = median_time(lambda: surgery.preview(zoo, edit, inputs, 1, 0), repeats)
+    cases["slider, induction-2l"] = median_time(lambda: surgery.edit_preview(zoo, edit, inputs, 1, 0), repeats)
 
     layers, tokens = (2, 64) if args.quick else (4, 256)
     with tempfile.TemporaryDirectory() as tmp:
@@ -80,7 +80,7 @@ def main() -> None:
     probe = Inputs(ids[:, :-1], ids[:, 1:], torch.ones(1, tokens, dtype=torch.bool), (1, 2), (tokens - 2, tokens), "")
     edit = [surgery.HeadEdit(layers - 1, 1, rank=4)]
     name = "slider, Llama 4 x d_model 128, 256 tokens"
-    cases[name] = median_time(lambda: surgery.preview(llama, edit, probe, layers - 1, 1), repeats)
+    cases[name] = median_time(lambda: surgery.edit_preview(llama, edit, probe, layers - 1, 1), repeats)
 
     n_layers = 2 if args.quick else 12
     cfg = ModelConfig(n_layers=n_layers, n_heads=12, d_model=768, d_head=64, d_vocab=16, n_ctx=16)

@@ -141,13 +141,13 @@ def crossover(rows: list[dict], method: str, baseline: str = "sdpa") -> int | No
 
 
 def run(
+    min_n: int = 256,
     max_n: int = 16384,
     repeats: int = 5,
     methods: Sequence[str] = BENCH_METHODS,
     d_head: int = 64,
     heads: int = 4,
     *,
-    min_n: int = 256,
     features: int = 256,
     causal: bool = False,
     seed: int = 0,
@@ -287,8 +287,8 @@ def table(result: dict) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--max-n", type=int, default=16384)
     parser.add_argument("--min-n", type=int, default=256)
+    parser.add_argument("--max-n", type=int, default=16384)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--d-head", type=int, default=64)
@@ -323,8 +323,8 @@ def main(argv=None) -> int:
         print(f"  n={row['n']:>6} {row['method']:<14} {row['ms']:10.2f} ms", file=log, flush=True)
 
     common = dict(
-        max_n=args.max_n,
         min_n=args.min_n,
+        max_n=args.max_n,
         repeats=args.repeats,
         d_head=args.d_head,
         heads=args.heads,

@@ -212,8 +212,8 @@ def penalty_alone(spec: dict, tokens) -> dict:
     import torch
 
     from attn_core import regularizers as R
+    from attn_core.bilinear.queries_keys import layer_qk
     from attn_core.model import ModelConfig
-    from attn_core.regularizers.summaries import layer_qk
     from attn_core.training.trainer import init_model
 
     model = init_model(ModelConfig(n_ctx=spec["T"], **spec["shape"]), 0)
@@ -223,7 +223,8 @@ def penalty_alone(spec: dict, tokens) -> dict:
     cfg, heads = model.cfg, list(range(model.cfg.n_heads))
     leaves = []
     for layer in range(cfg.n_layers):
-        q, k, scale = layer_qk(model, cache, layer, heads)
+        qk = layer_qk(model, cache, layer, heads)
+        (q, scale), k = qk.folded(), qk.k
         leaves.append((q.detach().requires_grad_(), k.detach().requires_grad_(), scale, cfg.window(layer)))
 
     def run(path: str) -> float:

@@ -32,7 +32,7 @@ from attn_core.bilinear.checks import (
     check_model,
     check_tokens,
     layer_mask,
-    longest_input,
+    longest_dense_view,
     visible_keys,
 )
 from attn_core.bilinear.detectors import (
@@ -97,7 +97,7 @@ __all__ = [
     "layer_form",
     "layer_mask",
     "layer_scores",
-    "longest_input",
+    "longest_dense_view",
     "model_form",
     "pool_blocks",
     "positional_inputs",

@@ -33,8 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from attn_core import limits
-from attn_core.bilinear.checks import check_ids, check_model, check_tokens
-from attn_core.bilinear.checks import longest_input as checks_longest
+from attn_core.bilinear.checks import check_ids, check_model, check_tokens, longest_dense_view
 from attn_core.bilinear.queries_keys import LayerQK
 from attn_core.bilinear.queries_keys import layer_qk as layer_qk  # the one Q and K of a layer, here for its callers
 from attn_core.model import Transformer
@@ -91,14 +90,14 @@ def longest_input(model: Transformer) -> int:
     model = check_model(model, "longest_input")
     n_ctx = model.cfg.n_ctx
     if model.cfg.entmax_alpha != 1.0:
-        return min(LONG_INPUT, checks_longest(model))
+        return min(LONG_INPUT, longest_dense_view(model))
     if n_ctx <= LONG_INPUT:
-        return checks_longest(model)
+        return longest_dense_view(model)
     budget, lo, hi = limits.memory_limit(), 0, n_ctx  # forward_bytes grows with n: the largest n within budget
     while lo < hi:
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if forward_bytes(model, mid) <= budget else (lo, mid - 1)
-    return max(lo, min(n_ctx, checks_longest(model)))
+    return max(lo, min(n_ctx, longest_dense_view(model)))
 
 
 @dataclass

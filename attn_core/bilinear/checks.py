@@ -81,7 +81,7 @@ def _view_bytes(heads: int, n: int) -> int:
     return 2 * heads * n * n * limits.FLOAT_BYTES
 
 
-def longest_input(model: Transformer) -> int:
+def longest_dense_view(model: Transformer) -> int:
     """The most tokens a view of ``model`` may have now: its context, cut to what the memory
     limit (:func:`check_tokens`) and one layer's scores (:data:`MAX_SCORE_BYTES`) allow. A page's
     default input length stays within it (a context of 10^6 tokens is not a default)."""

@@ -80,7 +80,7 @@ def circuits_cmd(
     from attn_core.circuits import circuits_report
     from attn_core.sources import resolve
 
-    limits.check_count("--samples", samples, MAX_BASELINE_SAMPLES)
+    limits.check_count("--samples", samples, hi=MAX_BASELINE_SAMPLES)
     check_seed("--seed", seed)
     emit(circuits_report(resolve(name).model, n_samples=samples, seed=seed), as_json, _circuits_text)
 

@@ -179,8 +179,8 @@ def dynamics_cmd(
     from attn_core.progress import Progress
     from attn_core.validate import check_seed
 
-    limits.check_count("--samples", samples, limits.MAX_SAMPLES)  # before the series is read
-    limits.check_count("--detector-samples", detector_samples, 4096)
+    limits.check_count("--samples", samples, hi=limits.MAX_SAMPLES)  # before the series is read
+    limits.check_count("--detector-samples", detector_samples, hi=4096)
     check_seed("--seed", seed)
     if value not in VALUES:
         raise ValueError(f"--value must be one of {', '.join(VALUES)}, got {value!r}")

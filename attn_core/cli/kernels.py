@@ -79,9 +79,9 @@ def kernels_cmd(
 
     if method not in kernels.METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(kernels.METHODS)}")
-    limits.check_count("--features", features, limits.MAX_FEATURES)
-    limits.check_count("--seeds", seeds, MAX_KERNEL_SEEDS)
-    limits.check_count("--samples", samples, limits.MAX_SAMPLES)
+    limits.check_count("--features", features, hi=limits.MAX_FEATURES)
+    limits.check_count("--seeds", seeds, hi=MAX_KERNEL_SEEDS)
+    limits.check_count("--samples", samples, hi=limits.MAX_SAMPLES)
     check_seed("--seed", seed)
     loaded = resolve(name)
     check_head(loaded, layer, head)
@@ -135,20 +135,20 @@ def kernels_bench_cmd(
     from attn_core import kernels
 
     min_n = 256
-    limits.check_count("--max-n", max_n, limits.MAX_SEQUENCE, lo=min_n)
+    limits.check_count("--max-n", max_n, lo=min_n, hi=limits.MAX_SEQUENCE)
     if threads is not None:
         limits.check_cpu_threads("--threads", threads)
-    limits.check_count("--repeats", repeats, MAX_REPEATS)
-    limits.check_count("--features", features, limits.MAX_FEATURES)
+    limits.check_count("--repeats", repeats, hi=MAX_REPEATS)
+    limits.check_count("--features", features, hi=limits.MAX_FEATURES)
     # exact attention materialises [heads, n, n] scores and pattern at the longest n
     limits.check_memory(f"--max-n {max_n} (exact attention of 4 heads at n = {max_n})", 2 * 4 * max_n**2 * 4)
     bench = _bench()
     methods = kernels.CAUSAL_METHODS[:2] if causal else bench.BENCH_METHODS
     result = bench.run(
+        min_n=min_n,
         max_n=max_n,
         repeats=repeats,
         methods=methods,
-        min_n=min_n,
         features=features,
         causal=causal,
         threads=threads,

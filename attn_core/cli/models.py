@@ -47,7 +47,7 @@ def eval_cmd(
     from attn_core.sources import resolve
     from attn_core.training.trainer import evaluate
 
-    limits.check_count("--samples", samples, limits.MAX_SAMPLES)
+    limits.check_count("--samples", samples, hi=limits.MAX_SAMPLES)
     loaded = resolve(name)
     limits.check_forward("--samples", samples, loaded.config)  # the memory it needs
     needs_task(loaded, "it cannot be evaluated")

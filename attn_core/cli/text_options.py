@@ -55,7 +55,7 @@ def say_estimate(job) -> None:
         typer.echo(f"estimated duration: not estimated for {cfg.workers} GPU workers from this machine", err=True)
         return
     workers = cfg.workers or 1  # CPU workers: each steps on its share of the batch
-    line = estimate.say(
+    line = estimate.duration_line(
         job.model_cfg,
         cfg.steps,
         -(-job.train_cfg.batch_size // workers),

@@ -251,7 +251,7 @@ def checkpoint_metrics(
     K = comp.scores["k"]  # [n, n], writer -> reader, NaN unless the writer's layer is earlier
     if L > 1:
         tables["k_composition_max"] = k_composition_max(K, L, H)
-    spec = R.spectrum(model)
+    spec = R.head_spectra(model)
     tables["sigma_max"], tables["stable_rank"] = spec["singular_values"][..., 0], spec["stable_rank"]
     tables["weight_rank"] = variance_rank(spec["singular_values"])
     for name in PER_HEAD:

@@ -302,7 +302,7 @@ def edit_page(m: LoadedModel, quick: bool) -> Iterator[Entry]:
     edit = surgery.HeadEdit(layer, 0, rank=1)
     if m.task is not None:
         inputs = surgery.edit_inputs(m, samples=4 if quick else 16)
-        shown = surgery.preview(m, [edit], inputs, layer, 0)
+        shown = surgery.edit_preview(m, [edit], inputs, layer, 0)
         names = bilinear.token_names(m)
         labels = [names[int(t)] for t in inputs.tokens[0]]
         before = surgery.head_pattern(m.model, inputs.tokens[0], layer, 0)

@@ -37,7 +37,7 @@ def factors(
     six iterations are far from converged on the ill-conditioned kernels of trained heads."""
     _check_method(method)
     _check_qkv(q, k)
-    features = limits.check_count("features", features, limits.MAX_FEATURES)
+    features = limits.check_count("features", features, hi=limits.MAX_FEATURES)
     rows = q.numel() // max(q.shape[-1], 1) + k.numel() // max(k.shape[-1], 1)
     limits.check_memory(
         f"{method} with {features} features on {q.shape[-2]} tokens",

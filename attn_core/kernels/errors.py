@@ -189,7 +189,7 @@ def head_error(
     """One method at one feature count on one head, as a JSON-ready dict: method, features, seeds,
     rel_error_mean/std, tv_mean/std, kl_mean/std, and the head's spectrum and q/k norms (FAVOR+'s
     variance grows like exp(|q + k|^2), Maclaurin's with |q| |k|)."""
-    limits.check_count("features", features, limits.MAX_FEATURES)
+    limits.check_count("features", features, hi=limits.MAX_FEATURES)
     n_seq, n = tokens.shape[0], tokens.shape[-1]
     limits.check_memory(
         f"{method} with {features} features on {n_seq} sequences of {n} tokens",

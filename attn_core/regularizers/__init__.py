@@ -48,7 +48,7 @@ Split by concern (docs/architecture.md):
   ``build_penalty`` and ``with_entmax``;
 - ``summaries``: the per-head summaries a run measures (``data_concentration``,
   ``vocab_concentration``: mean entropy and top-1 mass from Q and K in blocks of rows,
-  ``row_summaries``; ``spectrum``).
+  ``row_summaries``; ``head_spectra``).
 """
 
 from attn_core import lazy
@@ -80,6 +80,7 @@ __getattr__, __dir__ = lazy.exports(
         "rows": ("ROW_KINDS", "head_means", "row_penalty", "row_values"),
         "summaries": (
             "data_concentration",
+            "head_spectra",
             "head_summaries",
             "qk_cache",
             "row_summaries",
@@ -104,6 +105,7 @@ __all__ = [
     "format_heads",
     "head_means",
     "head_label",
+    "head_spectra",
     "head_summaries",
     "layer_singular_values",
     "mean_rows",
@@ -115,7 +117,6 @@ __all__ = [
     "row_penalty",
     "row_summaries",
     "row_values",
-    "spectrum",
     "vocab_concentration",
     "vocab_rows",
     "with_entmax",

@@ -1,7 +1,7 @@
 """Per-head summaries of attention that a run measures (telemetry while it trains, the before/after
 measurement, the Dynamics page): mean normalized entropy and mean top-1 mass of each head's rows,
 on data (``data_concentration``) and on the vocabulary view (``vocab_concentration``), and the
-spectrum of B of every head (``spectrum``).
+spectrum of B of every head (``head_spectra``).
 
 The rows are summarized from Q and K in blocks of query rows (:func:`row_summaries`: one pass
 over each block's scores gives both numbers), so that a measurement keeps no [batch, heads, T, T]
@@ -52,19 +52,6 @@ def qk_cache(model: Transformer, heads: Heads | None = None) -> Cache:
     layers = by_layer(heads or all_heads(model.cfg))
     kinds = ("q", "k", "pattern") if model.cfg.attn_softcap is not None else ("q", "k")
     return Cache(tuple(act_name(kind, l) for l in layers for kind in kinds))
-
-
-def layer_qk(model: Transformer, cache: dict, layer: int, heads) -> tuple[torch.Tensor, torch.Tensor, float] | None:
-    """(q, k, scale) of ``heads`` of ``layer`` from a forward's cache, with the scores
-    ``scale q k^T`` (grown heads' own scales folded into a copy of q): the one Q and K of a layer
-    (``bilinear.queries_keys.layer_qk``) as a tuple; None when the cache does not hold them. A
-    soft-capped model's S is c tanh(scale q k^T / c): its rows are read from the pattern instead
-    (:func:`uncapped_qk`)."""
-    qk = queries_keys.layer_qk(model, cache, layer, heads)
-    if qk is None:
-        return None
-    q, scale = qk.folded()
-    return q, qk.k, scale
 
 
 def uncapped_qk(model: Transformer, cache: dict, layer: int, heads) -> LayerQK | None:
@@ -191,10 +178,13 @@ def vocab_concentration(model: Transformer, heads: Heads | None = None) -> dict[
 
 
 @torch.no_grad()
-def spectrum(model: Transformer) -> dict[str, torch.Tensor]:
+def head_spectra(model: Transformer) -> dict[str, torch.Tensor]:
     """Singular values of B of every head [n_layers, n_heads, r] (descending) and its stable rank
     [n_layers, n_heads], on the CPU (one copy from the device)."""
     form = model_form(model)
     sigma = form.singular_values.float()
     both = torch.cat([sigma, form.stable_rank.float()[..., None]], -1).cpu()
     return {"singular_values": both[..., :-1], "stable_rank": both[..., -1]}
+
+
+spectrum = head_spectra  # the name attn_core.retraining.job reads (al.spectrum is the tidy frame)

@@ -20,7 +20,7 @@ from attn_core.surgery.edit import (
     head_label,
     parse_head,
 )
-from attn_core.surgery.measure import Preview, edit_inputs, edit_metrics, head_pattern, preview, quick_loss
+from attn_core.surgery.measure import Preview, edit_inputs, edit_metrics, edit_preview, head_pattern, quick_loss
 from attn_core.surgery.modes import Modes, apply_factors, head_form64, head_modes, mode_factors, planes
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "diff",
     "edit_inputs",
     "edit_model",
+    "edit_preview",
     "has_output_bias",
     "head_form64",
     "head_label",
@@ -48,6 +49,5 @@ __all__ = [
     "mode_factors",
     "parse_head",
     "planes",
-    "preview",
     "quick_loss",
 ]

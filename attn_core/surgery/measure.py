@@ -11,7 +11,7 @@
                  sinks also ``sink`` (its sink logit) and ``sink_share`` (the mean mass of its rows
                  on the sink, over the inputs' first 32 rows)
 
-:func:`preview` is what a dashboard slider move pays for: the edit, one forward (:func:`quick_loss`:
+:func:`edit_preview` is what a dashboard slider move pays for: the edit, one forward (:func:`quick_loss`:
 loss and perplexity only) and the head's pattern.
 """
 
@@ -130,7 +130,7 @@ class Preview:
     pattern: torch.Tensor
 
 
-def preview(
+def edit_preview(
     loaded: LoadedModel,
     edits: list[HeadEdit],
     inputs: Inputs,

@@ -13,7 +13,7 @@ from attn_core.training.slots import JobSlots
 LINE = JobSlots(limit=lambda: 1)  # this process's line of sweeps
 
 
-def queued_message(ahead: int) -> str:
+def queued_sweep_message(ahead: int) -> str:
     """What a waiting sweep's record says."""
     return (
         f"queued: {ahead} sweep{'s' if ahead != 1 else ''} of this process ahead (one sweep runs at a time "

@@ -14,7 +14,7 @@ from attn_core.card import public
 from attn_core.runs import FINAL, RunStore
 from attn_core.runs.names import in_store
 from attn_core.sweep.check import check_resources, check_sweep
-from attn_core.sweep.line import LINE, queued_message
+from attn_core.sweep.line import LINE, queued_sweep_message
 from attn_core.sweep.plan import SweepError, SweepInterrupted, SweepPlan, pareto
 from attn_core.sweep.trial import record_trial
 from attn_core.training import queue as Q
@@ -134,7 +134,7 @@ def run_sweep(
 
         def waiting(ahead: int) -> None:
             if recorded:
-                store.update_sweep(sweep_id, "running", queued_message(ahead))
+                store.update_sweep(sweep_id, "running", queued_sweep_message(ahead))
 
         if not LINE.wait(ticket, stop, on_wait=waiting):
             _not_stopped(stop, recorded, cause)

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from attn_core import regularizers as R
 from attn_core.bilinear.offsets import sigma1_summaries
 from attn_core.device import autocast, autocast_dtype, move
-from attn_core.training.telemetry import VOCAB_VIEW_MAX, summarize
+from attn_core.training.telemetry import VOCAB_VIEW_MAX, run_measurement
 from attn_core.training.trainer import EVAL_SEED_OFFSET
 
 CHUNK_BYTES = 2**28  # logits of one chunk of held-out blocks, as float32
@@ -117,7 +117,7 @@ def text_metrics(model, task, heads=None, samples: int = 512, seed: int = 0, tok
     if model.cfg.d_vocab <= VOCAB_VIEW_MAX:  # entropy and top-1 mass, read in one copy
         both = torch.stack(list(R.vocab_concentration(model, heads).values())).cpu()
         vocab = {"entropy": both[0], "top1": both[1]}
-    out = summarize(model, heads, ev, data, vocab)
+    out = run_measurement(model, heads, ev, data, vocab)
     if model.cfg.positional == "rotary" and model.cfg.qk == "factored":  # one batched spectrum, one read
         offsets = sigma1_summaries(model, [(r["layer"], r["index"]) for r in out["per_head"]])
         for row, summary in zip(out["per_head"], offsets):

@@ -70,7 +70,7 @@ def probes(
     """The probes of ``loaded`` (the module doc). Bad input is one ValueError (TextError)."""
     from attn_core.hf.tokenizer import TOKENIZER
 
-    check_count("--samples", n, MAX_PROBES)
+    check_count("--samples", n, hi=MAX_PROBES)
     check_seed("--seed", seed)
     T = check_length(length, loaded.config.n_ctx)
     if text is not None:

@@ -235,7 +235,7 @@ def duration_text(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def say(cfg, steps: int, batch: int, block: int, device: str = "cpu", kl: float = 0.0, **settings) -> str:
+def duration_line(cfg, steps: int, batch: int, block: int, device: str = "cpu", kl: float = 0.0, **settings) -> str:
     """One line: the estimated duration of a run, its step and what it rests on (``settings``:
     those of :func:`run_seconds`)."""
     e = run_seconds(cfg, steps, batch, block, device, kl, **settings)

@@ -192,15 +192,15 @@ def measure_run(
     ev = evaluate(model, task, samples, seed, cache=cache)
     data = _host(R.data_concentration(model, cache, heads))
     vocab = _host(R.vocab_concentration(model, heads))
-    return summarize(model, heads, {**ev, "samples": samples}, data, vocab)
+    return run_measurement(model, heads, {**ev, "samples": samples}, data, vocab)
 
 
-def summarize(model: Transformer, heads, ev: dict, data: dict, vocab: dict | None) -> dict:
+def run_measurement(model: Transformer, heads, ev: dict, data: dict, vocab: dict | None) -> dict:
     """A measurement from its parts: ``ev`` (accuracy, loss, samples), the per-head data
     concentration ``data`` and vocabulary-view ``vocab`` (``entropy``/``top1``, [n_layers,
     n_heads] on the CPU; ``vocab`` None leaves the vocabulary view out) of the resolved ``heads``,
     and the spectrum of B, read here."""
-    spec = R.spectrum(model)
+    spec = R.head_spectra(model)
     per_head = [
         {
             "head": R.head_label(l, h),
@@ -271,15 +271,17 @@ def pattern_tensor(model: Transformer, tokens: torch.Tensor, layer: int, head: i
     """The attention pattern of one sequence ``tokens`` [T] in ``layer``: of ``head`` [T, T], or of
     every head of the layer [n_heads, T, T] (``head`` None), float32 on the model's device, from
     the layer's Q and K (the forward forms no other pattern)."""
+    from attn_core.bilinear.queries_keys import layer_qk
     from attn_core.model import attention_weights
-    from attn_core.regularizers.summaries import layer_qk, layer_sinks
+    from attn_core.regularizers.summaries import layer_sinks
 
     cfg = model.cfg
     heads = list(range(cfg.n_heads)) if head is None else [head]
     cache = R.qk_cache(model, [(layer, h) for h in heads])
     model(tokens[None], cache=cache)
-    q, k, scale = layer_qk(model, cache, layer, heads)
-    S = (q * scale) @ k.transpose(-1, -2)
+    qk = layer_qk(model, cache, layer, heads)
+    q, scale = qk.folded()
+    S = (q * scale) @ qk.k.transpose(-1, -2)
     if cfg.attn_softcap is not None:  # the model's own scores: capped
         S = torch.tanh(S / cfg.attn_softcap) * cfg.attn_softcap
     mask, sink = model.mask(tokens.shape[-1], cfg.window(layer)), layer_sinks(model, layer, heads)
@@ -319,7 +321,7 @@ def offsets_row(model: Transformer, heads) -> dict:
 
 def spectra_row(spectrum: dict) -> dict:
     """``sigma:L<l>H<h>:<i>`` and ``stable_rank:L<l>H<h>`` of every head, from
-    :func:`attn_core.regularizers.spectrum` (tensors [n_layers, n_heads, r] and [n_layers, n_heads])."""
+    :func:`attn_core.regularizers.head_spectra` (tensors [n_layers, n_heads, r] and [n_layers, n_heads])."""
     sigma, stable = spectrum["singular_values"].tolist(), spectrum["stable_rank"].tolist()
     row: dict = {}
     for l, per_layer in enumerate(sigma):

@@ -24,7 +24,7 @@ def test_a_rank_slider_move_shows_the_librarys_loss_and_pattern():
     assert not at.exception and not at.error
     loaded = resolve("induction-2l")
     inputs = surgery.edit_inputs(loaded, samples=16)
-    ref = surgery.preview(loaded, [surgery.HeadEdit(1, 0, rank=1)], inputs, 1, 0)
+    ref = surgery.edit_preview(loaded, [surgery.HeadEdit(1, 0, rank=1)], inputs, 1, 0)
     loss = [m for m in at.metric if m.label == "Loss (nats)"][0]
     assert loss.value == f"{ref.loss:.4g}"
     fig = chart(at, "edit_pattern")

@@ -176,7 +176,7 @@ def test_before_start_the_model_is_shown_as_it_is(page):
     model = resolve(MODEL).model
     probe = TrainingJob.open(JobConfig(MODEL, device="cpu"), store=False).probe.tokens  # the job's probe batch
     row = telemetry.telemetry_row(model, probe, [(0, 0)])  # default scope: the watched head L0H0
-    sigma = telemetry.spectra_row(R.spectrum(model))
+    sigma = telemetry.spectra_row(R.head_spectra(model))
     assert "No run yet" in page.info[0].value and any("Step 0" in c.value for c in page.caption)
 
     entropy = chart(page, "live_entropy")

@@ -40,7 +40,7 @@ def counted(monkeypatch):
 
 
 def test_two_sessions_share_one_preview_of_an_edit(counted):
-    counted(surgery, "preview")
+    counted(surgery, "edit_preview")
     counted(surgery, "head_modes")
     for name in ("pattern_pair_plot", "modes_plot", "diff_plot"):
         counted(fs, name)
@@ -54,7 +54,13 @@ def test_two_sessions_share_one_preview_of_an_edit(counted):
     assert losses[0] == losses[1]
     # the first user: the page as it is, then the edit (the compare tab's matrix built once); the
     # second user: nothing built again
-    assert counted.calls == {"preview": 1, "head_modes": 1, "pattern_pair_plot": 2, "modes_plot": 2, "diff_plot": 1}
+    assert counted.calls == {
+        "edit_preview": 1,
+        "head_modes": 1,
+        "pattern_pair_plot": 2,
+        "modes_plot": 2,
+        "diff_plot": 1,
+    }
 
 
 def test_two_sessions_share_the_heatmaps_figures(counted):

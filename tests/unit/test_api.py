@@ -170,7 +170,7 @@ CFG_ONLY = {
     "check_heads",
     "check_tokens",
     "check_ids",
-    "longest_input",
+    "longest_dense_view",
     "visible_keys",
     "bilinear_problem",
 }

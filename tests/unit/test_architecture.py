@@ -9,7 +9,10 @@
   :data:`FUNCTION_MAX_LINES` (a long function is split into named steps, never a module into
   halves of one concept);
 - one place per concept: activation names are spelled only by ``attn_core.hooks``, metric names
-  only by ``attn_core.training.telemetry``, the run statuses only in ``attn_core.runs``.
+  only by ``attn_core.training.telemetry``, the run statuses only in ``attn_core.runs``;
+- one public name, one meaning: a public function or class is defined in one library module
+  (less a short list of deliberate repeats and the ``al.*`` door);
+- one order of bounds: a function taking both ends of a range takes the low end first.
 """
 
 from __future__ import annotations
@@ -140,16 +143,6 @@ SHARED_NAMES: dict[str, tuple[str, str]] = {
 }
 # The notebook door (al.*) names each analysis as a user asks for it, over the library's own.
 NAME_DOORS = ("attn_core/api.py", "attn_core/api_surgery.py")
-# Modules reworked in parallel with this check: it holds them again once their rework lands.
-OUTSIDE_THE_NAME_CHECK = (
-    "attn_core/training/",
-    "attn_core/retraining/",
-    "attn_core/bilinear/long.py",
-    "attn_core/bilinear/blocked.py",
-    "attn_core/bilinear/queries_keys.py",
-    "attn_core/regularizers/summaries.py",
-    "attn_core/hf/families/deepseek",
-)
 
 
 def public_definitions(paths: list[Path], root: Path = ROOT) -> dict[str, list[str]]:
@@ -190,12 +183,66 @@ def test_every_public_name_has_one_meaning():
     paths = []
     for path in sorted(LIB.rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if not rel.startswith(OUTSIDE_THE_NAME_CHECK) and rel not in NAME_DOORS:
+        if rel not in NAME_DOORS:
             paths.append(path)
     twice = names_defined_twice(public_definitions(paths))
     assert not twice, "one public name, one meaning: name each after what it gives\n" + "\n".join(
         f"{name}: {', '.join(modules)}" for name, modules in sorted(twice.items())
     )
+
+
+# One order of bounds: a function that takes both ends of a range takes the low one first, whether
+# positional or named (lo, hi; min_n, max_n; q0, q1), so no caller has to remember which comes first.
+BOUND_WORDS = (("lo", "hi"), ("low", "high"), ("lower", "upper"), ("min", "max"), ("start", "stop"), ("first", "last"))
+BOUNDED = [LIB, ROOT / "app_pages", ROOT / "ui", ROOT / "benchmarks", ROOT / "experiments"]
+
+
+def bound_end(name: str) -> tuple[tuple[str, str], int] | None:
+    """(which range, 0 for its low end or 1 for its high end) that the parameter ``name`` names:
+    ``lo``/``hi``, ``min_n``/``max_n``, ``n_lo``/``n_hi``, ``q0``/``q1``...; None for any other name."""
+    for low, high in BOUND_WORDS:
+        for end, word in enumerate((low, high)):
+            if name == word:
+                return (low, ""), end
+            if name.startswith(word + "_"):
+                return (low, "_" + name[len(word) + 1 :]), end
+            if name.endswith("_" + word):
+                return (low, name[: -len(word) - 1] + "_"), end
+    found = re.fullmatch(r"([a-z]\w*?)([01])", name)
+    return ((found[1], "01"), int(found[2])) if found else None
+
+
+def bounds_high_first(paths: list[Path], root: Path = ROOT) -> list[str]:
+    """``path:line name`` of every function of ``paths`` that takes a range's high end before its low end."""
+    found = []
+    for path in paths:
+        rel = path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            args = node.args
+            ends: dict[tuple[str, str], list[int]] = {}
+            for arg in args.posonlyargs + args.args + args.kwonlyargs:
+                end = bound_end(arg.arg)
+                if end is not None:
+                    ends.setdefault(end[0], []).append(end[1])
+            if any(set(e) == {0, 1} and e[0] == 1 for e in ends.values()):
+                found.append(f"{rel}:{node.lineno} {node.name}")
+    return found
+
+
+def test_the_bound_finder_finds_a_high_end_first(tmp_path):
+    (tmp_path / "a.py").write_text(
+        "def f(hi, lo):\n    pass\n\n\ndef g(lo, hi):\n    pass\n\n\ndef h(max_n, *, min_n=1):\n    pass\n\n\n"
+        "def k(q1, q0, k0, k1):\n    pass\n\n\ndef one(hi, max_n, stop):\n    pass\n\n\ndef m(n_hi, n_lo):\n    pass\n"
+    )
+    assert bounds_high_first([tmp_path / "a.py"], tmp_path) == ["a.py:1 f", "a.py:9 h", "a.py:13 k", "a.py:21 m"]
+
+
+def test_every_range_takes_its_low_end_first():
+    paths = [p for place in BOUNDED for p in sorted(place.rglob("*.py"))]
+    found = bounds_high_first(paths)
+    assert not found, "one order of bounds: take the low end first\n" + "\n".join(found)
 
 
 # The training loop imports nothing that stands above it: what a run starts from (presets, text,

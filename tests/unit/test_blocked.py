@@ -215,13 +215,16 @@ def test_the_block_loops_run_on_one_thread_and_give_the_threads_back():
         torch.set_num_threads(before)
 
 
-def test_one_check_count_whose_lower_bound_is_named():
+def test_one_check_count_whose_bounds_are_named():
     """One ``check_count`` in the library (limits'), its bounds never given the wrong way round:
-    ``lo`` is a keyword; a range that is no lab limit is ``validate.check_int(name, value, lo, hi)``."""
+    ``lo`` and ``hi`` are keywords, low first; a range that is no lab limit is
+    ``validate.check_int(name, value, lo, hi)``."""
     from attn_core import limits
     from attn_core.bilinear import blocked
 
     assert not hasattr(blocked, "check_count")
     with pytest.raises(TypeError):
-        limits.check_count("n", 5, 10, 1)
-    assert limits.check_count("n", 5, 10, lo=2) == 5
+        limits.check_count("n", 5, 10)
+    with pytest.raises(TypeError):
+        limits.check_count("n", 5, 1, 10)
+    assert limits.check_count("n", 5, lo=2, hi=10) == 5

@@ -63,7 +63,7 @@ def test_the_estimate_is_a_range_widened_by_the_load():
 
 
 def test_said_before_a_run_as_a_range(tiny_model):
-    line = estimate.say(tiny_model().cfg, 100_000, 16, 8)  # long enough that its two ends read apart
+    line = estimate.duration_line(tiny_model().cfg, 100_000, 16, 8)  # long enough that its two ends read apart
     assert line.startswith("estimated duration: ") and "–" in line and "refined" in line
     assert "about" not in line.split(" on ")[0]
 

@@ -328,7 +328,7 @@ def test_seeds_and_counts_state_their_limits():
         with pytest.raises(ValueError, match="must be an integer in 0..9223372036854775807"):
             check_seed("--seed", bad)
     with pytest.raises(limits.LimitError, match="--features must be at most 65,536"):
-        limits.check_count("--features", 10**7, limits.MAX_FEATURES)
+        limits.check_count("--features", 10**7, hi=limits.MAX_FEATURES)
     with pytest.raises(limits.LimitError, match=r"--threads must be at most \d+ \(the CPUs"):
         limits.check_cpu_threads("--threads", 10**6)
     with pytest.raises(limits.LimitError, match="needs about .* the limit is"):

@@ -324,12 +324,12 @@ def test_crossover_needs_every_longer_length_to_win():
 def test_benchmark_rows_ratios_and_memory_subprocess():
     threads = torch.get_num_threads()
     result = bench.run(
+        min_n=64,
         max_n=128,
         repeats=2,
         methods=("favor", "nystrom"),
         d_head=16,
         heads=1,
-        min_n=64,
         features=16,
         memory=False,
         threads=1,

@@ -121,7 +121,7 @@ def _old_measure(model, task, heads, samples, seed):
     loss = float(F.cross_entropy(flat, targets))
     data = {k: v.cpu() for k, v in R.data_concentration(model, cache, heads).items()}
     ev = {"accuracy": float((flat.argmax(-1) == targets).float().mean()), "loss": loss, "samples": len(batch.tokens)}
-    out = telemetry.summarize(model, heads, ev, data, _dense_vocab(model, heads))
+    out = telemetry.run_measurement(model, heads, ev, data, _dense_vocab(model, heads))
     for row in out["per_head"]:
         sv = offset_form(model, row["layer"], row["index"], default_offsets(model)).singular_values[:, 0]
         row["offset_sigma1"] = dict(sigma1_at_0=float(sv[0]), sigma1_min=float(sv.min()),
@@ -234,7 +234,7 @@ def test_a_job_computes_the_pattern_of_the_head_watched_and_no_other(tmp_path):
 
 def test_spectra_are_read_in_one_copy_and_equal_the_form():
     model = _model("grown")
-    spec = R.spectrum(model)
+    spec = R.head_spectra(model)
     form = model_form(model)
     torch.testing.assert_close(spec["singular_values"], form.singular_values.float().detach())
     torch.testing.assert_close(spec["stable_rank"], form.stable_rank.float().detach())

@@ -97,7 +97,7 @@ def test_logged_rows_parse_back():
     # what the live pages draw: no vocabulary view (measured before and after only), no pattern
     assert {k.metric for k in per_head} == {"entropy_data", "top1_data"} and len(per_head) == 8
     assert {"entropy_data", "top1_data"} <= set(row) and "entropy_vocab" not in row
-    spectra = spectra_row(R.spectrum(model))
+    spectra = spectra_row(R.head_spectra(model))
     sigma = [MetricKey.parse(n) for n in spectra if n.startswith("sigma:")]
     assert len(sigma) == 2 * 2 * 8 and {k.index for k in sigma} == set(range(8))
     assert spectra[str(MetricKey("stable_rank", 1, 1))] >= 1

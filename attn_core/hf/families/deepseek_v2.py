@@ -11,8 +11,8 @@ best expert), the weights (not renormalised: transformers' V2 ignores ``norm_top
 from __future__ import annotations
 
 from attn_core.checkpoint import CheckpointError
-from attn_core.hf.config import activation, decoder_config, flag, number
-from attn_core.hf.families.deepseek_v3 import _rank, dense_layers, experts, groups, mla_fields, shared_width, slots
+from attn_core.hf.config import activation, decoder_config, experts, flag, number
+from attn_core.hf.families.deepseek_v3 import _rank, dense_layers, groups, mla_fields, shared_width, slots
 from attn_core.hf.family import Family
 from attn_core.model import ModelConfig
 
@@ -21,7 +21,8 @@ TOPK_METHODS = ("greedy", "group_limited_greedy")
 
 def router_fields(hf: dict) -> dict:
     """V2's experts and router (module doc), each refused by its config.json name."""
-    E, k = experts(hf)
+    routed = experts(hf, "n_routed_experts")
+    E, k = routed["n_experts"], routed["experts_per_token"]
     method = hf.get("topk_method", "greedy")
     if method not in TOPK_METHODS:
         raise CheckpointError(f"config.json topk_method={method!r} must be one of {', '.join(TOPK_METHODS)}")
@@ -33,8 +34,7 @@ def router_fields(hf: dict) -> dict:
         raise CheckpointError("config.json mlp_bias=true is not supported for DeepSeek-V2")
     return dict(
         d_mlp=_rank(hf, "moe_intermediate_size"),
-        n_experts=E,
-        experts_per_token=k,
+        **routed,
         router_scoring="softmax",
         routed_scale=number(hf, "routed_scaling_factor", 1.0, hi=1e6),
         d_shared=shared_width(hf),

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from attn_core.checkpoint import CheckpointError
-from attn_core.hf.config import activation, decoder_config, flag, integer, mapping, number, rope
+from attn_core.hf.config import activation, decoder_config, experts, flag, integer, mapping, number, rope
 from attn_core.hf.family import Experts, Family, Slot, expert_slots, out_heads, same, transposed
 from attn_core.model import ModelConfig, rotary
 
@@ -79,14 +79,6 @@ def shared_width(hf: dict) -> int:
     return n * _rank(hf, "moe_intermediate_size")
 
 
-def experts(hf: dict) -> tuple[int, int]:
-    """(n_routed_experts, num_experts_per_tok), the second at most the first."""
-    E, k = _rank(hf, "n_routed_experts"), _rank(hf, "num_experts_per_tok")
-    if k > E:
-        raise CheckpointError(f"config.json num_experts_per_tok={k} is more than n_routed_experts={E}")
-    return E, k
-
-
 def groups(hf: dict, E: int, k: int) -> tuple[int, int]:
     """(n_group, topk_group) of the group-limited top-k: groups that divide the experts, kept groups
     that hold the top-k."""
@@ -113,14 +105,14 @@ def dense_layers(hf: dict) -> dict:
 
 def router_fields(hf: dict) -> dict:
     """DeepSeek-V3's experts and router (module doc), each refused by its config.json name."""
-    E, k = experts(hf)
+    routed = experts(hf, "n_routed_experts")
+    E, k = routed["n_experts"], routed["experts_per_token"]
     G, top = groups(hf, E, k)
     if E // G < 2 and G > 1:
         raise CheckpointError(f"config.json n_group={G} leaves groups of one expert; a group's score needs two")
     return dict(
         d_mlp=_rank(hf, "moe_intermediate_size"),
-        n_experts=E,
-        experts_per_token=k,
+        **routed,
         router_scoring="sigmoid",
         router_renorm=flag(hf, "norm_topk_prob", True),
         router_groups=G if G > 1 else 0,
