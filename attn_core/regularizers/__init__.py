@@ -84,7 +84,6 @@ __getattr__, __dir__ = lazy.exports(
             "head_summaries",
             "qk_cache",
             "row_summaries",
-            "spectrum",
             "vocab_concentration",
         ),
     },

@@ -185,6 +185,3 @@ def head_spectra(model: Transformer) -> dict[str, torch.Tensor]:
     sigma = form.singular_values.float()
     both = torch.cat([sigma, form.stable_rank.float()[..., None]], -1).cpu()
     return {"singular_values": both[..., :-1], "stable_rank": both[..., -1]}
-
-
-spectrum = head_spectra  # the name attn_core.retraining.job reads (al.spectrum is the tidy frame)

@@ -44,7 +44,7 @@ PAUSED_POLL_S = 0.1  # a paused job looks for a newly watched head this often
 def spectra_values(model, heads) -> dict:
     """A spectra refresh's row: the spectra of every head's B and, rotary, sigma_1(B(delta)) of
     ``heads`` (the first :data:`telemetry.LIVE_OFFSET_HEADS` of them)."""
-    return {**telemetry.spectra_row(R.spectrum(model)), **telemetry.offsets_row(model, heads)}
+    return {**telemetry.spectra_row(R.head_spectra(model)), **telemetry.offsets_row(model, heads)}
 
 
 class Phases(dict):
