@@ -129,7 +129,8 @@ def parent_view(model, source: str, regularizers: list, heads, entmax_alpha, see
             seed=seed,
             device="cpu",
             **text,
-        )
+        ),
+        model.model,  # the page's loaded weights: nothing is read again
     )
 
 

@@ -657,14 +657,19 @@ class TrainingJob:
         )
 
 
-def preview(cfg: JobConfig) -> Snapshot:
+def preview(cfg: JobConfig, model: Transformer | None = None) -> Snapshot:
     """What a job with ``cfg`` logs at step 0, before any update (per-head telemetry on its probe
     batch, spectra, and the probe pattern of every head: [n_layers, n_heads, T, T]), as a pending
-    snapshot: the model as it is. Nothing is trained or stored."""
-    job = TrainingJob.open(cfg, store=False)
-    job._telemetry(0)
-    job._spectra(0)
-    job.publish(probe_pattern=telemetry.probe_patterns(job.model, job.probe.tokens[0]))  # every head, once
+    snapshot: the model as it is. Measured on ``model``, the parent's weights as the caller holds
+    them (the dashboard's loaded model; None: read from ``cfg.source``), through the job's handle:
+    no Trainer, optimizer or store is made, nothing is trained or stored."""
+    job = TrainingJob(cfg, open_parent(cfg), store=False)
+    model = R.with_entmax(model if model is not None else parent_model(cfg, None), cfg.entmax_alpha)
+    tokens = job._probe_batch().tokens.to(next(model.parameters()).device)
+    heads = job.penalty.regularized_heads
+    job._record(0, telemetry.telemetry_row(model, tokens, heads, cfg.precision))
+    job._record(0, spectra_values(model, heads))
+    job.publish(probe_pattern=telemetry.probe_patterns(model, tokens[0]))  # every head, once
     return job.snapshot()
 
 

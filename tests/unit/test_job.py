@@ -257,3 +257,24 @@ def test_bf16_job_on_cpu(tiny):
     ref = TrainingJob.open(job_cfg(tiny, steps=10), store=False).run()
     assert res["status"] == "completed" and math.isfinite(res["after"]["loss"])
     assert res["after"]["loss"] == pytest.approx(ref["after"]["loss"], rel=0.05)
+
+
+def test_the_preview_is_what_a_run_logs_at_step_0_with_no_trainer(tiny, monkeypatch):
+    from attn_core.retraining.job import preview
+    from attn_core.sources import resolve
+    from attn_core.training import trainer as trainer_module
+
+    cfg = job_cfg(tiny, steps=2, telemetry_every=1, spectrum_every=1, entmax_alpha=1.5)
+    job = TrainingJob.open(cfg, store=False)
+    job.run()
+    run0 = job.snapshot().metrics().query("step == 0").set_index("name")["value"]
+    made = []
+    monkeypatch.setattr(trainer_module.Trainer, "__init__", lambda *a, **k: made.append(a))  # none may be made
+    loaded = resolve(tiny)
+    snap = preview(cfg, loaded.model)
+    seen = snap.metrics().set_index("name")["value"]
+    assert made == [] and snap.status == "pending" and snap.step == 0
+    assert sorted(seen.index) == sorted(run0.index)
+    assert torch.allclose(torch.tensor(seen[run0.index].values), torch.tensor(run0.values), rtol=1e-5, atol=1e-6)
+    assert snap.probe_pattern.shape[:2] == (2, 2) and snap.probe_tokens == job.snapshot().probe_tokens
+    assert loaded.model.cfg.entmax_alpha != 1.5  # the caller's model is measured as the run's, not changed
