@@ -9,12 +9,12 @@ import typer
 
 from attn_core.cli.common import JsonOpt, NameArg, command_line, emit, guarded, needs_task, settings_options, table
 from attn_core.grow import GrowConfig
+from attn_core.training.settings import flagged
 
 app = typer.Typer()
 
 
-GROW_SETTINGS = ("layer", "head", "add", "batch", "seed", "steps", "lr", "basis", "grid", "damping", "eval_samples")
-GROW_SETTINGS += ("device", "precision")
+GROW_SETTINGS = flagged(GrowConfig)  # grow's options: its declared settings, in their order
 
 
 @app.command("grow")

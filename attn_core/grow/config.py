@@ -33,23 +33,23 @@ class GrowConfig:
         32, "--batch", "Task sequences fitted (and as many more for the line search).", bounds=(1, 4096)
     )
     seed: int = shared("seed", "grow")
+    steps: int = shared("steps", "grow")
+    lr: float = shared("lr", "grow")
     basis: str = setting(
         "whitened",
         "--basis",
         "Truncate in the 'whitened' basis of the batch (the score metric) or the 'raw' basis of Z (the seed's recipe).",
     )
     grid: int = setting(19, "--grid", "Step sizes tried by the line search (powers of 2).", bounds=(1, 64))
-    steps: int = shared("steps", "grow")
-    lr: float = shared("lr", "grow")
     batch_size: int = shared("batch_size", "grow")
     weight_decay: float = shared("weight_decay", "grow")
     warmup_steps: int = shared("warmup_steps", "grow")
-    eval_samples: int = shared("eval_samples", "grow")
-    eval_every: int = shared("eval_every", "grow")
-    random_std: float = setting(0.02, bounds=(0.0, 10.0))  # of the random baseline's new columns
     damping: float = setting(
         DAMPING, "--damping", "Levenberg-Marquardt damping of the least-squares fit (0: exact).", bounds=(0.0, 1.0)
     )
+    eval_samples: int = shared("eval_samples", "grow")
+    eval_every: int = shared("eval_every", "grow")
+    random_std: float = setting(0.02, bounds=(0.0, 10.0))  # of the random baseline's new columns
     device: str = shared("device", "grow")
     # of the fine-tuning (autocast bf16 or fp32); the fit and the line search are fp32
     precision: str = shared("precision", "grow")

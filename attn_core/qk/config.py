@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import asdict, dataclass, fields, replace
 
 from attn_core.device import check_precision
 from attn_core.limits import MAX_SAMPLES
 from attn_core.model import ModelConfig
 from attn_core.training.config import TrainConfig
-from attn_core.training.settings import check_bounds, declared, setting, shared, warmup_of
+from attn_core.training.settings import check_bounds, command_args, declared, setting, shared, warmup_of
 from attn_core.validate import MAX_SEED, check, is_int, is_number, shown
 
 PARENT_PREFIX = "compare-qk:"  # runs of a comparison have parent "compare-qk:<task>"
@@ -65,29 +64,18 @@ class CompareConfig:
     sequences drawn with ``eval_seed``, the same for every run."""
 
     # each setting once: default, CLI flag and help, bounds (training.settings; those other commands
-    # take too in its SHARED table); compare-qk's options, its checks and the reproduce line (command())
-    # are built from them
-    task: str = setting("induction", "--task", "Task to train on (see `attn-lab presets` for tasks).")
-    steps: int = shared("steps", "compare")
-    seeds: int = setting(3, "--seeds", "Seeds per variant (first-seed, first-seed + 1, ...).", bounds=(1, MAX_SEEDS))
+    # take too in its SHARED table); compare-qk's options, its checks and the reproduce line (command(),
+    # in this order) are built from them
+    task: str = setting("induction", "--task", "Task to train on (see `attn-lab presets` for tasks).", always=True)
+    steps: int = shared("steps", "compare", always=True)
+    seeds: int = setting(
+        3, "--seeds", "Seeds per variant (first-seed, first-seed + 1, ...).", bounds=(1, MAX_SEEDS), always=True
+    )
     first_seed: int = setting(0, "--first-seed", "The first seed.", bounds=(0, MAX_SEED))
-    d_qks: tuple = setting(
-        (1, 2, 4, 16),
-        "--d-qk",
-        "Query/key widths of the factored variants (comma-separated, each 1..d_model; empty for none).",
-    )
-    merged_kinds: tuple = setting(
-        ("merged", "merged + wd", "merged + nuclear"),
-        "--merged",
-        "Merged variants, comma-separated: merged, merged + wd, merged + nuclear (or none).",
-    )
     n_layers: int = 2
     n_heads: int = 2
     d_model: int = setting(32, "--d-model", "Residual width (every variant).", bounds=(1, 512))
     d_head: int = 16
-    batch_size: int = shared("batch_size", "compare")
-    lr: float = shared("lr", "compare")
-    weight_decay: float = shared("weight_decay", "compare")
     qk_weight_decay: float = setting(
         3.0, "--qk-weight-decay", "AdamW weight decay of W_QK in 'merged + wd'.", fmt="g", bounds=(0.0, 100.0)
     )
@@ -98,6 +86,9 @@ class CompareConfig:
         fmt="g",
         bounds=(0.0, 100.0),
     )
+    weight_decay: float = shared("weight_decay", "compare")
+    lr: float = shared("lr", "compare")
+    batch_size: int = shared("batch_size", "compare")
     warmup_steps: int | None = shared("warmup_steps", "compare")  # None: warmup_of(steps)
     eval_every: int = shared("eval_every", "compare")
     eval_samples: int = shared("eval_samples", "compare")
@@ -114,6 +105,18 @@ class CompareConfig:
         "torch CPU threads while training (0: torch's default); one is fastest for these small models on a busy "
         "machine.",
         bounds=(0, 256),
+    )
+    d_qks: tuple = setting(
+        (1, 2, 4, 16),
+        "--d-qk",
+        "Query/key widths of the factored variants (comma-separated, each 1..d_model; empty for none).",
+        empty="",  # no factored variant: --d-qk ''
+    )
+    merged_kinds: tuple = setting(
+        ("merged", "merged + wd", "merged + nuclear"),
+        "--merged",
+        "Merged variants, comma-separated: merged, merged + wd, merged + nuclear (or none).",
+        empty="none",
     )
 
     def __post_init__(self) -> None:
@@ -200,22 +203,8 @@ class CompareConfig:
 
     def command(self) -> str:
         """The ``attn-lab compare-qk`` command that reproduces this comparison: the task, steps and
-        seeds, then each declared setting that differs from its default, by its declared flag."""
-        default = CompareConfig()
-        parts = ["attn-lab", "compare-qk"]
-        for name in ("task", "steps", "seeds"):  # always written
-            parts += [declared(self, name)["flag"], str(getattr(self, name))]
-        shown = ("first_seed", "d_model", "qk_weight_decay", "nuclear", "weight_decay", "lr", "batch_size", "device")
-        for name in (*shown, "precision", "threads"):
-            value = getattr(self, name)
-            if value != getattr(default, name):
-                parts += [declared(self, name)["flag"], f"{value:g}" if isinstance(value, float) else str(value)]
-        # quoted as the shell reads them back: no width is '' and a merged kind holds spaces
-        if self.d_qks != default.d_qks:
-            parts += [declared(self, "d_qks")["flag"], shlex.quote(",".join(str(w) for w in self.d_qks))]
-        if self.merged_kinds != default.merged_kinds:
-            parts += [declared(self, "merged_kinds")["flag"], shlex.quote(",".join(self.merged_kinds) or "none")]
-        return " ".join(parts)
+        seeds, then each declared setting that differs from its default (``training.settings``)."""
+        return " ".join(["attn-lab", "compare-qk", *command_args(self)])
 
 
 MAX_STEPS = declared(CompareConfig, "steps")["bounds"][1]  # steps of one run of a comparison

@@ -27,6 +27,7 @@ def setting(
     fmt: str = "",
     always: bool = False,
     needs: tuple[str, ...] = (),
+    empty: str | None = None,
     widget: dict | None = None,
 ) -> Any:
     """A dataclass field whose metadata declares the setting:
@@ -36,13 +37,15 @@ def setting(
     - ``bounds`` (lo, hi): the values the check accepts (:func:`check_bounds`; None stays allowed
       where it is the default): whole numbers where both bounds are ints, else finite numbers;
     - ``fmt``: how the reproduce line writes the value (``"g"`` for floats), ``always``: written
-      even at its default, ``needs``: written only when one of these settings is set;
+      even at its default, ``needs``: written only when one of these settings is set, ``empty``: how
+      it writes an empty list that is not the default (None: leaves it out);
     - ``widget``: the page's input (``ui.widgets.setting_input``): label, help, min_value, max_value,
       step of a number, or a ``kind`` with its ``options`` shown by ``format`` or ``labels``; ``value``
       a default of the page's own; ``{braces}`` in label and help are filled in by the page;
     - ``factory``: makes the default (a mutable one), instead of ``default``.
     """
     meta = dict(flag=flag, help=help, bounds=bounds, metavar=metavar, fmt=fmt, always=always, needs=needs)
+    meta["empty"] = empty
     meta["widget"] = widget
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
@@ -223,13 +226,13 @@ def command_args(cfg: object, shown: dict[str, str] | None = None) -> list[str]:
         if meta["needs"] and not any(getattr(cfg, n) for n in meta["needs"]):
             continue
         empty = value is None or (isinstance(value, (str, list, tuple)) and not value)
-        if not meta["always"] and (empty or value == f.default):
+        if not meta["always"] and ((empty and meta["empty"] is None) or value == f.default):
             continue
         flag = meta["flag"].split("/")[0]
         if isinstance(value, bool):
             parts += [flag] if value else []
-        elif isinstance(value, (list, tuple)):
-            parts += [flag, ",".join(map(str, value))]
+        elif isinstance(value, (list, tuple)):  # one comma-separated option, quoted as the shell reads it back
+            parts += [flag, shlex.quote(",".join(map(str, value)) or meta["empty"])]
         else:
             said = shown.get(value, value) if isinstance(value, str) else value
             parts += [flag, shlex.quote(format(said, meta["fmt"]))]
