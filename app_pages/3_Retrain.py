@@ -17,7 +17,7 @@ from attn_core.device import available_devices
 from attn_core.retraining.job import TrainingJob
 from attn_core.training.config import LAMBDAS, JobConfig
 from attn_core.training.queue import JobQueue
-from attn_core.training.scaling import STRATEGIES, STRATEGY_HELP, workers_offer
+from attn_core.training.scaling import workers_offer
 from ui import queue_view
 from ui import retrain_live as live
 from ui.retrain_text import say_estimate, shown_command, text_inputs
@@ -59,15 +59,8 @@ with reg_col:
             lam_col, JobConfig, "regularizers", f"reg_lambda_{name}", penalty=name.replace("_", " "), what=what
         )
         k = 1
-        if name.endswith("topk"):
-            k = k_col.number_input(
-                "k",
-                min_value=1,
-                max_value=cfg.n_ctx,
-                step=1,
-                key=ui.remember(f"reg_k_{name}", 1, range(1, cfg.n_ctx + 1)),
-                help="Penalise 1 − (mass of the k largest attention weights)",
-            )
+        if name.endswith("topk"):  # at most the model's context
+            k = ui.setting_input(k_col, R.RegSpec, "k", f"reg_k_{name}", max_value=cfg.n_ctx)
         specs.append(R.RegSpec(name, lam, k=int(k)))
     penalty_rows = ui.setting_input(st, JobConfig, "penalty_rows", "retrain_penalty_rows", max_value=cfg.n_ctx)
 with head_col:
@@ -100,8 +93,10 @@ with opt_col:
         )
         if workers:
             w_col, g_col = st.columns(2)
-            strategy = w_col.selectbox("Strategy", STRATEGIES, key="retrain_strategy", help=STRATEGY_HELP)
-            gpus = g_col.selectbox("GPUs per worker", offer["gpus"], key="retrain_gpus", help="0: CPU workers")
+            strategy = ui.setting_input(w_col, JobConfig, "strategy", "retrain_strategy")
+            gpus = ui.setting_input(
+                g_col, JobConfig, "gpus_per_worker", "retrain_gpus", options=offer["gpus"], value=offer["gpus"][0]
+            )
             spread = dict(workers=int(workers), strategy=strategy, gpus_per_worker=gpus)
 watched = R.head_label(layer, head)
 heads_spec = {"head": watched, "layer": f"L{layer}", "all": None}[scope]

@@ -12,14 +12,14 @@ from typing import Any
 
 import streamlit as st
 
-from attn_core.limits import size_text
+from attn_core.limits import MAX_BATCH, size_text
 from attn_core.model import ModelConfig
 from attn_core.runs import RunStore
 from attn_core.text import files as text_files
 from attn_core.text.corpus import open_corpus
 from attn_core.text.source import prepare_text
 from attn_core.text.task import HELD_OUT_FRACTION, default_batch, split_streams
-from attn_core.training.config import MAX_BATCH, TRAIN, TRAIN_HELP
+from attn_core.training.config import TRAIN, TRAIN_HELP
 from attn_core.training.estimate import CPU_STEP_FLOPS
 from attn_core.training.text_defaults import STEP_MEMORY
 from ui.markup import plain

@@ -1,6 +1,6 @@
 """Inputs whose bounds are written once: :func:`number` gives the widget and its remembered value
 (``state.remember``) the same range; :func:`setting_input` takes a retrain setting's widget, label, help,
-bounds or choices and default from its one declaration in ``JobConfig``
+bounds or choices and default from its one declaration in ``JobConfig`` (or ``RegSpec``: top-k's k)
 (``attn_core.training.settings``)."""
 
 from __future__ import annotations

@@ -9,12 +9,12 @@ import typer
 
 from attn_core.cli.common import JsonOpt, NameArg, command_line, emit, guarded, needs_task, settings_options, table
 from attn_core.grow import GrowConfig
+from attn_core.training.settings import flagged
 
 app = typer.Typer()
 
 
-GROW_SETTINGS = ("layer", "head", "add", "batch", "seed", "steps", "lr", "basis", "grid", "damping", "eval_samples")
-GROW_SETTINGS += ("device", "precision")
+GROW_SETTINGS = flagged(GrowConfig)  # grow's options: its declared settings, in their order
 
 
 @app.command("grow")
@@ -34,11 +34,11 @@ def grow_cmd(
     from attn_core.sources import resolve
     from attn_core.training.interrupt import exit_on_ctrl_c
 
+    cfg = GrowConfig(**settings)  # a bad setting is said before the model loads
     loaded = resolve(name)
     needs_task(loaded, "there is no loss to grow it on")
     if out is not None:
         destinations.check_destination(out)  # exists, or cannot be written: said before the work
-    cfg = GrowConfig(**settings)
     layer, head, steps, seed, eval_samples = cfg.layer, cfg.head, cfg.steps, cfg.seed, cfg.eval_samples
     with exit_on_ctrl_c("nothing was saved" + (f" ({out} was not written)" if out else "")):
         res = grow.grow(loaded.model, loaded.task, cfg)

@@ -8,6 +8,7 @@ import typer
 
 from attn_core.cli.common import JsonOpt, emit, guarded, settings_options, table
 from attn_core.qk import CompareConfig
+from attn_core.training.settings import flagged
 
 app = typer.Typer()
 
@@ -34,8 +35,7 @@ def _int_list(text: str, what: str) -> tuple:
         raise ValueError(f"{what} must be comma-separated integers, e.g. 1,2,4,16; got {text!r}") from None
 
 
-COMPARE_SETTINGS = ("task", "steps", "seeds", "first_seed", "d_model", "weight_decay", "qk_weight_decay", "nuclear")
-COMPARE_SETTINGS += ("lr", "batch_size", "device", "precision", "threads", "d_qks", "merged_kinds")
+COMPARE_SETTINGS = flagged(CompareConfig)  # compare-qk's options: its declared settings, in their order
 
 
 @app.command("compare-qk")

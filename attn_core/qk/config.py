@@ -3,20 +3,20 @@
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import asdict, dataclass, fields, replace
 
 from attn_core.device import check_precision
+from attn_core.limits import MAX_SAMPLES
 from attn_core.model import ModelConfig
 from attn_core.training.config import TrainConfig
-from attn_core.training.settings import declared, setting, shared
-from attn_core.validate import check, is_int, is_number
+from attn_core.training.settings import check_bounds, command_args, declared, setting, shared, warmup_of
+from attn_core.validate import MAX_SEED, check, is_int, is_number, shown
 
 PARENT_PREFIX = "compare-qk:"  # runs of a comparison have parent "compare-qk:<task>"
 VARIANT_KINDS = ("factored", "merged", "merged + wd", "merged + nuclear")
 TRUNCATION_RANKS = (1, 2, 4, 8, 16, 32, 64)  # those <= d_model are used
-MAX_STEPS = 100_000
 MAX_SEEDS = 64
+PREFIX = "invalid comparison setting: "
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,11 @@ class Variant:
         return [f"nuclear={self.nuclear:g}"] if self.nuclear > 0 else []
 
 
+# the settings of a comparison that their declared bounds check (training.settings.check_bounds)
+BOUNDED = ("steps", "seeds", "first_seed", "d_model", "batch_size", "weight_decay", "qk_weight_decay", "nuclear")
+BOUNDED += ("warmup_steps", "eval_every", "eval_samples", "measure_samples", "eval_seed", "threads")
+
+
 @dataclass
 class CompareConfig:
     """Everything that defines a comparison. The architecture (``n_layers`` x ``n_heads``,
@@ -58,40 +63,37 @@ class CompareConfig:
     initialisation and the training batches. Final metrics use ``measure_samples`` held-out
     sequences drawn with ``eval_seed``, the same for every run."""
 
-    # each setting once: default, CLI flag and help (training.settings); compare-qk's options and
-    # the reproduce line (command()) are built from them
-    task: str = setting("induction", "--task", "Task to train on (see `attn-lab presets` for tasks).")
-    steps: int = shared("steps", "compare")
-    seeds: int = setting(3, "--seeds", "Seeds per variant (first-seed, first-seed + 1, ...).")
-    first_seed: int = setting(0, "--first-seed", "The first seed.")
-    d_qks: tuple = setting(
-        (1, 2, 4, 16),
-        "--d-qk",
-        "Query/key widths of the factored variants (comma-separated, each 1..d_model; empty for none).",
+    # each setting once: default, CLI flag and help, bounds (training.settings; those other commands
+    # take too in its SHARED table); compare-qk's options, its checks and the reproduce line (command(),
+    # in this order) are built from them
+    task: str = setting("induction", "--task", "Task to train on (see `attn-lab presets` for tasks).", always=True)
+    steps: int = shared("steps", "compare", always=True)
+    seeds: int = setting(
+        3, "--seeds", "Seeds per variant (first-seed, first-seed + 1, ...).", bounds=(1, MAX_SEEDS), always=True
     )
-    merged_kinds: tuple = setting(
-        ("merged", "merged + wd", "merged + nuclear"),
-        "--merged",
-        "Merged variants, comma-separated: merged, merged + wd, merged + nuclear (or none).",
-    )
+    first_seed: int = setting(0, "--first-seed", "The first seed.", bounds=(0, MAX_SEED))
     n_layers: int = 2
     n_heads: int = 2
-    d_model: int = setting(32, "--d-model", "Residual width (every variant).")
+    d_model: int = setting(32, "--d-model", "Residual width (every variant).", bounds=(1, 512))
     d_head: int = 16
-    batch_size: int = setting(64, "--batch-size", "Sequences per step.")
-    lr: float = shared("lr", "compare")
-    weight_decay: float = setting(
-        0.1, "--weight-decay", "AdamW weight decay of every matrix but W_QK (W_Q and W_K included).", fmt="g"
+    qk_weight_decay: float = setting(
+        3.0, "--qk-weight-decay", "AdamW weight decay of W_QK in 'merged + wd'.", fmt="g", bounds=(0.0, 100.0)
     )
-    qk_weight_decay: float = setting(3.0, "--qk-weight-decay", "AdamW weight decay of W_QK in 'merged + wd'.", fmt="g")
     nuclear: float = setting(
-        0.01, "--nuclear", "lambda of the penalty lambda * mean ||B||_* in 'merged + nuclear'.", fmt="g"
+        0.01,
+        "--nuclear",
+        "lambda of the penalty lambda * mean ||B||_* in 'merged + nuclear'.",
+        fmt="g",
+        bounds=(0.0, 100.0),
     )
-    warmup_steps: int | None = None  # default min(100, steps // 10)
+    weight_decay: float = shared("weight_decay", "compare")
+    lr: float = shared("lr", "compare")
+    batch_size: int = shared("batch_size", "compare")
+    warmup_steps: int | None = shared("warmup_steps", "compare")  # None: warmup_of(steps)
     eval_every: int = shared("eval_every", "compare")
     eval_samples: int = shared("eval_samples", "compare")
-    measure_samples: int = 512
-    eval_seed: int = 0
+    measure_samples: int = setting(512, bounds=(1, MAX_SAMPLES))
+    eval_seed: int = setting(0, bounds=(0, MAX_SEED))
     device: str = shared("device", "compare")
     precision: str = shared("precision", "compare")
     # torch intra-op threads while training (0: leave the process's setting). These models are too
@@ -102,6 +104,19 @@ class CompareConfig:
         "--threads",
         "torch CPU threads while training (0: torch's default); one is fastest for these small models on a busy "
         "machine.",
+        bounds=(0, 256),
+    )
+    d_qks: tuple = setting(
+        (1, 2, 4, 16),
+        "--d-qk",
+        "Query/key widths of the factored variants (comma-separated, each 1..d_model; empty for none).",
+        empty="",  # no factored variant: --d-qk ''
+    )
+    merged_kinds: tuple = setting(
+        ("merged", "merged + wd", "merged + nuclear"),
+        "--merged",
+        "Merged variants, comma-separated: merged, merged + wd, merged + nuclear (or none).",
+        empty="none",
     )
 
     def __post_init__(self) -> None:
@@ -111,13 +126,10 @@ class CompareConfig:
         self.merged_kinds = tuple(self.merged_kinds)
 
         def ok(cond: bool, msg: str) -> None:
-            check(cond, msg, prefix="invalid comparison setting: ")
+            check(cond, msg, prefix=PREFIX)
 
-        ok(self.task in TASKS, f"unknown task {self.task!r}; known tasks: {', '.join(TASKS)}")
-        ok(is_int(self.steps) and 1 <= self.steps <= MAX_STEPS, f"steps must be 1..{MAX_STEPS}, got {self.steps!r}")
-        ok(is_int(self.seeds) and 1 <= self.seeds <= MAX_SEEDS, f"seeds must be 1..{MAX_SEEDS}, got {self.seeds!r}")
-        ok(is_int(self.first_seed) and self.first_seed >= 0, f"first_seed must be >= 0, got {self.first_seed!r}")
-        ok(is_int(self.d_model) and 1 <= self.d_model <= 512, f"d_model must be 1..512, got {self.d_model!r}")
+        ok(self.task in TASKS, f"unknown task {shown(self.task)}; known tasks: {', '.join(TASKS)}")
+        check_bounds(self, BOUNDED, PREFIX)
         for w in self.d_qks:
             ok(is_int(w) and 1 <= w <= self.d_model, f"d_qk {w!r} is outside 1..{self.d_model} (d_model)")
         ok(len(set(self.d_qks)) == len(self.d_qks), f"d_qks {list(self.d_qks)} repeat a width")
@@ -125,10 +137,7 @@ class CompareConfig:
         ok(not bad, f"merged kind {bad[0] if bad else ''!r} is not one of {', '.join(VARIANT_KINDS[1:])}")
         ok(len(set(self.merged_kinds)) == len(self.merged_kinds), "merged_kinds repeat a kind")
         ok(len(self.d_qks) + len(self.merged_kinds) >= 1, "there is no variant to train")
-        ok(is_number(self.lr) and 0 < self.lr <= 10, f"lr must be in (0, 10], got {self.lr!r}")
-        for name in ("weight_decay", "qk_weight_decay", "nuclear"):
-            v = getattr(self, name)
-            ok(is_number(v) and 0 <= v <= 100, f"{name} must be in [0, 100], got {v!r}")
+        ok(is_number(self.lr) and 0 < self.lr <= 10, f"lr must be in (0, 10], got {shown(self.lr)}")
         ok(
             "merged + wd" not in self.merged_kinds or self.qk_weight_decay > 0,
             "qk_weight_decay must be > 0 for 'merged + wd'",
@@ -137,12 +146,7 @@ class CompareConfig:
             "merged + nuclear" not in self.merged_kinds or self.nuclear > 0,
             "nuclear must be > 0 for 'merged + nuclear'",
         )
-        for name in ("eval_every", "eval_samples", "measure_samples"):
-            v = getattr(self, name)
-            ok(is_int(v) and v > 0, f"{name} must be a positive integer, got {v!r}")
-        ok(is_int(self.eval_seed) and self.eval_seed >= 0, "eval_seed must be >= 0")
-        check_precision(self.precision, prefix="invalid comparison setting: ")
-        ok(is_int(self.threads) and 0 <= self.threads <= 256, f"threads must be 0..256, got {self.threads!r}")
+        check_precision(self.precision, prefix=PREFIX)
         self.base_model_config()  # n_layers, n_heads, d_head ... (ModelConfig's own checks)
         self.train_config(self.first_seed)  # lr, batch size, device ...
 
@@ -164,7 +168,7 @@ class CompareConfig:
         )
 
     def train_config(self, seed: int) -> TrainConfig:
-        warmup = self.warmup_steps if self.warmup_steps is not None else min(100, self.steps // 10)
+        warmup = self.warmup_steps if self.warmup_steps is not None else warmup_of(self.steps)
         return TrainConfig(
             steps=self.steps,
             batch_size=self.batch_size,
@@ -199,19 +203,8 @@ class CompareConfig:
 
     def command(self) -> str:
         """The ``attn-lab compare-qk`` command that reproduces this comparison: the task, steps and
-        seeds, then each declared setting that differs from its default, by its declared flag."""
-        default = CompareConfig()
-        parts = ["attn-lab", "compare-qk"]
-        for name in ("task", "steps", "seeds"):  # always written
-            parts += [declared(self, name)["flag"], str(getattr(self, name))]
-        shown = ("first_seed", "d_model", "qk_weight_decay", "nuclear", "weight_decay", "lr", "batch_size", "device")
-        for name in (*shown, "precision", "threads"):
-            value = getattr(self, name)
-            if value != getattr(default, name):
-                parts += [declared(self, name)["flag"], f"{value:g}" if isinstance(value, float) else str(value)]
-        # quoted as the shell reads them back: no width is '' and a merged kind holds spaces
-        if self.d_qks != default.d_qks:
-            parts += [declared(self, "d_qks")["flag"], shlex.quote(",".join(str(w) for w in self.d_qks))]
-        if self.merged_kinds != default.merged_kinds:
-            parts += [declared(self, "merged_kinds")["flag"], shlex.quote(",".join(self.merged_kinds) or "none")]
-        return " ".join(parts)
+        seeds, then each declared setting that differs from its default (``training.settings``)."""
+        return " ".join(["attn-lab", "compare-qk", *command_args(self)])
+
+
+MAX_STEPS = declared(CompareConfig, "steps")["bounds"][1]  # steps of one run of a comparison

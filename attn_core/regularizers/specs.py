@@ -8,7 +8,9 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from attn_core.validate import is_int, is_number, shown
+from attn_core.limits import MAX_BLOCK
+from attn_core.training.settings import check_bounds, setting
+from attn_core.validate import is_number, shown
 
 # name -> (view, what it penalises); the view decides what the penalty reads.
 REGULARIZERS: dict[str, tuple[str, str]] = {
@@ -31,7 +33,11 @@ class RegSpec:
 
     name: str
     strength: float
-    k: int = 1
+    k: int = setting(  # at most the model's context (the page's bound); MAX_BLOCK beyond any model's
+        1,
+        bounds=(1, MAX_BLOCK),
+        widget=dict(label="k", help="Penalise 1 − (mass of the k largest attention weights)", min_value=1, step=1),
+    )
     heads: str | None = None  # a selection string; resolved against a model by `resolve`
 
     def __post_init__(self) -> None:
@@ -46,8 +52,7 @@ class RegSpec:
                 f"strength (lambda) of {self.name!r} must be a finite number >= 0, got {shown(self.strength)}"
             )
         object.__setattr__(self, "strength", strength)
-        if not (is_int(self.k) and self.k >= 1):
-            raise ValueError(f"k of {self.name!r} must be an integer >= 1, got {self.k!r}")
+        check_bounds(self, ("k",), f"regularizer {self.name!r}: ")
         if self.k != 1 and not self.name.endswith("topk"):
             raise ValueError(f"k only applies to topk and vocab_topk, not to {self.name!r}")
 

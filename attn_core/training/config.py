@@ -10,14 +10,13 @@ from dataclasses import asdict, dataclass, fields
 
 from attn_core import regularizers as R
 from attn_core.device import MAX_THREADS, PRECISIONS, check_precision, check_sync_every, check_threads, select_device
-from attn_core.limits import MAX_SAMPLES, MAX_STEPS, TEXT_LIMIT
+from attn_core.limits import MAX_BLOCK, MAX_SAMPLES, MAX_STEPS, TEXT_LIMIT
 from attn_core.training.checkpoint_plan import CheckpointPlan
-from attn_core.training.scaling import STRATEGY_HELP, check_scaling, check_specs
-from attn_core.training.settings import command_args, in_bounds, setting, shared
-from attn_core.training.text_defaults import DEFAULT_BLOCK, HELD_OUT_FRACTION, MAX_DEFAULT_BATCH, STEP_MEMORY
+from attn_core.training.scaling import STRATEGIES, STRATEGY_HELP, check_scaling, check_specs
+from attn_core.training.settings import check_bounds, command_args, in_bounds, setting, shared, warmup_of
+from attn_core.training.text_defaults import DEFAULT_BLOCK, HELD_OUT_FRACTION
 from attn_core.validate import MAX_SEED, check, is_int, is_number, shown
 
-MAX_BATCH = 65_536  # sequences per training batch
 TRAIN = ("all", "attn", "qk")  # what learns in a retrain (--train); attn_core.finetune says what each means
 TRAIN_HELP = (
     "What learns: all (every parameter), attn (every attention weight), or qk (only W_Q, W_K and their "
@@ -28,21 +27,26 @@ RATES = tuple(round(10 ** (e / 4), 8) for e in range(-20, -3))  # the page's lea
 LAMBDAS = [round(10 ** (e / 4), 8) for e in range(-20, 5)]  # the page's strengths lambda: 1e-5 .. 10, log scale
 ALPHAS = {None: "the model's own", 1.0: "1 (softmax)", 1.25: "1.25", 1.5: "1.5 (entmax15)", 1.75: "1.75"}
 ALPHAS[2.0] = "2 (sparsemax)"  # the page's entmax alphas, as it shows them
-MAX_PENALTY_ROWS = 2**20  # query rows per head of the sampled penalty (the longest block a text run takes)
+MAX_PENALTY_ROWS = MAX_BLOCK  # query rows per head of the sampled penalty (the longest block a text run takes)
+
+
+# the settings of a recipe that its declared bounds check (training.settings.check_bounds)
+DECLARED_BOUNDS = ("batch_size", "weight_decay", "warmup_steps", "eval_every", "eval_samples")
 
 
 @dataclass
 class TrainConfig:
     """The recipe of one training run (recorded in every card as ``train``)."""
 
-    # steps, lr, seed, device and precision: declared once for every command (training.settings.SHARED)
+    # steps, batch_size, lr, weight_decay, warmup_steps, the evaluation, seed, device and precision:
+    # declared once for every command (training.settings.SHARED)
     steps: int = shared("steps", "train")
-    batch_size: int = 128
+    batch_size: int = shared("batch_size", "train")
     lr: float = shared("lr", "train")
-    weight_decay: float = 0.1
+    weight_decay: float = shared("weight_decay", "train")
     beta1: float = 0.9
     beta2: float = 0.98
-    warmup_steps: int = 100
+    warmup_steps: int = shared("warmup_steps", "train")
     min_lr_ratio: float = 0.1
     grad_clip: float = 1.0
     eval_every: int = shared("eval_every", "train")
@@ -66,21 +70,14 @@ class TrainConfig:
             self.steps <= MAX_STEPS,
             f"steps must be at most {MAX_STEPS:,} (the limit of this lab), got {shown(self.steps, 30)}",
         )
-        ok(count(self.batch_size, hi=MAX_BATCH), f"batch_size must be 1..{MAX_BATCH}, got {shown(self.batch_size)}")
+        check_bounds(self, DECLARED_BOUNDS, prefix="invalid training setting: ")
         ok(is_number(self.lr) and 0 < self.lr <= 10, f"lr must be in (0, 10], got {shown(self.lr)}")
-        ok(is_number(self.weight_decay) and self.weight_decay >= 0, "weight_decay must be >= 0")
         ok(
             is_number(self.beta1) and is_number(self.beta2) and 0 <= self.beta1 < 1 and 0 <= self.beta2 < 1,
             "betas must be in [0, 1)",
         )
-        ok(count(self.warmup_steps, 0), f"warmup_steps must be 0..{MAX_STEPS:,}, got {shown(self.warmup_steps)}")
         ok(is_number(self.min_lr_ratio) and 0 <= self.min_lr_ratio <= 1, "min_lr_ratio must be in [0, 1]")
         ok(is_number(self.grad_clip) and self.grad_clip > 0, "grad_clip must be positive")
-        ok(count(self.eval_every), f"eval_every must be 1..{MAX_STEPS:,}, got {shown(self.eval_every)}")
-        ok(
-            count(self.eval_samples, hi=MAX_SAMPLES),
-            f"eval_samples must be 1..{MAX_SAMPLES:,}, got {shown(self.eval_samples)}",
-        )
         ok(count(self.seed, 0, MAX_SEED), f"seed must be an integer in 0..2^63-1, got {shown(self.seed)}")
         check_precision(self.precision, prefix="invalid training setting: ")
         check_sync_every(self.sync_every, prefix="invalid training setting: ")
@@ -108,7 +105,7 @@ class JobConfig:
     head selection of specs that name none (``"L1"``, ``"L0H1,L1H2"``; None = every head).
     ``entmax_alpha``: None keeps the parent's attention; 1 softmax, 1.5 entmax15, 2 sparsemax.
     ``batch_size``/``weight_decay`` default to the parent's training recipe (else 64 / 0.1);
-    ``warmup_steps`` to min(100, steps // 10). ``precision`` fp32 or bf16 (autocast);
+    ``warmup_steps`` to ``warmup_of(steps)``, min(100, steps // 10). ``precision`` fp32 or bf16 (autocast);
     ``sync_every`` steps between reads of the device (None: the device's default, see
     ``device.sync_interval``; telemetry and spectrum steps are read at once); ``compile``
     compiles the step (``training.step``).
@@ -193,15 +190,7 @@ class JobConfig:
             labels=ALPHAS,
         ),
     )
-    batch_size: int | None = setting(
-        None,
-        "--batch-size",
-        "Sequences per training step. Default: the parent's training batch size; a model without one "
-        f"(an imported model on --text) takes the most blocks, a power of two up to {MAX_DEFAULT_BATCH}, whose "
-        f"step is estimated to add at most {STEP_MEMORY / 2**30:g} GiB (fp32): {MAX_DEFAULT_BATCH} for small "
-        "vocabularies, 4 for GPT-2 small at --block 256 (the output says which).",
-        bounds=(1, MAX_BATCH),
-    )
+    batch_size: int | None = shared("batch_size", "retrain")
     device: str = shared(
         "device",
         "retrain",
@@ -287,7 +276,7 @@ class JobConfig:
         None, "--eval-text", f"Held-out text (same formats); default the last {HELD_OUT_FRACTION:.0%} of --text."
     )
     block: int | None = setting(
-        None, "--block", f"Tokens per training sequence (default min(context, {DEFAULT_BLOCK})).", bounds=(2, 2**20)
+        None, "--block", f"Tokens per training sequence (default min(context, {DEFAULT_BLOCK})).", bounds=(2, MAX_BLOCK)
     )
     train: str = setting("all", "--train", TRAIN_HELP)
     kl: float = setting(
@@ -343,11 +332,19 @@ class JobConfig:
         metavar="G",
         fmt="g",
         needs=("workers",),
+        # the page offers what the machine or cluster has (workers_offer), the first by default
+        widget=dict(kind="choice", label="GPUs per worker", help="0: CPU workers"),
     )
-    strategy: str = setting("ddp", "--strategy", STRATEGY_HELP, needs=("workers",))
+    strategy: str = setting(
+        "ddp",
+        "--strategy",
+        STRATEGY_HELP,
+        needs=("workers",),
+        widget=dict(kind="choice", label="Strategy", help=STRATEGY_HELP, options=STRATEGIES),
+    )
     # settings of the library and the page that the CLI does not take (not in the reproduce line)
-    weight_decay: float | None = None
-    warmup_steps: int | None = None
+    weight_decay: float | None = shared("weight_decay", "retrain")
+    warmup_steps: int | None = shared("warmup_steps", "retrain")
     eval_every: int = shared("eval_every", "retrain")
     eval_samples: int = shared("eval_samples", "retrain")
     telemetry_every: int = 20
@@ -395,18 +392,7 @@ class JobConfig:
         )
         ok(is_number(self.lr) and 0 < self.lr <= 10, f"lr must be in (0, 10], got {shown(self.lr)}")
         # None: the parent's recipe decides (train_config); a given value is checked like the recipe's
-        ok(
-            self.batch_size is None or (is_int(self.batch_size) and in_bounds(self, "batch_size", self.batch_size)),
-            f"batch_size must be 1..{MAX_BATCH} (or unset: the parent's), got {shown(self.batch_size)}",
-        )
-        ok(
-            self.warmup_steps is None or count(self.warmup_steps, 0),
-            f"warmup_steps must be 0..{MAX_STEPS:,} (or unset), got {shown(self.warmup_steps)}",
-        )
-        ok(
-            self.weight_decay is None or (is_number(self.weight_decay) and self.weight_decay >= 0),
-            "weight_decay must be >= 0",
-        )
+        check_bounds(self, ("batch_size", "warmup_steps", "weight_decay"), prefix="invalid retraining setting: ")
         for name in ("text", "text_field", "eval_text"):
             v = getattr(self, name)
             ok(
@@ -475,7 +461,7 @@ class JobConfig:
             weight_decay=float(
                 self.weight_decay if self.weight_decay is not None else parent_train.get("weight_decay", 0.1)
             ),
-            warmup_steps=self.warmup_steps if self.warmup_steps is not None else min(100, self.steps // 10),
+            warmup_steps=self.warmup_steps if self.warmup_steps is not None else warmup_of(self.steps),
             eval_every=self.eval_every,
             eval_samples=self.eval_samples,
         )

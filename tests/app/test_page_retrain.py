@@ -50,6 +50,18 @@ def test_settings_before_any_run(page):
     assert "No run yet" in page.info[0].value
 
 
+def test_the_top_k_input_is_its_declaration(page):
+    """top-k's k is RegSpec's declared setting: its label, help and lower bound, and the model's context above."""
+    from attn_core.regularizers import RegSpec
+    from attn_core.training.settings import declared
+
+    page.multiselect(key="reg_names").set_value(["topk"])
+    page.run()
+    k, widget = page.number_input(key="reg_k_topk"), declared(RegSpec, "k")["widget"]
+    assert (k.label, k.help, k.min, k.value) == (widget["label"], widget["help"], 1, 1)
+    assert k.max == resolve(MODEL).config.n_ctx
+
+
 def test_short_retraining_completes_and_is_stored(page):
     page.multiselect(key="reg_names").set_value(["entropy", "topk"])
     page.run()

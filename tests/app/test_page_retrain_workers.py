@@ -39,6 +39,10 @@ def test_a_named_cluster_offers_workers_and_an_unreachable_one_is_refused_in_one
     page.run()
     assert page.selectbox(key="retrain_strategy").options == ["ddp", "fsdp"]
     assert page.selectbox(key="retrain_gpus").options == ["0", "1"]
+    for key, name in (("retrain_strategy", "strategy"), ("retrain_gpus", "gpus_per_worker")):  # their declarations
+        widget = declared(JobConfig, name)["widget"]
+        assert (page.selectbox(key=key).label, page.selectbox(key=key).help) == (widget["label"], widget["help"])
+    assert (page.selectbox(key="retrain_strategy").value, page.selectbox(key="retrain_gpus").value) == ("ddp", 0)
     page.button(key="retrain_start").click()
     page.run()
     assert not page.exception

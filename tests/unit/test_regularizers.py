@@ -202,7 +202,7 @@ def test_parse_spec(text, spec):
         ({"sparsity": 1}, "unknown regularizer"),
         (["entropy"], "NAME[:K][@HEADS]=LAMBDA"),
         (["hoyer:2=1"], "k only applies to topk"),
-        (["topk:0=1"], "k of 'topk' must be an integer >= 1"),
+        (["topk:0=1"], "regularizer 'topk': k must be 1..1,048,576 (a whole number), got 0"),
         (["topk:x=1"], "must be a positive integer"),
         (["entropy@L2=1"], "layer L2 is out of range: this model has 2 layers"),
         (["entropy@L0H5=1"], "head L0H5 is out of range: this model has 2 heads per layer"),

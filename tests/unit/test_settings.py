@@ -172,7 +172,7 @@ def test_the_settings_every_command_takes_are_declared_once():
             meta = declared(config, name)
             own = own[0] if own else {}
             assert (meta["flag"], meta["help"]) == (own.get("flag", entry["flag"]), help), (name, command)
-            assert meta["bounds"] == own.get("bounds"), (name, command)
+            assert meta["bounds"] == own.get("bounds", entry.get("bounds")), (name, command)
             assert config.__dataclass_fields__[name].default == default, (name, command)
     steps = {command: SHARED["steps"][command][0] for command in configs}
     assert steps == {"train": 2000, "retrain": 300, "grow": 100, "compare": 400}  # said per command, once
@@ -189,3 +189,80 @@ def test_the_settings_every_command_takes_are_declared_once():
     ):  # the configs of a run and their commands never write the flag again
         written = [p for p in runs if f'"{entry["flag"]}"' in (source / p).read_text()]
         assert not written, f"{entry['flag']} is written in {written}"
+
+
+def test_the_batch_the_weight_decay_and_the_warmup_are_declared_once():
+    """batch_size, weight_decay and warmup_steps stand in the one table beside steps and lr: every config
+    reads its field from there (a command's own default as its value), and compare-qk's options are them."""
+    from attn_core.cli import qk
+    from attn_core.grow import GrowConfig
+    from attn_core.qk import CompareConfig
+    from attn_core.training.config import TrainConfig
+    from attn_core.training.settings import SHARED, shared
+
+    configs = {"train": TrainConfig(), "retrain": JobConfig("x"), "grow": GrowConfig(), "compare": CompareConfig()}
+    defaults = {
+        "batch_size": {"train": 128, "retrain": None, "grow": 32, "compare": 64},
+        "weight_decay": {"train": 0.1, "retrain": None, "grow": 0.0, "compare": 0.1},
+        "warmup_steps": {"train": 100, "retrain": None, "grow": 0, "compare": None},
+    }
+    for name, by_command in defaults.items():
+        assert {command: SHARED[name][command][0] for command in by_command} == by_command, name
+        for command, config in configs.items():
+            assert declared(config, name) == dict(shared(name, command).metadata), (name, command)
+            assert getattr(config, name) == by_command[command], (name, command)
+    params = _params(qk.app, "compare-qk")
+    for name in ("batch_size", "weight_decay"):
+        assert params[name].help == SHARED[name]["compare"][1] and params[name].default == defaults[name]["compare"]
+    assert _params(runs.app, "retrain")["batch_size"].help == SHARED["batch_size"]["retrain"][1]
+    # the recipe a run trains with: grow's fine-tuning without decay or warmup, compare-qk's warmup of its steps
+    assert (GrowConfig().train_config().weight_decay, GrowConfig().train_config().warmup_steps) == (0.0, 0)
+    assert CompareConfig(steps=400).train_config(0).warmup_steps == 40
+
+
+def _bounded(config) -> list[str]:
+    return [f.name for f in dataclasses.fields(config) if f.metadata.get("bounds")]
+
+
+@pytest.mark.parametrize("config_of", ["GrowConfig", "CompareConfig"])
+def test_grow_and_compare_check_their_declared_bounds(config_of):
+    """Every bounded setting of grow and compare-qk is checked by its declaration: both ends are accepted,
+    a step beyond either is one ValueError naming the setting (and the non-number, too)."""
+    from attn_core import grow, qk
+
+    config = getattr(grow if config_of == "GrowConfig" else qk, config_of)
+    base = {} if config is grow.GrowConfig else dict(d_qks=(1,), merged_kinds=())  # no width above d_model=1
+    names = _bounded(config)
+    some = {"steps", "batch_size", "eval_every"} | ({"seed", "damping"} if config is grow.GrowConfig else {"seeds"})
+    assert some <= set(names)
+    for name in names:
+        lo, hi = declared(config, name)["bounds"]
+        for good in (lo, hi):
+            assert getattr(config(**base, **{name: good}), name) == good, name
+        step = 1 if isinstance(lo, int) and isinstance(hi, int) else 0.5
+        for bad in (lo - step, hi + step, "3", float("nan")):
+            with pytest.raises(ValueError, match=f"^invalid (growth|comparison) setting: {name} must be ") as e:
+                config(**base, **{name: bad})
+            assert "\n" not in str(e.value) and f"got {bad!r}"[:12] in str(e.value), name
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["grow", "no-such-model", "--add", "1", "--steps", "0"], "steps must be 1..100,000 (a whole number), got 0"),
+        (["grow", "no-such-model", "--add", "1", "--damping", "2"], "damping must be in [0, 1] (a number), got 2.0"),
+        (["compare-qk", "--seeds", "0"], "seeds must be 1..64 (a whole number), got 0"),
+        (["compare-qk", "--weight-decay", "101"], "weight_decay must be in [0, 100] (a number), got 101.0"),
+        (["compare-qk", "--batch-size", "0"], "batch_size must be 1..65536 (a whole number), got 0"),
+    ],
+)
+def test_a_setting_beyond_its_bounds_is_one_line_and_exit_2(args, line):
+    """grow and compare-qk refuse a setting outside its declared bounds before anything loads or trains:
+    exit 2, one line naming the setting."""
+    from typer.testing import CliRunner
+
+    from attn_core.cli import app
+
+    proc = CliRunner().invoke(app, args)
+    assert proc.exit_code == 2, proc.output
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: invalid ") and line in proc.stderr
