@@ -81,7 +81,7 @@ def test_what_measure_computes_from_the_model_runs_on_meta(kind):
     )
     # a partial checkpoint skips the forward: its first read is the composition table (with two
     # layers or more; with one there is no pair to read) or else the spectrum
-    first = "composition.py:composition" if L > 1 else "summaries.py:spectrum"
+    first = "composition.py:composition" if L > 1 else "summaries.py:head_spectra"
     assert read_point(lambda: D.checkpoint_metrics(model, None, partial=True)) == first
 
 
