@@ -61,6 +61,7 @@ from attn_core.model import ModelConfig  # noqa: E402
 from attn_core.presets import get_preset  # noqa: E402
 from attn_core.runs import RunStore  # noqa: E402
 from attn_core.training.config import TrainConfig  # noqa: E402
+from attn_core.training.settings import warmup_of  # noqa: E402
 from attn_core.training.trainer import init_model  # noqa: E402
 from benchmarks import record  # noqa: E402
 
@@ -205,7 +206,7 @@ def measure(
         lr=1e-3,
         seed=0,
         device=str(device),
-        warmup_steps=min(100, steps // 10),
+        warmup_steps=warmup_of(steps),
         eval_samples=min(EVAL_SAMPLES, setup.batch_size),
         precision=precision,
         compile=compile,

@@ -60,6 +60,7 @@ from attn_core.retraining.job import TrainingJob  # noqa: E402
 from attn_core.runs import RunStore  # noqa: E402
 from attn_core.tasks import get_task  # noqa: E402
 from attn_core.training.config import JobConfig, TrainConfig  # noqa: E402
+from attn_core.training.settings import warmup_of  # noqa: E402
 from attn_core.training.step import compile_mode  # noqa: E402
 from attn_core.training.trainer import Trainer, init_model, make_optimizer  # noqa: E402
 from benchmarks import record  # noqa: E402
@@ -203,7 +204,7 @@ def main() -> None:
         lr=1e-3,
         seed=0,
         device=str(device),
-        warmup_steps=min(100, args.steps // 10),
+        warmup_steps=warmup_of(args.steps),
     )
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -134,13 +134,14 @@ def along_training(steps: int, samples: int) -> dict:
     from attn_core.retraining.job import TrainingJob
     from attn_core.tasks import get_task
     from attn_core.training.config import JobConfig
+    from attn_core.training.settings import warmup_of
 
     cfg = JobConfig(
         "scratch:induction-2l",
         steps=steps,
         lr=3e-3,
         seed=0,
-        warmup_steps=min(100, steps // 10),
+        warmup_steps=warmup_of(steps),
         device="cpu",
         eval_every=steps,
         telemetry_every=steps,

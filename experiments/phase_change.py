@@ -71,6 +71,7 @@ def run_one(setting: dict) -> dict:
     from attn_core.retraining.job import TrainingJob
     from attn_core.tasks import get_task
     from attn_core.training.config import JobConfig
+    from attn_core.training.settings import warmup_of
 
     start = time.perf_counter()
     lam, seed, steps = setting["lambda"], setting["seed"], setting["steps"]
@@ -80,7 +81,7 @@ def run_one(setting: dict) -> dict:
         steps=steps,
         lr=3e-3,
         seed=seed,
-        warmup_steps=min(100, steps // 10),
+        warmup_steps=warmup_of(steps),
         device="cpu",
         eval_every=steps,
         telemetry_every=steps,

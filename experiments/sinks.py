@@ -82,11 +82,12 @@ def train(setting: dict):
     the seconds it took). Text runs keep their token cache in ``setting['runs']``."""
     from attn_core.retraining.job import TrainingJob
     from attn_core.training.config import JobConfig
+    from attn_core.training.settings import warmup_of
 
     steps = setting["steps"]
     extra = dict(ZOO_SETTINGS[setting["setting"]])
     if setting["kind"] == "zoo":
-        source, more = f"scratch:{setting['model']}", dict(lr=3e-3, warmup_steps=min(100, steps // 10))
+        source, more = f"scratch:{setting['model']}", dict(lr=3e-3, warmup_steps=warmup_of(steps))
     else:
         shape = setting["shape"]
         source = setting["folder"]

@@ -1,13 +1,13 @@
 """Inputs whose bounds are written once: :func:`number` gives the widget and its remembered value
 (``state.remember``) the same range; :func:`setting_input` takes a retrain setting's widget, label, help,
 bounds or choices and default from its one declaration in ``JobConfig`` (or ``RegSpec``: top-k's k)
-(``attn_core.training.settings``)."""
+(``attn_core.declarations``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from attn_core.training.settings import declared
+from attn_core.declarations import declared
 from attn_core.validate import default as default_of
 from ui.state import remember
 

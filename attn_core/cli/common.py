@@ -51,10 +51,10 @@ RandomSeedOpt = typer.Option(None, help="Use uniform random tokens with this see
 
 def option(config: type, name: str, help: str | None = None, required: bool = False, unset: bool = False) -> Any:
     """The typer option of the setting ``name`` of ``config``, built from its one declaration
-    (``attn_core.training.settings``): default (none when ``required``, None when ``unset``: the
+    (``attn_core.declarations``): default (none when ``required``, None when ``unset``: the
     command takes it from elsewhere, a preset; a tuple as the comma-separated text the option
     takes), flag, help (``help`` gives a command's own wording), metavar."""
-    from attn_core.training.settings import declared
+    from attn_core.declarations import declared
     from attn_core.validate import default
 
     meta = declared(config, name)

@@ -8,8 +8,8 @@ from pathlib import Path
 import typer
 
 from attn_core.cli.common import JsonOpt, NameArg, command_line, emit, guarded, needs_task, settings_options, table
+from attn_core.declarations import flagged
 from attn_core.grow import GrowConfig
-from attn_core.training.settings import flagged
 
 app = typer.Typer()
 

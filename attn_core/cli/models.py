@@ -10,9 +10,9 @@ import typer
 from attn_core import limits
 from attn_core.cli import dynamics as dyn
 from attn_core.cli.common import JsonOpt, command_line, emit, guarded, needs_task, settings_options, table
+from attn_core.declarations import declared
 from attn_core.device import check_precision, check_threads
 from attn_core.training.config import JobConfig, TrainConfig
-from attn_core.training.settings import declared
 
 app = typer.Typer()
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import typer
 
 from attn_core.cli.common import JsonOpt, emit, guarded, settings_options, table
+from attn_core.declarations import flagged
 from attn_core.qk import CompareConfig
-from attn_core.training.settings import flagged
 
 app = typer.Typer()
 

@@ -13,9 +13,9 @@ from attn_core.cli import dynamics as dyn
 from attn_core.cli import text_options as opts
 from attn_core.cli import worker_options as wopts
 from attn_core.cli.common import JsonOpt, emit, guarded, settings_options, table
+from attn_core.declarations import flagged
 from attn_core.regularizers import REGULARIZERS
 from attn_core.training.config import JobConfig
-from attn_core.training.settings import flagged
 
 app = typer.Typer()
 runs_app = typer.Typer(

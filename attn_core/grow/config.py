@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from attn_core.declarations import check_bounds, setting
 from attn_core.device import check_precision, select_device
 from attn_core.training.config import TrainConfig
-from attn_core.training.settings import check_bounds, setting, shared
+from attn_core.training.settings import shared
 from attn_core.validate import check, is_int, is_number, shown
 
 BASES = ("whitened", "raw")

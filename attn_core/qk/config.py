@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
+from attn_core.declarations import check_bounds, command_args, declared, setting
 from attn_core.device import check_precision
 from attn_core.limits import MAX_SAMPLES
 from attn_core.model import ModelConfig
 from attn_core.training.config import TrainConfig
-from attn_core.training.settings import check_bounds, command_args, declared, setting, shared, warmup_of
+from attn_core.training.settings import shared, warmup_of
 from attn_core.validate import MAX_SEED, check, is_int, is_number, shown
 
 PARENT_PREFIX = "compare-qk:"  # runs of a comparison have parent "compare-qk:<task>"
@@ -47,7 +48,7 @@ class Variant:
         return [f"nuclear={self.nuclear:g}"] if self.nuclear > 0 else []
 
 
-# the settings of a comparison that their declared bounds check (training.settings.check_bounds)
+# the settings of a comparison that their declared bounds check (declarations.check_bounds)
 BOUNDED = ("steps", "seeds", "first_seed", "d_model", "batch_size", "weight_decay", "qk_weight_decay", "nuclear")
 BOUNDED += ("warmup_steps", "eval_every", "eval_samples", "measure_samples", "eval_seed", "threads")
 

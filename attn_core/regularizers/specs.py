@@ -8,8 +8,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from attn_core.declarations import check_bounds, setting
 from attn_core.limits import MAX_BLOCK
-from attn_core.training.settings import check_bounds, setting
 from attn_core.validate import is_number, shown
 
 # name -> (view, what it penalises); the view decides what the penalty reads.

@@ -9,11 +9,12 @@ import shlex
 from dataclasses import asdict, dataclass, fields
 
 from attn_core import regularizers as R
+from attn_core.declarations import check_bounds, command_args, in_bounds, setting
 from attn_core.device import MAX_THREADS, PRECISIONS, check_precision, check_sync_every, check_threads, select_device
 from attn_core.limits import MAX_BLOCK, MAX_SAMPLES, MAX_STEPS, TEXT_LIMIT
 from attn_core.training.checkpoint_plan import CheckpointPlan
 from attn_core.training.scaling import STRATEGIES, STRATEGY_HELP, check_scaling, check_specs
-from attn_core.training.settings import check_bounds, command_args, in_bounds, setting, shared, warmup_of
+from attn_core.training.settings import shared, warmup_of
 from attn_core.training.text_defaults import DEFAULT_BLOCK, HELD_OUT_FRACTION
 from attn_core.validate import MAX_SEED, check, is_int, is_number, shown
 
@@ -30,7 +31,7 @@ ALPHAS[2.0] = "2 (sparsemax)"  # the page's entmax alphas, as it shows them
 MAX_PENALTY_ROWS = MAX_BLOCK  # query rows per head of the sampled penalty (the longest block a text run takes)
 
 
-# the settings of a recipe that its declared bounds check (training.settings.check_bounds)
+# the settings of a recipe that its declared bounds check (declarations.check_bounds)
 DECLARED_BOUNDS = ("batch_size", "weight_decay", "warmup_steps", "eval_every", "eval_samples")
 
 

@@ -52,8 +52,8 @@ def test_settings_before_any_run(page):
 
 def test_the_top_k_input_is_its_declaration(page):
     """top-k's k is RegSpec's declared setting: its label, help and lower bound, and the model's context above."""
+    from attn_core.declarations import declared
     from attn_core.regularizers import RegSpec
-    from attn_core.training.settings import declared
 
     page.multiselect(key="reg_names").set_value(["topk"])
     page.run()
@@ -225,8 +225,8 @@ def test_precision_picker(page):
 
 
 def test_the_training_inputs_are_the_declared_settings(page):
+    from attn_core.declarations import declared
     from attn_core.training.config import JobConfig
-    from attn_core.training.settings import declared
 
     shown = {
         "lr": page.select_slider(key="retrain_lr"),
@@ -244,8 +244,8 @@ def test_alpha_device_and_lambda_are_the_declared_settings(page):
     """The entmax alpha, device and lambda inputs are built from JobConfig's declarations: label,
     help, choices; the page gives the devices present and a regularizer's name and what it penalises."""
     from attn_core import regularizers as R
+    from attn_core.declarations import declared
     from attn_core.training.config import JobConfig
-    from attn_core.training.settings import declared
 
     alpha, device = page.select_slider(key="entmax_alpha"), page.selectbox(key="retrain_device")
     lam = page.select_slider(key="reg_lambda_entropy")
@@ -263,8 +263,8 @@ def test_alpha_device_and_lambda_are_the_declared_settings(page):
 
 
 def alpha_options() -> tuple:
+    from attn_core.declarations import declared
     from attn_core.training.config import JobConfig
-    from attn_core.training.settings import declared
 
     return declared(JobConfig, "entmax_alpha")["widget"]["options"]
 

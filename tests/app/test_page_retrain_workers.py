@@ -9,9 +9,9 @@ import pytest
 import torch
 from dashboard_helpers import open_page
 
+from attn_core.declarations import declared
 from attn_core.training.config import JobConfig
 from attn_core.training.scaling import workers_offer
-from attn_core.training.settings import declared
 from attn_core.training.snapshot import Snapshot
 
 ROOT = Path(__file__).resolve().parents[2]

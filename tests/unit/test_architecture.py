@@ -273,6 +273,18 @@ def test_training_imports_nothing_above_it():
         assert not any(t.startswith("attn_core.training") for t in graph[ground]), f"{ground} imports training/"
 
 
+BELOW_TRAINING = ("attn_core.regularizers", "attn_core.model", "attn_core.bilinear", "attn_core.declarations")
+
+
+def test_what_training_builds_on_imports_no_training():
+    """The penalties, the model, its bilinear views and the declarations of settings stand below
+    the training loop: none imports training/ (a regularizer declares its k with
+    attn_core.declarations)."""
+    graph = import_graph()
+    for low in BELOW_TRAINING:
+        assert _imports_into(graph, low, ("training",)) == {}, f"{low} imports training/"
+
+
 def test_the_model_imports_nothing_of_bilinear():
     """A head's QK form is the model's concept (attn_core.model.qk_form): bilinear/ reads the model
     and builds its views on it, so the model never imports bilinear/, not even inside a function."""
@@ -478,9 +490,9 @@ def _defined_at_top(name: str) -> set[str]:
 
 
 def test_a_setting_and_a_runs_measurement_have_one_name_each():
-    """``setting`` declares a run's setting (training.settings) and means nothing else (the page's
+    """``setting`` declares a setting (attn_core.declarations) and means nothing else (the page's
     input of one is ``setting_input``); a run's before/after measurement is ``measure_run``, and
     neither the training loop nor the dashboard defines another ``measure``."""
-    assert _defined_at_top("setting") == {"attn_core/training/settings.py"}
+    assert _defined_at_top("setting") == {"attn_core/declarations.py"}
     assert _defined_at_top("setting_input") == {"ui/widgets.py"}
     assert not {f for f in _defined_at_top("measure") if f.startswith(("attn_core/training/", "ui/"))}

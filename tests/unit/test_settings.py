@@ -12,8 +12,8 @@ import pytest
 import typer
 
 from attn_core.cli import runs, sweep
+from attn_core.declarations import declared
 from attn_core.training.config import JobConfig
-from attn_core.training.settings import declared
 
 DECLARED = [f.name for f in dataclasses.fields(JobConfig) if f.metadata.get("flag")]
 
