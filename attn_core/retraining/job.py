@@ -65,10 +65,11 @@ class Phases(dict):
 class TrainingJob:
     """A retraining run in a worker thread (or process) that never touches Streamlit.
 
-    Build it (every setting is checked here against the parent's config, read without its
-    weights, so a bad one fails before anything starts: the job is a handle, and the model is built
-    once where it trains, :meth:`build`), then ``start()`` it (``process=True``: in a worker process) and poll ``snapshot()``; ``pause()``,
-    ``resume()`` and ``stop()`` act between steps. ``run()`` trains in the calling thread. The
+    Open it, ``TrainingJob.open(cfg)``: the parent is read without its weights
+    (:func:`~attn_core.retraining.parent.open_parent`) and handed to the handle, which checks every
+    setting against its config, so a bad one fails before anything starts; the model is built once
+    where it trains (:meth:`build`). Then ``start()`` it (``process=True``: in a worker process) and
+    poll ``snapshot()``; ``pause()``, ``resume()`` and ``stop()`` act between steps. ``run()`` trains in the calling thread. The
     run is saved in the run store (unless ``store=False``): completed, stopped, diverged (the
     last good weights kept) or failed. Two jobs never share state: each loads its own parent.
 
