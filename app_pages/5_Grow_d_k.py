@@ -12,12 +12,12 @@ from attn_core.card import Card
 from attn_core.figures import bilinear as fb
 from attn_core.figures import grow as fg
 from attn_core.sources import LoadedModel
-from attn_core.validate import default
 
-BASES = {"whitened": "whitened (the batch's score metric)", "raw": "raw Z (the original recipe)"}
 STAGES = {"step": "after the growth step", "finetuned": "after fine-tuning"}
 VALUES = {"pattern": "pattern A", "scores": "scores S"}
 ADD = 2  # the page grows by 2 (GrowConfig's 1 is the smallest step); everything else is GrowConfig's
+# on a server page a growth is kept short: at most MAX_BATCH sequences fitted, MAX_STEPS fine-tuning steps
+MAX_BATCH, MAX_STEPS = 256, 2000
 RESULT = "grow_settings"  # session key: the settings of the last growth asked for, per model
 
 
@@ -76,63 +76,18 @@ d_aug = cfg.d_model + cfg.attn_bias
 with st.form("grow_form"):
     c_layer, c_head, c_add, c_batch, c_steps, c_seed = st.columns(6)
     layer, head = ui.layer_head_picker(cfg, (c_layer, c_head))
-    add = c_add.number_input(
-        "p (dimensions to add)",
-        min_value=1,
-        max_value=max(1, d_aug - 1),
-        step=1,
-        key=ui.remember("grow_add", ADD, range(1, d_aug)),
-        help=f"d_k + p must stay at most the input width {d_aug}",
+    # each input is GrowConfig's declaration; the page grows by ADD and keeps a server's growth short
+    add = ui.setting_input(
+        c_add, grow.GrowConfig, "add", "grow_add", max_value=max(1, d_aug - 1), value=ADD, width=d_aug
     )
-    batch = c_batch.number_input(
-        "Batch (sequences)",
-        min_value=2,
-        max_value=256,
-        step=8,
-        key=ui.remember("grow_batch", default(grow.GrowConfig, "batch"), range(2, 257)),
-        help="Task sequences fitted; as many more choose the step size",
-    )
-    steps = c_steps.number_input(
-        "Fine-tuning steps",
-        min_value=1,
-        max_value=2000,
-        step=10,
-        key=ui.remember("grow_steps", default(grow.GrowConfig, "steps"), range(1, 2001)),
-        help="The same for the three methods, on the same data",
-    )
-    seed = c_seed.number_input(
-        "Seed",
-        min_value=0,
-        max_value=2**31 - 1,
-        step=1,
-        key=ui.remember("grow_seed", default(grow.GrowConfig, "seed"), range(2**31)),
-        help="Seed of the fitting batch, the fine-tuning data and the random baseline",
-    )
+    batch = ui.setting_input(c_batch, grow.GrowConfig, "batch", "grow_batch", max_value=MAX_BATCH)
+    steps = ui.setting_input(c_steps, grow.GrowConfig, "steps", "grow_steps", max_value=MAX_STEPS)
+    seed = ui.setting_input(c_seed, grow.GrowConfig, "seed", "grow_seed")
     with st.expander("More settings"):
         c_basis, c_damp, c_lr = st.columns(3)
-        basis = c_basis.radio(
-            "Truncate in the basis",
-            list(BASES),
-            format_func=BASES.get,
-            key=ui.remember("grow_basis", default(grow.GrowConfig, "basis"), list(BASES)),
-            help="Whitened: Eckart–Young in the metric of the scores on the batch (default). "
-            "Raw: Eckart–Young on the matrix Z itself, as the original recipe writes it.",
-        )
-        damping = c_damp.select_slider(
-            "Damping δ",
-            [0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1],
-            key=ui.remember("grow_damping", default(grow.GrowConfig, "damping")),
-            format_func=lambda v: f"{v:g}",
-            help="Levenberg–Marquardt ridge on the fitted correction; 0 is the exact "
-            "least squares (it overfits directions the batch barely reaches)",
-        )
-        lr = c_lr.select_slider(
-            "Fine-tuning learning rate",
-            [1e-4, 3e-4, 1e-3, 3e-3, 1e-2],
-            key=ui.remember("grow_lr", default(grow.GrowConfig, "lr")),
-            format_func=lambda v: f"{v:g}",
-            help="AdamW, constant, no weight decay",
-        )
+        basis = ui.setting_input(c_basis, grow.GrowConfig, "basis", "grow_basis")
+        damping = ui.setting_input(c_damp, grow.GrowConfig, "damping", "grow_damping")
+        lr = ui.setting_input(c_lr, grow.GrowConfig, "lr", "grow_lr")
     submitted = st.form_submit_button("Grow", type="primary", icon=":material/open_in_full:")
 ui.to_url(layer=layer, head=head)
 

@@ -1,7 +1,7 @@
 """Inputs whose bounds are written once: :func:`number` gives the widget and its remembered value
-(``state.remember``) the same range; :func:`setting_input` takes a retrain setting's widget, label, help,
-bounds or choices and default from its one declaration in ``JobConfig`` (or ``RegSpec``: top-k's k)
-(``attn_core.declarations``)."""
+(``state.remember``) the same range; :func:`setting_input` takes a setting's widget, label, help,
+bounds or choices and default from its one declaration (``attn_core.declarations``): in ``JobConfig``
+(a retrain, a sweep's trial), ``RegSpec`` (top-k's k), ``GrowConfig`` or ``CompareConfig``."""
 
 from __future__ import annotations
 
@@ -43,27 +43,39 @@ def setting_input(
     max_value: int | None = None,
     options: list | None = None,
     value: Any = None,
+    label: str | None = None,
     **words: str,
 ) -> Any:
-    """The page's input of the setting ``name`` as ``config`` declares it: a number input (a default
-    of None, "unset", is the widget's lowest value; ``max_value`` when the bound depends on the
-    model), or, by the widget's ``kind``, a ``select`` (a select slider over its ``options``, shown
-    with ``format`` or ``labels``), a ``choice`` (a select box over them) or a ``check`` (a checkbox).
-    ``options`` and ``value`` are the page's where they depend on the machine (the devices present);
-    ``words`` fill the declared label and help (a regularizer's name)."""
-    widget = declared(config, name)["widget"]
+    """The page's input of the setting ``name`` as ``config`` declares it: a number input within the
+    widget's ``min_value`` and ``max_value``, else the declared bounds (a default of None, "unset",
+    is the widget's lowest value; ``max_value`` when the bound depends on the model or the page
+    allows less than the declaration; a float one where the bounds or the step
+    are floats, shown with ``format``), or, by the widget's ``kind``, a ``select`` (a select slider
+    over its ``options``, shown with ``format`` or ``labels``), a ``choice`` (a select box over
+    them), a ``radio`` (radio buttons over them) or a ``check`` (a checkbox).
+    ``options`` and ``value`` are the page's where they depend on the machine (the devices present)
+    or the page runs a smaller default than the CLI; ``label`` the page's own where its input is
+    narrower than the setting (a sweep's steps are per trial); ``words`` fill the declared label and
+    help (a regularizer's name)."""
+    declaration = declared(config, name)
+    widget = declaration["widget"]
     if value is None:
         value = widget.get("value", default_of(config, name))
     kind = widget.get("kind", "number")
-    label, help = (widget[k].format(**words) if words else widget[k] for k in ("label", "help"))
+    said, help = (widget[k].format(**words) if words else widget[k] for k in ("label", "help"))
+    label = said if label is None else label
     if kind == "check":
         return container.checkbox(label, key=remember(key, value, [False, True]), help=help)
-    if kind in ("select", "choice"):
+    if kind in ("select", "choice", "radio"):
         options = list(widget["options"] if options is None else options)
         shown = {"format_func": widget["format"].format} if "format" in widget else {}
         shown = {"format_func": widget["labels"].get} if "labels" in widget else shown
-        make = container.select_slider if kind == "select" else container.selectbox
+        make = {"select": container.select_slider, "choice": container.selectbox, "radio": container.radio}[kind]
         return make(label, options, key=remember(key, value, options), help=help, **shown)
-    hi = widget["max_value"] if max_value is None else max_value
-    lo = widget["min_value"]
-    return number(container, label, lo, hi, key, lo if value is None else value, widget["step"], help)
+    bounds = declaration["bounds"] or (None, None)  # a number's input spans them unless its widget says
+    hi = widget.get("max_value", bounds[1]) if max_value is None else max_value
+    lo, step = widget.get("min_value", bounds[0]), widget["step"]
+    if any(isinstance(v, float) for v in (lo, hi, step)):  # a real number: no range to remember it in
+        kw = dict(min_value=float(lo), max_value=float(hi), step=float(step), format=widget.get("format"))
+        return container.number_input(label, key=remember(key, float(value)), help=help, **kw)
+    return number(container, label, lo, hi, key, lo if value is None else value, step, help)

@@ -29,24 +29,79 @@ class GrowConfig:
     # other commands take too, in its SHARED table); grow's options and checks are built from them
     layer: int = setting(0, "--layer", "Layer of the head to grow.")
     head: int = setting(0, "--head", "Head to grow.")
-    add: int = setting(1, "--add", "p: query/key dimensions to add (1..d_model - d_k).")
-    batch: int = setting(
-        32, "--batch", "Task sequences fitted (and as many more for the line search).", bounds=(1, 4096)
+    add: int = setting(
+        1,
+        "--add",
+        "p: query/key dimensions to add (1..d_model - d_k).",
+        # the page gives the upper bound, the model's input width less one: {width} in the help
+        widget=dict(
+            label="p (dimensions to add)", help="d_k + p must stay at most the input width {width}", min_value=1, step=1
+        ),
     )
-    seed: int = shared("seed", "grow")
-    steps: int = shared("steps", "grow")
-    lr: float = shared("lr", "grow")
+    batch: int = setting(
+        32,
+        "--batch",
+        "Task sequences fitted (and as many more for the line search).",
+        bounds=(1, 4096),
+        widget=dict(label="Batch (sequences)", help="Task sequences fitted; as many more choose the step size", step=8),
+    )
+    seed: int = shared(
+        "seed",
+        "grow",
+        widget=dict(
+            label="Seed",
+            help="Seed of the fitting batch, the fine-tuning data and the random baseline",
+            min_value=0,
+            max_value=2**31 - 1,  # a browser's number input holds no more
+            step=1,
+        ),
+    )
+    steps: int = shared(
+        "steps",
+        "grow",
+        widget=dict(label="Fine-tuning steps", help="The same for the three methods, on the same data", step=10),
+    )
+    lr: float = shared(
+        "lr",
+        "grow",
+        widget=dict(
+            kind="select",
+            label="Fine-tuning learning rate",
+            help="AdamW, constant, no weight decay",
+            options=(1e-4, 3e-4, 1e-3, 3e-3, 1e-2),
+            format="{:g}",
+        ),
+    )
     basis: str = setting(
         "whitened",
         "--basis",
         "Truncate in the 'whitened' basis of the batch (the score metric) or the 'raw' basis of Z (the seed's recipe).",
+        widget=dict(
+            kind="radio",
+            label="Truncate in the basis",
+            help="Whitened: Eckart–Young in the metric of the scores on the batch (default). "
+            "Raw: Eckart–Young on the matrix Z itself, as the original recipe writes it.",
+            options=BASES,
+            labels={"whitened": "whitened (the batch's score metric)", "raw": "raw Z (the original recipe)"},
+        ),
     )
     grid: int = setting(19, "--grid", "Step sizes tried by the line search (powers of 2).", bounds=(1, 64))
     batch_size: int = shared("batch_size", "grow")
     weight_decay: float = shared("weight_decay", "grow")
     warmup_steps: int = shared("warmup_steps", "grow")
     damping: float = setting(
-        DAMPING, "--damping", "Levenberg-Marquardt damping of the least-squares fit (0: exact).", bounds=(0.0, 1.0)
+        DAMPING,
+        "--damping",
+        "Levenberg-Marquardt damping of the least-squares fit (0: exact).",
+        bounds=(0.0, 1.0),
+        widget=dict(
+            kind="select",
+            label="Damping δ",
+            help="Levenberg–Marquardt ridge on the fitted correction; 0 is the exact "
+            "least squares (it overfits directions the batch barely reaches)",
+            options=(0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1),
+            format="{:g}",
+        ),
     )
     eval_samples: int = shared("eval_samples", "grow")
     eval_every: int = shared("eval_every", "grow")

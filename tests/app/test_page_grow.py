@@ -113,3 +113,36 @@ def test_the_formula_is_set_on_lines_the_page_holds(models):
     formula = next(x.value for x in at.latex if "arg" in x.value)
     lines = formula.split("\\\\")
     assert len(lines) >= 2 and all(len(line) <= 120 for line in lines), [len(line) for line in lines]
+
+
+def test_the_inputs_are_growconfigs_declarations(models):
+    """Every growth input is GrowConfig's declared setting: its label, help, lower bound and default
+    (the page's own: p = 2), the declared upper bound or the page's tighter one (a server's growth is
+    short), and the declared choices of the basis, the damping and the learning rate."""
+    from attn_core.declarations import declared
+    from attn_core.grow import GrowConfig
+    from attn_core.validate import default
+
+    at = page("narrow")
+    assert not at.exception and not at.error
+
+    def shown(name: str) -> dict:
+        return declared(GrowConfig, name)["widget"]
+
+    for name, key, lo, hi, value in (
+        ("add", "grow_add", 1, 11, 2),  # d_model 12 (no bias): d_k + p at most 12
+        ("batch", "grow_batch", 1, 256, default(GrowConfig, "batch")),
+        ("steps", "grow_steps", 1, 2000, default(GrowConfig, "steps")),
+        ("seed", "grow_seed", 0, 2**31 - 1, default(GrowConfig, "seed")),
+    ):
+        box, widget = at.number_input(key=key), shown(name)
+        assert (box.label, box.min, box.max, box.value, box.step) == (widget["label"], lo, hi, value, widget["step"])
+        assert box.help == widget["help"].format(width=12)
+    assert declared(GrowConfig, "batch")["bounds"][0] == 1 and declared(GrowConfig, "steps")["bounds"][0] == 1
+    basis = at.radio(key="grow_basis")
+    assert (basis.label, basis.help, basis.value) == (shown("basis")["label"], shown("basis")["help"], "whitened")
+    assert basis.options == [shown("basis")["labels"][b] for b in shown("basis")["options"]]
+    for name, key in (("damping", "grow_damping"), ("lr", "grow_lr")):
+        slider, widget = at.select_slider(key=key), shown(name)
+        assert (slider.label, slider.help, slider.value) == (widget["label"], widget["help"], default(GrowConfig, name))
+        assert slider.options == [f"{v:g}" for v in widget["options"]]
