@@ -14,10 +14,10 @@ from attn_core.validate import default
 
 SOURCES = ("saved", "fresh")
 SOURCE_LABELS = {"saved": "Saved full comparison (experiments/results)", "fresh": "Run a fresh comparison"}
-D_QK_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 # A fresh comparison in the browser is smaller than CompareConfig's full run (400 steps x 3 seeds,
-# the saved result) so that it finishes while the user waits.
-STEPS, SEEDS = 200, 1
+# four factored widths: the saved result) so that it finishes while the user waits.
+STEPS, SEEDS, D_QKS = 200, 1, [2, 16]
+PAGE_MAX_STEPS, PAGE_MAX_SEEDS = 5000, 10  # of a fresh comparison on the server (the CLI's are CompareConfig's)
 FRESH = "qk_fresh_comparison"  # session key of the last fresh comparison
 
 
@@ -90,48 +90,19 @@ else:
     st.subheader("Settings")
     c1, c2, c3 = st.columns(3)
     with c1:
-        task = st.selectbox(
-            "Task",
-            list(TASKS),
-            key=ui.remember("qk_task", "induction", list(TASKS)),
-            help="Induction needs a content-matching B (26 letters), so its rank matters.",
-        )
-        steps = st.number_input("Steps", 10, 5000, key=ui.remember("qk_steps", STEPS), step=50)
-        seeds = st.number_input(
-            "Seeds",
-            1,
-            10,
-            key=ui.remember("qk_seeds", SEEDS),
-            help="Every variant is trained with seeds 0..K-1: mean and spread over them.",
-        )
+        # each input is CompareConfig's declaration; a fresh comparison is smaller (STEPS, SEEDS, two
+        # factored widths) and a server's is bounded (PAGE_MAX_STEPS, PAGE_MAX_SEEDS) so that it ends while the user waits
+        task = ui.setting_input(st, Q.CompareConfig, "task", "qk_task", options=list(TASKS))
+        steps = ui.setting_input(st, Q.CompareConfig, "steps", "qk_steps", max_value=PAGE_MAX_STEPS, value=STEPS)
+        seeds = ui.setting_input(st, Q.CompareConfig, "seeds", "qk_seeds", max_value=PAGE_MAX_SEEDS, value=SEEDS)
     with c2:
-        d_model = st.selectbox("d_model", (16, 32, 64), key=ui.remember("qk_d_model", 32, (16, 32, 64)))
-        d_qks = st.multiselect(
-            "Factored d_qk",
-            D_QK_CHOICES,
-            key=ui.remember("qk_d_qks", [2, 16]),
-            help="Query/key width of each factored variant (at most d_model).",
-        )
-        kinds = st.multiselect(
-            "Merged variants", Q.VARIANT_KINDS[1:], key=ui.remember("qk_kinds", list(Q.VARIANT_KINDS[1:]))
-        )
+        d_model = ui.setting_input(st, Q.CompareConfig, "d_model", "qk_d_model")
+        d_qks = ui.setting_input(st, Q.CompareConfig, "d_qks", "qk_d_qks", value=D_QKS)
+        kinds = ui.setting_input(st, Q.CompareConfig, "merged_kinds", "qk_kinds")
     with c3:
-        qk_wd = st.number_input(
-            "Weight decay on W_QK (merged + wd)",
-            0.0,
-            100.0,
-            key=ui.remember("qk_wd", default(Q.CompareConfig, "qk_weight_decay")),
-            step=0.5,
-            help="AdamW's decoupled decay; every other matrix (W_Q, W_K too) gets 0.1.",
-        )
-        nuclear = st.number_input(
-            "λ of the nuclear norm (merged + nuclear)",
-            0.0,
-            100.0,
-            key=ui.remember("qk_nuclear", default(Q.CompareConfig, "nuclear")),
-            step=0.005,
-            format="%.4f",
-        )
+        decay = default(Q.CompareConfig, "weight_decay")
+        qk_wd = ui.setting_input(st, Q.CompareConfig, "qk_weight_decay", "qk_wd", decay=decay)
+        nuclear = ui.setting_input(st, Q.CompareConfig, "nuclear", "qk_nuclear")
         save = st.checkbox(
             "Save every run in the run store",
             key=ui.remember("qk_save", True),

@@ -52,7 +52,8 @@ def setting_input(
     allows less than the declaration; a float one where the bounds or the step
     are floats, shown with ``format``), or, by the widget's ``kind``, a ``select`` (a select slider
     over its ``options``, shown with ``format`` or ``labels``), a ``choice`` (a select box over
-    them), a ``radio`` (radio buttons over them) or a ``check`` (a checkbox).
+    them), a ``radio`` (radio buttons over them), a ``multi`` (a multiselect of several of them) or
+    a ``check`` (a checkbox).
     ``options`` and ``value`` are the page's where they depend on the machine (the devices present)
     or the page runs a smaller default than the CLI; ``label`` the page's own where its input is
     narrower than the setting (a sweep's steps are per trial); ``words`` fill the declared label and
@@ -66,10 +67,12 @@ def setting_input(
     label = said if label is None else label
     if kind == "check":
         return container.checkbox(label, key=remember(key, value, [False, True]), help=help)
-    if kind in ("select", "choice", "radio"):
+    if kind in ("select", "choice", "radio", "multi"):
         options = list(widget["options"] if options is None else options)
         shown = {"format_func": widget["format"].format} if "format" in widget else {}
         shown = {"format_func": widget["labels"].get} if "labels" in widget else shown
+        if kind == "multi":  # a list of the options: kept as it is (a list is never one of them)
+            return container.multiselect(label, options, key=remember(key, list(value)), help=help, **shown)
         make = {"select": container.select_slider, "choice": container.selectbox, "radio": container.radio}[kind]
         return make(label, options, key=remember(key, value, options), help=help, **shown)
     bounds = declaration["bounds"] or (None, None)  # a number's input spans them unless its widget says

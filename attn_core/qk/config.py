@@ -67,18 +67,51 @@ class CompareConfig:
     # each setting once: default, CLI flag and help, bounds (training.settings; those other commands
     # take too in its SHARED table); compare-qk's options, its checks and the reproduce line (command(),
     # in this order) are built from them
-    task: str = setting("induction", "--task", "Task to train on (see `attn-lab presets` for tasks).", always=True)
-    steps: int = shared("steps", "compare", always=True)
+    # the page's inputs (``widget``): the task's choices are the page's (the tasks import torch)
+    task: str = setting(
+        "induction",
+        "--task",
+        "Task to train on (see `attn-lab presets` for tasks).",
+        always=True,
+        widget=dict(
+            kind="choice", label="Task", help="Induction needs a content-matching B (26 letters), so its rank matters."
+        ),
+    )
+    steps: int = shared(
+        "steps", "compare", always=True, widget=dict(label="Steps", help="Training steps of every run.", step=50)
+    )
     seeds: int = setting(
-        3, "--seeds", "Seeds per variant (first-seed, first-seed + 1, ...).", bounds=(1, MAX_SEEDS), always=True
+        3,
+        "--seeds",
+        "Seeds per variant (first-seed, first-seed + 1, ...).",
+        bounds=(1, MAX_SEEDS),
+        always=True,
+        widget=dict(
+            label="Seeds", help="Every variant is trained with seeds 0..K-1: mean and spread over them.", step=1
+        ),
     )
     first_seed: int = setting(0, "--first-seed", "The first seed.", bounds=(0, MAX_SEED))
     n_layers: int = 2
     n_heads: int = 2
-    d_model: int = setting(32, "--d-model", "Residual width (every variant).", bounds=(1, 512))
+    d_model: int = setting(
+        32,
+        "--d-model",
+        "Residual width (every variant).",
+        bounds=(1, 512),
+        widget=dict(kind="choice", label="d_model", help="Residual width of every variant.", options=(16, 32, 64)),
+    )
     d_head: int = 16
     qk_weight_decay: float = setting(
-        3.0, "--qk-weight-decay", "AdamW weight decay of W_QK in 'merged + wd'.", fmt="g", bounds=(0.0, 100.0)
+        3.0,
+        "--qk-weight-decay",
+        "AdamW weight decay of W_QK in 'merged + wd'.",
+        fmt="g",
+        bounds=(0.0, 100.0),
+        widget=dict(  # {decay}: the recipe's weight_decay
+            label="Weight decay on W_QK (merged + wd)",
+            help="AdamW's decoupled decay; every other matrix (W_Q, W_K too) gets {decay:g}.",
+            step=0.5,
+        ),
     )
     nuclear: float = setting(
         0.01,
@@ -86,6 +119,12 @@ class CompareConfig:
         "lambda of the penalty lambda * mean ||B||_* in 'merged + nuclear'.",
         fmt="g",
         bounds=(0.0, 100.0),
+        widget=dict(
+            label="λ of the nuclear norm (merged + nuclear)",
+            help="λ of the penalty λ · mean_h ‖B_h‖_* added to the loss of 'merged + nuclear'.",
+            step=0.005,
+            format="%.4f",
+        ),
     )
     weight_decay: float = shared("weight_decay", "compare")
     lr: float = shared("lr", "compare")
@@ -112,12 +151,24 @@ class CompareConfig:
         "--d-qk",
         "Query/key widths of the factored variants (comma-separated, each 1..d_model; empty for none).",
         empty="",  # no factored variant: --d-qk ''
+        widget=dict(
+            kind="multi",
+            label="Factored d_qk",
+            help="Query/key width of each factored variant (at most d_model).",
+            options=(1, 2, 4, 8, 16, 32, 64),
+        ),
     )
     merged_kinds: tuple = setting(
         ("merged", "merged + wd", "merged + nuclear"),
         "--merged",
         "Merged variants, comma-separated: merged, merged + wd, merged + nuclear (or none).",
         empty="none",
+        widget=dict(
+            kind="multi",
+            label="Merged variants",
+            help="The merged W_QK variants trained beside the factored ones.",
+            options=VARIANT_KINDS[1:],
+        ),
     )
 
     def __post_init__(self) -> None:

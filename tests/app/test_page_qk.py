@@ -115,6 +115,50 @@ def _fresh(at):
     return at
 
 
+def test_the_fresh_inputs_are_compareconfigs_declarations(page_with, tmp_path):
+    """Every input of a fresh comparison is CompareConfig's declared setting: its label, help, lower
+    bound and choices; its default, or the page's smaller one (200 steps, one seed, two factored
+    widths); the declared upper bound, or the page's tighter one for a server."""
+    from attn_core.declarations import declared
+    from attn_core.tasks import TASKS
+    from attn_core.validate import default
+
+    at = _fresh(page_with(tmp_path / "none.json"))
+
+    def shown(name: str) -> dict:
+        return declared(Q.CompareConfig, name)["widget"]
+
+    decay = default(Q.CompareConfig, "weight_decay")
+    for name, key, hi, value in (
+        ("steps", "qk_steps", 5000, 200),
+        ("seeds", "qk_seeds", 10, 1),
+        ("qk_weight_decay", "qk_wd", 100.0, default(Q.CompareConfig, "qk_weight_decay")),
+        ("nuclear", "qk_nuclear", 100.0, default(Q.CompareConfig, "nuclear")),
+    ):
+        box, widget = at.number_input(key=key), shown(name)
+        lo = declared(Q.CompareConfig, name)["bounds"][0]
+        assert (box.label, box.min, box.max, box.value, box.step) == (widget["label"], lo, hi, value, widget["step"])
+        assert box.help == widget["help"].format(decay=decay)
+    assert "0.1" in at.number_input(key="qk_wd").help  # the recipe's weight decay, filled in
+    for name, key, options, value in (
+        ("task", "qk_task", list(TASKS), "induction"),
+        ("d_model", "qk_d_model", list(shown("d_model")["options"]), 32),
+    ):
+        box, widget = at.selectbox(key=key), shown(name)
+        assert (box.label, box.help, box.options, box.value) == (
+            widget["label"],
+            widget["help"],
+            list(map(str, options)),
+            value,
+        )
+    assert default(Q.CompareConfig, "task") == "induction" and default(Q.CompareConfig, "d_model") == 32
+    for name, key, value in (("d_qks", "qk_d_qks", [2, 16]), ("merged_kinds", "qk_kinds", list(Q.VARIANT_KINDS[1:]))):
+        box, widget = at.multiselect(key=key), shown(name)
+        assert (box.label, box.help, box.value) == (widget["label"], widget["help"], value)
+        assert box.options == [str(o) for o in widget["options"]]
+    assert list(default(Q.CompareConfig, "merged_kinds")) == list(Q.VARIANT_KINDS[1:])
+
+
 def test_fresh_comparison_trains_and_saves_runs(page_with, tmp_path):
     at = _fresh(page_with(tmp_path / "none.json"))
     assert "Run comparison" in at.info[0].value
