@@ -18,12 +18,14 @@ from attn_core import sources
 from attn_core.figures import sweep as fs
 from attn_core.sweep import SweepError, grid_plan, run_sweep, start_sweep, sweep_result
 from attn_core.sweep import line as sweep_line
+from attn_core.training.config import JobConfig
 from attn_core.training.queue import JobQueue
 from ui import queue_view
 
 REFRESH_S = 2.0
 LAUNCHED = "sweeps_launched"  # session key: {sweep id: {"thread": Thread, "error": str | None}}
 PICKED = "sweeps_picked"  # session key: the sweep shown
+TRIAL_STEPS, TRIAL_MAX_STEPS = 100, 20_000  # a trial's steps on this page: its default and most
 
 loaded = ui.setup("Sweeps")  # the sidebar's model (or ?model=): the model every page uses is the one swept
 store = rs.RunStore()
@@ -72,7 +74,11 @@ def setup_form() -> None:
         hi = c2.number_input("λ to", min_value=1e-6, value=1.0, format="%g", key="sweep_hi")
         n_lam = c3.number_input("λ values (log-spaced)", min_value=1, max_value=12, value=3, key="sweep_nlam")
         seeds = c4.number_input("Seeds", min_value=1, max_value=10, value=1, key="sweep_seeds")
-        steps = c5.number_input("Steps per trial", min_value=1, max_value=20000, value=100, step=50, key="sweep_steps")
+        # a trial's steps are JobConfig's (the sweep trains retrain runs); the page's sweep is quicker
+        # than the CLI's (TRIAL_STEPS a trial) and a server's is bounded (TRIAL_MAX_STEPS: every trial takes them)
+        steps = ui.setting_input(
+            c5, JobConfig, "steps", "sweep_steps", max_value=TRIAL_MAX_STEPS, value=TRIAL_STEPS, label="Steps per trial"
+        )
         cpus = st.number_input(
             "CPUs per trial",
             min_value=0.25,

@@ -45,6 +45,17 @@ def test_empty_store_says_what_to_do():
     assert at.multiselect(key="sweep_regs").value == ["entropy", "hoyer"]
 
 
+def test_the_steps_per_trial_are_jobconfigs_declaration():
+    """A trial's steps are JobConfig's declared setting (a trial is a retrain): its help, step and
+    lower bound; the page's own label, quicker default and a server's tighter upper bound."""
+    from attn_core.declarations import declared
+    from attn_core.training.config import JobConfig
+
+    box, widget = page().number_input(key="sweep_steps"), declared(JobConfig, "steps")["widget"]
+    assert (box.label, box.help, box.min, box.step) == ("Steps per trial", widget["help"], widget["min_value"], 50)
+    assert widget["step"] == 50 and (box.value, box.max) == (100, 20_000)
+
+
 def test_recorded_sweep_table_pareto_and_open():
     store = RunStore()
     plan = grid_plan(MODEL, ["entropy=0.5"], steps=3, measure_samples=64)
