@@ -38,9 +38,11 @@ def setting(
     - ``fmt``: how the reproduce line writes the value (``"g"`` for floats), ``always``: written
       even at its default, ``needs``: written only when one of these settings is set, ``empty``: how
       it writes an empty list that is not the default (None: leaves it out);
-    - ``widget``: the page's input (``ui.widgets.setting_input``): label, help, min_value, max_value,
-      step of a number, or a ``kind`` with its ``options`` shown by ``format`` or ``labels``; ``value``
-      a default of the page's own; ``{braces}`` in label and help are filled in by the page;
+    - ``widget``: the page's input (``ui.widgets.setting_input``): label, help, min_value and
+      max_value (by default the ``bounds``), step (and ``format`` of a float) of a number, or a
+      ``kind`` (select, choice, radio, multi, check) with its ``options`` shown by ``format`` or
+      ``labels``; ``value`` a default of the page's own; ``{braces}`` in label and help are filled
+      in by the page;
     - ``factory``: makes the default (a mutable one), instead of ``default``.
     """
     meta = dict(flag=flag, help=help, bounds=bounds, metavar=metavar, fmt=fmt, always=always, needs=needs)

@@ -10,8 +10,8 @@
 - ``plots``: a chart with its downloads, a table's CSV, one zip of a page's figures;
 - ``cache``: ``cached``, the one caching rule for what is computed from a model;
 - ``markup``: untrusted text made inert for markdown;
-- ``widgets``: number inputs whose bounds are written once (``number``), a retrain setting's input
-  from its declaration in JobConfig (``setting_input``);
+- ``widgets``: number inputs whose bounds are written once (``number``), a declared setting's input
+  from its declaration in JobConfig, GrowConfig or CompareConfig (``setting_input``);
 - the parts one page uses: ``heatmap_input``, ``heatmap_sections`` (Heatmaps), ``retrain_text``
   (the Retrain page's Text section) and ``retrain_live`` (its live charts).
 

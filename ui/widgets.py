@@ -48,12 +48,12 @@ def setting_input(
 ) -> Any:
     """The page's input of the setting ``name`` as ``config`` declares it: a number input within the
     widget's ``min_value`` and ``max_value``, else the declared bounds (a default of None, "unset",
-    is the widget's lowest value; ``max_value`` when the bound depends on the model or the page
-    allows less than the declaration; a float one where the bounds or the step
-    are floats, shown with ``format``), or, by the widget's ``kind``, a ``select`` (a select slider
-    over its ``options``, shown with ``format`` or ``labels``), a ``choice`` (a select box over
-    them), a ``radio`` (radio buttons over them), a ``multi`` (a multiselect of several of them) or
-    a ``check`` (a checkbox).
+    is the widget's lowest value; ``max_value`` the page's where the bound depends on the model or
+    the page allows less than the declaration; a float input where a bound or the step is a float,
+    shown with ``format``), or, by the widget's ``kind``, a ``select`` (a select slider over its
+    ``options``, shown with ``format`` or ``labels``), a ``choice`` (a select box over them), a
+    ``radio`` (radio buttons over them), a ``multi`` (a multiselect of several of them) or a
+    ``check`` (a checkbox).
     ``options`` and ``value`` are the page's where they depend on the machine (the devices present)
     or the page runs a smaller default than the CLI; ``label`` the page's own where its input is
     narrower than the setting (a sweep's steps are per trial); ``words`` fill the declared label and
