@@ -327,7 +327,7 @@ class TrainingJob:
                 model = self.model_copy()
             except RuntimeError:  # a job that ended without weights (failed before training)
                 return None
-            ids = torch.tensor(self._state["probe_ids"], dtype=torch.long)
+            ids = torch.tensor(self._state["probe_ids"], dtype=torch.long, device="cpu")  # model_copy() is on the CPU
             self._patterns[key] = telemetry.probe_pattern(model, ids, layer, head)
         return self._patterns[key]
 
