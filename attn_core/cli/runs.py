@@ -183,8 +183,9 @@ def _report(res: dict, as_json: bool, job=None) -> None:
         for when in ("before", "after"):
             if out[when] is not None:
                 out[when]["per_head"] = _per_head(res[when])
-        if job.state()["trained"] is not None:  # what --train let learn, from the run's card (built where it trained)
-            out["trained"] = job.state()["trained"]
+        trained = job.state()["trained"]  # what --train let learn, from the run's card (built where it trained)
+        if trained is not None:
+            out["trained"] = trained
     if job is not None and not job.cfg.workers:  # where the command's time went
         out["phases_s"] = job.phase_seconds()
     if job is not None and job.cfg.penalty_rows is not None:  # how the row penalties were computed

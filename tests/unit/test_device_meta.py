@@ -564,3 +564,30 @@ def test_a_fused_blocks_arithmetic_runs_on_meta(kind):
     value, stats = on_meta(lambda: sr.forward_block(*inputs, 0.5, 0, kind, n, 2, sink))
     P, c, d_sink = on_meta(lambda: sr.backward_block(*inputs, 0.5, 4, kind, n, g, list(stats), 2, sink))
     assert P.shape == (2, 3, 16, 32) and d_sink.shape == (3,) and all_meta([value, P, c, d_sink])
+
+
+# --- a model built under a device: every parameter and buffer is made there ------------------------------
+
+BUILT = {
+    "sinks, biases, untied": dict(attn_sinks=True, attn_bias=True, tied_embed=False, normalization="rmsnorm"),
+    "tied, qk-norm per head": dict(tied_embed=True, qk_norm="head", normalization="rmsnorm"),
+    "qk-norm across heads, rotary": dict(qk_norm="all", normalization="rmsnorm", positional="rotary"),
+    "merged": dict(qk="merged"),
+}
+
+
+@pytest.mark.parametrize("kind", list(BUILT))
+def test_a_model_built_under_meta_makes_every_tensor_there(kind):
+    """``torch.device(...)`` as a context places what the model makes without ``device=`` (its
+    parameters: the sinks, the unembedding and its bias among them): built under meta, nothing is
+    on the CPU, and the shapes are those of a CPU build (what ``checkpoint_bytes`` reads)."""
+    from attn_core.training.checkpoints import checkpoint_bytes, to_bytes
+
+    cpu = make_tiny_model("reverse", n_layers=2, **BUILT[kind])
+    with META:
+        built = Transformer(cpu.cfg)
+    tensors = dict(built.named_parameters()) | dict(built.named_buffers())
+    assert tensors and all(t.device == META for t in tensors.values())
+    assert {k: v.shape for k, v in built.state_dict().items()} == {k: v.shape for k, v in cpu.state_dict().items()}
+    for params in ("all", "attn"):
+        assert checkpoint_bytes(cpu.cfg, params) == len(to_bytes(cpu, 0, params))
