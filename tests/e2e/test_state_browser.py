@@ -89,8 +89,11 @@ def test_quick_slider_presses_fold_into_one_script_thread(page, server):
     finally:
         done.set()
         watcher.join()
-    # one script thread at a time (fast reruns started one per press: +5 at once was measured)
-    assert max(seen) - base <= 1, (base, max(seen))
+    # one script thread at a time (fast reruns started one per press: +5 at once was measured). A
+    # thread that comes to stay is no script thread: a pool that torch or OpenMP starts on its first
+    # parallel operation is still there once the runs have ended (a script thread is not)
+    stayed = min(threads(pid) for _ in range(40) if time.sleep(0.05) is None)
+    assert max(seen) - max(base, stayed) <= 1, (base, stayed, max(seen))
     page.get_by_role("heading", name=re.compile(r"^Query 23:")).wait_for()
     assert "query=23" in page.url
     assert page.get_by_role("combobox", name="Layer", exact=True).is_enabled()
